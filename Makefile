@@ -1,0 +1,27 @@
+# dcscope: the two commands of the README.
+#   make demo   set up, then run the synthetic benchmark + heatmaps on generated models
+#   make test   set up, then run every test: C tests, C tests under ASan/UBSan, pytest
+PY ?= python3
+ENGINE_SRCS := $(wildcard engine/src/*.c engine/src/*.h engine/src/cuda/*.cu engine/include/*.h)
+
+build/.deps: scripts/install-deps.sh pyproject.toml setup.py bindings/build_engine.py bindings/dcscope/_cdef.py $(ENGINE_SRCS)
+	bash scripts/install-deps.sh
+	@mkdir -p build && touch $@
+
+deps: build/.deps
+
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+
+test: deps
+	$(MAKE) -C engine test
+	$(MAKE) -C engine asan
+	@if [ -n "$(NVCC)" ]; then $(MAKE) -C engine cuda-test NVCC=$(NVCC); else echo "no nvcc: CUDA backend not built"; fi
+	$(PY) -m pytest -q tests
+
+demo: deps
+	bash scripts/demo.sh
+
+bench: deps
+	$(PY) scripts/bench.py
+
+.PHONY: deps test demo bench

@@ -1,0 +1,15 @@
+"""dcscope: look inside attention heads that talk to each other.
+
+An exact C engine (CPU, CUDA) for DCPythia (DCFormer's dynamically composable
+multi-head attention) and Pythia, with hooks on every activation.
+
+    import dcscope
+    model = dcscope.load("path/to/checkpoint")        # config.json + weights
+    logits = model.forward(tokens)                     # [T, V] or [B, T, V]
+    logits, cache = model.run_with_cache(tokens)       # every hook
+    cache["blocks.0.attn.post.kp"]                     # [N, T, S]
+"""
+from .model import Cache, Config, Error, Model, cuda_available, cuda_unavailable_reason, load
+
+__all__ = ["Cache", "Config", "Error", "Model", "cuda_available", "cuda_unavailable_reason", "load"]
+__version__ = "0.1.0"

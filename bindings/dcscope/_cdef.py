@@ -1,0 +1,60 @@
+"""The C declarations of engine/include/dcscope.h that Python uses (cffi cdef).
+
+Kept in one place; tests/test_cdef.py checks it against the header.
+"""
+
+CDEF = r"""
+typedef enum {
+    DCS_OK = 0, DCS_ERR_IO = 1, DCS_ERR_FORMAT = 2, DCS_ERR_CONFIG = 3,
+    DCS_ERR_TENSOR = 4, DCS_ERR_NOMEM = 5, DCS_ERR_ARG = 6, DCS_ERR_HOOK = 7,
+    DCS_ERR_UNSUPPORTED = 8, DCS_ERR_BACKEND = 9
+} dcs_status;
+const char *dcs_status_name(dcs_status s);
+
+typedef struct dcs_model dcs_model;
+typedef struct {
+    int model_type; int n_layer; int d_model; int n_head; int head_dim; int d_ff;
+    int vocab; int rotary_dim; float rope_base; float norm_eps; int parallel_residual;
+    int qk_norm; int linear_bias; int use_dcmha; int query_wise; int dyn_rank;
+    int dyn_hidden; int dyn_slots; int window_size; int tie_embeddings;
+} dcs_config;
+typedef struct { int device; int cuda_device; int n_threads; } dcs_load_options;
+
+dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **out,
+                    char *err, size_t errlen);
+void dcs_free(dcs_model *m);
+const dcs_config *dcs_model_config(const dcs_model *m);
+const char *dcs_errmsg(const dcs_model *m);
+int dcs_layer_is_local(const dcs_model *m, int layer);
+int dcs_model_device(const dcs_model *m);
+int dcs_cuda_available(char *why, size_t whylen);
+dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
+dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);
+
+#define DCS_HP_COUNT ...
+const char *dcs_hook_point_name(int point);
+int dcs_hook_point_is_layered(int point);
+int dcs_hook_exists(const dcs_model *m, int point);
+dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer);
+int dcs_hook_shape(const dcs_model *m, int point, int B, int T, int64_t shape[6]);
+typedef int (*dcs_hook_fn)(void *user, int point, int layer, float *data,
+                           const int64_t *shape, int ndim);
+typedef struct { const uint8_t *want; dcs_hook_fn fn; void *user; } dcs_hooks;
+void dcs_set_hook_error(dcs_model *m, const char *msg);
+extern "Python" int _dcs_py_hook(void *user, int point, int layer, float *data,
+                                 const int64_t *shape, int ndim);
+
+dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
+                       float *logits, const dcs_hooks *hooks);
+
+typedef struct { const float *data; int rows, cols; const char *title; } dcs_panel;
+typedef struct {
+    const dcs_panel *panels; int n_panels; int grid_cols; int colormap; int auto_range;
+    float vmin, vmax; const char *const *row_labels; const char *const *col_labels;
+    int mask_upper; int cell_px; const char *title;
+} dcs_heatmap_spec;
+dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
+                           size_t *png_len, char *err, size_t errlen);
+void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]);
+void dcs_buffer_free(void *p);
+"""

@@ -1,0 +1,82 @@
+"""The dcscope command line.
+
+    dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]
+    dcscope heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
+    dcscope info --model DIR
+    dcscope make-tiny OUT_DIR [options]      (a generated checkpoint, see dcscope.testing)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from .model import Error
+
+
+def _heatmap(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="dcscope heatmap", description="Render attention heatmaps to PNG.")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--text", required=True, help="the prompt")
+    p.add_argument("--layer", required=True, help="layer index, or 'all' (with --head)")
+    p.add_argument("--head", type=int, default=None, help="one head (default: all heads of the layer)")
+    p.add_argument("--hook", default="pattern",
+                   help="pattern, pattern_composed, scores, scores_composed, pre.kp, post.qg, ..., or branches")
+    p.add_argument("--phase", default="post", choices=["pre", "post"], help="with --hook branches")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--out", required=True, help="output PNG file")
+    a = p.parse_args(argv)
+    from .heatmap import attention_heatmap
+    from .model import load
+    layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
+    model = load(a.model, device=a.device)
+    png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase)
+    png.save(a.out)
+    print("wrote %s (%d bytes)" % (a.out, len(png)))
+    return 0
+
+
+def _int(s: str, what: str) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        raise Error("%s must be an integer or 'all', not %r" % (what, s))
+
+
+def _info(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="dcscope info", description="Print a model's config and hook names.")
+    p.add_argument("--model", required=True)
+    p.add_argument("--hooks", action="store_true", help="also list every hook name")
+    a = p.parse_args(argv)
+    from .model import load
+    m = load(a.model)
+    print(m)
+    for k, v in vars(m.config).items():
+        print("  %-18s %s" % (k, v))
+    if a.hooks:
+        print("\n".join(m.hook_names))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "make-tiny": None}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
+        print(__doc__.strip())
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "synth":
+            from synth_tasks.cli import main as synth_main
+            return synth_main(rest)
+        if cmd == "make-tiny":
+            from .testing.make_tiny import main as tiny_main
+            return tiny_main(rest) or 0
+        return cmds[cmd](rest)
+    except Error as e:
+        print("dcscope %s: error: %s" % (cmd, e), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

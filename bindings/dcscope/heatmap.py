@@ -1,0 +1,189 @@
+"""Attention heatmaps rendered to PNG by the engine (libpng, built-in font).
+
+    png = dcscope.attention_heatmap(model, "The cat sat on the mat", layer=1)
+    png                      # displays inline in Jupyter (_repr_png_)
+    png.save("layer1.png")
+
+Sequential colours (viridis-like) for patterns in [0, 1]; a diverging map
+centred on zero for signed quantities (scores, compose branches, composed
+weights). matplotlib versions of the same figures are in dcscope.plots.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
+
+from ._engine import ffi, lib
+from .model import Error, Model
+
+SEQUENTIAL, DIVERGING = 0, 1
+BRANCHES = ("skip", "qp", "kp", "qg", "kg")
+
+
+class PNG:
+    """PNG bytes that show themselves in Jupyter and can be saved."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def _repr_png_(self) -> bytes:
+        return self.data
+
+    def __bytes__(self) -> bytes:
+        return self.data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        path = os.fspath(path)
+        try:
+            with open(path, "wb") as f:
+                f.write(self.data)
+        except OSError as e:
+            raise Error("%s: cannot write the PNG: %s" % (path, e.strerror or e))
+        return path
+
+
+def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False) -> tuple:
+    """The engine's colour for a value (for tests and legends)."""
+    rgb = ffi.new("uint8_t[3]")
+    lib.dcs_colormap_rgb(DIVERGING if diverging else SEQUENTIAL, float(value), float(vmin), float(vmax), rgb)
+    return rgb[0], rgb[1], rgb[2]
+
+
+def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optional[Sequence[str]] = None,
+            titles: Optional[Sequence[str]] = None, title: Optional[str] = None,
+            diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
+            vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0) -> PNG:
+    """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
+
+    tokens label the rows (queries) and, unless key_tokens is given, the
+    columns. vmin/vmax fix the colour range (default: from the data)."""
+    a = np.asarray(maps, dtype=np.float32)
+    if a.ndim == 2:
+        a = a[None]
+    if a.ndim != 3 or a.shape[1] == 0 or a.shape[2] == 0 or a.shape[0] == 0:
+        raise Error("heatmap: maps must be [T, S] or [P, T, S] and non-empty, got shape %s" % (np.shape(maps),))
+    a = np.ascontiguousarray(a)
+    P, T, S = a.shape
+    keep = []  # keep every cffi object alive until the call returns
+
+    def cstrs(strs, n, what):
+        if strs is None:
+            return ffi.NULL
+        strs = list(strs)
+        if len(strs) != n:
+            raise Error("heatmap: %d %s labels for %d %s" % (len(strs), what, n, what))
+        cs = [ffi.new("char[]", str(s).encode("utf-8", "replace")) for s in strs]
+        keep.extend(cs)
+        arr = ffi.new("const char *[]", cs)
+        keep.append(arr)
+        return arr
+
+    panels = ffi.new("dcs_panel[]", P)
+    titles = list(titles) if titles is not None else [None] * P
+    if len(titles) != P:
+        raise Error("heatmap: %d titles for %d panels" % (len(titles), P))
+    for i in range(P):
+        panels[i].data = ffi.cast("const float *", ffi.from_buffer(a[i]))
+        panels[i].rows, panels[i].cols = T, S
+        if titles[i] is not None:
+            t = ffi.new("char[]", str(titles[i]).encode())
+            keep.append(t)
+            panels[i].title = t
+    spec = ffi.new("dcs_heatmap_spec *")
+    spec.panels, spec.n_panels = panels, P
+    spec.grid_cols = grid_cols
+    spec.colormap = DIVERGING if diverging else SEQUENTIAL
+    spec.auto_range = 1 if (vmin is None or vmax is None) else 0
+    if not spec.auto_range:
+        spec.vmin, spec.vmax = vmin, vmax
+    spec.row_labels = cstrs(tokens, T, "row")
+    spec.col_labels = cstrs(key_tokens if key_tokens is not None else (tokens if S == T else None), S, "column")
+    spec.mask_upper = 1 if mask_upper else 0
+    spec.cell_px = cell_px
+    if title is not None:
+        t = ffi.new("char[]", title.encode())
+        keep.append(t)
+        spec.title = t
+    out = ffi.new("uint8_t **")
+    n = ffi.new("size_t *")
+    err = ffi.new("char[]", 512)
+    st = lib.dcs_heatmap_png(spec, out, n, err, 512)
+    if st != lib.DCS_OK:
+        raise Error("heatmap: " + ffi.string(err).decode(errors="replace"))
+    try:
+        return PNG(bytes(ffi.buffer(out[0], n[0])))
+    finally:
+        lib.dcs_buffer_free(out[0])
+
+
+def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, head: Optional[int] = None,
+                      hook: str = "pattern", phase: str = "post", **kw) -> PNG:
+    """Heatmaps of a model's attention on a prompt.
+
+    - layer=L, head=None: every head of layer L for `hook` (pattern,
+      pattern_composed, scores, scores_composed, pre.kp, post.qg, ...);
+    - layer="all", head=H: head H across all layers;
+    - hook="branches", layer=L, head=H: the five compose branches of `phase`
+      side by side with their sum."""
+    if isinstance(text_or_tokens, str):
+        if not text_or_tokens:
+            raise Error("heatmap: the text is empty")
+        tokens = model.to_tokens(text_or_tokens)
+        labels = model.to_str_tokens(tokens)
+    else:
+        tokens = np.asarray(text_or_tokens)
+        try:
+            labels = model.to_str_tokens(tokens)
+        except Error:
+            labels = [str(int(t)) for t in tokens]
+    if tokens.ndim != 1 or tokens.size == 0:
+        raise Error("heatmap: need a non-empty 1-D token sequence")
+    c = model.config
+    if head is not None and not 0 <= head < c.n_head:
+        raise Error("heatmap: head %d is out of range (model has %d heads)" % (head, c.n_head))
+    if layer != "all" and not (isinstance(layer, (int, np.integer)) and 0 <= layer < c.n_layer):
+        raise Error("heatmap: layer %r is out of range (model has %d layers)" % (layer, c.n_layer))
+
+    if hook == "branches":
+        if head is None or layer == "all":
+            raise Error("heatmap: hook='branches' needs one layer and one head")
+        if phase not in ("pre", "post"):
+            raise Error("heatmap: phase must be 'pre' or 'post'")
+        names = ["blocks.%d.attn.%s.%s" % (layer, phase, b) for b in BRANCHES]
+        names = [n for n in names if n in model.hook_names]
+        total = "blocks.%d.attn.%s" % (layer, "scores_composed" if phase == "pre" else "pattern_composed")
+        _, cache = model.run_with_cache(tokens, names=names + [total])
+        maps = [cache[n][head] for n in names] + [cache[total][head]]
+        titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
+        kw.setdefault("title", "L%d H%d %s-compose branches" % (layer, head, phase))
+        return heatmap(np.stack(maps), tokens=labels, titles=titles, diverging=True, **kw)
+
+    if layer == "all":
+        if head is None:
+            raise Error("heatmap: layer='all' needs a head")
+        names = ["blocks.%d.attn.%s" % (l, hook) for l in range(c.n_layer)]
+        for n in names:
+            model.parse_hook(n)
+        _, cache = model.run_with_cache(tokens, names=names)
+        maps = np.stack([cache[n][head] for n in names])
+        titles = ["L%d H%d" % (l, head) for l in range(c.n_layer)]
+        kw.setdefault("title", "head %d across layers: %s" % (head, hook))
+    else:
+        name = "blocks.%d.attn.%s" % (layer, hook)
+        model.parse_hook(name)
+        _, cache = model.run_with_cache(tokens, names=[name])
+        a = cache[name]
+        if a.ndim != 3:
+            raise Error("heatmap: hook %s is not an [N, T, S] map" % name)
+        if head is None:
+            maps, titles = a, ["L%d H%d" % (layer, n) for n in range(c.n_head)]
+        else:
+            maps, titles = a[head:head + 1], ["L%d H%d" % (layer, head)]
+        kw.setdefault("title", "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head)))
+    kw.setdefault("diverging", not hook.endswith("pattern"))
+    return heatmap(maps, tokens=labels, titles=titles, **kw)

@@ -1,0 +1,165 @@
+"""Ready-made hook functions for the common interventions.
+
+Each helper returns (name, fn) pairs for Model.run_with_hooks:
+
+    logits = model.run_with_hooks(tokens, fwd_hooks=[
+        *disable_branch(model, "post", "kp", layers=[3]),
+        ablate_head(model, layer=2, head=5),
+    ])
+
+Head-indexed activations (layouts of shared/docs/hooks.md, without the batch
+axis for 1-D tokens): attn.z / q / k / v [T, N, Dh], head_out [T, N, D],
+scores, pattern, branches [N, T, S].
+"""
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .model import Cache, Error, Model
+
+BRANCHES = ("skip", "qp", "kp", "qg", "kg")
+
+# Axis of the head index in each head-indexed hook (counted from the end,
+# so the same number works with or without a leading batch axis).
+_HEAD_AXIS_FROM_END = {
+    "attn.q": -2, "attn.k": -2, "attn.v": -2, "attn.z": -2, "attn.head_out": -2,
+    "attn.scores": -3, "attn.scores_composed": -3, "attn.pattern": -3,
+    "attn.pattern_composed": -3,
+    **{"attn.%s.%s" % (ph, b): -3 for ph in ("pre", "post") for b in BRANCHES},
+}
+
+
+def _position_axis_from_end(name: str) -> int:
+    """Axis of the (query) position: -3 for [T, N, X] layouts, else -2."""
+    s = _suffix(name)
+    four_d = s in ("attn.q", "attn.k", "attn.v", "attn.z", "attn.head_out") or (
+        s.startswith("attn.dyn.") and s[-1] in "12")
+    return -3 if four_d else -2
+
+
+def _suffix(name: str) -> str:
+    return name.split(".", 2)[2] if name.startswith("blocks.") else name
+
+
+def _head_index(name: str, head: int, ndim: int) -> tuple:
+    axis = _HEAD_AXIS_FROM_END.get(_suffix(name))
+    if axis is None:
+        raise Error("hook %s has no head axis" % name)
+    idx = [slice(None)] * ndim
+    idx[ndim + axis] = head
+    return tuple(idx)
+
+
+def _check_head(model: Model, layer: int, head: int) -> None:
+    c = model.config
+    if not 0 <= layer < c.n_layer:
+        raise Error("layer %d is out of range (model has %d layers)" % (layer, c.n_layer))
+    if not 0 <= head < c.n_head:
+        raise Error("head %d is out of range (model has %d heads)" % (head, c.n_head))
+
+
+def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
+                mean: Optional[np.ndarray] = None, point: str = "attn.z") -> Tuple[str, object]:
+    """Remove head `head` of `layer` from the residual stream.
+
+    kind="zero" sets its per-head output (attn.z by default) to 0; kind="mean"
+    replaces it by `mean` (e.g. mean_activation(cache_of_many_runs, ...)),
+    broadcast over positions: shape [Dh] or [T, Dh] for attn.z."""
+    _check_head(model, layer, head)
+    name = "blocks.%d.%s" % (layer, point)
+    model.parse_hook(name)
+    if kind not in ("zero", "mean"):
+        raise Error("ablate_head: kind must be 'zero' or 'mean', not %r" % (kind,))
+    if kind == "mean" and mean is None:
+        raise Error("ablate_head: kind='mean' needs the mean activation (mean=...)")
+
+    def fn(act, _name):
+        idx = _head_index(name, head, act.ndim)
+        act[idx] = 0.0 if kind == "zero" else np.broadcast_to(np.asarray(mean, np.float32), act[idx].shape)
+        return act
+
+    return name, fn
+
+
+def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") -> np.ndarray:
+    """Mean of a head's activation over positions (and batch): e.g. [Dh] for attn.z."""
+    name = "blocks.%d.%s" % (layer, point)
+    if name not in cache:
+        raise Error("cache has no %s" % name)
+    a = cache[name]
+    per_head = a[_head_index(name, head, a.ndim)]
+    return per_head.reshape(-1, per_head.shape[-1]).mean(axis=0)
+
+
+def disable_branch(model: Model, phase: str, branch: str,
+                   layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
+    """Zero one compose branch (skip, qp, kp, qg, kg) of pre- or post-compose in
+    the chosen layers (all by default): the composed sum then lacks it."""
+    if phase not in ("pre", "post"):
+        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+    if branch not in BRANCHES:
+        raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
+    layers = range(model.config.n_layer) if layers is None else list(layers)
+    hooks = []
+    for l in layers:
+        name = "blocks.%d.attn.%s.%s" % (l, phase, branch)
+        model.parse_hook(name)
+        hooks.append((name, _zero))
+    return hooks
+
+
+def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
+    """Zero every dynamic branch (qp, kp, qg, kg) of both phases: the layers then
+    compute plain multi-head attention with the same weights."""
+    out = []
+    for phase in ("pre", "post"):
+        for b in BRANCHES[1:]:
+            if b in ("kp", "kg") and model.config.query_wise:
+                continue
+            out += disable_branch(model, phase, b, layers)
+    return out
+
+
+def scale(model: Model, name: str, factor: float, head: Optional[int] = None) -> Tuple[str, object]:
+    """Multiply an activation (or one head's slice of it) by `factor`."""
+    model.parse_hook(name)
+
+    def fn(act, _name):
+        if head is None:
+            act *= factor
+        else:
+            act[_head_index(name, head, act.ndim)] *= factor
+        return act
+
+    return name, fn
+
+
+def patch(model: Model, name: str, source: Cache, head: Optional[int] = None,
+          positions: Optional[Sequence[int]] = None) -> Tuple[str, object]:
+    """Replace an activation by the one in `source` (another run's cache), for
+    all of it, one head, and/or some positions (the T axis, second from the
+    front for [T, ...] layouts, or the query axis of [N, T, S] maps)."""
+    model.parse_hook(name)
+    if name not in source:
+        raise Error("patch: the source cache has no %s" % name)
+    src = source[name]
+
+    def fn(act, _name):
+        if src.shape != act.shape:
+            raise Error("patch %s: source has shape %s, this run %s" % (name, src.shape, act.shape))
+        idx = [slice(None)] * act.ndim
+        if head is not None:
+            idx = list(_head_index(name, head, act.ndim))
+        if positions is not None:
+            idx[act.ndim + _position_axis_from_end(name)] = list(positions)
+        act[tuple(idx)] = src[tuple(idx)]
+        return act
+
+    return name, fn
+
+
+def _zero(act, _name):
+    act[...] = 0.0
+    return act

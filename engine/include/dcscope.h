@@ -1,0 +1,244 @@
+/*
+ * dcscope.h -- the one public header of the dcscope engine.
+ *
+ * The engine loads Hugging Face checkpoints of DCPythia (DCMHA attention,
+ * Xiao et al. 2024) and Pythia (GPT-NeoX, plain MHA) and runs exact float32
+ * forward passes with hooks on every activation (see shared/docs/hooks.md).
+ *
+ * Conventions
+ *   - Every call that can fail returns a dcs_status. DCS_OK is 0.
+ *   - Calls on a model leave a message in the model (dcs_errmsg); dcs_load,
+ *     which has no model yet, writes its message into a caller buffer.
+ *   - Messages name the file (or hook, or argument) and what is wrong.
+ *   - No global mutable state: everything lives in a dcs_model.
+ *   - Activations seen by hooks are float32, C-contiguous, on the host.
+ */
+#ifndef DCSCOPE_H
+#define DCSCOPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    DCS_OK = 0,
+    DCS_ERR_IO = 1,          /* file missing, unreadable, truncated          */
+    DCS_ERR_FORMAT = 2,      /* malformed safetensors / zip / pickle / JSON   */
+    DCS_ERR_CONFIG = 3,      /* config.json missing keys, bad values, type   */
+    DCS_ERR_TENSOR = 4,      /* missing, extra or mis-shaped tensors         */
+    DCS_ERR_NOMEM = 5,       /* allocation failed or a limit was exceeded    */
+    DCS_ERR_ARG = 6,         /* bad argument (token id, sizes, hook name)    */
+    DCS_ERR_HOOK = 7,        /* a hook callback asked to abort the pass      */
+    DCS_ERR_UNSUPPORTED = 8, /* feature not available (e.g. no CUDA)         */
+    DCS_ERR_BACKEND = 9      /* a backend (CUDA, cuBLAS) call failed         */
+} dcs_status;
+
+const char *dcs_status_name(dcs_status s);
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct dcs_model dcs_model;
+
+typedef enum { DCS_MODEL_DCPYTHIA = 1, DCS_MODEL_GPT_NEOX = 2 } dcs_model_type;
+
+typedef enum { DCS_DEVICE_CPU = 0, DCS_DEVICE_CUDA = 1 } dcs_device;
+
+/* Dimensions and switches of a loaded model (read-only). */
+typedef struct {
+    int model_type;        /* dcs_model_type                                 */
+    int n_layer;           /* L                                              */
+    int d_model;           /* D                                              */
+    int n_head;            /* N                                              */
+    int head_dim;          /* Dh = D / N                                     */
+    int d_ff;              /* F                                              */
+    int vocab;             /* V                                              */
+    int rotary_dim;        /* r = Dh * rotary_pct (even)                     */
+    float rope_base;
+    float norm_eps;
+    int parallel_residual;
+    int qk_norm;
+    int linear_bias;
+    int use_dcmha;         /* 0 for gpt_neox or dcpythia with use_dcmha=false */
+    int query_wise;        /* key-wise branches absent                       */
+    int dyn_rank;          /* R (from the dyn_w_proj.qkw shape)              */
+    int dyn_hidden;        /* K (from the dyn_w_proj.dw1 shape)              */
+    int dyn_slots;         /* C: 4 (pre-q, pre-k, post-q, post-k) or 2        */
+    int window_size;       /* local-attention window (t - s <= window_size)  */
+    int tie_embeddings;
+} dcs_config;
+
+typedef struct {
+    int device;            /* dcs_device                                     */
+    int cuda_device;       /* GPU ordinal for DCS_DEVICE_CUDA                */
+    int n_threads;         /* CPU GEMM threads, 0 = library default          */
+} dcs_load_options;
+
+/* Load the model in directory `dir` (config.json + safetensors or torch zip
+ * weights, single or sharded). On failure *out is NULL and err holds a
+ * message naming the file and what is wrong. opts may be NULL. */
+dcs_status dcs_load(const char *dir, const dcs_load_options *opts,
+                    dcs_model **out, char *err, size_t errlen);
+void dcs_free(dcs_model *m);
+
+const dcs_config *dcs_model_config(const dcs_model *m);
+const char *dcs_errmsg(const dcs_model *m);     /* last error on this model  */
+int dcs_layer_is_local(const dcs_model *m, int layer);
+int dcs_model_device(const dcs_model *m);
+
+/* 1 if the library was built with CUDA and a GPU is usable, else 0;
+ * why (when 0) is written to `why` if given. */
+int dcs_cuda_available(char *why, size_t whylen);
+
+/* Weights, by canonical name (the dcpythia state_dict names, with wqkv
+ * fused in q,k,v row order; gpt_neox checkpoints are mapped onto them):
+ *   tok_embeddings.weight, output.weight, norm.weight, norm.bias,
+ *   layers.{l}.attention_norm.{weight,bias}, layers.{l}.ffn_norm.{weight,bias},
+ *   layers.{l}.attention.wqkv.{weight,bias}, layers.{l}.attention.wo.{weight,bias},
+ *   layers.{l}.attention.{q_norm,k_norm}.scale,
+ *   layers.{l}.attention.dyn_w_proj.{dw1,qkw,dd},
+ *   layers.{l}.feed_forward.{w1,w2}.{weight,bias}
+ * dcs_weight_shape writes up to 5 dims; dcs_weight_read widens to float32
+ * into `out` (room for the product of the shape). */
+dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
+dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);
+
+/* ---------------------------------------------------------------- hooks */
+
+/* Hook points. The per-layer ones are instantiated as "blocks.{l}.<name>". */
+typedef enum {
+    DCS_HP_EMBED = 0,          /* embed                  [T, D]      global */
+    DCS_HP_RESID_PRE,          /* resid_pre              [T, D]             */
+    DCS_HP_LN_ATTN,            /* ln_attn                [T, D]             */
+    DCS_HP_Q,                  /* attn.q                 [T, N, Dh]         */
+    DCS_HP_K,                  /* attn.k                 [T, N, Dh]         */
+    DCS_HP_V,                  /* attn.v                 [T, N, Dh]         */
+    DCS_HP_DYN_PRE_QW1,        /* attn.dyn.pre.qw1       [T, R, N]          */
+    DCS_HP_DYN_PRE_QW2,        /* attn.dyn.pre.qw2       [T, R, N]          */
+    DCS_HP_DYN_PRE_KW1,        /* attn.dyn.pre.kw1       [S, R, N]          */
+    DCS_HP_DYN_PRE_KW2,        /* attn.dyn.pre.kw2       [S, R, N]          */
+    DCS_HP_DYN_PRE_QDD,        /* attn.dyn.pre.qdd       [T, N]             */
+    DCS_HP_DYN_PRE_KDD,        /* attn.dyn.pre.kdd       [S, N]             */
+    DCS_HP_DYN_POST_QW1,       /* attn.dyn.post.qw1      [T, R, N]          */
+    DCS_HP_DYN_POST_QW2,       /* attn.dyn.post.qw2      [T, R, N]          */
+    DCS_HP_DYN_POST_KW1,       /* attn.dyn.post.kw1      [S, R, N]          */
+    DCS_HP_DYN_POST_KW2,       /* attn.dyn.post.kw2      [S, R, N]          */
+    DCS_HP_DYN_POST_QDD,       /* attn.dyn.post.qdd      [T, N]             */
+    DCS_HP_DYN_POST_KDD,       /* attn.dyn.post.kdd      [S, N]             */
+    DCS_HP_SCORES,             /* attn.scores            [N, T, S]          */
+    DCS_HP_PRE_SKIP,           /* attn.pre.skip          [N, T, S]          */
+    DCS_HP_PRE_QP,             /* attn.pre.qp                               */
+    DCS_HP_PRE_KP,             /* attn.pre.kp                               */
+    DCS_HP_PRE_QG,             /* attn.pre.qg                               */
+    DCS_HP_PRE_KG,             /* attn.pre.kg                               */
+    DCS_HP_SCORES_COMPOSED,    /* attn.scores_composed   [N, T, S]          */
+    DCS_HP_PATTERN,            /* attn.pattern           [N, T, S]          */
+    DCS_HP_POST_SKIP,          /* attn.post.skip         [N, T, S]          */
+    DCS_HP_POST_QP,            /* attn.post.qp                              */
+    DCS_HP_POST_KP,            /* attn.post.kp                              */
+    DCS_HP_POST_QG,            /* attn.post.qg                              */
+    DCS_HP_POST_KG,            /* attn.post.kg                              */
+    DCS_HP_PATTERN_COMPOSED,   /* attn.pattern_composed  [N, T, S]          */
+    DCS_HP_Z,                  /* attn.z                 [T, N, Dh]         */
+    DCS_HP_HEAD_OUT,           /* attn.head_out          [T, N, D]          */
+    DCS_HP_ATTN_OUT,           /* attn.out               [T, D]             */
+    DCS_HP_LN_MLP,             /* ln_mlp                 [T, D]             */
+    DCS_HP_MLP_PRE,            /* mlp.pre                [T, F]             */
+    DCS_HP_MLP_POST,           /* mlp.post               [T, F]             */
+    DCS_HP_MLP_OUT,            /* mlp.out                [T, D]             */
+    DCS_HP_RESID_POST,         /* resid_post             [T, D]             */
+    DCS_HP_LN_FINAL,           /* ln_final               [T, D]      global */
+    DCS_HP_LOGITS,             /* logits                 [T, V]      global */
+    DCS_HP_COUNT
+} dcs_hook_point;
+
+/* The name suffix of a point ("attn.pattern", "embed", ...) and whether it
+ * is per layer. */
+const char *dcs_hook_point_name(int point);
+int dcs_hook_point_is_layered(int point);
+
+/* Does this model have the point (compose/dyn points exist only with DCMHA,
+ * key-wise ones only without query_wise)? */
+int dcs_hook_exists(const dcs_model *m, int point);
+
+/* Parse a full hook name ("blocks.3.attn.post.kp", "logits") into point and
+ * layer (0 for global points). Unknown names, layers out of range and points
+ * this model does not have give DCS_ERR_ARG with a message naming the hook. */
+dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer);
+
+/* Shape of a point for a batch of B sequences of length T: writes ndim
+ * (batch axis first, so 1 + the documented rank) and the dims. */
+int dcs_hook_shape(const dcs_model *m, int point, int B, int T, int64_t shape[6]);
+
+/* Index of (point, layer) in the `want` table: point * (n_layer) + layer,
+ * global points use layer 0. Table length: DCS_HP_COUNT * n_layer. */
+static inline size_t dcs_hook_index(int n_layer, int point, int layer) {
+    return (size_t)point * (size_t)n_layer + (size_t)layer;
+}
+
+/* Called at every wanted hook point with the activation for the whole batch
+ * ([B, ...] layout, float32, contiguous, writable, host memory).
+ * Return 0 if the data was only read, 1 if it was modified (the engine then
+ * uses the modified values from this point on), negative to abort the forward
+ * pass (it returns DCS_ERR_HOOK; put a message in the model with
+ * dcs_set_hook_error first if you like). */
+typedef int (*dcs_hook_fn)(void *user, int point, int layer, float *data,
+                           const int64_t *shape, int ndim);
+
+typedef struct {
+    const uint8_t *want;   /* [DCS_HP_COUNT * n_layer]; nonzero = call fn   */
+    dcs_hook_fn fn;
+    void *user;
+} dcs_hooks;
+
+void dcs_set_hook_error(dcs_model *m, const char *msg);
+
+/* ---------------------------------------------------------------- forward */
+
+/* tokens: [B, T] int32 row-major; logits: [B, T, V] float32 or NULL.
+ * hooks may be NULL: then nothing extra is computed or allocated.
+ * Every sequence starts at position 0 (right-pad shorter sequences: under
+ * the causal mask padding never changes earlier positions). */
+dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
+                       float *logits, const dcs_hooks *hooks);
+
+/* ---------------------------------------------------------------- heatmaps */
+
+typedef enum { DCS_CMAP_SEQUENTIAL = 0, DCS_CMAP_DIVERGING = 1 } dcs_colormap;
+
+/* One [rows, cols] map (row-major floats) with its title. */
+typedef struct {
+    const float *data;
+    int rows, cols;
+    const char *title;
+} dcs_panel;
+
+typedef struct {
+    const dcs_panel *panels;
+    int n_panels;
+    int grid_cols;               /* panels per row, <= 0: all in one row     */
+    int colormap;                /* dcs_colormap                             */
+    int auto_range;              /* 1: range from the data (diverging: +-max|x|) */
+    float vmin, vmax;            /* used when auto_range == 0                */
+    const char *const *row_labels; /* rows strings (query tokens) or NULL   */
+    const char *const *col_labels; /* cols strings (key tokens) or NULL     */
+    int mask_upper;              /* 1: draw s > t cells as masked (causal)   */
+    int cell_px;                 /* pixels per cell, <= 0: chosen from size  */
+    const char *title;           /* figure title or NULL                     */
+} dcs_heatmap_spec;
+
+/* Render to PNG bytes (malloc'd; free with dcs_buffer_free). */
+dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
+                           size_t *png_len, char *err, size_t errlen);
+/* The RGB colour of value x in [vmin, vmax] under the colour map. */
+void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]);
+void dcs_buffer_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DCSCOPE_H */

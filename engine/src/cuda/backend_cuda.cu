@@ -1,0 +1,653 @@
+/*
+ * backend_cuda.cu -- the CUDA backend: the dcs_backend vtable of internal.h
+ * on one GPU, with cuBLAS for every matrix product and small kernels for the
+ * rest. The model graph (forward.c) is the same for every backend; it calls
+ * only the function pointers filled in here.
+ *
+ * Numerics. Storage is float32 and so is all arithmetic:
+ *   - GEMMs: cublasSgemmStridedBatched under CUBLAS_DEFAULT_MATH (true fp32
+ *     FMA, no TF32 tensor-op math unless asked for explicitly, which this
+ *     file never does).
+ *   - The per-element math (gelu, masks, rotary angles, RMS/LayerNorm
+ *     scaling, the per-pair compose) is the DCS_HD code of dcs_math.h, the
+ *     same functions the CPU backend runs. cuda.mk compiles this file with
+ *     --fmad=false so nvcc does not contract a*b+c into FMAs the CPU build
+ *     does not form either; only reduction order and libm ulps differ.
+ *
+ * Execution. One stream per backend; every kernel, memset and device copy is
+ * queued on it in order. upload/download wait for their copy (the host
+ * buffer is free to reuse when they return). sync() waits for the stream.
+ *
+ * Errors. Kernels return nothing (internal.h): the first failing CUDA or
+ * cuBLAS call is recorded in the context with its error name, and sync()
+ * reports it as DCS_ERR_BACKEND "CUDA: ..." and then clears the record, so a
+ * model survives e.g. one out-of-memory batch (sticky device faults fail the
+ * next call again and are reported again). alloc returns NULL on failure.
+ *
+ * No global mutable state: the device ordinal, stream, cuBLAS handle, memory
+ * pool, token scratch buffer and error record all live in the backend's
+ * context.
+ */
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+/* C headers first, outside the extern "C" block below (in C++ <math.h>
+ * pulls in templates, which cannot have C linkage). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "internal.h"
+}
+#include "dcs_math.h"
+
+/* ------------------------------------------------------------ context */
+
+typedef struct {
+    int device;               /* CUDA ordinal                               */
+    char device_name[256];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cudaMemPool_t pool;       /* stream-ordered pool, or NULL: cudaMalloc   */
+    int32_t *tokens;          /* device scratch for embed's token ids       */
+    size_t tokens_cap;        /* in elements                                */
+    int failed;               /* an error is recorded in err                */
+    char err[900];
+} cuda_ctx;
+
+static cuda_ctx *ctx_of(dcs_backend *be) { return (cuda_ctx *)be->ctx; }
+
+/* Record the first failure (later ones are consequences, usually). */
+static void record(cuda_ctx *c, const char *fmt, ...) {
+    if (c->failed) return;
+    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+}
+
+/* Check a CUDA runtime result; on failure record it and clear the runtime's
+ * last-error slot (a failed cudaMalloc would otherwise resurface at the next
+ * kernel launch check). */
+static bool ck(cuda_ctx *c, cudaError_t r, const char *what) {
+    if (r == cudaSuccess) return true;
+    record(c, "%s failed on device %d (%s): %s (%s)", what, c->device,
+           c->device_name, cudaGetErrorString(r), cudaGetErrorName(r));
+    (void)cudaGetLastError();
+    return false;
+}
+
+static bool ck_blas(cuda_ctx *c, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    record(c, "%s failed on device %d (%s): %s (%s)", what, c->device,
+           c->device_name, cublasGetStatusName(s), cublasGetStatusString(s));
+    return false;
+}
+
+/* Make this backend's GPU current for the calling thread (several models on
+ * different GPUs may share a thread). */
+static cuda_ctx *enter(dcs_backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    ck(c, cudaSetDevice(c->device), "cudaSetDevice");
+    return c;
+}
+
+/* After a kernel launch: configuration errors show up here. */
+static void launched(cuda_ctx *c, const char *kernel) {
+    ck(c, cudaGetLastError(), kernel);
+}
+
+/* Grid for an elementwise kernel over n elements with a grid-stride loop. */
+static const int EW_THREADS = 256;
+static unsigned ew_blocks(size_t n) {
+    size_t b = (n + EW_THREADS - 1) / EW_THREADS;
+    const size_t cap = 65536; /* enough to fill any GPU; the loop does the rest */
+    return (unsigned)(b < cap ? b : cap);
+}
+
+#define GRID_STRIDE(i, n)                                                        \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);      \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ------------------------------------------------------------ reductions */
+
+__device__ static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ static inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+ * thread gets the result. Safe to call several times in a row. */
+__device__ static float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();                       /* part[] free from a previous call */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int nwarps = blockDim.x >> 5;
+    v = (threadIdx.x < (unsigned)nwarps) ? part[threadIdx.x] : 0.0f;
+    if (warp == 0) v = warp_sum(v);
+    if (threadIdx.x == 0) part[0] = v;
+    __syncthreads();
+    return part[0];
+}
+
+/* ------------------------------------------------------------ kernels */
+
+/* out [M, D] = table [V, D] rows tokens [M]; one block per row. */
+static __global__ void embed_kernel(float *out, const float *table, const int32_t *tokens, int D) {
+    size_t m = blockIdx.x;
+    const float *src = table + (size_t)tokens[m] * D;
+    float *dst = out + m * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+}
+
+/* x [M, N] += bias [N] */
+static __global__ void add_bias_kernel(float *x, const float *bias, size_t total, int N) {
+    GRID_STRIDE(i, total) x[i] += bias[i % N];
+}
+
+/* y [n] += x [n] */
+static __global__ void add_kernel(float *y, const float *x, size_t n) {
+    GRID_STRIDE(i, n) y[i] += x[i];
+}
+
+/* y [n] = a + b + c (y may alias any input) */
+static __global__ void add3_kernel(float *y, const float *a, const float *b, const float *c, size_t n) {
+    GRID_STRIDE(i, n) y[i] = a[i] + b[i] + c[i];
+}
+
+/* x [n] = gelu(x), exact erf form */
+static __global__ void gelu_kernel(float *x, size_t n) {
+    GRID_STRIDE(i, n) x[i] = dcs_gelu(x[i]);
+}
+
+/* x [n] = tanh(x) */
+static __global__ void tanh_kernel(float *x, size_t n) {
+    GRID_STRIDE(i, n) x[i] = tanhf(x[i]);
+}
+
+/* y [n] *= g [n] */
+static __global__ void mul_kernel(float *y, const float *g, size_t n) {
+    GRID_STRIDE(i, n) y[i] *= g[i];
+}
+
+/* out [M, D] = LayerNorm(in [M, D]) * w [D] + b [D]; one block per row,
+ * two passes (mean, then centred sum of squares), fp32. out may equal in. */
+static __global__ void layernorm_kernel(float *out, const float *in, const float *w,
+                                 const float *b, int D, float eps) {
+    const float *x = in + (size_t)blockIdx.x * D;
+    float *y = out + (size_t)blockIdx.x * D;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s += x[i];
+    float mean = block_sum(s) / (float)D;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float d = x[i] - mean;
+        ss += d * d;
+    }
+    float inv = dcs_rms_inv(block_sum(ss), D, eps);   /* 1/sqrt(var + eps) */
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = (x[i] - mean) * inv;
+        if (w) v *= w[i];
+        if (b) v += b[i];
+        y[i] = v;
+    }
+}
+
+/* x [rows, width] at row stride ld, in place: x / rms(x) * scale [width]
+ * (scale NULL: none). One warp per row. */
+static __global__ void rmsnorm_kernel(float *x, int rows, int width, int ld,
+                               const float *scale, float eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;                 /* whole warp leaves together */
+    float *r = x + (size_t)row * ld;
+    float ss = 0.0f;
+    for (int i = lane; i < width; i += 32) ss += r[i] * r[i];
+    float inv = dcs_rms_inv(warp_sum(ss), width, eps);
+    for (int i = lane; i < width; i += 32) {
+        float v = r[i] * inv;
+        if (scale) v *= scale[i];
+        r[i] = v;
+    }
+}
+
+/* x [M, N, Dh], row m at position m % T: rotate-half on dims [0, rot) of
+ * every head. One thread per (m, j), j < rot/2: it computes cos/sin once
+ * (in double, dcs_rotary_cs) and rotates pair (j, j + rot/2) of all N heads. */
+static __global__ void rotary_kernel(float *x, int M, int T, int N, int Dh, int rot, float base) {
+    int half = rot / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)M * half) return;
+    int m = (int)(idx / half), j = (int)(idx % half);
+    float c, s;
+    dcs_rotary_cs(m % T, j, rot, base, &c, &s);
+    float *row = x + (size_t)m * N * Dh;
+    for (int n = 0; n < N; n++) dcs_rotate_pair(&row[n * Dh + j], &row[n * Dh + j + half], c, s);
+}
+
+/* Compose (model-spec 2 step 6) over [B, N, T, S]: one thread per (b, t, s)
+ * pair, mixing that pair's N heads (stride T*S) with dcs_compose_pair.
+ * Query-side weights qw1, qw2 [B, T, R, N], qdd [B, T, N]; key side kw1, kw2
+ * [B, S, R, N], kdd [B, S, N] (NULL: query_wise). Branch outputs br[0..4]
+ * (skip, qp, kp, qg, kg) each NULL or [B, N, T, S]. With causal_only, pairs
+ * the mask hides get 0 in out and in every branch. out may equal in. */
+static __global__ void compose_kernel(dcs_compose_args a) {
+    size_t total = (size_t)a.B * a.T * a.S;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    int s = (int)(idx % a.S);
+    int t = (int)((idx / a.S) % a.T);
+    int b = (int)(idx / ((size_t)a.S * a.T));
+    long long stride = (long long)a.T * a.S;                      /* N axis */
+    size_t off = (size_t)b * a.N * stride + (size_t)t * a.S + s;  /* head 0 */
+
+    if (a.causal_only && !dcs_allowed(t, s, a.window)) {
+        for (int n = 0; n < a.N; n++) {
+            size_t o = off + (size_t)n * stride;
+            a.out[o] = 0.0f;
+            for (int k = 0; k < 5; k++)
+                if (a.br[k]) a.br[k][o] = 0.0f;
+        }
+        return;
+    }
+    size_t RN = (size_t)a.R * a.N;
+    size_t qrow = (size_t)b * a.T + t, krow = (size_t)b * a.S + s;
+    dcs_compose_pair(a.in + off, a.out + off, stride, a.N, a.R,
+                     a.qw1 + qrow * RN, a.qw2 + qrow * RN,
+                     a.kw1 ? a.kw1 + krow * RN : NULL, a.kw2 ? a.kw2 + krow * RN : NULL,
+                     a.qdd + qrow * a.N, a.kdd ? a.kdd + krow * a.N : NULL,
+                     a.br[0] ? a.br[0] + off : NULL, a.br[1] ? a.br[1] + off : NULL,
+                     a.br[2] ? a.br[2] + off : NULL, a.br[3] ? a.br[3] + off : NULL,
+                     a.br[4] ? a.br[4] + off : NULL);
+}
+
+/* x [BN, T, S] as BN*T rows of S, row r has query t = r % T: softmax over the
+ * allowed keys (dcs_allowed), masked entries 0. One warp per row; max-
+ * subtracted exp; a row with nothing allowed becomes all zeros. */
+static __global__ void softmax_masked_kernel(float *x, size_t rows, int T, int S, int window) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int t = (int)(row % T);
+    float *r = x + row * S;
+    float mx = -INFINITY;
+    for (int s = lane; s < S; s += 32)
+        if (dcs_allowed(t, s, window)) mx = fmaxf(mx, r[s]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int s = lane; s < S; s += 32) {
+        float e = dcs_allowed(t, s, window) ? expf(r[s] - mx) : 0.0f;
+        r[s] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int s = lane; s < S; s += 32)
+        if (dcs_allowed(t, s, window)) r[s] *= inv;
+}
+
+/* ------------------------------------------------------------ memory */
+
+/* The graph allocates and frees its activations layer by layer, so
+ * allocation must be cheap and must not stall the GPU: memory comes from a
+ * stream-ordered pool owned by this backend (cudaMallocFromPoolAsync /
+ * cudaFreeAsync on the backend's stream) that keeps freed blocks for reuse.
+ * On out-of-memory the pool's cached blocks are returned to the driver and
+ * the allocation is tried once more. Devices without memory pools use
+ * cudaMalloc / cudaFree. */
+static cudaError_t raw_alloc(cuda_ctx *c, void **p, size_t n) {
+    if (!c->pool) return cudaMalloc(p, n);
+    cudaError_t r = cudaMallocFromPoolAsync(p, n, c->pool, c->stream);
+    if (r != cudaErrorMemoryAllocation) return r;
+    (void)cudaGetLastError();
+    cudaStreamSynchronize(c->stream);          /* pending frees land in the pool */
+    cudaMemPoolTrimTo(c->pool, 0);
+    (void)cudaGetLastError();
+    return cudaMallocFromPoolAsync(p, n, c->pool, c->stream);
+}
+
+static void *cu_alloc(dcs_backend *be, size_t bytes) {
+    cuda_ctx *c = enter(be);
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;   /* a distinct non-NULL pointer for 0 bytes */
+    cudaError_t r = raw_alloc(c, &p, n);
+    if (r != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        (void)cudaGetLastError();
+        record(c, "allocating %zu bytes (%.3f GiB) failed on device %d (%s): %s "
+                  "(%.3f GiB free of %.3f GiB)",
+               bytes, bytes / 1073741824.0, c->device, c->device_name,
+               cudaGetErrorString(r), fr / 1073741824.0, tot / 1073741824.0);
+        return NULL;
+    }
+    if (!ck(c, cudaMemsetAsync(p, 0, n, c->stream), "cudaMemsetAsync")) {
+        if (c->pool) cudaFreeAsync(p, c->stream);
+        else cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(dcs_backend *be, void *p) {
+    if (!p) return;
+    cuda_ctx *c = enter(be);
+    if (c->pool) ck(c, cudaFreeAsync(p, c->stream), "cudaFreeAsync");
+    else ck(c, cudaFree(p), "cudaFree");
+}
+
+static void cu_upload(dcs_backend *be, void *dst, const void *src_host, size_t bytes) {
+    if (!bytes) return;
+    cuda_ctx *c = enter(be);
+    if (ck(c, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream),
+           "cudaMemcpyAsync host->device"))
+        ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize after upload");
+}
+
+static void cu_download(dcs_backend *be, void *dst_host, const void *src, size_t bytes) {
+    if (!bytes) return;
+    cuda_ctx *c = enter(be);
+    if (ck(c, cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, c->stream),
+           "cudaMemcpyAsync device->host"))
+        ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize after download");
+}
+
+static void cu_copy(dcs_backend *be, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return;
+    cuda_ctx *c = enter(be);
+    ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
+       "cudaMemcpyAsync device->device");
+}
+
+static dcs_status cu_sync(dcs_backend *be, dcs_err *e) {
+    cuda_ctx *c = enter(be);
+    ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    ck(c, cudaGetLastError(), "CUDA");
+    if (!c->failed) return DCS_OK;
+    dcs_status st = dcs_seterr(e, DCS_ERR_BACKEND, "CUDA: %s", c->err);
+    c->failed = 0;
+    c->err[0] = '\0';
+    return st;
+}
+
+static void cu_destroy(dcs_backend *be) {
+    if (!be) return;
+    cuda_ctx *c = ctx_of(be);
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->tokens) cudaFree(c->tokens);
+        /* released now, or by the driver once the last block is freed */
+        if (c->pool) cudaMemPoolDestroy(c->pool);
+        if (c->blas) cublasDestroy(c->blas);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        (void)cudaGetLastError();
+        free(c);
+    }
+    free(be);
+}
+
+/* ------------------------------------------------------------ gemm */
+
+/* Row-major C [M, N] = alpha op(A) [M, K] op(B) [K, N] + beta C, batched.
+ * cuBLAS is column-major, and a row-major X with leading dim ld is the
+ * column-major X^T with the same ld. So compute C^T = op(B)^T op(A)^T:
+ * operands swapped, each keeps its own transpose flag, dims (N, M, K). */
+static void cu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K,
+                    float alpha, const float *A, int lda, long long strideA,
+                    const float *B, int ldb, long long strideB, float beta,
+                    float *C, int ldc, long long strideC, int batch) {
+    if (M <= 0 || N <= 0 || batch <= 0) return;
+    cuda_ctx *c = enter(be);
+    cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    ck_blas(c, cublasSgemmStridedBatched(c->blas, opB, opA, N, M, K, &alpha,
+                                         B, ldb, strideB, A, lda, strideA, &beta,
+                                         C, ldc, strideC, batch),
+            "cublasSgemmStridedBatched");
+}
+
+/* ------------------------------------------------------------ row / elementwise */
+
+static void cu_embed(dcs_backend *be, float *out, const float *table,
+                     const int32_t *tokens_host, int M, int D) {
+    if (M <= 0 || D <= 0) return;
+    cuda_ctx *c = enter(be);
+    if ((size_t)M > c->tokens_cap) {
+        if (c->tokens) ck(c, cudaFree(c->tokens), "cudaFree");
+        c->tokens = NULL;
+        c->tokens_cap = 0;
+        if (!ck(c, cudaMalloc((void **)&c->tokens, (size_t)M * sizeof(int32_t)),
+                "cudaMalloc (token ids)"))
+            return;
+        c->tokens_cap = (size_t)M;
+    }
+    if (!ck(c, cudaMemcpyAsync(c->tokens, tokens_host, (size_t)M * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, c->stream),
+            "cudaMemcpyAsync (token ids)"))
+        return;
+    ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (token ids)");
+    embed_kernel<<<M, 256, 0, c->stream>>>(out, table, c->tokens, D);
+    launched(c, "embed_kernel");
+}
+
+static void cu_add_bias(dcs_backend *be, float *x, const float *bias, int M, int N) {
+    size_t total = (size_t)(M > 0 ? M : 0) * (size_t)(N > 0 ? N : 0);
+    if (!total) return;
+    cuda_ctx *c = enter(be);
+    add_bias_kernel<<<ew_blocks(total), EW_THREADS, 0, c->stream>>>(x, bias, total, N);
+    launched(c, "add_bias_kernel");
+}
+
+static void cu_add(dcs_backend *be, float *y, const float *x, size_t n) {
+    if (!n) return;
+    cuda_ctx *c = enter(be);
+    add_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(y, x, n);
+    launched(c, "add_kernel");
+}
+
+static void cu_add3(dcs_backend *be, float *y, const float *a, const float *b,
+                    const float *cc, size_t n) {
+    if (!n) return;
+    cuda_ctx *c = enter(be);
+    add3_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(y, a, b, cc, n);
+    launched(c, "add3_kernel");
+}
+
+static void cu_gelu(dcs_backend *be, float *x, size_t n) {
+    if (!n) return;
+    cuda_ctx *c = enter(be);
+    gelu_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(x, n);
+    launched(c, "gelu_kernel");
+}
+
+static void cu_tanh(dcs_backend *be, float *x, size_t n) {
+    if (!n) return;
+    cuda_ctx *c = enter(be);
+    tanh_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(x, n);
+    launched(c, "tanh_kernel");
+}
+
+static void cu_mul(dcs_backend *be, float *y, const float *g, size_t n) {
+    if (!n) return;
+    cuda_ctx *c = enter(be);
+    mul_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(y, g, n);
+    launched(c, "mul_kernel");
+}
+
+static void cu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
+                         const float *b, int M, int D, float eps) {
+    if (M <= 0 || D <= 0) return;
+    cuda_ctx *c = enter(be);
+    int threads = D >= 1024 ? 512 : (D >= 256 ? 256 : 64);
+    layernorm_kernel<<<M, threads, 0, c->stream>>>(out, in, w, b, D, eps);
+    launched(c, "layernorm_kernel");
+}
+
+static void cu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld,
+                       const float *scale, float eps) {
+    if (rows <= 0 || width <= 0) return;
+    cuda_ctx *c = enter(be);
+    const int warps = 8;
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    rmsnorm_kernel<<<blocks, warps * 32, 0, c->stream>>>(x, rows, width, ld, scale, eps);
+    launched(c, "rmsnorm_kernel");
+}
+
+static void cu_rotary(dcs_backend *be, float *x, int M, int T, int N, int Dh,
+                      int rot, float base) {
+    if (M <= 0 || rot < 2 || N <= 0 || T <= 0) return;
+    cuda_ctx *c = enter(be);
+    size_t total = (size_t)M * (rot / 2);
+    unsigned blocks = (unsigned)((total + 255) / 256);
+    rotary_kernel<<<blocks, 256, 0, c->stream>>>(x, M, T, N, Dh, rot, base);
+    launched(c, "rotary_kernel");
+}
+
+static void cu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src,
+                      int ld_src, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    cuda_ctx *c = enter(be);
+    ck(c, cudaMemcpy2DAsync(dst, (size_t)ld_dst * sizeof(float), src,
+                            (size_t)ld_src * sizeof(float), (size_t)cols * sizeof(float),
+                            (size_t)rows, cudaMemcpyDeviceToDevice, c->stream),
+       "cudaMemcpy2DAsync");
+}
+
+static void cu_compose(dcs_backend *be, const dcs_compose_args *a) {
+    size_t total = (size_t)a->B * a->T * a->S;
+    if (a->B <= 0 || a->T <= 0 || a->S <= 0 || a->N <= 0) return;
+    cuda_ctx *c = enter(be);
+    if (a->R < 0 || a->R > DCS_MAX_R) {
+        record(c, "compose: dynamic rank R = %d outside [0, %d]", a->R, DCS_MAX_R);
+        return;
+    }
+    unsigned blocks = (unsigned)((total + 127) / 128);
+    compose_kernel<<<blocks, 128, 0, c->stream>>>(*a);
+    launched(c, "compose_kernel");
+}
+
+static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
+    if (BN <= 0 || T <= 0 || S <= 0) return;
+    cuda_ctx *c = enter(be);
+    size_t rows = (size_t)BN * T;
+    const int warps = 8;
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    softmax_masked_kernel<<<blocks, warps * 32, 0, c->stream>>>(x, rows, T, S, window);
+    launched(c, "softmax_masked_kernel");
+}
+
+/* ------------------------------------------------------------ public */
+
+extern "C" int dcs_cuda_probe(char *why, size_t whylen) {
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (why && whylen) snprintf(why, whylen, "no CUDA device: %s", cudaGetErrorString(r));
+        return 0;
+    }
+    if (n <= 0) {
+        if (why && whylen) snprintf(why, whylen, "no CUDA device: cudaGetDeviceCount found 0 devices");
+        return 0;
+    }
+    if (why && whylen) why[0] = '\0';
+    return 1;
+}
+
+extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        dcs_seterr(e, DCS_ERR_UNSUPPORTED, "CUDA: no CUDA device: %s",
+                   r != cudaSuccess ? cudaGetErrorString(r) : "cudaGetDeviceCount found 0 devices");
+        return NULL;
+    }
+    if (device < 0 || device >= n) {
+        dcs_seterr(e, DCS_ERR_ARG, "CUDA: device %d does not exist (%d device%s: 0..%d)",
+                   device, n, n == 1 ? "" : "s", n - 1);
+        return NULL;
+    }
+    dcs_backend *be = (dcs_backend *)calloc(1, sizeof *be);
+    cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        dcs_seterr(e, DCS_ERR_NOMEM, "CUDA: out of host memory creating the backend");
+        return NULL;
+    }
+    c->device = device;
+    be->ctx = c;
+    be->name = "cuda";
+
+    cudaDeviceProp prop;
+    if (ck(c, cudaSetDevice(device), "cudaSetDevice") &&
+        ck(c, cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")) {
+        snprintf(c->device_name, sizeof c->device_name, "%.200s, sm_%d%d", prop.name,
+                 prop.major, prop.minor);
+        if (ck(c, cudaStreamCreate(&c->stream), "cudaStreamCreate") &&
+            ck_blas(c, cublasCreate(&c->blas), "cublasCreate") &&
+            ck_blas(c, cublasSetStream(c->blas, c->stream), "cublasSetStream"))
+            /* true fp32: no TF32 tensor-op math */
+            ck_blas(c, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+        int pools = 0;
+        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+        (void)cudaGetLastError();
+        if (!c->failed && pools) {
+            cudaMemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = cudaMemAllocationTypePinned;
+            props.location.type = cudaMemLocationTypeDevice;
+            props.location.id = device;
+            uint64_t keep = UINT64_MAX;        /* keep freed blocks cached */
+            if (ck(c, cudaMemPoolCreate(&c->pool, &props), "cudaMemPoolCreate"))
+                ck(c, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep),
+                   "cudaMemPoolSetAttribute");
+        }
+    }
+    if (c->failed) {
+        dcs_seterr(e, DCS_ERR_BACKEND, "CUDA: %s", c->err);
+        cu_destroy(be);
+        return NULL;
+    }
+
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->upload = cu_upload;
+    be->download = cu_download;
+    be->copy = cu_copy;
+    be->sync = cu_sync;
+    be->destroy = cu_destroy;
+    be->gemm = cu_gemm;
+    be->embed = cu_embed;
+    be->add_bias = cu_add_bias;
+    be->add = cu_add;
+    be->add3 = cu_add3;
+    be->gelu = cu_gelu;
+    be->tanh_ = cu_tanh;
+    be->layernorm = cu_layernorm;
+    be->rmsnorm = cu_rmsnorm;
+    be->rotary = cu_rotary;
+    be->copy2d = cu_copy2d;
+    be->compose = cu_compose;
+    be->softmax_masked = cu_softmax_masked;
+    be->mul = cu_mul;
+    return be;
+}

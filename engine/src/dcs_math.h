@@ -1,0 +1,106 @@
+/*
+ * dcs_math.h -- the per-element math of the forward pass, written once and
+ * compiled for both backends: plain static inline C for the CPU, and
+ * __host__ __device__ functions when nvcc includes this file. The CPU tests
+ * therefore exercise exactly the arithmetic the GPU kernels run.
+ */
+#ifndef DCS_MATH_H
+#define DCS_MATH_H
+
+#include <math.h>
+
+#ifdef __CUDACC__
+#define DCS_HD __host__ __device__ static inline
+#else
+#define DCS_HD static inline
+#endif
+
+#ifndef DCS_MAX_R
+#define DCS_MAX_R 8
+#endif
+
+/* The masked-score value of the reference (fp16 lowest); exp() of it minus
+ * any real score underflows to exactly 0 in float32. */
+#define DCS_MASK_VALUE (-65504.0f)
+
+/* Exact (erf) GELU. */
+DCS_HD float dcs_gelu(float x) {
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+}
+
+/* Is key s visible from query t? Causal, plus a local window when w > 0. */
+DCS_HD int dcs_allowed(int t, int s, int window) {
+    return s <= t && (window <= 0 || t - s <= window);
+}
+
+/* Rotary angle of pair j (j < rot/2) at position pos: pos * base^(-2j/rot).
+ * Computed in double so cos/sin are exact to float rounding. */
+DCS_HD void dcs_rotary_cs(int pos, int j, int rot, float base, float *c, float *s) {
+    double inv = pow((double)base, -2.0 * (double)j / (double)rot);
+    double ang = (double)pos * inv;
+    *c = (float)cos(ang);
+    *s = (float)sin(ang);
+}
+
+/* GPT-NeoX rotate-half on one pair (x1 = x[j], x2 = x[j + rot/2]). */
+DCS_HD void dcs_rotate_pair(float *x1, float *x2, float c, float s) {
+    float a = *x1, b = *x2;
+    *x1 = a * c - b * s;
+    *x2 = b * c + a * s;
+}
+
+/* 1 / sqrt(mean(x^2) + eps) for a sum of squares over n elements. */
+DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
+    return 1.0f / sqrtf(sumsq / (float)n + eps);
+}
+
+/* Compose one (query t, key s) pair across heads, model-spec 2 step 6:
+ *   out[m] = a[m] + sum_i (sum_n a[n] qw1[i,n]) qw2[i,m]
+ *                 + sum_i (sum_n a[n] kw1[i,n]) kw2[i,m]
+ *                 + a[m] qdd[m] + a[m] kdd[m]
+ * a and out are strided by `stride` (the N axis of an [N, T, S] tensor);
+ * out may alias a. qw1, qw2, kw1, kw2 are [R, N] (kw* NULL: query_wise),
+ * qdd, kdd are [N] (kdd NULL: query_wise). br[0..4] (each may be NULL)
+ * receive the skip, qp, kp, qg, kg contributions. */
+DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N, int R,
+                             const float *qw1, const float *qw2,
+                             const float *kw1, const float *kw2,
+                             const float *qdd, const float *kdd,
+                             float *b_skip, float *b_qp, float *b_kp,
+                             float *b_qg, float *b_kg) {
+    float qi[DCS_MAX_R], ki[DCS_MAX_R];
+    for (int i = 0; i < R; i++) {
+        float sq = 0.0f, sk = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float an = a[(long long)n * stride];
+            sq += an * qw1[i * N + n];
+            if (kw1) sk += an * kw1[i * N + n];
+        }
+        qi[i] = sq;
+        ki[i] = sk;
+    }
+    for (int m = 0; m < N; m++) {
+        long long o = (long long)m * stride;
+        float am = a[o];
+        float qp = 0.0f, kp = 0.0f;
+        for (int i = 0; i < R; i++) {
+            qp += qi[i] * qw2[i * N + m];
+            if (kw2) kp += ki[i] * kw2[i * N + m];
+        }
+        float qg = am * qdd[m];
+        float kg = kdd ? am * kdd[m] : 0.0f;
+        if (b_skip) b_skip[o] = am;
+        if (b_qp) b_qp[o] = qp;
+        if (b_kp) b_kp[o] = kp;
+        if (b_qg) b_qg[o] = qg;
+        if (b_kg) b_kg[o] = kg;
+        out[o] = am + qp + kp + qg + kg;
+    }
+}
+
+/* The five branches summed back (used after a hook rewrote a branch). */
+DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) {
+    return a + b + c + d + e;
+}
+
+#endif /* DCS_MATH_H */

@@ -1,0 +1,446 @@
+/*
+ * forward.c -- the model graph: one forward pass of DCPythia or Pythia,
+ * written once over the backend interface (CPU or CUDA), with a hook call
+ * at every named activation (shared/docs/hooks.md).
+ *
+ * Shapes: B sequences of T tokens, M = B*T rows; D model dim, N heads,
+ * Dh head dim, F MLP width, V vocab; DCMHA: C slots, K hidden, R rank.
+ * Activations are row-major float32 in backend memory:
+ *   x, h [M, D]   qkv [M, 3D]   q, k, v, z [B, T, N, Dh]
+ *   scores/pattern [B, N, T, T]   dynamic weights [B, T, R, N], gates [B, T, N]
+ *
+ * Hooks cost nothing when not asked for: optional tensors (compose
+ * branches, head_out) are only materialised for the layers whose hooks
+ * want them, and nothing is copied to the host otherwise.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_BUFS 64
+
+/* State of one forward pass. */
+typedef struct {
+    dcs_model *m;
+    dcs_backend *be;
+    const dcs_hooks *hooks;
+    int B, T, M;
+    void *bufs[MAX_BUFS];   /* everything allocated by this pass */
+    int n_bufs;
+    float *host;            /* staging for hooks on a non-host backend */
+    size_t host_cap;
+    dcs_status status;
+} fw;
+
+/* ---------------------------------------------------------------- memory */
+
+/* Allocate n1*n2*n3 floats (checked), remembered for the end of the pass. */
+static float *fw_alloc(fw *f, int64_t n1, int64_t n2, int64_t n3) {
+    uint64_t n, bytes;
+    if (f->status) return NULL;
+    if (!dcs_mul_ok((uint64_t)n1, (uint64_t)n2, &n) || !dcs_mul_ok(n, (uint64_t)n3, &n) ||
+        !dcs_mul_ok(n, sizeof(float), &bytes) || bytes > ((uint64_t)1 << 46)) {
+        f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM,
+                               "forward: activation of %lld x %lld x %lld floats is too large",
+                               (long long)n1, (long long)n2, (long long)n3);
+        return NULL;
+    }
+    if (f->n_bufs == MAX_BUFS) {
+        f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM, "forward: too many buffers");
+        return NULL;
+    }
+    float *p = f->be->alloc(f->be, (size_t)bytes);
+    if (!p) {
+        f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM,
+                               "forward: out of memory allocating %llu bytes (B=%d, T=%d)",
+                               (unsigned long long)bytes, f->B, f->T);
+        return NULL;
+    }
+    f->bufs[f->n_bufs++] = p;
+    return p;
+}
+
+static void fw_release(fw *f, float *p) {
+    if (!p) return;
+    for (int i = 0; i < f->n_bufs; i++)
+        if (f->bufs[i] == p) {
+            f->be->free(f->be, p);
+            f->bufs[i] = f->bufs[--f->n_bufs];
+            return;
+        }
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+static int wants(const fw *f, int point, int layer) {
+    if (!f->hooks || !f->hooks->want || !f->hooks->fn) return 0;
+    if (!dcs_hook_exists(f->m, point)) return 0;
+    return f->hooks->want[dcs_hook_index(f->m->cfg.n_layer, point, layer)] != 0;
+}
+
+/* Call the hook at (point, layer) on the activation `dev` if wanted.
+ * Returns 1 if the hook modified it, 0 otherwise (or on error, with
+ * f->status set). */
+static int fw_hook(fw *f, int point, int layer, float *dev) {
+    if (f->status || !wants(f, point, layer)) return 0;
+    int64_t shape[6];
+    int nd = dcs_hook_shape(f->m, point, f->B, f->T, shape);
+    size_t n = 1;
+    for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
+    float *data = dev;
+    int on_host = f->m->device == DCS_DEVICE_CPU;
+    if (!on_host) {
+        if (n > f->host_cap) {
+            free(f->host);
+            f->host = malloc(n * sizeof(float));
+            f->host_cap = f->host ? n : 0;
+            if (!f->host) {
+                f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM, "hook %s: out of host memory",
+                                       dcs_hook_point_name(point));
+                return 0;
+            }
+        }
+        f->be->download(f->be, f->host, dev, n * sizeof(float));
+        if ((f->status = f->be->sync(f->be, &f->m->err))) return 0;
+        data = f->host;
+    }
+    f->m->err.code = DCS_OK;
+    f->m->err.msg[0] = 0;
+    int r = f->hooks->fn(f->hooks->user, point, layer, data, shape, nd);
+    if (r < 0) {
+        if (f->m->err.code != DCS_ERR_HOOK) {
+            if (dcs_hook_point_is_layered(point))
+                dcs_seterr(&f->m->err, DCS_ERR_HOOK, "hook blocks.%d.%s aborted the forward pass",
+                           layer, dcs_hook_point_name(point));
+            else
+                dcs_seterr(&f->m->err, DCS_ERR_HOOK, "hook %s aborted the forward pass",
+                           dcs_hook_point_name(point));
+        }
+        f->status = DCS_ERR_HOOK;
+        return 0;
+    }
+    if (r > 0 && !on_host) f->be->upload(f->be, dev, f->host, n * sizeof(float));
+    return r > 0;
+}
+
+/* ---------------------------------------------------------------- layers */
+
+/* y [M, O] = x [M, I] W^T + b, W [O, I] row-major (a torch Linear). */
+static void linear(fw *f, float *y, const float *x, const float *W, const float *b, int M,
+                   int O, int I) {
+    f->be->gemm(f->be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
+    if (b) f->be->add_bias(f->be, y, b, M, O);
+}
+
+/* Dynamic weights of one layer (model-spec 2 step 4), into per-slot
+ * buffers: w1[c], w2[c] [B, T, R, N] (w1 RMS-normalised over N), dd[c]
+ * [B, T, N]. Slots used: pre-q, pre-k, post-q, post-k (C = 4), or pre-q,
+ * post-q (C = 2, query_wise). Key slots are skipped when query_wise. */
+typedef struct {
+    float *w1[2][2], *w2[2][2], *dd[2][2];   /* [phase][0 query, 1 key] */
+} dyn_weights;
+
+static void dynamic_weights(fw *f, const dcs_layer_weights *lw, const float *h, dyn_weights *dw) {
+    const dcs_config *c = &f->m->cfg;
+    const int M = f->M, D = c->d_model, N = c->n_head, R = c->dyn_rank;
+    const int C = c->dyn_slots, K = c->dyn_hidden, RN2 = 2 * R * N;
+    dcs_backend *be = f->be;
+    float *hid = fw_alloc(f, M, C, K);       /* [M, C, K]     */
+    float *w = fw_alloc(f, M, C, RN2);       /* [M, C, 2R, N] */
+    float *g = fw_alloc(f, M, C, N);         /* [M, C, N]     */
+    if (f->status) return;
+    be->gemm(be, 0, 0, M, C * K, D, 1.0f, h, D, 0, lw->dw1, C * K, 0, 0.0f, hid, C * K, 0, 1);
+    be->gelu(be, hid, (size_t)M * C * K);
+    /* w[:, c] = hid[:, c] @ qkw[c], batched over the C slots */
+    be->gemm(be, 0, 0, M, RN2, K, 1.0f, hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f,
+             w, C * RN2, RN2, C);
+    be->gemm(be, 0, 0, M, C * N, D, 1.0f, h, D, 0, lw->dd, C * N, 0, 0.0f, g, C * N, 0, 1);
+    be->tanh_(be, g, (size_t)M * C * N);
+    for (int phase = 0; phase < 2; phase++)
+        for (int side = 0; side < 2; side++) {
+            dw->w1[phase][side] = dw->w2[phase][side] = dw->dd[phase][side] = NULL;
+            if (side == 1 && c->query_wise) continue;
+            int slot = C == 4 ? 2 * phase + side : phase;
+            float *w1 = fw_alloc(f, M, R, N), *w2 = fw_alloc(f, M, R, N), *dd = fw_alloc(f, M, N, 1);
+            if (f->status) return;
+            be->copy2d(be, w1, R * N, w + (size_t)slot * RN2, C * RN2, M, R * N);
+            be->copy2d(be, w2, R * N, w + (size_t)slot * RN2 + R * N, C * RN2, M, R * N);
+            be->copy2d(be, dd, N, g + (size_t)slot * N, C * N, M, N);
+            be->rmsnorm(be, w1, M * R, N, N, NULL, 1e-6f);
+            dw->w1[phase][side] = w1;
+            dw->w2[phase][side] = w2;
+            dw->dd[phase][side] = dd;
+        }
+    fw_release(f, hid);
+    fw_release(f, w);
+    fw_release(f, g);
+}
+
+static void dyn_hooks(fw *f, int l, dyn_weights *dw) {
+    static const int pts[2][6] = {
+        {DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD, DCS_HP_DYN_PRE_KW1,
+         DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD},
+        {DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD, DCS_HP_DYN_POST_KW1,
+         DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}};
+    for (int ph = 0; ph < 2; ph++)
+        for (int side = 0; side < 2; side++) {
+            if (!dw->w1[ph][side]) continue;
+            fw_hook(f, pts[ph][3 * side + 0], l, dw->w1[ph][side]);
+            fw_hook(f, pts[ph][3 * side + 1], l, dw->w2[ph][side]);
+            fw_hook(f, pts[ph][3 * side + 2], l, dw->dd[ph][side]);
+        }
+}
+
+/* Compose in place (pre: all pairs; post: allowed pairs only), with the
+ * branch hooks of this phase: if any is wanted, all five branches are
+ * materialised so that a rewritten branch enters the sum. */
+static void compose(fw *f, int l, int phase, float *A, const dyn_weights *dw, int window) {
+    const dcs_config *c = &f->m->cfg;
+    const int B = f->B, T = f->T, N = c->n_head;
+    static const int first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+    int any = 0;
+    for (int k = 0; k < 5; k++) any |= wants(f, first[phase] + k, l);
+    dcs_compose_args a = {0};
+    a.out = A;
+    a.in = A;
+    a.qw1 = dw->w1[phase][0];
+    a.qw2 = dw->w2[phase][0];
+    a.qdd = dw->dd[phase][0];
+    a.kw1 = dw->w1[phase][1];
+    a.kw2 = dw->w2[phase][1];
+    a.kdd = dw->dd[phase][1];
+    a.B = B;
+    a.N = N;
+    a.T = T;
+    a.S = T;
+    a.R = c->dyn_rank;
+    a.causal_only = phase == 1;
+    a.window = window;
+    if (any)
+        for (int k = 0; k < 5; k++)
+            if (dcs_hook_exists(f->m, first[phase] + k)) a.br[k] = fw_alloc(f, B, N, (int64_t)T * T);
+    if (f->status) return;
+    f->be->compose(f->be, &a);
+    if (!any) return;
+    int modified = 0;
+    for (int k = 0; k < 5; k++)
+        if (a.br[k]) modified |= fw_hook(f, first[phase] + k, l, a.br[k]);
+    if (modified) {
+        size_t n = (size_t)B * N * T * T;
+        f->be->copy(f->be, A, a.br[0], n * sizeof(float));
+        for (int k = 1; k < 5; k++)
+            if (a.br[k]) f->be->add(f->be, A, a.br[k], n);
+    }
+    for (int k = 0; k < 5; k++) fw_release(f, a.br[k]);
+}
+
+/* Attention of layer l on h [M, D] (normed); result in out [M, D]. */
+static void attention(fw *f, int l, const float *h, float *out) {
+    dcs_model *m = f->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = f->be;
+    const int B = f->B, T = f->T, M = f->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
+    const long long TT = (long long)T * T;
+
+    /* q, k, v [B, T, N, Dh] */
+    float *qkv = fw_alloc(f, M, 3, D);
+    float *q = fw_alloc(f, M, D, 1), *k = fw_alloc(f, M, D, 1), *v = fw_alloc(f, M, D, 1);
+    if (f->status) return;
+    linear(f, qkv, h, lw->wqkv, lw->bqkv, M, 3 * D, D);
+    be->copy2d(be, q, D, qkv, 3 * D, M, D);
+    be->copy2d(be, k, D, qkv + D, 3 * D, M, D);
+    be->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
+    fw_release(f, qkv);
+    if (c->qk_norm) {
+        be->rmsnorm(be, q, M * N, Dh, Dh, lw->q_scale, 1e-6f);
+        be->rmsnorm(be, k, M * N, Dh, Dh, lw->k_scale, 1e-6f);
+    }
+    be->rotary(be, q, M, T, N, Dh, c->rotary_dim, c->rope_base);
+    be->rotary(be, k, M, T, N, Dh, c->rotary_dim, c->rope_base);
+    fw_hook(f, DCS_HP_Q, l, q);
+    fw_hook(f, DCS_HP_K, l, k);
+    fw_hook(f, DCS_HP_V, l, v);
+
+    dyn_weights dw;
+    memset(&dw, 0, sizeof dw);
+    if (c->use_dcmha) {
+        dynamic_weights(f, lw, h, &dw);
+        dyn_hooks(f, l, &dw);
+    }
+
+    /* scores A[b, n] [T, S] = q_n k_n^T / sqrt(Dh) */
+    float *A = fw_alloc(f, B, N, TT);
+    if (f->status) return;
+    for (int b = 0; b < B; b++)
+        be->gemm(be, 0, 1, T, T, Dh, 1.0f / sqrtf((float)Dh), q + (size_t)b * T * D, D, Dh,
+                 k + (size_t)b * T * D, D, Dh, 0.0f, A + (size_t)b * N * TT, T, TT, N);
+    fw_release(f, q);
+    fw_release(f, k);
+    fw_hook(f, DCS_HP_SCORES, l, A);
+    if (c->use_dcmha) {
+        compose(f, l, 0, A, &dw, window);
+        fw_hook(f, DCS_HP_SCORES_COMPOSED, l, A);
+    }
+    be->softmax_masked(be, A, B * N, T, T, window);
+    fw_hook(f, DCS_HP_PATTERN, l, A);
+    if (c->use_dcmha) {
+        compose(f, l, 1, A, &dw, window);
+        fw_hook(f, DCS_HP_PATTERN_COMPOSED, l, A);
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++) {
+                fw_release(f, dw.w1[ph][s]);
+                fw_release(f, dw.w2[ph][s]);
+                fw_release(f, dw.dd[ph][s]);
+            }
+    }
+    if (f->status) return;
+
+    /* z[b, :, n] [T, Dh] = P[b, n] [T, S] @ v[b, :, n] [S, Dh] */
+    float *z = fw_alloc(f, M, D, 1);
+    if (f->status) return;
+    for (int b = 0; b < B; b++)
+        be->gemm(be, 0, 0, T, Dh, T, 1.0f, A + (size_t)b * N * TT, T, TT, v + (size_t)b * T * D, D,
+                 Dh, 0.0f, z + (size_t)b * T * D, D, Dh, N);
+    fw_release(f, A);
+    fw_release(f, v);
+    fw_hook(f, DCS_HP_Z, l, z);
+
+    /* head_out [M, N, D]: z_n [M, Dh] @ wo[:, n*Dh:(n+1)*Dh]^T, batched over n */
+    int from_heads = 0;
+    if (wants(f, DCS_HP_HEAD_OUT, l)) {
+        float *ho = fw_alloc(f, M, N, D);
+        if (f->status) return;
+        be->gemm(be, 0, 1, M, D, Dh, 1.0f, z, D, Dh, lw->wo, D, Dh, 0.0f, ho, N * D, D, N);
+        if (fw_hook(f, DCS_HP_HEAD_OUT, l, ho)) {
+            /* out = sum_n head_out[:, n] + bo: a [M, N*D] x [N*D] ones-free sum via gemm */
+            float *ones = fw_alloc(f, N, 1, 1);
+            float *one_host = malloc(sizeof(float) * (size_t)N);
+            if (!f->status && !one_host)
+                f->status = dcs_seterr(&m->err, DCS_ERR_NOMEM, "out of memory");
+            if (f->status) { free(one_host); return; }
+            for (int n = 0; n < N; n++) one_host[n] = 1.0f;
+            be->upload(be, ones, one_host, sizeof(float) * (size_t)N);
+            free(one_host);
+            /* out [M, D] = sum_n ho[m, n, :] : batched over m as [1, N] x [N, D] */
+            be->gemm(be, 0, 0, 1, D, N, 1.0f, ones, N, 0, ho, D, (long long)N * D, 0.0f, out, D, D, M);
+            if (lw->bo) be->add_bias(be, out, lw->bo, M, D);
+            fw_release(f, ones);
+            from_heads = 1;
+        }
+        fw_release(f, ho);
+    }
+    if (!from_heads) linear(f, out, z, lw->wo, lw->bo, M, D, D);
+    fw_release(f, z);
+    fw_hook(f, DCS_HP_ATTN_OUT, l, out);
+}
+
+/* MLP of layer l on hn [M, D] (normed); result in out [M, D]. */
+static void mlp(fw *f, int l, const float *hn, float *out) {
+    const dcs_config *c = &f->m->cfg;
+    const dcs_layer_weights *lw = &f->m->layers[l];
+    const int M = f->M, D = c->d_model, F = c->d_ff;
+    float *u = fw_alloc(f, M, F, 1);
+    if (f->status) return;
+    linear(f, u, hn, lw->w1, lw->b1, M, F, D);
+    fw_hook(f, DCS_HP_MLP_PRE, l, u);
+    f->be->gelu(f->be, u, (size_t)M * F);
+    fw_hook(f, DCS_HP_MLP_POST, l, u);
+    linear(f, out, u, lw->w2, lw->b2, M, D, F);
+    fw_release(f, u);
+    fw_hook(f, DCS_HP_MLP_OUT, l, out);
+}
+
+/* Block l: x [M, D] -> x (in place). */
+static void block(fw *f, int l, float *x) {
+    const dcs_config *c = &f->m->cfg;
+    const dcs_layer_weights *lw = &f->m->layers[l];
+    dcs_backend *be = f->be;
+    const int M = f->M, D = c->d_model;
+    fw_hook(f, DCS_HP_RESID_PRE, l, x);
+    float *h = fw_alloc(f, M, D, 1), *a = fw_alloc(f, M, D, 1), *o = fw_alloc(f, M, D, 1);
+    if (f->status) return;
+    be->layernorm(be, h, x, lw->attn_norm_w, lw->attn_norm_b, M, D, c->norm_eps);
+    fw_hook(f, DCS_HP_LN_ATTN, l, h);
+    attention(f, l, h, a);
+    if (f->status) return;
+    if (c->parallel_residual) {
+        /* out = x + attn(ln1(x)) + mlp(ln2(x)) */
+        be->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
+        fw_hook(f, DCS_HP_LN_MLP, l, h);
+        mlp(f, l, h, o);
+        be->add(be, x, a, (size_t)M * D);
+        be->add(be, x, o, (size_t)M * D);
+    } else {
+        /* h = x + attn(ln1(x)); out = h + mlp(ln2(h)) */
+        be->add(be, x, a, (size_t)M * D);
+        be->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
+        fw_hook(f, DCS_HP_LN_MLP, l, h);
+        mlp(f, l, h, o);
+        be->add(be, x, o, (size_t)M * D);
+    }
+    fw_release(f, h);
+    fw_release(f, a);
+    fw_release(f, o);
+    fw_hook(f, DCS_HP_RESID_POST, l, x);
+}
+
+dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float *logits,
+                       const dcs_hooks *hooks) {
+    if (!m) return DCS_ERR_ARG;
+    const dcs_config *c = &m->cfg;
+    m->err.code = DCS_OK;
+    m->err.msg[0] = 0;
+    if (!tokens || B <= 0 || T <= 0)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "forward: need B >= 1 and T >= 1 tokens (got B=%d, T=%d)", B, T);
+    if ((int64_t)B * T > (1 << 24))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "forward: B*T = %lld tokens is more than one pass takes (16M)",
+                          (long long)B * T);
+    for (int64_t i = 0; i < (int64_t)B * T; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab)
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "forward: token id %d at [%lld, %lld] is out of range [0, %d)", tokens[i],
+                              (long long)(i / T), (long long)(i % T), c->vocab);
+    fw f;
+    memset(&f, 0, sizeof f);
+    f.m = m;
+    f.be = m->be;
+    f.hooks = hooks;
+    f.B = B;
+    f.T = T;
+    f.M = B * T;
+    const int M = f.M, D = c->d_model, V = c->vocab;
+
+    float *x = fw_alloc(&f, M, D, 1);
+    if (!f.status) {
+        f.be->embed(f.be, x, m->tok_emb, tokens, M, D);
+        fw_hook(&f, DCS_HP_EMBED, 0, x);
+    }
+    for (int l = 0; l < c->n_layer && !f.status; l++) {
+        block(&f, l, x);
+        if (!f.status) f.status = f.be->sync(f.be, &m->err);
+    }
+    if (!f.status && (logits || wants(&f, DCS_HP_LN_FINAL, 0) || wants(&f, DCS_HP_LOGITS, 0))) {
+        float *hn = fw_alloc(&f, M, D, 1);
+        float *lg = fw_alloc(&f, M, V, 1);
+        if (!f.status) {
+            f.be->layernorm(f.be, hn, x, m->norm_w, m->norm_b, M, D, c->norm_eps);
+            fw_hook(&f, DCS_HP_LN_FINAL, 0, hn);
+            linear(&f, lg, hn, m->out_w, NULL, M, V, D);
+            fw_hook(&f, DCS_HP_LOGITS, 0, lg);
+            if (!f.status && logits) f.be->download(f.be, logits, lg, sizeof(float) * (size_t)M * V);
+        }
+    }
+    if (!f.status) {
+        f.status = f.be->sync(f.be, &m->err);
+    } else {
+        dcs_err ignored; /* drain a backend error behind the one reported */
+        f.be->sync(f.be, &ignored);
+    }
+    for (int i = 0; i < f.n_bufs; i++) f.be->free(f.be, f.bufs[i]);
+    free(f.host);
+    return f.status;
+}

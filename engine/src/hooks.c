@@ -1,0 +1,133 @@
+/*
+ * hooks.c -- hook point names, which exist for a model, their shapes, and
+ * parsing "blocks.{l}.<point>" names (shared/docs/hooks.md).
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { SH_TD, SH_TNDh, SH_TRN, SH_TN, SH_NTS, SH_TND, SH_TF, SH_TV } shape_kind;
+
+typedef struct {
+    const char *name;
+    int layered;
+    shape_kind shape;
+    int needs;       /* 0 always, 1 DCMHA, 2 DCMHA without query_wise */
+} point_info;
+
+static const point_info POINTS[DCS_HP_COUNT] = {
+    [DCS_HP_EMBED] = {"embed", 0, SH_TD, 0},
+    [DCS_HP_RESID_PRE] = {"resid_pre", 1, SH_TD, 0},
+    [DCS_HP_LN_ATTN] = {"ln_attn", 1, SH_TD, 0},
+    [DCS_HP_Q] = {"attn.q", 1, SH_TNDh, 0},
+    [DCS_HP_K] = {"attn.k", 1, SH_TNDh, 0},
+    [DCS_HP_V] = {"attn.v", 1, SH_TNDh, 0},
+    [DCS_HP_DYN_PRE_QW1] = {"attn.dyn.pre.qw1", 1, SH_TRN, 1},
+    [DCS_HP_DYN_PRE_QW2] = {"attn.dyn.pre.qw2", 1, SH_TRN, 1},
+    [DCS_HP_DYN_PRE_KW1] = {"attn.dyn.pre.kw1", 1, SH_TRN, 2},
+    [DCS_HP_DYN_PRE_KW2] = {"attn.dyn.pre.kw2", 1, SH_TRN, 2},
+    [DCS_HP_DYN_PRE_QDD] = {"attn.dyn.pre.qdd", 1, SH_TN, 1},
+    [DCS_HP_DYN_PRE_KDD] = {"attn.dyn.pre.kdd", 1, SH_TN, 2},
+    [DCS_HP_DYN_POST_QW1] = {"attn.dyn.post.qw1", 1, SH_TRN, 1},
+    [DCS_HP_DYN_POST_QW2] = {"attn.dyn.post.qw2", 1, SH_TRN, 1},
+    [DCS_HP_DYN_POST_KW1] = {"attn.dyn.post.kw1", 1, SH_TRN, 2},
+    [DCS_HP_DYN_POST_KW2] = {"attn.dyn.post.kw2", 1, SH_TRN, 2},
+    [DCS_HP_DYN_POST_QDD] = {"attn.dyn.post.qdd", 1, SH_TN, 1},
+    [DCS_HP_DYN_POST_KDD] = {"attn.dyn.post.kdd", 1, SH_TN, 2},
+    [DCS_HP_SCORES] = {"attn.scores", 1, SH_NTS, 0},
+    [DCS_HP_PRE_SKIP] = {"attn.pre.skip", 1, SH_NTS, 1},
+    [DCS_HP_PRE_QP] = {"attn.pre.qp", 1, SH_NTS, 1},
+    [DCS_HP_PRE_KP] = {"attn.pre.kp", 1, SH_NTS, 2},
+    [DCS_HP_PRE_QG] = {"attn.pre.qg", 1, SH_NTS, 1},
+    [DCS_HP_PRE_KG] = {"attn.pre.kg", 1, SH_NTS, 2},
+    [DCS_HP_SCORES_COMPOSED] = {"attn.scores_composed", 1, SH_NTS, 1},
+    [DCS_HP_PATTERN] = {"attn.pattern", 1, SH_NTS, 0},
+    [DCS_HP_POST_SKIP] = {"attn.post.skip", 1, SH_NTS, 1},
+    [DCS_HP_POST_QP] = {"attn.post.qp", 1, SH_NTS, 1},
+    [DCS_HP_POST_KP] = {"attn.post.kp", 1, SH_NTS, 2},
+    [DCS_HP_POST_QG] = {"attn.post.qg", 1, SH_NTS, 1},
+    [DCS_HP_POST_KG] = {"attn.post.kg", 1, SH_NTS, 2},
+    [DCS_HP_PATTERN_COMPOSED] = {"attn.pattern_composed", 1, SH_NTS, 1},
+    [DCS_HP_Z] = {"attn.z", 1, SH_TNDh, 0},
+    [DCS_HP_HEAD_OUT] = {"attn.head_out", 1, SH_TND, 0},
+    [DCS_HP_ATTN_OUT] = {"attn.out", 1, SH_TD, 0},
+    [DCS_HP_LN_MLP] = {"ln_mlp", 1, SH_TD, 0},
+    [DCS_HP_MLP_PRE] = {"mlp.pre", 1, SH_TF, 0},
+    [DCS_HP_MLP_POST] = {"mlp.post", 1, SH_TF, 0},
+    [DCS_HP_MLP_OUT] = {"mlp.out", 1, SH_TD, 0},
+    [DCS_HP_RESID_POST] = {"resid_post", 1, SH_TD, 0},
+    [DCS_HP_LN_FINAL] = {"ln_final", 0, SH_TD, 0},
+    [DCS_HP_LOGITS] = {"logits", 0, SH_TV, 0},
+};
+
+const char *dcs_hook_point_name(int p) {
+    return p >= 0 && p < DCS_HP_COUNT ? POINTS[p].name : NULL;
+}
+int dcs_hook_point_is_layered(int p) { return p >= 0 && p < DCS_HP_COUNT && POINTS[p].layered; }
+
+int dcs_hook_exists(const dcs_model *m, int p) {
+    if (p < 0 || p >= DCS_HP_COUNT) return 0;
+    switch (POINTS[p].needs) {
+    case 1: return m->cfg.use_dcmha;
+    case 2: return m->cfg.use_dcmha && !m->cfg.query_wise;
+    default: return 1;
+    }
+}
+
+int dcs_hook_shape(const dcs_model *m, int p, int B, int T, int64_t sh[6]) {
+    const dcs_config *c = &m->cfg;
+    sh[0] = B;
+    switch (POINTS[p].shape) {
+    case SH_TD: sh[1] = T; sh[2] = c->d_model; return 3;
+    case SH_TNDh: sh[1] = T; sh[2] = c->n_head; sh[3] = c->head_dim; return 4;
+    case SH_TRN: sh[1] = T; sh[2] = c->dyn_rank; sh[3] = c->n_head; return 4;
+    case SH_TN: sh[1] = T; sh[2] = c->n_head; return 3;
+    case SH_NTS: sh[1] = c->n_head; sh[2] = T; sh[3] = T; return 4;
+    case SH_TND: sh[1] = T; sh[2] = c->n_head; sh[3] = c->d_model; return 4;
+    case SH_TF: sh[1] = T; sh[2] = c->d_ff; return 3;
+    case SH_TV: sh[1] = T; sh[2] = c->vocab; return 3;
+    }
+    return 0;
+}
+
+static int find_point(const char *suffix, int layered) {
+    for (int p = 0; p < DCS_HP_COUNT; p++)
+        if (POINTS[p].layered == layered && strcmp(POINTS[p].name, suffix) == 0) return p;
+    return -1;
+}
+
+dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer) {
+    if (!name) return dcs_seterr(&m->err, DCS_ERR_ARG, "hook name is NULL");
+    int p = -1, l = 0;
+    if (strncmp(name, "blocks.", 7) == 0) {
+        const char *s = name + 7;
+        char *end;
+        if (*s < '0' || *s > '9')
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s': expected blocks.<layer>.<point>", name);
+        long v = strtol(s, &end, 10);
+        if (*end != '.')
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s': expected blocks.<layer>.<point>", name);
+        if (v < 0 || v >= m->cfg.n_layer)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "hook '%.200s': layer %ld is out of range (model has %d layers)",
+                              name, v, m->cfg.n_layer);
+        l = (int)v;
+        p = find_point(end + 1, 1);
+    } else {
+        p = find_point(name, 0);
+    }
+    if (p < 0)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s' (see shared/docs/hooks.md for the names)", name);
+    if (!dcs_hook_exists(m, p))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "hook '%.200s' does not exist in this model (%s)", name,
+                          !m->cfg.use_dcmha ? "no DCMHA composition: plain multi-head attention"
+                                            : "query_wise: no key-wise branches");
+    *point = p;
+    *layer = l;
+    return DCS_OK;
+}
+
+void dcs_set_hook_error(dcs_model *m, const char *msg) {
+    dcs_seterr(&m->err, DCS_ERR_HOOK, "%s", msg ? msg : "hook aborted the forward pass");
+}

@@ -1,0 +1,187 @@
+/*
+ * load_config.c -- config.json of a DCPythia or Pythia checkpoint into a
+ * dcs_config (model-spec.md sections 2 and 3).
+ *
+ * Dimensions are required; switches take the published defaults when
+ * absent (as Hugging Face's config classes do). Every value is type- and
+ * range-checked, and a message names the file and the key.
+ */
+#include "internal.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    const cJSON *root;
+    const char *path;
+    dcs_err *e;
+} cfg_reader;
+
+/* Integer key in [lo, hi]; `required` or else *out = def. */
+static dcs_status get_int(cfg_reader *r, const char *key, int required, int def,
+                          long lo, long hi, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required)
+            return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: missing required key '%s'", r->path, key);
+        *out = def;
+        return DCS_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be an integer", r->path, key);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' = %.0f is out of range [%ld, %ld]",
+                          r->path, key, v->valuedouble, lo, hi);
+    *out = (int)v->valuedouble;
+    return DCS_OK;
+}
+
+static dcs_status get_float(cfg_reader *r, const char *key, double def, double lo,
+                            double hi, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = (float)def;
+        return DCS_OK;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be a number in [%g, %g]",
+                          r->path, key, lo, hi);
+    *out = (float)v->valuedouble;
+    return DCS_OK;
+}
+
+static dcs_status get_bool(cfg_reader *r, const char *key, int def, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return DCS_OK;
+    }
+    if (!cJSON_IsBool(v))
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be true or false", r->path, key);
+    *out = cJSON_IsTrue(v);
+    return DCS_OK;
+}
+
+/* Local/global pattern from window_type: null = "LG"; 1 = local. */
+static dcs_status window_pattern(cfg_reader *r, int *pat, int *len) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, "window_type");
+    const char *name = "LG";
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v))
+            return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: 'window_type' must be null or a string", r->path);
+        name = v->valuestring;
+    }
+    static const struct { const char *name; const char *lg; } known[] = {
+        {"LG", "LG"}, {"LGLL", "LGLL"}, {"LGL6", "LGLLLLLL"}, {"G", "G"}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (strcmp(name, known[i].name) == 0) {
+            *len = (int)strlen(known[i].lg);
+            for (int j = 0; j < *len; j++) pat[j] = known[i].lg[j] == 'L';
+            return DCS_OK;
+        }
+    }
+    return dcs_seterr(r->e, DCS_ERR_CONFIG,
+                      "%s: unknown window_type '%s' (expected null, \"LG\", \"LGLL\", \"LGL6\" or \"G\")",
+                      r->path, name);
+}
+
+static dcs_status parse_dcpythia(cfg_reader *r, dcs_config *c, int *pat, int *plen) {
+    dcs_status s;
+    c->model_type = DCS_MODEL_DCPYTHIA;
+    if ((s = get_int(r, "dim", 1, 0, 1, 1 << 16, &c->d_model))) return s;
+    if ((s = get_int(r, "n_head", 1, 0, 1, 4096, &c->n_head))) return s;
+    if ((s = get_int(r, "n_layer", 1, 0, 1, 1024, &c->n_layer))) return s;
+    if ((s = get_int(r, "intermediate_size", 1, 0, 1, 1 << 20, &c->d_ff))) return s;
+    if ((s = get_int(r, "vocab_size", 1, 0, 1, 1 << 24, &c->vocab))) return s;
+    float pct;
+    if ((s = get_float(r, "norm_eps", 1e-5, 0.0, 1.0, &c->norm_eps))) return s;
+    if ((s = get_float(r, "rope_base", 10000.0, 1e-6, 1e30, &c->rope_base))) return s;
+    if ((s = get_float(r, "rotary_pct", 0.25, 0.0, 1.0, &pct))) return s;
+    if ((s = get_bool(r, "use_qk_norm", 1, &c->qk_norm))) return s;
+    if ((s = get_bool(r, "use_parallel_residual", 1, &c->parallel_residual))) return s;
+    if ((s = get_bool(r, "use_linear_bias", 1, &c->linear_bias))) return s;
+    if ((s = get_bool(r, "query_wise", 0, &c->query_wise))) return s;
+    if ((s = get_bool(r, "use_dcmha", 1, &c->use_dcmha))) return s;
+    if ((s = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings))) return s;
+    if ((s = get_int(r, "window_size", 0, 256, 1, 1 << 30, &c->window_size))) return s;
+    if ((s = window_pattern(r, pat, plen))) return s;
+    int sw = 0;
+    if ((s = get_bool(r, "use_sw", 0, &sw))) return s;
+    if (sw)
+        return dcs_seterr(r->e, DCS_ERR_UNSUPPORTED,
+                          "%s: use_sw (static Talking-Heads composition) is not supported yet", r->path);
+    if (cJSON_GetObjectItemCaseSensitive(r->root, "moh"))
+        return dcs_seterr(r->e, DCS_ERR_UNSUPPORTED,
+                          "%s: 'moh' (Mixture-of-Head routing) is not supported yet", r->path);
+    c->rotary_dim = (int)(pct * (float)(c->d_model / c->n_head));
+    return DCS_OK;
+}
+
+static dcs_status parse_gpt_neox(cfg_reader *r, dcs_config *c, int *pat, int *plen) {
+    dcs_status s;
+    c->model_type = DCS_MODEL_GPT_NEOX;
+    if ((s = get_int(r, "hidden_size", 1, 0, 1, 1 << 16, &c->d_model))) return s;
+    if ((s = get_int(r, "num_attention_heads", 1, 0, 1, 4096, &c->n_head))) return s;
+    if ((s = get_int(r, "num_hidden_layers", 1, 0, 1, 1024, &c->n_layer))) return s;
+    if ((s = get_int(r, "intermediate_size", 1, 0, 1, 1 << 20, &c->d_ff))) return s;
+    if ((s = get_int(r, "vocab_size", 1, 0, 1, 1 << 24, &c->vocab))) return s;
+    float pct;
+    if ((s = get_float(r, "rotary_pct", 0.25, 0.0, 1.0, &pct))) return s;
+    if ((s = get_float(r, "rotary_emb_base", 10000.0, 1e-6, 1e30, &c->rope_base))) return s;
+    if ((s = get_float(r, "layer_norm_eps", 1e-5, 0.0, 1.0, &c->norm_eps))) return s;
+    if ((s = get_bool(r, "use_parallel_residual", 1, &c->parallel_residual))) return s;
+    if ((s = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings))) return s;
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(r->root, "hidden_act");
+    if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "gelu") == 0))
+        return dcs_seterr(r->e, DCS_ERR_UNSUPPORTED,
+                          "%s: hidden_act %s%s%s is not supported (only \"gelu\", the exact erf form)",
+                          r->path, cJSON_IsString(act) ? "\"" : "",
+                          cJSON_IsString(act) ? act->valuestring : "(not a string)",
+                          cJSON_IsString(act) ? "\"" : "");
+    c->linear_bias = 1;
+    c->qk_norm = 0;
+    c->use_dcmha = 0;
+    c->window_size = 0;
+    *plen = 1;
+    pat[0] = 0;
+    c->rotary_dim = (int)(pct * (float)(c->d_model / c->n_head));
+    return DCS_OK;
+}
+
+dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config *cfg,
+                            int *pat, int *plen, dcs_err *e) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(json_text, &end, 0);
+    if (!root)
+        return dcs_seterr(e, DCS_ERR_CONFIG, "%s: not valid JSON (at byte %ld)", path,
+                          end ? (long)(end - json_text) : -1L);
+    dcs_status s;
+    cfg_reader r = {root, path, e};
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsObject(root)) {
+        s = dcs_seterr(e, DCS_ERR_CONFIG, "%s: the top level must be a JSON object", path);
+    } else if (!mt) {
+        s = dcs_seterr(e, DCS_ERR_CONFIG, "%s: missing required key 'model_type'", path);
+    } else if (!cJSON_IsString(mt)) {
+        s = dcs_seterr(e, DCS_ERR_CONFIG, "%s: 'model_type' must be a string", path);
+    } else if (strcmp(mt->valuestring, "dcpythia") == 0) {
+        s = parse_dcpythia(&r, cfg, pat, plen);
+    } else if (strcmp(mt->valuestring, "gpt_neox") == 0) {
+        s = parse_gpt_neox(&r, cfg, pat, plen);
+    } else {
+        s = dcs_seterr(e, DCS_ERR_CONFIG,
+                       "%s: unknown model_type '%.64s' (dcscope knows 'dcpythia' and 'gpt_neox')",
+                       path, mt->valuestring);
+    }
+    if (s == DCS_OK && cfg->d_model % cfg->n_head != 0)
+        s = dcs_seterr(e, DCS_ERR_CONFIG, "%s: dim %d is not divisible by n_head %d", path,
+                       cfg->d_model, cfg->n_head);
+    if (s == DCS_OK) {
+        cfg->head_dim = cfg->d_model / cfg->n_head;
+        cfg->rotary_dim &= ~1; /* rotate-half needs an even count */
+    }
+    cJSON_Delete(root);
+    return s;
+}

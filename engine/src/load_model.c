@@ -1,0 +1,515 @@
+/*
+ * load_model.c -- from a checkpoint directory to a ready dcs_model:
+ * config.json -> dcs_config, weight files -> tensor table, every expected
+ * tensor checked by name and shape, unknown tensors refused, weights
+ * widened to float32 and placed in backend memory (on the CPU, aligned F32
+ * tensors are used in place from the mapped file: zero copy).
+ *
+ * Pythia (gpt_neox) checkpoints are mapped onto the DCPythia names, with
+ * the per-head-grouped query_key_value rows reordered to q, k, v blocks.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CONFIG_BYTES (1u << 20)
+
+typedef struct {
+    dcs_model *m;
+    dcs_err *e;
+} builder;
+
+static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, n - o, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+/* Find `name`, check its shape, mark it used. Missing: NULL, and an error if
+ * required. */
+static dcs_tensor *take(builder *b, const char *name, int required, int ndim, ...) {
+    dcs_tensor *t = dcs_tt_find(&b->m->tt, name);
+    if (!t) {
+        if (required)
+            dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor '%s'", b->m->dir, name);
+        return NULL;
+    }
+    int64_t want[DCS_MAX_NDIM];
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < ndim; i++) want[i] = va_arg(ap, int64_t);
+    va_end(ap);
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    if (!ok) {
+        char got[128], exp[128];
+        fmt_shape(got, sizeof got, t->ndim, t->shape);
+        fmt_shape(exp, sizeof exp, ndim, want);
+        dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: tensor '%s' has shape %s, expected %s", t->file,
+                   name, got, exp);
+        return NULL;
+    }
+    t->used = 1;
+    return t;
+}
+
+/* Register a weight of `n` floats under its canonical name and place it in
+ * backend memory: either aliasing `t` or from host floats `src` (copied). */
+static float *add_weight(builder *b, const char *name, int ndim, const int64_t *shape,
+                         const dcs_tensor *t, const float *src) {
+    dcs_model *m = b->m;
+    if (m->n_weights == m->cap_weights) {
+        int cap = m->cap_weights ? 2 * m->cap_weights : 64;
+        dcs_named_weight *w = realloc(m->weights, sizeof *w * (size_t)cap);
+        if (!w) { dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory"); return NULL; }
+        m->weights = w;
+        m->cap_weights = cap;
+    }
+    dcs_named_weight *w = &m->weights[m->n_weights];
+    memset(w, 0, sizeof *w);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->ndim = ndim;
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) { w->shape[i] = shape[i]; n *= (uint64_t)shape[i]; }
+
+    if (t && !src && m->device == DCS_DEVICE_CPU && t->dtype == DCS_F32 &&
+        ((uintptr_t)t->data % sizeof(float)) == 0) {
+        w->ptr = (float *)(uintptr_t)t->data;   /* zero copy; never written */
+        w->owned = 0;
+    } else {
+        float *host = NULL;
+        const float *from = src;
+        if (!from) {
+            if (m->device == DCS_DEVICE_CPU) {
+                w->ptr = m->be->alloc(m->be, n * sizeof(float));
+                if (!w->ptr) { dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name); return NULL; }
+                dcs_tensor_to_f32(t, w->ptr);
+                w->owned = 1;
+                m->n_weights++;
+                return w->ptr;
+            }
+            host = malloc(n * sizeof(float));
+            if (!host) { dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name); return NULL; }
+            dcs_tensor_to_f32(t, host);
+            from = host;
+        }
+        w->ptr = m->be->alloc(m->be, n * sizeof(float));
+        if (!w->ptr) { free(host); dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name); return NULL; }
+        m->be->upload(m->be, w->ptr, from, n * sizeof(float));
+        w->owned = 1;
+        free(host);
+    }
+    m->n_weights++;
+    return w->ptr;
+}
+
+/* take + add_weight under the same shape; canonical name given separately. */
+static float *load_as(builder *b, const char *canon, const char *stored, int required,
+                      int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t d4,
+                      int *missing) {
+    int64_t shape[5] = {d0, d1, d2, d3, d4};
+    dcs_tensor *t = take(b, stored, required, ndim, d0, d1, d2, d3, d4);
+    if (!t) {
+        if (missing) *missing = 1;
+        return NULL;
+    }
+    return add_weight(b, canon, ndim, shape, t, NULL);
+}
+
+#define FAIL_IF(cond) do { if (cond) return b->e->code ? b->e->code : DCS_ERR_TENSOR; } while (0)
+
+/* One dcpythia layer. */
+static dcs_status load_dcpythia_layer(builder *b, int l) {
+    dcs_model *m = b->m;
+    const dcs_config *c = &m->cfg;
+    dcs_layer_weights *w = &m->layers[l];
+    const int64_t D = c->d_model, F = c->d_ff, Dh = c->head_dim, N = c->n_head;
+    const int bias = c->linear_bias;
+    char nm[160], cn[160];
+#define P(suffix) (snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix), nm)
+#define LOAD1(field, suffix, req, d0)                                                     \
+    do {                                                                                  \
+        w->field = load_as(b, P(suffix), nm, req, 1, d0, 0, 0, 0, 0, NULL);              \
+        FAIL_IF(!w->field && (req));                                                      \
+    } while (0)
+#define LOAD2(field, suffix, req, d0, d1)                                                 \
+    do {                                                                                  \
+        w->field = load_as(b, P(suffix), nm, req, 2, d0, d1, 0, 0, 0, NULL);             \
+        FAIL_IF(!w->field && (req));                                                      \
+    } while (0)
+
+    LOAD1(attn_norm_w, "attention_norm.weight", 1, D);
+    LOAD1(attn_norm_b, "attention_norm.bias", 1, D);
+    LOAD1(ffn_norm_w, "ffn_norm.weight", 1, D);
+    LOAD1(ffn_norm_b, "ffn_norm.bias", 1, D);
+
+    /* q, k, v: fused wqkv or separate wq / wk / wv */
+    snprintf(nm, sizeof nm, "layers.%d.attention.wqkv.weight", l);
+    if (dcs_tt_find(&m->tt, nm)) {
+        LOAD2(wqkv, "attention.wqkv.weight", 1, 3 * D, D);
+        if (bias) LOAD1(bqkv, "attention.wqkv.bias", 1, 3 * D);
+    } else {
+        static const char *parts[3] = {"wq", "wk", "wv"};
+        float *host = malloc(sizeof(float) * (size_t)(3 * D * D + 3 * D));
+        if (!host) return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory");
+        for (int j = 0; j < 3; j++) {
+            snprintf(nm, sizeof nm, "layers.%d.attention.%s.weight", l, parts[j]);
+            dcs_tensor *t = take(b, nm, 1, 2, D, D);
+            if (!t) {
+                free(host);
+                if (b->e->code == DCS_ERR_TENSOR && strstr(b->e->msg, "missing"))
+                    dcs_seterr(b->e, DCS_ERR_TENSOR,
+                               "%s: missing tensor 'layers.%d.attention.wqkv.weight' (or its parts wq, wk, wv)",
+                               m->dir, l);
+                return b->e->code;
+            }
+            dcs_tensor_to_f32(t, host + j * D * D);
+            if (bias) {
+                snprintf(nm, sizeof nm, "layers.%d.attention.%s.bias", l, parts[j]);
+                t = take(b, nm, 1, 1, D);
+                if (!t) { free(host); return b->e->code; }
+                dcs_tensor_to_f32(t, host + 3 * D * D + j * D);
+            }
+        }
+        int64_t sw[2] = {3 * D, D}, sb[1] = {3 * D};
+        snprintf(cn, sizeof cn, "layers.%d.attention.wqkv.weight", l);
+        w->wqkv = add_weight(b, cn, 2, sw, NULL, host);
+        if (w->wqkv && bias) {
+            snprintf(cn, sizeof cn, "layers.%d.attention.wqkv.bias", l);
+            w->bqkv = add_weight(b, cn, 1, sb, NULL, host + 3 * D * D);
+        }
+        free(host);
+        FAIL_IF(!w->wqkv || (bias && !w->bqkv));
+    }
+    LOAD2(wo, "attention.wo.weight", 1, D, D);
+    if (bias) LOAD1(bo, "attention.wo.bias", 1, D);
+    if (c->qk_norm) {
+        LOAD1(q_scale, "attention.q_norm.scale", 1, Dh);
+        LOAD1(k_scale, "attention.k_norm.scale", 1, Dh);
+    }
+    if (c->use_dcmha) {
+        const int64_t C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank;
+        w->dw1 = load_as(b, P("attention.dyn_w_proj.dw1"), nm, 1, 4, D, 1, C, K, 0, NULL);
+        FAIL_IF(!w->dw1);
+        w->qkw = load_as(b, P("attention.dyn_w_proj.qkw"), nm, 1, 5, 1, C, K, 2 * R, N, NULL);
+        FAIL_IF(!w->qkw);
+        w->dd = load_as(b, P("attention.dyn_w_proj.dd"), nm, 1, 3, D, 1, C * N, 0, 0, NULL);
+        FAIL_IF(!w->dd);
+    }
+    LOAD2(w1, "feed_forward.w1.weight", 1, F, D);
+    if (bias) LOAD1(b1, "feed_forward.w1.bias", 1, F);
+    LOAD2(w2, "feed_forward.w2.weight", 1, D, F);
+    if (bias) LOAD1(b2, "feed_forward.w2.bias", 1, D);
+#undef P
+#undef LOAD1
+#undef LOAD2
+    /* Accepted and ignored: derived tensors that carry no new information,
+     * and the weights of switches the config turns off (so a DCPythia
+     * checkpoint loads as plain MHA with use_dcmha false). */
+    static const char *ignored[] = {"dyn_w_proj.dw_m", "dyn_w_proj.qkw_m", "dyn_w_proj.sw",
+                                    "dyn_w_proj.pre_proj.w", "dyn_w_proj.post_proj.w",
+                                    "dyn_w_proj.dw1", "dyn_w_proj.qkw", "dyn_w_proj.dd",
+                                    "q_norm.scale", "k_norm.scale"};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        snprintf(nm, sizeof nm, "layers.%d.attention.%s", l, ignored[i]);
+        dcs_tensor *t = dcs_tt_find(&m->tt, nm);
+        if (t) t->used = 1;
+    }
+    return DCS_OK;
+}
+
+/* The dynamic-weight dims C, K, R from layer 0's tensors. */
+static dcs_status dcpythia_dyn_dims(builder *b) {
+    dcs_model *m = b->m;
+    dcs_config *c = &m->cfg;
+    if (!c->use_dcmha) return DCS_OK;
+    dcs_tensor *dw1 = dcs_tt_find(&m->tt, "layers.0.attention.dyn_w_proj.dw1");
+    dcs_tensor *qkw = dcs_tt_find(&m->tt, "layers.0.attention.dyn_w_proj.qkw");
+    if (!dw1) return dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor 'layers.0.attention.dyn_w_proj.dw1'", m->dir);
+    if (!qkw) return dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor 'layers.0.attention.dyn_w_proj.qkw'", m->dir);
+    if (dw1->ndim != 4 || (dw1->shape[2] != 4 && dw1->shape[2] != 2) || dw1->shape[3] < 1 ||
+        dw1->shape[3] > (1 << 20))
+        return dcs_seterr(b->e, DCS_ERR_TENSOR,
+                          "%s: tensor 'layers.0.attention.dyn_w_proj.dw1' must have shape [D, 1, 4, K]",
+                          dw1->file);
+    if (qkw->ndim != 5 || qkw->shape[3] % 2 != 0 || qkw->shape[3] < 2 ||
+        qkw->shape[3] / 2 > DCS_MAX_R)
+        return dcs_seterr(b->e, DCS_ERR_TENSOR,
+                          "%s: tensor 'layers.0.attention.dyn_w_proj.qkw' must have shape [1, 4, K, 2R, N] with 1 <= R <= %d",
+                          qkw->file, DCS_MAX_R);
+    c->dyn_slots = (int)dw1->shape[2];
+    c->dyn_hidden = (int)dw1->shape[3];
+    c->dyn_rank = (int)(qkw->shape[3] / 2);
+    if (c->dyn_slots == 2 && !c->query_wise)
+        return dcs_seterr(b->e, DCS_ERR_TENSOR,
+                          "%s: dyn_w_proj.dw1 has 2 slots (query-wise) but the config has query_wise false",
+                          dw1->file);
+    return DCS_OK;
+}
+
+static dcs_status load_dcpythia(builder *b) {
+    dcs_model *m = b->m;
+    const dcs_config *c = &m->cfg;
+    const int64_t D = c->d_model, V = c->vocab;
+    dcs_status s;
+    if ((s = dcpythia_dyn_dims(b))) return s;
+    m->tok_emb = load_as(b, "tok_embeddings.weight", "tok_embeddings.weight", 1, 2, V, D, 0, 0, 0, NULL);
+    FAIL_IF(!m->tok_emb);
+    for (int l = 0; l < c->n_layer; l++)
+        if ((s = load_dcpythia_layer(b, l))) return s;
+    m->norm_w = load_as(b, "norm.weight", "norm.weight", 1, 1, D, 0, 0, 0, 0, NULL);
+    FAIL_IF(!m->norm_w);
+    m->norm_b = load_as(b, "norm.bias", "norm.bias", 1, 1, D, 0, 0, 0, 0, NULL);
+    FAIL_IF(!m->norm_b);
+    if (c->tie_embeddings) {
+        m->out_w = m->tok_emb;
+    } else {
+        m->out_w = load_as(b, "output.weight", "output.weight", 1, 2, V, D, 0, 0, 0, NULL);
+        FAIL_IF(!m->out_w);
+    }
+    return DCS_OK;
+}
+
+/* GPT-NeoX query_key_value rows [n*3*Dh + j*Dh + d] -> [j*D + n*Dh + d]. */
+static void neox_regroup(const float *src, float *dst, int N, int Dh, int64_t cols) {
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < 3; j++)
+            for (int d = 0; d < Dh; d++)
+                memcpy(dst + ((int64_t)j * N * Dh + (int64_t)n * Dh + d) * cols,
+                       src + ((int64_t)n * 3 * Dh + (int64_t)j * Dh + d) * cols,
+                       sizeof(float) * (size_t)cols);
+}
+
+static dcs_status load_neox_layer(builder *b, int l) {
+    dcs_model *m = b->m;
+    const dcs_config *c = &m->cfg;
+    dcs_layer_weights *w = &m->layers[l];
+    const int64_t D = c->d_model, F = c->d_ff;
+    char nm[160], cn[160];
+#define S(suffix) (snprintf(nm, sizeof nm, "gpt_neox.layers.%d.%s", l, suffix), nm)
+#define C(suffix) (snprintf(cn, sizeof cn, "layers.%d.%s", l, suffix), cn)
+#define LOAD(field, canon, stored, nd, d0, d1)                                           \
+    do {                                                                                 \
+        C(canon);                                                                        \
+        w->field = load_as(b, cn, S(stored), 1, nd, d0, d1, 0, 0, 0, NULL);             \
+        FAIL_IF(!w->field);                                                              \
+    } while (0)
+    LOAD(attn_norm_w, "attention_norm.weight", "input_layernorm.weight", 1, D, 0);
+    LOAD(attn_norm_b, "attention_norm.bias", "input_layernorm.bias", 1, D, 0);
+    LOAD(ffn_norm_w, "ffn_norm.weight", "post_attention_layernorm.weight", 1, D, 0);
+    LOAD(ffn_norm_b, "ffn_norm.bias", "post_attention_layernorm.bias", 1, D, 0);
+    LOAD(wo, "attention.wo.weight", "attention.dense.weight", 2, D, D);
+    LOAD(bo, "attention.wo.bias", "attention.dense.bias", 1, D, 0);
+    LOAD(w1, "feed_forward.w1.weight", "mlp.dense_h_to_4h.weight", 2, F, D);
+    LOAD(b1, "feed_forward.w1.bias", "mlp.dense_h_to_4h.bias", 1, F, 0);
+    LOAD(w2, "feed_forward.w2.weight", "mlp.dense_4h_to_h.weight", 2, D, F);
+    LOAD(b2, "feed_forward.w2.bias", "mlp.dense_4h_to_h.bias", 1, D, 0);
+
+    dcs_tensor *tw = take(b, S("attention.query_key_value.weight"), 1, 2, 3 * D, D);
+    FAIL_IF(!tw);
+    dcs_tensor *tb = take(b, S("attention.query_key_value.bias"), 1, 1, 3 * D);
+    FAIL_IF(!tb);
+    float *raw = malloc(sizeof(float) * (size_t)(3 * D * D + 3 * D));
+    float *fused = malloc(sizeof(float) * (size_t)(3 * D * D + 3 * D));
+    if (!raw || !fused) {
+        free(raw);
+        free(fused);
+        return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory");
+    }
+    dcs_tensor_to_f32(tw, raw);
+    dcs_tensor_to_f32(tb, raw + 3 * D * D);
+    neox_regroup(raw, fused, c->n_head, c->head_dim, D);
+    neox_regroup(raw + 3 * D * D, fused + 3 * D * D, c->n_head, c->head_dim, 1);
+    int64_t sw[2] = {3 * D, D}, sb[1] = {3 * D};
+    w->wqkv = add_weight(b, C("attention.wqkv.weight"), 2, sw, NULL, fused);
+    if (w->wqkv) w->bqkv = add_weight(b, C("attention.wqkv.bias"), 1, sb, NULL, fused + 3 * D * D);
+    free(raw);
+    free(fused);
+    FAIL_IF(!w->wqkv || !w->bqkv);
+    /* buffers that may appear and carry nothing */
+    static const char *buffers[] = {"attention.bias", "attention.masked_bias",
+                                    "attention.rotary_emb.inv_freq"};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) {
+        dcs_tensor *t = dcs_tt_find(&m->tt, S(buffers[i]));
+        if (t) t->used = 1;
+    }
+#undef S
+#undef C
+#undef LOAD
+    return DCS_OK;
+}
+
+static dcs_status load_neox(builder *b) {
+    dcs_model *m = b->m;
+    const dcs_config *c = &m->cfg;
+    const int64_t D = c->d_model, V = c->vocab;
+    dcs_status s;
+    m->tok_emb = load_as(b, "tok_embeddings.weight", "gpt_neox.embed_in.weight", 1, 2, V, D, 0, 0, 0, NULL);
+    FAIL_IF(!m->tok_emb);
+    for (int l = 0; l < c->n_layer; l++)
+        if ((s = load_neox_layer(b, l))) return s;
+    m->norm_w = load_as(b, "norm.weight", "gpt_neox.final_layer_norm.weight", 1, 1, D, 0, 0, 0, 0, NULL);
+    FAIL_IF(!m->norm_w);
+    m->norm_b = load_as(b, "norm.bias", "gpt_neox.final_layer_norm.bias", 1, 1, D, 0, 0, 0, 0, NULL);
+    FAIL_IF(!m->norm_b);
+    if (c->tie_embeddings) {
+        m->out_w = m->tok_emb;
+    } else {
+        m->out_w = load_as(b, "output.weight", "embed_out.weight", 1, 2, V, D, 0, 0, 0, NULL);
+        FAIL_IF(!m->out_w);
+    }
+    return DCS_OK;
+}
+
+/* Every stored tensor must have been used (or be a known derived one). */
+static dcs_status check_unused(builder *b) {
+    const dcs_tensor_table *tt = &b->m->tt;
+    for (int i = 0; i < tt->n; i++)
+        if (!tt->t[i].used)
+            return dcs_seterr(b->e, DCS_ERR_TENSOR,
+                              "%s: unexpected tensor '%s' (not part of a %s model with this config)",
+                              tt->t[i].file, tt->t[i].name,
+                              b->m->cfg.model_type == DCS_MODEL_DCPYTHIA ? "dcpythia" : "gpt_neox");
+    return DCS_OK;
+}
+
+static dcs_status make_backend(dcs_model *m, const dcs_load_options *o, dcs_err *e) {
+    if (m->device == DCS_DEVICE_CPU) {
+        m->be = dcs_backend_cpu_create(o ? o->n_threads : 0, e);
+        return m->be ? DCS_OK : e->code;
+    }
+    if (m->device == DCS_DEVICE_CUDA) {
+#ifdef DCS_WITH_CUDA
+        char why[256];
+        if (!dcs_cuda_probe(why, sizeof why))
+            return dcs_seterr(e, DCS_ERR_UNSUPPORTED, "device 'cuda' is not available: %s", why);
+        m->be = dcs_backend_cuda_create(o ? o->cuda_device : 0, e);
+        return m->be ? DCS_OK : e->code;
+#else
+        return dcs_seterr(e, DCS_ERR_UNSUPPORTED,
+                          "device 'cuda' is not available: dcscope was built without CUDA (nvcc not found at build time)");
+#endif
+    }
+    return dcs_seterr(e, DCS_ERR_ARG, "unknown device %d", m->device);
+}
+
+dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **out,
+                    char *errbuf, size_t errlen) {
+    dcs_err e = {0};
+    dcs_model *m = NULL;
+    char *text = NULL;
+    char path[4096];
+    dcs_status s = DCS_OK;
+    if (out) *out = NULL;
+    if (!dir || !out) {
+        s = dcs_seterr(&e, DCS_ERR_ARG, "dcs_load: NULL directory or output");
+        goto done;
+    }
+    m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir))) {
+        s = dcs_seterr(&e, DCS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    m->device = opts ? opts->device : DCS_DEVICE_CPU;
+
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path) {
+        s = dcs_seterr(&e, DCS_ERR_ARG, "%.64s...: path too long", dir);
+        goto done;
+    }
+    size_t len;
+    if ((s = dcs_read_text_file(path, MAX_CONFIG_BYTES, &text, &len, &e))) goto done;
+    if (strlen(text) != len) {
+        s = dcs_seterr(&e, DCS_ERR_CONFIG, "%s: contains a NUL byte", path);
+        goto done;
+    }
+    int pat[16], plen = 1;
+    if ((s = dcs_parse_config(text, path, &m->cfg, pat, &plen, &e))) goto done;
+    if (m->cfg.n_layer > (int)(sizeof m->local / sizeof m->local[0])) {
+        s = dcs_seterr(&e, DCS_ERR_CONFIG, "%s: n_layer %d exceeds the supported %d", path,
+                       m->cfg.n_layer, (int)(sizeof m->local / sizeof m->local[0]));
+        goto done;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++) m->local[l] = pat[l % plen];
+
+    if ((s = dcs_tt_open_dir(dir, &m->tt, &e))) goto done;
+    if ((s = make_backend(m, opts, &e))) goto done;
+    m->layers = calloc((size_t)m->cfg.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        s = dcs_seterr(&e, DCS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    builder b = {m, &e};
+    s = m->cfg.model_type == DCS_MODEL_DCPYTHIA ? load_dcpythia(&b) : load_neox(&b);
+    if (!s) s = check_unused(&b);
+    if (!s) s = m->be->sync(m->be, &e);
+done:
+    free(text);
+    if (s != DCS_OK) {
+        if (errbuf && errlen) snprintf(errbuf, errlen, "%s", e.msg);
+        dcs_free(m);
+        return s;
+    }
+    *out = m;
+    return DCS_OK;
+}
+
+void dcs_free(dcs_model *m) {
+    if (!m) return;
+    if (m->be) {
+        for (int i = 0; i < m->n_weights; i++)
+            if (m->weights[i].owned) m->be->free(m->be, m->weights[i].ptr);
+        m->be->destroy(m->be);
+    }
+    free(m->weights);
+    free(m->layers);
+    dcs_tt_free(&m->tt);
+    free(m->dir);
+    free(m);
+}
+
+const dcs_config *dcs_model_config(const dcs_model *m) { return &m->cfg; }
+const char *dcs_errmsg(const dcs_model *m) { return m ? m->err.msg : "no model"; }
+int dcs_model_device(const dcs_model *m) { return m->device; }
+int dcs_layer_is_local(const dcs_model *m, int layer) {
+    return layer >= 0 && layer < m->cfg.n_layer && m->cfg.window_size > 0 ? m->local[layer] : 0;
+}
+
+int dcs_cuda_available(char *why, size_t whylen) {
+#ifdef DCS_WITH_CUDA
+    return dcs_cuda_probe(why, whylen);
+#else
+    if (why && whylen) snprintf(why, whylen, "dcscope was built without CUDA (nvcc not found at build time)");
+    return 0;
+#endif
+}
+
+static const dcs_named_weight *find_weight(dcs_model *m, const char *name) {
+    for (int i = 0; i < m->n_weights; i++)
+        if (strcmp(m->weights[i].name, name) == 0) return &m->weights[i];
+    dcs_seterr(&m->err, DCS_ERR_ARG, "%s: no weight named '%s'", m->dir, name);
+    return NULL;
+}
+
+dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim) {
+    const dcs_named_weight *w = find_weight(m, name);
+    if (!w) return DCS_ERR_ARG;
+    *ndim = w->ndim;
+    for (int i = 0; i < w->ndim; i++) shape[i] = w->shape[i];
+    return DCS_OK;
+}
+
+dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats) {
+    const dcs_named_weight *w = find_weight(m, name);
+    if (!w) return DCS_ERR_ARG;
+    size_t n = 1;
+    for (int i = 0; i < w->ndim; i++) n *= (size_t)w->shape[i];
+    if (n != n_floats)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%s' has %zu elements, buffer has %zu",
+                          name, n, n_floats);
+    m->be->download(m->be, out, w->ptr, n * sizeof(float));
+    return m->be->sync(m->be, &m->err);
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install what a fresh machine lacks, then build and install dcscope (editable).
+# Debian packages: OpenBLAS, libpng, cJSON, zlib, pkg-config, clang (fuzzers).
+# PyPI: the package itself with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(build-essential pkg-config libopenblas-dev libpng-dev libcjson-dev zlib1g-dev clang)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+echo "install-deps: pip install -e .[test]"
+$PY -m pip install -q --disable-pip-version-check -e ".[test]"
+$PY -c "import dcscope, synth_tasks; print('install-deps: dcscope', dcscope.__version__, '| cuda built:', 'yes' if 'built without' not in dcscope.cuda_unavailable_reason() else 'no')"

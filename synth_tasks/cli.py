@@ -1,0 +1,165 @@
+"""``dcscope synth``: run the synthetic benchmark on one or more models.
+
+    dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]
+                  [--batch-tokens N] [--skip-bad-lines] [--device cpu|cuda]
+
+One model: OUT/results.json, OUT/answers.csv, OUT/acc_per_task.png,
+OUT/acc_per_k.png.  Several models: the same in OUT/<model name>/, plus
+OUT/compare.md, OUT/compare.json and combined plots in OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+DATA_NAME = "synthetic_dataset.jsonl"
+
+
+def default_data_path() -> str | None:
+    """The published file at <repo>/../shared/data/, if it is there."""
+    repo = Path(__file__).resolve().parent.parent
+    for base in (repo.parent, Path.cwd().parent):
+        p = base / "shared" / "data" / DATA_NAME
+        if p.is_file():
+            return str(p)
+    return None
+
+
+def load_model(path, device: str = "cpu"):
+    """Load a checkpoint directory with the dcscope engine (imported lazily)."""
+    import dcscope
+    model = dcscope.load(path, device=device)
+    return model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="dcscope synth",
+        description="Evaluate models on the 74-task synthetic benchmark (DCFormer paper, "
+                    "Section 4.3): accuracy and perplexity of the bracketed answers, "
+                    "overall, per task, per shot count k, per QK pattern and per OV "
+                    "transformation.")
+    ap.add_argument("--model", action="append", required=True, metavar="DIR",
+                    help="model directory (repeat to compare models side by side)")
+    ap.add_argument("--data", default=None, metavar="FILE",
+                    help="benchmark JSONL file (default: the published "
+                         f"../shared/data/{DATA_NAME})")
+    ap.add_argument("--out", default="synth_out", metavar="DIR",
+                    help="output directory (default: synth_out)")
+    ap.add_argument("--limit", type=int, default=None, metavar="N",
+                    help="evaluate only the first N lines")
+    ap.add_argument("--batch-tokens", type=int, default=2048, metavar="N",
+                    help="padded tokens per forward batch (default 2048)")
+    ap.add_argument("--skip-bad-lines", action="store_true",
+                    help="skip malformed lines (and say how many) instead of stopping")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--tokenizer", default=None, metavar="FILE",
+                    help="tokenizer.json to use when the model directory has none")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    return ap
+
+
+def _slug(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    return s
+
+
+def _model_name(model, path) -> str:
+    name = getattr(model, "name", None)
+    return str(name) if name else os.path.basename(os.path.normpath(str(path))) or str(path)
+
+
+def main(argv=None) -> int:
+    from .dataset import DatasetError, load_dataset
+    from .evaluate import evaluate
+    from . import report
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "synth":
+        argv = argv[1:]
+    args = build_parser().parse_args(argv)
+    err = lambda msg: print(f"dcscope synth: error: {msg}", file=sys.stderr)
+
+    data = args.data or default_data_path()
+    if data is None:
+        err(f"no --data given and the published {DATA_NAME} was not found in ../shared/data")
+        return 2
+    if args.limit is not None and args.limit < 1:
+        err("--limit must be at least 1")
+        return 2
+    try:
+        ds = load_dataset(data, skip_bad=args.skip_bad_lines, limit=args.limit)
+    except DatasetError as e:
+        err(f"{e} (use --skip-bad-lines to skip bad lines)")
+        return 2
+    except OSError as e:
+        err(f"cannot read {data}: {e}")
+        return 2
+    if ds.errors:
+        for m in ds.errors[:5]:
+            print(f"warning: {m}", file=sys.stderr)
+        if len(ds.errors) > 5:
+            print(f"warning: ... and {len(ds.errors) - 5} more", file=sys.stderr)
+        print(f"skipped {ds.skipped} bad line{'s' if ds.skipped != 1 else ''}", file=sys.stderr)
+    if not ds.lines:
+        err(f"{data}: no lines to evaluate")
+        return 2
+    print(f"data: {data}: {len(ds)} lines, {ds.n_answers} scored answers", file=sys.stderr)
+
+    tokenizer = None
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+
+    results, names = [], set()
+    for path in args.model:
+        try:
+            model = load_model(path, args.device)
+        except Exception as e:  # noqa: BLE001 - report any loader failure plainly
+            err(f"cannot load model {path}: {e}")
+            return 1
+        tok = tokenizer or getattr(model, "tokenizer", None)
+        if tok is None:
+            err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; "
+                "pass --tokenizer FILE)")
+            return 2
+        try:
+            res = evaluate(model, ds, tokenizer=tok, batch_tokens=args.batch_tokens,
+                           progress=not args.no_progress)
+        except (DatasetError, ValueError) as e:
+            err(str(e))
+            return 2
+        res.model_name = _model_name(model, path)
+        name = res.model_name
+        i = 2
+        while name in names:
+            name = f"{res.model_name}_{i}"
+            i += 1
+        names.add(name)
+        res.model_name = name
+        res.extra = {"model_dir": str(path), "skipped_lines": ds.skipped}
+        results.append(res)
+
+    os.makedirs(args.out, exist_ok=True)
+    multi = len(results) > 1
+    for res in results:
+        d = os.path.join(args.out, _slug(res.model_name)) if multi else args.out
+        report.write_all(res, d, data=data, plots=not args.no_plots)
+    print(report.format_summary(results))
+    if multi:
+        report.write_compare(results, args.out)
+        if not args.no_plots:
+            report.plot_per_task(results, os.path.join(args.out, "acc_per_task.png"))
+            report.plot_per_k(results, os.path.join(args.out, "acc_per_k.png"))
+        print(f"\ncomparison written to {os.path.join(args.out, 'compare.md')}")
+    print(f"results written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""The evaluator: one forward pass per line, NLL and greedy correctness per answer.
+
+Protocol (docs/synthetic-benchmark.md): each line is read with the brackets
+removed, as one sequence, no BOS.  For a scored answer whose tokens sit at
+positions [s, e): NLL = sum_{p in [s, e)} -log softmax(logits[p - 1])[ids[p]];
+it is correct when ids[p] is the arg-max of logits[p - 1] for every p.
+Accuracy = mean correctness over answers; perplexity = exp(sum NLL / number of
+answer tokens).  Reported overall, per task, per shot count k, per QK pattern
+and per OV transformation (for tasks in the table).
+
+Lines are sorted by token length and batched (right-padded with token 0; the
+causal mask makes the padding invisible to the real positions).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dataset import Dataset, Line
+from .tasks import TASKS
+from .tokenize import TokenizedLine, tokenize_lines
+
+
+@dataclass
+class AnswerResult:
+    task_id: str
+    line: int                 # line number in the file
+    k: int                    # shot count
+    example: int              # example number within the line (1-based)
+    answer: str
+    nll: float                # sum over the answer's tokens
+    n_tokens: int
+    correct: bool
+    target_ids: list[int]
+    pred_ids: list[int]       # arg-max token at each answer position
+    pred_text: str = ""
+
+
+@dataclass
+class EvalResult:
+    model_name: str
+    answers: list[AnswerResult]
+    summary: dict             # overall / per_task / per_k / per_pattern / per_transform
+    speed: dict
+    n_lines: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def overall(self) -> dict:
+        return self.summary["overall"]
+
+
+# ---------------------------------------------------------------------------
+# aggregation
+# ---------------------------------------------------------------------------
+
+def stats(rows: list[AnswerResult]) -> dict:
+    n = len(rows)
+    tokens = sum(r.n_tokens for r in rows)
+    nll = sum(r.nll for r in rows)
+    correct = sum(1 for r in rows if r.correct)
+    return {
+        "acc": correct / n if n else float("nan"),
+        "ppl": math.exp(nll / tokens) if tokens else float("nan"),
+        "n": n,
+        "correct": correct,
+        "tokens": tokens,
+        "nll": nll,
+    }
+
+
+def _task_key(t: str):
+    return (0, int(t[4:]), t) if t.startswith("task") and t[4:].isdigit() else (1, 0, t)
+
+
+def aggregate(rows: list[AnswerResult], tasks=None) -> dict:
+    """The summary dict of results.json (without model/data/speed fields)."""
+    tasks = TASKS if tasks is None else tasks
+    groups: dict[str, dict] = {"per_task": {}, "per_k": {}, "per_pattern": {}, "per_transform": {}}
+    for r in rows:
+        groups["per_task"].setdefault(r.task_id, []).append(r)
+        groups["per_k"].setdefault(r.k, []).append(r)
+        t = tasks.get(r.task_id)
+        if t is not None:
+            groups["per_pattern"].setdefault(t.pattern, []).append(r)
+            groups["per_transform"].setdefault(t.transform, []).append(r)
+    out = {"overall": stats(rows)}
+    per_task = {}
+    for tid in sorted(groups["per_task"], key=_task_key):
+        s = stats(groups["per_task"][tid])
+        t = tasks.get(tid)
+        s["pattern"] = t.pattern if t else None
+        s["transform"] = t.transform if t else None
+        per_task[tid] = s
+    out["per_task"] = per_task
+    out["per_k"] = {str(k): stats(groups["per_k"][k]) for k in sorted(groups["per_k"])}
+    out["per_pattern"] = {p: stats(v) for p, v in sorted(groups["per_pattern"].items())}
+    out["per_transform"] = {p: stats(v) for p, v in sorted(groups["per_transform"].items())}
+    return out
+
+
+# ---------------------------------------------------------------------------
+# batching and scoring
+# ---------------------------------------------------------------------------
+
+def make_batches(lengths, batch_tokens: int = 2048, max_batch: int = 64) -> list[list[int]]:
+    """Group indices of lines of similar length: sorted longest first, each batch
+    holding as many lines as fit in ``batch_tokens`` padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches, cur, cur_max = [], [], 0
+    for i in order:
+        L = max(int(lengths[i]), 1)
+        new_max = max(cur_max, L)
+        if cur and ((len(cur) + 1) * new_max > batch_tokens or len(cur) >= max_batch):
+            batches.append(cur)
+            cur, new_max = [], L
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int]):
+    """NLL (float64) and greedy predictions of the answer at token span [s, e)."""
+    s, e = span
+    rows = np.asarray(logits_row[s - 1:e - 1], dtype=np.float64)
+    tgt = ids[s:e].astype(np.int64)
+    m = rows.max(axis=-1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(rows - m).sum(axis=-1))
+    lp = rows[np.arange(len(tgt)), tgt] - lse
+    pred = rows.argmax(axis=-1)
+    return float(-lp.sum()), pred.astype(np.int64), tgt
+
+
+def get_tokenizer(model, tokenizer=None):
+    if tokenizer is not None:
+        return tokenizer
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        name = getattr(model, "name", None) or "the model directory"
+        raise ValueError(f"{name}: MODEL_DIR has no tokenizer.json (give a tokenizer explicitly)")
+    return tok
+
+
+def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: int = 64,
+             progress: bool = False, tasks=None, decode: bool = True) -> EvalResult:
+    """Evaluate ``model`` (``model.forward(int32 [B, T]) -> float32 [B, T, V]``)
+    on ``lines`` (a Dataset or a list of Line)."""
+    if isinstance(lines, Dataset):
+        lines = lines.lines
+    lines = list(lines)
+    tok = get_tokenizer(model, tokenizer)
+    t_wall = time.perf_counter()
+    toks: list[TokenizedLine] = tokenize_lines(lines, tok)
+
+    vocab = getattr(getattr(model, "config", None), "vocab", None)
+    if toks and vocab is not None:
+        mx = max((int(t.ids.max()) for t in toks if len(t.ids)), default=-1)
+        if mx >= int(vocab):
+            raise ValueError(f"token id {mx} is outside the model's vocabulary ({vocab}); "
+                             "wrong tokenizer?")
+
+    results: list[list[AnswerResult]] = [[] for _ in toks]
+    batches = make_batches([len(t) for t in toks], batch_tokens, max_batch)
+    name = getattr(model, "name", None) or "model"
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(toks), unit="line", desc=f"synth {name}", leave=True)
+    fwd_s, n_tok, n_pad = 0.0, 0, 0
+    try:
+        for batch in batches:
+            T = max(max(len(toks[i]) for i in batch), 1)
+            arr = np.zeros((len(batch), T), dtype=np.int32)
+            for b, i in enumerate(batch):
+                arr[b, :len(toks[i])] = toks[i].ids
+            t0 = time.perf_counter()
+            logits = np.asarray(model.forward(arr))
+            fwd_s += time.perf_counter() - t0
+            if logits.ndim != 3 or logits.shape[0] != len(batch) or logits.shape[1] != T:
+                raise ValueError(f"model.forward returned shape {logits.shape}, "
+                                 f"expected ({len(batch)}, {T}, V)")
+            V = logits.shape[2]
+            for b, i in enumerate(batch):
+                tl = toks[i]
+                if len(tl.ids) and int(tl.ids.max()) >= V:
+                    raise ValueError(f"token id {int(tl.ids.max())} >= logits width {V}")
+                for a, span in zip(tl.line.answers, tl.spans):
+                    nll, pred, tgt = _score(logits[b], tl.ids, span)
+                    results[i].append(AnswerResult(
+                        task_id=tl.line.task_id, line=tl.line.lineno, k=a.k,
+                        example=a.example, answer=a.text, nll=nll, n_tokens=len(tgt),
+                        correct=bool(np.all(pred == tgt)),
+                        target_ids=[int(x) for x in tgt], pred_ids=[int(x) for x in pred]))
+            real = sum(len(toks[i]) for i in batch)
+            n_tok += real
+            n_pad += arr.size
+            if bar is not None:
+                bar.update(len(batch))
+                bar.set_postfix(tok_s=f"{n_tok / max(fwd_s, 1e-9):.0f}")
+    finally:
+        if bar is not None:
+            bar.close()
+
+    rows = [r for rs in results for r in rs]       # file order
+    if decode:
+        for r in rows:
+            try:
+                r.pred_text = tok.decode(r.pred_ids)
+            except Exception:                        # ids outside the tokenizer
+                r.pred_text = ""
+    wall = time.perf_counter() - t_wall
+    speed = {
+        "lines": len(toks),
+        "batches": len(batches),
+        "tokens": n_tok,
+        "padded_tokens": n_pad,
+        "forward_s": fwd_s,
+        "wall_s": wall,
+        "tokens_per_s": n_tok / fwd_s if fwd_s > 0 else float("nan"),
+    }
+    return EvalResult(model_name=name, answers=rows, summary=aggregate(rows, tasks),
+                      speed=speed, n_lines=len(toks))

@@ -1,0 +1,44 @@
+"""Shared fixtures: generated tiny checkpoints and the numpy reference."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+sys.path.insert(0, HERE)  # tests/reference.py
+
+
+def shared_path(*parts):
+    p = os.path.join(SHARED, *parts)
+    if not os.path.exists(p):
+        pytest.skip("shared data not found at %s" % p)
+    return p
+
+
+@pytest.fixture(scope="session")
+def tiny_factory(tmp_path_factory):
+    """make(**kwargs) -> (dir, state_dict, config), cached per kwargs."""
+    from dcscope.testing.make_tiny import make_tiny
+
+    made = {}
+
+    def make(**kw):
+        key = tuple(sorted(kw.items()))
+        if key not in made:
+            d = str(tmp_path_factory.mktemp("tiny"))
+            sd, cfg = make_tiny(d, **kw)
+            made[key] = (d, sd, cfg)
+        return made[key]
+
+    return make
+
+
+def rel_err(a, b):
+    """max |a - b| / max |b|."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    scale = max(np.abs(b).max(), 1e-30)
+    return float(np.abs(a - b).max() / scale)
