@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output directory (default: synth_out)")
     ap.add_argument("--limit", type=int, default=None, metavar="N",
                     help="evaluate only the first N lines")
-    ap.add_argument("--batch-tokens", type=int, default=2048, metavar="N",
-                    help="padded tokens per forward batch (default 2048)")
+    ap.add_argument("--batch-tokens", type=int, default=None, metavar="N",
+                    help="padded tokens per forward batch (default: 1024 on cpu, "
+                         "4096 on cuda); lines of similar length are batched together")
     ap.add_argument("--skip-bad-lines", action="store_true",
                     help="skip malformed lines (and say how many) instead of stopping")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -123,17 +124,27 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - report any loader failure plainly
             err(f"cannot load model {path}: {e}")
             return 1
-        tok = tokenizer or getattr(model, "tokenizer", None)
+        try:
+            tok = tokenizer or getattr(model, "tokenizer", None)
+        except Exception as e:  # noqa: BLE001 - the engine raises when tokenizer.json is missing
+            err(f"{e} (pass --tokenizer FILE)")
+            return 2
         if tok is None:
             err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; "
                 "pass --tokenizer FILE)")
             return 2
         try:
-            res = evaluate(model, ds, tokenizer=tok, batch_tokens=args.batch_tokens,
+            bt = args.batch_tokens or (4096 if args.device == "cuda" else 1024)
+            res = evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
                            progress=not args.no_progress)
         except (DatasetError, ValueError) as e:
             err(str(e))
             return 2
+        except Exception as e:  # noqa: BLE001
+            if not type(e).__module__.startswith("dcscope"):
+                raise
+            err(f"{path}: {e}")
+            return 1
         res.model_name = _model_name(model, path)
         name = res.model_name
         i = 2

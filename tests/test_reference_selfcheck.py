@@ -75,6 +75,44 @@ def test_cache_has_exactly_the_hook_names(dc):
     assert 0.5 < logits.std() < 10
 
 
+def test_naive_loops_layer0(dc):
+    """Steps 4, 5, 10 of model-spec.md recomputed with plain loops from the cached
+    attention input, as a check of the reference's einsum index conventions."""
+    import math
+    sd, cfg, _, c = dc
+    D, N, Dh, K, R = 32, 4, 8, 16, 2
+    p = "layers.0.attention."
+    x = c["blocks.0.ln_attn"]
+    dw1, qkw, dd = (sd[p + "dyn_w_proj." + n].astype(np.float64) for n in ("dw1", "qkw", "dd"))
+
+    def gelu(v):
+        return 0.5 * v * (1 + math.erf(v / math.sqrt(2)))
+
+    for t in (0, 7, 19):
+        for slot, phase, side in [(0, "pre", "q"), (1, "pre", "k"), (2, "post", "q"), (3, "post", "k")]:
+            hid = [gelu(sum(x[t, d] * dw1[d, 0, slot, kk] for d in range(D))) for kk in range(K)]
+            w = np.array([[sum(hid[kk] * qkw[0, slot, kk, r, n] for kk in range(K)) for n in range(N)]
+                          for r in range(2 * R)])
+            w1 = np.array([row / math.sqrt(sum(v * v for v in row) / N + 1e-6) for row in w[:R]])
+            gate = [math.tanh(sum(x[t, d] * dd[d, 0, slot * N + n] for d in range(D))) for n in range(N)]
+            a = f"blocks.0.attn.dyn.{phase}.{side}"
+            np.testing.assert_allclose(c[a + "w1"][t], w1, atol=1e-12)
+            np.testing.assert_allclose(c[a + "w2"][t], w[R:], atol=1e-12)
+            np.testing.assert_allclose(c[a + "dd"][t], gate, atol=1e-12)
+    q, k, v = c["blocks.0.attn.q"], c["blocks.0.attn.k"], c["blocks.0.attn.v"]
+    P = c["blocks.0.attn.pattern_composed"]
+    wo = sd[p + "wo.weight"].astype(np.float64)
+    for n in range(N):
+        for t in (0, 9, 19):
+            for s in (0, 3, t):
+                A = sum(q[t, n, d] * k[s, n, d] for d in range(Dh)) / math.sqrt(Dh)
+                assert abs(A - c["blocks.0.attn.scores"][n, t, s]) < 1e-12
+            z = [sum(P[n, t, s] * v[s, n, d] for s in range(T)) for d in range(Dh)]
+            np.testing.assert_allclose(c["blocks.0.attn.z"][t, n], z, atol=1e-12)
+            ho = [sum(z[d] * wo[e, n * Dh + d] for d in range(Dh)) for e in range(D)]
+            np.testing.assert_allclose(c["blocks.0.attn.head_out"][t, n], ho, atol=1e-12)
+
+
 def test_five_branches_sum_to_composed(dc):
     _, cfg, _, c = dc
     for l in range(2):
@@ -259,6 +297,9 @@ def test_qk_norm_and_rotary(dc, tmp):
     ang = np.arange(T)[:, None] * 100.0 ** (-2 * np.arange(2) / 4)
     np.testing.assert_allclose(y[:, 0, 0], np.cos(ang[:, 0]), atol=1e-12)
     np.testing.assert_allclose(y[:, 0, 2], np.sin(ang[:, 0]), atol=1e-12)
+    y = ref.rotary(np.tile(np.array([0.0, 1.0, 0.0, 0.0]), (T, 1, 1)), 4, 100.0)  # pair j=1: dims (1, 3)
+    np.testing.assert_allclose(y[:, 0, 1], np.cos(ang[:, 1]), atol=1e-12)
+    np.testing.assert_allclose(y[:, 0, 3], np.sin(ang[:, 1]), atol=1e-12)
     sd, cfg = gen(tmp, "noqk", use_qk_norm=False)
     assert not any("q_norm" in k for k in sd)
     ref.ref_forward(sd, cfg, tokens())
@@ -711,7 +752,7 @@ def test_cli(tmp):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "bindings") + os.pathsep + env.get("PYTHONPATH", "")
     try:  # as documented when the package imports; else the file itself
-        import dcscope.testing.make_tiny  # noqa: F401
+        importlib.import_module("dcscope.testing.make_tiny")
         cmd = [sys.executable, "-m", "dcscope.testing.make_tiny"]
     except Exception:
         cmd = [sys.executable, MAKE_TINY_PATH]

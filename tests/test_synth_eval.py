@@ -32,8 +32,9 @@ def tokenizer():
 class FakeModel:
     """A deterministic causal toy LM with the engine's interface.
 
-    logits[t] = (emb[x_t] + mean(emb[x_0..x_t]) + pos[t]) @ W  + 4 * [v occurred in x_0..x_t]
-    The running mean and the copy bonus make every position depend on all the
+    logits[t] = (emb[x_t] + mean(emb[x_0..x_t]) + pos[t]) @ W
+                + 4 * [v occurred in x_0..x_t] + 8 * [v followed x_t earlier]
+    The running mean, the copy and the induction bonus make every position depend on all the
     tokens before it, and pos[t] on the absolute position, so a batching,
     padding or offset bug changes the numbers.
     """
@@ -60,8 +61,14 @@ class FakeModel:
         mean = np.cumsum(h, axis=1) / np.arange(1, T + 1, dtype=np.float32)[None, :, None]
         logits = (h + mean + self.P[:T]) @ self.W
         for b in range(B):
+            follow = {}                      # token -> tokens that followed it so far
             for t in range(T):
-                logits[b, t, tokens[b, :t + 1]] += 4.0
+                x = int(tokens[b, t])
+                if t:
+                    follow.setdefault(int(tokens[b, t - 1]), set()).add(x)
+                logits[b, t, tokens[b, :t + 1]] += 4.0            # copy
+                if x in follow:                                     # induction
+                    logits[b, t, list(follow[x])] += 8.0
         logits = logits.astype(np.float32)
         return logits[0] if one else logits
 

@@ -55,6 +55,9 @@ typedef struct {
 } dcs_heatmap_spec;
 dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
                            size_t *png_len, char *err, size_t errlen);
+dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, int s,
+                                int *width, int *height, int *x, int *y, int *cell,
+                                char *err, size_t errlen);
 void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]);
 void dcs_buffer_free(void *p);
 """

@@ -54,46 +54,42 @@ def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False
     return rgb[0], rgb[1], rgb[2]
 
 
-def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optional[Sequence[str]] = None,
-            titles: Optional[Sequence[str]] = None, title: Optional[str] = None,
-            diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
-            vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0) -> PNG:
-    """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
-
-    tokens label the rows (queries) and, unless key_tokens is given, the
-    columns. vmin/vmax fix the colour range (default: from the data)."""
+def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px):
+    """The dcs_heatmap_spec of a call, and the cffi objects it points into."""
     a = np.asarray(maps, dtype=np.float32)
     if a.ndim == 2:
         a = a[None]
-    if a.ndim != 3 or a.shape[1] == 0 or a.shape[2] == 0 or a.shape[0] == 0:
+    if a.ndim != 3 or 0 in a.shape:
         raise Error("heatmap: maps must be [T, S] or [P, T, S] and non-empty, got shape %s" % (np.shape(maps),))
     a = np.ascontiguousarray(a)
     P, T, S = a.shape
-    keep = []  # keep every cffi object alive until the call returns
+    keep = [a]  # every object the spec points into stays alive with it
+
+    def cstr(text):
+        c = ffi.new("char[]", str(text).encode("utf-8", "replace"))
+        keep.append(c)
+        return c
 
     def cstrs(strs, n, what):
         if strs is None:
             return ffi.NULL
         strs = list(strs)
         if len(strs) != n:
-            raise Error("heatmap: %d %s labels for %d %s" % (len(strs), what, n, what))
-        cs = [ffi.new("char[]", str(s).encode("utf-8", "replace")) for s in strs]
-        keep.extend(cs)
-        arr = ffi.new("const char *[]", cs)
+            raise Error("heatmap: %d %s labels for %d %ss" % (len(strs), what, n, what))
+        arr = ffi.new("const char *[]", [cstr(x) for x in strs])
         keep.append(arr)
         return arr
 
-    panels = ffi.new("dcs_panel[]", P)
     titles = list(titles) if titles is not None else [None] * P
     if len(titles) != P:
         raise Error("heatmap: %d titles for %d panels" % (len(titles), P))
+    panels = ffi.new("dcs_panel[]", P)
+    keep.append(panels)
     for i in range(P):
         panels[i].data = ffi.cast("const float *", ffi.from_buffer(a[i]))
         panels[i].rows, panels[i].cols = T, S
         if titles[i] is not None:
-            t = ffi.new("char[]", str(titles[i]).encode())
-            keep.append(t)
-            panels[i].title = t
+            panels[i].title = cstr(titles[i])
     spec = ffi.new("dcs_heatmap_spec *")
     spec.panels, spec.n_panels = panels, P
     spec.grid_cols = grid_cols
@@ -106,9 +102,37 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
     spec.mask_upper = 1 if mask_upper else 0
     spec.cell_px = cell_px
     if title is not None:
-        t = ffi.new("char[]", title.encode())
-        keep.append(t)
-        spec.title = t
+        spec.title = cstr(title)
+    return spec, keep
+
+
+class Heatmap(PNG):
+    """A rendered heatmap: PNG bytes plus the geometry of its cells."""
+
+    def __init__(self, data: bytes, args: tuple):
+        super().__init__(data)
+        self._args = args
+
+    def cell_box(self, panel: int, t: int, s: int):
+        """(x, y, side) in pixels of cell (t, s) of a panel."""
+        spec, _keep = _spec(*self._args)
+        x, y, c = ffi.new("int *"), ffi.new("int *"), ffi.new("int *")
+        err = ffi.new("char[]", 512)
+        if lib.dcs_heatmap_geometry(spec, panel, t, s, ffi.NULL, ffi.NULL, x, y, c, err, 512) != lib.DCS_OK:
+            raise Error(ffi.string(err).decode(errors="replace"))
+        return x[0], y[0], c[0]
+
+
+def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optional[Sequence[str]] = None,
+            titles: Optional[Sequence[str]] = None, title: Optional[str] = None,
+            diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
+            vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0) -> Heatmap:
+    """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
+
+    tokens label the rows (queries) and, unless key_tokens is given, the
+    columns. vmin/vmax fix the colour range (default: from the data)."""
+    args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px)
+    spec, _keep = _spec(*args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
     err = ffi.new("char[]", 512)
@@ -116,13 +140,13 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
     if st != lib.DCS_OK:
         raise Error("heatmap: " + ffi.string(err).decode(errors="replace"))
     try:
-        return PNG(bytes(ffi.buffer(out[0], n[0])))
+        return Heatmap(bytes(ffi.buffer(out[0], n[0])), args)
     finally:
         lib.dcs_buffer_free(out[0])
 
 
 def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, head: Optional[int] = None,
-                      hook: str = "pattern", phase: str = "post", **kw) -> PNG:
+                      hook: str = "pattern", phase: str = "post", **kw) -> Heatmap:
     """Heatmaps of a model's attention on a prompt.
 
     - layer=L, head=None: every head of layer L for `hook` (pattern,

@@ -105,13 +105,14 @@ def contiguous_stride(size):
     return tuple(reversed(stride))
 
 
-def torchzip_bytes(state, storages, prefix="archive"):
+def torchzip_bytes(state, storages, prefix="archive", protocol=2, zip64=False):
     """state: OrderedDict name -> Tensor; storages: list of Storage."""
     buf = io.BytesIO()
-    TorchPickler(buf, protocol=2).dump(state)
+    TorchPickler(buf, protocol=protocol).dump(state)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
-        z.writestr(prefix + "/data.pkl", buf.getvalue())
+        with z.open(prefix + "/data.pkl", "w", force_zip64=zip64) as f:
+            f.write(buf.getvalue())
         z.writestr(prefix + "/byteorder", "little")
         for s in storages:
             z.writestr(prefix + "/data/" + s.key, s.raw)
@@ -120,7 +121,7 @@ def torchzip_bytes(state, storages, prefix="archive"):
     return out.getvalue()
 
 
-def torch_example(dtype="HalfStorage", pack=f16, elsize=2):
+def torch_example(dtype="HalfStorage", pack=f16, elsize=2, **kw):
     torch = _fake_torch()
     cls = getattr(torch, dtype)
     s0 = Storage(cls, "0", pack(*[0.5 * i for i in range(12)]), elsize)
@@ -132,7 +133,7 @@ def torch_example(dtype="HalfStorage", pack=f16, elsize=2):
     sd["scalar"] = Tensor(s1, 2, (), ())
     sd._metadata = collections.OrderedDict([("", {"version": 1}),
                                             ("layers.0", {"version": 1})])
-    return torchzip_bytes(sd, [s0, s1])
+    return torchzip_bytes(sd, [s0, s1], **kw)
 
 
 def main():
@@ -159,6 +160,8 @@ def main():
         "f16.bin": torch_example(),
         "f32.bin": torch_example("FloatStorage", f32, 4),
         "bf16.bin": torch_example("BFloat16Storage", bf16, 2),
+        "proto4.bin": torch_example(protocol=4, prefix="pytorch_model"),
+        "zip64.bin": torch_example(zip64=True),
     }
     for name, data in zips.items():
         with open(os.path.join(tz_dir, name), "wb") as f:

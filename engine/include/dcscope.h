@@ -234,6 +234,12 @@ typedef struct {
 /* Render to PNG bytes (malloc'd; free with dcs_buffer_free). */
 dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
                            size_t *png_len, char *err, size_t errlen);
+/* Geometry of the picture dcs_heatmap_png draws for `spec`: its width and
+ * height, and the top-left pixel (x, y) and side (cell) of cell (t, s) of
+ * panel p. Any output pointer may be NULL. */
+dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, int s,
+                                int *width, int *height, int *x, int *y, int *cell,
+                                char *err, size_t errlen);
 /* The RGB colour of value x in [vmin, vmax] under the colour map. */
 void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]);
 void dcs_buffer_free(void *p);

@@ -20,8 +20,14 @@
  *
  * NaN (either map) -> magenta (255, 0, 255), a colour neither map contains.
  * +-inf are clamped like any other out-of-range value.
+ *
+ * Values are quantized to DCS_CMAP_LEVELS (4095) levels before the colour is
+ * computed (16 times finer than 8-bit output; the diverging centre level is
+ * exactly 0 and levels are symmetric around it), so the renderer can look
+ * colours up in a table built per call and match dcs_colormap_rgb exactly.
  */
 #include "dcscope.h"
+#include "png_layout.h"
 
 #include <math.h>
 
@@ -109,15 +115,13 @@ static void diverging(double u, uint8_t rgb[3]) {
     oklab_to_rgb(L, C * cos(h), C * sin(h), rgb);
 }
 
-void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]) {
-    if (!rgb) return;
-    if (isnan(x)) {
-        rgb[0] = 255;
-        rgb[1] = 0;
-        rgb[2] = 255;
-        return;
-    }
+/* The maps are quantized to DCS_CMAP_LEVELS levels (far finer than 8-bit
+ * output) so that the renderer can use a per-call table of level colours and
+ * still produce exactly what dcs_colormap_rgb gives. */
+int dcs_colormap_level(int colormap, float x, float vmin, float vmax) {
+    if (isnan(x)) return -1;
     double v = x, lo = vmin, hi = vmax;
+    const int half = (DCS_CMAP_LEVELS - 1) / 2;
     if (colormap == DCS_CMAP_DIVERGING) {
         if (lo <= hi) { /* NaN bounds compare false: no clamping */
             if (v < lo) v = lo;
@@ -126,8 +130,10 @@ void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb
         double m = fmax(fabs(lo), fabs(hi));
         double u = (m > 0.0 && isfinite(m)) ? v / m : 0.0;
         if (isnan(u)) u = 0.0;
-        diverging(u, rgb);
-        return;
+        double a = fabs(u);
+        if (a > 1.0) a = 1.0;
+        int k = (int)floor(a * half + 0.5); /* symmetric around the centre */
+        return u < 0.0 ? half - k : half + k;
     }
     double t = 0.5;
     if (hi > lo && isfinite(hi - lo)) {
@@ -137,5 +143,25 @@ void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb
     } else if (hi > lo) { /* infinite span: only the ends are meaningful */
         t = v <= lo ? 0.0 : v >= hi ? 1.0 : 0.5;
     }
-    sequential(t, rgb);
+    return (int)floor(t * (DCS_CMAP_LEVELS - 1) + 0.5);
+}
+
+void dcs_colormap_level_rgb(int colormap, int level, uint8_t rgb[3]) {
+    if (level < 0 || level >= DCS_CMAP_LEVELS) {
+        rgb[0] = 255; /* NaN: magenta */
+        rgb[1] = 0;
+        rgb[2] = 255;
+        return;
+    }
+    if (colormap == DCS_CMAP_DIVERGING) {
+        const int half = (DCS_CMAP_LEVELS - 1) / 2;
+        diverging((double)(level - half) / half, rgb);
+    } else {
+        sequential((double)level / (DCS_CMAP_LEVELS - 1), rgb);
+    }
+}
+
+void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]) {
+    if (!rgb) return;
+    dcs_colormap_level_rgb(colormap, dcs_colormap_level(colormap, x, vmin, vmax), rgb);
 }

@@ -98,7 +98,8 @@ dcs_status dcs_tt_add_safetensors(dcs_tensor_table *tt, const char *path, dcs_er
 dcs_status dcs_tt_add_torchzip(dcs_tensor_table *tt, const char *path, dcs_err *e);
 /* Parse from memory (the fuzzers' entry points; `path` names the file in
  * messages and in each tensor's `file`, so it and the buffer must outlive
- * the table). On error the table is left as it was. */
+ * the table). On error the table holds the tensors and files it had before
+ * (release it with dcs_tt_free as usual). */
 dcs_status dcs_tt_parse_safetensors(dcs_tensor_table *tt, const uint8_t *buf,
                                     uint64_t len, const char *path, dcs_err *e);
 dcs_status dcs_tt_parse_torchzip(dcs_tensor_table *tt, const uint8_t *buf,

@@ -477,7 +477,8 @@ static void draw_frame(canvas *cv, int x, int y, int w, int h, const uint8_t rgb
 
 /* Cells of one panel (the picture is known to contain them). */
 static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
-                       const float *data, int px, int py, uint8_t *line) {
+                       const float *data, int px, int py, uint8_t *line,
+                       const uint8_t *lut) {
     int c = L->cell, cols = L->cols;
     size_t line_bytes = (size_t)L->panel_w * 3;
     for (int t = 0; t < L->rows; t++) {
@@ -485,8 +486,8 @@ static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_sp
         int first_masked = sp->mask_upper ? t + 1 : cols;
         if (first_masked > cols) first_masked = cols;
         for (int s = 0; s < first_masked; s++) {
-            uint8_t rgb[3];
-            dcs_colormap_rgb(sp->colormap, row[s], L->vmin, L->vmax, rgb);
+            int level = dcs_colormap_level(sp->colormap, row[s], L->vmin, L->vmax);
+            const uint8_t *rgb = lut + 3 * (size_t)(level + 1); /* entry 0: NaN */
             uint8_t *q = line + (size_t)s * (size_t)c * 3;
             for (int k = 0; k < c; k++, q += 3) {
                 q[0] = rgb[0];
@@ -543,7 +544,7 @@ static void draw_colour_bar(canvas *cv, const dcs_png_layout *L, int colormap) {
 }
 
 static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
-                         uint8_t *line) {
+                         uint8_t *line, const uint8_t *lut) {
     int s = L->scale, c = L->cell, k = L->label_step;
     /* Figure title, centred, bold. */
     if (L->title_y >= 0) {
@@ -564,7 +565,7 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
         int px, py;
         dcs_png_cell_origin(L, p, 0, 0, &px, &py);
         const dcs_panel *pan = &sp->panels[p];
-        draw_cells(cv, L, sp, pan->data, px, py, line);
+        draw_cells(cv, L, sp, pan->data, px, py, line, lut);
         draw_frame(cv, px, py, L->panel_w, L->panel_h, FRAME);
         /* Panel title: centred above the panel, within its pitch. */
         if (pan->title && *pan->title) {
@@ -702,18 +703,46 @@ dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *
     size_t npx = (size_t)L.width * (size_t)L.height;
     canvas cv = {(uint8_t *)malloc(npx * 3), L.width, L.height};
     uint8_t *line = (uint8_t *)malloc((size_t)L.panel_w * 3);
-    if (!cv.px || !line) {
+    /* Colour of every level (entry 0 is NaN's): the cells look colours up. */
+    uint8_t *lut = (uint8_t *)malloc((size_t)(DCS_CMAP_LEVELS + 1) * 3);
+    if (!cv.px || !line || !lut) {
         free(cv.px);
         free(line);
+        free(lut);
         return fail(err, errlen, DCS_ERR_NOMEM,
                     "heatmap: out of memory for a %dx%d picture", L.width, L.height);
     }
     memset(cv.px, WHITE[0], npx * 3);
-    draw_picture(&cv, &L, spec, line);
+    for (int i = -1; i < DCS_CMAP_LEVELS; i++)
+        dcs_colormap_level_rgb(spec->colormap, i, lut + 3 * (size_t)(i + 1));
+    draw_picture(&cv, &L, spec, line, lut);
     free(line);
+    free(lut);
     st = png_encode(cv.px, cv.w, cv.h, png, png_len, err, errlen);
     free(cv.px);
     return st;
 }
 
 void dcs_buffer_free(void *p) { free(p); }
+
+dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, int s,
+                                int *width, int *height, int *x, int *y, int *cell,
+                                char *err, size_t errlen) {
+    dcs_png_layout L;
+    dcs_status st = dcs_png_layout_compute(spec, &L, err, errlen);
+    if (st != DCS_OK) return st;
+    if (panel < 0 || panel >= L.n_panels || t < 0 || t >= L.rows || s < 0 || s >= L.cols) {
+        if (err && errlen)
+            snprintf(err, errlen, "heatmap geometry: cell (%d, %d, %d) is outside %d panels of %d x %d",
+                     panel, t, s, L.n_panels, L.rows, L.cols);
+        return DCS_ERR_ARG;
+    }
+    int cx, cy;
+    dcs_png_cell_origin(&L, panel, t, s, &cx, &cy);
+    if (width) *width = L.width;
+    if (height) *height = L.height;
+    if (x) *x = cx;
+    if (y) *y = cy;
+    if (cell) *cell = L.cell;
+    return DCS_OK;
+}

@@ -84,4 +84,12 @@ void dcs_png_cell_origin(const dcs_png_layout *L, int p, int t, int s, int *x, i
 int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs,
                          uint8_t *out);
 
+/* Colour levels (colormap.c). dcs_colormap_rgb(cm, x, lo, hi) is exactly
+ * dcs_colormap_level_rgb(cm, dcs_colormap_level(cm, x, lo, hi)). Levels are
+ * 0..DCS_CMAP_LEVELS-1 (diverging: the middle one is zero); NaN gives -1,
+ * whose colour is magenta. */
+#define DCS_CMAP_LEVELS 4095
+int dcs_colormap_level(int colormap, float x, float vmin, float vmax);
+void dcs_colormap_level_rgb(int colormap, int level, uint8_t rgb[3]);
+
 #endif /* DCS_PNG_LAYOUT_H */

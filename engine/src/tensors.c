@@ -92,10 +92,10 @@ static dcs_tensor *find_sorted(dcs_tensor *t, int n, const char *name)
 
 dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e)
 {
-    dcs_tensor *added = tt->t + first;
     int n_added = tt->n - first;
     if (n_added <= 0)
-        return DCS_OK;
+        return DCS_OK;               /* nothing added (tt->t may be NULL) */
+    dcs_tensor *added = tt->t + first;
     qsort(added, (size_t)n_added, sizeof *added, cmp_tensor_name);
     for (int i = 1; i < n_added; i++)
         if (strcmp(added[i - 1].name, added[i].name) == 0)

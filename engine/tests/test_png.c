@@ -227,6 +227,25 @@ static void test_colormaps(void) {
     dcs_colormap_rgb(DCS_CMAP_DIVERGING, 1.0f, -1.0f, 1.0f, b);
     CHECK(same(a, b), "diverging scales with the range");
 
+    /* Levels: the colour is the level's colour; diverging levels mirror. */
+    int half = (DCS_CMAP_LEVELS - 1) / 2, lv_ok = 1;
+    CHECK(dcs_colormap_level(DCS_CMAP_DIVERGING, 0.0f, -3.0f, 1.0f) == half, "centre level");
+    CHECK(dcs_colormap_level(DCS_CMAP_SEQUENTIAL, NAN, 0.0f, 1.0f) == -1, "NaN level");
+    for (int i = 0; i <= 100; i++) {
+        float x = (float)i / 37.0f;
+        int lp = dcs_colormap_level(DCS_CMAP_DIVERGING, x, -2.0f, 2.0f);
+        int ln = dcs_colormap_level(DCS_CMAP_DIVERGING, -x, -2.0f, 2.0f);
+        if (lp - half != half - ln || lp < half || lp >= DCS_CMAP_LEVELS) lv_ok = 0;
+        dcs_colormap_level_rgb(DCS_CMAP_DIVERGING, lp, a);
+        dcs_colormap_rgb(DCS_CMAP_DIVERGING, x, -2.0f, 2.0f, b);
+        if (!same(a, b)) lv_ok = 0;
+        int ls = dcs_colormap_level(DCS_CMAP_SEQUENTIAL, x, 0.0f, 2.0f);
+        dcs_colormap_level_rgb(DCS_CMAP_SEQUENTIAL, ls, a);
+        dcs_colormap_rgb(DCS_CMAP_SEQUENTIAL, x, 0.0f, 2.0f, b);
+        if (!same(a, b) || ls < 0 || ls >= DCS_CMAP_LEVELS) lv_ok = 0;
+    }
+    CHECK(lv_ok, "levels consistent and symmetric");
+
     /* The mask greys differ clearly from every colour of both maps. */
     static const uint8_t greys[2][3] = {
         {DCS_PNG_MASK_R, DCS_PNG_MASK_G, DCS_PNG_MASK_B},
