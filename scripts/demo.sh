@@ -18,7 +18,7 @@ for f in "$TOK" "$DATA"; do
 done
 
 mkdir -p "$OUT/heatmaps"
-common=(--n-layer 4 --dim 128 --n-head 8 --vocab 50304 --window-size 16 --tokenizer "$TOK" --seed 7)
+common=(--n-layer 4 --dim 64 --n-head 8 --vocab 50304 --window-size 16 --tokenizer "$TOK" --seed 7)
 [ -f "$OUT/tiny-dcpythia/config.json" ] || \
   $PY -m dcscope.testing.make_tiny "$OUT/tiny-dcpythia" --type dcpythia --dtype float16 --format torch "${common[@]}"
 [ -f "$OUT/tiny-pythia/config.json" ] || \

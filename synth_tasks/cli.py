@@ -3,6 +3,10 @@
     dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]
                   [--batch-tokens N] [--skip-bad-lines] [--device cpu|cuda]
 
+New data for training / held-out sets:
+    python -m synth_tasks.cli generate OUT.jsonl --lines-per-task N --seed S
+                                       [--exclude ../shared/data/synthetic_dataset.jsonl]
+
 One model: OUT/results.json, OUT/answers.csv, OUT/acc_per_task.png,
 OUT/acc_per_k.png.  Several models: the same in OUT/<model name>/, plus
 OUT/compare.md, OUT/compare.json and combined plots in OUT.
@@ -111,11 +115,21 @@ def main(argv=None) -> int:
         err(f"{data}: no lines to evaluate")
         return 2
     print(f"data: {data}: {len(ds)} lines, {ds.n_answers} scored answers", file=sys.stderr)
+    from .tasks import TASKS, line_matches
+    off = [l for l in ds if l.task_id in TASKS and not line_matches(l.task_id, l.text)]
+    if off:
+        print(f"warning: {len(off)} line(s) of table task ids do not fit that task's template "
+              f"(first: {off[0].where}, {off[0].task_id}); their pattern/transformation "
+              "labels may not apply", file=sys.stderr)
 
     tokenizer = None
     if args.tokenizer:
         from tokenizers import Tokenizer
-        tokenizer = Tokenizer.from_file(args.tokenizer)
+        try:
+            tokenizer = Tokenizer.from_file(args.tokenizer)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception type
+            err(f"cannot read the tokenizer {args.tokenizer}: {e}")
+            return 2
 
     results, names = [], set()
     for path in args.model:
@@ -153,7 +167,8 @@ def main(argv=None) -> int:
             i += 1
         names.add(name)
         res.model_name = name
-        res.extra = {"model_dir": str(path), "skipped_lines": ds.skipped}
+        res.extra = {"model_dir": str(path), "skipped_lines": ds.skipped,
+                     "template_mismatches": len(off)}
         results.append(res)
 
     os.makedirs(args.out, exist_ok=True)
@@ -172,5 +187,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def generate_main(argv=None) -> int:
+    """``python -m synth_tasks.cli generate OUT.jsonl [--lines-per-task N] [--seed S]
+    [--tasks task0,task5] [--exclude PUBLISHED.jsonl]``: write new data."""
+    from .generate import main as gen_main
+    return gen_main(argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _argv = sys.argv[1:]
+    if _argv and _argv[0] == "generate":
+        raise SystemExit(generate_main(_argv[1:]))
+    raise SystemExit(main(_argv))

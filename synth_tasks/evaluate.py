@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .dataset import Dataset, Line
+from .dataset import Dataset
 from .tasks import TASKS
 from .tokenize import TokenizedLine, tokenize_lines
 

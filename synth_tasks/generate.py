@@ -12,7 +12,7 @@ answer is checked to be the unique correct one.  Generation is seeded per task
 (``seed`` and the task id), so a task's lines do not depend on which other
 tasks are generated.
 
-Command line:  python -m synth_tasks.generate OUT.jsonl [--lines-per-task N]
+Command line:  python -m synth_tasks.cli generate OUT.jsonl [--lines-per-task N]
                [--seed S] [--tasks task0,task5] [--exclude PUBLISHED.jsonl]
 """
 
@@ -22,6 +22,7 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from . import tables as T
 from .tasks import TASKS, VERB_KINDS, Task, render, slots
@@ -239,28 +240,35 @@ def _render_slot(kind: str, value) -> str:
     return ident(value)
 
 
-def _pool(t: Task, rng: random.Random, scale: str | None):
+@lru_cache(maxsize=None)
+def _pools(task_id: str, scale: str | None):
+    """(all items, items that can be the source, items the query can name)
+    of a task, on one ordinal scale for the ordinal tasks."""
+    t = TASKS[task_id]
+    prefix, kind = _pattern_parts(t.pattern)
     pool = _POOLS[t.vocab]
     if t.vocab == "ordinal":
         pool = [o for o in pool if o.kind == scale]
-    return pool
+    src = [x for x in pool if transform_values(t.transform, x)]
+    keyed = []
+    if kind != "person" and not t.context.startswith("list"):
+        keyed = [x for x in pool if key_values(kind, x)]
+        if prefix == "same":
+            src = [x for x in src if key_values(kind, x)]
+    return tuple(pool), tuple(src), tuple(keyed)
 
 
-def _valid_sources(t: Task, pool):
-    """Items that can be the source (their transformation exists)."""
-    prefix, kind = _pattern_parts(t.pattern)
-    out = [x for x in pool if transform_values(t.transform, x)]
-    if kind not in ("person",) and prefix != "different" and not t.context.startswith("list"):
-        out = [x for x in out if key_values(kind, x)]
-    return out
+@lru_cache(maxsize=None)
+def _with_key(task_id: str, scale: str | None, kind: str, key: str):
+    pool = _pools(task_id, scale)[0]
+    return tuple(x for x in pool if key in key_values(kind, x))
 
 
 def _propose(t: Task, rng: random.Random, verb: int, scale: str | None) -> dict:
     """Slot values (rendered strings) for one example: a random proposal that
     :func:`analyse` then accepts or rejects."""
     prefix, kind = _pattern_parts(t.pattern)
-    pool = _pool(t, rng, scale)
-    src_pool = _valid_sources(t, pool)
+    pool, src_pool, keyed = _pools(t.task_id, scale)
     # items of the context; src: index of the source item
     if t.context.startswith("list"):
         a, b = rng.choice(pool), rng.choice(src_pool)
@@ -289,10 +297,10 @@ def _propose(t: Task, rng: random.Random, verb: int, scale: str | None) -> dict:
             items = [rng.choice(pool) for _ in range(3)]
             items[src] = s
         else:
-            m = rng.choice([x for x in pool if key_values(kind, x)])
+            m = rng.choice(keyed)
             key = rng.choice(key_values(kind, m))
             if kind in ("class", "country", "capability"):
-                same_key = [x for x in pool if key in key_values(kind, x) and x != m]
+                same_key = [x for x in _with_key(t.task_id, scale, kind, key) if x != m]
                 m2 = rng.choice(same_key) if same_key else m
             else:
                 m2 = m
@@ -394,7 +402,7 @@ def write_jsonl(path, lines) -> None:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m synth_tasks.generate",
+    ap = argparse.ArgumentParser(prog="python -m synth_tasks.cli generate",
                                  description="Generate synthetic-benchmark data.")
     ap.add_argument("out", help="output JSONL file")
     ap.add_argument("--lines-per-task", type=int, default=12)

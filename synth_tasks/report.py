@@ -80,7 +80,7 @@ def plot_per_task(results: list[EvalResult], path) -> None:
             if t not in tasks:
                 tasks.append(t)
     n = len(results)
-    fig, ax = plt.subplots(figsize=(max(8, 0.22 * len(tasks) * max(1, n) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(min(24, max(10, 0.15 * len(tasks) * n + 2)), 4.5))
     width = 0.8 / n
     for j, r in enumerate(results):
         pt = r.summary["per_task"]
@@ -111,6 +111,7 @@ def plot_per_k(results: list[EvalResult], path) -> None:
                 marker="o", label=r.model_name)
     ax.set_xlabel("k (solved examples in the prompt)")
     ax.set_ylabel("accuracy")
+    ax.set_ylim(bottom=0)
     ax.set_title("Accuracy vs. number of shots")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -139,7 +140,6 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _sections(results: list[EvalResult], with_tasks: bool):
-    s0 = results[0].summary
     yield "overall", [("all", [r.summary["overall"] for r in results])]
     keys = []
     for r in results:

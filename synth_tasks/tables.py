@@ -19,7 +19,7 @@ article), ``"juice"`` (mass noun: "Anthony has juice", "The juice is Anthony's")
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # --------------------------------------------------------------------------
 # People

@@ -259,6 +259,16 @@ def render(template: str, values: dict[str, str], bracket: bool) -> str:
     return _SLOT_RE.sub(sub, template)
 
 
+def line_matches(task_id: str, texts_or_text: str) -> bool:
+    """Whether every example of a line (raw ``texts`` or bracket-free text)
+    fits the template of its task; False for tasks not in the table."""
+    t = TASKS.get(task_id)
+    if t is None:
+        return False
+    examples = [e for e in texts_or_text.split("\n") if e.strip()]
+    return bool(examples) and all(t.match(e) for e in examples)
+
+
 def task_labels(task_id: str) -> tuple[str | None, str | None]:
     t = TASKS.get(task_id)
     return (t.pattern, t.transform) if t else (None, None)

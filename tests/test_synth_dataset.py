@@ -108,6 +108,14 @@ def test_every_published_task_is_in_the_table_and_matches_its_template(raw_recor
 
 
 @needs_published
+def test_line_matches(published):
+    from synth_tasks.tasks import line_matches
+    assert all(line_matches(l.task_id, l.text) for l in published)
+    assert not any(line_matches("task1", l.text) for l in published if l.task_id != "task1")
+    assert not line_matches("my_task", published[0].text)
+
+
+@needs_published
 def test_templates_tell_the_forms_apart(raw_records):
     """An example matches its own template; those of other tasks only when the
     two tasks differ just by vocabulary (objects vs tools)."""

@@ -304,8 +304,10 @@ def test_cli_bad_data(tmp_path, fake_loader, capsys):
     assert rc == 0
     err = capsys.readouterr().err
     assert "skipped 2 bad lines" in err and "data.jsonl:4: missing 'texts'" in err
+    assert "2 line(s) of table task ids do not fit" in err
     d = json.loads((tmp_path / "o" / "results.json").read_text())
     assert d["overall"]["n"] == 2 and d["skipped_lines"] == 2
+    assert d["template_mismatches"] == 2
 
 
 def test_cli_model_without_tokenizer(tmp_path, monkeypatch, subset_path, capsys):
@@ -317,3 +319,27 @@ def test_cli_model_without_tokenizer(tmp_path, monkeypatch, subset_path, capsys)
 
 def test_cli_default_data_is_the_published_file():
     assert Path(cli.default_data_path()).resolve() == PUBLISHED.resolve()
+
+
+def test_cli_on_a_generated_tiny_engine_model(tiny_factory, tmp_path, tokenizer, subset_path):
+    """`dcscope synth` end to end on a real (generated) checkpoint, checked
+    against the reference evaluator on the same model."""
+    dcscope = pytest.importorskip("dcscope")
+    d, _, _ = tiny_factory(vocab=50304, tokenizer=str(TOKENIZER))
+    out = tmp_path / "tiny"
+    rc = cli.main(["--model", d, "--data", str(subset_path), "--limit", "6", "--out", str(out),
+                   "--no-progress", "--no-plots", "--batch-tokens", "700"])
+    assert rc == 0
+    ref = reference_evaluate(dcscope.load(d), tokenizer, subset_path, 6)
+    with open(out / "answers.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(ref) == 36
+    for row, r in zip(rows, ref):
+        assert (row["task"], int(row["line"]), int(row["k"]), row["answer"]) == \
+            (r["task"], r["line"], r["k"], r["answer"])
+        assert float(row["nll"]) == pytest.approx(r["nll"], rel=1e-5)
+        assert bool(int(row["correct"])) == r["correct"]
+    got = json.loads((out / "results.json").read_text())["overall"]
+    acc, ppl, n = ref_stats(ref)
+    assert got["n"] == n and got["acc"] == pytest.approx(acc)
+    assert got["ppl"] == pytest.approx(ppl, rel=1e-5)

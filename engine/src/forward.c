@@ -15,9 +15,12 @@
  */
 #include "internal.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_BUFS 64
 
@@ -388,6 +391,74 @@ static void block(fw *f, int l, float *x) {
     fw_hook(f, DCS_HP_RESID_POST, l, x);
 }
 
+/* ---------------------------------------------------------------- limits */
+
+static const char *fmt_bytes(char *buf, size_t n, uint64_t bytes) {
+    static const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 6) { v /= 1024.0; u++; }
+    snprintf(buf, n, "%.4g %s", v, unit[u]);
+    return buf;
+}
+
+/* Total physical memory of this machine in bytes (0 if unknown). */
+static uint64_t phys_mem_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+/* Refuse, before anything is allocated, a pass that cannot fit: row counts
+ * the kernels take as int must fit an int, and on the CPU the attention
+ * map [B, N, T, T] (six of them while a layer's compose branches are
+ * hooked) plus the per-token activations must fit in physical memory (a
+ * larger calloc may succeed under overcommit and the process then dies
+ * when the pages are touched). The CUDA backend reports a failed
+ * cudaMalloc itself. B*T <= 2^24 was checked, so no product overflows. */
+static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks) {
+    const dcs_config *c = &m->cfg;
+    const uint64_t M = (uint64_t)B * (uint64_t)T, N = (uint64_t)c->n_head;
+    const uint64_t D = (uint64_t)c->d_model;
+    if (M * N > INT_MAX)
+        return dcs_seterr(&m->err, DCS_ERR_ARG,
+                          "forward: B*T*n_head = %llu rows is more than one pass takes (2^31 - 1; B=%d, T=%d)",
+                          (unsigned long long)(M * N), B, T);
+    int branches = 0, head_out = 0;
+    if (hooks && hooks->want && hooks->fn)
+        for (int l = 0; l < c->n_layer; l++) {
+            for (int p = DCS_HP_PRE_SKIP; p <= DCS_HP_POST_KG; p++)
+                if (p != DCS_HP_SCORES_COMPOSED && p != DCS_HP_PATTERN &&
+                    dcs_hook_exists(m, p) && hooks->want[dcs_hook_index(c->n_layer, p, l)])
+                    branches = c->query_wise ? 3 : 5;
+            if (hooks->want[dcs_hook_index(c->n_layer, DCS_HP_HEAD_OUT, l)]) head_out = 1;
+        }
+    /* M*T*N <= 2^24 * 2^24 * 2^12 = 2^60 floats: no overflow; totals in double */
+    const uint64_t map = M * (uint64_t)T * N;                       /* floats */
+    const uint64_t slots = (uint64_t)c->dyn_slots, K = (uint64_t)c->dyn_hidden;
+    const uint64_t RN = (uint64_t)c->dyn_rank * N;
+    const uint64_t per_token = 10 * D + (uint64_t)c->d_ff + (uint64_t)c->vocab +
+                               (c->use_dcmha ? 2 * slots * (K + 2 * RN + N) : 0) +
+                               (head_out ? N * D : 0);
+    const double total = 4.0 * ((double)map * (1 + branches) + (double)M * (double)per_token);
+    const uint64_t limit = m->device == DCS_DEVICE_CPU ? phys_mem_bytes() : 0;
+    const double cap = (double)((uint64_t)1 << 46);     /* fw_alloc's cap, any device */
+    if ((limit && total > (double)limit) || 4.0 * (double)map > cap) {
+        char b1[32], b2[32], b3[32];
+        uint64_t lim = limit && (double)limit < cap ? limit : (uint64_t)1 << 46;
+        uint64_t tot = total >= 1.8e19 ? UINT64_MAX : (uint64_t)total;
+        return dcs_seterr(&m->err, DCS_ERR_NOMEM,
+                          "forward: B=%d, T=%d needs %s for one attention map [B, %d heads, T, T]"
+                          " (%s in all for this pass%s), more than the %s %s; use a smaller batch"
+                          " or a shorter sequence",
+                          B, T, fmt_bytes(b1, sizeof b1, 4 * map), c->n_head,
+                          fmt_bytes(b2, sizeof b2, tot),
+                          branches ? ", with the hooked compose branches" : "",
+                          fmt_bytes(b3, sizeof b3, lim),
+                          lim == limit ? "of memory of this machine" : "one pass may allocate");
+    }
+    return DCS_OK;
+}
+
 dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float *logits,
                        const dcs_hooks *hooks) {
     if (!m) return DCS_ERR_ARG;
@@ -404,6 +475,8 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
             return dcs_seterr(&m->err, DCS_ERR_ARG,
                               "forward: token id %d at [%lld, %lld] is out of range [0, %d)", tokens[i],
                               (long long)(i / T), (long long)(i % T), c->vocab);
+    dcs_status st = check_size(m, B, T, hooks);
+    if (st) return st;
     fw f;
     memset(&f, 0, sizeof f);
     f.m = m;

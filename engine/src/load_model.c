@@ -488,6 +488,10 @@ int dcs_cuda_available(char *why, size_t whylen) {
 }
 
 static const dcs_named_weight *find_weight(dcs_model *m, const char *name) {
+    if (!name) {
+        dcs_seterr(&m->err, DCS_ERR_ARG, "weight name is NULL");
+        return NULL;
+    }
     for (int i = 0; i < m->n_weights; i++)
         if (strcmp(m->weights[i].name, name) == 0) return &m->weights[i];
     dcs_seterr(&m->err, DCS_ERR_ARG, "%s: no weight named '%s'", m->dir, name);
@@ -507,9 +511,9 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
     if (!w) return DCS_ERR_ARG;
     size_t n = 1;
     for (int i = 0; i < w->ndim; i++) n *= (size_t)w->shape[i];
-    if (n != n_floats)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%s' has %zu elements, buffer has %zu",
-                          name, n, n_floats);
+    if (n != n_floats || !out)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%s' has %zu elements, buffer has %zu%s",
+                          name, n, n_floats, out ? "" : " (NULL)");
     m->be->download(m->be, out, w->ptr, n * sizeof(float));
     return m->be->sync(m->be, &m->err);
 }
