@@ -1,6 +1,7 @@
 # dcscope: the two commands of the README.
 #   make demo   set up, then run the synthetic benchmark + heatmaps on generated models
-#   make test   set up, then run every test: C tests, C tests under ASan/UBSan, pytest
+#   make test   set up, then run every test: C tests, C tests under ASan/UBSan, pytest,
+#               and the engine's pytest files again against an ASan/UBSan build (asan-py)
 PY ?= python3
 ENGINE_SRCS := $(wildcard engine/src/*.c engine/src/*.h engine/src/cuda/*.cu engine/include/*.h)
 
@@ -17,6 +18,12 @@ test: deps
 	$(MAKE) -C engine asan
 	@if [ -n "$(NVCC)" ]; then $(MAKE) -C engine cuda-test NVCC=$(NVCC); else echo "no nvcc: CUDA backend not built"; fi
 	$(PY) -m pytest -q tests
+	$(MAKE) asan-py
+
+# pytest files that drive the engine, against an ASan+UBSan build of the cffi
+# extension in build/asan-py (the installed one is untouched)
+asan-py: deps
+	PY=$(PY) bash scripts/asan-py.sh
 
 demo: deps
 	bash scripts/demo.sh
@@ -24,4 +31,4 @@ demo: deps
 bench: deps
 	$(PY) scripts/bench.py
 
-.PHONY: deps test demo bench
+.PHONY: deps test asan-py demo bench

@@ -108,7 +108,7 @@ def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> 
     e = e + mlp
     ov = ov_circuit(model, layer, head)
     out = (ln(e, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B          # [D]
-    logits = out @ model.weight("output.weight").T.astype(np.float64)        # [V]
+    logits = model.weight("output.weight") @ out.astype(np.float32)          # [V]
     top = np.argsort(-logits)[:k]
     return [(int(t), float(logits[t])) for t in top]
 

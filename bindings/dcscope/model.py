@@ -132,6 +132,13 @@ def _dcs_py_hook(user, point, layer, data, shape, ndim):
         return -1
 
 
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
 def _validate(out, shape, name: str) -> np.ndarray:
     if not isinstance(out, np.ndarray):
         try:
@@ -196,14 +203,15 @@ class Model:
         return "blocks.%d.%s" % (layer, suffix) if lib.dcs_hook_point_is_layered(point) else suffix
 
     def _all_hook_names(self) -> List[str]:
-        names = []
-        for p in range(lib.DCS_HP_COUNT):
-            if not lib.dcs_hook_exists(self._m, p):
-                continue
-            if lib.dcs_hook_point_is_layered(p):
-                names += [self._hook_name(p, l) for l in range(self.config.n_layer)]
-            else:
-                names.append(self._hook_name(p, 0))
+        """Every hook this model has, in forward order: embed, then block by
+        block in the order of the pass, then ln_final and logits."""
+        points = [p for p in range(lib.DCS_HP_COUNT) if lib.dcs_hook_exists(self._m, p)]
+        layered = [p for p in points if lib.dcs_hook_point_is_layered(p)]
+        glob = [p for p in points if not lib.dcs_hook_point_is_layered(p)]
+        names = [self._hook_name(p, 0) for p in glob if p < layered[0]]
+        for l in range(self.config.n_layer):
+            names += [self._hook_name(p, l) for p in layered]
+        names += [self._hook_name(p, 0) for p in glob if p > layered[0]]
         return names
 
     @property
@@ -295,6 +303,9 @@ class Model:
             p, l = self.parse_hook(n)
             run.fns.setdefault((p, l), []).append((n, fn))
             want[p * L + l] = 1
+        if logits and B * T * self.config.vocab * 4 > _physical_memory():
+            raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
+                        % (B, T, self.config.vocab, B * T * self.config.vocab * 4 / 2**30))
         out = np.empty((B, T, self.config.vocab), dtype=np.float32) if logits else None
         hooks = ffi.NULL
         if want.any():
@@ -349,7 +360,13 @@ class Model:
     # ------------------------------------------------------------ weights
 
     def weight(self, name: str) -> np.ndarray:
-        """A weight by canonical (dcpythia) name, as float32 (see dcscope.h)."""
+        """A weight by canonical (dcpythia) name, as a read-only float32 array
+        (see dcscope.h). The last few weights read are kept, so per-head
+        circuit code can call this in a loop."""
+        cache = self.__dict__.setdefault("_weights", {})
+        if name in cache:
+            cache[name] = cache.pop(name)  # most recently used last
+            return cache[name]
         shape = ffi.new("int64_t[5]")
         nd = ffi.new("int *")
         _check(lib.dcs_weight_shape(self._m, name.encode(), shape, nd), self._errmsg())
@@ -357,6 +374,10 @@ class Model:
         out = np.empty(dims, dtype=np.float32)
         _check(lib.dcs_weight_read(self._m, name.encode(), ffi.cast("float *", ffi.from_buffer(out)), out.size),
                self._errmsg())
+        out.flags.writeable = False
+        cache[name] = out
+        while len(cache) > 6:
+            cache.pop(next(iter(cache)))
         return out
 
     # ------------------------------------------------------------ routing, circuits

@@ -1,9 +1,11 @@
 /*
- * fuzz_torchzip.c -- libFuzzer target for the PyTorch zip reader (zip + unpickler).
+ * fuzz_torchzip.c -- libFuzzer target for the PyTorch zip reader (zip parser and
+ * restricted unpickler).
  *
- * The input is a whole checkpoint file (a zip holding data.pkl and storages). Whatever the parser accepts must be sane: every
- * tensor lies inside the input, holds numel * dtype-size bytes, and can be
- * widened to float32 (which reads every byte, so ASan catches a bad extent).
+ * The input is a whole checkpoint file (a zip holding data.pkl and the
+ * storages). Whatever the parser accepts must be sane: every tensor lies
+ * inside the input, holds numel * dtype-size bytes, and can be widened to
+ * float32 (which reads every byte, so ASan catches a bad extent).
  * Build and run with engine/fuzz/run.sh.
  */
 #include "internal.h"

@@ -465,7 +465,9 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
     const dcs_config *c = &m->cfg;
     m->err.code = DCS_OK;
     m->err.msg[0] = 0;
-    if (!tokens || B <= 0 || T <= 0)
+    if (!tokens)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "forward: tokens is NULL");
+    if (B <= 0 || T <= 0)
         return dcs_seterr(&m->err, DCS_ERR_ARG, "forward: need B >= 1 and T >= 1 tokens (got B=%d, T=%d)", B, T);
     if ((int64_t)B * T > (1 << 24))
         return dcs_seterr(&m->err, DCS_ERR_ARG, "forward: B*T = %lld tokens is more than one pass takes (16M)",

@@ -77,6 +77,7 @@ int dcs_hook_exists(const dcs_model *m, int p) {
 }
 
 int dcs_hook_shape(const dcs_model *m, int p, int B, int T, int64_t sh[6]) {
+    if (p < 0 || p >= DCS_HP_COUNT) return 0;
     const dcs_config *c = &m->cfg;
     sh[0] = B;
     switch (POINTS[p].shape) {

@@ -31,7 +31,7 @@ static dcs_status get_int(cfg_reader *r, const char *key, int required, int def,
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be an integer", r->path, key);
     if (v->valuedouble < lo || v->valuedouble > hi)
-        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' = %.0f is out of range [%ld, %ld]",
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' = %.15g is out of range [%ld, %ld]",
                           r->path, key, v->valuedouble, lo, hi);
     *out = (int)v->valuedouble;
     return DCS_OK;

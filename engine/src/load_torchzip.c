@@ -63,6 +63,12 @@ static bool in_bounds(uint64_t off, uint64_t n, uint64_t len)
     return off <= len && n <= len - off;
 }
 
+/* How much of a (not NUL-terminated) name to print: "%.*s". */
+static int shown(size_t name_len)
+{
+    return name_len > 200 ? 200 : (int)name_len;
+}
+
 /* ================================================================ zip */
 
 #define ZIP_EOCD_SIG 0x06054b50u      /* end of central directory, 22 bytes */
@@ -191,7 +197,7 @@ static dcs_status read_zip64_extra(const zip_archive *z, const uint8_t *x, size_
     }
     if (need[0] || need[1] || need[2])
         return dcs_seterr(z->e, DCS_ERR_FORMAT, "%s: zip entry '%.*s' lacks the ZIP64 sizes or "
-                          "offset its header announces", z->path, (int)(en->name_len > 200 ? 200 : en->name_len), en->name);
+                          "offset its header announces", z->path, shown(en->name_len), en->name);
     return DCS_OK;
 }
 
@@ -239,8 +245,7 @@ static dcs_status read_central_dir(zip_archive *z, const zip_end *end)
     for (size_t i = 1; i < z->n; i++)
         if (cmp_entry(&z->ent[i - 1], &z->ent[i]) == 0)
             return dcs_seterr(z->e, DCS_ERR_FORMAT, "%s: zip entry '%.*s' appears twice",
-                              z->path, (int)(z->ent[i].name_len > 200 ? 200 : z->ent[i].name_len),
-                              z->ent[i].name);
+                              z->path, shown(z->ent[i].name_len), z->ent[i].name);
     return DCS_OK;
 }
 
@@ -269,7 +274,7 @@ static const zip_entry *zip_find(const zip_archive *z, const char *name, size_t 
 static dcs_status zip_entry_data(const zip_archive *z, const zip_entry *en,
                                  const uint8_t **data, uint64_t *size)
 {
-    int nl = (int)(en->name_len > 200 ? 200 : en->name_len);
+    int nl = shown(en->name_len);
     if (en->flags & 1u)
         return dcs_seterr(z->e, DCS_ERR_FORMAT, "%s: zip entry '%.*s' is encrypted", z->path,
                           nl, en->name);
@@ -552,8 +557,8 @@ static dcs_status push_mark(unpickler *u)
     return DCS_OK;
 }
 
-/* Pop everything above the innermost MARK: items [*first, *first + *n) of
- * u->stack stay readable until the next push. */
+/* Pop the MARK and everything above it: the *n popped values stay readable
+ * at *items (inside u->stack) until the next push. */
 static dcs_status pop_mark(unpickler *u, pv ***items, size_t *n)
 {
     if (u->n_marks == 0)
@@ -775,7 +780,7 @@ static dcs_status op_stack_global(unpickler *u)
 
 static bool is_str(const pv *v, const char *lit)
 {
-    return v->kind == PV_STR && v->u.str.len == strlen(lit) && memcmp(v->u.str.s, lit, v->u.str.len) == 0;
+    return v->kind == PV_STR && is_lit(v->u.str.s, v->u.str.len, lit);
 }
 
 /* BINPERSID: ('storage', torch.<T>Storage, key, location, numel) -> storage */

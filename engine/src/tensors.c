@@ -198,21 +198,22 @@ static uint32_t f32_to_bits(float f)
  * shifted up 13 bits. Inf/NaN (exponent 31) map to exponent 255, keeping the
  * NaN payload. Zero and subnormals are mantissa * 2^-24, which the float
  * arithmetic below computes exactly (both factors and the product are
- * representable). Written without a loop so compilers can vectorize it. */
+ * representable). The cases are selected with masks, not branches, so the
+ * loop in widen16 vectorizes. */
 static float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t em = h & 0x7fffu;                       /* exponent and mantissa */
-    uint32_t bits = (em << 13) + (112u << 23);
-    if (em >= 0x7c00u)                               /* inf, NaN */
-        bits += 112u << 23;
-    if (em < 0x0400u)                                /* zero, subnormal */
-        bits = f32_to_bits((float)em * 0x1p-24f);
+    uint32_t inf_nan = 0u - (uint32_t)(em >= 0x7c00u);   /* all ones when true */
+    uint32_t small = 0u - (uint32_t)(em < 0x0400u);      /* zero, subnormal */
+    uint32_t bits = (em << 13) + (112u << 23) + (inf_nan & (112u << 23));
+    uint32_t sub = f32_to_bits((float)em * 0x1p-24f);
+    bits = (bits & ~small) | (sub & small);
     return bits_to_f32(bits | sign);
 }
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "dcscope reads little-endian checkpoint data directly; big-endian hosts are not supported"
+#error "checkpoint data is read in place as little-endian; big-endian hosts are unsupported"
 #endif
 
 /* Widen n 16-bit values (F16 or BF16) at unaligned src. Works through a

@@ -320,6 +320,13 @@ static void pk_str(bytes *b, const char *s)        /* BINUNICODE */
     puts_(b, s);
 }
 
+static void pk_short_str(bytes *b, const char *s)  /* SHORT_BINUNICODE */
+{
+    put8(b, 0x8c);
+    put8(b, (unsigned)strlen(s));
+    puts_(b, s);
+}
+
 static void pk_int(bytes *b, long long v)
 {
     if (v >= 0 && v < 256) {
@@ -1070,21 +1077,21 @@ static void test_torchzip_valid(harness *h)
     put8(&p, 0x80); put8(&p, 4);
     put8(&p, 0x95); put64(&p, 0);
     put8(&p, '}'); put8(&p, 0x94);                         /* memo 0: the dict */
-    put8(&p, 0x8c); put8(&p, 11); puts_(&p, "norm.weight"); put8(&p, 0x94);
-    put8(&p, 0x8c); put8(&p, 12); puts_(&p, "torch._utils"); put8(&p, 0x94);
-    put8(&p, 0x8c); put8(&p, 18); puts_(&p, "_rebuild_parameter"); put8(&p, 0x94);
+    pk_short_str(&p, "norm.weight"); put8(&p, 0x94);
+    pk_short_str(&p, "torch._utils"); put8(&p, 0x94);
+    pk_short_str(&p, "_rebuild_parameter"); put8(&p, 0x94);
     put8(&p, 0x93); put8(&p, 0x94);                        /* _rebuild_parameter */
-    put8(&p, 0x8c); put8(&p, 12); puts_(&p, "torch._utils");
-    put8(&p, 0x8c); put8(&p, 18); puts_(&p, "_rebuild_tensor_v2");
+    pk_short_str(&p, "torch._utils");
+    pk_short_str(&p, "_rebuild_tensor_v2");
     put8(&p, 0x93);
     put8(&p, '(');                                         /* args of _rebuild_tensor_v2 */
     put8(&p, '(');
-    put8(&p, 0x8c); put8(&p, 7); puts_(&p, "storage");
-    put8(&p, 0x8c); put8(&p, 5); puts_(&p, "torch");
-    put8(&p, 0x8c); put8(&p, 12); puts_(&p, "FloatStorage");
+    pk_short_str(&p, "storage");
+    pk_short_str(&p, "torch");
+    pk_short_str(&p, "FloatStorage");
     put8(&p, 0x93);
-    put8(&p, 0x8c); put8(&p, 1); puts_(&p, "1");
-    put8(&p, 0x8c); put8(&p, 3); puts_(&p, "cpu");
+    pk_short_str(&p, "1");
+    pk_short_str(&p, "cpu");
     put8(&p, 0x8a); put8(&p, 1); put8(&p, 3);
     put8(&p, 't'); put8(&p, 'Q');
     put8(&p, 0x8a); put8(&p, 0);
@@ -1191,8 +1198,8 @@ static void test_torchzip_bad(harness *h)
     bytes_free(&p);
     /* STACK_GLOBAL route, and a storage-like name outside torch. */
     put8(&p, 0x80); put8(&p, 4);
-    put8(&p, 0x8c); put8(&p, 10); puts_(&p, "subprocess");
-    put8(&p, 0x8c); put8(&p, 5); puts_(&p, "Popen");
+    pk_short_str(&p, "subprocess");
+    pk_short_str(&p, "Popen");
     put8(&p, 0x93); put8(&p, '.');
     EXPECT_ERR(h, "stack global", load_pickle(h, "evil4.bin", &p, &tt, &e), DCS_ERR_FORMAT, &e,
                "evil4.bin", "'subprocess.Popen'");
@@ -1299,6 +1306,24 @@ static void test_torchzip_bad(harness *h)
         dcs_tt_free(&tt);
         bytes_free(&q);
     }
+
+    /* Limits: stack depth and MARK nesting. */
+    bytes deep = {0};
+    put8(&deep, 0x80); put8(&deep, 2);
+    for (int i = 0; i < (1 << 20) + 1; i++)
+        put8(&deep, 'N');
+    put8(&deep, '.');
+    EXPECT_ERR(h, "stack limit", load_pickle(h, "deep.bin", &deep, &tt, &e), DCS_ERR_NOMEM, &e,
+               "deep.bin", "stack deeper than");
+    bytes_free(&deep);
+    put8(&deep, 0x80); put8(&deep, 2);
+    for (int i = 0; i < (1 << 16) + 1; i++)
+        put8(&deep, '(');
+    put8(&deep, '.');
+    EXPECT_ERR(h, "MARK limit", load_pickle(h, "marks.bin", &deep, &tt, &e), DCS_ERR_NOMEM, &e,
+               "marks.bin", "nested MARKs");
+    bytes_free(&deep);
+    dcs_tt_free(&tt);
 
     /* Broken archives. */
     pk_state_dict(&p, kSpecs, 5, false);

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Python tests against an AddressSanitizer + UBSan build of the engine
+# (`make asan-py`, part of `make test`): the test files that drive the
+# engine (ASAN_PY_TESTS overrides the list; extra arguments go to pytest).
+#
+# The sanitized cffi extension is built into build/asan-py/ (the editable
+# install and its extension are left alone), next to a copy of the dcscope
+# package, and that copy shadows the installed one through PYTHONPATH.
+# Python itself is not instrumented, so libasan is preloaded (it must be the
+# first library loaded), with libstdc++ (else ASan's __cxa_throw interceptor
+# aborts the first C++ exception of a C++ extension such as matplotlib's),
+# and leak detection is off: CPython keeps memory until exit by design. Any
+# ASan report or UBSan finding aborts the process, and with it pytest, with a
+# nonzero status. A deliberate overflow first checks that ASan is live.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-${PYTHON:-python3}}
+CC=${CC:-gcc}
+OUT=build/asan-py
+TESTS=${ASAN_PY_TESTS:-tests/test_parity.py tests/test_hooks.py tests/test_errors.py tests/test_circuits.py tests/test_heatmap.py tests/test_synth_eval.py}
+
+libasan=$("$CC" -print-file-name=libasan.so)
+if [ ! -e "$libasan" ]; then
+    echo "asan-py: libasan.so not found ('$CC -print-file-name=libasan.so' gave '$libasan'); install gcc's libasan" >&2
+    exit 1
+fi
+
+mkdir -p "$OUT"
+echo "asan-py: building the engine with -fsanitize=address,undefined into $OUT"
+if ! DCSCOPE_SANITIZE=1 DCSCOPE_BUILD_DIR="$OUT/obj" "$PY" bindings/build_engine.py >"$OUT/build.log" 2>&1; then
+    tail -n 40 "$OUT/build.log" >&2
+    echo "asan-py: build failed (log: $OUT/build.log)" >&2
+    exit 1
+fi
+rm -rf "$OUT/site"
+mkdir -p "$OUT/site"
+cp -R bindings/dcscope "$OUT/site/dcscope"
+find "$OUT/site" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
+cp "$OUT"/obj/dcscope/_engine*.so "$OUT/site/dcscope/"
+
+export PYTHONPATH="$PWD/$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
+preload=$libasan
+libstdcxx=$("$CC" -print-file-name=libstdc++.so.6)
+[ -e "$libstdcxx" ] && preload="$preload:$libstdcxx"
+export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
+export ASAN_OPTIONS="detect_leaks=0:print_summary=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+
+# the sanitized extension must be the one imported
+"$PY" -c "import dcscope._engine as e, sys; f = e.__file__; sys.exit(0 if '/$OUT/site/' in f else 'asan-py: imported ' + f + ', not the sanitized build')"
+# and instrumented: a 3-byte write at the last byte of a malloc'd buffer
+canary=$("$PY" - 2>&1 <<'EOF' || true
+import numpy as np
+from dcscope._engine import ffi, lib
+a = np.empty(4096, np.uint8)                 # > numpy's small-block cache: malloc
+lib.dcs_colormap_rgb(0, 0.5, 0.0, 1.0, ffi.cast("uint8_t *", ffi.from_buffer(a)) + 4095)
+print("asan-py: the overflow went unnoticed")
+EOF
+)
+case "$canary" in
+*"AddressSanitizer: heap-buffer-overflow"*) echo "asan-py: ASan is live (canary overflow caught)" ;;
+*) printf '%s\n' "$canary" | tail -n 20 >&2; echo "asan-py: ASan is not active in the sanitized build" >&2; exit 1 ;;
+esac
+
+# shellcheck disable=SC2086
+exec "$PY" -m pytest -q -p no:cacheprovider $TESTS "$@"
