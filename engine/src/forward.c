@@ -30,7 +30,7 @@ typedef struct {
     dcs_backend *be;
     const dcs_hooks *hooks;
     int B, T, M;
-    void *bufs[MAX_BUFS];   /* everything allocated by this pass */
+    struct { void *p; size_t bytes; } bufs[MAX_BUFS];  /* in use by this pass */
     int n_bufs;
     float *host;            /* staging for hooks on a non-host backend */
     size_t host_cap;
@@ -54,25 +54,55 @@ static float *fw_alloc(fw *f, int64_t n1, int64_t n2, int64_t n3) {
         f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM, "forward: too many buffers");
         return NULL;
     }
-    float *p = f->be->alloc(f->be, (size_t)bytes);
+    /* A buffer of this size from the model's pool, else a new one. Every
+     * activation is fully written before it is read, so reuse needs no
+     * clearing. */
+    dcs_model *m = f->m;
+    float *p = NULL;
+    for (int i = m->n_pool - 1; i >= 0; i--)
+        if (m->pool[i].bytes == bytes) {
+            p = m->pool[i].p;
+            m->pool[i] = m->pool[--m->n_pool];
+            break;
+        }
+    if (!p) p = f->be->alloc(f->be, (size_t)bytes);
     if (!p) {
         f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM,
                                "forward: out of memory allocating %llu bytes (B=%d, T=%d)",
                                (unsigned long long)bytes, f->B, f->T);
         return NULL;
     }
-    f->bufs[f->n_bufs++] = p;
+    f->bufs[f->n_bufs].p = p;
+    f->bufs[f->n_bufs].bytes = (size_t)bytes;
+    f->n_bufs++;
     return p;
+}
+
+/* Give a buffer back to the model's pool (or free it when the pool is full). */
+static void pool_put(dcs_model *m, void *p, size_t bytes) {
+    if (m->n_pool < DCS_POOL_SIZE) {
+        m->pool[m->n_pool].p = p;
+        m->pool[m->n_pool].bytes = bytes;
+        m->n_pool++;
+    } else {
+        m->be->free(m->be, p);
+    }
 }
 
 static void fw_release(fw *f, float *p) {
     if (!p) return;
     for (int i = 0; i < f->n_bufs; i++)
-        if (f->bufs[i] == p) {
-            f->be->free(f->be, p);
+        if (f->bufs[i].p == p) {
+            pool_put(f->m, p, f->bufs[i].bytes);
             f->bufs[i] = f->bufs[--f->n_bufs];
             return;
         }
+}
+
+/* Free the pooled buffers (dcs_free, or after a failed pass). */
+void dcs_pool_clear(dcs_model *m) {
+    for (int i = 0; i < m->n_pool; i++) m->be->free(m->be, m->pool[i].p);
+    m->n_pool = 0;
 }
 
 /* ---------------------------------------------------------------- hooks */
@@ -500,13 +530,16 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
     }
     if (!f.status && (logits || wants(&f, DCS_HP_LN_FINAL, 0) || wants(&f, DCS_HP_LOGITS, 0))) {
         float *hn = fw_alloc(&f, M, D, 1);
-        float *lg = fw_alloc(&f, M, V, 1);
+        /* on the host, logits go straight into the caller's buffer */
+        int direct = logits && m->device == DCS_DEVICE_CPU;
+        float *lg = direct ? logits : fw_alloc(&f, M, V, 1);
         if (!f.status) {
             f.be->layernorm(f.be, hn, x, m->norm_w, m->norm_b, M, D, c->norm_eps);
             fw_hook(&f, DCS_HP_LN_FINAL, 0, hn);
             linear(&f, lg, hn, m->out_w, NULL, M, V, D);
             fw_hook(&f, DCS_HP_LOGITS, 0, lg);
-            if (!f.status && logits) f.be->download(f.be, logits, lg, sizeof(float) * (size_t)M * V);
+            if (!f.status && logits && !direct)
+                f.be->download(f.be, logits, lg, sizeof(float) * (size_t)M * V);
         }
     }
     if (!f.status) {
@@ -515,7 +548,8 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
         dcs_err ignored; /* drain a backend error behind the one reported */
         f.be->sync(f.be, &ignored);
     }
-    for (int i = 0; i < f.n_bufs; i++) f.be->free(f.be, f.bufs[i]);
+    for (int i = 0; i < f.n_bufs; i++) pool_put(m, f.bufs[i].p, f.bufs[i].bytes);
+    if (f.status) dcs_pool_clear(m); /* after a failure, give memory back */
     free(f.host);
     return f.status;
 }

@@ -32,6 +32,7 @@ dcs_status dcs_seterr(dcs_err *e, dcs_status code, const char *fmt, ...)
 #define DCS_MAX_PICKLE_BYTES (256u << 20)   /* data.pkl                     */
 #define DCS_MAX_TENSORS 1000000
 #define DCS_MAX_R 8                          /* dynamic rank                 */
+#define DCS_POOL_SIZE 48                     /* reusable activation buffers  */
 
 /* Checked size arithmetic: returns false on overflow. */
 static inline bool dcs_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
@@ -258,6 +259,13 @@ struct dcs_model {
     int n_weights, cap_weights;
     dcs_tensor_table tt;                /* kept open: weights may alias it  */
     dcs_err err;
+    /* Activation buffers kept between passes (and between layers of one
+     * pass) for reuse by size: no allocator or page-fault cost per layer. */
+    struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
+    int n_pool;
 };
+
+/* Free the model's pooled activation buffers (forward.c). */
+void dcs_pool_clear(dcs_model *m);
 
 #endif /* DCS_INTERNAL_H */

@@ -460,6 +460,7 @@ done:
 void dcs_free(dcs_model *m) {
     if (!m) return;
     if (m->be) {
+        dcs_pool_clear(m);
         for (int i = 0; i < m->n_weights; i++)
             if (m->weights[i].owned) m->be->free(m->be, m->weights[i].ptr);
         m->be->destroy(m->be);
