@@ -30,7 +30,7 @@ def _decode(png):
     return np.asarray(img.convert("RGB"))
 
 
-def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True):
+def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True, window=0):
     img = _decode(png)
     P, T, S = maps.shape
     for p in range(P):
@@ -38,7 +38,7 @@ def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True):
             for s in range(S):
                 x, y, c = png.cell_box(p, t, s)
                 px = tuple(int(v) for v in img[y + c // 2, x + c // 2])
-                if mask_upper and s > t:
+                if mask_upper and (s > t or (window > 0 and t - s > window)):
                     assert px in MASK, (p, t, s, px)
                 else:
                     assert px == hm.colormap_rgb(maps[p, t, s], vmin, vmax, diverging), (p, t, s)
@@ -64,7 +64,7 @@ def test_attention_heatmap_all_heads_and_branches(tok_model):
     toks = model.to_tokens(text)
     png = hm.attention_heatmap(model, text, layer=0, hook="pattern", vmin=0.0, vmax=1.0)
     _, cache = model.run_with_cache(toks)
-    _check_cells(png, cache["blocks.0.attn.pattern"], 0.0, 1.0, False)
+    _check_cells(png, cache["blocks.0.attn.pattern"], 0.0, 1.0, False, window=model.config.window_size)
 
     png = hm.attention_heatmap(model, text, layer=1, head=2, hook="branches", phase="post")
     maps = np.stack([cache["blocks.1.attn.post.%s" % b][2] for b in hm.BRANCHES]
@@ -77,6 +77,25 @@ def test_attention_heatmap_all_heads_and_branches(tok_model):
     png = hm.attention_heatmap(model, text, layer="all", head=1, hook="pattern_composed", vmin=-1.0, vmax=1.0)
     maps = np.stack([cache["blocks.%d.attn.pattern_composed" % l][1] for l in range(2)])
     _check_cells(png, maps, -1.0, 1.0, True)
+
+
+def test_local_layer_window_is_masked(tok_model):
+    model = dcscope.load(tok_model)
+    assert 0 in model.config.local_layers
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    toks = model.to_tokens(text)
+    w = model.config.window_size
+    assert len(toks) > w + 2
+    png = hm.attention_heatmap(model, text, layer=0, vmin=0.0, vmax=1.0)
+    _, cache = model.run_with_cache(toks, names=["blocks.0.attn.pattern"])
+    pat = cache["blocks.0.attn.pattern"]
+    T = len(toks)
+    outside = np.array([[t - s > w for s in range(T)] for t in range(T)])
+    assert np.all(pat[:, outside] == 0)          # the engine's local mask
+    _check_cells(png, pat, 0.0, 1.0, False, window=w)
+    png1 = hm.attention_heatmap(model, text, layer=1, vmin=0.0, vmax=1.0)   # global layer: no window mask
+    _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
+    _check_cells(png1, cache["blocks.1.attn.pattern"], 0.0, 1.0, False)
 
 
 def test_repr_png_and_save(tok_model, tmp_path):

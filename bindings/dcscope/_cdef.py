@@ -51,7 +51,7 @@ typedef struct { const float *data; int rows, cols; const char *title; } dcs_pan
 typedef struct {
     const dcs_panel *panels; int n_panels; int grid_cols; int colormap; int auto_range;
     float vmin, vmax; const char *const *row_labels; const char *const *col_labels;
-    int mask_upper; int cell_px; const char *title;
+    int mask_upper; int mask_window; int cell_px; const char *title;
 } dcs_heatmap_spec;
 dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
                            size_t *png_len, char *err, size_t errlen);

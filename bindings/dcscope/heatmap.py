@@ -54,7 +54,8 @@ def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False
     return rgb[0], rgb[1], rgb[2]
 
 
-def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px):
+def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
+          mask_window=0):
     """The dcs_heatmap_spec of a call, and the cffi objects it points into."""
     a = np.asarray(maps, dtype=np.float32)
     if a.ndim == 2:
@@ -100,6 +101,7 @@ def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, 
     spec.row_labels = cstrs(tokens, T, "row")
     spec.col_labels = cstrs(key_tokens if key_tokens is not None else (tokens if S == T else None), S, "column")
     spec.mask_upper = 1 if mask_upper else 0
+    spec.mask_window = int(mask_window or 0)
     spec.cell_px = cell_px
     if title is not None:
         spec.title = cstr(title)
@@ -126,12 +128,16 @@ class Heatmap(PNG):
 def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optional[Sequence[str]] = None,
             titles: Optional[Sequence[str]] = None, title: Optional[str] = None,
             diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
-            vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0) -> Heatmap:
+            vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0,
+            mask_window: int = 0) -> Heatmap:
     """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
 
     tokens label the rows (queries) and, unless key_tokens is given, the
-    columns. vmin/vmax fix the colour range (default: from the data)."""
-    args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px)
+    columns. vmin/vmax fix the colour range (default: from the data).
+    mask_upper hatches the causal upper triangle; mask_window > 0 also
+    hatches cells with t - s > mask_window (a local-attention layer)."""
+    args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
+            mask_window)
     spec, _keep = _spec(*args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
@@ -168,6 +174,8 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     if tokens.ndim != 1 or tokens.size == 0:
         raise Error("heatmap: need a non-empty 1-D token sequence")
     c = model.config
+    if layer != "all" and layer in c.local_layers:
+        kw.setdefault("mask_window", c.window_size)
     if head is not None and not 0 <= head < c.n_head:
         raise Error("heatmap: head %d is out of range (model has %d heads)" % (head, c.n_head))
     if layer != "all" and not (isinstance(layer, (int, np.integer)) and 0 <= layer < c.n_layer):

@@ -227,6 +227,8 @@ typedef struct {
     const char *const *row_labels; /* rows strings (query tokens) or NULL   */
     const char *const *col_labels; /* cols strings (key tokens) or NULL     */
     int mask_upper;              /* 1: draw s > t cells as masked (causal)   */
+    int mask_window;             /* > 0 (with mask_upper): also mask cells
+                                    with t - s > mask_window (local layers) */
     int cell_px;                 /* pixels per cell, <= 0: chosen from size  */
     const char *title;           /* figure title or NULL                     */
 } dcs_heatmap_spec;

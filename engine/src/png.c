@@ -139,6 +139,12 @@ static int64_t text_px(int n, int s) {
 
 /* ---------------------------------------------------------------- range */
 
+/* First unmasked column of row t (local-window mask), 0 without one. */
+static int first_visible(const dcs_heatmap_spec *sp, int t) {
+    if (!sp->mask_upper || sp->mask_window <= 0 || t - sp->mask_window <= 0) return 0;
+    return t - sp->mask_window;
+}
+
 static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signed_abs,
                        double *lo, double *hi, int *found) {
     double mn = INFINITY, mx = -INFINITY;
@@ -149,7 +155,7 @@ static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signe
             int ns = cols;
             if (sp->mask_upper && t + 1 < ns) ns = t + 1;
             const float *row = d + (size_t)t * (size_t)cols;
-            for (int s = 0; s < ns; s++) {
+            for (int s = first_visible(sp, t); s < ns; s++) {
                 float v = row[s];
                 if (!isfinite(v)) continue;
                 double x = signed_abs ? fabs((double)v) : (double)v;
@@ -475,6 +481,17 @@ static void draw_frame(canvas *cv, int x, int y, int w, int h, const uint8_t rgb
     fill_rect(cv, x + w, y, 1, h, rgb);
 }
 
+/* Masked pixels [x0, x1) of picture row y: light grey with a diagonal hatch. */
+static void hatch_span(canvas *cv, int y, int x0, int x1) {
+    uint8_t *q = cv->px + ((size_t)y * (size_t)cv->w + (size_t)x0) * 3;
+    for (int x = x0; x < x1; x++, q += 3) {
+        const uint8_t *m = (x + y) % DCS_PNG_HATCH_PERIOD == 0 ? HATCH : MASK;
+        q[0] = m[0];
+        q[1] = m[1];
+        q[2] = m[2];
+    }
+}
+
 /* Cells of one panel (the picture is known to contain them). */
 static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
                        const float *data, int px, int py, uint8_t *line,
@@ -485,7 +502,9 @@ static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_sp
         const float *row = data + (size_t)t * (size_t)cols;
         int first_masked = sp->mask_upper ? t + 1 : cols;
         if (first_masked > cols) first_masked = cols;
-        for (int s = 0; s < first_masked; s++) {
+        int first = first_visible(sp, t);
+        if (first > first_masked) first = first_masked;
+        for (int s = first; s < first_masked; s++) {
             int level = dcs_colormap_level(sp->colormap, row[s], L->vmin, L->vmax);
             const uint8_t *rgb = lut + 3 * (size_t)(level + 1); /* entry 0: NaN */
             uint8_t *q = line + (size_t)s * (size_t)c * 3;
@@ -499,14 +518,8 @@ static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_sp
             int y = py + t * c + dy;
             uint8_t *dst = cv->px + ((size_t)y * (size_t)cv->w + (size_t)px) * 3;
             memcpy(dst, line, line_bytes);
-            int xm = px + first_masked * c, xe = px + L->panel_w;
-            uint8_t *q = cv->px + ((size_t)y * (size_t)cv->w + (size_t)xm) * 3;
-            for (int x = xm; x < xe; x++, q += 3) {
-                const uint8_t *m = (x + y) % DCS_PNG_HATCH_PERIOD == 0 ? HATCH : MASK;
-                q[0] = m[0];
-                q[1] = m[1];
-                q[2] = m[2];
-            }
+            hatch_span(cv, y, px, px + first * c);                       /* outside the window */
+            hatch_span(cv, y, px + first_masked * c, px + L->panel_w);   /* causal */
         }
     }
 }
