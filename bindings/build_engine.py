@@ -75,7 +75,7 @@ ffibuilder.set_source(
     '#include "dcscope.h"\n',
     sources=sorted(src_path(p) for p in glob.glob(os.path.join(ENGINE, "src", "*.c"))),
     include_dirs=[src_path(os.path.join(ENGINE, "include")), src_path(os.path.join(ENGINE, "src"))] + blas_inc,
-    libraries=["openblas", "png", "z", "cjson", "m"] + cuda_libs,
+    libraries=["openblas", "png", "z", "cjson", "m", "pthread"] + cuda_libs,
     library_dirs=blas_dirs + cuda_dirs,
     runtime_library_dirs=blas_dirs + cuda_dirs,
     extra_objects=[src_path(o) for o in objs],

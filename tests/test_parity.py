@@ -74,3 +74,14 @@ def test_config_fields(tiny_factory):
     assert c.local_layers == (0, 2, 3)
     assert c.head_dim == c.d_model // c.n_head and c.dyn_rank == 2
     assert c["vocab"] == c.vocab
+
+
+def test_long_batch_uses_threaded_kernels(tiny_factory):
+    """Big enough (B*T rows x T keys) that compose, softmax and GELU split
+    their rows over the cores in the CPU backend."""
+    d, sd, cfg = tiny_factory(model_type="dcpythia", window_size=16, seed=12, intermediate=2048)
+    model = dcscope.load(d)
+    toks = np.random.default_rng(5).integers(0, model.config.vocab, size=(2, 300))
+    got = model.forward(toks)
+    for b in range(2):
+        assert rel_err(got[b], ref_forward(sd, cfg, toks[b])) <= TOL

@@ -8,14 +8,57 @@
 #include "dcs_math.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
-    int n_threads;
+    int n_threads;      /* for the element-wise kernels (GEMM: OpenBLAS's own) */
     dcs_status status;  /* first failure (allocation) */
     char msg[256];
 } cpu_ctx;
+
+/* ------------------------------------------------------------ parallel for
+ * The element-wise kernels split their rows over the cores: items [0, n)
+ * in contiguous chunks, chunk i on thread i (chunk 0 on the caller). Work
+ * below PAR_MIN (items x cost) runs on the caller alone: a thread start
+ * costs tens of microseconds. */
+#define PAR_MAX_THREADS 64
+#define PAR_MIN (1 << 20)
+
+typedef void (*par_fn)(void *arg, long long begin, long long end);
+typedef struct { par_fn fn; void *arg; long long begin, end; } par_chunk;
+
+static void *par_run(void *p) {
+    par_chunk *c = p;
+    c->fn(c->arg, c->begin, c->end);
+    return NULL;
+}
+
+/* `cost` is the rough work per item (for the PAR_MIN threshold). */
+static void parallel_for(const dcs_backend *be, par_fn fn, void *arg, long long n, long long cost) {
+    const cpu_ctx *c = be->ctx;
+    int nt = c->n_threads;
+    if (nt > PAR_MAX_THREADS) nt = PAR_MAX_THREADS;
+    if (nt > n) nt = (int)n;
+    if (nt <= 1 || n * cost < PAR_MIN) {
+        fn(arg, 0, n);
+        return;
+    }
+    par_chunk ch[PAR_MAX_THREADS];
+    pthread_t th[PAR_MAX_THREADS];
+    int started[PAR_MAX_THREADS] = {0};
+    for (int i = 0; i < nt; i++) {
+        ch[i] = (par_chunk){fn, arg, n * i / nt, n * (i + 1) / nt};
+        if (i > 0) started[i] = pthread_create(&th[i], NULL, par_run, &ch[i]) == 0;
+    }
+    par_run(&ch[0]);
+    for (int i = 1; i < nt; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else par_run(&ch[i]); /* no thread: do the chunk here */
+    }
+}
 
 static void *cpu_alloc(dcs_backend *be, size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
@@ -79,9 +122,12 @@ static void cpu_add3(dcs_backend *be, float *y, const float *a, const float *b,
     (void)be;
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i] + c[i];
 }
+static void gelu_range(void *x, long long b, long long e) {
+    float *v = x;
+    for (long long i = b; i < e; i++) v[i] = dcs_gelu(v[i]);
+}
 static void cpu_gelu(dcs_backend *be, float *x, size_t n) {
-    (void)be;
-    for (size_t i = 0; i < n; i++) x[i] = dcs_gelu(x[i]);
+    parallel_for(be, gelu_range, x, (long long)n, 8);
 }
 static void cpu_tanh(dcs_backend *be, float *x, size_t n) {
     (void)be;
@@ -149,58 +195,70 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
         memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, sizeof(float) * cols);
 }
 
-/* Compose over [B, N, T, S]: each (b, t, s) pair through dcs_compose_pair. */
-static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
-    (void)be;
+/* Compose over [B, N, T, S]: each (b, t, s) pair through dcs_compose_pair;
+ * the (b, t) rows are split over the cores. */
+static void compose_rows(void *arg, long long begin, long long end) {
+    const dcs_compose_args *a = arg;
     const int N = a->N, T = a->T, S = a->S, R = a->R;
     const long long TS = (long long)T * S;
-    for (int b = 0; b < a->B; b++) {
-        long long base = (long long)b * N * TS;
-        for (int t = 0; t < T; t++) {
-            const float *qw1 = a->qw1 + ((size_t)b * T + t) * R * N;
-            const float *qw2 = a->qw2 + ((size_t)b * T + t) * R * N;
-            const float *qdd = a->qdd + ((size_t)b * T + t) * N;
-            for (int s = 0; s < S; s++) {
-                long long o = base + (long long)t * S + s;
-                if (a->causal_only && !dcs_allowed(t, s, a->window)) {
-                    for (int n = 0; n < N; n++) {
-                        long long on = o + n * TS;
-                        a->out[on] = 0.0f;
-                        for (int k = 0; k < 5; k++)
-                            if (a->br[k]) a->br[k][on] = 0.0f;
-                    }
-                    continue;
+    for (long long bt = begin; bt < end; bt++) {
+        const int b = (int)(bt / T), t = (int)(bt % T);
+        const long long base = (long long)b * N * TS;
+        const float *qw1 = a->qw1 + ((size_t)b * T + t) * R * N;
+        const float *qw2 = a->qw2 + ((size_t)b * T + t) * R * N;
+        const float *qdd = a->qdd + ((size_t)b * T + t) * N;
+        for (int s = 0; s < S; s++) {
+            long long o = base + (long long)t * S + s;
+            if (a->causal_only && !dcs_allowed(t, s, a->window)) {
+                for (int n = 0; n < N; n++) {
+                    long long on = o + n * TS;
+                    a->out[on] = 0.0f;
+                    for (int k = 0; k < 5; k++)
+                        if (a->br[k]) a->br[k][on] = 0.0f;
                 }
-                const float *kw1 = a->kw1 ? a->kw1 + ((size_t)b * S + s) * R * N : NULL;
-                const float *kw2 = a->kw2 ? a->kw2 + ((size_t)b * S + s) * R * N : NULL;
-                const float *kdd = a->kdd ? a->kdd + ((size_t)b * S + s) * N : NULL;
-                dcs_compose_pair(a->in + o, a->out + o, TS, N, R, qw1, qw2, kw1, kw2, qdd, kdd,
-                                 a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
-                                 a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
-                                 a->br[4] ? a->br[4] + o : NULL);
+                continue;
             }
+            const float *kw1 = a->kw1 ? a->kw1 + ((size_t)b * S + s) * R * N : NULL;
+            const float *kw2 = a->kw2 ? a->kw2 + ((size_t)b * S + s) * R * N : NULL;
+            const float *kdd = a->kdd ? a->kdd + ((size_t)b * S + s) * N : NULL;
+            dcs_compose_pair(a->in + o, a->out + o, TS, N, R, qw1, qw2, kw1, kw2, qdd, kdd,
+                             a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
+                             a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
+                             a->br[4] ? a->br[4] + o : NULL);
         }
     }
 }
 
-/* x [BN, T, S]: masked softmax over s. */
-static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
-    (void)be;
-    for (int bn = 0; bn < BN; bn++)
-        for (int t = 0; t < T; t++) {
-            float *row = x + ((size_t)bn * T + t) * S;
-            float mx = -INFINITY;
-            for (int s = 0; s < S; s++)
-                if (dcs_allowed(t, s, window) && row[s] > mx) mx = row[s];
-            float sum = 0.0f;
-            for (int s = 0; s < S; s++) {
-                float e = dcs_allowed(t, s, window) ? expf(row[s] - mx) : 0.0f;
-                row[s] = e;
-                sum += e;
-            }
-            float inv = 1.0f / sum;
-            for (int s = 0; s < S; s++) row[s] *= inv;
+static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
+    parallel_for(be, compose_rows, (void *)a, (long long)a->B * a->T, (long long)a->S * a->N * 8);
+}
+
+/* x [BN, T, S]: masked softmax over s, rows split over the cores. */
+typedef struct { float *x; int T, S, window; } softmax_args;
+
+static void softmax_rows(void *arg, long long begin, long long end) {
+    const softmax_args *a = arg;
+    const int T = a->T, S = a->S, window = a->window;
+    for (long long r = begin; r < end; r++) {
+        const int t = (int)(r % T);
+        float *row = a->x + (size_t)r * S;
+        float mx = -INFINITY;
+        for (int s = 0; s < S; s++)
+            if (dcs_allowed(t, s, window) && row[s] > mx) mx = row[s];
+        float sum = 0.0f;
+        for (int s = 0; s < S; s++) {
+            float e = dcs_allowed(t, s, window) ? expf(row[s] - mx) : 0.0f;
+            row[s] = e;
+            sum += e;
         }
+        float inv = 1.0f / sum;
+        for (int s = 0; s < S; s++) row[s] *= inv;
+    }
+}
+
+static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
+    softmax_args a = {x, T, S, window};
+    parallel_for(be, softmax_rows, &a, (long long)BN * T, (long long)S * 4);
 }
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
@@ -212,7 +270,8 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
         dcs_seterr(e, DCS_ERR_NOMEM, "out of memory creating the cpu backend");
         return NULL;
     }
-    c->n_threads = n_threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    c->n_threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
 #ifdef OPENBLAS_VERSION
     if (n_threads > 0) openblas_set_num_threads(n_threads);
 #endif
