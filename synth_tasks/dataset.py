@@ -169,6 +169,8 @@ def load_dataset(path, skip_bad: bool = False, limit: int | None = None) -> Data
                     obj = json.loads(s)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"not JSON ({e})") from None
+                except RecursionError:         # json's decoder recurses per nesting level
+                    raise ValueError("not JSON the loader can read (nested too deeply)") from None
                 ds.lines.append(parse_record(obj, lineno, source))
             except ValueError as e:
                 msg = f"{source}:{lineno}: {e}"

@@ -241,3 +241,12 @@ def test_not_utf8(tmp_path):
     p.write_bytes(json.dumps(GOOD).encode() + b"\n" + b'{"task_id": "\xff"}\n')
     with pytest.raises(DatasetError, match=r"data\.jsonl:2: not UTF-8"):
         load_dataset(p)
+
+
+def test_deeply_nested_json_is_a_dataset_error(tmp_path):
+    """Found by fuzzing: json.loads raised RecursionError past the loader."""
+    import synth_tasks
+    p = tmp_path / "deep.jsonl"
+    p.write_text("[" * 100000 + "\n")
+    with pytest.raises(synth_tasks.DatasetError, match="deep.jsonl:1"):
+        synth_tasks.load_dataset(str(p))

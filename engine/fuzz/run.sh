@@ -1,12 +1,25 @@
 #!/bin/sh
-# Build the loader fuzzers with libFuzzer + ASan + UBSan and run each one.
+# Build the input-parser fuzzers and run each one for a while.
 #
 #   engine/fuzz/run.sh [SECONDS]        (default 30 seconds per target)
 #
-# Needs clang (14 or later) with its runtime (libclang-rt-*-dev) and cJSON.
-# Seeds: engine/fuzz/corpus/<target>/ (made by make_corpus.py if missing);
-# new inputs go to engine/build/fuzz/corpus_<target>/, crashes to
-# engine/build/fuzz/crash-* (the command to reproduce one is printed).
+# Targets (docs/fuzzing.md has the long campaigns, parallel jobs, crashes):
+#   fuzz_safetensors  safetensors header + tensor table      (libFuzzer, C)
+#   fuzz_torchzip     torch zip reader + restricted unpickler (libFuzzer, C)
+#   fuzz_config       config.json handling (dcs_parse_config) (libFuzzer, C)
+#   fuzz_index        *.index.json weight_map (dcs_parse_index_json)
+#   fuzz_jsonl        synth_tasks JSONL loader                (atheris, Python)
+# The C targets are built with clang -fsanitize=fuzzer,address,undefined.
+# Needs clang (14 or later) with its runtime, cJSON, and for fuzz_jsonl the
+# atheris module (pip install atheris; skipped, and said so, without it).
+#
+# Seeds: engine/fuzz/corpus/<name>/ (made by make_corpus.py if missing).
+# Output under engine/build/fuzz/: the binaries, corpus_<name>/ (new inputs,
+# kept between runs), <name>.log (the whole libFuzzer output, shown when a
+# target fails or with FUZZ_VERBOSE=1) and <name>-crash-*/-leak-*/-timeout-*
+# (the failing inputs; the command to reproduce one is printed).
+# Environment: CC (clang), PY (python3), FUZZ_VERBOSE=1, FUZZ_TARGETS="config index"
+# (a subset, by name).
 set -eu
 
 secs=${1:-30}
@@ -14,30 +27,115 @@ here=$(cd "$(dirname "$0")" && pwd)
 engine=$(dirname "$here")
 out=$engine/build/fuzz
 CC=${CC:-clang}
-CFLAGS="-std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 \
- -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
- -fno-omit-frame-pointer -I$engine/include -I$engine/src"
-SRCS="error.c files.c tensors.c load_safetensors.c load_torchzip.c"
+PY=${PY:-python3}
+targets=${FUZZ_TARGETS:-"safetensors torchzip config index jsonl"}
+SAN="address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+CFLAGS="-std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -I$engine/include -I$engine/src"
+SRCS="error.c files.c tensors.c load_safetensors.c load_torchzip.c load_config.c"
 
-mkdir -p "$out"
-if [ ! -d "$here/corpus/safetensors" ] || [ ! -d "$here/corpus/torchzip" ]; then
-    python3 "$here/make_corpus.py" "$here/corpus"
-fi
+mkdir -p "$out/obj"
+for t in $targets; do
+    if [ ! -d "$here/corpus/$t" ]; then
+        "$PY" "$here/make_corpus.py" "$here/corpus"
+        break
+    fi
+done
+
+# engine sources: compiled once (coverage + sanitizers), linked into each C target
+objs=""
+case " $targets " in *" safetensors "*|*" torchzip "*|*" config "*|*" index "*)
+    echo "== building the fuzz targets with $CC"
+    pids=""
+    for s in $SRCS; do
+        o=$out/obj/${s%.c}.o
+        objs="$objs $o"
+        # shellcheck disable=SC2086  # word splitting of the flag lists is wanted
+        $CC $CFLAGS -fsanitize=fuzzer-no-link,$SAN -c "$engine/src/$s" -o "$o" &
+        pids="$pids $!"
+    done
+    for p in $pids; do wait "$p"; done
+    ;;
+esac
 
 status=0
-for target in safetensors torchzip; do
-    srcs=""
-    for s in $SRCS; do srcs="$srcs $engine/src/$s"; done
-    # shellcheck disable=SC2086  # word splitting of the flag and source lists is wanted
-    $CC $CFLAGS "$here/fuzz_$target.c" $srcs -lcjson -lm -o "$out/fuzz_$target"
-    mkdir -p "$out/corpus_$target"
-    echo "== fuzz_$target for ${secs}s"
-    if ! ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_$target" -max_total_time="$secs" \
-            -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-            -dict="$here/$target.dict" -artifact_prefix="$out/" \
-            "$out/corpus_$target" "$here/corpus/$target"; then
-        echo "fuzz_$target FAILED: reproduce with $out/fuzz_$target $out/crash-..." >&2
+summary=""
+ran=0
+failed=0
+skipped=0
+
+# stat NAME LOG: one summary line from libFuzzer's -print_final_stats output
+stat() {
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$2" | tail -n 1)
+    eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$2" | tail -n 1)
+    new=$(sed -n 's/^stat::new_units_added: *//p' "$2" | tail -n 1)
+    corp=$(sed -n 's/^#[0-9]*[[:space:]]*DONE .* corp: \([0-9]*\)\/.*/\1/p' "$2" | tail -n 1)
+    cov=$(sed -n 's/^#[0-9]*[[:space:]]*DONE *cov: \([0-9]*\) .*/\1/p' "$2" | tail -n 1)
+    printf '  %-17s %-7s %9s runs %7s/s  cov %5s  corpus %5s (+%s new)\n' "fuzz_$1" "$3" \
+        "${runs:-?}" "${eps:-?}" "${cov:-?}" "${corp:-?}" "${new:-?}"
+}
+
+for t in $targets; do
+    log=$out/$t.log
+    corpus=$out/corpus_$t
+    mkdir -p "$corpus"
+    case $t in
+    jsonl)
+        if ! "$PY" -c "import atheris" 2>/dev/null; then
+            echo "== fuzz_jsonl SKIPPED: atheris is not installed for $PY (pip install atheris)"
+            summary="$summary$(printf '  %-17s SKIPPED (atheris not installed for %s)' fuzz_jsonl "$PY")
+"
+            skipped=$((skipped + 1))
+            continue
+        fi
+        set -- "$PY" "$here/fuzz_jsonl.py"
+        maxlen=16384
+        export FUZZ_JSONL_FILE="$out/jsonl_input.jsonl"
+        ;;
+    safetensors|torchzip|config|index)
+        echo "== building fuzz_$t"
+        # shellcheck disable=SC2086
+        $CC $CFLAGS -fsanitize=fuzzer,$SAN "$here/fuzz_$t.c" $objs -lcjson -lm -o "$out/fuzz_$t"
+        set -- "$out/fuzz_$t"
+        maxlen=65536
+        ;;
+    *)
+        echo "run.sh: unknown target '$t' (known: safetensors torchzip config index jsonl)" >&2
+        exit 2
+        ;;
+    esac
+    echo "== fuzz_$t for ${secs}s (log: $log)"
+    ran=$((ran + 1))
+    rc=0
+    if [ "${FUZZ_VERBOSE:-0}" = 1 ]; then
+        ASAN_OPTIONS=detect_leaks=1 "$@" -max_total_time="$secs" -max_len=$maxlen \
+            -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -dict="$here/$t.dict" \
+            -artifact_prefix="$out/$t-" "$corpus" "$here/corpus/$t" 2>&1 | tee "$log" || rc=1
+        grep -q '^Done [0-9]* runs' "$log" || rc=1     # tee hides the fuzzer's status
+    else
+        ASAN_OPTIONS=detect_leaks=1 "$@" -max_total_time="$secs" -max_len=$maxlen \
+            -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -dict="$here/$t.dict" \
+            -artifact_prefix="$out/$t-" "$corpus" "$here/corpus/$t" >"$log" 2>&1 || rc=$?
+    fi
+    if [ "$rc" -eq 0 ]; then
+        summary="$summary$(stat "$t" "$log" ok)
+"
+    else
+        [ "${FUZZ_VERBOSE:-0}" = 1 ] || tail -n 60 "$log" >&2
+        artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
+        echo "fuzz_$t FAILED (exit $rc): reproduce with" >&2
+        if [ "$t" = jsonl ]; then
+            echo "  $PY $here/fuzz_jsonl.py ${artifact:-$out/$t-crash-...}" >&2
+        else
+            echo "  $out/fuzz_$t ${artifact:-$out/$t-crash-...}" >&2
+        fi
+        summary="$summary$(stat "$t" "$log" FAILED)
+"
+        failed=$((failed + 1))
         status=1
     fi
 done
+
+echo "== fuzz summary: ${secs}s per target; logs, corpora and crashes under $out/"
+printf '%s' "$summary"
+echo "fuzz: $ran target(s) ran, $failed failed, $skipped skipped"
 exit $status

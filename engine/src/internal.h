@@ -131,6 +131,25 @@ dcs_status dcs_tt_add_file(dcs_tensor_table *tt, const char *path,
  * parsers skip those instead of refusing the file. */
 bool dcs_tt_skippable_buffer(const char *name);
 
+/* A sharded checkpoint's index (model.safetensors.index.json,
+ * pytorch_model.bin.index.json): weight_map {tensor name: shard file},
+ * sorted by name, names unique, every shard a plain file name (no '/', no
+ * ".."). The strings live in the parsed JSON, owned by `json`. */
+typedef struct {
+    const char *name;
+    const char *shard;
+} dcs_index_entry;
+typedef struct {
+    dcs_index_entry *m;
+    int n;
+    void *json;            /* the cJSON tree the strings point into */
+} dcs_index;
+/* Parse the index text (len bytes, NUL-terminated); `path` names it in
+ * messages. On error *out is left empty. Release with dcs_index_free. */
+dcs_status dcs_parse_index_json(const char *text, size_t len, const char *path,
+                                dcs_index *out, dcs_err *e);
+void dcs_index_free(dcs_index *ix);
+
 /* ---------------------------------------------------------------- config */
 
 /* Parse config.json text into cfg plus the local-layer table. */

@@ -310,15 +310,9 @@ static dcs_status add_one(dcs_tensor_table *tt, const char *dir, const char *nam
     return st;
 }
 
-/* One weight_map entry: tensor name -> shard file name (both in the JSON). */
-typedef struct {
-    const char *name;
-    const char *shard;
-} map_entry;
-
 static int cmp_map_name(const void *a, const void *b)
 {
-    return strcmp(((const map_entry *)a)->name, ((const map_entry *)b)->name);
+    return strcmp(((const dcs_index_entry *)a)->name, ((const dcs_index_entry *)b)->name);
 }
 
 static int cmp_str_ptr(const void *a, const void *b)
@@ -333,34 +327,58 @@ static bool plain_file_name(const char *s)
            strcmp(s, ".") != 0;
 }
 
-/* Read weight_map into a sorted array; names unique, shards plain. */
-static dcs_status read_weight_map(const cJSON *root, const char *ipath, map_entry **out,
-                                  int *n_out, dcs_err *e)
+void dcs_index_free(dcs_index *ix)
 {
+    if (ix == NULL)
+        return;
+    free(ix->m);
+    cJSON_Delete((cJSON *)ix->json);
+    memset(ix, 0, sizeof *ix);
+}
+
+/* Parse the index JSON and read weight_map into a sorted array; names
+ * unique, shards plain. */
+dcs_status dcs_parse_index_json(const char *text, size_t len, const char *ipath,
+                                dcs_index *out, dcs_err *e)
+{
+    memset(out, 0, sizeof *out);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (root == NULL)
+        return dcs_seterr(e, DCS_ERR_FORMAT, "%s: not valid JSON", ipath);
+    dcs_status st = DCS_OK;
+    dcs_index_entry *m = NULL;
+    int n = 0, i = 0;
     const cJSON *wm = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "weight_map")
                                            : NULL;
-    if (!cJSON_IsObject(wm))
-        return dcs_seterr(e, DCS_ERR_FORMAT, "%s: no \"weight_map\" object", ipath);
-    int n = cJSON_GetArraySize(wm);
-    if (n <= 0)
-        return dcs_seterr(e, DCS_ERR_FORMAT, "%s: \"weight_map\" is empty", ipath);
-    if (n > DCS_MAX_TENSORS)
-        return dcs_seterr(e, DCS_ERR_NOMEM, "%s: more than %d tensors", ipath, DCS_MAX_TENSORS);
-    map_entry *m = malloc((size_t)n * sizeof *m);
-    if (m == NULL)
-        return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory", ipath);
-    int i = 0;
+    if (!cJSON_IsObject(wm)) {
+        st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: no \"weight_map\" object", ipath);
+        goto done;
+    }
+    n = cJSON_GetArraySize(wm);
+    if (n <= 0) {
+        st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: \"weight_map\" is empty", ipath);
+        goto done;
+    }
+    if (n > DCS_MAX_TENSORS) {
+        st = dcs_seterr(e, DCS_ERR_NOMEM, "%s: more than %d tensors", ipath, DCS_MAX_TENSORS);
+        goto done;
+    }
+    m = malloc((size_t)n * sizeof *m);
+    if (m == NULL) {
+        st = dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory", ipath);
+        goto done;
+    }
     for (const cJSON *it = wm->child; it != NULL && i < n; it = it->next, i++) {
         if (!cJSON_IsString(it) || it->valuestring == NULL) {
-            free(m);
-            return dcs_seterr(e, DCS_ERR_FORMAT, "%s: weight_map['%.200s'] is not a string",
-                              ipath, it->string);
+            st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: weight_map['%.200s'] is not a string",
+                            ipath, it->string);
+            goto done;
         }
         if (!plain_file_name(it->valuestring)) {
-            free(m);
-            return dcs_seterr(e, DCS_ERR_FORMAT, "%s: weight_map['%.200s'] = '%.200s' is not "
-                              "a plain file name in the model directory", ipath,
-                              it->string, it->valuestring);
+            st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: weight_map['%.200s'] = '%.200s' is not "
+                            "a plain file name in the model directory", ipath,
+                            it->string, it->valuestring);
+            goto done;
         }
         m[i].name = it->string;
         m[i].shard = it->valuestring;
@@ -368,19 +386,25 @@ static dcs_status read_weight_map(const cJSON *root, const char *ipath, map_entr
     qsort(m, (size_t)n, sizeof *m, cmp_map_name);
     for (i = 1; i < n; i++)
         if (strcmp(m[i - 1].name, m[i].name) == 0) {
-            dcs_status st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: tensor '%.200s' appears twice "
-                                       "in weight_map", ipath, m[i].name);
-            free(m);
-            return st;
+            st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: tensor '%.200s' appears twice "
+                            "in weight_map", ipath, m[i].name);
+            goto done;
         }
-    *out = m;
-    *n_out = n;
+done:
+    if (st != DCS_OK) {
+        free(m);
+        cJSON_Delete(root);
+        return st;
+    }
+    out->m = m;
+    out->n = n;
+    out->json = root;
     return DCS_OK;
 }
 
 /* Map every distinct shard of the map once. */
 static dcs_status load_shards(dcs_tensor_table *tt, const char *dir, const char *ipath,
-                              const map_entry *m, int n, dcs_tt_parse_fn parse, dcs_err *e)
+                              const dcs_index_entry *m, int n, dcs_tt_parse_fn parse, dcs_err *e)
 {
     const char **shards = malloc((size_t)n * sizeof *shards);
     if (shards == NULL)
@@ -404,10 +428,10 @@ static dcs_status load_shards(dcs_tensor_table *tt, const char *dir, const char 
 
 /* The index and the shards must agree tensor by tensor. */
 static dcs_status cross_check(const dcs_tensor_table *tt, const char *dir, const char *ipath,
-                              const map_entry *m, int n, dcs_err *e)
+                              const dcs_index_entry *m, int n, dcs_err *e)
 {
     for (int i = 0; i < tt->n; i++) {
-        map_entry key = {tt->t[i].name, NULL};
+        dcs_index_entry key = {tt->t[i].name, NULL};
         if (bsearch(&key, m, (size_t)n, sizeof *m, cmp_map_name) == NULL)
             return dcs_seterr(e, DCS_ERR_TENSOR, "%s: tensor '%.200s' is not in the "
                               "weight_map of %s", tt->t[i].file, tt->t[i].name, ipath);
@@ -435,23 +459,15 @@ static dcs_status load_index(dcs_tensor_table *tt, const char *dir, const char *
         return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory", dir);
     char *text = NULL;
     size_t len = 0;
-    cJSON *root = NULL;
-    map_entry *m = NULL;
-    int n = 0;
+    dcs_index ix = {0};
     dcs_status st = dcs_read_text_file(ipath, DCS_MAX_HEADER_BYTES, &text, &len, e);
-    if (st == DCS_OK) {
-        root = cJSON_ParseWithLength(text, len);
-        if (root == NULL)
-            st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: not valid JSON", ipath);
-    }
     if (st == DCS_OK)
-        st = read_weight_map(root, ipath, &m, &n, e);
+        st = dcs_parse_index_json(text, len, ipath, &ix, e);
     if (st == DCS_OK)
-        st = load_shards(tt, dir, ipath, m, n, parse, e);
+        st = load_shards(tt, dir, ipath, ix.m, ix.n, parse, e);
     if (st == DCS_OK)
-        st = cross_check(tt, dir, ipath, m, n, e);
-    free(m);
-    cJSON_Delete(root);
+        st = cross_check(tt, dir, ipath, ix.m, ix.n, e);
+    dcs_index_free(&ix);
     free(text);
     free(ipath);
     return st;
