@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 import dcscope
-from dcscope import heatmap as hm
+from dcscope import heatmaps as hm
 from conftest import shared_path
 
 MASK = {(214, 214, 214), (168, 168, 168)}
@@ -100,7 +100,8 @@ def test_local_layer_window_is_masked(tok_model):
 
 def test_repr_png_and_save(tok_model, tmp_path):
     model = dcscope.load(tok_model)
-    png = hm.attention_heatmap(model, "a b c d", layer=0, head=0)
+    png = dcscope.attention_heatmap(model, "a b c d", layer=0, head=0)
+    assert isinstance(dcscope.heatmap(np.eye(3)), dcscope.PNG)
     assert png._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
     p = png.save(tmp_path / "x.png")
     assert open(p, "rb").read() == bytes(png)

@@ -26,7 +26,7 @@ def _heatmap(argv: List[str]) -> int:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", required=True, help="output PNG file")
     a = p.parse_args(argv)
-    from .heatmap import attention_heatmap
+    from .heatmaps import attention_heatmap
     from .model import load
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
     model = load(a.model, device=a.device)

@@ -1,7 +1,7 @@
 """matplotlib versions of the engine's heatmaps, for restyling.
 
 Pure numpy + matplotlib (no engine needed): give them arrays, e.g. from
-``model.run_with_cache``. The figures match dcscope.heatmap's PNGs:
+``model.run_with_cache``. The figures match dcscope.heatmaps' PNGs:
 
 - sequential ``viridis`` for patterns in [0, 1], diverging ``RdBu_r``
   centred on zero (symmetric range) for signed quantities;
