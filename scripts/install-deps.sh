@@ -17,6 +17,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# libFuzzer's runtime is only a "Recommends" of clang: ask for it by name.
+if command -v clang >/dev/null 2>&1; then
+  v=$(clang -dumpversion | cut -d. -f1)
+  if ! dpkg -s "libclang-rt-$v-dev" >/dev/null 2>&1 && apt-cache show "libclang-rt-$v-dev" >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "libclang-rt-$v-dev" >/dev/null
+  fi
+fi
+
 PY=${PYTHON:-python3}
 echo "install-deps: pip install -e .[test]"
 $PY -m pip install -q --disable-pip-version-check -e ".[test]"
