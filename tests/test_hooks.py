@@ -208,3 +208,23 @@ def test_mean_ablation(tiny_factory):
         return z
 
     assert rel_err(got, ref_forward(sd, cfg, toks, interventions={"blocks.0.attn.z": ref_fn})) <= TOL
+
+
+def test_hooks_not_asked_for_allocate_nothing(tiny_factory):
+    d, _, _ = tiny_factory(**DCP)
+    model = dcscope.load(d)
+    B, T = 2, 13
+    toks = np.stack([_tokens(model, T, 1), _tokens(model, T, 2)])
+    N, L = model.config.n_head, model.config.n_layer
+    model.forward(toks)
+    base = model.last_pass_memory()
+    model.run_with_cache(toks, names=["blocks.0.attn.pattern", "blocks.1.resid_post"])
+    assert model.last_pass_memory() == base          # capture of existing tensors: no new buffers
+    branch = B * N * T * T * 4
+    model.run_with_cache(toks, names=["blocks.1.attn.post.kp"])
+    one = model.last_pass_memory()
+    assert one["total"] - base["total"] == 5 * branch   # that layer's five post branches, no more
+    model.run_with_cache(toks, names=lambda n: ".attn.post." in n)
+    every = model.last_pass_memory()
+    assert every["total"] - base["total"] == L * 5 * branch
+    assert every["peak"] == one["peak"]                 # one layer's branches live at a time

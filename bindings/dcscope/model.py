@@ -357,6 +357,13 @@ class Model:
         logits, cache = self._run(tokens, capture=cap, fns=fwd_hooks)
         return (logits, cache) if cache_names else logits
 
+    def last_pass_memory(self) -> Dict[str, int]:
+        """Activation bytes of the last pass (weights excluded): 'peak' held at
+        once and 'total' asked for. Hooks not asked for add nothing."""
+        peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        lib.dcs_forward_memory(self._m, peak, total)
+        return {"peak": int(peak[0]), "total": int(total[0])}
+
     # ------------------------------------------------------------ weights
 
     def weight(self, name: str) -> np.ndarray:

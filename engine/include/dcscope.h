@@ -206,6 +206,11 @@ void dcs_set_hook_error(dcs_model *m, const char *msg);
 dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
                        float *logits, const dcs_hooks *hooks);
 
+/* Activation memory of the last dcs_forward on this model (weights
+ * excluded): the most held at once, and the sum of every buffer the pass
+ * asked for. Hooks that are not asked for add nothing to either. */
+void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
+
 /* ---------------------------------------------------------------- heatmaps */
 
 typedef enum { DCS_CMAP_SEQUENTIAL = 0, DCS_CMAP_DIVERGING = 1 } dcs_colormap;

@@ -32,6 +32,7 @@ typedef struct {
     int B, T, M;
     struct { void *p; size_t bytes; } bufs[MAX_BUFS];  /* in use by this pass */
     int n_bufs;
+    uint64_t in_use, peak, total;  /* activation bytes: now, at most, requested */
     float *host;            /* staging for hooks on a non-host backend */
     size_t host_cap;
     dcs_status status;
@@ -75,6 +76,9 @@ static float *fw_alloc(fw *f, int64_t n1, int64_t n2, int64_t n3) {
     f->bufs[f->n_bufs].p = p;
     f->bufs[f->n_bufs].bytes = (size_t)bytes;
     f->n_bufs++;
+    f->total += bytes;
+    f->in_use += bytes;
+    if (f->in_use > f->peak) f->peak = f->in_use;
     return p;
 }
 
@@ -94,9 +98,15 @@ static void fw_release(fw *f, float *p) {
     for (int i = 0; i < f->n_bufs; i++)
         if (f->bufs[i].p == p) {
             pool_put(f->m, p, f->bufs[i].bytes);
+            f->in_use -= f->bufs[i].bytes;
             f->bufs[i] = f->bufs[--f->n_bufs];
             return;
         }
+}
+
+void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes) {
+    if (peak_bytes) *peak_bytes = m->last_peak_bytes;
+    if (total_bytes) *total_bytes = m->last_total_bytes;
 }
 
 /* Free the pooled buffers (dcs_free, or after a failed pass). */
@@ -548,6 +558,8 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
         dcs_err ignored; /* drain a backend error behind the one reported */
         f.be->sync(f.be, &ignored);
     }
+    m->last_peak_bytes = f.peak;
+    m->last_total_bytes = f.total;
     for (int i = 0; i < f.n_bufs; i++) pool_put(m, f.bufs[i].p, f.bufs[i].bytes);
     if (f.status) dcs_pool_clear(m); /* after a failure, give memory back */
     free(f.host);

@@ -282,6 +282,7 @@ struct dcs_model {
      * pass) for reuse by size: no allocator or page-fault cost per layer. */
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
     int n_pool;
+    uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
 };
 
 /* Free the model's pooled activation buffers (forward.c). */
