@@ -85,3 +85,18 @@ def test_long_batch_uses_threaded_kernels(tiny_factory):
     got = model.forward(toks)
     for b in range(2):
         assert rel_err(got[b], ref_forward(sd, cfg, toks[b])) <= TOL
+
+
+def test_tied_checkpoint_with_stored_output_copy(tiny_factory, tmp_path):
+    """torch .bin files of tied models still carry output.weight: it is ignored."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    d, sd, cfg = tiny_factory(model_type="dcpythia", tie_word_embeddings=True, seed=13)
+    dst = tmp_path / "tied"
+    shutil.copytree(d, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    assert "output.weight" not in tensors
+    tensors["output.weight"] = np.full_like(tensors["tok_embeddings.weight"], 7.0)
+    save_file(tensors, str(dst / "model.safetensors"))
+    toks = np.arange(20) % cfg["vocab_size"]
+    assert rel_err(dcscope.load(str(dst)).forward(toks), ref_forward(sd, cfg, toks)) <= TOL

@@ -122,6 +122,13 @@ static float *load_as(builder *b, const char *canon, const char *stored, int req
 
 #define FAIL_IF(cond) do { if (cond) return b->e->code ? b->e->code : DCS_ERR_TENSOR; } while (0)
 
+/* With tied embeddings, torch .bin files still carry the output matrix under
+ * its own name (a view of the embedding's storage): accept and ignore it. */
+static void tied_copy_ignored(builder *b, const char *name) {
+    dcs_tensor *t = dcs_tt_find(&b->m->tt, name);
+    if (t) t->used = 1;
+}
+
 /* One dcpythia layer. */
 static dcs_status load_dcpythia_layer(builder *b, int l) {
     dcs_model *m = b->m;
@@ -267,6 +274,7 @@ static dcs_status load_dcpythia(builder *b) {
     FAIL_IF(!m->norm_b);
     if (c->tie_embeddings) {
         m->out_w = m->tok_emb;
+        tied_copy_ignored(b, "output.weight");
     } else {
         m->out_w = load_as(b, "output.weight", "output.weight", 1, 2, V, D, 0, 0, 0, NULL);
         FAIL_IF(!m->out_w);
@@ -358,6 +366,7 @@ static dcs_status load_neox(builder *b) {
     FAIL_IF(!m->norm_b);
     if (c->tie_embeddings) {
         m->out_w = m->tok_emb;
+        tied_copy_ignored(b, "embed_out.weight");
     } else {
         m->out_w = load_as(b, "output.weight", "embed_out.weight", 1, 2, V, D, 0, 0, 0, NULL);
         FAIL_IF(!m->out_w);
