@@ -22,6 +22,7 @@
  * the exit status is nonzero when a check failed.
  */
 #include "dcscope.h"
+#include "check.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -35,22 +36,15 @@
 
 /* ================================================================ harness */
 
-static int n_passed, n_failed;
+static check_counts counts;
 
 static bool check_at(bool ok, int line, const char *fmt, ...)
 {
-    if (ok) {
-        n_passed++;
-        return true;
-    }
-    n_failed++;
     va_list ap;
     va_start(ap, fmt);
-    printf("FAIL line %d: ", line);
-    vprintf(fmt, ap);
-    printf("\n");
+    bool r = check_count(&counts, ok, line, fmt, ap);
     va_end(ap);
-    return false;
+    return r;
 }
 
 #define CHECK(cond) check_at((cond), __LINE__, "%s", #cond)
@@ -1486,6 +1480,5 @@ int main(void)
     free(ref_dcp);
     free(ref_neox);
     rm_tree(tmp_root);
-    printf("engine: %d passed, %d failed\n", n_passed, n_failed);
-    return n_failed ? 1 : 0;
+    return check_report("engine", &counts);
 }

@@ -12,6 +12,7 @@
  * the exit status is nonzero when a check failed.
  */
 #include "internal.h"
+#include "check.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -25,24 +26,17 @@
 /* ================================================================ harness */
 
 typedef struct {
-    int passed, failed;
+    check_counts counts;
     char dir[256];          /* temporary directory of this run */
 } harness;
 
 static bool check_at(harness *h, bool ok, int line, const char *fmt, ...)
 {
-    if (ok) {
-        h->passed++;
-        return true;
-    }
-    h->failed++;
     va_list ap;
     va_start(ap, fmt);
-    printf("FAIL line %d: ", line);
-    vprintf(fmt, ap);
-    printf("\n");
+    bool r = check_count(&h->counts, ok, line, fmt, ap);
     va_end(ap);
-    return false;
+    return r;
 }
 
 #define CHECK(h, cond) check_at((h), (cond), __LINE__, "%s", #cond)
@@ -1403,6 +1397,5 @@ int main(void)
     test_torchzip_valid(&h);
     test_torchzip_bad(&h);
     remove_tree(h.dir);
-    printf("loaders: %d passed, %d failed\n", h.passed, h.failed);
-    return h.failed ? 1 : 0;
+    return check_report("loaders", &h.counts);
 }
