@@ -8,6 +8,7 @@
 
 #include "dcscope.h"
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 /* ---------------------------------------------------------------- errors */
@@ -50,7 +51,7 @@ static inline bool dcs_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
 
 typedef struct {
     char *path;          /* owned                                           */
-    const uint8_t *data; /* mmap'd contents (read-only)                     */
+    const uint8_t *data; /* a private copy of the contents (read-only)      */
     uint64_t size;
 } dcs_mapped_file;
 
@@ -86,7 +87,8 @@ typedef struct {
     dcs_tensor *t;
     int n, cap;
     dcs_mapped_file *files;
-    int n_files;
+    int n_files, cap_files;
+    int deferred;          /* set while a batch of shards is added: see dcs_tt_finish */
 } dcs_tensor_table;
 
 /* Open the weights of a model directory: model.safetensors, sharded
@@ -120,6 +122,10 @@ uint64_t dcs_tensor_numel(const dcs_tensor *t);
 dcs_status dcs_tt_new_tensor(dcs_tensor_table *tt, const char *name, size_t name_len,
                               const char *file, dcs_tensor **out, dcs_err *e);
 dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e);
+/* With tt->deferred set, dcs_tt_commit only sorts and checks the file's own
+ * tensors; dcs_tt_finish then sorts the table once and refuses a name found
+ * in two files (and clears tt->deferred). */
+dcs_status dcs_tt_finish(dcs_tensor_table *tt, dcs_err *e);
 void dcs_tt_rollback(dcs_tensor_table *tt, int first);
 /* Map `path`, keep it in tt->files and run `parse` on it (dcs_tt_add_*). */
 typedef dcs_status (*dcs_tt_parse_fn)(dcs_tensor_table *tt, const uint8_t *buf,
@@ -149,6 +155,14 @@ typedef struct {
 dcs_status dcs_parse_index_json(const char *text, size_t len, const char *path,
                                 dcs_index *out, dcs_err *e);
 void dcs_index_free(dcs_index *ix);
+
+/* ---------------------------------------------------------------- JSON */
+
+/* json_strict.c: refuse a NUL byte or an escaped NUL (\u0000) anywhere in
+ * the text (len bytes), and a key given twice in one object (root: a
+ * cJSON tree). Messages start with `path`. */
+dcs_status dcs_json_check_text(const char *text, size_t len, const char *path, dcs_err *e);
+dcs_status dcs_json_unique_keys(const void *root, const char *path, dcs_err *e);
 
 /* ---------------------------------------------------------------- config */
 
@@ -283,6 +297,7 @@ struct dcs_model {
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
     int n_pool;
     uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
+    atomic_int cancel;                  /* dcs_cancel: stop the running pass */
 };
 
 /* Free the model's pooled activation buffers (forward.c). */
