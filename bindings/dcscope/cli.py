@@ -29,11 +29,22 @@ def _heatmap(argv: List[str]) -> int:
     from .heatmaps import attention_heatmap
     from .model import load
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
+    _model_dir(a.model)
     model = load(a.model, device=a.device)
     png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase)
     png.save(a.out)
     print("wrote %s (%d bytes)" % (a.out, len(png)))
     return 0
+
+
+def _model_dir(path: str) -> None:
+    """--model must name a directory (config.json and weights inside)."""
+    import os
+    if os.path.lexists(path) and not os.path.isdir(path):
+        if os.path.islink(path) and not os.path.exists(path):
+            raise Error("--model %s is a dangling symbolic link" % path)
+        raise Error("--model %s is a file; it must be a checkpoint directory (config.json and "
+                    "weights inside)" % path)
 
 
 def _int(s: str, what: str) -> int:
@@ -49,6 +60,7 @@ def _info(argv: List[str]) -> int:
     p.add_argument("--hooks", action="store_true", help="also list every hook name")
     a = p.parse_args(argv)
     from .model import load
+    _model_dir(a.model)
     m = load(a.model)
     print(m)
     for k, v in vars(m.config).items():
@@ -74,7 +86,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return tiny_main(rest) or 0
         return cmds[cmd](rest)
     except Error as e:
-        print("dcscope %s: error: %s" % (cmd, e), file=sys.stderr)
+        msg = str(e)
+        if msg.startswith(cmd + ": "):           # "heatmap: ..." under "dcscope heatmap"
+            msg = msg[len(cmd) + 2:]
+        print("dcscope %s: error: %s" % (cmd, msg), file=sys.stderr)
         return 1
 
 

@@ -14,6 +14,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ._checks import check_index
 from .model import Cache, Error, Model
 
 PHASES = ("pre", "post")
@@ -35,11 +36,10 @@ def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = 
     T = toks.shape[0]
     if phase not in PHASES:
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
-    if not 0 <= layer < model.config.n_layer:
-        raise Error("layer %d is out of range (model has %d layers)" % (layer, model.config.n_layer))
+    check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     for what, v in (("query", query), ("key", key)):
-        if v is not None and not 0 <= v < T:
-            raise Error("%s position %d is out of range for %d tokens" % (what, v, T))
+        if v is not None:
+            check_index("%s position" % what, v, 0, T, " for %d tokens" % T)
     return toks
 
 

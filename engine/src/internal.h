@@ -8,8 +8,18 @@
 
 #include "dcscope.h"
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdbool.h>
+
+/* The cancel flag of a model: C11 atomic in the C files; the CUDA backend
+ * (compiled as C++) only sees the struct, never the flag, so a plain int of
+ * the same size and alignment stands in there. */
+#ifdef __cplusplus
+typedef int dcs_atomic_int;
+#else
+#include <stdatomic.h>
+typedef atomic_int dcs_atomic_int;
+_Static_assert(sizeof(atomic_int) == sizeof(int), "atomic_int has the layout of int");
+#endif
 
 /* ---------------------------------------------------------------- errors */
 
@@ -297,7 +307,7 @@ struct dcs_model {
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
     int n_pool;
     uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
-    atomic_int cancel;                  /* dcs_cancel: stop the running pass */
+    dcs_atomic_int cancel;              /* dcs_cancel: stop the running pass */
 };
 
 /* Free the model's pooled activation buffers (forward.c). */
