@@ -864,6 +864,15 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
 static void test_forward_args(dcs_model *m)
 {
     float *lg = xcalloc((size_t)2 * T0 * V, sizeof(float));
+    /* dcs_cancel: a pass started with the flag set stops before its first
+     * layer; cleared, the model works again */
+    dcs_cancel(m, 1);
+    EXPECT("cancelled", dcs_forward(m, TOKS[0], 1, T0, lg, NULL), DCS_ERR_CANCELLED, dcs_errmsg(m),
+           "forward: cancelled", NULL);
+    dcs_cancel(m, 0);
+    CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
+    CHECK(strcmp(dcs_status_name(DCS_ERR_CANCELLED), "DCS_ERR_CANCELLED") == 0);
+    CHECK(strcmp(dcs_status_name(DCS_ERR_NONFINITE), "DCS_ERR_NONFINITE") == 0);
     int32_t bad[2][T0];
     memcpy(bad, TOKS, sizeof bad);
     bad[1][5] = V;
