@@ -125,6 +125,15 @@ dcs_status dcs_map_file(const char *path, dcs_mapped_file *f, dcs_err *e)
     return DCS_OK;
 }
 
+void dcs_release_file_data(dcs_mapped_file *f)
+{
+    if (f == NULL || f->data == NULL)
+        return;
+    munmap((void *)f->data, (size_t)f->size);
+    f->data = NULL;
+    f->size = 0;
+}
+
 void dcs_unmap_file(dcs_mapped_file *f)
 {
     if (f == NULL)

@@ -67,6 +67,8 @@ typedef struct {
 
 dcs_status dcs_map_file(const char *path, dcs_mapped_file *f, dcs_err *e);
 void dcs_unmap_file(dcs_mapped_file *f);
+/* Give back the contents (data NULL, size 0) but keep the path. */
+void dcs_release_file_data(dcs_mapped_file *f);
 
 /* Read a whole small file (config.json, index json) into a NUL-terminated
  * malloc'd buffer. */

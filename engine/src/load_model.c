@@ -415,6 +415,28 @@ static dcs_status check_unused(builder *b) {
     return DCS_OK;
 }
 
+/* Weight files are read into private memory (files.c). Once every weight
+ * is in place, the copy of a file no weight aliases (F16/BF16 widened,
+ * unaligned F32, CUDA uploads) is given back, so a loaded model holds its
+ * weights once. Tensors of a released file lose their data pointer. */
+static void release_unaliased_files(dcs_model *m) {
+    dcs_tensor_table *tt = &m->tt;
+    for (int i = 0; i < tt->n_files; i++) {
+        dcs_mapped_file *f = &tt->files[i];
+        if (!f->data) continue;
+        const uint8_t *lo = f->data, *hi = f->data + f->size;
+        int aliased = 0;
+        for (int k = 0; k < m->n_weights && !aliased; k++) {
+            const uint8_t *p = (const uint8_t *)m->weights[k].ptr;
+            aliased = !m->weights[k].owned && p >= lo && p < hi;
+        }
+        if (aliased) continue;
+        for (int k = 0; k < tt->n; k++)
+            if (tt->t[k].data >= lo && tt->t[k].data < hi) tt->t[k].data = NULL;
+        dcs_release_file_data(f);
+    }
+}
+
 static dcs_status make_backend(dcs_model *m, const dcs_load_options *o, dcs_err *e) {
     if (m->device == DCS_DEVICE_CPU) {
         m->be = dcs_backend_cpu_create(o ? o->n_threads : 0, e);
@@ -484,6 +506,7 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     s = m->cfg.model_type == DCS_MODEL_DCPYTHIA ? load_dcpythia(&b) : load_neox(&b);
     if (!s) s = check_unused(&b);
     if (!s) s = m->be->sync(m->be, &e);
+    if (!s) release_unaliased_files(m);
 done:
     free(text);
     if (s != DCS_OK) {
