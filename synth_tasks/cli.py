@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "overall, per task, per shot count k, per QK pattern and per OV "
                     "transformation.")
     ap.add_argument("--model", action="append", required=True, metavar="DIR",
-                    help="model directory (repeat to compare models side by side)")
+                    help="model directory or bundled model name (dcscope models); "
+                         "repeat to compare models side by side")
     ap.add_argument("--data", default=None, metavar="FILE",
                     help="benchmark JSONL file (default: the published "
                          f"../shared/data/{DATA_NAME}); 'heldout': the held-out "
