@@ -8,6 +8,8 @@ New data for training / held-out sets:
                                        [--exclude ../shared/data/synthetic_dataset.jsonl]
     python -m synth_tasks.cli corpus heldout|train|check ...   (synth_tasks.corpus)
     python -m synth_tasks.cli tokenizer fit|stats ...          (synth_tasks.fit_tokenizer)
+    python -m synth_tasks.cli card OUT.md --name N --results published=R.json ...
+                                                               (synth_tasks.model_card)
 
 One model: OUT/results.json, OUT/answers.csv, OUT/acc_per_task.png,
 OUT/acc_per_k.png.  Several models: the same in OUT/<model name>/, plus
@@ -213,9 +215,16 @@ def tokenizer_main(argv=None) -> int:
     return tok_main(argv)
 
 
+def card_main(argv=None) -> int:
+    """``python -m synth_tasks.cli card OUT.md --name N --results LABEL=results.json ...``."""
+    from .model_card import main as card_main_
+    return card_main_(argv)
+
+
 if __name__ == "__main__":
     _argv = sys.argv[1:]
-    _sub = {"generate": generate_main, "corpus": corpus_main, "tokenizer": tokenizer_main}
+    _sub = {"generate": generate_main, "corpus": corpus_main, "tokenizer": tokenizer_main,
+            "card": card_main}
     if _argv and _argv[0] in _sub:
         raise SystemExit(_sub[_argv[0]](_argv[1:]))
     raise SystemExit(main(_argv))
