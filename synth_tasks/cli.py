@@ -10,6 +10,7 @@ New data for training / held-out sets:
     python -m synth_tasks.cli tokenizer fit|stats ...          (synth_tasks.fit_tokenizer)
     python -m synth_tasks.cli card OUT.md --name N --results published=R.json ...
                                                                (synth_tasks.model_card)
+    python -m synth_tasks.cli composed-line --model M [--data heldout]   (synth_tasks.composition)
 
 One model: OUT/results.json, OUT/answers.csv, OUT/acc_per_task.png,
 OUT/acc_per_k.png.  Several models: the same in OUT/<model name>/, plus
@@ -221,10 +222,16 @@ def card_main(argv=None) -> int:
     return card_main_(argv)
 
 
+def composed_line_main(argv=None) -> int:
+    """``python -m synth_tasks.cli composed-line --model M``: where a DCPythia's heads compose most."""
+    from .composition import main as comp_main
+    return comp_main(argv)
+
+
 if __name__ == "__main__":
     _argv = sys.argv[1:]
     _sub = {"generate": generate_main, "corpus": corpus_main, "tokenizer": tokenizer_main,
-            "card": card_main}
+            "card": card_main, "composed-line": composed_line_main}
     if _argv and _argv[0] in _sub:
         raise SystemExit(_sub[_argv[0]](_argv[1:]))
     raise SystemExit(main(_argv))
