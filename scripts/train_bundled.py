@@ -4,6 +4,7 @@
     python scripts/train_bundled.py prepare [--out runs/bundled]      # configs, tokenizer, data check
     python scripts/train_bundled.py train   [--out runs/bundled] [--seed S]   # needs `dcscope train`
     python scripts/train_bundled.py finish  [--out runs/bundled] [--install]  # benchmark, cards, ship
+    python scripts/train_bundled.py bench   # forward tokens/s of random-init twins (the budget's basis)
 
 Both twins share everything in RECIPE below except the attention: width, depth,
 heads, MLP width, vocabulary, token budget, batch, schedule, optimiser and
@@ -68,13 +69,16 @@ RECIPE = {
 }
 TWINS = {"dcpythia-tiny": "dcpythia", "pythia-tiny": "gpt_neox"}
 BUDGET_BYTES = 20 * 1024 * 1024
-# PROPOSAL (measured 2026-11-23 on this 2-core machine, engine forward of random-init
-# twins of exactly these configs, 16-42 lines of 195 tokens, best of 3, other jobs running):
-# dcpythia-tiny 2,729,728 params, 6.4-7.6k tokens/s forward; pythia-tiny 2,628,096
-# params, 10.6-11.2k tokens/s forward (DCMHA at 0.6-0.7x of MHA). A training step costs
-# ~3 forwards, so expect ~2.2k (DCPythia) / ~3.5k (Pythia) tokens/s unless the trainer
-# beats that; 90 min then holds ~12M tokens for the slower twin, ~3x the calibration run
-# (3.9M tokens at 5.4k tokens/s with an off-the-shelf framework), not the 7x the issue
+# PROPOSAL (`python scripts/train_bundled.py bench`, 2026-11-23, this 2-core machine,
+# engine forward of random-init twins of exactly these configs, 16-42 lines of 195
+# tokens, best of 3, other jobs running):
+# dcpythia-tiny 2,729,728 params, pythia-tiny 2,628,096 params; four runs gave
+# 5.2-12.7k (DCPythia) and 5.9-13.3k (Pythia) forward tokens/s: the machine is shared,
+# so the spread is the other jobs, and DCMHA was not measurably slower at this size
+# (0.6x-1.3x of MHA between runs). A training step costs ~3 forwards, so expect
+# ~2-4k tokens/s per twin unless the trainer beats that; 90 min then holds 11-22M
+# tokens; 12M is the safe default, ~3x the calibration run (3.9M tokens at 5.4k
+# tokens/s with an off-the-shelf framework), short of the ~7x (27M) the issue
 # hopes for. Before the real run: time 100 steps of each twin and set
 #   tokens = min(27M, 0.95 * 90 * 60 * tokens_per_s of the slower twin),
 # the same number for both. If DCPythia trains below ~1.5k tokens/s, shrink both to
@@ -226,9 +230,46 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
     return 0
 
 
+def bench(out: str, batches=(16, 42), T: int = 195, repeats: int = 3) -> int:
+    """Forward tokens/s of random-init twins of exactly the recipe's configs (the
+    budget's basis until the trainer can be timed): best of `repeats` per batch."""
+    import time
+    import numpy as np
+    import dcscope
+    from dcscope.testing.make_tiny import make_tiny
+    from synth_tasks.model_card import count_params
+    r = RECIPE
+    for name, mtype in TWINS.items():
+        d = os.path.join(out, "bench-init", name)
+        kw = dict(n_layer=r["n_layer"], dim=r["dim"], n_head=r["n_head"], vocab=2209,
+                  intermediate=r["intermediate"], rotary_pct=r["rotary_pct"],
+                  use_parallel_residual=r["use_parallel_residual"],
+                  tie_word_embeddings=r["tie_word_embeddings"])
+        if mtype == "dcpythia":
+            kw.update(window_size=r["window_size"], window_type=r["window_type"], query_wise=r["query_wise"])
+        make_tiny(d, mtype, **kw)
+        with open(os.path.join(d, "config.json")) as f:
+            assert json.load(f) == config_for(mtype, 2209), "bench model differs from the recipe"
+        m = dcscope.load(d)
+        speeds = []
+        for B in batches:
+            toks = np.random.default_rng(0).integers(0, 2209, (B, T)).astype(np.int32)
+            m.forward(toks)
+            best = min(_timed(m.forward, toks, time) for _ in range(repeats))
+            speeds.append(f"B={B}: {B * T / best:.0f}")
+        print(f"{name}: {count_params(d):,} params; forward tokens/s (T={T}) " + ", ".join(speeds))
+    return 0
+
+
+def _timed(fn, arg, time) -> float:
+    t = time.perf_counter()
+    fn(arg)
+    return time.perf_counter() - t
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=["prepare", "train", "finish", "show"])
+    ap.add_argument("step", choices=["prepare", "train", "finish", "show", "bench"])
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bundled"))
     ap.add_argument("--seed", type=int, default=RECIPE["init_seeds"][0])
     ap.add_argument("--install", action="store_true", help="finish: copy into bindings/dcscope/models")
@@ -240,6 +281,8 @@ def main(argv=None) -> int:
         return 0
     if a.step == "prepare":
         return prepare(a.out)
+    if a.step == "bench":
+        return bench(a.out)
     if a.step == "train":
         return train(a.out, a.seed)
     return finish(a.out, a.install, a.limit, a.command, a.seed)
