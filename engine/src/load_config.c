@@ -168,8 +168,10 @@ dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config 
         (unsigned char)json_text[2] == 0xBF)
         return dcs_seterr(e, DCS_ERR_CONFIG, "%s: starts with a UTF-8 byte-order mark (BOM); "
                           "save it as plain UTF-8 JSON without one", path);
-    if (dcs_json_check_text(json_text, strlen(json_text), path, e) != DCS_OK)
+    if (dcs_json_check_text(json_text, strlen(json_text), path, e) != DCS_OK) {
+        if (e) e->code = DCS_ERR_CONFIG;       /* a config error, like any other */
         return DCS_ERR_CONFIG;
+    }
     cJSON *root = cJSON_ParseWithOpts(json_text, &end, 0);
     if (!root)
         return dcs_seterr(e, DCS_ERR_CONFIG, "%s: not valid JSON (at byte %ld)", path,
@@ -177,6 +179,7 @@ dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config 
     dcs_status s;
     if (dcs_json_unique_keys(root, path, e) != DCS_OK) {
         cJSON_Delete(root);
+        if (e) e->code = DCS_ERR_CONFIG;
         return DCS_ERR_CONFIG;
     }
     cfg_reader r = {root, path, e};
