@@ -48,6 +48,14 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
                        float *logits, const dcs_hooks *hooks);
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
 
+typedef struct dcs_decoder dcs_decoder;
+dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out);
+void dcs_decoder_free(dcs_decoder *d);
+dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float *logits,
+                            const dcs_hooks *hooks);
+int dcs_decoder_pos(const dcs_decoder *d);
+int dcs_decoder_layer_keys(const dcs_decoder *d, int layer);
+
 typedef struct { const float *data; int rows, cols; const char *title; } dcs_panel;
 typedef struct {
     const dcs_panel *panels; int n_panels; int grid_cols; int colormap; int auto_range;

@@ -211,6 +211,37 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
  * asked for. Hooks that are not asked for add nothing to either. */
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
 
+/* ---------------------------------------------------------------- decoding */
+
+/* Incremental decoding (generation): a decoder keeps, per layer, the keys
+ * and values of the tokens fed so far (K/V cache) and their key-side
+ * composition weights kw1, kw2, kdd of both phases (the KW cache, as the
+ * published DCFormer module keeps); a local layer keeps only its window
+ * (the last window_size + 1 positions). Feeding tokens in any chunking
+ * gives the logits a full dcs_forward over the whole text gives at those
+ * positions (to float32 rounding).
+ *
+ * dcs_decoder_step feeds n tokens at positions pos .. pos+n-1 (pos =
+ * tokens fed before). logits: [n, V] or NULL. Hooks are called as in
+ * dcs_forward with B = 1 and T = n (the new tokens), except the attention
+ * maps (scores ... pattern_composed), which are [1, N, n, pos + n]: keys at
+ * their absolute positions. On a local layer the keys the decoder no
+ * longer keeps (outside every new query's window) read as 0 there and
+ * writes to them are ignored; key-side dynamic weights (dyn.*.kw1, kw2,
+ * kdd) and k, v are those of the n new tokens (what a hook writes there is
+ * what later steps see). Errors are reported as by dcs_forward (dcs_errmsg
+ * of the model); after a failed step the decoder is unchanged. A decoder
+ * must be freed before its model. */
+typedef struct dcs_decoder dcs_decoder;
+dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out);
+void dcs_decoder_free(dcs_decoder *d);
+dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float *logits,
+                            const dcs_hooks *hooks);
+int dcs_decoder_pos(const dcs_decoder *d);           /* tokens fed so far */
+/* Key positions layer l holds between steps (window_size + 1 at most on a
+ * local layer, pos on a global one); -1 for a bad layer. */
+int dcs_decoder_layer_keys(const dcs_decoder *d, int layer);
+
 /* ---------------------------------------------------------------- heatmaps */
 
 typedef enum { DCS_CMAP_SEQUENTIAL = 0, DCS_CMAP_DIVERGING = 1 } dcs_colormap;
