@@ -30,6 +30,8 @@ int dcs_model_device(const dcs_model *m);
 int dcs_cuda_available(char *why, size_t whylen);
 dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
 dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);
+int dcs_weight_count(const dcs_model *m);
+const char *dcs_weight_name(const dcs_model *m, int i);
 
 #define DCS_HP_COUNT ...
 const char *dcs_hook_point_name(int point);

@@ -13,6 +13,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from ._engine import ffi, lib
+from .weights import WeightsMixin
 
 
 class Error(Exception):
@@ -236,7 +237,7 @@ def _validate(out, shape, name: str) -> np.ndarray:
     return out
 
 
-class Model:
+class Model(WeightsMixin):
     """A loaded DCPythia or Pythia model.
 
     >>> m = dcscope.load("path/to/model")

@@ -106,6 +106,10 @@ int dcs_cuda_available(char *why, size_t whylen);
  * into `out` (room for the product of the shape). */
 dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
 dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);
+/* The canonical names of the model's weights: i in [0, dcs_weight_count);
+ * NULL for i out of range. */
+int dcs_weight_count(const dcs_model *m);
+const char *dcs_weight_name(const dcs_model *m, int i);
 
 /* ---------------------------------------------------------------- hooks */
 

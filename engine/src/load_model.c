@@ -527,3 +527,9 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
     m->be->download(m->be, out, w->ptr, n * sizeof(float));
     return m->be->sync(m->be, &m->err);
 }
+
+int dcs_weight_count(const dcs_model *m) { return m ? m->n_weights : 0; }
+
+const char *dcs_weight_name(const dcs_model *m, int i) {
+    return m && i >= 0 && i < m->n_weights ? m->weights[i].name : NULL;
+}
