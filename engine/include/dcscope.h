@@ -255,6 +255,8 @@ typedef struct {
     const float *data;
     int rows, cols;
     const char *title;
+    int mask_window;             /* > 0: this panel's local window (overrides
+                                    the spec's), < 0: none, 0: the spec's   */
 } dcs_panel;
 
 typedef struct {
@@ -271,6 +273,7 @@ typedef struct {
                                     with t - s > mask_window (local layers) */
     int cell_px;                 /* pixels per cell, <= 0: chosen from size  */
     const char *title;           /* figure title or NULL                     */
+    int axis_titles;             /* 1: "query" / "key" axis titles           */
 } dcs_heatmap_spec;
 
 /* Render to PNG bytes (malloc'd; free with dcs_buffer_free). */

@@ -316,7 +316,7 @@ static void test_single(void) {
     d[4 * T + 2] = -3.0f; /* clamped */
     static const char *tok[T] = {" The", " cat", "\xc3\xa9", "\n", "a very long token indeed",
                                  "."};
-    dcs_panel p = {d, T, T, "L0 H0 hook_pattern"};
+    dcs_panel p = {d, T, T, "L0 H0 hook_pattern", 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     sp.row_labels = tok;
     sp.col_labels = tok;
@@ -388,7 +388,7 @@ static void test_grid_auto_range(void) {
                 }
             }
         snprintf(titles[k], sizeof titles[k], "L%d H%d", k / 2, k % 2);
-        p[k] = (dcs_panel){d[k], R, C, titles[k]};
+        p[k] = (dcs_panel){d[k], R, C, titles[k], 0};
     }
     dcs_heatmap_spec sp = base_spec(p, N);
     sp.grid_cols = 2;
@@ -428,7 +428,7 @@ static void test_diverging(void) {
             d[k][i] = v;
             if (i % T <= i / T && fabsf(v) > mabs) mabs = fabsf(v);
         }
-        p[k] = (dcs_panel){d[k], T, T, k == N - 1 ? "sum" : "branch"};
+        p[k] = (dcs_panel){d[k], T, T, k == N - 1 ? "sum" : "branch", 0};
     }
     d[2][7 * T + 0] = -5.0f; /* the largest |x|, negative, unmasked */
     mabs = 5.0f;
@@ -454,7 +454,7 @@ static void test_diverging(void) {
 
     /* All zero: +-1. */
     static float z[T * T];
-    dcs_panel pz = {z, T, T, NULL};
+    dcs_panel pz = {z, T, T, NULL, 0};
     dcs_heatmap_spec sz = base_spec(&pz, 1);
     sz.colormap = DCS_CMAP_DIVERGING;
     sz.auto_range = 1;
@@ -482,7 +482,7 @@ static void test_long_and_auto_cell(void) {
     }
     for (int i = 0; i < T * T; i++) d[i] = (float)(i % 101) / 100.0f;
     for (int i = 0; i < T; i++) tok[i] = i % 3 ? " tok" : "\xe2\x86\x92x";
-    dcs_panel p = {d, T, T, "long"};
+    dcs_panel p = {d, T, T, "long", 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     sp.row_labels = tok;
     sp.col_labels = tok;
@@ -497,7 +497,7 @@ static void test_long_and_auto_cell(void) {
         free(im.px);
     }
     /* No labels: indices; a non-square map. */
-    dcs_panel q = {d, 30, 50, NULL};
+    dcs_panel q = {d, 30, 50, NULL, 0};
     dcs_heatmap_spec sq = base_spec(&q, 1);
     sq.mask_upper = 1;
     if (render(&sq, &im, &L)) {
@@ -512,7 +512,7 @@ static void test_long_and_auto_cell(void) {
     if (all && ps) {
         for (int k = 0; k < NP; k++) {
             for (int i = 0; i < AT * AT; i++) all[(size_t)k * AT * AT + i] = (float)((i + k) % 17) / 16.0f;
-            ps[k] = (dcs_panel){all + (size_t)k * AT * AT, AT, AT, "L H"};
+            ps[k] = (dcs_panel){all + (size_t)k * AT * AT, AT, AT, "L H", 0};
         }
         dcs_heatmap_spec sa = base_spec(ps, NP);
         sa.grid_cols = 16;
@@ -543,20 +543,20 @@ static void expect_arg(const dcs_heatmap_spec *sp, const char *what) {
 
 static void test_errors(void) {
     float d[16] = {0};
-    dcs_panel p = {d, 4, 4, NULL};
+    dcs_panel p = {d, 4, 4, NULL, 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     expect_arg(NULL, "NULL spec");
 
-    dcs_panel pn = {NULL, 4, 4, NULL};
+    dcs_panel pn = {NULL, 4, 4, NULL, 0};
     sp.panels = &pn;
     expect_arg(&sp, "NULL data");
     sp = base_spec(NULL, 1);
     expect_arg(&sp, "NULL panels");
 
-    dcs_panel p0 = {d, 0, 4, NULL};
+    dcs_panel p0 = {d, 0, 4, NULL, 0};
     sp = base_spec(&p0, 1);
     expect_arg(&sp, "zero rows");
-    dcs_panel pc = {d, 4, -1, NULL};
+    dcs_panel pc = {d, 4, -1, NULL, 0};
     sp = base_spec(&pc, 1);
     expect_arg(&sp, "negative cols");
 
@@ -599,7 +599,7 @@ static void test_errors(void) {
     expect_arg(&sp, "too large (cell_px huge)");
 
     float *big = (float *)calloc((size_t)20000, sizeof(float));
-    dcs_panel pb = {big, 1, 20000, NULL};
+    dcs_panel pb = {big, 1, 20000, NULL, 0};
     sp = base_spec(&pb, 1);
     expect_arg(&sp, "too large (cols)");
     free(big);
