@@ -98,6 +98,8 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
     """Next-token cross-entropy; logits [B, T, V], toks [B, T]."""
     B, T, _ = logits.shape
     if T < 2:
+        if per_token:
+            return np.zeros((B, 0), np.float32)
         raise Error("return_type='loss' needs at least 2 tokens")
     x = logits[:, :-1].astype(np.float64)
     mx = x.max(-1, keepdims=True)

@@ -51,7 +51,8 @@ class Decoder:
 
     def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True,
              cache_names=()) -> Union[np.ndarray, Tuple[np.ndarray, dict]]:
-        """Feed tokens [n]; returns their logits [n, V] (and a cache with cache_names)."""
+        """Feed tokens [n]; returns their logits [n, V], and a cache of this
+        step's activations when cache_names is given (None: every hook)."""
         m = self.model
         toks = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
         if toks.size == 0 or toks.dtype.kind not in "iu":
@@ -64,7 +65,8 @@ class Decoder:
         run = _Run(m, False)
         L = m.config.n_layer
         want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
-        for name in (m._select(cache_names) if cache_names else ()):
+        want_cache = cache_names is None or bool(cache_names)
+        for name in (m._select(cache_names) if want_cache else ()):
             p, l = m.parse_hook(name)
             run.capture[(p, l)] = name
             want[p * L + l] = 1
@@ -93,7 +95,8 @@ class Decoder:
             raise Error("%s: %s: %s" % (m._errmsg().replace(" aborted the decoding step", ""),
                                         type(e).__name__, e)) from e
         _check(st, m._errmsg())
-        return (out, run.cache) if cache_names else out
+        run.cache.model = m
+        return (out, run.cache) if want_cache else out
 
 
 def _sample(logits: np.ndarray, temperature: float, top_k: Optional[int], rng) -> int:
