@@ -34,8 +34,9 @@ class Decoder:
         self.model = model
         out = ffi.new("dcs_decoder **")
         _check(lib.dcs_decoder_new(model._m, out), model._errmsg())
-        # the destructor holds the model's handle: the model outlives its decoder
-        self._d = ffi.gc(out[0], lambda d, _keep=model._m: lib.dcs_decoder_free(d))
+        # the engine keeps the model alive until its last decoder is freed,
+        # whatever order the garbage collector finalizes them in
+        self._d = ffi.gc(out[0], lib.dcs_decoder_free)
 
     @property
     def pos(self) -> int:

@@ -235,7 +235,9 @@ void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *tota
  * kdd) and k, v are those of the n new tokens (what a hook writes there is
  * what later steps see). Errors are reported as by dcs_forward (dcs_errmsg
  * of the model); after a failed step the decoder is unchanged. A decoder
- * must be freed before its model. */
+ * keeps its model alive: dcs_free of a model with live decoders frees it
+ * when the last of them is freed (either order is safe); do not call
+ * anything else on a model after dcs_free. */
 typedef struct dcs_decoder dcs_decoder;
 dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out);
 void dcs_decoder_free(dcs_decoder *d);

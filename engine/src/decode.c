@@ -518,15 +518,18 @@ dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out) {
         return dcs_seterr(&m->err, DCS_ERR_NOMEM, "decoder: out of memory");
     }
     d->m = m;
+    m->n_decoders++;
     *out = d;
     return DCS_OK;
 }
 
 void dcs_decoder_free(dcs_decoder *d) {
     if (!d) return;
-    for (int l = 0; l < d->m->cfg.n_layer; l++) layer_free(d->m->be, &d->layers[l]);
+    dcs_model *m = d->m;
+    for (int l = 0; l < m->cfg.n_layer; l++) layer_free(m->be, &d->layers[l]);
     free(d->layers);
     free(d);
+    if (--m->n_decoders == 0 && m->freed) dcs_model_destroy(m);
 }
 
 int dcs_decoder_pos(const dcs_decoder *d) { return d ? d->pos : 0; }

@@ -283,7 +283,13 @@ struct dcs_model {
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
     int n_pool;
     uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
+    int n_decoders;                     /* live dcs_decoder objects (decode.c) */
+    int freed;                          /* dcs_free called while decoders live */
 };
+
+/* Free everything of the model (dcs_free, or the last decoder of a model
+ * dcs_free was called on). */
+void dcs_model_destroy(dcs_model *m);
 
 /* Free the model's pooled activation buffers (forward.c). */
 void dcs_pool_clear(dcs_model *m);

@@ -466,8 +466,18 @@ done:
     return DCS_OK;
 }
 
+/* A model with live decoders (decode.c) is only marked: the last decoder
+ * to go frees it, so the two may be freed in either order. */
 void dcs_free(dcs_model *m) {
     if (!m) return;
+    if (m->n_decoders > 0) {
+        m->freed = 1;
+        return;
+    }
+    dcs_model_destroy(m);
+}
+
+void dcs_model_destroy(dcs_model *m) {
     if (m->be) {
         dcs_pool_clear(m);
         for (int i = 0; i < m->n_weights; i++)

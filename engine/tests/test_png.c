@@ -106,7 +106,9 @@ static int check_cells(const image *im, const dcs_png_layout *L,
             for (int s = 0; s < L->cols; s++) {
                 int x, y;
                 dcs_png_cell_origin(L, p, t, s, &x, &y);
-                int masked = sp->mask_upper && s > t;
+                int w = sp->panels[p].mask_window > 0 ? sp->panels[p].mask_window
+                        : sp->panels[p].mask_window < 0 ? 0 : sp->mask_window;
+                int masked = sp->mask_upper && (s > t || (w > 0 && t - s > w));
                 uint8_t want[3];
                 float v = sp->panels[p].data[(size_t)t * L->cols + s];
                 dcs_colormap_rgb(sp->colormap, v, L->vmin, L->vmax, want);
@@ -541,6 +543,38 @@ static void expect_arg(const dcs_heatmap_spec *sp, const char *what) {
     CHECK(st == DCS_ERR_ARG, "%s (err NULL)", what);
 }
 
+/* Per-panel local windows (a layer-by-layer figure of a model whose local
+ * and global layers alternate) and the query / key axis titles. */
+static void test_panel_windows(void) {
+    enum { T = 9 };
+    static float d[3][T * T];
+    for (int p = 0; p < 3; p++)
+        for (int i = 0; i < T * T; i++) d[p][i] = (float)((i * 7 + p) % 11) / 10.0f;
+    dcs_panel ps[3] = {{d[0], T, T, "local", 2}, {d[1], T, T, "global", -1}, {d[2], T, T, "spec's", 0}};
+    dcs_heatmap_spec sp = base_spec(ps, 3);
+    sp.mask_window = 3;
+    sp.mask_upper = 1;
+    image im;
+    dcs_png_layout L;
+    if (!render(&sp, &im, &L)) return;
+    CHECK(check_cells(&im, &L, &sp) == 0, "panel windows: cells and masks");
+    int x, y;
+    dcs_png_cell_origin(&L, 0, 8, 0, &x, &y);
+    CHECK(is_mask(pix(&im, x + L.cell / 2, y + L.cell / 2)), "panel 0 hatches t - s = 8 > 2");
+    dcs_png_cell_origin(&L, 1, 8, 0, &x, &y);
+    CHECK(!is_mask(pix(&im, x + L.cell / 2, y + L.cell / 2)), "panel 1 (global) does not");
+    dcs_png_cell_origin(&L, 2, 5, 1, &x, &y);
+    CHECK(is_mask(pix(&im, x + L.cell / 2, y + L.cell / 2)), "panel 2 uses the spec's window 3");
+    int w0 = L.width, h0 = L.height, x00 = L.x0;
+    free(im.px);
+    sp.axis_titles = 1;
+    if (!render(&sp, &im, &L)) return;
+    CHECK(L.width > w0 && L.height > h0 && L.x0 > x00, "axis titles take room");
+    CHECK(check_cells(&im, &L, &sp) == 0, "cells with axis titles");
+    CHECK(ink_in(&im, 0, L.y0, L.x0 - 2 - L.row_label_glyphs * 6, L.y0 + L.panel_h), "'query' drawn left");
+    free(im.px);
+}
+
 static void test_errors(void) {
     float d[16] = {0};
     dcs_panel p = {d, 4, 4, NULL, 0};
@@ -565,7 +599,7 @@ static void test_errors(void) {
     sp = base_spec(&p, -3);
     expect_arg(&sp, "n_panels negative");
 
-    dcs_panel two[2] = {{d, 4, 4, NULL}, {d, 2, 8, NULL}};
+    dcs_panel two[2] = {{d, 4, 4, NULL, 0}, {d, 2, 8, NULL, 0}};
     sp = base_spec(two, 2);
     expect_arg(&sp, "different sizes");
 
@@ -632,6 +666,7 @@ int main(void) {
     test_grid_auto_range();
     test_diverging();
     test_long_and_auto_cell();
+    test_panel_windows();
     test_errors();
     printf("png: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
