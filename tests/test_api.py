@@ -310,6 +310,12 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
     assert all(issubclass(x.category, routing.MaskedPairWarning) for x in w)
     with pytest.raises(dcscope.Error, match="query position -10 is out of range"):
         model.routing_matrix(toks, 0, phase, -10)
+    np.testing.assert_allclose(model.routing_matrix(None, 1, phase, -2, cache=cache), R[1, -2], atol=1e-12)
+    np.testing.assert_allclose(model.composition_map(None, 1, phase, 4, 1, cache=cache), C[4, 1], atol=1e-12)
+    if model.config.use_dcmha:
+        g = model.gates(None, 1, cache=cache)
+        for k, v in model.gates(toks, 1).items():
+            np.testing.assert_array_equal(g[k], v)
 
 
 # ---------------------------------------------------------------- fixes

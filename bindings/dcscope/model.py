@@ -588,17 +588,27 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ routing, circuits
 
-    def composition_map(self, tokens, layer: int, phase: str, query: int, key: int) -> np.ndarray:
-        """The N x N head-to-head map C[query, key] of a layer and phase (routing.py)."""
+    def composition_map(self, tokens, layer: int, phase: str, query: int, key: int,
+                        cache: Optional[Cache] = None) -> np.ndarray:
+        """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
+        With cache= (a run_with_cache of the same tokens) no pass is run."""
         from . import routing
+        if cache is not None:
+            return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
         return routing.composition_map(self, tokens, layer, phase, query, key)
 
-    def routing_matrix(self, tokens, layer: int, phase: str, query: int) -> np.ndarray:
-        """Head-to-head routing at a query, weighted by what it routes (routing.py)."""
+    def routing_matrix(self, tokens, layer: int, phase: str, query: int,
+                       cache: Optional[Cache] = None) -> np.ndarray:
+        """Head-to-head routing at a query, weighted by what it routes (routing.py).
+        With cache= no pass is run; routing.routing_matrices gives every query at once."""
         from . import routing
+        if cache is not None:
+            return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return routing.routing_matrix(self, tokens, layer, phase, query)
 
-    def gates(self, tokens, layer: int):
+    def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
         from . import routing
+        if cache is not None:
+            return routing.gates_from_cache(self, cache, layer)
         return routing.gates(self, tokens, layer)
