@@ -189,7 +189,11 @@ static inline size_t dcs_hook_index(int n_layer, int point, int layer) {
  * Return 0 if the data was only read, 1 if it was modified (the engine then
  * uses the modified values from this point on), negative to abort the forward
  * pass (it returns DCS_ERR_HOOK; put a message in the model with
- * dcs_set_hook_error first if you like). */
+ * dcs_set_hook_error first if you like). Writes to masked cells (s > t, or
+ * t - s > window on a local layer) of any attention map are ignored: the
+ * softmax masks the pre-softmax maps, and after a hook modifies a
+ * post-softmax map (pattern, post.*, pattern_composed) its masked cells are
+ * set back to 0. */
 typedef int (*dcs_hook_fn)(void *user, int point, int layer, float *data,
                            const int64_t *shape, int ndim);
 
