@@ -170,6 +170,17 @@ def test_left_padded_hooks_see_the_callers_layout(text_model):
         assert rel_err(lg[i, -1], one[-1]) <= 1e-5
     assert seen == [(3, toks.shape[1], 32)]
 
+    def halve_last_query(a, n):   # an attention map: both position axes follow the caller's layout
+        a[..., -1, :] *= 0.5
+        return a
+
+    lg = m.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)], lengths=lens,
+                          padding_side="left")
+    for i, p in enumerate(PROMPTS):
+        one = m.run_with_hooks(p, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)])
+        assert rel_err(lg[i, -1], one[-1]) <= 1e-5
+        assert rel_err(lg[i, -1], m(p)[-1]) > 1e-4
+
 
 def test_loss(text_model):
     m = text_model

@@ -47,9 +47,12 @@ def test_hooks_while_decoding(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
     model = dcscope.load(d)
     toks = _toks(model, 12, 3)
-    hooks = [iv.ablate_head(model, 1, 2)]
+    hooks = [iv.ablate_head(model, 1, 2), iv.scale(model, "blocks.0.attn.k", 0.5, head=1),
+             iv.scale(model, "blocks.1.attn.v", -1.0, head=3), iv.scale(model, "blocks.0.mlp.post", 1.5)]
     if model.config.use_dcmha:
         hooks += iv.disable_branch(model, "post", "kp", layers=[0]) + iv.disable_branch(model, "pre", "qg")
+        hooks += [iv.scale(model, "blocks.1.attn.dyn.post.kw1", 3.0, head=0),
+                  iv.scale(model, "blocks.0.attn.dyn.pre.kdd", 0.0)]
     full = model.run_with_hooks(toks, fwd_hooks=hooks)
     dec = Decoder(model)
     inc = np.concatenate([dec.step(toks[:5], fwd_hooks=hooks)] + [dec.step([t], fwd_hooks=hooks) for t in toks[5:]])
