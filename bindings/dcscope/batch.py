@@ -187,7 +187,6 @@ def _left_view(fn, name: str, shifts: np.ndarray):
 def _apply_mask_rule(model, cache: Cache) -> None:
     """Cached post-softmax maps show what the pass used: masked cells 0
     (the engine zeroes them after a hook writes there; hooks.md)."""
-    from . import names as _n  # noqa: F401
     c = model.config
     for k in list(cache):
         s = _suffix(k)

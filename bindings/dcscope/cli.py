@@ -38,7 +38,7 @@ def _heatmap(argv: List[str]) -> int:
     n_panels = (model.config.n_layer if layer == "all" else (6 if a.hook == "branches" else
                 (1 if a.head is not None else model.config.n_head)))
     grid = a.grid_cols if a.grid_cols is not None else (
-        n_panels if a.hook == "branches" else max(1, int(np.ceil(np.sqrt(n_panels)))))
+        n_panels if a.hook == "branches" else max(1, int(np.ceil(np.sqrt(n_panels)))))  # 32 heads: 6 x 6
     if grid < 0 or a.cell_px < 0:
         raise Error("--grid-cols and --cell-px must be >= 0")
     png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase,
@@ -86,7 +86,6 @@ def _hook_shapes(m):
         if key in seen:
             continue
         seen.add(key)
-        from .interventions import _suffix  # noqa: F401
         out.append(("blocks.{l}." + key if n.startswith("blocks.") else key, "[%s]" % ", ".join(
             sym[x] for x in _layout(key))))
     return out

@@ -198,7 +198,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
       pattern_composed, scores, scores_composed, pre.kp, post.qg, ...);
     - layer="all", head=H: head H across all layers;
     - hook="branches", layer=L, head=H: the five compose branches of `phase`
-      side by side with their sum."""
+      side by side with their sum.
+    Panels go in a near-square grid (grid_cols=N to choose); local layers'
+    windows are hatched; a softmax pattern's colour bar starts at 0."""
     if isinstance(text_or_tokens, str):
         if not text_or_tokens:
             raise Error("heatmap: the text is empty")
@@ -258,6 +260,8 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
             maps, titles = a[head:head + 1], ["L%d H%d" % (layer, head)]
         kw.setdefault("title", "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head)))
     kw.setdefault("diverging", not hook.endswith("pattern"))
+    if not kw.get("grid_cols"):   # a near-square grid, not one long strip (32 heads: 6 x 6)
+        kw["grid_cols"] = max(1, int(np.ceil(np.sqrt(len(maps)))))
     if hook.endswith("pattern") and not hook.endswith("_composed") and not kw["diverging"]:
         # a softmax pattern: the colour bar starts at 0 (not at the smallest weight seen)
         kw.setdefault("vmin", 0.0)
