@@ -112,15 +112,13 @@ def _tokens(model: Model, x) -> np.ndarray:
 
 
 def _progress(total: int, progress: Optional[bool], desc: str):
+    """A tqdm bar when progress is true (None: when stderr is a terminal)."""
     if progress is None:
         progress = sys.stderr.isatty()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        tqdm = None
-    if progress and tqdm is not None:
-        return tqdm(total=total, desc=desc, leave=False)
-    return None
+    if not progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, leave=False)
 
 
 def _layers(model: Model, layers) -> List[int]:
