@@ -374,7 +374,8 @@ def test_head_helpers_take_dyn_hooks_and_check_arguments_up_front(tiny_factory):
                         (lambda: iv.scale(model, "blocks.0.attn.z", 2.0, head=9), "head 9 is out of range"),
                         (lambda: iv.scale(model, "blocks.0.attn.z", float("nan")), "finite"),
                         (lambda: iv.patch(model, "blocks.0.attn.dyn.post.kw2", other, positions=[40]), "position 40"),
-                        (lambda: iv.ablate_head(model, 0, 1, point="mlp.out"), "has no head axis")]:
+                        (lambda: iv.ablate_head(model, 0, 1, point="mlp.out"), "has no head axis"),
+                        (lambda: iv.ablate_head(model, 0, 1, kind="mean", mean=np.zeros(5)), "last axis must be 8")]:
         with pytest.raises(dcscope.Error, match=match):
             call()
 

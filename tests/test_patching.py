@@ -107,6 +107,6 @@ def test_patching_errors_and_plot(tiny_factory):
     d2, _, _ = tiny_factory(**NEOX)
     with pytest.raises(dcscope.Error, match="no composition maps"):
         patching.sweep(dcscope.load(d2), clean, corr, m, over="composition", progress=False)
-    r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=False)
+    r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)   # a tqdm bar on stderr
     assert r.plot()._repr_png_()[:4] == b"\x89PNG"
     assert patching.sweep(model, clean, corr, m, progress=False).plot(normalize=True)._repr_png_()[:4] == b"\x89PNG"

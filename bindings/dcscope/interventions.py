@@ -93,6 +93,16 @@ def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
         raise Error("ablate_head: kind must be 'zero' or 'mean', not %r" % (kind,))
     if kind == "mean" and mean is None:
         raise Error("ablate_head: kind='mean' needs the mean activation (mean=...)")
+    if kind == "mean":
+        mean = np.asarray(mean, dtype=np.float32)
+        if not np.all(np.isfinite(mean)):
+            raise Error("ablate_head %s: the mean has NaN or inf values" % name)
+        c = model.config
+        last = {"attn.z": c.head_dim, "attn.q": c.head_dim, "attn.k": c.head_dim, "attn.v": c.head_dim,
+                "attn.head_out": c.d_model}.get(_suffix(name))
+        if last is not None and (mean.ndim == 0 or mean.shape[-1] != last):
+            raise Error("ablate_head %s: mean has shape %s; its last axis must be %d (one head's slice)"
+                        % (name, mean.shape, last))
 
     def fn(act, _name):
         idx = _head_index(name, head, act.ndim)
