@@ -72,13 +72,15 @@ def cuda_unavailable_reason() -> str:
 
 def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
          always_batch: bool = False) -> "Model":
-    """Load a DCPythia or Pythia checkpoint directory (config.json + weights).
+    """Load a DCPythia or Pythia checkpoint directory (config.json + weights),
+    or a bundled model by name (dcscope.bundled_models()).
 
     always_batch=True gives every result a leading batch axis, also for one
     prompt (TransformerLens' habit); by default the batch axis follows the
     input: a string or [T] array gives [T, ...], a list of strings or a
     [B, T] array gives [B, T, ...]."""
-    m = Model(path, device=device, n_threads=n_threads)
+    from .bundled import resolve
+    m = Model(resolve(path), device=device, n_threads=n_threads)
     m.always_batch = bool(always_batch)
     return m
 
