@@ -536,3 +536,23 @@ def test_dataset_endless_line_and_devices(tmp_path):
     dup.write_text('{"task_id": "task0", "texts": "\\na [ b ]\\n", "task_id": "task9"}\n')
     with pytest.raises(DatasetError, match="key 'task_id' appears twice"):
         load_dataset(dup)
+
+
+def test_ctrl_c_stops_a_decoding_step(deep):
+    from dcscope.generate import Decoder
+    toks = np.zeros(384, np.int32)
+    dec = Decoder(deep)
+    t0 = time.perf_counter()
+    ref = dec.step(toks)
+    full = time.perf_counter() - t0
+    dec = Decoder(deep)
+    timer = _sigint_after(full * 0.15)
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        dec.step(toks)
+        time.sleep(10)
+    took = time.perf_counter() - t0
+    timer.join()
+    assert took < 0.7 * full, (took, full)
+    assert dec.pos == 0                                  # the step was undone
+    np.testing.assert_array_equal(dec.step(toks), ref)

@@ -74,6 +74,19 @@ def decode_msg(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def token_array(tokens) -> np.ndarray:
+    """np.asarray(tokens), with ragged or mixed lists refused as an Error."""
+    try:
+        a = np.asarray(tokens)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise Error("tokens must be a [T] or [B, T] array of integers (a ragged list of "
+                    "sequences must be padded to one length): %s" % e) from None
+    if a.dtype == object:
+        raise Error("tokens must be a [T] or [B, T] array of integers, got a ragged or mixed "
+                    "list (pad sequences to one length)")
+    return a
+
+
 def check_bytes_budget(what: str, nbytes: int, limit: Optional[int]) -> None:
     """Refuse before allocating when nbytes is more than limit."""
     if limit is not None and nbytes > limit:
