@@ -10,10 +10,10 @@ multi-head attention) and Pythia, with hooks on every activation.
     cache["blocks.0.attn.post.kp"]                     # [N, T, S]
     dcscope.attention_heatmap(model, "The cat sat", layer=0)   # PNG, inline in Jupyter
 """
-from .model import Cache, Config, Error, Model, cuda_available, cuda_unavailable_reason, load
+from .model import Cache, Config, Error, LoadWarning, Model, cuda_available, cuda_unavailable_reason, load
 from .heatmaps import PNG, attention_heatmap, heatmap
 from . import circuits, interventions, routing
 
-__all__ = ["Cache", "Config", "Error", "Model", "PNG", "attention_heatmap", "circuits", "cuda_available",
+__all__ = ["Cache", "Config", "Error", "LoadWarning", "Model", "PNG", "attention_heatmap", "circuits", "cuda_available",
            "cuda_unavailable_reason", "heatmap", "interventions", "load", "routing"]
 __version__ = "0.1.0"
