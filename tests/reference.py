@@ -46,6 +46,8 @@ Readings of the spec chosen where it leaves room (also listed in READINGS below)
   * Null config keys (issue 16): "window_size": null means no local layer;
     "compose_groups" / "moh" / "use_sw" null mean their defaults (off, 1 group).
   * query_wise with 4-slot weights: the key slots (1, 3) are ignored (paper, JAX).
+  * "key_wise": true (issue 16, the paper's key-wise-only ablation): the query-wise
+    branches (qp, qg) and their dyn.* hooks are absent; slots 0 and 2 are ignored.
 """
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ class Hyper:
             self.parallel = bool(c.get("use_parallel_residual", True))
             self.use_dcmha = bool(c.get("use_dcmha", True))
             self.query_wise = bool(c.get("query_wise", False))
+            self.key_wise = bool(c.get("key_wise", False))  # key-wise-only ablation (issue 16)
             self.window_size = c.get("window_size", 256)
             self.window_type = c.get("window_type", None)
             self.tie = bool(c.get("tie_word_embeddings", False))
@@ -101,6 +104,7 @@ class Hyper:
             self.parallel = bool(c.get("use_parallel_residual", True))
             self.use_dcmha = False
             self.query_wise = False
+            self.key_wise = False
             self.window_size = None
             self.window_type = None
             self.tie = bool(c.get("tie_word_embeddings", False))
@@ -138,6 +142,8 @@ class Hyper:
         names = ["skip", "qp", "kp", "qg", "kg"]
         if self.query_wise:
             names = ["skip", "qp", "qg"]
+        if self.key_wise:
+            names = ["skip", "kp", "kg"]
         if self.use_sw:
             names.append("static")
         return names
@@ -154,6 +160,8 @@ def hook_names(config):
         if h.composes:
             for phase in ("pre", "post"):
                 dyn = ["qw1", "qw2", "qdd"] if h.query_wise else ["qw1", "qw2", "kw1", "kw2", "qdd", "kdd"]
+                if h.key_wise:
+                    dyn = ["kw1", "kw2", "kdd"]
                 names += [f"{a}dyn.{phase}.{n}" for n in dyn]
         names.append(a + "scores")
         if h.composes:
@@ -373,12 +381,14 @@ def compose_branches(A, dw, query_wise, static=None, G=1):
     Ag = A.reshape(G, Mg, T, S)
     grp = lambda w: w.reshape(w.shape[0], w.shape[1], G, Mg)  # [T, R, N] -> [T, R, G, Mg]
     out = {"skip": A}
-    hidden = np.einsum("gnts,tign->gits", Ag, grp(dw["qw1"]))  # sum_n A[n,t,s] qw1[t,i,n], n in g
-    out["qp"] = np.einsum("gits,tigm->gmts", hidden, grp(dw["qw2"])).reshape(N, T, S)
+    if "qw1" in dw:  # absent for key-wise-only composition
+        hidden = np.einsum("gnts,tign->gits", Ag, grp(dw["qw1"]))  # sum_n A[n,t,s] qw1[t,i,n], n in g
+        out["qp"] = np.einsum("gits,tigm->gmts", hidden, grp(dw["qw2"])).reshape(N, T, S)
     if not query_wise:
         hidden = np.einsum("gnts,sign->gits", Ag, grp(dw["kw1"]))  # sum_n A[n,t,s] kw1[s,i,n]
         out["kp"] = np.einsum("gits,sigm->gmts", hidden, grp(dw["kw2"])).reshape(N, T, S)
-    out["qg"] = A * dw["qdd"].T[:, :, None]  # A[m,t,s] qdd[t,m]
+    if "qdd" in dw:
+        out["qg"] = A * dw["qdd"].T[:, :, None]  # A[m,t,s] qdd[t,m]
     if not query_wise:
         out["kg"] = A * dw["kdd"].T[:, None, :]  # A[m,t,s] kdd[s,m]
     if static is not None:
@@ -404,11 +414,13 @@ def ref_composition_map(cache, layer, phase, t, s, N=None, static=None, G=1):
     when the cache has none (query_wise). With G groups the dynamic projections
     act within groups (C block-diagonal); static is [N, N] or [G, N/G, N/G]."""
     p = f"blocks.{layer}.attn.dyn.{phase}."
-    qw1, qw2, qdd = cache[p + "qw1"][t], cache[p + "qw2"][t], cache[p + "qdd"][t]  # [R, N], [R, N], [N]
     if N is None:
-        N = qdd.shape[0]
+        N = cache[p + ("qdd" if p + "qdd" in cache else "kdd")].shape[1]
     block = np.kron(np.eye(G), np.ones((N // G, N // G)))  # 1 within a group
-    C = np.eye(N) + (qw1.T @ qw2) * block + np.diag(qdd)
+    C = np.eye(N)
+    if p + "qw1" in cache:  # absent for key-wise-only composition
+        qw1, qw2, qdd = cache[p + "qw1"][t], cache[p + "qw2"][t], cache[p + "qdd"][t]  # [R, N], [R, N], [N]
+        C = C + (qw1.T @ qw2) * block + np.diag(qdd)
     if p + "kw1" in cache:
         kw1, kw2, kdd = cache[p + "kw1"][s], cache[p + "kw2"][s], cache[p + "kdd"][s]
         C = C + (kw1.T @ kw2) * block + np.diag(kdd)
@@ -466,11 +478,15 @@ def attention(hk, W, h, l, x):
         dyn = {}
         for phase, (cq, ck) in (("pre", (0, 1)), ("post", (2, 3))):
             p = f"{a}dyn.{phase}."
-            d = {"qw1": hk(p + "qw1", w1[:, cq]), "qw2": hk(p + "qw2", w2[:, cq])}
+            d = {}
+            if not h.key_wise:
+                d["qw1"] = hk(p + "qw1", w1[:, cq])
+                d["qw2"] = hk(p + "qw2", w2[:, cq])
             if not h.query_wise:
                 d["kw1"] = hk(p + "kw1", w1[:, ck])
                 d["kw2"] = hk(p + "kw2", w2[:, ck])
-            d["qdd"] = hk(p + "qdd", g[:, cq])
+            if not h.key_wise:
+                d["qdd"] = hk(p + "qdd", g[:, cq])
             if not h.query_wise:
                 d["kdd"] = hk(p + "kdd", g[:, ck])
             dyn[phase] = d

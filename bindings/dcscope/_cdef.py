@@ -17,7 +17,7 @@ typedef struct {
     int vocab; int rotary_dim; float rope_base; float norm_eps; int parallel_residual;
     int qk_norm; int linear_bias; int use_dcmha; int query_wise; int dyn_rank;
     int dyn_hidden; int dyn_slots; int window_size; int tie_embeddings;
-    int use_sw; int compose_groups; int moh; int moh_shared; int moh_topk;
+    int use_sw; int compose_groups; int moh; int moh_shared; int moh_topk; int key_wise;
 } dcs_config;
 typedef struct { int device; int cuda_device; int n_threads; } dcs_load_options;
 

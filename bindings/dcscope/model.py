@@ -60,6 +60,7 @@ class Config:
     moh_shared_heads: Optional[int] = None   # MoH routing: None when off
     moh_routed_topk: Optional[int] = None
     dyn_slots: int = 0                   # C: 4 (pre/post x query/key) or 2
+    key_wise: bool = False               # query-wise branches absent
 
     def __getitem__(self, key):  # dict-style access for notebooks
         return getattr(self, key)
@@ -202,7 +203,8 @@ class Model:
             tie_embeddings=bool(c.tie_embeddings), use_sw=bool(c.use_sw) and bool(c.use_dcmha),
             compose_groups=c.compose_groups,
             moh_shared_heads=c.moh_shared if c.moh else None,
-            moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots)
+            moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
+            key_wise=bool(c.key_wise))
         self.load_warnings = ffi.string(lib.dcs_load_warnings(self._m)).decode(errors="replace").splitlines()
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)

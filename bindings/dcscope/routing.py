@@ -4,8 +4,10 @@ For DCMHA layer l, phase pre|post, query t and key s, the composition map
 C[t,s] (N x N, C[n, m] = weight of source head n in target head m) is
 
     C[t,s] = I + qw1[t]^T qw2[t] + kw1[s]^T kw2[s] + diag(qdd[t]) + diag(kdd[s])
+             (+ W, the static Talking-Heads term, with use_sw)
 
-so that composed[:, t, s] = C[t,s]^T @ raw[:, t, s]. For Pythia (plain MHA)
+so that composed[:, t, s] = C[t,s]^T @ raw[:, t, s]; with compose_groups G
+the projection terms (and W) are block-diagonal. For Pythia (plain MHA)
 every map is the identity.
 """
 from __future__ import annotations
@@ -19,9 +21,9 @@ from .model import Cache, Error, Model
 PHASES = ("pre", "post")
 
 
-def _dyn_names(layer: int, phase: str, query_wise: bool):
+def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False):
     p = "blocks.%d.attn.dyn.%s." % (layer, phase)
-    names = [p + "qw1", p + "qw2", p + "qdd"]
+    names = [] if key_wise else [p + "qw1", p + "qw2", p + "qdd"]
     if not query_wise:
         names += [p + "kw1", p + "kw2", p + "kdd"]
     return names
@@ -49,23 +51,48 @@ def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> Dict[str, n
     toks = _check(model, tokens, layer, phase)
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
-    names = _dyn_names(layer, phase, model.config.query_wise)
+    names = _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
     _, cache = model.run_with_cache(toks, names=names)
     return {n.rsplit(".", 1)[1]: cache[n] for n in names}
 
 
-def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None) -> np.ndarray:
-    """C[t=query, s] for the given keys (default: all), [len(keys), N, N]."""
-    qw1, qw2, qdd = dyn["qw1"][query], dyn["qw2"][query], dyn["qdd"][query]
-    N = qdd.shape[0]
-    S = dyn["qw1"].shape[0]
+def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
+    """The static (Talking-Heads) term W [N, N] of a layer and phase (block-diagonal
+    with compose_groups), or None when the model has no static branch."""
+    if not model.config.use_sw:
+        return None
+    w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))   # [G, Mg, Mg]
+    return _block_diag(w.astype(np.float64))
+
+
+def _block_diag(blocks: np.ndarray) -> np.ndarray:
+    G, Mg, _ = blocks.shape
+    out = np.zeros((G * Mg, G * Mg))
+    for g in range(G):
+        out[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = blocks[g]
+    return out
+
+
+def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1,
+                      static: Optional[np.ndarray] = None) -> np.ndarray:
+    """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
+    `groups` G the dynamic projections mix heads only within each of G blocks;
+    `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
+    some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
+    S, N = some.shape
     keys = range(S) if keys is None else keys
-    base = np.eye(N) + qw1.T.astype(np.float64) @ qw2 + np.diag(qdd)
+    block = np.kron(np.eye(groups), np.ones((N // groups, N // groups)))
+    base = np.eye(N)
+    if "qw1" in dyn:  # absent for key-wise-only composition
+        qw1, qw2, qdd = dyn["qw1"][query], dyn["qw2"][query], dyn["qdd"][query]
+        base = base + (qw1.T.astype(np.float64) @ qw2) * block + np.diag(qdd)
+    if static is not None:
+        base = base + static
     out = np.empty((len(keys), N, N))
     for i, s in enumerate(keys):
         c = base.copy()
         if "kw1" in dyn:
-            c += dyn["kw1"][s].T.astype(np.float64) @ dyn["kw2"][s] + np.diag(dyn["kdd"][s])
+            c += (dyn["kw1"][s].T.astype(np.float64) @ dyn["kw2"][s]) * block + np.diag(dyn["kdd"][s])
         out[i] = c
     return out
 
@@ -75,7 +102,8 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
     toks = _check(model, tokens, layer, phase, query, key)
     if not model.config.use_dcmha:
         return np.eye(model.config.n_head)
-    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key])[0]
+    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key],
+                             model.config.compose_groups, static_map(model, layer, phase))[0]
 
 
 def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> np.ndarray:
@@ -88,7 +116,8 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     toks = _check(model, tokens, layer, phase, query)
     N = model.config.n_head
     src = "blocks.%d.attn.%s" % (layer, "scores" if phase == "pre" else "pattern")
-    names = [src] + (_dyn_names(layer, phase, model.config.query_wise) if model.config.use_dcmha else [])
+    names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
+                     if model.config.use_dcmha else [])
     _, cache = model.run_with_cache(toks, names=names)
     window = model.config.window_size if layer in model.config.local_layers else 0
     keys = [s for s in range(query + 1) if window <= 0 or query - s <= window]
@@ -96,7 +125,8 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     if not model.config.use_dcmha:
         return np.diag(x.sum(axis=1))
     dyn = {n.rsplit(".", 1)[1]: cache[n] for n in names[1:]}
-    maps = maps_from_weights(dyn, query, keys)                  # [len(keys), N, N]
+    maps = maps_from_weights(dyn, query, keys, model.config.compose_groups,
+                             static_map(model, layer, phase))   # [len(keys), N, N]
     return np.einsum("ns,snm->nm", x, maps)
 
 
@@ -106,16 +136,17 @@ def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     toks = _check(model, tokens, layer, "pre")
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
-    sides = ("qdd",) if model.config.query_wise else ("qdd", "kdd")
+    sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")
     names = ["blocks.%d.attn.dyn.%s.%s" % (layer, ph, s) for ph in PHASES for s in sides]
     _, cache = model.run_with_cache(toks, names=names)
     return {n.split("dyn.", 1)[1]: cache[n] for n in names}
 
 
-def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int) -> np.ndarray:
+def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int,
+                       groups: int = 1, static: Optional[np.ndarray] = None) -> np.ndarray:
     """C[query, key] from a cache that holds the layer's dyn.* activations."""
     p = "blocks.%d.attn.dyn.%s." % (layer, phase)
     if p + "qw1" not in cache:
         raise Error("cache has no %sqw1 (capture the dyn hooks of layer %d)" % (p, layer))
     dyn = {k: cache[p + k] for k in ("qw1", "qw2", "qdd", "kw1", "kw2", "kdd") if p + k in cache}
-    return maps_from_weights(dyn, query, [key])[0]
+    return maps_from_weights(dyn, query, [key], groups, static)[0]

@@ -77,6 +77,8 @@ typedef struct {
     int moh;               /* Mixture-of-Head routing on                     */
     int moh_shared;        /* hs: shared (always-on) heads                   */
     int moh_topk;          /* k: routed heads selected per token             */
+    int key_wise;          /* query-wise branches absent (the paper's
+                              key-wise-only ablation; "key_wise": true)      */
 } dcs_config;
 
 typedef struct {

@@ -220,9 +220,9 @@ static void compose_rows(void *arg, long long begin, long long end) {
     for (long long bt = begin; bt < end; bt++) {
         const int b = (int)(bt / T), t = (int)(bt % T);
         const long long base = (long long)b * N * TS;
-        const float *qw1 = a->qw1 + ((size_t)b * T + t) * R * N;
-        const float *qw2 = a->qw2 + ((size_t)b * T + t) * R * N;
-        const float *qdd = a->qdd + ((size_t)b * T + t) * N;
+        const float *qw1 = a->qw1 ? a->qw1 + ((size_t)b * T + t) * R * N : NULL;
+        const float *qw2 = a->qw2 ? a->qw2 + ((size_t)b * T + t) * R * N : NULL;
+        const float *qdd = a->qdd ? a->qdd + ((size_t)b * T + t) * N : NULL;
         for (int s = 0; s < S; s++) {
             long long o = base + (long long)t * S + s;
             if (a->causal_only && !dcs_allowed(t, s, a->window)) {

@@ -61,8 +61,8 @@ DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
  *                 + a[m] qdd[m] + a[m] kdd[m] + sum_n a[n] sw[n,m]
  * where n runs over m's group only and sw is that group's [Mg, Mg] block.
  * a and out are strided by `stride` (the N axis of an [N, T, S] tensor);
- * out may alias a. qw1, qw2, kw1, kw2 are [R, N] (kw* NULL: query_wise),
- * qdd, kdd are [N] (kdd NULL: query_wise), sw [G, Mg, Mg] or NULL (then
+ * out may alias a. qw1, qw2, kw1, kw2 are [R, N] (kw* NULL: query_wise,
+ * qw* NULL: key_wise), qdd, kdd are [N] (NULL likewise), sw [G, Mg, Mg] or NULL (then
  * Mg <= DCS_MAX_SW_HEADS is not needed). The b_* outputs (each may be
  * NULL) receive the skip, qp, kp, qg, kg, static contributions. */
 #ifndef DCS_MAX_SW_HEADS
@@ -83,7 +83,7 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
             float sq = 0.0f, sk = 0.0f;
             for (int n = n0; n < n0 + Mg; n++) {
                 float an = a[(long long)n * stride];
-                sq += an * qw1[i * N + n];
+                if (qw1) sq += an * qw1[i * N + n];
                 if (kw1) sk += an * kw1[i * N + n];
             }
             qi[i] = sq;
@@ -97,10 +97,10 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
             float am = a[o];
             float qp = 0.0f, kp = 0.0f, st = 0.0f;
             for (int i = 0; i < R; i++) {
-                qp += qi[i] * qw2[i * N + m];
+                if (qw2) qp += qi[i] * qw2[i * N + m];
                 if (kw2) kp += ki[i] * kw2[i * N + m];
             }
-            float qg = am * qdd[m];
+            float qg = qdd ? am * qdd[m] : 0.0f;
             float kg = kdd ? am * kdd[m] : 0.0f;
             if (W)
                 for (int n = 0; n < Mg; n++) st += ag[n] * W[n * Mg + (m - n0)];

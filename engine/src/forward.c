@@ -180,7 +180,8 @@ static void linear(fw *f, float *y, const float *x, const float *W, const float 
 /* Dynamic weights of one layer (model-spec 2 step 4), into per-slot
  * buffers: w1[c], w2[c] [B, T, R, N] (w1 RMS-normalised over N), dd[c]
  * [B, T, N]. Slots used: pre-q, pre-k, post-q, post-k (C = 4), or pre-q,
- * post-q (C = 2, query_wise). Key slots are skipped when query_wise. */
+ * post-q (C = 2, query_wise; pre-k, post-k for key_wise). Key slots are
+ * skipped when query_wise, query slots when key_wise. */
 typedef struct {
     float *w1[2][2], *w2[2][2], *dd[2][2];   /* [phase][0 query, 1 key] */
 } dyn_weights;
@@ -207,8 +208,8 @@ static void dynamic_weights(fw *f, const dcs_layer_weights *lw, const float *h, 
     for (int phase = 0; phase < 2; phase++)
         for (int side = 0; side < 2; side++) {
             dw->w1[phase][side] = dw->w2[phase][side] = dw->dd[phase][side] = NULL;
-            if (side == 1 && c->query_wise) continue;
-            int slot = C == 4 ? 2 * phase + side : phase;
+            if ((side == 1 && c->query_wise) || (side == 0 && c->key_wise)) continue;
+            int slot = C == 4 ? 2 * phase + side : phase;   /* C == 2: one side only */
             float *w1 = fw_alloc(f, M, R, N), *w2 = fw_alloc(f, M, R, N), *dd = fw_alloc(f, M, N, 1);
             if (f->status) return;
             if (G == 1) {
@@ -256,7 +257,7 @@ static void dyn_hooks(fw *f, int l, dyn_weights *dw) {
 
 /* Compose in place (pre: all pairs; post: allowed pairs only), with the
  * branch hooks of this phase: if any is wanted, all branches of the model
- * (five, or three when query_wise, plus static with use_sw) are
+ * (five, or three when query_wise or key_wise, plus static with use_sw) are
  * materialised so that a rewritten branch enters the sum. */
 static void compose(fw *f, int l, int phase, float *A, const dyn_weights *dw, int window) {
     const dcs_config *c = &f->m->cfg;
@@ -517,7 +518,7 @@ static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks)
             for (int p = DCS_HP_PRE_SKIP; p <= DCS_HP_POST_STATIC; p++)
                 if (p != DCS_HP_SCORES_COMPOSED && p != DCS_HP_PATTERN &&
                     dcs_hook_exists(m, p) && hooks->want[dcs_hook_index(c->n_layer, p, l)])
-                    branches = (c->query_wise ? 3 : 5) + (c->use_sw ? 1 : 0);
+                    branches = (c->query_wise || c->key_wise ? 3 : 5) + (c->use_sw ? 1 : 0);
             if (hooks->want[dcs_hook_index(c->n_layer, DCS_HP_HEAD_OUT, l)]) head_out = 1;
         }
     /* M*T*N <= 2^24 * 2^24 * 2^12 = 2^60 floats: no overflow; totals in double */

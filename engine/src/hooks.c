@@ -15,7 +15,8 @@ typedef struct {
     int layered;
     shape_kind shape;
     int needs;       /* 0 always, 1 DCMHA, 2 DCMHA without query_wise,
-                        3 DCMHA with use_sw, 4 MoH routing */
+                        3 DCMHA with use_sw, 4 MoH routing,
+                        5 DCMHA without key_wise (query-side points) */
 } point_info;
 
 static const point_info POINTS[DCS_HP_COUNT] = {
@@ -25,31 +26,31 @@ static const point_info POINTS[DCS_HP_COUNT] = {
     [DCS_HP_Q] = {"attn.q", 1, SH_TNDh, 0},
     [DCS_HP_K] = {"attn.k", 1, SH_TNDh, 0},
     [DCS_HP_V] = {"attn.v", 1, SH_TNDh, 0},
-    [DCS_HP_DYN_PRE_QW1] = {"attn.dyn.pre.qw1", 1, SH_TRN, 1},
-    [DCS_HP_DYN_PRE_QW2] = {"attn.dyn.pre.qw2", 1, SH_TRN, 1},
+    [DCS_HP_DYN_PRE_QW1] = {"attn.dyn.pre.qw1", 1, SH_TRN, 5},
+    [DCS_HP_DYN_PRE_QW2] = {"attn.dyn.pre.qw2", 1, SH_TRN, 5},
     [DCS_HP_DYN_PRE_KW1] = {"attn.dyn.pre.kw1", 1, SH_TRN, 2},
     [DCS_HP_DYN_PRE_KW2] = {"attn.dyn.pre.kw2", 1, SH_TRN, 2},
-    [DCS_HP_DYN_PRE_QDD] = {"attn.dyn.pre.qdd", 1, SH_TN, 1},
+    [DCS_HP_DYN_PRE_QDD] = {"attn.dyn.pre.qdd", 1, SH_TN, 5},
     [DCS_HP_DYN_PRE_KDD] = {"attn.dyn.pre.kdd", 1, SH_TN, 2},
-    [DCS_HP_DYN_POST_QW1] = {"attn.dyn.post.qw1", 1, SH_TRN, 1},
-    [DCS_HP_DYN_POST_QW2] = {"attn.dyn.post.qw2", 1, SH_TRN, 1},
+    [DCS_HP_DYN_POST_QW1] = {"attn.dyn.post.qw1", 1, SH_TRN, 5},
+    [DCS_HP_DYN_POST_QW2] = {"attn.dyn.post.qw2", 1, SH_TRN, 5},
     [DCS_HP_DYN_POST_KW1] = {"attn.dyn.post.kw1", 1, SH_TRN, 2},
     [DCS_HP_DYN_POST_KW2] = {"attn.dyn.post.kw2", 1, SH_TRN, 2},
-    [DCS_HP_DYN_POST_QDD] = {"attn.dyn.post.qdd", 1, SH_TN, 1},
+    [DCS_HP_DYN_POST_QDD] = {"attn.dyn.post.qdd", 1, SH_TN, 5},
     [DCS_HP_DYN_POST_KDD] = {"attn.dyn.post.kdd", 1, SH_TN, 2},
     [DCS_HP_SCORES] = {"attn.scores", 1, SH_NTS, 0},
     [DCS_HP_PRE_SKIP] = {"attn.pre.skip", 1, SH_NTS, 1},
-    [DCS_HP_PRE_QP] = {"attn.pre.qp", 1, SH_NTS, 1},
+    [DCS_HP_PRE_QP] = {"attn.pre.qp", 1, SH_NTS, 5},
     [DCS_HP_PRE_KP] = {"attn.pre.kp", 1, SH_NTS, 2},
-    [DCS_HP_PRE_QG] = {"attn.pre.qg", 1, SH_NTS, 1},
+    [DCS_HP_PRE_QG] = {"attn.pre.qg", 1, SH_NTS, 5},
     [DCS_HP_PRE_KG] = {"attn.pre.kg", 1, SH_NTS, 2},
     [DCS_HP_PRE_STATIC] = {"attn.pre.static", 1, SH_NTS, 3},
     [DCS_HP_SCORES_COMPOSED] = {"attn.scores_composed", 1, SH_NTS, 1},
     [DCS_HP_PATTERN] = {"attn.pattern", 1, SH_NTS, 0},
     [DCS_HP_POST_SKIP] = {"attn.post.skip", 1, SH_NTS, 1},
-    [DCS_HP_POST_QP] = {"attn.post.qp", 1, SH_NTS, 1},
+    [DCS_HP_POST_QP] = {"attn.post.qp", 1, SH_NTS, 5},
     [DCS_HP_POST_KP] = {"attn.post.kp", 1, SH_NTS, 2},
-    [DCS_HP_POST_QG] = {"attn.post.qg", 1, SH_NTS, 1},
+    [DCS_HP_POST_QG] = {"attn.post.qg", 1, SH_NTS, 5},
     [DCS_HP_POST_KG] = {"attn.post.kg", 1, SH_NTS, 2},
     [DCS_HP_POST_STATIC] = {"attn.post.static", 1, SH_NTS, 3},
     [DCS_HP_PATTERN_COMPOSED] = {"attn.pattern_composed", 1, SH_NTS, 1},
@@ -79,6 +80,7 @@ int dcs_hook_exists(const dcs_model *m, int p) {
     case 2: return m->cfg.use_dcmha && !m->cfg.query_wise;
     case 3: return m->cfg.use_dcmha && m->cfg.use_sw;
     case 4: return m->cfg.moh;
+    case 5: return m->cfg.use_dcmha && !m->cfg.key_wise;
     default: return 1;
     }
 }
@@ -131,6 +133,7 @@ dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer
     if (!dcs_hook_exists(m, p)) {
         const char *why = "query_wise: no key-wise branches";
         if (POINTS[p].needs == 4) why = "no Mixture-of-Head routing ('moh' is not in the config)";
+        else if (POINTS[p].needs == 5 && m->cfg.use_dcmha) why = "key_wise: no query-wise branches";
         else if (!m->cfg.use_dcmha) why = "no DCMHA composition: plain multi-head attention";
         else if (POINTS[p].needs == 3) why = "no static composition branch (use_sw is off)";
         return dcs_seterr(&m->err, DCS_ERR_ARG, "hook '%.200s' does not exist in this model (%s)", name, why);

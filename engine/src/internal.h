@@ -172,7 +172,8 @@ typedef struct dcs_backend dcs_backend;
 /* Arguments of the compose kernel: out = Compose(in) per model-spec 2.6
  * and 5, over [B, N, T, S] tensors. Dynamic weights are [B, T, R, N] (query
  * side) and [B, S, R, N] (key side), gates [B, T, N] / [B, S, N]; the
- * key-side pointers are NULL for query_wise models. With G groups the N
+ * key-side pointers are NULL for query_wise models, the query-side ones
+ * for key_wise models. With G groups the N
  * axis is G blocks of N/G heads and heads mix only within their block
  * (each block's [R, N/G] slice is that group's weight). sw: the static
  * (Talking-Heads) map [G, N/G, N/G] or NULL. Branch outputs may be NULL.

@@ -157,6 +157,10 @@ static dcs_status parse_dcpythia(cfg_reader *r, dcs_config *c, int *pat, int *pl
     if ((s = get_bool(r, "use_parallel_residual", 1, &c->parallel_residual))) return s;
     if ((s = get_bool(r, "use_linear_bias", 1, &c->linear_bias))) return s;
     if ((s = get_bool(r, "query_wise", 0, &c->query_wise))) return s;
+    if ((s = get_bool(r, "key_wise", 0, &c->key_wise))) return s;
+    if (c->query_wise && c->key_wise)
+        return dcs_seterr(r->e, DCS_ERR_CONFIG,
+                          "%s: query_wise and key_wise are both true (at most one side may be dropped)", r->path);
     if ((s = get_bool(r, "use_dcmha", 1, &c->use_dcmha))) return s;
     if ((s = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings))) return s;
     /* "window_size": null = no window, every layer global (the published

@@ -281,16 +281,17 @@ static dcs_status dcpythia_dyn_dims(builder *b) {
     c->dyn_slots = (int)dw1->shape[2];
     c->dyn_hidden = (int)dw1->shape[3];
     c->dyn_rank = (int)(qkw->shape[3] / 2);
-    if (c->dyn_slots == 2 && !c->query_wise)
+    if (c->dyn_slots == 2 && !c->query_wise && !c->key_wise)
         return dcs_seterr(b->e, DCS_ERR_TENSOR,
-                          "%s: dyn_w_proj.dw1 has 2 slots (query-wise) but the config has query_wise false",
+                          "%s: dyn_w_proj.dw1 has 2 slots (one side) but the config has query_wise false and key_wise false",
                           dw1->file);
     return DCS_OK;
 }
 
-/* Does any key-side slot (1, 3) of a 4-slot layer carry weight? The key
- * branches act iff the hidden and qkw slots are both nonzero, or dd is. */
-static int key_slots_used(const dcs_model *m, int l) {
+/* Does any dropped-side slot (key: 1, 3; query: 0, 2) of a 4-slot layer
+ * carry weight? That side's branches act iff the hidden and qkw slots are
+ * both nonzero, or dd is. */
+static int side_slots_used(const dcs_model *m, int l, int side) {
     const dcs_config *c = &m->cfg;
     const int64_t C = c->dyn_slots, K = c->dyn_hidden, Mg = c->n_head / c->compose_groups;
     const int64_t RM = 2 * (int64_t)c->dyn_rank * Mg;
@@ -307,21 +308,28 @@ static int key_slots_used(const dcs_model *m, int l) {
         if (!v) return 1;   /* cannot check: say so */
         dcs_tensor_to_f32(t, v);
         for (uint64_t j = 0; j < n && !nz[i]; j++)
-            if (v[j] != 0.0f && ((int64_t)(j / (uint64_t)per_slot[i]) % C) % 2 == 1) nz[i] = 1;
+            if (v[j] != 0.0f && ((int64_t)(j / (uint64_t)per_slot[i]) % C) % 2 == side) nz[i] = 1;
         free(v);
     }
     return (nz[0] && nz[1]) || nz[2];
 }
 
 /* A query-wise checkpoint with 4 slots carries key-side weights: they are
- * ignored (model-spec 2 step 6), said once at load. */
+ * ignored (model-spec 2 step 6), said once at load. Likewise the query-side
+ * weights of a key-wise-only checkpoint. */
 static void query_wise_note(dcs_model *m) {
     const dcs_config *c = &m->cfg;
-    if (!c->use_dcmha || !c->query_wise || c->dyn_slots != 4) return;
+    if (!c->use_dcmha || !(c->query_wise || c->key_wise) || c->dyn_slots != 4) return;
     int used = 0;
-    for (int l = 0; l < c->n_layer && !used; l++) used = key_slots_used(m, l);
+    for (int l = 0; l < c->n_layer && !used; l++) used = side_slots_used(m, l, c->query_wise ? 1 : 0);
     if (!used) return;
     size_t o = strlen(m->warnings);
+    if (c->key_wise) {
+        snprintf(m->warnings + o, sizeof m->warnings - o,
+                 "%s: key_wise is set but dyn_w_proj carries query-wise weights (slots 0 and 2 of "
+                 "dw1/qkw/dd); they are ignored (key-wise-only composition).\n", m->dir);
+        return;
+    }
     snprintf(m->warnings + o, sizeof m->warnings - o,
              "%s: query_wise is set but dyn_w_proj carries key-wise weights (slots 1 and 3 of "
              "dw1/qkw/dd); they are ignored, as in the DCFormer paper and its JAX training code. "

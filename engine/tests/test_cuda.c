@@ -341,10 +341,12 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
         memset(&a, 0, sizeof a);
         a.out = side ? out.g : out.c;
         a.in = side ? in.g : in.c;
-        a.qw1 = side ? qw1.g : qw1.c;
-        a.qw2 = side ? qw2.g : qw2.c;
-        a.qdd = side ? qdd.g : qdd.c;
-        if (!query_wise) {
+        if (query_wise != 2) {   /* 2: key_wise, no query side */
+            a.qw1 = side ? qw1.g : qw1.c;
+            a.qw2 = side ? qw2.g : qw2.c;
+            a.qdd = side ? qdd.g : qdd.c;
+        }
+        if (query_wise != 1) {
             a.kw1 = side ? kw1.g : kw1.c;
             a.kw2 = side ? kw2.g : kw2.c;
             a.kdd = side ? kdd.g : kdd.c;
@@ -360,7 +362,8 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
     static const char *bname[DCS_N_BRANCHES] = {"skip", "qp", "kp", "qg", "kg", "static"};
     char what[200];
     snprintf(what, sizeof what, "compose B=%d N=%d T=%d R=%d G=%d%s%s%s w=%d%s%s", B, N, T, R, G,
-             use_sw ? " static" : "", causal ? " causal" : "", query_wise ? " query_wise" : "", window,
+             use_sw ? " static" : "", causal ? " causal" : "",
+             query_wise == 1 ? " query_wise" : query_wise == 2 ? " key_wise" : "", window,
              in_place ? " in place" : "", branches ? " +branches" : "");
     check(t, out, what, 1e-5);
     if (causal) check_masked_zero(t, out, B * N, T, S, window, what);
@@ -386,6 +389,7 @@ static void test_compose(ctx *t) {
     compose_case(t, 2, 6, 23, 2, 0, 0, 63, 1, 0, 1, 1);     /* static branch, in place       */
     compose_case(t, 2, 8, 23, 2, 1, 4, 63, 1, 0, 4, 1);     /* 4 groups + static, windowed   */
     compose_case(t, 1, 8, 19, 2, 0, 0, 31, 0, 1, 2, 0);     /* 2 groups, query_wise          */
+    compose_case(t, 2, 6, 21, 2, 1, 3, 63, 1, 2, 1, 1);     /* key_wise + static, windowed   */
 }
 
 /* ------------------------------------------------------------ MoH */

@@ -103,7 +103,8 @@ def round_to_dtype(a, dtype):
 
 def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, window_type,
                     query_wise, use_qk_norm, use_parallel_residual, use_linear_bias, use_dcmha,
-                    rotary_pct, tie_word_embeddings, dtype, use_sw=False, moh=None, compose_groups=1):
+                    rotary_pct, tie_word_embeddings, dtype, use_sw=False, moh=None, compose_groups=1,
+                    key_wise=False):
     """config.json with the keys of the published DCPythia-6.9B config."""
     cfg = OrderedDict()
     cfg["architectures"] = ["DCPythia"]
@@ -145,6 +146,8 @@ def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, w
         cfg["moh"] = {"shared_heads": int(moh["shared_heads"]), "routed_topk": int(moh["routed_topk"])}
     if compose_groups != 1:
         cfg["compose_groups"] = int(compose_groups)
+    if key_wise:
+        cfg["key_wise"] = True
     return dict(cfg)
 
 
@@ -727,7 +730,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
               rotary_pct=0.25, dtype="float32", fmt="safetensors", shards=1, fused_qkv=True,
               tie_word_embeddings=False, seed=0, weight_scale=1.0, dyn_scale=1.0, tokenizer=None,
               extra_derived=False, share_storage=False, write_unused_dyn=True, use_sw=False,
-              moh=None, compose_groups=1, torch_views=None, archive_name="archive",
+              moh=None, compose_groups=1, key_wise=False, torch_views=None, archive_name="archive",
               pickle_container="ordereddict", torch_style="2.1", st_writer="auto"):
     """Write a tiny random checkpoint directory; return (state_dict, config).
 
@@ -752,6 +755,8 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
       compose_groups: G, heads composed within G groups (the published layout's G
         axis: dw1 [D,G,4,K], qkw [G,4,K,2R,N/G], dd [D,G,4N/G], pre/post_proj.w
         [G,N/G,N/G]); written to config.json as "compose_groups" when not 1.
+      key_wise: the key-wise-only ablation ("key_wise": true in config.json; the
+        weights keep all 4 slots, the query ones then unused).
       window_size: None writes "window_size": null (no local layers).
       torch_views: torch format only, tensors stored as strided views the way
         torch.save keeps them: "transpose" stores every 2-D weight's storage
@@ -790,7 +795,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             use_qk_norm=use_qk_norm, use_parallel_residual=use_parallel_residual,
             use_linear_bias=use_linear_bias, use_dcmha=use_dcmha, rotary_pct=rotary_pct,
             tie_word_embeddings=tie_word_embeddings, dtype=dtype, use_sw=use_sw, moh=moh,
-            compose_groups=compose_groups)
+            compose_groups=compose_groups, key_wise=key_wise)
         sd32 = _dcpythia_weights(
             g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
             rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, use_linear_bias=use_linear_bias,
@@ -948,6 +953,8 @@ def main(argv=None):
     ap.add_argument("--use-sw", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--moh", default=None, metavar="HS,K", help="MoH routing: shared heads, routed top-k")
     ap.add_argument("--compose-groups", type=int, default=1, help="G: heads composed within G groups")
+    ap.add_argument("--key-wise", action=argparse.BooleanOptionalAction, default=False,
+                    help="key-wise-only composition")
     ap.add_argument("--torch-views", default=None, choices=["transpose", "expand"],
                     help="torch format: store tensors as strided views")
     ap.add_argument("--archive-name", default="archive",
@@ -965,6 +972,7 @@ def main(argv=None):
         seed=a.seed, weight_scale=a.weight_scale, dyn_scale=a.dyn_scale, tokenizer=a.tokenizer,
         extra_derived=a.extra_derived, share_storage=a.share_storage, write_unused_dyn=a.write_unused_dyn,
         use_sw=a.use_sw, moh=_parse_moh(a.moh), compose_groups=a.compose_groups, torch_views=a.torch_views,
+        key_wise=a.key_wise,
         archive_name=None if a.archive_name == "auto" else a.archive_name,
         pickle_container=a.pickle_container, torch_style=a.torch_style, st_writer=a.st_writer)
     total = sum(v.size for v in sd.values())

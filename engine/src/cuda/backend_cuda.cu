@@ -268,9 +268,9 @@ static __global__ void compose_kernel(dcs_compose_args a) {
     size_t RN = (size_t)a.R * a.N;
     size_t qrow = (size_t)b * a.T + t, krow = (size_t)b * a.S + s;
     dcs_compose_pair(a.in + off, a.out + off, stride, a.N, a.G, a.R,
-                     a.qw1 + qrow * RN, a.qw2 + qrow * RN,
+                     a.qw1 ? a.qw1 + qrow * RN : NULL, a.qw2 ? a.qw2 + qrow * RN : NULL,
                      a.kw1 ? a.kw1 + krow * RN : NULL, a.kw2 ? a.kw2 + krow * RN : NULL,
-                     a.qdd + qrow * a.N, a.kdd ? a.kdd + krow * a.N : NULL, a.sw,
+                     a.qdd ? a.qdd + qrow * a.N : NULL, a.kdd ? a.kdd + krow * a.N : NULL, a.sw,
                      a.br[0] ? a.br[0] + off : NULL, a.br[1] ? a.br[1] + off : NULL,
                      a.br[2] ? a.br[2] + off : NULL, a.br[3] ? a.br[3] + off : NULL,
                      a.br[4] ? a.br[4] + off : NULL, a.br[5] ? a.br[5] + off : NULL);
