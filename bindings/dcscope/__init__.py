@@ -12,8 +12,8 @@ multi-head attention) and Pythia, with hooks on every activation.
 """
 from .model import Cache, Config, Error, LoadWarning, Model, cuda_available, cuda_unavailable_reason, load
 from .heatmaps import PNG, attention_heatmap, heatmap
-from . import circuits, interventions, routing
+from . import analysis, circuits, interventions, routing
 
-__all__ = ["Cache", "Config", "Error", "LoadWarning", "Model", "PNG", "attention_heatmap", "circuits", "cuda_available",
+__all__ = ["Cache", "Config", "Error", "LoadWarning", "Model", "PNG", "analysis", "attention_heatmap", "circuits", "cuda_available",
            "cuda_unavailable_reason", "heatmap", "interventions", "load", "routing"]
 __version__ = "0.1.0"
