@@ -309,6 +309,13 @@ def test_missing_and_null_keys(tiny_factory, tmp_path):
             dcscope.load(str(tmp_path / ("null_" + key)))
 
 
+def test_query_and_key_wise_together_refused(tiny_factory, tmp_path):
+    d, _, _ = tiny_factory(model_type="dcpythia", n_layer=2, window_size=5, seed=46)
+    _rewrite_config(d, str(tmp_path / "both"), query_wise=True, key_wise=True)
+    with pytest.raises(dcscope.Error, match="query_wise and key_wise are both true"):
+        dcscope.load(str(tmp_path / "both"))
+
+
 def test_neox_null_keys(tiny_factory, tmp_path):
     d, sd, cfg = tiny_factory(model_type="gpt_neox", n_layer=2, seed=47)
     toks = _tokens(64, 11)

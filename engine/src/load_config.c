@@ -144,7 +144,7 @@ static dcs_status parse_dcpythia(cfg_reader *r, dcs_config *c, int *pat, int *pl
     /* n_local_heads (grouped-query K/V heads): -1 or n_head only */
     int kv = -1;
     if ((s = get_int(r, "n_local_heads", 0, -1, -1, 4096, &kv))) return s;
-    if (kv != -1 && kv != c->n_head)
+    if (kv != -1 && kv != c->n_head && c->d_model % c->n_head == 0)   /* else: not divisible, below */
         return dcs_seterr(r->e, DCS_ERR_UNSUPPORTED,
                           "%s: n_local_heads %d differs from n_head %d (grouped-query attention is not supported)",
                           r->path, kv, c->n_head);

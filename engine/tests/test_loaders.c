@@ -1261,6 +1261,16 @@ static void test_torchzip_bad(harness *h)
     dcs_tt_free(&tt);
     bytes_free(&p);
 
+    static const tspec huge[] = {   /* 2^27 x 3 floats expanded from 3: 1.5 GiB */
+        {"w", "FloatStorage", "0", 3, 0, 2, {1LL << 27, 3}, {0, 1}},
+    };
+    pk_state_dict(&p, huge, 1, false);
+    EXPECT_ERR(h, "huge expanded view", load_pickle(h, "huge.bin", &p, &tt, &e), DCS_ERR_NOMEM, &e,
+               "huge.bin", "more than 256 MiB beyond their storages");
+    CHECK(h, tt.n == 0);
+    dcs_tt_free(&tt);
+    bytes_free(&p);
+
     static const tspec dup[] = {
         {"w", "HalfStorage", "0", 12, 0, 1, {3}, {1}},
         {"w", "HalfStorage", "0", 12, 3, 1, {3}, {1}},
