@@ -68,12 +68,57 @@ DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
 #ifndef DCS_MAX_SW_HEADS
 #define DCS_MAX_SW_HEADS 256
 #endif
+/* The plain case (one group, no static map, query side present): one pass
+ * over the heads with no per-element tests of the variants; the same sums in
+ * the same order as the general case below. */
+DCS_HD void dcs_compose_pair_plain(const float *a, float *out, long long stride, int N, int R,
+                                   const float *qw1, const float *qw2,
+                                   const float *kw1, const float *kw2,
+                                   const float *qdd, const float *kdd,
+                                   float *b_skip, float *b_qp, float *b_kp,
+                                   float *b_qg, float *b_kg, float *b_st) {
+    float qi[DCS_MAX_R], ki[DCS_MAX_R];
+    for (int i = 0; i < R; i++) {
+        float sq = 0.0f, sk = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float an = a[(long long)n * stride];
+            sq += an * qw1[i * N + n];
+            if (kw1) sk += an * kw1[i * N + n];
+        }
+        qi[i] = sq;
+        ki[i] = sk;
+    }
+    for (int m = 0; m < N; m++) {
+        long long o = (long long)m * stride;
+        float am = a[o];
+        float qp = 0.0f, kp = 0.0f;
+        for (int i = 0; i < R; i++) {
+            qp += qi[i] * qw2[i * N + m];
+            if (kw2) kp += ki[i] * kw2[i * N + m];
+        }
+        float qg = am * qdd[m];
+        float kg = kdd ? am * kdd[m] : 0.0f;
+        if (b_skip) b_skip[o] = am;
+        if (b_qp) b_qp[o] = qp;
+        if (b_kp) b_kp[o] = kp;
+        if (b_qg) b_qg[o] = qg;
+        if (b_kg) b_kg[o] = kg;
+        if (b_st) b_st[o] = 0.0f;
+        out[o] = am + qp + kp + qg + kg;
+    }
+}
+
 DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N, int G, int R,
                              const float *qw1, const float *qw2,
                              const float *kw1, const float *kw2,
                              const float *qdd, const float *kdd, const float *sw,
                              float *b_skip, float *b_qp, float *b_kp,
                              float *b_qg, float *b_kg, float *b_st) {
+    if (G == 1 && !sw && qw1) {
+        dcs_compose_pair_plain(a, out, stride, N, R, qw1, qw2, kw1, kw2, qdd, kdd, b_skip, b_qp,
+                               b_kp, b_qg, b_kg, b_st);
+        return;
+    }
     const int Mg = N / G;
     float ag[DCS_MAX_SW_HEADS];          /* the group's inputs when sw (out may alias a) */
     for (int g = 0; g < G; g++) {
