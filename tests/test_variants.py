@@ -379,3 +379,17 @@ def test_static_branch_memory(variant):
     model.run_with_cache(toks, names=["blocks.1.attn.post.static"])
     N = model.config.n_head
     assert model.last_pass_memory()["total"] - base["total"] == 6 * B * N * T * T * 4
+
+
+@pytest.mark.parametrize("name", ["moh-hs2-static", "groups4-static-qw", "key_wise"])
+def test_batched_variants_equal_single_rows(variant, name):
+    d, sd, cfg = variant(name)
+    model = _load(d)
+    toks = np.stack([_tokens(model.config.vocab, 15, s) for s in (1, 2, 3)])
+    got, cache = model.run_with_cache(toks, names=lambda n: n.endswith(("routing", "pre.static", "pattern_composed")))
+    for b in range(3):
+        one, c1 = model.run_with_cache(toks[b], names=list(cache))
+        np.testing.assert_allclose(got[b], one, rtol=0, atol=1e-5 * np.abs(one).max())
+        for n in cache:
+            np.testing.assert_allclose(cache[n][b], c1[n], rtol=0, atol=1e-5 * max(1.0, np.abs(c1[n]).max()))
+        assert rel_err(one, ref_forward(sd, cfg, toks[b])) <= TOL
