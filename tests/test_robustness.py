@@ -556,3 +556,26 @@ def test_ctrl_c_stops_a_decoding_step(deep):
     assert took < 0.7 * full, (took, full)
     assert dec.pos == 0                                  # the step was undone
     np.testing.assert_array_equal(dec.step(toks), ref)
+
+
+def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys, monkeypatch):
+    from dcscope.cli import main
+    from dcscope.testing import make_tiny as mt
+    assert main(["bogus"]) == 2
+    assert "unknown command 'bogus'" in capsys.readouterr().err
+    assert main(["make-tiny", str(tmp_path / "m"), "--dim", "0"]) == 1
+    assert "--dim must be at least 1, not 0" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()                 # refused before writing
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["make-tiny", str(f)]) == 1
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["make-tiny", str(f / "sub")]) == 1      # cannot be created
+    assert "dcscope make-tiny: error: cannot write" in capsys.readouterr().err
+    # a plain install (no safetensors package): the local writer is used
+    monkeypatch.setattr(mt, "_have_safetensors", lambda: False)
+    assert main(["make-tiny", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert dcscope.load(tmp_path / "plain").forward(TOKS % 64).shape == (len(TOKS), 64)
+    with pytest.raises(ValueError, match="dcscope\\[test\\]"):
+        mt.write_safetensors(tmp_path / "x.safetensors", {}, writer="package")

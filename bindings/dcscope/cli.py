@@ -137,9 +137,13 @@ def _models(argv: List[str]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
+    if argv and argv[0] not in cmds and argv[0] not in ("-h", "--help"):
+        print("dcscope: unknown command %r (commands: %s; dcscope --help)"
+              % (argv[0], ", ".join(cmds)), file=sys.stderr)
+        return 2
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "synth":
