@@ -285,6 +285,10 @@ struct dcs_model {
     uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
 };
 
+/* Make the model's float* weights valid float32 host arrays (train.c: always
+ * so in this build). Called before the tape reads weights. */
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
+
 /* Free the model's pooled activation buffers (forward.c). */
 void dcs_pool_clear(dcs_model *m);
 

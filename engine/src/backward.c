@@ -1,0 +1,221 @@
+/*
+ * backward.c -- the ops of the training / attribution graph (tape.c), each
+ * forward that must keep statistics paired with its backward, llm.c style:
+ * plain loops on host float32 arrays, shapes in the comments. Backward
+ * functions ACCUMULATE into their input gradients (+=) and into parameter
+ * gradients (+=, skipped when the gradient pointer is NULL), so a tensor
+ * read by several ops gathers every contribution.
+ *
+ * The per-element math (gelu, allowed, rotary angles, compose of a pair)
+ * is the forward's, from dcs_math.h.
+ */
+#include "backward.h"
+#include "dcs_math.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- LayerNorm */
+
+/* out [M, D] = (x - mean) * rstd * w + b; keeps mean, rstd [M]. Same
+ * arithmetic as the CPU backend's layernorm (double statistics). */
+void dcs_layernorm_fw(float *out, float *mean, float *rstd, const float *x, const float *w,
+                      const float *b, int M, int D, float eps) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * D;
+        float *y = out + (size_t)m * D;
+        double mu = 0, var = 0;
+        for (int i = 0; i < D; i++) mu += xr[i];
+        mu /= D;
+        for (int i = 0; i < D; i++) var += (xr[i] - mu) * (xr[i] - mu);
+        var /= D;
+        float inv = (float)(1.0 / sqrt(var + eps));
+        for (int i = 0; i < D; i++) y[i] = ((float)(xr[i] - mu) * inv) * w[i] + (b ? b[i] : 0.0f);
+        mean[m] = (float)mu;
+        rstd[m] = inv;
+    }
+}
+
+/* dx [M, D] += dLN/dx . dy; dw, db [D] += (may be NULL). */
+void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const float *x,
+                      const float *mean, const float *rstd, const float *w, int M, int D) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
+        float *dxr = dx + (size_t)m * D;
+        const float mu = mean[m], rs = rstd[m];
+        double s1 = 0, s2 = 0;  /* mean(dy*w), mean(dy*w*xhat) */
+        for (int i = 0; i < D; i++) {
+            float xh = (xr[i] - mu) * rs, gw = g[i] * w[i];
+            s1 += gw;
+            s2 += gw * xh;
+        }
+        float m1 = (float)(s1 / D), m2 = (float)(s2 / D);
+        for (int i = 0; i < D; i++) {
+            float xh = (xr[i] - mu) * rs;
+            dxr[i] += (g[i] * w[i] - m1 - xh * m2) * rs;
+            if (dw) dw[i] += g[i] * xh;
+            if (db) db[i] += g[i];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- RMS norm */
+
+/* x [rows, width] in place: x * rstd * scale (scale may be NULL); keeps rstd [rows]. */
+void dcs_rmsnorm_fw(float *x, float *rstd, int rows, int width, const float *scale, float eps) {
+    for (int r = 0; r < rows; r++) {
+        float *v = x + (size_t)r * width;
+        float ss = 0.0f;
+        for (int i = 0; i < width; i++) ss += v[i] * v[i];
+        float inv = dcs_rms_inv(ss, width, eps);
+        for (int i = 0; i < width; i++) v[i] = v[i] * inv * (scale ? scale[i] : 1.0f);
+        rstd[r] = inv;
+    }
+}
+
+/* Backward from the OUTPUT y (x = y / (rstd * scale) is not needed: with
+ * xn = x * rstd, dx = rstd * (dy*s - xn * mean(dy*s*xn))). y [rows, width]
+ * is the normalised output; dscale [width] += sum dy * xn. In place on dy
+ * is not allowed; dx += . */
+void dcs_rmsnorm_bw(float *dx, float *dscale, const float *dy, const float *xn_raw,
+                    const float *rstd, int rows, int width, const float *scale) {
+    for (int r = 0; r < rows; r++) {
+        const float *g = dy + (size_t)r * width, *xr = xn_raw + (size_t)r * width;
+        float *d = dx + (size_t)r * width;
+        const float rs = rstd[r];
+        float dot = 0.0f;
+        for (int i = 0; i < width; i++) dot += g[i] * (scale ? scale[i] : 1.0f) * xr[i] * rs;
+        dot /= (float)width;
+        for (int i = 0; i < width; i++) {
+            float xn = xr[i] * rs, gs = g[i] * (scale ? scale[i] : 1.0f);
+            d[i] += rs * (gs - xn * dot);
+            if (dscale) dscale[i] += g[i] * xn;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- rotary */
+
+/* cs [T, rot/2, 2] cos/sin table of model-spec 2 step 3. */
+void dcs_rotary_table(float *cs, int T, int rot, float base) {
+    int half = rot / 2;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < half; j++)
+            dcs_rotary_cs(t, j, rot, base, &cs[((size_t)t * half + j) * 2], &cs[((size_t)t * half + j) * 2 + 1]);
+}
+
+/* x [M, N, Dh] in place, position m % T; inverse = 1 rotates by -angle
+ * (the backward of a rotation is its transpose). */
+void dcs_rotary_apply(float *x, const float *cs, int M, int T, int N, int Dh, int rot, int inverse) {
+    int half = rot / 2;
+    for (int m = 0; m < M; m++) {
+        const float *c = cs + (size_t)(m % T) * half * 2;
+        for (int n = 0; n < N; n++) {
+            float *h = x + ((size_t)m * N + n) * Dh;
+            for (int j = 0; j < half; j++)
+                dcs_rotate_pair(&h[j], &h[j + half], c[2 * j], inverse ? -c[2 * j + 1] : c[2 * j + 1]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- gelu, tanh */
+
+/* dx [n] += dy * gelu'(x) */
+void dcs_gelu_bw(float *dx, const float *dy, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        dx[i] += dy[i] * (cdf + v * pdf);
+    }
+}
+
+/* dx [n] += dy * (1 - y^2), y = tanh(x) */
+void dcs_tanh_bw(float *dx, const float *dy, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) dx[i] += dy[i] * (1.0f - y[i] * y[i]);
+}
+
+/* ---------------------------------------------------------------- softmax */
+
+/* x [BN, T, S] in place: masked softmax over s (allowed entries), masked -> 0.
+ * Same arithmetic as the CPU backend. */
+void dcs_softmax_fw(float *x, long long rows_from, long long rows_to, int T, int S, int window) {
+    for (long long r = rows_from; r < rows_to; r++) {
+        const int t = (int)(r % T);
+        float *row = x + (size_t)r * S;
+        float mx = -INFINITY;
+        for (int s = 0; s < S; s++)
+            if (dcs_allowed(t, s, window) && row[s] > mx) mx = row[s];
+        float sum = 0.0f;
+        for (int s = 0; s < S; s++) {
+            float e = dcs_allowed(t, s, window) ? expf(row[s] - mx) : 0.0f;
+            row[s] = e;
+            sum += e;
+        }
+        float inv = 1.0f / sum;
+        for (int s = 0; s < S; s++) row[s] *= inv;
+    }
+}
+
+/* dA [BN, T, S] = P * (dP - sum_s P dP) on allowed entries, 0 elsewhere
+ * (written, not accumulated). */
+void dcs_softmax_bw(float *dA, const float *dP, const float *P, long long rows_from,
+                    long long rows_to, int T, int S, int window) {
+    for (long long r = rows_from; r < rows_to; r++) {
+        const int t = (int)(r % T);
+        const float *p = P + (size_t)r * S, *g = dP + (size_t)r * S;
+        float *d = dA + (size_t)r * S;
+        float dot = 0.0f;
+        for (int s = 0; s < S; s++)
+            if (dcs_allowed(t, s, window)) dot += p[s] * g[s];
+        for (int s = 0; s < S; s++) d[s] = dcs_allowed(t, s, window) ? p[s] * (g[s] - dot) : 0.0f;
+    }
+}
+
+/* ---------------------------------------------------------------- compose */
+
+/* Backward of dcs_compose_pair for one (t, s) pair. g [N] (stride) is
+ * dOut, a [N] (stride) the input. da (stride) += ; dqw1, dqw2 [R, N],
+ * dqdd [N] (query side) and dkw1, dkw2, dkdd (key side, NULL when
+ * query_wise) +=. `on` masks the branches (bit k: skip, qp, kp, qg, kg):
+ * a branch replaced by a hook passes no gradient upstream. */
+void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long stride, int N,
+                         int R, const float *qw1, const float *qw2, const float *kw1,
+                         const float *kw2, const float *qdd, const float *kdd, float *dqw1,
+                         float *dqw2, float *dkw1, float *dkw2, float *dqdd, float *dkdd,
+                         unsigned on) {
+    float qi[DCS_MAX_R], ki[DCS_MAX_R], gq[DCS_MAX_R], gk[DCS_MAX_R];
+    for (int i = 0; i < R; i++) {
+        float sq = 0, sk = 0, tq = 0, tk = 0;
+        for (int n = 0; n < N; n++) {
+            float an = a[(long long)n * stride], gn = g[(long long)n * stride];
+            sq += an * qw1[i * N + n];
+            tq += gn * qw2[i * N + n];
+            if (kw1) {
+                sk += an * kw1[i * N + n];
+                tk += gn * kw2[i * N + n];
+            }
+        }
+        qi[i] = sq; ki[i] = sk; gq[i] = tq; gk[i] = tk;
+    }
+    for (int n = 0; n < N; n++) {
+        long long o = (long long)n * stride;
+        float an = a[o], gn = g[o], d = 0.0f;
+        if (on & 1) d += gn;
+        if (on & 8) { d += gn * qdd[n]; dqdd[n] += gn * an; }
+        if ((on & 16) && kdd) { d += gn * kdd[n]; dkdd[n] += gn * an; }
+        for (int i = 0; i < R; i++) {
+            if (on & 2) {
+                d += gq[i] * qw1[i * N + n];
+                dqw1[i * N + n] += gq[i] * an;
+                dqw2[i * N + n] += qi[i] * gn;
+            }
+            if ((on & 4) && kw1) {
+                d += gk[i] * kw1[i * N + n];
+                dkw1[i * N + n] += gk[i] * an;
+                dkw2[i * N + n] += ki[i] * gn;
+            }
+        }
+        da[o] += d;
+    }
+}
