@@ -4,6 +4,7 @@
     dcscope heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
     dcscope info --model DIR
     dcscope make-tiny OUT_DIR [options]      (a generated checkpoint, see dcscope.testing)
+    dcscope train --out DIR [options]        (train a small model, see dcscope.train)
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def _info(argv: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "make-tiny": None}
+    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "make-tiny": None, "train": None}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -72,6 +73,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if cmd == "make-tiny":
             from .testing.make_tiny import main as tiny_main
             return tiny_main(rest) or 0
+        if cmd == "train":
+            from .train import main as train_main
+            return train_main(rest)
         return cmds[cmd](rest)
     except Error as e:
         print("dcscope %s: error: %s" % (cmd, e), file=sys.stderr)
