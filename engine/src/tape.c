@@ -52,6 +52,7 @@ struct dcs_tape {
     const dcs_hook_override *ov;
     int n_ov;
     int have_forward;
+    dcs_status status;      /* allocation failure inside the forward */
     void *allocs[MAX_ALLOCS];
     int n_allocs;
 };
@@ -271,7 +272,11 @@ static void compose_hooked(dcs_tape *tp, int l, int ph, float *out, const float 
     for (int k = 0; k < 5; k++) any |= find_ov(tp, BR_FIRST[ph] + k, l) != NULL;
     size_t n = (size_t)tp->B * tp->m->cfg.n_head * tp->T * tp->T;
     if (any)
-        for (int k = 0; k < 5; k++) br[k] = tp->d.br[k];
+        for (int k = 0; k < 5; k++) {
+            if (!tp->d.br[k]) tp->d.br[k] = tp_alloc(tp, n);   /* first branch override */
+            if (!tp->d.br[k]) { tp->status = DCS_ERR_NOMEM; return; }
+            br[k] = tp->d.br[k];
+        }
     compose_fw(tp, out, in, a, ph, window, br);
     if (!any) return;
     for (int k = 0; k < 5; k++) ov_apply(tp, BR_FIRST[ph] + k, l, br[k]);
@@ -413,6 +418,8 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad override %d (point %d, layer %d)", i,
                               ov[i].point, ov[i].layer);
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
+    tp->status = DCS_OK;
+    tp->have_forward = 0;
     tp->ov = ov;
     tp->n_ov = n_ov;
     float *x0 = L ? tp->L[0].x : tp->xL;
@@ -445,6 +452,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     ov_apply(tp, DCS_HP_LN_FINAL, 0, tp->lnf);
     lin_fw(be, tp->logits, tp->lnf, m->out_w, NULL, M, V, D);
     ov_apply(tp, DCS_HP_LOGITS, 0, tp->logits);
+    if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory for the compose branches");
     if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
     return be->sync(be, &m->err);
