@@ -219,3 +219,116 @@ void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long st
         da[o] += d;
     }
 }
+
+/* ---------------------------------------------------------------- compose, by rows */
+
+/* Compose of one query row (b, t) over its allowed keys s in [s0, s1),
+ * vectorised along s. a, out: [N] rows of stride TT starting at (t, 0), so
+ * a[n*TT + s]. Query-side weights of t: qw1, qw2 [R, N], qdd [N]; key-side
+ * weights transposed to [R, N, T] (kw1T, kw2T) and [N, T] (kddT) so that s
+ * runs contiguously (NULL: query_wise). tmp: 2*R*T floats. Same sums as
+ * dcs_compose_pair, in a different order. */
+void dcs_compose_row_fw(const float *a, float *out, long long TT, int N, int R, int T, int s0, int s1,
+                        const float *qw1, const float *qw2, const float *kw1T, const float *kw2T,
+                        const float *qdd, const float *kddT, float *tmp) {
+    float *qi = tmp, *ki = tmp + (size_t)R * T;
+    for (int i = 0; i < R; i++) {
+        float *q = qi + (size_t)i * T, *k = ki + (size_t)i * T;
+        for (int s = s0; s < s1; s++) q[s] = 0.0f, k[s] = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *an = a + n * TT, w = qw1[i * N + n];
+            for (int s = s0; s < s1; s++) q[s] += an[s] * w;
+            if (kw1T) {
+                const float *kw = kw1T + ((size_t)i * N + n) * T;
+                for (int s = s0; s < s1; s++) k[s] += an[s] * kw[s];
+            }
+        }
+    }
+    for (int m = 0; m < N; m++) {
+        const float *am = a + m * TT;
+        float *o = out + m * TT;
+        const float g = 1.0f + qdd[m];
+        if (kddT) {
+            const float *kd = kddT + (size_t)m * T;
+            for (int s = s0; s < s1; s++) o[s] = am[s] * (g + kd[s]);
+        } else {
+            for (int s = s0; s < s1; s++) o[s] = am[s] * g;
+        }
+        for (int i = 0; i < R; i++) {
+            const float *q = qi + (size_t)i * T, w = qw2[i * N + m];
+            for (int s = s0; s < s1; s++) o[s] += q[s] * w;
+            if (kw2T) {
+                const float *k = ki + (size_t)i * T, *kw = kw2T + ((size_t)i * N + m) * T;
+                for (int s = s0; s < s1; s++) o[s] += k[s] * kw[s];
+            }
+        }
+    }
+}
+
+/* Backward of dcs_compose_row_fw for the row (b, t): g = dOut rows (stride
+ * TT). da (stride TT) += ; query-side dqw1, dqw2 [R, N], dqdd [N] += ;
+ * key-side dkw1T, dkw2T [R, N, T], dkddT [N, T] += (transposed, NULL when
+ * query_wise). `on` masks the branches as in dcs_compose_pair_bw. tmp:
+ * 4*R*T floats. */
+void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
+                        int s0, int s1, const float *qw1, const float *qw2, const float *kw1T,
+                        const float *kw2T, const float *qdd, const float *kddT, float *dqw1, float *dqw2,
+                        float *dkw1T, float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp) {
+    float *qi = tmp, *ki = tmp + (size_t)R * T, *gq = tmp + 2 * (size_t)R * T, *gk = tmp + 3 * (size_t)R * T;
+    const int keys = kw1T != NULL;
+    for (int i = 0; i < R; i++) {
+        float *q = qi + (size_t)i * T, *k = ki + (size_t)i * T, *tq = gq + (size_t)i * T, *tk = gk + (size_t)i * T;
+        for (int s = s0; s < s1; s++) q[s] = 0.0f, k[s] = 0.0f, tq[s] = 0.0f, tk[s] = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *an = a + n * TT, *gn = g + n * TT, w1 = qw1[i * N + n], w2 = qw2[i * N + n];
+            for (int s = s0; s < s1; s++) q[s] += an[s] * w1, tq[s] += gn[s] * w2;
+            if (keys) {
+                const float *k1 = kw1T + ((size_t)i * N + n) * T, *k2 = kw2T + ((size_t)i * N + n) * T;
+                for (int s = s0; s < s1; s++) k[s] += an[s] * k1[s], tk[s] += gn[s] * k2[s];
+            }
+        }
+    }
+    for (int n = 0; n < N; n++) {
+        const float *an = a + n * TT, *gn = g + n * TT;
+        float *d = da + n * TT;
+        float c = (on & 1) ? 1.0f : 0.0f;
+        if (on & 8) {
+            c += qdd[n];
+            float acc = 0.0f;
+            for (int s = s0; s < s1; s++) acc += gn[s] * an[s];
+            dqdd[n] += acc;
+        }
+        for (int s = s0; s < s1; s++) d[s] += gn[s] * c;
+        if ((on & 16) && keys) {
+            const float *kd = kddT + (size_t)n * T;
+            float *dkd = dkddT + (size_t)n * T;
+            for (int s = s0; s < s1; s++) {
+                d[s] += gn[s] * kd[s];
+                dkd[s] += gn[s] * an[s];
+            }
+        }
+        for (int i = 0; i < R; i++) {
+            if (on & 2) {
+                const float *tq = gq + (size_t)i * T, *q = qi + (size_t)i * T, w1 = qw1[i * N + n];
+                float a1 = 0.0f, a2 = 0.0f;
+                for (int s = s0; s < s1; s++) {
+                    d[s] += tq[s] * w1;
+                    a1 += tq[s] * an[s];
+                    a2 += q[s] * gn[s];
+                }
+                dqw1[i * N + n] += a1;
+                dqw2[i * N + n] += a2;
+            }
+            if ((on & 4) && keys) {
+                const float *tk = gk + (size_t)i * T, *k = ki + (size_t)i * T;
+                const float *k1 = kw1T + ((size_t)i * N + n) * T;
+                float *d1 = dkw1T + ((size_t)i * N + n) * T, *d2 = dkw2T + ((size_t)i * N + n) * T;
+                for (int s = s0; s < s1; s++) {
+                    d[s] += tk[s] * k1[s];
+                    d1[s] += tk[s] * an[s];
+                    d2[s] += k[s] * gn[s];
+                }
+            }
+        }
+    }
+}

@@ -18,8 +18,10 @@
 #include "dcs_math.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_ALLOCS 1024
 
@@ -51,6 +53,7 @@ struct dcs_tape {
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
+    float *kT[3], *dkT[3];  /* transposed key-side dynamic weights and their grads */
     int have_forward;
     dcs_status status;      /* allocation failure inside the forward */
     void *allocs[MAX_ALLOCS];
@@ -62,6 +65,68 @@ static float *tp_alloc(dcs_tape *tp, size_t n) {
     float *p = calloc(n ? n : 1, sizeof(float));
     if (p) tp->allocs[tp->n_allocs++] = p;
     return p;
+}
+
+/* ---------------------------------------------------------------- threads
+ * The element-wise work (compose, softmax, gelu', cross-entropy rows) is
+ * split over the cores in contiguous chunks [begin, end) of n items, chunk 0
+ * on the caller; work below PAR_MIN (items x cost) stays on the caller. */
+#define PAR_MAX 16
+#define PAR_MIN (1 << 16)
+typedef void (*par_fn)(void *arg, long long begin, long long end);
+typedef struct { par_fn fn; void *arg; long long b, e; } par_chunk;
+static void *par_run(void *p) {
+    par_chunk *c = p;
+    c->fn(c->arg, c->b, c->e);
+    return NULL;
+}
+static void par_for(par_fn fn, void *arg, long long n, long long cost) {
+    static int cores = 0;
+    if (!cores) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        cores = c < 1 ? 1 : c > PAR_MAX ? PAR_MAX : (int)c;
+    }
+    int nt = cores < n ? cores : (int)n;
+    if (nt <= 1 || n * cost < PAR_MIN) {
+        fn(arg, 0, n);
+        return;
+    }
+    par_chunk ch[PAR_MAX];
+    pthread_t th[PAR_MAX];
+    int started[PAR_MAX] = {0};
+    for (int i = 0; i < nt; i++) {
+        ch[i] = (par_chunk){fn, arg, n * i / nt, n * (i + 1) / nt};
+        if (i > 0) started[i] = pthread_create(&th[i], NULL, par_run, &ch[i]) == 0;
+    }
+    par_run(&ch[0]);
+    for (int i = 1; i < nt; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else par_run(&ch[i]);
+    }
+}
+
+typedef struct { float *x; const float *y, *z; int T, window; } rows_arg;
+static void softmax_fw_rows(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    dcs_softmax_fw(a->x, b, e, a->T, a->T, a->window);
+}
+static void softmax_bw_rows(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    dcs_softmax_bw(a->x, a->y, a->z, b, e, a->T, a->T, a->window);
+}
+static void gelu_bw_range(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    dcs_gelu_bw(a->x + b, a->y + b, a->z + b, (size_t)(e - b));
+}
+/* x = dy * gelu'(hpre) in place (x holds dy) */
+static void gelu_bw_inplace_range(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    for (long long i = b; i < e; i++) {
+        float v = a->z[i];
+        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        a->x[i] *= cdf + v * pdf;
+    }
 }
 
 void dcs_tape_free(dcs_tape *tp) {
@@ -123,6 +188,8 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
         if (!tp->tokens) ok = 0;
     }
     tgrads *d = &tp->d;
+    if (c->use_dcmha && !c->query_wise)
+        for (int i = 0; i < 3; i++) { A_(tp->kT[i], i < 2 ? M * RN : M * N); A_(tp->dkT[i], i < 2 ? M * RN : M * N); }
     A_(d->dx, M * D); A_(d->dmo, M * D); A_(d->dug, M * F); A_(d->du, M * F); A_(d->dln2, M * D);
     A_(d->dao, M * D); A_(d->dz, M * D); A_(d->dv, M * D); A_(d->dq, M * D); A_(d->dk, M * D);
     A_(d->dqkv, M * 3 * D); A_(d->dln1, M * D); A_(d->dP, BNTT); A_(d->dA, BNTT);
@@ -229,13 +296,69 @@ static float *gptr(const dcs_model *m, float *flat, const float *w) {
 
 /* Compose of one phase over the allowed pairs (masked pairs: 0), with
  * branch outputs br[] (each may be NULL). */
-static void compose_fw(const dcs_tape *tp, float *out, const float *in, const tlayer *a, int ph,
-                       int window, float **br) {
-    const dcs_config *c = &tp->m->cfg;
-    const int B = tp->B, T = tp->T, N = c->n_head, R = c->dyn_rank;
-    const long long TT = (long long)T * T;
+typedef struct {
+    const dcs_tape *tp; float *out, *dIn; const float *in, *dOut; const tlayer *a; int ph, window;
+    float **br; unsigned on; float *dw1[2], *dw2[2], *ddd[2];
+    const float *kT[3]; float *dkT[3];      /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
+    volatile int failed;                    /* a chunk could not get its scratch */
+} cp_arg;
+
+/* x [B, T, C] -> xT [B, C, T] (C = R*N or N), and back */
+static void to_keys_T(float *xT, const float *x, int B, int T, int C) {
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) xT[((size_t)b * C + c) * T + t] = x[((size_t)b * T + t) * C + c];
+}
+static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) x[((size_t)b * T + t) * C + c] = xT[((size_t)b * C + c) * T + t];
+}
+
+/* the allowed keys of query t: [s0, t] */
+static int first_key(int t, int window) { return window > 0 && t > window ? t - window : 0; }
+
+/* Fast path (no branch outputs): one query row at a time, along s. */
+static void compose_fw_fast(void *p, long long bt_from, long long bt_to) {
+    const cp_arg *ca = p;
+    const dcs_tape *tp = ca->tp;
+    const tlayer *a = ca->a;
+    const int ph = ca->ph, window = ca->window;
+    const dcs_config *c = &tp->m->cfg;
+    const int T = tp->T, N = c->n_head, R = c->dyn_rank, RN = R * N;
+    const long long TT = (long long)T * T;
+    float *tmp = malloc(sizeof(float) * 2 * (size_t)R * T);
+    if (!tmp) { ((cp_arg *)p)->failed = 1; return; }
+    for (long long bt = bt_from; bt < bt_to; bt++) {
+        const int b = (int)(bt / T), t = (int)(bt % T), s0 = first_key(t, window);
+        const long long o = (long long)b * N * TT + (long long)t * T;
+        const int keys = ca->kT[0] != NULL;
+        for (int n = 0; n < N; n++) {
+            float *row = ca->out + o + n * TT;
+            for (int s = 0; s < s0; s++) row[s] = 0.0f;
+            for (int s = t + 1; s < T; s++) row[s] = 0.0f;
+        }
+        dcs_compose_row_fw(ca->in + o, ca->out + o, TT, N, R, T, s0, t + 1, a->w1[ph][0] + bt * RN,
+                           a->w2[ph][0] + bt * RN, keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
+                           keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
+                           keys ? ca->kT[2] + (size_t)b * N * T : NULL, tmp);
+    }
+    free(tmp);
+}
+
+static void compose_fw_rows(void *p, long long bt_from, long long bt_to) {
+    const cp_arg *ca = p;
+    const dcs_tape *tp = ca->tp;
+    float *out = ca->out, **br = ca->br;
+    const float *in = ca->in;
+    const tlayer *a = ca->a;
+    const int ph = ca->ph, window = ca->window;
+    const dcs_config *c = &tp->m->cfg;
+    const int T = tp->T, N = c->n_head, R = c->dyn_rank;
+    const long long TT = (long long)T * T;
+    for (long long bt0 = bt_from; bt0 < bt_to; bt0++) {
+        const int b = (int)(bt0 / T), t = (int)(bt0 % T);
+        {
             size_t bt = (size_t)b * T + t;
             for (int s = 0; s < T; s++) {
                 long long o = (long long)b * N * TT + (long long)t * T + s;
@@ -258,6 +381,26 @@ static void compose_fw(const dcs_tape *tp, float *out, const float *in, const tl
                                  br[4] ? br[4] + o : NULL);
             }
         }
+    }
+}
+
+static void compose_fw(const dcs_tape *tp, float *out, const float *in, const tlayer *a, int ph,
+                       int window, float **br) {
+    const dcs_config *c = &tp->m->cfg;
+    const int B = tp->B, T = tp->T, N = c->n_head, RN = c->dyn_rank * N;
+    cp_arg ca = {tp, out, NULL, in, NULL, a, ph, window, br, 0, {0}, {0}, {0}, {0}, {0}, 0};
+    if (br[0] || br[1] || br[2] || br[3] || br[4]) {
+        par_for(compose_fw_rows, &ca, (long long)B * T, (long long)T * N * 8);
+        return;
+    }
+    if (a->w1[ph][1]) {
+        to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
+        to_keys_T(tp->kT[1], a->w2[ph][1], B, T, RN);
+        to_keys_T(tp->kT[2], a->dd[ph][1], B, T, N);
+        for (int i = 0; i < 3; i++) ca.kT[i] = tp->kT[i];
+    }
+    par_for(compose_fw_fast, &ca, (long long)B * T, (long long)T * N * 8);
+    if (ca.failed) ((dcs_tape *)tp)->status = DCS_ERR_NOMEM;
 }
 
 static const int BR_FIRST[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
@@ -357,7 +500,8 @@ static void attention_fw(dcs_tape *tp, int l) {
         pre = a->Ac;
     }
     memcpy(a->P, pre, sizeof(float) * BNTT);
-    dcs_softmax_fw(a->P, 0, (long long)B * N * T, T, T, window);
+    rows_arg sa = {a->P, NULL, NULL, T, window};
+    par_for(softmax_fw_rows, &sa, (long long)B * N * T, (long long)T * 4);
     ov_apply(tp, DCS_HP_PATTERN, l, a->P);
     const float *pat = a->P;
     if (c->use_dcmha) {
@@ -452,7 +596,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     ov_apply(tp, DCS_HP_LN_FINAL, 0, tp->lnf);
     lin_fw(be, tp->logits, tp->lnf, m->out_w, NULL, M, V, D);
     ov_apply(tp, DCS_HP_LOGITS, 0, tp->logits);
-    if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory for the compose branches");
+    if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the forward");
     if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
     return be->sync(be, &m->err);
@@ -492,6 +636,33 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
 
 /* ---------------------------------------------------------------- backward */
 
+static void compose_bw_seqs(void *p, long long b_from, long long b_to) {
+    const cp_arg *ca = p;
+    const dcs_tape *tp = ca->tp;
+    const tlayer *a = ca->a;
+    const int ph = ca->ph, window = ca->window;
+    const dcs_config *c = &tp->m->cfg;
+    const int T = tp->T, N = c->n_head, R = c->dyn_rank, RN = R * N;
+    const long long TT = (long long)T * T;
+    const int keys = ca->kT[0] != NULL;
+    float *tmp = malloc(sizeof(float) * 4 * (size_t)R * T);
+    if (!tmp) { ((cp_arg *)p)->failed = 1; return; }
+    for (long long b = b_from; b < b_to; b++)
+        for (int t = 0; t < T; t++) {
+            const size_t bt = (size_t)b * T + t;
+            const long long o = (long long)b * N * TT + (long long)t * T;
+            dcs_compose_row_bw(ca->in + o, ca->dOut + o, ca->dIn + o, TT, N, R, T, first_key(t, window), t + 1,
+                               a->w1[ph][0] + bt * RN, a->w2[ph][0] + bt * RN,
+                               keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
+                               keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
+                               keys ? ca->kT[2] + (size_t)b * N * T : NULL, ca->dw1[0] + bt * RN,
+                               ca->dw2[0] + bt * RN, keys ? ca->dkT[0] + (size_t)b * RN * T : NULL,
+                               keys ? ca->dkT[1] + (size_t)b * RN * T : NULL, ca->ddd[0] + bt * N,
+                               keys ? ca->dkT[2] + (size_t)b * N * T : NULL, ca->on, tmp);
+        }
+    free(tmp);
+}
+
 /* Backward of one compose phase: dIn = (written) from dOut over allowed
  * pairs; dynamic-weight gradients (zeroed first) of the phase. */
 static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut, const float *in,
@@ -511,23 +682,29 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
         memset(d->dw2[ph][s], 0, sizeof(float) * (size_t)M * R * N);
         memset(d->ddd[ph][s], 0, sizeof(float) * (size_t)M * N);
     }
-    const int qw = a->w1[ph][1] == NULL;
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            size_t bt = (size_t)b * T + t;
-            for (int s = 0; s <= t; s++) {
-                if (!dcs_allowed(t, s, window)) continue;
-                size_t bs = (size_t)b * T + s;
-                long long o = (long long)b * N * TT + (long long)t * T + s;
-                dcs_compose_pair_bw(in + o, dOut + o, dIn + o, TT, N, R, a->w1[ph][0] + bt * R * N,
-                                    a->w2[ph][0] + bt * R * N, qw ? NULL : a->w1[ph][1] + bs * R * N,
-                                    qw ? NULL : a->w2[ph][1] + bs * R * N, a->dd[ph][0] + bt * N,
-                                    qw ? NULL : a->dd[ph][1] + bs * N, d->dw1[ph][0] + bt * R * N,
-                                    d->dw2[ph][0] + bt * R * N, qw ? NULL : d->dw1[ph][1] + bs * R * N,
-                                    qw ? NULL : d->dw2[ph][1] + bs * R * N, d->ddd[ph][0] + bt * N,
-                                    qw ? NULL : d->ddd[ph][1] + bs * N, on);
-            }
+    cp_arg ca = {tp, NULL, dIn, in, dOut, a, ph, window, NULL, on,
+                 {d->dw1[ph][0], d->dw1[ph][1]}, {d->dw2[ph][0], d->dw2[ph][1]}, {d->ddd[ph][0], d->ddd[ph][1]},
+                 {0}, {0}, 0};
+    const int RN = R * N;
+    if (a->w1[ph][1]) {
+        to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
+        to_keys_T(tp->kT[1], a->w2[ph][1], B, T, RN);
+        to_keys_T(tp->kT[2], a->dd[ph][1], B, T, N);
+        for (int i = 0; i < 3; i++) {
+            ca.kT[i] = tp->kT[i];
+            ca.dkT[i] = tp->dkT[i];
+            memset(tp->dkT[i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : N));
         }
+    }
+    /* split over sequences: key-side gradients of (b, s) gather over the
+     * queries t of the same sequence only */
+    par_for(compose_bw_seqs, &ca, B, (long long)T * T * N * R * 4);
+    if (ca.failed) tp->status = DCS_ERR_NOMEM;
+    if (a->w1[ph][1]) {
+        from_keys_T(d->dw1[ph][1], tp->dkT[0], B, T, RN);
+        from_keys_T(d->dw2[ph][1], tp->dkT[1], B, T, RN);
+        from_keys_T(d->ddd[ph][1], tp->dkT[2], B, T, N);
+    }
 }
 
 typedef struct { float *flat; const dcs_hook_grad *g; int n_g; } bwctx;
@@ -584,7 +761,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN, l, d->dP);
     float *dpre = c->use_dcmha ? d->dAc : d->dA;
-    dcs_softmax_bw(dpre, d->dP, a->P, 0, (long long)B * N * T, T, T, window);
+    rows_arg sa = {dpre, d->dP, a->P, T, window};
+    par_for(softmax_bw_rows, &sa, (long long)B * N * T, (long long)T * 4);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
         for (int k = 0; k < 5; k++)
@@ -648,12 +826,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                      (long long)K * RN2, C);
         /* hid = gelu(ln1 dw1): reuse dW as dhpre [M, C*K] is too small; use dhid in place */
         float *dhpre = d->dhid;
-        for (size_t i = 0; i < (size_t)M * C * K; i++) {
-            float v = a->hpre[i];
-            float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-            float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-            dhpre[i] *= cdf + v * pdf;
-        }
+        rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
+        par_for(gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
         be->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdw1 = GP(lw->dw1);
         if (gdw1) be->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
@@ -678,7 +852,8 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     lin_bw(be, d->dug, 0.0f, GP(lw->w2), GP(lw->b2), d->dmo, a->ug, lw->w2, M, D, F);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
     memset(d->du, 0, sizeof(float) * (size_t)M * F);
-    dcs_gelu_bw(d->du, d->dug, a->u, (size_t)M * F);
+    rows_arg ga = {d->du, d->dug, a->u, 0, 0};
+    par_for(gelu_bw_range, &ga, (long long)M * F, 16);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
     lin_bw(be, d->dln2, 0.0f, GP(lw->w1), GP(lw->b1), d->du, a->ln2, lw->w1, M, F, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
@@ -698,6 +873,7 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d)", i,
                               g[i].point, g[i].layer);
     bwctx bcv = {param_grads, g, n_g}, *bc = &bcv;
+    tp->status = DCS_OK;
     if (dlogits) memcpy(tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
     grad_at(tp, g, n_g, DCS_HP_LOGITS, 0, tp->dlogits);
     lin_bw(be, d->dln1, 0.0f, GP(m->out_w), NULL, tp->dlogits, tp->lnf, m->out_w, M, V, D);
@@ -725,6 +901,7 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
                          lw->attn_norm_w, M, D);
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }
+    if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
     grad_at(tp, g, n_g, DCS_HP_EMBED, 0, d->dx);
     float *ge = GP(m->tok_emb);
     if (ge)
