@@ -9,6 +9,12 @@
  * The per-element math (gelu, allowed, rotary angles, compose of a pair)
  * is the forward's, from dcs_math.h.
  */
+/* The row loops below are written to vectorise along s; gcc does that
+ * from -O3 (or -ftree-vectorize), the build uses -O2. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize")
+#endif
+
 #include "backward.h"
 #include "dcs_math.h"
 
@@ -222,6 +228,18 @@ void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long st
 
 /* ---------------------------------------------------------------- compose, by rows */
 
+/* sum_s x[s] y[s] over [s0, s1) in 8 interleaved partial sums (vectorisable;
+ * a fixed order, so results do not depend on threads or alignment) */
+static inline float dot8(const float *x, const float *y, int s0, int s1) {
+    float acc[8] = {0};
+    int s = s0;
+    for (; s + 8 <= s1; s += 8)
+        for (int j = 0; j < 8; j++) acc[j] += x[s + j] * y[s + j];
+    float r = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; s < s1; s++) r += x[s] * y[s];
+    return r;
+}
+
 /* Compose of one query row (b, t) over its allowed keys s in [s0, s1),
  * vectorised along s. a, out: [N] rows of stride TT starting at (t, 0), so
  * a[n*TT + s]. Query-side weights of t: qw1, qw2 [R, N], qdd [N]; key-side
@@ -294,9 +312,7 @@ void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT,
         float c = (on & 1) ? 1.0f : 0.0f;
         if (on & 8) {
             c += qdd[n];
-            float acc = 0.0f;
-            for (int s = s0; s < s1; s++) acc += gn[s] * an[s];
-            dqdd[n] += acc;
+            dqdd[n] += dot8(gn, an, s0, s1);
         }
         for (int s = s0; s < s1; s++) d[s] += gn[s] * c;
         if ((on & 16) && keys) {
@@ -310,14 +326,9 @@ void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT,
         for (int i = 0; i < R; i++) {
             if (on & 2) {
                 const float *tq = gq + (size_t)i * T, *q = qi + (size_t)i * T, w1 = qw1[i * N + n];
-                float a1 = 0.0f, a2 = 0.0f;
-                for (int s = s0; s < s1; s++) {
-                    d[s] += tq[s] * w1;
-                    a1 += tq[s] * an[s];
-                    a2 += q[s] * gn[s];
-                }
-                dqw1[i * N + n] += a1;
-                dqw2[i * N + n] += a2;
+                for (int s = s0; s < s1; s++) d[s] += tq[s] * w1;
+                dqw1[i * N + n] += dot8(tq, an, s0, s1);
+                dqw2[i * N + n] += dot8(q, gn, s0, s1);
             }
             if ((on & 4) && keys) {
                 const float *tk = gk + (size_t)i * T, *k = ki + (size_t)i * T;
