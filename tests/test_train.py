@@ -114,3 +114,29 @@ def test_cli_train_synth(tmp_path, capsys):
     assert "checkpoint:" in capsys.readouterr().out
     m = dcscope.load(tmp_path / "r" / "final")
     assert m.config.vocab == 256
+
+
+def test_lines_mode_jsonl_with_tokenizer(tmp_path):
+    """One record per sequence, padded (padding not scored), a tokenizer.json,
+    a windowed dcpythia; the loss falls and the checkpoint keeps the tokenizer."""
+    recs = ['{"task_id": "t", "texts": "\\nthe cat is [ an animal]\\nthe dog is [ an animal]\\n"}',
+            '{"task_id": "t", "texts": "\\nred is [ a colour]\\nblue is [ a colour]\\n"}'] * 20
+    p = tmp_path / "d.jsonl"
+    p.write_text("\n".join(recs) + "\n")
+    c = _cfg(tmp_path / "run", str(p), "dcpythia", lines=True, tokenizer="bpe:300", seq_len=32,
+             window_size=4, steps=40)
+    final = train(c)
+    losses = [float(l.split(",")[1]) for l in open(tmp_path / "run" / "loss.csv").read().split("\n")[1:] if l]
+    assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
+    m = dcscope.load(final)
+    assert m.config.local_layers == (0,) and m.config.window_size == 4
+    ids = m.to_tokens("red is a colour")
+    assert m.forward(ids).shape == (len(ids), m.config.vocab)
+    from dcscope.train import batch
+    toks = np.load(tmp_path / "run" / "tokens.npy")
+    offs = np.load(tmp_path / "run" / "offsets.npy")
+    o2 = np.stack([offs[:-1], offs[1:]], 1)
+    x, y = batch(toks, c, 3, o2)
+    for b in range(c.batch_size):
+        n = int((y[b] >= 0).sum())
+        assert n > 3 and (y[b, n:] == -1).all() and (x[b, 1:n] == y[b, :n - 1]).all()

@@ -9,11 +9,13 @@ or ``dcscope train --out runs/dc --model-type dcpythia ...`` (see ``dcscope trai
 * Optimiser: AdamW (decoupled weight decay on matrices only, not on norms,
   biases, QK-norm scales), global-norm gradient clipping, cosine learning
   rate with linear warm-up down to ``min_lr``.
-* Data: a text file or the synthetic-task generator (``data="synth"``), tokenized
-  once (bytes, a tokenizer.json, or a byte-level BPE trained on the corpus,
-  ``tokenizer="bpe:N"``) into ``out/tokens.npy``; batch ``s`` is B windows of
-  T+1 tokens at offsets drawn from a generator seeded with (seed, s), so the
-  data of a step does not depend on how the run was split into sittings.
+* Data: a text file, a .jsonl of benchmark records, or the synthetic-task
+  generator (``data="synth"``), tokenized once (bytes, a tokenizer.json, or a
+  byte-level BPE trained on the corpus, ``tokenizer="bpe:N"``) into
+  ``out/tokens.npy``; batch ``s`` is B windows of T+1 tokens (or, with
+  ``lines``, B whole sequences padded to T, padding not scored) drawn from a
+  generator seeded with (seed, s), so the data of a step does not depend on
+  how the run was split into sittings.
 * Checkpoints: ``out/step-NNNNNN/`` holds config.json + model.safetensors in the
   model type's own layout (``dcscope.load`` reads it), tokenizer.json, and
   optimizer.npz + train_state.json for resuming; the last ``keep`` are kept,
@@ -52,6 +54,7 @@ class TrainConfig:
     d_ff: int = 0                         # 0: 4 * dim
     vocab: int = 0                        # 0: the tokenizer's size
     window_size: Optional[int] = None     # dcpythia: None = every layer global
+    window_type: Optional[str] = None     # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
     rank: int = 2                         # dcpythia dynamic rank R
     seq_len: int = 128
     batch_size: int = 16
@@ -65,7 +68,8 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     seed: int = 0
-    data: str = "synth"                   # "synth", "synth:LINES_PER_TASK" or a text file
+    data: str = "synth"                   # "synth", "synth:LINES_PER_TASK", a .jsonl of records or a text file
+    lines: bool = False                   # one sequence per record / line (padded), not packed windows
     tokenizer: str = "bytes"              # "bytes", "bpe:N" or a tokenizer.json path
     ckpt_every: int = 200
     keep: int = 2
@@ -117,7 +121,7 @@ def model_config(c: TrainConfig, vocab: int) -> dict:
                 "head_dim": c.dim // c.n_head, "n_layer": c.n_layer, "intermediate_size": F, "vocab_size": vocab,
                 "norm_eps": 1e-5, "rope_base": 10000, "rotary_pct": 0.25, "use_qk_norm": True,
                 "use_parallel_residual": True, "use_linear_bias": True, "window_size": c.window_size,
-                "window_type": None, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
+                "window_type": c.window_type, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
                 "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
     return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": c.dim,
             "num_attention_heads": c.n_head, "num_hidden_layers": c.n_layer, "intermediate_size": F,
@@ -225,50 +229,84 @@ def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer
 
 # ------------------------------------------------------------------ data
 
-def _corpus_text(c: TrainConfig) -> str:
+def _corpus_texts(c: TrainConfig) -> List[str]:
+    """The corpus as a list of sequences' texts (brackets of the benchmark's
+    answers removed): generated synthetic lines, the records of a .jsonl file
+    (``texts``), or a text file (its lines with ``lines``, else the whole file)."""
     if c.data == "synth" or c.data.startswith("synth:"):
         from synth_tasks.dataset import parse_texts
         from synth_tasks.generate import generate
         n = int(c.data.split(":", 1)[1]) if ":" in c.data else 64
         recs = generate(lines_per_task=n, seed=c.seed)
         order = np.random.default_rng(c.seed).permutation(len(recs))
-        return "\n".join(parse_texts(recs[i]["texts"])[0].strip("\n") for i in order) + "\n"
+        return [parse_texts(recs[i]["texts"])[0] for i in order]
     if not os.path.isfile(c.data):
         raise Error("train: data %r is neither 'synth' nor a text file" % (c.data,))
+    if c.data.endswith(".jsonl"):
+        from synth_tasks.dataset import load_dataset
+        try:
+            return [ln.text for ln in load_dataset(c.data).lines]
+        except ValueError as e:
+            raise Error("train: data %s: %s" % (c.data, e))
     with open(c.data, encoding="utf-8", errors="replace") as f:
-        return f.read()
+        text = f.read()
+    return [t for t in text.split("\n") if t.strip()] if c.lines else [text]
 
 
-def _tokenize(c: TrainConfig, text: str, tok_path: str):
-    """Token ids of the corpus; writes tok_path (tokenizer.json) unless bytes."""
+def _tokenizer(c: TrainConfig, texts: List[str], tok_path: str):
+    """encode(list of str) -> list of id lists, vocab size, saved tokenizer path."""
     if c.tokenizer == "bytes":
-        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32), 256, None
+        return (lambda ts: [list(t.encode("utf-8")) for t in ts]), 256, None
     from tokenizers import Tokenizer
     if c.tokenizer.startswith("bpe:"):
         from tokenizers import decoders, models, pre_tokenizers, trainers
-        n = int(c.tokenizer[4:])
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
-        tr = trainers.BpeTrainer(vocab_size=n, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        tr = trainers.BpeTrainer(vocab_size=int(c.tokenizer[4:]), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                  special_tokens=["<|endoftext|>"], show_progress=False)
-        tk.train_from_iterator(text.split("\n"), tr)
+        tk.train_from_iterator(texts, tr)
         tk.save(tok_path)
     else:
         if not os.path.isfile(c.tokenizer):
             raise Error("train: tokenizer %r is not 'bytes', 'bpe:N' or a tokenizer.json file" % (c.tokenizer,))
         shutil.copyfile(c.tokenizer, tok_path)
         tk = Tokenizer.from_file(tok_path)
-    ids = [i for line in tk.encode_batch(text.split("\n"), add_special_tokens=False) for i in line.ids + [0]]
-    return np.asarray(ids, np.int32), tk.get_vocab_size(), tok_path
+    return (lambda ts: [e.ids for e in tk.encode_batch(ts, add_special_tokens=False)]), tk.get_vocab_size(), tok_path
 
 
-def batch(tokens: np.ndarray, c: TrainConfig, step: int):
-    """Inputs and next-token targets [B, T] of step `step` (a function of seed and step only)."""
+def _tokenize(c: TrainConfig, texts: List[str], tok_path: str):
+    """All sequences' ids concatenated, their start offsets [n+1], vocab, tokenizer path.
+    Packed runs (not ``lines``) end every sequence with a newline."""
+    enc, vocab, path = _tokenizer(c, texts, tok_path)
+    if not c.lines:
+        texts = [t if t.endswith("\n") else t + "\n" for t in texts]
+    seqs = enc(texts)
+    offsets = np.zeros(len(seqs) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(q) for q in seqs])
+    ids = np.fromiter((i for q in seqs for i in q), np.int32, count=int(offsets[-1]))
+    return ids, offsets, vocab, path
+
+
+def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.ndarray] = None):
+    # offsets (lines): [n, 2] start and end of every sequence of >= 2 tokens
+    """Inputs [B, T] and next-token targets [B, T] of step `step` (a function of
+    seed and step only). Packed: B windows of T+1 tokens of the stream. With
+    ``lines``: B whole sequences (first T+1 tokens), padded with id 0 whose
+    targets are -1 (not scored)."""
     rng = np.random.default_rng([c.seed, step])
-    starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
-    w = np.stack([tokens[s:s + c.seq_len + 1] for s in starts])
-    return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
+    if not c.lines:
+        starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
+        w = np.stack([tokens[s:s + c.seq_len + 1] for s in starts])
+        return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
+    idx = rng.integers(0, len(offsets), c.batch_size)
+    x = np.zeros((c.batch_size, c.seq_len), np.int32)
+    y = np.full((c.batch_size, c.seq_len), -1, np.int32)
+    for b, i in enumerate(idx):
+        q = tokens[offsets[i, 0]:min(offsets[i, 1], offsets[i, 0] + c.seq_len + 1)]
+        x[b, :len(q) - 1] = q[:-1]
+        y[b, :len(q) - 1] = q[1:]
+    return x, y
 
 
 def lr_at(c: TrainConfig, step: int) -> float:
@@ -329,18 +367,25 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     os.makedirs(c.out, exist_ok=True)
     tok_file = os.path.join(c.out, "tokens.npy")
     tok_path = os.path.join(c.out, "tokenizer.json")
+    off_file = os.path.join(c.out, "offsets.npy")
     if os.path.exists(tok_file):
-        tokens = np.load(tok_file)
+        tokens, offsets = np.load(tok_file), np.load(off_file)
         with open(os.path.join(c.out, "vocab.json")) as f:
             vocab = json.load(f)["vocab"]
         tok_path = tok_path if os.path.exists(tok_path) else None
     else:
-        tokens, vocab, tok_path = _tokenize(c, _corpus_text(c), tok_path)
+        tokens, offsets, vocab, tok_path = _tokenize(c, _corpus_texts(c), tok_path)
         vocab = max(vocab, c.vocab)
         np.save(tok_file, tokens)
+        np.save(off_file, offsets)
         with open(os.path.join(c.out, "vocab.json"), "w") as f:
             json.dump({"vocab": vocab}, f)
-    if len(tokens) < c.seq_len + 2:
+    if c.lines:
+        keep = np.diff(offsets) >= 2
+        if not keep.any():
+            raise Error("train: no sequence of the corpus has 2 tokens or more")
+        offsets = np.stack([offsets[:-1][keep], offsets[1:][keep]], 1)   # [n, 2] start, end
+    elif len(tokens) < c.seq_len + 2:
         raise Error("train: the corpus has %d tokens, fewer than seq_len + 2" % len(tokens))
     config = model_config(c, vocab)
     ck = _ckpts(c.out)
@@ -376,11 +421,11 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     if show:
         from tqdm import tqdm
         bar = tqdm(total=c.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-    last, t_last, ntok = start_dir, time.perf_counter(), 0
+    last, t_last, ntok, s_last = start_dir, time.perf_counter(), 0, start
     loss = float("nan")
     try:
         for step in range(start + 1, end + 1):
-            x, y = batch(tokens, c, step)
+            x, y = batch(tokens, c, step, offsets)
             tape.forward(x, logits=False)
             loss = tape.loss(y)
             grads[:] = 0
@@ -394,7 +439,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
             _check(lib.dcs_adamw_step(model._m, ffi.cast("float *", ffi.from_buffer(grads)),
                                       ffi.cast("float *", ffi.from_buffer(mom)),
                                       ffi.cast("float *", ffi.from_buffer(var)), step, hp), model._errmsg())
-            ntok += x.size
+            ntok += int((y >= 0).sum()) if c.lines else x.size
             now = time.perf_counter()
             tps = ntok / max(now - t_last, 1e-9)
             if bar is not None:
@@ -402,10 +447,10 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
                 bar.update(1)
             log.csv.write("%d,%.6f,%.6g,%.4f,%.1f\n" % (step, loss, hp.lr, gn, tps))
             if step % c.log_every == 0 or step == end:
-                eta = (c.steps - step) * x.size / max(tps, 1e-9)
+                eta = (c.steps - step) * (now - t_last) / max(1, step - s_last)
                 log.line("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
                          % (step, c.steps, loss, hp.lr, gn, tps, eta))
-                t_last, ntok = now, 0
+                t_last, ntok, s_last = now, 0, step
             if step % c.ckpt_every == 0 or step == end:
                 last = _save(c.out, model, mom, var, step, c, config, tok_path, loss)
     finally:
@@ -432,6 +477,10 @@ def main(argv=None) -> int:
             p.add_argument(flag, required=True, help="run directory (resumed if it holds checkpoints)")
         elif f.name == "window_size":
             p.add_argument(flag, type=int, default=None)
+        elif f.name == "window_type":
+            p.add_argument(flag, default=None, choices=["LG", "LGLL", "LGL6"])
+        elif f.name == "lines":
+            p.add_argument(flag, action="store_true", help="one sequence per record / line, padded (not packed)")
         else:
             p.add_argument(flag, type=type(f.default), default=f.default)
     p.add_argument("--stop-after", type=int, default=None, help="end this sitting after N steps")
