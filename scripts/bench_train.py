@@ -7,8 +7,8 @@ Times full training steps (forward keeping activations, cross-entropy, backward
 with parameter gradients, AdamW) on random tokens, counts their FLOPs (matrix
 products only: 6 x params-in-matmuls per token plus attention, plus DCMHA's
 compose), and compares the achieved GFLOP/s with a same-run float32 GEMM of
-the model's MLP shape through the same BLAS (numpy's may differ, so the GEMM is
-timed through the engine's training of a linear layer: [B*T, D] x [D, 4D]).
+the model's MLP shape, [B*T, D] x [D, 4D], through the engine's own BLAS
+(cblas_sgemm of the library the extension links, called with ctypes).
 """
 import argparse
 import math
@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 import dcscope
+import dcscope._engine
 from dcscope._engine import ffi, lib
 from dcscope.grad import Tape
 from dcscope.train import TrainConfig, init_weights, model_config, write_model
@@ -37,13 +38,31 @@ def flops_per_token(c, V, T):
     return 2 * 3 * (mat + attn + dyn)                              # fw + 2x bw, 2 FLOPs per MAC
 
 
+def _engine_blas():
+    """The BLAS library the engine extension links (numpy may bundle another)."""
+    import ctypes
+    import subprocess
+    so = dcscope._engine.__file__
+    for line in subprocess.run(["ldd", so], capture_output=True, text=True).stdout.splitlines():
+        if "blas" in line and "=>" in line:
+            return ctypes.CDLL(line.split("=>")[1].split("(")[0].strip())
+    raise RuntimeError("cannot find the BLAS library of %s" % so)
+
+
 def sgemm_gflops(M, K, Nn, reps=10):
+    """float32 GEMM [M, K] x [K, Nn] through the engine's own cblas_sgemm."""
+    import ctypes
+    blas = _engine_blas()
     a = np.random.default_rng(0).standard_normal((M, K)).astype(np.float32)
     b = np.random.default_rng(1).standard_normal((K, Nn)).astype(np.float32)
-    a @ b
+    c = np.zeros((M, Nn), np.float32)
+    P = ctypes.c_void_p
+    args = (101, 111, 111, M, Nn, K, ctypes.c_float(1.0), P(a.ctypes.data), K, P(b.ctypes.data), Nn,
+            ctypes.c_float(0.0), P(c.ctypes.data), Nn)   # RowMajor, NoTrans, NoTrans
+    blas.cblas_sgemm(*args)
     t = time.perf_counter()
     for _ in range(reps):
-        a @ b
+        blas.cblas_sgemm(*args)
     return 2 * M * K * Nn * reps / (time.perf_counter() - t) / 1e9
 
 

@@ -17,11 +17,16 @@
 #include "backward.h"
 #include "dcs_math.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#ifdef I
+#undef I   /* complex.h, included by cblas.h */
+#endif
 
 #define MAX_ALLOCS 1024
 
@@ -102,6 +107,41 @@ static void par_for(par_fn fn, void *arg, long long n, long long cost) {
     for (int i = 1; i < nt; i++) {
         if (started[i]) pthread_join(th[i], NULL);
         else par_run(&ch[i]);
+    }
+}
+
+/* Per-head products of every sequence (scores, weighted sums and their
+ * backwards): B x N small GEMMs. Each sequence's N products run on one core
+ * (BLAS single-threaded meanwhile), the sequences over the cores: a
+ * [T, T] x [T, Dh] product is too small for BLAS's own threads to pay off. */
+typedef struct {
+    int tA, tB, M, N, K;
+    float alpha, beta;
+    const float *A, *Bm;
+    float *C;
+    int lda, ldb, ldc;
+    long long hA, hB, hC;    /* head strides   */
+    long long sA, sB, sC;    /* sequence strides */
+    int heads;
+} hg_arg;
+
+static void heads_gemm_seqs(void *p, long long b0, long long b1) {
+    const hg_arg *g = p;
+    for (long long b = b0; b < b1; b++)
+        for (int h = 0; h < g->heads; h++)
+            cblas_sgemm(CblasRowMajor, g->tA ? CblasTrans : CblasNoTrans, g->tB ? CblasTrans : CblasNoTrans,
+                        g->M, g->N, g->K, g->alpha, g->A + b * g->sA + h * g->hA, g->lda,
+                        g->Bm + b * g->sB + h * g->hB, g->ldb, g->beta, g->C + b * g->sC + h * g->hC, g->ldc);
+}
+
+static void heads_gemm(const hg_arg *g, int B) {
+    int nt = openblas_get_num_threads();
+    if (B > 1 && nt > 1) {
+        openblas_set_num_threads(1);
+        par_for(heads_gemm_seqs, (void *)g, B, PAR_MIN);
+        openblas_set_num_threads(nt);
+    } else {
+        heads_gemm_seqs((void *)g, 0, B);
     }
 }
 
@@ -489,9 +529,10 @@ static void attention_fw(dcs_tape *tp, int l) {
             }
     }
 
-    for (int b = 0; b < B; b++)
-        be->gemm(be, 0, 1, T, T, Dh, 1.0f / sqrtf((float)Dh), a->q + (size_t)b * T * D, D, Dh,
-                 a->k + (size_t)b * T * D, D, Dh, 0.0f, a->A + (size_t)b * N * TT, T, TT, N);
+    /* A[b, n] [T, T] = q[b, :, n] k[b, :, n]^T / sqrt(Dh) */
+    hg_arg gs = {0, 1, T, T, Dh, 1.0f / sqrtf((float)Dh), 0.0f, a->q, a->k, a->A, D, D, T,
+                 Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
+    heads_gemm(&gs, B);
     ov_apply(tp, DCS_HP_SCORES, l, a->A);
     const float *pre = a->A;
     if (c->use_dcmha) {
@@ -509,9 +550,10 @@ static void attention_fw(dcs_tape *tp, int l) {
         ov_apply(tp, DCS_HP_PATTERN_COMPOSED, l, a->Pc);
         pat = a->Pc;
     }
-    for (int b = 0; b < B; b++)
-        be->gemm(be, 0, 0, T, Dh, T, 1.0f, pat + (size_t)b * N * TT, T, TT, a->v + (size_t)b * T * D, D,
-                 Dh, 0.0f, a->z + (size_t)b * T * D, D, Dh, N);
+    /* z[b, :, n] [T, Dh] = P'[b, n] [T, T] v[b, :, n] */
+    hg_arg gz = {0, 0, T, Dh, T, 1.0f, 0.0f, pat, a->v, a->z, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&gz, B);
     ov_apply(tp, DCS_HP_Z, l, a->z);
     const dcs_hook_override *ho = find_ov(tp, DCS_HP_HEAD_OUT, l);
     if (ho) {
@@ -744,12 +786,13 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     /* z = P' v: dP' = dz v^T, dv = P'^T dz (per b, batched over heads) */
     const float *pat = c->use_dcmha ? a->Pc : a->P;
     float *dpat = c->use_dcmha ? d->dPc : d->dP;
-    for (int b = 0; b < B; b++) {
-        be->gemm(be, 0, 1, T, T, Dh, 1.0f, d->dz + (size_t)b * T * D, D, Dh, a->v + (size_t)b * T * D, D, Dh,
-                 0.0f, dpat + (size_t)b * N * TT, T, TT, N);
-        be->gemm(be, 1, 0, T, Dh, T, 1.0f, pat + (size_t)b * N * TT, T, TT, d->dz + (size_t)b * T * D, D, Dh,
-                 0.0f, d->dv + (size_t)b * T * D, D, Dh, N);
-    }
+    /* dP'[b, n] = dz[b, :, n] v[b, :, n]^T;  dv[b, :, n] = P'[b, n]^T dz[b, :, n] */
+    hg_arg g1 = {0, 1, T, T, Dh, 1.0f, 0.0f, d->dz, a->v, dpat, D, D, T,
+                 Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
+    heads_gemm(&g1, B);
+    hg_arg g2 = {1, 0, T, Dh, T, 1.0f, 0.0f, pat, d->dz, d->dv, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&g2, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
@@ -775,12 +818,12 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
 
     /* A = q k^T / sqrt(Dh): dq = s dA k, dk = s dA^T q */
     const float sc = 1.0f / sqrtf((float)Dh);
-    for (int b = 0; b < B; b++) {
-        be->gemm(be, 0, 0, T, Dh, T, sc, d->dA + (size_t)b * N * TT, T, TT, a->k + (size_t)b * T * D, D, Dh,
-                 0.0f, d->dq + (size_t)b * T * D, D, Dh, N);
-        be->gemm(be, 1, 0, T, Dh, T, sc, d->dA + (size_t)b * N * TT, T, TT, a->q + (size_t)b * T * D, D, Dh,
-                 0.0f, d->dk + (size_t)b * T * D, D, Dh, N);
-    }
+    hg_arg g3 = {0, 0, T, Dh, T, sc, 0.0f, d->dA, a->k, d->dq, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&g3, B);
+    hg_arg g4 = {1, 0, T, Dh, T, sc, 0.0f, d->dA, a->q, d->dk, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&g4, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
     dcs_rotary_apply(d->dq, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
