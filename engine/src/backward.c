@@ -299,10 +299,12 @@ void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT,
         for (int s = s0; s < s1; s++) q[s] = 0.0f, k[s] = 0.0f, tq[s] = 0.0f, tk[s] = 0.0f;
         for (int n = 0; n < N; n++) {
             const float *an = a + n * TT, *gn = g + n * TT, w1 = qw1[i * N + n], w2 = qw2[i * N + n];
-            for (int s = s0; s < s1; s++) q[s] += an[s] * w1, tq[s] += gn[s] * w2;
+            for (int s = s0; s < s1; s++) q[s] += an[s] * w1;
+            for (int s = s0; s < s1; s++) tq[s] += gn[s] * w2;
             if (keys) {
                 const float *k1 = kw1T + ((size_t)i * N + n) * T, *k2 = kw2T + ((size_t)i * N + n) * T;
-                for (int s = s0; s < s1; s++) k[s] += an[s] * k1[s], tk[s] += gn[s] * k2[s];
+                for (int s = s0; s < s1; s++) k[s] += an[s] * k1[s];
+                for (int s = s0; s < s1; s++) tk[s] += gn[s] * k2[s];
             }
         }
     }
@@ -318,10 +320,9 @@ void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT,
         if ((on & 16) && keys) {
             const float *kd = kddT + (size_t)n * T;
             float *dkd = dkddT + (size_t)n * T;
-            for (int s = s0; s < s1; s++) {
-                d[s] += gn[s] * kd[s];
-                dkd[s] += gn[s] * an[s];
-            }
+            /* one store per loop: each vectorises */
+            for (int s = s0; s < s1; s++) d[s] += gn[s] * kd[s];
+            for (int s = s0; s < s1; s++) dkd[s] += gn[s] * an[s];
         }
         for (int i = 0; i < R; i++) {
             if (on & 2) {
@@ -334,11 +335,9 @@ void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT,
                 const float *tk = gk + (size_t)i * T, *k = ki + (size_t)i * T;
                 const float *k1 = kw1T + ((size_t)i * N + n) * T;
                 float *d1 = dkw1T + ((size_t)i * N + n) * T, *d2 = dkw2T + ((size_t)i * N + n) * T;
-                for (int s = s0; s < s1; s++) {
-                    d[s] += tk[s] * k1[s];
-                    d1[s] += tk[s] * an[s];
-                    d2[s] += k[s] * gn[s];
-                }
+                for (int s = s0; s < s1; s++) d[s] += tk[s] * k1[s];
+                for (int s = s0; s < s1; s++) d1[s] += tk[s] * an[s];
+                for (int s = s0; s < s1; s++) d2[s] += k[s] * gn[s];
             }
         }
     }
