@@ -207,7 +207,10 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
         A_(a->A, BNTT); A_(a->P, BNTT);
         if (c->use_dcmha) {
             A_(a->hpre, M * C * K); A_(a->hid, M * C * K); A_(a->w, M * C * 2 * RN); A_(a->g, M * C * N);
-            A_(a->Ac, BNTT); A_(a->Pc, BNTT);
+            /* the composed scores are not read by the backward: one buffer for all layers */
+            if (l == 0) A_(a->Ac, BNTT);
+            else a->Ac = tp->L[0].Ac;
+            A_(a->Pc, BNTT);
             for (int ph = 0; ph < 2; ph++)
                 for (int s = 0; s < 2; s++) {
                     if (s == 1 && c->query_wise) continue;
