@@ -28,7 +28,26 @@ _HEAD_AXIS_FROM_END = {
     "attn.scores": -3, "attn.scores_composed": -3, "attn.pattern": -3,
     "attn.pattern_composed": -3,
     **{"attn.%s.%s" % (ph, b): -3 for ph in ("pre", "post") for b in BRANCHES},
+    # dynamic weights [T, R, N] / [S, R, N] and gates [T, N] / [S, N]: head last
+    **{"attn.dyn.%s.%s" % (ph, w): -1 for ph in ("pre", "post")
+       for w in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")},
 }
+
+
+def _head_axis(model: Model, name: str) -> int:
+    """Check (before any pass) that `name` exists and has a head axis."""
+    model.parse_hook(name)
+    axis = _HEAD_AXIS_FROM_END.get(_suffix(name))
+    if axis is None:
+        raise Error("hook %s has no head axis (head-indexed hooks: %s)"
+                    % (name, ", ".join(sorted(k for k in _HEAD_AXIS_FROM_END if "dyn" not in k)) +
+                       ", attn.dyn.*"))
+    return axis
+
+
+def _canon(name: str) -> str:
+    from .names import canonical
+    return canonical(name)
 
 
 def _position_axis_from_end(name: str) -> int:
@@ -68,12 +87,22 @@ def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
     replaces it by `mean` (e.g. mean_activation(cache_of_many_runs, ...)),
     broadcast over positions: shape [Dh] or [T, Dh] for attn.z."""
     _check_head(model, layer, head)
-    name = "blocks.%d.%s" % (layer, point)
-    model.parse_hook(name)
+    name = _canon("blocks.%d.%s" % (layer, point))
+    _head_axis(model, name)
     if kind not in ("zero", "mean"):
         raise Error("ablate_head: kind must be 'zero' or 'mean', not %r" % (kind,))
     if kind == "mean" and mean is None:
         raise Error("ablate_head: kind='mean' needs the mean activation (mean=...)")
+    if kind == "mean":
+        mean = np.asarray(mean, dtype=np.float32)
+        if not np.all(np.isfinite(mean)):
+            raise Error("ablate_head %s: the mean has NaN or inf values" % name)
+        c = model.config
+        last = {"attn.z": c.head_dim, "attn.q": c.head_dim, "attn.k": c.head_dim, "attn.v": c.head_dim,
+                "attn.head_out": c.d_model}.get(_suffix(name))
+        if last is not None and (mean.ndim == 0 or mean.shape[-1] != last):
+            raise Error("ablate_head %s: mean has shape %s; its last axis must be %d (one head's slice)"
+                        % (name, mean.shape, last))
 
     def fn(act, _name):
         idx = _head_index(name, head, act.ndim)
@@ -124,7 +153,13 @@ def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> Lis
 
 def scale(model: Model, name: str, factor: float, head: Optional[int] = None) -> Tuple[str, object]:
     """Multiply an activation (or one head's slice of it) by `factor`."""
+    name = _canon(name)
     model.parse_hook(name)
+    if not isinstance(factor, (int, float, np.integer, np.floating)) or not np.isfinite(factor):
+        raise Error("scale %s: factor must be a finite number, got %r" % (name, factor))
+    if head is not None:
+        _head_axis(model, name)
+        _check_head(model, 0, head)
 
     def fn(act, _name):
         if head is None:
@@ -141,10 +176,21 @@ def patch(model: Model, name: str, source: Cache, head: Optional[int] = None,
     """Replace an activation by the one in `source` (another run's cache), for
     all of it, one head, and/or some positions (the T axis, second from the
     front for [T, ...] layouts, or the query axis of [N, T, S] maps)."""
+    name = _canon(name)
     model.parse_hook(name)
     if name not in source:
         raise Error("patch: the source cache has no %s" % name)
     src = source[name]
+    if head is not None:
+        _head_axis(model, name)
+        _check_head(model, 0, head)
+    if positions is not None:
+        positions = list(positions)
+        ax = src.ndim + _position_axis_from_end(name)
+        T = src.shape[ax]
+        for p in positions:
+            if not isinstance(p, (int, np.integer)) or not -T <= p < T:
+                raise Error("patch %s: position %r is out of range for %d positions" % (name, p, T))
 
     def fn(act, _name):
         if src.shape != act.shape:

@@ -103,4 +103,21 @@ DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) {
     return a + b + c + d + e;
 }
 
+/* Masked softmax of one attention row at query position t over keys at
+ * positions s0 .. s0+S-1 (row[j] is key s0 + j): allowed entries (dcs_allowed)
+ * get exp(x - max) / sum, the others exactly 0. */
+DCS_HD void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
+    float mx = -INFINITY;
+    for (int j = 0; j < S; j++)
+        if (dcs_allowed(t, s0 + j, window) && row[j] > mx) mx = row[j];
+    float sum = 0.0f;
+    for (int j = 0; j < S; j++) {
+        float e = dcs_allowed(t, s0 + j, window) ? expf(row[j] - mx) : 0.0f;
+        row[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+    for (int j = 0; j < S; j++) row[j] *= inv;
+}
+
 #endif /* DCS_MATH_H */

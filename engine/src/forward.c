@@ -164,6 +164,9 @@ static int fw_hook(fw *f, int point, int layer, float *dev) {
         f->status = DCS_ERR_HOOK;
         return 0;
     }
+    if (r > 0 && dcs_hook_is_post_softmax_map(point))   /* writes to masked cells are ignored */
+        dcs_mask_map(data, (long long)f->B * f->m->cfg.n_head, f->T, f->T, 0,
+                     dcs_layer_is_local(f->m, layer) ? f->m->cfg.window_size : 0);
     if (r > 0 && !on_host) f->be->upload(f->be, dev, f->host, n * sizeof(float));
     return r > 0;
 }

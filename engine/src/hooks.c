@@ -132,3 +132,20 @@ dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer
 void dcs_set_hook_error(dcs_model *m, const char *msg) {
     dcs_seterr(&m->err, DCS_ERR_HOOK, "%s", msg ? msg : "hook aborted the forward pass");
 }
+
+/* The write rule of hooks.md: after a hook wrote a post-softmax attention
+ * map (pattern, post.*, pattern_composed), its masked cells are zero again,
+ * so a write there is ignored, as it is for the pre-softmax maps (the mask
+ * overrides them). x [BN, T, S], query i at position t0 + i, key j at j. */
+void dcs_mask_map(float *x, long long BN, int T, int S, int t0, int window) {
+    for (long long r = 0; r < BN; r++)
+        for (int i = 0; i < T; i++) {
+            float *row = x + ((size_t)r * T + i) * S;
+            for (int j = 0; j < S; j++)
+                if (!(j <= t0 + i && (window <= 0 || t0 + i - j <= window))) row[j] = 0.0f;
+        }
+}
+
+int dcs_hook_is_post_softmax_map(int point) {
+    return point >= DCS_HP_PATTERN && point <= DCS_HP_PATTERN_COMPOSED;
+}

@@ -283,7 +283,13 @@ struct dcs_model {
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
     int n_pool;
     uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
+    int n_decoders;                     /* live dcs_decoder objects (decode.c) */
+    int freed;                          /* dcs_free called while decoders live */
 };
+
+/* Free everything of the model (dcs_free, or the last decoder of a model
+ * dcs_free was called on). */
+void dcs_model_destroy(dcs_model *m);
 
 /* Make the model's float* weights valid float32 host arrays (train.c: always
  * so in this build). Called before the tape reads weights. */
@@ -291,5 +297,15 @@ dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
 
 /* Free the model's pooled activation buffers (forward.c). */
 void dcs_pool_clear(dcs_model *m);
+
+/* Zero the masked cells of an attention map x [BN, T, S] (queries at
+ * positions t0 .. t0+T-1, keys at 0 .. S-1): the write rule of hooks.md for
+ * post-softmax maps (hooks.c). */
+void dcs_mask_map(float *x, long long BN, int T, int S, int t0, int window);
+int dcs_hook_is_post_softmax_map(int point);
+
+/* Make the float* weight fields of the model usable (float32). Callers that
+ * read dcs_layer_weights directly (decode.c) call it first. */
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
 
 #endif /* DCS_INTERNAL_H */

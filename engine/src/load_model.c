@@ -466,8 +466,18 @@ done:
     return DCS_OK;
 }
 
+/* A model with live decoders (decode.c) is only marked: the last decoder
+ * to go frees it, so the two may be freed in either order. */
 void dcs_free(dcs_model *m) {
     if (!m) return;
+    if (m->n_decoders > 0) {
+        m->freed = 1;
+        return;
+    }
+    dcs_model_destroy(m);
+}
+
+void dcs_model_destroy(dcs_model *m) {
     if (m->be) {
         dcs_pool_clear(m);
         for (int i = 0; i < m->n_weights; i++)
@@ -526,4 +536,10 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
                           name, n, n_floats, out ? "" : " (NULL)");
     m->be->download(m->be, out, w->ptr, n * sizeof(float));
     return m->be->sync(m->be, &m->err);
+}
+
+int dcs_weight_count(const dcs_model *m) { return m ? m->n_weights : 0; }
+
+const char *dcs_weight_name(const dcs_model *m, int i) {
+    return m && i >= 0 && i < m->n_weights ? m->weights[i].name : NULL;
 }

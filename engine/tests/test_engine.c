@@ -1404,6 +1404,53 @@ static void test_cycles(const char *dcp, const char *neox, const float *ref_dcp)
     CHECKF(ok == 20, "load/forward/free cycles: %d of 20 ok", ok);
 }
 
+/* Incremental decoding (decode.c): any chunking gives the full pass's
+ * logits; local layers keep their window; bad arguments; a decoder freed
+ * after its model (LeakSanitizer and ASan check the order is safe). */
+static void test_decoder(const char *dir, const char *what, const float *ref)
+{
+    dcs_model *m = LOAD_OK(dir);
+    if (!m) return;
+    const int chunks[4] = {3, 1, 2, 1};
+    for (int k = 0; k < 2; k++) {
+        dcs_decoder *d = NULL;
+        CHECK(dcs_decoder_new(m, &d) == DCS_OK && d);
+        if (!d) break;
+        float *lg = xcalloc((size_t)T0 * V, sizeof(float));
+        int at = 0;
+        for (int i = 0; i < 4 && at < T0; i++) {
+            int n = k == 0 ? chunks[i] : T0;
+            dcs_status s = dcs_decoder_step(d, TOKS[0] + at, n, lg + (size_t)at * V, NULL);
+            CHECKF(s == DCS_OK, "%s decode: %s", what, dcs_errmsg(m));
+            at += n;
+        }
+        CHECK(dcs_decoder_pos(d) == T0);
+        double diff = max_abs_diff(lg, ref, (size_t)T0 * V);
+        CHECKF(diff <= 2e-5 * max_abs(ref, (size_t)T0 * V), "%s: decoded logits differ by %g", what, diff);
+        for (int l = 0; l < L; l++) {
+            int want = dcs_layer_is_local(m, l) ? WIN + 1 : T0;
+            CHECKF(dcs_decoder_layer_keys(d, l) == (want < T0 ? want : T0), "%s: layer %d holds %d keys", what, l,
+                   dcs_decoder_layer_keys(d, l));
+        }
+        CHECK(dcs_decoder_layer_keys(d, L) == -1);
+        int32_t bad = V;
+        EXPECT("decode bad token", dcs_decoder_step(d, &bad, 1, NULL, NULL), DCS_ERR_ARG, dcs_errmsg(m),
+               "out of range", NULL);
+        EXPECT("decode n=0", dcs_decoder_step(d, TOKS[0], 0, NULL, NULL), DCS_ERR_ARG, dcs_errmsg(m), "n >= 1", NULL);
+        CHECK(dcs_decoder_pos(d) == T0);
+        free(lg);
+        if (k == 0) {
+            dcs_decoder_free(d);
+        } else {
+            dcs_free(m);          /* model first: the decoder keeps it alive */
+            CHECK(dcs_decoder_step(d, TOKS[1], 1, NULL, NULL) == DCS_OK);
+            dcs_decoder_free(d);
+            m = NULL;
+        }
+    }
+    if (m) dcs_free(m);
+}
+
 int main(void)
 {
     verbose = getenv("DCS_TEST_VERBOSE") && atoi(getenv("DCS_TEST_VERBOSE")) > 0;
@@ -1433,6 +1480,7 @@ int main(void)
         CHECK(!dcs_layer_is_local(m, -1) && !dcs_layer_is_local(m, L));
         CHECK(dcs_errmsg(m) != NULL && dcs_errmsg(NULL) != NULL);
         test_forward_basic(m, "dcpythia", ref_dcp);
+        test_decoder(dcp_dir, "dcpythia", ref_dcp);
         test_hooks_read_and_count(m, "dcpythia", ref_dcp);
         test_captured_invariants(m, "dcpythia", 1);
         test_hook_errors(m, "dcpythia", ref_dcp, 1);
@@ -1463,6 +1511,7 @@ int main(void)
               c->n_head == NH && !c->use_dcmha && !c->qk_norm && c->window_size == 0);
         CHECK(!dcs_layer_is_local(m, 0) && !dcs_layer_is_local(m, 1));
         test_forward_basic(m, "neox", ref_neox);
+        test_decoder(neox_dir, "neox", ref_neox);
         test_hooks_read_and_count(m, "neox", ref_neox);
         test_captured_invariants(m, "neox", 0);
         test_hook_errors(m, "neox", ref_neox, 0);

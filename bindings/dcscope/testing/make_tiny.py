@@ -838,6 +838,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             tensors = OrderedDict((n, tensors[n]) for n in shard_names)  # state-dict order
             write_torch_zip(path, tensors, storages, archive_name=archive_name,
                             container=pickle_container, torch_style=torch_style)
+        _normal_mode(path)
 
     if shards > 1:
         index = {
@@ -849,6 +850,14 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
     return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
+
+
+def _normal_mode(path):
+    """The mode a plain open() gives (0666 less the umask): the safetensors
+    package writes through a private temporary file (mode 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def _storage_member_rank(name):
@@ -867,9 +876,9 @@ def _parse_moh(s):
     return {"shared_heads": int(hs), "routed_topk": int(k)}
 
 
-def main(argv=None):
+def main(argv=None, prog="dcscope make-tiny"):
     ap = argparse.ArgumentParser(
-        prog="python -m dcscope.testing.make_tiny",
+        prog=prog,
         description="Write a tiny random DCPythia / Pythia checkpoint directory.")
     ap.add_argument("out_dir")
     ap.add_argument("--type", dest="model_type", default="dcpythia", choices=["dcpythia", "gpt_neox"])
@@ -925,4 +934,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m dcscope.testing.make_tiny"))
