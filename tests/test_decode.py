@@ -132,3 +132,19 @@ def test_generate_options(tiny_factory):
                        (dict(top_k=0), "top_k"), (dict(return_type="x"), "return_type")]:
         with pytest.raises(dcscope.Error, match=match):
             model.generate(prompt, **{"max_new_tokens": 2, **bad})
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(key_wise=True, seed=71), "key-wise"),
+    (dict(use_sw=True, seed=72), "static"),
+    (dict(compose_groups=2, n_head=4, seed=73), "grouped"),
+    (dict(moh={"shared_heads": 1, "routed_topk": 2}, seed=74), "Mixture-of-Head"),
+])
+def test_decoder_refuses_variants_it_does_not_compose(tiny_factory, kw, what):
+    """The decoder composes plain DCMHA only: a variant model is refused by name
+    (full forward passes still run it), never decoded wrongly."""
+    d, _, _ = tiny_factory(model_type="dcpythia", **kw)
+    model = dcscope.load(d)
+    with pytest.raises(dcscope.Error, match="decoder: .*%s" % what):
+        model.generate(np.array([1, 2, 3]), max_new_tokens=2)
+    model.forward(np.array([1, 2, 3]))          # the model stays usable

@@ -17,6 +17,7 @@ typedef struct {
     int vocab; int rotary_dim; float rope_base; float norm_eps; int parallel_residual;
     int qk_norm; int linear_bias; int use_dcmha; int query_wise; int dyn_rank;
     int dyn_hidden; int dyn_slots; int window_size; int tie_embeddings;
+    int use_sw; int compose_groups; int moh; int moh_shared; int moh_topk; int key_wise;
 } dcs_config;
 typedef struct { int device; int cuda_device; int n_threads; } dcs_load_options;
 
@@ -27,6 +28,7 @@ const dcs_config *dcs_model_config(const dcs_model *m);
 const char *dcs_errmsg(const dcs_model *m);
 int dcs_layer_is_local(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
+const char *dcs_load_warnings(const dcs_model *m);
 int dcs_cuda_available(char *why, size_t whylen);
 dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
 dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);

@@ -197,8 +197,8 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     - layer=L, head=None: every head of layer L for `hook` (pattern,
       pattern_composed, scores, scores_composed, pre.kp, post.qg, ...);
     - layer="all", head=H: head H across all layers;
-    - hook="branches", layer=L, head=H: the five compose branches of `phase`
-      side by side with their sum.
+    - hook="branches", layer=L, head=H: the compose branches of `phase` (five;
+      six with use_sw) side by side with their sum.
     Panels go in a near-square grid (grid_cols=N to choose); local layers'
     windows are hatched; a softmax pattern's colour bar starts at 0."""
     if isinstance(text_or_tokens, str):
@@ -227,7 +227,7 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
             raise Error("heatmap: hook='branches' needs one layer and one head")
         if phase not in ("pre", "post"):
             raise Error("heatmap: phase must be 'pre' or 'post'")
-        names = ["blocks.%d.attn.%s.%s" % (layer, phase, b) for b in BRANCHES]
+        names = ["blocks.%d.attn.%s.%s" % (layer, phase, b) for b in BRANCHES + ("static",)]
         names = [n for n in names if n in model.hook_names]
         total = "blocks.%d.attn.%s" % (layer, "scores_composed" if phase == "pre" else "pattern_composed")
         _, cache = model.run_with_cache(tokens, names=names + [total])

@@ -31,6 +31,8 @@ _HEAD_AXIS_FROM_END = {
     # dynamic weights [T, R, N] / [S, R, N] and gates [T, N] / [S, N]: head last
     **{"attn.dyn.%s.%s" % (ph, w): -1 for ph in ("pre", "post")
        for w in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")},
+    "attn.pre.static": -3, "attn.post.static": -3,
+    "attn.routing": -1,
 }
 
 
@@ -147,6 +149,8 @@ def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> Lis
         for b in BRANCHES[1:]:
             if b in ("kp", "kg") and model.config.query_wise:
                 continue
+            if b in ("qp", "qg") and getattr(model.config, "key_wise", False):
+                continue
             out += disable_branch(model, phase, b, layers)
     return out
 
@@ -209,3 +213,95 @@ def patch(model: Model, name: str, source: Cache, head: Optional[int] = None,
 def _zero(act, _name):
     act[...] = 0.0
     return act
+
+
+# ------------------------------------------------------------ attention variants
+# (model-spec.md 5: the static Talking-Heads branch, Mixture-of-Head routing)
+
+
+def _layers(model: Model, layers: Optional[Iterable[int]]) -> List[int]:
+    out = list(range(model.config.n_layer)) if layers is None else [int(l) for l in layers]
+    for l in out:
+        if not 0 <= l < model.config.n_layer:
+            raise Error("layer %d is out of range (model has %d layers)" % (l, model.config.n_layer))
+    return out
+
+
+def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
+                   layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
+    """Zero the static (Talking-Heads) composition branch of the given phases
+    and layers (use_sw models): the composition maps lose their fixed W term."""
+    if not model.config.use_sw:
+        raise Error("%s has no static composition branch (use_sw is off)" % model.name)
+    hooks = []
+    for ph in phases:
+        if ph not in ("pre", "post"):
+            raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
+        for l in _layers(model, layers):
+            name = "blocks.%d.attn.%s.static" % (l, ph)
+            model.parse_hook(name)
+            hooks.append((name, _zero))
+    return hooks
+
+
+def _moh(model: Model) -> Tuple[int, int]:
+    c = model.config
+    if c.moh_shared_heads is None:
+        raise Error("%s has no Mixture-of-Head routing ('moh' is not in its config)" % model.name)
+    return c.moh_shared_heads, c.moh_routed_topk
+
+
+def force_routing(model: Model, layer: int, heads: Sequence[int], weights: Optional[Sequence[float]] = None,
+                  positions: Optional[Sequence[int]] = None) -> Tuple[str, object]:
+    """Force the MoH routing of `layer`: the routing scores (attn.routing, [T, N])
+    become `weights` (default 1 each) on `heads` and 0 on every other head, at
+    every position or only at `positions`. The gate multiplies each head's z."""
+    _moh(model)
+    N = model.config.n_head
+    heads = [int(h) for h in heads]
+    for h in heads:
+        _check_head(model, layer, h)
+    w = np.ones(len(heads)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(heads),) or not np.all(np.isfinite(w)):
+        raise Error("force_routing: weights must be %d finite numbers, one per head" % len(heads))
+    row = np.zeros(N, dtype=np.float32)
+    row[heads] = w
+    name = "blocks.%d.attn.routing" % layer
+
+    def fn(act, _name):
+        idx = [slice(None)] * act.ndim
+        if positions is not None:
+            idx[act.ndim - 2] = list(positions)
+        act[tuple(idx)] = row
+        return act
+
+    return name, fn
+
+
+def scale_router_logits(model: Model, factor: float, layers: Optional[Iterable[int]] = None,
+                        heads: Optional[Sequence[int]] = None) -> List[Tuple[str, object]]:
+    """Multiply the MoH router logits (attn.router_logits, [T, N - hs]) by `factor`
+    (all routed heads, or the routed-head indices `heads`, 0 = first routed head):
+    < 1 flattens the routing distribution, > 1 sharpens it; the top-k selection
+    and the routing scores are recomputed from the scaled logits."""
+    hs, _ = _moh(model)
+    NR = model.config.n_head - hs
+    if heads is not None:
+        heads = [int(h) for h in heads]
+        for h in heads:
+            if not 0 <= h < NR:
+                raise Error("routed head %d is out of range (%d routed heads)" % (h, NR))
+    out = []
+    for l in _layers(model, layers):
+        name = "blocks.%d.attn.router_logits" % l
+        model.parse_hook(name)
+
+        def fn(act, _name):
+            if heads is None:
+                act *= factor
+            else:
+                act[..., heads] *= factor
+            return act
+
+        out.append((name, fn))
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -18,6 +19,11 @@ from .weights import WeightsMixin
 
 class Error(Exception):
     """Every failure of dcscope: the message names the file, hook or argument."""
+
+
+class LoadWarning(UserWarning):
+    """Something about a checkpoint worth knowing, said once when it is loaded
+    (e.g. key-side weights of a query-wise checkpoint that are ignored)."""
 
 
 def _check(status: int, msg: str) -> None:
@@ -49,6 +55,13 @@ class Config:
     window_size: int
     local_layers: Tuple[int, ...]
     tie_embeddings: bool
+    # attention variants (model-spec.md 5)
+    use_sw: bool = False                 # static (Talking-Heads) compose branch
+    compose_groups: int = 1              # heads composed within this many groups
+    moh_shared_heads: Optional[int] = None   # MoH routing: None when off
+    moh_routed_topk: Optional[int] = None
+    dyn_slots: int = 0                   # C: 4 (pre/post x query/key) or 2
+    key_wise: bool = False               # query-wise branches absent
 
     def __getitem__(self, key):  # dict-style access for notebooks
         return getattr(self, key)
@@ -272,7 +285,14 @@ class Model(WeightsMixin):
             use_dcmha=bool(c.use_dcmha), query_wise=bool(c.query_wise), dyn_rank=c.dyn_rank,
             dyn_hidden=c.dyn_hidden, window_size=c.window_size,
             local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(self._m, l)),
-            tie_embeddings=bool(c.tie_embeddings))
+            tie_embeddings=bool(c.tie_embeddings), use_sw=bool(c.use_sw) and bool(c.use_dcmha),
+            compose_groups=c.compose_groups,
+            moh_shared_heads=c.moh_shared if c.moh else None,
+            moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
+            key_wise=bool(c.key_wise))
+        self.load_warnings = ffi.string(lib.dcs_load_warnings(self._m)).decode(errors="replace").splitlines()
+        for w in self.load_warnings:
+            warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
         self._names = self._all_hook_names()
         self.always_batch = False   # see load()

@@ -4,8 +4,10 @@ For DCMHA layer l, phase pre|post, query t and key s, the composition map
 C[t,s] (N x N, C[n, m] = weight of source head n in target head m) is
 
     C[t,s] = I + qw1[t]^T qw2[t] + kw1[s]^T kw2[s] + diag(qdd[t]) + diag(kdd[s])
+             (+ W, the static Talking-Heads term, with use_sw)
 
-so that composed[:, t, s] = C[t,s]^T @ raw[:, t, s]. For Pythia (plain MHA)
+so that composed[:, t, s] = C[t,s]^T @ raw[:, t, s]; with compose_groups G
+the projection terms (and W) are block-diagonal. For Pythia (plain MHA)
 every map is the identity.
 
 Routing weights: the post phase weights each map by the softmax pattern
@@ -61,9 +63,9 @@ def _warn_masked(model: Model, layer: int, t: int, s: int) -> None:
                       MaskedPairWarning, stacklevel=3)
 
 
-def _dyn_names(layer: int, phase: str, query_wise: bool):
+def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False):
     p = "blocks.%d.attn.dyn.%s." % (layer, phase)
-    names = [p + "qw1", p + "qw2", p + "qdd"]
+    names = [] if key_wise else [p + "qw1", p + "qw2", p + "qdd"]
     if not query_wise:
         names += [p + "kw1", p + "kw2", p + "kdd"]
     return names
@@ -91,23 +93,48 @@ def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> Dict[str, n
     toks = _check(model, tokens, layer, phase)
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
-    names = _dyn_names(layer, phase, model.config.query_wise)
+    names = _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
     _, cache = model.run_with_cache(toks, names=names)
     return {n.rsplit(".", 1)[1]: cache[n] for n in names}
 
 
-def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None) -> np.ndarray:
-    """C[t=query, s] for the given keys (default: all), [len(keys), N, N]."""
-    qw1, qw2, qdd = dyn["qw1"][query], dyn["qw2"][query], dyn["qdd"][query]
-    N = qdd.shape[0]
-    S = dyn["qw1"].shape[0]
+def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
+    """The static (Talking-Heads) term W [N, N] of a layer and phase (block-diagonal
+    with compose_groups), or None when the model has no static branch."""
+    if not model.config.use_sw:
+        return None
+    w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))   # [G, Mg, Mg]
+    return _block_diag(w.astype(np.float64))
+
+
+def _block_diag(blocks: np.ndarray) -> np.ndarray:
+    G, Mg, _ = blocks.shape
+    out = np.zeros((G * Mg, G * Mg))
+    for g in range(G):
+        out[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = blocks[g]
+    return out
+
+
+def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1,
+                      static: Optional[np.ndarray] = None) -> np.ndarray:
+    """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
+    `groups` G the dynamic projections mix heads only within each of G blocks;
+    `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
+    some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
+    S, N = some.shape
     keys = range(S) if keys is None else keys
-    base = np.eye(N) + qw1.T.astype(np.float64) @ qw2 + np.diag(qdd)
+    block = np.kron(np.eye(groups), np.ones((N // groups, N // groups)))
+    base = np.eye(N)
+    if "qw1" in dyn:  # absent for key-wise-only composition
+        qw1, qw2, qdd = dyn["qw1"][query], dyn["qw2"][query], dyn["qdd"][query]
+        base = base + (qw1.T.astype(np.float64) @ qw2) * block + np.diag(qdd)
+    if static is not None:
+        base = base + static
     out = np.empty((len(keys), N, N))
     for i, s in enumerate(keys):
         c = base.copy()
         if "kw1" in dyn:
-            c += dyn["kw1"][s].T.astype(np.float64) @ dyn["kw2"][s] + np.diag(dyn["kdd"][s])
+            c += (dyn["kw1"][s].T.astype(np.float64) @ dyn["kw2"][s]) * block + np.diag(dyn["kdd"][s])
         out[i] = c
     return out
 
@@ -120,7 +147,8 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
     _warn_masked(model, layer, query, key)
     if not model.config.use_dcmha:
         return np.eye(model.config.n_head)
-    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key])[0]
+    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key],
+                             model.config.compose_groups, static_map(model, layer, phase))[0]
 
 
 def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> np.ndarray:
@@ -134,7 +162,8 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     query = _pos(query, toks.shape[0], "query")
     N = model.config.n_head
     src = "blocks.%d.attn.%s" % (layer, "scores" if phase == "pre" else "pattern")
-    names = [src] + (_dyn_names(layer, phase, model.config.query_wise) if model.config.use_dcmha else [])
+    names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
+                     if model.config.use_dcmha else [])
     _, cache = model.run_with_cache(toks, names=names)
     window = model.config.window_size if layer in model.config.local_layers else 0
     keys = [s for s in range(query + 1) if window <= 0 or query - s <= window]
@@ -142,7 +171,8 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     if not model.config.use_dcmha:
         return np.diag(x.sum(axis=1))
     dyn = {n.rsplit(".", 1)[1]: cache[n] for n in names[1:]}
-    maps = maps_from_weights(dyn, query, keys)                  # [len(keys), N, N]
+    maps = maps_from_weights(dyn, query, keys, model.config.compose_groups,
+                             static_map(model, layer, phase))   # [len(keys), N, N]
     return np.einsum("ns,snm->nm", x, maps)
 
 
@@ -152,21 +182,22 @@ def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     toks = _check(model, tokens, layer, "pre")
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
-    sides = ("qdd",) if model.config.query_wise else ("qdd", "kdd")
+    sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")
     names = ["blocks.%d.attn.dyn.%s.%s" % (layer, ph, s) for ph in PHASES for s in sides]
     _, cache = model.run_with_cache(toks, names=names)
     return {n.split("dyn.", 1)[1]: cache[n] for n in names}
 
 
-def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int) -> np.ndarray:
+def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int,
+                       groups: int = 1, static: Optional[np.ndarray] = None) -> np.ndarray:
     """C[query, key] from a cache that holds the layer's dyn.* activations
-    (negative positions count from the end)."""
+    (negative positions count from the end; groups / static as in maps_from_weights)."""
     p = "blocks.%d.attn.dyn.%s." % (layer, phase)
-    if p + "qw1" not in cache:
-        raise Error("cache has no %sqw1 (capture the dyn hooks of layer %d)" % (p, layer))
+    if p + "qdd" not in cache and p + "kdd" not in cache:
+        raise Error("cache has no %sqdd or %skdd (capture the dyn hooks of layer %d)" % (p, p, layer))
     dyn = {k: cache[p + k] for k in ("qw1", "qw2", "qdd", "kw1", "kw2", "kdd") if p + k in cache}
-    T = dyn["qw1"].shape[0]
-    return maps_from_weights(dyn, _pos(query, T, "query"), [_pos(key, T, "key")])[0]
+    T = (dyn["qdd"] if "qdd" in dyn else dyn["kdd"]).shape[0]
+    return maps_from_weights(dyn, _pos(query, T, "query"), [_pos(key, T, "key")], groups, static)[0]
 
 
 # ---------------------------------------------------------------- from a cache, vectorised
@@ -175,7 +206,7 @@ def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, 
     if phase not in PHASES:
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     out = {}
-    for n in _dyn_names(layer, phase, model.config.query_wise):
+    for n in _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise):
         if n not in cache:
             raise Error("cache has no %s (capture the dyn hooks: names=lambda n: '.attn.dyn.' in n)" % n)
         a = cache[n]
@@ -183,6 +214,12 @@ def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, 
             raise Error("routing from a cache works on one sequence: %s has shape %s" % (n, a.shape))
         out[n.rsplit(".", 1)[1]] = a.astype(np.float64)
     return out
+
+
+def _group_block(model: Model) -> np.ndarray:
+    """[N, N] 0/1 mask of the head pairs a grouped composition may mix (all ones for G = 1)."""
+    N, G = model.config.n_head, model.config.compose_groups
+    return np.kron(np.eye(G), np.ones((N // G, N // G)))
 
 
 def _mask(T: int, S: int, window: int) -> np.ndarray:
@@ -207,11 +244,18 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
     tq = slice(None) if qi is None else slice(qi, qi + 1)
     ks = slice(None) if ki is None else slice(ki, ki + 1)
     I = np.eye(N)
-    qpart = I + np.einsum("tin,tim->tnm", d["qw1"][tq], d["qw2"][tq]) + \
-        np.einsum("tn,nm->tnm", d["qdd"][tq], I)                           # [Tq, N, N]
+    block = _group_block(model)                                            # [N, N] 0/1
+    static = static_map(model, layer, phase)
+    base = I if static is None else I + static
+    nq = len(range(T)[tq])
+    qpart = np.broadcast_to(base, (nq, N, N)).copy()                       # [Tq, N, N]
+    if "qw1" in d:
+        qpart += np.einsum("tin,tim->tnm", d["qw1"][tq], d["qw2"][tq]) * block + \
+            np.einsum("tn,nm->tnm", d["qdd"][tq], I)
     out = qpart[:, None]
     if "kw1" in d:
-        kpart = np.einsum("sin,sim->snm", d["kw1"][ks], d["kw2"][ks]) + np.einsum("sn,nm->snm", d["kdd"][ks], I)
+        kpart = np.einsum("sin,sim->snm", d["kw1"][ks], d["kw2"][ks]) * block + \
+            np.einsum("sn,nm->snm", d["kdd"][ks], I)
         out = out + kpart[None]
     else:
         out = np.broadcast_to(out, (out.shape[0], len(range(T)[ks]), N, N)).copy()
@@ -226,7 +270,8 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
 
 def _cache_T(model: Model, cache: Cache, layer: int) -> int:
     for n in ("blocks.%d.attn.pattern" % layer, "blocks.%d.attn.scores" % layer,
-              "blocks.%d.attn.dyn.pre.qdd" % layer, "blocks.%d.attn.dyn.post.qdd" % layer):
+              "blocks.%d.attn.dyn.pre.qdd" % layer, "blocks.%d.attn.dyn.post.qdd" % layer,
+              "blocks.%d.attn.dyn.pre.kdd" % layer, "blocks.%d.attn.dyn.post.kdd" % layer):
         if n in cache:
             return cache[n].shape[-1] if "dyn" not in n else cache[n].shape[-2]
     raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
@@ -262,12 +307,17 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
             out.append(np.einsum("tn,nm->tnm", rows, np.eye(N)))
             continue
         d = _cache_dyn(model, cache, l, phase)
-        q1, q2, qd = d["qw1"][qs], d["qw2"][qs], d["qdd"][qs]
-        R = rows[:, :, None] * (np.eye(N) + np.einsum("tin,tim->tnm", q1, q2)) + \
-            np.einsum("tn,nm->tnm", rows * qd, np.eye(N))
+        block = _group_block(model)
+        static = static_map(model, l, phase)
+        base = np.eye(N) if static is None else np.eye(N) + static
+        R = rows[:, :, None] * base                                          # [Tq, N, N]
+        if "qw1" in d:
+            q1, q2, qd = d["qw1"][qs], d["qw2"][qs], d["qdd"][qs]
+            R = R + rows[:, :, None] * (np.einsum("tin,tim->tnm", q1, q2) * block) + \
+                np.einsum("tn,nm->tnm", rows * qd, np.eye(N))
         if "kw1" in d:
             # sum_s X[n,t,s] kw1[s,i,n] kw2[s,i,m]  and  diag(sum_s X[n,t,s] kdd[s,n])
-            R = R + np.einsum("nts,sin,sim->tnm", X, d["kw1"], d["kw2"], optimize=True)
+            R = R + np.einsum("nts,sin,sim->tnm", X, d["kw1"], d["kw2"], optimize=True) * block
             R = R + np.einsum("tn,nm->tnm", np.einsum("nts,sn->tn", X, d["kdd"]), np.eye(N))
         out.append(R)
     return np.stack(out)
@@ -281,7 +331,7 @@ def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.nda
     """gates() from a cache: {'pre.qdd': [T, N], ...}."""
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
-    sides = ("qdd",) if model.config.query_wise else ("qdd", "kdd")
+    sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")
     out = {}
     for ph in PHASES:
         for sd in sides:

@@ -68,8 +68,17 @@ typedef struct {
     int dyn_rank;          /* R (from the dyn_w_proj.qkw shape)              */
     int dyn_hidden;        /* K (from the dyn_w_proj.dw1 shape)              */
     int dyn_slots;         /* C: 4 (pre-q, pre-k, post-q, post-k) or 2        */
-    int window_size;       /* local-attention window (t - s <= window_size)  */
+    int window_size;       /* local-attention window (t - s <= window_size);
+                              0: no local layers ("window_size": null)       */
     int tie_embeddings;
+    /* attention variants (model-spec.md section 5)                          */
+    int use_sw;            /* static (Talking-Heads) sixth compose branch    */
+    int compose_groups;    /* G: heads composed within G groups (1: all)     */
+    int moh;               /* Mixture-of-Head routing on                     */
+    int moh_shared;        /* hs: shared (always-on) heads                   */
+    int moh_topk;          /* k: routed heads selected per token             */
+    int key_wise;          /* query-wise branches absent (the paper's
+                              key-wise-only ablation; "key_wise": true)      */
 } dcs_config;
 
 typedef struct {
@@ -89,6 +98,9 @@ const dcs_config *dcs_model_config(const dcs_model *m);
 const char *dcs_errmsg(const dcs_model *m);     /* last error on this model  */
 int dcs_layer_is_local(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
+/* Notes from loading (e.g. ignored key-side weights of a query-wise
+ * checkpoint), one per line; "" when there are none. Owned by the model. */
+const char *dcs_load_warnings(const dcs_model *m);
 
 /* 1 if the library was built with CUDA and a GPU is usable, else 0;
  * why (when 0) is written to `why` if given. */
@@ -101,6 +113,8 @@ int dcs_cuda_available(char *why, size_t whylen);
  *   layers.{l}.attention.wqkv.{weight,bias}, layers.{l}.attention.wo.{weight,bias},
  *   layers.{l}.attention.{q_norm,k_norm}.scale,
  *   layers.{l}.attention.dyn_w_proj.{dw1,qkw,dd},
+ *   layers.{l}.attention.dyn_w_proj.{pre_proj,post_proj}.w   (use_sw),
+ *   layers.{l}.attention.moh.{wg,wg_1,wg_0}.weight             (moh),
  *   layers.{l}.feed_forward.{w1,w2}.{weight,bias}
  * dcs_weight_shape writes up to 5 dims; dcs_weight_read widens to float32
  * into `out` (room for the product of the shape). */
@@ -139,6 +153,7 @@ typedef enum {
     DCS_HP_PRE_KP,             /* attn.pre.kp                               */
     DCS_HP_PRE_QG,             /* attn.pre.qg                               */
     DCS_HP_PRE_KG,             /* attn.pre.kg                               */
+    DCS_HP_PRE_STATIC,         /* attn.pre.static (use_sw)                  */
     DCS_HP_SCORES_COMPOSED,    /* attn.scores_composed   [N, T, S]          */
     DCS_HP_PATTERN,            /* attn.pattern           [N, T, S]          */
     DCS_HP_POST_SKIP,          /* attn.post.skip         [N, T, S]          */
@@ -146,8 +161,11 @@ typedef enum {
     DCS_HP_POST_KP,            /* attn.post.kp                              */
     DCS_HP_POST_QG,            /* attn.post.qg                              */
     DCS_HP_POST_KG,            /* attn.post.kg                              */
+    DCS_HP_POST_STATIC,        /* attn.post.static (use_sw)                 */
     DCS_HP_PATTERN_COMPOSED,   /* attn.pattern_composed  [N, T, S]          */
-    DCS_HP_Z,                  /* attn.z                 [T, N, Dh]         */
+    DCS_HP_ROUTER_LOGITS,      /* attn.router_logits     [T, N - hs] (moh)  */
+    DCS_HP_ROUTING,            /* attn.routing           [T, N]      (moh)  */
+    DCS_HP_Z,                  /* attn.z                 [T, N, Dh] (gated) */
     DCS_HP_HEAD_OUT,           /* attn.head_out          [T, N, D]          */
     DCS_HP_ATTN_OUT,           /* attn.out               [T, D]             */
     DCS_HP_LN_MLP,             /* ln_mlp                 [T, D]             */
@@ -166,7 +184,8 @@ const char *dcs_hook_point_name(int point);
 int dcs_hook_point_is_layered(int point);
 
 /* Does this model have the point (compose/dyn points exist only with DCMHA,
- * key-wise ones only without query_wise)? */
+ * key-wise ones only without query_wise, static ones with use_sw, routing
+ * ones with moh)? */
 int dcs_hook_exists(const dcs_model *m, int point);
 
 /* Parse a full hook name ("blocks.3.attn.post.kp", "logits") into point and

@@ -339,9 +339,10 @@ static void compose_host(dstep *s, int l, int phase, float *A, const dec_layer *
             const float *k1 = L->kw1[phase] ? L->kw1[phase] + (size_t)sl * R * N : NULL;
             const float *k2 = L->kw2[phase] ? L->kw2[phase] + (size_t)sl * R * N : NULL;
             const float *kd = L->kdd[phase] ? L->kdd[phase] + (size_t)sl * N : NULL;
-            dcs_compose_pair(A + o, A + o, stride, N, R, q1 + (size_t)i * R * N, q2 + (size_t)i * R * N, k1, k2,
-                             qd + (size_t)i * N, kd, br[0] ? br[0] + o : NULL, br[1] ? br[1] + o : NULL,
-                             br[2] ? br[2] + o : NULL, br[3] ? br[3] + o : NULL, br[4] ? br[4] + o : NULL);
+            dcs_compose_pair_plain(A + o, A + o, stride, N, R, q1 + (size_t)i * R * N, q2 + (size_t)i * R * N,
+                                   k1, k2, qd + (size_t)i * N, kd, br[0] ? br[0] + o : NULL,
+                                   br[1] ? br[1] + o : NULL, br[2] ? br[2] + o : NULL,
+                                   br[3] ? br[3] + o : NULL, br[4] ? br[4] + o : NULL, NULL);
         }
     if (!any) return;
     int modified = 0;
@@ -511,6 +512,19 @@ dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out) {
     m->err.msg[0] = 0;
     dcs_status st = dcs_model_require_f32(m, &m->err);
     if (st) return st;
+    /* The decoder composes with the plain five-branch DCMHA of model-spec.md 2;
+     * the variants of section 5 run through dcs_forward only. */
+    const dcs_config *c = &m->cfg;
+    if (c->use_dcmha && (c->key_wise || c->use_sw || c->compose_groups != 1))
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "decoder: incremental decoding supports plain DCMHA and MHA; this model uses %s "
+                          "(run full forward passes instead)",
+                          c->key_wise ? "key-wise-only composition" : c->use_sw ? "the static (use_sw) branch"
+                                                                               : "grouped composition");
+    if (c->moh)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "decoder: incremental decoding does not support Mixture-of-Head routing (moh) yet "
+                          "(run full forward passes instead)");
     dcs_decoder *d = calloc(1, sizeof *d);
     if (d) d->layers = calloc((size_t)m->cfg.n_layer, sizeof *d->layers);
     if (!d || !d->layers) {

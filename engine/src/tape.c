@@ -176,6 +176,20 @@ void dcs_tape_free(dcs_tape *tp) {
     free(tp);
 }
 
+/* The tape knows plain DCMHA and MHA; the variants of model-spec.md 5 are
+ * refused by name rather than differentiated wrongly. */
+dcs_status dcs_tape_supported(dcs_model *m) {
+    const dcs_config *c = &m->cfg;
+    const char *what = c->use_sw ? "use_sw (static composition)"
+                     : c->compose_groups > 1 ? "grouped composition (compose_groups > 1)"
+                     : c->moh ? "moh (Mixture-of-Head routing)"
+                     : c->key_wise ? "key_wise (key-wise-only composition)" : NULL;
+    if (what)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "gradients and training do not support the attention variant %s yet", what);
+    return DCS_OK;
+}
+
 /* Weights are float32 host arrays in this build (see dcs_model_require_f32). */
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     *out = NULL;
@@ -186,7 +200,9 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
                           "load it with device='cpu'");
     if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
         return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
-    dcs_status st = dcs_model_require_f32(m, &m->err);
+    dcs_status st = dcs_tape_supported(m);
+    if (st) return st;
+    st = dcs_model_require_f32(m, &m->err);
     if (st) return st;
     dcs_tape *tp = calloc(1, sizeof *tp);
     if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
@@ -417,11 +433,11 @@ static void compose_fw_rows(void *p, long long bt_from, long long bt_to) {
                 const float *kw1 = a->w1[ph][1] ? a->w1[ph][1] + bs * R * N : NULL;
                 const float *kw2 = a->w2[ph][1] ? a->w2[ph][1] + bs * R * N : NULL;
                 const float *kdd = a->dd[ph][1] ? a->dd[ph][1] + bs * N : NULL;
-                dcs_compose_pair(in + o, out + o, TT, N, R, a->w1[ph][0] + bt * R * N,
-                                 a->w2[ph][0] + bt * R * N, kw1, kw2, a->dd[ph][0] + bt * N, kdd,
-                                 br[0] ? br[0] + o : NULL, br[1] ? br[1] + o : NULL,
-                                 br[2] ? br[2] + o : NULL, br[3] ? br[3] + o : NULL,
-                                 br[4] ? br[4] + o : NULL);
+                dcs_compose_pair_plain(in + o, out + o, TT, N, R, a->w1[ph][0] + bt * R * N,
+                                       a->w2[ph][0] + bt * R * N, kw1, kw2, a->dd[ph][0] + bt * N, kdd,
+                                       br[0] ? br[0] + o : NULL, br[1] ? br[1] + o : NULL,
+                                       br[2] ? br[2] + o : NULL, br[3] ? br[3] + o : NULL,
+                                       br[4] ? br[4] + o : NULL, NULL);
             }
         }
     }

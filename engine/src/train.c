@@ -67,7 +67,9 @@ static void rewire(dcs_model *m, float *from, float *to) {
 dcs_status dcs_model_make_trainable(dcs_model *m) {
     if (m->device != DCS_DEVICE_CPU)
         return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED, "training runs on the CPU only; load with device='cpu'");
-    dcs_status st = dcs_model_require_f32(m, &m->err);
+    dcs_status st = dcs_tape_supported(m);
+    if (st) return st;
+    st = dcs_model_require_f32(m, &m->err);
     if (st) return st;
     for (int i = 0; i < m->n_weights; i++) {
         dcs_named_weight *w = &m->weights[i];

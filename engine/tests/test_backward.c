@@ -171,8 +171,8 @@ typedef struct { float qw1[CR * CN], qw2[CR * CN], kw1[CR * CN], kw2[CR * CN], q
 static void cp_f(void *c, const float *x, float *y) {
     cp_ctx *a = c;
     float br[5][CN];
-    dcs_compose_pair(x, y, 1, CN, CR, a->qw1, a->qw2, a->keys ? a->kw1 : NULL, a->keys ? a->kw2 : NULL,
-                     a->qdd, a->keys ? a->kdd : NULL, br[0], br[1], br[2], br[3], br[4]);
+    dcs_compose_pair_plain(x, y, 1, CN, CR, a->qw1, a->qw2, a->keys ? a->kw1 : NULL, a->keys ? a->kw2 : NULL,
+                           a->qdd, a->keys ? a->kdd : NULL, br[0], br[1], br[2], br[3], br[4], NULL);
     /* only the branches switched on reach the output (the cut ones are constants) */
     for (int m = 0; m < CN; m++) {
         float s = 0;
