@@ -5,6 +5,7 @@
     dcscope info --model DIR
     dcscope models                            (the bundled models: every --model takes their names)
     dcscope make-tiny OUT_DIR [options]      (a generated checkpoint, see dcscope.testing)
+    dcscope train --out DIR [options]        (train a small model, see dcscope.train)
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def _models(argv: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None}
+    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None, "train": None}
     if argv and argv[0] not in cmds and argv[0] not in ("-h", "--help"):
         print("dcscope: unknown command %r (commands: %s; dcscope --help)"
               % (argv[0], ", ".join(cmds)), file=sys.stderr)
@@ -152,6 +153,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if cmd == "make-tiny":
             from .testing.make_tiny import main as tiny_main
             return tiny_main(rest) or 0
+        if cmd == "train":
+            from .train import main as train_main
+            return train_main(rest)
         return cmds[cmd](rest)
     except Error as e:
         msg = str(e)
