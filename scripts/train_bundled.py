@@ -53,8 +53,12 @@ RECIPE = {
     "train_stream_seed": 0,    # synth_tasks.corpus.training_records(seed=...)
     "one_line_per_sequence": True,   # as the evaluator reads a line: no packing, no BOS
     # budget and schedule (identical for both)
-    "tokens": 12_000_000,      # ~3x the 3.9M-token calibration run; see PROPOSAL below
-    "tokens_per_step": 8192,   # ~42 lines of ~195 tokens (padded lines of similar length)
+    "tokens": 10_100_000,      # ~ steps x lines_per_step x 195 tokens a line (real, unpadded)
+    "tokens_per_step": 7800,   # 40 lines of ~195 tokens, each padded to seq_len (padding not scored)
+    "lines_per_step": 40,
+    "seq_len": 288,            # longest line of the published file is 269 tokens (277 held-out)
+    "steps": 1300,
+    "train_lines": 60_000,     # synth_tasks.corpus training lines 0..59999, drawn per step by seed
     "lr": 3e-3,
     "min_lr_frac": 0.1,        # cosine decay to lr * 0.1
     "warmup_steps": 150,
@@ -83,6 +87,10 @@ BUDGET_BYTES = 20 * 1024 * 1024
 #   tokens = min(27M, 0.95 * 90 * 60 * tokens_per_s of the slower twin),
 # the same number for both. If DCPythia trains below ~1.5k tokens/s, shrink both to
 # dim 128, 4 heads (about 1.3M params, ~2x the tokens in the same time).
+# RUN (2026-11-23, `python scripts/train_bundled.py train`'s commands with --n-threads 1,
+# both twins at once under nice beside other jobs): 1.5k (DCPythia) and 1.8k (Pythia)
+# tokens/s per twin, ~4.9k tokens/step real: hence 1300 steps of 40 lines (~10M tokens),
+# about 90 minutes per twin on the whole machine.
 # -----------------------------------------------------------------------------
 
 
@@ -102,9 +110,9 @@ def config_for(model_type: str, vocab: int) -> dict:
 
 def schedule() -> dict:
     r = RECIPE
-    steps = -(-r["tokens"] // r["tokens_per_step"])
+    steps = r["steps"]
     return {"steps": steps, "warmup_steps": r["warmup_steps"], "lr": r["lr"],
-            "min_lr": r["lr"] * r["min_lr_frac"]}
+            "min_lr": round(r["lr"] * r["min_lr_frac"], 12)}
 
 
 def prepare(out: str) -> int:
@@ -140,16 +148,46 @@ def prepare(out: str) -> int:
     return 0
 
 
-def train(out: str, seed: int) -> int:
-    r = subprocess.run([sys.executable, "-m", "dcscope.cli", "train", "--help"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        print("error: `dcscope train` (issue 13) is not available in this checkout; "
-              "the invocation is wired here once it lands", file=sys.stderr)
-        return 2
-    print("error: `dcscope train` exists: wire its flags to RECIPE in train() "
-          f"(seed {seed}, out {out}) before the first run", file=sys.stderr)
-    return 2
+def train_commands(out: str, seed: int, n_threads: int = 0) -> list:
+    """The `dcscope train` command of each twin: identical but for --model-type."""
+    r, sch = RECIPE, schedule()
+    data = os.path.join(out, "train.jsonl")
+    common = ["--n-layer", r["n_layer"], "--dim", r["dim"], "--n-head", r["n_head"],
+              "--d-ff", r["intermediate"], "--window-size", r["window_size"], "--window-type", "LG",
+              "--rank", 2, "--seq-len", r["seq_len"], "--batch-size", r["lines_per_step"],
+              "--steps", sch["steps"], "--lr", sch["lr"], "--min-lr", sch["min_lr"],
+              "--warmup", sch["warmup_steps"], "--weight-decay", r["weight_decay"],
+              "--grad-clip", r["grad_clip"], "--beta1", r["betas"][0], "--beta2", r["betas"][1],
+              "--data", data, "--lines", "--tokenizer", os.path.join(ROOT, r["tokenizer"]),
+              "--ckpt-every", 50, "--keep", 2, "--log-every", 10, "--seed", seed]
+    if n_threads:
+        common += ["--n-threads", n_threads]
+    return [[sys.executable, "-m", "dcscope.cli", "train", "--out", os.path.join(out, name),
+             "--model-type", mtype] + [str(x) for x in common] for name, mtype in TWINS.items()]
+
+
+def train(out: str, seed: int, dry_run: bool = False, n_threads: int = 0) -> int:
+    """Write the training lines (disjoint from the published file and the held-out
+    set), then run both twins one after the other. Rerunning resumes each twin
+    from its last checkpoint (dcscope train's resume)."""
+    cmds = train_commands(out, seed, n_threads)
+    data = os.path.join(out, "train.jsonl")
+    gen = [sys.executable, "-m", "synth_tasks.cli", "corpus", "train", data,
+           "--lines", str(RECIPE["train_lines"]), "--seed", str(RECIPE["train_stream_seed"]),
+           "--format", "jsonl"]
+    if dry_run:
+        for c in [gen] + cmds:
+            print(" ".join(c))
+        return 0
+    os.makedirs(out, exist_ok=True)
+    if not os.path.exists(data):
+        subprocess.run(gen, check=True, cwd=ROOT)
+    for c in cmds:
+        print("+ " + " ".join(c), flush=True)
+        rc = subprocess.run(c, cwd=ROOT).returncode
+        if rc:
+            return rc
+    return 0
 
 
 def _to_dtype(src_dir: str, dst_dir: str, dtype: str) -> None:
@@ -275,6 +313,8 @@ def main(argv=None) -> int:
     ap.add_argument("--install", action="store_true", help="finish: copy into bindings/dcscope/models")
     ap.add_argument("--limit", type=int, default=None, help="finish: benchmark only N lines (tests)")
     ap.add_argument("--command", default=None, help="finish: the training command for the cards")
+    ap.add_argument("--dry-run", action="store_true", help="train: print the commands only")
+    ap.add_argument("--n-threads", type=int, default=0, help="train: threads per run (0: the default)")
     a = ap.parse_args(argv)
     if a.step == "show":
         print(json.dumps({"recipe": RECIPE, "schedule": schedule()}, indent=1))
@@ -284,7 +324,7 @@ def main(argv=None) -> int:
     if a.step == "bench":
         return bench(a.out)
     if a.step == "train":
-        return train(a.out, a.seed)
+        return train(a.out, a.seed, a.dry_run, a.n_threads)
     return finish(a.out, a.install, a.limit, a.command, a.seed)
 
 

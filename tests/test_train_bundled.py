@@ -40,8 +40,9 @@ def test_prepare_writes_loadable_configs(tb, tmp_path):
         assert cfg["model_type"] == mtype and cfg["vocab_size"] == 2209
         assert (tmp_path / name / "tokenizer.json").read_bytes() == open(TOKENIZER_FILE, "rb").read()
     assert json.load(open(tmp_path / "recipe.json"))["schedule"] == tb.schedule()
-    # the trainer is not in this checkout: train says so instead of pretending
-    assert tb.main(["train", "--out", str(tmp_path)]) == 2
+    # train --dry-run prints the corpus command and both twins' commands, runs nothing
+    assert tb.main(["train", "--out", str(tmp_path), "--dry-run"]) == 0
+    assert not (tmp_path / "train.jsonl").exists()
 
 
 def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, monkeypatch):
@@ -64,3 +65,13 @@ def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, mon
         assert "| %s (published) |" % name in card and "CMD" in card and "loss.png" in card
     monkeypatch.setenv(dcscope.bundled.ENV, str(tmp_path / "ship"))
     assert [m.name for m in dcscope.bundled_models()] == sorted(tb.TWINS)
+
+
+def test_train_commands_are_identical_but_for_the_attention(tb, tmp_path):
+    """The two twins' `dcscope train` commands differ only in --out and --model-type."""
+    a, b = tb.train_commands(str(tmp_path), seed=0)
+    diff = [(x, y) for x, y in zip(a, b) if x != y]
+    assert len(a) == len(b)
+    assert [x for x, _ in diff] == [str(tmp_path / "dcpythia-tiny"), "dcpythia"]
+    assert [y for _, y in diff] == [str(tmp_path / "pythia-tiny"), "gpt_neox"]
+    assert "--lines" in a and a[a.index("--steps") + 1] == str(tb.RECIPE["steps"])
