@@ -240,6 +240,16 @@ static void widen16(const uint8_t *src, uint64_t n, int dtype, float *out)
     }
 }
 
+void dcs_widen(const void *src, uint64_t n, int dtype, float *out)
+{
+    if (dtype == DCS_F32) {
+        if (n > 0)
+            memcpy(out, src, (size_t)n * sizeof *out);
+    } else if (dtype == DCS_F16 || dtype == DCS_BF16) {
+        widen16(src, n, dtype, out);
+    }
+}
+
 void dcs_tensor_to_f32(const dcs_tensor *t, float *out)
 {
     uint64_t n = dcs_tensor_numel(t);
