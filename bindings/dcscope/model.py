@@ -286,10 +286,37 @@ class Model:
         batched = a.ndim == 2
         return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int32), batched
 
+    def _positions(self, logits_at, B: int, T: int):
+        """logits_at -> (int32 [B, n] positions, squeeze?) or (None, False)."""
+        if logits_at is None:
+            return None, False
+        if isinstance(logits_at, str):
+            if logits_at != "last":
+                raise Error("logits_at must be None, 'last', or positions, got %r" % (logits_at,))
+            return np.full((B, 1), T - 1, dtype=np.int32), True
+        a = np.asarray(logits_at)
+        if a.dtype.kind not in "iu" or a.size == 0 or a.ndim not in (0, 1, 2):
+            raise Error("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
+                        % (logits_at,))
+        squeeze = a.ndim == 0
+        a = a.reshape(1, -1) if a.ndim < 2 else a
+        if a.shape[0] == 1 and B > 1:
+            a = np.broadcast_to(a, (B, a.shape[1]))
+        if a.shape[0] != B:
+            raise Error("logits_at has positions for %d sequences, tokens have %d" % (a.shape[0], B))
+        if a.shape[1] > T:
+            raise Error("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
+        if a.min() < 0 or a.max() >= T:
+            raise Error("logits_at position %d is out of range [0, %d)"
+                        % (a.max() if a.max() >= T else a.min(), T))
+        return np.ascontiguousarray(a, dtype=np.int32), squeeze
+
     def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
-             logits: bool = True):
+             logits: bool = True, logits_at=None):
         toks, batched = self._tokens(tokens)
         B, T = toks.shape
+        pos, squeeze = self._positions(logits_at, B, T)
+        n_out = T if pos is None else pos.shape[1]
         run = _Run(self, batched)
         L = self.config.n_layer
         want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
@@ -303,10 +330,10 @@ class Model:
             p, l = self.parse_hook(n)
             run.fns.setdefault((p, l), []).append((n, fn))
             want[p * L + l] = 1
-        if logits and B * T * self.config.vocab * 4 > _physical_memory():
+        if logits and B * n_out * self.config.vocab * 4 > _physical_memory():
             raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
-                        % (B, T, self.config.vocab, B * T * self.config.vocab * 4 / 2**30))
-        out = np.empty((B, T, self.config.vocab), dtype=np.float32) if logits else None
+                        % (B, n_out, self.config.vocab, B * n_out * self.config.vocab * 4 / 2**30))
+        out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
         hooks = ffi.NULL
         if want.any():
             handle = ffi.new_handle(run)
@@ -314,9 +341,11 @@ class Model:
             hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
             hooks.fn = lib._dcs_py_hook
             hooks.user = handle
-        st = lib.dcs_forward(self._m, ffi.cast("const int32_t *", ffi.from_buffer(toks)), B, T,
-                             ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL,
-                             hooks)
+        st = lib.dcs_forward_at(self._m, ffi.cast("const int32_t *", ffi.from_buffer(toks)), B, T,
+                                ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL,
+                                0 if pos is None else pos.shape[1],
+                                ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL,
+                                hooks)
         if run.error is not None:
             e = run.error
             if isinstance(e, Error):
@@ -324,13 +353,19 @@ class Model:
             raise Error("%s: %s: %s" % (self._errmsg().replace(" aborted the forward pass", ""),
                                         type(e).__name__, e)) from e
         _check(st, self._errmsg())
+        if out is not None and squeeze:
+            out = out[:, 0]
         if out is not None and not batched:
             out = out[0]
         return out, run.cache
 
-    def forward(self, tokens) -> np.ndarray:
-        """Logits: [T, V] for a 1-D token array (or a string), [B, T, V] for [B, T]."""
-        return self._run(tokens)[0]
+    def forward(self, tokens, logits_at=None) -> np.ndarray:
+        """Logits: [T, V] for a 1-D token array (or a string), [B, T, V] for [B, T].
+
+        logits_at computes the unembedding only where asked: "last" (-> [V] /
+        [B, V]), one position (-> [V] / [B, V]), [n] positions for every
+        sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
+        return self._run(tokens, logits_at=logits_at)[0]
 
     __call__ = forward
 
