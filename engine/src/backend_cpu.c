@@ -4,6 +4,12 @@
  *
  * "Device pointers" here are ordinary host pointers.
  */
+/* The element-wise loops (compose rows above all) need the vectoriser's
+ * dynamic cost model: -O2's default only vectorises loops without a tail.
+ * Vectorising never reorders a float sum here (no -ffast-math). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("vect-cost-model=dynamic")
+#endif
 #include "internal.h"
 #include "dcs_math.h"
 
