@@ -477,8 +477,8 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
 DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                                 const float *qw1, const float *qw2, const float *kw1t,
                                 const float *kw2t, long long ks, const float *qdd,
-                                const float *kddt, float *tmp) {
-    dcs_compose_row(a, out, hs, L, N, R, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, tmp);
+                                const float *kddt, float *tmp, float *const *br) {
+    dcs_compose_row(a, out, hs, L, N, R, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, tmp, br);
 }
 
 /* Key-side dynamic weights [B, S, R, N] -> [B, R, N, S] (and gates
@@ -490,43 +490,10 @@ static void transpose_keys(const float *src, float *dst, int B, int S, int RN) {
                 dst[((size_t)b * RN + i) * S + s] = src[((size_t)b * S + s) * RN + i];
 }
 
-/* The pair-wise kernel (hooked branches wanted): each (b, t, s) pair
- * through dcs_compose_pair; the (b, t) rows are split over the cores. */
-static void compose_pairs(void *arg, long long begin, long long end, int tid) {
-    (void)tid;
-    const dcs_compose_args *a = arg;
-    const int N = a->N, T = a->T, S = a->S, R = a->R;
-    const long long TS = (long long)T * S;
-    for (long long bt = begin; bt < end; bt++) {
-        const int b = (int)(bt / T), t = (int)(bt % T);
-        const long long base = (long long)b * N * TS;
-        const float *qw1 = a->qw1 + ((size_t)b * T + t) * R * N;
-        const float *qw2 = a->qw2 + ((size_t)b * T + t) * R * N;
-        const float *qdd = a->qdd + ((size_t)b * T + t) * N;
-        for (int s = 0; s < S; s++) {
-            long long o = base + (long long)t * S + s;
-            if (a->causal_only && !dcs_allowed(t, s, a->window)) {
-                for (int n = 0; n < N; n++) {
-                    long long on = o + n * TS;
-                    a->out[on] = 0.0f;
-                    for (int k = 0; k < 5; k++)
-                        if (a->br[k]) a->br[k][on] = 0.0f;
-                }
-                continue;
-            }
-            const float *kw1 = a->kw1 ? a->kw1 + ((size_t)b * S + s) * R * N : NULL;
-            const float *kw2 = a->kw2 ? a->kw2 + ((size_t)b * S + s) * R * N : NULL;
-            const float *kdd = a->kdd ? a->kdd + ((size_t)b * S + s) * N : NULL;
-            dcs_compose_pair(a->in + o, a->out + o, TS, N, R, qw1, qw2, kw1, kw2, qdd, kdd,
-                             a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
-                             a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
-                             a->br[4] ? a->br[4] + o : NULL);
-        }
-    }
-}
-
-/* The row kernel (no branches): per (b, t) row, the allowed keys (or all,
- * pre-compose) at once. kt: transposed key side (kw1t, kw2t, kddt). */
+/* Compose over [B, N, T, S], per (b, t) row: the allowed keys (or all,
+ * pre-compose) at once through dcs_compose_row (the per-pair math of
+ * dcs_compose_pair, vectorised across keys; the CUDA backend runs the pair
+ * form). kt: transposed key side (kw1t, kw2t, kddt). */
 typedef struct { const dcs_compose_args *a; const float *kw1t, *kw2t, *kddt; const dcs_backend *be; } crow_args;
 
 static void compose_rows(void *arg, long long begin, long long end, int tid) {
@@ -540,31 +507,35 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
         const int b = (int)(bt / T), t = (int)(bt % T);
         const long long o = (long long)b * N * TS + (long long)t * S;
         int lo = 0, hi = S - 1;
+        float *br[5] = {NULL, NULL, NULL, NULL, NULL};
+        for (int k = 0; k < 5; k++)
+            if (a->br[k]) br[k] = a->br[k] + o;
         if (a->causal_only) {
             hi = t < S - 1 ? t : S - 1;
             lo = a->window > 0 && t - a->window > 0 ? t - a->window : 0;
-            for (int n = 0; n < N; n++) {
-                float *row = a->out + o + n * TS;
-                for (int s = 0; s < lo; s++) row[s] = 0.0f;
-                for (int s = hi + 1; s < S; s++) row[s] = 0.0f;
+            for (int k = -1; k < 5; k++) {
+                float *base = k < 0 ? a->out + o : br[k];
+                if (!base) continue;
+                for (int n = 0; n < N; n++) {
+                    float *row = base + n * TS;
+                    for (int s = 0; s < lo; s++) row[s] = 0.0f;
+                    for (int s = hi + 1; s < S; s++) row[s] = 0.0f;
+                }
             }
         }
+        for (int k = 0; k < 5; k++)
+            if (br[k]) br[k] += lo;
         const float *k1 = c->kw1t ? c->kw1t + (size_t)b * RN * S + lo : NULL;
         const float *k2 = c->kw2t ? c->kw2t + (size_t)b * RN * S + lo : NULL;
         const float *kd = c->kddt ? c->kddt + (size_t)b * N * S + lo : NULL;
         compose_row(a->in + o + lo, a->out + o + lo, TS, hi - lo + 1, N, R,
                     a->qw1 + ((size_t)b * T + t) * RN, a->qw2 + ((size_t)b * T + t) * RN, k1, k2,
-                    S, a->qdd + ((size_t)b * T + t) * N, kd, tmp);
+                    S, a->qdd + ((size_t)b * T + t) * N, kd, tmp, br);
     }
 }
 
 static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
-    const int any_branch = a->br[0] || a->br[1] || a->br[2] || a->br[3] || a->br[4];
     const long long cost = (long long)a->S * a->N * 8;
-    if (any_branch || (a->in != a->out && a->causal_only)) {
-        parallel_for(be, compose_pairs, (void *)a, (long long)a->B * a->T, cost);
-        return;
-    }
     const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->S;
     float *kt = NULL;
     crow_args c = {a, NULL, NULL, NULL, be};
@@ -676,7 +647,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                     const float *k2 = J->kt[ph][1] ? J->kt[ph][1] + (size_t)b * RN * T + lo : NULL;
                     const float *kd = J->kt[ph][2] ? J->kt[ph][2] + (size_t)b * N * T + lo : NULL;
                     compose_row(row + j0, row + j0, hs, len, N, R, a->qw1[ph] + tr * RN,
-                                a->qw2[ph] + tr * RN, k1, k2, T, a->qdd[ph] + tr * N, kd, tmp);
+                                a->qw2[ph] + tr * RN, k1, k2, T, a->qdd[ph] + tr * N, kd, tmp,
+                                NULL);
                 }
                 if (ph == 0)
                     for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);

@@ -106,13 +106,15 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
  * apart): a[n*hs + j] is the score of head n at key j of the strip. qw1,
  * qw2 [R, N] and qdd [N] belong to the query t; the key side is transposed,
  * kw1t[(i*N + n)*ks + j], kw2t likewise, kddt[n*ks + j] (all NULL:
- * query_wise). out may alias a. tmp holds (2R + 2) * L floats. Every
- * element goes through exactly the float operations of dcs_compose_pair, in
- * the same order, so both give bit-identical results. */
+ * query_wise). out may alias a. tmp holds (2R + 2) * L floats. br (NULL,
+ * or entries NULL) receives the skip, qp, kp, qg, kg contributions laid out
+ * like out. Every element goes through exactly the float operations of
+ * dcs_compose_pair, in the same order, so both give bit-identical results. */
 DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                             const float *qw1, const float *qw2,
                             const float *kw1t, const float *kw2t, long long ks,
-                            const float *qdd, const float *kddt, float *tmp) {
+                            const float *qdd, const float *kddt, float *tmp,
+                            float *const *br) {
     float *qi = tmp, *ki = tmp + (long long)R * L;
     float *qp = tmp + 2LL * R * L, *kp = qp + L;
     for (int i = 0; i < R; i++) {
@@ -144,6 +146,19 @@ DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L,
         const float *am = a + (long long)m * hs;
         float *om = out + (long long)m * hs;
         const float qd = qdd[m];
+        if (br) {          /* the branches, before out (which may alias a) */
+            const long long o = (long long)m * hs;
+            if (br[0]) for (int j = 0; j < L; j++) br[0][o + j] = am[j];
+            if (br[1]) for (int j = 0; j < L; j++) br[1][o + j] = qp[j];
+            if (br[2]) for (int j = 0; j < L; j++) br[2][o + j] = kp[j];
+            if (br[3]) for (int j = 0; j < L; j++) br[3][o + j] = am[j] * qd;
+            if (br[4]) {
+                if (kddt)
+                    for (int j = 0; j < L; j++) br[4][o + j] = am[j] * kddt[(long long)m * ks + j];
+                else
+                    for (int j = 0; j < L; j++) br[4][o + j] = 0.0f;
+            }
+        }
         if (kddt) {
             const float *kd = kddt + (long long)m * ks;
             for (int j = 0; j < L; j++) {
