@@ -50,8 +50,12 @@ typedef struct {
     atomic_llong next;
 } par_pool;
 
+/* Widen n F16/BF16 values to float32 (exact), the backend's fastest way. */
+typedef void (*widen_fn)(const uint8_t *src, uint64_t n, int dtype, float *out);
+
 typedef struct {
     int n_threads;
+    widen_fn widen;
     par_pool pool;
     float *scratch[PAR_MAX_THREADS];   /* per-thread work buffers           */
     size_t scratch_n[PAR_MAX_THREADS];
@@ -201,6 +205,51 @@ static void cpu_destroy(dcs_backend *be) {
     free(be);
 }
 
+/* ------------------------------------------------------------ widening
+ * F16 -> float32 with the CPU's conversion instruction (vcvtph2ps: exact for
+ * every half, subnormals included) where it has one, else dcs_widen's
+ * portable bit arithmetic; BF16 is a shift either way. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static void widen_avx512(const uint8_t *src, uint64_t n,
+                                                            int dtype, float *out) {
+    uint64_t i = 0;
+    if (dtype == DCS_F16)
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 2 * i))));
+    else
+        for (; i + 16 <= n; i += 16) {
+            __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + 2 * i)));
+            _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+        }
+    if (i < n) dcs_widen(src + 2 * i, n - i, dtype, out + i);
+}
+__attribute__((target("avx2,f16c"))) static void widen_f16c(const uint8_t *src, uint64_t n,
+                                                            int dtype, float *out) {
+    uint64_t i = 0;
+    if (dtype == DCS_F16)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 2 * i))));
+    else
+        for (; i + 8 <= n; i += 8) {
+            __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 2 * i)));
+            _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+        }
+    if (i < n) dcs_widen(src + 2 * i, n - i, dtype, out + i);
+}
+#endif
+static void widen_plain(const uint8_t *src, uint64_t n, int dtype, float *out) {
+    dcs_widen(src, n, dtype, out);
+}
+static widen_fn pick_widen(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return widen_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return widen_f16c;
+#endif
+    return widen_plain;
+}
+
 /* ------------------------------------------------------------ GEMM
  * Row-major strided batched GEMM: the batch x (row or column blocks) are
  * items of the pool, each one single-threaded OpenBLAS sgemm. */
@@ -277,6 +326,7 @@ typedef struct {
 static void gemmw_items(void *arg, long long begin, long long end, int tid) {
     const gemmw_job *g = arg;
     const size_t es = dcs_dtype_size(g->W.dtype);
+    const widen_fn widen = ((const cpu_ctx *)g->be->ctx)->widen;
     float *buf = scratch(g->be, tid, (size_t)g->tw * g->K);
     if (!buf) { set_nomem(g->be, "gemm (weight tile)"); return; }
     for (long long it = begin; it < end; it++) {
@@ -284,13 +334,13 @@ static void gemmw_items(void *arg, long long begin, long long end, int tid) {
         const int nw = g->N - n0 < g->tw ? g->N - n0 : g->tw;
         const uint8_t *W = g->W.p;
         if (g->transW) {          /* rows n0.. of W [N, K]: contiguous */
-            dcs_widen(W + (size_t)n0 * g->K * es, (uint64_t)nw * g->K, g->W.dtype, buf);
+            widen(W + (size_t)n0 * g->K * es, (uint64_t)nw * g->K, g->W.dtype, buf);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, nw, g->K, 1.0f, g->A,
                         g->lda, buf, g->K, 0.0f, g->C + n0, g->ldc);
         } else {                  /* columns n0.. of W [K, N] */
             for (int k = 0; k < g->K; k++)
-                dcs_widen(W + ((size_t)k * g->N + n0) * es, (uint64_t)nw, g->W.dtype,
-                          buf + (size_t)k * nw);
+                widen(W + ((size_t)k * g->N + n0) * es, (uint64_t)nw, g->W.dtype,
+                      buf + (size_t)k * nw);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, nw, g->K, 1.0f, g->A,
                         g->lda, buf, nw, 0.0f, g->C + n0, g->ldc);
         }
@@ -330,10 +380,10 @@ static void cpu_embed(dcs_backend *be, float *out, const float *table,
 }
 static void cpu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens,
                         int M, int D) {
-    (void)be;
     const size_t es = dcs_dtype_size(table.dtype);
+    const widen_fn widen = ((const cpu_ctx *)be->ctx)->widen;
     for (int m = 0; m < M; m++)
-        dcs_widen((const uint8_t *)table.p + (size_t)tokens[m] * D * es, (uint64_t)D,
+        widen((const uint8_t *)table.p + (size_t)tokens[m] * D * es, (uint64_t)D,
                   table.dtype, out + (size_t)m * D);
 }
 
@@ -702,6 +752,7 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->n_threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
     if (c->n_threads > PAR_MAX_THREADS) c->n_threads = PAR_MAX_THREADS;
+    c->widen = pick_widen();
 #ifdef OPENBLAS_VERSION
     /* every sgemm is one item of a pool thread: OpenBLAS runs each on the
      * calling thread (the process's libopenblas is the engine's alone:

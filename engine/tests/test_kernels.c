@@ -240,6 +240,29 @@ static void test_gemm_w(dcs_backend *be, int dtype, int transW)
     free(A); free(Wf); free(W16); free(C1); free(C2);
 }
 
+/* embed_w widens with the backend's fastest conversion: every 16-bit
+ * pattern must give what dcs_widen gives (NaN as NaN). */
+static void test_widen_all(dcs_backend *be, int dtype)
+{
+    const int D = 16, M = 65536 / D;
+    uint16_t *table = malloc(65536 * 2);
+    int32_t *toks = malloc(sizeof(int32_t) * M);
+    float *got = malloc(sizeof(float) * 65536), *want = malloc(sizeof(float) * 65536);
+    for (int i = 0; i < 65536; i++) table[i] = (uint16_t)i;
+    for (int m = 0; m < M; m++) toks[m] = M - 1 - m;
+    dcs_wmat t = {table, dtype};
+    be->embed_w(be, got, t, toks, M, D);
+    dcs_widen(table, 65536, dtype, want);
+    int bad = 0;
+    for (int m = 0; m < M; m++)
+        for (int d = 0; d < D; d++) {
+            float g = got[(size_t)m * D + d], w = want[(size_t)toks[m] * D + d];
+            bad += !(isnan(g) ? isnan(w) : memcmp(&g, &w, 4) == 0);
+        }
+    CHECKF(bad == 0, "%s widening of all 65536 patterns: %d differ", dtype == DCS_F16 ? "F16" : "BF16", bad);
+    free(table); free(toks); free(got); free(want);
+}
+
 int main(void)
 {
     for (int N = 1; N <= 17; N += 4)
@@ -263,6 +286,8 @@ int main(void)
         test_gemm_w(bes[i], DCS_F16, 1);
         test_gemm_w(bes[i], DCS_BF16, 1);
         test_gemm_w(bes[i], DCS_F16, 0);
+        test_widen_all(bes[i], DCS_F16);
+        test_widen_all(bes[i], DCS_BF16);
     }
     /* backend compose over [B, N, T, S] == pair form, threaded or not */
     {
