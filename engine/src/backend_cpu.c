@@ -313,7 +313,7 @@ static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int 
 
 /* C [M, N] = A [M, K] op(W), W in F16/BF16: each item is a tile of TW output
  * columns; its thread widens W's tile into its scratch (exact) and runs
- * sgemm on it. The tile is large (up to 2M floats) so OpenBLAS's packing of
+ * sgemm on it. The tile is large (up to 4M floats, 16 MB) so OpenBLAS's packing of
  * A, once per tile, stays a small share of the tile's FLOPs. */
 typedef struct {
     int transW, M, N, K, lda, ldc, tw;
@@ -355,7 +355,7 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
         return;
     }
     const cpu_ctx *c = be->ctx;
-    int tw = (int)((2u << 20) / (unsigned)(K > 0 ? K : 1));
+    int tw = (int)((4u << 20) / (unsigned)(K > 0 ? K : 1));
     tw = tw / 16 * 16;
     if (tw < 16) tw = 16;
     /* at least two tiles per thread so the dynamic schedule can balance */
