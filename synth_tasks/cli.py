@@ -1,11 +1,16 @@
 """``dcscope synth``: run the synthetic benchmark on one or more models.
 
-    dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]
+    dcscope synth --model DIR [--model DIR2] [--data FILE|heldout] [--out DIR] [--limit N]
                   [--batch-tokens N] [--skip-bad-lines] [--device cpu|cuda]
 
 New data for training / held-out sets:
     python -m synth_tasks.cli generate OUT.jsonl --lines-per-task N --seed S
                                        [--exclude ../shared/data/synthetic_dataset.jsonl]
+    python -m synth_tasks.cli corpus heldout|train|check ...   (synth_tasks.corpus)
+    python -m synth_tasks.cli tokenizer fit|stats ...          (synth_tasks.fit_tokenizer)
+    python -m synth_tasks.cli card OUT.md --name N --results published=R.json ...
+                                                               (synth_tasks.model_card)
+    python -m synth_tasks.cli composed-line --model M [--data heldout]   (synth_tasks.composition)
 
 One model: OUT/results.json, OUT/answers.csv, OUT/acc_per_task.png,
 OUT/acc_per_k.png.  Several models: the same in OUT/<model name>/, plus
@@ -48,10 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "overall, per task, per shot count k, per QK pattern and per OV "
                     "transformation.")
     ap.add_argument("--model", action="append", required=True, metavar="DIR",
-                    help="model directory (repeat to compare models side by side)")
+                    help="model directory or bundled model name (dcscope models); "
+                         "repeat to compare models side by side")
     ap.add_argument("--data", default=None, metavar="FILE",
                     help="benchmark JSONL file (default: the published "
-                         f"../shared/data/{DATA_NAME})")
+                         f"../shared/data/{DATA_NAME}); 'heldout': the held-out "
+                         "generated set shipped with synth_tasks (synth_tasks.corpus)")
     ap.add_argument("--out", default="synth_out", metavar="DIR",
                     help="output directory (default: synth_out)")
     ap.add_argument("--limit", type=int, default=None, metavar="N",
@@ -91,6 +98,9 @@ def main(argv=None) -> int:
     err = lambda msg: print(f"dcscope synth: error: {msg}", file=sys.stderr)
 
     data = args.data or default_data_path()
+    if data == "heldout" and not os.path.exists(data):
+        from .corpus import HELDOUT_FILE
+        data = HELDOUT_FILE
     if data is None:
         err(f"no --data given and the published {DATA_NAME} was not found in ../shared/data")
         return 2
@@ -194,8 +204,34 @@ def generate_main(argv=None) -> int:
     return gen_main(argv)
 
 
+def corpus_main(argv=None) -> int:
+    """``python -m synth_tasks.cli corpus heldout|train|check ...``: data for the bundled models."""
+    from .corpus import main as corpus_main_
+    return corpus_main_(argv)
+
+
+def tokenizer_main(argv=None) -> int:
+    """``python -m synth_tasks.cli tokenizer fit|stats ...``: the task-vocabulary BPE."""
+    from .fit_tokenizer import main as tok_main
+    return tok_main(argv)
+
+
+def card_main(argv=None) -> int:
+    """``python -m synth_tasks.cli card OUT.md --name N --results LABEL=results.json ...``."""
+    from .model_card import main as card_main_
+    return card_main_(argv)
+
+
+def composed_line_main(argv=None) -> int:
+    """``python -m synth_tasks.cli composed-line --model M``: where a DCPythia's heads compose most."""
+    from .composition import main as comp_main
+    return comp_main(argv)
+
+
 if __name__ == "__main__":
     _argv = sys.argv[1:]
-    if _argv and _argv[0] == "generate":
-        raise SystemExit(generate_main(_argv[1:]))
+    _sub = {"generate": generate_main, "corpus": corpus_main, "tokenizer": tokenizer_main,
+            "card": card_main, "composed-line": composed_line_main}
+    if _argv and _argv[0] in _sub:
+        raise SystemExit(_sub[_argv[0]](_argv[1:]))
     raise SystemExit(main(_argv))

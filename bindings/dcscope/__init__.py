@@ -5,6 +5,8 @@ multi-head attention) and Pythia, with hooks on every activation.
 
     import dcscope
     model = dcscope.load("path/to/checkpoint")        # config.json + weights
+    dcscope.bundled_models()                           # models shipped with the package,
+    model = dcscope.load("dcpythia-tiny")              # loadable by name
     logits = model.forward(tokens)                     # [T, V] or [B, T, V]
     logits, cache = model.run_with_cache(tokens)       # every hook
     cache["blocks.0.attn.post.kp"]                     # [N, T, S]
@@ -12,8 +14,10 @@ multi-head attention) and Pythia, with hooks on every activation.
 """
 from .model import Cache, Config, Error, Model, cuda_available, cuda_unavailable_reason, load
 from .heatmaps import PNG, attention_heatmap, heatmap
+from .bundled import BundledModel, bundled_models
 from . import circuits, interventions, routing
 
-__all__ = ["Cache", "Config", "Error", "Model", "PNG", "attention_heatmap", "circuits", "cuda_available",
+__all__ = ["BundledModel", "Cache", "Config", "Error", "Model", "PNG", "attention_heatmap", "bundled_models",
+           "circuits", "cuda_available",
            "cuda_unavailable_reason", "heatmap", "interventions", "load", "routing"]
 __version__ = "0.1.0"

@@ -3,6 +3,7 @@
     dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]
     dcscope heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
     dcscope info --model DIR
+    dcscope models                            (the bundled models: every --model takes their names)
     dcscope make-tiny OUT_DIR [options]      (a generated checkpoint, see dcscope.testing)
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .model import Error
 
 def _heatmap(argv: List[str]) -> int:
     p = argparse.ArgumentParser(prog="dcscope heatmap", description="Render attention heatmaps to PNG.")
-    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
     p.add_argument("--text", required=True, help="the prompt")
     p.add_argument("--layer", required=True, help="layer index, or 'all' (with --head)")
     p.add_argument("--head", type=int, default=None, help="one head (default: all heads of the layer)")
@@ -45,7 +46,7 @@ def _int(s: str, what: str) -> int:
 
 def _info(argv: List[str]) -> int:
     p = argparse.ArgumentParser(prog="dcscope info", description="Print a model's config and hook names.")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
     p.add_argument("--hooks", action="store_true", help="also list every hook name")
     a = p.parse_args(argv)
     from .model import load
@@ -58,9 +59,21 @@ def _info(argv: List[str]) -> int:
     return 0
 
 
+def _models(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="dcscope models", description="List the bundled models.")
+    p.parse_args(argv)
+    from .bundled import bundled_models, models_dir
+    ms = bundled_models()
+    if not ms:
+        print("no bundled models in %s" % models_dir())
+    for m in ms:
+        print("%-16s %-9s %s\n  %s" % (m.name, m.model_type, m.path, m.summary))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "make-tiny": None}
+    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2

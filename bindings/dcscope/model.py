@@ -70,8 +70,10 @@ def cuda_unavailable_reason() -> str:
 
 
 def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0) -> "Model":
-    """Load a DCPythia or Pythia checkpoint directory (config.json + weights)."""
-    return Model(path, device=device, n_threads=n_threads)
+    """Load a DCPythia or Pythia checkpoint directory (config.json + weights),
+    or a bundled model by name (dcscope.bundled_models())."""
+    from .bundled import resolve
+    return Model(resolve(path), device=device, n_threads=n_threads)
 
 
 class Cache(dict):

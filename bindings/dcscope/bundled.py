@@ -1,0 +1,108 @@
+"""Models shipped with the package, loadable by name.
+
+    dcscope.bundled_models()            # [BundledModel(name, path, model_type, summary)]
+    dcscope.load("dcpythia-tiny")       # a bundled name, or any checkpoint directory
+
+A bundled model is a directory ``dcscope/models/<name>/`` of the installed
+package (package data: config.json, model.safetensors, tokenizer.json,
+MODEL_CARD.md).  The registry lists what is actually on disk; with none
+installed it is empty.  The environment variable ``DCSCOPE_MODELS_DIR`` (or the
+``models_dir`` argument) points it at another directory laid out the same way,
+which is how the tests exercise it.
+
+Resolution (:func:`resolve`): an existing path is used as it is; otherwise a
+name without a path separator is looked up among the bundled models; anything
+else is a :class:`dcscope.Error` naming the path and listing the bundled names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import List, Optional, Union
+
+from .model import Error
+
+ENV = "DCSCOPE_MODELS_DIR"
+
+
+@dataclasses.dataclass(frozen=True)
+class BundledModel:
+    name: str          # what dcscope.load() and --model accept
+    path: str          # the checkpoint directory
+    model_type: str    # "dcpythia" or "gpt_neox" (config.json), "" if unreadable
+    summary: str       # first paragraph of MODEL_CARD.md after its title, "" if none
+
+
+def models_dir(models_dir: Optional[Union[str, os.PathLike]] = None) -> str:
+    """The directory the registry reads: the argument, else $DCSCOPE_MODELS_DIR,
+    else the package's own models/ directory."""
+    if models_dir is not None:
+        return os.fspath(models_dir)
+    return os.environ.get(ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
+
+
+def _summary(card_path: str) -> str:
+    try:
+        with open(card_path, encoding="utf-8") as f:
+            text = f.read(65536)
+    except (OSError, UnicodeDecodeError):
+        return ""
+    para: List[str] = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#") or s.startswith("<!--"):
+            if para:
+                break
+            continue
+        if not s:
+            if para:
+                break
+            continue
+        para.append(s)
+    return " ".join(para)[:300]
+
+
+def _model_type(config_path: str) -> str:
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return ""
+    t = cfg.get("model_type", "") if isinstance(cfg, dict) else ""
+    return t if isinstance(t, str) else ""
+
+
+def bundled_models(models_dir_: Optional[Union[str, os.PathLike]] = None) -> List[BundledModel]:
+    """The bundled models on disk (directories holding a config.json), by name."""
+    d = models_dir(models_dir_)
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        p = os.path.join(d, n)
+        if n.startswith(".") or not os.path.isfile(os.path.join(p, "config.json")):
+            continue
+        out.append(BundledModel(n, p, _model_type(os.path.join(p, "config.json")),
+                                _summary(os.path.join(p, "MODEL_CARD.md"))))
+    return out
+
+
+def resolve(name_or_path: Union[str, os.PathLike],
+            models_dir_: Optional[Union[str, os.PathLike]] = None) -> str:
+    """The checkpoint directory for a path or a bundled model's name."""
+    p = os.fspath(name_or_path)
+    if not isinstance(p, str):
+        raise Error("model path must be text, not %r" % (p,))
+    if os.path.exists(p):
+        return p
+    models = bundled_models(models_dir_)
+    if p and os.sep not in p and not (os.altsep and os.altsep in p):
+        for m in models:
+            if m.name == p:
+                return m.path
+    names = ", ".join(m.name for m in models) or "none installed"
+    raise Error("%s: no such model directory (no %s) and no bundled model of that name; "
+                "bundled models: %s" % (p, os.path.join(p, "config.json"), names))
