@@ -245,7 +245,11 @@ static widen_fn pick_widen(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return widen_avx512;
+#if defined(__clang__)   /* clang's builtin knows no "f16c"; every AVX2 x86 CPU has it */
+    if (__builtin_cpu_supports("avx2")) return widen_f16c;
+#else
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return widen_f16c;
+#endif
 #endif
     return widen_plain;
 }
