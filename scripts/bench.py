@@ -51,6 +51,8 @@ SIZES = {
     "160m": dict(dim=768, n_head=12, intermediate=3072, vocab=50304, n_layer=12, bench_layers=4, dtype="float32"),
     "1.4b": dict(dim=2048, n_head=16, intermediate=8192, vocab=50304, n_layer=24, bench_layers=2, dtype="float32"),
     "6.9b": dict(dim=4096, n_head=32, intermediate=16384, vocab=50432, n_layer=32, bench_layers=2, dtype="float16"),
+    # the issue's own ratio check (not in the default set): D=1024, 16 heads, 2 layers, vocab 2048
+    "d1024": dict(dim=1024, n_head=16, intermediate=4096, vocab=2048, n_layer=2, bench_layers=2, dtype="float32"),
 }
 R = 2           # dynamic rank
 WINDOW = 256    # published window (layers 0, 2, ... local)
