@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="synth_out", metavar="DIR",
                     help="output directory (default: synth_out)")
     ap.add_argument("--limit", type=int, default=None, metavar="N",
-                    help="evaluate only the first N lines")
+                    help="evaluate N lines spread across the tasks (round-robin over the "
+                         "tasks, each in file order), not the first N")
     ap.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                     help="padded tokens per forward batch (default: 1024 on cpu, "
                          "4096 on cuda); lines of similar length are batched together")
@@ -108,7 +109,13 @@ def main(argv=None) -> int:
         err("--limit must be at least 1")
         return 2
     try:
-        ds = load_dataset(data, skip_bad=args.skip_bad_lines, limit=args.limit)
+        ds = load_dataset(data, skip_bad=args.skip_bad_lines)
+        if args.limit is not None:
+            from .dataset import sample_across_tasks
+            n_tasks = len({l.task_id for l in ds.lines})
+            ds = sample_across_tasks(ds, args.limit)
+            print(f"--limit {args.limit}: {len(ds)} lines from "
+                  f"{len({l.task_id for l in ds.lines})} of {n_tasks} tasks", file=sys.stderr)
     except DatasetError as e:
         err(f"{e} (use --skip-bad-lines to skip bad lines)")
         return 2

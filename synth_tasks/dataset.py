@@ -189,3 +189,26 @@ def lines_from_records(records, source: str = "<records>") -> list[Line]:
         except ValueError as e:
             raise DatasetError(f"{source}:{i}: {e}") from None
     return out
+
+
+def sample_across_tasks(ds: Dataset, n: int) -> Dataset:
+    """n lines spread over the tasks: round-robin over the tasks (in order of
+    first appearance), each task's lines in file order; the chosen lines keep
+    their file order. Deterministic, so a --limit run is repeatable."""
+    if n >= len(ds.lines):
+        return ds
+    by_task: dict[str, list[int]] = {}
+    for i, line in enumerate(ds.lines):
+        by_task.setdefault(line.task_id, []).append(i)
+    queues = list(by_task.values())
+    chosen: list[int] = []
+    depth = 0
+    while len(chosen) < n:
+        for q in queues:
+            if depth < len(q):
+                chosen.append(q[depth])
+                if len(chosen) == n:
+                    break
+        depth += 1
+    chosen.sort()
+    return Dataset(lines=[ds.lines[i] for i in chosen], path=ds.path, errors=ds.errors)

@@ -71,8 +71,13 @@ def _plt():
     return plt
 
 
+def _names(results: list[EvalResult]) -> str:
+    return ", ".join(r.model_name or "model" for r in results)
+
+
 def plot_per_task(results: list[EvalResult], path) -> None:
-    """Accuracy per task, grouped bars (one colour per model)."""
+    """Accuracy and perplexity per task, grouped bars (one colour per model),
+    the model name(s) in the title."""
     plt = _plt()
     tasks = []
     for r in results:
@@ -80,41 +85,48 @@ def plot_per_task(results: list[EvalResult], path) -> None:
             if t not in tasks:
                 tasks.append(t)
     n = len(results)
-    fig, ax = plt.subplots(figsize=(min(24, max(10, 0.15 * len(tasks) * n + 2)), 4.5))
+    fig, axes = plt.subplots(2, 1, sharex=True,
+                             figsize=(min(24, max(10, 0.15 * len(tasks) * n + 2)), 7.5))
     width = 0.8 / n
-    for j, r in enumerate(results):
-        pt = r.summary["per_task"]
-        ys = [pt[t]["acc"] if t in pt else 0.0 for t in tasks]
-        xs = [i + (j - (n - 1) / 2) * width for i in range(len(tasks))]
-        ax.bar(xs, ys, width=width, label=r.model_name)
-    ax.set_xticks(range(len(tasks)))
-    ax.set_xticklabels([t.replace("task", "") for t in tasks], rotation=90, fontsize=7)
-    ax.set_xlim(-0.6, len(tasks) - 0.4)
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("task")
-    ax.set_ylabel("accuracy")
-    ax.set_title("Synthetic benchmark: accuracy per task")
+    for ax, key, label in ((axes[0], "acc", "accuracy"), (axes[1], "ppl", "perplexity (log)")):
+        for j, r in enumerate(results):
+            pt = r.summary["per_task"]
+            ys = [pt[t].get(key, float("nan")) if t in pt else float("nan") for t in tasks]
+            xs = [i + (j - (n - 1) / 2) * width for i in range(len(tasks))]
+            ax.bar(xs, ys, width=width, label=r.model_name)
+        ax.set_ylabel(label)
+    axes[0].set_ylim(0, 1)
+    axes[1].set_yscale("log")
+    axes[1].set_xticks(range(len(tasks)))
+    axes[1].set_xticklabels([t.replace("task", "") for t in tasks], rotation=90, fontsize=7)
+    axes[1].set_xlim(-0.6, len(tasks) - 0.4)
+    axes[1].set_xlabel("task")
+    axes[0].set_title("Synthetic benchmark per task: %s" % _names(results))
     if n > 1:
-        ax.legend()
+        axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot_per_k(results: list[EvalResult], path) -> None:
-    """Accuracy against the shot count k (the paper's Figure 6)."""
+    """Accuracy and perplexity against the shot count k (the paper's
+    Figure 6), the model name(s) in the title."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for r in results:
         ks = sorted(r.summary["per_k"], key=int)
-        ax.plot([int(k) for k in ks], [r.summary["per_k"][k]["acc"] for k in ks],
-                marker="o", label=r.model_name)
-    ax.set_xlabel("k (solved examples in the prompt)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Accuracy vs. number of shots")
-    ax.grid(alpha=0.3)
-    ax.legend()
+        for ax, key in ((axes[0], "acc"), (axes[1], "ppl")):
+            ax.plot([int(k) for k in ks], [r.summary["per_k"][k].get(key, float("nan")) for k in ks],
+                    marker="o", label=r.model_name)
+    for ax, label in ((axes[0], "accuracy"), (axes[1], "perplexity (log)")):
+        ax.set_xlabel("k (solved examples in the prompt)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_yscale("log")
+    fig.suptitle("Accuracy and perplexity vs. number of shots: %s" % _names(results))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -26,7 +26,7 @@ def tiny_factory(tmp_path_factory):
     made = {}
 
     def make(**kw):
-        key = tuple(sorted(kw.items()))
+        key = repr(sorted(kw.items()))   # kwargs may hold dicts (moh=...)
         if key not in made:
             d = str(tmp_path_factory.mktemp("tiny"))
             sd, cfg = make_tiny(d, **kw)

@@ -37,6 +37,17 @@ Readings of the spec chosen where it leaves room (also listed in READINGS below)
   * MoH routing (section 5): the hook attn.z holds z after the routing gate (so the
     head_out / out identity still holds); with shared_heads == 0 there is no wg_0
     balance and g = routed scores; top-k ties broken by lower head index.
+  * Grouped composition ("compose_groups": G, issue 16): the published layout's
+    group axis, dw1 [D, G, 4, K], qkw [G, 4, K, 2R, N/G], dd [D, G, 4N/G],
+    pre/post_proj.w [G, N/G, N/G]. Each group computes its own dynamic weights
+    (w1 RMS-normalised over its N/G heads) and heads mix only within their group
+    (block-diagonal composition maps). dyn.* hooks keep the [T, R, N] / [T, N]
+    layouts, group g's values in heads [g N/G, (g+1) N/G).
+  * Null config keys (issue 16): "window_size": null means no local layer;
+    "compose_groups" / "moh" / "use_sw" null mean their defaults (off, 1 group).
+  * query_wise with 4-slot weights: the key slots (1, 3) are ignored (paper, JAX).
+  * "key_wise": true (issue 16, the paper's key-wise-only ablation): the query-wise
+    branches (qp, qg) and their dyn.* hooks are absent; slots 0 and 2 are ignored.
 """
 from __future__ import annotations
 
@@ -74,11 +85,13 @@ class Hyper:
             self.parallel = bool(c.get("use_parallel_residual", True))
             self.use_dcmha = bool(c.get("use_dcmha", True))
             self.query_wise = bool(c.get("query_wise", False))
+            self.key_wise = bool(c.get("key_wise", False))  # key-wise-only ablation (issue 16)
             self.window_size = c.get("window_size", 256)
             self.window_type = c.get("window_type", None)
             self.tie = bool(c.get("tie_word_embeddings", False))
             self.use_sw = bool(c.get("use_sw", False))
             self.moh = c.get("moh", None)
+            self.G = int(c.get("compose_groups") or 1)
         elif self.model_type == "gpt_neox":
             self.D = int(c["hidden_size"])
             self.N = int(c["num_attention_heads"])
@@ -91,11 +104,13 @@ class Hyper:
             self.parallel = bool(c.get("use_parallel_residual", True))
             self.use_dcmha = False
             self.query_wise = False
+            self.key_wise = False
             self.window_size = None
             self.window_type = None
             self.tie = bool(c.get("tie_word_embeddings", False))
             self.use_sw = False
             self.moh = None
+            self.G = 1
             act = c.get("hidden_act", "gelu")
             if act != "gelu":
                 raise ValueError(f"reference supports hidden_act 'gelu' only, not {act!r}")
@@ -127,6 +142,8 @@ class Hyper:
         names = ["skip", "qp", "kp", "qg", "kg"]
         if self.query_wise:
             names = ["skip", "qp", "qg"]
+        if self.key_wise:
+            names = ["skip", "kp", "kg"]
         if self.use_sw:
             names.append("static")
         return names
@@ -143,6 +160,8 @@ def hook_names(config):
         if h.composes:
             for phase in ("pre", "post"):
                 dyn = ["qw1", "qw2", "qdd"] if h.query_wise else ["qw1", "qw2", "kw1", "kw2", "qdd", "kdd"]
+                if h.key_wise:
+                    dyn = ["kw1", "kw2", "kdd"]
                 names += [f"{a}dyn.{phase}.{n}" for n in dyn]
         names.append(a + "scores")
         if h.composes:
@@ -326,7 +345,7 @@ class _Weights:
         return self.get(p + "dw1"), self.get(p + "qkw"), self.get(p + "dd")
 
     def static(self, l, phase):
-        return self.get(f"layers.{l}.attention.dyn_w_proj.{phase}_proj.w")[0]  # [N, N]
+        return self.get(f"layers.{l}.attention.dyn_w_proj.{phase}_proj.w")  # [G, N/G, N/G]
 
     def moh(self, l):
         p = f"layers.{l}.attention.moh."
@@ -337,59 +356,82 @@ class _Weights:
 # --------------------------------------------------------------------------- DCMHA pieces
 
 def dynamic_weights(x, dw1, qkw, dd, R):
-    """model-spec.md 2 step 4. x [T, D] -> per slot c (0 pre/q, 1 pre/k, 2 post/q,
-    3 post/k): w1 [T, 4, R, N] (RMS-normalised over N), w2 [T, 4, R, N], g [T, 4, N]."""
+    """model-spec.md 2 step 4, per composition group (dw1 [D, G, 4, K], qkw
+    [G, 4, K, 2R, Mg], dd [D, G, 4 Mg]). x [T, D] -> per slot c (0 pre/q, 1 pre/k,
+    2 post/q, 3 post/k): w1 [T, 4, R, N] (RMS-normalised over each group's heads),
+    w2 [T, 4, R, N], g [T, 4, N], group g's values in heads [g Mg, (g+1) Mg)."""
     T = x.shape[0]
-    hid = gelu(np.einsum("td,dck->tck", x, dw1[:, 0]))  # [T, 4, K]
-    w = np.einsum("tck,ckrn->tcrn", hid, qkw[0])  # [T, 4, 2R, N]
-    w1 = rms_norm(w[:, :, :R, :], DYN_NORM_EPS)  # normalised over N, no scale
-    w2 = w[:, :, R:, :]
-    g = np.tanh(x @ dd[:, 0]).reshape(T, 4, -1)  # [T, 4, N]
-    return w1, w2, g
+    G, C, Mg = qkw.shape[0], qkw.shape[1], qkw.shape[4]
+    hid = gelu(np.einsum("td,dgck->tgck", x, dw1))  # [T, G, C, K]
+    w = np.einsum("tgck,gckrm->tgcrm", hid, qkw)  # [T, G, C, 2R, Mg]
+    w1 = rms_norm(w[:, :, :, :R, :], DYN_NORM_EPS)  # over the group's heads, no scale
+    w2 = w[:, :, :, R:, :]
+    to_n = lambda a: a.transpose(0, 2, 3, 1, 4).reshape(T, C, R, G * Mg)  # [T, C, R, N]
+    g = np.tanh(np.einsum("td,dgj->tgj", x, dd)).reshape(T, G, C, Mg)
+    return to_n(w1), to_n(w2), g.transpose(0, 2, 1, 3).reshape(T, C, G * Mg)
 
 
-def compose_branches(A, dw, query_wise, static=None):
-    """Step 6 (and 9): the branches of Compose for A [N, T, S].
-    dw: dict with qw1, qw2 [T, R, N], qdd [T, N] and (unless query_wise) kw1, kw2
-    [S, R, N], kdd [S, N]. Returns an ordered dict branch name -> [N, T, S]."""
+def compose_branches(A, dw, query_wise, static=None, G=1):
+    """Step 6 (and 9): the branches of Compose for A [N, T, S], heads mixing within
+    G groups. dw: dict with qw1, qw2 [T, R, N], qdd [T, N] and (unless query_wise)
+    kw1, kw2 [S, R, N], kdd [S, N]; static [G, N/G, N/G] or None. Returns an
+    ordered dict branch name -> [N, T, S]."""
+    N, T, S = A.shape
+    Mg = N // G
+    Ag = A.reshape(G, Mg, T, S)
+    grp = lambda w: w.reshape(w.shape[0], w.shape[1], G, Mg)  # [T, R, N] -> [T, R, G, Mg]
     out = {"skip": A}
-    hidden = np.einsum("nts,tin->its", A, dw["qw1"])  # sum_n A[n,t,s] qw1[t,i,n]
-    out["qp"] = np.einsum("its,tim->mts", hidden, dw["qw2"])
+    if "qw1" in dw:  # absent for key-wise-only composition
+        hidden = np.einsum("gnts,tign->gits", Ag, grp(dw["qw1"]))  # sum_n A[n,t,s] qw1[t,i,n], n in g
+        out["qp"] = np.einsum("gits,tigm->gmts", hidden, grp(dw["qw2"])).reshape(N, T, S)
     if not query_wise:
-        hidden = np.einsum("nts,sin->its", A, dw["kw1"])  # sum_n A[n,t,s] kw1[s,i,n]
-        out["kp"] = np.einsum("its,sim->mts", hidden, dw["kw2"])
-    out["qg"] = A * dw["qdd"].T[:, :, None]  # A[m,t,s] qdd[t,m]
+        hidden = np.einsum("gnts,sign->gits", Ag, grp(dw["kw1"]))  # sum_n A[n,t,s] kw1[s,i,n]
+        out["kp"] = np.einsum("gits,sigm->gmts", hidden, grp(dw["kw2"])).reshape(N, T, S)
+    if "qdd" in dw:
+        out["qg"] = A * dw["qdd"].T[:, :, None]  # A[m,t,s] qdd[t,m]
     if not query_wise:
         out["kg"] = A * dw["kdd"].T[:, None, :]  # A[m,t,s] kdd[s,m]
     if static is not None:
-        out["static"] = np.einsum("nts,nm->mts", A, static)  # sum_n A[n,t,s] W[n,m]
+        static = np.asarray(static).reshape(G, Mg, Mg)
+        out["static"] = np.einsum("gnts,gnm->gmts", Ag, static).reshape(N, T, S)  # sum_n A[n] W[n,m]
     return out
 
 
-def _compose(hk, prefix, A, dw, query_wise, static):
+def _compose(hk, prefix, A, dw, query_wise, static, G=1):
     """Run the branches through their hooks and sum them."""
-    branches = compose_branches(A, dw, query_wise, static)
+    branches = compose_branches(A, dw, query_wise, static, G)
     total = np.zeros_like(A)
     for name, val in branches.items():
         total = total + hk(prefix + name, val)
     return total
 
 
-def ref_composition_map(cache, layer, phase, t, s, N=None, static=None):
+def ref_composition_map(cache, layer, phase, t, s, N=None, static=None, G=1):
     """C[t,s] [N, N] from the cached dynamic weights of `layer`/`phase` ("pre"/"post"):
     C = I + qw1[t]^T qw2[t] + kw1[s]^T kw2[s] + diag(qdd[t]) + diag(kdd[s]) (+ static),
     C[n, m] = weight of source head n into target head m, so that
     scores_composed[:, t, s] == C^T @ scores[:, t, s]. Key-wise terms are skipped
-    when the cache has none (query_wise)."""
+    when the cache has none (query_wise). With G groups the dynamic projections
+    act within groups (C block-diagonal); static is [N, N] or [G, N/G, N/G]."""
     p = f"blocks.{layer}.attn.dyn.{phase}."
-    qw1, qw2, qdd = cache[p + "qw1"][t], cache[p + "qw2"][t], cache[p + "qdd"][t]  # [R, N], [R, N], [N]
     if N is None:
-        N = qdd.shape[0]
-    C = np.eye(N) + qw1.T @ qw2 + np.diag(qdd)
+        N = cache[p + ("qdd" if p + "qdd" in cache else "kdd")].shape[1]
+    block = np.kron(np.eye(G), np.ones((N // G, N // G)))  # 1 within a group
+    C = np.eye(N)
+    if p + "qw1" in cache:  # absent for key-wise-only composition
+        qw1, qw2, qdd = cache[p + "qw1"][t], cache[p + "qw2"][t], cache[p + "qdd"][t]  # [R, N], [R, N], [N]
+        C = C + (qw1.T @ qw2) * block + np.diag(qdd)
     if p + "kw1" in cache:
         kw1, kw2, kdd = cache[p + "kw1"][s], cache[p + "kw2"][s], cache[p + "kdd"][s]
-        C = C + kw1.T @ kw2 + np.diag(kdd)
+        C = C + (kw1.T @ kw2) * block + np.diag(kdd)
     if static is not None:
+        static = np.asarray(static)
+        if static.ndim == 3:  # [G, Mg, Mg] blocks
+            full = np.zeros((N, N))
+            Mg = N // static.shape[0]
+            for g in range(static.shape[0]):
+                full[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = static[g]
+            static = full
         C = C + static
     return C
 
@@ -436,11 +478,15 @@ def attention(hk, W, h, l, x):
         dyn = {}
         for phase, (cq, ck) in (("pre", (0, 1)), ("post", (2, 3))):
             p = f"{a}dyn.{phase}."
-            d = {"qw1": hk(p + "qw1", w1[:, cq]), "qw2": hk(p + "qw2", w2[:, cq])}
+            d = {}
+            if not h.key_wise:
+                d["qw1"] = hk(p + "qw1", w1[:, cq])
+                d["qw2"] = hk(p + "qw2", w2[:, cq])
             if not h.query_wise:
                 d["kw1"] = hk(p + "kw1", w1[:, ck])
                 d["kw2"] = hk(p + "kw2", w2[:, ck])
-            d["qdd"] = hk(p + "qdd", g[:, cq])
+            if not h.key_wise:
+                d["qdd"] = hk(p + "qdd", g[:, cq])
             if not h.query_wise:
                 d["kdd"] = hk(p + "kdd", g[:, ck])
             dyn[phase] = d
@@ -451,7 +497,7 @@ def attention(hk, W, h, l, x):
     # 6: pre-compose
     if h.composes:
         static = W.static(l, "pre") if h.use_sw else None
-        A = hk(a + "scores_composed", _compose(hk, a + "pre.", A, dyn["pre"], h.query_wise, static))
+        A = hk(a + "scores_composed", _compose(hk, a + "pre.", A, dyn["pre"], h.query_wise, static, h.G))
 
     # 7-8: mask, softmax
     mask = attention_mask(T, h.is_local(l), h.window_size)  # [T, S]
@@ -460,7 +506,7 @@ def attention(hk, W, h, l, x):
     # 9: post-compose
     if h.composes:
         static = W.static(l, "post") if h.use_sw else None
-        P = hk(a + "pattern_composed", _compose(hk, a + "post.", P, dyn["post"], h.query_wise, static))
+        P = hk(a + "pattern_composed", _compose(hk, a + "post.", P, dyn["post"], h.query_wise, static, h.G))
 
     # 10: values, (MoH gate), output projection
     z = np.einsum("nts,snd->tnd", P, v)  # [T, N, Dh]

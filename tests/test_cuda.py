@@ -28,6 +28,11 @@ MODELS = {
     "tiny-dcp-f16-serial": (dict(model_type="dcpythia", dtype="float16", use_parallel_residual=False,
                                  window_size=4, seed=24), 1, 12),
     "tiny-neox": (dict(model_type="gpt_neox", seed=25), 2, 13),
+    # attention variants (docs/variants.md)
+    "tiny-dcp-static-groups": (dict(model_type="dcpythia", use_sw=True, compose_groups=2, window_size=4,
+                                    seed=28), 2, 13),
+    "tiny-dcp-key-wise-moh": (dict(model_type="dcpythia", key_wise=True, window_size=None,
+                                   moh={"shared_heads": 1, "routed_topk": 2}, seed=29), 2, 13),
     "mid-dcp": (dict(model_type="dcpythia", n_layer=4, dim=256, n_head=8, vocab=1000, window_size=16,
                      seed=26), 2, 70),
     "mid-neox": (dict(model_type="gpt_neox", n_layer=4, dim=256, n_head=8, vocab=1000, seed=27), 2, 70),

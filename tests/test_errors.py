@@ -66,7 +66,9 @@ def test_bad_json_config(good):
     assert "config.json" in msg and "JSON" in msg
 
 
-@pytest.mark.parametrize("key", ["dim", "n_head", "n_layer", "vocab_size", "intermediate_size", "model_type"])
+# (intermediate_size is not required: missing or null means 4 * dim, as in
+# DCPythiaConfig; tests/test_variants.py checks it)
+@pytest.mark.parametrize("key", ["dim", "n_head", "n_layer", "vocab_size", "model_type"])
 def test_missing_config_key(good, key):
     cfg = json.loads((good / "config.json").read_text())
     del cfg[key]

@@ -30,10 +30,12 @@ def _decode(png):
     return np.asarray(img.convert("RGB"))
 
 
-def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True, window=0):
+def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True, window=0, windows=None):
     img = _decode(png)
     P, T, S = maps.shape
     for p in range(P):
+        if windows is not None:
+            window = windows[p]
         for t in range(T):
             for s in range(S):
                 x, y, c = png.cell_box(p, t, s)
@@ -76,7 +78,9 @@ def test_attention_heatmap_all_heads_and_branches(tok_model):
 
     png = hm.attention_heatmap(model, text, layer="all", head=1, hook="pattern_composed", vmin=-1.0, vmax=1.0)
     maps = np.stack([cache["blocks.%d.attn.pattern_composed" % l][1] for l in range(2)])
-    _check_cells(png, maps, -1.0, 1.0, True)
+    # each panel hatches its own layer's window: layer 0 is local, layer 1 global
+    c = model.config
+    _check_cells(png, maps, -1.0, 1.0, True, windows=[c.window_size if l in c.local_layers else 0 for l in range(2)])
 
 
 def test_local_layer_window_is_masked(tok_model):

@@ -518,6 +518,7 @@ def read_torch_zip(path):
         r.array = np.lib.stride_tricks.as_strided(flat[offset:], shape=tuple(size),
                                                   strides=tuple(s * itemsize for s in stride)).copy()
         r.where = (key, offset)
+        r.stride = tuple(stride)
         assert requires_grad is False and isinstance(hooks, OrderedDict) and not hooks
         return r
 
@@ -548,6 +549,7 @@ def read_torch_zip(path):
     assert isinstance(obj, dict)
     arrays = {k: v.array for k, v in obj.items()}
     where = {k: v.where for k, v in obj.items()}
+    read_torch_zip.last_strides = {k: v.stride for k, v in obj.items()}
     return arrays, where, prefix, raw
 
 
@@ -622,11 +624,14 @@ def test_manual_safetensors_writer_matches_package(tmp, model_type):
     dict(dtype="bfloat16", shards=1, extra_derived=True, pickle_container="ordereddict_meta"),
     dict(dtype="float32", shards=3, pickle_container="dict", torch_style="2.7", archive_name=None),
     dict(model_type="gpt_neox", dtype="float16", shards=2, extra_derived=True, share_storage=True),
+    dict(dtype="float16", shards=2, torch_views="transpose", compose_groups=2, use_sw=True),
+    dict(dtype="float32", shards=1, torch_views="expand", extra_derived=True),
 ])
 def test_torch_zip_roundtrip(tmp, opts):
     opts = dict(opts)
     model_type = opts.pop("model_type", "dcpythia")
     d = tmp / ("pt_" + "_".join(f"{k}{v}" for k, v in opts.items()) + model_type)
+    views = opts.get("torch_views")
     sd, cfg = mt.make_tiny(str(d), model_type, fmt="torch", seed=7, **opts)
     shards = opts["shards"]
     if shards == 1:
@@ -659,6 +664,11 @@ def test_torch_zip_roundtrip(tmp, opts):
     assert list(got) == list(sd) or set(got) == set(sd)
     for k in sd:
         np.testing.assert_array_equal(got[k], sd[k])
+    if views:  # stored as strided views (the independent reader applies the strides)
+        read_torch_zip(d / files[0])
+        strides = list(read_torch_zip.last_strides.values())
+        want = (1, 96) if views == "transpose" else (0,)
+        assert any(st == want for st in strides), strides
     if opts.get("share_storage"):
         if model_type == "dcpythia":
             D = 32

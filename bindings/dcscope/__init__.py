@@ -11,13 +11,21 @@ multi-head attention) and Pythia, with hooks on every activation.
     logits, cache = model.run_with_cache(tokens)       # every hook
     cache["blocks.0.attn.post.kp"]                     # [N, T, S]
     dcscope.attention_heatmap(model, "The cat sat", layer=0)   # PNG, inline in Jupyter
+    model.generate("The cat", max_new_tokens=10)       # incremental decoding in the engine
+
+TransformerLens habits work: names_filter=, hook_* names, cache["pattern", 0],
+model.hooks(...) as a context manager, return_type="loss", batches of prompts
+(docs/api.md).
 """
-from .model import Cache, Config, Error, Model, cuda_available, cuda_unavailable_reason, load
+from .model import Cache, Config, Error, LoadWarning, Model, cuda_available, cuda_unavailable_reason, load
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
-from . import circuits, interventions, routing
+from . import analysis, circuits, interventions, routing
+from . import cache, names, patching
+from .names import hook_name
+from .generate import Decoder, generate
 
-__all__ = ["BundledModel", "Cache", "Config", "Error", "Model", "PNG", "attention_heatmap", "bundled_models",
-           "circuits", "cuda_available",
-           "cuda_unavailable_reason", "heatmap", "interventions", "load", "routing"]
+__all__ = ["BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PNG", "analysis",
+           "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available", "cuda_unavailable_reason",
+           "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching", "routing"]
 __version__ = "0.1.0"

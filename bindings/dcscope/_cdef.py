@@ -17,6 +17,7 @@ typedef struct {
     int vocab; int rotary_dim; float rope_base; float norm_eps; int parallel_residual;
     int qk_norm; int linear_bias; int use_dcmha; int query_wise; int dyn_rank;
     int dyn_hidden; int dyn_slots; int window_size; int tie_embeddings;
+    int use_sw; int compose_groups; int moh; int moh_shared; int moh_topk; int key_wise;
 } dcs_config;
 typedef struct { int device; int cuda_device; int n_threads; } dcs_load_options;
 
@@ -27,9 +28,12 @@ const dcs_config *dcs_model_config(const dcs_model *m);
 const char *dcs_errmsg(const dcs_model *m);
 int dcs_layer_is_local(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
+const char *dcs_load_warnings(const dcs_model *m);
 int dcs_cuda_available(char *why, size_t whylen);
 dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
 dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);
+int dcs_weight_count(const dcs_model *m);
+const char *dcs_weight_name(const dcs_model *m, int i);
 
 #define DCS_HP_COUNT ...
 const char *dcs_hook_point_name(int point);
@@ -51,11 +55,19 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
                           const dcs_hooks *hooks);
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
 
-typedef struct { const float *data; int rows, cols; const char *title; } dcs_panel;
+typedef struct dcs_decoder dcs_decoder;
+dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out);
+void dcs_decoder_free(dcs_decoder *d);
+dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float *logits,
+                            const dcs_hooks *hooks);
+int dcs_decoder_pos(const dcs_decoder *d);
+int dcs_decoder_layer_keys(const dcs_decoder *d, int layer);
+
+typedef struct { const float *data; int rows, cols; const char *title; int mask_window; } dcs_panel;
 typedef struct {
     const dcs_panel *panels; int n_panels; int grid_cols; int colormap; int auto_range;
     float vmin, vmax; const char *const *row_labels; const char *const *col_labels;
-    int mask_upper; int mask_window; int cell_px; const char *title;
+    int mask_upper; int mask_window; int cell_px; const char *title; int axis_titles;
 } dcs_heatmap_spec;
 dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
                            size_t *png_len, char *err, size_t errlen);

@@ -108,7 +108,9 @@ def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> 
     e = e + mlp
     ov = ov_circuit(model, layer, head)
     out = (ln(e, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B          # [D]
-    logits = model.weight("output.weight") @ out.astype(np.float32)          # [V]
+    # the unembedding: output.weight, or the embedding when tied (no output.weight then)
+    unembed = "output.weight" if "output.weight" in model.weight_names() else "tok_embeddings.weight"
+    logits = model.weight(unembed) @ out.astype(np.float32)          # [V]
     top = np.argsort(-logits)[:k]
     return [(int(t), float(logits[t])) for t in top]
 

@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import List, Optional
 
+import numpy as np
+
 from .model import Error
 
 
@@ -26,12 +28,22 @@ def _heatmap(argv: List[str]) -> int:
     p.add_argument("--phase", default="post", choices=["pre", "post"], help="with --hook branches")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", required=True, help="output PNG file")
+    p.add_argument("--grid-cols", type=int, default=None,
+                   help="panels per grid row (default: about sqrt(panels), so 32 heads make a 6x6 grid)")
+    p.add_argument("--cell-px", type=int, default=0, help="pixels per cell (default: chosen from the size)")
     a = p.parse_args(argv)
     from .heatmaps import attention_heatmap
     from .model import load
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
     model = load(a.model, device=a.device)
-    png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase)
+    n_panels = (model.config.n_layer if layer == "all" else (6 if a.hook == "branches" else
+                (1 if a.head is not None else model.config.n_head)))
+    grid = a.grid_cols if a.grid_cols is not None else (
+        n_panels if a.hook == "branches" else max(1, int(np.ceil(np.sqrt(n_panels)))))  # 32 heads: 6 x 6
+    if grid < 0 or a.cell_px < 0:
+        raise Error("--grid-cols and --cell-px must be >= 0")
+    png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase,
+                            grid_cols=grid, cell_px=a.cell_px)
     png.save(a.out)
     print("wrote %s (%d bytes)" % (a.out, len(png)))
     return 0
@@ -53,10 +65,49 @@ def _info(argv: List[str]) -> int:
     m = load(a.model)
     print(m)
     for k, v in vars(m.config).items():
+        if isinstance(v, float):
+            v = "%.6g" % v      # float32 values print as written (1e-05, not 9.99999974e-06)
         print("  %-18s %s" % (k, v))
+    print("\nhooks (per layer: blocks.{l}.<name>; T = S = tokens; batched calls add a leading B):")
+    for name, shape in _hook_shapes(m):
+        print("  %-28s %s" % (name, shape))
     if a.hooks:
         print("\n".join(m.hook_names))
     return 0
+
+
+def _hook_shapes(m):
+    """(name pattern, shape with symbols and sizes) of each hook point of the model."""
+    c = m.config
+    sym = {"T": "T", "S": "S", "N": "N=%d" % c.n_head, "Dh": "Dh=%d" % c.head_dim, "D": "D=%d" % c.d_model,
+           "R": "R=%d" % c.dyn_rank, "F": "F=%d" % c.d_ff, "V": "V=%d" % c.vocab}
+    out, seen = [], set()
+    for n in m.hook_names:
+        key = n.split(".", 2)[2] if n.startswith("blocks.") else n
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(("blocks.{l}." + key if n.startswith("blocks.") else key, "[%s]" % ", ".join(
+            sym[x] for x in _layout(key))))
+    return out
+
+
+def _layout(suffix):
+    if suffix in ("attn.q", "attn.k", "attn.v", "attn.z"):
+        return ("T", "N", "Dh")
+    if suffix == "attn.head_out":
+        return ("T", "N", "D")
+    if suffix.startswith("attn.dyn."):
+        side = "S" if suffix.split(".")[-1][0] == "k" else "T"
+        return (side, "R", "N") if suffix[-1] in "12" else (side, "N")
+    if suffix.startswith(("attn.pre.", "attn.post.")) or suffix in (
+            "attn.scores", "attn.scores_composed", "attn.pattern", "attn.pattern_composed"):
+        return ("N", "T", "S")
+    if suffix in ("mlp.pre", "mlp.post"):
+        return ("T", "F")
+    if suffix == "logits":
+        return ("T", "V")
+    return ("T", "D")
 
 
 def _models(argv: List[str]) -> int:

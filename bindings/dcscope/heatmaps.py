@@ -55,7 +55,7 @@ def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False
 
 
 def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-          mask_window=0):
+          mask_window=0, panel_windows=None, axis_titles=True):
     """The dcs_heatmap_spec of a call, and the cffi objects it points into."""
     a = np.asarray(maps, dtype=np.float32)
     if a.ndim == 2:
@@ -86,7 +86,14 @@ def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, 
         raise Error("heatmap: %d titles for %d panels" % (len(titles), P))
     panels = ffi.new("dcs_panel[]", P)
     keep.append(panels)
+    if panel_windows is not None:
+        panel_windows = list(panel_windows)
+        if len(panel_windows) != P:
+            raise Error("heatmap: %d panel windows for %d panels" % (len(panel_windows), P))
     for i in range(P):
+        if panel_windows is not None:
+            w = panel_windows[i]
+            panels[i].mask_window = -1 if not w or w <= 0 else int(w)
         panels[i].data = ffi.cast("const float *", ffi.from_buffer(a[i]))
         panels[i].rows, panels[i].cols = T, S
         if titles[i] is not None:
@@ -102,7 +109,8 @@ def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, 
     spec.col_labels = cstrs(key_tokens if key_tokens is not None else (tokens if S == T else None), S, "column")
     spec.mask_upper = 1 if mask_upper else 0
     spec.mask_window = int(mask_window or 0)
-    spec.cell_px = cell_px
+    spec.cell_px = int(cell_px or 0)
+    spec.axis_titles = 1 if axis_titles else 0
     if title is not None:
         spec.title = cstr(title)
     return spec, keep
@@ -129,15 +137,35 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
             titles: Optional[Sequence[str]] = None, title: Optional[str] = None,
             diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
             vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0,
-            mask_window: int = 0) -> Heatmap:
+            mask_window: int = 0, panel_windows: Optional[Sequence[int]] = None,
+            axis_titles: bool = True) -> Heatmap:
     """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
 
     tokens label the rows (queries) and, unless key_tokens is given, the
     columns. vmin/vmax fix the colour range (default: from the data).
     mask_upper hatches the causal upper triangle; mask_window > 0 also
-    hatches cells with t - s > mask_window (a local-attention layer)."""
+    hatches cells with t - s > mask_window (a local-attention layer);
+    panel_windows gives each panel its own window (0 or None: global).
+    Rows are labelled "query", columns "key" (axis_titles). grid_cols:
+    panels per grid row (0: all in one row); cell_px: pixels per cell (0:
+    chosen from the size). vmin or vmax alone fixes that end of the range,
+    the other comes from the data."""
+    if (vmin is None) != (vmax is None):
+        vis = _visible_values(maps, mask_upper)
+        if vmin is None:
+            vmin = float(vis.min()) if vis.size else 0.0
+            if not vmin < vmax:
+                vmin = vmax - 1.0
+        else:
+            vmax = float(vis.max()) if vis.size else 1.0
+            if not vmax > vmin:
+                vmax = vmin + 1.0
+    if not isinstance(grid_cols, (int, np.integer)) or grid_cols < 0:
+        raise Error("heatmap: grid_cols must be an integer >= 0, got %r" % (grid_cols,))
+    if not isinstance(cell_px, (int, np.integer)) or cell_px < 0:
+        raise Error("heatmap: cell_px must be an integer >= 0, got %r" % (cell_px,))
     args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-            mask_window)
+            mask_window, panel_windows, axis_titles)
     spec, _keep = _spec(*args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
@@ -151,6 +179,17 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
         lib.dcs_buffer_free(out[0])
 
 
+def _visible_values(maps, mask_upper: bool) -> np.ndarray:
+    a = np.asarray(maps, dtype=np.float64)
+    if a.ndim < 2:
+        return a.ravel()
+    if mask_upper:
+        t, s = np.indices(a.shape[-2:])
+        a = a[..., s <= t]
+    a = a.ravel()
+    return a[np.isfinite(a)]
+
+
 def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, head: Optional[int] = None,
                       hook: str = "pattern", phase: str = "post", **kw) -> Heatmap:
     """Heatmaps of a model's attention on a prompt.
@@ -158,8 +197,10 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     - layer=L, head=None: every head of layer L for `hook` (pattern,
       pattern_composed, scores, scores_composed, pre.kp, post.qg, ...);
     - layer="all", head=H: head H across all layers;
-    - hook="branches", layer=L, head=H: the five compose branches of `phase`
-      side by side with their sum."""
+    - hook="branches", layer=L, head=H: the compose branches of `phase` (five;
+      six with use_sw) side by side with their sum.
+    Panels go in a near-square grid (grid_cols=N to choose); local layers'
+    windows are hatched; a softmax pattern's colour bar starts at 0."""
     if isinstance(text_or_tokens, str):
         if not text_or_tokens:
             raise Error("heatmap: the text is empty")
@@ -186,13 +227,13 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
             raise Error("heatmap: hook='branches' needs one layer and one head")
         if phase not in ("pre", "post"):
             raise Error("heatmap: phase must be 'pre' or 'post'")
-        names = ["blocks.%d.attn.%s.%s" % (layer, phase, b) for b in BRANCHES]
+        names = ["blocks.%d.attn.%s.%s" % (layer, phase, b) for b in BRANCHES + ("static",)]
         names = [n for n in names if n in model.hook_names]
         total = "blocks.%d.attn.%s" % (layer, "scores_composed" if phase == "pre" else "pattern_composed")
         _, cache = model.run_with_cache(tokens, names=names + [total])
         maps = [cache[n][head] for n in names] + [cache[total][head]]
         titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
-        kw.setdefault("title", "L%d H%d %s-compose branches" % (layer, head, phase))
+        kw.setdefault("title", "%s: L%d H%d %s-compose branches" % (model.name, layer, head, phase))
         return heatmap(np.stack(maps), tokens=labels, titles=titles, diverging=True, **kw)
 
     if layer == "all":
@@ -203,8 +244,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
             model.parse_hook(n)
         _, cache = model.run_with_cache(tokens, names=names)
         maps = np.stack([cache[n][head] for n in names])
-        titles = ["L%d H%d" % (l, head) for l in range(c.n_layer)]
-        kw.setdefault("title", "head %d across layers: %s" % (head, hook))
+        titles = ["L%d H%d%s" % (l, head, " (local)" if l in c.local_layers else "") for l in range(c.n_layer)]
+        kw.setdefault("panel_windows", [c.window_size if l in c.local_layers else 0 for l in range(c.n_layer)])
+        kw.setdefault("title", "%s: head %d across layers: %s" % (model.name, head, hook))
     else:
         name = "blocks.%d.attn.%s" % (layer, hook)
         model.parse_hook(name)
@@ -218,4 +260,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
             maps, titles = a[head:head + 1], ["L%d H%d" % (layer, head)]
         kw.setdefault("title", "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head)))
     kw.setdefault("diverging", not hook.endswith("pattern"))
+    if not kw.get("grid_cols"):   # a near-square grid, not one long strip (32 heads: 6 x 6)
+        kw["grid_cols"] = max(1, int(np.ceil(np.sqrt(len(maps)))))
+    if hook.endswith("pattern") and not hook.endswith("_composed") and not kw["diverging"]:
+        # a softmax pattern: the colour bar starts at 0 (not at the smallest weight seen)
+        kw.setdefault("vmin", 0.0)
     return heatmap(maps, tokens=labels, titles=titles, **kw)

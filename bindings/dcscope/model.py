@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._engine import ffi, lib
+from .weights import WeightsMixin
 
 
 class Error(Exception):
     """Every failure of dcscope: the message names the file, hook or argument."""
+
+
+class LoadWarning(UserWarning):
+    """Something about a checkpoint worth knowing, said once when it is loaded
+    (e.g. key-side weights of a query-wise checkpoint that are ignored)."""
 
 
 def _check(status: int, msg: str) -> None:
@@ -48,6 +55,13 @@ class Config:
     window_size: int
     local_layers: Tuple[int, ...]
     tie_embeddings: bool
+    # attention variants (model-spec.md 5)
+    use_sw: bool = False                 # static (Talking-Heads) compose branch
+    compose_groups: int = 1              # heads composed within this many groups
+    moh_shared_heads: Optional[int] = None   # MoH routing: None when off
+    moh_routed_topk: Optional[int] = None
+    dyn_slots: int = 0                   # C: 4 (pre/post x query/key) or 2
+    key_wise: bool = False               # query-wise branches absent
 
     def __getitem__(self, key):  # dict-style access for notebooks
         return getattr(self, key)
@@ -69,15 +83,89 @@ def cuda_unavailable_reason() -> str:
     return ffi.string(why).decode(errors="replace")
 
 
-def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0) -> "Model":
+def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
+         always_batch: bool = False) -> "Model":
     """Load a DCPythia or Pythia checkpoint directory (config.json + weights),
-    or a bundled model by name (dcscope.bundled_models())."""
+    or a bundled model by name (dcscope.bundled_models()).
+
+    always_batch=True gives every result a leading batch axis, also for one
+    prompt (TransformerLens' habit); by default the batch axis follows the
+    input: a string or [T] array gives [T, ...], a list of strings or a
+    [B, T] array gives [B, T, ...]."""
     from .bundled import resolve
-    return Model(resolve(path), device=device, n_threads=n_threads)
+    m = Model(resolve(path), device=device, n_threads=n_threads)
+    m.always_batch = bool(always_batch)
+    return m
 
 
 class Cache(dict):
-    """Activations by hook name (numpy arrays), from run_with_cache."""
+    """Activations by hook name (numpy arrays), from run_with_cache.
+
+    Keys are dcscope hook names; lookups also take TransformerLens names
+    (cache["blocks.0.attn.hook_pattern"]) and (short name, layer) pairs
+    (cache["pattern", 0], cache["resid_post", -1]). repr shows names and
+    shapes only. The analysis helpers (decompose_resid, stack_head_results,
+    accumulated_resid, apply_ln_to_stack, logit_attrs) are in dcscope.cache."""
+
+    model: Optional["Model"] = None
+
+    def _key(self, key):
+        from . import names as _names
+        if isinstance(key, tuple):
+            if not 1 <= len(key) <= 2:
+                raise Error("cache key must be a name or (name, layer), got %r" % (key,))
+            layer = key[1] if len(key) == 2 else None
+            if layer is not None and isinstance(layer, (int, np.integer)) and layer < 0 and self.model is not None:
+                layer += self.model.config.n_layer
+            return _names.hook_name(key[0], layer)
+        return _names.canonical(key)
+
+    def __getitem__(self, key):
+        k = self._key(key)
+        try:
+            return dict.__getitem__(self, k)
+        except KeyError:
+            raise KeyError("cache has no %r%s (it holds %d activations; capture it with names=[...])"
+                           % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
+
+    def __contains__(self, key):
+        try:
+            return dict.__contains__(self, self._key(key))
+        except Error:
+            return False
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def __repr__(self) -> str:
+        items = ["%s %s" % (k, list(v.shape)) for k, v in self.items()]
+        shown = items[:12] + (["... %d more" % (len(items) - 12)] if len(items) > 12 else [])
+        return "Cache(%d activations: %s)" % (len(self), ", ".join(shown))
+
+    __str__ = __repr__
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(repr(self))
+
+    def decompose_resid(self, **kw):
+        from . import cache as _c
+        return _c.decompose_resid(self, **kw)
+
+    def accumulated_resid(self, **kw):
+        from . import cache as _c
+        return _c.accumulated_resid(self, **kw)
+
+    def stack_head_results(self, **kw):
+        from . import cache as _c
+        return _c.stack_head_results(self, **kw)
+
+    def apply_ln_to_stack(self, stack, **kw):
+        from . import cache as _c
+        return _c.apply_ln_to_stack(self, stack, **kw)
+
+    def logit_attrs(self, stack, tokens, **kw):
+        from . import cache as _c
+        return _c.logit_attrs(self, stack, tokens, **kw)
 
     def layer(self, l: int) -> Dict[str, np.ndarray]:
         """The activations of block l, keyed by the name after 'blocks.{l}.'."""
@@ -134,6 +222,14 @@ def _dcs_py_hook(user, point, layer, data, shape, ndim):
         return -1
 
 
+def _pairs(fwd_hooks) -> List[Tuple[str, HookFn]]:
+    fwd_hooks = list(fwd_hooks)
+    for item in fwd_hooks:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise Error("fwd_hooks must be a list of (name, fn) pairs, got %r" % (item,))
+    return fwd_hooks
+
+
 def _physical_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -156,7 +252,7 @@ def _validate(out, shape, name: str) -> np.ndarray:
     return out
 
 
-class Model:
+class Model(WeightsMixin):
     """A loaded DCPythia or Pythia model.
 
     >>> m = dcscope.load("path/to/model")
@@ -189,9 +285,18 @@ class Model:
             use_dcmha=bool(c.use_dcmha), query_wise=bool(c.query_wise), dyn_rank=c.dyn_rank,
             dyn_hidden=c.dyn_hidden, window_size=c.window_size,
             local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(self._m, l)),
-            tie_embeddings=bool(c.tie_embeddings))
+            tie_embeddings=bool(c.tie_embeddings), use_sw=bool(c.use_sw) and bool(c.use_dcmha),
+            compose_groups=c.compose_groups,
+            moh_shared_heads=c.moh_shared if c.moh else None,
+            moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
+            key_wise=bool(c.key_wise))
+        self.load_warnings = ffi.string(lib.dcs_load_warnings(self._m)).decode(errors="replace").splitlines()
+        for w in self.load_warnings:
+            warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
         self._names = self._all_hook_names()
+        self.always_batch = False   # see load()
+        self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
 
     def __repr__(self) -> str:
         c = self.config
@@ -229,13 +334,14 @@ class Model:
         return p[0], l[0]
 
     def _select(self, names: Names) -> List[str]:
+        from .names import canonical, tl_alias
         if names is None:
             return list(self._names)
         if isinstance(names, str):
             names = [names]
         if callable(names):
-            return [n for n in self._names if names(n)]
-        names = list(names)
+            return [n for n in self._names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
+        names = [canonical(n) for n in names]
         for n in names:
             self.parse_hook(n)
         return names
@@ -259,19 +365,55 @@ class Model:
                 raise Error("%s: cannot read the tokenizer: %s" % (p, e))
         return self._tokenizer
 
-    def to_tokens(self, text: str) -> np.ndarray:
-        """Token ids of `text` (no BOS is added, as for Pythia)."""
+    def to_tokens(self, text, padding_side: str = "right", pad_id: int = 0):
+        """Token ids of `text` (no BOS is added, as for Pythia): a [T] array.
+
+        A list of strings gives (tokens [B, T], lengths [B]): the prompts
+        padded with pad_id to the longest, on the right (default) or the left.
+        Every entry point takes that pair (or tokens with lengths=...)."""
+        if isinstance(text, (list, tuple)):
+            if not text or not all(isinstance(t, str) for t in text):
+                raise Error("to_tokens: need a string or a non-empty list of strings, got %r" % (text,))
+            from .batch import pad
+            return pad([self.to_tokens(t) for t in text], padding_side, pad_id)
+        if not isinstance(text, str):
+            raise Error("to_tokens: need a string or a list of strings, not %s" % type(text).__name__)
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
         if ids.size and ids.max() >= self.config.vocab:
             raise Error("tokenizer of %s gives id %d, beyond the model's vocab %d"
                         % (self.path, ids.max(), self.config.vocab))
         return ids
 
-    def to_str_tokens(self, text_or_tokens) -> List[str]:
-        """The tokens of a text (or an id array) as strings."""
+    def to_str_tokens(self, text_or_tokens, lengths=None):
+        """The tokens of a text (or a [T] id array) as strings; a list of texts
+        or a [B, T] array gives one list per row (cut to `lengths` if given)."""
+        if isinstance(text_or_tokens, (list, tuple)) and text_or_tokens and isinstance(text_or_tokens[0], str):
+            return [self.to_str_tokens(t) for t in text_or_tokens]
         if isinstance(text_or_tokens, str):
             text_or_tokens = self.to_tokens(text_or_tokens)
-        return [self.tokenizer.decode([int(t)]) for t in np.asarray(text_or_tokens).ravel()]
+        a = np.asarray(text_or_tokens)
+        if a.ndim == 2:
+            lens = [a.shape[1]] * a.shape[0] if lengths is None else list(lengths)
+            return [self.to_str_tokens(row[:n]) for row, n in zip(a, lens)]
+        if a.ndim > 2:
+            raise Error("to_str_tokens: need [T] or [B, T] tokens, got shape %s" % (a.shape,))
+        return [self.tokenizer.decode([int(t)]) for t in a.ravel()]
+
+    def to_string(self, tokens) -> Union[str, List[str]]:
+        """Decode token ids to text ([T] -> str, [B, T] -> list of str)."""
+        a = np.asarray(tokens)
+        if a.ndim == 2:
+            return [self.to_string(r) for r in a]
+        if a.ndim > 2 or a.dtype.kind not in "iu":
+            raise Error("to_string: need integer [T] or [B, T] tokens, got %s %s" % (a.dtype, a.shape))
+        return self.tokenizer.decode([int(t) for t in a.ravel()], skip_special_tokens=False)
+
+    def to_single_token(self, text: str) -> int:
+        """The id of a string that is exactly one token (else an Error)."""
+        ids = self.to_tokens(text)
+        if ids.size != 1:
+            raise Error("to_single_token: %r is %d tokens %s, not one" % (text, ids.size, self.to_str_tokens(ids)))
+        return int(ids[0])
 
     # ------------------------------------------------------------ forward
 
@@ -361,38 +503,119 @@ class Model:
             out = out[0]
         return out, run.cache
 
-    def forward(self, tokens, logits_at=None) -> np.ndarray:
-        """Logits: [T, V] for a 1-D token array (or a string), [B, T, V] for [B, T].
+    def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
+                padding_side: str = "right", loss_per_token: bool = False, logits_at=None):
+        """Logits: [T, V] for a string or a 1-D token array, [B, T, V] for a list
+        of strings or [B, T] tokens (with lengths: padded rows).
 
-        logits_at computes the unembedding only where asked: "last" (-> [V] /
-        [B, V]), one position (-> [V] / [B, V]), [n] positions for every
-        sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
-        return self._run(tokens, logits_at=logits_at)[0]
+        return_type: "logits", "loss" (mean next-token cross-entropy over the
+        real tokens; loss_per_token=True gives [T-1] / [B, T-1], 0 at padding),
+        "both" (logits, loss) or None.
+
+        logits_at computes the unembedding only where asked (logits only, no
+        lengths): "last" or one position (-> [V] / [B, V]), [n] positions for
+        every sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
+        if logits_at is not None:
+            if return_type != "logits" or lengths is not None or loss_per_token:
+                raise Error("logits_at goes with return_type='logits' and no lengths")
+            return self._run(tokens, logits_at=logits_at)[0]
+        from .batch import call
+        return call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
+                    loss_per_token=loss_per_token)
 
     __call__ = forward
 
-    def run_with_cache(self, tokens, names: Names = None) -> Tuple[np.ndarray, Cache]:
+    def run_with_cache(self, tokens, names: Names = None, *, names_filter: Names = None, lengths=None,
+                       padding_side: str = "right", return_type: Optional[str] = "logits",
+                       fwd_hooks: Sequence[Tuple[str, HookFn]] = ()) -> Tuple[np.ndarray, Cache]:
         """Logits and a Cache of the named activations (None: every hook).
 
-        names: None, a hook name, a list of names, or a predicate on names."""
-        return self._run(tokens, capture=self._select(names))
+        names (or names_filter, TransformerLens' spelling): None, a hook
+        name, a list of names (dcscope or TransformerLens spelling), or a
+        predicate on names (tried on both spellings)."""
+        from .batch import call
+        if names is not None and names_filter is not None:
+            raise Error("run_with_cache: give names or names_filter, not both")
+        sel = names if names is not None else names_filter
+        return call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
+                    capture=self._select(sel), fns=fwd_hooks, with_cache=True)
+
+    def resolve_hook(self, name: str) -> str:
+        """The dcscope name of a hook given in either spelling, checked."""
+        from .names import canonical
+        n = canonical(name)
+        self.parse_hook(n)
+        return n
+
+    def hook_name(self, name: str, layer: Optional[int] = None) -> str:
+        """dcscope.hook_name with negative layers counted from the end, checked."""
+        from .names import hook_name
+        if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool) and layer < 0:
+            layer = int(layer) + self.config.n_layer
+            if layer < 0:
+                raise Error("hook_name: layer %d is out of range (model has %d layers)"
+                            % (layer - self.config.n_layer, self.config.n_layer))
+        n = hook_name(name, layer)
+        self.parse_hook(n)
+        return n
+
+    # ------------------------------------------------------------ persistent hooks
+
+    def add_hook(self, name: str, fn: HookFn) -> None:
+        """Add a hook that every later pass (forward, run_with_*, generate) runs,
+        until reset_hooks()."""
+        if not callable(fn):
+            raise Error("hook %s: %r is not callable" % (name, fn))
+        self._ctx_hooks.append((self.resolve_hook(name), fn))
+
+    def reset_hooks(self) -> None:
+        """Remove the hooks added with add_hook."""
+        self._ctx_hooks.clear()
+
+    def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = ()):
+        """Context manager: the hooks apply to every pass inside the with block.
+
+        >>> with model.hooks([iv.ablate_head(model, 1, 2)]):
+        ...     logits = model(toks)"""
+        import contextlib
+        pairs = [(self.resolve_hook(n), fn) for n, fn in _pairs(fwd_hooks)]
+        for n, fn in pairs:
+            if not callable(fn):
+                raise Error("hook %s: %r is not callable" % (n, fn))
+
+        @contextlib.contextmanager
+        def cm():
+            before = len(self._ctx_hooks)
+            self._ctx_hooks.extend(pairs)
+            try:
+                yield self
+            finally:
+                del self._ctx_hooks[before:]
+        return cm()
+
+    def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
+                 stop=None, **kw):
+        """Continue a prompt with the engine's incremental decoder (dcscope.generate)."""
+        from .generate import generate
+        return generate(self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
 
     def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
-                       cache_names: Names = ()) -> np.ndarray:
+                       cache_names: Names = (), *, lengths=None, padding_side: str = "right",
+                       return_type: Optional[str] = "logits"):
         """Logits of a pass where fn(activation, name) is called at each named point.
 
         fn may modify the activation in place, return a replacement array of the
         same shape, or return None to keep it. Writing to a compose branch
         (blocks.{l}.attn.post.kp) changes the composed sum that follows; writing
         to pattern_composed, z, head_out, resid_* changes everything downstream.
-        With cache_names, returns (logits, cache) of the hooked pass."""
-        fwd_hooks = list(fwd_hooks)
-        for item in fwd_hooks:
-            if not (isinstance(item, tuple) and len(item) == 2):
-                raise Error("fwd_hooks must be a list of (name, fn) pairs, got %r" % (item,))
-        cap = self._select(cache_names) if cache_names else ()
-        logits, cache = self._run(tokens, capture=cap, fns=fwd_hooks)
-        return (logits, cache) if cache_names else logits
+        With cache_names (None meaning every hook, as in run_with_cache),
+        returns (logits, cache) of the hooked pass."""
+        from .batch import call
+        fwd_hooks = _pairs(fwd_hooks)
+        want_cache = cache_names is None or bool(cache_names)
+        cap = self._select(cache_names) if want_cache else ()
+        return call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
+                    capture=cap, fns=fwd_hooks, with_cache=want_cache)
 
     def last_pass_memory(self) -> Dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
@@ -426,17 +649,27 @@ class Model:
 
     # ------------------------------------------------------------ routing, circuits
 
-    def composition_map(self, tokens, layer: int, phase: str, query: int, key: int) -> np.ndarray:
-        """The N x N head-to-head map C[query, key] of a layer and phase (routing.py)."""
+    def composition_map(self, tokens, layer: int, phase: str, query: int, key: int,
+                        cache: Optional[Cache] = None) -> np.ndarray:
+        """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
+        With cache= (a run_with_cache of the same tokens) no pass is run."""
         from . import routing
+        if cache is not None:
+            return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
         return routing.composition_map(self, tokens, layer, phase, query, key)
 
-    def routing_matrix(self, tokens, layer: int, phase: str, query: int) -> np.ndarray:
-        """Head-to-head routing at a query, weighted by what it routes (routing.py)."""
+    def routing_matrix(self, tokens, layer: int, phase: str, query: int,
+                       cache: Optional[Cache] = None) -> np.ndarray:
+        """Head-to-head routing at a query, weighted by what it routes (routing.py).
+        With cache= no pass is run; routing.routing_matrices gives every query at once."""
         from . import routing
+        if cache is not None:
+            return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return routing.routing_matrix(self, tokens, layer, phase, query)
 
-    def gates(self, tokens, layer: int):
+    def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
         from . import routing
+        if cache is not None:
+            return routing.gates_from_cache(self, cache, layer)
         return routing.gates(self, tokens, layer)

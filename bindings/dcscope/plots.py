@@ -16,8 +16,9 @@ Pure numpy + matplotlib (no engine needed): give them arrays, e.g. from
     fig.savefig("layer3.png")
 
 Functions that make a whole figure return a ``matplotlib.figure.Figure``
-(not registered with pyplot: in Jupyter it shows as the cell's value; in a
-script, save it with ``fig.savefig``). ``plot_pattern`` draws into an Axes
+(a subclass that renders itself as PNG: it shows as the cell's value in
+Jupyter with or without ``%matplotlib inline``; it is not registered with
+pyplot, so nothing shows twice; in a script, save it with ``fig.savefig``). ``plot_pattern`` draws into an Axes
 you give it and returns the image (pass it to ``fig.colorbar``).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from matplotlib import colormaps
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure as _MplFigure
 from matplotlib.patches import Polygon
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "plot_heads",
     "plot_branches",
     "plot_routing",
+    "plot_patching",
     "SEQUENTIAL_CMAP",
     "DIVERGING_CMAP",
 ]
@@ -50,6 +52,20 @@ MAX_LABELS = 48         # per axis; beyond that every k-th token is labelled
 
 
 # ---------------------------------------------------------------- helpers
+
+class Figure(_MplFigure):
+    """A matplotlib Figure that displays itself in Jupyter (PNG) without
+    ``%matplotlib inline`` (IPython finds _repr_png_ on any object)."""
+
+    def _repr_png_(self) -> bytes:
+        import io
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        if self.canvas is None or not hasattr(self.canvas, "print_png"):
+            FigureCanvasAgg(self)
+        buf = io.BytesIO()
+        self.savefig(buf, format="png", dpi=100)
+        return buf.getvalue()
+
 
 def format_token(tok, max_chars: int = MAX_LABEL_CHARS) -> str:
     """A token as a tick label: visible leading/trailing spaces ('\u00b7'),
@@ -319,4 +335,48 @@ def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     if title:
         ax.set_title(title, fontsize=10, fontweight="bold")
+    return fig
+
+
+def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
+                  panel_size: float = 3.2) -> Figure:
+    """A patching sweep (dcscope.patching.PatchResult) as heatmaps: 2-axis
+    results in one panel, 3-axis results one panel per entry of the first
+    axis (layer). Diverging colours centred on the corrupted metric (or on 0
+    when normalize=True: 0 no effect, 1 full recovery)."""
+    v = result.normalized() if normalize else np.asarray(result.values, dtype=np.float64)
+    centre = 0.0 if normalize else result.corrupted
+    d = v - centre
+    m = float(np.nanmax(np.abs(d))) if np.isfinite(d).any() else 1.0
+    m = m if m > 0 else 1.0
+    panels = [v] if v.ndim == 2 else list(v)
+    ptitles = [None] if v.ndim == 2 else ["%s %s" % (result.axes[0], lab) for lab in result.labels[0]]
+    rows_ax, cols_ax = (result.axes[0], result.axes[1]) if v.ndim == 2 else (result.axes[1], result.axes[2])
+    rlab, clab = (result.labels[0], result.labels[1]) if v.ndim == 2 else (result.labels[1], result.labels[2])
+    ncols = min(len(panels), 4)
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(panel_size * ncols + 1.2, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1))) + 0.8),
+                 layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    im = None
+    for i in range(nrows * ncols):
+        ax = axes[i // ncols][i % ncols]
+        if i >= len(panels):
+            fig.delaxes(ax)
+            continue
+        im = ax.imshow(panels[i], cmap=_cmap(True), vmin=centre - m, vmax=centre + m, interpolation="nearest",
+                       aspect="auto")
+        ax.set_yticks(range(len(rlab)))
+        ax.set_yticklabels(rlab, fontsize=7)
+        step = max(1, math.ceil(len(clab) / MAX_LABELS))
+        ax.set_xticks(range(0, len(clab), step))
+        ax.set_xticklabels(clab[::step], fontsize=7, rotation=90)
+        ax.set_ylabel(rows_ax)
+        ax.set_xlabel(cols_ax)
+        if ptitles[i]:
+            ax.set_title(ptitles[i], fontsize=9)
+    fig.colorbar(im, ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes], shrink=0.8,
+                 label="normalized metric" if normalize else "metric")
+    fig.suptitle(title or "activation patching: %s (clean %.3g, corrupted %.3g)"
+                 % (result.what, result.clean, result.corrupted), fontsize=10, fontweight="bold")
     return fig

@@ -4,11 +4,31 @@ For DCMHA layer l, phase pre|post, query t and key s, the composition map
 C[t,s] (N x N, C[n, m] = weight of source head n in target head m) is
 
     C[t,s] = I + qw1[t]^T qw2[t] + kw1[s]^T kw2[s] + diag(qdd[t]) + diag(kdd[s])
+             (+ W, the static Talking-Heads term, with use_sw)
 
-so that composed[:, t, s] = C[t,s]^T @ raw[:, t, s]. For Pythia (plain MHA)
+so that composed[:, t, s] = C[t,s]^T @ raw[:, t, s]; with compose_groups G
+the projection terms (and W) are block-diagonal. For Pythia (plain MHA)
 every map is the identity.
+
+Routing weights: the post phase weights each map by the softmax pattern
+(how much attention it routes); the pre phase weights it by the raw scores,
+which are signed logits (q.k / sqrt(Dh), before the softmax), so pre-phase
+routing matrices are signed and can cancel.
+
+From a cache (no extra pass), vectorised over every query and layer:
+
+    _, cache = model.run_with_cache(toks)
+    R = routing.routing_matrices(model, cache, "post")       # [L, T, N, N]
+    C = routing.composition_maps(model, cache, 3, "pre", query=-1)   # [S, N, N]
+
+Positions may be negative (counted from the end, as in Python). Maps of
+masked pairs (a key after the query, or outside a local layer's window)
+are defined but never used by the model: asking for one warns
+(MaskedPairWarning).
 """
 from __future__ import annotations
+
+import warnings
 
 from typing import Dict, Optional
 
@@ -19,9 +39,33 @@ from .model import Cache, Error, Model
 PHASES = ("pre", "post")
 
 
-def _dyn_names(layer: int, phase: str, query_wise: bool):
+class MaskedPairWarning(UserWarning):
+    """A composition map was asked for a (query, key) pair the mask hides."""
+
+
+def _pos(v: int, T: int, what: str) -> int:
+    if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+        raise Error("%s position must be an integer, not %r" % (what, v))
+    if not -T <= v < T:
+        raise Error("%s position %d is out of range for %d tokens" % (what, v, T))
+    return int(v) % T
+
+
+def _window(model: Model, layer: int) -> int:
+    return model.config.window_size if layer in model.config.local_layers else 0
+
+
+def _warn_masked(model: Model, layer: int, t: int, s: int) -> None:
+    w = _window(model, layer)
+    if s > t or (w > 0 and t - s > w):
+        warnings.warn("layer %d, query %d, key %d is a masked pair (%s): the model never uses its map"
+                      % (layer, t, s, "key after query" if s > t else "outside the window of %d" % w),
+                      MaskedPairWarning, stacklevel=3)
+
+
+def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False):
     p = "blocks.%d.attn.dyn.%s." % (layer, phase)
-    names = [p + "qw1", p + "qw2", p + "qdd"]
+    names = [] if key_wise else [p + "qw1", p + "qw2", p + "qdd"]
     if not query_wise:
         names += [p + "kw1", p + "kw2", p + "kdd"]
     return names
@@ -35,11 +79,11 @@ def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = 
     T = toks.shape[0]
     if phase not in PHASES:
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
-    if not 0 <= layer < model.config.n_layer:
-        raise Error("layer %d is out of range (model has %d layers)" % (layer, model.config.n_layer))
+    if not isinstance(layer, (int, np.integer)) or not 0 <= layer < model.config.n_layer:
+        raise Error("layer %r is out of range (model has %d layers)" % (layer, model.config.n_layer))
     for what, v in (("query", query), ("key", key)):
-        if v is not None and not 0 <= v < T:
-            raise Error("%s position %d is out of range for %d tokens" % (what, v, T))
+        if v is not None:
+            _pos(v, T, what)
     return toks
 
 
@@ -49,23 +93,48 @@ def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> Dict[str, n
     toks = _check(model, tokens, layer, phase)
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
-    names = _dyn_names(layer, phase, model.config.query_wise)
+    names = _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
     _, cache = model.run_with_cache(toks, names=names)
     return {n.rsplit(".", 1)[1]: cache[n] for n in names}
 
 
-def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None) -> np.ndarray:
-    """C[t=query, s] for the given keys (default: all), [len(keys), N, N]."""
-    qw1, qw2, qdd = dyn["qw1"][query], dyn["qw2"][query], dyn["qdd"][query]
-    N = qdd.shape[0]
-    S = dyn["qw1"].shape[0]
+def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
+    """The static (Talking-Heads) term W [N, N] of a layer and phase (block-diagonal
+    with compose_groups), or None when the model has no static branch."""
+    if not model.config.use_sw:
+        return None
+    w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))   # [G, Mg, Mg]
+    return _block_diag(w.astype(np.float64))
+
+
+def _block_diag(blocks: np.ndarray) -> np.ndarray:
+    G, Mg, _ = blocks.shape
+    out = np.zeros((G * Mg, G * Mg))
+    for g in range(G):
+        out[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = blocks[g]
+    return out
+
+
+def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1,
+                      static: Optional[np.ndarray] = None) -> np.ndarray:
+    """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
+    `groups` G the dynamic projections mix heads only within each of G blocks;
+    `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
+    some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
+    S, N = some.shape
     keys = range(S) if keys is None else keys
-    base = np.eye(N) + qw1.T.astype(np.float64) @ qw2 + np.diag(qdd)
+    block = np.kron(np.eye(groups), np.ones((N // groups, N // groups)))
+    base = np.eye(N)
+    if "qw1" in dyn:  # absent for key-wise-only composition
+        qw1, qw2, qdd = dyn["qw1"][query], dyn["qw2"][query], dyn["qdd"][query]
+        base = base + (qw1.T.astype(np.float64) @ qw2) * block + np.diag(qdd)
+    if static is not None:
+        base = base + static
     out = np.empty((len(keys), N, N))
     for i, s in enumerate(keys):
         c = base.copy()
         if "kw1" in dyn:
-            c += dyn["kw1"][s].T.astype(np.float64) @ dyn["kw2"][s] + np.diag(dyn["kdd"][s])
+            c += (dyn["kw1"][s].T.astype(np.float64) @ dyn["kw2"][s]) * block + np.diag(dyn["kdd"][s])
         out[i] = c
     return out
 
@@ -73,9 +142,13 @@ def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None) -> np.n
 def composition_map(model: Model, tokens, layer: int, phase: str, query: int, key: int) -> np.ndarray:
     """The N x N map C[query, key] of a layer and phase (identity for Pythia)."""
     toks = _check(model, tokens, layer, phase, query, key)
+    T = toks.shape[0]
+    query, key = _pos(query, T, "query"), _pos(key, T, "key")
+    _warn_masked(model, layer, query, key)
     if not model.config.use_dcmha:
         return np.eye(model.config.n_head)
-    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key])[0]
+    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key],
+                             model.config.compose_groups, static_map(model, layer, phase))[0]
 
 
 def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> np.ndarray:
@@ -86,9 +159,11 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     R[n, m] is how much of source head n's attention (at query t) lands in
     target head m; sum_n R[n, m] = sum_s composed[m, t, s]."""
     toks = _check(model, tokens, layer, phase, query)
+    query = _pos(query, toks.shape[0], "query")
     N = model.config.n_head
     src = "blocks.%d.attn.%s" % (layer, "scores" if phase == "pre" else "pattern")
-    names = [src] + (_dyn_names(layer, phase, model.config.query_wise) if model.config.use_dcmha else [])
+    names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
+                     if model.config.use_dcmha else [])
     _, cache = model.run_with_cache(toks, names=names)
     window = model.config.window_size if layer in model.config.local_layers else 0
     keys = [s for s in range(query + 1) if window <= 0 or query - s <= window]
@@ -96,7 +171,8 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     if not model.config.use_dcmha:
         return np.diag(x.sum(axis=1))
     dyn = {n.rsplit(".", 1)[1]: cache[n] for n in names[1:]}
-    maps = maps_from_weights(dyn, query, keys)                  # [len(keys), N, N]
+    maps = maps_from_weights(dyn, query, keys, model.config.compose_groups,
+                             static_map(model, layer, phase))   # [len(keys), N, N]
     return np.einsum("ns,snm->nm", x, maps)
 
 
@@ -106,16 +182,161 @@ def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     toks = _check(model, tokens, layer, "pre")
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
-    sides = ("qdd",) if model.config.query_wise else ("qdd", "kdd")
+    sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")
     names = ["blocks.%d.attn.dyn.%s.%s" % (layer, ph, s) for ph in PHASES for s in sides]
     _, cache = model.run_with_cache(toks, names=names)
     return {n.split("dyn.", 1)[1]: cache[n] for n in names}
 
 
-def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int) -> np.ndarray:
-    """C[query, key] from a cache that holds the layer's dyn.* activations."""
+def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int,
+                       groups: int = 1, static: Optional[np.ndarray] = None) -> np.ndarray:
+    """C[query, key] from a cache that holds the layer's dyn.* activations
+    (negative positions count from the end; groups / static as in maps_from_weights)."""
     p = "blocks.%d.attn.dyn.%s." % (layer, phase)
-    if p + "qw1" not in cache:
-        raise Error("cache has no %sqw1 (capture the dyn hooks of layer %d)" % (p, layer))
+    if p + "qdd" not in cache and p + "kdd" not in cache:
+        raise Error("cache has no %sqdd or %skdd (capture the dyn hooks of layer %d)" % (p, p, layer))
     dyn = {k: cache[p + k] for k in ("qw1", "qw2", "qdd", "kw1", "kw2", "kdd") if p + k in cache}
-    return maps_from_weights(dyn, query, [key])[0]
+    T = (dyn["qdd"] if "qdd" in dyn else dyn["kdd"]).shape[0]
+    return maps_from_weights(dyn, _pos(query, T, "query"), [_pos(key, T, "key")], groups, static)[0]
+
+
+# ---------------------------------------------------------------- from a cache, vectorised
+
+def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, np.ndarray]:
+    if phase not in PHASES:
+        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+    out = {}
+    for n in _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise):
+        if n not in cache:
+            raise Error("cache has no %s (capture the dyn hooks: names=lambda n: '.attn.dyn.' in n)" % n)
+        a = cache[n]
+        if a.ndim != (4 if n[-1] in "12" else 3) - 1:
+            raise Error("routing from a cache works on one sequence: %s has shape %s" % (n, a.shape))
+        out[n.rsplit(".", 1)[1]] = a.astype(np.float64)
+    return out
+
+
+def _group_block(model: Model) -> np.ndarray:
+    """[N, N] 0/1 mask of the head pairs a grouped composition may mix (all ones for G = 1)."""
+    N, G = model.config.n_head, model.config.compose_groups
+    return np.kron(np.eye(G), np.ones((N // G, N // G)))
+
+
+def _mask(T: int, S: int, window: int) -> np.ndarray:
+    t, s = np.indices((T, S))
+    return (s <= t) & ((window <= 0) | (t - s <= window))
+
+
+def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=None, key=None) -> np.ndarray:
+    """Composition maps C[t, s] from a cache, no pass: [T, S, N, N] for every
+    pair, [S, N, N] for one query, [T, N, N] for one key, [N, N] for both.
+    Masked pairs are included (they are defined); a single masked pair warns."""
+    N = model.config.n_head
+    T = _cache_T(model, cache, layer)
+    qi = None if query is None else _pos(query, T, "query")
+    ki = None if key is None else _pos(key, T, "key")
+    if qi is not None and ki is not None:
+        _warn_masked(model, layer, qi, ki)
+    if not model.config.use_dcmha:
+        shape = ([] if qi is not None else [T]) + ([] if ki is not None else [T]) + [N, N]
+        return np.broadcast_to(np.eye(N), shape).copy()
+    d = _cache_dyn(model, cache, layer, phase)
+    tq = slice(None) if qi is None else slice(qi, qi + 1)
+    ks = slice(None) if ki is None else slice(ki, ki + 1)
+    I = np.eye(N)
+    block = _group_block(model)                                            # [N, N] 0/1
+    static = static_map(model, layer, phase)
+    base = I if static is None else I + static
+    nq = len(range(T)[tq])
+    qpart = np.broadcast_to(base, (nq, N, N)).copy()                       # [Tq, N, N]
+    if "qw1" in d:
+        qpart += np.einsum("tin,tim->tnm", d["qw1"][tq], d["qw2"][tq]) * block + \
+            np.einsum("tn,nm->tnm", d["qdd"][tq], I)
+    out = qpart[:, None]
+    if "kw1" in d:
+        kpart = np.einsum("sin,sim->snm", d["kw1"][ks], d["kw2"][ks]) * block + \
+            np.einsum("sn,nm->snm", d["kdd"][ks], I)
+        out = out + kpart[None]
+    else:
+        out = np.broadcast_to(out, (out.shape[0], len(range(T)[ks]), N, N)).copy()
+    if qi is not None:
+        out = out[0]
+        if ki is not None:
+            out = out[0]
+    elif ki is not None:
+        out = out[:, 0]
+    return out
+
+
+def _cache_T(model: Model, cache: Cache, layer: int) -> int:
+    for n in ("blocks.%d.attn.pattern" % layer, "blocks.%d.attn.scores" % layer,
+              "blocks.%d.attn.dyn.pre.qdd" % layer, "blocks.%d.attn.dyn.post.qdd" % layer,
+              "blocks.%d.attn.dyn.pre.kdd" % layer, "blocks.%d.attn.dyn.post.kdd" % layer):
+        if n in cache:
+            return cache[n].shape[-1] if "dyn" not in n else cache[n].shape[-2]
+    raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
+
+
+def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, queries=None) -> np.ndarray:
+    """Head-to-head routing R[l, t] [N, N] for every query t (or `queries`)
+    and every layer (or `layers`), from a cache in one vectorised step:
+
+        R[l, t][n, m] = sum over visible keys s of X[n, t, s] C[t, s][n, m]
+
+    with X the pattern (post) or the raw scores, signed logits (pre).
+    Equals routing_matrix(model, tokens, l, phase, t) without its pass.
+    Needs blocks.{l}.attn.{pattern|scores} and the layer's dyn.* hooks."""
+    if phase not in PHASES:
+        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+    L, N = model.config.n_layer, model.config.n_head
+    layers = list(range(L)) if layers is None else [int(l) % L if isinstance(l, (int, np.integer)) and -L <= l < L
+                                                     else _bad_layer(l, L) for l in layers]
+    out = []
+    for l in layers:
+        src = "blocks.%d.attn.%s" % (l, "scores" if phase == "pre" else "pattern")
+        if src not in cache:
+            raise Error("cache has no %s (capture it for routing)" % src)
+        X = cache[src]
+        if X.ndim != 3:
+            raise Error("routing from a cache works on one sequence: %s has shape %s" % (src, X.shape))
+        T = X.shape[-1]
+        qs = np.arange(T) if queries is None else np.array([_pos(q, T, "query") for q in queries])
+        X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]     # [N, Tq, S]
+        rows = X.sum(-1).T                                                       # [Tq, N]
+        if not model.config.use_dcmha:
+            out.append(np.einsum("tn,nm->tnm", rows, np.eye(N)))
+            continue
+        d = _cache_dyn(model, cache, l, phase)
+        block = _group_block(model)
+        static = static_map(model, l, phase)
+        base = np.eye(N) if static is None else np.eye(N) + static
+        R = rows[:, :, None] * base                                          # [Tq, N, N]
+        if "qw1" in d:
+            q1, q2, qd = d["qw1"][qs], d["qw2"][qs], d["qdd"][qs]
+            R = R + rows[:, :, None] * (np.einsum("tin,tim->tnm", q1, q2) * block) + \
+                np.einsum("tn,nm->tnm", rows * qd, np.eye(N))
+        if "kw1" in d:
+            # sum_s X[n,t,s] kw1[s,i,n] kw2[s,i,m]  and  diag(sum_s X[n,t,s] kdd[s,n])
+            R = R + np.einsum("nts,sin,sim->tnm", X, d["kw1"], d["kw2"], optimize=True) * block
+            R = R + np.einsum("tn,nm->tnm", np.einsum("nts,sn->tn", X, d["kdd"]), np.eye(N))
+        out.append(R)
+    return np.stack(out)
+
+
+def _bad_layer(l, L):
+    raise Error("layer %r is out of range (model has %d layers)" % (l, L))
+
+
+def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:
+    """gates() from a cache: {'pre.qdd': [T, N], ...}."""
+    if not model.config.use_dcmha:
+        raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
+    sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")
+    out = {}
+    for ph in PHASES:
+        for sd in sides:
+            n = "blocks.%d.attn.dyn.%s.%s" % (layer, ph, sd)
+            if n not in cache:
+                raise Error("cache has no %s" % n)
+            out["%s.%s" % (ph, sd)] = cache[n]
+    return out

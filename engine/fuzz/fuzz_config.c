@@ -5,8 +5,9 @@
  * NUL-terminated buffer and refused if it holds a NUL byte. Whatever the
  * parser accepts must be sane: a known model type, every dimension inside
  * the range the loader checks, head_dim * n_head == d_model, an even rotary
- * dim no larger than head_dim, finite floats, and a local/global pattern of
- * 1..8 entries that are 0 or 1. A refused config must name the file.
+ * dim no larger than head_dim, finite floats, a local/global pattern of
+ * 1..8 entries that are 0 or 1, composition groups dividing n_head, and MoH
+ * sizes with 0 <= shared < n_head, 1 <= top-k <= n_head - shared. A refused config must name the file.
  * Build and run with engine/fuzz/run.sh.
  */
 #include "internal.h"
@@ -33,11 +34,20 @@ static void check_config(const dcs_config *c, const int *pat, int plen)
         !(c->norm_eps >= 0) || c->norm_eps > 1)
         abort();
     int flags[] = {c->parallel_residual, c->qk_norm, c->linear_bias, c->use_dcmha,
-                   c->query_wise, c->tie_embeddings};
+                   c->query_wise, c->tie_embeddings, c->use_sw, c->key_wise, c->moh};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (flags[i] != 0 && flags[i] != 1)
             abort();
-    if (c->window_size < 0 || (c->model_type == DCS_MODEL_DCPYTHIA && c->window_size < 1))
+    if (c->query_wise && c->key_wise)
+        abort();
+    /* window_size 0: "window_size": null, no local layer */
+    if (c->window_size < 0)
+        abort();
+    if (c->model_type == DCS_MODEL_DCPYTHIA &&
+        (c->compose_groups < 1 || c->n_head % c->compose_groups != 0))
+        abort();
+    if (c->moh && (c->moh_shared < 0 || c->moh_shared >= c->n_head || c->moh_topk < 1 ||
+                   c->moh_topk > c->n_head - c->moh_shared))
         abort();
     if (plen < 1 || plen > 8)
         abort();

@@ -124,6 +124,17 @@ def torchzip_bytes(state, storages, prefix="archive", protocol=2, zip64=False):
     return out.getvalue()
 
 
+def torch_views_example():
+    """Strided views as torch.save keeps them: transposed and expanded (stride 0)."""
+    torch = _fake_torch()
+    s0 = Storage(torch.HalfStorage, "0", f16(*[0.5 * i for i in range(12)]), 2)
+    sd = collections.OrderedDict()
+    sd["t"] = Tensor(s0, 0, (3, 4), (1, 3))         # a [4, 3] storage read transposed
+    sd["x"] = Tensor(s0, 6, (5, 3), (0, 1))         # one row expanded
+    sd["sw"] = Tensor(s0, 0, (2, 2, 2), (0, 2, 1))  # eye(N).expand(2, N, N) style
+    return torchzip_bytes(sd, [s0])
+
+
 def torch_example(dtype="HalfStorage", pack=f16, elsize=2, **kw):
     torch = _fake_torch()
     cls = getattr(torch, dtype)
@@ -200,6 +211,12 @@ def config_seeds():
         "pythia-6.9b.json": js(pythia_config(4096, 32, 32, 16384, 50432)),
         "pythia-tiny-seq.json": js(pythia_config(64, 4, 2, 256, 512, use_parallel_residual=False,
                                                  tie_word_embeddings=True, rotary_pct=1.0)),
+        # attention variants and null keys (docs/variants.md)
+        "dcpythia-tiny-variants.json": js(dcpythia_config(**tiny, use_sw=True, compose_groups=2,
+                                                          moh={"shared_heads": 1, "routed_topk": 2},
+                                                          window_size=None)),
+        "dcpythia-tiny-nulls.json": js(dcpythia_config(**tiny, key_wise=True, use_qk_norm=None,
+                                                       intermediate_size=None, moh=None)),
         # refused ones: each names the key (or the JSON error)
         "bad-missing-dim.json": js(broken_dim, None),
         "bad-indivisible.json": js(dcpythia_config(dim=100, n_head=3, n_layer=1,
@@ -331,6 +348,7 @@ def main():
         "bf16.bin": torch_example("BFloat16Storage", bf16, 2),
         "proto4.bin": torch_example(protocol=4, prefix="pytorch_model"),
         "zip64.bin": torch_example(zip64=True),
+        "views.bin": torch_views_example(),
     }
     for name, data in zips.items():
         with open(os.path.join(tz_dir, name), "wb") as f:

@@ -68,8 +68,17 @@ typedef struct {
     int dyn_rank;          /* R (from the dyn_w_proj.qkw shape)              */
     int dyn_hidden;        /* K (from the dyn_w_proj.dw1 shape)              */
     int dyn_slots;         /* C: 4 (pre-q, pre-k, post-q, post-k) or 2        */
-    int window_size;       /* local-attention window (t - s <= window_size)  */
+    int window_size;       /* local-attention window (t - s <= window_size);
+                              0: no local layers ("window_size": null)       */
     int tie_embeddings;
+    /* attention variants (model-spec.md section 5)                          */
+    int use_sw;            /* static (Talking-Heads) sixth compose branch    */
+    int compose_groups;    /* G: heads composed within G groups (1: all)     */
+    int moh;               /* Mixture-of-Head routing on                     */
+    int moh_shared;        /* hs: shared (always-on) heads                   */
+    int moh_topk;          /* k: routed heads selected per token             */
+    int key_wise;          /* query-wise branches absent (the paper's
+                              key-wise-only ablation; "key_wise": true)      */
 } dcs_config;
 
 typedef struct {
@@ -89,6 +98,9 @@ const dcs_config *dcs_model_config(const dcs_model *m);
 const char *dcs_errmsg(const dcs_model *m);     /* last error on this model  */
 int dcs_layer_is_local(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
+/* Notes from loading (e.g. ignored key-side weights of a query-wise
+ * checkpoint), one per line; "" when there are none. Owned by the model. */
+const char *dcs_load_warnings(const dcs_model *m);
 
 /* 1 if the library was built with CUDA and a GPU is usable, else 0;
  * why (when 0) is written to `why` if given. */
@@ -101,11 +113,17 @@ int dcs_cuda_available(char *why, size_t whylen);
  *   layers.{l}.attention.wqkv.{weight,bias}, layers.{l}.attention.wo.{weight,bias},
  *   layers.{l}.attention.{q_norm,k_norm}.scale,
  *   layers.{l}.attention.dyn_w_proj.{dw1,qkw,dd},
+ *   layers.{l}.attention.dyn_w_proj.{pre_proj,post_proj}.w   (use_sw),
+ *   layers.{l}.attention.moh.{wg,wg_1,wg_0}.weight             (moh),
  *   layers.{l}.feed_forward.{w1,w2}.{weight,bias}
  * dcs_weight_shape writes up to 5 dims; dcs_weight_read widens to float32
  * into `out` (room for the product of the shape). */
 dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
 dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);
+/* The canonical names of the model's weights: i in [0, dcs_weight_count);
+ * NULL for i out of range. */
+int dcs_weight_count(const dcs_model *m);
+const char *dcs_weight_name(const dcs_model *m, int i);
 
 /* ---------------------------------------------------------------- hooks */
 
@@ -135,6 +153,7 @@ typedef enum {
     DCS_HP_PRE_KP,             /* attn.pre.kp                               */
     DCS_HP_PRE_QG,             /* attn.pre.qg                               */
     DCS_HP_PRE_KG,             /* attn.pre.kg                               */
+    DCS_HP_PRE_STATIC,         /* attn.pre.static (use_sw)                  */
     DCS_HP_SCORES_COMPOSED,    /* attn.scores_composed   [N, T, S]          */
     DCS_HP_PATTERN,            /* attn.pattern           [N, T, S]          */
     DCS_HP_POST_SKIP,          /* attn.post.skip         [N, T, S]          */
@@ -142,8 +161,11 @@ typedef enum {
     DCS_HP_POST_KP,            /* attn.post.kp                              */
     DCS_HP_POST_QG,            /* attn.post.qg                              */
     DCS_HP_POST_KG,            /* attn.post.kg                              */
+    DCS_HP_POST_STATIC,        /* attn.post.static (use_sw)                 */
     DCS_HP_PATTERN_COMPOSED,   /* attn.pattern_composed  [N, T, S]          */
-    DCS_HP_Z,                  /* attn.z                 [T, N, Dh]         */
+    DCS_HP_ROUTER_LOGITS,      /* attn.router_logits     [T, N - hs] (moh)  */
+    DCS_HP_ROUTING,            /* attn.routing           [T, N]      (moh)  */
+    DCS_HP_Z,                  /* attn.z                 [T, N, Dh] (gated) */
     DCS_HP_HEAD_OUT,           /* attn.head_out          [T, N, D]          */
     DCS_HP_ATTN_OUT,           /* attn.out               [T, D]             */
     DCS_HP_LN_MLP,             /* ln_mlp                 [T, D]             */
@@ -162,7 +184,8 @@ const char *dcs_hook_point_name(int point);
 int dcs_hook_point_is_layered(int point);
 
 /* Does this model have the point (compose/dyn points exist only with DCMHA,
- * key-wise ones only without query_wise)? */
+ * key-wise ones only without query_wise, static ones with use_sw, routing
+ * ones with moh)? */
 int dcs_hook_exists(const dcs_model *m, int point);
 
 /* Parse a full hook name ("blocks.3.attn.post.kp", "logits") into point and
@@ -185,7 +208,11 @@ static inline size_t dcs_hook_index(int n_layer, int point, int layer) {
  * Return 0 if the data was only read, 1 if it was modified (the engine then
  * uses the modified values from this point on), negative to abort the forward
  * pass (it returns DCS_ERR_HOOK; put a message in the model with
- * dcs_set_hook_error first if you like). */
+ * dcs_set_hook_error first if you like). Writes to masked cells (s > t, or
+ * t - s > window on a local layer) of any attention map are ignored: the
+ * softmax masks the pre-softmax maps, and after a hook modifies a
+ * post-softmax map (pattern, post.*, pattern_composed) its masked cells are
+ * set back to 0. */
 typedef int (*dcs_hook_fn)(void *user, int point, int layer, float *data,
                            const int64_t *shape, int ndim);
 
@@ -219,6 +246,39 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
  * asked for. Hooks that are not asked for add nothing to either. */
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
 
+/* ---------------------------------------------------------------- decoding */
+
+/* Incremental decoding (generation): a decoder keeps, per layer, the keys
+ * and values of the tokens fed so far (K/V cache) and their key-side
+ * composition weights kw1, kw2, kdd of both phases (the KW cache, as the
+ * published DCFormer module keeps); a local layer keeps only its window
+ * (the last window_size + 1 positions). Feeding tokens in any chunking
+ * gives the logits a full dcs_forward over the whole text gives at those
+ * positions (to float32 rounding).
+ *
+ * dcs_decoder_step feeds n tokens at positions pos .. pos+n-1 (pos =
+ * tokens fed before). logits: [n, V] or NULL. Hooks are called as in
+ * dcs_forward with B = 1 and T = n (the new tokens), except the attention
+ * maps (scores ... pattern_composed), which are [1, N, n, pos + n]: keys at
+ * their absolute positions. On a local layer the keys the decoder no
+ * longer keeps (outside every new query's window) read as 0 there and
+ * writes to them are ignored; key-side dynamic weights (dyn.*.kw1, kw2,
+ * kdd) and k, v are those of the n new tokens (what a hook writes there is
+ * what later steps see). Errors are reported as by dcs_forward (dcs_errmsg
+ * of the model); after a failed step the decoder is unchanged. A decoder
+ * keeps its model alive: dcs_free of a model with live decoders frees it
+ * when the last of them is freed (either order is safe); do not call
+ * anything else on a model after dcs_free. */
+typedef struct dcs_decoder dcs_decoder;
+dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out);
+void dcs_decoder_free(dcs_decoder *d);
+dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float *logits,
+                            const dcs_hooks *hooks);
+int dcs_decoder_pos(const dcs_decoder *d);           /* tokens fed so far */
+/* Key positions layer l holds between steps (window_size + 1 at most on a
+ * local layer, pos on a global one); -1 for a bad layer. */
+int dcs_decoder_layer_keys(const dcs_decoder *d, int layer);
+
 /* ---------------------------------------------------------------- heatmaps */
 
 typedef enum { DCS_CMAP_SEQUENTIAL = 0, DCS_CMAP_DIVERGING = 1 } dcs_colormap;
@@ -228,6 +288,8 @@ typedef struct {
     const float *data;
     int rows, cols;
     const char *title;
+    int mask_window;             /* > 0: this panel's local window (overrides
+                                    the spec's), < 0: none, 0: the spec's   */
 } dcs_panel;
 
 typedef struct {
@@ -244,6 +306,7 @@ typedef struct {
                                     with t - s > mask_window (local layers) */
     int cell_px;                 /* pixels per cell, <= 0: chosen from size  */
     const char *title;           /* figure title or NULL                     */
+    int axis_titles;             /* 1: "query" / "key" axis titles           */
 } dcs_heatmap_spec;
 
 /* Render to PNG bytes (malloc'd; free with dcs_buffer_free). */

@@ -444,6 +444,22 @@ static void cpu_mul(dcs_backend *be, float *y, const float *g, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] *= g[i];
 }
 
+/* MoH routing scores, one row per token (dcs_moh_route_row). */
+static void cpu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1,
+                          const float *s0, int M, int N, int hs, int k) {
+    (void)be;
+    for (int m = 0; m < M; m++)
+        dcs_moh_route_row(logits + (size_t)m * (N - hs), s1 ? s1 + (size_t)m * hs : NULL,
+                          s0 ? s0 + (size_t)m * 2 : NULL, N, hs, k, g + (size_t)m * N);
+}
+
+/* z [M, N, Dh] *= g [M, N] */
+static void cpu_head_gate(dcs_backend *be, float *z, const float *g, int M, int N, int Dh) {
+    (void)be;
+    for (size_t mn = 0; mn < (size_t)M * N; mn++)
+        for (int d = 0; d < Dh; d++) z[mn * Dh + d] *= g[mn];
+}
+
 /* out [M, D] = (in - mean) / sqrt(var + eps) * w + b, per row. */
 static void layernorm_rows(void *arg, long long b0, long long e0, int tid) {
     (void)tid;
@@ -577,6 +593,8 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
                 }
             }
         }
+        if (a->br[5])            /* static branch: absent here, 0 as in the pair form */
+            for (int n = 0; n < N; n++) memset(a->br[5] + o + n * TS, 0, sizeof(float) * S);
         for (int k = 0; k < 5; k++)
             if (br[k]) br[k] += lo;
         const float *k1 = c->kw1t ? c->kw1t + (size_t)b * RN * S + lo : NULL;
@@ -588,8 +606,47 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
     }
 }
 
+/* The variants (groups, static map, key-wise only): each (b, t, s) pair
+ * through dcs_compose_pair; the (b, t) rows are split over the cores. */
+static void compose_pairs(void *arg, long long begin, long long end, int tid) {
+    (void)tid;
+    const dcs_compose_args *a = arg;
+    const int N = a->N, T = a->T, S = a->S, R = a->R;
+    const long long TS = (long long)T * S;
+    for (long long bt = begin; bt < end; bt++) {
+        const int b = (int)(bt / T), t = (int)(bt % T);
+        const long long base = (long long)b * N * TS;
+        const float *qw1 = a->qw1 ? a->qw1 + ((size_t)b * T + t) * R * N : NULL;
+        const float *qw2 = a->qw2 ? a->qw2 + ((size_t)b * T + t) * R * N : NULL;
+        const float *qdd = a->qdd ? a->qdd + ((size_t)b * T + t) * N : NULL;
+        for (int s = 0; s < S; s++) {
+            long long o = base + (long long)t * S + s;
+            if (a->causal_only && !dcs_allowed(t, s, a->window)) {
+                for (int n = 0; n < N; n++) {
+                    long long on = o + n * TS;
+                    a->out[on] = 0.0f;
+                    for (int k = 0; k < DCS_N_BRANCHES; k++)
+                        if (a->br[k]) a->br[k][on] = 0.0f;
+                }
+                continue;
+            }
+            const float *kw1 = a->kw1 ? a->kw1 + ((size_t)b * S + s) * R * N : NULL;
+            const float *kw2 = a->kw2 ? a->kw2 + ((size_t)b * S + s) * R * N : NULL;
+            const float *kdd = a->kdd ? a->kdd + ((size_t)b * S + s) * N : NULL;
+            dcs_compose_pair(a->in + o, a->out + o, TS, N, a->G, R, qw1, qw2, kw1, kw2, qdd, kdd,
+                             a->sw, a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
+                             a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
+                             a->br[4] ? a->br[4] + o : NULL, a->br[5] ? a->br[5] + o : NULL);
+        }
+    }
+}
+
 static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
     const long long cost = (long long)a->S * a->N * 8;
+    if (a->G != 1 || a->sw || !a->qw1 || !a->qw2 || !a->qdd) {
+        parallel_for(be, compose_pairs, (void *)a, (long long)a->B * a->T, cost);
+        return;
+    }
     const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->S;
     float *kt = NULL;
     crow_args c = {a, NULL, NULL, NULL, be};
@@ -790,5 +847,7 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     be->gemm_w = cpu_gemm_w;
     be->embed_w = cpu_embed_w;
     be->attention = cpu_attention;
+    be->moh_route = cpu_moh_route;
+    be->head_gate = cpu_head_gate;
     return be;
 }

@@ -57,20 +57,29 @@ DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
     return 1.0f / sqrtf(sumsq / (float)n + eps);
 }
 
-/* Compose one (query t, key s) pair across heads, model-spec 2 step 6:
+/* Compose one (query t, key s) pair across heads, model-spec 2 step 6 and
+ * section 5, within each of G groups of Mg = N/G heads (G = 1: all heads):
  *   out[m] = a[m] + sum_i (sum_n a[n] qw1[i,n]) qw2[i,m]
  *                 + sum_i (sum_n a[n] kw1[i,n]) kw2[i,m]
- *                 + a[m] qdd[m] + a[m] kdd[m]
+ *                 + a[m] qdd[m] + a[m] kdd[m] + sum_n a[n] sw[n,m]
+ * where n runs over m's group only and sw is that group's [Mg, Mg] block.
  * a and out are strided by `stride` (the N axis of an [N, T, S] tensor);
- * out may alias a. qw1, qw2, kw1, kw2 are [R, N] (kw* NULL: query_wise),
- * qdd, kdd are [N] (kdd NULL: query_wise). br[0..4] (each may be NULL)
- * receive the skip, qp, kp, qg, kg contributions. */
-DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N, int R,
-                             const float *qw1, const float *qw2,
-                             const float *kw1, const float *kw2,
-                             const float *qdd, const float *kdd,
-                             float *b_skip, float *b_qp, float *b_kp,
-                             float *b_qg, float *b_kg) {
+ * out may alias a. qw1, qw2, kw1, kw2 are [R, N] (kw* NULL: query_wise,
+ * qw* NULL: key_wise), qdd, kdd are [N] (NULL likewise), sw [G, Mg, Mg] or NULL (then
+ * Mg <= DCS_MAX_SW_HEADS is not needed). The b_* outputs (each may be
+ * NULL) receive the skip, qp, kp, qg, kg, static contributions. */
+#ifndef DCS_MAX_SW_HEADS
+#define DCS_MAX_SW_HEADS 256
+#endif
+/* The plain case (one group, no static map, query side present): one pass
+ * over the heads with no per-element tests of the variants; the same sums in
+ * the same order as the general case below. */
+DCS_HD void dcs_compose_pair_plain(const float *a, float *out, long long stride, int N, int R,
+                                   const float *qw1, const float *qw2,
+                                   const float *kw1, const float *kw2,
+                                   const float *qdd, const float *kdd,
+                                   float *b_skip, float *b_qp, float *b_kp,
+                                   float *b_qg, float *b_kg, float *b_st) {
     float qi[DCS_MAX_R], ki[DCS_MAX_R];
     for (int i = 0; i < R; i++) {
         float sq = 0.0f, sk = 0.0f;
@@ -97,6 +106,7 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
         if (b_kp) b_kp[o] = kp;
         if (b_qg) b_qg[o] = qg;
         if (b_kg) b_kg[o] = kg;
+        if (b_st) b_st[o] = 0.0f;
         out[o] = am + qp + kp + qg + kg;
     }
 }
@@ -109,7 +119,8 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
  * query_wise). out may alias a. tmp holds (2R + 2) * L floats. br (NULL,
  * or entries NULL) receives the skip, qp, kp, qg, kg contributions laid out
  * like out. Every element goes through exactly the float operations of
- * dcs_compose_pair, in the same order, so both give bit-identical results. */
+ * dcs_compose_pair_plain (the case it covers: one group, no static map,
+ * query side present), in the same order, so both give bit-identical results. */
 DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                             const float *qw1, const float *qw2,
                             const float *kw1t, const float *kw2t, long long ks,
@@ -174,9 +185,122 @@ DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L,
     }
 }
 
+DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N, int G, int R,
+                             const float *qw1, const float *qw2,
+                             const float *kw1, const float *kw2,
+                             const float *qdd, const float *kdd, const float *sw,
+                             float *b_skip, float *b_qp, float *b_kp,
+                             float *b_qg, float *b_kg, float *b_st) {
+    if (G == 1 && !sw && qw1) {
+        dcs_compose_pair_plain(a, out, stride, N, R, qw1, qw2, kw1, kw2, qdd, kdd, b_skip, b_qp,
+                               b_kp, b_qg, b_kg, b_st);
+        return;
+    }
+    const int Mg = N / G;
+    float ag[DCS_MAX_SW_HEADS];          /* the group's inputs when sw (out may alias a) */
+    for (int g = 0; g < G; g++) {
+        const int n0 = g * Mg;
+        float qi[DCS_MAX_R], ki[DCS_MAX_R];
+        for (int i = 0; i < R; i++) {
+            float sq = 0.0f, sk = 0.0f;
+            for (int n = n0; n < n0 + Mg; n++) {
+                float an = a[(long long)n * stride];
+                if (qw1) sq += an * qw1[i * N + n];
+                if (kw1) sk += an * kw1[i * N + n];
+            }
+            qi[i] = sq;
+            ki[i] = sk;
+        }
+        if (sw)
+            for (int n = 0; n < Mg; n++) ag[n] = a[(long long)(n0 + n) * stride];
+        const float *W = sw ? sw + (long long)g * Mg * Mg : 0;
+        for (int m = n0; m < n0 + Mg; m++) {
+            long long o = (long long)m * stride;
+            float am = a[o];
+            float qp = 0.0f, kp = 0.0f, st = 0.0f;
+            for (int i = 0; i < R; i++) {
+                if (qw2) qp += qi[i] * qw2[i * N + m];
+                if (kw2) kp += ki[i] * kw2[i * N + m];
+            }
+            float qg = qdd ? am * qdd[m] : 0.0f;
+            float kg = kdd ? am * kdd[m] : 0.0f;
+            if (W)
+                for (int n = 0; n < Mg; n++) st += ag[n] * W[n * Mg + (m - n0)];
+            if (b_skip) b_skip[o] = am;
+            if (b_qp) b_qp[o] = qp;
+            if (b_kp) b_kp[o] = kp;
+            if (b_qg) b_qg[o] = qg;
+            if (b_kg) b_kg[o] = kg;
+            if (b_st) b_st[o] = st;
+            float sum = am + qp + kp + qg + kg;
+            out[o] = W ? sum + st : sum;
+        }
+    }
+}
+
+/* MoH routing scores of one token (model-spec 5), from its router logits
+ * lg [N - hs], shared-head logits s1 [hs] (NULL when hs <= 1) and balance
+ * logits s0 [2] (NULL when hs == 0), into g [N]:
+ *   p = softmax(lg); the k routed heads with the largest logits (ties: the
+ *   lower index) keep p / sum(p over them) * k, the others 0;
+ *   shared = softmax(s1) * hs (1 each when hs == 1); a = softmax(s0) * 2;
+ *   g = concat(a[0] * shared, a[1] * routed)   (hs == 0: g = routed).
+ * Selection is by logit, which orders heads as p does without p's ties from
+ * rounding. */
+DCS_HD void dcs_moh_route_row(const float *lg, const float *s1, const float *s0, int N, int hs,
+                              int k, float *g) {
+    const int NR = N - hs;
+    float mx = -INFINITY;
+    for (int j = 0; j < NR; j++) mx = lg[j] > mx ? lg[j] : mx;
+    float sum = 0.0f;
+    for (int j = 0; j < NR; j++) sum += expf(lg[j] - mx);
+    float sel_sum = 0.0f;
+    for (int j = 0; j < NR; j++) {
+        int rank = 0;
+        for (int q = 0; q < NR; q++)
+            rank += lg[q] > lg[j] || (lg[q] == lg[j] && q < j);
+        float p = expf(lg[j] - mx) / sum;
+        g[hs + j] = rank < k ? p : 0.0f;
+        sel_sum += g[hs + j];
+    }
+    float a0 = 1.0f, a1 = 1.0f;
+    if (hs > 0) {
+        float b = s0[0] > s0[1] ? s0[0] : s0[1];
+        float e0 = expf(s0[0] - b), e1 = expf(s0[1] - b);
+        a0 = e0 / (e0 + e1) * 2.0f;
+        a1 = e1 / (e0 + e1) * 2.0f;
+    }
+    for (int j = 0; j < NR; j++) g[hs + j] = a1 * (g[hs + j] / sel_sum * (float)k);
+    if (hs == 1) {
+        g[0] = a0 * 1.0f;
+    } else if (hs > 1) {
+        float b = -INFINITY, z = 0.0f;
+        for (int n = 0; n < hs; n++) b = s1[n] > b ? s1[n] : b;
+        for (int n = 0; n < hs; n++) z += expf(s1[n] - b);
+        for (int n = 0; n < hs; n++) g[n] = a0 * (expf(s1[n] - b) / z * (float)hs);
+    }
+}
+
 /* The five branches summed back (used after a hook rewrote a branch). */
 DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) {
     return a + b + c + d + e;
+}
+
+/* Masked softmax of one attention row at query position t over keys at
+ * positions s0 .. s0+S-1 (row[j] is key s0 + j): allowed entries (dcs_allowed)
+ * get exp(x - max) / sum, the others exactly 0. */
+DCS_HD void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
+    float mx = -INFINITY;
+    for (int j = 0; j < S; j++)
+        if (dcs_allowed(t, s0 + j, window) && row[j] > mx) mx = row[j];
+    float sum = 0.0f;
+    for (int j = 0; j < S; j++) {
+        float e = dcs_allowed(t, s0 + j, window) ? expf(row[j] - mx) : 0.0f;
+        row[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+    for (int j = 0; j < S; j++) row[j] *= inv;
 }
 
 #endif /* DCS_MATH_H */

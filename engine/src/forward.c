@@ -164,6 +164,9 @@ static int fw_hook(fw *f, int point, int layer, float *dev) {
         f->status = DCS_ERR_HOOK;
         return 0;
     }
+    if (r > 0 && dcs_hook_is_post_softmax_map(point))   /* writes to masked cells are ignored */
+        dcs_mask_map(data, (long long)f->B * f->m->cfg.n_head, f->T, f->T, 0,
+                     dcs_layer_is_local(f->m, layer) ? f->m->cfg.window_size : 0);
     if (r > 0 && !on_host) f->be->upload(f->be, dev, f->host, n * sizeof(float));
     return r > 0;
 }
@@ -201,7 +204,8 @@ static const float *wmat_f32(fw *f, dcs_wmat W, int64_t n, float **tmp) {
 /* Dynamic weights of one layer (model-spec 2 step 4), into per-slot
  * buffers: w1[c], w2[c] [B, T, R, N] (w1 RMS-normalised over N), dd[c]
  * [B, T, N]. Slots used: pre-q, pre-k, post-q, post-k (C = 4), or pre-q,
- * post-q (C = 2, query_wise). Key slots are skipped when query_wise. */
+ * post-q (C = 2, query_wise; pre-k, post-k for key_wise). Key slots are
+ * skipped when query_wise, query slots when key_wise. */
 typedef struct {
     float *w1[2][2], *w2[2][2], *dd[2][2];   /* [phase][0 query, 1 key] */
 } dyn_weights;
@@ -209,30 +213,48 @@ typedef struct {
 static void dynamic_weights(fw *f, const dcs_layer_weights *lw, const float *h, dyn_weights *dw) {
     const dcs_config *c = &f->m->cfg;
     const int M = f->M, D = c->d_model, N = c->n_head, R = c->dyn_rank;
-    const int C = c->dyn_slots, K = c->dyn_hidden, RN2 = 2 * R * N;
+    const int C = c->dyn_slots, K = c->dyn_hidden;
+    /* G groups of Mg heads (model-spec 5): per group and slot its own hidden
+     * layer and [2R, Mg] weights; G = 1 is the plain layout */
+    const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
     dcs_backend *be = f->be;
-    float *hid = fw_alloc(f, M, C, K);       /* [M, C, K]     */
-    float *w = fw_alloc(f, M, C, RN2);       /* [M, C, 2R, N] */
-    float *g = fw_alloc(f, M, C, N);         /* [M, C, N]     */
+    float *hid = fw_alloc(f, M, GC, K);      /* [M, G, C, K]      */
+    float *w = fw_alloc(f, M, GC, RM2);      /* [M, G, C, 2R, Mg] */
+    float *g = fw_alloc(f, M, GC, Mg);       /* [M, G, C, Mg]     */
     if (f->status) return;
-    gemm_wmat(f, 0, M, C * K, D, h, D, lw->m_dw1, hid, C * K);
-    be->gelu(be, hid, (size_t)M * C * K);
-    /* w[:, c] = hid[:, c] @ qkw[c], batched over the C slots */
-    be->gemm(be, 0, 0, M, RN2, K, 1.0f, hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f,
-             w, C * RN2, RN2, C);
-    be->gemm(be, 0, 0, M, C * N, D, 1.0f, h, D, 0, lw->dd, C * N, 0, 0.0f, g, C * N, 0, 1);
-    be->tanh_(be, g, (size_t)M * C * N);
+    gemm_wmat(f, 0, M, GC * K, D, h, D, lw->m_dw1, hid, GC * K);
+    be->gelu(be, hid, (size_t)M * GC * K);
+    /* w[:, gc] = hid[:, gc] @ qkw[gc], batched over the G*C (group, slot) pairs */
+    be->gemm(be, 0, 0, M, RM2, K, 1.0f, hid, GC * K, K, lw->qkw, RM2, (long long)K * RM2, 0.0f,
+             w, GC * RM2, RM2, GC);
+    be->gemm(be, 0, 0, M, GC * Mg, D, 1.0f, h, D, 0, lw->dd, GC * Mg, 0, 0.0f, g, GC * Mg, 0, 1);
+    be->tanh_(be, g, (size_t)M * GC * Mg);
     for (int phase = 0; phase < 2; phase++)
         for (int side = 0; side < 2; side++) {
             dw->w1[phase][side] = dw->w2[phase][side] = dw->dd[phase][side] = NULL;
-            if (side == 1 && c->query_wise) continue;
-            int slot = C == 4 ? 2 * phase + side : phase;
+            if ((side == 1 && c->query_wise) || (side == 0 && c->key_wise)) continue;
+            int slot = C == 4 ? 2 * phase + side : phase;   /* C == 2: one side only */
             float *w1 = fw_alloc(f, M, R, N), *w2 = fw_alloc(f, M, R, N), *dd = fw_alloc(f, M, N, 1);
             if (f->status) return;
-            be->copy2d(be, w1, R * N, w + (size_t)slot * RN2, C * RN2, M, R * N);
-            be->copy2d(be, w2, R * N, w + (size_t)slot * RN2 + R * N, C * RN2, M, R * N);
-            be->copy2d(be, dd, N, g + (size_t)slot * N, C * N, M, N);
-            be->rmsnorm(be, w1, M * R, N, N, NULL, 1e-6f);
+            if (G == 1) {
+                be->copy2d(be, w1, R * N, w + (size_t)slot * RM2, C * RM2, M, R * N);
+                be->copy2d(be, w2, R * N, w + (size_t)slot * RM2 + R * N, C * RM2, M, R * N);
+                be->copy2d(be, dd, N, g + (size_t)slot * N, C * N, M, N);
+            } else {
+                /* [M, R, N] with group gr in columns [gr*Mg, (gr+1)*Mg) of each [R, N] row */
+                for (int gr = 0; gr < G; gr++) {
+                    const size_t src = (size_t)(gr * C + slot) * RM2;
+                    for (int i = 0; i < R; i++) {
+                        be->copy2d(be, w1 + (size_t)i * N + gr * Mg, R * N, w + src + (size_t)i * Mg,
+                                   GC * RM2, M, Mg);
+                        be->copy2d(be, w2 + (size_t)i * N + gr * Mg, R * N,
+                                   w + src + (size_t)(R + i) * Mg, GC * RM2, M, Mg);
+                    }
+                    be->copy2d(be, dd + (size_t)gr * Mg, N, g + (size_t)(gr * C + slot) * Mg, GC * Mg, M, Mg);
+                }
+            }
+            /* RMS norm of qw1/kw1 over each group's heads */
+            be->rmsnorm(be, w1, M * R * G, Mg, Mg, NULL, 1e-6f);
             dw->w1[phase][side] = w1;
             dw->w2[phase][side] = w2;
             dw->dd[phase][side] = dd;
@@ -258,14 +280,16 @@ static void dyn_hooks(fw *f, int l, dyn_weights *dw) {
 }
 
 /* Compose in place (pre: all pairs; post: allowed pairs only), with the
- * branch hooks of this phase: if any is wanted, all five branches are
+ * branch hooks of this phase: if any is wanted, all branches of the model
+ * (five, or three when query_wise or key_wise, plus static with use_sw) are
  * materialised so that a rewritten branch enters the sum. */
 static void compose(fw *f, int l, int phase, float *A, const dyn_weights *dw, int window) {
     const dcs_config *c = &f->m->cfg;
     const int B = f->B, T = f->T, N = c->n_head;
     static const int first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+    const int nb = DCS_N_BRANCHES;   /* skip, qp, kp, qg, kg, static: consecutive points */
     int any = 0;
-    for (int k = 0; k < 5; k++) any |= wants(f, first[phase] + k, l);
+    for (int k = 0; k < nb; k++) any |= wants(f, first[phase] + k, l);
     dcs_compose_args a = {0};
     a.out = A;
     a.in = A;
@@ -280,24 +304,50 @@ static void compose(fw *f, int l, int phase, float *A, const dyn_weights *dw, in
     a.T = T;
     a.S = T;
     a.R = c->dyn_rank;
+    a.G = c->compose_groups;
+    a.sw = c->use_sw ? (phase == 0 ? f->m->layers[l].pre_sw : f->m->layers[l].post_sw) : NULL;
     a.causal_only = phase == 1;
     a.window = window;
     if (any)
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < nb; k++)
             if (dcs_hook_exists(f->m, first[phase] + k)) a.br[k] = fw_alloc(f, B, N, (int64_t)T * T);
     if (f->status) return;
     f->be->compose(f->be, &a);
     if (!any) return;
     int modified = 0;
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < nb; k++)
         if (a.br[k]) modified |= fw_hook(f, first[phase] + k, l, a.br[k]);
     if (modified) {
         size_t n = (size_t)B * N * T * T;
         f->be->copy(f->be, A, a.br[0], n * sizeof(float));
-        for (int k = 1; k < 5; k++)
+        for (int k = 1; k < nb; k++)
             if (a.br[k]) f->be->add(f->be, A, a.br[k], n);
     }
-    for (int k = 0; k < 5; k++) fw_release(f, a.br[k]);
+    for (int k = 0; k < nb; k++) fw_release(f, a.br[k]);
+}
+
+/* MoH routing of layer l (model-spec 5) on h [M, D] (normed): the router
+ * logits and routing scores, each through its hook, then z [M, N, Dh] *= g.
+ * A rewritten router_logits feeds the routing computed from it; a rewritten
+ * routing is the gate applied. */
+static void moh_gate(fw *f, int l, const float *h, float *z) {
+    const dcs_config *c = &f->m->cfg;
+    const dcs_layer_weights *lw = &f->m->layers[l];
+    const int M = f->M, D = c->d_model, N = c->n_head, hs = c->moh_shared;
+    float *lg = fw_alloc(f, M, N - hs, 1), *g = fw_alloc(f, M, N, 1);
+    float *s1 = hs > 1 ? fw_alloc(f, M, hs, 1) : NULL, *s0 = hs > 0 ? fw_alloc(f, M, 2, 1) : NULL;
+    if (f->status) return;
+    linear(f, lg, h, (dcs_wmat){lw->moh_wg, DCS_F32}, NULL, M, N - hs, D);
+    if (s1) linear(f, s1, h, (dcs_wmat){lw->moh_wg1, DCS_F32}, NULL, M, hs, D);
+    if (s0) linear(f, s0, h, (dcs_wmat){lw->moh_wg0, DCS_F32}, NULL, M, 2, D);
+    fw_hook(f, DCS_HP_ROUTER_LOGITS, l, lg);
+    f->be->moh_route(f->be, g, lg, s1, s0, M, N, hs, c->moh_topk);
+    fw_hook(f, DCS_HP_ROUTING, l, g);
+    f->be->head_gate(f->be, z, g, M, N, c->head_dim);
+    fw_release(f, lg);
+    fw_release(f, g);
+    fw_release(f, s1);
+    fw_release(f, s0);
 }
 
 static void release_dyn(fw *f, dyn_weights *dw) {
@@ -320,13 +370,16 @@ static int attn_map_hooked(const fw *f, int l) {
 
 /* Configurations the fused kernel computes, by explicit checks: DCPythia
  * (dynamic composition with 4 slots, or query-wise with 2, or none) and
- * Pythia. Any other attention variant (static Talking-Heads branch, MoH
- * routing, grouped composition, ...) must add its switch here so that it
- * takes the full path, which its compose code handles. */
-static int fused_supported(const dcs_model *m) {
+ * Pythia. The variants of model-spec 5 (static Talking-Heads branch, MoH
+ * routing, grouped composition: dcs_layer_needs_full_path) and key-wise-only
+ * composition take the full path, whose compose handles them; a variant
+ * added later must add its switch here. */
+static int fused_supported(const dcs_model *m, int l) {
     const dcs_config *c = &m->cfg;
     if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX) return 0;
+    if (dcs_layer_needs_full_path(m, l) || c->moh) return 0;
     if (!c->use_dcmha) return 1;
+    if (c->key_wise || c->use_sw || c->compose_groups != 1) return 0;
     if (c->dyn_rank < 1 || c->dyn_rank > DCS_MAX_R) return 0;
     return (c->dyn_slots == 4 && !c->query_wise) || (c->dyn_slots == 2 && c->query_wise);
 }
@@ -370,7 +423,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
     }
     float *z = NULL;
     if (f->status) return;
-    if (be->attention && fused_supported(m) && !attn_map_hooked(f, l)) {
+    if (be->attention && fused_supported(m, l) && !attn_map_hooked(f, l)) {
         /* fused: no [B, N, T, S] tensor; local layers touch their window only */
         z = fw_alloc(f, M, D, 1);
         if (f->status) return;
@@ -436,6 +489,8 @@ static void attention(fw *f, int l, const float *h, float *out) {
                  Dh, 0.0f, z + (size_t)b * T * D, D, Dh, N);
     fw_release(f, A);
     fw_release(f, v);
+    if (c->moh) moh_gate(f, l, h, z);
+    if (f->status) return;
     attention_out(f, l, z, out);
 }
 
@@ -565,10 +620,10 @@ static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks)
     int branches = 0, head_out = 0;
     if (hooks && hooks->want && hooks->fn)
         for (int l = 0; l < c->n_layer; l++) {
-            for (int p = DCS_HP_PRE_SKIP; p <= DCS_HP_POST_KG; p++)
+            for (int p = DCS_HP_PRE_SKIP; p <= DCS_HP_POST_STATIC; p++)
                 if (p != DCS_HP_SCORES_COMPOSED && p != DCS_HP_PATTERN &&
                     dcs_hook_exists(m, p) && hooks->want[dcs_hook_index(c->n_layer, p, l)])
-                    branches = c->query_wise ? 3 : 5;
+                    branches = (c->query_wise || c->key_wise ? 3 : 5) + (c->use_sw ? 1 : 0);
             if (hooks->want[dcs_hook_index(c->n_layer, DCS_HP_HEAD_OUT, l)]) head_out = 1;
         }
     /* M*T*N <= 2^24 * 2^24 * 2^12 = 2^60 floats: no overflow; totals in double */
@@ -576,7 +631,8 @@ static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks)
     const uint64_t slots = (uint64_t)c->dyn_slots, K = (uint64_t)c->dyn_hidden;
     const uint64_t RN = (uint64_t)c->dyn_rank * N;
     const uint64_t per_token = 10 * D + (uint64_t)c->d_ff + (uint64_t)c->vocab +
-                               (c->use_dcmha ? 2 * slots * (K + 2 * RN + N) : 0) +
+                               (c->use_dcmha ? 2 * slots * (K * (uint64_t)c->compose_groups + 2 * RN + N) : 0) +
+                               (c->moh ? 2 * N + 2 : 0) +
                                (head_out ? N * D : 0);
     const double total = 4.0 * ((double)map * (1 + branches) + (double)M * (double)per_token);
     const uint64_t limit = m->device == DCS_DEVICE_CPU ? phys_mem_bytes() : 0;

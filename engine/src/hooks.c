@@ -8,13 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { SH_TD, SH_TNDh, SH_TRN, SH_TN, SH_NTS, SH_TND, SH_TF, SH_TV } shape_kind;
+typedef enum { SH_TD, SH_TNDh, SH_TRN, SH_TN, SH_NTS, SH_TND, SH_TF, SH_TV, SH_TNR } shape_kind;
 
 typedef struct {
     const char *name;
     int layered;
     shape_kind shape;
-    int needs;       /* 0 always, 1 DCMHA, 2 DCMHA without query_wise */
+    int needs;       /* 0 always, 1 DCMHA, 2 DCMHA without query_wise,
+                        3 DCMHA with use_sw, 4 MoH routing,
+                        5 DCMHA without key_wise (query-side points) */
 } point_info;
 
 static const point_info POINTS[DCS_HP_COUNT] = {
@@ -24,32 +26,36 @@ static const point_info POINTS[DCS_HP_COUNT] = {
     [DCS_HP_Q] = {"attn.q", 1, SH_TNDh, 0},
     [DCS_HP_K] = {"attn.k", 1, SH_TNDh, 0},
     [DCS_HP_V] = {"attn.v", 1, SH_TNDh, 0},
-    [DCS_HP_DYN_PRE_QW1] = {"attn.dyn.pre.qw1", 1, SH_TRN, 1},
-    [DCS_HP_DYN_PRE_QW2] = {"attn.dyn.pre.qw2", 1, SH_TRN, 1},
+    [DCS_HP_DYN_PRE_QW1] = {"attn.dyn.pre.qw1", 1, SH_TRN, 5},
+    [DCS_HP_DYN_PRE_QW2] = {"attn.dyn.pre.qw2", 1, SH_TRN, 5},
     [DCS_HP_DYN_PRE_KW1] = {"attn.dyn.pre.kw1", 1, SH_TRN, 2},
     [DCS_HP_DYN_PRE_KW2] = {"attn.dyn.pre.kw2", 1, SH_TRN, 2},
-    [DCS_HP_DYN_PRE_QDD] = {"attn.dyn.pre.qdd", 1, SH_TN, 1},
+    [DCS_HP_DYN_PRE_QDD] = {"attn.dyn.pre.qdd", 1, SH_TN, 5},
     [DCS_HP_DYN_PRE_KDD] = {"attn.dyn.pre.kdd", 1, SH_TN, 2},
-    [DCS_HP_DYN_POST_QW1] = {"attn.dyn.post.qw1", 1, SH_TRN, 1},
-    [DCS_HP_DYN_POST_QW2] = {"attn.dyn.post.qw2", 1, SH_TRN, 1},
+    [DCS_HP_DYN_POST_QW1] = {"attn.dyn.post.qw1", 1, SH_TRN, 5},
+    [DCS_HP_DYN_POST_QW2] = {"attn.dyn.post.qw2", 1, SH_TRN, 5},
     [DCS_HP_DYN_POST_KW1] = {"attn.dyn.post.kw1", 1, SH_TRN, 2},
     [DCS_HP_DYN_POST_KW2] = {"attn.dyn.post.kw2", 1, SH_TRN, 2},
-    [DCS_HP_DYN_POST_QDD] = {"attn.dyn.post.qdd", 1, SH_TN, 1},
+    [DCS_HP_DYN_POST_QDD] = {"attn.dyn.post.qdd", 1, SH_TN, 5},
     [DCS_HP_DYN_POST_KDD] = {"attn.dyn.post.kdd", 1, SH_TN, 2},
     [DCS_HP_SCORES] = {"attn.scores", 1, SH_NTS, 0},
     [DCS_HP_PRE_SKIP] = {"attn.pre.skip", 1, SH_NTS, 1},
-    [DCS_HP_PRE_QP] = {"attn.pre.qp", 1, SH_NTS, 1},
+    [DCS_HP_PRE_QP] = {"attn.pre.qp", 1, SH_NTS, 5},
     [DCS_HP_PRE_KP] = {"attn.pre.kp", 1, SH_NTS, 2},
-    [DCS_HP_PRE_QG] = {"attn.pre.qg", 1, SH_NTS, 1},
+    [DCS_HP_PRE_QG] = {"attn.pre.qg", 1, SH_NTS, 5},
     [DCS_HP_PRE_KG] = {"attn.pre.kg", 1, SH_NTS, 2},
+    [DCS_HP_PRE_STATIC] = {"attn.pre.static", 1, SH_NTS, 3},
     [DCS_HP_SCORES_COMPOSED] = {"attn.scores_composed", 1, SH_NTS, 1},
     [DCS_HP_PATTERN] = {"attn.pattern", 1, SH_NTS, 0},
     [DCS_HP_POST_SKIP] = {"attn.post.skip", 1, SH_NTS, 1},
-    [DCS_HP_POST_QP] = {"attn.post.qp", 1, SH_NTS, 1},
+    [DCS_HP_POST_QP] = {"attn.post.qp", 1, SH_NTS, 5},
     [DCS_HP_POST_KP] = {"attn.post.kp", 1, SH_NTS, 2},
-    [DCS_HP_POST_QG] = {"attn.post.qg", 1, SH_NTS, 1},
+    [DCS_HP_POST_QG] = {"attn.post.qg", 1, SH_NTS, 5},
     [DCS_HP_POST_KG] = {"attn.post.kg", 1, SH_NTS, 2},
+    [DCS_HP_POST_STATIC] = {"attn.post.static", 1, SH_NTS, 3},
     [DCS_HP_PATTERN_COMPOSED] = {"attn.pattern_composed", 1, SH_NTS, 1},
+    [DCS_HP_ROUTER_LOGITS] = {"attn.router_logits", 1, SH_TNR, 4},
+    [DCS_HP_ROUTING] = {"attn.routing", 1, SH_TN, 4},
     [DCS_HP_Z] = {"attn.z", 1, SH_TNDh, 0},
     [DCS_HP_HEAD_OUT] = {"attn.head_out", 1, SH_TND, 0},
     [DCS_HP_ATTN_OUT] = {"attn.out", 1, SH_TD, 0},
@@ -72,6 +78,9 @@ int dcs_hook_exists(const dcs_model *m, int p) {
     switch (POINTS[p].needs) {
     case 1: return m->cfg.use_dcmha;
     case 2: return m->cfg.use_dcmha && !m->cfg.query_wise;
+    case 3: return m->cfg.use_dcmha && m->cfg.use_sw;
+    case 4: return m->cfg.moh;
+    case 5: return m->cfg.use_dcmha && !m->cfg.key_wise;
     default: return 1;
     }
 }
@@ -89,6 +98,7 @@ int dcs_hook_shape(const dcs_model *m, int p, int B, int T, int64_t sh[6]) {
     case SH_TND: sh[1] = T; sh[2] = c->n_head; sh[3] = c->d_model; return 4;
     case SH_TF: sh[1] = T; sh[2] = c->d_ff; return 3;
     case SH_TV: sh[1] = T; sh[2] = c->vocab; return 3;
+    case SH_TNR: sh[1] = T; sh[2] = c->n_head - c->moh_shared; return 3;
     }
     return 0;
 }
@@ -120,10 +130,14 @@ dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer
     }
     if (p < 0)
         return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s' (see shared/docs/hooks.md for the names)", name);
-    if (!dcs_hook_exists(m, p))
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "hook '%.200s' does not exist in this model (%s)", name,
-                          !m->cfg.use_dcmha ? "no DCMHA composition: plain multi-head attention"
-                                            : "query_wise: no key-wise branches");
+    if (!dcs_hook_exists(m, p)) {
+        const char *why = "query_wise: no key-wise branches";
+        if (POINTS[p].needs == 4) why = "no Mixture-of-Head routing ('moh' is not in the config)";
+        else if (POINTS[p].needs == 5 && m->cfg.use_dcmha) why = "key_wise: no query-wise branches";
+        else if (!m->cfg.use_dcmha) why = "no DCMHA composition: plain multi-head attention";
+        else if (POINTS[p].needs == 3) why = "no static composition branch (use_sw is off)";
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "hook '%.200s' does not exist in this model (%s)", name, why);
+    }
     *point = p;
     *layer = l;
     return DCS_OK;
@@ -131,4 +145,21 @@ dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer
 
 void dcs_set_hook_error(dcs_model *m, const char *msg) {
     dcs_seterr(&m->err, DCS_ERR_HOOK, "%s", msg ? msg : "hook aborted the forward pass");
+}
+
+/* The write rule of hooks.md: after a hook wrote a post-softmax attention
+ * map (pattern, post.*, pattern_composed), its masked cells are zero again,
+ * so a write there is ignored, as it is for the pre-softmax maps (the mask
+ * overrides them). x [BN, T, S], query i at position t0 + i, key j at j. */
+void dcs_mask_map(float *x, long long BN, int T, int S, int t0, int window) {
+    for (long long r = 0; r < BN; r++)
+        for (int i = 0; i < T; i++) {
+            float *row = x + ((size_t)r * T + i) * S;
+            for (int j = 0; j < S; j++)
+                if (!(j <= t0 + i && (window <= 0 || t0 + i - j <= window))) row[j] = 0.0f;
+        }
+}
+
+int dcs_hook_is_post_softmax_map(int point) {
+    return point >= DCS_HP_PATTERN && point <= DCS_HP_PATTERN_COMPOSED;
 }

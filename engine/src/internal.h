@@ -32,6 +32,7 @@ dcs_status dcs_seterr(dcs_err *e, dcs_status code, const char *fmt, ...)
 #define DCS_MAX_PICKLE_BYTES (256u << 20)   /* data.pkl                     */
 #define DCS_MAX_TENSORS 1000000
 #define DCS_MAX_R 8                          /* dynamic rank                 */
+#define DCS_MAX_SW_HEADS 256                 /* heads per group with use_sw  */
 #define DCS_POOL_SIZE 48                     /* reusable activation buffers  */
 
 /* Checked size arithmetic: returns false on overflow. */
@@ -79,6 +80,8 @@ typedef struct {
     uint64_t nbytes;       /* == numel * dtype size (checked by the loader)  */
     const char *file;      /* path of the file holding it (for messages)     */
     int used;              /* set by the model builder                       */
+    uint8_t *owned;        /* malloc'd contiguous copy of a strided torch
+                              view (data points here), else NULL            */
 } dcs_tensor;
 
 /* All tensors of a checkpoint directory, across shards. */
@@ -168,18 +171,25 @@ dcs_status dcs_parse_config(const char *json_text, const char *path,
  * reports it from sync(). */
 typedef struct dcs_backend dcs_backend;
 
-/* Arguments of the compose kernel: out = Compose(in) per model-spec 2.6,
- * over [B, N, T, S] tensors. Dynamic weights are [B, T, R, N] (query side)
- * and [B, S, R, N] (key side), gates [B, T, N] / [B, S, N]; the key-side
- * pointers are NULL for query_wise models. Branch outputs may be NULL.
+/* Arguments of the compose kernel: out = Compose(in) per model-spec 2.6
+ * and 5, over [B, N, T, S] tensors. Dynamic weights are [B, T, R, N] (query
+ * side) and [B, S, R, N] (key side), gates [B, T, N] / [B, S, N]; the
+ * key-side pointers are NULL for query_wise models, the query-side ones
+ * for key_wise models. With G groups the N
+ * axis is G blocks of N/G heads and heads mix only within their block
+ * (each block's [R, N/G] slice is that group's weight). sw: the static
+ * (Talking-Heads) map [G, N/G, N/G] or NULL. Branch outputs may be NULL.
  * causal_only: compute only pairs allowed by the mask (s <= t, and
  * t - s <= window when window > 0) and write 0 elsewhere (post-compose). */
+#define DCS_N_BRANCHES 6
 typedef struct {
     float *out;                 /* [B, N, T, S], may equal in               */
     const float *in;            /* [B, N, T, S]                             */
     const float *qw1, *qw2, *kw1, *kw2, *qdd, *kdd;
-    float *br[5];               /* skip, qp, kp, qg, kg (each or NULL)      */
+    const float *sw;            /* [G, N/G, N/G] or NULL                    */
+    float *br[DCS_N_BRANCHES];  /* skip, qp, kp, qg, kg, static (or NULL)   */
     int B, N, T, S, R;
+    int G;                      /* composition groups, >= 1                 */
     int causal_only;
     int window;                 /* <= 0: global                             */
 } dcs_compose_args;
@@ -268,6 +278,13 @@ struct dcs_backend {
                     int M, int D);
     /* Fused attention (see dcs_attn_args); NULL: the graph uses the full path. */
     void (*attention)(dcs_backend *be, const dcs_attn_args *a);
+    /* MoH routing scores (model-spec 5), per row m < M: g [M, N] from the
+     * router logits [M, N - hs], the shared-head logits s1 [M, hs] (NULL
+     * when hs <= 1) and the balance logits s0 [M, 2] (NULL when hs == 0). */
+    void (*moh_route)(dcs_backend *be, float *g, const float *logits, const float *s1,
+                      const float *s0, int M, int N, int hs, int k);
+    /* z [M, N, Dh] *= g [M, N] broadcast over Dh (MoH head gate). */
+    void (*head_gate)(dcs_backend *be, float *z, const float *g, int M, int N, int Dh);
 };
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e);
@@ -291,7 +308,12 @@ typedef struct {
     float *q_scale, *k_scale;           /* [Dh]                             */
     float *dw1;                         /* [D, C*K]                         */
     float *qkw;                         /* [C, K, 2R*N]                     */
-    float *dd;                          /* [D, C*N]                         */
+    float *dd;                          /* [D, C*N]  (G groups: [D, G*C*N/G]; dw1
+                                           [D, G*C*K], qkw [G*C, K, 2R*N/G]) */
+    float *pre_sw, *post_sw;            /* [G, N/G, N/G] static maps (use_sw) */
+    float *moh_wg;                      /* [N - hs, D] router (moh)         */
+    float *moh_wg1;                     /* [hs, D] shared scores (hs > 1)   */
+    float *moh_wg0;                     /* [2, D] balance (hs > 0)          */
     float *w1, *b1;                     /* [F, D], [F]                      */
     float *w2, *b2;                     /* [D, F], [D]                      */
     dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1;   /* what the forward reads   */
@@ -325,19 +347,40 @@ struct dcs_model {
     int n_weights, cap_weights;
     dcs_tensor_table tt;                /* kept open: weights may alias it  */
     dcs_err err;
+    char warnings[1024];                /* load notes (dcs_load_warnings)   */
     /* Activation buffers kept between passes (and between layers of one
      * pass) for reuse by size: no allocator or page-fault cost per layer. */
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
     int n_pool;
     uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
+    int n_decoders;                     /* live dcs_decoder objects (decode.c) */
+    int freed;                          /* dcs_free called while decoders live */
 };
 
 /* Make every float* weight field of the model valid float32: weights kept
  * in F16/BF16 are widened into owned buffers (once; freed with the model).
  * For code that needs float32 weights (backward pass, weight reads). */
 dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
+/* Free everything of the model (dcs_free, or the last decoder of a model
+ * dcs_free was called on). */
+void dcs_model_destroy(dcs_model *m);
+
+/* Does layer l need the materialising attention path (the variants of
+ * model-spec.md 5: static branch, grouped composition, MoH routing)? A
+ * fused attention path must fall back to the full one where this is 1. */
+int dcs_layer_needs_full_path(const dcs_model *m, int layer);
 
 /* Free the model's pooled activation buffers (forward.c). */
 void dcs_pool_clear(dcs_model *m);
+
+/* Zero the masked cells of an attention map x [BN, T, S] (queries at
+ * positions t0 .. t0+T-1, keys at 0 .. S-1): the write rule of hooks.md for
+ * post-softmax maps (hooks.c). */
+void dcs_mask_map(float *x, long long BN, int T, int S, int t0, int window);
+int dcs_hook_is_post_softmax_map(int point);
+
+/* Make the float* weight fields of the model usable (float32). Callers that
+ * read dcs_layer_weights directly (decode.c) call it first. */
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
 
 #endif /* DCS_INTERNAL_H */

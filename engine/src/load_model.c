@@ -307,13 +307,34 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         LOAD1(k_scale, "attention.k_norm.scale", 1, Dh);
     }
     if (c->use_dcmha) {
+        /* G groups of Mg heads: dw1 [D, G, C, K], qkw [G, C, K, 2R, Mg], dd [D, G, C*Mg] */
         const int64_t C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank;
-        w->m_dw1 = load_keep(b, P("attention.dyn_w_proj.dw1"), nm, 4, D, 1, C, K, &w->dw1);
+        const int64_t G = c->compose_groups, Mg = N / G;
+        w->m_dw1 = load_keep(b, P("attention.dyn_w_proj.dw1"), nm, 4, D, G, C, K, &w->dw1);
         FAIL_IF(!w->m_dw1.p);
-        w->qkw = load_as(b, P("attention.dyn_w_proj.qkw"), nm, 1, 5, 1, C, K, 2 * R, N, NULL);
+        w->qkw = load_as(b, P("attention.dyn_w_proj.qkw"), nm, 1, 5, G, C, K, 2 * R, Mg, NULL);
         FAIL_IF(!w->qkw);
-        w->dd = load_as(b, P("attention.dyn_w_proj.dd"), nm, 1, 3, D, 1, C * N, 0, 0, NULL);
+        w->dd = load_as(b, P("attention.dyn_w_proj.dd"), nm, 1, 3, D, G, C * Mg, 0, 0, NULL);
         FAIL_IF(!w->dd);
+        if (c->use_sw) {   /* static (Talking-Heads) maps, model-spec 5 */
+            w->pre_sw = load_as(b, P("attention.dyn_w_proj.pre_proj.w"), nm, 1, 3, G, Mg, Mg, 0, 0, NULL);
+            FAIL_IF(!w->pre_sw);
+            w->post_sw = load_as(b, P("attention.dyn_w_proj.post_proj.w"), nm, 1, 3, G, Mg, Mg, 0, 0, NULL);
+            FAIL_IF(!w->post_sw);
+        }
+    }
+    if (c->moh) {          /* Mixture-of-Head router, model-spec 5 */
+        const int64_t hs = c->moh_shared;
+        w->moh_wg = load_as(b, P("attention.moh.wg.weight"), nm, 1, 2, N - hs, D, 0, 0, 0, NULL);
+        FAIL_IF(!w->moh_wg);
+        if (hs > 1) {
+            w->moh_wg1 = load_as(b, P("attention.moh.wg_1.weight"), nm, 1, 2, hs, D, 0, 0, 0, NULL);
+            FAIL_IF(!w->moh_wg1);
+        }
+        if (hs > 0) {
+            w->moh_wg0 = load_as(b, P("attention.moh.wg_0.weight"), nm, 1, 2, 2, D, 0, 0, 0, NULL);
+            FAIL_IF(!w->moh_wg0);
+        }
     }
     KEEP2(w1, "feed_forward.w1.weight", F, D);
     if (bias) LOAD1(b1, "feed_forward.w1.bias", 1, F);
@@ -350,8 +371,17 @@ static dcs_status dcpythia_dyn_dims(builder *b) {
     if (dw1->ndim != 4 || (dw1->shape[2] != 4 && dw1->shape[2] != 2) || dw1->shape[3] < 1 ||
         dw1->shape[3] > (1 << 20))
         return dcs_seterr(b->e, DCS_ERR_TENSOR,
-                          "%s: tensor 'layers.0.attention.dyn_w_proj.dw1' must have shape [D, 1, 4, K]",
+                          "%s: tensor 'layers.0.attention.dyn_w_proj.dw1' must have shape [D, G, 4, K]",
                           dw1->file);
+    if (dw1->shape[1] != c->compose_groups)
+        return dcs_seterr(b->e, DCS_ERR_TENSOR,
+                          "%s: tensor 'layers.0.attention.dyn_w_proj.dw1' has %lld groups (axis 1), "
+                          "the config %d (compose_groups; missing or null means 1)",
+                          dw1->file, (long long)dw1->shape[1], c->compose_groups);
+    if (c->use_sw && c->n_head / c->compose_groups > DCS_MAX_SW_HEADS)
+        return dcs_seterr(b->e, DCS_ERR_UNSUPPORTED,
+                          "%s: use_sw with %d heads per composition group (at most %d supported)",
+                          m->dir, c->n_head / c->compose_groups, DCS_MAX_SW_HEADS);
     if (qkw->ndim != 5 || qkw->shape[3] % 2 != 0 || qkw->shape[3] < 2 ||
         qkw->shape[3] / 2 > DCS_MAX_R)
         return dcs_seterr(b->e, DCS_ERR_TENSOR,
@@ -360,11 +390,61 @@ static dcs_status dcpythia_dyn_dims(builder *b) {
     c->dyn_slots = (int)dw1->shape[2];
     c->dyn_hidden = (int)dw1->shape[3];
     c->dyn_rank = (int)(qkw->shape[3] / 2);
-    if (c->dyn_slots == 2 && !c->query_wise)
+    if (c->dyn_slots == 2 && !c->query_wise && !c->key_wise)
         return dcs_seterr(b->e, DCS_ERR_TENSOR,
-                          "%s: dyn_w_proj.dw1 has 2 slots (query-wise) but the config has query_wise false",
+                          "%s: dyn_w_proj.dw1 has 2 slots (one side) but the config has query_wise false and key_wise false",
                           dw1->file);
     return DCS_OK;
+}
+
+/* Does any dropped-side slot (key: 1, 3; query: 0, 2) of a 4-slot layer
+ * carry weight? That side's branches act iff the hidden and qkw slots are
+ * both nonzero, or dd is. */
+static int side_slots_used(const dcs_model *m, int l, int side) {
+    const dcs_config *c = &m->cfg;
+    const int64_t C = c->dyn_slots, K = c->dyn_hidden, Mg = c->n_head / c->compose_groups;
+    const int64_t RM = 2 * (int64_t)c->dyn_rank * Mg;
+    const char *names[3] = {"dw1", "qkw", "dd"};
+    const int64_t per_slot[3] = {K, K * RM, Mg};    /* contiguous run of one slot */
+    int nz[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+        char nm[160];
+        snprintf(nm, sizeof nm, "layers.%d.attention.dyn_w_proj.%s", l, names[i]);
+        const dcs_tensor *t = dcs_tt_find(&m->tt, nm);
+        if (!t) continue;
+        uint64_t n = dcs_tensor_numel(t);
+        float *v = malloc(sizeof(float) * (n ? n : 1));
+        if (!v) return 1;   /* cannot check: say so */
+        dcs_tensor_to_f32(t, v);
+        for (uint64_t j = 0; j < n && !nz[i]; j++)
+            if (v[j] != 0.0f && ((int64_t)(j / (uint64_t)per_slot[i]) % C) % 2 == side) nz[i] = 1;
+        free(v);
+    }
+    return (nz[0] && nz[1]) || nz[2];
+}
+
+/* A query-wise checkpoint with 4 slots carries key-side weights: they are
+ * ignored (model-spec 2 step 6), said once at load. Likewise the query-side
+ * weights of a key-wise-only checkpoint. */
+static void query_wise_note(dcs_model *m) {
+    const dcs_config *c = &m->cfg;
+    if (!c->use_dcmha || !(c->query_wise || c->key_wise) || c->dyn_slots != 4) return;
+    int used = 0;
+    for (int l = 0; l < c->n_layer && !used; l++) used = side_slots_used(m, l, c->query_wise ? 1 : 0);
+    if (!used) return;
+    size_t o = strlen(m->warnings);
+    if (c->key_wise) {
+        snprintf(m->warnings + o, sizeof m->warnings - o,
+                 "%s: key_wise is set but dyn_w_proj carries query-wise weights (slots 0 and 2 of "
+                 "dw1/qkw/dd); they are ignored (key-wise-only composition).\n", m->dir);
+        return;
+    }
+    snprintf(m->warnings + o, sizeof m->warnings - o,
+             "%s: query_wise is set but dyn_w_proj carries key-wise weights (slots 1 and 3 of "
+             "dw1/qkw/dd); they are ignored, as in the DCFormer paper and its JAX training code. "
+             "The published PyTorch module still applies them in prefill and training (only its "
+             "decoding drops them), so its logits for this checkpoint differ from dcscope's.\n",
+             m->dir);
 }
 
 static dcs_status load_dcpythia(builder *b) {
@@ -589,6 +669,7 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     builder b = {m, &e};
     s = m->cfg.model_type == DCS_MODEL_DCPYTHIA ? load_dcpythia(&b) : load_neox(&b);
     if (!s) s = check_unused(&b);
+    if (!s && m->cfg.model_type == DCS_MODEL_DCPYTHIA) query_wise_note(m);
     if (!s) s = m->be->sync(m->be, &e);
 done:
     free(text);
@@ -601,8 +682,18 @@ done:
     return DCS_OK;
 }
 
+/* A model with live decoders (decode.c) is only marked: the last decoder
+ * to go frees it, so the two may be freed in either order. */
 void dcs_free(dcs_model *m) {
     if (!m) return;
+    if (m->n_decoders > 0) {
+        m->freed = 1;
+        return;
+    }
+    dcs_model_destroy(m);
+}
+
+void dcs_model_destroy(dcs_model *m) {
     if (m->be) {
         dcs_pool_clear(m);
         for (int i = 0; i < m->n_weights; i++)
@@ -621,6 +712,14 @@ void dcs_free(dcs_model *m) {
 const dcs_config *dcs_model_config(const dcs_model *m) { return &m->cfg; }
 const char *dcs_errmsg(const dcs_model *m) { return m ? m->err.msg : "no model"; }
 int dcs_model_device(const dcs_model *m) { return m->device; }
+const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
+
+int dcs_layer_needs_full_path(const dcs_model *m, int layer) {
+    (void)layer;   /* the variants are per model; per layer once configs differ */
+    const dcs_config *c = &m->cfg;
+    return (c->use_dcmha && (c->use_sw || c->compose_groups != 1)) || c->moh;
+}
+
 int dcs_layer_is_local(const dcs_model *m, int layer) {
     return layer >= 0 && layer < m->cfg.n_layer && m->cfg.window_size > 0 ? m->local[layer] : 0;
 }
@@ -689,4 +788,10 @@ dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
     }
     if (m->cfg.tie_embeddings) m->out_w = m->tok_emb;
     return DCS_OK;
+}
+
+int dcs_weight_count(const dcs_model *m) { return m ? m->n_weights : 0; }
+
+const char *dcs_weight_name(const dcs_model *m, int i) {
+    return m && i >= 0 && i < m->n_weights ? m->weights[i].name : NULL;
 }

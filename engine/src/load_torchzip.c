@@ -26,8 +26,13 @@
  * Any other global is refused (nothing is ever imported or called), as is
  * any opcode outside the list in unpickle_step. The pickled object must be a
  * dict of name -> tensor; BUILD on a dict (OrderedDict's _metadata) is
- * ignored. Tensors must be contiguous (row-major) and lie inside their
- * storage, which must lie inside its zip entry. Storage classes other than
+ * ignored. Tensors lie inside their storage, which must lie inside its zip
+ * entry. torch.save keeps views as they are: a tensor may be strided
+ * (transposed: stride (1, V); expanded: stride 0). Such a view is gathered
+ * into a contiguous copy owned by the table, after checking that every
+ * element it reaches lies in the storage (strides >= 0, the furthest
+ * element offset + sum (size_i - 1) stride_i < numel) and that expanded
+ * copies stay small (DCS_MAX_GATHER_BYTES beyond their storages per file). Storage classes other than
  * Float/Half/BFloat16 name dtypes the engine does not load: such tensors are
  * refused, except the ignorable buffers of dcs_tt_skippable_buffer.
  *
@@ -408,6 +413,7 @@ typedef struct {
     size_t memo_cap, memo_used;
     pk_chunk *arena;
     size_t arena_bytes;
+    uint64_t gathered;      /* bytes of strided views copied beyond their storages */
     dcs_err *e;
 } unpickler;
 
@@ -1143,6 +1149,27 @@ static bool is_contiguous(const pk_tensor *t, uint64_t numel)
     return true;
 }
 
+#define DCS_MAX_GATHER_BYTES (256u << 20)
+
+/* Copy the strided view t (elements of `elsize` bytes at base) into the
+ * contiguous buffer out, row-major over its sizes. */
+static void gather_view(const pk_tensor *t, const uint8_t *base, size_t elsize, uint64_t numel,
+                        uint8_t *out)
+{
+    int64_t idx[DCS_MAX_NDIM] = {0};
+    for (uint64_t j = 0; j < numel; j++) {
+        int64_t off = t->offset;
+        for (int i = 0; i < t->ndim; i++)
+            off += idx[i] * t->stride[i];
+        memcpy(out + j * elsize, base + (uint64_t)off * elsize, elsize);
+        for (int i = t->ndim - 1; i >= 0; i--) {     /* odometer */
+            if (++idx[i] < t->size[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
+
 /* "(2, 3)" */
 static void format_dims(char *buf, size_t cap, const int64_t *d, int n)
 {
@@ -1162,14 +1189,27 @@ static dcs_status add_tensor(unpickler *u, dcs_tensor_table *tt, const pv *key, 
     for (int i = 0; i < t->ndim; i++)
         if (!dcs_mul_ok(numel, (uint64_t)t->size[i], &numel) || numel > (uint64_t)INT64_MAX)
             return pk_err(u, DCS_ERR_FORMAT, "tensor '%.200s': size overflows", name);
-    if (!is_contiguous(t, numel)) {
+    int strided = !is_contiguous(t, numel);
+    if (strided) {
+        /* furthest element: offset + sum (size_i - 1) * stride_i, overflow-checked */
         char sz[200], sd[200];
         format_dims(sz, sizeof sz, t->size, t->ndim);
         format_dims(sd, sizeof sd, t->stride, t->ndim);
-        return pk_err(u, DCS_ERR_FORMAT, "tensor '%.200s': stride %s is not contiguous for size "
-                      "%s; only contiguous tensors are supported", name, sd, sz);
-    }
-    if (!dcs_add_ok((uint64_t)t->offset, numel, &end) || end > (uint64_t)s->numel)
+        uint64_t last = (uint64_t)t->offset, step;
+        for (int i = 0; i < t->ndim; i++) {
+            if (t->stride[i] < 0)
+                return pk_err(u, DCS_ERR_FORMAT, "tensor '%.200s': negative stride in %s", name, sd);
+            if (!dcs_mul_ok((uint64_t)(t->size[i] - 1), (uint64_t)t->stride[i], &step) ||
+                !dcs_add_ok(last, step, &last))
+                return pk_err(u, DCS_ERR_FORMAT, "tensor '%.200s': stride %s for size %s overflows",
+                              name, sd, sz);
+        }
+        if (last >= (uint64_t)s->numel)
+            return pk_err(u, DCS_ERR_FORMAT, "tensor '%.200s': view of size %s, stride %s at offset "
+                          "%lld reaches element %llu, outside storage '%.100s' of %lld elements",
+                          name, sz, sd, (long long)t->offset, (unsigned long long)last, s->key,
+                          (long long)s->numel);
+    } else if (!dcs_add_ok((uint64_t)t->offset, numel, &end) || end > (uint64_t)s->numel)
         return pk_err(u, DCS_ERR_FORMAT, "tensor '%.200s': elements [%lld, %lld + %llu) lie "
                       "outside storage '%.100s' of %lld elements", name, (long long)t->offset,
                       (long long)t->offset, (unsigned long long)numel, s->key,
@@ -1181,15 +1221,35 @@ static dcs_status add_tensor(unpickler *u, dcs_tensor_table *tt, const pv *key, 
                       "float32, float16 and bfloat16 are supported", name, s->cls->dtname,
                       s->cls->cls);
     }
-    nbytes = numel * s->cls->elsize;     /* <= storage bytes, checked at BINPERSID */
+    uint64_t sbytes = (uint64_t)s->numel * s->cls->elsize;   /* checked at BINPERSID */
+    if (!dcs_mul_ok(numel, s->cls->elsize, &nbytes))
+        return pk_err(u, DCS_ERR_FORMAT, "tensor '%.200s': size overflows", name);
+    if (strided && nbytes > sbytes) {    /* an expanded view: bounded extra memory */
+        if (nbytes - sbytes > DCS_MAX_GATHER_BYTES - u->gathered)
+            return pk_err(u, DCS_ERR_NOMEM, "tensor '%.200s': expanded views of this file would "
+                          "need more than %u MiB beyond their storages", name,
+                          DCS_MAX_GATHER_BYTES >> 20);
+        u->gathered += nbytes - sbytes;
+    }
+    uint8_t *copy = NULL;
+    if (strided) {
+        copy = malloc(nbytes ? (size_t)nbytes : 1);
+        if (copy == NULL)
+            return pk_err(u, DCS_ERR_NOMEM, "tensor '%.200s': out of memory for a contiguous "
+                          "copy of %llu bytes", name, (unsigned long long)nbytes);
+        gather_view(t, s->data, s->cls->elsize, numel, copy);
+    }
     dcs_tensor *out;
     dcs_status st = dcs_tt_new_tensor(tt, name, key->u.str.len, u->path, &out, u->e);
-    if (st != DCS_OK)
+    if (st != DCS_OK) {
+        free(copy);
         return st;
+    }
     out->dtype = s->cls->dtype;
     out->ndim = t->ndim;
     memcpy(out->shape, t->size, (size_t)t->ndim * sizeof t->size[0]);
-    out->data = s->data + (uint64_t)t->offset * s->cls->elsize;
+    out->data = copy ? copy : s->data + (uint64_t)t->offset * s->cls->elsize;
+    out->owned = copy;
     out->nbytes = nbytes;
     return DCS_OK;
 }

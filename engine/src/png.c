@@ -33,6 +33,7 @@
 #define BAR_MIN_H 100
 #define BAR_MAX_H 480    /* unless a panel is taller                          */
 #define MAX_TITLE_GLYPHS 32
+#define AXIS_GAP 6       /* around the "query" / "key" axis titles            */
 #define MAX_FIG_TITLE_GLYPHS 160
 #define FIG_TITLE_SCALE 2
 #define AUTO_TARGET_1 1000 /* auto cell: target panel side for one panel      */
@@ -139,10 +140,18 @@ static int64_t text_px(int n, int s) {
 
 /* ---------------------------------------------------------------- range */
 
-/* First unmasked column of row t (local-window mask), 0 without one. */
-static int first_visible(const dcs_heatmap_spec *sp, int t) {
-    if (!sp->mask_upper || sp->mask_window <= 0 || t - sp->mask_window <= 0) return 0;
-    return t - sp->mask_window;
+/* The local window of panel p: its own mask_window (> 0; < 0 for none),
+ * else the spec's. */
+static int panel_window(const dcs_heatmap_spec *sp, int p) {
+    int w = sp->panels[p].mask_window;
+    return w > 0 ? w : w < 0 ? 0 : sp->mask_window;
+}
+
+/* First unmasked column of row t of panel p (local-window mask), 0 without one. */
+static int first_visible(const dcs_heatmap_spec *sp, int p, int t) {
+    int w = panel_window(sp, p);
+    if (!sp->mask_upper || w <= 0 || t - w <= 0) return 0;
+    return t - w;
 }
 
 static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signed_abs,
@@ -155,7 +164,7 @@ static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signe
             int ns = cols;
             if (sp->mask_upper && t + 1 < ns) ns = t + 1;
             const float *row = d + (size_t)t * (size_t)cols;
-            for (int s = first_visible(sp, t); s < ns; s++) {
+            for (int s = first_visible(sp, p, t); s < ns; s++) {
                 float v = row[s];
                 if (!isfinite(v)) continue;
                 double x = signed_abs ? fabs((double)v) : (double)v;
@@ -200,6 +209,7 @@ typedef struct {
     int has_title;
     int tick_g;           /* widest tick label, glyphs                     */
     int title_g;          /* figure title, glyphs (capped)                 */
+    int axis_titles;      /* "query" / "key" axis titles                   */
 } measures;
 
 /* Geometry for cell size c, in 64-bit; sets *w, *h. */
@@ -214,6 +224,10 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     int64_t pw = (int64_t)L->cols * c, ph = (int64_t)L->rows * c;
     int64_t row_area = text_px(m->row_g, s) + TICK + 6;
     int64_t col_area = TICK + 5 + text_px(m->col_g, s);
+    if (m->axis_titles) {   /* a band for "query" (rotated) and one for "key" */
+        row_area += (int64_t)DCS_FONT_H * s + AXIS_GAP;
+        col_area += (int64_t)DCS_FONT_H * s + AXIS_GAP;
+    }
     int64_t title_h = m->has_title ? (int64_t)DCS_FONT_H * ts + 14 : 0;
     int64_t ptitle_h = m->has_ptitle ? (int64_t)DCS_FONT_H * s + 6 : 0;
     int64_t x0 = MARGIN + row_area;
@@ -250,6 +264,8 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     L->y0 = (int)y0;
     L->pitch_x = (int)pitch_x;
     L->pitch_y = (int)pitch_y;
+    L->row_label_glyphs = m->row_g;
+    L->col_label_glyphs = m->col_g;
     L->title_y = m->has_title ? MARGIN : -1;
     L->ptitle_h = (int)ptitle_h;
     L->bar_x = (int)bar_x;
@@ -365,6 +381,7 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
             if (n > m.ptitle_g) m.ptitle_g = n;
         }
     }
+    m.axis_titles = sp->axis_titles != 0;
     m.has_title = sp->title && *sp->title;
     if (m.has_title) {
         uint8_t g[MAX_FIG_TITLE_GLYPHS];
@@ -494,7 +511,7 @@ static void hatch_span(canvas *cv, int y, int x0, int x1) {
 
 /* Cells of one panel (the picture is known to contain them). */
 static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
-                       const float *data, int px, int py, uint8_t *line,
+                       int p, const float *data, int px, int py, uint8_t *line,
                        const uint8_t *lut) {
     int c = L->cell, cols = L->cols;
     size_t line_bytes = (size_t)L->panel_w * 3;
@@ -502,7 +519,7 @@ static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_sp
         const float *row = data + (size_t)t * (size_t)cols;
         int first_masked = sp->mask_upper ? t + 1 : cols;
         if (first_masked > cols) first_masked = cols;
-        int first = first_visible(sp, t);
+        int first = first_visible(sp, p, t);
         if (first > first_masked) first = first_masked;
         for (int s = first; s < first_masked; s++) {
             int level = dcs_colormap_level(sp->colormap, row[s], L->vmin, L->vmax);
@@ -578,7 +595,7 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
         int px, py;
         dcs_png_cell_origin(L, p, 0, 0, &px, &py);
         const dcs_panel *pan = &sp->panels[p];
-        draw_cells(cv, L, sp, pan->data, px, py, line, lut);
+        draw_cells(cv, L, sp, p, pan->data, px, py, line, lut);
         draw_frame(cv, px, py, L->panel_w, L->panel_h, FRAME);
         /* Panel title: centred above the panel, within its pitch. */
         if (pan->title && *pan->title) {
@@ -612,6 +629,19 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
             int top = py + L->panel_h + TICK + 5;
             draw_glyphs(cv, g, n, cx - DCS_FONT_CAP * s / 2, top + (int)text_px(n, s) - 1,
                         s, 1, 0, INK);
+        }
+        if (sp->axis_titles) {
+            /* "key" centred under the key labels; "query" reading upwards left
+             * of the query labels of the first panel of each grid row */
+            static const char key[] = "key", query[] = "query";
+            int n = dcs_png_label_glyphs(key, 0, 8, g);
+            int ky = py + L->panel_h + TICK + 5 + (int)text_px(L->col_label_glyphs, s) + AXIS_GAP / 2;
+            draw_glyphs(cv, g, n, px + (L->panel_w - (int)text_px(n, s)) / 2, ky, s, 0, 0, INK);
+            if (p % L->grid_cols == 0) {
+                n = dcs_png_label_glyphs(query, 0, 8, g);
+                int qx = px - TICK - 6 - (int)text_px(L->row_label_glyphs, s) - AXIS_GAP / 2 - DCS_FONT_H * s;
+                draw_glyphs(cv, g, n, qx, py + (L->panel_h + (int)text_px(n, s)) / 2, s, 1, 0, INK);
+            }
         }
     }
     draw_colour_bar(cv, L, sp->colormap);

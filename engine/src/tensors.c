@@ -62,8 +62,10 @@ dcs_status dcs_tt_new_tensor(dcs_tensor_table *tt, const char *name, size_t name
 
 void dcs_tt_rollback(dcs_tensor_table *tt, int first)
 {
-    for (int i = first; i < tt->n; i++)
+    for (int i = first; i < tt->n; i++) {
         free(tt->t[i].name);
+        free(tt->t[i].owned);
+    }
     if (first < tt->n)
         tt->n = first;
 }

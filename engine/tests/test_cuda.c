@@ -321,7 +321,7 @@ static void test_copy2d(ctx *t) {
 
 /* branches: bit k set -> branch k is materialised. */
 static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int window,
-                         int branches, int in_place, int query_wise) {
+                         int branches, int in_place, int query_wise, int G, int use_sw) {
     const int S = T;
     const size_t nA = (size_t)B * N * T * S, nq = (size_t)B * T * R * N, nk = (size_t)B * S * R * N;
     pair in = mk_rand(t, nA, 2.0f, 0.0f);
@@ -329,9 +329,11 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
     pair qw1 = mk_rand(t, nq, 1.0f, 0.0f), qw2 = mk_rand(t, nq, 1.0f, 0.0f);
     pair kw1 = mk_rand(t, nk, 1.0f, 0.0f), kw2 = mk_rand(t, nk, 1.0f, 0.0f);
     pair qdd = mk_rand(t, (size_t)B * T * N, 1.0f, 0.0f), kdd = mk_rand(t, (size_t)B * S * N, 1.0f, 0.0f);
-    pair br[5];
+    const int Mg = N / G;
+    pair sw = mk_rand(t, (size_t)G * Mg * Mg, 0.5f, 0.0f);
+    pair br[DCS_N_BRANCHES];
     memset(br, 0, sizeof br);
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < DCS_N_BRANCHES; k++)
         if (branches >> k & 1) br[k] = mk_rand(t, nA, 1.0f, 0.0f);   /* garbage: must be overwritten */
     for (int side = 0; side < 2; side++) {
         dcs_backend *be = side ? t->gpu : t->cpu;
@@ -339,47 +341,84 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
         memset(&a, 0, sizeof a);
         a.out = side ? out.g : out.c;
         a.in = side ? in.g : in.c;
-        a.qw1 = side ? qw1.g : qw1.c;
-        a.qw2 = side ? qw2.g : qw2.c;
-        a.qdd = side ? qdd.g : qdd.c;
-        if (!query_wise) {
+        if (query_wise != 2) {   /* 2: key_wise, no query side */
+            a.qw1 = side ? qw1.g : qw1.c;
+            a.qw2 = side ? qw2.g : qw2.c;
+            a.qdd = side ? qdd.g : qdd.c;
+        }
+        if (query_wise != 1) {
             a.kw1 = side ? kw1.g : kw1.c;
             a.kw2 = side ? kw2.g : kw2.c;
             a.kdd = side ? kdd.g : kdd.c;
         }
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (branches >> k & 1) a.br[k] = side ? br[k].g : br[k].c;
-        a.B = B; a.N = N; a.T = T; a.S = S; a.R = R;
+        if (use_sw) a.sw = side ? sw.g : sw.c;
+        a.B = B; a.N = N; a.T = T; a.S = S; a.R = R; a.G = G;
         a.causal_only = causal;
         a.window = window;
         be->compose(be, &a);
     }
-    static const char *bname[5] = {"skip", "qp", "kp", "qg", "kg"};
-    char what[160];
-    snprintf(what, sizeof what, "compose B=%d N=%d T=%d R=%d%s%s w=%d%s%s", B, N, T, R,
-             causal ? " causal" : "", query_wise ? " query_wise" : "", window,
+    static const char *bname[DCS_N_BRANCHES] = {"skip", "qp", "kp", "qg", "kg", "static"};
+    char what[200];
+    snprintf(what, sizeof what, "compose B=%d N=%d T=%d R=%d G=%d%s%s%s w=%d%s%s", B, N, T, R, G,
+             use_sw ? " static" : "", causal ? " causal" : "",
+             query_wise == 1 ? " query_wise" : query_wise == 2 ? " key_wise" : "", window,
              in_place ? " in place" : "", branches ? " +branches" : "");
     check(t, out, what, 1e-5);
     if (causal) check_masked_zero(t, out, B * N, T, S, window, what);
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < DCS_N_BRANCHES; k++)
         if (branches >> k & 1) {
-            char bw[200];
+            char bw[240];
             snprintf(bw, sizeof bw, "  branch %s", bname[k]);
             check(t, br[k], bw, 1e-5);
             if (causal) check_masked_zero(t, br[k], B * N, T, S, window, bw);
             rm(t, br[k]);
         }
     if (!in_place) rm(t, out);
-    rm(t, in); rm(t, qw1); rm(t, qw2); rm(t, kw1); rm(t, kw2); rm(t, qdd); rm(t, kdd);
+    rm(t, in); rm(t, qw1); rm(t, qw2); rm(t, kw1); rm(t, kw2); rm(t, qdd); rm(t, kdd); rm(t, sw);
 }
 
 static void test_compose(ctx *t) {
-    compose_case(t, 2, 6, 37, 2, 0, 0, 0, 0, 0);      /* pre-compose, no branches      */
-    compose_case(t, 2, 6, 37, 2, 0, 5, 31, 1, 0);     /* all branches, in place        */
-    compose_case(t, 2, 6, 37, 2, 1, 0, 31, 0, 0);     /* post, causal, global          */
-    compose_case(t, 1, 8, 50, 2, 1, 5, 31, 1, 0);     /* post, causal, window 5        */
-    compose_case(t, 2, 4, 29, 3, 1, 4, 9, 1, 1);      /* query_wise, skip + qg only    */
-    compose_case(t, 1, 32, 40, 2, 1, 0, 0, 1, 0);     /* N = 32 as in DCPythia-6.9B    */
+    compose_case(t, 2, 6, 37, 2, 0, 0, 0, 0, 0, 1, 0);      /* pre-compose, no branches      */
+    compose_case(t, 2, 6, 37, 2, 0, 5, 31, 1, 0, 1, 0);     /* all branches, in place        */
+    compose_case(t, 2, 6, 37, 2, 1, 0, 31, 0, 0, 1, 0);     /* post, causal, global          */
+    compose_case(t, 1, 8, 50, 2, 1, 5, 31, 1, 0, 1, 0);     /* post, causal, window 5        */
+    compose_case(t, 2, 4, 29, 3, 1, 4, 9, 1, 1, 1, 0);      /* query_wise, skip + qg only    */
+    compose_case(t, 1, 32, 40, 2, 1, 0, 0, 1, 0, 1, 0);     /* N = 32 as in DCPythia-6.9B    */
+    compose_case(t, 2, 6, 23, 2, 0, 0, 63, 1, 0, 1, 1);     /* static branch, in place       */
+    compose_case(t, 2, 8, 23, 2, 1, 4, 63, 1, 0, 4, 1);     /* 4 groups + static, windowed   */
+    compose_case(t, 1, 8, 19, 2, 0, 0, 31, 0, 1, 2, 0);     /* 2 groups, query_wise          */
+    compose_case(t, 2, 6, 21, 2, 1, 3, 63, 1, 2, 1, 1);     /* key_wise + static, windowed   */
+}
+
+/* ------------------------------------------------------------ MoH */
+
+static void moh_case(ctx *t, int M, int N, int hs, int k) {
+    pair lg = mk_rand(t, (size_t)M * (N - hs), 3.0f, 0.0f);
+    pair s1 = mk_rand(t, (size_t)M * (hs > 0 ? hs : 1), 2.0f, 0.0f);
+    pair s0 = mk_rand(t, (size_t)M * 2, 2.0f, 0.0f);
+    pair g = mk_rand(t, (size_t)M * N, 1.0f, 0.0f);
+    pair z = mk_rand(t, (size_t)M * N * 5, 1.0f, 0.0f);
+    for (int side = 0; side < 2; side++) {
+        dcs_backend *be = side ? t->gpu : t->cpu;
+        be->moh_route(be, side ? g.g : g.c, side ? lg.g : lg.c,
+                      hs > 1 ? (side ? s1.g : s1.c) : NULL, hs > 0 ? (side ? s0.g : s0.c) : NULL,
+                      M, N, hs, k);
+        be->head_gate(be, side ? z.g : z.c, side ? g.g : g.c, M, N, 5);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "moh_route M=%d N=%d hs=%d k=%d", M, N, hs, k);
+    check(t, g, what, 1e-5);
+    snprintf(what, sizeof what, "head_gate M=%d N=%d Dh=5", M, N);
+    check(t, z, what, 1e-5);
+    rm(t, lg); rm(t, s1); rm(t, s0); rm(t, g); rm(t, z);
+}
+
+static void test_moh(ctx *t) {
+    moh_case(t, 300, 8, 0, 2);
+    moh_case(t, 300, 8, 1, 3);
+    moh_case(t, 257, 12, 4, 4);
 }
 
 /* ------------------------------------------------------------ softmax */
@@ -440,7 +479,7 @@ static const test_case tests[] = {
     {"memory", test_memory},       {"gemm", test_gemm},       {"embed", test_embed},
     {"elementwise", test_elementwise}, {"layernorm", test_layernorm}, {"rmsnorm", test_rmsnorm},
     {"rotary", test_rotary},       {"copy2d", test_copy2d},   {"compose", test_compose},
-    {"softmax_masked", test_softmax}, {"errors", test_errors},
+    {"softmax_masked", test_softmax}, {"moh", test_moh}, {"errors", test_errors},
 };
 
 int main(void) {

@@ -1107,10 +1107,20 @@ static void test_config_errors(void)
         {"dim", NULL, DCS_ERR_CONFIG, "missing required key 'dim'"},
         {"n_head", NULL, DCS_ERR_CONFIG, "missing required key 'n_head'"},
         {"n_layer", NULL, DCS_ERR_CONFIG, "missing required key 'n_layer'"},
-        {"intermediate_size", NULL, DCS_ERR_CONFIG, "missing required key 'intermediate_size'"},
+        /* DCPythiaConfig: intermediate_size missing or null = 4 * dim (here 64, the file has 32) */
+        {"intermediate_size", NULL, DCS_ERR_TENSOR, "'layers.0.feed_forward.w1.weight' has shape [32, 16], expected [64, 16]"},
+        {"intermediate_size", "null", DCS_ERR_TENSOR, "expected [64, 16]"},
         {"vocab_size", NULL, DCS_ERR_CONFIG, "missing required key 'vocab_size'"},
         {"model_type", NULL, DCS_ERR_CONFIG, "missing required key 'model_type'"},
-        {"dim", "null", DCS_ERR_CONFIG, "missing required key 'dim'"},
+        {"dim", "null", DCS_ERR_CONFIG, "'dim' is null; it must be an integer"},
+        {"norm_eps", "null", DCS_ERR_CONFIG, "'norm_eps' is null"},
+        {"rotary_pct", "null", DCS_ERR_CONFIG, "'rotary_pct' is null"},
+        {"n_local_heads", "2", DCS_ERR_UNSUPPORTED, "n_local_heads 2 differs from n_head"},
+        {"compose_groups", "3", DCS_ERR_CONFIG, "compose_groups 3 does not divide n_head"},
+        {"compose_groups", "2", DCS_ERR_TENSOR, "has 1 groups (axis 1), the config 2"},
+        {"moh", "[1, 2]", DCS_ERR_CONFIG, "'moh' must be null or an object"},
+        {"moh", "{\"shared_heads\": 2}", DCS_ERR_CONFIG, "missing required key 'routed_topk' (in 'moh'"},
+        {"moh", "{\"shared_heads\": 1, \"routed_topk\": 9}", DCS_ERR_CONFIG, "'routed_topk' = 9 is out of range"},
         {"dim", "\"16\"", DCS_ERR_CONFIG, "'dim' must be an integer"},
         {"dim", "16.5", DCS_ERR_CONFIG, "'dim' must be an integer"},
         {"dim", "true", DCS_ERR_CONFIG, "'dim' must be an integer"},
@@ -1139,8 +1149,13 @@ static void test_config_errors(void)
         {"rotary_pct", "1.5", DCS_ERR_CONFIG, "'rotary_pct' must be a number in [0, 1]"},
         {"use_qk_norm", "\"yes\"", DCS_ERR_CONFIG, "'use_qk_norm' must be true or false"},
         {"use_dcmha", "1", DCS_ERR_CONFIG, "'use_dcmha' must be true or false"},
-        {"use_sw", "true", DCS_ERR_UNSUPPORTED, "use_sw"},
-        {"moh", "{\"shared_heads\": 2, \"routed_topk\": 1}", DCS_ERR_UNSUPPORTED, "'moh'"},
+        {"use_sw", "true", DCS_ERR_TENSOR, "missing tensor 'layers.0.attention.dyn_w_proj.pre_proj.w'"},
+        {"moh", "{\"shared_heads\": 2, \"routed_topk\": 1}", DCS_ERR_TENSOR, "missing tensor 'layers.0.attention.moh.wg.weight'"},
+        /* null switches: off; null window: no local layers; null moh: none */
+        {"use_sw", "null", DCS_OK, NULL},
+        {"moh", "null", DCS_OK, NULL},
+        {"window_size", "null", DCS_OK, NULL},
+        {"compose_groups", "null", DCS_OK, NULL},
         /* consistent config, inconsistent weights: not a config error */
         {"n_layer", "1", DCS_ERR_TENSOR, "unexpected tensor 'layers.1."},
         {"n_layer", "3", DCS_ERR_TENSOR, "missing tensor 'layers.2.attention_norm.weight'"},
@@ -1456,6 +1471,53 @@ static void test_cycles(const char *dcp, const char *neox, const float *ref_dcp)
     CHECKF(ok == 20, "load/forward/free cycles: %d of 20 ok", ok);
 }
 
+/* Incremental decoding (decode.c): any chunking gives the full pass's
+ * logits; local layers keep their window; bad arguments; a decoder freed
+ * after its model (LeakSanitizer and ASan check the order is safe). */
+static void test_decoder(const char *dir, const char *what, const float *ref)
+{
+    dcs_model *m = LOAD_OK(dir);
+    if (!m) return;
+    const int chunks[4] = {3, 1, 2, 1};
+    for (int k = 0; k < 2; k++) {
+        dcs_decoder *d = NULL;
+        CHECK(dcs_decoder_new(m, &d) == DCS_OK && d);
+        if (!d) break;
+        float *lg = xcalloc((size_t)T0 * V, sizeof(float));
+        int at = 0;
+        for (int i = 0; i < 4 && at < T0; i++) {
+            int n = k == 0 ? chunks[i] : T0;
+            dcs_status s = dcs_decoder_step(d, TOKS[0] + at, n, lg + (size_t)at * V, NULL);
+            CHECKF(s == DCS_OK, "%s decode: %s", what, dcs_errmsg(m));
+            at += n;
+        }
+        CHECK(dcs_decoder_pos(d) == T0);
+        double diff = max_abs_diff(lg, ref, (size_t)T0 * V);
+        CHECKF(diff <= 2e-5 * max_abs(ref, (size_t)T0 * V), "%s: decoded logits differ by %g", what, diff);
+        for (int l = 0; l < L; l++) {
+            int want = dcs_layer_is_local(m, l) ? WIN + 1 : T0;
+            CHECKF(dcs_decoder_layer_keys(d, l) == (want < T0 ? want : T0), "%s: layer %d holds %d keys", what, l,
+                   dcs_decoder_layer_keys(d, l));
+        }
+        CHECK(dcs_decoder_layer_keys(d, L) == -1);
+        int32_t bad = V;
+        EXPECT("decode bad token", dcs_decoder_step(d, &bad, 1, NULL, NULL), DCS_ERR_ARG, dcs_errmsg(m),
+               "out of range", NULL);
+        EXPECT("decode n=0", dcs_decoder_step(d, TOKS[0], 0, NULL, NULL), DCS_ERR_ARG, dcs_errmsg(m), "n >= 1", NULL);
+        CHECK(dcs_decoder_pos(d) == T0);
+        free(lg);
+        if (k == 0) {
+            dcs_decoder_free(d);
+        } else {
+            dcs_free(m);          /* model first: the decoder keeps it alive */
+            CHECK(dcs_decoder_step(d, TOKS[1], 1, NULL, NULL) == DCS_OK);
+            dcs_decoder_free(d);
+            m = NULL;
+        }
+    }
+    if (m) dcs_free(m);
+}
+
 int main(void)
 {
     verbose = getenv("DCS_TEST_VERBOSE") && atoi(getenv("DCS_TEST_VERBOSE")) > 0;
@@ -1486,6 +1548,7 @@ int main(void)
         CHECK(!dcs_layer_is_local(m, -1) && !dcs_layer_is_local(m, L));
         CHECK(dcs_errmsg(m) != NULL && dcs_errmsg(NULL) != NULL);
         test_forward_basic(m, "dcpythia", ref_dcp);
+        test_decoder(dcp_dir, "dcpythia", ref_dcp);
         test_hooks_read_and_count(m, "dcpythia", ref_dcp);
         test_captured_invariants(m, "dcpythia", 1);
         test_hook_errors(m, "dcpythia", ref_dcp, 1);
@@ -1516,6 +1579,7 @@ int main(void)
               c->n_head == NH && !c->use_dcmha && !c->qk_norm && c->window_size == 0);
         CHECK(!dcs_layer_is_local(m, 0) && !dcs_layer_is_local(m, 1));
         test_forward_basic(m, "neox", ref_neox);
+        test_decoder(neox_dir, "neox", ref_neox);
         test_hooks_read_and_count(m, "neox", ref_neox);
         test_captured_invariants(m, "neox", 0);
         test_hook_errors(m, "neox", ref_neox, 0);

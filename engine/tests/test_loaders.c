@@ -1215,8 +1215,10 @@ static void test_torchzip_bad(harness *h)
          "tensor 'step' has dtype int64"},
         {"storage key missing", "nokey.bin", {"w", "HalfStorage", "9", 3, 0, 1, {3}, {1}},
          "archive/data/9"},
-        {"not contiguous", "stride.bin", {"w", "HalfStorage", "0", 12, 0, 2, {3, 2}, {1, 3}},
-         "stride (1, 3) is not contiguous for size (3, 2)"},
+        {"strided view past storage", "stride.bin", {"w", "HalfStorage", "0", 12, 0, 2, {3, 2}, {1, 11}},
+         "reaches element 13, outside storage '0'"},
+        {"negative stride", "negstride.bin", {"w", "HalfStorage", "0", 12, 11, 2, {3, 2}, {-1, 3}},
+         "negative stride"},
         {"past storage", "extent.bin", {"w", "HalfStorage", "0", 12, 8, 1, {5}, {1}},
          "outside storage '0'"},
         {"storage bigger than entry", "numel.bin", {"w", "HalfStorage", "0", 13, 0, 1, {3}, {1}},
@@ -1235,6 +1237,39 @@ static void test_torchzip_bad(harness *h)
         dcs_tt_free(&tt);
         bytes_free(&p);
     }
+
+    /* Strided views (torch.save keeps them): gathered into contiguous copies. */
+    static const tspec views[] = {
+        {"t", "HalfStorage", "0", 12, 0, 2, {3, 2}, {1, 3}},      /* transposed [2, 3] */
+        {"x", "HalfStorage", "0", 12, 6, 2, {4, 3}, {0, 1}},      /* expanded rows      */
+        {"s", "HalfStorage", "0", 12, 5, 1, {5}, {0}},            /* expanded scalar    */
+    };
+    pk_state_dict(&p, views, 3, false);
+    if (CHECK(h, load_pickle(h, "views.bin", &p, &tt, &e) == DCS_OK) && CHECK(h, tt.n == 3)) {
+        float v[12];
+        const dcs_tensor *t = dcs_tt_find(&tt, "t");
+        to_f32(t, v);   /* storage [[0, .5, 1], [1.5, 2, 2.5]] read transposed */
+        CHECK(h, t->owned && t->nbytes == 12 && v[0] == 0.0f && v[1] == 1.5f && v[2] == 0.5f &&
+                 v[5] == 2.5f);
+        t = dcs_tt_find(&tt, "x");
+        to_f32(t, v);
+        CHECK(h, t->shape[0] == 4 && v[0] == 3.0f && v[2] == 4.0f && v[9] == 3.0f && v[11] == 4.0f);
+        t = dcs_tt_find(&tt, "s");
+        to_f32(t, v);
+        CHECK(h, v[0] == 2.5f && v[4] == 2.5f);
+    }
+    dcs_tt_free(&tt);
+    bytes_free(&p);
+
+    static const tspec huge[] = {   /* 2^27 x 3 floats expanded from 3: 1.5 GiB */
+        {"w", "FloatStorage", "0", 3, 0, 2, {1LL << 27, 3}, {0, 1}},
+    };
+    pk_state_dict(&p, huge, 1, false);
+    EXPECT_ERR(h, "huge expanded view", load_pickle(h, "huge.bin", &p, &tt, &e), DCS_ERR_NOMEM, &e,
+               "huge.bin", "more than 256 MiB beyond their storages");
+    CHECK(h, tt.n == 0);
+    dcs_tt_free(&tt);
+    bytes_free(&p);
 
     static const tspec dup[] = {
         {"w", "HalfStorage", "0", 12, 0, 1, {3}, {1}},

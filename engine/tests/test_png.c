@@ -106,7 +106,9 @@ static int check_cells(const image *im, const dcs_png_layout *L,
             for (int s = 0; s < L->cols; s++) {
                 int x, y;
                 dcs_png_cell_origin(L, p, t, s, &x, &y);
-                int masked = sp->mask_upper && s > t;
+                int w = sp->panels[p].mask_window > 0 ? sp->panels[p].mask_window
+                        : sp->panels[p].mask_window < 0 ? 0 : sp->mask_window;
+                int masked = sp->mask_upper && (s > t || (w > 0 && t - s > w));
                 uint8_t want[3];
                 float v = sp->panels[p].data[(size_t)t * L->cols + s];
                 dcs_colormap_rgb(sp->colormap, v, L->vmin, L->vmax, want);
@@ -316,7 +318,7 @@ static void test_single(void) {
     d[4 * T + 2] = -3.0f; /* clamped */
     static const char *tok[T] = {" The", " cat", "\xc3\xa9", "\n", "a very long token indeed",
                                  "."};
-    dcs_panel p = {d, T, T, "L0 H0 hook_pattern"};
+    dcs_panel p = {d, T, T, "L0 H0 hook_pattern", 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     sp.row_labels = tok;
     sp.col_labels = tok;
@@ -388,7 +390,7 @@ static void test_grid_auto_range(void) {
                 }
             }
         snprintf(titles[k], sizeof titles[k], "L%d H%d", k / 2, k % 2);
-        p[k] = (dcs_panel){d[k], R, C, titles[k]};
+        p[k] = (dcs_panel){d[k], R, C, titles[k], 0};
     }
     dcs_heatmap_spec sp = base_spec(p, N);
     sp.grid_cols = 2;
@@ -428,7 +430,7 @@ static void test_diverging(void) {
             d[k][i] = v;
             if (i % T <= i / T && fabsf(v) > mabs) mabs = fabsf(v);
         }
-        p[k] = (dcs_panel){d[k], T, T, k == N - 1 ? "sum" : "branch"};
+        p[k] = (dcs_panel){d[k], T, T, k == N - 1 ? "sum" : "branch", 0};
     }
     d[2][7 * T + 0] = -5.0f; /* the largest |x|, negative, unmasked */
     mabs = 5.0f;
@@ -454,7 +456,7 @@ static void test_diverging(void) {
 
     /* All zero: +-1. */
     static float z[T * T];
-    dcs_panel pz = {z, T, T, NULL};
+    dcs_panel pz = {z, T, T, NULL, 0};
     dcs_heatmap_spec sz = base_spec(&pz, 1);
     sz.colormap = DCS_CMAP_DIVERGING;
     sz.auto_range = 1;
@@ -482,7 +484,7 @@ static void test_long_and_auto_cell(void) {
     }
     for (int i = 0; i < T * T; i++) d[i] = (float)(i % 101) / 100.0f;
     for (int i = 0; i < T; i++) tok[i] = i % 3 ? " tok" : "\xe2\x86\x92x";
-    dcs_panel p = {d, T, T, "long"};
+    dcs_panel p = {d, T, T, "long", 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     sp.row_labels = tok;
     sp.col_labels = tok;
@@ -497,7 +499,7 @@ static void test_long_and_auto_cell(void) {
         free(im.px);
     }
     /* No labels: indices; a non-square map. */
-    dcs_panel q = {d, 30, 50, NULL};
+    dcs_panel q = {d, 30, 50, NULL, 0};
     dcs_heatmap_spec sq = base_spec(&q, 1);
     sq.mask_upper = 1;
     if (render(&sq, &im, &L)) {
@@ -512,7 +514,7 @@ static void test_long_and_auto_cell(void) {
     if (all && ps) {
         for (int k = 0; k < NP; k++) {
             for (int i = 0; i < AT * AT; i++) all[(size_t)k * AT * AT + i] = (float)((i + k) % 17) / 16.0f;
-            ps[k] = (dcs_panel){all + (size_t)k * AT * AT, AT, AT, "L H"};
+            ps[k] = (dcs_panel){all + (size_t)k * AT * AT, AT, AT, "L H", 0};
         }
         dcs_heatmap_spec sa = base_spec(ps, NP);
         sa.grid_cols = 16;
@@ -541,22 +543,54 @@ static void expect_arg(const dcs_heatmap_spec *sp, const char *what) {
     CHECK(st == DCS_ERR_ARG, "%s (err NULL)", what);
 }
 
+/* Per-panel local windows (a layer-by-layer figure of a model whose local
+ * and global layers alternate) and the query / key axis titles. */
+static void test_panel_windows(void) {
+    enum { T = 9 };
+    static float d[3][T * T];
+    for (int p = 0; p < 3; p++)
+        for (int i = 0; i < T * T; i++) d[p][i] = (float)((i * 7 + p) % 11) / 10.0f;
+    dcs_panel ps[3] = {{d[0], T, T, "local", 2}, {d[1], T, T, "global", -1}, {d[2], T, T, "spec's", 0}};
+    dcs_heatmap_spec sp = base_spec(ps, 3);
+    sp.mask_window = 3;
+    sp.mask_upper = 1;
+    image im;
+    dcs_png_layout L;
+    if (!render(&sp, &im, &L)) return;
+    CHECK(check_cells(&im, &L, &sp) == 0, "panel windows: cells and masks");
+    int x, y;
+    dcs_png_cell_origin(&L, 0, 8, 0, &x, &y);
+    CHECK(is_mask(pix(&im, x + L.cell / 2, y + L.cell / 2)), "panel 0 hatches t - s = 8 > 2");
+    dcs_png_cell_origin(&L, 1, 8, 0, &x, &y);
+    CHECK(!is_mask(pix(&im, x + L.cell / 2, y + L.cell / 2)), "panel 1 (global) does not");
+    dcs_png_cell_origin(&L, 2, 5, 1, &x, &y);
+    CHECK(is_mask(pix(&im, x + L.cell / 2, y + L.cell / 2)), "panel 2 uses the spec's window 3");
+    int w0 = L.width, h0 = L.height, x00 = L.x0;
+    free(im.px);
+    sp.axis_titles = 1;
+    if (!render(&sp, &im, &L)) return;
+    CHECK(L.width > w0 && L.height > h0 && L.x0 > x00, "axis titles take room");
+    CHECK(check_cells(&im, &L, &sp) == 0, "cells with axis titles");
+    CHECK(ink_in(&im, 0, L.y0, L.x0 - 2 - L.row_label_glyphs * 6, L.y0 + L.panel_h), "'query' drawn left");
+    free(im.px);
+}
+
 static void test_errors(void) {
     float d[16] = {0};
-    dcs_panel p = {d, 4, 4, NULL};
+    dcs_panel p = {d, 4, 4, NULL, 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     expect_arg(NULL, "NULL spec");
 
-    dcs_panel pn = {NULL, 4, 4, NULL};
+    dcs_panel pn = {NULL, 4, 4, NULL, 0};
     sp.panels = &pn;
     expect_arg(&sp, "NULL data");
     sp = base_spec(NULL, 1);
     expect_arg(&sp, "NULL panels");
 
-    dcs_panel p0 = {d, 0, 4, NULL};
+    dcs_panel p0 = {d, 0, 4, NULL, 0};
     sp = base_spec(&p0, 1);
     expect_arg(&sp, "zero rows");
-    dcs_panel pc = {d, 4, -1, NULL};
+    dcs_panel pc = {d, 4, -1, NULL, 0};
     sp = base_spec(&pc, 1);
     expect_arg(&sp, "negative cols");
 
@@ -565,7 +599,7 @@ static void test_errors(void) {
     sp = base_spec(&p, -3);
     expect_arg(&sp, "n_panels negative");
 
-    dcs_panel two[2] = {{d, 4, 4, NULL}, {d, 2, 8, NULL}};
+    dcs_panel two[2] = {{d, 4, 4, NULL, 0}, {d, 2, 8, NULL, 0}};
     sp = base_spec(two, 2);
     expect_arg(&sp, "different sizes");
 
@@ -599,7 +633,7 @@ static void test_errors(void) {
     expect_arg(&sp, "too large (cell_px huge)");
 
     float *big = (float *)calloc((size_t)20000, sizeof(float));
-    dcs_panel pb = {big, 1, 20000, NULL};
+    dcs_panel pb = {big, 1, 20000, NULL, 0};
     sp = base_spec(&pb, 1);
     expect_arg(&sp, "too large (cols)");
     free(big);
@@ -632,6 +666,7 @@ int main(void) {
     test_grid_auto_range();
     test_diverging();
     test_long_and_auto_cell();
+    test_panel_windows();
     test_errors();
     printf("png: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

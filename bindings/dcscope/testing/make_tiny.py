@@ -103,7 +103,8 @@ def round_to_dtype(a, dtype):
 
 def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, window_type,
                     query_wise, use_qk_norm, use_parallel_residual, use_linear_bias, use_dcmha,
-                    rotary_pct, tie_word_embeddings, dtype, use_sw=False, moh=None):
+                    rotary_pct, tie_word_embeddings, dtype, use_sw=False, moh=None, compose_groups=1,
+                    key_wise=False):
     """config.json with the keys of the published DCPythia-6.9B config."""
     cfg = OrderedDict()
     cfg["architectures"] = ["DCPythia"]
@@ -143,6 +144,10 @@ def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, w
         cfg["use_sw"] = True
     if moh is not None:
         cfg["moh"] = {"shared_heads": int(moh["shared_heads"]), "routed_topk": int(moh["routed_topk"])}
+    if compose_groups != 1:
+        cfg["compose_groups"] = int(compose_groups)
+    if key_wise:
+        cfg["key_wise"] = True
     return dict(cfg)
 
 
@@ -196,7 +201,7 @@ class _Gen:
 
 def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fused_qkv,
                       use_qk_norm, use_linear_bias, use_dcmha, write_unused_dyn,
-                      tie_word_embeddings, extra_derived, use_sw, moh):
+                      tie_word_embeddings, extra_derived, use_sw, moh, compose_groups=1):
     """Random DCPythia state dict, float32, in torch state_dict() order.
 
     Scales: LayerNorm outputs are O(1) per dim; linear weights have std gain/sqrt(in),
@@ -209,6 +214,8 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
     D, N, F, V, R = dim, n_head, intermediate, vocab, rank
     Dh = D // N
     K = 4 * N
+    G = int(compose_groups)
+    Mg = N // G  # heads per composition group: the published layout's G axis
     sd = OrderedDict()
     sd["tok_embeddings.weight"] = g.normal((V, D), 1.0)
     for l in range(n_layer):
@@ -229,15 +236,15 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
             sd[p + "attention.wo.bias"] = g.bias(D)
         if use_dcmha or write_unused_dyn:
             q = p + "attention.dyn_w_proj."
-            dw1 = g.normal((D, 1, 4, K), g.dyn / np.sqrt(D))
-            qkw = g.normal((1, 4, K, 2 * R, N), g.dyn * 0.6 / np.sqrt(K))
-            dd = g.normal((D, 1, 4 * N), g.dyn / np.sqrt(D))
+            dw1 = g.normal((D, G, 4, K), g.dyn / np.sqrt(D))
+            qkw = g.normal((G, 4, K, 2 * R, Mg), g.dyn * 0.6 / np.sqrt(K))
+            dd = g.normal((D, G, 4 * Mg), g.dyn / np.sqrt(D))
             sd[q + "dw1"], sd[q + "qkw"], sd[q + "dd"] = dw1, qkw, dd
             pre_w = post_w = None
             if use_sw:
-                pre_w = g.normal((1, N, N), 0.3)
-                post_w = g.normal((1, N, N), 0.3)
-            if extra_derived:
+                pre_w = g.normal((G, Mg, Mg), 0.3)
+                post_w = g.normal((G, Mg, Mg), 0.3)
+            if extra_derived and G == 1:
                 # merge_weights() of the published module: dw_m = [dw1 | dd] flattened,
                 # qkw_m = qkw reshaped (4, K, 2R*N), sw = static maps + identity.
                 sd[q + "dw_m"] = np.concatenate([dw1.reshape(D, -1), dd[:, 0, :]], axis=-1)
@@ -252,8 +259,8 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
                 sd[q + "post_proj.w"] = post_w
             elif extra_derived:
                 # identity buffers of CrossHeadProjection when use_sw is off
-                sd[q + "pre_proj.w"] = np.eye(N, dtype=np.float32)[None].copy()
-                sd[q + "post_proj.w"] = np.eye(N, dtype=np.float32)[None].copy()
+                sd[q + "pre_proj.w"] = np.broadcast_to(np.eye(Mg, dtype=np.float32), (G, Mg, Mg)).copy()
+                sd[q + "post_proj.w"] = np.broadcast_to(np.eye(Mg, dtype=np.float32), (G, Mg, Mg)).copy()
         if moh is not None:
             hs = int(moh["shared_heads"])
             sd[p + "attention.moh.wg.weight"] = g.linear(N - hs, D, gain=2.0)
@@ -723,8 +730,8 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
               rotary_pct=0.25, dtype="float32", fmt="safetensors", shards=1, fused_qkv=True,
               tie_word_embeddings=False, seed=0, weight_scale=1.0, dyn_scale=1.0, tokenizer=None,
               extra_derived=False, share_storage=False, write_unused_dyn=True, use_sw=False,
-              moh=None, archive_name="archive", pickle_container="ordereddict", torch_style="2.1",
-              st_writer="auto"):
+              moh=None, compose_groups=1, key_wise=False, torch_views=None, archive_name="archive",
+              pickle_container="ordereddict", torch_style="2.1", st_writer="auto"):
     """Write a tiny random checkpoint directory; return (state_dict, config).
 
     state_dict: name -> np.float32 array of exactly what the files hold (after rounding
@@ -745,6 +752,17 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
         module always has it); loaders must not use it.
       use_sw / moh: attention variants of model-spec.md section 5 (DCPythia only);
         moh = {"shared_heads": hs, "routed_topk": k}.
+      compose_groups: G, heads composed within G groups (the published layout's G
+        axis: dw1 [D,G,4,K], qkw [G,4,K,2R,N/G], dd [D,G,4N/G], pre/post_proj.w
+        [G,N/G,N/G]); written to config.json as "compose_groups" when not 1.
+      key_wise: the key-wise-only ablation ("key_wise": true in config.json; the
+        weights keep all 4 slots, the query ones then unused).
+      window_size: None writes "window_size": null (no local layers).
+      torch_views: torch format only, tensors stored as strided views the way
+        torch.save keeps them: "transpose" stores every 2-D weight's storage
+        transposed with stride (1, rows); "expand" makes every LayerNorm bias a
+        constant stored as one element with stride (0,) (and, with extra_derived,
+        the identity `sw` buffer an expanded eye, stride (0, N, 1)).
       archive_name / pickle_container / torch_style: see write_torch_zip and
         pickle_state_dict. st_writer: "auto" | "package" | "manual" (safetensors).
     """
@@ -758,8 +776,14 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
         raise ValueError("dim must be a multiple of n_head")
     if window_type not in (None, "LG", "LGLL", "LGL6"):
         raise ValueError(f"window_type must be None, 'LG', 'LGLL' or 'LGL6', not {window_type!r}")
-    if model_type == "gpt_neox" and (use_sw or moh is not None):
-        raise ValueError("use_sw / moh are DCPythia switches")
+    if model_type == "gpt_neox" and (use_sw or moh is not None or compose_groups != 1):
+        raise ValueError("use_sw / moh / compose_groups are DCPythia switches")
+    if n_head % int(compose_groups):
+        raise ValueError("compose_groups must divide n_head")
+    if torch_views not in (None, "transpose", "expand"):
+        raise ValueError(f"torch_views must be None, 'transpose' or 'expand', not {torch_views!r}")
+    if torch_views is not None and (fmt != "torch" or share_storage):
+        raise ValueError("torch_views needs fmt='torch' and share_storage=False")
     intermediate = 4 * dim if intermediate is None else int(intermediate)
     os.makedirs(out_dir, exist_ok=True)
     g = _Gen(seed, weight_scale, dyn_scale)
@@ -770,12 +794,14 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             window_size=window_size, window_type=window_type, query_wise=query_wise,
             use_qk_norm=use_qk_norm, use_parallel_residual=use_parallel_residual,
             use_linear_bias=use_linear_bias, use_dcmha=use_dcmha, rotary_pct=rotary_pct,
-            tie_word_embeddings=tie_word_embeddings, dtype=dtype, use_sw=use_sw, moh=moh)
+            tie_word_embeddings=tie_word_embeddings, dtype=dtype, use_sw=use_sw, moh=moh,
+            compose_groups=compose_groups, key_wise=key_wise)
         sd32 = _dcpythia_weights(
             g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
             rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, use_linear_bias=use_linear_bias,
             use_dcmha=use_dcmha, write_unused_dyn=write_unused_dyn,
-            tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived, use_sw=use_sw, moh=moh)
+            tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived, use_sw=use_sw, moh=moh,
+            compose_groups=compose_groups)
     else:
         config = gpt_neox_config(
             n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
@@ -784,6 +810,11 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
         sd32 = _gpt_neox_weights(
             g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
             rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+
+    if torch_views == "expand":
+        for name in sd32:
+            if name.endswith(("norm.bias", "layernorm.bias")):
+                sd32[name] = np.full_like(sd32[name], sd32[name][0])  # one value, stride (0,)
 
     # round to the storage dtype
     raw, state_dict, tdtype = OrderedDict(), OrderedDict(), {}
@@ -829,6 +860,13 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
                 members.sort(key=_storage_member_rank)
                 dts = {tdtype[n] for n in members}
                 assert len(dts) == 1
+                view = _strided_view(raw[members[0]], members[0], torch_views) if len(members) == 1 else None
+                if view is not None:  # one tensor stored as a strided view of its storage
+                    data, stride = view
+                    n = members[0]
+                    storages[sid] = data.tobytes()
+                    tensors[n] = TorchTensor(sid, tdtype[n], data.size, 0, raw[n].shape, stride)
+                    continue
                 storages[sid] = b"".join(raw[n].tobytes() for n in members)
                 numel = sum(raw[n].size for n in members)
                 off = 0
@@ -838,6 +876,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             tensors = OrderedDict((n, tensors[n]) for n in shard_names)  # state-dict order
             write_torch_zip(path, tensors, storages, archive_name=archive_name,
                             container=pickle_container, torch_style=torch_style)
+        _normal_mode(path)
 
     if shards > 1:
         index = {
@@ -849,6 +888,26 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
     return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
+
+
+def _normal_mode(path):
+    """The mode a plain open() gives (0666 less the umask): the safetensors
+    package writes through a private temporary file (mode 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def _strided_view(a, name, kind):
+    """(storage array, stride) storing `a` as a strided view, or None to store it plainly."""
+    if kind == "transpose" and a.ndim == 2 and a.shape[0] > 1 and a.shape[1] > 1:
+        return np.ascontiguousarray(a.T), (1, a.shape[0])
+    if kind == "expand" and a.ndim == 1 and name.endswith(("norm.bias", "layernorm.bias")):
+        return a[:1].copy(), (0,)
+    if kind == "expand" and name.endswith("dyn_w_proj.sw") and a.ndim == 3:
+        if np.array_equal(a[0], a[1]):  # the identity buffer torch.eye(N).expand(2, N, N)
+            return a[0].copy(), (0, a.shape[2], 1)
+    return None
 
 
 def _storage_member_rank(name):
@@ -867,9 +926,9 @@ def _parse_moh(s):
     return {"shared_heads": int(hs), "routed_topk": int(k)}
 
 
-def main(argv=None):
+def main(argv=None, prog="dcscope make-tiny"):
     ap = argparse.ArgumentParser(
-        prog="python -m dcscope.testing.make_tiny",
+        prog=prog,
         description="Write a tiny random DCPythia / Pythia checkpoint directory.")
     ap.add_argument("out_dir")
     ap.add_argument("--type", dest="model_type", default="dcpythia", choices=["dcpythia", "gpt_neox"])
@@ -879,7 +938,8 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4*dim)")
     ap.add_argument("--rank", type=int, default=2)
-    ap.add_argument("--window-size", type=int, default=8)
+    ap.add_argument("--window-size", type=lambda v: None if v == "null" else int(v), default=8,
+                    help="local window, or 'null' (no local layers)")
     ap.add_argument("--window-type", default=None, choices=["LG", "LGLL", "LGL6"])
     ap.add_argument("--query-wise", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--use-qk-norm", action=argparse.BooleanOptionalAction, default=True)
@@ -901,6 +961,11 @@ def main(argv=None):
     ap.add_argument("--share-storage", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--use-sw", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--moh", default=None, metavar="HS,K", help="MoH routing: shared heads, routed top-k")
+    ap.add_argument("--compose-groups", type=int, default=1, help="G: heads composed within G groups")
+    ap.add_argument("--key-wise", action=argparse.BooleanOptionalAction, default=False,
+                    help="key-wise-only composition")
+    ap.add_argument("--torch-views", default=None, choices=["transpose", "expand"],
+                    help="torch format: store tensors as strided views")
     ap.add_argument("--archive-name", default="archive",
                     help="folder inside torch zips; 'auto' = file basename without extension, as torch.save(path)")
     ap.add_argument("--pickle-container", default="ordereddict", choices=["ordereddict", "ordereddict_meta", "dict"])
@@ -915,7 +980,8 @@ def main(argv=None):
         fmt=a.fmt, shards=a.shards, fused_qkv=a.fused_qkv, tie_word_embeddings=a.tie_word_embeddings,
         seed=a.seed, weight_scale=a.weight_scale, dyn_scale=a.dyn_scale, tokenizer=a.tokenizer,
         extra_derived=a.extra_derived, share_storage=a.share_storage, write_unused_dyn=a.write_unused_dyn,
-        use_sw=a.use_sw, moh=_parse_moh(a.moh),
+        use_sw=a.use_sw, moh=_parse_moh(a.moh), compose_groups=a.compose_groups, torch_views=a.torch_views,
+        key_wise=a.key_wise,
         archive_name=None if a.archive_name == "auto" else a.archive_name,
         pickle_container=a.pickle_container, torch_style=a.torch_style, st_writer=a.st_writer)
     total = sum(v.size for v in sd.values())
@@ -925,4 +991,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m dcscope.testing.make_tiny"))

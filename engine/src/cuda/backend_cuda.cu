@@ -260,20 +260,35 @@ static __global__ void compose_kernel(dcs_compose_args a) {
         for (int n = 0; n < a.N; n++) {
             size_t o = off + (size_t)n * stride;
             a.out[o] = 0.0f;
-            for (int k = 0; k < 5; k++)
+            for (int k = 0; k < DCS_N_BRANCHES; k++)
                 if (a.br[k]) a.br[k][o] = 0.0f;
         }
         return;
     }
     size_t RN = (size_t)a.R * a.N;
     size_t qrow = (size_t)b * a.T + t, krow = (size_t)b * a.S + s;
-    dcs_compose_pair(a.in + off, a.out + off, stride, a.N, a.R,
-                     a.qw1 + qrow * RN, a.qw2 + qrow * RN,
+    dcs_compose_pair(a.in + off, a.out + off, stride, a.N, a.G, a.R,
+                     a.qw1 ? a.qw1 + qrow * RN : NULL, a.qw2 ? a.qw2 + qrow * RN : NULL,
                      a.kw1 ? a.kw1 + krow * RN : NULL, a.kw2 ? a.kw2 + krow * RN : NULL,
-                     a.qdd + qrow * a.N, a.kdd ? a.kdd + krow * a.N : NULL,
+                     a.qdd ? a.qdd + qrow * a.N : NULL, a.kdd ? a.kdd + krow * a.N : NULL, a.sw,
                      a.br[0] ? a.br[0] + off : NULL, a.br[1] ? a.br[1] + off : NULL,
                      a.br[2] ? a.br[2] + off : NULL, a.br[3] ? a.br[3] + off : NULL,
-                     a.br[4] ? a.br[4] + off : NULL);
+                     a.br[4] ? a.br[4] + off : NULL, a.br[5] ? a.br[5] + off : NULL);
+}
+
+/* MoH routing scores (model-spec 5): one thread per token, dcs_moh_route_row. */
+static __global__ void moh_route_kernel(float *g, const float *logits, const float *s1,
+                                        const float *s0, int M, int N, int hs, int k) {
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M) return;
+    dcs_moh_route_row(logits + (size_t)m * (N - hs), s1 ? s1 + (size_t)m * hs : NULL,
+                      s0 ? s0 + (size_t)m * 2 : NULL, N, hs, k, g + (size_t)m * N);
+}
+
+/* z [M, N, Dh] *= g [M, N] */
+static __global__ void head_gate_kernel(float *z, const float *g, size_t total, int Dh) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) z[i] *= g[i / Dh];
 }
 
 /* x [BN, T, S] as BN*T rows of S, row r has query t = r % T: softmax over the
@@ -543,6 +558,22 @@ static void cu_compose(dcs_backend *be, const dcs_compose_args *a) {
     launched(c, "compose_kernel");
 }
 
+static void cu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1,
+                         const float *s0, int M, int N, int hs, int k) {
+    if (M <= 0) return;
+    cuda_ctx *c = enter(be);
+    moh_route_kernel<<<(unsigned)((M + 127) / 128), 128, 0, c->stream>>>(g, logits, s1, s0, M, N, hs, k);
+    launched(c, "moh_route_kernel");
+}
+
+static void cu_head_gate(dcs_backend *be, float *z, const float *g, int M, int N, int Dh) {
+    size_t total = (size_t)M * N * Dh;
+    if (!total) return;
+    cuda_ctx *c = enter(be);
+    head_gate_kernel<<<ew_blocks(total), EW_THREADS, 0, c->stream>>>(z, g, total, Dh);
+    launched(c, "head_gate_kernel");
+}
+
 static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
     if (BN <= 0 || T <= 0 || S <= 0) return;
     cuda_ctx *c = enter(be);
@@ -649,5 +680,7 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
     be->compose = cu_compose;
     be->softmax_masked = cu_softmax_masked;
     be->mul = cu_mul;
+    be->moh_route = cu_moh_route;
+    be->head_gate = cu_head_gate;
     return be;
 }

@@ -1,0 +1,411 @@
+"""Head diversity and redundancy, composition statistics and MoH head load,
+over a dataset, for any model dcscope loads (issue 16).
+
+    from dcscope import analysis
+    data = ["The cat sat on the mat.", ...]            # strings or 1-D token arrays
+    pca = analysis.head_output_pca(model, data)          # {layer: PCAResult}
+    pca[3].n_components_90, pca[3].ratio                 # redundancy of layer 3's heads
+    analysis.qk_ov_diversity(model)                      # DCFormer Figure 5 measure
+    S = analysis.head_similarity(model, 3, data)         # [N, N] cosine similarity
+    stats = analysis.composition_stats(model, data)      # {(layer, phase): CompositionStats}
+    analysis.head_load(model, data)                      # [L, N - hs] (MoH models)
+    fig = analysis.plot_pca(pca)                         # matplotlib Figures
+
+Measures (all exact accumulations over every token of every sequence):
+
+* head_output_pca, mode "heads": each head's output over the dataset (its
+  attn.head_out rows z_n W_O,n, all tokens and dims flattened) is one sample;
+  PCA across the N heads (centred over heads). ratio[i] is the fraction of
+  the variance among the heads on component i, n_components_90 how many
+  components cover 90%: few means redundant heads (DEACON's view). Mode
+  "tokens": each token is a sample, its features the concatenated per-head
+  mixed values attn.z [N * Dh]; PCA across tokens (centred): how many
+  directions the heads' joint output really uses.
+* qk_ov_diversity: circuits.head_diversity per layer (DCFormer Figure 5,
+  Cordonnier et al. 2020): mean cumulative captured variance of the
+  concatenated per-head QK (OV) matrices; lower = more diverse.
+* head_similarity: cosine similarity between heads, of their outputs over the
+  dataset (kind "output": <h_n, h_m> / |h_n| |h_m| with h_n head n's
+  head_out over all tokens), or of their QK / OV circuit matrices (Frobenius).
+* composition_stats: for each DCMHA layer and phase, over every (query t,
+  key s) pair the mask allows, the mean |entry| of each branch's term of the
+  composition map C[t,s] - I (qp: qw1^T qw2, kp: kw1^T kw2, qg: diag(qdd),
+  kg: diag(kdd), static: W; block-diagonal with compose_groups) and of their
+  sum ("total": mean |C - I|); and which head pairs route most: pair_flow[n, m]
+  = mean over queries t of |sum_s X[n,t,s] (C[t,s] - I)[n,m]|, X the phase's
+  input (masked scores for pre, the pattern for post), with the top
+  off-diagonal pairs.
+* head_load: MoH models: per layer, the fraction of tokens whose top-k routed
+  heads (largest router logit, ties to the lower index, as the engine
+  selects) include each routed head.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .model import Error, Model
+
+__all__ = [
+    "PCAResult", "CompositionStats", "iter_dataset", "head_output_pca", "qk_ov_diversity",
+    "head_similarity", "composition_stats", "head_load", "plot_pca", "plot_similarity",
+    "plot_composition_stats", "plot_head_load", "plot_diversity",
+]
+
+
+# ------------------------------------------------------------ dataset
+
+
+def iter_dataset(model: Model, dataset, progress: bool = True, desc: str = "dataset") -> Iterator[np.ndarray]:
+    """Yield the dataset's sequences as 1-D int32 token arrays (strings are
+    tokenized with the model's tokenizer; a 2-D array gives its rows), with a
+    tqdm progress bar (plain lines when not in a terminal) unless progress=False."""
+    if isinstance(dataset, (str, bytes)):
+        dataset = [dataset]
+    if isinstance(dataset, np.ndarray) and dataset.ndim == 1 and dataset.dtype.kind in "iu":
+        dataset = [dataset]
+    try:
+        total = len(dataset)
+    except TypeError:
+        total = None
+    it = dataset
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(dataset, total=total, desc=desc, unit="seq")
+    n = 0
+    for item in it:
+        toks = model.to_tokens(item) if isinstance(item, str) else np.asarray(item)
+        if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
+            raise Error("dataset item %d: need a string or a non-empty 1-D integer token array, got %s"
+                        % (n, getattr(toks, "shape", type(item).__name__)))
+        n += 1
+        yield toks.astype(np.int32)
+    if n == 0:
+        raise Error("the dataset is empty")
+
+
+def _layers(model: Model, layers: Optional[Iterable[int]]) -> List[int]:
+    L = model.config.n_layer
+    out = list(range(L)) if layers is None else [int(l) for l in layers]
+    for l in out:
+        if not 0 <= l < L:
+            raise Error("layer %d is out of range (model has %d layers)" % (l, L))
+    return out
+
+
+# ------------------------------------------------------------ PCA of head outputs
+
+
+@dataclasses.dataclass
+class PCAResult:
+    """Principal components of one layer's head outputs."""
+
+    layer: int
+    mode: str                   # "heads" or "tokens"
+    variance: np.ndarray        # variance on each component, descending
+    ratio: np.ndarray           # fraction of the total variance per component
+    cumulative: np.ndarray      # cumulative fraction
+    n_components_90: int        # components needed for 90% of the variance
+    n_samples: int              # heads (mode "heads") or tokens (mode "tokens")
+
+
+def _pca_from_scatter(scatter: np.ndarray, n: int, layer: int, mode: str) -> PCAResult:
+    ev = np.clip(np.linalg.eigvalsh(scatter)[::-1], 0.0, None)
+    total = ev.sum()
+    ratio = ev / total if total > 0 else np.zeros_like(ev)
+    cum = np.cumsum(ratio)
+    k = int(np.searchsorted(cum, 0.9 - 1e-12) + 1) if total > 0 else 0
+    return PCAResult(layer, mode, ev / max(n - 1, 1), ratio, cum, min(k, len(ev)), n)
+
+
+def head_output_pca(model: Model, dataset, layers: Optional[Iterable[int]] = None, mode: str = "heads",
+                    progress: bool = True) -> Dict[int, PCAResult]:
+    """PCA of the per-head outputs of each layer over the dataset (module doc)."""
+    if mode not in ("heads", "tokens"):
+        raise Error("mode must be 'heads' or 'tokens', not %r" % (mode,))
+    layers = _layers(model, layers)
+    N, D = model.config.n_head, model.config.d_model
+    point = "attn.head_out" if mode == "heads" else "attn.z"
+    names = ["blocks.%d.%s" % (l, point) for l in layers]
+    if mode == "heads":
+        gram = {l: np.zeros((N, N)) for l in layers}
+    else:
+        sums = {l: np.zeros(D) for l in layers}
+        gram = {l: np.zeros((D, D)) for l in layers}
+    n_tok = 0
+    for toks in iter_dataset(model, dataset, progress, "head-output PCA"):
+        _, cache = model.run_with_cache(toks, names=names)
+        n_tok += len(toks)
+        for l, nm in zip(layers, names):
+            a = cache[nm].astype(np.float64)
+            if mode == "heads":                         # [T, N, D]: Gram over heads
+                gram[l] += np.einsum("tnd,tmd->nm", a, a)
+            else:                                       # [T, N, Dh] -> [T, D]
+                x = a.reshape(len(toks), -1)
+                sums[l] += x.sum(0)
+                gram[l] += x.T @ x
+    out = {}
+    for l in layers:
+        if mode == "heads":
+            J = np.eye(N) - 1.0 / N
+            out[l] = _pca_from_scatter(J @ gram[l] @ J, N, l, mode)
+        else:
+            mu = sums[l] / n_tok
+            out[l] = _pca_from_scatter(gram[l] - n_tok * np.outer(mu, mu), n_tok, l, mode)
+    return out
+
+
+# ------------------------------------------------------------ diversity, similarity
+
+
+def qk_ov_diversity(model: Model, layers: Optional[Iterable[int]] = None) -> Dict[str, np.ndarray]:
+    """{"qk": [len(layers)], "ov": [...]}: circuits.head_diversity of each layer
+    (DCFormer Figure 5; lower = more diverse heads)."""
+    from . import circuits
+    layers = _layers(model, layers)
+    return {kind: np.array([circuits.head_diversity(model, l, kind) for l in layers]) for kind in ("qk", "ov")}
+
+
+def head_similarity(model: Model, layer: int, dataset=None, kind: str = "output",
+                    progress: bool = True) -> np.ndarray:
+    """[N, N] cosine similarity of a layer's heads: of their outputs over the
+    dataset (kind "output"), or of their QK / OV circuit matrices ("qk", "ov")."""
+    (layer,) = _layers(model, [layer])
+    N = model.config.n_head
+    if kind == "output":
+        if dataset is None:
+            raise Error("head_similarity(kind='output') needs a dataset")
+        name = "blocks.%d.attn.head_out" % layer
+        G = np.zeros((N, N))
+        for toks in iter_dataset(model, dataset, progress, "head similarity"):
+            a = model.run_with_cache(toks, names=[name])[1][name].astype(np.float64)
+            G += np.einsum("tnd,tmd->nm", a, a)
+    elif kind in ("qk", "ov"):
+        from . import circuits
+        f = circuits.qk_circuit if kind == "qk" else circuits.ov_circuit
+        fm = [f(model, layer, n) for n in range(N)]
+        A = [x.A.astype(np.float64) for x in fm]
+        B = [x.B.astype(np.float64) for x in fm]
+        G = np.empty((N, N))
+        for n in range(N):          # <A_n B_n, A_m B_m>_F = sum((A_n^T A_m) * (B_n B_m^T))
+            for m in range(n, N):
+                G[n, m] = G[m, n] = np.sum((A[n].T @ A[m]) * (B[n] @ B[m].T))
+    else:
+        raise Error("kind must be 'output', 'qk' or 'ov', not %r" % (kind,))
+    d = np.sqrt(np.clip(np.diag(G), 0.0, None))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        S = G / np.outer(d, d)
+    return np.where(np.outer(d, d) > 0, S, 0.0)
+
+
+# ------------------------------------------------------------ composition statistics
+
+
+@dataclasses.dataclass
+class CompositionStats:
+    """Composition-map statistics of one DCMHA layer and phase over a dataset."""
+
+    layer: int
+    phase: str
+    mean_abs: Dict[str, float]      # branch (qp, kp, qg, kg, static) and "total" -> mean |entry|
+    pair_flow: np.ndarray           # [N, N] mean over queries of |routed flow n -> m|
+    top_pairs: List[Tuple[int, int, float]]   # (source n, target m, flow), off-diagonal, descending
+    n_pairs: int                    # (query, key) pairs averaged over
+    n_queries: int
+
+
+def _allowed(T: int, window: int) -> np.ndarray:
+    t = np.arange(T)[:, None]
+    s = np.arange(T)[None, :]
+    m = s <= t
+    if window > 0:
+        m &= t - s <= window
+    return m
+
+
+def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = None,
+                      phases: Sequence[str] = ("pre", "post"), top: int = 10, chunk: int = 64,
+                      progress: bool = True) -> Dict[Tuple[int, str], CompositionStats]:
+    """Mean |C - I| per branch and the head pairs that route most (module doc)."""
+    c = model.config
+    if not c.use_dcmha:
+        raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
+    layers = _layers(model, layers)
+    for ph in phases:
+        if ph not in ("pre", "post"):
+            raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
+    from .routing import _dyn_names, static_map
+    N, G = c.n_head, c.compose_groups
+    block = np.kron(np.eye(G), np.ones((N // G, N // G)))
+    statics = {(l, ph): static_map(model, l, ph) for l in layers for ph in phases}
+    names = []
+    for l in layers:
+        for ph in phases:
+            names += _dyn_names(l, ph, c.query_wise, c.key_wise)
+            names.append("blocks.%d.attn.%s" % (l, "scores" if ph == "pre" else "pattern"))
+    branch_names = [b for b in ("qp", "kp", "qg", "kg") if not (c.query_wise and b[0] == "k")
+                    and not (c.key_wise and b[0] == "q")] + (["static"] if c.use_sw else [])
+    acc = {(l, ph): dict(sums={b: 0.0 for b in branch_names + ["total"]}, flow=np.zeros((N, N)),
+                         pairs=0, queries=0) for l in layers for ph in phases}
+    for toks in iter_dataset(model, dataset, progress, "composition stats"):
+        _, cache = model.run_with_cache(toks, names=names)
+        T = len(toks)
+        for l in layers:
+            window = c.window_size if l in c.local_layers else 0
+            ok = _allowed(T, window)                       # [T, S]
+            n_t, n_s = ok.sum(1), ok.sum(0)                # allowed keys per query, queries per key
+            for ph in phases:
+                a = acc[(l, ph)]
+                p = "blocks.%d.attn.dyn.%s." % (l, ph)
+                terms_q = np.zeros((T, N, N))              # query-side part of C - I
+                terms_k = np.zeros((T, N, N))              # key-side part
+                eye = np.eye(N)
+                if not c.key_wise:
+                    qp = np.einsum("tin,tim->tnm", cache[p + "qw1"].astype(np.float64), cache[p + "qw2"]) * block
+                    qg = cache[p + "qdd"][:, :, None] * eye
+                    a["sums"]["qp"] += float(n_t @ np.abs(qp).sum((1, 2)))
+                    a["sums"]["qg"] += float(n_t @ np.abs(qg).sum((1, 2)))
+                    terms_q = qp + qg
+                if not c.query_wise:
+                    kp = np.einsum("sin,sim->snm", cache[p + "kw1"].astype(np.float64), cache[p + "kw2"]) * block
+                    kg = cache[p + "kdd"][:, :, None] * eye
+                    a["sums"]["kp"] += float(n_s @ np.abs(kp).sum((1, 2)))
+                    a["sums"]["kg"] += float(n_s @ np.abs(kg).sum((1, 2)))
+                    terms_k = kp + kg
+                W = statics[(l, ph)]
+                if W is not None:
+                    a["sums"]["static"] += float(ok.sum() * np.abs(W).sum())
+                X = cache["blocks.%d.attn.%s" % (l, "scores" if ph == "pre" else "pattern")].astype(np.float64)
+                X = np.where(ok[None], X, 0.0)             # [N, T, S], only allowed pairs
+                for t0 in range(0, T, chunk):
+                    t1 = min(T, t0 + chunk)
+                    cmi = terms_q[t0:t1, None] + terms_k[None, :]     # [c, S, N, N] = C - I
+                    if W is not None:
+                        cmi = cmi + W
+                    m = ok[t0:t1]
+                    a["sums"]["total"] += float(np.abs(cmi[m]).sum())
+                    flow = np.einsum("nts,tsnm->tnm", X[:, t0:t1], cmi)  # [c, N, N]
+                    a["flow"] += np.abs(flow).sum(0)
+                a["pairs"] += int(ok.sum())
+                a["queries"] += T
+    out = {}
+    for (l, ph), a in acc.items():
+        denom = a["pairs"] * N * N
+        mean_abs = {b: v / denom for b, v in a["sums"].items()}
+        flow = a["flow"] / a["queries"]
+        off = [(n, m, float(flow[n, m])) for n in range(N) for m in range(N) if n != m]
+        off.sort(key=lambda x: -x[2])
+        out[(l, ph)] = CompositionStats(l, ph, mean_abs, flow, off[:top], a["pairs"], a["queries"])
+    return out
+
+
+# ------------------------------------------------------------ MoH head load
+
+
+def head_load(model: Model, dataset, progress: bool = True) -> np.ndarray:
+    """[L, N - hs]: per layer, the fraction of the dataset's tokens that select
+    each routed head (Mixture-of-Head models)."""
+    c = model.config
+    if c.moh_shared_heads is None:
+        raise Error("%s has no Mixture-of-Head routing ('moh' is not in its config)" % model.name)
+    k = c.moh_routed_topk
+    names = ["blocks.%d.attn.router_logits" % l for l in range(c.n_layer)]
+    counts = np.zeros((c.n_layer, c.n_head - c.moh_shared_heads))
+    n_tok = 0
+    for toks in iter_dataset(model, dataset, progress, "head load"):
+        _, cache = model.run_with_cache(toks, names=names)
+        for l, nm in enumerate(names):
+            lg = cache[nm]
+            top = np.argsort(-lg, axis=-1, kind="stable")[:, :k]   # larger logit, then lower index
+            np.add.at(counts[l], top.ravel(), 1)
+        n_tok += len(toks)
+    return counts / n_tok
+
+
+# ------------------------------------------------------------ plots
+
+
+def _fig(w, h):
+    from matplotlib.figure import Figure
+    return Figure(figsize=(w, h), layout="constrained")
+
+
+def plot_pca(results: Dict[int, PCAResult], title: Optional[str] = None):
+    """Cumulative captured variance per layer, with the 90% line."""
+    fig = _fig(6, 4)
+    ax = fig.add_subplot()
+    for l, r in sorted(results.items()):
+        ax.plot(np.arange(1, len(r.cumulative) + 1), r.cumulative, marker=".",
+                label="layer %d (%d for 90%%)" % (l, r.n_components_90))
+    ax.axhline(0.9, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("principal components")
+    ax.set_ylabel("captured variance")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize="small")
+    ax.set_title(title or "PCA of head outputs")
+    return fig
+
+
+def plot_similarity(S: np.ndarray, title: Optional[str] = None):
+    """A head-by-head similarity matrix (diverging colours, range [-1, 1])."""
+    fig = _fig(4.5, 4)
+    ax = fig.add_subplot()
+    im = ax.imshow(np.asarray(S), cmap="RdBu_r", vmin=-1, vmax=1)
+    ax.set_xlabel("head")
+    ax.set_ylabel("head")
+    ax.set_title(title or "head similarity")
+    fig.colorbar(im, ax=ax)
+    return fig
+
+
+def plot_composition_stats(stats: Dict[Tuple[int, str], CompositionStats], title: Optional[str] = None):
+    """Mean |C - I| per branch and layer (one bar group per phase), and the
+    pair-flow matrix of the layer/phase with the largest total."""
+    fig = _fig(10, 4)
+    ax, ax2 = fig.subplots(1, 2)
+    keys = sorted(stats)
+    branches = list(next(iter(stats.values())).mean_abs)
+    x = np.arange(len(keys))
+    wdt = 0.8 / len(branches)
+    for i, b in enumerate(branches):
+        ax.bar(x + i * wdt, [stats[k].mean_abs[b] for k in keys], wdt, label=b)
+    ax.set_xticks(x + 0.4 - wdt / 2, ["L%d %s" % k for k in keys], rotation=45, fontsize="small")
+    ax.set_ylabel("mean |C - I|")
+    ax.legend(fontsize="small")
+    best = max(keys, key=lambda k: stats[k].mean_abs["total"])
+    im = ax2.imshow(stats[best].pair_flow, cmap="viridis")
+    ax2.set_title("flow source -> target, layer %d %s" % best)
+    ax2.set_xlabel("target head")
+    ax2.set_ylabel("source head")
+    fig.colorbar(im, ax=ax2)
+    fig.suptitle(title or "composition statistics")
+    return fig
+
+
+def plot_head_load(load: np.ndarray, title: Optional[str] = None):
+    """[L, routed heads] head load as a heatmap."""
+    fig = _fig(5, 3.5)
+    ax = fig.add_subplot()
+    im = ax.imshow(np.asarray(load), cmap="viridis", vmin=0, aspect="auto")
+    ax.set_xlabel("routed head")
+    ax.set_ylabel("layer")
+    ax.set_title(title or "MoH head load")
+    fig.colorbar(im, ax=ax)
+    return fig
+
+
+def plot_diversity(div: Dict[str, np.ndarray], layers: Optional[Sequence[int]] = None,
+                   title: Optional[str] = None):
+    """QK / OV diversity (mean cumulative captured variance) per layer."""
+    fig = _fig(5, 3.5)
+    ax = fig.add_subplot()
+    for kind, v in div.items():
+        xs = list(layers) if layers is not None else list(range(len(v)))
+        ax.plot(xs, v, marker="o", label=kind.upper())
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean captured variance (lower: more diverse)")
+    ax.legend()
+    ax.set_title(title or "head diversity (DCFormer Fig. 5)")
+    return fig

@@ -1,0 +1,222 @@
+"""Analyses of a Cache: residual-stream decompositions and direct logit
+attribution (TransformerLens' ActivationCache helpers).
+
+Activations keep their layout ([T, D], or [B, T, D] for a batch); a stack
+adds a leading component axis C: [C, T, D] / [C, B, T, D].
+
+The residual stream is exactly additive in DCPythia and Pythia (parallel or
+sequential residual alike):
+
+    resid_post[L-1] = embed + sum_l (attn.out[l] + mlp.out[l])
+    attn.out[l]     = sum_n head_out[l, n] + b_O[l]
+
+so decompose_resid / stack_head_results sum back to the residual, and
+dla() returns components that sum to the logit: LayerNorm is linear once
+its scale (from the full residual) is fixed, and ln_final's bias is its own
+component.
+
+    logits, cache = model.run_with_cache(toks)
+    attrs, labels = dcscope.cache.dla(cache, token=tok, pos=-1)
+    assert abs(attrs.sum() - logits[-1, tok]) < 1e-3
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple, Union
+
+import numpy as np
+
+from .model import Cache, Error
+
+
+def _need(cache: Cache, name: str) -> np.ndarray:
+    if name not in cache:
+        raise Error("cache has no %s: capture it (run_with_cache(names=None) captures every hook)" % name)
+    return cache[name]
+
+
+def _model(cache: Cache):
+    if cache.model is None:
+        raise Error("this cache has no model attached (it was not made by run_with_cache)")
+    return cache.model
+
+
+def _layer_arg(model, layer: Optional[int]) -> int:
+    L = model.config.n_layer
+    if layer is None:
+        return L
+    if not isinstance(layer, (int, np.integer)) or not -L <= layer <= L:
+        raise Error("layer must be an integer in [-%d, %d] or None, got %r" % (L, L, layer))
+    return int(layer) % (L + 1) if layer < 0 else int(layer)
+
+
+def _final_resid(cache: Cache, model, layer: int) -> np.ndarray:
+    """The residual entering block `layer` (layer == L: the final residual)."""
+    L = model.config.n_layer
+    if layer == L:
+        return _need(cache, "blocks.%d.resid_post" % (L - 1))
+    return _need(cache, "blocks.%d.resid_pre" % layer)
+
+
+def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
+                      return_labels: bool = False):
+    """[layer + 1, ..., D]: the residual entering blocks 0 .. layer-1, then the
+    one entering `layer` (None: after the last block). Labels "0_pre",
+    "1_pre", ..., "final_post"."""
+    model = _model(cache)
+    L = model.config.n_layer
+    upto = _layer_arg(model, layer)
+    parts = [_need(cache, "blocks.%d.resid_pre" % l) for l in range(upto)]
+    labels = ["%d_pre" % l for l in range(upto)]
+    if upto == L:
+        parts.append(_need(cache, "blocks.%d.resid_post" % (L - 1)))
+        labels.append("final_post")
+    else:
+        parts.append(_need(cache, "blocks.%d.resid_pre" % upto))
+        labels.append("%d_pre" % upto)
+    out = np.stack(parts)
+    if apply_ln:
+        out = apply_ln_to_stack(cache, out, layer=layer, whole=True)
+    return (out, labels) if return_labels else out
+
+
+def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
+                    return_labels: bool = False):
+    """[1 + 2*layer, ..., D]: embed, then attn.out and mlp.out of each block
+    before `layer` (None: all); they sum to the residual entering `layer`."""
+    model = _model(cache)
+    upto = _layer_arg(model, layer)
+    parts, labels = [_need(cache, "embed")], ["embed"]
+    for l in range(upto):
+        parts += [_need(cache, "blocks.%d.attn.out" % l), _need(cache, "blocks.%d.mlp.out" % l)]
+        labels += ["%d_attn_out" % l, "%d_mlp_out" % l]
+    out = np.stack(parts)
+    if apply_ln:
+        out = apply_ln_to_stack(cache, out, layer=layer)
+    return (out, labels) if return_labels else out
+
+
+def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
+                       return_labels: bool = False, incl_remainder: bool = False):
+    """[layer*N (+1), ..., D]: every head's head_out of the blocks before
+    `layer` (None: all), labels "L{l}H{n}"; incl_remainder adds the rest of
+    the residual (embed, attention biases, MLPs) as a last component."""
+    model = _model(cache)
+    upto = _layer_arg(model, layer)
+    N = model.config.n_head
+    parts, labels = [], []
+    for l in range(upto):
+        ho = _need(cache, "blocks.%d.attn.head_out" % l)        # [..., T, N, D]
+        parts += [ho[..., n, :] for n in range(N)]
+        labels += ["L%dH%d" % (l, n) for n in range(N)]
+    if not parts and not incl_remainder:
+        raise Error("stack_head_results: no layers before layer %d" % upto)
+    if incl_remainder:
+        total = _final_resid(cache, model, upto)
+        rest = total - (np.sum(parts, axis=0) if parts else 0)
+        parts.append(rest)
+        labels.append("remainder")
+    out = np.stack(parts)
+    if apply_ln:
+        out = apply_ln_to_stack(cache, out, layer=layer)
+    return (out, labels) if return_labels else out
+
+
+def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = None,
+                      whole: bool = False) -> np.ndarray:
+    """The LayerNorm before `layer`'s attention (None: ln_final) applied to
+    each component as the linear map it is once the scale is fixed by the
+    full residual at that point: (c - mean(c)) / sigma(total) * w, bias left
+    out. Summed over components it gives LN(total) - b. whole=True: each
+    component is itself a full residual (accumulated_resid) and gets its own
+    scale."""
+    model = _model(cache)
+    upto = _layer_arg(model, layer)
+    c = model.config
+    if upto == c.n_layer:
+        w = np.asarray(model.ln_final_w, np.float64)
+    else:
+        w = np.asarray(model.weight("layers.%d.attention_norm.weight" % upto), np.float64)
+    stack = np.asarray(stack, np.float64)
+    centred = stack - stack.mean(-1, keepdims=True)
+    if whole:
+        scale = np.sqrt((centred ** 2).mean(-1, keepdims=True) + c.norm_eps)
+    else:
+        total = np.asarray(_final_resid(cache, model, upto), np.float64)
+        tc = total - total.mean(-1, keepdims=True)
+        scale = np.sqrt((tc ** 2).mean(-1, keepdims=True) + c.norm_eps)
+        if stack.shape[1:] != total.shape:
+            raise Error("apply_ln_to_stack: stack is %s, expected [C, %s]"
+                        % (list(stack.shape), ", ".join(map(str, total.shape))))
+    return centred / scale * w
+
+
+def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
+                has_ln: bool = False) -> np.ndarray:
+    """Direct logit attribution of each component: [C, ...] =
+    ln(stack) @ W_U[:, tokens] (minus W_U[:, incorrect_tokens] if given).
+    tokens: an id, or an int array shaped like stack's middle axes
+    (e.g. [T] for a [C, T, D] stack). has_ln: the stack already went
+    through apply_ln_to_stack."""
+    model = _model(cache)
+    normed = np.asarray(stack, np.float64) if has_ln else apply_ln_to_stack(cache, stack)
+    WU = np.asarray(model.W_U, np.float64)                    # [D, V]
+    mid = normed.shape[1:-1]
+
+    def cols(t):
+        t = np.asarray(t)
+        if t.dtype.kind not in "iu" or (t.size and (t.min() < 0 or t.max() >= WU.shape[1])):
+            raise Error("logit_attrs: tokens must be ids in [0, %d)" % WU.shape[1])
+        return np.broadcast_to(WU.T[t], mid + (WU.shape[0],)) if t.ndim else WU[:, int(t)]
+
+    d = cols(tokens)
+    if incorrect_tokens is not None:
+        d = d - cols(incorrect_tokens)
+    return (normed * d).sum(-1)
+
+
+def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
+        by: str = "head") -> Tuple[np.ndarray, List[str]]:
+    """Direct logit attribution of the logit of `token` at position `pos`,
+    into components that sum to that logit (to float rounding): embed, then
+    per layer each head (by="head") or the whole attention (by="layer"), the
+    attention output bias, the MLP, and last ln_final's bias. Returns
+    (attrs [C] float64, labels). batch: the row of a batched cache."""
+    model = _model(cache)
+    if by not in ("head", "layer"):
+        raise Error("dla: by must be 'head' or 'layer', not %r" % (by,))
+    L, N = model.config.n_layer, model.config.n_head
+
+    def at(name):
+        a = _need(cache, name)
+        if batch is not None:
+            a = a[batch]
+        if a.ndim < 2:
+            raise Error("dla: %s has no position axis (pass batch= for a batched cache)" % name)
+        return a[pos]
+
+    if batch is None and _need(cache, "embed").ndim == 3:
+        raise Error("dla: the cache is batched: pass batch=<row>")
+    parts, labels = [at("embed")], ["embed"]
+    bo = model.b_O
+    for l in range(L):
+        if by == "head":
+            ho = at("blocks.%d.attn.head_out" % l)          # [N, D]
+            parts += list(ho)
+            labels += ["L%dH%d" % (l, n) for n in range(N)]
+            parts.append(bo[l])
+            labels.append("L%d.attn_bias" % l)
+        else:
+            parts.append(at("blocks.%d.attn.out" % l))
+            labels.append("L%d.attn" % l)
+        parts.append(at("blocks.%d.mlp.out" % l))
+        labels.append("L%d.mlp" % l)
+    stack = np.asarray(np.stack(parts), np.float64)             # [C, D]
+    total = np.asarray(at("blocks.%d.resid_post" % (L - 1)), np.float64)
+    eps = model.config.norm_eps
+    tc = total - total.mean()
+    scale = np.sqrt((tc ** 2).mean() + eps)
+    w = np.asarray(model.ln_final_w, np.float64)
+    u = np.asarray(model.W_U, np.float64)[:, int(token)]
+    attrs = ((stack - stack.mean(-1, keepdims=True)) / scale * w) @ u
+    bias = float(np.asarray(model.ln_final_b, np.float64) @ u)
+    return np.concatenate([attrs, [bias]]), labels + ["ln_final.bias"]

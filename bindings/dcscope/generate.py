@@ -1,0 +1,167 @@
+"""Generation with the engine's incremental decoder (dcs_decoder in dcscope.h).
+
+The decoder keeps per layer the K/V cache and the KW cache (key-side
+composition weights kw1, kw2, kdd of both phases, as the published DCFormer
+module keeps); local layers keep only their window. Feeding tokens step by
+step gives the logits of a full forward over the whole text (tested).
+
+    text = model.generate("The cat", max_new_tokens=20)              # greedy
+    ids = model.generate(toks, 20, temperature=0.8, top_k=40, seed=0, return_type="tokens")
+
+Hooks work while decoding: fwd_hooks are called at every step with the
+step's activations ([1, n, ...] for the n tokens fed; attention maps
+[1, N, n, P] over the P positions so far, see dcscope.h).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._engine import ffi, lib
+from .model import Error, HookFn, Model, _Run, _check
+
+
+class Decoder:
+    """An incremental decoding session on a model (one sequence).
+
+    >>> dec = Decoder(model)
+    >>> logits = dec.step(prompt_ids)      # [n, V]: prefill
+    >>> logits = dec.step([next_id])       # [1, V]
+    """
+
+    def __init__(self, model: Model):
+        self.model = model
+        out = ffi.new("dcs_decoder **")
+        _check(lib.dcs_decoder_new(model._m, out), model._errmsg())
+        # the engine keeps the model alive until its last decoder is freed,
+        # whatever order the garbage collector finalizes them in
+        self._d = ffi.gc(out[0], lib.dcs_decoder_free)
+
+    @property
+    def pos(self) -> int:
+        """Tokens fed so far."""
+        return int(lib.dcs_decoder_pos(self._d))
+
+    def layer_keys(self, layer: int) -> int:
+        """Key positions layer `layer` holds (window_size + 1 at most on a local layer)."""
+        n = int(lib.dcs_decoder_layer_keys(self._d, layer))
+        if n < 0:
+            raise Error("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
+        return n
+
+    def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True,
+             cache_names=()) -> Union[np.ndarray, Tuple[np.ndarray, dict]]:
+        """Feed tokens [n]; returns their logits [n, V], and a cache of this
+        step's activations when cache_names is given (None: every hook)."""
+        m = self.model
+        toks = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
+        if toks.size == 0 or toks.dtype.kind not in "iu":
+            raise Error("decode: tokens must be a non-empty integer array, got %r" % (tokens,))
+        if toks.min() < 0 or toks.max() >= m.config.vocab:
+            raise Error("decode: token id %d is out of range [0, %d)"
+                        % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab))
+        toks = toks.astype(np.int32)
+        n = toks.size
+        run = _Run(m, False)
+        L = m.config.n_layer
+        want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
+        want_cache = cache_names is None or bool(cache_names)
+        for name in (m._select(cache_names) if want_cache else ()):
+            p, l = m.parse_hook(name)
+            run.capture[(p, l)] = name
+            want[p * L + l] = 1
+        for name, fn in list(fwd_hooks) + list(getattr(m, "_ctx_hooks", [])):
+            if not callable(fn):
+                raise Error("hook %s: %r is not callable" % (name, fn))
+            name = m.resolve_hook(name)
+            p, l = m.parse_hook(name)
+            run.fns.setdefault((p, l), []).append((name, fn))
+            want[p * L + l] = 1
+        out = np.empty((n, m.config.vocab), dtype=np.float32) if logits else None
+        hooks = ffi.NULL
+        if want.any():
+            handle = ffi.new_handle(run)
+            hooks = ffi.new("dcs_hooks *")
+            hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
+            hooks.fn = lib._dcs_py_hook
+            hooks.user = handle
+        st = lib.dcs_decoder_step(self._d, ffi.cast("const int32_t *", ffi.from_buffer(toks)), n,
+                                  ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL,
+                                  hooks)
+        if run.error is not None:
+            e = run.error
+            if isinstance(e, Error):
+                raise e
+            raise Error("%s: %s: %s" % (m._errmsg().replace(" aborted the decoding step", ""),
+                                        type(e).__name__, e)) from e
+        _check(st, m._errmsg())
+        run.cache.model = m
+        return (out, run.cache) if want_cache else out
+
+
+def _sample(logits: np.ndarray, temperature: float, top_k: Optional[int], rng) -> int:
+    if temperature == 0:
+        return int(np.argmax(logits))
+    x = logits.astype(np.float64) / temperature
+    if top_k is not None and top_k < x.size:
+        cut = np.partition(x, -top_k)[-top_k]
+        x = np.where(x >= cut, x, -np.inf)
+    x = x - x.max()
+    p = np.exp(x)
+    p /= p.sum()
+    return int(rng.choice(x.size, p=p))
+
+
+def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float = 0.0,
+             top_k: Optional[int] = None, stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
+             seed: Optional[int] = None, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+             return_type: str = "auto", verbose: bool = False):
+    """Continue `prompt` (a string, a [T] token array, or a list of either)
+    by up to max_new_tokens tokens.
+
+    temperature=0 is greedy (argmax); otherwise softmax(logits / temperature)
+    sampling, restricted to the top_k tokens when top_k is given (seed for a
+    repeatable stream). stop: a token id, a string, or a list of them;
+    generation ends after a stop token, or once the decoded continuation
+    contains a stop string (the string is kept). return_type: "str" (prompt
+    plus continuation), "tokens" (prompt ids plus new ids, [T + new]), or
+    "auto" (str for a str prompt, tokens otherwise). A list of prompts gives
+    a list of results (each decoded on its own)."""
+    if isinstance(prompt, (list, tuple)) and prompt and (isinstance(prompt[0], str) or np.ndim(prompt[0]) == 1):
+        return [generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type,
+                         verbose) for p in prompt]
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise Error("generate: max_new_tokens must be an integer >= 0, got %r" % (max_new_tokens,))
+    if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
+        raise Error("generate: temperature must be a finite number >= 0, got %r" % (temperature,))
+    if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
+        raise Error("generate: top_k must be an integer >= 1 or None, got %r" % (top_k,))
+    if return_type not in ("auto", "str", "tokens"):
+        raise Error("generate: return_type must be 'auto', 'str' or 'tokens', not %r" % (return_type,))
+    is_text = isinstance(prompt, str)
+    toks = model.to_tokens(prompt) if is_text else np.asarray(prompt)
+    if toks.ndim != 1 or toks.size == 0:
+        raise Error("generate: the prompt must be a non-empty string or [T] token array, got shape %s"
+                    % (toks.shape,))
+    stops = [] if stop is None else ([stop] if isinstance(stop, (str, int, np.integer)) else list(stop))
+    stop_ids = {int(s) for s in stops if not isinstance(s, str)}
+    stop_strs = [s for s in stops if isinstance(s, str)]
+    rng = np.random.default_rng(seed)
+    dec = Decoder(model)
+    new: List[int] = []
+    if max_new_tokens:
+        logits = dec.step(toks, fwd_hooks=fwd_hooks)[-1]
+        for i in range(max_new_tokens):
+            t = _sample(logits, float(temperature), top_k, rng)
+            new.append(t)
+            if verbose:
+                print(model.to_string([t]), end="", flush=True)
+            if t in stop_ids or (stop_strs and any(s in model.to_string(new) for s in stop_strs)):
+                break
+            if i + 1 < max_new_tokens:
+                logits = dec.step([t], fwd_hooks=fwd_hooks)[-1]
+    out = np.concatenate([np.asarray(toks, dtype=np.int64), np.asarray(new, dtype=np.int64)])
+    if return_type == "tokens" or (return_type == "auto" and not is_text):
+        return out
+    return model.to_string(out)

@@ -1,0 +1,139 @@
+"""Hook names: short names, TransformerLens aliases, and dcscope.hook_name.
+
+dcscope's own names (shared/docs/hooks.md) are canonical: caches are keyed
+by them. Everywhere a hook name is taken (run_with_cache names /
+names_filter, run_with_hooks, cache[...], interventions, patching) the
+TransformerLens spelling works too:
+
+| TransformerLens                   | dcscope                     |
+|-----------------------------------|-----------------------------|
+| hook_embed                        | embed                       |
+| blocks.{l}.hook_resid_pre         | blocks.{l}.resid_pre        |
+| blocks.{l}.ln1.hook_normalized    | blocks.{l}.ln_attn          |
+| blocks.{l}.attn.hook_q / _k / _v  | blocks.{l}.attn.q / k / v   |
+| blocks.{l}.attn.hook_attn_scores  | blocks.{l}.attn.scores      |
+| blocks.{l}.attn.hook_pattern      | blocks.{l}.attn.pattern     |
+| blocks.{l}.attn.hook_z            | blocks.{l}.attn.z           |
+| blocks.{l}.attn.hook_result       | blocks.{l}.attn.head_out    |
+| blocks.{l}.hook_attn_out          | blocks.{l}.attn.out         |
+| blocks.{l}.ln2.hook_normalized    | blocks.{l}.ln_mlp           |
+| blocks.{l}.mlp.hook_pre / _post   | blocks.{l}.mlp.pre / post   |
+| blocks.{l}.hook_mlp_out           | blocks.{l}.mlp.out          |
+| blocks.{l}.hook_resid_post        | blocks.{l}.resid_post       |
+| ln_final.hook_normalized          | ln_final                    |
+| (none: the unembed output)        | logits                      |
+
+Notes: TransformerLens' attn_scores are after the mask; dcscope's scores are
+before composition and mask (masked cells hold q.k). In a DCMHA layer the
+weights that multiply v are attn.pattern_composed (post-compose of the
+softmax output attn.pattern); in Pythia they are attn.pattern. There is no
+resid_mid: DCPythia and Pythia use a parallel residual.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+# TransformerLens suffix (after "blocks.{l}.") -> dcscope suffix
+TL_LAYER_ALIASES = {
+    "hook_resid_pre": "resid_pre",
+    "ln1.hook_normalized": "ln_attn",
+    "attn.hook_q": "attn.q",
+    "attn.hook_k": "attn.k",
+    "attn.hook_v": "attn.v",
+    "attn.hook_attn_scores": "attn.scores",
+    "attn.hook_pattern": "attn.pattern",
+    "attn.hook_z": "attn.z",
+    "attn.hook_result": "attn.head_out",
+    "hook_attn_out": "attn.out",
+    "ln2.hook_normalized": "ln_mlp",
+    "mlp.hook_pre": "mlp.pre",
+    "mlp.hook_post": "mlp.post",
+    "hook_mlp_out": "mlp.out",
+    "hook_resid_post": "resid_post",
+}
+TL_GLOBAL_ALIASES = {
+    "hook_embed": "embed",
+    "ln_final.hook_normalized": "ln_final",
+}
+_REVERSE_LAYER = {v: k for k, v in TL_LAYER_ALIASES.items()}
+_REVERSE_GLOBAL = {v: k for k, v in TL_GLOBAL_ALIASES.items()}
+
+# Short names for hook_name() / cache[short, layer]: TransformerLens' short
+# names (get_act_name) plus dcscope's suffixes.
+SHORT = {
+    "embed": "embed", "ln_final": "ln_final", "logits": "logits", "normalized": "ln_final",
+    "resid_pre": "resid_pre", "resid_post": "resid_post",
+    "ln1": "ln_attn", "ln_attn": "ln_attn", "ln2": "ln_mlp", "ln_mlp": "ln_mlp",
+    "q": "attn.q", "k": "attn.k", "v": "attn.v", "z": "attn.z",
+    "scores": "attn.scores", "attn_scores": "attn.scores", "scores_composed": "attn.scores_composed",
+    "pattern": "attn.pattern", "attn": "attn.pattern", "pattern_composed": "attn.pattern_composed",
+    "result": "attn.head_out", "head_out": "attn.head_out", "attn_out": "attn.out",
+    "pre": "mlp.pre", "post": "mlp.post", "mlp_pre": "mlp.pre", "mlp_post": "mlp.post",
+    "mlp_out": "mlp.out",
+}
+_GLOBAL = {"embed", "ln_final", "logits"}
+
+
+def canonical(name: str) -> str:
+    """The dcscope name of a hook given in either spelling (unknown names pass
+    through unchanged, for the engine to report)."""
+    if not isinstance(name, str):
+        return name
+    if name in TL_GLOBAL_ALIASES:
+        return TL_GLOBAL_ALIASES[name]
+    m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
+    if m and m.group(2) in TL_LAYER_ALIASES:
+        return "blocks.%s.%s" % (m.group(1), TL_LAYER_ALIASES[m.group(2)])
+    return name
+
+
+def tl_alias(name: str) -> Optional[str]:
+    """The TransformerLens spelling of a dcscope name, or None if it has none."""
+    if name in _REVERSE_GLOBAL:
+        return _REVERSE_GLOBAL[name]
+    m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
+    if m and m.group(2) in _REVERSE_LAYER:
+        return "blocks.%s.%s" % (m.group(1), _REVERSE_LAYER[m.group(2)])
+    return None
+
+
+def hook_name(name: str, layer: Optional[int] = None) -> str:
+    """The full dcscope hook name of a short name and layer (TransformerLens'
+    utils.get_act_name): hook_name("pattern", 3) -> "blocks.3.attn.pattern",
+    hook_name("post.kp", 2) -> "blocks.2.attn.post.kp", hook_name("embed") ->
+    "embed". Full names (either spelling) are returned canonical; a negative
+    layer counts from the end only through Model.hook_name (it needs n_layer)."""
+    from .model import Error
+    if not isinstance(name, str):
+        raise Error("hook_name: name must be a string, not %r" % (name,))
+    full = canonical(name)
+    if full.startswith("blocks.") or full in _GLOBAL:
+        if layer is not None and full in _GLOBAL:
+            raise Error("hook_name: %r is not a per-layer hook (no layer)" % name)
+        return full
+    suffix = SHORT.get(name)
+    if suffix is None:
+        if name.startswith(("attn.", "mlp.")):
+            suffix = name
+        elif name.startswith(("pre.", "post.", "dyn.")):
+            suffix = "attn." + name
+        else:
+            raise Error("hook_name: unknown short name %r (known: %s, or a suffix such as 'attn.post.kp')"
+                        % (name, ", ".join(sorted(SHORT))))
+    if suffix in _GLOBAL:
+        if layer is not None:
+            raise Error("hook_name: %r is not a per-layer hook (no layer)" % name)
+        return suffix
+    if layer is None:
+        raise Error("hook_name: %r is a per-layer hook: give a layer" % name)
+    if not isinstance(layer, (int,)) or isinstance(layer, bool) or layer < 0:
+        try:
+            import numpy as np
+            if isinstance(layer, np.integer) and layer >= 0:
+                layer = int(layer)
+            else:
+                raise TypeError
+        except TypeError:
+            raise Error("hook_name: layer must be an integer >= 0, not %r" % (layer,))
+    return "blocks.%d.%s" % (layer, suffix)
