@@ -381,7 +381,8 @@ static int fused_supported(const dcs_model *m, int l) {
     if (!c->use_dcmha) return 1;
     if (c->key_wise || c->use_sw || c->compose_groups != 1) return 0;
     if (c->dyn_rank < 1 || c->dyn_rank > DCS_MAX_R) return 0;
-    return (c->dyn_slots == 4 && !c->query_wise) || (c->dyn_slots == 2 && c->query_wise);
+    /* query_wise: the key side is absent (dw.*[ph][1] NULL), whatever the slots */
+    return c->dyn_slots == 4 || (c->dyn_slots == 2 && c->query_wise);
 }
 
 static void attention_out(fw *f, int l, float *z, float *out);
