@@ -1,7 +1,7 @@
 /*
  * test_kernels.c -- the CPU backend's fast-path kernels against the plain
  * per-element math of dcs_math.h:
- *   - dcs_compose_row (vectorised across keys) equals dcs_compose_pair bit
+ *   - dcs_compose_row (vectorised across keys) equals dcs_compose_pair_plain bit
  *     for bit, branches included, in place and not, with and without the
  *     key side;
  *   - the backend's compose over [B, N, T, S] equals the pair form;
@@ -68,9 +68,9 @@ static void test_row_vs_pair(int N, int R, int L, int keyside, int inplace, int 
         bg[k] = calloc((size_t)N * hs, sizeof(float));
     }
     for (int s = 0; s < L; s++)
-        dcs_compose_pair(a + s, want + s, hs, N, R, qw1, qw2, keyside ? kw1 + (size_t)s * R * N : NULL,
-                         keyside ? kw2 + (size_t)s * R * N : NULL, qdd, keyside ? kdd + (size_t)s * N : NULL,
-                         bw[0] + s, bw[1] + s, bw[2] + s, bw[3] + s, bw[4] + s);
+        dcs_compose_pair_plain(a + s, want + s, hs, N, R, qw1, qw2, keyside ? kw1 + (size_t)s * R * N : NULL,
+                               keyside ? kw2 + (size_t)s * R * N : NULL, qdd, keyside ? kdd + (size_t)s * N : NULL,
+                               bw[0] + s, bw[1] + s, bw[2] + s, bw[3] + s, bw[4] + s, NULL);
     float *dst = out;
     if (inplace) {
         memcpy(out, a, sizeof(float) * N * hs);
@@ -300,8 +300,10 @@ int main(void)
         float *wb[5];
         for (int k = 0; k < 5; k++) { br[k] = malloc(nm * 4); wb[k] = malloc(nm * 4); }
         for (int causal = 0; causal < 2; causal++) {
-            dcs_compose_args a = {o1, in, qw1, qw2, kw1, kw2, qdd, kdd, {br[0], NULL, br[2], NULL, br[4]},
-                                  B, N, T, T, R, causal, causal ? 7 : 0};
+            dcs_compose_args a = {.out = o1, .in = in, .qw1 = qw1, .qw2 = qw2, .kw1 = kw1, .kw2 = kw2,
+                                  .qdd = qdd, .kdd = kdd, .br = {br[0], NULL, br[2], NULL, br[4], NULL},
+                                  .B = B, .N = N, .T = T, .S = T, .R = R, .G = 1,
+                                  .causal_only = causal, .window = causal ? 7 : 0};
             b2->compose(b2, &a);
             for (int b = 0; b < B; b++)
                 for (int t = 0; t < T; t++)
@@ -312,11 +314,11 @@ int main(void)
                                 for (int k = -1; k < 5; k++) (k < 0 ? o2 : wb[k])[o + (size_t)n * T * T] = 0.0f;
                             continue;
                         }
-                        dcs_compose_pair(in + o, o2 + o, (long long)T * T, N, R, qw1 + ((size_t)b * T + t) * R * N,
-                                         qw2 + ((size_t)b * T + t) * R * N, kw1 + ((size_t)b * T + s) * R * N,
-                                         kw2 + ((size_t)b * T + s) * R * N, qdd + ((size_t)b * T + t) * N,
-                                         kdd + ((size_t)b * T + s) * N, wb[0] + o, wb[1] + o, wb[2] + o,
-                                         wb[3] + o, wb[4] + o);
+                        dcs_compose_pair_plain(in + o, o2 + o, (long long)T * T, N, R, qw1 + ((size_t)b * T + t) * R * N,
+                                               qw2 + ((size_t)b * T + t) * R * N, kw1 + ((size_t)b * T + s) * R * N,
+                                               kw2 + ((size_t)b * T + s) * R * N, qdd + ((size_t)b * T + t) * N,
+                                               kdd + ((size_t)b * T + s) * N, wb[0] + o, wb[1] + o, wb[2] + o,
+                                               wb[3] + o, wb[4] + o, NULL);
                     }
             int same = memcmp(o1, o2, nm * 4) == 0 && memcmp(br[0], wb[0], nm * 4) == 0 &&
                        memcmp(br[2], wb[2], nm * 4) == 0 && memcmp(br[4], wb[4], nm * 4) == 0;
