@@ -76,4 +76,23 @@ dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, 
                                 char *err, size_t errlen);
 void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]);
 void dcs_buffer_free(void *p);
+
+typedef struct dcs_tape dcs_tape;
+typedef struct { int point; int layer; const float *data; } dcs_hook_override;
+typedef struct { int point; int layer; float *grad; } dcs_hook_grad;
+dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out);
+void dcs_tape_free(dcs_tape *tp);
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
+                            int n_ov, float *logits);
+dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count);
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
+                             const dcs_hook_grad *g, int n_g);
+int dcs_param_count(const dcs_model *m);
+int64_t dcs_param_total(const dcs_model *m);
+dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset,
+                          int64_t *n, int *decay);
+dcs_status dcs_model_make_trainable(dcs_model *m);
+typedef struct { float lr, beta1, beta2, eps, weight_decay; } dcs_adamw;
+dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
+                          const dcs_adamw *h);
 """

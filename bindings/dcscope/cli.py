@@ -5,6 +5,7 @@
     dcscope info --model DIR
     dcscope models                            (the bundled models: every --model takes their names)
     dcscope make-tiny OUT_DIR [options]      (a generated checkpoint, see dcscope.testing)
+    dcscope train --out DIR [options]        (train a small model, see dcscope.train)
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def _models(argv: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None}
+    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None, "train": None}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -136,6 +137,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if cmd == "make-tiny":
             from .testing.make_tiny import main as tiny_main
             return tiny_main(rest) or 0
+        if cmd == "train":
+            from .train import main as train_main
+            return train_main(rest)
         return cmds[cmd](rest)
     except Error as e:
         print("dcscope %s: error: %s" % (cmd, e), file=sys.stderr)

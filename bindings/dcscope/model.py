@@ -673,3 +673,17 @@ class Model(WeightsMixin):
         if cache is not None:
             return routing.gates_from_cache(self, cache, layer)
         return routing.gates(self, tokens, layer)
+
+    # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
+
+    def gradients(self, tokens, target, wrt, return_value: bool = False):
+        """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
+        from . import grad
+        return grad.gradients(self, tokens, target, wrt, return_value=return_value)
+
+    def attribute(self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero",
+                  progress: Optional[bool] = None):
+        """Integrated gradients or gradient x activation at hook points (attribution.py)."""
+        from . import attribution
+        return attribution.attribute(self, tokens, target, at, method=method, steps=steps,
+                                     baseline=baseline, progress=progress)

@@ -322,6 +322,46 @@ dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, 
 void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]);
 void dcs_buffer_free(void *p);
 
+/* ---------------------------------------------------------------- gradients, training */
+
+/* A tape runs a forward pass that keeps every activation the backward needs
+ * (B sequences of T tokens, CPU only), then the backward: gradients w.r.t.
+ * the parameters and at hook points (in the hook's batched layout). */
+typedef struct dcs_tape dcs_tape;
+
+/* Replace the activation at a hook point in dcs_tape_forward by `data`
+ * (the hook's batched layout); it is then a constant of the pass. */
+typedef struct { int point; int layer; const float *data; } dcs_hook_override;
+/* Receive the gradient at a hook point in dcs_tape_backward. */
+typedef struct { int point; int layer; float *grad; } dcs_hook_grad;
+
+dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out);
+void dcs_tape_free(dcs_tape *tp);
+/* tokens [B, T]; logits [B, T, V] or NULL. `ov` must outlive the backward. */
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
+                            int n_ov, float *logits);
+/* Mean cross-entropy over positions with targets [B, T] >= 0 (-1: none);
+ * its gradient becomes the tape's dlogits. */
+dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count);
+/* Backward from dlogits [B, T, V] (NULL: the one of dcs_tape_loss).
+ * param_grads: flat [dcs_param_total] accumulated (+=), or NULL. */
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
+                             const dcs_hook_grad *g, int n_g);
+
+/* Parameters: every weight by canonical name, in one flat layout. */
+int dcs_param_count(const dcs_model *m);
+int64_t dcs_param_total(const dcs_model *m);
+dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset,
+                          int64_t *n, int *decay);
+/* Copy weights that alias the checkpoint file into writable memory. */
+dcs_status dcs_model_make_trainable(dcs_model *m);
+
+typedef struct { float lr, beta1, beta2, eps, weight_decay; } dcs_adamw;
+/* AdamW on every parameter (decay only where dcs_param_info says so);
+ * mom, var flat [dcs_param_total]; step from 1. */
+dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
+                          const dcs_adamw *h);
+
 #ifdef __cplusplus
 }
 #endif

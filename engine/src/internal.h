@@ -370,6 +370,12 @@ void dcs_model_destroy(dcs_model *m);
  * fused attention path must fall back to the full one where this is 1. */
 int dcs_layer_needs_full_path(const dcs_model *m, int layer);
 
+/* Make the model's float* weights valid float32 host arrays (train.c: always
+ * so in this build). Called before the tape reads weights. */
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
+/* DCS_OK if the tape (gradients, training) handles this model (tape.c). */
+dcs_status dcs_tape_supported(dcs_model *m);
+
 /* Free the model's pooled activation buffers (forward.c). */
 void dcs_pool_clear(dcs_model *m);
 
@@ -382,5 +388,7 @@ int dcs_hook_is_post_softmax_map(int point);
 /* Make the float* weight fields of the model usable (float32). Callers that
  * read dcs_layer_weights directly (decode.c) call it first. */
 dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
+/* DCS_OK if the tape (gradients, training) handles this model (tape.c). */
+dcs_status dcs_tape_supported(dcs_model *m);
 
 #endif /* DCS_INTERNAL_H */

@@ -1,0 +1,216 @@
+"""Gradients: the engine's tape (forward keeping activations, then backward)
+seen from Python, and Model.gradients.
+
+Targets (one scalar per sequence; a batch's gradient w.r.t. an activation of
+sequence b is that of sequence b's own target, as if run one by one):
+
+* ``("logit", pos, token)``         logits[pos, token]
+* ``("logprob", pos, token)``       log softmax(logits[pos])[token]
+* ``("logit_diff", pos, good, bad)`` logits[pos, good] - logits[pos, bad]
+* ``"loss"`` or ``("loss", mask)``  mean next-token cross-entropy over the
+  predicting positions t < T-1 (mask: bool [T] or [B, T] selecting them)
+
+``pos`` may be negative (from the end). Gradients can be asked at every hook
+point of the model (hooks.md layout, batch axis first for a 2-D token array)
+and for every parameter by canonical name (``Model.weight`` names).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._engine import ffi, lib
+from .model import Error, _check
+
+
+def _ptr(a, kind="float *"):
+    return ffi.cast(kind, ffi.from_buffer(a))
+
+
+class Tape:
+    """One engine tape for B sequences of T tokens (CPU models only)."""
+
+    def __init__(self, model, B: int, T: int):
+        if model.device != "cpu":
+            raise Error("gradients and training run on the CPU only; this model is on %s "
+                        "(load it with device='cpu')" % model.device)
+        self.model = model
+        self.B, self.T = B, T
+        out = ffi.new("dcs_tape **")
+        _check(lib.dcs_tape_new(model._m, B, T, out), model._errmsg())
+        self._tp = ffi.gc(out[0], lib.dcs_tape_free)
+        self._keep = None
+
+    def _shape(self, point: int) -> Tuple[int, ...]:
+        shape = ffi.new("int64_t[6]")
+        nd = lib.dcs_hook_shape(self.model._m, point, self.B, self.T, shape)
+        return tuple(int(shape[i]) for i in range(nd))
+
+    def forward(self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
+                logits: bool = True) -> Optional[np.ndarray]:
+        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
+        ov = overrides or {}
+        keep = []
+        arr = ffi.new("dcs_hook_override[]", max(1, len(ov)))
+        for i, ((p, l), data) in enumerate(ov.items()):
+            d = np.ascontiguousarray(data, dtype=np.float32)
+            if d.shape != self._shape(p):
+                raise Error("override at %s: shape %s, expected %s"
+                            % (self.model._hook_name(p, l), d.shape, self._shape(p)))
+            keep.append(d)
+            arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
+        self._keep = (keep, arr)  # the engine reads them again in the backward
+        out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
+        st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov),
+                                  _ptr(out) if out is not None else ffi.NULL)
+        _check(st, self.model._errmsg())
+        return out
+
+    def loss(self, targets: np.ndarray) -> float:
+        """Mean cross-entropy over targets >= 0 (its gradient goes to the backward)."""
+        t = np.ascontiguousarray(targets, dtype=np.int32).reshape(self.B, self.T)
+        loss, cnt = ffi.new("double *"), ffi.new("int *")
+        _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model._errmsg())
+        return float(loss[0])
+
+    def backward(self, dlogits: Optional[np.ndarray] = None, param_grads: Optional[np.ndarray] = None,
+                 wrt: Sequence[Tuple[int, int]] = ()) -> Dict[Tuple[int, int], np.ndarray]:
+        outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
+        arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
+        for i, ((p, l), g) in enumerate(outs.items()):
+            arr[i].point, arr[i].layer, arr[i].grad = p, l, _ptr(g)
+        dl = ffi.NULL
+        if dlogits is not None:
+            dlogits = np.ascontiguousarray(dlogits, dtype=np.float32)
+            dl = _ptr(dlogits, "const float *")
+        pg = ffi.NULL
+        if param_grads is not None:
+            assert param_grads.dtype == np.float32 and param_grads.flags.c_contiguous
+            pg = _ptr(param_grads)
+        _check(lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs)), self.model._errmsg())
+        return outs
+
+
+def param_table(model) -> List[Tuple[str, int, int, bool]]:
+    """(canonical name, offset, size, decayed) of every parameter in the flat layout."""
+    rows = []
+    nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
+    for i in range(lib.dcs_param_count(model._m)):
+        _check(lib.dcs_param_info(model._m, i, nm, off, n, dec), model._errmsg())
+        rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
+    return rows
+
+
+# ------------------------------------------------------------------ targets
+
+def _pos(pos, T: int, what: str) -> int:
+    if not isinstance(pos, (int, np.integer)) or not -T <= int(pos) < T:
+        raise Error("target %s: position %r is outside the sequence of %d tokens" % (what, pos, T))
+    return int(pos) % T
+
+
+def _tok(tok, V: int, what: str) -> int:
+    if not isinstance(tok, (int, np.integer)) or not 0 <= int(tok) < V:
+        raise Error("target %s: token %r is outside the vocabulary [0, %d)" % (what, tok, V))
+    return int(tok)
+
+
+def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Per-sequence target values [B] and d(sum of them)/d logits [B, T, V]."""
+    B, T, V = logits.shape
+    lg = logits.astype(np.float64)
+    d = np.zeros_like(lg)
+    if isinstance(target, str):
+        target = (target,)
+    if not isinstance(target, (tuple, list)) or not target or not isinstance(target[0], str):
+        raise Error("target must be ('logit', pos, tok), ('logprob', pos, tok), "
+                    "('logit_diff', pos, good, bad) or 'loss' / ('loss', mask); got %r" % (target,))
+    kind = target[0]
+    if kind in ("logit", "logprob"):
+        if len(target) != 3:
+            raise Error("target %s needs (kind, pos, token), got %r" % (kind, target))
+        p, t = _pos(target[1], T, kind), _tok(target[2], V, kind)
+        val = lg[:, p, t].copy()
+        d[:, p, t] = 1.0
+        if kind == "logprob":
+            mx = lg[:, p].max(-1, keepdims=True)
+            e = np.exp(lg[:, p] - mx)
+            sm = e / e.sum(-1, keepdims=True)
+            val = val - (np.log(e.sum(-1)) + mx[:, 0])
+            d[:, p] -= sm
+    elif kind == "logit_diff":
+        if len(target) != 4:
+            raise Error("target logit_diff needs (kind, pos, good, bad), got %r" % (target,))
+        p = _pos(target[1], T, kind)
+        g, b = _tok(target[2], V, kind), _tok(target[3], V, kind)
+        val = lg[:, p, g] - lg[:, p, b]
+        d[:, p, g] += 1.0
+        d[:, p, b] -= 1.0
+    elif kind == "loss":
+        if len(target) > 2:
+            raise Error("target loss takes an optional mask only, got %r" % (target,))
+        if T < 2:
+            raise Error("target loss needs at least 2 tokens")
+        mask = np.ones((B, T), bool)
+        if len(target) == 2 and target[1] is not None:
+            mk = np.asarray(target[1])
+            if mk.dtype != bool or mk.shape not in ((T,), (B, T)):
+                raise Error("loss mask must be a bool array of shape [T] or [B, T], got %s %s" % (mk.dtype, mk.shape))
+            mask = np.broadcast_to(mk, (B, T)).copy()
+        mask[:, T - 1] = False
+        val = np.zeros(B)
+        for b in range(B):
+            pos = np.nonzero(mask[b])[0]
+            if not len(pos):
+                raise Error("loss mask selects no predicting position in sequence %d" % b)
+            nxt = tokens[b, pos + 1]
+            row = lg[b, pos]
+            mx = row.max(-1, keepdims=True)
+            e = np.exp(row - mx)
+            lse = np.log(e.sum(-1)) + mx[:, 0]
+            val[b] = float(np.mean(lse - row[np.arange(len(pos)), nxt]))
+            sm = e / e.sum(-1, keepdims=True)
+            sm[np.arange(len(pos)), nxt] -= 1.0
+            d[b, pos] = sm / len(pos)
+    else:
+        raise Error("unknown target kind %r (logit, logprob, logit_diff, loss)" % (kind,))
+    return val, d.astype(np.float32)
+
+
+# ------------------------------------------------------------------ gradients
+
+def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False):
+    """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
+    toks, batched = model._tokens(tokens)
+    B, T = toks.shape
+    if isinstance(wrt, str):
+        wrt = [wrt]
+    wrt = list(wrt)
+    if not wrt:
+        raise Error("gradients: wrt is empty (give hook names or parameter names)")
+    params = {r[0]: r for r in param_table(model)} if model.device == "cpu" else {}
+    hooks, pnames = {}, []
+    for n in wrt:
+        if isinstance(n, str) and n in params:
+            pnames.append(n)
+            continue
+        try:
+            hooks[n] = model.parse_hook(n)
+        except Error as e:
+            raise Error("gradients: %r is neither a hook of this model nor a parameter name (%s)" % (n, e))
+    tape = Tape(model, B, T)
+    logits = tape.forward(toks)
+    val, dl = target_value_and_grad(target, logits, toks)
+    pg = np.zeros(lib.dcs_param_total(model._m), np.float32) if pnames else None
+    g = tape.backward(dl, pg, list(hooks.values()))
+    out = {}
+    for n, pl in hooks.items():
+        a = g[pl]
+        out[n] = a if batched else a[0]
+    for n in pnames:
+        _, off, size, _ = params[n]
+        out[n] = pg[off:off + size].reshape(model.weight(n).shape).copy()
+    if return_value:
+        return out, (val if batched else float(val[0]))
+    return out

@@ -1,0 +1,493 @@
+"""Training small DCPythia / Pythia models on the CPU with the engine's backward.
+
+    from dcscope.train import TrainConfig, train
+    train(TrainConfig(out="runs/dc", model_type="dcpythia", n_layer=4, dim=192, n_head=6,
+                      seq_len=128, batch_size=16, steps=3000, data="synth", tokenizer="bpe:4096"))
+
+or ``dcscope train --out runs/dc --model-type dcpythia ...`` (see ``dcscope train -h``).
+
+* Optimiser: AdamW (decoupled weight decay on matrices only, not on norms,
+  biases, QK-norm scales), global-norm gradient clipping, cosine learning
+  rate with linear warm-up down to ``min_lr``.
+* Data: a text file, a .jsonl of benchmark records, or the synthetic-task
+  generator (``data="synth"``), tokenized once (bytes, a tokenizer.json, or a
+  byte-level BPE trained on the corpus, ``tokenizer="bpe:N"``) into
+  ``out/tokens.npy``; batch ``s`` is B windows of T+1 tokens (or, with
+  ``lines``, B whole sequences padded to T, padding not scored) drawn from a
+  generator seeded with (seed, s), so the data of a step does not depend on
+  how the run was split into sittings.
+* Checkpoints: ``out/step-NNNNNN/`` holds config.json + model.safetensors in the
+  model type's own layout (``dcscope.load`` reads it), tokenizer.json, and
+  optimizer.npz + train_state.json for resuming; the last ``keep`` are kept,
+  the final one is also copied to ``out/final``. A run restarted with the same
+  ``out`` resumes from the last checkpoint and gives the same weights as an
+  uninterrupted run (same machine, same thread count).
+* Progress: a tqdm bar (loss, tokens/s, ETA), ``out/train.log`` plain lines,
+  ``out/loss.csv``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ._engine import ffi, lib
+from .grad import Tape, param_table
+from .model import Error, _check, load
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    out: str
+    model_type: str = "dcpythia"          # or "gpt_neox"
+    n_layer: int = 4
+    dim: int = 192
+    n_head: int = 6
+    d_ff: int = 0                         # 0: 4 * dim
+    vocab: int = 0                        # 0: the tokenizer's size
+    window_size: Optional[int] = None     # dcpythia: None = every layer global
+    window_type: Optional[str] = None     # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
+    rank: int = 2                         # dcpythia dynamic rank R
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 1000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    seed: int = 0
+    data: str = "synth"                   # "synth", "synth:LINES_PER_TASK", a .jsonl of records or a text file
+    lines: bool = False                   # one sequence per record / line (padded), not packed windows
+    tokenizer: str = "bytes"              # "bytes", "bpe:N" or a tokenizer.json path
+    ckpt_every: int = 200
+    keep: int = 2
+    log_every: int = 10
+    n_threads: int = 0
+    progress: Optional[bool] = None       # None: a bar when stderr is a terminal
+
+    def check(self) -> None:
+        if self.model_type not in ("dcpythia", "gpt_neox"):
+            raise Error("model_type must be 'dcpythia' or 'gpt_neox', not %r" % (self.model_type,))
+        for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every"):
+            if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
+                raise Error("train: %s must be a positive integer, not %r" % (k, getattr(self, k)))
+        if self.dim % self.n_head:
+            raise Error("train: dim %d is not a multiple of n_head %d" % (self.dim, self.n_head))
+        if (self.dim // self.n_head) % 8:
+            raise Error("train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head))
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.warmup >= 0 and self.grad_clip >= 0):
+            raise Error("train: need lr > 0, 0 <= min_lr <= lr, warmup >= 0, grad_clip >= 0")
+
+
+# ------------------------------------------------------------------ safetensors
+
+def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
+    """float32 tensors -> a safetensors file (8-byte length, JSON header, data)."""
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for k in sorted(tensors):
+        b = np.ascontiguousarray(tensors[k], dtype="<f4").tobytes()
+        header[k] = {"dtype": "F32", "shape": list(tensors[k].shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------ configs and init
+
+def model_config(c: TrainConfig, vocab: int) -> dict:
+    F = c.d_ff or 4 * c.dim
+    if c.model_type == "dcpythia":
+        return {"architectures": ["DCPythia"], "model_type": "dcpythia", "dim": c.dim, "n_head": c.n_head,
+                "head_dim": c.dim // c.n_head, "n_layer": c.n_layer, "intermediate_size": F, "vocab_size": vocab,
+                "norm_eps": 1e-5, "rope_base": 10000, "rotary_pct": 0.25, "use_qk_norm": True,
+                "use_parallel_residual": True, "use_linear_bias": True, "window_size": c.window_size,
+                "window_type": c.window_type, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
+                "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+    return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": c.dim,
+            "num_attention_heads": c.n_head, "num_hidden_layers": c.n_layer, "intermediate_size": F,
+            "vocab_size": vocab, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
+            "use_parallel_residual": True, "hidden_act": "gelu", "tie_word_embeddings": False,
+            "initializer_range": 0.02, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+
+
+def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
+    """GPT-NeoX-like init in canonical (dcpythia) names: N(0, 0.02) matrices and
+    embeddings, output projections (wo, w2) N(0, 0.02 / sqrt(2 L)), zero biases,
+    unit norms; DCMHA: dw1 N(0, 1/D) so the hidden layer is O(1), qkw and dd
+    small (N(0, 0.01 / sqrt(K)), N(0, 0.01 / sqrt(D))) so every composition map
+    starts near the identity C = I."""
+    rng = np.random.default_rng(c.seed)
+    D, N, L, F = c.dim, c.n_head, c.n_layer, c.d_ff or 4 * c.dim
+    Dh, R, K = D // N, c.rank, 4 * N
+    std, out_std = 0.02, 0.02 / math.sqrt(2 * L)
+
+    def nrm(shape, s):
+        return (rng.standard_normal(shape) * s).astype(np.float32)
+
+    sd = {"tok_embeddings.weight": nrm((vocab, D), std)}
+    for l in range(L):
+        p = "layers.%d." % l
+        sd[p + "attention_norm.weight"] = np.ones(D, np.float32)
+        sd[p + "attention_norm.bias"] = np.zeros(D, np.float32)
+        sd[p + "ffn_norm.weight"] = np.ones(D, np.float32)
+        sd[p + "ffn_norm.bias"] = np.zeros(D, np.float32)
+        sd[p + "attention.wqkv.weight"] = nrm((3 * D, D), std)
+        sd[p + "attention.wqkv.bias"] = np.zeros(3 * D, np.float32)
+        sd[p + "attention.wo.weight"] = nrm((D, D), out_std)
+        sd[p + "attention.wo.bias"] = np.zeros(D, np.float32)
+        sd[p + "feed_forward.w1.weight"] = nrm((F, D), std)
+        sd[p + "feed_forward.w1.bias"] = np.zeros(F, np.float32)
+        sd[p + "feed_forward.w2.weight"] = nrm((D, F), out_std)
+        sd[p + "feed_forward.w2.bias"] = np.zeros(D, np.float32)
+        if c.model_type == "dcpythia":
+            sd[p + "attention.q_norm.scale"] = np.ones(Dh, np.float32)
+            sd[p + "attention.k_norm.scale"] = np.ones(Dh, np.float32)
+            sd[p + "attention.dyn_w_proj.dw1"] = nrm((D, 1, 4, K), 1 / math.sqrt(D))
+            sd[p + "attention.dyn_w_proj.qkw"] = nrm((1, 4, K, 2 * R, N), 0.01 / math.sqrt(K))
+            sd[p + "attention.dyn_w_proj.dd"] = nrm((D, 1, 4 * N), 0.01 / math.sqrt(D))
+    sd["norm.weight"] = np.ones(D, np.float32)
+    sd["norm.bias"] = np.zeros(D, np.float32)
+    sd["output.weight"] = nrm((vocab, D), std)
+    return sd
+
+
+_NEOX_LAYER = {"attention_norm.weight": "input_layernorm.weight", "attention_norm.bias": "input_layernorm.bias",
+               "ffn_norm.weight": "post_attention_layernorm.weight",
+               "ffn_norm.bias": "post_attention_layernorm.bias",
+               "attention.wqkv.weight": "attention.query_key_value.weight",
+               "attention.wqkv.bias": "attention.query_key_value.bias",
+               "attention.wo.weight": "attention.dense.weight", "attention.wo.bias": "attention.dense.bias",
+               "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight", "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
+               "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight", "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias"}
+_NEOX_TOP = {"tok_embeddings.weight": "gpt_neox.embed_in.weight", "output.weight": "embed_out.weight",
+             "norm.weight": "gpt_neox.final_layer_norm.weight", "norm.bias": "gpt_neox.final_layer_norm.bias"}
+
+
+def to_layout(sd: Dict[str, np.ndarray], model_type: str, n_head: int) -> Dict[str, np.ndarray]:
+    """Canonical names -> the checkpoint names of model_type (GPT-NeoX: q/k/v rows
+    regrouped per head, model-spec 3)."""
+    if model_type == "dcpythia":
+        return dict(sd)
+    out = {}
+    for k, v in sd.items():
+        if k in _NEOX_TOP:
+            out[_NEOX_TOP[k]] = v
+            continue
+        _, l, rest = k.split(".", 2)
+        name = "gpt_neox.layers.%s.%s" % (l, _NEOX_LAYER[rest])
+        if "query_key_value" in name:
+            D = v.shape[0] // 3
+            Dh = D // n_head
+            # canonical row j*D + n*Dh + d -> stored row n*3*Dh + j*Dh + d
+            v = v.reshape((3, n_head, Dh) + v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+        out[name] = np.ascontiguousarray(v)
+    return out
+
+
+def read_weights(model) -> Dict[str, np.ndarray]:
+    """Every weight of a loaded model by canonical name (fresh copies)."""
+    out = {}
+    shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
+    for name, _, size, _ in param_table(model):
+        _check(lib.dcs_weight_shape(model._m, name.encode(), shape, nd), model._errmsg())
+        a = np.empty(tuple(shape[i] for i in range(nd[0])), np.float32)
+        _check(lib.dcs_weight_read(model._m, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
+               model._errmsg())
+        out[name] = a
+    return out
+
+
+def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer_json: Optional[str]) -> None:
+    os.makedirs(dirpath, exist_ok=True)
+    write_safetensors(os.path.join(dirpath, "model.safetensors"),
+                      to_layout(sd, config["model_type"], config.get("n_head") or config.get("num_attention_heads")))
+    with open(os.path.join(dirpath, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    if tokenizer_json:
+        shutil.copyfile(tokenizer_json, os.path.join(dirpath, "tokenizer.json"))
+
+
+# ------------------------------------------------------------------ data
+
+def _corpus_texts(c: TrainConfig) -> List[str]:
+    """The corpus as a list of sequences' texts (brackets of the benchmark's
+    answers removed): generated synthetic lines, the records of a .jsonl file
+    (``texts``), or a text file (its lines with ``lines``, else the whole file)."""
+    if c.data == "synth" or c.data.startswith("synth:"):
+        from synth_tasks.dataset import parse_texts
+        from synth_tasks.generate import generate
+        n = int(c.data.split(":", 1)[1]) if ":" in c.data else 64
+        recs = generate(lines_per_task=n, seed=c.seed)
+        order = np.random.default_rng(c.seed).permutation(len(recs))
+        return [parse_texts(recs[i]["texts"])[0] for i in order]
+    if not os.path.isfile(c.data):
+        raise Error("train: data %r is neither 'synth' nor a text file" % (c.data,))
+    if c.data.endswith(".jsonl"):
+        from synth_tasks.dataset import load_dataset
+        try:
+            return [ln.text for ln in load_dataset(c.data).lines]
+        except ValueError as e:
+            raise Error("train: data %s: %s" % (c.data, e))
+    with open(c.data, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    return [t for t in text.split("\n") if t.strip()] if c.lines else [text]
+
+
+def _tokenizer(c: TrainConfig, texts: List[str], tok_path: str):
+    """encode(list of str) -> list of id lists, vocab size, saved tokenizer path."""
+    if c.tokenizer == "bytes":
+        return (lambda ts: [list(t.encode("utf-8")) for t in ts]), 256, None
+    from tokenizers import Tokenizer
+    if c.tokenizer.startswith("bpe:"):
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+        tk = Tokenizer(models.BPE())
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tk.decoder = decoders.ByteLevel()
+        tr = trainers.BpeTrainer(vocab_size=int(c.tokenizer[4:]), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                 special_tokens=["<|endoftext|>"], show_progress=False)
+        tk.train_from_iterator(texts, tr)
+        tk.save(tok_path)
+    else:
+        if not os.path.isfile(c.tokenizer):
+            raise Error("train: tokenizer %r is not 'bytes', 'bpe:N' or a tokenizer.json file" % (c.tokenizer,))
+        shutil.copyfile(c.tokenizer, tok_path)
+        tk = Tokenizer.from_file(tok_path)
+    return (lambda ts: [e.ids for e in tk.encode_batch(ts, add_special_tokens=False)]), tk.get_vocab_size(), tok_path
+
+
+def _tokenize(c: TrainConfig, texts: List[str], tok_path: str):
+    """All sequences' ids concatenated, their start offsets [n+1], vocab, tokenizer path.
+    Packed runs (not ``lines``) end every sequence with a newline."""
+    enc, vocab, path = _tokenizer(c, texts, tok_path)
+    if not c.lines:
+        texts = [t if t.endswith("\n") else t + "\n" for t in texts]
+    seqs = enc(texts)
+    offsets = np.zeros(len(seqs) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(q) for q in seqs])
+    ids = np.fromiter((i for q in seqs for i in q), np.int32, count=int(offsets[-1]))
+    return ids, offsets, vocab, path
+
+
+def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.ndarray] = None):
+    # offsets (lines): [n, 2] start and end of every sequence of >= 2 tokens
+    """Inputs [B, T] and next-token targets [B, T] of step `step` (a function of
+    seed and step only). Packed: B windows of T+1 tokens of the stream. With
+    ``lines``: B whole sequences (first T+1 tokens), padded with id 0 whose
+    targets are -1 (not scored)."""
+    rng = np.random.default_rng([c.seed, step])
+    if not c.lines:
+        starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
+        w = np.stack([tokens[s:s + c.seq_len + 1] for s in starts])
+        return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
+    idx = rng.integers(0, len(offsets), c.batch_size)
+    x = np.zeros((c.batch_size, c.seq_len), np.int32)
+    y = np.full((c.batch_size, c.seq_len), -1, np.int32)
+    for b, i in enumerate(idx):
+        q = tokens[offsets[i, 0]:min(offsets[i, 1], offsets[i, 0] + c.seq_len + 1)]
+        x[b, :len(q) - 1] = q[:-1]
+        y[b, :len(q) - 1] = q[1:]
+    return x, y
+
+
+def lr_at(c: TrainConfig, step: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from lr to min_lr at `steps`."""
+    if step <= c.warmup:
+        return c.lr * step / max(1, c.warmup)
+    p = (step - c.warmup) / max(1, c.steps - c.warmup)
+    return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1 + math.cos(math.pi * min(1.0, p)))
+
+
+# ------------------------------------------------------------------ checkpoints
+
+def _ckpts(out: str) -> List[str]:
+    if not os.path.isdir(out):
+        return []
+    ds = [d for d in os.listdir(out) if d.startswith("step-") and
+          os.path.isfile(os.path.join(out, d, "train_state.json"))]
+    return [os.path.join(out, d) for d in sorted(ds)]
+
+
+def _save(out: str, model, mom, var, step: int, c: TrainConfig, config: dict, tok_path, loss: float) -> str:
+    d = os.path.join(out, "step-%06d" % step)
+    tmp = d + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_model(tmp, read_weights(model), config, tok_path)
+    np.savez(os.path.join(tmp, "optimizer.npz"), mom=mom, var=var)
+    with open(os.path.join(tmp, "train_state.json"), "w") as f:
+        json.dump({"step": step, "loss": loss, "config": dataclasses.asdict(c)}, f, indent=2)
+    shutil.rmtree(d, ignore_errors=True)
+    os.replace(tmp, d)
+    for old in _ckpts(out)[:-c.keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return d
+
+
+class _Log:
+    def __init__(self, out: str):
+        self.f = open(os.path.join(out, "train.log"), "a", buffering=1)
+        new = not os.path.exists(os.path.join(out, "loss.csv"))
+        self.csv = open(os.path.join(out, "loss.csv"), "a", buffering=1)
+        if new:
+            self.csv.write("step,loss,lr,grad_norm,tokens_per_s\n")
+
+    def line(self, s: str) -> None:
+        self.f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + s + "\n")
+
+    def close(self):
+        self.f.close()
+        self.csv.close()
+
+
+# ------------------------------------------------------------------ the loop
+
+def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
+    """Train (or resume) the run in c.out; returns the final checkpoint directory.
+    stop_after: end this sitting after that many steps (checkpointing there)."""
+    c.check()
+    os.makedirs(c.out, exist_ok=True)
+    tok_file = os.path.join(c.out, "tokens.npy")
+    tok_path = os.path.join(c.out, "tokenizer.json")
+    off_file = os.path.join(c.out, "offsets.npy")
+    if os.path.exists(tok_file):
+        tokens, offsets = np.load(tok_file), np.load(off_file)
+        with open(os.path.join(c.out, "vocab.json")) as f:
+            vocab = json.load(f)["vocab"]
+        tok_path = tok_path if os.path.exists(tok_path) else None
+    else:
+        tokens, offsets, vocab, tok_path = _tokenize(c, _corpus_texts(c), tok_path)
+        vocab = max(vocab, c.vocab)
+        np.save(tok_file, tokens)
+        np.save(off_file, offsets)
+        with open(os.path.join(c.out, "vocab.json"), "w") as f:
+            json.dump({"vocab": vocab}, f)
+    if c.lines:
+        keep = np.diff(offsets) >= 2
+        if not keep.any():
+            raise Error("train: no sequence of the corpus has 2 tokens or more")
+        offsets = np.stack([offsets[:-1][keep], offsets[1:][keep]], 1)   # [n, 2] start, end
+    elif len(tokens) < c.seq_len + 2:
+        raise Error("train: the corpus has %d tokens, fewer than seq_len + 2" % len(tokens))
+    config = model_config(c, vocab)
+    ck = _ckpts(c.out)
+    if ck:
+        start_dir = ck[-1]
+        with open(os.path.join(start_dir, "train_state.json")) as f:
+            start = json.load(f)["step"]
+    else:
+        start_dir = os.path.join(c.out, "step-000000")
+        write_model(start_dir + ".tmp", init_weights(c, vocab), config, tok_path)
+        os.replace(start_dir + ".tmp", start_dir)
+        start = 0
+    model = load(start_dir, n_threads=c.n_threads)
+    _check(lib.dcs_model_make_trainable(model._m), model._errmsg())
+    P = int(lib.dcs_param_total(model._m))
+    if start:
+        z = np.load(os.path.join(start_dir, "optimizer.npz"))
+        mom, var = np.ascontiguousarray(z["mom"], np.float32), np.ascontiguousarray(z["var"], np.float32)
+    else:
+        mom, var = np.zeros(P, np.float32), np.zeros(P, np.float32)
+        with open(os.path.join(start_dir, "train_state.json"), "w") as f:
+            json.dump({"step": 0, "loss": None, "config": dataclasses.asdict(c)}, f, indent=2)
+    grads = np.zeros(P, np.float32)
+    tape = Tape(model, c.batch_size, c.seq_len)
+    hp = ffi.new("dcs_adamw *")
+    hp.beta1, hp.beta2, hp.eps, hp.weight_decay = c.beta1, c.beta2, c.eps, c.weight_decay
+    end = c.steps if stop_after is None else min(c.steps, start + stop_after)
+    log = _Log(c.out)
+    log.line("start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
+             % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len))
+    show = c.progress if c.progress is not None else sys.stderr.isatty()
+    bar = None
+    if show:
+        from tqdm import tqdm
+        bar = tqdm(total=c.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    last, t_last, ntok, s_last = start_dir, time.perf_counter(), 0, start
+    loss = float("nan")
+    try:
+        for step in range(start + 1, end + 1):
+            x, y = batch(tokens, c, step, offsets)
+            tape.forward(x, logits=False)
+            loss = tape.loss(y)
+            grads[:] = 0
+            tape.backward(None, grads)
+            gn = float(np.sqrt(np.dot(grads, grads)))
+            if not math.isfinite(gn):
+                raise Error("train: step %d: the gradient is not finite (loss %g); lower lr" % (step, loss))
+            if c.grad_clip and gn > c.grad_clip:
+                grads *= c.grad_clip / gn
+            hp.lr = lr_at(c, step)
+            _check(lib.dcs_adamw_step(model._m, ffi.cast("float *", ffi.from_buffer(grads)),
+                                      ffi.cast("float *", ffi.from_buffer(mom)),
+                                      ffi.cast("float *", ffi.from_buffer(var)), step, hp), model._errmsg())
+            ntok += int((y >= 0).sum()) if c.lines else x.size
+            now = time.perf_counter()
+            tps = ntok / max(now - t_last, 1e-9)
+            if bar is not None:
+                bar.set_postfix(loss="%.4f" % loss, tok_s="%.0f" % tps, refresh=False)
+                bar.update(1)
+            log.csv.write("%d,%.6f,%.6g,%.4f,%.1f\n" % (step, loss, hp.lr, gn, tps))
+            if step % c.log_every == 0 or step == end:
+                eta = (c.steps - step) * (now - t_last) / max(1, step - s_last)
+                log.line("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
+                         % (step, c.steps, loss, hp.lr, gn, tps, eta))
+                t_last, ntok, s_last = now, 0, step
+            if step % c.ckpt_every == 0 or step == end:
+                last = _save(c.out, model, mom, var, step, c, config, tok_path, loss)
+    finally:
+        if bar is not None:
+            bar.close()
+        log.close()
+    if end == c.steps:
+        final = os.path.join(c.out, "final")
+        shutil.rmtree(final, ignore_errors=True)
+        shutil.copytree(last, final, ignore=shutil.ignore_patterns("optimizer.npz"))
+        return final
+    return last
+
+
+def main(argv=None) -> int:
+    """dcscope train: command-line front end of train()."""
+    import argparse
+    p = argparse.ArgumentParser(prog="dcscope train", description=__doc__.split("\n\n")[0])
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "progress":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "out":
+            p.add_argument(flag, required=True, help="run directory (resumed if it holds checkpoints)")
+        elif f.name == "window_size":
+            p.add_argument(flag, type=int, default=None)
+        elif f.name == "window_type":
+            p.add_argument(flag, default=None, choices=["LG", "LGLL", "LGL6"])
+        elif f.name == "lines":
+            p.add_argument(flag, action="store_true", help="one sequence per record / line, padded (not packed)")
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default)
+    p.add_argument("--stop-after", type=int, default=None, help="end this sitting after N steps")
+    p.add_argument("--no-progress", action="store_true")
+    a = vars(p.parse_args(argv))
+    stop = a.pop("stop_after")
+    a["progress"] = False if a.pop("no_progress") else None
+    d = train(TrainConfig(**a), stop_after=stop)
+    print("checkpoint: %s" % d)
+    return 0

@@ -1,0 +1,976 @@
+/*
+ * tape.c -- the training / attribution graph: a forward pass of DCPythia or
+ * Pythia that keeps every activation its backward needs, and that backward
+ * (parameter gradients and gradients at hook points). CPU only.
+ *
+ * Shapes: B sequences of T tokens, M = B*T; D, N, Dh, F, V as in forward.c;
+ * DCMHA: C slots, K hidden, R rank, RN = R*N. All buffers host float32:
+ *   x[l] [M, D] residual entering layer l (x[L] leaves the last layer)
+ *   qkv [M, 3D]; q, k, v [M, N, Dh] (q, k after QK-norm and rotary)
+ *   scores / patterns [B, N, T, T]; dynamic weights [M, R, N], gates [M, N]
+ * Hook points may be overridden in the forward (the activation replaced by
+ * given data, everything downstream recomputed) and have their gradient
+ * captured in the backward; an overridden activation is a constant, so no
+ * gradient flows upstream of it.
+ */
+#include "internal.h"
+#include "backward.h"
+#include "dcs_math.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef I
+#undef I   /* complex.h, included by cblas.h */
+#endif
+
+#define MAX_ALLOCS 1024
+
+typedef struct {
+    float *x, *ln1, *ln1_mu, *ln1_rs;
+    float *qkv, *qraw, *kraw, *qrs, *krs, *q, *k, *v;
+    float *hpre, *hid, *w, *g;
+    float *w1raw[2][2], *w1rs[2][2], *w1[2][2], *w2[2][2], *dd[2][2];
+    float *A, *Ac, *P, *Pc;
+    float *z, *ao, *h, *ln2, *ln2_mu, *ln2_rs, *u, *ug, *mo;
+} tlayer;
+
+/* gradient buffers, reused by every layer */
+typedef struct {
+    float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
+    float *dPc, *dP, *dAc, *dA;
+    float *dW, *dG, *dhid, *dw1raw;
+    float *dw1[2][2], *dw2[2][2], *ddd[2][2];
+    float *br[5];
+} tgrads;
+
+struct dcs_tape {
+    dcs_model *m;
+    int B, T, M;
+    tlayer *L;
+    float *xL, *lnf, *lnf_mu, *lnf_rs, *logits, *dlogits;
+    float *rot_cs;
+    int32_t *tokens;
+    tgrads d;
+    const dcs_hook_override *ov;
+    int n_ov;
+    float *kT[3], *dkT[3];  /* transposed key-side dynamic weights and their grads */
+    int have_forward;
+    dcs_status status;      /* allocation failure inside the forward */
+    void *allocs[MAX_ALLOCS];
+    int n_allocs;
+};
+
+static float *tp_alloc(dcs_tape *tp, size_t n) {
+    if (tp->n_allocs == MAX_ALLOCS) return NULL;
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (p) tp->allocs[tp->n_allocs++] = p;
+    return p;
+}
+
+/* ---------------------------------------------------------------- threads
+ * The element-wise work (compose, softmax, gelu', cross-entropy rows) is
+ * split over the cores in contiguous chunks [begin, end) of n items, chunk 0
+ * on the caller; work below PAR_MIN (items x cost) stays on the caller. */
+#define PAR_MAX 16
+#define PAR_MIN (1 << 16)
+typedef void (*par_fn)(void *arg, long long begin, long long end);
+typedef struct { par_fn fn; void *arg; long long b, e; } par_chunk;
+static void *par_run(void *p) {
+    par_chunk *c = p;
+    c->fn(c->arg, c->b, c->e);
+    return NULL;
+}
+static void par_for(par_fn fn, void *arg, long long n, long long cost) {
+    static int cores = 0;
+    if (!cores) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        cores = c < 1 ? 1 : c > PAR_MAX ? PAR_MAX : (int)c;
+    }
+    int nt = cores < n ? cores : (int)n;
+    if (nt <= 1 || n * cost < PAR_MIN) {
+        fn(arg, 0, n);
+        return;
+    }
+    par_chunk ch[PAR_MAX];
+    pthread_t th[PAR_MAX];
+    int started[PAR_MAX] = {0};
+    for (int i = 0; i < nt; i++) {
+        ch[i] = (par_chunk){fn, arg, n * i / nt, n * (i + 1) / nt};
+        if (i > 0) started[i] = pthread_create(&th[i], NULL, par_run, &ch[i]) == 0;
+    }
+    par_run(&ch[0]);
+    for (int i = 1; i < nt; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else par_run(&ch[i]);
+    }
+}
+
+/* Per-head products of every sequence (scores, weighted sums and their
+ * backwards): B x N small GEMMs. Each sequence's N products run on one core
+ * (BLAS single-threaded meanwhile), the sequences over the cores: a
+ * [T, T] x [T, Dh] product is too small for BLAS's own threads to pay off. */
+typedef struct {
+    int tA, tB, M, N, K;
+    float alpha, beta;
+    const float *A, *Bm;
+    float *C;
+    int lda, ldb, ldc;
+    long long hA, hB, hC;    /* head strides   */
+    long long sA, sB, sC;    /* sequence strides */
+    int heads;
+} hg_arg;
+
+static void heads_gemm_seqs(void *p, long long b0, long long b1) {
+    const hg_arg *g = p;
+    for (long long b = b0; b < b1; b++)
+        for (int h = 0; h < g->heads; h++)
+            cblas_sgemm(CblasRowMajor, g->tA ? CblasTrans : CblasNoTrans, g->tB ? CblasTrans : CblasNoTrans,
+                        g->M, g->N, g->K, g->alpha, g->A + b * g->sA + h * g->hA, g->lda,
+                        g->Bm + b * g->sB + h * g->hB, g->ldb, g->beta, g->C + b * g->sC + h * g->hC, g->ldc);
+}
+
+static void heads_gemm(const hg_arg *g, int B) {
+    int nt = openblas_get_num_threads();
+    if (B > 1 && nt > 1) {
+        openblas_set_num_threads(1);
+        par_for(heads_gemm_seqs, (void *)g, B, PAR_MIN);
+        openblas_set_num_threads(nt);
+    } else {
+        heads_gemm_seqs((void *)g, 0, B);
+    }
+}
+
+typedef struct { float *x; const float *y, *z; int T, window; } rows_arg;
+static void softmax_fw_rows(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    dcs_softmax_fw(a->x, b, e, a->T, a->T, a->window);
+}
+static void softmax_bw_rows(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    dcs_softmax_bw(a->x, a->y, a->z, b, e, a->T, a->T, a->window);
+}
+static void gelu_bw_range(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    dcs_gelu_bw(a->x + b, a->y + b, a->z + b, (size_t)(e - b));
+}
+/* x = dy * gelu'(hpre) in place (x holds dy) */
+static void gelu_bw_inplace_range(void *p, long long b, long long e) {
+    rows_arg *a = p;
+    for (long long i = b; i < e; i++) {
+        float v = a->z[i];
+        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        a->x[i] *= cdf + v * pdf;
+    }
+}
+
+void dcs_tape_free(dcs_tape *tp) {
+    if (!tp) return;
+    for (int i = 0; i < tp->n_allocs; i++) free(tp->allocs[i]);
+    free(tp->L);
+    free(tp);
+}
+
+/* The tape knows plain DCMHA and MHA; the variants of model-spec.md 5 are
+ * refused by name rather than differentiated wrongly. */
+dcs_status dcs_tape_supported(dcs_model *m) {
+    const dcs_config *c = &m->cfg;
+    const char *what = c->use_sw ? "use_sw (static composition)"
+                     : c->compose_groups > 1 ? "grouped composition (compose_groups > 1)"
+                     : c->moh ? "moh (Mixture-of-Head routing)"
+                     : c->key_wise ? "key_wise (key-wise-only composition)" : NULL;
+    if (what)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "gradients and training do not support the attention variant %s yet", what);
+    return DCS_OK;
+}
+
+/* Weights are float32 host arrays in this build (see dcs_model_require_f32). */
+dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
+    *out = NULL;
+    const dcs_config *c = &m->cfg;
+    if (m->device != DCS_DEVICE_CPU)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "gradients and training run on the CPU only (this model is on cuda); "
+                          "load it with device='cpu'");
+    if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
+    dcs_status st = dcs_tape_supported(m);
+    if (st) return st;
+    st = dcs_model_require_f32(m, &m->err);
+    if (st) return st;
+    dcs_tape *tp = calloc(1, sizeof *tp);
+    if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
+    tp->m = m;
+    tp->B = B; tp->T = T; tp->M = B * T;
+    const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
+    const size_t BNTT = (size_t)B * N * T * T, Ls = c->n_layer;
+    const size_t C = c->dyn_slots, K = c->dyn_hidden, RN = (size_t)c->dyn_rank * N;
+    int ok = 1;
+#define A_(p, n) do { if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0; } while (0)
+    tp->L = calloc(Ls ? Ls : 1, sizeof(tlayer));
+    if (!tp->L) ok = 0;
+    for (size_t l = 0; ok && l < Ls; l++) {
+        tlayer *a = &tp->L[l];
+        A_(a->x, M * D); A_(a->ln1, M * D); A_(a->ln1_mu, M); A_(a->ln1_rs, M);
+        A_(a->qkv, M * 3 * D); A_(a->q, M * D); A_(a->k, M * D); A_(a->v, M * D);
+        if (c->qk_norm) { A_(a->qraw, M * D); A_(a->kraw, M * D); A_(a->qrs, M * N); A_(a->krs, M * N); }
+        A_(a->A, BNTT); A_(a->P, BNTT);
+        if (c->use_dcmha) {
+            A_(a->hpre, M * C * K); A_(a->hid, M * C * K); A_(a->w, M * C * 2 * RN); A_(a->g, M * C * N);
+            /* the composed scores are not read by the backward: one buffer for all layers */
+            if (l == 0) A_(a->Ac, BNTT);
+            else a->Ac = tp->L[0].Ac;
+            A_(a->Pc, BNTT);
+            for (int ph = 0; ph < 2; ph++)
+                for (int s = 0; s < 2; s++) {
+                    if (s == 1 && c->query_wise) continue;
+                    A_(a->w1raw[ph][s], M * RN); A_(a->w1rs[ph][s], M * c->dyn_rank);
+                    A_(a->w1[ph][s], M * RN); A_(a->w2[ph][s], M * RN); A_(a->dd[ph][s], M * N);
+                }
+        }
+        A_(a->z, M * D); A_(a->ao, M * D);
+        if (!c->parallel_residual) A_(a->h, M * D);
+        A_(a->ln2, M * D); A_(a->ln2_mu, M); A_(a->ln2_rs, M);
+        A_(a->u, M * F); A_(a->ug, M * F); A_(a->mo, M * D);
+    }
+    A_(tp->xL, M * D); A_(tp->lnf, M * D); A_(tp->lnf_mu, M); A_(tp->lnf_rs, M);
+    A_(tp->logits, M * V); A_(tp->dlogits, M * V);
+    A_(tp->rot_cs, (size_t)T * (c->rotary_dim / 2 + 1) * 2);
+    if (ok) {
+        tp->tokens = (int32_t *)tp_alloc(tp, M);
+        if (!tp->tokens) ok = 0;
+    }
+    tgrads *d = &tp->d;
+    if (c->use_dcmha && !c->query_wise)
+        for (int i = 0; i < 3; i++) { A_(tp->kT[i], i < 2 ? M * RN : M * N); A_(tp->dkT[i], i < 2 ? M * RN : M * N); }
+    A_(d->dx, M * D); A_(d->dmo, M * D); A_(d->dug, M * F); A_(d->du, M * F); A_(d->dln2, M * D);
+    A_(d->dao, M * D); A_(d->dz, M * D); A_(d->dv, M * D); A_(d->dq, M * D); A_(d->dk, M * D);
+    A_(d->dqkv, M * 3 * D); A_(d->dln1, M * D); A_(d->dP, BNTT); A_(d->dA, BNTT);
+    if (c->use_dcmha) {
+        A_(d->dPc, BNTT); A_(d->dAc, BNTT);
+        A_(d->dW, M * C * 2 * RN); A_(d->dG, M * C * N); A_(d->dhid, M * C * K); A_(d->dw1raw, M * RN);
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++) {
+                A_(d->dw1[ph][s], M * RN); A_(d->dw2[ph][s], M * RN); A_(d->ddd[ph][s], M * N);
+            }
+    }
+#undef A_
+    if (!ok) {
+        dcs_tape_free(tp);
+        return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory for B=%d T=%d", B, T);
+    }
+    dcs_rotary_table(tp->rot_cs, T, c->rotary_dim, c->rope_base);
+    *out = tp;
+    return DCS_OK;
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+static size_t hook_numel(const dcs_tape *tp, int point) {
+    int64_t shape[6];
+    int nd = dcs_hook_shape(tp->m, point, tp->B, tp->T, shape);
+    size_t n = 1;
+    for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
+    return n;
+}
+
+static const dcs_hook_override *find_ov(const dcs_tape *tp, int point, int layer) {
+    for (int i = 0; i < tp->n_ov; i++)
+        if (tp->ov[i].point == point && (!dcs_hook_point_is_layered(point) || tp->ov[i].layer == layer))
+            return &tp->ov[i];
+    return NULL;
+}
+
+/* Forward: replace the activation at (point, layer) if overridden. */
+static void ov_apply(dcs_tape *tp, int point, int layer, float *x) {
+    const dcs_hook_override *o = find_ov(tp, point, layer);
+    if (o) memcpy(x, o->data, hook_numel(tp, point) * sizeof(float));
+}
+
+/* Backward: hand out the gradient at (point, layer) and cut it when the
+ * activation was overridden. */
+static void grad_capture(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, int layer,
+                         const float *dx) {
+    size_t n = 0;
+    for (int i = 0; i < n_g; i++)
+        if (g[i].point == point && (!dcs_hook_point_is_layered(point) || g[i].layer == layer)) {
+            if (!n) n = hook_numel(tp, point);
+            memcpy(g[i].grad, dx, n * sizeof(float));
+        }
+}
+
+static void grad_at(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, int layer, float *dx) {
+    size_t n = 0;
+    for (int i = 0; i < n_g; i++)
+        if (g[i].point == point && (!dcs_hook_point_is_layered(point) || g[i].layer == layer)) {
+            if (!n) n = hook_numel(tp, point);
+            memcpy(g[i].grad, dx, n * sizeof(float));
+        }
+    if (find_ov(tp, point, layer)) memset(dx, 0, hook_numel(tp, point) * sizeof(float));
+}
+
+static int wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
+    for (int i = 0; i < n_g; i++)
+        if (g[i].point == point && g[i].layer == layer) return 1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+/* y [M, O] = x [M, I] W^T (+ b), W [O, I] */
+static void lin_fw(dcs_backend *be, float *y, const float *x, const float *W, const float *b,
+                   int M, int O, int I) {
+    be->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
+    if (b) be->add_bias(be, y, b, M, O);
+}
+
+/* dx [M, I] (= or +=, beta) dy [M, O] W; dW [O, I] += dy^T x; db [O] += colsum dy */
+static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db, const float *dy,
+                   const float *x, const float *W, int M, int O, int I) {
+    if (dx) be->gemm(be, 0, 0, M, I, O, 1.0f, dy, O, 0, W, I, 0, beta, dx, I, 0, 1);
+    if (dW) be->gemm(be, 1, 0, O, I, M, 1.0f, dy, O, 0, x, I, 0, 1.0f, dW, I, 0, 1);
+    if (db)
+        for (int m = 0; m < M; m++)
+            for (int o = 0; o < O; o++) db[o] += dy[(size_t)m * O + o];
+}
+
+/* The parameter gradient of weight `w` in the flat gradient (NULL: none). */
+static float *gptr(const dcs_model *m, float *flat, const float *w) {
+    if (!flat || !w) return NULL;
+    size_t off = 0;
+    for (int i = 0; i < m->n_weights; i++) {
+        if (m->weights[i].ptr == w) return flat + off;
+        size_t n = 1;
+        for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
+        off += n;
+    }
+    return NULL;
+}
+
+/* Compose of one phase over the allowed pairs (masked pairs: 0), with
+ * branch outputs br[] (each may be NULL). */
+typedef struct {
+    const dcs_tape *tp; float *out, *dIn; const float *in, *dOut; const tlayer *a; int ph, window;
+    float **br; unsigned on; float *dw1[2], *dw2[2], *ddd[2];
+    const float *kT[3]; float *dkT[3];      /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
+    volatile int failed;                    /* a chunk could not get its scratch */
+} cp_arg;
+
+/* x [B, T, C] -> xT [B, C, T] (C = R*N or N), and back */
+static void to_keys_T(float *xT, const float *x, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) xT[((size_t)b * C + c) * T + t] = x[((size_t)b * T + t) * C + c];
+}
+static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) x[((size_t)b * T + t) * C + c] = xT[((size_t)b * C + c) * T + t];
+}
+
+/* the allowed keys of query t: [s0, t] */
+static int first_key(int t, int window) { return window > 0 && t > window ? t - window : 0; }
+
+/* Fast path (no branch outputs): one query row at a time, along s. */
+static void compose_fw_fast(void *p, long long bt_from, long long bt_to) {
+    const cp_arg *ca = p;
+    const dcs_tape *tp = ca->tp;
+    const tlayer *a = ca->a;
+    const int ph = ca->ph, window = ca->window;
+    const dcs_config *c = &tp->m->cfg;
+    const int T = tp->T, N = c->n_head, R = c->dyn_rank, RN = R * N;
+    const long long TT = (long long)T * T;
+    float *tmp = malloc(sizeof(float) * 2 * (size_t)R * T);
+    if (!tmp) { ((cp_arg *)p)->failed = 1; return; }
+    for (long long bt = bt_from; bt < bt_to; bt++) {
+        const int b = (int)(bt / T), t = (int)(bt % T), s0 = first_key(t, window);
+        const long long o = (long long)b * N * TT + (long long)t * T;
+        const int keys = ca->kT[0] != NULL;
+        for (int n = 0; n < N; n++) {
+            float *row = ca->out + o + n * TT;
+            for (int s = 0; s < s0; s++) row[s] = 0.0f;
+            for (int s = t + 1; s < T; s++) row[s] = 0.0f;
+        }
+        dcs_compose_row_fw(ca->in + o, ca->out + o, TT, N, R, T, s0, t + 1, a->w1[ph][0] + bt * RN,
+                           a->w2[ph][0] + bt * RN, keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
+                           keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
+                           keys ? ca->kT[2] + (size_t)b * N * T : NULL, tmp);
+    }
+    free(tmp);
+}
+
+static void compose_fw_rows(void *p, long long bt_from, long long bt_to) {
+    const cp_arg *ca = p;
+    const dcs_tape *tp = ca->tp;
+    float *out = ca->out, **br = ca->br;
+    const float *in = ca->in;
+    const tlayer *a = ca->a;
+    const int ph = ca->ph, window = ca->window;
+    const dcs_config *c = &tp->m->cfg;
+    const int T = tp->T, N = c->n_head, R = c->dyn_rank;
+    const long long TT = (long long)T * T;
+    for (long long bt0 = bt_from; bt0 < bt_to; bt0++) {
+        const int b = (int)(bt0 / T), t = (int)(bt0 % T);
+        {
+            size_t bt = (size_t)b * T + t;
+            for (int s = 0; s < T; s++) {
+                long long o = (long long)b * N * TT + (long long)t * T + s;
+                if (!dcs_allowed(t, s, window)) {
+                    for (int n = 0; n < N; n++) {
+                        out[o + n * TT] = 0.0f;
+                        for (int k = 0; k < 5; k++)
+                            if (br[k]) br[k][o + n * TT] = 0.0f;
+                    }
+                    continue;
+                }
+                size_t bs = (size_t)b * T + s;
+                const float *kw1 = a->w1[ph][1] ? a->w1[ph][1] + bs * R * N : NULL;
+                const float *kw2 = a->w2[ph][1] ? a->w2[ph][1] + bs * R * N : NULL;
+                const float *kdd = a->dd[ph][1] ? a->dd[ph][1] + bs * N : NULL;
+                dcs_compose_pair_plain(in + o, out + o, TT, N, R, a->w1[ph][0] + bt * R * N,
+                                       a->w2[ph][0] + bt * R * N, kw1, kw2, a->dd[ph][0] + bt * N, kdd,
+                                       br[0] ? br[0] + o : NULL, br[1] ? br[1] + o : NULL,
+                                       br[2] ? br[2] + o : NULL, br[3] ? br[3] + o : NULL,
+                                       br[4] ? br[4] + o : NULL, NULL);
+            }
+        }
+    }
+}
+
+static void compose_fw(const dcs_tape *tp, float *out, const float *in, const tlayer *a, int ph,
+                       int window, float **br) {
+    const dcs_config *c = &tp->m->cfg;
+    const int B = tp->B, T = tp->T, N = c->n_head, RN = c->dyn_rank * N;
+    cp_arg ca = {tp, out, NULL, in, NULL, a, ph, window, br, 0, {0}, {0}, {0}, {0}, {0}, 0};
+    if (br[0] || br[1] || br[2] || br[3] || br[4]) {
+        par_for(compose_fw_rows, &ca, (long long)B * T, (long long)T * N * 8);
+        return;
+    }
+    if (a->w1[ph][1]) {
+        to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
+        to_keys_T(tp->kT[1], a->w2[ph][1], B, T, RN);
+        to_keys_T(tp->kT[2], a->dd[ph][1], B, T, N);
+        for (int i = 0; i < 3; i++) ca.kT[i] = tp->kT[i];
+    }
+    par_for(compose_fw_fast, &ca, (long long)B * T, (long long)T * N * 8);
+    if (ca.failed) ((dcs_tape *)tp)->status = DCS_ERR_NOMEM;
+}
+
+static const int BR_FIRST[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+
+/* Compose with overridable branches: when a branch of (l, phase) is
+ * overridden, all five are materialised, the overridden ones replaced and
+ * the sum rebuilt. */
+static void compose_hooked(dcs_tape *tp, int l, int ph, float *out, const float *in, int window) {
+    tlayer *a = &tp->L[l];
+    float *br[5] = {0};
+    int any = 0;
+    for (int k = 0; k < 5; k++) any |= find_ov(tp, BR_FIRST[ph] + k, l) != NULL;
+    size_t n = (size_t)tp->B * tp->m->cfg.n_head * tp->T * tp->T;
+    if (any)
+        for (int k = 0; k < 5; k++) {
+            if (!tp->d.br[k]) tp->d.br[k] = tp_alloc(tp, n);   /* first branch override */
+            if (!tp->d.br[k]) { tp->status = DCS_ERR_NOMEM; return; }
+            br[k] = tp->d.br[k];
+        }
+    compose_fw(tp, out, in, a, ph, window, br);
+    if (!any) return;
+    for (int k = 0; k < 5; k++) ov_apply(tp, BR_FIRST[ph] + k, l, br[k]);
+    for (size_t i = 0; i < n; i++) out[i] = dcs_sum5(br[0][i], br[1][i], br[2][i], br[3][i], br[4][i]);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static const int DYN_PTS[2][2][3] = {
+    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
+     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
+    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
+     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
+
+static void attention_fw(dcs_tape *tp, int l) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = m->be;
+    tlayer *a = &tp->L[l];
+    const int B = tp->B, T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
+    const long long TT = (long long)T * T;
+    const size_t BNTT = (size_t)B * N * TT;
+
+    lin_fw(be, a->qkv, a->ln1, lw->wqkv, lw->bqkv, M, 3 * D, D);
+    be->copy2d(be, a->q, D, a->qkv, 3 * D, M, D);
+    be->copy2d(be, a->k, D, a->qkv + D, 3 * D, M, D);
+    be->copy2d(be, a->v, D, a->qkv + 2 * D, 3 * D, M, D);
+    if (c->qk_norm) {
+        memcpy(a->qraw, a->q, sizeof(float) * M * D);
+        memcpy(a->kraw, a->k, sizeof(float) * M * D);
+        dcs_rmsnorm_fw(a->q, a->qrs, M * N, Dh, lw->q_scale, 1e-6f);
+        dcs_rmsnorm_fw(a->k, a->krs, M * N, Dh, lw->k_scale, 1e-6f);
+    }
+    dcs_rotary_apply(a->q, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 0);
+    dcs_rotary_apply(a->k, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 0);
+    ov_apply(tp, DCS_HP_Q, l, a->q);
+    ov_apply(tp, DCS_HP_K, l, a->k);
+    ov_apply(tp, DCS_HP_V, l, a->v);
+
+    if (c->use_dcmha) {
+        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N, RN2 = 2 * RN;
+        be->gemm(be, 0, 0, M, C * K, D, 1.0f, a->ln1, D, 0, lw->dw1, C * K, 0, 0.0f, a->hpre, C * K, 0, 1);
+        memcpy(a->hid, a->hpre, sizeof(float) * (size_t)M * C * K);
+        be->gelu(be, a->hid, (size_t)M * C * K);
+        be->gemm(be, 0, 0, M, RN2, K, 1.0f, a->hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f,
+                 a->w, C * RN2, RN2, C);
+        be->gemm(be, 0, 0, M, C * N, D, 1.0f, a->ln1, D, 0, lw->dd, C * N, 0, 0.0f, a->g, C * N, 0, 1);
+        be->tanh_(be, a->g, (size_t)M * C * N);
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++) {
+                if (!a->w1[ph][s]) continue;
+                int slot = C == 4 ? 2 * ph + s : ph;
+                be->copy2d(be, a->w1raw[ph][s], RN, a->w + (size_t)slot * RN2, C * RN2, M, RN);
+                memcpy(a->w1[ph][s], a->w1raw[ph][s], sizeof(float) * (size_t)M * RN);
+                dcs_rmsnorm_fw(a->w1[ph][s], a->w1rs[ph][s], M * R, N, NULL, 1e-6f);
+                be->copy2d(be, a->w2[ph][s], RN, a->w + (size_t)slot * RN2 + RN, C * RN2, M, RN);
+                be->copy2d(be, a->dd[ph][s], N, a->g + (size_t)slot * N, C * N, M, N);
+            }
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++) {
+                if (!a->w1[ph][s]) continue;
+                ov_apply(tp, DYN_PTS[ph][s][0], l, a->w1[ph][s]);
+                ov_apply(tp, DYN_PTS[ph][s][1], l, a->w2[ph][s]);
+                ov_apply(tp, DYN_PTS[ph][s][2], l, a->dd[ph][s]);
+            }
+    }
+
+    /* A[b, n] [T, T] = q[b, :, n] k[b, :, n]^T / sqrt(Dh) */
+    hg_arg gs = {0, 1, T, T, Dh, 1.0f / sqrtf((float)Dh), 0.0f, a->q, a->k, a->A, D, D, T,
+                 Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
+    heads_gemm(&gs, B);
+    ov_apply(tp, DCS_HP_SCORES, l, a->A);
+    const float *pre = a->A;
+    if (c->use_dcmha) {
+        compose_hooked(tp, l, 0, a->Ac, a->A, window);
+        ov_apply(tp, DCS_HP_SCORES_COMPOSED, l, a->Ac);
+        pre = a->Ac;
+    }
+    memcpy(a->P, pre, sizeof(float) * BNTT);
+    rows_arg sa = {a->P, NULL, NULL, T, window};
+    par_for(softmax_fw_rows, &sa, (long long)B * N * T, (long long)T * 4);
+    ov_apply(tp, DCS_HP_PATTERN, l, a->P);
+    const float *pat = a->P;
+    if (c->use_dcmha) {
+        compose_hooked(tp, l, 1, a->Pc, a->P, window);
+        ov_apply(tp, DCS_HP_PATTERN_COMPOSED, l, a->Pc);
+        pat = a->Pc;
+    }
+    /* z[b, :, n] [T, Dh] = P'[b, n] [T, T] v[b, :, n] */
+    hg_arg gz = {0, 0, T, Dh, T, 1.0f, 0.0f, pat, a->v, a->z, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&gz, B);
+    ov_apply(tp, DCS_HP_Z, l, a->z);
+    const dcs_hook_override *ho = find_ov(tp, DCS_HP_HEAD_OUT, l);
+    if (ho) {
+        /* out = sum_n head_out[:, n] + bo */
+        for (int mm = 0; mm < M; mm++) {
+            float *y = a->ao + (size_t)mm * D;
+            for (int i = 0; i < D; i++) y[i] = lw->bo ? lw->bo[i] : 0.0f;
+            for (int n = 0; n < N; n++) {
+                const float *src = ho->data + ((size_t)mm * N + n) * D;
+                for (int i = 0; i < D; i++) y[i] += src[i];
+            }
+        }
+    } else {
+        lin_fw(be, a->ao, a->z, lw->wo, lw->bo, M, D, D);
+    }
+    ov_apply(tp, DCS_HP_ATTN_OUT, l, a->ao);
+}
+
+static void mlp_fw(dcs_tape *tp, int l) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = m->be;
+    tlayer *a = &tp->L[l];
+    const int M = tp->M, D = c->d_model, F = c->d_ff;
+    lin_fw(be, a->u, a->ln2, lw->w1, lw->b1, M, F, D);
+    ov_apply(tp, DCS_HP_MLP_PRE, l, a->u);
+    memcpy(a->ug, a->u, sizeof(float) * (size_t)M * F);
+    be->gelu(be, a->ug, (size_t)M * F);
+    ov_apply(tp, DCS_HP_MLP_POST, l, a->ug);
+    lin_fw(be, a->mo, a->ug, lw->w2, lw->b2, M, D, F);
+    ov_apply(tp, DCS_HP_MLP_OUT, l, a->mo);
+}
+
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
+                            int n_ov, float *logits) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    dcs_backend *be = m->be;
+    const int M = tp->M, D = c->d_model, V = c->vocab, L = c->n_layer;
+    for (int i = 0; i < M; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
+                              tokens[i], i, V);
+    for (int i = 0; i < n_ov; i++)
+        if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, ov[i].point) ||
+            (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < 0 || ov[i].layer >= L)))
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad override %d (point %d, layer %d)", i,
+                              ov[i].point, ov[i].layer);
+    memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
+    tp->status = DCS_OK;
+    tp->have_forward = 0;
+    tp->ov = ov;
+    tp->n_ov = n_ov;
+    float *x0 = L ? tp->L[0].x : tp->xL;
+    be->embed(be, x0, m->tok_emb, tokens, M, D);
+    ov_apply(tp, DCS_HP_EMBED, 0, x0);
+    for (int l = 0; l < L; l++) {
+        tlayer *a = &tp->L[l];
+        const dcs_layer_weights *lw = &m->layers[l];
+        float *xo = l + 1 < L ? tp->L[l + 1].x : tp->xL;
+        ov_apply(tp, DCS_HP_RESID_PRE, l, a->x);
+        dcs_layernorm_fw(a->ln1, a->ln1_mu, a->ln1_rs, a->x, lw->attn_norm_w, lw->attn_norm_b, M, D, c->norm_eps);
+        ov_apply(tp, DCS_HP_LN_ATTN, l, a->ln1);
+        attention_fw(tp, l);
+        if (c->parallel_residual) {
+            dcs_layernorm_fw(a->ln2, a->ln2_mu, a->ln2_rs, a->x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
+            ov_apply(tp, DCS_HP_LN_MLP, l, a->ln2);
+            mlp_fw(tp, l);
+            /* same order of additions as forward.c: (x + a) + o */
+            for (size_t i = 0; i < (size_t)M * D; i++) xo[i] = (a->x[i] + a->ao[i]) + a->mo[i];
+        } else {
+            for (size_t i = 0; i < (size_t)M * D; i++) a->h[i] = a->x[i] + a->ao[i];
+            dcs_layernorm_fw(a->ln2, a->ln2_mu, a->ln2_rs, a->h, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
+            ov_apply(tp, DCS_HP_LN_MLP, l, a->ln2);
+            mlp_fw(tp, l);
+            for (size_t i = 0; i < (size_t)M * D; i++) xo[i] = a->h[i] + a->mo[i];
+        }
+        ov_apply(tp, DCS_HP_RESID_POST, l, xo);
+    }
+    dcs_layernorm_fw(tp->lnf, tp->lnf_mu, tp->lnf_rs, tp->xL, m->norm_w, m->norm_b, M, D, c->norm_eps);
+    ov_apply(tp, DCS_HP_LN_FINAL, 0, tp->lnf);
+    lin_fw(be, tp->logits, tp->lnf, m->out_w, NULL, M, V, D);
+    ov_apply(tp, DCS_HP_LOGITS, 0, tp->logits);
+    if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the forward");
+    if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
+    tp->have_forward = 1;
+    return be->sync(be, &m->err);
+}
+
+/* Mean next-token cross-entropy over the positions with targets[i] >= 0;
+ * writes its gradient to the tape's dlogits. */
+dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count) {
+    dcs_model *m = tp->m;
+    const int M = tp->M, V = m->cfg.vocab;
+    if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: loss before forward");
+    int cnt = 0;
+    for (int i = 0; i < M; i++) {
+        if (targets[i] >= V) return dcs_seterr(&m->err, DCS_ERR_ARG, "target id %d at index %d is outside the vocabulary", targets[i], i);
+        cnt += targets[i] >= 0;
+    }
+    if (!cnt) return dcs_seterr(&m->err, DCS_ERR_ARG, "loss: no position has a target");
+    double total = 0;
+    const float inv = 1.0f / (float)cnt;
+    for (int i = 0; i < M; i++) {
+        const float *lg = tp->logits + (size_t)i * V;
+        float *d = tp->dlogits + (size_t)i * V;
+        if (targets[i] < 0) { memset(d, 0, sizeof(float) * V); continue; }
+        float mx = -INFINITY;
+        for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+        double s = 0;
+        for (int v = 0; v < V; v++) { d[v] = expf(lg[v] - mx); s += d[v]; }
+        float is = (float)(1.0 / s);
+        for (int v = 0; v < V; v++) d[v] *= is * inv;
+        d[targets[i]] -= inv;
+        total += (log(s) + mx) - lg[targets[i]];
+    }
+    *loss = total / cnt;
+    if (count) *count = cnt;
+    return DCS_OK;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+static void compose_bw_seqs(void *p, long long b_from, long long b_to) {
+    const cp_arg *ca = p;
+    const dcs_tape *tp = ca->tp;
+    const tlayer *a = ca->a;
+    const int ph = ca->ph, window = ca->window;
+    const dcs_config *c = &tp->m->cfg;
+    const int T = tp->T, N = c->n_head, R = c->dyn_rank, RN = R * N;
+    const long long TT = (long long)T * T;
+    const int keys = ca->kT[0] != NULL;
+    float *tmp = malloc(sizeof(float) * 4 * (size_t)R * T);
+    if (!tmp) { ((cp_arg *)p)->failed = 1; return; }
+    for (long long b = b_from; b < b_to; b++)
+        for (int t = 0; t < T; t++) {
+            const size_t bt = (size_t)b * T + t;
+            const long long o = (long long)b * N * TT + (long long)t * T;
+            dcs_compose_row_bw(ca->in + o, ca->dOut + o, ca->dIn + o, TT, N, R, T, first_key(t, window), t + 1,
+                               a->w1[ph][0] + bt * RN, a->w2[ph][0] + bt * RN,
+                               keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
+                               keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
+                               keys ? ca->kT[2] + (size_t)b * N * T : NULL, ca->dw1[0] + bt * RN,
+                               ca->dw2[0] + bt * RN, keys ? ca->dkT[0] + (size_t)b * RN * T : NULL,
+                               keys ? ca->dkT[1] + (size_t)b * RN * T : NULL, ca->ddd[0] + bt * N,
+                               keys ? ca->dkT[2] + (size_t)b * N * T : NULL, ca->on, tmp);
+        }
+    free(tmp);
+}
+
+/* Backward of one compose phase: dIn = (written) from dOut over allowed
+ * pairs; dynamic-weight gradients (zeroed first) of the phase. */
+static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut, const float *in,
+                       int window) {
+    const dcs_config *c = &tp->m->cfg;
+    tlayer *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int B = tp->B, T = tp->T, N = c->n_head, R = c->dyn_rank, M = tp->M;
+    const long long TT = (long long)T * T;
+    unsigned on = 0;
+    for (int k = 0; k < 5; k++)
+        if (!find_ov(tp, BR_FIRST[ph] + k, l)) on |= 1u << k;
+    memset(dIn, 0, sizeof(float) * (size_t)B * N * TT);
+    for (int s = 0; s < 2; s++) {
+        if (!a->w1[ph][s]) continue;
+        memset(d->dw1[ph][s], 0, sizeof(float) * (size_t)M * R * N);
+        memset(d->dw2[ph][s], 0, sizeof(float) * (size_t)M * R * N);
+        memset(d->ddd[ph][s], 0, sizeof(float) * (size_t)M * N);
+    }
+    cp_arg ca = {tp, NULL, dIn, in, dOut, a, ph, window, NULL, on,
+                 {d->dw1[ph][0], d->dw1[ph][1]}, {d->dw2[ph][0], d->dw2[ph][1]}, {d->ddd[ph][0], d->ddd[ph][1]},
+                 {0}, {0}, 0};
+    const int RN = R * N;
+    if (a->w1[ph][1]) {
+        to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
+        to_keys_T(tp->kT[1], a->w2[ph][1], B, T, RN);
+        to_keys_T(tp->kT[2], a->dd[ph][1], B, T, N);
+        for (int i = 0; i < 3; i++) {
+            ca.kT[i] = tp->kT[i];
+            ca.dkT[i] = tp->dkT[i];
+            memset(tp->dkT[i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : N));
+        }
+    }
+    /* split over sequences: key-side gradients of (b, s) gather over the
+     * queries t of the same sequence only */
+    par_for(compose_bw_seqs, &ca, B, (long long)T * T * N * R * 4);
+    if (ca.failed) tp->status = DCS_ERR_NOMEM;
+    if (a->w1[ph][1]) {
+        from_keys_T(d->dw1[ph][1], tp->dkT[0], B, T, RN);
+        from_keys_T(d->dw2[ph][1], tp->dkT[1], B, T, RN);
+        from_keys_T(d->ddd[ph][1], tp->dkT[2], B, T, N);
+    }
+}
+
+typedef struct { float *flat; const dcs_hook_grad *g; int n_g; } bwctx;
+
+#define GP(w) gptr(m, bc->flat, (w))
+
+/* Attention backward: from tp->d.dao to tp->d.dln1 (written). */
+static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = m->be;
+    tlayer *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int B = tp->B, T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
+    const long long TT = (long long)T * T;
+    const size_t BNTT = (size_t)B * N * TT;
+
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ATTN_OUT, l, d->dao);
+    if (wants_grad(bc->g, bc->n_g, DCS_HP_HEAD_OUT, l)) {
+        /* d head_out[:, n] = d out for every head n */
+        for (int i = 0; i < bc->n_g; i++)
+            if (bc->g[i].point == DCS_HP_HEAD_OUT && bc->g[i].layer == l)
+                for (int mm = 0; mm < M; mm++)
+                    for (int n = 0; n < N; n++)
+                        memcpy(bc->g[i].grad + ((size_t)mm * N + n) * D, d->dao + (size_t)mm * D, sizeof(float) * D);
+    }
+    float *gbo = GP(lw->bo);
+    if (gbo)
+        for (int mm = 0; mm < M; mm++)
+            for (int i = 0; i < D; i++) gbo[i] += d->dao[(size_t)mm * D + i];
+    if (find_ov(tp, DCS_HP_HEAD_OUT, l)) memset(d->dao, 0, sizeof(float) * (size_t)M * D);
+    lin_bw(be, d->dz, 0.0f, GP(lw->wo), NULL, d->dao, a->z, lw->wo, M, D, D);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
+
+    /* z = P' v: dP' = dz v^T, dv = P'^T dz (per b, batched over heads) */
+    const float *pat = c->use_dcmha ? a->Pc : a->P;
+    float *dpat = c->use_dcmha ? d->dPc : d->dP;
+    /* dP'[b, n] = dz[b, :, n] v[b, :, n]^T;  dv[b, :, n] = P'[b, n]^T dz[b, :, n] */
+    hg_arg g1 = {0, 1, T, T, Dh, 1.0f, 0.0f, d->dz, a->v, dpat, D, D, T,
+                 Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
+    heads_gemm(&g1, B);
+    hg_arg g2 = {1, 0, T, Dh, T, 1.0f, 0.0f, pat, d->dz, d->dv, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&g2, B);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
+    if (c->use_dcmha) {
+        grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
+        for (int k = 0; k < 5; k++)
+            if (dcs_hook_exists(m, DCS_HP_POST_SKIP + k))
+                grad_capture(tp, bc->g, bc->n_g, DCS_HP_POST_SKIP + k, l, d->dPc);
+        /* an overridden branch passes no gradient upstream: `on` in compose_bw */
+        compose_bw(tp, l, 1, d->dP, d->dPc, a->P, window);
+    }
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN, l, d->dP);
+    float *dpre = c->use_dcmha ? d->dAc : d->dA;
+    rows_arg sa = {dpre, d->dP, a->P, T, window};
+    par_for(softmax_bw_rows, &sa, (long long)B * N * T, (long long)T * 4);
+    if (c->use_dcmha) {
+        grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
+        for (int k = 0; k < 5; k++)
+            if (dcs_hook_exists(m, DCS_HP_PRE_SKIP + k))
+                grad_capture(tp, bc->g, bc->n_g, DCS_HP_PRE_SKIP + k, l, d->dAc);
+        compose_bw(tp, l, 0, d->dA, d->dAc, a->A, window);
+    }
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES, l, d->dA);
+    (void)BNTT;
+
+    /* A = q k^T / sqrt(Dh): dq = s dA k, dk = s dA^T q */
+    const float sc = 1.0f / sqrtf((float)Dh);
+    hg_arg g3 = {0, 0, T, Dh, T, sc, 0.0f, d->dA, a->k, d->dq, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&g3, B);
+    hg_arg g4 = {1, 0, T, Dh, T, sc, 0.0f, d->dA, a->q, d->dk, T, D, D,
+                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    heads_gemm(&g4, B);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
+    dcs_rotary_apply(d->dq, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
+    dcs_rotary_apply(d->dk, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
+    /* dqkv [M, 3D] */
+    if (c->qk_norm) {
+        memset(d->dln1, 0, sizeof(float) * (size_t)M * D);   /* scratch */
+        dcs_rmsnorm_bw(d->dln1, GP(lw->q_scale), d->dq, a->qraw, a->qrs, M * N, Dh, lw->q_scale);
+        be->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
+        memset(d->dln1, 0, sizeof(float) * (size_t)M * D);
+        dcs_rmsnorm_bw(d->dln1, GP(lw->k_scale), d->dk, a->kraw, a->krs, M * N, Dh, lw->k_scale);
+        be->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
+    } else {
+        be->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
+        be->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
+    }
+    be->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
+    lin_bw(be, d->dln1, 0.0f, GP(lw->wqkv), GP(lw->bqkv), d->dqkv, a->ln1, lw->wqkv, M, 3 * D, D);
+
+    if (c->use_dcmha) {
+        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N, RN2 = 2 * RN;
+        memset(d->dW, 0, sizeof(float) * (size_t)M * C * RN2);
+        memset(d->dG, 0, sizeof(float) * (size_t)M * C * N);
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++) {
+                if (!a->w1[ph][s]) continue;
+                int slot = C == 4 ? 2 * ph + s : ph;
+                grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][0], l, d->dw1[ph][s]);
+                grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][1], l, d->dw2[ph][s]);
+                grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][2], l, d->ddd[ph][s]);
+                memset(d->dw1raw, 0, sizeof(float) * (size_t)M * RN);
+                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], a->w1rs[ph][s], M * R, N, NULL);
+                be->copy2d(be, d->dW + (size_t)slot * RN2, C * RN2, d->dw1raw, RN, M, RN);
+                be->copy2d(be, d->dW + (size_t)slot * RN2 + RN, C * RN2, d->dw2[ph][s], RN, M, RN);
+                be->copy2d(be, d->dG + (size_t)slot * N, C * N, d->ddd[ph][s], N, M, N);
+            }
+        /* w[:, c] = hid[:, c] qkw[c] */
+        be->gemm(be, 0, 1, M, K, RN2, 1.0f, d->dW, C * RN2, RN2, lw->qkw, RN2, (long long)K * RN2, 0.0f,
+                 d->dhid, C * K, K, C);
+        float *gq = GP(lw->qkw);
+        if (gq)
+            be->gemm(be, 1, 0, K, RN2, M, 1.0f, a->hid, C * K, K, d->dW, C * RN2, RN2, 1.0f, gq, RN2,
+                     (long long)K * RN2, C);
+        /* hid = gelu(ln1 dw1): reuse dW as dhpre [M, C*K] is too small; use dhid in place */
+        float *dhpre = d->dhid;
+        rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
+        par_for(gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
+        be->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0, 1);
+        float *gdw1 = GP(lw->dw1);
+        if (gdw1) be->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
+        /* g = tanh(ln1 dd) */
+        for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
+        be->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
+        float *gdd = GP(lw->dd);
+        if (gdd) be->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
+    }
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
+}
+
+static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = m->be;
+    tlayer *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int M = tp->M, D = c->d_model, F = c->d_ff;
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_OUT, l, d->dmo);
+    lin_bw(be, d->dug, 0.0f, GP(lw->w2), GP(lw->b2), d->dmo, a->ug, lw->w2, M, D, F);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
+    memset(d->du, 0, sizeof(float) * (size_t)M * F);
+    rows_arg ga = {d->du, d->dug, a->u, 0, 0};
+    par_for(gelu_bw_range, &ga, (long long)M * F, 16);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
+    lin_bw(be, d->dln2, 0.0f, GP(lw->w1), GP(lw->b1), d->du, a->ln2, lw->w1, M, F, D);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
+}
+
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
+                             const dcs_hook_grad *g, int n_g) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    dcs_backend *be = m->be;
+    const int M = tp->M, D = c->d_model, V = c->vocab, L = c->n_layer;
+    tgrads *d = &tp->d;
+    if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward before forward");
+    for (int i = 0; i < n_g; i++)
+        if (!g[i].grad || g[i].point < 0 || g[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, g[i].point) ||
+            (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < 0 || g[i].layer >= L)))
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d)", i,
+                              g[i].point, g[i].layer);
+    bwctx bcv = {param_grads, g, n_g}, *bc = &bcv;
+    tp->status = DCS_OK;
+    if (dlogits) memcpy(tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
+    grad_at(tp, g, n_g, DCS_HP_LOGITS, 0, tp->dlogits);
+    lin_bw(be, d->dln1, 0.0f, GP(m->out_w), NULL, tp->dlogits, tp->lnf, m->out_w, M, V, D);
+    grad_at(tp, g, n_g, DCS_HP_LN_FINAL, 0, d->dln1);
+    memset(d->dx, 0, sizeof(float) * (size_t)M * D);
+    dcs_layernorm_bw(d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, tp->lnf_mu, tp->lnf_rs, m->norm_w, M, D);
+    for (int l = L - 1; l >= 0; l--) {
+        tlayer *a = &tp->L[l];
+        const dcs_layer_weights *lw = &m->layers[l];
+        grad_at(tp, g, n_g, DCS_HP_RESID_POST, l, d->dx);
+        memcpy(d->dmo, d->dx, sizeof(float) * (size_t)M * D);
+        mlp_bw(tp, l, bc);
+        if (c->parallel_residual) {
+            memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
+            attention_bw(tp, l, bc);
+            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, a->ln2_mu, a->ln2_rs,
+                             lw->ffn_norm_w, M, D);
+        } else {
+            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, a->ln2_mu, a->ln2_rs,
+                             lw->ffn_norm_w, M, D);
+            memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
+            attention_bw(tp, l, bc);
+        }
+        dcs_layernorm_bw(d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, a->ln1_mu, a->ln1_rs,
+                         lw->attn_norm_w, M, D);
+        grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
+    }
+    if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
+    grad_at(tp, g, n_g, DCS_HP_EMBED, 0, d->dx);
+    float *ge = GP(m->tok_emb);
+    if (ge)
+        for (int i = 0; i < M; i++) {
+            float *row = ge + (size_t)tp->tokens[i] * D;
+            const float *src = d->dx + (size_t)i * D;
+            for (int j = 0; j < D; j++) row[j] += src[j];
+        }
+    return be->sync(be, &m->err);
+}

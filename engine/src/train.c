@@ -1,0 +1,109 @@
+/*
+ * train.c -- what training adds to a loaded model: the parameter table
+ * (every weight by canonical name, in load order, laid out in one flat
+ * float array for gradients and optimizer state), writable weights, and
+ * the AdamW update (decoupled weight decay, Loshchilov & Hutter 2019).
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* dcs_model_require_f32 (load_model.c) makes every float* weight a valid
+ * float32 host array (F16/BF16 checkpoints keep their matrices 16-bit until
+ * it is called). */
+
+static size_t numel(const dcs_named_weight *w) {
+    size_t n = 1;
+    for (int j = 0; j < w->ndim; j++) n *= (size_t)w->shape[j];
+    return n;
+}
+
+int dcs_param_count(const dcs_model *m) { return m->n_weights; }
+
+int64_t dcs_param_total(const dcs_model *m) {
+    int64_t t = 0;
+    for (int i = 0; i < m->n_weights; i++) t += (int64_t)numel(&m->weights[i]);
+    return t;
+}
+
+/* Name, offset in the flat layout, size, and whether weight decay applies
+ * (matrices: yes; norms, biases, QK-norm scales: no). */
+dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset,
+                          int64_t *n, int *decay) {
+    if (i < 0 || i >= m->n_weights) return DCS_ERR_ARG;
+    int64_t off = 0;
+    for (int j = 0; j < i; j++) off += (int64_t)numel(&m->weights[j]);
+    const dcs_named_weight *w = &m->weights[i];
+    *name = w->name;
+    *offset = off;
+    *n = (int64_t)numel(w);
+    *decay = w->ndim >= 2;
+    return DCS_OK;
+}
+
+/* Replace pointer `from` by `to` in every weight field of the model. */
+static void rewire(dcs_model *m, float *from, float *to) {
+    float **top[] = {&m->tok_emb, &m->out_w, &m->norm_w, &m->norm_b};
+    for (size_t i = 0; i < sizeof top / sizeof *top; i++)
+        if (*top[i] == from) *top[i] = to;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        dcs_layer_weights *w = &m->layers[l];
+        float **f[] = {&w->attn_norm_w, &w->attn_norm_b, &w->ffn_norm_w, &w->ffn_norm_b, &w->wqkv,
+                       &w->bqkv, &w->wo, &w->bo, &w->q_scale, &w->k_scale, &w->dw1, &w->qkw, &w->dd,
+                       &w->w1, &w->b1, &w->w2, &w->b2};
+        for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+            if (*f[i] == from) *f[i] = to;
+    }
+}
+
+/* Make every weight an owned, writable host array (weights of a float32
+ * safetensors file alias the read-only mapping until then). */
+dcs_status dcs_model_make_trainable(dcs_model *m) {
+    if (m->device != DCS_DEVICE_CPU)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED, "training runs on the CPU only; load with device='cpu'");
+    dcs_status st = dcs_tape_supported(m);
+    if (st) return st;
+    st = dcs_model_require_f32(m, &m->err);
+    if (st) return st;
+    for (int i = 0; i < m->n_weights; i++) {
+        dcs_named_weight *w = &m->weights[i];
+        if (w->owned) continue;
+        size_t n = numel(w);
+        float *p = m->be->alloc(m->be, n * sizeof(float));
+        if (!p) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "out of memory copying '%s'", w->name);
+        memcpy(p, w->ptr, n * sizeof(float));
+        rewire(m, w->ptr, p);
+        w->ptr = p;
+        w->owned = 1;
+    }
+    return DCS_OK;
+}
+
+/* One AdamW step on every parameter: grads, mom, var flat [dcs_param_total];
+ * step counts from 1. */
+dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
+                          const dcs_adamw *h) {
+    if (step < 1) return dcs_seterr(&m->err, DCS_ERR_ARG, "adamw: step must be >= 1");
+    for (int i = 0; i < m->n_weights; i++)
+        if (!m->weights[i].owned)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "adamw: weights are read-only; call dcs_model_make_trainable");
+    const float b1c = 1.0f - powf(h->beta1, (float)step), b2c = 1.0f - powf(h->beta2, (float)step);
+    size_t off = 0;
+    for (int i = 0; i < m->n_weights; i++) {
+        dcs_named_weight *w = &m->weights[i];
+        size_t n = numel(w);
+        const float wd = w->ndim >= 2 ? h->weight_decay : 0.0f;
+        float *p = w->ptr;
+        for (size_t j = 0; j < n; j++) {
+            float g = grads[off + j];
+            float mm = mom[off + j] = h->beta1 * mom[off + j] + (1.0f - h->beta1) * g;
+            float vv = var[off + j] = h->beta2 * var[off + j] + (1.0f - h->beta2) * g * g;
+            float upd = (mm / b1c) / (sqrtf(vv / b2c) + h->eps);
+            p[j] -= h->lr * (upd + wd * p[j]);
+        }
+        off += n;
+    }
+    return DCS_OK;
+}
