@@ -45,6 +45,22 @@ def load_model(path, device: str = "cpu"):
     return model
 
 
+def check_out_dir(out: str) -> str | None:
+    """Why --out cannot take the results (None if it can): checked before the
+    evaluation starts, so a long run never ends in a write error. Creates the
+    directory, and a probe file in it, to find out."""
+    import tempfile
+    if os.path.lexists(out) and not os.path.isdir(out):
+        return f"--out {out} exists and is not a directory"
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        return f"--out {out} is not writable: {e.strerror or e}"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dcscope synth",
@@ -107,6 +123,10 @@ def main(argv=None) -> int:
         return 2
     if args.limit is not None and args.limit < 1:
         err("--limit must be at least 1")
+        return 2
+    why = check_out_dir(args.out)
+    if why:
+        err(why)
         return 2
     try:
         ds = load_dataset(data, skip_bad=args.skip_bad_lines)

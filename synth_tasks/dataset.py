@@ -145,6 +145,51 @@ def parse_record(obj, lineno: int = 0, source: str = "") -> Line:
     return Line(task_id=task_id, text=text, answers=answers, lineno=lineno, source=source)
 
 
+MAX_LINE_BYTES = 16 << 20    # the published lines are ~1.2 kB; a line is never this long
+
+
+def _no_duplicate_keys(pairs):
+    """json object_pairs_hook: a key given twice is refused (json would keep
+    the last silently; the engine's JSON readers refuse too)."""
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"key {k!r} appears twice in one JSON object")
+        seen[k] = v
+    return seen
+
+
+def _open_regular(path):
+    """Open a regular file for reading without blocking on a FIFO; devices
+    (/dev/zero), FIFOs and directories are refused."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DatasetError(f"{os.fsdecode(os.fspath(path))}: not a regular file "
+                               "(a FIFO, device or directory cannot be read as a dataset)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _lines(f, source: str):
+    """(lineno, raw bytes) of each line, each read with a bound: a line over
+    MAX_LINE_BYTES is a DatasetError instead of a read until memory runs out."""
+    lineno = 0
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise DatasetError(f"{source}:{lineno}: line longer than {MAX_LINE_BYTES} bytes "
+                               "(not a benchmark JSONL file?)")
+        yield lineno, raw
+
+
 def load_dataset(path, skip_bad: bool = False, limit: int | None = None) -> Dataset:
     """Read a benchmark JSONL file.
 
@@ -154,8 +199,8 @@ def load_dataset(path, skip_bad: bool = False, limit: int | None = None) -> Data
     """
     source = os.fspath(path)
     ds = Dataset(lines=[], path=source)
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+    with _open_regular(path) as f:
+        for lineno, raw in _lines(f, source):
             if limit is not None and len(ds.lines) >= limit:
                 break
             try:
@@ -166,7 +211,7 @@ def load_dataset(path, skip_bad: bool = False, limit: int | None = None) -> Data
                 if not s.strip():
                     continue
                 try:
-                    obj = json.loads(s)
+                    obj = json.loads(s, object_pairs_hook=_no_duplicate_keys)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"not JSON ({e})") from None
                 except RecursionError:         # json's decoder recurses per nesting level

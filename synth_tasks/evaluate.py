@@ -125,6 +125,16 @@ def make_batches(lengths, batch_tokens: int = 2048, max_batch: int = 64) -> list
     return batches
 
 
+def _require_finite(logits: np.ndarray, lines) -> None:
+    """No score is ever computed from NaN/inf logits (non-finite weights, an
+    overflow): that would report accuracy 0 as if it were a result."""
+    if np.isfinite(logits).all():
+        return
+    b = int(np.argwhere(~np.isfinite(logits))[0][0])
+    raise ValueError(f"{lines[b].where}: the model gave NaN or inf logits; no score is "
+                     "reported (non-finite weights or an overflow in the model)")
+
+
 def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=None):
     """NLL (float64) and greedy predictions of the answer at token span [s, e)
     (rows: the logits of positions s-1 .. e-2, when given instead of logits_row)."""
@@ -214,6 +224,7 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
                 raise ValueError(f"model.forward returned shape {logits.shape}, "
                                  f"expected ({len(batch)}, {n_rows}, V)")
             V = logits.shape[2]
+            _require_finite(logits, [toks[i].line for i in batch])
             for b, i in enumerate(batch):
                 tl = toks[i]
                 if len(tl.ids) and int(tl.ids.max()) >= V:

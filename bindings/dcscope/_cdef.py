@@ -7,7 +7,8 @@ CDEF = r"""
 typedef enum {
     DCS_OK = 0, DCS_ERR_IO = 1, DCS_ERR_FORMAT = 2, DCS_ERR_CONFIG = 3,
     DCS_ERR_TENSOR = 4, DCS_ERR_NOMEM = 5, DCS_ERR_ARG = 6, DCS_ERR_HOOK = 7,
-    DCS_ERR_UNSUPPORTED = 8, DCS_ERR_BACKEND = 9
+    DCS_ERR_UNSUPPORTED = 8, DCS_ERR_BACKEND = 9, DCS_ERR_NONFINITE = 10,
+    DCS_ERR_CANCELLED = 11
 } dcs_status;
 const char *dcs_status_name(dcs_status s);
 
@@ -53,6 +54,7 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
 dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
                           const int32_t *positions, int n_pos, float *logits,
                           const dcs_hooks *hooks);
+void dcs_cancel(dcs_model *m, int cancel);
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
 
 typedef struct dcs_decoder dcs_decoder;

@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._checks import token_array
 from .model import Cache, Error
 
 _MAP_PREFIXES = ("attn.pre.", "attn.post.")
@@ -81,7 +82,7 @@ def normalize(model, tokens, lengths=None, padding_side: str = "right"):
         tokens, lengths = model.to_tokens(list(tokens), padding_side=padding_side)
     elif isinstance(tokens, str):
         tokens = model.to_tokens(tokens)
-    a = np.asarray(tokens)
+    a = token_array(tokens)
     if lengths is not None:
         if a.ndim != 2:
             raise Error("lengths= needs [B, T] tokens, got shape %s" % (a.shape,))

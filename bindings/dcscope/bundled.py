@@ -93,10 +93,12 @@ def bundled_models(models_dir_: Optional[Union[str, os.PathLike]] = None) -> Lis
 def resolve(name_or_path: Union[str, os.PathLike],
             models_dir_: Optional[Union[str, os.PathLike]] = None) -> str:
     """The checkpoint directory for a path or a bundled model's name."""
+    from ._checks import c_path
+    c_path("model path", name_or_path)       # type and NUL: checked in one place
     p = os.fspath(name_or_path)
-    if not isinstance(p, str):
-        raise Error("model path must be text, not %r" % (p,))
-    if os.path.exists(p):
+    if isinstance(p, bytes):
+        return p                             # a file-system path; names are text
+    if os.path.lexists(p):                   # a dangling symlink: the loader names it
         return p
     models = bundled_models(models_dir_)
     if p and os.sep not in p and not (os.altsep and os.altsep in p):

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._checks import check_index
 from .model import Error, Model
 
 
@@ -45,10 +46,9 @@ class FactoredMatrix:
 
 def _check(model: Model, layer: int, head: Optional[int] = None) -> None:
     c = model.config
-    if not 0 <= layer < c.n_layer:
-        raise Error("layer %d is out of range (model has %d layers)" % (layer, c.n_layer))
-    if head is not None and not 0 <= head < c.n_head:
-        raise Error("head %d is out of range (model has %d heads)" % (head, c.n_head))
+    check_index("layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
+    if head is not None:
+        check_index("head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
 
 
 def _wqkv(model: Model, layer: int) -> np.ndarray:
@@ -93,8 +93,7 @@ def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> 
     circuit is the weight product)."""
     _check(model, layer, head)
     c = model.config
-    if not 0 <= token < c.vocab:
-        raise Error("token id %d is out of range [0, %d)" % (token, c.vocab))
+    token = check_index("token id", token, 0, c.vocab)
     e = model.weight("tok_embeddings.weight")[token].astype(np.float64)
     ln = lambda x, name: _layernorm(x, model.weight(name + ".weight"), model.weight(name + ".bias"), c.norm_eps)
     h = ln(e, "layers.0.ffn_norm")

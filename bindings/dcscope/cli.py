@@ -36,6 +36,7 @@ def _heatmap(argv: List[str]) -> int:
     from .heatmaps import attention_heatmap
     from .model import load
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
+    _model_dir(a.model)
     model = load(a.model, device=a.device)
     n_panels = (model.config.n_layer if layer == "all" else (6 if a.hook == "branches" else
                 (1 if a.head is not None else model.config.n_head)))
@@ -48,6 +49,16 @@ def _heatmap(argv: List[str]) -> int:
     png.save(a.out)
     print("wrote %s (%d bytes)" % (a.out, len(png)))
     return 0
+
+
+def _model_dir(path: str) -> None:
+    """--model must name a directory (config.json and weights inside)."""
+    import os
+    if os.path.lexists(path) and not os.path.isdir(path):
+        if os.path.islink(path) and not os.path.exists(path):
+            raise Error("--model %s is a dangling symbolic link" % path)
+        raise Error("--model %s is a file; it must be a checkpoint directory (config.json and "
+                    "weights inside)" % path)
 
 
 def _int(s: str, what: str) -> int:
@@ -63,6 +74,7 @@ def _info(argv: List[str]) -> int:
     p.add_argument("--hooks", action="store_true", help="also list every hook name")
     a = p.parse_args(argv)
     from .model import load
+    _model_dir(a.model)
     m = load(a.model)
     print(m)
     for k, v in vars(m.config).items():
@@ -126,9 +138,13 @@ def _models(argv: List[str]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None, "train": None}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
+    if argv and argv[0] not in cmds and argv[0] not in ("-h", "--help"):
+        print("dcscope: unknown command %r (commands: %s; dcscope --help)"
+              % (argv[0], ", ".join(cmds)), file=sys.stderr)
+        return 2
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "synth":
@@ -142,7 +158,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return train_main(rest)
         return cmds[cmd](rest)
     except Error as e:
-        print("dcscope %s: error: %s" % (cmd, e), file=sys.stderr)
+        msg = str(e)
+        if msg.startswith(cmd + ": "):           # "heatmap: ..." under "dcscope heatmap"
+            msg = msg[len(cmd) + 2:]
+        print("dcscope %s: error: %s" % (cmd, msg), file=sys.stderr)
         return 1
 
 

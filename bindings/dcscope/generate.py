@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._engine import ffi, lib
+from ._checks import check_index
 from .model import Error, HookFn, Model, _Run, _check
 
 
@@ -33,7 +34,8 @@ class Decoder:
     def __init__(self, model: Model):
         self.model = model
         out = ffi.new("dcs_decoder **")
-        _check(lib.dcs_decoder_new(model._m, out), model._errmsg())
+        with model._engine_lock():
+            _check(lib.dcs_decoder_new(model._m, out), model._errmsg())
         # the engine keeps the model alive until its last decoder is freed,
         # whatever order the garbage collector finalizes them in
         self._d = ffi.gc(out[0], lib.dcs_decoder_free)
@@ -45,6 +47,8 @@ class Decoder:
 
     def layer_keys(self, layer: int) -> int:
         """Key positions layer `layer` holds (window_size + 1 at most on a local layer)."""
+        layer = check_index("layer", layer, 0, self.model.config.n_layer,
+                            " (model has %d layers)" % self.model.config.n_layer)
         n = int(lib.dcs_decoder_layer_keys(self._d, layer))
         if n < 0:
             raise Error("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
@@ -86,16 +90,25 @@ class Decoder:
             hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
             hooks.fn = lib._dcs_py_hook
             hooks.user = handle
-        st = lib.dcs_decoder_step(self._d, ffi.cast("const int32_t *", ffi.from_buffer(toks)), n,
-                                  ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL,
-                                  hooks)
+        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
+        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
+        # the model's lock, and Ctrl-C stops the step (see Model._forward_interruptibly)
+        st, interrupted = m._forward_interruptibly(
+            run, lambda: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks))
+        if interrupted is not None:
+            raise interrupted
         if run.error is not None:
             e = run.error
-            if isinstance(e, Error):
-                raise e
+            if isinstance(e, Error) or not isinstance(e, Exception):
+                raise e           # KeyboardInterrupt, SystemExit: as themselves
             raise Error("%s: %s: %s" % (m._errmsg().replace(" aborted the decoding step", ""),
                                         type(e).__name__, e)) from e
+        if st == lib.DCS_ERR_CANCELLED:
+            raise KeyboardInterrupt()
         _check(st, m._errmsg())
+        if out is not None and not np.isfinite(out).all():
+            raise Error("decode: the logits hold NaN or inf (non-finite weights, an overflow, or a "
+                        "hook that wrote huge values)")
         run.cache.model = m
         return (out, run.cache) if want_cache else out
 

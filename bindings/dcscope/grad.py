@@ -38,7 +38,8 @@ class Tape:
         self.model = model
         self.B, self.T = B, T
         out = ffi.new("dcs_tape **")
-        _check(lib.dcs_tape_new(model._m, B, T, out), model._errmsg())
+        with model._engine_lock():          # one engine call at a time per model
+            _check(lib.dcs_tape_new(model._m, B, T, out), model._errmsg())
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
         self._keep = None
 
@@ -62,16 +63,18 @@ class Tape:
             arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
         self._keep = (keep, arr)  # the engine reads them again in the backward
         out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
-        st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov),
-                                  _ptr(out) if out is not None else ffi.NULL)
-        _check(st, self.model._errmsg())
+        with self.model._engine_lock():
+            st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov),
+                                      _ptr(out) if out is not None else ffi.NULL)
+            _check(st, self.model._errmsg())
         return out
 
     def loss(self, targets: np.ndarray) -> float:
         """Mean cross-entropy over targets >= 0 (its gradient goes to the backward)."""
         t = np.ascontiguousarray(targets, dtype=np.int32).reshape(self.B, self.T)
         loss, cnt = ffi.new("double *"), ffi.new("int *")
-        _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model._errmsg())
+        with self.model._engine_lock():
+            _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model._errmsg())
         return float(loss[0])
 
     def backward(self, dlogits: Optional[np.ndarray] = None, param_grads: Optional[np.ndarray] = None,
@@ -88,7 +91,8 @@ class Tape:
         if param_grads is not None:
             assert param_grads.dtype == np.float32 and param_grads.flags.c_contiguous
             pg = _ptr(param_grads)
-        _check(lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs)), self.model._errmsg())
+        with self.model._engine_lock():
+            _check(lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs)), self.model._errmsg())
         return outs
 
 

@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 from ._engine import ffi, lib
+from ._checks import check_index
 from .model import Error, Model
 
 SEQUENTIAL, DIVERGING = 0, 1
@@ -215,12 +216,12 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     if tokens.ndim != 1 or tokens.size == 0:
         raise Error("heatmap: need a non-empty 1-D token sequence")
     c = model.config
+    if head is not None:
+        head = check_index("heatmap: head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
+    if layer != "all":
+        layer = check_index("heatmap: layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
     if layer != "all" and layer in c.local_layers:
         kw.setdefault("mask_window", c.window_size)
-    if head is not None and not 0 <= head < c.n_head:
-        raise Error("heatmap: head %d is out of range (model has %d heads)" % (head, c.n_head))
-    if layer != "all" and not (isinstance(layer, (int, np.integer)) and 0 <= layer < c.n_layer):
-        raise Error("heatmap: layer %r is out of range (model has %d layers)" % (layer, c.n_layer))
 
     if hook == "branches":
         if head is None or layer == "all":

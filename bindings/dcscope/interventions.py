@@ -17,6 +17,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._checks import check_index
 from .model import Cache, Error, Model
 
 BRANCHES = ("skip", "qp", "kp", "qg", "kg")
@@ -75,10 +76,8 @@ def _head_index(name: str, head: int, ndim: int) -> tuple:
 
 def _check_head(model: Model, layer: int, head: int) -> None:
     c = model.config
-    if not 0 <= layer < c.n_layer:
-        raise Error("layer %d is out of range (model has %d layers)" % (layer, c.n_layer))
-    if not 0 <= head < c.n_head:
-        raise Error("head %d is out of range (model has %d heads)" % (head, c.n_head))
+    check_index("layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
+    check_index("head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
 
 
 def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
@@ -135,6 +134,7 @@ def disable_branch(model: Model, phase: str, branch: str,
     layers = range(model.config.n_layer) if layers is None else list(layers)
     hooks = []
     for l in layers:
+        l = check_index("layer", l, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
         name = "blocks.%d.attn.%s.%s" % (l, phase, branch)
         model.parse_hook(name)
         hooks.append((name, _zero))
@@ -182,6 +182,10 @@ def patch(model: Model, name: str, source: Cache, head: Optional[int] = None,
     front for [T, ...] layouts, or the query axis of [N, T, S] maps)."""
     name = _canon(name)
     model.parse_hook(name)
+    if head is not None:
+        check_index("head", head, 0, model.config.n_head, " (model has %d heads)" % model.config.n_head)
+    if positions is not None:
+        positions = [check_index("position", p, 0, 1 << 24) for p in positions]
     if name not in source:
         raise Error("patch: the source cache has no %s" % name)
     src = source[name]

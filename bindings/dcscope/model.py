@@ -6,19 +6,22 @@ this module turns that into numpy arrays, a cache, and user hook functions.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import stat
+import threading
+import traceback
 import warnings
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
 from ._engine import ffi, lib
 from .weights import WeightsMixin
 
-
-class Error(Exception):
-    """Every failure of dcscope: the message names the file, hook or argument."""
+_MAX_TOKENIZER_BYTES = 256 << 20
 
 
 class LoadWarning(UserWarning):
@@ -191,35 +194,97 @@ class _Run:
         self.fns: Dict[Tuple[int, int], List[Tuple[str, HookFn]]] = {}
         self.cache = Cache()
         self.error: Optional[BaseException] = None
+        self.cancel = False        # set on Ctrl-C: the next hook call aborts the pass
+
+
+# Hook arrays. The engine hands each hook point a pointer into its own
+# (pooled, reused) activation memory. No Python-visible array may outlive
+# that memory, so hook functions get an array that owns a copy, and what
+# they changed is copied back after they return; the engine memory is only
+# seen through short-lived views inside _engine_copy / _write_back, whose
+# frames are cleared if an exception keeps a traceback. The copy replaces
+# the snapshot the change detection needed anyway, so a hooked pass costs
+# what it did before, and capture (run_with_cache) copies exactly once.
+
+def _engine_view(data, dims, batched: bool) -> np.ndarray:
+    n = 1
+    for d in dims:
+        n *= d
+    arr = np.frombuffer(ffi.buffer(data, n * 4), dtype=np.float32).reshape(dims)
+    return arr if batched else arr[0]
+
+
+def _engine_copy(data, dims, batched: bool) -> np.ndarray:
+    return _engine_view(data, dims, batched).copy()
+
+
+def _write_back(data, dims, batched: bool, work: np.ndarray, name: str) -> bool:
+    """Copy what the hooks changed into the engine; True if anything changed."""
+    src = _engine_view(data, dims, batched)
+    if np.array_equal(src, work, equal_nan=True):
+        return False
+    finite = bool(np.all(np.isfinite(work)))
+    if finite:
+        src[...] = work
+    del src
+    if not finite:
+        raise Error("hook %s: the hook function wrote NaN or inf values" % name)
+    return True
+
+
+def _hook_call(run: "_Run", point: int, layer: int, data, shape, ndim: int) -> int:
+    key = (point, layer)
+    name = run.model._hook_name(point, layer)
+    dims = tuple(shape[i] for i in range(ndim))
+    fns = run.fns.get(key, ())
+    if not fns:
+        if key in run.capture:
+            run.cache[name] = _engine_copy(data, dims, run.batched)
+        return 0
+    work = _engine_copy(data, dims, run.batched)      # owned by Python
+    for fname, fn in fns:
+        out = fn(work, name)
+        if out is not None and out is not work:
+            out = _validate(out, work.shape, name)
+            work[...] = out
+        if run.cancel:
+            raise KeyboardInterrupt()
+    modified = _write_back(data, dims, run.batched, work, name)
+    if key in run.capture:
+        run.cache[name] = work.copy()                 # the hook may keep `work`
+    return 1 if modified else 0
+
+
+_OWN_FRAMES = set()
+
+
+def _forget_engine_views(e: BaseException) -> None:
+    """Clear the locals of this module's hook frames kept by e's traceback
+    (they may hold views of engine memory); user frames are left alone."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in _OWN_FRAMES:
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:   # still executing
+                pass
+        tb = tb.tb_next
 
 
 @ffi.def_extern()
 def _dcs_py_hook(user, point, layer, data, shape, ndim):
     run: _Run = ffi.from_handle(user)
-    key = (point, layer)
-    name = run.model._hook_name(point, layer)
     try:
-        dims = tuple(shape[i] for i in range(ndim))
-        n = int(np.prod(dims))
-        arr = np.frombuffer(ffi.buffer(data, n * 4), dtype=np.float32).reshape(dims)
-        view = arr if run.batched else arr[0]
-        modified = False
-        for fname, fn in run.fns.get(key, ()):
-            before = view.copy()
-            out = fn(view, name)
-            if out is not None and out is not view:
-                out = _validate(out, view.shape, name)
-                view[...] = out
-            if not np.array_equal(before, view, equal_nan=True):
-                if not np.all(np.isfinite(view)):
-                    raise Error("hook %s: the hook function wrote NaN or inf values" % name)
-                modified = True
-        if key in run.capture:
-            run.cache[name] = view.copy()
-        return 1 if modified else 0
+        if run.cancel:
+            raise KeyboardInterrupt()
+        return _hook_call(run, point, layer, data, shape, ndim)
     except BaseException as e:  # noqa: BLE001 -- reported after the pass returns
+        _forget_engine_views(e)
         run.error = e
         return -1
+
+
+_OWN_FRAMES.update(f.__code__ for f in (_engine_view, _engine_copy, _write_back, _hook_call))
 
 
 def _pairs(fwd_hooks) -> List[Tuple[str, HookFn]]:
@@ -235,6 +300,34 @@ def _physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 1 << 62
+
+
+def _read_regular_file(path: str, limit: int) -> str:
+    """The text of a regular file of at most `limit` bytes. Opened without
+    blocking and checked before reading, so a FIFO or device where a file is
+    expected is refused instead of hanging."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if os.path.islink(path) and not os.path.exists(path):
+            raise Error("%s: cannot open: a dangling symbolic link (its target does not exist)" % path) from None
+        raise Error("%s: cannot open: %s" % (path, e.strerror)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Error("%s: not a regular file" % path)
+        if st.st_size > limit:
+            raise Error("%s: %d bytes is more than the %d allowed for this file" % (path, st.st_size, limit))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > limit:
+        raise Error("%s: file grew past %d bytes while being read" % (path, limit))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Error("%s: not UTF-8 (%s at byte %d)" % (path, e.reason, e.start)) from None
 
 
 def _validate(out, shape, name: str) -> np.ndarray:
@@ -261,17 +354,25 @@ class Model(WeightsMixin):
     """
 
     def __init__(self, path, device: str = "cpu", n_threads: int = 0):
-        path = os.fspath(path)
-        if device not in ("cpu", "cuda"):
+        cpath = c_path("model path", path)
+        path = show_path(path)
+        if not (isinstance(device, str) and device in ("cpu", "cuda")):
             raise Error("device must be 'cpu' or 'cuda', not %r" % (device,))
+        n_threads = check_index("n_threads", n_threads, 0, 1 << 16, " (0: all cores)")
         opts = ffi.new("dcs_load_options *")
         opts.device = 1 if device == "cuda" else 0
         opts.n_threads = n_threads
         out = ffi.new("dcs_model **")
         err = ffi.new("char[]", 1024)
-        st = lib.dcs_load(path.encode(), opts, out, err, 1024)
-        _check(st, ffi.string(err).decode(errors="replace"))
+        st = lib.dcs_load(cpath, opts, out, err, 1024)
+        _check(st, decode_msg(ffi.string(err)))
         self._m = ffi.gc(out[0], lib.dcs_free)
+        # One engine call at a time per model (the engine's pool and error
+        # record are per model, and cffi releases the GIL during a pass):
+        # other threads wait. _pass_thread is the thread running this
+        # model's hooks, which may read weights but not start another pass.
+        self._lock = threading.RLock()
+        self._pass_thread: Optional[int] = None
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
         self.device = device
@@ -327,10 +428,10 @@ class Model(WeightsMixin):
         return list(self._names)
 
     def parse_hook(self, name: str) -> Tuple[int, int]:
-        if not isinstance(name, str):
-            raise Error("hook name must be a string, not %r" % (name,))
+        cname = c_str("hook name", name)
         p, l = ffi.new("int *"), ffi.new("int *")
-        _check(lib.dcs_hook_parse(self._m, name.encode(), p, l), self._errmsg())
+        with self._engine_lock():
+            _check(lib.dcs_hook_parse(self._m, cname, p, l), self._errmsg())
         return p[0], l[0]
 
     def _select(self, names: Names) -> List[str]:
@@ -341,13 +442,28 @@ class Model(WeightsMixin):
             names = [names]
         if callable(names):
             return [n for n in self._names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
-        names = [canonical(n) for n in names]
+        try:
+            names = list(names)
+        except TypeError:
+            raise Error("names must be None, a hook name, a list of hook names or a predicate, "
+                        "not %s %r" % (type(names).__name__, names)) from None
+        names = [canonical(check_str("hook name", n)) for n in names]
         for n in names:
             self.parse_hook(n)
         return names
 
     def _errmsg(self) -> str:
-        return ffi.string(lib.dcs_errmsg(self._m)).decode(errors="replace")
+        return decode_msg(ffi.string(lib.dcs_errmsg(self._m)))
+
+    @contextlib.contextmanager
+    def _engine_lock(self):
+        """Hold the model for one engine call. A hook of a running pass (its
+        thread owns the pass) goes through without waiting."""
+        if self._pass_thread == threading.get_ident():
+            yield
+            return
+        with self._lock:
+            yield
 
     # ------------------------------------------------------------ tokens
 
@@ -356,11 +472,12 @@ class Model(WeightsMixin):
         """The HF `tokenizers.Tokenizer` of the model directory (tokenizer.json)."""
         if self._tokenizer is None:
             p = os.path.join(self.path, "tokenizer.json")
-            if not os.path.exists(p):
+            if not os.path.lexists(p):
                 raise Error("%s has no tokenizer.json" % self.path)
+            text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
             from tokenizers import Tokenizer
             try:
-                self._tokenizer = Tokenizer.from_file(p)
+                self._tokenizer = Tokenizer.from_str(text)
             except Exception as e:
                 raise Error("%s: cannot read the tokenizer: %s" % (p, e))
         return self._tokenizer
@@ -420,7 +537,7 @@ class Model(WeightsMixin):
     def _tokens(self, tokens) -> Tuple[np.ndarray, bool]:
         if isinstance(tokens, str):
             tokens = self.to_tokens(tokens)
-        a = np.asarray(tokens)
+        a = token_array(tokens)
         if a.dtype.kind not in "iu":
             raise Error("tokens must be integers, got dtype %s" % a.dtype)
         if a.ndim not in (1, 2) or a.size == 0:
@@ -474,34 +591,111 @@ class Model(WeightsMixin):
             p, l = self.parse_hook(n)
             run.fns.setdefault((p, l), []).append((n, fn))
             want[p * L + l] = 1
-        if logits and B * n_out * self.config.vocab * 4 > _physical_memory():
-            raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
-                        % (B, n_out, self.config.vocab, B * n_out * self.config.vocab * 4 / 2**30))
-        out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
+        self._check_pass_memory(B, n_out, run, logits)
+        try:
+            out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
+        except MemoryError:
+            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
+                        % (B, n_out, self.config.vocab)) from None
         hooks = ffi.NULL
+        handle = None
         if want.any():
             handle = ffi.new_handle(run)
             hooks = ffi.new("dcs_hooks *")
             hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
             hooks.fn = lib._dcs_py_hook
             hooks.user = handle
-        st = lib.dcs_forward_at(self._m, ffi.cast("const int32_t *", ffi.from_buffer(toks)), B, T,
-                                ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL,
-                                0 if pos is None else pos.shape[1],
-                                ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL,
-                                hooks)
+        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
+        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
+        cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
+        st, interrupted = self._forward_interruptibly(
+            run, lambda: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, 0 if pos is None else pos.shape[1], clog, hooks))
+        if interrupted is not None:
+            raise interrupted
         if run.error is not None:
             e = run.error
-            if isinstance(e, Error):
-                raise e
+            if isinstance(e, Error) or not isinstance(e, Exception):
+                raise e           # KeyboardInterrupt, SystemExit: as themselves
             raise Error("%s: %s: %s" % (self._errmsg().replace(" aborted the forward pass", ""),
                                         type(e).__name__, e)) from e
+        if st == lib.DCS_ERR_CANCELLED:
+            raise KeyboardInterrupt()
         _check(st, self._errmsg())
         if out is not None and squeeze:
             out = out[:, 0]
         if out is not None and not batched:
             out = out[0]
         return out, run.cache
+
+    def _check_pass_memory(self, B: int, T: int, run: "_Run", logits: bool) -> None:
+        """Refuse, before anything is allocated, a pass whose logits and
+        cached activations cannot fit in this machine's memory."""
+        V = self.config.vocab
+        need = B * T * V * 4 if logits else 0
+        if need > _physical_memory():
+            raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
+                        % (B, T, V, need / 2**30))
+        shape = ffi.new("int64_t[6]")
+        for (p, l) in run.capture:
+            nd = lib.dcs_hook_shape(self._m, p, B, T, shape)
+            n = 4
+            for i in range(nd):
+                n *= shape[i]
+            need += n
+        if need > _physical_memory():
+            raise Error("run_with_cache: caching %d hooks at B=%d, T=%d needs %.1f GiB (with the logits), "
+                        "more than the %.1f GiB of memory of this machine; cache fewer hooks (names=...) "
+                        "or a shorter sequence" % (len(run.capture), B, T, need / 2**30,
+                                                   _physical_memory() / 2**30))
+
+    def _forward_interruptibly(self, run: "_Run", call):
+        """Run call() (a dcs_forward) holding the model's lock. In the main
+        thread the call runs on a helper thread while the main thread waits,
+        so Ctrl-C (SIGINT) is seen at once: it asks the engine to stop
+        (dcs_cancel; checked before each layer and between attention and
+        MLP) and hooks to abort, waits for the pass to end, and returns the
+        KeyboardInterrupt. Returns (status, KeyboardInterrupt or None)."""
+        me = threading.get_ident()
+        if self._pass_thread == me:
+            raise Error("forward: this model is already running a pass in this thread (a hook "
+                        "cannot start another pass on its own model; load a second Model)")
+        with self._lock:
+            lib.dcs_cancel(self._m, 0)
+            if threading.current_thread() is not threading.main_thread():
+                self._pass_thread = me
+                try:
+                    return call(), None
+                finally:
+                    self._pass_thread = None
+            result: Dict[str, object] = {}
+            done = threading.Event()
+
+            def work():
+                self._pass_thread = threading.get_ident()
+                try:
+                    result["st"] = call()
+                except BaseException as e:  # noqa: BLE001 -- handed to the caller
+                    result["exc"] = e
+                finally:
+                    self._pass_thread = None
+                    done.set()
+
+            worker = threading.Thread(target=work, name="dcscope-forward", daemon=True)
+            interrupted = None
+            worker.start()
+            while not done.is_set():
+                try:
+                    done.wait(0.25)
+                except KeyboardInterrupt as e:       # Ctrl-C: stop the pass, keep waiting
+                    if interrupted is None:
+                        interrupted = e
+                    run.cancel = True
+                    lib.dcs_cancel(self._m, 1)
+            worker.join()
+            lib.dcs_cancel(self._m, 0)
+            if "exc" in result:
+                raise result["exc"]
+            return result["st"], interrupted
 
     def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
                 padding_side: str = "right", loss_per_token: bool = False, logits_at=None):
@@ -630,17 +824,19 @@ class Model(WeightsMixin):
         """A weight by canonical (dcpythia) name, as a read-only float32 array
         (see dcscope.h). The last few weights read are kept, so per-head
         circuit code can call this in a loop."""
+        cname = c_str("weight name", name)
         cache = self.__dict__.setdefault("_weights", {})
         if name in cache:
             cache[name] = cache.pop(name)  # most recently used last
             return cache[name]
         shape = ffi.new("int64_t[5]")
         nd = ffi.new("int *")
-        _check(lib.dcs_weight_shape(self._m, name.encode(), shape, nd), self._errmsg())
-        dims = tuple(shape[i] for i in range(nd[0]))
-        out = np.empty(dims, dtype=np.float32)
-        _check(lib.dcs_weight_read(self._m, name.encode(), ffi.cast("float *", ffi.from_buffer(out)), out.size),
-               self._errmsg())
+        with self._engine_lock():
+            _check(lib.dcs_weight_shape(self._m, cname, shape, nd), self._errmsg())
+            dims = tuple(shape[i] for i in range(nd[0]))
+            out = np.empty(dims, dtype=np.float32)
+            _check(lib.dcs_weight_read(self._m, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
+                   self._errmsg())
         out.flags.writeable = False
         cache[name] = out
         while len(cache) > 6:

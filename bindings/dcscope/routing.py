@@ -34,6 +34,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ._checks import check_index
 from .model import Cache, Error, Model
 
 PHASES = ("pre", "post")
@@ -44,11 +45,8 @@ class MaskedPairWarning(UserWarning):
 
 
 def _pos(v: int, T: int, what: str) -> int:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-        raise Error("%s position must be an integer, not %r" % (what, v))
-    if not -T <= v < T:
-        raise Error("%s position %d is out of range for %d tokens" % (what, v, T))
-    return int(v) % T
+    """A query/key position in [-T, T) (negative: from the end), as [0, T)."""
+    return check_index("%s position" % what, v, -T, T, " for %d tokens" % T) % T
 
 
 def _window(model: Model, layer: int) -> int:
@@ -79,8 +77,7 @@ def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = 
     T = toks.shape[0]
     if phase not in PHASES:
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
-    if not isinstance(layer, (int, np.integer)) or not 0 <= layer < model.config.n_layer:
-        raise Error("layer %r is out of range (model has %d layers)" % (layer, model.config.n_layer))
+    check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     for what, v in (("query", query), ("key", key)):
         if v is not None:
             _pos(v, T, what)

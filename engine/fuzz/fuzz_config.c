@@ -31,7 +31,7 @@ static void check_config(const dcs_config *c, const int *pat, int plen)
     if (c->rotary_dim < 0 || c->rotary_dim > c->head_dim || (c->rotary_dim & 1))
         abort();
     if (!isfinite(c->rope_base) || !(c->rope_base > 0) || !isfinite(c->norm_eps) ||
-        !(c->norm_eps >= 0) || c->norm_eps > 1)
+        !(c->norm_eps > 0) || c->norm_eps > 1)
         abort();
     int flags[] = {c->parallel_residual, c->qk_norm, c->linear_bias, c->use_dcmha,
                    c->query_wise, c->tie_embeddings, c->use_sw, c->key_wise, c->moh};

@@ -35,7 +35,9 @@ typedef enum {
     DCS_ERR_ARG = 6,         /* bad argument (token id, sizes, hook name)    */
     DCS_ERR_HOOK = 7,        /* a hook callback asked to abort the pass      */
     DCS_ERR_UNSUPPORTED = 8, /* feature not available (e.g. no CUDA)         */
-    DCS_ERR_BACKEND = 9      /* a backend (CUDA, cuBLAS) call failed         */
+    DCS_ERR_BACKEND = 9,     /* a backend (CUDA, cuBLAS) call failed         */
+    DCS_ERR_NONFINITE = 10,  /* NaN/inf in the weights or in the logits      */
+    DCS_ERR_CANCELLED = 11   /* dcs_cancel stopped the forward pass          */
 } dcs_status;
 
 const char *dcs_status_name(dcs_status s);
@@ -229,7 +231,12 @@ void dcs_set_hook_error(dcs_model *m, const char *msg);
 /* tokens: [B, T] int32 row-major; logits: [B, T, V] float32 or NULL.
  * hooks may be NULL: then nothing extra is computed or allocated.
  * Every sequence starts at position 0 (right-pad shorter sequences: under
- * the causal mask padding never changes earlier positions). */
+ * the causal mask padding never changes earlier positions).
+ * Logits with a NaN or inf (weights that overflow, a hook that wrote huge
+ * values) give DCS_ERR_NONFINITE naming the first such position; the
+ * buffer is still filled.
+ * A dcs_model is not thread-safe: one call at a time per model (the Python
+ * binding holds a per-model lock). Different models run in parallel. */
 dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
                        float *logits, const dcs_hooks *hooks);
 
@@ -240,6 +247,13 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
 dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
                           const int32_t *positions, int n_pos, float *logits,
                           const dcs_hooks *hooks);
+
+/* Ask a running dcs_forward (or dcs_decoder_step) on m to stop (callable from any thread or a
+ * signal handler: it only sets an atomic flag). The pass checks the flag
+ * before each layer and between a layer's attention and MLP, and then
+ * returns DCS_ERR_CANCELLED ("forward: cancelled"). The flag stays set
+ * until dcs_cancel(m, 0): clear it before starting the next pass. */
+void dcs_cancel(dcs_model *m, int cancel);
 
 /* Activation memory of the last dcs_forward on this model (weights
  * excluded): the most held at once, and the sum of every buffer the pass

@@ -594,6 +594,10 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
     }
     int trimmed = 0;
     for (int l = 0; l < c->n_layer && !s.status; l++) {
+        if (atomic_load(&m->cancel)) {            /* dcs_cancel: stop between layers */
+            s.status = dcs_seterr(&m->err, DCS_ERR_CANCELLED, "decode: cancelled");
+            break;
+        }
         int dm = s.n_dev, hm = s.n_host;
         block(&s, l, x);
         if (!s.status) s.status = s.be->sync(s.be, &m->err);

@@ -37,6 +37,8 @@ const char *dcs_status_name(dcs_status s)
     case DCS_ERR_HOOK:        return "DCS_ERR_HOOK";
     case DCS_ERR_UNSUPPORTED: return "DCS_ERR_UNSUPPORTED";
     case DCS_ERR_BACKEND:     return "DCS_ERR_BACKEND";
+    case DCS_ERR_NONFINITE:   return "DCS_ERR_NONFINITE";
+    case DCS_ERR_CANCELLED:   return "DCS_ERR_CANCELLED";
     }
     return "DCS_ERR_UNKNOWN";
 }

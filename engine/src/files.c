@@ -1,10 +1,17 @@
 /*
  * files.c -- whole-file access for the loaders.
  *
- * Weight files are memory-mapped read-only (PROT_READ, MAP_PRIVATE), so a
- * 5 GB shard costs address space, not RAM, and tensors are plain views into
- * the mapping. Small text files (config.json, index json) are read into a
- * NUL-terminated heap buffer instead.
+ * Weight files are read whole into private anonymous memory (an anonymous
+ * mmap filled with bounded read() calls), not mapped from the file: a file
+ * truncated or rewritten after load can neither crash a loaded model
+ * (SIGBUS on a shared page that no longer exists) nor change its weights.
+ * Tensors are plain views into that copy. Small text files (config.json,
+ * index json) are read into a NUL-terminated heap buffer.
+ *
+ * Every file is opened with O_NONBLOCK and checked to be a regular file
+ * before anything is read, so a FIFO, a device or a directory where a
+ * file is expected is refused at once instead of blocking forever, and
+ * every read is bounded by the size fstat reported.
  *
  * Every message starts with the path as the caller gave it.
  */
@@ -23,9 +30,15 @@
  * holds its length. Returns the fd or -1 with e set. */
 static int open_regular(const char *path, uint64_t *size, dcs_err *e)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-        dcs_seterr(e, DCS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        int err = errno;
+        struct stat lst;
+        if (err == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+            dcs_seterr(e, DCS_ERR_IO, "%s: cannot open: a dangling symbolic link (its target "
+                       "does not exist)", path);
+        else
+            dcs_seterr(e, DCS_ERR_IO, "%s: cannot open: %s", path, strerror(err));
         return -1;
     }
     struct stat st;
@@ -35,12 +48,39 @@ static int open_regular(const char *path, uint64_t *size, dcs_err *e)
         return -1;
     }
     if (!S_ISREG(st.st_mode)) {
-        dcs_seterr(e, DCS_ERR_IO, "%s: not a regular file", path);
+        dcs_seterr(e, DCS_ERR_IO, "%s: not a regular file (%s)", path,
+                   S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                   : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                   : S_ISSOCK(st.st_mode) ? "a socket" : "not a plain file");
         close(fd);
         return -1;
     }
+    /* a regular file: blocking reads from here on */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     *size = (uint64_t)st.st_size;
     return fd;
+}
+
+/* Read exactly `size` bytes from the start of fd into buf, in bounded
+ * chunks (pread: the offset is ours). A file that shrank meanwhile is an
+ * error; one that grew is read up to the size fstat gave. */
+static dcs_status read_exact(int fd, const char *path, uint8_t *buf, uint64_t size, dcs_err *e)
+{
+    uint64_t got = 0;
+    while (got < size) {
+        size_t want = size - got < ((size_t)1 << 30) ? (size_t)(size - got) : ((size_t)1 << 30);
+        ssize_t r = pread(fd, buf + got, want, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return dcs_seterr(e, DCS_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+        if (r == 0)
+            return dcs_seterr(e, DCS_ERR_IO, "%s: file shrank while being read (%llu of %llu "
+                              "bytes)", path, (unsigned long long)got, (unsigned long long)size);
+        got += (uint64_t)r;
+    }
+    return DCS_OK;
 }
 
 dcs_status dcs_map_file(const char *path, dcs_mapped_file *f, dcs_err *e)
@@ -57,15 +97,23 @@ dcs_status dcs_map_file(const char *path, dcs_mapped_file *f, dcs_err *e)
     }
     void *data = NULL;
     if (size > 0) {                       /* mmap of length 0 is an error */
-        data = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+        data = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (data == MAP_FAILED) {
             int err = errno;
             close(fd);
-            return dcs_seterr(e, DCS_ERR_IO, "%s: cannot map %llu bytes: %s", path,
-                              (unsigned long long)size, strerror(err));
+            return dcs_seterr(e, DCS_ERR_NOMEM, "%s: cannot allocate %llu bytes to read it: %s",
+                              path, (unsigned long long)size, strerror(err));
+        }
+        dcs_status st = read_exact(fd, path, data, size, e);
+        if (st == DCS_OK)
+            mprotect(data, (size_t)size, PROT_READ);   /* tensors are views: read-only */
+        if (st != DCS_OK) {
+            munmap(data, (size_t)size);
+            close(fd);
+            return st;
         }
     }
-    close(fd);                            /* the mapping stays valid */
+    close(fd);
     f->path = strdup(path);
     if (f->path == NULL) {
         if (data != NULL)
@@ -75,6 +123,15 @@ dcs_status dcs_map_file(const char *path, dcs_mapped_file *f, dcs_err *e)
     f->data = data;
     f->size = size;
     return DCS_OK;
+}
+
+void dcs_release_file_data(dcs_mapped_file *f)
+{
+    if (f == NULL || f->data == NULL)
+        return;
+    munmap((void *)f->data, (size_t)f->size);
+    f->data = NULL;
+    f->size = 0;
 }
 
 void dcs_unmap_file(dcs_mapped_file *f)

@@ -171,6 +171,34 @@ static int fw_hook(fw *f, int point, int layer, float *dev) {
     return r > 0;
 }
 
+/* ---------------------------------------------------------------- cancel */
+
+void dcs_cancel(dcs_model *m, int cancel) {
+    if (m) atomic_store(&m->cancel, cancel ? 1 : 0);
+}
+
+/* Has dcs_cancel asked this pass to stop? Sets the status if so. */
+static int fw_cancelled(fw *f) {
+    if (f->status) return 1;
+    if (!atomic_load(&f->m->cancel)) return 0;
+    f->status = dcs_seterr(&f->m->err, DCS_ERR_CANCELLED, "forward: cancelled");
+    return 1;
+}
+
+/* First NaN/inf of the logits [M, V] (host memory), or -1. */
+static long long first_nonfinite(const float *x, size_t n) {
+    const uint32_t *u = (const uint32_t *)(const void *)x;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {          /* branch-free blocks: vectorizes */
+        uint32_t any = 0;
+        for (size_t k = 0; k < 16; k++) any |= (uint32_t)((u[i + k] & 0x7f800000u) == 0x7f800000u);
+        if (any) break;
+    }
+    for (; i < n; i++)
+        if ((u[i] & 0x7f800000u) == 0x7f800000u) return (long long)i;
+    return -1;
+}
+
 /* ---------------------------------------------------------------- layers */
 
 /* C [M, N] = A [M, K] op(W): W [N, K] when transW (a torch Linear), else
@@ -564,7 +592,7 @@ static void block(fw *f, int l, float *x) {
     be->layernorm(be, h, x, lw->attn_norm_w, lw->attn_norm_b, M, D, c->norm_eps);
     fw_hook(f, DCS_HP_LN_ATTN, l, h);
     attention(f, l, h, a);
-    if (f->status) return;
+    if (f->status || fw_cancelled(f)) return;
     if (c->parallel_residual) {
         /* out = x + attn(ln1(x)) + mlp(ln2(x)) */
         be->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
@@ -710,6 +738,7 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
         fw_hook(&f, DCS_HP_EMBED, 0, x);
     }
     for (int l = 0; l < c->n_layer && !f.status; l++) {
+        if (fw_cancelled(&f)) break;
         block(&f, l, x);
         if (!f.status) f.status = f.be->sync(f.be, &m->err);
     }
@@ -752,6 +781,12 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
     }
     if (!f.status) {
         f.status = f.be->sync(f.be, &m->err);
+        long long bad = !f.status && logits ? first_nonfinite(logits, (size_t)M * V) : -1;
+        if (bad >= 0)
+            f.status = dcs_seterr(&m->err, DCS_ERR_NONFINITE,
+                                  "forward: the logits hold NaN or inf (first at batch %lld, position "
+                                  "%lld, token %lld): non-finite weights, an overflow, or a hook that "
+                                  "wrote huge values", bad / V / T, bad / V % T, bad % V);
     } else {
         dcs_err ignored; /* drain a backend error behind the one reported */
         f.be->sync(f.be, &ignored);

@@ -10,6 +10,17 @@
 #include <stdarg.h>
 #include <stdbool.h>
 
+/* The cancel flag of a model: C11 atomic in the C files; the CUDA backend
+ * (compiled as C++) only sees the struct, never the flag, so a plain int of
+ * the same size and alignment stands in there. */
+#ifdef __cplusplus
+typedef int dcs_atomic_int;
+#else
+#include <stdatomic.h>
+typedef atomic_int dcs_atomic_int;
+_Static_assert(sizeof(atomic_int) == sizeof(int), "atomic_int has the layout of int");
+#endif
+
 /* ---------------------------------------------------------------- errors */
 
 typedef struct {
@@ -51,12 +62,14 @@ static inline bool dcs_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
 
 typedef struct {
     char *path;          /* owned                                           */
-    const uint8_t *data; /* mmap'd contents (read-only)                     */
+    const uint8_t *data; /* a private copy of the contents (read-only)      */
     uint64_t size;
 } dcs_mapped_file;
 
 dcs_status dcs_map_file(const char *path, dcs_mapped_file *f, dcs_err *e);
 void dcs_unmap_file(dcs_mapped_file *f);
+/* Give back the contents (data NULL, size 0) but keep the path. */
+void dcs_release_file_data(dcs_mapped_file *f);
 
 /* Read a whole small file (config.json, index json) into a NUL-terminated
  * malloc'd buffer. */
@@ -89,7 +102,8 @@ typedef struct {
     dcs_tensor *t;
     int n, cap;
     dcs_mapped_file *files;
-    int n_files;
+    int n_files, cap_files;
+    int deferred;          /* set while a batch of shards is added: see dcs_tt_finish */
 } dcs_tensor_table;
 
 /* Open the weights of a model directory: model.safetensors, sharded
@@ -125,6 +139,10 @@ void dcs_widen(const void *src, uint64_t n, int dtype, float *out);
 dcs_status dcs_tt_new_tensor(dcs_tensor_table *tt, const char *name, size_t name_len,
                               const char *file, dcs_tensor **out, dcs_err *e);
 dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e);
+/* With tt->deferred set, dcs_tt_commit only sorts and checks the file's own
+ * tensors; dcs_tt_finish then sorts the table once and refuses a name found
+ * in two files (and clears tt->deferred). */
+dcs_status dcs_tt_finish(dcs_tensor_table *tt, dcs_err *e);
 void dcs_tt_rollback(dcs_tensor_table *tt, int first);
 /* Map `path`, keep it in tt->files and run `parse` on it (dcs_tt_add_*). */
 typedef dcs_status (*dcs_tt_parse_fn)(dcs_tensor_table *tt, const uint8_t *buf,
@@ -154,6 +172,14 @@ typedef struct {
 dcs_status dcs_parse_index_json(const char *text, size_t len, const char *path,
                                 dcs_index *out, dcs_err *e);
 void dcs_index_free(dcs_index *ix);
+
+/* ---------------------------------------------------------------- JSON */
+
+/* json_strict.c: refuse a NUL byte or an escaped NUL (\u0000) anywhere in
+ * the text (len bytes), and a key given twice in one object (root: a
+ * cJSON tree). Messages start with `path`. */
+dcs_status dcs_json_check_text(const char *text, size_t len, const char *path, dcs_err *e);
+dcs_status dcs_json_unique_keys(const void *root, const char *path, dcs_err *e);
 
 /* ---------------------------------------------------------------- config */
 
@@ -353,6 +379,7 @@ struct dcs_model {
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
     int n_pool;
     uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
+    dcs_atomic_int cancel;              /* dcs_cancel: stop the running pass */
     int n_decoders;                     /* live dcs_decoder objects (decode.c) */
     int freed;                          /* dcs_free called while decoders live */
 };

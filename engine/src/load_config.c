@@ -67,6 +67,15 @@ static dcs_status get_float(cfg_reader *r, const char *key, double def, double l
     return DCS_OK;
 }
 
+/* A norm epsilon of 0 (or one that rounds to 0 in float32) divides 0 by 0
+ * on a constant row: NaN logits. */
+static dcs_status eps_positive(cfg_reader *r, const char *key, float eps) {
+    if (!(eps > 0.0f))
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be a number in (0, 1] "
+                          "(0 gives NaN on constant rows; got %g)", r->path, key, (double)eps);
+    return DCS_OK;
+}
+
 /* A switch: missing -> def; null -> off (None is falsy where the published
  * modules test it). */
 static dcs_status get_bool(cfg_reader *r, const char *key, int def, int *out) {
@@ -150,6 +159,7 @@ static dcs_status parse_dcpythia(cfg_reader *r, dcs_config *c, int *pat, int *pl
                           r->path, kv, c->n_head);
     float pct;
     if ((s = get_float(r, "norm_eps", 1e-5, 0.0, 1.0, &c->norm_eps))) return s;
+    if ((s = eps_positive(r, "norm_eps", c->norm_eps))) return s;
     if ((s = get_float(r, "rope_base", 10000.0, 1e-6, 1e30, &c->rope_base))) return s;
     if ((s = get_float(r, "rotary_pct", 0.25, 0.0, 1.0, &pct))) return s;
     /* defaults of DCPythiaConfig (use_qk_norm defaults to False there) */
@@ -194,6 +204,7 @@ static dcs_status parse_gpt_neox(cfg_reader *r, dcs_config *c, int *pat, int *pl
     if ((s = get_float(r, "rotary_pct", 0.25, 0.0, 1.0, &pct))) return s;
     if ((s = get_float(r, "rotary_emb_base", 10000.0, 1e-6, 1e30, &c->rope_base))) return s;
     if ((s = get_float(r, "layer_norm_eps", 1e-5, 0.0, 1.0, &c->norm_eps))) return s;
+    if ((s = eps_positive(r, "layer_norm_eps", c->norm_eps))) return s;
     if ((s = get_bool(r, "use_parallel_residual", 1, &c->parallel_residual))) return s;
     if ((s = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings))) return s;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r->root, "hidden_act");
@@ -217,11 +228,24 @@ dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config 
                             int *pat, int *plen, dcs_err *e) {
     memset(cfg, 0, sizeof *cfg);
     const char *end = NULL;
+    if ((unsigned char)json_text[0] == 0xEF && (unsigned char)json_text[1] == 0xBB &&
+        (unsigned char)json_text[2] == 0xBF)
+        return dcs_seterr(e, DCS_ERR_CONFIG, "%s: starts with a UTF-8 byte-order mark (BOM); "
+                          "save it as plain UTF-8 JSON without one", path);
+    if (dcs_json_check_text(json_text, strlen(json_text), path, e) != DCS_OK) {
+        if (e) e->code = DCS_ERR_CONFIG;       /* a config error, like any other */
+        return DCS_ERR_CONFIG;
+    }
     cJSON *root = cJSON_ParseWithOpts(json_text, &end, 0);
     if (!root)
         return dcs_seterr(e, DCS_ERR_CONFIG, "%s: not valid JSON (at byte %ld)", path,
                           end ? (long)(end - json_text) : -1L);
     dcs_status s;
+    if (dcs_json_unique_keys(root, path, e) != DCS_OK) {
+        cJSON_Delete(root);
+        if (e) e->code = DCS_ERR_CONFIG;
+        return DCS_ERR_CONFIG;
+    }
     cfg_reader r = {root, path, e};
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (!cJSON_IsObject(root)) {

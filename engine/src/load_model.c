@@ -35,7 +35,7 @@ static dcs_tensor *take(builder *b, const char *name, int required, int ndim, ..
     dcs_tensor *t = dcs_tt_find(&b->m->tt, name);
     if (!t) {
         if (required)
-            dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor '%s'", b->m->dir, name);
+            dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor '%.200s'", b->m->dir, name);
         return NULL;
     }
     int64_t want[DCS_MAX_NDIM];
@@ -49,12 +49,38 @@ static dcs_tensor *take(builder *b, const char *name, int required, int ndim, ..
         char got[128], exp[128];
         fmt_shape(got, sizeof got, t->ndim, t->shape);
         fmt_shape(exp, sizeof exp, ndim, want);
-        dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: tensor '%s' has shape %s, expected %s", t->file,
+        dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: tensor '%.200s' has shape %s, expected %s", t->file,
                    name, got, exp);
         return NULL;
     }
     t->used = 1;
     return t;
+}
+
+/* Index of the first NaN/inf of x[0..n), or -1. Branch-free blocks of 64
+ * (the loop vectorizes), so scanning costs a small fraction of a load. */
+static long long first_nonfinite(const float *x, uint64_t n) {
+    const uint32_t *u = (const uint32_t *)(const void *)x;
+    uint64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        uint32_t any = 0;
+        for (int k = 0; k < 64; k++) any |= (uint32_t)((u[i + k] & 0x7f800000u) == 0x7f800000u);
+        if (any) break;
+    }
+    for (; i < n; i++)
+        if ((u[i] & 0x7f800000u) == 0x7f800000u) return (long long)i;
+    return -1;
+}
+
+/* Refuse a weight holding NaN or inf (they give all-NaN logits). */
+static int weight_finite(builder *b, const float *x, uint64_t n, const dcs_tensor *t,
+                         const char *name) {
+    long long i = first_nonfinite(x, n);
+    if (i < 0) return 1;
+    dcs_seterr(b->e, DCS_ERR_NONFINITE, "%s: tensor '%.200s' holds %s at element %lld",
+               t ? t->file : b->m->dir, t ? t->name : name,
+               x[i] != x[i] ? "NaN" : x[i] > 0 ? "+inf" : "-inf", i);
+    return 0;
 }
 
 /* Register a weight of `n` floats under its canonical name and place it in
@@ -80,6 +106,7 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
         ((uintptr_t)t->data % sizeof(float)) == 0) {
         w->ptr = (float *)(uintptr_t)t->data;   /* zero copy; never written */
         w->owned = 0;
+        if (!weight_finite(b, w->ptr, n, t, name)) return NULL;
     } else {
         float *host = NULL;
         const float *from = src;
@@ -89,7 +116,8 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
                 if (!w->ptr) { dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name); return NULL; }
                 dcs_tensor_to_f32(t, w->ptr);
                 w->owned = 1;
-                m->n_weights++;
+                m->n_weights++;                  /* freed with the model */
+                if (!weight_finite(b, w->ptr, n, t, name)) return NULL;
                 return w->ptr;
             }
             host = malloc(n * sizeof(float));
@@ -97,6 +125,7 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
             dcs_tensor_to_f32(t, host);
             from = host;
         }
+        if (!weight_finite(b, from, n, t, name)) { free(host); return NULL; }
         w->ptr = m->be->alloc(m->be, n * sizeof(float));
         if (!w->ptr) { free(host); dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name); return NULL; }
         m->be->upload(m->be, w->ptr, from, n * sizeof(float));
@@ -595,10 +624,32 @@ static dcs_status check_unused(builder *b) {
     for (int i = 0; i < tt->n; i++)
         if (!tt->t[i].used)
             return dcs_seterr(b->e, DCS_ERR_TENSOR,
-                              "%s: unexpected tensor '%s' (not part of a %s model with this config)",
+                              "%s: unexpected tensor '%.200s' (not part of a %s model with this config)",
                               tt->t[i].file, tt->t[i].name,
                               b->m->cfg.model_type == DCS_MODEL_DCPYTHIA ? "dcpythia" : "gpt_neox");
     return DCS_OK;
+}
+
+/* Weight files are read into private memory (files.c). Once every weight
+ * is in place, the copy of a file no weight aliases (F16/BF16 widened,
+ * unaligned F32, CUDA uploads) is given back, so a loaded model holds its
+ * weights once. Tensors of a released file lose their data pointer. */
+static void release_unaliased_files(dcs_model *m) {
+    dcs_tensor_table *tt = &m->tt;
+    for (int i = 0; i < tt->n_files; i++) {
+        dcs_mapped_file *f = &tt->files[i];
+        if (!f->data) continue;
+        const uint8_t *lo = f->data, *hi = f->data + f->size;
+        int aliased = 0;
+        for (int k = 0; k < m->n_weights && !aliased; k++) {
+            const uint8_t *p = (const uint8_t *)m->weights[k].ptr;
+            aliased = !m->weights[k].owned && p >= lo && p < hi;
+        }
+        if (aliased) continue;
+        for (int k = 0; k < tt->n; k++)
+            if (tt->t[k].data >= lo && tt->t[k].data < hi) tt->t[k].data = NULL;
+        dcs_release_file_data(f);
+    }
 }
 
 static dcs_status make_backend(dcs_model *m, const dcs_load_options *o, dcs_err *e) {
@@ -671,6 +722,7 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     if (!s) s = check_unused(&b);
     if (!s && m->cfg.model_type == DCS_MODEL_DCPYTHIA) query_wise_note(m);
     if (!s) s = m->be->sync(m->be, &e);
+    if (!s) release_unaliased_files(m);
 done:
     free(text);
     if (s != DCS_OK) {
@@ -740,7 +792,7 @@ static const dcs_named_weight *find_weight(dcs_model *m, const char *name) {
     }
     for (int i = 0; i < m->n_weights; i++)
         if (strcmp(m->weights[i].name, name) == 0) return &m->weights[i];
-    dcs_seterr(&m->err, DCS_ERR_ARG, "%s: no weight named '%s'", m->dir, name);
+    dcs_seterr(&m->err, DCS_ERR_ARG, "%s: no weight named '%.200s'", m->dir, name);
     return NULL;
 }
 
@@ -758,7 +810,7 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
     size_t n = 1;
     for (int i = 0; i < w->ndim; i++) n *= (size_t)w->shape[i];
     if (n != n_floats || !out)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%s' has %zu elements, buffer has %zu%s",
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%.200s' has %zu elements, buffer has %zu%s",
                           name, n, n_floats, out ? "" : " (NULL)");
     if (!w->ptr) {                     /* kept in F16/BF16 (CPU): widen */
         dcs_widen(w->half, n, w->dtype, out);

@@ -249,8 +249,14 @@ static dcs_status parse_header(const uint8_t *buf, uint64_t hlen, const char *pa
     memcpy(text, buf + 8, (size_t)hlen);
     text[hlen] = '\0';
     const char *end = NULL;
+    /* a NUL (raw or \u0000) would cut a tensor name or dtype short */
+    dcs_status st = dcs_json_check_text(text, (size_t)hlen, path, e);
+    if (st != DCS_OK) {
+        free(text);
+        *root = NULL;
+        return st;
+    }
     *root = cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0);
-    dcs_status st = DCS_OK;
     if (*root == NULL) {
         size_t at = end != NULL && end >= text && end <= text + hlen ? (size_t)(end - text) : 0;
         st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: header is not valid JSON (error near byte %zu "
@@ -262,6 +268,8 @@ static dcs_status parse_header(const uint8_t *buf, uint64_t hlen, const char *pa
                                 "object (at byte %zu)", path, (size_t)(p - text));
         if (st == DCS_OK && !cJSON_IsObject(*root))
             st = dcs_seterr(e, DCS_ERR_FORMAT, "%s: header is not a JSON object", path);
+        if (st == DCS_OK)
+            st = dcs_json_unique_keys(*root, path, e);
         if (st != DCS_OK) {
             cJSON_Delete(*root);
             *root = NULL;

@@ -92,6 +92,13 @@ static dcs_tensor *find_sorted(dcs_tensor *t, int n, const char *name)
     return NULL;
 }
 
+static int cmp_tensor_name_file(const void *a, const void *b)
+{
+    const dcs_tensor *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c != 0 ? c : strcmp(x->file, y->file);
+}
+
 dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e)
 {
     int n_added = tt->n - first;
@@ -103,6 +110,8 @@ dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e)
         if (strcmp(added[i - 1].name, added[i].name) == 0)
             return dcs_seterr(e, DCS_ERR_FORMAT, "%s: tensor '%.200s' appears twice",
                               added[i].file, added[i].name);
+    if (tt->deferred)
+        return DCS_OK;               /* dcs_tt_finish sorts and checks once */
     for (int i = 0; i < n_added; i++) {
         const dcs_tensor *old = find_sorted(tt->t, first, added[i].name);
         if (old != NULL)
@@ -114,16 +123,37 @@ dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e)
     return DCS_OK;
 }
 
+/* End of a batch of files added with tt->deferred set (a sharded
+ * checkpoint): one sort of the whole table and one pass for names found in
+ * two files, instead of a re-sort per file (which made loads quadratic in
+ * the shard count). */
+dcs_status dcs_tt_finish(dcs_tensor_table *tt, dcs_err *e)
+{
+    tt->deferred = 0;
+    if (tt->n < 2)
+        return DCS_OK;
+    qsort(tt->t, (size_t)tt->n, sizeof *tt->t, cmp_tensor_name_file);
+    for (int i = 1; i < tt->n; i++)
+        if (strcmp(tt->t[i - 1].name, tt->t[i].name) == 0)
+            return dcs_seterr(e, DCS_ERR_FORMAT, "%s: tensor '%.200s' is also in %s",
+                              tt->t[i].file, tt->t[i].name, tt->t[i - 1].file);
+    return DCS_OK;
+}
+
 dcs_status dcs_tt_add_file(dcs_tensor_table *tt, const char *path,
                            dcs_tt_parse_fn parse, dcs_err *e)
 {
     if (tt->n_files >= DCS_MAX_SHARDS)
         return dcs_seterr(e, DCS_ERR_NOMEM, "%s: more than %d weight files", path,
                           DCS_MAX_SHARDS);
-    dcs_mapped_file *files = realloc(tt->files, (size_t)(tt->n_files + 1) * sizeof *files);
-    if (files == NULL)
-        return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory", path);
-    tt->files = files;
+    if (tt->n_files == tt->cap_files) {     /* doubling: linear in the shard count */
+        int cap = tt->cap_files ? 2 * tt->cap_files : 4;
+        dcs_mapped_file *files = realloc(tt->files, (size_t)cap * sizeof *files);
+        if (files == NULL)
+            return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory", path);
+        tt->files = files;
+        tt->cap_files = cap;
+    }
     dcs_mapped_file *f = &tt->files[tt->n_files];
     dcs_status st = dcs_map_file(path, f, e);
     if (st != DCS_OK)
@@ -280,10 +310,17 @@ dcs_status dcs_parse_index_json(const char *text, size_t len, const char *ipath,
                                 dcs_index *out, dcs_err *e)
 {
     memset(out, 0, sizeof *out);
+    dcs_status st = dcs_json_check_text(text, len, ipath, e);
+    if (st != DCS_OK)
+        return st;
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (root == NULL)
         return dcs_seterr(e, DCS_ERR_FORMAT, "%s: not valid JSON", ipath);
-    dcs_status st = DCS_OK;
+    st = dcs_json_unique_keys(root, ipath, e);
+    if (st != DCS_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
     dcs_index_entry *m = NULL;
     int n = 0, i = 0;
     const cJSON *wm = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "weight_map")
@@ -351,6 +388,7 @@ static dcs_status load_shards(dcs_tensor_table *tt, const char *dir, const char 
         shards[i] = m[i].shard;
     qsort(shards, (size_t)n, sizeof *shards, cmp_str_ptr);
     dcs_status st = DCS_OK;
+    tt->deferred = 1;
     for (int i = 0; i < n && st == DCS_OK; i++) {
         if (i > 0 && strcmp(shards[i - 1], shards[i]) == 0)
             continue;
@@ -361,6 +399,9 @@ static dcs_status load_shards(dcs_tensor_table *tt, const char *dir, const char 
         }
     }
     free(shards);
+    if (st == DCS_OK)
+        st = dcs_tt_finish(tt, e);
+    tt->deferred = 0;
     return st;
 }
 

@@ -824,8 +824,9 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
 
     /* writes: zeroing a point changes the logits; rewriting it unchanged
      * (return 1) takes the recompute path and gives the same logits; a NaN
-     * written by a C hook propagates (the C API does not police values; the
-     * Python layer refuses them) and the next pass is clean again */
+     * written by a C hook propagates to the logits, which the pass reports
+     * as DCS_ERR_NONFINITE (the buffer is still filled), and the next pass
+     * is clean again */
     static const int writes[] = {DCS_HP_POST_KP, DCS_HP_PRE_QG, DCS_HP_HEAD_OUT, DCS_HP_PATTERN_COMPOSED,
                                  DCS_HP_PATTERN, DCS_HP_Z, DCS_HP_MLP_OUT, DCS_HP_RESID_PRE};
     for (size_t i = 0; i < sizeof writes / sizeof writes[0]; i++) {
@@ -842,7 +843,11 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
             h.target_layer = 0;
             want_one(want, p, 0);
             s = dcs_forward(m, TOKS[0], 1, T0, lg, &hk);
-            CHECKF(s == DCS_OK, "%s write %s: %s", what, dcs_hook_point_name(p), dcs_errmsg(m));
+            if (mode == H_NAN)
+                CHECKF(s == DCS_ERR_NONFINITE && strstr(dcs_errmsg(m), "logits hold NaN or inf"),
+                       "%s write NaN %s: %d %s", what, dcs_hook_point_name(p), s, dcs_errmsg(m));
+            else
+                CHECKF(s == DCS_OK, "%s write %s: %s", what, dcs_hook_point_name(p), dcs_errmsg(m));
             double d = max_abs_diff(lg, ref, (size_t)T0 * V), sc = max_abs(ref, (size_t)T0 * V);
             if (mode == H_ZERO)
                 CHECKF(d > 1e-4 * sc, "%s: zeroing %s changed nothing", what, dcs_hook_point_name(p));
@@ -866,6 +871,15 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
 static void test_forward_args(dcs_model *m)
 {
     float *lg = xcalloc((size_t)2 * T0 * V, sizeof(float));
+    /* dcs_cancel: a pass started with the flag set stops before its first
+     * layer; cleared, the model works again */
+    dcs_cancel(m, 1);
+    EXPECT("cancelled", dcs_forward(m, TOKS[0], 1, T0, lg, NULL), DCS_ERR_CANCELLED, dcs_errmsg(m),
+           "forward: cancelled", NULL);
+    dcs_cancel(m, 0);
+    CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
+    CHECK(strcmp(dcs_status_name(DCS_ERR_CANCELLED), "DCS_ERR_CANCELLED") == 0);
+    CHECK(strcmp(dcs_status_name(DCS_ERR_NONFINITE), "DCS_ERR_NONFINITE") == 0);
     int32_t bad[2][T0];
     memcpy(bad, TOKS, sizeof bad);
     bad[1][5] = V;

@@ -327,6 +327,11 @@ def _is_f32_buffer(name):
 
 # --------------------------------------------------------------------------- safetensors
 
+def _have_safetensors() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("safetensors") is not None
+
+
 def write_safetensors(path, tensors, metadata=None, *, writer="auto"):
     """Write `tensors` (name -> (dtype, raw little-endian numpy array)) to `path`.
 
@@ -336,11 +341,14 @@ def write_safetensors(path, tensors, metadata=None, *, writer="auto"):
     if metadata is None:
         metadata = {"format": "pt"}
     has_bf16 = any(dt == "bfloat16" for dt, _ in tensors.values())
-    if writer == "auto":
-        writer = "manual" if has_bf16 else "package"
+    if writer == "auto":          # the package when installed (test extra), else the local writer
+        writer = "manual" if has_bf16 or not _have_safetensors() else "package"
     if writer == "package":
         if has_bf16:
             raise ValueError("safetensors.numpy cannot write bfloat16; use writer='manual'")
+        if not _have_safetensors():
+            raise ValueError("writer='package' needs the safetensors package (pip install "
+                             "'dcscope[test]'); writer='manual' or 'auto' works without it")
         from safetensors.numpy import save_file
         save_file({k: _c_order(a) for k, (dt, a) in tensors.items()}, str(path), metadata=metadata)
         return
@@ -972,7 +980,34 @@ def main(argv=None, prog="dcscope make-tiny"):
     ap.add_argument("--torch-style", default="2.1", choices=["2.1", "2.7"])
     ap.add_argument("--st-writer", default="auto", choices=["auto", "package", "manual"])
     a = ap.parse_args(argv)
-    sd, cfg = make_tiny(
+    _check_cli_args(a)
+    try:
+        sd, cfg = _make_tiny_cli(a)
+    except OSError as e:
+        from ..model import Error
+        raise Error("make-tiny: cannot write %s: %s" % (e.filename or a.out_dir, e.strerror or e)) from None
+    total = sum(v.size for v in sd.values())
+    print(f"wrote {a.out_dir}: {cfg['model_type']}, {len(sd)} tensors, {total} parameters, "
+          f"{a.dtype}, {a.fmt}, {a.shards} shard(s)")
+    return 0
+
+
+def _check_cli_args(a) -> None:
+    """Sizes refused up front (before anything is written), as dcscope.Error."""
+    from ..model import Error
+    for flag, v, lo in (("--n-layer", a.n_layer, 1), ("--dim", a.dim, 1), ("--n-head", a.n_head, 1),
+                        ("--vocab", a.vocab, 1), ("--rank", a.rank, 1), ("--shards", a.shards, 1),
+                        ("--window-size", a.window_size, 1), ("--intermediate", a.intermediate, 1)):
+        if v is not None and v < lo:
+            raise Error("make-tiny: %s must be at least %d, not %d" % (flag, lo, v))
+    if a.dim % a.n_head:
+        raise Error("make-tiny: --dim %d is not divisible by --n-head %d" % (a.dim, a.n_head))
+    if os.path.lexists(a.out_dir) and not os.path.isdir(a.out_dir):
+        raise Error("make-tiny: %s exists and is not a directory" % a.out_dir)
+
+
+def _make_tiny_cli(a):
+    return make_tiny(
         a.out_dir, a.model_type, n_layer=a.n_layer, dim=a.dim, n_head=a.n_head, vocab=a.vocab,
         intermediate=a.intermediate, rank=a.rank, window_size=a.window_size, window_type=a.window_type,
         query_wise=a.query_wise, use_qk_norm=a.use_qk_norm, use_parallel_residual=a.use_parallel_residual,
@@ -984,10 +1019,6 @@ def main(argv=None, prog="dcscope make-tiny"):
         key_wise=a.key_wise,
         archive_name=None if a.archive_name == "auto" else a.archive_name,
         pickle_container=a.pickle_container, torch_style=a.torch_style, st_writer=a.st_writer)
-    total = sum(v.size for v in sd.values())
-    print(f"wrote {a.out_dir}: {cfg['model_type']}, {len(sd)} tensors, {total} parameters, "
-          f"{a.dtype}, {a.fmt}, {a.shards} shard(s)")
-    return 0
 
 
 if __name__ == "__main__":

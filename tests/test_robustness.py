@@ -1,0 +1,581 @@
+"""Robustness II: threads, hook-array lifetime, files changing under a loaded
+model, non-regular files, non-finite values, Ctrl-C, and every refusal a
+dcscope.Error naming what is wrong (docs/bad-inputs.md lists each case).
+
+Every case that could hang runs with a timeout (a subprocess, or a joined
+thread), so a regression fails instead of blocking the suite.
+"""
+import gc
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dcscope
+
+BASE = dict(model_type="dcpythia", n_layer=2, seed=31)
+TOKS = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], dtype=np.int32)
+
+
+@pytest.fixture
+def good(tiny_factory, tmp_path):
+    d, _, _ = tiny_factory(**BASE)
+    dst = tmp_path / "model"
+    shutil.copytree(d, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def model(tiny_factory):
+    d, _, _ = tiny_factory(**BASE)
+    return dcscope.load(d)
+
+
+def _st_read(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def _st_write(path, header, data):
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def _set_tensor_values(d, name, fn):
+    """Rewrite tensor `name` of d/model.safetensors (F32) through fn(array)."""
+    p = d / "model.safetensors"
+    header, data = _st_read(p)
+    b, e = header[name]["data_offsets"]
+    assert header[name]["dtype"] == "F32"
+    a = np.frombuffer(data[b:e], np.float32).copy()
+    fn(a)
+    _st_write(p, header, data[:b] + a.tobytes() + data[e:])
+
+
+def _load_error(d):
+    with pytest.raises(dcscope.Error) as ei:
+        dcscope.load(d)
+    return str(ei.value)
+
+
+# ---------------------------------------------------------------- threads
+
+
+def test_two_threads_one_model(model):
+    ref = model.forward(TOKS)
+    ref_h = model.run_with_cache(TOKS, names="blocks.1.attn.pattern")[1]["blocks.1.attn.pattern"]
+    errors = []
+
+    def worker(k):
+        try:
+            for i in range(30):
+                if (i + k) % 2:
+                    np.testing.assert_array_equal(model.forward(TOKS), ref)
+                else:
+                    _, c = model.run_with_cache(TOKS, names="blocks.1.attn.pattern")
+                    np.testing.assert_array_equal(c["blocks.1.attn.pattern"], ref_h)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not any(t.is_alive() for t in ts)
+    assert not errors, errors[0]
+
+
+def test_two_models_run_in_parallel(tiny_factory):
+    """A model busy in one thread (its hook waits) does not hold up another
+    model in another thread: the lock is per model."""
+    d, _, _ = tiny_factory(**BASE)
+    a, b = dcscope.load(d), dcscope.load(d)
+    ref = b.forward(TOKS)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_hook(act, name):
+        entered.set()
+        assert release.wait(30)
+
+    out = {}
+    ta = threading.Thread(target=lambda: out.setdefault("a", a.run_with_hooks(TOKS, [("blocks.0.ln_attn", slow_hook)])))
+    ta.start()
+    assert entered.wait(30)
+    tb = threading.Thread(target=lambda: out.setdefault("b", b.forward(TOKS)))
+    tb.start()
+    tb.join(30)
+    finished_while_a_busy = not tb.is_alive()
+    release.set()
+    ta.join(30)
+    assert finished_while_a_busy
+    np.testing.assert_array_equal(out["b"], ref)
+    np.testing.assert_array_equal(out["a"], ref)
+
+
+def test_hook_cannot_reenter_its_model_but_may_read_weights(model):
+    seen = {}
+
+    def hook(act, name):
+        seen["w"] = model.weight("norm.weight").copy()
+        model.forward(TOKS)
+
+    with pytest.raises(dcscope.Error, match="already running a pass"):
+        model.run_with_hooks(TOKS, [("blocks.0.ln_attn", hook)])
+    assert seen["w"].shape == (model.config.d_model,)
+    np.testing.assert_array_equal(model.forward(TOKS), model.forward(TOKS))
+
+
+# ---------------------------------------------------------------- hook arrays
+
+
+def test_hook_keeps_array_across_passes_and_del_model(tiny_factory):
+    d, _, _ = tiny_factory(**BASE)
+    m = dcscope.load(d)
+    kept = []
+
+    def keep(act, name):
+        kept.append(act)
+
+    names = ["blocks.0.attn.pattern", "blocks.1.mlp.post", "logits"]
+    _, cache = m.run_with_cache(TOKS, names=names)
+    m.run_with_hooks(TOKS, [(n, keep) for n in names])
+    first = [k.copy() for k in kept]
+    for n, k in zip(names, first):
+        np.testing.assert_array_equal(k, cache[n])
+    # more passes, other tokens: the pooled engine buffers are reused
+    for _ in range(3):
+        m.forward(TOKS[::-1].copy())
+        m.run_with_cache(TOKS[:5], names=names)
+    for k, f in zip(kept, first):
+        np.testing.assert_array_equal(k, f)
+        assert k.base is None or k.base.flags.owndata   # owns its memory
+    del m, cache
+    gc.collect()
+    for k, f in zip(kept, first):
+        k += 1.0                                          # writes are safe too
+        np.testing.assert_array_equal(k, f + 1.0)
+
+
+def test_hook_writes_still_apply(model):
+    ref = model.forward(TOKS)
+
+    def zero(act, name):
+        act[...] = 0.0                                    # in place, no return
+
+    out = model.run_with_hooks(TOKS, [("blocks.1.mlp.out", zero)])
+    assert np.abs(out - ref).max() > 1e-4
+    ret = model.run_with_hooks(TOKS, [("blocks.1.mlp.out", lambda a, n: np.zeros_like(a))])
+    np.testing.assert_array_equal(out, ret)
+    np.testing.assert_array_equal(model.forward(TOKS), ref)
+
+
+def test_exception_traceback_holds_no_engine_view(model):
+    def bad(act, name):
+        raise RuntimeError("kaput")
+
+    with pytest.raises(dcscope.Error) as ei:
+        model.run_with_hooks(TOKS, [("blocks.0.attn.z", bad)])
+    model.forward(TOKS[::-1].copy())                      # reuse the buffers
+    tb = ei.value.__cause__.__traceback__
+    while tb is not None:
+        for v in tb.tb_frame.f_locals.values():
+            if isinstance(v, np.ndarray):
+                assert v.base is None or v.base.flags.owndata, tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+
+
+# ---------------------------------------------------------------- files changing
+
+
+def test_weight_file_truncated_or_rewritten_after_load(good):
+    m = dcscope.load(good)
+    ref = m.forward(TOKS)
+    p = good / "model.safetensors"
+    raw = p.read_bytes()
+    p.write_bytes(b"\xff" * len(raw))                     # rewritten in place
+    np.testing.assert_array_equal(m.forward(TOKS), ref)
+    os.truncate(p, 0)                                     # truncated: no SIGBUS
+    np.testing.assert_array_equal(m.forward(TOKS), ref)
+    np.testing.assert_array_equal(m.weight("norm.weight"), m.weight("norm.weight"))
+
+
+def _load_in_subprocess(d, timeout=60):
+    code = ("import dcscope, sys\n"
+            "try:\n    m = dcscope.load(sys.argv[1]); m.tokenizer\nexcept dcscope.Error as e:\n"
+            "    print('ERR', e)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_fifo_refused_without_hanging(good, name):
+    os.remove(good / name) if (good / name).exists() else None
+    os.mkfifo(good / name)
+    out = _load_in_subprocess(good)                       # a hang fails by timeout
+    assert out.startswith("ERR") and name in out and "not a regular file" in out
+
+
+def test_dangling_symlink_is_named(good):
+    os.remove(good / "config.json")
+    os.symlink(good / "nowhere.json", good / "config.json")
+    assert "dangling symbolic link" in _load_error(good)
+
+
+# ---------------------------------------------------------------- non-finite
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_nonfinite_weight_named_at_load(good, value):
+    def poison(a):
+        a[3] = value
+    _set_tensor_values(good, "layers.1.feed_forward.w2.weight", poison)
+    msg = _load_error(good)
+    assert "model.safetensors" in msg and "layers.1.feed_forward.w2.weight" in msg
+    assert "element 3" in msg and ("NaN" in msg or "inf" in msg)
+
+
+def test_nonfinite_f16_weight(tiny_factory, tmp_path):
+    d, _, _ = tiny_factory(model_type="dcpythia", n_layer=2, seed=5, dtype="float16")
+    dst = tmp_path / "m16"
+    shutil.copytree(d, dst)
+    p = dst / "model.safetensors"
+    header, data = _st_read(p)
+    b, e = header["norm.weight"]["data_offsets"]
+    data = data[:b] + struct.pack("<H", 0x7e00) + data[b + 2:]
+    _st_write(p, header, data)
+    assert "'norm.weight' holds NaN at element 0" in _load_error(dst)
+
+
+def test_norm_eps_zero_refused(good):
+    cfg = json.loads((good / "config.json").read_text())
+    cfg["norm_eps"] = 0
+    (good / "config.json").write_text(json.dumps(cfg))
+    assert "'norm_eps' must be a number in (0, 1]" in _load_error(good)
+
+
+def test_overflowing_hook_gives_error_not_nan_logits(model):
+    def huge(act, name):
+        act[...] = 3e38
+
+    with pytest.raises(dcscope.Error, match="logits hold NaN or inf"):
+        model.run_with_hooks(TOKS, [("ln_final", huge)])
+    assert np.isfinite(model.forward(TOKS)).all()
+
+
+def test_overflowing_weights_no_benchmark_score(good, tmp_path):
+    """Finite but huge weights overflow to inf logits: the benchmark stops
+    with an error and writes no results."""
+    _set_tensor_values(good, "norm.weight", lambda a: a.__setitem__(slice(None), 3e38))
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"task_id": "task0", "texts": "\na b [ c ]\n"}) + "\n")
+    from conftest import shared_path
+    tok = shared_path("data", "gpt-neox-20b-tokenizer.json")
+    from synth_tasks.cli import main
+    out = tmp_path / "out"
+    rc = main(["--model", str(good), "--data", str(data), "--out", str(out), "--tokenizer", tok,
+               "--no-progress", "--no-plots"])
+    assert rc != 0
+    assert not (out / "results.json").exists()
+
+
+def test_evaluate_refuses_nonfinite_logits():
+    from synth_tasks.dataset import lines_from_records, Dataset
+    from synth_tasks.evaluate import evaluate
+
+    class NanModel:
+        name = "nan"
+
+        def forward(self, toks):
+            out = np.zeros(toks.shape + (64,), np.float32)
+            out[..., 0] = np.nan
+            return out
+
+    class Tok:
+        def encode(self, text, add_special_tokens=False):
+            class E:
+                pass
+            e = E()
+            e.ids = [ord(c) % 64 for c in text]
+            e.offsets = [(i, i + 1) for i in range(len(text))]
+            return e
+
+    ds = Dataset(lines_from_records([{"task_id": "task0", "texts": "\nab [ c ]\n"}]))
+    with pytest.raises(ValueError, match="NaN or inf logits"):
+        evaluate(NanModel(), ds, tokenizer=Tok(), progress=False)
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+
+@pytest.fixture(scope="module")
+def deep(tiny_factory):
+    d, _, _ = tiny_factory(model_type="dcpythia", n_layer=24, seed=3)
+    return dcscope.load(d)
+
+
+def _sigint_after(seconds):
+    t = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    t.start()
+    return t
+
+
+def test_ctrl_c_stops_a_plain_forward(deep):
+    toks = np.zeros(512, np.int32)
+    t0 = time.perf_counter()
+    ref = deep.forward(toks)
+    full = time.perf_counter() - t0
+    timer = _sigint_after(full * 0.15)
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        deep.forward(toks)
+        time.sleep(10)          # not reached unless the pass ignored Ctrl-C
+    took = time.perf_counter() - t0
+    timer.join()
+    assert took < 0.7 * full, (took, full)
+    np.testing.assert_array_equal(deep.forward(toks), ref)   # still usable
+
+
+def test_ctrl_c_stops_a_hooked_forward(deep):
+    calls = []
+
+    def slow(act, name):
+        calls.append(name)
+        time.sleep(0.02)
+
+    hooks = [("blocks.%d.resid_post" % l, slow) for l in range(deep.config.n_layer)]
+    timer = _sigint_after(0.1)
+    with pytest.raises(KeyboardInterrupt):
+        deep.run_with_hooks(TOKS, hooks)
+        time.sleep(10)
+    timer.join()
+    assert 0 < len(calls) < deep.config.n_layer
+    assert np.isfinite(deep.forward(TOKS)).all()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_hook_raising_interrupt_propagates_as_itself(model, exc):
+    def hook(act, name):
+        raise exc()
+
+    with pytest.raises(exc):
+        model.run_with_hooks(TOKS, [("blocks.0.attn.z", hook)])
+    assert np.isfinite(model.forward(TOKS)).all()
+
+
+# ---------------------------------------------------------------- JSON rules
+
+
+def test_duplicate_key_in_config(good):
+    text = (good / "config.json").read_text().rstrip().rstrip("}") + ', "dim": 64}'
+    (good / "config.json").write_text(text)
+    msg = _load_error(good)
+    assert "config.json" in msg and "key 'dim' appears twice" in msg
+
+
+def test_bom_in_config(good):
+    (good / "config.json").write_bytes(b"\xef\xbb\xbf" + (good / "config.json").read_bytes())
+    assert "byte-order mark" in _load_error(good)
+
+
+def test_nul_in_safetensors_name(good):
+    p = good / "model.safetensors"
+    header, data = _st_read(p)
+    header["norm.weight\u0000evil"] = header.pop("norm.weight")
+    _st_write(p, header, data)
+    msg = _load_error(good)
+    assert "model.safetensors" in msg and "NUL" in msg
+
+
+def test_long_tensor_name_keeps_the_reason(good):
+    p = good / "model.safetensors"
+    header, data = _st_read(p)
+    header["layers.0." + "x" * 3000] = {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+    _st_write(p, header, data)
+    msg = _load_error(good)
+    assert "unexpected tensor" in msg and "not part of a dcpythia model" in msg
+
+
+# ---------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize("kw", [dict(layer=0.5), dict(layer=1.0), dict(layer=True),
+                                dict(layer=np.float32(1)), dict(layer=2), dict(layer=-1),
+                                dict(layer=2**70), dict(query=1.0), dict(query=np.float64(3)),
+                                dict(query=len(TOKS)), dict(query="3")])
+def test_routing_indices_checked(model, kw):
+    args = dict(layer=1, phase="post", query=5)
+    args.update(kw)
+    with pytest.raises(dcscope.Error, match="layer|query"):
+        model.routing_matrix(TOKS, **args)
+
+
+def test_index_arguments_everywhere(model):
+    from dcscope import circuits, interventions as iv
+    np.testing.assert_array_equal(model.routing_matrix(TOKS, layer=np.int64(1), phase="post", query=np.int32(5)),
+                                  model.routing_matrix(TOKS, layer=1, phase="post", query=5))
+    with pytest.raises(dcscope.Error, match="key position"):
+        model.composition_map(TOKS, 1, "post", query=5, key=2.0)
+    with pytest.raises(dcscope.Error, match="head"):
+        circuits.qk_circuit(model, 0, 1.5)
+    with pytest.raises(dcscope.Error, match="token id"):
+        circuits.ov_readout(model, 0, 1, token=3.0)
+    with pytest.raises(dcscope.Error, match="head"):
+        iv.ablate_head(model, 0, head=True)
+    with pytest.raises(dcscope.Error, match="layer"):
+        iv.disable_branch(model, "post", "kp", layers=[0.0])
+    with pytest.raises(dcscope.Error, match="layer"):
+        dcscope.attention_heatmap(model, TOKS, layer=0.5)
+
+
+def test_refusals_are_errors(model, good):
+    with pytest.raises(dcscope.Error, match="weight name must be a string"):
+        model.weight(None)
+    with pytest.raises(dcscope.Error, match="NUL"):
+        model.weight("norm.weight\0junk")
+    with pytest.raises(dcscope.Error, match="NUL"):
+        model.parse_hook("logits\0junk")
+    with pytest.raises(dcscope.Error, match="NUL"):
+        model.run_with_cache(TOKS, names=["logits\0"])
+    with pytest.raises(dcscope.Error, match="names must be"):
+        model.run_with_cache(TOKS, names=123)
+    with pytest.raises(dcscope.Error, match="ragged|pad"):
+        model.forward([[1, 2, 3], [4, 5]])
+    with pytest.raises(dcscope.Error, match="integers"):
+        model.forward([[1, 2], ["a", 3]])
+    with pytest.raises(dcscope.Error, match="n_threads"):
+        dcscope.load(good, n_threads=2**40)
+    with pytest.raises(dcscope.Error, match="n_threads"):
+        dcscope.load(good, n_threads=1.5)
+    with pytest.raises(dcscope.Error, match="model path"):
+        dcscope.load(123)
+    with pytest.raises(dcscope.Error, match="NUL"):
+        dcscope.load(str(good) + "\0/x")
+    with pytest.raises(dcscope.Error, match="device"):
+        dcscope.load(good, device=None)
+
+
+def test_bytes_and_non_utf8_paths(good, tmp_path):
+    ref = dcscope.load(good).forward(TOKS)
+    np.testing.assert_array_equal(dcscope.load(os.fsencode(str(good))).forward(TOKS), ref)
+    odd = os.path.join(os.fsencode(str(tmp_path)), b"mod\xffel")
+    shutil.copytree(os.fsencode(str(good)), odd)
+    for p in (odd, os.fsdecode(odd)):
+        m = dcscope.load(p)
+        assert isinstance(m.path, str)
+        np.testing.assert_array_equal(m.forward(TOKS), ref)
+    shutil.rmtree(odd)
+    msg = _load_error(odd)
+    assert "cannot open" in msg
+
+
+def test_oversized_cache_refused_before_allocating(model):
+    toks = np.zeros((64, 4096), np.int32)
+    with pytest.raises(dcscope.Error, match="run_with_cache: caching .* hooks .* needs"):
+        model.run_with_cache(toks)
+
+
+# ---------------------------------------------------------------- CLI and dataset
+
+
+def test_cli_messages(good, tmp_path, capsys):
+    from conftest import shared_path
+    from dcscope.cli import main
+    shutil.copy(shared_path("data", "gpt-neox-20b-tokenizer.json"), good / "tokenizer.json")
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["info", "--model", str(f)]) == 1
+    assert "must be a checkpoint directory" in capsys.readouterr().err
+    assert main(["heatmap", "--model", str(good), "--text", "!#", "--layer", "0", "--head", "99",
+                 "--out", str(tmp_path / "h.png")]) == 1
+    err = capsys.readouterr().err
+    assert "heatmap: heatmap:" not in err and "dcscope heatmap: error: head 99" in err
+
+
+def test_synth_out_checked_before_evaluation(good, tmp_path, capsys):
+    from synth_tasks.cli import main
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"task_id": "task0", "texts": "\na b [ c ]\n"}) + "\n")
+    f = tmp_path / "afile"
+    f.write_text("x")
+    t0 = time.perf_counter()
+    assert main(["--model", "/nonexistent", "--data", str(data), "--out", str(f)]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["--model", "/nonexistent", "--data", str(data), "--out", str(f / "sub")]) == 2
+    assert "not writable" in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 10
+
+
+def test_dataset_endless_line_and_devices(tmp_path):
+    from synth_tasks.dataset import DatasetError, MAX_LINE_BYTES, load_dataset
+    with pytest.raises(DatasetError, match="not a regular file"):
+        load_dataset("/dev/zero")
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DatasetError, match="not a regular file"):
+        load_dataset(fifo)                   # no writer: would block without O_NONBLOCK
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(b"{\"task_id\": \"t\", \"texts\": \"" + b"a" * (MAX_LINE_BYTES + 10))
+    with pytest.raises(DatasetError, match=r"big.jsonl:1: line longer than"):
+        load_dataset(big)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"task_id": "task0", "texts": "\\na [ b ]\\n", "task_id": "task9"}\n')
+    with pytest.raises(DatasetError, match="key 'task_id' appears twice"):
+        load_dataset(dup)
+
+
+def test_ctrl_c_stops_a_decoding_step(deep):
+    from dcscope.generate import Decoder
+    toks = np.zeros(384, np.int32)
+    dec = Decoder(deep)
+    t0 = time.perf_counter()
+    ref = dec.step(toks)
+    full = time.perf_counter() - t0
+    dec = Decoder(deep)
+    timer = _sigint_after(full * 0.15)
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        dec.step(toks)
+        time.sleep(10)
+    took = time.perf_counter() - t0
+    timer.join()
+    assert took < 0.7 * full, (took, full)
+    assert dec.pos == 0                                  # the step was undone
+    np.testing.assert_array_equal(dec.step(toks), ref)
+
+
+def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys, monkeypatch):
+    from dcscope.cli import main
+    from dcscope.testing import make_tiny as mt
+    assert main(["bogus"]) == 2
+    assert "unknown command 'bogus'" in capsys.readouterr().err
+    assert main(["make-tiny", str(tmp_path / "m"), "--dim", "0"]) == 1
+    assert "--dim must be at least 1, not 0" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()                 # refused before writing
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["make-tiny", str(f)]) == 1
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["make-tiny", str(f / "sub")]) == 1      # cannot be created
+    assert "dcscope make-tiny: error: cannot write" in capsys.readouterr().err
+    # a plain install (no safetensors package): the local writer is used
+    monkeypatch.setattr(mt, "_have_safetensors", lambda: False)
+    assert main(["make-tiny", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert dcscope.load(tmp_path / "plain").forward(TOKS % 64).shape == (len(TOKS), 64)
+    with pytest.raises(ValueError, match="dcscope\\[test\\]"):
+        mt.write_safetensors(tmp_path / "x.safetensors", {}, writer="package")
