@@ -781,12 +781,16 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
     }
     if (!f.status) {
         f.status = f.be->sync(f.be, &m->err);
-        long long bad = !f.status && logits ? first_nonfinite(logits, (size_t)M * V) : -1;
-        if (bad >= 0)
+        const int rows = positions ? n_pos : T;     /* logits rows per sequence */
+        long long bad = !f.status && logits ? first_nonfinite(logits, (size_t)B * rows * V) : -1;
+        if (bad >= 0) {
+            const long long b = bad / V / rows, r = bad / V % rows;
             f.status = dcs_seterr(&m->err, DCS_ERR_NONFINITE,
                                   "forward: the logits hold NaN or inf (first at batch %lld, position "
                                   "%lld, token %lld): non-finite weights, an overflow, or a hook that "
-                                  "wrote huge values", bad / V / T, bad / V % T, bad % V);
+                                  "wrote huge values", b, positions ? (long long)positions[b * n_pos + r] : r,
+                                  bad % V);
+        }
     } else {
         dcs_err ignored; /* drain a backend error behind the one reported */
         f.be->sync(f.be, &ignored);

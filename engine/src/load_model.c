@@ -631,8 +631,9 @@ static dcs_status check_unused(builder *b) {
 }
 
 /* Weight files are read into private memory (files.c). Once every weight
- * is in place, the copy of a file no weight aliases (F16/BF16 widened,
- * unaligned F32, CUDA uploads) is given back, so a loaded model holds its
+ * is in place, the copy of a file no weight aliases (neither an F32 weight
+ * used in place nor an F16/BF16 matrix kept as stored; unaligned data,
+ * CUDA uploads) is given back, so a loaded model holds its
  * weights once. Tensors of a released file lose their data pointer. */
 static void release_unaliased_files(dcs_model *m) {
     dcs_tensor_table *tt = &m->tt;
@@ -642,8 +643,10 @@ static void release_unaliased_files(dcs_model *m) {
         const uint8_t *lo = f->data, *hi = f->data + f->size;
         int aliased = 0;
         for (int k = 0; k < m->n_weights && !aliased; k++) {
-            const uint8_t *p = (const uint8_t *)m->weights[k].ptr;
-            aliased = !m->weights[k].owned && p >= lo && p < hi;
+            const dcs_named_weight *w = &m->weights[k];
+            const uint8_t *p = (const uint8_t *)w->ptr, *h = (const uint8_t *)w->half;
+            aliased = (!w->owned && p && p >= lo && p < hi) ||          /* F32 in place     */
+                      (!w->half_owned && h && h >= lo && h < hi);     /* F16/BF16 kept    */
         }
         if (aliased) continue;
         for (int k = 0; k < tt->n; k++)
