@@ -50,7 +50,7 @@ $(BUILD)/backend_cuda.o: $(CUDA_DEPS)
 	$(NVCC) $(NVCC_ALL_FLAGS) -c $< -o $@
 
 # The kernel test: the CUDA backend against the CPU backend.
-CUDA_TEST_SRCS ?= $(DCS_ENGINE_DIR)/src/error.c $(DCS_ENGINE_DIR)/src/backend_cpu.c
+CUDA_TEST_SRCS ?= $(DCS_ENGINE_DIR)/src/error.c $(DCS_ENGINE_DIR)/src/backend_cpu.c $(DCS_ENGINE_DIR)/src/widen.c
 CUDA_TEST_CFLAGS ?= -std=c11 -O2 -Wall -Wextra -D_POSIX_C_SOURCE=200809L
 BLAS_CFLAGS ?= $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS ?= $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)

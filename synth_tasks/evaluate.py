@@ -135,16 +135,40 @@ def _require_finite(logits: np.ndarray, lines) -> None:
                      "reported (non-finite weights or an overflow in the model)")
 
 
-def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int]):
-    """NLL (float64) and greedy predictions of the answer at token span [s, e)."""
+def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=None):
+    """NLL (float64) and greedy predictions of the answer at token span [s, e)
+    (rows: the logits of positions s-1 .. e-2, when given instead of logits_row)."""
     s, e = span
-    rows = np.asarray(logits_row[s - 1:e - 1], dtype=np.float64)
+    if rows is None:
+        rows = logits_row[s - 1:e - 1]
+    rows = np.asarray(rows, dtype=np.float64)
     tgt = ids[s:e].astype(np.int64)
     m = rows.max(axis=-1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(rows - m).sum(axis=-1))
     lp = rows[np.arange(len(tgt)), tgt] - lse
     pred = rows.argmax(axis=-1)
     return float(-lp.sum()), pred.astype(np.int64), tgt
+
+
+def _takes_logits_at(model) -> bool:
+    """Does model.forward accept logits_at= (dcscope models do)?"""
+    import inspect
+    try:
+        return "logits_at" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _answer_positions(batch, toks) -> np.ndarray:
+    """[B, n] int32: the positions whose logits score the answers of each
+    line of the batch (s-1 .. e-2 of every answer span), padded by repeating
+    the last one."""
+    per = []
+    for i in batch:
+        p = sorted({q for s, e in toks[i].spans for q in range(s - 1, e - 1)})
+        per.append(p or [0])
+    n = max(len(p) for p in per)
+    return np.array([p + [p[-1]] * (n - len(p)) for p in per], dtype=np.int32)
 
 
 def get_tokenizer(model, tokenizer=None):
@@ -184,26 +208,31 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
         from tqdm import tqdm
         bar = tqdm(total=len(toks), unit="line", desc=f"synth {name}", leave=True)
     fwd_s, n_tok, n_pad = 0.0, 0, 0
+    sparse = _takes_logits_at(model)   # logits only at the answer positions
     try:
         for batch in batches:
             T = max(max(len(toks[i]) for i in batch), 1)
             arr = np.zeros((len(batch), T), dtype=np.int32)
             for b, i in enumerate(batch):
                 arr[b, :len(toks[i])] = toks[i].ids
+            pos = _answer_positions(batch, toks) if sparse else None
             t0 = time.perf_counter()
-            logits = np.asarray(model.forward(arr))
+            logits = np.asarray(model.forward(arr) if pos is None else model.forward(arr, logits_at=pos))
             fwd_s += time.perf_counter() - t0
-            if logits.ndim != 3 or logits.shape[0] != len(batch) or logits.shape[1] != T:
+            n_rows = T if pos is None else pos.shape[1]
+            if logits.ndim != 3 or logits.shape[0] != len(batch) or logits.shape[1] != n_rows:
                 raise ValueError(f"model.forward returned shape {logits.shape}, "
-                                 f"expected ({len(batch)}, {T}, V)")
+                                 f"expected ({len(batch)}, {n_rows}, V)")
             V = logits.shape[2]
             _require_finite(logits, [toks[i].line for i in batch])
             for b, i in enumerate(batch):
                 tl = toks[i]
                 if len(tl.ids) and int(tl.ids.max()) >= V:
                     raise ValueError(f"token id {int(tl.ids.max())} >= logits width {V}")
+                row_of = None if pos is None else {int(q): j for j, q in enumerate(pos[b])}
                 for a, span in zip(tl.line.answers, tl.spans):
-                    nll, pred, tgt = _score(logits[b], tl.ids, span)
+                    rows = None if pos is None else logits[b][[row_of[q] for q in range(span[0] - 1, span[1] - 1)]]
+                    nll, pred, tgt = _score(logits[b], tl.ids, span, rows)
                     results[i].append(AnswerResult(
                         task_id=tl.line.task_id, line=tl.line.lineno, k=a.k,
                         example=a.example, answer=a.text, nll=nll, n_tokens=len(tgt),

@@ -218,13 +218,16 @@ def test_hooks_not_asked_for_allocate_nothing(tiny_factory):
     N, L = model.config.n_head, model.config.n_layer
     model.forward(toks)
     base = model.last_pass_memory()
-    model.run_with_cache(toks, names=["blocks.0.attn.pattern", "blocks.1.resid_post"])
+    model.run_with_cache(toks, names=["blocks.0.attn.z", "blocks.1.resid_post"])
     assert model.last_pass_memory() == base          # capture of existing tensors: no new buffers
     branch = B * N * T * T * 4
+    model.run_with_cache(toks, names=["blocks.0.attn.pattern"])
+    full = model.last_pass_memory()
+    assert full["total"] - base["total"] == branch   # that layer's map (full path); the others fused
     model.run_with_cache(toks, names=["blocks.1.attn.post.kp"])
     one = model.last_pass_memory()
-    assert one["total"] - base["total"] == 5 * branch   # that layer's five post branches, no more
+    assert one["total"] - base["total"] == 6 * branch   # its map and five post branches, no more
     model.run_with_cache(toks, names=lambda n: ".attn.post." in n)
     every = model.last_pass_memory()
-    assert every["total"] - base["total"] == L * 5 * branch
+    assert every["total"] - base["total"] == L * 6 * branch
     assert every["peak"] == one["peak"]                 # one layer's branches live at a time

@@ -51,6 +51,9 @@ extern "Python" int _dcs_py_hook(void *user, int point, int layer, float *data,
 
 dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
                        float *logits, const dcs_hooks *hooks);
+dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
+                          const int32_t *positions, int n_pos, float *logits,
+                          const dcs_hooks *hooks);
 void dcs_cancel(dcs_model *m, int cancel);
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
 

@@ -547,10 +547,37 @@ class Model(WeightsMixin):
         batched = a.ndim == 2
         return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int32), batched
 
+    def _positions(self, logits_at, B: int, T: int):
+        """logits_at -> (int32 [B, n] positions, squeeze?) or (None, False)."""
+        if logits_at is None:
+            return None, False
+        if isinstance(logits_at, str):
+            if logits_at != "last":
+                raise Error("logits_at must be None, 'last', or positions, got %r" % (logits_at,))
+            return np.full((B, 1), T - 1, dtype=np.int32), True
+        a = np.asarray(logits_at)
+        if a.dtype.kind not in "iu" or a.size == 0 or a.ndim not in (0, 1, 2):
+            raise Error("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
+                        % (logits_at,))
+        squeeze = a.ndim == 0
+        a = a.reshape(1, -1) if a.ndim < 2 else a
+        if a.shape[0] == 1 and B > 1:
+            a = np.broadcast_to(a, (B, a.shape[1]))
+        if a.shape[0] != B:
+            raise Error("logits_at has positions for %d sequences, tokens have %d" % (a.shape[0], B))
+        if a.shape[1] > T:
+            raise Error("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
+        if a.min() < 0 or a.max() >= T:
+            raise Error("logits_at position %d is out of range [0, %d)"
+                        % (a.max() if a.max() >= T else a.min(), T))
+        return np.ascontiguousarray(a, dtype=np.int32), squeeze
+
     def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
-             logits: bool = True):
+             logits: bool = True, logits_at=None):
         toks, batched = self._tokens(tokens)
         B, T = toks.shape
+        pos, squeeze = self._positions(logits_at, B, T)
+        n_out = T if pos is None else pos.shape[1]
         run = _Run(self, batched)
         L = self.config.n_layer
         want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
@@ -564,12 +591,12 @@ class Model(WeightsMixin):
             p, l = self.parse_hook(n)
             run.fns.setdefault((p, l), []).append((n, fn))
             want[p * L + l] = 1
-        self._check_pass_memory(B, T, run, logits)
+        self._check_pass_memory(B, n_out, run, logits)
         try:
-            out = np.empty((B, T, self.config.vocab), dtype=np.float32) if logits else None
+            out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
         except MemoryError:
             raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
-                        % (B, T, self.config.vocab)) from None
+                        % (B, n_out, self.config.vocab)) from None
         hooks = ffi.NULL
         handle = None
         if want.any():
@@ -580,8 +607,9 @@ class Model(WeightsMixin):
             hooks.user = handle
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
+        cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
         st, interrupted = self._forward_interruptibly(
-            run, lambda: lib.dcs_forward(self._m, ctoks, B, T, clog, hooks))
+            run, lambda: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, 0 if pos is None else pos.shape[1], clog, hooks))
         if interrupted is not None:
             raise interrupted
         if run.error is not None:
@@ -593,6 +621,8 @@ class Model(WeightsMixin):
         if st == lib.DCS_ERR_CANCELLED:
             raise KeyboardInterrupt()
         _check(st, self._errmsg())
+        if out is not None and squeeze:
+            out = out[:, 0]
         if out is not None and not batched:
             out = out[0]
         return out, run.cache
@@ -668,13 +698,21 @@ class Model(WeightsMixin):
             return result["st"], interrupted
 
     def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
-                padding_side: str = "right", loss_per_token: bool = False):
+                padding_side: str = "right", loss_per_token: bool = False, logits_at=None):
         """Logits: [T, V] for a string or a 1-D token array, [B, T, V] for a list
         of strings or [B, T] tokens (with lengths: padded rows).
 
         return_type: "logits", "loss" (mean next-token cross-entropy over the
         real tokens; loss_per_token=True gives [T-1] / [B, T-1], 0 at padding),
-        "both" (logits, loss) or None."""
+        "both" (logits, loss) or None.
+
+        logits_at computes the unembedding only where asked (logits only, no
+        lengths): "last" or one position (-> [V] / [B, V]), [n] positions for
+        every sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
+        if logits_at is not None:
+            if return_type != "logits" or lengths is not None or loss_per_token:
+                raise Error("logits_at goes with return_type='logits' and no lengths")
+            return self._run(tokens, logits_at=logits_at)[0]
         from .batch import call
         return call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     loss_per_token=loss_per_token)

@@ -240,6 +240,14 @@ void dcs_set_hook_error(dcs_model *m, const char *msg);
 dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
                        float *logits, const dcs_hooks *hooks);
 
+/* The same pass with logits only at some positions: positions [B, n_pos]
+ * (each in [0, T), per sequence), logits [B, n_pos, V]. The unembedding
+ * then costs 2 * B * n_pos * D * V FLOPs instead of 2 * B * T * D * V.
+ * positions NULL: as dcs_forward. */
+dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
+                          const int32_t *positions, int n_pos, float *logits,
+                          const dcs_hooks *hooks);
+
 /* Ask a running dcs_forward (or dcs_decoder_step) on m to stop (callable from any thread or a
  * signal handler: it only sets an atomic flag). The pass checks the flag
  * before each layer and between a layer's attention and MLP, and then

@@ -4,59 +4,174 @@
  *
  * "Device pointers" here are ordinary host pointers.
  */
+/* The element-wise loops (compose rows above all) need the vectoriser's
+ * dynamic cost model: -O2's default only vectorises loops without a tail.
+ * Vectorising never reorders a float sum here (no -ffast-math). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("vect-cost-model=dynamic")
+#endif
 #include "internal.h"
 #include "dcs_math.h"
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+/* ------------------------------------------------------------ thread pool
+ * One persistent pool per backend (so per model): n_threads - 1 workers
+ * started at creation, parked on a condition variable between jobs; the
+ * caller is thread 0. A job is a range of items [0, n) handed out in chunks
+ * through an atomic counter (dynamic schedule: the cores are shared, and
+ * the blocks of a causal attention differ in size). Everything runs on it,
+ * GEMM included: OpenBLAS is called single-threaded from the pool's
+ * threads, so the model's n_threads is the one setting for all its work and
+ * two models in one process keep their own counts (docs/performance.md). */
+#define PAR_MAX_THREADS 64
+#define PAR_MIN (1 << 16)      /* items x cost below this run on the caller */
+
+typedef void (*par_fn)(void *arg, long long begin, long long end, int tid);
+
 typedef struct {
-    int n_threads;      /* for the element-wise kernels (GEMM: OpenBLAS's own) */
+    int n;                          /* threads, the caller included          */
+    pthread_t th[PAR_MAX_THREADS];
+    int n_started;
+    pthread_mutex_t mu, job_mu;     /* job_mu: one job at a time             */
+    pthread_cond_t go, done;
+    unsigned gen;
+    int stop, active;
+    par_fn fn;
+    void *arg;
+    long long n_items, chunk;
+    atomic_llong next;
+} par_pool;
+
+/* Widen n F16/BF16 values to float32 (exact), the backend's fastest way. */
+typedef void (*widen_fn)(const uint8_t *src, uint64_t n, int dtype, float *out);
+
+typedef struct {
+    int n_threads;
+    widen_fn widen;
+    par_pool pool;
+    float *scratch[PAR_MAX_THREADS];   /* per-thread work buffers           */
+    size_t scratch_n[PAR_MAX_THREADS];
     dcs_status status;  /* first failure (allocation) */
     char msg[256];
 } cpu_ctx;
 
-/* ------------------------------------------------------------ parallel for
- * The element-wise kernels split their rows over the cores: items [0, n)
- * in contiguous chunks, chunk i on thread i (chunk 0 on the caller). Work
- * below PAR_MIN (items x cost) runs on the caller alone: a thread start
- * costs tens of microseconds. */
-#define PAR_MAX_THREADS 64
-#define PAR_MIN (1 << 20)
+static void pool_work(par_pool *p, int tid) {
+    for (;;) {
+        long long i = atomic_fetch_add(&p->next, p->chunk);
+        if (i >= p->n_items) break;
+        long long e = i + p->chunk < p->n_items ? i + p->chunk : p->n_items;
+        p->fn(p->arg, i, e, tid);
+    }
+}
 
-typedef void (*par_fn)(void *arg, long long begin, long long end);
-typedef struct { par_fn fn; void *arg; long long begin, end; } par_chunk;
-
-static void *par_run(void *p) {
-    par_chunk *c = p;
-    c->fn(c->arg, c->begin, c->end);
+static void *pool_main(void *arg) {
+    par_pool *p = ((void **)arg)[0];
+    int tid = (int)(intptr_t)((void **)arg)[1];
+    free(arg);
+    unsigned seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->gen == seen && !p->stop) pthread_cond_wait(&p->go, &p->mu);
+        if (p->stop) break;
+        seen = p->gen;
+        pthread_mutex_unlock(&p->mu);
+        pool_work(p, tid);
+        pthread_mutex_lock(&p->mu);
+        if (--p->active == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
-/* `cost` is the rough work per item (for the PAR_MIN threshold). */
-static void parallel_for(const dcs_backend *be, par_fn fn, void *arg, long long n, long long cost) {
-    const cpu_ctx *c = be->ctx;
-    int nt = c->n_threads;
-    if (nt > PAR_MAX_THREADS) nt = PAR_MAX_THREADS;
-    if (nt > n) nt = (int)n;
-    if (nt <= 1 || n * cost < PAR_MIN) {
-        fn(arg, 0, n);
+static void pool_start(par_pool *p, int n) {
+    memset(p, 0, sizeof *p);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->job_mu, NULL);
+    pthread_cond_init(&p->go, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->next, 0);
+    p->n = 1;
+    for (int i = 1; i < n && i < PAR_MAX_THREADS; i++) {
+        void **a = malloc(2 * sizeof *a);
+        if (!a) break;
+        a[0] = p;
+        a[1] = (void *)(intptr_t)i;
+        if (pthread_create(&p->th[i], NULL, pool_main, a) != 0) { free(a); break; }
+        p->n = i + 1;
+    }
+    p->n_started = p->n - 1;
+}
+
+static void pool_stop(par_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i <= p->n_started; i++) pthread_join(p->th[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->job_mu);
+    pthread_cond_destroy(&p->go);
+    pthread_cond_destroy(&p->done);
+}
+
+/* Run fn over items [0, n) in chunks of `chunk` (0: about 4 per thread).
+ * `cost` is the rough work per item: small jobs run on the caller alone,
+ * and so does a job started while the pool is busy (a nested call). */
+static void parallel_for_chunk(const dcs_backend *be, par_fn fn, void *arg, long long n,
+                               long long cost, long long chunk) {
+    cpu_ctx *c = be->ctx;
+    par_pool *p = &c->pool;
+    if (n <= 0) return;
+    if (p->n <= 1 || n == 1 || n * cost < PAR_MIN || pthread_mutex_trylock(&p->job_mu) != 0) {
+        fn(arg, 0, n, 0);
         return;
     }
-    par_chunk ch[PAR_MAX_THREADS];
-    pthread_t th[PAR_MAX_THREADS];
-    int started[PAR_MAX_THREADS] = {0};
-    for (int i = 0; i < nt; i++) {
-        ch[i] = (par_chunk){fn, arg, n * i / nt, n * (i + 1) / nt};
-        if (i > 0) started[i] = pthread_create(&th[i], NULL, par_run, &ch[i]) == 0;
+    if (chunk <= 0) chunk = (n + 4LL * p->n - 1) / (4LL * p->n);
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->n_items = n;
+    p->chunk = chunk;
+    atomic_store(&p->next, 0);
+    p->active = p->n - 1;
+    p->gen++;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    pool_work(p, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->active > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->job_mu);
+}
+
+static void parallel_for(const dcs_backend *be, par_fn fn, void *arg, long long n, long long cost) {
+    parallel_for_chunk(be, fn, arg, n, cost, 0);
+}
+
+/* Thread tid's scratch buffer of at least n floats (NULL: out of memory). */
+static float *scratch(const dcs_backend *be, int tid, size_t n) {
+    cpu_ctx *c = be->ctx;
+    if (c->scratch_n[tid] < n) {
+        free(c->scratch[tid]);
+        c->scratch[tid] = malloc(n * sizeof(float));
+        c->scratch_n[tid] = c->scratch[tid] ? n : 0;
     }
-    par_run(&ch[0]);
-    for (int i = 1; i < nt; i++) {
-        if (started[i]) pthread_join(th[i], NULL);
-        else par_run(&ch[i]); /* no thread: do the chunk here */
+    return c->scratch[tid];
+}
+
+static void set_nomem(const dcs_backend *be, const char *what) {
+    cpu_ctx *c = be->ctx;
+    if (c->status == DCS_OK) {   /* first failure wins; racy writers agree */
+        c->status = DCS_ERR_NOMEM;
+        snprintf(c->msg, sizeof c->msg, "out of memory in %s", what);
     }
 }
 
@@ -83,21 +198,182 @@ static dcs_status cpu_sync(dcs_backend *be, dcs_err *e) {
 }
 static void cpu_destroy(dcs_backend *be) {
     if (!be) return;
-    free(be->ctx);
+    cpu_ctx *c = be->ctx;
+    pool_stop(&c->pool);
+    for (int i = 0; i < PAR_MAX_THREADS; i++) free(c->scratch[i]);
+    free(c);
     free(be);
 }
 
-/* Row-major strided batched GEMM on OpenBLAS. */
+/* ------------------------------------------------------------ widening
+ * F16 -> float32 with the CPU's conversion instruction (vcvtph2ps: exact for
+ * every half, subnormals included) where it has one, else dcs_widen's
+ * portable bit arithmetic; BF16 is a shift either way. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static void widen_avx512(const uint8_t *src, uint64_t n,
+                                                            int dtype, float *out) {
+    uint64_t i = 0;
+    if (dtype == DCS_F16)
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 2 * i))));
+    else
+        for (; i + 16 <= n; i += 16) {
+            __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + 2 * i)));
+            _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+        }
+    if (i < n) dcs_widen(src + 2 * i, n - i, dtype, out + i);
+}
+__attribute__((target("avx2,f16c"))) static void widen_f16c(const uint8_t *src, uint64_t n,
+                                                            int dtype, float *out) {
+    uint64_t i = 0;
+    if (dtype == DCS_F16)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 2 * i))));
+    else
+        for (; i + 8 <= n; i += 8) {
+            __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 2 * i)));
+            _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+        }
+    if (i < n) dcs_widen(src + 2 * i, n - i, dtype, out + i);
+}
+#endif
+static void widen_plain(const uint8_t *src, uint64_t n, int dtype, float *out) {
+    dcs_widen(src, n, dtype, out);
+}
+static widen_fn pick_widen(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return widen_avx512;
+#if defined(__clang__)   /* clang's builtin knows no "f16c"; every AVX2 x86 CPU has it */
+    if (__builtin_cpu_supports("avx2")) return widen_f16c;
+#else
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return widen_f16c;
+#endif
+#endif
+    return widen_plain;
+}
+
+/* ------------------------------------------------------------ GEMM
+ * Row-major strided batched GEMM: the batch x (row or column blocks) are
+ * items of the pool, each one single-threaded OpenBLAS sgemm. */
+typedef struct {
+    int tA, tB, M, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int lda, ldb, ldc;
+    long long sA, sB, sC;
+    int nblk, bw, split_m;      /* blocks per batch entry, block width, split rows? */
+} gemm_job;
+
+static void gemm_items(void *arg, long long begin, long long end, int tid) {
+    (void)tid;
+    const gemm_job *g = arg;
+    for (long long it = begin; it < end; it++) {
+        const int b = (int)(it / g->nblk), blk = (int)(it % g->nblk);
+        const float *A = g->A + b * g->sA, *B = g->B + b * g->sB;
+        float *C = g->C + b * g->sC;
+        int M = g->M, N = g->N;
+        const int lo = blk * g->bw;
+        if (g->split_m) {
+            M = M - lo < g->bw ? M - lo : g->bw;
+            A += g->tA ? lo : (long long)lo * g->lda;
+            C += (long long)lo * g->ldc;
+        } else {
+            N = N - lo < g->bw ? N - lo : g->bw;
+            B += g->tB ? (long long)lo * g->ldb : lo;
+            C += lo;
+        }
+        if (M <= 0 || N <= 0) continue;
+        cblas_sgemm(CblasRowMajor, g->tA ? CblasTrans : CblasNoTrans,
+                    g->tB ? CblasTrans : CblasNoTrans, M, N, g->K, g->alpha, A, g->lda, B,
+                    g->ldb, g->beta, C, g->ldc);
+    }
+}
+
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K,
                      float alpha, const float *A, int lda, long long sA,
                      const float *B, int ldb, long long sB, float beta,
                      float *C, int ldc, long long sC, int batch) {
-    (void)be;
-    for (int b = 0; b < batch; b++)
-        cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                    transB ? CblasTrans : CblasNoTrans, M, N, K, alpha,
-                    A + b * sA, lda, B + b * sB, ldb, beta, C + b * sC, ldc);
+    const cpu_ctx *c = be->ctx;
+    const int nt = c->pool.n;
+    gemm_job g = {transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, 1,
+                  0, 0};
+    g.split_m = M > N;
+    const int dim = g.split_m ? M : N;
+    g.bw = dim;
+    if (batch < 2 * nt) {
+        /* blocks of the larger of M, N: about 2 per thread, multiples of 16 */
+        int pieces = (2 * nt + batch - 1) / batch;
+        int bw = (dim + pieces - 1) / pieces;
+        bw = (bw + 15) / 16 * 16;
+        g.bw = bw < dim ? bw : dim;
+        g.nblk = (dim + g.bw - 1) / g.bw;
+    }
+    parallel_for_chunk(be, gemm_items, &g, (long long)batch * g.nblk,
+                       2LL * M * N * K / g.nblk / 4, 1);
 }
+
+/* C [M, N] = A [M, K] op(W), W in F16/BF16: each item is a tile of TW output
+ * columns; its thread widens W's tile into its scratch (exact) and runs
+ * sgemm on it. The tile is large (up to 4M floats, 16 MB) so OpenBLAS's packing of
+ * A, once per tile, stays a small share of the tile's FLOPs. */
+typedef struct {
+    int transW, M, N, K, lda, ldc, tw;
+    const float *A;
+    dcs_wmat W;
+    float *C;
+    const dcs_backend *be;
+} gemmw_job;
+
+static void gemmw_items(void *arg, long long begin, long long end, int tid) {
+    const gemmw_job *g = arg;
+    const size_t es = dcs_dtype_size(g->W.dtype);
+    const widen_fn widen = ((const cpu_ctx *)g->be->ctx)->widen;
+    float *buf = scratch(g->be, tid, (size_t)g->tw * g->K);
+    if (!buf) { set_nomem(g->be, "gemm (weight tile)"); return; }
+    for (long long it = begin; it < end; it++) {
+        const int n0 = (int)it * g->tw;
+        const int nw = g->N - n0 < g->tw ? g->N - n0 : g->tw;
+        const uint8_t *W = g->W.p;
+        if (g->transW) {          /* rows n0.. of W [N, K]: contiguous */
+            widen(W + (size_t)n0 * g->K * es, (uint64_t)nw * g->K, g->W.dtype, buf);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, nw, g->K, 1.0f, g->A,
+                        g->lda, buf, g->K, 0.0f, g->C + n0, g->ldc);
+        } else {                  /* columns n0.. of W [K, N] */
+            for (int k = 0; k < g->K; k++)
+                widen(W + ((size_t)k * g->N + n0) * es, (uint64_t)nw, g->W.dtype,
+                      buf + (size_t)k * nw);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, nw, g->K, 1.0f, g->A,
+                        g->lda, buf, nw, 0.0f, g->C + n0, g->ldc);
+        }
+    }
+}
+
+static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const float *A,
+                       int lda, dcs_wmat W, float *C, int ldc) {
+    if (W.dtype == DCS_F32) {
+        cpu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, 0.0f, C, ldc,
+                 0, 1);
+        return;
+    }
+    const cpu_ctx *c = be->ctx;
+    int tw = (int)((4u << 20) / (unsigned)(K > 0 ? K : 1));
+    tw = tw / 16 * 16;
+    if (tw < 16) tw = 16;
+    /* at least two tiles per thread so the dynamic schedule can balance */
+    int per = (N + 2 * c->pool.n - 1) / (2 * c->pool.n);
+    per = (per + 15) / 16 * 16;
+    if (per < tw) tw = per;
+    if (tw > N) tw = N;
+    if (tw < 1) tw = 1;
+    gemmw_job g = {transW, M, N, K, lda, ldc, tw, A, W, C, be};
+    parallel_for_chunk(be, gemmw_items, &g, (N + tw - 1) / tw, PAR_MIN, 1);
+}
+
+/* ------------------------------------------------------------ row kernels
+ * Each splits its rows over the pool (above PAR_MIN items x cost). */
 
 /* out [M, D] = table[tokens[m]] (ids were range-checked by the graph). */
 static void cpu_embed(dcs_backend *be, float *out, const float *table,
@@ -106,32 +382,62 @@ static void cpu_embed(dcs_backend *be, float *out, const float *table,
     for (int m = 0; m < M; m++)
         memcpy(out + (size_t)m * D, table + (size_t)tokens[m] * D, sizeof(float) * D);
 }
+static void cpu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens,
+                        int M, int D) {
+    const size_t es = dcs_dtype_size(table.dtype);
+    const widen_fn widen = ((const cpu_ctx *)be->ctx)->widen;
+    for (int m = 0; m < M; m++)
+        widen((const uint8_t *)table.p + (size_t)tokens[m] * D * es, (uint64_t)D,
+                  table.dtype, out + (size_t)m * D);
+}
 
+typedef struct { float *y; const float *a, *b, *c; int N; float eps; const float *w; int D; } rows_args;
+
+static void add_bias_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    for (long long m = b; m < e; m++)
+        for (int n = 0; n < a->N; n++) a->y[m * a->N + n] += a->a[n];
+}
 /* x [M, N] += bias [N] */
 static void cpu_add_bias(dcs_backend *be, float *x, const float *bias, int M, int N) {
-    (void)be;
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) x[(size_t)m * N + n] += bias[n];
+    rows_args a = {x, bias, NULL, NULL, N, 0, NULL, 0};
+    parallel_for(be, add_bias_rows, &a, M, N);
+}
+static void add_range(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    for (long long i = b; i < e; i++) a->y[i] += a->a[i];
 }
 static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
-    (void)be;
-    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};
+    parallel_for(be, add_range, &a, (long long)n, 1);
+}
+static void add3_range(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    for (long long i = b; i < e; i++) a->y[i] = a->a[i] + a->b[i] + a->c[i];
 }
 static void cpu_add3(dcs_backend *be, float *y, const float *a, const float *b,
                      const float *c, size_t n) {
-    (void)be;
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i] + c[i];
+    rows_args r = {y, a, b, c, 0, 0, NULL, 0};
+    parallel_for(be, add3_range, &r, (long long)n, 1);
 }
-static void gelu_range(void *x, long long b, long long e) {
+static void gelu_range(void *x, long long b, long long e, int tid) {
+    (void)tid;
     float *v = x;
     for (long long i = b; i < e; i++) v[i] = dcs_gelu(v[i]);
 }
 static void cpu_gelu(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, gelu_range, x, (long long)n, 8);
 }
+static void tanh_range(void *x, long long b, long long e, int tid) {
+    (void)tid;
+    float *v = x;
+    for (long long i = b; i < e; i++) v[i] = tanhf(v[i]);
+}
 static void cpu_tanh(dcs_backend *be, float *x, size_t n) {
-    (void)be;
-    for (size_t i = 0; i < n; i++) x[i] = tanhf(x[i]);
+    parallel_for(be, tanh_range, x, (long long)n, 8);
 }
 static void cpu_mul(dcs_backend *be, float *y, const float *g, size_t n) {
     (void)be;
@@ -155,53 +461,70 @@ static void cpu_head_gate(dcs_backend *be, float *z, const float *g, int M, int 
 }
 
 /* out [M, D] = (in - mean) / sqrt(var + eps) * w + b, per row. */
-static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
-                          const float *b, int M, int D, float eps) {
-    (void)be;
-    for (int m = 0; m < M; m++) {
-        const float *x = in + (size_t)m * D;
-        float *y = out + (size_t)m * D;
+static void layernorm_rows(void *arg, long long b0, long long e0, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    const int D = a->D;
+    for (long long m = b0; m < e0; m++) {
+        const float *x = a->a + (size_t)m * D;
+        float *y = a->y + (size_t)m * D;
+        const float *w = a->w, *b = a->b;
         double mean = 0, var = 0;
         for (int i = 0; i < D; i++) mean += x[i];
         mean /= D;
         for (int i = 0; i < D; i++) var += (x[i] - mean) * (x[i] - mean);
         var /= D;
-        float inv = (float)(1.0 / sqrt(var + eps));
+        float inv = (float)(1.0 / sqrt(var + a->eps));
         for (int i = 0; i < D; i++)
             y[i] = ((float)(x[i] - mean) * inv) * w[i] + (b ? b[i] : 0.0f);
     }
 }
+static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
+                          const float *b, int M, int D, float eps) {
+    rows_args a = {out, in, b, NULL, 0, eps, w, D};
+    parallel_for(be, layernorm_rows, &a, M, 4LL * D);
+}
 
 /* x [rows, width] with row stride ld, RMS-normalised in place. */
+typedef struct { float *x; int width, ld; const float *scale; float eps; } rms_args;
+static void rms_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rms_args *a = arg;
+    for (long long r = b; r < e; r++) {
+        float *v = a->x + (size_t)r * a->ld;
+        float ss = 0.0f;
+        for (int i = 0; i < a->width; i++) ss += v[i] * v[i];
+        float inv = dcs_rms_inv(ss, a->width, a->eps);
+        for (int i = 0; i < a->width; i++) v[i] = v[i] * inv * (a->scale ? a->scale[i] : 1.0f);
+    }
+}
 static void cpu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld,
                         const float *scale, float eps) {
-    (void)be;
-    for (int r = 0; r < rows; r++) {
-        float *v = x + (size_t)r * ld;
-        float ss = 0.0f;
-        for (int i = 0; i < width; i++) ss += v[i] * v[i];
-        float inv = dcs_rms_inv(ss, width, eps);
-        for (int i = 0; i < width; i++) v[i] = v[i] * inv * (scale ? scale[i] : 1.0f);
-    }
+    rms_args a = {x, width, ld, scale, eps};
+    parallel_for(be, rms_rows, &a, rows, 3LL * width);
 }
 
 /* x [M, N, Dh]; row m is at position m % T. Rotate-half on the first rot dims. */
-static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int N, int Dh,
-                       int rot, float base) {
-    (void)be;
-    int half = rot / 2;
-    if (half == 0) return;
-    float *cs = malloc(sizeof(float) * 2 * (size_t)half);
-    if (!cs) { cpu_ctx *c = be->ctx; c->status = DCS_ERR_NOMEM; snprintf(c->msg, sizeof c->msg, "out of memory in rotary"); return; }
-    for (int m = 0; m < M; m++) {
-        int pos = m % T;
-        for (int j = 0; j < half; j++) dcs_rotary_cs(pos, j, rot, base, &cs[2 * j], &cs[2 * j + 1]);
-        for (int n = 0; n < N; n++) {
-            float *h = x + ((size_t)m * N + n) * Dh;
+typedef struct { float *x; int T, N, Dh, rot; float base; const dcs_backend *be; } rot_args;
+static void rot_rows(void *arg, long long b, long long e, int tid) {
+    const rot_args *a = arg;
+    const int half = a->rot / 2;
+    float *cs = scratch(a->be, tid, 2 * (size_t)half);
+    if (!cs) { set_nomem(a->be, "rotary"); return; }
+    for (long long m = b; m < e; m++) {
+        int pos = (int)(m % a->T);
+        for (int j = 0; j < half; j++) dcs_rotary_cs(pos, j, a->rot, a->base, &cs[2 * j], &cs[2 * j + 1]);
+        for (int n = 0; n < a->N; n++) {
+            float *h = a->x + ((size_t)m * a->N + n) * a->Dh;
             for (int j = 0; j < half; j++) dcs_rotate_pair(&h[j], &h[j + half], cs[2 * j], cs[2 * j + 1]);
         }
     }
-    free(cs);
+}
+static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int N, int Dh,
+                       int rot, float base) {
+    if (rot / 2 == 0) return;
+    rot_args a = {x, T, N, Dh, rot, base, be};
+    parallel_for(be, rot_rows, &a, M, 40LL * rot + 4LL * N * rot);
 }
 
 static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src,
@@ -211,9 +534,82 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
         memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, sizeof(float) * cols);
 }
 
-/* Compose over [B, N, T, S]: each (b, t, s) pair through dcs_compose_pair;
- * the (b, t) rows are split over the cores. */
-static void compose_rows(void *arg, long long begin, long long end) {
+/* ------------------------------------------------------------ compose
+ * The vectorised row kernels, compiled for the widest SIMD the CPU has
+ * (function multi-versioning on x86-64 with GCC; plain C elsewhere). The
+ * arithmetic is dcs_math.h's, op for op (no FMA contraction under -std=c11). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define DCS_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DCS_VEC
+#endif
+
+DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
+                                const float *qw1, const float *qw2, const float *kw1t,
+                                const float *kw2t, long long ks, const float *qdd,
+                                const float *kddt, float *tmp, float *const *br) {
+    dcs_compose_row(a, out, hs, L, N, R, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, tmp, br);
+}
+
+/* Key-side dynamic weights [B, S, R, N] -> [B, R, N, S] (and gates
+ * [B, S, N] -> [B, N, S]) so the compose rows read them along keys. */
+static void transpose_keys(const float *src, float *dst, int B, int S, int RN) {
+    for (int b = 0; b < B; b++)
+        for (int s = 0; s < S; s++)
+            for (int i = 0; i < RN; i++)
+                dst[((size_t)b * RN + i) * S + s] = src[((size_t)b * S + s) * RN + i];
+}
+
+/* Compose over [B, N, T, S], per (b, t) row: the allowed keys (or all,
+ * pre-compose) at once through dcs_compose_row (the per-pair math of
+ * dcs_compose_pair, vectorised across keys; the CUDA backend runs the pair
+ * form). kt: transposed key side (kw1t, kw2t, kddt). */
+typedef struct { const dcs_compose_args *a; const float *kw1t, *kw2t, *kddt; const dcs_backend *be; } crow_args;
+
+static void compose_rows(void *arg, long long begin, long long end, int tid) {
+    const crow_args *c = arg;
+    const dcs_compose_args *a = c->a;
+    const int N = a->N, T = a->T, S = a->S, R = a->R;
+    const long long TS = (long long)T * S, RN = (long long)R * N;
+    float *tmp = scratch(c->be, tid, (size_t)(2 * R + 2) * S);
+    if (!tmp) { set_nomem(c->be, "compose"); return; }
+    for (long long bt = begin; bt < end; bt++) {
+        const int b = (int)(bt / T), t = (int)(bt % T);
+        const long long o = (long long)b * N * TS + (long long)t * S;
+        int lo = 0, hi = S - 1;
+        float *br[5] = {NULL, NULL, NULL, NULL, NULL};
+        for (int k = 0; k < 5; k++)
+            if (a->br[k]) br[k] = a->br[k] + o;
+        if (a->causal_only) {
+            hi = t < S - 1 ? t : S - 1;
+            lo = a->window > 0 && t - a->window > 0 ? t - a->window : 0;
+            for (int k = -1; k < 5; k++) {
+                float *base = k < 0 ? a->out + o : br[k];
+                if (!base) continue;
+                for (int n = 0; n < N; n++) {
+                    float *row = base + n * TS;
+                    for (int s = 0; s < lo; s++) row[s] = 0.0f;
+                    for (int s = hi + 1; s < S; s++) row[s] = 0.0f;
+                }
+            }
+        }
+        if (a->br[5])            /* static branch: absent here, 0 as in the pair form */
+            for (int n = 0; n < N; n++) memset(a->br[5] + o + n * TS, 0, sizeof(float) * S);
+        for (int k = 0; k < 5; k++)
+            if (br[k]) br[k] += lo;
+        const float *k1 = c->kw1t ? c->kw1t + (size_t)b * RN * S + lo : NULL;
+        const float *k2 = c->kw2t ? c->kw2t + (size_t)b * RN * S + lo : NULL;
+        const float *kd = c->kddt ? c->kddt + (size_t)b * N * S + lo : NULL;
+        compose_row(a->in + o + lo, a->out + o + lo, TS, hi - lo + 1, N, R,
+                    a->qw1 + ((size_t)b * T + t) * RN, a->qw2 + ((size_t)b * T + t) * RN, k1, k2,
+                    S, a->qdd + ((size_t)b * T + t) * N, kd, tmp, br);
+    }
+}
+
+/* The variants (groups, static map, key-wise only): each (b, t, s) pair
+ * through dcs_compose_pair; the (b, t) rows are split over the cores. */
+static void compose_pairs(void *arg, long long begin, long long end, int tid) {
+    (void)tid;
     const dcs_compose_args *a = arg;
     const int N = a->N, T = a->T, S = a->S, R = a->R;
     const long long TS = (long long)T * S;
@@ -246,35 +642,163 @@ static void compose_rows(void *arg, long long begin, long long end) {
 }
 
 static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
-    parallel_for(be, compose_rows, (void *)a, (long long)a->B * a->T, (long long)a->S * a->N * 8);
+    const long long cost = (long long)a->S * a->N * 8;
+    if (a->G != 1 || a->sw || !a->qw1 || !a->qw2 || !a->qdd) {
+        parallel_for(be, compose_pairs, (void *)a, (long long)a->B * a->T, cost);
+        return;
+    }
+    const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->S;
+    float *kt = NULL;
+    crow_args c = {a, NULL, NULL, NULL, be};
+    if (a->kw1) {
+        kt = malloc(sizeof(float) * nk * (2 * RN + a->N));
+        if (!kt) { set_nomem(be, "compose"); return; }
+        transpose_keys(a->kw1, kt, a->B, a->S, (int)RN);
+        transpose_keys(a->kw2, kt + nk * RN, a->B, a->S, (int)RN);
+        transpose_keys(a->kdd, kt + 2 * nk * RN, a->B, a->S, a->N);
+        c.kw1t = kt;
+        c.kw2t = kt + nk * RN;
+        c.kddt = kt + 2 * nk * RN;
+    }
+    parallel_for(be, compose_rows, &c, (long long)a->B * a->T, cost);
+    free(kt);
 }
 
-/* x [BN, T, S]: masked softmax over s, rows split over the cores. */
+/* ------------------------------------------------------------ softmax */
+
+/* Softmax of row[0, len) in place (the allowed keys of one query). */
+static void softmax_span(float *row, int len) {
+    float mx = -INFINITY;
+    for (int s = 0; s < len; s++)
+        if (row[s] > mx) mx = row[s];
+    float sum = 0.0f;
+    for (int s = 0; s < len; s++) {
+        float e = expf(row[s] - mx);
+        row[s] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+    for (int s = 0; s < len; s++) row[s] *= inv;
+}
+
+/* x [BN, T, S]: masked softmax over s, rows split over the cores. The
+ * allowed keys of query t are one span [lo, hi]; the rest becomes 0. */
 typedef struct { float *x; int T, S, window; } softmax_args;
 
-static void softmax_rows(void *arg, long long begin, long long end) {
+static void softmax_rows(void *arg, long long begin, long long end, int tid) {
+    (void)tid;
     const softmax_args *a = arg;
     const int T = a->T, S = a->S, window = a->window;
     for (long long r = begin; r < end; r++) {
         const int t = (int)(r % T);
         float *row = a->x + (size_t)r * S;
-        float mx = -INFINITY;
-        for (int s = 0; s < S; s++)
-            if (dcs_allowed(t, s, window) && row[s] > mx) mx = row[s];
-        float sum = 0.0f;
-        for (int s = 0; s < S; s++) {
-            float e = dcs_allowed(t, s, window) ? expf(row[s] - mx) : 0.0f;
-            row[s] = e;
-            sum += e;
-        }
-        float inv = 1.0f / sum;
-        for (int s = 0; s < S; s++) row[s] *= inv;
+        int hi = t < S - 1 ? t : S - 1;
+        int lo = window > 0 && t - window > 0 ? t - window : 0;
+        for (int s = 0; s < lo; s++) row[s] = 0.0f;
+        for (int s = hi + 1; s < S; s++) row[s] = 0.0f;
+        softmax_span(row + lo, hi - lo + 1);
     }
 }
 
 static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
     softmax_args a = {x, T, S, window};
     parallel_for(be, softmax_rows, &a, (long long)BN * T, (long long)S * 4);
+}
+
+/* ------------------------------------------------------------ fused attention
+ * Items are (sequence, block of ATT_TQ queries), largest (latest) blocks
+ * first. A block's keys are [smin, t1]: the window of its first query up to
+ * its last query. Per block, in the thread's scratch:
+ *   S [N, tq, L] = q k^T * scale (one sgemm per head)
+ *   per query row, on its allowed keys only: pre-compose, softmax,
+ *   post-compose (dcs_compose_row); other keys of the block set to 0
+ *   z [tq, N, Dh] = S v (one sgemm per head). */
+#define ATT_TQ 32
+
+typedef struct {
+    const dcs_attn_args *a;
+    const float *kt[2][3];      /* per phase: kw1t, kw2t, kddt [B, R|1, N, T] */
+    int nblk;
+    const dcs_backend *be;
+} attn_job;
+
+static void attn_items(void *arg, long long begin, long long end, int tid) {
+    const attn_job *J = arg;
+    const dcs_attn_args *a = J->a;
+    const int T = a->T, N = a->N, Dh = a->Dh, ld = a->ld, R = a->R, w = a->window;
+    const long long RN = (long long)R * N;
+    int Lmax = w > 0 ? (ATT_TQ + w < T ? ATT_TQ + w : T) : T;
+    float *S = scratch(J->be, tid, (size_t)N * ATT_TQ * Lmax + (size_t)(2 * R + 2) * Lmax);
+    if (!S) { set_nomem(J->be, "attention"); return; }
+    float *tmp = S + (size_t)N * ATT_TQ * Lmax;
+    for (long long it = begin; it < end; it++) {
+        const int b = (int)(it / J->nblk);
+        const int blk = J->nblk - 1 - (int)(it % J->nblk);
+        const int t0 = blk * ATT_TQ;
+        const int t1 = (t0 + ATT_TQ < T ? t0 + ATT_TQ : T) - 1;
+        const int tq = t1 - t0 + 1;
+        const int smin = w > 0 && t0 - w > 0 ? t0 - w : 0;
+        const int L = t1 - smin + 1;
+        const long long hs = (long long)tq * L;
+        const float *qb = a->q + ((size_t)b * T + t0) * ld;
+        const float *kb = a->k + ((size_t)b * T + smin) * ld;
+        const float *vb = a->v + ((size_t)b * T + smin) * ld;
+        for (int n = 0; n < N; n++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale,
+                        qb + n * Dh, ld, kb + n * Dh, ld, 0.0f, S + n * hs, L);
+        for (int r = 0; r < tq; r++) {
+            const int t = t0 + r;
+            const int lo = w > 0 && t - w > 0 ? t - w : 0;
+            const int j0 = lo - smin, len = t - lo + 1;
+            float *row = S + (long long)r * L;
+            for (int ph = 0; ph < 2; ph++) {
+                if (a->compose) {
+                    const size_t tr = (size_t)b * T + t;
+                    const float *k1 = J->kt[ph][0] ? J->kt[ph][0] + (size_t)b * RN * T + lo : NULL;
+                    const float *k2 = J->kt[ph][1] ? J->kt[ph][1] + (size_t)b * RN * T + lo : NULL;
+                    const float *kd = J->kt[ph][2] ? J->kt[ph][2] + (size_t)b * N * T + lo : NULL;
+                    compose_row(row + j0, row + j0, hs, len, N, R, a->qw1[ph] + tr * RN,
+                                a->qw2[ph] + tr * RN, k1, k2, T, a->qdd[ph] + tr * N, kd, tmp,
+                                NULL);
+                }
+                if (ph == 0)
+                    for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);
+            }
+            for (int n = 0; n < N; n++) {
+                float *rn = row + n * hs;
+                for (int j = 0; j < j0; j++) rn[j] = 0.0f;
+                for (int j = j0 + len; j < L; j++) rn[j] = 0.0f;
+            }
+        }
+        for (int n = 0; n < N; n++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, L, 1.0f, S + n * hs, L,
+                        vb + n * Dh, ld, 0.0f, a->z + ((size_t)b * T + t0) * ld + n * Dh, ld);
+    }
+}
+
+static void cpu_attention(dcs_backend *be, const dcs_attn_args *a) {
+    attn_job J;
+    memset(&J, 0, sizeof J);
+    J.a = a;
+    J.be = be;
+    J.nblk = (a->T + ATT_TQ - 1) / ATT_TQ;
+    const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->T;
+    float *kt = NULL;
+    if (a->compose && a->kw1[0]) {
+        kt = malloc(sizeof(float) * nk * (2 * RN + a->N) * 2);
+        if (!kt) { set_nomem(be, "attention"); return; }
+        for (int ph = 0; ph < 2; ph++) {
+            float *base = kt + (size_t)ph * nk * (2 * RN + a->N);
+            transpose_keys(a->kw1[ph], base, a->B, a->T, (int)RN);
+            transpose_keys(a->kw2[ph], base + nk * RN, a->B, a->T, (int)RN);
+            transpose_keys(a->kdd[ph], base + 2 * nk * RN, a->B, a->T, a->N);
+            J.kt[ph][0] = base;
+            J.kt[ph][1] = base + nk * RN;
+            J.kt[ph][2] = base + 2 * nk * RN;
+        }
+    }
+    parallel_for_chunk(be, attn_items, &J, (long long)a->B * J.nblk, PAR_MIN, 1);
+    free(kt);
 }
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
@@ -288,9 +812,15 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->n_threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
+    if (c->n_threads > PAR_MAX_THREADS) c->n_threads = PAR_MAX_THREADS;
+    c->widen = pick_widen();
 #ifdef OPENBLAS_VERSION
-    if (n_threads > 0) openblas_set_num_threads(n_threads);
+    /* every sgemm is one item of a pool thread: OpenBLAS runs each on the
+     * calling thread (the process's libopenblas is the engine's alone:
+     * numpy wheels bring their own, symbol-prefixed) */
+    openblas_set_num_threads(1);
 #endif
+    pool_start(&c->pool, c->n_threads);
     be->name = "cpu";
     be->ctx = c;
     be->alloc = cpu_alloc;
@@ -314,6 +844,9 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     be->compose = cpu_compose;
     be->softmax_masked = cpu_softmax_masked;
     be->mul = cpu_mul;
+    be->gemm_w = cpu_gemm_w;
+    be->embed_w = cpu_embed_w;
+    be->attention = cpu_attention;
     be->moh_route = cpu_moh_route;
     be->head_gate = cpu_head_gate;
     return be;

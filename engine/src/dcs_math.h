@@ -11,8 +11,11 @@
 
 #ifdef __CUDACC__
 #define DCS_HD __host__ __device__ static inline
+#define DCS_HD_ROW DCS_HD
 #else
 #define DCS_HD static inline
+/* inlined into the CPU backend's per-ISA clones, so each is vectorised */
+#define DCS_HD_ROW static inline __attribute__((always_inline))
 #endif
 
 #ifndef DCS_MAX_R
@@ -105,6 +108,80 @@ DCS_HD void dcs_compose_pair_plain(const float *a, float *out, long long stride,
         if (b_kg) b_kg[o] = kg;
         if (b_st) b_st[o] = 0.0f;
         out[o] = am + qp + kp + qg + kg;
+    }
+}
+
+/* The same composition for one query row t over a strip of L keys at once,
+ * vectorised across keys (the key axis is contiguous; heads are `hs`
+ * apart): a[n*hs + j] is the score of head n at key j of the strip. qw1,
+ * qw2 [R, N] and qdd [N] belong to the query t; the key side is transposed,
+ * kw1t[(i*N + n)*ks + j], kw2t likewise, kddt[n*ks + j] (all NULL:
+ * query_wise). out may alias a. tmp holds (2R + 2) * L floats. br (NULL,
+ * or entries NULL) receives the skip, qp, kp, qg, kg contributions laid out
+ * like out. Every element goes through exactly the float operations of
+ * dcs_compose_pair_plain (the case it covers: one group, no static map,
+ * query side present), in the same order, so both give bit-identical results. */
+DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
+                            const float *qw1, const float *qw2,
+                            const float *kw1t, const float *kw2t, long long ks,
+                            const float *qdd, const float *kddt, float *tmp,
+                            float *const *br) {
+    float *qi = tmp, *ki = tmp + (long long)R * L;
+    float *qp = tmp + 2LL * R * L, *kp = qp + L;
+    for (int i = 0; i < R; i++) {
+        float *q = qi + (long long)i * L, *k = ki + (long long)i * L;
+        for (int j = 0; j < L; j++) q[j] = 0.0f;
+        for (int j = 0; j < L; j++) k[j] = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *an = a + (long long)n * hs;
+            const float w = qw1[i * N + n];
+            for (int j = 0; j < L; j++) q[j] += an[j] * w;
+            if (kw1t) {
+                const float *kw = kw1t + (long long)(i * N + n) * ks;
+                for (int j = 0; j < L; j++) k[j] += an[j] * kw[j];
+            }
+        }
+    }
+    for (int m = 0; m < N; m++) {
+        for (int j = 0; j < L; j++) qp[j] = 0.0f;
+        for (int j = 0; j < L; j++) kp[j] = 0.0f;
+        for (int i = 0; i < R; i++) {
+            const float w = qw2[i * N + m];
+            const float *q = qi + (long long)i * L;
+            for (int j = 0; j < L; j++) qp[j] += q[j] * w;
+            if (kw2t) {
+                const float *k = ki + (long long)i * L, *kw = kw2t + (long long)(i * N + m) * ks;
+                for (int j = 0; j < L; j++) kp[j] += k[j] * kw[j];
+            }
+        }
+        const float *am = a + (long long)m * hs;
+        float *om = out + (long long)m * hs;
+        const float qd = qdd[m];
+        if (br) {          /* the branches, before out (which may alias a) */
+            const long long o = (long long)m * hs;
+            if (br[0]) for (int j = 0; j < L; j++) br[0][o + j] = am[j];
+            if (br[1]) for (int j = 0; j < L; j++) br[1][o + j] = qp[j];
+            if (br[2]) for (int j = 0; j < L; j++) br[2][o + j] = kp[j];
+            if (br[3]) for (int j = 0; j < L; j++) br[3][o + j] = am[j] * qd;
+            if (br[4]) {
+                if (kddt)
+                    for (int j = 0; j < L; j++) br[4][o + j] = am[j] * kddt[(long long)m * ks + j];
+                else
+                    for (int j = 0; j < L; j++) br[4][o + j] = 0.0f;
+            }
+        }
+        if (kddt) {
+            const float *kd = kddt + (long long)m * ks;
+            for (int j = 0; j < L; j++) {
+                float x = am[j];
+                om[j] = x + qp[j] + kp[j] + x * qd + x * kd[j];
+            }
+        } else {
+            for (int j = 0; j < L; j++) {
+                float x = am[j];
+                om[j] = x + qp[j] + kp[j] + x * qd + 0.0f;
+            }
+        }
     }
 }
 

@@ -21,14 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Weights are always float32 in this build; a build that stores F16 weights
- * provides the real function (a strong symbol) and it replaces this one. */
-__attribute__((weak)) dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
-    (void)m;
-    (void)e;
-    return DCS_OK;
-}
-
 typedef struct {
     float *k, *v;                    /* backend [cap, D]                       */
     float *kw1[2], *kw2[2], *kdd[2]; /* host [cap, R*N], [cap, N] per phase    */

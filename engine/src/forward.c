@@ -201,11 +201,32 @@ static long long first_nonfinite(const float *x, size_t n) {
 
 /* ---------------------------------------------------------------- layers */
 
+/* C [M, N] = A [M, K] op(W): W [N, K] when transW (a torch Linear), else
+ * [K, N]; float32 or (CPU) F16/BF16 widened tile by tile in the backend. */
+static void gemm_wmat(fw *f, int transW, int M, int N, int K, const float *A, int lda,
+                      dcs_wmat W, float *C, int ldc) {
+    if (W.dtype == DCS_F32 || !f->be->gemm_w)
+        f->be->gemm(f->be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, 0.0f, C,
+                    ldc, 0, 1);
+    else
+        f->be->gemm_w(f->be, transW, M, N, K, A, lda, W, C, ldc);
+}
+
 /* y [M, O] = x [M, I] W^T + b, W [O, I] row-major (a torch Linear). */
-static void linear(fw *f, float *y, const float *x, const float *W, const float *b, int M,
+static void linear(fw *f, float *y, const float *x, dcs_wmat W, const float *b, int M,
                    int O, int I) {
-    f->be->gemm(f->be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
+    gemm_wmat(f, 1, M, O, I, x, I, W, y, O);
     if (b) f->be->add_bias(f->be, y, b, M, O);
+}
+
+/* W as float32 in backend memory: itself, or (kept F16/BF16, CPU only) a
+ * widened copy in an activation buffer the caller releases. */
+static const float *wmat_f32(fw *f, dcs_wmat W, int64_t n, float **tmp) {
+    *tmp = NULL;
+    if (W.dtype == DCS_F32) return W.p;
+    *tmp = fw_alloc(f, n, 1, 1);
+    if (*tmp) dcs_widen(W.p, (uint64_t)n, W.dtype, *tmp);
+    return *tmp;
 }
 
 /* Dynamic weights of one layer (model-spec 2 step 4), into per-slot
@@ -229,7 +250,7 @@ static void dynamic_weights(fw *f, const dcs_layer_weights *lw, const float *h, 
     float *w = fw_alloc(f, M, GC, RM2);      /* [M, G, C, 2R, Mg] */
     float *g = fw_alloc(f, M, GC, Mg);       /* [M, G, C, Mg]     */
     if (f->status) return;
-    be->gemm(be, 0, 0, M, GC * K, D, 1.0f, h, D, 0, lw->dw1, GC * K, 0, 0.0f, hid, GC * K, 0, 1);
+    gemm_wmat(f, 0, M, GC * K, D, h, D, lw->m_dw1, hid, GC * K);
     be->gelu(be, hid, (size_t)M * GC * K);
     /* w[:, gc] = hid[:, gc] @ qkw[gc], batched over the G*C (group, slot) pairs */
     be->gemm(be, 0, 0, M, RM2, K, 1.0f, hid, GC * K, K, lw->qkw, RM2, (long long)K * RM2, 0.0f,
@@ -344,9 +365,9 @@ static void moh_gate(fw *f, int l, const float *h, float *z) {
     float *lg = fw_alloc(f, M, N - hs, 1), *g = fw_alloc(f, M, N, 1);
     float *s1 = hs > 1 ? fw_alloc(f, M, hs, 1) : NULL, *s0 = hs > 0 ? fw_alloc(f, M, 2, 1) : NULL;
     if (f->status) return;
-    linear(f, lg, h, lw->moh_wg, NULL, M, N - hs, D);
-    if (s1) linear(f, s1, h, lw->moh_wg1, NULL, M, hs, D);
-    if (s0) linear(f, s0, h, lw->moh_wg0, NULL, M, 2, D);
+    linear(f, lg, h, (dcs_wmat){lw->moh_wg, DCS_F32}, NULL, M, N - hs, D);
+    if (s1) linear(f, s1, h, (dcs_wmat){lw->moh_wg1, DCS_F32}, NULL, M, hs, D);
+    if (s0) linear(f, s0, h, (dcs_wmat){lw->moh_wg0, DCS_F32}, NULL, M, 2, D);
     fw_hook(f, DCS_HP_ROUTER_LOGITS, l, lg);
     f->be->moh_route(f->be, g, lg, s1, s0, M, N, hs, c->moh_topk);
     fw_hook(f, DCS_HP_ROUTING, l, g);
@@ -356,6 +377,43 @@ static void moh_gate(fw *f, int l, const float *h, float *z) {
     fw_release(f, s1);
     fw_release(f, s0);
 }
+
+static void release_dyn(fw *f, dyn_weights *dw) {
+    for (int ph = 0; ph < 2; ph++)
+        for (int s = 0; s < 2; s++) {
+            fw_release(f, dw->w1[ph][s]);
+            fw_release(f, dw->w2[ph][s]);
+            fw_release(f, dw->dd[ph][s]);
+            dw->w1[ph][s] = dw->w2[ph][s] = dw->dd[ph][s] = NULL;
+        }
+}
+
+/* Is any hook on this layer's [N, T, S] maps asked for? Then the layer
+ * runs the full (materialising) path. */
+static int attn_map_hooked(const fw *f, int l) {
+    for (int p = DCS_HP_SCORES; p <= DCS_HP_PATTERN_COMPOSED; p++)
+        if (wants(f, p, l)) return 1;
+    return 0;
+}
+
+/* Configurations the fused kernel computes, by explicit checks: DCPythia
+ * (dynamic composition with 4 slots, or query-wise with 2, or none) and
+ * Pythia. The variants of model-spec 5 (static Talking-Heads branch, MoH
+ * routing, grouped composition: dcs_layer_needs_full_path) and key-wise-only
+ * composition take the full path, whose compose handles them; a variant
+ * added later must add its switch here. */
+static int fused_supported(const dcs_model *m, int l) {
+    const dcs_config *c = &m->cfg;
+    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX) return 0;
+    if (dcs_layer_needs_full_path(m, l) || c->moh) return 0;
+    if (!c->use_dcmha) return 1;
+    if (c->key_wise || c->use_sw || c->compose_groups != 1) return 0;
+    if (c->dyn_rank < 1 || c->dyn_rank > DCS_MAX_R) return 0;
+    /* query_wise: the key side is absent (dw.*[ph][1] NULL), whatever the slots */
+    return c->dyn_slots == 4 || (c->dyn_slots == 2 && c->query_wise);
+}
+
+static void attention_out(fw *f, int l, float *z, float *out);
 
 /* Attention of layer l on h [M, D] (normed); result in out [M, D]. */
 static void attention(fw *f, int l, const float *h, float *out) {
@@ -371,7 +429,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
     float *qkv = fw_alloc(f, M, 3, D);
     float *q = fw_alloc(f, M, D, 1), *k = fw_alloc(f, M, D, 1), *v = fw_alloc(f, M, D, 1);
     if (f->status) return;
-    linear(f, qkv, h, lw->wqkv, lw->bqkv, M, 3 * D, D);
+    linear(f, qkv, h, lw->m_wqkv, lw->bqkv, M, 3 * D, D);
     be->copy2d(be, q, D, qkv, 3 * D, M, D);
     be->copy2d(be, k, D, qkv + D, 3 * D, M, D);
     be->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
@@ -392,6 +450,43 @@ static void attention(fw *f, int l, const float *h, float *out) {
         dynamic_weights(f, lw, h, &dw);
         dyn_hooks(f, l, &dw);
     }
+    float *z = NULL;
+    if (f->status) return;
+    if (be->attention && fused_supported(m, l) && !attn_map_hooked(f, l)) {
+        /* fused: no [B, N, T, S] tensor; local layers touch their window only */
+        z = fw_alloc(f, M, D, 1);
+        if (f->status) return;
+        dcs_attn_args a;
+        memset(&a, 0, sizeof a);
+        a.z = z;
+        a.q = q;
+        a.k = k;
+        a.v = v;
+        a.B = B;
+        a.T = T;
+        a.N = N;
+        a.Dh = Dh;
+        a.ld = D;
+        a.R = c->dyn_rank;
+        a.window = window;
+        a.scale = 1.0f / sqrtf((float)Dh);
+        a.compose = c->use_dcmha;
+        for (int ph = 0; ph < 2 && a.compose; ph++) {
+            a.qw1[ph] = dw.w1[ph][0];
+            a.qw2[ph] = dw.w2[ph][0];
+            a.qdd[ph] = dw.dd[ph][0];
+            a.kw1[ph] = dw.w1[ph][1];
+            a.kw2[ph] = dw.w2[ph][1];
+            a.kdd[ph] = dw.dd[ph][1];
+        }
+        be->attention(be, &a);
+        release_dyn(f, &dw);
+        fw_release(f, q);
+        fw_release(f, k);
+        fw_release(f, v);
+        attention_out(f, l, z, out);
+        return;
+    }
 
     /* scores A[b, n] [T, S] = q_n k_n^T / sqrt(Dh) */
     float *A = fw_alloc(f, B, N, TT);
@@ -411,17 +506,12 @@ static void attention(fw *f, int l, const float *h, float *out) {
     if (c->use_dcmha) {
         compose(f, l, 1, A, &dw, window);
         fw_hook(f, DCS_HP_PATTERN_COMPOSED, l, A);
-        for (int ph = 0; ph < 2; ph++)
-            for (int s = 0; s < 2; s++) {
-                fw_release(f, dw.w1[ph][s]);
-                fw_release(f, dw.w2[ph][s]);
-                fw_release(f, dw.dd[ph][s]);
-            }
+        release_dyn(f, &dw);
     }
     if (f->status) return;
 
     /* z[b, :, n] [T, Dh] = P[b, n] [T, S] @ v[b, :, n] [S, Dh] */
-    float *z = fw_alloc(f, M, D, 1);
+    z = fw_alloc(f, M, D, 1);
     if (f->status) return;
     for (int b = 0; b < B; b++)
         be->gemm(be, 0, 0, T, Dh, T, 1.0f, A + (size_t)b * N * TT, T, TT, v + (size_t)b * T * D, D,
@@ -430,14 +520,27 @@ static void attention(fw *f, int l, const float *h, float *out) {
     fw_release(f, v);
     if (c->moh) moh_gate(f, l, h, z);
     if (f->status) return;
+    attention_out(f, l, z, out);
+}
+
+/* From z [M, N, Dh] to the attention output out [M, D] (hooks z, head_out,
+ * attn.out); releases z. */
+static void attention_out(fw *f, int l, float *z, float *out) {
+    dcs_model *m = f->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = f->be;
+    const int M = f->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
     fw_hook(f, DCS_HP_Z, l, z);
 
     /* head_out [M, N, D]: z_n [M, Dh] @ wo[:, n*Dh:(n+1)*Dh]^T, batched over n */
     int from_heads = 0;
     if (wants(f, DCS_HP_HEAD_OUT, l)) {
-        float *ho = fw_alloc(f, M, N, D);
+        float *ho = fw_alloc(f, M, N, D), *wtmp;
+        const float *wo = wmat_f32(f, lw->m_wo, (int64_t)D * D, &wtmp);
         if (f->status) return;
-        be->gemm(be, 0, 1, M, D, Dh, 1.0f, z, D, Dh, lw->wo, D, Dh, 0.0f, ho, N * D, D, N);
+        be->gemm(be, 0, 1, M, D, Dh, 1.0f, z, D, Dh, wo, D, Dh, 0.0f, ho, N * D, D, N);
+        fw_release(f, wtmp);
         if (fw_hook(f, DCS_HP_HEAD_OUT, l, ho)) {
             /* out = sum_n head_out[:, n] + bo: a [M, N*D] x [N*D] ones-free sum via gemm */
             float *ones = fw_alloc(f, N, 1, 1);
@@ -456,7 +559,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
         }
         fw_release(f, ho);
     }
-    if (!from_heads) linear(f, out, z, lw->wo, lw->bo, M, D, D);
+    if (!from_heads) linear(f, out, z, lw->m_wo, lw->bo, M, D, D);
     fw_release(f, z);
     fw_hook(f, DCS_HP_ATTN_OUT, l, out);
 }
@@ -468,11 +571,11 @@ static void mlp(fw *f, int l, const float *hn, float *out) {
     const int M = f->M, D = c->d_model, F = c->d_ff;
     float *u = fw_alloc(f, M, F, 1);
     if (f->status) return;
-    linear(f, u, hn, lw->w1, lw->b1, M, F, D);
+    linear(f, u, hn, lw->m_w1, lw->b1, M, F, D);
     fw_hook(f, DCS_HP_MLP_PRE, l, u);
     f->be->gelu(f->be, u, (size_t)M * F);
     fw_hook(f, DCS_HP_MLP_POST, l, u);
-    linear(f, out, u, lw->w2, lw->b2, M, D, F);
+    linear(f, out, u, lw->m_w2, lw->b2, M, D, F);
     fw_release(f, u);
     fw_hook(f, DCS_HP_MLP_OUT, l, out);
 }
@@ -582,6 +685,12 @@ static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks)
 
 dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float *logits,
                        const dcs_hooks *hooks) {
+    return dcs_forward_at(m, tokens, B, T, NULL, 0, logits, hooks);
+}
+
+dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
+                          const int32_t *positions, int n_pos, float *logits,
+                          const dcs_hooks *hooks) {
     if (!m) return DCS_ERR_ARG;
     const dcs_config *c = &m->cfg;
     m->err.code = DCS_OK;
@@ -598,6 +707,16 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
             return dcs_seterr(&m->err, DCS_ERR_ARG,
                               "forward: token id %d at [%lld, %lld] is out of range [0, %d)", tokens[i],
                               (long long)(i / T), (long long)(i % T), c->vocab);
+    if (positions) {
+        if (n_pos <= 0 || n_pos > T)
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "forward: logits_at needs 1 to T = %d positions per sequence (got %d)", T, n_pos);
+        for (int64_t i = 0; i < (int64_t)B * n_pos; i++)
+            if (positions[i] < 0 || positions[i] >= T)
+                return dcs_seterr(&m->err, DCS_ERR_ARG,
+                                  "forward: logits_at position %d of sequence %lld is out of range [0, %d)",
+                                  positions[i], (long long)(i / n_pos), T);
+    }
     dcs_status st = check_size(m, B, T, hooks);
     if (st) return st;
     fw f;
@@ -612,7 +731,10 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
 
     float *x = fw_alloc(&f, M, D, 1);
     if (!f.status) {
-        f.be->embed(f.be, x, m->tok_emb, tokens, M, D);
+        if (m->m_tok_emb.dtype == DCS_F32 || !f.be->embed_w)
+            f.be->embed(f.be, x, m->m_tok_emb.p, tokens, M, D);
+        else
+            f.be->embed_w(f.be, x, m->m_tok_emb, tokens, M, D);
         fw_hook(&f, DCS_HP_EMBED, 0, x);
     }
     for (int l = 0; l < c->n_layer && !f.status; l++) {
@@ -620,28 +742,55 @@ dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float 
         block(&f, l, x);
         if (!f.status) f.status = f.be->sync(f.be, &m->err);
     }
-    if (!f.status && (logits || wants(&f, DCS_HP_LN_FINAL, 0) || wants(&f, DCS_HP_LOGITS, 0))) {
+    const int final_hooked = wants(&f, DCS_HP_LN_FINAL, 0) || wants(&f, DCS_HP_LOGITS, 0);
+    if (!f.status && positions && logits && !final_hooked) {
+        /* logits only at the asked positions: [B, n_pos] rows of x */
+        const int P = B * n_pos;
+        float *xs = fw_alloc(&f, P, D, 1), *hn = fw_alloc(&f, P, D, 1);
+        int direct = m->device == DCS_DEVICE_CPU;
+        float *lg = direct ? logits : fw_alloc(&f, P, V, 1);
+        if (!f.status) {
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < n_pos; i++)
+                    f.be->copy(f.be, xs + ((size_t)b * n_pos + i) * D,
+                               x + ((size_t)b * T + positions[b * n_pos + i]) * D, sizeof(float) * D);
+            f.be->layernorm(f.be, hn, xs, m->norm_w, m->norm_b, P, D, c->norm_eps);
+            linear(&f, lg, hn, m->m_out_w, NULL, P, V, D);
+            if (!direct) f.be->download(f.be, logits, lg, sizeof(float) * (size_t)P * V);
+        }
+    } else if (!f.status && (logits || final_hooked)) {
         float *hn = fw_alloc(&f, M, D, 1);
         /* on the host, logits go straight into the caller's buffer */
-        int direct = logits && m->device == DCS_DEVICE_CPU;
+        int direct = logits && !positions && m->device == DCS_DEVICE_CPU;
         float *lg = direct ? logits : fw_alloc(&f, M, V, 1);
         if (!f.status) {
             f.be->layernorm(f.be, hn, x, m->norm_w, m->norm_b, M, D, c->norm_eps);
             fw_hook(&f, DCS_HP_LN_FINAL, 0, hn);
-            linear(&f, lg, hn, m->out_w, NULL, M, V, D);
+            linear(&f, lg, hn, m->m_out_w, NULL, M, V, D);
             fw_hook(&f, DCS_HP_LOGITS, 0, lg);
-            if (!f.status && logits && !direct)
+            if (!f.status && logits && positions) {     /* hooked final: gather rows */
+                if ((f.status = f.be->sync(f.be, &m->err)) == DCS_OK)
+                    for (int b = 0; b < B; b++)
+                        for (int i = 0; i < n_pos; i++)
+                            f.be->download(f.be, logits + ((size_t)b * n_pos + i) * V,
+                                           lg + ((size_t)b * T + positions[b * n_pos + i]) * V,
+                                           sizeof(float) * (size_t)V);
+            } else if (!f.status && logits && !direct)
                 f.be->download(f.be, logits, lg, sizeof(float) * (size_t)M * V);
         }
     }
     if (!f.status) {
         f.status = f.be->sync(f.be, &m->err);
-        long long bad = !f.status && logits ? first_nonfinite(logits, (size_t)M * V) : -1;
-        if (bad >= 0)
+        const int rows = positions ? n_pos : T;     /* logits rows per sequence */
+        long long bad = !f.status && logits ? first_nonfinite(logits, (size_t)B * rows * V) : -1;
+        if (bad >= 0) {
+            const long long b = bad / V / rows, r = bad / V % rows;
             f.status = dcs_seterr(&m->err, DCS_ERR_NONFINITE,
                                   "forward: the logits hold NaN or inf (first at batch %lld, position "
                                   "%lld, token %lld): non-finite weights, an overflow, or a hook that "
-                                  "wrote huge values", bad / V / T, bad / V % T, bad % V);
+                                  "wrote huge values", b, positions ? (long long)positions[b * n_pos + r] : r,
+                                  bad % V);
+        }
     } else {
         dcs_err ignored; /* drain a backend error behind the one reported */
         f.be->sync(f.be, &ignored);

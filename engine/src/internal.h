@@ -128,6 +128,8 @@ dcs_tensor *dcs_tt_find(const dcs_tensor_table *tt, const char *name);
 /* Widen a stored tensor to float32 (exact for F16/BF16). out has numel. */
 void dcs_tensor_to_f32(const dcs_tensor *t, float *out);
 uint64_t dcs_tensor_numel(const dcs_tensor *t);
+/* Widen n values of `dtype` at src (any alignment) to float32 (exact). */
+void dcs_widen(const void *src, uint64_t n, int dtype, float *out);
 
 /* Building a table (tensors.c, for the file parsers). Between calls t[] is
  * sorted by name (dcs_tt_find bsearches it). A parser records first = tt->n,
@@ -218,6 +220,29 @@ typedef struct {
     int window;                 /* <= 0: global                             */
 } dcs_compose_args;
 
+/* A weight matrix as the forward pass reads it: float32, or (CPU backend)
+ * F16/BF16 as stored in the checkpoint, widened per tile inside gemm_w. */
+typedef struct {
+    const void *p;
+    int dtype;                  /* dcs_dtype                                */
+} dcs_wmat;
+
+/* Arguments of the fused attention kernel (model-spec 2 steps 5-10 for one
+ * layer, without materialising [B, N, T, S]): per query row, scores ->
+ * pre-compose -> mask -> softmax -> post-compose -> weighted sum of v.
+ * q, k, v, z are [B, T, N, Dh] with row stride ld. Dynamic weights per
+ * phase (0 pre, 1 post) as in dcs_compose_args ([B, T, R, N], [B, T, N];
+ * key side NULL for query_wise); compose == 0: plain MHA (C = I). */
+typedef struct {
+    float *z;
+    const float *q, *k, *v;
+    int B, T, N, Dh, ld, R;
+    int window;                 /* <= 0: global                             */
+    float scale;                /* 1 / sqrt(Dh)                             */
+    int compose;
+    const float *qw1[2], *qw2[2], *qdd[2], *kw1[2], *kw2[2], *kdd[2];
+} dcs_attn_args;
+
 struct dcs_backend {
     const char *name;
     void *ctx;
@@ -267,6 +292,18 @@ struct dcs_backend {
     void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int window);
     /* out[m, n] = in[m, n] * g[m, n] (MoH gating, reserved) */
     void (*mul)(dcs_backend *be, float *y, const float *g, size_t n);
+
+    /* Optional (NULL on backends whose weights are all float32 and that
+     * have no fused kernel, e.g. CUDA, which widens F16 at upload):
+     * C [M, N] = A [M, K] op(W), W stored in W.dtype, [N, K] when transW
+     * (a torch Linear) else [K, N]; F16/BF16 widened tile by tile. */
+    void (*gemm_w)(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda,
+                   dcs_wmat W, float *C, int ldc);
+    /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
+    void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host,
+                    int M, int D);
+    /* Fused attention (see dcs_attn_args); NULL: the graph uses the full path. */
+    void (*attention)(dcs_backend *be, const dcs_attn_args *a);
     /* MoH routing scores (model-spec 5), per row m < M: g [M, N] from the
      * router logits [M, N - hs], the shared-head logits s1 [M, hs] (NULL
      * when hs <= 1) and the balance logits s0 [M, 2] (NULL when hs == 0). */
@@ -284,7 +321,11 @@ int dcs_cuda_probe(char *why, size_t whylen);
 
 /* ---------------------------------------------------------------- model */
 
-/* Per-layer weights, device pointers, float32. NULL where absent. */
+/* Per-layer weights, device pointers, float32. NULL where absent. On the
+ * CPU the large matrices of an F16/BF16 checkpoint stay in their stored
+ * dtype (the m_* views below); their float* fields are then NULL until
+ * dcs_model_require_f32 widens them. For float32 checkpoints (and on CUDA)
+ * the float* fields are always valid. The forward pass reads the m_* views. */
 typedef struct {
     float *attn_norm_w, *attn_norm_b;   /* [D]                              */
     float *ffn_norm_w, *ffn_norm_b;     /* [D]                              */
@@ -301,6 +342,7 @@ typedef struct {
     float *moh_wg0;                     /* [2, D] balance (hs > 0)          */
     float *w1, *b1;                     /* [F, D], [F]                      */
     float *w2, *b2;                     /* [D, F], [D]                      */
+    dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1;   /* what the forward reads   */
 } dcs_layer_weights;
 
 /* A weight by canonical name (see dcs_weight_read), in backend memory. */
@@ -310,6 +352,10 @@ typedef struct {
     int ndim;
     int64_t shape[5];
     int owned;                          /* 0: aliases the mapped checkpoint */
+    const void *half;                   /* stored F16/BF16 data (ptr NULL   */
+    int dtype;                          /*  until dcs_model_require_f32)    */
+    int half_owned;                     /* half is a malloc'd copy          */
+    float **slot;                       /* model field pointing at ptr      */
 } dcs_named_weight;
 
 struct dcs_model {
@@ -321,6 +367,7 @@ struct dcs_model {
     float *tok_emb;                     /* [V, D]                           */
     float *out_w;                       /* [V, D] (== tok_emb when tied)    */
     float *norm_w, *norm_b;             /* [D]                              */
+    dcs_wmat m_tok_emb, m_out_w;        /* what the forward reads           */
     dcs_layer_weights *layers;          /* [L]                              */
     dcs_named_weight *weights;          /* every weight, by canonical name  */
     int n_weights, cap_weights;
@@ -337,6 +384,10 @@ struct dcs_model {
     int freed;                          /* dcs_free called while decoders live */
 };
 
+/* Make every float* weight field of the model valid float32: weights kept
+ * in F16/BF16 are widened into owned buffers (once; freed with the model).
+ * For code that needs float32 weights (backward pass, weight reads). */
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
 /* Free everything of the model (dcs_free, or the last decoder of a model
  * dcs_free was called on). */
 void dcs_model_destroy(dcs_model *m);

@@ -136,6 +136,65 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
     return w->ptr;
 }
 
+/* Register a large matrix: on the CPU, F16/BF16 data stays as stored (the
+ * mapped bytes when 2-byte aligned, else an owned copy; `own` hands over a
+ * malloc'd buffer) and *slot stays NULL until dcs_model_require_f32;
+ * otherwise it is placed like add_weight. */
+static dcs_wmat add_weight_keep(builder *b, const char *name, int ndim, const int64_t *shape,
+                                const uint8_t *data, int dtype, uint8_t *own, float **slot) {
+    dcs_model *m = b->m;
+    dcs_wmat r = {NULL, DCS_F32};
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (uint64_t)shape[i];
+    if (m->n_weights == m->cap_weights) {
+        int cap = m->cap_weights ? 2 * m->cap_weights : 64;
+        dcs_named_weight *w = realloc(m->weights, sizeof *w * (size_t)cap);
+        if (!w) { free(own); dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory"); return r; }
+        m->weights = w;
+        m->cap_weights = cap;
+    }
+    dcs_named_weight *w = &m->weights[m->n_weights];
+    memset(w, 0, sizeof *w);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->ndim = ndim;
+    for (int i = 0; i < ndim; i++) w->shape[i] = shape[i];
+    w->slot = slot;
+    w->dtype = dtype;
+    if (own) {
+        w->half = own;
+        w->half_owned = 1;
+    } else if ((uintptr_t)data % 2 == 0) {
+        w->half = data;
+    } else {
+        uint8_t *copy = malloc((size_t)n * 2);
+        if (!copy) { dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name); return r; }
+        memcpy(copy, data, (size_t)n * 2);
+        w->half = copy;
+        w->half_owned = 1;
+    }
+    m->n_weights++;
+    *slot = NULL;
+    r.p = w->half;
+    r.dtype = dtype;
+    return r;
+}
+
+/* A large matrix by stored name: kept in its dtype on the CPU (see
+ * add_weight_keep), float32 elsewhere. NULL .p when missing. */
+static dcs_wmat load_keep(builder *b, const char *canon, const char *stored, int ndim,
+                          int64_t d0, int64_t d1, int64_t d2, int64_t d3, float **slot) {
+    int64_t shape[5] = {d0, d1, d2, d3, 0};
+    dcs_wmat r = {NULL, DCS_F32};
+    dcs_tensor *t = take(b, stored, 1, ndim, d0, d1, d2, d3, (int64_t)0);
+    if (!t) return r;
+    if (b->m->device != DCS_DEVICE_CPU || t->dtype == DCS_F32) {
+        *slot = add_weight(b, canon, ndim, shape, t, NULL);
+        r.p = *slot;
+        return r;
+    }
+    return add_weight_keep(b, canon, ndim, shape, t->data, t->dtype, NULL, slot);
+}
+
 /* take + add_weight under the same shape; canonical name given separately. */
 static float *load_as(builder *b, const char *canon, const char *stored, int required,
                       int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t d4,
@@ -185,9 +244,57 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
 
     /* q, k, v: fused wqkv or separate wq / wk / wv */
     snprintf(nm, sizeof nm, "layers.%d.attention.wqkv.weight", l);
+#define KEEP2(field, suffix, d0, d1)                                                      \
+    do {                                                                                  \
+        w->m_##field = load_keep(b, P(suffix), nm, 2, d0, d1, 0, 0, &w->field);            \
+        FAIL_IF(!w->m_##field.p);                                                         \
+    } while (0)
+    /* the stored dtype of the unfused parts, when all three share a 16-bit one */
+    int parts_dtype = -1;
+    if (m->device == DCS_DEVICE_CPU && !dcs_tt_find(&m->tt, nm)) {
+        static const char *pn[3] = {"wq", "wk", "wv"};
+        for (int j = 0; j < 3; j++) {
+            snprintf(cn, sizeof cn, "layers.%d.attention.%s.weight", l, pn[j]);
+            dcs_tensor *t = dcs_tt_find(&m->tt, cn);
+            int dt = t && t->dtype != DCS_F32 && t->ndim == 2 && t->shape[0] == D && t->shape[1] == D ? t->dtype : -2;
+            parts_dtype = j == 0 || parts_dtype == dt ? dt : -2;
+        }
+        if (parts_dtype < 0) parts_dtype = -1;
+    }
+    snprintf(nm, sizeof nm, "layers.%d.attention.wqkv.weight", l);
     if (dcs_tt_find(&m->tt, nm)) {
-        LOAD2(wqkv, "attention.wqkv.weight", 1, 3 * D, D);
+        KEEP2(wqkv, "attention.wqkv.weight", 3 * D, D);
         if (bias) LOAD1(bqkv, "attention.wqkv.bias", 1, 3 * D);
+    } else if (parts_dtype >= 0) {
+        /* wq, wk, wv concatenated in their 16-bit dtype */
+        static const char *pn[3] = {"wq", "wk", "wv"};
+        uint8_t *cat = malloc((size_t)(3 * D * D) * 2);
+        if (!cat) return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory");
+        for (int j = 0; j < 3; j++) {
+            snprintf(nm, sizeof nm, "layers.%d.attention.%s.weight", l, pn[j]);
+            dcs_tensor *t = take(b, nm, 1, 2, D, D);
+            if (!t) { free(cat); return b->e->code; }
+            memcpy(cat + (size_t)j * D * D * 2, t->data, (size_t)(D * D) * 2);
+        }
+        int64_t sw[2] = {3 * D, D};
+        snprintf(cn, sizeof cn, "layers.%d.attention.wqkv.weight", l);
+        w->m_wqkv = add_weight_keep(b, cn, 2, sw, NULL, parts_dtype, cat, &w->wqkv);
+        FAIL_IF(!w->m_wqkv.p);
+        if (bias) {
+            float *hb = malloc(sizeof(float) * (size_t)(3 * D));
+            if (!hb) return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory");
+            for (int j = 0; j < 3; j++) {
+                snprintf(nm, sizeof nm, "layers.%d.attention.%s.bias", l, pn[j]);
+                dcs_tensor *t = take(b, nm, 1, 1, D);
+                if (!t) { free(hb); return b->e->code; }
+                dcs_tensor_to_f32(t, hb + j * D);
+            }
+            int64_t sb[1] = {3 * D};
+            snprintf(cn, sizeof cn, "layers.%d.attention.wqkv.bias", l);
+            w->bqkv = add_weight(b, cn, 1, sb, NULL, hb);
+            free(hb);
+            FAIL_IF(!w->bqkv);
+        }
     } else {
         static const char *parts[3] = {"wq", "wk", "wv"};
         float *host = malloc(sizeof(float) * (size_t)(3 * D * D + 3 * D));
@@ -220,8 +327,9 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         }
         free(host);
         FAIL_IF(!w->wqkv || (bias && !w->bqkv));
+        w->m_wqkv = (dcs_wmat){w->wqkv, DCS_F32};
     }
-    LOAD2(wo, "attention.wo.weight", 1, D, D);
+    KEEP2(wo, "attention.wo.weight", D, D);
     if (bias) LOAD1(bo, "attention.wo.bias", 1, D);
     if (c->qk_norm) {
         LOAD1(q_scale, "attention.q_norm.scale", 1, Dh);
@@ -231,8 +339,8 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         /* G groups of Mg heads: dw1 [D, G, C, K], qkw [G, C, K, 2R, Mg], dd [D, G, C*Mg] */
         const int64_t C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank;
         const int64_t G = c->compose_groups, Mg = N / G;
-        w->dw1 = load_as(b, P("attention.dyn_w_proj.dw1"), nm, 1, 4, D, G, C, K, 0, NULL);
-        FAIL_IF(!w->dw1);
+        w->m_dw1 = load_keep(b, P("attention.dyn_w_proj.dw1"), nm, 4, D, G, C, K, &w->dw1);
+        FAIL_IF(!w->m_dw1.p);
         w->qkw = load_as(b, P("attention.dyn_w_proj.qkw"), nm, 1, 5, G, C, K, 2 * R, Mg, NULL);
         FAIL_IF(!w->qkw);
         w->dd = load_as(b, P("attention.dyn_w_proj.dd"), nm, 1, 3, D, G, C * Mg, 0, 0, NULL);
@@ -257,13 +365,14 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
             FAIL_IF(!w->moh_wg0);
         }
     }
-    LOAD2(w1, "feed_forward.w1.weight", 1, F, D);
+    KEEP2(w1, "feed_forward.w1.weight", F, D);
     if (bias) LOAD1(b1, "feed_forward.w1.bias", 1, F);
-    LOAD2(w2, "feed_forward.w2.weight", 1, D, F);
+    KEEP2(w2, "feed_forward.w2.weight", D, F);
     if (bias) LOAD1(b2, "feed_forward.w2.bias", 1, D);
 #undef P
 #undef LOAD1
 #undef LOAD2
+#undef KEEP2
     /* Accepted and ignored: derived tensors that carry no new information,
      * and the weights of switches the config turns off (so a DCPythia
      * checkpoint loads as plain MHA with use_dcmha false). */
@@ -373,8 +482,8 @@ static dcs_status load_dcpythia(builder *b) {
     const int64_t D = c->d_model, V = c->vocab;
     dcs_status s;
     if ((s = dcpythia_dyn_dims(b))) return s;
-    m->tok_emb = load_as(b, "tok_embeddings.weight", "tok_embeddings.weight", 1, 2, V, D, 0, 0, 0, NULL);
-    FAIL_IF(!m->tok_emb);
+    m->m_tok_emb = load_keep(b, "tok_embeddings.weight", "tok_embeddings.weight", 2, V, D, 0, 0, &m->tok_emb);
+    FAIL_IF(!m->m_tok_emb.p);
     for (int l = 0; l < c->n_layer; l++)
         if ((s = load_dcpythia_layer(b, l))) return s;
     m->norm_w = load_as(b, "norm.weight", "norm.weight", 1, 1, D, 0, 0, 0, 0, NULL);
@@ -383,22 +492,24 @@ static dcs_status load_dcpythia(builder *b) {
     FAIL_IF(!m->norm_b);
     if (c->tie_embeddings) {
         m->out_w = m->tok_emb;
+        m->m_out_w = m->m_tok_emb;
         tied_copy_ignored(b, "output.weight");
     } else {
-        m->out_w = load_as(b, "output.weight", "output.weight", 1, 2, V, D, 0, 0, 0, NULL);
-        FAIL_IF(!m->out_w);
+        m->m_out_w = load_keep(b, "output.weight", "output.weight", 2, V, D, 0, 0, &m->out_w);
+        FAIL_IF(!m->m_out_w.p);
     }
     return DCS_OK;
 }
 
-/* GPT-NeoX query_key_value rows [n*3*Dh + j*Dh + d] -> [j*D + n*Dh + d]. */
-static void neox_regroup(const float *src, float *dst, int N, int Dh, int64_t cols) {
+/* GPT-NeoX query_key_value rows [n*3*Dh + j*Dh + d] -> [j*D + n*Dh + d],
+ * rows of row_bytes bytes. */
+static void neox_regroup(const void *src, void *dst, int N, int Dh, size_t row_bytes) {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < 3; j++)
             for (int d = 0; d < Dh; d++)
-                memcpy(dst + ((int64_t)j * N * Dh + (int64_t)n * Dh + d) * cols,
-                       src + ((int64_t)n * 3 * Dh + (int64_t)j * Dh + d) * cols,
-                       sizeof(float) * (size_t)cols);
+                memcpy((uint8_t *)dst + ((size_t)j * N * Dh + (size_t)n * Dh + d) * row_bytes,
+                       (const uint8_t *)src + ((size_t)n * 3 * Dh + (size_t)j * Dh + d) * row_bytes,
+                       row_bytes);
 }
 
 static dcs_status load_neox_layer(builder *b, int l) {
@@ -415,21 +526,42 @@ static dcs_status load_neox_layer(builder *b, int l) {
         w->field = load_as(b, cn, S(stored), 1, nd, d0, d1, 0, 0, 0, NULL);             \
         FAIL_IF(!w->field);                                                              \
     } while (0)
+#define KEEP(field, canon, stored, d0, d1)                                               \
+    do {                                                                                 \
+        C(canon);                                                                        \
+        w->m_##field = load_keep(b, cn, S(stored), 2, d0, d1, 0, 0, &w->field);           \
+        FAIL_IF(!w->m_##field.p);                                                        \
+    } while (0)
     LOAD(attn_norm_w, "attention_norm.weight", "input_layernorm.weight", 1, D, 0);
     LOAD(attn_norm_b, "attention_norm.bias", "input_layernorm.bias", 1, D, 0);
     LOAD(ffn_norm_w, "ffn_norm.weight", "post_attention_layernorm.weight", 1, D, 0);
     LOAD(ffn_norm_b, "ffn_norm.bias", "post_attention_layernorm.bias", 1, D, 0);
-    LOAD(wo, "attention.wo.weight", "attention.dense.weight", 2, D, D);
+    KEEP(wo, "attention.wo.weight", "attention.dense.weight", D, D);
     LOAD(bo, "attention.wo.bias", "attention.dense.bias", 1, D, 0);
-    LOAD(w1, "feed_forward.w1.weight", "mlp.dense_h_to_4h.weight", 2, F, D);
+    KEEP(w1, "feed_forward.w1.weight", "mlp.dense_h_to_4h.weight", F, D);
     LOAD(b1, "feed_forward.w1.bias", "mlp.dense_h_to_4h.bias", 1, F, 0);
-    LOAD(w2, "feed_forward.w2.weight", "mlp.dense_4h_to_h.weight", 2, D, F);
+    KEEP(w2, "feed_forward.w2.weight", "mlp.dense_4h_to_h.weight", D, F);
     LOAD(b2, "feed_forward.w2.bias", "mlp.dense_4h_to_h.bias", 1, D, 0);
 
     dcs_tensor *tw = take(b, S("attention.query_key_value.weight"), 1, 2, 3 * D, D);
     FAIL_IF(!tw);
     dcs_tensor *tb = take(b, S("attention.query_key_value.bias"), 1, 1, 3 * D);
     FAIL_IF(!tb);
+    int64_t sw[2] = {3 * D, D}, sb[1] = {3 * D};
+    if (m->device == DCS_DEVICE_CPU && tw->dtype != DCS_F32) {
+        /* regrouped in the stored dtype, kept so */
+        uint8_t *rg = malloc((size_t)(3 * D * D) * 2);
+        float *hb = malloc(sizeof(float) * (size_t)(6 * D));
+        if (!rg || !hb) { free(rg); free(hb); return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory"); }
+        neox_regroup(tw->data, rg, c->n_head, c->head_dim, (size_t)D * 2);
+        dcs_tensor_to_f32(tb, hb);
+        neox_regroup(hb, hb + 3 * D, c->n_head, c->head_dim, sizeof(float));
+        w->m_wqkv = add_weight_keep(b, C("attention.wqkv.weight"), 2, sw, NULL, tw->dtype, rg, &w->wqkv);
+        if (w->m_wqkv.p) w->bqkv = add_weight(b, C("attention.wqkv.bias"), 1, sb, NULL, hb + 3 * D);
+        free(hb);
+        FAIL_IF(!w->m_wqkv.p || !w->bqkv);
+        goto buffers;
+    }
     float *raw = malloc(sizeof(float) * (size_t)(3 * D * D + 3 * D));
     float *fused = malloc(sizeof(float) * (size_t)(3 * D * D + 3 * D));
     if (!raw || !fused) {
@@ -439,14 +571,15 @@ static dcs_status load_neox_layer(builder *b, int l) {
     }
     dcs_tensor_to_f32(tw, raw);
     dcs_tensor_to_f32(tb, raw + 3 * D * D);
-    neox_regroup(raw, fused, c->n_head, c->head_dim, D);
-    neox_regroup(raw + 3 * D * D, fused + 3 * D * D, c->n_head, c->head_dim, 1);
-    int64_t sw[2] = {3 * D, D}, sb[1] = {3 * D};
+    neox_regroup(raw, fused, c->n_head, c->head_dim, sizeof(float) * (size_t)D);
+    neox_regroup(raw + 3 * D * D, fused + 3 * D * D, c->n_head, c->head_dim, sizeof(float));
     w->wqkv = add_weight(b, C("attention.wqkv.weight"), 2, sw, NULL, fused);
     if (w->wqkv) w->bqkv = add_weight(b, C("attention.wqkv.bias"), 1, sb, NULL, fused + 3 * D * D);
     free(raw);
     free(fused);
     FAIL_IF(!w->wqkv || !w->bqkv);
+    w->m_wqkv = (dcs_wmat){w->wqkv, DCS_F32};
+buffers:;
     /* buffers that may appear and carry nothing */
     static const char *buffers[] = {"attention.bias", "attention.masked_bias",
                                     "attention.rotary_emb.inv_freq"};
@@ -457,6 +590,7 @@ static dcs_status load_neox_layer(builder *b, int l) {
 #undef S
 #undef C
 #undef LOAD
+#undef KEEP
     return DCS_OK;
 }
 
@@ -465,8 +599,8 @@ static dcs_status load_neox(builder *b) {
     const dcs_config *c = &m->cfg;
     const int64_t D = c->d_model, V = c->vocab;
     dcs_status s;
-    m->tok_emb = load_as(b, "tok_embeddings.weight", "gpt_neox.embed_in.weight", 1, 2, V, D, 0, 0, 0, NULL);
-    FAIL_IF(!m->tok_emb);
+    m->m_tok_emb = load_keep(b, "tok_embeddings.weight", "gpt_neox.embed_in.weight", 2, V, D, 0, 0, &m->tok_emb);
+    FAIL_IF(!m->m_tok_emb.p);
     for (int l = 0; l < c->n_layer; l++)
         if ((s = load_neox_layer(b, l))) return s;
     m->norm_w = load_as(b, "norm.weight", "gpt_neox.final_layer_norm.weight", 1, 1, D, 0, 0, 0, 0, NULL);
@@ -475,10 +609,11 @@ static dcs_status load_neox(builder *b) {
     FAIL_IF(!m->norm_b);
     if (c->tie_embeddings) {
         m->out_w = m->tok_emb;
+        m->m_out_w = m->m_tok_emb;
         tied_copy_ignored(b, "embed_out.weight");
     } else {
-        m->out_w = load_as(b, "output.weight", "embed_out.weight", 1, 2, V, D, 0, 0, 0, NULL);
-        FAIL_IF(!m->out_w);
+        m->m_out_w = load_keep(b, "output.weight", "embed_out.weight", 2, V, D, 0, 0, &m->out_w);
+        FAIL_IF(!m->m_out_w.p);
     }
     return DCS_OK;
 }
@@ -496,8 +631,9 @@ static dcs_status check_unused(builder *b) {
 }
 
 /* Weight files are read into private memory (files.c). Once every weight
- * is in place, the copy of a file no weight aliases (F16/BF16 widened,
- * unaligned F32, CUDA uploads) is given back, so a loaded model holds its
+ * is in place, the copy of a file no weight aliases (neither an F32 weight
+ * used in place nor an F16/BF16 matrix kept as stored; unaligned data,
+ * CUDA uploads) is given back, so a loaded model holds its
  * weights once. Tensors of a released file lose their data pointer. */
 static void release_unaliased_files(dcs_model *m) {
     dcs_tensor_table *tt = &m->tt;
@@ -507,8 +643,10 @@ static void release_unaliased_files(dcs_model *m) {
         const uint8_t *lo = f->data, *hi = f->data + f->size;
         int aliased = 0;
         for (int k = 0; k < m->n_weights && !aliased; k++) {
-            const uint8_t *p = (const uint8_t *)m->weights[k].ptr;
-            aliased = !m->weights[k].owned && p >= lo && p < hi;
+            const dcs_named_weight *w = &m->weights[k];
+            const uint8_t *p = (const uint8_t *)w->ptr, *h = (const uint8_t *)w->half;
+            aliased = (!w->owned && p && p >= lo && p < hi) ||          /* F32 in place     */
+                      (!w->half_owned && h && h >= lo && h < hi);     /* F16/BF16 kept    */
         }
         if (aliased) continue;
         for (int k = 0; k < tt->n; k++)
@@ -617,6 +755,8 @@ void dcs_model_destroy(dcs_model *m) {
             if (m->weights[i].owned) m->be->free(m->be, m->weights[i].ptr);
         m->be->destroy(m->be);
     }
+    for (int i = 0; i < m->n_weights; i++)
+        if (m->weights[i].half_owned) free((void *)(uintptr_t)m->weights[i].half);
     free(m->weights);
     free(m->layers);
     dcs_tt_free(&m->tt);
@@ -675,8 +815,34 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
     if (n != n_floats || !out)
         return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%.200s' has %zu elements, buffer has %zu%s",
                           name, n, n_floats, out ? "" : " (NULL)");
+    if (!w->ptr) {                     /* kept in F16/BF16 (CPU): widen */
+        dcs_widen(w->half, n, w->dtype, out);
+        return DCS_OK;
+    }
     m->be->download(m->be, out, w->ptr, n * sizeof(float));
     return m->be->sync(m->be, &m->err);
+}
+
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
+    if (!m) return dcs_seterr(e, DCS_ERR_ARG, "dcs_model_require_f32: NULL model");
+    for (int i = 0; i < m->n_weights; i++) {
+        dcs_named_weight *w = &m->weights[i];
+        if (w->ptr || !w->half) continue;
+        uint64_t n = 1;
+        for (int k = 0; k < w->ndim; k++) n *= (uint64_t)w->shape[k];
+        float *p = m->be->alloc(m->be, (size_t)n * sizeof(float));
+        if (!p) {
+            dcs_err ignored;
+            m->be->sync(m->be, &ignored);
+            return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory widening '%s' to float32", m->dir, w->name);
+        }
+        dcs_widen(w->half, n, w->dtype, p);    /* CPU only: host memory */
+        w->ptr = p;
+        w->owned = 1;
+        if (w->slot) *w->slot = p;
+    }
+    if (m->cfg.tie_embeddings) m->out_w = m->tok_emb;
+    return DCS_OK;
 }
 
 int dcs_weight_count(const dcs_model *m) { return m ? m->n_weights : 0; }

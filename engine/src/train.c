@@ -10,13 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Weights are always float32 in this build: every float* weight of the
- * model is a valid host array (the loader widens F16/BF16 at load). */
-dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
-    (void)m;
-    (void)e;
-    return DCS_OK;
-}
+/* dcs_model_require_f32 (load_model.c) makes every float* weight a valid
+ * float32 host array (F16/BF16 checkpoints keep their matrices 16-bit until
+ * it is called). */
 
 static size_t numel(const dcs_named_weight *w) {
     size_t n = 1;

@@ -21,7 +21,7 @@
  * Output: one line per failed check, then "engine: N passed, M failed";
  * the exit status is nonzero when a check failed.
  */
-#include "dcscope.h"
+#include "internal.h"   /* test_keep_16bit looks at the weight fields */
 #include "check.h"
 
 #include <dirent.h>
@@ -320,16 +320,18 @@ static void drop_t(tlist *tl, const char *name)
 
 /* model.safetensors holding the tensors of tl. `pad`: pad the header so the
  * data is 8-aligned (then the CPU backend uses F32 weights in place). */
-static void write_safetensors(const char *dir, const tlist *tl, bool pad)
+static void write_safetensors_as(const char *dir, const tlist *tl, bool pad, bool bf16)
 {
+    const int es = bf16 ? 2 : 4;
     size_t hcap = 64 + (size_t)tl->n * 256, hn = 0;
     char *h = xcalloc(hcap, 1);
     uint64_t off = 0;
     hn += (size_t)snprintf(h + hn, hcap - hn, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < tl->n; i++) {
         const tspec *t = &tl->t[i];
-        uint64_t bytes = numel(t) * 4;
-        hn += (size_t)snprintf(h + hn, hcap - hn, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", t->name);
+        uint64_t bytes = numel(t) * (uint64_t)es;
+        hn += (size_t)snprintf(h + hn, hcap - hn, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name,
+                               bf16 ? "BF16" : "F32");
         for (int d = 0; d < t->ndim; d++)
             hn += (size_t)snprintf(h + hn, hcap - hn, "%s%lld", d ? "," : "", (long long)t->shape[d]);
         hn += (size_t)snprintf(h + hn, hcap - hn, "],\"data_offsets\":[%llu,%llu]}",
@@ -356,13 +358,18 @@ static void write_safetensors(const char *dir, const tlist *tl, bool pad)
             float v = value(src, t->offset + j);
             uint32_t u;
             memcpy(&u, &v, 4);
-            for (int b = 0; b < 4; b++)
+            for (int b = 4 - es; b < 4; b++)          /* BF16: the upper half */
                 *p++ = (uint8_t)(u >> (8 * b));
         }
     }
     write_file(dir, "model.safetensors", buf, total);
     free(buf);
     free(h);
+}
+
+static void write_safetensors(const char *dir, const tlist *tl, bool pad)
+{
+    write_safetensors_as(dir, tl, pad, false);
 }
 
 /* config.json from key/value-text pairs; `edit` (may be NULL) names a key
@@ -910,6 +917,51 @@ static void test_forward_args(dcs_model *m)
     /* the model still works */
     CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
     free(lg);
+}
+
+/* BF16 weights stay BF16 on the CPU (the float* fields NULL) until
+ * dcs_model_require_f32 widens them; passes are the same either way. */
+static void test_keep_16bit(void)
+{
+    const char *dir = new_dir("dcpythia_bf16");
+    static tlist tl;
+    write_config(dir, DCP_CONFIG, NULL, NULL);
+    dcpythia_tensors(&tl, false);
+    write_safetensors_as(dir, &tl, true, true);
+    dcs_model *m = NULL;
+    char err[512];
+    CHECK(dcs_load(dir, NULL, &m, err, sizeof err) == DCS_OK);
+    if (!m) return;
+    CHECK(m->layers[0].w1 == NULL && m->layers[0].m_w1.dtype == DCS_BF16);
+    CHECK(m->tok_emb == NULL && m->m_out_w.dtype == DCS_BF16 && m->layers[1].dw1 == NULL);
+    CHECK(m->layers[0].attn_norm_w != NULL);        /* small tensors: float32 */
+    float *a = xcalloc((size_t)T0 * V, sizeof(float)), *b = xcalloc((size_t)T0 * V, sizeof(float));
+    CHECK(dcs_forward(m, TOKS[0], 1, T0, a, NULL) == DCS_OK);
+    dcs_err e = {0};
+    CHECK(dcs_model_require_f32(m, &e) == DCS_OK);
+    CHECK(dcs_model_require_f32(m, &e) == DCS_OK);  /* once; the second is a no-op */
+    const dcs_layer_weights *w = &m->layers[1];
+    CHECK(w->wqkv && w->wo && w->w1 && w->w2 && w->dw1 && m->tok_emb && m->out_w);
+    /* the widened values are the stored BF16 ones: value() truncated */
+    uint64_t bad = 0;
+    for (uint64_t j = 0; j < (uint64_t)F * D; j++) {
+        float v = value("layers.1.feed_forward.w1.weight", j), t;
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        u &= 0xffff0000u;
+        memcpy(&t, &u, 4);
+        bad += memcmp(&t, &w->w1[j], 4) != 0;
+    }
+    CHECK(bad == 0);
+    float rd[F * D];
+    CHECK(dcs_weight_read(m, "layers.1.feed_forward.w1.weight", rd, (size_t)F * D) == DCS_OK &&
+          memcmp(rd, w->w1, sizeof rd) == 0);
+    CHECK(dcs_forward(m, TOKS[0], 1, T0, b, NULL) == DCS_OK);
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)T0 * V) == 0);
+    CHECK(dcs_model_require_f32(NULL, &e) == DCS_ERR_ARG);
+    free(a);
+    free(b);
+    dcs_free(m);
 }
 
 static void test_hook_names(dcs_model *m, int dcmha)
@@ -1490,6 +1542,7 @@ int main(void)
         return 2;
     }
 
+    test_keep_16bit();
     const char *dcp = make_dcp("dcpythia", false, true);
     char dcp_dir[512], neox_dir[512];
     snprintf(dcp_dir, sizeof dcp_dir, "%s", dcp);

@@ -1,0 +1,86 @@
+/*
+ * widen.c -- F16 / BF16 -> float32, exact, for any alignment (the loaders
+ * widen small tensors with it; the CPU backend uses it where the CPU has no
+ * conversion instruction, and for tails). Its own file so that code needing
+ * only the conversion (the CUDA kernel test links the CPU backend) does not
+ * pull in the checkpoint parsers.
+ */
+#include "internal.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ widening */
+
+static float bits_to_f32(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static uint32_t f32_to_bits(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+/* IEEE half -> float, exact for every input. Half = sign, 5-bit exponent
+ * (bias 15), 10-bit mantissa; float has an 8-bit exponent (bias 127), so a
+ * normal half only needs its exponent rebiased by 112 and its mantissa
+ * shifted up 13 bits. Inf/NaN (exponent 31) map to exponent 255, keeping the
+ * NaN payload. Zero and subnormals are mantissa * 2^-24, which the float
+ * arithmetic below computes exactly (both factors and the product are
+ * representable). The cases are selected with masks, not branches, so the
+ * loop in widen16 vectorizes. */
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;                       /* exponent and mantissa */
+    uint32_t inf_nan = 0u - (uint32_t)(em >= 0x7c00u);   /* all ones when true */
+    uint32_t small = 0u - (uint32_t)(em < 0x0400u);      /* zero, subnormal */
+    uint32_t bits = (em << 13) + (112u << 23) + (inf_nan & (112u << 23));
+    uint32_t sub = f32_to_bits((float)em * 0x1p-24f);
+    bits = (bits & ~small) | (sub & small);
+    return bits_to_f32(bits | sign);
+}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checkpoint data is read in place as little-endian; big-endian hosts are unsupported"
+#endif
+
+/* Widen n 16-bit values (F16 or BF16) at unaligned src. Works through a
+ * fixed-size aligned block so the conversion loop has a constant trip count
+ * and compilers vectorize it at -O2. */
+#define WIDEN_BLOCK 256
+
+static void widen16(const uint8_t *src, uint64_t n, int dtype, float *out)
+{
+    uint16_t in[WIDEN_BLOCK];
+    float tmp[WIDEN_BLOCK];
+    for (uint64_t i = 0; i < n; i += WIDEN_BLOCK) {
+        size_t m = n - i < WIDEN_BLOCK ? (size_t)(n - i) : WIDEN_BLOCK;
+        memcpy(in, src + 2 * i, 2 * m);
+        if (m < WIDEN_BLOCK)
+            memset(in + m, 0, 2 * (WIDEN_BLOCK - m));
+        if (dtype == DCS_F16)
+            for (size_t k = 0; k < WIDEN_BLOCK; k++)
+                tmp[k] = f16_to_f32(in[k]);
+        else                                     /* BF16: the upper half of a float */
+            for (size_t k = 0; k < WIDEN_BLOCK; k++)
+                tmp[k] = bits_to_f32((uint32_t)in[k] << 16);
+        memcpy(out + i, tmp, m * sizeof *out);
+    }
+}
+
+void dcs_widen(const void *src, uint64_t n, int dtype, float *out)
+{
+    if (dtype == DCS_F32) {
+        if (n > 0)
+            memcpy(out, src, (size_t)n * sizeof *out);
+    } else if (dtype == DCS_F16 || dtype == DCS_BF16) {
+        widen16(src, n, dtype, out);
+    }
+}
+
