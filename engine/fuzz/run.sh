@@ -31,7 +31,7 @@ PY=${PY:-python3}
 targets=${FUZZ_TARGETS:-"safetensors torchzip config index jsonl"}
 SAN="address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 CFLAGS="-std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -I$engine/include -I$engine/src"
-SRCS="error.c files.c json_strict.c tensors.c widen.c load_safetensors.c widen.c load_torchzip.c load_config.c"
+SRCS="error.c files.c json_strict.c tensors.c widen.c load_safetensors.c load_torchzip.c load_config.c"
 
 mkdir -p "$out/obj"
 for t in $targets; do
