@@ -206,7 +206,10 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(toks), unit="line", desc=f"synth {name}", leave=True)
+        import sys
+        # a live bar on a terminal; in a log (demo, CI) an update every 15 s, not a flood
+        bar = tqdm(total=len(toks), unit="line", desc=f"synth {name}", leave=True,
+                   mininterval=0.1 if sys.stderr.isatty() else 15.0)
     fwd_s, n_tok, n_pad = 0.0, 0, 0
     sparse = _takes_logits_at(model)   # logits only at the answer positions
     try:
