@@ -235,7 +235,9 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
     for name in TWINS:
         run = os.path.join(out, name)
         ship = os.path.join(ship_root, name)
-        _to_dtype(run, ship, RECIPE["ship_dtype"])
+        # dcscope train leaves the finished weights in <run>/final (checkpoints beside it)
+        final = os.path.join(run, "final")
+        _to_dtype(final if os.path.isdir(final) else run, ship, RECIPE["ship_dtype"])
         results = {}
         for label, data in (("published", None), ("held-out", "heldout")):
             o = os.path.join(out, "bench", label, name)
