@@ -68,44 +68,15 @@ class Decoder:
         toks = toks.astype(np.int32)
         n = toks.size
         run = _Run(m, False)
-        L = m.config.n_layer
-        want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
         want_cache = cache_names is None or bool(cache_names)
-        for name in (m._select(cache_names) if want_cache else ()):
-            p, l = m.parse_hook(name)
-            run.capture[(p, l)] = name
-            want[p * L + l] = 1
-        for name, fn in list(fwd_hooks) + list(getattr(m, "_ctx_hooks", [])):
-            if not callable(fn):
-                raise Error("hook %s: %r is not callable" % (name, fn))
-            name = m.resolve_hook(name)
-            p, l = m.parse_hook(name)
-            run.fns.setdefault((p, l), []).append((name, fn))
-            want[p * L + l] = 1
+        fns = [(m.resolve_hook(name), fn) for name, fn in list(fwd_hooks) + list(getattr(m, "_ctx_hooks", []))]
+        want = m._hook_plan(run, m._select(cache_names) if want_cache else (), fns)
         out = np.empty((n, m.config.vocab), dtype=np.float32) if logits else None
-        hooks = ffi.NULL
-        if want.any():
-            handle = ffi.new_handle(run)
-            hooks = ffi.new("dcs_hooks *")
-            hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
-            hooks.fn = lib._dcs_py_hook
-            hooks.user = handle
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
-        # the model's lock, and Ctrl-C stops the step (see Model._forward_interruptibly)
-        st, interrupted = m._forward_interruptibly(
-            run, lambda: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks))
-        if interrupted is not None:
-            raise interrupted
-        if run.error is not None:
-            e = run.error
-            if isinstance(e, Error) or not isinstance(e, Exception):
-                raise e           # KeyboardInterrupt, SystemExit: as themselves
-            raise Error("%s: %s: %s" % (m._errmsg().replace(" aborted the decoding step", ""),
-                                        type(e).__name__, e)) from e
-        if st == lib.DCS_ERR_CANCELLED:
-            raise KeyboardInterrupt()
-        _check(st, m._errmsg())
+        # the model's lock, and Ctrl-C stops the step (see Model._call_engine)
+        m._call_engine(run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks),
+                       " aborted the decoding step")
         if out is not None and not np.isfinite(out).all():
             raise Error("decode: the logits hold NaN or inf (non-finite weights, an overflow, or a "
                         "hook that wrote huge values)")

@@ -579,6 +579,28 @@ class Model(WeightsMixin):
         pos, squeeze = self._positions(logits_at, B, T)
         n_out = T if pos is None else pos.shape[1]
         run = _Run(self, batched)
+        want = self._hook_plan(run, capture, fns)
+        self._check_pass_memory(B, n_out, run, logits)
+        try:
+            out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
+        except MemoryError:
+            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
+                        % (B, n_out, self.config.vocab)) from None
+        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
+        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
+        cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
+        n_pos = 0 if pos is None else pos.shape[1]
+        self._call_engine(run, want, lambda hooks: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, n_pos, clog, hooks),
+                          " aborted the forward pass")
+        if out is not None and squeeze:
+            out = out[:, 0]
+        if out is not None and not batched:
+            out = out[0]
+        return out, run.cache
+
+    def _hook_plan(self, run: "_Run", capture: Sequence[str], fns: Sequence[Tuple[str, HookFn]]) -> np.ndarray:
+        """Record in `run` what each hook point captures and calls; return the
+        engine's want table [DCS_HP_COUNT * L] (1 = call back at that point)."""
         L = self.config.n_layer
         want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
         for n in capture:
@@ -591,41 +613,34 @@ class Model(WeightsMixin):
             p, l = self.parse_hook(n)
             run.fns.setdefault((p, l), []).append((n, fn))
             want[p * L + l] = 1
-        self._check_pass_memory(B, n_out, run, logits)
-        try:
-            out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
-        except MemoryError:
-            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
-                        % (B, n_out, self.config.vocab)) from None
+        return want
+
+    def _call_engine(self, run: "_Run", want: np.ndarray, call, aborted: str) -> None:
+        """Run call(hooks) -> dcs_status under the model's lock, interruptibly,
+        with the Python hook trampoline where `want` asks for it; raise what
+        went wrong: a hook's KeyboardInterrupt/SystemExit as itself, its other
+        exceptions and engine failures as Error (`aborted` is the engine's
+        phrase for a pass a hook stopped, dropped from the message)."""
         hooks = ffi.NULL
         handle = None
         if want.any():
-            handle = ffi.new_handle(run)
+            handle = ffi.new_handle(run)    # kept alive until the call returns
             hooks = ffi.new("dcs_hooks *")
             hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
             hooks.fn = lib._dcs_py_hook
             hooks.user = handle
-        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
-        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
-        cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
-        st, interrupted = self._forward_interruptibly(
-            run, lambda: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, 0 if pos is None else pos.shape[1], clog, hooks))
+        st, interrupted = self._forward_interruptibly(run, lambda: call(hooks))
+        del handle
         if interrupted is not None:
             raise interrupted
         if run.error is not None:
             e = run.error
             if isinstance(e, Error) or not isinstance(e, Exception):
                 raise e           # KeyboardInterrupt, SystemExit: as themselves
-            raise Error("%s: %s: %s" % (self._errmsg().replace(" aborted the forward pass", ""),
-                                        type(e).__name__, e)) from e
+            raise Error("%s: %s: %s" % (self._errmsg().replace(aborted, ""), type(e).__name__, e)) from e
         if st == lib.DCS_ERR_CANCELLED:
             raise KeyboardInterrupt()
         _check(st, self._errmsg())
-        if out is not None and squeeze:
-            out = out[:, 0]
-        if out is not None and not batched:
-            out = out[0]
-        return out, run.cache
 
     def _check_pass_memory(self, B: int, T: int, run: "_Run", logits: bool) -> None:
         """Refuse, before anything is allocated, a pass whose logits and
