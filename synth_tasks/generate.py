@@ -75,6 +75,22 @@ def transform_values(transform: str, x) -> list[str]:
     raise ValueError(f"unknown transformation {transform!r}")
 
 
+_TRANSFORM_POOL = {"copy": "obj", "obj->superclass": "obj", "obj->capability": "tool", "city->country": "city",
+                   "adj->opposite": "adj", "ordinal->next": "ordinal", "ordinal->prev": "ordinal"}
+
+
+def transform_pairs(transform: str) -> list[tuple[str, str]]:
+    """(item, answer) for every item of the word tables the OV transformation applies to,
+    e.g. ("lion", "animal") for obj->superclass: what a head implementing it must map."""
+    if transform not in _TRANSFORM_POOL:
+        raise ValueError(f"unknown transformation {transform!r}")
+    out = []
+    for x in _POOLS[_TRANSFORM_POOL[transform]]:
+        for y in transform_values(transform, x)[:1]:
+            out.append((ident(x), y))
+    return out
+
+
 def key_values(kind: str, x) -> list[str]:
     """What a query may name about item x for a QK pattern of this kind."""
     if kind in ("obj", "city", "adj", "ordinal"):
@@ -121,6 +137,7 @@ class Analysis:
     answer: str | None = None
     expected: set = field(default_factory=set)
     problems: list = field(default_factory=list)
+    source: int | None = None       # which of the three context items (0..2) the answer comes from
 
     @property
     def ok(self) -> bool:
@@ -180,6 +197,7 @@ def analyse(task_id: str, example: str, strict: bool = False) -> Analysis:
             res.problems.append(f"query {q!r} does not pick a single source ({hit})")
             return res
         src = cand[0]
+    res.source = src
 
     answer_kind = [k for n, k, a in slots(t.template) if n == "A"][0]
     if answer_kind == "person":

@@ -53,8 +53,10 @@ def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, mon
     assert tb.main(["finish", "--out", str(tmp_path), "--limit", "3", "--command", "CMD"]) == 0
     for name in tb.TWINS:
         ship = tmp_path / "ship" / name
-        assert sorted(os.listdir(ship)) == ["MODEL_CARD.md", "config.json", "loss.csv", "loss.png",
-                                            "model.safetensors", "tokenizer.json"]
+        assert sorted(os.listdir(ship)) == ["MODEL_CARD.md", "benchmark.json", "config.json", "loss.csv",
+                                            "loss.png", "model.safetensors", "tokenizer.json"]
+        bench = json.load(open(ship / "benchmark.json"))
+        assert sorted(bench) == ["held-out", "published"] and bench["published"]["lines"] == 3
         assert json.load(open(ship / "config.json"))["torch_dtype"] == "float16"
         m32, m16 = dcscope.load(str(tmp_path / name)), dcscope.load(str(ship))
         toks = m16.to_tokens("\n< Ruth has a taxi. >. Ruth does not have a kind of vehicle\n")
@@ -62,6 +64,7 @@ def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, mon
         res = json.load(open(tmp_path / "bench" / "published" / name / "results.json"))
         card = (ship / "MODEL_CARD.md").read_text()
         assert res["model_dir"] == str(ship) and res["lines"] == 3
+        assert bench["published"]["overall"] == res["overall"]
         assert "| %s (published) |" % name in card and "CMD" in card and "loss.png" in card
     monkeypatch.setenv(dcscope.bundled.ENV, str(tmp_path / "ship"))
     assert [m.name for m in dcscope.bundled_models()] == sorted(tb.TWINS)
@@ -75,3 +78,25 @@ def test_train_commands_are_identical_but_for_the_attention(tb, tmp_path):
     assert [x for x, _ in diff] == [str(tmp_path / "dcpythia-tiny"), "dcpythia"]
     assert [y for _, y in diff] == [str(tmp_path / "pythia-tiny"), "gpt_neox"]
     assert "--lines" in a and a[a.index("--steps") + 1] == str(tb.RECIPE["steps"])
+
+
+def test_recipe_reproduces_the_start_of_the_shipped_curve(tb, tmp_path):
+    """The bundled twins' training command, rerun for two steps, gives the first two losses of the
+    shipped loss.csv (same data file, seed and single thread: the run is deterministic)."""
+    import csv
+    import subprocess
+    import sys
+    data = tmp_path / "train.jsonl"
+    subprocess.run([sys.executable, "-m", "synth_tasks.cli", "corpus", "train", str(data), "--lines",
+                    str(tb.RECIPE["train_lines"]), "--seed", str(tb.RECIPE["train_stream_seed"]),
+                    "--format", "jsonl"], check=True, cwd=ROOT, capture_output=True)
+    for cmd, name in zip(tb.train_commands(str(tmp_path), tb.RECIPE["init_seeds"][0], 1), tb.TWINS):
+        cmd = [sys.executable] + cmd[1:] + ["--stop-after", "2", "--no-progress"]
+        subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+        ship = next(m.path for m in dcscope.bundled_models() if m.name == name)
+        want = list(csv.DictReader(open(os.path.join(ship, "loss.csv"))))[:2]
+        got = list(csv.DictReader(open(tmp_path / name / "loss.csv")))
+        assert [r["step"] for r in got] == ["1", "2"]
+        for g, w in zip(got, want):
+            assert abs(float(g["loss"]) - float(w["loss"])) <= 1e-5, (name, g, w)
+            assert g["lr"] == w["lr"]

@@ -85,16 +85,21 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))
 
 
-def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> List[Tuple[int, float]]:
-    """DCFormer Appendix G, Eqn 12: what head n's OV circuit writes for `token`.
+def ov_logits(model: Model, layer: int, head: int, tokens) -> np.ndarray:
+    """DCFormer Appendix G, Eqn 12, for many tokens at once: [K, V] logits of
+    what head `head` of `layer` writes for each token x of `tokens` [K]:
 
-    e = Embed(x); e = e + MLP_0(LN_mlp,0(e)); logits = Unembed(LN_attn,l(e) W_V,n W_O,n).
-    Returns the top-k (token id, logit) pairs. Biases of V/O are left out (a
-    circuit is the weight product)."""
+        e = Embed(x); e = e + MLP_0(LN_mlp,0(e)); logits = Unembed(LN_attn,l(e) W_V,n W_O,n).
+
+    Biases of V/O are left out (a circuit is the weight product)."""
     _check(model, layer, head)
     c = model.config
-    token = check_index("token id", token, 0, c.vocab)
-    e = model.weight("tok_embeddings.weight")[token].astype(np.float64)
+    toks = np.atleast_1d(np.asarray(tokens))
+    if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
+        raise Error("ov_logits: tokens must be a non-empty 1-D sequence of token ids")
+    for t in toks:
+        check_index("token id", int(t), 0, c.vocab)
+    e = model.weight("tok_embeddings.weight")[toks].astype(np.float64)              # [K, D]
     ln = lambda x, name: _layernorm(x, model.weight(name + ".weight"), model.weight(name + ".bias"), c.norm_eps)
     h = ln(e, "layers.0.ffn_norm")
     w1, w2 = model.weight("layers.0.feed_forward.w1.weight"), model.weight("layers.0.feed_forward.w2.weight")
@@ -106,10 +111,18 @@ def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> 
         mlp = mlp + model.weight("layers.0.feed_forward.w2.bias")
     e = e + mlp
     ov = ov_circuit(model, layer, head)
-    out = (ln(e, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B          # [D]
+    out = (ln(e, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B                   # [K, D]
     # the unembedding: output.weight, or the embedding when tied (no output.weight then)
     unembed = "output.weight" if "output.weight" in model.weight_names() else "tok_embeddings.weight"
-    logits = model.weight(unembed) @ out.astype(np.float32)          # [V]
+    return out.astype(np.float32) @ model.weight(unembed).T                          # [K, V]
+
+
+def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> List[Tuple[int, float]]:
+    """DCFormer Appendix G, Eqn 12: what head n's OV circuit writes for `token`
+    (see ov_logits). Returns the top-k (token id, logit) pairs."""
+    c = model.config
+    token = check_index("token id", token, 0, c.vocab)
+    logits = ov_logits(model, layer, head, [token])[0]
     top = np.argsort(-logits)[:k]
     return [(int(t), float(logits[t])) for t in top]
 
