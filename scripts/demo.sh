@@ -1,37 +1,24 @@
 #!/usr/bin/env bash
-# The main job: run the 74-task synthetic benchmark side by side on a small
-# DCPythia and its Pythia twin, on the published file and on the held-out
-# generated set, and draw attention heatmaps of the benchmark line where the
-# DCPythia's heads compose most. The twins are the bundled trained models
-# (dcpythia-tiny, pythia-tiny: `dcscope models`) when both are installed;
-# until then generated ones (random weights, the published layouts, the real
-# GPT-NeoX tokenizer), whose accuracies are those of random models: the point
-# is then the whole pipeline, end to end.
+# The main job: run the 74-task synthetic benchmark side by side on the bundled
+# trained twins, dcpythia-tiny (DCMHA) and pythia-tiny (its MHA twin: same size,
+# data, token budget, schedule and seed), on the published file and on the
+# held-out generated set, and draw attention heatmaps of the held-out line where
+# the DCPythia's heads compose most. The twins ship with the package
+# (bindings/dcscope/models/, `dcscope models`): nothing is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-demo_out}
 SHARED=${SHARED:-../shared}
-TOK=$SHARED/data/gpt-neox-20b-tokenizer.json
 DATA=$SHARED/data/synthetic_dataset.jsonl
 LIMIT=${LIMIT:-}
-for f in "$TOK" "$DATA"; do
-  [ -f "$f" ] || { echo "demo: $f not found (set SHARED=... to the folder holding data/)" >&2; exit 1; }
-done
+[ -f "$DATA" ] || { echo "demo: $DATA not found (set SHARED=... to the folder holding data/)" >&2; exit 1; }
 
 mkdir -p "$OUT/heatmaps"
-if $PY -c "import dcscope, sys; n = {m.name for m in dcscope.bundled_models()}; sys.exit(0 if {'dcpythia-tiny', 'pythia-tiny'} <= n else 1)"; then
-  DC=dcpythia-tiny; MHA=pythia-tiny
-  echo "demo: the bundled trained twins $DC and $MHA"
-else
-  common=(--n-layer 4 --dim 64 --n-head 8 --vocab 50304 --window-size 16 --tokenizer "$TOK" --seed 7)
-  [ -f "$OUT/tiny-dcpythia/config.json" ] || \
-    $PY -m dcscope.testing.make_tiny "$OUT/tiny-dcpythia" --type dcpythia --dtype float16 --format torch "${common[@]}"
-  [ -f "$OUT/tiny-pythia/config.json" ] || \
-    $PY -m dcscope.testing.make_tiny "$OUT/tiny-pythia" --type gpt_neox --dtype float16 --format safetensors "${common[@]}"
-  DC="$OUT/tiny-dcpythia"; MHA="$OUT/tiny-pythia"
-  echo "demo: no bundled twins installed: generated random twins in $OUT"
-fi
+DC=dcpythia-tiny; MHA=pythia-tiny
+$PY -c "import dcscope, sys; n = {m.name for m in dcscope.bundled_models()}; sys.exit(0 if {'$DC', '$MHA'} <= n else 1)" || \
+  { echo "demo: the bundled models $DC and $MHA are not installed (pip install -e .)" >&2; exit 1; }
+echo "demo: the bundled trained twins $DC and $MHA"
 
 $PY -m dcscope.cli synth --model "$MHA" --model "$DC" --data "$DATA" \
     --out "$OUT/synth" ${LIMIT:+--limit $LIMIT}

@@ -209,6 +209,21 @@ def _to_dtype(src_dir: str, dst_dir: str, dtype: str) -> None:
     shutil.copyfile(os.path.join(src_dir, "tokenizer.json"), os.path.join(dst_dir, "tokenizer.json"))
 
 
+def _write_last_rows(src: str, dst: str) -> None:
+    """Copy a trainer's loss.csv keeping, for each step, its last row: a run resumed from a
+    checkpoint logs again the steps it had logged after that checkpoint before it stopped."""
+    import csv
+    with open(src, newline="") as f:
+        rows = list(csv.reader(f))
+    last = {}
+    for r in rows[1:]:
+        last[int(r[0])] = r
+    with open(dst, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(rows[0])
+        w.writerows(last[k] for k in sorted(last))
+
+
 def _plot_loss(csv_path: str, png_path: str) -> None:
     import csv
     import matplotlib
@@ -312,8 +327,8 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
         log = os.path.join(run, "loss.csv")
         has_log = os.path.isfile(log)
         if has_log:
-            shutil.copyfile(log, os.path.join(ship, "loss.csv"))
-            _plot_loss(log, os.path.join(ship, "loss.png"))
+            _write_last_rows(log, os.path.join(ship, "loss.csv"))
+            _plot_loss(os.path.join(ship, "loss.csv"), os.path.join(ship, "loss.png"))
         card = model_card(name, results[name], os.path.join(ship, "loss.csv") if has_log else None, ship,
                           command=command or cmds[name], seed=seed, note=note)
         with open(os.path.join(ship, "MODEL_CARD.md"), "w") as f:
