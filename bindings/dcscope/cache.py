@@ -21,11 +21,92 @@ component.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .model import Cache, Error
+from . import names as _names
+from ._checks import Error
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+class Cache(dict):
+    """Activations by hook name (numpy arrays), from run_with_cache.
+
+    Keys are dcscope hook names; lookups also take TransformerLens names
+    (cache["blocks.0.attn.hook_pattern"]) and (short name, layer) pairs
+    (cache["pattern", 0], cache["resid_post", -1]). repr shows names and
+    shapes only. The analysis helpers (decompose_resid, stack_head_results,
+    accumulated_resid, apply_ln_to_stack, logit_attrs) are in dcscope.cache."""
+
+    model: Optional["Model"] = None
+
+    def _key(self, key):
+        if isinstance(key, tuple):
+            if not 1 <= len(key) <= 2:
+                raise Error("cache key must be a name or (name, layer), got %r" % (key,))
+            layer = key[1] if len(key) == 2 else None
+            if layer is not None and isinstance(layer, (int, np.integer)) and layer < 0 and self.model is not None:
+                layer += self.model.config.n_layer
+            return _names.hook_name(key[0], layer)
+        return _names.canonical(key)
+
+    def __getitem__(self, key):
+        k = self._key(key)
+        try:
+            return dict.__getitem__(self, k)
+        except KeyError:
+            raise KeyError("cache has no %r%s (it holds %d activations; capture it with names=[...])"
+                           % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
+
+    def __contains__(self, key):
+        try:
+            return dict.__contains__(self, self._key(key))
+        except Error:
+            return False
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def __repr__(self) -> str:
+        items = ["%s %s" % (k, list(v.shape)) for k, v in self.items()]
+        shown = items[:12] + (["... %d more" % (len(items) - 12)] if len(items) > 12 else [])
+        return "Cache(%d activations: %s)" % (len(self), ", ".join(shown))
+
+    __str__ = __repr__
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(repr(self))
+
+    def decompose_resid(self, **kw):
+        return decompose_resid(self, **kw)
+
+    def accumulated_resid(self, **kw):
+        return accumulated_resid(self, **kw)
+
+    def stack_head_results(self, **kw):
+        return stack_head_results(self, **kw)
+
+    def apply_ln_to_stack(self, stack, **kw):
+        return apply_ln_to_stack(self, stack, **kw)
+
+    def logit_attrs(self, stack, tokens, **kw):
+        return logit_attrs(self, stack, tokens, **kw)
+
+    def layer(self, l: int) -> Dict[str, np.ndarray]:
+        """The activations of block l, keyed by the name after 'blocks.{l}.'."""
+        p = "blocks.%d." % l
+        return {k[len(p):]: v for k, v in self.items() if k.startswith(p)}
+
+    def stack(self, suffix: str) -> np.ndarray:
+        """[L, ...]: one per-layer hook across all layers that were captured."""
+        keys = sorted((k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
+                      key=lambda k: int(k.split(".")[1]))
+        if not keys:
+            raise Error("cache has no 'blocks.*.%s'" % suffix)
+        return np.stack([self[k] for k in keys])
 
 
 def _need(cache: Cache, name: str) -> np.ndarray:

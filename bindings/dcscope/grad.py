@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._engine import ffi, lib
-from .model import Error, _check
+from ._checks import Error, check_status as _check
 
 
 def _ptr(a, kind="float *"):

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import warnings
 
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 
-from ._checks import check_index
-from .model import Cache, Error, Model
+from ._checks import Error, check_index
+from .cache import Cache
+
+if TYPE_CHECKING:
+    from .model import Model
 
 PHASES = ("pre", "post")
 

@@ -41,7 +41,8 @@ import numpy as np
 
 from ._engine import ffi, lib
 from .grad import Tape, param_table
-from .model import Error, _check, load
+from ._checks import Error, check_status as _check
+from .model import load
 
 
 @dataclasses.dataclass
