@@ -27,6 +27,7 @@ import numpy as np
 
 from . import names as _names
 from ._checks import Error
+from .names import hook_name
 
 if TYPE_CHECKING:
     from .model import Model
@@ -134,8 +135,8 @@ def _final_resid(cache: Cache, model, layer: int) -> np.ndarray:
     """The residual entering block `layer` (layer == L: the final residual)."""
     L = model.config.n_layer
     if layer == L:
-        return _need(cache, "blocks.%d.resid_post" % (L - 1))
-    return _need(cache, "blocks.%d.resid_pre" % layer)
+        return _need(cache, hook_name(L - 1, "resid_post"))
+    return _need(cache, hook_name(layer, "resid_pre"))
 
 
 def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
@@ -146,13 +147,13 @@ def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool 
     model = _model(cache)
     L = model.config.n_layer
     upto = _layer_arg(model, layer)
-    parts = [_need(cache, "blocks.%d.resid_pre" % l) for l in range(upto)]
+    parts = [_need(cache, hook_name(l, "resid_pre")) for l in range(upto)]
     labels = ["%d_pre" % l for l in range(upto)]
     if upto == L:
-        parts.append(_need(cache, "blocks.%d.resid_post" % (L - 1)))
+        parts.append(_need(cache, hook_name(L - 1, "resid_post")))
         labels.append("final_post")
     else:
-        parts.append(_need(cache, "blocks.%d.resid_pre" % upto))
+        parts.append(_need(cache, hook_name(upto, "resid_pre")))
         labels.append("%d_pre" % upto)
     out = np.stack(parts)
     if apply_ln:
@@ -168,7 +169,7 @@ def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = 
     upto = _layer_arg(model, layer)
     parts, labels = [_need(cache, "embed")], ["embed"]
     for l in range(upto):
-        parts += [_need(cache, "blocks.%d.attn.out" % l), _need(cache, "blocks.%d.mlp.out" % l)]
+        parts += [_need(cache, hook_name(l, "attn.out")), _need(cache, hook_name(l, "mlp.out"))]
         labels += ["%d_attn_out" % l, "%d_mlp_out" % l]
     out = np.stack(parts)
     if apply_ln:
@@ -186,7 +187,7 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool
     N = model.config.n_head
     parts, labels = [], []
     for l in range(upto):
-        ho = _need(cache, "blocks.%d.attn.head_out" % l)        # [..., T, N, D]
+        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
         parts += [ho[..., n, :] for n in range(N)]
         labels += ["L%dH%d" % (l, n) for n in range(N)]
     if not parts and not incl_remainder:
@@ -281,18 +282,18 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     bo = model.b_O
     for l in range(L):
         if by == "head":
-            ho = at("blocks.%d.attn.head_out" % l)          # [N, D]
+            ho = at(hook_name(l, "attn.head_out"))          # [N, D]
             parts += list(ho)
             labels += ["L%dH%d" % (l, n) for n in range(N)]
             parts.append(bo[l])
             labels.append("L%d.attn_bias" % l)
         else:
-            parts.append(at("blocks.%d.attn.out" % l))
+            parts.append(at(hook_name(l, "attn.out")))
             labels.append("L%d.attn" % l)
-        parts.append(at("blocks.%d.mlp.out" % l))
+        parts.append(at(hook_name(l, "mlp.out")))
         labels.append("L%d.mlp" % l)
     stack = np.asarray(np.stack(parts), np.float64)             # [C, D]
-    total = np.asarray(at("blocks.%d.resid_post" % (L - 1)), np.float64)
+    total = np.asarray(at(hook_name(L - 1, "resid_post")), np.float64)
     eps = model.config.norm_eps
     tc = total - total.mean()
     scale = np.sqrt((tc ** 2).mean() + eps)

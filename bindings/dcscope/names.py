@@ -133,7 +133,7 @@ def hook_name(name, layer=None) -> str:
         if layer is not None and full in _GLOBAL:
             raise Error("hook_name: %r is not a per-layer hook (no layer)" % name)
         return full
-    suffix = SHORT.get(name)
+    suffix = TL_LAYER_ALIASES.get(name) or SHORT.get(name)
     if suffix is None:
         if name.startswith(("attn.", "mlp.")):
             suffix = name
