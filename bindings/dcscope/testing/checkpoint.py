@@ -40,7 +40,7 @@ from collections import OrderedDict
 import numpy as np
 
 __all__ = ["DTYPES", "ST_DTYPE", "TorchTensor", "index_bytes", "pickle_state_dict", "round_to_dtype",
-           "safetensors_bytes", "torch_zip_bytes", "write_index", "write_safetensors", "write_torch_zip"]
+           "safetensors_bytes", "torch_checkpoint_bytes", "torch_zip_bytes", "write_index", "write_safetensors", "write_torch_zip"]
 
 DTYPES = ("float32", "float16", "bfloat16")
 ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -291,20 +291,17 @@ def torch_zip_bytes(records, archive_name, *, zip64=True):
     return bytes(buf)
 
 
-def write_torch_zip(path, tensors, storages, *, archive_name="archive", container="ordereddict",
-                    torch_style="2.1", protocol=2, zip64=True):
-    """Write a torch.save-style zip checkpoint.
+def torch_checkpoint_bytes(tensors, storages, *, archive_name="archive", container="ordereddict",
+                           torch_style="2.1", protocol=2, zip64=True):
+    """The bytes of a torch.save-style zip checkpoint.
 
     tensors: name -> TorchTensor; storages: storage_id -> raw little-endian bytes.
-    archive_name: the folder inside the zip ("archive" as for torch.save to a buffer;
-    None for what torch.save(obj, path) uses: the file's basename without extension).
+    archive_name: the folder inside the zip ("archive" as for torch.save to a buffer).
     torch_style: "2.1" (records data.pkl, byteorder, data/<key> in lexicographic key
     order, version, .data/serialization_id) or "2.7" (adds .format_version "1" and
     .storage_alignment "64" after data.pkl; data/<key> in numeric order).
     protocol / zip64: the pickle protocol, and whether the zip64 end records are written.
     """
-    if archive_name is None:
-        archive_name = os.path.splitext(os.path.basename(str(path)))[0]
     data_pkl, keys = pickle_state_dict(tensors, container=container, protocol=protocol)
     records = [("data.pkl", data_pkl)]
     if torch_style == "2.7":
@@ -323,8 +320,18 @@ def write_torch_zip(path, tensors, storages, *, archive_name="archive", containe
         crc_comb = _hash_combine(crc_comb, zlib.crc32(bytes(data)) & 0xFFFFFFFF)
     serialization_id = f"{name_hash % 10**20:020d}{crc_comb % 10**20:020d}"
     records.append((".data/serialization_id", serialization_id.encode("ascii")))
+    return torch_zip_bytes(records, archive_name, zip64=zip64)
+
+
+def write_torch_zip(path, tensors, storages, *, archive_name="archive", **kw):
+    """Write torch_checkpoint_bytes(tensors, storages, ...) to `path`;
+    archive_name=None is what torch.save(obj, path) uses: the file's
+    basename without extension."""
+    if archive_name is None:
+        archive_name = os.path.splitext(os.path.basename(str(path)))[0]
+    data = torch_checkpoint_bytes(tensors, storages, archive_name=archive_name, **kw)
     with open(path, "wb") as f:
-        f.write(torch_zip_bytes(records, archive_name, zip64=zip64))
+        f.write(data)
 
 
 # --------------------------------------------------------------------------- sharded index

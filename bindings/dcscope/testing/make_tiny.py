@@ -37,6 +37,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .layouts import dcpythia_tensors, gpt_neox_tensors
 from .checkpoint import (DTYPES, ST_DTYPE, TorchTensor, _module_metadata, _TORCH_STORAGE,  # noqa: F401
                          pickle_state_dict, round_to_dtype, write_index, write_safetensors, write_torch_zip)
 
@@ -415,6 +416,22 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
         sd32 = _gpt_neox_weights(
             g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
             rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+
+    # the names and shapes are the layout table's (dcscope.testing.layouts), in its order
+    if model_type == "dcpythia":
+        layout = dcpythia_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
+                                  rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm,
+                                  use_linear_bias=use_linear_bias, dyn=use_dcmha or write_unused_dyn,
+                                  compose_groups=compose_groups, use_sw=use_sw, moh=moh,
+                                  tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+    else:
+        layout = gpt_neox_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
+                                  rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings,
+                                  extra_derived=extra_derived)
+    drawn = OrderedDict((n, tuple(a.shape)) for n, a in sd32.items())
+    if drawn != layout:
+        raise AssertionError("make_tiny drew %s, the layout table has %s"
+                             % (sorted(set(drawn.items()) ^ set(layout.items())), model_type))
 
     if torch_views == "expand":
         for name in sd32:
