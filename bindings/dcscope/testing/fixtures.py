@@ -11,6 +11,13 @@ OUT_DIR/<name>/ holds config.json and model.safetensors of a tiny model
     dcpythia_bf16       dcpythia stored as BF16 (each value's upper 16 bits)
     neox                Pythia (GPT-NeoX names), with the buffers loaders ignore
 
+and OUT_DIR/loaders/ the torch.save zips of test_loaders.c (five tensors
+viewing two storages: F16 0, 0.5, .. 5.5 and F32 1, 2, 3):
+
+    torch1/pytorch_model.bin   one file (classic end records, OrderedDict with _metadata)
+    torch2/                    two shards (the second with zip64 end records) + index
+    zip64.bin                  the one file with zip64 end records
+
 Names and shapes come from dcscope.testing.layouts, config.json from
 make_tiny's config writers, the files from dcscope.testing.checkpoint. The
 values are engine/tests/test_engine.c's value(name, i), a hash of the
@@ -26,7 +33,9 @@ import sys
 
 import numpy as np
 
-from .checkpoint import safetensors_bytes
+from collections import OrderedDict
+
+from .checkpoint import TorchTensor, safetensors_bytes, torch_checkpoint_bytes, write_index
 from .layouts import dcpythia_tensors, gpt_neox_tensors
 from .make_tiny import dcpythia_config, gpt_neox_config
 
@@ -93,6 +102,38 @@ def _write(out: str, name: str, config: dict, layout, *, bf16: bool = False, ali
         f.write("\n")
 
 
+def _loader_zips(out: str) -> None:
+    """test_loaders.c's kSpecs: wqkv [3, 2] and wo [2, 3] viewing one F16
+    storage, norm.weight [3], a scalar and a [2, 1] column of stride (1, 7)
+    viewing one F32 storage."""
+    d = os.path.join(out, "loaders")
+    for sub in ("torch1", "torch2"):
+        os.makedirs(os.path.join(d, sub), exist_ok=True)
+    halves = (np.arange(12, dtype=np.float32) * 0.5).astype("<f2").tobytes()
+    floats = np.array([1, 2, 3], dtype="<f4").tobytes()
+    specs = OrderedDict([
+        ("layers.0.attention.wqkv.weight", TorchTensor("h", "float16", 12, 0, (3, 2))),
+        ("layers.0.attention.wo.weight", TorchTensor("h", "float16", 12, 6, (2, 3))),
+        ("norm.weight", TorchTensor("f", "float32", 3, 0, (3,))),
+        ("scalar", TorchTensor("f", "float32", 3, 2, ())),
+        ("col", TorchTensor("f", "float32", 3, 1, (2, 1), (1, 7))),     # size-1 dim: any stride
+    ])
+    storages = {"h": halves, "f": floats}
+
+    def put(path, names, **kw):
+        with open(os.path.join(d, path), "wb") as f:
+            f.write(torch_checkpoint_bytes(OrderedDict((n, specs[n]) for n in names), storages, **kw))
+
+    names = list(specs)
+    put("torch1/pytorch_model.bin", names, container="ordereddict_meta", zip64=False)
+    put("zip64.bin", names, container="ordereddict_meta")
+    shards = ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]
+    put("torch2/" + shards[0], names[:2], zip64=False)
+    put("torch2/" + shards[1], names[2:])
+    write_index(os.path.join(d, "torch2", "pytorch_model.bin.index.json"),
+                {n: shards[0] if i < 2 else shards[1] for i, n in enumerate(names)}, 36)
+
+
 def write_fixtures(out: str) -> list:
     """Write every fixture directory under `out`; returns their names."""
     dcp_cfg = dcpythia_config(**DIMS, window_size=WINDOW, window_type=None, query_wise=False, use_qk_norm=True,
@@ -106,7 +147,8 @@ def write_fixtures(out: str) -> list:
     _write(out, "dcpythia_unaligned", dcp_cfg, fused, aligned=False)
     _write(out, "dcpythia_bf16", dict(dcp_cfg, torch_dtype="bfloat16"), fused, bf16=True)
     _write(out, "neox", neox_cfg, gpt_neox_tensors(**DIMS, rotary_pct=ROTARY_PCT, extra_derived=True))
-    return ["dcpythia", "dcpythia_unfused", "dcpythia_unaligned", "dcpythia_bf16", "neox"]
+    _loader_zips(out)
+    return ["dcpythia", "dcpythia_unfused", "dcpythia_unaligned", "dcpythia_bf16", "neox", "loaders"]
 
 
 def main(argv=None) -> int:
