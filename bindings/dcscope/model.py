@@ -2,7 +2,8 @@
 
 Thin layer over the C engine (dcscope._engine): the engine runs the pass and
 calls back at every wanted hook point with the activation for the whole batch;
-this module turns that into numpy arrays, a cache, and user hook functions.
+dcscope.hooks turns that into numpy arrays, a cache, and calls of the user's
+hook functions, with hook names from the model's HookTable.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from . import attribution, batch, generate as _generate, grad, names as _names, routing
-from ._checks import Error, c_path, c_str, check_index, check_status as _check, check_str, decode_msg, show_path, token_array
+from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
+from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .bundled import resolve
 from .cache import Cache
