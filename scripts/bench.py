@@ -53,6 +53,8 @@ SIZES = {
     "6.9b": dict(dim=4096, n_head=32, intermediate=16384, vocab=50432, n_layer=32, bench_layers=2, dtype="float16"),
     # the issue's own ratio check (not in the default set): D=1024, 16 heads, 2 layers, vocab 2048
     "d1024": dict(dim=1024, n_head=16, intermediate=4096, vocab=2048, n_layer=2, bench_layers=2, dtype="float32"),
+    # hook overhead on a small model (--hooks-only --sizes small): the copies, not the matmuls
+    "small": dict(dim=256, n_head=8, intermediate=1024, vocab=2048, n_layer=2, bench_layers=2, dtype="float32"),
 }
 R = 2           # dynamic rank
 WINDOW = 256    # published window (layers 0, 2, ... local)
@@ -62,14 +64,14 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def best_of(fn, repeat):
-    """Best wall time of `repeat` calls (after one warm-up)."""
+def best_of(fn, repeat, clock=time.perf_counter):
+    """Best time of `repeat` calls (after one warm-up): wall, or the given clock."""
     fn()
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return min(times)
 
 
@@ -225,23 +227,38 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
     return rows
 
 
-def bench_hooks(tmp, repeat, threads):
-    """Capture every hook vs capture nothing (160M widths, 2 layers, T=512)."""
+def bench_hooks(tmp, repeat, threads, Ts=(256, 512), clock=time.perf_counter, size="160m"):
+    """Capture every hook vs capture nothing, and a hook function at every
+    hook point: one that may write (the default: copied back) and one
+    declared read-only (dcscope.read_only: no copy back; absent before it
+    existed) (`size` widths, 160M by default, 2 layers). clock: wall time, or time.process_time
+    (--hooks-only: CPU time, which load on shared cores disturbs less)."""
     import dcscope
     from dcscope.testing.make_tiny import make_tiny
-    s = SIZES["160m"]
+    s = SIZES[size]
     d = os.path.join(tmp, "hooks")
     make_tiny(d, model_type="dcpythia", n_layer=2, dim=s["dim"], n_head=s["n_head"],
               intermediate=s["intermediate"], vocab=s["vocab"], window_size=WINDOW, seed=2)
     m = dcscope.load(d, n_threads=threads)
+    names = m.hook_names
+
+    def noop(act, name):
+        return None
+
+    look = dcscope.read_only(noop) if hasattr(dcscope, "read_only") else None
     out = []
-    for T in (256, 512):
+    for T in Ts:
         toks = np.random.default_rng(0).integers(0, s["vocab"], size=(1, T))
-        t0 = best_of(lambda: m.forward(toks), repeat)
-        t1 = best_of(lambda: m.run_with_cache(toks), repeat)
-        n_hooks = len(m.hook_names)
-        out.append(dict(T=T, plain_s=t0, capture_all_s=t1, ratio=t1 / t0, hooks=n_hooks))
-        log("   hooks T=%d: plain %.3f s, capture all %d hooks %.3f s (%.2fx)" % (T, t0, n_hooks, t1, t1 / t0))
+        t0 = best_of(lambda: m.forward(toks), repeat, clock)
+        t1 = best_of(lambda: m.run_with_cache(toks), repeat, clock)
+        t2 = best_of(lambda: m.run_with_hooks(toks, [(n, noop) for n in names]), repeat, clock)
+        t3 = best_of(lambda: m.run_with_hooks(toks, [(n, look) for n in names]), repeat, clock) if look else None
+        out.append(dict(T=T, plain_s=t0, capture_all_s=t1, ratio=t1 / t0, hooks=len(names),
+                        fn_all_s=t2, fn_ratio=t2 / t0, read_only_all_s=t3,
+                        read_only_ratio=t3 / t0 if t3 else None))
+        log("   hooks T=%d: plain %.3f s, capture all %d hooks %.3f s (%.2fx), a function at every hook %.3f s "
+            "(%.2fx), read-only %s" % (T, t0, len(names), t1, t1 / t0, t2, t2 / t0,
+                                        "%.3f s (%.2fx)" % (t3, t3 / t0) if t3 else "n/a"))
     del m
     shutil.rmtree(d)
     return out
@@ -373,7 +390,17 @@ def main(argv=None):
     p.add_argument("--synth-lines", type=int, default=16)
     p.add_argument("--mem-6.9b", dest="mem69", metavar="DIR", help="run only the 6.9B fp16 memory test in DIR")
     p.add_argument("--out", default=None, help="also write the numbers as JSON here")
+    p.add_argument("--hooks-only", action="store_true",
+                   help="only the hook measurements, at --T, on the first of --sizes, in CPU time")
     a = p.parse_args(argv)
+    if a.hooks_only:
+        with tempfile.TemporaryDirectory(dir=os.environ.get("DCSCOPE_BENCH_TMP")) as tmp:
+            size = a.sizes.split(",")[0]
+            rows = bench_hooks(tmp, a.repeat, a.threads, [int(t) for t in a.T.split(",")], time.process_time, size)
+        print("%s widths (%s); process CPU time, %d thread(s), best of %d"
+              % (size, ", ".join("%s %s" % kv for kv in SIZES[size].items()), a.threads, a.repeat))
+        _print_hooks(rows, size)
+        return 0
     if a.mem69:
         r = mem_69b(a.mem69)
         if a.out:
@@ -415,11 +442,7 @@ def main(argv=None):
         print("| %s %s | %d | %.2f | %.2f | %.2f | %.3f | %.3f |" % (r["size"], r["model"], r["T"], r["maxrss"] / 2**30,
               r["import_rss"] / 2**30, r["stored"] / 2**30, r["act_peak"] / 2**30, r["ratio"]))
     print()
-    print("| hook capture (160M widths, 2 layers, DCPythia) | T | plain s | every hook s | ratio |")
-    print("|---|---:|---:|---:|---:|")
-    for r in res["hooks"]:
-        print("| run_with_cache() of all %d hooks vs forward() | %d | %.3f | %.3f | %.2fx |" % (
-            r["hooks"], r["T"], r["plain_s"], r["capture_all_s"], r["ratio"]))
+    _print_hooks(res["hooks"])
     if res["synth"]:
         s = res["synth"]
         print()
@@ -429,6 +452,19 @@ def main(argv=None):
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def _print_hooks(rows, size="160m"):
+    print("| hooks (%s widths, 2 layers, DCPythia) | T | plain s | every hook s | ratio |" % size)
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print("| run_with_cache() of all %d hooks vs forward() | %d | %.3f | %.3f | %.2fx |" % (
+            r["hooks"], r["T"], r["plain_s"], r["capture_all_s"], r["ratio"]))
+        print("| run_with_hooks(): a function at all %d hooks | %d | %.3f | %.3f | %.2fx |" % (
+            r["hooks"], r["T"], r["plain_s"], r["fn_all_s"], r["fn_ratio"]))
+        if r["read_only_all_s"]:
+            print("| same, dcscope.read_only(function) | %d | %.3f | %.3f | %.2fx |" % (
+                r["T"], r["plain_s"], r["read_only_all_s"], r["read_only_ratio"]))
 
 
 if __name__ == "__main__":

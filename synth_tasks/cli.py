@@ -23,19 +23,8 @@ import argparse
 import os
 import re
 import sys
-from pathlib import Path
 
-DATA_NAME = "synthetic_dataset.jsonl"
-
-
-def default_data_path() -> str | None:
-    """The published file at <repo>/../shared/data/, if it is there."""
-    repo = Path(__file__).resolve().parent.parent
-    for base in (repo.parent, Path.cwd().parent):
-        p = base / "shared" / "data" / DATA_NAME
-        if p.is_file():
-            return str(p)
-    return None
+from .dataset import DATA_NAME, default_data_path  # noqa: F401 -- also the command line's API
 
 
 def load_model(path, device: str = "cpu"):

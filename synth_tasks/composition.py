@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from dcscope import hook_name
+
 from .tokenize import tokenize_lines
 
 
@@ -43,18 +45,18 @@ def composition_effect(model, ids, positions) -> np.ndarray:
     ids = np.asarray(ids, dtype=np.int32)
     pos = np.asarray(list(positions), dtype=np.int64)
     L = cfg.n_layer
-    names = [f"blocks.{l}.attn.{h}" for l in range(L) for h in ("scores", "pattern_composed")]
+    names = [hook_name(l, "attn." + h) for l in range(L) for h in ("scores", "pattern_composed")]
     _, cache = model.run_with_cache(ids, names=names)
     T = len(ids)
     out = np.zeros((L, cfg.n_head, len(pos)))
     for l in range(L):
-        sc = cache[f"blocks.{l}.attn.scores"].astype(np.float64)          # [N, T, S]
+        sc = cache[hook_name(l, "attn.scores")].astype(np.float64)          # [N, T, S]
         m = _mask(T, l in cfg.local_layers, cfg.window_size)
         sc = np.where(m[None], sc, -np.inf)
         sc -= sc.max(axis=-1, keepdims=True)
         p0 = np.exp(sc)
         p0 /= p0.sum(axis=-1, keepdims=True)
-        p1 = cache[f"blocks.{l}.attn.pattern_composed"].astype(np.float64)
+        p1 = cache[hook_name(l, "attn.pattern_composed")].astype(np.float64)
         out[l] = np.abs(p1 - p0)[:, pos, :].sum(axis=-1)
     return out
 

@@ -40,7 +40,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .dataset import lines_from_records, parse_texts
+from .dataset import DATA_NAME, default_data_path, lines_from_records, parse_texts
 from .tasks import TASKS
 from .tokenize import tokenize_lines
 
@@ -64,7 +64,6 @@ def _read_records(path) -> list[dict]:
 
 
 def published_path() -> str:
-    from .cli import DATA_NAME, default_data_path
     p = default_data_path()
     if p is None:
         raise FileNotFoundError(f"the published {DATA_NAME} was not found in ../shared/data")

@@ -18,6 +18,20 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_NAME = "synthetic_dataset.jsonl"
+
+
+def default_data_path() -> str | None:
+    """The published file at <repo>/../shared/data/, if it is there."""
+    repo = Path(__file__).resolve().parent.parent
+    for base in (repo.parent, Path.cwd().parent):
+        p = base / "shared" / "data" / DATA_NAME
+        if p.is_file():
+            return str(p)
+    return None
+
 
 
 class DatasetError(ValueError):

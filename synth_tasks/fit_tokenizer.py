@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                   f"0..{a.lines - 1} of seed {a.seed}")
         else:
             from tokenizers import Tokenizer
-            from .cli import default_data_path
+            from .dataset import default_data_path
             tok = Tokenizer.from_file(a.tokenizer)
             for path in a.data or [default_data_path()]:
                 st = stats(tok, load_dataset(path).lines)

@@ -231,3 +231,89 @@ def test_hooks_not_asked_for_allocate_nothing(tiny_factory):
     every = model.last_pass_memory()
     assert every["total"] - base["total"] == L * 6 * branch
     assert every["peak"] == one["peak"]                 # one layer's branches live at a time
+
+
+# ---------------------------------------------------------------- names, read-only hooks
+
+def test_hook_name_either_order_and_table(tiny_factory):
+    d, _, _ = tiny_factory(**DCP)
+    model = dcscope.load(d)
+    assert dcscope.hook_name(1, "attn.post.kp") == "blocks.1.attn.post.kp"
+    assert dcscope.hook_name("attn.post.kp", 1) == "blocks.1.attn.post.kp"
+    assert dcscope.hook_name(0, "pattern") == dcscope.hook_name("pattern", 0) == "blocks.0.attn.pattern"
+    assert dcscope.hook_name(0, "hook_resid_pre") == "blocks.0.resid_pre"     # TransformerLens suffix
+    assert dcscope.hook_name("embed") == "embed"
+    assert model.hook_name(-1, "attn.pre.qg") == "blocks.1.attn.pre.qg"
+    with pytest.raises(dcscope.Error, match="not a per-layer hook"):
+        dcscope.hook_name(0, "logits")
+    with pytest.raises(dcscope.Error, match="layer 2 is out of range"):
+        model.hook_name(2, "attn.post.kp")
+    # the name table agrees with the engine's own parser, both ways
+    for i, n in enumerate(model.hook_names):
+        assert model._hook_table.name[model.parse_hook(n)] == n
+    assert len(set(model.hook_names)) == len(model.hook_names)
+    with pytest.raises(dcscope.Error, match="blocks.7.attn.q"):
+        model.parse_hook("blocks.7.attn.q")          # not in the table: the engine says why
+
+
+def test_read_only_hooks(tiny_factory):
+    d, _, _ = tiny_factory(**DCP)
+    model = dcscope.load(d)
+    toks = _tokens(model)
+    plain, cache = model.run_with_cache(toks)
+    seen = {}
+
+    @dcscope.read_only
+    def look(act, name):
+        assert not act.flags.writeable
+        seen[name] = act.copy()
+
+    names = ["blocks.0.attn.post.kp", "blocks.1.mlp.out", "logits"]
+    out = model.run_with_hooks(toks, [(n, look) for n in names])
+    np.testing.assert_array_equal(out, plain)                     # bit for bit: nothing written back
+    for n in names:
+        np.testing.assert_array_equal(seen[n], cache[n])
+
+    def zero(act, name):
+        act[...] = 0
+
+    # the flag declares every hook of the call read-only: a write is refused
+    with pytest.raises(dcscope.Error, match="hook blocks.1.mlp.out.*read-only"):
+        model.run_with_hooks(toks, [("blocks.1.mlp.out", zero)], read_only=True)
+    with pytest.raises(dcscope.Error, match="read-only but returned an array"):
+        model.run_with_hooks(toks, [("blocks.1.mlp.out", dcscope.read_only(lambda a, n: a * 0))])
+    # the same function without the flag writes
+    assert np.abs(model.run_with_hooks(toks, [("blocks.1.mlp.out", zero)]) - plain).max() > 1e-4
+    # a read-only hook after a writing one at the same point sees the write
+    out2, c2 = model.run_with_hooks(toks, [("blocks.1.mlp.out", zero), ("blocks.1.mlp.out", look)],
+                                    cache_names=["blocks.1.mlp.out"])
+    assert not seen["blocks.1.mlp.out"].any() and not c2["blocks.1.mlp.out"].any()
+    # with model.hooks(..., read_only=True) and add_hook(read_only=True)
+    with model.hooks([("blocks.0.attn.pattern", lambda a, n: seen.__setitem__("ctx", a))], read_only=True):
+        np.testing.assert_array_equal(model.forward(toks), plain)
+    assert not seen["ctx"].flags.writeable
+    model.add_hook("blocks.0.attn.z", zero, read_only=True)
+    try:
+        with pytest.raises(dcscope.Error, match="read-only"):
+            model.forward(toks)
+    finally:
+        model.reset_hooks()
+    # the cache of a pass with read-only hooks is writable, like any cache
+    _, c3 = model.run_with_cache(toks, names=["blocks.0.attn.z"], fwd_hooks=[("blocks.0.attn.z", look)])
+    c3["blocks.0.attn.z"][...] += 1.0
+    assert repr(look).startswith("read_only(")
+
+
+def test_read_only_hook_left_padded_batch(tiny_factory):
+    d, _, _ = tiny_factory(**DCP)
+    model = dcscope.load(d)
+    a, b = _tokens(model, 7, 1), _tokens(model, 4, 2)
+    toks = np.zeros((2, 7), np.int64)
+    toks[0], toks[1, 3:] = a, b
+    lengths = np.array([7, 4])
+    got = []
+    model.run_with_hooks(toks, [("blocks.0.resid_post", dcscope.read_only(lambda x, n: got.append(x)))],
+                         lengths=lengths, padding_side="left")
+    _, c = model.run_with_cache(b, names=["blocks.0.resid_post"])
+    assert not got[0].flags.writeable
+    assert rel_err(got[0][1, 3:], c["blocks.0.resid_post"]) <= TOL    # the left-padded layout

@@ -558,9 +558,8 @@ def test_ctrl_c_stops_a_decoding_step(deep):
     np.testing.assert_array_equal(dec.step(toks), ref)
 
 
-def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys, monkeypatch):
+def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys):
     from dcscope.cli import main
-    from dcscope.testing import make_tiny as mt
     assert main(["bogus"]) == 2
     assert "unknown command 'bogus'" in capsys.readouterr().err
     assert main(["make-tiny", str(tmp_path / "m"), "--dim", "0"]) == 1
@@ -572,10 +571,7 @@ def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys, monkeypatc
     assert "exists and is not a directory" in capsys.readouterr().err
     assert main(["make-tiny", str(f / "sub")]) == 1      # cannot be created
     assert "dcscope make-tiny: error: cannot write" in capsys.readouterr().err
-    # a plain install (no safetensors package): the local writer is used
-    monkeypatch.setattr(mt, "_have_safetensors", lambda: False)
+    # no safetensors package is needed: dcscope.testing.checkpoint writes the files
     assert main(["make-tiny", str(tmp_path / "plain")]) == 0
     capsys.readouterr()
     assert dcscope.load(tmp_path / "plain").forward(TOKS % 64).shape == (len(TOKS), 64)
-    with pytest.raises(ValueError, match="dcscope\\[test\\]"):
-        mt.write_safetensors(tmp_path / "x.safetensors", {}, writer="package")

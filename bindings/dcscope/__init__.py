@@ -10,6 +10,9 @@ multi-head attention) and Pythia, with hooks on every activation.
     logits = model.forward(tokens)                     # [T, V] or [B, T, V]
     logits, cache = model.run_with_cache(tokens)       # every hook
     cache["blocks.0.attn.post.kp"]                     # [N, T, S]
+    dcscope.hook_name(0, "attn.post.kp")               # "blocks.0.attn.post.kp"
+    model.run_with_hooks(tokens, [(name, fn)])         # fn(act, name) may write act;
+    dcscope.read_only(fn)                              # ... or only read it (no copy back)
     dcscope.attention_heatmap(model, "The cat sat", layer=0)   # PNG, inline in Jupyter
     model.generate("The cat", max_new_tokens=10)       # incremental decoding in the engine
 
@@ -22,10 +25,12 @@ from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
 from . import analysis, circuits, interventions, routing
 from . import cache, names, patching
-from .names import hook_name
+from .names import BRANCHES, PHASES, hook_name
+from .hooks import read_only
 from .generate import Decoder, generate
 
-__all__ = ["BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PNG", "analysis",
-           "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available", "cuda_unavailable_reason",
-           "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching", "routing"]
+__all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PHASES", "PNG",
+           "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
+           "cuda_unavailable_reason", "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching",
+           "read_only", "routing"]
 __version__ = "0.1.0"

@@ -92,3 +92,11 @@ def check_bytes_budget(what: str, nbytes: int, limit: Optional[int]) -> None:
     if limit is not None and nbytes > limit:
         raise Error("%s needs %.1f GiB, more than this machine's %.1f GiB of memory"
                     % (what, nbytes / 2**30, limit / 2**30))
+
+
+def check_status(status: int, msg: str) -> None:
+    """Error(msg) (or the status' name when msg is empty) unless the engine
+    call that returned `status` succeeded."""
+    from ._engine import ffi, lib
+    if status != lib.DCS_OK:
+        raise Error(msg or ffi.string(lib.dcs_status_name(status)).decode())

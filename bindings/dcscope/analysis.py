@@ -47,6 +47,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .model import Error, Model
+from .names import PHASES, hook_name
 
 __all__ = [
     "PCAResult", "CompositionStats", "iter_dataset", "head_output_pca", "qk_ov_diversity",
@@ -128,7 +129,7 @@ def head_output_pca(model: Model, dataset, layers: Optional[Iterable[int]] = Non
     layers = _layers(model, layers)
     N, D = model.config.n_head, model.config.d_model
     point = "attn.head_out" if mode == "heads" else "attn.z"
-    names = ["blocks.%d.%s" % (l, point) for l in layers]
+    names = [hook_name(l, point) for l in layers]
     if mode == "heads":
         gram = {l: np.zeros((N, N)) for l in layers}
     else:
@@ -177,7 +178,7 @@ def head_similarity(model: Model, layer: int, dataset=None, kind: str = "output"
     if kind == "output":
         if dataset is None:
             raise Error("head_similarity(kind='output') needs a dataset")
-        name = "blocks.%d.attn.head_out" % layer
+        name = hook_name(layer, "attn.head_out")
         G = np.zeros((N, N))
         for toks in iter_dataset(model, dataset, progress, "head similarity"):
             a = model.run_with_cache(toks, names=[name])[1][name].astype(np.float64)
@@ -234,7 +235,7 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
         raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
     layers = _layers(model, layers)
     for ph in phases:
-        if ph not in ("pre", "post"):
+        if ph not in PHASES:
             raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
     from .routing import _dyn_names, static_map
     N, G = c.n_head, c.compose_groups
@@ -244,7 +245,7 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
     for l in layers:
         for ph in phases:
             names += _dyn_names(l, ph, c.query_wise, c.key_wise)
-            names.append("blocks.%d.attn.%s" % (l, "scores" if ph == "pre" else "pattern"))
+            names.append(hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern")))
     branch_names = [b for b in ("qp", "kp", "qg", "kg") if not (c.query_wise and b[0] == "k")
                     and not (c.key_wise and b[0] == "q")] + (["static"] if c.use_sw else [])
     acc = {(l, ph): dict(sums={b: 0.0 for b in branch_names + ["total"]}, flow=np.zeros((N, N)),
@@ -258,7 +259,7 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
             n_t, n_s = ok.sum(1), ok.sum(0)                # allowed keys per query, queries per key
             for ph in phases:
                 a = acc[(l, ph)]
-                p = "blocks.%d.attn.dyn.%s." % (l, ph)
+                p = hook_name(l, "attn.dyn.%s." % ph)
                 terms_q = np.zeros((T, N, N))              # query-side part of C - I
                 terms_k = np.zeros((T, N, N))              # key-side part
                 eye = np.eye(N)
@@ -277,7 +278,7 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
                 W = statics[(l, ph)]
                 if W is not None:
                     a["sums"]["static"] += float(ok.sum() * np.abs(W).sum())
-                X = cache["blocks.%d.attn.%s" % (l, "scores" if ph == "pre" else "pattern")].astype(np.float64)
+                X = cache[hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))].astype(np.float64)
                 X = np.where(ok[None], X, 0.0)             # [N, T, S], only allowed pairs
                 for t0 in range(0, T, chunk):
                     t1 = min(T, t0 + chunk)
@@ -311,7 +312,7 @@ def head_load(model: Model, dataset, progress: bool = True) -> np.ndarray:
     if c.moh_shared_heads is None:
         raise Error("%s has no Mixture-of-Head routing ('moh' is not in its config)" % model.name)
     k = c.moh_routed_topk
-    names = ["blocks.%d.attn.router_logits" % l for l in range(c.n_layer)]
+    names = [hook_name(l, "attn.router_logits") for l in range(c.n_layer)]
     counts = np.zeros((c.n_layer, c.n_head - c.moh_shared_heads))
     n_tok = 0
     for toks in iter_dataset(model, dataset, progress, "head load"):

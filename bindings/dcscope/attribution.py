@@ -29,7 +29,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from .grad import Tape, target_value_and_grad
-from .model import Error
+from ._checks import Error
 
 # hook suffix -> axis of the heads in the single-sequence layout
 _HEAD_AXIS = {"attn.q": 1, "attn.k": 1, "attn.v": 1, "attn.z": 1, "attn.head_out": 1,

@@ -21,8 +21,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._checks import token_array
-from .model import Cache, Error
+from . import names as _names
+from ._checks import Error, token_array
+from .cache import Cache
+from .hooks import is_read_only, read_only
 
 _MAP_PREFIXES = ("attn.pre.", "attn.post.")
 _MAPS = ("attn.scores", "attn.scores_composed", "attn.pattern", "attn.pattern_composed")
@@ -124,7 +126,6 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
 def call(model, tokens, *, lengths=None, padding_side: str = "right", return_type: Optional[str] = "logits",
          capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False):
     """The one path of forward / run_with_cache / run_with_hooks."""
-    from .names import canonical
     if return_type not in ("logits", "loss", "both", None):
         raise Error("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
     a, lengths, batched = normalize(model, tokens, lengths, padding_side)
@@ -132,7 +133,7 @@ def call(model, tokens, *, lengths=None, padding_side: str = "right", return_typ
         raise Error("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
     if not batched and model.always_batch:
         a, batched = a[None], True
-    fns = [(canonical(n), fn) for n, fn in list(fns) + list(model._ctx_hooks)]
+    fns = [(_names.canonical(n), fn) for n, fn in list(fns) + list(model._ctx_hooks)]
     for n, fn in fns:
         if not callable(fn):
             raise Error("hook %s: %r is not callable" % (n, fn))
@@ -170,6 +171,12 @@ def _left_view(fn, name: str, shifts: np.ndarray):
     """A hook function of a left-padded call: it sees (and writes) the
     left-padded layout while the engine runs right-padded."""
     axes = _pos_axes(name)
+    if is_read_only(fn):
+        def look(act, hook_name):
+            left = _roll_rows(act, shifts, axes)
+            left.flags.writeable = False
+            return fn(left, hook_name)
+        return read_only(look)
 
     def wrapped(act, hook_name):
         left = _roll_rows(act, shifts, axes)

@@ -21,7 +21,7 @@ import json
 import os
 from typing import List, Optional, Union
 
-from .model import Error
+from ._checks import Error
 
 ENV = "DCSCOPE_MODELS_DIR"
 

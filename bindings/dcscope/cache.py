@@ -21,11 +21,93 @@ component.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .model import Cache, Error
+from . import names as _names
+from ._checks import Error
+from .names import hook_name
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+class Cache(dict):
+    """Activations by hook name (numpy arrays), from run_with_cache.
+
+    Keys are dcscope hook names; lookups also take TransformerLens names
+    (cache["blocks.0.attn.hook_pattern"]) and (short name, layer) pairs
+    (cache["pattern", 0], cache["resid_post", -1]). repr shows names and
+    shapes only. The analysis helpers (decompose_resid, stack_head_results,
+    accumulated_resid, apply_ln_to_stack, logit_attrs) are in dcscope.cache."""
+
+    model: Optional["Model"] = None
+
+    def _key(self, key):
+        if isinstance(key, tuple):
+            if not 1 <= len(key) <= 2:
+                raise Error("cache key must be a name or (name, layer), got %r" % (key,))
+            layer = key[1] if len(key) == 2 else None
+            if layer is not None and isinstance(layer, (int, np.integer)) and layer < 0 and self.model is not None:
+                layer += self.model.config.n_layer
+            return _names.hook_name(key[0], layer)
+        return _names.canonical(key)
+
+    def __getitem__(self, key):
+        k = self._key(key)
+        try:
+            return dict.__getitem__(self, k)
+        except KeyError:
+            raise KeyError("cache has no %r%s (it holds %d activations; capture it with names=[...])"
+                           % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
+
+    def __contains__(self, key):
+        try:
+            return dict.__contains__(self, self._key(key))
+        except Error:
+            return False
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def __repr__(self) -> str:
+        items = ["%s %s" % (k, list(v.shape)) for k, v in self.items()]
+        shown = items[:12] + (["... %d more" % (len(items) - 12)] if len(items) > 12 else [])
+        return "Cache(%d activations: %s)" % (len(self), ", ".join(shown))
+
+    __str__ = __repr__
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(repr(self))
+
+    def decompose_resid(self, **kw):
+        return decompose_resid(self, **kw)
+
+    def accumulated_resid(self, **kw):
+        return accumulated_resid(self, **kw)
+
+    def stack_head_results(self, **kw):
+        return stack_head_results(self, **kw)
+
+    def apply_ln_to_stack(self, stack, **kw):
+        return apply_ln_to_stack(self, stack, **kw)
+
+    def logit_attrs(self, stack, tokens, **kw):
+        return logit_attrs(self, stack, tokens, **kw)
+
+    def layer(self, l: int) -> Dict[str, np.ndarray]:
+        """The activations of block l, keyed by the name after 'blocks.{l}.'."""
+        p = "blocks.%d." % l
+        return {k[len(p):]: v for k, v in self.items() if k.startswith(p)}
+
+    def stack(self, suffix: str) -> np.ndarray:
+        """[L, ...]: one per-layer hook across all layers that were captured."""
+        keys = sorted((k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
+                      key=lambda k: int(k.split(".")[1]))
+        if not keys:
+            raise Error("cache has no 'blocks.*.%s'" % suffix)
+        return np.stack([self[k] for k in keys])
 
 
 def _need(cache: Cache, name: str) -> np.ndarray:
@@ -53,8 +135,8 @@ def _final_resid(cache: Cache, model, layer: int) -> np.ndarray:
     """The residual entering block `layer` (layer == L: the final residual)."""
     L = model.config.n_layer
     if layer == L:
-        return _need(cache, "blocks.%d.resid_post" % (L - 1))
-    return _need(cache, "blocks.%d.resid_pre" % layer)
+        return _need(cache, hook_name(L - 1, "resid_post"))
+    return _need(cache, hook_name(layer, "resid_pre"))
 
 
 def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
@@ -65,13 +147,13 @@ def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool 
     model = _model(cache)
     L = model.config.n_layer
     upto = _layer_arg(model, layer)
-    parts = [_need(cache, "blocks.%d.resid_pre" % l) for l in range(upto)]
+    parts = [_need(cache, hook_name(l, "resid_pre")) for l in range(upto)]
     labels = ["%d_pre" % l for l in range(upto)]
     if upto == L:
-        parts.append(_need(cache, "blocks.%d.resid_post" % (L - 1)))
+        parts.append(_need(cache, hook_name(L - 1, "resid_post")))
         labels.append("final_post")
     else:
-        parts.append(_need(cache, "blocks.%d.resid_pre" % upto))
+        parts.append(_need(cache, hook_name(upto, "resid_pre")))
         labels.append("%d_pre" % upto)
     out = np.stack(parts)
     if apply_ln:
@@ -87,7 +169,7 @@ def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = 
     upto = _layer_arg(model, layer)
     parts, labels = [_need(cache, "embed")], ["embed"]
     for l in range(upto):
-        parts += [_need(cache, "blocks.%d.attn.out" % l), _need(cache, "blocks.%d.mlp.out" % l)]
+        parts += [_need(cache, hook_name(l, "attn.out")), _need(cache, hook_name(l, "mlp.out"))]
         labels += ["%d_attn_out" % l, "%d_mlp_out" % l]
     out = np.stack(parts)
     if apply_ln:
@@ -105,7 +187,7 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool
     N = model.config.n_head
     parts, labels = [], []
     for l in range(upto):
-        ho = _need(cache, "blocks.%d.attn.head_out" % l)        # [..., T, N, D]
+        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
         parts += [ho[..., n, :] for n in range(N)]
         labels += ["L%dH%d" % (l, n) for n in range(N)]
     if not parts and not incl_remainder:
@@ -200,18 +282,18 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     bo = model.b_O
     for l in range(L):
         if by == "head":
-            ho = at("blocks.%d.attn.head_out" % l)          # [N, D]
+            ho = at(hook_name(l, "attn.head_out"))          # [N, D]
             parts += list(ho)
             labels += ["L%dH%d" % (l, n) for n in range(N)]
             parts.append(bo[l])
             labels.append("L%d.attn_bias" % l)
         else:
-            parts.append(at("blocks.%d.attn.out" % l))
+            parts.append(at(hook_name(l, "attn.out")))
             labels.append("L%d.attn" % l)
-        parts.append(at("blocks.%d.mlp.out" % l))
+        parts.append(at(hook_name(l, "mlp.out")))
         labels.append("L%d.mlp" % l)
     stack = np.asarray(np.stack(parts), np.float64)             # [C, D]
-    total = np.asarray(at("blocks.%d.resid_post" % (L - 1)), np.float64)
+    total = np.asarray(at(hook_name(L - 1, "resid_post")), np.float64)
     eps = model.config.norm_eps
     tc = total - total.mean()
     scale = np.sqrt((tc ** 2).mean() + eps)

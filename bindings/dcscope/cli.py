@@ -1,6 +1,6 @@
 """The dcscope command line.
 
-    dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]
+    dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]   (synth_tasks)
     dcscope heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
     dcscope info --model DIR
     dcscope models                            (the bundled models: every --model takes their names)
@@ -15,7 +15,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from .model import Error
+from . import plugins
+from ._checks import Error
 
 
 def _heatmap(argv: List[str]) -> int:
@@ -137,32 +138,36 @@ def _models(argv: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"synth": None, "heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": None, "train": None}
-    if argv and argv[0] not in cmds and argv[0] not in ("-h", "--help"):
+    cmds = {"heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": _make_tiny, "train": _train}
+    # commands other packages add (synth: synth_tasks), looked up by name
+    added = [n for n in plugins.names(plugins.COMMANDS) if n not in cmds]
+    if argv and argv[0] not in cmds and argv[0] not in added and argv[0] not in ("-h", "--help"):
         print("dcscope: unknown command %r (commands: %s; dcscope --help)"
-              % (argv[0], ", ".join(cmds)), file=sys.stderr)
+              % (argv[0], ", ".join(added + list(cmds))), file=sys.stderr)
         return 2
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     try:
-        if cmd == "synth":
-            from synth_tasks.cli import main as synth_main
-            return synth_main(rest)
-        if cmd == "make-tiny":
-            from .testing.make_tiny import main as tiny_main
-            return tiny_main(rest) or 0
-        if cmd == "train":
-            from .train import main as train_main
-            return train_main(rest)
-        return cmds[cmd](rest)
+        fn = cmds[cmd] if cmd in cmds else plugins.find(plugins.COMMANDS, cmd)
+        return fn(rest) or 0
     except Error as e:
         msg = str(e)
         if msg.startswith(cmd + ": "):           # "heatmap: ..." under "dcscope heatmap"
             msg = msg[len(cmd) + 2:]
         print("dcscope %s: error: %s" % (cmd, msg), file=sys.stderr)
         return 1
+
+
+def _make_tiny(argv: List[str]) -> int:
+    from .testing.make_tiny import main as tiny_main
+    return tiny_main(argv) or 0
+
+
+def _train(argv: List[str]) -> int:
+    from .train import main as train_main
+    return train_main(argv)
 
 
 if __name__ == "__main__":

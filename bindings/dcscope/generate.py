@@ -14,13 +14,17 @@ step's activations ([1, n, ...] for the n tokens fed; attention maps
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._engine import ffi, lib
 from ._checks import check_index
-from .model import Error, HookFn, Model, _Run, _check
+from ._checks import Error, check_status as _check
+from .hooks import HookFn, _Run
+
+if TYPE_CHECKING:
+    from .model import Model
 
 
 class Decoder:

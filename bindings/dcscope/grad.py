@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._engine import ffi, lib
-from .model import Error, _check
+from ._checks import Error, check_status as _check
 
 
 def _ptr(a, kind="float *"):
@@ -58,7 +58,7 @@ class Tape:
             d = np.ascontiguousarray(data, dtype=np.float32)
             if d.shape != self._shape(p):
                 raise Error("override at %s: shape %s, expected %s"
-                            % (self.model._hook_name(p, l), d.shape, self._shape(p)))
+                            % (self.model._hook_table.name[(p, l)], d.shape, self._shape(p)))
             keep.append(d)
             arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
         self._keep = (keep, arr)  # the engine reads them again in the backward

@@ -18,9 +18,9 @@ import numpy as np
 from ._engine import ffi, lib
 from ._checks import check_index
 from .model import Error, Model
+from .names import BRANCHES, hook_name
 
 SEQUENTIAL, DIVERGING = 0, 1
-BRANCHES = ("skip", "qp", "kp", "qg", "kg")
 
 
 class PNG:
@@ -228,9 +228,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
             raise Error("heatmap: hook='branches' needs one layer and one head")
         if phase not in ("pre", "post"):
             raise Error("heatmap: phase must be 'pre' or 'post'")
-        names = ["blocks.%d.attn.%s.%s" % (layer, phase, b) for b in BRANCHES + ("static",)]
+        names = [hook_name(layer, "attn.%s.%s" % (phase, b)) for b in BRANCHES + ("static",)]
         names = [n for n in names if n in model.hook_names]
-        total = "blocks.%d.attn.%s" % (layer, "scores_composed" if phase == "pre" else "pattern_composed")
+        total = hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
         _, cache = model.run_with_cache(tokens, names=names + [total])
         maps = [cache[n][head] for n in names] + [cache[total][head]]
         titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
@@ -240,7 +240,7 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     if layer == "all":
         if head is None:
             raise Error("heatmap: layer='all' needs a head")
-        names = ["blocks.%d.attn.%s" % (l, hook) for l in range(c.n_layer)]
+        names = [hook_name(l, "attn.%s" % hook) for l in range(c.n_layer)]
         for n in names:
             model.parse_hook(n)
         _, cache = model.run_with_cache(tokens, names=names)
@@ -249,7 +249,7 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         kw.setdefault("panel_windows", [c.window_size if l in c.local_layers else 0 for l in range(c.n_layer)])
         kw.setdefault("title", "%s: head %d across layers: %s" % (model.name, head, hook))
     else:
-        name = "blocks.%d.attn.%s" % (layer, hook)
+        name = hook_name(layer, "attn.%s" % hook)
         model.parse_hook(name)
         _, cache = model.run_with_cache(tokens, names=[name])
         a = cache[name]

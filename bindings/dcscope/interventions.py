@@ -19,8 +19,8 @@ import numpy as np
 
 from ._checks import check_index
 from .model import Cache, Error, Model
+from .names import BRANCHES, PHASES, hook_name
 
-BRANCHES = ("skip", "qp", "kp", "qg", "kg")
 
 # Axis of the head index in each head-indexed hook (counted from the end,
 # so the same number works with or without a leading batch axis).
@@ -28,9 +28,9 @@ _HEAD_AXIS_FROM_END = {
     "attn.q": -2, "attn.k": -2, "attn.v": -2, "attn.z": -2, "attn.head_out": -2,
     "attn.scores": -3, "attn.scores_composed": -3, "attn.pattern": -3,
     "attn.pattern_composed": -3,
-    **{"attn.%s.%s" % (ph, b): -3 for ph in ("pre", "post") for b in BRANCHES},
+    **{"attn.%s.%s" % (ph, b): -3 for ph in PHASES for b in BRANCHES},
     # dynamic weights [T, R, N] / [S, R, N] and gates [T, N] / [S, N]: head last
-    **{"attn.dyn.%s.%s" % (ph, w): -1 for ph in ("pre", "post")
+    **{"attn.dyn.%s.%s" % (ph, w): -1 for ph in PHASES
        for w in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")},
     "attn.pre.static": -3, "attn.post.static": -3,
     "attn.routing": -1,
@@ -88,7 +88,7 @@ def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
     replaces it by `mean` (e.g. mean_activation(cache_of_many_runs, ...)),
     broadcast over positions: shape [Dh] or [T, Dh] for attn.z."""
     _check_head(model, layer, head)
-    name = _canon("blocks.%d.%s" % (layer, point))
+    name = _canon(hook_name(layer, point))
     _head_axis(model, name)
     if kind not in ("zero", "mean"):
         raise Error("ablate_head: kind must be 'zero' or 'mean', not %r" % (kind,))
@@ -115,7 +115,7 @@ def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
 
 def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") -> np.ndarray:
     """Mean of a head's activation over positions (and batch): e.g. [Dh] for attn.z."""
-    name = "blocks.%d.%s" % (layer, point)
+    name = hook_name(layer, point)
     if name not in cache:
         raise Error("cache has no %s" % name)
     a = cache[name]
@@ -127,7 +127,7 @@ def disable_branch(model: Model, phase: str, branch: str,
                    layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
     """Zero one compose branch (skip, qp, kp, qg, kg) of pre- or post-compose in
     the chosen layers (all by default): the composed sum then lacks it."""
-    if phase not in ("pre", "post"):
+    if phase not in PHASES:
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if branch not in BRANCHES:
         raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
@@ -135,7 +135,7 @@ def disable_branch(model: Model, phase: str, branch: str,
     hooks = []
     for l in layers:
         l = check_index("layer", l, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
-        name = "blocks.%d.attn.%s.%s" % (l, phase, branch)
+        name = hook_name(l, "attn.%s.%s" % (phase, branch))
         model.parse_hook(name)
         hooks.append((name, _zero))
     return hooks
@@ -145,7 +145,7 @@ def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> Lis
     """Zero every dynamic branch (qp, kp, qg, kg) of both phases: the layers then
     compute plain multi-head attention with the same weights."""
     out = []
-    for phase in ("pre", "post"):
+    for phase in PHASES:
         for b in BRANCHES[1:]:
             if b in ("kp", "kg") and model.config.query_wise:
                 continue
@@ -239,10 +239,10 @@ def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
         raise Error("%s has no static composition branch (use_sw is off)" % model.name)
     hooks = []
     for ph in phases:
-        if ph not in ("pre", "post"):
+        if ph not in PHASES:
             raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
         for l in _layers(model, layers):
-            name = "blocks.%d.attn.%s.static" % (l, ph)
+            name = hook_name(l, "attn.%s.static" % ph)
             model.parse_hook(name)
             hooks.append((name, _zero))
     return hooks
@@ -270,7 +270,7 @@ def force_routing(model: Model, layer: int, heads: Sequence[int], weights: Optio
         raise Error("force_routing: weights must be %d finite numbers, one per head" % len(heads))
     row = np.zeros(N, dtype=np.float32)
     row[heads] = w
-    name = "blocks.%d.attn.routing" % layer
+    name = hook_name(layer, "attn.routing")
 
     def fn(act, _name):
         idx = [slice(None)] * act.ndim
@@ -297,7 +297,7 @@ def scale_router_logits(model: Model, factor: float, layers: Optional[Iterable[i
                 raise Error("routed head %d is out of range (%d routed heads)" % (h, NR))
     out = []
     for l in _layers(model, layers):
-        name = "blocks.%d.attn.router_logits" % l
+        name = hook_name(l, "attn.router_logits")
         model.parse_hook(name)
 
         def fn(act, _name):

@@ -2,7 +2,8 @@
 
 Thin layer over the C engine (dcscope._engine): the engine runs the pass and
 calls back at every wanted hook point with the activation for the whole batch;
-this module turns that into numpy arrays, a cache, and user hook functions.
+dcscope.hooks turns that into numpy arrays, a cache, and calls of the user's
+hook functions, with hook names from the model's HookTable.
 """
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ import dataclasses
 import os
 import stat
 import threading
-import traceback
 import warnings
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import attribution, batch, generate as _generate, grad, names as _names, routing
 from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
+from ._checks import check_status as _check
 from ._engine import ffi, lib
+from .bundled import resolve
+from .cache import Cache
+from .hooks import HookFn, HookTable, _Run, hook_pairs
 from .weights import WeightsMixin
 
 _MAX_TOKENIZER_BYTES = 256 << 20
@@ -27,11 +32,6 @@ _MAX_TOKENIZER_BYTES = 256 << 20
 class LoadWarning(UserWarning):
     """Something about a checkpoint worth knowing, said once when it is loaded
     (e.g. key-side weights of a query-wise checkpoint that are ignored)."""
-
-
-def _check(status: int, msg: str) -> None:
-    if status != lib.DCS_OK:
-        raise Error(msg or ffi.string(lib.dcs_status_name(status)).decode())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,6 @@ class Config:
         return getattr(self, key)
 
 
-HookFn = Callable[[np.ndarray, str], Optional[np.ndarray]]
 Names = Union[None, str, Iterable[str], Callable[[str], bool]]
 
 
@@ -95,204 +94,9 @@ def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
     prompt (TransformerLens' habit); by default the batch axis follows the
     input: a string or [T] array gives [T, ...], a list of strings or a
     [B, T] array gives [B, T, ...]."""
-    from .bundled import resolve
     m = Model(resolve(path), device=device, n_threads=n_threads)
     m.always_batch = bool(always_batch)
     return m
-
-
-class Cache(dict):
-    """Activations by hook name (numpy arrays), from run_with_cache.
-
-    Keys are dcscope hook names; lookups also take TransformerLens names
-    (cache["blocks.0.attn.hook_pattern"]) and (short name, layer) pairs
-    (cache["pattern", 0], cache["resid_post", -1]). repr shows names and
-    shapes only. The analysis helpers (decompose_resid, stack_head_results,
-    accumulated_resid, apply_ln_to_stack, logit_attrs) are in dcscope.cache."""
-
-    model: Optional["Model"] = None
-
-    def _key(self, key):
-        from . import names as _names
-        if isinstance(key, tuple):
-            if not 1 <= len(key) <= 2:
-                raise Error("cache key must be a name or (name, layer), got %r" % (key,))
-            layer = key[1] if len(key) == 2 else None
-            if layer is not None and isinstance(layer, (int, np.integer)) and layer < 0 and self.model is not None:
-                layer += self.model.config.n_layer
-            return _names.hook_name(key[0], layer)
-        return _names.canonical(key)
-
-    def __getitem__(self, key):
-        k = self._key(key)
-        try:
-            return dict.__getitem__(self, k)
-        except KeyError:
-            raise KeyError("cache has no %r%s (it holds %d activations; capture it with names=[...])"
-                           % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
-
-    def __contains__(self, key):
-        try:
-            return dict.__contains__(self, self._key(key))
-        except Error:
-            return False
-
-    def get(self, key, default=None):
-        return self[key] if key in self else default
-
-    def __repr__(self) -> str:
-        items = ["%s %s" % (k, list(v.shape)) for k, v in self.items()]
-        shown = items[:12] + (["... %d more" % (len(items) - 12)] if len(items) > 12 else [])
-        return "Cache(%d activations: %s)" % (len(self), ", ".join(shown))
-
-    __str__ = __repr__
-
-    def _repr_pretty_(self, p, cycle):  # IPython
-        p.text(repr(self))
-
-    def decompose_resid(self, **kw):
-        from . import cache as _c
-        return _c.decompose_resid(self, **kw)
-
-    def accumulated_resid(self, **kw):
-        from . import cache as _c
-        return _c.accumulated_resid(self, **kw)
-
-    def stack_head_results(self, **kw):
-        from . import cache as _c
-        return _c.stack_head_results(self, **kw)
-
-    def apply_ln_to_stack(self, stack, **kw):
-        from . import cache as _c
-        return _c.apply_ln_to_stack(self, stack, **kw)
-
-    def logit_attrs(self, stack, tokens, **kw):
-        from . import cache as _c
-        return _c.logit_attrs(self, stack, tokens, **kw)
-
-    def layer(self, l: int) -> Dict[str, np.ndarray]:
-        """The activations of block l, keyed by the name after 'blocks.{l}.'."""
-        p = "blocks.%d." % l
-        return {k[len(p):]: v for k, v in self.items() if k.startswith(p)}
-
-    def stack(self, suffix: str) -> np.ndarray:
-        """[L, ...]: one per-layer hook across all layers that were captured."""
-        keys = sorted((k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
-                      key=lambda k: int(k.split(".")[1]))
-        if not keys:
-            raise Error("cache has no 'blocks.*.%s'" % suffix)
-        return np.stack([self[k] for k in keys])
-
-
-class _Run:
-    """State of one forward pass with hooks: what to call where, the cache."""
-
-    def __init__(self, model: "Model", batched: bool):
-        self.model = model
-        self.batched = batched
-        self.capture: Dict[Tuple[int, int], str] = {}
-        self.fns: Dict[Tuple[int, int], List[Tuple[str, HookFn]]] = {}
-        self.cache = Cache()
-        self.error: Optional[BaseException] = None
-        self.cancel = False        # set on Ctrl-C: the next hook call aborts the pass
-
-
-# Hook arrays. The engine hands each hook point a pointer into its own
-# (pooled, reused) activation memory. No Python-visible array may outlive
-# that memory, so hook functions get an array that owns a copy, and what
-# they changed is copied back after they return; the engine memory is only
-# seen through short-lived views inside _engine_copy / _write_back, whose
-# frames are cleared if an exception keeps a traceback. The copy replaces
-# the snapshot the change detection needed anyway, so a hooked pass costs
-# what it did before, and capture (run_with_cache) copies exactly once.
-
-def _engine_view(data, dims, batched: bool) -> np.ndarray:
-    n = 1
-    for d in dims:
-        n *= d
-    arr = np.frombuffer(ffi.buffer(data, n * 4), dtype=np.float32).reshape(dims)
-    return arr if batched else arr[0]
-
-
-def _engine_copy(data, dims, batched: bool) -> np.ndarray:
-    return _engine_view(data, dims, batched).copy()
-
-
-def _write_back(data, dims, batched: bool, work: np.ndarray, name: str) -> bool:
-    """Copy what the hooks changed into the engine; True if anything changed."""
-    src = _engine_view(data, dims, batched)
-    if np.array_equal(src, work, equal_nan=True):
-        return False
-    finite = bool(np.all(np.isfinite(work)))
-    if finite:
-        src[...] = work
-    del src
-    if not finite:
-        raise Error("hook %s: the hook function wrote NaN or inf values" % name)
-    return True
-
-
-def _hook_call(run: "_Run", point: int, layer: int, data, shape, ndim: int) -> int:
-    key = (point, layer)
-    name = run.model._hook_name(point, layer)
-    dims = tuple(shape[i] for i in range(ndim))
-    fns = run.fns.get(key, ())
-    if not fns:
-        if key in run.capture:
-            run.cache[name] = _engine_copy(data, dims, run.batched)
-        return 0
-    work = _engine_copy(data, dims, run.batched)      # owned by Python
-    for fname, fn in fns:
-        out = fn(work, name)
-        if out is not None and out is not work:
-            out = _validate(out, work.shape, name)
-            work[...] = out
-        if run.cancel:
-            raise KeyboardInterrupt()
-    modified = _write_back(data, dims, run.batched, work, name)
-    if key in run.capture:
-        run.cache[name] = work.copy()                 # the hook may keep `work`
-    return 1 if modified else 0
-
-
-_OWN_FRAMES = set()
-
-
-def _forget_engine_views(e: BaseException) -> None:
-    """Clear the locals of this module's hook frames kept by e's traceback
-    (they may hold views of engine memory); user frames are left alone."""
-    tb = e.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code in _OWN_FRAMES:
-            try:
-                tb.tb_frame.clear()
-            except RuntimeError:   # still executing
-                pass
-        tb = tb.tb_next
-
-
-@ffi.def_extern()
-def _dcs_py_hook(user, point, layer, data, shape, ndim):
-    run: _Run = ffi.from_handle(user)
-    try:
-        if run.cancel:
-            raise KeyboardInterrupt()
-        return _hook_call(run, point, layer, data, shape, ndim)
-    except BaseException as e:  # noqa: BLE001 -- reported after the pass returns
-        _forget_engine_views(e)
-        run.error = e
-        return -1
-
-
-_OWN_FRAMES.update(f.__code__ for f in (_engine_view, _engine_copy, _write_back, _hook_call))
-
-
-def _pairs(fwd_hooks) -> List[Tuple[str, HookFn]]:
-    fwd_hooks = list(fwd_hooks)
-    for item in fwd_hooks:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise Error("fwd_hooks must be a list of (name, fn) pairs, got %r" % (item,))
-    return fwd_hooks
 
 
 def _physical_memory() -> int:
@@ -328,21 +132,6 @@ def _read_regular_file(path: str, limit: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise Error("%s: not UTF-8 (%s at byte %d)" % (path, e.reason, e.start)) from None
-
-
-def _validate(out, shape, name: str) -> np.ndarray:
-    if not isinstance(out, np.ndarray):
-        try:
-            out = np.asarray(out)
-        except Exception:
-            raise Error("hook %s: the hook function returned %s, not an array" % (name, type(out).__name__))
-    if out.dtype.kind != "f":
-        raise Error("hook %s: the hook function returned dtype %s; a floating array is needed" % (name, out.dtype))
-    if out.shape != tuple(shape):
-        raise Error("hook %s: the hook function returned shape %s, expected %s" % (name, out.shape, tuple(shape)))
-    if not np.all(np.isfinite(out)):
-        raise Error("hook %s: the hook function returned NaN or inf values" % name)
-    return out
 
 
 class Model(WeightsMixin):
@@ -395,7 +184,7 @@ class Model(WeightsMixin):
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
-        self._names = self._all_hook_names()
+        self._hook_table = HookTable(self._m, self.config.n_layer)   # name <-> (point, layer)
         self.always_batch = False   # see load()
         self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
 
@@ -406,42 +195,31 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ names
 
-    def _hook_name(self, point: int, layer: int) -> str:
-        suffix = ffi.string(lib.dcs_hook_point_name(point)).decode()
-        return "blocks.%d.%s" % (layer, suffix) if lib.dcs_hook_point_is_layered(point) else suffix
-
-    def _all_hook_names(self) -> List[str]:
-        """Every hook this model has, in forward order: embed, then block by
-        block in the order of the pass, then ln_final and logits."""
-        points = [p for p in range(lib.DCS_HP_COUNT) if lib.dcs_hook_exists(self._m, p)]
-        layered = [p for p in points if lib.dcs_hook_point_is_layered(p)]
-        glob = [p for p in points if not lib.dcs_hook_point_is_layered(p)]
-        names = [self._hook_name(p, 0) for p in glob if p < layered[0]]
-        for l in range(self.config.n_layer):
-            names += [self._hook_name(p, l) for p in layered]
-        names += [self._hook_name(p, 0) for p in glob if p > layered[0]]
-        return names
-
     @property
     def hook_names(self) -> List[str]:
         """Every hook name this model has, in forward order per layer."""
-        return list(self._names)
+        return list(self._hook_table.names)
 
     def parse_hook(self, name: str) -> Tuple[int, int]:
-        cname = c_str("hook name", name)
+        """(point, layer) of a dcscope hook name of this model; an Error naming
+        what is wrong with any other name."""
+        key = self._hook_table.key.get(name) if isinstance(name, str) else None
+        if key is not None:
+            return key
+        cname = c_str("hook name", name)      # the engine's parser says what is wrong
         p, l = ffi.new("int *"), ffi.new("int *")
         with self._engine_lock():
             _check(lib.dcs_hook_parse(self._m, cname, p, l), self._errmsg())
         return p[0], l[0]
 
     def _select(self, names: Names) -> List[str]:
-        from .names import canonical, tl_alias
+        canonical, tl_alias = _names.canonical, _names.tl_alias
         if names is None:
-            return list(self._names)
+            return list(self._hook_table.names)
         if isinstance(names, str):
             names = [names]
         if callable(names):
-            return [n for n in self._names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
+            return [n for n in self._hook_table.names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
         try:
             names = list(names)
         except TypeError:
@@ -491,8 +269,7 @@ class Model(WeightsMixin):
         if isinstance(text, (list, tuple)):
             if not text or not all(isinstance(t, str) for t in text):
                 raise Error("to_tokens: need a string or a non-empty list of strings, got %r" % (text,))
-            from .batch import pad
-            return pad([self.to_tokens(t) for t in text], padding_side, pad_id)
+            return batch.pad([self.to_tokens(t) for t in text], padding_side, pad_id)
         if not isinstance(text, str):
             raise Error("to_tokens: need a string or a list of strings, not %s" % type(text).__name__)
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
@@ -611,7 +388,7 @@ class Model(WeightsMixin):
             if not callable(fn):
                 raise Error("hook %s: %r is not callable" % (n, fn))
             p, l = self.parse_hook(n)
-            run.fns.setdefault((p, l), []).append((n, fn))
+            run.add((p, l), fn)
             want[p * L + l] = 1
         return want
 
@@ -728,69 +505,66 @@ class Model(WeightsMixin):
             if return_type != "logits" or lengths is not None or loss_per_token:
                 raise Error("logits_at goes with return_type='logits' and no lengths")
             return self._run(tokens, logits_at=logits_at)[0]
-        from .batch import call
-        return call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
+        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     loss_per_token=loss_per_token)
 
     __call__ = forward
 
     def run_with_cache(self, tokens, names: Names = None, *, names_filter: Names = None, lengths=None,
                        padding_side: str = "right", return_type: Optional[str] = "logits",
-                       fwd_hooks: Sequence[Tuple[str, HookFn]] = ()) -> Tuple[np.ndarray, Cache]:
+                       fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False
+                       ) -> Tuple[np.ndarray, Cache]:
         """Logits and a Cache of the named activations (None: every hook).
 
         names (or names_filter, TransformerLens' spelling): None, a hook
         name, a list of names (dcscope or TransformerLens spelling), or a
-        predicate on names (tried on both spellings)."""
-        from .batch import call
+        predicate on names (tried on both spellings). Capture is read-only;
+        fwd_hooks run as in run_with_hooks (read_only=True declares them all
+        read-only)."""
         if names is not None and names_filter is not None:
             raise Error("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
-        return call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                    capture=self._select(sel), fns=fwd_hooks, with_cache=True)
+        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
+                          capture=self._select(sel), fns=hook_pairs(fwd_hooks, read_only), with_cache=True)
 
     def resolve_hook(self, name: str) -> str:
         """The dcscope name of a hook given in either spelling, checked."""
-        from .names import canonical
-        n = canonical(name)
+        n = _names.canonical(name)
         self.parse_hook(n)
         return n
 
-    def hook_name(self, name: str, layer: Optional[int] = None) -> str:
-        """dcscope.hook_name with negative layers counted from the end, checked."""
-        from .names import hook_name
+    def hook_name(self, name, layer=None) -> str:
+        """dcscope.hook_name with negative layers counted from the end, checked
+        against this model: model.hook_name(-1, "attn.post.kp")."""
+        name, layer = _names.name_and_layer(name, layer)
         if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool) and layer < 0:
             layer = int(layer) + self.config.n_layer
             if layer < 0:
                 raise Error("hook_name: layer %d is out of range (model has %d layers)"
                             % (layer - self.config.n_layer, self.config.n_layer))
-        n = hook_name(name, layer)
+        n = _names.hook_name(name, layer)
         self.parse_hook(n)
         return n
 
     # ------------------------------------------------------------ persistent hooks
 
-    def add_hook(self, name: str, fn: HookFn) -> None:
+    def add_hook(self, name: str, fn: HookFn, read_only: bool = False) -> None:
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
-        until reset_hooks()."""
-        if not callable(fn):
-            raise Error("hook %s: %r is not callable" % (name, fn))
+        until reset_hooks() (read_only=True: see dcscope.read_only)."""
+        (name, fn), = hook_pairs([(name, fn)], read_only)
         self._ctx_hooks.append((self.resolve_hook(name), fn))
 
     def reset_hooks(self) -> None:
         """Remove the hooks added with add_hook."""
         self._ctx_hooks.clear()
 
-    def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = ()):
-        """Context manager: the hooks apply to every pass inside the with block.
+    def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False):
+        """Context manager: the hooks apply to every pass inside the with block
+        (read_only=True: see dcscope.read_only).
 
         >>> with model.hooks([iv.ablate_head(model, 1, 2)]):
         ...     logits = model(toks)"""
-        import contextlib
-        pairs = [(self.resolve_hook(n), fn) for n, fn in _pairs(fwd_hooks)]
-        for n, fn in pairs:
-            if not callable(fn):
-                raise Error("hook %s: %r is not callable" % (n, fn))
+        pairs = [(self.resolve_hook(n), fn) for n, fn in hook_pairs(fwd_hooks, read_only)]
 
         @contextlib.contextmanager
         def cm():
@@ -805,25 +579,27 @@ class Model(WeightsMixin):
     def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
                  stop=None, **kw):
         """Continue a prompt with the engine's incremental decoder (dcscope.generate)."""
-        from .generate import generate
-        return generate(self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
+        return _generate.generate(self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
 
     def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
                        cache_names: Names = (), *, lengths=None, padding_side: str = "right",
-                       return_type: Optional[str] = "logits"):
+                       return_type: Optional[str] = "logits", read_only: bool = False):
         """Logits of a pass where fn(activation, name) is called at each named point.
 
         fn may modify the activation in place, return a replacement array of the
         same shape, or return None to keep it. Writing to a compose branch
         (blocks.{l}.attn.post.kp) changes the composed sum that follows; writing
         to pattern_composed, z, head_out, resid_* changes everything downstream.
+        Every hook that is called counts as a write (what it leaves in the
+        array is copied back into the engine) unless it is read-only:
+        dcscope.read_only(fn), or read_only=True for all of fwd_hooks; a
+        read-only hook gets a read-only array and costs no copy back.
         With cache_names (None meaning every hook, as in run_with_cache),
         returns (logits, cache) of the hooked pass."""
-        from .batch import call
-        fwd_hooks = _pairs(fwd_hooks)
+        fwd_hooks = hook_pairs(fwd_hooks, read_only)
         want_cache = cache_names is None or bool(cache_names)
         cap = self._select(cache_names) if want_cache else ()
-        return call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
+        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     capture=cap, fns=fwd_hooks, with_cache=want_cache)
 
     def last_pass_memory(self) -> Dict[str, int]:
@@ -864,7 +640,6 @@ class Model(WeightsMixin):
                         cache: Optional[Cache] = None) -> np.ndarray:
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
         With cache= (a run_with_cache of the same tokens) no pass is run."""
-        from . import routing
         if cache is not None:
             return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
         return routing.composition_map(self, tokens, layer, phase, query, key)
@@ -873,14 +648,12 @@ class Model(WeightsMixin):
                        cache: Optional[Cache] = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
         With cache= no pass is run; routing.routing_matrices gives every query at once."""
-        from . import routing
         if cache is not None:
             return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return routing.routing_matrix(self, tokens, layer, phase, query)
 
     def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
-        from . import routing
         if cache is not None:
             return routing.gates_from_cache(self, cache, layer)
         return routing.gates(self, tokens, layer)
@@ -889,12 +662,10 @@ class Model(WeightsMixin):
 
     def gradients(self, tokens, target, wrt, return_value: bool = False):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
-        from . import grad
         return grad.gradients(self, tokens, target, wrt, return_value=return_value)
 
     def attribute(self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero",
                   progress: Optional[bool] = None):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
-        from . import attribution
         return attribution.attribute(self, tokens, target, at, method=method, steps=steps,
                                      baseline=baseline, progress=progress)

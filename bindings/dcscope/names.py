@@ -32,7 +32,14 @@ resid_mid: DCPythia and Pythia use a parallel residual.
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Tuple
+
+from ._checks import Error
+
+# The compose branches of a DCMHA phase (hooks blocks.{l}.attn.{phase}.{branch};
+# "static" is the use_sw branch, present only in Talking-Heads models).
+PHASES = ("pre", "post")
+BRANCHES = ("skip", "qp", "kp", "qg", "kg")
 
 # TransformerLens suffix (after "blocks.{l}.") -> dcscope suffix
 TL_LAYER_ALIASES = {
@@ -98,13 +105,27 @@ def tl_alias(name: str) -> Optional[str]:
     return None
 
 
-def hook_name(name: str, layer: Optional[int] = None) -> str:
-    """The full dcscope hook name of a short name and layer (TransformerLens'
-    utils.get_act_name): hook_name("pattern", 3) -> "blocks.3.attn.pattern",
-    hook_name("post.kp", 2) -> "blocks.2.attn.post.kp", hook_name("embed") ->
-    "embed". Full names (either spelling) are returned canonical; a negative
-    layer counts from the end only through Model.hook_name (it needs n_layer)."""
-    from .model import Error
+def name_and_layer(a, b=None) -> Tuple[str, Optional[int]]:
+    """hook_name's arguments in either order as (name, layer)."""
+    if not isinstance(a, str) and isinstance(b, str):
+        return b, a
+    return a, b
+
+
+def hook_name(name, layer=None) -> str:
+    """The full dcscope hook name of a short name and a layer, in either order:
+
+        hook_name(3, "attn.post.kp")  -> "blocks.3.attn.post.kp"
+        hook_name("post.kp", 3)       -> "blocks.3.attn.post.kp"
+        hook_name("pattern", 3)       -> "blocks.3.attn.pattern"   (TransformerLens' get_act_name)
+        hook_name("embed")            -> "embed"
+
+    The name is a suffix after "blocks.{l}." ("attn.post.kp", "resid_post"),
+    a short name ("pattern", "z", "pre.kp" for "attn.pre.kp") or a full name
+    in either spelling (returned canonical). A negative layer counts from
+    the end only through Model.hook_name (it needs n_layer). Every module
+    of dcscope builds its hook names here."""
+    name, layer = name_and_layer(name, layer)
     if not isinstance(name, str):
         raise Error("hook_name: name must be a string, not %r" % (name,))
     full = canonical(name)
@@ -112,7 +133,7 @@ def hook_name(name: str, layer: Optional[int] = None) -> str:
         if layer is not None and full in _GLOBAL:
             raise Error("hook_name: %r is not a per-layer hook (no layer)" % name)
         return full
-    suffix = SHORT.get(name)
+    suffix = TL_LAYER_ALIASES.get(name) or SHORT.get(name)
     if suffix is None:
         if name.startswith(("attn.", "mlp.")):
             suffix = name
@@ -135,5 +156,5 @@ def hook_name(name: str, layer: Optional[int] = None) -> str:
             else:
                 raise TypeError
         except TypeError:
-            raise Error("hook_name: layer must be an integer >= 0, not %r" % (layer,))
+            raise Error("hook_name: layer must be an integer >= 0, not %r" % (layer,)) from None
     return "blocks.%d.%s" % (layer, suffix)

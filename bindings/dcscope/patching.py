@@ -39,10 +39,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .model import Cache, Error, Model
+from .names import BRANCHES, PHASES, hook_name
 
 Metric = Callable[[np.ndarray], float]
-BRANCHES = ("skip", "qp", "kp", "qg", "kg")
-PHASES = ("pre", "post")
 
 
 # ---------------------------------------------------------------- metrics
@@ -200,17 +199,17 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
     layers = _layers(model, layers)
     if over in ("layer,head", "layer,head,pos"):
         suffix = hook or "attn.z"
-        names = ["blocks.%d.%s" % (l, suffix) for l in layers]
+        names = [hook_name(l, suffix) for l in layers]
         for n in names:
             iv._head_axis(model, n)   # the hook must have a head axis
     elif over == "layer,pos":
         suffix = hook or "resid_pre"
-        names = ["blocks.%d.%s" % (l, suffix) for l in layers]
+        names = [hook_name(l, suffix) for l in layers]
     elif over == "layer,phase,branch":
         if not c.use_dcmha:
             raise Error("%s has no compose branches (plain multi-head attention)" % model.name)
-        names = ["blocks.%d.attn.%s.%s" % (l, ph, b) for l in layers for ph in PHASES for b in BRANCHES
-                 if "blocks.%d.attn.%s.%s" % (l, ph, b) in model.hook_names]
+        names = [hook_name(l, "attn.%s.%s" % (ph, b)) for l in layers for ph in PHASES for b in BRANCHES
+                 if hook_name(l, "attn.%s.%s" % (ph, b)) in model.hook_names]
     elif over == "composition":
         return _sweep_composition(model, clean, corrupted, metric, layers, hook or "post", queries, batch_size,
                                   progress)
@@ -287,9 +286,9 @@ def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, qu
         raise Error("%s has no composition maps (plain multi-head attention)" % model.name)
     if phase not in PHASES:
         raise Error("a composition sweep takes hook='pre' or hook='post' (the phase), not %r" % (phase,))
-    dyn = lambda l: [n for n in model.hook_names if n.startswith("blocks.%d.attn.dyn.%s." % (l, phase))]
-    src = lambda l: "blocks.%d.attn.%s" % (l, "scores" if phase == "pre" else "pattern")
-    target = lambda l: "blocks.%d.attn.%s" % (l, "scores_composed" if phase == "pre" else "pattern_composed")
+    dyn = lambda l: [n for n in model.hook_names if n.startswith(hook_name(l, "attn.dyn.%s." % phase))]
+    src = lambda l: hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
+    target = lambda l: hook_name(l, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
     names = [n for l in layers for n in dyn(l)]
     c_t, x_t, ccache, m_clean, m_corr = _baselines(model, clean, corrupted, metric, names)
     _, xcache = model.run_with_cache(x_t, names=names + [src(l) for l in layers])

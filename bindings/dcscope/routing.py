@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import warnings
 
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 
-from ._checks import check_index
-from .model import Cache, Error, Model
+from ._checks import Error, check_index
+from .cache import Cache
+from .names import PHASES, hook_name
 
-PHASES = ("pre", "post")
+if TYPE_CHECKING:
+    from .model import Model
+
 
 
 class MaskedPairWarning(UserWarning):
@@ -62,7 +65,7 @@ def _warn_masked(model: Model, layer: int, t: int, s: int) -> None:
 
 
 def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False):
-    p = "blocks.%d.attn.dyn.%s." % (layer, phase)
+    p = hook_name(layer, "attn.dyn.%s." % phase)
     names = [] if key_wise else [p + "qw1", p + "qw2", p + "qdd"]
     if not query_wise:
         names += [p + "kw1", p + "kw2", p + "kdd"]
@@ -158,7 +161,7 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     toks = _check(model, tokens, layer, phase, query)
     query = _pos(query, toks.shape[0], "query")
     N = model.config.n_head
-    src = "blocks.%d.attn.%s" % (layer, "scores" if phase == "pre" else "pattern")
+    src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
     names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
                      if model.config.use_dcmha else [])
     _, cache = model.run_with_cache(toks, names=names)
@@ -180,7 +183,7 @@ def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
     sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")
-    names = ["blocks.%d.attn.dyn.%s.%s" % (layer, ph, s) for ph in PHASES for s in sides]
+    names = [hook_name(layer, "attn.dyn.%s.%s" % (ph, s)) for ph in PHASES for s in sides]
     _, cache = model.run_with_cache(toks, names=names)
     return {n.split("dyn.", 1)[1]: cache[n] for n in names}
 
@@ -189,7 +192,7 @@ def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: in
                        groups: int = 1, static: Optional[np.ndarray] = None) -> np.ndarray:
     """C[query, key] from a cache that holds the layer's dyn.* activations
     (negative positions count from the end; groups / static as in maps_from_weights)."""
-    p = "blocks.%d.attn.dyn.%s." % (layer, phase)
+    p = hook_name(layer, "attn.dyn.%s." % phase)
     if p + "qdd" not in cache and p + "kdd" not in cache:
         raise Error("cache has no %sqdd or %skdd (capture the dyn hooks of layer %d)" % (p, p, layer))
     dyn = {k: cache[p + k] for k in ("qw1", "qw2", "qdd", "kw1", "kw2", "kdd") if p + k in cache}
@@ -266,9 +269,9 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
 
 
 def _cache_T(model: Model, cache: Cache, layer: int) -> int:
-    for n in ("blocks.%d.attn.pattern" % layer, "blocks.%d.attn.scores" % layer,
-              "blocks.%d.attn.dyn.pre.qdd" % layer, "blocks.%d.attn.dyn.post.qdd" % layer,
-              "blocks.%d.attn.dyn.pre.kdd" % layer, "blocks.%d.attn.dyn.post.kdd" % layer):
+    for n in (hook_name(layer, "attn.pattern"), hook_name(layer, "attn.scores"),
+              hook_name(layer, "attn.dyn.pre.qdd"), hook_name(layer, "attn.dyn.post.qdd"),
+              hook_name(layer, "attn.dyn.pre.kdd"), hook_name(layer, "attn.dyn.post.kdd")):
         if n in cache:
             return cache[n].shape[-1] if "dyn" not in n else cache[n].shape[-2]
     raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
@@ -290,7 +293,7 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
                                                      else _bad_layer(l, L) for l in layers]
     out = []
     for l in layers:
-        src = "blocks.%d.attn.%s" % (l, "scores" if phase == "pre" else "pattern")
+        src = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
         if src not in cache:
             raise Error("cache has no %s (capture it for routing)" % src)
         X = cache[src]
@@ -332,7 +335,7 @@ def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.nda
     out = {}
     for ph in PHASES:
         for sd in sides:
-            n = "blocks.%d.attn.dyn.%s.%s" % (layer, ph, sd)
+            n = hook_name(layer, "attn.dyn.%s.%s" % (ph, sd))
             if n not in cache:
                 raise Error("cache has no %s" % n)
             out["%s.%s" % (ph, sd)] = cache[n]

@@ -41,7 +41,8 @@ import numpy as np
 
 from ._engine import ffi, lib
 from .grad import Tape, param_table
-from .model import Error, _check, load
+from ._checks import Error, check_status as _check
+from .model import load
 
 
 @dataclasses.dataclass
@@ -233,21 +234,21 @@ def _corpus_texts(c: TrainConfig) -> List[str]:
     """The corpus as a list of sequences' texts (brackets of the benchmark's
     answers removed): generated synthetic lines, the records of a .jsonl file
     (``texts``), or a text file (its lines with ``lines``, else the whole file)."""
+    from . import plugins
     if c.data == "synth" or c.data.startswith("synth:"):
-        from synth_tasks.dataset import parse_texts
-        from synth_tasks.generate import generate
-        n = int(c.data.split(":", 1)[1]) if ":" in c.data else 64
-        recs = generate(lines_per_task=n, seed=c.seed)
-        order = np.random.default_rng(c.seed).permutation(len(recs))
-        return [parse_texts(recs[i]["texts"])[0] for i in order]
-    if not os.path.isfile(c.data):
+        source, arg = "synth", c.data.partition(":")[2]
+    elif not os.path.isfile(c.data):
         raise Error("train: data %r is neither 'synth' nor a text file" % (c.data,))
-    if c.data.endswith(".jsonl"):
-        from synth_tasks.dataset import load_dataset
+    elif c.data.endswith(".jsonl"):
+        source, arg = "jsonl", c.data
+    else:
+        source = None
+    if source is not None:         # synth_tasks.train_data, found by name
+        fn = plugins.find(plugins.TRAIN_DATA, source)
         try:
-            return [ln.text for ln in load_dataset(c.data).lines]
+            return fn(arg, c.seed)
         except ValueError as e:
-            raise Error("train: data %s: %s" % (c.data, e))
+            raise Error("train: data %s: %s" % (c.data, e)) from None
     with open(c.data, encoding="utf-8", errors="replace") as f:
         text = f.read()
     return [t for t in text.split("\n") if t.strip()] if c.lines else [text]

@@ -55,7 +55,7 @@ class WeightsMixin:
             elif shape_if_absent is not None:
                 out.append(np.zeros(shape_if_absent, np.float32))
             else:
-                from .model import Error
+                from ._checks import Error
                 raise Error("%s has no weight %s" % (self.name, n))
         return np.stack(out)
 

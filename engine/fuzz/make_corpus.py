@@ -6,43 +6,23 @@
 OUT_DIR/safetensors/  safetensors files (F32/F16/BF16, metadata, padding,
                       unaligned offsets, an empty tensor, a skipped bool buffer)
 OUT_DIR/torchzip/     PyTorch zip checkpoints laid out as torch.save writes
-                      them: archive/data.pkl (pickle protocol 2 of an
-                      OrderedDict of _rebuild_tensor_v2 calls, made by
-                      Python's own pickler, so the opcode stream is the real
-                      one), archive/data/<key>, archive/byteorder, version.
+                      them (data.pkl: pickle protocol 2 or 4 of an
+                      OrderedDict of _rebuild_tensor_v2 calls made by the
+                      standard pickle module; zip64 or classic end records)
 
-torch is not needed: tiny stand-ins for torch._utils._rebuild_tensor_v2 and
-the storage classes are registered under their real module names, which is
-all the pickler records. Only the standard library is used (and
-synth_tasks, from this repository, for the JSONL seeds).
+The files are written by dcscope.testing.checkpoint, the one writer of every
+test fixture, and the config.json seeds by make_tiny's config writers; torch
+is not needed. synth_tasks (from this repository) makes the JSONL seeds.
 """
-import collections
-import io
 import json
 import os
-import pickle
 import struct
 import sys
-import types
-import zipfile
+from collections import OrderedDict
 
-# ---------------------------------------------------------------- safetensors
-
-
-def safetensors_bytes(tensors, metadata=None, pad_to=8):
-    """tensors: list of (name, dtype, shape, raw bytes)."""
-    header, blobs, off = {}, [], 0
-    for name, dtype, shape, raw in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    if metadata is not None:
-        header["__metadata__"] = metadata
-    text = json.dumps(header).encode()
-    if pad_to:
-        text += b" " * (-len(text) % pad_to)
-    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+from dcscope.testing.checkpoint import TorchTensor, safetensors_bytes, torch_checkpoint_bytes
+from dcscope.testing.layouts import dcpythia_tensors
+from dcscope.testing.make_tiny import dcpythia_config as _dcp_config, gpt_neox_config as _neox_config
 
 
 def f32(*v):
@@ -59,134 +39,42 @@ def bf16(*v):
 
 # ---------------------------------------------------------------- torch zip
 
-def _fake_torch():
-    """Register stand-ins so pickle writes torch's global names."""
-    torch = types.ModuleType("torch")
-    utils = types.ModuleType("torch._utils")
-
-    def _rebuild_tensor_v2(*args):
-        raise RuntimeError("never called")
-    _rebuild_tensor_v2.__module__ = "torch._utils"
-    _rebuild_tensor_v2.__qualname__ = "_rebuild_tensor_v2"
-    utils._rebuild_tensor_v2 = _rebuild_tensor_v2
-    torch._utils = utils
-    for cls in ("FloatStorage", "HalfStorage", "BFloat16Storage", "BoolStorage"):
-        setattr(torch, cls, type(cls, (), {"__module__": "torch"}))
-    sys.modules.setdefault("torch", torch)
-    sys.modules.setdefault("torch._utils", utils)
-    return sys.modules["torch"]
-
-
-class Storage:
-    def __init__(self, cls, key, raw, elsize):
-        self.cls, self.key, self.raw, self.numel = cls, key, raw, len(raw) // elsize
-
-
-class Tensor:
-    def __init__(self, storage, offset, size, stride):
-        self.args = (storage, offset, tuple(size), tuple(stride), False,
-                     collections.OrderedDict())
-
-    def __reduce_ex__(self, proto):
-        return (sys.modules["torch._utils"]._rebuild_tensor_v2, self.args)
-
-
-class TorchPickler(pickle.Pickler):
-    def persistent_id(self, obj):
-        if isinstance(obj, Storage):
-            return ("storage", obj.cls, obj.key, "cpu", obj.numel)
-        return None
-
-
-def contiguous_stride(size):
-    stride, acc = [], 1
-    for d in reversed(size):
-        stride.append(acc)
-        acc *= d
-    return tuple(reversed(stride))
-
-
-def torchzip_bytes(state, storages, prefix="archive", protocol=2, zip64=False):
-    """state: OrderedDict name -> Tensor; storages: list of Storage."""
-    buf = io.BytesIO()
-    TorchPickler(buf, protocol=protocol).dump(state)
-    out = io.BytesIO()
-    def entry(name):          # fixed timestamp: the seeds are byte-for-byte reproducible
-        return zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
-        with z.open(entry(prefix + "/data.pkl"), "w", force_zip64=zip64) as f:
-            f.write(buf.getvalue())
-        z.writestr(entry(prefix + "/byteorder"), "little")
-        for s in storages:
-            z.writestr(entry(prefix + "/data/" + s.key), s.raw)
-        z.writestr(entry(prefix + "/version"), "3\n")
-        z.writestr(entry(prefix + "/.data/serialization_id"), "1234567890")
-    return out.getvalue()
-
-
 def torch_views_example():
     """Strided views as torch.save keeps them: transposed and expanded (stride 0)."""
-    torch = _fake_torch()
-    s0 = Storage(torch.HalfStorage, "0", f16(*[0.5 * i for i in range(12)]), 2)
-    sd = collections.OrderedDict()
-    sd["t"] = Tensor(s0, 0, (3, 4), (1, 3))         # a [4, 3] storage read transposed
-    sd["x"] = Tensor(s0, 6, (5, 3), (0, 1))         # one row expanded
-    sd["sw"] = Tensor(s0, 0, (2, 2, 2), (0, 2, 1))  # eye(N).expand(2, N, N) style
-    return torchzip_bytes(sd, [s0])
+    sd = OrderedDict()
+    sd["t"] = TorchTensor("s0", "float16", 12, 0, (3, 4), (1, 3))          # a [4, 3] storage read transposed
+    sd["x"] = TorchTensor("s0", "float16", 12, 6, (5, 3), (0, 1))          # one row expanded
+    sd["sw"] = TorchTensor("s0", "float16", 12, 0, (2, 2, 2), (0, 2, 1))   # eye(N).expand(2, N, N) style
+    return torch_checkpoint_bytes(sd, {"s0": f16(*[0.5 * i for i in range(12)])})
 
 
-def torch_example(dtype="HalfStorage", pack=f16, elsize=2, **kw):
-    torch = _fake_torch()
-    cls = getattr(torch, dtype)
-    s0 = Storage(cls, "0", pack(*[0.5 * i for i in range(12)]), elsize)
-    s1 = Storage(cls, "1", pack(1.0, 2.0, 3.0), elsize)
-    sd = collections.OrderedDict()
-    sd["layers.0.attention.wqkv.weight"] = Tensor(s0, 0, (3, 2), contiguous_stride((3, 2)))
-    sd["layers.0.attention.wo.weight"] = Tensor(s0, 6, (2, 3), contiguous_stride((2, 3)))
-    sd["norm.weight"] = Tensor(s1, 0, (3,), (1,))
-    sd["scalar"] = Tensor(s1, 2, (), ())
-    sd._metadata = collections.OrderedDict([("", {"version": 1}),
-                                            ("layers.0", {"version": 1})])
-    return torchzip_bytes(sd, [s0, s1], **kw)
+def torch_example(dtype="float16", pack=f16, **kw):
+    sd = OrderedDict()
+    sd["layers.0.attention.wqkv.weight"] = TorchTensor("s0", dtype, 12, 0, (3, 2))
+    sd["layers.0.attention.wo.weight"] = TorchTensor("s0", dtype, 12, 6, (2, 3))
+    sd["norm.weight"] = TorchTensor("s1", dtype, 3, 0, (3,))
+    sd["scalar"] = TorchTensor("s1", dtype, 3, 2, ())
+    storages = {"s0": pack(*[0.5 * i for i in range(12)]), "s1": pack(1.0, 2.0, 3.0)}
+    return torch_checkpoint_bytes(sd, storages, container="ordereddict_meta", **kw)
 
 
 # ---------------------------------------------------------------- config.json
 
-def dcpythia_config(dim=4096, n_head=32, n_layer=32, intermediate=16384, vocab=50257,
-                    **over):
-    """config.json with the keys of the published DCPythia-6.9B config
-    (model-spec.md section 2), in the order Hugging Face writes them."""
-    cfg = {
-        "architectures": ["DCPythia"],
-        "auto_map": {"AutoConfig": "configuration_dcpythia.DCPythiaConfig",
-                     "AutoModelForCausalLM": "modeling_dcpythia.DCPythia"},
-        "block_size": 2048, "bos_token_id": 0, "dim": dim, "eos_token_id": 0,
-        "head_dim": dim // n_head, "intermediate_size": intermediate, "is_training": False,
-        "model_type": "dcpythia", "n_head": n_head, "n_layer": n_layer,
-        "n_local_heads": n_head, "norm_eps": 1e-05, "q_chunk_size": 128,
-        "query_wise": False, "rope_base": 10000, "rotary_pct": 0.25,
-        "tie_word_embeddings": False, "torch_dtype": "float16",
-        "transformers_version": "4.33.2", "use_dcmha": True,
-        "use_gradient_checkpointing": False, "use_linear_bias": True,
-        "use_parallel_residual": True, "use_qk_norm": True, "vocab_size": vocab,
-        "window_size": 256, "window_type": None,
-    }
+def dcpythia_config(dim=4096, n_head=32, n_layer=32, intermediate=16384, vocab=50257, **over):
+    """config.json of the published DCPythia-6.9B (model-spec.md section 2), or
+    smaller, with `over` replacing or adding keys."""
+    cfg = _dcp_config(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
+                      window_size=256, window_type=None, query_wise=False, use_qk_norm=True,
+                      use_parallel_residual=True, use_linear_bias=True, use_dcmha=True, rotary_pct=0.25,
+                      tie_word_embeddings=False, dtype="float16")
     cfg.update(over)
     return cfg
 
 
 def pythia_config(hidden=512, heads=8, layers=6, intermediate=2048, vocab=50304, **over):
     """config.json of a Pythia GPTNeoXForCausalLM (pythia-70m's by default)."""
-    cfg = {
-        "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0,
-        "hidden_act": "gelu", "hidden_size": hidden, "initializer_range": 0.02,
-        "intermediate_size": intermediate, "layer_norm_eps": 1e-05,
-        "max_position_embeddings": 2048, "model_type": "gpt_neox",
-        "num_attention_heads": heads, "num_hidden_layers": layers,
-        "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False,
-        "torch_dtype": "float16", "transformers_version": "4.24.0", "use_cache": True,
-        "use_parallel_residual": True, "vocab_size": vocab,
-    }
+    cfg = _neox_config(n_layer=layers, dim=hidden, n_head=heads, vocab=vocab, intermediate=intermediate,
+                       rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False, dtype="float16")
     cfg.update(over)
     return cfg
 
@@ -238,19 +126,8 @@ def config_seeds():
 # ---------------------------------------------------------------- index json
 
 def dcpythia_names(n_layer=2):
-    names = ["tok_embeddings.weight", "norm.weight", "norm.bias", "output.weight"]
-    for l in range(n_layer):
-        p = "layers.%d." % l
-        names += [p + "attention_norm.weight", p + "attention_norm.bias",
-                  p + "ffn_norm.weight", p + "ffn_norm.bias",
-                  p + "attention.wqkv.weight", p + "attention.wqkv.bias",
-                  p + "attention.wo.weight", p + "attention.wo.bias",
-                  p + "attention.q_norm.scale", p + "attention.k_norm.scale",
-                  p + "attention.dyn_w_proj.dw1", p + "attention.dyn_w_proj.qkw",
-                  p + "attention.dyn_w_proj.dd",
-                  p + "feed_forward.w1.weight", p + "feed_forward.w1.bias",
-                  p + "feed_forward.w2.weight", p + "feed_forward.w2.bias"]
-    return names
+    """The tensor names of a DCPythia checkpoint (dcscope.testing.layouts)."""
+    return list(dcpythia_tensors(n_layer=n_layer, dim=64, n_head=4, vocab=512, intermediate=256))
 
 
 def index_bytes(names, shard_fmt, n_shards, total_size=123456):
@@ -328,26 +205,26 @@ def main():
     os.makedirs(st_dir, exist_ok=True)
     os.makedirs(tz_dir, exist_ok=True)
     seeds = {
-        "f32.safetensors": safetensors_bytes([("a", "F32", [2, 2], f32(1, 2, 3, 4))]),
+        "f32.safetensors": safetensors_bytes({"a": ("F32", [2, 2], f32(1, 2, 3, 4))}, sort=False),
         "mixed.safetensors": safetensors_bytes(
-            [("w.f16", "F16", [3], f16(1, -2, 0.5)),
-             ("w.bf16", "BF16", [1, 3], bf16(1, 2, 3)),
-             ("w.f32", "F32", [1], f32(7)),          # offset 12: unaligned for F32
-             ("empty", "F32", [0, 4], b"")],
-            metadata={"format": "pt"}),
+            {"w.f16": ("F16", [3], f16(1, -2, 0.5)),
+             "w.bf16": ("BF16", [1, 3], bf16(1, 2, 3)),
+             "w.f32": ("F32", [1], f32(7)),          # offset 12: unaligned for F32
+             "empty": ("F32", [0, 4], b"")},
+            metadata={"format": "pt"}, sort=False),
         "buffer.safetensors": safetensors_bytes(
-            [("gpt_neox.layers.0.attention.bias", "BOOL", [1, 1, 2, 2], b"\1\0\1\1"),
-             ("gpt_neox.layers.0.attention.masked_bias", "F32", [], f32(-1e9))], pad_to=0),
+            {"gpt_neox.layers.0.attention.bias": ("BOOL", [1, 1, 2, 2], b"\1\0\1\1"),
+             "gpt_neox.layers.0.attention.masked_bias": ("F32", [], f32(-1e9))}, sort=False, pad_to=0),
     }
     for name, data in seeds.items():
         with open(os.path.join(st_dir, name), "wb") as f:
             f.write(data)
     zips = {
-        "f16.bin": torch_example(),
-        "f32.bin": torch_example("FloatStorage", f32, 4),
-        "bf16.bin": torch_example("BFloat16Storage", bf16, 2),
-        "proto4.bin": torch_example(protocol=4, prefix="pytorch_model"),
-        "zip64.bin": torch_example(zip64=True),
+        "f16.bin": torch_example(zip64=False),
+        "f32.bin": torch_example("float32", f32),
+        "bf16.bin": torch_example("bfloat16", bf16),
+        "proto4.bin": torch_example(protocol=4, archive_name="pytorch_model"),
+        "zip64.bin": torch_example(),
         "views.bin": torch_views_example(),
     }
     for name, data in zips.items():

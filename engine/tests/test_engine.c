@@ -318,11 +318,12 @@ static void drop_t(tlist *tl, const char *name)
     *t = tl->t[--tl->n];
 }
 
-/* model.safetensors holding the tensors of tl. `pad`: pad the header so the
- * data is 8-aligned (then the CPU backend uses F32 weights in place). */
-static void write_safetensors_as(const char *dir, const tlist *tl, bool pad, bool bf16)
+/* model.safetensors holding the tensors of tl (F32), for the malformed
+ * checkpoints of test_config_errors / test_tensor_errors; the valid ones are
+ * generated (fixture()). `pad`: pad the header so the data is 8-aligned. */
+static void write_safetensors(const char *dir, const tlist *tl, bool pad)
 {
-    const int es = bf16 ? 2 : 4;
+    const int es = 4;
     size_t hcap = 64 + (size_t)tl->n * 256, hn = 0;
     char *h = xcalloc(hcap, 1);
     uint64_t off = 0;
@@ -330,8 +331,7 @@ static void write_safetensors_as(const char *dir, const tlist *tl, bool pad, boo
     for (int i = 0; i < tl->n; i++) {
         const tspec *t = &tl->t[i];
         uint64_t bytes = numel(t) * (uint64_t)es;
-        hn += (size_t)snprintf(h + hn, hcap - hn, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name,
-                               bf16 ? "BF16" : "F32");
+        hn += (size_t)snprintf(h + hn, hcap - hn, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", t->name);
         for (int d = 0; d < t->ndim; d++)
             hn += (size_t)snprintf(h + hn, hcap - hn, "%s%lld", d ? "," : "", (long long)t->shape[d]);
         hn += (size_t)snprintf(h + hn, hcap - hn, "],\"data_offsets\":[%llu,%llu]}",
@@ -358,18 +358,13 @@ static void write_safetensors_as(const char *dir, const tlist *tl, bool pad, boo
             float v = value(src, t->offset + j);
             uint32_t u;
             memcpy(&u, &v, 4);
-            for (int b = 4 - es; b < 4; b++)          /* BF16: the upper half */
+            for (int b = 0; b < es; b++)
                 *p++ = (uint8_t)(u >> (8 * b));
         }
     }
     write_file(dir, "model.safetensors", buf, total);
     free(buf);
     free(h);
-}
-
-static void write_safetensors(const char *dir, const tlist *tl, bool pad)
-{
-    write_safetensors_as(dir, tl, pad, false);
 }
 
 /* config.json from key/value-text pairs; `edit` (may be NULL) names a key
@@ -415,24 +410,27 @@ static void write_config(const char *dir, const kv *base, const char *edit, cons
     write_file(dir, "config.json", buf, n);
 }
 
-static const char *make_dcp(const char *name, bool unfused, bool pad)
+/* A checkpoint directory written before the test by the Python fixture
+ * writer (engine/Makefile: make fixtures, i.e. python3 -m
+ * dcscope.testing.fixtures DIR; DCS_TEST_FIXTURES names DIR, default
+ * "fixtures" in the build directory): dcpythia, dcpythia_unfused,
+ * dcpythia_unaligned, dcpythia_bf16, neox. Their values are value(). */
+static const char *fixture(const char *name)
 {
-    const char *dir = new_dir(name);
-    static tlist tl;
-    write_config(dir, DCP_CONFIG, NULL, NULL);
-    dcpythia_tensors(&tl, unfused);
-    write_safetensors(dir, &tl, pad);
-    return dir;
-}
-
-static const char *make_neox(const char *name)
-{
-    const char *dir = new_dir(name);
-    static tlist tl;
-    write_config(dir, NEOX_CONFIG, NULL, NULL);
-    neox_tensors(&tl);
-    write_safetensors(dir, &tl, true);
-    return dir;
+    static char buf[4][512];
+    static int k;
+    const char *root = getenv("DCS_TEST_FIXTURES");
+    char *p = buf[k++ % 4];
+    snprintf(p, 512, "%s/%s", root && *root ? root : "fixtures", name);
+    char cfg[600];
+    snprintf(cfg, sizeof cfg, "%s/config.json", p);
+    struct stat st;
+    if (stat(cfg, &st) != 0) {
+        fprintf(stderr, "test_engine: no fixture %s: run `make fixtures` (python3 -m dcscope.testing.fixtures "
+                        "DIR; DCS_TEST_FIXTURES=DIR)\n", cfg);
+        exit(2);
+    }
+    return p;
 }
 
 static dcs_model *load_ok(const char *dir, int line)
@@ -923,11 +921,7 @@ static void test_forward_args(dcs_model *m)
  * dcs_model_require_f32 widens them; passes are the same either way. */
 static void test_keep_16bit(void)
 {
-    const char *dir = new_dir("dcpythia_bf16");
-    static tlist tl;
-    write_config(dir, DCP_CONFIG, NULL, NULL);
-    dcpythia_tensors(&tl, false);
-    write_safetensors_as(dir, &tl, true, true);
+    const char *dir = fixture("dcpythia_bf16");
     dcs_model *m = NULL;
     char err[512];
     CHECK(dcs_load(dir, NULL, &m, err, sizeof err) == DCS_OK);
@@ -1543,10 +1537,9 @@ int main(void)
     }
 
     test_keep_16bit();
-    const char *dcp = make_dcp("dcpythia", false, true);
     char dcp_dir[512], neox_dir[512];
-    snprintf(dcp_dir, sizeof dcp_dir, "%s", dcp);
-    snprintf(neox_dir, sizeof neox_dir, "%s", make_neox("neox"));
+    snprintf(dcp_dir, sizeof dcp_dir, "%s", fixture("dcpythia"));
+    snprintf(neox_dir, sizeof neox_dir, "%s", fixture("neox"));
 
     float *ref_dcp = xcalloc((size_t)T0 * V, sizeof(float));
     float *ref_neox = xcalloc((size_t)T0 * V, sizeof(float));
@@ -1573,8 +1566,7 @@ int main(void)
     }
 
     /* the same model, unfused q/k/v or unaligned data: the same logits */
-    const char *variants[2] = {make_dcp("dcpythia_unfused", true, true),
-                               make_dcp("dcpythia_unaligned", false, false)};
+    const char *variants[2] = {fixture("dcpythia_unfused"), fixture("dcpythia_unaligned")};
     for (int i = 0; i < 2; i++) {
         m = LOAD_OK(variants[i]);
         if (!m)

@@ -1036,23 +1036,51 @@ static void check_torch_tensors(harness *h, const dcs_tensor_table *tt, const ch
     }
 }
 
+/* A file or directory written before the test by the Python fixture writer
+ * (engine/Makefile: make fixtures, i.e. python3 -m dcscope.testing.fixtures
+ * DIR; DCS_TEST_FIXTURES names DIR, default "fixtures" in the build
+ * directory). Valid inputs come from there; malformed ones are built here. */
+static const char *fixture(const char *name)
+{
+    static char buf[4][512];
+    static int k;
+    const char *root = getenv("DCS_TEST_FIXTURES");
+    char *p = buf[k++ % 4];
+    snprintf(p, 512, "%s/loaders/%s", root && *root ? root : "fixtures", name);
+    struct stat st;
+    if (stat(p, &st) != 0) {
+        fprintf(stderr, "test_loaders: no fixture %s: run `make fixtures` (python3 -m dcscope.testing.fixtures "
+                        "DIR; DCS_TEST_FIXTURES=DIR)\n", p);
+        exit(2);
+    }
+    return p;
+}
+
+static void read_whole(const char *path, bytes *out)
+{
+    FILE *f = fopen(path, "rb");
+    uint8_t chunk[4096];
+    size_t n;
+    if (f == NULL) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(2);
+    }
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        put(out, chunk, n);
+    fclose(f);
+}
+
 static void test_torchzip_valid(harness *h)
 {
     dcs_tensor_table tt = {0};
     dcs_err e = {0};
-    bytes pkl = {0};
-    pk_state_dict(&pkl, kSpecs, 5, true);
-    CHECKF(h, load_pickle(h, "valid.bin", &pkl, &tt, &e) == DCS_OK, "torch zip: %s", e.msg);
-    check_torch_tensors(h, &tt, "torch zip");
+    CHECKF(h, dcs_tt_open_dir(fixture("torch1"), &tt, &e) == DCS_OK, "torch dir: %s", e.msg);
+    check_torch_tensors(h, &tt, "torch dir");
     dcs_tt_free(&tt);
 
     /* ZIP64 records and extra fields, from memory. */
-    static const float floats[3] = {1.0f, 2.0f, 3.0f};
-    tstorage st[2] = {{"0", kHalves, sizeof kHalves}, {"1", floats, sizeof floats}};
     bytes z = {0};
-    zopts o64 = {.zip64 = true};
-    torchzip_bytes(&z, &pkl, st, 2, &o64);
-    dcs_tt_free(&tt);
+    read_whole(fixture("zip64.bin"), &z);
     CHECKF(h, dcs_tt_parse_torchzip(&tt, z.p, z.n, "zip64.bin", &e) == DCS_OK, "zip64: %s",
            e.msg);
     check_torch_tensors(h, &tt, "zip64");
@@ -1062,7 +1090,12 @@ static void test_torchzip_valid(harness *h)
         CHECKF(h, s != DCS_OK && tt.n == 0, "zip64 cut to %zu: %s", cut, dcs_status_name(s));
     }
     bytes_free(&z);
-    bytes_free(&pkl);
+
+    /* sharded, the second shard with zip64 end records */
+    CHECKF(h, dcs_tt_open_dir(fixture("torch2"), &tt, &e) == DCS_OK, "torch shards: %s", e.msg);
+    check_torch_tensors(h, &tt, "torch shards");
+    CHECK(h, tt.n_files == 2);
+    dcs_tt_free(&tt);
 
     /* Protocol 4 style: FRAME, SHORT_BINUNICODE, MEMOIZE, STACK_GLOBAL,
      * LONG1, _rebuild_parameter, a 7-argument _rebuild_tensor_v2 and an
@@ -1119,37 +1152,6 @@ static void test_torchzip_valid(harness *h)
     CHECK(h, tt.n == 1 && dcs_tt_find(&tt, "gpt_neox.layers.0.attention.masked_bias") != NULL);
     dcs_tt_free(&tt);
     bytes_free(&p);
-
-    /* Directories of torch zips: single and sharded. */
-    make_dir(h, "torch1");
-    pk_state_dict(&p, kSpecs, 5, true);
-    write_torchzip(path_in(h, "torch1", "pytorch_model.bin"), &p, st, 2, NULL);
-    CHECKF(h, dcs_tt_open_dir(path_in(h, NULL, "torch1"), &tt, &e) == DCS_OK, "torch dir: %s",
-           e.msg);
-    check_torch_tensors(h, &tt, "torch dir");
-    dcs_tt_free(&tt);
-    bytes_free(&p);
-
-    make_dir(h, "torch2");
-    pk_state_dict(&p, kSpecs, 2, false);
-    write_torchzip(path_in(h, "torch2", "pytorch_model-00001-of-00002.bin"), &p, st, 2, NULL);
-    bytes_free(&p);
-    pk_state_dict(&p, kSpecs + 2, 3, false);
-    zopts z64 = {.zip64 = true};
-    write_torchzip(path_in(h, "torch2", "pytorch_model-00002-of-00002.bin"), &p, st, 2, &z64);
-    bytes_free(&p);
-    write_index(h, "torch2", "pytorch_model.bin.index.json",
-                "{\"metadata\":{},\"weight_map\":{"
-                "\"layers.0.attention.wqkv.weight\":\"pytorch_model-00001-of-00002.bin\","
-                "\"layers.0.attention.wo.weight\":\"pytorch_model-00001-of-00002.bin\","
-                "\"norm.weight\":\"pytorch_model-00002-of-00002.bin\","
-                "\"scalar\":\"pytorch_model-00002-of-00002.bin\","
-                "\"col\":\"pytorch_model-00002-of-00002.bin\"}}");
-    CHECKF(h, dcs_tt_open_dir(path_in(h, NULL, "torch2"), &tt, &e) == DCS_OK,
-           "torch shards: %s", e.msg);
-    check_torch_tensors(h, &tt, "torch shards");
-    CHECK(h, tt.n_files == 2);
-    dcs_tt_free(&tt);
 }
 
 /* The os.system pickle (protocol 0 style, as exploits are written). */

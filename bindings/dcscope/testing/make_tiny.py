@@ -17,25 +17,14 @@ Layouts (see shared/docs/model-spec.md):
   `query_key_value` rows grouped per head (head n owns rows [n*3*Dh, (n+1)*3*Dh):
   its q, then k, then v).
 
-Weight files:
+Weight files (written by dcscope.testing.checkpoint, the one fixture writer):
+safetensors as the safetensors package writes them, PyTorch zip as torch.save
+writes it (data.pkl pickled by the standard pickle module), and sharded:
+`model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, or
+`pytorch_model-0000i-of-0000n.bin` + `pytorch_model.bin.index.json`.
 
-* safetensors (`fmt="safetensors"`): written with `safetensors.numpy.save_file`
-  for F32/F16; numpy has no bfloat16, so BF16 files (and any file when
-  `st_writer="manual"`) are written by a small writer that produces the same
-  bytes as the package (tensors sorted by element size then name, header padded
-  with spaces to a multiple of 8).
-* PyTorch zip (`fmt="torch"`): written without torch, as `torch.save` writes it:
-  a zip64 archive of uncompressed records `<archive>/data.pkl`, `byteorder`,
-  `data/<key>`, `version`, `.data/serialization_id`; every record's data starts
-  on a 64-byte boundary thanks to an `FB` extra field in its local header (absent
-  from the central directory), each record is followed by a data descriptor.
-  data.pkl is a protocol-2 pickle assembled opcode by opcode, memo (BINPUT/BINGET)
-  included, matching what CPython's pickler emits for torch's reduce of a state dict.
-* Sharded: `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`,
-  or `pytorch_model-0000i-of-0000n.bin` + `pytorch_model.bin.index.json`.
-
-This module deliberately imports nothing from dcscope (it runs before the engine is
-built) and never imports torch.
+This module and dcscope.testing.checkpoint import nothing of the engine (they run
+before it is built) and never import torch; `import dcscope` does not import them.
 """
 from __future__ import annotations
 
@@ -43,12 +32,14 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
-import zlib
 from collections import OrderedDict
 
 import numpy as np
+
+from .layouts import dcpythia_tensors, gpt_neox_tensors
+from .checkpoint import (DTYPES, ST_DTYPE, TorchTensor, _module_metadata, _TORCH_STORAGE,  # noqa: F401
+                         pickle_state_dict, round_to_dtype, write_index, write_safetensors, write_torch_zip)
 
 __all__ = [
     "make_tiny",
@@ -61,42 +52,6 @@ __all__ = [
     "gpt_neox_config",
 ]
 
-DTYPES = ("float32", "float16", "bfloat16")
-_ST_NAME = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-_TORCH_STORAGE = {"float32": "FloatStorage", "float16": "HalfStorage", "bfloat16": "BFloat16Storage"}
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-# --------------------------------------------------------------------------- dtypes
-
-def _c_order(a):
-    """C-contiguous copy if needed, keeping 0-d arrays 0-d (np.ascontiguousarray does not)."""
-    a = np.asarray(a)
-    return a if a.flags.c_contiguous else a.copy(order="C")
-
-
-def _f32_to_bf16_bits(a):
-    """float32 array -> uint16 bfloat16 bit patterns, round to nearest even."""
-    u = np.array(a, dtype=np.float32, order="C").view(np.uint32).astype(np.uint64)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def round_to_dtype(a, dtype):
-    """Round `a` to `dtype`. Returns (raw, widened): raw is the little-endian array as
-    stored in the file (uint16 bit patterns for bfloat16), widened its exact float32 value."""
-    a = np.asarray(a, dtype=np.float32)
-    if dtype == "float32":
-        raw = a.astype("<f4")
-        return raw, raw.astype(np.float32)
-    if dtype == "float16":
-        raw = a.astype("<f2")
-        return raw, raw.astype(np.float32)
-    if dtype == "bfloat16":
-        raw = _f32_to_bf16_bits(a).astype("<u2")
-        widened = (raw.astype(np.uint32) << 16).view(np.float32)
-        return raw, widened.reshape(a.shape)
-    raise ValueError(f"unsupported dtype {dtype!r}; use one of {DTYPES}")
 
 
 # --------------------------------------------------------------------------- configs
@@ -325,363 +280,6 @@ def _is_f32_buffer(name):
     return name.endswith("attention.masked_bias") or name.endswith("rotary_emb.inv_freq")
 
 
-# --------------------------------------------------------------------------- safetensors
-
-def _have_safetensors() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("safetensors") is not None
-
-
-def write_safetensors(path, tensors, metadata=None, *, writer="auto"):
-    """Write `tensors` (name -> (dtype, raw little-endian numpy array)) to `path`.
-
-    writer: "package" uses safetensors.numpy.save_file (F32/F16 only), "manual" the
-    local writer, "auto" the package unless a tensor is bfloat16.
-    """
-    if metadata is None:
-        metadata = {"format": "pt"}
-    has_bf16 = any(dt == "bfloat16" for dt, _ in tensors.values())
-    if writer == "auto":          # the package when installed (test extra), else the local writer
-        writer = "manual" if has_bf16 or not _have_safetensors() else "package"
-    if writer == "package":
-        if has_bf16:
-            raise ValueError("safetensors.numpy cannot write bfloat16; use writer='manual'")
-        if not _have_safetensors():
-            raise ValueError("writer='package' needs the safetensors package (pip install "
-                             "'dcscope[test]'); writer='manual' or 'auto' works without it")
-        from safetensors.numpy import save_file
-        save_file({k: _c_order(a) for k, (dt, a) in tensors.items()}, str(path), metadata=metadata)
-        return
-    if writer != "manual":
-        raise ValueError(f"unknown safetensors writer {writer!r}")
-    # Same layout as the Rust serializer: tensors sorted by decreasing element size,
-    # then by name; compact JSON header (__metadata__ first) padded with spaces to 8.
-    order = sorted(tensors, key=lambda k: (-_ITEMSIZE[tensors[k][0]], k))
-    header = OrderedDict()
-    header["__metadata__"] = dict(metadata)
-    blobs, off = [], 0
-    for k in order:
-        dt, a = tensors[k]
-        b = _c_order(a).tobytes()
-        header[k] = {"dtype": _ST_NAME[dt], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hjson += b" " * ((8 - len(hjson) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hjson)))
-        f.write(hjson)
-        for b in blobs:
-            f.write(b)
-
-
-# --------------------------------------------------------------------------- pickle emitter
-
-class _Global:
-    """A GLOBAL reference (module, name); one instance per distinct global so that the
-    pickle memo hits on reuse exactly as with the real class objects."""
-
-    def __init__(self, module, name):
-        self.module, self.name = module, name
-
-
-class _Reduce:
-    """func(*args), optionally followed by SETITEMS of `dictitems` and BUILD of `state`
-    (what pickle's save_reduce emits for an object whose __reduce_ex__ returns it)."""
-
-    def __init__(self, func, args, dictitems=None, state=None):
-        self.func, self.args, self.dictitems, self.state = func, args, dictitems, state
-
-
-class _PersId:
-    """An object replaced by a persistent id (torch's storages)."""
-
-    def __init__(self, pid):
-        self.pid = pid
-
-
-class _Pickler2:
-    """A protocol-2 pickle writer for the few object kinds a torch state dict needs,
-    emitting the same opcodes, in the same order, with the same memo numbering as
-    CPython's pickle.Pickler (memo keyed by object identity)."""
-
-    def __init__(self):
-        self.out = bytearray(b"\x80\x02")  # PROTO 2
-        self.memo = {}  # id(obj) -> (index, obj)  (obj kept alive, as pickle does)
-
-    # memo
-    def _put(self, obj):
-        idx = len(self.memo)
-        self.memo[id(obj)] = (idx, obj)
-        self.out += (b"q" + struct.pack("<B", idx)) if idx < 256 else (b"r" + struct.pack("<I", idx))
-
-    def _get(self, obj):
-        hit = self.memo.get(id(obj))
-        if hit is None:
-            return False
-        idx = hit[0]
-        self.out += (b"h" + struct.pack("<B", idx)) if idx < 256 else (b"j" + struct.pack("<I", idx))
-        return True
-
-    def save(self, obj):
-        out = self.out
-        if isinstance(obj, _PersId):
-            self.save(obj.pid)  # the pid tuple is pickled (and memoized) like any tuple
-            out += b"Q"  # BINPERSID
-            return
-        if obj is None:
-            out += b"N"
-            return
-        if obj is True or obj is False:
-            out += b"\x88" if obj else b"\x89"  # NEWTRUE / NEWFALSE
-            return
-        if isinstance(obj, (int, np.integer)):
-            self._save_int(int(obj))
-            return
-        if self._get(obj):
-            return
-        if isinstance(obj, str):
-            b = obj.encode("utf-8", "surrogatepass")
-            out += b"X" + struct.pack("<I", len(b)) + b  # BINUNICODE
-            self._put(obj)
-        elif isinstance(obj, tuple):
-            self._save_tuple(obj)
-        elif isinstance(obj, _Global):
-            out += b"c" + obj.module.encode("ascii") + b"\n" + obj.name.encode("ascii") + b"\n"
-            self._put(obj)
-        elif isinstance(obj, _Reduce):
-            self.save(obj.func)
-            self.save(obj.args)
-            self.out += b"R"  # REDUCE
-            self._put(obj)
-            if obj.dictitems is not None:
-                self._batch_setitems(obj.dictitems)
-            if obj.state is not None:
-                self.save(obj.state)
-                self.out += b"b"  # BUILD
-        elif isinstance(obj, dict):
-            out += b"}"  # EMPTY_DICT
-            self._put(obj)
-            self._batch_setitems(list(obj.items()))
-        else:
-            raise TypeError(f"cannot pickle {type(obj).__name__}")
-
-    def _save_int(self, v):
-        if 0 <= v <= 0xFF:
-            self.out += b"K" + struct.pack("<B", v)
-        elif 0 <= v <= 0xFFFF:
-            self.out += b"M" + struct.pack("<H", v)
-        elif -0x80000000 <= v <= 0x7FFFFFFF:
-            self.out += b"J" + struct.pack("<i", v)
-        else:
-            n = (v.bit_length() >> 3) + 1
-            enc = v.to_bytes(n, "little", signed=True)
-            if v < 0 and n > 1 and enc[-1] == 0xFF and (enc[-2] & 0x80) != 0:
-                enc = enc[:-1]
-            self.out += (b"\x8a" + struct.pack("<B", len(enc)) + enc) if len(enc) < 256 else (
-                b"\x8b" + struct.pack("<i", len(enc)) + enc)
-
-    def _save_tuple(self, t):
-        if len(t) == 0:
-            self.out += b")"  # EMPTY_TUPLE, never memoized
-            return
-        if len(t) <= 3:
-            for e in t:
-                self.save(e)
-            self.out += (b"\x85", b"\x86", b"\x87")[len(t) - 1]  # TUPLE1/2/3
-            self._put(t)
-            return
-        self.out += b"("  # MARK
-        for e in t:
-            self.save(e)
-        self.out += b"t"  # TUPLE
-        self._put(t)
-
-    def _batch_setitems(self, items):
-        items = list(items)
-        for i in range(0, len(items), 1000):  # pickle's _BATCHSIZE
-            batch = items[i:i + 1000]
-            if len(batch) > 1:
-                self.out += b"("
-                for k, v in batch:
-                    self.save(k)
-                    self.save(v)
-                self.out += b"u"  # SETITEMS
-            else:
-                k, v = batch[0]
-                self.save(k)
-                self.save(v)
-                self.out += b"s"  # SETITEM
-
-    def dump(self, obj):
-        self.save(obj)
-        self.out += b"."  # STOP
-        return bytes(self.out)
-
-
-class TorchTensor:
-    """A tensor as torch.save sees it: a view (offset, shape, stride in elements) into
-    a storage identified by `storage_id` (any hashable; equal ids share one storage)."""
-
-    def __init__(self, storage_id, dtype, storage_numel, offset, shape, stride=None):
-        self.storage_id = storage_id
-        self.dtype = dtype
-        self.storage_numel = int(storage_numel)
-        self.offset = int(offset)
-        self.shape = tuple(int(s) for s in shape)
-        if stride is None:
-            stride, acc = [], 1
-            for s in reversed(self.shape):
-                stride.append(acc)
-                acc *= s
-            stride = tuple(reversed(stride))
-        self.stride = tuple(int(s) for s in stride)
-
-
-def _module_metadata(names):
-    """`state_dict()._metadata`: {module prefix: {'version': 1}} in pre-order."""
-    meta, seen = [], set()
-    for n in names:
-        parts = n.split(".")[:-1]
-        for i in range(len(parts) + 1):
-            pre = ".".join(parts[:i])
-            if pre not in seen:
-                seen.add(pre)
-                meta.append(pre)
-    return meta
-
-
-def pickle_state_dict(tensors, *, container="ordereddict"):
-    """data.pkl bytes for `tensors` (name -> TorchTensor) as torch.save(state_dict) writes it.
-
-    container: "ordereddict" (collections.OrderedDict, what Module.state_dict() returns,
-    here without its _metadata), "ordereddict_meta" (with the `_metadata` attribute,
-    BUILD at the end, as torch.save(model.state_dict()) writes), or "dict" (a plain
-    dict, as Hugging Face's shard dicts are).
-    Returns (pickle_bytes, storage_keys) where storage_keys maps storage_id -> key str
-    in order of first appearance.
-    """
-    g_odict = _Global("collections", "OrderedDict")
-    g_rebuild = _Global("torch._utils", "_rebuild_tensor_v2")
-    g_storage = {}
-    s_storage, s_cpu = "storage", "cpu"  # one object each, like the interned literals
-    keys = OrderedDict()
-    items = []
-    for name, t in tensors.items():
-        if t.storage_id not in keys:
-            keys[t.storage_id] = str(len(keys))
-        st = _TORCH_STORAGE[t.dtype]
-        if st not in g_storage:
-            g_storage[st] = _Global("torch", st)
-        pid = _PersId((s_storage, g_storage[st], keys[t.storage_id], s_cpu, t.storage_numel))
-        args = (pid, t.offset, tuple(t.shape), tuple(t.stride), False, _Reduce(g_odict, ()))
-        items.append((str(name), _Reduce(g_rebuild, args)))
-    if container == "dict":
-        top = dict(items)
-    elif container == "ordereddict":
-        top = _Reduce(g_odict, (), dictitems=items)
-    elif container == "ordereddict_meta":
-        meta_items = [(pre, {"version": 1}) for pre in _module_metadata(tensors.keys())]
-        # the 'version' key is one (interned) object in every per-module dict
-        kv = "version"
-        meta_items = [(pre, {kv: 1}) for pre, _ in meta_items]
-        top = _Reduce(g_odict, (), dictitems=items,
-                      state={"_metadata": _Reduce(g_odict, (), dictitems=meta_items)})
-    else:
-        raise ValueError(f"unknown pickle container {container!r}")
-    data = _Pickler2().dump(top)
-    return data, dict(keys)
-
-
-# --------------------------------------------------------------------------- torch zip
-
-_DOS_TIME = 0  # 00:00:00
-_DOS_DATE = ((2024 - 1980) << 9) | (1 << 5) | 1  # 2024-01-01: fixed for reproducible files
-_FIELD_ALIGNMENT = 64
-
-
-def _hash_combine(seed, value):
-    """c10::hash_combine on 64-bit size_t."""
-    m = (1 << 64) - 1
-    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & m) + (seed >> 2)) & m)) & m
-
-
-def _torch_zip_bytes(records, archive_name):
-    """Zip bytes as PyTorchStreamWriter (miniz, zip64 mode) writes them.
-
-    Per record: local header (version needed 0, flags 0x0808 = data descriptor + UTF-8,
-    stored, crc and sizes 0), name, extra field 'FB' + u16 n + n*'Z' so that the data
-    starts on a 64-byte boundary, data, data descriptor (PK\\x07\\x08, crc, sizes).
-    Central directory entries carry the real crc/sizes and no extra field. Then the
-    zip64 end-of-central-directory record and locator, then the classic EOCD.
-    """
-    buf = bytearray()
-    central = bytearray()
-    flags = 0x0808
-    for name, data in records:
-        full = f"{archive_name}/{name}".encode("utf-8")
-        data = bytes(data)
-        cursor = len(buf)
-        if len(data) >= 0xFFFFFFFF or cursor >= 0xFFFFFFFF:
-            raise ValueError("records of 4 GiB or more are not supported by this writer")
-        start = cursor + 30 + len(full) + 4
-        pad = (-start) % _FIELD_ALIGNMENT
-        extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
-        crc = zlib.crc32(data) & 0xFFFFFFFF
-        buf += struct.pack("<IHHHHHIIIHH", 0x04034B50, 0, flags, 0, _DOS_TIME, _DOS_DATE,
-                           0, 0, 0, len(full), len(extra))
-        buf += full + extra
-        assert len(buf) % _FIELD_ALIGNMENT == 0
-        buf += data
-        buf += struct.pack("<IIII", 0x08074B50, crc, len(data), len(data))
-        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0, 0, flags, 0, _DOS_TIME, _DOS_DATE,
-                               crc, len(data), len(data), len(full), 0, 0, 0, 0, 0, cursor)
-        central += full
-    cd_ofs, cd_size, n = len(buf), len(central), len(records)
-    buf += central
-    z64_ofs = len(buf)
-    buf += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 0x031E, 0x002D, 0, 0, n, n, cd_size, cd_ofs)
-    buf += struct.pack("<IIQI", 0x07064B50, 0, z64_ofs, 1)
-    buf += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF),
-                       min(cd_size, 0xFFFFFFFF), min(cd_ofs, 0xFFFFFFFF), 0)
-    return bytes(buf)
-
-
-def write_torch_zip(path, tensors, storages, *, archive_name="archive", container="ordereddict",
-                    torch_style="2.1"):
-    """Write a torch.save-style zip checkpoint.
-
-    tensors: name -> TorchTensor; storages: storage_id -> raw little-endian bytes.
-    archive_name: the folder inside the zip ("archive" as for torch.save to a buffer;
-    None for what torch.save(obj, path) uses: the file's basename without extension).
-    torch_style: "2.1" (records data.pkl, byteorder, data/<key> in lexicographic key
-    order, version, .data/serialization_id) or "2.7" (adds .format_version "1" and
-    .storage_alignment "64" after data.pkl; data/<key> in numeric order).
-    """
-    if archive_name is None:
-        archive_name = os.path.splitext(os.path.basename(str(path)))[0]
-    data_pkl, keys = pickle_state_dict(tensors, container=container)
-    records = [("data.pkl", data_pkl)]
-    if torch_style == "2.7":
-        records += [(".format_version", b"1"), (".storage_alignment", b"64")]
-    elif torch_style != "2.1":
-        raise ValueError(f"unknown torch_style {torch_style!r}")
-    records.append(("byteorder", b"little"))
-    by_key = {k: sid for sid, k in keys.items()}
-    key_order = sorted(by_key) if torch_style == "2.1" else sorted(by_key, key=int)
-    for k in key_order:
-        records.append((f"data/{k}", storages[by_key[k]]))
-    records.append(("version", b"3\n"))
-    name_hash, crc_comb = 0, 0
-    for name, data in records:
-        name_hash = _hash_combine(name_hash, zlib.crc32(name.encode()) & 0xFFFFFFFF)
-        crc_comb = _hash_combine(crc_comb, zlib.crc32(bytes(data)) & 0xFFFFFFFF)
-    serialization_id = f"{name_hash % 10**20:020d}{crc_comb % 10**20:020d}"
-    records.append((".data/serialization_id", serialization_id.encode("ascii")))
-    with open(path, "wb") as f:
-        f.write(_torch_zip_bytes(records, archive_name))
-
-
 # --------------------------------------------------------------------------- sharding
 
 def _storage_plan(names, model_type, fused_qkv, share_storage):
@@ -739,7 +337,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
               tie_word_embeddings=False, seed=0, weight_scale=1.0, dyn_scale=1.0, tokenizer=None,
               extra_derived=False, share_storage=False, write_unused_dyn=True, use_sw=False,
               moh=None, compose_groups=1, key_wise=False, torch_views=None, archive_name="archive",
-              pickle_container="ordereddict", torch_style="2.1", st_writer="auto"):
+              pickle_container="ordereddict", torch_style="2.1"):
     """Write a tiny random checkpoint directory; return (state_dict, config).
 
     state_dict: name -> np.float32 array of exactly what the files hold (after rounding
@@ -772,7 +370,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
         constant stored as one element with stride (0,) (and, with extra_derived,
         the identity `sw` buffer an expanded eye, stride (0, N, 1)).
       archive_name / pickle_container / torch_style: see write_torch_zip and
-        pickle_state_dict. st_writer: "auto" | "package" | "manual" (safetensors).
+        pickle_state_dict.
     """
     if model_type not in ("dcpythia", "gpt_neox"):
         raise ValueError(f"model_type must be 'dcpythia' or 'gpt_neox', not {model_type!r}")
@@ -819,6 +417,22 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
             rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
 
+    # the names and shapes are the layout table's (dcscope.testing.layouts), in its order
+    if model_type == "dcpythia":
+        layout = dcpythia_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
+                                  rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm,
+                                  use_linear_bias=use_linear_bias, dyn=use_dcmha or write_unused_dyn,
+                                  compose_groups=compose_groups, use_sw=use_sw, moh=moh,
+                                  tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+    else:
+        layout = gpt_neox_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
+                                  rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings,
+                                  extra_derived=extra_derived)
+    drawn = OrderedDict((n, tuple(a.shape)) for n, a in sd32.items())
+    if drawn != layout:
+        raise AssertionError("make_tiny drew %s, the layout table has %s"
+                             % (sorted(set(drawn.items()) ^ set(layout.items())), model_type))
+
     if torch_views == "expand":
         for name in sd32:
             if name.endswith(("norm.bias", "layernorm.bias")):
@@ -854,8 +468,8 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
     for fname, shard_names in zip(fnames, shard_lists):
         path = os.path.join(out_dir, fname)
         if fmt == "safetensors":
-            write_safetensors(path, {n: (tdtype[n], raw[n]) for n in shard_names}, {"format": "pt"},
-                              writer=st_writer)
+            write_safetensors(path, {n: (ST_DTYPE[tdtype[n]], raw[n].shape, raw[n]) for n in shard_names},
+                              {"format": "pt"})
         else:
             tensors, storages = OrderedDict(), {}
             sids = []
@@ -884,26 +498,13 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             tensors = OrderedDict((n, tensors[n]) for n in shard_names)  # state-dict order
             write_torch_zip(path, tensors, storages, archive_name=archive_name,
                             container=pickle_container, torch_style=torch_style)
-        _normal_mode(path)
 
     if shards > 1:
-        index = {
-            "metadata": {"total_size": int(sum(nbytes.values()))},
-            "weight_map": {n: fname for fname, ns in zip(fnames, shard_lists) for n in ns},
-        }
         iname = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
-        with open(os.path.join(out_dir, iname), "w") as f:
-            f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        write_index(os.path.join(out_dir, iname), {n: fname for fname, ns in zip(fnames, shard_lists) for n in ns},
+                    sum(nbytes.values()))
 
     return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
-
-
-def _normal_mode(path):
-    """The mode a plain open() gives (0666 less the umask): the safetensors
-    package writes through a private temporary file (mode 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
 
 
 def _strided_view(a, name, kind):
@@ -978,13 +579,12 @@ def main(argv=None, prog="dcscope make-tiny"):
                     help="folder inside torch zips; 'auto' = file basename without extension, as torch.save(path)")
     ap.add_argument("--pickle-container", default="ordereddict", choices=["ordereddict", "ordereddict_meta", "dict"])
     ap.add_argument("--torch-style", default="2.1", choices=["2.1", "2.7"])
-    ap.add_argument("--st-writer", default="auto", choices=["auto", "package", "manual"])
     a = ap.parse_args(argv)
     _check_cli_args(a)
     try:
         sd, cfg = _make_tiny_cli(a)
     except OSError as e:
-        from ..model import Error
+        from .._checks import Error
         raise Error("make-tiny: cannot write %s: %s" % (e.filename or a.out_dir, e.strerror or e)) from None
     total = sum(v.size for v in sd.values())
     print(f"wrote {a.out_dir}: {cfg['model_type']}, {len(sd)} tensors, {total} parameters, "
@@ -994,7 +594,7 @@ def main(argv=None, prog="dcscope make-tiny"):
 
 def _check_cli_args(a) -> None:
     """Sizes refused up front (before anything is written), as dcscope.Error."""
-    from ..model import Error
+    from .._checks import Error
     for flag, v, lo in (("--n-layer", a.n_layer, 1), ("--dim", a.dim, 1), ("--n-head", a.n_head, 1),
                         ("--vocab", a.vocab, 1), ("--rank", a.rank, 1), ("--shards", a.shards, 1),
                         ("--window-size", a.window_size, 1), ("--intermediate", a.intermediate, 1)):
@@ -1018,7 +618,7 @@ def _make_tiny_cli(a):
         use_sw=a.use_sw, moh=_parse_moh(a.moh), compose_groups=a.compose_groups, torch_views=a.torch_views,
         key_wise=a.key_wise,
         archive_name=None if a.archive_name == "auto" else a.archive_name,
-        pickle_container=a.pickle_container, torch_style=a.torch_style, st_writer=a.st_writer)
+        pickle_container=a.pickle_container, torch_style=a.torch_style)
 
 
 if __name__ == "__main__":

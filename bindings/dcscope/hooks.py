@@ -1,0 +1,233 @@
+"""Hooks: what runs when the engine calls back at a hook point.
+
+    @dcscope.read_only                      # only reads: no write-back
+    def look(act, name):
+        seen[name] = act.mean()
+
+    model.run_with_hooks(toks, [("blocks.0.attn.pattern", look)])
+    model.run_with_hooks(toks, [(n, fn) for n in names], read_only=True)
+    with model.hooks([...], read_only=True): ...
+
+A hook function fn(act, name) may change `act` in place or return a
+replacement; either way a hook that is called counts as a write: what it
+leaves in `act` is copied back into the engine, which then uses it from
+that point on. A read-only hook (dcscope.read_only(fn), or read_only=True
+where hooks are given) gets a read-only array, and nothing is copied back.
+run_with_cache's own capture is read-only.
+
+The engine hands each hook point a pointer into its own (pooled, reused)
+activation memory. No Python-visible array may outlive that memory, so a
+hook function gets an array that owns a copy; the engine memory is only
+seen through short-lived views inside _engine_view / _hook_call, whose
+frames are cleared if an exception keeps a traceback. Capture copies
+exactly once; a read-only hook adds nothing to that copy; a writing hook
+adds a check that it wrote finite values and the copy back.
+
+HookTable: every hook of a model as name <-> (point, layer), built once
+when the model is loaded, so a hook call looks its name up instead of
+asking the engine.
+"""
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ._checks import Error
+from ._engine import ffi, lib
+from .cache import Cache
+
+if TYPE_CHECKING:
+    from .model import Model
+
+HookFn = Callable[[np.ndarray, str], Optional[np.ndarray]]
+
+
+# ---------------------------------------------------------------- read-only hooks
+
+class ReadOnlyHook:
+    """A hook function declared read-only (see read_only)."""
+
+    read_only = True
+
+    def __init__(self, fn: HookFn):
+        if not callable(fn):
+            raise Error("read_only: %r is not callable" % (fn,))
+        self.fn = fn
+        functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, act: np.ndarray, name: str):
+        return self.fn(act, name)
+
+    def __repr__(self) -> str:
+        return "read_only(%r)" % (self.fn,)
+
+
+def read_only(fn: HookFn) -> ReadOnlyHook:
+    """Declare a hook function read-only (a decorator, or a call around a
+    lambda): it gets a read-only array (writing raises numpy's ValueError),
+    must return None, and the pass skips the copy back into the engine.
+
+    >>> @dcscope.read_only
+    ... def record(act, name):
+    ...     means[name] = act.mean()
+    >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", record)])
+    >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", dcscope.read_only(lambda a, n: keep.append(a)))])"""
+    return fn if isinstance(fn, ReadOnlyHook) else ReadOnlyHook(fn)
+
+
+def is_read_only(fn) -> bool:
+    return isinstance(fn, ReadOnlyHook)
+
+
+def hook_pairs(fwd_hooks, read_only_all: bool = False) -> List[Tuple[str, HookFn]]:
+    """fwd_hooks as a list of (name, fn) pairs, fn checked callable and, with
+    read_only_all, declared read-only (names are resolved by the caller)."""
+    if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and isinstance(fwd_hooks[0], str):
+        raise Error("fwd_hooks must be a list of (name, fn) pairs, got one pair %r: put it in a list"
+                    % (fwd_hooks,))
+    out = []
+    for item in fwd_hooks:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise Error("fwd_hooks must be a list of (name, fn) pairs, got %r" % (item,))
+        n, fn = item
+        if not callable(fn):
+            raise Error("hook %s: %r is not callable" % (n, fn))
+        out.append((n, read_only(fn) if read_only_all else fn))
+    return out
+
+
+# ---------------------------------------------------------------- name table
+
+class HookTable:
+    """Every hook of a model, name <-> (point, layer), in forward order."""
+
+    def __init__(self, m, n_layer: int):
+        points = [p for p in range(lib.DCS_HP_COUNT) if lib.dcs_hook_exists(m, p)]
+        suffix = {p: ffi.string(lib.dcs_hook_point_name(p)).decode() for p in points}
+        layered = [p for p in points if lib.dcs_hook_point_is_layered(p)]
+        glob = [p for p in points if not lib.dcs_hook_point_is_layered(p)]
+        keys = [(p, 0) for p in glob if p < layered[0]]
+        keys += [(p, l) for l in range(n_layer) for p in layered]
+        keys += [(p, 0) for p in glob if p > layered[0]]
+        self.names: List[str] = [suffix[p] if p in glob else "blocks.%d.%s" % (l, suffix[p]) for p, l in keys]
+        self.key: Dict[str, Tuple[int, int]] = dict(zip(self.names, keys))
+        self.name: Dict[Tuple[int, int], str] = dict(zip(keys, self.names))
+
+
+# ---------------------------------------------------------------- one pass
+
+class _Run:
+    """State of one forward pass with hooks: what to call where, the cache."""
+
+    def __init__(self, model: "Model", batched: bool):
+        self.model = model
+        self.batched = batched
+        self.names = model._hook_table.name
+        self.capture: Dict[Tuple[int, int], str] = {}
+        self.fns: Dict[Tuple[int, int], List[HookFn]] = {}
+        self.writes: set = set()    # points where a hook that may write is called
+        self.cache = Cache()
+        self.error: Optional[BaseException] = None
+        self.cancel = False        # set on Ctrl-C: the next hook call aborts the pass
+
+    def add(self, key: Tuple[int, int], fn: HookFn) -> None:
+        self.fns.setdefault(key, []).append(fn)
+        if not is_read_only(fn):
+            self.writes.add(key)
+
+
+def _engine_view(data, dims, batched: bool) -> np.ndarray:
+    n = 1
+    for d in dims:
+        n *= d
+    arr = np.frombuffer(ffi.buffer(data, n * 4), dtype=np.float32).reshape(dims)
+    return arr if batched else arr[0]
+
+
+def _validate(out, shape, name: str) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        try:
+            out = np.asarray(out)
+        except Exception:
+            raise Error("hook %s: the hook function returned %s, not an array" % (name, type(out).__name__))
+    if out.dtype.kind != "f":
+        raise Error("hook %s: the hook function returned dtype %s; a floating array is needed" % (name, out.dtype))
+    if out.shape != tuple(shape):
+        raise Error("hook %s: the hook function returned shape %s, expected %s" % (name, out.shape, tuple(shape)))
+    if not np.all(np.isfinite(out)):
+        raise Error("hook %s: the hook function returned NaN or inf values" % name)
+    return out
+
+
+def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int:
+    key = (point, layer)
+    name = run.names[key]
+    dims = tuple(shape[i] for i in range(ndim))
+    work = _engine_view(data, dims, run.batched).copy()      # owned by Python: the one copy
+    fns = run.fns.get(key, ())
+    if key in run.capture and key not in run.writes:
+        run.cache[name] = work                                # read-only hooks see it read-only
+    if not fns:
+        return 0
+    seen = work.view()
+    seen.flags.writeable = False
+    for fn in fns:
+        if is_read_only(fn):
+            if fn(seen, name) is not None:
+                raise Error("hook %s: %r is read-only but returned an array (a hook that changes the "
+                            "activation must not be declared read-only)" % (name, fn.fn))
+        else:
+            out = fn(work, name)
+            if out is not None and out is not work:
+                work[...] = _validate(out, work.shape, name)
+        if run.cancel:
+            raise KeyboardInterrupt()
+    if key not in run.writes:
+        return 0
+    src = _engine_view(data, dims, run.batched)
+    if not np.isfinite(work).all():
+        # the pass itself may have made inf (huge weights): only what the hooks wrote is refused
+        bad = ~np.isfinite(work)
+        if not np.array_equal(work[bad], src[bad], equal_nan=True):
+            del src
+            raise Error("hook %s: the hook function wrote NaN or inf values" % name)
+    src[...] = work
+    del src
+    if key in run.capture:
+        run.cache[name] = work.copy()                         # the hook may keep `work`
+    return 1
+
+
+_OWN_FRAMES = set()
+
+
+def _forget_engine_views(e: BaseException) -> None:
+    """Clear the locals of this module's hook frames kept by e's traceback
+    (they may hold views of engine memory); user frames are left alone."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in _OWN_FRAMES:
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:   # still executing
+                pass
+        tb = tb.tb_next
+
+
+@ffi.def_extern()
+def _dcs_py_hook(user, point, layer, data, shape, ndim):
+    run: _Run = ffi.from_handle(user)
+    try:
+        if run.cancel:
+            raise KeyboardInterrupt()
+        return _hook_call(run, point, layer, data, shape, ndim)
+    except BaseException as e:  # noqa: BLE001 -- reported after the pass returns
+        _forget_engine_views(e)
+        run.error = e
+        return -1
+
+
+_OWN_FRAMES.update(f.__code__ for f in (_engine_view, _hook_call))
+

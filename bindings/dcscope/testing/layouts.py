@@ -1,0 +1,121 @@
+"""The tensor names and shapes of the two published checkpoint layouts.
+
+    dcpythia_tensors(n_layer=2, dim=32, n_head=4, vocab=64, intermediate=128)
+    gpt_neox_tensors(n_layer=2, dim=32, n_head=4, vocab=64, intermediate=128)
+
+each an OrderedDict name -> shape in torch state_dict() order (see
+shared/docs/model-spec.md). The one place the test fixtures take them from:
+make_tiny checks every state dict it draws against it, the fuzz corpus'
+index seeds and the C tests' checkpoints (dcscope.testing.fixtures) are
+made from it.
+
+* DCPythia ("dcpythia"): tok_embeddings, layers.{l}.attention.wqkv (or
+  wq/wk/wv), wo, dyn_w_proj.dw1 [D, G, 4, K], qkw [G, 4, K, 2R, N/G],
+  dd [D, G, 4N/G] (K = 4N), q_norm/k_norm.scale [Dh], feed_forward.w1/w2,
+  ffn_norm, attention_norm, then norm and output.
+* Pythia ("gpt_neox"): Hugging Face GPTNeoXForCausalLM names.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, Optional, Tuple
+
+Shape = Tuple[int, ...]
+
+
+def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, intermediate: int, rank: int = 2,
+                     fused_qkv: bool = True, use_qk_norm: bool = True, use_linear_bias: bool = True,
+                     dyn: bool = True, compose_groups: int = 1, use_sw: bool = False, moh: Optional[dict] = None,
+                     tie_word_embeddings: bool = False, extra_derived: bool = False) -> Dict[str, Shape]:
+    """DCPythia tensors. dyn: write dyn_w_proj (the published module always
+    has it, also with use_dcmha off); extra_derived: also the merged
+    dw_m/qkw_m/sw and the identity pre/post_proj.w buffers loaders ignore."""
+    D, N, F, V, R = dim, n_head, intermediate, vocab, rank
+    Dh, K, G = D // N, 4 * N, int(compose_groups)
+    Mg = N // G
+    out = OrderedDict()
+    out["tok_embeddings.weight"] = (V, D)
+    for l in range(n_layer):
+        p = "layers.%d." % l
+        if fused_qkv:
+            out[p + "attention.wqkv.weight"] = (3 * D, D)
+            if use_linear_bias:
+                out[p + "attention.wqkv.bias"] = (3 * D,)
+        else:
+            for nm in ("wq", "wk", "wv"):
+                out[p + "attention.%s.weight" % nm] = (D, D)
+                if use_linear_bias:
+                    out[p + "attention.%s.bias" % nm] = (D,)
+        out[p + "attention.wo.weight"] = (D, D)
+        if use_linear_bias:
+            out[p + "attention.wo.bias"] = (D,)
+        if dyn:
+            q = p + "attention.dyn_w_proj."
+            out[q + "dw1"] = (D, G, 4, K)
+            out[q + "qkw"] = (G, 4, K, 2 * R, Mg)
+            out[q + "dd"] = (D, G, 4 * Mg)
+            if extra_derived and G == 1:
+                out[q + "dw_m"] = (D, 4 * K + 4 * N)
+                out[q + "qkw_m"] = (4, K, 2 * R * N)
+                out[q + "sw"] = (2, N, N)
+            if use_sw or extra_derived:
+                out[q + "pre_proj.w"] = (G, Mg, Mg)
+                out[q + "post_proj.w"] = (G, Mg, Mg)
+        if moh is not None:
+            hs = int(moh["shared_heads"])
+            out[p + "attention.moh.wg.weight"] = (N - hs, D)
+            if hs > 1:
+                out[p + "attention.moh.wg_1.weight"] = (hs, D)
+            if hs > 0:
+                out[p + "attention.moh.wg_0.weight"] = (2, D)
+        if use_qk_norm:
+            out[p + "attention.q_norm.scale"] = (Dh,)
+            out[p + "attention.k_norm.scale"] = (Dh,)
+        out[p + "feed_forward.w1.weight"] = (F, D)
+        if use_linear_bias:
+            out[p + "feed_forward.w1.bias"] = (F,)
+        out[p + "feed_forward.w2.weight"] = (D, F)
+        if use_linear_bias:
+            out[p + "feed_forward.w2.bias"] = (D,)
+        for ln in ("ffn_norm", "attention_norm"):
+            out[p + ln + ".weight"] = (D,)
+            out[p + ln + ".bias"] = (D,)
+    out["norm.weight"] = (D,)
+    out["norm.bias"] = (D,)
+    if not tie_word_embeddings:
+        out["output.weight"] = (V, D)
+    return out
+
+
+def gpt_neox_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, intermediate: int,
+                     rotary_pct: float = 0.25, tie_word_embeddings: bool = False,
+                     extra_derived: bool = False) -> Dict[str, Shape]:
+    """Pythia tensors; query_key_value rows grouped per head (head n owns rows
+    [n*3*Dh, (n+1)*3*Dh): its q, k, v). extra_derived: also the buffers older
+    Hugging Face versions saved (attention.masked_bias [], rotary_emb.inv_freq
+    [r/2], both F32), which loaders ignore."""
+    D, F, V = dim, intermediate, vocab
+    r = int((D // n_head) * rotary_pct)
+    out = OrderedDict()
+    out["gpt_neox.embed_in.weight"] = (V, D)
+    for l in range(n_layer):
+        p = "gpt_neox.layers.%d." % l
+        for ln in ("input_layernorm", "post_attention_layernorm"):
+            out[p + ln + ".weight"] = (D,)
+            out[p + ln + ".bias"] = (D,)
+        if extra_derived:
+            out[p + "attention.masked_bias"] = ()
+            out[p + "attention.rotary_emb.inv_freq"] = (len(range(0, r, 2)),)
+        out[p + "attention.query_key_value.weight"] = (3 * D, D)
+        out[p + "attention.query_key_value.bias"] = (3 * D,)
+        out[p + "attention.dense.weight"] = (D, D)
+        out[p + "attention.dense.bias"] = (D,)
+        out[p + "mlp.dense_h_to_4h.weight"] = (F, D)
+        out[p + "mlp.dense_h_to_4h.bias"] = (F,)
+        out[p + "mlp.dense_4h_to_h.weight"] = (D, F)
+        out[p + "mlp.dense_4h_to_h.bias"] = (D,)
+    out["gpt_neox.final_layer_norm.weight"] = (D,)
+    out["gpt_neox.final_layer_norm.bias"] = (D,)
+    if not tie_word_embeddings:
+        out["embed_out.weight"] = (V, D)
+    return out

@@ -1,0 +1,149 @@
+"""The import graph of bindings/dcscope and synth_tasks has no cycle, and
+the core package never imports synth_tasks (synth_tasks depends on
+dcscope, not the reverse; `dcscope synth` is found through the
+dcscope.commands entry point group).
+
+Read from the source with ast, so every import counts: module level and
+inside functions alike. Imports under `if TYPE_CHECKING:` are left out
+(they never run). Importing a submodule is an edge to that submodule, not
+to its parent package."""
+from __future__ import annotations
+
+import ast
+import os
+from typing import Dict, List, Optional, Set
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = {"dcscope": os.path.join(ROOT, "bindings", "dcscope"),
+            "synth_tasks": os.path.join(ROOT, "synth_tasks")}
+
+
+def _modules() -> Dict[str, str]:
+    """module name -> file, for every .py file of the two packages."""
+    out = {}
+    for pkg, top in PACKAGES.items():
+        for d, dirs, files in os.walk(top):
+            dirs[:] = [x for x in dirs if x != "__pycache__" and os.path.exists(os.path.join(d, x, "__init__.py"))]
+            rel = os.path.relpath(d, top)
+            parts = [pkg] + ([] if rel == "." else rel.split(os.sep))
+            for f in files:
+                if f.endswith(".py"):
+                    name = ".".join(parts if f == "__init__.py" else parts + [f[:-3]])
+                    out[name] = os.path.join(d, f)
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+           (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Every Import / ImportFrom node, skipping `if TYPE_CHECKING:` bodies."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def _graph() -> Dict[str, Set[str]]:
+    mods = _modules()
+    graph: Dict[str, Set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.endswith("__init__.py")
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in _imports(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    src = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    src = node.module
+                # `from pkg import sub` imports the submodule pkg.sub
+                targets = [src + "." + a.name if src + "." + a.name in mods else src for a in node.names]
+            for t in targets:
+                if t.split(".")[0] not in PACKAGES:
+                    continue
+                if t not in mods:          # a compiled module (dcscope._engine): imports nothing of ours
+                    graph.setdefault(t, set())
+                if t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def _find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
+    state: Dict[str, int] = {}      # 1: on the DFS path, 2: done
+    path: List[str] = []
+
+    def visit(m: str) -> Optional[List[str]]:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state:
+                c = visit(n)
+                if c:
+                    return c
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            c = visit(m)
+            if c:
+                return c
+    return None
+
+
+def test_graph_sees_the_packages():
+    g = _graph()
+    assert "dcscope.model" in g and "synth_tasks.cli" in g and "dcscope.testing.make_tiny" in g
+    # it sees imports inside functions too
+    assert "dcscope" in g["synth_tasks.cli"]
+    assert "dcscope.routing" in g["dcscope.model"]
+
+
+def test_no_import_cycle():
+    cycle = _find_cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_dcscope_does_not_import_synth_tasks():
+    bad = sorted((m, t) for m, ts in _graph().items() if m.split(".")[0] == "dcscope"
+                 for t in ts if t.split(".")[0] == "synth_tasks")
+    assert not bad, "dcscope imports synth_tasks: %s" % bad
+
+
+def test_cycle_finder_finds_cycles():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("src,expect", [
+    ("from .model import Error", {"dcscope.model"}),
+    ("def f():\n    from . import routing", {"dcscope.routing"}),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", set()),
+])
+def test_import_reader(src, expect, tmp_path, monkeypatch):
+    pkg = tmp_path / "dcscope"
+    pkg.mkdir()
+    for n in ("__init__", "model", "routing", "x"):
+        (pkg / (n + ".py")).write_text("")
+    (pkg / "x.py").write_text(src)
+    monkeypatch.setitem(PACKAGES, "dcscope", str(pkg))
+    monkeypatch.setitem(PACKAGES, "synth_tasks", str(tmp_path / "none"))
+    assert _graph()["dcscope.x"] == expect
