@@ -2,7 +2,7 @@
  * test_cuda.c -- every kernel of the CUDA backend against the CPU backend.
  *
  * Both backends get the same random inputs through the dcs_backend vtable
- * (internal.h); the results are downloaded and compared with a tolerance
+ * (dcs_backend.h); the results are downloaded and compared with a tolerance
  * relative to the largest reference value: 1e-5 (1e-4 for gemm, whose
  * summation order differs between cuBLAS and OpenBLAS). Masked entries
  * (softmax, causal compose) must be exactly 0.
@@ -14,9 +14,9 @@
  * group) and exits 1 if anything failed.
  *
  * Build (see engine/cuda.mk): compiled with -DDCS_WITH_CUDA and linked with
- * backend_cuda.o, backend_cpu.c, error.c, OpenBLAS and the CUDA libraries.
+ * the dcscope_backends library (CPU + CUDA), OpenBLAS and the CUDA libraries.
  */
-#include "internal.h"
+#include "dcs_backend.h"
 #include "dcs_math.h"
 
 #include <math.h>

@@ -11,7 +11,7 @@
  *     for bit; two backends with different thread counts agree.
  * Prints "kernels: N passed, M failed".
  */
-#include "internal.h"
+#include "dcs_backend.h"
 #include "dcs_math.h"
 #include "check.h"
 

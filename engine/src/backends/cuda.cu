@@ -1,5 +1,5 @@
 /*
- * backend_cuda.cu -- the CUDA backend: the dcs_backend vtable of internal.h
+ * cuda.cu -- the CUDA backend: the dcs_backend interface of dcs_backend.h
  * on one GPU, with cuBLAS for every matrix product and small kernels for the
  * rest. The model graph (forward.c) is the same for every backend; it calls
  * only the function pointers filled in here.
@@ -10,7 +10,7 @@
  *     file never does).
  *   - The per-element math (gelu, masks, rotary angles, RMS/LayerNorm
  *     scaling, the per-pair compose) is the DCS_HD code of dcs_math.h, the
- *     same functions the CPU backend runs. cuda.mk compiles this file with
+ *     same functions the CPU backend runs. CMakeLists.txt compiles this file with
  *     --fmad=false so nvcc does not contract a*b+c into FMAs the CPU build
  *     does not form either; only reduction order and libm ulps differ.
  *
@@ -18,7 +18,7 @@
  * queued on it in order. upload/download wait for their copy (the host
  * buffer is free to reuse when they return). sync() waits for the stream.
  *
- * Errors. Kernels return nothing (internal.h): the first failing CUDA or
+ * Errors. Kernels return nothing (dcs_backend.h): the first failing CUDA or
  * cuBLAS call is recorded in the context with its error name, and sync()
  * reports it as DCS_ERR_BACKEND "CUDA: ..." and then clears the record, so a
  * model survives e.g. one out-of-memory batch (sticky device faults fail the
@@ -43,7 +43,7 @@
 #include <string.h>
 
 extern "C" {
-#include "internal.h"
+#include "dcs_backend.h"
 }
 #include "dcs_math.h"
 

@@ -13,7 +13,7 @@
  * branches, head_out) are only materialised for the layers whose hooks
  * want them, and nothing is copied to the host otherwise.
  */
-#include "internal.h"
+#include "dcs_model.h"
 
 #include <limits.h>
 #include <math.h>
@@ -55,17 +55,8 @@ static float *fw_alloc(fw *f, int64_t n1, int64_t n2, int64_t n3) {
         f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM, "forward: too many buffers");
         return NULL;
     }
-    /* A buffer of this size from the model's pool, else a new one. Every
-     * activation is fully written before it is read, so reuse needs no
-     * clearing. */
-    dcs_model *m = f->m;
-    float *p = NULL;
-    for (int i = m->n_pool - 1; i >= 0; i--)
-        if (m->pool[i].bytes == bytes) {
-            p = m->pool[i].p;
-            m->pool[i] = m->pool[--m->n_pool];
-            break;
-        }
+    /* a buffer of this size from the model's pool, else a new one */
+    float *p = dcs_pool_take(f->m, (size_t)bytes);
     if (!p) p = f->be->alloc(f->be, (size_t)bytes);
     if (!p) {
         f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM,
@@ -82,37 +73,15 @@ static float *fw_alloc(fw *f, int64_t n1, int64_t n2, int64_t n3) {
     return p;
 }
 
-/* Give a buffer back to the model's pool (or free it when the pool is full). */
-static void pool_put(dcs_model *m, void *p, size_t bytes) {
-    if (m->n_pool < DCS_POOL_SIZE) {
-        m->pool[m->n_pool].p = p;
-        m->pool[m->n_pool].bytes = bytes;
-        m->n_pool++;
-    } else {
-        m->be->free(m->be, p);
-    }
-}
-
 static void fw_release(fw *f, float *p) {
     if (!p) return;
     for (int i = 0; i < f->n_bufs; i++)
         if (f->bufs[i].p == p) {
-            pool_put(f->m, p, f->bufs[i].bytes);
+            dcs_pool_put(f->m, p, f->bufs[i].bytes);
             f->in_use -= f->bufs[i].bytes;
             f->bufs[i] = f->bufs[--f->n_bufs];
             return;
         }
-}
-
-void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes) {
-    if (peak_bytes) *peak_bytes = m->last_peak_bytes;
-    if (total_bytes) *total_bytes = m->last_total_bytes;
-}
-
-/* Free the pooled buffers (dcs_free, or after a failed pass). */
-void dcs_pool_clear(dcs_model *m) {
-    for (int i = 0; i < m->n_pool; i++) m->be->free(m->be, m->pool[i].p);
-    m->n_pool = 0;
 }
 
 /* ---------------------------------------------------------------- hooks */
@@ -169,12 +138,6 @@ static int fw_hook(fw *f, int point, int layer, float *dev) {
                      dcs_layer_is_local(f->m, layer) ? f->m->cfg.window_size : 0);
     if (r > 0 && !on_host) f->be->upload(f->be, dev, f->host, n * sizeof(float));
     return r > 0;
-}
-
-/* ---------------------------------------------------------------- cancel */
-
-void dcs_cancel(dcs_model *m, int cancel) {
-    if (m) atomic_store(&m->cancel, cancel ? 1 : 0);
 }
 
 /* Has dcs_cancel asked this pass to stop? Sets the status if so. */
@@ -797,7 +760,7 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
     }
     m->last_peak_bytes = f.peak;
     m->last_total_bytes = f.total;
-    for (int i = 0; i < f.n_bufs; i++) pool_put(m, f.bufs[i].p, f.bufs[i].bytes);
+    for (int i = 0; i < f.n_bufs; i++) dcs_pool_put(m, f.bufs[i].p, f.bufs[i].bytes);
     if (f.status) dcs_pool_clear(m); /* after a failure, give memory back */
     free(f.host);
     return f.status;

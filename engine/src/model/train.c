@@ -4,7 +4,7 @@
  * float array for gradients and optimizer state), writable weights, and
  * the AdamW update (decoupled weight decay, Loshchilov & Hutter 2019).
  */
-#include "internal.h"
+#include "dcs_model.h"
 
 #include <math.h>
 #include <stdlib.h>

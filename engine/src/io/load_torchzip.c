@@ -40,7 +40,7 @@
  * shared through the memo, so nothing is freed earlier). The arena, the
  * stack, the mark stack and the memo are bounded below.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -15,7 +15,7 @@
  * attention-map work (mask, compose, softmax) runs on the host with the
  * per-element math of dcs_math.h, the same functions the kernels use.
  */
-#include "internal.h"
+#include "dcs_model.h"
 #include "dcs_math.h"
 
 #include <stdlib.h>

@@ -13,7 +13,7 @@
  * captured in the backward; an overridden activation is a constant, so no
  * gradient flows upstream of it.
  */
-#include "internal.h"
+#include "dcs_model.h"
 #include "backward.h"
 #include "dcs_math.h"
 

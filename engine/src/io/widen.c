@@ -5,7 +5,7 @@
  * only the conversion (the CUDA kernel test links the CPU backend) does not
  * pull in the checkpoint parsers.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -15,7 +15,7 @@
  * binary search and duplicate names are found when a file is committed.
  * F16/BF16 data is widened to float32 exactly by dcs_tensor_to_f32.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * backend_cpu.c -- the CPU backend: host memory, OpenBLAS sgemm, and plain
+ * cpu.c -- the CPU backend: host memory, OpenBLAS sgemm, and plain
  * loops around the shared per-element math of dcs_math.h.
  *
  * "Device pointers" here are ordinary host pointers.
@@ -10,7 +10,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("vect-cost-model=dynamic")
 #endif
-#include "internal.h"
+#include "dcs_backend.h"
 #include "dcs_math.h"
 
 #include <cblas.h>
