@@ -119,7 +119,7 @@ uint64_t dcs_tensor_numel(const dcs_tensor *t);
 /* Widen n values of `dtype` at src (any alignment) to float32 (exact). */
 void dcs_widen(const void *src, uint64_t n, int dtype, float *out);
 
-/* Building a table (tensors.c, for the file parsers). Between calls t[] is
+/* Building a table (tensor_table.c, for the file parsers). Between calls t[] is
  * sorted by name (dcs_tt_find bsearches it). A parser records first = tt->n,
  * appends with dcs_tt_new_tensor (owned copy of the name, fields zeroed,
  * `file` set), then calls dcs_tt_commit (names unique across the table,
@@ -160,6 +160,8 @@ typedef struct {
 dcs_status dcs_parse_index_json(const char *text, size_t len, const char *path,
                                 dcs_index *out, dcs_err *e);
 void dcs_index_free(dcs_index *ix);
+/* The entry of `name` in the sorted weight_map m[0, n), or NULL. */
+const dcs_index_entry *dcs_index_find(const dcs_index_entry *m, int n, const char *name);
 
 /* ---------------------------------------------------------------- JSON */
 
