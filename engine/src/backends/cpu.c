@@ -413,16 +413,6 @@ static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};
     parallel_for(be, add_range, &a, (long long)n, 1);
 }
-static void add3_range(void *arg, long long b, long long e, int tid) {
-    (void)tid;
-    const rows_args *a = arg;
-    for (long long i = b; i < e; i++) a->y[i] = a->a[i] + a->b[i] + a->c[i];
-}
-static void cpu_add3(dcs_backend *be, float *y, const float *a, const float *b,
-                     const float *c, size_t n) {
-    rows_args r = {y, a, b, c, 0, 0, NULL, 0};
-    parallel_for(be, add3_range, &r, (long long)n, 1);
-}
 static void gelu_range(void *x, long long b, long long e, int tid) {
     (void)tid;
     float *v = x;
@@ -439,12 +429,6 @@ static void tanh_range(void *x, long long b, long long e, int tid) {
 static void cpu_tanh(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, tanh_range, x, (long long)n, 8);
 }
-static void cpu_mul(dcs_backend *be, float *y, const float *g, size_t n) {
-    (void)be;
-    for (size_t i = 0; i < n; i++) y[i] *= g[i];
-}
-
-/* MoH routing scores, one row per token (dcs_moh_route_row). */
 static void cpu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1,
                           const float *s0, int M, int N, int hs, int k) {
     (void)be;
@@ -801,6 +785,34 @@ static void cpu_attention(dcs_backend *be, const dcs_attn_args *a) {
     free(kt);
 }
 
+static const dcs_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .sync = cpu_sync,
+    .destroy = cpu_destroy,
+    .gemm = cpu_gemm,
+    .embed = cpu_embed,
+    .add_bias = cpu_add_bias,
+    .add = cpu_add,
+    .gelu = cpu_gelu,
+    .tanh_ = cpu_tanh,
+    .layernorm = cpu_layernorm,
+    .rmsnorm = cpu_rmsnorm,
+    .rotary = cpu_rotary,
+    .copy2d = cpu_copy2d,
+    .compose = cpu_compose,
+    .softmax_masked = cpu_softmax_masked,
+    .gemm_w = cpu_gemm_w,
+    .embed_w = cpu_embed_w,
+    .attention = cpu_attention,
+    .moh_route = cpu_moh_route,
+    .head_gate = cpu_head_gate,
+};
+
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     dcs_backend *be = calloc(1, sizeof *be);
     cpu_ctx *c = calloc(1, sizeof *c);
@@ -821,33 +833,7 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     openblas_set_num_threads(1);
 #endif
     pool_start(&c->pool, c->n_threads);
-    be->name = "cpu";
+    be->ops = &cpu_ops;
     be->ctx = c;
-    be->alloc = cpu_alloc;
-    be->free = cpu_free;
-    be->upload = cpu_copy;
-    be->download = cpu_copy;
-    be->copy = cpu_copy;
-    be->sync = cpu_sync;
-    be->destroy = cpu_destroy;
-    be->gemm = cpu_gemm;
-    be->embed = cpu_embed;
-    be->add_bias = cpu_add_bias;
-    be->add = cpu_add;
-    be->add3 = cpu_add3;
-    be->gelu = cpu_gelu;
-    be->tanh_ = cpu_tanh;
-    be->layernorm = cpu_layernorm;
-    be->rmsnorm = cpu_rmsnorm;
-    be->rotary = cpu_rotary;
-    be->copy2d = cpu_copy2d;
-    be->compose = cpu_compose;
-    be->softmax_masked = cpu_softmax_masked;
-    be->mul = cpu_mul;
-    be->gemm_w = cpu_gemm_w;
-    be->embed_w = cpu_embed_w;
-    be->attention = cpu_attention;
-    be->moh_route = cpu_moh_route;
-    be->head_gate = cpu_head_gate;
     return be;
 }

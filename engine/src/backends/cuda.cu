@@ -166,11 +166,6 @@ static __global__ void add_kernel(float *y, const float *x, size_t n) {
 }
 
 /* y [n] = a + b + c (y may alias any input) */
-static __global__ void add3_kernel(float *y, const float *a, const float *b, const float *c, size_t n) {
-    GRID_STRIDE(i, n) y[i] = a[i] + b[i] + c[i];
-}
-
-/* x [n] = gelu(x), exact erf form */
 static __global__ void gelu_kernel(float *x, size_t n) {
     GRID_STRIDE(i, n) x[i] = dcs_gelu(x[i]);
 }
@@ -181,10 +176,6 @@ static __global__ void tanh_kernel(float *x, size_t n) {
 }
 
 /* y [n] *= g [n] */
-static __global__ void mul_kernel(float *y, const float *g, size_t n) {
-    GRID_STRIDE(i, n) y[i] *= g[i];
-}
-
 /* out [M, D] = LayerNorm(in [M, D]) * w [D] + b [D]; one block per row,
  * two passes (mean, then centred sum of squares), fp32. out may equal in. */
 static __global__ void layernorm_kernel(float *out, const float *in, const float *w,
@@ -453,11 +444,12 @@ static void cu_embed(dcs_backend *be, float *out, const float *table,
             return;
         c->tokens_cap = (size_t)M;
     }
+    /* from pageable memory: returns once the ids are staged, so the caller
+     * may reuse tokens_host; the stream orders the kernel after the copy */
     if (!ck(c, cudaMemcpyAsync(c->tokens, tokens_host, (size_t)M * sizeof(int32_t),
                                cudaMemcpyHostToDevice, c->stream),
             "cudaMemcpyAsync (token ids)"))
         return;
-    ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (token ids)");
     embed_kernel<<<M, 256, 0, c->stream>>>(out, table, c->tokens, D);
     launched(c, "embed_kernel");
 }
@@ -477,14 +469,6 @@ static void cu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     launched(c, "add_kernel");
 }
 
-static void cu_add3(dcs_backend *be, float *y, const float *a, const float *b,
-                    const float *cc, size_t n) {
-    if (!n) return;
-    cuda_ctx *c = enter(be);
-    add3_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(y, a, b, cc, n);
-    launched(c, "add3_kernel");
-}
-
 static void cu_gelu(dcs_backend *be, float *x, size_t n) {
     if (!n) return;
     cuda_ctx *c = enter(be);
@@ -497,13 +481,6 @@ static void cu_tanh(dcs_backend *be, float *x, size_t n) {
     cuda_ctx *c = enter(be);
     tanh_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(x, n);
     launched(c, "tanh_kernel");
-}
-
-static void cu_mul(dcs_backend *be, float *y, const float *g, size_t n) {
-    if (!n) return;
-    cuda_ctx *c = enter(be);
-    mul_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(y, g, n);
-    launched(c, "mul_kernel");
 }
 
 static void cu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
@@ -602,6 +579,36 @@ extern "C" int dcs_cuda_probe(char *why, size_t whylen) {
     return 1;
 }
 
+static const dcs_backend_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .copy = cu_copy,
+    .sync = cu_sync,
+    .destroy = cu_destroy,
+    .gemm = cu_gemm,
+    .embed = cu_embed,
+    .add_bias = cu_add_bias,
+    .add = cu_add,
+    .gelu = cu_gelu,
+    .tanh_ = cu_tanh,
+    .layernorm = cu_layernorm,
+    .rmsnorm = cu_rmsnorm,
+    .rotary = cu_rotary,
+    .copy2d = cu_copy2d,
+    .compose = cu_compose,
+    .softmax_masked = cu_softmax_masked,
+    /* none: weights are float32 on the GPU, and the graph runs the full
+     * attention path */
+    .gemm_w = NULL,
+    .embed_w = NULL,
+    .attention = NULL,
+    .moh_route = cu_moh_route,
+    .head_gate = cu_head_gate,
+};
+
 extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
     int n = 0;
     cudaError_t r = cudaGetDeviceCount(&n);
@@ -625,8 +632,8 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
         return NULL;
     }
     c->device = device;
+    be->ops = &cuda_ops;
     be->ctx = c;
-    be->name = "cuda";
 
     cudaDeviceProp prop;
     if (ck(c, cudaSetDevice(device), "cudaSetDevice") &&
@@ -659,28 +666,5 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
         return NULL;
     }
 
-    be->alloc = cu_alloc;
-    be->free = cu_free;
-    be->upload = cu_upload;
-    be->download = cu_download;
-    be->copy = cu_copy;
-    be->sync = cu_sync;
-    be->destroy = cu_destroy;
-    be->gemm = cu_gemm;
-    be->embed = cu_embed;
-    be->add_bias = cu_add_bias;
-    be->add = cu_add;
-    be->add3 = cu_add3;
-    be->gelu = cu_gelu;
-    be->tanh_ = cu_tanh;
-    be->layernorm = cu_layernorm;
-    be->rmsnorm = cu_rmsnorm;
-    be->rotary = cu_rotary;
-    be->copy2d = cu_copy2d;
-    be->compose = cu_compose;
-    be->softmax_masked = cu_softmax_masked;
-    be->mul = cu_mul;
-    be->moh_route = cu_moh_route;
-    be->head_gate = cu_head_gate;
     return be;
 }

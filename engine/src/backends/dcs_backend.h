@@ -67,9 +67,11 @@ typedef struct {
     const float *qw1[2], *qw2[2], *qdd[2], *kw1[2], *kw2[2], *kdd[2];
 } dcs_attn_args;
 
-struct dcs_backend {
+/* The operations of a backend: one static const table per backend
+ * (cpu.c, cuda.cu), filled with designated initialisers. Every operation
+ * takes the backend it is called on: be->ops->gemm(be, ...). */
+typedef struct dcs_backend_ops {
     const char *name;
-    void *ctx;
 
     /* memory */
     void *(*alloc)(dcs_backend *be, size_t bytes);        /* zero-filled  */
@@ -89,12 +91,12 @@ struct dcs_backend {
                  float *C, int ldc, long long strideC, int batch);
 
     /* elementwise / row kernels */
+    /* out [M, D] = table [V, D] rows tokens_host[m]. The ids are read (or
+     * copied) before embed returns, without waiting for the device. */
     void (*embed)(dcs_backend *be, float *out, const float *table,
-                  const int32_t *tokens_host, int M, int D);          /* out [M, D] */
+                  const int32_t *tokens_host, int M, int D);
     void (*add_bias)(dcs_backend *be, float *x, const float *bias, int M, int N); /* x[M,N] += b[N] */
     void (*add)(dcs_backend *be, float *y, const float *x, size_t n);  /* y += x */
-    void (*add3)(dcs_backend *be, float *y, const float *a, const float *b,
-                 const float *c, size_t n);                            /* y = a + b + c */
     void (*gelu)(dcs_backend *be, float *x, size_t n);                 /* exact erf gelu */
     void (*tanh_)(dcs_backend *be, float *x, size_t n);
     void (*layernorm)(dcs_backend *be, float *out, const float *in, const float *w,
@@ -114,8 +116,6 @@ struct dcs_backend {
     /* x [BN, T, S]: softmax over s of the allowed entries (s <= t, and
      * t - s <= window when window > 0); masked entries become 0. */
     void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int window);
-    /* out[m, n] = in[m, n] * g[m, n] (MoH gating, reserved) */
-    void (*mul)(dcs_backend *be, float *y, const float *g, size_t n);
 
     /* Optional (NULL on backends whose weights are all float32 and that
      * have no fused kernel, e.g. CUDA, which widens F16 at upload):
@@ -135,6 +135,12 @@ struct dcs_backend {
                       const float *s0, int M, int N, int hs, int k);
     /* z [M, N, Dh] *= g [M, N] broadcast over Dh (MoH head gate). */
     void (*head_gate)(dcs_backend *be, float *z, const float *g, int M, int N, int Dh);
+} dcs_backend_ops;
+
+/* A backend: its operations and its state (device, streams, threads). */
+struct dcs_backend {
+    const dcs_backend_ops *ops;
+    void *ctx;
 };
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e);

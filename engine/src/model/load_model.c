@@ -112,7 +112,7 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
         const float *from = src;
         if (!from) {
             if (m->device == DCS_DEVICE_CPU) {
-                w->ptr = m->be->alloc(m->be, n * sizeof(float));
+                w->ptr = m->be->ops->alloc(m->be, n * sizeof(float));
                 if (!w->ptr) { dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name); return NULL; }
                 dcs_tensor_to_f32(t, w->ptr);
                 w->owned = 1;
@@ -126,9 +126,9 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
             from = host;
         }
         if (!weight_finite(b, from, n, t, name)) { free(host); return NULL; }
-        w->ptr = m->be->alloc(m->be, n * sizeof(float));
+        w->ptr = m->be->ops->alloc(m->be, n * sizeof(float));
         if (!w->ptr) { free(host); dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name); return NULL; }
-        m->be->upload(m->be, w->ptr, from, n * sizeof(float));
+        m->be->ops->upload(m->be, w->ptr, from, n * sizeof(float));
         w->owned = 1;
         free(host);
     }
@@ -724,7 +724,7 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     s = m->cfg.model_type == DCS_MODEL_DCPYTHIA ? load_dcpythia(&b) : load_neox(&b);
     if (!s) s = check_unused(&b);
     if (!s && m->cfg.model_type == DCS_MODEL_DCPYTHIA) query_wise_note(m);
-    if (!s) s = m->be->sync(m->be, &e);
+    if (!s) s = m->be->ops->sync(m->be, &e);
     if (!s) release_unaliased_files(m);
 done:
     free(text);

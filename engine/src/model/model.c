@@ -30,8 +30,8 @@ void dcs_model_destroy(dcs_model *m) {
     if (m->be) {
         dcs_pool_clear(m);
         for (int i = 0; i < m->n_weights; i++)
-            if (m->weights[i].owned) m->be->free(m->be, m->weights[i].ptr);
-        m->be->destroy(m->be);
+            if (m->weights[i].owned) m->be->ops->free(m->be, m->weights[i].ptr);
+        m->be->ops->destroy(m->be);
     }
     for (int i = 0; i < m->n_weights; i++)
         if (m->weights[i].half_owned) free((void *)(uintptr_t)m->weights[i].half);
@@ -99,8 +99,8 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
         dcs_widen(w->half, n, w->dtype, out);
         return DCS_OK;
     }
-    m->be->download(m->be, out, w->ptr, n * sizeof(float));
-    return m->be->sync(m->be, &m->err);
+    m->be->ops->download(m->be, out, w->ptr, n * sizeof(float));
+    return m->be->ops->sync(m->be, &m->err);
 }
 
 dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
@@ -110,10 +110,10 @@ dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
         if (w->ptr || !w->half) continue;
         uint64_t n = 1;
         for (int k = 0; k < w->ndim; k++) n *= (uint64_t)w->shape[k];
-        float *p = m->be->alloc(m->be, (size_t)n * sizeof(float));
+        float *p = m->be->ops->alloc(m->be, (size_t)n * sizeof(float));
         if (!p) {
             dcs_err ignored;
-            m->be->sync(m->be, &ignored);
+            m->be->ops->sync(m->be, &ignored);
             return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory widening '%s' to float32", m->dir, w->name);
         }
         dcs_widen(w->half, n, w->dtype, p);    /* CPU only: host memory */
@@ -152,13 +152,13 @@ void dcs_pool_put(dcs_model *m, void *p, size_t bytes) {
         m->pool[m->n_pool].bytes = bytes;
         m->n_pool++;
     } else {
-        m->be->free(m->be, p);
+        m->be->ops->free(m->be, p);
     }
 }
 
 /* Free the pooled buffers (dcs_free, or after a failed pass). */
 void dcs_pool_clear(dcs_model *m) {
-    for (int i = 0; i < m->n_pool; i++) m->be->free(m->be, m->pool[i].p);
+    for (int i = 0; i < m->n_pool; i++) m->be->ops->free(m->be, m->pool[i].p);
     m->n_pool = 0;
 }
 
