@@ -444,24 +444,14 @@ static void cpu_head_gate(dcs_backend *be, float *z, const float *g, int M, int 
         for (int d = 0; d < Dh; d++) z[mn * Dh + d] *= g[mn];
 }
 
-/* out [M, D] = (in - mean) / sqrt(var + eps) * w + b, per row. */
+/* out [M, D] = LayerNorm of each row of in (dcs_layernorm_row). */
 static void layernorm_rows(void *arg, long long b0, long long e0, int tid) {
     (void)tid;
     const rows_args *a = arg;
     const int D = a->D;
-    for (long long m = b0; m < e0; m++) {
-        const float *x = a->a + (size_t)m * D;
-        float *y = a->y + (size_t)m * D;
-        const float *w = a->w, *b = a->b;
-        double mean = 0, var = 0;
-        for (int i = 0; i < D; i++) mean += x[i];
-        mean /= D;
-        for (int i = 0; i < D; i++) var += (x[i] - mean) * (x[i] - mean);
-        var /= D;
-        float inv = (float)(1.0 / sqrt(var + a->eps));
-        for (int i = 0; i < D; i++)
-            y[i] = ((float)(x[i] - mean) * inv) * w[i] + (b ? b[i] : 0.0f);
-    }
+    for (long long m = b0; m < e0; m++)
+        dcs_layernorm_row(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, a->eps,
+                          NULL, NULL);
 }
 static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
                           const float *b, int M, int D, float eps) {
@@ -595,34 +585,8 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
 static void compose_pairs(void *arg, long long begin, long long end, int tid) {
     (void)tid;
     const dcs_compose_args *a = arg;
-    const int N = a->N, T = a->T, S = a->S, R = a->R;
-    const long long TS = (long long)T * S;
-    for (long long bt = begin; bt < end; bt++) {
-        const int b = (int)(bt / T), t = (int)(bt % T);
-        const long long base = (long long)b * N * TS;
-        const float *qw1 = a->qw1 ? a->qw1 + ((size_t)b * T + t) * R * N : NULL;
-        const float *qw2 = a->qw2 ? a->qw2 + ((size_t)b * T + t) * R * N : NULL;
-        const float *qdd = a->qdd ? a->qdd + ((size_t)b * T + t) * N : NULL;
-        for (int s = 0; s < S; s++) {
-            long long o = base + (long long)t * S + s;
-            if (a->causal_only && !dcs_allowed(t, s, a->window)) {
-                for (int n = 0; n < N; n++) {
-                    long long on = o + n * TS;
-                    a->out[on] = 0.0f;
-                    for (int k = 0; k < DCS_N_BRANCHES; k++)
-                        if (a->br[k]) a->br[k][on] = 0.0f;
-                }
-                continue;
-            }
-            const float *kw1 = a->kw1 ? a->kw1 + ((size_t)b * S + s) * R * N : NULL;
-            const float *kw2 = a->kw2 ? a->kw2 + ((size_t)b * S + s) * R * N : NULL;
-            const float *kdd = a->kdd ? a->kdd + ((size_t)b * S + s) * N : NULL;
-            dcs_compose_pair(a->in + o, a->out + o, TS, N, a->G, R, qw1, qw2, kw1, kw2, qdd, kdd,
-                             a->sw, a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
-                             a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
-                             a->br[4] ? a->br[4] + o : NULL, a->br[5] ? a->br[5] + o : NULL);
-        }
-    }
+    for (long long bt = begin; bt < end; bt++)
+        for (int s = 0; s < a->S; s++) dcs_compose_at(a, (int)(bt / a->T), (int)(bt % a->T), s);
 }
 
 static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
@@ -650,38 +614,15 @@ static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
 
 /* ------------------------------------------------------------ softmax */
 
-/* Softmax of row[0, len) in place (the allowed keys of one query). */
-static void softmax_span(float *row, int len) {
-    float mx = -INFINITY;
-    for (int s = 0; s < len; s++)
-        if (row[s] > mx) mx = row[s];
-    float sum = 0.0f;
-    for (int s = 0; s < len; s++) {
-        float e = expf(row[s] - mx);
-        row[s] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-    for (int s = 0; s < len; s++) row[s] *= inv;
-}
-
-/* x [BN, T, S]: masked softmax over s, rows split over the cores. The
- * allowed keys of query t are one span [lo, hi]; the rest becomes 0. */
+/* x [BN, T, S]: masked softmax over s (dcs_softmax_row), rows split over
+ * the cores. */
 typedef struct { float *x; int T, S, window; } softmax_args;
 
 static void softmax_rows(void *arg, long long begin, long long end, int tid) {
     (void)tid;
     const softmax_args *a = arg;
-    const int T = a->T, S = a->S, window = a->window;
-    for (long long r = begin; r < end; r++) {
-        const int t = (int)(r % T);
-        float *row = a->x + (size_t)r * S;
-        int hi = t < S - 1 ? t : S - 1;
-        int lo = window > 0 && t - window > 0 ? t - window : 0;
-        for (int s = 0; s < lo; s++) row[s] = 0.0f;
-        for (int s = hi + 1; s < S; s++) row[s] = 0.0f;
-        softmax_span(row + lo, hi - lo + 1);
-    }
+    for (long long r = begin; r < end; r++)
+        dcs_softmax_row(a->x + (size_t)r * a->S, a->S, (int)(r % a->T), 0, a->window);
 }
 
 static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
@@ -746,7 +687,7 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                                 NULL);
                 }
                 if (ph == 0)
-                    for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);
+                    for (int n = 0; n < N; n++) dcs_softmax_span(row + n * hs + j0, len);
             }
             for (int n = 0; n < N; n++) {
                 float *rn = row + n * hs;
