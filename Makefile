@@ -1,24 +1,41 @@
 # dcscope: the two commands of the README.
-#   make demo   set up, then run the synthetic benchmark + heatmaps on generated models
-#   make test   set up, then run every test: C tests, C tests under ASan/UBSan, a short
-#               fuzz run of the input parsers (make fuzz), pytest, and the engine's pytest
-#               files again against an ASan/UBSan build (asan-py)
+#   make demo   set up, then run the synthetic benchmark + heatmaps on the bundled twins
+#   make test   set up, then run every test: C tests (ctest), C tests under ASan/UBSan,
+#               a short fuzz run of the input parsers (make fuzz), pytest, and the
+#               engine's pytest files again against an ASan/UBSan build (asan-py)
 #   make fuzz   the fuzzers for 15 s each (docs/fuzzing.md: longer campaigns)
+#   make build  the editable install's incremental rebuild (what the others run first)
+#
+# Everything C is built by CMake (CMakeLists.txt, CMakePresets.json; layers in
+# docs/architecture.md): the Python module through scikit-build-core into
+# build/<wheel tag>/, the C tests in build/dev/ and build/asan/, the fuzzers in
+# engine/build/fuzz/. Each is incremental: an unchanged tree rebuilds nothing.
 PY ?= python3
-ENGINE_SRCS := $(wildcard engine/src/*.c engine/src/*.h engine/src/cuda/*.cu engine/include/*.h)
+CMAKE_PY = -DPython_EXECUTABLE=$(shell command -v $(PY)) -DPython3_EXECUTABLE=$(shell command -v $(PY))
 
-build/.deps: scripts/install-deps.sh pyproject.toml setup.py bindings/build_engine.py bindings/dcscope/_cdef.py $(ENGINE_SRCS)
-	bash scripts/install-deps.sh
+# Set-up, once (and again when the set-up script or the package's metadata
+# change): system packages, build requirements, test extras, editable install.
+build/.deps: scripts/install-deps.sh pyproject.toml
+	PYTHON=$(PY) bash scripts/install-deps.sh
 	@mkdir -p build && touch $@
 
 deps: build/.deps
 
-NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# The editable install's rebuild: CMake + ninja in build/<wheel tag>/ recompile
+# only what changed (nothing, when nothing did); no dependency is installed.
+build: deps
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-test: deps
-	$(MAKE) -C engine test
-	$(MAKE) -C engine asan
-	@if [ -n "$(NVCC)" ]; then $(MAKE) -C engine cuda-test NVCC=$(NVCC); else echo "no nvcc: CUDA backend not built"; fi
+# C tests of one preset (dev, asan): configure once, build what changed, run.
+# test_cuda is among them when nvcc was found (it skips without a GPU).
+ctest-%: deps
+	@test -f build/$*/CMakeCache.txt || cmake --preset $* $(CMAKE_PY) --log-level=WARNING
+	cmake --build --preset $*
+	ctest --preset $*
+
+test: build
+	$(MAKE) ctest-dev
+	$(MAKE) ctest-asan
 	$(MAKE) fuzz
 	$(PY) -m pytest -q tests
 	$(MAKE) asan-py
@@ -29,14 +46,14 @@ fuzz: deps
 	PY=$(PY) bash engine/fuzz/run.sh 15
 
 # pytest files that drive the engine, against an ASan+UBSan build of the cffi
-# extension in build/asan-py (the installed one is untouched)
+# extension (build/asan, copied into build/asan-py; the installed one is untouched)
 asan-py: deps
 	PY=$(PY) bash scripts/asan-py.sh
 
-demo: deps
+demo: build
 	bash scripts/demo.sh
 
-bench: deps
+bench: build
 	$(PY) scripts/bench.py
 
-.PHONY: deps test fuzz asan-py demo bench
+.PHONY: deps build test fuzz asan-py demo bench

@@ -3,8 +3,9 @@ alternating separate processes (the shared machine is noisy: compare minima).
 
     # build the other engine somewhere (no install):
     git archive <commit> | tar -x -C /tmp/old && cd /tmp/old && \\
-        DCSCOPE_CUDA=0 DCSCOPE_BUILD_DIR=/tmp/oldbuild python bindings/build_engine.py
-    cp -r /tmp/old/bindings/dcscope /tmp/oldpkg/ && cp /tmp/oldbuild/dcscope/_engine*.so /tmp/oldpkg/dcscope/
+        cmake -S . -B /tmp/oldbuild -G Ninja -DDCSCOPE_PYTHON=ON -DDCSCOPE_CUDA=OFF -DDCSCOPE_TESTS=OFF \\
+              -DPython_EXECUTABLE=$(command -v python) && cmake --build /tmp/oldbuild --target _engine
+    cp -r /tmp/old/bindings/dcscope /tmp/oldpkg/ && cp /tmp/oldbuild/_engine*.so /tmp/oldpkg/dcscope/
     python scripts/ab_forward.py /tmp/oldpkg [--rounds 6]
 """
 import argparse

@@ -3,9 +3,11 @@
 # (`make asan-py`, part of `make test`): the test files that drive the
 # engine (ASAN_PY_TESTS overrides the list; extra arguments go to pytest).
 #
-# The sanitized cffi extension is built into build/asan-py/ (the editable
-# install and its extension are left alone), next to a copy of the dcscope
-# package, and that copy shadows the installed one through PYTHONPATH.
+# The sanitized cffi extension is built by CMake's "asan" preset (build/asan/,
+# target _engine; the editable install and its extension are left alone) and
+# copied next to a copy of the dcscope package in build/asan-py/site, which
+# shadows the installed one through PYTHONPATH (and a sitecustomize.py that
+# takes the editable install's import redirect out of the way).
 # Python itself is not instrumented, so libasan is preloaded (it must be the
 # first library loaded), with libstdc++ (else ASan's __cxa_throw interceptor
 # aborts the first C++ exception of a C++ extension such as matplotlib's),
@@ -27,8 +29,10 @@ if [ ! -e "$libasan" ]; then
 fi
 
 mkdir -p "$OUT"
-echo "asan-py: building the engine with -fsanitize=address,undefined into $OUT"
-if ! DCSCOPE_SANITIZE=1 DCSCOPE_BUILD_DIR="$OUT/obj" "$PY" bindings/build_engine.py >"$OUT/build.log" 2>&1; then
+echo "asan-py: building the engine with -fsanitize=address,undefined (cmake --preset asan, target _engine)"
+pyexe=$(command -v "$PY")
+if ! { cmake --preset asan -DDCSCOPE_PYTHON=ON -DPython_EXECUTABLE="$pyexe" --log-level=WARNING &&
+       cmake --build --preset asan-py; } >"$OUT/build.log" 2>&1; then
     tail -n 40 "$OUT/build.log" >&2
     echo "asan-py: build failed (log: $OUT/build.log)" >&2
     exit 1
@@ -37,7 +41,14 @@ rm -rf "$OUT/site"
 mkdir -p "$OUT/site"
 cp -R bindings/dcscope "$OUT/site/dcscope"
 find "$OUT/site" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
-cp "$OUT"/obj/dcscope/_engine*.so "$OUT/site/dcscope/"
+cp build/asan/_engine*.so "$OUT/site/dcscope/"
+# An editable install (scikit-build-core) puts an import redirect first on
+# sys.meta_path, ahead of PYTHONPATH: drop it in this process tree so that
+# the copy above is the dcscope that is imported.
+cat >"$OUT/site/sitecustomize.py" <<'PYEOF'
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__name__.startswith("ScikitBuild")]
+PYEOF
 
 export PYTHONPATH="$PWD/$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
 preload=$libasan

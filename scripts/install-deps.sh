@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install what a fresh machine lacks, then build and install dcscope (editable).
-# Debian packages: OpenBLAS, libpng, cJSON, zlib, pkg-config, clang (fuzzers).
-# PyPI: the package itself with its test extras.
+# Debian packages: OpenBLAS, libpng, cJSON, zlib, pkg-config, CMake + Ninja (the
+# build), clang (fuzzers). PyPI: the build requirements (scikit-build-core,
+# cffi), then the package itself with its test extras, built without build
+# isolation so that later rebuilds (`make build`, `pip install
+# --no-build-isolation -e .`) reuse build/<wheel tag>/ and compile only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(build-essential pkg-config libopenblas-dev libpng-dev libcjson-dev zlib1g-dev clang)
+pkgs=(build-essential pkg-config cmake ninja-build libopenblas-dev libpng-dev libcjson-dev zlib1g-dev clang)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -27,6 +30,7 @@ if command -v clang >/dev/null 2>&1; then
 fi
 
 PY=${PYTHON:-python3}
-echo "install-deps: pip install -e .[test]"
-$PY -m pip install -q --disable-pip-version-check -e ".[test]"
+echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test]"
+$PY -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "cffi>=1.15"
+$PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"
 $PY -c "import dcscope, synth_tasks; print('install-deps: dcscope', dcscope.__version__, '| cuda built:', 'yes' if 'built without' not in dcscope.cuda_unavailable_reason() else 'no')"

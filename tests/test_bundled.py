@@ -76,13 +76,19 @@ def test_default_registry_is_the_package_directory(monkeypatch):
 
 
 def test_package_data_covers_a_bundled_model_directory():
+    # scikit-build-core installs every file of the wheel.packages directories
+    # except those wheel.exclude names: a bundled model's files must survive it
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        pd = tomllib.load(f)["tool"]["setuptools"]["package-data"]
-    for fn in ["model.safetensors", "config.json", "tokenizer.json", "MODEL_CARD.md"]:
-        assert any(fnmatch.fnmatch("models/dcpythia-tiny/" + fn, g) for g in pd["dcscope"]), fn
-    assert any(fnmatch.fnmatch("data/heldout.jsonl", g) for g in pd["synth_tasks"])
-    assert any(fnmatch.fnmatch("data/tokenizer.json", g) for g in pd["synth_tasks"])
+        sk = tomllib.load(f)["tool"]["scikit-build"]
+    assert "bindings/dcscope" in sk["wheel"]["packages"] and "synth_tasks" in sk["wheel"]["packages"]
+    excluded = sk["wheel"].get("exclude", [])
+    wanted = ["dcscope/models/dcpythia-tiny/" + fn
+              for fn in ["model.safetensors", "config.json", "tokenizer.json", "MODEL_CARD.md"]]
+    wanted += ["synth_tasks/data/heldout.jsonl", "synth_tasks/data/tokenizer.json"]
+    for path in wanted:
+        assert not any(fnmatch.fnmatch(path, g) for g in excluded), (path, excluded)
+    assert any(fnmatch.fnmatch("dcscope/__pycache__/model.cpython-311.pyc", g) for g in excluded)
 
 
 def test_every_model_option_takes_a_bundled_name(env, tmp_path, capsys):

@@ -10,7 +10,7 @@
  * sizes with 0 <= shared < n_head, 1 <= top-k <= n_head - shared. A refused config must name the file.
  * Build and run with engine/fuzz/run.sh.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  * index leaves the output empty and names the file.
  * Build and run with engine/fuzz/run.sh.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <stdlib.h>
 #include <string.h>

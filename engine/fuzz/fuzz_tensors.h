@@ -10,7 +10,7 @@
 #ifndef DCS_FUZZ_TENSORS_H
 #define DCS_FUZZ_TENSORS_H
 
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,12 +9,13 @@
 #   fuzz_config       config.json handling (dcs_parse_config) (libFuzzer, C)
 #   fuzz_index        *.index.json weight_map (dcs_parse_index_json)
 #   fuzz_jsonl        synth_tasks JSONL loader                (atheris, Python)
-# The C targets are built with clang -fsanitize=fuzzer,address,undefined.
+# The C targets are built with clang -fsanitize=fuzzer,address,undefined by
+# CMake (the "fuzz" preset: the dcscope_io library and engine/fuzz/fuzz_*.c).
 # Needs clang (14 or later) with its runtime, cJSON, and for fuzz_jsonl the
 # atheris module (pip install atheris; skipped, and said so, without it).
 #
 # Seeds: engine/fuzz/corpus/<name>/ (made by make_corpus.py if missing).
-# Output under engine/build/fuzz/: the binaries, corpus_<name>/ (new inputs,
+# Output under engine/build/fuzz/ (the preset's build directory): the binaries, corpus_<name>/ (new inputs,
 # kept between runs), <name>.log (the whole libFuzzer output, shown when a
 # target fails or with FUZZ_VERBOSE=1) and <name>-crash-*/-leak-*/-timeout-*
 # (the failing inputs; the command to reproduce one is printed).
@@ -29,11 +30,7 @@ out=$engine/build/fuzz
 CC=${CC:-clang}
 PY=${PY:-python3}
 targets=${FUZZ_TARGETS:-"safetensors torchzip config index jsonl"}
-SAN="address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-CFLAGS="-std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -I$engine/include -I$engine/src"
-SRCS="error.c files.c json_strict.c tensors.c widen.c load_safetensors.c load_torchzip.c load_config.c"
-
-mkdir -p "$out/obj"
+mkdir -p "$out"
 for t in $targets; do
     if [ ! -d "$here/corpus/$t" ]; then
         "$PY" "$here/make_corpus.py" "$here/corpus"
@@ -41,19 +38,17 @@ for t in $targets; do
     fi
 done
 
-# engine sources: compiled once (coverage + sanitizers), linked into each C target
-objs=""
+# the C targets: CMake's "fuzz" preset (CMakePresets.json) builds the io
+# layer with coverage + sanitizers into $out and links each target to it
 case " $targets " in *" safetensors "*|*" torchzip "*|*" config "*|*" index "*)
-    echo "== building the fuzz targets with $CC"
-    pids=""
-    for s in $SRCS; do
-        o=$out/obj/${s%.c}.o
-        objs="$objs $o"
-        # shellcheck disable=SC2086  # word splitting of the flag lists is wanted
-        $CC $CFLAGS -fsanitize=fuzzer-no-link,$SAN -c "$engine/src/$s" -o "$o" &
-        pids="$pids $!"
-    done
-    for p in $pids; do wait "$p"; done
+    echo "== building the fuzz targets with $CC (cmake --preset fuzz)"
+    root=$(dirname "$engine")
+    if ! (cd "$root" && cmake --preset fuzz -DCMAKE_C_COMPILER="$CC" --log-level=WARNING >"$out/cmake.log" 2>&1 &&
+          cmake --build --preset fuzz >>"$out/cmake.log" 2>&1); then
+        tail -n 40 "$out/cmake.log" >&2
+        echo "run.sh: building the fuzz targets failed (log: $out/cmake.log)" >&2
+        exit 1
+    fi
     ;;
 esac
 
@@ -92,9 +87,6 @@ for t in $targets; do
         export FUZZ_JSONL_FILE="$out/jsonl_input.jsonl"
         ;;
     safetensors|torchzip|config|index)
-        echo "== building fuzz_$t"
-        # shellcheck disable=SC2086
-        $CC $CFLAGS -fsanitize=fuzzer,$SAN "$here/fuzz_$t.c" $objs -lcjson -lm -o "$out/fuzz_$t"
         set -- "$out/fuzz_$t"
         maxlen=65536
         ;;

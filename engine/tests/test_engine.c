@@ -21,7 +21,7 @@
  * Output: one line per failed check, then "engine: N passed, M failed";
  * the exit status is nonzero when a check failed.
  */
-#include "internal.h"   /* test_keep_16bit looks at the weight fields */
+#include "dcs_model.h"   /* test_keep_16bit looks at the weight fields */
 #include "check.h"
 
 #include <dirent.h>

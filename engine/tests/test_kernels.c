@@ -11,7 +11,7 @@
  *     for bit; two backends with different thread counts agree.
  * Prints "kernels: N passed, M failed".
  */
-#include "internal.h"
+#include "dcs_backend.h"
 #include "dcs_math.h"
 #include "check.h"
 
@@ -181,9 +181,9 @@ static void test_fused_attention(dcs_backend *be, int T, int window, int compose
         a.qw1[ph] = w[ph][0]; a.qw2[ph] = w[ph][1]; a.qdd[ph] = w[ph][2];
         a.kw1[ph] = w[ph][3]; a.kw2[ph] = w[ph][4]; a.kdd[ph] = w[ph][5];
     }
-    be->attention(be, &a);
+    be->ops->attention(be, &a);
     dcs_err e = {0};
-    CHECKF(be->sync(be, &e) == DCS_OK, "fused attention ran: %s", e.msg);
+    CHECKF(be->ops->sync(be, &e) == DCS_OK, "fused attention ran: %s", e.msg);
     double *ref = malloc(sizeof(double) * T * D), err = 0, mx = 0;
     for (int b = 0; b < B; b++) {
         naive_attention(&a, b, ref);
@@ -222,7 +222,7 @@ static void test_gemm_w(dcs_backend *be, int dtype, int transW)
     dcs_widen(W16, (uint64_t)N * K, dtype, Wf);
     float *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
     dcs_wmat W = {W16, dtype};
-    be->gemm_w(be, transW, M, N, K, A, K, W, C1, N);
+    be->ops->gemm_w(be, transW, M, N, K, A, K, W, C1, N);
     /* the same tiles through plain sgemm: columns [n0, n0 + tw) at a time give
      * the same sums as one call, so compare with a tolerance-free reference of
      * per-column sgemm */
@@ -251,7 +251,7 @@ static void test_widen_all(dcs_backend *be, int dtype)
     for (int i = 0; i < 65536; i++) table[i] = (uint16_t)i;
     for (int m = 0; m < M; m++) toks[m] = M - 1 - m;
     dcs_wmat t = {table, dtype};
-    be->embed_w(be, got, t, toks, M, D);
+    be->ops->embed_w(be, got, t, toks, M, D);
     dcs_widen(table, 65536, dtype, want);
     int bad = 0;
     for (int m = 0; m < M; m++)
@@ -304,7 +304,7 @@ int main(void)
                                   .qdd = qdd, .kdd = kdd, .br = {br[0], NULL, br[2], NULL, br[4], NULL},
                                   .B = B, .N = N, .T = T, .S = T, .R = R, .G = 1,
                                   .causal_only = causal, .window = causal ? 7 : 0};
-            b2->compose(b2, &a);
+            b2->ops->compose(b2, &a);
             for (int b = 0; b < B; b++)
                 for (int t = 0; t < T; t++)
                     for (int s = 0; s < T; s++) {
@@ -327,6 +327,6 @@ int main(void)
         free(in); free(o1); free(o2); free(qw1); free(qw2); free(kw1); free(kw2); free(qdd); free(kdd);
         for (int k = 0; k < 5; k++) { free(br[k]); free(wb[k]); }
     }
-    for (int i = 0; i < 3; i++) bes[i]->destroy(bes[i]);
+    for (int i = 0; i < 3; i++) bes[i]->ops->destroy(bes[i]);
     return check_report("kernels", &counts);
 }

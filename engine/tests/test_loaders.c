@@ -11,7 +11,7 @@
  * Output: one line per failed check, then "loaders: N passed, M failed";
  * the exit status is nonzero when a check failed.
  */
-#include "internal.h"
+#include "dcs_model.h"
 #include "check.h"
 
 #include <dirent.h>

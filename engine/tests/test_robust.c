@@ -11,7 +11,7 @@
  *     config.json, shard indexes and safetensors headers; norm_eps 0 too.
  */
 #include "dcscope.h"
-#include "internal.h"
+#include "dcs_model.h"
 #include "check.h"
 
 #include <dirent.h>

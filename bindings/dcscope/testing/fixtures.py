@@ -1,6 +1,6 @@
 """The valid checkpoints the C tests read, written before they run.
 
-    python3 -m dcscope.testing.fixtures OUT_DIR      (engine/Makefile: make fixtures)
+    python3 -m dcscope.testing.fixtures OUT_DIR      (CMakeLists.txt: the ctest fixture "fixtures")
 
 OUT_DIR/<name>/ holds config.json and model.safetensors of a tiny model
 (2 layers, D = 16, 4 heads, d_ff 32, vocab 50, window 4, rank 2):

@@ -1,11 +1,12 @@
 /*
- * widen.c -- F16 / BF16 -> float32, exact, for any alignment (the loaders
+ * widen.c -- F16 / BF16 -> float32, exact, for any alignment, of raw
+ * values (dcs_widen) and of a table's tensors (dcs_tensor_to_f32; the loaders
  * widen small tensors with it; the CPU backend uses it where the CPU has no
  * conversion instruction, and for tails). Its own file so that code needing
  * only the conversion (the CUDA kernel test links the CPU backend) does not
  * pull in the checkpoint parsers.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -84,3 +85,29 @@ void dcs_widen(const void *src, uint64_t n, int dtype, float *out)
     }
 }
 
+/* ------------------------------------------------------------ tensors */
+
+uint64_t dcs_tensor_numel(const dcs_tensor *t)
+{
+    uint64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= (uint64_t)t->shape[i];      /* the loaders checked it fits */
+    return n;
+}
+
+void dcs_tensor_to_f32(const dcs_tensor *t, float *out)
+{
+    uint64_t n = dcs_tensor_numel(t);
+    switch (t->dtype) {
+    case DCS_F32:                                /* same layout; maybe unaligned */
+        if (n > 0)
+            memcpy(out, t->data, (size_t)n * sizeof *out);
+        break;
+    case DCS_F16:
+    case DCS_BF16:
+        dcs_widen(t->data, n, t->dtype, out);
+        break;
+    default:
+        break;
+    }
+}

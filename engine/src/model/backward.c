@@ -23,23 +23,12 @@
 
 /* ---------------------------------------------------------------- LayerNorm */
 
-/* out [M, D] = (x - mean) * rstd * w + b; keeps mean, rstd [M]. Same
- * arithmetic as the CPU backend's layernorm (double statistics). */
+/* out [M, D] = (x - mean) * rstd * w + b; keeps mean, rstd [M]. The CPU
+ * backend's arithmetic: dcs_layernorm_row. */
 void dcs_layernorm_fw(float *out, float *mean, float *rstd, const float *x, const float *w,
                       const float *b, int M, int D, float eps) {
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * D;
-        float *y = out + (size_t)m * D;
-        double mu = 0, var = 0;
-        for (int i = 0; i < D; i++) mu += xr[i];
-        mu /= D;
-        for (int i = 0; i < D; i++) var += (xr[i] - mu) * (xr[i] - mu);
-        var /= D;
-        float inv = (float)(1.0 / sqrt(var + eps));
-        for (int i = 0; i < D; i++) y[i] = ((float)(xr[i] - mu) * inv) * w[i] + (b ? b[i] : 0.0f);
-        mean[m] = (float)mu;
-        rstd[m] = inv;
-    }
+    for (int m = 0; m < M; m++)
+        dcs_layernorm_row(out + (size_t)m * D, x + (size_t)m * D, w, b, D, eps, &mean[m], &rstd[m]);
 }
 
 /* dx [M, D] += dLN/dx . dy; dw, db [D] += (may be NULL). */
@@ -144,23 +133,10 @@ void dcs_tanh_bw(float *dx, const float *dy, const float *y, size_t n) {
 /* ---------------------------------------------------------------- softmax */
 
 /* x [BN, T, S] in place: masked softmax over s (allowed entries), masked -> 0.
- * Same arithmetic as the CPU backend. */
+ * The backends' arithmetic: dcs_softmax_row. */
 void dcs_softmax_fw(float *x, long long rows_from, long long rows_to, int T, int S, int window) {
-    for (long long r = rows_from; r < rows_to; r++) {
-        const int t = (int)(r % T);
-        float *row = x + (size_t)r * S;
-        float mx = -INFINITY;
-        for (int s = 0; s < S; s++)
-            if (dcs_allowed(t, s, window) && row[s] > mx) mx = row[s];
-        float sum = 0.0f;
-        for (int s = 0; s < S; s++) {
-            float e = dcs_allowed(t, s, window) ? expf(row[s] - mx) : 0.0f;
-            row[s] = e;
-            sum += e;
-        }
-        float inv = 1.0f / sum;
-        for (int s = 0; s < S; s++) row[s] *= inv;
-    }
+    for (long long r = rows_from; r < rows_to; r++)
+        dcs_softmax_row(x + (size_t)r * S, S, (int)(r % T), 0, window);
 }
 
 /* dA [BN, T, S] = P * (dP - sum_s P dP) on allowed entries, 0 elsewhere

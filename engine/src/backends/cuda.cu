@@ -1,5 +1,5 @@
 /*
- * backend_cuda.cu -- the CUDA backend: the dcs_backend vtable of internal.h
+ * cuda.cu -- the CUDA backend: the dcs_backend interface of dcs_backend.h
  * on one GPU, with cuBLAS for every matrix product and small kernels for the
  * rest. The model graph (forward.c) is the same for every backend; it calls
  * only the function pointers filled in here.
@@ -10,7 +10,7 @@
  *     file never does).
  *   - The per-element math (gelu, masks, rotary angles, RMS/LayerNorm
  *     scaling, the per-pair compose) is the DCS_HD code of dcs_math.h, the
- *     same functions the CPU backend runs. cuda.mk compiles this file with
+ *     same functions the CPU backend runs. CMakeLists.txt compiles this file with
  *     --fmad=false so nvcc does not contract a*b+c into FMAs the CPU build
  *     does not form either; only reduction order and libm ulps differ.
  *
@@ -18,7 +18,7 @@
  * queued on it in order. upload/download wait for their copy (the host
  * buffer is free to reuse when they return). sync() waits for the stream.
  *
- * Errors. Kernels return nothing (internal.h): the first failing CUDA or
+ * Errors. Kernels return nothing (dcs_backend.h): the first failing CUDA or
  * cuBLAS call is recorded in the context with its error name, and sync()
  * reports it as DCS_ERR_BACKEND "CUDA: ..." and then clears the record, so a
  * model survives e.g. one out-of-memory batch (sticky device faults fail the
@@ -43,7 +43,7 @@
 #include <string.h>
 
 extern "C" {
-#include "internal.h"
+#include "dcs_backend.h"
 }
 #include "dcs_math.h"
 
@@ -123,28 +123,6 @@ __device__ static inline float warp_sum(float v) {
     return v;
 }
 
-__device__ static inline float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
- * thread gets the result. Safe to call several times in a row. */
-__device__ static float block_sum(float v) {
-    __shared__ float part[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();                       /* part[] free from a previous call */
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    int nwarps = blockDim.x >> 5;
-    v = (threadIdx.x < (unsigned)nwarps) ? part[threadIdx.x] : 0.0f;
-    if (warp == 0) v = warp_sum(v);
-    if (threadIdx.x == 0) part[0] = v;
-    __syncthreads();
-    return part[0];
-}
-
 /* ------------------------------------------------------------ kernels */
 
 /* out [M, D] = table [V, D] rows tokens [M]; one block per row. */
@@ -166,11 +144,6 @@ static __global__ void add_kernel(float *y, const float *x, size_t n) {
 }
 
 /* y [n] = a + b + c (y may alias any input) */
-static __global__ void add3_kernel(float *y, const float *a, const float *b, const float *c, size_t n) {
-    GRID_STRIDE(i, n) y[i] = a[i] + b[i] + c[i];
-}
-
-/* x [n] = gelu(x), exact erf form */
 static __global__ void gelu_kernel(float *x, size_t n) {
     GRID_STRIDE(i, n) x[i] = dcs_gelu(x[i]);
 }
@@ -181,31 +154,14 @@ static __global__ void tanh_kernel(float *x, size_t n) {
 }
 
 /* y [n] *= g [n] */
-static __global__ void mul_kernel(float *y, const float *g, size_t n) {
-    GRID_STRIDE(i, n) y[i] *= g[i];
-}
-
-/* out [M, D] = LayerNorm(in [M, D]) * w [D] + b [D]; one block per row,
- * two passes (mean, then centred sum of squares), fp32. out may equal in. */
+/* out [M, D] = LayerNorm(in [M, D]) * w [D] + b [D]: one thread per row
+ * running dcs_layernorm_row, the CPU backend's arithmetic (statistics in
+ * double, index order). out may equal in. */
 static __global__ void layernorm_kernel(float *out, const float *in, const float *w,
-                                 const float *b, int D, float eps) {
-    const float *x = in + (size_t)blockIdx.x * D;
-    float *y = out + (size_t)blockIdx.x * D;
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) s += x[i];
-    float mean = block_sum(s) / (float)D;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float d = x[i] - mean;
-        ss += d * d;
-    }
-    float inv = dcs_rms_inv(block_sum(ss), D, eps);   /* 1/sqrt(var + eps) */
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = (x[i] - mean) * inv;
-        if (w) v *= w[i];
-        if (b) v += b[i];
-        y[i] = v;
-    }
+                                        const float *b, int M, int D, float eps) {
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M) return;
+    dcs_layernorm_row(out + (size_t)m * D, in + (size_t)m * D, w, b, D, eps, NULL, NULL);
 }
 
 /* x [rows, width] at row stride ld, in place: x / rms(x) * scale [width]
@@ -250,30 +206,8 @@ static __global__ void compose_kernel(dcs_compose_args a) {
     size_t total = (size_t)a.B * a.T * a.S;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
-    int s = (int)(idx % a.S);
-    int t = (int)((idx / a.S) % a.T);
-    int b = (int)(idx / ((size_t)a.S * a.T));
-    long long stride = (long long)a.T * a.S;                      /* N axis */
-    size_t off = (size_t)b * a.N * stride + (size_t)t * a.S + s;  /* head 0 */
-
-    if (a.causal_only && !dcs_allowed(t, s, a.window)) {
-        for (int n = 0; n < a.N; n++) {
-            size_t o = off + (size_t)n * stride;
-            a.out[o] = 0.0f;
-            for (int k = 0; k < DCS_N_BRANCHES; k++)
-                if (a.br[k]) a.br[k][o] = 0.0f;
-        }
-        return;
-    }
-    size_t RN = (size_t)a.R * a.N;
-    size_t qrow = (size_t)b * a.T + t, krow = (size_t)b * a.S + s;
-    dcs_compose_pair(a.in + off, a.out + off, stride, a.N, a.G, a.R,
-                     a.qw1 ? a.qw1 + qrow * RN : NULL, a.qw2 ? a.qw2 + qrow * RN : NULL,
-                     a.kw1 ? a.kw1 + krow * RN : NULL, a.kw2 ? a.kw2 + krow * RN : NULL,
-                     a.qdd ? a.qdd + qrow * a.N : NULL, a.kdd ? a.kdd + krow * a.N : NULL, a.sw,
-                     a.br[0] ? a.br[0] + off : NULL, a.br[1] ? a.br[1] + off : NULL,
-                     a.br[2] ? a.br[2] + off : NULL, a.br[3] ? a.br[3] + off : NULL,
-                     a.br[4] ? a.br[4] + off : NULL, a.br[5] ? a.br[5] + off : NULL);
+    dcs_compose_at(&a, (int)(idx / ((size_t)a.S * a.T)), (int)((idx / a.S) % a.T),
+                   (int)(idx % a.S));
 }
 
 /* MoH routing scores (model-spec 5): one thread per token, dcs_moh_route_row. */
@@ -291,29 +225,13 @@ static __global__ void head_gate_kernel(float *z, const float *g, size_t total, 
     if (i < total) z[i] *= g[i / Dh];
 }
 
-/* x [BN, T, S] as BN*T rows of S, row r has query t = r % T: softmax over the
- * allowed keys (dcs_allowed), masked entries 0. One warp per row; max-
- * subtracted exp; a row with nothing allowed becomes all zeros. */
+/* x [BN, T, S] as BN*T rows of S, row r has query t = r % T: one thread per
+ * row running dcs_softmax_row (the CPU backend's arithmetic; masked entries
+ * exactly 0). */
 static __global__ void softmax_masked_kernel(float *x, size_t rows, int T, int S, int window) {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows) return;
-    int t = (int)(row % T);
-    float *r = x + row * S;
-    float mx = -INFINITY;
-    for (int s = lane; s < S; s += 32)
-        if (dcs_allowed(t, s, window)) mx = fmaxf(mx, r[s]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int s = lane; s < S; s += 32) {
-        float e = dcs_allowed(t, s, window) ? expf(r[s] - mx) : 0.0f;
-        r[s] = e;
-        sum += e;
-    }
-    sum = warp_sum(sum);
-    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int s = lane; s < S; s += 32)
-        if (dcs_allowed(t, s, window)) r[s] *= inv;
+    dcs_softmax_row(x + row * S, S, (int)(row % T), 0, window);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -453,11 +371,12 @@ static void cu_embed(dcs_backend *be, float *out, const float *table,
             return;
         c->tokens_cap = (size_t)M;
     }
+    /* from pageable memory: returns once the ids are staged, so the caller
+     * may reuse tokens_host; the stream orders the kernel after the copy */
     if (!ck(c, cudaMemcpyAsync(c->tokens, tokens_host, (size_t)M * sizeof(int32_t),
                                cudaMemcpyHostToDevice, c->stream),
             "cudaMemcpyAsync (token ids)"))
         return;
-    ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (token ids)");
     embed_kernel<<<M, 256, 0, c->stream>>>(out, table, c->tokens, D);
     launched(c, "embed_kernel");
 }
@@ -477,14 +396,6 @@ static void cu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     launched(c, "add_kernel");
 }
 
-static void cu_add3(dcs_backend *be, float *y, const float *a, const float *b,
-                    const float *cc, size_t n) {
-    if (!n) return;
-    cuda_ctx *c = enter(be);
-    add3_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(y, a, b, cc, n);
-    launched(c, "add3_kernel");
-}
-
 static void cu_gelu(dcs_backend *be, float *x, size_t n) {
     if (!n) return;
     cuda_ctx *c = enter(be);
@@ -499,19 +410,11 @@ static void cu_tanh(dcs_backend *be, float *x, size_t n) {
     launched(c, "tanh_kernel");
 }
 
-static void cu_mul(dcs_backend *be, float *y, const float *g, size_t n) {
-    if (!n) return;
-    cuda_ctx *c = enter(be);
-    mul_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(y, g, n);
-    launched(c, "mul_kernel");
-}
-
 static void cu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
                          const float *b, int M, int D, float eps) {
     if (M <= 0 || D <= 0) return;
     cuda_ctx *c = enter(be);
-    int threads = D >= 1024 ? 512 : (D >= 256 ? 256 : 64);
-    layernorm_kernel<<<M, threads, 0, c->stream>>>(out, in, w, b, D, eps);
+    layernorm_kernel<<<(unsigned)((M + 127) / 128), 128, 0, c->stream>>>(out, in, w, b, M, D, eps);
     launched(c, "layernorm_kernel");
 }
 
@@ -578,9 +481,7 @@ static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, i
     if (BN <= 0 || T <= 0 || S <= 0) return;
     cuda_ctx *c = enter(be);
     size_t rows = (size_t)BN * T;
-    const int warps = 8;
-    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
-    softmax_masked_kernel<<<blocks, warps * 32, 0, c->stream>>>(x, rows, T, S, window);
+    softmax_masked_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, c->stream>>>(x, rows, T, S, window);
     launched(c, "softmax_masked_kernel");
 }
 
@@ -601,6 +502,36 @@ extern "C" int dcs_cuda_probe(char *why, size_t whylen) {
     if (why && whylen) why[0] = '\0';
     return 1;
 }
+
+static const dcs_backend_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .copy = cu_copy,
+    .sync = cu_sync,
+    .destroy = cu_destroy,
+    .gemm = cu_gemm,
+    .embed = cu_embed,
+    .add_bias = cu_add_bias,
+    .add = cu_add,
+    .gelu = cu_gelu,
+    .tanh_ = cu_tanh,
+    .layernorm = cu_layernorm,
+    .rmsnorm = cu_rmsnorm,
+    .rotary = cu_rotary,
+    .copy2d = cu_copy2d,
+    .compose = cu_compose,
+    .softmax_masked = cu_softmax_masked,
+    /* none: weights are float32 on the GPU, and the graph runs the full
+     * attention path */
+    .gemm_w = NULL,
+    .embed_w = NULL,
+    .attention = NULL,
+    .moh_route = cu_moh_route,
+    .head_gate = cu_head_gate,
+};
 
 extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
     int n = 0;
@@ -625,8 +556,8 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
         return NULL;
     }
     c->device = device;
+    be->ops = &cuda_ops;
     be->ctx = c;
-    be->name = "cuda";
 
     cudaDeviceProp prop;
     if (ck(c, cudaSetDevice(device), "cudaSetDevice") &&
@@ -659,28 +590,5 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
         return NULL;
     }
 
-    be->alloc = cu_alloc;
-    be->free = cu_free;
-    be->upload = cu_upload;
-    be->download = cu_download;
-    be->copy = cu_copy;
-    be->sync = cu_sync;
-    be->destroy = cu_destroy;
-    be->gemm = cu_gemm;
-    be->embed = cu_embed;
-    be->add_bias = cu_add_bias;
-    be->add = cu_add;
-    be->add3 = cu_add3;
-    be->gelu = cu_gelu;
-    be->tanh_ = cu_tanh;
-    be->layernorm = cu_layernorm;
-    be->rmsnorm = cu_rmsnorm;
-    be->rotary = cu_rotary;
-    be->copy2d = cu_copy2d;
-    be->compose = cu_compose;
-    be->softmax_masked = cu_softmax_masked;
-    be->mul = cu_mul;
-    be->moh_route = cu_moh_route;
-    be->head_gate = cu_head_gate;
     return be;
 }

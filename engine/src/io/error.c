@@ -1,11 +1,11 @@
 /*
  * error.c -- the error record every engine call fills in (dcs_err, see
- * internal.h) and the names of the public status codes.
+ * dcs_io.h) and the names of the public status codes.
  *
  * A message names the file (or argument) and what is wrong; it is cut to
  * fit dcs_err.msg (1024 bytes) rather than failing.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <stdio.h>
 

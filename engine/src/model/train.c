@@ -4,7 +4,7 @@
  * float array for gradients and optimizer state), writable weights, and
  * the AdamW update (decoupled weight decay, Loshchilov & Hutter 2019).
  */
-#include "internal.h"
+#include "dcs_model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -71,7 +71,7 @@ dcs_status dcs_model_make_trainable(dcs_model *m) {
         dcs_named_weight *w = &m->weights[i];
         if (w->owned) continue;
         size_t n = numel(w);
-        float *p = m->be->alloc(m->be, n * sizeof(float));
+        float *p = m->be->ops->alloc(m->be, n * sizeof(float));
         if (!p) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "out of memory copying '%s'", w->name);
         memcpy(p, w->ptr, n * sizeof(float));
         rewire(m, w->ptr, p);

@@ -1,5 +1,5 @@
 /*
- * load_safetensors.c -- reader for the safetensors format.
+ * safetensors.c -- reader for the safetensors format.
  *
  * Layout of a file of L bytes:
  *   [0, 8)          N, the header length, u64 little-endian
@@ -21,7 +21,7 @@
  * name uniqueness. Other dtypes (BOOL, I64, F64, ...) are refused, except
  * for the ignorable buffers of dcs_tt_skippable_buffer, which are skipped.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /*
- * load_config.c -- config.json of a DCPythia or Pythia checkpoint into a
+ * config.c -- config.json of a DCPythia or Pythia checkpoint into a
  * dcs_config (model-spec.md sections 2 and 3).
  *
  * Dimensions are required; switches take the published defaults when
@@ -15,7 +15,7 @@
  * the module computes with (norm_eps, rope_base, rotary_pct, ...) cannot be
  * None there, so null is refused with a message.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

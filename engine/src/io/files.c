@@ -15,7 +15,7 @@
  *
  * Every message starts with the path as the caller gave it.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <errno.h>
 #include <fcntl.h>

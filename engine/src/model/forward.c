@@ -13,7 +13,7 @@
  * branches, head_out) are only materialised for the layers whose hooks
  * want them, and nothing is copied to the host otherwise.
  */
-#include "internal.h"
+#include "dcs_model.h"
 
 #include <limits.h>
 #include <math.h>
@@ -55,18 +55,9 @@ static float *fw_alloc(fw *f, int64_t n1, int64_t n2, int64_t n3) {
         f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM, "forward: too many buffers");
         return NULL;
     }
-    /* A buffer of this size from the model's pool, else a new one. Every
-     * activation is fully written before it is read, so reuse needs no
-     * clearing. */
-    dcs_model *m = f->m;
-    float *p = NULL;
-    for (int i = m->n_pool - 1; i >= 0; i--)
-        if (m->pool[i].bytes == bytes) {
-            p = m->pool[i].p;
-            m->pool[i] = m->pool[--m->n_pool];
-            break;
-        }
-    if (!p) p = f->be->alloc(f->be, (size_t)bytes);
+    /* a buffer of this size from the model's pool, else a new one */
+    float *p = dcs_pool_take(f->m, (size_t)bytes);
+    if (!p) p = f->be->ops->alloc(f->be, (size_t)bytes);
     if (!p) {
         f->status = dcs_seterr(&f->m->err, DCS_ERR_NOMEM,
                                "forward: out of memory allocating %llu bytes (B=%d, T=%d)",
@@ -82,37 +73,15 @@ static float *fw_alloc(fw *f, int64_t n1, int64_t n2, int64_t n3) {
     return p;
 }
 
-/* Give a buffer back to the model's pool (or free it when the pool is full). */
-static void pool_put(dcs_model *m, void *p, size_t bytes) {
-    if (m->n_pool < DCS_POOL_SIZE) {
-        m->pool[m->n_pool].p = p;
-        m->pool[m->n_pool].bytes = bytes;
-        m->n_pool++;
-    } else {
-        m->be->free(m->be, p);
-    }
-}
-
 static void fw_release(fw *f, float *p) {
     if (!p) return;
     for (int i = 0; i < f->n_bufs; i++)
         if (f->bufs[i].p == p) {
-            pool_put(f->m, p, f->bufs[i].bytes);
+            dcs_pool_put(f->m, p, f->bufs[i].bytes);
             f->in_use -= f->bufs[i].bytes;
             f->bufs[i] = f->bufs[--f->n_bufs];
             return;
         }
-}
-
-void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes) {
-    if (peak_bytes) *peak_bytes = m->last_peak_bytes;
-    if (total_bytes) *total_bytes = m->last_total_bytes;
-}
-
-/* Free the pooled buffers (dcs_free, or after a failed pass). */
-void dcs_pool_clear(dcs_model *m) {
-    for (int i = 0; i < m->n_pool; i++) m->be->free(m->be, m->pool[i].p);
-    m->n_pool = 0;
 }
 
 /* ---------------------------------------------------------------- hooks */
@@ -145,8 +114,8 @@ static int fw_hook(fw *f, int point, int layer, float *dev) {
                 return 0;
             }
         }
-        f->be->download(f->be, f->host, dev, n * sizeof(float));
-        if ((f->status = f->be->sync(f->be, &f->m->err))) return 0;
+        f->be->ops->download(f->be, f->host, dev, n * sizeof(float));
+        if ((f->status = f->be->ops->sync(f->be, &f->m->err))) return 0;
         data = f->host;
     }
     f->m->err.code = DCS_OK;
@@ -167,14 +136,8 @@ static int fw_hook(fw *f, int point, int layer, float *dev) {
     if (r > 0 && dcs_hook_is_post_softmax_map(point))   /* writes to masked cells are ignored */
         dcs_mask_map(data, (long long)f->B * f->m->cfg.n_head, f->T, f->T, 0,
                      dcs_layer_is_local(f->m, layer) ? f->m->cfg.window_size : 0);
-    if (r > 0 && !on_host) f->be->upload(f->be, dev, f->host, n * sizeof(float));
+    if (r > 0 && !on_host) f->be->ops->upload(f->be, dev, f->host, n * sizeof(float));
     return r > 0;
-}
-
-/* ---------------------------------------------------------------- cancel */
-
-void dcs_cancel(dcs_model *m, int cancel) {
-    if (m) atomic_store(&m->cancel, cancel ? 1 : 0);
 }
 
 /* Has dcs_cancel asked this pass to stop? Sets the status if so. */
@@ -205,18 +168,18 @@ static long long first_nonfinite(const float *x, size_t n) {
  * [K, N]; float32 or (CPU) F16/BF16 widened tile by tile in the backend. */
 static void gemm_wmat(fw *f, int transW, int M, int N, int K, const float *A, int lda,
                       dcs_wmat W, float *C, int ldc) {
-    if (W.dtype == DCS_F32 || !f->be->gemm_w)
-        f->be->gemm(f->be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, 0.0f, C,
+    if (W.dtype == DCS_F32 || !f->be->ops->gemm_w)
+        f->be->ops->gemm(f->be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, 0.0f, C,
                     ldc, 0, 1);
     else
-        f->be->gemm_w(f->be, transW, M, N, K, A, lda, W, C, ldc);
+        f->be->ops->gemm_w(f->be, transW, M, N, K, A, lda, W, C, ldc);
 }
 
 /* y [M, O] = x [M, I] W^T + b, W [O, I] row-major (a torch Linear). */
 static void linear(fw *f, float *y, const float *x, dcs_wmat W, const float *b, int M,
                    int O, int I) {
     gemm_wmat(f, 1, M, O, I, x, I, W, y, O);
-    if (b) f->be->add_bias(f->be, y, b, M, O);
+    if (b) f->be->ops->add_bias(f->be, y, b, M, O);
 }
 
 /* W as float32 in backend memory: itself, or (kept F16/BF16, CPU only) a
@@ -251,12 +214,12 @@ static void dynamic_weights(fw *f, const dcs_layer_weights *lw, const float *h, 
     float *g = fw_alloc(f, M, GC, Mg);       /* [M, G, C, Mg]     */
     if (f->status) return;
     gemm_wmat(f, 0, M, GC * K, D, h, D, lw->m_dw1, hid, GC * K);
-    be->gelu(be, hid, (size_t)M * GC * K);
+    be->ops->gelu(be, hid, (size_t)M * GC * K);
     /* w[:, gc] = hid[:, gc] @ qkw[gc], batched over the G*C (group, slot) pairs */
-    be->gemm(be, 0, 0, M, RM2, K, 1.0f, hid, GC * K, K, lw->qkw, RM2, (long long)K * RM2, 0.0f,
+    be->ops->gemm(be, 0, 0, M, RM2, K, 1.0f, hid, GC * K, K, lw->qkw, RM2, (long long)K * RM2, 0.0f,
              w, GC * RM2, RM2, GC);
-    be->gemm(be, 0, 0, M, GC * Mg, D, 1.0f, h, D, 0, lw->dd, GC * Mg, 0, 0.0f, g, GC * Mg, 0, 1);
-    be->tanh_(be, g, (size_t)M * GC * Mg);
+    be->ops->gemm(be, 0, 0, M, GC * Mg, D, 1.0f, h, D, 0, lw->dd, GC * Mg, 0, 0.0f, g, GC * Mg, 0, 1);
+    be->ops->tanh_(be, g, (size_t)M * GC * Mg);
     for (int phase = 0; phase < 2; phase++)
         for (int side = 0; side < 2; side++) {
             dw->w1[phase][side] = dw->w2[phase][side] = dw->dd[phase][side] = NULL;
@@ -265,24 +228,24 @@ static void dynamic_weights(fw *f, const dcs_layer_weights *lw, const float *h, 
             float *w1 = fw_alloc(f, M, R, N), *w2 = fw_alloc(f, M, R, N), *dd = fw_alloc(f, M, N, 1);
             if (f->status) return;
             if (G == 1) {
-                be->copy2d(be, w1, R * N, w + (size_t)slot * RM2, C * RM2, M, R * N);
-                be->copy2d(be, w2, R * N, w + (size_t)slot * RM2 + R * N, C * RM2, M, R * N);
-                be->copy2d(be, dd, N, g + (size_t)slot * N, C * N, M, N);
+                be->ops->copy2d(be, w1, R * N, w + (size_t)slot * RM2, C * RM2, M, R * N);
+                be->ops->copy2d(be, w2, R * N, w + (size_t)slot * RM2 + R * N, C * RM2, M, R * N);
+                be->ops->copy2d(be, dd, N, g + (size_t)slot * N, C * N, M, N);
             } else {
                 /* [M, R, N] with group gr in columns [gr*Mg, (gr+1)*Mg) of each [R, N] row */
                 for (int gr = 0; gr < G; gr++) {
                     const size_t src = (size_t)(gr * C + slot) * RM2;
                     for (int i = 0; i < R; i++) {
-                        be->copy2d(be, w1 + (size_t)i * N + gr * Mg, R * N, w + src + (size_t)i * Mg,
+                        be->ops->copy2d(be, w1 + (size_t)i * N + gr * Mg, R * N, w + src + (size_t)i * Mg,
                                    GC * RM2, M, Mg);
-                        be->copy2d(be, w2 + (size_t)i * N + gr * Mg, R * N,
+                        be->ops->copy2d(be, w2 + (size_t)i * N + gr * Mg, R * N,
                                    w + src + (size_t)(R + i) * Mg, GC * RM2, M, Mg);
                     }
-                    be->copy2d(be, dd + (size_t)gr * Mg, N, g + (size_t)(gr * C + slot) * Mg, GC * Mg, M, Mg);
+                    be->ops->copy2d(be, dd + (size_t)gr * Mg, N, g + (size_t)(gr * C + slot) * Mg, GC * Mg, M, Mg);
                 }
             }
             /* RMS norm of qw1/kw1 over each group's heads */
-            be->rmsnorm(be, w1, M * R * G, Mg, Mg, NULL, 1e-6f);
+            be->ops->rmsnorm(be, w1, M * R * G, Mg, Mg, NULL, 1e-6f);
             dw->w1[phase][side] = w1;
             dw->w2[phase][side] = w2;
             dw->dd[phase][side] = dd;
@@ -340,16 +303,16 @@ static void compose(fw *f, int l, int phase, float *A, const dyn_weights *dw, in
         for (int k = 0; k < nb; k++)
             if (dcs_hook_exists(f->m, first[phase] + k)) a.br[k] = fw_alloc(f, B, N, (int64_t)T * T);
     if (f->status) return;
-    f->be->compose(f->be, &a);
+    f->be->ops->compose(f->be, &a);
     if (!any) return;
     int modified = 0;
     for (int k = 0; k < nb; k++)
         if (a.br[k]) modified |= fw_hook(f, first[phase] + k, l, a.br[k]);
     if (modified) {
         size_t n = (size_t)B * N * T * T;
-        f->be->copy(f->be, A, a.br[0], n * sizeof(float));
+        f->be->ops->copy(f->be, A, a.br[0], n * sizeof(float));
         for (int k = 1; k < nb; k++)
-            if (a.br[k]) f->be->add(f->be, A, a.br[k], n);
+            if (a.br[k]) f->be->ops->add(f->be, A, a.br[k], n);
     }
     for (int k = 0; k < nb; k++) fw_release(f, a.br[k]);
 }
@@ -369,9 +332,9 @@ static void moh_gate(fw *f, int l, const float *h, float *z) {
     if (s1) linear(f, s1, h, (dcs_wmat){lw->moh_wg1, DCS_F32}, NULL, M, hs, D);
     if (s0) linear(f, s0, h, (dcs_wmat){lw->moh_wg0, DCS_F32}, NULL, M, 2, D);
     fw_hook(f, DCS_HP_ROUTER_LOGITS, l, lg);
-    f->be->moh_route(f->be, g, lg, s1, s0, M, N, hs, c->moh_topk);
+    f->be->ops->moh_route(f->be, g, lg, s1, s0, M, N, hs, c->moh_topk);
     fw_hook(f, DCS_HP_ROUTING, l, g);
-    f->be->head_gate(f->be, z, g, M, N, c->head_dim);
+    f->be->ops->head_gate(f->be, z, g, M, N, c->head_dim);
     fw_release(f, lg);
     fw_release(f, g);
     fw_release(f, s1);
@@ -430,16 +393,16 @@ static void attention(fw *f, int l, const float *h, float *out) {
     float *q = fw_alloc(f, M, D, 1), *k = fw_alloc(f, M, D, 1), *v = fw_alloc(f, M, D, 1);
     if (f->status) return;
     linear(f, qkv, h, lw->m_wqkv, lw->bqkv, M, 3 * D, D);
-    be->copy2d(be, q, D, qkv, 3 * D, M, D);
-    be->copy2d(be, k, D, qkv + D, 3 * D, M, D);
-    be->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
+    be->ops->copy2d(be, q, D, qkv, 3 * D, M, D);
+    be->ops->copy2d(be, k, D, qkv + D, 3 * D, M, D);
+    be->ops->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
     fw_release(f, qkv);
     if (c->qk_norm) {
-        be->rmsnorm(be, q, M * N, Dh, Dh, lw->q_scale, 1e-6f);
-        be->rmsnorm(be, k, M * N, Dh, Dh, lw->k_scale, 1e-6f);
+        be->ops->rmsnorm(be, q, M * N, Dh, Dh, lw->q_scale, 1e-6f);
+        be->ops->rmsnorm(be, k, M * N, Dh, Dh, lw->k_scale, 1e-6f);
     }
-    be->rotary(be, q, M, T, N, Dh, c->rotary_dim, c->rope_base);
-    be->rotary(be, k, M, T, N, Dh, c->rotary_dim, c->rope_base);
+    be->ops->rotary(be, q, M, T, N, Dh, c->rotary_dim, c->rope_base);
+    be->ops->rotary(be, k, M, T, N, Dh, c->rotary_dim, c->rope_base);
     fw_hook(f, DCS_HP_Q, l, q);
     fw_hook(f, DCS_HP_K, l, k);
     fw_hook(f, DCS_HP_V, l, v);
@@ -452,7 +415,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
     }
     float *z = NULL;
     if (f->status) return;
-    if (be->attention && fused_supported(m, l) && !attn_map_hooked(f, l)) {
+    if (be->ops->attention && fused_supported(m, l) && !attn_map_hooked(f, l)) {
         /* fused: no [B, N, T, S] tensor; local layers touch their window only */
         z = fw_alloc(f, M, D, 1);
         if (f->status) return;
@@ -479,7 +442,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
             a.kw2[ph] = dw.w2[ph][1];
             a.kdd[ph] = dw.dd[ph][1];
         }
-        be->attention(be, &a);
+        be->ops->attention(be, &a);
         release_dyn(f, &dw);
         fw_release(f, q);
         fw_release(f, k);
@@ -492,7 +455,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
     float *A = fw_alloc(f, B, N, TT);
     if (f->status) return;
     for (int b = 0; b < B; b++)
-        be->gemm(be, 0, 1, T, T, Dh, 1.0f / sqrtf((float)Dh), q + (size_t)b * T * D, D, Dh,
+        be->ops->gemm(be, 0, 1, T, T, Dh, 1.0f / sqrtf((float)Dh), q + (size_t)b * T * D, D, Dh,
                  k + (size_t)b * T * D, D, Dh, 0.0f, A + (size_t)b * N * TT, T, TT, N);
     fw_release(f, q);
     fw_release(f, k);
@@ -501,7 +464,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
         compose(f, l, 0, A, &dw, window);
         fw_hook(f, DCS_HP_SCORES_COMPOSED, l, A);
     }
-    be->softmax_masked(be, A, B * N, T, T, window);
+    be->ops->softmax_masked(be, A, B * N, T, T, window);
     fw_hook(f, DCS_HP_PATTERN, l, A);
     if (c->use_dcmha) {
         compose(f, l, 1, A, &dw, window);
@@ -514,7 +477,7 @@ static void attention(fw *f, int l, const float *h, float *out) {
     z = fw_alloc(f, M, D, 1);
     if (f->status) return;
     for (int b = 0; b < B; b++)
-        be->gemm(be, 0, 0, T, Dh, T, 1.0f, A + (size_t)b * N * TT, T, TT, v + (size_t)b * T * D, D,
+        be->ops->gemm(be, 0, 0, T, Dh, T, 1.0f, A + (size_t)b * N * TT, T, TT, v + (size_t)b * T * D, D,
                  Dh, 0.0f, z + (size_t)b * T * D, D, Dh, N);
     fw_release(f, A);
     fw_release(f, v);
@@ -539,7 +502,7 @@ static void attention_out(fw *f, int l, float *z, float *out) {
         float *ho = fw_alloc(f, M, N, D), *wtmp;
         const float *wo = wmat_f32(f, lw->m_wo, (int64_t)D * D, &wtmp);
         if (f->status) return;
-        be->gemm(be, 0, 1, M, D, Dh, 1.0f, z, D, Dh, wo, D, Dh, 0.0f, ho, N * D, D, N);
+        be->ops->gemm(be, 0, 1, M, D, Dh, 1.0f, z, D, Dh, wo, D, Dh, 0.0f, ho, N * D, D, N);
         fw_release(f, wtmp);
         if (fw_hook(f, DCS_HP_HEAD_OUT, l, ho)) {
             /* out = sum_n head_out[:, n] + bo: a [M, N*D] x [N*D] ones-free sum via gemm */
@@ -549,11 +512,11 @@ static void attention_out(fw *f, int l, float *z, float *out) {
                 f->status = dcs_seterr(&m->err, DCS_ERR_NOMEM, "out of memory");
             if (f->status) { free(one_host); return; }
             for (int n = 0; n < N; n++) one_host[n] = 1.0f;
-            be->upload(be, ones, one_host, sizeof(float) * (size_t)N);
+            be->ops->upload(be, ones, one_host, sizeof(float) * (size_t)N);
             free(one_host);
             /* out [M, D] = sum_n ho[m, n, :] : batched over m as [1, N] x [N, D] */
-            be->gemm(be, 0, 0, 1, D, N, 1.0f, ones, N, 0, ho, D, (long long)N * D, 0.0f, out, D, D, M);
-            if (lw->bo) be->add_bias(be, out, lw->bo, M, D);
+            be->ops->gemm(be, 0, 0, 1, D, N, 1.0f, ones, N, 0, ho, D, (long long)N * D, 0.0f, out, D, D, M);
+            if (lw->bo) be->ops->add_bias(be, out, lw->bo, M, D);
             fw_release(f, ones);
             from_heads = 1;
         }
@@ -573,7 +536,7 @@ static void mlp(fw *f, int l, const float *hn, float *out) {
     if (f->status) return;
     linear(f, u, hn, lw->m_w1, lw->b1, M, F, D);
     fw_hook(f, DCS_HP_MLP_PRE, l, u);
-    f->be->gelu(f->be, u, (size_t)M * F);
+    f->be->ops->gelu(f->be, u, (size_t)M * F);
     fw_hook(f, DCS_HP_MLP_POST, l, u);
     linear(f, out, u, lw->m_w2, lw->b2, M, D, F);
     fw_release(f, u);
@@ -589,24 +552,24 @@ static void block(fw *f, int l, float *x) {
     fw_hook(f, DCS_HP_RESID_PRE, l, x);
     float *h = fw_alloc(f, M, D, 1), *a = fw_alloc(f, M, D, 1), *o = fw_alloc(f, M, D, 1);
     if (f->status) return;
-    be->layernorm(be, h, x, lw->attn_norm_w, lw->attn_norm_b, M, D, c->norm_eps);
+    be->ops->layernorm(be, h, x, lw->attn_norm_w, lw->attn_norm_b, M, D, c->norm_eps);
     fw_hook(f, DCS_HP_LN_ATTN, l, h);
     attention(f, l, h, a);
     if (f->status || fw_cancelled(f)) return;
     if (c->parallel_residual) {
         /* out = x + attn(ln1(x)) + mlp(ln2(x)) */
-        be->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
+        be->ops->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
         fw_hook(f, DCS_HP_LN_MLP, l, h);
         mlp(f, l, h, o);
-        be->add(be, x, a, (size_t)M * D);
-        be->add(be, x, o, (size_t)M * D);
+        be->ops->add(be, x, a, (size_t)M * D);
+        be->ops->add(be, x, o, (size_t)M * D);
     } else {
         /* h = x + attn(ln1(x)); out = h + mlp(ln2(h)) */
-        be->add(be, x, a, (size_t)M * D);
-        be->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
+        be->ops->add(be, x, a, (size_t)M * D);
+        be->ops->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
         fw_hook(f, DCS_HP_LN_MLP, l, h);
         mlp(f, l, h, o);
-        be->add(be, x, o, (size_t)M * D);
+        be->ops->add(be, x, o, (size_t)M * D);
     }
     fw_release(f, h);
     fw_release(f, a);
@@ -731,16 +694,16 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
 
     float *x = fw_alloc(&f, M, D, 1);
     if (!f.status) {
-        if (m->m_tok_emb.dtype == DCS_F32 || !f.be->embed_w)
-            f.be->embed(f.be, x, m->m_tok_emb.p, tokens, M, D);
+        if (m->m_tok_emb.dtype == DCS_F32 || !f.be->ops->embed_w)
+            f.be->ops->embed(f.be, x, m->m_tok_emb.p, tokens, M, D);
         else
-            f.be->embed_w(f.be, x, m->m_tok_emb, tokens, M, D);
+            f.be->ops->embed_w(f.be, x, m->m_tok_emb, tokens, M, D);
         fw_hook(&f, DCS_HP_EMBED, 0, x);
     }
     for (int l = 0; l < c->n_layer && !f.status; l++) {
         if (fw_cancelled(&f)) break;
         block(&f, l, x);
-        if (!f.status) f.status = f.be->sync(f.be, &m->err);
+        if (!f.status) f.status = f.be->ops->sync(f.be, &m->err);
     }
     const int final_hooked = wants(&f, DCS_HP_LN_FINAL, 0) || wants(&f, DCS_HP_LOGITS, 0);
     if (!f.status && positions && logits && !final_hooked) {
@@ -752,11 +715,11 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
         if (!f.status) {
             for (int b = 0; b < B; b++)
                 for (int i = 0; i < n_pos; i++)
-                    f.be->copy(f.be, xs + ((size_t)b * n_pos + i) * D,
+                    f.be->ops->copy(f.be, xs + ((size_t)b * n_pos + i) * D,
                                x + ((size_t)b * T + positions[b * n_pos + i]) * D, sizeof(float) * D);
-            f.be->layernorm(f.be, hn, xs, m->norm_w, m->norm_b, P, D, c->norm_eps);
+            f.be->ops->layernorm(f.be, hn, xs, m->norm_w, m->norm_b, P, D, c->norm_eps);
             linear(&f, lg, hn, m->m_out_w, NULL, P, V, D);
-            if (!direct) f.be->download(f.be, logits, lg, sizeof(float) * (size_t)P * V);
+            if (!direct) f.be->ops->download(f.be, logits, lg, sizeof(float) * (size_t)P * V);
         }
     } else if (!f.status && (logits || final_hooked)) {
         float *hn = fw_alloc(&f, M, D, 1);
@@ -764,23 +727,23 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
         int direct = logits && !positions && m->device == DCS_DEVICE_CPU;
         float *lg = direct ? logits : fw_alloc(&f, M, V, 1);
         if (!f.status) {
-            f.be->layernorm(f.be, hn, x, m->norm_w, m->norm_b, M, D, c->norm_eps);
+            f.be->ops->layernorm(f.be, hn, x, m->norm_w, m->norm_b, M, D, c->norm_eps);
             fw_hook(&f, DCS_HP_LN_FINAL, 0, hn);
             linear(&f, lg, hn, m->m_out_w, NULL, M, V, D);
             fw_hook(&f, DCS_HP_LOGITS, 0, lg);
             if (!f.status && logits && positions) {     /* hooked final: gather rows */
-                if ((f.status = f.be->sync(f.be, &m->err)) == DCS_OK)
+                if ((f.status = f.be->ops->sync(f.be, &m->err)) == DCS_OK)
                     for (int b = 0; b < B; b++)
                         for (int i = 0; i < n_pos; i++)
-                            f.be->download(f.be, logits + ((size_t)b * n_pos + i) * V,
+                            f.be->ops->download(f.be, logits + ((size_t)b * n_pos + i) * V,
                                            lg + ((size_t)b * T + positions[b * n_pos + i]) * V,
                                            sizeof(float) * (size_t)V);
             } else if (!f.status && logits && !direct)
-                f.be->download(f.be, logits, lg, sizeof(float) * (size_t)M * V);
+                f.be->ops->download(f.be, logits, lg, sizeof(float) * (size_t)M * V);
         }
     }
     if (!f.status) {
-        f.status = f.be->sync(f.be, &m->err);
+        f.status = f.be->ops->sync(f.be, &m->err);
         const int rows = positions ? n_pos : T;     /* logits rows per sequence */
         long long bad = !f.status && logits ? first_nonfinite(logits, (size_t)B * rows * V) : -1;
         if (bad >= 0) {
@@ -793,11 +756,11 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
         }
     } else {
         dcs_err ignored; /* drain a backend error behind the one reported */
-        f.be->sync(f.be, &ignored);
+        f.be->ops->sync(f.be, &ignored);
     }
     m->last_peak_bytes = f.peak;
     m->last_total_bytes = f.total;
-    for (int i = 0; i < f.n_bufs; i++) pool_put(m, f.bufs[i].p, f.bufs[i].bytes);
+    for (int i = 0; i < f.n_bufs; i++) dcs_pool_put(m, f.bufs[i].p, f.bufs[i].bytes);
     if (f.status) dcs_pool_clear(m); /* after a failure, give memory back */
     free(f.host);
     return f.status;

@@ -15,7 +15,7 @@
  * attention-map work (mask, compose, softmax) runs on the host with the
  * per-element math of dcs_math.h, the same functions the kernels use.
  */
-#include "internal.h"
+#include "dcs_model.h"
 #include "dcs_math.h"
 
 #include <stdlib.h>
@@ -59,7 +59,7 @@ static float *dev_alloc(dstep *s, size_t nfloats) {
         s->status = dcs_seterr(&s->m->err, DCS_ERR_NOMEM, "decode: too many buffers");
         return NULL;
     }
-    float *p = s->be->alloc(s->be, nfloats * sizeof(float) + sizeof(float));
+    float *p = s->be->ops->alloc(s->be, nfloats * sizeof(float) + sizeof(float));
     if (!p) {
         s->status = dcs_seterr(&s->m->err, DCS_ERR_NOMEM, "decode: out of memory (%zu floats)", nfloats);
         return NULL;
@@ -86,7 +86,7 @@ static float *host_alloc(dstep *s, size_t nfloats) {
 /* Free the buffers allocated since the marks (per layer: memory stays one
  * layer deep). */
 static void release_to(dstep *s, int dev_mark, int host_mark) {
-    while (s->n_dev > dev_mark) s->be->free(s->be, s->dev[--s->n_dev]);
+    while (s->n_dev > dev_mark) s->be->ops->free(s->be, s->dev[--s->n_dev]);
     while (s->n_host > host_mark) free(s->host[--s->n_host]);
 }
 
@@ -137,10 +137,10 @@ static int hook_dev(dstep *s, int point, int layer, float *dev, size_t nfloats) 
             return 0;
         }
     }
-    s->be->download(s->be, s->stage, dev, nfloats * sizeof(float));
-    if ((s->status = s->be->sync(s->be, &s->m->err))) return 0;
+    s->be->ops->download(s->be, s->stage, dev, nfloats * sizeof(float));
+    if ((s->status = s->be->ops->sync(s->be, &s->m->err))) return 0;
     int r = hook_host(s, point, layer, s->stage);
-    if (r) s->be->upload(s->be, dev, s->stage, nfloats * sizeof(float));
+    if (r) s->be->ops->upload(s->be, dev, s->stage, nfloats * sizeof(float));
     return r;
 }
 
@@ -153,8 +153,8 @@ static void zero_masked(float *map, int N, int n, int P, int t0, int window) {
 /* ---------------------------------------------------------------- cache */
 
 static void layer_free(dcs_backend *be, dec_layer *L) {
-    if (L->k) be->free(be, L->k);
-    if (L->v) be->free(be, L->v);
+    if (L->k) be->ops->free(be, L->k);
+    if (L->v) be->ops->free(be, L->v);
     for (int ph = 0; ph < 2; ph++) {
         free(L->kw1[ph]);
         free(L->kw2[ph]);
@@ -174,8 +174,8 @@ static dcs_status layer_reserve(dcs_decoder *d, dec_layer *L, int need) {
     const size_t D = (size_t)c->d_model, RN = (size_t)c->dyn_rank * c->n_head, N = (size_t)c->n_head;
     dec_layer nl = *L;
     nl.cap = cap;
-    nl.k = be->alloc(be, (size_t)cap * D * sizeof(float));
-    nl.v = be->alloc(be, (size_t)cap * D * sizeof(float));
+    nl.k = be->ops->alloc(be, (size_t)cap * D * sizeof(float));
+    nl.v = be->ops->alloc(be, (size_t)cap * D * sizeof(float));
     int ok = nl.k && nl.v;
     int key_side = c->use_dcmha && !c->query_wise;
     for (int ph = 0; ph < 2; ph++) {
@@ -191,8 +191,8 @@ static dcs_status layer_reserve(dcs_decoder *d, dec_layer *L, int need) {
         return dcs_seterr(&m->err, DCS_ERR_NOMEM, "decode: out of memory for a cache of %d positions", cap);
     }
     if (L->used) {
-        be->copy(be, nl.k, L->k, (size_t)L->used * D * sizeof(float));
-        be->copy(be, nl.v, L->v, (size_t)L->used * D * sizeof(float));
+        be->ops->copy(be, nl.k, L->k, (size_t)L->used * D * sizeof(float));
+        be->ops->copy(be, nl.v, L->v, (size_t)L->used * D * sizeof(float));
         for (int ph = 0; ph < 2 && key_side; ph++) {
             memcpy(nl.kw1[ph], L->kw1[ph], (size_t)L->used * RN * sizeof(float));
             memcpy(nl.kw2[ph], L->kw2[ph], (size_t)L->used * RN * sizeof(float));
@@ -212,10 +212,10 @@ static void layer_trim(dcs_decoder *d, dec_layer *L, int keep, float *tmp_dev) {
     const size_t D = (size_t)c->d_model, RN = (size_t)c->dyn_rank * c->n_head, N = (size_t)c->n_head;
     const size_t drop = (size_t)(L->used - keep);
     /* backend copies may not overlap: through tmp_dev [keep, D] */
-    be->copy(be, tmp_dev, L->k + drop * D, (size_t)keep * D * sizeof(float));
-    be->copy(be, L->k, tmp_dev, (size_t)keep * D * sizeof(float));
-    be->copy(be, tmp_dev, L->v + drop * D, (size_t)keep * D * sizeof(float));
-    be->copy(be, L->v, tmp_dev, (size_t)keep * D * sizeof(float));
+    be->ops->copy(be, tmp_dev, L->k + drop * D, (size_t)keep * D * sizeof(float));
+    be->ops->copy(be, L->k, tmp_dev, (size_t)keep * D * sizeof(float));
+    be->ops->copy(be, tmp_dev, L->v + drop * D, (size_t)keep * D * sizeof(float));
+    be->ops->copy(be, L->v, tmp_dev, (size_t)keep * D * sizeof(float));
     for (int ph = 0; ph < 2; ph++) {
         if (!L->kw1[ph]) continue;
         memmove(L->kw1[ph], L->kw1[ph] + drop * RN, (size_t)keep * RN * sizeof(float));
@@ -231,8 +231,8 @@ static void layer_trim(dcs_decoder *d, dec_layer *L, int keep, float *tmp_dev) {
 /* y [M, O] = x [M, I] W^T + b (a torch Linear). */
 static void linear(dcs_backend *be, float *y, const float *x, const float *W, const float *b, int M, int O,
                    int I) {
-    be->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
-    if (b) be->add_bias(be, y, b, M, O);
+    be->ops->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
+    if (b) be->ops->add_bias(be, y, b, M, O);
 }
 
 /* Rotary at absolute positions t0 + i on host rows x [n, N, Dh]. */
@@ -263,12 +263,12 @@ static void dyn_step(dstep *s, int l, const float *h, dec_layer *L, float *q1[2]
     float *g = dev_alloc(s, (size_t)n * C * N);
     float *w1 = dev_alloc(s, (size_t)n * RN), *w2 = dev_alloc(s, (size_t)n * RN), *dd = dev_alloc(s, (size_t)n * N);
     if (s->status) return;
-    be->gemm(be, 0, 0, n, C * K, D, 1.0f, h, D, 0, lw->dw1, C * K, 0, 0.0f, hid, C * K, 0, 1);
-    be->gelu(be, hid, (size_t)n * C * K);
-    be->gemm(be, 0, 0, n, RN2, K, 1.0f, hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f, w, C * RN2,
+    be->ops->gemm(be, 0, 0, n, C * K, D, 1.0f, h, D, 0, lw->dw1, C * K, 0, 0.0f, hid, C * K, 0, 1);
+    be->ops->gelu(be, hid, (size_t)n * C * K);
+    be->ops->gemm(be, 0, 0, n, RN2, K, 1.0f, hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f, w, C * RN2,
              RN2, C);
-    be->gemm(be, 0, 0, n, C * N, D, 1.0f, h, D, 0, lw->dd, C * N, 0, 0.0f, g, C * N, 0, 1);
-    be->tanh_(be, g, (size_t)n * C * N);
+    be->ops->gemm(be, 0, 0, n, C * N, D, 1.0f, h, D, 0, lw->dd, C * N, 0, 0.0f, g, C * N, 0, 1);
+    be->ops->tanh_(be, g, (size_t)n * C * N);
     static const int pts[2][6] = {
         {DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD, DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2,
          DCS_HP_DYN_PRE_KDD},
@@ -278,10 +278,10 @@ static void dyn_step(dstep *s, int l, const float *h, dec_layer *L, float *q1[2]
         for (int side = 0; side < 2; side++) {
             if (side == 1 && c->query_wise) continue;
             int slot = C == 4 ? 2 * ph + side : ph;
-            be->copy2d(be, w1, RN, w + (size_t)slot * RN2, C * RN2, n, RN);
-            be->copy2d(be, w2, RN, w + (size_t)slot * RN2 + RN, C * RN2, n, RN);
-            be->copy2d(be, dd, N, g + (size_t)slot * N, C * N, n, N);
-            be->rmsnorm(be, w1, n * R, N, N, NULL, 1e-6f);
+            be->ops->copy2d(be, w1, RN, w + (size_t)slot * RN2, C * RN2, n, RN);
+            be->ops->copy2d(be, w2, RN, w + (size_t)slot * RN2 + RN, C * RN2, n, RN);
+            be->ops->copy2d(be, dd, N, g + (size_t)slot * N, C * N, n, N);
+            be->ops->rmsnorm(be, w1, n * R, N, N, NULL, 1e-6f);
             float *o1, *o2, *od;
             if (side == 0) {
                 o1 = q1[ph];
@@ -292,10 +292,10 @@ static void dyn_step(dstep *s, int l, const float *h, dec_layer *L, float *q1[2]
                 o2 = L->kw2[ph] + (size_t)L->used * RN;
                 od = L->kdd[ph] + (size_t)L->used * N;
             }
-            be->download(be, o1, w1, (size_t)n * RN * sizeof(float));
-            be->download(be, o2, w2, (size_t)n * RN * sizeof(float));
-            be->download(be, od, dd, (size_t)n * N * sizeof(float));
-            if ((s->status = be->sync(be, &s->m->err))) return;
+            be->ops->download(be, o1, w1, (size_t)n * RN * sizeof(float));
+            be->ops->download(be, o2, w2, (size_t)n * RN * sizeof(float));
+            be->ops->download(be, od, dd, (size_t)n * N * sizeof(float));
+            if ((s->status = be->ops->sync(be, &s->m->err))) return;
             hook_host(s, pts[ph][3 * side + 0], l, o1);
             hook_host(s, pts[ph][3 * side + 1], l, o2);
             hook_host(s, pts[ph][3 * side + 2], l, od);
@@ -369,22 +369,22 @@ static void attention(dstep *s, int l, const float *h, float *out) {
     if (s->status) return;
     float *knew = L->k + (size_t)L->used * D, *vnew = L->v + (size_t)L->used * D;
     linear(be, qkv, h, lw->wqkv, lw->bqkv, n, 3 * D, D);
-    be->copy2d(be, q, D, qkv, 3 * D, n, D);
-    be->copy2d(be, knew, D, qkv + D, 3 * D, n, D);
-    be->copy2d(be, vnew, D, qkv + 2 * D, 3 * D, n, D);
+    be->ops->copy2d(be, q, D, qkv, 3 * D, n, D);
+    be->ops->copy2d(be, knew, D, qkv + D, 3 * D, n, D);
+    be->ops->copy2d(be, vnew, D, qkv + 2 * D, 3 * D, n, D);
     if (c->qk_norm) {
-        be->rmsnorm(be, q, n * N, Dh, Dh, lw->q_scale, 1e-6f);
-        be->rmsnorm(be, knew, n * N, Dh, Dh, lw->k_scale, 1e-6f);
+        be->ops->rmsnorm(be, q, n * N, Dh, Dh, lw->q_scale, 1e-6f);
+        be->ops->rmsnorm(be, knew, n * N, Dh, Dh, lw->k_scale, 1e-6f);
     }
-    be->download(be, hq, q, (size_t)n * D * sizeof(float));
-    be->download(be, hk, knew, (size_t)n * D * sizeof(float));
-    if ((s->status = be->sync(be, &m->err))) return;
+    be->ops->download(be, hq, q, (size_t)n * D * sizeof(float));
+    be->ops->download(be, hk, knew, (size_t)n * D * sizeof(float));
+    if ((s->status = be->ops->sync(be, &m->err))) return;
     rotary_host(hq, n, t0, N, Dh, c->rotary_dim, c->rope_base);
     rotary_host(hk, n, t0, N, Dh, c->rotary_dim, c->rope_base);
     hook_host(s, DCS_HP_Q, l, hq);
     hook_host(s, DCS_HP_K, l, hk);
-    be->upload(be, q, hq, (size_t)n * D * sizeof(float));
-    be->upload(be, knew, hk, (size_t)n * D * sizeof(float));
+    be->ops->upload(be, q, hq, (size_t)n * D * sizeof(float));
+    be->ops->upload(be, knew, hk, (size_t)n * D * sizeof(float));
     hook_dev(s, DCS_HP_V, l, vnew, (size_t)n * D);
 
     float *q1[2] = {0}, *q2[2] = {0}, *qd[2] = {0};
@@ -404,10 +404,10 @@ static void attention(dstep *s, int l, const float *h, float *out) {
     float *Ad = dev_alloc(s, (size_t)N * n * S), *hs = host_alloc(s, (size_t)N * n * S);
     float *A = host_alloc(s, map);
     if (s->status) return;
-    be->gemm(be, 0, 1, n, S, Dh, 1.0f / sqrtf((float)Dh), q, D, Dh, L->k, D, Dh, 0.0f, Ad, S, (long long)n * S,
+    be->ops->gemm(be, 0, 1, n, S, Dh, 1.0f / sqrtf((float)Dh), q, D, Dh, L->k, D, Dh, 0.0f, Ad, S, (long long)n * S,
              N);
-    be->download(be, hs, Ad, (size_t)N * n * S * sizeof(float));
-    if ((s->status = be->sync(be, &m->err))) return;
+    be->ops->download(be, hs, Ad, (size_t)N * n * S * sizeof(float));
+    if ((s->status = be->ops->sync(be, &m->err))) return;
     for (size_t r = 0; r < (size_t)N * n; r++)
         memcpy(A + r * P + L->first, hs + r * S, (size_t)S * sizeof(float));
     hook_host(s, DCS_HP_SCORES, l, A);
@@ -427,10 +427,10 @@ static void attention(dstep *s, int l, const float *h, float *out) {
     /* z[:, n] [n, Dh] = P[n] [n, S] @ v[:, n] [S, Dh] on the held keys */
     for (size_t r = 0; r < (size_t)N * n; r++)
         memcpy(hs + r * S, A + r * P + L->first, (size_t)S * sizeof(float));
-    be->upload(be, Ad, hs, (size_t)N * n * S * sizeof(float));
+    be->ops->upload(be, Ad, hs, (size_t)N * n * S * sizeof(float));
     float *z = dev_alloc(s, (size_t)n * D);
     if (s->status) return;
-    be->gemm(be, 0, 0, n, Dh, S, 1.0f, Ad, S, (long long)n * S, L->v, D, Dh, 0.0f, z, D, Dh, N);
+    be->ops->gemm(be, 0, 0, n, Dh, S, 1.0f, Ad, S, (long long)n * S, L->v, D, Dh, 0.0f, z, D, Dh, N);
     hook_dev(s, DCS_HP_Z, l, z, (size_t)n * D);
 
     int from_heads = 0;
@@ -438,12 +438,12 @@ static void attention(dstep *s, int l, const float *h, float *out) {
         float *ho = dev_alloc(s, (size_t)n * N * D), *ones = dev_alloc(s, (size_t)N);
         float *one_host = host_alloc(s, (size_t)N);
         if (s->status) return;
-        be->gemm(be, 0, 1, n, D, Dh, 1.0f, z, D, Dh, lw->wo, D, Dh, 0.0f, ho, N * D, D, N);
+        be->ops->gemm(be, 0, 1, n, D, Dh, 1.0f, z, D, Dh, lw->wo, D, Dh, 0.0f, ho, N * D, D, N);
         if (hook_dev(s, DCS_HP_HEAD_OUT, l, ho, (size_t)n * N * D)) {
             for (int i = 0; i < N; i++) one_host[i] = 1.0f;
-            be->upload(be, ones, one_host, sizeof(float) * (size_t)N);
-            be->gemm(be, 0, 0, 1, D, N, 1.0f, ones, N, 0, ho, D, (long long)N * D, 0.0f, out, D, D, n);
-            if (lw->bo) be->add_bias(be, out, lw->bo, n, D);
+            be->ops->upload(be, ones, one_host, sizeof(float) * (size_t)N);
+            be->ops->gemm(be, 0, 0, 1, D, N, 1.0f, ones, N, 0, ho, D, (long long)N * D, 0.0f, out, D, D, n);
+            if (lw->bo) be->ops->add_bias(be, out, lw->bo, n, D);
             from_heads = 1;
         }
     }
@@ -459,7 +459,7 @@ static void mlp(dstep *s, int l, const float *hn, float *out) {
     if (s->status) return;
     linear(s->be, u, hn, lw->w1, lw->b1, n, F, D);
     hook_dev(s, DCS_HP_MLP_PRE, l, u, (size_t)n * F);
-    s->be->gelu(s->be, u, (size_t)n * F);
+    s->be->ops->gelu(s->be, u, (size_t)n * F);
     hook_dev(s, DCS_HP_MLP_POST, l, u, (size_t)n * F);
     linear(s->be, out, u, lw->w2, lw->b2, n, D, F);
     hook_dev(s, DCS_HP_MLP_OUT, l, out, (size_t)n * D);
@@ -474,22 +474,22 @@ static void block(dstep *s, int l, float *x) {
     hook_dev(s, DCS_HP_RESID_PRE, l, x, nd);
     float *h = dev_alloc(s, nd), *a = dev_alloc(s, nd), *o = dev_alloc(s, nd);
     if (s->status) return;
-    be->layernorm(be, h, x, lw->attn_norm_w, lw->attn_norm_b, n, D, c->norm_eps);
+    be->ops->layernorm(be, h, x, lw->attn_norm_w, lw->attn_norm_b, n, D, c->norm_eps);
     hook_dev(s, DCS_HP_LN_ATTN, l, h, nd);
     attention(s, l, h, a);
     if (s->status) return;
     if (c->parallel_residual) {
-        be->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, n, D, c->norm_eps);
+        be->ops->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, n, D, c->norm_eps);
         hook_dev(s, DCS_HP_LN_MLP, l, h, nd);
         mlp(s, l, h, o);
-        be->add(be, x, a, nd);
-        be->add(be, x, o, nd);
+        be->ops->add(be, x, a, nd);
+        be->ops->add(be, x, o, nd);
     } else {
-        be->add(be, x, a, nd);
-        be->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, n, D, c->norm_eps);
+        be->ops->add(be, x, a, nd);
+        be->ops->layernorm(be, h, x, lw->ffn_norm_w, lw->ffn_norm_b, n, D, c->norm_eps);
         hook_dev(s, DCS_HP_LN_MLP, l, h, nd);
         mlp(s, l, h, o);
-        be->add(be, x, o, nd);
+        be->ops->add(be, x, o, nd);
     }
     hook_dev(s, DCS_HP_RESID_POST, l, x, nd);
 }
@@ -589,7 +589,7 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
     const int D = c->d_model, V = c->vocab;
     float *x = dev_alloc(&s, (size_t)n * D);
     if (!s.status) {
-        s.be->embed(s.be, x, m->tok_emb, tokens, n, D);
+        s.be->ops->embed(s.be, x, m->tok_emb, tokens, n, D);
         hook_dev(&s, DCS_HP_EMBED, 0, x, (size_t)n * D);
     }
     int trimmed = 0;
@@ -600,20 +600,20 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
         }
         int dm = s.n_dev, hm = s.n_host;
         block(&s, l, x);
-        if (!s.status) s.status = s.be->sync(s.be, &m->err);
+        if (!s.status) s.status = s.be->ops->sync(s.be, &m->err);
         release_to(&s, dm, hm);
     }
     if (!s.status && (logits || wants(&s, DCS_HP_LN_FINAL, 0) || wants(&s, DCS_HP_LOGITS, 0))) {
         float *hn = dev_alloc(&s, (size_t)n * D), *lg = dev_alloc(&s, (size_t)n * V);
         if (!s.status) {
-            s.be->layernorm(s.be, hn, x, m->norm_w, m->norm_b, n, D, c->norm_eps);
+            s.be->ops->layernorm(s.be, hn, x, m->norm_w, m->norm_b, n, D, c->norm_eps);
             hook_dev(&s, DCS_HP_LN_FINAL, 0, hn, (size_t)n * D);
             linear(s.be, lg, hn, m->out_w, NULL, n, V, D);
             hook_dev(&s, DCS_HP_LOGITS, 0, lg, (size_t)n * V);
-            if (!s.status && logits) s.be->download(s.be, logits, lg, sizeof(float) * (size_t)n * V);
+            if (!s.status && logits) s.be->ops->download(s.be, logits, lg, sizeof(float) * (size_t)n * V);
         }
     }
-    if (!s.status) s.status = s.be->sync(s.be, &m->err);
+    if (!s.status) s.status = s.be->ops->sync(s.be, &m->err);
     if (!s.status) {
         /* local layers keep only their window: the last window + 1 positions */
         float *tmp = NULL;
@@ -623,11 +623,11 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
             if (tmp) layer_trim(d, &d->layers[l], c->window_size + 1, tmp);
             trimmed = 1;
         }
-        if (trimmed && !s.status) s.status = s.be->sync(s.be, &m->err);
+        if (trimmed && !s.status) s.status = s.be->ops->sync(s.be, &m->err);
     }
     if (s.status) {
         dcs_err ignored;
-        s.be->sync(s.be, &ignored);
+        s.be->ops->sync(s.be, &ignored);
         for (int l = 0; l < c->n_layer; l++) {   /* forget this step's keys */
             if (d->layers[l].first == first0[l]) d->layers[l].used = used0[l];
         }

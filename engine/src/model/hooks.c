@@ -2,7 +2,7 @@
  * hooks.c -- hook point names, which exist for a model, their shapes, and
  * parsing "blocks.{l}.<point>" names (shared/docs/hooks.md).
  */
-#include "internal.h"
+#include "dcs_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  *     json (and so Hugging Face) the last; the engine refuses instead of
  *     picking one.
  */
-#include "internal.h"
+#include "dcs_io.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>

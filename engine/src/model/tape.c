@@ -13,7 +13,7 @@
  * captured in the backward; an overridden activation is a constant, so no
  * gradient flows upstream of it.
  */
-#include "internal.h"
+#include "dcs_model.h"
 #include "backward.h"
 #include "dcs_math.h"
 
@@ -326,15 +326,15 @@ static int wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
 /* y [M, O] = x [M, I] W^T (+ b), W [O, I] */
 static void lin_fw(dcs_backend *be, float *y, const float *x, const float *W, const float *b,
                    int M, int O, int I) {
-    be->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
-    if (b) be->add_bias(be, y, b, M, O);
+    be->ops->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
+    if (b) be->ops->add_bias(be, y, b, M, O);
 }
 
 /* dx [M, I] (= or +=, beta) dy [M, O] W; dW [O, I] += dy^T x; db [O] += colsum dy */
 static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db, const float *dy,
                    const float *x, const float *W, int M, int O, int I) {
-    if (dx) be->gemm(be, 0, 0, M, I, O, 1.0f, dy, O, 0, W, I, 0, beta, dx, I, 0, 1);
-    if (dW) be->gemm(be, 1, 0, O, I, M, 1.0f, dy, O, 0, x, I, 0, 1.0f, dW, I, 0, 1);
+    if (dx) be->ops->gemm(be, 0, 0, M, I, O, 1.0f, dy, O, 0, W, I, 0, beta, dx, I, 0, 1);
+    if (dW) be->ops->gemm(be, 1, 0, O, I, M, 1.0f, dy, O, 0, x, I, 0, 1.0f, dW, I, 0, 1);
     if (db)
         for (int m = 0; m < M; m++)
             for (int o = 0; o < O; o++) db[o] += dy[(size_t)m * O + o];
@@ -505,9 +505,9 @@ static void attention_fw(dcs_tape *tp, int l) {
     const size_t BNTT = (size_t)B * N * TT;
 
     lin_fw(be, a->qkv, a->ln1, lw->wqkv, lw->bqkv, M, 3 * D, D);
-    be->copy2d(be, a->q, D, a->qkv, 3 * D, M, D);
-    be->copy2d(be, a->k, D, a->qkv + D, 3 * D, M, D);
-    be->copy2d(be, a->v, D, a->qkv + 2 * D, 3 * D, M, D);
+    be->ops->copy2d(be, a->q, D, a->qkv, 3 * D, M, D);
+    be->ops->copy2d(be, a->k, D, a->qkv + D, 3 * D, M, D);
+    be->ops->copy2d(be, a->v, D, a->qkv + 2 * D, 3 * D, M, D);
     if (c->qk_norm) {
         memcpy(a->qraw, a->q, sizeof(float) * M * D);
         memcpy(a->kraw, a->k, sizeof(float) * M * D);
@@ -522,22 +522,22 @@ static void attention_fw(dcs_tape *tp, int l) {
 
     if (c->use_dcmha) {
         const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N, RN2 = 2 * RN;
-        be->gemm(be, 0, 0, M, C * K, D, 1.0f, a->ln1, D, 0, lw->dw1, C * K, 0, 0.0f, a->hpre, C * K, 0, 1);
+        be->ops->gemm(be, 0, 0, M, C * K, D, 1.0f, a->ln1, D, 0, lw->dw1, C * K, 0, 0.0f, a->hpre, C * K, 0, 1);
         memcpy(a->hid, a->hpre, sizeof(float) * (size_t)M * C * K);
-        be->gelu(be, a->hid, (size_t)M * C * K);
-        be->gemm(be, 0, 0, M, RN2, K, 1.0f, a->hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f,
+        be->ops->gelu(be, a->hid, (size_t)M * C * K);
+        be->ops->gemm(be, 0, 0, M, RN2, K, 1.0f, a->hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f,
                  a->w, C * RN2, RN2, C);
-        be->gemm(be, 0, 0, M, C * N, D, 1.0f, a->ln1, D, 0, lw->dd, C * N, 0, 0.0f, a->g, C * N, 0, 1);
-        be->tanh_(be, a->g, (size_t)M * C * N);
+        be->ops->gemm(be, 0, 0, M, C * N, D, 1.0f, a->ln1, D, 0, lw->dd, C * N, 0, 0.0f, a->g, C * N, 0, 1);
+        be->ops->tanh_(be, a->g, (size_t)M * C * N);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
                 if (!a->w1[ph][s]) continue;
                 int slot = C == 4 ? 2 * ph + s : ph;
-                be->copy2d(be, a->w1raw[ph][s], RN, a->w + (size_t)slot * RN2, C * RN2, M, RN);
+                be->ops->copy2d(be, a->w1raw[ph][s], RN, a->w + (size_t)slot * RN2, C * RN2, M, RN);
                 memcpy(a->w1[ph][s], a->w1raw[ph][s], sizeof(float) * (size_t)M * RN);
                 dcs_rmsnorm_fw(a->w1[ph][s], a->w1rs[ph][s], M * R, N, NULL, 1e-6f);
-                be->copy2d(be, a->w2[ph][s], RN, a->w + (size_t)slot * RN2 + RN, C * RN2, M, RN);
-                be->copy2d(be, a->dd[ph][s], N, a->g + (size_t)slot * N, C * N, M, N);
+                be->ops->copy2d(be, a->w2[ph][s], RN, a->w + (size_t)slot * RN2 + RN, C * RN2, M, RN);
+                be->ops->copy2d(be, a->dd[ph][s], N, a->g + (size_t)slot * N, C * N, M, N);
             }
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
@@ -601,7 +601,7 @@ static void mlp_fw(dcs_tape *tp, int l) {
     lin_fw(be, a->u, a->ln2, lw->w1, lw->b1, M, F, D);
     ov_apply(tp, DCS_HP_MLP_PRE, l, a->u);
     memcpy(a->ug, a->u, sizeof(float) * (size_t)M * F);
-    be->gelu(be, a->ug, (size_t)M * F);
+    be->ops->gelu(be, a->ug, (size_t)M * F);
     ov_apply(tp, DCS_HP_MLP_POST, l, a->ug);
     lin_fw(be, a->mo, a->ug, lw->w2, lw->b2, M, D, F);
     ov_apply(tp, DCS_HP_MLP_OUT, l, a->mo);
@@ -628,7 +628,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     tp->ov = ov;
     tp->n_ov = n_ov;
     float *x0 = L ? tp->L[0].x : tp->xL;
-    be->embed(be, x0, m->tok_emb, tokens, M, D);
+    be->ops->embed(be, x0, m->tok_emb, tokens, M, D);
     ov_apply(tp, DCS_HP_EMBED, 0, x0);
     for (int l = 0; l < L; l++) {
         tlayer *a = &tp->L[l];
@@ -660,7 +660,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the forward");
     if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
-    return be->sync(be, &m->err);
+    return be->ops->sync(be, &m->err);
 }
 
 /* Mean next-token cross-entropy over the positions with targets[i] >= 0;
@@ -851,15 +851,15 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     if (c->qk_norm) {
         memset(d->dln1, 0, sizeof(float) * (size_t)M * D);   /* scratch */
         dcs_rmsnorm_bw(d->dln1, GP(lw->q_scale), d->dq, a->qraw, a->qrs, M * N, Dh, lw->q_scale);
-        be->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
+        be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
         memset(d->dln1, 0, sizeof(float) * (size_t)M * D);
         dcs_rmsnorm_bw(d->dln1, GP(lw->k_scale), d->dk, a->kraw, a->krs, M * N, Dh, lw->k_scale);
-        be->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
+        be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
     } else {
-        be->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
-        be->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
+        be->ops->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
+        be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
     }
-    be->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
+    be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
     lin_bw(be, d->dln1, 0.0f, GP(lw->wqkv), GP(lw->bqkv), d->dqkv, a->ln1, lw->wqkv, M, 3 * D, D);
 
     if (c->use_dcmha) {
@@ -875,29 +875,29 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][2], l, d->ddd[ph][s]);
                 memset(d->dw1raw, 0, sizeof(float) * (size_t)M * RN);
                 dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], a->w1rs[ph][s], M * R, N, NULL);
-                be->copy2d(be, d->dW + (size_t)slot * RN2, C * RN2, d->dw1raw, RN, M, RN);
-                be->copy2d(be, d->dW + (size_t)slot * RN2 + RN, C * RN2, d->dw2[ph][s], RN, M, RN);
-                be->copy2d(be, d->dG + (size_t)slot * N, C * N, d->ddd[ph][s], N, M, N);
+                be->ops->copy2d(be, d->dW + (size_t)slot * RN2, C * RN2, d->dw1raw, RN, M, RN);
+                be->ops->copy2d(be, d->dW + (size_t)slot * RN2 + RN, C * RN2, d->dw2[ph][s], RN, M, RN);
+                be->ops->copy2d(be, d->dG + (size_t)slot * N, C * N, d->ddd[ph][s], N, M, N);
             }
         /* w[:, c] = hid[:, c] qkw[c] */
-        be->gemm(be, 0, 1, M, K, RN2, 1.0f, d->dW, C * RN2, RN2, lw->qkw, RN2, (long long)K * RN2, 0.0f,
+        be->ops->gemm(be, 0, 1, M, K, RN2, 1.0f, d->dW, C * RN2, RN2, lw->qkw, RN2, (long long)K * RN2, 0.0f,
                  d->dhid, C * K, K, C);
         float *gq = GP(lw->qkw);
         if (gq)
-            be->gemm(be, 1, 0, K, RN2, M, 1.0f, a->hid, C * K, K, d->dW, C * RN2, RN2, 1.0f, gq, RN2,
+            be->ops->gemm(be, 1, 0, K, RN2, M, 1.0f, a->hid, C * K, K, d->dW, C * RN2, RN2, 1.0f, gq, RN2,
                      (long long)K * RN2, C);
         /* hid = gelu(ln1 dw1): reuse dW as dhpre [M, C*K] is too small; use dhid in place */
         float *dhpre = d->dhid;
         rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
         par_for(gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
-        be->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0, 1);
+        be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdw1 = GP(lw->dw1);
-        if (gdw1) be->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
+        if (gdw1) be->ops->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
         /* g = tanh(ln1 dd) */
         for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
-        be->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
+        be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdd = GP(lw->dd);
-        if (gdd) be->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
+        if (gdd) be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
@@ -972,5 +972,5 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
             const float *src = d->dx + (size_t)i * D;
             for (int j = 0; j < D; j++) row[j] += src[j];
         }
-    return be->sync(be, &m->err);
+    return be->ops->sync(be, &m->err);
 }

@@ -1,5 +1,5 @@
 /*
- * backend_cpu.c -- the CPU backend: host memory, OpenBLAS sgemm, and plain
+ * cpu.c -- the CPU backend: host memory, OpenBLAS sgemm, and plain
  * loops around the shared per-element math of dcs_math.h.
  *
  * "Device pointers" here are ordinary host pointers.
@@ -10,7 +10,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("vect-cost-model=dynamic")
 #endif
-#include "internal.h"
+#include "dcs_backend.h"
 #include "dcs_math.h"
 
 #include <cblas.h>
@@ -413,16 +413,6 @@ static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};
     parallel_for(be, add_range, &a, (long long)n, 1);
 }
-static void add3_range(void *arg, long long b, long long e, int tid) {
-    (void)tid;
-    const rows_args *a = arg;
-    for (long long i = b; i < e; i++) a->y[i] = a->a[i] + a->b[i] + a->c[i];
-}
-static void cpu_add3(dcs_backend *be, float *y, const float *a, const float *b,
-                     const float *c, size_t n) {
-    rows_args r = {y, a, b, c, 0, 0, NULL, 0};
-    parallel_for(be, add3_range, &r, (long long)n, 1);
-}
 static void gelu_range(void *x, long long b, long long e, int tid) {
     (void)tid;
     float *v = x;
@@ -439,12 +429,6 @@ static void tanh_range(void *x, long long b, long long e, int tid) {
 static void cpu_tanh(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, tanh_range, x, (long long)n, 8);
 }
-static void cpu_mul(dcs_backend *be, float *y, const float *g, size_t n) {
-    (void)be;
-    for (size_t i = 0; i < n; i++) y[i] *= g[i];
-}
-
-/* MoH routing scores, one row per token (dcs_moh_route_row). */
 static void cpu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1,
                           const float *s0, int M, int N, int hs, int k) {
     (void)be;
@@ -460,24 +444,14 @@ static void cpu_head_gate(dcs_backend *be, float *z, const float *g, int M, int 
         for (int d = 0; d < Dh; d++) z[mn * Dh + d] *= g[mn];
 }
 
-/* out [M, D] = (in - mean) / sqrt(var + eps) * w + b, per row. */
+/* out [M, D] = LayerNorm of each row of in (dcs_layernorm_row). */
 static void layernorm_rows(void *arg, long long b0, long long e0, int tid) {
     (void)tid;
     const rows_args *a = arg;
     const int D = a->D;
-    for (long long m = b0; m < e0; m++) {
-        const float *x = a->a + (size_t)m * D;
-        float *y = a->y + (size_t)m * D;
-        const float *w = a->w, *b = a->b;
-        double mean = 0, var = 0;
-        for (int i = 0; i < D; i++) mean += x[i];
-        mean /= D;
-        for (int i = 0; i < D; i++) var += (x[i] - mean) * (x[i] - mean);
-        var /= D;
-        float inv = (float)(1.0 / sqrt(var + a->eps));
-        for (int i = 0; i < D; i++)
-            y[i] = ((float)(x[i] - mean) * inv) * w[i] + (b ? b[i] : 0.0f);
-    }
+    for (long long m = b0; m < e0; m++)
+        dcs_layernorm_row(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, a->eps,
+                          NULL, NULL);
 }
 static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
                           const float *b, int M, int D, float eps) {
@@ -611,34 +585,8 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
 static void compose_pairs(void *arg, long long begin, long long end, int tid) {
     (void)tid;
     const dcs_compose_args *a = arg;
-    const int N = a->N, T = a->T, S = a->S, R = a->R;
-    const long long TS = (long long)T * S;
-    for (long long bt = begin; bt < end; bt++) {
-        const int b = (int)(bt / T), t = (int)(bt % T);
-        const long long base = (long long)b * N * TS;
-        const float *qw1 = a->qw1 ? a->qw1 + ((size_t)b * T + t) * R * N : NULL;
-        const float *qw2 = a->qw2 ? a->qw2 + ((size_t)b * T + t) * R * N : NULL;
-        const float *qdd = a->qdd ? a->qdd + ((size_t)b * T + t) * N : NULL;
-        for (int s = 0; s < S; s++) {
-            long long o = base + (long long)t * S + s;
-            if (a->causal_only && !dcs_allowed(t, s, a->window)) {
-                for (int n = 0; n < N; n++) {
-                    long long on = o + n * TS;
-                    a->out[on] = 0.0f;
-                    for (int k = 0; k < DCS_N_BRANCHES; k++)
-                        if (a->br[k]) a->br[k][on] = 0.0f;
-                }
-                continue;
-            }
-            const float *kw1 = a->kw1 ? a->kw1 + ((size_t)b * S + s) * R * N : NULL;
-            const float *kw2 = a->kw2 ? a->kw2 + ((size_t)b * S + s) * R * N : NULL;
-            const float *kdd = a->kdd ? a->kdd + ((size_t)b * S + s) * N : NULL;
-            dcs_compose_pair(a->in + o, a->out + o, TS, N, a->G, R, qw1, qw2, kw1, kw2, qdd, kdd,
-                             a->sw, a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
-                             a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
-                             a->br[4] ? a->br[4] + o : NULL, a->br[5] ? a->br[5] + o : NULL);
-        }
-    }
+    for (long long bt = begin; bt < end; bt++)
+        for (int s = 0; s < a->S; s++) dcs_compose_at(a, (int)(bt / a->T), (int)(bt % a->T), s);
 }
 
 static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
@@ -666,38 +614,15 @@ static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
 
 /* ------------------------------------------------------------ softmax */
 
-/* Softmax of row[0, len) in place (the allowed keys of one query). */
-static void softmax_span(float *row, int len) {
-    float mx = -INFINITY;
-    for (int s = 0; s < len; s++)
-        if (row[s] > mx) mx = row[s];
-    float sum = 0.0f;
-    for (int s = 0; s < len; s++) {
-        float e = expf(row[s] - mx);
-        row[s] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-    for (int s = 0; s < len; s++) row[s] *= inv;
-}
-
-/* x [BN, T, S]: masked softmax over s, rows split over the cores. The
- * allowed keys of query t are one span [lo, hi]; the rest becomes 0. */
+/* x [BN, T, S]: masked softmax over s (dcs_softmax_row), rows split over
+ * the cores. */
 typedef struct { float *x; int T, S, window; } softmax_args;
 
 static void softmax_rows(void *arg, long long begin, long long end, int tid) {
     (void)tid;
     const softmax_args *a = arg;
-    const int T = a->T, S = a->S, window = a->window;
-    for (long long r = begin; r < end; r++) {
-        const int t = (int)(r % T);
-        float *row = a->x + (size_t)r * S;
-        int hi = t < S - 1 ? t : S - 1;
-        int lo = window > 0 && t - window > 0 ? t - window : 0;
-        for (int s = 0; s < lo; s++) row[s] = 0.0f;
-        for (int s = hi + 1; s < S; s++) row[s] = 0.0f;
-        softmax_span(row + lo, hi - lo + 1);
-    }
+    for (long long r = begin; r < end; r++)
+        dcs_softmax_row(a->x + (size_t)r * a->S, a->S, (int)(r % a->T), 0, a->window);
 }
 
 static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
@@ -762,7 +687,7 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                                 NULL);
                 }
                 if (ph == 0)
-                    for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);
+                    for (int n = 0; n < N; n++) dcs_softmax_span(row + n * hs + j0, len);
             }
             for (int n = 0; n < N; n++) {
                 float *rn = row + n * hs;
@@ -801,6 +726,34 @@ static void cpu_attention(dcs_backend *be, const dcs_attn_args *a) {
     free(kt);
 }
 
+static const dcs_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .sync = cpu_sync,
+    .destroy = cpu_destroy,
+    .gemm = cpu_gemm,
+    .embed = cpu_embed,
+    .add_bias = cpu_add_bias,
+    .add = cpu_add,
+    .gelu = cpu_gelu,
+    .tanh_ = cpu_tanh,
+    .layernorm = cpu_layernorm,
+    .rmsnorm = cpu_rmsnorm,
+    .rotary = cpu_rotary,
+    .copy2d = cpu_copy2d,
+    .compose = cpu_compose,
+    .softmax_masked = cpu_softmax_masked,
+    .gemm_w = cpu_gemm_w,
+    .embed_w = cpu_embed_w,
+    .attention = cpu_attention,
+    .moh_route = cpu_moh_route,
+    .head_gate = cpu_head_gate,
+};
+
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     dcs_backend *be = calloc(1, sizeof *be);
     cpu_ctx *c = calloc(1, sizeof *c);
@@ -821,33 +774,7 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     openblas_set_num_threads(1);
 #endif
     pool_start(&c->pool, c->n_threads);
-    be->name = "cpu";
+    be->ops = &cpu_ops;
     be->ctx = c;
-    be->alloc = cpu_alloc;
-    be->free = cpu_free;
-    be->upload = cpu_copy;
-    be->download = cpu_copy;
-    be->copy = cpu_copy;
-    be->sync = cpu_sync;
-    be->destroy = cpu_destroy;
-    be->gemm = cpu_gemm;
-    be->embed = cpu_embed;
-    be->add_bias = cpu_add_bias;
-    be->add = cpu_add;
-    be->add3 = cpu_add3;
-    be->gelu = cpu_gelu;
-    be->tanh_ = cpu_tanh;
-    be->layernorm = cpu_layernorm;
-    be->rmsnorm = cpu_rmsnorm;
-    be->rotary = cpu_rotary;
-    be->copy2d = cpu_copy2d;
-    be->compose = cpu_compose;
-    be->softmax_masked = cpu_softmax_masked;
-    be->mul = cpu_mul;
-    be->gemm_w = cpu_gemm_w;
-    be->embed_w = cpu_embed_w;
-    be->attention = cpu_attention;
-    be->moh_route = cpu_moh_route;
-    be->head_gate = cpu_head_gate;
     return be;
 }

@@ -8,7 +8,7 @@
  * Pythia (gpt_neox) checkpoints are mapped onto the DCPythia names, with
  * the per-head-grouped query_key_value rows reordered to q, k, v blocks.
  */
-#include "internal.h"
+#include "dcs_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,7 +112,7 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
         const float *from = src;
         if (!from) {
             if (m->device == DCS_DEVICE_CPU) {
-                w->ptr = m->be->alloc(m->be, n * sizeof(float));
+                w->ptr = m->be->ops->alloc(m->be, n * sizeof(float));
                 if (!w->ptr) { dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name); return NULL; }
                 dcs_tensor_to_f32(t, w->ptr);
                 w->owned = 1;
@@ -126,9 +126,9 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
             from = host;
         }
         if (!weight_finite(b, from, n, t, name)) { free(host); return NULL; }
-        w->ptr = m->be->alloc(m->be, n * sizeof(float));
+        w->ptr = m->be->ops->alloc(m->be, n * sizeof(float));
         if (!w->ptr) { free(host); dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name); return NULL; }
-        m->be->upload(m->be, w->ptr, from, n * sizeof(float));
+        m->be->ops->upload(m->be, w->ptr, from, n * sizeof(float));
         w->owned = 1;
         free(host);
     }
@@ -724,7 +724,7 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     s = m->cfg.model_type == DCS_MODEL_DCPYTHIA ? load_dcpythia(&b) : load_neox(&b);
     if (!s) s = check_unused(&b);
     if (!s && m->cfg.model_type == DCS_MODEL_DCPYTHIA) query_wise_note(m);
-    if (!s) s = m->be->sync(m->be, &e);
+    if (!s) s = m->be->ops->sync(m->be, &e);
     if (!s) release_unaliased_files(m);
 done:
     free(text);
@@ -737,116 +737,3 @@ done:
     return DCS_OK;
 }
 
-/* A model with live decoders (decode.c) is only marked: the last decoder
- * to go frees it, so the two may be freed in either order. */
-void dcs_free(dcs_model *m) {
-    if (!m) return;
-    if (m->n_decoders > 0) {
-        m->freed = 1;
-        return;
-    }
-    dcs_model_destroy(m);
-}
-
-void dcs_model_destroy(dcs_model *m) {
-    if (m->be) {
-        dcs_pool_clear(m);
-        for (int i = 0; i < m->n_weights; i++)
-            if (m->weights[i].owned) m->be->free(m->be, m->weights[i].ptr);
-        m->be->destroy(m->be);
-    }
-    for (int i = 0; i < m->n_weights; i++)
-        if (m->weights[i].half_owned) free((void *)(uintptr_t)m->weights[i].half);
-    free(m->weights);
-    free(m->layers);
-    dcs_tt_free(&m->tt);
-    free(m->dir);
-    free(m);
-}
-
-const dcs_config *dcs_model_config(const dcs_model *m) { return &m->cfg; }
-const char *dcs_errmsg(const dcs_model *m) { return m ? m->err.msg : "no model"; }
-int dcs_model_device(const dcs_model *m) { return m->device; }
-const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
-
-int dcs_layer_needs_full_path(const dcs_model *m, int layer) {
-    (void)layer;   /* the variants are per model; per layer once configs differ */
-    const dcs_config *c = &m->cfg;
-    return (c->use_dcmha && (c->use_sw || c->compose_groups != 1)) || c->moh;
-}
-
-int dcs_layer_is_local(const dcs_model *m, int layer) {
-    return layer >= 0 && layer < m->cfg.n_layer && m->cfg.window_size > 0 ? m->local[layer] : 0;
-}
-
-int dcs_cuda_available(char *why, size_t whylen) {
-#ifdef DCS_WITH_CUDA
-    return dcs_cuda_probe(why, whylen);
-#else
-    if (why && whylen) snprintf(why, whylen, "dcscope was built without CUDA (nvcc not found at build time)");
-    return 0;
-#endif
-}
-
-static const dcs_named_weight *find_weight(dcs_model *m, const char *name) {
-    if (!name) {
-        dcs_seterr(&m->err, DCS_ERR_ARG, "weight name is NULL");
-        return NULL;
-    }
-    for (int i = 0; i < m->n_weights; i++)
-        if (strcmp(m->weights[i].name, name) == 0) return &m->weights[i];
-    dcs_seterr(&m->err, DCS_ERR_ARG, "%s: no weight named '%.200s'", m->dir, name);
-    return NULL;
-}
-
-dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim) {
-    const dcs_named_weight *w = find_weight(m, name);
-    if (!w) return DCS_ERR_ARG;
-    *ndim = w->ndim;
-    for (int i = 0; i < w->ndim; i++) shape[i] = w->shape[i];
-    return DCS_OK;
-}
-
-dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats) {
-    const dcs_named_weight *w = find_weight(m, name);
-    if (!w) return DCS_ERR_ARG;
-    size_t n = 1;
-    for (int i = 0; i < w->ndim; i++) n *= (size_t)w->shape[i];
-    if (n != n_floats || !out)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%.200s' has %zu elements, buffer has %zu%s",
-                          name, n, n_floats, out ? "" : " (NULL)");
-    if (!w->ptr) {                     /* kept in F16/BF16 (CPU): widen */
-        dcs_widen(w->half, n, w->dtype, out);
-        return DCS_OK;
-    }
-    m->be->download(m->be, out, w->ptr, n * sizeof(float));
-    return m->be->sync(m->be, &m->err);
-}
-
-dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
-    if (!m) return dcs_seterr(e, DCS_ERR_ARG, "dcs_model_require_f32: NULL model");
-    for (int i = 0; i < m->n_weights; i++) {
-        dcs_named_weight *w = &m->weights[i];
-        if (w->ptr || !w->half) continue;
-        uint64_t n = 1;
-        for (int k = 0; k < w->ndim; k++) n *= (uint64_t)w->shape[k];
-        float *p = m->be->alloc(m->be, (size_t)n * sizeof(float));
-        if (!p) {
-            dcs_err ignored;
-            m->be->sync(m->be, &ignored);
-            return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory widening '%s' to float32", m->dir, w->name);
-        }
-        dcs_widen(w->half, n, w->dtype, p);    /* CPU only: host memory */
-        w->ptr = p;
-        w->owned = 1;
-        if (w->slot) *w->slot = p;
-    }
-    if (m->cfg.tie_embeddings) m->out_w = m->tok_emb;
-    return DCS_OK;
-}
-
-int dcs_weight_count(const dcs_model *m) { return m ? m->n_weights : 0; }
-
-const char *dcs_weight_name(const dcs_model *m, int i) {
-    return m && i >= 0 && i < m->n_weights ? m->weights[i].name : NULL;
-}

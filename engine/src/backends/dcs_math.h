@@ -7,6 +7,8 @@
 #ifndef DCS_MATH_H
 #define DCS_MATH_H
 
+#include "dcs_backend.h"   /* dcs_compose_args, DCS_MAX_R, DCS_N_BRANCHES */
+
 #include <math.h>
 
 #ifdef __CUDACC__
@@ -16,10 +18,6 @@
 #define DCS_HD static inline
 /* inlined into the CPU backend's per-ISA clones, so each is vectorised */
 #define DCS_HD_ROW static inline __attribute__((always_inline))
-#endif
-
-#ifndef DCS_MAX_R
-#define DCS_MAX_R 8
 #endif
 
 /* The masked-score value of the reference (fp16 lowest); exp() of it minus
@@ -57,6 +55,27 @@ DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
     return 1.0f / sqrtf(sumsq / (float)n + eps);
 }
 
+/* LayerNorm of one row x [D] into y [D] (may alias x):
+ *   y = (x - mean) / sqrt(var + eps) * w + b      (w, b [D], each may be NULL)
+ * The statistics accumulate in double, in index order, on every backend (the
+ * CPU backend, the CUDA kernel, one thread per row, and the tape), so the
+ * GPU's rows equal the CPU's up to libm; float accumulation over D = 4096
+ * would move the CPU's parity with the reference. mean and rstd (NULL: not
+ * wanted) receive the statistics the backward pass needs. */
+DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const float *b, int D,
+                              float eps, float *mean, float *rstd) {
+    double mu = 0, var = 0;
+    for (int i = 0; i < D; i++) mu += x[i];
+    mu /= D;
+    for (int i = 0; i < D; i++) var += (x[i] - mu) * (x[i] - mu);
+    var /= D;
+    float inv = (float)(1.0 / sqrt(var + eps));
+    if (mean) *mean = (float)mu;
+    if (rstd) *rstd = inv;
+    for (int i = 0; i < D; i++)
+        y[i] = ((float)(x[i] - mu) * inv) * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+}
+
 /* Compose one (query t, key s) pair across heads, model-spec 2 step 6 and
  * section 5, within each of G groups of Mg = N/G heads (G = 1: all heads):
  *   out[m] = a[m] + sum_i (sum_n a[n] qw1[i,n]) qw2[i,m]
@@ -68,9 +87,6 @@ DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
  * qw* NULL: key_wise), qdd, kdd are [N] (NULL likewise), sw [G, Mg, Mg] or NULL (then
  * Mg <= DCS_MAX_SW_HEADS is not needed). The b_* outputs (each may be
  * NULL) receive the skip, qp, kp, qg, kg, static contributions. */
-#ifndef DCS_MAX_SW_HEADS
-#define DCS_MAX_SW_HEADS 256
-#endif
 /* The plain case (one group, no static map, query side present): one pass
  * over the heads with no per-element tests of the variants; the same sums in
  * the same order as the general case below. */
@@ -238,6 +254,34 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
     }
 }
 
+/* Compose (dcs_compose_args) at the pair (query t, key s) of sequence b:
+ * mixes the pair's N heads (stride T*S) with dcs_compose_pair, or, with
+ * causal_only, writes 0 to out and every branch where the mask hides the
+ * pair. The CPU backend loops over the pairs of its (b, t) rows; the CUDA
+ * kernel runs one pair per thread. */
+DCS_HD void dcs_compose_at(const dcs_compose_args *a, int b, int t, int s) {
+    const long long TS = (long long)a->T * a->S;                      /* N axis */
+    const long long o = (long long)b * a->N * TS + (long long)t * a->S + s;   /* head 0 */
+    if (a->causal_only && !dcs_allowed(t, s, a->window)) {
+        for (int n = 0; n < a->N; n++) {
+            long long on = o + n * TS;
+            a->out[on] = 0.0f;
+            for (int k = 0; k < DCS_N_BRANCHES; k++)
+                if (a->br[k]) a->br[k][on] = 0.0f;
+        }
+        return;
+    }
+    const size_t RN = (size_t)a->R * a->N;
+    const size_t qrow = (size_t)b * a->T + t, krow = (size_t)b * a->S + s;
+    dcs_compose_pair(a->in + o, a->out + o, TS, a->N, a->G, a->R,
+                     a->qw1 ? a->qw1 + qrow * RN : NULL, a->qw2 ? a->qw2 + qrow * RN : NULL,
+                     a->kw1 ? a->kw1 + krow * RN : NULL, a->kw2 ? a->kw2 + krow * RN : NULL,
+                     a->qdd ? a->qdd + qrow * a->N : NULL, a->kdd ? a->kdd + krow * a->N : NULL,
+                     a->sw, a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
+                     a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
+                     a->br[4] ? a->br[4] + o : NULL, a->br[5] ? a->br[5] + o : NULL);
+}
+
 /* MoH routing scores of one token (model-spec 5), from its router logits
  * lg [N - hs], shared-head logits s1 [hs] (NULL when hs <= 1) and balance
  * logits s0 [2] (NULL when hs == 0), into g [N]:
@@ -286,21 +330,41 @@ DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) {
     return a + b + c + d + e;
 }
 
-/* Masked softmax of one attention row at query position t over keys at
- * positions s0 .. s0+S-1 (row[j] is key s0 + j): allowed entries (dcs_allowed)
- * get exp(x - max) / sum, the others exactly 0. */
-DCS_HD void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
+/* Softmax of row[0, len) in place: exp(x - max) / sum, summed in index
+ * order (the allowed keys of one query; len 0: nothing). */
+DCS_HD void dcs_softmax_span(float *row, int len) {
+    if (len <= 0) return;
     float mx = -INFINITY;
-    for (int j = 0; j < S; j++)
-        if (dcs_allowed(t, s0 + j, window) && row[j] > mx) mx = row[j];
+    for (int s = 0; s < len; s++)
+        if (row[s] > mx) mx = row[s];
     float sum = 0.0f;
-    for (int j = 0; j < S; j++) {
-        float e = dcs_allowed(t, s0 + j, window) ? expf(row[j] - mx) : 0.0f;
-        row[j] = e;
+    for (int s = 0; s < len; s++) {
+        float e = expf(row[s] - mx);
+        row[s] = e;
         sum += e;
     }
     float inv = 1.0f / sum;
-    for (int j = 0; j < S; j++) row[j] *= inv;
+    for (int s = 0; s < len; s++) row[s] *= inv;
+}
+
+/* Masked softmax of one attention row at query position t over keys at
+ * positions s0 .. s0+S-1 (row[j] is key s0 + j): the allowed keys
+ * (dcs_allowed: s <= t, t - s <= window when window > 0) are one span, which
+ * gets dcs_softmax_span; the others become exactly 0 (all of them when no
+ * key is allowed). Every masked softmax of the engine is this function: the
+ * CPU and CUDA backends (one row per thread), the decoder and the tape. */
+DCS_HD void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
+    long long lo = window > 0 ? (long long)t - window : 0, hi = t;   /* allowed positions */
+    if (lo < s0) lo = s0;
+    if (hi > (long long)s0 + S - 1) hi = (long long)s0 + S - 1;
+    if (hi < lo) {
+        for (int j = 0; j < S; j++) row[j] = 0.0f;
+        return;
+    }
+    int j0 = (int)(lo - s0), j1 = (int)(hi - s0);
+    for (int j = 0; j < j0; j++) row[j] = 0.0f;
+    for (int j = j1 + 1; j < S; j++) row[j] = 0.0f;
+    dcs_softmax_span(row + j0, j1 - j0 + 1);
 }
 
 #endif /* DCS_MATH_H */

@@ -1,0 +1,152 @@
+/*
+ * dcs_backend.h -- the backends layer (engine/src/backends/, library
+ * dcscope_backends): the interface the model graph runs on (memory, GEMM,
+ * row and element kernels, compose, fused attention) and its CPU and CUDA
+ * implementations. Includes the io layer below it (errors, dtypes) only.
+ */
+#ifndef DCS_BACKEND_H
+#define DCS_BACKEND_H
+
+#include "dcs_io.h"
+
+/* ---------------------------------------------------------------- backend */
+
+#define DCS_MAX_R 8                          /* dynamic rank                 */
+#define DCS_MAX_SW_HEADS 256                 /* heads per group with use_sw  */
+
+/* A backend owns device memory and runs kernels on it. Pointers it hands
+ * out are device pointers: the graph passes them to kernels and never
+ * dereferences them. All sizes are in elements unless named *_bytes.
+ * Kernels do not return errors; a backend records the first failure and
+ * reports it from sync(). */
+typedef struct dcs_backend dcs_backend;
+
+/* Arguments of the compose kernel: out = Compose(in) per model-spec 2.6
+ * and 5, over [B, N, T, S] tensors. Dynamic weights are [B, T, R, N] (query
+ * side) and [B, S, R, N] (key side), gates [B, T, N] / [B, S, N]; the
+ * key-side pointers are NULL for query_wise models, the query-side ones
+ * for key_wise models. With G groups the N
+ * axis is G blocks of N/G heads and heads mix only within their block
+ * (each block's [R, N/G] slice is that group's weight). sw: the static
+ * (Talking-Heads) map [G, N/G, N/G] or NULL. Branch outputs may be NULL.
+ * causal_only: compute only pairs allowed by the mask (s <= t, and
+ * t - s <= window when window > 0) and write 0 elsewhere (post-compose). */
+#define DCS_N_BRANCHES 6
+typedef struct {
+    float *out;                 /* [B, N, T, S], may equal in               */
+    const float *in;            /* [B, N, T, S]                             */
+    const float *qw1, *qw2, *kw1, *kw2, *qdd, *kdd;
+    const float *sw;            /* [G, N/G, N/G] or NULL                    */
+    float *br[DCS_N_BRANCHES];  /* skip, qp, kp, qg, kg, static (or NULL)   */
+    int B, N, T, S, R;
+    int G;                      /* composition groups, >= 1                 */
+    int causal_only;
+    int window;                 /* <= 0: global                             */
+} dcs_compose_args;
+
+/* A weight matrix as the forward pass reads it: float32, or (CPU backend)
+ * F16/BF16 as stored in the checkpoint, widened per tile inside gemm_w. */
+typedef struct {
+    const void *p;
+    int dtype;                  /* dcs_dtype                                */
+} dcs_wmat;
+
+/* Arguments of the fused attention kernel (model-spec 2 steps 5-10 for one
+ * layer, without materialising [B, N, T, S]): per query row, scores ->
+ * pre-compose -> mask -> softmax -> post-compose -> weighted sum of v.
+ * q, k, v, z are [B, T, N, Dh] with row stride ld. Dynamic weights per
+ * phase (0 pre, 1 post) as in dcs_compose_args ([B, T, R, N], [B, T, N];
+ * key side NULL for query_wise); compose == 0: plain MHA (C = I). */
+typedef struct {
+    float *z;
+    const float *q, *k, *v;
+    int B, T, N, Dh, ld, R;
+    int window;                 /* <= 0: global                             */
+    float scale;                /* 1 / sqrt(Dh)                             */
+    int compose;
+    const float *qw1[2], *qw2[2], *qdd[2], *kw1[2], *kw2[2], *kdd[2];
+} dcs_attn_args;
+
+/* The operations of a backend: one static const table per backend
+ * (cpu.c, cuda.cu), filled with designated initialisers. Every operation
+ * takes the backend it is called on: be->ops->gemm(be, ...). */
+typedef struct dcs_backend_ops {
+    const char *name;
+
+    /* memory */
+    void *(*alloc)(dcs_backend *be, size_t bytes);        /* zero-filled  */
+    void (*free)(dcs_backend *be, void *p);
+    void (*upload)(dcs_backend *be, void *dst, const void *src_host, size_t bytes);
+    void (*download)(dcs_backend *be, void *dst_host, const void *src, size_t bytes);
+    void (*copy)(dcs_backend *be, void *dst, const void *src, size_t bytes);
+    dcs_status (*sync)(dcs_backend *be, dcs_err *e);     /* first error    */
+    void (*destroy)(dcs_backend *be);
+
+    /* Row-major strided batched GEMM, float32:
+     * for b < batch: C_b = alpha * op(A_b) op(B_b) + beta * C_b,
+     * op(A_b) [M, K], op(B_b) [K, N], X_b = X + b * strideX. */
+    void (*gemm)(dcs_backend *be, int transA, int transB, int M, int N, int K,
+                 float alpha, const float *A, int lda, long long strideA,
+                 const float *B, int ldb, long long strideB, float beta,
+                 float *C, int ldc, long long strideC, int batch);
+
+    /* elementwise / row kernels */
+    /* out [M, D] = table [V, D] rows tokens_host[m]. The ids are read (or
+     * copied) before embed returns, without waiting for the device. */
+    void (*embed)(dcs_backend *be, float *out, const float *table,
+                  const int32_t *tokens_host, int M, int D);
+    void (*add_bias)(dcs_backend *be, float *x, const float *bias, int M, int N); /* x[M,N] += b[N] */
+    void (*add)(dcs_backend *be, float *y, const float *x, size_t n);  /* y += x */
+    void (*gelu)(dcs_backend *be, float *x, size_t n);                 /* exact erf gelu */
+    void (*tanh_)(dcs_backend *be, float *x, size_t n);
+    void (*layernorm)(dcs_backend *be, float *out, const float *in, const float *w,
+                      const float *b, int M, int D, float eps);
+    /* x [rows, width] (row stride ld): x = x / sqrt(mean(x^2) + eps) * scale
+     * (scale [width] or NULL for none), in place. */
+    void (*rmsnorm)(dcs_backend *be, float *x, int rows, int width, int ld,
+                    const float *scale, float eps);
+    /* x [M, N, Dh], position of row m is m % T: GPT-NeoX rotate-half on the
+     * first rot dims. */
+    void (*rotary)(dcs_backend *be, float *x, int M, int T, int N, int Dh,
+                   int rot, float base);
+    /* Copy a [rows, cols] block with row strides (dst ld_dst, src ld_src). */
+    void (*copy2d)(dcs_backend *be, float *dst, int ld_dst, const float *src,
+                   int ld_src, int rows, int cols);
+    void (*compose)(dcs_backend *be, const dcs_compose_args *a);
+    /* x [BN, T, S]: softmax over s of the allowed entries (s <= t, and
+     * t - s <= window when window > 0); masked entries become 0. */
+    void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int window);
+
+    /* Optional (NULL on backends whose weights are all float32 and that
+     * have no fused kernel, e.g. CUDA, which widens F16 at upload):
+     * C [M, N] = A [M, K] op(W), W stored in W.dtype, [N, K] when transW
+     * (a torch Linear) else [K, N]; F16/BF16 widened tile by tile. */
+    void (*gemm_w)(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda,
+                   dcs_wmat W, float *C, int ldc);
+    /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
+    void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host,
+                    int M, int D);
+    /* Fused attention (see dcs_attn_args); NULL: the graph uses the full path. */
+    void (*attention)(dcs_backend *be, const dcs_attn_args *a);
+    /* MoH routing scores (model-spec 5), per row m < M: g [M, N] from the
+     * router logits [M, N - hs], the shared-head logits s1 [M, hs] (NULL
+     * when hs <= 1) and the balance logits s0 [M, 2] (NULL when hs == 0). */
+    void (*moh_route)(dcs_backend *be, float *g, const float *logits, const float *s1,
+                      const float *s0, int M, int N, int hs, int k);
+    /* z [M, N, Dh] *= g [M, N] broadcast over Dh (MoH head gate). */
+    void (*head_gate)(dcs_backend *be, float *z, const float *g, int M, int N, int Dh);
+} dcs_backend_ops;
+
+/* A backend: its operations and its state (device, streams, threads). */
+struct dcs_backend {
+    const dcs_backend_ops *ops;
+    void *ctx;
+};
+
+dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e);
+#ifdef DCS_WITH_CUDA
+dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e);
+int dcs_cuda_probe(char *why, size_t whylen);
+#endif
+
+#endif /* DCS_BACKEND_H */

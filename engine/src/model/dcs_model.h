@@ -1,0 +1,117 @@
+/*
+ * dcs_model.h -- the model layer (engine/src/model/, library dcscope_model):
+ * the model struct, its lifecycle and activation pool (model.c), loading
+ * (load_model.c), the forward graph, hooks, decoding, and the tape, backward
+ * pass and training. Includes the backends layer below it.
+ */
+#ifndef DCS_MODEL_H
+#define DCS_MODEL_H
+
+#include "dcs_backend.h"
+
+#include <stdatomic.h>
+
+#define DCS_POOL_SIZE 48                     /* reusable activation buffers  */
+
+/* ---------------------------------------------------------------- model */
+
+/* Per-layer weights, device pointers, float32. NULL where absent. On the
+ * CPU the large matrices of an F16/BF16 checkpoint stay in their stored
+ * dtype (the m_* views below); their float* fields are then NULL until
+ * dcs_model_require_f32 widens them. For float32 checkpoints (and on CUDA)
+ * the float* fields are always valid. The forward pass reads the m_* views. */
+typedef struct {
+    float *attn_norm_w, *attn_norm_b;   /* [D]                              */
+    float *ffn_norm_w, *ffn_norm_b;     /* [D]                              */
+    float *wqkv, *bqkv;                 /* [3D, D], [3D] rows q, k, v       */
+    float *wo, *bo;                     /* [D, D], [D]                      */
+    float *q_scale, *k_scale;           /* [Dh]                             */
+    float *dw1;                         /* [D, C*K]                         */
+    float *qkw;                         /* [C, K, 2R*N]                     */
+    float *dd;                          /* [D, C*N]  (G groups: [D, G*C*N/G]; dw1
+                                           [D, G*C*K], qkw [G*C, K, 2R*N/G]) */
+    float *pre_sw, *post_sw;            /* [G, N/G, N/G] static maps (use_sw) */
+    float *moh_wg;                      /* [N - hs, D] router (moh)         */
+    float *moh_wg1;                     /* [hs, D] shared scores (hs > 1)   */
+    float *moh_wg0;                     /* [2, D] balance (hs > 0)          */
+    float *w1, *b1;                     /* [F, D], [F]                      */
+    float *w2, *b2;                     /* [D, F], [D]                      */
+    dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1;   /* what the forward reads   */
+} dcs_layer_weights;
+
+/* A weight by canonical name (see dcs_weight_read), in backend memory. */
+typedef struct {
+    char name[96];
+    float *ptr;
+    int ndim;
+    int64_t shape[5];
+    int owned;                          /* 0: aliases the mapped checkpoint */
+    const void *half;                   /* stored F16/BF16 data (ptr NULL   */
+    int dtype;                          /*  until dcs_model_require_f32)    */
+    int half_owned;                     /* half is a malloc'd copy          */
+    float **slot;                       /* model field pointing at ptr      */
+} dcs_named_weight;
+
+struct dcs_model {
+    dcs_config cfg;
+    char *dir;
+    int device;
+    int local[1024];                    /* per layer: 1 = local window      */
+    dcs_backend *be;
+    float *tok_emb;                     /* [V, D]                           */
+    float *out_w;                       /* [V, D] (== tok_emb when tied)    */
+    float *norm_w, *norm_b;             /* [D]                              */
+    dcs_wmat m_tok_emb, m_out_w;        /* what the forward reads           */
+    dcs_layer_weights *layers;          /* [L]                              */
+    dcs_named_weight *weights;          /* every weight, by canonical name  */
+    int n_weights, cap_weights;
+    dcs_tensor_table tt;                /* kept open: weights may alias it  */
+    dcs_err err;
+    char warnings[1024];                /* load notes (dcs_load_warnings)   */
+    /* Activation buffers kept between passes (and between layers of one
+     * pass) for reuse by size: no allocator or page-fault cost per layer. */
+    struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
+    int n_pool;
+    uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
+    atomic_int cancel;                  /* dcs_cancel: stop the running pass */
+    int n_decoders;                     /* live dcs_decoder objects (decode.c) */
+    int freed;                          /* dcs_free called while decoders live */
+};
+
+/* ---- model.c: lifecycle, weight reads, the activation pool */
+
+/* Make every float* weight field of the model valid float32: weights kept
+ * in F16/BF16 are widened into owned buffers (once; freed with the model).
+ * For code that reads dcs_layer_weights directly (decode.c, the tape). */
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
+/* Free everything of the model (dcs_free, or the last decoder of a model
+ * dcs_free was called on). */
+void dcs_model_destroy(dcs_model *m);
+
+/* Does layer l need the materialising attention path (the variants of
+ * model-spec.md 5: static branch, grouped composition, MoH routing)? A
+ * fused attention path must fall back to the full one where this is 1. */
+int dcs_layer_needs_full_path(const dcs_model *m, int layer);
+
+/* Activation buffers kept by the model between passes, reused by size:
+ * dcs_pool_take gives a pooled buffer of exactly `bytes` (contents
+ * undefined) or NULL when there is none; dcs_pool_put keeps one (or frees
+ * it when the pool is full); dcs_pool_clear frees them all. */
+void *dcs_pool_take(dcs_model *m, size_t bytes);
+void dcs_pool_put(dcs_model *m, void *p, size_t bytes);
+void dcs_pool_clear(dcs_model *m);
+
+/* ---- hooks.c */
+
+/* Zero the masked cells of an attention map x [BN, T, S] (queries at
+ * positions t0 .. t0+T-1, keys at 0 .. S-1): the write rule of hooks.md for
+ * post-softmax maps. */
+void dcs_mask_map(float *x, long long BN, int T, int S, int t0, int window);
+int dcs_hook_is_post_softmax_map(int point);
+
+/* ---- tape.c */
+
+/* DCS_OK if the tape (gradients, training) handles this model. */
+dcs_status dcs_tape_supported(dcs_model *m);
+
+#endif /* DCS_MODEL_H */

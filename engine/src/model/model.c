@@ -1,0 +1,176 @@
+/*
+ * model.c -- a loaded model's life after dcs_load (load_model.c): freeing
+ * it, reading its weights by name, the per-layer facts the graph asks
+ * (local window, full attention path), cancelling a pass, and the pool of
+ * activation buffers the forward pass, decoder and tape reuse between
+ * passes. Everything of the model layer calls down to here; this file calls
+ * nothing of the model layer.
+ */
+#include "dcs_model.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- lifecycle */
+
+/* A model with live decoders (decode.c) is only marked: the last decoder
+ * to go frees it, so the two may be freed in either order. */
+void dcs_free(dcs_model *m) {
+    if (!m) return;
+    if (m->n_decoders > 0) {
+        m->freed = 1;
+        return;
+    }
+    dcs_model_destroy(m);
+}
+
+void dcs_model_destroy(dcs_model *m) {
+    if (m->be) {
+        dcs_pool_clear(m);
+        for (int i = 0; i < m->n_weights; i++)
+            if (m->weights[i].owned) m->be->ops->free(m->be, m->weights[i].ptr);
+        m->be->ops->destroy(m->be);
+    }
+    for (int i = 0; i < m->n_weights; i++)
+        if (m->weights[i].half_owned) free((void *)(uintptr_t)m->weights[i].half);
+    free(m->weights);
+    free(m->layers);
+    dcs_tt_free(&m->tt);
+    free(m->dir);
+    free(m);
+}
+
+const dcs_config *dcs_model_config(const dcs_model *m) { return &m->cfg; }
+const char *dcs_errmsg(const dcs_model *m) { return m ? m->err.msg : "no model"; }
+int dcs_model_device(const dcs_model *m) { return m->device; }
+const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
+
+int dcs_layer_needs_full_path(const dcs_model *m, int layer) {
+    (void)layer;   /* the variants are per model; per layer once configs differ */
+    const dcs_config *c = &m->cfg;
+    return (c->use_dcmha && (c->use_sw || c->compose_groups != 1)) || c->moh;
+}
+
+int dcs_layer_is_local(const dcs_model *m, int layer) {
+    return layer >= 0 && layer < m->cfg.n_layer && m->cfg.window_size > 0 ? m->local[layer] : 0;
+}
+
+int dcs_cuda_available(char *why, size_t whylen) {
+#ifdef DCS_WITH_CUDA
+    return dcs_cuda_probe(why, whylen);
+#else
+    if (why && whylen) snprintf(why, whylen, "dcscope was built without CUDA (nvcc not found at build time)");
+    return 0;
+#endif
+}
+
+/* ---------------------------------------------------------------- weights */
+
+static const dcs_named_weight *find_weight(dcs_model *m, const char *name) {
+    if (!name) {
+        dcs_seterr(&m->err, DCS_ERR_ARG, "weight name is NULL");
+        return NULL;
+    }
+    for (int i = 0; i < m->n_weights; i++)
+        if (strcmp(m->weights[i].name, name) == 0) return &m->weights[i];
+    dcs_seterr(&m->err, DCS_ERR_ARG, "%s: no weight named '%.200s'", m->dir, name);
+    return NULL;
+}
+
+dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim) {
+    const dcs_named_weight *w = find_weight(m, name);
+    if (!w) return DCS_ERR_ARG;
+    *ndim = w->ndim;
+    for (int i = 0; i < w->ndim; i++) shape[i] = w->shape[i];
+    return DCS_OK;
+}
+
+dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats) {
+    const dcs_named_weight *w = find_weight(m, name);
+    if (!w) return DCS_ERR_ARG;
+    size_t n = 1;
+    for (int i = 0; i < w->ndim; i++) n *= (size_t)w->shape[i];
+    if (n != n_floats || !out)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%.200s' has %zu elements, buffer has %zu%s",
+                          name, n, n_floats, out ? "" : " (NULL)");
+    if (!w->ptr) {                     /* kept in F16/BF16 (CPU): widen */
+        dcs_widen(w->half, n, w->dtype, out);
+        return DCS_OK;
+    }
+    m->be->ops->download(m->be, out, w->ptr, n * sizeof(float));
+    return m->be->ops->sync(m->be, &m->err);
+}
+
+dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
+    if (!m) return dcs_seterr(e, DCS_ERR_ARG, "dcs_model_require_f32: NULL model");
+    for (int i = 0; i < m->n_weights; i++) {
+        dcs_named_weight *w = &m->weights[i];
+        if (w->ptr || !w->half) continue;
+        uint64_t n = 1;
+        for (int k = 0; k < w->ndim; k++) n *= (uint64_t)w->shape[k];
+        float *p = m->be->ops->alloc(m->be, (size_t)n * sizeof(float));
+        if (!p) {
+            dcs_err ignored;
+            m->be->ops->sync(m->be, &ignored);
+            return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory widening '%s' to float32", m->dir, w->name);
+        }
+        dcs_widen(w->half, n, w->dtype, p);    /* CPU only: host memory */
+        w->ptr = p;
+        w->owned = 1;
+        if (w->slot) *w->slot = p;
+    }
+    if (m->cfg.tie_embeddings) m->out_w = m->tok_emb;
+    return DCS_OK;
+}
+
+int dcs_weight_count(const dcs_model *m) { return m ? m->n_weights : 0; }
+
+const char *dcs_weight_name(const dcs_model *m, int i) {
+    return m && i >= 0 && i < m->n_weights ? m->weights[i].name : NULL;
+}
+
+/* ---------------------------------------------------------------- pool */
+
+/* A pooled buffer of exactly `bytes`, taken out of the pool, or NULL. Every
+ * activation is fully written before it is read, so reuse needs no clearing. */
+void *dcs_pool_take(dcs_model *m, size_t bytes) {
+    for (int i = m->n_pool - 1; i >= 0; i--)
+        if (m->pool[i].bytes == bytes) {
+            void *p = m->pool[i].p;
+            m->pool[i] = m->pool[--m->n_pool];
+            return p;
+        }
+    return NULL;
+}
+
+/* Give a buffer back to the model's pool (or free it when the pool is full). */
+void dcs_pool_put(dcs_model *m, void *p, size_t bytes) {
+    if (m->n_pool < DCS_POOL_SIZE) {
+        m->pool[m->n_pool].p = p;
+        m->pool[m->n_pool].bytes = bytes;
+        m->n_pool++;
+    } else {
+        m->be->ops->free(m->be, p);
+    }
+}
+
+/* Free the pooled buffers (dcs_free, or after a failed pass). */
+void dcs_pool_clear(dcs_model *m) {
+    for (int i = 0; i < m->n_pool; i++) m->be->ops->free(m->be, m->pool[i].p);
+    m->n_pool = 0;
+}
+
+/* Activation bytes of the last forward pass: at most at once, and in all. */
+void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes) {
+    if (peak_bytes) *peak_bytes = m->last_peak_bytes;
+    if (total_bytes) *total_bytes = m->last_total_bytes;
+}
+
+/* ---------------------------------------------------------------- cancel */
+
+void dcs_cancel(dcs_model *m, int cancel) {
+    if (m) atomic_store(&m->cancel, cancel ? 1 : 0);
+}
+
