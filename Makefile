@@ -1,4 +1,4 @@
-# dcscope: the two commands of the README.
+# dclens: the two commands of the README.
 #   make demo   set up, then run the synthetic benchmark + heatmaps on the bundled twins
 #   make test   set up, then run every test: C tests (ctest), C tests under ASan/UBSan,
 #               a short fuzz run of the input parsers (make fuzz), pytest, and the

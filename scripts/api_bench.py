@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-import dcscope
-from dcscope import routing
-from dcscope.testing.make_tiny import make_tiny
+import dclens
+from dclens import routing
+from dclens.testing.make_tiny import make_tiny
 
 
 def main():
@@ -26,7 +26,7 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         make_tiny(d, "dcpythia", n_layer=a.n_layer, dim=a.dim, n_head=a.n_head, vocab=1024, window_size=32, seed=0)
-        m = dcscope.load(d)
+        m = dclens.load(d)
         toks = np.random.default_rng(0).integers(0, 1024, a.tokens)
         L = m.config.n_layer
         t0 = time.perf_counter()

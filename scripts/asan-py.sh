@@ -5,7 +5,7 @@
 #
 # The sanitized cffi extension is built by CMake's "asan" preset (build/asan/,
 # target _engine; the editable install and its extension are left alone) and
-# copied next to a copy of the dcscope package in build/asan-py/site, which
+# copied next to a copy of the dclens package in build/asan-py/site, which
 # shadows the installed one through PYTHONPATH (and a sitecustomize.py that
 # takes the editable install's import redirect out of the way).
 # Python itself is not instrumented, so libasan is preloaded (it must be the
@@ -31,7 +31,7 @@ fi
 mkdir -p "$OUT"
 echo "asan-py: building the engine with -fsanitize=address,undefined (cmake --preset asan, target _engine)"
 pyexe=$(command -v "$PY")
-if ! { cmake --preset asan -DDCSCOPE_PYTHON=ON -DPython_EXECUTABLE="$pyexe" --log-level=WARNING &&
+if ! { cmake --preset asan -DDCLENS_PYTHON=ON -DPython_EXECUTABLE="$pyexe" --log-level=WARNING &&
        cmake --build --preset asan-py; } >"$OUT/build.log" 2>&1; then
     tail -n 40 "$OUT/build.log" >&2
     echo "asan-py: build failed (log: $OUT/build.log)" >&2
@@ -39,12 +39,12 @@ if ! { cmake --preset asan -DDCSCOPE_PYTHON=ON -DPython_EXECUTABLE="$pyexe" --lo
 fi
 rm -rf "$OUT/site"
 mkdir -p "$OUT/site"
-cp -R bindings/dcscope "$OUT/site/dcscope"
+cp -R bindings/dclens "$OUT/site/dclens"
 find "$OUT/site" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
-cp build/asan/_engine*.so "$OUT/site/dcscope/"
+cp build/asan/_engine*.so "$OUT/site/dclens/"
 # An editable install (scikit-build-core) puts an import redirect first on
 # sys.meta_path, ahead of PYTHONPATH: drop it in this process tree so that
-# the copy above is the dcscope that is imported.
+# the copy above is the dclens that is imported.
 cat >"$OUT/site/sitecustomize.py" <<'PYEOF'
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__name__.startswith("ScikitBuild")]
@@ -59,11 +59,11 @@ export ASAN_OPTIONS="detect_leaks=0:print_summary=1${ASAN_OPTIONS:+:$ASAN_OPTION
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 
 # the sanitized extension must be the one imported
-"$PY" -c "import dcscope._engine as e, sys; f = e.__file__; sys.exit(0 if '/$OUT/site/' in f else 'asan-py: imported ' + f + ', not the sanitized build')"
+"$PY" -c "import dclens._engine as e, sys; f = e.__file__; sys.exit(0 if '/$OUT/site/' in f else 'asan-py: imported ' + f + ', not the sanitized build')"
 # and instrumented: a 3-byte write at the last byte of a malloc'd buffer
 canary=$("$PY" - 2>&1 <<'EOF' || true
 import numpy as np
-from dcscope._engine import ffi, lib
+from dclens._engine import ffi, lib
 a = np.empty(4096, np.uint8)                 # > numpy's small-block cache: malloc
 lib.dcs_colormap_rgb(0, 0.5, 0.0, 1.0, ffi.cast("uint8_t *", ffi.from_buffer(a)) + 4095)
 print("asan-py: the overflow went unnoticed")

@@ -16,7 +16,7 @@ generated on the fly; layer counts reduced for time, printed), at each T:
     load on the shared cores disturbs less) next to the paper's theoretical extra FLOPs
     4(2R+1)(1+rho)/((12+rho) Dh), rho = T/D (model-spec.md, Cost), and the
     issue's bound 1 + 1.5 x that;
-  - peak RSS (VmHWM) of a fresh process that imports dcscope, loads the model
+  - peak RSS (VmHWM) of a fresh process that imports dclens, loads the model
     and runs one pass, against stored weights + the pass's activations (the
     interpreter, numpy and the bindings alone hold the "import" column).
 Then: hook-capture overhead (every hook vs none), and the time of one
@@ -118,7 +118,7 @@ print(json.dumps(out))
 
 
 def openblas_path():
-    import dcscope._engine as e
+    import dclens._engine as e
     out = subprocess.run(["ldd", e.__file__], capture_output=True, text=True).stdout
     for line in out.splitlines():
         if "libopenblas" in line and "=>" in line:
@@ -140,9 +140,9 @@ def sgemm_gflops(s, T, threads):
 RSS_SRC = r"""
 import json, resource, sys, time
 import numpy as np
-import dcscope
+import dclens
 rss0 = int([l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1]) * 1024
-m = dcscope.load(sys.argv[1])
+m = dclens.load(sys.argv[1])
 T = int(sys.argv[2])
 toks = np.random.default_rng(0).integers(0, m.config.vocab, size=(1, T))
 t0 = time.perf_counter()
@@ -167,7 +167,7 @@ def peak_rss(d, T):
 
 
 def make_pair(tmp, name, s, L):
-    from dcscope.testing.make_tiny import make_tiny
+    from dclens.testing.make_tiny import make_tiny
     kw = dict(n_layer=L, dim=s["dim"], n_head=s["n_head"], intermediate=s["intermediate"],
               vocab=s["vocab"], dtype=s["dtype"], seed=1)
     dirs = {}
@@ -180,7 +180,7 @@ def make_pair(tmp, name, s, L):
 
 
 def bench_size(tmp, name, s, Ts, repeat, threads):
-    import dcscope
+    import dclens
     L = s["bench_layers"]
     log("== %s-shaped: generating %d-layer DCPythia and Pythia (%s)" % (name, L, s["dtype"]))
     dirs = make_pair(tmp, name, s, L)
@@ -189,7 +189,7 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
     # both models loaded, runs interleaved (DCPythia, Pythia, DCPythia, ...):
     # the cores are shared, and a ratio of two best-of-n taken side by side
     # is what stays stable under outside load
-    models = {mt: dcscope.load(dirs[mt], n_threads=threads) for mt in ("dcpythia", "gpt_neox")}
+    models = {mt: dclens.load(dirs[mt], n_threads=threads) for mt in ("dcpythia", "gpt_neox")}
     times, cpu = {}, {}
     for T in Ts:
         toks = np.random.default_rng(0).integers(0, s["vocab"], size=(1, T))
@@ -230,22 +230,22 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
 def bench_hooks(tmp, repeat, threads, Ts=(256, 512), clock=time.perf_counter, size="160m"):
     """Capture every hook vs capture nothing, and a hook function at every
     hook point: one that may write (the default: copied back) and one
-    declared read-only (dcscope.read_only: no copy back; absent before it
+    declared read-only (dclens.read_only: no copy back; absent before it
     existed) (`size` widths, 160M by default, 2 layers). clock: wall time, or time.process_time
     (--hooks-only: CPU time, which load on shared cores disturbs less)."""
-    import dcscope
-    from dcscope.testing.make_tiny import make_tiny
+    import dclens
+    from dclens.testing.make_tiny import make_tiny
     s = SIZES[size]
     d = os.path.join(tmp, "hooks")
     make_tiny(d, model_type="dcpythia", n_layer=2, dim=s["dim"], n_head=s["n_head"],
               intermediate=s["intermediate"], vocab=s["vocab"], window_size=WINDOW, seed=2)
-    m = dcscope.load(d, n_threads=threads)
+    m = dclens.load(d, n_threads=threads)
     names = m.hook_names
 
     def noop(act, name):
         return None
 
-    look = dcscope.read_only(noop) if hasattr(dcscope, "read_only") else None
+    look = dclens.read_only(noop) if hasattr(dclens, "read_only") else None
     out = []
     for T in Ts:
         toks = np.random.default_rng(0).integers(0, s["vocab"], size=(1, T))
@@ -276,8 +276,8 @@ class _DenseLogits:
 
 def bench_synth_line(tmp, threads, n_lines):
     """Seconds per synthetic-benchmark line, 160M widths (4 layers)."""
-    import dcscope
-    from dcscope.testing.make_tiny import make_tiny
+    import dclens
+    from dclens.testing.make_tiny import make_tiny
     from synth_tasks import evaluate, load_dataset
     data = os.path.join(os.path.dirname(ROOT), "shared", "data", "synthetic_dataset.jsonl")
     tok = os.path.join(os.path.dirname(ROOT), "shared", "data", "gpt-neox-20b-tokenizer.json")
@@ -288,7 +288,7 @@ def bench_synth_line(tmp, threads, n_lines):
     d = os.path.join(tmp, "synth")
     make_tiny(d, model_type="dcpythia", n_layer=4, dim=s["dim"], n_head=s["n_head"],
               intermediate=s["intermediate"], vocab=s["vocab"], window_size=WINDOW, seed=3, tokenizer=tok)
-    m = dcscope.load(d, n_threads=threads)
+    m = dclens.load(d, n_threads=threads)
     lines = load_dataset(data).lines[:n_lines]
     evaluate(m, lines[:2])
     t0 = time.perf_counter()
@@ -394,7 +394,7 @@ def main(argv=None):
                    help="only the hook measurements, at --T, on the first of --sizes, in CPU time")
     a = p.parse_args(argv)
     if a.hooks_only:
-        with tempfile.TemporaryDirectory(dir=os.environ.get("DCSCOPE_BENCH_TMP")) as tmp:
+        with tempfile.TemporaryDirectory(dir=os.environ.get("DCLENS_BENCH_TMP")) as tmp:
             size = a.sizes.split(",")[0]
             rows = bench_hooks(tmp, a.repeat, a.threads, [int(t) for t in a.T.split(",")], time.process_time, size)
         print("%s widths (%s); process CPU time, %d thread(s), best of %d"
@@ -414,7 +414,7 @@ def main(argv=None):
         sizes, Ts, repeat = ["160m", "1.4b"], [128, 512], 1
     res = {"machine": "%s, %d cores" % (platform.processor() or platform.machine(), os.cpu_count()),
            "threads": a.threads, "window": WINDOW, "rows": [], "rss": []}
-    with tempfile.TemporaryDirectory(dir=os.environ.get("DCSCOPE_BENCH_TMP")) as tmp:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DCLENS_BENCH_TMP")) as tmp:
         for name in sizes:
             for r in bench_size(tmp, name, SIZES[name], Ts, repeat, a.threads):
                 (res["rss"] if "maxrss" in r else res["rows"]).append(r)
@@ -463,7 +463,7 @@ def _print_hooks(rows, size="160m"):
         print("| run_with_hooks(): a function at all %d hooks | %d | %.3f | %.3f | %.2fx |" % (
             r["hooks"], r["T"], r["plain_s"], r["fn_all_s"], r["fn_ratio"]))
         if r["read_only_all_s"]:
-            print("| same, dcscope.read_only(function) | %d | %.3f | %.3f | %.2fx |" % (
+            print("| same, dclens.read_only(function) | %d | %.3f | %.3f | %.2fx |" % (
                 r["T"], r["plain_s"], r["read_only_all_s"], r["read_only_ratio"]))
 
 

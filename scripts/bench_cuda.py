@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-import dcscope
-from dcscope.testing.make_tiny import make_tiny
+import dclens
+from dclens.testing.make_tiny import make_tiny
 
 
 def best_of(fn, repeat):
@@ -43,8 +43,8 @@ def main(argv=None):
     p.add_argument("--T", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args(argv)
-    if not dcscope.cuda_available():
-        print("no GPU: %s" % dcscope.cuda_unavailable_reason())
+    if not dclens.cuda_available():
+        print("no GPU: %s" % dclens.cuda_unavailable_reason())
         return 0
     dims = dict(n_layer=a.layers, dim=a.dim, n_head=a.heads, vocab=a.vocab)
     print("| model | T | CPU tok/s (%d cores) | CUDA tok/s | CUDA/CPU speed | max rel diff | CUDA capture-all / plain |"
@@ -54,8 +54,8 @@ def main(argv=None):
         for mt in ("dcpythia", "gpt_neox"):
             d = os.path.join(tmp, mt)
             make_tiny(d, model_type=mt, window_size=256, seed=1, **dims)
-            cpu = dcscope.load(d, n_threads=os.cpu_count())
-            gpu = dcscope.load(d, device="cuda")
+            cpu = dclens.load(d, n_threads=os.cpu_count())
+            gpu = dclens.load(d, device="cuda")
             for T in a.T:
                 toks = np.random.default_rng(T).integers(0, a.vocab, size=(a.B, T))
                 ntok = a.B * T

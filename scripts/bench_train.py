@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 
-import dcscope
-import dcscope._engine
-from dcscope._engine import ffi, lib
-from dcscope.grad import Tape
-from dcscope.train import TrainConfig, init_weights, model_config, write_model
+import dclens
+import dclens._engine
+from dclens._engine import ffi, lib
+from dclens.grad import Tape
+from dclens.train import TrainConfig, init_weights, model_config, write_model
 
 
 def flops_per_token(c, V, T):
@@ -42,7 +42,7 @@ def _engine_blas():
     """The BLAS library the engine extension links (numpy may bundle another)."""
     import ctypes
     import subprocess
-    so = dcscope._engine.__file__
+    so = dclens._engine.__file__
     for line in subprocess.run(["ldd", so], capture_output=True, text=True).stdout.splitlines():
         if "blas" in line and "=>" in line:
             return ctypes.CDLL(line.split("=>")[1].split("(")[0].strip())
@@ -81,7 +81,7 @@ def main():
                     seq_len=a.T, batch_size=a.B)
     d = tempfile.mkdtemp()
     write_model(d, init_weights(c, a.vocab), model_config(c, a.vocab), None)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     lib.dcs_model_make_trainable(m._m)
     P = int(lib.dcs_param_total(m._m))
     tape = Tape(m, a.B, a.T)

@@ -16,8 +16,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-import dcscope  # noqa: E402
-from dcscope.testing.make_tiny import make_tiny  # noqa: E402
+import dclens  # noqa: E402
+from dclens.testing.make_tiny import make_tiny  # noqa: E402
 from reference import ref_forward  # noqa: E402
 
 
@@ -52,8 +52,8 @@ def main():
             d = os.path.join(tmp, name.replace(" ", "_"))
             sd, cfg = make_tiny(d, **dict(base, **kw))
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", dcscope.LoadWarning)
-                m = dcscope.load(d)
+                warnings.simplefilter("ignore", dclens.LoadWarning)
+                m = dclens.load(d)
             m.forward(toks)
             best = min(_time(m, toks) for _ in range(a.repeat))
             t0 = best if t0 is None else t0
@@ -62,7 +62,7 @@ def main():
         d = os.path.join(tmp, "nullwin")
         sd, cfg = make_tiny(d, model_type="dcpythia", n_layer=2, window_size=None, seed=2)
         toks = np.random.default_rng(3).integers(0, 64, size=300)
-        got = dcscope.load(d).forward(toks)
+        got = dclens.load(d).forward(toks)
         print("null window, T = 300: rel. difference to the old 256-window reading %.3f, "
               "to the reference %.1e" % (rel(got, ref_forward(sd, dict(cfg, window_size=256), toks)),
                                          rel(got, ref_forward(sd, cfg, toks))))

@@ -8,7 +8,7 @@
    held to the layer of the library they link (fuzzers: io).
 2. No include cycle among the engine's headers.
 3. With BUILD_DIR (a CMake build of the engine): no cycle of calls between
-   the engine's files (nm on the members of libdcscope_<layer>.a: file A uses
+   the engine's files (nm on the members of libdclens_<layer>.a: file A uses
    a symbol file B defines, B one of A's, ...), and no file calls into a
    layer above its own.
 Prints each violation and exits 1 if there is any.
@@ -46,7 +46,7 @@ def check_includes(problems):
         deps = []
         with open(f, encoding="utf-8") as fh:
             for name in INCLUDE.findall(fh.read()):
-                if name == "dcscope.h":
+                if name == "dclens.h":
                     continue                    # the public header: types for every layer
                 h = headers.get(name)
                 if h is None:
@@ -99,7 +99,7 @@ def check_objects(build, problems):
     """Calls between the members of the layer libraries of a build."""
     defined, used = {}, {}
     for layer in RANK:
-        lib = os.path.join(build, "libdcscope_%s.a" % layer)
+        lib = os.path.join(build, "libdclens_%s.a" % layer)
         if not os.path.exists(lib):
             problems.append("%s: missing; build the engine first" % lib)
             continue

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what a fresh machine lacks, then build and install dcscope (editable).
+# Install what a fresh machine lacks, then build and install dclens (editable).
 # Debian packages: OpenBLAS, libpng, cJSON, zlib, pkg-config, CMake + Ninja (the
 # build), clang (fuzzers). PyPI: the build requirements (scikit-build-core,
 # cffi), then the package itself with its test extras, built without build
@@ -33,4 +33,4 @@ PY=${PYTHON:-python3}
 echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test]"
 $PY -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "cffi>=1.15"
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"
-$PY -c "import dcscope, synth_tasks; print('install-deps: dcscope', dcscope.__version__, '| cuda built:', 'yes' if 'built without' not in dcscope.cuda_unavailable_reason() else 'no')"
+$PY -c "import dclens, synth_tasks; print('install-deps: dclens', dclens.__version__, '| cuda built:', 'yes' if 'built without' not in dclens.cuda_unavailable_reason() else 'no')"

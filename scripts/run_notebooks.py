@@ -27,7 +27,7 @@ NOTEBOOKS = os.path.join(ROOT, "notebooks")
 MAX_NOTEBOOK_BYTES = 1_500_000
 MAX_OUTPUT_BYTES = 250_000
 # variables the notebooks read to run on other models: unset, so the bundled models are used
-NOTEBOOK_ENV = ("DCSCOPE_MODEL", "DCSCOPE_PYTHIA", "DCSCOPE_DEVICE", "DCSCOPE_DATA")
+NOTEBOOK_ENV = ("DCLENS_MODEL", "DCLENS_PYTHIA", "DCLENS_DEVICE", "DCLENS_DATA")
 
 
 def execute(path: str, kernel_name: str = "python3", timeout: int = 600):

@@ -23,9 +23,9 @@ import tempfile
 
 import numpy as np
 
-import dcscope
-from dcscope import patching, routing
-from dcscope.testing.make_tiny import make_tiny
+import dclens
+from dclens import patching, routing
+from dclens.testing.make_tiny import make_tiny
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TOK = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "gpt-neox-20b-tokenizer.json")
@@ -91,7 +91,7 @@ def run(model, label):
     # 4. direct logit attribution ---------------------------------------------------
     logits, cache = model.run_with_cache(prompts[0])
     tok = int(logits[-1].argmax())
-    attrs, labels = dcscope.cache.dla(cache, token=tok, pos=-1)
+    attrs, labels = dclens.cache.dla(cache, token=tok, pos=-1)
     check(abs(attrs.sum() - logits[-1, tok]) <= 1e-4 * max(1, abs(logits[-1, tok])),
           "%s: DLA over %d components sums to the logit (%.5f vs %.5f)" % (label, len(labels), attrs.sum(),
                                                                          logits[-1, tok]))
@@ -122,7 +122,7 @@ def main():
         for i, (label, kw) in enumerate(kinds):
             d = os.path.join(tmp, "m%d" % i)
             make_tiny(d, dim=32, n_head=4, vocab=50304, tokenizer=a.tokenizer, seed=100 + i, **kw)
-            run(dcscope.load(d), label)
+            run(dclens.load(d), label)
     if failures:
         print("%d check(s) failed" % len(failures))
         return 1

@@ -2,22 +2,22 @@
 """The recipe of the bundled twins (issue 17): dcpythia-tiny (DCMHA) and pythia-tiny (MHA).
 
     python scripts/train_bundled.py prepare [--out runs/bundled]      # configs, tokenizer, data check
-    python scripts/train_bundled.py train   [--out runs/bundled] [--seed S]   # needs `dcscope train`
+    python scripts/train_bundled.py train   [--out runs/bundled] [--seed S]   # needs `dclens train`
     python scripts/train_bundled.py finish  [--out runs/bundled] [--install]  # benchmark, cards, ship
     python scripts/train_bundled.py bench   # forward tokens/s of random-init twins (the budget's basis)
 
 Both twins share everything in RECIPE below except the attention: width, depth,
 heads, MLP width, vocabulary, token budget, batch, schedule, optimiser and
 seeds are one block used for both.  ``prepare`` writes each twin's config.json
-(the published layouts, via dcscope.testing.make_tiny's config writers) and
+(the published layouts, via dclens.testing.make_tiny's config writers) and
 checks that the tokenizer command rewrites the shipped tokenizer.json byte for
 byte and that the training stream is disjoint from the published file and the
 held-out set.  ``train`` runs the engine's trainer (issue 13); its flags are wired
 here once that command exists (the invocation is the only part left).
 ``finish`` stores the weights in SHIP_DTYPE, benchmarks the *stored* weights on
-the published file and on the held-out set (``dcscope synth``), draws the loss
+the published file and on the held-out set (``dclens synth``), draws the loss
 curve, writes MODEL_CARD.md (synth_tasks.model_card) and, with --install,
-copies each twin into bindings/dcscope/models/<name>/ after checking the 20 MB
+copies each twin into bindings/dclens/models/<name>/ after checking the 20 MB
 budget.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ BUDGET_BYTES = 20 * 1024 * 1024
 
 
 def config_for(model_type: str, vocab: int) -> dict:
-    from dcscope.testing.make_tiny import dcpythia_config, gpt_neox_config
+    from dclens.testing.make_tiny import dcpythia_config, gpt_neox_config
     r = RECIPE
     common = dict(n_layer=r["n_layer"], dim=r["dim"], n_head=r["n_head"], vocab=vocab,
                   intermediate=r["intermediate"], rotary_pct=r["rotary_pct"],
@@ -149,7 +149,7 @@ def prepare(out: str) -> int:
 
 
 def train_commands(out: str, seed: int, n_threads: int = 0) -> list:
-    """The `dcscope train` command of each twin: identical but for --model-type."""
+    """The `dclens train` command of each twin: identical but for --model-type."""
     r, sch = RECIPE, schedule()
     data = os.path.join(out, "train.jsonl")
     common = ["--n-layer", r["n_layer"], "--dim", r["dim"], "--n-head", r["n_head"],
@@ -162,14 +162,14 @@ def train_commands(out: str, seed: int, n_threads: int = 0) -> list:
               "--ckpt-every", 50, "--keep", 2, "--log-every", 10, "--seed", seed]
     if n_threads:
         common += ["--n-threads", n_threads]
-    return [[sys.executable, "-m", "dcscope.cli", "train", "--out", os.path.join(out, name),
+    return [[sys.executable, "-m", "dclens.cli", "train", "--out", os.path.join(out, name),
              "--model-type", mtype] + [str(x) for x in common] for name, mtype in TWINS.items()]
 
 
 def train(out: str, seed: int, dry_run: bool = False, n_threads: int = 0) -> int:
     """Write the training lines (disjoint from the published file and the held-out
     set), then run both twins one after the other. Rerunning resumes each twin
-    from its last checkpoint (dcscope train's resume)."""
+    from its last checkpoint (dclens train's resume)."""
     cmds = train_commands(out, seed, n_threads)
     data = os.path.join(out, "train.jsonl")
     gen = [sys.executable, "-m", "synth_tasks.cli", "corpus", "train", data,
@@ -244,7 +244,7 @@ def _plot_loss(csv_path: str, png_path: str) -> None:
 
 
 def _paired_diff(csv_a: str, csv_b: str, n_boot: int = 2000, seed: int = 0):
-    """Accuracy of A minus B over the same answers (answers.csv of dcscope synth) and a 95%
+    """Accuracy of A minus B over the same answers (answers.csv of dclens synth) and a 95%
     paired-bootstrap interval, lines resampled (a line's six answers move together)."""
     import csv
     import numpy as np
@@ -260,7 +260,7 @@ def _paired_diff(csv_a: str, csv_b: str, n_boot: int = 2000, seed: int = 0):
 
 
 def _per_line(answers_csv: str) -> list:
-    """[[task, line, answers, correct, summed NLL]] in file order, from dcscope synth's answers.csv."""
+    """[[task, line, answers, correct, summed NLL]] in file order, from dclens synth's answers.csv."""
     import csv
     out = {}
     for r in csv.DictReader(open(answers_csv, newline="", encoding="utf-8")):
@@ -296,13 +296,13 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
     for name in TWINS:
         run = os.path.join(out, name)
         ship = os.path.join(ship_root, name)
-        # dcscope train leaves the finished weights in <run>/final (checkpoints beside it)
+        # dclens train leaves the finished weights in <run>/final (checkpoints beside it)
         final = os.path.join(run, "final")
         _to_dtype(final if os.path.isdir(final) else run, ship, RECIPE["ship_dtype"])
         results[name] = {}
         for label, data in (("published", None), ("held-out", "heldout")):
             o = os.path.join(out, "bench", label, name)
-            argv = [sys.executable, "-m", "dcscope.cli", "synth", "--model", ship, "--out", o,
+            argv = [sys.executable, "-m", "dclens.cli", "synth", "--model", ship, "--out", o,
                     "--no-progress"] + (["--data", data] if data else []) \
                 + (["--limit", str(limit)] if limit else [])
             subprocess.run(argv, check=True)
@@ -321,7 +321,7 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
             "(python -m synth_tasks.cli corpus train RUN/train.jsonl --lines %d --seed %d --format jsonl), "
             "then runs:\n" % (seed, RECIPE["train_lines"], RECIPE["train_stream_seed"]))
     cmds = {n: head + " ".join(os.path.relpath(x, ROOT) if os.path.isabs(x) and x.startswith(ROOT) else x
-                               for x in ["dcscope"] + c[3:]) for n, c in zip(TWINS, train_commands("RUN", seed, 1))}
+                               for x in ["dclens"] + c[3:]) for n, c in zip(TWINS, train_commands("RUN", seed, 1))}
     for name in TWINS:
         run, ship = os.path.join(out, name), os.path.join(ship_root, name)
         log = os.path.join(run, "loss.csv")
@@ -339,7 +339,7 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
         print("error: over the size budget", file=sys.stderr)
         return 1
     if install:
-        dest_root = os.path.join(ROOT, "bindings", "dcscope", "models")
+        dest_root = os.path.join(ROOT, "bindings", "dclens", "models")
         for name in TWINS:
             dest = os.path.join(dest_root, name)
             shutil.rmtree(dest, ignore_errors=True)
@@ -353,8 +353,8 @@ def bench(out: str, batches=(16, 42), T: int = 195, repeats: int = 3) -> int:
     budget's basis until the trainer can be timed): best of `repeats` per batch."""
     import time
     import numpy as np
-    import dcscope
-    from dcscope.testing.make_tiny import make_tiny
+    import dclens
+    from dclens.testing.make_tiny import make_tiny
     from synth_tasks.model_card import count_params
     r = RECIPE
     for name, mtype in TWINS.items():
@@ -368,7 +368,7 @@ def bench(out: str, batches=(16, 42), T: int = 195, repeats: int = 3) -> int:
         make_tiny(d, mtype, **kw)
         with open(os.path.join(d, "config.json")) as f:
             assert json.load(f) == config_for(mtype, 2209), "bench model differs from the recipe"
-        m = dcscope.load(d)
+        m = dclens.load(d)
         speeds = []
         for B in batches:
             toks = np.random.default_rng(0).integers(0, 2209, (B, T)).astype(np.int32)
@@ -390,7 +390,7 @@ def main(argv=None) -> int:
     ap.add_argument("step", choices=["prepare", "train", "finish", "show", "bench"])
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bundled"))
     ap.add_argument("--seed", type=int, default=RECIPE["init_seeds"][0])
-    ap.add_argument("--install", action="store_true", help="finish: copy into bindings/dcscope/models")
+    ap.add_argument("--install", action="store_true", help="finish: copy into bindings/dclens/models")
     ap.add_argument("--limit", type=int, default=None, help="finish: benchmark only N lines (tests)")
     ap.add_argument("--command", default=None, help="finish: the training command for the cards")
     ap.add_argument("--dry-run", action="store_true", help="train: print the commands only")

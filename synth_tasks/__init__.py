@@ -6,7 +6,7 @@
     res.summary["overall"]               # {"acc": ..., "ppl": ..., "n": 5328, ...}
     lines = generate(lines_per_task=100, seed=1)   # new data, same format
 
-Command line: ``dcscope synth --model DIR [--data FILE] [--out DIR] [--limit N]``
+Command line: ``dclens synth --model DIR [--data FILE] [--out DIR] [--limit N]``
 (:func:`synth_tasks.cli.main`).
 """
 

@@ -1,6 +1,6 @@
-"""``dcscope synth``: run the synthetic benchmark on one or more models.
+"""``dclens synth``: run the synthetic benchmark on one or more models.
 
-    dcscope synth --model DIR [--model DIR2] [--data FILE|heldout] [--out DIR] [--limit N]
+    dclens synth --model DIR [--model DIR2] [--data FILE|heldout] [--out DIR] [--limit N]
                   [--batch-tokens N] [--skip-bad-lines] [--device cpu|cuda]
 
 New data for training / held-out sets:
@@ -28,9 +28,9 @@ from .dataset import DATA_NAME, default_data_path  # noqa: F401 -- also the comm
 
 
 def load_model(path, device: str = "cpu"):
-    """Load a checkpoint directory with the dcscope engine (imported lazily)."""
-    import dcscope
-    model = dcscope.load(path, device=device)
+    """Load a checkpoint directory with the dclens engine (imported lazily)."""
+    import dclens
+    model = dclens.load(path, device=device)
     return model
 
 
@@ -52,13 +52,13 @@ def check_out_dir(out: str) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="dcscope synth",
+        prog="dclens synth",
         description="Evaluate models on the 74-task synthetic benchmark (DCFormer paper, "
                     "Section 4.3): accuracy and perplexity of the bracketed answers, "
                     "overall, per task, per shot count k, per QK pattern and per OV "
                     "transformation.")
     ap.add_argument("--model", action="append", required=True, metavar="DIR",
-                    help="model directory or bundled model name (dcscope models); "
+                    help="model directory or bundled model name (dclens models); "
                          "repeat to compare models side by side")
     ap.add_argument("--data", default=None, metavar="FILE",
                     help="benchmark JSONL file (default: the published "
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     if argv and argv[0] == "synth":
         argv = argv[1:]
     args = build_parser().parse_args(argv)
-    err = lambda msg: print(f"dcscope synth: error: {msg}", file=sys.stderr)
+    err = lambda msg: print(f"dclens synth: error: {msg}", file=sys.stderr)
 
     data = args.data or default_data_path()
     if data == "heldout" and not os.path.exists(data):
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
             err(str(e))
             return 2
         except Exception as e:  # noqa: BLE001
-            if not type(e).__module__.startswith("dcscope"):
+            if not type(e).__module__.startswith("dclens"):
                 raise
             err(f"{path}: {e}")
             return 1

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from dcscope import hook_name
+from dclens import hook_name
 
 from .tokenize import tokenize_lines
 
@@ -91,16 +91,16 @@ def main(argv=None) -> int:
     ap.add_argument("--lines", type=int, default=74, help="look at the first N lines (default 74)")
     ap.add_argument("--text-out", default=None, help="write the chosen text (line up to the answer) here")
     a = ap.parse_args(argv)
-    import dcscope
+    import dclens
     from .corpus import HELDOUT_FILE
     from .dataset import DatasetError, load_dataset
     try:
         ds = load_dataset(HELDOUT_FILE if a.data == "heldout" else a.data, limit=a.lines)
-        pick = most_composed(dcscope.load(a.model), ds.lines)
+        pick = most_composed(dclens.load(a.model), ds.lines)
         if a.text_out:
             with open(a.text_out, "w", encoding="utf-8") as f:
                 f.write(pick["text"])
-    except (DatasetError, ValueError, OSError, dcscope.Error) as e:
+    except (DatasetError, ValueError, OSError, dclens.Error) as e:
         print(f"composed-line: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(pick, indent=1))

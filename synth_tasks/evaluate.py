@@ -151,7 +151,7 @@ def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=
 
 
 def _takes_logits_at(model) -> bool:
-    """Does model.forward accept logits_at= (dcscope models do)?"""
+    """Does model.forward accept logits_at= (dclens models do)?"""
     import inspect
     try:
         return "logits_at" in inspect.signature(model.forward).parameters

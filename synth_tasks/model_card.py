@@ -1,18 +1,18 @@
 """MODEL_CARD.md of a bundled model, from its benchmark results and training log.
 
     card = model_card(name, results={"published": "out/results.json", "held-out": "out_h/results.json"},
-                      train_log="loss.csv", model_dir="dcscope/models/dcpythia-tiny",
-                      command="dcscope train ...", seed=0)
+                      train_log="loss.csv", model_dir="dclens/models/dcpythia-tiny",
+                      command="dclens train ...", seed=0)
 
 Every number in the card comes from the files given: the benchmark's
-results.json (``dcscope synth``; overall, per k, per QK pattern, per OV
+results.json (``dclens synth``; overall, per k, per QK pattern, per OV
 transformation, per task), the training log (a CSV with a header holding at
 least ``step`` and ``loss``; ``tokens``, ``lr``, ``val_loss``, ``elapsed_s`` /
 ``time_s`` are used when present) and the model directory (config.json,
 parameter count from the safetensors headers).  The only constants are the
 paper's Table 5 numbers on the published file, shown next to the overall row.
 The first paragraph after the title is the one-line summary that
-``dcscope.bundled_models()`` shows.
+``dclens.bundled_models()`` shows.
 
 Command line:
     python -m synth_tasks.cli card OUT.md --name NAME --results published=R.json
@@ -46,7 +46,7 @@ def _load_json(path) -> dict:
     except (OSError, ValueError) as e:
         raise CardError(f"{path}: cannot read results: {e}") from None
     if not isinstance(d, dict) or not isinstance(d.get("overall"), dict):
-        raise CardError(f"{path}: not a results.json of dcscope synth (no 'overall')")
+        raise CardError(f"{path}: not a results.json of dclens synth (no 'overall')")
     return d
 
 
@@ -233,7 +233,7 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
                 return [t.get("pattern") or "-", t.get("transform") or "-"]
         return ["-", "-"]
     L += ["Per task:", ""] + _group_table(res, "per_task", "task", (["pattern", "transformation"], task_cols))
-    L += ["", "Numbers from `dcscope synth` (results.json: "
+    L += ["", "Numbers from `dclens synth` (results.json: "
           + ", ".join(f"{k}: `{v.get('data')}`" for k, v in res.items()) + ").", ""]
     return "\n".join(L)
 
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--name", required=True)
     ap.add_argument("--results", action="append", required=True, metavar="LABEL=FILE",
-                    help="a results.json of dcscope synth, labelled (first: headline)")
+                    help="a results.json of dclens synth, labelled (first: headline)")
     ap.add_argument("--train-log", default=None, metavar="CSV")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--command", default=None, help="the training command")

@@ -1,13 +1,13 @@
-"""Training text for ``dcscope train --data ...`` from this package's data.
+"""Training text for ``dclens train --data ...`` from this package's data.
 
-dcscope finds these through its ``dcscope.train_data`` entry point group
-(pyproject.toml; dcscope.plugins) and never imports synth_tasks itself:
+dclens finds these through its ``dclens.train_data`` entry point group
+(pyproject.toml; dclens.plugins) and never imports synth_tasks itself:
 
     --data synth[:N]    N generated lines per task (64), in a seeded order
     --data FILE.jsonl   the lines of a benchmark JSONL file
 
 Each returns the sequences' texts with the answers' brackets removed, as
-the benchmark reads them; a bad argument raises ValueError (dcscope names
+the benchmark reads them; a bad argument raises ValueError (dclens names
 the --data value).
 """
 from __future__ import annotations

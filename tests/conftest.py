@@ -21,7 +21,7 @@ def shared_path(*parts):
 @pytest.fixture(scope="session")
 def tiny_factory(tmp_path_factory):
     """make(**kwargs) -> (dir, state_dict, config), cached per kwargs."""
-    from dcscope.testing.make_tiny import make_tiny
+    from dclens.testing.make_tiny import make_tiny
 
     made = {}
 

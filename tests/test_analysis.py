@@ -1,11 +1,11 @@
-"""dcscope.analysis: every measure recomputed independently from cached
+"""dclens.analysis: every measure recomputed independently from cached
 activations (run_with_cache), written here the plain way (explicit data
 matrices, SVD, per-pair composition maps from tests/reference.py)."""
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import analysis, circuits
+import dclens
+from dclens import analysis, circuits
 from reference import ref_composition_map
 
 DATA_SEED = 5
@@ -19,7 +19,7 @@ def _data(V, n=3, T=13):
 @pytest.fixture(scope="module")
 def dcp(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", n_layer=2, window_size=4, use_sw=True, seed=61)
-    return dcscope.load(d), sd
+    return dclens.load(d), sd
 
 
 def _caches(model, data, names):
@@ -88,7 +88,7 @@ def test_head_similarity(dcp):
                   for n in range(N)])
     F /= np.linalg.norm(F, axis=1, keepdims=True)
     np.testing.assert_allclose(Sov, F @ F.T, atol=1e-9)
-    with pytest.raises(dcscope.Error, match="needs a dataset"):
+    with pytest.raises(dclens.Error, match="needs a dataset"):
         analysis.head_similarity(model, 0)
 
 
@@ -136,7 +136,7 @@ def test_composition_stats(dcp):
 
 def test_head_load_needs_moh_and_plots(dcp):
     model, _ = dcp
-    with pytest.raises(dcscope.Error, match="no Mixture-of-Head routing"):
+    with pytest.raises(dclens.Error, match="no Mixture-of-Head routing"):
         analysis.head_load(model, _data(model.config.vocab), progress=False)
     data = _data(model.config.vocab, n=2)
     figs = [analysis.plot_pca(analysis.head_output_pca(model, data, progress=False)),
@@ -158,7 +158,7 @@ def test_progress_bar_and_bad_dataset(dcp, capsys):
     model, _ = dcp
     analysis.head_output_pca(model, _data(model.config.vocab, n=2), layers=[0], progress=True)
     assert "head-output PCA" in capsys.readouterr().err
-    with pytest.raises(dcscope.Error, match="dataset is empty"):
+    with pytest.raises(dclens.Error, match="dataset is empty"):
         analysis.head_output_pca(model, [], progress=False)
-    with pytest.raises(dcscope.Error, match="dataset item 1"):
+    with pytest.raises(dclens.Error, match="dataset item 1"):
         analysis.head_output_pca(model, [np.arange(3), np.zeros((2, 2), int)], progress=False)

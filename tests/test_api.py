@@ -11,10 +11,10 @@ import warnings
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import cache as dc
-from dcscope import circuits, routing
-from dcscope import interventions as iv
+import dclens
+from dclens import cache as dc
+from dclens import circuits, routing
+from dclens import interventions as iv
 from conftest import rel_err, shared_path
 from reference import ref_forward
 
@@ -28,11 +28,11 @@ PROMPTS = ["When Mary and John went to the store, John gave a drink to", "Hello"
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    from dcscope.testing.make_tiny import make_tiny
+    from dclens.testing.make_tiny import make_tiny
     d = str(tmp_path_factory.mktemp("apitext"))
     make_tiny(d, model_type="dcpythia", n_layer=2, dim=32, n_head=4, vocab=50304, window_size=3,
               tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"), seed=65)
-    return dcscope.load(d)
+    return dclens.load(d)
 
 
 def _toks(model, T=11, seed=0):
@@ -43,7 +43,7 @@ def _toks(model, T=11, seed=0):
 
 def test_tl_names_and_cache_shorthand(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model)
     _, c1 = model.run_with_cache(toks, names_filter=["blocks.1.attn.hook_pattern", "hook_embed", "blocks.0.attn.hook_z"])
     assert set(c1) == {"blocks.1.attn.pattern", "embed", "blocks.0.attn.z"}
@@ -55,26 +55,26 @@ def test_tl_names_and_cache_shorthand(tiny_factory):
     r = repr(c1)
     assert r.startswith("Cache(3 activations:") and "blocks.1.attn.pattern [4, 11, 11]" in r
     assert not re.search(r"\d\.\d", r)        # names and shapes, no values
-    assert dcscope.hook_name("pattern", 3) == "blocks.3.attn.pattern"
-    assert dcscope.hook_name("post.kp", 2) == "blocks.2.attn.post.kp"
-    assert dcscope.hook_name("result", 0) == "blocks.0.attn.head_out"
-    assert dcscope.hook_name("embed") == "embed"
-    assert dcscope.hook_name("blocks.1.ln1.hook_normalized") == "blocks.1.ln_attn"
+    assert dclens.hook_name("pattern", 3) == "blocks.3.attn.pattern"
+    assert dclens.hook_name("post.kp", 2) == "blocks.2.attn.post.kp"
+    assert dclens.hook_name("result", 0) == "blocks.0.attn.head_out"
+    assert dclens.hook_name("embed") == "embed"
+    assert dclens.hook_name("blocks.1.ln1.hook_normalized") == "blocks.1.ln_attn"
     assert model.hook_name("resid_post", -1) == "blocks.1.resid_post"
     for bad, match in [(("pattern",), "give a layer"), (("nope", 0), "unknown short name"), (("embed", 1), "not a per-layer")]:
-        with pytest.raises(dcscope.Error, match=match):
-            dcscope.hook_name(*bad)
+        with pytest.raises(dclens.Error, match=match):
+            dclens.hook_name(*bad)
     with pytest.raises(KeyError, match="cache has no 'blocks.0.mlp.out'"):
         c1["mlp_out", 0]
-    with pytest.raises(dcscope.Error, match="names or names_filter"):
+    with pytest.raises(dclens.Error, match="names or names_filter"):
         model.run_with_cache(toks, names=["embed"], names_filter=["embed"])
-    with pytest.raises(dcscope.Error, match="unknown hook 'blocks.0.attn.hook_nope'"):
+    with pytest.raises(dclens.Error, match="unknown hook 'blocks.0.attn.hook_nope'"):
         model.run_with_cache(toks, names_filter=["blocks.0.attn.hook_nope"])
 
 
 def test_hooks_context_manager_add_hook_and_cache_names_none(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model)
     plain = model(toks)
     ablate = iv.ablate_head(model, 1, 2)
@@ -96,7 +96,7 @@ def test_hooks_context_manager_add_hook_and_cache_names_none(tiny_factory):
 
 def test_batch_axis_option(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d, always_batch=True)
+    model = dclens.load(d, always_batch=True)
     toks = _toks(model)
     logits, cache = model.run_with_cache(toks, names=["blocks.0.attn.pattern"])
     assert logits.shape == (1, 11, model.config.vocab)
@@ -104,7 +104,7 @@ def test_batch_axis_option(tiny_factory):
     seen = []
     model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.z", lambda a, n: seen.append(a.shape))])
     assert seen == [(1, 11, 4, 8)]
-    plain = dcscope.load(d)
+    plain = dclens.load(d)
     assert plain(toks).shape == (11, model.config.vocab)
 
 
@@ -121,7 +121,7 @@ def test_tokens_helpers(text_model):
     assert m.to_string(m.to_tokens(PROMPTS[0])) == PROMPTS[0]
     assert m.to_string(toks[:, :1]) == [m.to_str_tokens(p)[0] for p in PROMPTS]
     assert m.to_single_token(" Mary") == int(m.to_tokens(" Mary")[0])
-    with pytest.raises(dcscope.Error, match="not one"):
+    with pytest.raises(dclens.Error, match="not one"):
         m.to_single_token(" Mary and John")
     left, llens = m.to_tokens(PROMPTS, padding_side="left")
     assert np.array_equal(left[1, -1:], m.to_tokens("Hello")) and np.array_equal(llens, lens)
@@ -199,7 +199,7 @@ def test_loss(text_model):
     for side in ("right", "left"):
         assert abs(m.forward(PROMPTS, return_type="loss", padding_side=side) - total) < 1e-5
     assert m.forward(p, return_type=None) is None
-    with pytest.raises(dcscope.Error, match="return_type"):
+    with pytest.raises(dclens.Error, match="return_type"):
         m.forward(p, return_type="probs")
 
 
@@ -208,11 +208,11 @@ def test_bad_batch_inputs(text_model):
     toks, lens = m.to_tokens(PROMPTS)
     for kw, match in [(dict(lengths=[1, 2]), r"lengths must be \[B\]"), (dict(lengths=[0, 1, 1]), "lengths must be in"),
                       (dict(lengths=lens, padding_side="middle"), "padding_side")]:
-        with pytest.raises(dcscope.Error, match=match):
+        with pytest.raises(dclens.Error, match=match):
             m.forward(toks, **kw)
-    with pytest.raises(dcscope.Error, match="needs \\[B, T\\]"):
+    with pytest.raises(dclens.Error, match="needs \\[B, T\\]"):
         m.forward(toks[0], lengths=[3])
-    with pytest.raises(dcscope.Error, match="to_tokens"):
+    with pytest.raises(dclens.Error, match="to_tokens"):
         m.to_tokens([1, 2])
 
 
@@ -221,7 +221,7 @@ def test_bad_batch_inputs(text_model):
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_weights_by_role(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     c = model.config
     toks = _toks(model)
     logits, cache = model.run_with_cache(toks)
@@ -255,7 +255,7 @@ def test_weights_by_role(tiny_factory, kw):
 @pytest.mark.parametrize("kw", [DCP, NEOX, SEQ], ids=["dcpythia", "pythia", "sequential"])
 def test_residual_decompositions_and_dla(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model)
     logits, cache = model.run_with_cache(toks)
     final = cache["resid_post", -1]
@@ -283,10 +283,10 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
     _, bcache = model.run_with_cache(np.stack([toks, toks]))
     a, _ = dc.dla(bcache, token=tok, pos=-1, batch=1)
     assert abs(a.sum() - logits[-1, tok]) <= 1e-4 * max(1, abs(logits[-1, tok]))
-    with pytest.raises(dcscope.Error, match="batch="):
+    with pytest.raises(dclens.Error, match="batch="):
         dc.dla(bcache, token=tok)
     _, small = model.run_with_cache(toks, names=["embed"])
-    with pytest.raises(dcscope.Error, match="cache has no blocks.0.attn.out"):
+    with pytest.raises(dclens.Error, match="cache has no blocks.0.attn.out"):
         small.decompose_resid()
 
 
@@ -296,7 +296,7 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
 @pytest.mark.parametrize("phase", ["pre", "post"])
 def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model, 9, 2)
     _, cache = model.run_with_cache(toks)
     R = routing.routing_matrices(model, cache, phase)                 # one step, every query and layer
@@ -319,7 +319,7 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
         routing.composition_maps(model, cache, 0, phase, query=8, key=1)   # outside layer 0's window (local)
     assert len(w) == (2 if 0 in model.config.local_layers else 1)
     assert all(issubclass(x.category, routing.MaskedPairWarning) for x in w)
-    with pytest.raises(dcscope.Error, match="query position -10 is out of range"):
+    with pytest.raises(dclens.Error, match="query position -10 is out of range"):
         model.routing_matrix(toks, 0, phase, -10)
     np.testing.assert_allclose(model.routing_matrix(None, 1, phase, -2, cache=cache), R[1, -2], atol=1e-12)
     np.testing.assert_allclose(model.composition_map(None, 1, phase, 4, 1, cache=cache), C[4, 1], atol=1e-12)
@@ -334,7 +334,7 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_writes_to_masked_cells_are_ignored(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model, 9, 4)
     plain = model(toks)
 
@@ -354,7 +354,7 @@ def test_writes_to_masked_cells_are_ignored(tiny_factory, kw):
 
 def test_head_helpers_take_dyn_hooks_and_check_arguments_up_front(tiny_factory):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model)
     name = "blocks.1.attn.dyn.pre.qdd"
     got = model.run_with_hooks(toks, fwd_hooks=[iv.scale(model, name, 0.0, head=2)])
@@ -376,27 +376,27 @@ def test_head_helpers_take_dyn_hooks_and_check_arguments_up_front(tiny_factory):
                         (lambda: iv.patch(model, "blocks.0.attn.dyn.post.kw2", other, positions=[40]), "position 40"),
                         (lambda: iv.ablate_head(model, 0, 1, point="mlp.out"), "has no head axis"),
                         (lambda: iv.ablate_head(model, 0, 1, kind="mean", mean=np.zeros(5)), "last axis must be 8")]:
-        with pytest.raises(dcscope.Error, match=match):
+        with pytest.raises(dclens.Error, match=match):
             call()
 
 
 def test_ov_readout_tied_embeddings(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", n_layer=2, seed=66, tie_word_embeddings=True)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     top = circuits.ov_readout(model, 1, 2, token=5, k=3)
     assert len(top) == 3
     np.testing.assert_array_equal(model.W_U, model.W_E.T)
 
 
 def test_figures_show_without_matplotlib_inline():
-    from dcscope import plots
+    from dclens import plots
     fig = plots.plot_heads(np.random.default_rng(0).random((2, 5, 5)))
     png = fig._repr_png_()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_heatmap_fixes(text_model, tmp_path):
-    from dcscope import heatmaps as hm
+    from dclens import heatmaps as hm
     m = text_model
     png = hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern")
     assert png._args[7] == 0.0                  # colour bar from 0 for a softmax pattern
@@ -410,14 +410,14 @@ def test_heatmap_fixes(text_model, tmp_path):
     w0, h0 = Image.open(io.BytesIO(bytes(no_axes))).size
     w1, h1 = Image.open(io.BytesIO(bytes(with_axes))).size
     assert w1 > w0 and h1 > h0                  # room for "query" / "key"
-    with pytest.raises(dcscope.Error, match="grid_cols"):
+    with pytest.raises(dclens.Error, match="grid_cols"):
         hm.heatmap(np.eye(4), grid_cols=-1)
 
 
 # ---------------------------------------------------------------- command line
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "dcscope.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "dclens.cli", *args], capture_output=True, text=True)
 
 
 def test_cli_info_make_tiny_and_heatmap(tmp_path, text_model):
@@ -428,7 +428,7 @@ def test_cli_info_make_tiny_and_heatmap(tmp_path, text_model):
     os.umask(mask)
     for f in os.listdir(out):
         assert stat.S_IMODE(os.stat(out / f).st_mode) == 0o666 & ~mask, f
-    assert "usage: dcscope make-tiny" in _cli("make-tiny", "--help").stdout
+    assert "usage: dclens make-tiny" in _cli("make-tiny", "--help").stdout
     r = _cli("info", "--model", str(out))
     assert r.returncode == 0 and "9.999999747" not in r.stdout and "1e-05" in r.stdout
     assert "blocks.{l}.attn.pattern" in r.stdout and "[N=4, T, S]" in r.stdout

@@ -3,13 +3,13 @@ agreement of gradient x activation with the engine's gradients."""
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 
 
 @pytest.mark.parametrize("mt", ["dcpythia", "gpt_neox"])
 def test_ig_completeness(tiny_factory, mt):
     d, sd, cfg = tiny_factory(model_type=mt, vocab=24)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     toks = np.arange(9) % 24
     at = ["blocks.1.attn.head_out", "blocks.1.attn.v", "blocks.1.attn.pattern", "blocks.0.mlp.post"]
     if mt == "dcpythia":
@@ -32,7 +32,7 @@ def test_ig_completeness(tiny_factory, mt):
 
 def test_ig_batched_and_mean_baseline(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     toks = np.stack([np.arange(8) % 24, (np.arange(8) * 5) % 24])
     at = ["blocks.0.attn.head_out"]
     rb = m.attribute(toks, ("logprob", -1, 2), at, steps=8, baseline="mean", progress=False)
@@ -44,7 +44,7 @@ def test_ig_batched_and_mean_baseline(tiny_factory):
 
 def test_grad_x_act(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="gpt_neox", vocab=24)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     toks = np.arange(7)
     n = "blocks.1.attn.z"
     r = m.attribute(toks, ("logit", 3, 4), [n], method="grad_x_act")
@@ -52,9 +52,9 @@ def test_grad_x_act(tiny_factory):
     a = m.run_with_cache(toks, [n])[1][n]
     np.testing.assert_allclose(r.attributions[n], a * g, rtol=1e-5, atol=1e-7)
     assert r.per_head[n].shape == (m.config.n_head,)
-    with pytest.raises(dcscope.Error, match="method"):
+    with pytest.raises(dclens.Error, match="method"):
         m.attribute(toks, ("logit", 3, 4), [n], method="lrp")
-    with pytest.raises(dcscope.Error, match="steps"):
+    with pytest.raises(dclens.Error, match="steps"):
         m.attribute(toks, ("logit", 3, 4), [n], steps=0)
-    with pytest.raises(dcscope.Error, match="blocks.7.attn.z"):
+    with pytest.raises(dclens.Error, match="blocks.7.attn.z"):
         m.attribute(toks, ("logit", 3, 4), ["blocks.7.attn.z"])

@@ -1,5 +1,5 @@
-"""dcscope.bundled_models / load by name, against a temporary models directory
-(DCSCOPE_MODELS_DIR) holding generated tiny checkpoints."""
+"""dclens.bundled_models / load by name, against a temporary models directory
+(DCLENS_MODELS_DIR) holding generated tiny checkpoints."""
 import fnmatch
 import os
 import subprocess
@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import bundled
-from dcscope.cli import main as cli_main
-from dcscope.testing.make_tiny import make_tiny
+import dclens
+from dclens import bundled
+from dclens.cli import main as cli_main
+from dclens.testing.make_tiny import make_tiny
 from synth_tasks.corpus import TOKENIZER_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,42 +36,42 @@ def env(models, monkeypatch):
 
 
 def test_registry_lists_what_is_on_disk(env):
-    ms = dcscope.bundled_models()
+    ms = dclens.bundled_models()
     assert [m.name for m in ms] == ["dc-tiny", "mha-tiny"]
     assert [m.model_type for m in ms] == ["dcpythia", "gpt_neox"]
     assert ms[0].summary == "A tiny DCPythia for tests." and ms[1].summary == ""
     assert ms[0].path == str(env / "dc-tiny")
-    assert dcscope.bundled_models(env / "nope") == []
+    assert dclens.bundled_models(env / "nope") == []
 
 
 def test_load_by_name_equals_load_by_path(env):
-    a = dcscope.load("dc-tiny")
-    b = dcscope.load(str(env / "dc-tiny"))
+    a = dclens.load("dc-tiny")
+    b = dclens.load(str(env / "dc-tiny"))
     assert a.name == "dc-tiny" and a.config.model_type == "dcpythia"
     toks = a.to_tokens("\n< Ruth has a taxi. >. Ruth does not have a kind of vehicle\n")
     assert np.array_equal(a.forward(toks), b.forward(toks))
-    assert dcscope.load("mha-tiny").config.model_type == "gpt_neox"
+    assert dclens.load("mha-tiny").config.model_type == "gpt_neox"
 
 
 def test_unknown_name_lists_bundled_names(env, tmp_path):
-    with pytest.raises(dcscope.Error) as ei:
-        dcscope.load("dcpythia-huge")
+    with pytest.raises(dclens.Error) as ei:
+        dclens.load("dcpythia-huge")
     msg = str(ei.value)
     assert "dcpythia-huge" in msg and "config.json" in msg and "dc-tiny, mha-tiny" in msg
-    with pytest.raises(dcscope.Error, match="none installed"):
+    with pytest.raises(dclens.Error, match="none installed"):
         bundled.resolve("dc-tiny", tmp_path / "empty")
     # a path with a separator is never looked up as a name
-    with pytest.raises(dcscope.Error, match="no such model directory"):
-        dcscope.load(os.path.join("sub", "dc-tiny"))
+    with pytest.raises(dclens.Error, match="no such model directory"):
+        dclens.load(os.path.join("sub", "dc-tiny"))
     # an existing directory wins over a bundled name
     assert bundled.resolve(str(env / "dc-tiny")) == str(env / "dc-tiny")
 
 
 def test_default_registry_is_the_package_directory(monkeypatch):
     monkeypatch.delenv(bundled.ENV, raising=False)
-    assert bundled.models_dir() == os.path.join(os.path.dirname(dcscope.__file__), "models")
+    assert bundled.models_dir() == os.path.join(os.path.dirname(dclens.__file__), "models")
     # whatever is installed there is listed (nothing, until trained models are committed)
-    for m in dcscope.bundled_models():
+    for m in dclens.bundled_models():
         assert os.path.isfile(os.path.join(m.path, "config.json"))
 
 
@@ -81,14 +81,14 @@ def test_package_data_covers_a_bundled_model_directory():
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         sk = tomllib.load(f)["tool"]["scikit-build"]
-    assert "bindings/dcscope" in sk["wheel"]["packages"] and "synth_tasks" in sk["wheel"]["packages"]
+    assert "bindings/dclens" in sk["wheel"]["packages"] and "synth_tasks" in sk["wheel"]["packages"]
     excluded = sk["wheel"].get("exclude", [])
-    wanted = ["dcscope/models/dcpythia-tiny/" + fn
+    wanted = ["dclens/models/dcpythia-tiny/" + fn
               for fn in ["model.safetensors", "config.json", "tokenizer.json", "MODEL_CARD.md"]]
     wanted += ["synth_tasks/data/heldout.jsonl", "synth_tasks/data/tokenizer.json"]
     for path in wanted:
         assert not any(fnmatch.fnmatch(path, g) for g in excluded), (path, excluded)
-    assert any(fnmatch.fnmatch("dcscope/__pycache__/model.cpython-311.pyc", g) for g in excluded)
+    assert any(fnmatch.fnmatch("dclens/__pycache__/model.cpython-311.pyc", g) for g in excluded)
 
 
 def test_every_model_option_takes_a_bundled_name(env, tmp_path, capsys):
@@ -110,6 +110,6 @@ def test_every_model_option_takes_a_bundled_name(env, tmp_path, capsys):
 
 
 def test_core_package_does_not_import_synth_tasks():
-    code = "import sys, dcscope; dcscope.bundled_models(); print('synth_tasks' in sys.modules)"
+    code = "import sys, dclens; dclens.bundled_models(); print('synth_tasks' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"

@@ -1,7 +1,7 @@
 """The bundled models' published scores, recomputed from their weights.
 
 Each bundled model ships benchmark.json (written by `scripts/train_bundled.py
-finish` from `dcscope synth` on the stored weights): overall, per task, per k,
+finish` from `dclens synth` on the stored weights): overall, per task, per k,
 per pattern, per transformation and per line, on the published file and the
 held-out set. Here the numpy reference of tests/reference.py (float64, written
 from the spec, not from the engine) reads the shipped safetensors and scores
@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 import reference
 from synth_tasks import load_dataset, tokenize_line
 from synth_tasks.corpus import HELDOUT_FILE
@@ -28,7 +28,7 @@ NAMES = ("dcpythia-tiny", "pythia-tiny")
 
 
 def _model_dir(name):
-    for m in dcscope.bundled_models():
+    for m in dclens.bundled_models():
         if m.name == name:
             return m.path
     pytest.fail("%s is not bundled" % name)
@@ -67,7 +67,7 @@ def test_shortest_lines_rescored_by_the_numpy_reference(name, label):
     d = _model_dir(name)
     sd = load_file(os.path.join(d, "model.safetensors"))
     cfg = json.load(open(os.path.join(d, "config.json")))
-    tok = dcscope.load(d).tokenizer
+    tok = dclens.load(d).tokenizer
     shipped = {(r[0], r[1]): r for r in _bench(name)[label]["per_line"]}
     lines = sorted(_data(label), key=lambda l: len(l.text))[:2]
     for line in lines:

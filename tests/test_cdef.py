@@ -1,11 +1,11 @@
-"""The cffi declarations (bindings/dcscope/_cdef.py) agree with the public header."""
+"""The cffi declarations (bindings/dclens/_cdef.py) agree with the public header."""
 import os
 import re
 
-from dcscope._cdef import CDEF
+from dclens._cdef import CDEF
 
 HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "engine", "include", "dcscope.h")
+                      "engine", "include", "dclens.h")
 
 
 def _norm(text):
@@ -26,7 +26,7 @@ def test_every_cdef_function_matches_the_header():
     cdef = _prototypes(CDEF)
     assert cdef, "no prototypes parsed from the cdef"
     for name, proto in cdef.items():
-        assert name in header, "%s is in _cdef.py but not in dcscope.h" % name
+        assert name in header, "%s is in _cdef.py but not in dclens.h" % name
         assert proto == header[name], "%s differs:\n cdef:   %s\n header: %s" % (name, proto, header[name])
 
 

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import circuits
+import dclens
+from dclens import circuits
 from conftest import rel_err
 
 erf_vec = np.vectorize(math.erf)
@@ -36,7 +36,7 @@ def _heads(sd, cfg, layer):
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "gpt_neox"])
 def test_qk_ov_circuits(tiny_factory, kw):
     d, sd, cfg = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     Dh = model.config.head_dim
     for layer in range(2):
         WQ, WK, WV, WO = _heads(sd, cfg, layer)
@@ -59,7 +59,7 @@ def _ln(x, w, b, eps):
 
 def test_ov_readout_eqn12(tiny_factory):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     layer, head, tok = 1, 2, 17
     Dh, eps = model.config.head_dim, cfg["norm_eps"]
     e = sd["tok_embeddings.weight"][tok].astype(np.float64)
@@ -80,7 +80,7 @@ def test_ov_readout_eqn12(tiny_factory):
 @pytest.mark.parametrize("kind", ["qk", "ov"])
 def test_head_diversity_matches_explicit_concatenation(tiny_factory, kind):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     f = circuits.qk_circuit if kind == "qk" else circuits.ov_circuit
     M = np.concatenate([f(model, 0, n).full() for n in range(model.config.n_head)], axis=1)   # [D, N*D]
     s = np.linalg.svd(M, compute_uv=False) ** 2
@@ -93,10 +93,10 @@ def test_head_diversity_matches_explicit_concatenation(tiny_factory, kind):
 
 def test_circuit_errors(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
-    with pytest.raises(dcscope.Error, match="head 9"):
+    model = dclens.load(d)
+    with pytest.raises(dclens.Error, match="head 9"):
         circuits.qk_circuit(model, 0, 9)
-    with pytest.raises(dcscope.Error, match="layer 5"):
+    with pytest.raises(dclens.Error, match="layer 5"):
         circuits.ov_circuit(model, 5, 0)
-    with pytest.raises(dcscope.Error, match="no weight named"):
+    with pytest.raises(dclens.Error, match="no weight named"):
         model.weight("layers.0.nope")

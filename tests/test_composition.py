@@ -3,8 +3,8 @@ composition (so the mask and softmax match the engine's) and picks a line otherw
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope.testing.make_tiny import make_tiny
+import dclens
+from dclens.testing.make_tiny import make_tiny
 from synth_tasks import load_dataset
 from synth_tasks.composition import composition_effect, main as comp_main, most_composed
 from synth_tasks.corpus import HELDOUT_FILE, TOKENIZER_FILE
@@ -26,7 +26,7 @@ def lines():
 
 
 def test_zero_without_composition(models, lines):
-    m = dcscope.load(str(models / "identity"))
+    m = dclens.load(str(models / "identity"))
     assert m.config.local_layers == (0,)            # the window mask is exercised
     ids = m.to_tokens(lines[0].text)
     eff = composition_effect(m, ids, range(len(ids)))
@@ -34,7 +34,7 @@ def test_zero_without_composition(models, lines):
 
 
 def test_picks_the_most_composed_answer(models, lines, tmp_path, capsys):
-    m = dcscope.load(str(models / "dc"))
+    m = dclens.load(str(models / "dc"))
     pick = most_composed(m, lines)
     assert pick["effect"] > 0.1 and pick["effect"] >= pick["mean_effect"]
     line = lines[pick["index"]]
@@ -46,5 +46,5 @@ def test_picks_the_most_composed_answer(models, lines, tmp_path, capsys):
     assert comp_main(["--model", str(models / "dc"), "--lines", "6", "--text-out", str(out)]) == 0
     assert out.read_text() == pick["text"]
     with pytest.raises(ValueError, match="no composition"):
-        composition_effect(dcscope.load(str(models / "mha")), ids, [3])
+        composition_effect(dclens.load(str(models / "mha")), ids, [3])
     assert comp_main(["--model", str(models / "mha"), "--lines", "2"]) == 2

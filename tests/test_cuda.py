@@ -1,6 +1,6 @@
 """CUDA backend against the CPU backend: logits, every hook, hook writes.
 
-Every GPU test is skipped (with the engine's reason) where dcscope was built
+Every GPU test is skipped (with the engine's reason) where dclens was built
 without CUDA or no GPU is usable; the one test that needs no GPU checks that
 asking for device="cuda" there fails with an informative error.
 
@@ -10,13 +10,13 @@ are float32; they differ only in summation order and libm ulps).
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 from conftest import rel_err
 
 TOL = 1e-4
 
-HAVE_GPU = dcscope.cuda_available()
-WHY = "" if HAVE_GPU else dcscope.cuda_unavailable_reason()
+HAVE_GPU = dclens.cuda_available()
+WHY = "" if HAVE_GPU else dclens.cuda_unavailable_reason()
 needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no GPU: %s" % WHY)
 
 MODELS = {
@@ -48,8 +48,8 @@ def pair_factory(tiny_factory):
         if name not in loaded:
             kw, B, T = MODELS[name]
             d, _sd, _cfg = tiny_factory(**kw)
-            cpu = dcscope.load(d, device="cpu")
-            gpu = dcscope.load(d, device="cuda")
+            cpu = dclens.load(d, device="cpu")
+            gpu = dclens.load(d, device="cuda")
             rng = np.random.default_rng(len(name))
             toks = rng.integers(0, cpu.config.vocab, size=(B, T))
             loaded[name] = (cpu, gpu, toks)
@@ -63,15 +63,15 @@ def test_cuda_unavailable_is_reported():
     if HAVE_GPU:
         pytest.skip("a GPU is present")
     assert isinstance(WHY, str) and WHY, "cuda_unavailable_reason() gave no reason"
-    assert dcscope.cuda_available() is False
+    assert dclens.cuda_available() is False
 
 
 def test_cuda_load_error_names_the_reason(tiny_factory):
     if HAVE_GPU:
         pytest.skip("a GPU is present")
     d, _sd, _cfg = tiny_factory(model_type="dcpythia", seed=21)
-    with pytest.raises(dcscope.Error) as ei:
-        dcscope.load(d, device="cuda")
+    with pytest.raises(dclens.Error) as ei:
+        dclens.load(d, device="cuda")
     msg = str(ei.value)
     assert "cuda" in msg.lower() and "not available" in msg
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import interventions as iv
-from dcscope.generate import Decoder
+import dclens
+from dclens import interventions as iv
+from dclens.generate import Decoder
 from conftest import rel_err
 
 # window 3 on layers 0 and 2 (global + local), 20 tokens: local layers evict keys
@@ -25,7 +25,7 @@ def _toks(model, T=20, seed=0):
 @pytest.mark.parametrize("chunks", [[1] * 20, [7, 1, 1, 5, 1, 5], [20]], ids=["steps", "mixed", "prefill"])
 def test_incremental_equals_full_forward(tiny_factory, kw, chunks):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model)
     full = model.forward(toks)
     dec = Decoder(model)
@@ -45,7 +45,7 @@ def test_incremental_equals_full_forward(tiny_factory, kw, chunks):
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_hooks_while_decoding(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model, 12, 3)
     hooks = [iv.ablate_head(model, 1, 2), iv.scale(model, "blocks.0.attn.k", 0.5, head=1),
              iv.scale(model, "blocks.1.attn.v", -1.0, head=3), iv.scale(model, "blocks.0.mlp.post", 1.5)]
@@ -62,7 +62,7 @@ def test_hooks_while_decoding(tiny_factory, kw):
 
 def test_decoding_cache_layouts(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model, 10, 5)
     _, full = model.run_with_cache(toks)
     dec = Decoder(model)
@@ -80,7 +80,7 @@ def test_decoding_cache_layouts(tiny_factory):
 
 def test_failed_step_leaves_decoder_usable(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _toks(model, 9, 6)
     dec = Decoder(model)
     a = dec.step(toks[:4])
@@ -88,23 +88,23 @@ def test_failed_step_leaves_decoder_usable(tiny_factory):
     def boom(x, n):
         raise RuntimeError("kaput")
 
-    with pytest.raises(dcscope.Error, match="blocks.1.attn.z.*kaput"):
+    with pytest.raises(dclens.Error, match="blocks.1.attn.z.*kaput"):
         dec.step(toks[4:6], fwd_hooks=[("blocks.1.attn.z", boom)])
     assert dec.pos == 4
     b = dec.step(toks[4:])
     assert rel_err(np.concatenate([a, b]), model.forward(toks)) <= TOL
-    with pytest.raises(dcscope.Error, match="out of range"):
+    with pytest.raises(dclens.Error, match="out of range"):
         dec.step([model.config.vocab])
-    with pytest.raises(dcscope.Error, match="non-empty"):
+    with pytest.raises(dclens.Error, match="non-empty"):
         dec.step([])
-    with pytest.raises(dcscope.Error, match="layer 7 is out of range"):
+    with pytest.raises(dclens.Error, match="layer 7 is out of range"):
         dec.layer_keys(7)
 
 
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_generate_greedy_is_argmax_of_full_forwards(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     prompt = _toks(model, 5, 7)
     out = model.generate(prompt, max_new_tokens=8)
     assert out.shape == (13,)
@@ -117,7 +117,7 @@ def test_generate_greedy_is_argmax_of_full_forwards(tiny_factory, kw):
 
 def test_generate_options(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     prompt = _toks(model, 4, 8)
     greedy = model.generate(prompt, 6)
     np.testing.assert_array_equal(model.generate(prompt, 6, temperature=1.0, top_k=1, seed=3), greedy)
@@ -130,7 +130,7 @@ def test_generate_options(tiny_factory):
     np.testing.assert_array_equal(two[0], greedy[:7])
     for bad, match in [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
                        (dict(top_k=0), "top_k"), (dict(return_type="x"), "return_type")]:
-        with pytest.raises(dcscope.Error, match=match):
+        with pytest.raises(dclens.Error, match=match):
             model.generate(prompt, **{"max_new_tokens": 2, **bad})
 
 
@@ -144,7 +144,7 @@ def test_decoder_refuses_variants_it_does_not_compose(tiny_factory, kw, what):
     """The decoder composes plain DCMHA only: a variant model is refused by name
     (full forward passes still run it), never decoded wrongly."""
     d, _, _ = tiny_factory(model_type="dcpythia", **kw)
-    model = dcscope.load(d)
-    with pytest.raises(dcscope.Error, match="decoder: .*%s" % what):
+    model = dclens.load(d)
+    with pytest.raises(dclens.Error, match="decoder: .*%s" % what):
         model.generate(np.array([1, 2, 3]), max_new_tokens=2)
     model.forward(np.array([1, 2, 3]))          # the model stays usable

@@ -1,4 +1,4 @@
-"""Bad input: every broken checkpoint gives dcscope.Error naming the file and
+"""Bad input: every broken checkpoint gives dclens.Error naming the file and
 what is wrong; none crashes the process; a malicious pickle runs nothing.
 
 The broken files are crafted here, independently of the engine's loaders.
@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 
 BASE = dict(model_type="dcpythia", n_layer=2, seed=31)
 
@@ -45,8 +45,8 @@ def _st_write(path, header, data, pad=True):
 
 
 def _load_error(d):
-    with pytest.raises(dcscope.Error) as ei:
-        dcscope.load(str(d))
+    with pytest.raises(dclens.Error) as ei:
+        dclens.load(str(d))
     return str(ei.value)
 
 
@@ -192,8 +192,8 @@ def test_malicious_pickle_runs_nothing(good, tmp_path, protocol):
     os.remove(good / "model.safetensors")
     _torch_zip(good / "pytorch_model.bin", pickle.dumps({"w": _Evil("touch %s" % marker)}, protocol=protocol))
     # in a subprocess: a crash or a side effect would show there
-    code = ("import dcscope, sys\n"
-            "try:\n    dcscope.load(sys.argv[1])\nexcept dcscope.Error as e:\n    print('ERR', e)\n")
+    code = ("import dclens, sys\n"
+            "try:\n    dclens.load(sys.argv[1])\nexcept dclens.Error as e:\n    print('ERR', e)\n")
     r = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ERR") and "pytorch_model.bin" in r.stdout and "system" in r.stdout
@@ -224,21 +224,21 @@ def test_bad_index(good):
 
 def test_bad_tokens(tiny_factory):
     d, _, _ = tiny_factory(**BASE)
-    m = dcscope.load(d)
-    with pytest.raises(dcscope.Error, match="out of range"):
+    m = dclens.load(d)
+    with pytest.raises(dclens.Error, match="out of range"):
         m.forward(np.array([0, m.config.vocab]))
-    with pytest.raises(dcscope.Error, match="integers"):
+    with pytest.raises(dclens.Error, match="integers"):
         m.forward(np.array([0.5, 1.0]))
-    with pytest.raises(dcscope.Error, match="non-empty"):
+    with pytest.raises(dclens.Error, match="non-empty"):
         m.forward(np.zeros((0,), int))
-    with pytest.raises(dcscope.Error, match="tokenizer.json"):
+    with pytest.raises(dclens.Error, match="tokenizer.json"):
         m.to_tokens("hello")
 
 
 def test_cuda_device_error_is_clear(tiny_factory):
-    if dcscope.cuda_available():
+    if dclens.cuda_available():
         pytest.skip("a GPU is present")
     d, _, _ = tiny_factory(**BASE)
-    with pytest.raises(dcscope.Error, match="cuda"):
-        dcscope.load(d, device="cuda")
-    assert dcscope.cuda_unavailable_reason()
+    with pytest.raises(dclens.Error, match="cuda"):
+        dclens.load(d, device="cuda")
+    assert dclens.cuda_unavailable_reason()

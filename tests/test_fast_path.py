@@ -13,7 +13,7 @@ as the float32 parity tests).
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 from conftest import rel_err
 from reference import ref_forward
 
@@ -36,7 +36,7 @@ def _full_path(model, toks):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fused_equals_full(tiny_factory, name):
     d, sd, cfg = tiny_factory(**CASES[name])
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.random.default_rng(3).integers(0, model.config.vocab, size=(3, 75))   # > 2 query blocks
     fused = model.forward(toks)
     full = _full_path(model, toks)
@@ -47,7 +47,7 @@ def test_fused_equals_full(tiny_factory, name):
 
 def test_one_hooked_layer_mixes_paths(tiny_factory):
     d, sd, cfg = tiny_factory(**CASES["dcp-global-local"])
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.random.default_rng(4).integers(0, model.config.vocab, size=(2, 70))
     logits, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern_composed", "blocks.2.attn.z"])
     assert rel_err(logits, model.forward(toks)) <= 2e-6
@@ -60,7 +60,7 @@ def test_16bit_weights_kept_match_reference(tiny_factory, dtype, mt):
     """Weights widened per tile in the GEMM (several tiles per matrix here)."""
     d, sd, cfg = tiny_factory(model_type=mt, dtype=dtype, dim=64, n_head=4, intermediate=1024,
                               window_size=8, seed=27)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.random.default_rng(5).integers(0, model.config.vocab, size=40)
     assert rel_err(model.forward(toks), ref_forward(sd, cfg, toks)) <= 1e-4
     # the weights read back are the stored (rounded) values, exactly
@@ -72,12 +72,12 @@ def test_16bit_weights_kept_match_reference(tiny_factory, dtype, mt):
 def test_16bit_unfused_qkv(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", dtype="float16", fused_qkv=False, seed=28)
     toks = np.arange(30) % cfg["vocab_size"]
-    assert rel_err(dcscope.load(d).forward(toks), ref_forward(sd, cfg, toks)) <= 1e-4
+    assert rel_err(dclens.load(d).forward(toks), ref_forward(sd, cfg, toks)) <= 1e-4
 
 
 def test_logits_at(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", window_size=4, seed=29)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.random.default_rng(6).integers(0, model.config.vocab, size=(3, 20))
     full = model.forward(toks)
     # same values up to float32 summation order (the GEMM has fewer rows)
@@ -100,9 +100,9 @@ def test_logits_at(tiny_factory):
 @pytest.mark.parametrize("bad", ["first", 20, -1, [[1], [2]], np.zeros((3, 21), int), [0.5], []])
 def test_logits_at_bad(tiny_factory, bad):
     d, _, _ = tiny_factory(model_type="dcpythia", window_size=4, seed=29)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.zeros((3, 20), int)
-    with pytest.raises(dcscope.Error, match="logits_at"):
+    with pytest.raises(dclens.Error, match="logits_at"):
         model.forward(toks, logits_at=bad)
 
 
@@ -110,11 +110,11 @@ def test_two_models_different_thread_counts(tiny_factory):
     """Each model has its own pool; OpenBLAS runs single-threaded inside the
     pools, so one model's setting does not change the other's results."""
     d, sd, cfg = tiny_factory(model_type="dcpythia", window_size=16, seed=12, intermediate=2048)
-    m1, m2 = dcscope.load(d, n_threads=1), dcscope.load(d, n_threads=2)
+    m1, m2 = dclens.load(d, n_threads=1), dclens.load(d, n_threads=2)
     toks = np.random.default_rng(7).integers(0, m1.config.vocab, size=(2, 150))
     a, b = m1.forward(toks), m2.forward(toks)
     assert rel_err(a, b) <= 1e-6
     assert rel_err(a[0], ref_forward(sd, cfg, toks[0])) <= 1e-4
-    m3 = dcscope.load(d, n_threads=3)      # loading another changes neither
+    m3 = dclens.load(d, n_threads=3)      # loading another changes neither
     assert np.array_equal(m1.forward(toks), a)
     del m3

@@ -1,4 +1,4 @@
-"""The fixture writer (dcscope.testing): the C tests' checkpoints load and
+"""The fixture writer (dclens.testing): the C tests' checkpoints load and
 agree, and make_tiny's state dicts follow the layout table."""
 import json
 import os
@@ -6,19 +6,19 @@ import os
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope.testing import fixtures, layouts
-from dcscope.testing.make_tiny import make_tiny
+import dclens
+from dclens.testing import fixtures, layouts
+from dclens.testing.make_tiny import make_tiny
 
 
 def test_c_fixtures_load_and_agree(tmp_path):
     names = fixtures.write_fixtures(str(tmp_path))
     toks = np.array([3, 17, 42, 0, 49, 8, 25])
-    ref = dcscope.load(tmp_path / "dcpythia").forward(toks)
+    ref = dclens.load(tmp_path / "dcpythia").forward(toks)
     for n in ("dcpythia_unfused", "dcpythia_unaligned"):
-        np.testing.assert_array_equal(dcscope.load(tmp_path / n).forward(toks), ref, err_msg=n)
-    assert np.isfinite(dcscope.load(tmp_path / "dcpythia_bf16").forward(toks)).all()
-    m = dcscope.load(tmp_path / "neox")
+        np.testing.assert_array_equal(dclens.load(tmp_path / n).forward(toks), ref, err_msg=n)
+    assert np.isfinite(dclens.load(tmp_path / "dcpythia_bf16").forward(toks)).all()
+    m = dclens.load(tmp_path / "neox")
     assert m.config.model_type == "gpt_neox" and m.config.n_layer == 2
     # the values are test_engine.c's value(name, i): norm weights near 1, the rest in [-0.4, 0.4)
     assert np.all(np.abs(fixtures.value("norm.weight", 0, 16) - 1) <= 0.1)

@@ -8,7 +8,7 @@ the reference are exact to ~1e-8, the engine's float32 rounding dominates).
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 import reference as R
 
 TOL = 2e-3
@@ -54,7 +54,7 @@ def _check(pairs, what):
 @pytest.mark.parametrize("mt,kw", VARIANTS)
 def test_hook_gradients_match_finite_differences(tiny_factory, mt, kw):
     d, sd, cfg = tiny_factory(model_type=mt, vocab=24, **kw)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     rng = np.random.default_rng(1)
     toks = rng.integers(0, 24, 7)
     target = ("logprob", 5, 3)
@@ -120,12 +120,12 @@ def _stored(mt, canon, cfg):
 @pytest.mark.parametrize("mt,kw", VARIANTS)
 def test_parameter_gradients_match_finite_differences(tiny_factory, mt, kw):
     d, sd, cfg = tiny_factory(model_type=mt, vocab=24, **kw)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     rng = np.random.default_rng(2)
     toks = rng.integers(0, 24, 6)
     target = ("loss",)
     f = _target_fn(cfg, toks, target)
-    from dcscope.grad import param_table
+    from dclens.grad import param_table
     names = [r[0] for r in param_table(m)]
     g = m.gradients(toks, target, names)
     for canon in names:
@@ -153,7 +153,7 @@ def test_parameter_gradients_match_finite_differences(tiny_factory, mt, kw):
 @pytest.mark.parametrize("target", [("logit", -1, 5), ("logit_diff", 3, 1, 2), ("loss",)])
 def test_batch_equals_one_by_one(tiny_factory, mt, target):
     d, sd, cfg = tiny_factory(model_type=mt, vocab=24)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     toks = np.random.default_rng(3).integers(0, 24, (3, 9))
     wrt = ["blocks.1.attn.head_out", "blocks.0.resid_pre", "blocks.1.attn.v", "tok_embeddings.weight"]
     if m.config.use_dcmha:
@@ -173,17 +173,17 @@ def test_batch_equals_one_by_one(tiny_factory, mt, target):
 
 def test_gradient_errors(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     toks = np.arange(6)
-    with pytest.raises(dcscope.Error, match="blocks.9.attn.z"):
+    with pytest.raises(dclens.Error, match="blocks.9.attn.z"):
         m.gradients(toks, ("logit", 0, 1), ["blocks.9.attn.z"])
-    with pytest.raises(dcscope.Error, match="position"):
+    with pytest.raises(dclens.Error, match="position"):
         m.gradients(toks, ("logit", 6, 1), ["embed"])
-    with pytest.raises(dcscope.Error, match="vocabulary"):
+    with pytest.raises(dclens.Error, match="vocabulary"):
         m.gradients(toks, ("logprob", 0, 99), ["embed"])
-    with pytest.raises(dcscope.Error, match="unknown target"):
+    with pytest.raises(dclens.Error, match="unknown target"):
         m.gradients(toks, ("prob", 0, 1), ["embed"])
-    with pytest.raises(dcscope.Error, match="mask"):
+    with pytest.raises(dclens.Error, match="mask"):
         m.gradients(toks, ("loss", np.zeros(6, bool)), ["embed"])
 
 
@@ -191,17 +191,17 @@ def test_cuda_models_are_refused(tiny_factory):
     """Gradients run on the CPU only: a model on cuda gets a clear error (simulated
     here by the device attribute, since the Python layer checks before the engine)."""
     d, sd, cfg = tiny_factory(model_type="gpt_neox", vocab=24)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     m.device = "cuda"
-    with pytest.raises(dcscope.Error, match="CPU only"):
+    with pytest.raises(dclens.Error, match="CPU only"):
         m.gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
-    with pytest.raises(dcscope.Error, match="CPU only"):
+    with pytest.raises(dclens.Error, match="CPU only"):
         m.attribute(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
 
 
 @pytest.mark.parametrize("kw,what", [({"use_sw": True}, "use_sw"), ({"moh": {"shared_heads": 1, "routed_topk": 2}}, "moh")])
 def test_variants_are_refused(tiny_factory, kw, what):
     d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, **kw)
-    m = dcscope.load(d)
-    with pytest.raises(dcscope.Error, match=what):
+    m = dclens.load(d)
+    with pytest.raises(dclens.Error, match=what):
         m.gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import dcscope
-from dcscope import heatmaps as hm
+import dclens
+from dclens import heatmaps as hm
 from conftest import shared_path
 
 MASK = {(214, 214, 214), (168, 168, 168)}
@@ -17,7 +17,7 @@ MASK = {(214, 214, 214), (168, 168, 168)}
 
 @pytest.fixture(scope="module")
 def tok_model(tmp_path_factory):
-    from dcscope.testing.make_tiny import make_tiny
+    from dclens.testing.make_tiny import make_tiny
     d = str(tmp_path_factory.mktemp("tokmodel"))
     make_tiny(d, model_type="dcpythia", n_layer=2, dim=32, n_head=4, vocab=50304, window_size=6,
               tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"), seed=51)
@@ -48,7 +48,7 @@ def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True, window=0, wi
 
 
 def test_pattern_heatmap_cells_match_values(tok_model):
-    model = dcscope.load(tok_model)
+    model = dclens.load(tok_model)
     text = "When Mary and John went to the store, John gave a drink to"
     toks = model.to_tokens(text)
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
@@ -61,7 +61,7 @@ def test_pattern_heatmap_cells_match_values(tok_model):
 
 
 def test_attention_heatmap_all_heads_and_branches(tok_model):
-    model = dcscope.load(tok_model)
+    model = dclens.load(tok_model)
     text = "The cat sat on the mat because it was tired"
     toks = model.to_tokens(text)
     png = hm.attention_heatmap(model, text, layer=0, hook="pattern", vmin=0.0, vmax=1.0)
@@ -84,7 +84,7 @@ def test_attention_heatmap_all_heads_and_branches(tok_model):
 
 
 def test_local_layer_window_is_masked(tok_model):
-    model = dcscope.load(tok_model)
+    model = dclens.load(tok_model)
     assert 0 in model.config.local_layers
     text = "one two three four five six seven eight nine ten eleven twelve"
     toks = model.to_tokens(text)
@@ -103,36 +103,36 @@ def test_local_layer_window_is_masked(tok_model):
 
 
 def test_repr_png_and_save(tok_model, tmp_path):
-    model = dcscope.load(tok_model)
-    png = dcscope.attention_heatmap(model, "a b c d", layer=0, head=0)
-    assert isinstance(dcscope.heatmap(np.eye(3)), dcscope.PNG)
+    model = dclens.load(tok_model)
+    png = dclens.attention_heatmap(model, "a b c d", layer=0, head=0)
+    assert isinstance(dclens.heatmap(np.eye(3)), dclens.PNG)
     assert png._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
     p = png.save(tmp_path / "x.png")
     assert open(p, "rb").read() == bytes(png)
-    with pytest.raises(dcscope.Error, match="cannot write"):
+    with pytest.raises(dclens.Error, match="cannot write"):
         png.save(tmp_path / "no" / "such" / "dir" / "x.png")
 
 
 def test_heatmap_errors(tok_model):
-    model = dcscope.load(tok_model)
-    with pytest.raises(dcscope.Error, match="unknown hook"):
+    model = dclens.load(tok_model)
+    with pytest.raises(dclens.Error, match="unknown hook"):
         hm.attention_heatmap(model, "a b", layer=0, hook="patern")
-    with pytest.raises(dcscope.Error, match="layer 7"):
+    with pytest.raises(dclens.Error, match="layer 7"):
         hm.attention_heatmap(model, "a b", layer=7)
-    with pytest.raises(dcscope.Error, match="head 9"):
+    with pytest.raises(dclens.Error, match="head 9"):
         hm.attention_heatmap(model, "a b", layer=0, head=9)
-    with pytest.raises(dcscope.Error, match="empty"):
+    with pytest.raises(dclens.Error, match="empty"):
         hm.attention_heatmap(model, "", layer=0)
-    with pytest.raises(dcscope.Error, match="shape"):
+    with pytest.raises(dclens.Error, match="shape"):
         hm.heatmap(np.zeros((0, 3)))
-    with pytest.raises(dcscope.Error):
+    with pytest.raises(dclens.Error):
         hm.heatmap(np.zeros((3, 3)), vmin=1.0, vmax=0.0)
-    with pytest.raises(dcscope.Error, match="labels"):
+    with pytest.raises(dclens.Error, match="labels"):
         hm.heatmap(np.zeros((3, 3)), tokens=["a", "b"])
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "dcscope.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "dclens.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_heatmap(tok_model, tmp_path):

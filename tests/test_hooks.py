@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import interventions as iv
-from dcscope import routing
+import dclens
+from dclens import interventions as iv
+from dclens import routing
 from conftest import rel_err
 from reference import ref_composition_map, ref_forward
 
@@ -21,7 +21,7 @@ def _tokens(model, T=19, seed=0):
 @pytest.mark.parametrize("kw", [DCP, DCP_QW, NEOX], ids=["dcpythia", "query_wise", "gpt_neox"])
 def test_every_hook_matches_reference(tiny_factory, kw):
     d, sd, cfg = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     logits, cache = model.run_with_cache(toks)
     ref_logits, ref_cache = ref_forward(sd, cfg, toks, cache=True)
@@ -35,7 +35,7 @@ def test_every_hook_matches_reference(tiny_factory, kw):
 
 def test_capture_changes_no_logit(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     plain = model.forward(toks)
     logits, cache = model.run_with_cache(toks)
@@ -46,7 +46,7 @@ def test_capture_changes_no_logit(tiny_factory):
 
 def test_names_selection_and_batched_layout(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.stack([_tokens(model, 11, 1), _tokens(model, 11, 2)])
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.post.kp", "logits"])
     assert set(cache) == {"blocks.1.attn.post.kp", "logits"}
@@ -59,7 +59,7 @@ def test_names_selection_and_batched_layout(tiny_factory):
 @pytest.mark.parametrize("phase", ["pre", "post"])
 def test_branches_sum_to_composed(tiny_factory, phase):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     _, cache = model.run_with_cache(_tokens(model))
     total = "scores_composed" if phase == "pre" else "pattern_composed"
     for l in range(model.config.n_layer):
@@ -69,7 +69,7 @@ def test_branches_sum_to_composed(tiny_factory, phase):
 
 def test_composition_map_reproduces_composed(tiny_factory):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     _, cache = model.run_with_cache(toks)
     _, ref_cache = ref_forward(sd, cfg, toks, cache=True)
@@ -85,7 +85,7 @@ def test_composition_map_reproduces_composed(tiny_factory):
 
 def test_routing_matrix_column_sums(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern_composed"])
     R = model.routing_matrix(toks, 1, "post", 10)
@@ -95,17 +95,17 @@ def test_routing_matrix_column_sums(tiny_factory):
 
 def test_neox_routing_is_identity(tiny_factory):
     d, _, _ = tiny_factory(**NEOX)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     np.testing.assert_array_equal(model.composition_map(toks, 0, "post", 5, 2), np.eye(model.config.n_head))
-    with pytest.raises(dcscope.Error, match="does not exist"):
+    with pytest.raises(dclens.Error, match="does not exist"):
         model.run_with_cache(toks, names=["blocks.0.attn.post.kp"])
 
 
 @pytest.mark.parametrize("phase,branch", [("post", "kp"), ("pre", "qp"), ("pre", "skip"), ("post", "qg")])
 def test_zeroed_branch_matches_reference(tiny_factory, phase, branch):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     name = "blocks.1.attn.%s.%s" % (phase, branch)
     got = model.run_with_hooks(toks, fwd_hooks=iv.disable_branch(model, phase, branch, layers=[1]))
@@ -116,7 +116,7 @@ def test_zeroed_branch_matches_reference(tiny_factory, phase, branch):
 
 def test_zero_dynamic_is_mha(tiny_factory):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     got = model.run_with_hooks(toks, fwd_hooks=iv.disable_dynamic(model))
     mha = dict(cfg, use_dcmha=False)
@@ -126,7 +126,7 @@ def test_zero_dynamic_is_mha(tiny_factory):
 
 def test_head_ablation_matches_weight_surgery(tiny_factory):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     layer, head = 1, 2
     got = model.run_with_hooks(toks, fwd_hooks=[iv.ablate_head(model, layer, head)])
@@ -140,7 +140,7 @@ def test_head_ablation_matches_weight_surgery(tiny_factory):
 
 def test_head_out_write_and_pattern_write(tiny_factory):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
 
     def halve_head0(a, name):
@@ -161,7 +161,7 @@ def test_head_out_write_and_pattern_write(tiny_factory):
 
 def test_patch_from_other_run(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     a, b = _tokens(model, 13, 5), _tokens(model, 13, 6)
     name = "blocks.1.resid_pre"
     _, cache_b = model.run_with_cache(b, names=[name])
@@ -172,31 +172,31 @@ def test_patch_from_other_run(tiny_factory):
 
 def test_hook_errors_are_clear_and_model_stays_usable(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     ok = model.forward(toks)
-    with pytest.raises(dcscope.Error, match="unknown hook 'blocks.0.attn.nope'"):
+    with pytest.raises(dclens.Error, match="unknown hook 'blocks.0.attn.nope'"):
         model.run_with_cache(toks, names=["blocks.0.attn.nope"])
-    with pytest.raises(dcscope.Error, match="layer 9 is out of range"):
+    with pytest.raises(dclens.Error, match="layer 9 is out of range"):
         model.run_with_hooks(toks, fwd_hooks=[("blocks.9.attn.z", lambda a, n: a)])
-    with pytest.raises(dcscope.Error, match=r"blocks.0.attn.z.*shape"):
+    with pytest.raises(dclens.Error, match=r"blocks.0.attn.z.*shape"):
         model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.z", lambda a, n: a[:3])])
-    with pytest.raises(dcscope.Error, match=r"blocks.0.attn.z.*dtype"):
+    with pytest.raises(dclens.Error, match=r"blocks.0.attn.z.*dtype"):
         model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.z", lambda a, n: a.astype(np.int64))])
-    with pytest.raises(dcscope.Error, match=r"blocks.1.mlp.out.*NaN"):
+    with pytest.raises(dclens.Error, match=r"blocks.1.mlp.out.*NaN"):
         model.run_with_hooks(toks, fwd_hooks=[("blocks.1.mlp.out", lambda a, n: a * np.nan)])
 
     def boom(a, n):
         raise RuntimeError("kaput")
 
-    with pytest.raises(dcscope.Error, match=r"blocks.0.ln_attn.*kaput"):
+    with pytest.raises(dclens.Error, match=r"blocks.0.ln_attn.*kaput"):
         model.run_with_hooks(toks, fwd_hooks=[("blocks.0.ln_attn", boom)])
     np.testing.assert_array_equal(model.forward(toks), ok)
 
 
 def test_mean_ablation(tiny_factory):
     d, sd, cfg = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     _, cache = model.run_with_cache(toks, names=["blocks.0.attn.z"])
     mean = iv.mean_activation(cache, 0, 1)
@@ -212,7 +212,7 @@ def test_mean_ablation(tiny_factory):
 
 def test_hooks_not_asked_for_allocate_nothing(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     B, T = 2, 13
     toks = np.stack([_tokens(model, T, 1), _tokens(model, T, 2)])
     N, L = model.config.n_head, model.config.n_layer
@@ -237,33 +237,33 @@ def test_hooks_not_asked_for_allocate_nothing(tiny_factory):
 
 def test_hook_name_either_order_and_table(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
-    assert dcscope.hook_name(1, "attn.post.kp") == "blocks.1.attn.post.kp"
-    assert dcscope.hook_name("attn.post.kp", 1) == "blocks.1.attn.post.kp"
-    assert dcscope.hook_name(0, "pattern") == dcscope.hook_name("pattern", 0) == "blocks.0.attn.pattern"
-    assert dcscope.hook_name(0, "hook_resid_pre") == "blocks.0.resid_pre"     # TransformerLens suffix
-    assert dcscope.hook_name("embed") == "embed"
+    model = dclens.load(d)
+    assert dclens.hook_name(1, "attn.post.kp") == "blocks.1.attn.post.kp"
+    assert dclens.hook_name("attn.post.kp", 1) == "blocks.1.attn.post.kp"
+    assert dclens.hook_name(0, "pattern") == dclens.hook_name("pattern", 0) == "blocks.0.attn.pattern"
+    assert dclens.hook_name(0, "hook_resid_pre") == "blocks.0.resid_pre"     # TransformerLens suffix
+    assert dclens.hook_name("embed") == "embed"
     assert model.hook_name(-1, "attn.pre.qg") == "blocks.1.attn.pre.qg"
-    with pytest.raises(dcscope.Error, match="not a per-layer hook"):
-        dcscope.hook_name(0, "logits")
-    with pytest.raises(dcscope.Error, match="layer 2 is out of range"):
+    with pytest.raises(dclens.Error, match="not a per-layer hook"):
+        dclens.hook_name(0, "logits")
+    with pytest.raises(dclens.Error, match="layer 2 is out of range"):
         model.hook_name(2, "attn.post.kp")
     # the name table agrees with the engine's own parser, both ways
     for i, n in enumerate(model.hook_names):
         assert model._hook_table.name[model.parse_hook(n)] == n
     assert len(set(model.hook_names)) == len(model.hook_names)
-    with pytest.raises(dcscope.Error, match="blocks.7.attn.q"):
+    with pytest.raises(dclens.Error, match="blocks.7.attn.q"):
         model.parse_hook("blocks.7.attn.q")          # not in the table: the engine says why
 
 
 def test_read_only_hooks(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = _tokens(model)
     plain, cache = model.run_with_cache(toks)
     seen = {}
 
-    @dcscope.read_only
+    @dclens.read_only
     def look(act, name):
         assert not act.flags.writeable
         seen[name] = act.copy()
@@ -278,10 +278,10 @@ def test_read_only_hooks(tiny_factory):
         act[...] = 0
 
     # the flag declares every hook of the call read-only: a write is refused
-    with pytest.raises(dcscope.Error, match="hook blocks.1.mlp.out.*read-only"):
+    with pytest.raises(dclens.Error, match="hook blocks.1.mlp.out.*read-only"):
         model.run_with_hooks(toks, [("blocks.1.mlp.out", zero)], read_only=True)
-    with pytest.raises(dcscope.Error, match="read-only but returned an array"):
-        model.run_with_hooks(toks, [("blocks.1.mlp.out", dcscope.read_only(lambda a, n: a * 0))])
+    with pytest.raises(dclens.Error, match="read-only but returned an array"):
+        model.run_with_hooks(toks, [("blocks.1.mlp.out", dclens.read_only(lambda a, n: a * 0))])
     # the same function without the flag writes
     assert np.abs(model.run_with_hooks(toks, [("blocks.1.mlp.out", zero)]) - plain).max() > 1e-4
     # a read-only hook after a writing one at the same point sees the write
@@ -294,7 +294,7 @@ def test_read_only_hooks(tiny_factory):
     assert not seen["ctx"].flags.writeable
     model.add_hook("blocks.0.attn.z", zero, read_only=True)
     try:
-        with pytest.raises(dcscope.Error, match="read-only"):
+        with pytest.raises(dclens.Error, match="read-only"):
             model.forward(toks)
     finally:
         model.reset_hooks()
@@ -306,13 +306,13 @@ def test_read_only_hooks(tiny_factory):
 
 def test_read_only_hook_left_padded_batch(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     a, b = _tokens(model, 7, 1), _tokens(model, 4, 2)
     toks = np.zeros((2, 7), np.int64)
     toks[0], toks[1, 3:] = a, b
     lengths = np.array([7, 4])
     got = []
-    model.run_with_hooks(toks, [("blocks.0.resid_post", dcscope.read_only(lambda x, n: got.append(x)))],
+    model.run_with_hooks(toks, [("blocks.0.resid_post", dclens.read_only(lambda x, n: got.append(x)))],
                          lengths=lengths, padding_side="left")
     _, c = model.run_with_cache(b, names=["blocks.0.resid_post"])
     assert not got[0].flags.writeable

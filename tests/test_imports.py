@@ -1,7 +1,7 @@
-"""The import graph of bindings/dcscope and synth_tasks has no cycle, and
+"""The import graph of bindings/dclens and synth_tasks has no cycle, and
 the core package never imports synth_tasks (synth_tasks depends on
-dcscope, not the reverse; `dcscope synth` is found through the
-dcscope.commands entry point group).
+dclens, not the reverse; `dclens synth` is found through the
+dclens.commands entry point group).
 
 Read from the source with ast, so every import counts: module level and
 inside functions alike. Imports under `if TYPE_CHECKING:` are left out
@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = {"dcscope": os.path.join(ROOT, "bindings", "dcscope"),
+PACKAGES = {"dclens": os.path.join(ROOT, "bindings", "dclens"),
             "synth_tasks": os.path.join(ROOT, "synth_tasks")}
 
 
@@ -76,7 +76,7 @@ def _graph() -> Dict[str, Set[str]]:
             for t in targets:
                 if t.split(".")[0] not in PACKAGES:
                     continue
-                if t not in mods:          # a compiled module (dcscope._engine): imports nothing of ours
+                if t not in mods:          # a compiled module (dclens._engine): imports nothing of ours
                     graph.setdefault(t, set())
                 if t != mod:
                     graph[mod].add(t)
@@ -111,10 +111,10 @@ def _find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
 
 def test_graph_sees_the_packages():
     g = _graph()
-    assert "dcscope.model" in g and "synth_tasks.cli" in g and "dcscope.testing.make_tiny" in g
+    assert "dclens.model" in g and "synth_tasks.cli" in g and "dclens.testing.make_tiny" in g
     # it sees imports inside functions too
-    assert "dcscope" in g["synth_tasks.cli"]
-    assert "dcscope.routing" in g["dcscope.model"]
+    assert "dclens" in g["synth_tasks.cli"]
+    assert "dclens.routing" in g["dclens.model"]
 
 
 def test_no_import_cycle():
@@ -122,10 +122,10 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_dcscope_does_not_import_synth_tasks():
-    bad = sorted((m, t) for m, ts in _graph().items() if m.split(".")[0] == "dcscope"
+def test_dclens_does_not_import_synth_tasks():
+    bad = sorted((m, t) for m, ts in _graph().items() if m.split(".")[0] == "dclens"
                  for t in ts if t.split(".")[0] == "synth_tasks")
-    assert not bad, "dcscope imports synth_tasks: %s" % bad
+    assert not bad, "dclens imports synth_tasks: %s" % bad
 
 
 def test_cycle_finder_finds_cycles():
@@ -134,16 +134,16 @@ def test_cycle_finder_finds_cycles():
 
 
 @pytest.mark.parametrize("src,expect", [
-    ("from .model import Error", {"dcscope.model"}),
-    ("def f():\n    from . import routing", {"dcscope.routing"}),
+    ("from .model import Error", {"dclens.model"}),
+    ("def f():\n    from . import routing", {"dclens.routing"}),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", set()),
 ])
 def test_import_reader(src, expect, tmp_path, monkeypatch):
-    pkg = tmp_path / "dcscope"
+    pkg = tmp_path / "dclens"
     pkg.mkdir()
     for n in ("__init__", "model", "routing", "x"):
         (pkg / (n + ".py")).write_text("")
     (pkg / "x.py").write_text(src)
-    monkeypatch.setitem(PACKAGES, "dcscope", str(pkg))
+    monkeypatch.setitem(PACKAGES, "dclens", str(pkg))
     monkeypatch.setitem(PACKAGES, "synth_tasks", str(tmp_path / "none"))
-    assert _graph()["dcscope.x"] == expect
+    assert _graph()["dclens.x"] == expect

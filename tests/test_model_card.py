@@ -1,12 +1,12 @@
-"""synth_tasks.model_card on results.json files written by `dcscope synth` on a tiny model."""
+"""synth_tasks.model_card on results.json files written by `dclens synth` on a tiny model."""
 import json
 
 import pytest
 from conftest import shared_path
 
-from dcscope.bundled import _summary
-from dcscope.cli import main as cli_main
-from dcscope.testing.make_tiny import make_tiny
+from dclens.bundled import _summary
+from dclens.cli import main as cli_main
+from dclens.testing.make_tiny import make_tiny
 from synth_tasks.corpus import TOKENIZER_FILE
 from synth_tasks.model_card import CardError, _pct, _ppl, main as card_main, model_card, read_train_log
 
@@ -30,7 +30,7 @@ def test_card_from_synth_results(run, tmp_path):
     assert card_main([str(out), "--name", "dc-tiny", "--results", f"published={run / 'pub' / 'results.json'}",
                       "--results", f"held-out={run / 'held' / 'results.json'}", "--train-log",
                       str(run / "loss.csv"), "--model-dir", str(run / "m"), "--command",
-                      "dcscope train --seed 3", "--seed", "3"]) == 0
+                      "dclens train --seed 3", "--seed", "3"]) == 0
     card = out.read_text()
     pub = json.load(open(run / "pub" / "results.json"))
     held = json.load(open(run / "held" / "results.json"))
@@ -48,7 +48,7 @@ def test_card_from_synth_results(run, tmp_path):
         assert f"\n| {t} |" in card
     for tid, s in pub["per_task"].items():
         assert f"\n| {tid} | {s['pattern'] or '-'} | {s['transform'] or '-'} | {_pct(s['acc'])} |" in card
-    assert "dcscope train --seed 3" in card and "Seed: 3" in card
+    assert "dclens train --seed 3" in card and "Seed: 3" in card
     assert "| loss, last logged | 4.2500 |" in card and "| tokens | 81,920 |" in card
     summary = _summary(str(out))
     assert summary.startswith("A 0.") and "DCPythia (DCMHA), trained on 81,920 tokens" in summary

@@ -44,11 +44,11 @@ def kernel_env(tmp_path_factory):
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (dcscope tests)", "language": "python"}))
+        "display_name": "Python 3 (dclens tests)", "language": "python"}))
     mp = pytest.MonkeyPatch()
     old = os.environ.get("JUPYTER_PATH")
     mp.setenv("JUPYTER_PATH", os.pathsep.join([str(tmp)] + ([old] if old else [])))
-    for name in rn.NOTEBOOK_ENV + ("DCSCOPE_MODELS_DIR",):
+    for name in rn.NOTEBOOK_ENV + ("DCLENS_MODELS_DIR",):
         mp.delenv(name, raising=False)
     from jupyter_client.kernelspec import KernelSpecManager
     spec = KernelSpecManager().get_kernel_spec("python3")
@@ -118,8 +118,8 @@ def test_notebook_runs_and_matches_its_committed_numbers(path, kernel_env):
 # ------------------------------------------------------------------ the claims, recomputed
 
 def _load(name):
-    import dcscope
-    return dcscope.load(name)
+    import dclens
+    return dclens.load(name)
 
 
 def _softmax(z):
@@ -149,9 +149,9 @@ def _probe(data, f, tokenizer):
 def _weights(name):
     """The bundled checkpoint's tensors (numpy, via safetensors) and the reference's weight roles."""
     from safetensors.numpy import load_file
-    import dcscope
+    import dclens
     import reference
-    d = next(m.path for m in dcscope.bundled_models() if m.name == name)
+    d = next(m.path for m in dclens.bundled_models() if m.name == name)
     sd = load_file(os.path.join(d, "model.safetensors"))
     cfg = json.load(open(os.path.join(d, "config.json")))
     h = reference.Hyper(cfg)
@@ -176,8 +176,8 @@ def ov_logits_reference(name, layer, head, tokens):
 
 
 def test_reference_ov_readout_matches_the_engine():
-    """The test's own Eqn 12 agrees with dcscope.circuits (so either can check the notebooks)."""
-    from dcscope import circuits
+    """The test's own Eqn 12 agrees with dclens.circuits (so either can check the notebooks)."""
+    from dclens import circuits
     for name in ("dcpythia-tiny", "pythia-tiny"):
         m = _load(name)
         toks = [5, 77, 300]
@@ -241,8 +241,8 @@ def check_02(f):
 
 
 def _bundled_summary(name, label):
-    import dcscope
-    d = next(m.path for m in dcscope.bundled_models() if m.name == name)
+    import dclens
+    d = next(m.path for m in dclens.bundled_models() if m.name == name)
     return json.load(open(os.path.join(d, "benchmark.json")))[label]
 
 

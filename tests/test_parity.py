@@ -5,7 +5,7 @@ Tolerance of the issue: max |dlogit| <= 1e-4 * max |logit|, float32 engine.
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 from conftest import rel_err
 from reference import ref_forward
 
@@ -34,7 +34,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_logits_match_reference(tiny_factory, name):
     d, sd, cfg = tiny_factory(**CONFIGS[name])
-    model = dcscope.load(d)
+    model = dclens.load(d)
     rng = np.random.default_rng(0)
     V = model.config.vocab
     T = 3 * max(model.config.window_size, 8) + 5      # several times the window
@@ -47,7 +47,7 @@ def test_logits_match_reference(tiny_factory, name):
 
 def test_batch_of_different_sequences(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", window_size=4, seed=11)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     rng = np.random.default_rng(1)
     toks = rng.integers(0, model.config.vocab, size=(3, 17))
     got = model.forward(toks)
@@ -60,7 +60,7 @@ def test_batch_of_different_sequences(tiny_factory):
 
 def test_right_padding_does_not_change_prefix(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", window_size=4, seed=11)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.arange(12) % model.config.vocab
     padded = np.stack([toks, np.concatenate([toks[:7], np.zeros(5, int)])])
     out = model.forward(padded)
@@ -69,7 +69,7 @@ def test_right_padding_does_not_change_prefix(tiny_factory):
 
 def test_config_fields(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", n_layer=4, window_type="LGLL", window_size=4, seed=4)
-    c = dcscope.load(d).config
+    c = dclens.load(d).config
     assert c.model_type == "dcpythia" and c.n_layer == 4 and c.use_dcmha
     assert c.local_layers == (0, 2, 3)
     assert c.head_dim == c.d_model // c.n_head and c.dyn_rank == 2
@@ -80,7 +80,7 @@ def test_long_batch_uses_threaded_kernels(tiny_factory):
     """Big enough (B*T rows x T keys) that compose, softmax and GELU split
     their rows over the cores in the CPU backend."""
     d, sd, cfg = tiny_factory(model_type="dcpythia", window_size=16, seed=12, intermediate=2048)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     toks = np.random.default_rng(5).integers(0, model.config.vocab, size=(2, 300))
     got = model.forward(toks)
     for b in range(2):
@@ -99,4 +99,4 @@ def test_tied_checkpoint_with_stored_output_copy(tiny_factory, tmp_path):
     tensors["output.weight"] = np.full_like(tensors["tok_embeddings.weight"], 7.0)
     save_file(tensors, str(dst / "model.safetensors"))
     toks = np.arange(20) % cfg["vocab_size"]
-    assert rel_err(dcscope.load(str(dst)).forward(toks), ref_forward(sd, cfg, toks)) <= TOL
+    assert rel_err(dclens.load(str(dst)).forward(toks), ref_forward(sd, cfg, toks)) <= TOL

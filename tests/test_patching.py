@@ -1,10 +1,10 @@
-"""dcscope.patching: identities and agreement with unbatched single patches."""
+"""dclens.patching: identities and agreement with unbatched single patches."""
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import interventions as iv
-from dcscope import patching
+import dclens
+from dclens import interventions as iv
+from dclens import patching
 from conftest import rel_err
 
 DCP = dict(model_type="dcpythia", n_layer=2, window_size=3, seed=71)
@@ -22,7 +22,7 @@ def _pair(model, T=8):
 @pytest.mark.parametrize("over", OVERS)
 def test_patching_clean_into_clean_changes_nothing(tiny_factory, kw, over):
     d, _, _ = tiny_factory(**kw)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     clean, _ = _pair(model)
     metric = patching.logit_diff(3, 4)
     r = patching.sweep(model, clean, clean, metric, over=over, progress=False)
@@ -40,7 +40,7 @@ def test_patching_clean_into_clean_changes_nothing(tiny_factory, kw, over):
 @pytest.mark.parametrize("over", ["layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch", "composition"])
 def test_sweep_cells_equal_single_patches(tiny_factory, over):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     clean, corr = _pair(model)
     metric = patching.prob(5, pos=-2)
     r = patching.sweep(model, clean, corr, metric, over=over, batch_size=7, progress=False)
@@ -60,7 +60,7 @@ def test_sweep_cells_equal_single_patches(tiny_factory, over):
     else:
         # entry C[n=1, m=3] of layer 1's post map at clean values: the same as patching the
         # whole composed map when only that entry differs -- check against a direct computation
-        from dcscope import routing
+        from dclens import routing
         _, xc = model.run_with_cache(corr)
         delta = routing.composition_maps(model, cache, 1, "post") - routing.composition_maps(model, xc, 1, "post")
         add = (delta[:, :, 1, 3] * xc["blocks.1.attn.pattern"][1]).astype(np.float32)
@@ -77,7 +77,7 @@ def test_sweep_cells_equal_single_patches(tiny_factory, over):
 
 def test_patching_everything_reproduces_the_clean_run(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     clean, corr = _pair(model)
     _, cache = model.run_with_cache(clean)
     want = model(clean)
@@ -94,19 +94,19 @@ def test_patching_everything_reproduces_the_clean_run(tiny_factory):
 
 def test_patching_errors_and_plot(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
-    model = dcscope.load(d)
+    model = dclens.load(d)
     clean, corr = _pair(model)
     m = patching.logit_diff(1, 2)
     for kw, match in [(dict(over="heads"), "over must be"), (dict(hook="resid_pre"), "has no head axis"),
                       (dict(layers=[5]), "layer 5 is out of range"), (dict(batch_size=0), "batch_size"),
                       (dict(over="layer,pos", positions=[99]), "position 99")]:
-        with pytest.raises(dcscope.Error, match=match):
+        with pytest.raises(dclens.Error, match=match):
             patching.sweep(model, clean, corr, m, progress=False, **kw)
-    with pytest.raises(dcscope.Error, match="same number of tokens"):
+    with pytest.raises(dclens.Error, match="same number of tokens"):
         patching.sweep(model, clean, corr[:5], m, progress=False)
     d2, _, _ = tiny_factory(**NEOX)
-    with pytest.raises(dcscope.Error, match="no composition maps"):
-        patching.sweep(dcscope.load(d2), clean, corr, m, over="composition", progress=False)
+    with pytest.raises(dclens.Error, match="no composition maps"):
+        patching.sweep(dclens.load(d2), clean, corr, m, over="composition", progress=False)
     r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)   # a tqdm bar on stderr
     assert r.plot()._repr_png_()[:4] == b"\x89PNG"
     assert patching.sweep(model, clean, corr, m, progress=False).plot(normalize=True)._repr_png_()[:4] == b"\x89PNG"

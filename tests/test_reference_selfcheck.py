@@ -1,5 +1,5 @@
 """Self-checks of the numpy reference (tests/reference.py) and of the tiny-checkpoint
-writers (dcscope.testing.make_tiny), independent of the C engine.
+writers (dclens.testing.make_tiny), independent of the C engine.
 
 The reference checks pin invariants of model-spec.md / hooks.md; the writer checks
 read the files back with independent minimal readers (safetensors header parsing,
@@ -22,15 +22,15 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-MAKE_TINY_PATH = os.path.join(ROOT, "bindings", "dcscope", "testing", "make_tiny.py")
+MAKE_TINY_PATH = os.path.join(ROOT, "bindings", "dclens", "testing", "make_tiny.py")
 sys.path.insert(0, HERE)
 
 import reference as ref  # noqa: E402
 
 try:  # the package import needs the built engine; the generator itself does not
-    from dcscope.testing import make_tiny as mt
+    from dclens.testing import make_tiny as mt
 except Exception:  # pragma: no cover - depends on the build state
-    _spec = importlib.util.spec_from_file_location("_dcscope_make_tiny", MAKE_TINY_PATH)
+    _spec = importlib.util.spec_from_file_location("_dclens_make_tiny", MAKE_TINY_PATH)
     mt = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(mt)
 
@@ -765,8 +765,8 @@ def test_cli(tmp):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "bindings") + os.pathsep + env.get("PYTHONPATH", "")
     try:  # as documented when the package imports; else the file itself
-        importlib.import_module("dcscope.testing.make_tiny")
-        cmd = [sys.executable, "-m", "dcscope.testing.make_tiny"]
+        importlib.import_module("dclens.testing.make_tiny")
+        cmd = [sys.executable, "-m", "dclens.testing.make_tiny"]
     except Exception:
         cmd = [sys.executable, MAKE_TINY_PATH]
     r = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=60)

@@ -1,6 +1,6 @@
 """Robustness II: threads, hook-array lifetime, files changing under a loaded
 model, non-regular files, non-finite values, Ctrl-C, and every refusal a
-dcscope.Error naming what is wrong (docs/bad-inputs.md lists each case).
+dclens.Error naming what is wrong (docs/bad-inputs.md lists each case).
 
 Every case that could hang runs with a timeout (a subprocess, or a joined
 thread), so a regression fails instead of blocking the suite.
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-import dcscope
+import dclens
 
 BASE = dict(model_type="dcpythia", n_layer=2, seed=31)
 TOKS = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], dtype=np.int32)
@@ -36,7 +36,7 @@ def good(tiny_factory, tmp_path):
 @pytest.fixture(scope="module")
 def model(tiny_factory):
     d, _, _ = tiny_factory(**BASE)
-    return dcscope.load(d)
+    return dclens.load(d)
 
 
 def _st_read(path):
@@ -64,8 +64,8 @@ def _set_tensor_values(d, name, fn):
 
 
 def _load_error(d):
-    with pytest.raises(dcscope.Error) as ei:
-        dcscope.load(d)
+    with pytest.raises(dclens.Error) as ei:
+        dclens.load(d)
     return str(ei.value)
 
 
@@ -101,7 +101,7 @@ def test_two_models_run_in_parallel(tiny_factory):
     """A model busy in one thread (its hook waits) does not hold up another
     model in another thread: the lock is per model."""
     d, _, _ = tiny_factory(**BASE)
-    a, b = dcscope.load(d), dcscope.load(d)
+    a, b = dclens.load(d), dclens.load(d)
     ref = b.forward(TOKS)
     entered, release = threading.Event(), threading.Event()
 
@@ -131,7 +131,7 @@ def test_hook_cannot_reenter_its_model_but_may_read_weights(model):
         seen["w"] = model.weight("norm.weight").copy()
         model.forward(TOKS)
 
-    with pytest.raises(dcscope.Error, match="already running a pass"):
+    with pytest.raises(dclens.Error, match="already running a pass"):
         model.run_with_hooks(TOKS, [("blocks.0.ln_attn", hook)])
     assert seen["w"].shape == (model.config.d_model,)
     np.testing.assert_array_equal(model.forward(TOKS), model.forward(TOKS))
@@ -142,7 +142,7 @@ def test_hook_cannot_reenter_its_model_but_may_read_weights(model):
 
 def test_hook_keeps_array_across_passes_and_del_model(tiny_factory):
     d, _, _ = tiny_factory(**BASE)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     kept = []
 
     def keep(act, name):
@@ -185,7 +185,7 @@ def test_exception_traceback_holds_no_engine_view(model):
     def bad(act, name):
         raise RuntimeError("kaput")
 
-    with pytest.raises(dcscope.Error) as ei:
+    with pytest.raises(dclens.Error) as ei:
         model.run_with_hooks(TOKS, [("blocks.0.attn.z", bad)])
     model.forward(TOKS[::-1].copy())                      # reuse the buffers
     tb = ei.value.__cause__.__traceback__
@@ -200,7 +200,7 @@ def test_exception_traceback_holds_no_engine_view(model):
 
 
 def test_weight_file_truncated_or_rewritten_after_load(good):
-    m = dcscope.load(good)
+    m = dclens.load(good)
     ref = m.forward(TOKS)
     p = good / "model.safetensors"
     raw = p.read_bytes()
@@ -212,8 +212,8 @@ def test_weight_file_truncated_or_rewritten_after_load(good):
 
 
 def _load_in_subprocess(d, timeout=60):
-    code = ("import dcscope, sys\n"
-            "try:\n    m = dcscope.load(sys.argv[1]); m.tokenizer\nexcept dcscope.Error as e:\n"
+    code = ("import dclens, sys\n"
+            "try:\n    m = dclens.load(sys.argv[1]); m.tokenizer\nexcept dclens.Error as e:\n"
             "    print('ERR', e)\n")
     r = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True,
                        timeout=timeout)
@@ -271,7 +271,7 @@ def test_overflowing_hook_gives_error_not_nan_logits(model):
     def huge(act, name):
         act[...] = 3e38
 
-    with pytest.raises(dcscope.Error, match="logits hold NaN or inf"):
+    with pytest.raises(dclens.Error, match="logits hold NaN or inf"):
         model.run_with_hooks(TOKS, [("ln_final", huge)])
     assert np.isfinite(model.forward(TOKS)).all()
 
@@ -324,7 +324,7 @@ def test_evaluate_refuses_nonfinite_logits():
 @pytest.fixture(scope="module")
 def deep(tiny_factory):
     d, _, _ = tiny_factory(model_type="dcpythia", n_layer=24, seed=3)
-    return dcscope.load(d)
+    return dclens.load(d)
 
 
 def _sigint_after(seconds):
@@ -419,62 +419,62 @@ def test_long_tensor_name_keeps_the_reason(good):
 def test_routing_indices_checked(model, kw):
     args = dict(layer=1, phase="post", query=5)
     args.update(kw)
-    with pytest.raises(dcscope.Error, match="layer|query"):
+    with pytest.raises(dclens.Error, match="layer|query"):
         model.routing_matrix(TOKS, **args)
 
 
 def test_index_arguments_everywhere(model):
-    from dcscope import circuits, interventions as iv
+    from dclens import circuits, interventions as iv
     np.testing.assert_array_equal(model.routing_matrix(TOKS, layer=np.int64(1), phase="post", query=np.int32(5)),
                                   model.routing_matrix(TOKS, layer=1, phase="post", query=5))
-    with pytest.raises(dcscope.Error, match="key position"):
+    with pytest.raises(dclens.Error, match="key position"):
         model.composition_map(TOKS, 1, "post", query=5, key=2.0)
-    with pytest.raises(dcscope.Error, match="head"):
+    with pytest.raises(dclens.Error, match="head"):
         circuits.qk_circuit(model, 0, 1.5)
-    with pytest.raises(dcscope.Error, match="token id"):
+    with pytest.raises(dclens.Error, match="token id"):
         circuits.ov_readout(model, 0, 1, token=3.0)
-    with pytest.raises(dcscope.Error, match="head"):
+    with pytest.raises(dclens.Error, match="head"):
         iv.ablate_head(model, 0, head=True)
-    with pytest.raises(dcscope.Error, match="layer"):
+    with pytest.raises(dclens.Error, match="layer"):
         iv.disable_branch(model, "post", "kp", layers=[0.0])
-    with pytest.raises(dcscope.Error, match="layer"):
-        dcscope.attention_heatmap(model, TOKS, layer=0.5)
+    with pytest.raises(dclens.Error, match="layer"):
+        dclens.attention_heatmap(model, TOKS, layer=0.5)
 
 
 def test_refusals_are_errors(model, good):
-    with pytest.raises(dcscope.Error, match="weight name must be a string"):
+    with pytest.raises(dclens.Error, match="weight name must be a string"):
         model.weight(None)
-    with pytest.raises(dcscope.Error, match="NUL"):
+    with pytest.raises(dclens.Error, match="NUL"):
         model.weight("norm.weight\0junk")
-    with pytest.raises(dcscope.Error, match="NUL"):
+    with pytest.raises(dclens.Error, match="NUL"):
         model.parse_hook("logits\0junk")
-    with pytest.raises(dcscope.Error, match="NUL"):
+    with pytest.raises(dclens.Error, match="NUL"):
         model.run_with_cache(TOKS, names=["logits\0"])
-    with pytest.raises(dcscope.Error, match="names must be"):
+    with pytest.raises(dclens.Error, match="names must be"):
         model.run_with_cache(TOKS, names=123)
-    with pytest.raises(dcscope.Error, match="ragged|pad"):
+    with pytest.raises(dclens.Error, match="ragged|pad"):
         model.forward([[1, 2, 3], [4, 5]])
-    with pytest.raises(dcscope.Error, match="integers"):
+    with pytest.raises(dclens.Error, match="integers"):
         model.forward([[1, 2], ["a", 3]])
-    with pytest.raises(dcscope.Error, match="n_threads"):
-        dcscope.load(good, n_threads=2**40)
-    with pytest.raises(dcscope.Error, match="n_threads"):
-        dcscope.load(good, n_threads=1.5)
-    with pytest.raises(dcscope.Error, match="model path"):
-        dcscope.load(123)
-    with pytest.raises(dcscope.Error, match="NUL"):
-        dcscope.load(str(good) + "\0/x")
-    with pytest.raises(dcscope.Error, match="device"):
-        dcscope.load(good, device=None)
+    with pytest.raises(dclens.Error, match="n_threads"):
+        dclens.load(good, n_threads=2**40)
+    with pytest.raises(dclens.Error, match="n_threads"):
+        dclens.load(good, n_threads=1.5)
+    with pytest.raises(dclens.Error, match="model path"):
+        dclens.load(123)
+    with pytest.raises(dclens.Error, match="NUL"):
+        dclens.load(str(good) + "\0/x")
+    with pytest.raises(dclens.Error, match="device"):
+        dclens.load(good, device=None)
 
 
 def test_bytes_and_non_utf8_paths(good, tmp_path):
-    ref = dcscope.load(good).forward(TOKS)
-    np.testing.assert_array_equal(dcscope.load(os.fsencode(str(good))).forward(TOKS), ref)
+    ref = dclens.load(good).forward(TOKS)
+    np.testing.assert_array_equal(dclens.load(os.fsencode(str(good))).forward(TOKS), ref)
     odd = os.path.join(os.fsencode(str(tmp_path)), b"mod\xffel")
     shutil.copytree(os.fsencode(str(good)), odd)
     for p in (odd, os.fsdecode(odd)):
-        m = dcscope.load(p)
+        m = dclens.load(p)
         assert isinstance(m.path, str)
         np.testing.assert_array_equal(m.forward(TOKS), ref)
     shutil.rmtree(odd)
@@ -484,7 +484,7 @@ def test_bytes_and_non_utf8_paths(good, tmp_path):
 
 def test_oversized_cache_refused_before_allocating(model):
     toks = np.zeros((64, 4096), np.int32)
-    with pytest.raises(dcscope.Error, match="run_with_cache: caching .* hooks .* needs"):
+    with pytest.raises(dclens.Error, match="run_with_cache: caching .* hooks .* needs"):
         model.run_with_cache(toks)
 
 
@@ -493,7 +493,7 @@ def test_oversized_cache_refused_before_allocating(model):
 
 def test_cli_messages(good, tmp_path, capsys):
     from conftest import shared_path
-    from dcscope.cli import main
+    from dclens.cli import main
     shutil.copy(shared_path("data", "gpt-neox-20b-tokenizer.json"), good / "tokenizer.json")
     f = tmp_path / "afile"
     f.write_text("x")
@@ -502,7 +502,7 @@ def test_cli_messages(good, tmp_path, capsys):
     assert main(["heatmap", "--model", str(good), "--text", "!#", "--layer", "0", "--head", "99",
                  "--out", str(tmp_path / "h.png")]) == 1
     err = capsys.readouterr().err
-    assert "heatmap: heatmap:" not in err and "dcscope heatmap: error: head 99" in err
+    assert "heatmap: heatmap:" not in err and "dclens heatmap: error: head 99" in err
 
 
 def test_synth_out_checked_before_evaluation(good, tmp_path, capsys):
@@ -539,7 +539,7 @@ def test_dataset_endless_line_and_devices(tmp_path):
 
 
 def test_ctrl_c_stops_a_decoding_step(deep):
-    from dcscope.generate import Decoder
+    from dclens.generate import Decoder
     toks = np.zeros(384, np.int32)
     dec = Decoder(deep)
     t0 = time.perf_counter()
@@ -559,7 +559,7 @@ def test_ctrl_c_stops_a_decoding_step(deep):
 
 
 def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys):
-    from dcscope.cli import main
+    from dclens.cli import main
     assert main(["bogus"]) == 2
     assert "unknown command 'bogus'" in capsys.readouterr().err
     assert main(["make-tiny", str(tmp_path / "m"), "--dim", "0"]) == 1
@@ -570,8 +570,8 @@ def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys):
     assert main(["make-tiny", str(f)]) == 1
     assert "exists and is not a directory" in capsys.readouterr().err
     assert main(["make-tiny", str(f / "sub")]) == 1      # cannot be created
-    assert "dcscope make-tiny: error: cannot write" in capsys.readouterr().err
-    # no safetensors package is needed: dcscope.testing.checkpoint writes the files
+    assert "dclens make-tiny: error: cannot write" in capsys.readouterr().err
+    # no safetensors package is needed: dclens.testing.checkpoint writes the files
     assert main(["make-tiny", str(tmp_path / "plain")]) == 0
     capsys.readouterr()
-    assert dcscope.load(tmp_path / "plain").forward(TOKS % 64).shape == (len(TOKS), 64)
+    assert dclens.load(tmp_path / "plain").forward(TOKS % 64).shape == (len(TOKS), 64)

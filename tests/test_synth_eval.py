@@ -322,15 +322,15 @@ def test_cli_default_data_is_the_published_file():
 
 
 def test_cli_on_a_generated_tiny_engine_model(tiny_factory, tmp_path, tokenizer, subset_path):
-    """`dcscope synth` end to end on a real (generated) checkpoint, checked
+    """`dclens synth` end to end on a real (generated) checkpoint, checked
     against the reference evaluator on the same model."""
-    dcscope = pytest.importorskip("dcscope")
+    dclens = pytest.importorskip("dclens")
     d, _, _ = tiny_factory(vocab=50304, tokenizer=str(TOKENIZER))
     out = tmp_path / "tiny"
     rc = cli.main(["--model", d, "--data", str(subset_path), "--limit", "6", "--out", str(out),
                    "--no-progress", "--no-plots", "--batch-tokens", "700"])
     assert rc == 0
-    ref = reference_evaluate(dcscope.load(d), tokenizer, subset_path, 6)
+    ref = reference_evaluate(dclens.load(d), tokenizer, subset_path, 6)
     with open(out / "answers.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(ref) == 36

@@ -1,5 +1,5 @@
 """Training: loss falls on a small repeating corpus, checkpoints reload with
-dcscope.load and reproduce the trained logits, a run split over sittings equals
+dclens.load and reproduce the trained logits, a run split over sittings equals
 an uninterrupted one, AdamW matches its formula."""
 import json
 import os
@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope._engine import ffi, lib
-from dcscope.train import TrainConfig, train, read_weights
+import dclens
+from dclens._engine import ffi, lib
+from dclens.train import TrainConfig, train, read_weights
 
 
 def _corpus(tmp_path):
@@ -34,8 +34,8 @@ def test_loss_falls_and_checkpoint_reloads(tmp_path, mt):
     losses = [float(r[1]) for r in rows]
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
-    # the final checkpoint is a model dcscope.load reads, with the trained weights
-    m = dcscope.load(final)
+    # the final checkpoint is a model dclens.load reads, with the trained weights
+    m = dclens.load(final)
     assert m.config.model_type == mt
     last = sorted(d for d in os.listdir(tmp_path / "run") if d.startswith("step-"))[-1]
     st = json.load(open(tmp_path / "run" / last / "train_state.json"))
@@ -43,7 +43,7 @@ def test_loss_falls_and_checkpoint_reloads(tmp_path, mt):
     toks = np.frombuffer(b"the cat sat on the", np.uint8).astype(np.int32)
     logits = m.forward(toks)
     # the training model's own forward after the last step: resume a 0-step sitting
-    m2 = dcscope.load(tmp_path / "run" / last)
+    m2 = dclens.load(tmp_path / "run" / last)
     np.testing.assert_array_equal(m2.forward(toks), logits)
     # the trained model predicts the corpus: "the cat sat on the" -> " "
     assert int(np.argmax(logits[-1])) == ord(" ") or np.argmax(logits[-2]) == ord("e")
@@ -59,7 +59,7 @@ def test_resume_equals_uninterrupted(tmp_path, mt):
     c = _cfg(tmp_path / "b", data, mt, **kw)
     train(c, stop_after=7)           # checkpoints at 5 and 7, stops
     b = train(_cfg(tmp_path / "b", data, mt, **kw))  # resumes from 7
-    wa, wb = read_weights(dcscope.load(a)), read_weights(dcscope.load(b))
+    wa, wb = read_weights(dclens.load(a)), read_weights(dclens.load(b))
     for k in wa:
         np.testing.assert_array_equal(wa[k], wb[k], err_msg=k)
     la = open(tmp_path / "a" / "loss.csv").read().split("\n")
@@ -69,9 +69,9 @@ def test_resume_equals_uninterrupted(tmp_path, mt):
 
 def test_adamw_step_matches_formula(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="gpt_neox", vocab=24)
-    m = dcscope.load(d)
+    m = dclens.load(d)
     assert lib.dcs_model_make_trainable(m._m) == 0
-    from dcscope.grad import param_table
+    from dclens.grad import param_table
     tab = param_table(m)
     P = int(lib.dcs_param_total(m._m))
     w0 = read_weights(m)
@@ -97,22 +97,22 @@ def test_adamw_step_matches_formula(tiny_factory):
 
 
 def test_train_errors(tmp_path):
-    with pytest.raises(dcscope.Error, match="model_type"):
+    with pytest.raises(dclens.Error, match="model_type"):
         train(_cfg(tmp_path / "x", "synth", "llama"))
-    with pytest.raises(dcscope.Error, match="multiple"):
+    with pytest.raises(dclens.Error, match="multiple"):
         train(_cfg(tmp_path / "x", "synth", "dcpythia", dim=30))
-    with pytest.raises(dcscope.Error, match="neither"):
+    with pytest.raises(dclens.Error, match="neither"):
         train(_cfg(tmp_path / "x", str(tmp_path / "missing.txt"), "dcpythia"))
 
 
 def test_cli_train_synth(tmp_path, capsys):
-    from dcscope.cli import main
+    from dclens.cli import main
     rc = main(["train", "--out", str(tmp_path / "r"), "--n-layer", "1", "--dim", "32", "--n-head", "4",
                "--seq-len", "16", "--batch-size", "2", "--steps", "3", "--data", "synth:1",
                "--no-progress", "--ckpt-every", "2"])
     assert rc == 0
     assert "checkpoint:" in capsys.readouterr().out
-    m = dcscope.load(tmp_path / "r" / "final")
+    m = dclens.load(tmp_path / "r" / "final")
     assert m.config.vocab == 256
 
 
@@ -128,11 +128,11 @@ def test_lines_mode_jsonl_with_tokenizer(tmp_path):
     final = train(c)
     losses = [float(l.split(",")[1]) for l in open(tmp_path / "run" / "loss.csv").read().split("\n")[1:] if l]
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
-    m = dcscope.load(final)
+    m = dclens.load(final)
     assert m.config.local_layers == (0,) and m.config.window_size == 4
     ids = m.to_tokens("red is a colour")
     assert m.forward(ids).shape == (len(ids), m.config.vocab)
-    from dcscope.train import batch
+    from dclens.train import batch
     toks = np.load(tmp_path / "run" / "tokens.npy")
     offs = np.load(tmp_path / "run" / "offsets.npy")
     o2 = np.stack([offs[:-1], offs[1:]], 1)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, shared_path
 
-import dcscope
-from dcscope.testing.make_tiny import make_tiny
+import dclens
+from dclens.testing.make_tiny import make_tiny
 from synth_tasks.corpus import TOKENIZER_FILE
 
 
@@ -58,7 +58,7 @@ def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, mon
         bench = json.load(open(ship / "benchmark.json"))
         assert sorted(bench) == ["held-out", "published"] and bench["published"]["lines"] == 3
         assert json.load(open(ship / "config.json"))["torch_dtype"] == "float16"
-        m32, m16 = dcscope.load(str(tmp_path / name)), dcscope.load(str(ship))
+        m32, m16 = dclens.load(str(tmp_path / name)), dclens.load(str(ship))
         toks = m16.to_tokens("\n< Ruth has a taxi. >. Ruth does not have a kind of vehicle\n")
         assert np.allclose(m16.forward(toks), m32.forward(toks), atol=0.05)
         res = json.load(open(tmp_path / "bench" / "published" / name / "results.json"))
@@ -66,12 +66,12 @@ def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, mon
         assert res["model_dir"] == str(ship) and res["lines"] == 3
         assert bench["published"]["overall"] == res["overall"]
         assert "| %s (published) |" % name in card and "CMD" in card and "loss.png" in card
-    monkeypatch.setenv(dcscope.bundled.ENV, str(tmp_path / "ship"))
-    assert [m.name for m in dcscope.bundled_models()] == sorted(tb.TWINS)
+    monkeypatch.setenv(dclens.bundled.ENV, str(tmp_path / "ship"))
+    assert [m.name for m in dclens.bundled_models()] == sorted(tb.TWINS)
 
 
 def test_train_commands_are_identical_but_for_the_attention(tb, tmp_path):
-    """The two twins' `dcscope train` commands differ only in --out and --model-type."""
+    """The two twins' `dclens train` commands differ only in --out and --model-type."""
     a, b = tb.train_commands(str(tmp_path), seed=0)
     diff = [(x, y) for x, y in zip(a, b) if x != y]
     assert len(a) == len(b)
@@ -93,7 +93,7 @@ def test_recipe_reproduces_the_start_of_the_shipped_curve(tb, tmp_path):
     for cmd, name in zip(tb.train_commands(str(tmp_path), tb.RECIPE["init_seeds"][0], 1), tb.TWINS):
         cmd = [sys.executable] + cmd[1:] + ["--stop-after", "2", "--no-progress"]
         subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
-        ship = next(m.path for m in dcscope.bundled_models() if m.name == name)
+        ship = next(m.path for m in dclens.bundled_models() if m.name == name)
         want = list(csv.DictReader(open(os.path.join(ship, "loss.csv"))))[:2]
         got = list(csv.DictReader(open(tmp_path / name / "loss.csv")))
         assert [r["step"] for r in got] == ["1", "2"]

@@ -11,8 +11,8 @@ import warnings
 import numpy as np
 import pytest
 
-import dcscope
-from dcscope import interventions as iv
+import dclens
+from dclens import interventions as iv
 from conftest import rel_err
 from reference import ref_composition_map, ref_forward
 
@@ -44,7 +44,7 @@ _MADE = {}
 
 def _make(tmp_path_factory, name):
     """(dir, state_dict, config) of a variant's tiny checkpoint, made once."""
-    from dcscope.testing.make_tiny import make_tiny
+    from dclens.testing.make_tiny import make_tiny
     if name not in _MADE:
         kw = dict(BASE)
         kw.update(VARIANTS[name])
@@ -61,8 +61,8 @@ def variant(tmp_path_factory):
 
 def _load(d):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dcscope.LoadWarning)
-        return dcscope.load(d)
+        warnings.simplefilter("ignore", dclens.LoadWarning)
+        return dclens.load(d)
 
 
 def _tokens(V, T=23, seed=0):
@@ -98,7 +98,7 @@ def test_variant_hook_names(variant):
     for model, hook, why in [(kw, "blocks.0.attn.pre.qg", "key_wise: no query-wise branches"),
                              (kw, "blocks.0.attn.pre.static", "use_sw is off"),
                              (kw, "blocks.0.attn.routing", "no Mixture-of-Head routing")]:
-        with pytest.raises(dcscope.Error, match=why):
+        with pytest.raises(dclens.Error, match=why):
             model.run_with_cache(_tokens(64, 5), names=[hook])
 
 
@@ -160,7 +160,7 @@ def _ref_head_load(ref_cache, L, hs, k):
 
 @pytest.mark.parametrize("name", ["moh-hs0", "moh-hs1", "moh-hs2-static"])
 def test_moh_routing_and_head_load(variant, name):
-    from dcscope import analysis
+    from dclens import analysis
     d, sd, cfg = variant(name)
     model = _load(d)
     c = model.config
@@ -205,7 +205,7 @@ def test_disable_static_matches_reference(variant):
     # every static branch off == the same model without use_sw
     got_all = model.run_with_hooks(toks, fwd_hooks=iv.disable_static(model))
     assert rel_err(got_all, ref_forward(sd, dict(cfg, use_sw=False), toks)) <= TOL
-    with pytest.raises(dcscope.Error, match="use_sw is off"):
+    with pytest.raises(dclens.Error, match="use_sw is off"):
         iv.disable_static(_load(variant("groups2")[0]))
 
 
@@ -222,7 +222,7 @@ def test_force_routing_matches_reference(variant):
     assert rel_err(got, want) <= TOL
     np.testing.assert_array_equal(cache["blocks.1.attn.routing"], np.tile(row, (len(toks), 1)).astype(np.float32))
     assert np.all(cache["blocks.1.attn.z"][:, [1, 2]] == 0)
-    with pytest.raises(dcscope.Error, match="head 9 is out of range"):
+    with pytest.raises(dclens.Error, match="head 9 is out of range"):
         iv.force_routing(model, 0, [9])
 
 
@@ -244,7 +244,7 @@ def test_scale_router_logits_matches_reference(variant, factor, heads):
     want = ref_forward(sd, cfg, toks, interventions={"blocks.0.attn.router_logits": ref_fn})
     assert rel_err(got, want) <= TOL
     assert rel_err(got, model.forward(toks)) > 1e-4
-    with pytest.raises(dcscope.Error, match="no Mixture-of-Head routing"):
+    with pytest.raises(dclens.Error, match="no Mixture-of-Head routing"):
         iv.scale_router_logits(_load(variant("static")[0]), 2.0)
 
 
@@ -305,15 +305,15 @@ def test_missing_and_null_keys(tiny_factory, tmp_path):
     # a null number is refused, naming the key
     for key in ("norm_eps", "rope_base", "rotary_pct", "n_head"):
         _rewrite_config(d, str(tmp_path / ("null_" + key)), **{key: None})
-        with pytest.raises(dcscope.Error, match="'%s' is null" % key):
-            dcscope.load(str(tmp_path / ("null_" + key)))
+        with pytest.raises(dclens.Error, match="'%s' is null" % key):
+            dclens.load(str(tmp_path / ("null_" + key)))
 
 
 def test_query_and_key_wise_together_refused(tiny_factory, tmp_path):
     d, _, _ = tiny_factory(model_type="dcpythia", n_layer=2, window_size=5, seed=46)
     _rewrite_config(d, str(tmp_path / "both"), query_wise=True, key_wise=True)
-    with pytest.raises(dcscope.Error, match="query_wise and key_wise are both true"):
-        dcscope.load(str(tmp_path / "both"))
+    with pytest.raises(dclens.Error, match="query_wise and key_wise are both true"):
+        dclens.load(str(tmp_path / "both"))
 
 
 def test_neox_null_keys(tiny_factory, tmp_path):
@@ -324,8 +324,8 @@ def test_neox_null_keys(tiny_factory, tmp_path):
     assert not m.config.parallel_residual
     assert rel_err(m.forward(toks), ref_forward(sd, dict(c2, use_parallel_residual=False), toks)) <= TOL
     _rewrite_config(d, str(tmp_path / "n2"), layer_norm_eps=None)
-    with pytest.raises(dcscope.Error, match="'layer_norm_eps' is null"):
-        dcscope.load(str(tmp_path / "n2"))
+    with pytest.raises(dclens.Error, match="'layer_norm_eps' is null"):
+        dclens.load(str(tmp_path / "n2"))
 
 
 # ------------------------------------------------------------ load note, views
@@ -334,8 +334,8 @@ def test_neox_null_keys(tiny_factory, tmp_path):
 def test_query_wise_key_weights_noted_once(variant, tiny_factory, tmp_path):
     from safetensors.numpy import load_file, save_file
     d, sd, cfg = tiny_factory(model_type="dcpythia", n_layer=2, window_size=5, query_wise=True, seed=48)
-    with pytest.warns(dcscope.LoadWarning, match="key-wise weights .* ignored.*PyTorch module") as rec:
-        m = dcscope.load(d)
+    with pytest.warns(dclens.LoadWarning, match="key-wise weights .* ignored.*PyTorch module") as rec:
+        m = dclens.load(d)
     assert len(rec) == 1 and len(m.load_warnings) == 1
     # zero key slots carry nothing: no note
     dst = tmp_path / "qw0"
@@ -349,23 +349,23 @@ def test_query_wise_key_weights_noted_once(variant, tiny_factory, tmp_path):
         t[p + "dd"] = dd.reshape(32, 1, 16)
     save_file(t, str(dst / "model.safetensors"))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", dcscope.LoadWarning)
-        assert dcscope.load(str(dst)).load_warnings == []
-    with pytest.warns(dcscope.LoadWarning, match="key_wise is set but dyn_w_proj carries query-wise"):
-        dcscope.load(variant("key_wise")[0])
+        warnings.simplefilter("error", dclens.LoadWarning)
+        assert dclens.load(str(dst)).load_warnings == []
+    with pytest.warns(dclens.LoadWarning, match="key_wise is set but dyn_w_proj carries query-wise"):
+        dclens.load(variant("key_wise")[0])
 
 
 def test_strided_views_out_of_bounds_refused(tiny_factory, tmp_path):
     """A transposed view that reaches past its storage is refused, naming the tensor."""
-    from dcscope.testing.make_tiny import TorchTensor, write_torch_zip, round_to_dtype
+    from dclens.testing.make_tiny import TorchTensor, write_torch_zip, round_to_dtype
     d, _, _ = tiny_factory(model_type="gpt_neox", n_layer=2, seed=47)
     shutil.copy(os.path.join(d, "config.json"), tmp_path / "config.json")
     raw, _ = round_to_dtype(np.arange(6, dtype=np.float32), "float32")
     p = tmp_path / "pytorch_model.bin"
     write_torch_zip(str(p), {"w": TorchTensor("s", "float32", 6, 0, (3, 2), (1, 4))},
                     {"s": raw.tobytes()})
-    with pytest.raises(dcscope.Error, match="tensor 'w': view of size \\(3, 2\\), stride \\(1, 4\\).*outside storage"):
-        dcscope.load(str(tmp_path))
+    with pytest.raises(dclens.Error, match="tensor 'w': view of size \\(3, 2\\), stride \\(1, 4\\).*outside storage"):
+        dclens.load(str(tmp_path))
 
 
 def test_static_branch_memory(variant):

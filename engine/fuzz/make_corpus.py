@@ -10,7 +10,7 @@ OUT_DIR/torchzip/     PyTorch zip checkpoints laid out as torch.save writes
                       OrderedDict of _rebuild_tensor_v2 calls made by the
                       standard pickle module; zip64 or classic end records)
 
-The files are written by dcscope.testing.checkpoint, the one writer of every
+The files are written by dclens.testing.checkpoint, the one writer of every
 test fixture, and the config.json seeds by make_tiny's config writers; torch
 is not needed. synth_tasks (from this repository) makes the JSONL seeds.
 """
@@ -20,9 +20,9 @@ import struct
 import sys
 from collections import OrderedDict
 
-from dcscope.testing.checkpoint import TorchTensor, safetensors_bytes, torch_checkpoint_bytes
-from dcscope.testing.layouts import dcpythia_tensors
-from dcscope.testing.make_tiny import dcpythia_config as _dcp_config, gpt_neox_config as _neox_config
+from dclens.testing.checkpoint import TorchTensor, safetensors_bytes, torch_checkpoint_bytes
+from dclens.testing.layouts import dcpythia_tensors
+from dclens.testing.make_tiny import dcpythia_config as _dcp_config, gpt_neox_config as _neox_config
 
 
 def f32(*v):
@@ -126,7 +126,7 @@ def config_seeds():
 # ---------------------------------------------------------------- index json
 
 def dcpythia_names(n_layer=2):
-    """The tensor names of a DCPythia checkpoint (dcscope.testing.layouts)."""
+    """The tensor names of a DCPythia checkpoint (dclens.testing.layouts)."""
     return list(dcpythia_tensors(n_layer=n_layer, dim=64, n_head=4, vocab=512, intermediate=256))
 
 

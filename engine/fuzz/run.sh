@@ -10,7 +10,7 @@
 #   fuzz_index        *.index.json weight_map (dcs_parse_index_json)
 #   fuzz_jsonl        synth_tasks JSONL loader                (atheris, Python)
 # The C targets are built with clang -fsanitize=fuzzer,address,undefined by
-# CMake (the "fuzz" preset: the dcscope_io library and engine/fuzz/fuzz_*.c).
+# CMake (the "fuzz" preset: the dclens_io library and engine/fuzz/fuzz_*.c).
 # Needs clang (14 or later) with its runtime, cJSON, and for fuzz_jsonl the
 # atheris module (pip install atheris; skipped, and said so, without it).
 #

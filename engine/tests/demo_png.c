@@ -10,7 +10,7 @@
  * labels or titles, 30x50, signed), all (every head of a 12-layer, 12-head
  * model in one call; timed).
  */
-#include "dcscope.h"
+#include "dclens.h"
 
 #include <math.h>
 #include <stdio.h>

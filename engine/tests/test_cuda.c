@@ -14,7 +14,7 @@
  * group) and exits 1 if anything failed.
  *
  * Build (see engine/cuda.mk): compiled with -DDCS_WITH_CUDA and linked with
- * the dcscope_backends library (CPU + CUDA), OpenBLAS and the CUDA libraries.
+ * the dclens_backends library (CPU + CUDA), OpenBLAS and the CUDA libraries.
  */
 #include "dcs_backend.h"
 #include "dcs_math.h"

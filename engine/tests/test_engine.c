@@ -1,5 +1,5 @@
 /*
- * test_engine.c -- the engine through its public API (dcscope.h): loading,
+ * test_engine.c -- the engine through its public API (dclens.h): loading,
  * the forward pass, hooks, weights, and every bad input of those calls.
  *
  * The test writes its own checkpoints into a temporary directory: a tiny
@@ -412,7 +412,7 @@ static void write_config(const char *dir, const kv *base, const char *edit, cons
 
 /* A checkpoint directory written before the test by the Python fixture
  * writer (engine/Makefile: make fixtures, i.e. python3 -m
- * dcscope.testing.fixtures DIR; DCS_TEST_FIXTURES names DIR, default
+ * dclens.testing.fixtures DIR; DCS_TEST_FIXTURES names DIR, default
  * "fixtures" in the build directory): dcpythia, dcpythia_unfused,
  * dcpythia_unaligned, dcpythia_bf16, neox. Their values are value(). */
 static const char *fixture(const char *name)
@@ -426,7 +426,7 @@ static const char *fixture(const char *name)
     snprintf(cfg, sizeof cfg, "%s/config.json", p);
     struct stat st;
     if (stat(cfg, &st) != 0) {
-        fprintf(stderr, "test_engine: no fixture %s: run `make fixtures` (python3 -m dcscope.testing.fixtures "
+        fprintf(stderr, "test_engine: no fixture %s: run `make fixtures` (python3 -m dclens.testing.fixtures "
                         "DIR; DCS_TEST_FIXTURES=DIR)\n", cfg);
         exit(2);
     }
@@ -1284,7 +1284,7 @@ static void test_config_errors(void)
     CHECK(dcs_load(longdir, NULL, &mm, err, sizeof err) == DCS_ERR_ARG && strstr(err, "too long"));
     char small[16];
     CHECK(dcs_load(longdir, NULL, &mm, small, sizeof small) == DCS_ERR_ARG && strlen(small) == 15);
-    EXPECT_LOAD("no such directory", "/nonexistent/dcscope/model", DCS_ERR_IO, "config.json", NULL);
+    EXPECT_LOAD("no such directory", "/nonexistent/dclens/model", DCS_ERR_IO, "config.json", NULL);
 }
 
 static void test_tensor_errors(void)

@@ -1037,7 +1037,7 @@ static void check_torch_tensors(harness *h, const dcs_tensor_table *tt, const ch
 }
 
 /* A file or directory written before the test by the Python fixture writer
- * (engine/Makefile: make fixtures, i.e. python3 -m dcscope.testing.fixtures
+ * (engine/Makefile: make fixtures, i.e. python3 -m dclens.testing.fixtures
  * DIR; DCS_TEST_FIXTURES names DIR, default "fixtures" in the build
  * directory). Valid inputs come from there; malformed ones are built here. */
 static const char *fixture(const char *name)
@@ -1049,7 +1049,7 @@ static const char *fixture(const char *name)
     snprintf(p, 512, "%s/loaders/%s", root && *root ? root : "fixtures", name);
     struct stat st;
     if (stat(p, &st) != 0) {
-        fprintf(stderr, "test_loaders: no fixture %s: run `make fixtures` (python3 -m dcscope.testing.fixtures "
+        fprintf(stderr, "test_loaders: no fixture %s: run `make fixtures` (python3 -m dclens.testing.fixtures "
                         "DIR; DCS_TEST_FIXTURES=DIR)\n", p);
         exit(2);
     }

@@ -9,7 +9,7 @@
  * pixels with what png_layout.h says is where. Prints "png: N passed, M
  * failed" and exits nonzero on failure.
  */
-#include "dcscope.h"
+#include "dclens.h"
 #include "font.h"
 #include "png_layout.h"
 

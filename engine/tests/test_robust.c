@@ -10,7 +10,7 @@
  *   - duplicate keys, NULs (raw or \u0000) and a BOM are refused in
  *     config.json, shard indexes and safetensors headers; norm_eps 0 too.
  */
-#include "dcscope.h"
+#include "dclens.h"
 #include "dcs_model.h"
 #include "check.h"
 
@@ -163,7 +163,7 @@ static void test_not_regular(void)
 
     /* a dangling symlink is called one */
     make_dir("dangling");
-    CHECK(symlink("/nonexistent/dcscope/target.json", path_in("dangling", "config.json")) == 0);
+    CHECK(symlink("/nonexistent/dclens/target.json", path_in("dangling", "config.json")) == 0);
     EXPECT("dangling symlink", dcs_load(path_in(NULL, "dangling"), NULL, &m, err, sizeof err),
            DCS_ERR_IO, err, "config.json: cannot open: a dangling symbolic link");
 }

@@ -1,6 +1,6 @@
 /*
  * dcs_backend.h -- the backends layer (engine/src/backends/, library
- * dcscope_backends): the interface the model graph runs on (memory, GEMM,
+ * dclens_backends): the interface the model graph runs on (memory, GEMM,
  * row and element kernels, compose, fused attention) and its CPU and CUDA
  * implementations. Includes the io layer below it (errors, dtypes) only.
  */

@@ -260,7 +260,7 @@ dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config 
         s = parse_gpt_neox(&r, cfg, pat, plen);
     } else {
         s = dcs_seterr(e, DCS_ERR_CONFIG,
-                       "%s: unknown model_type '%.64s' (dcscope knows 'dcpythia' and 'gpt_neox')",
+                       "%s: unknown model_type '%.64s' (dclens knows 'dcpythia' and 'gpt_neox')",
                        path, mt->valuestring);
     }
     if (s == DCS_OK && cfg->d_model % cfg->n_head != 0)

@@ -1,5 +1,5 @@
 /*
- * dcs_io.h -- the io layer (engine/src/io/, library dcscope_io): the error
+ * dcs_io.h -- the io layer (engine/src/io/, library dclens_io): the error
  * record every layer uses, reading files, the tensor table the weight-file
  * parsers (safetensors, torch zip) fill, sharded-checkpoint indexes, strict
  * JSON and config.json. Includes nothing of the engine but the public header
@@ -8,7 +8,7 @@
 #ifndef DCS_IO_H
 #define DCS_IO_H
 
-#include "dcscope.h"
+#include "dclens.h"
 #include <stdarg.h>
 #include <stdbool.h>
 

@@ -472,7 +472,7 @@ static void query_wise_note(dcs_model *m) {
              "%s: query_wise is set but dyn_w_proj carries key-wise weights (slots 1 and 3 of "
              "dw1/qkw/dd); they are ignored, as in the DCFormer paper and its JAX training code. "
              "The published PyTorch module still applies them in prefill and training (only its "
-             "decoding drops them), so its logits for this checkpoint differ from dcscope's.\n",
+             "decoding drops them), so its logits for this checkpoint differ from dclens's.\n",
              m->dir);
 }
 
@@ -669,7 +669,7 @@ static dcs_status make_backend(dcs_model *m, const dcs_load_options *o, dcs_err 
         return m->be ? DCS_OK : e->code;
 #else
         return dcs_seterr(e, DCS_ERR_UNSUPPORTED,
-                          "device 'cuda' is not available: dcscope was built without CUDA (nvcc not found at build time)");
+                          "device 'cuda' is not available: dclens was built without CUDA (nvcc not found at build time)");
 #endif
     }
     return dcs_seterr(e, DCS_ERR_ARG, "unknown device %d", m->device);

@@ -61,7 +61,7 @@ int dcs_cuda_available(char *why, size_t whylen) {
 #ifdef DCS_WITH_CUDA
     return dcs_cuda_probe(why, whylen);
 #else
-    if (why && whylen) snprintf(why, whylen, "dcscope was built without CUDA (nvcc not found at build time)");
+    if (why && whylen) snprintf(why, whylen, "dclens was built without CUDA (nvcc not found at build time)");
     return 0;
 #endif
 }

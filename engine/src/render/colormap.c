@@ -26,7 +26,7 @@
  * exactly 0 and levels are symmetric around it), so the renderer can look
  * colours up in a table built per call and match dcs_colormap_rgb exactly.
  */
-#include "dcscope.h"
+#include "dclens.h"
 #include "png_layout.h"
 
 #include <math.h>

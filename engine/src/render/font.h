@@ -1,5 +1,5 @@
 /*
- * font.h -- the engine's built-in bitmap font (dcscope's own design).
+ * font.h -- the engine's built-in bitmap font (dclens's own design).
  *
  * Every glyph is 5 pixels wide and 9 rows tall, one byte per row, bit 4 the
  * leftmost pixel and bit 0 the rightmost. Rows 0..6 hold capitals and digits

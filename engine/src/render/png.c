@@ -7,7 +7,7 @@
  * text is drawn with the built-in bitmap font (font.h). The RGB picture is
  * encoded with libpng into a growing memory buffer.
  */
-#include "dcscope.h"
+#include "dclens.h"
 #include "font.h"
 #include "png_layout.h"
 

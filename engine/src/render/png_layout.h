@@ -21,7 +21,7 @@
 #ifndef DCS_PNG_LAYOUT_H
 #define DCS_PNG_LAYOUT_H
 
-#include "dcscope.h"
+#include "dclens.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,12 +1,12 @@
 """Attention heatmaps rendered to PNG by the engine (libpng, built-in font).
 
-    png = dcscope.attention_heatmap(model, "The cat sat on the mat", layer=1)
+    png = dclens.attention_heatmap(model, "The cat sat on the mat", layer=1)
     png                      # displays inline in Jupyter (_repr_png_)
     png.save("layer1.png")
 
 Sequential colours (viridis-like) for patterns in [0, 1]; a diverging map
 centred on zero for signed quantities (scores, compose branches, composed
-weights). matplotlib versions of the same figures are in dcscope.plots.
+weights). matplotlib versions of the same figures are in dclens.plots.
 """
 from __future__ import annotations
 

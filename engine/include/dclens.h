@@ -1,5 +1,5 @@
 /*
- * dcscope.h -- the one public header of the dcscope engine.
+ * dclens.h -- the one public header of the dclens engine.
  *
  * The engine loads Hugging Face checkpoints of DCPythia (DCMHA attention,
  * Xiao et al. 2024) and Pythia (GPT-NeoX, plain MHA) and runs exact float32
@@ -13,8 +13,8 @@
  *   - No global mutable state: everything lives in a dcs_model.
  *   - Activations seen by hooks are float32, C-contiguous, on the host.
  */
-#ifndef DCSCOPE_H
-#define DCSCOPE_H
+#ifndef DCLENS_H
+#define DCLENS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -379,4 +379,4 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
 #ifdef __cplusplus
 }
 #endif
-#endif /* DCSCOPE_H */
+#endif /* DCLENS_H */

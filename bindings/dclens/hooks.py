@@ -1,6 +1,6 @@
 """Hooks: what runs when the engine calls back at a hook point.
 
-    @dcscope.read_only                      # only reads: no write-back
+    @dclens.read_only                      # only reads: no write-back
     def look(act, name):
         seen[name] = act.mean()
 
@@ -11,7 +11,7 @@
 A hook function fn(act, name) may change `act` in place or return a
 replacement; either way a hook that is called counts as a write: what it
 leaves in `act` is copied back into the engine, which then uses it from
-that point on. A read-only hook (dcscope.read_only(fn), or read_only=True
+that point on. A read-only hook (dclens.read_only(fn), or read_only=True
 where hooks are given) gets a read-only array, and nothing is copied back.
 run_with_cache's own capture is read-only.
 
@@ -69,11 +69,11 @@ def read_only(fn: HookFn) -> ReadOnlyHook:
     lambda): it gets a read-only array (writing raises numpy's ValueError),
     must return None, and the pass skips the copy back into the engine.
 
-    >>> @dcscope.read_only
+    >>> @dclens.read_only
     ... def record(act, name):
     ...     means[name] = act.mean()
     >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", record)])
-    >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", dcscope.read_only(lambda a, n: keep.append(a)))])"""
+    >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", dclens.read_only(lambda a, n: keep.append(a)))])"""
     return fn if isinstance(fn, ReadOnlyHook) else ReadOnlyHook(fn)
 
 

@@ -1,7 +1,7 @@
 """matplotlib versions of the engine's heatmaps, for restyling.
 
 Pure numpy + matplotlib (no engine needed): give them arrays, e.g. from
-``model.run_with_cache``. The figures match dcscope.heatmaps' PNGs:
+``model.run_with_cache``. The figures match dclens.heatmaps' PNGs:
 
 - sequential ``viridis`` for patterns in [0, 1], diverging ``RdBu_r``
   centred on zero (symmetric range) for signed quantities;
@@ -11,7 +11,7 @@ Pure numpy + matplotlib (no engine needed): give them arrays, e.g. from
   labelled when there are too many;
 - one shared colour bar per figure.
 
-    import dcscope.plots as dp
+    import dclens.plots as dp
     fig = dp.plot_heads(cache["blocks.3.attn.pattern"], tokens, "layer 3")
     fig.savefig("layer3.png")
 
@@ -340,7 +340,7 @@ def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
 
 def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
                   panel_size: float = 3.2) -> Figure:
-    """A patching sweep (dcscope.patching.PatchResult) as heatmaps: 2-axis
+    """A patching sweep (dclens.patching.PatchResult) as heatmaps: 2-axis
     results in one panel, 3-axis results one panel per entry of the first
     axis (layer). Diverging colours centred on the corrupted metric (or on 0
     when normalize=True: 0 no effect, 1 full recovery)."""

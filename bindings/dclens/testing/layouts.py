@@ -6,7 +6,7 @@
 each an OrderedDict name -> shape in torch state_dict() order (see
 shared/docs/model-spec.md). The one place the test fixtures take them from:
 make_tiny checks every state dict it draws against it, the fuzz corpus'
-index seeds and the C tests' checkpoints (dcscope.testing.fixtures) are
+index seeds and the C tests' checkpoints (dclens.testing.fixtures) are
 made from it.
 
 * DCPythia ("dcpythia"): tok_embeddings, layers.{l}.attention.wqkv (or

@@ -1,18 +1,18 @@
 """Models shipped with the package, loadable by name.
 
-    dcscope.bundled_models()            # [BundledModel(name, path, model_type, summary)]
-    dcscope.load("dcpythia-tiny")       # a bundled name, or any checkpoint directory
+    dclens.bundled_models()            # [BundledModel(name, path, model_type, summary)]
+    dclens.load("dcpythia-tiny")       # a bundled name, or any checkpoint directory
 
-A bundled model is a directory ``dcscope/models/<name>/`` of the installed
+A bundled model is a directory ``dclens/models/<name>/`` of the installed
 package (package data: config.json, model.safetensors, tokenizer.json,
 MODEL_CARD.md).  The registry lists what is actually on disk; with none
-installed it is empty.  The environment variable ``DCSCOPE_MODELS_DIR`` (or the
+installed it is empty.  The environment variable ``DCLENS_MODELS_DIR`` (or the
 ``models_dir`` argument) points it at another directory laid out the same way,
 which is how the tests exercise it.
 
 Resolution (:func:`resolve`): an existing path is used as it is; otherwise a
 name without a path separator is looked up among the bundled models; anything
-else is a :class:`dcscope.Error` naming the path and listing the bundled names.
+else is a :class:`dclens.Error` naming the path and listing the bundled names.
 """
 from __future__ import annotations
 
@@ -23,19 +23,19 @@ from typing import List, Optional, Union
 
 from ._checks import Error
 
-ENV = "DCSCOPE_MODELS_DIR"
+ENV = "DCLENS_MODELS_DIR"
 
 
 @dataclasses.dataclass(frozen=True)
 class BundledModel:
-    name: str          # what dcscope.load() and --model accept
+    name: str          # what dclens.load() and --model accept
     path: str          # the checkpoint directory
     model_type: str    # "dcpythia" or "gpt_neox" (config.json), "" if unreadable
     summary: str       # first paragraph of MODEL_CARD.md after its title, "" if none
 
 
 def models_dir(models_dir: Optional[Union[str, os.PathLike]] = None) -> str:
-    """The directory the registry reads: the argument, else $DCSCOPE_MODELS_DIR,
+    """The directory the registry reads: the argument, else $DCLENS_MODELS_DIR,
     else the package's own models/ directory."""
     if models_dir is not None:
         return os.fspath(models_dir)

@@ -1,6 +1,6 @@
 """The valid checkpoints the C tests read, written before they run.
 
-    python3 -m dcscope.testing.fixtures OUT_DIR      (CMakeLists.txt: the ctest fixture "fixtures")
+    python3 -m dclens.testing.fixtures OUT_DIR      (CMakeLists.txt: the ctest fixture "fixtures")
 
 OUT_DIR/<name>/ holds config.json and model.safetensors of a tiny model
 (2 layers, D = 16, 4 heads, d_ff 32, vocab 50, window 4, rank 2):
@@ -18,8 +18,8 @@ viewing two storages: F16 0, 0.5, .. 5.5 and F32 1, 2, 3):
     torch2/                    two shards (the second with zip64 end records) + index
     zip64.bin                  the one file with zip64 end records
 
-Names and shapes come from dcscope.testing.layouts, config.json from
-make_tiny's config writers, the files from dcscope.testing.checkpoint. The
+Names and shapes come from dclens.testing.layouts, config.json from
+make_tiny's config writers, the files from dclens.testing.checkpoint. The
 values are engine/tests/test_engine.c's value(name, i), a hash of the
 stored tensor's name and the element index (unfused q/k/v take the rows of
 the fused tensor), so the C test can check any weight it reads.
@@ -154,7 +154,7 @@ def write_fixtures(out: str) -> list:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python3 -m dcscope.testing.fixtures OUT_DIR", file=sys.stderr)
+        print("usage: python3 -m dclens.testing.fixtures OUT_DIR", file=sys.stderr)
         return 2
     names = write_fixtures(argv[0])
     print("wrote %d fixture checkpoints under %s: %s" % (len(names), argv[0], ", ".join(names)))

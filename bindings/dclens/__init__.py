@@ -1,19 +1,19 @@
-"""dcscope: look inside attention heads that talk to each other.
+"""dclens: look inside attention heads that talk to each other.
 
 An exact C engine (CPU, CUDA) for DCPythia (DCFormer's dynamically composable
 multi-head attention) and Pythia, with hooks on every activation.
 
-    import dcscope
-    model = dcscope.load("path/to/checkpoint")        # config.json + weights
-    dcscope.bundled_models()                           # models shipped with the package,
-    model = dcscope.load("dcpythia-tiny")              # loadable by name
+    import dclens
+    model = dclens.load("path/to/checkpoint")        # config.json + weights
+    dclens.bundled_models()                           # models shipped with the package,
+    model = dclens.load("dcpythia-tiny")              # loadable by name
     logits = model.forward(tokens)                     # [T, V] or [B, T, V]
     logits, cache = model.run_with_cache(tokens)       # every hook
     cache["blocks.0.attn.post.kp"]                     # [N, T, S]
-    dcscope.hook_name(0, "attn.post.kp")               # "blocks.0.attn.post.kp"
+    dclens.hook_name(0, "attn.post.kp")               # "blocks.0.attn.post.kp"
     model.run_with_hooks(tokens, [(name, fn)])         # fn(act, name) may write act;
-    dcscope.read_only(fn)                              # ... or only read it (no copy back)
-    dcscope.attention_heatmap(model, "The cat sat", layer=0)   # PNG, inline in Jupyter
+    dclens.read_only(fn)                              # ... or only read it (no copy back)
+    dclens.attention_heatmap(model, "The cat sat", layer=0)   # PNG, inline in Jupyter
     model.generate("The cat", max_new_tokens=10)       # incremental decoding in the engine
 
 TransformerLens habits work: names_filter=, hook_* names, cache["pattern", 0],

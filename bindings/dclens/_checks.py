@@ -1,7 +1,7 @@
 """Argument checks shared by every public function: one place that decides
 what a layer, head, position, count, name or path may be, so that a float
 layer, a bool, a NUL inside a name or a non-UTF-8 path is refused the same
-way everywhere with a dcscope.Error naming the argument.
+way everywhere with a dclens.Error naming the argument.
 
 Integers: Python ints and numpy integers only (bool, float, numpy floats,
 strings are refused even when integral: ``layer=0.5`` and ``layer=1.0``
@@ -19,7 +19,7 @@ import numpy as np
 
 
 class Error(Exception):
-    """Every failure of dcscope: the message names the file, hook or argument."""
+    """Every failure of dclens: the message names the file, hook or argument."""
 
 
 def check_index(what: str, value, lo: int, hi: int, hint: str = "") -> int:

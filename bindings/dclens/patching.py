@@ -7,7 +7,7 @@ replaced by its value in the clean run and scores the logits with `metric`
 run batched: `batch_size` patched copies of the corrupted prompt go through
 one forward pass, each row patched at its own place (rows never mix).
 
-    from dcscope import patching
+    from dclens import patching
     m = patching.logit_diff(model.to_single_token(" Mary"), model.to_single_token(" John"))
     r = patching.sweep(model, clean, corrupted, m, over="layer,head")     # [L, N]
     r.plot()                                                              # a Figure
@@ -23,7 +23,7 @@ Sweeps (`over`):
   branch does not exist, e.g. query_wise)
 - "composition": single entries of the composition map: for layer l and
   phase, entry C[n, m] (source head n -> target head m) set to its clean
-  value at every pair (or at `queries`) -> [L, N, N]. Only dcscope can
+  value at every pair (or at `queries`) -> [L, N, N]. Only dclens can
   do this: the composed map of the corrupted run gets
   (C_clean[t,s][n,m] - C_corr[t,s][n,m]) * X_corr[n,t,s] added in target m.
 

@@ -17,14 +17,14 @@ Layouts (see shared/docs/model-spec.md):
   `query_key_value` rows grouped per head (head n owns rows [n*3*Dh, (n+1)*3*Dh):
   its q, then k, then v).
 
-Weight files (written by dcscope.testing.checkpoint, the one fixture writer):
+Weight files (written by dclens.testing.checkpoint, the one fixture writer):
 safetensors as the safetensors package writes them, PyTorch zip as torch.save
 writes it (data.pkl pickled by the standard pickle module), and sharded:
 `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, or
 `pytorch_model-0000i-of-0000n.bin` + `pytorch_model.bin.index.json`.
 
-This module and dcscope.testing.checkpoint import nothing of the engine (they run
-before it is built) and never import torch; `import dcscope` does not import them.
+This module and dclens.testing.checkpoint import nothing of the engine (they run
+before it is built) and never import torch; `import dclens` does not import them.
 """
 from __future__ import annotations
 
@@ -417,7 +417,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
             rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
 
-    # the names and shapes are the layout table's (dcscope.testing.layouts), in its order
+    # the names and shapes are the layout table's (dclens.testing.layouts), in its order
     if model_type == "dcpythia":
         layout = dcpythia_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
                                   rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm,
@@ -535,7 +535,7 @@ def _parse_moh(s):
     return {"shared_heads": int(hs), "routed_topk": int(k)}
 
 
-def main(argv=None, prog="dcscope make-tiny"):
+def main(argv=None, prog="dclens make-tiny"):
     ap = argparse.ArgumentParser(
         prog=prog,
         description="Write a tiny random DCPythia / Pythia checkpoint directory.")
@@ -593,7 +593,7 @@ def main(argv=None, prog="dcscope make-tiny"):
 
 
 def _check_cli_args(a) -> None:
-    """Sizes refused up front (before anything is written), as dcscope.Error."""
+    """Sizes refused up front (before anything is written), as dclens.Error."""
     from .._checks import Error
     for flag, v, lo in (("--n-layer", a.n_layer, 1), ("--dim", a.dim, 1), ("--n-head", a.n_head, 1),
                         ("--vocab", a.vocab, 1), ("--rank", a.rank, 1), ("--shards", a.shards, 1),
@@ -622,4 +622,4 @@ def _make_tiny_cli(a):
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog="python -m dcscope.testing.make_tiny"))
+    sys.exit(main(prog="python -m dclens.testing.make_tiny"))

@@ -1,10 +1,10 @@
 """Training small DCPythia / Pythia models on the CPU with the engine's backward.
 
-    from dcscope.train import TrainConfig, train
+    from dclens.train import TrainConfig, train
     train(TrainConfig(out="runs/dc", model_type="dcpythia", n_layer=4, dim=192, n_head=6,
                       seq_len=128, batch_size=16, steps=3000, data="synth", tokenizer="bpe:4096"))
 
-or ``dcscope train --out runs/dc --model-type dcpythia ...`` (see ``dcscope train -h``).
+or ``dclens train --out runs/dc --model-type dcpythia ...`` (see ``dclens train -h``).
 
 * Optimiser: AdamW (decoupled weight decay on matrices only, not on norms,
   biases, QK-norm scales), global-norm gradient clipping, cosine learning
@@ -17,7 +17,7 @@ or ``dcscope train --out runs/dc --model-type dcpythia ...`` (see ``dcscope trai
   generator seeded with (seed, s), so the data of a step does not depend on
   how the run was split into sittings.
 * Checkpoints: ``out/step-NNNNNN/`` holds config.json + model.safetensors in the
-  model type's own layout (``dcscope.load`` reads it), tokenizer.json, and
+  model type's own layout (``dclens.load`` reads it), tokenizer.json, and
   optimizer.npz + train_state.json for resuming; the last ``keep`` are kept,
   the final one is also copied to ``out/final``. A run restarted with the same
   ``out`` resumes from the last checkpoint and gives the same weights as an
@@ -467,9 +467,9 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
 
 
 def main(argv=None) -> int:
-    """dcscope train: command-line front end of train()."""
+    """dclens train: command-line front end of train()."""
     import argparse
-    p = argparse.ArgumentParser(prog="dcscope train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dclens train", description=__doc__.split("\n\n")[0])
     for f in dataclasses.fields(TrainConfig):
         if f.name == "progress":
             continue

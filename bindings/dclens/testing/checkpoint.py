@@ -1,7 +1,7 @@
 """Checkpoint files as Hugging Face and torch.save write them, without torch.
 
 The one writer of every test fixture (make_tiny, the fuzz corpus, the C
-tests' checkpoints: dcscope.testing.fixtures):
+tests' checkpoints: dclens.testing.fixtures):
 
     write_safetensors(path, {name: ("F16", shape, raw bytes)}, metadata)
     write_torch_zip(path, {name: TorchTensor(...)}, {storage_id: raw bytes})
@@ -25,7 +25,7 @@ records <archive>/data.pkl, byteorder, data/<key>, version,
 .data/serialization_id, each record's data on a 64-byte boundary (an "FB"
 extra field), a data descriptor after each, zip64 end records.
 
-Only the standard library and numpy are used; nothing of dcscope.
+Only the standard library and numpy are used; nothing of dclens.
 """
 from __future__ import annotations
 

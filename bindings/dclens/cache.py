@@ -16,7 +16,7 @@ its scale (from the full residual) is fixed, and ln_final's bias is its own
 component.
 
     logits, cache = model.run_with_cache(toks)
-    attrs, labels = dcscope.cache.dla(cache, token=tok, pos=-1)
+    attrs, labels = dclens.cache.dla(cache, token=tok, pos=-1)
     assert abs(attrs.sum() - logits[-1, tok]) < 1e-3
 """
 from __future__ import annotations
@@ -36,11 +36,11 @@ if TYPE_CHECKING:
 class Cache(dict):
     """Activations by hook name (numpy arrays), from run_with_cache.
 
-    Keys are dcscope hook names; lookups also take TransformerLens names
+    Keys are dclens hook names; lookups also take TransformerLens names
     (cache["blocks.0.attn.hook_pattern"]) and (short name, layer) pairs
     (cache["pattern", 0], cache["resid_post", -1]). repr shows names and
     shapes only. The analysis helpers (decompose_resid, stack_head_results,
-    accumulated_resid, apply_ln_to_stack, logit_attrs) are in dcscope.cache."""
+    accumulated_resid, apply_ln_to_stack, logit_attrs) are in dclens.cache."""
 
     model: Optional["Model"] = None
 

@@ -1,7 +1,7 @@
 """Head diversity and redundancy, composition statistics and MoH head load,
-over a dataset, for any model dcscope loads (issue 16).
+over a dataset, for any model dclens loads (issue 16).
 
-    from dcscope import analysis
+    from dclens import analysis
     data = ["The cat sat on the mat.", ...]            # strings or 1-D token arrays
     pca = analysis.head_output_pca(model, data)          # {layer: PCAResult}
     pca[3].n_components_90, pca[3].ratio                 # redundancy of layer 3's heads

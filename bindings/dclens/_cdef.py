@@ -1,4 +1,4 @@
-"""The C declarations of engine/include/dcscope.h that Python uses (cffi cdef).
+"""The C declarations of engine/include/dclens.h that Python uses (cffi cdef).
 
 Kept in one place; tests/test_cdef.py checks it against the header.
 """

@@ -1,4 +1,4 @@
-"""Generation with the engine's incremental decoder (dcs_decoder in dcscope.h).
+"""Generation with the engine's incremental decoder (dcs_decoder in dclens.h).
 
 The decoder keeps per layer the K/V cache and the KW cache (key-side
 composition weights kw1, kw2, kdd of both phases, as the published DCFormer
@@ -10,7 +10,7 @@ step gives the logits of a full forward over the whole text (tested).
 
 Hooks work while decoding: fwd_hooks are called at every step with the
 step's activations ([1, n, ...] for the n tokens fed; attention maps
-[1, N, n, P] over the P positions so far, see dcscope.h).
+[1, N, n, P] over the P positions so far, see dclens.h).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Hook names: short names, TransformerLens aliases, and dcscope.hook_name.
+"""Hook names: short names, TransformerLens aliases, and dclens.hook_name.
 
-dcscope's own names (shared/docs/hooks.md) are canonical: caches are keyed
+dclens's own names (shared/docs/hooks.md) are canonical: caches are keyed
 by them. Everywhere a hook name is taken (run_with_cache names /
 names_filter, run_with_hooks, cache[...], interventions, patching) the
 TransformerLens spelling works too:
 
-| TransformerLens                   | dcscope                     |
+| TransformerLens                   | dclens                     |
 |-----------------------------------|-----------------------------|
 | hook_embed                        | embed                       |
 | blocks.{l}.hook_resid_pre         | blocks.{l}.resid_pre        |
@@ -23,7 +23,7 @@ TransformerLens spelling works too:
 | ln_final.hook_normalized          | ln_final                    |
 | (none: the unembed output)        | logits                      |
 
-Notes: TransformerLens' attn_scores are after the mask; dcscope's scores are
+Notes: TransformerLens' attn_scores are after the mask; dclens's scores are
 before composition and mask (masked cells hold q.k). In a DCMHA layer the
 weights that multiply v are attn.pattern_composed (post-compose of the
 softmax output attn.pattern); in Pythia they are attn.pattern. There is no
@@ -41,7 +41,7 @@ from ._checks import Error
 PHASES = ("pre", "post")
 BRANCHES = ("skip", "qp", "kp", "qg", "kg")
 
-# TransformerLens suffix (after "blocks.{l}.") -> dcscope suffix
+# TransformerLens suffix (after "blocks.{l}.") -> dclens suffix
 TL_LAYER_ALIASES = {
     "hook_resid_pre": "resid_pre",
     "ln1.hook_normalized": "ln_attn",
@@ -67,7 +67,7 @@ _REVERSE_LAYER = {v: k for k, v in TL_LAYER_ALIASES.items()}
 _REVERSE_GLOBAL = {v: k for k, v in TL_GLOBAL_ALIASES.items()}
 
 # Short names for hook_name() / cache[short, layer]: TransformerLens' short
-# names (get_act_name) plus dcscope's suffixes.
+# names (get_act_name) plus dclens's suffixes.
 SHORT = {
     "embed": "embed", "ln_final": "ln_final", "logits": "logits", "normalized": "ln_final",
     "resid_pre": "resid_pre", "resid_post": "resid_post",
@@ -83,7 +83,7 @@ _GLOBAL = {"embed", "ln_final", "logits"}
 
 
 def canonical(name: str) -> str:
-    """The dcscope name of a hook given in either spelling (unknown names pass
+    """The dclens name of a hook given in either spelling (unknown names pass
     through unchanged, for the engine to report)."""
     if not isinstance(name, str):
         return name
@@ -96,7 +96,7 @@ def canonical(name: str) -> str:
 
 
 def tl_alias(name: str) -> Optional[str]:
-    """The TransformerLens spelling of a dcscope name, or None if it has none."""
+    """The TransformerLens spelling of a dclens name, or None if it has none."""
     if name in _REVERSE_GLOBAL:
         return _REVERSE_GLOBAL[name]
     m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
@@ -113,7 +113,7 @@ def name_and_layer(a, b=None) -> Tuple[str, Optional[int]]:
 
 
 def hook_name(name, layer=None) -> str:
-    """The full dcscope hook name of a short name and a layer, in either order:
+    """The full dclens hook name of a short name and a layer, in either order:
 
         hook_name(3, "attn.post.kp")  -> "blocks.3.attn.post.kp"
         hook_name("post.kp", 3)       -> "blocks.3.attn.post.kp"
@@ -124,7 +124,7 @@ def hook_name(name, layer=None) -> str:
     a short name ("pattern", "z", "pre.kp" for "attn.pre.kp") or a full name
     in either spelling (returned canonical). A negative layer counts from
     the end only through Model.hook_name (it needs n_layer). Every module
-    of dcscope builds its hook names here."""
+    of dclens builds its hook names here."""
     name, layer = name_and_layer(name, layer)
     if not isinstance(name, str):
         raise Error("hook_name: name must be a string, not %r" % (name,))

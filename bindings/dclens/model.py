@@ -1,8 +1,8 @@
 """Model: a loaded checkpoint, its forward pass, and hooks (read and write).
 
-Thin layer over the C engine (dcscope._engine): the engine runs the pass and
+Thin layer over the C engine (dclens._engine): the engine runs the pass and
 calls back at every wanted hook point with the activation for the whole batch;
-dcscope.hooks turns that into numpy arrays, a cache, and calls of the user's
+dclens.hooks turns that into numpy arrays, a cache, and calls of the user's
 hook functions, with hook names from the model's HookTable.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def cuda_unavailable_reason() -> str:
 def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
          always_batch: bool = False) -> "Model":
     """Load a DCPythia or Pythia checkpoint directory (config.json + weights),
-    or a bundled model by name (dcscope.bundled_models()).
+    or a bundled model by name (dclens.bundled_models()).
 
     always_batch=True gives every result a leading batch axis, also for one
     prompt (TransformerLens' habit); by default the batch axis follows the
@@ -137,7 +137,7 @@ def _read_regular_file(path: str, limit: int) -> str:
 class Model(WeightsMixin):
     """A loaded DCPythia or Pythia model.
 
-    >>> m = dcscope.load("path/to/model")
+    >>> m = dclens.load("path/to/model")
     >>> logits = m.forward(m.to_tokens("The cat sat"))
     >>> logits, cache = m.run_with_cache(tokens, names=lambda n: n.endswith("pattern"))
     """
@@ -190,7 +190,7 @@ class Model(WeightsMixin):
 
     def __repr__(self) -> str:
         c = self.config
-        return "<dcscope.Model %s: %s, %d layers, d_model %d, %d heads, on %s>" % (
+        return "<dclens.Model %s: %s, %d layers, d_model %d, %d heads, on %s>" % (
             self.name, c.model_type, c.n_layer, c.d_model, c.n_head, self.device)
 
     # ------------------------------------------------------------ names
@@ -201,7 +201,7 @@ class Model(WeightsMixin):
         return list(self._hook_table.names)
 
     def parse_hook(self, name: str) -> Tuple[int, int]:
-        """(point, layer) of a dcscope hook name of this model; an Error naming
+        """(point, layer) of a dclens hook name of this model; an Error naming
         what is wrong with any other name."""
         key = self._hook_table.key.get(name) if isinstance(name, str) else None
         if key is not None:
@@ -472,7 +472,7 @@ class Model(WeightsMixin):
                     self._pass_thread = None
                     done.set()
 
-            worker = threading.Thread(target=work, name="dcscope-forward", daemon=True)
+            worker = threading.Thread(target=work, name="dclens-forward", daemon=True)
             interrupted = None
             worker.start()
             while not done.is_set():
@@ -517,7 +517,7 @@ class Model(WeightsMixin):
         """Logits and a Cache of the named activations (None: every hook).
 
         names (or names_filter, TransformerLens' spelling): None, a hook
-        name, a list of names (dcscope or TransformerLens spelling), or a
+        name, a list of names (dclens or TransformerLens spelling), or a
         predicate on names (tried on both spellings). Capture is read-only;
         fwd_hooks run as in run_with_hooks (read_only=True declares them all
         read-only)."""
@@ -528,13 +528,13 @@ class Model(WeightsMixin):
                           capture=self._select(sel), fns=hook_pairs(fwd_hooks, read_only), with_cache=True)
 
     def resolve_hook(self, name: str) -> str:
-        """The dcscope name of a hook given in either spelling, checked."""
+        """The dclens name of a hook given in either spelling, checked."""
         n = _names.canonical(name)
         self.parse_hook(n)
         return n
 
     def hook_name(self, name, layer=None) -> str:
-        """dcscope.hook_name with negative layers counted from the end, checked
+        """dclens.hook_name with negative layers counted from the end, checked
         against this model: model.hook_name(-1, "attn.post.kp")."""
         name, layer = _names.name_and_layer(name, layer)
         if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool) and layer < 0:
@@ -550,7 +550,7 @@ class Model(WeightsMixin):
 
     def add_hook(self, name: str, fn: HookFn, read_only: bool = False) -> None:
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
-        until reset_hooks() (read_only=True: see dcscope.read_only)."""
+        until reset_hooks() (read_only=True: see dclens.read_only)."""
         (name, fn), = hook_pairs([(name, fn)], read_only)
         self._ctx_hooks.append((self.resolve_hook(name), fn))
 
@@ -560,7 +560,7 @@ class Model(WeightsMixin):
 
     def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False):
         """Context manager: the hooks apply to every pass inside the with block
-        (read_only=True: see dcscope.read_only).
+        (read_only=True: see dclens.read_only).
 
         >>> with model.hooks([iv.ablate_head(model, 1, 2)]):
         ...     logits = model(toks)"""
@@ -578,7 +578,7 @@ class Model(WeightsMixin):
 
     def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
                  stop=None, **kw):
-        """Continue a prompt with the engine's incremental decoder (dcscope.generate)."""
+        """Continue a prompt with the engine's incremental decoder (dclens.generate)."""
         return _generate.generate(self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
 
     def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
@@ -592,7 +592,7 @@ class Model(WeightsMixin):
         to pattern_composed, z, head_out, resid_* changes everything downstream.
         Every hook that is called counts as a write (what it leaves in the
         array is copied back into the engine) unless it is read-only:
-        dcscope.read_only(fn), or read_only=True for all of fwd_hooks; a
+        dclens.read_only(fn), or read_only=True for all of fwd_hooks; a
         read-only hook gets a read-only array and costs no copy back.
         With cache_names (None meaning every hook, as in run_with_cache),
         returns (logits, cache) of the hooked pass."""
@@ -613,7 +613,7 @@ class Model(WeightsMixin):
 
     def weight(self, name: str) -> np.ndarray:
         """A weight by canonical (dcpythia) name, as a read-only float32 array
-        (see dcscope.h). The last few weights read are kept, so per-head
+        (see dclens.h). The last few weights read are kept, so per-head
         circuit code can call this in a loop."""
         cname = c_str("weight name", name)
         cache = self.__dict__.setdefault("_weights", {})

@@ -1,11 +1,11 @@
-"""The dcscope command line.
+"""The dclens command line.
 
-    dcscope synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]   (synth_tasks)
-    dcscope heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
-    dcscope info --model DIR
-    dcscope models                            (the bundled models: every --model takes their names)
-    dcscope make-tiny OUT_DIR [options]      (a generated checkpoint, see dcscope.testing)
-    dcscope train --out DIR [options]        (train a small model, see dcscope.train)
+    dclens synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]   (synth_tasks)
+    dclens heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
+    dclens info --model DIR
+    dclens models                            (the bundled models: every --model takes their names)
+    dclens make-tiny OUT_DIR [options]      (a generated checkpoint, see dclens.testing)
+    dclens train --out DIR [options]        (train a small model, see dclens.train)
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ._checks import Error
 
 
 def _heatmap(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="dcscope heatmap", description="Render attention heatmaps to PNG.")
+    p = argparse.ArgumentParser(prog="dclens heatmap", description="Render attention heatmaps to PNG.")
     p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
     p.add_argument("--text", required=True, help="the prompt")
     p.add_argument("--layer", required=True, help="layer index, or 'all' (with --head)")
@@ -70,7 +70,7 @@ def _int(s: str, what: str) -> int:
 
 
 def _info(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="dcscope info", description="Print a model's config and hook names.")
+    p = argparse.ArgumentParser(prog="dclens info", description="Print a model's config and hook names.")
     p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
     p.add_argument("--hooks", action="store_true", help="also list every hook name")
     a = p.parse_args(argv)
@@ -125,7 +125,7 @@ def _layout(suffix):
 
 
 def _models(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="dcscope models", description="List the bundled models.")
+    p = argparse.ArgumentParser(prog="dclens models", description="List the bundled models.")
     p.parse_args(argv)
     from .bundled import bundled_models, models_dir
     ms = bundled_models()
@@ -142,7 +142,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # commands other packages add (synth: synth_tasks), looked up by name
     added = [n for n in plugins.names(plugins.COMMANDS) if n not in cmds]
     if argv and argv[0] not in cmds and argv[0] not in added and argv[0] not in ("-h", "--help"):
-        print("dcscope: unknown command %r (commands: %s; dcscope --help)"
+        print("dclens: unknown command %r (commands: %s; dclens --help)"
               % (argv[0], ", ".join(added + list(cmds))), file=sys.stderr)
         return 2
     if not argv or argv[0] in ("-h", "--help"):
@@ -154,9 +154,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return fn(rest) or 0
     except Error as e:
         msg = str(e)
-        if msg.startswith(cmd + ": "):           # "heatmap: ..." under "dcscope heatmap"
+        if msg.startswith(cmd + ": "):           # "heatmap: ..." under "dclens heatmap"
             msg = msg[len(cmd) + 2:]
-        print("dcscope %s: error: %s" % (cmd, msg), file=sys.stderr)
+        print("dclens %s: error: %s" % (cmd, msg), file=sys.stderr)
         return 1
 
 

@@ -1,17 +1,17 @@
-"""Commands and training-data sources that other packages add to dcscope.
+"""Commands and training-data sources that other packages add to dclens.
 
-dcscope never imports those packages: each declares what it adds as entry
-points in its package metadata, and dcscope looks them up by name when they
+dclens never imports those packages: each declares what it adds as entry
+points in its package metadata, and dclens looks them up by name when they
 are used. synth_tasks (this repository's pyproject.toml) adds
 
-    [project.entry-points."dcscope.commands"]     dcscope synth ...
+    [project.entry-points."dclens.commands"]     dclens synth ...
     synth = "synth_tasks.cli:main"                 fn(argv) -> exit status
 
-    [project.entry-points."dcscope.train_data"]   dcscope train --data synth:64 / FILE.jsonl
+    [project.entry-points."dclens.train_data"]   dclens train --data synth:64 / FILE.jsonl
     synth = "synth_tasks.train_data:synth"         fn(arg, seed) -> [text, ...]
     jsonl = "synth_tasks.train_data:jsonl"
 
-so synth_tasks depends on dcscope and never the reverse
+so synth_tasks depends on dclens and never the reverse
 (tests/test_imports.py checks it).
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Callable, List
 
 from ._checks import Error
 
-COMMANDS = "dcscope.commands"
-TRAIN_DATA = "dcscope.train_data"
+COMMANDS = "dclens.commands"
+TRAIN_DATA = "dclens.train_data"
 
 
 def _group(group: str):
