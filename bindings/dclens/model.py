@@ -652,6 +652,13 @@ class Model(WeightsMixin):
             return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return routing.routing_matrix(self, tokens, layer, phase, query)
 
+    def flows(self, tokens, layer: int, phase: str, head: int, query: int, *,
+              cache: Optional[Cache] = None) -> np.ndarray:
+        """[N source, branch, T key]: what each source head lends target `head` at
+        (query, key) through each compose branch; sums to the composed entry
+        (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass)."""
+        return routing.flows(self, tokens, layer, phase, head, query, cache=cache)
+
     def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
         if cache is not None:

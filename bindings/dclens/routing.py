@@ -21,6 +21,12 @@ From a cache (no extra pass), vectorised over every query and layer:
     R = routing.routing_matrices(model, cache, "post")       # [L, T, N, N]
     C = routing.composition_maps(model, cache, 3, "pre", query=-1)   # [S, N, N]
 
+Flows split one composed entry by where it comes from: flows(model, toks,
+layer, phase, head, query)[n, b, s] is the part of target `head`'s composed
+score (pre) or weight (post) at (query, key s) that source head n lends
+through branch b (flow_branches(model)); they sum to scores_composed /
+pattern_composed at the visible keys (flow_table: the largest, with tokens).
+
 Positions may be negative (counted from the end, as in Python). Maps of
 masked pairs (a key after the query, or outside a local layer's window)
 are defined but never used by the model: asking for one warns
@@ -30,13 +36,13 @@ from __future__ import annotations
 
 import warnings
 
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Dict, NamedTuple, Optional
 
 import numpy as np
 
 from ._checks import Error, check_index
 from .cache import Cache
-from .names import PHASES, hook_name
+from .names import BRANCHES, PHASES, hook_name
 
 if TYPE_CHECKING:
     from .model import Model
@@ -339,4 +345,149 @@ def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.nda
             if n not in cache:
                 raise Error("cache has no %s" % n)
             out["%s.%s" % (ph, sd)] = cache[n]
+    return out
+
+
+# ---------------------------------------------------------------- flows: one target entry, by source and branch
+
+def flow_branches(model: Model) -> tuple:
+    """The branch axis of flows(): BRANCHES, plus "static" for a model with the
+    Talking-Heads branch (use_sw; no published or bundled model has it)."""
+    return BRANCHES + (("static",) if model.config.use_sw else ())
+
+
+def _flow_inputs(model: Model, tokens, cache: Optional[Cache], layer: int, phase: str) -> Cache:
+    """A cache holding the phase input (scores / pattern) and the dyn.* hooks of the layer:
+    `cache` itself when it holds them all (checked against `tokens`), else a new pass."""
+    src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
+    names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
+                     if model.config.use_dcmha else [])
+    if cache is None:
+        if tokens is None:
+            raise Error("flows: give tokens or a cache=")
+        _, cache = model.run_with_cache(_check(model, tokens, layer, phase), names=names)
+        return cache
+    missing = [n for n in names if n not in cache]
+    if missing:
+        raise Error("flows: cache= has no %s (capture them: names=%r)" % (", ".join(missing), names))
+    if cache[src].ndim != 3:
+        raise Error("flows work on one sequence: %s in cache= has shape %s" % (src, cache[src].shape))
+    if tokens is not None:
+        T = _check(model, tokens, layer, phase).shape[0]
+        if cache[src].shape[-1] != T:
+            raise Error("flows: cache= holds %d positions but tokens has %d" % (cache[src].shape[-1], T))
+    return cache
+
+
+def flows(model: Model, tokens, layer: int, phase: str, head: int, query: int, *,
+          cache: Optional[Cache] = None) -> np.ndarray:
+    """Where target `head`'s composed score (pre) or weight (post) at (`query`, key)
+    comes from: F [N (source head), len(flow_branches(model)), T (key)], float64,
+
+        F[n, skip, s] = X[n,t,s]                       (n == head only)
+        F[n, qp, s]   = X[n,t,s] (qw1[t]^T qw2[t])[n, head]
+        F[n, kp, s]   = X[n,t,s] (kw1[s]^T kw2[s])[n, head]
+        F[n, qg, s]   = X[n,t,s] qdd[t, n]             (n == head only)
+        F[n, kg, s]   = X[n,t,s] kdd[s, n]             (n == head only)
+        F[n, static, s] = X[n,t,s] W[n, head]          (use_sw models only)
+
+    with t = query and X the phase's input: the raw scores (pre, signed logits)
+    or the softmax pattern (post). With compose_groups the projection and
+    static terms are zero between groups; with query_wise (key_wise) the key-
+    (query-) side branches are zero. Masked keys (after the query, outside a
+    local layer's window) are zero. F.sum((0, 1)) is scores_composed[head, t]
+    (pre) or pattern_composed[head, t] (post) at every visible key. For plain
+    MHA only the skip branch is non-zero (F sums to the scores / pattern).
+
+    layer, head and query may be negative (from the end). cache= (from
+    run_with_cache, one sequence) holding the layer's scores or pattern and its
+    dyn.* hooks avoids a pass; tokens may then be None."""
+    if phase not in PHASES:
+        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+    L, N = model.config.n_layer, model.config.n_head
+    layer = check_index("layer", layer, -L, L, " (model has %d layers)" % L) % L
+    head = check_index("head", head, -N, N, " (model has %d heads)" % N) % N
+    cache = _flow_inputs(model, tokens, cache, layer, phase)
+    X = cache[hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))]   # [N, T, S]
+    T = X.shape[-1]
+    t = _pos(query, T, "query")
+    x = X[:, t, :].astype(np.float64) * _mask(T, T, _window(model, layer))[t]              # [N, S]
+    branches = flow_branches(model)
+    b = {name: i for i, name in enumerate(branches)}
+    F = np.zeros((N, len(branches), T))
+    F[head, b["skip"]] = x[head]
+    if not model.config.use_dcmha:
+        return F
+    d = _cache_dyn(model, cache, layer, phase)
+    block = _group_block(model)[:, head]                                                  # [N] 0/1
+    if "qw1" in d:
+        F[:, b["qp"]] = x * ((d["qw1"][t].T @ d["qw2"][t][:, head]) * block)[:, None]     # [N, S]
+        F[head, b["qg"]] = x[head] * d["qdd"][t, head]
+    if "kw1" in d:
+        kmap = np.einsum("sin,si->ns", d["kw1"], d["kw2"][:, :, head]) * block[:, None]   # [N, S]
+        F[:, b["kp"]] = x * kmap
+        F[head, b["kg"]] = x[head] * d["kdd"][:, head]
+    if "static" in b:
+        F[:, b["static"]] = x * static_map(model, layer, phase)[:, head][:, None]
+    return F
+
+
+class Flow(NamedTuple):
+    """One entry of a flow_table: source head, branch and key, what it lends."""
+    source: int
+    branch: str
+    key: int
+    token: str
+    value: float
+    share: float    # value / the composed entry summed over visible keys
+
+
+class FlowTable(list):
+    """The largest flows into one target entry (a list of Flow), largest |value|
+    first; str() / print() show it as a table."""
+    title = ""
+    total = 0.0
+
+    def __str__(self) -> str:
+        rows = [self.title, "%6s %-6s %5s  %-14s %10s %8s" % ("source", "branch", "key", "token", "value", "share")]
+        for f in self:
+            rows.append("%6d %-6s %5d  %-14s %10.4f %7.1f%%" % (f.source, f.branch, f.key, repr(f.token)[:14],
+                                                                f.value, 100 * f.share))
+        return "\n".join(rows)
+
+    __repr__ = __str__
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(str(self))
+
+
+def flow_table(model: Model, tokens, layer: int, phase: str, head: int, query: int, k: int = 10, *,
+               cache: Optional[Cache] = None, F: Optional[np.ndarray] = None) -> FlowTable:
+    """The k largest (|value|) (source, branch, key) flows into target `head` at
+    `query` (see flows), with each key's token and its share of the composed
+    entry summed over the visible keys; F= reuses an array from flows()."""
+    k = check_index("k", k, 1, 1 << 30)
+    F = flows(model, tokens, layer, phase, head, query, cache=cache) if F is None else np.asarray(F)
+    T = F.shape[-1]
+    branches = flow_branches(model)
+    if F.shape[:2] != (model.config.n_head, len(branches)):
+        raise Error("flow_table: F has shape %s, not [%d, %d, T]" % (F.shape, model.config.n_head, len(branches)))
+    toks = None if tokens is None else np.asarray(model.to_tokens(tokens) if isinstance(tokens, str) else tokens)
+    words = None
+    if toks is not None:
+        try:
+            words = model.to_str_tokens(toks)
+        except Error:       # no tokenizer.json: keys are shown by position
+            pass
+    total = float(F.sum())
+    out = FlowTable()
+    for i in np.argsort(-np.abs(F), axis=None, kind="stable")[:k]:
+        n, bi, s = np.unravel_index(i, F.shape)
+        v = float(F[n, bi, s])
+        out.append(Flow(int(n), branches[bi], int(s), words[s] if words is not None else str(s), v,
+                        v / total if total else float("nan")))
+    L, N = model.config.n_layer, model.config.n_head
+    out.title = "flows into layer %d head %d, %s-compose, query %d: composed entries sum to %.4f over %d keys" % (
+        layer % L, head % N, phase, _pos(query, T, "query"), total, T)
+    out.total = total
     return out
