@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what a fresh machine lacks, then build and install dclens (editable).
 # Debian packages: OpenBLAS, libpng, cJSON, zlib, pkg-config, CMake + Ninja (the
-# build), clang (fuzzers). PyPI: the build requirements (scikit-build-core,
+# build), clang (fuzzers), chromium + chromium-driver (the explorer page's
+# browser tests, tests/test_explorer_browser.py). PyPI: the build requirements (scikit-build-core,
 # cffi), then the package itself with its test extras, built without build
 # isolation so that later rebuilds (`make build`, `pip install
 # --no-build-isolation -e .`) reuse build/<wheel tag>/ and compile only what changed.
@@ -18,6 +19,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Chromium for the explorer's browser tests: Debian's packages (on Ubuntu the
+# chromium package is a snap wrapper that does not work in containers). Where
+# they cannot be installed the set-up goes on and those tests skip, saying why.
+if ! dpkg -s chromium >/dev/null 2>&1 || ! dpkg -s chromium-driver >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "install-deps: apt-get install chromium chromium-driver"
+  $SUDO apt-get update -qq || true
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null ||
+    echo "install-deps: chromium could not be installed; tests/test_explorer_browser.py will skip"
 fi
 
 # libFuzzer's runtime is only a "Recommends" of clang: ask for it by name.

@@ -15,6 +15,7 @@ multi-head attention) and Pythia, with hooks on every activation.
     dclens.read_only(fn)                              # ... or only read it (no copy back)
     dclens.attention_heatmap(model, "The cat sat", layer=0)   # PNG, inline in Jupyter
     model.generate("The cat", max_new_tokens=10)       # incremental decoding in the engine
+    dclens.explore(model, "The cat sat").save("p.html")   # interactive composition explorer
 
 TransformerLens habits work: names_filter=, hook_* names, cache["pattern", 0],
 model.hooks(...) as a context manager, return_type="loss", batches of prompts
@@ -28,9 +29,11 @@ from . import cache, names, patching
 from .names import BRANCHES, PHASES, hook_name
 from .hooks import read_only
 from .generate import Decoder, generate
+from .explorer import Explorer, explore
 
-__all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PHASES", "PNG",
-           "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
-           "cuda_unavailable_reason", "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching",
+__all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "Explorer", "LoadWarning", "Model",
+           "PHASES", "PNG", "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
+           "cuda_unavailable_reason", "explore", "generate", "heatmap", "hook_name", "interventions", "load", "names",
+           "patching",
            "read_only", "routing"]
 __version__ = "0.1.0"

@@ -1,0 +1,315 @@
+"""The composition explorer: one self-contained HTML page to look at how heads compose.
+
+    ex = dclens.explore(model, "Ruth has a sweater. ...", twin=pythia, attribution=("logprob", -1, tok))
+    ex                        # shows itself in Jupyter / JupyterLab / VS Code (_repr_html_)
+    ex.save("page.html")      # a file that works from file://: no CDN, no request leaves the page
+
+The page shows the token strip (hover or click a query), every head's
+attention row at the query (softmax pattern and composed weights side by
+side, and the MHA twin's), the selected head's compose branches per key (pre
+and post), the routing matrix [N, N] of the query as a heatmap and as a head
+graph, the flows into one (head, query, key) by source head and branch (what
+routing.flows computes), the query's dynamic weights and, with attribution=,
+integrated gradients per head as a ranking that selects heads.
+
+Data: every map is stored for its visible cells only (causal, and the window
+of local layers), one row (head, query) at a time as 8-bit integers with a
+float32 scale per row (unsigned, step max/255, for arrays that are never
+negative; signed, step max|x|/127, otherwise), deflate-compressed per layer
+and decoded by the page when the layer is first shown (DecompressionStream).
+A decoded value is within half a step of the engine's (`stored_step`).
+
+Test contract (docs/explorer.md): the fragment #layer=L&head=H&query=Q&view=V
+(V: pattern, pattern_composed, branch:NAME, routing, flows; also phase=pre|post,
+key=K) selects a view on load; once drawn, document.body.dataset.ready is "1"
+and #dcs-selected carries the displayed numbers as JSON in data-values.
+"""
+from __future__ import annotations
+
+import base64
+import html as _html
+import json
+import os
+import re
+import zlib
+from typing import Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from ._checks import Error, check_index
+from .names import BRANCHES, PHASES, hook_name
+
+_PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
+_LIMIT_BYTES = 256 << 20      # refuse pages whose raw data would exceed this (name layers=)
+# the maps of a phase, by hook suffix: its input, its branches, its sum
+_PHASE_MAPS = {"pre": ("attn.scores", "attn.scores_composed"), "post": ("attn.pattern", "attn.pattern_composed")}
+
+
+class Explorer:
+    """A built explorer page: `html` (str), `save(path)`, shown inline in notebooks."""
+
+    def __init__(self, html: str, model_name: str, layers: List[int], n_tokens: int):
+        self.html = html
+        self.model_name = model_name
+        self.layers = layers
+        self.n_tokens = n_tokens
+
+    def __len__(self) -> int:
+        return len(self.html.encode("utf-8"))
+
+    def __repr__(self) -> str:
+        return "<dclens.Explorer %s, %d tokens, layers %s, %d bytes>" % (
+            self.model_name, self.n_tokens, self.layers, len(self))
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        path = os.fspath(path)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(self.html)
+        except OSError as e:
+            raise Error("%s: cannot write the explorer page: %s" % (path, e.strerror or e))
+        return path
+
+    def _repr_html_(self) -> str:
+        # an iframe: the page's ids, styles and scripts stay apart from the notebook's
+        return ('<iframe srcdoc="%s" style="width:100%%;height:1060px;border:1px solid #ddd" '
+                'title="dclens explorer"></iframe>' % _html.escape(self.html, quote=True))
+
+
+# ---------------------------------------------------------------- encoding
+
+def stored_step(values: np.ndarray, visible: Optional[np.ndarray] = None) -> np.ndarray:
+    """The quantisation step of each stored row: for an attention map [N, T, S]
+    with its `visible` [T, S] mask, per (head, query) over the visible keys
+    ([N, T]); for any other array, per row of its last axis. The step is
+    max/255 when the whole array is never negative (at its visible cells),
+    max|x|/127 otherwise; a decoded value is within step/2 of the original."""
+    a = np.asarray(values, np.float64)
+    if visible is not None:
+        cells = a[:, visible]
+        a = np.where(visible, a, 0.0)
+    else:
+        cells = a
+    unsigned = bool((cells >= 0).all())
+    return np.abs(a).max(axis=-1) / (255.0 if unsigned else 127.0)
+
+
+class _Blob:
+    """Arrays of one layer packed into one buffer: per array a float32 scale per
+    row, then one byte per value; `manifest` says where each array lies."""
+
+    def __init__(self):
+        self.parts: List[bytes] = []
+        self.size = 0
+        self.manifest: Dict[str, dict] = {}
+
+    def _put(self, data: bytes) -> int:
+        off = self.size
+        pad = (-len(data)) % 4
+        self.parts.append(data + b"\0" * pad)
+        self.size += len(data) + pad
+        return off
+
+    def rows(self, name: str, values: np.ndarray, row_starts: np.ndarray, shape: Sequence[int]) -> None:
+        """values: 1-D, rows beginning at row_starts (ascending, first 0)."""
+        v = np.asarray(values, np.float64)
+        if not np.isfinite(v).all():
+            raise Error("explore: %s holds NaN or inf" % name)
+        unsigned = bool((v >= 0).all())
+        peak = np.maximum.reduceat(v if unsigned else np.abs(v), row_starts) if v.size else np.zeros(0)
+        scale = peak / (255.0 if unsigned else 127.0)
+        per_cell = np.repeat(scale, np.diff(np.append(row_starts, v.size)))
+        q = np.rint(np.divide(v, per_cell, out=np.zeros_like(v), where=per_cell > 0))
+        q = q.astype(np.uint8 if unsigned else np.int8)
+        self.manifest[name] = {"kind": "u8" if unsigned else "i8", "shape": list(shape),
+                               "scale": self._put(scale.astype("<f4").tobytes()), "rows": int(len(scale)),
+                               "data": self._put(q.tobytes()), "n": int(v.size)}
+
+    def dense(self, name: str, a: np.ndarray) -> None:
+        """An array stored whole, one scale per row of its last axis."""
+        a = np.asarray(a)
+        k = a.shape[-1]
+        self.rows(name, a.reshape(-1), np.arange(0, a.size, k), a.shape)
+
+    def payload(self) -> str:
+        return base64.b64encode(zlib.compress(b"".join(self.parts), 9)).decode("ascii")
+
+
+def visible_mask(T: int, window: int) -> np.ndarray:
+    """[T, S] True where query t may see key s: s <= t and, with a window w > 0, t - s <= w."""
+    t, s = np.indices((T, T))
+    return (s <= t) & ((window <= 0) | (t - s <= window))
+
+
+def _put_map(blob: _Blob, name: str, a: np.ndarray, vis: np.ndarray) -> None:
+    """An attention map [N, T, S] by its visible cells, row (head, query) by row."""
+    N, T, _ = a.shape
+    per_row = vis.sum(axis=1)                                           # [T]
+    starts = np.concatenate([[0], np.cumsum(np.tile(per_row, N))[:-1]])
+    blob.rows(name, a[:, vis].reshape(-1), starts, a.shape)
+
+
+# ---------------------------------------------------------------- data of one layer
+
+def _layer_names(model, layer: int) -> List[str]:
+    c = model.config
+    names = [hook_name(layer, "attn.scores"), hook_name(layer, "attn.pattern")]
+    if c.use_dcmha:
+        for ph in PHASES:
+            names.append(hook_name(layer, _PHASE_MAPS[ph][1]))
+            names += [n for n in model.hook_names if n.startswith(hook_name(layer, "attn.dyn.%s." % ph))]
+    return names
+
+
+def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
+    from . import routing
+    c = model.config
+    T = cache[hook_name(layer, "attn.pattern")].shape[-1]
+    vis = visible_mask(T, c.window_size if layer in c.local_layers else 0)
+    blob = _Blob()
+    for ph in PHASES:
+        src, total = _PHASE_MAPS[ph]
+        _put_map(blob, src.split(".", 1)[1], cache[hook_name(layer, src)], vis)
+        if not c.use_dcmha:
+            continue
+        _put_map(blob, total.split(".", 1)[1], cache[hook_name(layer, total)], vis)
+        # the branches are not stored: the page computes them, and the flows, from the
+        # phase input and the dynamic weights (model-spec.md 2, step 6)
+        blob.dense("routing.%s" % ph, routing.routing_matrices(model, cache, ph, layers=[layer])[0])
+        for n in model.hook_names:
+            if n.startswith(hook_name(layer, "attn.dyn.%s." % ph)):
+                blob.dense(n.split("attn.", 1)[1], cache[n])
+        W = routing.static_map(model, layer, ph)
+        if W is not None:
+            blob.dense("static.%s" % ph, W)
+    if twin_cache is not None and layer < twin.config.n_layer:
+        tc = twin.config
+        _put_map(blob, "twin.pattern", twin_cache[hook_name(layer, "attn.pattern")],
+                 visible_mask(T, tc.window_size if layer in tc.local_layers else 0))
+    return blob
+
+
+def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
+    """attribution= as {"label", "values": [len(layers)][N]}: an Attribution result,
+    an [L, N] array, or a target tuple for model.attribute (IG at each head_out)."""
+    if attribution is None:
+        return None
+    N = model.config.n_head
+    label = "IG per head"
+    if isinstance(attribution, tuple):
+        at = [hook_name(l, "attn.head_out") for l in layers]
+        label = "IG of %s at head outputs" % (attribution[0],)
+        attribution = model.attribute(toks, attribution, at=at, method="ig", steps=32)
+    if hasattr(attribution, "per_head"):
+        missing = [l for l in layers if hook_name(l, "attn.head_out") not in attribution.per_head]
+        if missing:
+            raise Error("explore: attribution= has no per-head values at blocks.%d.attn.head_out "
+                        "(attribute at=[...head_out of every layer shown])" % missing[0])
+        vals = np.stack([np.asarray(attribution.per_head[hook_name(l, "attn.head_out")], np.float64)
+                         for l in layers])
+    else:
+        a = np.asarray(attribution, np.float64)
+        if a.ndim != 2 or a.shape[1] != N or a.shape[0] not in (model.config.n_layer, len(layers)):
+            raise Error("explore: attribution= must be [n_layer, n_head] = [%d, %d] (or one row per layer "
+                        "shown), got shape %s" % (model.config.n_layer, N, a.shape))
+        vals = a[layers] if a.shape[0] == model.config.n_layer else a
+    if vals.shape != (len(layers), N) or not np.isfinite(vals).all():
+        raise Error("explore: attribution= gives per-head values of shape %s, need [%d, %d] and finite"
+                    % (vals.shape, len(layers), N))
+    return {"label": label, "values": vals.tolist()}
+
+
+def _colormaps() -> dict:
+    """The PNG renderer's two colour maps (dclens.heatmaps), 256 steps each, so the page colours alike."""
+    from .heatmaps import colormap_rgb
+    seq = [c for i in range(256) for c in colormap_rgb(i / 255.0, 0.0, 1.0)]
+    div = [c for i in range(256) for c in colormap_rgb(-1.0 + 2.0 * i / 255.0, -1.0, 1.0, diverging=True)]
+    return {"seq": seq, "div": div}
+
+
+def _layers(model, layers) -> List[int]:
+    L = model.config.n_layer
+    if layers is None:
+        return list(range(L))
+    if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
+        layers = [layers]
+    out = sorted({check_index("layers entry", l, -L, L, " (model has %d layers)" % L) % L for l in layers})
+    if not out:
+        raise Error("explore: layers= is empty")
+    return out
+
+
+def _template(name: str) -> str:
+    with open(os.path.join(_PAGE_DIR, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def _script_json(obj) -> str:
+    """JSON safe inside a <script> element."""
+    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def explore(model, text, layers=None, twin=None, attribution=None, *, progress: Optional[bool] = None) -> Explorer:
+    """Build the explorer page for `text` (a string or [T] tokens) on `model`.
+
+    layers: the layers to embed (default all; the page says which it holds).
+    twin: a second model with the same tokenizer (the MHA twin), whose attention
+    is drawn beside. attribution: per-head values shown as a ranking: a target
+    tuple for model.attribute (IG at every shown layer's head_out, e.g.
+    ("logprob", -1, token)), its result, or an [n_layer, n_head] array.
+    progress: a tqdm bar over the layers (default: when stderr is a terminal)."""
+    from tqdm.auto import tqdm
+    toks = np.asarray(model.to_tokens(text) if isinstance(text, str) else text)
+    if toks.ndim != 1 or toks.size == 0:
+        raise Error("explore: text must be a string or one sequence of tokens, got shape %s" % (toks.shape,))
+    T = int(toks.size)
+    c = model.config
+    lays = _layers(model, layers)
+    n_maps = 2 + (2 + 4 * c.n_head / max(T, 1) if c.use_dcmha else 0) + (twin is not None)
+    est = sum(int(visible_mask(T, c.window_size if l in c.local_layers else 0).sum()) for l in lays) * c.n_head * n_maps
+    if est > _LIMIT_BYTES:
+        raise Error("explore: %d tokens x %d layers would embed about %d MB; pass layers=[...] (fewer layers) "
+                    "or a shorter text" % (T, len(lays), est >> 20))
+    twin_cache = None
+    if twin is not None:
+        ttoks = np.asarray(twin.to_tokens(text) if isinstance(text, str) else text)
+        if ttoks.shape != toks.shape or (ttoks != toks).any():
+            raise Error("explore: twin= %s tokenizes the text differently from %s (the twins must share "
+                        "a tokenizer)" % (twin.name, model.name))
+        if twin.config.n_head != c.n_head:
+            raise Error("explore: twin= %s has %d heads, %s has %d" % (twin.name, twin.config.n_head,
+                                                                        model.name, c.n_head))
+        _, twin_cache = twin.run_with_cache(toks, names=[hook_name(l, "attn.pattern") for l in lays
+                                                         if l < twin.config.n_layer])
+    bar = tqdm(total=len(lays) + 1, desc="explore", leave=False,
+               disable=None if progress is None else not progress)   # None: only on a terminal
+    try:
+        _, cache = model.run_with_cache(toks, names=[n for l in lays for n in _layer_names(model, l)])
+        bar.update(1)
+        blobs, manifests = {}, {}
+        for l in lays:
+            b = _layer_blob(model, cache, l, twin_cache, twin)
+            blobs[str(l)], manifests[str(l)] = b.payload(), b.manifest
+            bar.update(1)
+    finally:
+        bar.close()
+    from .routing import flow_branches
+    meta = {
+        "model": model.name, "twin": twin.name if twin is not None else None,
+        "n_layer": c.n_layer, "n_head": c.n_head, "T": T, "layers": lays,
+        "windows": {str(l): (c.window_size if l in c.local_layers else 0) for l in lays},
+        "twin_windows": {str(l): (twin.config.window_size if l in twin.config.local_layers else 0) for l in lays}
+        if twin is not None else None,
+        "dcmha": bool(c.use_dcmha), "branches": list(BRANCHES),
+        "flow_branches": list(flow_branches(model)) if c.use_dcmha else ["skip"],
+        "groups": int(getattr(c, "compose_groups", 1) or 1),
+        "tokens": [str(s) for s in model.to_str_tokens(toks)],
+        "ig": _ig_per_head(model, toks, lays, attribution),
+        "cmap": _colormaps(), "manifest": manifests,
+    }
+    fill = {"/*CSS*/": _template("explorer.css"), "/*JS*/": _template("explorer.js"),
+            "/*META*/": _script_json(meta), "/*BLOBS*/": _script_json(blobs),
+            "<!--TITLE-->": _html.escape("dclens explorer: %s" % model.name)}
+    # one pass over the template: nothing inserted is searched again
+    page = re.sub(r"/\*(?:CSS|JS|META|BLOBS)\*/|<!--TITLE-->", lambda m: fill[m.group(0)], _template("explorer.html"))
+    return Explorer(page, model.name, lays, T)

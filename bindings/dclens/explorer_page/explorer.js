@@ -1,0 +1,469 @@
+// dclens explorer page (built by dclens.explorer; docs/explorer.md).
+// Data: per layer one deflate-compressed buffer of 8-bit rows with float32
+// scales (META.manifest says where each array lies), decoded on first use.
+// Contract: #layer=L&head=H&query=Q&view=V[&phase=P&key=K] selects a view;
+// once drawn, body.dataset.ready is "1" and #dcs-selected's data-values
+// holds the displayed numbers as JSON (null at masked keys).
+(function () {
+  "use strict";
+  const META = JSON.parse(document.getElementById("dcs-meta").textContent);
+  const BLOBS = JSON.parse(document.getElementById("dcs-blobs").textContent);
+  const N = META.n_head, T = META.T, TOK = META.tokens;
+  const FB = META.flow_branches;                      // branch axis of the flows
+  const $ = (id) => document.getElementById(id);
+  const decoded = {};                                 // layer -> {name: array}
+  const state = { layer: META.layers[0], head: 0, query: T - 1, key: null, view: META.dcmha ? "pattern_composed" : "pattern",
+                  phase: "post", show: "both", preview: null };
+
+  // ------------------------------------------------------------ decoding
+  async function decodeLayer(l) {
+    if (decoded[l]) return decoded[l];
+    const bin = Uint8Array.from(atob(BLOBS[l]), (c) => c.charCodeAt(0));
+    const stream = new Blob([bin]).stream().pipeThrough(new DecompressionStream("deflate"));
+    const buf = await new Response(stream).arrayBuffer();
+    const out = {};
+    for (const [name, e] of Object.entries(META.manifest[l])) {
+      out[name] = { q: e.kind === "u8" ? new Uint8Array(buf, e.data, e.n) : new Int8Array(buf, e.data, e.n),
+                    sc: new Float32Array(buf, e.scale, e.rows), shape: e.shape };
+    }
+    const w = META.windows[l];
+    const lo = new Int32Array(T), start = new Int32Array(T + 1);
+    for (let t = 0; t < T; t++) { lo[t] = w > 0 ? Math.max(0, t - w) : 0; start[t + 1] = start[t] + t - lo[t] + 1; }
+    out._lo = lo; out._start = start;
+    const tw = META.twin_windows && META.twin_windows[l];
+    out._twlo = new Int32Array(T); out._twstart = new Int32Array(T + 1);
+    for (let t = 0; t < T; t++) {
+      out._twlo[t] = tw > 0 ? Math.max(0, t - tw) : 0;
+      out._twstart[t + 1] = out._twstart[t] + t - out._twlo[t] + 1;
+    }
+    decoded[l] = out;
+    return out;
+  }
+
+  // row (head n, query t) of a stored map [N, T, S] over all keys; NaN at masked keys
+  function mapRow(D, name, n, t) {
+    const a = D[name], row = new Float64Array(T).fill(NaN);
+    if (!a) return null;
+    const twin = name.startsWith("twin."), lo = twin ? D._twlo : D._lo, st = twin ? D._twstart : D._start;
+    const base = n * st[T] + st[t], s = a.sc[n * T + t];
+    for (let k = lo[t]; k <= t; k++) row[k] = a.q[base + k - lo[t]] * s;
+    return row;
+  }
+  // a stored dense array, value at flat index i (rows over its last axis)
+  function dense(a, i) { return a.q[i] * a.sc[Math.floor(i / a.shape[a.shape.length - 1])]; }
+
+  // ------------------------------------------------------------ flows (routing.flows, in the page)
+  // F[(n * B + b) * T + s]: the part of target head m's composed score (pre) or
+  // weight (post) at (t, s) lent by source head n through branch b; NaN at masked keys.
+  function flows(D, phase, m, t) {
+    const B = FB.length, F = new Float64Array(N * B * T).fill(NaN);
+    const X = [];
+    for (let n = 0; n < N; n++) X.push(mapRow(D, phase === "pre" ? "scores" : "pattern", n, t));
+    const g = N / META.groups, same = (n) => Math.floor(n / g) === Math.floor(m / g);
+    const dy = (k) => D["dyn." + phase + "." + k];
+    const proj = (w1, w2, pos) => {                   // (w1[pos]^T w2[pos])[n, m] for every n
+      const R = w1.shape[1], c = new Float64Array(N);
+      for (let n = 0; n < N; n++) {
+        if (!same(n)) continue;
+        for (let i = 0; i < R; i++) c[n] += dense(w1, (pos * R + i) * N + n) * dense(w2, (pos * R + i) * N + m);
+      }
+      return c;
+    };
+    const qw1 = dy("qw1"), kw1 = dy("kw1"), W = D["static." + phase];
+    const qc = META.dcmha && qw1 ? proj(qw1, dy("qw2"), t) : null;
+    const qg = META.dcmha && qw1 ? dense(dy("qdd"), t * N + m) : 0;
+    for (let s = 0; s <= t; s++) {
+      if (isNaN(X[m][s])) continue;
+      const kc = META.dcmha && kw1 ? proj(kw1, dy("kw2"), s) : null;
+      for (let n = 0; n < N; n++) for (let b = 0; b < B; b++) F[(n * B + b) * T + s] = 0;
+      for (let b = 0; b < B; b++) {
+        const br = FB[b];
+        for (let n = 0; n < N; n++) {
+          const x = X[n][s];
+          let v = 0;
+          if (br === "skip") v = n === m ? x : 0;
+          else if (br === "qp") v = qc ? x * qc[n] : 0;
+          else if (br === "kp") v = kc ? x * kc[n] : 0;
+          else if (br === "qg") v = n === m && qw1 ? x * qg : 0;
+          else if (br === "kg") v = n === m && kw1 ? x * dense(dy("kdd"), s * N + m) : 0;
+          else if (br === "static") v = W && same(n) ? x * dense(W, n * N + m) : 0;
+          F[(n * B + b) * T + s] = v;
+        }
+      }
+    }
+    return F;
+  }
+  function branchRow(F, b) {                          // sum over source heads
+    const B = FB.length, row = new Float64Array(T).fill(NaN);
+    for (let s = 0; s < T; s++) {
+      if (isNaN(F[b * T + s])) continue;
+      let v = 0;
+      for (let n = 0; n < N; n++) v += F[(n * B + b) * T + s];
+      row[s] = v;
+    }
+    return row;
+  }
+  function routingMat(D, phase, t) {
+    const a = D["routing." + phase];
+    if (!a) return null;
+    const M = [];
+    for (let n = 0; n < N; n++) { const r = []; for (let m = 0; m < N; m++) r.push(dense(a, (t * N + n) * N + m)); M.push(r); }
+    return M;
+  }
+
+  // ------------------------------------------------------------ colours (the PNG renderer's maps)
+  const lut = (arr, i) => "rgb(" + arr[3 * i] + "," + arr[3 * i + 1] + "," + arr[3 * i + 2] + ")";
+  function colourOf(v, lim, signed) {
+    if (isNaN(v)) return null;
+    if (signed) {
+      const u = lim > 0 ? Math.max(-1, Math.min(1, v / lim)) : 0;
+      return lut(META.cmap.div, Math.round((u + 1) * 127.5));
+    }
+    const u = lim > 0 ? Math.max(0, Math.min(1, v / lim)) : 0;
+    return lut(META.cmap.seq, Math.round(u * 255));
+  }
+  function rangeOf(vals) {
+    let lo = Infinity, hi = -Infinity;
+    for (const v of vals) if (!isNaN(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    if (lo === Infinity) return { signed: false, lim: 0, lo: 0, hi: 0 };
+    return { signed: lo < 0, lim: Math.max(Math.abs(lo), Math.abs(hi)), lo, hi };
+  }
+  let hatch = null;                                   // masked cells: grey with a diagonal hatch, as in the PNGs
+  function hatchPattern(ctx) {
+    if (hatch) return hatch;
+    const c = document.createElement("canvas"); c.width = c.height = 5;
+    const x = c.getContext("2d");
+    x.fillStyle = "rgb(214,214,214)"; x.fillRect(0, 0, 5, 5);
+    x.fillStyle = "rgb(168,168,168)";
+    for (let i = 0; i < 5; i++) x.fillRect(i, 4 - i, 1, 1);
+    hatch = ctx.createPattern(c, "repeat");
+    return hatch;
+  }
+  const fmt = (v) => (v === null || isNaN(v)) ? "masked" : (Math.abs(v) >= 100 ? v.toFixed(1) : v.toFixed(3));
+  const tokLabel = (s) => JSON.stringify(TOK[s]).slice(1, -1);
+
+  // ------------------------------------------------------------ drawing helpers
+  const CELL = Math.max(2, Math.min(14, Math.floor((Math.max(700, window.innerWidth) - 260) / T)));
+  function strip(vals, onPick, mark) {               // one row over keys, its own colour scale
+    const c = document.createElement("canvas");
+    c.width = T * CELL; c.height = 14;
+    const ctx = c.getContext("2d"), r = rangeOf(vals);
+    for (let s = 0; s < T; s++) {
+      ctx.fillStyle = isNaN(vals[s]) ? hatchPattern(ctx) : colourOf(vals[s], r.lim, r.signed);
+      ctx.fillRect(s * CELL, 0, CELL, 14);
+    }
+    if (mark !== null && mark !== undefined) { ctx.strokeStyle = "#c0392b"; ctx.lineWidth = 2; ctx.strokeRect(mark * CELL + 1, 1, CELL - 2, 12); }
+    tip(c, (e) => { const s = Math.floor(e.offsetX / CELL); return s >= 0 && s < T ? "key " + s + " '" + tokLabel(s) + "': " + fmt(vals[s]) : ""; });
+    if (onPick) c.addEventListener("click", (e) => onPick(Math.floor(e.offsetX / CELL)));
+    return { el: c, r };
+  }
+  function rowEl(label, vals, on, onLabel, onPick, mark) {
+    const d = document.createElement("div"); d.className = "strip-row" + (on ? " on" : "");
+    const l = document.createElement("span"); l.className = "lab"; l.textContent = label;
+    if (onLabel) l.addEventListener("click", onLabel);
+    const s = strip(vals, onPick, mark);
+    const g = document.createElement("span"); g.className = "rng";
+    g.textContent = s.r.signed ? "\u00b1" + s.r.lim.toPrecision(3) : "0.." + s.r.hi.toPrecision(3);
+    d.append(l, s.el, g);
+    return d;
+  }
+  function tip(el, text) {
+    el.addEventListener("mousemove", (e) => { const t = text(e), b = $("dcs-tip"); b.hidden = !t; b.textContent = t; b.style.left = (e.clientX + 12) + "px"; b.style.top = (e.clientY + 12) + "px"; });
+    el.addEventListener("mouseleave", () => { $("dcs-tip").hidden = true; });
+  }
+  function matTable(M, rowLab, colLab, signed, onCol, colOn) {
+    let lim = 0;
+    for (const r of M) for (const v of r) if (!isNaN(v)) { lim = Math.max(lim, Math.abs(v)); if (v < 0) signed = true; }
+    const t = document.createElement("table"); t.className = "mat";
+    const h = t.insertRow(); h.appendChild(document.createElement("th"));
+    colLab.forEach((c, j) => { const th = document.createElement("th"); th.textContent = c; if (j === colOn) th.className = "on"; if (onCol) { th.style.cursor = "pointer"; th.onclick = () => onCol(j); } h.appendChild(th); });
+    M.forEach((r, i) => {
+      const tr = t.insertRow(); const th = document.createElement("th"); th.textContent = rowLab[i]; tr.appendChild(th);
+      r.forEach((v) => {
+        const td = tr.insertCell(); td.textContent = fmt(v);
+        const col = colourOf(v, lim, signed);
+        if (col) { td.style.background = col; const u = lim > 0 ? Math.abs(v) / lim : 0; if (!signed && u > 0.55 || signed && u > 0.7) td.style.color = signed ? "#fff" : "#000"; else if (!signed) td.style.color = "#fff"; }
+      });
+    });
+    return t;
+  }
+
+  // ------------------------------------------------------------ the panels
+  const H = (n) => "H" + n;
+  function rowFor(D, view, n, t, phase) {
+    if (view === "pattern" || view === "scores" || view === "pattern_composed" || view === "scores_composed") return mapRow(D, view, n, t);
+    if (view === "twin") return mapRow(D, "twin.pattern", n, t);
+    if (view.startsWith("branch:")) {
+      const b = FB.indexOf(view.slice(7));
+      return b < 0 ? null : branchRow(flows(D, phase, n, t), b);
+    }
+    return null;
+  }
+  function defaultKey(D, t) {
+    const r = mapRow(D, META.dcmha ? "pattern_composed" : "pattern", state.head, t);
+    let best = t;
+    for (let s = 0; s <= t; s++) if (!isNaN(r[s]) && Math.abs(r[s]) > Math.abs(r[best])) best = s;
+    return best;
+  }
+  function visible(D, t, s) { return s !== null && s >= D._lo[t] && s <= t; }
+
+  function drawTokens(D, t, row) {
+    const box = $("dcs-tokens");
+    if (!box.childElementCount) {
+      TOK.forEach((s, i) => {
+        const sp = document.createElement("span"); sp.className = "tok"; sp.textContent = s.replace(/\n/g, "\u23ce");
+        sp.dataset.pos = i; sp.title = "position " + i;
+        sp.addEventListener("click", () => { state.query = i; state.key = null; state.preview = null; update(); });
+        sp.addEventListener("mouseenter", () => { state.preview = i; update(); });
+        sp.addEventListener("mouseleave", () => { state.preview = null; update(); });
+        box.appendChild(sp);
+      });
+    }
+    const r = row ? rangeOf(row) : null;
+    [...box.children].forEach((sp, s) => {
+      const v = row ? row[s] : NaN, masked = row && isNaN(v);
+      sp.className = "tok" + (masked ? " masked" : "") + (s === t ? " query" : "") + (s === state.key ? " key" : "");
+      const col = row && !masked ? colourOf(v, r.lim, r.signed) : null;
+      sp.style.background = col || "";
+      const u = r && r.lim > 0 ? Math.abs(v) / r.lim : 0;
+      sp.style.color = col && ((r.signed && u > 0.7) || (!r.signed && u < 0.55)) ? "#fff" : "";
+      sp.title = "position " + s + (row ? ": " + fmt(v) : "");
+    });
+  }
+
+  function drawSelected(D, t, phase) {
+    const box = $("dcs-selected"); box.textContent = "";
+    const v = state.view, m = state.head, L = state.layer;
+    let values = null, title = "";
+    if (v === "routing") {
+      const M = routingMat(D, phase, t);
+      title = "layer " + L + ", " + phase + "-compose routing at query " + t + " '" + tokLabel(t) + "': R[source n, target m]";
+      if (!M) { box.textContent = "plain multi-head attention: no routing between heads"; }
+      else {
+        values = M;
+        const f = document.createElement("div"); f.className = "flexrow";
+        f.append(matTable(M, M.map((_, n) => "src " + H(n)), M.map((_, j) => H(j)), phase === "pre", (j) => { state.head = j; update(); }, m), headGraph(M));
+        box.appendChild(f);
+        box.insertAdjacentHTML("beforeend", "<p class=note>R[n, m] = \u2211<sub>s</sub> X[n, t, s] C[t, s][n, m]: how much of source head n's " + (phase === "pre" ? "score (signed logits)" : "attention") + " lands in target head m; edge widths in the graph are |R| (self-loops left out).</p>");
+      }
+    } else if (v === "flows") {
+      const s = state.key;
+      title = "flows into layer " + L + " " + H(m) + " at query " + t + " '" + tokLabel(t) + "', key " + s + " '" + tokLabel(s) + "' (" + phase + ")";
+      const F = flows(D, phase, m, t), M = [];
+      for (let n = 0; n < N; n++) M.push(FB.map((_, b) => F[(n * FB.length + b) * T + s]));
+      values = M;
+      box.appendChild(matTable(M, M.map((_, n) => "from " + H(n)), FB, true));
+      let tot = 0; M.forEach((r) => r.forEach((x) => { tot += x; }));
+      const stored = mapRow(D, phase === "pre" ? "scores_composed" : "pattern_composed", m, t);
+      box.insertAdjacentHTML("beforeend", "<p class=note>sum of the flows " + fmt(tot) + "; stored " + (phase === "pre" ? "scores_composed " : "pattern_composed ") + fmt(stored ? stored[s] : NaN) + ". Click a key in the branches panel to move the key.</p>");
+    } else {
+      values = rowFor(D, v, m, t, phase);
+      const what = { pattern: "softmax pattern", pattern_composed: "composed weights (what multiplies v)", scores: "raw scores", scores_composed: "composed scores", twin: (META.twin || "twin") + " pattern" }[v] || (phase + "-compose branch " + v.slice(7));
+      title = "layer " + L + " " + H(m) + ", " + what + ", query " + t + " '" + tokLabel(t) + "'";
+      if (!values) box.textContent = "not in this page";
+      else {
+        box.appendChild(bars(values));
+        const order = [...values.keys()].filter((s) => !isNaN(values[s])).sort((a, b) => Math.abs(values[b]) - Math.abs(values[a])).slice(0, 6);
+        box.insertAdjacentHTML("beforeend", "<div class=top>largest: " + order.map((s) => s + " '" + tokLabel(s).replace(/</g, "&lt;") + "' " + fmt(values[s])).join(" &nbsp; ") + "</div>");
+      }
+    }
+    $("dcs-selected-title").textContent = title;
+    const json = values === null ? null : JSON.stringify(values instanceof Float64Array ? Array.from(values) : values, (k, x) => (typeof x === "number" && isNaN(x)) ? null : x);
+    box.dataset.values = json === null ? "null" : json;
+    Object.assign(box.dataset, { view: v, layer: L, head: m, query: t, phase, key: state.key === null ? "" : state.key });
+    return values;
+  }
+  function bars(vals) {
+    const c = document.createElement("canvas"), h = 110;
+    c.width = T * CELL; c.height = h;
+    const ctx = c.getContext("2d"), r = rangeOf(vals);
+    const lo = Math.min(0, r.lo), hi = Math.max(0, r.hi), y = (v) => hi === lo ? h - 1 : (hi - v) / (hi - lo) * (h - 2) + 1;
+    for (let s = 0; s < T; s++) {
+      if (isNaN(vals[s])) { ctx.fillStyle = hatchPattern(ctx); ctx.fillRect(s * CELL, 0, CELL, h); continue; }
+      ctx.fillStyle = colourOf(vals[s], r.lim, r.signed) || "#888";
+      const a = y(Math.max(0, vals[s])), b = y(Math.min(0, vals[s]));
+      ctx.fillRect(s * CELL, a, Math.max(1, CELL - 1), Math.max(1, b - a));
+      if (s === state.key) { ctx.strokeStyle = "#c0392b"; ctx.strokeRect(s * CELL + 0.5, 0.5, CELL - 1, h - 1); }
+    }
+    ctx.fillStyle = "#444"; ctx.fillRect(0, Math.round(y(0)), T * CELL, 1);
+    tip(c, (e) => { const s = Math.floor(e.offsetX / CELL); return s >= 0 && s < T ? "key " + s + " '" + tokLabel(s) + "': " + fmt(vals[s]) : ""; });
+    c.addEventListener("click", (e) => { const s = Math.floor(e.offsetX / CELL); if (!isNaN(vals[s])) { state.key = s; update(); } });
+    return c;
+  }
+  function headGraph(M) {                            // sources left, targets right, width ~ |R[n, m]|
+    const ns = "http://www.w3.org/2000/svg", W = 230, Hh = Math.max(120, N * 26 + 20);
+    const svg = document.createElementNS(ns, "svg"); svg.setAttribute("width", W); svg.setAttribute("height", Hh);
+    const yy = (n) => 16 + n * (Hh - 32) / Math.max(1, N - 1);
+    let lim = 0; M.forEach((r, n) => r.forEach((v, m) => { if (n !== m) lim = Math.max(lim, Math.abs(v)); }));
+    M.forEach((r, n) => r.forEach((v, m) => {
+      if (n === m || lim === 0 || Math.abs(v) < 0.02 * lim) return;
+      const e = document.createElementNS(ns, "path");
+      e.setAttribute("d", "M40," + yy(n) + " C115," + yy(n) + " 115," + yy(m) + " 190," + yy(m));
+      e.setAttribute("fill", "none"); e.setAttribute("stroke", v >= 0 ? "#c0392b" : "#2b5fab");
+      e.setAttribute("stroke-width", (0.5 + 7 * Math.abs(v) / lim).toFixed(2)); e.setAttribute("stroke-opacity", m === state.head ? "0.9" : "0.35");
+      const ti = document.createElementNS(ns, "title"); ti.textContent = H(n) + " \u2192 " + H(m) + ": " + fmt(v); e.appendChild(ti);
+      svg.appendChild(e);
+    }));
+    for (let n = 0; n < N; n++) for (const [x, anchor] of [[32, "end"], [198, "start"]]) {
+      const tx = document.createElementNS(ns, "text"); tx.setAttribute("x", x); tx.setAttribute("y", yy(n) + 4);
+      tx.setAttribute("text-anchor", anchor); tx.textContent = H(n);
+      if (x > 100 && n === state.head) tx.setAttribute("font-weight", "bold");
+      svg.appendChild(tx);
+    }
+    return svg;
+  }
+
+  function drawHeads(D, t) {
+    const box = $("dcs-heads-panel"); box.textContent = "";
+    $("dcs-heads-title").textContent = "every head of layer " + state.layer + " at query " + t + " '" + tokLabel(t) + "'";
+    const show = META.dcmha ? state.show : "pattern";
+    for (let n = 0; n < N; n++) {
+      const pick = () => { state.head = n; update(); };
+      const lab = H(n);
+      if (show !== "composed") box.appendChild(rowEl(lab + " pat", mapRow(D, "pattern", n, t), n === state.head, pick));
+      if (show !== "pattern") box.appendChild(rowEl(lab + " comp", mapRow(D, "pattern_composed", n, t), n === state.head, pick));
+      if (D["twin.pattern"]) box.appendChild(rowEl(H(n) + " twin", mapRow(D, "twin.pattern", n, t), n === state.head, pick));
+    }
+    box.insertAdjacentHTML("beforeend", "<p class=note>pat: softmax pattern; comp: composed weights (what multiplies v)" + (D["twin.pattern"] ? "; twin: " + META.twin + "'s pattern" : "") + ". Click a row to select its head. Each row has its own scale; hatched: masked (causal" + (META.windows[state.layer] > 0 ? ", window " + META.windows[state.layer] : "") + ").</p>");
+  }
+  function drawBranches(D, t, phase) {
+    const box = $("dcs-branches"); box.textContent = "";
+    $("dcs-branches-title").textContent = phase + "-compose branches of " + H(state.head) + " at query " + t + " (contribution per key)";
+    if (!META.dcmha) { box.textContent = "plain multi-head attention: no composition"; return; }
+    const F = flows(D, phase, state.head, t), pick = (s) => { if (visible(D, t, s)) { state.key = s; update(); } };
+    FB.forEach((b, i) => box.appendChild(rowEl(b, branchRow(F, i), state.view === "branch:" + b, () => { state.view = "branch:" + b; update(); }, pick, state.key)));
+    box.appendChild(rowEl("sum", mapRow(D, phase === "pre" ? "scores_composed" : "pattern_composed", state.head, t), false, null, pick, state.key));
+    box.appendChild(rowEl(phase === "pre" ? "scores" : "pattern", mapRow(D, phase === "pre" ? "scores" : "pattern", state.head, t), false, null, pick, state.key));
+    box.insertAdjacentHTML("beforeend", "<p class=note>Click a branch name to show it above, a key to see its flows. The branches are computed in the page from the stored " + (phase === "pre" ? "scores" : "pattern") + " and dynamic weights.</p>");
+  }
+  function drawRouting(D, t, phase) {
+    const box = $("dcs-routing"); box.textContent = "";
+    $("dcs-routing-title").textContent = phase + "-compose routing at query " + t + " (who lends to whom)";
+    const M = routingMat(D, phase, t);
+    if (!M) { box.textContent = "plain multi-head attention: no routing"; return; }
+    const f = document.createElement("div"); f.className = "flexrow";
+    f.append(matTable(M, M.map((_, n) => H(n)), M.map((_, j) => H(j)), phase === "pre", (j) => { state.head = j; update(); }, state.head), headGraph(M));
+    box.appendChild(f);
+  }
+  function drawFlows(D, t, phase) {
+    const box = $("dcs-flows"); box.textContent = "";
+    const s = state.key;
+    $("dcs-flows-title").textContent = "flows into " + H(state.head) + " at (" + t + ", key " + s + " '" + tokLabel(s) + "'): source head \u00d7 branch";
+    if (!META.dcmha) { box.textContent = "plain multi-head attention: every head keeps its own attention"; return; }
+    const F = flows(D, phase, state.head, t), M = [];
+    for (let n = 0; n < N; n++) M.push(FB.map((_, b) => F[(n * FB.length + b) * T + s]));
+    box.appendChild(matTable(M, M.map((_, n) => "from " + H(n)), FB, true));
+    let own = 0, tot = 0;
+    M.forEach((r, n) => r.forEach((x) => { tot += x; if (n === state.head) own += x; }));
+    box.insertAdjacentHTML("beforeend", "<p class=note>total " + fmt(tot) + ": " + H(state.head) + " itself " + fmt(own) + ", borrowed from other heads " + fmt(tot - own) + ".</p>");
+  }
+  function drawDyn(D, t) {
+    const box = $("dcs-dyn"); box.textContent = "";
+    $("dcs-dyn-title").textContent = "dynamic weights of token " + t + " '" + tokLabel(t) + "' (as query, and as key)";
+    if (!META.dcmha) { box.textContent = "plain multi-head attention: none"; return; }
+    const f = document.createElement("div"); f.className = "flexrow";
+    for (const ph of ["pre", "post"]) {
+      const rows = [], labs = [];
+      for (const k of ["qw1", "qw2", "kw1", "kw2"]) {
+        const a = D["dyn." + ph + "." + k]; if (!a) continue;
+        const R = a.shape[1];
+        for (let i = 0; i < R; i++) { labs.push(ph + "." + k + "[" + i + "]"); rows.push([...Array(N).keys()].map((n) => dense(a, (t * R + i) * N + n))); }
+      }
+      for (const k of ["qdd", "kdd"]) {
+        const a = D["dyn." + ph + "." + k]; if (!a) continue;
+        labs.push(ph + "." + k); rows.push([...Array(N).keys()].map((n) => dense(a, t * N + n)));
+      }
+      f.appendChild(matTable(rows, labs, [...Array(N).keys()].map(H), true));
+    }
+    box.appendChild(f);
+    box.insertAdjacentHTML("beforeend", "<p class=note>C[t, s] = I + qw1[t]\u1d40qw2[t] + kw1[s]\u1d40kw2[s] + diag(qdd[t]) + diag(kdd[s]); q* rows act when this token is the query, k* rows when it is the key.</p>");
+  }
+  function igOf(l) { const i = META.layers.indexOf(l); return META.ig && i >= 0 ? META.ig.values[i] : null; }
+  function drawIG() {
+    const sec = $("dcs-ig-section");
+    if (!META.ig) { sec.hidden = true; return; }
+    const box = $("dcs-ig"); box.textContent = "";
+    $("dcs-ig-title").textContent = META.ig.label + ": heads ranked (click to select)";
+    const all = [];
+    META.layers.forEach((l, i) => META.ig.values[i].forEach((v, n) => all.push([v, l, n])));
+    all.sort((a, b) => Math.abs(b[0]) - Math.abs(a[0]));
+    const lim = Math.max(1e-30, Math.abs(all[0][0]));
+    all.slice(0, 12).forEach(([v, l, n]) => {
+      const d = document.createElement("div"); d.className = "igrow" + (l === state.layer && n === state.head ? " on" : "");
+      d.innerHTML = "<span style='width:70px'>L" + l + " H" + n + "</span><span style='width:60px;text-align:right'>" + v.toFixed(3) + "</span>";
+      const b = document.createElement("span"); b.className = "igbar" + (v < 0 ? " neg" : ""); b.style.width = (160 * Math.abs(v) / lim).toFixed(1) + "px";
+      d.appendChild(b);
+      d.addEventListener("click", () => { state.layer = l; state.head = n; state.key = null; update(); });
+      box.appendChild(d);
+    });
+  }
+
+  // ------------------------------------------------------------ state, fragment, controls
+  const VIEWS = META.dcmha ? ["pattern", "pattern_composed", ...FB.map((b) => "branch:" + b), "routing", "flows", "scores", "scores_composed"] : ["pattern", "scores"];
+  if (META.twin) VIEWS.push("twin");
+  function readFragment() {
+    const p = new URLSearchParams(location.hash.replace(/^#/, ""));
+    const int = (k, lo, hi) => { if (!p.has(k)) return null; const v = Number(p.get(k)); if (!Number.isInteger(v)) return null; const w = v < 0 ? v + hi : v; return w >= lo && w < hi ? w : null; };
+    const l = int("layer", 0, META.n_layer); if (l !== null && META.layers.includes(l)) state.layer = l;
+    const h = int("head", 0, N); if (h !== null) state.head = h;
+    const q = int("query", 0, T); if (q !== null) state.query = q;
+    const k = int("key", 0, T); if (k !== null) state.key = k;
+    if (p.has("view") && VIEWS.includes(p.get("view"))) state.view = p.get("view");
+    if (p.get("phase") === "pre" || p.get("phase") === "post") state.phase = p.get("phase");
+    const bad = ["layer", "head", "query", "key"].filter((x) => p.has(x) && int(x, 0, x === "layer" ? META.n_layer : x === "head" ? N : T) === null);
+    if (p.has("layer") && int("layer", 0, META.n_layer) !== null && !META.layers.includes(int("layer", 0, META.n_layer))) bad.push("layer (not in this page)");
+    if (p.has("view") && !VIEWS.includes(p.get("view"))) bad.push("view");
+    $("dcs-status").textContent = bad.length ? "ignored in the URL: " + bad.join(", ") : "";
+  }
+  function writeFragment() {
+    const f = "layer=" + state.layer + "&head=" + state.head + "&query=" + state.query + "&view=" + state.view + "&phase=" + state.phase + (state.key !== null ? "&key=" + state.key : "");
+    try { if (location.hash.slice(1) !== f) history.replaceState(null, "", "#" + f); } catch (e) { /* srcdoc iframes */ }
+  }
+  function setupControls() {
+    const ls = $("dcs-layer");
+    META.layers.forEach((l) => { const o = document.createElement("option"); o.value = l; o.textContent = l + (META.windows[l] > 0 ? " (local, window " + META.windows[l] + ")" : ""); ls.appendChild(o); });
+    ls.onchange = () => { state.layer = Number(ls.value); state.key = null; update(); };
+    const hs = $("dcs-heads");
+    for (let n = 0; n < N; n++) { const b = document.createElement("button"); b.textContent = H(n); b.dataset.head = n; b.onclick = () => { state.head = n; update(); }; hs.appendChild(b); }
+    const vs = $("dcs-view");
+    VIEWS.forEach((v) => { const o = document.createElement("option"); o.value = v; o.textContent = v; vs.appendChild(o); });
+    vs.onchange = () => { state.view = vs.value; update(); };
+    $("dcs-phase").onchange = () => { state.phase = $("dcs-phase").value; update(); };
+    $("dcs-show").onchange = () => { state.show = $("dcs-show").value; update(); };
+    if (!META.dcmha) { $("dcs-phase").disabled = true; $("dcs-show").disabled = true; }
+    const held = META.layers.length === META.n_layer ? "all " + META.n_layer + " layers" : "layers " + META.layers.join(", ") + " of " + META.n_layer + " (build with layers=[...] for others)";
+    $("dcs-holds").textContent = META.model + " \u00b7 " + T + " tokens \u00b7 " + held + (META.twin ? " \u00b7 twin " + META.twin : "") + (META.dcmha ? " \u00b7 pre- and post-compose" : " \u00b7 plain multi-head attention");
+    document.addEventListener("keydown", (e) => {
+      if (e.target.tagName === "SELECT") return;
+      if (e.key === "ArrowLeft" && state.query > 0) { state.query--; state.key = null; update(); }
+      if (e.key === "ArrowRight" && state.query < T - 1) { state.query++; state.key = null; update(); }
+    });
+    window.addEventListener("hashchange", () => { readFragment(); update(); });
+  }
+
+  let pending = 0;
+  async function update() {
+    const ticket = ++pending;
+    document.body.dataset.ready = "0";
+    if (!decoded[state.layer]) $("dcs-status").textContent = "decoding layer " + state.layer + "\u2026";
+    const D = await decodeLayer(state.layer);
+    if (ticket !== pending) return;                  // a later update draws
+    const t = state.preview !== null ? state.preview : state.query;
+    if (state.key === null || !visible(D, t, state.key)) state.key = defaultKey(D, t);
+    if (!META.dcmha && !VIEWS.includes(state.view)) state.view = "pattern";
+    $("dcs-layer").value = state.layer; $("dcs-view").value = state.view; $("dcs-phase").value = state.phase;
+    const ig = igOf(state.layer);
+    [...$("dcs-heads").children].forEach((b, n) => { b.className = n === state.head ? "on" : ""; b.title = ig ? META.ig.label + ": " + ig[n].toFixed(3) : ""; });
+    const row = drawSelected(D, t, state.phase);
+    const stripRow = row && !Array.isArray(row) ? row : mapRow(D, META.dcmha ? "pattern_composed" : "pattern", state.head, t);
+    drawTokens(D, t, stripRow);
+    drawHeads(D, t); drawBranches(D, t, state.phase); drawRouting(D, t, state.phase); drawFlows(D, t, state.phase); drawDyn(D, t); drawIG();
+    if ($("dcs-status").textContent.startsWith("decoding")) $("dcs-status").textContent = "";
+    if (state.preview === null) writeFragment();
+    document.body.dataset.ready = "1";
+  }
+
+  setupControls();
+  readFragment();
+  update().catch((e) => { $("dcs-status").textContent = "error: " + e; document.body.dataset.error = String(e); });
+})();

@@ -1,0 +1,262 @@
+"""The explorer page in a real headless Chromium (Debian's chromium + chromedriver,
+installed by scripts/install-deps.sh; selenium from the [test] extra, pointed at
+/usr/bin/chromedriver so it never downloads a driver).
+
+One page is built for a held-out benchmark line of ~200 tokens on the bundled
+DCPythia with its MHA twin; fragments, clicks and selects choose views, and
+what #dcs-selected reports is compared with the engine's activations
+(run_with_cache), routing.routing_matrix and routing.flows, within the stored
+precision (explorer.stored_step; the branches and flows, which the page computes
+from the stored phase input and dynamic weights, within the bound that
+precision gives them). Also: no request leaves the page (DevTools performance
+log), no console error, the screenshot is not blank, the size budget."""
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import dclens
+from dclens import explorer, routing
+from dclens.names import hook_name
+
+CHROMIUM, DRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
+    pytest.skip("chromium / chromedriver not installed (scripts/install-deps.sh installs them)", allow_module_level=True)
+# chromium is there, so selenium must be too (pip install -e .[test]): an ImportError is a failure
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+BUDGET = 3 * 1000 * 1000     # bytes: a 200-token prompt on the bundled twins, with the twin
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from synth_tasks import load_dataset
+    from synth_tasks.corpus import HELDOUT_FILE
+    model, twin = dclens.load("dcpythia-tiny"), dclens.load("pythia-tiny")
+    line = next(l for l in load_dataset(HELDOUT_FILE) if len(model.to_tokens(l.text)) >= 200)
+    toks = model.to_tokens(line.text)[:200]
+    ig = np.arange(model.config.n_layer * model.config.n_head, dtype=float).reshape(model.config.n_layer, -1) - 7
+    ex = dclens.explore(model, toks, twin=twin, attribution=ig, progress=False)
+    path = str(tmp_path_factory.mktemp("explorer") / "page.html")
+    ex.save(path)
+    _, cache = model.run_with_cache(toks)
+    _, tcache = twin.run_with_cache(toks, names=lambda n: n.endswith("attn.pattern"))
+    return model, toks, ex, path, cache, tcache
+
+
+@pytest.fixture(scope="module")
+def browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--window-size=1400,1400", "--no-first-run", "--disable-extensions"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    d.set_page_load_timeout(30)
+    yield d
+    d.quit()
+
+
+def _open(d, path, frag):
+    d.get("file://%s#%s" % (path, frag))
+    # a fragment-only change does not reload: reload so the page reads it on load
+    d.refresh()
+    return _read(d)
+
+
+def _read(d):
+    WebDriverWait(d, 20).until(lambda d: d.execute_script(
+        "return document.body.dataset.ready === '1' || !!document.body.dataset.error"))
+    assert d.execute_script("return document.body.dataset.error || ''") == ""
+    el = d.find_element(By.ID, "dcs-selected")
+    state = {k: el.get_attribute("data-" + k) for k in ("view", "layer", "head", "query", "phase", "key")}
+    return state, json.loads(el.get_attribute("data-values"))
+
+
+def _row_check(got, want, step, visible):
+    got = np.array([np.nan if v is None else v for v in got])
+    assert got.shape == want.shape
+    assert np.isnan(got[~visible]).all(), "masked keys must be null"
+    err = np.abs(got[visible] - want[visible])
+    assert (err <= step / 2 * (1 + 1e-5) + 1e-7).all(), "max error %g, step %g" % (err.max(), step)
+
+
+def _vis(model, layer, T):
+    c = model.config
+    return explorer.visible_mask(T, c.window_size if layer in c.local_layers else 0)
+
+
+def _flow_reference(model, cache, layer, phase, m, t):
+    """Flows into head m at query t [N, B, T] from the cached phase input and dyn
+    weights (model-spec.md 2 step 6, written here from the spec), and the bound
+    on the page's error given the stored precision of each factor."""
+    N = model.config.n_head
+    src = hook_name(layer, "attn.scores" if phase == "pre" else "attn.pattern")
+    X = cache[src].astype(np.float64)
+    T = X.shape[-1]
+    vis = _vis(model, layer, T)
+    x = np.where(vis[t], X[:, t], 0.0)                                # [N, S]
+    dx = explorer.stored_step(X, vis)[:, t][:, None] / 2              # [N, 1]
+    dyn = {k: cache[hook_name(layer, "attn.dyn.%s.%s" % (phase, k))].astype(np.float64)
+           for k in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")}
+    half = {k: explorer.stored_step(v) / 2 for k, v in dyn.items()}  # [T, R] or [T]
+
+    def proj(w1, w2, pos):                      # (w1[pos]^T w2[pos])[:, m] and its bound, [N] each
+        a, bm = dyn[w1][pos], dyn[w2][pos][:, m][:, None]            # [R, N], [R, 1]
+        da, db = half[w1][pos][:, None], half[w2][pos][:, None]      # [R, 1]: one step per row
+        return (a * bm).sum(0), (np.abs(a) * db + da * np.abs(bm) + da * db).sum(0)
+
+    coef = np.zeros((N, 5, T))
+    dcoef = np.zeros((N, 5, T))
+    qc, dqc = proj("qw1", "qw2", t)
+    for s in range(T):
+        kc, dkc = proj("kw1", "kw2", s)
+        coef[m, 0, s] = 1.0
+        coef[:, 1, s], dcoef[:, 1, s] = qc, dqc
+        coef[:, 2, s], dcoef[:, 2, s] = kc, dkc
+        coef[m, 3, s], dcoef[m, 3, s] = dyn["qdd"][t, m], half["qdd"][t]
+        coef[m, 4, s], dcoef[m, 4, s] = dyn["kdd"][s, m], half["kdd"][s]
+    F = x[:, None, :] * coef
+    bound = np.abs(x)[:, None, :] * dcoef + dx[:, :, None] * (np.abs(coef) + dcoef)
+    return F, bound * (1 + 1e-5) + 1e-7, vis[t]
+
+
+def test_size_budget_and_contents(built):
+    model, toks, ex, path, _, _ = built
+    assert len(toks) == 200
+    assert len(ex) <= BUDGET, "page is %d bytes, budget %d" % (len(ex), BUDGET)
+    assert os.path.getsize(path) == len(ex)
+    assert ex.layers == [0, 1, 2, 3]
+    assert "<script src" not in ex.html and "<link" not in ex.html and "http://" not in ex.html.replace(
+        "http://www.w3.org/2000/svg", "")
+
+
+@pytest.mark.parametrize("layer,head,query,view", [
+    (1, 2, 150, "pattern"), (1, 2, 150, "pattern_composed"), (0, 5, 199, "pattern_composed"),
+    (3, 0, 60, "pattern"), (2, 4, 120, "scores_composed"), (3, 1, 199, "twin"),
+])
+def test_rows_match_the_engine(built, browser, layer, head, query, view):
+    model, toks, ex, path, cache, tcache = built
+    state, got = _open(browser, path, "layer=%d&head=%d&query=%d&view=%s" % (layer, head, query, view))
+    assert state["view"] == view and (state["layer"], state["head"], state["query"]) == (str(layer), str(head), str(query))
+    src = tcache if view == "twin" else cache
+    name = hook_name(layer, "attn.pattern" if view == "twin" else "attn." + view)
+    vis = _vis(dclens.load("pythia-tiny") if view == "twin" else model, layer, len(toks))
+    want = src[name].astype(np.float64)
+    _row_check(got, want[head, query], explorer.stored_step(want, vis)[head, query], vis[query])
+
+
+@pytest.mark.parametrize("phase,branch,layer,head,query", [
+    ("post", "skip", 1, 2, 150), ("post", "qp", 1, 2, 150), ("post", "kp", 3, 4, 199),
+    ("post", "qg", 0, 1, 100), ("post", "kg", 2, 3, 180), ("pre", "kp", 1, 0, 150), ("pre", "qg", 3, 5, 77),
+])
+def test_branches_match_the_engine(built, browser, phase, branch, layer, head, query):
+    model, toks, ex, path, cache, _ = built
+    frag = "layer=%d&head=%d&query=%d&view=branch:%s" % (layer, head, query, branch)
+    state, got = _open(browser, path, frag + ("&phase=pre" if phase == "pre" else ""))
+    assert state["phase"] == phase
+    want = cache[hook_name(layer, "attn.%s.%s" % (phase, branch))][head, query].astype(np.float64)
+    _, bound, vis = _flow_reference(model, cache, layer, phase, head, query)
+    got = np.array([np.nan if v is None else v for v in got])
+    assert np.isnan(got[~vis]).all()
+    b = dclens.BRANCHES.index(branch)
+    err = np.abs(got[vis] - want[vis])
+    tol = bound[:, b].sum(0)[vis] + 2e-6 * np.abs(want[vis]).max()   # float32 hooks vs float64 sums
+    assert (err <= tol).all(), "max error %g over tolerance" % (err - tol).max()
+    assert np.abs(want[vis]).max() > 0
+
+
+@pytest.mark.parametrize("phase,layer,head,query,key", [
+    ("post", 1, 2, 150, 69), ("post", 3, 0, 199, 3), ("pre", 0, 4, 90, 70), ("pre", 2, 1, 40, 12),
+])
+def test_flows_match_routing_flows(built, browser, phase, layer, head, query, key):
+    model, toks, ex, path, cache, _ = built
+    state, got = _open(browser, path, "layer=%d&head=%d&query=%d&key=%d&view=flows&phase=%s"
+                       % (layer, head, query, key, phase))
+    assert state["key"] == str(key)
+    want = routing.flows(model, toks, layer, phase, head, query, cache=cache)[:, :, key]      # [N, B]
+    ref, bound, _ = _flow_reference(model, cache, layer, phase, head, query)
+    np.testing.assert_allclose(ref[:, :, key], want, rtol=1e-9, atol=1e-12)   # the reference agrees
+    got = np.array(got, dtype=float)
+    assert got.shape == want.shape
+    assert (np.abs(got - want) <= bound[:, :, key]).all()
+    # and the flows sum to the composed entry
+    total = cache[hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))]
+    assert abs(want.sum() - total[head, query, key]) < 1e-4 * max(1.0, abs(total[head, query, key]))
+
+
+@pytest.mark.parametrize("phase,layer,query", [("post", 1, 150), ("pre", 3, 199), ("post", 0, 45)])
+def test_routing_matches_routing_matrix(built, browser, phase, layer, query):
+    model, toks, ex, path, cache, _ = built
+    _, got = _open(browser, path, "layer=%d&head=0&query=%d&view=routing&phase=%s" % (layer, query, phase))
+    want = routing.routing_matrix(model, toks, layer, phase, query)
+    got = np.array(got, dtype=float)
+    step = explorer.stored_step(routing.routing_matrices(model, cache, phase, layers=[layer])[0])[query]   # [N]
+    assert got.shape == want.shape
+    assert (np.abs(got - want) <= step[:, None] / 2 * (1 + 1e-5) + 1e-9).all()
+
+
+def test_clicks_and_selects(built, browser):
+    model, toks, ex, path, cache, _ = built
+    _open(browser, path, "layer=1&head=2&query=150&view=pattern_composed")
+    # click a token: it becomes the query
+    browser.find_element(By.CSS_SELECTOR, '#dcs-tokens .tok[data-pos="97"]').click()
+    state, got = _read(browser)
+    assert state["query"] == "97" and state["view"] == "pattern_composed"
+    want = cache[hook_name(1, "attn.pattern_composed")].astype(np.float64)
+    vis = _vis(model, 1, len(toks))
+    _row_check(got, want[2, 97], explorer.stored_step(want, vis)[2, 97], vis[97])
+    assert "query=97" in browser.execute_script("return location.hash")
+    # change the layer (a local one: its window is masked), the head and the view
+    Select(browser.find_element(By.ID, "dcs-layer")).select_by_value("2")
+    browser.find_element(By.CSS_SELECTOR, '#dcs-heads button[data-head="5"]').click()
+    Select(browser.find_element(By.ID, "dcs-view")).select_by_value("pattern")
+    state, got = _read(browser)
+    assert (state["layer"], state["head"], state["query"], state["view"]) == ("2", "5", "97", "pattern")
+    want = cache[hook_name(2, "attn.pattern")].astype(np.float64)
+    vis = _vis(model, 2, len(toks))
+    assert not vis[97].all() and (vis[97].sum() == model.config.window_size + 1)
+    _row_check(got, want[5, 97], explorer.stored_step(want, vis)[5, 97], vis[97])
+    # routing view for the same query
+    Select(browser.find_element(By.ID, "dcs-view")).select_by_value("routing")
+    state, got = _read(browser)
+    assert state["view"] == "routing" and np.array(got).shape == (6, 6)
+    # masked tokens are drawn hatched in the strip
+    cls = browser.find_element(By.CSS_SELECTOR, '#dcs-tokens .tok[data-pos="10"]').get_attribute("class")
+    assert "masked" in cls
+
+
+def test_no_request_leaves_the_page_and_no_console_error(built, browser):
+    model, toks, ex, path, cache, _ = built
+    browser.get_log("performance")                      # drop what earlier tests logged
+    browser.get_log("browser")
+    _open(browser, path, "layer=3&head=1&query=100&view=flows")
+    Select(browser.find_element(By.ID, "dcs-layer")).select_by_value("0")
+    _read(browser)
+    urls = []
+    for entry in browser.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg["method"] in ("Network.requestWillBeSent", "Network.webSocketCreated"):
+            urls.append(msg["params"].get("request", {}).get("url") or msg["params"].get("url"))
+    assert urls, "the performance log saw no request at all (not even the page)"
+    assert all(u.split("#")[0] == "file://" + path for u in urls), urls
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_screenshot_is_not_blank(built, browser):
+    from PIL import Image
+    model, toks, ex, path, cache, _ = built
+    _open(browser, path, "layer=1&head=2&query=150&view=branch:kp")
+    img = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
+    a = np.asarray(img)
+    assert a.shape[0] > 500 and a.shape[1] > 800
+    assert len(np.unique(a.reshape(-1, 3), axis=0)) > 200            # heatmaps, text, tables
+    assert (a < 250).any(axis=-1).mean() > 0.1                       # not a white page
