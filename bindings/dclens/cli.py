@@ -2,6 +2,7 @@
 
     dclens synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]   (synth_tasks)
     dclens heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
+    dclens explore --model DIR --text "..." [--twin DIR] [--layers 0,2-3] [--ig TOKEN] --out page.html
     dclens info --model DIR
     dclens models                            (the bundled models: every --model takes their names)
     dclens make-tiny OUT_DIR [options]      (a generated checkpoint, see dclens.testing)
@@ -50,6 +51,45 @@ def _heatmap(argv: List[str]) -> int:
     png.save(a.out)
     print("wrote %s (%d bytes)" % (a.out, len(png)))
     return 0
+
+
+def _explore(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="dclens explore", description="Write the interactive composition explorer: "
+                                "one self-contained HTML page (docs/explorer.md).")
+    p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
+    p.add_argument("--text", required=True, help="the prompt")
+    p.add_argument("--twin", default=None, help="a second model with the same tokenizer (the MHA twin)")
+    p.add_argument("--layers", default=None, help="layers to embed, e.g. 0,2-3 (default: all)")
+    p.add_argument("--ig", default=None, metavar="TOKEN",
+                   help="rank heads by integrated gradients of log p(TOKEN) at the last position")
+    p.add_argument("--out", required=True, help="output HTML file")
+    a = p.parse_args(argv)
+    from .explorer import explore
+    from .model import load
+    layers = _layer_list(a.layers) if a.layers is not None else None
+    for m in (a.model, a.twin):
+        if m is not None:
+            _model_dir(m)
+    model = load(a.model)
+    twin = load(a.twin) if a.twin is not None else None
+    target = ("logprob", -1, model.to_single_token(a.ig)) if a.ig is not None else None
+    ex = explore(model, a.text, layers=layers, twin=twin, attribution=target)
+    ex.save(a.out)
+    print("wrote %s (%d bytes; %d tokens, layers %s)" % (a.out, len(ex), ex.n_tokens,
+                                                         ",".join(str(l) for l in ex.layers)))
+    return 0
+
+
+def _layer_list(s: str) -> List[int]:
+    """'0,2-3' -> [0, 2, 3]."""
+    out = []
+    for part in s.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+        except ValueError:
+            raise Error("--layers must be layer numbers and ranges like 0,2-3, not %r" % s)
+    return out
 
 
 def _model_dir(path: str) -> None:
@@ -138,7 +178,7 @@ def _models(argv: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"heatmap": _heatmap, "info": _info, "models": _models, "make-tiny": _make_tiny, "train": _train}
+    cmds = {"heatmap": _heatmap, "explore": _explore, "info": _info, "models": _models, "make-tiny": _make_tiny, "train": _train}
     # commands other packages add (synth: synth_tasks), looked up by name
     added = [n for n in plugins.names(plugins.COMMANDS) if n not in cmds]
     if argv and argv[0] not in cmds and argv[0] not in added and argv[0] not in ("-h", "--help"):

@@ -141,6 +141,14 @@ def visible_mask(T: int, window: int) -> np.ndarray:
     return (s <= t) & ((window <= 0) | (t - s <= window))
 
 
+def _n_visible(T: int, window: int) -> int:
+    """visible_mask(T, window).sum(), without building it."""
+    if window <= 0 or window + 1 >= T:
+        return T * (T + 1) // 2
+    w = window + 1
+    return w * (w + 1) // 2 + (T - w) * w
+
+
 def _put_map(blob: _Blob, name: str, a: np.ndarray, vis: np.ndarray) -> None:
     """An attention map [N, T, S] by its visible cells, row (head, query) by row."""
     N, T, _ = a.shape
@@ -265,11 +273,12 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
     T = int(toks.size)
     c = model.config
     lays = _layers(model, layers)
-    n_maps = 2 + (2 + 4 * c.n_head / max(T, 1) if c.use_dcmha else 0) + (twin is not None)
-    est = sum(int(visible_mask(T, c.window_size if l in c.local_layers else 0).sum()) for l in lays) * c.n_head * n_maps
+    # bytes before compression: the stored maps' visible cells (+ routing and dyn rows, [T, N] each)
+    n_maps = 2 + (2 + 4 * c.n_head / T if c.use_dcmha else 0) + (twin is not None)
+    est = sum(_n_visible(T, c.window_size if l in c.local_layers else 0) for l in lays) * c.n_head * n_maps
     if est > _LIMIT_BYTES:
         raise Error("explore: %d tokens x %d layers would embed about %d MB; pass layers=[...] (fewer layers) "
-                    "or a shorter text" % (T, len(lays), est >> 20))
+                    "or a shorter text" % (T, len(lays), int(est) >> 20))
     twin_cache = None
     if twin is not None:
         ttoks = np.asarray(twin.to_tokens(text) if isinstance(text, str) else text)
