@@ -106,7 +106,7 @@ def _flow_reference(model, cache, layer, phase, m, t):
     dx = explorer.stored_step(X, vis)[:, t][:, None] / 2              # [N, 1]
     dyn = {k: cache[hook_name(layer, "attn.dyn.%s.%s" % (phase, k))].astype(np.float64)
            for k in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")}
-    half = {k: explorer.stored_step(v) / 2 for k, v in dyn.items()}  # [T, R] or [T]
+    half = {k: explorer.stored_step(v, bits=16) / 2 for k, v in dyn.items()}  # [T, R] or [T]
 
     def proj(w1, w2, pos):                      # (w1[pos]^T w2[pos])[:, m] and its bound, [N] each
         a, bm = dyn[w1][pos], dyn[w2][pos][:, m][:, None]            # [R, N], [R, 1]
@@ -260,3 +260,23 @@ def test_screenshot_is_not_blank(built, browser):
     assert a.shape[0] > 500 and a.shape[1] > 800
     assert len(np.unique(a.reshape(-1, 3), axis=0)) > 200            # heatmaps, text, tables
     assert (a < 250).any(axis=-1).mean() > 0.1                       # not a white page
+
+
+def test_notebook_view_runs_in_its_iframe(built, browser, tmp_path):
+    """_repr_html_ (Jupyter, VS Code) is an iframe whose srcdoc is the page: it draws there too."""
+    model, toks, ex, path, cache, _ = built
+    small = dclens.explore(model, toks[:40], layers=[1], progress=False)
+    host = tmp_path / "notebook.html"
+    host.write_text("<!DOCTYPE html><html><body><p>cell output</p>%s</body></html>" % small._repr_html_(),
+                    encoding="utf-8")
+    browser.get("file://%s" % host)
+    browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
+    try:
+        state, got = _read(browser)
+        assert (state["layer"], state["query"], state["view"]) == ("1", "39", "pattern_composed")
+        _, c40 = model.run_with_cache(toks[:40], names=[hook_name(1, "attn.pattern_composed")])
+        want = c40[hook_name(1, "attn.pattern_composed")].astype(np.float64)
+        vis = _vis(model, 1, 40)
+        _row_check(got, want[0, 39], explorer.stored_step(want, vis)[0, 39], vis[39])
+    finally:
+        browser.switch_to.default_content()

@@ -12,12 +12,16 @@ graph, the flows into one (head, query, key) by source head and branch (what
 routing.flows computes), the query's dynamic weights and, with attribution=,
 integrated gradients per head as a ranking that selects heads.
 
-Data: every map is stored for its visible cells only (causal, and the window
-of local layers), one row (head, query) at a time as 8-bit integers with a
-float32 scale per row (unsigned, step max/255, for arrays that are never
-negative; signed, step max|x|/127, otherwise), deflate-compressed per layer
-and decoded by the page when the layer is first shown (DecompressionStream).
-A decoded value is within half a step of the engine's (`stored_step`).
+Data: the phase inputs (scores, pattern), the composed maps, the twin's
+pattern, the routing matrices and the dynamic weights of each layer, maps by
+their visible cells only (causal, and the window of local layers), as 8-bit
+integers with a float32 scale per row (a map's row is one (head, query);
+unsigned, step max/255, for arrays that are never negative; signed, step
+max|x|/127, otherwise; 16-bit for the small dynamic weights), deflate-compressed per layer and decoded by the page
+when the layer is first shown (DecompressionStream). A decoded value is
+within half a step of the engine's (`stored_step`). The branches and flows
+are not stored: the page computes them from the phase input and the dynamic
+weights, as routing.flows does (docs/explorer.md).
 
 Test contract (docs/explorer.md): the fragment #layer=L&head=H&query=Q&view=V
 (V: pattern, pattern_composed, branch:NAME, routing, flows; also phase=pre|post,
@@ -78,12 +82,13 @@ class Explorer:
 
 # ---------------------------------------------------------------- encoding
 
-def stored_step(values: np.ndarray, visible: Optional[np.ndarray] = None) -> np.ndarray:
+def stored_step(values: np.ndarray, visible: Optional[np.ndarray] = None, bits: int = 8) -> np.ndarray:
     """The quantisation step of each stored row: for an attention map [N, T, S]
     with its `visible` [T, S] mask, per (head, query) over the visible keys
     ([N, T]); for any other array, per row of its last axis. The step is
     max/255 when the whole array is never negative (at its visible cells),
-    max|x|/127 otherwise; a decoded value is within step/2 of the original."""
+    max|x|/127 otherwise (with bits=16, the dynamic weights: 65535 and 32767); a
+    decoded value is within step/2 of the original."""
     a = np.asarray(values, np.float64)
     if visible is not None:
         cells = a[:, visible]
@@ -91,7 +96,8 @@ def stored_step(values: np.ndarray, visible: Optional[np.ndarray] = None) -> np.
     else:
         cells = a
     unsigned = bool((cells >= 0).all())
-    return np.abs(a).max(axis=-1) / (255.0 if unsigned else 127.0)
+    top = float(2 ** bits - 1 if unsigned else 2 ** (bits - 1) - 1)
+    return np.abs(a).max(axis=-1) / top
 
 
 class _Blob:
@@ -110,26 +116,29 @@ class _Blob:
         self.size += len(data) + pad
         return off
 
-    def rows(self, name: str, values: np.ndarray, row_starts: np.ndarray, shape: Sequence[int]) -> None:
-        """values: 1-D, rows beginning at row_starts (ascending, first 0)."""
+    def rows(self, name: str, values: np.ndarray, row_starts: np.ndarray, shape: Sequence[int],
+             bits: int = 8) -> None:
+        """values: 1-D, rows beginning at row_starts (ascending, first 0); bits 8 or 16."""
         v = np.asarray(values, np.float64)
         if not np.isfinite(v).all():
             raise Error("explore: %s holds NaN or inf" % name)
         unsigned = bool((v >= 0).all())
         peak = np.maximum.reduceat(v if unsigned else np.abs(v), row_starts) if v.size else np.zeros(0)
-        scale = peak / (255.0 if unsigned else 127.0)
+        top = float(2 ** bits - 1 if unsigned else 2 ** (bits - 1) - 1)
+        scale = (peak / top).astype(np.float32).astype(np.float64)     # quantise with the scale as stored
         per_cell = np.repeat(scale, np.diff(np.append(row_starts, v.size)))
-        q = np.rint(np.divide(v, per_cell, out=np.zeros_like(v), where=per_cell > 0))
-        q = q.astype(np.uint8 if unsigned else np.int8)
-        self.manifest[name] = {"kind": "u8" if unsigned else "i8", "shape": list(shape),
+        q = np.clip(np.rint(np.divide(v, per_cell, out=np.zeros_like(v), where=per_cell > 0)), -top, top)
+        kind = ("u" if unsigned else "i") + str(bits)
+        q = q.astype({"u8": np.uint8, "i8": np.int8, "u16": "<u2", "i16": "<i2"}[kind])
+        self.manifest[name] = {"kind": kind, "shape": list(shape),
                                "scale": self._put(scale.astype("<f4").tobytes()), "rows": int(len(scale)),
                                "data": self._put(q.tobytes()), "n": int(v.size)}
 
-    def dense(self, name: str, a: np.ndarray) -> None:
+    def dense(self, name: str, a: np.ndarray, bits: int = 8) -> None:
         """An array stored whole, one scale per row of its last axis."""
         a = np.asarray(a)
         k = a.shape[-1]
-        self.rows(name, a.reshape(-1), np.arange(0, a.size, k), a.shape)
+        self.rows(name, a.reshape(-1), np.arange(0, a.size, k), a.shape, bits)
 
     def payload(self) -> str:
         return base64.b64encode(zlib.compress(b"".join(self.parts), 9)).decode("ascii")
@@ -186,7 +195,7 @@ def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
         blob.dense("routing.%s" % ph, routing.routing_matrices(model, cache, ph, layers=[layer])[0])
         for n in model.hook_names:
             if n.startswith(hook_name(layer, "attn.dyn.%s." % ph)):
-                blob.dense(n.split("attn.", 1)[1], cache[n])
+                blob.dense(n.split("attn.", 1)[1], cache[n], bits=16)   # small; the flows multiply them
         W = routing.static_map(model, layer, ph)
         if W is not None:
             blob.dense("static.%s" % ph, W)

@@ -23,7 +23,8 @@
     const buf = await new Response(stream).arrayBuffer();
     const out = {};
     for (const [name, e] of Object.entries(META.manifest[l])) {
-      out[name] = { q: e.kind === "u8" ? new Uint8Array(buf, e.data, e.n) : new Int8Array(buf, e.data, e.n),
+      const Arr = { u8: Uint8Array, i8: Int8Array, u16: Uint16Array, i16: Int16Array }[e.kind];
+      out[name] = { q: new Arr(buf, e.data, e.n),
                     sc: new Float32Array(buf, e.scale, e.rows), shape: e.shape };
     }
     const w = META.windows[l];
