@@ -64,16 +64,22 @@ def browser():
     d.quit()
 
 
-def _open(d, path, frag):
+def _open(d, path, frag, reload=False):
+    """Go to the page at `frag`: a new page loads and reads the fragment; the same
+    page with another fragment gets a hashchange (reload=True: loads it again)."""
     d.get("file://%s#%s" % (path, frag))
-    # a fragment-only change does not reload: reload so the page reads it on load
-    d.refresh()
-    return _read(d)
+    if reload:
+        d.refresh()
+    want = dict(p.split("=", 1) for p in frag.split("&"))
+    return _read(d, {k: v for k, v in want.items() if k in ("view", "layer", "head", "query", "phase", "key")})
 
 
-def _read(d):
-    WebDriverWait(d, 20).until(lambda d: d.execute_script(
-        "return document.body.dataset.ready === '1' || !!document.body.dataset.error"))
+def _read(d, expect=None):
+    """Wait until the page has drawn (and shows what `expect` names), then read #dcs-selected."""
+    js = ("var s = document.getElementById('dcs-selected'); if (document.body.dataset.error) return true;"
+          "if (document.body.dataset.ready !== '1') return false; var e = arguments[0];"
+          "for (var k in e) if (s.dataset[k] !== e[k]) return false; return true;")
+    WebDriverWait(d, 20).until(lambda d: d.execute_script(js, expect or {}))
     assert d.execute_script("return document.body.dataset.error || ''") == ""
     el = d.find_element(By.ID, "dcs-selected")
     state = {k: el.get_attribute("data-" + k) for k in ("view", "layer", "head", "query", "phase", "key")}
@@ -95,9 +101,11 @@ def _vis(model, layer, T):
 
 def _flow_reference(model, cache, layer, phase, m, t):
     """Flows into head m at query t [N, B, T] from the cached phase input and dyn
-    weights (model-spec.md 2 step 6, written here from the spec), and the bound
-    on the page's error given the stored precision of each factor."""
-    N = model.config.n_head
+    weights (model-spec.md 2 step 6, written here from the spec; query-wise,
+    key-wise, grouped and static variants too), and the bound on the page's
+    error given the stored precision of each factor."""
+    c = model.config
+    N, branches = c.n_head, routing.flow_branches(model)
     src = hook_name(layer, "attn.scores" if phase == "pre" else "attn.pattern")
     X = cache[src].astype(np.float64)
     T = X.shape[-1]
@@ -105,24 +113,32 @@ def _flow_reference(model, cache, layer, phase, m, t):
     x = np.where(vis[t], X[:, t], 0.0)                                # [N, S]
     dx = explorer.stored_step(X, vis)[:, t][:, None] / 2              # [N, 1]
     dyn = {k: cache[hook_name(layer, "attn.dyn.%s.%s" % (phase, k))].astype(np.float64)
-           for k in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")}
+           for k in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")
+           if hook_name(layer, "attn.dyn.%s.%s" % (phase, k)) in cache}
     half = {k: explorer.stored_step(v, bits=16) / 2 for k, v in dyn.items()}  # [T, R] or [T]
+    Mg = N // c.compose_groups
+    block = (np.arange(N) // Mg == m // Mg).astype(float)             # [N]: heads that may lend to m
 
     def proj(w1, w2, pos):                      # (w1[pos]^T w2[pos])[:, m] and its bound, [N] each
         a, bm = dyn[w1][pos], dyn[w2][pos][:, m][:, None]            # [R, N], [R, 1]
         da, db = half[w1][pos][:, None], half[w2][pos][:, None]      # [R, 1]: one step per row
-        return (a * bm).sum(0), (np.abs(a) * db + da * np.abs(bm) + da * db).sum(0)
+        return (a * bm).sum(0) * block, (np.abs(a) * db + da * np.abs(bm) + da * db).sum(0) * block
 
-    coef = np.zeros((N, 5, T))
-    dcoef = np.zeros((N, 5, T))
-    qc, dqc = proj("qw1", "qw2", t)
+    B = len(branches)
+    coef, dcoef = np.zeros((N, B, T)), np.zeros((N, B, T))
+    coef[m, 0] = 1.0
+    if "qw1" in dyn:
+        qc, dqc = proj("qw1", "qw2", t)
+        coef[:, 1], dcoef[:, 1] = qc[:, None], dqc[:, None]
+        coef[m, 3], dcoef[m, 3] = dyn["qdd"][t, m], half["qdd"][t]
     for s in range(T):
-        kc, dkc = proj("kw1", "kw2", s)
-        coef[m, 0, s] = 1.0
-        coef[:, 1, s], dcoef[:, 1, s] = qc, dqc
-        coef[:, 2, s], dcoef[:, 2, s] = kc, dkc
-        coef[m, 3, s], dcoef[m, 3, s] = dyn["qdd"][t, m], half["qdd"][t]
-        coef[m, 4, s], dcoef[m, 4, s] = dyn["kdd"][s, m], half["kdd"][s]
+        if "kw1" in dyn:
+            coef[:, 2, s], dcoef[:, 2, s] = proj("kw1", "kw2", s)
+            coef[m, 4, s], dcoef[m, 4, s] = dyn["kdd"][s, m], half["kdd"][s]
+    if "static" in branches:
+        W = routing.static_map(model, layer, phase)                   # [N, N]
+        coef[:, 5] = W[:, m][:, None]
+        dcoef[:, 5] = (explorer.stored_step(W, bits=16) / 2)[:, None]
     F = x[:, None, :] * coef
     bound = np.abs(x)[:, None, :] * dcoef + dx[:, :, None] * (np.abs(coef) + dcoef)
     return F, bound * (1 + 1e-5) + 1e-7, vis[t]
@@ -195,7 +211,8 @@ def test_flows_match_routing_flows(built, browser, phase, layer, head, query, ke
 @pytest.mark.parametrize("phase,layer,query", [("post", 1, 150), ("pre", 3, 199), ("post", 0, 45)])
 def test_routing_matches_routing_matrix(built, browser, phase, layer, query):
     model, toks, ex, path, cache, _ = built
-    _, got = _open(browser, path, "layer=%d&head=0&query=%d&view=routing&phase=%s" % (layer, query, phase))
+    _, got = _open(browser, path, "layer=%d&head=0&query=%d&view=routing&phase=%s" % (layer, query, phase),
+                   reload=True)    # the fragment read on load
     want = routing.routing_matrix(model, toks, layer, phase, query)
     got = np.array(got, dtype=float)
     step = explorer.stored_step(routing.routing_matrices(model, cache, phase, layers=[layer])[0])[query]   # [N]
@@ -237,7 +254,7 @@ def test_no_request_leaves_the_page_and_no_console_error(built, browser):
     model, toks, ex, path, cache, _ = built
     browser.get_log("performance")                      # drop what earlier tests logged
     browser.get_log("browser")
-    _open(browser, path, "layer=3&head=1&query=100&view=flows")
+    _open(browser, path, "layer=3&head=1&query=100&view=flows", reload=True)   # a full load, logged
     Select(browser.find_element(By.ID, "dcs-layer")).select_by_value("0")
     _read(browser)
     urls = []
@@ -280,3 +297,45 @@ def test_notebook_view_runs_in_its_iframe(built, browser, tmp_path):
         _row_check(got, want[0, 39], explorer.stored_step(want, vis)[0, 39], vis[39])
     finally:
         browser.switch_to.default_content()
+
+
+VARIANTS = {    # as tests/test_flows.py
+    "query_wise": dict(query_wise=True, seed=31),
+    "key_wise": dict(key_wise=True, seed=32),
+    "static": dict(use_sw=True, seed=33),
+    "groups4-static-qw": dict(compose_groups=4, use_sw=True, query_wise=True, n_head=8, dim=64, seed=37),
+    "groups2": dict(compose_groups=2, seed=36),
+}
+
+
+@pytest.mark.filterwarnings("ignore::dclens.LoadWarning")
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_flows_and_branches_of_variants(tiny_factory, browser, tmp_path, name):
+    """The page's flows and branches on generated models with query-wise, key-wise,
+    static and grouped composition, against routing.flows and the branch hooks."""
+    d, _, _ = tiny_factory(model_type="dcpythia", n_layer=2, window_size=5, **VARIANTS[name])
+    model = dclens.load(d)
+    toks = np.arange(11) % 50 + 3
+    path = str(tmp_path / "page.html")
+    dclens.explore(model, toks, progress=False).save(path)
+    _, cache = model.run_with_cache(toks)
+    branches = routing.flow_branches(model)
+    for layer, phase, head, t, key in ((0, "pre", 1, 9, 6), (1, "post", model.config.n_head - 1, 10, 3)):
+        frag = "layer=%d&head=%d&query=%d&phase=%s&key=%d" % (layer, head, t, phase, key)
+        _, got = _open(browser, path, frag + "&view=flows")
+        want = routing.flows(model, toks, layer, phase, head, t, cache=cache)
+        ref, bound, vis = _flow_reference(model, cache, layer, phase, head, t)
+        np.testing.assert_allclose(ref, want, rtol=1e-9, atol=1e-12)
+        got = np.array(got, dtype=float)
+        assert got.shape == (model.config.n_head, len(branches))
+        assert (np.abs(got - want[:, :, key]) <= bound[:, :, key]).all(), name
+        for b in ("qp", "kp", "static"):
+            if b not in branches:
+                continue
+            _, row = _open(browser, path, frag + "&view=branch:" + b)
+            row = np.array([np.nan if v is None else v for v in row])
+            hook = hook_name(layer, "attn.%s.%s" % (phase, b))
+            want_row = (cache[hook][head, t].astype(np.float64) if hook in cache
+                        else want[:, branches.index(b)].sum(0))
+            tol = bound[:, branches.index(b)].sum(0) + 2e-6 * max(np.abs(want_row[vis]).max(), 1e-6)
+            assert np.isnan(row[~vis]).all() and (np.abs(row[vis] - want_row[vis]) <= tol[vis]).all(), (name, b)

@@ -198,7 +198,7 @@ def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
                 blob.dense(n.split("attn.", 1)[1], cache[n], bits=16)   # small; the flows multiply them
         W = routing.static_map(model, layer, ph)
         if W is not None:
-            blob.dense("static.%s" % ph, W)
+            blob.dense("static.%s" % ph, W, bits=16)
     if twin_cache is not None and layer < twin.config.n_layer:
         tc = twin.config
         _put_map(blob, "twin.pattern", twin_cache[hook_name(layer, "attn.pattern")],
@@ -234,6 +234,13 @@ def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
         raise Error("explore: attribution= gives per-head values of shape %s, need [%d, %d] and finite"
                     % (vals.shape, len(layers), N))
     return {"label": label, "values": vals.tolist()}
+
+
+def _labels(model, toks: np.ndarray) -> List[str]:
+    """The tokens as text; "<id>" for a model directory without a tokenizer (given ids)."""
+    if not os.path.lexists(os.path.join(model.path, "tokenizer.json")):
+        return ["<%d>" % int(i) for i in toks]
+    return [str(s) for s in model.to_str_tokens(toks)]
 
 
 def _colormaps() -> dict:
@@ -321,7 +328,7 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
         "dcmha": bool(c.use_dcmha), "branches": list(BRANCHES),
         "flow_branches": list(flow_branches(model)) if c.use_dcmha else ["skip"],
         "groups": int(getattr(c, "compose_groups", 1) or 1),
-        "tokens": [str(s) for s in model.to_str_tokens(toks)],
+        "tokens": _labels(model, toks),
         "ig": _ig_per_head(model, toks, lays, attribution),
         "cmap": _colormaps(), "manifest": manifests,
     }

@@ -408,9 +408,9 @@
     const l = int("layer", 0, META.n_layer); if (l !== null && META.layers.includes(l)) state.layer = l;
     const h = int("head", 0, N); if (h !== null) state.head = h;
     const q = int("query", 0, T); if (q !== null) state.query = q;
-    const k = int("key", 0, T); if (k !== null) state.key = k;
+    state.key = int("key", 0, T);                     // absent: the head's largest key
     if (p.has("view") && VIEWS.includes(p.get("view"))) state.view = p.get("view");
-    if (p.get("phase") === "pre" || p.get("phase") === "post") state.phase = p.get("phase");
+    state.phase = p.get("phase") === "pre" ? "pre" : "post";
     const bad = ["layer", "head", "query", "key"].filter((x) => p.has(x) && int(x, 0, x === "layer" ? META.n_layer : x === "head" ? N : T) === null);
     if (p.has("layer") && int("layer", 0, META.n_layer) !== null && !META.layers.includes(int("layer", 0, META.n_layer))) bad.push("layer (not in this page)");
     if (p.has("view") && !VIEWS.includes(p.get("view"))) bad.push("view");
