@@ -164,3 +164,10 @@ def test_cli(tmp_path, capsys):
     assert meta["layers"] == [0, 2, 3] and meta["twin"] == "pythia-tiny"
     assert cli_main(["explore", "--model", "dcpythia-tiny", "--text", "a", "--layers", "x", "--out", str(out)]) == 1
     assert "--layers must be" in capsys.readouterr().err
+
+
+def test_a_large_page_warns(models, monkeypatch):
+    model, _ = models
+    monkeypatch.setattr(explorer, "_WARN_BYTES", 1000)
+    with pytest.warns(UserWarning, match=r"layers=\[\.\.\.\] keeps the page smaller"):
+        dclens.explore(model, TEXT, layers=[0], progress=False)

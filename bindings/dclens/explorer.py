@@ -35,6 +35,7 @@ import html as _html
 import json
 import os
 import re
+import warnings
 import zlib
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -45,6 +46,7 @@ from .names import BRANCHES, PHASES, hook_name
 
 _PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
 _LIMIT_BYTES = 256 << 20      # refuse pages whose raw data would exceed this (name layers=)
+_WARN_BYTES = 32 << 20        # warn above this (a browser holds it, a notebook stores it)
 # the maps of a phase, by hook suffix: its input, its branches, its sum
 _PHASE_MAPS = {"pre": ("attn.scores", "attn.scores_composed"), "post": ("attn.pattern", "attn.pattern_composed")}
 
@@ -295,6 +297,9 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
     if est > _LIMIT_BYTES:
         raise Error("explore: %d tokens x %d layers would embed about %d MB; pass layers=[...] (fewer layers) "
                     "or a shorter text" % (T, len(lays), int(est) >> 20))
+    if est > _WARN_BYTES:
+        warnings.warn("explore: %d tokens x %d layers embed about %d MB before compression; layers=[...] "
+                      "keeps the page smaller" % (T, len(lays), int(est) >> 20), stacklevel=2)
     twin_cache = None
     if twin is not None:
         ttoks = np.asarray(twin.to_tokens(text) if isinstance(text, str) else text)

@@ -414,7 +414,7 @@
     const bad = ["layer", "head", "query", "key"].filter((x) => p.has(x) && int(x, 0, x === "layer" ? META.n_layer : x === "head" ? N : T) === null);
     if (p.has("layer") && int("layer", 0, META.n_layer) !== null && !META.layers.includes(int("layer", 0, META.n_layer))) bad.push("layer (not in this page)");
     if (p.has("view") && !VIEWS.includes(p.get("view"))) bad.push("view");
-    $("dcs-status").textContent = bad.length ? "ignored in the URL: " + bad.join(", ") : "";
+    notice = bad.length ? "ignored in the URL: " + bad.join(", ") : "";
   }
   function writeFragment() {
     const f = "layer=" + state.layer + "&head=" + state.head + "&query=" + state.query + "&view=" + state.view + "&phase=" + state.phase + (state.key !== null ? "&key=" + state.key : "");
@@ -442,7 +442,7 @@
     window.addEventListener("hashchange", () => { readFragment(); update(); });
   }
 
-  let pending = 0;
+  let pending = 0, notice = "";                      // notice: what the status line says once drawn
   async function update() {
     const ticket = ++pending;
     document.body.dataset.ready = "0";
@@ -459,7 +459,7 @@
     const stripRow = row && !Array.isArray(row) ? row : mapRow(D, META.dcmha ? "pattern_composed" : "pattern", state.head, t);
     drawTokens(D, t, stripRow);
     drawHeads(D, t); drawBranches(D, t, state.phase); drawRouting(D, t, state.phase); drawFlows(D, t, state.phase); drawDyn(D, t); drawIG();
-    if ($("dcs-status").textContent.startsWith("decoding")) $("dcs-status").textContent = "";
+    $("dcs-status").textContent = notice;
     if (state.preview === null) writeFragment();
     document.body.dataset.ready = "1";
   }
