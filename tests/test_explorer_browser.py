@@ -310,13 +310,7 @@ def test_notebook_view_runs_in_its_iframe(built, browser, tmp_path):
         browser.switch_to.default_content()
 
 
-VARIANTS = {    # as tests/test_flows.py
-    "query_wise": dict(query_wise=True, seed=31),
-    "key_wise": dict(key_wise=True, seed=32),
-    "static": dict(use_sw=True, seed=33),
-    "groups4-static-qw": dict(compose_groups=4, use_sw=True, query_wise=True, n_head=8, dim=64, seed=37),
-    "groups2": dict(compose_groups=2, seed=36),
-}
+from test_flows import VARIANTS  # noqa: E402  (the variants routing.flows is tested on)
 
 
 @pytest.mark.filterwarnings("ignore::dclens.LoadWarning")
