@@ -28,9 +28,10 @@ from . import cache, names, patching
 from .names import BRANCHES, PHASES, hook_name
 from .hooks import read_only
 from .generate import Decoder, generate
+from .patching import PatchingWarning
 
 __all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PHASES", "PNG",
-           "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
+           "PatchingWarning", "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
            "cuda_unavailable_reason", "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching",
            "read_only", "routing"]
 __version__ = "0.1.0"
