@@ -100,6 +100,8 @@ class PatchResult:
     corrupted: float
     what: str
     baseline_note: str = ""       # why the baselines are suspect ("" when they are not)
+    # the clean and corrupted prompts' tokens at the "pos" axis' positions (None: no tokenizer / no pos axis)
+    pos_tokens: Optional[Tuple[List[str], List[str]]] = None
 
     def normalized(self) -> np.ndarray:
         """(values - corrupted) / (clean - corrupted): 0 no effect, 1 full recovery
@@ -289,6 +291,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
                 cells.append([(n, _setter(tuple(idx)))])
         shape, axes = (len(layers), len(pos)), ("layer", "pos")
         labels = ([str(l) for l in layers], [str(p) for p in pos])
+        words = _words(model, c_t, x_t, pos)
     elif over == "layer,head,pos":
         for n in names:
             nd = cache[n].ndim
@@ -300,6 +303,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
                     cells.append([(n, _setter(tuple(idx)))])
         shape, axes = (len(layers), c.n_head, len(pos)), ("layer", "head", "pos")
         labels = ([str(l) for l in layers], ["H%d" % h for h in range(c.n_head)], [str(p) for p in pos])
+        words = _words(model, c_t, x_t, pos)
     else:  # layer,phase,branch
         shape, axes = (len(layers), 2, 5), ("layer", "phase", "branch")
         labels = ([str(l) for l in layers], list(PHASES), list(BRANCHES))
@@ -315,7 +319,17 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
             out[ix] = vals[i]
         return PatchResult(out, axes, labels, m_clean, m_corr, over, note)
     vals = _run_cells(model, x_t, cells, cache, metric, batch_size, progress, "patching " + over)
-    return PatchResult(vals.reshape(shape), axes, labels, m_clean, m_corr, "%s (%s)" % (over, suffix), note)
+    return PatchResult(vals.reshape(shape), axes, labels, m_clean, m_corr, "%s (%s)" % (over, suffix), note,
+                       words if "pos" in axes else None)
+
+
+def _words(model: Model, clean: np.ndarray, corrupted: np.ndarray, pos: List[int]):
+    """The clean and corrupted tokens at `pos` as text, or None without a tokenizer."""
+    try:
+        a, b = model.to_str_tokens(clean), model.to_str_tokens(corrupted)
+    except Error:
+        return None
+    return [a[p] for p in pos], [b[p] for p in pos]
 
 
 def _pos(p, T: int) -> int:
