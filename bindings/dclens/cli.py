@@ -13,7 +13,6 @@ import argparse
 import sys
 from typing import List, Optional
 
-
 from . import plugins
 from ._checks import Error
 
