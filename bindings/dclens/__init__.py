@@ -29,9 +29,10 @@ from .names import BRANCHES, PHASES, hook_name
 from .hooks import read_only
 from .generate import Decoder, generate
 from .patching import PatchingWarning
+from .prompting import test_prompt
 
 __all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PHASES", "PNG",
            "PatchingWarning", "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
            "cuda_unavailable_reason", "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching",
-           "read_only", "routing"]
+           "read_only", "routing", "test_prompt"]
 __version__ = "0.1.0"
