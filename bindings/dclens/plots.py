@@ -415,9 +415,10 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
     ncols = min(len(panels), 4)
     nrows = math.ceil(len(panels) / ncols)
     # wide enough for one 7-pt label per column
-    width = max(panel_size * ncols, ncols * len(clab) * 0.13) + 1.2
-    fig = Figure(figsize=(width, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1))) + 1.4),
-                 layout="constrained")
+    width = max(panel_size * ncols, ncols * len(clab) * 0.16) + 1.4
+    label_in = 0.07 * max((len(x) for x in clab), default=0) if cols_ax.startswith("position") else 0.0
+    fig = Figure(figsize=(width, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1)))
+                          + 1.4 + label_in), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im = None
     for i in range(nrows * ncols):
