@@ -242,6 +242,8 @@ def test_flows_plot():
     assert fig.axes[1].get_title().startswith("at key %d" % key)
     assert png_bytes(fig).startswith(PNG_SIG)
     assert dp.flows(F, key=-3).axes[1].get_title().startswith("at key 6")
+    six = dp.flows(np.concatenate([F, F[:, :1]], axis=1))          # a use_sw model's sixth branch
+    assert [t.get_text() for t in six.axes[1].get_xticklabels()][-2:] == ["static", "total"]
     for bad in (dict(F=F[0]), dict(F=F, tokens=TOKENS[:3]), dict(F=F, key=T), dict(F=F, branches=["a"])):
         with pytest.raises(ValueError):
             dp.flows(**bad)

@@ -449,7 +449,7 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
 
 
 def flows(F, tokens: Optional[Sequence[str]] = None, *, key: Optional[int] = None,
-          branches: Sequence[str] = ("skip", "qp", "kp", "qg", "kg"), target: Optional[str] = None,
+          branches: Optional[Sequence[str]] = None, target: Optional[str] = None,
           title: Optional[str] = None, cell_size: float = 0.42) -> Figure:
     """Where one composed entry comes from (dclens.routing.flows' array F
     [N source, branch, T key]), two panels:
@@ -459,11 +459,15 @@ def flows(F, tokens: Optional[Sequence[str]] = None, *, key: Optional[int] = Non
     - right: at `key` (default: the key with the largest |composed value|),
       source head x branch with the values written in, and the totals.
 
-    tokens label the keys; target names the target head in the titles."""
+    tokens label the keys; target names the target head in the titles;
+    branches name the branch axis (default: skip, qp, kp, qg, kg, and static
+    when F has six, as routing.flow_branches gives)."""
     F = np.asarray(F, dtype=np.float64)
     if F.ndim != 3 or 0 in F.shape:
         raise ValueError("F must be a non-empty [N, branches, T] array, got shape %s" % (F.shape,))
     N, B, T = F.shape
+    if branches is None:
+        branches = ["skip", "qp", "kp", "qg", "kg", "static"][:B] if B in (5, 6) else ["b%d" % i for i in range(B)]
     branches = list(branches)
     if len(branches) != B:
         raise ValueError("%d branch names for %d branches" % (len(branches), B))
