@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 import tempfile
+import warnings
 
 import numpy as np
 
@@ -79,13 +80,19 @@ def run(model, label):
     if corrupted.size == clean.size:
         answer, other = model.to_single_token(" Mary"), model.to_single_token(" John")
         metric = patching.logit_diff(answer, other)
-        same = patching.sweep(model, clean, clean, metric, over="layer,head", progress=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            same = patching.sweep(model, clean, clean, metric, over="layer,head", progress=False)
+        check(any(issubclass(w.category, dclens.PatchingWarning) for w in caught),
+              "%s: patching clean into clean warns that the baselines are equal" % label)
         check(np.abs(same.values - same.clean).max() <= 1e-4 * max(1, abs(same.clean)),
               "%s: patching clean into clean changes nothing" % label)
         _, clean_cache = model.run_with_cache(clean)
         patched = patching.run_patched(model, corrupted, clean_cache, ["blocks.0.hook_resid_pre"])
         check(np.array_equal(patched, model(clean)), "%s: patching the whole residual = the clean run" % label)
-        r = patching.sweep(model, clean, corrupted, metric, over="layer,pos", progress=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dclens.PatchingWarning)   # untrained: the baselines may be close
+            r = patching.sweep(model, clean, corrupted, metric, over="layer,pos", progress=False)
         check(r.values.shape == (model.config.n_layer, clean.size), "%s: layer x position sweep" % label)
 
     # 4. direct logit attribution ---------------------------------------------------

@@ -9,6 +9,10 @@
     p.corrupted_token                   # ... whose answer starts with this token (None: no such swap)
     for p in probes(lines, tokenizer): ...
 
+    p = probe(line, j, tokenizer, model=m, flips=True)   # None unless m's answer flips with the source
+    p.flips, p.p_clean, p.p_corrupted   # m's greedy answer: right on the clean prompt, not on the corrupted
+    list(probes(lines, tokenizer, model=m, flips=True))  # every such answer
+
 The *source* is the context token the answer is derived from: the item the
 task's QK pattern picks (``Ruth has a sweater. Steven has a taxi. Ruth has a
 handgun. Ruth does not have a kind of [vehicle]`` -> ``taxi``), or, when the
@@ -19,6 +23,12 @@ The corrupted prompt swaps the source item with another context item of the
 same example when both take the same number of tokens, so that every position
 lines up and the answer changes (``Ruth has a taxi. Steven has a sweater. ...``
 -> ``clothing``): the clean / corrupted pair of activation patching.
+
+With a model, a probe also says whether the model's answer *flips* with the
+source: its greedy first token at the query is the answer on the clean prompt
+and is not on the corrupted one. A model that keeps the clean answer after the
+source is swapped is right for a reason other than the source, and patching
+such a pair measures nothing (dclens.patching then warns about its baselines).
 """
 
 from __future__ import annotations
@@ -52,6 +62,13 @@ class Probe:
     corrupted: np.ndarray | None = None     # int32 [T]
     corrupted_answer: str | None = None
     corrupted_token: int | None = None      # first token of the corrupted answer
+    # with a model (probe(..., model=m)): its answer on both prompts, at the query
+    p_clean: float | None = None            # p(answer's first token), clean prompt
+    p_corrupted: float | None = None        # p(the same token), corrupted prompt
+    p_corrupted_answer: float | None = None  # p(corrupted answer's first token), corrupted prompt
+    top_clean: int | None = None            # the model's greedy token, clean prompt
+    top_corrupted: int | None = None        # ... corrupted prompt
+    flips: bool | None = None               # top_clean is the answer and top_corrupted is not
 
     @property
     def query(self) -> int:
@@ -88,8 +105,12 @@ def _token_ending_at(ends, char_end: int) -> int:
     raise ValueError("offset beyond the text")
 
 
-def probe(line: Line, j: int, tokenizer) -> Probe | None:
-    """The j-th scored answer of a line, or None when its example cannot be solved from the tables."""
+def probe(line: Line, j: int, tokenizer, *, model=None, flips: bool = False) -> Probe | None:
+    """The j-th scored answer of a line, or None when its example cannot be solved from the tables.
+    model (a dclens.Model): also score the clean and corrupted prompts (p_clean, flips, ...);
+    flips=True (needs a model): None unless the model's answer flips when the source is corrupted."""
+    if flips and model is None:
+        raise ValueError("probe(flips=True) needs a model= to tell whether its answer flips")
     task = TASKS.get(line.task_id)
     if task is None or not 0 <= j < len(line.answers):
         return None
@@ -112,7 +133,27 @@ def probe(line: Line, j: int, tokenizer) -> Probe | None:
     p = Probe(line.task_id, line.lineno, j, ans.k, prefix.text, ans.text, ids, spans[j],
               _token_ending_at(ends, src_end), item.group("item"))
     _corrupt(p, line, example, ex_start, m, res.source, tokenizer)
+    if model is not None and p.corrupted is not None:
+        _score(p, model)
+    if flips and not p.flips:
+        return None
     return p
+
+
+def _softmax(z):
+    z = np.asarray(z, np.float64)
+    z = np.exp(z - z.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def _score(p: Probe, model) -> None:
+    """The model's answer at the query on the clean and the corrupted prompt (one batched pass)."""
+    both = np.stack([p.ids, p.corrupted])[:, :p.query + 1]
+    probs = _softmax(model.forward(both, logits_at=p.query))          # [2, V]
+    p.p_clean, p.p_corrupted = float(probs[0, p.answer_token]), float(probs[1, p.answer_token])
+    p.p_corrupted_answer = float(probs[1, p.corrupted_token])
+    p.top_clean, p.top_corrupted = int(probs[0].argmax()), int(probs[1].argmax())
+    p.flips = p.top_clean == p.answer_token and p.top_corrupted != p.answer_token
 
 
 def _corrupt(p: Probe, line: Line, example: str, ex_start: int, m, src: int, tokenizer) -> None:
@@ -141,12 +182,14 @@ def _corrupt(p: Probe, line: Line, example: str, ex_start: int, m, src: int, tok
         return
 
 
-def probes(lines, tokenizer, tasks=None):
-    """Every scored answer of `lines` (optionally only of `tasks`) that solves from the tables."""
+def probes(lines, tokenizer, tasks=None, *, model=None, flips: bool = False):
+    """Every scored answer of `lines` (optionally only of `tasks`) that solves from the tables
+    (model=, flips=True: only those whose answer the model gets right and loses when the
+    source is corrupted)."""
     for line in lines:
         if tasks is not None and line.task_id not in tasks:
             continue
         for j in range(len(line.answers)):
-            p = probe(line, j, tokenizer)
+            p = probe(line, j, tokenizer, model=model, flips=flips)
             if p is not None:
                 yield p

@@ -399,8 +399,9 @@ def test_heatmap_fixes(text_model, tmp_path):
     from dclens import heatmaps as hm
     m = text_model
     png = hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern")
-    assert png._args[7] == 0.0                  # colour bar from 0 for a softmax pattern
-    png = hm.attention_heatmap(m, PROMPTS[0], layer="all", head=0)
+    assert png._args[16] == [0.0] * m.config.n_head   # each panel's colour bar from 0 for a softmax pattern
+    assert hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern", scale="shared")._args[7] == 0.0
+    png = hm.attention_heatmap(m, PROMPTS[0], layer="all", head=0, hook="pattern")
     assert m.name in png._args[4]               # the model name in the title
     assert png._args[12] == [m.config.window_size if l in m.config.local_layers else 0 for l in range(2)]
     no_axes = hm.heatmap(np.eye(4), axis_titles=False)
@@ -450,3 +451,108 @@ def test_synth_limit_samples_across_tasks(tmp_path):
     assert len(few) == 20 and len({l.task_id for l in few}) == 20
     assert [l.lineno for l in few] == sorted(l.lineno for l in few)
     assert len({l.task_id for l in ds.lines[:20]}) < 5        # what --limit used to take
+
+
+# ---------------------------------------------------------------- TransformerLens arguments (issue 24)
+
+def _ln(x, w, b, eps):
+    x = np.asarray(x, np.float64)
+    c = x - x.mean(-1, keepdims=True)
+    return c / np.sqrt((c ** 2).mean(-1, keepdims=True) + eps) * w + b
+
+
+@pytest.mark.parametrize("kw", [DCP, SEQ], ids=["parallel", "sequential"])
+def test_residual_helpers_take_tl_arguments(tiny_factory, kw):
+    """incl_mid, mlp_input, mode, incl_embeds, pos_slice and apply_ln, checked against the
+    cached residual and the LayerNorms recomputed here from the checkpoint's weights."""
+    d, sd, cfg = tiny_factory(**kw)
+    model = dclens.load(d)
+    eps = model.config.norm_eps
+    toks = _toks(model)
+    _, cache = model.run_with_cache(toks)
+    acc, lab = cache.accumulated_resid(incl_mid=True, return_labels=True)
+    assert lab == ["0_pre", "0_mid", "1_pre", "1_mid", "final_post"]
+    for l in range(2):
+        mid = acc[lab.index("%d_mid" % l)]
+        assert rel_err(mid, cache["resid_pre", l] + cache["attn_out", l]) <= 1e-6
+        if not model.config.parallel_residual:      # a sequential block's MLP reads resid_mid
+            ln = _ln(mid, sd["layers.%d.ffn_norm.weight" % l], sd["layers.%d.ffn_norm.bias" % l], eps)
+            assert rel_err(ln, cache["ln_mlp", l]) <= 1e-5
+    a1, l1 = cache.accumulated_resid(layer=1, mlp_input=True, return_labels=True)
+    assert l1 == ["0_pre", "1_pre", "1_mid"]
+    np.testing.assert_array_equal(cache.accumulated_resid(pos_slice=-1), cache.accumulated_resid()[:, -1])
+    # decompose_resid: modes, embeds, positions; each LayerNorm as a linear map sums to the LN output
+    comps, labels = cache.decompose_resid(mode="attn", incl_embeds=False, return_labels=True)
+    assert labels == ["0_attn_out", "1_attn_out"]
+    assert cache.decompose_resid(mode="mlp", return_labels=True)[1] == ["embed", "0_mlp_out", "1_mlp_out"]
+    pos = [1, 3, 7]
+    part = cache.decompose_resid(pos_slice=pos, apply_ln=True)
+    assert rel_err(part.sum(0) + sd["norm.bias"], cache["ln_final"][pos]) <= 1e-5
+    for mlp_input in (False, True):
+        comps, labels = cache.decompose_resid(layer=1, mlp_input=mlp_input, apply_ln=True, pos_slice=slice(2, 9),
+                                              return_labels=True)
+        name = "ffn_norm" if mlp_input else "attention_norm"
+        want = cache["ln_mlp" if mlp_input else "ln_attn", 1][2:9]
+        assert rel_err(comps.sum(0) + sd["layers.1.%s.bias" % name], want) <= 1e-5, mlp_input
+        assert ("1_attn_out" in labels) == (mlp_input and not model.config.parallel_residual)
+    heads = cache.stack_head_results(pos_slice=-2, apply_ln=True, incl_remainder=True)
+    assert rel_err(heads.sum(0) + sd["norm.bias"], cache["ln_final"][-2]) <= 1e-5
+    tok = int(toks[4])
+    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=tok, pos_slice=-1)
+    logits = model(toks)
+    assert rel_err(attrs.sum() + sd["norm.bias"] @ model.W_U[:, tok], logits[-1, tok]) <= 1e-5
+    for bad, match in ((dict(mode="heads"), "mode"), (dict(pos_slice=99), "pos_slice"),
+                       (dict(pos_slice="last"), "pos_slice"), (dict(mode="mlp", incl_embeds=False, layer=0),
+                                                              "no components")):
+        with pytest.raises(dclens.Error, match=match):
+            cache.decompose_resid(**bad)
+
+
+def test_test_prompt(capsys):
+    model = dclens.load("dcpythia-tiny")
+    prompt, answer = "Kenneth likes Manchester. Margaret likes Novosibirsk. Kenneth does not long for", "Novosibirsk"
+    r = dclens.test_prompt(model, prompt, answer, top_k=4)
+    out = capsys.readouterr().out
+    ids = model.to_tokens(prompt + " " + answer)
+    P = len(model.to_tokens(prompt))
+    z = np.asarray(model(ids), np.float64)
+    for i, a in enumerate(r):
+        p = np.exp(z[P - 1 + i] - z[P - 1 + i].max())
+        p /= p.sum()
+        assert a.prob == pytest.approx(p[ids[P + i]], rel=1e-4)
+        assert a.rank == int((p > p[ids[P + i]]).sum())
+        assert len(a.top) == 4 and a.top[0][1] == pytest.approx(p.max(), rel=1e-4)
+        assert ("Rank %d: %r" % (a.rank, a.token)) in out
+    assert dclens.test_prompt(prompt, answer, model, print_details=False, top_k=4) == r   # TL order
+    assert capsys.readouterr().out == ""
+    with pytest.raises(dclens.Error, match="dclens.Model"):
+        dclens.test_prompt("a", "b", "c")
+    with pytest.raises(dclens.Error, match="non-empty"):
+        dclens.test_prompt(model, prompt, " ")
+
+
+def test_hook_predicates_filters_and_cache_misses(tiny_factory):
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    toks = _toks(model, 6)
+    seen = []
+    model.run_with_hooks(toks, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda a, n: seen.append(n))])
+    assert seen == ["blocks.0.attn.pattern", "blocks.1.attn.pattern"]
+    halved = model.run_with_hooks(toks, fwd_hooks=[(lambda n: n == "blocks.1.attn.z", lambda a, n: a * 0.5)])
+    one = model.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.z", lambda a, n: a * 0.5)])
+    np.testing.assert_array_equal(halved, one)
+    with model.hooks([(lambda n: n.endswith("mlp.out"), lambda a, n: a * 0)]):
+        zeroed = model(toks)
+    np.testing.assert_array_equal(zeroed, model.run_with_hooks(
+        toks, fwd_hooks=[("blocks.%d.mlp.out" % l, lambda a, n: a * 0) for l in range(2)]))
+    with pytest.raises(dclens.Error, match=r"matches no hook.*closest to what it mentions: attn.hook_pattern"):
+        model.run_with_cache(toks, names_filter=lambda n: n.endswith("hook_patern"))
+    with pytest.raises(dclens.Error, match="matches no hook"):
+        model.run_with_hooks(toks, fwd_hooks=[(lambda n: False, lambda a, n: None)])
+    _, cache = model.run_with_cache(toks, names=["blocks.0.attn.pattern"])
+    with pytest.raises(KeyError, match="not captured in this run"):
+        cache["blocks.1.attn.pattern"]
+    with pytest.raises(KeyError, match=r"not a hook of .*did you mean blocks.\d.attn.pattern_composed"):
+        cache["blocks.0.attn.pattern_composd"]
+    with pytest.raises(KeyError, match=r"\('pattern', 5\)\): it is not a hook"):
+        cache["pattern", 5]

@@ -31,8 +31,11 @@ def _decode(png):
 
 
 def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True, window=0, windows=None):
+    """Every cell's centre pixel against the colour of its value; vmin, vmax and diverging
+    may be per-panel lists (each panel its own scale)."""
     img = _decode(png)
     P, T, S = maps.shape
+    per = lambda v, p: v[p] if isinstance(v, (list, tuple)) else v
     for p in range(P):
         if windows is not None:
             window = windows[p]
@@ -43,7 +46,8 @@ def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True, window=0, wi
                 if mask_upper and (s > t or (window > 0 and t - s > window)):
                     assert px in MASK, (p, t, s, px)
                 else:
-                    assert px == hm.colormap_rgb(maps[p, t, s], vmin, vmax, diverging), (p, t, s)
+                    assert px == hm.colormap_rgb(maps[p, t, s], per(vmin, p), per(vmax, p), per(diverging, p)), \
+                        (p, t, s)
     return img
 
 
@@ -73,8 +77,11 @@ def test_attention_heatmap_all_heads_and_branches(tok_model):
                     + [cache["blocks.1.attn.pattern_composed"][2]])
     T = len(toks)
     visible = np.tril(np.ones((T, T), bool))
-    m = float(np.abs(maps[:, visible]).max())   # auto diverging range: +-max|x| over drawn cells
-    _check_cells(png, maps, -m, m, True)
+    m = [float(np.abs(a[visible]).max()) for a in maps]   # each panel: +-max|x| over its drawn cells
+    _check_cells(png, maps, [-x for x in m], m, True)
+    shared = hm.attention_heatmap(model, text, layer=1, head=2, hook="branches", phase="post", scale="shared")
+    m = float(np.abs(maps[:, visible]).max())             # scale="shared": one range over all panels
+    _check_cells(shared, maps, -m, m, True)
 
     png = hm.attention_heatmap(model, text, layer="all", head=1, hook="pattern_composed", vmin=-1.0, vmax=1.0)
     maps = np.stack([cache["blocks.%d.attn.pattern_composed" % l][1] for l in range(2)])
@@ -90,16 +97,68 @@ def test_local_layer_window_is_masked(tok_model):
     toks = model.to_tokens(text)
     w = model.config.window_size
     assert len(toks) > w + 2
-    png = hm.attention_heatmap(model, text, layer=0, vmin=0.0, vmax=1.0)
+    png = hm.attention_heatmap(model, text, layer=0, hook="pattern", vmin=0.0, vmax=1.0)
     _, cache = model.run_with_cache(toks, names=["blocks.0.attn.pattern"])
     pat = cache["blocks.0.attn.pattern"]
     T = len(toks)
     outside = np.array([[t - s > w for s in range(T)] for t in range(T)])
     assert np.all(pat[:, outside] == 0)          # the engine's local mask
     _check_cells(png, pat, 0.0, 1.0, False, window=w)
-    png1 = hm.attention_heatmap(model, text, layer=1, vmin=0.0, vmax=1.0)   # global layer: no window mask
+    png1 = hm.attention_heatmap(model, text, layer=1, hook="pattern", vmin=0.0, vmax=1.0)   # global: no window
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
     _check_cells(png1, cache["blocks.1.attn.pattern"], 0.0, 1.0, False)
+
+
+def test_default_shows_composed_beside_softmax(tok_model):
+    """DCPythia's default: per head the softmax pattern (sequential, from 0 to its own max) beside the
+    composed weights it applies to v (diverging, +-its own max|x|), each with its own colour bar."""
+    model = dclens.load(tok_model)
+    text = "The cat sat on the mat because it was tired"
+    toks = model.to_tokens(text)
+    png = hm.attention_heatmap(model, text, layer=1)
+    _, cache = model.run_with_cache(toks)
+    T, N = len(toks), model.config.n_head
+    vis = np.tril(np.ones((T, T), bool))
+    maps, lo, hi, div = [], [], [], []
+    for h in range(N):
+        pat, comp = cache["blocks.1.attn.pattern"][h], cache["blocks.1.attn.pattern_composed"][h]
+        m = float(np.abs(comp[vis]).max())
+        maps += [pat, comp]
+        lo += [0.0, -m]
+        hi += [float(pat[vis].max()), m]
+        div += [False, True]
+    _check_cells(png, np.stack(maps), lo, hi, div)
+    with pytest.raises(dclens.Error, match="own scales"):
+        hm.attention_heatmap(model, text, layer=1, scale="shared")
+
+
+def test_long_prompts_show_a_window(tok_model):
+    """Every token labelled: more than AUTO_WINDOW tokens show a window up to the query (the title
+    says which), positions= picks a range, and more than MAX_TOKENS are refused before any pass."""
+    model = dclens.load(tok_model)
+    toks = (np.arange(100) * 37 + 11) % 50000
+    _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
+    pat = cache["blocks.1.attn.pattern"]
+    png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0)
+    W = hm.AUTO_WINDOW
+    _check_cells(png, pat[3:4, 100 - W:, 100 - W:], 0.0, 1.0, False)
+    with pytest.raises(dclens.Error, match="outside"):
+        png.cell_box(0, W, 0)
+    png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0, window=8,
+                               query=50)
+    _check_cells(png, pat[3:4, 43:51, 43:51], 0.0, 1.0, False)
+    png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0,
+                               positions=(10, 30))
+    _check_cells(png, pat[3:4, 10:30, 10:30], 0.0, 1.0, False)
+    assert "positions 43-50 of 100, up to the query 50 (window=8)" == hm._view(100, 50, 8, None)[2]
+    assert hm._view(30, None, None, None) == (0, 30, None)
+    long = np.zeros(hm.MAX_TOKENS + 1, np.int64)
+    with pytest.raises(dclens.Error, match=r"513 tokens.*window=.*positions="):
+        hm.attention_heatmap(model, long, layer=1)
+    for bad in (dict(positions=(5, 2)), dict(positions=[1, 3]), dict(positions=(0, 5), window=3),
+                dict(window=0), dict(query=100)):
+        with pytest.raises(dclens.Error, match="positions|window|query"):
+            hm.attention_heatmap(model, toks, layer=1, **bad)
 
 
 def test_repr_png_and_save(tok_model, tmp_path):

@@ -217,16 +217,38 @@ def check_02(f):
         assert abs(v - f["branches"][b]) < 1e-3
     assert abs(sum(br.values()) - float(cache[pre + "pattern_composed"][H_, q, s])) < 1e-5
     assert max(br, key=lambda b: abs(br[b])) == f["top_branch"]
-    # the key-wise flow from each source head, from the dynamic weights (model-spec step 6)
-    P = cache[pre + "pattern"].astype(np.float64)
-    c = P[:, q, s] * np.einsum("in,i->n", cache[pre + "dyn.post.kw1"][s].astype(np.float64),
-                               cache[pre + "dyn.post.kw2"][s, :, H_].astype(np.float64))
-    assert abs(c.sum() - br["kp"]) < 1e-5
-    others = [n for n in range(m.config.n_head) if n != H_]
-    assert max(others, key=lambda n: c[n]) == f["lender"]
+    # what each source head lends the head at (query, source), per branch, from the dynamic weights
+    # by the formula of model-spec step 6 (written here, not routing.flows)
+    P = cache[pre + "pattern"].astype(np.float64)                                    # [N, T, S]
+    dyn = {k: cache[pre + "dyn.post." + k].astype(np.float64) for k in ("qw1", "qw2", "qdd", "kw1", "kw2", "kdd")}
+    N = m.config.n_head
+
+    def lent_by(n, key):                 # qp + kp from source n into H_ at (q, key); self terms for n == H_
+        qmap = sum(dyn["qw1"][q, i, n] * dyn["qw2"][q, i, H_] for i in range(dyn["qw1"].shape[1]))
+        kmap = sum(dyn["kw1"][key, i, n] * dyn["kw2"][key, i, H_] for i in range(dyn["kw1"].shape[1]))
+        return P[n, q, key] * (qmap + kmap)
+    own = P[H_, q, s] * (1 + dyn["qdd"][q, H_] + dyn["kdd"][s, H_]) + lent_by(H_, s)
+    lent = {n: lent_by(n, s) for n in range(N) if n != H_}
+    assert abs(own + sum(lent.values()) - float(cache[pre + "pattern_composed"][H_, q, s])) < 1e-5
+    assert abs(own - f["own"]) < 1e-3 and abs(sum(lent.values()) - f["borrowed"]) < 1e-3
+    assert max(lent, key=lambda n: abs(lent[n])) == f["lender"]
     lender = f["lender"]
+    assert abs(lent[lender] - f["lent_by_lender"]) < 1e-3
+    T = len(p.ids)
+    window = m.config.window_size if L_ in m.config.local_layers else 0
+    take = np.array([lent_by(lender, k) if k <= q and (window <= 0 or q - k <= window) else 0.0
+                     for k in range(T)], np.float32)
+
+    def unlend(act, _name):
+        act[H_, q] -= take
+        return act
+    # the answer flips with the source for DCPythia (model-based probe), as the notebook says
+    z = np.asarray(m.forward(np.stack([p.ids, p.corrupted]))[:, q], np.float64)
+    assert f["flips"][f["model"]] == bool(z[0].argmax() == tok and z[1].argmax() != tok)
+    zt = np.asarray(t.forward(np.stack([p.ids, p.corrupted]))[:, q], np.float64)
+    assert f["flips"][f["twin"]] == bool(zt[0].argmax() == tok and zt[1].argmax() != tok)
     for key, hooks in (("p_without_branch", [_zero(pre + "post." + f["top_branch"], (H_,))]),
-                       ("p_without_lending", [_zero(pre + "dyn.post.kw1", (s, slice(None), lender))]),
+                       ("p_without_lending", [(pre + "pattern_composed", unlend)]),
                        ("p_without_lender_output", [_zero(pre + "z", (slice(None), lender))]),
                        ("p_without_head", [_zero(pre + "z", (slice(None), H_))])):
         assert abs(_p(m, p.ids, q, tok, hooks) - f[key]) < 1e-3, key

@@ -25,18 +25,21 @@ def test_patching_clean_into_clean_changes_nothing(tiny_factory, kw, over):
     model = dclens.load(d)
     clean, _ = _pair(model)
     metric = patching.logit_diff(3, 4)
-    r = patching.sweep(model, clean, clean, metric, over=over, progress=False)
-    assert r.clean == r.corrupted
+    with pytest.warns(dclens.PatchingWarning, match="nearly equal"):
+        r = patching.sweep(model, clean, clean, metric, over=over, progress=False)
+    assert r.clean == r.corrupted and "nearly equal" in r.baseline_note
     v = r.values[np.isfinite(r.values)]
     assert v.size and np.abs(v - r.clean).max() <= 1e-4 * max(1.0, abs(r.clean))
     # one cell per pass: bit-identical to the unpatched run
-    r1 = patching.sweep(model, clean, clean, metric, over=over, batch_size=1, layers=[1], progress=False)
+    with pytest.warns(dclens.PatchingWarning):
+        r1 = patching.sweep(model, clean, clean, metric, over=over, batch_size=1, layers=[1], progress=False)
     v1 = r1.values[np.isfinite(r1.values)]
     assert np.all(v1 == r1.clean)
     if over == "layer,phase,branch" and model.config.query_wise:
         assert np.isnan(r.values[:, :, 2]).all() and np.isnan(r.values[:, :, 4]).all()   # kp, kg absent
 
 
+@pytest.mark.filterwarnings("ignore::dclens.PatchingWarning")   # random prompts: only the cells matter here
 @pytest.mark.parametrize("over", ["layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch", "composition"])
 def test_sweep_cells_equal_single_patches(tiny_factory, over):
     d, _, _ = tiny_factory(**DCP)
@@ -87,7 +90,7 @@ def test_patching_everything_reproduces_the_clean_run(tiny_factory):
     names = ["embed"] + ["blocks.%d.attn.z" % l for l in range(2)] + ["blocks.%d.mlp.out" % l for l in range(2)]
     assert rel_err(patching.run_patched(model, corr, cache, names), want) <= 1e-5
     # a layer,pos sweep at layer 0 patched at every position at once = the clean run
-    r = patching.sweep(model, clean, corr, patching.logit_diff(1, 2), over="layer,pos", layers=[0], progress=False)
+    r = patching.sweep(model, clean, corr, patching.logit_diff(2, 1), over="layer,pos", layers=[0], progress=False)
     assert r.values.shape == (1, 8)
     assert r.normalized().shape == (1, 8)
 
@@ -96,7 +99,7 @@ def test_patching_errors_and_plot(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
     model = dclens.load(d)
     clean, corr = _pair(model)
-    m = patching.logit_diff(1, 2)
+    m = patching.logit_diff(2, 1)
     for kw, match in [(dict(over="heads"), "over must be"), (dict(hook="resid_pre"), "has no head axis"),
                       (dict(layers=[5]), "layer 5 is out of range"), (dict(batch_size=0), "batch_size"),
                       (dict(over="layer,pos", positions=[99]), "position 99")]:
@@ -110,3 +113,31 @@ def test_patching_errors_and_plot(tiny_factory):
     r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)   # a tqdm bar on stderr
     assert r.plot()._repr_png_()[:4] == b"\x89PNG"
     assert patching.sweep(model, clean, corr, m, progress=False).plot(normalize=True)._repr_png_()[:4] == b"\x89PNG"
+
+
+def test_baselines_are_checked(tiny_factory):
+    """Equal or swapped prompts warn (PatchingWarning) and strict=True raises before any cell;
+    the issue's two cases are named for what they do to normalized()."""
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    clean, corr = _pair(model)
+    m = patching.logit_diff(2, 1)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = patching.sweep(model, clean, corr, m, over="layer,head", progress=False)    # clean clearly above
+    assert r.clean > r.corrupted and r.baseline_note == ""
+    for over in OVERS:
+        with pytest.warns(dclens.PatchingWarning, match="higher on the corrupted prompt") as w:
+            r = patching.sweep(model, corr, clean, m, over=over, layers=[1], progress=False)
+        assert w[0].filename == __file__                    # points at the caller's line
+        assert "%.4g" % r.clean in r.baseline_note and "%.4g" % r.corrupted in r.baseline_note
+        with pytest.warns(dclens.PatchingWarning, match="nearly equal"):
+            patching.sweep(model, clean, clean, m, over=over, layers=[1], progress=False)
+        with pytest.raises(dclens.Error, match="flips every sign"):
+            patching.sweep(model, corr, clean, m, over=over, progress=False, strict=True)
+    assert "nearly equal" in patching.baseline_problem(-1.441, -1.448)
+    assert "flips every sign" in patching.baseline_problem(1.885, 3.036)
+    assert "not finite" in patching.baseline_problem(float("nan"), 1.0)
+    assert patching.baseline_problem(4.18, -2.17) == "" and patching.baseline_problem(0.5, 0.0) == ""
+    assert "nearly equal" in patching.baseline_problem(0.0, 0.0)

@@ -128,7 +128,7 @@ def test_long_prompt_every_kth_label():
 def test_plot_heads_grid():
     N, T = 5, 8
     pats = np.stack([pattern(T, seed=i) for i in range(N)])
-    fig = dp.plot_heads(pats, TOKENS[:T], "layer 3: hook_pattern", ncols=3)
+    fig = dp.plot_heads(pats, TOKENS[:T], "layer 3: hook_pattern", ncols=3, scale="shared")
     assert isinstance(fig, Figure)
     # 5 panels (the sixth grid slot is removed) + 1 colour bar.
     assert len(fig.axes) == N + 1
@@ -138,6 +138,12 @@ def test_plot_heads_grid():
         assert np.array_equal(np.asarray(im.get_array()), pats[i])
     clims = {im.get_clim() for im in ims}
     assert len(clims) == 1  # one shared range
+    # the default: each panel its own range and colour bar
+    own = dp.plot_heads(pats, TOKENS[:T], ncols=3)
+    assert len(own.axes) == 2 * N
+    for i, im in enumerate(images(own)):
+        vis = pats[i][np.tril_indices(T)]
+        assert im.get_clim() == pytest.approx((vis.min(), vis.max()))
     titles = [ax.get_title() for ax in fig.axes[:N]]
     assert titles == ["H%d" % i for i in range(N)]
     assert fig._suptitle.get_text() == "layer 3: hook_pattern"
@@ -164,7 +170,7 @@ def test_plot_branches_sum_and_symmetric_scale():
     rng = np.random.default_rng(1)
     names = ["skip", "qp", "kp", "qg", "kg"]
     br = {n: np.tril(rng.normal(size=(T, T))).astype(np.float32) for n in names}
-    fig = dp.plot_branches(br, TOKENS[:T], "L3 H5 branches")
+    fig = dp.plot_branches(br, TOKENS[:T], "L3 H5 branches", scale="shared")
     ims = images(fig)
     assert len(ims) == 6 and len(fig.axes) == 7
     assert [ax.get_title() for ax in fig.axes[:6]] == names + ["sum"]
@@ -177,6 +183,12 @@ def test_plot_branches_sum_and_symmetric_scale():
         assert im.get_clim() == pytest.approx((-m, m))
         assert im.get_cmap().name.startswith("RdBu_r")
     assert png_bytes(fig).startswith(PNG_SIG)
+    # by default each branch its own symmetric scale and colour bar (a small branch is not washed out)
+    own = dp.plot_branches(br, TOKENS[:T])
+    assert len(own.axes) == 12
+    for a, im in zip(list(br.values()) + [total], images(own)):
+        mm = np.abs(a[np.tril_indices(T)]).max()
+        assert im.get_clim() == pytest.approx((-mm, mm))
     # A given sum is used as is; a fixed scale.
     br2 = dict(br, sum=np.ones((T, T), np.float32))
     fig2 = dp.plot_branches(br2, vmax=2.0)
@@ -210,3 +222,51 @@ def test_plot_routing():
     assert len(fig2.axes[0].texts) == 0
     with pytest.raises(ValueError):
         dp.plot_routing(m, source_labels=["a"])
+
+
+def test_flows_plot():
+    """plots.flows: source x key (summed over branches, masked keys blank) and source x branch at a key."""
+    rng = np.random.default_rng(3)
+    N, B, T = 4, 5, 9
+    F = rng.normal(size=(N, B, T))
+    F[:, :, 7:] = 0.0                                    # masked keys
+    fig = dp.flows(F, TOKENS[:T], target="L1H2", title="flows")
+    left, right = images(fig)
+    got = np.asarray(left.get_array())
+    assert np.allclose(got[:, :7], F.sum(1)[:, :7]) and np.isnan(got[:, 7:]).all()
+    key = int(np.argmax(np.abs(F.sum((0, 1)))))
+    tab = np.asarray(right.get_array())
+    assert np.allclose(tab[:N, :B], F[:, :, key]) and np.isnan(tab[N]).all() and np.isnan(tab[:, B]).all()
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    assert texts[-1] == "%.3f" % F[:, :, key].sum()         # the grand total, bottom right
+    assert fig.axes[1].get_title().startswith("at key %d" % key)
+    assert png_bytes(fig).startswith(PNG_SIG)
+    assert dp.flows(F, key=-3).axes[1].get_title().startswith("at key 6")
+    six = dp.flows(np.concatenate([F, F[:, :1]], axis=1))          # a use_sw model's sixth branch
+    assert [t.get_text() for t in six.axes[1].get_xticklabels()][-2:] == ["static", "total"]
+    for bad in (dict(F=F[0]), dict(F=F, tokens=TOKENS[:3]), dict(F=F, key=T), dict(F=F, branches=["a"])):
+        with pytest.raises(ValueError):
+            dp.flows(**bad)
+
+
+def test_patching_plot_labels_tokens_and_wraps_title():
+    class R:       # a PatchResult's fields
+        values = np.arange(12.0).reshape(2, 6)
+        axes = ("layer", "pos")
+        labels = (["0", "1"], [str(i) for i in range(6)])
+        clean, corrupted, what = 5.0, 0.0, "layer,pos (resid_pre) with a long description " * 3
+        pos_tokens = ([" a", " b", " c", " d", " e", " f"], [" a", " b", " X", " d", " e", " f"])
+
+        def normalized(self):
+            return self.values / 5.0
+    fig = dp.plot_patching(R())
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["·a", "·b", "·c|·X", "·d", "·e", "·f"]
+    assert ax.get_xticklabels()[2].get_color() == "#c00000"
+    assert "\n" in fig._suptitle.get_text()                 # wrapped, not clipped
+    w = fig.get_figwidth() * fig.dpi
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    r = FigureCanvasAgg(fig).get_renderer()
+    bb = fig._suptitle.get_window_extent(renderer=r)
+    assert bb.x0 >= 0 and bb.x1 <= w

@@ -76,3 +76,28 @@ def test_unsolvable_or_unknown_lines_give_none(tok, heldout):
     assert probe(line, -1, tok) is None
     broken = dataclasses.replace(line, text=line.text.replace("has", "hates"))
     assert probe(broken, 0, tok) is None
+
+
+def test_flips_with_a_model(tok, heldout):
+    """flips=True keeps the answers the model gets right (greedy) on the clean prompt and loses
+    on the corrupted one; the probabilities are recomputed here from full forwards."""
+    import dclens
+    m = dclens.load("dcpythia-tiny")
+    lines = heldout.lines[:3]
+    every = [p for p in probes(lines, tok, model=m) if p.corrupted is not None]
+    kept = list(probes(lines, tok, model=m, flips=True))
+    assert 0 < len(kept) < len(every)                      # some answers flip, some do not
+    assert {(p.lineno, p.answer_index) for p in kept} == \
+        {(p.lineno, p.answer_index) for p in every if p.flips}
+    for p in every[:6]:
+        z = np.asarray(m.forward(np.stack([p.ids, p.corrupted]))[:, p.query], np.float64)
+        pr = np.exp(z - z.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        assert p.p_clean == pytest.approx(pr[0, p.answer_token], rel=1e-4, abs=1e-7)
+        assert p.p_corrupted == pytest.approx(pr[1, p.answer_token], rel=1e-4, abs=1e-7)
+        assert p.p_corrupted_answer == pytest.approx(pr[1, p.corrupted_token], rel=1e-4, abs=1e-7)
+        flips = pr[0].argmax() == p.answer_token and pr[1].argmax() != p.answer_token
+        assert p.flips == flips
+    assert probe(lines[0], 0, tok).flips is None            # no model: not scored
+    with pytest.raises(ValueError, match="needs a model"):
+        probe(lines[0], 0, tok, flips=True)

@@ -30,10 +30,11 @@ from .names import BRANCHES, PHASES, hook_name
 from .hooks import read_only
 from .generate import Decoder, generate
 from .explorer import Explorer, explore
+from .patching import PatchingWarning
+from .prompting import test_prompt
 
 __all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "Explorer", "LoadWarning", "Model",
-           "PHASES", "PNG", "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
-           "cuda_unavailable_reason", "explore", "generate", "heatmap", "hook_name", "interventions", "load", "names",
-           "patching",
-           "read_only", "routing"]
+           "PHASES", "PNG", "PatchingWarning", "analysis", "attention_heatmap", "bundled_models", "cache", "circuits",
+           "cuda_available", "cuda_unavailable_reason", "explore", "generate", "heatmap", "hook_name", "interventions",
+           "load", "names", "patching", "read_only", "routing", "test_prompt"]
 __version__ = "0.1.0"

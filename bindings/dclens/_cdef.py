@@ -65,11 +65,12 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
 int dcs_decoder_pos(const dcs_decoder *d);
 int dcs_decoder_layer_keys(const dcs_decoder *d, int layer);
 
-typedef struct { const float *data; int rows, cols; const char *title; int mask_window; } dcs_panel;
+typedef struct { const float *data; int rows, cols; const char *title; int mask_window;
+                 int own_colormap; int colormap; int own_range; float vmin, vmax; } dcs_panel;
 typedef struct {
     const dcs_panel *panels; int n_panels; int grid_cols; int colormap; int auto_range;
     float vmin, vmax; const char *const *row_labels; const char *const *col_labels;
-    int mask_upper; int mask_window; int cell_px; const char *title; int axis_titles;
+    int mask_upper; int mask_window; int cell_px; const char *title; int axis_titles; int panel_scales;
 } dcs_heatmap_spec;
 dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
                            size_t *png_len, char *err, size_t errlen);

@@ -59,8 +59,19 @@ class Cache(dict):
         try:
             return dict.__getitem__(self, k)
         except KeyError:
-            raise KeyError("cache has no %r%s (it holds %d activations; capture it with names=[...])"
-                           % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
+            raise KeyError(self._missing(k, key)) from None
+
+    def _missing(self, k, key) -> str:
+        """Why cache[key] fails: a hook of the model that this run did not capture,
+        or a name the model does not have (with the closest names)."""
+        was = "" if k == key else " (from %r)" % (key,)
+        model = self.model
+        if model is not None and k not in model.hook_names:
+            close = _names.suggest(k, model.hook_names)
+            return ("cache has no %r%s: it is not a hook of %s%s" % (
+                k, was, model.name, " (did you mean %s?)" % " or ".join(close[:3]) if close else ""))
+        return ("cache has no %r%s: it was not captured in this run (the cache holds %d activations); capture "
+                "it with run_with_cache(names=[%r, ...])" % (k, was, len(self), k))
 
     def __contains__(self, key):
         try:
@@ -131,57 +142,119 @@ def _layer_arg(model, layer: Optional[int]) -> int:
     return int(layer) % (L + 1) if layer < 0 else int(layer)
 
 
-def _final_resid(cache: Cache, model, layer: int) -> np.ndarray:
-    """The residual entering block `layer` (layer == L: the final residual)."""
+def _final_resid(cache: Cache, model, layer: int, mlp_input: bool = False) -> np.ndarray:
+    """The residual entering block `layer` (layer == L: the final residual); with
+    mlp_input, the one its MLP reads (a sequential block's resid_mid)."""
     L = model.config.n_layer
     if layer == L:
         return _need(cache, hook_name(L - 1, "resid_post"))
-    return _need(cache, hook_name(layer, "resid_pre"))
+    pre = _need(cache, hook_name(layer, "resid_pre"))
+    if mlp_input and not model.config.parallel_residual:
+        return pre + _need(cache, hook_name(layer, "attn.out"))
+    return pre
 
 
-def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
-                      return_labels: bool = False):
+def _pos_slice(a: np.ndarray, pos_slice) -> np.ndarray:
+    """pos_slice (TransformerLens' argument) on the position axis of [..., T, D]:
+    None keeps all, an int picks one (the axis goes), a slice / list / array picks several."""
+    if pos_slice is None:
+        return a
+    if isinstance(pos_slice, (bool, np.bool_)) or not isinstance(pos_slice, (int, np.integer, slice, list, tuple,
+                                                                             range, np.ndarray)):
+        raise Error("pos_slice must be None, an int, a slice or a list of positions, not %r" % (pos_slice,))
+    idx = list(pos_slice) if isinstance(pos_slice, (tuple, range)) else pos_slice
+    try:
+        return a[(Ellipsis, idx, slice(None))]
+    except IndexError as e:
+        raise Error("pos_slice %r: %s (positions: %d)" % (pos_slice, e, a.shape[-2])) from None
+
+
+def _mid(cache: Cache, l: int) -> np.ndarray:
+    """resid_pre + attn.out of block l: a sequential block's resid_mid (what its MLP reads);
+    with the parallel residual (DCPythia, Pythia) no block reads this sum."""
+    return _need(cache, hook_name(l, "resid_pre")) + _need(cache, hook_name(l, "attn.out"))
+
+
+def accumulated_resid(cache: Cache, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+                      pos_slice=None, mlp_input: bool = False, return_labels: bool = False):
     """[layer + 1, ..., D]: the residual entering blocks 0 .. layer-1, then the
     one entering `layer` (None: after the last block). Labels "0_pre",
-    "1_pre", ..., "final_post"."""
+    "1_pre", ..., "final_post".
+
+    TransformerLens' arguments: incl_mid adds each block's resid_mid
+    (resid_pre + attn.out, "{l}_mid") after its resid_pre; mlp_input adds the
+    mid of `layer` itself. With the parallel residual of GPT-NeoX (DCPythia,
+    Pythia) attention and MLP both read resid_pre, so that sum is an
+    intermediate no block reads, given for comparison. pos_slice selects
+    positions (an int drops the position axis); apply_ln normalises each
+    entry as a whole residual."""
     model = _model(cache)
     L = model.config.n_layer
     upto = _layer_arg(model, layer)
-    parts = [_need(cache, hook_name(l, "resid_pre")) for l in range(upto)]
-    labels = ["%d_pre" % l for l in range(upto)]
+    parts, labels = [], []
+    for l in range(upto):
+        parts.append(_need(cache, hook_name(l, "resid_pre")))
+        labels.append("%d_pre" % l)
+        if incl_mid:
+            parts.append(_mid(cache, l))
+            labels.append("%d_mid" % l)
     if upto == L:
         parts.append(_need(cache, hook_name(L - 1, "resid_post")))
         labels.append("final_post")
     else:
         parts.append(_need(cache, hook_name(upto, "resid_pre")))
         labels.append("%d_pre" % upto)
-    out = np.stack(parts)
+        if mlp_input:
+            parts.append(_mid(cache, upto))
+            labels.append("%d_mid" % upto)
+    out = _pos_slice(np.stack(parts), pos_slice)
     if apply_ln:
         out = apply_ln_to_stack(cache, out, layer=layer, whole=True)
     return (out, labels) if return_labels else out
 
 
-def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
+def decompose_resid(cache: Cache, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+                    apply_ln: bool = False, pos_slice=None, incl_embeds: bool = True,
                     return_labels: bool = False):
     """[1 + 2*layer, ..., D]: embed, then attn.out and mlp.out of each block
-    before `layer` (None: all); they sum to the residual entering `layer`."""
+    before `layer` (None: all); they sum to the residual entering `layer`.
+
+    TransformerLens' arguments: mode "attn" / "mlp" keeps only those
+    components ("all": both); incl_embeds=False leaves out embed; mlp_input
+    adds attn.out of `layer` when its MLP reads it (a sequential block; with
+    the parallel residual of DCPythia and Pythia the MLP reads resid_pre, so
+    nothing is added); pos_slice selects positions; apply_ln applies the
+    LayerNorm of `layer` (its MLP's with mlp_input; ln_final for None) as a
+    linear map."""
     model = _model(cache)
+    if mode not in ("all", "attn", "mlp"):
+        raise Error("decompose_resid: mode must be 'all', 'attn' or 'mlp', not %r" % (mode,))
     upto = _layer_arg(model, layer)
-    parts, labels = [_need(cache, "embed")], ["embed"]
+    parts, labels = ([_need(cache, "embed")], ["embed"]) if incl_embeds else ([], [])
     for l in range(upto):
-        parts += [_need(cache, hook_name(l, "attn.out")), _need(cache, hook_name(l, "mlp.out"))]
-        labels += ["%d_attn_out" % l, "%d_mlp_out" % l]
-    out = np.stack(parts)
+        if mode != "mlp":
+            parts.append(_need(cache, hook_name(l, "attn.out")))
+            labels.append("%d_attn_out" % l)
+        if mode != "attn":
+            parts.append(_need(cache, hook_name(l, "mlp.out")))
+            labels.append("%d_mlp_out" % l)
+    if mlp_input and upto < model.config.n_layer and mode != "mlp" and not model.config.parallel_residual:
+        parts.append(_need(cache, hook_name(upto, "attn.out")))
+        labels.append("%d_attn_out" % upto)
+    if not parts:
+        raise Error("decompose_resid: no components (mode=%r, incl_embeds=False, layer %d)" % (mode, upto))
+    out = _pos_slice(np.stack(parts), pos_slice)
     if apply_ln:
-        out = apply_ln_to_stack(cache, out, layer=layer)
+        out = apply_ln_to_stack(cache, out, layer=layer, mlp_input=mlp_input, pos_slice=pos_slice)
     return (out, labels) if return_labels else out
 
 
-def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
-                       return_labels: bool = False, incl_remainder: bool = False):
+def stack_head_results(cache: Cache, layer: Optional[int] = None, return_labels: bool = False,
+                       incl_remainder: bool = False, pos_slice=None, apply_ln: bool = False):
     """[layer*N (+1), ..., D]: every head's head_out of the blocks before
     `layer` (None: all), labels "L{l}H{n}"; incl_remainder adds the rest of
-    the residual (embed, attention biases, MLPs) as a last component."""
+    the residual (embed, attention biases, MLPs) as a last component;
+    pos_slice selects positions (TransformerLens' arguments)."""
     model = _model(cache)
     upto = _layer_arg(model, layer)
     N = model.config.n_head
@@ -197,50 +270,53 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool
         rest = total - (np.sum(parts, axis=0) if parts else 0)
         parts.append(rest)
         labels.append("remainder")
-    out = np.stack(parts)
+    out = _pos_slice(np.stack(parts), pos_slice)
     if apply_ln:
-        out = apply_ln_to_stack(cache, out, layer=layer)
+        out = apply_ln_to_stack(cache, out, layer=layer, pos_slice=pos_slice)
     return (out, labels) if return_labels else out
 
 
-def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = None,
-                      whole: bool = False) -> np.ndarray:
-    """The LayerNorm before `layer`'s attention (None: ln_final) applied to
-    each component as the linear map it is once the scale is fixed by the
-    full residual at that point: (c - mean(c)) / sigma(total) * w, bias left
-    out. Summed over components it gives LN(total) - b. whole=True: each
-    component is itself a full residual (accumulated_resid) and gets its own
-    scale."""
+def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = None, mlp_input: bool = False,
+                      pos_slice=None, whole: bool = False) -> np.ndarray:
+    """The LayerNorm before `layer`'s attention (its MLP's with mlp_input;
+    None: ln_final) applied to each component as the linear map it is once
+    the scale is fixed by the full residual at that point: (c - mean(c)) /
+    sigma(total) * w, bias left out. Summed over components it gives
+    LN(total) - b. pos_slice: the positions the stack holds (as given to the
+    decomposition). whole=True: each component is itself a full residual
+    (accumulated_resid) and gets its own scale."""
     model = _model(cache)
     upto = _layer_arg(model, layer)
     c = model.config
     if upto == c.n_layer:
         w = np.asarray(model.ln_final_w, np.float64)
     else:
-        w = np.asarray(model.weight("layers.%d.attention_norm.weight" % upto), np.float64)
+        w = np.asarray(model.weight("layers.%d.%s.weight" % (upto, "ffn_norm" if mlp_input else "attention_norm")),
+                       np.float64)
     stack = np.asarray(stack, np.float64)
     centred = stack - stack.mean(-1, keepdims=True)
     if whole:
         scale = np.sqrt((centred ** 2).mean(-1, keepdims=True) + c.norm_eps)
     else:
-        total = np.asarray(_final_resid(cache, model, upto), np.float64)
+        total = np.asarray(_pos_slice(_final_resid(cache, model, upto, mlp_input), pos_slice), np.float64)
         tc = total - total.mean(-1, keepdims=True)
         scale = np.sqrt((tc ** 2).mean(-1, keepdims=True) + c.norm_eps)
         if stack.shape[1:] != total.shape:
-            raise Error("apply_ln_to_stack: stack is %s, expected [C, %s]"
-                        % (list(stack.shape), ", ".join(map(str, total.shape))))
+            raise Error("apply_ln_to_stack: stack is %s, expected [C, %s]%s"
+                        % (list(stack.shape), ", ".join(map(str, total.shape)),
+                           "" if pos_slice is not None else " (pass the pos_slice the stack was made with)"))
     return centred / scale * w
 
 
 def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
-                has_ln: bool = False) -> np.ndarray:
+                has_ln: bool = False, pos_slice=None) -> np.ndarray:
     """Direct logit attribution of each component: [C, ...] =
     ln(stack) @ W_U[:, tokens] (minus W_U[:, incorrect_tokens] if given).
     tokens: an id, or an int array shaped like stack's middle axes
     (e.g. [T] for a [C, T, D] stack). has_ln: the stack already went
-    through apply_ln_to_stack."""
+    through apply_ln_to_stack. pos_slice: the positions the stack holds."""
     model = _model(cache)
-    normed = np.asarray(stack, np.float64) if has_ln else apply_ln_to_stack(cache, stack)
+    normed = np.asarray(stack, np.float64) if has_ln else apply_ln_to_stack(cache, stack, pos_slice=pos_slice)
     WU = np.asarray(model.W_U, np.float64)                    # [D, V]
     mid = normed.shape[1:-1]
 

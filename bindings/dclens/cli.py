@@ -14,8 +14,6 @@ import argparse
 import sys
 from typing import List, Optional
 
-import numpy as np
-
 from . import plugins
 from ._checks import Error
 
@@ -26,28 +24,31 @@ def _heatmap(argv: List[str]) -> int:
     p.add_argument("--text", required=True, help="the prompt")
     p.add_argument("--layer", required=True, help="layer index, or 'all' (with --head)")
     p.add_argument("--head", type=int, default=None, help="one head (default: all heads of the layer)")
-    p.add_argument("--hook", default="pattern",
-                   help="pattern, pattern_composed, scores, scores_composed, pre.kp, post.qg, ..., or branches")
+    p.add_argument("--hook", default=None,
+                   help="pattern, pattern_composed, scores, scores_composed, pre.kp, post.qg, ..., or branches "
+                        "(default: DCPythia's composed weights beside its softmax pattern; Pythia's pattern)")
     p.add_argument("--phase", default="post", choices=["pre", "post"], help="with --hook branches")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", required=True, help="output PNG file")
     p.add_argument("--grid-cols", type=int, default=None,
                    help="panels per grid row (default: about sqrt(panels), so 32 heads make a 6x6 grid)")
     p.add_argument("--cell-px", type=int, default=0, help="pixels per cell (default: chosen from the size)")
+    p.add_argument("--scale", default="own", choices=["own", "shared"],
+                   help="a colour range per panel (default) or one for all")
+    p.add_argument("--window", type=int, default=None,
+                   help="show the N positions up to --query (default: 64 when the prompt is longer)")
+    p.add_argument("--query", type=int, default=None, help="the last position shown (default: the last token)")
     a = p.parse_args(argv)
     from .heatmaps import attention_heatmap
     from .model import load
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
     _model_dir(a.model)
     model = load(a.model, device=a.device)
-    n_panels = (model.config.n_layer if layer == "all" else (6 if a.hook == "branches" else
-                (1 if a.head is not None else model.config.n_head)))
-    grid = a.grid_cols if a.grid_cols is not None else (
-        n_panels if a.hook == "branches" else max(1, int(np.ceil(np.sqrt(n_panels)))))  # 32 heads: 6 x 6
-    if grid < 0 or a.cell_px < 0:
+    if (a.grid_cols is not None and a.grid_cols < 0) or a.cell_px < 0:
         raise Error("--grid-cols and --cell-px must be >= 0")
     png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase,
-                            grid_cols=grid, cell_px=a.cell_px)
+                            grid_cols=a.grid_cols or 0, cell_px=a.cell_px, scale=a.scale, window=a.window,
+                            query=a.query)
     png.save(a.out)
     print("wrote %s (%d bytes)" % (a.out, len(png)))
     return 0

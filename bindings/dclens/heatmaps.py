@@ -6,7 +6,12 @@
 
 Sequential colours (viridis-like) for patterns in [0, 1]; a diverging map
 centred on zero for signed quantities (scores, compose branches, composed
-weights). matplotlib versions of the same figures are in dclens.plots.
+weights). Each panel has its own colour range and colour bar (scale="own",
+the default), or all share one (scale="shared", to compare them). Every
+token is labelled: a prompt longer than AUTO_WINDOW tokens is shown as a
+window of positions up to the query (the title says which; window= /
+positions= choose), and one longer than MAX_TOKENS needs window= or
+positions=. matplotlib versions of the same figures are in dclens.plots.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from .model import Error, Model
 from .names import BRANCHES, hook_name
 
 SEQUENTIAL, DIVERGING = 0, 1
+AUTO_WINDOW = 64      # longer prompts: a window of this many positions up to the query, unless told
+MAX_TOKENS = 512      # longer prompts are refused without window= or positions=
 
 
 class PNG:
@@ -56,7 +63,8 @@ def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False
 
 
 def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-          mask_window=0, panel_windows=None, axis_titles=True):
+          mask_window=0, panel_windows=None, axis_titles=True, scale="own", panel_diverging=None,
+          panel_vmin=None):
     """The dcs_heatmap_spec of a call, and the cffi objects it points into."""
     a = np.asarray(maps, dtype=np.float32)
     if a.ndim == 2:
@@ -91,10 +99,31 @@ def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, 
         panel_windows = list(panel_windows)
         if len(panel_windows) != P:
             raise Error("heatmap: %d panel windows for %d panels" % (len(panel_windows), P))
+    if scale not in ("own", "shared"):
+        raise Error("heatmap: scale must be 'own' or 'shared', not %r" % (scale,))
+    own = scale == "own" and not (vmin is not None and vmax is not None)
+    if panel_diverging is not None:
+        panel_diverging = [bool(d) for d in panel_diverging]
+        if len(panel_diverging) != P:
+            raise Error("heatmap: %d panel_diverging for %d panels" % (len(panel_diverging), P))
+        if not own and len(set(panel_diverging)) > 1:
+            raise Error("heatmap: panels with different colour maps need scale='own'")
+    if panel_vmin is not None:
+        panel_vmin = list(panel_vmin)
+        if len(panel_vmin) != P:
+            raise Error("heatmap: %d panel_vmin for %d panels" % (len(panel_vmin), P))
     for i in range(P):
         if panel_windows is not None:
             w = panel_windows[i]
             panels[i].mask_window = -1 if not w or w <= 0 else int(w)
+        if own and panel_diverging is not None:
+            panels[i].own_colormap = 1
+            panels[i].colormap = DIVERGING if panel_diverging[i] else SEQUENTIAL
+        lo = vmin if panel_vmin is None or panel_vmin[i] is None else panel_vmin[i]
+        if own and (lo is not None or vmax is not None):
+            # one end fixed (a softmax pattern from 0), the other from this panel's data
+            lo, hi = _one_end(a[i], mask_upper, lo, vmax)
+            panels[i].own_range, panels[i].vmin, panels[i].vmax = 1, lo, hi
         panels[i].data = ffi.cast("const float *", ffi.from_buffer(a[i]))
         panels[i].rows, panels[i].cols = T, S
         if titles[i] is not None:
@@ -112,9 +141,26 @@ def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, 
     spec.mask_window = int(mask_window or 0)
     spec.cell_px = int(cell_px or 0)
     spec.axis_titles = 1 if axis_titles else 0
+    spec.panel_scales = 1 if own else 0
     if title is not None:
         spec.title = cstr(title)
     return spec, keep
+
+
+def _one_end(maps, mask_upper: bool, vmin, vmax):
+    """(vmin, vmax) with a missing end taken from the visible data."""
+    if vmin is not None and vmax is not None:
+        return float(vmin), float(vmax)
+    vis = _visible_values(maps, mask_upper)
+    if vmin is None:
+        vmin = float(vis.min()) if vis.size else 0.0
+        if not vmin < vmax:
+            vmin = vmax - 1.0
+    else:
+        vmax = float(vis.max()) if vis.size else 1.0
+        if not vmax > vmin:
+            vmax = vmin + 1.0
+    return float(vmin), float(vmax)
 
 
 class Heatmap(PNG):
@@ -139,34 +185,31 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
             diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
             vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0,
             mask_window: int = 0, panel_windows: Optional[Sequence[int]] = None,
-            axis_titles: bool = True) -> Heatmap:
+            axis_titles: bool = True, scale: str = "own", panel_diverging: Optional[Sequence[bool]] = None,
+            panel_vmin: Optional[Sequence[Optional[float]]] = None) -> Heatmap:
     """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
 
     tokens label the rows (queries) and, unless key_tokens is given, the
-    columns. vmin/vmax fix the colour range (default: from the data).
+    columns. scale="own" (default): each panel its own colour range and
+    colour bar; "shared": one range and bar for all (vmin and vmax both
+    given: shared). panel_diverging: per panel, diverging or sequential
+    colours (scale="own"); panel_vmin: per panel, a fixed low end (None:
+    from the data). vmin/vmax fix the colour range (default: from the data).
     mask_upper hatches the causal upper triangle; mask_window > 0 also
     hatches cells with t - s > mask_window (a local-attention layer);
     panel_windows gives each panel its own window (0 or None: global).
     Rows are labelled "query", columns "key" (axis_titles). grid_cols:
     panels per grid row (0: all in one row); cell_px: pixels per cell (0:
     chosen from the size). vmin or vmax alone fixes that end of the range,
-    the other comes from the data."""
-    if (vmin is None) != (vmax is None):
-        vis = _visible_values(maps, mask_upper)
-        if vmin is None:
-            vmin = float(vis.min()) if vis.size else 0.0
-            if not vmin < vmax:
-                vmin = vmax - 1.0
-        else:
-            vmax = float(vis.max()) if vis.size else 1.0
-            if not vmax > vmin:
-                vmax = vmin + 1.0
+    the other comes from the data (each panel's own, with scale="own")."""
+    if (vmin is None) != (vmax is None) and scale != "own":
+        vmin, vmax = _one_end(maps, mask_upper, vmin, vmax)
     if not isinstance(grid_cols, (int, np.integer)) or grid_cols < 0:
         raise Error("heatmap: grid_cols must be an integer >= 0, got %r" % (grid_cols,))
     if not isinstance(cell_px, (int, np.integer)) or cell_px < 0:
         raise Error("heatmap: cell_px must be an integer >= 0, got %r" % (cell_px,))
     args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-            mask_window, panel_windows, axis_titles)
+            mask_window, panel_windows, axis_titles, scale, panel_diverging, panel_vmin)
     spec, _keep = _spec(*args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
@@ -191,30 +234,75 @@ def _visible_values(maps, mask_upper: bool) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
+def _view(T: int, query, window, positions):
+    """The [a, b) range of positions a heatmap shows, and a note saying which (None: all)."""
+    if positions is not None:
+        if window is not None:
+            raise Error("heatmap: give positions= or window=, not both")
+        if isinstance(positions, slice):
+            positions = range(T)[positions]
+        if isinstance(positions, tuple) and len(positions) == 2:       # (start, stop)
+            positions = range(*positions) if all(isinstance(p, (int, np.integer)) for p in positions) else None
+        try:
+            pos = list(positions)
+        except TypeError:
+            pos = []
+        if not pos or any(not isinstance(p, (int, np.integer)) for p in pos) or \
+                pos != list(range(pos[0], pos[0] + len(pos))) or not 0 <= pos[0] <= pos[-1] < T:
+            raise Error("heatmap: positions must be (start, stop), a range, a slice or a list of consecutive "
+                        "positions within the %d tokens" % T)
+        a, b = int(pos[0]), int(pos[-1]) + 1
+        return a, b, "positions %d-%d of %d" % (a, b - 1, T) if (a, b) != (0, T) else None
+    q = T - 1 if query is None else check_index("heatmap: query", query, -T, T, " for %d tokens" % T) % T
+    if window is None:
+        if T > MAX_TOKENS:
+            raise Error("heatmap: the prompt has %d tokens, more than the %d a readable heatmap shows (every "
+                        "token labelled); pass window=%d (the %d positions up to query=, default the last) or "
+                        "positions=(start, stop)" % (T, MAX_TOKENS, AUTO_WINDOW, AUTO_WINDOW))
+        if T <= AUTO_WINDOW:
+            return 0, T, None
+        window = AUTO_WINDOW
+    window = check_index("heatmap: window", window, 1, 1 << 30)
+    a, b = max(0, q + 1 - window), q + 1
+    if (a, b) == (0, T):
+        return 0, T, None
+    return a, b, "positions %d-%d of %d, up to the query %d (window=%d)" % (a, b - 1, T, q, window)
+
+
 def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, head: Optional[int] = None,
-                      hook: str = "pattern", phase: str = "post", **kw) -> Heatmap:
+                      hook: Optional[str] = None, phase: str = "post", *, query: Optional[int] = None,
+                      window: Optional[int] = None, positions=None, **kw) -> Heatmap:
     """Heatmaps of a model's attention on a prompt.
 
     - layer=L, head=None: every head of layer L for `hook` (pattern,
       pattern_composed, scores, scores_composed, pre.kp, post.qg, ...);
+      the default for DCPythia shows each head's composed weights (the
+      weights the model applies to v) beside its softmax pattern, for Pythia
+      the pattern;
     - layer="all", head=H: head H across all layers;
     - hook="branches", layer=L, head=H: the compose branches of `phase` (five;
       six with use_sw) side by side with their sum.
-    Panels go in a near-square grid (grid_cols=N to choose); local layers'
-    windows are hatched; a softmax pattern's colour bar starts at 0."""
+    Each panel has its own colour range and bar (scale="shared" to compare);
+    every token is labelled. A prompt of more than AUTO_WINDOW (64) tokens
+    shows the `window` positions up to `query` (default: the last token) and
+    says which in the title; positions=(start, stop) picks another range;
+    more than MAX_TOKENS (512) tokens needs one of them. Panels go in a
+    near-square grid (grid_cols=N to choose); local layers' windows are
+    hatched; a softmax pattern's colour bar starts at 0."""
     if isinstance(text_or_tokens, str):
         if not text_or_tokens:
             raise Error("heatmap: the text is empty")
         tokens = model.to_tokens(text_or_tokens)
-        labels = model.to_str_tokens(tokens)
     else:
         tokens = np.asarray(text_or_tokens)
-        try:
-            labels = model.to_str_tokens(tokens)
-        except Error:
-            labels = [str(int(t)) for t in tokens]
     if tokens.ndim != 1 or tokens.size == 0:
         raise Error("heatmap: need a non-empty 1-D token sequence")
+    a, b, note = _view(tokens.size, query, window, positions)      # refuse before any pass
+    try:
+        labels = model.to_str_tokens(tokens)
+    except Error:
+        labels = [str(int(t)) for t in tokens]
+    labels = labels[a:b]
     c = model.config
     if head is not None:
         head = check_index("heatmap: head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
@@ -222,48 +310,80 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         layer = check_index("heatmap: layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
     if layer != "all" and layer in c.local_layers:
         kw.setdefault("mask_window", c.window_size)
+    if hook is None:
+        hook = "pattern+composed" if c.use_dcmha and hook != "branches" else "pattern"
+    view = lambda m: m[..., a:b, a:b]
+
+    def titled(t):
+        return t if note is None else "%s; %s" % (t, note)
 
     if hook == "branches":
         if head is None or layer == "all":
             raise Error("heatmap: hook='branches' needs one layer and one head")
         if phase not in ("pre", "post"):
             raise Error("heatmap: phase must be 'pre' or 'post'")
-        names = [hook_name(layer, "attn.%s.%s" % (phase, b)) for b in BRANCHES + ("static",)]
+        names = [hook_name(layer, "attn.%s.%s" % (phase, b_)) for b_ in BRANCHES + ("static",)]
         names = [n for n in names if n in model.hook_names]
         total = hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
         _, cache = model.run_with_cache(tokens, names=names + [total])
         maps = [cache[n][head] for n in names] + [cache[total][head]]
         titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
-        kw.setdefault("title", "%s: L%d H%d %s-compose branches" % (model.name, layer, head, phase))
-        return heatmap(np.stack(maps), tokens=labels, titles=titles, diverging=True, **kw)
+        kw["title"] = titled(kw.get("title", "%s: L%d H%d %s-compose branches" % (model.name, layer, head, phase)))
+        kw.setdefault("grid_cols", len(maps))
+        return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, diverging=True, **kw)
 
+    pair = hook == "pattern+composed"
+    if pair and not c.use_dcmha:
+        raise Error("heatmap: %s has no composed weights (plain multi-head attention): use hook='pattern'"
+                    % model.name)
+    hooks = ["pattern", "pattern_composed"] if pair else [hook]
+    layers = list(range(c.n_layer)) if layer == "all" else [layer]
+    if layer == "all" and head is None:
+        raise Error("heatmap: layer='all' needs a head")
+    names = [hook_name(l, "attn.%s" % h) for l in layers for h in hooks]
+    for n in names:
+        model.parse_hook(n)
+    _, cache = model.run_with_cache(tokens, names=names)
+    heads = list(range(c.n_head)) if head is None else [head]
+    maps, titles, windows, div, low = [], [], [], [], []
+    for l in layers:
+        for h in heads:
+            for hk in hooks:
+                arr = cache[hook_name(l, "attn.%s" % hk)]
+                if arr.ndim != 3:
+                    raise Error("heatmap: hook %s is not an [N, T, S] map" % hook_name(l, "attn.%s" % hk))
+                maps.append(arr[h])
+                what = {"pattern": "softmax", "pattern_composed": "composed"}.get(hk, hk) if pair else ""
+                titles.append(("L%d H%d %s" % (l, h, what)).strip() +
+                              (" (local)" if layer == "all" and l in c.local_layers else ""))
+                windows.append(c.window_size if l in c.local_layers else 0)
+                softmax = hk.endswith("pattern") and not hk.endswith("_composed")
+                div.append(not softmax)
+                low.append(0.0 if softmax else None)     # a softmax pattern's colour bar starts at 0
     if layer == "all":
-        if head is None:
-            raise Error("heatmap: layer='all' needs a head")
-        names = [hook_name(l, "attn.%s" % hook) for l in range(c.n_layer)]
-        for n in names:
-            model.parse_hook(n)
-        _, cache = model.run_with_cache(tokens, names=names)
-        maps = np.stack([cache[n][head] for n in names])
-        titles = ["L%d H%d%s" % (l, head, " (local)" if l in c.local_layers else "") for l in range(c.n_layer)]
-        kw.setdefault("panel_windows", [c.window_size if l in c.local_layers else 0 for l in range(c.n_layer)])
-        kw.setdefault("title", "%s: head %d across layers: %s" % (model.name, head, hook))
+        kw.setdefault("panel_windows", windows)
+        default_title = "%s: head %d across layers: %s" % (model.name, head, hook)
+    elif pair:
+        default_title = "%s: layer %d, %s: softmax pattern | composed weights (applied to v)" % (
+            model.name, layer, "every head" if head is None else "head %d" % head)
     else:
         name = hook_name(layer, "attn.%s" % hook)
-        model.parse_hook(name)
-        _, cache = model.run_with_cache(tokens, names=[name])
-        a = cache[name]
-        if a.ndim != 3:
-            raise Error("heatmap: hook %s is not an [N, T, S] map" % name)
-        if head is None:
-            maps, titles = a, ["L%d H%d" % (layer, n) for n in range(c.n_head)]
-        else:
-            maps, titles = a[head:head + 1], ["L%d H%d" % (layer, head)]
-        kw.setdefault("title", "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head)))
-    kw.setdefault("diverging", not hook.endswith("pattern"))
-    if not kw.get("grid_cols"):   # a near-square grid, not one long strip (32 heads: 6 x 6)
-        kw["grid_cols"] = max(1, int(np.ceil(np.sqrt(len(maps)))))
-    if hook.endswith("pattern") and not hook.endswith("_composed") and not kw["diverging"]:
-        # a softmax pattern: the colour bar starts at 0 (not at the smallest weight seen)
-        kw.setdefault("vmin", 0.0)
-    return heatmap(maps, tokens=labels, titles=titles, **kw)
+        default_title = "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head))
+    kw["title"] = titled(kw.get("title", default_title))
+    if not kw.get("grid_cols"):   # a near-square grid (32 heads: 6 x 6), a pattern beside its composed map
+        per = len(hooks)
+        kw["grid_cols"] = per * max(1, int(np.ceil(np.sqrt(len(maps) / per))))
+    if "diverging" in kw:
+        div = [bool(kw["diverging"])] * len(maps)
+    else:
+        kw["diverging"] = div[0]
+    if kw.get("scale", "own") == "shared" or (kw.get("vmin") is not None and kw.get("vmax") is not None):
+        if len(set(div)) > 1:
+            raise Error("heatmap: the softmax pattern and the composed weights need their own scales "
+                        "(scale='own') or one hook")
+        if not kw["diverging"] and low[0] == 0.0:
+            kw.setdefault("vmin", 0.0)
+        return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, **kw)
+    if kw.get("vmin") is None and not kw["diverging"]:
+        kw["panel_vmin"] = low
+    return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, panel_diverging=div, **kw)

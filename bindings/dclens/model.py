@@ -219,7 +219,10 @@ class Model(WeightsMixin):
         if isinstance(names, str):
             names = [names]
         if callable(names):
-            return [n for n in self._hook_table.names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
+            out = [n for n in self._hook_table.names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
+            if not out:
+                raise Error(self._no_match(names))
+            return out
         try:
             names = list(names)
         except TypeError:
@@ -229,6 +232,25 @@ class Model(WeightsMixin):
         for n in names:
             self.parse_hook(n)
         return names
+
+    def _no_match(self, pred) -> str:
+        """The message for a hook predicate that matches no hook of this model."""
+        close = _names.suggest(_names.predicate_strings(pred), self._hook_table.names)
+        return ("the hook filter %s matches no hook of %s (%d hooks, e.g. blocks.0.attn.pattern / "
+                "blocks.0.attn.hook_pattern)%s" % (getattr(pred, "__name__", repr(pred)), self.name,
+                                                  len(self._hook_table.names),
+                                                  "; closest to what it mentions: " + ", ".join(close) if close else ""))
+
+    def _expand_hooks(self, pairs: Sequence[Tuple[str, HookFn]]) -> List[Tuple[str, HookFn]]:
+        """(name, fn) pairs with TransformerLens' predicate names, (lambda name: ..., fn),
+        expanded to every hook the predicate accepts (in either spelling)."""
+        out: List[Tuple[str, HookFn]] = []
+        for n, fn in pairs:
+            if callable(n) and not isinstance(n, str):
+                out += [(m, fn) for m in self._select(n)]
+            else:
+                out.append((n, fn))
+        return out
 
     def _errmsg(self) -> str:
         return decode_msg(ffi.string(lib.dcs_errmsg(self._m)))
@@ -525,7 +547,8 @@ class Model(WeightsMixin):
             raise Error("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                          capture=self._select(sel), fns=hook_pairs(fwd_hooks, read_only), with_cache=True)
+                          capture=self._select(sel), fns=self._expand_hooks(hook_pairs(fwd_hooks, read_only)),
+                          with_cache=True)
 
     def resolve_hook(self, name: str) -> str:
         """The dclens name of a hook given in either spelling, checked."""
@@ -551,8 +574,8 @@ class Model(WeightsMixin):
     def add_hook(self, name: str, fn: HookFn, read_only: bool = False) -> None:
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
         until reset_hooks() (read_only=True: see dclens.read_only)."""
-        (name, fn), = hook_pairs([(name, fn)], read_only)
-        self._ctx_hooks.append((self.resolve_hook(name), fn))
+        for name, fn in self._expand_hooks(hook_pairs([(name, fn)], read_only)):
+            self._ctx_hooks.append((self.resolve_hook(name), fn))
 
     def reset_hooks(self) -> None:
         """Remove the hooks added with add_hook."""
@@ -564,7 +587,7 @@ class Model(WeightsMixin):
 
         >>> with model.hooks([iv.ablate_head(model, 1, 2)]):
         ...     logits = model(toks)"""
-        pairs = [(self.resolve_hook(n), fn) for n, fn in hook_pairs(fwd_hooks, read_only)]
+        pairs = [(self.resolve_hook(n), fn) for n, fn in self._expand_hooks(hook_pairs(fwd_hooks, read_only))]
 
         @contextlib.contextmanager
         def cm():
@@ -587,7 +610,9 @@ class Model(WeightsMixin):
         """Logits of a pass where fn(activation, name) is called at each named point.
 
         fn may modify the activation in place, return a replacement array of the
-        same shape, or return None to keep it. Writing to a compose branch
+        same shape, or return None to keep it. A name may be a predicate
+        (lambda name: name.endswith("pattern"), as in TransformerLens): fn then
+        runs at every hook it accepts (in either spelling). Writing to a compose branch
         (blocks.{l}.attn.post.kp) changes the composed sum that follows; writing
         to pattern_composed, z, head_out, resid_* changes everything downstream.
         Every hook that is called counts as a write (what it leaves in the
@@ -596,7 +621,7 @@ class Model(WeightsMixin):
         read-only hook gets a read-only array and costs no copy back.
         With cache_names (None meaning every hook, as in run_with_cache),
         returns (logits, cache) of the hooked pass."""
-        fwd_hooks = hook_pairs(fwd_hooks, read_only)
+        fwd_hooks = self._expand_hooks(hook_pairs(fwd_hooks, read_only))
         want_cache = cache_names is None or bool(cache_names)
         cap = self._select(cache_names) if want_cache else ()
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,

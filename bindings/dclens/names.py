@@ -158,3 +158,50 @@ def hook_name(name, layer=None) -> str:
         except TypeError:
             raise Error("hook_name: layer must be an integer >= 0, not %r" % (layer,)) from None
     return "blocks.%d.%s" % (layer, suffix)
+
+
+def suggest(wanted, names, n: int = 5):
+    """Up to n hook names of `names` closest to the string(s) `wanted` (full
+    names, or suffixes such as 'hook_patern' matched against the part after
+    'blocks.{l}.' in either spelling), for "did you mean" messages."""
+    import difflib
+    wanted = [wanted] if isinstance(wanted, str) else [w for w in wanted if isinstance(w, str) and len(w) > 1]
+    names = list(names)
+    by_key = {}
+    for full in names:
+        for key in {full, tl_alias(full) or full}:
+            by_key.setdefault(key, full)
+            m = re.match(r"^blocks\.\d+\.(.+)$", key)
+            if m:
+                by_key.setdefault(m.group(1), full)
+    out = []
+    for w in wanted:
+        for key in difflib.get_close_matches(w, list(by_key), n=n, cutoff=0.6):
+            if key not in out:
+                out.append(key)
+    return out[:n]
+
+
+def predicate_strings(fn):
+    """The string constants a predicate's code and closure mention (for saying
+    what a names_filter that matches nothing was probably after)."""
+    found = []
+    code = getattr(fn, "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        c = stack.pop()
+        for k in c.co_consts:
+            if isinstance(k, str):
+                found.append(k)
+            elif hasattr(k, "co_consts"):
+                stack.append(k)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(v, str):
+            found.append(v)
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            found += [x for x in v if isinstance(x, str)]
+    return [s for s in found if s and not s.startswith(("%", "\n")) and " " not in s]

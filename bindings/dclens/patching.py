@@ -27,6 +27,13 @@ Sweeps (`over`):
   do this: the composed map of the corrupted run gets
   (C_clean[t,s][n,m] - C_corr[t,s][n,m]) * X_corr[n,t,s] added in target m.
 
+Baselines: every sweep scores the clean and the corrupted prompt first
+(PatchResult.clean / .corrupted) and warns (PatchingWarning) when they are
+too close to tell apart (|clean - corrupted| < MIN_GAP of the larger |value|)
+or when the metric is not higher on the clean prompt: normalized() would
+then divide by ~0 or flip every sign. strict=True raises dclens.Error
+instead; PatchResult.baseline_note says what was found ("" when fine).
+
 Identities (tested): patching the clean run into itself changes nothing;
 patching an activation everywhere (run_patched) reproduces the clean run.
 """
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -42,6 +50,14 @@ from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
 Metric = Callable[[np.ndarray], float]
+
+# clean and corrupted metrics closer than this fraction of the larger |value| are "the same"
+MIN_GAP = 0.05
+
+
+class PatchingWarning(UserWarning):
+    """The clean and corrupted baselines of a patching sweep do not make a
+    meaningful 0..1 scale for normalized() (too close, or in the wrong order)."""
 
 
 # ---------------------------------------------------------------- metrics
@@ -83,9 +99,13 @@ class PatchResult:
     clean: float
     corrupted: float
     what: str
+    baseline_note: str = ""       # why the baselines are suspect ("" when they are not)
+    # the clean and corrupted prompts' tokens at the "pos" axis' positions (None: no tokenizer / no pos axis)
+    pos_tokens: Optional[Tuple[List[str], List[str]]] = None
 
     def normalized(self) -> np.ndarray:
-        """(values - corrupted) / (clean - corrupted): 0 no effect, 1 full recovery."""
+        """(values - corrupted) / (clean - corrupted): 0 no effect, 1 full recovery
+        (meaningful only when clean is clearly above corrupted: see baseline_note)."""
         d = self.clean - self.corrupted
         if d == 0:
             raise Error("normalized: the clean and corrupted metrics are equal (%g)" % self.clean)
@@ -183,16 +203,48 @@ def _baselines(model: Model, clean, corrupted, metric, names: Sequence[str]):
     return c, x, clean_cache, float(metric(clean_logits)), float(metric(corr_logits))
 
 
+def baseline_problem(clean: float, corrupted: float, min_gap: float = MIN_GAP) -> str:
+    """What is wrong with a (clean, corrupted) pair of metrics as the ends of
+    normalized()'s 0..1 scale, or "" when nothing is."""
+    if not (np.isfinite(clean) and np.isfinite(corrupted)):
+        return "the clean (%r) or corrupted (%r) metric is not finite: normalized() is meaningless" % (
+            clean, corrupted)
+    scale = max(abs(clean), abs(corrupted))
+    gap = clean - corrupted
+    if abs(gap) <= min_gap * scale or gap == 0:
+        return ("the clean and corrupted metrics are nearly equal (clean %.4g, corrupted %.4g, difference %.2g, "
+                "under %g of their size): normalized() divides by that difference and gives arbitrary values; "
+                "the corruption does not change what the metric measures" % (clean, corrupted, gap, min_gap))
+    if gap < 0:
+        return ("the metric is higher on the corrupted prompt than on the clean one (clean %.4g, corrupted %.4g): "
+                "normalized() flips every sign (1 = back to the *lower* clean value); swap the prompts or "
+                "the metric's answers" % (clean, corrupted))
+    return ""
+
+
+def _check_baselines(clean: float, corrupted: float, strict: bool, depth: int = 1) -> str:
+    """baseline_problem, warned (PatchingWarning, at the caller `depth` frames above sweep) or raised (strict)."""
+    note = baseline_problem(clean, corrupted)
+    if note:
+        if strict:
+            raise Error("patching: " + note)
+        warnings.warn("patching: " + note, PatchingWarning, stacklevel=2 + depth)
+    return note
+
+
 # ---------------------------------------------------------------- sweeps
 
 def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,head", hook: Optional[str] = None,
           layers=None, positions=None, queries=None, batch_size: int = 16,
-          progress: Optional[bool] = None) -> PatchResult:
+          progress: Optional[bool] = None, strict: bool = False) -> PatchResult:
     """Patch clean activations into the corrupted run, one cell at a time
     (see the module docstring for `over`). hook: the per-layer hook suffix
     (default attn.z for heads, resid_pre for positions). positions: the
     positions of a "pos" sweep (default all). queries: the query positions a
-    "composition" patch touches (default all)."""
+    "composition" patch touches (default all). The clean and corrupted
+    metrics are computed first and checked (baseline_problem): a
+    PatchingWarning when they cannot anchor normalized(), an Error with
+    strict=True (before any cell runs)."""
     from . import interventions as iv
     over = over.replace(" ", "")
     c = model.config
@@ -212,13 +264,14 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
                  if hook_name(l, "attn.%s.%s" % (ph, b)) in model.hook_names]
     elif over == "composition":
         return _sweep_composition(model, clean, corrupted, metric, layers, hook or "post", queries, batch_size,
-                                  progress)
+                                  progress, strict)
     else:
         raise Error("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
                     "'composition', not %r" % (over,))
     for n in names:
         model.parse_hook(n)
     c_t, x_t, cache, m_clean, m_corr = _baselines(model, clean, corrupted, metric, names)
+    note = _check_baselines(m_clean, m_corr, strict)
     T = x_t.size
     pos = list(range(T)) if positions is None else [_pos(p, T) for p in positions]
     cells: List[List[Cell]] = []
@@ -238,6 +291,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
                 cells.append([(n, _setter(tuple(idx)))])
         shape, axes = (len(layers), len(pos)), ("layer", "pos")
         labels = ([str(l) for l in layers], [str(p) for p in pos])
+        words = _words(model, c_t, x_t, pos)
     elif over == "layer,head,pos":
         for n in names:
             nd = cache[n].ndim
@@ -249,6 +303,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
                     cells.append([(n, _setter(tuple(idx)))])
         shape, axes = (len(layers), c.n_head, len(pos)), ("layer", "head", "pos")
         labels = ([str(l) for l in layers], ["H%d" % h for h in range(c.n_head)], [str(p) for p in pos])
+        words = _words(model, c_t, x_t, pos)
     else:  # layer,phase,branch
         shape, axes = (len(layers), 2, 5), ("layer", "phase", "branch")
         labels = ([str(l) for l in layers], list(PHASES), list(BRANCHES))
@@ -262,9 +317,19 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
         out = np.full(shape, np.nan)
         for i, ix in where.items():
             out[ix] = vals[i]
-        return PatchResult(out, axes, labels, m_clean, m_corr, over)
+        return PatchResult(out, axes, labels, m_clean, m_corr, over, note)
     vals = _run_cells(model, x_t, cells, cache, metric, batch_size, progress, "patching " + over)
-    return PatchResult(vals.reshape(shape), axes, labels, m_clean, m_corr, "%s (%s)" % (over, suffix))
+    return PatchResult(vals.reshape(shape), axes, labels, m_clean, m_corr, "%s (%s)" % (over, suffix), note,
+                       words if "pos" in axes else None)
+
+
+def _words(model: Model, clean: np.ndarray, corrupted: np.ndarray, pos: List[int]):
+    """The clean and corrupted tokens at `pos` as text, or None without a tokenizer."""
+    try:
+        a, b = model.to_str_tokens(clean), model.to_str_tokens(corrupted)
+    except Error:
+        return None
+    return [a[p] for p in pos], [b[p] for p in pos]
 
 
 def _pos(p, T: int) -> int:
@@ -279,7 +344,8 @@ def _setter(idx):
     return apply
 
 
-def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, queries, batch_size, progress):
+def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, queries, batch_size, progress,
+                       strict):
     from . import routing
     c = model.config
     if not c.use_dcmha:
@@ -291,6 +357,7 @@ def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, qu
     target = lambda l: hook_name(l, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
     names = [n for l in layers for n in dyn(l)]
     c_t, x_t, ccache, m_clean, m_corr = _baselines(model, clean, corrupted, metric, names)
+    note = _check_baselines(m_clean, m_corr, strict, depth=2)
     _, xcache = model.run_with_cache(x_t, names=names + [src(l) for l in layers])
     T, N = x_t.size, c.n_head
     qmask = np.zeros(T, bool)
@@ -316,7 +383,7 @@ def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, qu
     vals = _run_cells(model, x_t, cells, ccache_t, metric, batch_size, progress, "patching composition")
     return PatchResult(vals.reshape(len(layers), N, N), ("layer", "source head", "target head"),
                        ([str(l) for l in layers], ["H%d" % h for h in range(N)], ["H%d" % h for h in range(N)]),
-                       m_clean, m_corr, "composition (%s)" % phase)
+                       m_clean, m_corr, "composition (%s)" % phase, note)
 
 
 def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], return_cache: bool = False):

@@ -9,7 +9,8 @@ Pure numpy + matplotlib (no engine needed): give them arrays, e.g. from
 - token labels with leading/trailing spaces shown as a middle dot, newlines
   as a return arrow, long tokens cut with "..", and only every k-th token
   labelled when there are too many;
-- one shared colour bar per figure.
+- each panel its own colour range and colour bar (scale="own", the default),
+  or one range and bar for all panels (scale="shared", to compare them).
 
     import dclens.plots as dp
     fig = dp.plot_heads(cache["blocks.3.attn.pattern"], tokens, "layer 3")
@@ -38,6 +39,7 @@ __all__ = [
     "plot_branches",
     "plot_routing",
     "plot_patching",
+    "flows",
     "SEQUENTIAL_CMAP",
     "DIVERGING_CMAP",
 ]
@@ -49,6 +51,7 @@ MASK_HATCH = "#a8a8a8"  # and its hatch (168, 168, 168)
 NAN_COLOR = "#ff00ff"   # NaN cells, as in the engine
 MAX_LABEL_CHARS = 12
 MAX_LABELS = 48         # per axis; beyond that every k-th token is labelled
+MAX_PATCH_LABELS = 160  # positions of a patching plot labelled one by one (the figure widens)
 
 
 # ---------------------------------------------------------------- helpers
@@ -151,7 +154,18 @@ def _ticks(n: int, max_labels: Optional[int]) -> range:
     return range(0, n, max(1, math.ceil(n / m)))
 
 
-def _label_axes(ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=True, show_cols=True):
+def _label_size(ax, n: int) -> float:
+    """A tick-label font size (points) that fits n labels along the axes' shorter side."""
+    fig = ax.get_figure()
+    pos = ax.get_position()
+    side_in = min(pos.width * fig.get_figwidth(), pos.height * fig.get_figheight())
+    return float(min(7.0, max(3.0, 0.8 * side_in * 72 / max(n, 1))))
+
+
+def _label_axes(ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=True, show_cols=True,
+                size: Optional[float] = None):
+    if size is None:
+        size = _label_size(ax, min(max(T, S), MAX_LABELS if max_labels is None else max(int(max_labels), 1)))
     rows = tokens
     cols = key_tokens if key_tokens is not None else (tokens if tokens is not None and len(tokens) == S else None)
     for n, labels, set_ticks, set_labels, axis, rot in (
@@ -162,14 +176,14 @@ def _label_axes(ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=Tr
         set_ticks(idx)
         if labels is None:
             if (axis == "row" and show_rows) or (axis == "column" and show_cols):
-                set_labels([str(i) for i in idx], fontsize=7, rotation=rot)
+                set_labels([str(i) for i in idx], fontsize=size, rotation=rot)
             else:
                 set_labels([])
             continue
         labels = list(labels)
         if len(labels) != n:
             raise ValueError("%d %s labels for %d %ss" % (len(labels), axis, n, axis))
-        set_labels([format_token(labels[i]) for i in idx], fontsize=7, rotation=rot,
+        set_labels([format_token(labels[i]) for i in idx], fontsize=size, rotation=rot,
                    family="monospace")
     ax.tick_params(length=2, pad=1)
 
@@ -180,7 +194,7 @@ def plot_pattern(ax, pattern, tokens: Optional[Sequence[str]] = None, title: Opt
                  diverging: bool = False, mask_upper: bool = True, *, vmin: Optional[float] = None,
                  vmax: Optional[float] = None, key_tokens: Optional[Sequence[str]] = None,
                  max_labels: Optional[int] = None, show_row_labels: bool = True,
-                 show_col_labels: bool = True):
+                 show_col_labels: bool = True, label_size: Optional[float] = None):
     """Draw one [T, S] map into ax and return the AxesImage.
 
     tokens label the rows (queries) and, when len(tokens) == S, the columns
@@ -198,7 +212,7 @@ def plot_pattern(ax, pattern, tokens: Optional[Sequence[str]] = None, title: Opt
             ax.add_patch(Polygon(poly, closed=True, facecolor=MASK_FACE, edgecolor=MASK_HATCH,
                                  hatch="////", linewidth=0, zorder=im.get_zorder() + 0.5,
                                  label="_mask"))
-    _label_axes(ax, T, S, tokens, key_tokens, max_labels, show_row_labels, show_col_labels)
+    _label_axes(ax, T, S, tokens, key_tokens, max_labels, show_row_labels, show_col_labels, label_size)
     if title is not None:
         ax.set_title(title, fontsize=9, fontweight="bold")
     return im
@@ -208,13 +222,17 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
                titles: Optional[Sequence[str]] = None, ncols: Optional[int] = None,
                diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
                vmax: Optional[float] = None, max_labels: Optional[int] = None,
-               panel_size: float = 2.6) -> Figure:
+               panel_size: float = 2.6, scale: str = "own",
+               diverging_panels: Optional[Sequence[bool]] = None) -> Figure:
     """A grid of [T, S] maps (all heads of a layer, or one head across
-    layers) with one shared colour range and colour bar.
+    layers).
 
-    patterns: [N, T, S]. titles default to "H0", "H1", ...; ncols defaults to
-    about sqrt(N) (at most 8). Query labels are on the first column of each
-    grid row, key labels under every panel."""
+    scale="own" (default): each panel its own colour range and colour bar;
+    "shared": one range and one bar for all (vmin / vmax given: shared).
+    diverging_panels: per panel, diverging or sequential colours (default:
+    `diverging` for all). patterns: [N, T, S]. titles default to "H0", "H1",
+    ...; ncols defaults to about sqrt(N) (at most 8). Query labels are on
+    the first column of each grid row, key labels under every panel."""
     p = np.asarray(patterns)
     if p.ndim != 3 or 0 in p.shape:
         raise ValueError("patterns must be a non-empty [N, T, S] array, got shape %s" % (p.shape,))
@@ -228,9 +246,20 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
         ncols = min(N, 8, max(1, math.ceil(math.sqrt(N))))
     ncols = max(1, min(int(ncols), N))
     nrows = math.ceil(N / ncols)
-    lo, hi = _range(list(p), diverging, mask_upper, vmin, vmax)
-    fig = Figure(figsize=(panel_size * ncols + 1.2, panel_size * nrows + (0.6 if title else 0.2)),
-                 layout="constrained")
+    panel_size = max(panel_size, min(0.075 * max(T, S), 6.0))     # room for a label per token
+    shown = min(max(T, S), MAX_LABELS if max_labels is None else max(int(max_labels), 1))
+    size = float(min(7.0, max(3.5, 0.85 * panel_size * 72 / shown)))
+    if scale not in ("own", "shared"):
+        raise ValueError("scale must be 'own' or 'shared', not %r" % (scale,))
+    div = [diverging] * N if diverging_panels is None else [bool(d) for d in diverging_panels]
+    if len(div) != N:
+        raise ValueError("%d diverging_panels for %d panels" % (len(div), N))
+    shared = scale == "shared" or (vmin is not None and vmax is not None)
+    if shared and len(set(div)) > 1:
+        raise ValueError("a shared scale needs one colour map: diverging_panels differ")
+    lo, hi = _range(list(p), div[0], mask_upper, vmin, vmax) if shared else (None, None)
+    fig = Figure(figsize=(panel_size * ncols + (1.2 if shared else 0.9 * ncols),
+                          panel_size * nrows + (0.6 if title else 0.2)), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im, used = None, []
     for i in range(nrows * ncols):
@@ -238,10 +267,14 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
         if i >= N:
             fig.delaxes(ax)
             continue
-        im = plot_pattern(ax, p[i], tokens, titles[i], diverging, mask_upper, vmin=lo, vmax=hi,
-                          max_labels=max_labels, show_row_labels=(i % ncols == 0))
+        a, b = (lo, hi) if shared else _range([p[i]], div[i], mask_upper, vmin, vmax)
+        im = plot_pattern(ax, p[i], tokens, titles[i], div[i], mask_upper, vmin=a, vmax=b,
+                          max_labels=max_labels, show_row_labels=(i % ncols == 0), label_size=size)
         used.append(ax)
-    fig.colorbar(im, ax=used, shrink=0.8, pad=0.02)
+        if not shared:
+            fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
+    if shared:
+        fig.colorbar(im, ax=used, shrink=0.8, pad=0.02)
     if title:
         fig.suptitle(title, fontweight="bold")
     return fig
@@ -250,9 +283,12 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
 def plot_branches(branches: Mapping[str, np.ndarray], tokens: Optional[Sequence[str]] = None,
                   title: Optional[str] = None, *, sum_name: str = "sum", add_sum: bool = True,
                   mask_upper: bool = True, vmax: Optional[float] = None,
-                  max_labels: Optional[int] = None, panel_size: float = 2.6) -> Figure:
-    """The compose branches of a head side by side with their sum, on one
-    symmetric diverging scale (+-max|x| over all panels, or +-vmax).
+                  max_labels: Optional[int] = None, panel_size: float = 2.6,
+                  scale: str = "own") -> Figure:
+    """The compose branches of a head side by side with their sum, each on
+    its own symmetric diverging scale and colour bar (scale="own": a small
+    branch is not washed out by a large one), or all on one (scale="shared":
+    +-max|x| over all panels; or +-vmax).
 
     branches: name -> [T, S] (e.g. skip, qp, kp, qg, kg). If it has no entry
     called sum_name and add_sum is true, the element-wise sum of the
@@ -268,16 +304,18 @@ def plot_branches(branches: Mapping[str, np.ndarray], tokens: Optional[Sequence[
     if add_sum and sum_name not in branches:
         maps.append(np.sum(np.stack([np.asarray(m, dtype=np.float64) for m in maps]), axis=0))
         names.append(sum_name)
-    if vmax is None:
-        lo, hi = _range(maps, True, mask_upper, None, None)
-    else:
+    if vmax is not None:
         hi = float(abs(vmax))
         if not hi > 0:
             raise ValueError("vmax must be nonzero")
         lo = -hi
+    elif scale == "shared":
+        lo, hi = _range(maps, True, mask_upper, None, None)
+    else:
+        lo = hi = None
     return plot_heads(np.stack(maps), tokens, title, titles=names, ncols=len(maps),
                       diverging=True, mask_upper=mask_upper, vmin=lo, vmax=hi,
-                      max_labels=max_labels, panel_size=panel_size)
+                      max_labels=max_labels, panel_size=panel_size, scale=scale)
 
 
 def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
@@ -338,12 +376,29 @@ def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
     return fig
 
 
+def _position_labels(result, clab):
+    """Tick labels of a "pos" axis: the clean token ("clean|corrupted" where they differ) and
+    which of them differ; the position numbers without tokens."""
+    words = getattr(result, "pos_tokens", None)
+    if not words:
+        return list(clab), [False] * len(clab)
+    clean, corr = words
+    out, diff = [], []
+    for c, x in zip(clean, corr):
+        out.append(format_token(c) if c == x else "%s|%s" % (format_token(c, 8), format_token(x, 8)))
+        diff.append(c != x)
+    return out, diff
+
+
 def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
                   panel_size: float = 3.2) -> Figure:
     """A patching sweep (dclens.patching.PatchResult) as heatmaps: 2-axis
     results in one panel, 3-axis results one panel per entry of the first
     axis (layer). Diverging colours centred on the corrupted metric (or on 0
-    when normalize=True: 0 no effect, 1 full recovery)."""
+    when normalize=True: 0 no effect, 1 full recovery). Positions are
+    labelled by their token ("clean|corrupted", in red, where the prompts
+    differ); the title wraps to the figure's width."""
+    import textwrap
     v = result.normalized() if normalize else np.asarray(result.values, dtype=np.float64)
     centre = 0.0 if normalize else result.corrupted
     d = v - centre
@@ -353,10 +408,17 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
     ptitles = [None] if v.ndim == 2 else ["%s %s" % (result.axes[0], lab) for lab in result.labels[0]]
     rows_ax, cols_ax = (result.axes[0], result.axes[1]) if v.ndim == 2 else (result.axes[1], result.axes[2])
     rlab, clab = (result.labels[0], result.labels[1]) if v.ndim == 2 else (result.labels[1], result.labels[2])
+    diff = [False] * len(clab)
+    if cols_ax == "pos":
+        clab, diff = _position_labels(result, clab)
+        cols_ax = "position (token)"
     ncols = min(len(panels), 4)
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(panel_size * ncols + 1.2, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1))) + 0.8),
-                 layout="constrained")
+    # wide enough for one 7-pt label per column
+    width = max(panel_size * ncols, ncols * len(clab) * 0.16) + 1.4
+    label_in = 0.07 * max((len(x) for x in clab), default=0) if cols_ax.startswith("position") else 0.0
+    fig = Figure(figsize=(width, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1)))
+                          + 1.4 + label_in), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im = None
     for i in range(nrows * ncols):
@@ -368,15 +430,104 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
                        aspect="auto")
         ax.set_yticks(range(len(rlab)))
         ax.set_yticklabels(rlab, fontsize=7)
-        step = max(1, math.ceil(len(clab) / MAX_LABELS))
+        step = max(1, math.ceil(len(clab) / MAX_PATCH_LABELS))
         ax.set_xticks(range(0, len(clab), step))
-        ax.set_xticklabels(clab[::step], fontsize=7, rotation=90)
+        ax.set_xticklabels(clab[::step], fontsize=7, rotation=90, family="monospace")
+        for t, dd in zip(ax.get_xticklabels(), diff[::step]):
+            if dd:
+                t.set_color("#c00000")
         ax.set_ylabel(rows_ax)
         ax.set_xlabel(cols_ax)
         if ptitles[i]:
             ax.set_title(ptitles[i], fontsize=9)
     fig.colorbar(im, ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes], shrink=0.8,
                  label="normalized metric" if normalize else "metric")
-    fig.suptitle(title or "activation patching: %s (clean %.3g, corrupted %.3g)"
-                 % (result.what, result.clean, result.corrupted), fontsize=10, fontweight="bold")
+    text = title or "activation patching: %s (clean %.3g, corrupted %.3g)" % (result.what, result.clean,
+                                                                              result.corrupted)
+    fig.suptitle(textwrap.fill(text, max(20, int(width * 72 / (10 * 0.62)))), fontsize=10, fontweight="bold")
     return fig
+
+
+def flows(F, tokens: Optional[Sequence[str]] = None, *, key: Optional[int] = None,
+          branches: Optional[Sequence[str]] = None, target: Optional[str] = None,
+          title: Optional[str] = None, cell_size: float = 0.42) -> Figure:
+    """Where one composed entry comes from (dclens.routing.flows' array F
+    [N source, branch, T key]), two panels:
+
+    - left: source head x key, summed over branches (which head lends at
+      which key; masked keys are blank), the detailed key boxed;
+    - right: at `key` (default: the key with the largest |composed value|),
+      source head x branch with the values written in, and the totals.
+
+    tokens label the keys; target names the target head in the titles;
+    branches name the branch axis (default: skip, qp, kp, qg, kg, and static
+    when F has six, as routing.flow_branches gives)."""
+    F = np.asarray(F, dtype=np.float64)
+    if F.ndim != 3 or 0 in F.shape:
+        raise ValueError("F must be a non-empty [N, branches, T] array, got shape %s" % (F.shape,))
+    N, B, T = F.shape
+    if branches is None:
+        branches = ["skip", "qp", "kp", "qg", "kg", "static"][:B] if B in (5, 6) else ["b%d" % i for i in range(B)]
+    branches = list(branches)
+    if len(branches) != B:
+        raise ValueError("%d branch names for %d branches" % (len(branches), B))
+    if tokens is not None and len(tokens) != T:
+        raise ValueError("%d tokens for %d keys" % (len(tokens), T))
+    total = F.sum((0, 1))                                             # [T]
+    if key is None:
+        key = int(np.argmax(np.abs(total)))
+    if not -T <= key < T:
+        raise ValueError("key %d is out of range for %d keys" % (key, T))
+    key %= T
+    by_key = F.sum(1)                                                 # [N, T]
+    shown = np.where((F != 0).any((0, 1)), by_key, np.nan)            # masked keys blank
+    detail = F[:, :, key]                                             # [N, B]
+    who = target or "the target head"
+    keylab = [format_token(t) for t in tokens] if tokens is not None else [str(i) for i in range(T)]
+    w_left = max(3.0, cell_size * 0.55 * T + 1.2)
+    w_right = cell_size * (B + 1) + 2.2
+    fig = Figure(figsize=(w_left + w_right, max(2.6, cell_size * N + 2.2)), layout="constrained")
+    ax0, ax1 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [w_left, w_right]})
+    m0 = float(np.nanmax(np.abs(shown))) if np.isfinite(shown).any() else 1.0
+    im0 = ax0.imshow(shown, cmap=_cmap(True).with_extremes(bad="#eeeeee"), vmin=-(m0 or 1), vmax=m0 or 1,
+                     interpolation="nearest", aspect="auto")
+    ax0.add_patch(Polygon([(key - 0.5, -0.5), (key + 0.5, -0.5), (key + 0.5, N - 0.5), (key - 0.5, N - 0.5)],
+                          closed=True, fill=False, edgecolor="k", linewidth=1.2))
+    step = max(1, math.ceil(T / MAX_PATCH_LABELS))
+    ax0.set_xticks(range(0, T, step))
+    ax0.set_xticklabels(keylab[::step], rotation=90, fontsize=6 if T > 40 else 7, family="monospace")
+    ax0.set_yticks(range(N))
+    ax0.set_yticklabels(["H%d" % n for n in range(N)], fontsize=7)
+    ax0.set_xlabel("key")
+    ax0.set_ylabel("source head")
+    ax0.set_title("what each head lends %s, summed over branches" % who, fontsize=9)
+    fig.colorbar(im0, ax=ax0, shrink=0.8, pad=0.01)
+    table = np.concatenate([np.concatenate([detail, detail.sum(1, keepdims=True)], 1),
+                            np.concatenate([detail.sum(0), [detail.sum()]])[None]], 0)   # [N+1, B+1]
+    m1 = float(np.abs(detail).max()) or 1.0
+    img = table.copy()
+    img[N, :] = img[:, B] = np.nan                                    # totals: written, not coloured
+    im1 = ax1.imshow(img, cmap=_cmap(True).with_extremes(bad="white"), vmin=-m1, vmax=m1,
+                     interpolation="nearest", aspect="auto")
+    for i in range(N + 1):
+        for j in range(B + 1):
+            v = table[i, j]
+            txt = "%.3f" % v if abs(v) >= 5e-4 else ("0" if v == 0 else "%.0e" % v)
+            ax1.text(j, i, txt, ha="center", va="center", fontsize=6.5,
+                     fontweight="bold" if (i == N or j == B) else "normal",
+                     color="white" if (i < N and j < B and abs(v) > 0.6 * m1) else "black")
+    ax1.axhline(N - 0.5, color="k", lw=0.8)
+    ax1.axvline(B - 0.5, color="k", lw=0.8)
+    ax1.set_xticks(range(B + 1))
+    ax1.set_xticklabels(branches + ["total"], fontsize=7)
+    ax1.set_yticks(range(N + 1))
+    ax1.set_yticklabels(["H%d" % n for n in range(N)] + ["total"], fontsize=7)
+    ax1.set_xlabel("branch")
+    ax1.set_title("at key %d %s: %.3f" % (key, keylab[key], total[key]), fontsize=9)
+    fig.colorbar(im1, ax=ax1, shrink=0.8, pad=0.01)
+    if title:
+        fig.suptitle(title, fontsize=10, fontweight="bold")
+    return fig
+
+
+plot_flows = flows

@@ -304,6 +304,11 @@ typedef struct {
     const char *title;
     int mask_window;             /* > 0: this panel's local window (overrides
                                     the spec's), < 0: none, 0: the spec's   */
+    int own_colormap;            /* 1: `colormap` below, not the spec's (needs
+                                    the spec's panel_scales)                */
+    int colormap;                /* dcs_colormap, with own_colormap          */
+    int own_range;               /* 1 (with panel_scales): vmin/vmax below    */
+    float vmin, vmax;
 } dcs_panel;
 
 typedef struct {
@@ -321,6 +326,10 @@ typedef struct {
     int cell_px;                 /* pixels per cell, <= 0: chosen from size  */
     const char *title;           /* figure title or NULL                     */
     int axis_titles;             /* 1: "query" / "key" axis titles           */
+    int panel_scales;            /* 1: each panel its own colour range (from
+                                    its data, its own_range, or the spec's
+                                    fixed vmin/vmax) and its own colour bar;
+                                    0: one range and one bar for all         */
 } dcs_heatmap_spec;
 
 /* Render to PNG bytes (malloc'd; free with dcs_buffer_free). */

@@ -82,7 +82,7 @@ int main(void) {
     /* 1. one pattern */
     static float pat[T * T];
     make_pattern(pat, T, 0);
-    dcs_panel one = {pat, T, T, "head 5 (previous token)", 0};
+    dcs_panel one = {.data = pat, .rows = T, .cols = T, .title = "head 5 (previous token)", .mask_window = 0};
     dcs_heatmap_spec sp;
     memset(&sp, 0, sizeof sp);
     sp.panels = &one;
@@ -102,7 +102,7 @@ int main(void) {
     static const char *htitles[4] = {"L3 H0", "L3 H1", "L3 H2", "L3 H3"};
     for (int h = 0; h < 4; h++) {
         make_pattern(heads[h], T, h);
-        hp[h] = (dcs_panel){heads[h], T, T, htitles[h], 0};
+        hp[h] = (dcs_panel){.data = heads[h], .rows = T, .cols = T, .title = htitles[h], .mask_window = 0};
     }
     sp.panels = hp;
     sp.n_panels = 4;
@@ -126,7 +126,7 @@ int main(void) {
             }
             br[5][t * T + s] = total;
         }
-    for (int b = 0; b < 6; b++) bp[b] = (dcs_panel){br[b], T, T, bnames[b], 0};
+    for (int b = 0; b < 6; b++) bp[b] = (dcs_panel){.data = br[b], .rows = T, .cols = T, .title = bnames[b], .mask_window = 0};
     sp.panels = bp;
     sp.n_panels = 6;
     sp.grid_cols = 0;
@@ -145,7 +145,7 @@ int main(void) {
     make_pattern(lp, LT, 0);
     for (int i = 0; i < LT; i++)
         ltok[i] = i % 10 == 4 ? extra[(i / 10) % 6] : WORDS[(i * 5) % 12];
-    dcs_panel lpan = {lp, LT, LT, "L0 H1", 0};
+    dcs_panel lpan = {.data = lp, .rows = LT, .cols = LT, .title = "L0 H1", .mask_window = 0};
     sp.panels = &lpan;
     sp.n_panels = 1;
     sp.colormap = DCS_CMAP_SEQUENTIAL;
@@ -163,7 +163,7 @@ int main(void) {
     for (int t = 0; t < NR; t++)
         for (int s = 0; s < NC; s++)
             ns[t * NC + s] = sinf(0.3f * (float)t) * cosf(0.2f * (float)s) * 0.02f;
-    dcs_panel npan = {ns, NR, NC, NULL, 0};
+    dcs_panel npan = {.data = ns, .rows = NR, .cols = NC, .title = NULL, .mask_window = 0};
     memset(&sp, 0, sizeof sp);
     sp.panels = &npan;
     sp.n_panels = 1;
@@ -184,7 +184,7 @@ int main(void) {
             int p = l * NH + h;
             make_pattern(all + (size_t)p * AT * AT, AT, (l + h) % 4);
             snprintf(names[p], 32, "L%d H%d", l, h);
-            ap[p] = (dcs_panel){all + (size_t)p * AT * AT, AT, AT, names[p], 0};
+            ap[p] = (dcs_panel){.data = all + (size_t)p * AT * AT, .rows = AT, .cols = AT, .title = names[p], .mask_window = 0};
         }
     memset(&sp, 0, sizeof sp);
     sp.panels = ap;

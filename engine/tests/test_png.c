@@ -63,6 +63,8 @@ static int decode(const uint8_t *png, size_t len, image *im) {
     return 1;
 }
 
+#define TICK_TEST 3 /* png.c's TICK: key labels start TICK + 5 under the panel */
+
 static const uint8_t *pix(const image *im, int x, int y) {
     return im->px + ((size_t)y * (size_t)im->w + (size_t)x) * 3;
 }
@@ -96,10 +98,11 @@ static int is_mask(const uint8_t *p) {
            (p[0] == DCS_PNG_HATCH_R && p[1] == DCS_PNG_HATCH_G && p[2] == DCS_PNG_HATCH_B);
 }
 
-/* Every pixel of every cell: its colour (unmasked) or the mask. Returns the
- * number of wrong cells. */
-static int check_cells(const image *im, const dcs_png_layout *L,
-                       const dcs_heatmap_spec *sp) {
+/* Every pixel of every cell: its colour (unmasked) or the mask, under panel
+ * p's colour map cm[p] and range [lo[p], hi[p]] (NULL: the spec's map and
+ * the layout's range). Returns the number of wrong cells. */
+static int check_cells_with(const image *im, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
+                            const int *cm, const float *lo, const float *hi) {
     int bad = 0;
     for (int p = 0; p < sp->n_panels; p++)
         for (int t = 0; t < L->rows; t++)
@@ -111,7 +114,8 @@ static int check_cells(const image *im, const dcs_png_layout *L,
                 int masked = sp->mask_upper && (s > t || (w > 0 && t - s > w));
                 uint8_t want[3];
                 float v = sp->panels[p].data[(size_t)t * L->cols + s];
-                dcs_colormap_rgb(sp->colormap, v, L->vmin, L->vmax, want);
+                dcs_colormap_rgb(cm ? cm[p] : sp->colormap, v, lo ? lo[p] : L->vmin,
+                                 hi ? hi[p] : L->vmax, want);
                 int cell_bad = 0;
                 for (int dy = 0; dy < L->cell; dy++)
                     for (int dx = 0; dx < L->cell; dx++) {
@@ -124,6 +128,10 @@ static int check_cells(const image *im, const dcs_png_layout *L,
                 bad += cell_bad;
             }
     return bad;
+}
+
+static int check_cells(const image *im, const dcs_png_layout *L, const dcs_heatmap_spec *sp) {
+    return check_cells_with(im, L, sp, NULL, NULL, NULL);
 }
 
 static int ink_in(const image *im, int x0, int y0, int x1, int y1) {
@@ -318,7 +326,7 @@ static void test_single(void) {
     d[4 * T + 2] = -3.0f; /* clamped */
     static const char *tok[T] = {" The", " cat", "\xc3\xa9", "\n", "a very long token indeed",
                                  "."};
-    dcs_panel p = {d, T, T, "L0 H0 hook_pattern", 0};
+    dcs_panel p = {.data = d, .rows = T, .cols = T, .title = "L0 H0 hook_pattern", .mask_window = 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     sp.row_labels = tok;
     sp.col_labels = tok;
@@ -390,7 +398,7 @@ static void test_grid_auto_range(void) {
                 }
             }
         snprintf(titles[k], sizeof titles[k], "L%d H%d", k / 2, k % 2);
-        p[k] = (dcs_panel){d[k], R, C, titles[k], 0};
+        p[k] = (dcs_panel){.data = d[k], .rows = R, .cols = C, .title = titles[k], .mask_window = 0};
     }
     dcs_heatmap_spec sp = base_spec(p, N);
     sp.grid_cols = 2;
@@ -430,7 +438,8 @@ static void test_diverging(void) {
             d[k][i] = v;
             if (i % T <= i / T && fabsf(v) > mabs) mabs = fabsf(v);
         }
-        p[k] = (dcs_panel){d[k], T, T, k == N - 1 ? "sum" : "branch", 0};
+        p[k] = (dcs_panel){.data = d[k], .rows = T, .cols = T,
+                           .title = k == N - 1 ? "sum" : "branch", .mask_window = 0};
     }
     d[2][7 * T + 0] = -5.0f; /* the largest |x|, negative, unmasked */
     mabs = 5.0f;
@@ -456,7 +465,7 @@ static void test_diverging(void) {
 
     /* All zero: +-1. */
     static float z[T * T];
-    dcs_panel pz = {z, T, T, NULL, 0};
+    dcs_panel pz = {.data = z, .rows = T, .cols = T, .title = NULL, .mask_window = 0};
     dcs_heatmap_spec sz = base_spec(&pz, 1);
     sz.colormap = DCS_CMAP_DIVERGING;
     sz.auto_range = 1;
@@ -484,7 +493,7 @@ static void test_long_and_auto_cell(void) {
     }
     for (int i = 0; i < T * T; i++) d[i] = (float)(i % 101) / 100.0f;
     for (int i = 0; i < T; i++) tok[i] = i % 3 ? " tok" : "\xe2\x86\x92x";
-    dcs_panel p = {d, T, T, "long", 0};
+    dcs_panel p = {.data = d, .rows = T, .cols = T, .title = "long", .mask_window = 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     sp.row_labels = tok;
     sp.col_labels = tok;
@@ -494,12 +503,13 @@ static void test_long_and_auto_cell(void) {
     if (render(&sp, &im, &L)) {
         CHECK(L.label_step * L.cell >= DCS_FONT_LINE * L.scale,
               "labels do not overlap: step %d cell %d", L.label_step, L.cell);
-        CHECK(L.label_step > 1, "long prompt: every k-th label (k=%d)", L.label_step);
+        CHECK(L.label_step == 1 && L.cell >= DCS_FONT_LINE,
+              "200 tokens: a line per cell, every label (k=%d, cell %d)", L.label_step, L.cell);
         CHECK(check_cells(&im, &L, &sp) == 0, "long cells");
         free(im.px);
     }
     /* No labels: indices; a non-square map. */
-    dcs_panel q = {d, 30, 50, NULL, 0};
+    dcs_panel q = {.data = d, .rows = 30, .cols = 50, .title = NULL, .mask_window = 0};
     dcs_heatmap_spec sq = base_spec(&q, 1);
     sq.mask_upper = 1;
     if (render(&sq, &im, &L)) {
@@ -514,13 +524,18 @@ static void test_long_and_auto_cell(void) {
     if (all && ps) {
         for (int k = 0; k < NP; k++) {
             for (int i = 0; i < AT * AT; i++) all[(size_t)k * AT * AT + i] = (float)((i + k) % 17) / 16.0f;
-            ps[k] = (dcs_panel){all + (size_t)k * AT * AT, AT, AT, "L H", 0};
+            ps[k] = (dcs_panel){.data = all + (size_t)k * AT * AT, .rows = AT, .cols = AT,
+                                .title = "L H", .mask_window = 0};
         }
         dcs_heatmap_spec sa = base_spec(ps, NP);
         sa.grid_cols = 16;
         sa.mask_upper = 1;
         if (render(&sa, &im, &L)) {
             CHECK((long long)L.width * L.height <= DCS_PNG_AUTO_PIXELS, "auto budget");
+            CHECK(L.label_step * L.cell >= DCS_FONT_LINE * L.scale &&
+                      (L.cell >= DCS_FONT_LINE) == (L.label_step == 1),
+                  "384 panels: every label when a cell holds a line, else every k-th (cell %d, "
+                  "k=%d)", L.cell, L.label_step);
             CHECK(check_cells(&im, &L, &sa) == 0, "many-panel cells");
             free(im.px);
         }
@@ -550,7 +565,9 @@ static void test_panel_windows(void) {
     static float d[3][T * T];
     for (int p = 0; p < 3; p++)
         for (int i = 0; i < T * T; i++) d[p][i] = (float)((i * 7 + p) % 11) / 10.0f;
-    dcs_panel ps[3] = {{d[0], T, T, "local", 2}, {d[1], T, T, "global", -1}, {d[2], T, T, "spec's", 0}};
+    dcs_panel ps[3] = {{.data = d[0], .rows = T, .cols = T, .title = "local", .mask_window = 2},
+                       {.data = d[1], .rows = T, .cols = T, .title = "global", .mask_window = -1},
+                       {.data = d[2], .rows = T, .cols = T, .title = "spec's", .mask_window = 0}};
     dcs_heatmap_spec sp = base_spec(ps, 3);
     sp.mask_window = 3;
     sp.mask_upper = 1;
@@ -575,22 +592,137 @@ static void test_panel_windows(void) {
     free(im.px);
 }
 
+/* panel_scales: each panel coloured on its own range (computed here from its
+ * data: sequential [min, max], diverging +-max|x|, over unmasked cells; or its
+ * own_range), with its own colour bar right of it; per-panel colour maps. */
+static void test_panel_scales(void) {
+    enum { T = 6, P = 3 };
+    float d[P][T * T];
+    for (int t = 0; t < T; t++)
+        for (int s = 0; s < T; s++) {
+            d[0][t * T + s] = 0.1f + 0.8f * (float)((t * 7 + s * 3) % 11) / 10.0f;   /* [0.1, 0.9] */
+            d[1][t * T + s] = 5.0f * (float)((t * 5 + s) % 9 - 4) / 4.0f;          /* [-5, 5]    */
+            d[2][t * T + s] = 0.5f * (float)(s - t);
+        }
+    d[1][0 * T + 5] = 100.0f; /* masked (s > t): not part of the range */
+    dcs_panel ps[P] = {
+        {.data = d[0], .rows = T, .cols = T, .title = "pattern", .own_colormap = 1,
+         .colormap = DCS_CMAP_SEQUENTIAL},
+        {.data = d[1], .rows = T, .cols = T, .title = "composed"},
+        {.data = d[2], .rows = T, .cols = T, .title = "fixed", .own_range = 1, .vmin = -2.0f,
+         .vmax = 2.0f}};
+    float lo[P], hi[P];
+    int cm[P] = {DCS_CMAP_SEQUENTIAL, DCS_CMAP_DIVERGING, DCS_CMAP_DIVERGING};
+    for (int p = 0; p < 2; p++) {
+        float mn = INFINITY, mx = -INFINITY, ab = 0.0f;
+        for (int t = 0; t < T; t++)
+            for (int s = 0; s <= t; s++) {
+                float v = d[p][t * T + s];
+                mn = v < mn ? v : mn;
+                mx = v > mx ? v : mx;
+                ab = fabsf(v) > ab ? fabsf(v) : ab;
+            }
+        lo[p] = p == 0 ? mn : -ab;
+        hi[p] = p == 0 ? mx : ab;
+    }
+    lo[2] = -2.0f;
+    hi[2] = 2.0f;
+    dcs_heatmap_spec sp = base_spec(ps, P);
+    sp.colormap = DCS_CMAP_DIVERGING;
+    sp.auto_range = 1;
+    sp.mask_upper = 1;
+    sp.panel_scales = 1;
+    sp.cell_px = 12;
+    image im;
+    dcs_png_layout L;
+    if (render(&sp, &im, &L)) {
+        CHECK(L.panel_bars == 1 && lo[1] == -5.0f, "per-panel bars");
+        CHECK(check_cells_with(&im, &L, &sp, cm, lo, hi) == 0, "each panel on its own scale");
+        for (int p = 0; p < P; p++) {
+            int x, y;
+            dcs_png_cell_origin(&L, p, 0, 0, &x, &y);
+            uint8_t top[3], bot[3];
+            dcs_colormap_rgb(cm[p], hi[p], lo[p], hi[p], top);
+            dcs_colormap_rgb(cm[p], lo[p], lo[p], hi[p], bot);
+            int bx = x + L.bar_dx + L.bar_w / 2;
+            CHECK(L.bar_dx > L.panel_w, "bar right of the panel");
+            CHECK(same(pix(&im, bx, y), top), "panel %d bar top = its vmax colour", p);
+            CHECK(same(pix(&im, bx, y + L.panel_h - 1), bot), "panel %d bar bottom = its vmin", p);
+            CHECK(ink_in(&im, x + L.bar_dx + L.bar_w + 2, y - 6, x + L.bar_dx + L.bar_w + 40,
+                         y + L.panel_h + 6) > 0, "panel %d tick labels", p);
+            if (p + 1 < P) {
+                int nx;
+                dcs_png_cell_origin(&L, p + 1, 0, 0, &nx, NULL);
+                CHECK(nx > x + L.bar_dx + L.bar_w + 20, "the next panel starts after the bar's ticks");
+            }
+        }
+        CHECK(L.width >= L.x0 + 2 * L.pitch_x + L.panel_w + L.bar_dx - L.panel_w + L.bar_w,
+              "the last bar fits");
+        free(im.px);
+    }
+    /* Misuse. */
+    char err[256];
+    dcs_png_layout Le;
+    sp.panel_scales = 0;
+    CHECK(dcs_png_layout_compute(&sp, &Le, err, sizeof err) == DCS_ERR_ARG &&
+              strstr(err, "panel_scales"), "own range / map without panel_scales: %s", err);
+    sp.panel_scales = 1;
+    ps[2].vmin = 3.0f;
+    CHECK(dcs_png_layout_compute(&sp, &Le, err, sizeof err) == DCS_ERR_ARG &&
+              strstr(err, "panel 2"), "own range vmin > vmax: %s", err);
+    ps[2].vmin = -2.0f;
+    ps[0].colormap = 7;
+    CHECK(dcs_png_layout_compute(&sp, &Le, err, sizeof err) == DCS_ERR_ARG &&
+              strstr(err, "panel 0: colormap"), "bad panel colour map: %s", err);
+}
+
+/* Key labels lie across their cells when every one fits, else read upwards. */
+static void test_label_rotation(void) {
+    enum { T = 5 };
+    float d[T * T];
+    for (int i = 0; i < T * T; i++) d[i] = (float)i / (T * T);
+    static const char *short_tok[T] = {"a", "b", "c", "d", "e"};
+    static const char *long_tok[T] = {" alpha", " beta", " gamma", " delta", " eps"};
+    dcs_panel p = {.data = d, .rows = T, .cols = T};
+    dcs_heatmap_spec sp = base_spec(&p, 1);
+    sp.row_labels = short_tok;
+    sp.col_labels = short_tok;
+    sp.cell_px = 16;
+    image im;
+    dcs_png_layout L;
+    if (render(&sp, &im, &L)) {
+        CHECK(L.col_rot == 0 && L.col_band == DCS_FONT_H * L.scale, "short labels lie flat");
+        int x, y;
+        dcs_png_cell_origin(&L, 0, T - 1, 2, &x, &y);
+        int top = y + L.cell + TICK_TEST + 5;
+        CHECK(ink_in(&im, x, top, x + L.cell, top + DCS_FONT_H) > 0, "label 'c' under its cell");
+        CHECK(ink_in(&im, x, top + DCS_FONT_H + 1, x + L.cell, top + 3 * DCS_FONT_H) == 0 ||
+                  sp.axis_titles, "nothing below a flat label band");
+        free(im.px);
+    }
+    sp.col_labels = long_tok;
+    if (render(&sp, &im, &L)) {
+        CHECK(L.col_rot == 1 && L.col_band == 6 * DCS_FONT_ADV - 1, "long labels read upwards");
+        free(im.px);
+    }
+}
+
 static void test_errors(void) {
     float d[16] = {0};
-    dcs_panel p = {d, 4, 4, NULL, 0};
+    dcs_panel p = {.data = d, .rows = 4, .cols = 4, .title = NULL, .mask_window = 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     expect_arg(NULL, "NULL spec");
 
-    dcs_panel pn = {NULL, 4, 4, NULL, 0};
+    dcs_panel pn = {.data = NULL, .rows = 4, .cols = 4, .title = NULL, .mask_window = 0};
     sp.panels = &pn;
     expect_arg(&sp, "NULL data");
     sp = base_spec(NULL, 1);
     expect_arg(&sp, "NULL panels");
 
-    dcs_panel p0 = {d, 0, 4, NULL, 0};
+    dcs_panel p0 = {.data = d, .rows = 0, .cols = 4, .title = NULL, .mask_window = 0};
     sp = base_spec(&p0, 1);
     expect_arg(&sp, "zero rows");
-    dcs_panel pc = {d, 4, -1, NULL, 0};
+    dcs_panel pc = {.data = d, .rows = 4, .cols = -1, .title = NULL, .mask_window = 0};
     sp = base_spec(&pc, 1);
     expect_arg(&sp, "negative cols");
 
@@ -599,7 +731,7 @@ static void test_errors(void) {
     sp = base_spec(&p, -3);
     expect_arg(&sp, "n_panels negative");
 
-    dcs_panel two[2] = {{d, 4, 4, NULL, 0}, {d, 2, 8, NULL, 0}};
+    dcs_panel two[2] = {{.data = d, .rows = 4, .cols = 4, .title = NULL, .mask_window = 0}, {.data = d, .rows = 2, .cols = 8, .title = NULL, .mask_window = 0}};
     sp = base_spec(two, 2);
     expect_arg(&sp, "different sizes");
 
@@ -633,7 +765,7 @@ static void test_errors(void) {
     expect_arg(&sp, "too large (cell_px huge)");
 
     float *big = (float *)calloc((size_t)20000, sizeof(float));
-    dcs_panel pb = {big, 1, 20000, NULL, 0};
+    dcs_panel pb = {.data = big, .rows = 1, .cols = 20000, .title = NULL, .mask_window = 0};
     sp = base_spec(&pb, 1);
     expect_arg(&sp, "too large (cols)");
     free(big);
@@ -666,6 +798,8 @@ int main(void) {
     test_grid_auto_range();
     test_diverging();
     test_long_and_auto_cell();
+    test_panel_scales();
+    test_label_rotation();
     test_panel_windows();
     test_errors();
     printf("png: %d passed, %d failed\n", n_pass, n_fail);

@@ -32,6 +32,7 @@
 #define BAR_W 16
 #define BAR_MIN_H 100
 #define BAR_MAX_H 480    /* unless a panel is taller                          */
+#define PBAR_GAP 8       /* between a panel and its own colour bar            */
 #define MAX_TITLE_GLYPHS 32
 #define AXIS_GAP 6       /* around the "query" / "key" axis titles            */
 #define MAX_FIG_TITLE_GLYPHS 160
@@ -154,11 +155,11 @@ static int first_visible(const dcs_heatmap_spec *sp, int p, int t) {
     return t - w;
 }
 
-static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signed_abs,
-                       double *lo, double *hi, int *found) {
+static void data_range(const dcs_heatmap_spec *sp, int p0, int p1, int rows, int cols,
+                       int signed_abs, double *lo, double *hi, int *found) {
     double mn = INFINITY, mx = -INFINITY;
     int any = 0;
-    for (int p = 0; p < sp->n_panels; p++) {
+    for (int p = p0; p < p1; p++) {
         const float *d = sp->panels[p].data;
         for (int t = 0; t < rows; t++) {
             int ns = cols;
@@ -179,9 +180,69 @@ static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signe
     *found = any;
 }
 
-/* Tick values of the colour bar, most important first. */
-static int tick_candidates(const dcs_png_layout *L, int colormap, double v[5]) {
-    double lo = L->vmin, hi = L->vmax, span = hi - lo;
+/* The automatic colour range of panels [p0, p1) under a colour map:
+ * diverging +-max|x| (all zero: +-1), sequential [min, max] (widened when
+ * flat; no data: [0, 1]); unmasked finite cells only. */
+static void auto_range(const dcs_heatmap_spec *sp, int p0, int p1, int colormap, float *vmin,
+                       float *vmax) {
+    int rows = sp->panels[0].rows, cols = sp->panels[0].cols;
+    double lo, hi;
+    int found;
+    if (colormap == DCS_CMAP_DIVERGING) {
+        data_range(sp, p0, p1, rows, cols, 1, &lo, &hi, &found);
+        double m = found ? hi : 0.0;
+        if (!(m > 0.0)) m = 1.0;
+        *vmin = (float)-m;
+        *vmax = (float)m;
+        return;
+    }
+    data_range(sp, p0, p1, rows, cols, 0, &lo, &hi, &found);
+    if (!found) {
+        lo = 0.0;
+        hi = 1.0;
+    } else if (!(hi > lo)) {
+        double d = fabs(lo) * 0.1;
+        if (!(d > 0.0)) d = 0.5;
+        lo -= d;
+        hi += d;
+    }
+    *vmin = (float)lo;
+    *vmax = (float)hi;
+    if (!(*vmax > *vmin)) { /* rounding to float collapsed it */
+        *vmin = nextafterf(*vmin, -INFINITY);
+        *vmax = nextafterf(*vmax, INFINITY);
+    }
+}
+
+static int panel_colormap(const dcs_heatmap_spec *sp, int p) {
+    return sp->panels[p].own_colormap ? sp->panels[p].colormap : sp->colormap;
+}
+
+void dcs_png_panel_scale(const dcs_heatmap_spec *sp, const dcs_png_layout *L, int p,
+                         int *colormap, float *vmin, float *vmax) {
+    int cm = sp->colormap;
+    float lo = L->vmin, hi = L->vmax;
+    if (L->panel_bars) {
+        const dcs_panel *q = &sp->panels[p];
+        cm = panel_colormap(sp, p);
+        if (q->own_range) {
+            lo = q->vmin;
+            hi = q->vmax;
+        } else if (!sp->auto_range) {
+            lo = sp->vmin;
+            hi = sp->vmax;
+        } else {
+            auto_range(sp, p, p + 1, cm, &lo, &hi);
+        }
+    }
+    if (colormap) *colormap = cm;
+    if (vmin) *vmin = lo;
+    if (vmax) *vmax = hi;
+}
+
+/* Tick values of a colour bar over [lo, hi], most important first. */
+static int tick_candidates(double lo, double hi, int colormap, double v[5]) {
+    double span = hi - lo;
     int n = 0;
     v[n++] = hi;
     v[n++] = lo;
@@ -210,6 +271,7 @@ typedef struct {
     int tick_g;           /* widest tick label, glyphs                     */
     int title_g;          /* figure title, glyphs (capped)                 */
     int axis_titles;      /* "query" / "key" axis titles                   */
+    int panel_bars;       /* a colour bar per panel                        */
 } measures;
 
 /* Geometry for cell size c, in 64-bit; sets *w, *h. */
@@ -223,7 +285,12 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     L->label_step = (int)((line + c - 1) / c);
     int64_t pw = (int64_t)L->cols * c, ph = (int64_t)L->rows * c;
     int64_t row_area = text_px(m->row_g, s) + TICK + 6;
-    int64_t col_area = TICK + 5 + text_px(m->col_g, s);
+    /* key labels across their cells when every one fits, else reading upwards */
+    L->col_rot = text_px(m->col_g, s) > (int64_t)c - 2;
+    int64_t col_band = L->col_rot ? text_px(m->col_g, s) : (int64_t)DCS_FONT_H * s;
+    int64_t col_area = TICK + 5 + col_band;
+    /* a panel's own colour bar and its tick labels (panel_bars) */
+    int64_t pbar = m->panel_bars ? PBAR_GAP + BAR_W + TICK + 5 + text_px(m->tick_g, s) : 0;
     if (m->axis_titles) {   /* a band for "query" (rotated) and one for "key" */
         row_area += (int64_t)DCS_FONT_H * s + AXIS_GAP;
         col_area += (int64_t)DCS_FONT_H * s + AXIS_GAP;
@@ -234,7 +301,7 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     int64_t y0 = MARGIN + title_h + ptitle_h;
     if (y0 < MARGIN + 4 * s + 2) y0 = MARGIN + 4 * s + 2; /* top tick label */
     int64_t tpx = text_px(m->ptitle_g, s);
-    int64_t pitch_x = pw + HGAP;
+    int64_t pitch_x = pw + pbar + HGAP;
     if (pitch_x < tpx + 12) pitch_x = tpx + 12;
     int64_t pitch_y = ptitle_h + ph + col_area + VGAP;
     int64_t grid_w = (int64_t)(L->grid_cols - 1) * pitch_x + pw;
@@ -246,8 +313,16 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     if (bar_h < BAR_MIN_H) bar_h = BAR_MIN_H;
     int64_t over = tpx > pw ? (tpx - pw) / 2 + 8 : 0; /* last title overhang */
     int64_t bar_x = x0 + grid_w + (over > BAR_GAP ? over : BAR_GAP);
+    if (m->panel_bars) {            /* panel 0's bar, right of it, as tall as it */
+        bar_x = x0 + pw + PBAR_GAP;
+        bar_h = ph;
+    }
     int64_t tick_x = bar_x + BAR_W + TICK + 5;
     int64_t width = tick_x + text_px(m->tick_g, s) + MARGIN;
+    if (m->panel_bars) {
+        width = x0 + grid_w + pbar + MARGIN;
+        if (over > pbar) width += over - pbar;
+    }
     if (width < text_px(m->title_g, ts) + 2 * MARGIN)
         width = text_px(m->title_g, ts) + 2 * MARGIN; /* the title fits */
     int64_t height = grid_bottom;
@@ -273,6 +348,9 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     L->bar_w = BAR_W;
     L->bar_h = (int)bar_h;
     L->tick_label_x = (int)tick_x;
+    L->panel_bars = m->panel_bars;
+    L->bar_dx = (int)(bar_x - x0);
+    L->col_band = (int)col_band;
     L->width = (int)width;
     L->height = (int)height;
 }
@@ -324,41 +402,39 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
                                                                        : sp->grid_cols;
     L->grid_rows = (sp->n_panels + L->grid_cols - 1) / L->grid_cols;
 
-    /* Colour range. */
-    if (sp->auto_range) {
-        double lo, hi;
-        int found;
-        if (sp->colormap == DCS_CMAP_DIVERGING) {
-            data_range(sp, rows, cols, 1, &lo, &hi, &found);
-            double m = found ? hi : 0.0;
-            if (!(m > 0.0)) m = 1.0;
-            L->vmin = (float)-m;
-            L->vmax = (float)m;
-        } else {
-            data_range(sp, rows, cols, 0, &lo, &hi, &found);
-            if (!found) {
-                lo = 0.0;
-                hi = 1.0;
-            } else if (!(hi > lo)) {
-                double d = fabs(lo) * 0.1;
-                if (!(d > 0.0)) d = 0.5;
-                lo -= d;
-                hi += d;
-            }
-            L->vmin = (float)lo;
-            L->vmax = (float)hi;
-            if (!(L->vmax > L->vmin)) { /* rounding to float collapsed it */
-                L->vmin = nextafterf(L->vmin, -INFINITY);
-                L->vmax = nextafterf(L->vmax, INFINITY);
-            }
-        }
-    } else {
+    /* Per-panel colour maps and ranges. */
+    for (int p = 0; p < sp->n_panels; p++) {
+        const dcs_panel *q = &sp->panels[p];
+        if (q->own_colormap && q->colormap != DCS_CMAP_SEQUENTIAL &&
+            q->colormap != DCS_CMAP_DIVERGING)
+            return fail(err, errlen, DCS_ERR_ARG,
+                        "heatmap: panel %d: colormap = %d (must be DCS_CMAP_SEQUENTIAL or "
+                        "DCS_CMAP_DIVERGING)", p, q->colormap);
+        if (!sp->panel_scales && ((q->own_colormap && q->colormap != sp->colormap) || q->own_range))
+            return fail(err, errlen, DCS_ERR_ARG,
+                        "heatmap: panel %d has its own %s but the spec's panel_scales is 0 (one "
+                        "colour bar for all panels)", p, q->own_range ? "range" : "colour map");
+        if (sp->panel_scales && q->own_range &&
+            (!isfinite(q->vmin) || !isfinite(q->vmax) || !(q->vmin < q->vmax)))
+            return fail(err, errlen, DCS_ERR_ARG,
+                        "heatmap: panel %d: vmin = %g, vmax = %g: need finite vmin < vmax (or "
+                        "own_range = 0)", p, (double)q->vmin, (double)q->vmax);
+    }
+    /* Colour range (panel 0's with panel_scales). */
+    if (!sp->auto_range) {
         if (!isfinite(sp->vmin) || !isfinite(sp->vmax) || !(sp->vmin < sp->vmax))
             return fail(err, errlen, DCS_ERR_ARG,
                         "heatmap: vmin = %g, vmax = %g: need finite vmin < vmax (or "
                         "auto_range = 1)", (double)sp->vmin, (double)sp->vmax);
         L->vmin = sp->vmin;
         L->vmax = sp->vmax;
+    } else {
+        auto_range(sp, 0, sp->n_panels, sp->colormap, &L->vmin, &L->vmax);
+    }
+    L->panel_bars = sp->panel_scales != 0;
+    if (L->panel_bars) {
+        int cm;
+        dcs_png_panel_scale(sp, L, 0, &cm, &L->vmin, &L->vmax);
     }
 
     /* Text extents. */
@@ -387,9 +463,13 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
         uint8_t g[MAX_FIG_TITLE_GLYPHS];
         m.title_g = dcs_png_label_glyphs(sp->title, 0, MAX_FIG_TITLE_GLYPHS, g);
     }
-    {
+    m.panel_bars = L->panel_bars;
+    for (int p = 0; p < (L->panel_bars ? sp->n_panels : 1); p++) {
+        int cm;
+        float lo, hi;
+        dcs_png_panel_scale(sp, L, p, &cm, &lo, &hi);
         double v[5];
-        int n = tick_candidates(L, sp->colormap, v);
+        int n = tick_candidates(lo, hi, cm, v);
         for (int i = 0; i < n; i++) {
             char buf[32];
             format_tick(v[i], buf);
@@ -415,6 +495,7 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
                                          : AUTO_TARGET_MANY;
         int c = target / side;
         if (c > DCS_PNG_MAX_AUTO_CELL) c = DCS_PNG_MAX_AUTO_CELL;
+        if (c < DCS_FONT_LINE) c = DCS_FONT_LINE;  /* a line per cell: every label drawn */
         if (c < 1) c = 1;
         for (;; c--) {
             geometry(&m, c, L, &w, &h);
@@ -512,7 +593,7 @@ static void hatch_span(canvas *cv, int y, int x0, int x1) {
 /* Cells of one panel (the picture is known to contain them). */
 static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
                        int p, const float *data, int px, int py, uint8_t *line,
-                       const uint8_t *lut) {
+                       const uint8_t *lut, int colormap, float vmin, float vmax) {
     int c = L->cell, cols = L->cols;
     size_t line_bytes = (size_t)L->panel_w * 3;
     for (int t = 0; t < L->rows; t++) {
@@ -522,7 +603,7 @@ static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_sp
         int first = first_visible(sp, p, t);
         if (first > first_masked) first = first_masked;
         for (int s = first; s < first_masked; s++) {
-            int level = dcs_colormap_level(sp->colormap, row[s], L->vmin, L->vmax);
+            int level = dcs_colormap_level(colormap, row[s], vmin, vmax);
             const uint8_t *rgb = lut + 3 * (size_t)(level + 1); /* entry 0: NaN */
             uint8_t *q = line + (size_t)s * (size_t)c * 3;
             for (int k = 0; k < c; k++, q += 3) {
@@ -541,18 +622,20 @@ static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_sp
     }
 }
 
-static void draw_colour_bar(canvas *cv, const dcs_png_layout *L, int colormap) {
-    int bx = L->bar_x, by = L->bar_y, bw = L->bar_w, bh = L->bar_h, s = L->scale;
-    double lo = L->vmin, hi = L->vmax;
+/* A colour bar at (bx, by), bh tall, for [vmin, vmax] under a colour map. */
+static void draw_colour_bar(canvas *cv, const dcs_png_layout *L, int bx, int by, int bh,
+                            int colormap, float vmin, float vmax) {
+    int bw = L->bar_w, s = L->scale;
+    double lo = vmin, hi = vmax;
     for (int y = 0; y < bh; y++) {
-        double v = y == 0 ? hi : y == bh - 1 ? lo : hi - (hi - lo) * y / (bh - 1);
+        double v = y == 0 ? hi : y == bh - 1 ? lo : hi - (hi - lo) * y / (bh > 1 ? bh - 1 : 1);
         uint8_t rgb[3];
-        dcs_colormap_rgb(colormap, (float)v, L->vmin, L->vmax, rgb);
+        dcs_colormap_rgb(colormap, (float)v, vmin, vmax, rgb);
         fill_rect(cv, bx, by + y, bw, 1, rgb);
     }
     draw_frame(cv, bx, by, bw, bh, FRAME);
     double v[5];
-    int n = tick_candidates(L, colormap, v);
+    int n = tick_candidates(lo, hi, colormap, v);
     int placed[5], np = 0;
     int min_gap = DCS_FONT_LINE * s + 2;
     for (int i = 0; i < n; i++) {
@@ -569,12 +652,13 @@ static void draw_colour_bar(canvas *cv, const dcs_png_layout *L, int colormap) {
         format_tick(v[i], buf);
         uint8_t g[32];
         int ng = dcs_png_label_glyphs(buf, 0, 31, g);
-        draw_glyphs(cv, g, ng, L->tick_label_x, y - DCS_FONT_CAP * s / 2, s, 0, 0, INK);
+        draw_glyphs(cv, g, ng, bx + bw + TICK + 5, y - DCS_FONT_CAP * s / 2, s, 0, 0, INK);
     }
 }
 
+/* luts: the colour of every level of each colour map (DCS_CMAP_LEVELS + 1 entries each) */
 static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
-                         uint8_t *line, const uint8_t *lut) {
+                         uint8_t *line, const uint8_t *luts) {
     int s = L->scale, c = L->cell, k = L->label_step;
     /* Figure title, centred, bold. */
     if (L->title_y >= 0) {
@@ -595,8 +679,13 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
         int px, py;
         dcs_png_cell_origin(L, p, 0, 0, &px, &py);
         const dcs_panel *pan = &sp->panels[p];
-        draw_cells(cv, L, sp, p, pan->data, px, py, line, lut);
+        int cm;
+        float lo, hi;
+        dcs_png_panel_scale(sp, L, p, &cm, &lo, &hi);
+        draw_cells(cv, L, sp, p, pan->data, px, py, line,
+                   luts + (size_t)cm * (DCS_CMAP_LEVELS + 1) * 3, cm, lo, hi);
         draw_frame(cv, px, py, L->panel_w, L->panel_h, FRAME);
+        if (L->panel_bars) draw_colour_bar(cv, L, px + L->bar_dx, py, L->panel_h, cm, lo, hi);
         /* Panel title: centred above the panel, within its pitch. */
         if (pan->title && *pan->title) {
             int maxg = (L->pitch_x - 8 + s) / (DCS_FONT_ADV * s);
@@ -620,22 +709,26 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
                             cy - DCS_FONT_CAP * s / 2, s, 0, 0, INK);
             }
         }
-        /* Key labels: under every panel, reading upwards, ending near it. */
+        /* Key labels: under every panel, reading upwards and ending near it,
+         * or across their cells when they fit (col_rot 0). */
         for (int j = 0; j < L->cols; j += k) {
             int cx = px + j * c + c / 2;
             fill_rect(cv, cx, py + L->panel_h + 2, 1, TICK, FRAME);
             int n = dcs_png_label_glyphs(label_text(sp->col_labels, j, buf), 1,
                                          DCS_PNG_MAX_LABEL_GLYPHS, g);
             int top = py + L->panel_h + TICK + 5;
-            draw_glyphs(cv, g, n, cx - DCS_FONT_CAP * s / 2, top + (int)text_px(n, s) - 1,
-                        s, 1, 0, INK);
+            if (L->col_rot)
+                draw_glyphs(cv, g, n, cx - DCS_FONT_CAP * s / 2, top + (int)text_px(n, s) - 1,
+                            s, 1, 0, INK);
+            else
+                draw_glyphs(cv, g, n, cx - (int)text_px(n, s) / 2, top, s, 0, 0, INK);
         }
         if (sp->axis_titles) {
             /* "key" centred under the key labels; "query" reading upwards left
              * of the query labels of the first panel of each grid row */
             static const char key[] = "key", query[] = "query";
             int n = dcs_png_label_glyphs(key, 0, 8, g);
-            int ky = py + L->panel_h + TICK + 5 + (int)text_px(L->col_label_glyphs, s) + AXIS_GAP / 2;
+            int ky = py + L->panel_h + TICK + 5 + L->col_band + AXIS_GAP / 2;
             draw_glyphs(cv, g, n, px + (L->panel_w - (int)text_px(n, s)) / 2, ky, s, 0, 0, INK);
             if (p % L->grid_cols == 0) {
                 n = dcs_png_label_glyphs(query, 0, 8, g);
@@ -644,7 +737,7 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
             }
         }
     }
-    draw_colour_bar(cv, L, sp->colormap);
+    if (!L->panel_bars) draw_colour_bar(cv, L, L->bar_x, L->bar_y, L->bar_h, sp->colormap, L->vmin, L->vmax);
 }
 
 /* ---------------------------------------------------------------- libpng */
@@ -746,8 +839,8 @@ dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *
     size_t npx = (size_t)L.width * (size_t)L.height;
     canvas cv = {(uint8_t *)malloc(npx * 3), L.width, L.height};
     uint8_t *line = (uint8_t *)malloc((size_t)L.panel_w * 3);
-    /* Colour of every level (entry 0 is NaN's): the cells look colours up. */
-    uint8_t *lut = (uint8_t *)malloc((size_t)(DCS_CMAP_LEVELS + 1) * 3);
+    /* Colour of every level of both maps (entry 0 is NaN's): the cells look colours up. */
+    uint8_t *lut = (uint8_t *)malloc((size_t)2 * (DCS_CMAP_LEVELS + 1) * 3);
     if (!cv.px || !line || !lut) {
         free(cv.px);
         free(line);
@@ -756,8 +849,9 @@ dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *
                     "heatmap: out of memory for a %dx%d picture", L.width, L.height);
     }
     memset(cv.px, WHITE[0], npx * 3);
-    for (int i = -1; i < DCS_CMAP_LEVELS; i++)
-        dcs_colormap_level_rgb(spec->colormap, i, lut + 3 * (size_t)(i + 1));
+    for (int cm = 0; cm < 2; cm++)
+        for (int i = -1; i < DCS_CMAP_LEVELS; i++)
+            dcs_colormap_level_rgb(cm, i, lut + (size_t)cm * (DCS_CMAP_LEVELS + 1) * 3 + 3 * (size_t)(i + 1));
     draw_picture(&cv, &L, spec, line, lut);
     free(line);
     free(lut);

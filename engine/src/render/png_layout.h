@@ -15,8 +15,16 @@
  * its bottom row (bar_y + bar_h - 1) the colour of vmin, linear in between;
  * tick labels (%.3g) to its right.
  *
- * With cells smaller than a text line only every label_step-th row/column
- * (0, k, 2k, ...) is labelled, with a tick mark outside the frame.
+ * With panel_scales each panel has its own colour range and its own colour
+ * bar, right of the panel (bar_dx from the panel's left edge, as tall as the
+ * panel); bar_x/bar_y and vmin/vmax then describe panel 0's.
+ *
+ * Key labels read upwards (col_rot 1) unless every one fits across its cell
+ * (col_rot 0: horizontal, centred under the cell); col_band is the height of
+ * their band. The automatic cell size is at least a text line whenever the
+ * picture allows, so that every row and column is labelled; with cells
+ * smaller than a text line only every label_step-th row/column (0, k, 2k,
+ * ...) is labelled, with a tick mark outside the frame.
  */
 #ifndef DCS_PNG_LAYOUT_H
 #define DCS_PNG_LAYOUT_H
@@ -65,13 +73,22 @@ typedef struct {
     int ptitle_h;            /* height of the panel-title band (0: none)    */
     int bar_x, bar_y, bar_w, bar_h;
     int tick_label_x;        /* left edge of the colour bar's tick labels   */
-    float vmin, vmax;        /* the colour range used                        */
+    float vmin, vmax;        /* the colour range used (panel 0's with panel_bars) */
+    int panel_bars;          /* 1: a colour bar per panel (spec panel_scales) */
+    int bar_dx;              /* panel_bars: from a panel's x to its bar's x  */
+    int col_rot;             /* 1: key labels read upwards, 0: horizontal    */
+    int col_band;            /* height of the key-label band under a panel   */
 } dcs_png_layout;
 
 /* Validate spec, resolve the colour range and compute the geometry.
  * DCS_ERR_ARG (message in err, which may be NULL) on bad input. */
 dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *spec, dcs_png_layout *L,
                                   char *err, size_t errlen);
+
+/* The colour map and range of panel p (the spec's, or with panel_scales its
+ * own); spec and L as given to / computed by dcs_png_layout_compute. */
+void dcs_png_panel_scale(const dcs_heatmap_spec *spec, const dcs_png_layout *L, int p,
+                         int *colormap, float *vmin, float *vmax);
 
 /* Top-left pixel of cell (t, s) of panel p; the cell is L->cell square. */
 void dcs_png_cell_origin(const dcs_png_layout *L, int p, int t, int s, int *x, int *y);
