@@ -70,8 +70,9 @@ def _pos_axes(name: str) -> Tuple[int, ...]:
     return (2, 3) if is_map(name) else (1,)
 
 
-def normalize(model, tokens, lengths=None, padding_side: str = "right"):
-    """(tokens as given: [T] or [B, T] int array, lengths or None, batched)."""
+def normalize(model, tokens, lengths=None, padding_side: str = "right", prepend_bos: Optional[bool] = None):
+    """(tokens as given: [T] or [B, T] int array, lengths or None, batched).
+    Text is tokenized with model.to_tokens (prepend_bos: see there)."""
     if padding_side not in ("right", "left"):
         raise Error("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     if isinstance(tokens, tuple) and len(tokens) == 2 and np.ndim(tokens[0]) == 2 and np.ndim(tokens[1]) == 1:
@@ -81,10 +82,11 @@ def normalize(model, tokens, lengths=None, padding_side: str = "right"):
     if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens):
         if lengths is not None:
             raise Error("lengths= goes with a [B, T] token array, not with a list of strings")
-        tokens, lengths = model.to_tokens(list(tokens), padding_side=padding_side)
+        tokens, lengths = model.to_tokens(list(tokens), padding_side=padding_side, prepend_bos=prepend_bos)
     elif isinstance(tokens, str):
-        tokens = model.to_tokens(tokens)
+        tokens = model.to_tokens(tokens, prepend_bos=prepend_bos)
     a = token_array(tokens)
+    model.check_context(a.shape[-1] if a.ndim else 0)
     if lengths is not None:
         if a.ndim != 2:
             raise Error("lengths= needs [B, T] tokens, got shape %s" % (a.shape,))
@@ -124,11 +126,12 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
 
 
 def call(model, tokens, *, lengths=None, padding_side: str = "right", return_type: Optional[str] = "logits",
-         capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False):
+         capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False,
+         prepend_bos: Optional[bool] = None):
     """The one path of forward / run_with_cache / run_with_hooks."""
     if return_type not in ("logits", "loss", "both", None):
         raise Error("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
-    a, lengths, batched = normalize(model, tokens, lengths, padding_side)
+    a, lengths, batched = normalize(model, tokens, lengths, padding_side, prepend_bos)
     if a.ndim not in (1, 2):
         raise Error("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
     if not batched and model.always_batch:

@@ -33,11 +33,11 @@ patching an activation everywhere (run_patched) reproduces the clean run.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import progress as _progress_mod
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -111,13 +111,8 @@ def _tokens(model: Model, x) -> np.ndarray:
 
 
 def _progress(total: int, progress: Optional[bool], desc: str):
-    """A tqdm bar when progress is true (None: when stderr is a terminal)."""
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, leave=False)
+    """dclens.progress's bar (None: a bar where someone watches, plain lines in a log)."""
+    return _progress_mod.bar(total=total, desc=desc, progress=progress, leave=False)
 
 
 def _layers(model: Model, layers) -> List[int]:
