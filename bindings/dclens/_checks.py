@@ -58,18 +58,25 @@ class UnknownNameError(Error, KeyError):
 def did_you_mean(name: str, known, n: int = 3):
     """The names of `known` closest to `name` (difflib), best first."""
     import difflib
+    import re
     if not isinstance(name, str):
         return []
-    return difflib.get_close_matches(name, list(known), n=n, cutoff=0.6)
+    known = list(known)
+    m = re.match(r"^((?:blocks|layers)\.\d+\.)", name)
+    if m:      # a name of one layer: suggest names of that layer (and the unlayered ones)
+        same = [k for k in known if k.startswith(m.group(1)) or not re.match(r"^(blocks|layers)\.\d+\.", k)]
+        known = same if any(k.startswith(m.group(1)) for k in same) else known
+    return difflib.get_close_matches(name, known, n=n, cutoff=0.6)
 
 
-def unknown_name(kind: str, name, known, where: str, listing: str) -> UnknownNameError:
+def unknown_name(kind: str, name, known, where: str, listing: str, message: str = "") -> UnknownNameError:
     """UnknownNameError for a `kind` ("hook", "weight") `name` not among
-    `known`: what was asked, where, the closest names, and how to list them all."""
+    `known`: what was asked (or `message`, e.g. the engine's), where, the
+    closest names, and how to list them all."""
     close = did_you_mean(name, known)
     hint = "; did you mean %s?" % " or ".join(repr(c) for c in close) if close else ""
-    return UnknownNameError("unknown %s %r%s%s (%s lists every one)" % (kind, name, where, hint, listing),
-                            name=name, suggestions=close)
+    head = message or "unknown %s %r%s" % (kind, name, where)
+    return UnknownNameError("%s%s (%s lists every one)" % (head, hint, listing), name=name, suggestions=close)
 
 
 def check_index(what: str, value, lo: int, hi: int, hint: str = "") -> int:

@@ -63,16 +63,18 @@ def resolve(repo_id: str, revision: Optional[str] = None, progress: Optional[boo
     except ImportError:   # pragma: no cover -- a dependency of the package
         raise Error("%s: loading a Hub id needs huggingface_hub (pip install huggingface_hub)" % repo_id) from None
     cache = cache or cache_dir()
-    where = "%s%s" % (repo_id, "@" + revision if revision else "")
+    # an id is also a relative path that does not exist: say both
+    where = "%s: no such model directory (no %s), and as a Hugging Face Hub id%s" % (
+        repo_id, os.path.join(repo_id, "config.json"), " at revision %r" % revision if revision else "")
     try:
         return hf.snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True,
                                     allow_patterns=PATTERNS)
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as e:
         local_error = e
     if offline():
-        raise NotFoundError("%s: not in the Hugging Face cache (%s) and HF_HUB_OFFLINE is set, so it is not "
-                            "downloaded (%s)" % (where, cache or "huggingface_hub's default cache",
-                                                  type(local_error).__name__)) from None
+        raise NotFoundError("%s it is not in the Hugging Face cache (%s) and HF_HUB_OFFLINE is set, so it is "
+                            "not downloaded (%s)" % (where, cache or "huggingface_hub's default cache",
+                                                     type(local_error).__name__)) from None
     from .progress import hub_tqdm_class
     try:
         return hf.snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=PATTERNS,
@@ -82,4 +84,4 @@ def resolve(repo_id: str, revision: Optional[str] = None, progress: Optional[boo
         if kind in ("RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError",
                     "LocalEntryNotFoundError", "GatedRepoError"):
             raise NotFoundError("%s: %s: %s" % (where, kind, str(e).splitlines()[0] if str(e) else kind)) from None
-        raise Error("%s: cannot download from the Hugging Face Hub: %s: %s" % (where, kind, e)) from None
+        raise Error("%s it cannot be downloaded: %s: %s" % (where, kind, e)) from None

@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import progress as _progress_mod
+from ._checks import ArgumentError
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -122,7 +123,7 @@ def _layers(model: Model, layers) -> List[int]:
     out = []
     for l in layers:
         if not isinstance(l, (int, np.integer)) or not -L <= l < L:
-            raise Error("layer %r is out of range (model has %d layers)" % (l, L))
+            raise ArgumentError("layer %r is out of range (model has %d layers)" % (l, L))
         out.append(int(l) % L)
     return out
 
@@ -134,7 +135,7 @@ def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], cle
                metric: Metric, batch_size: int, progress, desc: str) -> np.ndarray:
     """metric of the corrupted run with each cell's patches applied, batched."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise Error("batch_size must be an integer >= 1, got %r" % (batch_size,))
+        raise ArgumentError("batch_size must be an integer >= 1, got %r" % (batch_size,))
     out = np.empty(len(cells))
     bar = _progress(len(cells), progress, desc)
     try:
@@ -170,9 +171,9 @@ def _baselines(model: Model, clean, corrupted, metric, names: Sequence[str]):
     c = _tokens(model, clean)
     x = _tokens(model, corrupted)
     if c.size != x.size:
-        raise Error("clean and corrupted prompts must have the same number of tokens (%d vs %d)" % (c.size, x.size))
+        raise ArgumentError("clean and corrupted prompts must have the same number of tokens (%d vs %d)" % (c.size, x.size))
     if not callable(metric):
-        raise Error("metric must be a function of the [T, V] logits, got %r" % (metric,))
+        raise ArgumentError("metric must be a function of the [T, V] logits, got %r" % (metric,))
     clean_logits, clean_cache = model.run_with_cache(c, names=list(names))
     corr_logits = model.forward(x)
     return c, x, clean_cache, float(metric(clean_logits)), float(metric(corr_logits))
@@ -209,7 +210,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
         return _sweep_composition(model, clean, corrupted, metric, layers, hook or "post", queries, batch_size,
                                   progress)
     else:
-        raise Error("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
+        raise ArgumentError("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
                     "'composition', not %r" % (over,))
     for n in names:
         model.parse_hook(n)
@@ -264,7 +265,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
 
 def _pos(p, T: int) -> int:
     if not isinstance(p, (int, np.integer)) or not -T <= p < T:
-        raise Error("position %r is out of range for %d tokens" % (p, T))
+        raise ArgumentError("position %r is out of range for %d tokens" % (p, T))
     return int(p) % T
 
 

@@ -123,12 +123,13 @@ def model_config(c: TrainConfig, vocab: int) -> dict:
                 "norm_eps": 1e-5, "rope_base": 10000, "rotary_pct": 0.25, "use_qk_norm": True,
                 "use_parallel_residual": True, "use_linear_bias": True, "window_size": c.window_size,
                 "window_type": c.window_type, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
+                "max_position_embeddings": c.seq_len,          # the context trained for (model.cfg.n_ctx)
                 "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
     return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": c.dim,
             "num_attention_heads": c.n_head, "num_hidden_layers": c.n_layer, "intermediate_size": F,
             "vocab_size": vocab, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
             "use_parallel_residual": True, "hidden_act": "gelu", "tie_word_embeddings": False,
-            "initializer_range": 0.02, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+            "max_position_embeddings": c.seq_len, "initializer_range": 0.02, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
 
 
 def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
