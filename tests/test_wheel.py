@@ -160,3 +160,16 @@ def test_missing_cuda_plugin_is_a_reason_not_an_import_error(tmp_path):
         lines = out.strip().splitlines()
         assert why in lines[0] and plugin in lines[0], lines
         assert "device 'cuda' is not available" in lines[1] and why in lines[1], lines
+
+
+def test_missing_build_library_is_one_line_naming_the_packages(tmp_path):
+    """CMake stops with one line naming the Debian, Fedora, Homebrew and conda
+    package (libpng hidden from find_package here)."""
+    cmake = shutil.which("cmake") or os.path.join(os.path.dirname(sys.executable), "cmake")
+    r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / "b"), "-DCMAKE_DISABLE_FIND_PACKAGE_PNG=TRUE",
+                        "-DDCLENS_CUDA=OFF", "-DDCLENS_TESTS=OFF", "-DDCLENS_PYTHON=OFF"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    line = [l.strip() for l in r.stderr.splitlines() if "dclens needs" in l]
+    assert line == ["dclens needs libpng: apt-get install libpng-dev | dnf install libpng-devel | "
+                    "brew install libpng | conda install -c conda-forge libpng"], r.stderr
