@@ -149,12 +149,7 @@ class Cache(dict):
         del mlp_input       # parallel residual: the MLP input is the attention input
         model = _model(self)
         upto = _layer_arg(model, layer)
-        N = model.config.n_head
-        parts, labels = [], []
-        for l in range(upto):
-            ho = _need(self, hook_name(l, "attn.head_out"))          # [..., T, N, D]
-            parts += [ho[..., n, :] for n in range(N)]
-            labels += ["L%dH%d" % (l, n) for n in range(N)]
+        parts, labels = _head_parts(self, model, upto)
         bias = 0.0
         if upto:
             bias = np.asarray(model.b_O[:upto], np.float64).sum(0)
@@ -218,6 +213,17 @@ def _layer_arg(model, layer: Optional[int]) -> int:
     return int(layer) % (L + 1) if layer < 0 else int(layer)
 
 
+def _head_parts(cache: Cache, model, upto: int) -> Tuple[List[np.ndarray], List[str]]:
+    """Every head's head_out ([..., T, D] each) of the blocks before `upto`, labels "L{l}H{n}"."""
+    N = model.config.n_head
+    parts, labels = [], []
+    for l in range(upto):
+        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
+        parts += [ho[..., n, :] for n in range(N)]
+        labels += ["L%dH%d" % (l, n) for n in range(N)]
+    return parts, labels
+
+
 def _final_resid(cache: Cache, model, layer: int) -> np.ndarray:
     """The residual entering block `layer` (layer == L: the final residual)."""
     L = model.config.n_layer
@@ -271,12 +277,7 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool
     the residual (embed, attention biases, MLPs) as a last component."""
     model = _model(cache)
     upto = _layer_arg(model, layer)
-    N = model.config.n_head
-    parts, labels = [], []
-    for l in range(upto):
-        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
-        parts += [ho[..., n, :] for n in range(N)]
-        labels += ["L%dH%d" % (l, n) for n in range(N)]
+    parts, labels = _head_parts(cache, model, upto)
     if not parts and not incl_remainder:
         raise Error("stack_head_results: no layers before layer %d" % upto)
     if incl_remainder:
