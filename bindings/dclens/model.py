@@ -783,8 +783,8 @@ class Model(WeightsMixin):
         with self._engine_lock():
             st = lib.dcs_weight_shape(self._m, cname, shape, nd)
             if st != lib.DCS_OK and not self._has_weight(name):
-                raise unknown_name("weight", name, self.weight_names(), " in %s" % self.name,
-                                   "model.weight_names()")
+                raise unknown_name("weight", name, self.weight_names(), "", "model.weight_names()",
+                                   message=self._errmsg())
             _check(st, self._errmsg())
             dims = tuple(shape[i] for i in range(nd[0]))
             out = np.empty(dims, dtype=np.float32)
