@@ -51,8 +51,9 @@ def check_out_dir(out: str) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dclens.cli import HelpFormatter
     ap = argparse.ArgumentParser(
-        prog="dclens synth",
+        prog="dclens synth", formatter_class=HelpFormatter,
         description="Evaluate models on the 74-task synthetic benchmark (DCFormer paper, "
                     "Section 4.3): accuracy and perplexity of the bracketed answers, "
                     "overall, per task, per shot count k, per QK pattern and per OV "

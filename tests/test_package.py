@@ -262,9 +262,10 @@ def test_every_option_has_help_and_shows_its_default():
             assert a.help, "%s %s has no help" % (name, a.option_strings or a.dest)
             text = p.format_help()
             if a.option_strings and a.default not in (None, False, argparse.SUPPRESS) and not a.required:
-                assert "default" in (a.help or "") or p.formatter_class is argparse.ArgumentDefaultsHelpFormatter, \
-                    "%s %s: default %r not shown" % (name, a.option_strings, a.default)
+                shown = p._get_formatter()._get_help_string(a)
+                assert "default" in shown, "%s %s: default %r not shown" % (name, a.option_strings, a.default)
             assert (a.option_strings[0] if a.option_strings else a.metavar or a.dest) in text or a.dest in text
+        assert "(default: None)" not in p.format_help(), name
 
 
 def test_py_typed_is_shipped():

@@ -17,12 +17,13 @@ from typing import List, Optional
 import numpy as np
 
 from . import plugins
+from ._help import HelpFormatter
 from ._checks import Error
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog=prog, description=description,
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=HelpFormatter)
 
 
 MODEL_HELP = "checkpoint directory, bundled model name (dclens models) or Hugging Face Hub id (org/name)"

@@ -501,8 +501,9 @@ HELP = {
 def build_parser():
     """The argument parser of `dclens train` (every option with help and default)."""
     import argparse
+    from ._help import HelpFormatter
     p = argparse.ArgumentParser(prog="dclens train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     for f in dataclasses.fields(TrainConfig):
         if f.name == "progress":
             continue

@@ -537,8 +537,9 @@ def _parse_moh(s):
 
 def build_parser(prog="dclens make-tiny"):
     """The argument parser of `dclens make-tiny` (every option with help and default)."""
+    from .._help import HelpFormatter
     ap = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog, formatter_class=HelpFormatter,
         description="Write a tiny random DCPythia / Pythia checkpoint directory.")
     B = argparse.BooleanOptionalAction
     ap.add_argument("out_dir", help="directory to write (config.json, weights, optional tokenizer.json)")
