@@ -51,14 +51,15 @@ def check_out_dir(out: str) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dclens.cli import HelpFormatter
     ap = argparse.ArgumentParser(
-        prog="dclens synth",
+        prog="dclens synth", formatter_class=HelpFormatter,
         description="Evaluate models on the 74-task synthetic benchmark (DCFormer paper, "
                     "Section 4.3): accuracy and perplexity of the bracketed answers, "
                     "overall, per task, per shot count k, per QK pattern and per OV "
                     "transformation.")
     ap.add_argument("--model", action="append", required=True, metavar="DIR",
-                    help="model directory or bundled model name (dclens models); "
+                    help="model directory, bundled model name (dclens models) or Hub id (org/name); "
                          "repeat to compare models side by side")
     ap.add_argument("--data", default=None, metavar="FILE",
                     help="benchmark JSONL file (default: the published "
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "4096 on cuda); lines of similar length are batched together")
     ap.add_argument("--skip-bad-lines", action="store_true",
                     help="skip malformed lines (and say how many) instead of stopping")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the models run (default: cpu)")
     ap.add_argument("--tokenizer", default=None, metavar="FILE",
                     help="tokenizer.json to use when the model directory has none")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
         try:
             bt = args.batch_tokens or (4096 if args.device == "cuda" else 1024)
             res = evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
-                           progress=not args.no_progress)
+                           progress=False if args.no_progress else None)
         except (DatasetError, ValueError) as e:
             err(str(e))
             return 2

@@ -17,8 +17,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
+
+from dclens import progress as _progress
 
 from .dataset import Dataset
 from .tasks import TASKS
@@ -182,7 +185,7 @@ def get_tokenizer(model, tokenizer=None):
 
 
 def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: int = 64,
-             progress: bool = False, tasks=None, decode: bool = True) -> EvalResult:
+             progress: Optional[bool] = None, tasks=None, decode: bool = True) -> EvalResult:
     """Evaluate ``model`` (``model.forward(int32 [B, T]) -> float32 [B, T, V]``)
     on ``lines`` (a Dataset or a list of Line)."""
     if isinstance(lines, Dataset):
@@ -203,13 +206,8 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
     batches = make_batches([len(t) for t in toks], batch_tokens, max_batch)
     name = getattr(model, "name", None) or "model"
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        import sys
-        # a live bar on a terminal; in a log (demo, CI) an update every 15 s, not a flood
-        bar = tqdm(total=len(toks), unit="line", desc=f"synth {name}", leave=True,
-                   mininterval=0.1 if sys.stderr.isatty() else 15.0)
+    # dclens.progress: a bar where someone watches, a few plain lines in a log
+    bar = _progress.bar(total=len(toks), unit="line", desc=f"synth {name}", progress=progress, leave=True)
     fwd_s, n_tok, n_pad = 0.0, 0, 0
     sparse = _takes_logits_at(model)   # logits only at the answer positions
     try:

@@ -234,7 +234,7 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
         return ["-", "-"]
     L += ["Per task:", ""] + _group_table(res, "per_task", "task", (["pattern", "transformation"], task_cols))
     L += ["", "Numbers from `dclens synth` (results.json: "
-          + ", ".join(f"{k}: `{v.get('data')}`" for k, v in res.items()) + ").", ""]
+          + ", ".join(f"{k}: `{os.path.basename(str(v.get('data')))}`" for k, v in res.items()) + ").", ""]
     return "\n".join(L)
 
 

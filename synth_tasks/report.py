@@ -28,7 +28,10 @@ def _clean(obj):
 
 
 def results_dict(res: EvalResult, data: str | None = None, extra: dict | None = None) -> dict:
-    d = {"model": res.model_name, "data": data, "lines": res.n_lines}
+    # the data file by its name only: results (and the bundled models'
+    # benchmark.json) record no directory of the machine that wrote them
+    d = {"model": res.model_name, "data": os.path.basename(os.fspath(data)) if data else data,
+         "lines": res.n_lines}
     d.update(res.extra)
     if extra:
         d.update(extra)

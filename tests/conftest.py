@@ -9,6 +9,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, HERE)  # tests/reference.py
+# the tests never use the network: a Hub id is looked up in a cache on disk only
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def shared_path(*parts):

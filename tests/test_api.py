@@ -552,7 +552,7 @@ def test_hook_predicates_filters_and_cache_misses(tiny_factory):
     _, cache = model.run_with_cache(toks, names=["blocks.0.attn.pattern"])
     with pytest.raises(KeyError, match="not captured in this run"):
         cache["blocks.1.attn.pattern"]
-    with pytest.raises(KeyError, match=r"not a hook of .*did you mean blocks.\d.attn.pattern_composed"):
+    with pytest.raises(KeyError, match=r"not a hook of .*did you mean 'blocks.\d.attn.pattern_composed'"):
         cache["blocks.0.attn.pattern_composd"]
     with pytest.raises(KeyError, match=r"\('pattern', 5\)\): it is not a hook"):
         cache["pattern", 5]

@@ -5,6 +5,7 @@ multi-head attention) and Pythia, with hooks on every activation.
 
     import dclens
     model = dclens.load("path/to/checkpoint")        # config.json + weights
+    model = dclens.load("org/name", revision="main") # a Hugging Face Hub id (local cache first)
     dclens.bundled_models()                           # models shipped with the package,
     model = dclens.load("dcpythia-tiny")              # loadable by name
     logits = model.forward(tokens)                     # [T, V] or [B, T, V]
@@ -21,20 +22,25 @@ TransformerLens habits work: names_filter=, hook_* names, cache["pattern", 0],
 model.hooks(...) as a context manager, return_type="loss", batches of prompts
 (docs/api.md).
 """
-from .model import Cache, Config, Error, LoadWarning, Model, cuda_available, cuda_unavailable_reason, load
+from ._checks import ArgumentError, ArgumentTypeError, NotFoundError, UnknownNameError
+from .model import (Cache, Config, ContextWarning, Error, LoadWarning, Model, TLConfig, cuda_available,
+                    cuda_unavailable_reason, from_pretrained, load)
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
 from . import analysis, circuits, interventions, routing
 from . import cache, names, patching
-from .names import BRANCHES, PHASES, hook_name
-from .hooks import read_only
+from .names import BRANCHES, PHASES, hook_name, hook_names
+from .hooks import HookPoint, read_only
+from . import hub, progress
 from .generate import Decoder, generate
 from .explorer import Explorer, explore
 from .patching import PatchingWarning
 from .prompting import test_prompt
 
-__all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "Explorer", "LoadWarning", "Model",
-           "PHASES", "PNG", "PatchingWarning", "analysis", "attention_heatmap", "bundled_models", "cache", "circuits",
-           "cuda_available", "cuda_unavailable_reason", "explore", "generate", "heatmap", "hook_name", "interventions",
-           "load", "names", "patching", "read_only", "routing", "test_prompt"]
+__all__ = ["ArgumentError", "ArgumentTypeError", "BRANCHES", "BundledModel", "Cache", "Config", "ContextWarning",
+           "Decoder", "Error", "Explorer", "HookPoint", "LoadWarning", "Model", "NotFoundError", "PHASES", "PNG",
+           "PatchingWarning", "TLConfig", "UnknownNameError", "analysis", "attention_heatmap", "bundled_models",
+           "cache", "circuits", "cuda_available", "cuda_unavailable_reason", "explore", "from_pretrained", "generate",
+           "heatmap", "hook_name", "hook_names", "hub", "interventions", "load", "names", "patching", "progress",
+           "read_only", "routing", "test_prompt"]
 __version__ = "0.1.0"

@@ -19,25 +19,82 @@ import numpy as np
 
 
 class Error(Exception):
-    """Every failure of dclens: the message names the file, hook or argument."""
+    """Every failure of dclens: the message names the file, hook or argument.
+
+    Where a failure means what a builtin exception means, it is raised as a
+    subclass of both (so ``except FileNotFoundError`` / ``ValueError`` /
+    ``KeyError`` / ``TypeError`` catch it as they would elsewhere):
+    NotFoundError, ArgumentError, ArgumentTypeError, UnknownNameError."""
+
+
+class NotFoundError(Error, FileNotFoundError):
+    """A file, directory or model that does not exist (a FileNotFoundError)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ArgumentError(Error, ValueError):
+    """An argument of the right type with a value that is not allowed (a ValueError)."""
+
+
+class ArgumentTypeError(Error, TypeError):
+    """An argument of the wrong type (a TypeError)."""
+
+
+class UnknownNameError(Error, KeyError):
+    """A hook, weight or cache name the model does not have (a KeyError).
+    .name is the name asked for, .suggestions the closest names it has."""
+
+    def __init__(self, message: str, name: str = "", suggestions=()):
+        super().__init__(message)
+        self.name = name
+        self.suggestions = list(suggestions)
+
+    def __str__(self) -> str:          # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+def did_you_mean(name: str, known, n: int = 3):
+    """The names of `known` closest to `name` (difflib), best first."""
+    import difflib
+    import re
+    if not isinstance(name, str):
+        return []
+    known = list(known)
+    m = re.match(r"^((?:blocks|layers)\.\d+\.)", name)
+    if m:      # a name of one layer: suggest names of that layer (and the unlayered ones)
+        same = [k for k in known if k.startswith(m.group(1)) or not re.match(r"^(blocks|layers)\.\d+\.", k)]
+        known = same if any(k.startswith(m.group(1)) for k in same) else known
+    return difflib.get_close_matches(name, known, n=n, cutoff=0.6)
+
+
+def unknown_name(kind: str, name, known, where: str, listing: str, message: str = "") -> UnknownNameError:
+    """UnknownNameError for a `kind` ("hook", "weight") `name` not among
+    `known`: what was asked (or `message`, e.g. the engine's), where, the
+    closest names, and how to list them all."""
+    close = did_you_mean(name, known)
+    hint = "; did you mean %s?" % " or ".join(repr(c) for c in close) if close else ""
+    head = message or "unknown %s %r%s" % (kind, name, where)
+    return UnknownNameError("%s%s (%s lists every one)" % (head, hint, listing), name=name, suggestions=close)
 
 
 def check_index(what: str, value, lo: int, hi: int, hint: str = "") -> int:
     """value as an int in [lo, hi), or Error naming `what`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise Error("%s must be an integer, not %s %r" % (what, type(value).__name__, value))
+        raise ArgumentTypeError("%s must be an integer, not %s %r" % (what, type(value).__name__, value))
     v = int(value)
     if not lo <= v < hi:
-        raise Error("%s %d is out of range [%d, %d)%s" % (what, v, lo, hi, hint))
+        raise ArgumentError("%s %d is out of range [%d, %d)%s" % (what, v, lo, hi, hint))
     return v
 
 
 def check_str(what: str, value) -> str:
     """value as a str without NUL characters, or Error naming `what`."""
     if not isinstance(value, str):
-        raise Error("%s must be a string, not %s %r" % (what, type(value).__name__, value))
+        raise ArgumentTypeError("%s must be a string, not %s %r" % (what, type(value).__name__, value))
     if "\0" in value:
-        raise Error("%s %r contains a NUL character" % (what, value))
+        raise ArgumentError("%s %r contains a NUL character" % (what, value))
     return value
 
 
@@ -51,14 +108,14 @@ def c_path(what: str, value) -> bytes:
     try:
         p = os.fspath(value)
     except TypeError:
-        raise Error("%s must be a path (str, bytes or os.PathLike), not %s %r"
+        raise ArgumentTypeError("%s must be a path (str, bytes or os.PathLike), not %s %r"
                     % (what, type(value).__name__, value)) from None
     try:
         b = os.fsencode(p)
     except UnicodeError as e:
         raise Error("%s %r cannot be encoded for the file system: %s" % (what, p, e)) from None
     if b"\0" in b:
-        raise Error("%s %r contains a NUL character" % (what, p))
+        raise ArgumentError("%s %r contains a NUL character" % (what, p))
     return b
 
 
@@ -79,10 +136,10 @@ def token_array(tokens) -> np.ndarray:
     try:
         a = np.asarray(tokens)
     except (ValueError, TypeError, OverflowError) as e:
-        raise Error("tokens must be a [T] or [B, T] array of integers (a ragged list of "
+        raise ArgumentError("tokens must be a [T] or [B, T] array of integers (a ragged list of "
                     "sequences must be padded to one length): %s" % e) from None
     if a.dtype == object:
-        raise Error("tokens must be a [T] or [B, T] array of integers, got a ragged or mixed "
+        raise ArgumentError("tokens must be a [T] or [B, T] array of integers, got a ragged or mixed "
                     "list (pad sequences to one length)")
     return a
 
@@ -99,4 +156,9 @@ def check_status(status: int, msg: str) -> None:
     call that returned `status` succeeded."""
     from ._engine import ffi, lib
     if status != lib.DCS_OK:
-        raise Error(msg or ffi.string(lib.dcs_status_name(status)).decode())
+        msg = msg or ffi.string(lib.dcs_status_name(status)).decode()
+        if status == lib.DCS_ERR_ARG:
+            raise ArgumentError(msg)
+        if status == lib.DCS_ERR_IO and msg.endswith(os.strerror(2)):    # ENOENT
+            raise NotFoundError(msg)
+        raise Error(msg)

@@ -46,6 +46,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import progress as _progress
 from .model import Error, Model
 from .names import PHASES, hook_name
 
@@ -59,10 +60,11 @@ __all__ = [
 # ------------------------------------------------------------ dataset
 
 
-def iter_dataset(model: Model, dataset, progress: bool = True, desc: str = "dataset") -> Iterator[np.ndarray]:
+def iter_dataset(model: Model, dataset, progress: Optional[bool] = None, desc: str = "dataset") -> Iterator[np.ndarray]:
     """Yield the dataset's sequences as 1-D int32 token arrays (strings are
-    tokenized with the model's tokenizer; a 2-D array gives its rows), with a
-    tqdm progress bar (plain lines when not in a terminal) unless progress=False."""
+    tokenized with the model's tokenizer; a 2-D array gives its rows), with
+    dclens.progress's bar (progress=None: a bar where someone watches, a few
+    plain lines in a log; False: nothing)."""
     if isinstance(dataset, (str, bytes)):
         dataset = [dataset]
     if isinstance(dataset, np.ndarray) and dataset.ndim == 1 and dataset.dtype.kind in "iu":
@@ -71,10 +73,7 @@ def iter_dataset(model: Model, dataset, progress: bool = True, desc: str = "data
         total = len(dataset)
     except TypeError:
         total = None
-    it = dataset
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(dataset, total=total, desc=desc, unit="seq")
+    it = _progress.bar(dataset, total=total, desc=desc, unit="seq", progress=progress)
     n = 0
     for item in it:
         toks = model.to_tokens(item) if isinstance(item, str) else np.asarray(item)
@@ -122,7 +121,7 @@ def _pca_from_scatter(scatter: np.ndarray, n: int, layer: int, mode: str) -> PCA
 
 
 def head_output_pca(model: Model, dataset, layers: Optional[Iterable[int]] = None, mode: str = "heads",
-                    progress: bool = True) -> Dict[int, PCAResult]:
+                    progress: Optional[bool] = None) -> Dict[int, PCAResult]:
     """PCA of the per-head outputs of each layer over the dataset (module doc)."""
     if mode not in ("heads", "tokens"):
         raise Error("mode must be 'heads' or 'tokens', not %r" % (mode,))
@@ -170,7 +169,7 @@ def qk_ov_diversity(model: Model, layers: Optional[Iterable[int]] = None) -> Dic
 
 
 def head_similarity(model: Model, layer: int, dataset=None, kind: str = "output",
-                    progress: bool = True) -> np.ndarray:
+                    progress: Optional[bool] = None) -> np.ndarray:
     """[N, N] cosine similarity of a layer's heads: of their outputs over the
     dataset (kind "output"), or of their QK / OV circuit matrices ("qk", "ov")."""
     (layer,) = _layers(model, [layer])
@@ -228,7 +227,7 @@ def _allowed(T: int, window: int) -> np.ndarray:
 
 def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = None,
                       phases: Sequence[str] = ("pre", "post"), top: int = 10, chunk: int = 64,
-                      progress: bool = True) -> Dict[Tuple[int, str], CompositionStats]:
+                      progress: Optional[bool] = None) -> Dict[Tuple[int, str], CompositionStats]:
     """Mean |C - I| per branch and the head pairs that route most (module doc)."""
     c = model.config
     if not c.use_dcmha:
@@ -305,7 +304,7 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
 # ------------------------------------------------------------ MoH head load
 
 
-def head_load(model: Model, dataset, progress: bool = True) -> np.ndarray:
+def head_load(model: Model, dataset, progress: Optional[bool] = None) -> np.ndarray:
     """[L, N - hs]: per layer, the fraction of the dataset's tokens that select
     each routed head (Mixture-of-Head models)."""
     c = model.config

@@ -23,11 +23,11 @@ scores, patterns, compose branches, dynamic weights and gates).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from . import progress as _progress
 from .grad import Tape, target_value_and_grad
 from ._checks import Error
 
@@ -90,11 +90,8 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
             out.attributions[n] = acts[n] * base_grads[pts[n]]
     else:
         total = len(at) * B * ((steps + chunk - 1) // chunk)
-        show = progress if progress is not None else (sys.stderr.isatty() and total > 8)
-        bar = None
-        if show:
-            from tqdm import tqdm
-            bar = tqdm(total=total, desc="integrated gradients", unit="batch")
+        bar = _progress.bar(total=total, desc="integrated gradients", unit="batch",
+                            progress=progress if progress is not None or total > 8 else False)
         alphas = (np.arange(steps) + 0.5) / steps
         try:
             for n in at:

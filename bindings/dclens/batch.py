@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import names as _names
-from ._checks import Error, token_array
+from ._checks import ArgumentError, Error, token_array
 from .cache import Cache
 from .hooks import is_read_only, read_only
 
@@ -44,7 +44,7 @@ def is_map(name: str) -> bool:
 def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Pad 1-D token arrays to [B, max T]; returns (tokens, lengths)."""
     if padding_side not in ("right", "left"):
-        raise Error("padding_side must be 'right' or 'left', not %r" % (padding_side,))
+        raise ArgumentError("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     rows = [np.asarray(r).reshape(-1) for r in rows]
     if not rows or any(r.size == 0 for r in rows):
         raise Error("pad: every prompt needs at least one token")
@@ -70,29 +70,30 @@ def _pos_axes(name: str) -> Tuple[int, ...]:
     return (2, 3) if is_map(name) else (1,)
 
 
-def normalize(model, tokens, lengths=None, padding_side: str = "right"):
-    """(tokens as given: [T] or [B, T] int array, lengths or None, batched)."""
+def normalize(model, tokens, lengths=None, padding_side: str = "right", prepend_bos: Optional[bool] = None):
+    """(tokens as given: [T] or [B, T] int array, lengths or None, batched).
+    Text is tokenized with model.to_tokens (prepend_bos: see there)."""
     if padding_side not in ("right", "left"):
-        raise Error("padding_side must be 'right' or 'left', not %r" % (padding_side,))
+        raise ArgumentError("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     if isinstance(tokens, tuple) and len(tokens) == 2 and np.ndim(tokens[0]) == 2 and np.ndim(tokens[1]) == 1:
         if lengths is not None:
-            raise Error("lengths given twice (in the tokens tuple and as lengths=)")
+            raise ArgumentError("lengths given twice (in the tokens tuple and as lengths=)")
         tokens, lengths = tokens
     if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens):
         if lengths is not None:
-            raise Error("lengths= goes with a [B, T] token array, not with a list of strings")
-        tokens, lengths = model.to_tokens(list(tokens), padding_side=padding_side)
+            raise ArgumentError("lengths= goes with a [B, T] token array, not with a list of strings")
+        tokens, lengths = model.to_tokens(list(tokens), padding_side=padding_side, prepend_bos=prepend_bos)
     elif isinstance(tokens, str):
-        tokens = model.to_tokens(tokens)
+        tokens = model.to_tokens(tokens, prepend_bos=prepend_bos)
     a = token_array(tokens)
     if lengths is not None:
         if a.ndim != 2:
             raise Error("lengths= needs [B, T] tokens, got shape %s" % (a.shape,))
         ln = np.asarray(lengths)
         if ln.ndim != 1 or ln.shape[0] != a.shape[0] or ln.dtype.kind not in "iu":
-            raise Error("lengths must be [B] = [%d] integers, got %r" % (a.shape[0], lengths))
+            raise ArgumentError("lengths must be [B] = [%d] integers, got %r" % (a.shape[0], lengths))
         if ln.size and (ln.min() < 1 or ln.max() > a.shape[1]):
-            raise Error("lengths must be in [1, T=%d], got %s" % (a.shape[1], ln.tolist()))
+            raise ArgumentError("lengths must be in [1, T=%d], got %s" % (a.shape[1], ln.tolist()))
         lengths = ln.astype(np.int64)
     return a, lengths, a.ndim == 2
 
@@ -124,13 +125,14 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
 
 
 def call(model, tokens, *, lengths=None, padding_side: str = "right", return_type: Optional[str] = "logits",
-         capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False):
+         capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False,
+         prepend_bos: Optional[bool] = None):
     """The one path of forward / run_with_cache / run_with_hooks."""
     if return_type not in ("logits", "loss", "both", None):
-        raise Error("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
-    a, lengths, batched = normalize(model, tokens, lengths, padding_side)
+        raise ArgumentError("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
+    a, lengths, batched = normalize(model, tokens, lengths, padding_side, prepend_bos)
     if a.ndim not in (1, 2):
-        raise Error("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
+        raise ArgumentError("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
     if not batched and model.always_batch:
         a, batched = a[None], True
     fns = [(_names.canonical(n), fn) for n, fn in list(fns) + list(model._ctx_hooks)]
@@ -156,6 +158,7 @@ def call(model, tokens, *, lengths=None, padding_side: str = "right", return_typ
             dict.__setitem__(cache, k, _roll_rows(cache[k], shifts, _pos_axes(k)))
         a = _roll_rows(a, shifts, (1,))
     cache.model = model
+    cache.has_batch_dim = bool(batched)
     out = logits
     if return_type in ("loss", "both"):
         lg = logits if batched else logits[None]

@@ -21,7 +21,7 @@ import json
 import os
 from typing import List, Optional, Union
 
-from ._checks import Error
+from ._checks import NotFoundError
 
 ENV = "DCLENS_MODELS_DIR"
 
@@ -106,5 +106,6 @@ def resolve(name_or_path: Union[str, os.PathLike],
             if m.name == p:
                 return m.path
     names = ", ".join(m.name for m in models) or "none installed"
-    raise Error("%s: no such model directory (no %s) and no bundled model of that name; "
-                "bundled models: %s" % (p, os.path.join(p, "config.json"), names))
+    raise NotFoundError("%s: no such model directory (no %s) and no bundled model of that name; "
+                        "bundled models: %s; a Hugging Face Hub id is org/name" % (p, os.path.join(p, "config.json"),
+                                                                                  names))

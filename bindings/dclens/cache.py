@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import names as _names
-from ._checks import Error
+from ._checks import ArgumentError, Error, UnknownNameError, unknown_name
 from .names import hook_name
 
 if TYPE_CHECKING:
@@ -43,11 +43,12 @@ class Cache(dict):
     accumulated_resid, apply_ln_to_stack, logit_attrs) are in dclens.cache."""
 
     model: Optional["Model"] = None
+    has_batch_dim: bool = False      # set by run_with_cache: a leading batch axis on every entry
 
     def _key(self, key):
         if isinstance(key, tuple):
             if not 1 <= len(key) <= 2:
-                raise Error("cache key must be a name or (name, layer), got %r" % (key,))
+                raise ArgumentError("cache key must be a name or (name, layer), got %r" % (key,))
             layer = key[1] if len(key) == 2 else None
             if layer is not None and isinstance(layer, (int, np.integer)) and layer < 0 and self.model is not None:
                 layer += self.model.config.n_layer
@@ -59,19 +60,19 @@ class Cache(dict):
         try:
             return dict.__getitem__(self, k)
         except KeyError:
-            raise KeyError(self._missing(k, key)) from None
+            raise self._missing(k, key) from None
 
-    def _missing(self, k, key) -> str:
+    def _missing(self, k, key) -> UnknownNameError:
         """Why cache[key] fails: a hook of the model that this run did not capture,
         or a name the model does not have (with the closest names)."""
         was = "" if k == key else " (from %r)" % (key,)
         model = self.model
         if model is not None and k not in model.hook_names:
-            close = _names.suggest(k, model.hook_names)
-            return ("cache has no %r%s: it is not a hook of %s%s" % (
-                k, was, model.name, " (did you mean %s?)" % " or ".join(close[:3]) if close else ""))
-        return ("cache has no %r%s: it was not captured in this run (the cache holds %d activations); capture "
-                "it with run_with_cache(names=[%r, ...])" % (k, was, len(self), k))
+            return unknown_name("hook", k, model.hook_names, "", "dclens.hook_names(model)",
+                                message="cache has no %r%s: it is not a hook of %s" % (k, was, model.name))
+        return UnknownNameError("cache has no %r%s: it was not captured in this run (the cache holds %d activations); "
+                                "capture it with run_with_cache(names=[%r, ...])" % (k, was, len(self), k),
+                                name=k, suggestions=[])
 
     def __contains__(self, key):
         try:
@@ -107,6 +108,86 @@ class Cache(dict):
     def logit_attrs(self, stack, tokens, **kw):
         return logit_attrs(self, stack, tokens, **kw)
 
+    # ---------------------------------------------------------- TransformerLens' ActivationCache
+
+    def remove_batch_dim(self) -> "Cache":
+        """Drop the batch axis of a cache of one prompt (B = 1), in place (as
+        TransformerLens does); returns the cache."""
+        if not self.has_batch_dim:
+            return self
+        sizes = {k: v.shape[0] for k, v in self.items()}
+        if any(b != 1 for b in sizes.values()):
+            raise ArgumentError("remove_batch_dim: the cache holds a batch of %d prompts, not one"
+                                % max(sizes.values()))
+        for k in list(self):
+            dict.__setitem__(self, k, dict.__getitem__(self, k)[0])
+        self.has_batch_dim = False
+        return self
+
+    def stack_activation(self, activation_name: str, layer: int = -1, sublayer_type: Optional[str] = None
+                         ) -> np.ndarray:
+        """[layers, ...]: one activation of every block before `layer` (-1:
+        all), stacked. activation_name as in hook_name ("pattern", "resid_post",
+        "attn.post.kp", or a TransformerLens name such as "hook_pattern");
+        sublayer_type prefixes it ("attn", "mlp", "ln1", "ln2") as
+        TransformerLens's get_act_name does."""
+        model = _model(self)
+        L = model.config.n_layer
+        if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not (layer == -1 or 0 < layer <= L):
+            raise ArgumentError("stack_activation: layer must be -1 or in [1, %d], got %r" % (L, layer))
+        upto = L if layer == -1 else int(layer)
+        name = activation_name
+        if sublayer_type is not None:
+            name = "%s.%s" % (sublayer_type, name)
+        if name.startswith("hook_"):
+            name = name[len("hook_"):]
+        return np.stack([self[hook_name(name, l)] for l in range(upto)])
+
+    def get_full_resid_decomposition(self, layer: Optional[int] = None, mlp_input: bool = False,
+                                     expand_neurons: bool = True, apply_ln: bool = False,
+                                     pos_slice=None, return_labels: bool = False):
+        """[C, ..., D]: the residual entering `layer` (None: the final one) as
+        the sum of every head (L{l}H{n}), every MLP neuron (L{l}N{i}: its
+        mlp.post value times its W_out row; expand_neurons=False: one
+        {l}_mlp_out per layer, bias included), the embedding, and the biases
+        (attention output biases, and with expand_neurons the MLP output
+        biases) as one last "bias" component, as TransformerLens's cache does.
+        mlp_input: DCPythia and Pythia run attention and MLP in parallel, so
+        the MLP of `layer` reads the same residual (the same decomposition).
+        pos_slice: an index or slice of the position axis, applied to every
+        component. Components sum to the residual to float rounding."""
+        del mlp_input       # parallel residual: the MLP input is the attention input
+        model = _model(self)
+        upto = _layer_arg(model, layer)
+        parts, labels = _head_parts(self, model, upto)
+        bias = 0.0
+        if upto:
+            bias = np.asarray(model.b_O[:upto], np.float64).sum(0)
+        for l in range(upto):
+            if expand_neurons:
+                post = np.asarray(_need(self, hook_name(l, "mlp.post")), np.float64)   # [..., T, F]
+                w_out = np.asarray(model.W_out[l], np.float64)                        # [F, D]
+                parts += [post[..., i, None] * w_out[i] for i in range(w_out.shape[0])]
+                labels += ["L%dN%d" % (l, i) for i in range(w_out.shape[0])]
+                bias = bias + np.asarray(model.b_out[l], np.float64)
+            else:
+                parts.append(_need(self, hook_name(l, "mlp.out")))
+                labels.append("%d_mlp_out" % l)
+        emb = _need(self, "embed")
+        parts.append(emb)
+        labels.append("embed")
+        parts.append(np.broadcast_to(np.asarray(bias, np.float64), emb.shape))
+        labels.append("bias")
+        out = np.stack([np.asarray(p, np.float64) for p in parts])
+        if pos_slice is not None:
+            out = out[..., pos_slice, :]                               # the position axis is -2
+        if apply_ln:
+            if pos_slice is not None:
+                raise ArgumentError("get_full_resid_decomposition: apply_ln with pos_slice is not supported; "
+                                    "apply it before slicing (apply_ln_to_stack)")
+            out = apply_ln_to_stack(self, out, layer=layer)
+        return (out, labels) if return_labels else out
+
     def layer(self, l: int) -> Dict[str, np.ndarray]:
         """The activations of block l, keyed by the name after 'blocks.{l}.'."""
         p = "blocks.%d." % l
@@ -138,8 +219,19 @@ def _layer_arg(model, layer: Optional[int]) -> int:
     if layer is None:
         return L
     if not isinstance(layer, (int, np.integer)) or not -L <= layer <= L:
-        raise Error("layer must be an integer in [-%d, %d] or None, got %r" % (L, L, layer))
+        raise ArgumentError("layer must be an integer in [-%d, %d] or None, got %r" % (L, L, layer))
     return int(layer) % (L + 1) if layer < 0 else int(layer)
+
+
+def _head_parts(cache: Cache, model, upto: int) -> Tuple[List[np.ndarray], List[str]]:
+    """Every head's head_out ([..., T, D] each) of the blocks before `upto`, labels "L{l}H{n}"."""
+    N = model.config.n_head
+    parts, labels = [], []
+    for l in range(upto):
+        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
+        parts += [ho[..., n, :] for n in range(N)]
+        labels += ["L%dH%d" % (l, n) for n in range(N)]
+    return parts, labels
 
 
 def _final_resid(cache: Cache, model, layer: int, mlp_input: bool = False) -> np.ndarray:
@@ -257,12 +349,7 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, return_labels:
     pos_slice selects positions (TransformerLens' arguments)."""
     model = _model(cache)
     upto = _layer_arg(model, layer)
-    N = model.config.n_head
-    parts, labels = [], []
-    for l in range(upto):
-        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
-        parts += [ho[..., n, :] for n in range(N)]
-        labels += ["L%dH%d" % (l, n) for n in range(N)]
+    parts, labels = _head_parts(cache, model, upto)
     if not parts and not incl_remainder:
         raise Error("stack_head_results: no layers before layer %d" % upto)
     if incl_remainder:
@@ -323,7 +410,7 @@ def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
     def cols(t):
         t = np.asarray(t)
         if t.dtype.kind not in "iu" or (t.size and (t.min() < 0 or t.max() >= WU.shape[1])):
-            raise Error("logit_attrs: tokens must be ids in [0, %d)" % WU.shape[1])
+            raise ArgumentError("logit_attrs: tokens must be ids in [0, %d)" % WU.shape[1])
         return np.broadcast_to(WU.T[t], mid + (WU.shape[0],)) if t.ndim else WU[:, int(t)]
 
     d = cols(tokens)
@@ -341,7 +428,7 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     (attrs [C] float64, labels). batch: the row of a batched cache."""
     model = _model(cache)
     if by not in ("head", "layer"):
-        raise Error("dla: by must be 'head' or 'layer', not %r" % (by,))
+        raise ArgumentError("dla: by must be 'head' or 'layer', not %r" % (by,))
     L, N = model.config.n_layer, model.config.n_head
 
     def at(name):

@@ -1,5 +1,6 @@
-"""The dclens command line.
+"""The dclens command line (also python -m dclens): look inside attention heads that talk to each other.
 
+    dclens --version
     dclens synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]   (synth_tasks)
     dclens heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
     dclens explore --model DIR --text "..." [--twin DIR] [--layers 0,2-3] [--ig TOKEN] --out page.html
@@ -15,12 +16,22 @@ import sys
 from typing import List, Optional
 
 from . import plugins
+from ._help import HelpFormatter
 from ._checks import Error
 
 
-def _heatmap(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="dclens heatmap", description="Render attention heatmaps to PNG.")
-    p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=prog, description=description,
+                                   formatter_class=HelpFormatter)
+
+
+MODEL_HELP = "checkpoint directory, bundled model name (dclens models) or Hugging Face Hub id (org/name)"
+
+
+def _heatmap_parser() -> argparse.ArgumentParser:
+    p = _parser("dclens heatmap", "Render attention heatmaps to PNG.")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) with a Hub id")
     p.add_argument("--text", required=True, help="the prompt")
     p.add_argument("--layer", required=True, help="layer index, or 'all' (with --head)")
     p.add_argument("--head", type=int, default=None, help="one head (default: all heads of the layer)")
@@ -28,22 +39,26 @@ def _heatmap(argv: List[str]) -> int:
                    help="pattern, pattern_composed, scores, scores_composed, pre.kp, post.qg, ..., or branches "
                         "(default: DCPythia's composed weights beside its softmax pattern; Pythia's pattern)")
     p.add_argument("--phase", default="post", choices=["pre", "post"], help="with --hook branches")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model runs")
     p.add_argument("--out", required=True, help="output PNG file")
     p.add_argument("--grid-cols", type=int, default=None,
                    help="panels per grid row (default: about sqrt(panels), so 32 heads make a 6x6 grid)")
-    p.add_argument("--cell-px", type=int, default=0, help="pixels per cell (default: chosen from the size)")
+    p.add_argument("--cell-px", type=int, default=0, help="pixels per cell (0: chosen from the size)")
     p.add_argument("--scale", default="own", choices=["own", "shared"],
                    help="a colour range per panel (default) or one for all")
     p.add_argument("--window", type=int, default=None,
                    help="show the N positions up to --query (default: 64 when the prompt is longer)")
     p.add_argument("--query", type=int, default=None, help="the last position shown (default: the last token)")
-    a = p.parse_args(argv)
+    return p
+
+
+def _heatmap(argv: List[str]) -> int:
+    a = _heatmap_parser().parse_args(argv)
     from .heatmaps import attention_heatmap
     from .model import load
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
     _model_dir(a.model)
-    model = load(a.model, device=a.device)
+    model = load(a.model, device=a.device, revision=a.revision)
     if (a.grid_cols is not None and a.grid_cols < 0) or a.cell_px < 0:
         raise Error("--grid-cols and --cell-px must be >= 0")
     png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase,
@@ -54,8 +69,9 @@ def _heatmap(argv: List[str]) -> int:
     return 0
 
 
-def _explore(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="dclens explore", description="Write the interactive composition explorer: "
+def _explore_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dclens explore", formatter_class=HelpFormatter,
+                                description="Write the interactive composition explorer: "
                                 "one self-contained HTML page (docs/explorer.md).")
     p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
     p.add_argument("--text", required=True, help="the prompt")
@@ -64,7 +80,11 @@ def _explore(argv: List[str]) -> int:
     p.add_argument("--ig", default=None, metavar="TOKEN",
                    help="rank heads by integrated gradients of log p(TOKEN) at the last position")
     p.add_argument("--out", required=True, help="output HTML file")
-    a = p.parse_args(argv)
+    return p
+
+
+def _explore(argv: List[str]) -> int:
+    a = _explore_parser().parse_args(argv)
     from .explorer import explore
     from .model import load
     layers = _layer_list(a.layers) if a.layers is not None else None
@@ -110,14 +130,19 @@ def _int(s: str, what: str) -> int:
         raise Error("%s must be an integer or 'all', not %r" % (what, s))
 
 
-def _info(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="dclens info", description="Print a model's config and hook names.")
-    p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
+def _info_parser() -> argparse.ArgumentParser:
+    p = _parser("dclens info", "Print a model's config and hook names.")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) with a Hub id")
     p.add_argument("--hooks", action="store_true", help="also list every hook name")
-    a = p.parse_args(argv)
+    return p
+
+
+def _info(argv: List[str]) -> int:
+    a = _info_parser().parse_args(argv)
     from .model import load
     _model_dir(a.model)
-    m = load(a.model)
+    m = load(a.model, revision=a.revision)
     print(m)
     for k, v in vars(m.config).items():
         if isinstance(v, float):
@@ -165,9 +190,12 @@ def _layout(suffix):
     return ("T", "D")
 
 
+def _models_parser() -> argparse.ArgumentParser:
+    return _parser("dclens models", "List the bundled models.")
+
+
 def _models(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="dclens models", description="List the bundled models.")
-    p.parse_args(argv)
+    _models_parser().parse_args(argv)
     from .bundled import bundled_models, models_dir
     ms = bundled_models()
     if not ms:
@@ -177,21 +205,64 @@ def _models(argv: List[str]) -> int:
     return 0
 
 
+COMMANDS = {   # name: (one line of help, run(argv) -> status, parser())
+    "heatmap": ("render attention heatmaps to PNG", lambda a: _heatmap(a), lambda: _heatmap_parser()),
+    "explore": ("write the interactive composition explorer (HTML)", lambda a: _explore(a),
+                lambda: _explore_parser()),
+    "info": ("print a model's config and hook names", lambda a: _info(a), lambda: _info_parser()),
+    "models": ("list the bundled models", lambda a: _models(a), lambda: _models_parser()),
+    "make-tiny": ("write a generated (random) checkpoint", lambda a: _make_tiny(a), lambda: _make_tiny_parser()),
+    "train": ("train a small DCPythia / Pythia on the CPU", lambda a: _train(a), lambda: _train_parser()),
+}
+
+
+def parsers() -> dict:
+    """name -> argparse parser of every command (plugins' commands included
+    when they expose build_parser next to main)."""
+    out = {n: c[2]() for n, c in COMMANDS.items()}
+    for n in plugins.names(plugins.COMMANDS):
+        if n not in out:
+            mod = __import__(plugins.find(plugins.COMMANDS, n).__module__, fromlist=["build_parser"])
+            if hasattr(mod, "build_parser"):
+                out[n] = mod.build_parser()
+    return out
+
+
+def _top_parser(added: List[str]) -> argparse.ArgumentParser:
+    from . import __version__
+    p = argparse.ArgumentParser(prog="dclens", description=(__doc__ or "").split("\n\n")[0],
+                                epilog="dclens COMMAND --help: the options of a command, with their defaults")
+    p.add_argument("--version", action="version", version="dclens %s" % __version__)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for n in added:
+        sub.add_parser(n, help="(added by an installed package)", add_help=False)
+    for n, c in COMMANDS.items():
+        sub.add_parser(n, help=c[0], add_help=False)
+    return p
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """dclens (and python -m dclens): dispatch to a command's own parser."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"heatmap": _heatmap, "explore": _explore, "info": _info, "models": _models, "make-tiny": _make_tiny, "train": _train}
     # commands other packages add (synth: synth_tasks), looked up by name
-    added = [n for n in plugins.names(plugins.COMMANDS) if n not in cmds]
-    if argv and argv[0] not in cmds and argv[0] not in added and argv[0] not in ("-h", "--help"):
-        print("dclens: unknown command %r (commands: %s; dclens --help)"
-              % (argv[0], ", ".join(added + list(cmds))), file=sys.stderr)
+    added = [n for n in plugins.names(plugins.COMMANDS) if n not in COMMANDS]
+    if not argv or argv[0].startswith("-"):
+        top = _top_parser(added)
+        if not argv:
+            top.print_help(sys.stderr)
+            return 2
+        top.parse_args(argv)          # --version, --help exit here; anything else is an error
         return 2
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0 if argv else 2
+    if argv[0] not in COMMANDS and argv[0] not in added:
+        import difflib
+        close = difflib.get_close_matches(argv[0], added + list(COMMANDS), n=1)
+        print("dclens: unknown command %r%s (commands: %s; dclens --help)"
+              % (argv[0], "; did you mean %r?" % close[0] if close else "", ", ".join(added + list(COMMANDS))),
+              file=sys.stderr)
+        return 2
     cmd, rest = argv[0], argv[1:]
     try:
-        fn = cmds[cmd] if cmd in cmds else plugins.find(plugins.COMMANDS, cmd)
+        fn = COMMANDS[cmd][1] if cmd in COMMANDS else plugins.find(plugins.COMMANDS, cmd)
         return fn(rest) or 0
     except Error as e:
         msg = str(e)
@@ -199,6 +270,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             msg = msg[len(cmd) + 2:]
         print("dclens %s: error: %s" % (cmd, msg), file=sys.stderr)
         return 1
+
+
+def _make_tiny_parser() -> argparse.ArgumentParser:
+    from .testing.make_tiny import build_parser
+    return build_parser()
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    from .train import build_parser
+    return build_parser()
 
 
 def _make_tiny(argv: List[str]) -> int:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import check_index
+from ._checks import ArgumentError, check_index
 from ._checks import Error, check_status as _check
 from .hooks import HookFn, _Run
 
@@ -55,7 +55,7 @@ class Decoder:
                             " (model has %d layers)" % self.model.config.n_layer)
         n = int(lib.dcs_decoder_layer_keys(self._d, layer))
         if n < 0:
-            raise Error("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
+            raise ArgumentError("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
         return n
 
     def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True,
@@ -65,9 +65,9 @@ class Decoder:
         m = self.model
         toks = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
         if toks.size == 0 or toks.dtype.kind not in "iu":
-            raise Error("decode: tokens must be a non-empty integer array, got %r" % (tokens,))
+            raise ArgumentError("decode: tokens must be a non-empty integer array, got %r" % (tokens,))
         if toks.min() < 0 or toks.max() >= m.config.vocab:
-            raise Error("decode: token id %d is out of range [0, %d)"
+            raise ArgumentError("decode: token id %d is out of range [0, %d)"
                         % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab))
         toks = toks.astype(np.int32)
         n = toks.size
@@ -120,17 +120,17 @@ def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float 
         return [generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type,
                          verbose) for p in prompt]
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise Error("generate: max_new_tokens must be an integer >= 0, got %r" % (max_new_tokens,))
+        raise ArgumentError("generate: max_new_tokens must be an integer >= 0, got %r" % (max_new_tokens,))
     if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
-        raise Error("generate: temperature must be a finite number >= 0, got %r" % (temperature,))
+        raise ArgumentError("generate: temperature must be a finite number >= 0, got %r" % (temperature,))
     if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
-        raise Error("generate: top_k must be an integer >= 1 or None, got %r" % (top_k,))
+        raise ArgumentError("generate: top_k must be an integer >= 1 or None, got %r" % (top_k,))
     if return_type not in ("auto", "str", "tokens"):
-        raise Error("generate: return_type must be 'auto', 'str' or 'tokens', not %r" % (return_type,))
+        raise ArgumentError("generate: return_type must be 'auto', 'str' or 'tokens', not %r" % (return_type,))
     is_text = isinstance(prompt, str)
     toks = model.to_tokens(prompt) if is_text else np.asarray(prompt)
     if toks.ndim != 1 or toks.size == 0:
-        raise Error("generate: the prompt must be a non-empty string or [T] token array, got shape %s"
+        raise ArgumentError("generate: the prompt must be a non-empty string or [T] token array, got shape %s"
                     % (toks.shape,))
     stops = [] if stop is None else ([stop] if isinstance(stop, (str, int, np.integer)) else list(stop))
     stop_ids = {int(s) for s in stops if not isinstance(s, str)}

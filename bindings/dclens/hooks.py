@@ -41,7 +41,37 @@ from .cache import Cache
 if TYPE_CHECKING:
     from .model import Model
 
-HookFn = Callable[[np.ndarray, str], Optional[np.ndarray]]
+HookFn = Callable[[np.ndarray, "HookPoint"], Optional[np.ndarray]]
+
+
+# ---------------------------------------------------------------- hook points
+
+class HookPoint(str):
+    """What a hook function gets as its second argument: the hook's name, a
+    str (so fn(act, name) code keeps working), with TransformerLens's
+    HookPoint habits: .name (the dclens name), .tl_name (TransformerLens
+    spelling, or None) and .layer() (None for embed, ln_final, logits).
+
+    >>> def fn(act, hook):
+    ...     print(hook.name, hook.layer())"""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def tl_name(self) -> Optional[str]:
+        from .names import tl_alias
+        return tl_alias(self.name)
+
+    def layer(self) -> Optional[int]:
+        parts = self.split(".")
+        return int(parts[1]) if parts[0] == "blocks" and len(parts) > 2 else None
+
+    def __repr__(self) -> str:
+        return "HookPoint(%s)" % str.__repr__(self)
 
 
 # ---------------------------------------------------------------- read-only hooks
@@ -114,6 +144,8 @@ class HookTable:
         self.names: List[str] = [suffix[p] if p in glob else "blocks.%d.%s" % (l, suffix[p]) for p, l in keys]
         self.key: Dict[str, Tuple[int, int]] = dict(zip(self.names, keys))
         self.name: Dict[Tuple[int, int], str] = dict(zip(keys, self.names))
+        # what hook functions get: the same names as HookPoint objects
+        self.point: Dict[Tuple[int, int], HookPoint] = {k: HookPoint(n) for k, n in self.name.items()}
 
 
 # ---------------------------------------------------------------- one pass
@@ -125,6 +157,7 @@ class _Run:
         self.model = model
         self.batched = batched
         self.names = model._hook_table.name
+        self.points = model._hook_table.point
         self.capture: Dict[Tuple[int, int], str] = {}
         self.fns: Dict[Tuple[int, int], List[HookFn]] = {}
         self.writes: set = set()    # points where a hook that may write is called
@@ -173,13 +206,14 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
         return 0
     seen = work.view()
     seen.flags.writeable = False
+    point = run.points[key]
     for fn in fns:
         if is_read_only(fn):
-            if fn(seen, name) is not None:
+            if fn(seen, point) is not None:
                 raise Error("hook %s: %r is read-only but returned an array (a hook that changes the "
                             "activation must not be declared read-only)" % (name, fn.fn))
         else:
-            out = fn(work, name)
+            out = fn(work, point)
             if out is not None and out is not work:
                 work[...] = _validate(out, work.shape, name)
         if run.cancel:

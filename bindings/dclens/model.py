@@ -18,9 +18,11 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from . import attribution, batch, generate as _generate, grad, names as _names, routing
-from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
+from ._checks import (ArgumentError, ArgumentTypeError, Error, NotFoundError, c_path, c_str, check_index,
+                      check_str, decode_msg, show_path, token_array, unknown_name)
 from ._checks import check_status as _check
 from ._engine import ffi, lib
+from . import hub
 from .bundled import resolve
 from .cache import Cache
 from .hooks import HookFn, HookTable, _Run, hook_pairs
@@ -32,6 +34,56 @@ _MAX_TOKENIZER_BYTES = 256 << 20
 class LoadWarning(UserWarning):
     """Something about a checkpoint worth knowing, said once when it is loaded
     (e.g. key-side weights of a query-wise checkpoint that are ignored)."""
+
+
+class ContextWarning(UserWarning):
+    """A prompt longer than the context the model was trained for
+    (model.cfg.n_ctx): the pass runs, but past that length the model has
+    seen no position in training and its outputs mean little."""
+
+
+# config.json keys that give the context length a model was trained for
+_CTX_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "block_size", "max_seq_len", "seq_length")
+
+
+@dataclasses.dataclass(frozen=True)
+class TLConfig:
+    """model.cfg: the model's configuration under TransformerLens's
+    HookedTransformerConfig field names (model.config has dclens's own,
+    with the DCMHA switches)."""
+
+    model_name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    d_vocab_out: int
+    n_ctx: Optional[int]                 # the context trained for (config.json), None if not recorded
+    act_fn: str
+    eps: float
+    normalization_type: str
+    positional_embedding_type: str
+    rotary_dim: int
+    rotary_base: float
+    parallel_attn_mlp: bool
+    original_architecture: str
+    window_size: Optional[int]
+    attn_types: Tuple[str, ...]          # "global" / "local" per layer
+    use_local_attn: bool
+    device: str
+    default_prepend_bos: bool            # False: Pythia-style models are trained without a BOS
+    tokenizer_prepends_bos: bool
+    bos_token_id: Optional[int]
+    attention_dir: str = "causal"
+    dtype: str = "float32"
+
+    def __getitem__(self, key):
+        return getattr(self, key)
+
+    def to_dict(self) -> Dict[str, object]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,17 +138,64 @@ def cuda_unavailable_reason() -> str:
 
 
 def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
-         always_batch: bool = False) -> "Model":
-    """Load a DCPythia or Pythia checkpoint directory (config.json + weights),
-    or a bundled model by name (dclens.bundled_models()).
+         always_batch: bool = False, *, revision: Optional[str] = None, progress: Optional[bool] = None,
+         prepend_bos: Optional[bool] = None) -> "Model":
+    """Load a DCPythia or Pythia model: a checkpoint directory (config.json +
+    weights), a bundled model by name (dclens.bundled_models()), or a Hugging
+    Face Hub id "org/name" (revision=: a branch, tag or commit), taken from
+    the local Hugging Face cache first and downloaded only when it is not
+    there and HF_HUB_OFFLINE is not set (dclens.hub). A Hub model's name is
+    its id.
 
     always_batch=True gives every result a leading batch axis, also for one
     prompt (TransformerLens' habit); by default the batch axis follows the
     input: a string or [T] array gives [T, ...], a list of strings or a
-    [B, T] array gives [B, T, ...]."""
-    m = Model(resolve(path), device=device, n_threads=n_threads)
+    [B, T] array gives [B, T, ...]. prepend_bos sets the default of
+    to_tokens (model.cfg.default_prepend_bos; False unless asked: Pythia-style
+    models are trained without a BOS). progress: the download's bar
+    (dclens.progress)."""
+    name = None
+    if revision is not None and not hub.is_hub_id(path):
+        raise ArgumentError("revision=%r goes with a Hugging Face Hub id (org/name), not %r" % (revision, path))
+    if isinstance(path, str) and hub.is_hub_id(path) and not os.path.lexists(path):
+        name = path
+        path = hub.resolve(path, revision=revision, progress=progress)
+    else:
+        path = resolve(path)
+    m = Model(path, device=device, n_threads=n_threads)
+    if name is not None:
+        m.name = name
     m.always_batch = bool(always_batch)
+    if prepend_bos is not None:
+        m.default_prepend_bos = bool(prepend_bos)
     return m
+
+
+def from_pretrained(model_name: Union[str, os.PathLike], device: str = "cpu", **kw) -> "Model":
+    """TransformerLens' name for load (HookedTransformer.from_pretrained):
+    a Hub id, a bundled name or a checkpoint directory; keywords as load's."""
+    return load(model_name, device=device, **kw)
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first frame outside dclens (the user's call)."""
+    import sys
+    f, level = sys._getframe(1), 1
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(pkg + os.sep):
+        f, level = f.f_back, level + 1
+    return level
+
+
+def _read_config(path: str) -> dict:
+    """config.json of a loaded model as a dict ({} if it cannot be read again:
+    the engine has already read and checked it)."""
+    import json
+    try:
+        d = json.loads(_read_regular_file(os.path.join(path, "config.json"), 16 << 20))
+    except (Error, ValueError, RecursionError):
+        return {}
+    return d if isinstance(d, dict) else {}
 
 
 def _physical_memory() -> int:
@@ -115,7 +214,8 @@ def _read_regular_file(path: str, limit: int) -> str:
     except OSError as e:
         if os.path.islink(path) and not os.path.exists(path):
             raise Error("%s: cannot open: a dangling symbolic link (its target does not exist)" % path) from None
-        raise Error("%s: cannot open: %s" % (path, e.strerror)) from None
+        raise (NotFoundError if isinstance(e, FileNotFoundError) else Error)(
+            "%s: cannot open: %s" % (path, e.strerror)) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -146,7 +246,7 @@ class Model(WeightsMixin):
         cpath = c_path("model path", path)
         path = show_path(path)
         if not (isinstance(device, str) and device in ("cpu", "cuda")):
-            raise Error("device must be 'cpu' or 'cuda', not %r" % (device,))
+            raise ArgumentError("device must be 'cpu' or 'cuda', not %r" % (device,))
         n_threads = check_index("n_threads", n_threads, 0, 1 << 16, " (0: all cores)")
         opts = ffi.new("dcs_load_options *")
         opts.device = 1 if device == "cuda" else 0
@@ -184,9 +284,41 @@ class Model(WeightsMixin):
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
+        self._raw_config = _read_config(path)
+        self.default_prepend_bos = False          # to_tokens' prepend_bos default (load(prepend_bos=))
         self._hook_table = HookTable(self._m, self.config.n_layer)   # name <-> (point, layer)
         self.always_batch = False   # see load()
         self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
+
+    from_pretrained = staticmethod(from_pretrained)
+
+    @property
+    def cfg(self) -> TLConfig:
+        """The configuration under TransformerLens's field names (TLConfig)."""
+        c, raw = self.config, self._raw_config
+        n_ctx = next((raw[k] for k in _CTX_KEYS if isinstance(raw.get(k), int) and raw[k] > 0), None)
+        bos = raw.get("bos_token_id")
+        local = set(c.local_layers)
+        return TLConfig(
+            model_name=self.name, n_layers=c.n_layer, d_model=c.d_model, n_heads=c.n_head, d_head=c.head_dim,
+            d_mlp=c.d_ff, d_vocab=c.vocab, d_vocab_out=c.vocab, n_ctx=n_ctx, act_fn="gelu", eps=c.norm_eps,
+            normalization_type="LN", positional_embedding_type="rotary", rotary_dim=c.rotary_dim,
+            rotary_base=c.rope_base, parallel_attn_mlp=c.parallel_residual,
+            original_architecture=(raw.get("architectures") or ["DCPythia" if c.model_type == "dcpythia"
+                                                                 else "GPTNeoXForCausalLM"])[0],
+            window_size=c.window_size if local else None,
+            attn_types=tuple("local" if l in local else "global" for l in range(c.n_layer)),
+            use_local_attn=bool(local), device=self.device, default_prepend_bos=self.default_prepend_bos,
+            tokenizer_prepends_bos=False, bos_token_id=bos if isinstance(bos, int) else None)
+
+    def check_context(self, T: int) -> None:
+        """Warn (ContextWarning) when T tokens are more than the context the
+        model was trained for (cfg.n_ctx, when config.json records it)."""
+        n_ctx = self.cfg.n_ctx
+        if n_ctx is not None and T > n_ctx:
+            warnings.warn("%s: a prompt of %d tokens is longer than the %d-token context the model was trained "
+                          "for (cfg.n_ctx); positions past %d were never seen in training"
+                          % (self.name, T, n_ctx, n_ctx), ContextWarning, stacklevel=_caller_level())
 
     def __repr__(self) -> str:
         c = self.config
@@ -209,8 +341,17 @@ class Model(WeightsMixin):
         cname = c_str("hook name", name)      # the engine's parser says what is wrong
         p, l = ffi.new("int *"), ffi.new("int *")
         with self._engine_lock():
-            _check(lib.dcs_hook_parse(self._m, cname, p, l), self._errmsg())
+            st = lib.dcs_hook_parse(self._m, cname, p, l)
+        if st != lib.DCS_OK:
+            raise self._unknown_hook(name, self._errmsg())
         return p[0], l[0]
+
+    def _unknown_hook(self, name: str, engine_msg: str):
+        """The engine's reason, the closest names and where every name is listed."""
+        known = list(self._hook_table.names)
+        known += [a for a in map(_names.tl_alias, known) if a]
+        return unknown_name("hook", name, known, "", "dclens.hook_names(model), or `dclens info --model %s "
+                            "--hooks`," % self.name, message="%s: %s" % (self.name, engine_msg))
 
     def _select(self, names: Names) -> List[str]:
         canonical, tl_alias = _names.canonical, _names.tl_alias
@@ -226,7 +367,7 @@ class Model(WeightsMixin):
         try:
             names = list(names)
         except TypeError:
-            raise Error("names must be None, a hook name, a list of hook names or a predicate, "
+            raise ArgumentError("names must be None, a hook name, a list of hook names or a predicate, "
                         "not %s %r" % (type(names).__name__, names)) from None
         names = [canonical(check_str("hook name", n)) for n in names]
         for n in names:
@@ -273,7 +414,7 @@ class Model(WeightsMixin):
         if self._tokenizer is None:
             p = os.path.join(self.path, "tokenizer.json")
             if not os.path.lexists(p):
-                raise Error("%s has no tokenizer.json" % self.path)
+                raise NotFoundError("%s has no tokenizer.json" % self.path)
             text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
             from tokenizers import Tokenizer
             try:
@@ -282,8 +423,13 @@ class Model(WeightsMixin):
                 raise Error("%s: cannot read the tokenizer: %s" % (p, e))
         return self._tokenizer
 
-    def to_tokens(self, text, padding_side: str = "right", pad_id: int = 0):
-        """Token ids of `text` (no BOS is added, as for Pythia): a [T] array.
+    def to_tokens(self, text, padding_side: str = "right", pad_id: int = 0, prepend_bos: Optional[bool] = None):
+        """Token ids of `text`: a [T] array.
+
+        prepend_bos: put the BOS token (config.json's bos_token_id) first.
+        None: model.cfg.default_prepend_bos, False unless load(prepend_bos=True)
+        asked for it: Pythia and DCPythia are trained without a BOS (unlike
+        TransformerLens's default for other models).
 
         A list of strings gives (tokens [B, T], lengths [B]): the prompts
         padded with pad_id to the longest, on the right (default) or the left.
@@ -291,10 +437,16 @@ class Model(WeightsMixin):
         if isinstance(text, (list, tuple)):
             if not text or not all(isinstance(t, str) for t in text):
                 raise Error("to_tokens: need a string or a non-empty list of strings, got %r" % (text,))
-            return batch.pad([self.to_tokens(t) for t in text], padding_side, pad_id)
+            return batch.pad([self.to_tokens(t, prepend_bos=prepend_bos) for t in text], padding_side, pad_id)
         if not isinstance(text, str):
             raise Error("to_tokens: need a string or a list of strings, not %s" % type(text).__name__)
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+        if self.default_prepend_bos if prepend_bos is None else prepend_bos:
+            bos = self.cfg.bos_token_id
+            if bos is None or not 0 <= bos < self.config.vocab:
+                raise ArgumentError("to_tokens: prepend_bos=True, but %s/config.json has no usable bos_token_id "
+                                    "(%r)" % (self.path, bos))
+            ids = np.concatenate([np.array([bos], np.int32), ids])
         if ids.size and ids.max() >= self.config.vocab:
             raise Error("tokenizer of %s gives id %d, beyond the model's vocab %d"
                         % (self.path, ids.max(), self.config.vocab))
@@ -338,11 +490,12 @@ class Model(WeightsMixin):
             tokens = self.to_tokens(tokens)
         a = token_array(tokens)
         if a.dtype.kind not in "iu":
-            raise Error("tokens must be integers, got dtype %s" % a.dtype)
+            raise ArgumentTypeError("tokens must be integers, got dtype %s" % a.dtype)
         if a.ndim not in (1, 2) or a.size == 0:
-            raise Error("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
+            raise ArgumentError("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
         if a.min() < 0 or a.max() >= self.config.vocab:
-            raise Error("token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.config.vocab else a.min(), self.config.vocab))
+            raise ArgumentError("token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.config.vocab else a.min(), self.config.vocab))
+        self.check_context(a.shape[-1])
         batched = a.ndim == 2
         return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int32), batched
 
@@ -352,11 +505,11 @@ class Model(WeightsMixin):
             return None, False
         if isinstance(logits_at, str):
             if logits_at != "last":
-                raise Error("logits_at must be None, 'last', or positions, got %r" % (logits_at,))
+                raise ArgumentError("logits_at must be None, 'last', or positions, got %r" % (logits_at,))
             return np.full((B, 1), T - 1, dtype=np.int32), True
         a = np.asarray(logits_at)
         if a.dtype.kind not in "iu" or a.size == 0 or a.ndim not in (0, 1, 2):
-            raise Error("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
+            raise ArgumentError("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
                         % (logits_at,))
         squeeze = a.ndim == 0
         a = a.reshape(1, -1) if a.ndim < 2 else a
@@ -365,9 +518,9 @@ class Model(WeightsMixin):
         if a.shape[0] != B:
             raise Error("logits_at has positions for %d sequences, tokens have %d" % (a.shape[0], B))
         if a.shape[1] > T:
-            raise Error("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
+            raise ArgumentError("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
         if a.min() < 0 or a.max() >= T:
-            raise Error("logits_at position %d is out of range [0, %d)"
+            raise ArgumentError("logits_at position %d is out of range [0, %d)"
                         % (a.max() if a.max() >= T else a.min(), T))
         return np.ascontiguousarray(a, dtype=np.int32), squeeze
 
@@ -512,7 +665,8 @@ class Model(WeightsMixin):
             return result["st"], interrupted
 
     def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
-                padding_side: str = "right", loss_per_token: bool = False, logits_at=None):
+                padding_side: str = "right", loss_per_token: bool = False, logits_at=None,
+                prepend_bos: Optional[bool] = None):
         """Logits: [T, V] for a string or a 1-D token array, [B, T, V] for a list
         of strings or [B, T] tokens (with lengths: padded rows).
 
@@ -525,17 +679,19 @@ class Model(WeightsMixin):
         every sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
         if logits_at is not None:
             if return_type != "logits" or lengths is not None or loss_per_token:
-                raise Error("logits_at goes with return_type='logits' and no lengths")
+                raise ArgumentError("logits_at goes with return_type='logits' and no lengths")
+            if isinstance(tokens, str):
+                tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
             return self._run(tokens, logits_at=logits_at)[0]
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                    loss_per_token=loss_per_token)
+                    loss_per_token=loss_per_token, prepend_bos=prepend_bos)
 
     __call__ = forward
 
     def run_with_cache(self, tokens, names: Names = None, *, names_filter: Names = None, lengths=None,
                        padding_side: str = "right", return_type: Optional[str] = "logits",
-                       fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False
-                       ) -> Tuple[np.ndarray, Cache]:
+                       fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False,
+                       prepend_bos: Optional[bool] = None) -> Tuple[np.ndarray, Cache]:
         """Logits and a Cache of the named activations (None: every hook).
 
         names (or names_filter, TransformerLens' spelling): None, a hook
@@ -544,11 +700,11 @@ class Model(WeightsMixin):
         fwd_hooks run as in run_with_hooks (read_only=True declares them all
         read-only)."""
         if names is not None and names_filter is not None:
-            raise Error("run_with_cache: give names or names_filter, not both")
+            raise ArgumentError("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                           capture=self._select(sel), fns=self._expand_hooks(hook_pairs(fwd_hooks, read_only)),
-                          with_cache=True)
+                          with_cache=True, prepend_bos=prepend_bos)
 
     def resolve_hook(self, name: str) -> str:
         """The dclens name of a hook given in either spelling, checked."""
@@ -563,7 +719,7 @@ class Model(WeightsMixin):
         if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool) and layer < 0:
             layer = int(layer) + self.config.n_layer
             if layer < 0:
-                raise Error("hook_name: layer %d is out of range (model has %d layers)"
+                raise ArgumentError("hook_name: layer %d is out of range (model has %d layers)"
                             % (layer - self.config.n_layer, self.config.n_layer))
         n = _names.hook_name(name, layer)
         self.parse_hook(n)
@@ -606,7 +762,8 @@ class Model(WeightsMixin):
 
     def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
                        cache_names: Names = (), *, lengths=None, padding_side: str = "right",
-                       return_type: Optional[str] = "logits", read_only: bool = False):
+                       return_type: Optional[str] = "logits", read_only: bool = False,
+                       prepend_bos: Optional[bool] = None):
         """Logits of a pass where fn(activation, name) is called at each named point.
 
         fn may modify the activation in place, return a replacement array of the
@@ -625,7 +782,7 @@ class Model(WeightsMixin):
         want_cache = cache_names is None or bool(cache_names)
         cap = self._select(cache_names) if want_cache else ()
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                    capture=cap, fns=fwd_hooks, with_cache=want_cache)
+                    capture=cap, fns=fwd_hooks, with_cache=want_cache, prepend_bos=prepend_bos)
 
     def last_pass_memory(self) -> Dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
@@ -648,7 +805,11 @@ class Model(WeightsMixin):
         shape = ffi.new("int64_t[5]")
         nd = ffi.new("int *")
         with self._engine_lock():
-            _check(lib.dcs_weight_shape(self._m, cname, shape, nd), self._errmsg())
+            st = lib.dcs_weight_shape(self._m, cname, shape, nd)
+            if st != lib.DCS_OK and not self._has_weight(name):
+                raise unknown_name("weight", name, self.weight_names(), "", "model.weight_names()",
+                                   message=self._errmsg())
+            _check(st, self._errmsg())
             dims = tuple(shape[i] for i in range(nd[0]))
             out = np.empty(dims, dtype=np.float32)
             _check(lib.dcs_weight_read(self._m, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),

@@ -32,9 +32,9 @@ resid_mid: DCPythia and Pythia use a parallel residual.
 from __future__ import annotations
 
 import re
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
-from ._checks import Error
+from ._checks import ArgumentError, Error
 
 # The compose branches of a DCMHA phase (hooks blocks.{l}.attn.{phase}.{branch};
 # "static" is the use_sw branch, present only in Talking-Heads models).
@@ -105,6 +105,13 @@ def tl_alias(name: str) -> Optional[str]:
     return None
 
 
+def hook_names(model) -> List[str]:
+    """Every hook name of a loaded model, in forward order per layer (its
+    model.hook_names): the installed source of the names an unknown-hook
+    error points to. TransformerLens spellings are in this module's table."""
+    return list(model.hook_names)
+
+
 def name_and_layer(a, b=None) -> Tuple[str, Optional[int]]:
     """hook_name's arguments in either order as (name, layer)."""
     if not isinstance(a, str) and isinstance(b, str):
@@ -127,7 +134,7 @@ def hook_name(name, layer=None) -> str:
     of dclens builds its hook names here."""
     name, layer = name_and_layer(name, layer)
     if not isinstance(name, str):
-        raise Error("hook_name: name must be a string, not %r" % (name,))
+        raise ArgumentError("hook_name: name must be a string, not %r" % (name,))
     full = canonical(name)
     if full.startswith("blocks.") or full in _GLOBAL:
         if layer is not None and full in _GLOBAL:
@@ -156,7 +163,7 @@ def hook_name(name, layer=None) -> str:
             else:
                 raise TypeError
         except TypeError:
-            raise Error("hook_name: layer must be an integer >= 0, not %r" % (layer,)) from None
+            raise ArgumentError("hook_name: layer must be an integer >= 0, not %r" % (layer,)) from None
     return "blocks.%d.%s" % (layer, suffix)
 
 

@@ -46,6 +46,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import progress as _progress_mod
+from ._checks import ArgumentError
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -131,13 +133,8 @@ def _tokens(model: Model, x) -> np.ndarray:
 
 
 def _progress(total: int, progress: Optional[bool], desc: str):
-    """A tqdm bar when progress is true (None: when stderr is a terminal)."""
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, leave=False)
+    """dclens.progress's bar (None: a bar where someone watches, plain lines in a log)."""
+    return _progress_mod.bar(total=total, desc=desc, progress=progress, leave=False)
 
 
 def _layers(model: Model, layers) -> List[int]:
@@ -147,7 +144,7 @@ def _layers(model: Model, layers) -> List[int]:
     out = []
     for l in layers:
         if not isinstance(l, (int, np.integer)) or not -L <= l < L:
-            raise Error("layer %r is out of range (model has %d layers)" % (l, L))
+            raise ArgumentError("layer %r is out of range (model has %d layers)" % (l, L))
         out.append(int(l) % L)
     return out
 
@@ -159,7 +156,7 @@ def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], cle
                metric: Metric, batch_size: int, progress, desc: str) -> np.ndarray:
     """metric of the corrupted run with each cell's patches applied, batched."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise Error("batch_size must be an integer >= 1, got %r" % (batch_size,))
+        raise ArgumentError("batch_size must be an integer >= 1, got %r" % (batch_size,))
     out = np.empty(len(cells))
     bar = _progress(len(cells), progress, desc)
     try:
@@ -195,9 +192,9 @@ def _baselines(model: Model, clean, corrupted, metric, names: Sequence[str]):
     c = _tokens(model, clean)
     x = _tokens(model, corrupted)
     if c.size != x.size:
-        raise Error("clean and corrupted prompts must have the same number of tokens (%d vs %d)" % (c.size, x.size))
+        raise ArgumentError("clean and corrupted prompts must have the same number of tokens (%d vs %d)" % (c.size, x.size))
     if not callable(metric):
-        raise Error("metric must be a function of the [T, V] logits, got %r" % (metric,))
+        raise ArgumentError("metric must be a function of the [T, V] logits, got %r" % (metric,))
     clean_logits, clean_cache = model.run_with_cache(c, names=list(names))
     corr_logits = model.forward(x)
     return c, x, clean_cache, float(metric(clean_logits)), float(metric(corr_logits))
@@ -266,7 +263,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
         return _sweep_composition(model, clean, corrupted, metric, layers, hook or "post", queries, batch_size,
                                   progress, strict)
     else:
-        raise Error("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
+        raise ArgumentError("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
                     "'composition', not %r" % (over,))
     for n in names:
         model.parse_hook(n)
@@ -334,7 +331,7 @@ def _words(model: Model, clean: np.ndarray, corrupted: np.ndarray, pos: List[int
 
 def _pos(p, T: int) -> int:
     if not isinstance(p, (int, np.integer)) or not -T <= p < T:
-        raise Error("position %r is out of range for %d tokens" % (p, T))
+        raise ArgumentError("position %r is out of range for %d tokens" % (p, T))
     return int(p) % T
 
 

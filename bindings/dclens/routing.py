@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Dict, NamedTuple, Optional
 
 import numpy as np
 
-from ._checks import Error, check_index
+from ._checks import ArgumentError, Error, check_index
 from .cache import Cache
 from .names import BRANCHES, PHASES, hook_name
 
@@ -82,10 +82,10 @@ def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = 
            key: Optional[int] = None) -> np.ndarray:
     toks = np.asarray(model.to_tokens(tokens) if isinstance(tokens, str) else tokens)
     if toks.ndim != 1:
-        raise Error("routing works on one sequence: tokens must be 1-D, got shape %s" % (toks.shape,))
+        raise ArgumentError("routing works on one sequence: tokens must be 1-D, got shape %s" % (toks.shape,))
     T = toks.shape[0]
     if phase not in PHASES:
-        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+        raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     for what, v in (("query", query), ("key", key)):
         if v is not None:
@@ -210,7 +210,7 @@ def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: in
 
 def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, np.ndarray]:
     if phase not in PHASES:
-        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+        raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     out = {}
     for n in _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise):
         if n not in cache:
@@ -293,7 +293,7 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
     Equals routing_matrix(model, tokens, l, phase, t) without its pass.
     Needs blocks.{l}.attn.{pattern|scores} and the layer's dyn.* hooks."""
     if phase not in PHASES:
-        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+        raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
     layers = list(range(L)) if layers is None else [int(l) % L if isinstance(l, (int, np.integer)) and -L <= l < L
                                                      else _bad_layer(l, L) for l in layers]
@@ -330,7 +330,7 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
 
 
 def _bad_layer(l, L):
-    raise Error("layer %r is out of range (model has %d layers)" % (l, L))
+    raise ArgumentError("layer %r is out of range (model has %d layers)" % (l, L))
 
 
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:

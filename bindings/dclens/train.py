@@ -33,12 +33,12 @@ import math
 import os
 import shutil
 import struct
-import sys
 import time
 from typing import Dict, List, Optional
 
 import numpy as np
 
+from . import progress as _progress
 from ._engine import ffi, lib
 from .grad import Tape, param_table
 from ._checks import Error, check_status as _check
@@ -76,7 +76,7 @@ class TrainConfig:
     keep: int = 2
     log_every: int = 10
     n_threads: int = 0
-    progress: Optional[bool] = None       # None: a bar when stderr is a terminal
+    progress: Optional[bool] = None       # dclens.progress: None: a bar where watched, plain lines in a log
 
     def check(self) -> None:
         if self.model_type not in ("dcpythia", "gpt_neox"):
@@ -123,12 +123,13 @@ def model_config(c: TrainConfig, vocab: int) -> dict:
                 "norm_eps": 1e-5, "rope_base": 10000, "rotary_pct": 0.25, "use_qk_norm": True,
                 "use_parallel_residual": True, "use_linear_bias": True, "window_size": c.window_size,
                 "window_type": c.window_type, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
+                "max_position_embeddings": c.seq_len,          # the context trained for (model.cfg.n_ctx)
                 "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
     return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": c.dim,
             "num_attention_heads": c.n_head, "num_hidden_layers": c.n_layer, "intermediate_size": F,
             "vocab_size": vocab, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
             "use_parallel_residual": True, "hidden_act": "gelu", "tie_word_embeddings": False,
-            "initializer_range": 0.02, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+            "max_position_embeddings": c.seq_len, "initializer_range": 0.02, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
 
 
 def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
@@ -417,11 +418,8 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     log = _Log(c.out)
     log.line("start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
              % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len))
-    show = c.progress if c.progress is not None else sys.stderr.isatty()
-    bar = None
-    if show:
-        from tqdm import tqdm
-        bar = tqdm(total=c.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    bar = _progress.bar(total=c.steps, initial=start, desc="train", unit="step", progress=c.progress,
+                        dynamic_ncols=True)
     last, t_last, ntok, s_last = start_dir, time.perf_counter(), 0, start
     loss = float("nan")
     try:
@@ -466,27 +464,69 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     return last
 
 
-def main(argv=None) -> int:
-    """dclens train: command-line front end of train()."""
+# --help text of each option of `dclens train` (TrainConfig's fields)
+HELP = {
+    "out": "run directory (resumed if it holds checkpoints)",
+    "model_type": "dcpythia (DCMHA) or gpt_neox (Pythia, plain MHA)",
+    "n_layer": "number of transformer blocks",
+    "dim": "model width d_model",
+    "n_head": "attention heads (dim / n_head must be a multiple of 8)",
+    "d_ff": "MLP width (0: 4 * dim)",
+    "vocab": "vocabulary size (0: the tokenizer's)",
+    "window_size": "local attention window of the local layers (default: every layer global)",
+    "window_type": "which layers are local: LG (even layers), LGLL, LGL6 (default: LG when --window-size is given)",
+    "rank": "dcpythia: rank R of the dynamic compose weights",
+    "seq_len": "tokens per training sequence (the context the model is trained for)",
+    "batch_size": "sequences per step",
+    "steps": "optimiser steps of the whole run",
+    "lr": "peak learning rate (AdamW)",
+    "min_lr": "learning rate at the end of the cosine decay",
+    "warmup": "steps of linear warm-up",
+    "weight_decay": "AdamW decoupled weight decay (matrices only)",
+    "grad_clip": "global gradient-norm clip (0: none)",
+    "beta1": "AdamW beta1",
+    "beta2": "AdamW beta2",
+    "eps": "AdamW epsilon",
+    "seed": "seed of the initial weights and of the batches",
+    "data": "synth, synth:LINES_PER_TASK, a .jsonl of benchmark records or a text file",
+    "lines": "one sequence per record / line, padded (not packed)",
+    "tokenizer": "bytes, bpe:N (a byte-level BPE fitted to the corpus) or a tokenizer.json path",
+    "ckpt_every": "steps between checkpoints",
+    "keep": "checkpoints kept (the final one is also copied to OUT/final)",
+    "log_every": "steps between lines of OUT/train.log and OUT/loss.csv",
+    "n_threads": "CPU threads (0: all cores)",
+}
+
+
+def build_parser():
+    """The argument parser of `dclens train` (every option with help and default)."""
     import argparse
-    p = argparse.ArgumentParser(prog="dclens train", description=__doc__.split("\n\n")[0])
+    from ._help import HelpFormatter
+    p = argparse.ArgumentParser(prog="dclens train", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     for f in dataclasses.fields(TrainConfig):
         if f.name == "progress":
             continue
         flag = "--" + f.name.replace("_", "-")
+        h = HELP[f.name]
         if f.name == "out":
-            p.add_argument(flag, required=True, help="run directory (resumed if it holds checkpoints)")
+            p.add_argument(flag, required=True, help=h)
         elif f.name == "window_size":
-            p.add_argument(flag, type=int, default=None)
+            p.add_argument(flag, type=int, default=None, help=h)
         elif f.name == "window_type":
-            p.add_argument(flag, default=None, choices=["LG", "LGLL", "LGL6"])
+            p.add_argument(flag, default=None, choices=["LG", "LGLL", "LGL6"], help=h)
         elif f.name == "lines":
-            p.add_argument(flag, action="store_true", help="one sequence per record / line, padded (not packed)")
+            p.add_argument(flag, action="store_true", help=h)
         else:
-            p.add_argument(flag, type=type(f.default), default=f.default)
-    p.add_argument("--stop-after", type=int, default=None, help="end this sitting after N steps")
-    p.add_argument("--no-progress", action="store_true")
-    a = vars(p.parse_args(argv))
+            p.add_argument(flag, type=type(f.default), default=f.default, help=h)
+    p.add_argument("--stop-after", type=int, default=None, help="end this sitting after N steps (resume later)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (train.log still gets its lines)")
+    return p
+
+
+def main(argv=None) -> int:
+    """dclens train: command-line front end of train()."""
+    a = vars(build_parser().parse_args(argv))
     stop = a.pop("stop_after")
     a["progress"] = False if a.pop("no_progress") else None
     d = train(TrainConfig(**a), stop_after=stop)

@@ -276,7 +276,7 @@ static void test_colormaps(void) {
 }
 
 static void test_labels(void) {
-    uint8_t g[DCS_PNG_MAX_LABEL_GLYPHS];
+    dcs_glyph g[DCS_PNG_MAX_LABEL_GLYPHS];
     int n = dcs_png_label_glyphs(" the", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
     CHECK(n == 4 && g[0] == DCS_GLYPH_MIDDOT && g[1] == 't' - 32 && g[3] == 'e' - 32,
           "leading space: n=%d", n);
@@ -284,13 +284,34 @@ static void test_labels(void) {
     CHECK(n == 4 && g[0] == 0, "plain space when not visible");
     n = dcs_png_label_glyphs("a b ", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
     CHECK(n == 4 && g[1] == 0 && g[3] == DCS_GLYPH_MIDDOT, "inner space plain, trailing dot");
+    /* Latin, Greek, Cyrillic letters: their own glyph (font_unicode.h) */
     n = dcs_png_label_glyphs("caf\xc3\xa9", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
-    CHECK(n == 4 && g[3] == DCS_GLYPH_BOX, "2-byte UTF-8 is one box: n=%d", n);
+    CHECK(n == 4 && g[3] == dcs_font_glyph_of(0xE9) && g[3] >= DCS_GLYPH_UNI0, "e acute: n=%d", n);
+    n = dcs_png_label_glyphs("\xce\xb1\xce\xa9\xd0\x96\xd1\x8f\xc5\x82", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
+    CHECK(n == 5 && g[0] == dcs_font_glyph_of(0x3B1) && g[1] == dcs_font_glyph_of(0x3A9) &&
+              g[2] == dcs_font_glyph_of(0x416) && g[3] == dcs_font_glyph_of(0x44F) &&
+              g[4] == dcs_font_glyph_of(0x142),
+          "alpha Omega Zhe ya l-stroke: n=%d", n);
+    for (int i = 0; i < 5; i++)
+        CHECK(g[i] >= DCS_GLYPH_UNI0 && (i == 0 || g[i] != g[i - 1]), "distinct letter glyphs %d", i);
+    /* anything else: a code-point box, its hex digits in a frame */
     n = dcs_png_label_glyphs("\xe6\x97\xa5\xf0\x9f\x98\x80", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
-    CHECK(n == 2 && g[0] == DCS_GLYPH_BOX && g[1] == DCS_GLYPH_BOX,
-          "3- and 4-byte UTF-8: n=%d", n);
+    CHECK(n == 9 && g[0] == DCS_GLYPH_HEX0 + 6 && g[1] == DCS_GLYPH_HEX0 + 16 + 5 &&
+              g[2] == DCS_GLYPH_HEX0 + 16 + 0xE && g[3] == DCS_GLYPH_HEX0 + 32 + 5 &&
+              g[4] == DCS_GLYPH_HEX0 + 1 && g[5] == DCS_GLYPH_HEX0 + 16 + 0xF &&
+              g[8] == DCS_GLYPH_HEX0 + 32 + 0,
+          "U+65E5 is 4 boxed digits, U+1F600 5: n=%d", n);
+    CHECK(dcs_font_pixel(DCS_GLYPH_HEX0 + 6, 0, 4) && !dcs_font_pixel(DCS_GLYPH_HEX0 + 6, 4, 4) &&
+              dcs_font_pixel(DCS_GLYPH_HEX0 + 32 + 5, 4, 4) && dcs_font_pixel(DCS_GLYPH_HEX0 + 16, 2, 0) &&
+              dcs_font_pixel(DCS_GLYPH_HEX0 + 16, 2, 8),
+          "box frame: left side on the first digit, right on the last, top and bottom on all");
     n = dcs_png_label_glyphs("\xff\x80", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
     CHECK(n == 2 && g[0] == DCS_GLYPH_BOX && g[1] == DCS_GLYPH_BOX, "invalid bytes");
+    n = dcs_png_label_glyphs("\xc3(\xe0\x80\x80\xed\xa0\x80", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
+    CHECK(n == 4 && g[0] == DCS_GLYPH_BOX && g[1] == '(' - 32 && g[2] == DCS_GLYPH_BOX && g[3] == DCS_GLYPH_BOX,
+          "cut, overlong and surrogate sequences are one box each: n=%d", n);
+    n = dcs_png_label_glyphs("\xe6\x97\xa5\xe6\x97\xa5\xe6\x97\xa5", 1, 10, g);
+    CHECK(n == 10 && g[8] == '.' - 32 && g[9] == '.' - 32, "boxes are truncated like letters: n=%d", n);
     n = dcs_png_label_glyphs("\n", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
     CHECK(n == 1 && g[0] == DCS_GLYPH_RETURN, "newline");
     n = dcs_png_label_glyphs("\r\n\t", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
@@ -305,7 +326,7 @@ static void test_labels(void) {
     CHECK(n == 0, "empty");
     /* The font: every printable glyph but space has ink; space has none. */
     int inked = 1;
-    for (int gi = 1; gi < DCS_FONT_NGLYPHS; gi++) {
+    for (int gi = 1; gi < DCS_FONT_GLYPH_END; gi++) {
         int any = 0;
         for (int y = 0; y < DCS_FONT_H; y++)
             for (int x = 0; x < DCS_FONT_W; x++) any |= dcs_font_pixel(gi, x, y);

@@ -535,50 +535,64 @@ def _parse_moh(s):
     return {"shared_heads": int(hs), "routed_topk": int(k)}
 
 
-def main(argv=None, prog="dclens make-tiny"):
+def build_parser(prog="dclens make-tiny"):
+    """The argument parser of `dclens make-tiny` (every option with help and default)."""
+    from .._help import HelpFormatter
     ap = argparse.ArgumentParser(
-        prog=prog,
+        prog=prog, formatter_class=HelpFormatter,
         description="Write a tiny random DCPythia / Pythia checkpoint directory.")
-    ap.add_argument("out_dir")
-    ap.add_argument("--type", dest="model_type", default="dcpythia", choices=["dcpythia", "gpt_neox"])
-    ap.add_argument("--n-layer", type=int, default=2)
-    ap.add_argument("--dim", type=int, default=32)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=64)
+    B = argparse.BooleanOptionalAction
+    ap.add_argument("out_dir", help="directory to write (config.json, weights, optional tokenizer.json)")
+    ap.add_argument("--type", dest="model_type", default="dcpythia", choices=["dcpythia", "gpt_neox"],
+                    help="model type: DCPythia (DCMHA) or Pythia (MHA)")
+    ap.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
+    ap.add_argument("--dim", type=int, default=32, help="model width d_model")
+    ap.add_argument("--n-head", type=int, default=4, help="attention heads")
+    ap.add_argument("--vocab", type=int, default=64, help="vocabulary size")
     ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4*dim)")
-    ap.add_argument("--rank", type=int, default=2)
+    ap.add_argument("--rank", type=int, default=2, help="dynamic compose rank R (dcpythia)")
     ap.add_argument("--window-size", type=lambda v: None if v == "null" else int(v), default=8,
-                    help="local window, or 'null' (no local layers)")
-    ap.add_argument("--window-type", default=None, choices=["LG", "LGLL", "LGL6"])
-    ap.add_argument("--query-wise", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--use-qk-norm", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--use-parallel-residual", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--use-linear-bias", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--use-dcmha", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--write-unused-dyn", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--rotary-pct", type=float, default=0.25)
-    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    ap.add_argument("--format", dest="fmt", default="safetensors", choices=["safetensors", "torch"])
-    ap.add_argument("--shards", type=int, default=1)
-    ap.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--weight-scale", type=float, default=1.0)
-    ap.add_argument("--dyn-scale", type=float, default=1.0)
+                    help="local attention window ('null': every layer global)")
+    ap.add_argument("--window-type", default=None, choices=["LG", "LGLL", "LGL6"],
+                    help="which layers are local (default: LG)")
+    ap.add_argument("--query-wise", action=B, default=False, help="query-wise-only composition")
+    ap.add_argument("--use-qk-norm", action=B, default=True, help="RMS norm of q and k")
+    ap.add_argument("--use-parallel-residual", action=B, default=True, help="attention and MLP in parallel")
+    ap.add_argument("--use-linear-bias", action=B, default=True, help="biases on the linear layers")
+    ap.add_argument("--use-dcmha", action=B, default=True, help="dcpythia: composed attention (off: MHA layers)")
+    ap.add_argument("--write-unused-dyn", action=B, default=True,
+                    help="query-wise models: also write the ignored key-side dynamic weights")
+    ap.add_argument("--rotary-pct", type=float, default=0.25, help="fraction of each head's dims rotated")
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES), help="stored weight type")
+    ap.add_argument("--format", dest="fmt", default="safetensors", choices=["safetensors", "torch"],
+                    help="weight file format (torch: a torch.save zip, written without torch)")
+    ap.add_argument("--shards", type=int, default=1, help="weight files (with an index when > 1)")
+    ap.add_argument("--fused-qkv", action=B, default=True, help="one fused query/key/value matrix per layer")
+    ap.add_argument("--tie-word-embeddings", action=B, default=False, help="unembedding = embedding matrix")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    ap.add_argument("--weight-scale", type=float, default=1.0, help="scale of the random weights")
+    ap.add_argument("--dyn-scale", type=float, default=1.0, help="scale of the dynamic compose weights")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json to copy into OUT_DIR")
-    ap.add_argument("--extra-derived", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--share-storage", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--use-sw", action=argparse.BooleanOptionalAction, default=False)
+    ap.add_argument("--extra-derived", action=B, default=False,
+                    help="also write the derived tensors of the published module (merged dw_m, qkw_m, sw; identity projections)")
+    ap.add_argument("--share-storage", action=B, default=False, help="torch format: LayerNorm weight+bias (and unfused wq/wk/wv) share one storage")
+    ap.add_argument("--use-sw", action=B, default=False, help="static (Talking-Heads) compose branch")
     ap.add_argument("--moh", default=None, metavar="HS,K", help="MoH routing: shared heads, routed top-k")
     ap.add_argument("--compose-groups", type=int, default=1, help="G: heads composed within G groups")
-    ap.add_argument("--key-wise", action=argparse.BooleanOptionalAction, default=False,
-                    help="key-wise-only composition")
+    ap.add_argument("--key-wise", action=B, default=False, help="key-wise-only composition")
     ap.add_argument("--torch-views", default=None, choices=["transpose", "expand"],
                     help="torch format: store tensors as strided views")
     ap.add_argument("--archive-name", default="archive",
                     help="folder inside torch zips; 'auto' = file basename without extension, as torch.save(path)")
-    ap.add_argument("--pickle-container", default="ordereddict", choices=["ordereddict", "ordereddict_meta", "dict"])
-    ap.add_argument("--torch-style", default="2.1", choices=["2.1", "2.7"])
+    ap.add_argument("--pickle-container", default="ordereddict", choices=["ordereddict", "ordereddict_meta", "dict"],
+                    help="torch format: the pickled container of the state dict")
+    ap.add_argument("--torch-style", default="2.1", choices=["2.1", "2.7"],
+                    help="torch format: the zip layout of that torch version")
+    return ap
+
+
+def main(argv=None, prog="dclens make-tiny"):
+    ap = build_parser(prog)
     a = ap.parse_args(argv)
     _check_cli_args(a)
     try:

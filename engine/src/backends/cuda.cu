@@ -487,7 +487,7 @@ static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, i
 
 /* ------------------------------------------------------------ public */
 
-extern "C" int dcs_cuda_probe(char *why, size_t whylen) {
+static int cu_probe(char *why, size_t whylen) {
     int n = 0;
     cudaError_t r = cudaGetDeviceCount(&n);
     if (r != cudaSuccess) {
@@ -533,7 +533,7 @@ static const dcs_backend_ops cuda_ops = {
     .head_gate = cu_head_gate,
 };
 
-extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
+static dcs_backend *cu_create(int device, dcs_err *e) {
     int n = 0;
     cudaError_t r = cudaGetDeviceCount(&n);
     if (r != cudaSuccess || n <= 0) {
@@ -591,4 +591,18 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
     }
 
     return be;
+}
+
+/* The plugin's one exported symbol (dcs_backend.h, "CUDA plugin"): the
+ * loader in cuda_plugin.c finds it with dlsym. Everything else in this
+ * library is hidden. */
+extern "C" __attribute__((visibility("default"))) const dcs_cuda_plugin *dcs_cuda_plugin_v1(void) {
+    static const dcs_cuda_plugin plugin = {
+        DCS_CUDA_PLUGIN_ABI,
+        sizeof(dcs_backend_ops),
+        sizeof(dcs_compose_args) + sizeof(dcs_attn_args),
+        cu_create,
+        cu_probe,
+    };
+    return &plugin;
 }

@@ -144,9 +144,35 @@ struct dcs_backend {
 };
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e);
-#ifdef DCS_WITH_CUDA
+
+/* ---------------------------------------------------------------- CUDA plugin
+ *
+ * The CUDA backend (cuda.cu) is a separate shared library, the plugin
+ * libdclens_cuda.so, loaded with dlopen by cuda_plugin.c the first time a
+ * CUDA model or the CUDA probe is asked for. So the engine itself (and the
+ * Python module) needs no CUDA library and imports anywhere; where the
+ * plugin or the CUDA runtime is missing, the probe says why.
+ *
+ * The plugin exports one symbol, DCS_CUDA_PLUGIN_SYMBOL, a function that
+ * returns its table below. The loader refuses a plugin whose abi or struct
+ * sizes differ from its own (a plugin left over from another build). */
+#define DCS_CUDA_PLUGIN_ABI 1
+#define DCS_CUDA_PLUGIN_SYMBOL "dcs_cuda_plugin_v1"
+#define DCS_CUDA_PLUGIN_FILE "libdclens_cuda.so"
+typedef struct {
+    int abi;                      /* DCS_CUDA_PLUGIN_ABI                     */
+    size_t ops_size;              /* sizeof(dcs_backend_ops)                 */
+    size_t args_size;             /* sizeof(dcs_compose_args) + sizeof(dcs_attn_args) */
+    /* a backend on GPU `device` (its ops: the plugin's static table) */
+    dcs_backend *(*create)(int device, dcs_err *e);
+    /* 1 if a GPU is usable, else 0 and why */
+    int (*probe)(char *why, size_t whylen);
+} dcs_cuda_plugin;
+typedef const dcs_cuda_plugin *(*dcs_cuda_plugin_fn)(void);
+
+/* cuda_plugin.c: load the plugin (the file named by $DCLENS_CUDA_PLUGIN, else
+ * DCS_CUDA_PLUGIN_FILE beside the binary holding the engine) and call it. */
 dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e);
 int dcs_cuda_probe(char *why, size_t whylen);
-#endif
 
 #endif /* DCS_BACKEND_H */

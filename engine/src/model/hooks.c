@@ -129,7 +129,7 @@ dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer
         p = find_point(name, 0);
     }
     if (p < 0)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s' (see shared/docs/hooks.md for the names)", name);
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s'", name);
     if (!dcs_hook_exists(m, p)) {
         const char *why = "query_wise: no key-wise branches";
         if (POINTS[p].needs == 4) why = "no Mixture-of-Head routing ('moh' is not in the config)";

@@ -661,16 +661,12 @@ static dcs_status make_backend(dcs_model *m, const dcs_load_options *o, dcs_err 
         return m->be ? DCS_OK : e->code;
     }
     if (m->device == DCS_DEVICE_CUDA) {
-#ifdef DCS_WITH_CUDA
-        char why[256];
+        /* the CUDA plugin (cuda_plugin.c), loaded now */
+        char why[768];
         if (!dcs_cuda_probe(why, sizeof why))
             return dcs_seterr(e, DCS_ERR_UNSUPPORTED, "device 'cuda' is not available: %s", why);
         m->be = dcs_backend_cuda_create(o ? o->cuda_device : 0, e);
         return m->be ? DCS_OK : e->code;
-#else
-        return dcs_seterr(e, DCS_ERR_UNSUPPORTED,
-                          "device 'cuda' is not available: dclens was built without CUDA (nvcc not found at build time)");
-#endif
     }
     return dcs_seterr(e, DCS_ERR_ARG, "unknown device %d", m->device);
 }

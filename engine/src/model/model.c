@@ -58,12 +58,7 @@ int dcs_layer_is_local(const dcs_model *m, int layer) {
 }
 
 int dcs_cuda_available(char *why, size_t whylen) {
-#ifdef DCS_WITH_CUDA
-    return dcs_cuda_probe(why, whylen);
-#else
-    if (why && whylen) snprintf(why, whylen, "dclens was built without CUDA (nvcc not found at build time)");
-    return 0;
-#endif
+    return dcs_cuda_probe(why, whylen);     /* loads the CUDA plugin (cuda_plugin.c) */
 }
 
 /* ---------------------------------------------------------------- weights */

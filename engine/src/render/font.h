@@ -12,12 +12,23 @@
  * glyphs follow for what token strings contain and ASCII cannot show:
  *   DCS_GLYPH_MIDDOT  a centred dot drawn for visible spaces (leading and
  *                     trailing spaces of a token: ' the' shows as '.the')
- *   DCS_GLYPH_BOX     a framed dot: substitute for one non-ASCII UTF-8
- *                     character (or one invalid byte / control byte)
+ *   DCS_GLYPH_BOX     a framed dot: substitute for one invalid UTF-8 byte
+ *                     or control byte
  *   DCS_GLYPH_RETURN  a return arrow for '\n' (and '\r')
  *   DCS_GLYPH_TAB     a right arrow for '\t'
  *
  * The glyph drawings are in the comments next to the bytes ('#' = ink).
+ *
+ * Beyond ASCII (dcs_font_glyph_of):
+ *   - Latin-1, Latin Extended-A, Greek and Cyrillic letters: glyphs of the
+ *     X11 misc-fixed 6x9 font (public domain), same metrics, generated into
+ *     font_unicode.h by scripts/gen_font.py: glyph DCS_GLYPH_UNI0 + i is
+ *     code point dcs_font_uni_cp[i];
+ *   - any other character: a code-point box, its hex digits (4 to 6) in a
+ *     frame, one glyph per digit (DCS_GLYPH_HEX0 + 16 * part + digit, part 0
+ *     the first digit with the frame's left side, 1 a middle one, 2 the last
+ *     with its right side), so U+65E5 shows as a box holding 65E5.
+ * Glyph ids are dcs_glyph (16 bits).
  */
 #ifndef DCS_FONT_H_INCLUDED
 #define DCS_FONT_H_INCLUDED
@@ -34,7 +45,11 @@
 #define DCS_GLYPH_BOX 96
 #define DCS_GLYPH_RETURN 97
 #define DCS_GLYPH_TAB 98
-#define DCS_FONT_NGLYPHS 99
+#define DCS_FONT_NGLYPHS 99      /* the glyphs of the table below          */
+#define DCS_GLYPH_HEX0 99        /* 48 code-point box digits               */
+#define DCS_GLYPH_UNI0 147       /* font_unicode.h's glyphs                */
+
+typedef uint16_t dcs_glyph;
 
 static const uint8_t dcs_font_glyphs[DCS_FONT_NGLYPHS][DCS_FONT_H] = {
     { /* 0 ' ' */
@@ -1128,18 +1143,66 @@ static const uint8_t dcs_font_glyphs[DCS_FONT_NGLYPHS][DCS_FONT_H] = {
     },
 };
 
+/* The code-point box's hex digits, 3 columns x 5 rows (bit 2 leftmost),
+ * drawn in rows 2..6 and columns 1..3 of their glyph. */
+static const uint8_t dcs_font_hex_digits[16][5] = {
+    {7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 3, 1, 7},   /* 0 1 2 3 */
+    {5, 5, 7, 1, 1}, {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 2, 2},   /* 4 5 6 7 */
+    {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7}, {2, 5, 7, 5, 5}, {6, 5, 6, 5, 6},   /* 8 9 A B */
+    {3, 4, 4, 4, 3}, {6, 5, 5, 5, 6}, {7, 4, 6, 4, 7}, {7, 4, 6, 4, 4},   /* C D E F */
+};
+
+#include "font_unicode.h"
+
+#define DCS_FONT_GLYPH_END (DCS_GLYPH_UNI0 + DCS_FONT_UNI_N)
+
 /* The glyph index of a printable ASCII byte (32..126); anything else gives
  * DCS_GLYPH_BOX. */
 static inline int dcs_font_ascii_glyph(unsigned char c) {
     return (c >= 32 && c <= 126) ? (int)c - 32 : DCS_GLYPH_BOX;
 }
 
+/* The glyph of code point cp >= 32: ASCII's own, or font_unicode.h's; -1
+ * when the font has none (the caller draws a code-point box). */
+static inline int dcs_font_glyph_of(uint32_t cp) {
+    if (cp >= 32 && cp <= 126) return (int)cp - 32;
+    int lo = 0, hi = DCS_FONT_UNI_N - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (dcs_font_uni_cp[mid] == cp) return DCS_GLYPH_UNI0 + mid;
+        if (dcs_font_uni_cp[mid] < cp) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* The code-point box of cp: its hex digits (at least 4), at most 6 glyphs
+ * into out; returns how many. */
+static inline int dcs_font_hex_box(uint32_t cp, dcs_glyph out[6]) {
+    int nd = cp > 0xFFFFF ? 6 : cp > 0xFFFF ? 5 : 4;
+    for (int i = 0; i < nd; i++) {
+        int digit = (int)((cp >> (4 * (nd - 1 - i))) & 0xF);
+        int part = i == 0 ? 0 : i == nd - 1 ? 2 : 1;
+        out[i] = (dcs_glyph)(DCS_GLYPH_HEX0 + 16 * part + digit);
+    }
+    return nd;
+}
+
 /* Is pixel (x, y) of glyph g inked? (x in 0..4, y in 0..8; g checked.) */
 static inline int dcs_font_pixel(int g, int x, int y) {
-    if (g < 0 || g >= DCS_FONT_NGLYPHS || x < 0 || x >= DCS_FONT_W || y < 0 ||
+    if (g < 0 || g >= DCS_FONT_GLYPH_END || x < 0 || x >= DCS_FONT_W || y < 0 ||
         y >= DCS_FONT_H)
         return 0;
-    return (dcs_font_glyphs[g][y] >> (DCS_FONT_W - 1 - x)) & 1;
+    if (g < DCS_FONT_NGLYPHS)
+        return (dcs_font_glyphs[g][y] >> (DCS_FONT_W - 1 - x)) & 1;
+    if (g >= DCS_GLYPH_UNI0)
+        return (dcs_font_uni_glyphs[g - DCS_GLYPH_UNI0][y] >> (DCS_FONT_W - 1 - x)) & 1;
+    /* a code-point box digit: frame rows 0 and 8, sides on the first / last */
+    int part = (g - DCS_GLYPH_HEX0) / 16, digit = (g - DCS_GLYPH_HEX0) % 16;
+    if (y == 0 || y == DCS_FONT_H - 1) return 1;
+    if ((x == 0 && part == 0) || (x == DCS_FONT_W - 1 && part == 2)) return 1;
+    if (y < 2 || y > 6 || x < 1 || x > 3) return 0;
+    return (dcs_font_hex_digits[digit][y - 2] >> (3 - x)) & 1;
 }
 
 #endif /* DCS_FONT_H_INCLUDED */

@@ -63,12 +63,13 @@ static dcs_status fail(char *err, size_t errlen, dcs_status code, const char *fm
 /* ---------------------------------------------------------------- text */
 
 int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs,
-                         uint8_t *out) {
+                         dcs_glyph *out) {
     if (!s || !out || max_glyphs <= 0) return 0;
-    /* Decode up to max_glyphs + 1 glyphs (one more tells us to truncate). */
-    enum { CAP = 256 };
-    uint8_t g[CAP + 1];
-    uint8_t is_space[CAP + 1];
+    /* Decode up to max_glyphs + 1 glyphs (one more tells us to truncate);
+     * a code-point box adds up to 6 at once, hence the slack. */
+    enum { CAP = 256, SLACK = 6 };
+    dcs_glyph g[CAP + 1 + SLACK];
+    uint8_t is_space[CAP + 1 + SLACK];
     int lim = max_glyphs < CAP ? max_glyphs + 1 : CAP + 1;
     int n = 0;
     const unsigned char *p = (const unsigned char *)s;
@@ -86,17 +87,35 @@ int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs,
         } else if (c == '\t') {
             glyph = DCS_GLYPH_TAB;
         } else if (c >= 0xC2 && c <= 0xF4) {
-            /* One UTF-8 character: one box, however many bytes. */
+            /* One UTF-8 character: its glyph (font.h), else a code-point box.
+             * A sequence cut short, overlong or a surrogate is one BOX. */
             int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
-            while (more > 0 && (*p & 0xC0) == 0x80) {
-                p++;
-                more--;
+            uint32_t cp = c & (c >= 0xF0 ? 0x07u : c >= 0xE0 ? 0x0Fu : 0x1Fu);
+            int ok = 1;
+            for (int k = 0; k < more; k++) {
+                if ((*p & 0xC0) != 0x80) {
+                    ok = 0;
+                    break;
+                }
+                cp = (cp << 6) | (uint32_t)(*p++ & 0x3F);
             }
-            glyph = DCS_GLYPH_BOX;
+            if (ok && (cp < (more == 1 ? 0x80u : more == 2 ? 0x800u : 0x10000u) || cp > 0x10FFFF ||
+                       (cp >= 0xD800 && cp <= 0xDFFF)))
+                ok = 0;
+            glyph = ok ? dcs_font_glyph_of(cp) : DCS_GLYPH_BOX;
+            if (glyph < 0) {
+                dcs_glyph hex[6];
+                int nh = dcs_font_hex_box(cp, hex);
+                for (int k = 0; k < nh; k++) {
+                    g[n] = hex[k];
+                    is_space[n++] = 0;
+                }
+                continue;
+            }
         } else {
             glyph = DCS_GLYPH_BOX; /* control byte, stray continuation, 0xFF.. */
         }
-        g[n] = (uint8_t)glyph;
+        g[n] = (dcs_glyph)glyph;
         is_space[n] = (uint8_t)sp;
         n++;
     }
@@ -107,16 +126,16 @@ int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs,
             for (int i = n - 1; i >= 0 && is_space[i]; i--) g[i] = DCS_GLYPH_MIDDOT;
     }
     if (!truncated) {
-        memcpy(out, g, (size_t)n);
+        memcpy(out, g, (size_t)n * sizeof *g);
         return n;
     }
     if (max_glyphs < 3) {
-        memcpy(out, g, (size_t)max_glyphs);
+        memcpy(out, g, (size_t)max_glyphs * sizeof *g);
         return max_glyphs;
     }
-    memcpy(out, g, (size_t)(max_glyphs - 2));
-    out[max_glyphs - 2] = (uint8_t)('.' - 32);
-    out[max_glyphs - 1] = (uint8_t)('.' - 32);
+    memcpy(out, g, (size_t)(max_glyphs - 2) * sizeof *g);
+    out[max_glyphs - 2] = (dcs_glyph)('.' - 32);
+    out[max_glyphs - 1] = (dcs_glyph)('.' - 32);
     return max_glyphs;
 }
 
@@ -129,7 +148,7 @@ static const char *label_text(const char *const *labels, int i, char buf[16]) {
 
 static int label_count(const char *const *labels, int i, int visible) {
     char buf[16];
-    uint8_t g[DCS_PNG_MAX_LABEL_GLYPHS];
+    dcs_glyph g[DCS_PNG_MAX_LABEL_GLYPHS];
     return dcs_png_label_glyphs(label_text(labels, i, buf), visible,
                                 DCS_PNG_MAX_LABEL_GLYPHS, g);
 }
@@ -451,7 +470,7 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
     for (int p = 0; p < sp->n_panels; p++) {
         const char *t = sp->panels[p].title;
         if (t && *t) {
-            uint8_t g[MAX_TITLE_GLYPHS];
+            dcs_glyph g[MAX_TITLE_GLYPHS];
             int n = dcs_png_label_glyphs(t, 0, MAX_TITLE_GLYPHS, g);
             m.has_ptitle = 1;
             if (n > m.ptitle_g) m.ptitle_g = n;
@@ -460,7 +479,7 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
     m.axis_titles = sp->axis_titles != 0;
     m.has_title = sp->title && *sp->title;
     if (m.has_title) {
-        uint8_t g[MAX_FIG_TITLE_GLYPHS];
+        dcs_glyph g[MAX_FIG_TITLE_GLYPHS];
         m.title_g = dcs_png_label_glyphs(sp->title, 0, MAX_FIG_TITLE_GLYPHS, g);
     }
     m.panel_bars = L->panel_bars;
@@ -559,7 +578,7 @@ static void draw_glyph(canvas *cv, int g, int x, int y, int s, int rot,
         }
 }
 
-static void draw_glyphs(canvas *cv, const uint8_t *g, int n, int x, int y, int s,
+static void draw_glyphs(canvas *cv, const dcs_glyph *g, int n, int x, int y, int s,
                         int rot, int bold, const uint8_t rgb[3]) {
     for (int i = 0; i < n; i++) {
         int off = i * DCS_FONT_ADV * s;
@@ -650,7 +669,7 @@ static void draw_colour_bar(canvas *cv, const dcs_png_layout *L, int bx, int by,
         fill_rect(cv, bx + bw + 1, y, TICK + 1, 1, FRAME);
         char buf[32];
         format_tick(v[i], buf);
-        uint8_t g[32];
+        dcs_glyph g[32];
         int ng = dcs_png_label_glyphs(buf, 0, 31, g);
         draw_glyphs(cv, g, ng, bx + bw + TICK + 5, y - DCS_FONT_CAP * s / 2, s, 0, 0, INK);
     }
@@ -665,14 +684,14 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
         int ts = L->title_scale;
         int maxg = (cv->w - 2 * MARGIN + ts) / (DCS_FONT_ADV * ts);
         if (maxg > 0) {
-            uint8_t g[MAX_FIG_TITLE_GLYPHS];
+            dcs_glyph g[MAX_FIG_TITLE_GLYPHS];
             if (maxg > MAX_FIG_TITLE_GLYPHS) maxg = MAX_FIG_TITLE_GLYPHS;
             int n = dcs_png_label_glyphs(sp->title, 0, maxg, g);
             int wpx = (int)text_px(n, ts);
             draw_glyphs(cv, g, n, (cv->w - wpx) / 2, L->title_y, ts, 0, 1, INK);
         }
     }
-    uint8_t g[DCS_PNG_MAX_LABEL_GLYPHS > MAX_TITLE_GLYPHS ? DCS_PNG_MAX_LABEL_GLYPHS
+    dcs_glyph g[DCS_PNG_MAX_LABEL_GLYPHS > MAX_TITLE_GLYPHS ? DCS_PNG_MAX_LABEL_GLYPHS
                                                           : MAX_TITLE_GLYPHS];
     char buf[16];
     for (int p = 0; p < L->n_panels; p++) {

@@ -93,13 +93,16 @@ void dcs_png_panel_scale(const dcs_heatmap_spec *spec, const dcs_png_layout *L, 
 /* Top-left pixel of cell (t, s) of panel p; the cell is L->cell square. */
 void dcs_png_cell_origin(const dcs_png_layout *L, int p, int t, int s, int *x, int *y);
 
-/* The glyphs (font.h indices) a label is drawn with: UTF-8 characters other
- * than ASCII become one box each, '\n' a return arrow, '\t' an arrow,
- * control bytes a box; with visible_spaces, leading and trailing spaces
- * become middle dots. More than max_glyphs glyphs: the first max_glyphs - 2
- * and "..". out has room for max_glyphs entries; returns the count. */
+/* The glyphs (font.h indices) a label is drawn with: ASCII, and Latin,
+ * Greek and Cyrillic letters, as themselves; any other UTF-8 character as a
+ * code-point box (its hex digits in a frame, 4 to 6 glyphs); '\n' a return
+ * arrow, '\t' an arrow, control bytes and invalid UTF-8 a box; with
+ * visible_spaces, leading and trailing spaces become middle dots. More than
+ * max_glyphs glyphs: the first max_glyphs - 2 and "..". out has room for
+ * max_glyphs entries; returns the count. */
+typedef uint16_t dcs_glyph;   /* as font.h */
 int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs,
-                         uint8_t *out);
+                         dcs_glyph *out);
 
 /* Colour levels (colormap.c). dcs_colormap_rgb(cm, x, lo, hi) is exactly
  * dcs_colormap_level_rgb(cm, dcs_colormap_level(cm, x, lo, hi)). Levels are

@@ -1,0 +1,157 @@
+"""The one progress helper of dclens: every slow call (analysis over a
+dataset, patching sweeps, attribution, training, the synthetic benchmark, Hub
+downloads) takes ``progress=`` and reports through :func:`bar`.
+
+    progress=None (default)  a tqdm.auto bar where someone watches: a widget in
+                             Jupyter when ipywidgets is installed, a text bar
+                             in a terminal; in a log that is not a terminal
+                             (a file, CI), a few plain lines instead
+                             ("desc: 25% (250/1000) 3.1 s"), never a
+                             carriage-return line per update
+    progress=True            a tqdm.auto bar even when stderr is not a terminal
+    progress=False           nothing
+
+tqdm.auto would warn ("IProgress not found") in a notebook without
+ipywidgets: that warning is not shown, the text bar is used.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import Iterable, Optional
+
+_PLAIN_STEPS = 4          # plain lines: at 25, 50, 75 and 100 %
+
+
+def _in_notebook() -> bool:
+    ip = sys.modules.get("IPython")
+    try:
+        shell = ip.get_ipython() if ip is not None else None
+        return shell is not None and "IPKernelApp" in shell.config
+    except Exception:  # noqa: BLE001 -- any doubt: not a notebook
+        return False
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _tqdm_auto():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # tqdm.auto's "IProgress not found" (no ipywidgets)
+        from tqdm.auto import tqdm
+    return tqdm
+
+
+def mode(progress: Optional[bool]) -> str:
+    """'bar', 'lines' or 'none' for a progress= argument."""
+    if progress is None:
+        return "bar" if _in_notebook() or _stderr_is_terminal() else "lines"
+    if not isinstance(progress, (bool, int)):
+        from ._checks import ArgumentTypeError
+        raise ArgumentTypeError("progress must be None, True or False, not %r" % (progress,))
+    return "bar" if progress else "none"
+
+
+class Plain:
+    """A few plain lines on stderr (what a log file gets): the start, every
+    quarter, the end. The subset of tqdm's interface dclens uses."""
+
+    def __init__(self, iterable: Optional[Iterable] = None, total: Optional[int] = None, desc: str = "",
+                 unit: str = "it", initial: int = 0, **_ignored):
+        self.iterable = iterable
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.postfix = ""
+        self._t0 = time.monotonic()
+        self._next = 1
+        self._closed = False
+        self._say("start" if not initial else "resumed at %d" % initial)
+
+    def _say(self, what: str) -> None:
+        print("%s: %s%s" % (self.desc or "progress", what, " (%s)" % self.postfix if self.postfix else ""),
+              file=sys.stderr, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.total:
+            while self._next < _PLAIN_STEPS and self.n * _PLAIN_STEPS >= self._next * self.total:
+                self._say("%d%% (%d/%d %s) %.1f s" % (100 * self._next // _PLAIN_STEPS, self.n, self.total,
+                                                     self.unit, time.monotonic() - self._t0))
+                self._next += 1
+
+    def set_postfix(self, ordered_dict=None, refresh: bool = True, **kw) -> None:
+        d = dict(ordered_dict or {}, **kw)
+        self.postfix = ", ".join("%s=%s" % kv for kv in d.items())
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.postfix = s
+
+    def set_description(self, desc: str = "", refresh: bool = True) -> None:
+        self.desc = desc
+
+    def refresh(self) -> None:
+        pass
+
+    def write(self, s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._say("done, %d%s %s in %.1f s" % (self.n, "/%d" % self.total if self.total else "", self.unit,
+                                               time.monotonic() - self._t0))
+
+    def __iter__(self):
+        try:
+            for x in self.iterable:
+                yield x
+                self.update(1)
+        finally:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Silent(Plain):
+    """progress=False: the same interface, no output."""
+
+    def _say(self, what: str) -> None:
+        pass
+
+    def write(self, s: str) -> None:
+        pass
+
+
+def bar(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "",
+        progress: Optional[bool] = None, unit: str = "it", **kw):
+    """A progress bar for progress= (see the module doc): tqdm.auto's, Plain
+    lines or Silent. Use it as tqdm: over an iterable, or update(n) + close()."""
+    m = mode(progress)
+    if m == "bar":
+        return _tqdm_auto()(iterable, total=total, desc=desc, unit=unit, **kw)
+    return (Plain if m == "lines" else Silent)(iterable, total=total, desc=desc, unit=unit, **kw)
+
+
+def hub_tqdm_class(progress: Optional[bool]):
+    """The tqdm class huggingface_hub's snapshot_download gets (its own bars
+    for each file are tqdm.auto's; progress=False disables them)."""
+    tqdm = _tqdm_auto()
+    if mode(progress) == "bar":
+        return tqdm
+
+    class _Quiet(tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, *a, **k):
+            k["disable"] = True
+            super().__init__(*a, **k)
+    return _Quiet
