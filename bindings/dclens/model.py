@@ -4,6 +4,12 @@ Thin layer over the C engine (dclens._engine): the engine runs the pass and
 calls back at every wanted hook point with the activation for the whole batch;
 dclens.hooks turns that into numpy arrays, a cache, and calls of the user's
 hook functions, with hook names from the model's HookTable.
+
+Processes: a Model pickles as a reference (dclens.reference: load arguments
+and a fingerprint of its files; unpickling loads it again), and survives
+fork(): in a forked child its lock is new (os.register_at_fork) and the
+engine rebuilds its thread pool on first use, so the child can run the
+parent's model, even one a thread of the parent was running at the fork.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import os
 import stat
 import threading
 import warnings
+import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -24,6 +31,7 @@ from ._engine import ffi, lib
 from .bundled import resolve
 from .cache import Cache
 from .hooks import HookFn, HookTable, _Run, hook_pairs
+from .reference import ModelRef, fingerprint
 from .weights import WeightsMixin
 
 _MAX_TOKENIZER_BYTES = 256 << 20
@@ -94,9 +102,40 @@ def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
     prompt (TransformerLens' habit); by default the batch axis follows the
     input: a string or [T] array gives [T, ...], a list of strings or a
     [B, T] array gives [B, T, ...]."""
-    m = Model(resolve(path), device=device, n_threads=n_threads)
+    directory = resolve(path)
+    m = Model(directory, device=device, n_threads=n_threads)
     m.always_batch = bool(always_batch)
+    if isinstance(path, str) and not os.path.lexists(path):     # a bundled name: pickles as the name
+        m._ref = dataclasses.replace(m._ref, source=path)
     return m
+
+
+def from_reference(ref: ModelRef) -> "Model":
+    """Load the model a reference names (what unpickling a Model does), after
+    checking that its files are those it was loaded from (else Error)."""
+    if not isinstance(ref, ModelRef):
+        raise Error("from_reference needs a dclens.reference.ModelRef, not %s" % type(ref).__name__)
+    m = Model(ref.check(), device=ref.device, n_threads=ref.n_threads)
+    m.always_batch = ref.always_batch
+    m._ref = dataclasses.replace(ref, files=m._ref.files)
+    return m
+
+
+# The models of this process, for the fork handler below (process state, as
+# the engine's fork count is: a fork is an event of the whole process).
+_LIVE: "weakref.WeakSet[Model]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: every model gets a new lock (the parent's may be
+    held by a thread the child does not have); a model whose lock was held
+    had a call running in such a thread, so the engine forgets that call's
+    buffers (dcs_after_fork). The CPU thread pool rebuilds itself."""
+    for m in list(_LIVE):
+        m._reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _physical_memory() -> int:
@@ -156,6 +195,9 @@ class Model(WeightsMixin):
         st = lib.dcs_load(cpath, opts, out, err, 1024)
         _check(st, decode_msg(ffi.string(err)))
         self._m = ffi.gc(out[0], lib.dcs_free)
+        self._pid = os.getpid()
+        self._ref = ModelRef(source=os.path.abspath(os.fsdecode(path)), device=device, n_threads=n_threads,
+                             files=fingerprint(path))
         # One engine call at a time per model (the engine's pool and error
         # record are per model, and cffi releases the GIL during a pass):
         # other threads wait. _pass_thread is the thread running this
@@ -187,11 +229,43 @@ class Model(WeightsMixin):
         self._hook_table = HookTable(self._m, self.config.n_layer)   # name <-> (point, layer)
         self.always_batch = False   # see load()
         self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
+        _LIVE.add(self)
 
     def __repr__(self) -> str:
         c = self.config
         return "<dclens.Model %s: %s, %d layers, d_model %d, %d heads, on %s>" % (
             self.name, c.model_type, c.n_layer, c.d_model, c.n_head, self.device)
+
+    # ------------------------------------------------------------ processes
+
+    def reference(self) -> ModelRef:
+        """What pickling this model keeps: its load arguments and the
+        fingerprint of its files at load time (dclens.reference)."""
+        return dataclasses.replace(self._ref, always_batch=bool(self.always_batch))
+
+    def __reduce__(self):
+        if self._ctx_hooks:
+            warnings.warn("%s: hooks added with add_hook / model.hooks are not pickled; the unpickled "
+                          "model has none" % self.name, stacklevel=2)
+        return from_reference, (self.reference(),)
+
+    def _reset_after_fork(self) -> None:
+        held = not self._lock.acquire(blocking=False)
+        if not held:
+            self._lock.release()
+        self._lock = threading.RLock()
+        self._pass_thread = None
+        if self.device == "cuda":
+            # the child has no CUDA context: never free (or use) the parent's
+            self._m = ffi.gc(self._m, None)
+        elif held:
+            lib.dcs_after_fork(self._m)
+
+    def _check_process(self) -> None:
+        if self.device == "cuda" and os.getpid() != self._pid:
+            raise Error("%s: a CUDA model cannot be used in a process forked from the one that loaded it "
+                        "(CUDA does not survive fork); load it in the child, use the 'spawn' start "
+                        "method, or pass the model pickled (it loads again)" % self.name)
 
     # ------------------------------------------------------------ names
 
@@ -240,6 +314,7 @@ class Model(WeightsMixin):
         if self._pass_thread == threading.get_ident():
             yield
             return
+        self._check_process()
         with self._lock:
             yield
 
@@ -448,6 +523,7 @@ class Model(WeightsMixin):
         MLP) and hooks to abort, waits for the pass to end, and returns the
         KeyboardInterrupt. Returns (status, KeyboardInterrupt or None)."""
         me = threading.get_ident()
+        self._check_process()
         if self._pass_thread == me:
             raise Error("forward: this model is already running a pass in this thread (a hook "
                         "cannot start another pass on its own model; load a second Model)")
