@@ -173,6 +173,20 @@ def _read_regular_file(path: str, limit: int) -> str:
         raise Error("%s: not UTF-8 (%s at byte %d)" % (path, e.reason, e.start)) from None
 
 
+def load_tokenizer(directory: str):
+    """The HF `tokenizers.Tokenizer` of a model directory (its tokenizer.json),
+    without loading the model (what Model.tokenizer reads)."""
+    p = os.path.join(directory, "tokenizer.json")
+    if not os.path.lexists(p):
+        raise Error("%s has no tokenizer.json" % directory)
+    text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as e:
+        raise Error("%s: cannot read the tokenizer: %s" % (p, e))
+
+
 class Model(WeightsMixin):
     """A loaded DCPythia or Pythia model.
 
@@ -324,15 +338,7 @@ class Model(WeightsMixin):
     def tokenizer(self):
         """The HF `tokenizers.Tokenizer` of the model directory (tokenizer.json)."""
         if self._tokenizer is None:
-            p = os.path.join(self.path, "tokenizer.json")
-            if not os.path.lexists(p):
-                raise Error("%s has no tokenizer.json" % self.path)
-            text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
-            from tokenizers import Tokenizer
-            try:
-                self._tokenizer = Tokenizer.from_str(text)
-            except Exception as e:
-                raise Error("%s: cannot read the tokenizer: %s" % (p, e))
+            self._tokenizer = load_tokenizer(self.path)
         return self._tokenizer
 
     def to_tokens(self, text, padding_side: str = "right", pad_id: int = 0):
