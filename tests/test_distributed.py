@@ -135,6 +135,13 @@ def test_a_worker_killed_mid_run_is_replaced(cluster, model, tmp_path):
         assert np.array_equal(a, b)
 
 
+def test_a_cluster_keeps_its_workers_between_calls(cluster, model):
+    pids = lambda: set(dd.map(model, lambda m, x: os.getpid(), range(6), ray=cluster))
+    first = pids()
+    assert len(first) == 2 and pids() == first          # loaded once, used again
+    assert os.getpid() not in first
+
+
 def test_an_exception_names_its_item(cluster):
     def fn(m, x):
         if x == 3:

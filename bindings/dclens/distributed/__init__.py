@@ -15,9 +15,10 @@ restarted by Ray and its item run again. (To the bit for the same n_threads
 per model: the engine's GEMM tiling follows the thread count.) Models
 travel as references
 (dclens.reference): each worker loads the model from the same files, checked
-against the fingerprint taken where the run started. Workers stay up after
-a call, their model loaded, for the next call on the same model; a call on
-another model replaces them; dclens.distributed.release() stops them.
+against the fingerprint taken where the run started. Workers of a Cluster
+object stay up after a call, their model loaded, for its next call on the
+same model; a call on another model replaces them; Cluster.release() stops
+them (with ray="local:N", a string, they end with each call).
 """
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ from ..bundled import resolve
 from ..model import Model, from_reference
 from ..reference import ModelRef, fingerprint
 from .cluster import Cluster, Placement, connect
-from .workers import item_error, progress_bar, release, run
+from .workers import item_error, progress_bar, run
 
-__all__ = ["Cluster", "Placement", "connect", "map", "model_ref", "release", "run_cells", "synth"]
+__all__ = ["Cluster", "Placement", "connect", "map", "model_ref", "run_cells", "synth"]
 
 ModelSpec = Union[Model, ModelRef, str, os.PathLike]
 RaySpec = Union[None, str, Cluster]
@@ -85,7 +86,7 @@ def map(model: ModelSpec, fn: Callable[[Model, Any], Any], items: Iterable, *, r
     placement = connect(ray, ref.device, ref.n_threads)
     if ref.device == "cpu":
         ref = ref.with_threads(placement.n_threads)
-    return run(ref, fn, items, placement, progress, desc, unit)
+    return run(ref, fn, items, placement, progress, desc, unit, ray.kept if isinstance(ray, Cluster) else None)
 
 
 def _run_here(model: ModelSpec, ref: ModelRef, fn: Callable, items: List, progress, desc: str, unit: str) -> List:

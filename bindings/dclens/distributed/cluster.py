@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from .._checks import Error, check_index
 
@@ -47,13 +47,27 @@ class Cluster:
     tiles follow the thread count, and float32 sums round with them). init: extra keyword arguments of
     ray.init when this call starts or joins Ray (e.g. object_store_memory).
     retries: how many times a worker that dies is restarted and its item run
-    again (Ray's max_restarts and max_task_retries)."""
+    again (Ray's max_restarts and max_task_retries).
+
+    A Cluster object keeps its workers, model loaded, between calls on the
+    same model (a call on another model replaces them); release() stops
+    them. A string ray= argument starts workers for one call."""
 
     address: str = "local"
     workers: Optional[int] = None
     n_threads: Optional[int] = None
     init: Dict[str, Any] = dataclasses.field(default_factory=dict)
     retries: int = 3
+    kept: Dict[str, List[Any]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def release(self) -> None:
+        """Stop the workers this Cluster keeps (their models' memory is freed)."""
+        if self.kept:
+            ray = import_ray()
+            for workers in self.kept.values():
+                for w in workers:
+                    ray.kill(w)
+            self.kept.clear()
 
     def local_workers(self) -> Optional[int]:
         """N of "local:N", this machine's cores for "local", None for a remote address."""

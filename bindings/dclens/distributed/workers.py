@@ -8,12 +8,14 @@ max_task_retries of the actor; Cluster.retries). Results go back into input
 order. An exception in the user's function is not retried: it ends the run
 with a dclens.Error naming the item.
 
-Workers outlive a call: they are named Ray actors (PREFIX:key:i, the key a
-digest of the model reference and the resources), so the next call on the
-same model finds them loaded (Ray's registry, get_if_exists) and only ships
-its function. A call on another model first stops the others, so workers
-of two models never hold memory (or GPUs) at once; release() stops them all,
-and they end with the driver's Ray session anyway.
+Workers given a Cluster object outlive a call: the Cluster keeps their
+handles (Ray ends an actor when its last handle goes), keyed by a digest of
+the model reference and the resources, so the next call on the same model
+and Cluster finds them loaded and only ships its function. A call on another
+model first stops the others, so workers of two models never hold memory
+(or GPUs) at once; Cluster.release() stops them, and they end with the
+driver's Ray session anyway. With ray="local:N" (a string) a call's workers
+end with the call.
 """
 from __future__ import annotations
 
@@ -21,14 +23,11 @@ import hashlib
 import os
 import sys
 import traceback
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .._checks import Error
 from ..reference import ModelRef
 from .cluster import Placement, import_ray
-
-
-PREFIX = "dclens-worker"
 
 
 class ModelWorker:
@@ -85,20 +84,11 @@ def _ray_message(e: BaseException, limit: int = 2000) -> str:
     return s if len(s) <= limit else "..." + s[-limit:]
 
 
-def release(keep: Optional[str] = None, keep_n: int = 0) -> None:
-    """Stop this Ray session's dclens workers (all; or all but the first
-    keep_n of key `keep`)."""
+def _stop(workers: List) -> None:
     ray = import_ray()
-    if not ray.is_initialized():
-        return
-    for name in ray.util.list_named_actors():
-        parts = name.split(":")
-        if len(parts) != 3 or parts[0] != PREFIX or (parts[1] == keep and int(parts[2]) < keep_n):
-            continue
-        try:
-            ray.kill(ray.get_actor(name))
-        except ValueError:         # gone meanwhile
-            pass
+    for w in workers:
+        ray.kill(w)
+    workers.clear()
 
 
 def _key(ref: ModelRef, placement: Placement) -> str:
@@ -107,10 +97,11 @@ def _key(ref: ModelRef, placement: Placement) -> str:
 
 
 def run(ref: ModelRef, fn: Callable, items: Sequence, placement: Placement, progress: Optional[bool],
-        desc: str, unit: str = "item") -> List:
-    """fn(model, item) for every item on placement.workers actors (kept
-    from an earlier call on the same model, or started); the results in the
-    order of items."""
+        desc: str, unit: str = "item", kept: Optional[Dict[str, List]] = None) -> List:
+    """fn(model, item) for every item on placement.workers actors; the
+    results in the order of items. kept: a Cluster's workers by key (those
+    of this model are reused, the others stopped); None: the workers are
+    started for this call and stopped at its end."""
     ray = import_ray()
     from ray.exceptions import RayError
     from ray.util import ActorPool
@@ -119,15 +110,22 @@ def run(ref: ModelRef, fn: Callable, items: Sequence, placement: Placement, prog
     if n == 0:
         return []
     key, count = _key(ref, placement), min(placement.workers, n)
-    release(keep=key, keep_n=max(count, placement.workers))
-    workers = [ray.remote(ModelWorker).options(
-        name="%s:%s:%d" % (PREFIX, key, i), get_if_exists=True, num_cpus=placement.num_cpus,
-        num_gpus=placement.num_gpus, max_restarts=placement.retries,
-        max_task_retries=placement.retries).remote(ref) for i in range(count)]
+    if kept is None:
+        started: List = []
+    else:
+        for other in [k for k in kept if k != key]:
+            _stop(kept.pop(other))
+        started = kept.setdefault(key, [])
+    actor = ray.remote(ModelWorker).options(
+        num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
+        max_restarts=placement.retries, max_task_retries=placement.retries)
+    while len(started) < count:
+        started.append(actor.remote(ref))
+    workers = started[:count]
     try:
         ray.get([w.ready.remote() for w in workers])
     except RayError as e:
-        release()
+        _stop(started)
         raise Error("a worker could not start (load the model %s): %s" % (ref.source, _ray_message(e))) from None
     fn_box = [ray.put(fn)]
     out: List = [None] * n
@@ -140,7 +138,7 @@ def run(ref: ModelRef, fn: Callable, items: Sequence, placement: Placement, prog
             try:
                 i, ok, value = pool.get_next_unordered()
             except RayError as e:
-                release()
+                _stop(started)
                 raise Error("a worker running %s died more than %d times (Cluster.retries), cannot be "
                             "reached, or cannot unpickle the function: %s"
                             % (desc, placement.retries, _ray_message(e))) from None
@@ -152,4 +150,6 @@ def run(ref: ModelRef, fn: Callable, items: Sequence, placement: Placement, prog
     finally:
         if bar is not None:
             bar.close()
+        if kept is None:
+            _stop(started)
     return out
