@@ -198,7 +198,8 @@ def main(argv=None) -> int:
             res = on_ray[k]
         else:
             try:
-                model = load_model(path, args.device, args.threads or 0)
+                model = (load_model(path, args.device) if args.threads is None
+                         else load_model(path, args.device, args.threads))
             except Exception as e:  # noqa: BLE001 - report any loader failure plainly
                 err(f"cannot load model {path}: {e}")
                 return 1
