@@ -103,6 +103,23 @@ def _model_name(model, path) -> str:
     return str(name) if name else os.path.basename(os.path.normpath(str(path))) or str(path)
 
 
+def _scored(run, where: str, err):
+    """(run(), 0), or (None, exit status) with the failure said: 2 for a bad
+    line or value, 1 for a dclens failure (named with `where`); anything
+    else propagates."""
+    from .dataset import DatasetError
+    try:
+        return run(), 0
+    except (DatasetError, ValueError) as e:
+        err(str(e))
+        return None, 2
+    except Exception as e:  # noqa: BLE001
+        if not type(e).__module__.startswith("dclens"):
+            raise
+        err(f"{where}: {e}")
+        return None, 1
+
+
 def main(argv=None) -> int:
     from .dataset import DatasetError, load_dataset
     from .evaluate import evaluate
@@ -181,18 +198,12 @@ def main(argv=None) -> int:
     if args.ray:
         from dclens.distributed import Cluster
         from .distributed import synth
-        try:
-            on_ray = synth(args.model, ds, ray=Cluster(args.ray, workers=args.workers, n_threads=args.threads),
-                           device=args.device, batch_tokens=bt, tokenizer=tokenizer,
-                           progress=not args.no_progress)
-        except (DatasetError, ValueError) as e:
-            err(str(e))
-            return 2
-        except Exception as e:  # noqa: BLE001
-            if not type(e).__module__.startswith("dclens"):
-                raise
-            err(f"--ray {args.ray}: {e}")
-            return 1
+        on_ray, status = _scored(lambda: synth(
+            args.model, ds, ray=Cluster(args.ray, workers=args.workers, n_threads=args.threads),
+            device=args.device, batch_tokens=bt, tokenizer=tokenizer, progress=not args.no_progress),
+            f"--ray {args.ray}", err)
+        if status:
+            return status
     for k, path in enumerate(args.model):
         if on_ray is not None:
             res = on_ray[k]
@@ -212,17 +223,10 @@ def main(argv=None) -> int:
                 err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; "
                     "pass --tokenizer FILE)")
                 return 2
-            try:
-                res = evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
-                               progress=not args.no_progress)
-            except (DatasetError, ValueError) as e:
-                err(str(e))
-                return 2
-            except Exception as e:  # noqa: BLE001
-                if not type(e).__module__.startswith("dclens"):
-                    raise
-                err(f"{path}: {e}")
-                return 1
+            res, status = _scored(lambda: evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
+                                                   progress=not args.no_progress), path, err)
+            if status:
+                return status
             res.model_name = _model_name(model, path)
         name = res.model_name
         i = 2

@@ -23,7 +23,7 @@ import hashlib
 import os
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .._checks import Error
 from ..reference import ModelRef
