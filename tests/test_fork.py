@@ -153,3 +153,17 @@ def test_fork_pool_gets_pickled_models(model_and_ref):
 
 def _forward(model, toks):
     return model.forward(toks)
+
+
+def test_cuda_model_refuses_to_run_in_a_forked_child(tiny_factory):
+    """CUDA does not survive fork: a CUDA model used in another process than
+    the one that loaded it raises instead of crashing. (No GPU is needed to
+    check the guard: a CPU model made to look like a CUDA model of another
+    process.)"""
+    d, sd, cfg = tiny_factory(model_type="dcpythia", seed=27)
+    m = dclens.load(d, n_threads=1)
+    m.device, m._pid = "cuda", -1
+    with pytest.raises(dclens.Error, match="CUDA model cannot be used in a process forked"):
+        m.forward(np.arange(5, dtype=np.int32))
+    with pytest.raises(dclens.Error, match="CUDA model cannot be used in a process forked"):
+        m.weight("tok_embeddings.weight")
