@@ -204,6 +204,10 @@ def main(argv=None) -> int:
             f"--ray {args.ray}", err)
         if status:
             return status
+        sp = on_ray[0].speed
+        print(f"--ray {args.ray}: {sp['workers']} workers of {sp['n_threads']} thread(s); "
+              f"a single-process run with --threads {sp['n_threads']} gives the same results",
+              file=sys.stderr)
     for k, path in enumerate(args.model):
         if on_ray is not None:
             res = on_ray[k]

@@ -8,7 +8,7 @@ here); each batch is one work item, scored on a worker by evaluate.score_batch
 (the same forward pass as in one process); evaluate.finish puts the answers
 back in file order. So answers and summary equal those of a single-process
 run whose model has the workers' thread count, to the bit; only `speed`
-differs (it adds the number of workers).
+differs (it adds the number of workers and their threads each).
 """
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ def synth(models, data, *, ray, device: str = "cpu", batch_tokens: int | None = 
         name = os.path.basename(os.path.normpath(directory))
         p = plan(lines, tok, bt, max_batch)
         items = [[p.toks[i] for i in batch] for batch in p.batches]
-        workers = min(distributed.connect(ray, ref.device, ref.n_threads).workers, len(items))
+        placement = distributed.connect(ray, ref.device, ref.n_threads)
         scored = distributed.map(ref, score_batch, items, ray=ray, progress=progress,
                                  desc=f"synth {name}", unit="batch")
-        out.append(finish(p, scored, name, tasks, speed_extra={"workers": workers}))
+        out.append(finish(p, scored, name, tasks, speed_extra={
+            "workers": min(placement.workers, len(items)), "n_threads": placement.n_threads}))
     return out

@@ -60,8 +60,9 @@ def test_synth_command_on_ray_writes_the_single_process_results(cluster, tmp_pat
         (a, sa), (b, sb) = _results(one), _results(ray_)
         assert a == b and a["overall"]["n"] > 30               # every field but the timings
         assert (one / "answers.csv").read_bytes() == (ray_ / "answers.csv").read_bytes()
-        assert sb["workers"] == 2 and sa["batches"] == sb["batches"] > 2
+        assert (sb["workers"], sb["n_threads"]) == (2, 1) and sa["batches"] == sb["batches"] > 2
     assert (tmp_path / "one" / "compare.md").read_text() == (tmp_path / "ray" / "compare.md").read_text()
+    assert "2 workers of 1 thread(s); a single-process run with --threads 1" in capsys.readouterr().err
 
 
 def test_synth_function_equals_evaluate(cluster, model):
