@@ -156,14 +156,26 @@ def _forward(model, toks):
 
 
 def test_cuda_model_refuses_to_run_in_a_forked_child(tiny_factory):
-    """CUDA does not survive fork: a CUDA model used in another process than
-    the one that loaded it raises instead of crashing. (No GPU is needed to
-    check the guard: a CPU model made to look like a CUDA model of another
-    process.)"""
+    """CUDA does not survive fork: a CUDA model used in a forked child raises
+    instead of crashing, and the child never frees the parent's CUDA memory.
+    (No GPU is needed to check the guard: a CPU model labelled as a CUDA one.)"""
     d, sd, cfg = tiny_factory(model_type="dcpythia", seed=27)
     m = dclens.load(d, n_threads=1)
-    m.device, m._pid = "cuda", -1
-    with pytest.raises(dclens.Error, match="CUDA model cannot be used in a process forked"):
-        m.forward(np.arange(5, dtype=np.int32))
+    toks = np.arange(5, dtype=np.int32)
+    want = m.forward(toks)
+    m.device = "cuda"
+
+    def child():
+        try:
+            m.forward(toks)
+        except dclens.Error as e:
+            return str(e)
+        return "no error"
+
+    said = _in_child(child)
+    assert "a CUDA model cannot be used in a process forked from the one that loaded it" in said
+    assert np.array_equal(m.forward(toks), want)          # the parent's model is untouched
+    m.device, m._pid = "cuda", -1                          # weight reads are guarded too
     with pytest.raises(dclens.Error, match="CUDA model cannot be used in a process forked"):
         m.weight("tok_embeddings.weight")
+    m.device = "cpu"

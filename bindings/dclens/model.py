@@ -270,8 +270,7 @@ class Model(WeightsMixin):
         self._lock = threading.RLock()
         self._pass_thread = None
         if self.device == "cuda":
-            # the child has no CUDA context: never free (or use) the parent's
-            self._m = ffi.gc(self._m, None)
+            ffi.gc(self._m, None)    # the child has no CUDA context: never free (or use) the parent's
         elif held:
             lib.dcs_after_fork(self._m)
 
