@@ -42,7 +42,7 @@ if command -v clang >/dev/null 2>&1; then
 fi
 
 PY=${PYTHON:-python3}
-echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test]"
+echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test,distributed]"
 $PY -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "cffi>=1.15"
-$PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"
+$PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test,distributed]"
 $PY -c "import dclens, synth_tasks; print('install-deps: dclens', dclens.__version__, '| cuda built:', 'yes' if 'built without' not in dclens.cuda_unavailable_reason() else 'no')"

@@ -1,7 +1,8 @@
 """``dclens synth``: run the synthetic benchmark on one or more models.
 
     dclens synth --model DIR [--model DIR2] [--data FILE|heldout] [--out DIR] [--limit N]
-                  [--batch-tokens N] [--skip-bad-lines] [--device cpu|cuda]
+                  [--batch-tokens N] [--skip-bad-lines] [--device cpu|cuda] [--threads N]
+                  [--ray local:N|ADDRESS [--workers N]]     (synth_tasks.distributed)
 
 New data for training / held-out sets:
     python -m synth_tasks.cli generate OUT.jsonl --lines-per-task N --seed S
@@ -27,10 +28,10 @@ import sys
 from .dataset import DATA_NAME, default_data_path  # noqa: F401 -- also the command line's API
 
 
-def load_model(path, device: str = "cpu"):
+def load_model(path, device: str = "cpu", n_threads: int = 0):
     """Load a checkpoint directory with the dclens engine (imported lazily)."""
     import dclens
-    model = dclens.load(path, device=device)
+    model = dclens.load(path, device=device, n_threads=n_threads)
     return model
 
 
@@ -78,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the models run (default: cpu)")
     ap.add_argument("--tokenizer", default=None, metavar="FILE",
                     help="tokenizer.json to use when the model directory has none")
+    ap.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="CPU threads of each model (default: every core; with --ray local:N, the "
+                         "cores / N). Results are the same to the bit for the same --threads")
+    ap.add_argument("--ray", default=None, metavar="local:N|ADDRESS",
+                    help="spread the batches over Ray workers, each holding the model: 'local:N' "
+                         "starts N on this machine, 'auto' or an address joins a cluster "
+                         "(pip install 'dclens[distributed]'; docs/distributed.md)")
+    ap.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="with --ray ADDRESS: how many workers (default: the cluster's CPUs / "
+                         "--threads, or its GPUs with --device cuda)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     return ap
@@ -91,6 +102,23 @@ def _slug(name: str) -> str:
 def _model_name(model, path) -> str:
     name = getattr(model, "name", None)
     return str(name) if name else os.path.basename(os.path.normpath(str(path))) or str(path)
+
+
+def _scored(run, where: str, err):
+    """(run(), 0), or (None, exit status) with the failure said: 2 for a bad
+    line or value, 1 for a dclens failure (named with `where`); anything
+    else propagates."""
+    from .dataset import DatasetError
+    try:
+        return run(), 0
+    except (DatasetError, ValueError) as e:
+        err(str(e))
+        return None, 2
+    except Exception as e:  # noqa: BLE001
+        if not type(e).__module__.startswith("dclens"):
+            raise
+        err(f"{where}: {e}")
+        return None, 1
 
 
 def main(argv=None) -> int:
@@ -113,6 +141,13 @@ def main(argv=None) -> int:
         return 2
     if args.limit is not None and args.limit < 1:
         err("--limit must be at least 1")
+        return 2
+    for opt in ("threads", "workers"):
+        if getattr(args, opt) is not None and getattr(args, opt) < 1:
+            err(f"--{opt} must be at least 1")
+            return 2
+    if args.workers is not None and not args.ray:
+        err("--workers goes with --ray")
         return 2
     why = check_out_dir(args.out)
     if why:
@@ -159,34 +194,45 @@ def main(argv=None) -> int:
             return 2
 
     results, names = [], set()
-    for path in args.model:
-        try:
-            model = load_model(path, args.device)
-        except Exception as e:  # noqa: BLE001 - report any loader failure plainly
-            err(f"cannot load model {path}: {e}")
-            return 1
-        try:
-            tok = tokenizer or getattr(model, "tokenizer", None)
-        except Exception as e:  # noqa: BLE001 - the engine raises when tokenizer.json is missing
-            err(f"{e} (pass --tokenizer FILE)")
-            return 2
-        if tok is None:
-            err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; "
-                "pass --tokenizer FILE)")
-            return 2
-        try:
-            bt = args.batch_tokens or (4096 if args.device == "cuda" else 1024)
-            res = evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
-                           progress=False if args.no_progress else None)
-        except (DatasetError, ValueError) as e:
-            err(str(e))
-            return 2
-        except Exception as e:  # noqa: BLE001
-            if not type(e).__module__.startswith("dclens"):
-                raise
-            err(f"{path}: {e}")
-            return 1
-        res.model_name = _model_name(model, path)
+    bt = args.batch_tokens or (4096 if args.device == "cuda" else 1024)
+    on_ray = None
+    if args.ray:
+        from dclens.distributed import Cluster
+        from .distributed import synth
+        on_ray, status = _scored(lambda: synth(
+            args.model, ds, ray=Cluster(args.ray, workers=args.workers, n_threads=args.threads),
+            device=args.device, batch_tokens=bt, tokenizer=tokenizer, progress=False if args.no_progress else None),
+            f"--ray {args.ray}", err)
+        if status:
+            return status
+        sp = on_ray[0].speed
+        print(f"--ray {args.ray}: {sp['workers']} workers of {sp['n_threads']} thread(s); "
+              f"a single-process run with --threads {sp['n_threads']} gives the same results",
+              file=sys.stderr)
+    for k, path in enumerate(args.model):
+        if on_ray is not None:
+            res = on_ray[k]
+        else:
+            try:
+                model = (load_model(path, args.device) if args.threads is None
+                         else load_model(path, args.device, args.threads))
+            except Exception as e:  # noqa: BLE001 - report any loader failure plainly
+                err(f"cannot load model {path}: {e}")
+                return 1
+            try:
+                tok = tokenizer or getattr(model, "tokenizer", None)
+            except Exception as e:  # noqa: BLE001 - the engine raises when tokenizer.json is missing
+                err(f"{e} (pass --tokenizer FILE)")
+                return 2
+            if tok is None:
+                err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; "
+                    "pass --tokenizer FILE)")
+                return 2
+            res, status = _scored(lambda: evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
+                                                   progress=False if args.no_progress else None), path, err)
+            if status:
+                return status
+            res.model_name = _model_name(model, path)
         name = res.model_name
         i = 2
         while name in names:

@@ -162,13 +162,13 @@ def _takes_logits_at(model) -> bool:
         return False
 
 
-def _answer_positions(batch, toks) -> np.ndarray:
+def _answer_positions(lines) -> np.ndarray:
     """[B, n] int32: the positions whose logits score the answers of each
-    line of the batch (s-1 .. e-2 of every answer span), padded by repeating
-    the last one."""
+    tokenized line of a batch (s-1 .. e-2 of every answer span), padded by
+    repeating the last one."""
     per = []
-    for i in batch:
-        p = sorted({q for s, e in toks[i].spans for q in range(s - 1, e - 1)})
+    for tl in lines:
+        p = sorted({q for s, e in tl.spans for q in range(s - 1, e - 1)})
         per.append(p or [0])
     n = max(len(p) for p in per)
     return np.array([p + [p[-1]] * (n - len(p)) for p in per], dtype=np.int32)
@@ -184,87 +184,131 @@ def get_tokenizer(model, tokenizer=None):
     return tok
 
 
+@dataclass
+class Plan:
+    """What a run scores, before any model runs: the tokenized lines (file
+    order) and the batches of their indices. evaluate() runs the batches
+    here; synth_tasks.distributed hands them to workers. Either way a batch
+    is the same forward pass, so the results are the same to the bit."""
+    toks: list[TokenizedLine]
+    batches: list[list[int]]
+    tokenizer: object
+    t_wall: float                 # when the run started (perf_counter)
+
+
+def plan(lines, tokenizer, batch_tokens: int = 2048, max_batch: int = 64) -> Plan:
+    """Tokenize ``lines`` (a Dataset or a list of Line) and batch them."""
+    if isinstance(lines, Dataset):
+        lines = lines.lines
+    t_wall = time.perf_counter()
+    toks = tokenize_lines(list(lines), tokenizer)
+    return Plan(toks, make_batches([len(t) for t in toks], batch_tokens, max_batch), tokenizer, t_wall)
+
+
+@dataclass
+class BatchScores:
+    answers: list[list[AnswerResult]]   # per line of the batch, in batch order
+    tokens: int                         # real tokens
+    padded_tokens: int
+    forward_s: float
+
+
+def score_batch(model, lines: list[TokenizedLine], sparse: bool | None = None) -> BatchScores:
+    """One forward pass over a batch of tokenized lines; NLL and greedy
+    correctness of each of their answers. sparse: ask for the logits at the
+    answer positions only (None: when model.forward takes logits_at=)."""
+    if sparse is None:
+        sparse = _takes_logits_at(model)
+    T = max(max(len(t) for t in lines), 1)
+    arr = np.zeros((len(lines), T), dtype=np.int32)
+    for b, tl in enumerate(lines):
+        arr[b, :len(tl)] = tl.ids
+    pos = _answer_positions(lines) if sparse else None
+    t0 = time.perf_counter()
+    logits = np.asarray(model.forward(arr) if pos is None else model.forward(arr, logits_at=pos))
+    fwd_s = time.perf_counter() - t0
+    n_rows = T if pos is None else pos.shape[1]
+    if logits.ndim != 3 or logits.shape[0] != len(lines) or logits.shape[1] != n_rows:
+        raise ValueError(f"model.forward returned shape {logits.shape}, "
+                         f"expected ({len(lines)}, {n_rows}, V)")
+    V = logits.shape[2]
+    _require_finite(logits, [tl.line for tl in lines])
+    out: list[list[AnswerResult]] = []
+    for b, tl in enumerate(lines):
+        if len(tl.ids) and int(tl.ids.max()) >= V:
+            raise ValueError(f"token id {int(tl.ids.max())} >= logits width {V}")
+        row_of = None if pos is None else {int(q): j for j, q in enumerate(pos[b])}
+        rs = []
+        for a, span in zip(tl.line.answers, tl.spans):
+            rows = None if pos is None else logits[b][[row_of[q] for q in range(span[0] - 1, span[1] - 1)]]
+            nll, pred, tgt = _score(logits[b], tl.ids, span, rows)
+            rs.append(AnswerResult(
+                task_id=tl.line.task_id, line=tl.line.lineno, k=a.k,
+                example=a.example, answer=a.text, nll=nll, n_tokens=len(tgt),
+                correct=bool(np.all(pred == tgt)),
+                target_ids=[int(x) for x in tgt], pred_ids=[int(x) for x in pred]))
+        out.append(rs)
+    return BatchScores(out, sum(len(tl) for tl in lines), int(arr.size), fwd_s)
+
+
+def finish(p: Plan, scored: list[BatchScores], name: str, tasks=None, decode: bool = True,
+           speed_extra: dict | None = None) -> EvalResult:
+    """The EvalResult of a plan from the scores of its batches (in p.batches
+    order): answers in file order, predictions decoded, the summary."""
+    results: list[list[AnswerResult]] = [[] for _ in p.toks]
+    for batch, sc in zip(p.batches, scored):
+        for i, rs in zip(batch, sc.answers):
+            results[i] = rs
+    rows = [r for rs in results for r in rs]       # file order
+    if decode:
+        for r in rows:
+            try:
+                r.pred_text = p.tokenizer.decode(r.pred_ids)
+            except Exception:                        # ids outside the tokenizer
+                r.pred_text = ""
+    fwd_s = sum(sc.forward_s for sc in scored)
+    n_tok = sum(sc.tokens for sc in scored)
+    speed = {
+        "lines": len(p.toks),
+        "batches": len(p.batches),
+        "tokens": n_tok,
+        "padded_tokens": sum(sc.padded_tokens for sc in scored),
+        "forward_s": fwd_s,
+        "wall_s": time.perf_counter() - p.t_wall,
+        "tokens_per_s": n_tok / fwd_s if fwd_s > 0 else float("nan"),
+    }
+    speed.update(speed_extra or {})
+    return EvalResult(model_name=name, answers=rows, summary=aggregate(rows, tasks),
+                      speed=speed, n_lines=len(p.toks))
+
+
 def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: int = 64,
              progress: Optional[bool] = None, tasks=None, decode: bool = True) -> EvalResult:
     """Evaluate ``model`` (``model.forward(int32 [B, T]) -> float32 [B, T, V]``)
     on ``lines`` (a Dataset or a list of Line)."""
-    if isinstance(lines, Dataset):
-        lines = lines.lines
-    lines = list(lines)
-    tok = get_tokenizer(model, tokenizer)
-    t_wall = time.perf_counter()
-    toks: list[TokenizedLine] = tokenize_lines(lines, tok)
-
+    p = plan(lines, get_tokenizer(model, tokenizer), batch_tokens, max_batch)
+    toks = p.toks
     vocab = getattr(getattr(model, "config", None), "vocab", None)
     if toks and vocab is not None:
         mx = max((int(t.ids.max()) for t in toks if len(t.ids)), default=-1)
         if mx >= int(vocab):
             raise ValueError(f"token id {mx} is outside the model's vocabulary ({vocab}); "
                              "wrong tokenizer?")
-
-    results: list[list[AnswerResult]] = [[] for _ in toks]
-    batches = make_batches([len(t) for t in toks], batch_tokens, max_batch)
     name = getattr(model, "name", None) or "model"
 
     # dclens.progress: a bar where someone watches, a few plain lines in a log
     bar = _progress.bar(total=len(toks), unit="line", desc=f"synth {name}", progress=progress, leave=True)
-    fwd_s, n_tok, n_pad = 0.0, 0, 0
     sparse = _takes_logits_at(model)   # logits only at the answer positions
+    scored: list[BatchScores] = []
+    n_tok, fwd_s = 0, 0.0
     try:
-        for batch in batches:
-            T = max(max(len(toks[i]) for i in batch), 1)
-            arr = np.zeros((len(batch), T), dtype=np.int32)
-            for b, i in enumerate(batch):
-                arr[b, :len(toks[i])] = toks[i].ids
-            pos = _answer_positions(batch, toks) if sparse else None
-            t0 = time.perf_counter()
-            logits = np.asarray(model.forward(arr) if pos is None else model.forward(arr, logits_at=pos))
-            fwd_s += time.perf_counter() - t0
-            n_rows = T if pos is None else pos.shape[1]
-            if logits.ndim != 3 or logits.shape[0] != len(batch) or logits.shape[1] != n_rows:
-                raise ValueError(f"model.forward returned shape {logits.shape}, "
-                                 f"expected ({len(batch)}, {n_rows}, V)")
-            V = logits.shape[2]
-            _require_finite(logits, [toks[i].line for i in batch])
-            for b, i in enumerate(batch):
-                tl = toks[i]
-                if len(tl.ids) and int(tl.ids.max()) >= V:
-                    raise ValueError(f"token id {int(tl.ids.max())} >= logits width {V}")
-                row_of = None if pos is None else {int(q): j for j, q in enumerate(pos[b])}
-                for a, span in zip(tl.line.answers, tl.spans):
-                    rows = None if pos is None else logits[b][[row_of[q] for q in range(span[0] - 1, span[1] - 1)]]
-                    nll, pred, tgt = _score(logits[b], tl.ids, span, rows)
-                    results[i].append(AnswerResult(
-                        task_id=tl.line.task_id, line=tl.line.lineno, k=a.k,
-                        example=a.example, answer=a.text, nll=nll, n_tokens=len(tgt),
-                        correct=bool(np.all(pred == tgt)),
-                        target_ids=[int(x) for x in tgt], pred_ids=[int(x) for x in pred]))
-            real = sum(len(toks[i]) for i in batch)
-            n_tok += real
-            n_pad += arr.size
+        for batch in p.batches:
+            scored.append(score_batch(model, [toks[i] for i in batch], sparse))
             if bar is not None:
+                n_tok, fwd_s = n_tok + scored[-1].tokens, fwd_s + scored[-1].forward_s
                 bar.update(len(batch))
                 bar.set_postfix(tok_s=f"{n_tok / max(fwd_s, 1e-9):.0f}")
     finally:
         if bar is not None:
             bar.close()
-
-    rows = [r for rs in results for r in rs]       # file order
-    if decode:
-        for r in rows:
-            try:
-                r.pred_text = tok.decode(r.pred_ids)
-            except Exception:                        # ids outside the tokenizer
-                r.pred_text = ""
-    wall = time.perf_counter() - t_wall
-    speed = {
-        "lines": len(toks),
-        "batches": len(batches),
-        "tokens": n_tok,
-        "padded_tokens": n_pad,
-        "forward_s": fwd_s,
-        "wall_s": wall,
-        "tokens_per_s": n_tok / fwd_s if fwd_s > 0 else float("nan"),
-    }
-    return EvalResult(model_name=name, answers=rows, summary=aggregate(rows, tasks),
-                      speed=speed, n_lines=len(toks))
+    return finish(p, scored, name, tasks, decode)

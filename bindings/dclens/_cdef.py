@@ -55,6 +55,7 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
                           const int32_t *positions, int n_pos, float *logits,
                           const dcs_hooks *hooks);
 void dcs_cancel(dcs_model *m, int cancel);
+void dcs_after_fork(dcs_model *m);
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
 
 typedef struct dcs_decoder dcs_decoder;

@@ -4,6 +4,12 @@ Thin layer over the C engine (dclens._engine): the engine runs the pass and
 calls back at every wanted hook point with the activation for the whole batch;
 dclens.hooks turns that into numpy arrays, a cache, and calls of the user's
 hook functions, with hook names from the model's HookTable.
+
+Processes: a Model pickles as a reference (dclens.reference: load arguments
+and a fingerprint of its files; unpickling loads it again), and survives
+fork(): in a forked child its lock is new (os.register_at_fork) and the
+engine rebuilds its thread pool on first use, so the child can run the
+parent's model, even one a thread of the parent was running at the fork.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import os
 import stat
 import threading
 import warnings
+import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -26,6 +33,7 @@ from . import hub
 from .bundled import resolve
 from .cache import Cache
 from .hooks import HookFn, HookTable, _Run, hook_pairs
+from .reference import ModelRef, fingerprint
 from .weights import WeightsMixin
 
 _MAX_TOKENIZER_BYTES = 256 << 20
@@ -159,15 +167,17 @@ def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
         raise ArgumentError("revision=%r goes with a Hugging Face Hub id (org/name), not %r" % (revision, path))
     if isinstance(path, str) and hub.is_hub_id(path) and not os.path.lexists(path):
         name = path
-        path = hub.resolve(path, revision=revision, progress=progress)
+        directory = hub.resolve(path, revision=revision, progress=progress)
     else:
-        path = resolve(path)
-    m = Model(path, device=device, n_threads=n_threads)
+        directory = resolve(path)
+    m = Model(directory, device=device, n_threads=n_threads)
     if name is not None:
         m.name = name
     m.always_batch = bool(always_batch)
     if prepend_bos is not None:
         m.default_prepend_bos = bool(prepend_bos)
+    if name is None and isinstance(path, str) and not os.path.lexists(path):   # a bundled name: pickles as the name
+        m._ref = dataclasses.replace(m._ref, source=path)
     return m
 
 
@@ -196,6 +206,33 @@ def _read_config(path: str) -> dict:
     except (Error, ValueError, RecursionError):
         return {}
     return d if isinstance(d, dict) else {}
+
+def from_reference(ref: ModelRef) -> "Model":
+    """Load the model a reference names (what unpickling a Model does), after
+    checking that its files are those it was loaded from (else Error)."""
+    if not isinstance(ref, ModelRef):
+        raise Error("from_reference needs a dclens.reference.ModelRef, not %s" % type(ref).__name__)
+    m = Model(ref.check(), device=ref.device, n_threads=ref.n_threads)
+    m.always_batch = ref.always_batch
+    m._ref = dataclasses.replace(ref, files=m._ref.files)
+    return m
+
+
+# The models of this process, for the fork handler below (process state, as
+# the engine's fork count is: a fork is an event of the whole process).
+_LIVE: "weakref.WeakSet[Model]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: every model gets a new lock (the parent's may be
+    held by a thread the child does not have); a model whose lock was held
+    had a call running in such a thread, so the engine forgets that call's
+    buffers (dcs_after_fork). The CPU thread pool rebuilds itself."""
+    for m in list(_LIVE):
+        m._reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _physical_memory() -> int:
@@ -234,6 +271,20 @@ def _read_regular_file(path: str, limit: int) -> str:
         raise Error("%s: not UTF-8 (%s at byte %d)" % (path, e.reason, e.start)) from None
 
 
+def load_tokenizer(directory: str):
+    """The HF `tokenizers.Tokenizer` of a model directory (its tokenizer.json),
+    without loading the model (what Model.tokenizer reads)."""
+    p = os.path.join(directory, "tokenizer.json")
+    if not os.path.lexists(p):
+        raise NotFoundError("%s has no tokenizer.json" % directory)
+    text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as e:
+        raise Error("%s: cannot read the tokenizer: %s" % (p, e))
+
+
 class Model(WeightsMixin):
     """A loaded DCPythia or Pythia model.
 
@@ -256,6 +307,9 @@ class Model(WeightsMixin):
         st = lib.dcs_load(cpath, opts, out, err, 1024)
         _check(st, decode_msg(ffi.string(err)))
         self._m = ffi.gc(out[0], lib.dcs_free)
+        self._pid = os.getpid()
+        self._ref = ModelRef(source=os.path.abspath(os.fsdecode(path)), device=device, n_threads=n_threads,
+                             files=fingerprint(path))
         # One engine call at a time per model (the engine's pool and error
         # record are per model, and cffi releases the GIL during a pass):
         # other threads wait. _pass_thread is the thread running this
@@ -289,6 +343,7 @@ class Model(WeightsMixin):
         self._hook_table = HookTable(self._m, self.config.n_layer)   # name <-> (point, layer)
         self.always_batch = False   # see load()
         self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
+        _LIVE.add(self)
 
     from_pretrained = staticmethod(from_pretrained)
 
@@ -324,6 +379,36 @@ class Model(WeightsMixin):
         c = self.config
         return "<dclens.Model %s: %s, %d layers, d_model %d, %d heads, on %s>" % (
             self.name, c.model_type, c.n_layer, c.d_model, c.n_head, self.device)
+
+    # ------------------------------------------------------------ processes
+
+    def reference(self) -> ModelRef:
+        """What pickling this model keeps: its load arguments and the
+        fingerprint of its files at load time (dclens.reference)."""
+        return dataclasses.replace(self._ref, always_batch=bool(self.always_batch))
+
+    def __reduce__(self):
+        if self._ctx_hooks:
+            warnings.warn("%s: hooks added with add_hook / model.hooks are not pickled; the unpickled "
+                          "model has none" % self.name, stacklevel=2)
+        return from_reference, (self.reference(),)
+
+    def _reset_after_fork(self) -> None:
+        held = not self._lock.acquire(blocking=False)
+        if not held:
+            self._lock.release()
+        self._lock = threading.RLock()
+        self._pass_thread = None
+        if self.device == "cuda":
+            ffi.gc(self._m, None)    # the child has no CUDA context: never free (or use) the parent's
+        elif held:
+            lib.dcs_after_fork(self._m)
+
+    def _check_process(self) -> None:
+        if self.device == "cuda" and os.getpid() != self._pid:
+            raise Error("%s: a CUDA model cannot be used in a process forked from the one that loaded it "
+                        "(CUDA does not survive fork); load it in the child, use the 'spawn' start "
+                        "method, or pass the model pickled (it loads again)" % self.name)
 
     # ------------------------------------------------------------ names
 
@@ -403,6 +488,7 @@ class Model(WeightsMixin):
         if self._pass_thread == threading.get_ident():
             yield
             return
+        self._check_process()
         with self._lock:
             yield
 
@@ -412,15 +498,7 @@ class Model(WeightsMixin):
     def tokenizer(self):
         """The HF `tokenizers.Tokenizer` of the model directory (tokenizer.json)."""
         if self._tokenizer is None:
-            p = os.path.join(self.path, "tokenizer.json")
-            if not os.path.lexists(p):
-                raise NotFoundError("%s has no tokenizer.json" % self.path)
-            text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
-            from tokenizers import Tokenizer
-            try:
-                self._tokenizer = Tokenizer.from_str(text)
-            except Exception as e:
-                raise Error("%s: cannot read the tokenizer: %s" % (p, e))
+            self._tokenizer = load_tokenizer(self.path)
         return self._tokenizer
 
     def to_tokens(self, text, padding_side: str = "right", pad_id: int = 0, prepend_bos: Optional[bool] = None):
@@ -623,6 +701,7 @@ class Model(WeightsMixin):
         MLP) and hooks to abort, waits for the pass to end, and returns the
         KeyboardInterrupt. Returns (status, KeyboardInterrupt or None)."""
         me = threading.get_ident()
+        self._check_process()
         if self._pass_thread == me:
             raise Error("forward: this model is already running a pass in this thread (a hook "
                         "cannot start another pass on its own model; load a second Model)")

@@ -153,10 +153,15 @@ Cell = Tuple[str, Callable[[np.ndarray, np.ndarray], None]]   # (hook name, appl
 
 
 def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], clean_cache: Cache,
-               metric: Metric, batch_size: int, progress, desc: str) -> np.ndarray:
-    """metric of the corrupted run with each cell's patches applied, batched."""
+               metric: Metric, batch_size: int, progress, desc: str, ray=None) -> np.ndarray:
+    """metric of the corrupted run with each cell's patches applied, batched
+    (ray: the batches on Ray workers, dclens.distributed)."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ArgumentError("batch_size must be an integer >= 1, got %r" % (batch_size,))
+    if ray is not None:
+        from .distributed import run_cells
+        return run_cells(model, corrupted, cells, clean_cache, metric, int(batch_size), progress, desc, ray,
+                         _run_cells)
     out = np.empty(len(cells))
     bar = _progress(len(cells), progress, desc)
     try:
@@ -233,7 +238,7 @@ def _check_baselines(clean: float, corrupted: float, strict: bool, depth: int = 
 
 def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,head", hook: Optional[str] = None,
           layers=None, positions=None, queries=None, batch_size: int = 16,
-          progress: Optional[bool] = None, strict: bool = False) -> PatchResult:
+          progress: Optional[bool] = None, strict: bool = False, ray=None) -> PatchResult:
     """Patch clean activations into the corrupted run, one cell at a time
     (see the module docstring for `over`). hook: the per-layer hook suffix
     (default attn.z for heads, resid_pre for positions). positions: the
@@ -241,7 +246,9 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
     "composition" patch touches (default all). The clean and corrupted
     metrics are computed first and checked (baseline_problem): a
     PatchingWarning when they cannot anchor normalized(), an Error with
-    strict=True (before any cell runs)."""
+    strict=True (before any cell runs). ray: run the cells' batches on
+    Ray workers ("local:N", an address or a dclens.distributed.Cluster; the
+    same values as without): docs/distributed.md."""
     from . import interventions as iv
     over = over.replace(" ", "")
     c = model.config
@@ -261,7 +268,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
                  if hook_name(l, "attn.%s.%s" % (ph, b)) in model.hook_names]
     elif over == "composition":
         return _sweep_composition(model, clean, corrupted, metric, layers, hook or "post", queries, batch_size,
-                                  progress, strict)
+                                  progress, strict, ray)
     else:
         raise ArgumentError("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
                     "'composition', not %r" % (over,))
@@ -310,12 +317,12 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
             l, ph, b = int(parts[1]), parts[3], parts[4]
             where[len(cells)] = (layers.index(l), PHASES.index(ph), BRANCHES.index(b))
             cells.append([(n, _setter(Ellipsis))])
-        vals = _run_cells(model, x_t, cells, cache, metric, batch_size, progress, "patching " + over)
+        vals = _run_cells(model, x_t, cells, cache, metric, batch_size, progress, "patching " + over, ray)
         out = np.full(shape, np.nan)
         for i, ix in where.items():
             out[ix] = vals[i]
         return PatchResult(out, axes, labels, m_clean, m_corr, over, note)
-    vals = _run_cells(model, x_t, cells, cache, metric, batch_size, progress, "patching " + over)
+    vals = _run_cells(model, x_t, cells, cache, metric, batch_size, progress, "patching " + over, ray)
     return PatchResult(vals.reshape(shape), axes, labels, m_clean, m_corr, "%s (%s)" % (over, suffix), note,
                        words if "pos" in axes else None)
 
@@ -342,7 +349,7 @@ def _setter(idx):
 
 
 def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, queries, batch_size, progress,
-                       strict):
+                       strict, ray=None):
     from . import routing
     c = model.config
     if not c.use_dcmha:
@@ -377,7 +384,7 @@ def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, qu
     ccache_t = Cache()
     for l in layers:
         dict.__setitem__(ccache_t, target(l), np.zeros(1, np.float32))
-    vals = _run_cells(model, x_t, cells, ccache_t, metric, batch_size, progress, "patching composition")
+    vals = _run_cells(model, x_t, cells, ccache_t, metric, batch_size, progress, "patching composition", ray)
     return PatchResult(vals.reshape(len(layers), N, N), ("layer", "source head", "target head"),
                        ([str(l) for l in layers], ["H%d" % h for h in range(N)], ["H%d" % h for h in range(N)]),
                        m_clean, m_corr, "composition (%s)" % phase, note)

@@ -255,6 +255,15 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
  * until dcs_cancel(m, 0): clear it before starting the next pass. */
 void dcs_cancel(dcs_model *m, int cancel);
 
+/* Fork safety: after fork(), a child may use the parent's loaded model (and
+ * load others). Its CPU thread pool rebuilds itself on first use in the
+ * child. For a model that had a call running in another thread of the parent
+ * at the fork (that thread does not exist in the child), call this once in
+ * the child before using it: it forgets the pooled activation buffers
+ * (without freeing them: the vanished call may have been taking or returning
+ * one) and clears the cancel flag. CUDA models cannot be used after fork. */
+void dcs_after_fork(dcs_model *m);
+
 /* Activation memory of the last dcs_forward on this model (weights
  * excluded): the most held at once, and the sum of every buffer the pass
  * asked for. Hooks that are not asked for add nothing to either. */

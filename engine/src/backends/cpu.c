@@ -48,6 +48,7 @@ typedef struct {
     void *arg;
     long long n_items, chunk;
     atomic_llong next;
+    unsigned forks;                 /* fork_count when the pool was started  */
 } par_pool;
 
 /* Widen n F16/BF16 values to float32 (exact), the backend's fastest way. */
@@ -62,6 +63,23 @@ typedef struct {
     dcs_status status;  /* first failure (allocation) */
     char msg[256];
 } cpu_ctx;
+
+/* ------------------------------------------------------------ fork safety
+ * fork() copies the pool's memory but none of its threads, and a mutex some
+ * other thread held at that instant stays held in the child. A child handler
+ * (pthread_atfork, installed once) counts the forks; a pool started under an
+ * older count is rebuilt by its first use in the child (pool_rebuild: new
+ * mutexes, condition variables, threads and scratch, the old ones dropped
+ * untouched, never locked or joined). A fork while a pass runs in another
+ * thread is covered too: that thread does not exist in the child.
+ * OpenBLAS's own fork handlers are left alone (it parks its threads around a
+ * fork); the engine calls it single-threaded anyway. fork_count is the
+ * process's, not a model's: the one mutable static of the backend. */
+static atomic_uint fork_count;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void on_fork_child(void) { atomic_fetch_add(&fork_count, 1); }
+static void fork_handler_install(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+static int pool_stale(const par_pool *p) { return p->forks != atomic_load(&fork_count); }
 
 static void pool_work(par_pool *p, int tid) {
     for (;;) {
@@ -93,6 +111,7 @@ static void *pool_main(void *arg) {
 
 static void pool_start(par_pool *p, int n) {
     memset(p, 0, sizeof *p);
+    p->forks = atomic_load(&fork_count);
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->job_mu, NULL);
     pthread_cond_init(&p->go, NULL);
@@ -111,6 +130,7 @@ static void pool_start(par_pool *p, int n) {
 }
 
 static void pool_stop(par_pool *p) {
+    if (pool_stale(p)) return;      /* a forked child's copy: no threads to stop */
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
     pthread_cond_broadcast(&p->go);
@@ -122,6 +142,16 @@ static void pool_stop(par_pool *p) {
     pthread_cond_destroy(&p->done);
 }
 
+/* First use of a pool in a forked child: start it again. The scratch
+ * buffers are forgotten, not freed (a thread of the parent may have been
+ * replacing one at the fork); their copied pages cost the child nothing
+ * until written. */
+static void pool_rebuild(cpu_ctx *c) {
+    memset(c->scratch, 0, sizeof c->scratch);
+    memset(c->scratch_n, 0, sizeof c->scratch_n);
+    pool_start(&c->pool, c->n_threads);
+}
+
 /* Run fn over items [0, n) in chunks of `chunk` (0: about 4 per thread).
  * `cost` is the rough work per item: small jobs run on the caller alone,
  * and so does a job started while the pool is busy (a nested call). */
@@ -130,6 +160,7 @@ static void parallel_for_chunk(const dcs_backend *be, par_fn fn, void *arg, long
     cpu_ctx *c = be->ctx;
     par_pool *p = &c->pool;
     if (n <= 0) return;
+    if (pool_stale(p)) pool_rebuild(c);
     if (p->n <= 1 || n == 1 || n * cost < PAR_MIN || pthread_mutex_trylock(&p->job_mu) != 0) {
         fn(arg, 0, n, 0);
         return;
@@ -199,8 +230,9 @@ static dcs_status cpu_sync(dcs_backend *be, dcs_err *e) {
 static void cpu_destroy(dcs_backend *be) {
     if (!be) return;
     cpu_ctx *c = be->ctx;
+    int stale = pool_stale(&c->pool);   /* forked child, pool never used: see pool_rebuild */
     pool_stop(&c->pool);
-    for (int i = 0; i < PAR_MAX_THREADS; i++) free(c->scratch[i]);
+    for (int i = 0; i < PAR_MAX_THREADS && !stale; i++) free(c->scratch[i]);
     free(c);
     free(be);
 }
@@ -773,6 +805,7 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
      * numpy wheels bring their own, symbol-prefixed) */
     openblas_set_num_threads(1);
 #endif
+    pthread_once(&fork_once, fork_handler_install);
     pool_start(&c->pool, c->n_threads);
     be->ops = &cpu_ops;
     be->ctx = c;

@@ -169,3 +169,14 @@ void dcs_cancel(dcs_model *m, int cancel) {
     if (m) atomic_store(&m->cancel, cancel ? 1 : 0);
 }
 
+/* ---------------------------------------------------------------- fork */
+
+/* In a forked child, for a model whose call was running in a thread of the
+ * parent that the child does not have (dclens.h): the pool's entries may be
+ * half updated (one listed twice, or one that call held), so they are
+ * dropped, not freed; their pages are the parent's copy-on-write. */
+void dcs_after_fork(dcs_model *m) {
+    if (!m) return;
+    m->n_pool = 0;
+    atomic_store(&m->cancel, 0);
+}

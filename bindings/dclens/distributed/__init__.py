@@ -1,0 +1,137 @@
+"""dclens.distributed: the benchmark, patching sweeps and your own
+per-prompt functions spread over workers of a Ray cluster, each worker
+holding one loaded model (docs/distributed.md).
+
+    from dclens import distributed as dd
+    dd.map("path/to/DCPythia-6.9B", fn, prompts, ray="local:4")   # fn(model, item), in order
+    dd.synth(["DCPythia-6.9B", "pythia-6.9b"], data, ray="auto")  # the 74-task benchmark
+    patching.sweep(model, clean, corrupted, metric, ray="local:2")
+
+Ray is an optional dependency (pip install 'dclens[distributed]'); import
+dclens never imports it. Work items are sharded across the workers by Ray
+(ray.util.ActorPool), results come back in input order and are the same, to
+the bit, as a single-process run of the same items; a worker that dies is
+restarted by Ray and its item run again. (To the bit for the same n_threads
+per model: the engine's GEMM tiling follows the thread count.) Models
+travel as references
+(dclens.reference): each worker loads the model from the same files, checked
+against the fingerprint taken where the run started. Workers of a Cluster
+object stay up after a call, their model loaded, for its next call on the
+same model; a call on another model replaces them; Cluster.release() stops
+them (with ray="local:N", a string, they end with each call).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .. import plugins
+from .._checks import Error
+from ..bundled import resolve
+from ..model import Model, from_reference
+from ..reference import ModelRef, fingerprint
+from .cluster import Cluster, Placement, connect
+from .workers import item_error, progress_bar, run
+
+__all__ = ["Cluster", "Placement", "connect", "map", "model_ref", "run_cells", "synth"]
+
+ModelSpec = Union[Model, ModelRef, str, os.PathLike]
+RaySpec = Union[None, str, Cluster]
+DISTRIBUTED = "dclens.distributed"        # entry point group: synth comes from synth_tasks
+
+
+def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
+    """The reference workers load: a Model's own (its load arguments and the
+    fingerprint of its files at load), a ModelRef as it is, or for a path or
+    bundled name one made now (its files fingerprinted now)."""
+    if isinstance(model, Model):
+        return model.reference()
+    if isinstance(model, ModelRef):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise Error("model must be a dclens.Model, a path, a bundled model name or a ModelRef, not %s %r"
+                    % (type(model).__name__, model))
+    if device not in ("cpu", "cuda"):
+        raise Error("device must be 'cpu' or 'cuda', not %r" % (device,))
+    directory = os.fsdecode(resolve(model))
+    source = model if isinstance(model, str) and not os.path.lexists(model) else os.path.abspath(directory)
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise Error("%s: not a model directory (no config.json)" % directory)
+    return ModelRef(source=source, device=device, files=fingerprint(directory))
+
+
+def map(model: ModelSpec, fn: Callable[[Model, Any], Any], items: Iterable, *, ray: RaySpec = None,
+        device: str = "cpu", progress: Optional[bool] = None, desc: str = "dclens.distributed.map",
+        unit: str = "item") -> List:
+    """[fn(model, item) for item in items], run on workers that each hold the model.
+
+    model: a loaded Model (travels as its reference), a path or bundled name
+    (with device=), or a ModelRef. fn: any function Ray can serialise
+    (cloudpickle: closures and lambdas too); an exception it raises ends the
+    run with a dclens.Error naming the item (index, repr) and the remote
+    traceback. ray: "local:N", "auto", an address or a Cluster (see
+    dclens.distributed.cluster); None runs everything in this process (the
+    reference the distributed results equal, for the same thread count).
+    Workers run n_threads CPU threads each (Cluster.n_threads, else the
+    model's own), or one GPU each for device="cuda"."""
+    if not callable(fn):
+        raise Error("fn must be a function fn(model, item), not %r" % (fn,))
+    items = list(items)
+    ref = model_ref(model, device)
+    if ray is None:
+        return _run_here(model, ref, fn, items, progress, desc, unit)
+    placement = connect(ray, ref.device, ref.n_threads)
+    if ref.device == "cpu":
+        ref = ref.with_threads(placement.n_threads)
+    return run(ref, fn, items, placement, progress, desc, unit, ray.kept if isinstance(ray, Cluster) else None)
+
+
+def _run_here(model: ModelSpec, ref: ModelRef, fn: Callable, items: List, progress, desc: str, unit: str) -> List:
+    m = model if isinstance(model, Model) else from_reference(ref)
+    out = []
+    bar = progress_bar(len(items), progress, desc, unit)
+    try:
+        for i, item in enumerate(items):
+            try:
+                out.append(fn(m, item))
+            except Exception as e:  # noqa: BLE001 -- named with its item, as on the workers
+                raise item_error(i, len(items), item, "%s: %s" % (type(e).__name__, e)) from e
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def synth(models: Union[ModelSpec, Sequence[ModelSpec]], data, *, ray: RaySpec, **kw):
+    """The 74-task synthetic benchmark of each model, its batches spread over
+    the workers: a list of synth_tasks EvalResult, equal (answers, summary)
+    to single-process runs. Comes from synth_tasks (entry point group
+    dclens.distributed), which must be installed; keywords: see
+    synth_tasks.distributed.synth."""
+    return plugins.find(DISTRIBUTED, "synth")(models, data, ray=ray, **kw)
+
+
+def _cells_values(run_cells_here: Callable, corrupted: np.ndarray, clean: dict, metric, model: Model,
+                  chunk) -> np.ndarray:
+    """What one batch of a patching sweep gives: patching._run_cells of
+    exactly those cells, the same forward pass as in a single process."""
+    return run_cells_here(model, corrupted, chunk, clean, metric, len(chunk), False, "")
+
+
+def run_cells(model: Model, corrupted: np.ndarray, cells: list, clean_cache, metric, batch_size: int,
+              progress, desc: str, ray: RaySpec, run_cells_here: Callable) -> np.ndarray:
+    """patching.sweep(..., ray=...): run_cells_here (patching._run_cells) on
+    Ray workers, over the cells in the same batches of batch_size as in one
+    process, one batch per item; the clean activations the cells read travel
+    once per worker."""
+    chunks = [cells[i:i + batch_size] for i in range(0, len(cells), batch_size)]
+    names = sorted({name for chunk in chunks for patches in chunk for name, _ in patches})
+    clean = {n: clean_cache[n] for n in names}
+    fn = functools.partial(_cells_values, run_cells_here, np.ascontiguousarray(corrupted), clean, metric)
+    parts = map(model, fn, chunks, ray=ray, progress=progress, desc=desc, unit="batch")
+    return np.concatenate(parts) if parts else np.empty(0)
