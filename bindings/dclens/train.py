@@ -472,17 +472,19 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     elif len(tokens) < c.seq_len + 2:
         raise Error("train: the corpus has %d tokens, fewer than seq_len + 2" % len(tokens))
     config = model_config(c, vocab)
-    if not os.path.exists(os.path.join(c.out, run_record.RUN_FILE)):
-        run_record.write_record(c.out, c, vocab)     # before the first step (or on a legacy run's resume)
-        if ck:
-            notes.append("resume: wrote %s from these options" % os.path.join(c.out, run_record.RUN_FILE))
+    recorded = os.path.exists(os.path.join(c.out, run_record.RUN_FILE))
     if ck:
         try:
             model, start, mom, var, config = _open_checkpoint(ck[-1], c, config, c.n_threads)
         except ValueError as e:
             raise _damaged(c.out, ck, str(e))
         start_dir = ck[-1]
+        if not recorded:                # a legacy run, checked: record it now
+            run_record.write_record(c.out, c, vocab)
+            notes.append("resume: wrote %s from these options" % os.path.join(c.out, run_record.RUN_FILE))
     else:
+        if not recorded:                # before the first step
+            run_record.write_record(c.out, c, vocab)
         start_dir = os.path.join(c.out, "step-000000")
         tmp = run_record.staging(c.out, "step-000000")
         write_model(tmp, init_weights(c, vocab), config, tok_path)
