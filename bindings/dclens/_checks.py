@@ -22,6 +22,18 @@ class Error(Exception):
     """Every failure of dclens: the message names the file, hook or argument."""
 
 
+class EngineObject:
+    """Base of the classes that hold engine memory (a model, a decoder, a
+    tape): pickling or copying one is refused with an Error saying what to do
+    instead, not cffi's TypeError about a CData object."""
+
+    _instead = "make a new one"
+
+    def __reduce_ex__(self, protocol):
+        raise Error("a dclens.%s cannot be pickled or copied: it holds the engine's memory; %s"
+                    % (type(self).__name__, self._instead))
+
+
 def check_index(what: str, value, lo: int, hi: int, hint: str = "") -> int:
     """value as an int in [lo, hi), or Error naming `what`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):

@@ -21,14 +21,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import Error, check_status as _check
+from ._checks import EngineObject, Error, check_status as _check
 
 
 def _ptr(a, kind="float *"):
     return ffi.cast(kind, ffi.from_buffer(a))
 
 
-class Tape:
+class Tape(EngineObject):
     """One engine tape for B sequences of T tokens (CPU models only)."""
 
     def __init__(self, model, B: int, T: int):

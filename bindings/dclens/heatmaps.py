@@ -161,10 +161,9 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
             vmax = float(vis.max()) if vis.size else 1.0
             if not vmax > vmin:
                 vmax = vmin + 1.0
-    if not isinstance(grid_cols, (int, np.integer)) or grid_cols < 0:
-        raise Error("heatmap: grid_cols must be an integer >= 0, got %r" % (grid_cols,))
-    if not isinstance(cell_px, (int, np.integer)) or cell_px < 0:
-        raise Error("heatmap: cell_px must be an integer >= 0, got %r" % (cell_px,))
+    # the engine takes C ints: larger values are refused here, by name
+    check_index("heatmap: grid_cols", grid_cols, 0, 2**31, " (0: one row)")
+    check_index("heatmap: cell_px", cell_px, 0, 2**31, " (0: chosen from the size)")
     args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
             mask_window, panel_windows, axis_titles)
     spec, _keep = _spec(*args)

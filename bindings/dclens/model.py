@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from . import attribution, batch, generate as _generate, grad, names as _names, routing
-from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
+from ._checks import EngineObject, Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .bundled import resolve
@@ -134,13 +134,14 @@ def _read_regular_file(path: str, limit: int) -> str:
         raise Error("%s: not UTF-8 (%s at byte %d)" % (path, e.reason, e.start)) from None
 
 
-class Model(WeightsMixin):
+class Model(WeightsMixin, EngineObject):
     """A loaded DCPythia or Pythia model.
 
     >>> m = dclens.load("path/to/model")
     >>> logits = m.forward(m.to_tokens("The cat sat"))
     >>> logits, cache = m.run_with_cache(tokens, names=lambda n: n.endswith("pattern"))
     """
+    _instead = "pickle its path and call dclens.load(path) again (model.path)"
 
     def __init__(self, path, device: str = "cpu", n_threads: int = 0):
         cpath = c_path("model path", path)

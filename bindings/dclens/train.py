@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 import re
 import shutil
@@ -82,17 +83,65 @@ class TrainConfig:
     progress: Optional[bool] = None       # None: a bar when stderr is a terminal
 
     def check(self) -> None:
+        """Every option's type and range, each refused by name (--flag) before anything is written."""
+        if not isinstance(self.out, (str, os.PathLike)) or "\0" in os.fspath(self.out) or not os.fspath(self.out):
+            raise Error("train: out must be a directory path, not %r" % (self.out,))
         if self.model_type not in ("dcpythia", "gpt_neox"):
             raise Error("model_type must be 'dcpythia' or 'gpt_neox', not %r" % (self.model_type,))
-        for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every"):
-            if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
-                raise Error("train: %s must be a positive integer, not %r" % (k, getattr(self, k)))
+        for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every",
+                  "rank"):
+            _int_option(k, getattr(self, k), 1)
+        for k in ("d_ff", "vocab", "n_threads", "warmup"):
+            _int_option(k, getattr(self, k), 0)
+        _int_option("seed", self.seed, 0, 2**63)
+        if self.window_size is not None:
+            _int_option("window_size", self.window_size, 1)
+        if self.window_type not in (None, "LG", "LGLL", "LGL6"):
+            raise Error("train: --window-type must be None, 'LG', 'LGLL' or 'LGL6', not %r" % (self.window_type,))
         if self.dim % self.n_head:
             raise Error("train: dim %d is not a multiple of n_head %d" % (self.dim, self.n_head))
         if (self.dim // self.n_head) % 8:
             raise Error("train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head))
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.warmup >= 0 and self.grad_clip >= 0):
+        for k, lo, hi in (("lr", 0, None), ("min_lr", 0, None), ("weight_decay", 0, None), ("grad_clip", 0, None),
+                          ("beta1", 0, 1), ("beta2", 0, 1), ("eps", 0, None)):
+            v = getattr(self, k)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.floating, np.integer)) \
+                    or not math.isfinite(v) or v < lo or (hi is not None and v >= hi):
+                raise Error("train: --%s must be a finite number in [%g, %s), not %r"
+                            % (k.replace("_", "-"), lo, "inf" if hi is None else "%g" % hi, v))
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.grad_clip >= 0):
             raise Error("train: need lr > 0, 0 <= min_lr <= lr, warmup >= 0, grad_clip >= 0")
+        if not self.eps > 0:
+            raise Error("train: --eps must be > 0, not %r" % (self.eps,))
+        for k in ("lines",):
+            if not isinstance(getattr(self, k), (bool, np.bool_)):
+                raise Error("train: %s must be True or False, not %r" % (k, getattr(self, k)))
+        if self.progress is not None and not isinstance(self.progress, (bool, np.bool_)):
+            raise Error("train: progress must be True, False or None, not %r" % (self.progress,))
+        if not isinstance(self.data, str) or not self.data or "\0" in self.data:
+            raise Error("train: --data must be 'synth', 'synth:N' or a file path, not %r" % (self.data,))
+        self._check_tokenizer()
+
+    def _check_tokenizer(self) -> None:
+        t = self.tokenizer
+        if not isinstance(t, str) or "\0" in t:
+            raise Error("train: --tokenizer must be 'bytes', 'bpe:N' or a tokenizer.json path, not %r" % (t,))
+        if t.startswith("bpe:"):
+            n = t[4:]
+            if not (n.isascii() and n.isdigit() and 258 <= int(n) <= 1 << 20):
+                raise Error("train: --tokenizer %r: N of bpe:N must be an integer in [258, 1048576] (the 256 "
+                            "bytes, the end-of-text token and at least one merge)" % (t,))
+        elif t != "bytes" and not os.path.isfile(t):
+            raise Error("train: --tokenizer %r is not 'bytes', 'bpe:N' or a tokenizer.json file" % (t,))
+
+
+def _int_option(k: str, v, lo: int, hi: int = 2**31) -> int:
+    """An integer option in [lo, hi) (bool refused), or Error naming --k."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Integral, np.integer)):
+        raise Error("train: --%s must be an integer, not %s %r" % (k.replace("_", "-"), type(v).__name__, v))
+    if not lo <= v < hi:
+        raise Error("train: --%s %d is out of range [%d, %d)" % (k.replace("_", "-"), v, lo, hi))
+    return int(v)
 
 
 # ------------------------------------------------------------------ safetensors
