@@ -52,6 +52,15 @@ def _pos(v: int, T: int, what: str) -> int:
     return check_index("%s position" % what, v, -T, T, " for %d tokens" % T) % T
 
 
+def _int_list(what: str, v) -> list:
+    """A list / tuple / 1-D integer array of positions, or Error naming `what`."""
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu":
+        return v.tolist()
+    if isinstance(v, (list, tuple, range)):
+        return list(v)
+    raise Error("%s must be a list of positions, not %s %r" % (what, type(v).__name__, v))
+
+
 def _window(model: Model, layer: int) -> int:
     return model.config.window_size if layer in model.config.local_layers else 0
 
@@ -120,9 +129,20 @@ def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups:
     """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
     `groups` G the dynamic projections mix heads only within each of G blocks;
     `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
+    if not isinstance(dyn, dict) or not ("qdd" in dyn or "kdd" in dyn):
+        raise Error("maps_from_weights: dyn must be the dict dynamic_weights returns (qw1, qw2, qdd, ...), not %s"
+                    % type(dyn).__name__)
     some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
     S, N = some.shape
-    keys = range(S) if keys is None else keys
+    query = _pos(query, S, "query")
+    keys = range(S) if keys is None else [_pos(s, S, "key") for s in _int_list("keys", keys)]
+    groups = check_index("groups", groups, 1, N + 1, " (n_head %d)" % N)
+    if N % groups:
+        raise Error("groups %d does not divide n_head %d" % (groups, N))
+    if static is not None:
+        static = np.asarray(static)
+        if static.shape != (N, N) or static.dtype.kind not in "fiu":
+            raise Error("static must be a [%d, %d] array of numbers, got %s %s" % (N, N, static.dtype, static.shape))
     block = np.kron(np.eye(groups), np.ones((N // groups, N // groups)))
     base = np.eye(N)
     if "qw1" in dyn:  # absent for key-wise-only composition
