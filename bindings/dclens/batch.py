@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import names as _names
-from ._checks import Error, token_array
+from ._checks import is_choice, Error, token_array
 from .cache import Cache
 from .hooks import is_read_only, read_only
 
@@ -43,7 +43,7 @@ def is_map(name: str) -> bool:
 
 def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Pad 1-D token arrays to [B, max T]; returns (tokens, lengths)."""
-    if padding_side not in ("right", "left"):
+    if not is_choice(padding_side, ("right", "left")):
         raise Error("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     rows = [np.asarray(r).reshape(-1) for r in rows]
     if not rows or any(r.size == 0 for r in rows):
@@ -72,7 +72,7 @@ def _pos_axes(name: str) -> Tuple[int, ...]:
 
 def normalize(model, tokens, lengths=None, padding_side: str = "right"):
     """(tokens as given: [T] or [B, T] int array, lengths or None, batched)."""
-    if padding_side not in ("right", "left"):
+    if not is_choice(padding_side, ("right", "left")):
         raise Error("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     if isinstance(tokens, tuple) and len(tokens) == 2 and np.ndim(tokens[0]) == 2 and np.ndim(tokens[1]) == 1:
         if lengths is not None:
@@ -126,7 +126,7 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
 def call(model, tokens, *, lengths=None, padding_side: str = "right", return_type: Optional[str] = "logits",
          capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False):
     """The one path of forward / run_with_cache / run_with_hooks."""
-    if return_type not in ("logits", "loss", "both", None):
+    if not is_choice(return_type, ("logits", "loss", "both", None)):
         raise Error("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
     a, lengths, batched = normalize(model, tokens, lengths, padding_side)
     if a.ndim not in (1, 2):

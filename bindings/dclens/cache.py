@@ -26,11 +26,19 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import names as _names
-from ._checks import Error
+from ._checks import check_bool, check_index, is_choice, Error
 from .names import hook_name
 
 if TYPE_CHECKING:
     from .model import Model
+
+
+class MissingActivation(Error, KeyError):
+    """A cache key that names no activation it holds: a dclens.Error, and a
+    KeyError as dict lookups raise (so `in`, .get and except KeyError work)."""
+
+    def __str__(self):
+        return Exception.__str__(self)       # KeyError's str() would quote the message
 
 
 class Cache(dict):
@@ -45,6 +53,9 @@ class Cache(dict):
     model: Optional["Model"] = None
 
     def _key(self, key):
+        if not isinstance(key, (str, tuple)):
+            raise MissingActivation("cache key must be a hook name or (name, layer), not %s %r"
+                                    % (type(key).__name__, key))
         if isinstance(key, tuple):
             if not 1 <= len(key) <= 2:
                 raise Error("cache key must be a name or (name, layer), got %r" % (key,))
@@ -59,8 +70,8 @@ class Cache(dict):
         try:
             return dict.__getitem__(self, k)
         except KeyError:
-            raise KeyError("cache has no %r%s (it holds %d activations; capture it with names=[...])"
-                           % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
+            raise MissingActivation("cache has no %r%s (it holds %d activations; capture it with names=[...])"
+                                    % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
 
     def __contains__(self, key):
         try:
@@ -144,6 +155,7 @@ def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool 
     """[layer + 1, ..., D]: the residual entering blocks 0 .. layer-1, then the
     one entering `layer` (None: after the last block). Labels "0_pre",
     "1_pre", ..., "final_post"."""
+    check_bool("apply_ln", apply_ln)
     model = _model(cache)
     L = model.config.n_layer
     upto = _layer_arg(model, layer)
@@ -165,6 +177,7 @@ def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = 
                     return_labels: bool = False):
     """[1 + 2*layer, ..., D]: embed, then attn.out and mlp.out of each block
     before `layer` (None: all); they sum to the residual entering `layer`."""
+    check_bool("apply_ln", apply_ln)
     model = _model(cache)
     upto = _layer_arg(model, layer)
     parts, labels = [_need(cache, "embed")], ["embed"]
@@ -182,6 +195,7 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool
     """[layer*N (+1), ..., D]: every head's head_out of the blocks before
     `layer` (None: all), labels "L{l}H{n}"; incl_remainder adds the rest of
     the residual (embed, attention biases, MLPs) as a last component."""
+    check_bool("apply_ln", apply_ln)
     model = _model(cache)
     upto = _layer_arg(model, layer)
     N = model.config.n_head
@@ -264,9 +278,15 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     attention output bias, the MLP, and last ln_final's bias. Returns
     (attrs [C] float64, labels). batch: the row of a batched cache."""
     model = _model(cache)
-    if by not in ("head", "layer"):
+    if not is_choice(by, ("head", "layer")):
         raise Error("dla: by must be 'head' or 'layer', not %r" % (by,))
     L, N = model.config.n_layer, model.config.n_head
+    token = check_index("dla: token", token, 0, model.config.vocab, " (the vocabulary)")
+    T = _need(cache, "embed").shape[-2]
+    pos = check_index("dla: pos", pos, -T, T, " for %d positions" % T)
+    if batch is not None:
+        batch = check_index("dla: batch", batch, 0, _need(cache, "embed").shape[0] if
+                            _need(cache, "embed").ndim == 3 else 1)
 
     def at(name):
         a = _need(cache, name)

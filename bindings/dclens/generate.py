@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import EngineObject, check_index, check_str
+from ._checks import is_choice, EngineObject, check_index, check_str
 from ._checks import Error, check_status as _check
 from .hooks import HookFn, _Run
 
@@ -150,7 +150,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float 
         raise Error("generate: temperature must be a finite number >= 0, got %r" % (temperature,))
     if top_k is not None:
         check_index("generate: top_k", top_k, 1, 2**31, " (or None)")
-    if return_type not in ("auto", "str", "tokens"):
+    if not is_choice(return_type, ("auto", "str", "tokens")):
         raise Error("generate: return_type must be 'auto', 'str' or 'tokens', not %r" % (return_type,))
     is_text = isinstance(prompt, str)
     toks = model.to_tokens(prompt) if is_text else np.asarray(prompt)

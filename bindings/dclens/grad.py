@@ -190,6 +190,9 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
     B, T = toks.shape
     if isinstance(wrt, str):
         wrt = [wrt]
+    if not isinstance(wrt, (list, tuple)):
+        raise Error("gradients: wrt must be a hook or parameter name or a list of them, not %s %r"
+                    % (type(wrt).__name__, wrt))
     wrt = list(wrt)
     if not wrt:
         raise Error("gradients: wrt is empty (give hook names or parameter names)")

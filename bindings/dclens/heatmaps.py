@@ -10,13 +10,14 @@ weights). matplotlib versions of the same figures are in dclens.plots.
 """
 from __future__ import annotations
 
+import numbers
 import os
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import check_index
+from ._checks import check_bool, check_index, is_choice, token_array
 from .model import Error, Model
 from .names import BRANCHES, hook_name
 
@@ -151,6 +152,17 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
     panels per grid row (0: all in one row); cell_px: pixels per cell (0:
     chosen from the size). vmin or vmax alone fixes that end of the range,
     the other comes from the data."""
+    try:
+        maps = np.asarray(maps, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise Error("heatmap: maps must be a [T, S] or [P, T, S] array of numbers: %s" % e) from None
+    for what, v in (("vmin", vmin), ("vmax", vmax)):
+        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number))
+                              or not np.isfinite(v)):
+            raise Error("heatmap: %s must be a finite number or None, not %r" % (what, v))
+    for what, v in (("diverging", diverging), ("mask_upper", mask_upper), ("axis_titles", axis_titles)):
+        check_bool("heatmap: " + what, v)
+    check_index("heatmap: mask_window", mask_window, 0, 2**31, " (0: none)")
     if (vmin is None) != (vmax is None):
         vis = _visible_values(maps, mask_upper)
         if vmin is None:
@@ -207,13 +219,14 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         tokens = model.to_tokens(text_or_tokens)
         labels = model.to_str_tokens(tokens)
     else:
-        tokens = np.asarray(text_or_tokens)
+        tokens = token_array(text_or_tokens)
+        if tokens.ndim != 1 or tokens.size == 0 or tokens.dtype.kind not in "iu":
+            raise Error("heatmap: tokens must be a string or a non-empty 1-D integer token array, got %s %s"
+                        % (tokens.dtype, tokens.shape))
         try:
             labels = model.to_str_tokens(tokens)
         except Error:
             labels = [str(int(t)) for t in tokens]
-    if tokens.ndim != 1 or tokens.size == 0:
-        raise Error("heatmap: need a non-empty 1-D token sequence")
     c = model.config
     if head is not None:
         head = check_index("heatmap: head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
@@ -225,7 +238,7 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     if hook == "branches":
         if head is None or layer == "all":
             raise Error("heatmap: hook='branches' needs one layer and one head")
-        if phase not in ("pre", "post"):
+        if not is_choice(phase, ("pre", "post")):
             raise Error("heatmap: phase must be 'pre' or 'post'")
         names = [hook_name(layer, "attn.%s.%s" % (phase, b)) for b in BRANCHES + ("static",)]
         names = [n for n in names if n in model.hook_names]

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 
-from ._checks import Error, check_index
+from ._checks import check_layers, check_int_list, is_choice, Error, check_index
 from .cache import Cache
 from .names import PHASES, hook_name
 
@@ -50,15 +50,6 @@ class MaskedPairWarning(UserWarning):
 def _pos(v: int, T: int, what: str) -> int:
     """A query/key position in [-T, T) (negative: from the end), as [0, T)."""
     return check_index("%s position" % what, v, -T, T, " for %d tokens" % T) % T
-
-
-def _int_list(what: str, v) -> list:
-    """A list / tuple / 1-D integer array of positions, or Error naming `what`."""
-    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu":
-        return v.tolist()
-    if isinstance(v, (list, tuple, range)):
-        return list(v)
-    raise Error("%s must be a list of positions, not %s %r" % (what, type(v).__name__, v))
 
 
 def _window(model: Model, layer: int) -> int:
@@ -87,7 +78,7 @@ def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = 
     if toks.ndim != 1:
         raise Error("routing works on one sequence: tokens must be 1-D, got shape %s" % (toks.shape,))
     T = toks.shape[0]
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     for what, v in (("query", query), ("key", key)):
@@ -135,7 +126,7 @@ def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups:
     some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
     S, N = some.shape
     query = _pos(query, S, "query")
-    keys = range(S) if keys is None else [_pos(s, S, "key") for s in _int_list("keys", keys)]
+    keys = range(S) if keys is None else check_int_list("keys", keys, 0, S, wrap=True)
     groups = check_index("groups", groups, 1, N + 1, " (n_head %d)" % N)
     if N % groups:
         raise Error("groups %d does not divide n_head %d" % (groups, N))
@@ -223,7 +214,7 @@ def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: in
 # ---------------------------------------------------------------- from a cache, vectorised
 
 def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, np.ndarray]:
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     out = {}
     for n in _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise):
@@ -306,11 +297,10 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
     with X the pattern (post) or the raw scores, signed logits (pre).
     Equals routing_matrix(model, tokens, l, phase, t) without its pass.
     Needs blocks.{l}.attn.{pattern|scores} and the layer's dyn.* hooks."""
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
-    layers = list(range(L)) if layers is None else [int(l) % L if isinstance(l, (int, np.integer)) and -L <= l < L
-                                                     else _bad_layer(l, L) for l in layers]
+    layers = check_layers(layers, L, negative=True)
     out = []
     for l in layers:
         src = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
@@ -320,7 +310,8 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
         if X.ndim != 3:
             raise Error("routing from a cache works on one sequence: %s has shape %s" % (src, X.shape))
         T = X.shape[-1]
-        qs = np.arange(T) if queries is None else np.array([_pos(q, T, "query") for q in queries])
+        qs = np.arange(T) if queries is None else np.array(check_int_list("queries", queries, 0, T, wrap=True),
+                                                            dtype=np.int64)
         X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]     # [N, Tq, S]
         rows = X.sum(-1).T                                                       # [Tq, N]
         if not model.config.use_dcmha:
@@ -342,9 +333,6 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
         out.append(R)
     return np.stack(out)
 
-
-def _bad_layer(l, L):
-    raise Error("layer %r is out of range (model has %d layers)" % (l, L))
 
 
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:

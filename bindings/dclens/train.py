@@ -86,7 +86,7 @@ class TrainConfig:
         """Every option's type and range, each refused by name (--flag) before anything is written."""
         if not isinstance(self.out, (str, os.PathLike)) or "\0" in os.fspath(self.out) or not os.fspath(self.out):
             raise Error("train: out must be a directory path, not %r" % (self.out,))
-        if self.model_type not in ("dcpythia", "gpt_neox"):
+        if not isinstance(self.model_type, str) or self.model_type not in ("dcpythia", "gpt_neox"):
             raise Error("model_type must be 'dcpythia' or 'gpt_neox', not %r" % (self.model_type,))
         for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every",
                   "rank"):
@@ -96,7 +96,8 @@ class TrainConfig:
         _int_option("seed", self.seed, 0, 2**63)
         if self.window_size is not None:
             _int_option("window_size", self.window_size, 1)
-        if self.window_type not in (None, "LG", "LGLL", "LGL6"):
+        if not (self.window_type is None or isinstance(self.window_type, str)) or \
+                self.window_type not in (None, "LG", "LGLL", "LGL6"):
             raise Error("train: --window-type must be None, 'LG', 'LGLL' or 'LGL6', not %r" % (self.window_type,))
         if self.dim % self.n_head:
             raise Error("train: dim %d is not a multiple of n_head %d" % (self.dim, self.n_head))
