@@ -5,7 +5,8 @@ shapes, dtypes, signs, sizes) and asks for a valid result or a dclens.Error
 that names one of the replaced arguments.
 
 To fuzz a new function, add one Entry: a name, the call (``f(ctx, **kw)``,
-ctx holding the fixture model, a cache and a temporary directory), and
+ctx holding the fixture model, a twin with the static branch (use_sw) as
+"sw", a cache and a temporary directory), and
 ``args``: argument name -> strategy of valid values. ``names`` gives, per
 argument, the words a refusal may use for it when they differ from its name
 (``tokens``: "token id"...).
@@ -131,7 +132,7 @@ ENTRIES = [
           _m(c).attribute(tokens, target, at, method=method, steps=steps, progress=False),
           dict(tokens=tokens_1d(3), target=TARGET, at=st.lists(st.sampled_from(
               ["blocks.0.attn.z", "blocks.1.attn.head_out", "blocks.1.mlp.out"]), min_size=1, max_size=2, unique=True),
-               method=st.sampled_from(["ig", "grad_x_input", "gxi"]), steps=st.integers(1, 4)),
+               method=st.sampled_from(["ig", "grad_x_act"]), steps=st.integers(1, 4)),
           dict(tokens=("token", "sequence"), target=("target",), at=("at", "hook"))),
     Entry("Model.routing_matrix", lambda c, tokens, layer, phase, query:
           _m(c).routing_matrix(tokens, layer, phase, query),
@@ -185,7 +186,7 @@ ENTRIES = [
     Entry("routing.dynamic_weights", lambda c, tokens, layer, phase: routing.dynamic_weights(_m(c), tokens, layer,
                                                                                               phase),
           dict(tokens=tokens_1d(), layer=LAYER, phase=PHASE), dict(tokens=("token",))),
-    Entry("routing.static_map", lambda c, layer, phase: routing.static_map(_m(c), layer, phase),
+    Entry("routing.static_map", lambda c, layer, phase: routing.static_map(c["sw"], layer, phase),
           dict(layer=LAYER, phase=PHASE)),
     Entry("routing.composition_maps", lambda c, layer, phase, query, key:
           routing.composition_maps(_m(c), c["cache"], layer, phase, query=query, key=key),
@@ -203,7 +204,7 @@ ENTRIES = [
     # ---- interventions (built, then run)
     Entry("interventions.ablate_head", lambda c, layer, head, kind, point:
           _m(c).run_with_hooks(_ctok(c), [interventions.ablate_head(_m(c), layer, head, kind=kind, point=point,
-                                                                    mean=None if kind != "mean" else
+                                                                    mean=None if not (isinstance(kind, str) and kind == "mean") else
                                                                     np.zeros(8, np.float32))]),
           dict(layer=LAYER, head=HEAD, kind=st.sampled_from(["zero", "mean"]), point=st.sampled_from(
               ["attn.z", "attn.pattern", "attn.head_out"]))),
@@ -213,7 +214,7 @@ ENTRIES = [
     Entry("interventions.disable_dynamic", lambda c, layers:
           _m(c).run_with_hooks(_ctok(c), interventions.disable_dynamic(_m(c), layers=layers)), dict(layers=LAYERS)),
     Entry("interventions.disable_static", lambda c, phases, layers:
-          _m(c).run_with_hooks(_ctok(c), interventions.disable_static(_m(c), phases=phases, layers=layers)),
+          c["sw"].run_with_hooks(_ctok(c), interventions.disable_static(c["sw"], phases=phases, layers=layers)),
           dict(phases=st.sampled_from([("pre",), ("post",), ("pre", "post")]), layers=LAYERS)),
     Entry("interventions.scale", lambda c, name, factor, head:
           _m(c).run_with_hooks(_ctok(c), [interventions.scale(_m(c), name, factor, head=head)]),
@@ -253,7 +254,7 @@ ENTRIES = [
           cache.stack_head_results(c["cache"], layer=layer, apply_ln=apply_ln),
           dict(layer=st.one_of(st.none(), st.integers(0, L)), apply_ln=BOOL)),
     Entry("cache.dla", lambda c, token, pos, by: cache.dla(c["cache"], token, pos=pos, by=by),
-          dict(token=TOKEN, pos=POS, by=st.sampled_from(["head", "layer", "component"]))),
+          dict(token=TOKEN, pos=POS, by=st.sampled_from(["head", "layer"]))),
     Entry("cache.logit_attrs", lambda c, tokens: cache.logit_attrs(c["cache"], cache.decompose_resid(c["cache"]),
                                                                     tokens),
           dict(tokens=st.one_of(TOKEN, hnp.arrays(np.int64, (T,), elements=TOKEN))), dict(tokens=("token",))),

@@ -62,11 +62,13 @@ def _report(request):
 @pytest.fixture(scope="module")
 def ctx(tiny_factory, tmp_path_factory):
     d, _, _ = tiny_factory(model_type="dcpythia", n_layer=L, n_head=N, vocab=V, seed=41, window_size=4)
+    d_sw, _, _ = tiny_factory(model_type="dcpythia", n_layer=L, n_head=N, vocab=V, seed=42, window_size=4,
+                              use_sw=True)
     model = dclens.load(d, n_threads=1)
     toks = np.array([3, 1, 4, 1, 5, 9][:T], np.int64)
     toks2 = np.array([3, 1, 7, 1, 5, 2][:T], np.int64)
     logits, cache = model.run_with_cache(toks)
-    return dict(model=model, dir=d, toks=toks, toks2=toks2, logits=logits, cache=cache,
+    return dict(model=model, sw=dclens.load(d_sw, n_threads=1), dir=d, toks=toks, toks2=toks2, logits=logits, cache=cache,
                 tmp=str(tmp_path_factory.mktemp("fuzz")))
 
 
@@ -104,7 +106,8 @@ def _alarm(seconds, headroom=MEM_HEADROOM):
 
 
 def _words(entry: Entry, arg: str):
-    return (arg, arg.replace("_", "-"), arg.replace("_", " ")) + tuple(entry.names.get(arg, ()))
+    singular = (arg[:-1],) if arg.endswith("s") else ()     # layers -> "layer 7 is out of range"
+    return (arg, arg.replace("_", "-"), arg.replace("_", " ")) + singular + tuple(entry.names.get(arg, ()))
 
 
 def _draw_args(data, entry: Entry):

@@ -68,7 +68,8 @@ def iter_dataset(model: Model, dataset, progress: bool = True, desc: str = "data
         dataset = [dataset]
     if isinstance(dataset, np.ndarray) and dataset.ndim == 1 and dataset.dtype.kind in "iu":
         dataset = [dataset]
-    if isinstance(dataset, (dict, set, bytes)) or not hasattr(dataset, "__iter__"):
+    if isinstance(dataset, (dict, set, bytes)) or not hasattr(dataset, "__iter__") or \
+            (isinstance(dataset, np.ndarray) and dataset.ndim == 0):
         raise Error("dataset must be a string, a token array or a list of them, not %s %r"
                     % (type(dataset).__name__, dataset))
     try:

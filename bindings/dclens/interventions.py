@@ -17,7 +17,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._checks import check_layers, is_choice, check_index
+from ._checks import check_index, check_layers, check_str, is_choice
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -88,6 +88,7 @@ def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
     replaces it by `mean` (e.g. mean_activation(cache_of_many_runs, ...)),
     broadcast over positions: shape [Dh] or [T, Dh] for attn.z."""
     _check_head(model, layer, head)
+    check_str("ablate_head: point", point)
     name = _canon(hook_name(layer, point))
     _head_axis(model, name)
     if not is_choice(kind, ("zero", "mean")):
@@ -134,10 +135,8 @@ def disable_branch(model: Model, phase: str, branch: str,
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if not is_choice(branch, BRANCHES):
         raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
-    layers = range(model.config.n_layer) if layers is None else list(layers)
     hooks = []
-    for l in layers:
-        l = check_index("layer", l, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
+    for l in _layers(model, layers):
         name = hook_name(l, "attn.%s.%s" % (phase, branch))
         model.parse_hook(name)
         hooks.append((name, _zero))
@@ -237,6 +236,9 @@ def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
     if not model.config.use_sw:
         raise Error("%s has no static composition branch (use_sw is off)" % model.name)
     hooks = []
+    if isinstance(phases, str) or not isinstance(phases, (list, tuple)):
+        raise Error("disable_static: phases must be a list of 'pre' / 'post', not %s %r"
+                    % (type(phases).__name__, phases))
     for ph in phases:
         if not is_choice(ph, PHASES):
             raise Error("phase must be 'pre' or 'post', not %r" % (ph,))

@@ -101,6 +101,9 @@ def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> Dict[str, n
 def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
     """The static (Talking-Heads) term W [N, N] of a layer and phase (block-diagonal
     with compose_groups), or None when the model has no static branch."""
+    check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
+    if not is_choice(phase, PHASES):
+        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if not model.config.use_sw:
         return None
     w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))   # [G, Mg, Mg]
