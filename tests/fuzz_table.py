@@ -264,7 +264,7 @@ ENTRIES = [
     # ---- analysis
     Entry("analysis.head_output_pca", lambda c, dataset, layers, mode:
           analysis.head_output_pca(_m(c), dataset, layers=layers, mode=mode, progress=False),
-          dict(dataset=DATASET, layers=LAYERS, mode=st.sampled_from(["heads", "head"])),
+          dict(dataset=DATASET, layers=LAYERS, mode=st.sampled_from(["heads", "tokens"])),
           dict(dataset=("dataset", "sequence", "token"))),
     Entry("analysis.qk_ov_diversity", lambda c, layers: analysis.qk_ov_diversity(_m(c), layers=layers),
           dict(layers=LAYERS)),

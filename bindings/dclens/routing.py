@@ -340,6 +340,7 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
 
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:
     """gates() from a cache: {'pre.qdd': [T, N], ...}."""
+    check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
     sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")
