@@ -11,6 +11,15 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, HERE)  # tests/reference.py
 
 
+FUZZ_LINE = pytest.StashKey()       # the API fuzz's totals (tests/test_fuzz_api.py)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    line = config.stash.get(FUZZ_LINE, None)
+    if line:
+        terminalreporter.write_line(line)
+
+
 def shared_path(*parts):
     p = os.path.join(SHARED, *parts)
     if not os.path.exists(p):

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 import dclens
+from conftest import FUZZ_LINE
 from fuzz_table import ENTRIES, HOSTILE, L, N, T, V, Entry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,11 +53,7 @@ def _report(request):
     line = ("fuzz (Hypothesis): %d examples tried over %d callables (%d per callable): %d refused with "
             "dclens.Error, %d accepted" % (TOTALS["tried"], TOTALS["callables"], EXAMPLES, TOTALS["refused"],
                                            TOTALS["accepted"]))
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None:
-        tr.write_line("\n" + line)
-    else:
-        print(line)
+    request.config.stash[FUZZ_LINE] = line        # printed by conftest's pytest_terminal_summary
 
 
 @pytest.fixture(scope="module")
