@@ -743,3 +743,73 @@ def test_train_tokenizer_bpe_refused(tmp_path, tok):
                         "--tokenizer", tok], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("dclens train: error: --tokenizer")
+
+
+def _fuzz_findings(model, cache):
+    """(call, message) for each refusal the API fuzz (tests/test_fuzz_api.py)
+    found as a raw Python exception, now a dclens.Error naming the argument."""
+    from dclens import analysis, attribution, circuits, interventions as iv, names, patching, routing
+    from dclens import cache as dc
+    logits = model.forward(TOKS[:6])
+    odd = np.array([1, "a"], dtype=object)
+    return [
+        (lambda: analysis.qk_ov_diversity(model, layers=False), "layers must be None or a list of layer indices"),
+        (lambda: analysis.qk_ov_diversity(model, layers=[1, "a"]), "layer must be an integer, not str"),
+        (lambda: analysis.head_output_pca(model, None, progress=False), "dataset must be a string, a token array"),
+        (lambda: analysis.head_similarity(model, None), "layer must be an integer, not NoneType"),
+        (lambda: analysis.composition_stats(model, [TOKS], chunk=0, progress=False), r"chunk 0 is out of range"),
+        (lambda: analysis.composition_stats(model, [TOKS], top=0.0, progress=False), "top must be an integer"),
+        (lambda: routing.routing_matrices(model, cache, odd), "phase must be 'pre' or 'post'"),
+        (lambda: routing.routing_matrices(model, cache, "post", queries=""), "queries must be a list of integers"),
+        (lambda: routing.maps_from_weights(routing.dynamic_weights(model, TOKS, 0, "post"), 0, groups=0),
+         r"groups 0 is out of range"),
+        (lambda: routing.maps_from_weights(routing.dynamic_weights(model, TOKS, 0, "post"), len(TOKS)),
+         r"query position 12 is out of range"),
+        (lambda: circuits.qk_circuit(model, 0, None), "head must be an integer, not NoneType"),
+        (lambda: circuits.ov_readout(model, 0, 0, 1, k=0.0), "k must be an integer, not float"),
+        (lambda: circuits.FactoredMatrix(None, None), "FactoredMatrix: A must be a 2-D array"),
+        (lambda: dc.accumulated_resid(cache, apply_ln=odd), "apply_ln must be True or False"),
+        (lambda: dc.dla(cache, 64), r"dla: token 64 is out of range \[0, 64\)"),
+        (lambda: dc.dla(cache, 3, pos=len(TOKS)), r"dla: pos 12 is out of range"),
+        (lambda: cache[[]], "cache key must be a hook name or \\(name, layer\\), not list"),
+        (lambda: names.tl_alias(None), "hook name must be a string, not NoneType"),
+        (lambda: patching.logit_diff(3, 4, pos=None)(logits), "metric: pos must be an integer, not NoneType"),
+        (lambda: patching.prob(64)(logits), r"metric: the token 64 is out of range"),
+        (lambda: patching.sweep(model, TOKS, TOKS, None, over=None), "over must be a string"),
+        (lambda: patching.run_patched(model, TOKS, cache, None), "run_patched: names must be a list of hook names"),
+        (lambda: model.run_with_hooks(TOKS, fwd_hooks=None), "fwd_hooks must be a list of \\(name, fn\\) pairs"),
+        (lambda: model.gradients(TOKS, "loss", None), "gradients: wrt must be a hook or parameter name"),
+        (lambda: attribution.attribute(model, TOKS, "loss", None), "attribute: at must be a hook name"),
+        (lambda: attribution.attribute(model, TOKS, "loss", ["blocks.0.attn.z"], baseline={}),
+         "attribute: baseline must be 'zero', 'mean' or an array of numbers"),
+        (lambda: dclens.heatmap(""), "heatmap: maps must be a \\[T, S\\] or \\[P, T, S\\] array of numbers"),
+        (lambda: dclens.heatmap(np.ones((2, 2)), vmin="", vmax=1.0), "heatmap: vmin must be a finite number"),
+        (lambda: dclens.heatmap(np.ones((2, 2)), diverging=odd), "heatmap: diverging must be True or False"),
+        (lambda: dclens.attention_heatmap(model, [1, "a"], layer=0), "heatmap: tokens must be a string or"),
+        (lambda: iv.disable_branch(model, odd, "kp"), "phase must be 'pre' or 'post'"),
+        (lambda: iv.disable_dynamic(model, layers=False), "layers must be None or a list of layer indices"),
+        (lambda: iv.mean_activation(cache, 0, 4), r"head 4 is out of range \[0, 4\)"),
+        (lambda: iv.ablate_head(model, 0, 0, point=0), "ablate_head: point must be a string"),
+        (lambda: routing.gates_from_cache(model, cache, ""), "layer must be an integer, not str"),
+    ]
+
+
+def test_fuzz_findings_refused_by_name(model):
+    """Every finding of the API fuzz, replayed: a dclens.Error with the message
+    docs/bad-inputs.md quotes (section Robustness III), never the raw exception."""
+    import re
+    _, cache = model.run_with_cache(TOKS)
+    for call, msg in _fuzz_findings(model, cache):
+        with pytest.raises(dclens.Error) as ei:
+            call()
+        assert re.search(msg, str(ei.value)), (msg, str(ei.value))
+
+
+def test_missing_cache_key_is_error_and_key_error(model):
+    from dclens.cache import MissingActivation
+    _, cache = model.run_with_cache(TOKS, names=["embed"])
+    with pytest.raises(MissingActivation) as ei:
+        cache["blocks.0.attn.z"]
+    assert isinstance(ei.value, KeyError) and isinstance(ei.value, dclens.Error)
+    assert str(ei.value).startswith("cache has no 'blocks.0.attn.z'")
+    assert cache.get("blocks.0.attn.z") is None and "blocks.0.attn.z" not in cache
