@@ -4,7 +4,6 @@ import importlib.util
 import json
 import os
 
-import numpy as np
 import pytest
 from conftest import ROOT, shared_path
 

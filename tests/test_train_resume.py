@@ -196,7 +196,9 @@ def test_crash_while_saving_leaves_previous_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(T.np, "savez", real)
     assert _steps(out) == ["step-000000", "step-000002"]
     assert os.path.isdir(out / ".tmp-step-000004")
+    os.makedirs(out / ".tmp-step-000008")                # an older crash's leftover
     b = train(_cfg(out, data))
+    assert not os.path.exists(out / ".tmp-step-000008")
     assert not os.path.exists(out / ".tmp-step-000004")
     wa, wb = read_weights(dclens.load(a)), read_weights(dclens.load(b))
     for k in wa:

@@ -170,6 +170,13 @@ def staging(out: str, name: str) -> str:
     return tmp
 
 
+def remove_staging(out: str) -> None:
+    """Remove the staging and moved-aside directories a killed sitting left."""
+    for name in os.listdir(out):
+        if name.startswith((".tmp-", ".old-")) and os.path.isdir(os.path.join(out, name)):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+
+
 def load_json(path: str, what: str) -> Dict:
     try:
         with open(path, encoding="utf-8") as f:

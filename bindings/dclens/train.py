@@ -498,6 +498,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     os.makedirs(c.out, exist_ok=True)
     ck = _ckpts(c.out)
     notes = _check_options(c, ck)
+    run_record.remove_staging(c.out)      # what a sitting killed while writing left
     tok_file = os.path.join(c.out, "tokens.npy")
     tok_path = os.path.join(c.out, "tokenizer.json")
     off_file = os.path.join(c.out, "offsets.npy")
