@@ -13,6 +13,15 @@ sys.path.insert(0, HERE)  # tests/reference.py
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+FUZZ_LINE = pytest.StashKey()       # the API fuzz's totals (tests/test_fuzz_api.py)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    line = config.stash.get(FUZZ_LINE, None)
+    if line:
+        terminalreporter.write_line(line)
+
+
 def shared_path(*parts):
     p = os.path.join(SHARED, *parts)
     if not os.path.exists(p):

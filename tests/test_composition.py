@@ -8,6 +8,7 @@ from dclens.testing.make_tiny import make_tiny
 from synth_tasks import load_dataset
 from synth_tasks.composition import composition_effect, main as comp_main, most_composed
 from synth_tasks.corpus import HELDOUT_FILE, TOKENIZER_FILE
+from tolerances import f32_tol
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,9 @@ def test_zero_without_composition(models, lines):
     assert m.config.local_layers == (0,)            # the window mask is exercised
     ids = m.to_tokens(lines[0].text)
     eff = composition_effect(m, ids, range(len(ids)))
-    assert eff.shape == (2, 4, len(ids)) and eff.max() < 1e-5
+    # identity composition: the effect is float32 rounding of an N-term map
+    # product on weights <= 1 (tests/tolerances.py)
+    assert eff.shape == (2, 4, len(ids)) and eff.max() <= f32_tol(4, 2, eff.size, sides=2)
 
 
 def test_picks_the_most_composed_answer(models, lines, tmp_path, capsys):

@@ -6,6 +6,7 @@ import dclens
 from dclens import interventions as iv
 from dclens.generate import Decoder
 from conftest import rel_err
+from tolerances import forward_tol, tiny
 
 # window 3 on layers 0 and 2 (global + local), 20 tokens: local layers evict keys
 DCP = dict(model_type="dcpythia", n_layer=3, window_size=3, seed=41)
@@ -14,7 +15,10 @@ DCP_LGLL = dict(model_type="dcpythia", n_layer=4, window_size=2, window_type="LG
 NEOX = dict(model_type="gpt_neox", n_layer=2, seed=44)
 KINDS = [DCP, DCP_QW, DCP_LGLL, NEOX]
 IDS = ["dcpythia", "query_wise", "lgll", "pythia"]
-TOL = 2e-5
+# incremental decoding vs a full pass: two float32 passes (GEMMs of 1 row vs
+# T rows, a KV cache instead of materialised scores), 4 layers at most, T = 20
+# (tests/tolerances.py; was 2e-5, what one kernel gave)
+TOL = forward_tol(tiny(n_layer=4), 20, 20 * 64, sides=2)
 
 
 def _toks(model, T=20, seed=0):
@@ -57,7 +61,7 @@ def test_hooks_while_decoding(tiny_factory, kw):
     dec = Decoder(model)
     inc = np.concatenate([dec.step(toks[:5], fwd_hooks=hooks)] + [dec.step([t], fwd_hooks=hooks) for t in toks[5:]])
     assert rel_err(inc, full) <= TOL
-    assert rel_err(inc, model.forward(toks)) > 1e-3      # the hooks mattered
+    assert rel_err(inc, model.forward(toks)) > 10 * TOL  # the hooks mattered, far above rounding
 
 
 def test_decoding_cache_layouts(tiny_factory):
@@ -71,9 +75,9 @@ def test_decoding_cache_layouts(tiny_factory):
     N = model.config.n_head
     for name in ["blocks.0.attn.pattern", "blocks.1.attn.pattern_composed", "blocks.2.attn.post.kp"]:
         assert c[name].shape == (N, 2, 8)
-        np.testing.assert_allclose(c[name], full[name][:, 6:8, :8], atol=2e-6)
+        np.testing.assert_allclose(c[name], full[name][:, 6:8, :8], atol=TOL * max(1, np.abs(full[name]).max()))
     for name in ["blocks.1.attn.dyn.pre.kw1", "blocks.2.attn.z", "blocks.0.resid_post", "logits"]:
-        np.testing.assert_allclose(c[name], full[name][6:8], rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(c[name], full[name][6:8], rtol=0, atol=TOL * max(1, np.abs(full[name]).max()))
     # on a local layer, keys no longer held read 0 in pre-softmax maps
     assert np.all(c["blocks.0.attn.scores"][:, :, :2] == 0)
 

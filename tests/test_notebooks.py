@@ -28,6 +28,12 @@ PUBLISHED = os.path.join(os.path.dirname(ROOT), "shared", "data", "synthetic_dat
 EXPECTED = ["01_quickstart.ipynb", "02_head_composition.ipynb", "03_synthetic_benchmark.ipynb",
             "04_circuits_and_diversity.ipynb"]
 PATHS = sorted(glob.glob(os.path.join(NOTEBOOKS, "*.ipynb")))
+from tolerances import f32_tol
+
+# the notebooks' outputs hold their numbers printed with 3 decimals or 4
+# significant digits: each is up to 5e-4 (relative) off the value computed, so a
+# recomputation and a printed number differ by up to 1e-3 (two roundings)
+PRINTED = 1e-3
 
 
 def test_the_four_notebooks_are_there():
@@ -84,7 +90,7 @@ def close(a, b, path=""):
         for i, (x, y) in enumerate(zip(a, b)):
             close(x, y, "%s[%d]" % (path, i))
     elif isinstance(a, float) or isinstance(b, float):
-        assert abs(a - b) <= 1e-3 + 1e-3 * abs(b), "%s: %r vs %r" % (path, a, b)
+        assert abs(a - b) <= PRINTED + PRINTED * abs(b), "%s: %r vs %r" % (path, a, b)
     else:
         assert a == b, "%s: %r vs %r" % (path, a, b)
 
@@ -183,7 +189,8 @@ def test_reference_ov_readout_matches_the_engine():
         toks = [5, 77, 300]
         got = circuits.ov_logits(m, 1, 2, toks)
         want = ov_logits_reference(name, 1, 2, toks)
-        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        # OV then the unembedding, float32 (reductions of length D = 192), vs float64
+        assert np.abs(got - want).max() <= f32_tol(192, 3, want.size) * np.abs(want).max()
 
 
 def check_01(f):
@@ -192,12 +199,12 @@ def check_01(f):
     p = _probe(HELDOUT_FILE, f, m.tokenizer)
     assert p.answer == f["answer"]
     base = _p(m, p.ids, p.query, p.answer_token)
-    assert abs(base - f["p_answer"]) < 1e-3
+    assert abs(base - f["p_answer"]) < PRINTED
     c = m.config
     drop = np.array([[_p(m, p.ids, p.query, p.answer_token, [_zero("blocks.%d.attn.z" % l, (slice(None), h))])
                       for h in range(c.n_head)] for l in range(c.n_layer)])
     assert list(np.unravel_index(int(np.argmin(drop)), drop.shape)) == f["head"]     # "hurts most"
-    assert abs(drop.min() - f["p_without_head"]) < 1e-3
+    assert abs(drop.min() - f["p_without_head"]) < PRINTED
     assert int((drop < base / 2).sum()) == f["heads_halving_p"]
 
 
@@ -207,15 +214,15 @@ def check_02(f):
     q, s, tok = p.query, p.source, p.answer_token
     logits = m.forward(p.ids)
     assert int(np.argmax(logits[q])) == tok                             # DCPythia answers it (first token)
-    assert abs(float(_softmax(logits[q])[tok]) - f["p_answer"]) < 1e-3
-    assert abs(_p(t, p.ids, q, tok) - f["p_answer_twin"]) < 1e-3
+    assert abs(float(_softmax(logits[q])[tok]) - f["p_answer"]) < PRINTED
+    assert abs(_p(t, p.ids, q, tok) - f["p_answer_twin"]) < PRINTED
     L_, H_ = f["head"]
     pre = "blocks.%d.attn." % L_
     _, cache = m.run_with_cache(p.ids, names=lambda n: n.startswith(pre))
     br = {b: float(cache[pre + "post." + b][H_, q, s]) for b in ("skip", "qp", "kp", "qg", "kg")}
     for b, v in br.items():
-        assert abs(v - f["branches"][b]) < 1e-3
-    assert abs(sum(br.values()) - float(cache[pre + "pattern_composed"][H_, q, s])) < 1e-5
+        assert abs(v - f["branches"][b]) < PRINTED
+    assert abs(sum(br.values()) - float(cache[pre + "pattern_composed"][H_, q, s])) < f32_tol(6, 1, 1, sides=2)   # 6 branch terms <= 1
     assert max(br, key=lambda b: abs(br[b])) == f["top_branch"]
     # what each source head lends the head at (query, source), per branch, from the dynamic weights
     # by the formula of model-spec step 6 (written here, not routing.flows)
@@ -229,8 +236,11 @@ def check_02(f):
         return P[n, q, key] * (qmap + kmap)
     own = P[H_, q, s] * (1 + dyn["qdd"][q, H_] + dyn["kdd"][s, H_]) + lent_by(H_, s)
     lent = {n: lent_by(n, s) for n in range(N) if n != H_}
-    assert abs(own + sum(lent.values()) - float(cache[pre + "pattern_composed"][H_, q, s])) < 1e-5
-    assert abs(own - f["own"]) < 1e-3 and abs(sum(lent.values()) - f["borrowed"]) < 1e-3
+    # float32 composed weight against a float64 sum of N * (2R + 3) terms (error model: tests/tolerances.py)
+    tol = f32_tol(N * (2 * dyn["qw1"].shape[1] + 3)) * max(1.0, abs(own) + sum(abs(v) for v in lent.values()))
+    assert abs(own + sum(lent.values()) - float(cache[pre + "pattern_composed"][H_, q, s])) < tol
+    # the notebook prints 4 decimals: half a unit of the last one, plus the float32 bound
+    assert abs(own - f["own"]) < 5e-5 + tol and abs(sum(lent.values()) - f["borrowed"]) < 5e-5 + tol
     assert max(lent, key=lambda n: abs(lent[n])) == f["lender"]
     lender = f["lender"]
     assert abs(lent[lender] - f["lent_by_lender"]) < 1e-3
@@ -251,7 +261,7 @@ def check_02(f):
                        ("p_without_lending", [(pre + "pattern_composed", unlend)]),
                        ("p_without_lender_output", [_zero(pre + "z", (slice(None), lender))]),
                        ("p_without_head", [_zero(pre + "z", (slice(None), H_))])):
-        assert abs(_p(m, p.ids, q, tok, hooks) - f[key]) < 1e-3, key
+        assert abs(_p(m, p.ids, q, tok, hooks) - f[key]) < PRINTED, key
     ro = ov_logits_reference(f["model"], L_, H_, [int(p.ids[s])])[0]
     assert int((ro > ro[tok]).sum()) + 1 == f["ov_rank"]
     # the most important head stays the most important with twice the IG steps
@@ -259,7 +269,8 @@ def check_02(f):
     r = m.attribute(p.ids, ("logprob", q, tok), at=at, method="ig", steps=64)
     ig = np.stack([r.per_head[n] for n in at])
     assert list(np.unravel_index(int(np.argmax(ig)), ig.shape)) == f["head"]
-    assert abs(ig[L_, H_] - f["ig"]) <= 0.05 * abs(f["ig"]) + 1e-3
+    # 64 midpoint steps vs the notebook's run (quadrature, not rounding: 5%), printed value
+    assert abs(ig[L_, H_] - f["ig"]) <= 0.05 * abs(f["ig"]) + PRINTED
 
 
 def _bundled_summary(name, label):
@@ -274,7 +285,7 @@ def check_03(f):
     for d, vals in f["acc"].items():
         for name, acc, ppl in zip(f["models"], vals, f["ppl"][d]):
             s = _bundled_summary(name, d)["overall"]
-            assert abs(s["acc"] - acc) < 1e-4 and abs(s["ppl"] - ppl) < 1e-3 * ppl
+            assert abs(s["acc"] - acc) < PRINTED / 10 and abs(s["ppl"] - ppl) < PRINTED * ppl   # 4 decimals
 
 
 def check_04(f):
@@ -296,7 +307,7 @@ def check_04(f):
     M = np.concatenate([q[:, n] @ k[:, n].T for n in range(h.N)], axis=1)           # [D, N*D]
     sv = np.linalg.svd(M, compute_uv=False) ** 2
     div = float(np.mean(np.cumsum(sv) / sv.sum()))
-    assert abs(div - f["diversity"][name]["qk"][0]) < 2e-3
+    assert abs(div - f["diversity"][name]["qk"][0]) < 2 * PRINTED      # float16 weights recomputed, printed
 
 
 CHECKS = {"01_quickstart.ipynb": check_01, "02_head_composition.ipynb": check_02,

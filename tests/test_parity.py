@@ -1,6 +1,9 @@
 """Engine logits against the independent numpy reference (tests/reference.py).
 
-Tolerance of the issue: max |dlogit| <= 1e-4 * max |logit|, float32 engine.
+Tolerance: max |dlogit| <= forward_tol(cfg, T, T * V) * max |logit| (tests/tolerances.py:
+the float32 rounding of a pass of the checkpoint's depth, longest reduction
+max(D, F, T), largest of T * V errors; the reference is float64). For these
+sizes it is below the 1e-4 the parity issue asked for (TOL, also asserted).
 """
 import numpy as np
 import pytest
@@ -8,6 +11,7 @@ import pytest
 import dclens
 from conftest import rel_err
 from reference import ref_forward
+from tolerances import forward_tol
 
 TOL = 1e-4
 
@@ -42,7 +46,8 @@ def test_logits_match_reference(tiny_factory, name):
     got = model.forward(toks)
     want = ref_forward(sd, cfg, toks)
     assert got.shape == (T, V) and got.dtype == np.float32
-    assert rel_err(got, want) <= TOL
+    tol = forward_tol(cfg, T, got.size)
+    assert tol <= TOL and rel_err(got, want) <= tol
 
 
 def test_batch_of_different_sequences(tiny_factory):
@@ -53,9 +58,11 @@ def test_batch_of_different_sequences(tiny_factory):
     got = model.forward(toks)
     assert got.shape == (3, 17, model.config.vocab)
     for b in range(3):
-        assert rel_err(got[b], ref_forward(sd, cfg, toks[b])) <= TOL
-    # batch rows are independent: each equals its own unbatched pass
-    np.testing.assert_allclose(got[1], model.forward(toks[1]), rtol=0, atol=1e-5 * np.abs(got).max())
+        assert rel_err(got[b], ref_forward(sd, cfg, toks[b])) <= forward_tol(cfg, 17, got[b].size)
+    # batch rows are independent: each equals its own unbatched pass, up to the
+    # summation order of GEMMs with 3x the rows (both sides float32)
+    np.testing.assert_allclose(got[1], model.forward(toks[1]), rtol=0,
+                               atol=forward_tol(cfg, 17, got.size, sides=2) * np.abs(got).max())
 
 
 def test_right_padding_does_not_change_prefix(tiny_factory):
@@ -64,7 +71,8 @@ def test_right_padding_does_not_change_prefix(tiny_factory):
     toks = np.arange(12) % model.config.vocab
     padded = np.stack([toks, np.concatenate([toks[:7], np.zeros(5, int)])])
     out = model.forward(padded)
-    assert rel_err(out[1, :7], out[0, :7]) <= 1e-6
+    # causal: the prefix sees the same tokens; only GEMM blocking may differ (two sides)
+    assert rel_err(out[1, :7], out[0, :7]) <= forward_tol(cfg, 12, out.size, sides=2)
 
 
 def test_config_fields(tiny_factory):

@@ -4,6 +4,11 @@ writers (dclens.testing.make_tiny), independent of the C engine.
 The reference checks pin invariants of model-spec.md / hooks.md; the writer checks
 read the files back with independent minimal readers (safetensors header parsing,
 zipfile + a restricted pickle.Unpickler) and compare with what make_tiny returned.
+
+Tolerances: both sides are float64 computations of one quantity in different
+orders, on reductions of at most 64 terms and at most 10 chained stages, with
+values of order 1 (F64_ABS) or, for logits, up to 10 times that: the error
+model of tests/tolerances.py in float64 (f64_tol).
 """
 import importlib.util
 import io
@@ -26,6 +31,9 @@ MAKE_TINY_PATH = os.path.join(ROOT, "bindings", "dclens", "testing", "make_tiny.
 sys.path.insert(0, HERE)
 
 import reference as ref  # noqa: E402
+from tolerances import f64_tol  # noqa: E402
+
+F64_ABS = 10 * f64_tol(64, 10, 10 ** 5)     # values up to 10
 
 try:  # the package import needs the built engine; the generator itself does not
     from dclens.testing import make_tiny as mt
@@ -96,9 +104,9 @@ def test_naive_loops_layer0(dc):
             w1 = np.array([row / math.sqrt(sum(v * v for v in row) / N + 1e-6) for row in w[:R]])
             gate = [math.tanh(sum(x[t, d] * dd[d, 0, slot * N + n] for d in range(D))) for n in range(N)]
             a = f"blocks.0.attn.dyn.{phase}.{side}"
-            np.testing.assert_allclose(c[a + "w1"][t], w1, atol=1e-12)
-            np.testing.assert_allclose(c[a + "w2"][t], w[R:], atol=1e-12)
-            np.testing.assert_allclose(c[a + "dd"][t], gate, atol=1e-12)
+            np.testing.assert_allclose(c[a + "w1"][t], w1, atol=F64_ABS)
+            np.testing.assert_allclose(c[a + "w2"][t], w[R:], atol=F64_ABS)
+            np.testing.assert_allclose(c[a + "dd"][t], gate, atol=F64_ABS)
     q, k, v = c["blocks.0.attn.q"], c["blocks.0.attn.k"], c["blocks.0.attn.v"]
     P = c["blocks.0.attn.pattern_composed"]
     wo = sd[p + "wo.weight"].astype(np.float64)
@@ -106,11 +114,11 @@ def test_naive_loops_layer0(dc):
         for t in (0, 9, 19):
             for s in (0, 3, t):
                 A = sum(q[t, n, d] * k[s, n, d] for d in range(Dh)) / math.sqrt(Dh)
-                assert abs(A - c["blocks.0.attn.scores"][n, t, s]) < 1e-12
+                assert abs(A - c["blocks.0.attn.scores"][n, t, s]) < F64_ABS
             z = [sum(P[n, t, s] * v[s, n, d] for s in range(T)) for d in range(Dh)]
-            np.testing.assert_allclose(c["blocks.0.attn.z"][t, n], z, atol=1e-12)
+            np.testing.assert_allclose(c["blocks.0.attn.z"][t, n], z, atol=F64_ABS)
             ho = [sum(z[d] * wo[e, n * Dh + d] for d in range(Dh)) for e in range(D)]
-            np.testing.assert_allclose(c["blocks.0.attn.head_out"][t, n], ho, atol=1e-12)
+            np.testing.assert_allclose(c["blocks.0.attn.head_out"][t, n], ho, atol=F64_ABS)
 
 
 def test_five_branches_sum_to_composed(dc):
@@ -119,8 +127,8 @@ def test_five_branches_sum_to_composed(dc):
         a = f"blocks.{l}.attn."
         pre = sum(c[a + "pre." + b] for b in ("skip", "qp", "kp", "qg", "kg"))
         post = sum(c[a + "post." + b] for b in ("skip", "qp", "kp", "qg", "kg"))
-        np.testing.assert_allclose(pre, c[a + "scores_composed"], rtol=0, atol=1e-12)
-        np.testing.assert_allclose(post, c[a + "pattern_composed"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(pre, c[a + "scores_composed"], rtol=0, atol=F64_ABS)
+        np.testing.assert_allclose(post, c[a + "pattern_composed"], rtol=0, atol=F64_ABS)
         np.testing.assert_array_equal(c[a + "pre.skip"], c[a + "scores"])
         np.testing.assert_array_equal(c[a + "post.skip"], c[a + "pattern"])
 
@@ -146,10 +154,10 @@ def test_composition_map(dc):
             for s in range(T):  # every pair, masked ones included
                 C = ref.ref_composition_map(c, l, "pre", t, s, N)
                 np.testing.assert_allclose(C.T @ c[a + "scores"][:, t, s], c[a + "scores_composed"][:, t, s],
-                                           rtol=1e-12, atol=1e-12)
+                                           rtol=0, atol=F64_ABS)
                 C = ref.ref_composition_map(c, l, "post", t, s, N)
                 np.testing.assert_allclose(C.T @ c[a + "pattern"][:, t, s], c[a + "pattern_composed"][:, t, s],
-                                           rtol=1e-12, atol=1e-12)
+                                           rtol=0, atol=F64_ABS)
 
 
 def test_mask_and_softmax(dc):
@@ -163,7 +171,7 @@ def test_mask_and_softmax(dc):
         assert np.all(PC[:, ~mask] == 0.0)  # composition after the mask keeps zeros exact
         for b in ("skip", "qp", "kp", "qg", "kg"):
             assert np.all(c[a + "post." + b][:, ~mask] == 0.0)
-        np.testing.assert_allclose(P.sum(-1), 1.0, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(P.sum(-1), 1.0, rtol=0, atol=F64_ABS)
         assert np.all(P >= 0)
         # scores_composed is defined everywhere, masked pairs included
         assert np.all(c[a + "scores_composed"][:, ~mask] != 0.0)
@@ -183,7 +191,7 @@ def test_window_matters(tmp, dc):
     lg = ref.ref_forward(sd, glob, tokens())
     assert np.abs(lg - logits).max() > 1e-2
     # within the window the two agree on layer 0's first positions
-    np.testing.assert_allclose(lg[: cfg["window_size"] + 1], logits[: cfg["window_size"] + 1], atol=1e-12)
+    np.testing.assert_allclose(lg[: cfg["window_size"] + 1], logits[: cfg["window_size"] + 1], atol=F64_ABS)
 
 
 @pytest.mark.parametrize("wtype,expect", [
@@ -220,10 +228,10 @@ def test_zero_dynamic_weights_is_plain_mha(dc):
     lz, cz = ref.ref_forward(zeroed, cfg, tokens(), cache=True)
     mha_cfg = dict(cfg, use_dcmha=False)
     lm, cm = ref.ref_forward(sd, mha_cfg, tokens(), cache=True)  # dyn_w_proj present but unused
-    np.testing.assert_allclose(lz, lm, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lz, lm, rtol=0, atol=F64_ABS)
     for l in range(2):
         np.testing.assert_allclose(cz[f"blocks.{l}.attn.pattern_composed"], cm[f"blocks.{l}.attn.pattern"],
-                                   rtol=0, atol=1e-13)
+                                   rtol=0, atol=F64_ABS)
     # and the dynamic weights do change the model
     assert np.abs(logits - lm).max() > 0.1
     # plain MHA has no compose / dyn hooks
@@ -247,12 +255,12 @@ def test_head_out_sums_to_out(dc, tmp):
     for l in range(2):
         a = f"blocks.{l}.attn."
         np.testing.assert_allclose(c[a + "head_out"].sum(1) + sd[f"layers.{l}.attention.wo.bias"], c[a + "out"],
-                                   rtol=0, atol=1e-12)
+                                   rtol=0, atol=F64_ABS)
     sd, cfg = gen(tmp, "nobias", use_linear_bias=False)
     assert not any(k.endswith(".bias") and ("attention.w" in k or "feed_forward" in k) for k in sd)
     assert "layers.0.attention_norm.bias" in sd  # LayerNorm biases stay
     _, c = ref.ref_forward(sd, cfg, tokens(), cache=True)
-    np.testing.assert_allclose(c["blocks.0.attn.head_out"].sum(1), c["blocks.0.attn.out"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(c["blocks.0.attn.head_out"].sum(1), c["blocks.0.attn.out"], rtol=0, atol=F64_ABS)
 
 
 def test_residual_structure(tmp, dc):
@@ -260,10 +268,10 @@ def test_residual_structure(tmp, dc):
     for l in range(2):
         b = f"blocks.{l}."
         np.testing.assert_allclose(c[b + "resid_post"], c[b + "resid_pre"] + c[b + "attn.out"] + c[b + "mlp.out"],
-                                   atol=1e-12)
+                                   atol=F64_ABS)
         ln = ref.layer_norm(c[b + "resid_pre"], sd[f"layers.{l}.ffn_norm.weight"], sd[f"layers.{l}.ffn_norm.bias"],
                             1e-5)
-        np.testing.assert_allclose(c[b + "ln_mlp"], ln, atol=1e-12)
+        np.testing.assert_allclose(c[b + "ln_mlp"], ln, atol=F64_ABS)
     np.testing.assert_allclose(c["blocks.1.resid_pre"], c["blocks.0.resid_post"], atol=0)
     sd, cfg = gen(tmp, "serial", use_parallel_residual=False)
     lg_serial, c = ref.ref_forward(sd, cfg, tokens(), cache=True)
@@ -271,8 +279,8 @@ def test_residual_structure(tmp, dc):
         b = f"blocks.{l}."
         mid = c[b + "resid_pre"] + c[b + "attn.out"]
         ln = ref.layer_norm(mid, sd[f"layers.{l}.ffn_norm.weight"], sd[f"layers.{l}.ffn_norm.bias"], 1e-5)
-        np.testing.assert_allclose(c[b + "ln_mlp"], ln, atol=1e-12)
-        np.testing.assert_allclose(c[b + "resid_post"], mid + c[b + "mlp.out"], atol=1e-12)
+        np.testing.assert_allclose(c[b + "ln_mlp"], ln, atol=F64_ABS)
+        np.testing.assert_allclose(c[b + "resid_post"], mid + c[b + "mlp.out"], atol=F64_ABS)
     lg_par = ref.ref_forward(sd, dict(cfg, use_parallel_residual=True), tokens())
     assert np.abs(lg_par - lg_serial).max() > 1e-3
 
@@ -284,22 +292,22 @@ def test_qk_norm_and_rotary(dc, tmp):
     pre = ref.linear(c["blocks.0.ln_attn"], sd["layers.0.attention.wqkv.weight"], sd["layers.0.attention.wqkv.bias"])
     q0 = pre[0, :32].reshape(4, 8)
     q0 = q0 / np.sqrt((q0 ** 2).mean(-1, keepdims=True) + 1e-6) * sd["layers.0.attention.q_norm.scale"]
-    np.testing.assert_allclose(q[0], q0, atol=1e-12)
+    np.testing.assert_allclose(q[0], q0, atol=F64_ABS)
     # rotary keeps norms of the rotated pairs and leaves dims >= r alone (r = 2 here)
     r = ref.Hyper(cfg).rotary_dims
     assert r == 2
     x = np.random.default_rng(0).standard_normal((T, 4, 8))
     y = ref.rotary(x, r, 10000.0)
     np.testing.assert_array_equal(y[..., r:], x[..., r:])
-    np.testing.assert_allclose(np.hypot(y[..., 0], y[..., 1]), np.hypot(x[..., 0], x[..., 1]), atol=1e-12)
+    np.testing.assert_allclose(np.hypot(y[..., 0], y[..., 1]), np.hypot(x[..., 0], x[..., 1]), atol=F64_ABS)
     # angle of pair j at position t is t * base^(-2j/r)
     y = ref.rotary(np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (T, 1, 1)), 4, 100.0)
     ang = np.arange(T)[:, None] * 100.0 ** (-2 * np.arange(2) / 4)
-    np.testing.assert_allclose(y[:, 0, 0], np.cos(ang[:, 0]), atol=1e-12)
-    np.testing.assert_allclose(y[:, 0, 2], np.sin(ang[:, 0]), atol=1e-12)
+    np.testing.assert_allclose(y[:, 0, 0], np.cos(ang[:, 0]), atol=F64_ABS)
+    np.testing.assert_allclose(y[:, 0, 2], np.sin(ang[:, 0]), atol=F64_ABS)
     y = ref.rotary(np.tile(np.array([0.0, 1.0, 0.0, 0.0]), (T, 1, 1)), 4, 100.0)  # pair j=1: dims (1, 3)
-    np.testing.assert_allclose(y[:, 0, 1], np.cos(ang[:, 1]), atol=1e-12)
-    np.testing.assert_allclose(y[:, 0, 3], np.sin(ang[:, 1]), atol=1e-12)
+    np.testing.assert_allclose(y[:, 0, 1], np.cos(ang[:, 1]), atol=F64_ABS)
+    np.testing.assert_allclose(y[:, 0, 3], np.sin(ang[:, 1]), atol=F64_ABS)
     sd, cfg = gen(tmp, "noqk", use_qk_norm=False)
     assert not any("q_norm" in k for k in sd)
     ref.ref_forward(sd, cfg, tokens())
@@ -314,11 +322,11 @@ def test_query_wise(tmp):
     for l in range(2):
         a = f"blocks.{l}.attn."
         np.testing.assert_allclose(sum(c[a + "pre." + b] for b in ("skip", "qp", "qg")), c[a + "scores_composed"],
-                                   atol=1e-12)
+                                   atol=F64_ABS)
         for t, s in [(3, 1), (T - 1, 0), (T - 1, T - 1)]:
             C = ref.ref_composition_map(c, l, "post", t, s)
             np.testing.assert_allclose(C.T @ c[a + "pattern"][:, t, s], c[a + "pattern_composed"][:, t, s],
-                                       atol=1e-12)
+                                       atol=F64_ABS)
     # the key slots are unused: changing them changes nothing
     sd2 = dict(sd)
     for l in range(2):
@@ -338,14 +346,14 @@ def test_fused_unfused_extra_derived_same_logits(tmp, dc):
     for k in ("dw_m", "qkw_m", "sw", "pre_proj.w", "post_proj.w"):
         assert f"layers.1.attention.dyn_w_proj.{k}" in sd
     np.testing.assert_allclose(sd["layers.0.attention.dyn_w_proj.pre_proj.w"][0], np.eye(4))
-    np.testing.assert_allclose(ref.ref_forward(sd, cfg, tokens()), logits, rtol=0, atol=1e-11)
+    np.testing.assert_allclose(ref.ref_forward(sd, cfg, tokens()), logits, rtol=0, atol=10 * F64_ABS)
 
 
 def test_tie_word_embeddings(tmp):
     sd, cfg = gen(tmp, "tie", tie_word_embeddings=True)
     assert "output.weight" not in sd and cfg["tie_word_embeddings"] is True
     lg, c = ref.ref_forward(sd, cfg, tokens(), cache=True)
-    np.testing.assert_allclose(lg, c["ln_final"] @ sd["tok_embeddings.weight"].T.astype(np.float64), atol=1e-12)
+    np.testing.assert_allclose(lg, c["ln_final"] @ sd["tok_embeddings.weight"].T.astype(np.float64), atol=F64_ABS)
 
 
 def test_interventions(dc):
@@ -358,7 +366,7 @@ def test_interventions(dc):
     a = "blocks.1.attn."
     assert np.all(cz[a + "post.kp"] == 0)
     np.testing.assert_allclose(cz[a + "pattern_composed"],
-                               sum(cz[a + "post." + b] for b in ("skip", "qp", "qg", "kg")), atol=1e-12)
+                               sum(cz[a + "post." + b] for b in ("skip", "qp", "qg", "kg")), atol=F64_ABS)
     np.testing.assert_array_equal(cz["blocks.0.resid_post"], c["blocks.0.resid_post"])  # upstream untouched
     assert np.abs(lz - logits).max() > 1e-3
     # patch layer 0's pattern with uniform causal attention: the post branches follow it
@@ -368,7 +376,7 @@ def test_interventions(dc):
                             interventions={"blocks.0.attn.pattern": lambda p: uniform.copy()})
     for t, s in [(5, 2), (19, 0), (10, 10)]:
         C = ref.ref_composition_map(cp, 0, "post", t, s)
-        np.testing.assert_allclose(C.T @ uniform[:, t, s], cp["blocks.0.attn.pattern_composed"][:, t, s], atol=1e-12)
+        np.testing.assert_allclose(C.T @ uniform[:, t, s], cp["blocks.0.attn.pattern_composed"][:, t, s], atol=F64_ABS)
     # dynamic-weight hooks feed the composition
     _, cd = ref.ref_forward(sd, cfg, tokens(), cache=True,
                             interventions={"blocks.0.attn.dyn.pre.qdd": lambda g: np.ones_like(g)})
@@ -413,12 +421,12 @@ def test_gpt_neox_matches_dcpythia_mha(tmp, parallel):
                                 use_parallel_residual=parallel, use_linear_bias=True, use_dcmha=False,
                                 rotary_pct=0.5, tie_word_embeddings=False, dtype="float32")
     lg2, c2 = ref.ref_forward(_neox_to_dcpythia(sd, 2, 32, 4), dc_cfg, tokens(), cache=True)
-    np.testing.assert_allclose(lg, lg2, rtol=0, atol=1e-11)
-    np.testing.assert_allclose(c["blocks.1.attn.pattern"], c2["blocks.1.attn.pattern"], atol=1e-13)
+    np.testing.assert_allclose(lg, lg2, rtol=0, atol=10 * F64_ABS)
+    np.testing.assert_allclose(c["blocks.1.attn.pattern"], c2["blocks.1.attn.pattern"], atol=F64_ABS)
     assert 0.5 < lg.std() < 10
     h = ref.Hyper(cfg)
     assert not any(h.is_local(l) for l in range(2))
-    np.testing.assert_allclose(c["blocks.0.attn.pattern"].sum(-1), 1, atol=1e-12)
+    np.testing.assert_allclose(c["blocks.0.attn.pattern"].sum(-1), 1, atol=F64_ABS)
 
 
 def test_static_composition(tmp):
@@ -431,10 +439,10 @@ def test_static_composition(tmp):
         for phase, src, dst in (("pre", "scores", "scores_composed"), ("post", "pattern", "pattern_composed")):
             W = sd[f"layers.{l}.attention.dyn_w_proj.{phase}_proj.w"][0].astype(np.float64)
             np.testing.assert_allclose(sum(c[a + phase + "." + b] for b in ("skip", "qp", "kp", "qg", "kg", "static")),
-                                       c[a + dst], atol=1e-12)
+                                       c[a + dst], atol=F64_ABS)
             for t, s in [(4, 4), (19, 3), (2, 9)]:
                 C = ref.ref_composition_map(c, l, phase, t, s, static=W)
-                np.testing.assert_allclose(C.T @ c[a + src][:, t, s], c[a + dst][:, t, s], atol=1e-12)
+                np.testing.assert_allclose(C.T @ c[a + src][:, t, s], c[a + dst][:, t, s], atol=F64_ABS)
         mask = ref.attention_mask(T, ref.Hyper(cfg).is_local(l), 8)
         assert np.all(c[a + "pattern_composed"][:, ~mask] == 0)
 
@@ -449,11 +457,11 @@ def test_moh_routing(tmp, hs, k):
     routed = g[:, hs:]
     assert np.all((routed > 0).sum(-1) == k)
     if hs == 0:
-        np.testing.assert_allclose(routed.sum(-1), k, atol=1e-12)
+        np.testing.assert_allclose(routed.sum(-1), k, atol=F64_ABS)
     else:
         assert np.all(g[:, :hs] > 0)
     np.testing.assert_allclose(c["blocks.0.attn.head_out"].sum(1) + sd["layers.0.attention.wo.bias"],
-                               c["blocks.0.attn.out"], atol=1e-12)
+                               c["blocks.0.attn.out"], atol=F64_ABS)
     assert np.all(c["blocks.0.attn.z"][g == 0] == 0)  # unselected heads contribute nothing
 
 

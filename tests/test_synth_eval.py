@@ -14,6 +14,7 @@ import pytest
 from synth_tasks import evaluate, load_dataset
 from synth_tasks import cli
 from synth_tasks.evaluate import make_batches
+from tolerances import f32_tol, f64_tol
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PUBLISHED = SHARED / "synthetic_dataset.jsonl"
@@ -27,6 +28,13 @@ pytestmark = pytest.mark.skipif(not (PUBLISHED.is_file() and TOKENIZER.is_file()
 def tokenizer():
     from tokenizers import Tokenizer
     return Tokenizer.from_file(str(TOKENIZER))
+
+# nll / ppl: sums of float64 log-softmax terms of float32 logits, which differ
+# between a batched and a single pass by float32 rounding (the fake model's
+# length-8 products and the log-sum-exp over V; tests/tolerances.py), relative
+# to the values compared; accuracies are ratios of counts (float64 only).
+NLL = f32_tol(50304, 2, 50304 * 300, sides=2)
+ACC = f64_tol(1000, 1)
 
 
 class FakeModel:
@@ -168,7 +176,7 @@ def test_per_answer_against_reference(both):
     for a, r in zip(res.answers, ref):
         assert (a.task_id, a.line, a.k, a.answer) == (r["task"], r["line"], r["k"], r["answer"])
         assert a.target_ids == r["ids"] and a.n_tokens == r["n"]
-        assert a.nll == pytest.approx(r["nll"], rel=1e-5)
+        assert a.nll == pytest.approx(r["nll"], rel=NLL)
         assert a.correct == r["correct"]
         n_correct += a.correct
     # the fake model gets some right and some wrong, so correctness is tested
@@ -181,19 +189,19 @@ def test_aggregates_against_reference(both):
     s = res.summary
     acc, ppl, n = ref_stats(ref)
     assert s["overall"]["n"] == n
-    assert s["overall"]["acc"] == pytest.approx(acc, rel=1e-12)
-    assert s["overall"]["ppl"] == pytest.approx(ppl, rel=1e-5)
+    assert s["overall"]["acc"] == pytest.approx(acc, rel=ACC)
+    assert s["overall"]["ppl"] == pytest.approx(ppl, rel=NLL)
     for task in {r["task"] for r in ref}:
         acc, ppl, n = ref_stats([r for r in ref if r["task"] == task])
         got = s["per_task"][task]
         assert (got["n"], got["acc"]) == (n, pytest.approx(acc))
-        assert got["ppl"] == pytest.approx(ppl, rel=1e-5)
+        assert got["ppl"] == pytest.approx(ppl, rel=NLL)
     assert sorted(s["per_k"]) == ["2", "3", "4", "5", "6", "7"]
     for k in range(2, 8):
         acc, ppl, n = ref_stats([r for r in ref if r["k"] == k])
         got = s["per_k"][str(k)]
         assert (got["n"], got["acc"]) == (n, pytest.approx(acc))
-        assert got["ppl"] == pytest.approx(ppl, rel=1e-5)
+        assert got["ppl"] == pytest.approx(ppl, rel=NLL)
     from synth_tasks import TASKS
     for group, attr in (("per_pattern", "pattern"), ("per_transform", "transform")):
         assert sum(v["n"] for v in s[group].values()) == s["overall"]["n"]
@@ -201,7 +209,7 @@ def test_aggregates_against_reference(both):
             rows = [r for r in ref if getattr(TASKS[r["task"]], attr) == label]
             acc, ppl, n = ref_stats(rows)
             assert (got["n"], got["acc"]) == (n, pytest.approx(acc))
-            assert got["ppl"] == pytest.approx(ppl, rel=1e-5)
+            assert got["ppl"] == pytest.approx(ppl, rel=NLL)
 
 
 def test_batch_size_does_not_change_results(model, subset_path):
@@ -209,7 +217,7 @@ def test_batch_size_does_not_change_results(model, subset_path):
     a = evaluate(model, ds, batch_tokens=1)          # one line per forward
     b = evaluate(model, ds, batch_tokens=100000, max_batch=64)   # all in one
     for x, y in zip(a.answers, b.answers):
-        assert x.nll == pytest.approx(y.nll, rel=1e-5) and x.correct == y.correct
+        assert x.nll == pytest.approx(y.nll, rel=NLL) and x.correct == y.correct
 
 
 def test_make_batches():
@@ -267,7 +275,7 @@ def test_cli_one_model(tmp_path, fake_loader, subset_path, capsys):
     assert set(rows[0]) >= {"task", "line", "k", "answer", "nll", "correct", "predicted"}
     # same numbers as the library
     ref = evaluate(fake_loader["modelA"], load_dataset(subset_path, limit=6))
-    assert [float(r["nll"]) for r in rows] == pytest.approx([a.nll for a in ref.answers], rel=1e-5)
+    assert [float(r["nll"]) for r in rows] == pytest.approx([a.nll for a in ref.answers], rel=NLL)
     assert [int(r["correct"]) for r in rows] == [int(a.correct) for a in ref.answers]
     for png in ("acc_per_task.png", "acc_per_k.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -337,9 +345,9 @@ def test_cli_on_a_generated_tiny_engine_model(tiny_factory, tmp_path, tokenizer,
     for row, r in zip(rows, ref):
         assert (row["task"], int(row["line"]), int(row["k"]), row["answer"]) == \
             (r["task"], r["line"], r["k"], r["answer"])
-        assert float(row["nll"]) == pytest.approx(r["nll"], rel=1e-5)
+        assert float(row["nll"]) == pytest.approx(r["nll"], rel=NLL)
         assert bool(int(row["correct"])) == r["correct"]
     got = json.loads((out / "results.json").read_text())["overall"]
     acc, ppl, n = ref_stats(ref)
     assert got["n"] == n and got["acc"] == pytest.approx(acc)
-    assert got["ppl"] == pytest.approx(ppl, rel=1e-5)
+    assert got["ppl"] == pytest.approx(ppl, rel=NLL)

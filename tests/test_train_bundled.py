@@ -4,13 +4,14 @@ import importlib.util
 import json
 import os
 
-import numpy as np
 import pytest
 from conftest import ROOT, shared_path
 
 import dclens
 from dclens.testing.make_tiny import make_tiny
 from synth_tasks.corpus import TOKENIZER_FILE
+from conftest import rel_err
+from tolerances import U16, U32, forward_tol, tiny
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,12 @@ def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, mon
         assert json.load(open(ship / "config.json"))["torch_dtype"] == "float16"
         m32, m16 = dclens.load(str(tmp_path / name)), dclens.load(str(ship))
         toks = m16.to_tokens("\n< Ruth has a taxi. >. Ruth does not have a kind of vehicle\n")
-        assert np.allclose(m16.forward(toks), m32.forward(toks), atol=0.05)
+        # the shipped weights are the float32 ones rounded to float16 (unit
+        # roundoff U16 = 2^-11 each): the error model of tests/tolerances.py with
+        # U16 in place of U32, for this model's depth and widths (make_tiny's)
+        l32 = m32.forward(toks)
+        f16 = forward_tol(tiny(), len(toks), l32.size) * U16 / U32
+        assert rel_err(m16.forward(toks), l32) <= f16
         res = json.load(open(tmp_path / "bench" / "published" / name / "results.json"))
         card = (ship / "MODEL_CARD.md").read_text()
         assert res["model_dir"] == str(ship) and res["lines"] == 3
@@ -98,5 +104,12 @@ def test_recipe_reproduces_the_start_of_the_shipped_curve(tb, tmp_path):
         got = list(csv.DictReader(open(tmp_path / name / "loss.csv")))
         assert [r["step"] for r in got] == ["1", "2"]
         for g, w in zip(got, want):
-            assert abs(float(g["loss"]) - float(w["loss"])) <= 1e-5, (name, g, w)
+            # loss.csv holds 6 decimals (%.6f: 5e-7 each side), and the same
+            # command on another CPU / BLAS kernel changes the float32 pass:
+            # forward_tol relative to the logits, which at step 1-2 are
+            # within +-LOGIT_MAX (N(0, 0.02) unembedding of unit-variance rows of D 192, 6 sigma)
+            LOGIT_MAX = 6 * 0.02 * 192 ** 0.5
+            tol = 1e-6 + 2 * forward_tol(dict(dim=192, intermediate_size=768, n_layer=4), 288,
+                                         40 * 288 * 2209, sides=2) * LOGIT_MAX
+            assert abs(float(g["loss"]) - float(w["loss"])) <= tol, (name, g, w)
             assert g["lr"] == w["lr"]

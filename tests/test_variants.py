@@ -15,8 +15,12 @@ import dclens
 from dclens import interventions as iv
 from conftest import rel_err
 from reference import ref_composition_map, ref_forward
+from tolerances import f32_tol, f64_tol, forward_tol, tiny
 
-TOL = 1e-4
+# engine vs float64 reference over the longest prompt here (T = 300), 3 layers at most
+TOL = forward_tol(tiny(n_layer=3), 300, 300 * 64)
+# two float32 passes of one prompt (a batch row vs alone, another hook set)
+TWO_PASSES = forward_tol(tiny(n_layer=3), 30, 3 * 30 * 64, sides=2)
 BASE = dict(model_type="dcpythia", n_layer=2, window_size=5)
 
 VARIANTS = {
@@ -115,15 +119,17 @@ def test_branches_and_composition_maps(variant, name):
         for phase, src, dst in (("pre", "scores", "scores_composed"), ("post", "pattern", "pattern_composed")):
             a = "blocks.%d.attn." % l
             total = sum(cache[a + phase + "." + b] for b in branches)
-            assert rel_err(total, cache[a + dst]) <= 1e-6
+            # the composed map is the float32 sum of <= 6 branch terms
+            assert rel_err(total, cache[a + dst]) <= f32_tol(6, 1, total.size, sides=2)
             W = sd.get("layers.%d.attention.dyn_w_proj.%s_proj.w" % (l, phase)) if c.use_sw else None
             for t, s in [(7, 3), (12, 12), (22, 20)]:
                 C = model.composition_map(toks, l, phase, t, s)
                 Cref = ref_composition_map(cache, l, phase, t, s, c.n_head, W, c.compose_groups)
-                assert rel_err(C, Cref) <= 1e-5
+                # C from composition_map's own pass vs from this cache's weights
+                assert rel_err(C, Cref) <= TWO_PASSES
                 comp = cache[a + dst][:, t, s]
-                np.testing.assert_allclose(C.T @ cache[a + src][:, t, s], comp, rtol=1e-4,
-                                           atol=1e-5 * max(1.0, np.abs(comp).max()))
+                np.testing.assert_allclose(C.T @ cache[a + src][:, t, s], comp, rtol=0,
+                                           atol=TWO_PASSES * max(1.0, np.abs(comp).max()))
                 if c.compose_groups > 1:   # block-diagonal: no flow between groups
                     Mg = c.n_head // c.compose_groups
                     off = np.ones_like(C, dtype=bool)
@@ -141,7 +147,8 @@ def test_talking_heads_is_static_map(variant):
     W = sd["layers.1.attention.dyn_w_proj.pre_proj.w"][0].astype(np.float64)
     A = cache["blocks.1.attn.scores"].astype(np.float64)
     want = np.einsum("nts,nm->mts", A, np.eye(len(W)) + W)
-    assert rel_err(cache["blocks.1.attn.scores_composed"], want) <= 1e-5
+    # one float32 product with an N x N map (a reduction of length N) on float32 scores
+    assert rel_err(cache["blocks.1.attn.scores_composed"], want) <= f32_tol(len(W), 2, want.size)
     for b in ("qp", "kp", "qg", "kg"):
         assert np.all(cache["blocks.1.attn.pre." + b] == 0)
 
@@ -177,7 +184,8 @@ def test_moh_routing_and_head_load(variant, name):
     load = analysis.head_load(model, seqs, progress=False)
     want = np.mean([_ref_head_load(rc, c.n_layer, hs, k) for rc in ref], axis=0)  # equal lengths
     assert load.shape == (c.n_layer, c.n_head - hs)
-    np.testing.assert_allclose(load, want, atol=1e-12)
+    # counts of routed heads averaged: exact but for float64 rounding of the means
+    np.testing.assert_allclose(load, want, atol=f64_tol(len(seqs) * 30, 1, load.size))
     np.testing.assert_allclose(load.sum(-1), k)
 
 
@@ -201,7 +209,7 @@ def test_disable_static_matches_reference(variant):
     want = ref_forward(sd, cfg, toks, interventions={"blocks.1.attn.pre.static": np.zeros_like,
                                                      "blocks.1.attn.post.static": np.zeros_like})
     assert rel_err(got, want) <= TOL
-    assert rel_err(got, model.forward(toks)) > 1e-3
+    assert rel_err(got, model.forward(toks)) > 10 * TOL        # an effect, far above rounding
     # every static branch off == the same model without use_sw
     got_all = model.run_with_hooks(toks, fwd_hooks=iv.disable_static(model))
     assert rel_err(got_all, ref_forward(sd, dict(cfg, use_sw=False), toks)) <= TOL
@@ -243,7 +251,7 @@ def test_scale_router_logits_matches_reference(variant, factor, heads):
     got = model.run_with_hooks(toks, fwd_hooks=iv.scale_router_logits(model, factor, layers=[0], heads=heads))
     want = ref_forward(sd, cfg, toks, interventions={"blocks.0.attn.router_logits": ref_fn})
     assert rel_err(got, want) <= TOL
-    assert rel_err(got, model.forward(toks)) > 1e-4
+    assert rel_err(got, model.forward(toks)) > 2 * TOL         # an effect, above rounding
     with pytest.raises(dclens.Error, match="no Mixture-of-Head routing"):
         iv.scale_router_logits(_load(variant("static")[0]), 2.0)
 
@@ -275,7 +283,7 @@ def test_null_window_is_all_global_at_long_length(variant):
     got = model.forward(toks)
     assert rel_err(got, ref_forward(sd, cfg, toks)) <= TOL
     # a 256 window would have changed the even layers at T = 300
-    assert rel_err(got, ref_forward(sd, dict(cfg, window_size=256), toks)) > 1e-3
+    assert rel_err(got, ref_forward(sd, dict(cfg, window_size=256), toks)) > 10 * TOL
 
 
 def test_missing_and_null_keys(tiny_factory, tmp_path):
@@ -389,7 +397,7 @@ def test_batched_variants_equal_single_rows(variant, name):
     got, cache = model.run_with_cache(toks, names=lambda n: n.endswith(("routing", "pre.static", "pattern_composed")))
     for b in range(3):
         one, c1 = model.run_with_cache(toks[b], names=list(cache))
-        np.testing.assert_allclose(got[b], one, rtol=0, atol=1e-5 * np.abs(one).max())
+        np.testing.assert_allclose(got[b], one, rtol=0, atol=TWO_PASSES * np.abs(one).max())
         for n in cache:
-            np.testing.assert_allclose(cache[n][b], c1[n], rtol=0, atol=1e-5 * max(1.0, np.abs(c1[n]).max()))
+            np.testing.assert_allclose(cache[n][b], c1[n], rtol=0, atol=TWO_PASSES * max(1.0, np.abs(c1[n]).max()))
         assert rel_err(one, ref_forward(sd, cfg, toks[b])) <= TOL

@@ -79,6 +79,57 @@ def unknown_name(kind: str, name, known, where: str, listing: str, message: str 
     return UnknownNameError("%s%s (%s lists every one)" % (head, hint, listing), name=name, suggestions=close)
 
 
+class EngineObject:
+    """Base of the classes that hold engine memory (a model, a decoder, a
+    tape): pickling or copying one is refused with an Error saying what to do
+    instead, not cffi's TypeError about a CData object."""
+
+    _instead = "make a new one"
+
+    def __reduce_ex__(self, protocol):
+        raise Error("a dclens.%s cannot be pickled or copied: it holds the engine's memory; %s"
+                    % (type(self).__name__, self._instead))
+
+
+def is_choice(value, choices) -> bool:
+    """value is one of `choices` (strings, or None): a str or None compared
+    with each, never a numpy array's elementwise == (whose truth is an error)."""
+    return (value is None or isinstance(value, str)) and value in choices
+
+
+def check_bool(what: str, value) -> bool:
+    """value as a bool (Python or numpy bool only), or Error naming `what`."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise Error("%s must be True or False, not %s %r" % (what, type(value).__name__, value))
+    return bool(value)
+
+
+def check_int_list(what: str, value, lo: int, hi: int, wrap: bool = False) -> list:
+    """A list / tuple / range / 1-D integer array of integers in [lo, hi) (with
+    wrap, negative ones from the end, [-hi, hi)), or Error naming `what`."""
+    if isinstance(value, np.ndarray) and value.ndim == 1 and (value.dtype.kind in "iu" or value.size == 0):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple, range)):
+        raise Error("%s must be a list of integers, not %s %r" % (what, type(value).__name__, value))
+    if wrap:
+        return [check_index(what[:-1] if what.endswith("s") else what, v, -hi, hi) % hi for v in value]
+    return [check_index(what[:-1] if what.endswith("s") else what, v, lo, hi) for v in value]
+
+
+def check_layers(layers, n_layer: int, negative: bool = False) -> list:
+    """`layers` (None: all; a list / tuple / range / 1-D integer array) as a list
+    of layer indices in [0, n_layer) (with negative, [-n_layer, n_layer) from
+    the end), or Error naming 'layers'."""
+    if layers is None:
+        return list(range(n_layer))
+    if isinstance(layers, np.ndarray) and layers.ndim == 1 and (layers.dtype.kind in "iu" or layers.size == 0):
+        layers = layers.tolist()
+    if not isinstance(layers, (list, tuple, range)):
+        raise Error("layers must be None or a list of layer indices, not %s %r" % (type(layers).__name__, layers))
+    lo = -n_layer if negative else 0
+    return [check_index("layer", l, lo, n_layer, " (model has %d layers)" % n_layer) % n_layer for l in layers]
+
+
 def check_index(what: str, value, lo: int, hi: int, hint: str = "") -> int:
     """value as an int in [lo, hi), or Error naming `what`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):

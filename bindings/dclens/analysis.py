@@ -47,6 +47,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import progress as _progress
+from ._checks import check_index, check_layers, is_choice
 from .model import Error, Model
 from .names import PHASES, hook_name
 
@@ -69,6 +70,10 @@ def iter_dataset(model: Model, dataset, progress: Optional[bool] = None, desc: s
         dataset = [dataset]
     if isinstance(dataset, np.ndarray) and dataset.ndim == 1 and dataset.dtype.kind in "iu":
         dataset = [dataset]
+    if isinstance(dataset, (dict, set, bytes)) or not hasattr(dataset, "__iter__") or \
+            (isinstance(dataset, np.ndarray) and dataset.ndim == 0):
+        raise Error("dataset must be a string, a token array or a list of them, not %s %r"
+                    % (type(dataset).__name__, dataset))
     try:
         total = len(dataset)
     except TypeError:
@@ -87,12 +92,7 @@ def iter_dataset(model: Model, dataset, progress: Optional[bool] = None, desc: s
 
 
 def _layers(model: Model, layers: Optional[Iterable[int]]) -> List[int]:
-    L = model.config.n_layer
-    out = list(range(L)) if layers is None else [int(l) for l in layers]
-    for l in out:
-        if not 0 <= l < L:
-            raise Error("layer %d is out of range (model has %d layers)" % (l, L))
-    return out
+    return check_layers(layers, model.config.n_layer)
 
 
 # ------------------------------------------------------------ PCA of head outputs
@@ -123,7 +123,7 @@ def _pca_from_scatter(scatter: np.ndarray, n: int, layer: int, mode: str) -> PCA
 def head_output_pca(model: Model, dataset, layers: Optional[Iterable[int]] = None, mode: str = "heads",
                     progress: Optional[bool] = None) -> Dict[int, PCAResult]:
     """PCA of the per-head outputs of each layer over the dataset (module doc)."""
-    if mode not in ("heads", "tokens"):
+    if not is_choice(mode, ("heads", "tokens")):
         raise Error("mode must be 'heads' or 'tokens', not %r" % (mode,))
     layers = _layers(model, layers)
     N, D = model.config.n_head, model.config.d_model
@@ -173,6 +173,8 @@ def head_similarity(model: Model, layer: int, dataset=None, kind: str = "output"
     """[N, N] cosine similarity of a layer's heads: of their outputs over the
     dataset (kind "output"), or of their QK / OV circuit matrices ("qk", "ov")."""
     (layer,) = _layers(model, [layer])
+    if not is_choice(kind, ("output", "qk", "ov")):
+        raise Error("kind must be 'output', 'qk' or 'ov', not %r" % (kind,))
     N = model.config.n_head
     if kind == "output":
         if dataset is None:
@@ -233,8 +235,10 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
     if not c.use_dcmha:
         raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
     layers = _layers(model, layers)
+    top = check_index("top", top, 1, 2**31)
+    chunk = check_index("chunk", chunk, 1, 2**31)
     for ph in phases:
-        if ph not in PHASES:
+        if not is_choice(ph, PHASES):
             raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
     from .routing import _dyn_names, static_map
     N, G = c.n_head, c.compose_groups

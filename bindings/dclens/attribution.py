@@ -29,7 +29,7 @@ import numpy as np
 
 from . import progress as _progress
 from .grad import Tape, target_value_and_grad
-from ._checks import Error
+from ._checks import Error, check_index, is_choice
 
 # hook suffix -> axis of the heads in the single-sequence layout
 _HEAD_AXIS = {"attn.q": 1, "attn.k": 1, "attn.v": 1, "attn.z": 1, "attn.head_out": 1,
@@ -59,22 +59,37 @@ class Attribution:
     gap: Dict[str, np.ndarray]               # IG: sum(attr) - (F(a) - F(a0))
 
 
+def _baseline_array(baseline) -> np.ndarray:
+    """A baseline given as numbers: a float32 array of finite values, or Error naming 'baseline'."""
+    try:
+        a0 = np.asarray(baseline, np.float32)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise Error("attribute: baseline must be 'zero', 'mean' or an array of numbers: %s" % e) from None
+    if not np.all(np.isfinite(a0)):
+        raise Error("attribute: baseline holds NaN or inf")
+    return a0
+
+
 def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", steps: int = 32,
               baseline="zero", progress: Optional[bool] = None, chunk: int = 16) -> Attribution:
-    if method not in ("ig", "grad_x_act"):
+    if not is_choice(method, ("ig", "grad_x_act")):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
-    if not isinstance(steps, int) or steps < 1:
-        raise Error("attribute: steps must be a positive integer, not %r" % (steps,))
+    steps = check_index("attribute: steps", steps, 1, 2**31)
+    chunk = check_index("attribute: chunk", chunk, 1, 2**31)
     toks, batched = model._tokens(tokens)
     B, T = toks.shape
     if isinstance(at, str):
         at = [at]
+    if not isinstance(at, (list, tuple)):
+        raise Error("attribute: at must be a hook name or a list of them, not %s %r" % (type(at).__name__, at))
     at = list(at)
     if not at:
         raise Error("attribute: 'at' is empty")
     pts = {n: model.parse_hook(n) for n in at}
     if isinstance(baseline, str) and baseline not in ("zero", "mean"):
         raise Error("attribute: baseline must be 'zero', 'mean' or an array, not %r" % (baseline,))
+    if not isinstance(baseline, str):
+        _baseline_array(baseline)
 
     # activations and F(a): one pass with gradients at every hook (grad x act needs no more)
     tape = Tape(model, B, T)
@@ -101,7 +116,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                     a0 = np.zeros_like(a) if baseline == "zero" else np.broadcast_to(
                         a.mean(axis=_token_axis(n) + 1, keepdims=True), a.shape).astype(np.float32)
                 else:
-                    a0 = np.asarray(baseline, np.float32)
+                    a0 = _baseline_array(baseline)
                     if a0.shape == a.shape[1:]:
                         a0 = np.broadcast_to(a0, a.shape)
                     if a0.shape != a.shape:

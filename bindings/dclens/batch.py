@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import names as _names
-from ._checks import ArgumentError, Error, token_array
+from ._checks import ArgumentError, Error, is_choice, token_array
 from .cache import Cache
 from .hooks import is_read_only, read_only
 
@@ -43,7 +43,7 @@ def is_map(name: str) -> bool:
 
 def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Pad 1-D token arrays to [B, max T]; returns (tokens, lengths)."""
-    if padding_side not in ("right", "left"):
+    if not is_choice(padding_side, ("right", "left")):
         raise ArgumentError("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     rows = [np.asarray(r).reshape(-1) for r in rows]
     if not rows or any(r.size == 0 for r in rows):
@@ -73,7 +73,7 @@ def _pos_axes(name: str) -> Tuple[int, ...]:
 def normalize(model, tokens, lengths=None, padding_side: str = "right", prepend_bos: Optional[bool] = None):
     """(tokens as given: [T] or [B, T] int array, lengths or None, batched).
     Text is tokenized with model.to_tokens (prepend_bos: see there)."""
-    if padding_side not in ("right", "left"):
+    if not is_choice(padding_side, ("right", "left")):
         raise ArgumentError("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     if isinstance(tokens, tuple) and len(tokens) == 2 and np.ndim(tokens[0]) == 2 and np.ndim(tokens[1]) == 1:
         if lengths is not None:
@@ -128,7 +128,7 @@ def call(model, tokens, *, lengths=None, padding_side: str = "right", return_typ
          capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False,
          prepend_bos: Optional[bool] = None):
     """The one path of forward / run_with_cache / run_with_hooks."""
-    if return_type not in ("logits", "loss", "both", None):
+    if not is_choice(return_type, ("logits", "loss", "both", None)):
         raise ArgumentError("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
     a, lengths, batched = normalize(model, tokens, lengths, padding_side, prepend_bos)
     if a.ndim not in (1, 2):

@@ -26,11 +26,20 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import names as _names
-from ._checks import ArgumentError, Error, UnknownNameError, unknown_name
+from ._checks import ArgumentError, Error, UnknownNameError, check_bool, check_index, is_choice, unknown_name
 from .names import hook_name
 
 if TYPE_CHECKING:
     from .model import Model
+
+
+class MissingActivation(UnknownNameError):
+    """A cache key that names no activation it holds: a dclens.Error, and a
+    KeyError as dict lookups raise (so `in`, .get and except KeyError work);
+    .suggestions holds the closest hook names when the key is no hook at all."""
+
+    def __str__(self):
+        return Exception.__str__(self)       # KeyError's str() would quote the message
 
 
 class Cache(dict):
@@ -46,6 +55,9 @@ class Cache(dict):
     has_batch_dim: bool = False      # set by run_with_cache: a leading batch axis on every entry
 
     def _key(self, key):
+        if not isinstance(key, (str, tuple)):
+            raise MissingActivation("cache key must be a hook name or (name, layer), not %s %r"
+                                    % (type(key).__name__, key))
         if isinstance(key, tuple):
             if not 1 <= len(key) <= 2:
                 raise ArgumentError("cache key must be a name or (name, layer), got %r" % (key,))
@@ -62,15 +74,16 @@ class Cache(dict):
         except KeyError:
             raise self._missing(k, key) from None
 
-    def _missing(self, k, key) -> UnknownNameError:
+    def _missing(self, k, key) -> MissingActivation:
         """Why cache[key] fails: a hook of the model that this run did not capture,
         or a name the model does not have (with the closest names)."""
         was = "" if k == key else " (from %r)" % (key,)
         model = self.model
         if model is not None and k not in model.hook_names:
-            return unknown_name("hook", k, model.hook_names, "", "dclens.hook_names(model)",
-                                message="cache has no %r%s: it is not a hook of %s" % (k, was, model.name))
-        return UnknownNameError("cache has no %r%s: it was not captured in this run (the cache holds %d activations); "
+            e = unknown_name("hook", k, model.hook_names, "", "dclens.hook_names(model)",
+                             message="cache has no %r%s: it is not a hook of %s" % (k, was, model.name))
+            return MissingActivation(e.args[0], name=k, suggestions=e.suggestions)
+        return MissingActivation("cache has no %r%s: it was not captured in this run (the cache holds %d activations); "
                                 "capture it with run_with_cache(names=[%r, ...])" % (k, was, len(self), k),
                                 name=k, suggestions=[])
 
@@ -280,6 +293,8 @@ def accumulated_resid(cache: Cache, layer: Optional[int] = None, incl_mid: bool 
     intermediate no block reads, given for comparison. pos_slice selects
     positions (an int drops the position axis); apply_ln normalises each
     entry as a whole residual."""
+    for what, v in (("incl_mid", incl_mid), ("apply_ln", apply_ln), ("mlp_input", mlp_input)):
+        check_bool(what, v)
     model = _model(cache)
     L = model.config.n_layer
     upto = _layer_arg(model, layer)
@@ -318,6 +333,8 @@ def decompose_resid(cache: Cache, layer: Optional[int] = None, mlp_input: bool =
     nothing is added); pos_slice selects positions; apply_ln applies the
     LayerNorm of `layer` (its MLP's with mlp_input; ln_final for None) as a
     linear map."""
+    for what, v in (("mlp_input", mlp_input), ("apply_ln", apply_ln), ("incl_embeds", incl_embeds)):
+        check_bool(what, v)
     model = _model(cache)
     if mode not in ("all", "attn", "mlp"):
         raise Error("decompose_resid: mode must be 'all', 'attn' or 'mlp', not %r" % (mode,))
@@ -347,6 +364,8 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, return_labels:
     `layer` (None: all), labels "L{l}H{n}"; incl_remainder adds the rest of
     the residual (embed, attention biases, MLPs) as a last component;
     pos_slice selects positions (TransformerLens' arguments)."""
+    for what, v in (("incl_remainder", incl_remainder), ("apply_ln", apply_ln)):
+        check_bool(what, v)
     model = _model(cache)
     upto = _layer_arg(model, layer)
     parts, labels = _head_parts(cache, model, upto)
@@ -427,9 +446,15 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     attention output bias, the MLP, and last ln_final's bias. Returns
     (attrs [C] float64, labels). batch: the row of a batched cache."""
     model = _model(cache)
-    if by not in ("head", "layer"):
+    if not is_choice(by, ("head", "layer")):
         raise ArgumentError("dla: by must be 'head' or 'layer', not %r" % (by,))
     L, N = model.config.n_layer, model.config.n_head
+    token = check_index("dla: token", token, 0, model.config.vocab, " (the vocabulary)")
+    T = _need(cache, "embed").shape[-2]
+    pos = check_index("dla: pos", pos, -T, T, " for %d positions" % T)
+    if batch is not None:
+        batch = check_index("dla: batch", batch, 0, _need(cache, "embed").shape[0] if
+                            _need(cache, "embed").ndim == 3 else 1)
 
     def at(name):
         a = _need(cache, name)

@@ -10,11 +10,11 @@ model; the circuit is the weight-space product, as in the literature.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from ._checks import check_index
+from ._checks import is_choice, check_index
 from .model import Error, Model
 
 
@@ -24,6 +24,16 @@ class FactoredMatrix:
 
     A: np.ndarray
     B: np.ndarray
+
+    def __post_init__(self):
+        for what in ("A", "B"):
+            v = getattr(self, what)
+            if not isinstance(v, np.ndarray) or v.ndim != 2 or v.dtype.kind not in "fiu":
+                raise Error("FactoredMatrix: %s must be a 2-D array of numbers, not %s"
+                            % (what, v.shape if isinstance(v, np.ndarray) else type(v).__name__))
+        if self.A.shape[1] != self.B.shape[0]:
+            raise Error("FactoredMatrix: A %s and B %s do not chain (A's columns must be B's rows)"
+                        % (self.A.shape, self.B.shape))
 
     @property
     def shape(self) -> Tuple[int, int]:
@@ -44,10 +54,13 @@ class FactoredMatrix:
         return A @ (self.B.astype(np.float64) @ self.B.T.astype(np.float64)) @ A.T
 
 
-def _check(model: Model, layer: int, head: Optional[int] = None) -> None:
+_NO_HEAD = object()
+
+
+def _check(model: Model, layer: int, head=_NO_HEAD) -> None:
     c = model.config
     check_index("layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
-    if head is not None:
+    if head is not _NO_HEAD:
         check_index("head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
 
 
@@ -122,6 +135,7 @@ def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> 
     (see ov_logits). Returns the top-k (token id, logit) pairs."""
     c = model.config
     token = check_index("token id", token, 0, c.vocab)
+    k = check_index("k", k, 1, 2**31)
     logits = ov_logits(model, layer, head, [token])[0]
     top = np.argsort(-logits)[:k]
     return [(int(t), float(logits[t])) for t in top]
@@ -139,7 +153,7 @@ def head_diversity(model: Model, layer: int, kind: str = "qk") -> float:
 
 def diversity_curve(model: Model, layer: int, kind: str = "qk") -> np.ndarray:
     """Cumulative captured variance [D] of the concatenated per-head matrices."""
-    if kind not in ("qk", "ov"):
+    if not is_choice(kind, ("qk", "ov")):
         raise Error("kind must be 'qk' or 'ov', not %r" % (kind,))
     f = qk_circuit if kind == "qk" else ov_circuit
     G = sum(f(model, layer, n).gram() for n in range(model.config.n_head))   # [D, D] = M M^T

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
+import numbers
+
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import ArgumentError, check_index
+from ._checks import ArgumentError, EngineObject, check_index, check_str, is_choice
 from ._checks import Error, check_status as _check
 from .hooks import HookFn, _Run
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from .model import Model
 
 
-class Decoder:
+class Decoder(EngineObject):
     """An incremental decoding session on a model (one sequence).
 
     >>> dec = Decoder(model)
@@ -101,6 +103,29 @@ def _sample(logits: np.ndarray, temperature: float, top_k: Optional[int], rng) -
     return int(rng.choice(x.size, p=p))
 
 
+def _stops(stop, vocab: int):
+    """stop (None, a token id, a string, or a list / tuple / 1-D array of
+    them) -> (set of ids in [0, vocab), list of non-empty strings)."""
+    if stop is None:
+        return set(), []
+    if isinstance(stop, (str, numbers.Integral, np.integer)) and not isinstance(stop, (bool, np.bool_)):
+        items = [stop]
+    elif isinstance(stop, (list, tuple)) or (isinstance(stop, np.ndarray) and stop.ndim == 1):
+        items = list(stop)
+    else:
+        raise Error("generate: stop must be a token id, a string, or a list of them, not %s %r"
+                    % (type(stop).__name__, stop))
+    ids, strs = set(), []
+    for s in items:
+        if isinstance(s, str):
+            if not s:
+                raise Error("generate: stop holds an empty string (it would stop at once)")
+            strs.append(check_str("generate: stop string", s))
+        else:
+            ids.add(check_index("generate: stop token id", s, 0, vocab, " (the vocabulary)"))
+    return ids, strs
+
+
 def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float = 0.0,
              top_k: Optional[int] = None, stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
              seed: Optional[int] = None, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
@@ -119,22 +144,22 @@ def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float 
     if isinstance(prompt, (list, tuple)) and prompt and (isinstance(prompt[0], str) or np.ndim(prompt[0]) == 1):
         return [generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type,
                          verbose) for p in prompt]
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise ArgumentError("generate: max_new_tokens must be an integer >= 0, got %r" % (max_new_tokens,))
-    if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
+    check_index("generate: max_new_tokens", max_new_tokens, 0, 2**31)
+    if not (isinstance(temperature, (numbers.Real, np.floating, np.integer))
+            and not isinstance(temperature, (bool, np.bool_)) and np.isfinite(temperature) and temperature >= 0):
         raise ArgumentError("generate: temperature must be a finite number >= 0, got %r" % (temperature,))
-    if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
-        raise ArgumentError("generate: top_k must be an integer >= 1 or None, got %r" % (top_k,))
-    if return_type not in ("auto", "str", "tokens"):
+    if top_k is not None:
+        check_index("generate: top_k", top_k, 1, 2**31, " (or None)")
+    if not is_choice(return_type, ("auto", "str", "tokens")):
         raise ArgumentError("generate: return_type must be 'auto', 'str' or 'tokens', not %r" % (return_type,))
     is_text = isinstance(prompt, str)
     toks = model.to_tokens(prompt) if is_text else np.asarray(prompt)
     if toks.ndim != 1 or toks.size == 0:
         raise ArgumentError("generate: the prompt must be a non-empty string or [T] token array, got shape %s"
                     % (toks.shape,))
-    stops = [] if stop is None else ([stop] if isinstance(stop, (str, int, np.integer)) else list(stop))
-    stop_ids = {int(s) for s in stops if not isinstance(s, str)}
-    stop_strs = [s for s in stops if isinstance(s, str)]
+    stop_ids, stop_strs = _stops(stop, model.config.vocab)
+    if seed is not None:
+        check_index("generate: seed", seed, 0, 2**63)
     rng = np.random.default_rng(seed)
     dec = Decoder(model)
     new: List[int] = []

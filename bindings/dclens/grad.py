@@ -21,14 +21,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import Error, check_status as _check
+from ._checks import EngineObject, Error, check_status as _check
 
 
 def _ptr(a, kind="float *"):
     return ffi.cast(kind, ffi.from_buffer(a))
 
 
-class Tape:
+class Tape(EngineObject):
     """One engine tape for B sequences of T tokens (CPU models only)."""
 
     def __init__(self, model, B: int, T: int):
@@ -190,6 +190,9 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
     B, T = toks.shape
     if isinstance(wrt, str):
         wrt = [wrt]
+    if not isinstance(wrt, (list, tuple)):
+        raise Error("gradients: wrt must be a hook or parameter name or a list of them, not %s %r"
+                    % (type(wrt).__name__, wrt))
     wrt = list(wrt)
     if not wrt:
         raise Error("gradients: wrt is empty (give hook names or parameter names)")

@@ -15,13 +15,14 @@ positions=. matplotlib versions of the same figures are in dclens.plots.
 """
 from __future__ import annotations
 
+import numbers
 import os
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import check_index
+from ._checks import check_bool, check_index, is_choice, token_array
 from .model import Error, Model
 from .names import BRANCHES, hook_name
 
@@ -202,12 +203,22 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
     panels per grid row (0: all in one row); cell_px: pixels per cell (0:
     chosen from the size). vmin or vmax alone fixes that end of the range,
     the other comes from the data (each panel's own, with scale="own")."""
+    try:
+        maps = np.asarray(maps, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise Error("heatmap: maps must be a [T, S] or [P, T, S] array of numbers: %s" % e) from None
+    for what, v in (("vmin", vmin), ("vmax", vmax)):
+        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number))
+                              or not np.isfinite(v)):
+            raise Error("heatmap: %s must be a finite number or None, not %r" % (what, v))
+    for what, v in (("diverging", diverging), ("mask_upper", mask_upper), ("axis_titles", axis_titles)):
+        check_bool("heatmap: " + what, v)
+    check_index("heatmap: mask_window", mask_window, 0, 2**31, " (0: none)")
     if (vmin is None) != (vmax is None) and scale != "own":
         vmin, vmax = _one_end(maps, mask_upper, vmin, vmax)
-    if not isinstance(grid_cols, (int, np.integer)) or grid_cols < 0:
-        raise Error("heatmap: grid_cols must be an integer >= 0, got %r" % (grid_cols,))
-    if not isinstance(cell_px, (int, np.integer)) or cell_px < 0:
-        raise Error("heatmap: cell_px must be an integer >= 0, got %r" % (cell_px,))
+    # the engine takes C ints: larger values are refused here, by name
+    check_index("heatmap: grid_cols", grid_cols, 0, 2**31, " (0: one row)")
+    check_index("heatmap: cell_px", cell_px, 0, 2**31, " (0: chosen from the size)")
     args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
             mask_window, panel_windows, axis_titles, scale, panel_diverging, panel_vmin)
     spec, _keep = _spec(*args)
@@ -294,9 +305,10 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
             raise Error("heatmap: the text is empty")
         tokens = model.to_tokens(text_or_tokens)
     else:
-        tokens = np.asarray(text_or_tokens)
-    if tokens.ndim != 1 or tokens.size == 0:
-        raise Error("heatmap: need a non-empty 1-D token sequence")
+        tokens = token_array(text_or_tokens)
+    if tokens.ndim != 1 or tokens.size == 0 or tokens.dtype.kind not in "iu":
+        raise Error("heatmap: tokens must be a string or a non-empty 1-D integer token array, got %s %s"
+                    % (tokens.dtype, tokens.shape))
     a, b, note = _view(tokens.size, query, window, positions)      # refuse before any pass
     try:
         labels = model.to_str_tokens(tokens)
@@ -320,7 +332,7 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     if hook == "branches":
         if head is None or layer == "all":
             raise Error("heatmap: hook='branches' needs one layer and one head")
-        if phase not in ("pre", "post"):
+        if not is_choice(phase, ("pre", "post")):
             raise Error("heatmap: phase must be 'pre' or 'post'")
         names = [hook_name(layer, "attn.%s.%s" % (phase, b_)) for b_ in BRANCHES + ("static",)]
         names = [n for n in names if n in model.hook_names]

@@ -117,6 +117,8 @@ def hook_pairs(fwd_hooks, read_only_all: bool = False) -> List[Tuple[str, HookFn
     if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and isinstance(fwd_hooks[0], str):
         raise Error("fwd_hooks must be a list of (name, fn) pairs, got one pair %r: put it in a list"
                     % (fwd_hooks,))
+    if not isinstance(fwd_hooks, (list, tuple)):
+        raise Error("fwd_hooks must be a list of (name, fn) pairs, not %s %r" % (type(fwd_hooks).__name__, fwd_hooks))
     out = []
     for item in fwd_hooks:
         if not (isinstance(item, tuple) and len(item) == 2):

@@ -17,7 +17,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._checks import check_index
+from ._checks import check_index, check_layers, check_str, is_choice
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -88,9 +88,10 @@ def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
     replaces it by `mean` (e.g. mean_activation(cache_of_many_runs, ...)),
     broadcast over positions: shape [Dh] or [T, Dh] for attn.z."""
     _check_head(model, layer, head)
+    check_str("ablate_head: point", point)
     name = _canon(hook_name(layer, point))
     _head_axis(model, name)
-    if kind not in ("zero", "mean"):
+    if not is_choice(kind, ("zero", "mean")):
         raise Error("ablate_head: kind must be 'zero' or 'mean', not %r" % (kind,))
     if kind == "mean" and mean is None:
         raise Error("ablate_head: kind='mean' needs the mean activation (mean=...)")
@@ -119,6 +120,9 @@ def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") 
     if name not in cache:
         raise Error("cache has no %s" % name)
     a = cache[name]
+    idx = _head_index(name, 0, a.ndim)
+    n_head = a.shape[[i for i, x in enumerate(idx) if x == 0][0]]
+    check_index("head", head, 0, n_head, " (the cache's %s has %d heads)" % (name, n_head))
     per_head = a[_head_index(name, head, a.ndim)]
     return per_head.reshape(-1, per_head.shape[-1]).mean(axis=0)
 
@@ -127,14 +131,12 @@ def disable_branch(model: Model, phase: str, branch: str,
                    layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
     """Zero one compose branch (skip, qp, kp, qg, kg) of pre- or post-compose in
     the chosen layers (all by default): the composed sum then lacks it."""
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
-    if branch not in BRANCHES:
+    if not is_choice(branch, BRANCHES):
         raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
-    layers = range(model.config.n_layer) if layers is None else list(layers)
     hooks = []
-    for l in layers:
-        l = check_index("layer", l, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
+    for l in _layers(model, layers):
         name = hook_name(l, "attn.%s.%s" % (phase, branch))
         model.parse_hook(name)
         hooks.append((name, _zero))
@@ -224,11 +226,7 @@ def _zero(act, _name):
 
 
 def _layers(model: Model, layers: Optional[Iterable[int]]) -> List[int]:
-    out = list(range(model.config.n_layer)) if layers is None else [int(l) for l in layers]
-    for l in out:
-        if not 0 <= l < model.config.n_layer:
-            raise Error("layer %d is out of range (model has %d layers)" % (l, model.config.n_layer))
-    return out
+    return check_layers(layers, model.config.n_layer)
 
 
 def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
@@ -238,8 +236,11 @@ def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
     if not model.config.use_sw:
         raise Error("%s has no static composition branch (use_sw is off)" % model.name)
     hooks = []
+    if isinstance(phases, str) or not isinstance(phases, (list, tuple)):
+        raise Error("disable_static: phases must be a list of 'pre' / 'post', not %s %r"
+                    % (type(phases).__name__, phases))
     for ph in phases:
-        if ph not in PHASES:
+        if not is_choice(ph, PHASES):
             raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
         for l in _layers(model, layers):
             name = hook_name(l, "attn.%s.static" % ph)

@@ -25,8 +25,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from . import attribution, batch, generate as _generate, grad, names as _names, routing
-from ._checks import (ArgumentError, ArgumentTypeError, Error, NotFoundError, c_path, c_str, check_index,
-                      check_str, decode_msg, show_path, token_array, unknown_name)
+from ._checks import (ArgumentError, ArgumentTypeError, Error, NotFoundError, c_path, c_str,
+                      check_bool, check_index, is_choice, check_str, decode_msg, show_path, token_array, unknown_name)
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from . import hub
@@ -292,6 +292,7 @@ class Model(WeightsMixin):
     >>> logits = m.forward(m.to_tokens("The cat sat"))
     >>> logits, cache = m.run_with_cache(tokens, names=lambda n: n.endswith("pattern"))
     """
+    _instead = "pickle its path and call dclens.load(path) again (model.path)"
 
     def __init__(self, path, device: str = "cpu", n_threads: int = 0):
         cpath = c_path("model path", path)
@@ -757,10 +758,13 @@ class Model(WeightsMixin):
         lengths): "last" or one position (-> [V] / [B, V]), [n] positions for
         every sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
         if logits_at is not None:
-            if return_type != "logits" or lengths is not None or loss_per_token:
-                raise ArgumentError("logits_at goes with return_type='logits' and no lengths")
-            if isinstance(tokens, str):
-                tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
+            check_bool("loss_per_token", loss_per_token)
+            tokens = (self.to_tokens(tokens, prepend_bos=prepend_bos) if isinstance(tokens, str)
+                      else token_array(tokens))        # tokens are checked (and named) first
+            if not is_choice(return_type, ("logits",)) or lengths is not None or loss_per_token:
+                raise ArgumentError("logits_at goes with return_type='logits', no lengths and no loss_per_token "
+                                    "(got return_type=%r, lengths %s, loss_per_token=%r)"
+                                    % (return_type, "given" if lengths is not None else "None", loss_per_token))
             return self._run(tokens, logits_at=logits_at)[0]
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     loss_per_token=loss_per_token, prepend_bos=prepend_bos)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple
 
-from ._checks import ArgumentError, Error
+from ._checks import ArgumentError, Error, check_str
 
 # The compose branches of a DCMHA phase (hooks blocks.{l}.attn.{phase}.{branch};
 # "static" is the use_sw branch, present only in Talking-Heads models).
@@ -97,6 +97,7 @@ def canonical(name: str) -> str:
 
 def tl_alias(name: str) -> Optional[str]:
     """The TransformerLens spelling of a dclens name, or None if it has none."""
+    check_str("hook name", name)
     if name in _REVERSE_GLOBAL:
         return _REVERSE_GLOBAL[name]
     m = re.match(r"^blocks\.(\d+)\.(.+)$", name)

@@ -48,6 +48,7 @@ import numpy as np
 
 from . import progress as _progress_mod
 from ._checks import ArgumentError
+from ._checks import check_index, check_layers, check_str, is_choice
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -64,17 +65,30 @@ class PatchingWarning(UserWarning):
 
 # ---------------------------------------------------------------- metrics
 
+def _metric_row(logits: np.ndarray, pos, tokens) -> np.ndarray:
+    """logits[pos] [V] as float64, with pos and the tokens checked against the logits' shape."""
+    lg = np.asarray(logits)
+    if lg.ndim != 2 or lg.dtype.kind != "f":
+        raise Error("metric: logits must be a [T, V] float array, got %s %s" % (lg.dtype, lg.shape))
+    T, V = lg.shape
+    row = lg[check_index("metric: pos", pos, -T, T, " for %d positions" % T)].astype(np.float64)
+    for what, t in tokens:
+        check_index("metric: %s token" % what, t, 0, V, " (the vocabulary)")
+    return row
+
+
 def logit_diff(correct: int, wrong: int, pos: int = -1) -> Metric:
     """logits[pos, correct] - logits[pos, wrong]."""
     def metric(logits: np.ndarray) -> float:
-        return float(logits[pos, correct]) - float(logits[pos, wrong])
+        x = _metric_row(logits, pos, (("correct", correct), ("wrong", wrong)))
+        return float(x[correct]) - float(x[wrong])
     return metric
 
 
 def prob(token: int, pos: int = -1) -> Metric:
     """softmax(logits[pos])[token]."""
     def metric(logits: np.ndarray) -> float:
-        x = logits[pos].astype(np.float64)
+        x = _metric_row(logits, pos, (("the", token),))
         x = np.exp(x - x.max())
         return float(x[token] / x.sum())
     return metric
@@ -83,7 +97,7 @@ def prob(token: int, pos: int = -1) -> Metric:
 def logprob(token: int, pos: int = -1) -> Metric:
     """log softmax(logits[pos])[token]."""
     def metric(logits: np.ndarray) -> float:
-        x = logits[pos].astype(np.float64)
+        x = _metric_row(logits, pos, (("the", token),))
         m = x.max()
         return float(x[token] - m - np.log(np.exp(x - m).sum()))
     return metric
@@ -138,15 +152,7 @@ def _progress(total: int, progress: Optional[bool], desc: str):
 
 
 def _layers(model: Model, layers) -> List[int]:
-    L = model.config.n_layer
-    if layers is None:
-        return list(range(L))
-    out = []
-    for l in layers:
-        if not isinstance(l, (int, np.integer)) or not -L <= l < L:
-            raise ArgumentError("layer %r is out of range (model has %d layers)" % (l, L))
-        out.append(int(l) % L)
-    return out
+    return check_layers(layers, model.config.n_layer, negative=True)
 
 
 Cell = Tuple[str, Callable[[np.ndarray, np.ndarray], None]]   # (hook name, apply(act_row, clean_act))
@@ -250,6 +256,10 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
     Ray workers ("local:N", an address or a dclens.distributed.Cluster; the
     same values as without): docs/distributed.md."""
     from . import interventions as iv
+    check_str("over", over)
+    if not callable(metric):
+        raise Error("sweep: metric must be a function of the logits (patching.logit_diff(...), ...), not %s %r"
+                    % (type(metric).__name__, metric))
     over = over.replace(" ", "")
     c = model.config
     layers = _layers(model, layers)
@@ -354,7 +364,7 @@ def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, qu
     c = model.config
     if not c.use_dcmha:
         raise Error("%s has no composition maps (plain multi-head attention)" % model.name)
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise Error("a composition sweep takes hook='pre' or hook='post' (the phase), not %r" % (phase,))
     dyn = lambda l: [n for n in model.hook_names if n.startswith(hook_name(l, "attn.dyn.%s." % phase))]
     src = lambda l: hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
@@ -394,6 +404,8 @@ def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], retur
     """Logits of a run of `tokens` with every activation in `names` replaced,
     whole, by its value in `source` (another run's cache)."""
     from .names import canonical
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise Error("run_patched: names must be a list of hook names, not %s %r" % (type(names).__name__, names))
     hooks = []
     for n in names:
         n = canonical(n)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Dict, NamedTuple, Optional
 
 import numpy as np
 
-from ._checks import ArgumentError, Error, check_index
+from ._checks import ArgumentError, Error, check_index, check_int_list, check_layers, is_choice
 from .cache import Cache
 from .names import BRANCHES, PHASES, hook_name
 
@@ -84,7 +84,7 @@ def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = 
     if toks.ndim != 1:
         raise ArgumentError("routing works on one sequence: tokens must be 1-D, got shape %s" % (toks.shape,))
     T = toks.shape[0]
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     for what, v in (("query", query), ("key", key)):
@@ -107,6 +107,9 @@ def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> Dict[str, n
 def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
     """The static (Talking-Heads) term W [N, N] of a layer and phase (block-diagonal
     with compose_groups), or None when the model has no static branch."""
+    check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
+    if not is_choice(phase, PHASES):
+        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if not model.config.use_sw:
         return None
     w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))   # [G, Mg, Mg]
@@ -126,9 +129,20 @@ def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups:
     """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
     `groups` G the dynamic projections mix heads only within each of G blocks;
     `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
+    if not isinstance(dyn, dict) or not ("qdd" in dyn or "kdd" in dyn):
+        raise Error("maps_from_weights: dyn must be the dict dynamic_weights returns (qw1, qw2, qdd, ...), not %s"
+                    % type(dyn).__name__)
     some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
     S, N = some.shape
-    keys = range(S) if keys is None else keys
+    query = _pos(query, S, "query")
+    keys = range(S) if keys is None else check_int_list("keys", keys, 0, S, wrap=True)
+    groups = check_index("groups", groups, 1, N + 1, " (n_head %d)" % N)
+    if N % groups:
+        raise Error("groups %d does not divide n_head %d" % (groups, N))
+    if static is not None:
+        static = np.asarray(static)
+        if static.shape != (N, N) or static.dtype.kind not in "fiu":
+            raise Error("static must be a [%d, %d] array of numbers, got %s %s" % (N, N, static.dtype, static.shape))
     block = np.kron(np.eye(groups), np.ones((N // groups, N // groups)))
     base = np.eye(N)
     if "qw1" in dyn:  # absent for key-wise-only composition
@@ -209,7 +223,7 @@ def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: in
 # ---------------------------------------------------------------- from a cache, vectorised
 
 def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, np.ndarray]:
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     out = {}
     for n in _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise):
@@ -292,11 +306,10 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
     with X the pattern (post) or the raw scores, signed logits (pre).
     Equals routing_matrix(model, tokens, l, phase, t) without its pass.
     Needs blocks.{l}.attn.{pattern|scores} and the layer's dyn.* hooks."""
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
-    layers = list(range(L)) if layers is None else [int(l) % L if isinstance(l, (int, np.integer)) and -L <= l < L
-                                                     else _bad_layer(l, L) for l in layers]
+    layers = check_layers(layers, L, negative=True)
     out = []
     for l in layers:
         src = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
@@ -306,7 +319,8 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
         if X.ndim != 3:
             raise Error("routing from a cache works on one sequence: %s has shape %s" % (src, X.shape))
         T = X.shape[-1]
-        qs = np.arange(T) if queries is None else np.array([_pos(q, T, "query") for q in queries])
+        qs = np.arange(T) if queries is None else np.array(check_int_list("queries", queries, 0, T, wrap=True),
+                                                            dtype=np.int64)
         X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]     # [N, Tq, S]
         rows = X.sum(-1).T                                                       # [Tq, N]
         if not model.config.use_dcmha:
@@ -329,12 +343,10 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
     return np.stack(out)
 
 
-def _bad_layer(l, L):
-    raise ArgumentError("layer %r is out of range (model has %d layers)" % (l, L))
-
 
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:
     """gates() from a cache: {'pre.qdd': [T, N], ...}."""
+    check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
     sides = ("qdd",) if model.config.query_wise else ("kdd",) if model.config.key_wise else ("qdd", "kdd")

@@ -30,10 +30,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
+import re
 import shutil
 import struct
 import time
+import zipfile
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -43,6 +46,7 @@ from ._engine import ffi, lib
 from .grad import Tape, param_table
 from ._checks import Error, check_status as _check
 from .model import load
+from . import run_record
 
 
 @dataclasses.dataclass
@@ -79,17 +83,66 @@ class TrainConfig:
     progress: Optional[bool] = None       # dclens.progress: None: a bar where watched, plain lines in a log
 
     def check(self) -> None:
-        if self.model_type not in ("dcpythia", "gpt_neox"):
+        """Every option's type and range, each refused by name (--flag) before anything is written."""
+        if not isinstance(self.out, (str, os.PathLike)) or "\0" in os.fspath(self.out) or not os.fspath(self.out):
+            raise Error("train: out must be a directory path, not %r" % (self.out,))
+        if not isinstance(self.model_type, str) or self.model_type not in ("dcpythia", "gpt_neox"):
             raise Error("model_type must be 'dcpythia' or 'gpt_neox', not %r" % (self.model_type,))
-        for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every"):
-            if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
-                raise Error("train: %s must be a positive integer, not %r" % (k, getattr(self, k)))
+        for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every",
+                  "rank"):
+            _int_option(k, getattr(self, k), 1)
+        for k in ("d_ff", "vocab", "n_threads", "warmup"):
+            _int_option(k, getattr(self, k), 0)
+        _int_option("seed", self.seed, 0, 2**63)
+        if self.window_size is not None:
+            _int_option("window_size", self.window_size, 1)
+        if not (self.window_type is None or isinstance(self.window_type, str)) or \
+                self.window_type not in (None, "LG", "LGLL", "LGL6"):
+            raise Error("train: --window-type must be None, 'LG', 'LGLL' or 'LGL6', not %r" % (self.window_type,))
         if self.dim % self.n_head:
             raise Error("train: dim %d is not a multiple of n_head %d" % (self.dim, self.n_head))
         if (self.dim // self.n_head) % 8:
             raise Error("train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head))
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.warmup >= 0 and self.grad_clip >= 0):
+        for k, lo, hi in (("lr", 0, None), ("min_lr", 0, None), ("weight_decay", 0, None), ("grad_clip", 0, None),
+                          ("beta1", 0, 1), ("beta2", 0, 1), ("eps", 0, None)):
+            v = getattr(self, k)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.floating, np.integer)) \
+                    or not math.isfinite(v) or v < lo or (hi is not None and v >= hi):
+                raise Error("train: --%s must be a finite number in [%g, %s), not %r"
+                            % (k.replace("_", "-"), lo, "inf" if hi is None else "%g" % hi, v))
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.grad_clip >= 0):
             raise Error("train: need lr > 0, 0 <= min_lr <= lr, warmup >= 0, grad_clip >= 0")
+        if not self.eps > 0:
+            raise Error("train: --eps must be > 0, not %r" % (self.eps,))
+        for k in ("lines",):
+            if not isinstance(getattr(self, k), (bool, np.bool_)):
+                raise Error("train: %s must be True or False, not %r" % (k, getattr(self, k)))
+        if self.progress is not None and not isinstance(self.progress, (bool, np.bool_)):
+            raise Error("train: progress must be True, False or None, not %r" % (self.progress,))
+        if not isinstance(self.data, str) or not self.data or "\0" in self.data:
+            raise Error("train: --data must be 'synth', 'synth:N' or a file path, not %r" % (self.data,))
+        self._check_tokenizer()
+
+    def _check_tokenizer(self) -> None:
+        t = self.tokenizer
+        if not isinstance(t, str) or "\0" in t:
+            raise Error("train: --tokenizer must be 'bytes', 'bpe:N' or a tokenizer.json path, not %r" % (t,))
+        if t.startswith("bpe:"):
+            n = t[4:]
+            if not (n.isascii() and n.isdigit() and 258 <= int(n) <= 1 << 20):
+                raise Error("train: --tokenizer %r: N of bpe:N must be an integer in [258, 1048576] (the 256 "
+                            "bytes, the end-of-text token and at least one merge)" % (t,))
+        elif t != "bytes" and not os.path.isfile(t):
+            raise Error("train: --tokenizer %r is not 'bytes', 'bpe:N' or a tokenizer.json file" % (t,))
+
+
+def _int_option(k: str, v, lo: int, hi: int = 2**31) -> int:
+    """An integer option in [lo, hi) (bool refused), or Error naming --k."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Integral, np.integer)):
+        raise Error("train: --%s must be an integer, not %s %r" % (k.replace("_", "-"), type(v).__name__, v))
+    if not lo <= v < hi:
+        raise Error("train: --%s %d is out of range [%d, %d)" % (k.replace("_", "-"), v, lo, hi))
+    return int(v)
 
 
 # ------------------------------------------------------------------ safetensors
@@ -321,27 +374,104 @@ def lr_at(c: TrainConfig, step: int) -> float:
 
 # ------------------------------------------------------------------ checkpoints
 
+_STEP_DIR = re.compile(r"step-[0-9]{6}")
+
+
 def _ckpts(out: str) -> List[str]:
+    """Every checkpoint directory of the run, oldest first (exact names
+    step-NNNNNN: a staging or moved-aside directory is none)."""
     if not os.path.isdir(out):
         return []
-    ds = [d for d in os.listdir(out) if d.startswith("step-") and
-          os.path.isfile(os.path.join(out, d, "train_state.json"))]
+    ds = [d for d in os.listdir(out) if _STEP_DIR.fullmatch(d) and os.path.isdir(os.path.join(out, d))]
     return [os.path.join(out, d) for d in sorted(ds)]
 
 
+def _write_state(dirpath: str, step: int, loss, c: TrainConfig) -> None:
+    with open(os.path.join(dirpath, "train_state.json"), "w") as f:
+        json.dump({"step": step, "loss": loss, "config": run_record.options_of(c)}, f, indent=2)
+
+
 def _save(out: str, model, mom, var, step: int, c: TrainConfig, config: dict, tok_path, loss: float) -> str:
-    d = os.path.join(out, "step-%06d" % step)
-    tmp = d + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    """Checkpoint `step`: weights, config, optimizer and state written into a
+    staging directory from one state, then renamed into place."""
+    name = "step-%06d" % step
+    tmp = run_record.staging(out, name)
     write_model(tmp, read_weights(model), config, tok_path)
     np.savez(os.path.join(tmp, "optimizer.npz"), mom=mom, var=var)
-    with open(os.path.join(tmp, "train_state.json"), "w") as f:
-        json.dump({"step": step, "loss": loss, "config": dataclasses.asdict(c)}, f, indent=2)
-    shutil.rmtree(d, ignore_errors=True)
-    os.replace(tmp, d)
+    _write_state(tmp, step, loss, c)
+    d = os.path.join(out, name)
+    run_record.install_dir(tmp, d)
     for old in _ckpts(out)[:-c.keep]:
         shutil.rmtree(old, ignore_errors=True)
     return d
+
+
+def _open_checkpoint(d: str, c: TrainConfig, want_config: dict, n_threads: int):
+    """(model, step, mom, var, config.json) of checkpoint d; ValueError(why) if
+    it is damaged, Error if it holds another model than these options give."""
+    state = run_record.load_json(os.path.join(d, "train_state.json"), "train_state.json")
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or "step-%06d" % step != os.path.basename(d):
+        raise ValueError("train_state.json says step %r" % (step,))
+    cfg = run_record.load_json(os.path.join(d, "config.json"), "config.json")
+    diff = run_record.config_differences(cfg, want_config)
+    if diff:
+        raise Error("train: %s/config.json describes another model than these options: %s; use a new "
+                    "--out, or the run's options" % (d, ", ".join(diff)))
+    try:
+        model = load(d, n_threads=n_threads)
+    except Error as e:
+        raise ValueError(str(e)) from None
+    _check(lib.dcs_model_make_trainable(model._m), model._errmsg())
+    P = int(lib.dcs_param_total(model._m))
+    if step == 0:
+        return model, 0, np.zeros(P, np.float32), np.zeros(P, np.float32), cfg
+    try:
+        with np.load(os.path.join(d, "optimizer.npz")) as z:
+            mom, var = (np.ascontiguousarray(z[k], np.float32) for k in ("mom", "var"))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError("optimizer.npz unreadable: %s" % (e,)) from None
+    if mom.shape != (P,) or var.shape != (P,):
+        raise ValueError("optimizer.npz holds %s and %s moments, the model %d parameters"
+                         % (mom.shape, var.shape, P))
+    return model, step, mom, var, cfg
+
+
+def _damaged(out: str, ck: List[str], why: str) -> Error:
+    d = ck[-1]
+    prev = ("the one before it, %s, is offered: move the damaged one aside (mv %s %s.damaged) and run "
+            "again to resume from it" % (ck[-2], d, d)) if len(ck) > 1 else \
+        "there is no earlier checkpoint: start a new --out"
+    return Error("train: the newest checkpoint %s is damaged (%s); %s" % (d, why, prev))
+
+
+def _check_options(c: TrainConfig, ck: List[str]) -> List[str]:
+    """Refuse a resume whose options differ from the run's record (run.json, or
+    for a run made before it, the newest checkpoint's train_state.json); the
+    log lines saying what was compared and what changed."""
+    rec = run_record.read_record(c.out)
+    if rec is not None:
+        source = os.path.join(c.out, run_record.RUN_FILE)
+        recorded = rec["options"]
+    elif ck:
+        source = os.path.join(ck[-1], "train_state.json")
+        try:
+            recorded = run_record.load_json(source, "train_state.json").get("config")
+        except ValueError as e:
+            raise _damaged(c.out, ck, str(e))
+        if not isinstance(recorded, dict) or not recorded:   # nothing to compare but its config.json
+            return ["resume: %s records no options: only its config.json was compared (a run made "
+                    "before run.json)" % source]
+    else:
+        return []
+    refused, accepted = run_record.differences(recorded, c)
+    if refused:
+        run_record.refuse(c.out, "as " + source + " records", refused)
+    notes = ["resume: options compared with %s%s" % (
+        source, "" if rec is not None else " and its config.json (a run made before run.json)")]
+    notes.append("resume: changed for this sitting: %s" % ", ".join(accepted) if accepted else
+                 "resume: no option changed")
+    return notes
 
 
 class _Log:
@@ -367,21 +497,25 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     stop_after: end this sitting after that many steps (checkpointing there)."""
     c.check()
     os.makedirs(c.out, exist_ok=True)
+    ck = _ckpts(c.out)
+    notes = _check_options(c, ck)
+    run_record.remove_staging(c.out)      # what a sitting killed while writing left
     tok_file = os.path.join(c.out, "tokens.npy")
     tok_path = os.path.join(c.out, "tokenizer.json")
     off_file = os.path.join(c.out, "offsets.npy")
-    if os.path.exists(tok_file):
+    vocab_file = os.path.join(c.out, "vocab.json")
+    if os.path.exists(vocab_file):       # written last of the three
         tokens, offsets = np.load(tok_file), np.load(off_file)
-        with open(os.path.join(c.out, "vocab.json")) as f:
-            vocab = json.load(f)["vocab"]
+        vocab = run_record.load_json(vocab_file, "vocab.json")["vocab"]
         tok_path = tok_path if os.path.exists(tok_path) else None
     else:
         tokens, offsets, vocab, tok_path = _tokenize(c, _corpus_texts(c), tok_path)
         vocab = max(vocab, c.vocab)
-        np.save(tok_file, tokens)
-        np.save(off_file, offsets)
-        with open(os.path.join(c.out, "vocab.json"), "w") as f:
-            json.dump({"vocab": vocab}, f)
+        for f, a in ((tok_file, tokens), (off_file, offsets)):
+            with open(f + ".tmp", "wb") as fh:
+                np.save(fh, a)
+            os.replace(f + ".tmp", f)
+        run_record.write_json_atomic(vocab_file, {"vocab": vocab})
     if c.lines:
         keep = np.diff(offsets) >= 2
         if not keep.any():
@@ -390,32 +524,34 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     elif len(tokens) < c.seq_len + 2:
         raise Error("train: the corpus has %d tokens, fewer than seq_len + 2" % len(tokens))
     config = model_config(c, vocab)
-    ck = _ckpts(c.out)
+    recorded = os.path.exists(os.path.join(c.out, run_record.RUN_FILE))
     if ck:
+        try:
+            model, start, mom, var, config = _open_checkpoint(ck[-1], c, config, c.n_threads)
+        except ValueError as e:
+            raise _damaged(c.out, ck, str(e))
         start_dir = ck[-1]
-        with open(os.path.join(start_dir, "train_state.json")) as f:
-            start = json.load(f)["step"]
+        if not recorded:                # a legacy run, checked: record it now
+            run_record.write_record(c.out, c, vocab)
+            notes.append("resume: wrote %s from these options" % os.path.join(c.out, run_record.RUN_FILE))
     else:
+        if not recorded:                # before the first step
+            run_record.write_record(c.out, c, vocab)
         start_dir = os.path.join(c.out, "step-000000")
-        write_model(start_dir + ".tmp", init_weights(c, vocab), config, tok_path)
-        os.replace(start_dir + ".tmp", start_dir)
-        start = 0
-    model = load(start_dir, n_threads=c.n_threads)
-    _check(lib.dcs_model_make_trainable(model._m), model._errmsg())
+        tmp = run_record.staging(c.out, "step-000000")
+        write_model(tmp, init_weights(c, vocab), config, tok_path)
+        _write_state(tmp, 0, None, c)
+        run_record.install_dir(tmp, start_dir)
+        model, start, mom, var, config = _open_checkpoint(start_dir, c, config, c.n_threads)
     P = int(lib.dcs_param_total(model._m))
-    if start:
-        z = np.load(os.path.join(start_dir, "optimizer.npz"))
-        mom, var = np.ascontiguousarray(z["mom"], np.float32), np.ascontiguousarray(z["var"], np.float32)
-    else:
-        mom, var = np.zeros(P, np.float32), np.zeros(P, np.float32)
-        with open(os.path.join(start_dir, "train_state.json"), "w") as f:
-            json.dump({"step": 0, "loss": None, "config": dataclasses.asdict(c)}, f, indent=2)
     grads = np.zeros(P, np.float32)
     tape = Tape(model, c.batch_size, c.seq_len)
     hp = ffi.new("dcs_adamw *")
     hp.beta1, hp.beta2, hp.eps, hp.weight_decay = c.beta1, c.beta2, c.eps, c.weight_decay
     end = c.steps if stop_after is None else min(c.steps, start + stop_after)
     log = _Log(c.out)
+    for n in notes:
+        log.line(n)
     log.line("start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
              % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len))
     bar = _progress.bar(total=c.steps, initial=start, desc="train", unit="step", progress=c.progress,
@@ -458,8 +594,11 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
         log.close()
     if end == c.steps:
         final = os.path.join(c.out, "final")
-        shutil.rmtree(final, ignore_errors=True)
-        shutil.copytree(last, final, ignore=shutil.ignore_patterns("optimizer.npz"))
+        tmp = run_record.staging(c.out, "final")
+        for name in os.listdir(last):
+            if name != "optimizer.npz":
+                shutil.copyfile(os.path.join(last, name), os.path.join(tmp, name))
+        run_record.install_dir(tmp, final)
         return final
     return last
 

@@ -159,15 +159,30 @@ dcs_status dcs_read_text_file(const char *path, size_t max_bytes, char **out,
         return dcs_seterr(e, DCS_ERR_NOMEM, "%s: %llu bytes is more than the %zu allowed "
                           "for this file", path, (unsigned long long)size, max_bytes);
     }
-    /* Read at most max_bytes + 1 so a file that grew meanwhile is noticed. */
-    size_t cap = (size_t)size + 1;
+    /* Read at most size + 1 so a file that grew meanwhile is noticed. A
+     * regular file of size 0 may be a pseudo file (/proc, /sys) whose content
+     * only appears on read: read it to its end, up to max_bytes + 1. */
+    const int pseudo = size == 0;
+    const size_t limit = pseudo ? max_bytes + 1 : (size_t)size + 1;
+    size_t cap = pseudo ? (limit < 4096 ? limit : 4096) : limit;
     char *buf = malloc(cap + 1);
     if (buf == NULL) {
         close(fd);
         return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory", path);
     }
     size_t got = 0;
-    while (got < cap) {
+    while (got < limit) {
+        if (got == cap) {          /* pseudo file: grow up to the limit */
+            size_t ncap = cap > limit / 2 ? limit : 2 * cap;
+            char *nb = realloc(buf, ncap + 1);
+            if (nb == NULL) {
+                free(buf);
+                close(fd);
+                return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory", path);
+            }
+            buf = nb;
+            cap = ncap;
+        }
         ssize_t r = read(fd, buf + got, cap - got);
         if (r < 0 && errno == EINTR)
             continue;
@@ -182,7 +197,12 @@ dcs_status dcs_read_text_file(const char *path, size_t max_bytes, char **out,
         got += (size_t)r;
     }
     close(fd);
-    if (got > size) {
+    if (pseudo && got > max_bytes) {
+        free(buf);
+        return dcs_seterr(e, DCS_ERR_NOMEM, "%s: more than the %zu bytes allowed for this file "
+                          "(it reports size 0: a pseudo file read to its end)", path, max_bytes);
+    }
+    if (!pseudo && got > size) {
         free(buf);
         return dcs_seterr(e, DCS_ERR_IO, "%s: file changed while being read", path);
     }

@@ -1,8 +1,8 @@
 /*
  * index.c -- the index of a sharded checkpoint (model.safetensors.index.json,
  * pytorch_model.bin.index.json): its weight_map {tensor name: shard file},
- * sorted by name, names unique, every shard a plain file name (no '/', no
- * ".."). layouts.c opens the shards it names.
+ * sorted by name, names unique, every shard a plain file name (no '/', not
+ * "." or ".."). layouts.c opens the shards it names.
  */
 #include "dcs_io.h"
 
@@ -16,10 +16,12 @@ static int cmp_map_name(const void *a, const void *b)
     return strcmp(((const dcs_index_entry *)a)->name, ((const dcs_index_entry *)b)->name);
 }
 
-/* A shard must be a plain file name in the model directory. */
+/* A shard must be a plain file name in the model directory: no '/', and not
+ * "." or ".." themselves. Without a '/', ".." inside a longer name
+ * ("model..v2.safetensors") cannot leave the directory and is accepted. */
 static bool plain_file_name(const char *s)
 {
-    return s[0] != '\0' && strchr(s, '/') == NULL && strstr(s, "..") == NULL &&
+    return s[0] != '\0' && strchr(s, '/') == NULL && strcmp(s, "..") != 0 &&
            strcmp(s, ".") != 0;
 }
 

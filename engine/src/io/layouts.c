@@ -50,8 +50,18 @@ static int file_exists(const char *dir, const char *name, dcs_err *e)
     free(p);
     if (r == 0)
         return 1;
-    if (err == ENOENT || err == ENOTDIR)
-        return 0;
+    if (err == ENOENT || err == ENOTDIR) {
+        /* a link whose target is gone is a file the user meant, not an absent one */
+        struct stat lst;
+        char *q = join_path(dir, name);
+        int dangling = q != NULL && lstat(q, &lst) == 0 && S_ISLNK(lst.st_mode);
+        free(q);
+        if (!dangling)
+            return 0;
+        dcs_seterr(e, DCS_ERR_IO, "%s/%s: cannot open: a dangling symbolic link (its target "
+                   "does not exist)", dir, name);
+        return -1;
+    }
     dcs_seterr(e, DCS_ERR_IO, "%s/%s: %s", dir, name, strerror(err));
     return -1;
 }

@@ -83,6 +83,27 @@ static int weight_finite(builder *b, const float *x, uint64_t n, const dcs_tenso
     return 0;
 }
 
+/* Refuse a weight kept in its 16-bit dtype (F16, BF16) that holds NaN or
+ * inf, as weight_finite does for float32 ones, with the stored tensor's file,
+ * name and element index. Exponent all ones: F16 bits 0x7c00, BF16 0x7f80;
+ * a non-zero mantissa below it is NaN. Read bytewise (the mapped data may be
+ * at an odd address), little-endian as stored. */
+static int half_finite(builder *b, const dcs_tensor *t) {
+    uint64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
+    const uint16_t exp = t->dtype == DCS_F16 ? 0x7c00u : 0x7f80u;
+    const uint8_t *d = t->data;
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t u = (uint16_t)(d[2 * i] | (d[2 * i + 1] << 8));
+        if ((u & exp) != exp) continue;
+        const char *what = (u & 0x7fffu & (uint16_t)~exp) ? "NaN" : (u & 0x8000u) ? "-inf" : "+inf";
+        dcs_seterr(b->e, DCS_ERR_NONFINITE, "%s: tensor '%.200s' holds %s at element %llu",
+                   t->file, t->name, what, (unsigned long long)i);
+        return 0;
+    }
+    return 1;
+}
+
 /* Register a weight of `n` floats under its canonical name and place it in
  * backend memory: either aliasing `t` or from host floats `src` (copied). */
 static float *add_weight(builder *b, const char *name, int ndim, const int64_t *shape,
@@ -192,6 +213,7 @@ static dcs_wmat load_keep(builder *b, const char *canon, const char *stored, int
         r.p = *slot;
         return r;
     }
+    if (!half_finite(b, t)) return r;
     return add_weight_keep(b, canon, ndim, shape, t->data, t->dtype, NULL, slot);
 }
 
@@ -273,7 +295,7 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         for (int j = 0; j < 3; j++) {
             snprintf(nm, sizeof nm, "layers.%d.attention.%s.weight", l, pn[j]);
             dcs_tensor *t = take(b, nm, 1, 2, D, D);
-            if (!t) { free(cat); return b->e->code; }
+            if (!t || !half_finite(b, t)) { free(cat); return b->e->code; }
             memcpy(cat + (size_t)j * D * D * 2, t->data, (size_t)(D * D) * 2);
         }
         int64_t sw[2] = {3 * D, D};
@@ -550,6 +572,7 @@ static dcs_status load_neox_layer(builder *b, int l) {
     int64_t sw[2] = {3 * D, D}, sb[1] = {3 * D};
     if (m->device == DCS_DEVICE_CPU && tw->dtype != DCS_F32) {
         /* regrouped in the stored dtype, kept so */
+        FAIL_IF(!half_finite(b, tw));
         uint8_t *rg = malloc((size_t)(3 * D * D) * 2);
         float *hb = malloc(sizeof(float) * (size_t)(6 * D));
         if (!rg || !hb) { free(rg); free(hb); return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory"); }
