@@ -287,8 +287,8 @@ static void test_rmsnorm(ctx *t) {
 static void rotary_case(ctx *t, int B, int T, int N, int Dh, int rot, float base) {
     const int M = B * T;
     pair x = mk_rand(t, (size_t)M * N * Dh, 1.0f, 0.0f);
-    t->cpu->ops->rotary(t->cpu, x.c, M, T, N, Dh, rot, base);
-    t->gpu->ops->rotary(t->gpu, x.g, M, T, N, Dh, rot, base);
+    t->cpu->ops->rotary(t->cpu, x.c, M, T, 0, N, Dh, rot, base);
+    t->gpu->ops->rotary(t->gpu, x.g, M, T, 0, N, Dh, rot, base);
     char what[96];
     snprintf(what, sizeof what, "rotary B=%d T=%d N=%d Dh=%d rot=%d base=%g", B, T, N, Dh, rot, base);
     check(t, x, what, 1e-5);
@@ -418,8 +418,8 @@ static void test_moh(ctx *t) {
 
 static void softmax_case(ctx *t, int BN, int T, int window, float scale) {
     pair x = mk_rand(t, (size_t)BN * T * T, scale, 0.0f);
-    t->cpu->ops->softmax_masked(t->cpu, x.c, BN, T, T, window);
-    t->gpu->ops->softmax_masked(t->gpu, x.g, BN, T, T, window);
+    t->cpu->ops->softmax_masked(t->cpu, x.c, BN, T, T, 0, 0, window);
+    t->gpu->ops->softmax_masked(t->gpu, x.g, BN, T, T, 0, 0, window);
     char what[96];
     snprintf(what, sizeof what, "softmax_masked BN=%d T=S=%d window=%d", BN, T, window);
     check(t, x, what, 1e-5);

@@ -34,7 +34,7 @@
 #define PAR_MAX_THREADS 64
 #define PAR_MIN (1 << 16)      /* items x cost below this run on the caller */
 
-typedef void (*par_fn)(void *arg, long long begin, long long end, int tid);
+typedef dcs_par_fn par_fn;
 
 typedef struct {
     int n;                          /* threads, the caller included          */
@@ -184,6 +184,11 @@ static void parallel_for_chunk(const dcs_backend *be, par_fn fn, void *arg, long
 }
 
 static void parallel_for(const dcs_backend *be, par_fn fn, void *arg, long long n, long long cost) {
+    parallel_for_chunk(be, fn, arg, n, cost, 0);
+}
+
+/* ops->parallel: the model's host work on this pool (the tape's backward). */
+static void cpu_parallel(dcs_backend *be, dcs_par_fn fn, void *arg, long long n, long long cost) {
     parallel_for_chunk(be, fn, arg, n, cost, 0);
 }
 
@@ -510,15 +515,15 @@ static void cpu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld,
     parallel_for(be, rms_rows, &a, rows, 3LL * width);
 }
 
-/* x [M, N, Dh]; row m is at position m % T. Rotate-half on the first rot dims. */
-typedef struct { float *x; int T, N, Dh, rot; float base; const dcs_backend *be; } rot_args;
+/* x [M, N, Dh]; row m is at position t0 + m % T. Rotate-half on the first rot dims. */
+typedef struct { float *x; int T, t0, N, Dh, rot; float base; const dcs_backend *be; } rot_args;
 static void rot_rows(void *arg, long long b, long long e, int tid) {
     const rot_args *a = arg;
     const int half = a->rot / 2;
     float *cs = scratch(a->be, tid, 2 * (size_t)half);
     if (!cs) { set_nomem(a->be, "rotary"); return; }
     for (long long m = b; m < e; m++) {
-        int pos = (int)(m % a->T);
+        int pos = a->t0 + (int)(m % a->T);
         for (int j = 0; j < half; j++) dcs_rotary_cs(pos, j, a->rot, a->base, &cs[2 * j], &cs[2 * j + 1]);
         for (int n = 0; n < a->N; n++) {
             float *h = a->x + ((size_t)m * a->N + n) * a->Dh;
@@ -526,10 +531,10 @@ static void rot_rows(void *arg, long long b, long long e, int tid) {
         }
     }
 }
-static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int N, int Dh,
+static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh,
                        int rot, float base) {
     if (rot / 2 == 0) return;
-    rot_args a = {x, T, N, Dh, rot, base, be};
+    rot_args a = {x, T, t0, N, Dh, rot, base, be};
     parallel_for(be, rot_rows, &a, M, 40LL * rot + 4LL * N * rot);
 }
 
@@ -587,8 +592,11 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
         for (int k = 0; k < 5; k++)
             if (a->br[k]) br[k] = a->br[k] + o;
         if (a->causal_only) {
-            hi = t < S - 1 ? t : S - 1;
-            lo = a->window > 0 && t - a->window > 0 ? t - a->window : 0;
+            /* allowed keys: positions [q - window, q], q = t0 + t; key j at kb + j */
+            const int q = a->t0 + t;
+            hi = q - a->kb < S - 1 ? q - a->kb : S - 1;
+            lo = a->window > 0 && q - a->window - a->kb > 0 ? q - a->window - a->kb : 0;
+            if (hi < lo - 1) hi = lo - 1;
             for (int k = -1; k < 5; k++) {
                 float *base = k < 0 ? a->out + o : br[k];
                 if (!base) continue;
@@ -646,26 +654,29 @@ static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
 
 /* ------------------------------------------------------------ softmax */
 
-/* x [BN, T, S]: masked softmax over s (dcs_softmax_row), rows split over
- * the cores. */
-typedef struct { float *x; int T, S, window; } softmax_args;
+/* x [BN, T, S]: masked softmax over s (dcs_softmax_row; query t at t0 + t,
+ * key s at kb + s), rows split over the cores. */
+typedef struct { float *x; int T, S, t0, kb, window; } softmax_args;
 
 static void softmax_rows(void *arg, long long begin, long long end, int tid) {
     (void)tid;
     const softmax_args *a = arg;
     for (long long r = begin; r < end; r++)
-        dcs_softmax_row(a->x + (size_t)r * a->S, a->S, (int)(r % a->T), 0, a->window);
+        dcs_softmax_row(a->x + (size_t)r * a->S, a->S, a->t0 + (int)(r % a->T), a->kb, a->window);
 }
 
-static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
-    softmax_args a = {x, T, S, window};
+static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb,
+                               int window) {
+    softmax_args a = {x, T, S, t0, kb, window};
     parallel_for(be, softmax_rows, &a, (long long)BN * T, (long long)S * 4);
 }
 
 /* ------------------------------------------------------------ fused attention
- * Items are (sequence, block of ATT_TQ queries), largest (latest) blocks
- * first. A block's keys are [smin, t1]: the window of its first query up to
- * its last query. Per block, in the thread's scratch:
+ * Items are (sequence, block of ATT_TQ query rows), largest (latest) blocks
+ * first. Query row r is at position t0 + r, key j at kb + j (a full pass:
+ * t0 = kb = 0, S = T; a decoding step: its new rows against the cache). A
+ * block's keys are [jmin, j1]: the window of its first query up to its last
+ * query, clipped to the S keys. Per block, in the thread's scratch:
  *   S [N, tq, L] = q k^T * scale (one sgemm per head)
  *   per query row, on its allowed keys only: pre-compose, softmax,
  *   post-compose (dcs_compose_row); other keys of the block set to 0
@@ -674,48 +685,63 @@ static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, 
 
 typedef struct {
     const dcs_attn_args *a;
-    const float *kt[2][3];      /* per phase: kw1t, kw2t, kddt [B, R|1, N, T] */
+    const float *kt[2][3];      /* per phase: kw1t, kw2t, kddt [B, R|1, N, S] */
     int nblk;
     const dcs_backend *be;
 } attn_job;
 
+/* The allowed keys of the query at position q, as key indices [lo, hi]
+ * (empty when hi < lo). */
+static void attn_keys(const dcs_attn_args *a, int q, int *lo, int *hi) {
+    int l = a->window > 0 ? q - a->window - a->kb : 0, h = q - a->kb;
+    *lo = l > 0 ? l : 0;
+    *hi = h < a->S - 1 ? h : a->S - 1;
+}
+
 static void attn_items(void *arg, long long begin, long long end, int tid) {
     const attn_job *J = arg;
     const dcs_attn_args *a = J->a;
-    const int T = a->T, N = a->N, Dh = a->Dh, ld = a->ld, R = a->R, w = a->window;
+    const int T = a->T, S = a->S, N = a->N, Dh = a->Dh, ld = a->ld, R = a->R, w = a->window;
     const long long RN = (long long)R * N;
-    int Lmax = w > 0 ? (ATT_TQ + w < T ? ATT_TQ + w : T) : T;
-    float *S = scratch(J->be, tid, (size_t)N * ATT_TQ * Lmax + (size_t)(2 * R + 2) * Lmax);
-    if (!S) { set_nomem(J->be, "attention"); return; }
-    float *tmp = S + (size_t)N * ATT_TQ * Lmax;
+    int Lmax = w > 0 ? (ATT_TQ + w < S ? ATT_TQ + w : S) : S;
+    float *Sc = scratch(J->be, tid, (size_t)N * ATT_TQ * Lmax + (size_t)(2 * R + 2) * Lmax);
+    if (!Sc) { set_nomem(J->be, "attention"); return; }
+    float *tmp = Sc + (size_t)N * ATT_TQ * Lmax;
     for (long long it = begin; it < end; it++) {
         const int b = (int)(it / J->nblk);
         const int blk = J->nblk - 1 - (int)(it % J->nblk);
-        const int t0 = blk * ATT_TQ;
-        const int t1 = (t0 + ATT_TQ < T ? t0 + ATT_TQ : T) - 1;
-        const int tq = t1 - t0 + 1;
-        const int smin = w > 0 && t0 - w > 0 ? t0 - w : 0;
-        const int L = t1 - smin + 1;
+        const int r0 = blk * ATT_TQ;
+        const int r1 = (r0 + ATT_TQ < T ? r0 + ATT_TQ : T) - 1;
+        const int tq = r1 - r0 + 1;
+        int jmin, jmax, lo_, hi_;
+        attn_keys(a, a->t0 + r0, &jmin, &hi_);
+        attn_keys(a, a->t0 + r1, &lo_, &jmax);
+        float *zb = a->z + ((size_t)b * T + r0) * ld;
+        if (jmax < jmin) {      /* no key for any row of the block */
+            for (int r = 0; r < tq; r++) memset(zb + (size_t)r * ld, 0, sizeof(float) * (size_t)N * Dh);
+            continue;
+        }
+        const int L = jmax - jmin + 1;
         const long long hs = (long long)tq * L;
-        const float *qb = a->q + ((size_t)b * T + t0) * ld;
-        const float *kb = a->k + ((size_t)b * T + smin) * ld;
-        const float *vb = a->v + ((size_t)b * T + smin) * ld;
+        const float *qb = a->q + ((size_t)b * T + r0) * ld;
+        const float *kb = a->k + ((size_t)b * S + jmin) * ld;
+        const float *vb = a->v + ((size_t)b * S + jmin) * ld;
         for (int n = 0; n < N; n++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale,
-                        qb + n * Dh, ld, kb + n * Dh, ld, 0.0f, S + n * hs, L);
+                        qb + n * Dh, ld, kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
         for (int r = 0; r < tq; r++) {
-            const int t = t0 + r;
-            const int lo = w > 0 && t - w > 0 ? t - w : 0;
-            const int j0 = lo - smin, len = t - lo + 1;
-            float *row = S + (long long)r * L;
-            for (int ph = 0; ph < 2; ph++) {
+            int lo, hi;
+            attn_keys(a, a->t0 + r0 + r, &lo, &hi);
+            const int j0 = lo - jmin, len = hi - lo + 1;
+            float *row = Sc + (long long)r * L;
+            for (int ph = 0; ph < 2 && len > 0; ph++) {
                 if (a->compose) {
-                    const size_t tr = (size_t)b * T + t;
-                    const float *k1 = J->kt[ph][0] ? J->kt[ph][0] + (size_t)b * RN * T + lo : NULL;
-                    const float *k2 = J->kt[ph][1] ? J->kt[ph][1] + (size_t)b * RN * T + lo : NULL;
-                    const float *kd = J->kt[ph][2] ? J->kt[ph][2] + (size_t)b * N * T + lo : NULL;
+                    const size_t tr = (size_t)b * T + r0 + r;
+                    const float *k1 = J->kt[ph][0] ? J->kt[ph][0] + (size_t)b * RN * S + lo : NULL;
+                    const float *k2 = J->kt[ph][1] ? J->kt[ph][1] + (size_t)b * RN * S + lo : NULL;
+                    const float *kd = J->kt[ph][2] ? J->kt[ph][2] + (size_t)b * N * S + lo : NULL;
                     compose_row(row + j0, row + j0, hs, len, N, R, a->qw1[ph] + tr * RN,
-                                a->qw2[ph] + tr * RN, k1, k2, T, a->qdd[ph] + tr * N, kd, tmp,
+                                a->qw2[ph] + tr * RN, k1, k2, S, a->qdd[ph] + tr * N, kd, tmp,
                                 NULL);
                 }
                 if (ph == 0)
@@ -723,32 +749,36 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
             }
             for (int n = 0; n < N; n++) {
                 float *rn = row + n * hs;
-                for (int j = 0; j < j0; j++) rn[j] = 0.0f;
-                for (int j = j0 + len; j < L; j++) rn[j] = 0.0f;
+                const int e = len > 0 ? j0 + len : 0;
+                for (int j = 0; j < (len > 0 ? j0 : 0); j++) rn[j] = 0.0f;
+                for (int j = e; j < L; j++) rn[j] = 0.0f;
             }
         }
         for (int n = 0; n < N; n++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, L, 1.0f, S + n * hs, L,
-                        vb + n * Dh, ld, 0.0f, a->z + ((size_t)b * T + t0) * ld + n * Dh, ld);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, L, 1.0f, Sc + n * hs, L,
+                        vb + n * Dh, ld, 0.0f, zb + n * Dh, ld);
     }
 }
 
-static void cpu_attention(dcs_backend *be, const dcs_attn_args *a) {
+static void cpu_attention(dcs_backend *be, const dcs_attn_args *args) {
+    dcs_attn_args full = *args;
+    if (full.S <= 0) full.S = full.T;   /* S unset: the keys are the queries' own */
+    const dcs_attn_args *a = &full;
     attn_job J;
     memset(&J, 0, sizeof J);
     J.a = a;
     J.be = be;
     J.nblk = (a->T + ATT_TQ - 1) / ATT_TQ;
-    const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->T;
+    const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->S;
     float *kt = NULL;
     if (a->compose && a->kw1[0]) {
         kt = malloc(sizeof(float) * nk * (2 * RN + a->N) * 2);
         if (!kt) { set_nomem(be, "attention"); return; }
         for (int ph = 0; ph < 2; ph++) {
             float *base = kt + (size_t)ph * nk * (2 * RN + a->N);
-            transpose_keys(a->kw1[ph], base, a->B, a->T, (int)RN);
-            transpose_keys(a->kw2[ph], base + nk * RN, a->B, a->T, (int)RN);
-            transpose_keys(a->kdd[ph], base + 2 * nk * RN, a->B, a->T, a->N);
+            transpose_keys(a->kw1[ph], base, a->B, a->S, (int)RN);
+            transpose_keys(a->kw2[ph], base + nk * RN, a->B, a->S, (int)RN);
+            transpose_keys(a->kdd[ph], base + 2 * nk * RN, a->B, a->S, a->N);
             J.kt[ph][0] = base;
             J.kt[ph][1] = base + nk * RN;
             J.kt[ph][2] = base + 2 * nk * RN;
@@ -784,6 +814,7 @@ static const dcs_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .moh_route = cpu_moh_route,
     .head_gate = cpu_head_gate,
+    .parallel = cpu_parallel,
 };
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {

@@ -182,16 +182,17 @@ static __global__ void rmsnorm_kernel(float *x, int rows, int width, int ld,
     }
 }
 
-/* x [M, N, Dh], row m at position m % T: rotate-half on dims [0, rot) of
+/* x [M, N, Dh], row m at position t0 + m % T: rotate-half on dims [0, rot) of
  * every head. One thread per (m, j), j < rot/2: it computes cos/sin once
  * (in double, dcs_rotary_cs) and rotates pair (j, j + rot/2) of all N heads. */
-static __global__ void rotary_kernel(float *x, int M, int T, int N, int Dh, int rot, float base) {
+static __global__ void rotary_kernel(float *x, int M, int T, int t0, int N, int Dh, int rot,
+                                     float base) {
     int half = rot / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)M * half) return;
     int m = (int)(idx / half), j = (int)(idx % half);
     float c, s;
-    dcs_rotary_cs(m % T, j, rot, base, &c, &s);
+    dcs_rotary_cs(t0 + m % T, j, rot, base, &c, &s);
     float *row = x + (size_t)m * N * Dh;
     for (int n = 0; n < N; n++) dcs_rotate_pair(&row[n * Dh + j], &row[n * Dh + j + half], c, s);
 }
@@ -225,13 +226,14 @@ static __global__ void head_gate_kernel(float *z, const float *g, size_t total, 
     if (i < total) z[i] *= g[i / Dh];
 }
 
-/* x [BN, T, S] as BN*T rows of S, row r has query t = r % T: one thread per
- * row running dcs_softmax_row (the CPU backend's arithmetic; masked entries
- * exactly 0). */
-static __global__ void softmax_masked_kernel(float *x, size_t rows, int T, int S, int window) {
+/* x [BN, T, S] as BN*T rows of S, row r has query t0 + r % T and keys from
+ * kb: one thread per row running dcs_softmax_row (the CPU backend's
+ * arithmetic; masked entries exactly 0). */
+static __global__ void softmax_masked_kernel(float *x, size_t rows, int T, int S, int t0, int kb,
+                                             int window) {
     size_t row = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows) return;
-    dcs_softmax_row(x + row * S, S, (int)(row % T), 0, window);
+    dcs_softmax_row(x + row * S, S, t0 + (int)(row % T), kb, window);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -428,13 +430,13 @@ static void cu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld,
     launched(c, "rmsnorm_kernel");
 }
 
-static void cu_rotary(dcs_backend *be, float *x, int M, int T, int N, int Dh,
+static void cu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh,
                       int rot, float base) {
     if (M <= 0 || rot < 2 || N <= 0 || T <= 0) return;
     cuda_ctx *c = enter(be);
     size_t total = (size_t)M * (rot / 2);
     unsigned blocks = (unsigned)((total + 255) / 256);
-    rotary_kernel<<<blocks, 256, 0, c->stream>>>(x, M, T, N, Dh, rot, base);
+    rotary_kernel<<<blocks, 256, 0, c->stream>>>(x, M, T, t0, N, Dh, rot, base);
     launched(c, "rotary_kernel");
 }
 
@@ -477,11 +479,13 @@ static void cu_head_gate(dcs_backend *be, float *z, const float *g, int M, int N
     launched(c, "head_gate_kernel");
 }
 
-static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int window) {
+static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb,
+                              int window) {
     if (BN <= 0 || T <= 0 || S <= 0) return;
     cuda_ctx *c = enter(be);
     size_t rows = (size_t)BN * T;
-    softmax_masked_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, c->stream>>>(x, rows, T, S, window);
+    softmax_masked_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, c->stream>>>(x, rows, T, S, t0, kb,
+                                                                                   window);
     launched(c, "softmax_masked_kernel");
 }
 
@@ -531,6 +535,7 @@ static const dcs_backend_ops cuda_ops = {
     .attention = NULL,
     .moh_route = cu_moh_route,
     .head_gate = cu_head_gate,
+    .parallel = NULL,   /* no host threads: the tape runs on the CPU backend */
 };
 
 static dcs_backend *cu_create(int device, dcs_err *e) {

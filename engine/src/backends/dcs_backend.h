@@ -21,6 +21,9 @@
  * reports it from sync(). */
 typedef struct dcs_backend dcs_backend;
 
+/* A range of work items [begin, end) run on thread tid (ops->parallel). */
+typedef void (*dcs_par_fn)(void *arg, long long begin, long long end, int tid);
+
 /* Arguments of the compose kernel: out = Compose(in) per model-spec 2.6
  * and 5, over [B, N, T, S] tensors. Dynamic weights are [B, T, R, N] (query
  * side) and [B, S, R, N] (key side), gates [B, T, N] / [B, S, N]; the
@@ -30,7 +33,10 @@ typedef struct dcs_backend dcs_backend;
  * (each block's [R, N/G] slice is that group's weight). sw: the static
  * (Talking-Heads) map [G, N/G, N/G] or NULL. Branch outputs may be NULL.
  * causal_only: compute only pairs allowed by the mask (s <= t, and
- * t - s <= window when window > 0) and write 0 elsewhere (post-compose). */
+ * t - s <= window when window > 0) and write 0 elsewhere (post-compose).
+ * Positions: query t is at t0 + t, key s at kb + s (0, 0: a full pass; an
+ * incremental step has t0 = the tokens before it and kb = the first cached
+ * key), so one kernel serves the prefill and a decoding step. */
 #define DCS_N_BRANCHES 6
 typedef struct {
     float *out;                 /* [B, N, T, S], may equal in               */
@@ -42,6 +48,7 @@ typedef struct {
     int G;                      /* composition groups, >= 1                 */
     int causal_only;
     int window;                 /* <= 0: global                             */
+    int t0, kb;                 /* positions of query 0 and key 0           */
 } dcs_compose_args;
 
 /* A weight matrix as the forward pass reads it: float32, or (CPU backend)
@@ -54,13 +61,15 @@ typedef struct {
 /* Arguments of the fused attention kernel (model-spec 2 steps 5-10 for one
  * layer, without materialising [B, N, T, S]): per query row, scores ->
  * pre-compose -> mask -> softmax -> post-compose -> weighted sum of v.
- * q, k, v, z are [B, T, N, Dh] with row stride ld. Dynamic weights per
- * phase (0 pre, 1 post) as in dcs_compose_args ([B, T, R, N], [B, T, N];
- * key side NULL for query_wise); compose == 0: plain MHA (C = I). */
+ * q, z are [B, T, N, Dh], k, v [B, S, N, Dh], all with row stride ld; query
+ * t is at position t0 + t, key s at kb + s (a full pass: S = T, t0 = kb =
+ * 0). Dynamic weights per phase (0 pre, 1 post) as in dcs_compose_args
+ * ([B, T, R, N], [B, T, N] query side; [B, S, R, N], [B, S, N] key side,
+ * NULL for query_wise); compose == 0: plain MHA (C = I). */
 typedef struct {
     float *z;
     const float *q, *k, *v;
-    int B, T, N, Dh, ld, R;
+    int B, T, S, t0, kb, N, Dh, ld, R;
     int window;                 /* <= 0: global                             */
     float scale;                /* 1 / sqrt(Dh)                             */
     int compose;
@@ -105,17 +114,19 @@ typedef struct dcs_backend_ops {
      * (scale [width] or NULL for none), in place. */
     void (*rmsnorm)(dcs_backend *be, float *x, int rows, int width, int ld,
                     const float *scale, float eps);
-    /* x [M, N, Dh], position of row m is m % T: GPT-NeoX rotate-half on the
-     * first rot dims. */
-    void (*rotary)(dcs_backend *be, float *x, int M, int T, int N, int Dh,
+    /* x [M, N, Dh], position of row m is t0 + m % T: GPT-NeoX rotate-half
+     * on the first rot dims. */
+    void (*rotary)(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh,
                    int rot, float base);
     /* Copy a [rows, cols] block with row strides (dst ld_dst, src ld_src). */
     void (*copy2d)(dcs_backend *be, float *dst, int ld_dst, const float *src,
                    int ld_src, int rows, int cols);
     void (*compose)(dcs_backend *be, const dcs_compose_args *a);
-    /* x [BN, T, S]: softmax over s of the allowed entries (s <= t, and
-     * t - s <= window when window > 0); masked entries become 0. */
-    void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int window);
+    /* x [BN, T, S], query t at position t0 + t, key s at kb + s: softmax
+     * over s of the allowed entries (key <= query, and query - key <=
+     * window when window > 0); masked entries become 0. */
+    void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb,
+                           int window);
 
     /* Optional (NULL on backends whose weights are all float32 and that
      * have no fused kernel, e.g. CUDA, which widens F16 at upload):
@@ -135,6 +146,11 @@ typedef struct dcs_backend_ops {
                       const float *s0, int M, int N, int hs, int k);
     /* z [M, N, Dh] *= g [M, N] broadcast over Dh (MoH head gate). */
     void (*head_gate)(dcs_backend *be, float *z, const float *g, int M, int N, int Dh);
+    /* Host work on the backend's threads (NULL where there are none, CUDA):
+     * fn over items [0, n) in chunks, tid < the thread count; cost is the
+     * rough work per item (small jobs run on the caller). The tape's
+     * element-wise backward runs here, on the model's one pool. */
+    void (*parallel)(dcs_backend *be, dcs_par_fn fn, void *arg, long long n, long long cost);
 } dcs_backend_ops;
 
 /* A backend: its operations and its state (device, streams, threads). */

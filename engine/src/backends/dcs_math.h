@@ -262,7 +262,7 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
 DCS_HD void dcs_compose_at(const dcs_compose_args *a, int b, int t, int s) {
     const long long TS = (long long)a->T * a->S;                      /* N axis */
     const long long o = (long long)b * a->N * TS + (long long)t * a->S + s;   /* head 0 */
-    if (a->causal_only && !dcs_allowed(t, s, a->window)) {
+    if (a->causal_only && !dcs_allowed(a->t0 + t, a->kb + s, a->window)) {
         for (int n = 0; n < a->N; n++) {
             long long on = o + n * TS;
             a->out[on] = 0.0f;

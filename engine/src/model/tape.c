@@ -1,43 +1,30 @@
 /*
- * tape.c -- the training / attribution graph: a forward pass of DCPythia or
- * Pythia that keeps every activation its backward needs, and that backward
- * (parameter gradients and gradients at hook points). CPU only.
+ * tape.c -- the training / attribution graph: the one layer (layer.c) run
+ * with keeping on (every activation its backward reads, dcs_kept), and
+ * that backward, op by op in reverse (parameter gradients and gradients at
+ * hook points). CPU only; its element-wise work and per-head products run
+ * on the model's thread pool (ops->parallel, the backend's gemm).
  *
- * Shapes: B sequences of T tokens, M = B*T; D, N, Dh, F, V as in forward.c;
+ * Shapes: B sequences of T tokens, M = B*T; D, N, Dh, F, V as in layer.c;
  * DCMHA: C slots, K hidden, R rank, RN = R*N. All buffers host float32:
- *   x[l] [M, D] residual entering layer l (x[L] leaves the last layer)
- *   qkv [M, 3D]; q, k, v [M, N, Dh] (q, k after QK-norm and rotary)
- *   scores / patterns [B, N, T, T]; dynamic weights [M, R, N], gates [M, N]
+ *   kept per layer (pass.h): x, ln1, q, k, v, ..., A, P, Pc, z, ao, h, ln2, u, ug, mo
+ *   xL [M, D] leaves the last layer; lnf [M, D]; logits, dlogits [M, V]
  * Hook points may be overridden in the forward (the activation replaced by
- * given data, everything downstream recomputed) and have their gradient
- * captured in the backward; an overridden activation is a constant, so no
- * gradient flows upstream of it.
+ * given data through the pass's hook dispatch, with its write rule;
+ * everything downstream recomputed) and have their gradient captured in the
+ * backward; an overridden activation is a constant, so no gradient flows
+ * upstream of it. Norm statistics are recomputed in the backward from the
+ * kept inputs (the forward's own row arithmetic, dcs_layernorm_row).
  */
-#include "dcs_model.h"
+#include "pass.h"
 #include "backward.h"
 #include "dcs_math.h"
 
-#include <cblas.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#ifdef I
-#undef I   /* complex.h, included by cblas.h */
-#endif
 
 #define MAX_ALLOCS 1024
-
-typedef struct {
-    float *x, *ln1, *ln1_mu, *ln1_rs;
-    float *qkv, *qraw, *kraw, *qrs, *krs, *q, *k, *v;
-    float *hpre, *hid, *w, *g;
-    float *w1raw[2][2], *w1rs[2][2], *w1[2][2], *w2[2][2], *dd[2][2];
-    float *A, *Ac, *P, *Pc;
-    float *z, *ao, *h, *ln2, *ln2_mu, *ln2_rs, *u, *ug, *mo;
-} tlayer;
 
 /* gradient buffers, reused by every layer */
 typedef struct {
@@ -45,22 +32,23 @@ typedef struct {
     float *dPc, *dP, *dAc, *dA;
     float *dW, *dG, *dhid, *dw1raw;
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
-    float *br[5];
+    float *mu, *rs, *rs2, *row;      /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
 } tgrads;
 
 struct dcs_tape {
     dcs_model *m;
     int B, T, M;
-    tlayer *L;
-    float *xL, *lnf, *lnf_mu, *lnf_rs, *logits, *dlogits;
+    dcs_kept *L;
+    float *xL, *lnf, *logits, *dlogits;
     float *rot_cs;
     int32_t *tokens;
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
+    uint8_t *want;          /* [DCS_HP_COUNT * n_layer]: the overridden points */
     float *kT[3], *dkT[3];  /* transposed key-side dynamic weights and their grads */
     int have_forward;
-    dcs_status status;      /* allocation failure inside the forward */
+    dcs_status status;      /* allocation failure inside the backward */
     void *allocs[MAX_ALLOCS];
     int n_allocs;
 };
@@ -73,47 +61,19 @@ static float *tp_alloc(dcs_tape *tp, size_t n) {
 }
 
 /* ---------------------------------------------------------------- threads
- * The element-wise work (compose, softmax, gelu', cross-entropy rows) is
- * split over the cores in contiguous chunks [begin, end) of n items, chunk 0
- * on the caller; work below PAR_MIN (items x cost) stays on the caller. */
-#define PAR_MAX 16
-#define PAR_MIN (1 << 16)
-typedef void (*par_fn)(void *arg, long long begin, long long end);
-typedef struct { par_fn fn; void *arg; long long b, e; } par_chunk;
-static void *par_run(void *p) {
-    par_chunk *c = p;
-    c->fn(c->arg, c->b, c->e);
-    return NULL;
-}
-static void par_for(par_fn fn, void *arg, long long n, long long cost) {
-    static int cores = 0;
-    if (!cores) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        cores = c < 1 ? 1 : c > PAR_MAX ? PAR_MAX : (int)c;
-    }
-    int nt = cores < n ? cores : (int)n;
-    if (nt <= 1 || n * cost < PAR_MIN) {
-        fn(arg, 0, n);
-        return;
-    }
-    par_chunk ch[PAR_MAX];
-    pthread_t th[PAR_MAX];
-    int started[PAR_MAX] = {0};
-    for (int i = 0; i < nt; i++) {
-        ch[i] = (par_chunk){fn, arg, n * i / nt, n * (i + 1) / nt};
-        if (i > 0) started[i] = pthread_create(&th[i], NULL, par_run, &ch[i]) == 0;
-    }
-    par_run(&ch[0]);
-    for (int i = 1; i < nt; i++) {
-        if (started[i]) pthread_join(th[i], NULL);
-        else par_run(&ch[i]);
-    }
+ * The element-wise work (compose, softmax, gelu') runs on the model's pool
+ * (ops->parallel, chunks of n items, cost per item), the per-head products
+ * through the backend's batched gemm. */
+static void par_for(const dcs_tape *tp, dcs_par_fn fn, void *arg, long long n, long long cost) {
+    dcs_backend *be = tp->m->be;
+    if (be->ops->parallel) be->ops->parallel(be, fn, arg, n, cost);
+    else fn(arg, 0, n, 0);
 }
 
-/* Per-head products of every sequence (scores, weighted sums and their
- * backwards): B x N small GEMMs. Each sequence's N products run on one core
- * (BLAS single-threaded meanwhile), the sequences over the cores: a
- * [T, T] x [T, Dh] product is too small for BLAS's own threads to pay off. */
+/* Per-head products of every sequence: for b < B and head h < N,
+ * C[b, h] = alpha op(A[b, h]) op(B[b, h]) (+ beta C), the heads of one
+ * sequence as one batched gemm (sequence strides sA, sB, sC; head strides hA,
+ * hB, hC). */
 typedef struct {
     int tA, tB, M, N, K;
     float alpha, beta;
@@ -125,41 +85,27 @@ typedef struct {
     int heads;
 } hg_arg;
 
-static void heads_gemm_seqs(void *p, long long b0, long long b1) {
-    const hg_arg *g = p;
-    for (long long b = b0; b < b1; b++)
-        for (int h = 0; h < g->heads; h++)
-            cblas_sgemm(CblasRowMajor, g->tA ? CblasTrans : CblasNoTrans, g->tB ? CblasTrans : CblasNoTrans,
-                        g->M, g->N, g->K, g->alpha, g->A + b * g->sA + h * g->hA, g->lda,
-                        g->Bm + b * g->sB + h * g->hB, g->ldb, g->beta, g->C + b * g->sC + h * g->hC, g->ldc);
-}
-
-static void heads_gemm(const hg_arg *g, int B) {
-    int nt = openblas_get_num_threads();
-    if (B > 1 && nt > 1) {
-        openblas_set_num_threads(1);
-        par_for(heads_gemm_seqs, (void *)g, B, PAR_MIN);
-        openblas_set_num_threads(nt);
-    } else {
-        heads_gemm_seqs((void *)g, 0, B);
-    }
+static void heads_gemm(const dcs_tape *tp, const hg_arg *g, int B) {
+    dcs_backend *be = tp->m->be;
+    for (int b = 0; b < B; b++)
+        be->ops->gemm(be, g->tA, g->tB, g->M, g->N, g->K, g->alpha, g->A + b * g->sA, g->lda, g->hA,
+                      g->Bm + b * g->sB, g->ldb, g->hB, g->beta, g->C + b * g->sC, g->ldc, g->hC, g->heads);
 }
 
 typedef struct { float *x; const float *y, *z; int T, window; } rows_arg;
-static void softmax_fw_rows(void *p, long long b, long long e) {
-    rows_arg *a = p;
-    dcs_softmax_fw(a->x, b, e, a->T, a->T, a->window);
-}
-static void softmax_bw_rows(void *p, long long b, long long e) {
+static void softmax_bw_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
     rows_arg *a = p;
     dcs_softmax_bw(a->x, a->y, a->z, b, e, a->T, a->T, a->window);
 }
-static void gelu_bw_range(void *p, long long b, long long e) {
+static void gelu_bw_range(void *p, long long b, long long e, int tid) {
+    (void)tid;
     rows_arg *a = p;
     dcs_gelu_bw(a->x + b, a->y + b, a->z + b, (size_t)(e - b));
 }
 /* x = dy * gelu'(hpre) in place (x holds dy) */
-static void gelu_bw_inplace_range(void *p, long long b, long long e) {
+static void gelu_bw_inplace_range(void *p, long long b, long long e, int tid) {
+    (void)tid;
     rows_arg *a = p;
     for (long long i = b; i < e; i++) {
         float v = a->z[i];
@@ -169,10 +115,32 @@ static void gelu_bw_inplace_range(void *p, long long b, long long e) {
     }
 }
 
+/* ---------------------------------------------------------------- statistics
+ * What the forward's norms computed, recomputed for the backward. */
+
+/* mean, rstd [M] of LayerNorm over x [M, D] (row: scratch [D]). */
+static void ln_stats(const dcs_model *m, const float *x, const float *w, const float *b, int M, float *mu,
+                     float *rs, float *row) {
+    const int D = m->cfg.d_model;
+    for (int i = 0; i < M; i++)
+        dcs_layernorm_row(row, x + (size_t)i * D, w, b, D, m->cfg.norm_eps, &mu[i], &rs[i]);
+}
+
+/* rstd [rows] of the RMS norm over x [rows, width] (the backend's arithmetic). */
+static void rms_stats(const float *x, int rows, int width, float eps, float *rs) {
+    for (int r = 0; r < rows; r++) {
+        const float *v = x + (size_t)r * width;
+        float ss = 0.0f;
+        for (int i = 0; i < width; i++) ss += v[i] * v[i];
+        rs[r] = dcs_rms_inv(ss, width, eps);
+    }
+}
+
 void dcs_tape_free(dcs_tape *tp) {
     if (!tp) return;
     for (int i = 0; i < tp->n_allocs; i++) free(tp->allocs[i]);
     free(tp->L);
+    free(tp->want);
     free(tp);
 }
 
@@ -190,7 +158,8 @@ dcs_status dcs_tape_supported(dcs_model *m) {
     return DCS_OK;
 }
 
-/* Weights are float32 host arrays in this build (see dcs_model_require_f32). */
+/* Weights are float32 host arrays here (see dcs_model_require_f32). The
+ * kept activations are sized by the layer's size table (dcs_act_sizes). */
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     *out = NULL;
     const dcs_config *c = &m->cfg;
@@ -209,37 +178,36 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     tp->m = m;
     tp->B = B; tp->T = T; tp->M = B * T;
     const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
-    const size_t BNTT = (size_t)B * N * T * T, Ls = c->n_layer;
+    const size_t Ls = c->n_layer;
     const size_t C = c->dyn_slots, K = c->dyn_hidden, RN = (size_t)c->dyn_rank * N;
+    uint64_t sz[DCS_ACT_COUNT];
+    dcs_act_sizes(c, B, T, T, sz);
+    const size_t BNTT = sz[DCS_ACT_MAP], MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F];
     int ok = 1;
 #define A_(p, n) do { if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0; } while (0)
-    tp->L = calloc(Ls ? Ls : 1, sizeof(tlayer));
-    if (!tp->L) ok = 0;
+    tp->L = calloc(Ls ? Ls : 1, sizeof(dcs_kept));
+    tp->want = calloc((size_t)DCS_HP_COUNT * (Ls ? Ls : 1), 1);
+    if (!tp->L || !tp->want) ok = 0;
     for (size_t l = 0; ok && l < Ls; l++) {
-        tlayer *a = &tp->L[l];
-        A_(a->x, M * D); A_(a->ln1, M * D); A_(a->ln1_mu, M); A_(a->ln1_rs, M);
-        A_(a->qkv, M * 3 * D); A_(a->q, M * D); A_(a->k, M * D); A_(a->v, M * D);
-        if (c->qk_norm) { A_(a->qraw, M * D); A_(a->kraw, M * D); A_(a->qrs, M * N); A_(a->krs, M * N); }
+        dcs_kept *a = &tp->L[l];
+        A_(a->x, MD); A_(a->ln1, MD); A_(a->q, MD); A_(a->k, MD); A_(a->v, MD);
+        if (c->qk_norm) { A_(a->qraw, MD); A_(a->kraw, MD); }
         A_(a->A, BNTT); A_(a->P, BNTT);
         if (c->use_dcmha) {
-            A_(a->hpre, M * C * K); A_(a->hid, M * C * K); A_(a->w, M * C * 2 * RN); A_(a->g, M * C * N);
-            /* the composed scores are not read by the backward: one buffer for all layers */
-            if (l == 0) A_(a->Ac, BNTT);
-            else a->Ac = tp->L[0].Ac;
+            A_(a->hpre, sz[DCS_ACT_HID]); A_(a->hid, sz[DCS_ACT_HID]); A_(a->g, sz[DCS_ACT_GATES]);
             A_(a->Pc, BNTT);
             for (int ph = 0; ph < 2; ph++)
                 for (int s = 0; s < 2; s++) {
                     if (s == 1 && c->query_wise) continue;
-                    A_(a->w1raw[ph][s], M * RN); A_(a->w1rs[ph][s], M * c->dyn_rank);
-                    A_(a->w1[ph][s], M * RN); A_(a->w2[ph][s], M * RN); A_(a->dd[ph][s], M * N);
+                    A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]); A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
+                    A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]); A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
                 }
         }
-        A_(a->z, M * D); A_(a->ao, M * D);
-        if (!c->parallel_residual) A_(a->h, M * D);
-        A_(a->ln2, M * D); A_(a->ln2_mu, M); A_(a->ln2_rs, M);
-        A_(a->u, M * F); A_(a->ug, M * F); A_(a->mo, M * D);
+        A_(a->z, MD); A_(a->ao, MD);
+        if (!c->parallel_residual) A_(a->h, MD);
+        A_(a->ln2, MD); A_(a->u, MF); A_(a->ug, MF); A_(a->mo, MD);
     }
-    A_(tp->xL, M * D); A_(tp->lnf, M * D); A_(tp->lnf_mu, M); A_(tp->lnf_rs, M);
+    A_(tp->xL, M * D); A_(tp->lnf, M * D);
     A_(tp->logits, M * V); A_(tp->dlogits, M * V);
     A_(tp->rot_cs, (size_t)T * (c->rotary_dim / 2 + 1) * 2);
     if (ok) {
@@ -252,6 +220,7 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     A_(d->dx, M * D); A_(d->dmo, M * D); A_(d->dug, M * F); A_(d->du, M * F); A_(d->dln2, M * D);
     A_(d->dao, M * D); A_(d->dz, M * D); A_(d->dv, M * D); A_(d->dq, M * D); A_(d->dk, M * D);
     A_(d->dqkv, M * 3 * D); A_(d->dln1, M * D); A_(d->dP, BNTT); A_(d->dA, BNTT);
+    A_(d->mu, M); A_(d->rs, M); A_(d->rs2, M * (N > (size_t)c->dyn_rank ? N : (size_t)c->dyn_rank)); A_(d->row, D);
     if (c->use_dcmha) {
         A_(d->dPc, BNTT); A_(d->dAc, BNTT);
         A_(d->dW, M * C * 2 * RN); A_(d->dG, M * C * N); A_(d->dhid, M * C * K); A_(d->dw1raw, M * RN);
@@ -287,10 +256,15 @@ static const dcs_hook_override *find_ov(const dcs_tape *tp, int point, int layer
     return NULL;
 }
 
-/* Forward: replace the activation at (point, layer) if overridden. */
-static void ov_apply(dcs_tape *tp, int point, int layer, float *x) {
+/* Forward: the pass's hook at an overridden point writes the given data. */
+static int ov_hook(void *user, int point, int layer, float *data, const int64_t *shape, int nd) {
+    (void)shape;
+    (void)nd;
+    dcs_tape *tp = user;
     const dcs_hook_override *o = find_ov(tp, point, layer);
-    if (o) memcpy(x, o->data, hook_numel(tp, point) * sizeof(float));
+    if (!o) return 0;
+    memcpy(data, o->data, hook_numel(tp, point) * sizeof(float));
+    return 1;
 }
 
 /* Backward: hand out the gradient at (point, layer) and cut it when the
@@ -323,13 +297,6 @@ static int wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
 
 /* ---------------------------------------------------------------- helpers */
 
-/* y [M, O] = x [M, I] W^T (+ b), W [O, I] */
-static void lin_fw(dcs_backend *be, float *y, const float *x, const float *W, const float *b,
-                   int M, int O, int I) {
-    be->ops->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W, I, 0, 0.0f, y, O, 0, 1);
-    if (b) be->ops->add_bias(be, y, b, M, O);
-}
-
 /* dx [M, I] (= or +=, beta) dy [M, O] W; dW [O, I] += dy^T x; db [O] += colsum dy */
 static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db, const float *dy,
                    const float *x, const float *W, int M, int O, int I) {
@@ -353,15 +320,6 @@ static float *gptr(const dcs_model *m, float *flat, const float *w) {
     return NULL;
 }
 
-/* Compose of one phase over the allowed pairs (masked pairs: 0), with
- * branch outputs br[] (each may be NULL). */
-typedef struct {
-    const dcs_tape *tp; float *out, *dIn; const float *in, *dOut; const tlayer *a; int ph, window;
-    float **br; unsigned on; float *dw1[2], *dw2[2], *ddd[2];
-    const float *kT[3]; float *dkT[3];      /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
-    volatile int failed;                    /* a chunk could not get its scratch */
-} cp_arg;
-
 /* x [B, T, C] -> xT [B, C, T] (C = R*N or N), and back */
 static void to_keys_T(float *xT, const float *x, int B, int T, int C) {
     for (int b = 0; b < B; b++)
@@ -377,115 +335,7 @@ static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
 /* the allowed keys of query t: [s0, t] */
 static int first_key(int t, int window) { return window > 0 && t > window ? t - window : 0; }
 
-/* Fast path (no branch outputs): one query row at a time, along s. */
-static void compose_fw_fast(void *p, long long bt_from, long long bt_to) {
-    const cp_arg *ca = p;
-    const dcs_tape *tp = ca->tp;
-    const tlayer *a = ca->a;
-    const int ph = ca->ph, window = ca->window;
-    const dcs_config *c = &tp->m->cfg;
-    const int T = tp->T, N = c->n_head, R = c->dyn_rank, RN = R * N;
-    const long long TT = (long long)T * T;
-    float *tmp = malloc(sizeof(float) * 2 * (size_t)R * T);
-    if (!tmp) { ((cp_arg *)p)->failed = 1; return; }
-    for (long long bt = bt_from; bt < bt_to; bt++) {
-        const int b = (int)(bt / T), t = (int)(bt % T), s0 = first_key(t, window);
-        const long long o = (long long)b * N * TT + (long long)t * T;
-        const int keys = ca->kT[0] != NULL;
-        for (int n = 0; n < N; n++) {
-            float *row = ca->out + o + n * TT;
-            for (int s = 0; s < s0; s++) row[s] = 0.0f;
-            for (int s = t + 1; s < T; s++) row[s] = 0.0f;
-        }
-        dcs_compose_row_fw(ca->in + o, ca->out + o, TT, N, R, T, s0, t + 1, a->w1[ph][0] + bt * RN,
-                           a->w2[ph][0] + bt * RN, keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
-                           keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
-                           keys ? ca->kT[2] + (size_t)b * N * T : NULL, tmp);
-    }
-    free(tmp);
-}
-
-static void compose_fw_rows(void *p, long long bt_from, long long bt_to) {
-    const cp_arg *ca = p;
-    const dcs_tape *tp = ca->tp;
-    float *out = ca->out, **br = ca->br;
-    const float *in = ca->in;
-    const tlayer *a = ca->a;
-    const int ph = ca->ph, window = ca->window;
-    const dcs_config *c = &tp->m->cfg;
-    const int T = tp->T, N = c->n_head, R = c->dyn_rank;
-    const long long TT = (long long)T * T;
-    for (long long bt0 = bt_from; bt0 < bt_to; bt0++) {
-        const int b = (int)(bt0 / T), t = (int)(bt0 % T);
-        {
-            size_t bt = (size_t)b * T + t;
-            for (int s = 0; s < T; s++) {
-                long long o = (long long)b * N * TT + (long long)t * T + s;
-                if (!dcs_allowed(t, s, window)) {
-                    for (int n = 0; n < N; n++) {
-                        out[o + n * TT] = 0.0f;
-                        for (int k = 0; k < 5; k++)
-                            if (br[k]) br[k][o + n * TT] = 0.0f;
-                    }
-                    continue;
-                }
-                size_t bs = (size_t)b * T + s;
-                const float *kw1 = a->w1[ph][1] ? a->w1[ph][1] + bs * R * N : NULL;
-                const float *kw2 = a->w2[ph][1] ? a->w2[ph][1] + bs * R * N : NULL;
-                const float *kdd = a->dd[ph][1] ? a->dd[ph][1] + bs * N : NULL;
-                dcs_compose_pair_plain(in + o, out + o, TT, N, R, a->w1[ph][0] + bt * R * N,
-                                       a->w2[ph][0] + bt * R * N, kw1, kw2, a->dd[ph][0] + bt * N, kdd,
-                                       br[0] ? br[0] + o : NULL, br[1] ? br[1] + o : NULL,
-                                       br[2] ? br[2] + o : NULL, br[3] ? br[3] + o : NULL,
-                                       br[4] ? br[4] + o : NULL, NULL);
-            }
-        }
-    }
-}
-
-static void compose_fw(const dcs_tape *tp, float *out, const float *in, const tlayer *a, int ph,
-                       int window, float **br) {
-    const dcs_config *c = &tp->m->cfg;
-    const int B = tp->B, T = tp->T, N = c->n_head, RN = c->dyn_rank * N;
-    cp_arg ca = {tp, out, NULL, in, NULL, a, ph, window, br, 0, {0}, {0}, {0}, {0}, {0}, 0};
-    if (br[0] || br[1] || br[2] || br[3] || br[4]) {
-        par_for(compose_fw_rows, &ca, (long long)B * T, (long long)T * N * 8);
-        return;
-    }
-    if (a->w1[ph][1]) {
-        to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
-        to_keys_T(tp->kT[1], a->w2[ph][1], B, T, RN);
-        to_keys_T(tp->kT[2], a->dd[ph][1], B, T, N);
-        for (int i = 0; i < 3; i++) ca.kT[i] = tp->kT[i];
-    }
-    par_for(compose_fw_fast, &ca, (long long)B * T, (long long)T * N * 8);
-    if (ca.failed) ((dcs_tape *)tp)->status = DCS_ERR_NOMEM;
-}
-
 static const int BR_FIRST[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
-
-/* Compose with overridable branches: when a branch of (l, phase) is
- * overridden, all five are materialised, the overridden ones replaced and
- * the sum rebuilt. */
-static void compose_hooked(dcs_tape *tp, int l, int ph, float *out, const float *in, int window) {
-    tlayer *a = &tp->L[l];
-    float *br[5] = {0};
-    int any = 0;
-    for (int k = 0; k < 5; k++) any |= find_ov(tp, BR_FIRST[ph] + k, l) != NULL;
-    size_t n = (size_t)tp->B * tp->m->cfg.n_head * tp->T * tp->T;
-    if (any)
-        for (int k = 0; k < 5; k++) {
-            if (!tp->d.br[k]) tp->d.br[k] = tp_alloc(tp, n);   /* first branch override */
-            if (!tp->d.br[k]) { tp->status = DCS_ERR_NOMEM; return; }
-            br[k] = tp->d.br[k];
-        }
-    compose_fw(tp, out, in, a, ph, window, br);
-    if (!any) return;
-    for (int k = 0; k < 5; k++) ov_apply(tp, BR_FIRST[ph] + k, l, br[k]);
-    for (size_t i = 0; i < n; i++) out[i] = dcs_sum5(br[0][i], br[1][i], br[2][i], br[3][i], br[4][i]);
-}
-
-/* ---------------------------------------------------------------- forward */
 
 static const int DYN_PTS[2][2][3] = {
     {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
@@ -493,119 +343,15 @@ static const int DYN_PTS[2][2][3] = {
     {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
      {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
 
-static void attention_fw(dcs_tape *tp, int l) {
-    dcs_model *m = tp->m;
-    const dcs_config *c = &m->cfg;
-    const dcs_layer_weights *lw = &m->layers[l];
-    dcs_backend *be = m->be;
-    tlayer *a = &tp->L[l];
-    const int B = tp->B, T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
-    const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
-    const long long TT = (long long)T * T;
-    const size_t BNTT = (size_t)B * N * TT;
+/* Compose backward of one phase: its arguments, split over sequences. */
+typedef struct {
+    const dcs_tape *tp; float *dIn; const float *in, *dOut; const dcs_kept *a; int ph, window;
+    unsigned on; float *dw1[2], *dw2[2], *ddd[2];
+    const float *kT[3]; float *dkT[3];      /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
+    volatile int failed;                    /* a chunk could not get its scratch */
+} cp_arg;
 
-    lin_fw(be, a->qkv, a->ln1, lw->wqkv, lw->bqkv, M, 3 * D, D);
-    be->ops->copy2d(be, a->q, D, a->qkv, 3 * D, M, D);
-    be->ops->copy2d(be, a->k, D, a->qkv + D, 3 * D, M, D);
-    be->ops->copy2d(be, a->v, D, a->qkv + 2 * D, 3 * D, M, D);
-    if (c->qk_norm) {
-        memcpy(a->qraw, a->q, sizeof(float) * M * D);
-        memcpy(a->kraw, a->k, sizeof(float) * M * D);
-        dcs_rmsnorm_fw(a->q, a->qrs, M * N, Dh, lw->q_scale, 1e-6f);
-        dcs_rmsnorm_fw(a->k, a->krs, M * N, Dh, lw->k_scale, 1e-6f);
-    }
-    dcs_rotary_apply(a->q, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 0);
-    dcs_rotary_apply(a->k, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 0);
-    ov_apply(tp, DCS_HP_Q, l, a->q);
-    ov_apply(tp, DCS_HP_K, l, a->k);
-    ov_apply(tp, DCS_HP_V, l, a->v);
-
-    if (c->use_dcmha) {
-        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N, RN2 = 2 * RN;
-        be->ops->gemm(be, 0, 0, M, C * K, D, 1.0f, a->ln1, D, 0, lw->dw1, C * K, 0, 0.0f, a->hpre, C * K, 0, 1);
-        memcpy(a->hid, a->hpre, sizeof(float) * (size_t)M * C * K);
-        be->ops->gelu(be, a->hid, (size_t)M * C * K);
-        be->ops->gemm(be, 0, 0, M, RN2, K, 1.0f, a->hid, C * K, K, lw->qkw, RN2, (long long)K * RN2, 0.0f,
-                 a->w, C * RN2, RN2, C);
-        be->ops->gemm(be, 0, 0, M, C * N, D, 1.0f, a->ln1, D, 0, lw->dd, C * N, 0, 0.0f, a->g, C * N, 0, 1);
-        be->ops->tanh_(be, a->g, (size_t)M * C * N);
-        for (int ph = 0; ph < 2; ph++)
-            for (int s = 0; s < 2; s++) {
-                if (!a->w1[ph][s]) continue;
-                int slot = C == 4 ? 2 * ph + s : ph;
-                be->ops->copy2d(be, a->w1raw[ph][s], RN, a->w + (size_t)slot * RN2, C * RN2, M, RN);
-                memcpy(a->w1[ph][s], a->w1raw[ph][s], sizeof(float) * (size_t)M * RN);
-                dcs_rmsnorm_fw(a->w1[ph][s], a->w1rs[ph][s], M * R, N, NULL, 1e-6f);
-                be->ops->copy2d(be, a->w2[ph][s], RN, a->w + (size_t)slot * RN2 + RN, C * RN2, M, RN);
-                be->ops->copy2d(be, a->dd[ph][s], N, a->g + (size_t)slot * N, C * N, M, N);
-            }
-        for (int ph = 0; ph < 2; ph++)
-            for (int s = 0; s < 2; s++) {
-                if (!a->w1[ph][s]) continue;
-                ov_apply(tp, DYN_PTS[ph][s][0], l, a->w1[ph][s]);
-                ov_apply(tp, DYN_PTS[ph][s][1], l, a->w2[ph][s]);
-                ov_apply(tp, DYN_PTS[ph][s][2], l, a->dd[ph][s]);
-            }
-    }
-
-    /* A[b, n] [T, T] = q[b, :, n] k[b, :, n]^T / sqrt(Dh) */
-    hg_arg gs = {0, 1, T, T, Dh, 1.0f / sqrtf((float)Dh), 0.0f, a->q, a->k, a->A, D, D, T,
-                 Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
-    heads_gemm(&gs, B);
-    ov_apply(tp, DCS_HP_SCORES, l, a->A);
-    const float *pre = a->A;
-    if (c->use_dcmha) {
-        compose_hooked(tp, l, 0, a->Ac, a->A, window);
-        ov_apply(tp, DCS_HP_SCORES_COMPOSED, l, a->Ac);
-        pre = a->Ac;
-    }
-    memcpy(a->P, pre, sizeof(float) * BNTT);
-    rows_arg sa = {a->P, NULL, NULL, T, window};
-    par_for(softmax_fw_rows, &sa, (long long)B * N * T, (long long)T * 4);
-    ov_apply(tp, DCS_HP_PATTERN, l, a->P);
-    const float *pat = a->P;
-    if (c->use_dcmha) {
-        compose_hooked(tp, l, 1, a->Pc, a->P, window);
-        ov_apply(tp, DCS_HP_PATTERN_COMPOSED, l, a->Pc);
-        pat = a->Pc;
-    }
-    /* z[b, :, n] [T, Dh] = P'[b, n] [T, T] v[b, :, n] */
-    hg_arg gz = {0, 0, T, Dh, T, 1.0f, 0.0f, pat, a->v, a->z, T, D, D,
-                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
-    heads_gemm(&gz, B);
-    ov_apply(tp, DCS_HP_Z, l, a->z);
-    const dcs_hook_override *ho = find_ov(tp, DCS_HP_HEAD_OUT, l);
-    if (ho) {
-        /* out = sum_n head_out[:, n] + bo */
-        for (int mm = 0; mm < M; mm++) {
-            float *y = a->ao + (size_t)mm * D;
-            for (int i = 0; i < D; i++) y[i] = lw->bo ? lw->bo[i] : 0.0f;
-            for (int n = 0; n < N; n++) {
-                const float *src = ho->data + ((size_t)mm * N + n) * D;
-                for (int i = 0; i < D; i++) y[i] += src[i];
-            }
-        }
-    } else {
-        lin_fw(be, a->ao, a->z, lw->wo, lw->bo, M, D, D);
-    }
-    ov_apply(tp, DCS_HP_ATTN_OUT, l, a->ao);
-}
-
-static void mlp_fw(dcs_tape *tp, int l) {
-    dcs_model *m = tp->m;
-    const dcs_config *c = &m->cfg;
-    const dcs_layer_weights *lw = &m->layers[l];
-    dcs_backend *be = m->be;
-    tlayer *a = &tp->L[l];
-    const int M = tp->M, D = c->d_model, F = c->d_ff;
-    lin_fw(be, a->u, a->ln2, lw->w1, lw->b1, M, F, D);
-    ov_apply(tp, DCS_HP_MLP_PRE, l, a->u);
-    memcpy(a->ug, a->u, sizeof(float) * (size_t)M * F);
-    be->ops->gelu(be, a->ug, (size_t)M * F);
-    ov_apply(tp, DCS_HP_MLP_POST, l, a->ug);
-    lin_fw(be, a->mo, a->ug, lw->w2, lw->b2, M, D, F);
-    ov_apply(tp, DCS_HP_MLP_OUT, l, a->mo);
-}
+/* ---------------------------------------------------------------- forward */
 
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
                             int n_ov, float *logits) {
@@ -627,40 +373,24 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     tp->have_forward = 0;
     tp->ov = ov;
     tp->n_ov = n_ov;
-    float *x0 = L ? tp->L[0].x : tp->xL;
-    be->ops->embed(be, x0, m->tok_emb, tokens, M, D);
-    ov_apply(tp, DCS_HP_EMBED, 0, x0);
-    for (int l = 0; l < L; l++) {
-        tlayer *a = &tp->L[l];
-        const dcs_layer_weights *lw = &m->layers[l];
-        float *xo = l + 1 < L ? tp->L[l + 1].x : tp->xL;
-        ov_apply(tp, DCS_HP_RESID_PRE, l, a->x);
-        dcs_layernorm_fw(a->ln1, a->ln1_mu, a->ln1_rs, a->x, lw->attn_norm_w, lw->attn_norm_b, M, D, c->norm_eps);
-        ov_apply(tp, DCS_HP_LN_ATTN, l, a->ln1);
-        attention_fw(tp, l);
-        if (c->parallel_residual) {
-            dcs_layernorm_fw(a->ln2, a->ln2_mu, a->ln2_rs, a->x, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
-            ov_apply(tp, DCS_HP_LN_MLP, l, a->ln2);
-            mlp_fw(tp, l);
-            /* same order of additions as forward.c: (x + a) + o */
-            for (size_t i = 0; i < (size_t)M * D; i++) xo[i] = (a->x[i] + a->ao[i]) + a->mo[i];
-        } else {
-            for (size_t i = 0; i < (size_t)M * D; i++) a->h[i] = a->x[i] + a->ao[i];
-            dcs_layernorm_fw(a->ln2, a->ln2_mu, a->ln2_rs, a->h, lw->ffn_norm_w, lw->ffn_norm_b, M, D, c->norm_eps);
-            ov_apply(tp, DCS_HP_LN_MLP, l, a->ln2);
-            mlp_fw(tp, l);
-            for (size_t i = 0; i < (size_t)M * D; i++) xo[i] = a->h[i] + a->mo[i];
-        }
-        ov_apply(tp, DCS_HP_RESID_POST, l, xo);
-    }
-    dcs_layernorm_fw(tp->lnf, tp->lnf_mu, tp->lnf_rs, tp->xL, m->norm_w, m->norm_b, M, D, c->norm_eps);
-    ov_apply(tp, DCS_HP_LN_FINAL, 0, tp->lnf);
-    lin_fw(be, tp->logits, tp->lnf, m->out_w, NULL, M, V, D);
-    ov_apply(tp, DCS_HP_LOGITS, 0, tp->logits);
-    if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the forward");
+    memset(tp->want, 0, (size_t)DCS_HP_COUNT * (L ? L : 1));
+    for (int i = 0; i < n_ov; i++)
+        tp->want[dcs_hook_index(L, ov[i].point, dcs_hook_point_is_layered(ov[i].point) ? ov[i].layer : 0)] = 1;
+    dcs_hooks hooks = {tp->want, ov_hook, tp};
+    dcs_pass p;
+    dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
+    p.keep = tp->L;
+    /* the residual stream runs in xL, which leaves the last layer */
+    be->ops->embed(be, tp->xL, m->tok_emb, tokens, M, D);
+    dcs_pass_hook(&p, DCS_HP_EMBED, 0, tp->xL);
+    dcs_pass_layers(&p, tp->xL);
+    dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
+    if (!p.status) p.status = be->ops->sync(be, &m->err);
+    dcs_pass_end(&p);
+    if (p.status) return p.status;
     if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
-    return be->ops->sync(be, &m->err);
+    return DCS_OK;
 }
 
 /* Mean next-token cross-entropy over the positions with targets[i] >= 0;
@@ -697,10 +427,11 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
 
 /* ---------------------------------------------------------------- backward */
 
-static void compose_bw_seqs(void *p, long long b_from, long long b_to) {
+static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
+    (void)tid;
     const cp_arg *ca = p;
     const dcs_tape *tp = ca->tp;
-    const tlayer *a = ca->a;
+    const dcs_kept *a = ca->a;
     const int ph = ca->ph, window = ca->window;
     const dcs_config *c = &tp->m->cfg;
     const int T = tp->T, N = c->n_head, R = c->dyn_rank, RN = R * N;
@@ -729,7 +460,7 @@ static void compose_bw_seqs(void *p, long long b_from, long long b_to) {
 static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut, const float *in,
                        int window) {
     const dcs_config *c = &tp->m->cfg;
-    tlayer *a = &tp->L[l];
+    dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     const int B = tp->B, T = tp->T, N = c->n_head, R = c->dyn_rank, M = tp->M;
     const long long TT = (long long)T * T;
@@ -743,7 +474,7 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
         memset(d->dw2[ph][s], 0, sizeof(float) * (size_t)M * R * N);
         memset(d->ddd[ph][s], 0, sizeof(float) * (size_t)M * N);
     }
-    cp_arg ca = {tp, NULL, dIn, in, dOut, a, ph, window, NULL, on,
+    cp_arg ca = {tp, dIn, in, dOut, a, ph, window, on,
                  {d->dw1[ph][0], d->dw1[ph][1]}, {d->dw2[ph][0], d->dw2[ph][1]}, {d->ddd[ph][0], d->ddd[ph][1]},
                  {0}, {0}, 0};
     const int RN = R * N;
@@ -759,7 +490,7 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     }
     /* split over sequences: key-side gradients of (b, s) gather over the
      * queries t of the same sequence only */
-    par_for(compose_bw_seqs, &ca, B, (long long)T * T * N * R * 4);
+    par_for(tp, compose_bw_seqs, &ca, B, (long long)T * T * N * R * 4);
     if (ca.failed) tp->status = DCS_ERR_NOMEM;
     if (a->w1[ph][1]) {
         from_keys_T(d->dw1[ph][1], tp->dkT[0], B, T, RN);
@@ -778,7 +509,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const dcs_config *c = &m->cfg;
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_backend *be = m->be;
-    tlayer *a = &tp->L[l];
+    dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     const int B = tp->B, T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
     const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
@@ -808,10 +539,10 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     /* dP'[b, n] = dz[b, :, n] v[b, :, n]^T;  dv[b, :, n] = P'[b, n]^T dz[b, :, n] */
     hg_arg g1 = {0, 1, T, T, Dh, 1.0f, 0.0f, d->dz, a->v, dpat, D, D, T,
                  Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
-    heads_gemm(&g1, B);
+    heads_gemm(tp, &g1, B);
     hg_arg g2 = {1, 0, T, Dh, T, 1.0f, 0.0f, pat, d->dz, d->dv, T, D, D,
                  TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
-    heads_gemm(&g2, B);
+    heads_gemm(tp, &g2, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
@@ -824,7 +555,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN, l, d->dP);
     float *dpre = c->use_dcmha ? d->dAc : d->dA;
     rows_arg sa = {dpre, d->dP, a->P, T, window};
-    par_for(softmax_bw_rows, &sa, (long long)B * N * T, (long long)T * 4);
+    par_for(tp, softmax_bw_rows, &sa, (long long)B * N * T, (long long)T * 4);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
         for (int k = 0; k < 5; k++)
@@ -839,10 +570,10 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const float sc = 1.0f / sqrtf((float)Dh);
     hg_arg g3 = {0, 0, T, Dh, T, sc, 0.0f, d->dA, a->k, d->dq, T, D, D,
                  TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
-    heads_gemm(&g3, B);
+    heads_gemm(tp, &g3, B);
     hg_arg g4 = {1, 0, T, Dh, T, sc, 0.0f, d->dA, a->q, d->dk, T, D, D,
                  TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
-    heads_gemm(&g4, B);
+    heads_gemm(tp, &g4, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
     dcs_rotary_apply(d->dq, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
@@ -850,10 +581,12 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     /* dqkv [M, 3D] */
     if (c->qk_norm) {
         memset(d->dln1, 0, sizeof(float) * (size_t)M * D);   /* scratch */
-        dcs_rmsnorm_bw(d->dln1, GP(lw->q_scale), d->dq, a->qraw, a->qrs, M * N, Dh, lw->q_scale);
+        rms_stats(a->qraw, M * N, Dh, 1e-6f, d->rs2);
+        dcs_rmsnorm_bw(d->dln1, GP(lw->q_scale), d->dq, a->qraw, d->rs2, M * N, Dh, lw->q_scale);
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
         memset(d->dln1, 0, sizeof(float) * (size_t)M * D);
-        dcs_rmsnorm_bw(d->dln1, GP(lw->k_scale), d->dk, a->kraw, a->krs, M * N, Dh, lw->k_scale);
+        rms_stats(a->kraw, M * N, Dh, 1e-6f, d->rs2);
+        dcs_rmsnorm_bw(d->dln1, GP(lw->k_scale), d->dk, a->kraw, d->rs2, M * N, Dh, lw->k_scale);
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
     } else {
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
@@ -874,7 +607,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][1], l, d->dw2[ph][s]);
                 grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][2], l, d->ddd[ph][s]);
                 memset(d->dw1raw, 0, sizeof(float) * (size_t)M * RN);
-                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], a->w1rs[ph][s], M * R, N, NULL);
+                rms_stats(a->w1raw[ph][s], M * R, N, 1e-6f, d->rs2);
+                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], d->rs2, M * R, N, NULL);
                 be->ops->copy2d(be, d->dW + (size_t)slot * RN2, C * RN2, d->dw1raw, RN, M, RN);
                 be->ops->copy2d(be, d->dW + (size_t)slot * RN2 + RN, C * RN2, d->dw2[ph][s], RN, M, RN);
                 be->ops->copy2d(be, d->dG + (size_t)slot * N, C * N, d->ddd[ph][s], N, M, N);
@@ -889,7 +623,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         /* hid = gelu(ln1 dw1): reuse dW as dhpre [M, C*K] is too small; use dhid in place */
         float *dhpre = d->dhid;
         rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
-        par_for(gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
+        par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
         be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdw1 = GP(lw->dw1);
         if (gdw1) be->ops->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
@@ -907,7 +641,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const dcs_config *c = &m->cfg;
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_backend *be = m->be;
-    tlayer *a = &tp->L[l];
+    dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     const int M = tp->M, D = c->d_model, F = c->d_ff;
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_OUT, l, d->dmo);
@@ -915,7 +649,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
     memset(d->du, 0, sizeof(float) * (size_t)M * F);
     rows_arg ga = {d->du, d->dug, a->u, 0, 0};
-    par_for(gelu_bw_range, &ga, (long long)M * F, 16);
+    par_for(tp, gelu_bw_range, &ga, (long long)M * F, 16);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
     lin_bw(be, d->dln2, 0.0f, GP(lw->w1), GP(lw->b1), d->du, a->ln2, lw->w1, M, F, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
@@ -941,9 +675,10 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
     lin_bw(be, d->dln1, 0.0f, GP(m->out_w), NULL, tp->dlogits, tp->lnf, m->out_w, M, V, D);
     grad_at(tp, g, n_g, DCS_HP_LN_FINAL, 0, d->dln1);
     memset(d->dx, 0, sizeof(float) * (size_t)M * D);
-    dcs_layernorm_bw(d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, tp->lnf_mu, tp->lnf_rs, m->norm_w, M, D);
+    ln_stats(m, tp->xL, m->norm_w, m->norm_b, M, d->mu, d->rs, d->row);
+    dcs_layernorm_bw(d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, d->mu, d->rs, m->norm_w, M, D);
     for (int l = L - 1; l >= 0; l--) {
-        tlayer *a = &tp->L[l];
+        dcs_kept *a = &tp->L[l];
         const dcs_layer_weights *lw = &m->layers[l];
         grad_at(tp, g, n_g, DCS_HP_RESID_POST, l, d->dx);
         memcpy(d->dmo, d->dx, sizeof(float) * (size_t)M * D);
@@ -951,15 +686,18 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
         if (c->parallel_residual) {
             memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
             attention_bw(tp, l, bc);
-            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, a->ln2_mu, a->ln2_rs,
+            ln_stats(m, a->x, lw->ffn_norm_w, lw->ffn_norm_b, M, d->mu, d->rs, d->row);
+            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, d->mu, d->rs,
                              lw->ffn_norm_w, M, D);
         } else {
-            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, a->ln2_mu, a->ln2_rs,
+            ln_stats(m, a->h, lw->ffn_norm_w, lw->ffn_norm_b, M, d->mu, d->rs, d->row);
+            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, d->mu, d->rs,
                              lw->ffn_norm_w, M, D);
             memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
             attention_bw(tp, l, bc);
         }
-        dcs_layernorm_bw(d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, a->ln1_mu, a->ln1_rs,
+        ln_stats(m, a->x, lw->attn_norm_w, lw->attn_norm_b, M, d->mu, d->rs, d->row);
+        dcs_layernorm_bw(d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, d->mu, d->rs,
                          lw->attn_norm_w, M, D);
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }

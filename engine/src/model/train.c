@@ -78,6 +78,17 @@ dcs_status dcs_model_make_trainable(dcs_model *m) {
         w->ptr = p;
         w->owned = 1;
     }
+    /* the layer reads the m_* views: point them at the trained float32 arrays */
+    m->m_tok_emb = (dcs_wmat){m->tok_emb, DCS_F32};
+    m->m_out_w = (dcs_wmat){m->out_w, DCS_F32};
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        dcs_layer_weights *w = &m->layers[l];
+        w->m_wqkv = (dcs_wmat){w->wqkv, DCS_F32};
+        w->m_wo = (dcs_wmat){w->wo, DCS_F32};
+        w->m_w1 = (dcs_wmat){w->w1, DCS_F32};
+        w->m_w2 = (dcs_wmat){w->w2, DCS_F32};
+        w->m_dw1 = (dcs_wmat){w->dw1, DCS_F32};
+    }
     return DCS_OK;
 }
 

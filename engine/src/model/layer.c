@@ -1,0 +1,526 @@
+/*
+ * layer.c -- the one layer of DCPythia / Pythia, written once over the
+ * backend interface (CPU or CUDA), for its three uses (pass.h): T new query
+ * positions per sequence, at positions t0 .. t0+T-1, against the keys held
+ * in a decoder's cache (if any) and the T new ones; activations the
+ * backward reads kept when the pass keeps them (the tape); a hook call at
+ * every named activation (shared/docs/hooks.md).
+ *
+ * Shapes: B sequences of T new tokens, M = B*T rows; S keys per sequence
+ * (T in a full pass; the cached + new ones in a decoding step), key j at
+ * position kb + j. D model dim, N heads, Dh head dim, F MLP width;
+ * DCMHA: C slots, K hidden, R rank, G groups of Mg = N/G heads.
+ * Activations are row-major float32 in backend memory:
+ *   x, h [M, D]   qkv [M, 3D]   q, z [B, T, N, Dh]   k, v [B, S, N, Dh]
+ *   scores/pattern [B, N, T, S]   dynamic weights [B, T|S, R, N], gates [B, T|S, N]
+ *
+ * Hooks cost nothing when not asked for: optional tensors (compose
+ * branches, head_out) are only materialised for the layers whose hooks
+ * want them, and nothing is copied to the host otherwise.
+ */
+#include "pass.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The buffer of a kept activation, else a new one from the pass. */
+static float *act(dcs_pass *p, float *kept, int64_t n1, int64_t n2, int64_t n3) {
+    return kept ? kept : dcs_pass_alloc(p, n1, n2, n3);
+}
+
+/* ---------------------------------------------------------------- dynamic weights */
+
+/* Dynamic weights of one layer (model-spec 2 step 4), per slot: w1, w2
+ * [B, T, R, N] (w1 RMS-normalised over each group's heads), dd [B, T, N].
+ * Slots used: pre-q, pre-k, post-q, post-k (C = 4), or pre-q, post-q
+ * (C = 2, query_wise; pre-k, post-k for key_wise). The key side of the new
+ * rows goes into the cache when there is one (read as [S, R, N] from slot
+ * 0), else into w1[ph][1] etc. */
+typedef struct {
+    float *w1[2][2], *w2[2][2], *dd[2][2];   /* [phase][0 query, 1 key] */
+} dyn_weights;
+
+static const int DYN_PTS[2][2][3] = {
+    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
+     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
+    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
+     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
+
+static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw) {
+    const dcs_config *c = &p->m->cfg;
+    const dcs_layer_weights *lw = &p->m->layers[l];
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    dcs_kv_cache *kc = p->cache ? &p->cache[l] : NULL;
+    const int M = p->M, D = c->d_model, N = c->n_head, R = c->dyn_rank;
+    const int C = c->dyn_slots, K = c->dyn_hidden;
+    /* G groups of Mg heads (model-spec 5): per group and slot its own hidden
+     * layer and [2R, Mg] weights; G = 1 is the plain layout */
+    const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
+    dcs_backend *be = p->be;
+    float *hid = act(p, kp ? kp->hid : NULL, M, GC, K);   /* [M, G, C, K]      */
+    float *w = dcs_pass_alloc(p, M, GC, RM2);             /* [M, G, C, 2R, Mg] */
+    float *g = act(p, kp ? kp->g : NULL, M, GC, Mg);      /* [M, G, C, Mg]     */
+    if (p->status) return;
+    if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
+        be->ops->gemm(be, 0, 0, M, GC * K, D, 1.0f, h, D, 0, lw->m_dw1.p, GC * K, 0, 0.0f, hid,
+                      GC * K, 0, 1);
+    else
+        be->ops->gemm_w(be, 0, M, GC * K, D, h, D, lw->m_dw1, hid, GC * K);
+    if (kp) be->ops->copy(be, kp->hpre, hid, sizeof(float) * (size_t)M * GC * K);
+    be->ops->gelu(be, hid, (size_t)M * GC * K);
+    /* w[:, gc] = hid[:, gc] @ qkw[gc], batched over the G*C (group, slot) pairs */
+    be->ops->gemm(be, 0, 0, M, RM2, K, 1.0f, hid, GC * K, K, lw->qkw, RM2, (long long)K * RM2, 0.0f, w,
+                  GC * RM2, RM2, GC);
+    be->ops->gemm(be, 0, 0, M, GC * Mg, D, 1.0f, h, D, 0, lw->dd, GC * Mg, 0, 0.0f, g, GC * Mg, 0, 1);
+    be->ops->tanh_(be, g, (size_t)M * GC * Mg);
+    for (int phase = 0; phase < 2; phase++)
+        for (int side = 0; side < 2; side++) {
+            dw->w1[phase][side] = dw->w2[phase][side] = dw->dd[phase][side] = NULL;
+            if ((side == 1 && c->query_wise) || (side == 0 && c->key_wise)) continue;
+            int slot = C == 4 ? 2 * phase + side : phase;   /* C == 2: one side only */
+            float *w1, *w2, *dd;
+            if (side == 1 && kc) {   /* the new keys' rows of the cache */
+                w1 = kc->kw1[phase] + (size_t)kc->used * R * N;
+                w2 = kc->kw2[phase] + (size_t)kc->used * R * N;
+                dd = kc->kdd[phase] + (size_t)kc->used * N;
+            } else {
+                w1 = act(p, kp ? kp->w1[phase][side] : NULL, M, R, N);
+                w2 = act(p, kp ? kp->w2[phase][side] : NULL, M, R, N);
+                dd = act(p, kp ? kp->dd[phase][side] : NULL, M, N, 1);
+            }
+            if (p->status) return;
+            if (G == 1) {
+                be->ops->copy2d(be, w1, R * N, w + (size_t)slot * RM2, C * RM2, M, R * N);
+                be->ops->copy2d(be, w2, R * N, w + (size_t)slot * RM2 + R * N, C * RM2, M, R * N);
+                be->ops->copy2d(be, dd, N, g + (size_t)slot * N, C * N, M, N);
+            } else {
+                /* [M, R, N] with group gr in columns [gr*Mg, (gr+1)*Mg) of each [R, N] row */
+                for (int gr = 0; gr < G; gr++) {
+                    const size_t src = (size_t)(gr * C + slot) * RM2;
+                    for (int i = 0; i < R; i++) {
+                        be->ops->copy2d(be, w1 + (size_t)i * N + gr * Mg, R * N, w + src + (size_t)i * Mg,
+                                        GC * RM2, M, Mg);
+                        be->ops->copy2d(be, w2 + (size_t)i * N + gr * Mg, R * N,
+                                        w + src + (size_t)(R + i) * Mg, GC * RM2, M, Mg);
+                    }
+                    be->ops->copy2d(be, dd + (size_t)gr * Mg, N, g + (size_t)(gr * C + slot) * Mg, GC * Mg,
+                                    M, Mg);
+                }
+            }
+            if (kp) be->ops->copy(be, kp->w1raw[phase][side], w1, sizeof(float) * (size_t)M * R * N);
+            /* RMS norm of qw1/kw1 over each group's heads */
+            be->ops->rmsnorm(be, w1, M * R * G, Mg, Mg, NULL, 1e-6f);
+            dw->w1[phase][side] = w1;
+            dw->w2[phase][side] = w2;
+            dw->dd[phase][side] = dd;
+        }
+    dcs_pass_release(p, hid);
+    dcs_pass_release(p, w);
+    dcs_pass_release(p, g);
+    for (int ph = 0; ph < 2; ph++)
+        for (int side = 0; side < 2; side++) {
+            if (!dw->w1[ph][side]) continue;
+            for (int i = 0; i < 3; i++)
+                dcs_pass_hook(p, DYN_PTS[ph][side][i], l,
+                              i == 0 ? dw->w1[ph][side] : i == 1 ? dw->w2[ph][side] : dw->dd[ph][side]);
+        }
+    if (kc) /* the compose reads the key side of every held key */
+        for (int ph = 0; ph < 2; ph++)
+            if (dw->w1[ph][1]) {
+                dw->w1[ph][1] = kc->kw1[ph];
+                dw->w2[ph][1] = kc->kw2[ph];
+                dw->dd[ph][1] = kc->kdd[ph];
+            }
+}
+
+static void release_dyn(dcs_pass *p, dyn_weights *dw) {
+    for (int ph = 0; ph < 2; ph++)
+        for (int s = 0; s < 2; s++) {
+            dcs_pass_release(p, dw->w1[ph][s]);
+            dcs_pass_release(p, dw->w2[ph][s]);
+            dcs_pass_release(p, dw->dd[ph][s]);
+            dw->w1[ph][s] = dw->w2[ph][s] = dw->dd[ph][s] = NULL;
+        }
+}
+
+/* ---------------------------------------------------------------- attention maps */
+
+/* The keys of layer l in this pass: S per sequence, key j at position kb + j. */
+typedef struct {
+    const float *k, *v;   /* [B, S, N, Dh] */
+    int S, kb, window;
+} keys_view;
+
+/* out = Compose(in) [B, N, T, S] (pre: all pairs; post: allowed pairs only),
+ * with the branch hooks of this phase: if any is wanted, all branches of the
+ * model (five, or three when query_wise or key_wise, plus static with
+ * use_sw) are materialised so that a rewritten branch enters the sum. */
+static void compose(dcs_pass *p, int l, int phase, float *out, const float *in,
+                    const dyn_weights *dw, const keys_view *kv) {
+    const dcs_config *c = &p->m->cfg;
+    const int B = p->B, T = p->T, N = c->n_head, S = kv->S;
+    static const int first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+    const int nb = DCS_N_BRANCHES;   /* skip, qp, kp, qg, kg, static: consecutive points */
+    int any = 0;
+    for (int k = 0; k < nb; k++) any |= dcs_pass_wants(p, first[phase] + k, l);
+    dcs_compose_args a;
+    memset(&a, 0, sizeof a);
+    a.out = out;
+    a.in = in;
+    a.qw1 = dw->w1[phase][0];
+    a.qw2 = dw->w2[phase][0];
+    a.qdd = dw->dd[phase][0];
+    a.kw1 = dw->w1[phase][1];
+    a.kw2 = dw->w2[phase][1];
+    a.kdd = dw->dd[phase][1];
+    a.B = B;
+    a.N = N;
+    a.T = T;
+    a.S = S;
+    a.R = c->dyn_rank;
+    a.G = c->compose_groups;
+    a.sw = c->use_sw ? (phase == 0 ? p->m->layers[l].pre_sw : p->m->layers[l].post_sw) : NULL;
+    a.causal_only = phase == 1;
+    a.window = kv->window;
+    a.t0 = p->t0;
+    a.kb = kv->kb;
+    if (any)
+        for (int k = 0; k < nb; k++)
+            if (dcs_hook_exists(p->m, first[phase] + k)) a.br[k] = dcs_pass_alloc(p, B, N, (int64_t)T * S);
+    if (p->status) return;
+    p->be->ops->compose(p->be, &a);
+    if (!any) return;
+    int modified = 0;
+    for (int k = 0; k < nb; k++)
+        if (a.br[k]) modified |= dcs_pass_hook_map(p, first[phase] + k, l, a.br[k], S, kv->kb);
+    if (modified) {
+        size_t n = (size_t)B * N * T * S;
+        p->be->ops->copy(p->be, out, a.br[0], n * sizeof(float));
+        for (int k = 1; k < nb; k++)
+            if (a.br[k]) p->be->ops->add(p->be, out, a.br[k], n);
+    }
+    for (int k = 0; k < nb; k++) dcs_pass_release(p, a.br[k]);
+}
+
+/* MoH routing of layer l (model-spec 5) on h [M, D] (normed): the router
+ * logits and routing scores, each through its hook, then z [M, N, Dh] *= g.
+ * A rewritten router_logits feeds the routing computed from it; a rewritten
+ * routing is the gate applied. */
+static void moh_gate(dcs_pass *p, int l, const float *h, float *z) {
+    const dcs_config *c = &p->m->cfg;
+    const dcs_layer_weights *lw = &p->m->layers[l];
+    const int M = p->M, D = c->d_model, N = c->n_head, hs = c->moh_shared;
+    float *lg = dcs_pass_alloc(p, M, N - hs, 1), *g = dcs_pass_alloc(p, M, N, 1);
+    float *s1 = hs > 1 ? dcs_pass_alloc(p, M, hs, 1) : NULL, *s0 = hs > 0 ? dcs_pass_alloc(p, M, 2, 1) : NULL;
+    if (p->status) return;
+    dcs_pass_linear(p, lg, h, (dcs_wmat){lw->moh_wg, DCS_F32}, NULL, M, N - hs, D);
+    if (s1) dcs_pass_linear(p, s1, h, (dcs_wmat){lw->moh_wg1, DCS_F32}, NULL, M, hs, D);
+    if (s0) dcs_pass_linear(p, s0, h, (dcs_wmat){lw->moh_wg0, DCS_F32}, NULL, M, 2, D);
+    dcs_pass_hook(p, DCS_HP_ROUTER_LOGITS, l, lg);
+    p->be->ops->moh_route(p->be, g, lg, s1, s0, M, N, hs, c->moh_topk);
+    dcs_pass_hook(p, DCS_HP_ROUTING, l, g);
+    p->be->ops->head_gate(p->be, z, g, M, N, c->head_dim);
+    dcs_pass_release(p, lg);
+    dcs_pass_release(p, g);
+    dcs_pass_release(p, s1);
+    dcs_pass_release(p, s0);
+}
+
+/* Is any hook on this layer's [N, T, S] maps asked for? Then the layer
+ * runs the full (materialising) path. */
+static int attn_map_hooked(const dcs_pass *p, int l) {
+    for (int pt = DCS_HP_SCORES; pt <= DCS_HP_PATTERN_COMPOSED; pt++)
+        if (dcs_pass_wants(p, pt, l)) return 1;
+    return 0;
+}
+
+/* Configurations the fused kernel computes, by explicit checks: DCPythia
+ * (dynamic composition with 4 slots, or query-wise with 2, or none) and
+ * Pythia. The variants of model-spec 5 (static Talking-Heads branch, MoH
+ * routing, grouped composition: dcs_layer_needs_full_path) and key-wise-only
+ * composition take the full path, whose compose handles them; a variant
+ * added later must add its switch here. */
+static int fused_supported(const dcs_model *m, int l) {
+    const dcs_config *c = &m->cfg;
+    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX) return 0;
+    if (dcs_layer_needs_full_path(m, l) || c->moh) return 0;
+    if (!c->use_dcmha) return 1;
+    if (c->key_wise || c->use_sw || c->compose_groups != 1) return 0;
+    if (c->dyn_rank < 1 || c->dyn_rank > DCS_MAX_R) return 0;
+    /* query_wise: the key side is absent (dw.*[ph][1] NULL), whatever the slots */
+    return c->dyn_slots == 4 || (c->dyn_slots == 2 && c->query_wise);
+}
+
+/* z [M, N, Dh] (fused: no [B, N, T, S] tensor; local layers touch their
+ * window only). */
+static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, const keys_view *kv,
+                            float *z) {
+    const dcs_config *c = &p->m->cfg;
+    dcs_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.z = z;
+    a.q = q;
+    a.k = kv->k;
+    a.v = kv->v;
+    a.B = p->B;
+    a.T = p->T;
+    a.S = kv->S;
+    a.t0 = p->t0;
+    a.kb = kv->kb;
+    a.N = c->n_head;
+    a.Dh = c->head_dim;
+    a.ld = c->d_model;
+    a.R = c->dyn_rank;
+    a.window = kv->window;
+    a.scale = 1.0f / sqrtf((float)c->head_dim);
+    a.compose = c->use_dcmha;
+    for (int ph = 0; ph < 2 && a.compose; ph++) {
+        a.qw1[ph] = dw->w1[ph][0];
+        a.qw2[ph] = dw->w2[ph][0];
+        a.qdd[ph] = dw->dd[ph][0];
+        a.kw1[ph] = dw->w1[ph][1];
+        a.kw2[ph] = dw->w2[ph][1];
+        a.kdd[ph] = dw->dd[ph][1];
+    }
+    p->be->ops->attention(p->be, &a);
+}
+
+/* z [M, N, Dh] through the materialised maps, with their hooks (and the
+ * scores, pattern and composed pattern kept for the tape). */
+static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const float *q, const keys_view *kv,
+                           float *z) {
+    const dcs_config *c = &p->m->cfg;
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    dcs_backend *be = p->be;
+    const int B = p->B, T = p->T, S = kv->S, kb = kv->kb, N = c->n_head, Dh = c->head_dim, D = c->d_model;
+    const long long TS = (long long)T * S;
+    const size_t map = (size_t)B * N * TS;
+
+    /* scores A[b, n] [T, S] = q_n k_n^T / sqrt(Dh) */
+    float *A = act(p, kp ? kp->A : NULL, B, N, TS);
+    if (p->status) return;
+    for (int b = 0; b < B; b++)
+        be->ops->gemm(be, 0, 1, T, S, Dh, 1.0f / sqrtf((float)Dh), q + (size_t)b * T * D, D, Dh,
+                      kv->k + (size_t)b * S * D, D, Dh, 0.0f, A + (size_t)b * N * TS, S, TS, N);
+    dcs_pass_hook_map(p, DCS_HP_SCORES, l, A, S, kb);
+    /* kept: each stage in its own buffer; else in place */
+    float *cur = A;
+    if (c->use_dcmha) {
+        float *Ac = kp ? dcs_pass_alloc(p, B, N, TS) : A;
+        if (p->status) return;
+        compose(p, l, 0, Ac, A, dw, kv);
+        dcs_pass_hook_map(p, DCS_HP_SCORES_COMPOSED, l, Ac, S, kb);
+        cur = Ac;
+    }
+    float *P = kp ? kp->P : cur;
+    if (P != cur) be->ops->copy(be, P, cur, map * sizeof(float));
+    if (cur != A) dcs_pass_release(p, cur);
+    be->ops->softmax_masked(be, P, B * N, T, S, p->t0, kb, kv->window);
+    dcs_pass_hook_map(p, DCS_HP_PATTERN, l, P, S, kb);
+    float *Pc = P;
+    if (c->use_dcmha) {
+        Pc = kp ? kp->Pc : P;
+        compose(p, l, 1, Pc, P, dw, kv);
+        dcs_pass_hook_map(p, DCS_HP_PATTERN_COMPOSED, l, Pc, S, kb);
+    }
+    if (p->status) return;
+    /* z[b, :, n] [T, Dh] = P[b, n] [T, S] @ v[b, :, n] [S, Dh] */
+    for (int b = 0; b < B; b++)
+        be->ops->gemm(be, 0, 0, T, Dh, S, 1.0f, Pc + (size_t)b * N * TS, S, TS, kv->v + (size_t)b * S * D, D,
+                      Dh, 0.0f, z + (size_t)b * T * D, D, Dh, N);
+    dcs_pass_release(p, A);
+}
+
+/* From z [M, N, Dh] to the attention output out [M, D] (hooks z, head_out,
+ * attn.out); releases z. */
+static void attention_out(dcs_pass *p, int l, float *z, float *out) {
+    dcs_model *m = p->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = p->be;
+    const int M = p->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    dcs_pass_hook(p, DCS_HP_Z, l, z);
+
+    /* head_out [M, N, D]: z_n [M, Dh] @ wo[:, n*Dh:(n+1)*Dh]^T, batched over n */
+    int from_heads = 0;
+    if (dcs_pass_wants(p, DCS_HP_HEAD_OUT, l)) {
+        float *ho = dcs_pass_alloc(p, M, N, D), *wtmp = NULL;
+        const float *wo = lw->m_wo.p;
+        if (lw->m_wo.dtype != DCS_F32) {   /* kept F16/BF16 (CPU): widened for this product */
+            wtmp = dcs_pass_alloc(p, D, D, 1);
+            if (wtmp) dcs_widen(lw->m_wo.p, (uint64_t)D * D, lw->m_wo.dtype, wtmp);
+            wo = wtmp;
+        }
+        if (p->status) return;
+        be->ops->gemm(be, 0, 1, M, D, Dh, 1.0f, z, D, Dh, wo, D, Dh, 0.0f, ho, N * D, D, N);
+        dcs_pass_release(p, wtmp);
+        if (dcs_pass_hook(p, DCS_HP_HEAD_OUT, l, ho)) {
+            /* out = sum_n head_out[:, n] + bo: batched over m as [1, N] x [N, D] */
+            float *ones = dcs_pass_alloc(p, N, 1, 1);
+            float *one_host = malloc(sizeof(float) * (size_t)N);
+            if (!p->status && !one_host) p->status = dcs_seterr(&m->err, DCS_ERR_NOMEM, "out of memory");
+            if (p->status) {
+                free(one_host);
+                return;
+            }
+            for (int n = 0; n < N; n++) one_host[n] = 1.0f;
+            be->ops->upload(be, ones, one_host, sizeof(float) * (size_t)N);
+            free(one_host);
+            be->ops->gemm(be, 0, 0, 1, D, N, 1.0f, ones, N, 0, ho, D, (long long)N * D, 0.0f, out, D, D, M);
+            if (lw->bo) be->ops->add_bias(be, out, lw->bo, M, D);
+            dcs_pass_release(p, ones);
+            from_heads = 1;
+        }
+        dcs_pass_release(p, ho);
+    }
+    if (!from_heads) dcs_pass_linear(p, out, z, lw->m_wo, lw->bo, M, D, D);
+    dcs_pass_release(p, z);
+    dcs_pass_hook(p, DCS_HP_ATTN_OUT, l, out);
+}
+
+/* Attention of layer l on h [M, D] (normed); result in out [M, D]. */
+static void attention(dcs_pass *p, int l, const float *h, float *out) {
+    dcs_model *m = p->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    dcs_kv_cache *kc = p->cache ? &p->cache[l] : NULL;
+    dcs_backend *be = p->be;
+    const int M = p->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+
+    /* q [B, T, N, Dh]; the new k, v: the cache's next slots, or this pass's */
+    float *qkv = dcs_pass_alloc(p, M, 3, D);
+    float *q = act(p, kp ? kp->q : NULL, M, D, 1);
+    float *k = kc ? kc->k + (size_t)kc->used * D : act(p, kp ? kp->k : NULL, M, D, 1);
+    float *v = kc ? kc->v + (size_t)kc->used * D : act(p, kp ? kp->v : NULL, M, D, 1);
+    if (p->status) return;
+    dcs_pass_linear(p, qkv, h, lw->m_wqkv, lw->bqkv, M, 3 * D, D);
+    be->ops->copy2d(be, q, D, qkv, 3 * D, M, D);
+    be->ops->copy2d(be, k, D, qkv + D, 3 * D, M, D);
+    be->ops->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
+    dcs_pass_release(p, qkv);
+    if (c->qk_norm) {
+        if (kp) {
+            be->ops->copy(be, kp->qraw, q, sizeof(float) * (size_t)M * D);
+            be->ops->copy(be, kp->kraw, k, sizeof(float) * (size_t)M * D);
+        }
+        be->ops->rmsnorm(be, q, M * N, Dh, Dh, lw->q_scale, 1e-6f);
+        be->ops->rmsnorm(be, k, M * N, Dh, Dh, lw->k_scale, 1e-6f);
+    }
+    be->ops->rotary(be, q, M, p->T, p->t0, N, Dh, c->rotary_dim, c->rope_base);
+    be->ops->rotary(be, k, M, p->T, p->t0, N, Dh, c->rotary_dim, c->rope_base);
+    dcs_pass_hook(p, DCS_HP_Q, l, q);
+    dcs_pass_hook(p, DCS_HP_K, l, k);
+    dcs_pass_hook(p, DCS_HP_V, l, v);
+
+    dyn_weights dw;
+    memset(&dw, 0, sizeof dw);
+    if (c->use_dcmha) dynamic_weights(p, l, h, &dw);
+    if (p->status) return;
+    keys_view kv = {k, v, p->T, 0, dcs_layer_is_local(m, l) ? c->window_size : 0};
+    if (kc) {   /* the new keys are held from here on (undone on failure by the decoder) */
+        kc->used += p->T;
+        kv.k = kc->k;
+        kv.v = kc->v;
+        kv.S = kc->used;
+        kv.kb = kc->first;
+    }
+    float *z = act(p, kp ? kp->z : NULL, M, D, 1);
+    if (p->status) return;
+    if (!kp && be->ops->attention && fused_supported(m, l) && !attn_map_hooked(p, l))
+        attention_fused(p, &dw, q, &kv, z);
+    else
+        attention_maps(p, l, &dw, q, &kv, z);
+    release_dyn(p, &dw);
+    dcs_pass_release(p, q);
+    dcs_pass_release(p, k);
+    dcs_pass_release(p, v);
+    if (p->status) return;
+    if (c->moh) moh_gate(p, l, h, z);
+    if (p->status) return;
+    attention_out(p, l, z, out);
+}
+
+/* ---------------------------------------------------------------- MLP, block */
+
+/* MLP of layer l on hn [M, D] (normed); result in out [M, D]. */
+static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
+    const dcs_config *c = &p->m->cfg;
+    const dcs_layer_weights *lw = &p->m->layers[l];
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    const int M = p->M, D = c->d_model, F = c->d_ff;
+    float *u = act(p, kp ? kp->u : NULL, M, F, 1);
+    if (p->status) return;
+    dcs_pass_linear(p, u, hn, lw->m_w1, lw->b1, M, F, D);
+    dcs_pass_hook(p, DCS_HP_MLP_PRE, l, u);
+    float *ug = u;
+    if (kp) {
+        ug = kp->ug;
+        p->be->ops->copy(p->be, ug, u, sizeof(float) * (size_t)M * F);
+    }
+    switch (p->desc.mlp) {   /* DCS_MLP_GELU */
+    default: p->be->ops->gelu(p->be, ug, (size_t)M * F);
+    }
+    dcs_pass_hook(p, DCS_HP_MLP_POST, l, ug);
+    dcs_pass_linear(p, out, ug, lw->m_w2, lw->b2, M, D, F);
+    dcs_pass_release(p, u);
+    dcs_pass_hook(p, DCS_HP_MLP_OUT, l, out);
+}
+
+void dcs_layer(dcs_pass *p, int l, float *x) {
+    const dcs_config *c = &p->m->cfg;
+    const dcs_layer_weights *lw = &p->m->layers[l];
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    dcs_backend *be = p->be;
+    const int M = p->M, D = c->d_model;
+    const size_t bytes = sizeof(float) * (size_t)M * D;
+    dcs_pass_hook(p, DCS_HP_RESID_PRE, l, x);
+    if (kp) be->ops->copy(be, kp->x, x, bytes);
+    float *h = act(p, kp ? kp->ln1 : NULL, M, D, 1), *a = act(p, kp ? kp->ao : NULL, M, D, 1);
+    float *o = act(p, kp ? kp->mo : NULL, M, D, 1), *h2 = kp ? kp->ln2 : h;
+    if (p->status) return;
+    dcs_pass_norm(p, h, x, lw->attn_norm_w, lw->attn_norm_b, M);
+    dcs_pass_hook(p, DCS_HP_LN_ATTN, l, h);
+    attention(p, l, h, a);
+    if (p->status || dcs_pass_cancelled(p)) return;
+    if (p->desc.parallel_residual) {
+        /* out = x + attn(ln1(x)) + mlp(ln2(x)) */
+        dcs_pass_norm(p, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
+        dcs_pass_hook(p, DCS_HP_LN_MLP, l, h2);
+        mlp(p, l, h2, o);
+        be->ops->add(be, x, a, (size_t)M * D);
+        be->ops->add(be, x, o, (size_t)M * D);
+    } else {
+        /* h = x + attn(ln1(x)); out = h + mlp(ln2(h)) */
+        be->ops->add(be, x, a, (size_t)M * D);
+        if (kp) be->ops->copy(be, kp->h, x, bytes);
+        dcs_pass_norm(p, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
+        dcs_pass_hook(p, DCS_HP_LN_MLP, l, h2);
+        mlp(p, l, h2, o);
+        be->ops->add(be, x, o, (size_t)M * D);
+    }
+    dcs_pass_release(p, h);
+    dcs_pass_release(p, a);
+    dcs_pass_release(p, o);
+    dcs_pass_hook(p, DCS_HP_RESID_POST, l, x);
+}
+
+void dcs_pass_layers(dcs_pass *p, float *x) {
+    for (int l = 0; l < p->m->cfg.n_layer && !p->status; l++) {
+        if (dcs_pass_cancelled(p)) break;
+        dcs_layer(p, l, x);
+        if (!p->status) p->status = p->be->ops->sync(p->be, &p->m->err);
+    }
+}
+
+void dcs_pass_final(dcs_pass *p, const float *x, float *hn, float *lg) {
+    dcs_model *m = p->m;
+    const dcs_config *c = &m->cfg;
+    if (p->status) return;
+    dcs_pass_norm(p, hn, x, m->norm_w, m->norm_b, p->M);
+    dcs_pass_hook(p, DCS_HP_LN_FINAL, 0, hn);
+    if (!lg) return;
+    dcs_pass_linear(p, lg, hn, m->m_out_w, NULL, p->M, c->vocab, c->d_model);
+    dcs_pass_hook(p, DCS_HP_LOGITS, 0, lg);
+}

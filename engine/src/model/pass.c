@@ -1,0 +1,225 @@
+/*
+ * pass.c -- the state of one pass over the layers (pass.h): its memory
+ * (the model's activation pool), hook dispatch with the write rule of
+ * hooks.md, cancellation, the weight products and the block description.
+ * The forward, the decoder and the tape all run through it.
+ */
+#include "pass.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- block kinds */
+
+dcs_block_desc dcs_block_desc_of(const dcs_config *c) {
+    dcs_block_desc d;
+    /* DCPythia and Pythia (GPT-NeoX): LayerNorm, GELU MLP, residual per config */
+    d.norm = DCS_NORM_LAYER;
+    d.mlp = DCS_MLP_GELU;
+    d.parallel_residual = c->parallel_residual;
+    return d;
+}
+
+void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sz[DCS_ACT_COUNT]) {
+    const uint64_t M = (uint64_t)B * (uint64_t)T, N = (uint64_t)c->n_head;
+    const uint64_t G = (uint64_t)(c->compose_groups > 0 ? c->compose_groups : 1);
+    const uint64_t C = (uint64_t)c->dyn_slots, K = (uint64_t)c->dyn_hidden, R = (uint64_t)c->dyn_rank;
+    sz[DCS_ACT_ROW_D] = M * (uint64_t)c->d_model;
+    sz[DCS_ACT_ROW_F] = M * (uint64_t)c->d_ff;
+    sz[DCS_ACT_HID] = c->use_dcmha ? M * G * C * K : 0;
+    sz[DCS_ACT_GATES] = c->use_dcmha ? M * C * N : 0;
+    sz[DCS_ACT_DYN_W] = c->use_dcmha ? M * R * N : 0;
+    sz[DCS_ACT_DYN_D] = c->use_dcmha ? M * N : 0;
+    sz[DCS_ACT_DYN_ALL] = c->use_dcmha ? M * C * 2 * R * N : 0;
+    sz[DCS_ACT_MAP] = (uint64_t)B * N * (uint64_t)T * (uint64_t)S;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+void dcs_pass_init(dcs_pass *p, dcs_model *m, const dcs_hooks *hooks, int B, int T, int t0,
+                   const char *prefix, const char *what) {
+    memset(p, 0, sizeof *p);
+    p->m = m;
+    p->be = m->be;
+    p->hooks = hooks;
+    p->desc = dcs_block_desc_of(&m->cfg);
+    p->B = B;
+    p->T = T;
+    p->t0 = t0;
+    p->M = B * T;
+    p->prefix = prefix;
+    p->what = what;
+}
+
+float *dcs_pass_alloc(dcs_pass *p, int64_t n1, int64_t n2, int64_t n3) {
+    uint64_t n, bytes;
+    if (p->status) return NULL;
+    if (!dcs_mul_ok((uint64_t)n1, (uint64_t)n2, &n) || !dcs_mul_ok(n, (uint64_t)n3, &n) ||
+        !dcs_mul_ok(n, sizeof(float), &bytes) || bytes > ((uint64_t)1 << 46)) {
+        p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM,
+                               "%s: activation of %lld x %lld x %lld floats is too large", p->prefix,
+                               (long long)n1, (long long)n2, (long long)n3);
+        return NULL;
+    }
+    if (p->n_bufs == DCS_PASS_MAX_BUFS) {
+        p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM, "%s: too many buffers", p->prefix);
+        return NULL;
+    }
+    /* a buffer of this size from the model's pool, else a new one */
+    float *x = dcs_pool_take(p->m, (size_t)bytes);
+    if (!x) x = p->be->ops->alloc(p->be, (size_t)bytes);
+    if (!x) {
+        p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM,
+                               "%s: out of memory allocating %llu bytes (B=%d, T=%d)", p->prefix,
+                               (unsigned long long)bytes, p->B, p->T);
+        return NULL;
+    }
+    p->bufs[p->n_bufs].p = x;
+    p->bufs[p->n_bufs].bytes = (size_t)bytes;
+    p->n_bufs++;
+    p->total += bytes;
+    p->in_use += bytes;
+    if (p->in_use > p->peak) p->peak = p->in_use;
+    return x;
+}
+
+void dcs_pass_release(dcs_pass *p, float *x) {
+    if (!x) return;
+    for (int i = 0; i < p->n_bufs; i++)
+        if (p->bufs[i].p == x) {
+            dcs_pool_put(p->m, x, p->bufs[i].bytes);
+            p->in_use -= p->bufs[i].bytes;
+            p->bufs[i] = p->bufs[--p->n_bufs];
+            return;
+        }
+}
+
+void dcs_pass_end(dcs_pass *p) {
+    if (p->status) {
+        dcs_err ignored;   /* drain a backend error behind the one reported */
+        p->be->ops->sync(p->be, &ignored);
+    }
+    for (int i = 0; i < p->n_bufs; i++) dcs_pool_put(p->m, p->bufs[i].p, p->bufs[i].bytes);
+    p->n_bufs = 0;
+    if (p->status) dcs_pool_clear(p->m);   /* after a failure, give memory back */
+    free(p->host);
+    p->host = NULL;
+    p->host_cap = 0;
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+int dcs_pass_wants(const dcs_pass *p, int point, int layer) {
+    if (!p->hooks || !p->hooks->want || !p->hooks->fn) return 0;
+    if (!dcs_hook_exists(p->m, point)) return 0;
+    return p->hooks->want[dcs_hook_index(p->m->cfg.n_layer, point, layer)] != 0;
+}
+
+static int is_map(int point) { return point >= DCS_HP_SCORES && point <= DCS_HP_PATTERN_COMPOSED; }
+
+/* Host memory for n floats of staging. */
+static float *staging(dcs_pass *p, size_t n, int point) {
+    if (n > p->host_cap) {
+        free(p->host);
+        p->host = malloc(n * sizeof(float));
+        p->host_cap = p->host ? n : 0;
+        if (!p->host) {
+            p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM, "hook %s: out of host memory",
+                                   dcs_hook_point_name(point));
+            return NULL;
+        }
+    }
+    return p->host;
+}
+
+/* Call the hook on `dev` ([B, ...], backend memory, the hook's full shape). */
+static int call_hook(dcs_pass *p, int point, int layer, float *dev) {
+    int64_t shape[6];
+    int nd = dcs_hook_shape(p->m, point, p->B, p->T, shape);
+    if (is_map(point)) shape[3] = p->t0 + p->T;
+    size_t n = 1;
+    for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
+    float *data = dev;
+    const int on_host = p->m->device == DCS_DEVICE_CPU;
+    if (!on_host) {
+        if (!(data = staging(p, n, point))) return 0;
+        p->be->ops->download(p->be, data, dev, n * sizeof(float));
+        if ((p->status = p->be->ops->sync(p->be, &p->m->err))) return 0;
+    }
+    p->m->err.code = DCS_OK;
+    p->m->err.msg[0] = 0;
+    int r = p->hooks->fn(p->hooks->user, point, layer, data, shape, nd);
+    if (r < 0) {
+        if (p->m->err.code != DCS_ERR_HOOK) {
+            if (dcs_hook_point_is_layered(point))
+                dcs_seterr(&p->m->err, DCS_ERR_HOOK, "hook blocks.%d.%s aborted the %s", layer,
+                           dcs_hook_point_name(point), p->what);
+            else
+                dcs_seterr(&p->m->err, DCS_ERR_HOOK, "hook %s aborted the %s",
+                           dcs_hook_point_name(point), p->what);
+        }
+        p->status = DCS_ERR_HOOK;
+        return 0;
+    }
+    if (r > 0 && dcs_hook_is_post_softmax_map(point))   /* writes to masked cells are ignored */
+        dcs_mask_map(data, (long long)p->B * p->m->cfg.n_head, p->T, (int)shape[3], p->t0,
+                     dcs_layer_is_local(p->m, layer) ? p->m->cfg.window_size : 0);
+    if (r > 0 && !on_host) p->be->ops->upload(p->be, dev, data, n * sizeof(float));
+    return r > 0;
+}
+
+int dcs_pass_hook(dcs_pass *p, int point, int layer, float *dev) {
+    if (p->status || !dcs_pass_wants(p, point, layer)) return 0;
+    return call_hook(p, point, layer, dev);
+}
+
+int dcs_pass_hook_map(dcs_pass *p, int point, int layer, float *dev, int S, int kb) {
+    if (p->status || !dcs_pass_wants(p, point, layer)) return 0;
+    const int P = p->t0 + p->T;
+    if (kb == 0 && S == P) return call_hook(p, point, layer, dev);
+    /* keys held at kb .. kb+S-1 of positions 0 .. P-1: through [B*N*T, P] */
+    const long long rows = (long long)p->B * p->m->cfg.n_head * p->T;
+    float *full = p->be->ops->alloc(p->be, sizeof(float) * (size_t)rows * P);   /* zero-filled */
+    if (!full) {
+        p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM, "hook %s: out of memory",
+                               dcs_hook_point_name(point));
+        return 0;
+    }
+    p->be->ops->copy2d(p->be, full + kb, P, dev, S, (int)rows, S);
+    int r = call_hook(p, point, layer, full);
+    if (r) p->be->ops->copy2d(p->be, dev, S, full + kb, P, (int)rows, S);
+    p->be->ops->free(p->be, full);   /* stream-ordered on CUDA */
+    return r;
+}
+
+int dcs_pass_cancelled(dcs_pass *p) {
+    if (p->status) return 1;
+    if (!atomic_load(&p->m->cancel)) return 0;
+    p->status = dcs_seterr(&p->m->err, DCS_ERR_CANCELLED, "%s: cancelled", p->prefix);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- products */
+
+void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M,
+                     int O, int I) {
+    dcs_backend *be = p->be;
+    if (W.dtype == DCS_F32 || !be->ops->gemm_w)
+        be->ops->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W.p, I, 0, 0.0f, y, O, 0, 1);
+    else
+        be->ops->gemm_w(be, 1, M, O, I, x, I, W, y, O);
+    if (b) be->ops->add_bias(be, y, b, M, O);
+}
+
+void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M) {
+    const dcs_config *c = &p->m->cfg;
+    const int D = c->d_model;
+    switch (p->desc.norm) {
+    case DCS_NORM_RMS:
+        p->be->ops->copy(p->be, out, x, sizeof(float) * (size_t)M * D);
+        p->be->ops->rmsnorm(p->be, out, M, D, D, w, c->norm_eps);
+        break;
+    default:
+        p->be->ops->layernorm(p->be, out, x, w, b, M, D, c->norm_eps);
+    }
+}

@@ -1,0 +1,133 @@
+/*
+ * pass.h -- one pass over the layers (pass.c) and the one layer (layer.c):
+ * "T new query positions per sequence, starting at position t0, against
+ * the P cached + T new key positions", with optional keeping of what the
+ * backward needs. Its three uses:
+ *   the full forward (forward.c)   empty cache, t0 = 0, nothing kept;
+ *   the incremental decoder        the decoder's per-layer caches (B = 1);
+ *   (decode.c)
+ *   the gradient tape (tape.c)     empty cache, every activation the
+ *                                  backward reads kept (dcs_kept).
+ * Hook dispatch, the memory plan (the model's pool, one size table),
+ * cancellation and the fused attention path live here once.
+ */
+#ifndef DCS_PASS_H
+#define DCS_PASS_H
+
+#include "dcs_model.h"
+
+#define DCS_PASS_MAX_BUFS 96
+
+/* ---------------------------------------------------------------- block kinds
+ * What differs between the architectures' blocks: the norm, the residual
+ * order and the MLP. A new family (DCFormer++: RMSNorm, SwiGLU) adds its
+ * kinds here and one case where each is computed (layer.c: norm, mlp). */
+enum { DCS_NORM_LAYER = 0, DCS_NORM_RMS = 1 };
+enum { DCS_MLP_GELU = 0 };
+typedef struct {
+    int norm;               /* DCS_NORM_*                                  */
+    int parallel_residual;  /* x + attn(ln1(x)) + mlp(ln2(x)), else sequential */
+    int mlp;                /* DCS_MLP_*                                   */
+} dcs_block_desc;
+
+dcs_block_desc dcs_block_desc_of(const dcs_config *c);
+
+/* ---------------------------------------------------------------- cache
+ * One layer's keys held by a decoder: positions first .. first+used-1 in
+ * slots 0 .. used-1, backend memory. */
+typedef struct {
+    float *k, *v;                    /* [cap, D]                              */
+    float *kw1[2], *kw2[2], *kdd[2]; /* key-side dynamic weights per phase:
+                                        [cap, R, N], [cap, N]; NULL without  */
+    int first, used, cap;
+} dcs_kv_cache;
+
+/* ---------------------------------------------------------------- kept
+ * One layer's activations the backward reads (tape.c), [M = B*T rows]:
+ *   x, ln1, h, ln2, ao, mo [M, D]; q, k, v, z [M, N, Dh] (q, k after norm
+ *   and rotary; qraw, kraw before, with qk_norm); hpre, hid [M, C*K] (before
+ *   / after GELU); g [M, C*N]; per phase and side w1raw, w1, w2 [M, R, N],
+ *   dd [M, N]; A, P, Pc [B, N, T, T] (scores, pattern, composed pattern);
+ *   u, ug [M, F] (before / after GELU). Norm statistics are not kept: the
+ *   backward recomputes them from the inputs. */
+typedef struct {
+    float *x, *ln1, *q, *k, *v, *qraw, *kraw, *hpre, *hid, *g;
+    float *w1raw[2][2], *w1[2][2], *w2[2][2], *dd[2][2];
+    float *A, *P, *Pc, *z, *ao, *h, *ln2, *u, *ug, *mo;
+} dcs_kept;
+
+/* The size table: floats of each kept activation of one layer for B
+ * sequences of T positions. Plans the tape's buffers and the forward's
+ * memory check alike. */
+enum {
+    DCS_ACT_ROW_D,      /* x, ln1, q, k, v, z, ao, ln2, mo, h, qraw, kraw: M*D */
+    DCS_ACT_ROW_F,      /* u, ug: M*F                                      */
+    DCS_ACT_HID,        /* hpre, hid: M*G*C*K                              */
+    DCS_ACT_GATES,      /* g: M*G*C*(N/G)                                  */
+    DCS_ACT_DYN_W,      /* w1raw, w1, w2 per phase and side: M*R*N         */
+    DCS_ACT_DYN_D,      /* dd per phase and side: M*N                      */
+    DCS_ACT_DYN_ALL,    /* the dynamic weights before splitting: M*G*C*2R*(N/G) */
+    DCS_ACT_MAP,        /* A, P, Pc: B*N*T*S                               */
+    DCS_ACT_COUNT
+};
+void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sizes[DCS_ACT_COUNT]);
+
+/* ---------------------------------------------------------------- pass */
+typedef struct {
+    dcs_model *m;
+    dcs_backend *be;
+    const dcs_hooks *hooks;
+    dcs_block_desc desc;
+    int B, T, t0, M;         /* B sequences of T new positions from t0; M = B*T */
+    const char *prefix;      /* "forward", "decode", "tape": error messages  */
+    const char *what;        /* "forward pass", "decoding step"             */
+    dcs_kv_cache *cache;     /* [n_layer] (B = 1) or NULL                   */
+    dcs_kept *keep;          /* [n_layer] or NULL                           */
+    struct { void *p; size_t bytes; } bufs[DCS_PASS_MAX_BUFS];  /* in use */
+    int n_bufs;
+    uint64_t in_use, peak, total;   /* activation bytes: now, at most, asked */
+    float *host;             /* staging for hooks on a non-host backend     */
+    size_t host_cap;
+    dcs_status status;
+} dcs_pass;
+
+void dcs_pass_init(dcs_pass *p, dcs_model *m, const dcs_hooks *hooks, int B, int T, int t0,
+                   const char *prefix, const char *what);
+/* Give every buffer back to the model's pool (all of it after a failure). */
+void dcs_pass_end(dcs_pass *p);
+
+/* n1*n2*n3 floats (checked) from the model's pool or the backend, kept
+ * until dcs_pass_release or the end of the pass; NULL with p->status set. */
+float *dcs_pass_alloc(dcs_pass *p, int64_t n1, int64_t n2, int64_t n3);
+/* Back to the pool; pointers this pass did not allocate (kept or cached
+ * activations) are left alone. */
+void dcs_pass_release(dcs_pass *p, float *x);
+
+int dcs_pass_wants(const dcs_pass *p, int point, int layer);
+/* The hook at (point, layer) on `dev` (not an attention map) if wanted;
+ * 1 if it modified the data. */
+int dcs_pass_hook(dcs_pass *p, int point, int layer, float *dev);
+/* The same for an attention map [B, N, T, S] whose key j is at position
+ * kb + j: the hook sees [B, N, T, t0 + T] (keys not held read 0). */
+int dcs_pass_hook_map(dcs_pass *p, int point, int layer, float *dev, int S, int kb);
+/* Has dcs_cancel asked this pass to stop? Sets the status if so. */
+int dcs_pass_cancelled(dcs_pass *p);
+
+/* y [M, O] = x [M, I] W^T + b (a torch Linear, W [O, I]), W float32 or
+ * (CPU) F16/BF16. */
+void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M,
+                     int O, int I);
+/* out [M, D] = the block's norm of x (kind from the block description). */
+void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M);
+
+/* ---- layer.c */
+
+/* Block l on the residual stream x [M, D] (in place). */
+void dcs_layer(dcs_pass *p, int l, float *x);
+/* Every block, with cancellation and a sync after each. */
+void dcs_pass_layers(dcs_pass *p, float *x);
+/* The final norm and unembedding of x [M, D]: hn [M, D], lg [M, V] (lg NULL:
+ * the norm only), with their hooks. */
+void dcs_pass_final(dcs_pass *p, const float *x, float *hn, float *lg);
+
+#endif /* DCS_PASS_H */
