@@ -23,7 +23,7 @@
  * order and the MLP. A new family (DCFormer++: RMSNorm, SwiGLU) adds its
  * kinds here and one case where each is computed (layer.c: norm, mlp). */
 enum { DCS_NORM_LAYER = 0, DCS_NORM_RMS = 1 };
-enum { DCS_MLP_GELU = 0 };
+enum { DCS_MLP_GELU = 0, DCS_MLP_SWIGLU = 1 };   /* SwiGLU: w2(silu(w1 x) * w3 x) */
 typedef struct {
     int norm;               /* DCS_NORM_*                                  */
     int parallel_residual;  /* x + attn(ln1(x)) + mlp(ln2(x)), else sequential */

@@ -152,6 +152,10 @@ dcs_status dcs_tape_supported(dcs_model *m) {
                      : c->compose_groups > 1 ? "grouped composition (compose_groups > 1)"
                      : c->moh ? "moh (Mixture-of-Head routing)"
                      : c->key_wise ? "key_wise (key-wise-only composition)" : NULL;
+    if (c->model_type == DCS_MODEL_DCFORMER)   /* RMSNorm blocks, SwiGLU + group gate MLP */
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "gradients and training do not support model_type 'dcformer' "
+                          "(RMSNorm blocks and the SwiGLU MLP have no backward yet)");
     if (what)
         return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
                           "gradients and training do not support the attention variant %s yet", what);
