@@ -1,0 +1,224 @@
+"""DCFormer++ (model_type "dcformer", docs/dcformer-spec.md): the engine against
+logits the official module computed on checkpoints it wrote
+(tests/data/dcformer_official, scripts/official_dcformer_logits.py), and against
+the independent numpy reference (tests/reference_dcformer.py) on make-tiny
+checkpoints in every official layout and dtype; hooks, interventions, the
+decoder, analysis and errors."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import dclens
+from dclens import interventions as iv
+from dclens.generate import Decoder
+from conftest import rel_err
+from reference_dcformer import hook_names_dcformer, ref_forward_dcformer
+
+OFFICIAL = os.path.join(os.path.dirname(__file__), "data", "dcformer_official")
+CASES = json.load(open(os.path.join(OFFICIAL, "cases.json")))["cases"]
+# float32 through <= 4 layers and 300 positions: the official module's rotary
+# angles are float32 products (position * frequency), ~1e-5 relative at T = 300
+TOL = 1e-4
+
+
+def _load(d):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dclens.LoadWarning)
+        return dclens.load(d)
+
+
+def _copy_with(src, tmp_path, **cfg_over):
+    d = str(tmp_path / os.path.basename(src))
+    shutil.copytree(src, d, ignore=shutil.ignore_patterns("official_logits.npy"))
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg.update(cfg_over)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["path"] == "official_inference"], ids=lambda c: c["name"])
+def test_official_inference_logits(case, tmp_path):
+    """The official inference masks keep window_size - 1 past keys (spec 6.1):
+    its logits are the engine's with window_size - 1, to float32 rounding, on
+    typed (LGLL) and null layouts past the 256 window, mgate and q/k norm on
+    and off, the .bin / safetensors / wq-wk-wv split files it wrote."""
+    src = os.path.join(OFFICIAL, case["name"])
+    ref = np.load(os.path.join(src, "official_logits.npy"))
+    toks, pos = np.array(case["tokens"]), case["positions"]
+    w = case["window_size"]
+    d = _copy_with(src, tmp_path, **({"window_size": w - 1} if w else {}))
+    lg = _load(d).forward(toks)[pos]
+    assert rel_err(lg, ref) <= TOL
+    if w and len(toks) > w:   # the window convention is what makes them equal
+        assert rel_err(_load(src).forward(toks)[pos], ref) > 1e-2
+
+
+def test_official_training_path_keeps_window_size_keys(tmp_path):
+    """The official training path masks t - s <= window_size, the engine's
+    convention; it rounds probabilities to bfloat16 (spec 6.4), so agreement is
+    to bfloat16 rounding, and window_size - 1 is far off."""
+    case = next(c for c in CASES if c["path"] == "official_training")
+    src = os.path.join(OFFICIAL, case["name"])
+    ref = np.load(os.path.join(src, "official_logits.npy"))
+    toks, pos = np.array(case["tokens"]), case["positions"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = dclens.load(src)
+    assert any("is_training" in str(w.message) for w in seen)
+    assert rel_err(model.forward(toks)[pos], ref) <= 0.02            # bf16 probabilities: ~2^-9 each
+    assert rel_err(_load(_copy_with(src, tmp_path, window_size=case["window_size"] - 1)).forward(toks)[pos],
+                   ref) > 0.2
+
+
+def test_official_checkpoint_config_and_notes():
+    src = os.path.join(OFFICIAL, "lgll_mgate_qknorm")
+    with pytest.warns(dclens.LoadWarning, match="window_size - 1"):
+        model = dclens.load(src)
+    c = model.config
+    assert (c.model_type, c.norm, c.mlp, c.mgate_dim, c.rotary_dim, c.parallel_residual) == \
+        ("dcformer", "rms", "swiglu", 4, c.head_dim, False)
+    assert c.local_layers == (0, 2, 3)                                 # LGLL
+    assert not c.tie_embeddings and not c.linear_bias
+
+
+# ------------------------------------------------------------------ make-tiny x reference
+
+LAYOUTS = [
+    dict(dtype="float32", fmt="safetensors", shards=1, mgate_dim=4, use_qk_norm=True, window_type="LGLL", n_layer=4),
+    dict(dtype="float16", fmt="torch", shards=2, mgate_dim=0, use_qk_norm=False, window_type=None, n_layer=2),
+    dict(dtype="bfloat16", fmt="safetensors", shards=2, mgate_dim=8, use_qk_norm=True, window_type="LG", n_layer=2,
+         fused_qkv=False, extra_derived=True),
+    dict(dtype="float32", fmt="torch", shards=1, mgate_dim=2, use_qk_norm=True, window_size=None, n_layer=2,
+         fused_qkv=False, share_storage=True),
+]
+
+
+@pytest.mark.parametrize("kw", LAYOUTS, ids=["f32-st-lgll", "f16-bin2-null", "bf16-st2-split", "f32-bin-global"])
+def test_reference_every_layout(tiny_factory, kw):
+    kw = dict(dict(window_size=3, intermediate=64, dim=32, n_head=4, vocab=64, seed=27), **kw)
+    d, sd, cfg = tiny_factory(model_type="dcformer", **kw)
+    model = _load(d)
+    toks = np.random.default_rng(1).integers(0, 64, size=14)
+    logits, cache = model.run_with_cache(toks)
+    ref, rcache = ref_forward_dcformer(sd, cfg, toks, cache=True)
+    assert rel_err(logits, ref) <= 2e-5
+    assert sorted(cache.keys()) == sorted(hook_names_dcformer(cfg)) == sorted(model.hook_names)
+    for name in rcache:
+        assert rel_err(cache[name], rcache[name]) <= 5e-5, name
+
+
+def test_config_defaults(tmp_path):
+    """DCFormerConfig's defaults: intermediate_size = the multiple of 256 at or
+    above int(8 dim / 3), rope_base 500000, norm_eps 1e-5, 44 mgate groups."""
+    from dclens.testing.make_tiny import make_tiny
+    sd, cfg = make_tiny(str(tmp_path), "dcformer", dim=32, n_head=4, vocab=64, intermediate=256, mgate_dim=44 * 0)
+    for k in ("intermediate_size", "rope_base", "norm_eps", "mgate_dim"):
+        cfg.pop(k)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(cfg, f)
+    model = _load(str(tmp_path))
+    c = model.config
+    assert (c.d_ff, c.rope_base, c.norm_eps, c.mgate_dim) == (256, 500000.0, pytest.approx(1e-5), 0)
+    toks = np.arange(10)
+    assert rel_err(model.forward(toks), ref_forward_dcformer(sd, cfg, toks)) <= 2e-5
+
+
+def test_gate_hook_and_interventions(tiny_factory):
+    """mlp.gate is a hook point: a written gate is the one applied (here a
+    uniform gate, and one group switched off), as in the reference."""
+    d, sd, cfg = tiny_factory(model_type="dcformer", n_layer=2, dim=32, n_head=4, vocab=64, intermediate=64,
+                              mgate_dim=4, window_size=3, seed=5)
+    model = _load(d)
+    toks = np.arange(11) % 64
+
+    def gate_fn(g):
+        g = np.full_like(g, 0.25)
+        g[..., 1] = 0.0
+        return g
+
+    got = model.run_with_hooks(toks, fwd_hooks=[("blocks.1.mlp.gate", lambda a, hook: gate_fn(a)),
+                                                iv.scale(model, "blocks.0.mlp.pre_linear", 0.5)])
+    ref = ref_forward_dcformer(sd, cfg, toks, interventions={"blocks.1.mlp.gate": gate_fn,
+                                                              "blocks.0.mlp.pre_linear": lambda a: 0.5 * a})
+    assert rel_err(got, ref) <= 2e-5
+    assert rel_err(got, model.forward(toks)) > 1e-3
+    with pytest.raises(dclens.Error, match="mgate"):
+        _load(tiny_factory(model_type="dcformer", mgate_dim=0, seed=6)[0]).run_with_cache(
+            toks, names_filter=["blocks.0.mlp.gate"])
+    with pytest.raises(dclens.Error, match="SwiGLU"):
+        _load(tiny_factory(model_type="dcpythia", seed=7)[0]).run_with_cache(
+            toks, names_filter=["blocks.0.mlp.pre_linear"])
+
+
+@pytest.mark.parametrize("chunks", [[1] * 16, [5, 1, 7, 3]], ids=["steps", "mixed"])
+def test_decoder_equals_full_forward(tiny_factory, chunks):
+    d, _, _ = tiny_factory(model_type="dcformer", n_layer=4, window_type="LGLL", window_size=3, mgate_dim=4,
+                           intermediate=64, seed=8)
+    model = _load(d)
+    toks = np.random.default_rng(2).integers(0, model.config.vocab, size=16)
+    full = model.forward(toks)
+    dec, out, at = Decoder(model), [], 0
+    for n in chunks:
+        out.append(dec.step(toks[at:at + n]))
+        at += n
+    assert rel_err(np.concatenate(out), full) <= 2e-5
+    hooks = [iv.scale(model, "blocks.1.mlp.gate", 2.0), iv.ablate_head(model, 0, 1)]
+    want = model.run_with_hooks(toks, fwd_hooks=hooks)
+    dec = Decoder(model)
+    inc = np.concatenate([dec.step(toks[:6], fwd_hooks=hooks)] + [dec.step([t], fwd_hooks=hooks) for t in toks[6:]])
+    assert rel_err(inc, want) <= 2e-5
+    assert list(model.generate(toks[:4], max_new_tokens=3)[:4]) == list(toks[:4])
+
+
+def test_analysis_on_rmsnorm(tiny_factory):
+    """DLA components sum to the logit with RMSNorm (no centring); routing and
+    circuits run; the composed pattern equals C^T applied to the scores."""
+    from dclens import circuits
+    d, sd, cfg = tiny_factory(model_type="dcformer", n_layer=2, dim=32, n_head=4, vocab=64, intermediate=64,
+                              mgate_dim=4, window_size=None, seed=9)
+    model = _load(d)
+    toks = np.arange(9)
+    logits, cache = model.run_with_cache(toks)
+    from dclens.cache import dla
+    attrs, labels = dla(cache, 5, pos=-1)
+    assert abs(float(np.sum(attrs)) - float(logits[-1, 5])) <= 1e-4 * max(1.0, abs(float(logits[-1, 5])))
+    R = model.routing_matrix(toks, layer=1, phase="post", query=8)
+    assert R.shape == (4, 4)
+    ov = circuits.ov_logits(model, 1, 2, [3, 4])
+    assert ov.shape == (2, 64) and np.isfinite(ov).all()
+
+
+def test_errors(tiny_factory, tmp_path):
+    d, _, cfg = tiny_factory(model_type="dcformer", n_layer=2, mgate_dim=4, intermediate=64, seed=10)
+    bad = str(tmp_path / "bad")
+    shutil.copytree(d, bad)
+    for over, match in ((dict(mgate_dim=5), "mgate_dim 5 does not divide intermediate_size 64"),
+                        (dict(n_local_heads=2), "grouped-query"),
+                        (dict(window_type="LLG"), "window_type")):
+        with open(os.path.join(bad, "config.json"), "w") as f:
+            json.dump(dict(cfg, **over), f)
+        with pytest.raises(dclens.Error, match=match):
+            dclens.load(bad)
+    model = _load(d)
+    with pytest.raises(dclens.Error, match="dcformer"):
+        model.gradients(np.arange(4), ("logprob", -1, 3), wrt=["blocks.0.attn.out"])
+
+
+def test_make_tiny_cli(tmp_path):
+    out = str(tmp_path / "t")
+    r = subprocess.run([sys.executable, "-m", "dclens.cli", "make-tiny", out, "--model-type", "dcformer",
+                        "--mgate-dim", "4", "--intermediate", "64", "--dtype", "bfloat16", "--format", "torch",
+                        "--shards", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    model = _load(out)
+    assert model.config.model_type == "dcformer" and model.config.mgate_dim == 4
+    r = subprocess.run([sys.executable, "-m", "dclens.cli", "make-tiny", out, "--model-type", "dcformer",
+                        "--n-head", "3", "--dim", "24"], capture_output=True, text=True)
+    assert r.returncode != 0 and "even --n-head" in r.stderr
