@@ -452,7 +452,8 @@ static void mlp_group_gate(dcs_pass *p, int l, const float *hn, float *u) {
     const dcs_config *c = &p->m->cfg;
     const dcs_layer_weights *lw = &p->m->layers[l];
     const int M = p->M, D = c->d_model, E = c->mgate_dim;
-    float *g = dcs_pass_alloc(p, M, E, 1);
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    float *g = act(p, kp ? kp->gate : NULL, M, E, 1);
     if (p->status) return;
     dcs_pass_linear(p, g, hn, (dcs_wmat){lw->mg, DCS_F32}, NULL, M, E, D);
     /* a plain row softmax: M rows of one query at position E - 1 over keys
@@ -479,7 +480,7 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
     dcs_pass_hook(p, DCS_HP_MLP_PRE, l, u);
     float *ug = u, *u3 = NULL;
     if (p->desc.mlp == DCS_MLP_SWIGLU) {
-        u3 = dcs_pass_alloc(p, M, F, 1);
+        u3 = act(p, kp ? kp->u3 : NULL, M, F, 1);
         if (p->status) return;
         dcs_pass_linear(p, u3, hn, lw->m_w3, NULL, M, F, D);
         dcs_pass_hook(p, DCS_HP_MLP_PRE_LINEAR, l, u3);

@@ -54,6 +54,7 @@ typedef struct {
     float *x, *ln1, *q, *k, *v, *qraw, *kraw, *hpre, *hid, *g;
     float *w1raw[2][2], *w1[2][2], *w2[2][2], *dd[2][2];
     float *A, *P, *Pc, *z, *ao, *h, *ln2, *u, *ug, *mo;
+    float *u3, *gate;   /* DCFormer++: w3 x [M, F], the MLP group gate [M, E] (mgate) */
 } dcs_kept;
 
 /* The size table: floats of each kept activation of one layer for B
