@@ -186,15 +186,15 @@ typedef enum {
     DCS_HP_ATTN_OUT,           /* attn.out               [T, D]             */
     DCS_HP_LN_MLP,             /* ln_mlp                 [T, D]             */
     DCS_HP_MLP_PRE,            /* mlp.pre                [T, F]             */
+    /* DCFormer++ SwiGLU MLP (model_type dcformer); mlp.pre is w1 x there,
+     * mlp.post silu(pre) * pre_linear (* the group gate), what w2 reads   */
+    DCS_HP_MLP_PRE_LINEAR,     /* mlp.pre_linear         [T, F]  (dcformer) */
+    DCS_HP_MLP_GATE,           /* mlp.gate               [T, E]  (mgate)    */
     DCS_HP_MLP_POST,           /* mlp.post               [T, F]             */
     DCS_HP_MLP_OUT,            /* mlp.out                [T, D]             */
     DCS_HP_RESID_POST,         /* resid_post             [T, D]             */
     DCS_HP_LN_FINAL,           /* ln_final               [T, D]      global */
     DCS_HP_LOGITS,             /* logits                 [T, V]      global */
-    /* DCFormer++ SwiGLU MLP (model_type dcformer); mlp.pre is w1 x there,
-     * mlp.post silu(pre) * pre_linear (* the group gate), what w2 reads   */
-    DCS_HP_MLP_PRE_LINEAR,     /* mlp.pre_linear         [T, F]  (dcformer) */
-    DCS_HP_MLP_GATE,           /* mlp.gate               [T, E]  (mgate)    */
     DCS_HP_COUNT
 } dcs_hook_point;
 
