@@ -315,3 +315,16 @@ def test_integrated_gradients_completeness(tiny_factory):
         assert abs(fine.gap[n]) <= 0.02 * total + 1e-4, n
         assert abs(fine.gap[n]) <= abs(coarse.gap[n]) + 1e-6, n
     assert fine.per_head["blocks.1.attn.head_out"].shape == (4,)
+
+
+def test_spec_names_the_hooks(tiny_factory):
+    """docs/dcformer-spec.md section 7 names exactly the hooks DCFormer++ has
+    beyond DCPythia's."""
+    import re
+    spec = open(os.path.join(os.path.dirname(__file__), "..", "docs", "dcformer-spec.md")).read()
+    sec = spec[spec.index("## 7. Hooks"):spec.index("## 8.")]
+    named = set(re.findall(r"blocks\.\{l\}\.([a-z_.]+[a-z])", sec))
+    dcf = _load(tiny_factory(model_type="dcformer", mgate_dim=4, intermediate=64, seed=13)[0])
+    dcp = _load(tiny_factory(model_type="dcpythia", seed=13)[0])
+    suffix = lambda names: {n.split(".", 2)[2] for n in names if n.startswith("blocks.0.")}
+    assert named == suffix(dcf.hook_names) - suffix(dcp.hook_names) == {"mlp.pre_linear", "mlp.gate"}
