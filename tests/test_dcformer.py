@@ -328,3 +328,19 @@ def test_spec_names_the_hooks(tiny_factory):
     dcp = _load(tiny_factory(model_type="dcpythia", seed=13)[0])
     suffix = lambda names: {n.split(".", 2)[2] for n in names if n.startswith("blocks.0.")}
     assert named == suffix(dcf.hook_names) - suffix(dcp.hook_names) == {"mlp.pre_linear", "mlp.gate"}
+
+
+def test_training_loss_falls_and_reloads(tmp_path):
+    """dclens train --model-type dcformer: the loss falls on a repeating corpus
+    and the checkpoint is a DCFormer++ dclens.load reads (with its gate)."""
+    from dclens.train import TrainConfig, train
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
+    final = train(TrainConfig(out=str(tmp_path / "run"), model_type="dcformer", n_layer=2, dim=32, n_head=4,
+                              d_ff=64, mgate_dim=4, window_size=4, seq_len=24, batch_size=4, steps=30, lr=3e-3,
+                              min_lr=3e-4, warmup=5, data=str(corpus), tokenizer="bytes", ckpt_every=30,
+                              log_every=10, progress=False))
+    losses = [float(l.split(",")[1]) for l in open(tmp_path / "run" / "loss.csv").read().split("\n")[1:] if l]
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
+    m = _load(final)
+    assert (m.config.model_type, m.config.mgate_dim, m.config.local_layers) == ("dcformer", 4, (0,))
