@@ -365,3 +365,18 @@ def _put_head(a, z, head):
     a = a.copy()
     a[..., head, :] = z[..., head, :]
     return a
+
+
+def test_synth_uses_the_checkpoints_tokenizer(tmp_path):
+    """dclens synth on a DCFormer++ directory with its own tokenizer.json."""
+    from dclens.testing.make_tiny import make_tiny
+    tok = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gpt-neox-20b-tokenizer.json")
+    if not os.path.exists(tok):
+        pytest.skip("../shared/data is not there")
+    d = str(tmp_path / "m")
+    make_tiny(d, "dcformer", vocab=50304, dim=16, n_head=4, intermediate=32, mgate_dim=4, tokenizer=tok)
+    r = subprocess.run([sys.executable, "-m", "dclens.cli", "synth", "--model", d, "--limit", "2",
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.load(open(tmp_path / "out" / "results.json"))
+    assert res["lines"] == 2 and res["skipped_lines"] == 0 and res["per_task"]
