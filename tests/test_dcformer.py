@@ -209,6 +209,26 @@ def test_errors(tiny_factory, tmp_path):
             dclens.load(bad)
 
 
+@pytest.mark.parametrize("change, match", [
+    (lambda sd: sd.pop("layers.1.feed_forward.w3.weight"), "missing tensor 'layers.1.feed_forward.w3.weight'"),
+    (lambda sd: sd.pop("layers.0.feed_forward.mg.weight"), "missing tensor 'layers.0.feed_forward.mg.weight'"),
+    (lambda sd: sd.update({"norm.bias": np.zeros(32, np.float32)}), "unexpected tensor 'norm.bias'"),
+    (lambda sd: sd.update({"layers.0.feed_forward.w3.weight": np.zeros((64, 31), np.float32)}),
+     r"'layers.0.feed_forward.w3.weight' has shape \[64, 31\], expected \[64, 32\]"),
+], ids=["no-w3", "no-mg", "norm-bias", "w3-shape"])
+def test_bad_checkpoints_are_named(tiny_factory, tmp_path, change, match):
+    from dclens.testing.checkpoint import write_safetensors
+    d, sd, cfg = tiny_factory(model_type="dcformer", n_layer=2, mgate_dim=4, intermediate=64, seed=15)
+    sd = dict(sd)
+    change(sd)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(cfg))
+    write_safetensors(str(bad / "model.safetensors"), {k: ("F32", v.shape, v) for k, v in sd.items()})
+    with pytest.raises(dclens.Error, match=match):
+        dclens.load(str(bad))
+
+
 def test_make_tiny_cli(tmp_path):
     out = str(tmp_path / "t")
     r = subprocess.run([sys.executable, "-m", "dclens.cli", "make-tiny", out, "--model-type", "dcformer",
