@@ -8,8 +8,8 @@ imports `modeling_dcformer` and `configuration_dcformer` from --module (the
 none of their code), builds small models for the cases below in float32, draws
 every parameter at scales where composition and the group gate matter (the
 module's own init makes the dynamic weights ~1e-4), saves each with the module's
-own `save_pretrained` (torch .bin or safetensors; one case also with the wq/wk/wv
-split the module's load hook accepts) and runs the module's inference forward
+own `save_pretrained` (torch .bin or safetensors, single or sharded with their
+index; one case also with the wq/wk/wv split the module's load hook accepts) and runs the module's inference forward
 (its prefill path: `setup_caches`, then one call over the whole sequence). The
 logits at the positions listed in `cases.json` are stored as float32 .npy.
 One case also runs the module's training path (`is_training`: chunked attention,
@@ -33,11 +33,11 @@ CASES = [
     ("lgll_mgate_qknorm", dict(n_layer=4, window_type="LGLL", window_size=256, mgate=True, mgate_dim=4,
                                use_qk_norm=True), 300, "bin"),
     ("null_nomgate_noqknorm", dict(n_layer=2, window_type=None, window_size=256, mgate=False,
-                                   use_qk_norm=False), 300, "safetensors"),
+                                   use_qk_norm=False), 300, "safetensors-sharded"),
     ("lg_mgate_split_qkv", dict(n_layer=2, window_type="LG", window_size=256, mgate=True, mgate_dim=8,
                                 use_qk_norm=True), 40, "split"),
     ("global_only", dict(n_layer=2, window_type=None, window_size=None, mgate=True, mgate_dim=2,
-                         use_qk_norm=True), 40, "safetensors"),
+                         use_qk_norm=True), 40, "bin-sharded"),
     ("training_path_lg", dict(n_layer=2, window_type=None, window_size=6, mgate=True, mgate_dim=4,
                               use_qk_norm=True, block_size=64), 48, "safetensors"),
 ]
@@ -107,9 +107,11 @@ def run_case(mod, cfgmod, torch, out, name, over, T, fmt, seed):
             layer.attention.dyn_w_proj.merge_weights()
     else:
         # safetensors refuses qkw_m, a view of qkw: the merged copies are left out there
+        st = fmt.startswith("safetensors")
         sd = {k: v for k, v in model.state_dict().items()
-              if fmt != "safetensors" or not k.endswith(("dyn_w_proj.dw_m", "dyn_w_proj.qkw_m"))}
-        model.save_pretrained(d, state_dict=sd, safe_serialization=(fmt == "safetensors"))
+              if not st or not k.endswith(("dyn_w_proj.dw_m", "dyn_w_proj.qkw_m"))}
+        model.save_pretrained(d, state_dict=sd, safe_serialization=st,
+                              max_shard_size="20KB" if fmt.endswith("sharded") else "5GB")
     ids = torch.randint(0, cfg.vocab_size, (1, T), generator=gen)
     with torch.no_grad():
         model.setup_caches(max_batch_size=1)
