@@ -194,6 +194,24 @@ def test_analysis_on_rmsnorm(tiny_factory):
     assert R.shape == (4, 4)
     ov = circuits.ov_logits(model, 1, 2, [3, 4])
     assert ov.shape == (2, 64) and np.isfinite(ov).all()
+    # ov_logits by hand: e + MLP_0(RMS(e)) (SwiGLU with the gate), RMS_attn,1, W_V W_O, unembed
+    ref_sd = {k: np.asarray(v, np.float64) for k, v in sd.items()}
+    e = ref_sd["tok_embeddings.weight"][[3, 4]]
+    rms = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg["norm_eps"]) * w
+    h = rms(e, ref_sd["layers.0.ffn_norm.weight"])
+    u, u3 = h @ ref_sd["layers.0.feed_forward.w1.weight"].T, h @ ref_sd["layers.0.feed_forward.w3.weight"].T
+    g = np.exp(h @ ref_sd["layers.0.feed_forward.mg.weight"].T)
+    g /= g.sum(-1, keepdims=True)
+    post = (u / (1 + np.exp(-u)) * u3).reshape(2, 4, -1) * g[:, :, None]
+    e = e + post.reshape(2, -1) @ ref_sd["layers.0.feed_forward.w2.weight"].T
+    Dh = 8
+    wv = ref_sd["layers.1.attention.wqkv.weight"][64 + 2 * Dh:64 + 3 * Dh]
+    wo = ref_sd["layers.1.attention.wo.weight"][:, 2 * Dh:3 * Dh]
+    want = (rms(e, ref_sd["layers.1.attention_norm.weight"]) @ wv.T @ wo.T) @ ref_sd["output.weight"].T
+    assert rel_err(ov, want) <= 1e-5
+    qk = circuits.qk_circuit(model, 1, 0).full()
+    wq, wk = ref_sd["layers.1.attention.wqkv.weight"][:Dh], ref_sd["layers.1.attention.wqkv.weight"][32:32 + Dh]
+    assert rel_err(qk, wq.T @ wk) <= 1e-6
 
 
 def test_errors(tiny_factory, tmp_path):
