@@ -23,6 +23,22 @@ from typing import Dict, Optional, Tuple
 Shape = Tuple[int, ...]
 
 
+def _attention_projections(out, p: str, D: int, fused_qkv: bool, bias: bool) -> None:
+    """wqkv [3D, D] (or wq, wk, wv [D, D]) and wo [D, D] of layer prefix p, with biases if asked."""
+    if fused_qkv:
+        out[p + "attention.wqkv.weight"] = (3 * D, D)
+        if bias:
+            out[p + "attention.wqkv.bias"] = (3 * D,)
+    else:
+        for nm in ("wq", "wk", "wv"):
+            out[p + "attention.%s.weight" % nm] = (D, D)
+            if bias:
+                out[p + "attention.%s.bias" % nm] = (D,)
+    out[p + "attention.wo.weight"] = (D, D)
+    if bias:
+        out[p + "attention.wo.bias"] = (D,)
+
+
 def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, intermediate: int, rank: int = 2,
                      fused_qkv: bool = True, use_qk_norm: bool = True, use_linear_bias: bool = True,
                      dyn: bool = True, compose_groups: int = 1, use_sw: bool = False, moh: Optional[dict] = None,
@@ -37,18 +53,7 @@ def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l
-        if fused_qkv:
-            out[p + "attention.wqkv.weight"] = (3 * D, D)
-            if use_linear_bias:
-                out[p + "attention.wqkv.bias"] = (3 * D,)
-        else:
-            for nm in ("wq", "wk", "wv"):
-                out[p + "attention.%s.weight" % nm] = (D, D)
-                if use_linear_bias:
-                    out[p + "attention.%s.bias" % nm] = (D,)
-        out[p + "attention.wo.weight"] = (D, D)
-        if use_linear_bias:
-            out[p + "attention.wo.bias"] = (D,)
+        _attention_projections(out, p, D, fused_qkv, use_linear_bias)
         if dyn:
             q = p + "attention.dyn_w_proj."
             out[q + "dw1"] = (D, G, 4, K)
@@ -135,12 +140,7 @@ def dcformer_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l
-        if fused_qkv:
-            out[p + "attention.wqkv.weight"] = (3 * D, D)
-        else:
-            for nm in ("wq", "wk", "wv"):
-                out[p + "attention.%s.weight" % nm] = (D, D)
-        out[p + "attention.wo.weight"] = (D, D)
+        _attention_projections(out, p, D, fused_qkv, False)
         q = p + "attention.dyn_w_proj."
         out[q + "dw1"] = (D, 1, 4, K)
         out[q + "qkw"] = (1, 4, K, 2 * R, N)
