@@ -334,6 +334,13 @@ def write_69b_fp16(d, n_layer=32):
                     (p + "feed_forward.w1.weight", (F, D), 0.02), (p + "feed_forward.w1.bias", (F,), 0.0),
                     (p + "feed_forward.w2.weight", (D, F), 0.01), (p + "feed_forward.w2.bias", (D,), 0.0)]
     tensors += [("norm.weight", (D,), 1.0), ("norm.bias", (D,), 0.0), ("output.weight", (V, D), 0.02)]
+    return stream_f16_safetensors(os.path.join(d, "model.safetensors"), tensors)
+
+
+def stream_f16_safetensors(path, tensors):
+    """Write [(name, shape, scale)] as one F16 safetensors file, streamed:
+    every tensor from one reused random block (scale 0 or 1: that constant),
+    so Python never holds more than a few MB. Returns the data bytes."""
     header, off = {}, 0
     for name, shape, _ in tensors:
         n = int(np.prod(shape)) * 2
@@ -342,7 +349,7 @@ def write_69b_fp16(d, n_layer=32):
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     block = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float16)   # 8 MB
-    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+    with open(path, "wb") as f:
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
         for i, (name, shape, scale) in enumerate(tensors):

@@ -162,7 +162,8 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
     first = next(iter(res))
     o = res[first]["overall"]
     mtype = (cfg or {}).get("model_type", "")
-    arch = {"dcpythia": "DCPythia (DCMHA)", "gpt_neox": "Pythia-style MHA (gpt_neox)"}.get(mtype, mtype or "model")
+    arch = {"dcpythia": "DCPythia (DCMHA)", "gpt_neox": "Pythia-style MHA (gpt_neox)",
+            "dcformer": "DCFormer++ (DCMHA, LLaMA-style blocks)"}.get(mtype, mtype or "model")
     size = f"{n_params / 1e6:.2f}M-parameter " if n_params else ""
     trained = ""
     if log and "tokens" in log:

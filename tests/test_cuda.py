@@ -37,6 +37,9 @@ MODELS = {
                                     seed=28), 2, 13),
     "tiny-dcp-key-wise-moh": (dict(model_type="dcpythia", key_wise=True, window_size=None,
                                    moh={"shared_heads": 1, "routed_topk": 2}, seed=29), 2, 13),
+    # DCFormer++ (docs/dcformer-spec.md): RMSNorm, SwiGLU with the group gate, full-width rotary
+    "tiny-dcformer-lgll-mgate": (dict(model_type="dcformer", n_layer=4, window_type="LGLL", window_size=4,
+                                      intermediate=64, mgate_dim=4, seed=30), 2, 15),
     "mid-dcp": (dict(model_type="dcpythia", n_layer=4, dim=256, n_head=8, vocab=1000, window_size=16,
                      seed=26), 2, 70),
     "mid-neox": (dict(model_type="gpt_neox", n_layer=4, dim=256, n_head=8, vocab=1000, seed=27), 2, 70),

@@ -175,7 +175,7 @@ def test_fuzz_api(entry, ctx):
 
 def _train_entry():
     from dclens.train import TrainConfig
-    valid = dict(model_type=st.sampled_from(["dcpythia", "gpt_neox"]), n_layer=st.integers(1, 4),
+    valid = dict(model_type=st.sampled_from(["dcpythia", "gpt_neox", "dcformer"]), n_layer=st.integers(1, 4),
                  dim=st.sampled_from([16, 32, 64]), n_head=st.sampled_from([1, 2]), d_ff=st.integers(0, 64),
                  vocab=st.integers(0, 300), window_size=st.one_of(st.none(), st.integers(1, 64)),
                  window_type=st.sampled_from([None, "LG", "LGLL", "LGL6"]), rank=st.integers(1, 4),
@@ -186,7 +186,7 @@ def _train_entry():
                  data=st.sampled_from(["synth", "synth:2"]), lines=st.booleans(),
                  tokenizer=st.sampled_from(["bytes", "bpe:300", "bpe:4096"]), ckpt_every=st.integers(1, 50),
                  keep=st.integers(1, 3), log_every=st.integers(1, 10), n_threads=st.integers(0, 2),
-                 progress=st.sampled_from([None, True, False]))
+                 progress=st.sampled_from([None, True, False]), mgate_dim=st.sampled_from([0, 0, 2, 4]))
 
     def call(c, **kw):
         TrainConfig(out=os.path.join(c["tmp"], "run"), **kw).check()

@@ -19,6 +19,7 @@ typedef struct {
     int qk_norm; int linear_bias; int use_dcmha; int query_wise; int dyn_rank;
     int dyn_hidden; int dyn_slots; int window_size; int tie_embeddings;
     int use_sw; int compose_groups; int moh; int moh_shared; int moh_topk; int key_wise;
+    int mgate_dim; int official_notes;
 } dcs_config;
 typedef struct { int device; int cuda_device; int n_threads; } dcs_load_options;
 

@@ -382,9 +382,15 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, return_labels:
     return (out, labels) if return_labels else out
 
 
+def _centre(config, x: np.ndarray) -> np.ndarray:
+    """x less its mean over the last axis for LayerNorm; as is for RMSNorm
+    (DCFormer++), which scales without centring."""
+    return x if config.norm == "rms" else x - x.mean(-1, keepdims=True)
+
+
 def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = None, mlp_input: bool = False,
                       pos_slice=None, whole: bool = False) -> np.ndarray:
-    """The LayerNorm before `layer`'s attention (its MLP's with mlp_input;
+    """The LayerNorm (RMSNorm for DCFormer++) before `layer`'s attention (its MLP's with mlp_input;
     None: ln_final) applied to each component as the linear map it is once
     the scale is fixed by the full residual at that point: (c - mean(c)) /
     sigma(total) * w, bias left out. Summed over components it gives
@@ -400,12 +406,12 @@ def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = No
         w = np.asarray(model.weight("layers.%d.%s.weight" % (upto, "ffn_norm" if mlp_input else "attention_norm")),
                        np.float64)
     stack = np.asarray(stack, np.float64)
-    centred = stack - stack.mean(-1, keepdims=True)
+    centred = _centre(c, stack)
     if whole:
         scale = np.sqrt((centred ** 2).mean(-1, keepdims=True) + c.norm_eps)
     else:
         total = np.asarray(_pos_slice(_final_resid(cache, model, upto, mlp_input), pos_slice), np.float64)
-        tc = total - total.mean(-1, keepdims=True)
+        tc = _centre(c, total)
         scale = np.sqrt((tc ** 2).mean(-1, keepdims=True) + c.norm_eps)
         if stack.shape[1:] != total.shape:
             raise Error("apply_ln_to_stack: stack is %s, expected [C, %s]%s"
@@ -483,10 +489,10 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     stack = np.asarray(np.stack(parts), np.float64)             # [C, D]
     total = np.asarray(at(hook_name(L - 1, "resid_post")), np.float64)
     eps = model.config.norm_eps
-    tc = total - total.mean()
+    tc = _centre(model.config, total)
     scale = np.sqrt((tc ** 2).mean() + eps)
     w = np.asarray(model.ln_final_w, np.float64)
     u = np.asarray(model.W_U, np.float64)[:, int(token)]
-    attrs = ((stack - stack.mean(-1, keepdims=True)) / scale * w) @ u
+    attrs = (_centre(model.config, stack) / scale * w) @ u
     bias = float(np.asarray(model.ln_final_b, np.float64) @ u)
     return np.concatenate([attrs, [bias]]), labels + ["ln_final.bias"]

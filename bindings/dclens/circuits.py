@@ -93,6 +93,23 @@ def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     return (x - mu) / np.sqrt(var + eps) * w + b
 
 
+def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _swiglu_hidden(model: Model, h: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Layer 0's SwiGLU hidden units (DCFormer++): silu(u) * (h w3^T), each of
+    the mgate_dim groups scaled by softmax(h mg^T) when the gate is on."""
+    c = model.config
+    hid = u / (1.0 + np.exp(-u)) * (h @ model.weight("layers.0.feed_forward.w3.weight").T.astype(np.float64))
+    if c.mgate_dim:
+        g = h @ model.weight("layers.0.feed_forward.mg.weight").T.astype(np.float64)   # [K, E]
+        g = np.exp(g - g.max(-1, keepdims=True))
+        g /= g.sum(-1, keepdims=True)
+        hid = (hid.reshape(len(h), c.mgate_dim, -1) * g[:, :, None]).reshape(hid.shape)
+    return hid
+
+
 def _gelu(x: np.ndarray) -> np.ndarray:
     from math import erf, sqrt
     return 0.5 * x * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))
@@ -113,13 +130,19 @@ def ov_logits(model: Model, layer: int, head: int, tokens) -> np.ndarray:
     for t in toks:
         check_index("token id", int(t), 0, c.vocab)
     e = model.weight("tok_embeddings.weight")[toks].astype(np.float64)              # [K, D]
-    ln = lambda x, name: _layernorm(x, model.weight(name + ".weight"), model.weight(name + ".bias"), c.norm_eps)
+    if c.norm == "rms":   # DCFormer++: RMSNorm, a weight only
+        ln = lambda x, name: _rmsnorm(x, model.weight(name + ".weight"), c.norm_eps)
+    else:
+        ln = lambda x, name: _layernorm(x, model.weight(name + ".weight"), model.weight(name + ".bias"), c.norm_eps)
     h = ln(e, "layers.0.ffn_norm")
     w1, w2 = model.weight("layers.0.feed_forward.w1.weight"), model.weight("layers.0.feed_forward.w2.weight")
     u = h @ w1.T.astype(np.float64)
     if c.linear_bias:
         u = u + model.weight("layers.0.feed_forward.w1.bias")
-    mlp = _gelu(u) @ w2.T.astype(np.float64)
+    if c.mlp == "swiglu":
+        mlp = _swiglu_hidden(model, h, u) @ w2.T.astype(np.float64)
+    else:
+        mlp = _gelu(u) @ w2.T.astype(np.float64)
     if c.linear_bias:
         mlp = mlp + model.weight("layers.0.feed_forward.w2.bias")
     e = e + mlp

@@ -160,7 +160,8 @@ def _hook_shapes(m):
     """(name pattern, shape with symbols and sizes) of each hook point of the model."""
     c = m.config
     sym = {"T": "T", "S": "S", "N": "N=%d" % c.n_head, "Dh": "Dh=%d" % c.head_dim, "D": "D=%d" % c.d_model,
-           "R": "R=%d" % c.dyn_rank, "F": "F=%d" % c.d_ff, "V": "V=%d" % c.vocab}
+           "R": "R=%d" % c.dyn_rank, "F": "F=%d" % c.d_ff, "V": "V=%d" % c.vocab,
+           "E": "E=%d" % c.mgate_dim}
     out, seen = [], set()
     for n in m.hook_names:
         key = n.split(".", 2)[2] if n.startswith("blocks.") else n
@@ -183,7 +184,9 @@ def _layout(suffix):
     if suffix.startswith(("attn.pre.", "attn.post.")) or suffix in (
             "attn.scores", "attn.scores_composed", "attn.pattern", "attn.pattern_composed"):
         return ("N", "T", "S")
-    if suffix in ("mlp.pre", "mlp.post"):
+    if suffix == "mlp.gate":
+        return ("T", "E")
+    if suffix in ("mlp.pre", "mlp.post", "mlp.pre_linear"):
         return ("T", "F")
     if suffix == "logits":
         return ("T", "V")

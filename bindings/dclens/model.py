@@ -125,6 +125,10 @@ class Config:
     moh_routed_topk: Optional[int] = None
     dyn_slots: int = 0                   # C: 4 (pre/post x query/key) or 2
     key_wise: bool = False               # query-wise branches absent
+    # DCFormer++ (model_type "dcformer", docs/dcformer-spec.md)
+    norm: str = "layer"                  # block / final norms: "layer" (LayerNorm) or "rms"
+    mlp: str = "gelu"                    # "gelu" or "swiglu" (w2(silu(w1 x) * w3 x))
+    mgate_dim: int = 0                   # E: groups of the SwiGLU MLP's softmax gate, 0 = none
 
     def __getitem__(self, key):  # dict-style access for notebooks
         return getattr(self, key)
@@ -322,7 +326,7 @@ class Model(WeightsMixin):
         self.device = device
         c = lib.dcs_model_config(self._m)
         self.config = Config(
-            model_type="dcpythia" if c.model_type == 1 else "gpt_neox",
+            model_type={1: "dcpythia", 2: "gpt_neox", 3: "dcformer"}[c.model_type],
             n_layer=c.n_layer, d_model=c.d_model, n_head=c.n_head, head_dim=c.head_dim,
             d_ff=c.d_ff, vocab=c.vocab, rotary_dim=c.rotary_dim, rope_base=c.rope_base,
             norm_eps=c.norm_eps, parallel_residual=bool(c.parallel_residual),
@@ -334,7 +338,8 @@ class Model(WeightsMixin):
             compose_groups=c.compose_groups,
             moh_shared_heads=c.moh_shared if c.moh else None,
             moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
-            key_wise=bool(c.key_wise))
+            key_wise=bool(c.key_wise), norm="rms" if c.model_type == 3 else "layer",
+            mlp="swiglu" if c.model_type == 3 else "gelu", mgate_dim=c.mgate_dim)
         self.load_warnings = ffi.string(lib.dcs_load_warnings(self._m)).decode(errors="replace").splitlines()
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)

@@ -18,6 +18,7 @@ TransformerLens spelling works too:
 | blocks.{l}.hook_attn_out          | blocks.{l}.attn.out         |
 | blocks.{l}.ln2.hook_normalized    | blocks.{l}.ln_mlp           |
 | blocks.{l}.mlp.hook_pre / _post   | blocks.{l}.mlp.pre / post   |
+| blocks.{l}.mlp.hook_pre_linear    | blocks.{l}.mlp.pre_linear (dcformer) |
 | blocks.{l}.hook_mlp_out           | blocks.{l}.mlp.out          |
 | blocks.{l}.hook_resid_post        | blocks.{l}.resid_post       |
 | ln_final.hook_normalized          | ln_final                    |
@@ -56,6 +57,7 @@ TL_LAYER_ALIASES = {
     "ln2.hook_normalized": "ln_mlp",
     "mlp.hook_pre": "mlp.pre",
     "mlp.hook_post": "mlp.post",
+    "mlp.hook_pre_linear": "mlp.pre_linear",   # DCFormer++'s gated MLP (w3 x)
     "hook_mlp_out": "mlp.out",
     "hook_resid_post": "resid_post",
 }
@@ -77,7 +79,7 @@ SHORT = {
     "pattern": "attn.pattern", "attn": "attn.pattern", "pattern_composed": "attn.pattern_composed",
     "result": "attn.head_out", "head_out": "attn.head_out", "attn_out": "attn.out",
     "pre": "mlp.pre", "post": "mlp.post", "mlp_pre": "mlp.pre", "mlp_post": "mlp.post",
-    "mlp_out": "mlp.out",
+    "mlp_out": "mlp.out", "pre_linear": "mlp.pre_linear", "mlp_gate": "mlp.gate",
 }
 _GLOBAL = {"embed", "ln_final", "logits"}
 

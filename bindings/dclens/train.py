@@ -52,7 +52,7 @@ from . import run_record
 @dataclasses.dataclass
 class TrainConfig:
     out: str
-    model_type: str = "dcpythia"          # or "gpt_neox"
+    model_type: str = "dcpythia"          # or "gpt_neox", "dcformer" (DCFormer++)
     n_layer: int = 4
     dim: int = 192
     n_head: int = 6
@@ -81,13 +81,17 @@ class TrainConfig:
     log_every: int = 10
     n_threads: int = 0
     progress: Optional[bool] = None       # dclens.progress: None: a bar where watched, plain lines in a log
+    mgate_dim: int = 0                    # dcformer: E > 0 turns the MLP group gate on (E | d_ff)
 
     def check(self) -> None:
         """Every option's type and range, each refused by name (--flag) before anything is written."""
         if not isinstance(self.out, (str, os.PathLike)) or "\0" in os.fspath(self.out) or not os.fspath(self.out):
             raise Error("train: out must be a directory path, not %r" % (self.out,))
-        if not isinstance(self.model_type, str) or self.model_type not in ("dcpythia", "gpt_neox"):
-            raise Error("model_type must be 'dcpythia' or 'gpt_neox', not %r" % (self.model_type,))
+        if not isinstance(self.model_type, str) or self.model_type not in ("dcpythia", "gpt_neox", "dcformer"):
+            raise Error("model_type must be 'dcpythia', 'dcformer' or 'gpt_neox', not %r" % (self.model_type,))
+        _int_option("mgate_dim", self.mgate_dim, 0)
+        if self.mgate_dim and (self.model_type != "dcformer" or (self.d_ff or 4 * self.dim) % self.mgate_dim):
+            raise Error("train: mgate_dim %d needs model_type 'dcformer' and must divide d_ff" % self.mgate_dim)
         for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every",
                   "rank"):
             _int_option(k, getattr(self, k), 1)
@@ -101,7 +105,7 @@ class TrainConfig:
             raise Error("train: --window-type must be None, 'LG', 'LGLL' or 'LGL6', not %r" % (self.window_type,))
         if self.dim % self.n_head:
             raise Error("train: dim %d is not a multiple of n_head %d" % (self.dim, self.n_head))
-        if (self.dim // self.n_head) % 8:
+        if (self.dim // self.n_head) % 8 and self.model_type != "dcformer":
             raise Error("train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head))
         for k, lo, hi in (("lr", 0, None), ("min_lr", 0, None), ("weight_decay", 0, None), ("grad_clip", 0, None),
                           ("beta1", 0, 1), ("beta2", 0, 1), ("eps", 0, None)):
@@ -178,6 +182,14 @@ def model_config(c: TrainConfig, vocab: int) -> dict:
                 "window_type": c.window_type, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
                 "max_position_embeddings": c.seq_len,          # the context trained for (model.cfg.n_ctx)
                 "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+    if c.model_type == "dcformer":   # the official DCFormer config's keys (docs/dcformer-spec.md)
+        return {"architectures": ["DCFormer"], "model_type": "dcformer", "dim": c.dim, "n_head": c.n_head,
+                "head_dim": c.dim // c.n_head, "n_layer": c.n_layer, "n_local_heads": c.n_head,
+                "intermediate_size": F, "vocab_size": vocab, "norm_eps": 1e-6, "rope_base": 10000.0,
+                "use_qk_norm": True, "window_size": c.window_size, "window_type": c.window_type,
+                "query_wise": False, "use_dcmha": True, "mgate": bool(c.mgate_dim), "mgate_dim": c.mgate_dim or 44,
+                "tie_word_embeddings": False, "is_training": False, "bos_token_id": 0, "eos_token_id": 0,
+                "torch_dtype": "float32"}
     return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": c.dim,
             "num_attention_heads": c.n_head, "num_hidden_layers": c.n_layer, "intermediate_size": F,
             "vocab_size": vocab, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
@@ -200,6 +212,26 @@ def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
         return (rng.standard_normal(shape) * s).astype(np.float32)
 
     sd = {"tok_embeddings.weight": nrm((vocab, D), std)}
+    if c.model_type == "dcformer":   # DCFormer++: no biases, RMSNorm weights, SwiGLU w3, the gate mg
+        for l in range(L):
+            p = "layers.%d." % l
+            sd[p + "attention_norm.weight"] = np.ones(D, np.float32)
+            sd[p + "ffn_norm.weight"] = np.ones(D, np.float32)
+            sd[p + "attention.wqkv.weight"] = nrm((3 * D, D), std)
+            sd[p + "attention.wo.weight"] = nrm((D, D), out_std)
+            sd[p + "attention.q_norm.scale"] = np.ones(Dh, np.float32)
+            sd[p + "attention.k_norm.scale"] = np.ones(Dh, np.float32)
+            sd[p + "attention.dyn_w_proj.dw1"] = nrm((D, 1, 4, K), 1 / math.sqrt(D))
+            sd[p + "attention.dyn_w_proj.qkw"] = nrm((1, 4, K, 2 * R, N), 0.01 / math.sqrt(K))
+            sd[p + "attention.dyn_w_proj.dd"] = nrm((D, 1, 4 * N), 0.01 / math.sqrt(D))
+            sd[p + "feed_forward.w1.weight"] = nrm((F, D), std)
+            sd[p + "feed_forward.w3.weight"] = nrm((F, D), std)
+            sd[p + "feed_forward.w2.weight"] = nrm((D, F), out_std)
+            if c.mgate_dim:
+                sd[p + "feed_forward.mg.weight"] = nrm((c.mgate_dim, D), std)
+        sd["norm.weight"] = np.ones(D, np.float32)
+        sd["output.weight"] = nrm((vocab, D), std)
+        return sd
     for l in range(L):
         p = "layers.%d." % l
         sd[p + "attention_norm.weight"] = np.ones(D, np.float32)
@@ -241,7 +273,7 @@ _NEOX_TOP = {"tok_embeddings.weight": "gpt_neox.embed_in.weight", "output.weight
 def to_layout(sd: Dict[str, np.ndarray], model_type: str, n_head: int) -> Dict[str, np.ndarray]:
     """Canonical names -> the checkpoint names of model_type (GPT-NeoX: q/k/v rows
     regrouped per head, model-spec 3)."""
-    if model_type == "dcpythia":
+    if model_type in ("dcpythia", "dcformer"):
         return dict(sd)
     out = {}
     for k, v in sd.items():
@@ -606,7 +638,8 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
 # --help text of each option of `dclens train` (TrainConfig's fields)
 HELP = {
     "out": "run directory (resumed if it holds checkpoints)",
-    "model_type": "dcpythia (DCMHA) or gpt_neox (Pythia, plain MHA)",
+    "model_type": "dcpythia (DCMHA), dcformer (DCFormer++) or gpt_neox (Pythia, plain MHA)",
+    "mgate_dim": "dcformer: E > 0 turns the MLP group gate on (E groups; must divide --d-ff)",
     "n_layer": "number of transformer blocks",
     "dim": "model width d_model",
     "n_head": "attention heads (dim / n_head must be a multiple of 8)",

@@ -20,7 +20,8 @@
 
 static void check_config(const dcs_config *c, const int *pat, int plen)
 {
-    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX)
+    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX &&
+        c->model_type != DCS_MODEL_DCFORMER)
         abort();
     if (c->d_model < 1 || c->d_model > (1 << 16) || c->n_head < 1 || c->n_head > 4096 ||
         c->n_layer < 1 || c->n_layer > 1024 || c->d_ff < 1 || c->d_ff > (1 << 20) ||
@@ -48,6 +49,15 @@ static void check_config(const dcs_config *c, const int *pat, int plen)
         abort();
     if (c->moh && (c->moh_shared < 0 || c->moh_shared >= c->n_head || c->moh_topk < 1 ||
                    c->moh_topk > c->n_head - c->moh_shared))
+        abort();
+    /* DCFormer++: full-width rotary, no biases, sequential residual; the
+     * group gate's E divides F (0: none); no gate anywhere else */
+    if (c->model_type == DCS_MODEL_DCFORMER &&
+        (c->rotary_dim != (c->head_dim & ~1) || c->linear_bias || c->parallel_residual ||
+         c->tie_embeddings || c->compose_groups != 1 || c->mgate_dim < 0 ||
+         (c->mgate_dim > 0 && c->d_ff % c->mgate_dim != 0)))
+        abort();
+    if (c->model_type != DCS_MODEL_DCFORMER && (c->mgate_dim != 0 || c->official_notes != 0))
         abort();
     if (plen < 1 || plen > 8)
         abort();

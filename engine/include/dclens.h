@@ -46,7 +46,7 @@ const char *dcs_status_name(dcs_status s);
 
 typedef struct dcs_model dcs_model;
 
-typedef enum { DCS_MODEL_DCPYTHIA = 1, DCS_MODEL_GPT_NEOX = 2 } dcs_model_type;
+typedef enum { DCS_MODEL_DCPYTHIA = 1, DCS_MODEL_GPT_NEOX = 2, DCS_MODEL_DCFORMER = 3 } dcs_model_type;
 
 typedef enum { DCS_DEVICE_CPU = 0, DCS_DEVICE_CUDA = 1 } dcs_device;
 
@@ -81,7 +81,20 @@ typedef struct {
     int moh_topk;          /* k: routed heads selected per token             */
     int key_wise;          /* query-wise branches absent (the paper's
                               key-wise-only ablation; "key_wise": true)      */
+    /* DCFormer++ (model_type "dcformer", docs/dcformer-spec.md)              */
+    int mgate_dim;         /* E: groups of the MLP's softmax gate; 0: none   */
+    int official_notes;    /* DCS_NOTE_* bits: where the official module's
+                              numbers differ (said in dcs_load_warnings)    */
 } dcs_config;
+
+/* dcs_config.official_notes (DCFormer++) */
+enum {
+    DCS_NOTE_TYPED_WINDOW = 1,   /* typed window_type, window_size != 256     */
+    DCS_NOTE_LOCAL_INFER = 2,    /* local layers: inference keeps w - 1 keys   */
+    DCS_NOTE_ROPE_DTYPE = 4,     /* 16-bit torch_dtype: rotary table rounded   */
+    DCS_NOTE_TRAINING = 8,       /* is_training: the chunked bf16 path         */
+    DCS_NOTE_NO_DCMHA = 16       /* use_dcmha false: its inference composes    */
+};
 
 typedef struct {
     int device;            /* dcs_device                                     */
@@ -117,7 +130,8 @@ int dcs_cuda_available(char *why, size_t whylen);
  *   layers.{l}.attention.dyn_w_proj.{dw1,qkw,dd},
  *   layers.{l}.attention.dyn_w_proj.{pre_proj,post_proj}.w   (use_sw),
  *   layers.{l}.attention.moh.{wg,wg_1,wg_0}.weight             (moh),
- *   layers.{l}.feed_forward.{w1,w2}.{weight,bias}
+ *   layers.{l}.feed_forward.{w1,w2}.{weight,bias},
+ *   layers.{l}.feed_forward.{w3,mg}.weight                    (dcformer)
  * dcs_weight_shape writes up to 5 dims; dcs_weight_read widens to float32
  * into `out` (room for the product of the shape). */
 dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
@@ -172,6 +186,10 @@ typedef enum {
     DCS_HP_ATTN_OUT,           /* attn.out               [T, D]             */
     DCS_HP_LN_MLP,             /* ln_mlp                 [T, D]             */
     DCS_HP_MLP_PRE,            /* mlp.pre                [T, F]             */
+    /* DCFormer++ SwiGLU MLP (model_type dcformer); mlp.pre is w1 x there,
+     * mlp.post silu(pre) * pre_linear (* the group gate), what w2 reads   */
+    DCS_HP_MLP_PRE_LINEAR,     /* mlp.pre_linear         [T, F]  (dcformer) */
+    DCS_HP_MLP_GATE,           /* mlp.gate               [T, E]  (mgate)    */
     DCS_HP_MLP_POST,           /* mlp.post               [T, F]             */
     DCS_HP_MLP_OUT,            /* mlp.out                [T, D]             */
     DCS_HP_RESID_POST,         /* resid_post             [T, D]             */

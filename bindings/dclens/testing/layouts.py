@@ -23,6 +23,22 @@ from typing import Dict, Optional, Tuple
 Shape = Tuple[int, ...]
 
 
+def _attention_projections(out, p: str, D: int, fused_qkv: bool, bias: bool) -> None:
+    """wqkv [3D, D] (or wq, wk, wv [D, D]) and wo [D, D] of layer prefix p, with biases if asked."""
+    if fused_qkv:
+        out[p + "attention.wqkv.weight"] = (3 * D, D)
+        if bias:
+            out[p + "attention.wqkv.bias"] = (3 * D,)
+    else:
+        for nm in ("wq", "wk", "wv"):
+            out[p + "attention.%s.weight" % nm] = (D, D)
+            if bias:
+                out[p + "attention.%s.bias" % nm] = (D,)
+    out[p + "attention.wo.weight"] = (D, D)
+    if bias:
+        out[p + "attention.wo.bias"] = (D,)
+
+
 def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, intermediate: int, rank: int = 2,
                      fused_qkv: bool = True, use_qk_norm: bool = True, use_linear_bias: bool = True,
                      dyn: bool = True, compose_groups: int = 1, use_sw: bool = False, moh: Optional[dict] = None,
@@ -37,18 +53,7 @@ def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l
-        if fused_qkv:
-            out[p + "attention.wqkv.weight"] = (3 * D, D)
-            if use_linear_bias:
-                out[p + "attention.wqkv.bias"] = (3 * D,)
-        else:
-            for nm in ("wq", "wk", "wv"):
-                out[p + "attention.%s.weight" % nm] = (D, D)
-                if use_linear_bias:
-                    out[p + "attention.%s.bias" % nm] = (D,)
-        out[p + "attention.wo.weight"] = (D, D)
-        if use_linear_bias:
-            out[p + "attention.wo.bias"] = (D,)
+        _attention_projections(out, p, D, fused_qkv, use_linear_bias)
         if dyn:
             q = p + "attention.dyn_w_proj."
             out[q + "dw1"] = (D, G, 4, K)
@@ -118,4 +123,43 @@ def gpt_neox_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     out["gpt_neox.final_layer_norm.bias"] = (D,)
     if not tie_word_embeddings:
         out["embed_out.weight"] = (V, D)
+    return out
+
+
+def dcformer_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, intermediate: int, rank: int = 2,
+                     fused_qkv: bool = True, use_qk_norm: bool = True, mgate_dim: int = 0,
+                     extra_derived: bool = False) -> Dict[str, Shape]:
+    """DCFormer++ tensors (docs/dcformer-spec.md), in the official module's
+    state_dict() order: no biases, RMSNorm weights only, SwiGLU w1/w3/w2 and
+    the group gate mg [E, D] (mgate_dim E > 0), an untied output. extra_derived:
+    also the merged dw_m/qkw_m parameters and the identity pre/post_proj.w
+    buffers the official module saves (no sw: a plain attribute there)."""
+    D, N, F, V, R = dim, n_head, intermediate, vocab, rank
+    Dh, K = D // N, 4 * N
+    out = OrderedDict()
+    out["tok_embeddings.weight"] = (V, D)
+    for l in range(n_layer):
+        p = "layers.%d." % l
+        _attention_projections(out, p, D, fused_qkv, False)
+        q = p + "attention.dyn_w_proj."
+        out[q + "dw1"] = (D, 1, 4, K)
+        out[q + "qkw"] = (1, 4, K, 2 * R, N)
+        out[q + "dd"] = (D, 1, 4 * N)
+        if extra_derived:
+            out[q + "dw_m"] = (D, 4 * K + 4 * N)
+            out[q + "qkw_m"] = (4, K, 2 * R * N)
+            out[q + "pre_proj.w"] = (1, N, N)
+            out[q + "post_proj.w"] = (1, N, N)
+        if use_qk_norm:
+            out[p + "attention.q_norm.scale"] = (Dh,)
+            out[p + "attention.k_norm.scale"] = (Dh,)
+        out[p + "feed_forward.w1.weight"] = (F, D)
+        out[p + "feed_forward.w3.weight"] = (F, D)
+        out[p + "feed_forward.w2.weight"] = (D, F)
+        if mgate_dim:
+            out[p + "feed_forward.mg.weight"] = (mgate_dim, D)
+        out[p + "ffn_norm.weight"] = (D,)
+        out[p + "attention_norm.weight"] = (D,)
+    out["norm.weight"] = (D,)
+    out["output.weight"] = (V, D)
     return out

@@ -37,7 +37,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .layouts import dcpythia_tensors, gpt_neox_tensors
+from .layouts import dcformer_tensors, dcpythia_tensors, gpt_neox_tensors
 from .checkpoint import (DTYPES, ST_DTYPE, TorchTensor, _module_metadata, _TORCH_STORAGE,  # noqa: F401
                          pickle_state_dict, round_to_dtype, write_index, write_safetensors, write_torch_zip)
 
@@ -50,6 +50,7 @@ __all__ = [
     "pickle_state_dict",
     "dcpythia_config",
     "gpt_neox_config",
+    "dcformer_config",
 ]
 
 
@@ -103,6 +104,45 @@ def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, w
         cfg["compose_groups"] = int(compose_groups)
     if key_wise:
         cfg["key_wise"] = True
+    return dict(cfg)
+
+
+def dcformer_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, window_type, query_wise,
+                    use_qk_norm, use_dcmha, mgate_dim, dtype, rope_base=500000.0):
+    """config.json with the keys of the official DCFormer config (pytorch/dcformer/config.json)."""
+    cfg = OrderedDict()
+    cfg["architectures"] = ["DCFormer"]
+    cfg["auto_map"] = {
+        "AutoConfig": "configuration_dcformer.DCFormerConfig",
+        "AutoModelForCausalLM": "modeling_dcformer.DCFormer",
+    }
+    cfg["block_size"] = 2048
+    cfg["bos_token_id"] = 1
+    cfg["dim"] = dim
+    cfg["eos_token_id"] = 2
+    cfg["head_dim"] = dim // n_head
+    cfg["intermediate_size"] = intermediate
+    cfg["is_training"] = False
+    cfg["mgate"] = bool(mgate_dim)
+    cfg["mgate_dim"] = int(mgate_dim) if mgate_dim else 44
+    cfg["model_type"] = "dcformer"
+    cfg["n_head"] = n_head
+    cfg["n_layer"] = n_layer
+    cfg["n_local_heads"] = n_head
+    cfg["norm_eps"] = 1e-06
+    cfg["prefill_pad"] = True
+    cfg["q_chunk_size"] = 128
+    cfg["query_wise"] = bool(query_wise)
+    cfg["rope_base"] = rope_base
+    cfg["tie_word_embeddings"] = False
+    cfg["torch_dtype"] = dtype
+    cfg["transformers_version"] = "4.46.3"
+    cfg["use_dcmha"] = bool(use_dcmha)
+    cfg["use_gradient_checkpointing"] = False
+    cfg["use_qk_norm"] = bool(use_qk_norm)
+    cfg["vocab_size"] = vocab
+    cfg["window_size"] = window_size
+    cfg["window_type"] = window_type
     return dict(cfg)
 
 
@@ -241,6 +281,49 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
     return sd
 
 
+def _dcformer_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fused_qkv, use_qk_norm,
+                      mgate_dim, extra_derived):
+    """Random DCFormer++ state dict, float32, in the official state_dict() order.
+    Scales as _dcpythia_weights (RMSNorm weights 1 +- 0.1); the group gate mg has
+    std 2/sqrt(D), so its softmax over E groups is far from uniform."""
+    D, N, F, V, R = dim, n_head, intermediate, vocab, rank
+    Dh, K = D // N, 4 * N
+    sd = OrderedDict()
+    sd["tok_embeddings.weight"] = g.normal((V, D), 1.0)
+    for l in range(n_layer):
+        p = f"layers.{l}."
+        wqkv = g.linear(3 * D, D)
+        if fused_qkv:
+            sd[p + "attention.wqkv.weight"] = wqkv
+        else:
+            for i, nm in enumerate(("wq", "wk", "wv")):
+                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D:(i + 1) * D])
+        sd[p + "attention.wo.weight"] = g.linear(D, D)
+        q = p + "attention.dyn_w_proj."
+        dw1 = g.normal((D, 1, 4, K), g.dyn / np.sqrt(D))
+        qkw = g.normal((1, 4, K, 2 * R, N), g.dyn * 0.6 / np.sqrt(K))
+        dd = g.normal((D, 1, 4 * N), g.dyn / np.sqrt(D))
+        sd[q + "dw1"], sd[q + "qkw"], sd[q + "dd"] = dw1, qkw, dd
+        if extra_derived:   # merge_weights() of the official module, and its identity buffers
+            sd[q + "dw_m"] = np.concatenate([dw1.reshape(D, -1), dd[:, 0, :]], axis=-1)
+            sd[q + "qkw_m"] = qkw.reshape(4, K, -1).copy()
+            sd[q + "pre_proj.w"] = np.eye(N, dtype=np.float32)[None].copy()
+            sd[q + "post_proj.w"] = np.eye(N, dtype=np.float32)[None].copy()
+        if use_qk_norm:
+            sd[p + "attention.q_norm.scale"] = (1.2 + g.normal((Dh,), 0.2)).astype(np.float32)
+            sd[p + "attention.k_norm.scale"] = (1.2 + g.normal((Dh,), 0.2)).astype(np.float32)
+        sd[p + "feed_forward.w1.weight"] = g.linear(F, D)
+        sd[p + "feed_forward.w3.weight"] = g.linear(F, D)
+        sd[p + "feed_forward.w2.weight"] = g.linear(D, F)
+        if mgate_dim:
+            sd[p + "feed_forward.mg.weight"] = g.linear(mgate_dim, D, gain=2.0)
+        sd[p + "ffn_norm.weight"] = (1.0 + g.normal((D,), 0.1)).astype(np.float32)
+        sd[p + "attention_norm.weight"] = (1.0 + g.normal((D,), 0.1)).astype(np.float32)
+    sd["norm.weight"] = (1.0 + g.normal((D,), 0.1)).astype(np.float32)
+    sd["output.weight"] = g.normal((V, D), 3.0 / np.sqrt(D))
+    return sd
+
+
 def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pct,
                       tie_word_embeddings, extra_derived):
     """Random Pythia state dict, float32, in Hugging Face state_dict() order."""
@@ -291,7 +374,7 @@ def _storage_plan(names, model_type, fused_qkv, share_storage):
         if share_storage:
             if n.endswith(("norm.weight", "norm.bias", "layernorm.weight", "layernorm.bias")):
                 sid = ("ln", n.rsplit(".", 1)[0])  # LayerNorm weight + bias in one storage
-            elif model_type == "dcpythia" and not fused_qkv:
+            elif model_type in ("dcpythia", "dcformer") and not fused_qkv:
                 for nm in ("wq", "wk", "wv"):
                     tag = f".attention.{nm}."
                     if tag in n:
@@ -337,7 +420,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
               tie_word_embeddings=False, seed=0, weight_scale=1.0, dyn_scale=1.0, tokenizer=None,
               extra_derived=False, share_storage=False, write_unused_dyn=True, use_sw=False,
               moh=None, compose_groups=1, key_wise=False, torch_views=None, archive_name="archive",
-              pickle_container="ordereddict", torch_style="2.1"):
+              pickle_container="ordereddict", torch_style="2.1", mgate_dim=0):
     """Write a tiny random checkpoint directory; return (state_dict, config).
 
     state_dict: name -> np.float32 array of exactly what the files hold (after rounding
@@ -364,6 +447,12 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
       key_wise: the key-wise-only ablation ("key_wise": true in config.json; the
         weights keep all 4 slots, the query ones then unused).
       window_size: None writes "window_size": null (no local layers).
+      mgate_dim: DCFormer++ ("dcformer") only: E > 0 writes the MLP group gate
+        feed_forward.mg [E, D] and "mgate": true (E must divide intermediate).
+        DCFormer++ ignores use_parallel_residual, use_linear_bias, rotary_pct,
+        tie_word_embeddings, use_sw, moh, compose_groups, key_wise (its module has
+        none of them); intermediate defaults to DCFormerConfig's (the multiple of
+        256 at or above int(8 dim / 3)).
       torch_views: torch format only, tensors stored as strided views the way
         torch.save keeps them: "transpose" stores every 2-D weight's storage
         transposed with stride (1, rows); "expand" makes every LayerNorm bias a
@@ -372,8 +461,8 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
       archive_name / pickle_container / torch_style: see write_torch_zip and
         pickle_state_dict.
     """
-    if model_type not in ("dcpythia", "gpt_neox"):
-        raise ValueError(f"model_type must be 'dcpythia' or 'gpt_neox', not {model_type!r}")
+    if model_type not in ("dcpythia", "gpt_neox", "dcformer"):
+        raise ValueError(f"model_type must be 'dcpythia', 'dcformer' or 'gpt_neox', not {model_type!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, not {dtype!r}")
     if fmt not in ("safetensors", "torch"):
@@ -390,11 +479,30 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
         raise ValueError(f"torch_views must be None, 'transpose' or 'expand', not {torch_views!r}")
     if torch_views is not None and (fmt != "torch" or share_storage):
         raise ValueError("torch_views needs fmt='torch' and share_storage=False")
+    if model_type == "dcformer":
+        if intermediate is None:   # DCFormerConfig's default
+            n = int(2 * (4 * dim) / 3)
+            intermediate = n if n % 256 == 0 else n + 256 - n % 256
+        if mgate_dim and int(intermediate) % int(mgate_dim):
+            raise ValueError("mgate_dim must divide intermediate")
+        if n_head < 2 or n_head % 2:
+            raise ValueError("dcformer needs an even n_head (its dynamic rank is n_head // (n_head // 2) = 2)")
+        rank = 2
+    elif mgate_dim:
+        raise ValueError("mgate_dim is a dcformer switch")
     intermediate = 4 * dim if intermediate is None else int(intermediate)
     os.makedirs(out_dir, exist_ok=True)
     g = _Gen(seed, weight_scale, dyn_scale)
 
-    if model_type == "dcpythia":
+    if model_type == "dcformer":
+        config = dcformer_config(
+            n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
+            window_size=window_size, window_type=window_type, query_wise=query_wise, use_qk_norm=use_qk_norm,
+            use_dcmha=use_dcmha, mgate_dim=mgate_dim, dtype=dtype)
+        sd32 = _dcformer_weights(
+            g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate, rank=rank,
+            fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, mgate_dim=mgate_dim, extra_derived=extra_derived)
+    elif model_type == "dcpythia":
         config = dcpythia_config(
             n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
             window_size=window_size, window_type=window_type, query_wise=query_wise,
@@ -418,7 +526,11 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
             rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
 
     # the names and shapes are the layout table's (dclens.testing.layouts), in its order
-    if model_type == "dcpythia":
+    if model_type == "dcformer":
+        layout = dcformer_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
+                                  rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, mgate_dim=mgate_dim,
+                                  extra_derived=extra_derived)
+    elif model_type == "dcpythia":
         layout = dcpythia_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
                                   rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm,
                                   use_linear_bias=use_linear_bias, dyn=use_dcmha or write_unused_dyn,
@@ -540,11 +652,14 @@ def build_parser(prog="dclens make-tiny"):
     from .._help import HelpFormatter
     ap = argparse.ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
-        description="Write a tiny random DCPythia / Pythia checkpoint directory.")
+        description="Write a tiny random DCPythia / DCFormer++ / Pythia checkpoint directory.")
     B = argparse.BooleanOptionalAction
     ap.add_argument("out_dir", help="directory to write (config.json, weights, optional tokenizer.json)")
-    ap.add_argument("--type", dest="model_type", default="dcpythia", choices=["dcpythia", "gpt_neox"],
-                    help="model type: DCPythia (DCMHA) or Pythia (MHA)")
+    ap.add_argument("--type", "--model-type", dest="model_type", default="dcpythia",
+                    choices=["dcpythia", "dcformer", "gpt_neox"],
+                    help="model type: DCPythia (DCMHA), DCFormer++ or Pythia (MHA)")
+    ap.add_argument("--mgate-dim", type=int, default=0,
+                    help="dcformer: E > 0 turns the MLP group gate on (E groups; must divide --intermediate)")
     ap.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
     ap.add_argument("--dim", type=int, default=32, help="model width d_model")
     ap.add_argument("--n-head", type=int, default=4, help="attention heads")
@@ -616,6 +731,13 @@ def _check_cli_args(a) -> None:
             raise Error("make-tiny: %s must be at least %d, not %d" % (flag, lo, v))
     if a.dim % a.n_head:
         raise Error("make-tiny: --dim %d is not divisible by --n-head %d" % (a.dim, a.n_head))
+    if a.mgate_dim < 0 or (a.mgate_dim and a.model_type != "dcformer"):
+        raise Error("make-tiny: --mgate-dim %d: the group gate is a dcformer switch (E >= 1, or 0 for none)"
+                    % a.mgate_dim)
+    if a.model_type == "dcformer" and a.n_head % 2:
+        raise Error("make-tiny: dcformer needs an even --n-head (its dynamic rank is n_head // (n_head // 2) = 2)")
+    if a.model_type == "dcformer" and a.mgate_dim and a.intermediate and a.intermediate % a.mgate_dim:
+        raise Error("make-tiny: --mgate-dim %d does not divide --intermediate %d" % (a.mgate_dim, a.intermediate))
     if os.path.lexists(a.out_dir) and not os.path.isdir(a.out_dir):
         raise Error("make-tiny: %s exists and is not a directory" % a.out_dir)
 
@@ -630,7 +752,7 @@ def _make_tiny_cli(a):
         seed=a.seed, weight_scale=a.weight_scale, dyn_scale=a.dyn_scale, tokenizer=a.tokenizer,
         extra_derived=a.extra_derived, share_storage=a.share_storage, write_unused_dyn=a.write_unused_dyn,
         use_sw=a.use_sw, moh=_parse_moh(a.moh), compose_groups=a.compose_groups, torch_views=a.torch_views,
-        key_wise=a.key_wise,
+        key_wise=a.key_wise, mgate_dim=a.mgate_dim,
         archive_name=None if a.archive_name == "auto" else a.archive_name,
         pickle_container=a.pickle_container, torch_style=a.torch_style)
 

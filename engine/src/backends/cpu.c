@@ -466,6 +466,15 @@ static void tanh_range(void *x, long long b, long long e, int tid) {
 static void cpu_tanh(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, tanh_range, x, (long long)n, 8);
 }
+static void swiglu_range(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    for (long long i = b; i < e; i++) a->y[i] = dcs_swiglu(a->y[i], a->a[i]);
+}
+static void cpu_swiglu(dcs_backend *be, float *x, const float *b, size_t n) {
+    rows_args a = {x, b, NULL, NULL, 0, 0, NULL, 0};
+    parallel_for(be, swiglu_range, &a, (long long)n, 8);
+}
 static void cpu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1,
                           const float *s0, int M, int N, int hs, int k) {
     (void)be;
@@ -815,6 +824,7 @@ static const dcs_backend_ops cpu_ops = {
     .moh_route = cpu_moh_route,
     .head_gate = cpu_head_gate,
     .parallel = cpu_parallel,
+    .swiglu = cpu_swiglu,
 };
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {

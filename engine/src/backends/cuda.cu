@@ -148,6 +148,11 @@ static __global__ void gelu_kernel(float *x, size_t n) {
     GRID_STRIDE(i, n) x[i] = dcs_gelu(x[i]);
 }
 
+/* a [n] = silu(a) * b [n] */
+static __global__ void swiglu_kernel(float *a, const float *b, size_t n) {
+    GRID_STRIDE(i, n) a[i] = dcs_swiglu(a[i], b[i]);
+}
+
 /* x [n] = tanh(x) */
 static __global__ void tanh_kernel(float *x, size_t n) {
     GRID_STRIDE(i, n) x[i] = tanhf(x[i]);
@@ -405,6 +410,13 @@ static void cu_gelu(dcs_backend *be, float *x, size_t n) {
     launched(c, "gelu_kernel");
 }
 
+static void cu_swiglu(dcs_backend *be, float *x, const float *b, size_t n) {
+    if (!n) return;
+    cuda_ctx *c = enter(be);
+    swiglu_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(x, b, n);
+    launched(c, "swiglu_kernel");
+}
+
 static void cu_tanh(dcs_backend *be, float *x, size_t n) {
     if (!n) return;
     cuda_ctx *c = enter(be);
@@ -536,6 +548,7 @@ static const dcs_backend_ops cuda_ops = {
     .moh_route = cu_moh_route,
     .head_gate = cu_head_gate,
     .parallel = NULL,   /* no host threads: the tape runs on the CPU backend */
+    .swiglu = cu_swiglu,
 };
 
 static dcs_backend *cu_create(int device, dcs_err *e) {

@@ -151,6 +151,8 @@ typedef struct dcs_backend_ops {
      * rough work per item (small jobs run on the caller). The tape's
      * element-wise backward runs here, on the model's one pool. */
     void (*parallel)(dcs_backend *be, dcs_par_fn fn, void *arg, long long n, long long cost);
+    /* a [n] = silu(a) * b [n] (dcs_swiglu; DCFormer++'s gated MLP). */
+    void (*swiglu)(dcs_backend *be, float *a, const float *b, size_t n);
 } dcs_backend_ops;
 
 /* A backend: its operations and its state (device, streams, threads). */

@@ -29,6 +29,12 @@ DCS_HD float dcs_gelu(float x) {
     return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
 
+/* SwiGLU's product of one hidden unit (DCFormer++): silu(a) * b, with
+ * silu(a) = a * sigmoid(a) = a / (1 + exp(-a)). */
+DCS_HD float dcs_swiglu(float a, float b) {
+    return a / (1.0f + expf(-a)) * b;
+}
+
 /* Is key s visible from query t? Causal, plus a local window when w > 0. */
 DCS_HD int dcs_allowed(int t, int s, int window) {
     return s <= t && (window <= 0 || t - s <= window);

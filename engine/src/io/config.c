@@ -1,5 +1,5 @@
 /*
- * config.c -- config.json of a DCPythia or Pythia checkpoint into a
+ * config.c -- config.json of a DCPythia, DCFormer++ or Pythia checkpoint into a
  * dcs_config (model-spec.md sections 2 and 3).
  *
  * Dimensions are required; switches take the published defaults when
@@ -192,6 +192,65 @@ static dcs_status parse_dcpythia(cfg_reader *r, dcs_config *c, int *pat, int *pl
     return DCS_OK;
 }
 
+/* DCFormer++ (docs/dcformer-spec.md): DCFormerConfig's keys and defaults.
+ * RMSNorm, sequential residual, SwiGLU MLP with the optional group gate,
+ * rotary over the full head width, no biases, an untied output. */
+static dcs_status parse_dcformer(cfg_reader *r, dcs_config *c, int *pat, int *plen) {
+    dcs_status s;
+    c->model_type = DCS_MODEL_DCFORMER;
+    if ((s = get_int(r, "dim", 1, 0, 1, 1 << 16, &c->d_model))) return s;
+    if ((s = get_int(r, "n_head", 1, 0, 1, 4096, &c->n_head))) return s;
+    if ((s = get_int(r, "n_layer", 1, 0, 1, 1024, &c->n_layer))) return s;
+    if ((s = get_int(r, "vocab_size", 1, 0, 1, 1 << 24, &c->vocab))) return s;
+    /* DCFormerConfig: intermediate_size None = find_multiple(int(2 * 4 * dim / 3), 256) */
+    if (is_null(r, "intermediate_size") || !cJSON_GetObjectItemCaseSensitive(r->root, "intermediate_size")) {
+        int h = (int)(2.0 * (4.0 * c->d_model) / 3.0);
+        c->d_ff = h % 256 ? h + 256 - h % 256 : h;
+    } else if ((s = get_int(r, "intermediate_size", 1, 0, 1, 1 << 20, &c->d_ff))) return s;
+    int kv = -1;
+    if ((s = get_int(r, "n_local_heads", 0, -1, -1, 4096, &kv))) return s;
+    if (kv != -1 && kv != c->n_head && c->d_model % c->n_head == 0)
+        return dcs_seterr(r->e, DCS_ERR_UNSUPPORTED,
+                          "%s: n_local_heads %d differs from n_head %d (grouped-query attention is not supported)",
+                          r->path, kv, c->n_head);
+    if ((s = get_float(r, "norm_eps", 1e-5, 0.0, 1.0, &c->norm_eps))) return s;
+    if ((s = eps_positive(r, "norm_eps", c->norm_eps))) return s;
+    if ((s = get_float(r, "rope_base", 500000.0, 1e-6, 1e30, &c->rope_base))) return s;
+    if ((s = get_bool(r, "use_qk_norm", 0, &c->qk_norm))) return s;
+    if ((s = get_bool(r, "query_wise", 0, &c->query_wise))) return s;
+    if ((s = get_bool(r, "use_dcmha", 1, &c->use_dcmha))) return s;
+    if (is_null(r, "window_size"))
+        c->window_size = 0;
+    else if ((s = get_int(r, "window_size", 0, 256, 1, 1 << 30, &c->window_size))) return s;
+    if ((s = window_pattern(r, pat, plen))) return s;
+    int mgate = 0, training = 0;
+    if ((s = get_bool(r, "mgate", 0, &mgate))) return s;
+    if (mgate) {
+        if ((s = get_int(r, "mgate_dim", 0, 44, 1, 1 << 20, &c->mgate_dim))) return s;
+        if (c->d_ff % c->mgate_dim != 0)
+            return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: mgate_dim %d does not divide intermediate_size %d",
+                              r->path, c->mgate_dim, c->d_ff);
+    }
+    if ((s = get_bool(r, "is_training", 0, &training))) return s;
+    /* where the official module's numbers differ (load warnings) */
+    const cJSON *wt = cJSON_GetObjectItemCaseSensitive(r->root, "window_type");
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(r->root, "torch_dtype");
+    if (c->window_size > 0 && cJSON_IsString(wt) && c->window_size != 256)
+        c->official_notes |= DCS_NOTE_TYPED_WINDOW;
+    for (int i = 0; c->window_size > 0 && i < *plen; i++)
+        if (pat[i]) c->official_notes |= DCS_NOTE_LOCAL_INFER;
+    if (cJSON_IsString(dt) && (strcmp(dt->valuestring, "bfloat16") == 0 || strcmp(dt->valuestring, "float16") == 0))
+        c->official_notes |= DCS_NOTE_ROPE_DTYPE;
+    if (training) c->official_notes |= DCS_NOTE_TRAINING;
+    if (!c->use_dcmha) c->official_notes |= DCS_NOTE_NO_DCMHA;
+    c->parallel_residual = 0;
+    c->linear_bias = 0;
+    c->tie_embeddings = 0;   /* DCFormer's output is its own Linear, never tied */
+    c->compose_groups = 1;
+    c->rotary_dim = c->d_model / c->n_head;   /* full head width */
+    return DCS_OK;
+}
+
 static dcs_status parse_gpt_neox(cfg_reader *r, dcs_config *c, int *pat, int *plen) {
     dcs_status s;
     c->model_type = DCS_MODEL_GPT_NEOX;
@@ -258,9 +317,11 @@ dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config 
         s = parse_dcpythia(&r, cfg, pat, plen);
     } else if (strcmp(mt->valuestring, "gpt_neox") == 0) {
         s = parse_gpt_neox(&r, cfg, pat, plen);
+    } else if (strcmp(mt->valuestring, "dcformer") == 0) {
+        s = parse_dcformer(&r, cfg, pat, plen);
     } else {
         s = dcs_seterr(e, DCS_ERR_CONFIG,
-                       "%s: unknown model_type '%.64s' (dclens knows 'dcpythia' and 'gpt_neox')",
+                       "%s: unknown model_type '%.64s' (dclens knows 'dcpythia', 'dcformer' and 'gpt_neox')",
                        path, mt->valuestring);
     }
     if (s == DCS_OK && cfg->d_model % cfg->n_head != 0)

@@ -37,6 +37,9 @@ typedef struct {
     float *w1, *b1;                     /* [F, D], [F]                      */
     float *w2, *b2;                     /* [D, F], [D]                      */
     dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1;   /* what the forward reads   */
+    float *w3;                          /* [F, D] SwiGLU's linear half (dcformer) */
+    float *mg;                          /* [E, D] MLP group gate (mgate)    */
+    dcs_wmat m_w3;
 } dcs_layer_weights;
 
 /* A weight by canonical name (see dcs_weight_read), in backend memory. */
@@ -67,7 +70,7 @@ struct dcs_model {
     int n_weights, cap_weights;
     dcs_tensor_table tt;                /* kept open: weights may alias it  */
     dcs_err err;
-    char warnings[1024];                /* load notes (dcs_load_warnings)   */
+    char warnings[2048];                /* load notes (dcs_load_warnings)   */
     /* Activation buffers kept between passes (and between layers of one
      * pass) for reuse by size: no allocator or page-fault cost per layer. */
     struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];

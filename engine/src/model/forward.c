@@ -75,7 +75,9 @@ static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks)
     const uint64_t map = sz[DCS_ACT_MAP];                           /* floats */
     const uint64_t per_pass = 10 * sz[DCS_ACT_ROW_D] + sz[DCS_ACT_ROW_F] + M * (uint64_t)c->vocab +
                               2 * (sz[DCS_ACT_HID] + sz[DCS_ACT_DYN_ALL] + sz[DCS_ACT_GATES]) +
-                              (c->moh ? M * (2 * N + 2) : 0) + (head_out ? M * N * D : 0);
+                              (c->moh ? M * (2 * N + 2) : 0) + (head_out ? M * N * D : 0) +
+                              /* DCFormer++'s SwiGLU: w3 x, the group gate */
+                              (c->model_type == DCS_MODEL_DCFORMER ? sz[DCS_ACT_ROW_F] + M * c->mgate_dim : 0);
     const double total = 4.0 * ((double)map * (1 + branches) + (double)per_pass);
     const uint64_t limit = m->device == DCS_DEVICE_CPU ? phys_mem_bytes() : 0;
     const double cap = (double)((uint64_t)1 << 46);     /* fw_alloc's cap, any device */

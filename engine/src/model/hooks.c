@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { SH_TD, SH_TNDh, SH_TRN, SH_TN, SH_NTS, SH_TND, SH_TF, SH_TV, SH_TNR } shape_kind;
+typedef enum { SH_TD, SH_TNDh, SH_TRN, SH_TN, SH_NTS, SH_TND, SH_TF, SH_TV, SH_TNR, SH_TE } shape_kind;
 
 typedef struct {
     const char *name;
@@ -16,7 +16,8 @@ typedef struct {
     shape_kind shape;
     int needs;       /* 0 always, 1 DCMHA, 2 DCMHA without query_wise,
                         3 DCMHA with use_sw, 4 MoH routing,
-                        5 DCMHA without key_wise (query-side points) */
+                        5 DCMHA without key_wise (query-side points),
+                        6 a gated (SwiGLU) MLP, 7 its group gate (mgate) */
 } point_info;
 
 static const point_info POINTS[DCS_HP_COUNT] = {
@@ -66,6 +67,8 @@ static const point_info POINTS[DCS_HP_COUNT] = {
     [DCS_HP_RESID_POST] = {"resid_post", 1, SH_TD, 0},
     [DCS_HP_LN_FINAL] = {"ln_final", 0, SH_TD, 0},
     [DCS_HP_LOGITS] = {"logits", 0, SH_TV, 0},
+    [DCS_HP_MLP_PRE_LINEAR] = {"mlp.pre_linear", 1, SH_TF, 6},
+    [DCS_HP_MLP_GATE] = {"mlp.gate", 1, SH_TE, 7},
 };
 
 const char *dcs_hook_point_name(int p) {
@@ -81,6 +84,8 @@ int dcs_hook_exists(const dcs_model *m, int p) {
     case 3: return m->cfg.use_dcmha && m->cfg.use_sw;
     case 4: return m->cfg.moh;
     case 5: return m->cfg.use_dcmha && !m->cfg.key_wise;
+    case 6: return m->cfg.model_type == DCS_MODEL_DCFORMER;
+    case 7: return m->cfg.model_type == DCS_MODEL_DCFORMER && m->cfg.mgate_dim > 0;
     default: return 1;
     }
 }
@@ -99,6 +104,7 @@ int dcs_hook_shape(const dcs_model *m, int p, int B, int T, int64_t sh[6]) {
     case SH_TF: sh[1] = T; sh[2] = c->d_ff; return 3;
     case SH_TV: sh[1] = T; sh[2] = c->vocab; return 3;
     case SH_TNR: sh[1] = T; sh[2] = c->n_head - c->moh_shared; return 3;
+    case SH_TE: sh[1] = T; sh[2] = c->mgate_dim; return 3;
     }
     return 0;
 }
@@ -133,6 +139,8 @@ dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer
     if (!dcs_hook_exists(m, p)) {
         const char *why = "query_wise: no key-wise branches";
         if (POINTS[p].needs == 4) why = "no Mixture-of-Head routing ('moh' is not in the config)";
+        else if (POINTS[p].needs == 6) why = "the MLP is not gated (SwiGLU MLPs are dcformer's)";
+        else if (POINTS[p].needs == 7) why = "no MLP group gate ('mgate' is off)";
         else if (POINTS[p].needs == 5 && m->cfg.use_dcmha) why = "key_wise: no query-wise branches";
         else if (!m->cfg.use_dcmha) why = "no DCMHA composition: plain multi-head attention";
         else if (POINTS[p].needs == 3) why = "no static composition branch (use_sw is off)";

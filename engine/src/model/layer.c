@@ -1,5 +1,5 @@
 /*
- * layer.c -- the one layer of DCPythia / Pythia, written once over the
+ * layer.c -- the one layer of DCPythia / DCFormer++ / Pythia, written once over the
  * backend interface (CPU or CUDA), for its three uses (pass.h): T new query
  * positions per sequence, at positions t0 .. t0+T-1, against the keys held
  * in a decoder's cache (if any) and the T new ones; activations the
@@ -243,7 +243,9 @@ static int attn_map_hooked(const dcs_pass *p, int l) {
  * added later must add its switch here. */
 static int fused_supported(const dcs_model *m, int l) {
     const dcs_config *c = &m->cfg;
-    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX) return 0;
+    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX &&
+        c->model_type != DCS_MODEL_DCFORMER)   /* DCFormer++: DCPythia's attention */
+        return 0;
     if (dcs_layer_needs_full_path(m, l) || c->moh) return 0;
     if (!c->use_dcmha) return 1;
     if (c->key_wise || c->use_sw || c->compose_groups != 1) return 0;
@@ -444,7 +446,29 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
 
 /* ---------------------------------------------------------------- MLP, block */
 
-/* MLP of layer l on hn [M, D] (normed); result in out [M, D]. */
+/* The group gate of DCFormer++'s MLP (mgate) on hn [M, D]: g [M, E] =
+ * softmax(hn mg^T) per row, through its hook, then u [M, E, F/E] *= g. */
+static void mlp_group_gate(dcs_pass *p, int l, const float *hn, float *u) {
+    const dcs_config *c = &p->m->cfg;
+    const dcs_layer_weights *lw = &p->m->layers[l];
+    const int M = p->M, D = c->d_model, E = c->mgate_dim;
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    float *g = act(p, kp ? kp->gate : NULL, M, E, 1);
+    if (p->status) return;
+    dcs_pass_linear(p, g, hn, (dcs_wmat){lw->mg, DCS_F32}, NULL, M, E, D);
+    /* a plain row softmax: M rows of one query at position E - 1 over keys
+     * 0 .. E-1, all allowed */
+    p->be->ops->softmax_masked(p->be, g, M, 1, E, E - 1, 0, 0);
+    dcs_pass_hook(p, DCS_HP_MLP_GATE, l, g);
+    p->be->ops->head_gate(p->be, u, g, M, E, c->d_ff / E);
+    dcs_pass_release(p, g);
+}
+
+/* MLP of layer l on hn [M, D] (normed); result in out [M, D].
+ *   GELU:   u = w1 hn + b1 (mlp.pre), ug = gelu(u) (mlp.post)
+ *   SwiGLU: u = w1 hn (mlp.pre), u3 = w3 hn (mlp.pre_linear),
+ *           ug = silu(u) * u3 [* group gate] (mlp.post)
+ * then out = w2 ug + b2 (mlp.out). */
 static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
     const dcs_config *c = &p->m->cfg;
     const dcs_layer_weights *lw = &p->m->layers[l];
@@ -454,12 +478,23 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
     if (p->status) return;
     dcs_pass_linear(p, u, hn, lw->m_w1, lw->b1, M, F, D);
     dcs_pass_hook(p, DCS_HP_MLP_PRE, l, u);
-    float *ug = u;
+    float *ug = u, *u3 = NULL;
+    if (p->desc.mlp == DCS_MLP_SWIGLU) {
+        u3 = act(p, kp ? kp->u3 : NULL, M, F, 1);
+        if (p->status) return;
+        dcs_pass_linear(p, u3, hn, lw->m_w3, NULL, M, F, D);
+        dcs_pass_hook(p, DCS_HP_MLP_PRE_LINEAR, l, u3);
+    }
     if (kp) {
         ug = kp->ug;
         p->be->ops->copy(p->be, ug, u, sizeof(float) * (size_t)M * F);
     }
-    switch (p->desc.mlp) {   /* DCS_MLP_GELU */
+    switch (p->desc.mlp) {
+    case DCS_MLP_SWIGLU:
+        p->be->ops->swiglu(p->be, ug, u3, (size_t)M * F);
+        dcs_pass_release(p, u3);
+        if (c->mgate_dim > 0) mlp_group_gate(p, l, hn, ug);
+        break;
     default: p->be->ops->gelu(p->be, ug, (size_t)M * F);
     }
     dcs_pass_hook(p, DCS_HP_MLP_POST, l, ug);

@@ -239,7 +239,7 @@ static void tied_copy_ignored(builder *b, const char *name) {
     if (t) t->used = 1;
 }
 
-/* One dcpythia layer. */
+/* One dcpythia (or dcformer: RMSNorm weights only, SwiGLU) layer. */
 static dcs_status load_dcpythia_layer(builder *b, int l) {
     dcs_model *m = b->m;
     const dcs_config *c = &m->cfg;
@@ -259,10 +259,12 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         FAIL_IF(!w->field && (req));                                                      \
     } while (0)
 
+    /* DCFormer++: RMSNorm, a weight only */
+    const int norm_bias = c->model_type != DCS_MODEL_DCFORMER;
     LOAD1(attn_norm_w, "attention_norm.weight", 1, D);
-    LOAD1(attn_norm_b, "attention_norm.bias", 1, D);
+    if (norm_bias) LOAD1(attn_norm_b, "attention_norm.bias", 1, D);
     LOAD1(ffn_norm_w, "ffn_norm.weight", 1, D);
-    LOAD1(ffn_norm_b, "ffn_norm.bias", 1, D);
+    if (norm_bias) LOAD1(ffn_norm_b, "ffn_norm.bias", 1, D);
 
     /* q, k, v: fused wqkv or separate wq / wk / wv */
     snprintf(nm, sizeof nm, "layers.%d.attention.wqkv.weight", l);
@@ -391,6 +393,10 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
     if (bias) LOAD1(b1, "feed_forward.w1.bias", 1, F);
     KEEP2(w2, "feed_forward.w2.weight", D, F);
     if (bias) LOAD1(b2, "feed_forward.w2.bias", 1, D);
+    if (c->model_type == DCS_MODEL_DCFORMER) {   /* SwiGLU's w3, the group gate mg */
+        KEEP2(w3, "feed_forward.w3.weight", F, D);
+        if (c->mgate_dim > 0) LOAD2(mg, "feed_forward.mg.weight", 1, c->mgate_dim, D);
+    }
 #undef P
 #undef LOAD1
 #undef LOAD2
@@ -401,7 +407,10 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
     static const char *ignored[] = {"dyn_w_proj.dw_m", "dyn_w_proj.qkw_m", "dyn_w_proj.sw",
                                     "dyn_w_proj.pre_proj.w", "dyn_w_proj.post_proj.w",
                                     "dyn_w_proj.dw1", "dyn_w_proj.qkw", "dyn_w_proj.dd",
-                                    "q_norm.scale", "k_norm.scale"};
+                                    "q_norm.scale", "k_norm.scale",
+                                    /* DCFormer's decoding caches, saved after setup_caches */
+                                    "kv_cache.k_cache", "kv_cache.v_cache", "kv_cache.kw_cache",
+                                    "kv_cache.kw_sub_cache"};
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
         snprintf(nm, sizeof nm, "layers.%d.attention.%s", l, ignored[i]);
         dcs_tensor *t = dcs_tt_find(&m->tt, nm);
@@ -498,6 +507,29 @@ static void query_wise_note(dcs_model *m) {
              m->dir);
 }
 
+/* Where the official DCFormer module's numbers differ from the engine's
+ * (docs/dcformer-spec.md, "The official module"), one line each. */
+static void dcformer_notes(dcs_model *m) {
+    static const struct { int bit; const char *text; } notes[] = {
+        {DCS_NOTE_LOCAL_INFER, "local layers keep window_size past keys (t - s <= window_size, as DCPythia and "
+                               "the official training masks); the official inference masks keep window_size - 1"},
+        {DCS_NOTE_TYPED_WINDOW, "window_type names a pattern and window_size is not 256: the official module's "
+                                "typed patterns write 256 (its cache size) but mask with window_size; dclens "
+                                "uses window_size"},
+        {DCS_NOTE_ROPE_DTYPE, "torch_dtype is 16-bit: the official module rounds its rotary table to it; "
+                              "dclens computes rotary in float32"},
+        {DCS_NOTE_TRAINING, "is_training is true: the official module then runs its chunked training path "
+                            "(softmax probabilities rounded to bfloat16); dclens computes the exact float32 forward"},
+        {DCS_NOTE_NO_DCMHA, "use_dcmha is false: dclens runs plain attention; the official inference path "
+                            "composes heads regardless"},
+    };
+    for (size_t i = 0; i < sizeof notes / sizeof notes[0]; i++) {
+        if (!(m->cfg.official_notes & notes[i].bit)) continue;
+        size_t o = strlen(m->warnings);
+        snprintf(m->warnings + o, sizeof m->warnings - o, "dcformer: %s.\n", notes[i].text);
+    }
+}
+
 static dcs_status load_dcpythia(builder *b) {
     dcs_model *m = b->m;
     const dcs_config *c = &m->cfg;
@@ -510,8 +542,10 @@ static dcs_status load_dcpythia(builder *b) {
         if ((s = load_dcpythia_layer(b, l))) return s;
     m->norm_w = load_as(b, "norm.weight", "norm.weight", 1, 1, D, 0, 0, 0, 0, NULL);
     FAIL_IF(!m->norm_w);
-    m->norm_b = load_as(b, "norm.bias", "norm.bias", 1, 1, D, 0, 0, 0, 0, NULL);
-    FAIL_IF(!m->norm_b);
+    if (c->model_type != DCS_MODEL_DCFORMER) {   /* DCFormer++'s final RMSNorm: no bias */
+        m->norm_b = load_as(b, "norm.bias", "norm.bias", 1, 1, D, 0, 0, 0, 0, NULL);
+        FAIL_IF(!m->norm_b);
+    }
     if (c->tie_embeddings) {
         m->out_w = m->tok_emb;
         m->m_out_w = m->m_tok_emb;
@@ -649,7 +683,9 @@ static dcs_status check_unused(builder *b) {
             return dcs_seterr(b->e, DCS_ERR_TENSOR,
                               "%s: unexpected tensor '%.200s' (not part of a %s model with this config)",
                               tt->t[i].file, tt->t[i].name,
-                              b->m->cfg.model_type == DCS_MODEL_DCPYTHIA ? "dcpythia" : "gpt_neox");
+                              b->m->cfg.model_type == DCS_MODEL_DCPYTHIA   ? "dcpythia"
+                              : b->m->cfg.model_type == DCS_MODEL_DCFORMER ? "dcformer"
+                                                                           : "gpt_neox");
     return DCS_OK;
 }
 
@@ -740,9 +776,10 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
         goto done;
     }
     builder b = {m, &e};
-    s = m->cfg.model_type == DCS_MODEL_DCPYTHIA ? load_dcpythia(&b) : load_neox(&b);
+    s = m->cfg.model_type == DCS_MODEL_GPT_NEOX ? load_neox(&b) : load_dcpythia(&b);
     if (!s) s = check_unused(&b);
-    if (!s && m->cfg.model_type == DCS_MODEL_DCPYTHIA) query_wise_note(m);
+    if (!s && m->cfg.model_type != DCS_MODEL_GPT_NEOX) query_wise_note(m);
+    if (!s && m->cfg.model_type == DCS_MODEL_DCFORMER) dcformer_notes(m);
     if (!s) s = m->be->ops->sync(m->be, &e);
     if (!s) release_unaliased_files(m);
 done:

@@ -13,6 +13,13 @@
 
 dcs_block_desc dcs_block_desc_of(const dcs_config *c) {
     dcs_block_desc d;
+    if (c->model_type == DCS_MODEL_DCFORMER) {
+        /* DCFormer++: RMSNorm pre-norm, sequential residual, SwiGLU MLP */
+        d.norm = DCS_NORM_RMS;
+        d.mlp = DCS_MLP_SWIGLU;
+        d.parallel_residual = 0;
+        return d;
+    }
     /* DCPythia and Pythia (GPT-NeoX): LayerNorm, GELU MLP, residual per config */
     d.norm = DCS_NORM_LAYER;
     d.mlp = DCS_MLP_GELU;

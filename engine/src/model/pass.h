@@ -23,7 +23,7 @@
  * order and the MLP. A new family (DCFormer++: RMSNorm, SwiGLU) adds its
  * kinds here and one case where each is computed (layer.c: norm, mlp). */
 enum { DCS_NORM_LAYER = 0, DCS_NORM_RMS = 1 };
-enum { DCS_MLP_GELU = 0 };
+enum { DCS_MLP_GELU = 0, DCS_MLP_SWIGLU = 1 };   /* SwiGLU: w2(silu(w1 x) * w3 x) */
 typedef struct {
     int norm;               /* DCS_NORM_*                                  */
     int parallel_residual;  /* x + attn(ln1(x)) + mlp(ln2(x)), else sequential */
@@ -54,6 +54,7 @@ typedef struct {
     float *x, *ln1, *q, *k, *v, *qraw, *kraw, *hpre, *hid, *g;
     float *w1raw[2][2], *w1[2][2], *w2[2][2], *dd[2][2];
     float *A, *P, *Pc, *z, *ao, *h, *ln2, *u, *ug, *mo;
+    float *u3, *gate;   /* DCFormer++: w3 x [M, F], the MLP group gate [M, E] (mgate) */
 } dcs_kept;
 
 /* The size table: floats of each kept activation of one layer for B

@@ -33,6 +33,7 @@ typedef struct {
     float *dW, *dG, *dhid, *dw1raw;
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
     float *mu, *rs, *rs2, *row;      /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
+    float *du3, *dgate;              /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
 } tgrads;
 
 struct dcs_tape {
@@ -206,6 +207,8 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
         A_(a->z, MD); A_(a->ao, MD);
         if (!c->parallel_residual) A_(a->h, MD);
         A_(a->ln2, MD); A_(a->u, MF); A_(a->ug, MF); A_(a->mo, MD);
+        if (c->model_type == DCS_MODEL_DCFORMER) A_(a->u3, MF);
+        if (c->mgate_dim > 0) A_(a->gate, M * (size_t)c->mgate_dim);
     }
     A_(tp->xL, M * D); A_(tp->lnf, M * D);
     A_(tp->logits, M * V); A_(tp->dlogits, M * V);
@@ -220,6 +223,8 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     A_(d->dx, M * D); A_(d->dmo, M * D); A_(d->dug, M * F); A_(d->du, M * F); A_(d->dln2, M * D);
     A_(d->dao, M * D); A_(d->dz, M * D); A_(d->dv, M * D); A_(d->dq, M * D); A_(d->dk, M * D);
     A_(d->dqkv, M * 3 * D); A_(d->dln1, M * D); A_(d->dP, BNTT); A_(d->dA, BNTT);
+    if (c->model_type == DCS_MODEL_DCFORMER) A_(d->du3, M * F);
+    if (c->mgate_dim > 0) A_(d->dgate, M * (size_t)c->mgate_dim);
     A_(d->mu, M); A_(d->rs, M); A_(d->rs2, M * (N > (size_t)c->dyn_rank ? N : (size_t)c->dyn_rank)); A_(d->row, D);
     if (c->use_dcmha) {
         A_(d->dPc, BNTT); A_(d->dAc, BNTT);
@@ -305,6 +310,23 @@ static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db,
     if (db)
         for (int m = 0; m < M; m++)
             for (int o = 0; o < O; o++) db[o] += dy[(size_t)m * O + o];
+}
+
+/* dx += the backward of the block's norm (LayerNorm, or DCFormer++'s
+ * RMSNorm) of x [M, D] with weight w, bias b, from dy; dw, db += its
+ * parameter gradients. Statistics recomputed from x. */
+static void norm_bw(dcs_tape *tp, float *dx, float *dw, float *db, const float *dy, const float *x,
+                    const float *w, const float *b) {
+    dcs_model *m = tp->m;
+    tgrads *d = &tp->d;
+    const int M = tp->M, D = m->cfg.d_model;
+    if (m->cfg.model_type == DCS_MODEL_DCFORMER) {
+        rms_stats(x, M, D, m->cfg.norm_eps, d->rs);
+        dcs_rmsnorm_bw(dx, dw, dy, x, d->rs, M, D, w);
+        return;
+    }
+    ln_stats(m, x, w, b, M, d->mu, d->rs, d->row);
+    dcs_layernorm_bw(dx, dw, db, dy, x, d->mu, d->rs, w, M, D);
 }
 
 /* The parameter gradient of weight `w` in the flat gradient (NULL: none). */
@@ -636,6 +658,53 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
 
+/* DCFormer++'s gated MLP, from d post (in d->dug) to d->du (w1 x) and
+ * d->du3 (w3 x), with the group gate's gradient into d->dln2 (written):
+ *   pu = silu(u) * u3, post = pu * gate[group], gate = softmax(ln2 mg^T). */
+static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_kept *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int M = tp->M, D = c->d_model, F = c->d_ff, E = c->mgate_dim, W = E > 0 ? F / E : F;
+    memset(d->dln2, 0, sizeof(float) * (size_t)M * D);
+    for (int i = 0; i < M; i++) {
+        const float *u = a->u + (size_t)i * F, *u3 = a->u3 + (size_t)i * F;
+        float *dp = d->dug + (size_t)i * F, *du = d->du + (size_t)i * F, *du3 = d->du3 + (size_t)i * F;
+        if (E > 0) {   /* d gate[e] = sum_j d post * pu; d pu = d post * gate */
+            const float *g = a->gate + (size_t)i * E;
+            float *dg = d->dgate + (size_t)i * E;
+            for (int e = 0; e < E; e++) {
+                double acc = 0;
+                for (int j = e * W; j < (e + 1) * W; j++) {
+                    acc += (double)dp[j] * dcs_swiglu(u[j], u3[j]);
+                    dp[j] *= g[e];
+                }
+                dg[e] = (float)acc;
+            }
+        }
+        for (int j = 0; j < F; j++) {
+            const float sg = 1.0f / (1.0f + expf(-u[j]));
+            du[j] = dp[j] * u3[j] * sg * (1.0f + u[j] * (1.0f - sg));
+            du3[j] = dp[j] * u[j] * sg;
+        }
+    }
+    if (E > 0) {
+        grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_GATE, l, d->dgate);
+        for (int i = 0; i < M; i++) {   /* softmax: d logit = g (d g - sum g d g) */
+            const float *g = a->gate + (size_t)i * E;
+            float *dg = d->dgate + (size_t)i * E;
+            double dot = 0;
+            for (int e = 0; e < E; e++) dot += (double)g[e] * dg[e];
+            for (int e = 0; e < E; e++) dg[e] = g[e] * (dg[e] - (float)dot);
+        }
+        lin_bw(m->be, d->dln2, 0.0f, GP(lw->mg), NULL, d->dgate, a->ln2, lw->mg, M, E, D);
+    }
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE_LINEAR, l, d->du3);
+    lin_bw(m->be, d->dln2, 1.0f, GP(lw->w3), NULL, d->du3, a->ln2, lw->w3, M, F, D);
+}
+
 static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
@@ -647,11 +716,17 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_OUT, l, d->dmo);
     lin_bw(be, d->dug, 0.0f, GP(lw->w2), GP(lw->b2), d->dmo, a->ug, lw->w2, M, D, F);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
-    memset(d->du, 0, sizeof(float) * (size_t)M * F);
-    rows_arg ga = {d->du, d->dug, a->u, 0, 0};
-    par_for(tp, gelu_bw_range, &ga, (long long)M * F, 16);
+    float beta = 0.0f;
+    if (c->model_type == DCS_MODEL_DCFORMER) {
+        swiglu_bw(tp, l, bc);
+        beta = 1.0f;
+    } else {
+        memset(d->du, 0, sizeof(float) * (size_t)M * F);
+        rows_arg ga = {d->du, d->dug, a->u, 0, 0};
+        par_for(tp, gelu_bw_range, &ga, (long long)M * F, 16);
+    }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
-    lin_bw(be, d->dln2, 0.0f, GP(lw->w1), GP(lw->b1), d->du, a->ln2, lw->w1, M, F, D);
+    lin_bw(be, d->dln2, beta, GP(lw->w1), GP(lw->b1), d->du, a->ln2, lw->w1, M, F, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
 }
 
@@ -675,8 +750,7 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
     lin_bw(be, d->dln1, 0.0f, GP(m->out_w), NULL, tp->dlogits, tp->lnf, m->out_w, M, V, D);
     grad_at(tp, g, n_g, DCS_HP_LN_FINAL, 0, d->dln1);
     memset(d->dx, 0, sizeof(float) * (size_t)M * D);
-    ln_stats(m, tp->xL, m->norm_w, m->norm_b, M, d->mu, d->rs, d->row);
-    dcs_layernorm_bw(d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, d->mu, d->rs, m->norm_w, M, D);
+    norm_bw(tp, d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, m->norm_w, m->norm_b);
     for (int l = L - 1; l >= 0; l--) {
         dcs_kept *a = &tp->L[l];
         const dcs_layer_weights *lw = &m->layers[l];
@@ -686,19 +760,16 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
         if (c->parallel_residual) {
             memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
             attention_bw(tp, l, bc);
-            ln_stats(m, a->x, lw->ffn_norm_w, lw->ffn_norm_b, M, d->mu, d->rs, d->row);
-            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, d->mu, d->rs,
-                             lw->ffn_norm_w, M, D);
+            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, lw->ffn_norm_w,
+                    lw->ffn_norm_b);
         } else {
-            ln_stats(m, a->h, lw->ffn_norm_w, lw->ffn_norm_b, M, d->mu, d->rs, d->row);
-            dcs_layernorm_bw(d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, d->mu, d->rs,
-                             lw->ffn_norm_w, M, D);
+            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, lw->ffn_norm_w,
+                    lw->ffn_norm_b);
             memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
             attention_bw(tp, l, bc);
         }
-        ln_stats(m, a->x, lw->attn_norm_w, lw->attn_norm_b, M, d->mu, d->rs, d->row);
-        dcs_layernorm_bw(d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, d->mu, d->rs,
-                         lw->attn_norm_w, M, D);
+        norm_bw(tp, d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, lw->attn_norm_w,
+                lw->attn_norm_b);
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");

@@ -52,7 +52,7 @@ static void rewire(dcs_model *m, float *from, float *to) {
         dcs_layer_weights *w = &m->layers[l];
         float **f[] = {&w->attn_norm_w, &w->attn_norm_b, &w->ffn_norm_w, &w->ffn_norm_b, &w->wqkv,
                        &w->bqkv, &w->wo, &w->bo, &w->q_scale, &w->k_scale, &w->dw1, &w->qkw, &w->dd,
-                       &w->w1, &w->b1, &w->w2, &w->b2};
+                       &w->w1, &w->b1, &w->w2, &w->b2, &w->w3, &w->mg};
         for (size_t i = 0; i < sizeof f / sizeof *f; i++)
             if (*f[i] == from) *f[i] = to;
     }
@@ -87,6 +87,7 @@ dcs_status dcs_model_make_trainable(dcs_model *m) {
         w->m_wo = (dcs_wmat){w->wo, DCS_F32};
         w->m_w1 = (dcs_wmat){w->w1, DCS_F32};
         w->m_w2 = (dcs_wmat){w->w2, DCS_F32};
+        w->m_w3 = (dcs_wmat){w->w3, DCS_F32};   /* NULL but for dcformer */
         w->m_dw1 = (dcs_wmat){w->dw1, DCS_F32};
     }
     return DCS_OK;
