@@ -65,7 +65,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
     if not isinstance(steps, int) or steps < 1:
         raise Error("attribute: steps must be a positive integer, not %r" % (steps,))
-    toks, batched = model._tokens(tokens)
+    toks, batched = model.runner.tokens(tokens)
     B, T = toks.shape
     if isinstance(at, str):
         at = [at]
@@ -81,7 +81,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
     logits = tape.forward(toks)
     fa, dl = target_value_and_grad(target, logits, toks)
     base_grads = tape.backward(dl, None, list(pts.values()))
-    _, cache = model._run(toks, capture=at, logits=False)
+    _, cache = model.runner.run(toks, capture=at, logits=False)
     acts = {n: np.asarray(cache[n], np.float32).reshape((B,) + base_grads[pts[n]].shape[1:]) for n in at}
 
     out = Attribution(method, fa if batched else float(fa[0]), {}, {}, {}, {})

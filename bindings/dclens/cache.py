@@ -30,7 +30,7 @@ from ._checks import Error
 from .names import hook_name
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ._protocols import ModelLike as Model
 
 
 class Cache(dict):

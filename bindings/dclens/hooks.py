@@ -30,16 +30,13 @@ asking the engine.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ._checks import Error
 from ._engine import ffi, lib
 from .cache import Cache
-
-if TYPE_CHECKING:
-    from .model import Model
 
 HookFn = Callable[[np.ndarray, str], Optional[np.ndarray]]
 
@@ -121,10 +118,9 @@ class HookTable:
 class _Run:
     """State of one forward pass with hooks: what to call where, the cache."""
 
-    def __init__(self, model: "Model", batched: bool):
-        self.model = model
+    def __init__(self, names: Dict[Tuple[int, int], str], batched: bool):
         self.batched = batched
-        self.names = model._hook_table.name
+        self.names = names
         self.capture: Dict[Tuple[int, int], str] = {}
         self.fns: Dict[Tuple[int, int], List[HookFn]] = {}
         self.writes: set = set()    # points where a hook that may write is called

@@ -23,7 +23,8 @@ from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .bundled import resolve
 from .cache import Cache
-from .hooks import HookFn, HookTable, _Run, hook_pairs
+from .hooks import HookFn, HookTable, hook_pairs
+from .runner import Names, Runner
 from .weights import WeightsMixin
 
 _MAX_TOKENIZER_BYTES = 256 << 20
@@ -70,7 +71,6 @@ class Config:
         return getattr(self, key)
 
 
-Names = Union[None, str, Iterable[str], Callable[[str], bool]]
 
 
 def cuda_available() -> bool:
@@ -97,13 +97,6 @@ def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
     m = Model(resolve(path), device=device, n_threads=n_threads)
     m.always_batch = bool(always_batch)
     return m
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
 
 
 def _read_regular_file(path: str, limit: int) -> str:
@@ -155,17 +148,11 @@ class Model(WeightsMixin):
         err = ffi.new("char[]", 1024)
         st = lib.dcs_load(cpath, opts, out, err, 1024)
         _check(st, decode_msg(ffi.string(err)))
-        self._m = ffi.gc(out[0], lib.dcs_free)
-        # One engine call at a time per model (the engine's pool and error
-        # record are per model, and cffi releases the GIL during a pass):
-        # other threads wait. _pass_thread is the thread running this
-        # model's hooks, which may read weights but not start another pass.
-        self._lock = threading.RLock()
-        self._pass_thread: Optional[int] = None
+        handle = ffi.gc(out[0], lib.dcs_free)
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
         self.device = device
-        c = lib.dcs_model_config(self._m)
+        c = lib.dcs_model_config(handle)
         self.config = Config(
             model_type="dcpythia" if c.model_type == 1 else "gpt_neox",
             n_layer=c.n_layer, d_model=c.d_model, n_head=c.n_head, head_dim=c.head_dim,
@@ -174,19 +161,19 @@ class Model(WeightsMixin):
             qk_norm=bool(c.qk_norm), linear_bias=bool(c.linear_bias),
             use_dcmha=bool(c.use_dcmha), query_wise=bool(c.query_wise), dyn_rank=c.dyn_rank,
             dyn_hidden=c.dyn_hidden, window_size=c.window_size,
-            local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(self._m, l)),
+            local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(handle, l)),
             tie_embeddings=bool(c.tie_embeddings), use_sw=bool(c.use_sw) and bool(c.use_dcmha),
             compose_groups=c.compose_groups,
             moh_shared_heads=c.moh_shared if c.moh else None,
             moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
             key_wise=bool(c.key_wise))
-        self.load_warnings = ffi.string(lib.dcs_load_warnings(self._m)).decode(errors="replace").splitlines()
+        self.load_warnings = ffi.string(lib.dcs_load_warnings(handle)).decode(errors="replace").splitlines()
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
-        self._hook_table = HookTable(self._m, self.config.n_layer)   # name <-> (point, layer)
+        # the engine handle, its lock, errors and runs (runner.py)
+        self.runner = Runner(handle, self.config.vocab, self.config.n_layer, self.to_tokens)
         self.always_batch = False   # see load()
-        self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
 
     def __repr__(self) -> str:
         c = self.config
@@ -198,50 +185,41 @@ class Model(WeightsMixin):
     @property
     def hook_names(self) -> List[str]:
         """Every hook name this model has, in forward order per layer."""
-        return list(self._hook_table.names)
+        return list(self.runner.hook_table.names)
 
     def parse_hook(self, name: str) -> Tuple[int, int]:
         """(point, layer) of a dclens hook name of this model; an Error naming
         what is wrong with any other name."""
-        key = self._hook_table.key.get(name) if isinstance(name, str) else None
-        if key is not None:
-            return key
-        cname = c_str("hook name", name)      # the engine's parser says what is wrong
-        p, l = ffi.new("int *"), ffi.new("int *")
-        with self._engine_lock():
-            _check(lib.dcs_hook_parse(self._m, cname, p, l), self._errmsg())
-        return p[0], l[0]
+        return self.runner.parse_hook(name)
 
-    def _select(self, names: Names) -> List[str]:
-        canonical, tl_alias = _names.canonical, _names.tl_alias
-        if names is None:
-            return list(self._hook_table.names)
-        if isinstance(names, str):
-            names = [names]
-        if callable(names):
-            return [n for n in self._hook_table.names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
-        try:
-            names = list(names)
-        except TypeError:
-            raise Error("names must be None, a hook name, a list of hook names or a predicate, "
-                        "not %s %r" % (type(names).__name__, names)) from None
-        names = [canonical(check_str("hook name", n)) for n in names]
-        for n in names:
-            self.parse_hook(n)
-        return names
+    # the runner's members under their former private names (tests, scripts)
+    @property
+    def _m(self):
+        return self.runner.handle
+
+    @property
+    def _hook_table(self) -> HookTable:
+        return self.runner.hook_table
+
+    @property
+    def _ctx_hooks(self) -> List[Tuple[str, HookFn]]:
+        return self.runner.ctx_hooks
 
     def _errmsg(self) -> str:
-        return decode_msg(ffi.string(lib.dcs_errmsg(self._m)))
+        return self.runner.errmsg()
 
-    @contextlib.contextmanager
     def _engine_lock(self):
-        """Hold the model for one engine call. A hook of a running pass (its
-        thread owns the pass) goes through without waiting."""
-        if self._pass_thread == threading.get_ident():
-            yield
-            return
-        with self._lock:
-            yield
+        return self.runner.engine_lock()
+
+    def _select(self, names: Names) -> List[str]:
+        return self.runner.select(names)
+
+    def _tokens(self, tokens) -> Tuple[np.ndarray, bool]:
+        return self.runner.tokens(tokens)
+
+    def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
+             logits: bool = True, logits_at=None):
+        return self.runner.run(tokens, capture, fns, logits, logits_at)
 
     # ------------------------------------------------------------ tokens
 
@@ -311,184 +289,6 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ forward
 
-    def _tokens(self, tokens) -> Tuple[np.ndarray, bool]:
-        if isinstance(tokens, str):
-            tokens = self.to_tokens(tokens)
-        a = token_array(tokens)
-        if a.dtype.kind not in "iu":
-            raise Error("tokens must be integers, got dtype %s" % a.dtype)
-        if a.ndim not in (1, 2) or a.size == 0:
-            raise Error("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
-        if a.min() < 0 or a.max() >= self.config.vocab:
-            raise Error("token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.config.vocab else a.min(), self.config.vocab))
-        batched = a.ndim == 2
-        return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int32), batched
-
-    def _positions(self, logits_at, B: int, T: int):
-        """logits_at -> (int32 [B, n] positions, squeeze?) or (None, False)."""
-        if logits_at is None:
-            return None, False
-        if isinstance(logits_at, str):
-            if logits_at != "last":
-                raise Error("logits_at must be None, 'last', or positions, got %r" % (logits_at,))
-            return np.full((B, 1), T - 1, dtype=np.int32), True
-        a = np.asarray(logits_at)
-        if a.dtype.kind not in "iu" or a.size == 0 or a.ndim not in (0, 1, 2):
-            raise Error("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
-                        % (logits_at,))
-        squeeze = a.ndim == 0
-        a = a.reshape(1, -1) if a.ndim < 2 else a
-        if a.shape[0] == 1 and B > 1:
-            a = np.broadcast_to(a, (B, a.shape[1]))
-        if a.shape[0] != B:
-            raise Error("logits_at has positions for %d sequences, tokens have %d" % (a.shape[0], B))
-        if a.shape[1] > T:
-            raise Error("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
-        if a.min() < 0 or a.max() >= T:
-            raise Error("logits_at position %d is out of range [0, %d)"
-                        % (a.max() if a.max() >= T else a.min(), T))
-        return np.ascontiguousarray(a, dtype=np.int32), squeeze
-
-    def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
-             logits: bool = True, logits_at=None):
-        toks, batched = self._tokens(tokens)
-        B, T = toks.shape
-        pos, squeeze = self._positions(logits_at, B, T)
-        n_out = T if pos is None else pos.shape[1]
-        run = _Run(self, batched)
-        want = self._hook_plan(run, capture, fns)
-        self._check_pass_memory(B, n_out, run, logits)
-        try:
-            out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
-        except MemoryError:
-            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
-                        % (B, n_out, self.config.vocab)) from None
-        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
-        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
-        cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
-        n_pos = 0 if pos is None else pos.shape[1]
-        self._call_engine(run, want, lambda hooks: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, n_pos, clog, hooks),
-                          " aborted the forward pass")
-        if out is not None and squeeze:
-            out = out[:, 0]
-        if out is not None and not batched:
-            out = out[0]
-        return out, run.cache
-
-    def _hook_plan(self, run: "_Run", capture: Sequence[str], fns: Sequence[Tuple[str, HookFn]]) -> np.ndarray:
-        """Record in `run` what each hook point captures and calls; return the
-        engine's want table [DCS_HP_COUNT * L] (1 = call back at that point)."""
-        L = self.config.n_layer
-        want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
-        for n in capture:
-            p, l = self.parse_hook(n)
-            run.capture[(p, l)] = n
-            want[p * L + l] = 1
-        for n, fn in fns:
-            if not callable(fn):
-                raise Error("hook %s: %r is not callable" % (n, fn))
-            p, l = self.parse_hook(n)
-            run.add((p, l), fn)
-            want[p * L + l] = 1
-        return want
-
-    def _call_engine(self, run: "_Run", want: np.ndarray, call, aborted: str) -> None:
-        """Run call(hooks) -> dcs_status under the model's lock, interruptibly,
-        with the Python hook trampoline where `want` asks for it; raise what
-        went wrong: a hook's KeyboardInterrupt/SystemExit as itself, its other
-        exceptions and engine failures as Error (`aborted` is the engine's
-        phrase for a pass a hook stopped, dropped from the message)."""
-        hooks = ffi.NULL
-        handle = None
-        if want.any():
-            handle = ffi.new_handle(run)    # kept alive until the call returns
-            hooks = ffi.new("dcs_hooks *")
-            hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
-            hooks.fn = lib._dcs_py_hook
-            hooks.user = handle
-        st, interrupted = self._forward_interruptibly(run, lambda: call(hooks))
-        del handle
-        if interrupted is not None:
-            raise interrupted
-        if run.error is not None:
-            e = run.error
-            if isinstance(e, Error) or not isinstance(e, Exception):
-                raise e           # KeyboardInterrupt, SystemExit: as themselves
-            raise Error("%s: %s: %s" % (self._errmsg().replace(aborted, ""), type(e).__name__, e)) from e
-        if st == lib.DCS_ERR_CANCELLED:
-            raise KeyboardInterrupt()
-        _check(st, self._errmsg())
-
-    def _check_pass_memory(self, B: int, T: int, run: "_Run", logits: bool) -> None:
-        """Refuse, before anything is allocated, a pass whose logits and
-        cached activations cannot fit in this machine's memory."""
-        V = self.config.vocab
-        need = B * T * V * 4 if logits else 0
-        if need > _physical_memory():
-            raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
-                        % (B, T, V, need / 2**30))
-        shape = ffi.new("int64_t[6]")
-        for (p, l) in run.capture:
-            nd = lib.dcs_hook_shape(self._m, p, B, T, shape)
-            n = 4
-            for i in range(nd):
-                n *= shape[i]
-            need += n
-        if need > _physical_memory():
-            raise Error("run_with_cache: caching %d hooks at B=%d, T=%d needs %.1f GiB (with the logits), "
-                        "more than the %.1f GiB of memory of this machine; cache fewer hooks (names=...) "
-                        "or a shorter sequence" % (len(run.capture), B, T, need / 2**30,
-                                                   _physical_memory() / 2**30))
-
-    def _forward_interruptibly(self, run: "_Run", call):
-        """Run call() (a dcs_forward) holding the model's lock. In the main
-        thread the call runs on a helper thread while the main thread waits,
-        so Ctrl-C (SIGINT) is seen at once: it asks the engine to stop
-        (dcs_cancel; checked before each layer and between attention and
-        MLP) and hooks to abort, waits for the pass to end, and returns the
-        KeyboardInterrupt. Returns (status, KeyboardInterrupt or None)."""
-        me = threading.get_ident()
-        if self._pass_thread == me:
-            raise Error("forward: this model is already running a pass in this thread (a hook "
-                        "cannot start another pass on its own model; load a second Model)")
-        with self._lock:
-            lib.dcs_cancel(self._m, 0)
-            if threading.current_thread() is not threading.main_thread():
-                self._pass_thread = me
-                try:
-                    return call(), None
-                finally:
-                    self._pass_thread = None
-            result: Dict[str, object] = {}
-            done = threading.Event()
-
-            def work():
-                self._pass_thread = threading.get_ident()
-                try:
-                    result["st"] = call()
-                except BaseException as e:  # noqa: BLE001 -- handed to the caller
-                    result["exc"] = e
-                finally:
-                    self._pass_thread = None
-                    done.set()
-
-            worker = threading.Thread(target=work, name="dclens-forward", daemon=True)
-            interrupted = None
-            worker.start()
-            while not done.is_set():
-                try:
-                    done.wait(0.25)
-                except KeyboardInterrupt as e:       # Ctrl-C: stop the pass, keep waiting
-                    if interrupted is None:
-                        interrupted = e
-                    run.cancel = True
-                    lib.dcs_cancel(self._m, 1)
-            worker.join()
-            lib.dcs_cancel(self._m, 0)
-            if "exc" in result:
-                raise result["exc"]
-            return result["st"], interrupted
-
     def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
                 padding_side: str = "right", loss_per_token: bool = False, logits_at=None):
         """Logits: [T, V] for a string or a 1-D token array, [B, T, V] for a list
@@ -504,7 +304,7 @@ class Model(WeightsMixin):
         if logits_at is not None:
             if return_type != "logits" or lengths is not None or loss_per_token:
                 raise Error("logits_at goes with return_type='logits' and no lengths")
-            return self._run(tokens, logits_at=logits_at)[0]
+            return self.runner.run(tokens, logits_at=logits_at)[0]
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     loss_per_token=loss_per_token)
 
@@ -525,7 +325,7 @@ class Model(WeightsMixin):
             raise Error("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                          capture=self._select(sel), fns=hook_pairs(fwd_hooks, read_only), with_cache=True)
+                          capture=self.runner.select(sel), fns=hook_pairs(fwd_hooks, read_only), with_cache=True)
 
     def resolve_hook(self, name: str) -> str:
         """The dclens name of a hook given in either spelling, checked."""
@@ -552,11 +352,11 @@ class Model(WeightsMixin):
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
         until reset_hooks() (read_only=True: see dclens.read_only)."""
         (name, fn), = hook_pairs([(name, fn)], read_only)
-        self._ctx_hooks.append((self.resolve_hook(name), fn))
+        self.runner.ctx_hooks.append((self.resolve_hook(name), fn))
 
     def reset_hooks(self) -> None:
         """Remove the hooks added with add_hook."""
-        self._ctx_hooks.clear()
+        self.runner.ctx_hooks.clear()
 
     def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False):
         """Context manager: the hooks apply to every pass inside the with block
@@ -568,12 +368,12 @@ class Model(WeightsMixin):
 
         @contextlib.contextmanager
         def cm():
-            before = len(self._ctx_hooks)
-            self._ctx_hooks.extend(pairs)
+            before = len(self.runner.ctx_hooks)
+            self.runner.ctx_hooks.extend(pairs)
             try:
                 yield self
             finally:
-                del self._ctx_hooks[before:]
+                del self.runner.ctx_hooks[before:]
         return cm()
 
     def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
@@ -598,7 +398,7 @@ class Model(WeightsMixin):
         returns (logits, cache) of the hooked pass."""
         fwd_hooks = hook_pairs(fwd_hooks, read_only)
         want_cache = cache_names is None or bool(cache_names)
-        cap = self._select(cache_names) if want_cache else ()
+        cap = self.runner.select(cache_names) if want_cache else ()
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     capture=cap, fns=fwd_hooks, with_cache=want_cache)
 
@@ -606,7 +406,7 @@ class Model(WeightsMixin):
         """Activation bytes of the last pass (weights excluded): 'peak' held at
         once and 'total' asked for. Hooks not asked for add nothing."""
         peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        lib.dcs_forward_memory(self._m, peak, total)
+        lib.dcs_forward_memory(self.runner.handle, peak, total)
         return {"peak": int(peak[0]), "total": int(total[0])}
 
     # ------------------------------------------------------------ weights
@@ -622,12 +422,13 @@ class Model(WeightsMixin):
             return cache[name]
         shape = ffi.new("int64_t[5]")
         nd = ffi.new("int *")
-        with self._engine_lock():
-            _check(lib.dcs_weight_shape(self._m, cname, shape, nd), self._errmsg())
+        r = self.runner
+        with r.engine_lock():
+            _check(lib.dcs_weight_shape(r.handle, cname, shape, nd), r.errmsg())
             dims = tuple(shape[i] for i in range(nd[0]))
             out = np.empty(dims, dtype=np.float32)
-            _check(lib.dcs_weight_read(self._m, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
-                   self._errmsg())
+            _check(lib.dcs_weight_read(r.handle, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
+                   r.errmsg())
         out.flags.writeable = False
         cache[name] = out
         while len(cache) > 6:

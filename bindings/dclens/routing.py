@@ -39,7 +39,7 @@ from .cache import Cache
 from .names import PHASES, hook_name
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ._protocols import ModelLike as Model
 
 
 

@@ -210,10 +210,10 @@ def read_weights(model) -> Dict[str, np.ndarray]:
     out = {}
     shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
     for name, _, size, _ in param_table(model):
-        _check(lib.dcs_weight_shape(model._m, name.encode(), shape, nd), model._errmsg())
+        _check(lib.dcs_weight_shape(model.runner.handle, name.encode(), shape, nd), model.runner.errmsg())
         a = np.empty(tuple(shape[i] for i in range(nd[0])), np.float32)
-        _check(lib.dcs_weight_read(model._m, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
-               model._errmsg())
+        _check(lib.dcs_weight_read(model.runner.handle, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
+               model.runner.errmsg())
         out[name] = a
     return out
 
@@ -400,8 +400,8 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
         os.replace(start_dir + ".tmp", start_dir)
         start = 0
     model = load(start_dir, n_threads=c.n_threads)
-    _check(lib.dcs_model_make_trainable(model._m), model._errmsg())
-    P = int(lib.dcs_param_total(model._m))
+    _check(lib.dcs_model_make_trainable(model.runner.handle), model.runner.errmsg())
+    P = int(lib.dcs_param_total(model.runner.handle))
     if start:
         z = np.load(os.path.join(start_dir, "optimizer.npz"))
         mom, var = np.ascontiguousarray(z["mom"], np.float32), np.ascontiguousarray(z["var"], np.float32)
@@ -437,9 +437,9 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
             if c.grad_clip and gn > c.grad_clip:
                 grads *= c.grad_clip / gn
             hp.lr = lr_at(c, step)
-            _check(lib.dcs_adamw_step(model._m, ffi.cast("float *", ffi.from_buffer(grads)),
+            _check(lib.dcs_adamw_step(model.runner.handle, ffi.cast("float *", ffi.from_buffer(grads)),
                                       ffi.cast("float *", ffi.from_buffer(mom)),
-                                      ffi.cast("float *", ffi.from_buffer(var)), step, hp), model._errmsg())
+                                      ffi.cast("float *", ffi.from_buffer(var)), step, hp), model.runner.errmsg())
             ntok += int((y >= 0).sum()) if c.lines else x.size
             now = time.perf_counter()
             tps = ntok / max(now - t_last, 1e-9)

@@ -36,8 +36,8 @@ class WeightsMixin:
         """The canonical names of every weight the model holds."""
         from ._engine import ffi, lib
         out = []
-        for i in range(lib.dcs_weight_count(self._m)):
-            out.append(ffi.string(lib.dcs_weight_name(self._m, i)).decode())
+        for i in range(lib.dcs_weight_count(self.runner.handle)):
+            out.append(ffi.string(lib.dcs_weight_name(self.runner.handle, i)).decode())
         return out
 
     def _has_weight(self, name: str) -> bool:

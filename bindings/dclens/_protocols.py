@@ -1,0 +1,26 @@
+"""ModelLike: what the plumbing and the analyses read of a model, as a type.
+
+Modules below Model (cache, generate, routing, grad, ...) annotate their
+model arguments with this Protocol instead of importing Model, so the
+import graph has no cycle even counting imports made for type checking
+(tests/test_imports.py). Model satisfies it."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class ModelLike(Protocol):
+    """A loaded model: its config, device, runner (engine handle, lock,
+    errors, runs) and its weights and hooks by name."""
+
+    config: Any
+    device: str
+    runner: Any        # a runner.Runner (not imported: runner sits above this module)
+
+    def weight(self, name: str) -> Any: ...
+
+    def resolve_hook(self, name: str) -> str: ...
+
+    def parse_hook(self, name: str) -> Any: ...
+
+    def __getattr__(self, name: str) -> Any: ...
