@@ -102,12 +102,31 @@ def test_graph_sees_the_packages():
     assert "dclens.model" in g and "synth_tasks.cli" in g and "dclens.testing.make_tiny" in g
     # it sees imports inside functions too
     assert "dclens" in g["synth_tasks.cli"]
-    assert "dclens.routing" in g["dclens.model"]
+    assert "dclens.routing" in g["dclens.patching"]     # from a function body
 
 
 def test_no_import_cycle():
     cycle = _find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+ANALYSES = ["routing", "circuits", "patching", "attribution", "analysis", "generate", "grad",
+            "interventions", "heatmaps", "plots"]
+
+
+def test_layers_import_downwards():
+    """runner (engine handle, lock, errors, runs) imports neither Model nor an
+    analysis; Model imports no analysis (its analysis methods go through
+    dclens._facade); no analysis reaches Model's module for a type."""
+    g = _graph()
+    analyses = {"dclens." + a for a in ANALYSES}
+    below = {"dclens.runner", "dclens.hooks", "dclens.cache", "dclens._facade", "dclens._protocols"}
+    for m in below:
+        bad = g[m] & (analyses | {"dclens.model"})
+        assert not bad, "%s imports %s" % (m, sorted(bad))
+    assert not g["dclens.model"] & analyses, sorted(g["dclens.model"] & analyses)
+    for a in ("routing", "attribution", "generate", "grad"):
+        assert "dclens.model" not in g["dclens." + a], a
 
 
 def test_dclens_does_not_import_synth_tasks():

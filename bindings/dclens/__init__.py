@@ -23,7 +23,7 @@ model.hooks(...) as a context manager, return_type="loss", batches of prompts
 from .model import Cache, Config, Error, LoadWarning, Model, cuda_available, cuda_unavailable_reason, load
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
-from . import analysis, circuits, interventions, routing
+from . import analysis, attribution, circuits, grad, interventions, routing
 from . import cache, names, patching
 from .names import BRANCHES, PHASES, hook_name
 from .hooks import read_only

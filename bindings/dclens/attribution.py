@@ -28,6 +28,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from . import _facade
 from .grad import Tape, target_value_and_grad
 from ._checks import Error
 
@@ -59,6 +60,7 @@ class Attribution:
     gap: Dict[str, np.ndarray]               # IG: sum(attr) - (F(a) - F(a0))
 
 
+@_facade.provides("attribute")
 def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", steps: int = 32,
               baseline="zero", progress: Optional[bool] = None, chunk: int = 16) -> Attribution:
     if method not in ("ig", "grad_x_act"):

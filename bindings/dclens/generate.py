@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _facade
 from ._engine import ffi, lib
 from ._checks import check_index
 from ._checks import Error, check_status as _check
@@ -103,6 +104,7 @@ def _sample(logits: np.ndarray, temperature: float, top_k: Optional[int], rng) -
     return int(rng.choice(x.size, p=p))
 
 
+@_facade.provides("generate")
 def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float = 0.0,
              top_k: Optional[int] = None, stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
              seed: Optional[int] = None, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),

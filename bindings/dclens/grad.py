@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _facade
 from ._engine import ffi, lib
 from ._checks import Error, check_status as _check
 
@@ -185,6 +186,7 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
 
 # ------------------------------------------------------------------ gradients
 
+@_facade.provides("gradients")
 def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
     toks, batched = model.runner.tokens(tokens)

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-from . import attribution, batch, generate as _generate, grad, names as _names, routing
+from . import _facade, batch, names as _names
 from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
 from ._checks import check_status as _check
 from ._engine import ffi, lib
@@ -379,7 +379,7 @@ class Model(WeightsMixin):
     def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
                  stop=None, **kw):
         """Continue a prompt with the engine's incremental decoder (dclens.generate)."""
-        return _generate.generate(self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
+        return _facade.call("generate", self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
 
     def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
                        cache_names: Names = (), *, lengths=None, padding_side: str = "right",
@@ -442,31 +442,31 @@ class Model(WeightsMixin):
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
         With cache= (a run_with_cache of the same tokens) no pass is run."""
         if cache is not None:
-            return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
-        return routing.composition_map(self, tokens, layer, phase, query, key)
+            return _facade.call("composition_maps", self, cache, layer, phase, query=query, key=key)
+        return _facade.call("composition_map", self, tokens, layer, phase, query, key)
 
     def routing_matrix(self, tokens, layer: int, phase: str, query: int,
                        cache: Optional[Cache] = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
         With cache= no pass is run; routing.routing_matrices gives every query at once."""
         if cache is not None:
-            return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
-        return routing.routing_matrix(self, tokens, layer, phase, query)
+            return _facade.call("routing_matrices", self, cache, phase, layers=[layer], queries=[query])[0, 0]
+        return _facade.call("routing_matrix", self, tokens, layer, phase, query)
 
     def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
         if cache is not None:
-            return routing.gates_from_cache(self, cache, layer)
-        return routing.gates(self, tokens, layer)
+            return _facade.call("gates_from_cache", self, cache, layer)
+        return _facade.call("gates", self, tokens, layer)
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
     def gradients(self, tokens, target, wrt, return_value: bool = False):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
-        return grad.gradients(self, tokens, target, wrt, return_value=return_value)
+        return _facade.call("gradients", self, tokens, target, wrt, return_value=return_value)
 
     def attribute(self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero",
                   progress: Optional[bool] = None):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
-        return attribution.attribute(self, tokens, target, at, method=method, steps=steps,
+        return _facade.call("attribute", self, tokens, target, at, method=method, steps=steps,
                                      baseline=baseline, progress=progress)

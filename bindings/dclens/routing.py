@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 
+from . import _facade
 from ._checks import Error, check_index
 from .cache import Cache
 from .names import PHASES, hook_name
@@ -139,6 +140,7 @@ def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups:
     return out
 
 
+@_facade.provides("composition_map")
 def composition_map(model: Model, tokens, layer: int, phase: str, query: int, key: int) -> np.ndarray:
     """The N x N map C[query, key] of a layer and phase (identity for Pythia)."""
     toks = _check(model, tokens, layer, phase, query, key)
@@ -151,6 +153,7 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
                              model.config.compose_groups, static_map(model, layer, phase))[0]
 
 
+@_facade.provides("routing_matrix")
 def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> np.ndarray:
     """Head-to-head routing at one query position, weighted by what it routes.
 
@@ -176,6 +179,7 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     return np.einsum("ns,snm->nm", x, maps)
 
 
+@_facade.provides("gates")
 def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     """The dynamic gates of a layer: {'pre.qdd': [T, N], 'pre.kdd', 'post.qdd', 'post.kdd'}
     (how much each head keeps of its own score/weight, per token)."""
@@ -227,6 +231,7 @@ def _mask(T: int, S: int, window: int) -> np.ndarray:
     return (s <= t) & ((window <= 0) | (t - s <= window))
 
 
+@_facade.provides("composition_maps")
 def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=None, key=None) -> np.ndarray:
     """Composition maps C[t, s] from a cache, no pass: [T, S, N, N] for every
     pair, [S, N, N] for one query, [T, N, N] for one key, [N, N] for both.
@@ -277,6 +282,7 @@ def _cache_T(model: Model, cache: Cache, layer: int) -> int:
     raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
 
 
+@_facade.provides("routing_matrices")
 def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, queries=None) -> np.ndarray:
     """Head-to-head routing R[l, t] [N, N] for every query t (or `queries`)
     and every layer (or `layers`), from a cache in one vectorised step:
@@ -327,6 +333,7 @@ def _bad_layer(l, L):
     raise Error("layer %r is out of range (model has %d layers)" % (l, L))
 
 
+@_facade.provides("gates_from_cache")
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:
     """gates() from a cache: {'pre.qdd': [T, N], ...}."""
     if not model.config.use_dcmha:
