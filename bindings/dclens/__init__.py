@@ -30,7 +30,7 @@ from .hooks import read_only
 from .generate import Decoder, generate
 
 __all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PHASES", "PNG",
-           "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
+           "analysis", "attention_heatmap", "attribution", "grad", "bundled_models", "cache", "circuits", "cuda_available",
            "cuda_unavailable_reason", "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching",
            "read_only", "routing"]
 __version__ = "0.1.0"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 
@@ -53,11 +53,11 @@ def _head_axis(name: str) -> Optional[int]:
 @dataclasses.dataclass
 class Attribution:
     method: str
-    target_value: np.ndarray                 # F(a) per sequence ([B] or scalar)
+    target_value: Union[np.ndarray, float]   # F(a) per sequence ([B] or scalar)
     attributions: Dict[str, np.ndarray]      # name -> activation layout
     per_head: Dict[str, np.ndarray]          # name -> [N] (or [B, N])
-    baseline_value: Dict[str, np.ndarray]    # IG: F(a0) per hook
-    gap: Dict[str, np.ndarray]               # IG: sum(attr) - (F(a) - F(a0))
+    baseline_value: Dict[str, Union[np.ndarray, float]]   # IG: F(a0) per hook
+    gap: Dict[str, Union[np.ndarray, float]]              # IG: sum(attr) - (F(a) - F(a0))
 
 
 @_facade.provides("attribute")

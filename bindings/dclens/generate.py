@@ -14,7 +14,7 @@ step's activations ([1, n, ...] for the n tokens fed; attention maps
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class Decoder:
         return n
 
     def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True,
-             cache_names=()) -> Union[np.ndarray, Tuple[np.ndarray, dict]]:
+             cache_names=()) -> Any:
         """Feed tokens [n]; returns their logits [n, V], and a cache of this
         step's activations when cache_names is given (None: every hook)."""
         m = self.model

@@ -16,7 +16,7 @@ and for every parameter by canonical name (``Model.weight`` names).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class Tape:
         with r.engine_lock():          # one engine call at a time per model
             _check(lib.dcs_tape_new(r.handle, B, T, out), r.errmsg())
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
-        self._keep = None
+        self._keep: Optional[Tuple[Any, Any]] = None
 
     def _shape(self, point: int) -> Tuple[int, ...]:
         shape = ffi.new("int64_t[6]")
@@ -51,7 +51,7 @@ class Tape:
         return tuple(int(shape[i]) for i in range(nd))
 
     def forward(self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
-                logits: bool = True) -> Optional[np.ndarray]:
+                logits: bool = True) -> Any:
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
         ov = overrides or {}
         keep = []
@@ -216,6 +216,7 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
         a = g[pl]
         out[n] = a if batched else a[0]
     for n in pnames:
+        assert pg is not None          # allocated whenever pnames is not empty
         _, off, size, _ = params[n]
         out[n] = pg[off:off + size].reshape(model.weight(n).shape).copy()
     if return_value:

@@ -11,7 +11,7 @@ weights). matplotlib versions of the same figures are in dclens.plots.
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -154,6 +154,7 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
     if (vmin is None) != (vmax is None):
         vis = _visible_values(maps, mask_upper)
         if vmin is None:
+            assert vmax is not None                 # exactly one end was given
             vmin = float(vis.min()) if vis.size else 0.0
             if not vmin < vmax:
                 vmin = vmax - 1.0
@@ -232,9 +233,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         names = [n for n in names if n in model.hook_names]
         total = hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
         _, cache = model.run_with_cache(tokens, names=names + [total])
-        maps = [cache[n][head] for n in names] + [cache[total][head]]
+        maps: Any = [cache[n][head] for n in names] + [cache[total][head]]
         titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
-        kw.setdefault("title", "%s: L%d H%d %s-compose branches" % (model.name, layer, head, phase))
+        kw.setdefault("title", "%s: L%s H%d %s-compose branches" % (model.name, layer, head, phase))
         return heatmap(np.stack(maps), tokens=labels, titles=titles, diverging=True, **kw)
 
     if layer == "all":
@@ -256,9 +257,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         if a.ndim != 3:
             raise Error("heatmap: hook %s is not an [N, T, S] map" % name)
         if head is None:
-            maps, titles = a, ["L%d H%d" % (layer, n) for n in range(c.n_head)]
+            maps, titles = a, ["L%s H%d" % (layer, n) for n in range(c.n_head)]
         else:
-            maps, titles = a[head:head + 1], ["L%d H%d" % (layer, head)]
+            maps, titles = a[head:head + 1], ["L%s H%d" % (layer, head)]
         kw.setdefault("title", "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head)))
     kw.setdefault("diverging", not hook.endswith("pattern"))
     if not kw.get("grid_cols"):   # a near-square grid, not one long strip (32 heads: 6 x 6)

@@ -173,7 +173,7 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
         if is_read_only(fn):
             if fn(seen, name) is not None:
                 raise Error("hook %s: %r is read-only but returned an array (a hook that changes the "
-                            "activation must not be declared read-only)" % (name, fn.fn))
+                            "activation must not be declared read-only)" % (name, getattr(fn, "fn", fn)))
         else:
             out = fn(work, name)
             if out is not None and out is not work:
@@ -196,7 +196,7 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
     return 1
 
 
-_OWN_FRAMES = set()
+_OWN_FRAMES: set = set()
 
 
 def _forget_engine_views(e: BaseException) -> None:

@@ -13,7 +13,7 @@ scores, pattern, branches [N, T, S].
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def _head_index(name: str, head: int, ndim: int) -> tuple:
     axis = _HEAD_AXIS_FROM_END.get(_suffix(name))
     if axis is None:
         raise Error("hook %s has no head axis" % name)
-    idx = [slice(None)] * ndim
+    idx: List[Any] = [slice(None)] * ndim
     idx[ndim + axis] = head
     return tuple(idx)
 
@@ -132,7 +132,7 @@ def disable_branch(model: Model, phase: str, branch: str,
     if branch not in BRANCHES:
         raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
     layers = range(model.config.n_layer) if layers is None else list(layers)
-    hooks = []
+    hooks: List[Tuple[str, object]] = []
     for l in layers:
         l = check_index("layer", l, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
         name = hook_name(l, "attn.%s.%s" % (phase, branch))
@@ -144,7 +144,7 @@ def disable_branch(model: Model, phase: str, branch: str,
 def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
     """Zero every dynamic branch (qp, kp, qg, kg) of both phases: the layers then
     compute plain multi-head attention with the same weights."""
-    out = []
+    out: List[Tuple[str, object]] = []
     for phase in PHASES:
         for b in BRANCHES[1:]:
             if b in ("kp", "kg") and model.config.query_wise:
@@ -237,7 +237,7 @@ def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
     and layers (use_sw models): the composition maps lose their fixed W term."""
     if not model.config.use_sw:
         raise Error("%s has no static composition branch (use_sw is off)" % model.name)
-    hooks = []
+    hooks: List[Tuple[str, object]] = []
     for ph in phases:
         if ph not in PHASES:
             raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
@@ -295,7 +295,7 @@ def scale_router_logits(model: Model, factor: float, layers: Optional[Iterable[i
         for h in heads:
             if not 0 <= h < NR:
                 raise Error("routed head %d is out of range (%d routed heads)" % (h, NR))
-    out = []
+    out: List[Tuple[str, object]] = []
     for l in _layers(model, layers):
         name = hook_name(l, "attn.router_logits")
         model.parse_hook(name)

@@ -11,14 +11,13 @@ import contextlib
 import dataclasses
 import os
 import stat
-import threading
 import warnings
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _facade, batch, names as _names
-from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
+from ._checks import Error, c_path, c_str, check_index, decode_msg, show_path
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .bundled import resolve
@@ -275,7 +274,7 @@ class Model(WeightsMixin):
         """Decode token ids to text ([T] -> str, [B, T] -> list of str)."""
         a = np.asarray(tokens)
         if a.ndim == 2:
-            return [self.to_string(r) for r in a]
+            return [str(self.to_string(r)) for r in a]
         if a.ndim > 2 or a.dtype.kind not in "iu":
             raise Error("to_string: need integer [T] or [B, T] tokens, got %s %s" % (a.dtype, a.shape))
         return self.tokenizer.decode([int(t) for t in a.ravel()], skip_special_tokens=False)

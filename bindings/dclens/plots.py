@@ -241,6 +241,7 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
         im = plot_pattern(ax, p[i], tokens, titles[i], diverging, mask_upper, vmin=lo, vmax=hi,
                           max_labels=max_labels, show_row_labels=(i % ncols == 0))
         used.append(ax)
+    assert im is not None                   # N >= 1 panels
     fig.colorbar(im, ax=used, shrink=0.8, pad=0.02)
     if title:
         fig.suptitle(title, fontweight="bold")
@@ -375,6 +376,7 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
         ax.set_xlabel(cols_ax)
         if ptitles[i]:
             ax.set_title(ptitles[i], fontsize=9)
+    assert im is not None                   # at least one panel
     fig.colorbar(im, ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes], shrink=0.8,
                  label="normalized metric" if normalize else "metric")
     fig.suptitle(title or "activation patching: %s (clean %.3g, corrupted %.3g)"

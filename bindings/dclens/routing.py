@@ -163,7 +163,6 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     target head m; sum_n R[n, m] = sum_s composed[m, t, s]."""
     toks = _check(model, tokens, layer, phase, query)
     query = _pos(query, toks.shape[0], "query")
-    N = model.config.n_head
     src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
     names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
                      if model.config.use_dcmha else [])

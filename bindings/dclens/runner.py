@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -26,7 +26,6 @@ from . import names as _names
 from ._checks import Error, c_str, check_str, decode_msg, token_array
 from ._checks import check_status as _check
 from ._engine import ffi, lib
-from .cache import Cache
 from .hooks import HookFn, HookTable, _Run
 
 Names = Union[None, str, Iterable[str], Callable[[str], bool]]
@@ -90,7 +89,8 @@ class Runner:
         if isinstance(names, str):
             names = [names]
         if callable(names):
-            return [n for n in self.hook_table.names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
+            pred = names
+            return [n for n in self.hook_table.names if pred(n) or ((a := tl_alias(n)) is not None and pred(a))]
         try:
             names = list(names)
         except TypeError:
@@ -251,7 +251,7 @@ class Runner:
                     return call(), None
                 finally:
                     self.pass_thread = None
-            result: Dict[str, object] = {}
+            result: Dict[str, Any] = {}
             done = threading.Event()
 
             def work():

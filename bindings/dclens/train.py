@@ -35,7 +35,7 @@ import shutil
 import struct
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -96,7 +96,8 @@ class TrainConfig:
 
 def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
     """float32 tensors -> a safetensors file (8-byte length, JSON header, data)."""
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    header: Dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs, off = [], 0
     for k in sorted(tensors):
         b = np.ascontiguousarray(tensors[k], dtype="<f4").tobytes()
         header[k] = {"dtype": "F32", "shape": list(tensors[k].shape), "data_offsets": [off, off + len(b)]}
@@ -221,7 +222,7 @@ def read_weights(model) -> Dict[str, np.ndarray]:
 def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer_json: Optional[str]) -> None:
     os.makedirs(dirpath, exist_ok=True)
     write_safetensors(os.path.join(dirpath, "model.safetensors"),
-                      to_layout(sd, config["model_type"], config.get("n_head") or config.get("num_attention_heads")))
+                      to_layout(sd, config["model_type"], int(config.get("n_head") or config["num_attention_heads"])))
     with open(os.path.join(dirpath, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     if tokenizer_json:
@@ -300,6 +301,7 @@ def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.nd
         starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
         w = np.stack([tokens[s:s + c.seq_len + 1] for s in starts])
         return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
+    assert offsets is not None, "lines mode needs the sequence offsets"
     idx = rng.integers(0, len(offsets), c.batch_size)
     x = np.zeros((c.batch_size, c.seq_len), np.int32)
     y = np.full((c.batch_size, c.seq_len), -1, np.int32)
@@ -367,15 +369,16 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     c.check()
     os.makedirs(c.out, exist_ok=True)
     tok_file = os.path.join(c.out, "tokens.npy")
-    tok_path = os.path.join(c.out, "tokenizer.json")
+    tok_json = os.path.join(c.out, "tokenizer.json")
+    tok_path: Optional[str] = tok_json
     off_file = os.path.join(c.out, "offsets.npy")
     if os.path.exists(tok_file):
         tokens, offsets = np.load(tok_file), np.load(off_file)
         with open(os.path.join(c.out, "vocab.json")) as f:
             vocab = json.load(f)["vocab"]
-        tok_path = tok_path if os.path.exists(tok_path) else None
+        tok_path = tok_json if os.path.exists(tok_json) else None
     else:
-        tokens, offsets, vocab, tok_path = _tokenize(c, _corpus_texts(c), tok_path)
+        tokens, offsets, vocab, tok_path = _tokenize(c, _corpus_texts(c), tok_json)
         vocab = max(vocab, c.vocab)
         np.save(tok_file, tokens)
         np.save(off_file, offsets)

@@ -24,13 +24,20 @@ z[n] @ W_O[l, n] is head n's head_out. Each property reads every layer
 """
 from __future__ import annotations
 
-from typing import List
+from typing import TYPE_CHECKING, Any, List
 
 import numpy as np
 
 
 class WeightsMixin:
     """Model properties for weights by role (see the module docstring)."""
+
+    if TYPE_CHECKING:   # what the mixin reads of the Model it is mixed into
+        runner: Any
+        config: Any
+        name: str
+
+        def weight(self, name: str) -> np.ndarray: ...
 
     def weight_names(self) -> List[str]:
         """The canonical names of every weight the model holds."""
