@@ -34,6 +34,13 @@ void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sz[DCS_ACT
     sz[DCS_ACT_MAP] = (uint64_t)B * N * (uint64_t)T * (uint64_t)S;
 }
 
+const int dcs_dyn_points[2][2][3] = {
+    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
+     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
+    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
+     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
+const int dcs_branch_first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+
 /* ---------------------------------------------------------------- memory */
 
 void dcs_pass_init(dcs_pass *p, dcs_model *m, const dcs_hooks *hooks, int B, int T, int t0,

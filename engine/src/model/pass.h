@@ -72,6 +72,12 @@ enum {
 };
 void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sizes[DCS_ACT_COUNT]);
 
+/* The hook points of the dynamic weights, [phase][0 query, 1 key][w1, w2,
+ * dd], and the first branch point of each phase (skip; qp, kp, qg, kg,
+ * static follow): one table for the layer and the tape's backward. */
+extern const int dcs_dyn_points[2][2][3];
+extern const int dcs_branch_first[2];
+
 /* ---------------------------------------------------------------- pass */
 typedef struct {
     dcs_model *m;
