@@ -218,6 +218,17 @@ void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const fl
     if (b) be->ops->add_bias(be, y, b, M, O);
 }
 
+void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x) {
+    const dcs_model *m = p->m;
+    dcs_backend *be = p->be;
+    if (p->status) return;
+    if (m->m_tok_emb.dtype == DCS_F32 || !be->ops->embed_w)
+        be->ops->embed(be, x, m->m_tok_emb.p, tokens, p->M, m->cfg.d_model);
+    else
+        be->ops->embed_w(be, x, m->m_tok_emb, tokens, p->M, m->cfg.d_model);
+    dcs_pass_hook(p, DCS_HP_EMBED, 0, x);
+}
+
 void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M) {
     const dcs_config *c = &p->m->cfg;
     const int D = c->d_model;

@@ -126,6 +126,10 @@ void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const fl
 /* out [M, D] = the block's norm of x (kind from the block description). */
 void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M);
 
+/* x [M, D] = the embedding rows of tokens (host ids, in range), with the
+ * embed hook. */
+void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x);
+
 /* ---- layer.c */
 
 /* Block l on the residual stream x [M, D] (in place). */

@@ -350,7 +350,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
-    const int M = tp->M, D = c->d_model, V = c->vocab, L = c->n_layer;
+    const int M = tp->M, V = c->vocab, L = c->n_layer;
     for (int i = 0; i < M; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
@@ -373,8 +373,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
     p.keep = tp->L;
     /* the residual stream runs in xL, which leaves the last layer */
-    be->ops->embed(be, tp->xL, m->tok_emb, tokens, M, D);
-    dcs_pass_hook(&p, DCS_HP_EMBED, 0, tp->xL);
+    dcs_pass_embed(&p, tokens, tp->xL);
     dcs_pass_layers(&p, tp->xL);
     dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
