@@ -1,6 +1,7 @@
 # dclens: the two commands of the README.
 #   make demo   set up, then run the synthetic benchmark + heatmaps on the bundled twins
-#   make test   set up, then run every test: C tests (ctest), C tests under ASan/UBSan,
+#   make lint   ruff check + ruff format --check, mypy, clang-format --dry-run -Werror
+#   make test   set up, then run every test: lint, C tests (ctest), C tests under ASan/UBSan,
 #               a short fuzz run of the input parsers (make fuzz), pytest, and the
 #               engine's pytest files again against an ASan/UBSan build (asan-py)
 #   make fuzz   the fuzzers for 15 s each (docs/fuzzing.md: longer campaigns)
@@ -34,6 +35,7 @@ ctest-%: deps
 	ctest --preset $*
 
 test: build
+	$(MAKE) lint
 	$(MAKE) ctest-dev
 	$(MAKE) ctest-asan
 	$(MAKE) fuzz
@@ -50,10 +52,19 @@ fuzz: deps
 asan-py: deps
 	PY=$(PY) bash scripts/asan-py.sh
 
+# The field's habits, run first by `make test`: ruff (lint + format) on the
+# Python, mypy on the package, clang-format on engine/ (.clang-format).
+PYFILES = bindings synth_tasks tests scripts
+lint:
+	$(PY) -m ruff check $(PYFILES)
+	$(PY) -m ruff format --check $(PYFILES)
+	$(PY) -m mypy
+	find engine -name '*.c' -o -name '*.h' -o -name '*.cu' | xargs clang-format --dry-run -Werror
+
 demo: build
 	bash scripts/demo.sh
 
 bench: build
 	$(PY) scripts/bench.py
 
-.PHONY: deps build test fuzz asan-py demo bench
+.PHONY: deps build test fuzz asan-py demo bench lint

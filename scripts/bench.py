@@ -128,7 +128,7 @@ def openblas_path():
 
 def sgemm_gflops(s, T, threads):
     """GFLOP/s of a plain sgemm over the pass's linear shapes (x W^T, M = T)."""
-    D, F, V = s["dim"], s["intermediate"], s["vocab"]
+    D, F = s["dim"], s["intermediate"]
     shapes = [(T, 3 * D, D), (T, D, D), (T, F, D), (T, D, F)]
     r = subprocess.run([sys.executable, "-c", SGEMM_SRC, openblas_path(), str(threads), json.dumps(shapes)],
                        capture_output=True, text=True, check=True)
@@ -259,7 +259,7 @@ def bench_hooks(tmp, repeat, threads, Ts=(256, 512), clock=time.perf_counter, si
         log("   hooks T=%d: plain %.3f s, capture all %d hooks %.3f s (%.2fx), a function at every hook %.3f s "
             "(%.2fx), read-only %s" % (T, t0, len(names), t1, t1 / t0, t2, t2 / t0,
                                         "%.3f s (%.2fx)" % (t3, t3 / t0) if t3 else "n/a"))
-    del m
+    m = None       # drop the model before its files go
     shutil.rmtree(d)
     return out
 
@@ -298,7 +298,7 @@ def bench_synth_line(tmp, threads, n_lines):
     evaluate(_DenseLogits(m), lines)
     dense = (time.perf_counter() - t0) / len(lines)
     log("   synthetic line: %.3f s (logits at answers), %.3f s (all logits)" % (sparse, dense))
-    del m
+    m = None       # drop the model before its files go
     shutil.rmtree(d)
     return dict(lines=len(lines), s_per_line=sparse, s_per_line_all_logits=dense)
 

@@ -68,7 +68,7 @@ def main(argv=None):
                 print("| %s D=%d L=%d | %d | %.0f | %.0f | %.1fx | %.1e | %.2fx |"
                       % (mt, a.dim, a.layers, T, ntok / t_cpu, ntok / t_gpu, t_cpu / t_gpu, diff,
                          t_all / t_gpu), flush=True)
-            del cpu, gpu
+            cpu = gpu = None
     return 0
 
 

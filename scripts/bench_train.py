@@ -11,9 +11,7 @@ the model's MLP shape, [B*T, D] x [D, 4D], through the engine's own BLAS
 (cblas_sgemm of the library the extension links, called with ctypes).
 """
 import argparse
-import math
 import os
-import sys
 import tempfile
 import time
 

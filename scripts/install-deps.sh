@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(build-essential pkg-config cmake ninja-build libopenblas-dev libpng-dev libcjson-dev zlib1g-dev clang)
+pkgs=(build-essential pkg-config cmake ninja-build libopenblas-dev libpng-dev libcjson-dev zlib1g-dev clang clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -44,5 +44,7 @@ fi
 PY=${PYTHON:-python3}
 echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test,distributed]"
 $PY -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "cffi>=1.15"
+# make lint: the linters, pinned so that every machine reports the same
+$PY -m pip install -q --disable-pip-version-check "ruff==0.17.6" "mypy==2.4.1"
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test,distributed]"
 $PY -c "import dclens, synth_tasks; print('install-deps: dclens', dclens.__version__, '| cuda built:', 'yes' if 'built without' not in dclens.cuda_unavailable_reason() else 'no')"

@@ -1,6 +1,5 @@
 """synth_tasks.composition: the composition effect is exactly zero without
 composition (so the mask and softmax match the engine's) and picks a line otherwise."""
-import numpy as np
 import pytest
 
 import dclens

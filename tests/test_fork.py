@@ -175,7 +175,7 @@ def test_cuda_model_refuses_to_run_in_a_forked_child(tiny_factory):
     said = _in_child(child)
     assert "a CUDA model cannot be used in a process forked from the one that loaded it" in said
     assert np.array_equal(m.forward(toks), want)          # the parent's model is untouched
-    m.device, m._pid = "cuda", -1                          # weight reads are guarded too
+    m.device, m.runner.pid = "cuda", -1                         # weight reads are guarded too
     with pytest.raises(dclens.Error, match="CUDA model cannot be used in a process forked"):
         m.weight("tok_embeddings.weight")
     m.device = "cpu"

@@ -1,6 +1,5 @@
 """Heatmaps: decoded PNGs compared cell by cell with the activations they draw."""
 import io
-import os
 import subprocess
 import sys
 

@@ -4,7 +4,6 @@ import pytest
 
 import dclens
 from dclens import interventions as iv
-from dclens import routing
 from conftest import rel_err
 from reference import ref_composition_map, ref_forward
 from tolerances import f32_tol, forward_tol, tiny

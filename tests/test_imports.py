@@ -3,10 +3,10 @@ the core package never imports synth_tasks (synth_tasks depends on
 dclens, not the reverse; `dclens synth` is found through the
 dclens.commands entry point group).
 
-Read from the source with ast, so every import counts: module level and
-inside functions alike. Imports under `if TYPE_CHECKING:` are left out
-(they never run). Importing a submodule is an edge to that submodule, not
-to its parent package."""
+Read from the source with ast, so every import counts: module level,
+inside functions and under `if TYPE_CHECKING:` alike (an import made only
+for type checking still says which module depends on which). Importing a
+submodule is an edge to that submodule, not to its parent package."""
 from __future__ import annotations
 
 import ast
@@ -35,23 +35,11 @@ def _modules() -> Dict[str, str]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-           (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST):
-    """Every Import / ImportFrom node, skipping `if TYPE_CHECKING:` bodies."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
+    """Every Import / ImportFrom node, wherever it is."""
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                stack.extend(child.orelse)
-                continue
-            stack.append(child)
 
 
 def _graph() -> Dict[str, Set[str]]:
@@ -114,12 +102,31 @@ def test_graph_sees_the_packages():
     assert "dclens.model" in g and "synth_tasks.cli" in g and "dclens.testing.make_tiny" in g
     # it sees imports inside functions too
     assert "dclens" in g["synth_tasks.cli"]
-    assert "dclens.routing" in g["dclens.model"]
+    assert "dclens.routing" in g["dclens.patching"]     # from a function body
 
 
 def test_no_import_cycle():
     cycle = _find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+ANALYSES = ["routing", "circuits", "patching", "attribution", "analysis", "generate", "grad",
+            "interventions", "heatmaps", "plots"]
+
+
+def test_layers_import_downwards():
+    """runner (engine handle, lock, errors, runs) imports neither Model nor an
+    analysis; Model imports no analysis (its analysis methods go through
+    dclens._facade); no analysis reaches Model's module for a type."""
+    g = _graph()
+    analyses = {"dclens." + a for a in ANALYSES}
+    below = {"dclens.runner", "dclens.hooks", "dclens.cache", "dclens._facade", "dclens._protocols"}
+    for m in below:
+        bad = g[m] & (analyses | {"dclens.model"})
+        assert not bad, "%s imports %s" % (m, sorted(bad))
+    assert not g["dclens.model"] & analyses, sorted(g["dclens.model"] & analyses)
+    for a in ("routing", "attribution", "generate", "grad"):
+        assert "dclens.model" not in g["dclens." + a], a
 
 
 def test_dclens_does_not_import_synth_tasks():
@@ -136,7 +143,7 @@ def test_cycle_finder_finds_cycles():
 @pytest.mark.parametrize("src,expect", [
     ("from .model import Error", {"dclens.model"}),
     ("def f():\n    from . import routing", {"dclens.routing"}),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", set()),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", {"dclens.model"}),
 ])
 def test_import_reader(src, expect, tmp_path, monkeypatch):
     pkg = tmp_path / "dclens"

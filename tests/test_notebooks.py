@@ -22,13 +22,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import run_notebooks as rn  # noqa: E402
+from tolerances import f32_tol  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 PUBLISHED = os.path.join(os.path.dirname(ROOT), "shared", "data", "synthetic_dataset.jsonl")
 EXPECTED = ["01_quickstart.ipynb", "02_head_composition.ipynb", "03_synthetic_benchmark.ipynb",
             "04_circuits_and_diversity.ipynb"]
 PATHS = sorted(glob.glob(os.path.join(NOTEBOOKS, "*.ipynb")))
-from tolerances import f32_tol
 
 # the notebooks' outputs hold their numbers printed with 3 decimals or 4
 # significant digits: each is up to 5e-4 (relative) off the value computed, so a

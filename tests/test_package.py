@@ -9,7 +9,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 
 import dclens
 from dclens import progress as P
-from conftest import ROOT, rel_err
+from conftest import rel_err
 from reference import ref_forward
 
 TOL = 1e-4

@@ -27,7 +27,7 @@ from .model import (Cache, Config, ContextWarning, Error, LoadWarning, Model, TL
                     cuda_unavailable_reason, from_pretrained, load)
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
-from . import analysis, circuits, interventions, routing
+from . import analysis, attribution, circuits, grad, interventions, routing
 from . import cache, names, patching
 from .names import BRANCHES, PHASES, hook_name, hook_names
 from .hooks import HookPoint, read_only
@@ -39,8 +39,8 @@ from .prompting import test_prompt
 
 __all__ = ["ArgumentError", "ArgumentTypeError", "BRANCHES", "BundledModel", "Cache", "Config", "ContextWarning",
            "Decoder", "Error", "Explorer", "HookPoint", "LoadWarning", "Model", "NotFoundError", "PHASES", "PNG",
-           "PatchingWarning", "TLConfig", "UnknownNameError", "analysis", "attention_heatmap", "bundled_models",
-           "cache", "circuits", "cuda_available", "cuda_unavailable_reason", "explore", "from_pretrained", "generate",
-           "heatmap", "hook_name", "hook_names", "hub", "interventions", "load", "names", "patching", "progress",
-           "read_only", "routing", "test_prompt"]
+           "PatchingWarning", "TLConfig", "UnknownNameError", "analysis", "attention_heatmap", "attribution",
+           "bundled_models", "cache", "circuits", "cuda_available", "cuda_unavailable_reason", "explore",
+           "from_pretrained", "generate", "grad", "heatmap", "hook_name", "hook_names", "hub", "interventions", "load",
+           "names", "patching", "progress", "read_only", "routing", "test_prompt"]
 __version__ = "0.1.0"

@@ -42,7 +42,7 @@ Measures (all exact accumulations over every token of every sequence):
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -251,7 +251,7 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
             names.append(hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern")))
     branch_names = [b for b in ("qp", "kp", "qg", "kg") if not (c.query_wise and b[0] == "k")
                     and not (c.key_wise and b[0] == "q")] + (["static"] if c.use_sw else [])
-    acc = {(l, ph): dict(sums={b: 0.0 for b in branch_names + ["total"]}, flow=np.zeros((N, N)),
+    acc: Dict[Tuple[int, str], Dict[str, Any]] = {(l, ph): dict(sums={b: 0.0 for b in branch_names + ["total"]}, flow=np.zeros((N, N)),
                          pairs=0, queries=0) for l in layers for ph in phases}
     for toks in iter_dataset(model, dataset, progress, "composition stats"):
         _, cache = model.run_with_cache(toks, names=names)

@@ -23,11 +23,11 @@ scores, patterns, compose branches, dynamic weights and gates).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 
-from . import progress as _progress
+from . import _facade, progress as _progress
 from .grad import Tape, target_value_and_grad
 from ._checks import Error, check_index, is_choice
 
@@ -52,11 +52,11 @@ def _head_axis(name: str) -> Optional[int]:
 @dataclasses.dataclass
 class Attribution:
     method: str
-    target_value: np.ndarray                 # F(a) per sequence ([B] or scalar)
+    target_value: Union[np.ndarray, float]   # F(a) per sequence ([B] or scalar)
     attributions: Dict[str, np.ndarray]      # name -> activation layout
     per_head: Dict[str, np.ndarray]          # name -> [N] (or [B, N])
-    baseline_value: Dict[str, np.ndarray]    # IG: F(a0) per hook
-    gap: Dict[str, np.ndarray]               # IG: sum(attr) - (F(a) - F(a0))
+    baseline_value: Dict[str, Union[np.ndarray, float]]   # IG: F(a0) per hook
+    gap: Dict[str, Union[np.ndarray, float]]              # IG: sum(attr) - (F(a) - F(a0))
 
 
 def _baseline_array(baseline) -> np.ndarray:
@@ -70,13 +70,14 @@ def _baseline_array(baseline) -> np.ndarray:
     return a0
 
 
+@_facade.provides("attribute")
 def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", steps: int = 32,
               baseline="zero", progress: Optional[bool] = None, chunk: int = 16) -> Attribution:
     if not is_choice(method, ("ig", "grad_x_act")):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
     steps = check_index("attribute: steps", steps, 1, 2**31)
     chunk = check_index("attribute: chunk", chunk, 1, 2**31)
-    toks, batched = model._tokens(tokens)
+    toks, batched = model.runner.tokens(tokens)
     B, T = toks.shape
     if isinstance(at, str):
         at = [at]
@@ -96,7 +97,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
     logits = tape.forward(toks)
     fa, dl = target_value_and_grad(target, logits, toks)
     base_grads = tape.backward(dl, None, list(pts.values()))
-    _, cache = model._run(toks, capture=at, logits=False)
+    _, cache = model.runner.run(toks, capture=at, logits=False)
     acts = {n: np.asarray(cache[n], np.float32).reshape((B,) + base_grads[pts[n]].shape[1:]) for n in at}
 
     out = Attribution(method, fa if batched else float(fa[0]), {}, {}, {}, {})

@@ -17,7 +17,7 @@ Rules (docs/api.md):
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -135,7 +135,7 @@ def call(model, tokens, *, lengths=None, padding_side: str = "right", return_typ
         raise ArgumentError("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
     if not batched and model.always_batch:
         a, batched = a[None], True
-    fns = [(_names.canonical(n), fn) for n, fn in list(fns) + list(model._ctx_hooks)]
+    fns = [(_names.canonical(n), fn) for n, fn in list(fns) + list(model.runner.ctx_hooks)]
     for n, fn in fns:
         if not callable(fn):
             raise Error("hook %s: %r is not callable" % (n, fn))
@@ -148,7 +148,7 @@ def call(model, tokens, *, lengths=None, padding_side: str = "right", return_typ
         else:
             shifts = None
     need_logits = return_type is not None
-    logits, cache = model._run(a, capture=list(capture), fns=fns, logits=need_logits)
+    logits, cache = model.runner.run(a, capture=list(capture), fns=fns, logits=need_logits)
     if fns:
         _apply_mask_rule(model, cache)
     if shifts is not None:

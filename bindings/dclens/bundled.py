@@ -91,7 +91,7 @@ def bundled_models(models_dir_: Optional[Union[str, os.PathLike]] = None) -> Lis
 
 
 def resolve(name_or_path: Union[str, os.PathLike],
-            models_dir_: Optional[Union[str, os.PathLike]] = None) -> str:
+            models_dir_: Optional[Union[str, os.PathLike]] = None) -> Union[str, bytes]:
     """The checkpoint directory for a path or a bundled model's name."""
     from ._checks import c_path
     c_path("model path", name_or_path)       # type and NUL: checked in one place

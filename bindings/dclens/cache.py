@@ -30,7 +30,7 @@ from ._checks import ArgumentError, Error, UnknownNameError, check_bool, check_i
 from .names import hook_name
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ._protocols import ModelLike as Model
 
 
 class MissingActivation(UnknownNameError):
@@ -173,7 +173,7 @@ class Cache(dict):
         model = _model(self)
         upto = _layer_arg(model, layer)
         parts, labels = _head_parts(self, model, upto)
-        bias = 0.0
+        bias: Union[float, np.ndarray] = 0.0
         if upto:
             bias = np.asarray(model.b_O[:upto], np.float64).sum(0)
         for l in range(upto):

@@ -10,7 +10,7 @@ model; the circuit is the weight-space product, as in the literature.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 import numpy as np
 

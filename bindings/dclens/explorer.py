@@ -131,7 +131,8 @@ class _Blob:
         per_cell = np.repeat(scale, np.diff(np.append(row_starts, v.size)))
         q = np.clip(np.rint(np.divide(v, per_cell, out=np.zeros_like(v), where=per_cell > 0)), -top, top)
         kind = ("u" if unsigned else "i") + str(bits)
-        q = q.astype({"u8": np.uint8, "i8": np.int8, "u16": "<u2", "i16": "<i2"}[kind])
+        dtypes: Dict[str, Union[type, str]] = {"u8": np.uint8, "i8": np.int8, "u16": "<u2", "i16": "<i2"}
+        q = q.astype(dtypes[kind])
         self.manifest[name] = {"kind": kind, "shape": list(shape),
                                "scale": self._put(scale.astype("<f4").tobytes()), "rows": int(len(scale)),
                                "data": self._put(q.tobytes()), "n": int(v.size)}

@@ -14,19 +14,20 @@ step's activations ([1, n, ...] for the n tokens fed; attention maps
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 import numbers
 
 import numpy as np
 
+from . import _facade
 from ._engine import ffi, lib
 from ._checks import ArgumentError, EngineObject, check_index, check_str, is_choice
 from ._checks import Error, check_status as _check
 from .hooks import HookFn, _Run
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ._protocols import ModelLike as Model
 
 
 class Decoder(EngineObject):
@@ -40,8 +41,9 @@ class Decoder(EngineObject):
     def __init__(self, model: Model):
         self.model = model
         out = ffi.new("dcs_decoder **")
-        with model._engine_lock():
-            _check(lib.dcs_decoder_new(model._m, out), model._errmsg())
+        r = model.runner
+        with r.engine_lock():
+            _check(lib.dcs_decoder_new(r.handle, out), r.errmsg())
         # the engine keeps the model alive until its last decoder is freed,
         # whatever order the garbage collector finalizes them in
         self._d = ffi.gc(out[0], lib.dcs_decoder_free)
@@ -61,7 +63,7 @@ class Decoder(EngineObject):
         return n
 
     def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True,
-             cache_names=()) -> Union[np.ndarray, Tuple[np.ndarray, dict]]:
+             cache_names=()) -> Any:
         """Feed tokens [n]; returns their logits [n, V], and a cache of this
         step's activations when cache_names is given (None: every hook)."""
         m = self.model
@@ -73,15 +75,16 @@ class Decoder(EngineObject):
                         % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab))
         toks = toks.astype(np.int32)
         n = toks.size
-        run = _Run(m, False)
+        r = m.runner
+        run = _Run(r.hook_table, False)
         want_cache = cache_names is None or bool(cache_names)
-        fns = [(m.resolve_hook(name), fn) for name, fn in list(fwd_hooks) + list(getattr(m, "_ctx_hooks", []))]
-        want = m._hook_plan(run, m._select(cache_names) if want_cache else (), fns)
+        fns = [(m.resolve_hook(name), fn) for name, fn in list(fwd_hooks) + list(r.ctx_hooks)]
+        want = r.hook_plan(run, r.select(cache_names) if want_cache else (), fns)
         out = np.empty((n, m.config.vocab), dtype=np.float32) if logits else None
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
         # the model's lock, and Ctrl-C stops the step (see Model._call_engine)
-        m._call_engine(run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks),
+        r.call_engine(run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks),
                        " aborted the decoding step")
         if out is not None and not np.isfinite(out).all():
             raise Error("decode: the logits hold NaN or inf (non-finite weights, an overflow, or a "
@@ -126,6 +129,7 @@ def _stops(stop, vocab: int):
     return ids, strs
 
 
+@_facade.provides("generate")
 def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float = 0.0,
              top_k: Optional[int] = None, stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
              seed: Optional[int] = None, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),

@@ -16,10 +16,11 @@ and for every parameter by canonical name (``Model.weight`` names).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _facade
 from ._engine import ffi, lib
 from ._checks import EngineObject, Error, check_status as _check
 
@@ -38,18 +39,19 @@ class Tape(EngineObject):
         self.model = model
         self.B, self.T = B, T
         out = ffi.new("dcs_tape **")
-        with model._engine_lock():          # one engine call at a time per model
-            _check(lib.dcs_tape_new(model._m, B, T, out), model._errmsg())
+        r = model.runner
+        with r.engine_lock():          # one engine call at a time per model
+            _check(lib.dcs_tape_new(r.handle, B, T, out), r.errmsg())
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
-        self._keep = None
+        self._keep: Optional[Tuple[Any, Any]] = None
 
     def _shape(self, point: int) -> Tuple[int, ...]:
         shape = ffi.new("int64_t[6]")
-        nd = lib.dcs_hook_shape(self.model._m, point, self.B, self.T, shape)
+        nd = lib.dcs_hook_shape(self.model.runner.handle, point, self.B, self.T, shape)
         return tuple(int(shape[i]) for i in range(nd))
 
     def forward(self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
-                logits: bool = True) -> Optional[np.ndarray]:
+                logits: bool = True) -> Any:
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
         ov = overrides or {}
         keep = []
@@ -58,23 +60,23 @@ class Tape(EngineObject):
             d = np.ascontiguousarray(data, dtype=np.float32)
             if d.shape != self._shape(p):
                 raise Error("override at %s: shape %s, expected %s"
-                            % (self.model._hook_table.name[(p, l)], d.shape, self._shape(p)))
+                            % (self.model.runner.hook_table.name[(p, l)], d.shape, self._shape(p)))
             keep.append(d)
             arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
         self._keep = (keep, arr)  # the engine reads them again in the backward
         out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
-        with self.model._engine_lock():
+        with self.model.runner.engine_lock():
             st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov),
                                       _ptr(out) if out is not None else ffi.NULL)
-            _check(st, self.model._errmsg())
+            _check(st, self.model.runner.errmsg())
         return out
 
     def loss(self, targets: np.ndarray) -> float:
         """Mean cross-entropy over targets >= 0 (its gradient goes to the backward)."""
         t = np.ascontiguousarray(targets, dtype=np.int32).reshape(self.B, self.T)
         loss, cnt = ffi.new("double *"), ffi.new("int *")
-        with self.model._engine_lock():
-            _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model._errmsg())
+        with self.model.runner.engine_lock():
+            _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model.runner.errmsg())
         return float(loss[0])
 
     def backward(self, dlogits: Optional[np.ndarray] = None, param_grads: Optional[np.ndarray] = None,
@@ -91,8 +93,8 @@ class Tape(EngineObject):
         if param_grads is not None:
             assert param_grads.dtype == np.float32 and param_grads.flags.c_contiguous
             pg = _ptr(param_grads)
-        with self.model._engine_lock():
-            _check(lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs)), self.model._errmsg())
+        with self.model.runner.engine_lock():
+            _check(lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs)), self.model.runner.errmsg())
         return outs
 
 
@@ -100,8 +102,8 @@ def param_table(model) -> List[Tuple[str, int, int, bool]]:
     """(canonical name, offset, size, decayed) of every parameter in the flat layout."""
     rows = []
     nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
-    for i in range(lib.dcs_param_count(model._m)):
-        _check(lib.dcs_param_info(model._m, i, nm, off, n, dec), model._errmsg())
+    for i in range(lib.dcs_param_count(model.runner.handle)):
+        _check(lib.dcs_param_info(model.runner.handle, i, nm, off, n, dec), model.runner.errmsg())
         rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
     return rows
 
@@ -184,9 +186,10 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
 
 # ------------------------------------------------------------------ gradients
 
+@_facade.provides("gradients")
 def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
-    toks, batched = model._tokens(tokens)
+    toks, batched = model.runner.tokens(tokens)
     B, T = toks.shape
     if isinstance(wrt, str):
         wrt = [wrt]
@@ -209,13 +212,14 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
     tape = Tape(model, B, T)
     logits = tape.forward(toks)
     val, dl = target_value_and_grad(target, logits, toks)
-    pg = np.zeros(lib.dcs_param_total(model._m), np.float32) if pnames else None
+    pg = np.zeros(lib.dcs_param_total(model.runner.handle), np.float32) if pnames else None
     g = tape.backward(dl, pg, list(hooks.values()))
     out = {}
     for n, pl in hooks.items():
         a = g[pl]
         out[n] = a if batched else a[0]
     for n in pnames:
+        assert pg is not None          # allocated whenever pnames is not empty
         _, off, size, _ = params[n]
         out[n] = pg[off:off + size].reshape(model.weight(n).shape).copy()
     if return_value:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import List, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -338,9 +338,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         names = [n for n in names if n in model.hook_names]
         total = hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
         _, cache = model.run_with_cache(tokens, names=names + [total])
-        maps = [cache[n][head] for n in names] + [cache[total][head]]
+        maps: Any = [cache[n][head] for n in names] + [cache[total][head]]
         titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
-        kw["title"] = titled(kw.get("title", "%s: L%d H%d %s-compose branches" % (model.name, layer, head, phase)))
+        kw["title"] = titled(kw.get("title", "%s: L%s H%d %s-compose branches" % (model.name, layer, head, phase)))
         kw.setdefault("grid_cols", len(maps))
         return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, diverging=True, **kw)
 
@@ -366,7 +366,7 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
                     raise Error("heatmap: hook %s is not an [N, T, S] map" % hook_name(l, "attn.%s" % hk))
                 maps.append(arr[h])
                 what = {"pattern": "softmax", "pattern_composed": "composed"}.get(hk, hk) if pair else ""
-                titles.append(("L%d H%d %s" % (l, h, what)).strip() +
+                titles.append(("L%s H%d %s" % (l, h, what)).strip() +
                               (" (local)" if layer == "all" and l in c.local_layers else ""))
                 windows.append(c.window_size if l in c.local_layers else 0)
                 softmax = hk.endswith("pattern") and not hk.endswith("_composed")
@@ -374,9 +374,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
                 low.append(0.0 if softmax else None)     # a softmax pattern's colour bar starts at 0
     if layer == "all":
         kw.setdefault("panel_windows", windows)
-        default_title = "%s: head %d across layers: %s" % (model.name, head, hook)
+        default_title = "%s: head %s across layers: %s" % (model.name, head, hook)
     elif pair:
-        default_title = "%s: layer %d, %s: softmax pattern | composed weights (applied to v)" % (
+        default_title = "%s: layer %s, %s: softmax pattern | composed weights (applied to v)" % (
             model.name, layer, "every head" if head is None else "head %d" % head)
     else:
         name = hook_name(layer, "attn.%s" % hook)

@@ -30,16 +30,13 @@ asking the engine.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ._checks import Error
 from ._engine import ffi, lib
 from .cache import Cache
-
-if TYPE_CHECKING:
-    from .model import Model
 
 HookFn = Callable[[np.ndarray, "HookPoint"], Optional[np.ndarray]]
 
@@ -87,7 +84,7 @@ class ReadOnlyHook:
         self.fn = fn
         functools.update_wrapper(self, fn, updated=())
 
-    def __call__(self, act: np.ndarray, name: str):
+    def __call__(self, act: np.ndarray, name: "HookPoint"):
         return self.fn(act, name)
 
     def __repr__(self) -> str:
@@ -155,11 +152,10 @@ class HookTable:
 class _Run:
     """State of one forward pass with hooks: what to call where, the cache."""
 
-    def __init__(self, model: "Model", batched: bool):
-        self.model = model
+    def __init__(self, table: "HookTable", batched: bool):
         self.batched = batched
-        self.names = model._hook_table.name
-        self.points = model._hook_table.point
+        self.names = table.name
+        self.points = table.point
         self.capture: Dict[Tuple[int, int], str] = {}
         self.fns: Dict[Tuple[int, int], List[HookFn]] = {}
         self.writes: set = set()    # points where a hook that may write is called
@@ -208,14 +204,14 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
         return 0
     seen = work.view()
     seen.flags.writeable = False
-    point = run.points[key]
+    hp = run.points[key]
     for fn in fns:
         if is_read_only(fn):
-            if fn(seen, point) is not None:
+            if fn(seen, hp) is not None:
                 raise Error("hook %s: %r is read-only but returned an array (a hook that changes the "
-                            "activation must not be declared read-only)" % (name, fn.fn))
+                            "activation must not be declared read-only)" % (name, getattr(fn, "fn", fn)))
         else:
-            out = fn(work, point)
+            out = fn(work, hp)
             if out is not None and out is not work:
                 work[...] = _validate(out, work.shape, name)
         if run.cancel:
@@ -236,7 +232,7 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
     return 1
 
 
-_OWN_FRAMES = set()
+_OWN_FRAMES: set = set()
 
 
 def _forget_engine_views(e: BaseException) -> None:

@@ -13,7 +13,7 @@ scores, pattern, branches [N, T, S].
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def _head_index(name: str, head: int, ndim: int) -> tuple:
     axis = _HEAD_AXIS_FROM_END.get(_suffix(name))
     if axis is None:
         raise Error("hook %s has no head axis" % name)
-    idx = [slice(None)] * ndim
+    idx: List[Any] = [slice(None)] * ndim
     idx[ndim + axis] = head
     return tuple(idx)
 
@@ -135,7 +135,7 @@ def disable_branch(model: Model, phase: str, branch: str,
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if not is_choice(branch, BRANCHES):
         raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
-    hooks = []
+    hooks: List[Tuple[str, object]] = []
     for l in _layers(model, layers):
         name = hook_name(l, "attn.%s.%s" % (phase, branch))
         model.parse_hook(name)
@@ -146,7 +146,7 @@ def disable_branch(model: Model, phase: str, branch: str,
 def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
     """Zero every dynamic branch (qp, kp, qg, kg) of both phases: the layers then
     compute plain multi-head attention with the same weights."""
-    out = []
+    out: List[Tuple[str, object]] = []
     for phase in PHASES:
         for b in BRANCHES[1:]:
             if b in ("kp", "kg") and model.config.query_wise:
@@ -235,7 +235,7 @@ def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
     and layers (use_sw models): the composition maps lose their fixed W term."""
     if not model.config.use_sw:
         raise Error("%s has no static composition branch (use_sw is off)" % model.name)
-    hooks = []
+    hooks: List[Tuple[str, object]] = []
     if isinstance(phases, str) or not isinstance(phases, (list, tuple)):
         raise Error("disable_static: phases must be a list of 'pre' / 'post', not %s %r"
                     % (type(phases).__name__, phases))
@@ -296,7 +296,7 @@ def scale_router_logits(model: Model, factor: float, layers: Optional[Iterable[i
         for h in heads:
             if not 0 <= h < NR:
                 raise Error("routed head %d is out of range (%d routed heads)" % (h, NR))
-    out = []
+    out: List[Tuple[str, object]] = []
     for l in _layers(model, layers):
         name = hook_name(l, "attn.router_logits")
         model.parse_hook(name)

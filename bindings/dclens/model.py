@@ -7,8 +7,8 @@ hook functions, with hook names from the model's HookTable.
 
 Processes: a Model pickles as a reference (dclens.reference: load arguments
 and a fingerprint of its files; unpickling loads it again), and survives
-fork(): in a forked child its lock is new (os.register_at_fork) and the
-engine rebuilds its thread pool on first use, so the child can run the
+fork(): in a forked child its runner's lock is new (os.register_at_fork in
+dclens.runner) and the engine rebuilds its thread pool on first use, so the child can run the
 parent's model, even one a thread of the parent was running at the fork.
 """
 from __future__ import annotations
@@ -17,23 +17,22 @@ import contextlib
 import dataclasses
 import os
 import stat
-import threading
 import warnings
-import weakref
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import attribution, batch, generate as _generate, grad, names as _names, routing
-from ._checks import (ArgumentError, ArgumentTypeError, Error, NotFoundError, c_path, c_str,
-                      check_bool, check_index, is_choice, check_str, decode_msg, show_path, token_array, unknown_name)
+from . import _facade, batch, names as _names
+from ._checks import (ArgumentError, Error, NotFoundError, c_path, c_str, check_bool, check_index, is_choice,
+                      decode_msg, show_path, token_array, unknown_name)
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from . import hub
 from .bundled import resolve
 from .cache import Cache
-from .hooks import HookFn, HookTable, _Run, hook_pairs
+from .hooks import HookFn, HookTable, hook_pairs
 from .reference import ModelRef, fingerprint
+from .runner import Names, Runner
 from .weights import WeightsMixin
 
 _MAX_TOKENIZER_BYTES = 256 << 20
@@ -134,7 +133,6 @@ class Config:
         return getattr(self, key)
 
 
-Names = Union[None, str, Iterable[str], Callable[[str], bool]]
 
 
 def cuda_available() -> bool:
@@ -167,6 +165,7 @@ def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
     models are trained without a BOS). progress: the download's bar
     (dclens.progress)."""
     name = None
+    directory: Union[str, bytes]
     if revision is not None and not hub.is_hub_id(path):
         raise ArgumentError("revision=%r goes with a Hugging Face Hub id (org/name), not %r" % (revision, path))
     if isinstance(path, str) and hub.is_hub_id(path) and not os.path.lexists(path):
@@ -185,7 +184,7 @@ def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
     return m
 
 
-def from_pretrained(model_name: Union[str, os.PathLike], device: str = "cpu", **kw) -> "Model":
+def from_pretrained(model_name: Union[str, os.PathLike], device: str = "cpu", **kw: Any) -> "Model":
     """TransformerLens' name for load (HookedTransformer.from_pretrained):
     a Hub id, a bundled name or a checkpoint directory; keywords as load's."""
     return load(model_name, device=device, **kw)
@@ -194,14 +193,16 @@ def from_pretrained(model_name: Union[str, os.PathLike], device: str = "cpu", **
 def _caller_level() -> int:
     """warnings.warn's stacklevel of the first frame outside dclens (the user's call)."""
     import sys
-    f, level = sys._getframe(1), 1
+    from types import FrameType
+    f: Optional[FrameType] = sys._getframe(1)
+    level = 1
     pkg = os.path.dirname(os.path.abspath(__file__))
     while f is not None and os.path.abspath(f.f_code.co_filename).startswith(pkg + os.sep):
         f, level = f.f_back, level + 1
     return level
 
 
-def _read_config(path: str) -> dict:
+def _read_config(path: str) -> Dict[str, Any]:
     """config.json of a loaded model as a dict ({} if it cannot be read again:
     the engine has already read and checked it)."""
     import json
@@ -220,32 +221,6 @@ def from_reference(ref: ModelRef) -> "Model":
     m.always_batch = ref.always_batch
     m._ref = dataclasses.replace(ref, files=m._ref.files)
     return m
-
-
-# The models of this process, for the fork handler below (process state, as
-# the engine's fork count is: a fork is an event of the whole process).
-_LIVE: "weakref.WeakSet[Model]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """In a forked child: every model gets a new lock (the parent's may be
-    held by a thread the child does not have); a model whose lock was held
-    had a call running in such a thread, so the engine forgets that call's
-    buffers (dcs_after_fork). The CPU thread pool rebuilds itself."""
-    for m in list(_LIVE):
-        m._reset_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
-
-
 def _read_regular_file(path: str, limit: int) -> str:
     """The text of a regular file of at most `limit` bytes. Opened without
     blocking and checked before reading, so a FIFO or device where a file is
@@ -311,20 +286,17 @@ class Model(WeightsMixin):
         err = ffi.new("char[]", 1024)
         st = lib.dcs_load(cpath, opts, out, err, 1024)
         _check(st, decode_msg(ffi.string(err)))
-        self._m = ffi.gc(out[0], lib.dcs_free)
-        self._pid = os.getpid()
+        handle = ffi.gc(out[0], lib.dcs_free)
         self._ref = ModelRef(source=os.path.abspath(os.fsdecode(path)), device=device, n_threads=n_threads,
                              files=fingerprint(path))
-        # One engine call at a time per model (the engine's pool and error
-        # record are per model, and cffi releases the GIL during a pass):
-        # other threads wait. _pass_thread is the thread running this
-        # model's hooks, which may read weights but not start another pass.
-        self._lock = threading.RLock()
-        self._pass_thread: Optional[int] = None
+        # the engine handle, its lock, errors and runs (runner.py); its name
+        # and device are the model's (name and device below are properties)
+        self.runner = Runner(handle, int(lib.dcs_model_config(handle).vocab),
+                             int(lib.dcs_model_config(handle).n_layer), device=device,
+                             to_tokens=self.to_tokens, check_context=self.check_context)
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
-        self.device = device
-        c = lib.dcs_model_config(self._m)
+        c = lib.dcs_model_config(handle)
         self.config = Config(
             model_type={1: "dcpythia", 2: "gpt_neox", 3: "dcformer"}[c.model_type],
             n_layer=c.n_layer, d_model=c.d_model, n_head=c.n_head, head_dim=c.head_dim,
@@ -333,25 +305,40 @@ class Model(WeightsMixin):
             qk_norm=bool(c.qk_norm), linear_bias=bool(c.linear_bias),
             use_dcmha=bool(c.use_dcmha), query_wise=bool(c.query_wise), dyn_rank=c.dyn_rank,
             dyn_hidden=c.dyn_hidden, window_size=c.window_size,
-            local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(self._m, l)),
+            local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(handle, l)),
             tie_embeddings=bool(c.tie_embeddings), use_sw=bool(c.use_sw) and bool(c.use_dcmha),
             compose_groups=c.compose_groups,
             moh_shared_heads=c.moh_shared if c.moh else None,
             moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
             key_wise=bool(c.key_wise), norm="rms" if c.model_type == 3 else "layer",
             mlp="swiglu" if c.model_type == 3 else "gelu", mgate_dim=c.mgate_dim)
-        self.load_warnings = ffi.string(lib.dcs_load_warnings(self._m)).decode(errors="replace").splitlines()
+        self.load_warnings = ffi.string(lib.dcs_load_warnings(handle)).decode(errors="replace").splitlines()
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
         self._raw_config = _read_config(path)
         self.default_prepend_bos = False          # to_tokens' prepend_bos default (load(prepend_bos=))
-        self._hook_table = HookTable(self._m, self.config.n_layer)   # name <-> (point, layer)
         self.always_batch = False   # see load()
-        self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
-        _LIVE.add(self)
 
     from_pretrained = staticmethod(from_pretrained)
+
+    @property
+    def name(self) -> str:
+        """The model's name (its directory's, a bundled name or a Hub id)."""
+        return self.runner.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.runner.name = value
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda"."""
+        return self.runner.device
+
+    @device.setter
+    def device(self, value: str) -> None:
+        self.runner.device = value
 
     @property
     def cfg(self) -> TLConfig:
@@ -394,84 +381,35 @@ class Model(WeightsMixin):
         return dataclasses.replace(self._ref, always_batch=bool(self.always_batch))
 
     def __reduce__(self):
-        if self._ctx_hooks:
+        if self.runner.ctx_hooks:
             warnings.warn("%s: hooks added with add_hook / model.hooks are not pickled; the unpickled "
                           "model has none" % self.name, stacklevel=2)
         return from_reference, (self.reference(),)
-
-    def _reset_after_fork(self) -> None:
-        held = not self._lock.acquire(blocking=False)
-        if not held:
-            self._lock.release()
-        self._lock = threading.RLock()
-        self._pass_thread = None
-        if self.device == "cuda":
-            ffi.gc(self._m, None)    # the child has no CUDA context: never free (or use) the parent's
-        elif held:
-            lib.dcs_after_fork(self._m)
-
-    def _check_process(self) -> None:
-        if self.device == "cuda" and os.getpid() != self._pid:
-            raise Error("%s: a CUDA model cannot be used in a process forked from the one that loaded it "
-                        "(CUDA does not survive fork); load it in the child, use the 'spawn' start "
-                        "method, or pass the model pickled (it loads again)" % self.name)
 
     # ------------------------------------------------------------ names
 
     @property
     def hook_names(self) -> List[str]:
         """Every hook name this model has, in forward order per layer."""
-        return list(self._hook_table.names)
+        return list(self.runner.hook_table.names)
 
     def parse_hook(self, name: str) -> Tuple[int, int]:
         """(point, layer) of a dclens hook name of this model; an Error naming
         what is wrong with any other name."""
-        key = self._hook_table.key.get(name) if isinstance(name, str) else None
-        if key is not None:
-            return key
-        cname = c_str("hook name", name)      # the engine's parser says what is wrong
-        p, l = ffi.new("int *"), ffi.new("int *")
-        with self._engine_lock():
-            st = lib.dcs_hook_parse(self._m, cname, p, l)
-        if st != lib.DCS_OK:
-            raise self._unknown_hook(name, self._errmsg())
-        return p[0], l[0]
+        return self.runner.parse_hook(name)
 
-    def _unknown_hook(self, name: str, engine_msg: str):
-        """The engine's reason, the closest names and where every name is listed."""
-        known = list(self._hook_table.names)
-        known += [a for a in map(_names.tl_alias, known) if a]
-        return unknown_name("hook", name, known, "", "dclens.hook_names(model), or `dclens info --model %s "
-                            "--hooks`," % self.name, message="%s: %s" % (self.name, engine_msg))
+    # the runner's members under their former private names (tests, scripts)
+    @property
+    def _m(self) -> Any:
+        return self.runner.handle
 
-    def _select(self, names: Names) -> List[str]:
-        canonical, tl_alias = _names.canonical, _names.tl_alias
-        if names is None:
-            return list(self._hook_table.names)
-        if isinstance(names, str):
-            names = [names]
-        if callable(names):
-            out = [n for n in self._hook_table.names if names(n) or (tl_alias(n) is not None and names(tl_alias(n)))]
-            if not out:
-                raise Error(self._no_match(names))
-            return out
-        try:
-            names = list(names)
-        except TypeError:
-            raise ArgumentError("names must be None, a hook name, a list of hook names or a predicate, "
-                        "not %s %r" % (type(names).__name__, names)) from None
-        names = [canonical(check_str("hook name", n)) for n in names]
-        for n in names:
-            self.parse_hook(n)
-        return names
+    @property
+    def _hook_table(self) -> HookTable:
+        return self.runner.hook_table
 
-    def _no_match(self, pred) -> str:
-        """The message for a hook predicate that matches no hook of this model."""
-        close = _names.suggest(_names.predicate_strings(pred), self._hook_table.names)
-        return ("the hook filter %s matches no hook of %s (%d hooks, e.g. blocks.0.attn.pattern / "
-                "blocks.0.attn.hook_pattern)%s" % (getattr(pred, "__name__", repr(pred)), self.name,
-                                                  len(self._hook_table.names),
-                                                  "; closest to what it mentions: " + ", ".join(close) if close else ""))
+    @property
+    def _ctx_hooks(self) -> List[Tuple[str, HookFn]]:
+        return self.runner.ctx_hooks
 
     def _expand_hooks(self, pairs: Sequence[Tuple[str, HookFn]]) -> List[Tuple[str, HookFn]]:
         """(name, fn) pairs with TransformerLens' predicate names, (lambda name: ..., fn),
@@ -479,24 +417,26 @@ class Model(WeightsMixin):
         out: List[Tuple[str, HookFn]] = []
         for n, fn in pairs:
             if callable(n) and not isinstance(n, str):
-                out += [(m, fn) for m in self._select(n)]
+                out += [(m, fn) for m in self.runner.select(n)]
             else:
                 out.append((n, fn))
         return out
 
     def _errmsg(self) -> str:
-        return decode_msg(ffi.string(lib.dcs_errmsg(self._m)))
+        return self.runner.errmsg()
 
-    @contextlib.contextmanager
     def _engine_lock(self):
-        """Hold the model for one engine call. A hook of a running pass (its
-        thread owns the pass) goes through without waiting."""
-        if self._pass_thread == threading.get_ident():
-            yield
-            return
-        self._check_process()
-        with self._lock:
-            yield
+        return self.runner.engine_lock()
+
+    def _select(self, names: Names) -> List[str]:
+        return self.runner.select(names)
+
+    def _tokens(self, tokens) -> Tuple[np.ndarray, bool]:
+        return self.runner.tokens(tokens)
+
+    def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
+             logits: bool = True, logits_at=None):
+        return self.runner.run(tokens, capture, fns, logits, logits_at)
 
     # ------------------------------------------------------------ tokens
 
@@ -555,7 +495,7 @@ class Model(WeightsMixin):
         """Decode token ids to text ([T] -> str, [B, T] -> list of str)."""
         a = np.asarray(tokens)
         if a.ndim == 2:
-            return [self.to_string(r) for r in a]
+            return [str(self.to_string(r)) for r in a]
         if a.ndim > 2 or a.dtype.kind not in "iu":
             raise Error("to_string: need integer [T] or [B, T] tokens, got %s %s" % (a.dtype, a.shape))
         return self.tokenizer.decode([int(t) for t in a.ravel()], skip_special_tokens=False)
@@ -568,186 +508,6 @@ class Model(WeightsMixin):
         return int(ids[0])
 
     # ------------------------------------------------------------ forward
-
-    def _tokens(self, tokens) -> Tuple[np.ndarray, bool]:
-        if isinstance(tokens, str):
-            tokens = self.to_tokens(tokens)
-        a = token_array(tokens)
-        if a.dtype.kind not in "iu":
-            raise ArgumentTypeError("tokens must be integers, got dtype %s" % a.dtype)
-        if a.ndim not in (1, 2) or a.size == 0:
-            raise ArgumentError("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
-        if a.min() < 0 or a.max() >= self.config.vocab:
-            raise ArgumentError("token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.config.vocab else a.min(), self.config.vocab))
-        self.check_context(a.shape[-1])
-        batched = a.ndim == 2
-        return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int32), batched
-
-    def _positions(self, logits_at, B: int, T: int):
-        """logits_at -> (int32 [B, n] positions, squeeze?) or (None, False)."""
-        if logits_at is None:
-            return None, False
-        if isinstance(logits_at, str):
-            if logits_at != "last":
-                raise ArgumentError("logits_at must be None, 'last', or positions, got %r" % (logits_at,))
-            return np.full((B, 1), T - 1, dtype=np.int32), True
-        a = np.asarray(logits_at)
-        if a.dtype.kind not in "iu" or a.size == 0 or a.ndim not in (0, 1, 2):
-            raise ArgumentError("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
-                        % (logits_at,))
-        squeeze = a.ndim == 0
-        a = a.reshape(1, -1) if a.ndim < 2 else a
-        if a.shape[0] == 1 and B > 1:
-            a = np.broadcast_to(a, (B, a.shape[1]))
-        if a.shape[0] != B:
-            raise Error("logits_at has positions for %d sequences, tokens have %d" % (a.shape[0], B))
-        if a.shape[1] > T:
-            raise ArgumentError("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
-        if a.min() < 0 or a.max() >= T:
-            raise ArgumentError("logits_at position %d is out of range [0, %d)"
-                        % (a.max() if a.max() >= T else a.min(), T))
-        return np.ascontiguousarray(a, dtype=np.int32), squeeze
-
-    def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
-             logits: bool = True, logits_at=None):
-        toks, batched = self._tokens(tokens)
-        B, T = toks.shape
-        pos, squeeze = self._positions(logits_at, B, T)
-        n_out = T if pos is None else pos.shape[1]
-        run = _Run(self, batched)
-        want = self._hook_plan(run, capture, fns)
-        self._check_pass_memory(B, n_out, run, logits)
-        try:
-            out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
-        except MemoryError:
-            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
-                        % (B, n_out, self.config.vocab)) from None
-        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
-        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
-        cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
-        n_pos = 0 if pos is None else pos.shape[1]
-        self._call_engine(run, want, lambda hooks: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, n_pos, clog, hooks),
-                          " aborted the forward pass")
-        if out is not None and squeeze:
-            out = out[:, 0]
-        if out is not None and not batched:
-            out = out[0]
-        return out, run.cache
-
-    def _hook_plan(self, run: "_Run", capture: Sequence[str], fns: Sequence[Tuple[str, HookFn]]) -> np.ndarray:
-        """Record in `run` what each hook point captures and calls; return the
-        engine's want table [DCS_HP_COUNT * L] (1 = call back at that point)."""
-        L = self.config.n_layer
-        want = np.zeros(lib.DCS_HP_COUNT * L, dtype=np.uint8)
-        for n in capture:
-            p, l = self.parse_hook(n)
-            run.capture[(p, l)] = n
-            want[p * L + l] = 1
-        for n, fn in fns:
-            if not callable(fn):
-                raise Error("hook %s: %r is not callable" % (n, fn))
-            p, l = self.parse_hook(n)
-            run.add((p, l), fn)
-            want[p * L + l] = 1
-        return want
-
-    def _call_engine(self, run: "_Run", want: np.ndarray, call, aborted: str) -> None:
-        """Run call(hooks) -> dcs_status under the model's lock, interruptibly,
-        with the Python hook trampoline where `want` asks for it; raise what
-        went wrong: a hook's KeyboardInterrupt/SystemExit as itself, its other
-        exceptions and engine failures as Error (`aborted` is the engine's
-        phrase for a pass a hook stopped, dropped from the message)."""
-        hooks = ffi.NULL
-        handle = None
-        if want.any():
-            handle = ffi.new_handle(run)    # kept alive until the call returns
-            hooks = ffi.new("dcs_hooks *")
-            hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
-            hooks.fn = lib._dcs_py_hook
-            hooks.user = handle
-        st, interrupted = self._forward_interruptibly(run, lambda: call(hooks))
-        del handle
-        if interrupted is not None:
-            raise interrupted
-        if run.error is not None:
-            e = run.error
-            if isinstance(e, Error) or not isinstance(e, Exception):
-                raise e           # KeyboardInterrupt, SystemExit: as themselves
-            raise Error("%s: %s: %s" % (self._errmsg().replace(aborted, ""), type(e).__name__, e)) from e
-        if st == lib.DCS_ERR_CANCELLED:
-            raise KeyboardInterrupt()
-        _check(st, self._errmsg())
-
-    def _check_pass_memory(self, B: int, T: int, run: "_Run", logits: bool) -> None:
-        """Refuse, before anything is allocated, a pass whose logits and
-        cached activations cannot fit in this machine's memory."""
-        V = self.config.vocab
-        need = B * T * V * 4 if logits else 0
-        if need > _physical_memory():
-            raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
-                        % (B, T, V, need / 2**30))
-        shape = ffi.new("int64_t[6]")
-        for (p, l) in run.capture:
-            nd = lib.dcs_hook_shape(self._m, p, B, T, shape)
-            n = 4
-            for i in range(nd):
-                n *= shape[i]
-            need += n
-        if need > _physical_memory():
-            raise Error("run_with_cache: caching %d hooks at B=%d, T=%d needs %.1f GiB (with the logits), "
-                        "more than the %.1f GiB of memory of this machine; cache fewer hooks (names=...) "
-                        "or a shorter sequence" % (len(run.capture), B, T, need / 2**30,
-                                                   _physical_memory() / 2**30))
-
-    def _forward_interruptibly(self, run: "_Run", call):
-        """Run call() (a dcs_forward) holding the model's lock. In the main
-        thread the call runs on a helper thread while the main thread waits,
-        so Ctrl-C (SIGINT) is seen at once: it asks the engine to stop
-        (dcs_cancel; checked before each layer and between attention and
-        MLP) and hooks to abort, waits for the pass to end, and returns the
-        KeyboardInterrupt. Returns (status, KeyboardInterrupt or None)."""
-        me = threading.get_ident()
-        self._check_process()
-        if self._pass_thread == me:
-            raise Error("forward: this model is already running a pass in this thread (a hook "
-                        "cannot start another pass on its own model; load a second Model)")
-        with self._lock:
-            lib.dcs_cancel(self._m, 0)
-            if threading.current_thread() is not threading.main_thread():
-                self._pass_thread = me
-                try:
-                    return call(), None
-                finally:
-                    self._pass_thread = None
-            result: Dict[str, object] = {}
-            done = threading.Event()
-
-            def work():
-                self._pass_thread = threading.get_ident()
-                try:
-                    result["st"] = call()
-                except BaseException as e:  # noqa: BLE001 -- handed to the caller
-                    result["exc"] = e
-                finally:
-                    self._pass_thread = None
-                    done.set()
-
-            worker = threading.Thread(target=work, name="dclens-forward", daemon=True)
-            interrupted = None
-            worker.start()
-            while not done.is_set():
-                try:
-                    done.wait(0.25)
-                except KeyboardInterrupt as e:       # Ctrl-C: stop the pass, keep waiting
-                    if interrupted is None:
-                        interrupted = e
-                    run.cancel = True
-                    lib.dcs_cancel(self._m, 1)
-            worker.join()
-            lib.dcs_cancel(self._m, 0)
-            if "exc" in result:
-                raise result["exc"]
-            return result["st"], interrupted
 
     def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
                 padding_side: str = "right", loss_per_token: bool = False, logits_at=None,
@@ -770,7 +530,7 @@ class Model(WeightsMixin):
                 raise ArgumentError("logits_at goes with return_type='logits', no lengths and no loss_per_token "
                                     "(got return_type=%r, lengths %s, loss_per_token=%r)"
                                     % (return_type, "given" if lengths is not None else "None", loss_per_token))
-            return self._run(tokens, logits_at=logits_at)[0]
+            return self.runner.run(tokens, logits_at=logits_at)[0]
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     loss_per_token=loss_per_token, prepend_bos=prepend_bos)
 
@@ -791,7 +551,7 @@ class Model(WeightsMixin):
             raise ArgumentError("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                          capture=self._select(sel), fns=self._expand_hooks(hook_pairs(fwd_hooks, read_only)),
+                          capture=self.runner.select(sel), fns=self._expand_hooks(hook_pairs(fwd_hooks, read_only)),
                           with_cache=True, prepend_bos=prepend_bos)
 
     def resolve_hook(self, name: str) -> str:
@@ -819,11 +579,11 @@ class Model(WeightsMixin):
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
         until reset_hooks() (read_only=True: see dclens.read_only)."""
         for name, fn in self._expand_hooks(hook_pairs([(name, fn)], read_only)):
-            self._ctx_hooks.append((self.resolve_hook(name), fn))
+            self.runner.ctx_hooks.append((self.resolve_hook(name), fn))
 
     def reset_hooks(self) -> None:
         """Remove the hooks added with add_hook."""
-        self._ctx_hooks.clear()
+        self.runner.ctx_hooks.clear()
 
     def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False):
         """Context manager: the hooks apply to every pass inside the with block
@@ -835,18 +595,18 @@ class Model(WeightsMixin):
 
         @contextlib.contextmanager
         def cm():
-            before = len(self._ctx_hooks)
-            self._ctx_hooks.extend(pairs)
+            before = len(self.runner.ctx_hooks)
+            self.runner.ctx_hooks.extend(pairs)
             try:
                 yield self
             finally:
-                del self._ctx_hooks[before:]
+                del self.runner.ctx_hooks[before:]
         return cm()
 
     def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
                  stop=None, **kw):
         """Continue a prompt with the engine's incremental decoder (dclens.generate)."""
-        return _generate.generate(self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
+        return _facade.call("generate", self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
 
     def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
                        cache_names: Names = (), *, lengths=None, padding_side: str = "right",
@@ -868,7 +628,7 @@ class Model(WeightsMixin):
         returns (logits, cache) of the hooked pass."""
         fwd_hooks = self._expand_hooks(hook_pairs(fwd_hooks, read_only))
         want_cache = cache_names is None or bool(cache_names)
-        cap = self._select(cache_names) if want_cache else ()
+        cap = self.runner.select(cache_names) if want_cache else ()
         return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
                     capture=cap, fns=fwd_hooks, with_cache=want_cache, prepend_bos=prepend_bos)
 
@@ -876,7 +636,7 @@ class Model(WeightsMixin):
         """Activation bytes of the last pass (weights excluded): 'peak' held at
         once and 'total' asked for. Hooks not asked for add nothing."""
         peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        lib.dcs_forward_memory(self._m, peak, total)
+        lib.dcs_forward_memory(self.runner.handle, peak, total)
         return {"peak": int(peak[0]), "total": int(total[0])}
 
     # ------------------------------------------------------------ weights
@@ -892,16 +652,17 @@ class Model(WeightsMixin):
             return cache[name]
         shape = ffi.new("int64_t[5]")
         nd = ffi.new("int *")
-        with self._engine_lock():
-            st = lib.dcs_weight_shape(self._m, cname, shape, nd)
+        r = self.runner
+        with r.engine_lock():
+            st = lib.dcs_weight_shape(r.handle, cname, shape, nd)
             if st != lib.DCS_OK and not self._has_weight(name):
                 raise unknown_name("weight", name, self.weight_names(), "", "model.weight_names()",
-                                   message=self._errmsg())
-            _check(st, self._errmsg())
+                                   message=r.errmsg())
+            _check(st, r.errmsg())
             dims = tuple(shape[i] for i in range(nd[0]))
             out = np.empty(dims, dtype=np.float32)
-            _check(lib.dcs_weight_read(self._m, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
-                   self._errmsg())
+            _check(lib.dcs_weight_read(r.handle, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
+                   r.errmsg())
         out.flags.writeable = False
         cache[name] = out
         while len(cache) > 6:
@@ -915,38 +676,38 @@ class Model(WeightsMixin):
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
         With cache= (a run_with_cache of the same tokens) no pass is run."""
         if cache is not None:
-            return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
-        return routing.composition_map(self, tokens, layer, phase, query, key)
+            return _facade.call("composition_maps", self, cache, layer, phase, query=query, key=key)
+        return _facade.call("composition_map", self, tokens, layer, phase, query, key)
 
     def routing_matrix(self, tokens, layer: int, phase: str, query: int,
                        cache: Optional[Cache] = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
         With cache= no pass is run; routing.routing_matrices gives every query at once."""
         if cache is not None:
-            return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
-        return routing.routing_matrix(self, tokens, layer, phase, query)
+            return _facade.call("routing_matrices", self, cache, phase, layers=[layer], queries=[query])[0, 0]
+        return _facade.call("routing_matrix", self, tokens, layer, phase, query)
 
     def flows(self, tokens, layer: int, phase: str, head: int, query: int, *,
               cache: Optional[Cache] = None) -> np.ndarray:
         """[N source, branch, T key]: what each source head lends target `head` at
         (query, key) through each compose branch; sums to the composed entry
         (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass)."""
-        return routing.flows(self, tokens, layer, phase, head, query, cache=cache)
+        return _facade.call("flows", self, tokens, layer, phase, head, query, cache=cache)
 
     def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
         if cache is not None:
-            return routing.gates_from_cache(self, cache, layer)
-        return routing.gates(self, tokens, layer)
+            return _facade.call("gates_from_cache", self, cache, layer)
+        return _facade.call("gates", self, tokens, layer)
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
     def gradients(self, tokens, target, wrt, return_value: bool = False):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
-        return grad.gradients(self, tokens, target, wrt, return_value=return_value)
+        return _facade.call("gradients", self, tokens, target, wrt, return_value=return_value)
 
     def attribute(self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero",
                   progress: Optional[bool] = None):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
-        return attribution.attribute(self, tokens, target, at, method=method, steps=steps,
+        return _facade.call("attribute", self, tokens, target, at, method=method, steps=steps,
                                      baseline=baseline, progress=progress)

@@ -33,7 +33,7 @@ resid_mid: DCPythia and Pythia use a parallel residual.
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ._checks import ArgumentError, Error, check_str
 
@@ -177,7 +177,7 @@ def suggest(wanted, names, n: int = 5):
     import difflib
     wanted = [wanted] if isinstance(wanted, str) else [w for w in wanted if isinstance(w, str) and len(w) > 1]
     names = list(names)
-    by_key = {}
+    by_key: Dict[str, str] = {}
     for full in names:
         for key in {full, tl_alias(full) or full}:
             by_key.setdefault(key, full)

@@ -40,9 +40,8 @@ patching an activation everywhere (run_patched) reproduces the clean run.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -289,6 +288,9 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
     T = x_t.size
     pos = list(range(T)) if positions is None else [_pos(p, T) for p in positions]
     cells: List[List[Cell]] = []
+    shape: Tuple[int, ...]
+    axes: Tuple[str, ...]
+    labels: Tuple[List[str], ...]
     if over == "layer,head":
         for n in names:
             for h in range(c.n_head):
@@ -300,7 +302,7 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
             nd = cache[n].ndim
             ax = nd + iv._position_axis_from_end(n)
             for p in pos:
-                idx = [slice(None)] * nd
+                idx: List[Any] = [slice(None)] * nd
                 idx[ax] = p
                 cells.append([(n, _setter(tuple(idx)))])
         shape, axes = (len(layers), len(pos)), ("layer", "pos")
@@ -312,9 +314,9 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
             ax = nd + iv._position_axis_from_end(n)
             for h in range(c.n_head):
                 for p in pos:
-                    idx = list(iv._head_index(n, h, nd))
-                    idx[ax] = p
-                    cells.append([(n, _setter(tuple(idx)))])
+                    idx2: List[Any] = list(iv._head_index(n, h, nd))
+                    idx2[ax] = p
+                    cells.append([(n, _setter(tuple(idx2)))])
         shape, axes = (len(layers), c.n_head, len(pos)), ("layer", "head", "pos")
         labels = ([str(l) for l in layers], ["H%d" % h for h in range(c.n_head)], [str(p) for p in pos])
         words = _words(model, c_t, x_t, pos)

@@ -274,6 +274,7 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
         if not shared:
             fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     if shared:
+        assert im is not None                   # N >= 1 panels
         fig.colorbar(im, ax=used, shrink=0.8, pad=0.02)
     if title:
         fig.suptitle(title, fontweight="bold")
@@ -312,7 +313,7 @@ def plot_branches(branches: Mapping[str, np.ndarray], tokens: Optional[Sequence[
     elif scale == "shared":
         lo, hi = _range(maps, True, mask_upper, None, None)
     else:
-        lo = hi = None
+        lo = hi = None  # type: ignore[assignment]  # each panel its own range
     return plot_heads(np.stack(maps), tokens, title, titles=names, ncols=len(maps),
                       diverging=True, mask_upper=mask_upper, vmin=lo, vmax=hi,
                       max_labels=max_labels, panel_size=panel_size, scale=scale)
@@ -440,6 +441,7 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
         ax.set_xlabel(cols_ax)
         if ptitles[i]:
             ax.set_title(ptitles[i], fontsize=9)
+    assert im is not None                   # at least one panel
     fig.colorbar(im, ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes], shrink=0.8,
                  label="normalized metric" if normalize else "metric")
     text = title or "activation patching: %s (clean %.3g, corrupted %.3g)" % (result.what, result.clean,

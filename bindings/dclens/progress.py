@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sized
 
 _PLAIN_STEPS = 4          # plain lines: at 25, 50, 75 and 100 %
 
@@ -64,7 +64,7 @@ class Plain:
     def __init__(self, iterable: Optional[Iterable] = None, total: Optional[int] = None, desc: str = "",
                  unit: str = "it", initial: int = 0, **_ignored):
         self.iterable = iterable
-        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+        if total is None and isinstance(iterable, Sized):
             total = len(iterable)
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
         self.postfix = ""

@@ -58,8 +58,8 @@ def test_prompt(model, prompt, answer, *, prepend_space_to_answer: bool = True, 
         pr = _softmax(logits[i])
         order = np.argsort(-pr, kind="stable")
         rank = int(np.nonzero(order == tok)[0][0])
-        top = [(model.to_string([int(t)]), float(pr[t])) for t in order[:top_k]]
-        out.append(AnswerToken(model.to_string([int(tok)]), rank, float(pr[tok]), float(logits[i][tok]), top))
+        top = [(str(model.to_string([int(t)])), float(pr[t])) for t in order[:top_k]]
+        out.append(AnswerToken(str(model.to_string([int(tok)])), rank, float(pr[tok]), float(logits[i][tok]), top))
     if print_details:
         print("Prompt: %r" % (model.to_str_tokens(p_ids),))
         print("Answer: %r (%d token%s)" % (answer, len(a_ids), "" if len(a_ids) == 1 else "s"))
@@ -69,4 +69,4 @@ def test_prompt(model, prompt, answer, *, prepend_space_to_answer: bool = True, 
     return out
 
 
-test_prompt.__test__ = False      # not a pytest test when imported into a test module
+test_prompt.__test__ = False  # type: ignore[attr-defined]  # pytest's flag on a function: not a pytest test when imported into a test module

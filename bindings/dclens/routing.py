@@ -40,12 +40,13 @@ from typing import TYPE_CHECKING, Dict, NamedTuple, Optional
 
 import numpy as np
 
+from . import _facade
 from ._checks import ArgumentError, Error, check_index, check_int_list, check_layers, is_choice
 from .cache import Cache
 from .names import BRANCHES, PHASES, hook_name
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ._protocols import ModelLike as Model
 
 
 
@@ -159,6 +160,7 @@ def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups:
     return out
 
 
+@_facade.provides("composition_map")
 def composition_map(model: Model, tokens, layer: int, phase: str, query: int, key: int) -> np.ndarray:
     """The N x N map C[query, key] of a layer and phase (identity for Pythia)."""
     toks = _check(model, tokens, layer, phase, query, key)
@@ -171,6 +173,7 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
                              model.config.compose_groups, static_map(model, layer, phase))[0]
 
 
+@_facade.provides("routing_matrix")
 def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> np.ndarray:
     """Head-to-head routing at one query position, weighted by what it routes.
 
@@ -180,7 +183,6 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     target head m; sum_n R[n, m] = sum_s composed[m, t, s]."""
     toks = _check(model, tokens, layer, phase, query)
     query = _pos(query, toks.shape[0], "query")
-    N = model.config.n_head
     src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
     names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
                      if model.config.use_dcmha else [])
@@ -196,6 +198,7 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     return np.einsum("ns,snm->nm", x, maps)
 
 
+@_facade.provides("gates")
 def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     """The dynamic gates of a layer: {'pre.qdd': [T, N], 'pre.kdd', 'post.qdd', 'post.kdd'}
     (how much each head keeps of its own score/weight, per token)."""
@@ -247,6 +250,7 @@ def _mask(T: int, S: int, window: int) -> np.ndarray:
     return (s <= t) & ((window <= 0) | (t - s <= window))
 
 
+@_facade.provides("composition_maps")
 def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=None, key=None) -> np.ndarray:
     """Composition maps C[t, s] from a cache, no pass: [T, S, N, N] for every
     pair, [S, N, N] for one query, [T, N, N] for one key, [N, N] for both.
@@ -297,6 +301,7 @@ def _cache_T(model: Model, cache: Cache, layer: int) -> int:
     raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
 
 
+@_facade.provides("routing_matrices")
 def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, queries=None) -> np.ndarray:
     """Head-to-head routing R[l, t] [N, N] for every query t (or `queries`)
     and every layer (or `layers`), from a cache in one vectorised step:
@@ -344,6 +349,7 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
 
 
 
+@_facade.provides("gates_from_cache")
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:
     """gates() from a cache: {'pre.qdd': [T, N], ...}."""
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
@@ -391,6 +397,7 @@ def _flow_inputs(model: Model, tokens, cache: Optional[Cache], layer: int, phase
     return cache
 
 
+@_facade.provides("flows")
 def flows(model: Model, tokens, layer: int, phase: str, head: int, query: int, *,
           cache: Optional[Cache] = None) -> np.ndarray:
     """Where target `head`'s composed score (pre) or weight (post) at (`query`, key)
@@ -440,7 +447,9 @@ def flows(model: Model, tokens, layer: int, phase: str, head: int, query: int, *
         F[:, b["kp"]] = x * kmap
         F[head, b["kg"]] = x[head] * d["kdd"][:, head]
     if "static" in b:
-        F[:, b["static"]] = x * static_map(model, layer, phase)[:, head][:, None]
+        W = static_map(model, layer, phase)
+        assert W is not None                    # a static branch: the model has use_sw
+        F[:, b["static"]] = x * W[:, head][:, None]
     return F
 
 

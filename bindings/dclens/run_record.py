@@ -66,7 +66,8 @@ def differences(recorded: dict, c) -> Tuple[List[str], List[str]]:
     now = _effective(options_of(c))
     defaults = {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
     was = _effective(dict(defaults, **{k: v for k, v in recorded.items() if k in now}))
-    refused, accepted = [], []
+    refused: List[str] = []
+    accepted: List[str] = []
     for k in now:
         if k == "out" or _same(k, was.get(k), now[k]):
             continue

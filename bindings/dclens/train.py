@@ -37,7 +37,7 @@ import shutil
 import struct
 import time
 import zipfile
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -111,7 +111,7 @@ class TrainConfig:
                           ("beta1", 0, 1), ("beta2", 0, 1), ("eps", 0, None)):
             v = getattr(self, k)
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.floating, np.integer)) \
-                    or not math.isfinite(v) or v < lo or (hi is not None and v >= hi):
+                    or not math.isfinite(f := float(v)) or f < lo or (hi is not None and f >= hi):
                 raise Error("train: --%s must be a finite number in [%g, %s), not %r"
                             % (k.replace("_", "-"), lo, "inf" if hi is None else "%g" % hi, v))
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.grad_clip >= 0):
@@ -144,7 +144,7 @@ def _int_option(k: str, v, lo: int, hi: int = 2**31) -> int:
     """An integer option in [lo, hi) (bool refused), or Error naming --k."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Integral, np.integer)):
         raise Error("train: --%s must be an integer, not %s %r" % (k.replace("_", "-"), type(v).__name__, v))
-    if not lo <= v < hi:
+    if not lo <= int(v) < hi:
         raise Error("train: --%s %d is out of range [%d, %d)" % (k.replace("_", "-"), v, lo, hi))
     return int(v)
 
@@ -153,7 +153,8 @@ def _int_option(k: str, v, lo: int, hi: int = 2**31) -> int:
 
 def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
     """float32 tensors -> a safetensors file (8-byte length, JSON header, data)."""
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    header: Dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs, off = [], 0
     for k in sorted(tensors):
         b = np.ascontiguousarray(tensors[k], dtype="<f4").tobytes()
         header[k] = {"dtype": "F32", "shape": list(tensors[k].shape), "data_offsets": [off, off + len(b)]}
@@ -296,10 +297,10 @@ def read_weights(model) -> Dict[str, np.ndarray]:
     out = {}
     shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
     for name, _, size, _ in param_table(model):
-        _check(lib.dcs_weight_shape(model._m, name.encode(), shape, nd), model._errmsg())
+        _check(lib.dcs_weight_shape(model.runner.handle, name.encode(), shape, nd), model.runner.errmsg())
         a = np.empty(tuple(shape[i] for i in range(nd[0])), np.float32)
-        _check(lib.dcs_weight_read(model._m, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
-               model._errmsg())
+        _check(lib.dcs_weight_read(model.runner.handle, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
+               model.runner.errmsg())
         out[name] = a
     return out
 
@@ -307,7 +308,7 @@ def read_weights(model) -> Dict[str, np.ndarray]:
 def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer_json: Optional[str]) -> None:
     os.makedirs(dirpath, exist_ok=True)
     write_safetensors(os.path.join(dirpath, "model.safetensors"),
-                      to_layout(sd, config["model_type"], config.get("n_head") or config.get("num_attention_heads")))
+                      to_layout(sd, config["model_type"], int(config.get("n_head") or config["num_attention_heads"])))
     with open(os.path.join(dirpath, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     if tokenizer_json:
@@ -386,6 +387,7 @@ def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.nd
         starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
         w = np.stack([tokens[s:s + c.seq_len + 1] for s in starts])
         return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
+    assert offsets is not None, "lines mode needs the sequence offsets"
     idx = rng.integers(0, len(offsets), c.batch_size)
     x = np.zeros((c.batch_size, c.seq_len), np.int32)
     y = np.full((c.batch_size, c.seq_len), -1, np.int32)
@@ -454,8 +456,8 @@ def _open_checkpoint(d: str, c: TrainConfig, want_config: dict, n_threads: int):
         model = load(d, n_threads=n_threads)
     except Error as e:
         raise ValueError(str(e)) from None
-    _check(lib.dcs_model_make_trainable(model._m), model._errmsg())
-    P = int(lib.dcs_param_total(model._m))
+    _check(lib.dcs_model_make_trainable(model.runner.handle), model.runner.errmsg())
+    P = int(lib.dcs_param_total(model.runner.handle))
     if step == 0:
         return model, 0, np.zeros(P, np.float32), np.zeros(P, np.float32), cfg
     try:
@@ -533,15 +535,16 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     notes = _check_options(c, ck)
     run_record.remove_staging(c.out)      # what a sitting killed while writing left
     tok_file = os.path.join(c.out, "tokens.npy")
-    tok_path = os.path.join(c.out, "tokenizer.json")
+    tok_json = os.path.join(c.out, "tokenizer.json")
+    tok_path: Optional[str] = tok_json
     off_file = os.path.join(c.out, "offsets.npy")
     vocab_file = os.path.join(c.out, "vocab.json")
     if os.path.exists(vocab_file):       # written last of the three
         tokens, offsets = np.load(tok_file), np.load(off_file)
         vocab = run_record.load_json(vocab_file, "vocab.json")["vocab"]
-        tok_path = tok_path if os.path.exists(tok_path) else None
+        tok_path = tok_json if os.path.exists(tok_json) else None
     else:
-        tokens, offsets, vocab, tok_path = _tokenize(c, _corpus_texts(c), tok_path)
+        tokens, offsets, vocab, tok_path = _tokenize(c, _corpus_texts(c), tok_json)
         vocab = max(vocab, c.vocab)
         for f, a in ((tok_file, tokens), (off_file, offsets)):
             with open(f + ".tmp", "wb") as fh:
@@ -575,7 +578,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
         _write_state(tmp, 0, None, c)
         run_record.install_dir(tmp, start_dir)
         model, start, mom, var, config = _open_checkpoint(start_dir, c, config, c.n_threads)
-    P = int(lib.dcs_param_total(model._m))
+    P = int(lib.dcs_param_total(model.runner.handle))
     grads = np.zeros(P, np.float32)
     tape = Tape(model, c.batch_size, c.seq_len)
     hp = ffi.new("dcs_adamw *")
@@ -603,9 +606,9 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
             if c.grad_clip and gn > c.grad_clip:
                 grads *= c.grad_clip / gn
             hp.lr = lr_at(c, step)
-            _check(lib.dcs_adamw_step(model._m, ffi.cast("float *", ffi.from_buffer(grads)),
+            _check(lib.dcs_adamw_step(model.runner.handle, ffi.cast("float *", ffi.from_buffer(grads)),
                                       ffi.cast("float *", ffi.from_buffer(mom)),
-                                      ffi.cast("float *", ffi.from_buffer(var)), step, hp), model._errmsg())
+                                      ffi.cast("float *", ffi.from_buffer(var)), step, hp), model.runner.errmsg())
             ntok += int((y >= 0).sum()) if c.lines else x.size
             now = time.perf_counter()
             tps = ntok / max(now - t_last, 1e-9)

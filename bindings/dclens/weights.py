@@ -24,7 +24,7 @@ z[n] @ W_O[l, n] is head n's head_out. Each property reads every layer
 """
 from __future__ import annotations
 
-from typing import List
+from typing import TYPE_CHECKING, Any, List
 
 import numpy as np
 
@@ -32,12 +32,19 @@ import numpy as np
 class WeightsMixin:
     """Model properties for weights by role (see the module docstring)."""
 
+    if TYPE_CHECKING:   # what the mixin reads of the Model it is mixed into
+        runner: Any
+        config: Any
+        name: str
+
+        def weight(self, name: str) -> np.ndarray: ...
+
     def weight_names(self) -> List[str]:
         """The canonical names of every weight the model holds."""
         from ._engine import ffi, lib
         out = []
-        for i in range(lib.dcs_weight_count(self._m)):
-            out.append(ffi.string(lib.dcs_weight_name(self._m, i)).decode())
+        for i in range(lib.dcs_weight_count(self.runner.handle)):
+            out.append(ffi.string(lib.dcs_weight_name(self.runner.handle, i)).decode())
         return out
 
     def _has_weight(self, name: str) -> bool:

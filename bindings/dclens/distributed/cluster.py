@@ -126,8 +126,9 @@ def connect(ray_arg: Union[str, Cluster], device: str = "cpu", n_threads: Option
     n_local = c.local_workers()
     n_threads = c.n_threads or n_threads or (max(1, cores // n_local) if n_local else 1)
     if not ray.is_initialized():
-        opts = dict(include_dashboard=False, configure_logging=False)
+        opts: Dict[str, Any] = dict(include_dashboard=False, configure_logging=False)
         if c.is_local:
+            assert n_local is not None          # a local cluster counts its workers
             opts["num_cpus"] = n_local * n_threads if device == "cpu" else max(n_local, cores)
         else:
             opts["address"] = c.address

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import traceback
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -38,7 +37,8 @@ class ModelWorker:
     def __init__(self, ref: ModelRef):
         from ..model import from_reference
         self.model = from_reference(ref)
-        self.fn_id, self.fn = None, None
+        self.fn_id: Optional[str] = None
+        self.fn: Optional[Callable] = None
 
     def ready(self) -> int:
         return os.getpid()
@@ -51,6 +51,7 @@ class ModelWorker:
         try:
             if self.fn_id != fn_box[0].hex():
                 self.fn, self.fn_id = ray.get(fn_box[0]), fn_box[0].hex()
+            assert self.fn is not None
             return index, True, self.fn(self.model, item)
         except Exception as e:  # noqa: BLE001 -- handed to the driver, which names the item
             return index, False, "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc())

@@ -173,7 +173,7 @@ class _TorchPickler(pickle._Pickler):
             self.write(pickle.GLOBAL + obj.module.encode("utf-8") + b"\n" + obj.name.encode("utf-8") + b"\n")
         self.memoize(obj)
 
-    dispatch[_Global] = save_torch_global
+    dispatch[_Global] = save_torch_global  # type: ignore[assignment]  # pickle dispatch takes the subclass
 
     def persistent_id(self, obj):
         if isinstance(obj, _Storage):

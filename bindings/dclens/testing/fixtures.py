@@ -31,6 +31,8 @@ import json
 import os
 import sys
 
+from typing import Any, Dict
+
 import numpy as np
 
 from collections import OrderedDict
@@ -39,7 +41,7 @@ from .checkpoint import TorchTensor, safetensors_bytes, torch_checkpoint_bytes, 
 from .layouts import dcpythia_tensors, gpt_neox_tensors
 from .make_tiny import dcpythia_config, gpt_neox_config
 
-DIMS = dict(n_layer=2, dim=16, n_head=4, vocab=50, intermediate=32)
+DIMS: Dict[str, Any] = dict(n_layer=2, dim=16, n_head=4, vocab=50, intermediate=32)
 WINDOW, RANK, ROTARY_PCT = 4, 2, 0.5
 
 _M64 = (1 << 64) - 1

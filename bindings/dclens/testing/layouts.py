@@ -49,7 +49,7 @@ def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     D, N, F, V, R = dim, n_head, intermediate, vocab, rank
     Dh, K, G = D // N, 4 * N, int(compose_groups)
     Mg = N // G
-    out = OrderedDict()
+    out: Dict[str, Shape] = OrderedDict()
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l
@@ -101,7 +101,7 @@ def gpt_neox_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     [r/2], both F32), which loaders ignore."""
     D, F, V = dim, intermediate, vocab
     r = int((D // n_head) * rotary_pct)
-    out = OrderedDict()
+    out: Dict[str, Shape] = OrderedDict()
     out["gpt_neox.embed_in.weight"] = (V, D)
     for l in range(n_layer):
         p = "gpt_neox.layers.%d." % l
@@ -136,7 +136,7 @@ def dcformer_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     buffers the official module saves (no sw: a plain attribute there)."""
     D, N, F, V, R = dim, n_head, intermediate, vocab, rank
     Dh, K = D // N, 4 * N
-    out = OrderedDict()
+    out: "OrderedDict[str, Tuple[int, ...]]" = OrderedDict()
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l

@@ -38,8 +38,9 @@ from collections import OrderedDict
 import numpy as np
 
 from .layouts import dcformer_tensors, dcpythia_tensors, gpt_neox_tensors
-from .checkpoint import (DTYPES, ST_DTYPE, TorchTensor, _module_metadata, _TORCH_STORAGE,  # noqa: F401
-                         pickle_state_dict, round_to_dtype, write_index, write_safetensors, write_torch_zip)
+from .checkpoint import (DTYPES, ST_DTYPE, TorchTensor, pickle_state_dict, round_to_dtype, write_index,
+                         write_safetensors, write_torch_zip)
+from .checkpoint import _module_metadata, _TORCH_STORAGE  # noqa: F401  (re-exported for tests/test_reference_selfcheck.py)
 
 __all__ = [
     "make_tiny",

@@ -41,12 +41,6 @@ typedef struct {
     float *w1[2][2], *w2[2][2], *dd[2][2];   /* [phase][0 query, 1 key] */
 } dyn_weights;
 
-static const int DYN_PTS[2][2][3] = {
-    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
-     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
-    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
-     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
-
 static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw) {
     const dcs_config *c = &p->m->cfg;
     const dcs_layer_weights *lw = &p->m->layers[l];
@@ -122,7 +116,7 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
         for (int side = 0; side < 2; side++) {
             if (!dw->w1[ph][side]) continue;
             for (int i = 0; i < 3; i++)
-                dcs_pass_hook(p, DYN_PTS[ph][side][i], l,
+                dcs_pass_hook(p, dcs_dyn_points[ph][side][i], l,
                               i == 0 ? dw->w1[ph][side] : i == 1 ? dw->w2[ph][side] : dw->dd[ph][side]);
         }
     if (kc) /* the compose reads the key side of every held key */
@@ -160,7 +154,7 @@ static void compose(dcs_pass *p, int l, int phase, float *out, const float *in,
                     const dyn_weights *dw, const keys_view *kv) {
     const dcs_config *c = &p->m->cfg;
     const int B = p->B, T = p->T, N = c->n_head, S = kv->S;
-    static const int first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+    const int *first = dcs_branch_first;
     const int nb = DCS_N_BRANCHES;   /* skip, qp, kp, qg, kg, static: consecutive points */
     int any = 0;
     for (int k = 0; k < nb; k++) any |= dcs_pass_wants(p, first[phase] + k, l);

@@ -41,6 +41,13 @@ void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sz[DCS_ACT
     sz[DCS_ACT_MAP] = (uint64_t)B * N * (uint64_t)T * (uint64_t)S;
 }
 
+const int dcs_dyn_points[2][2][3] = {
+    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
+     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
+    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
+     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
+const int dcs_branch_first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+
 /* ---------------------------------------------------------------- memory */
 
 void dcs_pass_init(dcs_pass *p, dcs_model *m, const dcs_hooks *hooks, int B, int T, int t0,
@@ -216,6 +223,17 @@ void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const fl
     else
         be->ops->gemm_w(be, 1, M, O, I, x, I, W, y, O);
     if (b) be->ops->add_bias(be, y, b, M, O);
+}
+
+void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x) {
+    const dcs_model *m = p->m;
+    dcs_backend *be = p->be;
+    if (p->status) return;
+    if (m->m_tok_emb.dtype == DCS_F32 || !be->ops->embed_w)
+        be->ops->embed(be, x, m->m_tok_emb.p, tokens, p->M, m->cfg.d_model);
+    else
+        be->ops->embed_w(be, x, m->m_tok_emb, tokens, p->M, m->cfg.d_model);
+    dcs_pass_hook(p, DCS_HP_EMBED, 0, x);
 }
 
 void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M) {

@@ -73,6 +73,12 @@ enum {
 };
 void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sizes[DCS_ACT_COUNT]);
 
+/* The hook points of the dynamic weights, [phase][0 query, 1 key][w1, w2,
+ * dd], and the first branch point of each phase (skip; qp, kp, qg, kg,
+ * static follow): one table for the layer and the tape's backward. */
+extern const int dcs_dyn_points[2][2][3];
+extern const int dcs_branch_first[2];
+
 /* ---------------------------------------------------------------- pass */
 typedef struct {
     dcs_model *m;
@@ -120,6 +126,10 @@ void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const fl
                      int O, int I);
 /* out [M, D] = the block's norm of x (kind from the block description). */
 void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M);
+
+/* x [M, D] = the embedding rows of tokens (host ids, in range), with the
+ * embed hook. */
+void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x);
 
 /* ---- layer.c */
 

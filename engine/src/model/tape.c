@@ -357,14 +357,6 @@ static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
 /* the allowed keys of query t: [s0, t] */
 static int first_key(int t, int window) { return window > 0 && t > window ? t - window : 0; }
 
-static const int BR_FIRST[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
-
-static const int DYN_PTS[2][2][3] = {
-    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
-     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
-    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
-     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
-
 /* Compose backward of one phase: its arguments, split over sequences. */
 typedef struct {
     const dcs_tape *tp; float *dIn; const float *in, *dOut; const dcs_kept *a; int ph, window;
@@ -380,7 +372,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
-    const int M = tp->M, D = c->d_model, V = c->vocab, L = c->n_layer;
+    const int M = tp->M, V = c->vocab, L = c->n_layer;
     for (int i = 0; i < M; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
@@ -403,8 +395,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
     p.keep = tp->L;
     /* the residual stream runs in xL, which leaves the last layer */
-    be->ops->embed(be, tp->xL, m->tok_emb, tokens, M, D);
-    dcs_pass_hook(&p, DCS_HP_EMBED, 0, tp->xL);
+    dcs_pass_embed(&p, tokens, tp->xL);
     dcs_pass_layers(&p, tp->xL);
     dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
@@ -488,7 +479,7 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     const long long TT = (long long)T * T;
     unsigned on = 0;
     for (int k = 0; k < 5; k++)
-        if (!find_ov(tp, BR_FIRST[ph] + k, l)) on |= 1u << k;
+        if (!find_ov(tp, dcs_branch_first[ph] + k, l)) on |= 1u << k;
     memset(dIn, 0, sizeof(float) * (size_t)B * N * TT);
     for (int s = 0; s < 2; s++) {
         if (!a->w1[ph][s]) continue;
@@ -625,9 +616,9 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
             for (int s = 0; s < 2; s++) {
                 if (!a->w1[ph][s]) continue;
                 int slot = C == 4 ? 2 * ph + s : ph;
-                grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][0], l, d->dw1[ph][s]);
-                grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][1], l, d->dw2[ph][s]);
-                grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][2], l, d->ddd[ph][s]);
+                grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][0], l, d->dw1[ph][s]);
+                grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][1], l, d->dw2[ph][s]);
+                grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][2], l, d->ddd[ph][s]);
                 memset(d->dw1raw, 0, sizeof(float) * (size_t)M * RN);
                 rms_stats(a->w1raw[ph][s], M * R, N, 1e-6f, d->rs2);
                 dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], d->rs2, M * R, N, NULL);
