@@ -111,7 +111,7 @@ def test_no_import_cycle():
 
 
 ANALYSES = ["routing", "circuits", "patching", "attribution", "analysis", "generate", "grad",
-            "interventions", "heatmaps", "plots"]
+            "interventions", "heatmaps", "plots", "explorer", "prompting", "distributed", "distributed.workers"]
 
 
 def test_layers_import_downwards():
@@ -127,6 +127,38 @@ def test_layers_import_downwards():
     assert not g["dclens.model"] & analyses, sorted(g["dclens.model"] & analyses)
     for a in ("routing", "attribution", "generate", "grad"):
         assert "dclens.model" not in g["dclens." + a], a
+
+
+def _model_private_members() -> Set[str]:
+    """The _names Model defines (methods, properties, attributes it sets on self)."""
+    with open(os.path.join(PACKAGES["dclens"], "model.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    out = set()
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            out.add(node.attr)
+    return {n for n in out if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_reaches_into_models_private_members():
+    """Only model.py touches Model's _members; the other modules (the new ones
+    included) go through model.runner and the public API."""
+    private = _model_private_members()
+    assert {"_m", "_ctx_hooks", "_ref"} <= private        # the reader sees them
+    bad = []
+    for mod, path in _modules().items():
+        if mod.split(".")[0] != "dclens" or mod == "dclens.model":
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                bad.append("%s:%d .%s" % (mod, node.lineno, node.attr))
+    assert not bad, bad
 
 
 def test_dclens_does_not_import_synth_tasks():
