@@ -18,6 +18,7 @@ norm, LGLL; about 3 GiB, streamed to DIR), runs one pass in a fresh process
 (scripts/bench.py's peak_rss: VmHWM after load + forward) and prints the peak
 RSS against the stored weights; DIR is deleted afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,6 +45,7 @@ def main(argv=None):
         return mem_8b(a.mem8b, int(a.T.split(",")[0]) if a.T != "128,512" else 64)
     import dclens
     from dclens.testing.make_tiny import make_tiny
+
     D = a.dim
     n = int(2 * 4 * D / 3)
     F = n if n % 256 == 0 else n + 256 - n % 256
@@ -85,40 +87,75 @@ def mem_8b(d, T):
     """Peak RSS of load + one pass of a 2-layer DCFormer-8B-shaped fp16 checkpoint."""
     import json
     import shutil
+
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench import peak_rss, stream_f16_safetensors
+
     D, N, F, V, E, L = 4096, 32, 5632, 152064, 44, 2
     Dh, K = D // N, 4 * N
     os.makedirs(d, exist_ok=True)
-    cfg = {"model_type": "dcformer", "dim": D, "n_head": N, "head_dim": Dh, "n_layer": L, "n_local_heads": N,
-           "intermediate_size": F, "vocab_size": V, "norm_eps": 1e-6, "rope_base": 500000.0, "mgate": True,
-           "mgate_dim": E, "use_qk_norm": True, "window_size": 256, "window_type": "LGLL", "query_wise": False,
-           "use_dcmha": True, "tie_word_embeddings": False, "torch_dtype": "float16"}
+    cfg = {
+        "model_type": "dcformer",
+        "dim": D,
+        "n_head": N,
+        "head_dim": Dh,
+        "n_layer": L,
+        "n_local_heads": N,
+        "intermediate_size": F,
+        "vocab_size": V,
+        "norm_eps": 1e-6,
+        "rope_base": 500000.0,
+        "mgate": True,
+        "mgate_dim": E,
+        "use_qk_norm": True,
+        "window_size": 256,
+        "window_type": "LGLL",
+        "query_wise": False,
+        "use_dcmha": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+    }
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     tensors = [("tok_embeddings.weight", (V, D), 0.02)]
     for l in range(L):
         p = "layers.%d." % l
-        tensors += [(p + "attention.wqkv.weight", (3 * D, D), 0.02), (p + "attention.wo.weight", (D, D), 0.02),
-                    (p + "attention.dyn_w_proj.dw1", (D, 1, 4, K), 0.02),
-                    (p + "attention.dyn_w_proj.qkw", (1, 4, K, 4, N), 0.05),
-                    (p + "attention.dyn_w_proj.dd", (D, 1, 4 * N), 0.02),
-                    (p + "attention.q_norm.scale", (Dh,), 1.0), (p + "attention.k_norm.scale", (Dh,), 1.0),
-                    (p + "feed_forward.w1.weight", (F, D), 0.02), (p + "feed_forward.w3.weight", (F, D), 0.02),
-                    (p + "feed_forward.w2.weight", (D, F), 0.02), (p + "feed_forward.mg.weight", (E, D), 0.02),
-                    (p + "ffn_norm.weight", (D,), 1.0), (p + "attention_norm.weight", (D,), 1.0)]
+        tensors += [
+            (p + "attention.wqkv.weight", (3 * D, D), 0.02),
+            (p + "attention.wo.weight", (D, D), 0.02),
+            (p + "attention.dyn_w_proj.dw1", (D, 1, 4, K), 0.02),
+            (p + "attention.dyn_w_proj.qkw", (1, 4, K, 4, N), 0.05),
+            (p + "attention.dyn_w_proj.dd", (D, 1, 4 * N), 0.02),
+            (p + "attention.q_norm.scale", (Dh,), 1.0),
+            (p + "attention.k_norm.scale", (Dh,), 1.0),
+            (p + "feed_forward.w1.weight", (F, D), 0.02),
+            (p + "feed_forward.w3.weight", (F, D), 0.02),
+            (p + "feed_forward.w2.weight", (D, F), 0.02),
+            (p + "feed_forward.mg.weight", (E, D), 0.02),
+            (p + "ffn_norm.weight", (D,), 1.0),
+            (p + "attention_norm.weight", (D,), 1.0),
+        ]
     tensors += [("norm.weight", (D,), 1.0), ("output.weight", (V, D), 0.02)]
     try:
         stream_f16_safetensors(os.path.join(d, "model.safetensors"), tensors)
         r = peak_rss(d, T)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    gib = 1024.0 ** 3
-    print("DCFormer-8B-shaped, 2 layers, fp16 safetensors, T=%d: peak RSS %.3f GiB (import %.3f GiB); "
-          "stored weights %.3f GiB; activations %.3f GiB; peak / weights %.3f; "
-          "(peak - import) / weights %.3f" % (T, r["maxrss"] / gib, r["import_rss"] / gib, r["stored"] / gib,
-                                              r["act_peak"] / gib, r["maxrss"] / r["stored"],
-                                              (r["maxrss"] - r["import_rss"]) / r["stored"]))
+    gib = 1024.0**3
+    print(
+        "DCFormer-8B-shaped, 2 layers, fp16 safetensors, T=%d: peak RSS %.3f GiB (import %.3f GiB); "
+        "stored weights %.3f GiB; activations %.3f GiB; peak / weights %.3f; "
+        "(peak - import) / weights %.3f"
+        % (
+            T,
+            r["maxrss"] / gib,
+            r["import_rss"] / gib,
+            r["stored"] / gib,
+            r["act_peak"] / gib,
+            r["maxrss"] / r["stored"],
+            (r["maxrss"] - r["import_rss"]) / r["stored"],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ and checks that every 1-thread run gives the same answers and summary, to
 the bit. Prints a markdown table of wall seconds and lines per second, and
 Ray's own start-up time. Needs Ray (pip install 'dclens[distributed]').
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,18 +59,21 @@ def main(argv=None) -> int:
 
     for threads in (1, 2):
         m = dclens.load(a.model, n_threads=threads)
-        evaluate(m, ds.lines[:8], batch_tokens=a.batch_tokens)   # warm-up
-        timed("one process, n_threads=%d" % threads, lambda: evaluate(m, ds, batch_tokens=a.batch_tokens),
-              a.repeat)
+        evaluate(m, ds.lines[:8], batch_tokens=a.batch_tokens)  # warm-up
+        timed("one process, n_threads=%d" % threads, lambda: evaluate(m, ds, batch_tokens=a.batch_tokens), a.repeat)
     import ray
+
     t = time.perf_counter()
     dd.connect(dd.Cluster("local:2", n_threads=1, init=dict(log_to_driver=False)))
     ray_start = time.perf_counter() - t
     for w in (1, 2):
         c = dd.Cluster("local:%d" % w, n_threads=1)
         for when, repeat in (("cold: workers start, load the model", 1), ("warm: the Cluster's workers", a.repeat)):
-            timed("Ray local:%d, n_threads=1, %s" % (w, when),
-                  lambda: synth(a.model, ds, ray=c, batch_tokens=a.batch_tokens, progress=False)[0], repeat)
+            timed(
+                "Ray local:%d, n_threads=1, %s" % (w, when),
+                lambda: synth(a.model, ds, ray=c, batch_tokens=a.batch_tokens, progress=False)[0],
+                repeat,
+            )
         c.release()
     ray.shutdown()
 
@@ -77,8 +81,10 @@ def main(argv=None) -> int:
     for label, r in results.items():
         if "n_threads=1" in label:
             assert r.answers == ref.answers and r.summary == ref.summary, label
-    print("\n%d lines (%d answers) of %s, model %s, batch_tokens %d; Ray start-up (ray.init, 2 CPUs) %.1f s"
-          % (n, len(ref.answers), a.data, a.model, a.batch_tokens, ray_start))
+    print(
+        "\n%d lines (%d answers) of %s, model %s, batch_tokens %d; Ray start-up (ray.init, 2 CPUs) %.1f s"
+        % (n, len(ref.answers), a.data, a.model, a.batch_tokens, ray_start)
+    )
     print("every n_threads=1 run gives the same answers and summary, to the bit\n")
     print("| run | wall s | lines/s |\n|---|---|---|")
     for label, s, lps in rows:

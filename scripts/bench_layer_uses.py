@@ -9,6 +9,7 @@ then 128 single-token steps), gradient wall seconds (B=4, T=128, d logit /
 d every parameter and one hook). Best of --repeat after a warm-up; process
 CPU seconds next to wall, since the machine's cores may be shared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,10 @@ def main():
         gt = rng.integers(0, 2048, size=(4, 128))
         pnames = [r[0] for r in dclens.grad.param_table(m)]
         gw, gc = _best(lambda: m.gradients(gt, ("logit", 127, 5), pnames + ["blocks.1.attn.z"]), a.repeat)
-        print("%-9s forward %7.0f tok/s (cpu %.3f s) | decode %6.0f tok/s (cpu %.3f s) | gradient %.3f s (cpu %.3f s)"
-              % (mt, toks.size / fw, fc, 192 / dw, dc, gw, gc))
+        print(
+            "%-9s forward %7.0f tok/s (cpu %.3f s) | decode %6.0f tok/s (cpu %.3f s) | gradient %.3f s (cpu %.3f s)"
+            % (mt, toks.size / fw, fc, 192 / dw, dc, gw, gc)
+        )
 
 
 if __name__ == "__main__":

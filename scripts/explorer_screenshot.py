@@ -7,6 +7,7 @@ composition changes attention most (synth_tasks.composition.most_composed, as
 `make demo` picks for its heatmaps), its page with the MHA twin and IG of the
 answer's log-probability per head, opened at that head and query.
 """
+
 import argparse
 import os
 import sys
@@ -36,8 +37,10 @@ def main(argv=None) -> int:
     ex = dclens.explore(model, toks, twin=twin, attribution=("logprob", q, int(toks[q + 1])))
     page = a.page or os.path.join(tempfile.mkdtemp(), "explorer.html")
     ex.save(page)
-    print("line %s of %s, layer %d head %d, query %d; page %d bytes"
-          % (pick["line"], pick["task_id"], pick["layer"], pick["head"], q, len(ex)))
+    print(
+        "line %s of %s, layer %d head %d, query %d; page %d bytes"
+        % (pick["line"], pick["task_id"], pick["layer"], pick["head"], q, len(ex))
+    )
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
@@ -45,14 +48,16 @@ def main(argv=None) -> int:
         opts.add_argument(arg)
     d = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
     try:
-        d.get("file://%s#layer=%d&head=%d&query=%d&view=pattern_composed"
-              % (os.path.abspath(page), pick["layer"], pick["head"], q))
+        d.get(
+            "file://%s#layer=%d&head=%d&query=%d&view=pattern_composed"
+            % (os.path.abspath(page), pick["layer"], pick["head"], q)
+        )
         WebDriverWait(d, 30).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         d.save_screenshot(a.out)
     finally:
         d.quit()
-    Image.open(a.out).convert("RGB").quantize(256).save(a.out, optimize=True)   # a small PNG for the repository
+    Image.open(a.out).convert("RGB").quantize(256).save(a.out, optimize=True)  # a small PNG for the repository
     print("wrote %s (%d bytes)" % (a.out, os.path.getsize(a.out)))
     return 0
 

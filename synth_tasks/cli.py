@@ -31,6 +31,7 @@ from .dataset import DATA_NAME, default_data_path  # noqa: F401 -- also the comm
 def load_model(path, device: str = "cpu", n_threads: int = 0):
     """Load a checkpoint directory with the dclens engine (imported lazily)."""
     import dclens
+
     model = dclens.load(path, device=device, n_threads=n_threads)
     return model
 
@@ -40,6 +41,7 @@ def check_out_dir(out: str) -> str | None:
     evaluation starts, so a long run never ends in a write error. Creates the
     directory, and a probe file in it, to find out."""
     import tempfile
+
     if os.path.lexists(out) and not os.path.isdir(out):
         return f"--out {out} exists and is not a directory"
     try:
@@ -53,42 +55,79 @@ def check_out_dir(out: str) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     from dclens.cli import HelpFormatter
+
     ap = argparse.ArgumentParser(
-        prog="dclens synth", formatter_class=HelpFormatter,
+        prog="dclens synth",
+        formatter_class=HelpFormatter,
         description="Evaluate models on the 74-task synthetic benchmark (DCFormer paper, "
-                    "Section 4.3): accuracy and perplexity of the bracketed answers, "
-                    "overall, per task, per shot count k, per QK pattern and per OV "
-                    "transformation.")
-    ap.add_argument("--model", action="append", required=True, metavar="DIR",
-                    help="model directory, bundled model name (dclens models) or Hub id (org/name); "
-                         "repeat to compare models side by side")
-    ap.add_argument("--data", default=None, metavar="FILE",
-                    help="benchmark JSONL file (default: the published "
-                         f"../shared/data/{DATA_NAME}); 'heldout': the held-out "
-                         "generated set shipped with synth_tasks (synth_tasks.corpus)")
-    ap.add_argument("--out", default="synth_out", metavar="DIR",
-                    help="output directory (default: synth_out)")
-    ap.add_argument("--limit", type=int, default=None, metavar="N",
-                    help="evaluate N lines spread across the tasks (round-robin over the "
-                         "tasks, each in file order), not the first N")
-    ap.add_argument("--batch-tokens", type=int, default=None, metavar="N",
-                    help="padded tokens per forward batch (default: 1024 on cpu, "
-                         "4096 on cuda); lines of similar length are batched together")
-    ap.add_argument("--skip-bad-lines", action="store_true",
-                    help="skip malformed lines (and say how many) instead of stopping")
+        "Section 4.3): accuracy and perplexity of the bracketed answers, "
+        "overall, per task, per shot count k, per QK pattern and per OV "
+        "transformation.",
+    )
+    ap.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="model directory, bundled model name (dclens models) or Hub id (org/name); "
+        "repeat to compare models side by side",
+    )
+    ap.add_argument(
+        "--data",
+        default=None,
+        metavar="FILE",
+        help="benchmark JSONL file (default: the published "
+        f"../shared/data/{DATA_NAME}); 'heldout': the held-out "
+        "generated set shipped with synth_tasks (synth_tasks.corpus)",
+    )
+    ap.add_argument("--out", default="synth_out", metavar="DIR", help="output directory (default: synth_out)")
+    ap.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate N lines spread across the tasks (round-robin over the "
+        "tasks, each in file order), not the first N",
+    )
+    ap.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="padded tokens per forward batch (default: 1024 on cpu, "
+        "4096 on cuda); lines of similar length are batched together",
+    )
+    ap.add_argument(
+        "--skip-bad-lines", action="store_true", help="skip malformed lines (and say how many) instead of stopping"
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the models run (default: cpu)")
-    ap.add_argument("--tokenizer", default=None, metavar="FILE",
-                    help="tokenizer.json to use when the model directory has none")
-    ap.add_argument("--threads", type=int, default=None, metavar="N",
-                    help="CPU threads of each model (default: every core; with --ray local:N, the "
-                         "cores / N). Results are the same to the bit for the same --threads")
-    ap.add_argument("--ray", default=None, metavar="local:N|ADDRESS",
-                    help="spread the batches over Ray workers, each holding the model: 'local:N' "
-                         "starts N on this machine, 'auto' or an address joins a cluster "
-                         "(pip install 'dclens[distributed]'; docs/distributed.md)")
-    ap.add_argument("--workers", type=int, default=None, metavar="N",
-                    help="with --ray ADDRESS: how many workers (default: the cluster's CPUs / "
-                         "--threads, or its GPUs with --device cuda)")
+    ap.add_argument(
+        "--tokenizer", default=None, metavar="FILE", help="tokenizer.json to use when the model directory has none"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads of each model (default: every core; with --ray local:N, the "
+        "cores / N). Results are the same to the bit for the same --threads",
+    )
+    ap.add_argument(
+        "--ray",
+        default=None,
+        metavar="local:N|ADDRESS",
+        help="spread the batches over Ray workers, each holding the model: 'local:N' "
+        "starts N on this machine, 'auto' or an address joins a cluster "
+        "(pip install 'dclens[distributed]'; docs/distributed.md)",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --ray ADDRESS: how many workers (default: the cluster's CPUs / "
+        "--threads, or its GPUs with --device cuda)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     return ap
@@ -109,6 +148,7 @@ def _scored(run, where: str, err):
     line or value, 1 for a dclens failure (named with `where`); anything
     else propagates."""
     from .dataset import DatasetError
+
     try:
         return run(), 0
     except (DatasetError, ValueError) as e:
@@ -135,6 +175,7 @@ def main(argv=None) -> int:
     data = args.data or default_data_path()
     if data == "heldout" and not os.path.exists(data):
         from .corpus import HELDOUT_FILE
+
         data = HELDOUT_FILE
     if data is None:
         err(f"no --data given and the published {DATA_NAME} was not found in ../shared/data")
@@ -157,10 +198,13 @@ def main(argv=None) -> int:
         ds = load_dataset(data, skip_bad=args.skip_bad_lines)
         if args.limit is not None:
             from .dataset import sample_across_tasks
+
             n_tasks = len({l.task_id for l in ds.lines})
             ds = sample_across_tasks(ds, args.limit)
-            print(f"--limit {args.limit}: {len(ds)} lines from "
-                  f"{len({l.task_id for l in ds.lines})} of {n_tasks} tasks", file=sys.stderr)
+            print(
+                f"--limit {args.limit}: {len(ds)} lines from {len({l.task_id for l in ds.lines})} of {n_tasks} tasks",
+                file=sys.stderr,
+            )
     except DatasetError as e:
         err(f"{e} (use --skip-bad-lines to skip bad lines)")
         return 2
@@ -178,15 +222,20 @@ def main(argv=None) -> int:
         return 2
     print(f"data: {data}: {len(ds)} lines, {ds.n_answers} scored answers", file=sys.stderr)
     from .tasks import TASKS, line_matches
+
     off = [l for l in ds if l.task_id in TASKS and not line_matches(l.task_id, l.text)]
     if off:
-        print(f"warning: {len(off)} line(s) of table task ids do not fit that task's template "
-              f"(first: {off[0].where}, {off[0].task_id}); their pattern/transformation "
-              "labels may not apply", file=sys.stderr)
+        print(
+            f"warning: {len(off)} line(s) of table task ids do not fit that task's template "
+            f"(first: {off[0].where}, {off[0].task_id}); their pattern/transformation "
+            "labels may not apply",
+            file=sys.stderr,
+        )
 
     tokenizer = None
     if args.tokenizer:
         from tokenizers import Tokenizer
+
         try:
             tokenizer = Tokenizer.from_file(args.tokenizer)
         except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception type
@@ -199,23 +248,38 @@ def main(argv=None) -> int:
     if args.ray:
         from dclens.distributed import Cluster
         from .distributed import synth
-        on_ray, status = _scored(lambda: synth(
-            args.model, ds, ray=Cluster(args.ray, workers=args.workers, n_threads=args.threads),
-            device=args.device, batch_tokens=bt, tokenizer=tokenizer, progress=False if args.no_progress else None),
-            f"--ray {args.ray}", err)
+
+        on_ray, status = _scored(
+            lambda: synth(
+                args.model,
+                ds,
+                ray=Cluster(args.ray, workers=args.workers, n_threads=args.threads),
+                device=args.device,
+                batch_tokens=bt,
+                tokenizer=tokenizer,
+                progress=False if args.no_progress else None,
+            ),
+            f"--ray {args.ray}",
+            err,
+        )
         if status:
             return status
         sp = on_ray[0].speed
-        print(f"--ray {args.ray}: {sp['workers']} workers of {sp['n_threads']} thread(s); "
-              f"a single-process run with --threads {sp['n_threads']} gives the same results",
-              file=sys.stderr)
+        print(
+            f"--ray {args.ray}: {sp['workers']} workers of {sp['n_threads']} thread(s); "
+            f"a single-process run with --threads {sp['n_threads']} gives the same results",
+            file=sys.stderr,
+        )
     for k, path in enumerate(args.model):
         if on_ray is not None:
             res = on_ray[k]
         else:
             try:
-                model = (load_model(path, args.device) if args.threads is None
-                         else load_model(path, args.device, args.threads))
+                model = (
+                    load_model(path, args.device)
+                    if args.threads is None
+                    else load_model(path, args.device, args.threads)
+                )
             except Exception as e:  # noqa: BLE001 - report any loader failure plainly
                 err(f"cannot load model {path}: {e}")
                 return 1
@@ -225,11 +289,15 @@ def main(argv=None) -> int:
                 err(f"{e} (pass --tokenizer FILE)")
                 return 2
             if tok is None:
-                err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; "
-                    "pass --tokenizer FILE)")
+                err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; pass --tokenizer FILE)")
                 return 2
-            res, status = _scored(lambda: evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
-                                                   progress=False if args.no_progress else None), path, err)
+            res, status = _scored(
+                lambda: evaluate(
+                    model, ds, tokenizer=tok, batch_tokens=bt, progress=False if args.no_progress else None
+                ),
+                path,
+                err,
+            )
             if status:
                 return status
             res.model_name = _model_name(model, path)
@@ -240,8 +308,7 @@ def main(argv=None) -> int:
             i += 1
         names.add(name)
         res.model_name = name
-        res.extra = {"model_dir": str(path), "skipped_lines": ds.skipped,
-                     "template_mismatches": len(off)}
+        res.extra = {"model_dir": str(path), "skipped_lines": ds.skipped, "template_mismatches": len(off)}
         results.append(res)
 
     os.makedirs(args.out, exist_ok=True)
@@ -264,37 +331,47 @@ def generate_main(argv=None) -> int:
     """``python -m synth_tasks.cli generate OUT.jsonl [--lines-per-task N] [--seed S]
     [--tasks task0,task5] [--exclude PUBLISHED.jsonl]``: write new data."""
     from .generate import main as gen_main
+
     return gen_main(argv)
 
 
 def corpus_main(argv=None) -> int:
     """``python -m synth_tasks.cli corpus heldout|train|check ...``: data for the bundled models."""
     from .corpus import main as corpus_main_
+
     return corpus_main_(argv)
 
 
 def tokenizer_main(argv=None) -> int:
     """``python -m synth_tasks.cli tokenizer fit|stats ...``: the task-vocabulary BPE."""
     from .fit_tokenizer import main as tok_main
+
     return tok_main(argv)
 
 
 def card_main(argv=None) -> int:
     """``python -m synth_tasks.cli card OUT.md --name N --results LABEL=results.json ...``."""
     from .model_card import main as card_main_
+
     return card_main_(argv)
 
 
 def composed_line_main(argv=None) -> int:
     """``python -m synth_tasks.cli composed-line --model M``: where a DCPythia's heads compose most."""
     from .composition import main as comp_main
+
     return comp_main(argv)
 
 
 if __name__ == "__main__":
     _argv = sys.argv[1:]
-    _sub = {"generate": generate_main, "corpus": corpus_main, "tokenizer": tokenizer_main,
-            "card": card_main, "composed-line": composed_line_main}
+    _sub = {
+        "generate": generate_main,
+        "corpus": corpus_main,
+        "tokenizer": tokenizer_main,
+        "card": card_main,
+        "composed-line": composed_line_main,
+    }
     if _argv and _argv[0] in _sub:
         raise SystemExit(_sub[_argv[0]](_argv[1:]))
     raise SystemExit(main(_argv))

@@ -10,6 +10,7 @@ back in file order. So answers and summary equal those of a single-process
 run whose model has the workers' thread count, to the bit; only `speed`
 differs (it adds the number of workers and their threads each).
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,18 @@ from .dataset import Dataset, load_dataset
 from .evaluate import EvalResult, finish, plan, score_batch
 
 
-def synth(models, data, *, ray, device: str = "cpu", batch_tokens: int | None = None, max_batch: int = 64,
-          tokenizer=None, progress: bool | None = None, tasks=None) -> list[EvalResult]:
+def synth(
+    models,
+    data,
+    *,
+    ray,
+    device: str = "cpu",
+    batch_tokens: int | None = None,
+    max_batch: int = 64,
+    tokenizer=None,
+    progress: bool | None = None,
+    tasks=None,
+) -> list[EvalResult]:
     """One EvalResult per model (a path, bundled name, dclens.Model or
     ModelRef; or a list of them), run over the Ray workers ``ray`` names
     ("local:N", "auto", an address or a dclens.distributed.Cluster).
@@ -41,8 +52,16 @@ def synth(models, data, *, ray, device: str = "cpu", batch_tokens: int | None = 
         p = plan(lines, tok, bt, max_batch)
         items = [[p.toks[i] for i in batch] for batch in p.batches]
         placement = distributed.connect(ray, ref.device, ref.n_threads)
-        scored = distributed.map(ref, score_batch, items, ray=ray, progress=progress,
-                                 desc=f"synth {name}", unit="batch")
-        out.append(finish(p, scored, name, tasks, speed_extra={
-            "workers": min(placement.workers, len(items)), "n_threads": placement.n_threads}))
+        scored = distributed.map(
+            ref, score_batch, items, ray=ray, progress=progress, desc=f"synth {name}", unit="batch"
+        )
+        out.append(
+            finish(
+                p,
+                scored,
+                name,
+                tasks,
+                speed_extra={"workers": min(placement.workers, len(items)), "n_threads": placement.n_threads},
+            )
+        )
     return out

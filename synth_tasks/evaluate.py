@@ -31,15 +31,15 @@ from .tokenize import TokenizedLine, tokenize_lines
 @dataclass
 class AnswerResult:
     task_id: str
-    line: int                 # line number in the file
-    k: int                    # shot count
-    example: int              # example number within the line (1-based)
+    line: int  # line number in the file
+    k: int  # shot count
+    example: int  # example number within the line (1-based)
     answer: str
-    nll: float                # sum over the answer's tokens
+    nll: float  # sum over the answer's tokens
     n_tokens: int
     correct: bool
     target_ids: list[int]
-    pred_ids: list[int]       # arg-max token at each answer position
+    pred_ids: list[int]  # arg-max token at each answer position
     pred_text: str = ""
 
 
@@ -47,7 +47,7 @@ class AnswerResult:
 class EvalResult:
     model_name: str
     answers: list[AnswerResult]
-    summary: dict             # overall / per_task / per_k / per_pattern / per_transform
+    summary: dict  # overall / per_task / per_k / per_pattern / per_transform
     speed: dict
     n_lines: int
     extra: dict = field(default_factory=dict)
@@ -60,6 +60,7 @@ class EvalResult:
 # ---------------------------------------------------------------------------
 # aggregation
 # ---------------------------------------------------------------------------
+
 
 def stats(rows: list[AnswerResult]) -> dict:
     n = len(rows)
@@ -110,6 +111,7 @@ def aggregate(rows: list[AnswerResult], tasks=None) -> dict:
 # batching and scoring
 # ---------------------------------------------------------------------------
 
+
 def make_batches(lengths, batch_tokens: int = 2048, max_batch: int = 64) -> list[list[int]]:
     """Group indices of lines of similar length: sorted longest first, each batch
     holding as many lines as fit in ``batch_tokens`` padded tokens."""
@@ -134,8 +136,10 @@ def _require_finite(logits: np.ndarray, lines) -> None:
     if np.isfinite(logits).all():
         return
     b = int(np.argwhere(~np.isfinite(logits))[0][0])
-    raise ValueError(f"{lines[b].where}: the model gave NaN or inf logits; no score is "
-                     "reported (non-finite weights or an overflow in the model)")
+    raise ValueError(
+        f"{lines[b].where}: the model gave NaN or inf logits; no score is "
+        "reported (non-finite weights or an overflow in the model)"
+    )
 
 
 def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=None):
@@ -143,7 +147,7 @@ def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=
     (rows: the logits of positions s-1 .. e-2, when given instead of logits_row)."""
     s, e = span
     if rows is None:
-        rows = logits_row[s - 1:e - 1]
+        rows = logits_row[s - 1 : e - 1]
     rows = np.asarray(rows, dtype=np.float64)
     tgt = ids[s:e].astype(np.int64)
     m = rows.max(axis=-1, keepdims=True)
@@ -156,6 +160,7 @@ def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=
 def _takes_logits_at(model) -> bool:
     """Does model.forward accept logits_at= (dclens models do)?"""
     import inspect
+
     try:
         return "logits_at" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -190,10 +195,11 @@ class Plan:
     order) and the batches of their indices. evaluate() runs the batches
     here; synth_tasks.distributed hands them to workers. Either way a batch
     is the same forward pass, so the results are the same to the bit."""
+
     toks: list[TokenizedLine]
     batches: list[list[int]]
     tokenizer: object
-    t_wall: float                 # when the run started (perf_counter)
+    t_wall: float  # when the run started (perf_counter)
 
 
 def plan(lines, tokenizer, batch_tokens: int = 2048, max_batch: int = 64) -> Plan:
@@ -207,8 +213,8 @@ def plan(lines, tokenizer, batch_tokens: int = 2048, max_batch: int = 64) -> Pla
 
 @dataclass
 class BatchScores:
-    answers: list[list[AnswerResult]]   # per line of the batch, in batch order
-    tokens: int                         # real tokens
+    answers: list[list[AnswerResult]]  # per line of the batch, in batch order
+    tokens: int  # real tokens
     padded_tokens: int
     forward_s: float
 
@@ -222,15 +228,14 @@ def score_batch(model, lines: list[TokenizedLine], sparse: bool | None = None) -
     T = max(max(len(t) for t in lines), 1)
     arr = np.zeros((len(lines), T), dtype=np.int32)
     for b, tl in enumerate(lines):
-        arr[b, :len(tl)] = tl.ids
+        arr[b, : len(tl)] = tl.ids
     pos = _answer_positions(lines) if sparse else None
     t0 = time.perf_counter()
     logits = np.asarray(model.forward(arr) if pos is None else model.forward(arr, logits_at=pos))
     fwd_s = time.perf_counter() - t0
     n_rows = T if pos is None else pos.shape[1]
     if logits.ndim != 3 or logits.shape[0] != len(lines) or logits.shape[1] != n_rows:
-        raise ValueError(f"model.forward returned shape {logits.shape}, "
-                         f"expected ({len(lines)}, {n_rows}, V)")
+        raise ValueError(f"model.forward returned shape {logits.shape}, expected ({len(lines)}, {n_rows}, V)")
     V = logits.shape[2]
     _require_finite(logits, [tl.line for tl in lines])
     out: list[list[AnswerResult]] = []
@@ -242,29 +247,39 @@ def score_batch(model, lines: list[TokenizedLine], sparse: bool | None = None) -
         for a, span in zip(tl.line.answers, tl.spans):
             rows = None if pos is None else logits[b][[row_of[q] for q in range(span[0] - 1, span[1] - 1)]]
             nll, pred, tgt = _score(logits[b], tl.ids, span, rows)
-            rs.append(AnswerResult(
-                task_id=tl.line.task_id, line=tl.line.lineno, k=a.k,
-                example=a.example, answer=a.text, nll=nll, n_tokens=len(tgt),
-                correct=bool(np.all(pred == tgt)),
-                target_ids=[int(x) for x in tgt], pred_ids=[int(x) for x in pred]))
+            rs.append(
+                AnswerResult(
+                    task_id=tl.line.task_id,
+                    line=tl.line.lineno,
+                    k=a.k,
+                    example=a.example,
+                    answer=a.text,
+                    nll=nll,
+                    n_tokens=len(tgt),
+                    correct=bool(np.all(pred == tgt)),
+                    target_ids=[int(x) for x in tgt],
+                    pred_ids=[int(x) for x in pred],
+                )
+            )
         out.append(rs)
     return BatchScores(out, sum(len(tl) for tl in lines), int(arr.size), fwd_s)
 
 
-def finish(p: Plan, scored: list[BatchScores], name: str, tasks=None, decode: bool = True,
-           speed_extra: dict | None = None) -> EvalResult:
+def finish(
+    p: Plan, scored: list[BatchScores], name: str, tasks=None, decode: bool = True, speed_extra: dict | None = None
+) -> EvalResult:
     """The EvalResult of a plan from the scores of its batches (in p.batches
     order): answers in file order, predictions decoded, the summary."""
     results: list[list[AnswerResult]] = [[] for _ in p.toks]
     for batch, sc in zip(p.batches, scored):
         for i, rs in zip(batch, sc.answers):
             results[i] = rs
-    rows = [r for rs in results for r in rs]       # file order
+    rows = [r for rs in results for r in rs]  # file order
     if decode:
         for r in rows:
             try:
                 r.pred_text = p.tokenizer.decode(r.pred_ids)
-            except Exception:                        # ids outside the tokenizer
+            except Exception:  # ids outside the tokenizer
                 r.pred_text = ""
     fwd_s = sum(sc.forward_s for sc in scored)
     n_tok = sum(sc.tokens for sc in scored)
@@ -278,12 +293,19 @@ def finish(p: Plan, scored: list[BatchScores], name: str, tasks=None, decode: bo
         "tokens_per_s": n_tok / fwd_s if fwd_s > 0 else float("nan"),
     }
     speed.update(speed_extra or {})
-    return EvalResult(model_name=name, answers=rows, summary=aggregate(rows, tasks),
-                      speed=speed, n_lines=len(p.toks))
+    return EvalResult(model_name=name, answers=rows, summary=aggregate(rows, tasks), speed=speed, n_lines=len(p.toks))
 
 
-def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: int = 64,
-             progress: Optional[bool] = None, tasks=None, decode: bool = True) -> EvalResult:
+def evaluate(
+    model,
+    lines,
+    tokenizer=None,
+    batch_tokens: int = 2048,
+    max_batch: int = 64,
+    progress: Optional[bool] = None,
+    tasks=None,
+    decode: bool = True,
+) -> EvalResult:
     """Evaluate ``model`` (``model.forward(int32 [B, T]) -> float32 [B, T, V]``)
     on ``lines`` (a Dataset or a list of Line)."""
     p = plan(lines, get_tokenizer(model, tokenizer), batch_tokens, max_batch)
@@ -292,13 +314,12 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
     if toks and vocab is not None:
         mx = max((int(t.ids.max()) for t in toks if len(t.ids)), default=-1)
         if mx >= int(vocab):
-            raise ValueError(f"token id {mx} is outside the model's vocabulary ({vocab}); "
-                             "wrong tokenizer?")
+            raise ValueError(f"token id {mx} is outside the model's vocabulary ({vocab}); wrong tokenizer?")
     name = getattr(model, "name", None) or "model"
 
     # dclens.progress: a bar where someone watches, a few plain lines in a log
     bar = _progress.bar(total=len(toks), unit="line", desc=f"synth {name}", progress=progress, leave=True)
-    sparse = _takes_logits_at(model)   # logits only at the answer positions
+    sparse = _takes_logits_at(model)  # logits only at the answer positions
     scored: list[BatchScores] = []
     n_tok, fwd_s = 0, 0.0
     try:

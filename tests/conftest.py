@@ -1,4 +1,5 @@
 """Shared fixtures: generated tiny checkpoints and the numpy reference."""
+
 import os
 import sys
 
@@ -13,7 +14,7 @@ sys.path.insert(0, HERE)  # tests/reference.py
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-FUZZ_LINE = pytest.StashKey()       # the API fuzz's totals (tests/test_fuzz_api.py)
+FUZZ_LINE = pytest.StashKey()  # the API fuzz's totals (tests/test_fuzz_api.py)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -37,7 +38,7 @@ def tiny_factory(tmp_path_factory):
     made = {}
 
     def make(**kw):
-        key = repr(sorted(kw.items()))   # kwargs may hold dicts (moh=...)
+        key = repr(sorted(kw.items()))  # kwargs may hold dicts (moh=...)
         if key not in made:
             d = str(tmp_path_factory.mktemp("tiny"))
             sd, cfg = make_tiny(d, **kw)

@@ -23,6 +23,7 @@ Readings (spec sections in brackets):
   * intermediate_size null or missing: the multiple of 256 at or above
     int(2 * 4 * dim / 3).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -99,15 +100,16 @@ class _WeightsDCFormer(_Weights):
 def hook_names_dcformer(config):
     """Every hook name of a dcformer model, in forward order."""
     from reference import hook_names
+
     h = HyperDCFormer(config)
-    cfg = dict(config, model_type="dcpythia", use_parallel_residual=False)   # DCPythia's attention hooks
+    cfg = dict(config, model_type="dcpythia", use_parallel_residual=False)  # DCPythia's attention hooks
     names = []
     for n in hook_names(cfg):
         names.append(n)
         if n.endswith(".mlp.pre"):
-            names.append(n[:-len("pre")] + "pre_linear")
+            names.append(n[: -len("pre")] + "pre_linear")
             if h.E:
-                names.append(n[:-len("pre")] + "gate")
+                names.append(n[: -len("pre")] + "gate")
     return names
 
 

@@ -1,6 +1,7 @@
 """The researcher's API: TransformerLens-style names and conveniences, batches
 of prompts, weights by role, cache helpers, routing from a cache, and the
 fixes of issue 15."""
+
 import os
 import re
 import stat
@@ -23,7 +24,7 @@ DCP = dict(model_type="dcpythia", n_layer=2, window_size=3, seed=61)
 DCP_QW = dict(model_type="dcpythia", n_layer=2, window_size=3, query_wise=True, seed=62)
 NEOX = dict(model_type="gpt_neox", n_layer=2, seed=63)
 SEQ = dict(model_type="dcpythia", n_layer=2, window_size=3, use_parallel_residual=False, seed=64)
-TOL = forward_tol(tiny(), 40, 40 * 64)        # engine vs float64 reference (tests/tolerances.py)
+TOL = forward_tol(tiny(), 40, 40 * 64)  # engine vs float64 reference (tests/tolerances.py)
 # a batch row vs the same prompt alone (or a pass with other hooks, so other
 # layers on the fused path): two float32 passes with other GEMM blockings
 TWO_PASSES = forward_tol(tiny(), 40, 3 * 40 * 64, sides=2)
@@ -35,9 +36,19 @@ PROMPTS = ["When Mary and John went to the store, John gave a drink to", "Hello"
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
     from dclens.testing.make_tiny import make_tiny
+
     d = str(tmp_path_factory.mktemp("apitext"))
-    make_tiny(d, model_type="dcpythia", n_layer=2, dim=32, n_head=4, vocab=50304, window_size=3,
-              tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"), seed=65)
+    make_tiny(
+        d,
+        model_type="dcpythia",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        vocab=50304,
+        window_size=3,
+        tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"),
+        seed=65,
+    )
     return dclens.load(d)
 
 
@@ -47,11 +58,14 @@ def _toks(model, T=11, seed=0):
 
 # ---------------------------------------------------------------- names
 
+
 def test_tl_names_and_cache_shorthand(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
     model = dclens.load(d)
     toks = _toks(model)
-    _, c1 = model.run_with_cache(toks, names_filter=["blocks.1.attn.hook_pattern", "hook_embed", "blocks.0.attn.hook_z"])
+    _, c1 = model.run_with_cache(
+        toks, names_filter=["blocks.1.attn.hook_pattern", "hook_embed", "blocks.0.attn.hook_z"]
+    )
     assert set(c1) == {"blocks.1.attn.pattern", "embed", "blocks.0.attn.z"}
     _, c2 = model.run_with_cache(toks, names_filter=lambda n: n.endswith("hook_pattern"))
     assert set(c2) == {"blocks.0.attn.pattern", "blocks.1.attn.pattern"}
@@ -60,14 +74,18 @@ def test_tl_names_and_cache_shorthand(tiny_factory):
     assert "blocks.0.attn.hook_pattern" in c2 and ("pattern", 0) in c2 and ("z", 0) not in c2
     r = repr(c1)
     assert r.startswith("Cache(3 activations:") and "blocks.1.attn.pattern [4, 11, 11]" in r
-    assert not re.search(r"\d\.\d", r)        # names and shapes, no values
+    assert not re.search(r"\d\.\d", r)  # names and shapes, no values
     assert dclens.hook_name("pattern", 3) == "blocks.3.attn.pattern"
     assert dclens.hook_name("post.kp", 2) == "blocks.2.attn.post.kp"
     assert dclens.hook_name("result", 0) == "blocks.0.attn.head_out"
     assert dclens.hook_name("embed") == "embed"
     assert dclens.hook_name("blocks.1.ln1.hook_normalized") == "blocks.1.ln_attn"
     assert model.hook_name("resid_post", -1) == "blocks.1.resid_post"
-    for bad, match in [(("pattern",), "give a layer"), (("nope", 0), "unknown short name"), (("embed", 1), "not a per-layer")]:
+    for bad, match in [
+        (("pattern",), "give a layer"),
+        (("nope", 0), "unknown short name"),
+        (("embed", 1), "not a per-layer"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             dclens.hook_name(*bad)
     with pytest.raises(KeyError, match="cache has no 'blocks.0.mlp.out'"):
@@ -97,7 +115,7 @@ def test_hooks_context_manager_add_hook_and_cache_names_none(tiny_factory):
     logits, cache = model.run_with_hooks(toks, fwd_hooks=[ablate], cache_names=None)
     assert set(cache) == set(model.hook_names)
     np.testing.assert_array_equal(logits, want)
-    assert model.run_with_hooks(toks, fwd_hooks=[ablate]).shape == want.shape   # no cache by default
+    assert model.run_with_hooks(toks, fwd_hooks=[ablate]).shape == want.shape  # no cache by default
 
 
 def test_batch_axis_option(tiny_factory):
@@ -115,6 +133,7 @@ def test_batch_axis_option(tiny_factory):
 
 
 # ---------------------------------------------------------------- tokens and batches
+
 
 def test_tokens_helpers(text_model):
     m = text_model
@@ -139,20 +158,27 @@ def test_batched_prompts_equal_one_by_one(text_model, side):
     toks, lens = m.to_tokens(PROMPTS, padding_side=side)
     T = toks.shape[1]
     hook = iv.ablate_head(m, 1, 1)
-    names = ["blocks.0.attn.pattern", "blocks.1.attn.pattern_composed", "blocks.1.resid_post", "blocks.0.attn.dyn.pre.kw1"]
+    names = [
+        "blocks.0.attn.pattern",
+        "blocks.1.attn.pattern_composed",
+        "blocks.1.resid_post",
+        "blocks.0.attn.dyn.pre.kw1",
+    ]
     for call in ("cache", "hooks", "strings"):
         if call == "cache":
             logits, cache = m.run_with_cache((toks, lens), names=names, padding_side=side)
         elif call == "hooks":
-            logits, cache = m.run_with_hooks(toks, fwd_hooks=[hook], cache_names=names, lengths=lens,
-                                             padding_side=side)
+            logits, cache = m.run_with_hooks(toks, fwd_hooks=[hook], cache_names=names, lengths=lens, padding_side=side)
         else:
             logits, cache = m.run_with_cache(PROMPTS, names=names, padding_side=side)
         for i, p in enumerate(PROMPTS):
             n = lens[i]
             sl = slice(0, n) if side == "right" else slice(T - n, T)
-            one, c1 = (m.run_with_cache(p, names=names) if call != "hooks" else
-                       m.run_with_hooks(p, fwd_hooks=[hook], cache_names=names))
+            one, c1 = (
+                m.run_with_cache(p, names=names)
+                if call != "hooks"
+                else m.run_with_hooks(p, fwd_hooks=[hook], cache_names=names)
+            )
             assert rel_err(logits[i, sl], one) <= TWO_PASSES, (call, i)
             for name in names:
                 a = cache[name][i]
@@ -165,7 +191,7 @@ def test_left_padded_hooks_see_the_callers_layout(text_model):
     toks, lens = m.to_tokens(PROMPTS, padding_side="left")
     seen = []
 
-    def last_pos(a, n):   # writes at the last position of every row
+    def last_pos(a, n):  # writes at the last position of every row
         seen.append(a.shape)
         a[:, -1] = 0.0
         return a
@@ -176,16 +202,17 @@ def test_left_padded_hooks_see_the_callers_layout(text_model):
         assert rel_err(lg[i, -1], one[-1]) <= TWO_PASSES
     assert seen == [(3, toks.shape[1], 32)]
 
-    def halve_last_query(a, n):   # an attention map: both position axes follow the caller's layout
+    def halve_last_query(a, n):  # an attention map: both position axes follow the caller's layout
         a[..., -1, :] *= 0.5
         return a
 
-    lg = m.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)], lengths=lens,
-                          padding_side="left")
+    lg = m.run_with_hooks(
+        toks, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)], lengths=lens, padding_side="left"
+    )
     for i, p in enumerate(PROMPTS):
         one = m.run_with_hooks(p, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)])
         assert rel_err(lg[i, -1], one[-1]) <= TWO_PASSES
-        assert rel_err(lg[i, -1], m(p)[-1]) > 10 * TWO_PASSES       # an effect, far above rounding
+        assert rel_err(lg[i, -1], m(p)[-1]) > 10 * TWO_PASSES  # an effect, far above rounding
 
 
 def test_loss(text_model):
@@ -207,8 +234,9 @@ def test_loss(text_model):
     total = np.concatenate(per).mean()
     for side in ("right", "left"):
         # batched vs one by one: two passes (TWO_PASSES on the logits) then the log-softmax
-        assert abs(m.forward(PROMPTS, return_type="loss", padding_side=side) - total) < \
-            lt + TWO_PASSES * float(np.abs(lg).max())
+        assert abs(m.forward(PROMPTS, return_type="loss", padding_side=side) - total) < lt + TWO_PASSES * float(
+            np.abs(lg).max()
+        )
     assert m.forward(p, return_type=None) is None
     with pytest.raises(dclens.Error, match="return_type"):
         m.forward(p, return_type="probs")
@@ -217,8 +245,11 @@ def test_loss(text_model):
 def test_bad_batch_inputs(text_model):
     m = text_model
     toks, lens = m.to_tokens(PROMPTS)
-    for kw, match in [(dict(lengths=[1, 2]), r"lengths must be \[B\]"), (dict(lengths=[0, 1, 1]), "lengths must be in"),
-                      (dict(lengths=lens, padding_side="middle"), "padding_side")]:
+    for kw, match in [
+        (dict(lengths=[1, 2]), r"lengths must be \[B\]"),
+        (dict(lengths=[0, 1, 1]), "lengths must be in"),
+        (dict(lengths=lens, padding_side="middle"), "padding_side"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             m.forward(toks, **kw)
     with pytest.raises(dclens.Error, match="needs \\[B, T\\]"):
@@ -228,6 +259,7 @@ def test_bad_batch_inputs(text_model):
 
 
 # ---------------------------------------------------------------- weights
+
 
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_weights_by_role(tiny_factory, kw):
@@ -256,7 +288,7 @@ def test_weights_by_role(tiny_factory, kw):
         if not c.qk_norm:
             q = np.einsum("td,ndh->tnh", x, model.W_Q[l]) + model.b_Q[l]
             r = c.rotary_dim
-            assert rel_err(q[..., r:], cache["q", l][..., r:]) <= TOL   # dims past rotary: unchanged
+            assert rel_err(q[..., r:], cache["q", l][..., r:]) <= TOL  # dims past rotary: unchanged
     assert rel_err(cache["ln_final"] @ model.W_U, logits) <= TOL
     assert model.ln_final_w.shape == (c.d_model,) and model.ln_attn_w.shape == (c.n_layer, c.d_model)
     if c.use_dcmha:
@@ -264,6 +296,7 @@ def test_weights_by_role(tiny_factory, kw):
 
 
 # ---------------------------------------------------------------- cache helpers, DLA
+
 
 @pytest.mark.parametrize("kw", [DCP, NEOX, SEQ], ids=["dcpythia", "pythia", "sequential"])
 def test_residual_decompositions_and_dla(tiny_factory, kw):
@@ -285,8 +318,8 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
     # + the LayerNorm (a reduction of length D, gain COND)
     assert rel_err(normed.sum(0) + model.ln_final_b, cache["ln_final"]) <= RESID_SUM + f32_tol(32, 1, final.size)
     tok = int(toks[3])
-    attrs = cache.logit_attrs(comps, tokens=tok)                      # [C, T]
-    UNEMBED = RESID_SUM + f32_tol(32, 2, logits.size)        # + LayerNorm and the unembedding (length D)
+    attrs = cache.logit_attrs(comps, tokens=tok)  # [C, T]
+    UNEMBED = RESID_SUM + f32_tol(32, 2, logits.size)  # + LayerNorm and the unembedding (length D)
     assert rel_err(attrs.sum(0) + model.ln_final_b @ model.W_U[:, tok], logits[:, tok]) <= UNEMBED
     diff = cache.logit_attrs(comps, tokens=np.full(11, tok), incorrect_tokens=np.full(11, 0))
     bias_diff = model.ln_final_b @ (model.W_U[:, tok] - model.W_U[:, 0])
@@ -297,7 +330,7 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
         assert abs(a.sum() - logits[-2, tok]) <= UNEMBED * np.abs(logits).max()
     _, bcache = model.run_with_cache(np.stack([toks, toks]))
     a, _ = dc.dla(bcache, token=tok, pos=-1, batch=1)
-    assert abs(a.sum() - logits[-1, tok]) <= (UNEMBED + TWO_PASSES) * np.abs(logits).max()   # batched pass
+    assert abs(a.sum() - logits[-1, tok]) <= (UNEMBED + TWO_PASSES) * np.abs(logits).max()  # batched pass
     with pytest.raises(dclens.Error, match="batch="):
         dc.dla(bcache, token=tok)
     _, small = model.run_with_cache(toks, names=["embed"])
@@ -307,6 +340,7 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
 
 # ---------------------------------------------------------------- routing from a cache
 
+
 @pytest.mark.parametrize("kw", [DCP, DCP_QW, NEOX], ids=["dcpythia", "query_wise", "pythia"])
 @pytest.mark.parametrize("phase", ["pre", "post"])
 def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
@@ -314,18 +348,22 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
     model = dclens.load(d)
     toks = _toks(model, 9, 2)
     _, cache = model.run_with_cache(toks)
-    R = routing.routing_matrices(model, cache, phase)                 # one step, every query and layer
+    R = routing.routing_matrices(model, cache, phase)  # one step, every query and layer
     L, N = model.config.n_layer, model.config.n_head
     assert R.shape == (L, 9, N, N)
     # routing_matrix runs its own pass (only its hooks: other layers may take the
     # fused path): float32 inputs of two passes; the map itself is float64 numpy.
     rt = forward_tol(tiny(), 9, 2 * 9 * 9 * N * N, sides=2)
-    same = f64_tol(9, 2, 9 * 9 * N * N)            # one cache, float64, vectorised vs looped
+    same = f64_tol(9, 2, 9 * 9 * N * N)  # one cache, float64, vectorised vs looped
     for l in range(L):
         for t in range(9):
             np.testing.assert_allclose(R[l, t], model.routing_matrix(toks, l, phase, t), rtol=rt, atol=rt)
-    np.testing.assert_allclose(routing.routing_matrices(model, cache, phase, layers=[-1], queries=[-1])[0, 0],
-                               model.routing_matrix(toks, L - 1, phase, -1), rtol=rt, atol=rt)
+    np.testing.assert_allclose(
+        routing.routing_matrices(model, cache, phase, layers=[-1], queries=[-1])[0, 0],
+        model.routing_matrix(toks, L - 1, phase, -1),
+        rtol=rt,
+        atol=rt,
+    )
     C = routing.composition_maps(model, cache, 1, phase)
     assert C.shape == (9, 9, N, N)
     for t, s in [(5, 2), (8, 8), (3, 0)]:
@@ -335,7 +373,7 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         model.composition_map(toks, 1, phase, 2, 5)
-        routing.composition_maps(model, cache, 0, phase, query=8, key=1)   # outside layer 0's window (local)
+        routing.composition_maps(model, cache, 0, phase, query=8, key=1)  # outside layer 0's window (local)
     assert len(w) == (2 if 0 in model.config.local_layers else 1)
     assert all(issubclass(x.category, routing.MaskedPairWarning) for x in w)
     with pytest.raises(dclens.Error, match="query position -10 is out of range"):
@@ -350,6 +388,7 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
 
 # ---------------------------------------------------------------- fixes
 
+
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_writes_to_masked_cells_are_ignored(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
@@ -362,7 +401,9 @@ def test_writes_to_masked_cells_are_ignored(tiny_factory, kw):
         a[..., ~np.tril(np.ones((T, T), bool))] = 7.6
         return a
 
-    names = ["blocks.%d.attn.%s" % (l, p) for l in range(2) for p in ("pattern", "pattern_composed", "post.kp", "scores")]
+    names = [
+        "blocks.%d.attn.%s" % (l, p) for l in range(2) for p in ("pattern", "pattern_composed", "post.kp", "scores")
+    ]
     names = [n for n in names if n in model.hook_names]
     for n in names:
         logits, cache = model.run_with_hooks(toks, fwd_hooks=[(n, fill_masked)], cache_names=[n])
@@ -389,12 +430,14 @@ def test_head_helpers_take_dyn_hooks_and_check_arguments_up_front(tiny_factory):
     _, c = model.run_with_hooks(toks, fwd_hooks=[h], cache_names=["blocks.0.attn.dyn.post.kw2"])
     np.testing.assert_array_equal(c["blocks.0.attn.dyn.post.kw2"][..., 1], other["blocks.0.attn.dyn.post.kw2"][..., 1])
     iv.ablate_head(model, 0, 3, point="attn.dyn.post.qw1")
-    for call, match in [(lambda: iv.scale(model, "blocks.0.resid_pre", 2.0, head=1), "has no head axis"),
-                        (lambda: iv.scale(model, "blocks.0.attn.z", 2.0, head=9), "head 9 is out of range"),
-                        (lambda: iv.scale(model, "blocks.0.attn.z", float("nan")), "finite"),
-                        (lambda: iv.patch(model, "blocks.0.attn.dyn.post.kw2", other, positions=[40]), "position 40"),
-                        (lambda: iv.ablate_head(model, 0, 1, point="mlp.out"), "has no head axis"),
-                        (lambda: iv.ablate_head(model, 0, 1, kind="mean", mean=np.zeros(5)), "last axis must be 8")]:
+    for call, match in [
+        (lambda: iv.scale(model, "blocks.0.resid_pre", 2.0, head=1), "has no head axis"),
+        (lambda: iv.scale(model, "blocks.0.attn.z", 2.0, head=9), "head 9 is out of range"),
+        (lambda: iv.scale(model, "blocks.0.attn.z", float("nan")), "finite"),
+        (lambda: iv.patch(model, "blocks.0.attn.dyn.post.kw2", other, positions=[40]), "position 40"),
+        (lambda: iv.ablate_head(model, 0, 1, point="mlp.out"), "has no head axis"),
+        (lambda: iv.ablate_head(model, 0, 1, kind="mean", mean=np.zeros(5)), "last axis must be 8"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             call()
 
@@ -409,6 +452,7 @@ def test_ov_readout_tied_embeddings(tiny_factory):
 
 def test_figures_show_without_matplotlib_inline():
     from dclens import plots
+
     fig = plots.plot_heads(np.random.default_rng(0).random((2, 5, 5)))
     png = fig._repr_png_()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -416,25 +460,28 @@ def test_figures_show_without_matplotlib_inline():
 
 def test_heatmap_fixes(text_model, tmp_path):
     from dclens import heatmaps as hm
+
     m = text_model
     png = hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern")
-    assert png._args[16] == [0.0] * m.config.n_head   # each panel's colour bar from 0 for a softmax pattern
+    assert png._args[16] == [0.0] * m.config.n_head  # each panel's colour bar from 0 for a softmax pattern
     assert hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern", scale="shared")._args[7] == 0.0
     png = hm.attention_heatmap(m, PROMPTS[0], layer="all", head=0, hook="pattern")
-    assert m.name in png._args[4]               # the model name in the title
+    assert m.name in png._args[4]  # the model name in the title
     assert png._args[12] == [m.config.window_size if l in m.config.local_layers else 0 for l in range(2)]
     no_axes = hm.heatmap(np.eye(4), axis_titles=False)
     with_axes = hm.heatmap(np.eye(4))
     from PIL import Image
     import io
+
     w0, h0 = Image.open(io.BytesIO(bytes(no_axes))).size
     w1, h1 = Image.open(io.BytesIO(bytes(with_axes))).size
-    assert w1 > w0 and h1 > h0                  # room for "query" / "key"
+    assert w1 > w0 and h1 > h0  # room for "query" / "key"
     with pytest.raises(dclens.Error, match="grid_cols"):
         hm.heatmap(np.eye(4), grid_cols=-1)
 
 
 # ---------------------------------------------------------------- command line
+
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "dclens.cli", *args], capture_output=True, text=True)
@@ -455,29 +502,45 @@ def test_cli_info_make_tiny_and_heatmap(tmp_path, text_model):
     pngs = []
     for cols in ("1", "4"):
         p = tmp_path / ("h%s.png" % cols)
-        r = _cli("heatmap", "--model", text_model.path, "--text", "The cat sat", "--layer", "0",
-                 "--grid-cols", cols, "--cell-px", "6", "--out", str(p))
+        r = _cli(
+            "heatmap",
+            "--model",
+            text_model.path,
+            "--text",
+            "The cat sat",
+            "--layer",
+            "0",
+            "--grid-cols",
+            cols,
+            "--cell-px",
+            "6",
+            "--out",
+            str(p),
+        )
         assert r.returncode == 0, r.stderr
         from PIL import Image
+
         pngs.append(Image.open(p).size)
-    assert pngs[0][1] > pngs[1][1]     # one panel per row: a taller picture than 4 per row
+    assert pngs[0][1] > pngs[1][1]  # one panel per row: a taller picture than 4 per row
 
 
 def test_synth_limit_samples_across_tasks(tmp_path):
     from synth_tasks.dataset import load_dataset, sample_across_tasks
+
     ds = load_dataset(shared_path("data", "synthetic_dataset.jsonl"))
     few = sample_across_tasks(ds, 20)
     assert len(few) == 20 and len({l.task_id for l in few}) == 20
     assert [l.lineno for l in few] == sorted(l.lineno for l in few)
-    assert len({l.task_id for l in ds.lines[:20]}) < 5        # what --limit used to take
+    assert len({l.task_id for l in ds.lines[:20]}) < 5  # what --limit used to take
 
 
 # ---------------------------------------------------------------- TransformerLens arguments (issue 24)
 
+
 def _ln(x, w, b, eps):
     x = np.asarray(x, np.float64)
     c = x - x.mean(-1, keepdims=True)
-    return c / np.sqrt((c ** 2).mean(-1, keepdims=True) + eps) * w + b
+    return c / np.sqrt((c**2).mean(-1, keepdims=True) + eps) * w + b
 
 
 @pytest.mark.parametrize("kw", [DCP, SEQ], ids=["parallel", "sequential"])
@@ -494,7 +557,7 @@ def test_residual_helpers_take_tl_arguments(tiny_factory, kw):
     for l in range(2):
         mid = acc[lab.index("%d_mid" % l)]
         assert rel_err(mid, cache["resid_pre", l] + cache["attn_out", l]) <= 1e-6
-        if not model.config.parallel_residual:      # a sequential block's MLP reads resid_mid
+        if not model.config.parallel_residual:  # a sequential block's MLP reads resid_mid
             ln = _ln(mid, sd["layers.%d.ffn_norm.weight" % l], sd["layers.%d.ffn_norm.bias" % l], eps)
             assert rel_err(ln, cache["ln_mlp", l]) <= 1e-5
     a1, l1 = cache.accumulated_resid(layer=1, mlp_input=True, return_labels=True)
@@ -508,8 +571,9 @@ def test_residual_helpers_take_tl_arguments(tiny_factory, kw):
     part = cache.decompose_resid(pos_slice=pos, apply_ln=True)
     assert rel_err(part.sum(0) + sd["norm.bias"], cache["ln_final"][pos]) <= 1e-5
     for mlp_input in (False, True):
-        comps, labels = cache.decompose_resid(layer=1, mlp_input=mlp_input, apply_ln=True, pos_slice=slice(2, 9),
-                                              return_labels=True)
+        comps, labels = cache.decompose_resid(
+            layer=1, mlp_input=mlp_input, apply_ln=True, pos_slice=slice(2, 9), return_labels=True
+        )
         name = "ffn_norm" if mlp_input else "attention_norm"
         want = cache["ln_mlp" if mlp_input else "ln_attn", 1][2:9]
         assert rel_err(comps.sum(0) + sd["layers.1.%s.bias" % name], want) <= 1e-5, mlp_input
@@ -520,9 +584,12 @@ def test_residual_helpers_take_tl_arguments(tiny_factory, kw):
     attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=tok, pos_slice=-1)
     logits = model(toks)
     assert rel_err(attrs.sum() + sd["norm.bias"] @ model.W_U[:, tok], logits[-1, tok]) <= 1e-5
-    for bad, match in ((dict(mode="heads"), "mode"), (dict(pos_slice=99), "pos_slice"),
-                       (dict(pos_slice="last"), "pos_slice"), (dict(mode="mlp", incl_embeds=False, layer=0),
-                                                              "no components")):
+    for bad, match in (
+        (dict(mode="heads"), "mode"),
+        (dict(pos_slice=99), "pos_slice"),
+        (dict(pos_slice="last"), "pos_slice"),
+        (dict(mode="mlp", incl_embeds=False, layer=0), "no components"),
+    ):
         with pytest.raises(dclens.Error, match=match):
             cache.decompose_resid(**bad)
 
@@ -542,7 +609,7 @@ def test_test_prompt(capsys):
         assert a.rank == int((p > p[ids[P + i]]).sum())
         assert len(a.top) == 4 and a.top[0][1] == pytest.approx(p.max(), rel=1e-4)
         assert ("Rank %d: %r" % (a.rank, a.token)) in out
-    assert dclens.test_prompt(prompt, answer, model, print_details=False, top_k=4) == r   # TL order
+    assert dclens.test_prompt(prompt, answer, model, print_details=False, top_k=4) == r  # TL order
     assert capsys.readouterr().out == ""
     with pytest.raises(dclens.Error, match="dclens.Model"):
         dclens.test_prompt("a", "b", "c")
@@ -562,8 +629,9 @@ def test_hook_predicates_filters_and_cache_misses(tiny_factory):
     np.testing.assert_array_equal(halved, one)
     with model.hooks([(lambda n: n.endswith("mlp.out"), lambda a, n: a * 0)]):
         zeroed = model(toks)
-    np.testing.assert_array_equal(zeroed, model.run_with_hooks(
-        toks, fwd_hooks=[("blocks.%d.mlp.out" % l, lambda a, n: a * 0) for l in range(2)]))
+    np.testing.assert_array_equal(
+        zeroed, model.run_with_hooks(toks, fwd_hooks=[("blocks.%d.mlp.out" % l, lambda a, n: a * 0) for l in range(2)])
+    )
     with pytest.raises(dclens.Error, match=r"matches no hook.*closest to what it mentions: attn.hook_pattern"):
         model.run_with_cache(toks, names_filter=lambda n: n.endswith("hook_patern"))
     with pytest.raises(dclens.Error, match="matches no hook"):

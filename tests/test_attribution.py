@@ -1,5 +1,6 @@
 """Integrated gradients: completeness (attributions sum to F(a) - F(a0)) and the
 agreement of gradient x activation with the engine's gradients."""
+
 import numpy as np
 import pytest
 
@@ -48,8 +49,7 @@ def test_ig_batched_and_mean_baseline(tiny_factory):
         a1 = r1.attributions[at[0]]
         np.testing.assert_allclose(rb.attributions[at[0]][b], a1, rtol=0, atol=GRAD_TOL * np.abs(a1).max())
         # gap = target - baseline - sum(attributions): each term carries GRAD_TOL
-        assert abs(rb.gap[at[0]][b] - r1.gap[at[0]]) < 3 * GRAD_TOL * max(1.0, np.abs(a1).sum(),
-                                                                           abs(r1.target_value))
+        assert abs(rb.gap[at[0]][b] - r1.gap[at[0]]) < 3 * GRAD_TOL * max(1.0, np.abs(a1).sum(), abs(r1.target_value))
 
 
 def test_grad_x_act(tiny_factory):

@@ -1,4 +1,5 @@
 """Circuits against products formed directly from the generated state dict."""
+
 import math
 
 import numpy as np
@@ -50,10 +51,14 @@ def test_qk_ov_circuits(tiny_factory, kw):
             assert rel_err(qk.full(), want) <= prod
             # singular values: float64 QR + SVD of the float32 factors vs SVD of the
             # float64 product; Weyl: |d sigma| <= ||dM||_2, below D * max|dM|
-            np.testing.assert_allclose(qk.singular_values(), np.linalg.svd(want, compute_uv=False)[:Dh],
-                                       rtol=0, atol=f64_tol(Dh, 3, Dh) * want.shape[0] * np.abs(want).max())
+            np.testing.assert_allclose(
+                qk.singular_values(),
+                np.linalg.svd(want, compute_uv=False)[:Dh],
+                rtol=0,
+                atol=f64_tol(Dh, 3, Dh) * want.shape[0] * np.abs(want).max(),
+            )
             ov = circuits.ov_circuit(model, layer, n)
-            want = WV[n].T.astype(np.float64) @ WO[:, n * Dh:(n + 1) * Dh].T
+            want = WV[n].T.astype(np.float64) @ WO[:, n * Dh : (n + 1) * Dh].T
             assert rel_err(ov.full(), want) <= prod
 
 
@@ -74,14 +79,18 @@ def test_ov_readout_eqn12(tiny_factory):
     e = e + g @ sd["layers.0.feed_forward.w2.weight"].T + sd["layers.0.feed_forward.w2.bias"]
     x = _ln(e, sd["layers.%d.attention_norm.weight" % layer], sd["layers.%d.attention_norm.bias" % layer], eps)
     _, _, WV, WO = _heads(sd, cfg, layer)
-    out = (x @ WV[head].T) @ WO[:, head * Dh:(head + 1) * Dh].T
+    out = (x @ WV[head].T) @ WO[:, head * Dh : (head + 1) * Dh].T
     logits = out @ sd["output.weight"].T
     want = np.argsort(-logits)[:5]
     got = circuits.ov_readout(model, layer, head, tok, k=5)
     assert [t for t, _ in got] == list(want)
     # the readout: OV then the unembedding (reductions of length D), in float32
-    np.testing.assert_allclose([v for _, v in got], logits[want], rtol=0,
-                               atol=f32_tol(model.config.d_model, 3, logits.size) * np.abs(logits).max())
+    np.testing.assert_allclose(
+        [v for _, v in got],
+        logits[want],
+        rtol=0,
+        atol=f32_tol(model.config.d_model, 3, logits.size) * np.abs(logits).max(),
+    )
 
 
 @pytest.mark.parametrize("kind", ["qk", "ov"])
@@ -89,15 +98,18 @@ def test_head_diversity_matches_explicit_concatenation(tiny_factory, kind):
     d, sd, cfg = tiny_factory(**DCP)
     model = dclens.load(d)
     f = circuits.qk_circuit if kind == "qk" else circuits.ov_circuit
-    M = np.concatenate([f(model, 0, n).full() for n in range(model.config.n_head)], axis=1)   # [D, N*D]
+    M = np.concatenate([f(model, 0, n).full() for n in range(model.config.n_head)], axis=1)  # [D, N*D]
     s = np.linalg.svd(M, compute_uv=False) ** 2
     curve = np.cumsum(s) / s.sum()
     got = circuits.diversity_curve(model, 0, kind)
     # M's blocks are float32 products (full()), the curve's Gram is float64: the
     # squared singular values differ by twice the products' relative rounding
     tol = 2 * f32_tol(model.config.head_dim, 1, M.size, sides=2)
-    np.testing.assert_allclose(got[:len(curve)], curve, rtol=0, atol=tol)
-    assert abs(circuits.head_diversity(model, 0, kind) - np.concatenate([curve, np.ones(len(got) - len(curve))]).mean()) < tol
+    np.testing.assert_allclose(got[: len(curve)], curve, rtol=0, atol=tol)
+    assert (
+        abs(circuits.head_diversity(model, 0, kind) - np.concatenate([curve, np.ones(len(got) - len(curve))]).mean())
+        < tol
+    )
     assert 0 < circuits.head_diversity(model, 0, kind) <= 1
 
 

@@ -4,6 +4,7 @@ logits the official module computed on checkpoints it wrote
 the independent numpy reference (tests/reference_dcformer.py) on make-tiny
 checkpoints in every official layout and dtype; hooks, interventions, the
 decoder, analysis and errors."""
+
 import json
 import os
 import shutil
@@ -56,7 +57,7 @@ def test_official_inference_logits(case, tmp_path):
     d = _copy_with(src, tmp_path, **({"window_size": w - 1} if w else {}))
     lg = _load(d).forward(toks)[pos]
     assert rel_err(lg, ref) <= TOL
-    if w and len(toks) > w:   # the window convention is what makes them equal
+    if w and len(toks) > w:  # the window convention is what makes them equal
         assert rel_err(_load(src).forward(toks)[pos], ref) > 1e-2
 
 
@@ -72,9 +73,8 @@ def test_official_training_path_keeps_window_size_keys(tmp_path):
         warnings.simplefilter("always")
         model = dclens.load(src)
     assert any("is_training" in str(w.message) for w in seen)
-    assert rel_err(model.forward(toks)[pos], ref) <= 0.02            # bf16 probabilities: ~2^-9 each
-    assert rel_err(_load(_copy_with(src, tmp_path, window_size=case["window_size"] - 1)).forward(toks)[pos],
-                   ref) > 0.2
+    assert rel_err(model.forward(toks)[pos], ref) <= 0.02  # bf16 probabilities: ~2^-9 each
+    assert rel_err(_load(_copy_with(src, tmp_path, window_size=case["window_size"] - 1)).forward(toks)[pos], ref) > 0.2
 
 
 def test_official_checkpoint_config_and_notes():
@@ -82,9 +82,15 @@ def test_official_checkpoint_config_and_notes():
     with pytest.warns(dclens.LoadWarning, match="window_size - 1"):
         model = dclens.load(src)
     c = model.config
-    assert (c.model_type, c.norm, c.mlp, c.mgate_dim, c.rotary_dim, c.parallel_residual) == \
-        ("dcformer", "rms", "swiglu", 4, c.head_dim, False)
-    assert c.local_layers == (0, 2, 3)                                 # LGLL
+    assert (c.model_type, c.norm, c.mlp, c.mgate_dim, c.rotary_dim, c.parallel_residual) == (
+        "dcformer",
+        "rms",
+        "swiglu",
+        4,
+        c.head_dim,
+        False,
+    )
+    assert c.local_layers == (0, 2, 3)  # LGLL
     assert not c.tie_embeddings and not c.linear_bias
 
 
@@ -93,10 +99,28 @@ def test_official_checkpoint_config_and_notes():
 LAYOUTS = [
     dict(dtype="float32", fmt="safetensors", shards=1, mgate_dim=4, use_qk_norm=True, window_type="LGLL", n_layer=4),
     dict(dtype="float16", fmt="torch", shards=2, mgate_dim=0, use_qk_norm=False, window_type=None, n_layer=2),
-    dict(dtype="bfloat16", fmt="safetensors", shards=2, mgate_dim=8, use_qk_norm=True, window_type="LG", n_layer=2,
-         fused_qkv=False, extra_derived=True),
-    dict(dtype="float32", fmt="torch", shards=1, mgate_dim=2, use_qk_norm=True, window_size=None, n_layer=2,
-         fused_qkv=False, share_storage=True),
+    dict(
+        dtype="bfloat16",
+        fmt="safetensors",
+        shards=2,
+        mgate_dim=8,
+        use_qk_norm=True,
+        window_type="LG",
+        n_layer=2,
+        fused_qkv=False,
+        extra_derived=True,
+    ),
+    dict(
+        dtype="float32",
+        fmt="torch",
+        shards=1,
+        mgate_dim=2,
+        use_qk_norm=True,
+        window_size=None,
+        n_layer=2,
+        fused_qkv=False,
+        share_storage=True,
+    ),
 ]
 
 
@@ -109,7 +133,7 @@ def test_reference_every_layout(tiny_factory, kw):
     logits, cache = model.run_with_cache(toks)
     ref, rcache = ref_forward_dcformer(sd, cfg, toks, cache=True)
     assert rel_err(logits, ref) <= 2e-5
-    assert model.hook_names == hook_names_dcformer(cfg)            # forward order
+    assert model.hook_names == hook_names_dcformer(cfg)  # forward order
     assert sorted(cache.keys()) == sorted(model.hook_names)
     for name in rcache:
         assert rel_err(cache[name], rcache[name]) <= 5e-5, name
@@ -119,6 +143,7 @@ def test_config_defaults(tmp_path):
     """DCFormerConfig's defaults: intermediate_size = the multiple of 256 at or
     above int(8 dim / 3), rope_base 500000, norm_eps 1e-5, 44 mgate groups."""
     from dclens.testing.make_tiny import make_tiny
+
     sd, cfg = make_tiny(str(tmp_path), "dcformer", dim=32, n_head=4, vocab=64, intermediate=256, mgate_dim=44 * 0)
     for k in ("intermediate_size", "rope_base", "norm_eps", "mgate_dim"):
         cfg.pop(k)
@@ -134,8 +159,17 @@ def test_config_defaults(tmp_path):
 def test_gate_hook_and_interventions(tiny_factory):
     """mlp.gate is a hook point: a written gate is the one applied (here a
     uniform gate, and one group switched off), as in the reference."""
-    d, sd, cfg = tiny_factory(model_type="dcformer", n_layer=2, dim=32, n_head=4, vocab=64, intermediate=64,
-                              mgate_dim=4, window_size=3, seed=5)
+    d, sd, cfg = tiny_factory(
+        model_type="dcformer",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        vocab=64,
+        intermediate=64,
+        mgate_dim=4,
+        window_size=3,
+        seed=5,
+    )
     model = _load(d)
     toks = np.arange(11) % 64
 
@@ -144,30 +178,36 @@ def test_gate_hook_and_interventions(tiny_factory):
         g[..., 1] = 0.0
         return g
 
-    got = model.run_with_hooks(toks, fwd_hooks=[("blocks.1.mlp.gate", lambda a, hook: gate_fn(a)),
-                                                iv.scale(model, "blocks.0.mlp.pre_linear", 0.5)])
-    ref = ref_forward_dcformer(sd, cfg, toks, interventions={"blocks.1.mlp.gate": gate_fn,
-                                                              "blocks.0.mlp.pre_linear": lambda a: 0.5 * a})
+    got = model.run_with_hooks(
+        toks,
+        fwd_hooks=[("blocks.1.mlp.gate", lambda a, hook: gate_fn(a)), iv.scale(model, "blocks.0.mlp.pre_linear", 0.5)],
+    )
+    ref = ref_forward_dcformer(
+        sd, cfg, toks, interventions={"blocks.1.mlp.gate": gate_fn, "blocks.0.mlp.pre_linear": lambda a: 0.5 * a}
+    )
     assert rel_err(got, ref) <= 2e-5
     assert rel_err(got, model.forward(toks)) > 1e-3
     with pytest.raises(dclens.Error, match="mgate"):
         _load(tiny_factory(model_type="dcformer", mgate_dim=0, seed=6)[0]).run_with_cache(
-            toks, names_filter=["blocks.0.mlp.gate"])
+            toks, names_filter=["blocks.0.mlp.gate"]
+        )
     with pytest.raises(dclens.Error, match="SwiGLU"):
         _load(tiny_factory(model_type="dcpythia", seed=7)[0]).run_with_cache(
-            toks, names_filter=["blocks.0.mlp.pre_linear"])
+            toks, names_filter=["blocks.0.mlp.pre_linear"]
+        )
 
 
 @pytest.mark.parametrize("chunks", [[1] * 16, [5, 1, 7, 3]], ids=["steps", "mixed"])
 def test_decoder_equals_full_forward(tiny_factory, chunks):
-    d, _, _ = tiny_factory(model_type="dcformer", n_layer=4, window_type="LGLL", window_size=3, mgate_dim=4,
-                           intermediate=64, seed=8)
+    d, _, _ = tiny_factory(
+        model_type="dcformer", n_layer=4, window_type="LGLL", window_size=3, mgate_dim=4, intermediate=64, seed=8
+    )
     model = _load(d)
     toks = np.random.default_rng(2).integers(0, model.config.vocab, size=16)
     full = model.forward(toks)
     dec, out, at = Decoder(model), [], 0
     for n in chunks:
-        out.append(dec.step(toks[at:at + n]))
+        out.append(dec.step(toks[at : at + n]))
         at += n
     assert rel_err(np.concatenate(out), full) <= 2e-5
     hooks = [iv.scale(model, "blocks.1.mlp.gate", 2.0), iv.ablate_head(model, 0, 1)]
@@ -182,12 +222,23 @@ def test_analysis_on_rmsnorm(tiny_factory):
     """DLA components sum to the logit with RMSNorm (no centring); routing and
     circuits run; the composed pattern equals C^T applied to the scores."""
     from dclens import circuits
-    d, sd, cfg = tiny_factory(model_type="dcformer", n_layer=2, dim=32, n_head=4, vocab=64, intermediate=64,
-                              mgate_dim=4, window_size=None, seed=9)
+
+    d, sd, cfg = tiny_factory(
+        model_type="dcformer",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        vocab=64,
+        intermediate=64,
+        mgate_dim=4,
+        window_size=None,
+        seed=9,
+    )
     model = _load(d)
     toks = np.arange(9)
     logits, cache = model.run_with_cache(toks)
     from dclens.cache import dla
+
     attrs, labels = dla(cache, 5, pos=-1)
     assert abs(float(np.sum(attrs)) - float(logits[-1, 5])) <= 1e-4 * max(1.0, abs(float(logits[-1, 5])))
     R = model.routing_matrix(toks, layer=1, phase="post", query=8)
@@ -205,12 +256,12 @@ def test_analysis_on_rmsnorm(tiny_factory):
     post = (u / (1 + np.exp(-u)) * u3).reshape(2, 4, -1) * g[:, :, None]
     e = e + post.reshape(2, -1) @ ref_sd["layers.0.feed_forward.w2.weight"].T
     Dh = 8
-    wv = ref_sd["layers.1.attention.wqkv.weight"][64 + 2 * Dh:64 + 3 * Dh]
-    wo = ref_sd["layers.1.attention.wo.weight"][:, 2 * Dh:3 * Dh]
+    wv = ref_sd["layers.1.attention.wqkv.weight"][64 + 2 * Dh : 64 + 3 * Dh]
+    wo = ref_sd["layers.1.attention.wo.weight"][:, 2 * Dh : 3 * Dh]
     want = (rms(e, ref_sd["layers.1.attention_norm.weight"]) @ wv.T @ wo.T) @ ref_sd["output.weight"].T
     assert rel_err(ov, want) <= 1e-5
     qk = circuits.qk_circuit(model, 1, 0).full()
-    wq, wk = ref_sd["layers.1.attention.wqkv.weight"][:Dh], ref_sd["layers.1.attention.wqkv.weight"][32:32 + Dh]
+    wq, wk = ref_sd["layers.1.attention.wqkv.weight"][:Dh], ref_sd["layers.1.attention.wqkv.weight"][32 : 32 + Dh]
     assert rel_err(qk, wq.T @ wk) <= 1e-6
 
 
@@ -218,24 +269,33 @@ def test_errors(tiny_factory, tmp_path):
     d, _, cfg = tiny_factory(model_type="dcformer", n_layer=2, mgate_dim=4, intermediate=64, seed=10)
     bad = str(tmp_path / "bad")
     shutil.copytree(d, bad)
-    for over, match in ((dict(mgate_dim=5), "mgate_dim 5 does not divide intermediate_size 64"),
-                        (dict(n_local_heads=2), "grouped-query"),
-                        (dict(window_type="LLG"), "window_type")):
+    for over, match in (
+        (dict(mgate_dim=5), "mgate_dim 5 does not divide intermediate_size 64"),
+        (dict(n_local_heads=2), "grouped-query"),
+        (dict(window_type="LLG"), "window_type"),
+    ):
         with open(os.path.join(bad, "config.json"), "w") as f:
             json.dump(dict(cfg, **over), f)
         with pytest.raises(dclens.Error, match=match):
             dclens.load(bad)
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda sd: sd.pop("layers.1.feed_forward.w3.weight"), "missing tensor 'layers.1.feed_forward.w3.weight'"),
-    (lambda sd: sd.pop("layers.0.feed_forward.mg.weight"), "missing tensor 'layers.0.feed_forward.mg.weight'"),
-    (lambda sd: sd.update({"norm.bias": np.zeros(32, np.float32)}), "unexpected tensor 'norm.bias'"),
-    (lambda sd: sd.update({"layers.0.feed_forward.w3.weight": np.zeros((64, 31), np.float32)}),
-     r"'layers.0.feed_forward.w3.weight' has shape \[64, 31\], expected \[64, 32\]"),
-], ids=["no-w3", "no-mg", "norm-bias", "w3-shape"])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda sd: sd.pop("layers.1.feed_forward.w3.weight"), "missing tensor 'layers.1.feed_forward.w3.weight'"),
+        (lambda sd: sd.pop("layers.0.feed_forward.mg.weight"), "missing tensor 'layers.0.feed_forward.mg.weight'"),
+        (lambda sd: sd.update({"norm.bias": np.zeros(32, np.float32)}), "unexpected tensor 'norm.bias'"),
+        (
+            lambda sd: sd.update({"layers.0.feed_forward.w3.weight": np.zeros((64, 31), np.float32)}),
+            r"'layers.0.feed_forward.w3.weight' has shape \[64, 31\], expected \[64, 32\]",
+        ),
+    ],
+    ids=["no-w3", "no-mg", "norm-bias", "w3-shape"],
+)
 def test_bad_checkpoints_are_named(tiny_factory, tmp_path, change, match):
     from dclens.testing.checkpoint import write_safetensors
+
     d, sd, cfg = tiny_factory(model_type="dcformer", n_layer=2, mgate_dim=4, intermediate=64, seed=15)
     sd = dict(sd)
     change(sd)
@@ -249,20 +309,55 @@ def test_bad_checkpoints_are_named(tiny_factory, tmp_path, change, match):
 
 def test_make_tiny_cli(tmp_path):
     out = str(tmp_path / "t")
-    r = subprocess.run([sys.executable, "-m", "dclens.cli", "make-tiny", out, "--model-type", "dcformer",
-                        "--mgate-dim", "4", "--intermediate", "64", "--dtype", "bfloat16", "--format", "torch",
-                        "--shards", "2"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dclens.cli",
+            "make-tiny",
+            out,
+            "--model-type",
+            "dcformer",
+            "--mgate-dim",
+            "4",
+            "--intermediate",
+            "64",
+            "--dtype",
+            "bfloat16",
+            "--format",
+            "torch",
+            "--shards",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     model = _load(out)
     assert model.config.model_type == "dcformer" and model.config.mgate_dim == 4
-    r = subprocess.run([sys.executable, "-m", "dclens.cli", "make-tiny", out, "--model-type", "dcformer",
-                        "--n-head", "3", "--dim", "24"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dclens.cli",
+            "make-tiny",
+            out,
+            "--model-type",
+            "dcformer",
+            "--n-head",
+            "3",
+            "--dim",
+            "24",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and "even --n-head" in r.stderr
 
 
 # ------------------------------------------------------------------ gradients
 
-GRAD_TOL, EPS = 2e-3, 1e-4     # as tests/test_grad.py: float32 engine vs float64 central differences
+GRAD_TOL, EPS = 2e-3, 1e-4  # as tests/test_grad.py: float32 engine vs float64 central differences
 
 
 def _fd_target(sd, cfg, toks, target):
@@ -274,6 +369,7 @@ def _fd_target(sd, cfg, toks, target):
             return float(np.mean(np.log(np.exp(row - mx).sum(-1)) + mx[:, 0] - row[np.arange(len(row)), toks[1:]]))
         p, t = target[1], target[2]
         return lg[p, t] - (np.log(np.exp(lg[p] - lg[p].max()).sum()) + lg[p].max())
+
     return f
 
 
@@ -317,6 +413,7 @@ def test_parameter_gradients_match_finite_differences(tiny_factory):
     toks = rng.integers(0, 24, 6)
     f = _fd_target(sd, cfg, toks, ("loss",))
     from dclens.grad import param_table
+
     names = [r[0] for r in param_table(m)]
     assert "layers.1.feed_forward.w3.weight" in names and "layers.0.feed_forward.mg.weight" in names
     g = m.gradients(toks, ("loss",), names)
@@ -355,8 +452,9 @@ def test_spec_names_the_hooks(tiny_factory):
     """docs/dcformer-spec.md section 7 names exactly the hooks DCFormer++ has
     beyond DCPythia's."""
     import re
+
     spec = open(os.path.join(os.path.dirname(__file__), "..", "docs", "dcformer-spec.md")).read()
-    sec = spec[spec.index("## 7. Hooks"):spec.index("## 8.")]
+    sec = spec[spec.index("## 7. Hooks") : spec.index("## 8.")]
     named = set(re.findall(r"blocks\.\{l\}\.([a-z_.]+[a-z])", sec))
     dcf = _load(tiny_factory(model_type="dcformer", mgate_dim=4, intermediate=64, seed=13)[0])
     dcp = _load(tiny_factory(model_type="dcpythia", seed=13)[0])
@@ -368,12 +466,32 @@ def test_training_loss_falls_and_reloads(tmp_path):
     """dclens train --model-type dcformer: the loss falls on a repeating corpus
     and the checkpoint is a DCFormer++ dclens.load reads (with its gate)."""
     from dclens.train import TrainConfig, train
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
-    final = train(TrainConfig(out=str(tmp_path / "run"), model_type="dcformer", n_layer=2, dim=32, n_head=4,
-                              d_ff=64, mgate_dim=4, window_size=4, seq_len=24, batch_size=4, steps=30, lr=3e-3,
-                              min_lr=3e-4, warmup=5, data=str(corpus), tokenizer="bytes", ckpt_every=30,
-                              log_every=10, progress=False))
+    final = train(
+        TrainConfig(
+            out=str(tmp_path / "run"),
+            model_type="dcformer",
+            n_layer=2,
+            dim=32,
+            n_head=4,
+            d_ff=64,
+            mgate_dim=4,
+            window_size=4,
+            seq_len=24,
+            batch_size=4,
+            steps=30,
+            lr=3e-3,
+            min_lr=3e-4,
+            warmup=5,
+            data=str(corpus),
+            tokenizer="bytes",
+            ckpt_every=30,
+            log_every=10,
+            progress=False,
+        )
+    )
     losses = [float(l.split(",")[1]) for l in open(tmp_path / "run" / "loss.csv").read().split("\n")[1:] if l]
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
     m = _load(final)
@@ -384,6 +502,7 @@ def test_patching_and_heatmaps(tiny_factory):
     """A head-patching sweep runs on DCFormer++; its cell (layer 1, head 2)
     equals a run that patches that head's clean z by hand; heatmaps render."""
     from dclens import patching
+
     d, _, _ = tiny_factory(model_type="dcformer", n_layer=2, intermediate=64, mgate_dim=4, window_size=3, seed=14)
     model = _load(d)
     clean, corrupted = np.arange(1, 9), np.array([5, 2, 3, 4, 9, 6, 7, 8])
@@ -408,13 +527,17 @@ def _put_head(a, z, head):
 def test_synth_uses_the_checkpoints_tokenizer(tmp_path):
     """dclens synth on a DCFormer++ directory with its own tokenizer.json."""
     from dclens.testing.make_tiny import make_tiny
+
     tok = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gpt-neox-20b-tokenizer.json")
     if not os.path.exists(tok):
         pytest.skip("../shared/data is not there")
     d = str(tmp_path / "m")
     make_tiny(d, "dcformer", vocab=50304, dim=16, n_head=4, intermediate=32, mgate_dim=4, tokenizer=tok)
-    r = subprocess.run([sys.executable, "-m", "dclens.cli", "synth", "--model", d, "--limit", "2",
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "dclens.cli", "synth", "--model", d, "--limit", "2", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.load(open(tmp_path / "out" / "results.json"))
     assert res["lines"] == 2 and res["skipped_lines"] == 0 and res["per_task"]

@@ -1,4 +1,5 @@
 """Incremental decoding (dcs_decoder) and generate: every step equals a full forward."""
+
 import numpy as np
 import pytest
 
@@ -35,14 +36,14 @@ def test_incremental_equals_full_forward(tiny_factory, kw, chunks):
     dec = Decoder(model)
     out, at = [], 0
     for n in chunks:
-        out.append(dec.step(toks[at:at + n]))
+        out.append(dec.step(toks[at : at + n]))
         at += n
     assert dec.pos == 20
     inc = np.concatenate(out)
     assert inc.shape == full.shape
     assert rel_err(inc, full) <= TOL
     c = model.config
-    for l in range(c.n_layer):   # local layers keep only their window
+    for l in range(c.n_layer):  # local layers keep only their window
         assert dec.layer_keys(l) == (min(20, c.window_size + 1) if l in c.local_layers else 20)
 
 
@@ -51,12 +52,18 @@ def test_hooks_while_decoding(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
     model = dclens.load(d)
     toks = _toks(model, 12, 3)
-    hooks = [iv.ablate_head(model, 1, 2), iv.scale(model, "blocks.0.attn.k", 0.5, head=1),
-             iv.scale(model, "blocks.1.attn.v", -1.0, head=3), iv.scale(model, "blocks.0.mlp.post", 1.5)]
+    hooks = [
+        iv.ablate_head(model, 1, 2),
+        iv.scale(model, "blocks.0.attn.k", 0.5, head=1),
+        iv.scale(model, "blocks.1.attn.v", -1.0, head=3),
+        iv.scale(model, "blocks.0.mlp.post", 1.5),
+    ]
     if model.config.use_dcmha:
         hooks += iv.disable_branch(model, "post", "kp", layers=[0]) + iv.disable_branch(model, "pre", "qg")
-        hooks += [iv.scale(model, "blocks.1.attn.dyn.post.kw1", 3.0, head=0),
-                  iv.scale(model, "blocks.0.attn.dyn.pre.kdd", 0.0)]
+        hooks += [
+            iv.scale(model, "blocks.1.attn.dyn.post.kw1", 3.0, head=0),
+            iv.scale(model, "blocks.0.attn.dyn.pre.kdd", 0.0),
+        ]
     full = model.run_with_hooks(toks, fwd_hooks=hooks)
     dec = Decoder(model)
     inc = np.concatenate([dec.step(toks[:5], fwd_hooks=hooks)] + [dec.step([t], fwd_hooks=hooks) for t in toks[5:]])
@@ -132,18 +139,25 @@ def test_generate_options(tiny_factory):
     np.testing.assert_array_equal(model.generate(prompt, 0), prompt)
     two = model.generate([prompt, prompt[:2]], 3)
     np.testing.assert_array_equal(two[0], greedy[:7])
-    for bad, match in [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
-                       (dict(top_k=0), "top_k"), (dict(return_type="x"), "return_type")]:
+    for bad, match in [
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(return_type="x"), "return_type"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             model.generate(prompt, **{"max_new_tokens": 2, **bad})
 
 
-@pytest.mark.parametrize("kw, what", [
-    (dict(key_wise=True, seed=71), "key-wise"),
-    (dict(use_sw=True, seed=72), "static"),
-    (dict(compose_groups=2, n_head=4, seed=73), "grouped"),
-    (dict(moh={"shared_heads": 1, "routed_topk": 2}, seed=74), "Mixture-of-Head"),
-])
+@pytest.mark.parametrize(
+    "kw, what",
+    [
+        (dict(key_wise=True, seed=71), "key-wise"),
+        (dict(use_sw=True, seed=72), "static"),
+        (dict(compose_groups=2, n_head=4, seed=73), "grouped"),
+        (dict(moh={"shared_heads": 1, "routed_topk": 2}, seed=74), "Mixture-of-Head"),
+    ],
+)
 def test_decoder_refuses_variants_it_does_not_compose(tiny_factory, kw, what):
     """The decoder composes plain DCMHA only: a variant model is refused by name
     (full forward passes still run it), never decoded wrongly."""
@@ -151,4 +165,4 @@ def test_decoder_refuses_variants_it_does_not_compose(tiny_factory, kw, what):
     model = dclens.load(d)
     with pytest.raises(dclens.Error, match="decoder: .*%s" % what):
         model.generate(np.array([1, 2, 3]), max_new_tokens=2)
-    model.forward(np.array([1, 2, 3]))          # the model stays usable
+    model.forward(np.array([1, 2, 3]))  # the model stays usable

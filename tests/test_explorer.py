@@ -2,6 +2,7 @@
 activations within the stored precision, the size budget, misuse raises
 dclens.Error, the CLI, and nothing in the page points outside it.
 (tests/test_explorer_browser.py drives the page itself in Chromium.)"""
+
 import base64
 import json
 import re
@@ -28,6 +29,7 @@ def models():
 def line200(models):
     from synth_tasks import load_dataset
     from synth_tasks.corpus import HELDOUT_FILE
+
     model = models[0]
     line = next(l for l in load_dataset(HELDOUT_FILE) if len(model.to_tokens(l.text)) >= 200)
     return model.to_tokens(line.text)[:200]
@@ -64,13 +66,15 @@ def test_stored_values_decode_to_the_engine_within_half_a_step(models, line200):
     T, c = 200, model.config
     for l, arrs in data.items():
         vis = explorer.visible_mask(T, c.window_size if l in c.local_layers else 0)
-        checks = {name: (cache[hook_name(l, "attn." + name)], vis) for name in
-                  ("scores", "pattern", "scores_composed", "pattern_composed")}
+        checks = {
+            name: (cache[hook_name(l, "attn." + name)], vis)
+            for name in ("scores", "pattern", "scores_composed", "pattern_composed")
+        }
         checks["twin.pattern"] = (tcache[hook_name(l, "attn.pattern")], explorer.visible_mask(T, 0))
         for name, (want, v) in checks.items():
             q, sc, shape = arrs[name]
             assert shape == list(want.shape)
-            rows = np.repeat(sc, np.tile(v.sum(1), want.shape[0]))          # scale of each stored cell
+            rows = np.repeat(sc, np.tile(v.sum(1), want.shape[0]))  # scale of each stored cell
             got, exp = q * rows, want[:, v].reshape(-1).astype(np.float64)
             step = np.repeat(explorer.stored_step(want, v).reshape(-1), np.tile(v.sum(1), want.shape[0]))
             assert (np.abs(got - exp) <= step / 2 * (1 + 1e-5) + 1e-12).all(), (l, name)
@@ -86,7 +90,9 @@ def test_stored_values_decode_to_the_engine_within_half_a_step(models, line200):
                 q, sc, shape = arrs["dyn.%s.%s" % (ph, k)]
                 K = want.shape[-1]
                 err = np.abs(q * np.repeat(sc, K) - want.reshape(-1))
-                assert arrs["dyn.%s.%s" % (ph, k)] and meta["manifest"][str(l)]["dyn.%s.%s" % (ph, k)]["kind"][1:] == "16"
+                assert (
+                    arrs["dyn.%s.%s" % (ph, k)] and meta["manifest"][str(l)]["dyn.%s.%s" % (ph, k)]["kind"][1:] == "16"
+                )
                 step = explorer.stored_step(want, bits=16)
                 assert (err <= np.repeat(step.reshape(-1), K) / 2 * (1 + 1e-5) + 1e-12).all()
 
@@ -95,14 +101,14 @@ def test_page_is_self_contained_and_escapes_text(models):
     model, _ = models
     ex = dclens.explore(model, "</script><script>alert(1)</script> <!-- x", progress=False)
     h = ex.html
-    assert h.count("</script>") == 3 and h.count("<script") == 3      # meta, blobs, code: the text cannot close one
-    assert not re.search(r"""(src|href)\s*=\s*["'](?!#)""", h)          # nothing loaded from anywhere
+    assert h.count("</script>") == 3 and h.count("<script") == 3  # meta, blobs, code: the text cannot close one
+    assert not re.search(r"""(src|href)\s*=\s*["'](?!#)""", h)  # nothing loaded from anywhere
     assert not re.search(r"https?://", re.sub(r"http://www\.w3\.org/2000/svg", "", h))
-    assert "default-src 'none'" in h                                   # the CSP forbids any request
+    assert "default-src 'none'" in h  # the CSP forbids any request
     meta = _script(h, "dcs-meta")
     assert "".join(meta["tokens"]) == "</script><script>alert(1)</script> <!-- x"
     frame = ex._repr_html_()
-    assert frame.startswith("<iframe srcdoc=\"") and "<script" not in frame   # escaped into the attribute
+    assert frame.startswith('<iframe srcdoc="') and "<script" not in frame  # escaped into the attribute
 
 
 def test_layers_bound_what_is_embedded_and_attribution(models):
@@ -129,12 +135,15 @@ def test_plain_mha_model_builds(models):
     assert set(meta["manifest"]["0"]) == {"scores", "pattern"}
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(layers=[4]), "layers entry 4 is out of range"),
-    (dict(layers=[]), "layers= is empty"),
-    (dict(attribution=np.zeros((4, 5))), "attribution= must be [n_layer, n_head]"),
-    (dict(attribution=np.full((4, 6), np.nan)), "finite"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(layers=[4]), "layers entry 4 is out of range"),
+        (dict(layers=[]), "layers= is empty"),
+        (dict(attribution=np.zeros((4, 5))), "attribution= must be [n_layer, n_head]"),
+        (dict(attribution=np.full((4, 6), np.nan)), "finite"),
+    ],
+)
 def test_misuse_raises(models, kw, msg):
     model, _ = models
     with pytest.raises(dclens.Error, match=re.escape(msg)):
@@ -157,8 +166,24 @@ def test_misuse_raises_more(models, tmp_path):
 
 def test_cli(tmp_path, capsys):
     out = tmp_path / "page.html"
-    assert cli_main(["explore", "--model", "dcpythia-tiny", "--twin", "pythia-tiny", "--text", TEXT,
-                     "--layers", "0,2-3", "--out", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "explore",
+                "--model",
+                "dcpythia-tiny",
+                "--twin",
+                "pythia-tiny",
+                "--text",
+                TEXT,
+                "--layers",
+                "0,2-3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "wrote %s" % out in capsys.readouterr().out
     meta = _script(out.read_text(encoding="utf-8"), "dcs-meta")
     assert meta["layers"] == [0, 2, 3] and meta["twin"] == "pythia-tiny"

@@ -10,6 +10,7 @@ precision (explorer.stored_step; the branches and flows, which the page computes
 from the stored phase input and dynamic weights, within the bound that
 precision gives them). Also: no request leaves the page (DevTools performance
 log), no console error, the screenshot is not blank, the size budget."""
+
 import io
 import json
 import os
@@ -22,22 +23,28 @@ import dclens
 from dclens import explorer, routing
 from dclens.names import hook_name
 
-CHROMIUM, DRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM, DRIVER = (
+    shutil.which("chromium") or "/usr/bin/chromium",
+    shutil.which("chromedriver") or "/usr/bin/chromedriver",
+)
 if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
-    pytest.skip("chromium / chromedriver not installed (scripts/install-deps.sh installs them)", allow_module_level=True)
+    pytest.skip(
+        "chromium / chromedriver not installed (scripts/install-deps.sh installs them)", allow_module_level=True
+    )
 # chromium is there, so selenium must be too (pip install -e .[test]): an ImportError is a failure
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-BUDGET = 3 * 1000 * 1000     # bytes: a 200-token prompt on the bundled twins, with the twin
+BUDGET = 3 * 1000 * 1000  # bytes: a 200-token prompt on the bundled twins, with the twin
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     from synth_tasks import load_dataset
     from synth_tasks.corpus import HELDOUT_FILE
+
     model, twin = dclens.load("dcpythia-tiny"), dclens.load("pythia-tiny")
     line = next(l for l in load_dataset(HELDOUT_FILE) if len(model.to_tokens(l.text)) >= 200)
     toks = model.to_tokens(line.text)[:200]
@@ -54,8 +61,15 @@ def built(tmp_path_factory):
 def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1400,1400", "--no-first-run", "--disable-extensions"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1400",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     d = webdriver.Chrome(service=Service(DRIVER), options=opts)
@@ -76,9 +90,11 @@ def _open(d, path, frag, reload=False):
 
 def _read(d, expect=None):
     """Wait until the page has drawn (and shows what `expect` names), then read #dcs-selected."""
-    js = ("var s = document.getElementById('dcs-selected'); if (document.body.dataset.error) return true;"
-          "if (document.body.dataset.ready !== '1') return false; var e = arguments[0];"
-          "for (var k in e) if (s.dataset[k] !== e[k]) return false; return true;")
+    js = (
+        "var s = document.getElementById('dcs-selected'); if (document.body.dataset.error) return true;"
+        "if (document.body.dataset.ready !== '1') return false; var e = arguments[0];"
+        "for (var k in e) if (s.dataset[k] !== e[k]) return false; return true;"
+    )
     WebDriverWait(d, 20).until(lambda d: d.execute_script(js, expect or {}))
     assert d.execute_script("return document.body.dataset.error || ''") == ""
     el = d.find_element(By.ID, "dcs-selected")
@@ -110,18 +126,20 @@ def _flow_reference(model, cache, layer, phase, m, t):
     X = cache[src].astype(np.float64)
     T = X.shape[-1]
     vis = _vis(model, layer, T)
-    x = np.where(vis[t], X[:, t], 0.0)                                # [N, S]
-    dx = explorer.stored_step(X, vis)[:, t][:, None] / 2              # [N, 1]
-    dyn = {k: cache[hook_name(layer, "attn.dyn.%s.%s" % (phase, k))].astype(np.float64)
-           for k in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")
-           if hook_name(layer, "attn.dyn.%s.%s" % (phase, k)) in cache}
+    x = np.where(vis[t], X[:, t], 0.0)  # [N, S]
+    dx = explorer.stored_step(X, vis)[:, t][:, None] / 2  # [N, 1]
+    dyn = {
+        k: cache[hook_name(layer, "attn.dyn.%s.%s" % (phase, k))].astype(np.float64)
+        for k in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")
+        if hook_name(layer, "attn.dyn.%s.%s" % (phase, k)) in cache
+    }
     half = {k: explorer.stored_step(v, bits=16) / 2 for k, v in dyn.items()}  # [T, R] or [T]
     Mg = N // c.compose_groups
-    block = (np.arange(N) // Mg == m // Mg).astype(float)             # [N]: heads that may lend to m
+    block = (np.arange(N) // Mg == m // Mg).astype(float)  # [N]: heads that may lend to m
 
-    def proj(w1, w2, pos):                      # (w1[pos]^T w2[pos])[:, m] and its bound, [N] each
-        a, bm = dyn[w1][pos], dyn[w2][pos][:, m][:, None]            # [R, N], [R, 1]
-        da, db = half[w1][pos][:, None], half[w2][pos][:, None]      # [R, 1]: one step per row
+    def proj(w1, w2, pos):  # (w1[pos]^T w2[pos])[:, m] and its bound, [N] each
+        a, bm = dyn[w1][pos], dyn[w2][pos][:, m][:, None]  # [R, N], [R, 1]
+        da, db = half[w1][pos][:, None], half[w2][pos][:, None]  # [R, 1]: one step per row
         return (a * bm).sum(0) * block, (np.abs(a) * db + da * np.abs(bm) + da * db).sum(0) * block
 
     B = len(branches)
@@ -136,7 +154,7 @@ def _flow_reference(model, cache, layer, phase, m, t):
             coef[:, 2, s], dcoef[:, 2, s] = proj("kw1", "kw2", s)
             coef[m, 4, s], dcoef[m, 4, s] = dyn["kdd"][s, m], half["kdd"][s]
     if "static" in branches:
-        W = routing.static_map(model, layer, phase)                   # [N, N]
+        W = routing.static_map(model, layer, phase)  # [N, N]
         coef[:, 5] = W[:, m][:, None]
         dcoef[:, 5] = (explorer.stored_step(W, bits=16) / 2)[:, None]
     F = x[:, None, :] * coef
@@ -150,18 +168,32 @@ def test_size_budget_and_contents(built):
     assert len(ex) <= BUDGET, "page is %d bytes, budget %d" % (len(ex), BUDGET)
     assert os.path.getsize(path) == len(ex)
     assert ex.layers == [0, 1, 2, 3]
-    assert "<script src" not in ex.html and "<link" not in ex.html and "http://" not in ex.html.replace(
-        "http://www.w3.org/2000/svg", "")
+    assert (
+        "<script src" not in ex.html
+        and "<link" not in ex.html
+        and "http://" not in ex.html.replace("http://www.w3.org/2000/svg", "")
+    )
 
 
-@pytest.mark.parametrize("layer,head,query,view", [
-    (1, 2, 150, "pattern"), (1, 2, 150, "pattern_composed"), (0, 5, 199, "pattern_composed"),
-    (3, 0, 60, "pattern"), (2, 4, 120, "scores_composed"), (3, 1, 199, "twin"),
-])
+@pytest.mark.parametrize(
+    "layer,head,query,view",
+    [
+        (1, 2, 150, "pattern"),
+        (1, 2, 150, "pattern_composed"),
+        (0, 5, 199, "pattern_composed"),
+        (3, 0, 60, "pattern"),
+        (2, 4, 120, "scores_composed"),
+        (3, 1, 199, "twin"),
+    ],
+)
 def test_rows_match_the_engine(built, browser, layer, head, query, view):
     model, toks, ex, path, cache, tcache = built
     state, got = _open(browser, path, "layer=%d&head=%d&query=%d&view=%s" % (layer, head, query, view))
-    assert state["view"] == view and (state["layer"], state["head"], state["query"]) == (str(layer), str(head), str(query))
+    assert state["view"] == view and (state["layer"], state["head"], state["query"]) == (
+        str(layer),
+        str(head),
+        str(query),
+    )
     src = tcache if view == "twin" else cache
     name = hook_name(layer, "attn.pattern" if view == "twin" else "attn." + view)
     vis = _vis(dclens.load("pythia-tiny") if view == "twin" else model, layer, len(toks))
@@ -169,10 +201,18 @@ def test_rows_match_the_engine(built, browser, layer, head, query, view):
     _row_check(got, want[head, query], explorer.stored_step(want, vis)[head, query], vis[query])
 
 
-@pytest.mark.parametrize("phase,branch,layer,head,query", [
-    ("post", "skip", 1, 2, 150), ("post", "qp", 1, 2, 150), ("post", "kp", 3, 4, 199),
-    ("post", "qg", 0, 1, 100), ("post", "kg", 2, 3, 180), ("pre", "kp", 1, 0, 150), ("pre", "qg", 3, 5, 77),
-])
+@pytest.mark.parametrize(
+    "phase,branch,layer,head,query",
+    [
+        ("post", "skip", 1, 2, 150),
+        ("post", "qp", 1, 2, 150),
+        ("post", "kp", 3, 4, 199),
+        ("post", "qg", 0, 1, 100),
+        ("post", "kg", 2, 3, 180),
+        ("pre", "kp", 1, 0, 150),
+        ("pre", "qg", 3, 5, 77),
+    ],
+)
 def test_branches_match_the_engine(built, browser, phase, branch, layer, head, query):
     model, toks, ex, path, cache, _ = built
     frag = "layer=%d&head=%d&query=%d&view=branch:%s" % (layer, head, query, branch)
@@ -184,26 +224,33 @@ def test_branches_match_the_engine(built, browser, phase, branch, layer, head, q
     assert np.isnan(got[~vis]).all()
     b = dclens.BRANCHES.index(branch)
     err = np.abs(got[vis] - want[vis])
-    tol = bound[:, b].sum(0)[vis] + 2e-6 * np.abs(want[vis]).max()   # float32 hooks vs float64 sums
+    tol = bound[:, b].sum(0)[vis] + 2e-6 * np.abs(want[vis]).max()  # float32 hooks vs float64 sums
     assert (err <= tol).all(), "max error %g over tolerance" % (err - tol).max()
     assert np.abs(want[vis]).max() > 0
 
 
-@pytest.mark.parametrize("phase,layer,head,query,key", [
-    ("post", 1, 2, 150, 69), ("post", 3, 0, 199, 3), ("pre", 0, 4, 90, 70), ("pre", 2, 1, 40, 12),
-])
+@pytest.mark.parametrize(
+    "phase,layer,head,query,key",
+    [
+        ("post", 1, 2, 150, 69),
+        ("post", 3, 0, 199, 3),
+        ("pre", 0, 4, 90, 70),
+        ("pre", 2, 1, 40, 12),
+    ],
+)
 def test_flows_match_routing_flows(built, browser, phase, layer, head, query, key):
     model, toks, ex, path, cache, _ = built
-    state, got = _open(browser, path, "layer=%d&head=%d&query=%d&key=%d&view=flows&phase=%s"
-                       % (layer, head, query, key, phase))
+    state, got = _open(
+        browser, path, "layer=%d&head=%d&query=%d&key=%d&view=flows&phase=%s" % (layer, head, query, key, phase)
+    )
     assert state["key"] == str(key)
-    want = routing.flows(model, toks, layer, phase, head, query, cache=cache)[:, :, key]      # [N, B]
+    want = routing.flows(model, toks, layer, phase, head, query, cache=cache)[:, :, key]  # [N, B]
     ref, bound, _ = _flow_reference(model, cache, layer, phase, head, query)
-    np.testing.assert_allclose(ref[:, :, key], want, rtol=1e-9, atol=1e-12)   # the reference agrees
+    np.testing.assert_allclose(ref[:, :, key], want, rtol=1e-9, atol=1e-12)  # the reference agrees
     got = np.array(got, dtype=float)
     assert got.shape == want.shape
     assert (np.abs(got - want) <= bound[:, :, key]).all()
-    assert bound[:, :, key].max() <= 0.02 * np.abs(ref).max()      # the tolerance is no blanket
+    assert bound[:, :, key].max() <= 0.02 * np.abs(ref).max()  # the tolerance is no blanket
     # and the flows sum to the composed entry
     total = cache[hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))]
     assert abs(want.sum() - total[head, query, key]) < 1e-4 * max(1.0, abs(total[head, query, key]))
@@ -212,11 +259,12 @@ def test_flows_match_routing_flows(built, browser, phase, layer, head, query, ke
 @pytest.mark.parametrize("phase,layer,query", [("post", 1, 150), ("pre", 3, 199), ("post", 0, 45)])
 def test_routing_matches_routing_matrix(built, browser, phase, layer, query):
     model, toks, ex, path, cache, _ = built
-    _, got = _open(browser, path, "layer=%d&head=0&query=%d&view=routing&phase=%s" % (layer, query, phase),
-                   reload=True)    # the fragment read on load
+    _, got = _open(
+        browser, path, "layer=%d&head=0&query=%d&view=routing&phase=%s" % (layer, query, phase), reload=True
+    )  # the fragment read on load
     want = routing.routing_matrix(model, toks, layer, phase, query)
     got = np.array(got, dtype=float)
-    step = explorer.stored_step(routing.routing_matrices(model, cache, phase, layers=[layer])[0])[query]   # [N]
+    step = explorer.stored_step(routing.routing_matrices(model, cache, phase, layers=[layer])[0])[query]  # [N]
     assert got.shape == want.shape
     assert (np.abs(got - want) <= step[:, None] / 2 * (1 + 1e-5) + 1e-9).all()
 
@@ -251,21 +299,24 @@ def test_clicks_and_selects(built, browser):
     assert "masked" in cls
     # hovering a token previews it as the query; leaving it goes back to the clicked one
     from selenium.webdriver.common.action_chains import ActionChains
-    ActionChains(browser).move_to_element(browser.find_element(By.CSS_SELECTOR, '#dcs-tokens .tok[data-pos="120"]')).perform()
+
+    ActionChains(browser).move_to_element(
+        browser.find_element(By.CSS_SELECTOR, '#dcs-tokens .tok[data-pos="120"]')
+    ).perform()
     state, got = _read(browser, {"query": "120"})
     assert state["view"] == "routing" and "query=97" in browser.execute_script("return location.hash")
     ActionChains(browser).move_to_element(browser.find_element(By.ID, "dcs-selected-title")).perform()
     assert _read(browser, {"query": "97"})[0]["query"] == "97"
     # the arrow keys move the query
-    browser.find_element(By.TAG_NAME, "body").send_keys("\ue012")        # ArrowLeft
+    browser.find_element(By.TAG_NAME, "body").send_keys("\ue012")  # ArrowLeft
     assert _read(browser, {"query": "96"})[0]["query"] == "96"
 
 
 def test_no_request_leaves_the_page_and_no_console_error(built, browser):
     model, toks, ex, path, cache, _ = built
-    browser.get_log("performance")                      # drop what earlier tests logged
+    browser.get_log("performance")  # drop what earlier tests logged
     browser.get_log("browser")
-    _open(browser, path, "layer=3&head=1&query=100&view=flows", reload=True)   # a full load, logged
+    _open(browser, path, "layer=3&head=1&query=100&view=flows", reload=True)  # a full load, logged
     Select(browser.find_element(By.ID, "dcs-layer")).select_by_value("0")
     _read(browser)
     urls = []
@@ -281,13 +332,14 @@ def test_no_request_leaves_the_page_and_no_console_error(built, browser):
 
 def test_screenshot_is_not_blank(built, browser):
     from PIL import Image
+
     model, toks, ex, path, cache, _ = built
     _open(browser, path, "layer=1&head=2&query=150&view=branch:kp")
     img = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
     a = np.asarray(img)
     assert a.shape[0] > 500 and a.shape[1] > 800
-    assert len(np.unique(a.reshape(-1, 3), axis=0)) > 200            # heatmaps, text, tables
-    assert (a < 250).any(axis=-1).mean() > 0.1                       # not a white page
+    assert len(np.unique(a.reshape(-1, 3), axis=0)) > 200  # heatmaps, text, tables
+    assert (a < 250).any(axis=-1).mean() > 0.1  # not a white page
 
 
 def test_notebook_view_runs_in_its_iframe(built, browser, tmp_path):
@@ -295,8 +347,9 @@ def test_notebook_view_runs_in_its_iframe(built, browser, tmp_path):
     model, toks, ex, path, cache, _ = built
     small = dclens.explore(model, toks[:40], layers=[1], progress=False)
     host = tmp_path / "notebook.html"
-    host.write_text("<!DOCTYPE html><html><body><p>cell output</p>%s</body></html>" % small._repr_html_(),
-                    encoding="utf-8")
+    host.write_text(
+        "<!DOCTYPE html><html><body><p>cell output</p>%s</body></html>" % small._repr_html_(), encoding="utf-8"
+    )
     browser.get("file://%s" % host)
     browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
     try:
@@ -340,8 +393,7 @@ def test_flows_and_branches_of_variants(tiny_factory, browser, tmp_path, name):
             _, row = _open(browser, path, frag + "&view=branch:" + b)
             row = np.array([np.nan if v is None else v for v in row])
             hook = hook_name(layer, "attn.%s.%s" % (phase, b))
-            want_row = (cache[hook][head, t].astype(np.float64) if hook in cache
-                        else want[:, branches.index(b)].sum(0))
+            want_row = cache[hook][head, t].astype(np.float64) if hook in cache else want[:, branches.index(b)].sum(0)
             tol = bound[:, branches.index(b)].sum(0) + 2e-6 * max(np.abs(want_row[vis]).max(), 1e-6)
             assert np.isnan(row[~vis]).all() and (np.abs(row[vis] - want_row[vis]) <= tol[vis]).all(), (name, b)
 
@@ -350,7 +402,7 @@ def test_a_page_with_some_layers_says_so(built, browser, tmp_path):
     model, toks, ex, path, cache, _ = built
     small = str(tmp_path / "some.html")
     dclens.explore(model, toks[:30], layers=[1, 3], progress=False).save(small)
-    browser.get("file://%s#layer=0&head=1&query=20&view=pattern" % small)     # layer 0 is not in it
+    browser.get("file://%s#layer=0&head=1&query=20&view=pattern" % small)  # layer 0 is not in it
     state, _ = _read(browser, {"query": "20"})
     assert (state["layer"], state["head"], state["view"]) == ("1", "1", "pattern")
     assert "layers 1, 3 of 4" in browser.find_element(By.ID, "dcs-holds").text

@@ -17,6 +17,7 @@ sides=2), from the longest reduction max(D, F, T), the pass's depth and the
 number of logits. Against the float64 reference only the engine's error
 counts (sides=1).
 """
+
 import numpy as np
 import pytest
 
@@ -45,12 +46,12 @@ def _full_path(model, toks):
 def test_fused_equals_full(tiny_factory, name):
     d, sd, cfg = tiny_factory(**CASES[name])
     model = dclens.load(d)
-    toks = np.random.default_rng(3).integers(0, model.config.vocab, size=(3, 75))   # > 2 query blocks
+    toks = np.random.default_rng(3).integers(0, model.config.vocab, size=(3, 75))  # > 2 query blocks
     fused = model.forward(toks)
     full = _full_path(model, toks)
     # two float32 summation orders: the bound of each, twice (was 2e-6, one kernel's result)
     assert rel_err(fused, full) <= forward_tol(cfg, toks.shape[1], fused.size, sides=2)
-    for b in range(3):     # engine float32 vs float64 reference
+    for b in range(3):  # engine float32 vs float64 reference
         assert rel_err(fused[b], ref_forward(sd, cfg, toks[b])) <= forward_tol(cfg, toks.shape[1], fused[b].size)
 
 
@@ -68,22 +69,24 @@ def test_one_hooked_layer_mixes_paths(tiny_factory):
 @pytest.mark.parametrize("mt", ["dcpythia", "gpt_neox"])
 def test_16bit_weights_kept_match_reference(tiny_factory, dtype, mt):
     """Weights widened per tile in the GEMM (several tiles per matrix here)."""
-    d, sd, cfg = tiny_factory(model_type=mt, dtype=dtype, dim=64, n_head=4, intermediate=1024,
-                              window_size=8, seed=27)
+    d, sd, cfg = tiny_factory(model_type=mt, dtype=dtype, dim=64, n_head=4, intermediate=1024, window_size=8, seed=27)
     model = dclens.load(d)
     toks = np.random.default_rng(5).integers(0, model.config.vocab, size=40)
     # the reference runs on the rounded 16-bit values: only float32 arithmetic differs
     assert rel_err(model.forward(toks), ref_forward(sd, cfg, toks)) <= forward_tol(cfg, 40, 40 * cfg["vocab_size"])
     # the weights read back are the stored (rounded) values, exactly
-    assert np.array_equal(model.weight("layers.0.feed_forward.w1.weight"),
-                          sd["layers.0.feed_forward.w1.weight"] if mt == "dcpythia"
-                          else sd["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"])
+    assert np.array_equal(
+        model.weight("layers.0.feed_forward.w1.weight"),
+        sd["layers.0.feed_forward.w1.weight"] if mt == "dcpythia" else sd["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"],
+    )
 
 
 def test_16bit_unfused_qkv(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="dcpythia", dtype="float16", fused_qkv=False, seed=28)
     toks = np.arange(30) % cfg["vocab_size"]
-    assert rel_err(dclens.load(d).forward(toks), ref_forward(sd, cfg, toks)) <= forward_tol(cfg, 30, 30 * cfg["vocab_size"])
+    assert rel_err(dclens.load(d).forward(toks), ref_forward(sd, cfg, toks)) <= forward_tol(
+        cfg, 30, 30 * cfg["vocab_size"]
+    )
 
 
 def test_logits_at(tiny_factory):
@@ -130,6 +133,6 @@ def test_two_models_different_thread_counts(tiny_factory):
     # 1 vs 2 threads split the work, not the reductions, but allow two summation orders
     assert rel_err(a, b) <= forward_tol(cfg, 150, a.size, sides=2)
     assert rel_err(a[0], ref_forward(sd, cfg, toks[0])) <= forward_tol(cfg, 150, a[0].size)
-    m3 = dclens.load(d, n_threads=3)      # loading another changes neither
+    m3 = dclens.load(d, n_threads=3)  # loading another changes neither
     assert np.array_equal(m1.forward(toks), a)
     del m3

@@ -4,6 +4,7 @@ compose_branches (tests/reference.py, model-spec.md 2 step 6) run on the cached
 scores / pattern with every source head but one zeroed -- and their sum against
 the engine's composed maps and branch hooks, on the bundled DCPythia and on the
 variants (query-wise, key-wise, static branch, grouped composition)."""
+
 import numpy as np
 import pytest
 
@@ -12,15 +13,17 @@ from dclens import routing
 from reference import compose_branches
 
 EPS32 = float(np.finfo(np.float32).eps)
-PROMPT = ("The red car drove past the old bridge while the small dog ran after a ball, "
-          "and then the children laughed near the quiet river until the sun went down behind the hills")
+PROMPT = (
+    "The red car drove past the old bridge while the small dog ran after a ball, "
+    "and then the children laughed near the quiet river until the sun went down behind the hills"
+)
 
 
 @pytest.fixture(scope="module")
 def bundled():
     m = dclens.load("dcpythia-tiny")
     toks = m.to_tokens(PROMPT)
-    assert len(toks) > m.config.window_size + 2     # the local layers' window masks some keys
+    assert len(toks) > m.config.window_size + 2  # the local layers' window masks some keys
     _, cache = m.run_with_cache(toks)
     return m, toks, cache
 
@@ -57,13 +60,13 @@ def _reference_flows(m, cache, layer, phase, head, t, static=None):
 def _check_sums(m, cache, F, layer, phase, head, t, vis):
     """Over sources: each branch hook; over sources and branches: the composed map,
     to float32 rounding of the engine's sums (tolerance from the terms' size)."""
-    scale = np.abs(F).sum((0, 1)) + 1e-30                                          # [T]
+    scale = np.abs(F).sum((0, 1)) + 1e-30  # [T]
     tol = 64 * EPS32 * scale
     composed = cache["blocks.%d.attn.%s" % (layer, "scores_composed" if phase == "pre" else "pattern_composed")]
     assert np.all(np.abs(F.sum((0, 1)) - composed[head, t])[vis] <= tol[vis])
     for b, name in enumerate(routing.flow_branches(m)):
         hook_name = "blocks.%d.attn.%s.%s" % (layer, phase, name)
-        if hook_name not in cache:          # a branch this variant does not have
+        if hook_name not in cache:  # a branch this variant does not have
             assert not F[:, b].any(), name
             continue
         hook = cache[hook_name][head, t]
@@ -71,14 +74,21 @@ def _check_sums(m, cache, F, layer, phase, head, t, vis):
     assert not F[:, :, ~vis].any()
 
 
-CASES = [(0, "pre", 1, -1), (0, "post", 4, 20), (1, "post", 1, -1), (2, "pre", 0, 37),
-         (3, "post", 5, -3), (-1, "pre", -2, 5), (2, "post", 3, -1)]
+CASES = [
+    (0, "pre", 1, -1),
+    (0, "post", 4, 20),
+    (1, "post", 1, -1),
+    (2, "pre", 0, 37),
+    (3, "post", 5, -3),
+    (-1, "pre", -2, 5),
+    (2, "post", 3, -1),
+]
 
 
 @pytest.mark.parametrize("layer,phase,head,query", CASES)
 def test_flows_against_reference_and_composed(bundled, layer, phase, head, query):
     m, toks, cache = bundled
-    F = routing.flows(m, None, layer, phase, head, query, cache=cache)        # from the cache: no pass
+    F = routing.flows(m, None, layer, phase, head, query, cache=cache)  # from the cache: no pass
     T = len(toks)
     assert F.shape == (m.config.n_head, len(dclens.BRANCHES), T) and F.dtype == np.float64
     t = query % T
@@ -113,8 +123,12 @@ def test_flows_cache_errors(bundled):
     _, bc = m.run_with_cache(np.stack([toks[:6], toks[:6]]), names=lambda n: n.startswith("blocks.1.attn"))
     with pytest.raises(dclens.Error, match="one sequence"):
         m.flows(None, 1, "post", 0, -1, cache=bc)
-    for bad, match in (((1, "mid", 0, 0), "phase"), ((4, "pre", 0, 0), "layer"), ((1, "pre", 6, 0), "head"),
-                       ((1, "pre", 0, len(toks)), "query")):
+    for bad, match in (
+        ((1, "mid", 0, 0), "phase"),
+        ((4, "pre", 0, 0), "layer"),
+        ((1, "pre", 6, 0), "head"),
+        ((1, "pre", 0, len(toks)), "query"),
+    ):
         with pytest.raises(dclens.Error, match=match):
             m.flows(toks, *bad, cache=cache)
     with pytest.raises(dclens.Error, match="tokens or a cache"):
@@ -158,11 +172,11 @@ def test_flows_variants(tiny_factory, name):
     for layer, phase, head, t in ((0, "pre", 1, 9), (1, "post", m.config.n_head - 1, 10), (0, "post", 2, 4)):
         F = m.flows(toks, layer, phase, head, t, cache=cache)
         assert F.shape == (m.config.n_head, 5 + m.config.use_sw, len(toks))
-        static = sd.get("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))    # [G, Mg, Mg]
+        static = sd.get("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))  # [G, Mg, Mg]
         ref, vis = _reference_flows(m, cache, layer, phase, head, t, static)
         assert np.abs(F - ref).max() <= 1e-9 * max(np.abs(ref).max(), 1.0)
         _check_sums(m, cache, F, layer, phase, head, t, vis)
-        if m.config.compose_groups > 1:     # no flow between groups
+        if m.config.compose_groups > 1:  # no flow between groups
             Mg = m.config.n_head // m.config.compose_groups
             assert not F[np.arange(m.config.n_head) // Mg != head // Mg].any()
 

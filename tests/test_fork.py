@@ -6,6 +6,7 @@ fork. Before the engine's pthread_atfork handler these children deadlocked
 in their first pass (the thread pool's threads are not copied by fork).
 
 A child that hangs is killed after TIMEOUT seconds and the test fails."""
+
 import multiprocessing as mp
 import os
 import threading
@@ -53,8 +54,7 @@ def _in_child(fn, *args):
 @pytest.fixture(scope="module")
 def model_and_ref(tiny_factory):
     # big enough that the engine's pool runs every GEMM and attention on 2 threads
-    d, sd, cfg = tiny_factory(model_type="dcpythia", dim=128, n_head=4, vocab=256, window_size=16,
-                              seed=26)
+    d, sd, cfg = tiny_factory(model_type="dcpythia", dim=128, n_head=4, vocab=256, window_size=16, seed=26)
     model = dclens.load(d, n_threads=2)
     toks = np.random.default_rng(26).integers(0, 256, size=(4, 48)).astype(np.int32)
     return d, model, toks, sd, cfg
@@ -65,7 +65,7 @@ def test_forked_child_runs_the_parents_model(model_and_ref):
     parent = model.forward(toks)
     child = _in_child(lambda: model.forward(toks))
     assert np.array_equal(child, parent)
-    for b in range(toks.shape[0]):        # and both are right (the numpy reference)
+    for b in range(toks.shape[0]):  # and both are right (the numpy reference)
         assert rel_err(child[b], ref_forward(sd, cfg, toks[b])) <= 1e-4
 
 
@@ -73,11 +73,11 @@ def test_forked_child_runs_hooks_and_loads_its_own_model(model_and_ref):
     d, model, toks, sd, cfg = model_and_ref
     name = "blocks.1.attn.pattern"
     want_logits, want_cache = model.run_with_cache(toks, names=[name])
-    want_plain = model.forward(toks)       # no hooks: the fused attention path
+    want_plain = model.forward(toks)  # no hooks: the fused attention path
 
     def child():
         logits, cache = model.run_with_cache(toks, names=[name])
-        own = dclens.load(d, n_threads=2)          # a model loaded in the child
+        own = dclens.load(d, n_threads=2)  # a model loaded in the child
         return logits, cache[name], own.forward(toks)
 
     logits, pattern, own = _in_child(child)
@@ -91,7 +91,7 @@ def test_fork_inside_a_pass_of_another_thread(model_and_ref):
     hook (model lock taken, half the layers done) while the main thread forks."""
     d, model, toks, sd, cfg = model_and_ref
     want = model.forward(toks)
-    point = "blocks.1.attn.pattern"       # hooking a map takes the unfused attention path
+    point = "blocks.1.attn.pattern"  # hooking a map takes the unfused attention path
     want_hooked = model.run_with_hooks(toks, fwd_hooks=[(point, dclens.read_only(lambda a, n: None))])
     inside, forked, out = threading.Event(), threading.Event(), {}
 
@@ -111,7 +111,7 @@ def test_fork_inside_a_pass_of_another_thread(model_and_ref):
         forked.set()
         t.join(TIMEOUT)
     assert np.array_equal(got, want)
-    assert np.array_equal(out["logits"], want_hooked)      # the parent's pass finished as usual
+    assert np.array_equal(out["logits"], want_hooked)  # the parent's pass finished as usual
 
 
 def test_fork_while_another_thread_runs_passes(model_and_ref):
@@ -137,7 +137,7 @@ def test_fork_while_another_thread_runs_passes(model_and_ref):
     finally:
         stop.set()
         t.join(TIMEOUT)
-    assert passes and all(passes)           # the parent's own passes were undisturbed
+    assert passes and all(passes)  # the parent's own passes were undisturbed
 
 
 def test_fork_pool_gets_pickled_models(model_and_ref):
@@ -174,8 +174,8 @@ def test_cuda_model_refuses_to_run_in_a_forked_child(tiny_factory):
 
     said = _in_child(child)
     assert "a CUDA model cannot be used in a process forked from the one that loaded it" in said
-    assert np.array_equal(m.forward(toks), want)          # the parent's model is untouched
-    m.device, m.runner.pid = "cuda", -1                         # weight reads are guarded too
+    assert np.array_equal(m.forward(toks), want)  # the parent's model is untouched
+    m.device, m.runner.pid = "cuda", -1  # weight reads are guarded too
     with pytest.raises(dclens.Error, match="CUDA model cannot be used in a process forked"):
         m.weight("tok_embeddings.weight")
     m.device = "cpu"

@@ -11,6 +11,7 @@ the tensor, 1e-3):
   EPS^2 / 6 times a third derivative of the order of the first on these O(1)
   activations, and float64 rounding U64 / EPS (both far smaller).
 """
+
 import numpy as np
 import pytest
 
@@ -19,7 +20,7 @@ import reference as R
 from tolerances import U64, f32_tol, forward_depth
 
 EPS = 1e-4
-TOL = f32_tol(128, 2 * forward_depth(2), 2000) + EPS ** 2 / 6 + U64 / EPS
+TOL = f32_tol(128, 2 * forward_depth(2), 2000) + EPS**2 / 6 + U64 / EPS
 
 VARIANTS = [
     ("dcpythia", {}),
@@ -48,6 +49,7 @@ def _target_fn(cfg, toks, target):
         if kind == "logprob":
             v = v - (np.log(np.exp(lg[p] - lg[p].max()).sum()) + lg[p].max())
         return v
+
     return f
 
 
@@ -82,12 +84,15 @@ def test_hook_gradients_match_finite_differences(tiny_factory, mt, kw):
             idx = [ix for ix in idx if ix[-1] <= ix[-2]]
         pairs = []
         for ix in idx:
+
             def pert(s, ix=ix):
                 def fn(x):
                     x = x.copy()
                     x[ix] += s
                     return x
+
                 return fn
+
             fd = (f(sd, {n: pert(EPS)}) - f(sd, {n: pert(-EPS)})) / (2 * EPS)
             pairs.append((fd, g[n][ix]))
         _check(pairs, n, np.abs(g[n]).max())
@@ -99,18 +104,29 @@ def _stored(mt, canon, cfg):
         return canon, lambda i, shape: i
     D, N = cfg["hidden_size"], cfg["num_attention_heads"]
     Dh = D // N
-    names = {"tok_embeddings.weight": "gpt_neox.embed_in.weight", "output.weight": "embed_out.weight",
-             "norm.weight": "gpt_neox.final_layer_norm.weight", "norm.bias": "gpt_neox.final_layer_norm.bias"}
+    names = {
+        "tok_embeddings.weight": "gpt_neox.embed_in.weight",
+        "output.weight": "embed_out.weight",
+        "norm.weight": "gpt_neox.final_layer_norm.weight",
+        "norm.bias": "gpt_neox.final_layer_norm.bias",
+    }
     if canon in names:
         return names[canon], lambda i, shape: i
     l, rest = canon.split(".", 2)[1:]
-    sub = {"attention_norm.weight": "input_layernorm.weight", "attention_norm.bias": "input_layernorm.bias",
-           "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_norm.bias": "post_attention_layernorm.bias",
-           "attention.wo.weight": "attention.dense.weight", "attention.wo.bias": "attention.dense.bias",
-           "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight", "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
-           "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight", "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
-           "attention.wqkv.weight": "attention.query_key_value.weight",
-           "attention.wqkv.bias": "attention.query_key_value.bias"}[rest]
+    sub = {
+        "attention_norm.weight": "input_layernorm.weight",
+        "attention_norm.bias": "input_layernorm.bias",
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "ffn_norm.bias": "post_attention_layernorm.bias",
+        "attention.wo.weight": "attention.dense.weight",
+        "attention.wo.bias": "attention.dense.bias",
+        "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight",
+        "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
+        "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight",
+        "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
+        "attention.wqkv.weight": "attention.query_key_value.weight",
+        "attention.wqkv.bias": "attention.query_key_value.bias",
+    }[rest]
     name = "gpt_neox.layers.%s.%s" % (l, sub)
     if "query_key_value" not in name:
         return name, lambda i, shape: i
@@ -121,6 +137,7 @@ def _stored(mt, canon, cfg):
         j, rem = divmod(r, D)
         n, dd = divmod(rem, Dh)
         return (n * 3 * Dh + j * Dh + dd) * cols + c
+
     return name, regroup
 
 
@@ -133,6 +150,7 @@ def test_parameter_gradients_match_finite_differences(tiny_factory, mt, kw):
     target = ("loss",)
     f = _target_fn(cfg, toks, target)
     from dclens.grad import param_table
+
     names = [r[0] for r in param_table(m)]
     g = m.gradients(toks, target, names)
     for canon in names:
@@ -208,7 +226,9 @@ def test_cuda_models_are_refused(tiny_factory):
         m.attribute(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
 
 
-@pytest.mark.parametrize("kw,what", [({"use_sw": True}, "use_sw"), ({"moh": {"shared_heads": 1, "routed_topk": 2}}, "moh")])
+@pytest.mark.parametrize(
+    "kw,what", [({"use_sw": True}, "use_sw"), ({"moh": {"shared_heads": 1, "routed_topk": 2}}, "moh")]
+)
 def test_variants_are_refused(tiny_factory, kw, what):
     d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, **kw)
     m = dclens.load(d)

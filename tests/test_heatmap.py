@@ -1,4 +1,5 @@
 """Heatmaps: decoded PNGs compared cell by cell with the activations they draw."""
+
 import io
 import subprocess
 import sys
@@ -17,9 +18,19 @@ MASK = {(214, 214, 214), (168, 168, 168)}
 @pytest.fixture(scope="module")
 def tok_model(tmp_path_factory):
     from dclens.testing.make_tiny import make_tiny
+
     d = str(tmp_path_factory.mktemp("tokmodel"))
-    make_tiny(d, model_type="dcpythia", n_layer=2, dim=32, n_head=4, vocab=50304, window_size=6,
-              tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"), seed=51)
+    make_tiny(
+        d,
+        model_type="dcpythia",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        vocab=50304,
+        window_size=6,
+        tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"),
+        seed=51,
+    )
     return d
 
 
@@ -45,8 +56,11 @@ def _check_cells(png, maps, vmin, vmax, diverging, mask_upper=True, window=0, wi
                 if mask_upper and (s > t or (window > 0 and t - s > window)):
                     assert px in MASK, (p, t, s, px)
                 else:
-                    assert px == hm.colormap_rgb(maps[p, t, s], per(vmin, p), per(vmax, p), per(diverging, p)), \
-                        (p, t, s)
+                    assert px == hm.colormap_rgb(maps[p, t, s], per(vmin, p), per(vmax, p), per(diverging, p)), (
+                        p,
+                        t,
+                        s,
+                    )
     return img
 
 
@@ -56,8 +70,14 @@ def test_pattern_heatmap_cells_match_values(tok_model):
     toks = model.to_tokens(text)
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
     pat = cache["blocks.1.attn.pattern"]
-    png = hm.heatmap(pat, tokens=model.to_str_tokens(toks), titles=["H%d" % n for n in range(4)],
-                     title="L1 pattern", vmin=0.0, vmax=1.0)
+    png = hm.heatmap(
+        pat,
+        tokens=model.to_str_tokens(toks),
+        titles=["H%d" % n for n in range(4)],
+        title="L1 pattern",
+        vmin=0.0,
+        vmax=1.0,
+    )
     img = _check_cells(png, pat, 0.0, 1.0, False)
     x, y, c = png.cell_box(0, 0, 0)
     assert img.shape[0] > y + c * len(toks) and img.shape[1] > x + c * len(toks)
@@ -72,14 +92,15 @@ def test_attention_heatmap_all_heads_and_branches(tok_model):
     _check_cells(png, cache["blocks.0.attn.pattern"], 0.0, 1.0, False, window=model.config.window_size)
 
     png = hm.attention_heatmap(model, text, layer=1, head=2, hook="branches", phase="post")
-    maps = np.stack([cache["blocks.1.attn.post.%s" % b][2] for b in hm.BRANCHES]
-                    + [cache["blocks.1.attn.pattern_composed"][2]])
+    maps = np.stack(
+        [cache["blocks.1.attn.post.%s" % b][2] for b in hm.BRANCHES] + [cache["blocks.1.attn.pattern_composed"][2]]
+    )
     T = len(toks)
     visible = np.tril(np.ones((T, T), bool))
-    m = [float(np.abs(a[visible]).max()) for a in maps]   # each panel: +-max|x| over its drawn cells
+    m = [float(np.abs(a[visible]).max()) for a in maps]  # each panel: +-max|x| over its drawn cells
     _check_cells(png, maps, [-x for x in m], m, True)
     shared = hm.attention_heatmap(model, text, layer=1, head=2, hook="branches", phase="post", scale="shared")
-    m = float(np.abs(maps[:, visible]).max())             # scale="shared": one range over all panels
+    m = float(np.abs(maps[:, visible]).max())  # scale="shared": one range over all panels
     _check_cells(shared, maps, -m, m, True)
 
     png = hm.attention_heatmap(model, text, layer="all", head=1, hook="pattern_composed", vmin=-1.0, vmax=1.0)
@@ -101,9 +122,9 @@ def test_local_layer_window_is_masked(tok_model):
     pat = cache["blocks.0.attn.pattern"]
     T = len(toks)
     outside = np.array([[t - s > w for s in range(T)] for t in range(T)])
-    assert np.all(pat[:, outside] == 0)          # the engine's local mask
+    assert np.all(pat[:, outside] == 0)  # the engine's local mask
     _check_cells(png, pat, 0.0, 1.0, False, window=w)
-    png1 = hm.attention_heatmap(model, text, layer=1, hook="pattern", vmin=0.0, vmax=1.0)   # global: no window
+    png1 = hm.attention_heatmap(model, text, layer=1, hook="pattern", vmin=0.0, vmax=1.0)  # global: no window
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
     _check_cells(png1, cache["blocks.1.attn.pattern"], 0.0, 1.0, False)
 
@@ -140,22 +161,25 @@ def test_long_prompts_show_a_window(tok_model):
     pat = cache["blocks.1.attn.pattern"]
     png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0)
     W = hm.AUTO_WINDOW
-    _check_cells(png, pat[3:4, 100 - W:, 100 - W:], 0.0, 1.0, False)
+    _check_cells(png, pat[3:4, 100 - W :, 100 - W :], 0.0, 1.0, False)
     with pytest.raises(dclens.Error, match="outside"):
         png.cell_box(0, W, 0)
-    png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0, window=8,
-                               query=50)
+    png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0, window=8, query=50)
     _check_cells(png, pat[3:4, 43:51, 43:51], 0.0, 1.0, False)
-    png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0,
-                               positions=(10, 30))
+    png = hm.attention_heatmap(model, toks, layer=1, head=3, hook="pattern", vmin=0.0, vmax=1.0, positions=(10, 30))
     _check_cells(png, pat[3:4, 10:30, 10:30], 0.0, 1.0, False)
     assert "positions 43-50 of 100, up to the query 50 (window=8)" == hm._view(100, 50, 8, None)[2]
     assert hm._view(30, None, None, None) == (0, 30, None)
     long = np.zeros(hm.MAX_TOKENS + 1, np.int64)
     with pytest.raises(dclens.Error, match=r"513 tokens.*window=.*positions="):
         hm.attention_heatmap(model, long, layer=1)
-    for bad in (dict(positions=(5, 2)), dict(positions=[1, 3]), dict(positions=(0, 5), window=3),
-                dict(window=0), dict(query=100)):
+    for bad in (
+        dict(positions=(5, 2)),
+        dict(positions=[1, 3]),
+        dict(positions=(0, 5), window=3),
+        dict(window=0),
+        dict(query=100),
+    ):
         with pytest.raises(dclens.Error, match="positions|window|query"):
             hm.attention_heatmap(model, toks, layer=1, **bad)
 
@@ -199,12 +223,28 @@ def test_cli_heatmap(tok_model, tmp_path):
     assert r.returncode == 0, r.stderr
     img = Image.open(out)
     assert img.size[0] > 50 and img.size[1] > 50
-    r = _cli("heatmap", "--model", tok_model, "--text", "x y", "--layer", "1", "--hook", "post.kp", "--head", "0",
-             "--out", str(tmp_path / "k.png"))
+    r = _cli(
+        "heatmap",
+        "--model",
+        tok_model,
+        "--text",
+        "x y",
+        "--layer",
+        "1",
+        "--hook",
+        "post.kp",
+        "--head",
+        "0",
+        "--out",
+        str(tmp_path / "k.png"),
+    )
     assert r.returncode == 0, r.stderr
-    for bad, msg in [(["--layer", "5"], "layer 5"), (["--layer", "0", "--head", "11"], "head 11"),
-                     (["--layer", "0", "--hook", "nope"], "unknown hook"),
-                     (["--layer", "0", "--out", "/nonexistent/dir/x.png"], "cannot write")]:
+    for bad, msg in [
+        (["--layer", "5"], "layer 5"),
+        (["--layer", "0", "--head", "11"], "head 11"),
+        (["--layer", "0", "--hook", "nope"], "unknown hook"),
+        (["--layer", "0", "--out", "/nonexistent/dir/x.png"], "cannot write"),
+    ]:
         args = ["heatmap", "--model", tok_model, "--text", "x y", "--out", str(tmp_path / "e.png")] + bad
         r = _cli(*args)
         assert r.returncode == 1 and msg in r.stderr, (bad, r.stderr)

@@ -7,6 +7,7 @@ Read from the source with ast, so every import counts: module level,
 inside functions and under `if TYPE_CHECKING:` alike (an import made only
 for type checking still says which module depends on which). Importing a
 submodule is an edge to that submodule, not to its parent package."""
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,7 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = {"dclens": os.path.join(ROOT, "bindings", "dclens"),
-            "synth_tasks": os.path.join(ROOT, "synth_tasks")}
+PACKAGES = {"dclens": os.path.join(ROOT, "bindings", "dclens"), "synth_tasks": os.path.join(ROOT, "synth_tasks")}
 
 
 def _modules() -> Dict[str, str]:
@@ -55,7 +55,7 @@ def _graph() -> Dict[str, Set[str]]:
             else:
                 if node.level:
                     base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    base = base[:len(base) - (node.level - 1)]
+                    base = base[: len(base) - (node.level - 1)]
                     src = ".".join(base + ([node.module] if node.module else []))
                 else:
                     src = node.module
@@ -64,7 +64,7 @@ def _graph() -> Dict[str, Set[str]]:
             for t in targets:
                 if t.split(".")[0] not in PACKAGES:
                     continue
-                if t not in mods:          # a compiled module (dclens._engine): imports nothing of ours
+                if t not in mods:  # a compiled module (dclens._engine): imports nothing of ours
                     graph.setdefault(t, set())
                 if t != mod:
                     graph[mod].add(t)
@@ -72,7 +72,7 @@ def _graph() -> Dict[str, Set[str]]:
 
 
 def _find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
-    state: Dict[str, int] = {}      # 1: on the DFS path, 2: done
+    state: Dict[str, int] = {}  # 1: on the DFS path, 2: done
     path: List[str] = []
 
     def visit(m: str) -> Optional[List[str]]:
@@ -80,7 +80,7 @@ def _find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
         path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                return path[path.index(n):] + [n]
+                return path[path.index(n) :] + [n]
             if n not in state:
                 c = visit(n)
                 if c:
@@ -102,7 +102,7 @@ def test_graph_sees_the_packages():
     assert "dclens.model" in g and "synth_tasks.cli" in g and "dclens.testing.make_tiny" in g
     # it sees imports inside functions too
     assert "dclens" in g["synth_tasks.cli"]
-    assert "dclens.routing" in g["dclens.patching"]     # from a function body
+    assert "dclens.routing" in g["dclens.patching"]  # from a function body
 
 
 def test_no_import_cycle():
@@ -110,8 +110,22 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-ANALYSES = ["routing", "circuits", "patching", "attribution", "analysis", "generate", "grad",
-            "interventions", "heatmaps", "plots", "explorer", "prompting", "distributed", "distributed.workers"]
+ANALYSES = [
+    "routing",
+    "circuits",
+    "patching",
+    "attribution",
+    "analysis",
+    "generate",
+    "grad",
+    "interventions",
+    "heatmaps",
+    "plots",
+    "explorer",
+    "prompting",
+    "distributed",
+    "distributed.workers",
+]
 
 
 def test_layers_import_downwards():
@@ -147,7 +161,7 @@ def test_no_module_reaches_into_models_private_members():
     """Only model.py touches Model's _members; the other modules (the new ones
     included) go through model.runner and the public API."""
     private = _model_private_members()
-    assert {"_m", "_ctx_hooks", "_ref"} <= private        # the reader sees them
+    assert {"_m", "_ctx_hooks", "_ref"} <= private  # the reader sees them
     bad = []
     for mod, path in _modules().items():
         if mod.split(".")[0] != "dclens" or mod == "dclens.model":
@@ -155,15 +169,23 @@ def test_no_module_reaches_into_models_private_members():
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and node.attr in private
-                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
                 bad.append("%s:%d .%s" % (mod, node.lineno, node.attr))
     assert not bad, bad
 
 
 def test_dclens_does_not_import_synth_tasks():
-    bad = sorted((m, t) for m, ts in _graph().items() if m.split(".")[0] == "dclens"
-                 for t in ts if t.split(".")[0] == "synth_tasks")
+    bad = sorted(
+        (m, t)
+        for m, ts in _graph().items()
+        if m.split(".")[0] == "dclens"
+        for t in ts
+        if t.split(".")[0] == "synth_tasks"
+    )
     assert not bad, "dclens imports synth_tasks: %s" % bad
 
 
@@ -172,11 +194,14 @@ def test_cycle_finder_finds_cycles():
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("src,expect", [
-    ("from .model import Error", {"dclens.model"}),
-    ("def f():\n    from . import routing", {"dclens.routing"}),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", {"dclens.model"}),
-])
+@pytest.mark.parametrize(
+    "src,expect",
+    [
+        ("from .model import Error", {"dclens.model"}),
+        ("def f():\n    from . import routing", {"dclens.routing"}),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", {"dclens.model"}),
+    ],
+)
 def test_import_reader(src, expect, tmp_path, monkeypatch):
     pkg = tmp_path / "dclens"
     pkg.mkdir()

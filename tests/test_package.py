@@ -5,6 +5,7 @@ subclasses that are the builtins they mean, did-you-mean for names, the
 TransformerLens habits (HookPoint, from_pretrained, cfg, prepend_bos, cache
 methods), the context warning, the progress helper, and the command line
 (python -m dclens, --version, help and defaults on every option)."""
+
 import hashlib
 import io
 import json
@@ -26,6 +27,7 @@ TOL = 1e-4
 
 
 # ---------------------------------------------------------------- Hub ids
+
 
 def _lay_out_snapshot(cache, repo_id, commit, src_dir, refs=()):
     """A Hugging Face cache entry as huggingface_hub writes it: blobs named by
@@ -58,6 +60,7 @@ def hub_cache(tmp_path, tiny_factory, monkeypatch):
 
     def no_network(*a, **k):
         raise AssertionError("the network was used")
+
     monkeypatch.setattr(socket.socket, "connect", no_network)
     return {"main": b, "v1": a, c1: a, c2: b}
 
@@ -82,10 +85,11 @@ def test_hub_id_not_cached_offline_is_file_not_found(hub_cache):
     with pytest.raises(dclens.NotFoundError, match="revision 'v9'"):
         dclens.load("org/tiny", revision="v9")
     with pytest.raises(ValueError, match="revision"):
-        dclens.load("dcpythia-tiny", revision="main")      # a bundled name has no revisions
+        dclens.load("dcpythia-tiny", revision="main")  # a bundled name has no revisions
 
 
 # ---------------------------------------------------------------- errors, names
+
 
 def test_errors_are_the_builtins_they_mean(tmp_path):
     m = dclens.load("dcpythia-tiny")
@@ -103,9 +107,15 @@ def test_errors_are_the_builtins_they_mean(tmp_path):
     with pytest.raises(KeyError):
         c["blocks.0.attn.pattern"]
     for cls in (FileNotFoundError, ValueError, TypeError, KeyError):
-        assert issubclass({FileNotFoundError: dclens.NotFoundError, ValueError: dclens.ArgumentError,
-                           TypeError: dclens.ArgumentTypeError, KeyError: dclens.UnknownNameError}[cls],
-                          (cls, dclens.Error))
+        assert issubclass(
+            {
+                FileNotFoundError: dclens.NotFoundError,
+                ValueError: dclens.ArgumentError,
+                TypeError: dclens.ArgumentTypeError,
+                KeyError: dclens.UnknownNameError,
+            }[cls],
+            (cls, dclens.Error),
+        )
 
 
 def test_did_you_mean_names_an_installed_source():
@@ -115,7 +125,7 @@ def test_did_you_mean_names_an_installed_source():
     e = ei.value
     assert e.suggestions[0] == "blocks.1.attn.pattern" and "did you mean 'blocks.1.attn.pattern'" in str(e)
     assert "dclens.hook_names(model)" in str(e) and "shared/docs" not in str(e)
-    assert str(e) == e.args[0]                           # not KeyError's quoted repr
+    assert str(e) == e.args[0]  # not KeyError's quoted repr
     assert "blocks.1.attn.pattern" in dclens.hook_names(m)
     with pytest.raises(KeyError, match=r"did you mean 'layers\.0\.attention\.wo\.weight'") as ei:
         m.weight("layers.0.attention.wo.weigth")
@@ -126,12 +136,14 @@ def test_did_you_mean_names_an_installed_source():
 
 # ---------------------------------------------------------------- TransformerLens habits
 
+
 def test_hook_functions_get_a_hookpoint_with_name():
     m = dclens.load("dcpythia-tiny")
     seen = []
 
     def fn(act, hook):
         seen.append((hook, hook.name, hook.layer(), hook.tl_name, hook == "blocks.2.attn.pattern"))
+
     m.run_with_hooks("The cat sat", [("blocks.2.attn.hook_pattern", fn), ("embed", dclens.read_only(fn))])
     (h2, n2, l2, tl2, eq2), (he, ne, le, tle, _) = sorted(seen, key=lambda s: s[2] is None)
     assert isinstance(h2, str) and isinstance(h2, dclens.HookPoint) and type(n2) is str
@@ -143,7 +155,13 @@ def test_cfg_has_transformerlens_field_names():
     m = dclens.load("dcpythia-tiny")
     cfg, raw = m.cfg, json.load(open(os.path.join(m.path, "config.json")))
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab) == (
-        raw["n_layer"], raw["dim"], raw["n_head"], raw["head_dim"], raw["intermediate_size"], raw["vocab_size"])
+        raw["n_layer"],
+        raw["dim"],
+        raw["n_head"],
+        raw["head_dim"],
+        raw["intermediate_size"],
+        raw["vocab_size"],
+    )
     assert cfg.n_ctx == raw["max_position_embeddings"] == 288
     assert cfg["act_fn"] == "gelu" and cfg.positional_embedding_type == "rotary" and cfg.parallel_attn_mlp
     assert cfg.attn_types == ("local", "global", "local", "global") and cfg.window_size == raw["window_size"]
@@ -171,7 +189,7 @@ def test_prompt_longer_than_the_trained_context_warns():
         m.forward(np.zeros(m.cfg.n_ctx + 1, np.int32), logits_at="last")
     ws = [x for x in w if issubclass(x.category, dclens.ContextWarning)]
     assert len(ws) == 1 and "289 tokens" in str(ws[0].message) and "288-token context" in str(ws[0].message)
-    assert ws[0].filename == __file__                     # points at the user's call
+    assert ws[0].filename == __file__  # points at the user's call
 
 
 def test_cache_methods_of_transformerlens():
@@ -196,13 +214,15 @@ def test_cache_methods_of_transformerlens():
     assert rel_err(full.sum(0), resid) <= 1e-5
     np.testing.assert_allclose(full[labels.index("L2H3")], c1["blocks.2.attn.head_out"][:, 3], rtol=0, atol=0)
     i = labels.index("L1N7")
-    np.testing.assert_allclose(full[i], np.outer(np.float64(c1["blocks.1.mlp.post"][:, 7]),
-                                                np.float64(m.W_out[1][7])), rtol=1e-12)
+    np.testing.assert_allclose(
+        full[i], np.outer(np.float64(c1["blocks.1.mlp.post"][:, 7]), np.float64(m.W_out[1][7])), rtol=1e-12
+    )
     part = c1.get_full_resid_decomposition(layer=2, expand_neurons=False, pos_slice=-1)
     assert rel_err(part.sum(0), np.asarray(c1["blocks.2.resid_pre"], np.float64)[-1]) <= 1e-5
 
 
 # ---------------------------------------------------------------- progress
+
 
 def test_progress_in_a_log_is_a_few_plain_lines(monkeypatch):
     err = io.StringIO()
@@ -211,7 +231,7 @@ def test_progress_in_a_log_is_a_few_plain_lines(monkeypatch):
     for _ in P.bar(range(1000), desc="sweep", progress=None):
         pass
     lines = err.getvalue().splitlines()
-    assert "\r" not in err.getvalue() and len(lines) == 5, lines       # start, 25/50/75 %, done
+    assert "\r" not in err.getvalue() and len(lines) == 5, lines  # start, 25/50/75 %, done
     assert lines[0] == "sweep: start" and lines[1].startswith("sweep: 25% (250/1000") and "done" in lines[-1]
     err.truncate(0)
     b = P.bar(total=10, desc="x", progress=False)
@@ -225,20 +245,32 @@ def test_progress_in_a_log_is_a_few_plain_lines(monkeypatch):
 def test_progress_bar_is_tqdm_auto_and_every_slow_call_takes_progress(monkeypatch):
     import inspect
     from tqdm.auto import tqdm as auto
+
     b = P.bar(total=2, progress=True, file=io.StringIO())
     assert isinstance(b, auto)
     b.close()
     from dclens import analysis, patching, attribution, train
     from synth_tasks.evaluate import evaluate as synth_evaluate
-    for fn in (analysis.iter_dataset, analysis.head_output_pca, analysis.head_similarity, analysis.composition_stats,
-               analysis.head_load, patching.sweep, attribution.attribute, dclens.Model.attribute, synth_evaluate,
-               dclens.load):
+
+    for fn in (
+        analysis.iter_dataset,
+        analysis.head_output_pca,
+        analysis.head_similarity,
+        analysis.composition_stats,
+        analysis.head_load,
+        patching.sweep,
+        attribution.attribute,
+        dclens.Model.attribute,
+        synth_evaluate,
+        dclens.load,
+    ):
         assert "progress" in inspect.signature(fn).parameters, fn
         assert inspect.signature(fn).parameters["progress"].default is None, fn
     assert "progress" in {f.name for f in __import__("dataclasses").fields(train.TrainConfig)}
 
 
 # ---------------------------------------------------------------- command line
+
 
 def test_python_m_dclens_version_and_help():
     out = subprocess.run([sys.executable, "-m", "dclens", "--version"], capture_output=True, text=True)
@@ -252,6 +284,7 @@ def test_python_m_dclens_version_and_help():
 def test_every_option_has_help_and_shows_its_default():
     import argparse
     from dclens import cli
+
     ps = cli.parsers()
     assert set(ps) >= {"heatmap", "info", "models", "make-tiny", "train", "synth"}
     for name, p in ps.items():

@@ -1,4 +1,5 @@
 """dclens.patching: identities and agreement with unbatched single patches."""
+
 import numpy as np
 import pytest
 
@@ -42,10 +43,10 @@ def test_patching_clean_into_clean_changes_nothing(tiny_factory, kw, over):
     v1 = r1.values[np.isfinite(r1.values)]
     assert np.all(v1 == r1.clean)
     if over == "layer,phase,branch" and model.config.query_wise:
-        assert np.isnan(r.values[:, :, 2]).all() and np.isnan(r.values[:, :, 4]).all()   # kp, kg absent
+        assert np.isnan(r.values[:, :, 2]).all() and np.isnan(r.values[:, :, 4]).all()  # kp, kg absent
 
 
-@pytest.mark.filterwarnings("ignore::dclens.PatchingWarning")   # random prompts: only the cells matter here
+@pytest.mark.filterwarnings("ignore::dclens.PatchingWarning")  # random prompts: only the cells matter here
 @pytest.mark.parametrize("over", ["layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch", "composition"])
 def test_sweep_cells_equal_single_patches(tiny_factory, over):
     d, _, _ = tiny_factory(**DCP)
@@ -70,6 +71,7 @@ def test_sweep_cells_equal_single_patches(tiny_factory, over):
         # entry C[n=1, m=3] of layer 1's post map at clean values: the same as patching the
         # whole composed map when only that entry differs -- check against a direct computation
         from dclens import routing
+
         _, xc = model.run_with_cache(corr)
         delta = routing.composition_maps(model, cache, 1, "post") - routing.composition_maps(model, xc, 1, "post")
         add = (delta[:, :, 1, 3] * xc["blocks.1.attn.pattern"][1]).astype(np.float32)
@@ -77,9 +79,10 @@ def test_sweep_cells_equal_single_patches(tiny_factory, over):
         def fn(a, n):
             a[3] += add
             return a
+
         one = model.run_with_hooks(corr, fwd_hooks=[("blocks.1.attn.pattern_composed", fn)])
         cell = r.values[1, 1, 3]
-    assert abs(cell - metric(one)) <= 2 * TWO_PASSES * np.abs(one).max()   # batched sweep vs one pass
+    assert abs(cell - metric(one)) <= 2 * TWO_PASSES * np.abs(one).max()  # batched sweep vs one pass
     assert r.corrupted == pytest.approx(metric(model(corr)))
     assert r.clean == pytest.approx(metric(model(clean)))
 
@@ -106,9 +109,13 @@ def test_patching_errors_and_plot(tiny_factory):
     model = dclens.load(d)
     clean, corr = _pair(model)
     m = patching.logit_diff(2, 1)
-    for kw, match in [(dict(over="heads"), "over must be"), (dict(hook="resid_pre"), "has no head axis"),
-                      (dict(layers=[5]), "layer 5 is out of range"), (dict(batch_size=0), "batch_size"),
-                      (dict(over="layer,pos", positions=[99]), "position 99")]:
+    for kw, match in [
+        (dict(over="heads"), "over must be"),
+        (dict(hook="resid_pre"), "has no head axis"),
+        (dict(layers=[5]), "layer 5 is out of range"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(over="layer,pos", positions=[99]), "position 99"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             patching.sweep(model, clean, corr, m, progress=False, **kw)
     with pytest.raises(dclens.Error, match="same number of tokens"):
@@ -116,7 +123,7 @@ def test_patching_errors_and_plot(tiny_factory):
     d2, _, _ = tiny_factory(**NEOX)
     with pytest.raises(dclens.Error, match="no composition maps"):
         patching.sweep(dclens.load(d2), clean, corr, m, over="composition", progress=False)
-    r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)   # a tqdm bar on stderr
+    r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)  # a tqdm bar on stderr
     assert r.plot()._repr_png_()[:4] == b"\x89PNG"
     assert patching.sweep(model, clean, corr, m, progress=False).plot(normalize=True)._repr_png_()[:4] == b"\x89PNG"
 
@@ -129,14 +136,15 @@ def test_baselines_are_checked(tiny_factory):
     clean, corr = _pair(model)
     m = patching.logit_diff(2, 1)
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        r = patching.sweep(model, clean, corr, m, over="layer,head", progress=False)    # clean clearly above
+        r = patching.sweep(model, clean, corr, m, over="layer,head", progress=False)  # clean clearly above
     assert r.clean > r.corrupted and r.baseline_note == ""
     for over in OVERS:
         with pytest.warns(dclens.PatchingWarning, match="higher on the corrupted prompt") as w:
             r = patching.sweep(model, corr, clean, m, over=over, layers=[1], progress=False)
-        assert w[0].filename == __file__                    # points at the caller's line
+        assert w[0].filename == __file__  # points at the caller's line
         assert "%.4g" % r.clean in r.baseline_note and "%.4g" % r.corrupted in r.baseline_note
         with pytest.warns(dclens.PatchingWarning, match="nearly equal"):
             patching.sweep(model, clean, clean, m, over=over, layers=[1], progress=False)

@@ -1,6 +1,7 @@
 """A Model pickles as a reference (issue 26): load arguments and a
 fingerprint of its files, never its weights; unpickling loads it again and
 refuses with dclens.Error if the files changed since it was loaded."""
+
 import os
 import pickle
 import shutil
@@ -25,9 +26,9 @@ def test_round_trip_is_the_same_model(model_dir):
     m = dclens.load(model_dir, n_threads=1)
     toks = np.arange(20, dtype=np.int32) % m.config.vocab
     blob = pickle.dumps(m)
-    assert len(blob) < 4096                       # a reference, not the weights
+    assert len(blob) < 4096  # a reference, not the weights
     m2 = pickle.loads(blob)
-    assert m2 is not m and m2._m != m._m          # loaded again
+    assert m2 is not m and m2._m != m._m  # loaded again
     assert m2.reference() == m.reference()
     assert (m2.device, m2.path, m2.config) == (m.device, m.path, m.config)
     assert np.array_equal(m2.forward(toks), m.forward(toks))
@@ -37,7 +38,7 @@ def test_reference_holds_the_load_arguments(model_dir, monkeypatch):
     monkeypatch.chdir(os.path.dirname(model_dir))
     m = dclens.load(os.path.basename(model_dir), n_threads=2, always_batch=True)
     r = m.reference()
-    assert r.source == model_dir                  # absolute: workers have another cwd
+    assert r.source == model_dir  # absolute: workers have another cwd
     assert (r.device, r.n_threads, r.always_batch) == ("cpu", 2, True)
     assert [f[0] for f in r.files] == ["config.json", "model.safetensors"]
     size = os.path.getsize(os.path.join(model_dir, "model.safetensors"))
@@ -66,12 +67,15 @@ def _rewrite(path, offset, data):
         f.write(data)
 
 
-@pytest.mark.parametrize("change, said", [
-    ("append", "model.safetensors: %d bytes, was %d"),
-    ("header", "model.safetensors: its header or trailer changed (same size)"),
-    ("config", "config.json"),
-    ("remove", "model.safetensors is gone"),
-])
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ("append", "model.safetensors: %d bytes, was %d"),
+        ("header", "model.safetensors: its header or trailer changed (same size)"),
+        ("config", "config.json"),
+        ("remove", "model.safetensors is gone"),
+    ],
+)
 def test_changed_files_are_refused(model_dir, change, said):
     m = dclens.load(model_dir, n_threads=1)
     blob = pickle.dumps(m)
@@ -84,7 +88,7 @@ def test_changed_files_are_refused(model_dir, change, said):
     elif change == "header":
         with open(w, "rb") as f:
             head = f.read(64)
-        _rewrite(w, 8, bytes([head[8] ^ 1]))        # one bit of the JSON header
+        _rewrite(w, 8, bytes([head[8] ^ 1]))  # one bit of the JSON header
     elif change == "config":
         with open(os.path.join(model_dir, "config.json"), "a") as f:
             f.write(" ")
@@ -103,10 +107,10 @@ def test_trailer_of_a_large_file_is_fingerprinted(tmp_path):
     blob = bytearray(os.urandom(WHOLE + 3 * EDGE))
     (d / "model.safetensors").write_bytes(bytes(blob))
     before = fingerprint(str(d))
-    blob[len(blob) // 2] ^= 1                         # the middle is not read
+    blob[len(blob) // 2] ^= 1  # the middle is not read
     (d / "model.safetensors").write_bytes(bytes(blob))
     assert fingerprint(str(d)) == before
-    blob[-1] ^= 1                                     # the trailer is
+    blob[-1] ^= 1  # the trailer is
     (d / "model.safetensors").write_bytes(bytes(blob))
     assert fingerprint(str(d)) != before
 
@@ -120,7 +124,7 @@ def test_gone_directory_is_an_error(model_dir):
 
 def test_hooks_and_caches_are_not_pickled(model_dir):
     m = dclens.load(model_dir, n_threads=1)
-    m.weight("tok_embeddings.weight")                        # fills the weight cache
+    m.weight("tok_embeddings.weight")  # fills the weight cache
     m.add_hook("blocks.0.attn.pattern", lambda a, n: None)
     with pytest.warns(UserWarning, match="not pickled"):
         blob = pickle.dumps(m)
@@ -129,7 +133,7 @@ def test_hooks_and_caches_are_not_pickled(model_dir):
     m.reset_hooks()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        pickle.dumps(m)                               # no hooks: no warning
+        pickle.dumps(m)  # no hooks: no warning
 
 
 def test_from_reference_refuses_other_objects():

@@ -2,6 +2,7 @@
 
 plots.py is loaded from its file so that these tests run without the
 compiled engine (importing the dclens package loads it)."""
+
 import importlib.util
 import io
 import os
@@ -18,7 +19,8 @@ from matplotlib.patches import Polygon  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location(
-    "dclens_plots_under_test", os.path.join(ROOT, "bindings", "dclens", "plots.py"))
+    "dclens_plots_under_test", os.path.join(ROOT, "bindings", "dclens", "plots.py")
+)
 dp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dp)
 
@@ -229,7 +231,7 @@ def test_flows_plot():
     rng = np.random.default_rng(3)
     N, B, T = 4, 5, 9
     F = rng.normal(size=(N, B, T))
-    F[:, :, 7:] = 0.0                                    # masked keys
+    F[:, :, 7:] = 0.0  # masked keys
     fig = dp.flows(F, TOKENS[:T], target="L1H2", title="flows")
     left, right = images(fig)
     got = np.asarray(left.get_array())
@@ -238,11 +240,11 @@ def test_flows_plot():
     tab = np.asarray(right.get_array())
     assert np.allclose(tab[:N, :B], F[:, :, key]) and np.isnan(tab[N]).all() and np.isnan(tab[:, B]).all()
     texts = [t.get_text() for t in fig.axes[1].texts]
-    assert texts[-1] == "%.3f" % F[:, :, key].sum()         # the grand total, bottom right
+    assert texts[-1] == "%.3f" % F[:, :, key].sum()  # the grand total, bottom right
     assert fig.axes[1].get_title().startswith("at key %d" % key)
     assert png_bytes(fig).startswith(PNG_SIG)
     assert dp.flows(F, key=-3).axes[1].get_title().startswith("at key 6")
-    six = dp.flows(np.concatenate([F, F[:, :1]], axis=1))          # a use_sw model's sixth branch
+    six = dp.flows(np.concatenate([F, F[:, :1]], axis=1))  # a use_sw model's sixth branch
     assert [t.get_text() for t in six.axes[1].get_xticklabels()][-2:] == ["static", "total"]
     for bad in (dict(F=F[0]), dict(F=F, tokens=TOKENS[:3]), dict(F=F, key=T), dict(F=F, branches=["a"])):
         with pytest.raises(ValueError):
@@ -250,7 +252,7 @@ def test_flows_plot():
 
 
 def test_patching_plot_labels_tokens_and_wraps_title():
-    class R:       # a PatchResult's fields
+    class R:  # a PatchResult's fields
         values = np.arange(12.0).reshape(2, 6)
         axes = ("layer", "pos")
         labels = (["0", "1"], [str(i) for i in range(6)])
@@ -259,14 +261,16 @@ def test_patching_plot_labels_tokens_and_wraps_title():
 
         def normalized(self):
             return self.values / 5.0
+
     fig = dp.plot_patching(R())
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels == ["·a", "·b", "·c|·X", "·d", "·e", "·f"]
     assert ax.get_xticklabels()[2].get_color() == "#c00000"
-    assert "\n" in fig._suptitle.get_text()                 # wrapped, not clipped
+    assert "\n" in fig._suptitle.get_text()  # wrapped, not clipped
     w = fig.get_figwidth() * fig.dpi
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     r = FigureCanvasAgg(fig).get_renderer()
     bb = fig._suptitle.get_window_extent(renderer=r)
     assert bb.x0 >= 0 and bb.x1 <= w

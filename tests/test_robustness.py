@@ -5,6 +5,7 @@ dclens.Error naming what is wrong (docs/bad-inputs.md lists each case).
 Every case that could hang runs with a timeout (a subprocess, or a joined
 thread), so a regression fails instead of blocking the suite.
 """
+
 import gc
 import json
 import os
@@ -44,7 +45,7 @@ def model(tiny_factory):
 def _st_read(path):
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _st_write(path, header, data):
@@ -162,11 +163,11 @@ def test_hook_keeps_array_across_passes_and_del_model(tiny_factory):
         m.run_with_cache(TOKS[:5], names=names)
     for k, f in zip(kept, first):
         np.testing.assert_array_equal(k, f)
-        assert k.base is None or k.base.flags.owndata   # owns its memory
+        assert k.base is None or k.base.flags.owndata  # owns its memory
     del m, cache
     gc.collect()
     for k, f in zip(kept, first):
-        k += 1.0                                          # writes are safe too
+        k += 1.0  # writes are safe too
         np.testing.assert_array_equal(k, f + 1.0)
 
 
@@ -174,7 +175,7 @@ def test_hook_writes_still_apply(model):
     ref = model.forward(TOKS)
 
     def zero(act, name):
-        act[...] = 0.0                                    # in place, no return
+        act[...] = 0.0  # in place, no return
 
     out = model.run_with_hooks(TOKS, [("blocks.1.mlp.out", zero)])
     # an effect far above float32 rounding of a pass (tests/tolerances.py)
@@ -190,7 +191,7 @@ def test_exception_traceback_holds_no_engine_view(model):
 
     with pytest.raises(dclens.Error) as ei:
         model.run_with_hooks(TOKS, [("blocks.0.attn.z", bad)])
-    model.forward(TOKS[::-1].copy())                      # reuse the buffers
+    model.forward(TOKS[::-1].copy())  # reuse the buffers
     tb = ei.value.__cause__.__traceback__
     while tb is not None:
         for v in tb.tb_frame.f_locals.values():
@@ -207,19 +208,20 @@ def test_weight_file_truncated_or_rewritten_after_load(good):
     ref = m.forward(TOKS)
     p = good / "model.safetensors"
     raw = p.read_bytes()
-    p.write_bytes(b"\xff" * len(raw))                     # rewritten in place
+    p.write_bytes(b"\xff" * len(raw))  # rewritten in place
     np.testing.assert_array_equal(m.forward(TOKS), ref)
-    os.truncate(p, 0)                                     # truncated: no SIGBUS
+    os.truncate(p, 0)  # truncated: no SIGBUS
     np.testing.assert_array_equal(m.forward(TOKS), ref)
     np.testing.assert_array_equal(m.weight("norm.weight"), m.weight("norm.weight"))
 
 
 def _load_in_subprocess(d, timeout=60):
-    code = ("import dclens, sys\n"
-            "try:\n    m = dclens.load(sys.argv[1]); m.tokenizer\nexcept dclens.Error as e:\n"
-            "    print('ERR', e)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True,
-                       timeout=timeout)
+    code = (
+        "import dclens, sys\n"
+        "try:\n    m = dclens.load(sys.argv[1]); m.tokenizer\nexcept dclens.Error as e:\n"
+        "    print('ERR', e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -228,7 +230,7 @@ def _load_in_subprocess(d, timeout=60):
 def test_fifo_refused_without_hanging(good, name):
     os.remove(good / name) if (good / name).exists() else None
     os.mkfifo(good / name)
-    out = _load_in_subprocess(good)                       # a hang fails by timeout
+    out = _load_in_subprocess(good)  # a hang fails by timeout
     assert out.startswith("ERR") and name in out and "not a regular file" in out
 
 
@@ -245,6 +247,7 @@ def test_dangling_symlink_is_named(good):
 def test_nonfinite_weight_named_at_load(good, value):
     def poison(a):
         a[3] = value
+
     _set_tensor_values(good, "layers.1.feed_forward.w2.weight", poison)
     msg = _load_error(good)
     assert "model.safetensors" in msg and "layers.1.feed_forward.w2.weight" in msg
@@ -258,7 +261,7 @@ def test_nonfinite_f16_weight(tiny_factory, tmp_path):
     p = dst / "model.safetensors"
     header, data = _st_read(p)
     b, e = header["norm.weight"]["data_offsets"]
-    data = data[:b] + struct.pack("<H", 0x7e00) + data[b + 2:]
+    data = data[:b] + struct.pack("<H", 0x7E00) + data[b + 2 :]
     _st_write(p, header, data)
     assert "'norm.weight' holds NaN at element 0" in _load_error(dst)
 
@@ -286,11 +289,25 @@ def test_overflowing_weights_no_benchmark_score(good, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"task_id": "task0", "texts": "\na b [ c ]\n"}) + "\n")
     from conftest import shared_path
+
     tok = shared_path("data", "gpt-neox-20b-tokenizer.json")
     from synth_tasks.cli import main
+
     out = tmp_path / "out"
-    rc = main(["--model", str(good), "--data", str(data), "--out", str(out), "--tokenizer", tok,
-               "--no-progress", "--no-plots"])
+    rc = main(
+        [
+            "--model",
+            str(good),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--tokenizer",
+            tok,
+            "--no-progress",
+            "--no-plots",
+        ]
+    )
     assert rc != 0
     assert not (out / "results.json").exists()
 
@@ -311,6 +328,7 @@ def test_evaluate_refuses_nonfinite_logits():
         def encode(self, text, add_special_tokens=False):
             class E:
                 pass
+
             e = E()
             e.ids = [ord(c) % 64 for c in text]
             e.offsets = [(i, i + 1) for i in range(len(text))]
@@ -345,11 +363,11 @@ def test_ctrl_c_stops_a_plain_forward(deep):
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         deep.forward(toks)
-        time.sleep(10)          # not reached unless the pass ignored Ctrl-C
+        time.sleep(10)  # not reached unless the pass ignored Ctrl-C
     took = time.perf_counter() - t0
     timer.join()
     assert took < 0.7 * full, (took, full)
-    np.testing.assert_array_equal(deep.forward(toks), ref)   # still usable
+    np.testing.assert_array_equal(deep.forward(toks), ref)  # still usable
 
 
 def test_ctrl_c_stops_a_hooked_forward(deep):
@@ -415,10 +433,22 @@ def test_long_tensor_name_keeps_the_reason(good):
 # ---------------------------------------------------------------- arguments
 
 
-@pytest.mark.parametrize("kw", [dict(layer=0.5), dict(layer=1.0), dict(layer=True),
-                                dict(layer=np.float32(1)), dict(layer=2), dict(layer=-1),
-                                dict(layer=2**70), dict(query=1.0), dict(query=np.float64(3)),
-                                dict(query=len(TOKS)), dict(query="3")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(layer=0.5),
+        dict(layer=1.0),
+        dict(layer=True),
+        dict(layer=np.float32(1)),
+        dict(layer=2),
+        dict(layer=-1),
+        dict(layer=2**70),
+        dict(query=1.0),
+        dict(query=np.float64(3)),
+        dict(query=len(TOKS)),
+        dict(query="3"),
+    ],
+)
 def test_routing_indices_checked(model, kw):
     args = dict(layer=1, phase="post", query=5)
     args.update(kw)
@@ -428,8 +458,11 @@ def test_routing_indices_checked(model, kw):
 
 def test_index_arguments_everywhere(model):
     from dclens import circuits, interventions as iv
-    np.testing.assert_array_equal(model.routing_matrix(TOKS, layer=np.int64(1), phase="post", query=np.int32(5)),
-                                  model.routing_matrix(TOKS, layer=1, phase="post", query=5))
+
+    np.testing.assert_array_equal(
+        model.routing_matrix(TOKS, layer=np.int64(1), phase="post", query=np.int32(5)),
+        model.routing_matrix(TOKS, layer=1, phase="post", query=5),
+    )
     with pytest.raises(dclens.Error, match="key position"):
         model.composition_map(TOKS, 1, "post", query=5, key=2.0)
     with pytest.raises(dclens.Error, match="head"):
@@ -497,19 +530,37 @@ def test_oversized_cache_refused_before_allocating(model):
 def test_cli_messages(good, tmp_path, capsys):
     from conftest import shared_path
     from dclens.cli import main
+
     shutil.copy(shared_path("data", "gpt-neox-20b-tokenizer.json"), good / "tokenizer.json")
     f = tmp_path / "afile"
     f.write_text("x")
     assert main(["info", "--model", str(f)]) == 1
     assert "must be a checkpoint directory" in capsys.readouterr().err
-    assert main(["heatmap", "--model", str(good), "--text", "!#", "--layer", "0", "--head", "99",
-                 "--out", str(tmp_path / "h.png")]) == 1
+    assert (
+        main(
+            [
+                "heatmap",
+                "--model",
+                str(good),
+                "--text",
+                "!#",
+                "--layer",
+                "0",
+                "--head",
+                "99",
+                "--out",
+                str(tmp_path / "h.png"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "heatmap: heatmap:" not in err and "dclens heatmap: error: head 99" in err
 
 
 def test_synth_out_checked_before_evaluation(good, tmp_path, capsys):
     from synth_tasks.cli import main
+
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"task_id": "task0", "texts": "\na b [ c ]\n"}) + "\n")
     f = tmp_path / "afile"
@@ -524,15 +575,16 @@ def test_synth_out_checked_before_evaluation(good, tmp_path, capsys):
 
 def test_dataset_endless_line_and_devices(tmp_path):
     from synth_tasks.dataset import DatasetError, MAX_LINE_BYTES, load_dataset
+
     with pytest.raises(DatasetError, match="not a regular file"):
         load_dataset("/dev/zero")
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
     with pytest.raises(DatasetError, match="not a regular file"):
-        load_dataset(fifo)                   # no writer: would block without O_NONBLOCK
+        load_dataset(fifo)  # no writer: would block without O_NONBLOCK
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:
-        f.write(b"{\"task_id\": \"t\", \"texts\": \"" + b"a" * (MAX_LINE_BYTES + 10))
+        f.write(b'{"task_id": "t", "texts": "' + b"a" * (MAX_LINE_BYTES + 10))
     with pytest.raises(DatasetError, match=r"big.jsonl:1: line longer than"):
         load_dataset(big)
     dup = tmp_path / "dup.jsonl"
@@ -543,6 +595,7 @@ def test_dataset_endless_line_and_devices(tmp_path):
 
 def test_ctrl_c_stops_a_decoding_step(deep):
     from dclens.generate import Decoder
+
     toks = np.zeros(384, np.int32)
     dec = Decoder(deep)
     t0 = time.perf_counter()
@@ -557,22 +610,23 @@ def test_ctrl_c_stops_a_decoding_step(deep):
     took = time.perf_counter() - t0
     timer.join()
     assert took < 0.7 * full, (took, full)
-    assert dec.pos == 0                                  # the step was undone
+    assert dec.pos == 0  # the step was undone
     np.testing.assert_array_equal(dec.step(toks), ref)
 
 
 def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys):
     from dclens.cli import main
+
     assert main(["bogus"]) == 2
     assert "unknown command 'bogus'" in capsys.readouterr().err
     assert main(["make-tiny", str(tmp_path / "m"), "--dim", "0"]) == 1
     assert "--dim must be at least 1, not 0" in capsys.readouterr().err
-    assert not (tmp_path / "m").exists()                 # refused before writing
+    assert not (tmp_path / "m").exists()  # refused before writing
     f = tmp_path / "afile"
     f.write_text("x")
     assert main(["make-tiny", str(f)]) == 1
     assert "exists and is not a directory" in capsys.readouterr().err
-    assert main(["make-tiny", str(f / "sub")]) == 1      # cannot be created
+    assert main(["make-tiny", str(f / "sub")]) == 1  # cannot be created
     assert "dclens make-tiny: error: cannot write" in capsys.readouterr().err
     # no safetensors package is needed: dclens.testing.checkpoint writes the files
     assert main(["make-tiny", str(tmp_path / "plain")]) == 0
@@ -582,14 +636,16 @@ def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys):
 
 # ---------------------------------------------------------------- Robustness III (issue 22)
 
+
 def test_weights_dangling_symlink_named(good):
     """A weights file that is a link to nothing is named as such, not reported as 'no weights found'."""
     os.remove(good / "model.safetensors")
     os.symlink(good / "gone.safetensors", good / "model.safetensors")
     with pytest.raises(dclens.Error) as ei:
         dclens.load(good)
-    assert str(ei.value) == ("%s/model.safetensors: cannot open: a dangling symbolic link (its target does "
-                             "not exist)" % good)
+    assert str(ei.value) == (
+        "%s/model.safetensors: cannot open: a dangling symbolic link (its target does not exist)" % good
+    )
 
 
 def test_shard_name_with_double_dot_accepted(tiny_factory, tmp_path):
@@ -623,8 +679,10 @@ def test_config_pseudo_file_read_to_its_end(good, tmp_path):
     os.remove(good / "config.json")
     os.symlink("/proc/self/comm", good / "config.json")
     assert os.stat(good / "config.json").st_size == 0
-    code = ("import dclens, sys\nopen('/proc/self/comm', 'w').write('{}')\n"
-            "try:\n    dclens.load(sys.argv[1])\nexcept dclens.Error as e:\n    print(e)\n")
+    code = (
+        "import dclens, sys\nopen('/proc/self/comm', 'w').write('{}')\n"
+        "try:\n    dclens.load(sys.argv[1])\nexcept dclens.Error as e:\n    print(e)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "%s/config.json: missing required key 'model_type'" % good
@@ -643,10 +701,10 @@ def test_half_weight_nonfinite_named_at_load(tiny_factory, tmp_path, dtype, bits
     header, data = _st_read(p)
     name = "layers.1.feed_forward.w1.weight"
     assert header[name]["dtype"] == ("F16" if dtype == "float16" else "BF16")
-    pat = {"float16": (0x7c00, 0xfc00, 0x7e00), "bfloat16": (0x7f80, 0xff80, 0x7fc0)}[dtype][bits]
+    pat = {"float16": (0x7C00, 0xFC00, 0x7E00), "bfloat16": (0x7F80, 0xFF80, 0x7FC0)}[dtype][bits]
     b = header[name]["data_offsets"][0]
     data = bytearray(data)
-    data[b + 2 * 5:b + 2 * 6] = struct.pack("<H", pat)
+    data[b + 2 * 5 : b + 2 * 6] = struct.pack("<H", pat)
     _st_write(p, header, bytes(data))
     with pytest.raises(dclens.Error) as ei:
         dclens.load(dst)
@@ -656,8 +714,10 @@ def test_half_weight_nonfinite_named_at_load(tiny_factory, tmp_path, dtype, bits
 def test_fused_16bit_parts_nonfinite_named(tiny_factory, tmp_path):
     """Unfused wq/wk/wv (concatenated in their dtype) and a neox fused qkv
     (regrouped) are scanned too, with the stored tensor's name."""
-    for kw, name in ((dict(model_type="dcpythia", fused_qkv=False), "layers.0.attention.wk.weight"),
-                     (dict(model_type="gpt_neox"), "gpt_neox.layers.0.attention.query_key_value.weight")):
+    for kw, name in (
+        (dict(model_type="dcpythia", fused_qkv=False), "layers.0.attention.wk.weight"),
+        (dict(model_type="gpt_neox"), "gpt_neox.layers.0.attention.query_key_value.weight"),
+    ):
         d, _, _ = tiny_factory(n_layer=2, seed=32, dtype="float16", **kw)
         dst = tmp_path / kw["model_type"]
         shutil.copytree(d, dst)
@@ -665,35 +725,41 @@ def test_fused_16bit_parts_nonfinite_named(tiny_factory, tmp_path):
         header, data = _st_read(p)
         b = header[name]["data_offsets"][0]
         data = bytearray(data)
-        data[b:b + 2] = struct.pack("<H", 0x7c00)
+        data[b : b + 2] = struct.pack("<H", 0x7C00)
         _st_write(p, header, bytes(data))
         with pytest.raises(dclens.Error, match=r"tensor '%s' holds \+inf at element 0" % name):
             dclens.load(dst)
 
 
-@pytest.mark.parametrize("stop,msg", [
-    (1.5, "stop must be a token id, a string, or a list of them, not float 1.5"),
-    (b"ab", "stop must be a token id, a string, or a list of them, not bytes"),
-    ({"a": 1}, "stop must be a token id, a string, or a list of them, not dict"),
-    ([None], "stop token id must be an integer, not NoneType None"),
-    ([object()], "stop token id must be an integer, not object"),
-    (2 ** 70, r"stop token id 1180591620717411303424 is out of range \[0, 64\)"),
-    (-1, r"stop token id -1 is out of range"),
-    ([3, True], "stop token id must be an integer, not bool"),
-    ("", "stop holds an empty string"),
-])
+@pytest.mark.parametrize(
+    "stop,msg",
+    [
+        (1.5, "stop must be a token id, a string, or a list of them, not float 1.5"),
+        (b"ab", "stop must be a token id, a string, or a list of them, not bytes"),
+        ({"a": 1}, "stop must be a token id, a string, or a list of them, not dict"),
+        ([None], "stop token id must be an integer, not NoneType None"),
+        ([object()], "stop token id must be an integer, not object"),
+        (2**70, r"stop token id 1180591620717411303424 is out of range \[0, 64\)"),
+        (-1, r"stop token id -1 is out of range"),
+        ([3, True], "stop token id must be an integer, not bool"),
+        ("", "stop holds an empty string"),
+    ],
+)
 def test_generate_stop_refused_by_name(model, stop, msg):
     with pytest.raises(dclens.Error, match="generate: " + msg):
         model.generate(TOKS[:4], max_new_tokens=2, stop=stop)
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(seed="x"), "generate: seed must be an integer, not str"),
-    (dict(seed=-1), r"generate: seed -1 is out of range"),
-    (dict(max_new_tokens=True), "generate: max_new_tokens must be an integer, not bool"),
-    (dict(top_k=2.0), "generate: top_k must be an integer, not float"),
-    (dict(temperature=True), "generate: temperature must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(seed="x"), "generate: seed must be an integer, not str"),
+        (dict(seed=-1), r"generate: seed -1 is out of range"),
+        (dict(max_new_tokens=True), "generate: max_new_tokens must be an integer, not bool"),
+        (dict(top_k=2.0), "generate: top_k must be an integer, not float"),
+        (dict(temperature=True), "generate: temperature must be a finite number"),
+    ],
+)
 def test_generate_arguments_refused_by_name(model, kw, msg):
     with pytest.raises(dclens.Error, match=msg):
         model.generate(TOKS[:4], **dict(dict(max_new_tokens=2), **kw))
@@ -713,18 +779,23 @@ def test_decoder_pickle_refused(model, copy):
     # a Decoder holds the engine's K/V caches and cannot
     import copy as copymod
     import pickle
+
     fn = {"pickle": pickle.dumps, "copy": copymod.copy, "deepcopy": copymod.deepcopy}[copy]
     from dclens.generate import Decoder
+
     with pytest.raises(dclens.Error, match="a dclens.Decoder cannot be pickled or copied"):
         fn(Decoder(model))
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(cell_px=2 ** 31), r"heatmap: cell_px 2147483648 is out of range \[0, 2147483648\)"),
-    (dict(grid_cols=2 ** 40), r"heatmap: grid_cols 1099511627776 is out of range"),
-    (dict(cell_px=-1), r"heatmap: cell_px -1 is out of range"),
-    (dict(grid_cols=1.5), r"heatmap: grid_cols must be an integer, not float"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(cell_px=2**31), r"heatmap: cell_px 2147483648 is out of range \[0, 2147483648\)"),
+        (dict(grid_cols=2**40), r"heatmap: grid_cols 1099511627776 is out of range"),
+        (dict(cell_px=-1), r"heatmap: cell_px -1 is out of range"),
+        (dict(grid_cols=1.5), r"heatmap: grid_cols must be an integer, not float"),
+    ],
+)
 def test_heatmap_sizes_beyond_c_int(model, kw, msg):
     with pytest.raises(dclens.Error, match=msg):
         dclens.heatmap(np.ones((3, 3)), **kw)
@@ -735,12 +806,18 @@ def test_heatmap_sizes_beyond_c_int(model, kw, msg):
 @pytest.mark.parametrize("tok", ["bpe:X", "bpe:-5", "bpe:", "bpe:12", "bpe:1e3", "bpe:99999999999"])
 def test_train_tokenizer_bpe_refused(tmp_path, tok):
     from dclens.train import TrainConfig, train
-    with pytest.raises(dclens.Error, match=r"--tokenizer '%s': N of bpe:N must be an integer in \[258, "
-                       % tok.replace("+", r"\+")):
+
+    with pytest.raises(
+        dclens.Error, match=r"--tokenizer '%s': N of bpe:N must be an integer in \[258, " % tok.replace("+", r"\+")
+    ):
         train(TrainConfig(out=str(tmp_path / "r"), tokenizer=tok, steps=1))
-    assert not os.path.exists(tmp_path / "r")          # refused before anything is written
-    r = subprocess.run([sys.executable, "-m", "dclens.cli", "train", "--out", str(tmp_path / "r"),
-                        "--tokenizer", tok], capture_output=True, text=True, timeout=120)
+    assert not os.path.exists(tmp_path / "r")  # refused before anything is written
+    r = subprocess.run(
+        [sys.executable, "-m", "dclens.cli", "train", "--out", str(tmp_path / "r"), "--tokenizer", tok],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("dclens train: error: --tokenizer")
 
@@ -750,6 +827,7 @@ def _fuzz_findings(model, cache):
     found as a raw Python exception, now a dclens.Error naming the argument."""
     from dclens import analysis, attribution, circuits, interventions as iv, names, patching, routing
     from dclens import cache as dc
+
     logits = model.forward(TOKS[:6])
     odd = np.array([1, "a"], dtype=object)
     return [
@@ -761,10 +839,14 @@ def _fuzz_findings(model, cache):
         (lambda: analysis.composition_stats(model, [TOKS], top=0.0, progress=False), "top must be an integer"),
         (lambda: routing.routing_matrices(model, cache, odd), "phase must be 'pre' or 'post'"),
         (lambda: routing.routing_matrices(model, cache, "post", queries=""), "queries must be a list of integers"),
-        (lambda: routing.maps_from_weights(routing.dynamic_weights(model, TOKS, 0, "post"), 0, groups=0),
-         r"groups 0 is out of range"),
-        (lambda: routing.maps_from_weights(routing.dynamic_weights(model, TOKS, 0, "post"), len(TOKS)),
-         r"query position 12 is out of range"),
+        (
+            lambda: routing.maps_from_weights(routing.dynamic_weights(model, TOKS, 0, "post"), 0, groups=0),
+            r"groups 0 is out of range",
+        ),
+        (
+            lambda: routing.maps_from_weights(routing.dynamic_weights(model, TOKS, 0, "post"), len(TOKS)),
+            r"query position 12 is out of range",
+        ),
         (lambda: circuits.qk_circuit(model, 0, None), "head must be an integer, not NoneType"),
         (lambda: circuits.ov_readout(model, 0, 0, 1, k=0.0), "k must be an integer, not float"),
         (lambda: circuits.FactoredMatrix(None, None), "FactoredMatrix: A must be a 2-D array"),
@@ -780,8 +862,10 @@ def _fuzz_findings(model, cache):
         (lambda: model.run_with_hooks(TOKS, fwd_hooks=None), "fwd_hooks must be a list of \\(name, fn\\) pairs"),
         (lambda: model.gradients(TOKS, "loss", None), "gradients: wrt must be a hook or parameter name"),
         (lambda: attribution.attribute(model, TOKS, "loss", None), "attribute: at must be a hook name"),
-        (lambda: attribution.attribute(model, TOKS, "loss", ["blocks.0.attn.z"], baseline={}),
-         "attribute: baseline must be 'zero', 'mean' or an array of numbers"),
+        (
+            lambda: attribution.attribute(model, TOKS, "loss", ["blocks.0.attn.z"], baseline={}),
+            "attribute: baseline must be 'zero', 'mean' or an array of numbers",
+        ),
         (lambda: dclens.heatmap(""), "heatmap: maps must be a \\[T, S\\] or \\[P, T, S\\] array of numbers"),
         (lambda: dclens.heatmap(np.ones((2, 2)), vmin="", vmax=1.0), "heatmap: vmin must be a finite number"),
         (lambda: dclens.heatmap(np.ones((2, 2)), diverging=odd), "heatmap: diverging must be True or False"),
@@ -798,6 +882,7 @@ def test_fuzz_findings_refused_by_name(model):
     """Every finding of the API fuzz, replayed: a dclens.Error with the message
     docs/bad-inputs.md quotes (section Robustness III), never the raw exception."""
     import re
+
     _, cache = model.run_with_cache(TOKS)
     for call, msg in _fuzz_findings(model, cache):
         with pytest.raises(dclens.Error) as ei:
@@ -807,6 +892,7 @@ def test_fuzz_findings_refused_by_name(model):
 
 def test_missing_cache_key_is_error_and_key_error(model):
     from dclens.cache import MissingActivation
+
     _, cache = model.run_with_cache(TOKS, names=["embed"])
     with pytest.raises(MissingActivation) as ei:
         cache["blocks.0.attn.z"]

@@ -1,5 +1,6 @@
 """synth_tasks.probe: the query, answer and source positions of a scored answer, and the
 corrupted prompt used for activation patching."""
+
 import dataclasses
 
 import numpy as np
@@ -24,28 +25,30 @@ def heldout():
 
 def test_every_heldout_answer_has_a_source(tok, heldout):
     ps = list(probes(heldout.lines, tok))
-    assert len(ps) == heldout.n_answers                       # every generated example solves
+    assert len(ps) == heldout.n_answers  # every generated example solves
     for p in ps:
-        text = tok.decode(p.ids[p.answer_span[0]:p.answer_span[1]].tolist())
+        text = tok.decode(p.ids[p.answer_span[0] : p.answer_span[1]].tolist())
         assert text.strip() == p.answer
         assert p.query == p.answer_span[0] - 1
         assert p.source < p.query
         assert p.source_text.endswith(tok.decode([int(p.ids[p.source])]).strip())
         # the source lies in the answer's own example (after the last newline before the answer)
         start = p.text.rfind("\n") + 1
-        assert len(tok.decode(p.ids[:p.source + 1].tolist())) > start
+        assert len(tok.decode(p.ids[: p.source + 1].tolist())) > start
 
 
 def test_known_example(tok):
-    text = ("\n< Ruth has a sweater. Steven has a taxi. Ruth has a handgun. >. "
-            "Ruth does not have a kind of [ vehicle ]\n")
+    text = (
+        "\n< Ruth has a sweater. Steven has a taxi. Ruth has a handgun. >. Ruth does not have a kind of [ vehicle ]\n"
+    )
     from synth_tasks import parse_texts
+
     body, answers = parse_texts(text)
     p = probe(Line("task0", body, answers), 0, tok)
     assert p.answer == "vehicle" and p.source_text == "taxi"
     assert tok.decode([int(p.ids[p.source])]) == " taxi"
-    assert p.corrupted_answer == "clothing"                  # taxi <-> sweater
-    corrupted = tok.decode(p.corrupted[:p.answer_span[0]].tolist())
+    assert p.corrupted_answer == "clothing"  # taxi <-> sweater
+    corrupted = tok.decode(p.corrupted[: p.answer_span[0]].tolist())
     assert "Ruth has a taxi. Steven has a sweater." in corrupted
 
 
@@ -60,8 +63,8 @@ def test_corrupted_prompts_line_up_and_change_the_answer(tok, heldout):
         assert np.array_equal(p.corrupted[a0:], p.ids[a0:])
         diff = np.flatnonzero(p.corrupted[:a0] != p.ids[:a0])
         start = p.text.rfind("\n") + 1
-        first = next(i for i in range(a0) if len(tok.decode(p.ids[:i + 1].tolist())) > start)
-        assert 2 <= len(diff) <= 6 and diff.min() >= first          # only inside the answer's example
+        first = next(i for i in range(a0) if len(tok.decode(p.ids[: i + 1].tolist())) > start)
+        assert 2 <= len(diff) <= 6 and diff.min() >= first  # only inside the answer's example
         assert p.corrupted_token != p.answer_token
         ex = tok.decode(p.corrupted[:a0].tolist()).split("\n")[-1] + " " + p.corrupted_answer
         res = analyse(p.task_id, ex)
@@ -82,13 +85,13 @@ def test_flips_with_a_model(tok, heldout):
     """flips=True keeps the answers the model gets right (greedy) on the clean prompt and loses
     on the corrupted one; the probabilities are recomputed here from full forwards."""
     import dclens
+
     m = dclens.load("dcpythia-tiny")
     lines = heldout.lines[:3]
     every = [p for p in probes(lines, tok, model=m) if p.corrupted is not None]
     kept = list(probes(lines, tok, model=m, flips=True))
-    assert 0 < len(kept) < len(every)                      # some answers flip, some do not
-    assert {(p.lineno, p.answer_index) for p in kept} == \
-        {(p.lineno, p.answer_index) for p in every if p.flips}
+    assert 0 < len(kept) < len(every)  # some answers flip, some do not
+    assert {(p.lineno, p.answer_index) for p in kept} == {(p.lineno, p.answer_index) for p in every if p.flips}
     for p in every[:6]:
         z = np.asarray(m.forward(np.stack([p.ids, p.corrupted]))[:, p.query], np.float64)
         pr = np.exp(z - z.max(-1, keepdims=True))
@@ -98,6 +101,6 @@ def test_flips_with_a_model(tok, heldout):
         assert p.p_corrupted_answer == pytest.approx(pr[1, p.corrupted_token], rel=1e-4, abs=1e-7)
         flips = pr[0].argmax() == p.answer_token and pr[1].argmax() != p.answer_token
         assert p.flips == flips
-    assert probe(lines[0], 0, tok).flips is None            # no model: not scored
+    assert probe(lines[0], 0, tok).flips is None  # no model: not scored
     with pytest.raises(ValueError, match="needs a model"):
         probe(lines[0], 0, tok, flips=True)

@@ -5,6 +5,7 @@ each; sitting options may change and the log says so; a run made before
 run.json existed is checked against its newest checkpoint; checkpoints are
 staged and renamed into place; a damaged newest checkpoint is named and the
 previous one offered."""
+
 import json
 import os
 import shutil
@@ -26,9 +27,25 @@ def _corpus(tmp_path):
 
 
 def _cfg(out, data, **kw):
-    base = dict(out=str(out), model_type="dcpythia", n_layer=1, dim=16, n_head=2, seq_len=8, batch_size=2,
-                steps=6, lr=3e-3, min_lr=3e-4, warmup=1, data=data, tokenizer="bytes", ckpt_every=2,
-                log_every=1, keep=3, progress=False)
+    base = dict(
+        out=str(out),
+        model_type="dcpythia",
+        n_layer=1,
+        dim=16,
+        n_head=2,
+        seq_len=8,
+        batch_size=2,
+        steps=6,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup=1,
+        data=data,
+        tokenizer="bytes",
+        ckpt_every=2,
+        log_every=1,
+        keep=3,
+        progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -60,17 +77,33 @@ def test_resume_with_other_architecture_refused(tmp_path):
         train(_cfg(out, data, dim=32, n_head=4, lr=1e-2))
     msg = str(ei.value)
     assert "\n" not in msg
-    for part in ("--dim 32 (the run: 16)", "--n-head 4 (the run: 2)", "--lr 0.01 (the run: 0.003)",
-                 str(out / "run.json")):
+    for part in (
+        "--dim 32 (the run: 16)",
+        "--n-head 4 (the run: 2)",
+        "--lr 0.01 (the run: 0.003)",
+        str(out / "run.json"),
+    ):
         assert part in msg, msg
     # nothing written: same checkpoints, newest still step 4
     assert {d: sorted(os.listdir(out / d)) for d in _steps(out)} == before
     assert json.load(open(out / "step-000004" / "train_state.json"))["step"] == 4
 
 
-@pytest.mark.parametrize("opt", [dict(tokenizer="bpe:300"), dict(seed=5), dict(lines=True), dict(rank=3),
-                                 dict(window_size=4), dict(model_type="gpt_neox"), dict(warmup=2),
-                                 dict(d_ff=32), dict(seq_len=12), dict(batch_size=3)])
+@pytest.mark.parametrize(
+    "opt",
+    [
+        dict(tokenizer="bpe:300"),
+        dict(seed=5),
+        dict(lines=True),
+        dict(rank=3),
+        dict(window_size=4),
+        dict(model_type="gpt_neox"),
+        dict(warmup=2),
+        dict(d_ff=32),
+        dict(seq_len=12),
+        dict(batch_size=3),
+    ],
+)
 def test_each_shaping_option_refused(tmp_path, opt):
     data = _corpus(tmp_path)
     out = tmp_path / "r"
@@ -99,17 +132,19 @@ def test_legacy_run_checked_against_its_checkpoint(tmp_path):
     (and config.json) are what a resume is compared with, and the log says so."""
     data = _corpus(tmp_path)
     out = tmp_path / "r"
-    a = train(_cfg(tmp_path / "a", data))            # uninterrupted
+    a = train(_cfg(tmp_path / "a", data))  # uninterrupted
     train(_cfg(out, data), stop_after=4)
-    os.remove(out / "run.json")                       # as a run made before this change
+    os.remove(out / "run.json")  # as a run made before this change
     with pytest.raises(dclens.Error) as ei:
         train(_cfg(out, data, dim=32))
     assert "--dim 32 (the run: 16)" in str(ei.value)
     assert str(out / "step-000004" / "train_state.json") in str(ei.value)
     b = train(_cfg(out, data))
     log = _log(out)
-    assert ("resume: options compared with %s and its config.json (a run made before run.json)"
-            % (out / "step-000004" / "train_state.json")) in log
+    assert (
+        "resume: options compared with %s and its config.json (a run made before run.json)"
+        % (out / "step-000004" / "train_state.json")
+    ) in log
     assert "wrote %s" % (out / "run.json") in log
     wa, wb = read_weights(dclens.load(a)), read_weights(dclens.load(b))
     for k in wa:
@@ -134,7 +169,7 @@ def test_legacy_checkpoint_config_contradicting_options(tmp_path):
 def test_damaged_newest_checkpoint_named_previous_offered(tmp_path):
     data = _corpus(tmp_path)
     out = tmp_path / "r"
-    train(_cfg(out, data), stop_after=4)          # step-000000, 2, 4
+    train(_cfg(out, data), stop_after=4)  # step-000000, 2, 4
     w = out / "step-000004" / "model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
     with pytest.raises(dclens.Error) as ei:
@@ -143,7 +178,7 @@ def test_damaged_newest_checkpoint_named_previous_offered(tmp_path):
     assert "newest checkpoint %s is damaged" % (out / "step-000004") in msg
     assert "the one before it, %s, is offered" % (out / "step-000002") in msg
     shutil.move(str(out / "step-000004"), str(out / "step-000004.damaged"))
-    final = train(_cfg(out, data))               # resumes from step 2
+    final = train(_cfg(out, data))  # resumes from step 2
     assert json.load(open(os.path.join(final, "train_state.json")))["step"] == 6
     assert "start step 2 of 6" in _log(out)
 
@@ -157,7 +192,7 @@ def test_damaged_newest_checkpoint_kinds(tmp_path, damage):
     if damage == "optimizer":
         (d / "optimizer.npz").write_bytes(b"PK\x03\x04 not a zip")
     elif damage == "state":
-        (d / "train_state.json").write_text("{\"step\": 4,")
+        (d / "train_state.json").write_text('{"step": 4,')
     elif damage == "no_state":
         os.remove(d / "train_state.json")
     else:
@@ -196,7 +231,7 @@ def test_crash_while_saving_leaves_previous_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(T.np, "savez", real)
     assert _steps(out) == ["step-000000", "step-000002"]
     assert os.path.isdir(out / ".tmp-step-000004")
-    os.makedirs(out / ".tmp-step-000008")                # an older crash's leftover
+    os.makedirs(out / ".tmp-step-000008")  # an older crash's leftover
     b = train(_cfg(out, data))
     assert not os.path.exists(out / ".tmp-step-000008")
     assert not os.path.exists(out / ".tmp-step-000004")
@@ -219,10 +254,28 @@ def test_final_config_matches_weights(tmp_path):
 def test_cli_resume_refusal_one_line(tmp_path):
     data = _corpus(tmp_path)
     out = tmp_path / "r"
-    args = ["--out", str(out), "--n-layer", "1", "--dim", "16", "--n-head", "2", "--seq-len", "8",
-            "--batch-size", "2", "--steps", "4", "--data", data, "--no-progress"]
-    r = subprocess.run([sys.executable, "-m", "dclens.cli", "train"] + args + ["--stop-after", "2"],
-                       capture_output=True, text=True)
+    args = [
+        "--out",
+        str(out),
+        "--n-layer",
+        "1",
+        "--dim",
+        "16",
+        "--n-head",
+        "2",
+        "--seq-len",
+        "8",
+        "--batch-size",
+        "2",
+        "--steps",
+        "4",
+        "--data",
+        data,
+        "--no-progress",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "dclens.cli", "train"] + args + ["--stop-after", "2"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     args[args.index("--dim") + 1] = "32"
     args[args.index("--n-head") + 1] = "4"

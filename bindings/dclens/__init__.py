@@ -22,9 +22,21 @@ TransformerLens habits work: names_filter=, hook_* names, cache["pattern", 0],
 model.hooks(...) as a context manager, return_type="loss", batches of prompts
 (docs/api.md).
 """
+
 from ._checks import ArgumentError, ArgumentTypeError, NotFoundError, UnknownNameError
-from .model import (Cache, Config, ContextWarning, Error, LoadWarning, Model, TLConfig, cuda_available,
-                    cuda_unavailable_reason, from_pretrained, load)
+from .model import (
+    Cache,
+    Config,
+    ContextWarning,
+    Error,
+    LoadWarning,
+    Model,
+    TLConfig,
+    cuda_available,
+    cuda_unavailable_reason,
+    from_pretrained,
+    load,
+)
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
 from . import analysis, attribution, circuits, grad, interventions, routing
@@ -37,10 +49,49 @@ from .explorer import Explorer, explore
 from .patching import PatchingWarning
 from .prompting import test_prompt
 
-__all__ = ["ArgumentError", "ArgumentTypeError", "BRANCHES", "BundledModel", "Cache", "Config", "ContextWarning",
-           "Decoder", "Error", "Explorer", "HookPoint", "LoadWarning", "Model", "NotFoundError", "PHASES", "PNG",
-           "PatchingWarning", "TLConfig", "UnknownNameError", "analysis", "attention_heatmap", "attribution",
-           "bundled_models", "cache", "circuits", "cuda_available", "cuda_unavailable_reason", "explore",
-           "from_pretrained", "generate", "grad", "heatmap", "hook_name", "hook_names", "hub", "interventions", "load",
-           "names", "patching", "progress", "read_only", "routing", "test_prompt"]
+__all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
+    "BRANCHES",
+    "BundledModel",
+    "Cache",
+    "Config",
+    "ContextWarning",
+    "Decoder",
+    "Error",
+    "Explorer",
+    "HookPoint",
+    "LoadWarning",
+    "Model",
+    "NotFoundError",
+    "PHASES",
+    "PNG",
+    "PatchingWarning",
+    "TLConfig",
+    "UnknownNameError",
+    "analysis",
+    "attention_heatmap",
+    "attribution",
+    "bundled_models",
+    "cache",
+    "circuits",
+    "cuda_available",
+    "cuda_unavailable_reason",
+    "explore",
+    "from_pretrained",
+    "generate",
+    "grad",
+    "heatmap",
+    "hook_name",
+    "hook_names",
+    "hub",
+    "interventions",
+    "load",
+    "names",
+    "patching",
+    "progress",
+    "read_only",
+    "routing",
+    "test_prompt",
+]
 __version__ = "0.1.0"

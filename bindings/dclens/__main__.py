@@ -1,4 +1,5 @@
 """python -m dclens: the dclens command line (dclens.cli)."""
+
 import sys
 
 from .cli import main

@@ -9,6 +9,7 @@ alike), in [lo, hi). Strings: str only, no NUL (C would cut the string
 there). Paths: str, bytes or os.PathLike; encoded with the file-system
 encoding (so non-UTF-8 names from os.listdir round-trip); no NUL.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -51,7 +52,7 @@ class UnknownNameError(Error, KeyError):
         self.name = name
         self.suggestions = list(suggestions)
 
-    def __str__(self) -> str:          # KeyError would print the message quoted
+    def __str__(self) -> str:  # KeyError would print the message quoted
         return str(self.args[0]) if self.args else ""
 
 
@@ -59,11 +60,12 @@ def did_you_mean(name: str, known, n: int = 3):
     """The names of `known` closest to `name` (difflib), best first."""
     import difflib
     import re
+
     if not isinstance(name, str):
         return []
     known = list(known)
     m = re.match(r"^((?:blocks|layers)\.\d+\.)", name)
-    if m:      # a name of one layer: suggest names of that layer (and the unlayered ones)
+    if m:  # a name of one layer: suggest names of that layer (and the unlayered ones)
         same = [k for k in known if k.startswith(m.group(1)) or not re.match(r"^(blocks|layers)\.\d+\.", k)]
         known = same if any(k.startswith(m.group(1)) for k in same) else known
     return difflib.get_close_matches(name, known, n=n, cutoff=0.6)
@@ -87,8 +89,10 @@ class EngineObject:
     _instead = "make a new one"
 
     def __reduce_ex__(self, protocol):
-        raise Error("a dclens.%s cannot be pickled or copied: it holds the engine's memory; %s"
-                    % (type(self).__name__, self._instead))
+        raise Error(
+            "a dclens.%s cannot be pickled or copied: it holds the engine's memory; %s"
+            % (type(self).__name__, self._instead)
+        )
 
 
 def is_choice(value, choices) -> bool:
@@ -159,8 +163,9 @@ def c_path(what: str, value) -> bytes:
     try:
         p = os.fspath(value)
     except TypeError:
-        raise ArgumentTypeError("%s must be a path (str, bytes or os.PathLike), not %s %r"
-                    % (what, type(value).__name__, value)) from None
+        raise ArgumentTypeError(
+            "%s must be a path (str, bytes or os.PathLike), not %s %r" % (what, type(value).__name__, value)
+        ) from None
     try:
         b = os.fsencode(p)
     except UnicodeError as e:
@@ -187,29 +192,34 @@ def token_array(tokens) -> np.ndarray:
     try:
         a = np.asarray(tokens)
     except (ValueError, TypeError, OverflowError) as e:
-        raise ArgumentError("tokens must be a [T] or [B, T] array of integers (a ragged list of "
-                    "sequences must be padded to one length): %s" % e) from None
+        raise ArgumentError(
+            "tokens must be a [T] or [B, T] array of integers (a ragged list of "
+            "sequences must be padded to one length): %s" % e
+        ) from None
     if a.dtype == object:
-        raise ArgumentError("tokens must be a [T] or [B, T] array of integers, got a ragged or mixed "
-                    "list (pad sequences to one length)")
+        raise ArgumentError(
+            "tokens must be a [T] or [B, T] array of integers, got a ragged or mixed list (pad sequences to one length)"
+        )
     return a
 
 
 def check_bytes_budget(what: str, nbytes: int, limit: Optional[int]) -> None:
     """Refuse before allocating when nbytes is more than limit."""
     if limit is not None and nbytes > limit:
-        raise Error("%s needs %.1f GiB, more than this machine's %.1f GiB of memory"
-                    % (what, nbytes / 2**30, limit / 2**30))
+        raise Error(
+            "%s needs %.1f GiB, more than this machine's %.1f GiB of memory" % (what, nbytes / 2**30, limit / 2**30)
+        )
 
 
 def check_status(status: int, msg: str) -> None:
     """Error(msg) (or the status' name when msg is empty) unless the engine
     call that returned `status` succeeded."""
     from ._engine import ffi, lib
+
     if status != lib.DCS_OK:
         msg = msg or ffi.string(lib.dcs_status_name(status)).decode()
         if status == lib.DCS_ERR_ARG:
             raise ArgumentError(msg)
-        if status == lib.DCS_ERR_IO and msg.endswith(os.strerror(2)):    # ENOENT
+        if status == lib.DCS_ERR_IO and msg.endswith(os.strerror(2)):  # ENOENT
             raise NotFoundError(msg)
         raise Error(msg)

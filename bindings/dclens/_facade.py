@@ -7,6 +7,7 @@ hooks, ...). An analysis module registers what Model offers with
 @provides("name"); the package's __init__ imports every such module, and
 importing any dclens module runs the package's __init__ first.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, TypeVar

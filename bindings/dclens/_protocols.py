@@ -4,6 +4,7 @@ Modules below Model (cache, generate, routing, grad, ...) annotate their
 model arguments with this Protocol instead of importing Model, so the
 import graph has no cycle even counting imports made for type checking
 (tests/test_imports.py). Model satisfies it."""
+
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -16,7 +17,7 @@ class ModelLike(Protocol):
     config: Any
     device: str
     name: str
-    runner: Any        # a runner.Runner (not imported: runner sits above this module)
+    runner: Any  # a runner.Runner (not imported: runner sits above this module)
 
     @property
     def hook_names(self) -> Any: ...

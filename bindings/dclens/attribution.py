@@ -20,6 +20,7 @@ feature, broadcast to every position), or an array of the activation's shape.
 Per-head sums are given for hooks with a head axis (q, k, v, z, head_out,
 scores, patterns, compose branches, dynamic weights and gates).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,17 @@ from .grad import Tape, target_value_and_grad
 from ._checks import Error, check_index, is_choice
 
 # hook suffix -> axis of the heads in the single-sequence layout
-_HEAD_AXIS = {"attn.q": 1, "attn.k": 1, "attn.v": 1, "attn.z": 1, "attn.head_out": 1,
-              "attn.scores": 0, "attn.pattern": 0, "attn.scores_composed": 0, "attn.pattern_composed": 0}
+_HEAD_AXIS = {
+    "attn.q": 1,
+    "attn.k": 1,
+    "attn.v": 1,
+    "attn.z": 1,
+    "attn.head_out": 1,
+    "attn.scores": 0,
+    "attn.pattern": 0,
+    "attn.scores_composed": 0,
+    "attn.pattern_composed": 0,
+}
 
 
 def _head_axis(name: str) -> Optional[int]:
@@ -52,11 +62,11 @@ def _head_axis(name: str) -> Optional[int]:
 @dataclasses.dataclass
 class Attribution:
     method: str
-    target_value: Union[np.ndarray, float]   # F(a) per sequence ([B] or scalar)
-    attributions: Dict[str, np.ndarray]      # name -> activation layout
-    per_head: Dict[str, np.ndarray]          # name -> [N] (or [B, N])
-    baseline_value: Dict[str, Union[np.ndarray, float]]   # IG: F(a0) per hook
-    gap: Dict[str, Union[np.ndarray, float]]              # IG: sum(attr) - (F(a) - F(a0))
+    target_value: Union[np.ndarray, float]  # F(a) per sequence ([B] or scalar)
+    attributions: Dict[str, np.ndarray]  # name -> activation layout
+    per_head: Dict[str, np.ndarray]  # name -> [N] (or [B, N])
+    baseline_value: Dict[str, Union[np.ndarray, float]]  # IG: F(a0) per hook
+    gap: Dict[str, Union[np.ndarray, float]]  # IG: sum(attr) - (F(a) - F(a0))
 
 
 def _baseline_array(baseline) -> np.ndarray:
@@ -71,8 +81,17 @@ def _baseline_array(baseline) -> np.ndarray:
 
 
 @_facade.provides("attribute")
-def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", steps: int = 32,
-              baseline="zero", progress: Optional[bool] = None, chunk: int = 16) -> Attribution:
+def attribute(
+    model,
+    tokens,
+    target,
+    at: Sequence[str],
+    method: str = "ig",
+    steps: int = 32,
+    baseline="zero",
+    progress: Optional[bool] = None,
+    chunk: int = 16,
+) -> Attribution:
     if not is_choice(method, ("ig", "grad_x_act")):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
     steps = check_index("attribute: steps", steps, 1, 2**31)
@@ -106,35 +125,44 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
             out.attributions[n] = acts[n] * base_grads[pts[n]]
     else:
         total = len(at) * B * ((steps + chunk - 1) // chunk)
-        bar = _progress.bar(total=total, desc="integrated gradients", unit="batch",
-                            progress=progress if progress is not None or total > 8 else False)
+        bar = _progress.bar(
+            total=total,
+            desc="integrated gradients",
+            unit="batch",
+            progress=progress if progress is not None or total > 8 else False,
+        )
         alphas = (np.arange(steps) + 0.5) / steps
         try:
             for n in at:
                 p = pts[n]
                 a = acts[n]
                 if isinstance(baseline, str):
-                    a0 = np.zeros_like(a) if baseline == "zero" else np.broadcast_to(
-                        a.mean(axis=_token_axis(n) + 1, keepdims=True), a.shape).astype(np.float32)
+                    a0 = (
+                        np.zeros_like(a)
+                        if baseline == "zero"
+                        else np.broadcast_to(a.mean(axis=_token_axis(n) + 1, keepdims=True), a.shape).astype(np.float32)
+                    )
                 else:
                     a0 = _baseline_array(baseline)
                     if a0.shape == a.shape[1:]:
                         a0 = np.broadcast_to(a0, a.shape)
                     if a0.shape != a.shape:
-                        raise Error("attribute: baseline for %s has shape %s, expected %s"
-                                    % (n, a0.shape, a.shape[1:] if not batched else a.shape))
+                        raise Error(
+                            "attribute: baseline for %s has shape %s, expected %s"
+                            % (n, a0.shape, a.shape[1:] if not batched else a.shape)
+                        )
                 attr = np.zeros_like(a, dtype=np.float64)
                 f0 = np.zeros(B)
                 for b in range(B):
                     gsum = np.zeros(a.shape[1:], np.float64)
                     for c0 in range(0, steps, chunk):
-                        al = alphas[c0:c0 + chunk]
+                        al = alphas[c0 : c0 + chunk]
                         k = len(al)
                         tp = Tape(model, k, T) if k != getattr(tape, "B", -1) or tape.T != T else tape
                         tape = tp
                         interp = a0[b][None] + al.reshape((k,) + (1,) * (a.ndim - 1)) * (a[b] - a0[b])[None]
-                        lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp.astype(np.float32)})
-                        _, d = target_value_and_grad(target, lg, np.repeat(toks[b:b + 1], k, 0))
+                        lg = tp.forward(np.repeat(toks[b : b + 1], k, 0), {p: interp.astype(np.float32)})
+                        _, d = target_value_and_grad(target, lg, np.repeat(toks[b : b + 1], k, 0))
                         g = tp.backward(d, None, [p])[p]
                         gsum += g.sum(0, dtype=np.float64)
                         if bar is not None:
@@ -142,8 +170,8 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                     attr[b] = (a[b] - a0[b]) * gsum / steps
                     # F(a0): the baseline run
                     tb = Tape(model, 1, T)
-                    lg0 = tb.forward(toks[b:b + 1], {p: np.ascontiguousarray(a0[b][None], np.float32)})
-                    f0[b] = target_value_and_grad(target, lg0, toks[b:b + 1])[0][0]
+                    lg0 = tb.forward(toks[b : b + 1], {p: np.ascontiguousarray(a0[b][None], np.float32)})
+                    f0[b] = target_value_and_grad(target, lg0, toks[b : b + 1])[0][0]
                 out.attributions[n] = attr.astype(np.float32)
                 gap = attr.reshape(B, -1).sum(1) - (fa - f0)
                 out.baseline_value[n] = f0 if batched else float(f0[0])

@@ -19,6 +19,7 @@ component.
     attrs, labels = dclens.cache.dla(cache, token=tok, pos=-1)
     assert abs(attrs.sum() - logits[-1, tok]) < 1e-3
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
@@ -39,7 +40,7 @@ class MissingActivation(UnknownNameError):
     .suggestions holds the closest hook names when the key is no hook at all."""
 
     def __str__(self):
-        return Exception.__str__(self)       # KeyError's str() would quote the message
+        return Exception.__str__(self)  # KeyError's str() would quote the message
 
 
 class Cache(dict):
@@ -52,12 +53,13 @@ class Cache(dict):
     accumulated_resid, apply_ln_to_stack, logit_attrs) are in dclens.cache."""
 
     model: Optional["Model"] = None
-    has_batch_dim: bool = False      # set by run_with_cache: a leading batch axis on every entry
+    has_batch_dim: bool = False  # set by run_with_cache: a leading batch axis on every entry
 
     def _key(self, key):
         if not isinstance(key, (str, tuple)):
-            raise MissingActivation("cache key must be a hook name or (name, layer), not %s %r"
-                                    % (type(key).__name__, key))
+            raise MissingActivation(
+                "cache key must be a hook name or (name, layer), not %s %r" % (type(key).__name__, key)
+            )
         if isinstance(key, tuple):
             if not 1 <= len(key) <= 2:
                 raise ArgumentError("cache key must be a name or (name, layer), got %r" % (key,))
@@ -80,12 +82,21 @@ class Cache(dict):
         was = "" if k == key else " (from %r)" % (key,)
         model = self.model
         if model is not None and k not in model.hook_names:
-            e = unknown_name("hook", k, model.hook_names, "", "dclens.hook_names(model)",
-                             message="cache has no %r%s: it is not a hook of %s" % (k, was, model.name))
+            e = unknown_name(
+                "hook",
+                k,
+                model.hook_names,
+                "",
+                "dclens.hook_names(model)",
+                message="cache has no %r%s: it is not a hook of %s" % (k, was, model.name),
+            )
             return MissingActivation(e.args[0], name=k, suggestions=e.suggestions)
-        return MissingActivation("cache has no %r%s: it was not captured in this run (the cache holds %d activations); "
-                                "capture it with run_with_cache(names=[%r, ...])" % (k, was, len(self), k),
-                                name=k, suggestions=[])
+        return MissingActivation(
+            "cache has no %r%s: it was not captured in this run (the cache holds %d activations); "
+            "capture it with run_with_cache(names=[%r, ...])" % (k, was, len(self), k),
+            name=k,
+            suggestions=[],
+        )
 
     def __contains__(self, key):
         try:
@@ -130,15 +141,17 @@ class Cache(dict):
             return self
         sizes = {k: v.shape[0] for k, v in self.items()}
         if any(b != 1 for b in sizes.values()):
-            raise ArgumentError("remove_batch_dim: the cache holds a batch of %d prompts, not one"
-                                % max(sizes.values()))
+            raise ArgumentError(
+                "remove_batch_dim: the cache holds a batch of %d prompts, not one" % max(sizes.values())
+            )
         for k in list(self):
             dict.__setitem__(self, k, dict.__getitem__(self, k)[0])
         self.has_batch_dim = False
         return self
 
-    def stack_activation(self, activation_name: str, layer: int = -1, sublayer_type: Optional[str] = None
-                         ) -> np.ndarray:
+    def stack_activation(
+        self, activation_name: str, layer: int = -1, sublayer_type: Optional[str] = None
+    ) -> np.ndarray:
         """[layers, ...]: one activation of every block before `layer` (-1:
         all), stacked. activation_name as in hook_name ("pattern", "resid_post",
         "attn.post.kp", or a TransformerLens name such as "hook_pattern");
@@ -153,12 +166,18 @@ class Cache(dict):
         if sublayer_type is not None:
             name = "%s.%s" % (sublayer_type, name)
         if name.startswith("hook_"):
-            name = name[len("hook_"):]
+            name = name[len("hook_") :]
         return np.stack([self[hook_name(name, l)] for l in range(upto)])
 
-    def get_full_resid_decomposition(self, layer: Optional[int] = None, mlp_input: bool = False,
-                                     expand_neurons: bool = True, apply_ln: bool = False,
-                                     pos_slice=None, return_labels: bool = False):
+    def get_full_resid_decomposition(
+        self,
+        layer: Optional[int] = None,
+        mlp_input: bool = False,
+        expand_neurons: bool = True,
+        apply_ln: bool = False,
+        pos_slice=None,
+        return_labels: bool = False,
+    ):
         """[C, ..., D]: the residual entering `layer` (None: the final one) as
         the sum of every head (L{l}H{n}), every MLP neuron (L{l}N{i}: its
         mlp.post value times its W_out row; expand_neurons=False: one
@@ -169,7 +188,7 @@ class Cache(dict):
         the MLP of `layer` reads the same residual (the same decomposition).
         pos_slice: an index or slice of the position axis, applied to every
         component. Components sum to the residual to float rounding."""
-        del mlp_input       # parallel residual: the MLP input is the attention input
+        del mlp_input  # parallel residual: the MLP input is the attention input
         model = _model(self)
         upto = _layer_arg(model, layer)
         parts, labels = _head_parts(self, model, upto)
@@ -178,8 +197,8 @@ class Cache(dict):
             bias = np.asarray(model.b_O[:upto], np.float64).sum(0)
         for l in range(upto):
             if expand_neurons:
-                post = np.asarray(_need(self, hook_name(l, "mlp.post")), np.float64)   # [..., T, F]
-                w_out = np.asarray(model.W_out[l], np.float64)                        # [F, D]
+                post = np.asarray(_need(self, hook_name(l, "mlp.post")), np.float64)  # [..., T, F]
+                w_out = np.asarray(model.W_out[l], np.float64)  # [F, D]
                 parts += [post[..., i, None] * w_out[i] for i in range(w_out.shape[0])]
                 labels += ["L%dN%d" % (l, i) for i in range(w_out.shape[0])]
                 bias = bias + np.asarray(model.b_out[l], np.float64)
@@ -193,23 +212,27 @@ class Cache(dict):
         labels.append("bias")
         out = np.stack([np.asarray(p, np.float64) for p in parts])
         if pos_slice is not None:
-            out = out[..., pos_slice, :]                               # the position axis is -2
+            out = out[..., pos_slice, :]  # the position axis is -2
         if apply_ln:
             if pos_slice is not None:
-                raise ArgumentError("get_full_resid_decomposition: apply_ln with pos_slice is not supported; "
-                                    "apply it before slicing (apply_ln_to_stack)")
+                raise ArgumentError(
+                    "get_full_resid_decomposition: apply_ln with pos_slice is not supported; "
+                    "apply it before slicing (apply_ln_to_stack)"
+                )
             out = apply_ln_to_stack(self, out, layer=layer)
         return (out, labels) if return_labels else out
 
     def layer(self, l: int) -> Dict[str, np.ndarray]:
         """The activations of block l, keyed by the name after 'blocks.{l}.'."""
         p = "blocks.%d." % l
-        return {k[len(p):]: v for k, v in self.items() if k.startswith(p)}
+        return {k[len(p) :]: v for k, v in self.items() if k.startswith(p)}
 
     def stack(self, suffix: str) -> np.ndarray:
         """[L, ...]: one per-layer hook across all layers that were captured."""
-        keys = sorted((k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
-                      key=lambda k: int(k.split(".")[1]))
+        keys = sorted(
+            (k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
+            key=lambda k: int(k.split(".")[1]),
+        )
         if not keys:
             raise Error("cache has no 'blocks.*.%s'" % suffix)
         return np.stack([self[k] for k in keys])
@@ -241,7 +264,7 @@ def _head_parts(cache: Cache, model, upto: int) -> Tuple[List[np.ndarray], List[
     N = model.config.n_head
     parts, labels = [], []
     for l in range(upto):
-        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
+        ho = _need(cache, hook_name(l, "attn.head_out"))  # [..., T, N, D]
         parts += [ho[..., n, :] for n in range(N)]
         labels += ["L%dH%d" % (l, n) for n in range(N)]
     return parts, labels
@@ -264,8 +287,9 @@ def _pos_slice(a: np.ndarray, pos_slice) -> np.ndarray:
     None keeps all, an int picks one (the axis goes), a slice / list / array picks several."""
     if pos_slice is None:
         return a
-    if isinstance(pos_slice, (bool, np.bool_)) or not isinstance(pos_slice, (int, np.integer, slice, list, tuple,
-                                                                             range, np.ndarray)):
+    if isinstance(pos_slice, (bool, np.bool_)) or not isinstance(
+        pos_slice, (int, np.integer, slice, list, tuple, range, np.ndarray)
+    ):
         raise Error("pos_slice must be None, an int, a slice or a list of positions, not %r" % (pos_slice,))
     idx = list(pos_slice) if isinstance(pos_slice, (tuple, range)) else pos_slice
     try:
@@ -280,8 +304,15 @@ def _mid(cache: Cache, l: int) -> np.ndarray:
     return _need(cache, hook_name(l, "resid_pre")) + _need(cache, hook_name(l, "attn.out"))
 
 
-def accumulated_resid(cache: Cache, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
-                      pos_slice=None, mlp_input: bool = False, return_labels: bool = False):
+def accumulated_resid(
+    cache: Cache,
+    layer: Optional[int] = None,
+    incl_mid: bool = False,
+    apply_ln: bool = False,
+    pos_slice=None,
+    mlp_input: bool = False,
+    return_labels: bool = False,
+):
     """[layer + 1, ..., D]: the residual entering blocks 0 .. layer-1, then the
     one entering `layer` (None: after the last block). Labels "0_pre",
     "1_pre", ..., "final_post".
@@ -320,9 +351,16 @@ def accumulated_resid(cache: Cache, layer: Optional[int] = None, incl_mid: bool 
     return (out, labels) if return_labels else out
 
 
-def decompose_resid(cache: Cache, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
-                    apply_ln: bool = False, pos_slice=None, incl_embeds: bool = True,
-                    return_labels: bool = False):
+def decompose_resid(
+    cache: Cache,
+    layer: Optional[int] = None,
+    mlp_input: bool = False,
+    mode: str = "all",
+    apply_ln: bool = False,
+    pos_slice=None,
+    incl_embeds: bool = True,
+    return_labels: bool = False,
+):
     """[1 + 2*layer, ..., D]: embed, then attn.out and mlp.out of each block
     before `layer` (None: all); they sum to the residual entering `layer`.
 
@@ -358,8 +396,14 @@ def decompose_resid(cache: Cache, layer: Optional[int] = None, mlp_input: bool =
     return (out, labels) if return_labels else out
 
 
-def stack_head_results(cache: Cache, layer: Optional[int] = None, return_labels: bool = False,
-                       incl_remainder: bool = False, pos_slice=None, apply_ln: bool = False):
+def stack_head_results(
+    cache: Cache,
+    layer: Optional[int] = None,
+    return_labels: bool = False,
+    incl_remainder: bool = False,
+    pos_slice=None,
+    apply_ln: bool = False,
+):
     """[layer*N (+1), ..., D]: every head's head_out of the blocks before
     `layer` (None: all), labels "L{l}H{n}"; incl_remainder adds the rest of
     the residual (embed, attention biases, MLPs) as a last component;
@@ -388,8 +432,14 @@ def _centre(config, x: np.ndarray) -> np.ndarray:
     return x if config.norm == "rms" else x - x.mean(-1, keepdims=True)
 
 
-def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = None, mlp_input: bool = False,
-                      pos_slice=None, whole: bool = False) -> np.ndarray:
+def apply_ln_to_stack(
+    cache: Cache,
+    stack: np.ndarray,
+    layer: Optional[int] = None,
+    mlp_input: bool = False,
+    pos_slice=None,
+    whole: bool = False,
+) -> np.ndarray:
     """The LayerNorm (RMSNorm for DCFormer++) before `layer`'s attention (its MLP's with mlp_input;
     None: ln_final) applied to each component as the linear map it is once
     the scale is fixed by the full residual at that point: (c - mean(c)) /
@@ -403,25 +453,32 @@ def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = No
     if upto == c.n_layer:
         w = np.asarray(model.ln_final_w, np.float64)
     else:
-        w = np.asarray(model.weight("layers.%d.%s.weight" % (upto, "ffn_norm" if mlp_input else "attention_norm")),
-                       np.float64)
+        w = np.asarray(
+            model.weight("layers.%d.%s.weight" % (upto, "ffn_norm" if mlp_input else "attention_norm")), np.float64
+        )
     stack = np.asarray(stack, np.float64)
     centred = _centre(c, stack)
     if whole:
-        scale = np.sqrt((centred ** 2).mean(-1, keepdims=True) + c.norm_eps)
+        scale = np.sqrt((centred**2).mean(-1, keepdims=True) + c.norm_eps)
     else:
         total = np.asarray(_pos_slice(_final_resid(cache, model, upto, mlp_input), pos_slice), np.float64)
         tc = _centre(c, total)
-        scale = np.sqrt((tc ** 2).mean(-1, keepdims=True) + c.norm_eps)
+        scale = np.sqrt((tc**2).mean(-1, keepdims=True) + c.norm_eps)
         if stack.shape[1:] != total.shape:
-            raise Error("apply_ln_to_stack: stack is %s, expected [C, %s]%s"
-                        % (list(stack.shape), ", ".join(map(str, total.shape)),
-                           "" if pos_slice is not None else " (pass the pos_slice the stack was made with)"))
+            raise Error(
+                "apply_ln_to_stack: stack is %s, expected [C, %s]%s"
+                % (
+                    list(stack.shape),
+                    ", ".join(map(str, total.shape)),
+                    "" if pos_slice is not None else " (pass the pos_slice the stack was made with)",
+                )
+            )
     return centred / scale * w
 
 
-def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
-                has_ln: bool = False, pos_slice=None) -> np.ndarray:
+def logit_attrs(
+    cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None, has_ln: bool = False, pos_slice=None
+) -> np.ndarray:
     """Direct logit attribution of each component: [C, ...] =
     ln(stack) @ W_U[:, tokens] (minus W_U[:, incorrect_tokens] if given).
     tokens: an id, or an int array shaped like stack's middle axes
@@ -429,7 +486,7 @@ def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
     through apply_ln_to_stack. pos_slice: the positions the stack holds."""
     model = _model(cache)
     normed = np.asarray(stack, np.float64) if has_ln else apply_ln_to_stack(cache, stack, pos_slice=pos_slice)
-    WU = np.asarray(model.W_U, np.float64)                    # [D, V]
+    WU = np.asarray(model.W_U, np.float64)  # [D, V]
     mid = normed.shape[1:-1]
 
     def cols(t):
@@ -444,8 +501,9 @@ def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
     return (normed * d).sum(-1)
 
 
-def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
-        by: str = "head") -> Tuple[np.ndarray, List[str]]:
+def dla(
+    cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None, by: str = "head"
+) -> Tuple[np.ndarray, List[str]]:
     """Direct logit attribution of the logit of `token` at position `pos`,
     into components that sum to that logit (to float rounding): embed, then
     per layer each head (by="head") or the whole attention (by="layer"), the
@@ -459,8 +517,9 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     T = _need(cache, "embed").shape[-2]
     pos = check_index("dla: pos", pos, -T, T, " for %d positions" % T)
     if batch is not None:
-        batch = check_index("dla: batch", batch, 0, _need(cache, "embed").shape[0] if
-                            _need(cache, "embed").ndim == 3 else 1)
+        batch = check_index(
+            "dla: batch", batch, 0, _need(cache, "embed").shape[0] if _need(cache, "embed").ndim == 3 else 1
+        )
 
     def at(name):
         a = _need(cache, name)
@@ -476,7 +535,7 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     bo = model.b_O
     for l in range(L):
         if by == "head":
-            ho = at(hook_name(l, "attn.head_out"))          # [N, D]
+            ho = at(hook_name(l, "attn.head_out"))  # [N, D]
             parts += list(ho)
             labels += ["L%dH%d" % (l, n) for n in range(N)]
             parts.append(bo[l])
@@ -486,11 +545,11 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
             labels.append("L%d.attn" % l)
         parts.append(at(hook_name(l, "mlp.out")))
         labels.append("L%d.mlp" % l)
-    stack = np.asarray(np.stack(parts), np.float64)             # [C, D]
+    stack = np.asarray(np.stack(parts), np.float64)  # [C, D]
     total = np.asarray(at(hook_name(L - 1, "resid_post")), np.float64)
     eps = model.config.norm_eps
     tc = _centre(model.config, total)
-    scale = np.sqrt((tc ** 2).mean() + eps)
+    scale = np.sqrt((tc**2).mean() + eps)
     w = np.asarray(model.ln_final_w, np.float64)
     u = np.asarray(model.W_U, np.float64)[:, int(token)]
     attrs = (_centre(model.config, stack) / scale * w) @ u

@@ -1,14 +1,15 @@
 """The dclens command line (also python -m dclens): look inside attention heads that talk to each other.
 
-    dclens --version
-    dclens synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]   (synth_tasks)
-    dclens heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
-    dclens explore --model DIR --text "..." [--twin DIR] [--layers 0,2-3] [--ig TOKEN] --out page.html
-    dclens info --model DIR
-    dclens models                            (the bundled models: every --model takes their names)
-    dclens make-tiny OUT_DIR [options]      (a generated checkpoint, see dclens.testing)
-    dclens train --out DIR [options]        (train a small model, see dclens.train)
+dclens --version
+dclens synth --model DIR [--model DIR2] [--data FILE] [--out DIR] [--limit N]   (synth_tasks)
+dclens heatmap --model DIR --text "..." --layer L [--head H] [--hook pattern] --out FILE.png
+dclens explore --model DIR --text "..." [--twin DIR] [--layers 0,2-3] [--ig TOKEN] --out page.html
+dclens info --model DIR
+dclens models                            (the bundled models: every --model takes their names)
+dclens make-tiny OUT_DIR [options]      (a generated checkpoint, see dclens.testing)
+dclens train --out DIR [options]        (train a small model, see dclens.train)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,7 @@ from ._checks import Error
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=prog, description=description,
-                                   formatter_class=HelpFormatter)
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
 
 
 MODEL_HELP = "checkpoint directory, bundled model name (dclens models) or Hugging Face Hub id (org/name)"
@@ -35,19 +35,31 @@ def _heatmap_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", required=True, help="the prompt")
     p.add_argument("--layer", required=True, help="layer index, or 'all' (with --head)")
     p.add_argument("--head", type=int, default=None, help="one head (default: all heads of the layer)")
-    p.add_argument("--hook", default=None,
-                   help="pattern, pattern_composed, scores, scores_composed, pre.kp, post.qg, ..., or branches "
-                        "(default: DCPythia's composed weights beside its softmax pattern; Pythia's pattern)")
+    p.add_argument(
+        "--hook",
+        default=None,
+        help="pattern, pattern_composed, scores, scores_composed, pre.kp, post.qg, ..., or branches "
+        "(default: DCPythia's composed weights beside its softmax pattern; Pythia's pattern)",
+    )
     p.add_argument("--phase", default="post", choices=["pre", "post"], help="with --hook branches")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model runs")
     p.add_argument("--out", required=True, help="output PNG file")
-    p.add_argument("--grid-cols", type=int, default=None,
-                   help="panels per grid row (default: about sqrt(panels), so 32 heads make a 6x6 grid)")
+    p.add_argument(
+        "--grid-cols",
+        type=int,
+        default=None,
+        help="panels per grid row (default: about sqrt(panels), so 32 heads make a 6x6 grid)",
+    )
     p.add_argument("--cell-px", type=int, default=0, help="pixels per cell (0: chosen from the size)")
-    p.add_argument("--scale", default="own", choices=["own", "shared"],
-                   help="a colour range per panel (default) or one for all")
-    p.add_argument("--window", type=int, default=None,
-                   help="show the N positions up to --query (default: 64 when the prompt is longer)")
+    p.add_argument(
+        "--scale", default="own", choices=["own", "shared"], help="a colour range per panel (default) or one for all"
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="show the N positions up to --query (default: 64 when the prompt is longer)",
+    )
     p.add_argument("--query", type=int, default=None, help="the last position shown (default: the last token)")
     return p
 
@@ -56,29 +68,46 @@ def _heatmap(argv: List[str]) -> int:
     a = _heatmap_parser().parse_args(argv)
     from .heatmaps import attention_heatmap
     from .model import load
+
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
     _model_dir(a.model)
     model = load(a.model, device=a.device, revision=a.revision)
     if (a.grid_cols is not None and a.grid_cols < 0) or a.cell_px < 0:
         raise Error("--grid-cols and --cell-px must be >= 0")
-    png = attention_heatmap(model, a.text, layer=layer, head=a.head, hook=a.hook, phase=a.phase,
-                            grid_cols=a.grid_cols or 0, cell_px=a.cell_px, scale=a.scale, window=a.window,
-                            query=a.query)
+    png = attention_heatmap(
+        model,
+        a.text,
+        layer=layer,
+        head=a.head,
+        hook=a.hook,
+        phase=a.phase,
+        grid_cols=a.grid_cols or 0,
+        cell_px=a.cell_px,
+        scale=a.scale,
+        window=a.window,
+        query=a.query,
+    )
     png.save(a.out)
     print("wrote %s (%d bytes)" % (a.out, len(png)))
     return 0
 
 
 def _explore_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dclens explore", formatter_class=HelpFormatter,
-                                description="Write the interactive composition explorer: "
-                                "one self-contained HTML page (docs/explorer.md).")
+    p = argparse.ArgumentParser(
+        prog="dclens explore",
+        formatter_class=HelpFormatter,
+        description="Write the interactive composition explorer: one self-contained HTML page (docs/explorer.md).",
+    )
     p.add_argument("--model", required=True, help="checkpoint directory or bundled model name")
     p.add_argument("--text", required=True, help="the prompt")
     p.add_argument("--twin", default=None, help="a second model with the same tokenizer (the MHA twin)")
     p.add_argument("--layers", default=None, help="layers to embed, e.g. 0,2-3 (default: all)")
-    p.add_argument("--ig", default=None, metavar="TOKEN",
-                   help="rank heads by integrated gradients of log p(TOKEN) at the last position")
+    p.add_argument(
+        "--ig",
+        default=None,
+        metavar="TOKEN",
+        help="rank heads by integrated gradients of log p(TOKEN) at the last position",
+    )
     p.add_argument("--out", required=True, help="output HTML file")
     return p
 
@@ -87,6 +116,7 @@ def _explore(argv: List[str]) -> int:
     a = _explore_parser().parse_args(argv)
     from .explorer import explore
     from .model import load
+
     layers = _layer_list(a.layers) if a.layers is not None else None
     for m in (a.model, a.twin):
         if m is not None:
@@ -96,8 +126,9 @@ def _explore(argv: List[str]) -> int:
     target = ("logprob", -1, model.to_single_token(a.ig)) if a.ig is not None else None
     ex = explore(model, a.text, layers=layers, twin=twin, attribution=target)
     ex.save(a.out)
-    print("wrote %s (%d bytes; %d tokens, layers %s)" % (a.out, len(ex), ex.n_tokens,
-                                                         ",".join(str(l) for l in ex.layers)))
+    print(
+        "wrote %s (%d bytes; %d tokens, layers %s)" % (a.out, len(ex), ex.n_tokens, ",".join(str(l) for l in ex.layers))
+    )
     return 0
 
 
@@ -116,11 +147,11 @@ def _layer_list(s: str) -> List[int]:
 def _model_dir(path: str) -> None:
     """--model must name a directory (config.json and weights inside)."""
     import os
+
     if os.path.lexists(path) and not os.path.isdir(path):
         if os.path.islink(path) and not os.path.exists(path):
             raise Error("--model %s is a dangling symbolic link" % path)
-        raise Error("--model %s is a file; it must be a checkpoint directory (config.json and "
-                    "weights inside)" % path)
+        raise Error("--model %s is a file; it must be a checkpoint directory (config.json and weights inside)" % path)
 
 
 def _int(s: str, what: str) -> int:
@@ -141,12 +172,13 @@ def _info_parser() -> argparse.ArgumentParser:
 def _info(argv: List[str]) -> int:
     a = _info_parser().parse_args(argv)
     from .model import load
+
     _model_dir(a.model)
     m = load(a.model, revision=a.revision)
     print(m)
     for k, v in vars(m.config).items():
         if isinstance(v, float):
-            v = "%.6g" % v      # float32 values print as written (1e-05, not 9.99999974e-06)
+            v = "%.6g" % v  # float32 values print as written (1e-05, not 9.99999974e-06)
         print("  %-18s %s" % (k, v))
     print("\nhooks (per layer: blocks.{l}.<name>; T = S = tokens; batched calls add a leading B):")
     for name, shape in _hook_shapes(m):
@@ -159,17 +191,26 @@ def _info(argv: List[str]) -> int:
 def _hook_shapes(m):
     """(name pattern, shape with symbols and sizes) of each hook point of the model."""
     c = m.config
-    sym = {"T": "T", "S": "S", "N": "N=%d" % c.n_head, "Dh": "Dh=%d" % c.head_dim, "D": "D=%d" % c.d_model,
-           "R": "R=%d" % c.dyn_rank, "F": "F=%d" % c.d_ff, "V": "V=%d" % c.vocab,
-           "E": "E=%d" % c.mgate_dim}
+    sym = {
+        "T": "T",
+        "S": "S",
+        "N": "N=%d" % c.n_head,
+        "Dh": "Dh=%d" % c.head_dim,
+        "D": "D=%d" % c.d_model,
+        "R": "R=%d" % c.dyn_rank,
+        "F": "F=%d" % c.d_ff,
+        "V": "V=%d" % c.vocab,
+        "E": "E=%d" % c.mgate_dim,
+    }
     out, seen = [], set()
     for n in m.hook_names:
         key = n.split(".", 2)[2] if n.startswith("blocks.") else n
         if key in seen:
             continue
         seen.add(key)
-        out.append(("blocks.{l}." + key if n.startswith("blocks.") else key, "[%s]" % ", ".join(
-            sym[x] for x in _layout(key))))
+        out.append(
+            ("blocks.{l}." + key if n.startswith("blocks.") else key, "[%s]" % ", ".join(sym[x] for x in _layout(key)))
+        )
     return out
 
 
@@ -182,7 +223,11 @@ def _layout(suffix):
         side = "S" if suffix.split(".")[-1][0] == "k" else "T"
         return (side, "R", "N") if suffix[-1] in "12" else (side, "N")
     if suffix.startswith(("attn.pre.", "attn.post.")) or suffix in (
-            "attn.scores", "attn.scores_composed", "attn.pattern", "attn.pattern_composed"):
+        "attn.scores",
+        "attn.scores_composed",
+        "attn.pattern",
+        "attn.pattern_composed",
+    ):
         return ("N", "T", "S")
     if suffix == "mlp.gate":
         return ("T", "E")
@@ -200,6 +245,7 @@ def _models_parser() -> argparse.ArgumentParser:
 def _models(argv: List[str]) -> int:
     _models_parser().parse_args(argv)
     from .bundled import bundled_models, models_dir
+
     ms = bundled_models()
     if not ms:
         print("no bundled models in %s" % models_dir())
@@ -208,10 +254,9 @@ def _models(argv: List[str]) -> int:
     return 0
 
 
-COMMANDS = {   # name: (one line of help, run(argv) -> status, parser())
+COMMANDS = {  # name: (one line of help, run(argv) -> status, parser())
     "heatmap": ("render attention heatmaps to PNG", lambda a: _heatmap(a), lambda: _heatmap_parser()),
-    "explore": ("write the interactive composition explorer (HTML)", lambda a: _explore(a),
-                lambda: _explore_parser()),
+    "explore": ("write the interactive composition explorer (HTML)", lambda a: _explore(a), lambda: _explore_parser()),
     "info": ("print a model's config and hook names", lambda a: _info(a), lambda: _info_parser()),
     "models": ("list the bundled models", lambda a: _models(a), lambda: _models_parser()),
     "make-tiny": ("write a generated (random) checkpoint", lambda a: _make_tiny(a), lambda: _make_tiny_parser()),
@@ -233,8 +278,12 @@ def parsers() -> dict:
 
 def _top_parser(added: List[str]) -> argparse.ArgumentParser:
     from . import __version__
-    p = argparse.ArgumentParser(prog="dclens", description=(__doc__ or "").split("\n\n")[0],
-                                epilog="dclens COMMAND --help: the options of a command, with their defaults")
+
+    p = argparse.ArgumentParser(
+        prog="dclens",
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="dclens COMMAND --help: the options of a command, with their defaults",
+    )
     p.add_argument("--version", action="version", version="dclens %s" % __version__)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for n in added:
@@ -254,14 +303,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not argv:
             top.print_help(sys.stderr)
             return 2
-        top.parse_args(argv)          # --version, --help exit here; anything else is an error
+        top.parse_args(argv)  # --version, --help exit here; anything else is an error
         return 2
     if argv[0] not in COMMANDS and argv[0] not in added:
         import difflib
+
         close = difflib.get_close_matches(argv[0], added + list(COMMANDS), n=1)
-        print("dclens: unknown command %r%s (commands: %s; dclens --help)"
-              % (argv[0], "; did you mean %r?" % close[0] if close else "", ", ".join(added + list(COMMANDS))),
-              file=sys.stderr)
+        print(
+            "dclens: unknown command %r%s (commands: %s; dclens --help)"
+            % (argv[0], "; did you mean %r?" % close[0] if close else "", ", ".join(added + list(COMMANDS))),
+            file=sys.stderr,
+        )
         return 2
     cmd, rest = argv[0], argv[1:]
     try:
@@ -269,29 +321,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         return fn(rest) or 0
     except Error as e:
         msg = str(e)
-        if msg.startswith(cmd + ": "):           # "heatmap: ..." under "dclens heatmap"
-            msg = msg[len(cmd) + 2:]
+        if msg.startswith(cmd + ": "):  # "heatmap: ..." under "dclens heatmap"
+            msg = msg[len(cmd) + 2 :]
         print("dclens %s: error: %s" % (cmd, msg), file=sys.stderr)
         return 1
 
 
 def _make_tiny_parser() -> argparse.ArgumentParser:
     from .testing.make_tiny import build_parser
+
     return build_parser()
 
 
 def _train_parser() -> argparse.ArgumentParser:
     from .train import build_parser
+
     return build_parser()
 
 
 def _make_tiny(argv: List[str]) -> int:
     from .testing.make_tiny import main as tiny_main
+
     return tiny_main(argv) or 0
 
 
 def _train(argv: List[str]) -> int:
     from .train import main as train_main
+
     return train_main(argv)
 
 

@@ -28,6 +28,7 @@ Test contract (docs/explorer.md): the fragment #layer=L&head=H&query=Q&view=V
 key=K) selects a view on load; once drawn, document.body.dataset.ready is "1"
 and #dcs-selected carries the displayed numbers as JSON in data-values.
 """
+
 from __future__ import annotations
 
 import base64
@@ -45,8 +46,8 @@ from ._checks import Error, check_index
 from .names import BRANCHES, PHASES, hook_name
 
 _PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
-_LIMIT_BYTES = 256 << 20      # refuse pages whose raw data would exceed this (name layers=)
-_WARN_BYTES = 32 << 20        # warn above this (a browser holds it, a notebook stores it)
+_LIMIT_BYTES = 256 << 20  # refuse pages whose raw data would exceed this (name layers=)
+_WARN_BYTES = 32 << 20  # warn above this (a browser holds it, a notebook stores it)
 # the maps of a phase, by hook suffix: its input, its branches, its sum
 _PHASE_MAPS = {"pre": ("attn.scores", "attn.scores_composed"), "post": ("attn.pattern", "attn.pattern_composed")}
 
@@ -65,7 +66,11 @@ class Explorer:
 
     def __repr__(self) -> str:
         return "<dclens.Explorer %s, %d tokens, layers %s, %d bytes>" % (
-            self.model_name, self.n_tokens, self.layers, len(self))
+            self.model_name,
+            self.n_tokens,
+            self.layers,
+            len(self),
+        )
 
     def save(self, path: Union[str, os.PathLike]) -> str:
         path = os.fspath(path)
@@ -78,11 +83,14 @@ class Explorer:
 
     def _repr_html_(self) -> str:
         # an iframe: the page's ids, styles and scripts stay apart from the notebook's
-        return ('<iframe srcdoc="%s" style="width:100%%;height:1060px;border:1px solid #ddd" '
-                'title="dclens explorer"></iframe>' % _html.escape(self.html, quote=True))
+        return (
+            '<iframe srcdoc="%s" style="width:100%%;height:1060px;border:1px solid #ddd" '
+            'title="dclens explorer"></iframe>' % _html.escape(self.html, quote=True)
+        )
 
 
 # ---------------------------------------------------------------- encoding
+
 
 def stored_step(values: np.ndarray, visible: Optional[np.ndarray] = None, bits: int = 8) -> np.ndarray:
     """The quantisation step of each stored row: for an attention map [N, T, S]
@@ -98,7 +106,7 @@ def stored_step(values: np.ndarray, visible: Optional[np.ndarray] = None, bits: 
     else:
         cells = a
     unsigned = bool((cells >= 0).all())
-    top = float(2 ** bits - 1 if unsigned else 2 ** (bits - 1) - 1)
+    top = float(2**bits - 1 if unsigned else 2 ** (bits - 1) - 1)
     return np.abs(a).max(axis=-1) / top
 
 
@@ -118,24 +126,28 @@ class _Blob:
         self.size += len(data) + pad
         return off
 
-    def rows(self, name: str, values: np.ndarray, row_starts: np.ndarray, shape: Sequence[int],
-             bits: int = 8) -> None:
+    def rows(self, name: str, values: np.ndarray, row_starts: np.ndarray, shape: Sequence[int], bits: int = 8) -> None:
         """values: 1-D, rows beginning at row_starts (ascending, first 0); bits 8 or 16."""
         v = np.asarray(values, np.float64)
         if not np.isfinite(v).all():
             raise Error("explore: %s holds NaN or inf" % name)
         unsigned = bool((v >= 0).all())
         peak = np.maximum.reduceat(v if unsigned else np.abs(v), row_starts) if v.size else np.zeros(0)
-        top = float(2 ** bits - 1 if unsigned else 2 ** (bits - 1) - 1)
-        scale = (peak / top).astype(np.float32).astype(np.float64)     # quantise with the scale as stored
+        top = float(2**bits - 1 if unsigned else 2 ** (bits - 1) - 1)
+        scale = (peak / top).astype(np.float32).astype(np.float64)  # quantise with the scale as stored
         per_cell = np.repeat(scale, np.diff(np.append(row_starts, v.size)))
         q = np.clip(np.rint(np.divide(v, per_cell, out=np.zeros_like(v), where=per_cell > 0)), -top, top)
         kind = ("u" if unsigned else "i") + str(bits)
         dtypes: Dict[str, Union[type, str]] = {"u8": np.uint8, "i8": np.int8, "u16": "<u2", "i16": "<i2"}
         q = q.astype(dtypes[kind])
-        self.manifest[name] = {"kind": kind, "shape": list(shape),
-                               "scale": self._put(scale.astype("<f4").tobytes()), "rows": int(len(scale)),
-                               "data": self._put(q.tobytes()), "n": int(v.size)}
+        self.manifest[name] = {
+            "kind": kind,
+            "shape": list(shape),
+            "scale": self._put(scale.astype("<f4").tobytes()),
+            "rows": int(len(scale)),
+            "data": self._put(q.tobytes()),
+            "n": int(v.size),
+        }
 
     def dense(self, name: str, a: np.ndarray, bits: int = 8) -> None:
         """An array stored whole, one scale per row of its last axis."""
@@ -164,12 +176,13 @@ def _n_visible(T: int, window: int) -> int:
 def _put_map(blob: _Blob, name: str, a: np.ndarray, vis: np.ndarray) -> None:
     """An attention map [N, T, S] by its visible cells, row (head, query) by row."""
     N, T, _ = a.shape
-    per_row = vis.sum(axis=1)                                           # [T]
+    per_row = vis.sum(axis=1)  # [T]
     starts = np.concatenate([[0], np.cumsum(np.tile(per_row, N))[:-1]])
     blob.rows(name, a[:, vis].reshape(-1), starts, a.shape)
 
 
 # ---------------------------------------------------------------- data of one layer
+
 
 def _layer_names(model, layer: int) -> List[str]:
     c = model.config
@@ -183,6 +196,7 @@ def _layer_names(model, layer: int) -> List[str]:
 
 def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
     from . import routing
+
     c = model.config
     T = cache[hook_name(layer, "attn.pattern")].shape[-1]
     vis = visible_mask(T, c.window_size if layer in c.local_layers else 0)
@@ -198,14 +212,18 @@ def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
         blob.dense("routing.%s" % ph, routing.routing_matrices(model, cache, ph, layers=[layer])[0])
         for n in model.hook_names:
             if n.startswith(hook_name(layer, "attn.dyn.%s." % ph)):
-                blob.dense(n.split("attn.", 1)[1], cache[n], bits=16)   # small; the flows multiply them
+                blob.dense(n.split("attn.", 1)[1], cache[n], bits=16)  # small; the flows multiply them
         W = routing.static_map(model, layer, ph)
         if W is not None:
             blob.dense("static.%s" % ph, W, bits=16)
     if twin_cache is not None and layer < twin.config.n_layer:
         tc = twin.config
-        _put_map(blob, "twin.pattern", twin_cache[hook_name(layer, "attn.pattern")],
-                 visible_mask(T, tc.window_size if layer in tc.local_layers else 0))
+        _put_map(
+            blob,
+            "twin.pattern",
+            twin_cache[hook_name(layer, "attn.pattern")],
+            visible_mask(T, tc.window_size if layer in tc.local_layers else 0),
+        )
     return blob
 
 
@@ -223,19 +241,24 @@ def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
     if hasattr(attribution, "per_head"):
         missing = [l for l in layers if hook_name(l, "attn.head_out") not in attribution.per_head]
         if missing:
-            raise Error("explore: attribution= has no per-head values at blocks.%d.attn.head_out "
-                        "(attribute at=[...head_out of every layer shown])" % missing[0])
-        vals = np.stack([np.asarray(attribution.per_head[hook_name(l, "attn.head_out")], np.float64)
-                         for l in layers])
+            raise Error(
+                "explore: attribution= has no per-head values at blocks.%d.attn.head_out "
+                "(attribute at=[...head_out of every layer shown])" % missing[0]
+            )
+        vals = np.stack([np.asarray(attribution.per_head[hook_name(l, "attn.head_out")], np.float64) for l in layers])
     else:
         a = np.asarray(attribution, np.float64)
         if a.ndim != 2 or a.shape[1] != N or a.shape[0] not in (model.config.n_layer, len(layers)):
-            raise Error("explore: attribution= must be [n_layer, n_head] = [%d, %d] (or one row per layer "
-                        "shown), got shape %s" % (model.config.n_layer, N, a.shape))
+            raise Error(
+                "explore: attribution= must be [n_layer, n_head] = [%d, %d] (or one row per layer "
+                "shown), got shape %s" % (model.config.n_layer, N, a.shape)
+            )
         vals = a[layers] if a.shape[0] == model.config.n_layer else a
     if vals.shape != (len(layers), N) or not np.isfinite(vals).all():
-        raise Error("explore: attribution= gives per-head values of shape %s, need [%d, %d] and finite"
-                    % (vals.shape, len(layers), N))
+        raise Error(
+            "explore: attribution= gives per-head values of shape %s, need [%d, %d] and finite"
+            % (vals.shape, len(layers), N)
+        )
     return {"label": label, "values": vals.tolist()}
 
 
@@ -249,6 +272,7 @@ def _labels(model, toks: np.ndarray) -> List[str]:
 def _colormaps() -> dict:
     """The PNG renderer's two colour maps (dclens.heatmaps), 256 steps each, so the page colours alike."""
     from .heatmaps import colormap_rgb
+
     seq = [c for i in range(256) for c in colormap_rgb(i / 255.0, 0.0, 1.0)]
     div = [c for i in range(256) for c in colormap_rgb(-1.0 + 2.0 * i / 255.0, -1.0, 1.0, diverging=True)]
     return {"seq": seq, "div": div}
@@ -286,6 +310,7 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
     ("logprob", -1, token)), its result, or an [n_layer, n_head] array.
     progress: a tqdm bar over the layers (default: when stderr is a terminal)."""
     from tqdm.auto import tqdm
+
     toks = np.asarray(model.to_tokens(text) if isinstance(text, str) else text)
     if toks.ndim != 1 or toks.size == 0:
         raise Error("explore: text must be a string or one sequence of tokens, got shape %s" % (toks.shape,))
@@ -296,24 +321,34 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
     n_maps = 2 + (2 + 4 * c.n_head / T if c.use_dcmha else 0) + (twin is not None)
     est = sum(_n_visible(T, c.window_size if l in c.local_layers else 0) for l in lays) * c.n_head * n_maps
     if est > _LIMIT_BYTES:
-        raise Error("explore: %d tokens x %d layers would embed about %d MB; pass layers=[...] (fewer layers) "
-                    "or a shorter text" % (T, len(lays), int(est) >> 20))
+        raise Error(
+            "explore: %d tokens x %d layers would embed about %d MB; pass layers=[...] (fewer layers) "
+            "or a shorter text" % (T, len(lays), int(est) >> 20)
+        )
     if est > _WARN_BYTES:
-        warnings.warn("explore: %d tokens x %d layers embed about %d MB before compression; layers=[...] "
-                      "keeps the page smaller" % (T, len(lays), int(est) >> 20), stacklevel=2)
+        warnings.warn(
+            "explore: %d tokens x %d layers embed about %d MB before compression; layers=[...] "
+            "keeps the page smaller" % (T, len(lays), int(est) >> 20),
+            stacklevel=2,
+        )
     twin_cache = None
     if twin is not None:
         ttoks = np.asarray(twin.to_tokens(text) if isinstance(text, str) else text)
         if ttoks.shape != toks.shape or (ttoks != toks).any():
-            raise Error("explore: twin= %s tokenizes the text differently from %s (the twins must share "
-                        "a tokenizer)" % (twin.name, model.name))
+            raise Error(
+                "explore: twin= %s tokenizes the text differently from %s (the twins must share "
+                "a tokenizer)" % (twin.name, model.name)
+            )
         if twin.config.n_head != c.n_head:
-            raise Error("explore: twin= %s has %d heads, %s has %d" % (twin.name, twin.config.n_head,
-                                                                        model.name, c.n_head))
-        _, twin_cache = twin.run_with_cache(toks, names=[hook_name(l, "attn.pattern") for l in lays
-                                                         if l < twin.config.n_layer])
-    bar = tqdm(total=len(lays) + 1, desc="explore", leave=False,
-               disable=None if progress is None else not progress)   # None: only on a terminal
+            raise Error(
+                "explore: twin= %s has %d heads, %s has %d" % (twin.name, twin.config.n_head, model.name, c.n_head)
+            )
+        _, twin_cache = twin.run_with_cache(
+            toks, names=[hook_name(l, "attn.pattern") for l in lays if l < twin.config.n_layer]
+        )
+    bar = tqdm(
+        total=len(lays) + 1, desc="explore", leave=False, disable=None if progress is None else not progress
+    )  # None: only on a terminal
     try:
         _, cache = model.run_with_cache(toks, names=[n for l in lays for n in _layer_names(model, l)])
         bar.update(1)
@@ -325,22 +360,34 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
     finally:
         bar.close()
     from .routing import flow_branches
+
     meta = {
-        "model": model.name, "twin": twin.name if twin is not None else None,
-        "n_layer": c.n_layer, "n_head": c.n_head, "T": T, "layers": lays,
+        "model": model.name,
+        "twin": twin.name if twin is not None else None,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "T": T,
+        "layers": lays,
         "windows": {str(l): (c.window_size if l in c.local_layers else 0) for l in lays},
         "twin_windows": {str(l): (twin.config.window_size if l in twin.config.local_layers else 0) for l in lays}
-        if twin is not None else None,
-        "dcmha": bool(c.use_dcmha), "branches": list(BRANCHES),
+        if twin is not None
+        else None,
+        "dcmha": bool(c.use_dcmha),
+        "branches": list(BRANCHES),
         "flow_branches": list(flow_branches(model)) if c.use_dcmha else ["skip"],
         "groups": int(getattr(c, "compose_groups", 1) or 1),
         "tokens": _labels(model, toks),
         "ig": _ig_per_head(model, toks, lays, attribution),
-        "cmap": _colormaps(), "manifest": manifests,
+        "cmap": _colormaps(),
+        "manifest": manifests,
     }
-    fill = {"/*CSS*/": _template("explorer.css"), "/*JS*/": _template("explorer.js"),
-            "/*META*/": _script_json(meta), "/*BLOBS*/": _script_json(blobs),
-            "<!--TITLE-->": _html.escape("dclens explorer: %s" % model.name)}
+    fill = {
+        "/*CSS*/": _template("explorer.css"),
+        "/*JS*/": _template("explorer.js"),
+        "/*META*/": _script_json(meta),
+        "/*BLOBS*/": _script_json(blobs),
+        "<!--TITLE-->": _html.escape("dclens explorer: %s" % model.name),
+    }
     # one pass over the template: nothing inserted is searched again
     page = re.sub(r"/\*(?:CSS|JS|META|BLOBS)\*/|<!--TITLE-->", lambda m: fill[m.group(0)], _template("explorer.html"))
     return Explorer(page, model.name, lays, T)

@@ -12,6 +12,7 @@ Hooks work while decoding: fwd_hooks are called at every step with the
 step's activations ([1, n, ...] for the n tokens fed; attention maps
 [1, N, n, P] over the P positions so far, see dclens.h).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
@@ -55,15 +56,15 @@ class Decoder(EngineObject):
 
     def layer_keys(self, layer: int) -> int:
         """Key positions layer `layer` holds (window_size + 1 at most on a local layer)."""
-        layer = check_index("layer", layer, 0, self.model.config.n_layer,
-                            " (model has %d layers)" % self.model.config.n_layer)
+        layer = check_index(
+            "layer", layer, 0, self.model.config.n_layer, " (model has %d layers)" % self.model.config.n_layer
+        )
         n = int(lib.dcs_decoder_layer_keys(self._d, layer))
         if n < 0:
             raise ArgumentError("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
         return n
 
-    def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True,
-             cache_names=()) -> Any:
+    def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True, cache_names=()) -> Any:
         """Feed tokens [n]; returns their logits [n, V], and a cache of this
         step's activations when cache_names is given (None: every hook)."""
         m = self.model
@@ -71,8 +72,10 @@ class Decoder(EngineObject):
         if toks.size == 0 or toks.dtype.kind not in "iu":
             raise ArgumentError("decode: tokens must be a non-empty integer array, got %r" % (tokens,))
         if toks.min() < 0 or toks.max() >= m.config.vocab:
-            raise ArgumentError("decode: token id %d is out of range [0, %d)"
-                        % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab))
+            raise ArgumentError(
+                "decode: token id %d is out of range [0, %d)"
+                % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab)
+            )
         toks = toks.astype(np.int32)
         n = toks.size
         r = m.runner
@@ -84,11 +87,13 @@ class Decoder(EngineObject):
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
         # the model's lock, and Ctrl-C stops the step (see Model._call_engine)
-        r.call_engine(run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks),
-                       " aborted the decoding step")
+        r.call_engine(
+            run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks), " aborted the decoding step"
+        )
         if out is not None and not np.isfinite(out).all():
-            raise Error("decode: the logits hold NaN or inf (non-finite weights, an overflow, or a "
-                        "hook that wrote huge values)")
+            raise Error(
+                "decode: the logits hold NaN or inf (non-finite weights, an overflow, or a hook that wrote huge values)"
+            )
         run.cache.model = m
         return (out, run.cache) if want_cache else out
 
@@ -116,8 +121,9 @@ def _stops(stop, vocab: int):
     elif isinstance(stop, (list, tuple)) or (isinstance(stop, np.ndarray) and stop.ndim == 1):
         items = list(stop)
     else:
-        raise Error("generate: stop must be a token id, a string, or a list of them, not %s %r"
-                    % (type(stop).__name__, stop))
+        raise Error(
+            "generate: stop must be a token id, a string, or a list of them, not %s %r" % (type(stop).__name__, stop)
+        )
     ids, strs = set(), []
     for s in items:
         if isinstance(s, str):
@@ -130,10 +136,18 @@ def _stops(stop, vocab: int):
 
 
 @_facade.provides("generate")
-def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float = 0.0,
-             top_k: Optional[int] = None, stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
-             seed: Optional[int] = None, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
-             return_type: str = "auto", verbose: bool = False):
+def generate(
+    model: Model,
+    prompt,
+    max_new_tokens: int = 20,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
+    seed: Optional[int] = None,
+    fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+    return_type: str = "auto",
+    verbose: bool = False,
+):
     """Continue `prompt` (a string, a [T] token array, or a list of either)
     by up to max_new_tokens tokens.
 
@@ -146,11 +160,17 @@ def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float 
     "auto" (str for a str prompt, tokens otherwise). A list of prompts gives
     a list of results (each decoded on its own)."""
     if isinstance(prompt, (list, tuple)) and prompt and (isinstance(prompt[0], str) or np.ndim(prompt[0]) == 1):
-        return [generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type,
-                         verbose) for p in prompt]
+        return [
+            generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type, verbose)
+            for p in prompt
+        ]
     check_index("generate: max_new_tokens", max_new_tokens, 0, 2**31)
-    if not (isinstance(temperature, (numbers.Real, np.floating, np.integer))
-            and not isinstance(temperature, (bool, np.bool_)) and np.isfinite(temperature) and temperature >= 0):
+    if not (
+        isinstance(temperature, (numbers.Real, np.floating, np.integer))
+        and not isinstance(temperature, (bool, np.bool_))
+        and np.isfinite(temperature)
+        and temperature >= 0
+    ):
         raise ArgumentError("generate: temperature must be a finite number >= 0, got %r" % (temperature,))
     if top_k is not None:
         check_index("generate: top_k", top_k, 1, 2**31, " (or None)")
@@ -159,8 +179,9 @@ def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float 
     is_text = isinstance(prompt, str)
     toks = model.to_tokens(prompt) if is_text else np.asarray(prompt)
     if toks.ndim != 1 or toks.size == 0:
-        raise ArgumentError("generate: the prompt must be a non-empty string or [T] token array, got shape %s"
-                    % (toks.shape,))
+        raise ArgumentError(
+            "generate: the prompt must be a non-empty string or [T] token array, got shape %s" % (toks.shape,)
+        )
     stop_ids, stop_strs = _stops(stop, model.config.vocab)
     if seed is not None:
         check_index("generate: seed", seed, 0, 2**63)

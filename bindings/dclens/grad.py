@@ -14,6 +14,7 @@ sequence b is that of sequence b's own target, as if run one by one):
 point of the model (hooks.md layout, batch axis first for a 2-D token array)
 and for every parameter by canonical name (``Model.weight`` names).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -34,13 +35,15 @@ class Tape(EngineObject):
 
     def __init__(self, model, B: int, T: int):
         if model.device != "cpu":
-            raise Error("gradients and training run on the CPU only; this model is on %s "
-                        "(load it with device='cpu')" % model.device)
+            raise Error(
+                "gradients and training run on the CPU only; this model is on %s "
+                "(load it with device='cpu')" % model.device
+            )
         self.model = model
         self.B, self.T = B, T
         out = ffi.new("dcs_tape **")
         r = model.runner
-        with r.engine_lock():          # one engine call at a time per model
+        with r.engine_lock():  # one engine call at a time per model
             _check(lib.dcs_tape_new(r.handle, B, T, out), r.errmsg())
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
         self._keep: Optional[Tuple[Any, Any]] = None
@@ -50,8 +53,9 @@ class Tape(EngineObject):
         nd = lib.dcs_hook_shape(self.model.runner.handle, point, self.B, self.T, shape)
         return tuple(int(shape[i]) for i in range(nd))
 
-    def forward(self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
-                logits: bool = True) -> Any:
+    def forward(
+        self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None, logits: bool = True
+    ) -> Any:
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
         ov = overrides or {}
         keep = []
@@ -59,15 +63,18 @@ class Tape(EngineObject):
         for i, ((p, l), data) in enumerate(ov.items()):
             d = np.ascontiguousarray(data, dtype=np.float32)
             if d.shape != self._shape(p):
-                raise Error("override at %s: shape %s, expected %s"
-                            % (self.model.runner.hook_table.name[(p, l)], d.shape, self._shape(p)))
+                raise Error(
+                    "override at %s: shape %s, expected %s"
+                    % (self.model.runner.hook_table.name[(p, l)], d.shape, self._shape(p))
+                )
             keep.append(d)
             arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
         self._keep = (keep, arr)  # the engine reads them again in the backward
         out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
         with self.model.runner.engine_lock():
-            st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov),
-                                      _ptr(out) if out is not None else ffi.NULL)
+            st = lib.dcs_tape_forward(
+                self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), _ptr(out) if out is not None else ffi.NULL
+            )
             _check(st, self.model.runner.errmsg())
         return out
 
@@ -79,8 +86,12 @@ class Tape(EngineObject):
             _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model.runner.errmsg())
         return float(loss[0])
 
-    def backward(self, dlogits: Optional[np.ndarray] = None, param_grads: Optional[np.ndarray] = None,
-                 wrt: Sequence[Tuple[int, int]] = ()) -> Dict[Tuple[int, int], np.ndarray]:
+    def backward(
+        self,
+        dlogits: Optional[np.ndarray] = None,
+        param_grads: Optional[np.ndarray] = None,
+        wrt: Sequence[Tuple[int, int]] = (),
+    ) -> Dict[Tuple[int, int], np.ndarray]:
         outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
         arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
         for i, ((p, l), g) in enumerate(outs.items()):
@@ -110,6 +121,7 @@ def param_table(model) -> List[Tuple[str, int, int, bool]]:
 
 # ------------------------------------------------------------------ targets
 
+
 def _pos(pos, T: int, what: str) -> int:
     if not isinstance(pos, (int, np.integer)) or not -T <= int(pos) < T:
         raise Error("target %s: position %r is outside the sequence of %d tokens" % (what, pos, T))
@@ -130,8 +142,10 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
     if isinstance(target, str):
         target = (target,)
     if not isinstance(target, (tuple, list)) or not target or not isinstance(target[0], str):
-        raise Error("target must be ('logit', pos, tok), ('logprob', pos, tok), "
-                    "('logit_diff', pos, good, bad) or 'loss' / ('loss', mask); got %r" % (target,))
+        raise Error(
+            "target must be ('logit', pos, tok), ('logprob', pos, tok), "
+            "('logit_diff', pos, good, bad) or 'loss' / ('loss', mask); got %r" % (target,)
+        )
     kind = target[0]
     if kind in ("logit", "logprob"):
         if len(target) != 3:
@@ -186,6 +200,7 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
 
 # ------------------------------------------------------------------ gradients
 
+
 @_facade.provides("gradients")
 def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
@@ -194,8 +209,9 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
     if isinstance(wrt, str):
         wrt = [wrt]
     if not isinstance(wrt, (list, tuple)):
-        raise Error("gradients: wrt must be a hook or parameter name or a list of them, not %s %r"
-                    % (type(wrt).__name__, wrt))
+        raise Error(
+            "gradients: wrt must be a hook or parameter name or a list of them, not %s %r" % (type(wrt).__name__, wrt)
+        )
     wrt = list(wrt)
     if not wrt:
         raise Error("gradients: wrt is empty (give hook names or parameter names)")
@@ -219,9 +235,9 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
         a = g[pl]
         out[n] = a if batched else a[0]
     for n in pnames:
-        assert pg is not None          # allocated whenever pnames is not empty
+        assert pg is not None  # allocated whenever pnames is not empty
         _, off, size, _ = params[n]
-        out[n] = pg[off:off + size].reshape(model.weight(n).shape).copy()
+        out[n] = pg[off : off + size].reshape(model.weight(n).shape).copy()
     if return_value:
         return out, (val if batched else float(val[0]))
     return out

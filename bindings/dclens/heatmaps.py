@@ -13,6 +13,7 @@ window of positions up to the query (the title says which; window= /
 positions= choose), and one longer than MAX_TOKENS needs window= or
 positions=. matplotlib versions of the same figures are in dclens.plots.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -27,8 +28,8 @@ from .model import Error, Model
 from .names import BRANCHES, hook_name
 
 SEQUENTIAL, DIVERGING = 0, 1
-AUTO_WINDOW = 64      # longer prompts: a window of this many positions up to the query, unless told
-MAX_TOKENS = 512      # longer prompts are refused without window= or positions=
+AUTO_WINDOW = 64  # longer prompts: a window of this many positions up to the query, unless told
+MAX_TOKENS = 512  # longer prompts are refused without window= or positions=
 
 
 class PNG:
@@ -63,9 +64,25 @@ def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False
     return rgb[0], rgb[1], rgb[2]
 
 
-def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-          mask_window=0, panel_windows=None, axis_titles=True, scale="own", panel_diverging=None,
-          panel_vmin=None):
+def _spec(
+    maps,
+    tokens,
+    key_tokens,
+    titles,
+    title,
+    diverging,
+    mask_upper,
+    vmin,
+    vmax,
+    grid_cols,
+    cell_px,
+    mask_window=0,
+    panel_windows=None,
+    axis_titles=True,
+    scale="own",
+    panel_diverging=None,
+    panel_vmin=None,
+):
     """The dcs_heatmap_spec of a call, and the cffi objects it points into."""
     a = np.asarray(maps, dtype=np.float32)
     if a.ndim == 2:
@@ -181,13 +198,26 @@ class Heatmap(PNG):
         return x[0], y[0], c[0]
 
 
-def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optional[Sequence[str]] = None,
-            titles: Optional[Sequence[str]] = None, title: Optional[str] = None,
-            diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
-            vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0,
-            mask_window: int = 0, panel_windows: Optional[Sequence[int]] = None,
-            axis_titles: bool = True, scale: str = "own", panel_diverging: Optional[Sequence[bool]] = None,
-            panel_vmin: Optional[Sequence[Optional[float]]] = None) -> Heatmap:
+def heatmap(
+    maps,
+    *,
+    tokens: Optional[Sequence[str]] = None,
+    key_tokens: Optional[Sequence[str]] = None,
+    titles: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    diverging: bool = False,
+    mask_upper: bool = True,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    grid_cols: int = 0,
+    cell_px: int = 0,
+    mask_window: int = 0,
+    panel_windows: Optional[Sequence[int]] = None,
+    axis_titles: bool = True,
+    scale: str = "own",
+    panel_diverging: Optional[Sequence[bool]] = None,
+    panel_vmin: Optional[Sequence[Optional[float]]] = None,
+) -> Heatmap:
     """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
 
     tokens label the rows (queries) and, unless key_tokens is given, the
@@ -208,8 +238,9 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
     except (TypeError, ValueError, OverflowError) as e:
         raise Error("heatmap: maps must be a [T, S] or [P, T, S] array of numbers: %s" % e) from None
     for what, v in (("vmin", vmin), ("vmax", vmax)):
-        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number))
-                              or not np.isfinite(v)):
+        if v is not None and (
+            isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number)) or not np.isfinite(v)
+        ):
             raise Error("heatmap: %s must be a finite number or None, not %r" % (what, v))
     for what, v in (("diverging", diverging), ("mask_upper", mask_upper), ("axis_titles", axis_titles)):
         check_bool("heatmap: " + what, v)
@@ -219,8 +250,25 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
     # the engine takes C ints: larger values are refused here, by name
     check_index("heatmap: grid_cols", grid_cols, 0, 2**31, " (0: one row)")
     check_index("heatmap: cell_px", cell_px, 0, 2**31, " (0: chosen from the size)")
-    args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-            mask_window, panel_windows, axis_titles, scale, panel_diverging, panel_vmin)
+    args = (
+        maps,
+        tokens,
+        key_tokens,
+        titles,
+        title,
+        diverging,
+        mask_upper,
+        vmin,
+        vmax,
+        grid_cols,
+        cell_px,
+        mask_window,
+        panel_windows,
+        axis_titles,
+        scale,
+        panel_diverging,
+        panel_vmin,
+    )
     spec, _keep = _spec(*args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
@@ -252,24 +300,32 @@ def _view(T: int, query, window, positions):
             raise Error("heatmap: give positions= or window=, not both")
         if isinstance(positions, slice):
             positions = range(T)[positions]
-        if isinstance(positions, tuple) and len(positions) == 2:       # (start, stop)
+        if isinstance(positions, tuple) and len(positions) == 2:  # (start, stop)
             positions = range(*positions) if all(isinstance(p, (int, np.integer)) for p in positions) else None
         try:
             pos = list(positions)
         except TypeError:
             pos = []
-        if not pos or any(not isinstance(p, (int, np.integer)) for p in pos) or \
-                pos != list(range(pos[0], pos[0] + len(pos))) or not 0 <= pos[0] <= pos[-1] < T:
-            raise Error("heatmap: positions must be (start, stop), a range, a slice or a list of consecutive "
-                        "positions within the %d tokens" % T)
+        if (
+            not pos
+            or any(not isinstance(p, (int, np.integer)) for p in pos)
+            or pos != list(range(pos[0], pos[0] + len(pos)))
+            or not 0 <= pos[0] <= pos[-1] < T
+        ):
+            raise Error(
+                "heatmap: positions must be (start, stop), a range, a slice or a list of consecutive "
+                "positions within the %d tokens" % T
+            )
         a, b = int(pos[0]), int(pos[-1]) + 1
         return a, b, "positions %d-%d of %d" % (a, b - 1, T) if (a, b) != (0, T) else None
     q = T - 1 if query is None else check_index("heatmap: query", query, -T, T, " for %d tokens" % T) % T
     if window is None:
         if T > MAX_TOKENS:
-            raise Error("heatmap: the prompt has %d tokens, more than the %d a readable heatmap shows (every "
-                        "token labelled); pass window=%d (the %d positions up to query=, default the last) or "
-                        "positions=(start, stop)" % (T, MAX_TOKENS, AUTO_WINDOW, AUTO_WINDOW))
+            raise Error(
+                "heatmap: the prompt has %d tokens, more than the %d a readable heatmap shows (every "
+                "token labelled); pass window=%d (the %d positions up to query=, default the last) or "
+                "positions=(start, stop)" % (T, MAX_TOKENS, AUTO_WINDOW, AUTO_WINDOW)
+            )
         if T <= AUTO_WINDOW:
             return 0, T, None
         window = AUTO_WINDOW
@@ -280,9 +336,19 @@ def _view(T: int, query, window, positions):
     return a, b, "positions %d-%d of %d, up to the query %d (window=%d)" % (a, b - 1, T, q, window)
 
 
-def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, head: Optional[int] = None,
-                      hook: Optional[str] = None, phase: str = "post", *, query: Optional[int] = None,
-                      window: Optional[int] = None, positions=None, **kw) -> Heatmap:
+def attention_heatmap(
+    model: Model,
+    text_or_tokens,
+    layer: Union[int, str] = 0,
+    head: Optional[int] = None,
+    hook: Optional[str] = None,
+    phase: str = "post",
+    *,
+    query: Optional[int] = None,
+    window: Optional[int] = None,
+    positions=None,
+    **kw,
+) -> Heatmap:
     """Heatmaps of a model's attention on a prompt.
 
     - layer=L, head=None: every head of layer L for `hook` (pattern,
@@ -307,9 +373,11 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
     else:
         tokens = token_array(text_or_tokens)
     if tokens.ndim != 1 or tokens.size == 0 or tokens.dtype.kind not in "iu":
-        raise Error("heatmap: tokens must be a string or a non-empty 1-D integer token array, got %s %s"
-                    % (tokens.dtype, tokens.shape))
-    a, b, note = _view(tokens.size, query, window, positions)      # refuse before any pass
+        raise Error(
+            "heatmap: tokens must be a string or a non-empty 1-D integer token array, got %s %s"
+            % (tokens.dtype, tokens.shape)
+        )
+    a, b, note = _view(tokens.size, query, window, positions)  # refuse before any pass
     try:
         labels = model.to_str_tokens(tokens)
     except Error:
@@ -346,8 +414,7 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
 
     pair = hook == "pattern+composed"
     if pair and not c.use_dcmha:
-        raise Error("heatmap: %s has no composed weights (plain multi-head attention): use hook='pattern'"
-                    % model.name)
+        raise Error("heatmap: %s has no composed weights (plain multi-head attention): use hook='pattern'" % model.name)
     hooks = ["pattern", "pattern_composed"] if pair else [hook]
     layers = list(range(c.n_layer)) if layer == "all" else [layer]
     if layer == "all" and head is None:
@@ -366,23 +433,28 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
                     raise Error("heatmap: hook %s is not an [N, T, S] map" % hook_name(l, "attn.%s" % hk))
                 maps.append(arr[h])
                 what = {"pattern": "softmax", "pattern_composed": "composed"}.get(hk, hk) if pair else ""
-                titles.append(("L%s H%d %s" % (l, h, what)).strip() +
-                              (" (local)" if layer == "all" and l in c.local_layers else ""))
+                titles.append(
+                    ("L%s H%d %s" % (l, h, what)).strip()
+                    + (" (local)" if layer == "all" and l in c.local_layers else "")
+                )
                 windows.append(c.window_size if l in c.local_layers else 0)
                 softmax = hk.endswith("pattern") and not hk.endswith("_composed")
                 div.append(not softmax)
-                low.append(0.0 if softmax else None)     # a softmax pattern's colour bar starts at 0
+                low.append(0.0 if softmax else None)  # a softmax pattern's colour bar starts at 0
     if layer == "all":
         kw.setdefault("panel_windows", windows)
         default_title = "%s: head %s across layers: %s" % (model.name, head, hook)
     elif pair:
         default_title = "%s: layer %s, %s: softmax pattern | composed weights (applied to v)" % (
-            model.name, layer, "every head" if head is None else "head %d" % head)
+            model.name,
+            layer,
+            "every head" if head is None else "head %d" % head,
+        )
     else:
         name = hook_name(layer, "attn.%s" % hook)
         default_title = "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head))
     kw["title"] = titled(kw.get("title", default_title))
-    if not kw.get("grid_cols"):   # a near-square grid (32 heads: 6 x 6), a pattern beside its composed map
+    if not kw.get("grid_cols"):  # a near-square grid (32 heads: 6 x 6), a pattern beside its composed map
         per = len(hooks)
         kw["grid_cols"] = per * max(1, int(np.ceil(np.sqrt(len(maps) / per))))
     if "diverging" in kw:
@@ -391,8 +463,9 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         kw["diverging"] = div[0]
     if kw.get("scale", "own") == "shared" or (kw.get("vmin") is not None and kw.get("vmax") is not None):
         if len(set(div)) > 1:
-            raise Error("heatmap: the softmax pattern and the composed weights need their own scales "
-                        "(scale='own') or one hook")
+            raise Error(
+                "heatmap: the softmax pattern and the composed weights need their own scales (scale='own') or one hook"
+            )
         if not kw["diverging"] and low[0] == 0.0:
             kw.setdefault("vmin", 0.0)
         return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, **kw)

@@ -13,6 +13,7 @@ huggingface_hub.snapshot_download, the local cache first:
 Offline with nothing cached is a dclens.NotFoundError naming the id, the
 revision and the cache directory it looked in.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,14 @@ from typing import Optional
 from ._checks import ArgumentError, Error, NotFoundError
 
 # the files of a checkpoint directory the engine reads (engine/src/io/layouts.c)
-PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
-            "pytorch_model.bin.index.json", "tokenizer.json"]
+PATTERNS = [
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    "tokenizer.json",
+]
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -52,36 +59,49 @@ def cache_dir() -> Optional[str]:
     return None
 
 
-def resolve(repo_id: str, revision: Optional[str] = None, progress: Optional[bool] = None,
-            cache: Optional[str] = None) -> str:
+def resolve(
+    repo_id: str, revision: Optional[str] = None, progress: Optional[bool] = None, cache: Optional[str] = None
+) -> str:
     """The local snapshot directory of a Hub model id (see the module doc)."""
     if revision is not None and not (isinstance(revision, str) and revision and "\0" not in revision):
         raise ArgumentError("revision must be a branch, tag or commit (a non-empty string), not %r" % (revision,))
     try:
         import huggingface_hub as hf
         from huggingface_hub.utils import LocalEntryNotFoundError
-    except ImportError:   # pragma: no cover -- a dependency of the package
+    except ImportError:  # pragma: no cover -- a dependency of the package
         raise Error("%s: loading a Hub id needs huggingface_hub (pip install huggingface_hub)" % repo_id) from None
     cache = cache or cache_dir()
     # an id is also a relative path that does not exist: say both
     where = "%s: no such model directory (no %s), and as a Hugging Face Hub id%s" % (
-        repo_id, os.path.join(repo_id, "config.json"), " at revision %r" % revision if revision else "")
+        repo_id,
+        os.path.join(repo_id, "config.json"),
+        " at revision %r" % revision if revision else "",
+    )
     try:
-        return hf.snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True,
-                                    allow_patterns=PATTERNS)
+        return hf.snapshot_download(
+            repo_id, revision=revision, cache_dir=cache, local_files_only=True, allow_patterns=PATTERNS
+        )
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as e:
         local_error = e
     if offline():
-        raise NotFoundError("%s it is not in the Hugging Face cache (%s) and HF_HUB_OFFLINE is set, so it is "
-                            "not downloaded (%s)" % (where, cache or "huggingface_hub's default cache",
-                                                     type(local_error).__name__)) from None
+        raise NotFoundError(
+            "%s it is not in the Hugging Face cache (%s) and HF_HUB_OFFLINE is set, so it is "
+            "not downloaded (%s)" % (where, cache or "huggingface_hub's default cache", type(local_error).__name__)
+        ) from None
     from .progress import hub_tqdm_class
+
     try:
-        return hf.snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=PATTERNS,
-                                    tqdm_class=hub_tqdm_class(progress))
+        return hf.snapshot_download(
+            repo_id, revision=revision, cache_dir=cache, allow_patterns=PATTERNS, tqdm_class=hub_tqdm_class(progress)
+        )
     except Exception as e:  # noqa: BLE001 -- huggingface_hub's errors, reported with the id
         kind = type(e).__name__
-        if kind in ("RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError",
-                    "LocalEntryNotFoundError", "GatedRepoError"):
+        if kind in (
+            "RepositoryNotFoundError",
+            "RevisionNotFoundError",
+            "EntryNotFoundError",
+            "LocalEntryNotFoundError",
+            "GatedRepoError",
+        ):
             raise NotFoundError("%s: %s: %s" % (where, kind, str(e).splitlines()[0] if str(e) else kind)) from None
         raise Error("%s it cannot be downloaded: %s: %s" % (where, kind, e)) from None

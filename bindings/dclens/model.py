@@ -11,6 +11,7 @@ fork(): in a forked child its runner's lock is new (os.register_at_fork in
 dclens.runner) and the engine rebuilds its thread pool on first use, so the child can run the
 parent's model, even one a thread of the parent was running at the fork.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _facade, batch, names as _names
-from ._checks import (ArgumentError, Error, NotFoundError, c_path, c_str, check_bool, check_index, is_choice,
-                      decode_msg, show_path, token_array, unknown_name)
+from ._checks import (
+    ArgumentError,
+    Error,
+    NotFoundError,
+    c_path,
+    c_str,
+    check_bool,
+    check_index,
+    is_choice,
+    decode_msg,
+    show_path,
+    token_array,
+    unknown_name,
+)
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from . import hub
@@ -67,7 +80,7 @@ class TLConfig:
     d_mlp: int
     d_vocab: int
     d_vocab_out: int
-    n_ctx: Optional[int]                 # the context trained for (config.json), None if not recorded
+    n_ctx: Optional[int]  # the context trained for (config.json), None if not recorded
     act_fn: str
     eps: float
     normalization_type: str
@@ -77,10 +90,10 @@ class TLConfig:
     parallel_attn_mlp: bool
     original_architecture: str
     window_size: Optional[int]
-    attn_types: Tuple[str, ...]          # "global" / "local" per layer
+    attn_types: Tuple[str, ...]  # "global" / "local" per layer
     use_local_attn: bool
     device: str
-    default_prepend_bos: bool            # False: Pythia-style models are trained without a BOS
+    default_prepend_bos: bool  # False: Pythia-style models are trained without a BOS
     tokenizer_prepends_bos: bool
     bos_token_id: Optional[int]
     attention_dir: str = "causal"
@@ -118,21 +131,19 @@ class Config:
     local_layers: Tuple[int, ...]
     tie_embeddings: bool
     # attention variants (model-spec.md 5)
-    use_sw: bool = False                 # static (Talking-Heads) compose branch
-    compose_groups: int = 1              # heads composed within this many groups
-    moh_shared_heads: Optional[int] = None   # MoH routing: None when off
+    use_sw: bool = False  # static (Talking-Heads) compose branch
+    compose_groups: int = 1  # heads composed within this many groups
+    moh_shared_heads: Optional[int] = None  # MoH routing: None when off
     moh_routed_topk: Optional[int] = None
-    dyn_slots: int = 0                   # C: 4 (pre/post x query/key) or 2
-    key_wise: bool = False               # query-wise branches absent
+    dyn_slots: int = 0  # C: 4 (pre/post x query/key) or 2
+    key_wise: bool = False  # query-wise branches absent
     # DCFormer++ (model_type "dcformer", docs/dcformer-spec.md)
-    norm: str = "layer"                  # block / final norms: "layer" (LayerNorm) or "rms"
-    mlp: str = "gelu"                    # "gelu" or "swiglu" (w2(silu(w1 x) * w3 x))
-    mgate_dim: int = 0                   # E: groups of the SwiGLU MLP's softmax gate, 0 = none
+    norm: str = "layer"  # block / final norms: "layer" (LayerNorm) or "rms"
+    mlp: str = "gelu"  # "gelu" or "swiglu" (w2(silu(w1 x) * w3 x))
+    mgate_dim: int = 0  # E: groups of the SwiGLU MLP's softmax gate, 0 = none
 
     def __getitem__(self, key):  # dict-style access for notebooks
         return getattr(self, key)
-
-
 
 
 def cuda_available() -> bool:
@@ -147,9 +158,16 @@ def cuda_unavailable_reason() -> str:
     return ffi.string(why).decode(errors="replace")
 
 
-def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
-         always_batch: bool = False, *, revision: Optional[str] = None, progress: Optional[bool] = None,
-         prepend_bos: Optional[bool] = None) -> "Model":
+def load(
+    path: Union[str, os.PathLike],
+    device: str = "cpu",
+    n_threads: int = 0,
+    always_batch: bool = False,
+    *,
+    revision: Optional[str] = None,
+    progress: Optional[bool] = None,
+    prepend_bos: Optional[bool] = None,
+) -> "Model":
     """Load a DCPythia or Pythia model: a checkpoint directory (config.json +
     weights), a bundled model by name (dclens.bundled_models()), or a Hugging
     Face Hub id "org/name" (revision=: a branch, tag or commit), taken from
@@ -179,7 +197,7 @@ def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
     m.always_batch = bool(always_batch)
     if prepend_bos is not None:
         m.default_prepend_bos = bool(prepend_bos)
-    if name is None and isinstance(path, str) and not os.path.lexists(path):   # a bundled name: pickles as the name
+    if name is None and isinstance(path, str) and not os.path.lexists(path):  # a bundled name: pickles as the name
         m._ref = dataclasses.replace(m._ref, source=path)
     return m
 
@@ -194,6 +212,7 @@ def _caller_level() -> int:
     """warnings.warn's stacklevel of the first frame outside dclens (the user's call)."""
     import sys
     from types import FrameType
+
     f: Optional[FrameType] = sys._getframe(1)
     level = 1
     pkg = os.path.dirname(os.path.abspath(__file__))
@@ -206,11 +225,13 @@ def _read_config(path: str) -> Dict[str, Any]:
     """config.json of a loaded model as a dict ({} if it cannot be read again:
     the engine has already read and checked it)."""
     import json
+
     try:
         d = json.loads(_read_regular_file(os.path.join(path, "config.json"), 16 << 20))
     except (Error, ValueError, RecursionError):
         return {}
     return d if isinstance(d, dict) else {}
+
 
 def from_reference(ref: ModelRef) -> "Model":
     """Load the model a reference names (what unpickling a Model does), after
@@ -221,6 +242,8 @@ def from_reference(ref: ModelRef) -> "Model":
     m.always_batch = ref.always_batch
     m._ref = dataclasses.replace(ref, files=m._ref.files)
     return m
+
+
 def _read_regular_file(path: str, limit: int) -> str:
     """The text of a regular file of at most `limit` bytes. Opened without
     blocking and checked before reading, so a FIFO or device where a file is
@@ -231,7 +254,8 @@ def _read_regular_file(path: str, limit: int) -> str:
         if os.path.islink(path) and not os.path.exists(path):
             raise Error("%s: cannot open: a dangling symbolic link (its target does not exist)" % path) from None
         raise (NotFoundError if isinstance(e, FileNotFoundError) else Error)(
-            "%s: cannot open: %s" % (path, e.strerror)) from None
+            "%s: cannot open: %s" % (path, e.strerror)
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -258,6 +282,7 @@ def load_tokenizer(directory: str):
         raise NotFoundError("%s has no tokenizer.json" % directory)
     text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
     from tokenizers import Tokenizer
+
     try:
         return Tokenizer.from_str(text)
     except Exception as e:
@@ -271,6 +296,7 @@ class Model(WeightsMixin):
     >>> logits = m.forward(m.to_tokens("The cat sat"))
     >>> logits, cache = m.run_with_cache(tokens, names=lambda n: n.endswith("pattern"))
     """
+
     _instead = "pickle its path and call dclens.load(path) again (model.path)"
 
     def __init__(self, path, device: str = "cpu", n_threads: int = 0):
@@ -287,38 +313,60 @@ class Model(WeightsMixin):
         st = lib.dcs_load(cpath, opts, out, err, 1024)
         _check(st, decode_msg(ffi.string(err)))
         handle = ffi.gc(out[0], lib.dcs_free)
-        self._ref = ModelRef(source=os.path.abspath(os.fsdecode(path)), device=device, n_threads=n_threads,
-                             files=fingerprint(path))
+        self._ref = ModelRef(
+            source=os.path.abspath(os.fsdecode(path)), device=device, n_threads=n_threads, files=fingerprint(path)
+        )
         # the engine handle, its lock, errors and runs (runner.py); its name
         # and device are the model's (name and device below are properties)
-        self.runner = Runner(handle, int(lib.dcs_model_config(handle).vocab),
-                             int(lib.dcs_model_config(handle).n_layer), device=device,
-                             to_tokens=self.to_tokens, check_context=self.check_context)
+        self.runner = Runner(
+            handle,
+            int(lib.dcs_model_config(handle).vocab),
+            int(lib.dcs_model_config(handle).n_layer),
+            device=device,
+            to_tokens=self.to_tokens,
+            check_context=self.check_context,
+        )
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
         c = lib.dcs_model_config(handle)
         self.config = Config(
             model_type={1: "dcpythia", 2: "gpt_neox", 3: "dcformer"}[c.model_type],
-            n_layer=c.n_layer, d_model=c.d_model, n_head=c.n_head, head_dim=c.head_dim,
-            d_ff=c.d_ff, vocab=c.vocab, rotary_dim=c.rotary_dim, rope_base=c.rope_base,
-            norm_eps=c.norm_eps, parallel_residual=bool(c.parallel_residual),
-            qk_norm=bool(c.qk_norm), linear_bias=bool(c.linear_bias),
-            use_dcmha=bool(c.use_dcmha), query_wise=bool(c.query_wise), dyn_rank=c.dyn_rank,
-            dyn_hidden=c.dyn_hidden, window_size=c.window_size,
+            n_layer=c.n_layer,
+            d_model=c.d_model,
+            n_head=c.n_head,
+            head_dim=c.head_dim,
+            d_ff=c.d_ff,
+            vocab=c.vocab,
+            rotary_dim=c.rotary_dim,
+            rope_base=c.rope_base,
+            norm_eps=c.norm_eps,
+            parallel_residual=bool(c.parallel_residual),
+            qk_norm=bool(c.qk_norm),
+            linear_bias=bool(c.linear_bias),
+            use_dcmha=bool(c.use_dcmha),
+            query_wise=bool(c.query_wise),
+            dyn_rank=c.dyn_rank,
+            dyn_hidden=c.dyn_hidden,
+            window_size=c.window_size,
             local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(handle, l)),
-            tie_embeddings=bool(c.tie_embeddings), use_sw=bool(c.use_sw) and bool(c.use_dcmha),
+            tie_embeddings=bool(c.tie_embeddings),
+            use_sw=bool(c.use_sw) and bool(c.use_dcmha),
             compose_groups=c.compose_groups,
             moh_shared_heads=c.moh_shared if c.moh else None,
-            moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
-            key_wise=bool(c.key_wise), norm="rms" if c.model_type == 3 else "layer",
-            mlp="swiglu" if c.model_type == 3 else "gelu", mgate_dim=c.mgate_dim)
+            moh_routed_topk=c.moh_topk if c.moh else None,
+            dyn_slots=c.dyn_slots,
+            key_wise=bool(c.key_wise),
+            norm="rms" if c.model_type == 3 else "layer",
+            mlp="swiglu" if c.model_type == 3 else "gelu",
+            mgate_dim=c.mgate_dim,
+        )
         self.load_warnings = ffi.string(lib.dcs_load_warnings(handle)).decode(errors="replace").splitlines()
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
         self._raw_config = _read_config(path)
-        self.default_prepend_bos = False          # to_tokens' prepend_bos default (load(prepend_bos=))
-        self.always_batch = False   # see load()
+        self.default_prepend_bos = False  # to_tokens' prepend_bos default (load(prepend_bos=))
+        self.always_batch = False  # see load()
 
     from_pretrained = staticmethod(from_pretrained)
 
@@ -333,7 +381,7 @@ class Model(WeightsMixin):
 
     @property
     def device(self) -> str:
-        """"cpu" or "cuda"."""
+        """ "cpu" or "cuda"."""
         return self.runner.device
 
     @device.setter
@@ -348,30 +396,56 @@ class Model(WeightsMixin):
         bos = raw.get("bos_token_id")
         local = set(c.local_layers)
         return TLConfig(
-            model_name=self.name, n_layers=c.n_layer, d_model=c.d_model, n_heads=c.n_head, d_head=c.head_dim,
-            d_mlp=c.d_ff, d_vocab=c.vocab, d_vocab_out=c.vocab, n_ctx=n_ctx, act_fn="gelu", eps=c.norm_eps,
-            normalization_type="LN", positional_embedding_type="rotary", rotary_dim=c.rotary_dim,
-            rotary_base=c.rope_base, parallel_attn_mlp=c.parallel_residual,
-            original_architecture=(raw.get("architectures") or ["DCPythia" if c.model_type == "dcpythia"
-                                                                 else "GPTNeoXForCausalLM"])[0],
+            model_name=self.name,
+            n_layers=c.n_layer,
+            d_model=c.d_model,
+            n_heads=c.n_head,
+            d_head=c.head_dim,
+            d_mlp=c.d_ff,
+            d_vocab=c.vocab,
+            d_vocab_out=c.vocab,
+            n_ctx=n_ctx,
+            act_fn="gelu",
+            eps=c.norm_eps,
+            normalization_type="LN",
+            positional_embedding_type="rotary",
+            rotary_dim=c.rotary_dim,
+            rotary_base=c.rope_base,
+            parallel_attn_mlp=c.parallel_residual,
+            original_architecture=(
+                raw.get("architectures") or ["DCPythia" if c.model_type == "dcpythia" else "GPTNeoXForCausalLM"]
+            )[0],
             window_size=c.window_size if local else None,
             attn_types=tuple("local" if l in local else "global" for l in range(c.n_layer)),
-            use_local_attn=bool(local), device=self.device, default_prepend_bos=self.default_prepend_bos,
-            tokenizer_prepends_bos=False, bos_token_id=bos if isinstance(bos, int) else None)
+            use_local_attn=bool(local),
+            device=self.device,
+            default_prepend_bos=self.default_prepend_bos,
+            tokenizer_prepends_bos=False,
+            bos_token_id=bos if isinstance(bos, int) else None,
+        )
 
     def check_context(self, T: int) -> None:
         """Warn (ContextWarning) when T tokens are more than the context the
         model was trained for (cfg.n_ctx, when config.json records it)."""
         n_ctx = self.cfg.n_ctx
         if n_ctx is not None and T > n_ctx:
-            warnings.warn("%s: a prompt of %d tokens is longer than the %d-token context the model was trained "
-                          "for (cfg.n_ctx); positions past %d were never seen in training"
-                          % (self.name, T, n_ctx, n_ctx), ContextWarning, stacklevel=_caller_level())
+            warnings.warn(
+                "%s: a prompt of %d tokens is longer than the %d-token context the model was trained "
+                "for (cfg.n_ctx); positions past %d were never seen in training" % (self.name, T, n_ctx, n_ctx),
+                ContextWarning,
+                stacklevel=_caller_level(),
+            )
 
     def __repr__(self) -> str:
         c = self.config
         return "<dclens.Model %s: %s, %d layers, d_model %d, %d heads, on %s>" % (
-            self.name, c.model_type, c.n_layer, c.d_model, c.n_head, self.device)
+            self.name,
+            c.model_type,
+            c.n_layer,
+            c.d_model,
+            c.n_head,
+            self.device,
+        )
 
     # ------------------------------------------------------------ processes
 
@@ -382,8 +456,10 @@ class Model(WeightsMixin):
 
     def __reduce__(self):
         if self.runner.ctx_hooks:
-            warnings.warn("%s: hooks added with add_hook / model.hooks are not pickled; the unpickled "
-                          "model has none" % self.name, stacklevel=2)
+            warnings.warn(
+                "%s: hooks added with add_hook / model.hooks are not pickled; the unpickled model has none" % self.name,
+                stacklevel=2,
+            )
         return from_reference, (self.reference(),)
 
     # ------------------------------------------------------------ names
@@ -434,8 +510,14 @@ class Model(WeightsMixin):
     def _tokens(self, tokens) -> Tuple[np.ndarray, bool]:
         return self.runner.tokens(tokens)
 
-    def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
-             logits: bool = True, logits_at=None):
+    def _run(
+        self,
+        tokens,
+        capture: Sequence[str] = (),
+        fns: Sequence[Tuple[str, HookFn]] = (),
+        logits: bool = True,
+        logits_at=None,
+    ):
         return self.runner.run(tokens, capture, fns, logits, logits_at)
 
     # ------------------------------------------------------------ tokens
@@ -468,12 +550,14 @@ class Model(WeightsMixin):
         if self.default_prepend_bos if prepend_bos is None else prepend_bos:
             bos = self.cfg.bos_token_id
             if bos is None or not 0 <= bos < self.config.vocab:
-                raise ArgumentError("to_tokens: prepend_bos=True, but %s/config.json has no usable bos_token_id "
-                                    "(%r)" % (self.path, bos))
+                raise ArgumentError(
+                    "to_tokens: prepend_bos=True, but %s/config.json has no usable bos_token_id (%r)" % (self.path, bos)
+                )
             ids = np.concatenate([np.array([bos], np.int32), ids])
         if ids.size and ids.max() >= self.config.vocab:
-            raise Error("tokenizer of %s gives id %d, beyond the model's vocab %d"
-                        % (self.path, ids.max(), self.config.vocab))
+            raise Error(
+                "tokenizer of %s gives id %d, beyond the model's vocab %d" % (self.path, ids.max(), self.config.vocab)
+            )
         return ids
 
     def to_str_tokens(self, text_or_tokens, lengths=None):
@@ -509,9 +593,17 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ forward
 
-    def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
-                padding_side: str = "right", loss_per_token: bool = False, logits_at=None,
-                prepend_bos: Optional[bool] = None):
+    def forward(
+        self,
+        tokens,
+        return_type: Optional[str] = "logits",
+        *,
+        lengths=None,
+        padding_side: str = "right",
+        loss_per_token: bool = False,
+        logits_at=None,
+        prepend_bos: Optional[bool] = None,
+    ):
         """Logits: [T, V] for a string or a 1-D token array, [B, T, V] for a list
         of strings or [B, T] tokens (with lengths: padded rows).
 
@@ -524,22 +616,41 @@ class Model(WeightsMixin):
         every sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
         if logits_at is not None:
             check_bool("loss_per_token", loss_per_token)
-            tokens = (self.to_tokens(tokens, prepend_bos=prepend_bos) if isinstance(tokens, str)
-                      else token_array(tokens))        # tokens are checked (and named) first
+            tokens = (
+                self.to_tokens(tokens, prepend_bos=prepend_bos) if isinstance(tokens, str) else token_array(tokens)
+            )  # tokens are checked (and named) first
             if not is_choice(return_type, ("logits",)) or lengths is not None or loss_per_token:
-                raise ArgumentError("logits_at goes with return_type='logits', no lengths and no loss_per_token "
-                                    "(got return_type=%r, lengths %s, loss_per_token=%r)"
-                                    % (return_type, "given" if lengths is not None else "None", loss_per_token))
+                raise ArgumentError(
+                    "logits_at goes with return_type='logits', no lengths and no loss_per_token "
+                    "(got return_type=%r, lengths %s, loss_per_token=%r)"
+                    % (return_type, "given" if lengths is not None else "None", loss_per_token)
+                )
             return self.runner.run(tokens, logits_at=logits_at)[0]
-        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                    loss_per_token=loss_per_token, prepend_bos=prepend_bos)
+        return batch.call(
+            self,
+            tokens,
+            lengths=lengths,
+            padding_side=padding_side,
+            return_type=return_type,
+            loss_per_token=loss_per_token,
+            prepend_bos=prepend_bos,
+        )
 
     __call__ = forward
 
-    def run_with_cache(self, tokens, names: Names = None, *, names_filter: Names = None, lengths=None,
-                       padding_side: str = "right", return_type: Optional[str] = "logits",
-                       fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False,
-                       prepend_bos: Optional[bool] = None) -> Tuple[np.ndarray, Cache]:
+    def run_with_cache(
+        self,
+        tokens,
+        names: Names = None,
+        *,
+        names_filter: Names = None,
+        lengths=None,
+        padding_side: str = "right",
+        return_type: Optional[str] = "logits",
+        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        read_only: bool = False,
+        prepend_bos: Optional[bool] = None,
+    ) -> Tuple[np.ndarray, Cache]:
         """Logits and a Cache of the named activations (None: every hook).
 
         names (or names_filter, TransformerLens' spelling): None, a hook
@@ -550,9 +661,17 @@ class Model(WeightsMixin):
         if names is not None and names_filter is not None:
             raise ArgumentError("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
-        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                          capture=self.runner.select(sel), fns=self._expand_hooks(hook_pairs(fwd_hooks, read_only)),
-                          with_cache=True, prepend_bos=prepend_bos)
+        return batch.call(
+            self,
+            tokens,
+            lengths=lengths,
+            padding_side=padding_side,
+            return_type=return_type,
+            capture=self.runner.select(sel),
+            fns=self._expand_hooks(hook_pairs(fwd_hooks, read_only)),
+            with_cache=True,
+            prepend_bos=prepend_bos,
+        )
 
     def resolve_hook(self, name: str) -> str:
         """The dclens name of a hook given in either spelling, checked."""
@@ -567,8 +686,10 @@ class Model(WeightsMixin):
         if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool) and layer < 0:
             layer = int(layer) + self.config.n_layer
             if layer < 0:
-                raise ArgumentError("hook_name: layer %d is out of range (model has %d layers)"
-                            % (layer - self.config.n_layer, self.config.n_layer))
+                raise ArgumentError(
+                    "hook_name: layer %d is out of range (model has %d layers)"
+                    % (layer - self.config.n_layer, self.config.n_layer)
+                )
         n = _names.hook_name(name, layer)
         self.parse_hook(n)
         return n
@@ -601,17 +722,27 @@ class Model(WeightsMixin):
                 yield self
             finally:
                 del self.runner.ctx_hooks[before:]
+
         return cm()
 
-    def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
-                 stop=None, **kw):
+    def generate(
+        self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None, stop=None, **kw
+    ):
         """Continue a prompt with the engine's incremental decoder (dclens.generate)."""
         return _facade.call("generate", self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
 
-    def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
-                       cache_names: Names = (), *, lengths=None, padding_side: str = "right",
-                       return_type: Optional[str] = "logits", read_only: bool = False,
-                       prepend_bos: Optional[bool] = None):
+    def run_with_hooks(
+        self,
+        tokens,
+        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        cache_names: Names = (),
+        *,
+        lengths=None,
+        padding_side: str = "right",
+        return_type: Optional[str] = "logits",
+        read_only: bool = False,
+        prepend_bos: Optional[bool] = None,
+    ):
         """Logits of a pass where fn(activation, name) is called at each named point.
 
         fn may modify the activation in place, return a replacement array of the
@@ -629,8 +760,17 @@ class Model(WeightsMixin):
         fwd_hooks = self._expand_hooks(hook_pairs(fwd_hooks, read_only))
         want_cache = cache_names is None or bool(cache_names)
         cap = self.runner.select(cache_names) if want_cache else ()
-        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                    capture=cap, fns=fwd_hooks, with_cache=want_cache, prepend_bos=prepend_bos)
+        return batch.call(
+            self,
+            tokens,
+            lengths=lengths,
+            padding_side=padding_side,
+            return_type=return_type,
+            capture=cap,
+            fns=fwd_hooks,
+            with_cache=want_cache,
+            prepend_bos=prepend_bos,
+        )
 
     def last_pass_memory(self) -> Dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
@@ -656,13 +796,13 @@ class Model(WeightsMixin):
         with r.engine_lock():
             st = lib.dcs_weight_shape(r.handle, cname, shape, nd)
             if st != lib.DCS_OK and not self._has_weight(name):
-                raise unknown_name("weight", name, self.weight_names(), "", "model.weight_names()",
-                                   message=r.errmsg())
+                raise unknown_name("weight", name, self.weight_names(), "", "model.weight_names()", message=r.errmsg())
             _check(st, r.errmsg())
             dims = tuple(shape[i] for i in range(nd[0]))
             out = np.empty(dims, dtype=np.float32)
-            _check(lib.dcs_weight_read(r.handle, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
-                   r.errmsg())
+            _check(
+                lib.dcs_weight_read(r.handle, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size), r.errmsg()
+            )
         out.flags.writeable = False
         cache[name] = out
         while len(cache) > 6:
@@ -671,24 +811,25 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ routing, circuits
 
-    def composition_map(self, tokens, layer: int, phase: str, query: int, key: int,
-                        cache: Optional[Cache] = None) -> np.ndarray:
+    def composition_map(
+        self, tokens, layer: int, phase: str, query: int, key: int, cache: Optional[Cache] = None
+    ) -> np.ndarray:
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
         With cache= (a run_with_cache of the same tokens) no pass is run."""
         if cache is not None:
             return _facade.call("composition_maps", self, cache, layer, phase, query=query, key=key)
         return _facade.call("composition_map", self, tokens, layer, phase, query, key)
 
-    def routing_matrix(self, tokens, layer: int, phase: str, query: int,
-                       cache: Optional[Cache] = None) -> np.ndarray:
+    def routing_matrix(self, tokens, layer: int, phase: str, query: int, cache: Optional[Cache] = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
         With cache= no pass is run; routing.routing_matrices gives every query at once."""
         if cache is not None:
             return _facade.call("routing_matrices", self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return _facade.call("routing_matrix", self, tokens, layer, phase, query)
 
-    def flows(self, tokens, layer: int, phase: str, head: int, query: int, *,
-              cache: Optional[Cache] = None) -> np.ndarray:
+    def flows(
+        self, tokens, layer: int, phase: str, head: int, query: int, *, cache: Optional[Cache] = None
+    ) -> np.ndarray:
         """[N source, branch, T key]: what each source head lends target `head` at
         (query, key) through each compose branch; sums to the composed entry
         (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass)."""
@@ -706,8 +847,10 @@ class Model(WeightsMixin):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
         return _facade.call("gradients", self, tokens, target, wrt, return_value=return_value)
 
-    def attribute(self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero",
-                  progress: Optional[bool] = None):
+    def attribute(
+        self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero", progress: Optional[bool] = None
+    ):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
-        return _facade.call("attribute", self, tokens, target, at, method=method, steps=steps,
-                                     baseline=baseline, progress=progress)
+        return _facade.call(
+            "attribute", self, tokens, target, at, method=method, steps=steps, baseline=baseline, progress=progress
+        )

@@ -30,6 +30,7 @@ weights that multiply v are attn.pattern_composed (post-compose of the
 softmax output attn.pattern); in Pythia they are attn.pattern. There is no
 resid_mid: DCPythia and Pythia use a parallel residual.
 """
+
 from __future__ import annotations
 
 import re
@@ -57,7 +58,7 @@ TL_LAYER_ALIASES = {
     "ln2.hook_normalized": "ln_mlp",
     "mlp.hook_pre": "mlp.pre",
     "mlp.hook_post": "mlp.post",
-    "mlp.hook_pre_linear": "mlp.pre_linear",   # DCFormer++'s gated MLP (w3 x)
+    "mlp.hook_pre_linear": "mlp.pre_linear",  # DCFormer++'s gated MLP (w3 x)
     "hook_mlp_out": "mlp.out",
     "hook_resid_post": "resid_post",
 }
@@ -71,15 +72,36 @@ _REVERSE_GLOBAL = {v: k for k, v in TL_GLOBAL_ALIASES.items()}
 # Short names for hook_name() / cache[short, layer]: TransformerLens' short
 # names (get_act_name) plus dclens's suffixes.
 SHORT = {
-    "embed": "embed", "ln_final": "ln_final", "logits": "logits", "normalized": "ln_final",
-    "resid_pre": "resid_pre", "resid_post": "resid_post",
-    "ln1": "ln_attn", "ln_attn": "ln_attn", "ln2": "ln_mlp", "ln_mlp": "ln_mlp",
-    "q": "attn.q", "k": "attn.k", "v": "attn.v", "z": "attn.z",
-    "scores": "attn.scores", "attn_scores": "attn.scores", "scores_composed": "attn.scores_composed",
-    "pattern": "attn.pattern", "attn": "attn.pattern", "pattern_composed": "attn.pattern_composed",
-    "result": "attn.head_out", "head_out": "attn.head_out", "attn_out": "attn.out",
-    "pre": "mlp.pre", "post": "mlp.post", "mlp_pre": "mlp.pre", "mlp_post": "mlp.post",
-    "mlp_out": "mlp.out", "pre_linear": "mlp.pre_linear", "mlp_gate": "mlp.gate",
+    "embed": "embed",
+    "ln_final": "ln_final",
+    "logits": "logits",
+    "normalized": "ln_final",
+    "resid_pre": "resid_pre",
+    "resid_post": "resid_post",
+    "ln1": "ln_attn",
+    "ln_attn": "ln_attn",
+    "ln2": "ln_mlp",
+    "ln_mlp": "ln_mlp",
+    "q": "attn.q",
+    "k": "attn.k",
+    "v": "attn.v",
+    "z": "attn.z",
+    "scores": "attn.scores",
+    "attn_scores": "attn.scores",
+    "scores_composed": "attn.scores_composed",
+    "pattern": "attn.pattern",
+    "attn": "attn.pattern",
+    "pattern_composed": "attn.pattern_composed",
+    "result": "attn.head_out",
+    "head_out": "attn.head_out",
+    "attn_out": "attn.out",
+    "pre": "mlp.pre",
+    "post": "mlp.post",
+    "mlp_pre": "mlp.pre",
+    "mlp_post": "mlp.post",
+    "mlp_out": "mlp.out",
+    "pre_linear": "mlp.pre_linear",
+    "mlp_gate": "mlp.gate",
 }
 _GLOBAL = {"embed", "ln_final", "logits"}
 
@@ -150,8 +172,10 @@ def hook_name(name, layer=None) -> str:
         elif name.startswith(("pre.", "post.", "dyn.")):
             suffix = "attn." + name
         else:
-            raise Error("hook_name: unknown short name %r (known: %s, or a suffix such as 'attn.post.kp')"
-                        % (name, ", ".join(sorted(SHORT))))
+            raise Error(
+                "hook_name: unknown short name %r (known: %s, or a suffix such as 'attn.post.kp')"
+                % (name, ", ".join(sorted(SHORT)))
+            )
     if suffix in _GLOBAL:
         if layer is not None:
             raise Error("hook_name: %r is not a per-layer hook (no layer)" % name)
@@ -161,6 +185,7 @@ def hook_name(name, layer=None) -> str:
     if not isinstance(layer, (int,)) or isinstance(layer, bool) or layer < 0:
         try:
             import numpy as np
+
             if isinstance(layer, np.integer) and layer >= 0:
                 layer = int(layer)
             else:
@@ -175,6 +200,7 @@ def suggest(wanted, names, n: int = 5):
     names, or suffixes such as 'hook_patern' matched against the part after
     'blocks.{l}.' in either spelling), for "did you mean" messages."""
     import difflib
+
     wanted = [wanted] if isinstance(wanted, str) else [w for w in wanted if isinstance(w, str) and len(w) > 1]
     names = list(names)
     by_key: Dict[str, str] = {}

@@ -37,6 +37,7 @@ instead; PatchResult.baseline_note says what was found ("" when fine).
 Identities (tested): patching the clean run into itself changes nothing;
 patching an activation everywhere (run_patched) reproduces the clean run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,6 +65,7 @@ class PatchingWarning(UserWarning):
 
 # ---------------------------------------------------------------- metrics
 
+
 def _metric_row(logits: np.ndarray, pos, tokens) -> np.ndarray:
     """logits[pos] [V] as float64, with pos and the tokens checked against the logits' shape."""
     lg = np.asarray(logits)
@@ -78,31 +80,38 @@ def _metric_row(logits: np.ndarray, pos, tokens) -> np.ndarray:
 
 def logit_diff(correct: int, wrong: int, pos: int = -1) -> Metric:
     """logits[pos, correct] - logits[pos, wrong]."""
+
     def metric(logits: np.ndarray) -> float:
         x = _metric_row(logits, pos, (("correct", correct), ("wrong", wrong)))
         return float(x[correct]) - float(x[wrong])
+
     return metric
 
 
 def prob(token: int, pos: int = -1) -> Metric:
     """softmax(logits[pos])[token]."""
+
     def metric(logits: np.ndarray) -> float:
         x = _metric_row(logits, pos, (("the", token),))
         x = np.exp(x - x.max())
         return float(x[token] / x.sum())
+
     return metric
 
 
 def logprob(token: int, pos: int = -1) -> Metric:
     """log softmax(logits[pos])[token]."""
+
     def metric(logits: np.ndarray) -> float:
         x = _metric_row(logits, pos, (("the", token),))
         m = x.max()
         return float(x[token] - m - np.log(np.exp(x - m).sum()))
+
     return metric
 
 
 # ---------------------------------------------------------------- result
+
 
 @dataclasses.dataclass
 class PatchResult:
@@ -114,7 +123,7 @@ class PatchResult:
     clean: float
     corrupted: float
     what: str
-    baseline_note: str = ""       # why the baselines are suspect ("" when they are not)
+    baseline_note: str = ""  # why the baselines are suspect ("" when they are not)
     # the clean and corrupted prompts' tokens at the "pos" axis' positions (None: no tokenizer / no pos axis)
     pos_tokens: Optional[Tuple[List[str], List[str]]] = None
 
@@ -130,6 +139,7 @@ class PatchResult:
         """A matplotlib Figure (diverging colours centred on the corrupted
         metric, or on 0 when normalized); 3-axis results get one panel per layer."""
         from .plots import plot_patching
+
         return plot_patching(self, normalize=normalize, title=title)
 
     def _repr_png_(self):
@@ -137,6 +147,7 @@ class PatchResult:
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def _tokens(model: Model, x) -> np.ndarray:
     a = model.to_tokens(x) if isinstance(x, str) else np.asarray(x)
@@ -154,24 +165,33 @@ def _layers(model: Model, layers) -> List[int]:
     return check_layers(layers, model.config.n_layer, negative=True)
 
 
-Cell = Tuple[str, Callable[[np.ndarray, np.ndarray], None]]   # (hook name, apply(act_row, clean_act))
+Cell = Tuple[str, Callable[[np.ndarray, np.ndarray], None]]  # (hook name, apply(act_row, clean_act))
 
 
-def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], clean_cache: Cache,
-               metric: Metric, batch_size: int, progress, desc: str, ray=None) -> np.ndarray:
+def _run_cells(
+    model: Model,
+    corrupted: np.ndarray,
+    cells: List[List[Cell]],
+    clean_cache: Cache,
+    metric: Metric,
+    batch_size: int,
+    progress,
+    desc: str,
+    ray=None,
+) -> np.ndarray:
     """metric of the corrupted run with each cell's patches applied, batched
     (ray: the batches on Ray workers, dclens.distributed)."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ArgumentError("batch_size must be an integer >= 1, got %r" % (batch_size,))
     if ray is not None:
         from .distributed import run_cells
-        return run_cells(model, corrupted, cells, clean_cache, metric, int(batch_size), progress, desc, ray,
-                         _run_cells)
+
+        return run_cells(model, corrupted, cells, clean_cache, metric, int(batch_size), progress, desc, ray, _run_cells)
     out = np.empty(len(cells))
     bar = _progress(len(cells), progress, desc)
     try:
         for start in range(0, len(cells), batch_size):
-            chunk = cells[start:start + batch_size]
+            chunk = cells[start : start + batch_size]
             B = len(chunk)
             by_name: Dict[str, List[Tuple[int, Callable]]] = {}
             for b, patches in enumerate(chunk):
@@ -185,6 +205,7 @@ def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], cle
                     for b, apply in items:
                         apply(act[b], src)
                     return act
+
                 hooks.append((name, fn))
             toks = np.broadcast_to(corrupted, (B, corrupted.size))
             logits = model.run_with_hooks(np.ascontiguousarray(toks), fwd_hooks=hooks)
@@ -202,7 +223,9 @@ def _baselines(model: Model, clean, corrupted, metric, names: Sequence[str]):
     c = _tokens(model, clean)
     x = _tokens(model, corrupted)
     if c.size != x.size:
-        raise ArgumentError("clean and corrupted prompts must have the same number of tokens (%d vs %d)" % (c.size, x.size))
+        raise ArgumentError(
+            "clean and corrupted prompts must have the same number of tokens (%d vs %d)" % (c.size, x.size)
+        )
     if not callable(metric):
         raise ArgumentError("metric must be a function of the [T, V] logits, got %r" % (metric,))
     clean_logits, clean_cache = model.run_with_cache(c, names=list(names))
@@ -214,18 +237,21 @@ def baseline_problem(clean: float, corrupted: float, min_gap: float = MIN_GAP) -
     """What is wrong with a (clean, corrupted) pair of metrics as the ends of
     normalized()'s 0..1 scale, or "" when nothing is."""
     if not (np.isfinite(clean) and np.isfinite(corrupted)):
-        return "the clean (%r) or corrupted (%r) metric is not finite: normalized() is meaningless" % (
-            clean, corrupted)
+        return "the clean (%r) or corrupted (%r) metric is not finite: normalized() is meaningless" % (clean, corrupted)
     scale = max(abs(clean), abs(corrupted))
     gap = clean - corrupted
     if abs(gap) <= min_gap * scale or gap == 0:
-        return ("the clean and corrupted metrics are nearly equal (clean %.4g, corrupted %.4g, difference %.2g, "
-                "under %g of their size): normalized() divides by that difference and gives arbitrary values; "
-                "the corruption does not change what the metric measures" % (clean, corrupted, gap, min_gap))
+        return (
+            "the clean and corrupted metrics are nearly equal (clean %.4g, corrupted %.4g, difference %.2g, "
+            "under %g of their size): normalized() divides by that difference and gives arbitrary values; "
+            "the corruption does not change what the metric measures" % (clean, corrupted, gap, min_gap)
+        )
     if gap < 0:
-        return ("the metric is higher on the corrupted prompt than on the clean one (clean %.4g, corrupted %.4g): "
-                "normalized() flips every sign (1 = back to the *lower* clean value); swap the prompts or "
-                "the metric's answers" % (clean, corrupted))
+        return (
+            "the metric is higher on the corrupted prompt than on the clean one (clean %.4g, corrupted %.4g): "
+            "normalized() flips every sign (1 = back to the *lower* clean value); swap the prompts or "
+            "the metric's answers" % (clean, corrupted)
+        )
     return ""
 
 
@@ -241,9 +267,22 @@ def _check_baselines(clean: float, corrupted: float, strict: bool, depth: int = 
 
 # ---------------------------------------------------------------- sweeps
 
-def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,head", hook: Optional[str] = None,
-          layers=None, positions=None, queries=None, batch_size: int = 16,
-          progress: Optional[bool] = None, strict: bool = False, ray=None) -> PatchResult:
+
+def sweep(
+    model: Model,
+    clean,
+    corrupted,
+    metric: Metric,
+    over: str = "layer,head",
+    hook: Optional[str] = None,
+    layers=None,
+    positions=None,
+    queries=None,
+    batch_size: int = 16,
+    progress: Optional[bool] = None,
+    strict: bool = False,
+    ray=None,
+) -> PatchResult:
     """Patch clean activations into the corrupted run, one cell at a time
     (see the module docstring for `over`). hook: the per-layer hook suffix
     (default attn.z for heads, resid_pre for positions). positions: the
@@ -255,10 +294,13 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
     Ray workers ("local:N", an address or a dclens.distributed.Cluster; the
     same values as without): docs/distributed.md."""
     from . import interventions as iv
+
     check_str("over", over)
     if not callable(metric):
-        raise Error("sweep: metric must be a function of the logits (patching.logit_diff(...), ...), not %s %r"
-                    % (type(metric).__name__, metric))
+        raise Error(
+            "sweep: metric must be a function of the logits (patching.logit_diff(...), ...), not %s %r"
+            % (type(metric).__name__, metric)
+        )
     over = over.replace(" ", "")
     c = model.config
     layers = _layers(model, layers)
@@ -266,21 +308,29 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
         suffix = hook or "attn.z"
         names = [hook_name(l, suffix) for l in layers]
         for n in names:
-            iv._head_axis(model, n)   # the hook must have a head axis
+            iv._head_axis(model, n)  # the hook must have a head axis
     elif over == "layer,pos":
         suffix = hook or "resid_pre"
         names = [hook_name(l, suffix) for l in layers]
     elif over == "layer,phase,branch":
         if not c.use_dcmha:
             raise Error("%s has no compose branches (plain multi-head attention)" % model.name)
-        names = [hook_name(l, "attn.%s.%s" % (ph, b)) for l in layers for ph in PHASES for b in BRANCHES
-                 if hook_name(l, "attn.%s.%s" % (ph, b)) in model.hook_names]
+        names = [
+            hook_name(l, "attn.%s.%s" % (ph, b))
+            for l in layers
+            for ph in PHASES
+            for b in BRANCHES
+            if hook_name(l, "attn.%s.%s" % (ph, b)) in model.hook_names
+        ]
     elif over == "composition":
-        return _sweep_composition(model, clean, corrupted, metric, layers, hook or "post", queries, batch_size,
-                                  progress, strict, ray)
+        return _sweep_composition(
+            model, clean, corrupted, metric, layers, hook or "post", queries, batch_size, progress, strict, ray
+        )
     else:
-        raise ArgumentError("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
-                    "'composition', not %r" % (over,))
+        raise ArgumentError(
+            "over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
+            "'composition', not %r" % (over,)
+        )
     for n in names:
         model.parse_hook(n)
     c_t, x_t, cache, m_clean, m_corr = _baselines(model, clean, corrupted, metric, names)
@@ -335,8 +385,16 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
             out[ix] = vals[i]
         return PatchResult(out, axes, labels, m_clean, m_corr, over, note)
     vals = _run_cells(model, x_t, cells, cache, metric, batch_size, progress, "patching " + over, ray)
-    return PatchResult(vals.reshape(shape), axes, labels, m_clean, m_corr, "%s (%s)" % (over, suffix), note,
-                       words if "pos" in axes else None)
+    return PatchResult(
+        vals.reshape(shape),
+        axes,
+        labels,
+        m_clean,
+        m_corr,
+        "%s (%s)" % (over, suffix),
+        note,
+        words if "pos" in axes else None,
+    )
 
 
 def _words(model: Model, clean: np.ndarray, corrupted: np.ndarray, pos: List[int]):
@@ -357,12 +415,15 @@ def _pos(p, T: int) -> int:
 def _setter(idx):
     def apply(act, src):
         act[idx] = src[idx]
+
     return apply
 
 
-def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, queries, batch_size, progress,
-                       strict, ray=None):
+def _sweep_composition(
+    model: Model, clean, corrupted, metric, layers, phase, queries, batch_size, progress, strict, ray=None
+):
     from . import routing
+
     c = model.config
     if not c.use_dcmha:
         raise Error("%s has no composition maps (plain multi-head attention)" % model.name)
@@ -384,28 +445,36 @@ def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, qu
     cells: List[List[Cell]] = []
     for l in layers:
         delta = routing.composition_maps(model, ccache, l, phase) - routing.composition_maps(model, xcache, l, phase)
-        X = xcache[src(l)].astype(np.float64)                      # [N, T, S]
+        X = xcache[src(l)].astype(np.float64)  # [N, T, S]
         for n in range(N):
             for m_ in range(N):
-                add = (delta[:, :, n, m_] * X[n] * qmask[:, None]).astype(np.float32)   # [T, S]
+                add = (delta[:, :, n, m_] * X[n] * qmask[:, None]).astype(np.float32)  # [T, S]
 
                 def apply(act, _src, m_=m_, add=add):
                     act[m_] += add
+
                 cells.append([(target(l), apply)])
     # the patched run reads the target hook; the clean cache needs it only as a source placeholder
     ccache_t = Cache()
     for l in layers:
         dict.__setitem__(ccache_t, target(l), np.zeros(1, np.float32))
     vals = _run_cells(model, x_t, cells, ccache_t, metric, batch_size, progress, "patching composition", ray)
-    return PatchResult(vals.reshape(len(layers), N, N), ("layer", "source head", "target head"),
-                       ([str(l) for l in layers], ["H%d" % h for h in range(N)], ["H%d" % h for h in range(N)]),
-                       m_clean, m_corr, "composition (%s)" % phase, note)
+    return PatchResult(
+        vals.reshape(len(layers), N, N),
+        ("layer", "source head", "target head"),
+        ([str(l) for l in layers], ["H%d" % h for h in range(N)], ["H%d" % h for h in range(N)]),
+        m_clean,
+        m_corr,
+        "composition (%s)" % phase,
+        note,
+    )
 
 
 def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], return_cache: bool = False):
     """Logits of a run of `tokens` with every activation in `names` replaced,
     whole, by its value in `source` (another run's cache)."""
     from .names import canonical
+
     if isinstance(names, str) or not isinstance(names, (list, tuple)):
         raise Error("run_patched: names must be a list of hook names, not %s %r" % (type(names).__name__, names))
     hooks = []
@@ -421,6 +490,7 @@ def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], retur
                 raise Error("run_patched %s: source has shape %s, this run %s" % (_n, src.shape, act.shape))
             act[...] = src
             return act
+
         hooks.append((n, fn))
     if return_cache:
         return model.run_with_hooks(tokens, fwd_hooks=hooks, cache_names=None)

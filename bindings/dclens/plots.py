@@ -22,6 +22,7 @@ Jupyter with or without ``%matplotlib inline``; it is not registered with
 pyplot, so nothing shows twice; in a script, save it with ``fig.savefig``). ``plot_pattern`` draws into an Axes
 you give it and returns the image (pass it to ``fig.colorbar``).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,15 +47,16 @@ __all__ = [
 
 SEQUENTIAL_CMAP = "viridis"
 DIVERGING_CMAP = "RdBu_r"
-MASK_FACE = "#d6d6d6"   # the engine's mask grey (214, 214, 214)
+MASK_FACE = "#d6d6d6"  # the engine's mask grey (214, 214, 214)
 MASK_HATCH = "#a8a8a8"  # and its hatch (168, 168, 168)
-NAN_COLOR = "#ff00ff"   # NaN cells, as in the engine
+NAN_COLOR = "#ff00ff"  # NaN cells, as in the engine
 MAX_LABEL_CHARS = 12
-MAX_LABELS = 48         # per axis; beyond that every k-th token is labelled
+MAX_LABELS = 48  # per axis; beyond that every k-th token is labelled
 MAX_PATCH_LABELS = 160  # positions of a patching plot labelled one by one (the figure widens)
 
 
 # ---------------------------------------------------------------- helpers
+
 
 class Figure(_MplFigure):
     """A matplotlib Figure that displays itself in Jupyter (PNG) without
@@ -63,6 +65,7 @@ class Figure(_MplFigure):
     def _repr_png_(self) -> bytes:
         import io
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+
         if self.canvas is None or not hasattr(self.canvas, "print_png"):
             FigureCanvasAgg(self)
         buf = io.BytesIO()
@@ -162,8 +165,9 @@ def _label_size(ax, n: int) -> float:
     return float(min(7.0, max(3.0, 0.8 * side_in * 72 / max(n, 1))))
 
 
-def _label_axes(ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=True, show_cols=True,
-                size: Optional[float] = None):
+def _label_axes(
+    ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=True, show_cols=True, size: Optional[float] = None
+):
     if size is None:
         size = _label_size(ax, min(max(T, S), MAX_LABELS if max_labels is None else max(int(max_labels), 1)))
     rows = tokens
@@ -183,18 +187,29 @@ def _label_axes(ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=Tr
         labels = list(labels)
         if len(labels) != n:
             raise ValueError("%d %s labels for %d %ss" % (len(labels), axis, n, axis))
-        set_labels([format_token(labels[i]) for i in idx], fontsize=size, rotation=rot,
-                   family="monospace")
+        set_labels([format_token(labels[i]) for i in idx], fontsize=size, rotation=rot, family="monospace")
     ax.tick_params(length=2, pad=1)
 
 
 # ---------------------------------------------------------------- public
 
-def plot_pattern(ax, pattern, tokens: Optional[Sequence[str]] = None, title: Optional[str] = None,
-                 diverging: bool = False, mask_upper: bool = True, *, vmin: Optional[float] = None,
-                 vmax: Optional[float] = None, key_tokens: Optional[Sequence[str]] = None,
-                 max_labels: Optional[int] = None, show_row_labels: bool = True,
-                 show_col_labels: bool = True, label_size: Optional[float] = None):
+
+def plot_pattern(
+    ax,
+    pattern,
+    tokens: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    diverging: bool = False,
+    mask_upper: bool = True,
+    *,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    key_tokens: Optional[Sequence[str]] = None,
+    max_labels: Optional[int] = None,
+    show_row_labels: bool = True,
+    show_col_labels: bool = True,
+    label_size: Optional[float] = None,
+):
     """Draw one [T, S] map into ax and return the AxesImage.
 
     tokens label the rows (queries) and, when len(tokens) == S, the columns
@@ -204,26 +219,44 @@ def plot_pattern(ax, pattern, tokens: Optional[Sequence[str]] = None, title: Opt
     a = _as_2d(pattern, "pattern")
     T, S = a.shape
     lo, hi = _range([a], diverging, mask_upper, vmin, vmax)
-    im = ax.imshow(a, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest",
-                   aspect="equal")
+    im = ax.imshow(a, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest", aspect="equal")
     if mask_upper:
         poly = _mask_polygon(T, S)
         if poly is not None:
-            ax.add_patch(Polygon(poly, closed=True, facecolor=MASK_FACE, edgecolor=MASK_HATCH,
-                                 hatch="////", linewidth=0, zorder=im.get_zorder() + 0.5,
-                                 label="_mask"))
+            ax.add_patch(
+                Polygon(
+                    poly,
+                    closed=True,
+                    facecolor=MASK_FACE,
+                    edgecolor=MASK_HATCH,
+                    hatch="////",
+                    linewidth=0,
+                    zorder=im.get_zorder() + 0.5,
+                    label="_mask",
+                )
+            )
     _label_axes(ax, T, S, tokens, key_tokens, max_labels, show_row_labels, show_col_labels, label_size)
     if title is not None:
         ax.set_title(title, fontsize=9, fontweight="bold")
     return im
 
 
-def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional[str] = None, *,
-               titles: Optional[Sequence[str]] = None, ncols: Optional[int] = None,
-               diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
-               vmax: Optional[float] = None, max_labels: Optional[int] = None,
-               panel_size: float = 2.6, scale: str = "own",
-               diverging_panels: Optional[Sequence[bool]] = None) -> Figure:
+def plot_heads(
+    patterns,
+    tokens: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    *,
+    titles: Optional[Sequence[str]] = None,
+    ncols: Optional[int] = None,
+    diverging: bool = False,
+    mask_upper: bool = True,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    max_labels: Optional[int] = None,
+    panel_size: float = 2.6,
+    scale: str = "own",
+    diverging_panels: Optional[Sequence[bool]] = None,
+) -> Figure:
     """A grid of [T, S] maps (all heads of a layer, or one head across
     layers).
 
@@ -246,7 +279,7 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
         ncols = min(N, 8, max(1, math.ceil(math.sqrt(N))))
     ncols = max(1, min(int(ncols), N))
     nrows = math.ceil(N / ncols)
-    panel_size = max(panel_size, min(0.075 * max(T, S), 6.0))     # room for a label per token
+    panel_size = max(panel_size, min(0.075 * max(T, S), 6.0))  # room for a label per token
     shown = min(max(T, S), MAX_LABELS if max_labels is None else max(int(max_labels), 1))
     size = float(min(7.0, max(3.5, 0.85 * panel_size * 72 / shown)))
     if scale not in ("own", "shared"):
@@ -258,8 +291,10 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
     if shared and len(set(div)) > 1:
         raise ValueError("a shared scale needs one colour map: diverging_panels differ")
     lo, hi = _range(list(p), div[0], mask_upper, vmin, vmax) if shared else (None, None)
-    fig = Figure(figsize=(panel_size * ncols + (1.2 if shared else 0.9 * ncols),
-                          panel_size * nrows + (0.6 if title else 0.2)), layout="constrained")
+    fig = Figure(
+        figsize=(panel_size * ncols + (1.2 if shared else 0.9 * ncols), panel_size * nrows + (0.6 if title else 0.2)),
+        layout="constrained",
+    )
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im, used = None, []
     for i in range(nrows * ncols):
@@ -268,24 +303,43 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
             fig.delaxes(ax)
             continue
         a, b = (lo, hi) if shared else _range([p[i]], div[i], mask_upper, vmin, vmax)
-        im = plot_pattern(ax, p[i], tokens, titles[i], div[i], mask_upper, vmin=a, vmax=b,
-                          max_labels=max_labels, show_row_labels=(i % ncols == 0), label_size=size)
+        im = plot_pattern(
+            ax,
+            p[i],
+            tokens,
+            titles[i],
+            div[i],
+            mask_upper,
+            vmin=a,
+            vmax=b,
+            max_labels=max_labels,
+            show_row_labels=(i % ncols == 0),
+            label_size=size,
+        )
         used.append(ax)
         if not shared:
             fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     if shared:
-        assert im is not None                   # N >= 1 panels
+        assert im is not None  # N >= 1 panels
         fig.colorbar(im, ax=used, shrink=0.8, pad=0.02)
     if title:
         fig.suptitle(title, fontweight="bold")
     return fig
 
 
-def plot_branches(branches: Mapping[str, np.ndarray], tokens: Optional[Sequence[str]] = None,
-                  title: Optional[str] = None, *, sum_name: str = "sum", add_sum: bool = True,
-                  mask_upper: bool = True, vmax: Optional[float] = None,
-                  max_labels: Optional[int] = None, panel_size: float = 2.6,
-                  scale: str = "own") -> Figure:
+def plot_branches(
+    branches: Mapping[str, np.ndarray],
+    tokens: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    *,
+    sum_name: str = "sum",
+    add_sum: bool = True,
+    mask_upper: bool = True,
+    vmax: Optional[float] = None,
+    max_labels: Optional[int] = None,
+    panel_size: float = 2.6,
+    scale: str = "own",
+) -> Figure:
     """The compose branches of a head side by side with their sum, each on
     its own symmetric diverging scale and colour bar (scale="own": a small
     branch is not washed out by a large one), or all on one (scale="shared":
@@ -314,16 +368,34 @@ def plot_branches(branches: Mapping[str, np.ndarray], tokens: Optional[Sequence[
         lo, hi = _range(maps, True, mask_upper, None, None)
     else:
         lo = hi = None  # type: ignore[assignment]  # each panel its own range
-    return plot_heads(np.stack(maps), tokens, title, titles=names, ncols=len(maps),
-                      diverging=True, mask_upper=mask_upper, vmin=lo, vmax=hi,
-                      max_labels=max_labels, panel_size=panel_size, scale=scale)
+    return plot_heads(
+        np.stack(maps),
+        tokens,
+        title,
+        titles=names,
+        ncols=len(maps),
+        diverging=True,
+        mask_upper=mask_upper,
+        vmin=lo,
+        vmax=hi,
+        max_labels=max_labels,
+        panel_size=panel_size,
+        scale=scale,
+    )
 
 
-def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
-                 target_labels: Optional[Sequence[str]] = None, title: Optional[str] = None, *,
-                 diverging: Optional[bool] = None, vmin: Optional[float] = None,
-                 vmax: Optional[float] = None, annotate: Optional[bool] = None,
-                 cell_size: float = 0.35) -> Figure:
+def plot_routing(
+    matrix,
+    source_labels: Optional[Sequence[str]] = None,
+    target_labels: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    *,
+    diverging: Optional[bool] = None,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    annotate: Optional[bool] = None,
+    cell_size: float = 0.35,
+) -> Figure:
     """A head-to-head matrix: source heads on rows, target heads on columns.
 
     diverging defaults to True when the matrix has negative entries.
@@ -344,8 +416,7 @@ def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
     h = max(2.5, cell_size * R + (1.3 if title else 1.0))
     fig = Figure(figsize=(w, h), layout="constrained")
     ax = fig.subplots()
-    im = ax.imshow(m, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest",
-                   aspect="equal")
+    im = ax.imshow(m, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest", aspect="equal")
     ax.set_xticks(range(C))
     ax.set_xticklabels(tgt, rotation=90, fontsize=7)
     ax.set_yticks(range(R))
@@ -369,8 +440,7 @@ def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
                 txt = "%.*f" % (decimals, v)
                 if float(txt) == 0:
                     txt = txt.lstrip("-")
-                ax.text(j, i, txt, ha="center", va="center", fontsize=6,
-                        color="white" if dark else "black")
+                ax.text(j, i, txt, ha="center", va="center", fontsize=6, color="white" if dark else "black")
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     if title:
         ax.set_title(title, fontsize=10, fontweight="bold")
@@ -391,8 +461,7 @@ def _position_labels(result, clab):
     return out, diff
 
 
-def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
-                  panel_size: float = 3.2) -> Figure:
+def plot_patching(result, normalize: bool = False, title: Optional[str] = None, panel_size: float = 3.2) -> Figure:
     """A patching sweep (dclens.patching.PatchResult) as heatmaps: 2-axis
     results in one panel, 3-axis results one panel per entry of the first
     axis (layer). Diverging colours centred on the corrupted metric (or on 0
@@ -400,6 +469,7 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
     labelled by their token ("clean|corrupted", in red, where the prompts
     differ); the title wraps to the figure's width."""
     import textwrap
+
     v = result.normalized() if normalize else np.asarray(result.values, dtype=np.float64)
     centre = 0.0 if normalize else result.corrupted
     d = v - centre
@@ -418,8 +488,10 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
     # wide enough for one 7-pt label per column
     width = max(panel_size * ncols, ncols * len(clab) * 0.16) + 1.4
     label_in = 0.07 * max((len(x) for x in clab), default=0) if cols_ax.startswith("position") else 0.0
-    fig = Figure(figsize=(width, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1)))
-                          + 1.4 + label_in), layout="constrained")
+    fig = Figure(
+        figsize=(width, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1))) + 1.4 + label_in),
+        layout="constrained",
+    )
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im = None
     for i in range(nrows * ncols):
@@ -427,8 +499,9 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
         if i >= len(panels):
             fig.delaxes(ax)
             continue
-        im = ax.imshow(panels[i], cmap=_cmap(True), vmin=centre - m, vmax=centre + m, interpolation="nearest",
-                       aspect="auto")
+        im = ax.imshow(
+            panels[i], cmap=_cmap(True), vmin=centre - m, vmax=centre + m, interpolation="nearest", aspect="auto"
+        )
         ax.set_yticks(range(len(rlab)))
         ax.set_yticklabels(rlab, fontsize=7)
         step = max(1, math.ceil(len(clab) / MAX_PATCH_LABELS))
@@ -441,18 +514,32 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
         ax.set_xlabel(cols_ax)
         if ptitles[i]:
             ax.set_title(ptitles[i], fontsize=9)
-    assert im is not None                   # at least one panel
-    fig.colorbar(im, ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes], shrink=0.8,
-                 label="normalized metric" if normalize else "metric")
-    text = title or "activation patching: %s (clean %.3g, corrupted %.3g)" % (result.what, result.clean,
-                                                                              result.corrupted)
+    assert im is not None  # at least one panel
+    fig.colorbar(
+        im,
+        ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes],
+        shrink=0.8,
+        label="normalized metric" if normalize else "metric",
+    )
+    text = title or "activation patching: %s (clean %.3g, corrupted %.3g)" % (
+        result.what,
+        result.clean,
+        result.corrupted,
+    )
     fig.suptitle(textwrap.fill(text, max(20, int(width * 72 / (10 * 0.62)))), fontsize=10, fontweight="bold")
     return fig
 
 
-def flows(F, tokens: Optional[Sequence[str]] = None, *, key: Optional[int] = None,
-          branches: Optional[Sequence[str]] = None, target: Optional[str] = None,
-          title: Optional[str] = None, cell_size: float = 0.42) -> Figure:
+def flows(
+    F,
+    tokens: Optional[Sequence[str]] = None,
+    *,
+    key: Optional[int] = None,
+    branches: Optional[Sequence[str]] = None,
+    target: Optional[str] = None,
+    title: Optional[str] = None,
+    cell_size: float = 0.42,
+) -> Figure:
     """Where one composed entry comes from (dclens.routing.flows' array F
     [N source, branch, T key]), two panels:
 
@@ -475,15 +562,15 @@ def flows(F, tokens: Optional[Sequence[str]] = None, *, key: Optional[int] = Non
         raise ValueError("%d branch names for %d branches" % (len(branches), B))
     if tokens is not None and len(tokens) != T:
         raise ValueError("%d tokens for %d keys" % (len(tokens), T))
-    total = F.sum((0, 1))                                             # [T]
+    total = F.sum((0, 1))  # [T]
     if key is None:
         key = int(np.argmax(np.abs(total)))
     if not -T <= key < T:
         raise ValueError("key %d is out of range for %d keys" % (key, T))
     key %= T
-    by_key = F.sum(1)                                                 # [N, T]
-    shown = np.where((F != 0).any((0, 1)), by_key, np.nan)            # masked keys blank
-    detail = F[:, :, key]                                             # [N, B]
+    by_key = F.sum(1)  # [N, T]
+    shown = np.where((F != 0).any((0, 1)), by_key, np.nan)  # masked keys blank
+    detail = F[:, :, key]  # [N, B]
     who = target or "the target head"
     keylab = [format_token(t) for t in tokens] if tokens is not None else [str(i) for i in range(T)]
     w_left = max(3.0, cell_size * 0.55 * T + 1.2)
@@ -491,10 +578,23 @@ def flows(F, tokens: Optional[Sequence[str]] = None, *, key: Optional[int] = Non
     fig = Figure(figsize=(w_left + w_right, max(2.6, cell_size * N + 2.2)), layout="constrained")
     ax0, ax1 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [w_left, w_right]})
     m0 = float(np.nanmax(np.abs(shown))) if np.isfinite(shown).any() else 1.0
-    im0 = ax0.imshow(shown, cmap=_cmap(True).with_extremes(bad="#eeeeee"), vmin=-(m0 or 1), vmax=m0 or 1,
-                     interpolation="nearest", aspect="auto")
-    ax0.add_patch(Polygon([(key - 0.5, -0.5), (key + 0.5, -0.5), (key + 0.5, N - 0.5), (key - 0.5, N - 0.5)],
-                          closed=True, fill=False, edgecolor="k", linewidth=1.2))
+    im0 = ax0.imshow(
+        shown,
+        cmap=_cmap(True).with_extremes(bad="#eeeeee"),
+        vmin=-(m0 or 1),
+        vmax=m0 or 1,
+        interpolation="nearest",
+        aspect="auto",
+    )
+    ax0.add_patch(
+        Polygon(
+            [(key - 0.5, -0.5), (key + 0.5, -0.5), (key + 0.5, N - 0.5), (key - 0.5, N - 0.5)],
+            closed=True,
+            fill=False,
+            edgecolor="k",
+            linewidth=1.2,
+        )
+    )
     step = max(1, math.ceil(T / MAX_PATCH_LABELS))
     ax0.set_xticks(range(0, T, step))
     ax0.set_xticklabels(keylab[::step], rotation=90, fontsize=6 if T > 40 else 7, family="monospace")
@@ -504,20 +604,33 @@ def flows(F, tokens: Optional[Sequence[str]] = None, *, key: Optional[int] = Non
     ax0.set_ylabel("source head")
     ax0.set_title("what each head lends %s, summed over branches" % who, fontsize=9)
     fig.colorbar(im0, ax=ax0, shrink=0.8, pad=0.01)
-    table = np.concatenate([np.concatenate([detail, detail.sum(1, keepdims=True)], 1),
-                            np.concatenate([detail.sum(0), [detail.sum()]])[None]], 0)   # [N+1, B+1]
+    table = np.concatenate(
+        [
+            np.concatenate([detail, detail.sum(1, keepdims=True)], 1),
+            np.concatenate([detail.sum(0), [detail.sum()]])[None],
+        ],
+        0,
+    )  # [N+1, B+1]
     m1 = float(np.abs(detail).max()) or 1.0
     img = table.copy()
-    img[N, :] = img[:, B] = np.nan                                    # totals: written, not coloured
-    im1 = ax1.imshow(img, cmap=_cmap(True).with_extremes(bad="white"), vmin=-m1, vmax=m1,
-                     interpolation="nearest", aspect="auto")
+    img[N, :] = img[:, B] = np.nan  # totals: written, not coloured
+    im1 = ax1.imshow(
+        img, cmap=_cmap(True).with_extremes(bad="white"), vmin=-m1, vmax=m1, interpolation="nearest", aspect="auto"
+    )
     for i in range(N + 1):
         for j in range(B + 1):
             v = table[i, j]
             txt = "%.3f" % v if abs(v) >= 5e-4 else ("0" if v == 0 else "%.0e" % v)
-            ax1.text(j, i, txt, ha="center", va="center", fontsize=6.5,
-                     fontweight="bold" if (i == N or j == B) else "normal",
-                     color="white" if (i < N and j < B and abs(v) > 0.6 * m1) else "black")
+            ax1.text(
+                j,
+                i,
+                txt,
+                ha="center",
+                va="center",
+                fontsize=6.5,
+                fontweight="bold" if (i == N or j == B) else "normal",
+                color="white" if (i < N and j < B and abs(v) > 0.6 * m1) else "black",
+            )
     ax1.axhline(N - 0.5, color="k", lw=0.8)
     ax1.axvline(B - 0.5, color="k", lw=0.8)
     ax1.set_xticks(range(B + 1))

@@ -14,6 +14,7 @@ downloads) takes ``progress=`` and reports through :func:`bar`.
 tqdm.auto would warn ("IProgress not found") in a notebook without
 ipywidgets: that warning is not shown, the text bar is used.
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,7 +22,7 @@ import time
 import warnings
 from typing import Iterable, Optional, Sized
 
-_PLAIN_STEPS = 4          # plain lines: at 25, 50, 75 and 100 %
+_PLAIN_STEPS = 4  # plain lines: at 25, 50, 75 and 100 %
 
 
 def _in_notebook() -> bool:
@@ -42,7 +43,7 @@ def _stderr_is_terminal() -> bool:
 
 def _tqdm_auto():
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # tqdm.auto's "IProgress not found" (no ipywidgets)
+        warnings.simplefilter("ignore")  # tqdm.auto's "IProgress not found" (no ipywidgets)
         from tqdm.auto import tqdm
     return tqdm
 
@@ -53,6 +54,7 @@ def mode(progress: Optional[bool]) -> str:
         return "bar" if _in_notebook() or _stderr_is_terminal() else "lines"
     if not isinstance(progress, (bool, int)):
         from ._checks import ArgumentTypeError
+
         raise ArgumentTypeError("progress must be None, True or False, not %r" % (progress,))
     return "bar" if progress else "none"
 
@@ -61,8 +63,15 @@ class Plain:
     """A few plain lines on stderr (what a log file gets): the start, every
     quarter, the end. The subset of tqdm's interface dclens uses."""
 
-    def __init__(self, iterable: Optional[Iterable] = None, total: Optional[int] = None, desc: str = "",
-                 unit: str = "it", initial: int = 0, **_ignored):
+    def __init__(
+        self,
+        iterable: Optional[Iterable] = None,
+        total: Optional[int] = None,
+        desc: str = "",
+        unit: str = "it",
+        initial: int = 0,
+        **_ignored,
+    ):
         self.iterable = iterable
         if total is None and isinstance(iterable, Sized):
             total = len(iterable)
@@ -74,15 +83,20 @@ class Plain:
         self._say("start" if not initial else "resumed at %d" % initial)
 
     def _say(self, what: str) -> None:
-        print("%s: %s%s" % (self.desc or "progress", what, " (%s)" % self.postfix if self.postfix else ""),
-              file=sys.stderr, flush=True)
+        print(
+            "%s: %s%s" % (self.desc or "progress", what, " (%s)" % self.postfix if self.postfix else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def update(self, n: int = 1) -> None:
         self.n += n
         if self.total:
             while self._next < _PLAIN_STEPS and self.n * _PLAIN_STEPS >= self._next * self.total:
-                self._say("%d%% (%d/%d %s) %.1f s" % (100 * self._next // _PLAIN_STEPS, self.n, self.total,
-                                                     self.unit, time.monotonic() - self._t0))
+                self._say(
+                    "%d%% (%d/%d %s) %.1f s"
+                    % (100 * self._next // _PLAIN_STEPS, self.n, self.total, self.unit, time.monotonic() - self._t0)
+                )
                 self._next += 1
 
     def set_postfix(self, ordered_dict=None, refresh: bool = True, **kw) -> None:
@@ -105,8 +119,10 @@ class Plain:
         if self._closed:
             return
         self._closed = True
-        self._say("done, %d%s %s in %.1f s" % (self.n, "/%d" % self.total if self.total else "", self.unit,
-                                               time.monotonic() - self._t0))
+        self._say(
+            "done, %d%s %s in %.1f s"
+            % (self.n, "/%d" % self.total if self.total else "", self.unit, time.monotonic() - self._t0)
+        )
 
     def __iter__(self):
         try:
@@ -133,8 +149,15 @@ class Silent(Plain):
         pass
 
 
-def bar(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "",
-        progress: Optional[bool] = None, unit: str = "it", **kw):
+def bar(
+    iterable: Optional[Iterable] = None,
+    *,
+    total: Optional[int] = None,
+    desc: str = "",
+    progress: Optional[bool] = None,
+    unit: str = "it",
+    **kw,
+):
     """A progress bar for progress= (see the module doc): tqdm.auto's, Plain
     lines or Silent. Use it as tqdm: over an iterable, or update(n) + close()."""
     m = mode(progress)
@@ -154,4 +177,5 @@ def hub_tqdm_class(progress: Optional[bool]):
         def __init__(self, *a, **k):
             k["disable"] = True
             super().__init__(*a, **k)
+
     return _Quiet

@@ -7,6 +7,7 @@ prints, for each token of the answer, its rank and probability at the
 position that predicts it and the model's top tokens there, and returns the
 numbers. TransformerLens' argument order (prompt, answer, model) works too.
 """
+
 from __future__ import annotations
 
 from typing import List, NamedTuple, Tuple
@@ -18,8 +19,9 @@ from ._checks import Error, check_index
 
 class AnswerToken(NamedTuple):
     """One answer token as the model saw it."""
+
     token: str
-    rank: int                     # 0 = the model's top token
+    rank: int  # 0 = the model's top token
     prob: float
     logit: float
     top: List[Tuple[str, float]]  # the top-k tokens and their probabilities
@@ -31,14 +33,16 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def test_prompt(model, prompt, answer, *, prepend_space_to_answer: bool = True, top_k: int = 10,
-                print_details: bool = True) -> List[AnswerToken]:
+def test_prompt(
+    model, prompt, answer, *, prepend_space_to_answer: bool = True, top_k: int = 10, print_details: bool = True
+) -> List[AnswerToken]:
     """Rank and probability of each token of `answer` after `prompt` (a space
     is put before the answer unless it starts with one or
     prepend_space_to_answer=False), with the model's top_k tokens at each
     step; printed unless print_details=False, and returned."""
     from .model import Model
-    if not isinstance(model, Model) and isinstance(answer, Model):     # TransformerLens' order
+
+    if not isinstance(model, Model) and isinstance(answer, Model):  # TransformerLens' order
         prompt, answer, model = model, prompt, answer
     if not isinstance(model, Model):
         raise Error("test_prompt: give a dclens.Model (test_prompt(model, prompt, answer))")
@@ -49,10 +53,10 @@ def test_prompt(model, prompt, answer, *, prepend_space_to_answer: bool = True, 
         answer = " " + answer
     p_ids = model.to_tokens(prompt)
     full = model.to_tokens(prompt + answer)
-    if len(full) <= len(p_ids) or not np.array_equal(full[:len(p_ids)], p_ids):
-        full = np.concatenate([p_ids, model.to_tokens(answer)])   # the answer tokenised on its own
-    a_ids = full[len(p_ids):]
-    logits = model.forward(full[:-1], logits_at=np.arange(len(p_ids) - 1, len(full) - 1))   # [A, V]
+    if len(full) <= len(p_ids) or not np.array_equal(full[: len(p_ids)], p_ids):
+        full = np.concatenate([p_ids, model.to_tokens(answer)])  # the answer tokenised on its own
+    a_ids = full[len(p_ids) :]
+    logits = model.forward(full[:-1], logits_at=np.arange(len(p_ids) - 1, len(full) - 1))  # [A, V]
     out = []
     for i, tok in enumerate(a_ids):
         pr = _softmax(logits[i])

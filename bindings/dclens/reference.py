@@ -14,6 +14,7 @@ the file's header and trailer: a whole file under 1 MiB, else its first and
 last 64 KiB (a safetensors header is at the front, a zip's central directory
 at the end). Reading it costs a few reads per file, whatever the model size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,14 +26,18 @@ from typing import Optional, Tuple
 from ._checks import Error
 from .bundled import resolve
 
-WHOLE = 1 << 20          # files up to this size are hashed whole
-EDGE = 64 << 10          # else their first and last EDGE bytes
+WHOLE = 1 << 20  # files up to this size are hashed whole
+EDGE = 64 << 10  # else their first and last EDGE bytes
 
 # the weight layouts, in the loader's order (engine/src/io/layouts.c)
-_LAYOUTS = (("model.safetensors", None), ("model.safetensors.index.json", "index"),
-            ("pytorch_model.bin", None), ("pytorch_model.bin.index.json", "index"))
+_LAYOUTS = (
+    ("model.safetensors", None),
+    ("model.safetensors.index.json", "index"),
+    ("pytorch_model.bin", None),
+    ("pytorch_model.bin.index.json", "index"),
+)
 
-FilePrint = Tuple[str, int, str]        # (name in the directory, size, sha256 hex)
+FilePrint = Tuple[str, int, str]  # (name in the directory, size, sha256 hex)
 
 
 def _file_print(directory: str, name: str) -> FilePrint:
@@ -113,8 +118,10 @@ class ModelRef:
             elif now[n][1] != was[n][1]:
                 changes.append("%s: its header or trailer changed (same size)" % n)
         if changes:
-            raise Error("%s: the model's files changed since it was loaded and pickled (%s); "
-                        "load it again from the new files" % (d, "; ".join(changes)))
+            raise Error(
+                "%s: the model's files changed since it was loaded and pickled (%s); "
+                "load it again from the new files" % (d, "; ".join(changes))
+            )
         return d
 
     def with_threads(self, n_threads: int) -> "ModelRef":

@@ -32,6 +32,7 @@ masked pairs (a key after the query, or outside a local layer's window)
 are defined but never used by the model: asking for one warns
 (MaskedPairWarning).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -47,7 +48,6 @@ from .names import BRANCHES, PHASES, hook_name
 
 if TYPE_CHECKING:
     from ._protocols import ModelLike as Model
-
 
 
 class MaskedPairWarning(UserWarning):
@@ -66,9 +66,12 @@ def _window(model: Model, layer: int) -> int:
 def _warn_masked(model: Model, layer: int, t: int, s: int) -> None:
     w = _window(model, layer)
     if s > t or (w > 0 and t - s > w):
-        warnings.warn("layer %d, query %d, key %d is a masked pair (%s): the model never uses its map"
-                      % (layer, t, s, "key after query" if s > t else "outside the window of %d" % w),
-                      MaskedPairWarning, stacklevel=3)
+        warnings.warn(
+            "layer %d, query %d, key %d is a masked pair (%s): the model never uses its map"
+            % (layer, t, s, "key after query" if s > t else "outside the window of %d" % w),
+            MaskedPairWarning,
+            stacklevel=3,
+        )
 
 
 def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False):
@@ -79,8 +82,9 @@ def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False)
     return names
 
 
-def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = None,
-           key: Optional[int] = None) -> np.ndarray:
+def _check(
+    model: Model, tokens, layer: int, phase: str, query: Optional[int] = None, key: Optional[int] = None
+) -> np.ndarray:
     toks = np.asarray(model.to_tokens(tokens) if isinstance(tokens, str) else tokens)
     if toks.ndim != 1:
         raise ArgumentError("routing works on one sequence: tokens must be 1-D, got shape %s" % (toks.shape,))
@@ -113,7 +117,7 @@ def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if not model.config.use_sw:
         return None
-    w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))   # [G, Mg, Mg]
+    w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))  # [G, Mg, Mg]
     return _block_diag(w.astype(np.float64))
 
 
@@ -121,18 +125,21 @@ def _block_diag(blocks: np.ndarray) -> np.ndarray:
     G, Mg, _ = blocks.shape
     out = np.zeros((G * Mg, G * Mg))
     for g in range(G):
-        out[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = blocks[g]
+        out[g * Mg : (g + 1) * Mg, g * Mg : (g + 1) * Mg] = blocks[g]
     return out
 
 
-def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1,
-                      static: Optional[np.ndarray] = None) -> np.ndarray:
+def maps_from_weights(
+    dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1, static: Optional[np.ndarray] = None
+) -> np.ndarray:
     """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
     `groups` G the dynamic projections mix heads only within each of G blocks;
     `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
     if not isinstance(dyn, dict) or not ("qdd" in dyn or "kdd" in dyn):
-        raise Error("maps_from_weights: dyn must be the dict dynamic_weights returns (qw1, qw2, qdd, ...), not %s"
-                    % type(dyn).__name__)
+        raise Error(
+            "maps_from_weights: dyn must be the dict dynamic_weights returns (qw1, qw2, qdd, ...), not %s"
+            % type(dyn).__name__
+        )
     some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
     S, N = some.shape
     query = _pos(query, S, "query")
@@ -169,8 +176,13 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
     _warn_masked(model, layer, query, key)
     if not model.config.use_dcmha:
         return np.eye(model.config.n_head)
-    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key],
-                             model.config.compose_groups, static_map(model, layer, phase))[0]
+    return maps_from_weights(
+        dynamic_weights(model, toks, layer, phase),
+        query,
+        [key],
+        model.config.compose_groups,
+        static_map(model, layer, phase),
+    )[0]
 
 
 @_facade.provides("routing_matrix")
@@ -184,17 +196,19 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     toks = _check(model, tokens, layer, phase, query)
     query = _pos(query, toks.shape[0], "query")
     src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
-    names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
-                     if model.config.use_dcmha else [])
+    names = [src] + (
+        _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise) if model.config.use_dcmha else []
+    )
     _, cache = model.run_with_cache(toks, names=names)
     window = model.config.window_size if layer in model.config.local_layers else 0
     keys = [s for s in range(query + 1) if window <= 0 or query - s <= window]
-    x = cache[src][:, query, keys].astype(np.float64)          # [N, len(keys)]
+    x = cache[src][:, query, keys].astype(np.float64)  # [N, len(keys)]
     if not model.config.use_dcmha:
         return np.diag(x.sum(axis=1))
     dyn = {n.rsplit(".", 1)[1]: cache[n] for n in names[1:]}
-    maps = maps_from_weights(dyn, query, keys, model.config.compose_groups,
-                             static_map(model, layer, phase))   # [len(keys), N, N]
+    maps = maps_from_weights(
+        dyn, query, keys, model.config.compose_groups, static_map(model, layer, phase)
+    )  # [len(keys), N, N]
     return np.einsum("ns,snm->nm", x, maps)
 
 
@@ -211,8 +225,16 @@ def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     return {n.split("dyn.", 1)[1]: cache[n] for n in names}
 
 
-def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int,
-                       groups: int = 1, static: Optional[np.ndarray] = None) -> np.ndarray:
+def routing_from_cache(
+    cache: Cache,
+    layer: int,
+    phase: str,
+    query: int,
+    key: int,
+    n_head: int,
+    groups: int = 1,
+    static: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """C[query, key] from a cache that holds the layer's dyn.* activations
     (negative positions count from the end; groups / static as in maps_from_weights)."""
     p = hook_name(layer, "attn.dyn.%s." % phase)
@@ -224,6 +246,7 @@ def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: in
 
 
 # ---------------------------------------------------------------- from a cache, vectorised
+
 
 def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, np.ndarray]:
     if not is_choice(phase, PHASES):
@@ -268,18 +291,18 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
     tq = slice(None) if qi is None else slice(qi, qi + 1)
     ks = slice(None) if ki is None else slice(ki, ki + 1)
     I = np.eye(N)
-    block = _group_block(model)                                            # [N, N] 0/1
+    block = _group_block(model)  # [N, N] 0/1
     static = static_map(model, layer, phase)
     base = I if static is None else I + static
     nq = len(range(T)[tq])
-    qpart = np.broadcast_to(base, (nq, N, N)).copy()                       # [Tq, N, N]
+    qpart = np.broadcast_to(base, (nq, N, N)).copy()  # [Tq, N, N]
     if "qw1" in d:
-        qpart += np.einsum("tin,tim->tnm", d["qw1"][tq], d["qw2"][tq]) * block + \
-            np.einsum("tn,nm->tnm", d["qdd"][tq], I)
+        qpart += np.einsum("tin,tim->tnm", d["qw1"][tq], d["qw2"][tq]) * block + np.einsum(
+            "tn,nm->tnm", d["qdd"][tq], I
+        )
     out = qpart[:, None]
     if "kw1" in d:
-        kpart = np.einsum("sin,sim->snm", d["kw1"][ks], d["kw2"][ks]) * block + \
-            np.einsum("sn,nm->snm", d["kdd"][ks], I)
+        kpart = np.einsum("sin,sim->snm", d["kw1"][ks], d["kw2"][ks]) * block + np.einsum("sn,nm->snm", d["kdd"][ks], I)
         out = out + kpart[None]
     else:
         out = np.broadcast_to(out, (out.shape[0], len(range(T)[ks]), N, N)).copy()
@@ -293,9 +316,14 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
 
 
 def _cache_T(model: Model, cache: Cache, layer: int) -> int:
-    for n in (hook_name(layer, "attn.pattern"), hook_name(layer, "attn.scores"),
-              hook_name(layer, "attn.dyn.pre.qdd"), hook_name(layer, "attn.dyn.post.qdd"),
-              hook_name(layer, "attn.dyn.pre.kdd"), hook_name(layer, "attn.dyn.post.kdd")):
+    for n in (
+        hook_name(layer, "attn.pattern"),
+        hook_name(layer, "attn.scores"),
+        hook_name(layer, "attn.dyn.pre.qdd"),
+        hook_name(layer, "attn.dyn.post.qdd"),
+        hook_name(layer, "attn.dyn.pre.kdd"),
+        hook_name(layer, "attn.dyn.post.kdd"),
+    ):
         if n in cache:
             return cache[n].shape[-1] if "dyn" not in n else cache[n].shape[-2]
     raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
@@ -324,10 +352,13 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
         if X.ndim != 3:
             raise Error("routing from a cache works on one sequence: %s has shape %s" % (src, X.shape))
         T = X.shape[-1]
-        qs = np.arange(T) if queries is None else np.array(check_int_list("queries", queries, 0, T, wrap=True),
-                                                            dtype=np.int64)
-        X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]     # [N, Tq, S]
-        rows = X.sum(-1).T                                                       # [Tq, N]
+        qs = (
+            np.arange(T)
+            if queries is None
+            else np.array(check_int_list("queries", queries, 0, T, wrap=True), dtype=np.int64)
+        )
+        X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]  # [N, Tq, S]
+        rows = X.sum(-1).T  # [Tq, N]
         if not model.config.use_dcmha:
             out.append(np.einsum("tn,nm->tnm", rows, np.eye(N)))
             continue
@@ -335,18 +366,20 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
         block = _group_block(model)
         static = static_map(model, l, phase)
         base = np.eye(N) if static is None else np.eye(N) + static
-        R = rows[:, :, None] * base                                          # [Tq, N, N]
+        R = rows[:, :, None] * base  # [Tq, N, N]
         if "qw1" in d:
             q1, q2, qd = d["qw1"][qs], d["qw2"][qs], d["qdd"][qs]
-            R = R + rows[:, :, None] * (np.einsum("tin,tim->tnm", q1, q2) * block) + \
-                np.einsum("tn,nm->tnm", rows * qd, np.eye(N))
+            R = (
+                R
+                + rows[:, :, None] * (np.einsum("tin,tim->tnm", q1, q2) * block)
+                + np.einsum("tn,nm->tnm", rows * qd, np.eye(N))
+            )
         if "kw1" in d:
             # sum_s X[n,t,s] kw1[s,i,n] kw2[s,i,m]  and  diag(sum_s X[n,t,s] kdd[s,n])
             R = R + np.einsum("nts,sin,sim->tnm", X, d["kw1"], d["kw2"], optimize=True) * block
             R = R + np.einsum("tn,nm->tnm", np.einsum("nts,sn->tn", X, d["kdd"]), np.eye(N))
         out.append(R)
     return np.stack(out)
-
 
 
 @_facade.provides("gates_from_cache")
@@ -368,6 +401,7 @@ def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.nda
 
 # ---------------------------------------------------------------- flows: one target entry, by source and branch
 
+
 def flow_branches(model: Model) -> tuple:
     """The branch axis of flows(): BRANCHES, plus "static" for a model with the
     Talking-Heads branch (use_sw; no published or bundled model has it)."""
@@ -378,8 +412,9 @@ def _flow_inputs(model: Model, tokens, cache: Optional[Cache], layer: int, phase
     """A cache holding the phase input (scores / pattern) and the dyn.* hooks of the layer:
     `cache` itself when it holds them all (checked against `tokens`), else a new pass."""
     src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
-    names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
-                     if model.config.use_dcmha else [])
+    names = [src] + (
+        _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise) if model.config.use_dcmha else []
+    )
     if cache is None:
         if tokens is None:
             raise Error("flows: give tokens or a cache=")
@@ -398,8 +433,9 @@ def _flow_inputs(model: Model, tokens, cache: Optional[Cache], layer: int, phase
 
 
 @_facade.provides("flows")
-def flows(model: Model, tokens, layer: int, phase: str, head: int, query: int, *,
-          cache: Optional[Cache] = None) -> np.ndarray:
+def flows(
+    model: Model, tokens, layer: int, phase: str, head: int, query: int, *, cache: Optional[Cache] = None
+) -> np.ndarray:
     """Where target `head`'s composed score (pre) or weight (post) at (`query`, key)
     comes from: F [N (source head), len(flow_branches(model)), T (key)], float64,
 
@@ -427,10 +463,10 @@ def flows(model: Model, tokens, layer: int, phase: str, head: int, query: int, *
     layer = check_index("layer", layer, -L, L, " (model has %d layers)" % L) % L
     head = check_index("head", head, -N, N, " (model has %d heads)" % N) % N
     cache = _flow_inputs(model, tokens, cache, layer, phase)
-    X = cache[hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))]   # [N, T, S]
+    X = cache[hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))]  # [N, T, S]
     T = X.shape[-1]
     t = _pos(query, T, "query")
-    x = X[:, t, :].astype(np.float64) * _mask(T, T, _window(model, layer))[t]              # [N, S]
+    x = X[:, t, :].astype(np.float64) * _mask(T, T, _window(model, layer))[t]  # [N, S]
     branches = flow_branches(model)
     b = {name: i for i, name in enumerate(branches)}
     F = np.zeros((N, len(branches), T))
@@ -438,42 +474,46 @@ def flows(model: Model, tokens, layer: int, phase: str, head: int, query: int, *
     if not model.config.use_dcmha:
         return F
     d = _cache_dyn(model, cache, layer, phase)
-    block = _group_block(model)[:, head]                                                  # [N] 0/1
+    block = _group_block(model)[:, head]  # [N] 0/1
     if "qw1" in d:
-        F[:, b["qp"]] = x * ((d["qw1"][t].T @ d["qw2"][t][:, head]) * block)[:, None]     # [N, S]
+        F[:, b["qp"]] = x * ((d["qw1"][t].T @ d["qw2"][t][:, head]) * block)[:, None]  # [N, S]
         F[head, b["qg"]] = x[head] * d["qdd"][t, head]
     if "kw1" in d:
-        kmap = np.einsum("sin,si->ns", d["kw1"], d["kw2"][:, :, head]) * block[:, None]   # [N, S]
+        kmap = np.einsum("sin,si->ns", d["kw1"], d["kw2"][:, :, head]) * block[:, None]  # [N, S]
         F[:, b["kp"]] = x * kmap
         F[head, b["kg"]] = x[head] * d["kdd"][:, head]
     if "static" in b:
         W = static_map(model, layer, phase)
-        assert W is not None                    # a static branch: the model has use_sw
+        assert W is not None  # a static branch: the model has use_sw
         F[:, b["static"]] = x * W[:, head][:, None]
     return F
 
 
 class Flow(NamedTuple):
     """One entry of a flow_table: source head, branch and key, what it lends."""
+
     source: int
     branch: str
     key: int
     token: str
     value: float
-    share: float    # value / the composed entry summed over visible keys
+    share: float  # value / the composed entry summed over visible keys
 
 
 class FlowTable(list):
     """The largest flows into one target entry (a list of Flow), largest |value|
     first; str() / print() show it as a table."""
+
     title = ""
     total = 0.0
 
     def __str__(self) -> str:
         rows = [self.title, "%6s %-6s %5s  %-14s %10s %8s" % ("source", "branch", "key", "token", "value", "share")]
         for f in self:
-            rows.append("%6d %-6s %5d  %-14s %10.4f %7.1f%%" % (f.source, f.branch, f.key, repr(f.token)[:14],
-                                                                f.value, 100 * f.share))
+            rows.append(
+                "%6d %-6s %5d  %-14s %10.4f %7.1f%%"
+                % (f.source, f.branch, f.key, repr(f.token)[:14], f.value, 100 * f.share)
+            )
         return "\n".join(rows)
 
     __repr__ = __str__
@@ -482,8 +522,18 @@ class FlowTable(list):
         p.text(str(self))
 
 
-def flow_table(model: Model, tokens, layer: int, phase: str, head: int, query: int, k: int = 10, *,
-               cache: Optional[Cache] = None, F: Optional[np.ndarray] = None) -> FlowTable:
+def flow_table(
+    model: Model,
+    tokens,
+    layer: int,
+    phase: str,
+    head: int,
+    query: int,
+    k: int = 10,
+    *,
+    cache: Optional[Cache] = None,
+    F: Optional[np.ndarray] = None,
+) -> FlowTable:
     """The k largest (|value|) (source, branch, key) flows into target `head` at
     `query` (see flows), with each key's token and its share of the composed
     entry summed over the visible keys; F= reuses an array from flows()."""
@@ -498,17 +548,31 @@ def flow_table(model: Model, tokens, layer: int, phase: str, head: int, query: i
     if toks is not None:
         try:
             words = model.to_str_tokens(toks)
-        except Error:       # no tokenizer.json: keys are shown by position
+        except Error:  # no tokenizer.json: keys are shown by position
             pass
     total = float(F.sum())
     out = FlowTable()
     for i in np.argsort(-np.abs(F), axis=None, kind="stable")[:k]:
         n, bi, s = np.unravel_index(i, F.shape)
         v = float(F[n, bi, s])
-        out.append(Flow(int(n), branches[bi], int(s), words[s] if words is not None else str(s), v,
-                        v / total if total else float("nan")))
+        out.append(
+            Flow(
+                int(n),
+                branches[bi],
+                int(s),
+                words[s] if words is not None else str(s),
+                v,
+                v / total if total else float("nan"),
+            )
+        )
     L, N = model.config.n_layer, model.config.n_head
     out.title = "flows into layer %d head %d, %s-compose, query %d: composed entries sum to %.4f over %d keys" % (
-        layer % L, head % N, phase, _pos(query, T, "query"), total, T)
+        layer % L,
+        head % N,
+        phase,
+        _pos(query, T, "query"),
+        total,
+        T,
+    )
     out.total = total
     return out

@@ -11,6 +11,7 @@ log says which did). A run written before run.json existed ("legacy") is
 checked against what its newest checkpoint records instead: the options in
 its train_state.json and the architecture in its config.json.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,7 +73,8 @@ def differences(recorded: dict, c) -> Tuple[List[str], List[str]]:
         if k == "out" or _same(k, was.get(k), now[k]):
             continue
         (accepted if k in SITTING_OPTIONS else refused).append(
-            "%s %s (the run: %s)" % (flag(k), json.dumps(now[k]), json.dumps(was.get(k))))
+            "%s %s (the run: %s)" % (flag(k), json.dumps(now[k]), json.dumps(was.get(k)))
+        )
     return refused, accepted
 
 
@@ -80,9 +82,11 @@ def config_differences(ckpt_config: dict, want: dict) -> List[str]:
     """Keys of the model config.json a checkpoint holds that differ from the
     one these options give (architecture keys only: dtype and ids aside)."""
     skip = ("torch_dtype", "architectures", "bos_token_id", "eos_token_id", "initializer_range")
-    return ["%s %s (the checkpoint: %s)" % (k, json.dumps(want.get(k)), json.dumps(ckpt_config.get(k)))
-            for k in sorted(set(want) | set(ckpt_config))
-            if k not in skip and ckpt_config.get(k) != want.get(k)]
+    return [
+        "%s %s (the checkpoint: %s)" % (k, json.dumps(want.get(k)), json.dumps(ckpt_config.get(k)))
+        for k in sorted(set(want) | set(ckpt_config))
+        if k not in skip and ckpt_config.get(k) != want.get(k)
+    ]
 
 
 def read_record(out: str) -> Optional[dict]:
@@ -95,8 +99,10 @@ def read_record(out: str) -> Optional[dict]:
         if not isinstance(rec, dict) or not isinstance(rec.get("options"), dict):
             raise ValueError("no 'options' object")
     except (OSError, ValueError) as e:
-        raise Error("train: %s is damaged (%s); it records the run's options, so the run cannot be "
-                    "checked: restore it or start a new --out" % (p, e)) from None
+        raise Error(
+            "train: %s is damaged (%s); it records the run's options, so the run cannot be "
+            "checked: restore it or start a new --out" % (p, e)
+        ) from None
     return rec
 
 
@@ -115,11 +121,12 @@ def write_record(out: str, c, vocab: int) -> None:
 
 
 def refuse(out: str, source: str, refused: List[str]) -> None:
-    raise Error("train: %s was started with other options (%s), and resuming with these would mix two "
-                "runs in one checkpoint: %s; use a new --out, or the run's options (only %s and "
-                "--stop-after may change between sittings)"
-                % (out, source, ", ".join(refused),
-                   ", ".join(flag(k) for k in SITTING_OPTIONS if k not in ("out", "progress"))))
+    raise Error(
+        "train: %s was started with other options (%s), and resuming with these would mix two "
+        "runs in one checkpoint: %s; use a new --out, or the run's options (only %s and "
+        "--stop-after may change between sittings)"
+        % (out, source, ", ".join(refused), ", ".join(flag(k) for k in SITTING_OPTIONS if k not in ("out", "progress")))
+    )
 
 
 def sync_dir(path: str) -> None:

@@ -14,6 +14,7 @@ Layers of the package (tests/test_imports.py refuses any import cycle):
   batch, weights, model                       Model (and Cache) for the user
   routing, grad, attribution, generate, ...   analyses, importing downwards
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,17 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import numpy as np
 
 from . import names as _names
-from ._checks import (ArgumentError, ArgumentTypeError, Error, UnknownNameError, c_str, check_str, decode_msg,
-                      token_array, unknown_name)
+from ._checks import (
+    ArgumentError,
+    ArgumentTypeError,
+    Error,
+    UnknownNameError,
+    c_str,
+    check_str,
+    decode_msg,
+    token_array,
+    unknown_name,
+)
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .hooks import HookFn, HookTable, _Run
@@ -65,15 +75,23 @@ class Runner:
     turns a string into tokens and check_context(T) warns of a prompt longer
     than the model's trained context (both from Model)."""
 
-    def __init__(self, handle: Any, vocab: int, n_layer: int, *, name: str = "", device: str = "cpu",
-                 to_tokens: Optional[Callable[[str], np.ndarray]] = None,
-                 check_context: Optional[Callable[[int], None]] = None):
+    def __init__(
+        self,
+        handle: Any,
+        vocab: int,
+        n_layer: int,
+        *,
+        name: str = "",
+        device: str = "cpu",
+        to_tokens: Optional[Callable[[str], np.ndarray]] = None,
+        check_context: Optional[Callable[[int], None]] = None,
+    ):
         self.handle = handle
         self.vocab = vocab
         self.n_layer = n_layer
         self.name = name
         self.device = device
-        self.pid = os.getpid()              # the process that loaded it (CUDA does not survive fork)
+        self.pid = os.getpid()  # the process that loaded it (CUDA does not survive fork)
         self.to_tokens = to_tokens
         self.check_context = check_context
         # One engine call at a time per model (the engine's pool and error
@@ -82,8 +100,8 @@ class Runner:
         # model's hooks, which may read weights but not start another pass.
         self.lock = threading.RLock()
         self.pass_thread: Optional[int] = None
-        self.hook_table = HookTable(handle, n_layer)   # name <-> (point, layer)
-        self.ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
+        self.hook_table = HookTable(handle, n_layer)  # name <-> (point, layer)
+        self.ctx_hooks: List[Tuple[str, HookFn]] = []  # add_hook / with model.hooks(...)
         _LIVE.add(self)
 
     def reset_after_fork(self) -> None:
@@ -94,15 +112,17 @@ class Runner:
         self.lock = threading.RLock()
         self.pass_thread = None
         if self.device == "cuda":
-            ffi.gc(self.handle, None)    # the child has no CUDA context: never free (or use) the parent's
+            ffi.gc(self.handle, None)  # the child has no CUDA context: never free (or use) the parent's
         elif held:
             lib.dcs_after_fork(self.handle)
 
     def check_process(self) -> None:
         if self.device == "cuda" and os.getpid() != self.pid:
-            raise Error("%s: a CUDA model cannot be used in a process forked from the one that loaded it "
-                        "(CUDA does not survive fork); load it in the child, use the 'spawn' start "
-                        "method, or pass the model pickled (it loads again)" % self.name)
+            raise Error(
+                "%s: a CUDA model cannot be used in a process forked from the one that loaded it "
+                "(CUDA does not survive fork); load it in the child, use the 'spawn' start "
+                "method, or pass the model pickled (it loads again)" % self.name
+            )
 
     def errmsg(self) -> str:
         return decode_msg(ffi.string(lib.dcs_errmsg(self.handle)))
@@ -124,7 +144,7 @@ class Runner:
         key = self.hook_table.key.get(name) if isinstance(name, str) else None
         if key is not None:
             return key
-        cname = c_str("hook name", name)      # the engine's parser says what is wrong
+        cname = c_str("hook name", name)  # the engine's parser says what is wrong
         p, l = ffi.new("int *"), ffi.new("int *")
         with self.engine_lock():
             st = lib.dcs_hook_parse(self.handle, cname, p, l)
@@ -136,8 +156,14 @@ class Runner:
         """The engine's reason, the closest names and where every name is listed."""
         known = list(self.hook_table.names)
         known += [a for a in map(_names.tl_alias, known) if a]
-        return unknown_name("hook", name, known, "", "dclens.hook_names(model), or `dclens info --model %s "
-                            "--hooks`," % self.name, message="%s: %s" % (self.name, engine_msg))
+        return unknown_name(
+            "hook",
+            name,
+            known,
+            "",
+            "dclens.hook_names(model), or `dclens info --model %s --hooks`," % self.name,
+            message="%s: %s" % (self.name, engine_msg),
+        )
 
     def select(self, names: Names) -> List[str]:
         canonical, tl_alias = _names.canonical, _names.tl_alias
@@ -154,8 +180,10 @@ class Runner:
         try:
             names = list(names)
         except TypeError:
-            raise ArgumentError("names must be None, a hook name, a list of hook names or a predicate, "
-                        "not %s %r" % (type(names).__name__, names)) from None
+            raise ArgumentError(
+                "names must be None, a hook name, a list of hook names or a predicate, "
+                "not %s %r" % (type(names).__name__, names)
+            ) from None
         names = [canonical(check_str("hook name", n)) for n in names]
         for n in names:
             self.parse_hook(n)
@@ -164,10 +192,16 @@ class Runner:
     def no_match(self, pred: Callable[[str], bool]) -> str:
         """The message for a hook predicate that matches no hook of this model."""
         close = _names.suggest(_names.predicate_strings(pred), self.hook_table.names)
-        return ("the hook filter %s matches no hook of %s (%d hooks, e.g. blocks.0.attn.pattern / "
-                "blocks.0.attn.hook_pattern)%s" % (getattr(pred, "__name__", repr(pred)), self.name,
-                                                  len(self.hook_table.names),
-                                                  "; closest to what it mentions: " + ", ".join(close) if close else ""))
+        return (
+            "the hook filter %s matches no hook of %s (%d hooks, e.g. blocks.0.attn.pattern / "
+            "blocks.0.attn.hook_pattern)%s"
+            % (
+                getattr(pred, "__name__", repr(pred)),
+                self.name,
+                len(self.hook_table.names),
+                "; closest to what it mentions: " + ", ".join(close) if close else "",
+            )
+        )
 
     def tokens(self, tokens) -> Tuple[np.ndarray, bool]:
         if isinstance(tokens, str):
@@ -180,7 +214,9 @@ class Runner:
         if a.ndim not in (1, 2) or a.size == 0:
             raise ArgumentError("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
         if a.min() < 0 or a.max() >= self.vocab:
-            raise ArgumentError("token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.vocab else a.min(), self.vocab))
+            raise ArgumentError(
+                "token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.vocab else a.min(), self.vocab)
+            )
         if self.check_context is not None:
             self.check_context(a.shape[-1])
         batched = a.ndim == 2
@@ -196,8 +232,9 @@ class Runner:
             return np.full((B, 1), T - 1, dtype=np.int32), True
         a = np.asarray(logits_at)
         if a.dtype.kind not in "iu" or a.size == 0 or a.ndim not in (0, 1, 2):
-            raise ArgumentError("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
-                        % (logits_at,))
+            raise ArgumentError(
+                "logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r" % (logits_at,)
+            )
         squeeze = a.ndim == 0
         a = a.reshape(1, -1) if a.ndim < 2 else a
         if a.shape[0] == 1 and B > 1:
@@ -207,12 +244,19 @@ class Runner:
         if a.shape[1] > T:
             raise ArgumentError("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
         if a.min() < 0 or a.max() >= T:
-            raise ArgumentError("logits_at position %d is out of range [0, %d)"
-                        % (a.max() if a.max() >= T else a.min(), T))
+            raise ArgumentError(
+                "logits_at position %d is out of range [0, %d)" % (a.max() if a.max() >= T else a.min(), T)
+            )
         return np.ascontiguousarray(a, dtype=np.int32), squeeze
 
-    def run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
-             logits: bool = True, logits_at=None):
+    def run(
+        self,
+        tokens,
+        capture: Sequence[str] = (),
+        fns: Sequence[Tuple[str, HookFn]] = (),
+        logits: bool = True,
+        logits_at=None,
+    ):
         toks, batched = self.tokens(tokens)
         B, T = toks.shape
         pos, squeeze = self.positions(logits_at, B, T)
@@ -223,14 +267,17 @@ class Runner:
         try:
             out = np.empty((B, n_out, self.vocab), dtype=np.float32) if logits else None
         except MemoryError:
-            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
-                        % (B, n_out, self.vocab)) from None
+            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d" % (B, n_out, self.vocab)) from None
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
         cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
         n_pos = 0 if pos is None else pos.shape[1]
-        self.call_engine(run, want, lambda hooks: lib.dcs_forward_at(self.handle, ctoks, B, T, cpos, n_pos, clog, hooks),
-                          " aborted the forward pass")
+        self.call_engine(
+            run,
+            want,
+            lambda hooks: lib.dcs_forward_at(self.handle, ctoks, B, T, cpos, n_pos, clog, hooks),
+            " aborted the forward pass",
+        )
         if out is not None and squeeze:
             out = out[:, 0]
         if out is not None and not batched:
@@ -263,7 +310,7 @@ class Runner:
         hooks = ffi.NULL
         handle = None
         if want.any():
-            handle = ffi.new_handle(run)    # kept alive until the call returns
+            handle = ffi.new_handle(run)  # kept alive until the call returns
             hooks = ffi.new("dcs_hooks *")
             hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
             hooks.fn = lib._dcs_py_hook
@@ -275,7 +322,7 @@ class Runner:
         if run.error is not None:
             e = run.error
             if isinstance(e, Error) or not isinstance(e, Exception):
-                raise e           # KeyboardInterrupt, SystemExit: as themselves
+                raise e  # KeyboardInterrupt, SystemExit: as themselves
             raise Error("%s: %s: %s" % (self.errmsg().replace(aborted, ""), type(e).__name__, e)) from e
         if st == lib.DCS_ERR_CANCELLED:
             raise KeyboardInterrupt()
@@ -287,20 +334,23 @@ class Runner:
         V = self.vocab
         need = B * T * V * 4 if logits else 0
         if need > _physical_memory():
-            raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
-                        % (B, T, V, need / 2**30))
+            raise Error(
+                "forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
+                % (B, T, V, need / 2**30)
+            )
         shape = ffi.new("int64_t[6]")
-        for (p, l) in run.capture:
+        for p, l in run.capture:
             nd = lib.dcs_hook_shape(self.handle, p, B, T, shape)
             n = 4
             for i in range(nd):
                 n *= shape[i]
             need += n
         if need > _physical_memory():
-            raise Error("run_with_cache: caching %d hooks at B=%d, T=%d needs %.1f GiB (with the logits), "
-                        "more than the %.1f GiB of memory of this machine; cache fewer hooks (names=...) "
-                        "or a shorter sequence" % (len(run.capture), B, T, need / 2**30,
-                                                   _physical_memory() / 2**30))
+            raise Error(
+                "run_with_cache: caching %d hooks at B=%d, T=%d needs %.1f GiB (with the logits), "
+                "more than the %.1f GiB of memory of this machine; cache fewer hooks (names=...) "
+                "or a shorter sequence" % (len(run.capture), B, T, need / 2**30, _physical_memory() / 2**30)
+            )
 
     def forward_interruptibly(self, run: _Run, call):
         """Run call() (a dcs_forward) holding the model's lock. In the main
@@ -312,8 +362,10 @@ class Runner:
         me = threading.get_ident()
         self.check_process()
         if self.pass_thread == me:
-            raise Error("forward: this model is already running a pass in this thread (a hook "
-                        "cannot start another pass on its own model; load a second Model)")
+            raise Error(
+                "forward: this model is already running a pass in this thread (a hook "
+                "cannot start another pass on its own model; load a second Model)"
+            )
         with self.lock:
             lib.dcs_cancel(self.handle, 0)
             if threading.current_thread() is not threading.main_thread():
@@ -341,7 +393,7 @@ class Runner:
             while not done.is_set():
                 try:
                     done.wait(0.25)
-                except KeyboardInterrupt as e:       # Ctrl-C: stop the pass, keep waiting
+                except KeyboardInterrupt as e:  # Ctrl-C: stop the pass, keep waiting
                     if interrupted is None:
                         interrupted = e
                     run.cancel = True

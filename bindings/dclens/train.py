@@ -25,6 +25,7 @@ or ``dclens train --out runs/dc --model-type dcpythia ...`` (see ``dclens train 
 * Progress: a tqdm bar (loss, tokens/s, ETA), ``out/train.log`` plain lines,
   ``out/loss.csv``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,15 +53,15 @@ from . import run_record
 @dataclasses.dataclass
 class TrainConfig:
     out: str
-    model_type: str = "dcpythia"          # or "gpt_neox", "dcformer" (DCFormer++)
+    model_type: str = "dcpythia"  # or "gpt_neox", "dcformer" (DCFormer++)
     n_layer: int = 4
     dim: int = 192
     n_head: int = 6
-    d_ff: int = 0                         # 0: 4 * dim
-    vocab: int = 0                        # 0: the tokenizer's size
-    window_size: Optional[int] = None     # dcpythia: None = every layer global
-    window_type: Optional[str] = None     # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
-    rank: int = 2                         # dcpythia dynamic rank R
+    d_ff: int = 0  # 0: 4 * dim
+    vocab: int = 0  # 0: the tokenizer's size
+    window_size: Optional[int] = None  # dcpythia: None = every layer global
+    window_type: Optional[str] = None  # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
+    rank: int = 2  # dcpythia dynamic rank R
     seq_len: int = 128
     batch_size: int = 16
     steps: int = 1000
@@ -73,15 +74,15 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     seed: int = 0
-    data: str = "synth"                   # "synth", "synth:LINES_PER_TASK", a .jsonl of records or a text file
-    lines: bool = False                   # one sequence per record / line (padded), not packed windows
-    tokenizer: str = "bytes"              # "bytes", "bpe:N" or a tokenizer.json path
+    data: str = "synth"  # "synth", "synth:LINES_PER_TASK", a .jsonl of records or a text file
+    lines: bool = False  # one sequence per record / line (padded), not packed windows
+    tokenizer: str = "bytes"  # "bytes", "bpe:N" or a tokenizer.json path
     ckpt_every: int = 200
     keep: int = 2
     log_every: int = 10
     n_threads: int = 0
-    progress: Optional[bool] = None       # dclens.progress: None: a bar where watched, plain lines in a log
-    mgate_dim: int = 0                    # dcformer: E > 0 turns the MLP group gate on (E | d_ff)
+    progress: Optional[bool] = None  # dclens.progress: None: a bar where watched, plain lines in a log
+    mgate_dim: int = 0  # dcformer: E > 0 turns the MLP group gate on (E | d_ff)
 
     def check(self) -> None:
         """Every option's type and range, each refused by name (--flag) before anything is written."""
@@ -92,28 +93,58 @@ class TrainConfig:
         _int_option("mgate_dim", self.mgate_dim, 0)
         if self.mgate_dim and (self.model_type != "dcformer" or (self.d_ff or 4 * self.dim) % self.mgate_dim):
             raise Error("train: mgate_dim %d needs model_type 'dcformer' and must divide d_ff" % self.mgate_dim)
-        for k in ("n_layer", "dim", "n_head", "seq_len", "batch_size", "steps", "ckpt_every", "keep", "log_every",
-                  "rank"):
+        for k in (
+            "n_layer",
+            "dim",
+            "n_head",
+            "seq_len",
+            "batch_size",
+            "steps",
+            "ckpt_every",
+            "keep",
+            "log_every",
+            "rank",
+        ):
             _int_option(k, getattr(self, k), 1)
         for k in ("d_ff", "vocab", "n_threads", "warmup"):
             _int_option(k, getattr(self, k), 0)
         _int_option("seed", self.seed, 0, 2**63)
         if self.window_size is not None:
             _int_option("window_size", self.window_size, 1)
-        if not (self.window_type is None or isinstance(self.window_type, str)) or \
-                self.window_type not in (None, "LG", "LGLL", "LGL6"):
+        if not (self.window_type is None or isinstance(self.window_type, str)) or self.window_type not in (
+            None,
+            "LG",
+            "LGLL",
+            "LGL6",
+        ):
             raise Error("train: --window-type must be None, 'LG', 'LGLL' or 'LGL6', not %r" % (self.window_type,))
         if self.dim % self.n_head:
             raise Error("train: dim %d is not a multiple of n_head %d" % (self.dim, self.n_head))
         if (self.dim // self.n_head) % 8 and self.model_type != "dcformer":
-            raise Error("train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head))
-        for k, lo, hi in (("lr", 0, None), ("min_lr", 0, None), ("weight_decay", 0, None), ("grad_clip", 0, None),
-                          ("beta1", 0, 1), ("beta2", 0, 1), ("eps", 0, None)):
+            raise Error(
+                "train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head)
+            )
+        for k, lo, hi in (
+            ("lr", 0, None),
+            ("min_lr", 0, None),
+            ("weight_decay", 0, None),
+            ("grad_clip", 0, None),
+            ("beta1", 0, 1),
+            ("beta2", 0, 1),
+            ("eps", 0, None),
+        ):
             v = getattr(self, k)
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.floating, np.integer)) \
-                    or not math.isfinite(f := float(v)) or f < lo or (hi is not None and f >= hi):
-                raise Error("train: --%s must be a finite number in [%g, %s), not %r"
-                            % (k.replace("_", "-"), lo, "inf" if hi is None else "%g" % hi, v))
+            if (
+                isinstance(v, (bool, np.bool_))
+                or not isinstance(v, (numbers.Real, np.floating, np.integer))
+                or not math.isfinite(f := float(v))
+                or f < lo
+                or (hi is not None and f >= hi)
+            ):
+                raise Error(
+                    "train: --%s must be a finite number in [%g, %s), not %r"
+                    % (k.replace("_", "-"), lo, "inf" if hi is None else "%g" % hi, v)
+                )
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.grad_clip >= 0):
             raise Error("train: need lr > 0, 0 <= min_lr <= lr, warmup >= 0, grad_clip >= 0")
         if not self.eps > 0:
@@ -134,8 +165,10 @@ class TrainConfig:
         if t.startswith("bpe:"):
             n = t[4:]
             if not (n.isascii() and n.isdigit() and 258 <= int(n) <= 1 << 20):
-                raise Error("train: --tokenizer %r: N of bpe:N must be an integer in [258, 1048576] (the 256 "
-                            "bytes, the end-of-text token and at least one merge)" % (t,))
+                raise Error(
+                    "train: --tokenizer %r: N of bpe:N must be an integer in [258, 1048576] (the 256 "
+                    "bytes, the end-of-text token and at least one merge)" % (t,)
+                )
         elif t != "bytes" and not os.path.isfile(t):
             raise Error("train: --tokenizer %r is not 'bytes', 'bpe:N' or a tokenizer.json file" % (t,))
 
@@ -150,6 +183,7 @@ def _int_option(k: str, v, lo: int, hi: int = 2**31) -> int:
 
 
 # ------------------------------------------------------------------ safetensors
+
 
 def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
     """float32 tensors -> a safetensors file (8-byte length, JSON header, data)."""
@@ -173,29 +207,81 @@ def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
 
 # ------------------------------------------------------------------ configs and init
 
+
 def model_config(c: TrainConfig, vocab: int) -> dict:
     F = c.d_ff or 4 * c.dim
     if c.model_type == "dcpythia":
-        return {"architectures": ["DCPythia"], "model_type": "dcpythia", "dim": c.dim, "n_head": c.n_head,
-                "head_dim": c.dim // c.n_head, "n_layer": c.n_layer, "intermediate_size": F, "vocab_size": vocab,
-                "norm_eps": 1e-5, "rope_base": 10000, "rotary_pct": 0.25, "use_qk_norm": True,
-                "use_parallel_residual": True, "use_linear_bias": True, "window_size": c.window_size,
-                "window_type": c.window_type, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
-                "max_position_embeddings": c.seq_len,          # the context trained for (model.cfg.n_ctx)
-                "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
-    if c.model_type == "dcformer":   # the official DCFormer config's keys (docs/dcformer-spec.md)
-        return {"architectures": ["DCFormer"], "model_type": "dcformer", "dim": c.dim, "n_head": c.n_head,
-                "head_dim": c.dim // c.n_head, "n_layer": c.n_layer, "n_local_heads": c.n_head,
-                "intermediate_size": F, "vocab_size": vocab, "norm_eps": 1e-6, "rope_base": 10000.0,
-                "use_qk_norm": True, "window_size": c.window_size, "window_type": c.window_type,
-                "query_wise": False, "use_dcmha": True, "mgate": bool(c.mgate_dim), "mgate_dim": c.mgate_dim or 44,
-                "tie_word_embeddings": False, "is_training": False, "bos_token_id": 0, "eos_token_id": 0,
-                "torch_dtype": "float32"}
-    return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": c.dim,
-            "num_attention_heads": c.n_head, "num_hidden_layers": c.n_layer, "intermediate_size": F,
-            "vocab_size": vocab, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
-            "use_parallel_residual": True, "hidden_act": "gelu", "tie_word_embeddings": False,
-            "max_position_embeddings": c.seq_len, "initializer_range": 0.02, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+        return {
+            "architectures": ["DCPythia"],
+            "model_type": "dcpythia",
+            "dim": c.dim,
+            "n_head": c.n_head,
+            "head_dim": c.dim // c.n_head,
+            "n_layer": c.n_layer,
+            "intermediate_size": F,
+            "vocab_size": vocab,
+            "norm_eps": 1e-5,
+            "rope_base": 10000,
+            "rotary_pct": 0.25,
+            "use_qk_norm": True,
+            "use_parallel_residual": True,
+            "use_linear_bias": True,
+            "window_size": c.window_size,
+            "window_type": c.window_type,
+            "query_wise": False,
+            "use_dcmha": True,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": c.seq_len,  # the context trained for (model.cfg.n_ctx)
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "torch_dtype": "float32",
+        }
+    if c.model_type == "dcformer":  # the official DCFormer config's keys (docs/dcformer-spec.md)
+        return {
+            "architectures": ["DCFormer"],
+            "model_type": "dcformer",
+            "dim": c.dim,
+            "n_head": c.n_head,
+            "head_dim": c.dim // c.n_head,
+            "n_layer": c.n_layer,
+            "n_local_heads": c.n_head,
+            "intermediate_size": F,
+            "vocab_size": vocab,
+            "norm_eps": 1e-6,
+            "rope_base": 10000.0,
+            "use_qk_norm": True,
+            "window_size": c.window_size,
+            "window_type": c.window_type,
+            "query_wise": False,
+            "use_dcmha": True,
+            "mgate": bool(c.mgate_dim),
+            "mgate_dim": c.mgate_dim or 44,
+            "tie_word_embeddings": False,
+            "is_training": False,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "torch_dtype": "float32",
+        }
+    return {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "hidden_size": c.dim,
+        "num_attention_heads": c.n_head,
+        "num_hidden_layers": c.n_layer,
+        "intermediate_size": F,
+        "vocab_size": vocab,
+        "rotary_pct": 0.25,
+        "rotary_emb_base": 10000,
+        "layer_norm_eps": 1e-5,
+        "use_parallel_residual": True,
+        "hidden_act": "gelu",
+        "tie_word_embeddings": False,
+        "max_position_embeddings": c.seq_len,
+        "initializer_range": 0.02,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "torch_dtype": "float32",
+    }
 
 
 def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
@@ -213,7 +299,7 @@ def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
         return (rng.standard_normal(shape) * s).astype(np.float32)
 
     sd = {"tok_embeddings.weight": nrm((vocab, D), std)}
-    if c.model_type == "dcformer":   # DCFormer++: no biases, RMSNorm weights, SwiGLU w3, the gate mg
+    if c.model_type == "dcformer":  # DCFormer++: no biases, RMSNorm weights, SwiGLU w3, the gate mg
         for l in range(L):
             p = "layers.%d." % l
             sd[p + "attention_norm.weight"] = np.ones(D, np.float32)
@@ -259,16 +345,26 @@ def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
     return sd
 
 
-_NEOX_LAYER = {"attention_norm.weight": "input_layernorm.weight", "attention_norm.bias": "input_layernorm.bias",
-               "ffn_norm.weight": "post_attention_layernorm.weight",
-               "ffn_norm.bias": "post_attention_layernorm.bias",
-               "attention.wqkv.weight": "attention.query_key_value.weight",
-               "attention.wqkv.bias": "attention.query_key_value.bias",
-               "attention.wo.weight": "attention.dense.weight", "attention.wo.bias": "attention.dense.bias",
-               "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight", "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
-               "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight", "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias"}
-_NEOX_TOP = {"tok_embeddings.weight": "gpt_neox.embed_in.weight", "output.weight": "embed_out.weight",
-             "norm.weight": "gpt_neox.final_layer_norm.weight", "norm.bias": "gpt_neox.final_layer_norm.bias"}
+_NEOX_LAYER = {
+    "attention_norm.weight": "input_layernorm.weight",
+    "attention_norm.bias": "input_layernorm.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.bias": "post_attention_layernorm.bias",
+    "attention.wqkv.weight": "attention.query_key_value.weight",
+    "attention.wqkv.bias": "attention.query_key_value.bias",
+    "attention.wo.weight": "attention.dense.weight",
+    "attention.wo.bias": "attention.dense.bias",
+    "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight",
+    "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
+    "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight",
+    "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
+}
+_NEOX_TOP = {
+    "tok_embeddings.weight": "gpt_neox.embed_in.weight",
+    "output.weight": "embed_out.weight",
+    "norm.weight": "gpt_neox.final_layer_norm.weight",
+    "norm.bias": "gpt_neox.final_layer_norm.bias",
+}
 
 
 def to_layout(sd: Dict[str, np.ndarray], model_type: str, n_head: int) -> Dict[str, np.ndarray]:
@@ -299,16 +395,20 @@ def read_weights(model) -> Dict[str, np.ndarray]:
     for name, _, size, _ in param_table(model):
         _check(lib.dcs_weight_shape(model.runner.handle, name.encode(), shape, nd), model.runner.errmsg())
         a = np.empty(tuple(shape[i] for i in range(nd[0])), np.float32)
-        _check(lib.dcs_weight_read(model.runner.handle, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
-               model.runner.errmsg())
+        _check(
+            lib.dcs_weight_read(model.runner.handle, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
+            model.runner.errmsg(),
+        )
         out[name] = a
     return out
 
 
 def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer_json: Optional[str]) -> None:
     os.makedirs(dirpath, exist_ok=True)
-    write_safetensors(os.path.join(dirpath, "model.safetensors"),
-                      to_layout(sd, config["model_type"], int(config.get("n_head") or config["num_attention_heads"])))
+    write_safetensors(
+        os.path.join(dirpath, "model.safetensors"),
+        to_layout(sd, config["model_type"], int(config.get("n_head") or config["num_attention_heads"])),
+    )
     with open(os.path.join(dirpath, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     if tokenizer_json:
@@ -317,11 +417,13 @@ def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer
 
 # ------------------------------------------------------------------ data
 
+
 def _corpus_texts(c: TrainConfig) -> List[str]:
     """The corpus as a list of sequences' texts (brackets of the benchmark's
     answers removed): generated synthetic lines, the records of a .jsonl file
     (``texts``), or a text file (its lines with ``lines``, else the whole file)."""
     from . import plugins
+
     if c.data == "synth" or c.data.startswith("synth:"):
         source, arg = "synth", c.data.partition(":")[2]
     elif not os.path.isfile(c.data):
@@ -330,7 +432,7 @@ def _corpus_texts(c: TrainConfig) -> List[str]:
         source, arg = "jsonl", c.data
     else:
         source = None
-    if source is not None:         # synth_tasks.train_data, found by name
+    if source is not None:  # synth_tasks.train_data, found by name
         fn = plugins.find(plugins.TRAIN_DATA, source)
         try:
             return fn(arg, c.seed)
@@ -346,13 +448,19 @@ def _tokenizer(c: TrainConfig, texts: List[str], tok_path: str):
     if c.tokenizer == "bytes":
         return (lambda ts: [list(t.encode("utf-8")) for t in ts]), 256, None
     from tokenizers import Tokenizer
+
     if c.tokenizer.startswith("bpe:"):
         from tokenizers import decoders, models, pre_tokenizers, trainers
+
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
-        tr = trainers.BpeTrainer(vocab_size=int(c.tokenizer[4:]), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                 special_tokens=["<|endoftext|>"], show_progress=False)
+        tr = trainers.BpeTrainer(
+            vocab_size=int(c.tokenizer[4:]),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+        )
         tk.train_from_iterator(texts, tr)
         tk.save(tok_path)
     else:
@@ -385,16 +493,16 @@ def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.nd
     rng = np.random.default_rng([c.seed, step])
     if not c.lines:
         starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
-        w = np.stack([tokens[s:s + c.seq_len + 1] for s in starts])
+        w = np.stack([tokens[s : s + c.seq_len + 1] for s in starts])
         return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
     assert offsets is not None, "lines mode needs the sequence offsets"
     idx = rng.integers(0, len(offsets), c.batch_size)
     x = np.zeros((c.batch_size, c.seq_len), np.int32)
     y = np.full((c.batch_size, c.seq_len), -1, np.int32)
     for b, i in enumerate(idx):
-        q = tokens[offsets[i, 0]:min(offsets[i, 1], offsets[i, 0] + c.seq_len + 1)]
-        x[b, :len(q) - 1] = q[:-1]
-        y[b, :len(q) - 1] = q[1:]
+        q = tokens[offsets[i, 0] : min(offsets[i, 1], offsets[i, 0] + c.seq_len + 1)]
+        x[b, : len(q) - 1] = q[:-1]
+        y[b, : len(q) - 1] = q[1:]
     return x, y
 
 
@@ -435,7 +543,7 @@ def _save(out: str, model, mom, var, step: int, c: TrainConfig, config: dict, to
     _write_state(tmp, step, loss, c)
     d = os.path.join(out, name)
     run_record.install_dir(tmp, d)
-    for old in _ckpts(out)[:-c.keep]:
+    for old in _ckpts(out)[: -c.keep]:
         shutil.rmtree(old, ignore_errors=True)
     return d
 
@@ -450,8 +558,10 @@ def _open_checkpoint(d: str, c: TrainConfig, want_config: dict, n_threads: int):
     cfg = run_record.load_json(os.path.join(d, "config.json"), "config.json")
     diff = run_record.config_differences(cfg, want_config)
     if diff:
-        raise Error("train: %s/config.json describes another model than these options: %s; use a new "
-                    "--out, or the run's options" % (d, ", ".join(diff)))
+        raise Error(
+            "train: %s/config.json describes another model than these options: %s; use a new "
+            "--out, or the run's options" % (d, ", ".join(diff))
+        )
     try:
         model = load(d, n_threads=n_threads)
     except Error as e:
@@ -466,16 +576,20 @@ def _open_checkpoint(d: str, c: TrainConfig, want_config: dict, n_threads: int):
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError("optimizer.npz unreadable: %s" % (e,)) from None
     if mom.shape != (P,) or var.shape != (P,):
-        raise ValueError("optimizer.npz holds %s and %s moments, the model %d parameters"
-                         % (mom.shape, var.shape, P))
+        raise ValueError("optimizer.npz holds %s and %s moments, the model %d parameters" % (mom.shape, var.shape, P))
     return model, step, mom, var, cfg
 
 
 def _damaged(out: str, ck: List[str], why: str) -> Error:
     d = ck[-1]
-    prev = ("the one before it, %s, is offered: move the damaged one aside (mv %s %s.damaged) and run "
-            "again to resume from it" % (ck[-2], d, d)) if len(ck) > 1 else \
-        "there is no earlier checkpoint: start a new --out"
+    prev = (
+        (
+            "the one before it, %s, is offered: move the damaged one aside (mv %s %s.damaged) and run "
+            "again to resume from it" % (ck[-2], d, d)
+        )
+        if len(ck) > 1
+        else "there is no earlier checkpoint: start a new --out"
+    )
     return Error("train: the newest checkpoint %s is damaged (%s); %s" % (d, why, prev))
 
 
@@ -493,18 +607,22 @@ def _check_options(c: TrainConfig, ck: List[str]) -> List[str]:
             recorded = run_record.load_json(source, "train_state.json").get("config")
         except ValueError as e:
             raise _damaged(c.out, ck, str(e))
-        if not isinstance(recorded, dict) or not recorded:   # nothing to compare but its config.json
-            return ["resume: %s records no options: only its config.json was compared (a run made "
-                    "before run.json)" % source]
+        if not isinstance(recorded, dict) or not recorded:  # nothing to compare but its config.json
+            return [
+                "resume: %s records no options: only its config.json was compared (a run made before run.json)" % source
+            ]
     else:
         return []
     refused, accepted = run_record.differences(recorded, c)
     if refused:
         run_record.refuse(c.out, "as " + source + " records", refused)
-    notes = ["resume: options compared with %s%s" % (
-        source, "" if rec is not None else " and its config.json (a run made before run.json)")]
-    notes.append("resume: changed for this sitting: %s" % ", ".join(accepted) if accepted else
-                 "resume: no option changed")
+    notes = [
+        "resume: options compared with %s%s"
+        % (source, "" if rec is not None else " and its config.json (a run made before run.json)")
+    ]
+    notes.append(
+        "resume: changed for this sitting: %s" % ", ".join(accepted) if accepted else "resume: no option changed"
+    )
     return notes
 
 
@@ -526,6 +644,7 @@ class _Log:
 
 # ------------------------------------------------------------------ the loop
 
+
 def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     """Train (or resume) the run in c.out; returns the final checkpoint directory.
     stop_after: end this sitting after that many steps (checkpointing there)."""
@@ -533,13 +652,13 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     os.makedirs(c.out, exist_ok=True)
     ck = _ckpts(c.out)
     notes = _check_options(c, ck)
-    run_record.remove_staging(c.out)      # what a sitting killed while writing left
+    run_record.remove_staging(c.out)  # what a sitting killed while writing left
     tok_file = os.path.join(c.out, "tokens.npy")
     tok_json = os.path.join(c.out, "tokenizer.json")
     tok_path: Optional[str] = tok_json
     off_file = os.path.join(c.out, "offsets.npy")
     vocab_file = os.path.join(c.out, "vocab.json")
-    if os.path.exists(vocab_file):       # written last of the three
+    if os.path.exists(vocab_file):  # written last of the three
         tokens, offsets = np.load(tok_file), np.load(off_file)
         vocab = run_record.load_json(vocab_file, "vocab.json")["vocab"]
         tok_path = tok_json if os.path.exists(tok_json) else None
@@ -555,7 +674,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
         keep = np.diff(offsets) >= 2
         if not keep.any():
             raise Error("train: no sequence of the corpus has 2 tokens or more")
-        offsets = np.stack([offsets[:-1][keep], offsets[1:][keep]], 1)   # [n, 2] start, end
+        offsets = np.stack([offsets[:-1][keep], offsets[1:][keep]], 1)  # [n, 2] start, end
     elif len(tokens) < c.seq_len + 2:
         raise Error("train: the corpus has %d tokens, fewer than seq_len + 2" % len(tokens))
     config = model_config(c, vocab)
@@ -566,11 +685,11 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
         except ValueError as e:
             raise _damaged(c.out, ck, str(e))
         start_dir = ck[-1]
-        if not recorded:                # a legacy run, checked: record it now
+        if not recorded:  # a legacy run, checked: record it now
             run_record.write_record(c.out, c, vocab)
             notes.append("resume: wrote %s from these options" % os.path.join(c.out, run_record.RUN_FILE))
     else:
-        if not recorded:                # before the first step
+        if not recorded:  # before the first step
             run_record.write_record(c.out, c, vocab)
         start_dir = os.path.join(c.out, "step-000000")
         tmp = run_record.staging(c.out, "step-000000")
@@ -587,10 +706,13 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     log = _Log(c.out)
     for n in notes:
         log.line(n)
-    log.line("start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
-             % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len))
-    bar = _progress.bar(total=c.steps, initial=start, desc="train", unit="step", progress=c.progress,
-                        dynamic_ncols=True)
+    log.line(
+        "start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
+        % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len)
+    )
+    bar = _progress.bar(
+        total=c.steps, initial=start, desc="train", unit="step", progress=c.progress, dynamic_ncols=True
+    )
     last, t_last, ntok, s_last = start_dir, time.perf_counter(), 0, start
     loss = float("nan")
     try:
@@ -606,9 +728,17 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
             if c.grad_clip and gn > c.grad_clip:
                 grads *= c.grad_clip / gn
             hp.lr = lr_at(c, step)
-            _check(lib.dcs_adamw_step(model.runner.handle, ffi.cast("float *", ffi.from_buffer(grads)),
-                                      ffi.cast("float *", ffi.from_buffer(mom)),
-                                      ffi.cast("float *", ffi.from_buffer(var)), step, hp), model.runner.errmsg())
+            _check(
+                lib.dcs_adamw_step(
+                    model.runner.handle,
+                    ffi.cast("float *", ffi.from_buffer(grads)),
+                    ffi.cast("float *", ffi.from_buffer(mom)),
+                    ffi.cast("float *", ffi.from_buffer(var)),
+                    step,
+                    hp,
+                ),
+                model.runner.errmsg(),
+            )
             ntok += int((y >= 0).sum()) if c.lines else x.size
             now = time.perf_counter()
             tps = ntok / max(now - t_last, 1e-9)
@@ -618,8 +748,10 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
             log.csv.write("%d,%.6f,%.6g,%.4f,%.1f\n" % (step, loss, hp.lr, gn, tps))
             if step % c.log_every == 0 or step == end:
                 eta = (c.steps - step) * (now - t_last) / max(1, step - s_last)
-                log.line("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
-                         % (step, c.steps, loss, hp.lr, gn, tps, eta))
+                log.line(
+                    "step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
+                    % (step, c.steps, loss, hp.lr, gn, tps, eta)
+                )
                 t_last, ntok, s_last = now, 0, step
             if step % c.ckpt_every == 0 or step == end:
                 last = _save(c.out, model, mom, var, step, c, config, tok_path, loss)
@@ -677,8 +809,10 @@ def build_parser():
     """The argument parser of `dclens train` (every option with help and default)."""
     import argparse
     from ._help import HelpFormatter
-    p = argparse.ArgumentParser(prog="dclens train", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+
+    p = argparse.ArgumentParser(
+        prog="dclens train", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
+    )
     for f in dataclasses.fields(TrainConfig):
         if f.name == "progress":
             continue

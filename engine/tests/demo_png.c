@@ -72,8 +72,8 @@ static int write_png(const char *path, const dcs_heatmap_spec *sp) {
     return 0;
 }
 
-static const char *WORDS[] = {" The", " cat", " sat", " on", " the", " mat", ".",
-                              " It", " was", " very", " happy", "\n"};
+static const char *WORDS[] = {" The", " cat", " sat", " on",   " the",   " mat",
+                              ".",    " It",  " was", " very", " happy", "\n"};
 
 int main(void) {
     int rc = 0;
@@ -126,7 +126,8 @@ int main(void) {
             }
             br[5][t * T + s] = total;
         }
-    for (int b = 0; b < 6; b++) bp[b] = (dcs_panel){.data = br[b], .rows = T, .cols = T, .title = bnames[b], .mask_window = 0};
+    for (int b = 0; b < 6; b++)
+        bp[b] = (dcs_panel){.data = br[b], .rows = T, .cols = T, .title = bnames[b], .mask_window = 0};
     sp.panels = bp;
     sp.n_panels = 6;
     sp.grid_cols = 0;
@@ -140,11 +141,10 @@ int main(void) {
     float *lp = (float *)malloc(sizeof(float) * LT * LT);
     const char **ltok = (const char **)malloc(sizeof(char *) * LT);
     static const char *extra[] = {" caf\xc3\xa9", " \xe6\x97\xa5\xe6\x9c\xac", "\t",
-                                  "  ", " supercalifragilistic", "\r\n"};
+                                  "  ",           " supercalifragilistic",     "\r\n"};
     if (!lp || !ltok) return 1;
     make_pattern(lp, LT, 0);
-    for (int i = 0; i < LT; i++)
-        ltok[i] = i % 10 == 4 ? extra[(i / 10) % 6] : WORDS[(i * 5) % 12];
+    for (int i = 0; i < LT; i++) ltok[i] = i % 10 == 4 ? extra[(i / 10) % 6] : WORDS[(i * 5) % 12];
     dcs_panel lpan = {.data = lp, .rows = LT, .cols = LT, .title = "L0 H1", .mask_window = 0};
     sp.panels = &lpan;
     sp.n_panels = 1;
@@ -161,8 +161,7 @@ int main(void) {
     enum { NR = 30, NC = 50 };
     static float ns[NR * NC];
     for (int t = 0; t < NR; t++)
-        for (int s = 0; s < NC; s++)
-            ns[t * NC + s] = sinf(0.3f * (float)t) * cosf(0.2f * (float)s) * 0.02f;
+        for (int s = 0; s < NC; s++) ns[t * NC + s] = sinf(0.3f * (float)t) * cosf(0.2f * (float)s) * 0.02f;
     dcs_panel npan = {.data = ns, .rows = NR, .cols = NC, .title = NULL, .mask_window = 0};
     memset(&sp, 0, sizeof sp);
     sp.panels = &npan;
@@ -184,7 +183,11 @@ int main(void) {
             int p = l * NH + h;
             make_pattern(all + (size_t)p * AT * AT, AT, (l + h) % 4);
             snprintf(names[p], 32, "L%d H%d", l, h);
-            ap[p] = (dcs_panel){.data = all + (size_t)p * AT * AT, .rows = AT, .cols = AT, .title = names[p], .mask_window = 0};
+            ap[p] = (dcs_panel){.data = all + (size_t)p * AT * AT,
+                                .rows = AT,
+                                .cols = AT,
+                                .title = names[p],
+                                .mask_window = 0};
         }
     memset(&sp, 0, sizeof sp);
     sp.panels = ap;

@@ -19,22 +19,22 @@
 #include <string.h>
 
 static int n_pass, n_fail;
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (cond) {                                               \
-            n_pass++;                                             \
-        } else {                                                  \
-            n_fail++;                                             \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            printf(__VA_ARGS__);                                  \
-            printf("\n");                                         \
-        }                                                         \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (cond) {                                                                                          \
+            n_pass++;                                                                                        \
+        } else {                                                                                             \
+            n_fail++;                                                                                        \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                           \
+            printf(__VA_ARGS__);                                                                             \
+            printf("\n");                                                                                    \
+        }                                                                                                    \
     } while (0)
 
 #define EPS 1e-3f
 
 static unsigned rng_state = 12345u;
-static float frand(void) {  /* uniform [-1, 1) */
+static float frand(void) { /* uniform [-1, 1) */
     rng_state = rng_state * 1664525u + 1013904223u;
     return (float)((rng_state >> 8) & 0xFFFFFF) / 8388608.0f - 1.0f;
 }
@@ -73,7 +73,11 @@ static void check_grad(const char *what, fw_fn f, void *ctx, const float *x, flo
 }
 
 /* ---------------------------------------------------------------- LayerNorm */
-typedef struct { int M, D; float *w, *b; float mu[8], rs[8]; } ln_ctx;
+typedef struct {
+    int M, D;
+    float *w, *b;
+    float mu[8], rs[8];
+} ln_ctx;
 static void ln_f(void *c, const float *x, float *y) {
     ln_ctx *a = c;
     dcs_layernorm_fw(y, a->mu, a->rs, x, a->w, a->b, a->M, a->D, 1e-5f);
@@ -81,7 +85,10 @@ static void ln_f(void *c, const float *x, float *y) {
 static void test_layernorm(void) {
     enum { M = 3, D = 16 };
     float x[M * D], w[D], b[D], y[M * D], wy[M * D], dx[M * D] = {0}, dw[D] = {0}, db[D] = {0};
-    fill(x, M * D, 2.0f); fill(w, D, 1.0f); fill(b, D, 0.5f); fill(wy, M * D, 1.0f);
+    fill(x, M * D, 2.0f);
+    fill(w, D, 1.0f);
+    fill(b, D, 0.5f);
+    fill(wy, M * D, 1.0f);
     ln_ctx c = {M, D, w, b, {0}, {0}};
     ln_f(&c, x, y);
     dcs_layernorm_bw(dx, dw, db, wy, x, c.mu, c.rs, w, M, D);
@@ -91,7 +98,11 @@ static void test_layernorm(void) {
 }
 
 /* ---------------------------------------------------------------- RMS norm */
-typedef struct { int rows, width; float *scale; float rs[16]; } rms_ctx;
+typedef struct {
+    int rows, width;
+    float *scale;
+    float rs[16];
+} rms_ctx;
 static void rms_f(void *c, const float *x, float *y) {
     rms_ctx *a = c;
     memcpy(y, x, sizeof(float) * a->rows * a->width);
@@ -100,7 +111,9 @@ static void rms_f(void *c, const float *x, float *y) {
 static void test_rmsnorm(int with_scale) {
     enum { R = 4, W = 8 };
     float x[R * W], s[W], y[R * W], wy[R * W], dx[R * W] = {0}, ds[W] = {0};
-    fill(x, R * W, 1.5f); fill(s, W, 1.0f); fill(wy, R * W, 1.0f);
+    fill(x, R * W, 1.5f);
+    fill(s, W, 1.0f);
+    fill(wy, R * W, 1.0f);
     rms_ctx c = {R, W, with_scale ? s : NULL, {0}};
     rms_f(&c, x, y);
     dcs_rmsnorm_bw(dx, with_scale ? ds : NULL, wy, x, c.rs, R, W, c.scale);
@@ -109,7 +122,10 @@ static void test_rmsnorm(int with_scale) {
 }
 
 /* ---------------------------------------------------------------- rotary */
-typedef struct { int M, T, N, Dh, rot; float cs[64]; } rot_ctx;
+typedef struct {
+    int M, T, N, Dh, rot;
+    float cs[64];
+} rot_ctx;
 static void rot_f(void *c, const float *x, float *y) {
     rot_ctx *a = c;
     memcpy(y, x, sizeof(float) * a->M * a->N * a->Dh);
@@ -120,7 +136,8 @@ static void test_rotary(void) {
     rot_ctx c = {M, T, N, Dh, 4, {0}};
     dcs_rotary_table(c.cs, T, 4, 10000.0f);
     float x[M * N * Dh], wy[M * N * Dh], y[M * N * Dh], dx[M * N * Dh];
-    fill(x, M * N * Dh, 1.0f); fill(wy, M * N * Dh, 1.0f);
+    fill(x, M * N * Dh, 1.0f);
+    fill(wy, M * N * Dh, 1.0f);
     memcpy(dx, wy, sizeof dx);
     dcs_rotary_apply(dx, c.cs, M, T, N, Dh, 4, 1);
     check_grad("rotary dx", rot_f, &c, x, x, M * N * Dh, dx, M * N * Dh, wy);
@@ -140,7 +157,8 @@ static void test_pointwise(void) {
     enum { n = 24 };
     int nn = n;
     float x[n], y[n], wy[n], dx[n] = {0}, dt[n] = {0};
-    fill(x, n, 3.0f); fill(wy, n, 1.0f);
+    fill(x, n, 3.0f);
+    fill(wy, n, 1.0f);
     dcs_gelu_bw(dx, wy, x, n);
     check_grad("gelu dx", gelu_f, &nn, x, x, n, dx, n, wy);
     tanh_f(&nn, x, y);
@@ -149,7 +167,9 @@ static void test_pointwise(void) {
 }
 
 /* ---------------------------------------------------------------- softmax */
-typedef struct { int BN, T, window; } sm_ctx;
+typedef struct {
+    int BN, T, window;
+} sm_ctx;
 static void sm_f(void *c, const float *x, float *y) {
     sm_ctx *a = c;
     memcpy(y, x, sizeof(float) * a->BN * a->T * a->T);
@@ -158,7 +178,8 @@ static void sm_f(void *c, const float *x, float *y) {
 static void test_softmax(int window) {
     enum { BN = 2, T = 6 };
     float x[BN * T * T], y[BN * T * T], wy[BN * T * T], dx[BN * T * T];
-    fill(x, BN * T * T, 3.0f); fill(wy, BN * T * T, 1.0f);
+    fill(x, BN * T * T, 3.0f);
+    fill(wy, BN * T * T, 1.0f);
     sm_ctx c = {BN, T, window};
     sm_f(&c, x, y);
     dcs_softmax_bw(dx, wy, y, 0, BN * T, T, T, window);
@@ -167,7 +188,11 @@ static void test_softmax(int window) {
 
 /* ---------------------------------------------------------------- compose */
 enum { CN = 4, CR = 2 };
-typedef struct { float qw1[CR * CN], qw2[CR * CN], kw1[CR * CN], kw2[CR * CN], qdd[CN], kdd[CN]; int keys; unsigned on; } cp_ctx;
+typedef struct {
+    float qw1[CR * CN], qw2[CR * CN], kw1[CR * CN], kw2[CR * CN], qdd[CN], kdd[CN];
+    int keys;
+    unsigned on;
+} cp_ctx;
 static void cp_f(void *c, const float *x, float *y) {
     cp_ctx *a = c;
     float br[5][CN];
@@ -185,18 +210,29 @@ static void test_compose(int keys, unsigned on) {
     cp_ctx c;
     c.keys = keys;
     c.on = on;
-    fill(c.qw1, CR * CN, 1.0f); fill(c.qw2, CR * CN, 1.0f); fill(c.kw1, CR * CN, 1.0f);
-    fill(c.kw2, CR * CN, 1.0f); fill(c.qdd, CN, 0.9f); fill(c.kdd, CN, 0.9f);
+    fill(c.qw1, CR * CN, 1.0f);
+    fill(c.qw2, CR * CN, 1.0f);
+    fill(c.kw1, CR * CN, 1.0f);
+    fill(c.kw2, CR * CN, 1.0f);
+    fill(c.qdd, CN, 0.9f);
+    fill(c.kdd, CN, 0.9f);
     float x[CN], y[CN], wy[CN], dx[CN] = {0};
-    float d1[CR * CN] = {0}, d2[CR * CN] = {0}, d3[CR * CN] = {0}, d4[CR * CN] = {0}, d5[CN] = {0}, d6[CN] = {0};
-    fill(x, CN, 1.0f); fill(wy, CN, 1.0f);
+    float d1[CR * CN] = {0}, d2[CR * CN] = {0}, d3[CR * CN] = {0}, d4[CR * CN] = {0}, d5[CN] = {0},
+                  d6[CN] = {0};
+    fill(x, CN, 1.0f);
+    fill(wy, CN, 1.0f);
     cp_f(&c, x, y);
     dcs_compose_pair_bw(x, wy, dx, 1, CN, CR, c.qw1, c.qw2, keys ? c.kw1 : NULL, keys ? c.kw2 : NULL, c.qdd,
-                        keys ? c.kdd : NULL, d1, d2, keys ? d3 : NULL, keys ? d4 : NULL, d5, keys ? d6 : NULL, on);
+                        keys ? c.kdd : NULL, d1, d2, keys ? d3 : NULL, keys ? d4 : NULL, d5, keys ? d6 : NULL,
+                        on);
     char what[64];
     snprintf(what, sizeof what, "compose(keys=%d, on=%#x) ", keys, on);
     char w2[96];
-#define CG(name, p, n, g) do { snprintf(w2, sizeof w2, "%s%s", what, name); check_grad(w2, cp_f, &c, x, p, n, g, CN, wy); } while (0)
+#define CG(name, p, n, g)                                                                                    \
+    do {                                                                                                     \
+        snprintf(w2, sizeof w2, "%s%s", what, name);                                                         \
+        check_grad(w2, cp_f, &c, x, p, n, g, CN, wy);                                                        \
+    } while (0)
     CG("d a", x, CN, dx);
     CG("d qw1", c.qw1, CR * CN, d1);
     CG("d qw2", c.qw2, CR * CN, d2);
@@ -218,8 +254,8 @@ int main(void) {
     test_softmax(2);
     test_compose(1, 0x1f);
     test_compose(0, 0x1f);
-    test_compose(1, 0x1f & ~0x4u);   /* kp cut by a hook */
-    test_compose(1, 0x1u | 0x8u);    /* skip + qg only  */
+    test_compose(1, 0x1f & ~0x4u); /* kp cut by a hook */
+    test_compose(1, 0x1u | 0x8u);  /* skip + qg only  */
     (void)check_count;
     check_counts cc = {n_pass, n_fail};
     return check_report("test_backward", &cc);

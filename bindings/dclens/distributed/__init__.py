@@ -20,6 +20,7 @@ object stay up after a call, their model loaded, for its next call on the
 same model; a call on another model replaces them; Cluster.release() stops
 them (with ray="local:N", a string, they end with each call).
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,7 +41,7 @@ __all__ = ["Cluster", "Placement", "connect", "map", "model_ref", "run_cells", "
 
 ModelSpec = Union[Model, ModelRef, str, os.PathLike]
 RaySpec = Union[None, str, Cluster]
-DISTRIBUTED = "dclens.distributed"        # entry point group: synth comes from synth_tasks
+DISTRIBUTED = "dclens.distributed"  # entry point group: synth comes from synth_tasks
 
 
 def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
@@ -52,8 +53,10 @@ def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
     if isinstance(model, ModelRef):
         return model
     if not isinstance(model, (str, os.PathLike)):
-        raise Error("model must be a dclens.Model, a path, a bundled model name or a ModelRef, not %s %r"
-                    % (type(model).__name__, model))
+        raise Error(
+            "model must be a dclens.Model, a path, a bundled model name or a ModelRef, not %s %r"
+            % (type(model).__name__, model)
+        )
     if device not in ("cpu", "cuda"):
         raise Error("device must be 'cpu' or 'cuda', not %r" % (device,))
     directory = os.fsdecode(resolve(model))
@@ -63,9 +66,17 @@ def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
     return ModelRef(source=source, device=device, files=fingerprint(directory))
 
 
-def map(model: ModelSpec, fn: Callable[[Model, Any], Any], items: Iterable, *, ray: RaySpec = None,
-        device: str = "cpu", progress: Optional[bool] = None, desc: str = "dclens.distributed.map",
-        unit: str = "item") -> List:
+def map(
+    model: ModelSpec,
+    fn: Callable[[Model, Any], Any],
+    items: Iterable,
+    *,
+    ray: RaySpec = None,
+    device: str = "cpu",
+    progress: Optional[bool] = None,
+    desc: str = "dclens.distributed.map",
+    unit: str = "item",
+) -> List:
     """[fn(model, item) for item in items], run on workers that each hold the model.
 
     model: a loaded Model (travels as its reference), a path or bundled name
@@ -116,20 +127,31 @@ def synth(models: Union[ModelSpec, Sequence[ModelSpec]], data, *, ray: RaySpec, 
     return plugins.find(DISTRIBUTED, "synth")(models, data, ray=ray, **kw)
 
 
-def _cells_values(run_cells_here: Callable, corrupted: np.ndarray, clean: dict, metric, model: Model,
-                  chunk) -> np.ndarray:
+def _cells_values(
+    run_cells_here: Callable, corrupted: np.ndarray, clean: dict, metric, model: Model, chunk
+) -> np.ndarray:
     """What one batch of a patching sweep gives: patching._run_cells of
     exactly those cells, the same forward pass as in a single process."""
     return run_cells_here(model, corrupted, chunk, clean, metric, len(chunk), False, "")
 
 
-def run_cells(model: Model, corrupted: np.ndarray, cells: list, clean_cache, metric, batch_size: int,
-              progress, desc: str, ray: RaySpec, run_cells_here: Callable) -> np.ndarray:
+def run_cells(
+    model: Model,
+    corrupted: np.ndarray,
+    cells: list,
+    clean_cache,
+    metric,
+    batch_size: int,
+    progress,
+    desc: str,
+    ray: RaySpec,
+    run_cells_here: Callable,
+) -> np.ndarray:
     """patching.sweep(..., ray=...): run_cells_here (patching._run_cells) on
     Ray workers, over the cells in the same batches of batch_size as in one
     process, one batch per item; the clean activations the cells read travel
     once per worker."""
-    chunks = [cells[i:i + batch_size] for i in range(0, len(cells), batch_size)]
+    chunks = [cells[i : i + batch_size] for i in range(0, len(cells), batch_size)]
     names = sorted({name for chunk in chunks for patches in chunk for name, _ in patches})
     clean = {n: clean_cache[n] for n in names}
     fn = functools.partial(_cells_values, run_cells_here, np.ascontiguousarray(corrupted), clean, metric)

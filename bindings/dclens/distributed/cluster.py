@@ -11,6 +11,7 @@ or by an earlier call), that session is used whatever the address says, and
 "local:N" only sets the number of workers. Ray stays up after a call (the next
 call reuses it; ray.shutdown() stops it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -90,8 +91,7 @@ def as_cluster(ray: Union[str, Cluster]) -> Cluster:
     elif isinstance(ray, str) and ray.strip():
         c = Cluster(address=ray.strip())
     else:
-        raise Error("ray must be 'local:N', 'auto', a Ray address or a dclens.distributed.Cluster, not %r"
-                    % (ray,))
+        raise Error("ray must be 'local:N', 'auto', a Ray address or a dclens.distributed.Cluster, not %r" % (ray,))
     if c.address.startswith("local:"):
         if not re.fullmatch(r"local:\d+", c.address):
             raise Error("ray=%r: a local cluster is 'local' or 'local:N' (N workers)" % c.address)
@@ -128,7 +128,7 @@ def connect(ray_arg: Union[str, Cluster], device: str = "cpu", n_threads: Option
     if not ray.is_initialized():
         opts: Dict[str, Any] = dict(include_dashboard=False, configure_logging=False)
         if c.is_local:
-            assert n_local is not None          # a local cluster counts its workers
+            assert n_local is not None  # a local cluster counts its workers
             opts["num_cpus"] = n_local * n_threads if device == "cpu" else max(n_local, cores)
         else:
             opts["address"] = c.address
@@ -147,10 +147,14 @@ def connect(ray_arg: Union[str, Cluster], device: str = "cpu", n_threads: Option
         num_cpus, num_gpus = float(n_threads), 0.0
         workers = c.workers or n_local or int(have_cpu // n_threads)
     if workers < 1:
-        raise Error("the Ray cluster (%g CPUs, %g GPUs) has room for no worker of %s" % (
-            have_cpu, have_gpu, "1 GPU" if device == "cuda" else "%d CPU threads" % n_threads))
+        raise Error(
+            "the Ray cluster (%g CPUs, %g GPUs) has room for no worker of %s"
+            % (have_cpu, have_gpu, "1 GPU" if device == "cuda" else "%d CPU threads" % n_threads)
+        )
     if workers * num_cpus > have_cpu or workers * num_gpus > have_gpu:
-        raise Error("%d workers of %g CPUs%s each need more than the Ray cluster has (%g CPUs, %g GPUs); "
-                    "ask for fewer workers or fewer threads (Cluster(workers=..., n_threads=...))" % (
-                        workers, num_cpus, " and 1 GPU" if num_gpus else "", have_cpu, have_gpu))
+        raise Error(
+            "%d workers of %g CPUs%s each need more than the Ray cluster has (%g CPUs, %g GPUs); "
+            "ask for fewer workers or fewer threads (Cluster(workers=..., n_threads=...))"
+            % (workers, num_cpus, " and 1 GPU" if num_gpus else "", have_cpu, have_gpu)
+        )
     return Placement(workers, n_threads, num_cpus, num_gpus, c.retries)

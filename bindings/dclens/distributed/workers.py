@@ -17,6 +17,7 @@ model first stops the others, so workers of two models never hold memory
 driver's Ray session anyway. With ray="local:N" (a string) a call's workers
 end with the call.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,6 +37,7 @@ class ModelWorker:
 
     def __init__(self, ref: ModelRef):
         from ..model import from_reference
+
         self.model = from_reference(ref)
         self.fn_id: Optional[str] = None
         self.fn: Optional[Callable] = None
@@ -48,6 +50,7 @@ class ModelWorker:
         its traceback). fn_box: [ObjectRef of fn] (boxed: Ray passes it
         unresolved, so fn is deserialised once per call, not per item)."""
         import ray
+
         try:
             if self.fn_id != fn_box[0].hex():
                 self.fn, self.fn_id = ray.get(fn_box[0]), fn_box[0].hex()
@@ -63,7 +66,7 @@ def describe(item, width: int = 80) -> str:
         r = repr(item)
     except Exception:  # noqa: BLE001 -- any object may be an item
         r = "<%s>" % type(item).__name__
-    return r if len(r) <= width else r[:width - 3] + "..."
+    return r if len(r) <= width else r[: width - 3] + "..."
 
 
 def item_error(index: int, n: int, item, what: str) -> Error:
@@ -74,6 +77,7 @@ def progress_bar(total: int, progress: Optional[bool], desc: str, unit: str):
     """The package's progress bar (dclens.progress: tqdm.auto where someone
     watches, a few plain lines in a log, nothing with progress=False)."""
     from .. import progress as _progress
+
     return _progress.bar(total=total, desc=desc, progress=progress, unit=unit)
 
 
@@ -94,8 +98,16 @@ def _key(ref: ModelRef, placement: Placement) -> str:
     return hashlib.sha256(what.encode()).hexdigest()[:16]
 
 
-def run(ref: ModelRef, fn: Callable, items: Sequence, placement: Placement, progress: Optional[bool],
-        desc: str, unit: str = "item", kept: Optional[Dict[str, List]] = None) -> List:
+def run(
+    ref: ModelRef,
+    fn: Callable,
+    items: Sequence,
+    placement: Placement,
+    progress: Optional[bool],
+    desc: str,
+    unit: str = "item",
+    kept: Optional[Dict[str, List]] = None,
+) -> List:
     """fn(model, item) for every item on placement.workers actors; the
     results in the order of items. kept: a Cluster's workers by key (those
     of this model are reused, the others stopped); None: the workers are
@@ -115,8 +127,11 @@ def run(ref: ModelRef, fn: Callable, items: Sequence, placement: Placement, prog
             _stop(kept.pop(other))
         started = kept.setdefault(key, [])
     actor = ray.remote(ModelWorker).options(
-        num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
-        max_restarts=placement.retries, max_task_retries=placement.retries)
+        num_cpus=placement.num_cpus,
+        num_gpus=placement.num_gpus,
+        max_restarts=placement.retries,
+        max_task_retries=placement.retries,
+    )
     while len(started) < count:
         started.append(actor.remote(ref))
     workers = started[:count]
@@ -137,9 +152,10 @@ def run(ref: ModelRef, fn: Callable, items: Sequence, placement: Placement, prog
                 i, ok, value = pool.get_next_unordered()
             except RayError as e:
                 _stop(started)
-                raise Error("a worker running %s died more than %d times (Cluster.retries), cannot be "
-                            "reached, or cannot unpickle the function: %s"
-                            % (desc, placement.retries, _ray_message(e))) from None
+                raise Error(
+                    "a worker running %s died more than %d times (Cluster.retries), cannot be "
+                    "reached, or cannot unpickle the function: %s" % (desc, placement.retries, _ray_message(e))
+                ) from None
             if not ok:
                 raise item_error(i, n, items[i], value)
             out[i] = value

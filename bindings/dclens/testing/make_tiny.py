@@ -26,6 +26,7 @@ writes it (data.pkl pickled by the standard pickle module), and sharded:
 This module and dclens.testing.checkpoint import nothing of the engine (they run
 before it is built) and never import torch; `import dclens` does not import them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,16 @@ from collections import OrderedDict
 import numpy as np
 
 from .layouts import dcformer_tensors, dcpythia_tensors, gpt_neox_tensors
-from .checkpoint import (DTYPES, ST_DTYPE, TorchTensor, pickle_state_dict, round_to_dtype, write_index,
-                         write_safetensors, write_torch_zip)
+from .checkpoint import (
+    DTYPES,
+    ST_DTYPE,
+    TorchTensor,
+    pickle_state_dict,
+    round_to_dtype,
+    write_index,
+    write_safetensors,
+    write_torch_zip,
+)
 from .checkpoint import _module_metadata, _TORCH_STORAGE  # noqa: F401  (re-exported for tests/test_reference_selfcheck.py)
 
 __all__ = [
@@ -55,13 +64,31 @@ __all__ = [
 ]
 
 
-
 # --------------------------------------------------------------------------- configs
 
-def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, window_type,
-                    query_wise, use_qk_norm, use_parallel_residual, use_linear_bias, use_dcmha,
-                    rotary_pct, tie_word_embeddings, dtype, use_sw=False, moh=None, compose_groups=1,
-                    key_wise=False):
+
+def dcpythia_config(
+    *,
+    n_layer,
+    dim,
+    n_head,
+    vocab,
+    intermediate,
+    window_size,
+    window_type,
+    query_wise,
+    use_qk_norm,
+    use_parallel_residual,
+    use_linear_bias,
+    use_dcmha,
+    rotary_pct,
+    tie_word_embeddings,
+    dtype,
+    use_sw=False,
+    moh=None,
+    compose_groups=1,
+    key_wise=False,
+):
     """config.json with the keys of the published DCPythia-6.9B config."""
     cfg = OrderedDict()
     cfg["architectures"] = ["DCPythia"]
@@ -108,8 +135,22 @@ def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, w
     return dict(cfg)
 
 
-def dcformer_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, window_type, query_wise,
-                    use_qk_norm, use_dcmha, mgate_dim, dtype, rope_base=500000.0):
+def dcformer_config(
+    *,
+    n_layer,
+    dim,
+    n_head,
+    vocab,
+    intermediate,
+    window_size,
+    window_type,
+    query_wise,
+    use_qk_norm,
+    use_dcmha,
+    mgate_dim,
+    dtype,
+    rope_base=500000.0,
+):
     """config.json with the keys of the official DCFormer config (pytorch/dcformer/config.json)."""
     cfg = OrderedDict()
     cfg["architectures"] = ["DCFormer"]
@@ -147,8 +188,9 @@ def dcformer_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, w
     return dict(cfg)
 
 
-def gpt_neox_config(*, n_layer, dim, n_head, vocab, intermediate, rotary_pct,
-                    use_parallel_residual, tie_word_embeddings, dtype):
+def gpt_neox_config(
+    *, n_layer, dim, n_head, vocab, intermediate, rotary_pct, use_parallel_residual, tie_word_embeddings, dtype
+):
     """config.json as Hugging Face writes it for a Pythia GPTNeoXForCausalLM."""
     cfg = OrderedDict()
     cfg["architectures"] = ["GPTNeoXForCausalLM"]
@@ -176,6 +218,7 @@ def gpt_neox_config(*, n_layer, dim, n_head, vocab, intermediate, rotary_pct,
 
 # --------------------------------------------------------------------------- random weights
 
+
 class _Gen:
     def __init__(self, seed, weight_scale, dyn_scale):
         self.rng = np.random.default_rng(seed)
@@ -195,9 +238,26 @@ class _Gen:
         return (1.0 + self.normal((n,), 0.1)).astype(np.float32), self.normal((n,), 0.1)
 
 
-def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fused_qkv,
-                      use_qk_norm, use_linear_bias, use_dcmha, write_unused_dyn,
-                      tie_word_embeddings, extra_derived, use_sw, moh, compose_groups=1):
+def _dcpythia_weights(
+    g,
+    *,
+    n_layer,
+    dim,
+    n_head,
+    vocab,
+    intermediate,
+    rank,
+    fused_qkv,
+    use_qk_norm,
+    use_linear_bias,
+    use_dcmha,
+    write_unused_dyn,
+    tie_word_embeddings,
+    extra_derived,
+    use_sw,
+    moh,
+    compose_groups=1,
+):
     """Random DCPythia state dict, float32, in torch state_dict() order.
 
     Scales: LayerNorm outputs are O(1) per dim; linear weights have std gain/sqrt(in),
@@ -224,9 +284,9 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
                 sd[p + "attention.wqkv.bias"] = bqkv
         else:
             for i, nm in enumerate(("wq", "wk", "wv")):
-                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D:(i + 1) * D])
+                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D : (i + 1) * D])
                 if use_linear_bias:
-                    sd[p + f"attention.{nm}.bias"] = np.ascontiguousarray(bqkv[i * D:(i + 1) * D])
+                    sd[p + f"attention.{nm}.bias"] = np.ascontiguousarray(bqkv[i * D : (i + 1) * D])
         sd[p + "attention.wo.weight"] = g.linear(D, D)
         if use_linear_bias:
             sd[p + "attention.wo.bias"] = g.bias(D)
@@ -282,8 +342,9 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
     return sd
 
 
-def _dcformer_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fused_qkv, use_qk_norm,
-                      mgate_dim, extra_derived):
+def _dcformer_weights(
+    g, *, n_layer, dim, n_head, vocab, intermediate, rank, fused_qkv, use_qk_norm, mgate_dim, extra_derived
+):
     """Random DCFormer++ state dict, float32, in the official state_dict() order.
     Scales as _dcpythia_weights (RMSNorm weights 1 +- 0.1); the group gate mg has
     std 2/sqrt(D), so its softmax over E groups is far from uniform."""
@@ -298,14 +359,14 @@ def _dcformer_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
             sd[p + "attention.wqkv.weight"] = wqkv
         else:
             for i, nm in enumerate(("wq", "wk", "wv")):
-                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D:(i + 1) * D])
+                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D : (i + 1) * D])
         sd[p + "attention.wo.weight"] = g.linear(D, D)
         q = p + "attention.dyn_w_proj."
         dw1 = g.normal((D, 1, 4, K), g.dyn / np.sqrt(D))
         qkw = g.normal((1, 4, K, 2 * R, N), g.dyn * 0.6 / np.sqrt(K))
         dd = g.normal((D, 1, 4 * N), g.dyn / np.sqrt(D))
         sd[q + "dw1"], sd[q + "qkw"], sd[q + "dd"] = dw1, qkw, dd
-        if extra_derived:   # merge_weights() of the official module, and its identity buffers
+        if extra_derived:  # merge_weights() of the official module, and its identity buffers
             sd[q + "dw_m"] = np.concatenate([dw1.reshape(D, -1), dd[:, 0, :]], axis=-1)
             sd[q + "qkw_m"] = qkw.reshape(4, K, -1).copy()
             sd[q + "pre_proj.w"] = np.eye(N, dtype=np.float32)[None].copy()
@@ -325,8 +386,7 @@ def _dcformer_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
     return sd
 
 
-def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pct,
-                      tie_word_embeddings, extra_derived):
+def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pct, tie_word_embeddings, extra_derived):
     """Random Pythia state dict, float32, in Hugging Face state_dict() order."""
     D, N, F, V = dim, n_head, intermediate, vocab
     Dh = D // N
@@ -342,7 +402,8 @@ def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pc
             # causal mask, is not written: safetensors/torch bool storages are out of scope)
             sd[p + "attention.masked_bias"] = np.array(-1e9, dtype=np.float32)
             sd[p + "attention.rotary_emb.inv_freq"] = (
-                1.0 / (10000.0 ** (np.arange(0, r, 2, dtype=np.float64) / r))).astype(np.float32)
+                1.0 / (10000.0 ** (np.arange(0, r, 2, dtype=np.float64) / r))
+            ).astype(np.float32)
         # rows grouped per head: [N, (q, k, v), Dh, D]
         sd[p + "attention.query_key_value.weight"] = g.linear(3 * D, D, gain=1.2)
         sd[p + "attention.query_key_value.bias"] = g.bias(3 * D)
@@ -365,6 +426,7 @@ def _is_f32_buffer(name):
 
 
 # --------------------------------------------------------------------------- sharding
+
 
 def _storage_plan(names, model_type, fused_qkv, share_storage):
     """storage groups for the torch writer: list of (storage_id, [names...]) where the
@@ -414,14 +476,47 @@ def _split_shards(names, groups_of_name, nbytes, shards):
 
 # --------------------------------------------------------------------------- main entry
 
-def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vocab=64,
-              intermediate=None, rank=2, window_size=8, window_type=None, query_wise=False,
-              use_qk_norm=True, use_parallel_residual=True, use_linear_bias=True, use_dcmha=True,
-              rotary_pct=0.25, dtype="float32", fmt="safetensors", shards=1, fused_qkv=True,
-              tie_word_embeddings=False, seed=0, weight_scale=1.0, dyn_scale=1.0, tokenizer=None,
-              extra_derived=False, share_storage=False, write_unused_dyn=True, use_sw=False,
-              moh=None, compose_groups=1, key_wise=False, torch_views=None, archive_name="archive",
-              pickle_container="ordereddict", torch_style="2.1", mgate_dim=0):
+
+def make_tiny(
+    out_dir,
+    model_type="dcpythia",
+    *,
+    n_layer=2,
+    dim=32,
+    n_head=4,
+    vocab=64,
+    intermediate=None,
+    rank=2,
+    window_size=8,
+    window_type=None,
+    query_wise=False,
+    use_qk_norm=True,
+    use_parallel_residual=True,
+    use_linear_bias=True,
+    use_dcmha=True,
+    rotary_pct=0.25,
+    dtype="float32",
+    fmt="safetensors",
+    shards=1,
+    fused_qkv=True,
+    tie_word_embeddings=False,
+    seed=0,
+    weight_scale=1.0,
+    dyn_scale=1.0,
+    tokenizer=None,
+    extra_derived=False,
+    share_storage=False,
+    write_unused_dyn=True,
+    use_sw=False,
+    moh=None,
+    compose_groups=1,
+    key_wise=False,
+    torch_views=None,
+    archive_name="archive",
+    pickle_container="ordereddict",
+    torch_style="2.1",
+    mgate_dim=0,
+):
     """Write a tiny random checkpoint directory; return (state_dict, config).
 
     state_dict: name -> np.float32 array of exactly what the files hold (after rounding
@@ -481,7 +576,7 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
     if torch_views is not None and (fmt != "torch" or share_storage):
         raise ValueError("torch_views needs fmt='torch' and share_storage=False")
     if model_type == "dcformer":
-        if intermediate is None:   # DCFormerConfig's default
+        if intermediate is None:  # DCFormerConfig's default
             n = int(2 * (4 * dim) / 3)
             intermediate = n if n % 256 == 0 else n + 256 - n % 256
         if mgate_dim and int(intermediate) % int(mgate_dim):
@@ -497,54 +592,146 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
 
     if model_type == "dcformer":
         config = dcformer_config(
-            n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            window_size=window_size, window_type=window_type, query_wise=query_wise, use_qk_norm=use_qk_norm,
-            use_dcmha=use_dcmha, mgate_dim=mgate_dim, dtype=dtype)
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            window_size=window_size,
+            window_type=window_type,
+            query_wise=query_wise,
+            use_qk_norm=use_qk_norm,
+            use_dcmha=use_dcmha,
+            mgate_dim=mgate_dim,
+            dtype=dtype,
+        )
         sd32 = _dcformer_weights(
-            g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate, rank=rank,
-            fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, mgate_dim=mgate_dim, extra_derived=extra_derived)
+            g,
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rank=rank,
+            fused_qkv=fused_qkv,
+            use_qk_norm=use_qk_norm,
+            mgate_dim=mgate_dim,
+            extra_derived=extra_derived,
+        )
     elif model_type == "dcpythia":
         config = dcpythia_config(
-            n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            window_size=window_size, window_type=window_type, query_wise=query_wise,
-            use_qk_norm=use_qk_norm, use_parallel_residual=use_parallel_residual,
-            use_linear_bias=use_linear_bias, use_dcmha=use_dcmha, rotary_pct=rotary_pct,
-            tie_word_embeddings=tie_word_embeddings, dtype=dtype, use_sw=use_sw, moh=moh,
-            compose_groups=compose_groups, key_wise=key_wise)
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            window_size=window_size,
+            window_type=window_type,
+            query_wise=query_wise,
+            use_qk_norm=use_qk_norm,
+            use_parallel_residual=use_parallel_residual,
+            use_linear_bias=use_linear_bias,
+            use_dcmha=use_dcmha,
+            rotary_pct=rotary_pct,
+            tie_word_embeddings=tie_word_embeddings,
+            dtype=dtype,
+            use_sw=use_sw,
+            moh=moh,
+            compose_groups=compose_groups,
+            key_wise=key_wise,
+        )
         sd32 = _dcpythia_weights(
-            g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, use_linear_bias=use_linear_bias,
-            use_dcmha=use_dcmha, write_unused_dyn=write_unused_dyn,
-            tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived, use_sw=use_sw, moh=moh,
-            compose_groups=compose_groups)
+            g,
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rank=rank,
+            fused_qkv=fused_qkv,
+            use_qk_norm=use_qk_norm,
+            use_linear_bias=use_linear_bias,
+            use_dcmha=use_dcmha,
+            write_unused_dyn=write_unused_dyn,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+            use_sw=use_sw,
+            moh=moh,
+            compose_groups=compose_groups,
+        )
     else:
         config = gpt_neox_config(
-            n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            rotary_pct=rotary_pct, use_parallel_residual=use_parallel_residual,
-            tie_word_embeddings=tie_word_embeddings, dtype=dtype)
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rotary_pct=rotary_pct,
+            use_parallel_residual=use_parallel_residual,
+            tie_word_embeddings=tie_word_embeddings,
+            dtype=dtype,
+        )
         sd32 = _gpt_neox_weights(
-            g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+            g,
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rotary_pct=rotary_pct,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+        )
 
     # the names and shapes are the layout table's (dclens.testing.layouts), in its order
     if model_type == "dcformer":
-        layout = dcformer_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-                                  rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, mgate_dim=mgate_dim,
-                                  extra_derived=extra_derived)
+        layout = dcformer_tensors(
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rank=rank,
+            fused_qkv=fused_qkv,
+            use_qk_norm=use_qk_norm,
+            mgate_dim=mgate_dim,
+            extra_derived=extra_derived,
+        )
     elif model_type == "dcpythia":
-        layout = dcpythia_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-                                  rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm,
-                                  use_linear_bias=use_linear_bias, dyn=use_dcmha or write_unused_dyn,
-                                  compose_groups=compose_groups, use_sw=use_sw, moh=moh,
-                                  tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+        layout = dcpythia_tensors(
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rank=rank,
+            fused_qkv=fused_qkv,
+            use_qk_norm=use_qk_norm,
+            use_linear_bias=use_linear_bias,
+            dyn=use_dcmha or write_unused_dyn,
+            compose_groups=compose_groups,
+            use_sw=use_sw,
+            moh=moh,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+        )
     else:
-        layout = gpt_neox_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-                                  rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings,
-                                  extra_derived=extra_derived)
+        layout = gpt_neox_tensors(
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rotary_pct=rotary_pct,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+        )
     drawn = OrderedDict((n, tuple(a.shape)) for n, a in sd32.items())
     if drawn != layout:
-        raise AssertionError("make_tiny drew %s, the layout table has %s"
-                             % (sorted(set(drawn.items()) ^ set(layout.items())), model_type))
+        raise AssertionError(
+            "make_tiny drew %s, the layout table has %s"
+            % (sorted(set(drawn.items()) ^ set(layout.items())), model_type)
+        )
 
     if torch_views == "expand":
         for name in sd32:
@@ -572,17 +759,24 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
     shard_lists = _split_shards(names, group_of, nbytes, shards)
 
     if fmt == "safetensors":
-        fnames = ["model.safetensors"] if shards == 1 else [
-            f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        fnames = (
+            ["model.safetensors"]
+            if shards == 1
+            else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        )
     else:
-        fnames = ["pytorch_model.bin"] if shards == 1 else [
-            f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" for i in range(shards)]
+        fnames = (
+            ["pytorch_model.bin"]
+            if shards == 1
+            else [f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" for i in range(shards)]
+        )
 
     for fname, shard_names in zip(fnames, shard_lists):
         path = os.path.join(out_dir, fname)
         if fmt == "safetensors":
-            write_safetensors(path, {n: (ST_DTYPE[tdtype[n]], raw[n].shape, raw[n]) for n in shard_names},
-                              {"format": "pt"})
+            write_safetensors(
+                path, {n: (ST_DTYPE[tdtype[n]], raw[n].shape, raw[n]) for n in shard_names}, {"format": "pt"}
+            )
         else:
             tensors, storages = OrderedDict(), {}
             sids = []
@@ -609,13 +803,17 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
                     tensors[n] = TorchTensor(sid, tdtype[n], numel, off, raw[n].shape)
                     off += raw[n].size
             tensors = OrderedDict((n, tensors[n]) for n in shard_names)  # state-dict order
-            write_torch_zip(path, tensors, storages, archive_name=archive_name,
-                            container=pickle_container, torch_style=torch_style)
+            write_torch_zip(
+                path, tensors, storages, archive_name=archive_name, container=pickle_container, torch_style=torch_style
+            )
 
     if shards > 1:
         iname = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
-        write_index(os.path.join(out_dir, iname), {n: fname for fname, ns in zip(fnames, shard_lists) for n in ns},
-                    sum(nbytes.values()))
+        write_index(
+            os.path.join(out_dir, iname),
+            {n: fname for fname, ns in zip(fnames, shard_lists) for n in ns},
+            sum(nbytes.values()),
+        )
 
     return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
 
@@ -641,6 +839,7 @@ def _storage_member_rank(name):
 
 # --------------------------------------------------------------------------- CLI
 
+
 def _parse_moh(s):
     if s is None:
         return None
@@ -651,37 +850,63 @@ def _parse_moh(s):
 def build_parser(prog="dclens make-tiny"):
     """The argument parser of `dclens make-tiny` (every option with help and default)."""
     from .._help import HelpFormatter
+
     ap = argparse.ArgumentParser(
-        prog=prog, formatter_class=HelpFormatter,
-        description="Write a tiny random DCPythia / DCFormer++ / Pythia checkpoint directory.")
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description="Write a tiny random DCPythia / DCFormer++ / Pythia checkpoint directory.",
+    )
     B = argparse.BooleanOptionalAction
     ap.add_argument("out_dir", help="directory to write (config.json, weights, optional tokenizer.json)")
-    ap.add_argument("--type", "--model-type", dest="model_type", default="dcpythia",
-                    choices=["dcpythia", "dcformer", "gpt_neox"],
-                    help="model type: DCPythia (DCMHA), DCFormer++ or Pythia (MHA)")
-    ap.add_argument("--mgate-dim", type=int, default=0,
-                    help="dcformer: E > 0 turns the MLP group gate on (E groups; must divide --intermediate)")
+    ap.add_argument(
+        "--type",
+        "--model-type",
+        dest="model_type",
+        default="dcpythia",
+        choices=["dcpythia", "dcformer", "gpt_neox"],
+        help="model type: DCPythia (DCMHA), DCFormer++ or Pythia (MHA)",
+    )
+    ap.add_argument(
+        "--mgate-dim",
+        type=int,
+        default=0,
+        help="dcformer: E > 0 turns the MLP group gate on (E groups; must divide --intermediate)",
+    )
     ap.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
     ap.add_argument("--dim", type=int, default=32, help="model width d_model")
     ap.add_argument("--n-head", type=int, default=4, help="attention heads")
     ap.add_argument("--vocab", type=int, default=64, help="vocabulary size")
     ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4*dim)")
     ap.add_argument("--rank", type=int, default=2, help="dynamic compose rank R (dcpythia)")
-    ap.add_argument("--window-size", type=lambda v: None if v == "null" else int(v), default=8,
-                    help="local attention window ('null': every layer global)")
-    ap.add_argument("--window-type", default=None, choices=["LG", "LGLL", "LGL6"],
-                    help="which layers are local (default: LG)")
+    ap.add_argument(
+        "--window-size",
+        type=lambda v: None if v == "null" else int(v),
+        default=8,
+        help="local attention window ('null': every layer global)",
+    )
+    ap.add_argument(
+        "--window-type", default=None, choices=["LG", "LGLL", "LGL6"], help="which layers are local (default: LG)"
+    )
     ap.add_argument("--query-wise", action=B, default=False, help="query-wise-only composition")
     ap.add_argument("--use-qk-norm", action=B, default=True, help="RMS norm of q and k")
     ap.add_argument("--use-parallel-residual", action=B, default=True, help="attention and MLP in parallel")
     ap.add_argument("--use-linear-bias", action=B, default=True, help="biases on the linear layers")
     ap.add_argument("--use-dcmha", action=B, default=True, help="dcpythia: composed attention (off: MHA layers)")
-    ap.add_argument("--write-unused-dyn", action=B, default=True,
-                    help="query-wise models: also write the ignored key-side dynamic weights")
+    ap.add_argument(
+        "--write-unused-dyn",
+        action=B,
+        default=True,
+        help="query-wise models: also write the ignored key-side dynamic weights",
+    )
     ap.add_argument("--rotary-pct", type=float, default=0.25, help="fraction of each head's dims rotated")
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES), help="stored weight type")
-    ap.add_argument("--format", dest="fmt", default="safetensors", choices=["safetensors", "torch"],
-                    help="weight file format (torch: a torch.save zip, written without torch)")
+    ap.add_argument(
+        "--format",
+        dest="fmt",
+        default="safetensors",
+        choices=["safetensors", "torch"],
+        help="weight file format (torch: a torch.save zip, written without torch)",
+    )
     ap.add_argument("--shards", type=int, default=1, help="weight files (with an index when > 1)")
     ap.add_argument("--fused-qkv", action=B, default=True, help="one fused query/key/value matrix per layer")
     ap.add_argument("--tie-word-embeddings", action=B, default=False, help="unembedding = embedding matrix")
@@ -689,21 +914,45 @@ def build_parser(prog="dclens make-tiny"):
     ap.add_argument("--weight-scale", type=float, default=1.0, help="scale of the random weights")
     ap.add_argument("--dyn-scale", type=float, default=1.0, help="scale of the dynamic compose weights")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json to copy into OUT_DIR")
-    ap.add_argument("--extra-derived", action=B, default=False,
-                    help="also write the derived tensors of the published module (merged dw_m, qkw_m, sw; identity projections)")
-    ap.add_argument("--share-storage", action=B, default=False, help="torch format: LayerNorm weight+bias (and unfused wq/wk/wv) share one storage")
+    ap.add_argument(
+        "--extra-derived",
+        action=B,
+        default=False,
+        help="also write the derived tensors of the published module (merged dw_m, qkw_m, sw; identity projections)",
+    )
+    ap.add_argument(
+        "--share-storage",
+        action=B,
+        default=False,
+        help="torch format: LayerNorm weight+bias (and unfused wq/wk/wv) share one storage",
+    )
     ap.add_argument("--use-sw", action=B, default=False, help="static (Talking-Heads) compose branch")
     ap.add_argument("--moh", default=None, metavar="HS,K", help="MoH routing: shared heads, routed top-k")
     ap.add_argument("--compose-groups", type=int, default=1, help="G: heads composed within G groups")
     ap.add_argument("--key-wise", action=B, default=False, help="key-wise-only composition")
-    ap.add_argument("--torch-views", default=None, choices=["transpose", "expand"],
-                    help="torch format: store tensors as strided views")
-    ap.add_argument("--archive-name", default="archive",
-                    help="folder inside torch zips; 'auto' = file basename without extension, as torch.save(path)")
-    ap.add_argument("--pickle-container", default="ordereddict", choices=["ordereddict", "ordereddict_meta", "dict"],
-                    help="torch format: the pickled container of the state dict")
-    ap.add_argument("--torch-style", default="2.1", choices=["2.1", "2.7"],
-                    help="torch format: the zip layout of that torch version")
+    ap.add_argument(
+        "--torch-views",
+        default=None,
+        choices=["transpose", "expand"],
+        help="torch format: store tensors as strided views",
+    )
+    ap.add_argument(
+        "--archive-name",
+        default="archive",
+        help="folder inside torch zips; 'auto' = file basename without extension, as torch.save(path)",
+    )
+    ap.add_argument(
+        "--pickle-container",
+        default="ordereddict",
+        choices=["ordereddict", "ordereddict_meta", "dict"],
+        help="torch format: the pickled container of the state dict",
+    )
+    ap.add_argument(
+        "--torch-style",
+        default="2.1",
+        choices=["2.1", "2.7"],
+        help="torch format: the zip layout of that torch version",
+    )
     return ap
 
 
@@ -715,26 +964,38 @@ def main(argv=None, prog="dclens make-tiny"):
         sd, cfg = _make_tiny_cli(a)
     except OSError as e:
         from .._checks import Error
+
         raise Error("make-tiny: cannot write %s: %s" % (e.filename or a.out_dir, e.strerror or e)) from None
     total = sum(v.size for v in sd.values())
-    print(f"wrote {a.out_dir}: {cfg['model_type']}, {len(sd)} tensors, {total} parameters, "
-          f"{a.dtype}, {a.fmt}, {a.shards} shard(s)")
+    print(
+        f"wrote {a.out_dir}: {cfg['model_type']}, {len(sd)} tensors, {total} parameters, "
+        f"{a.dtype}, {a.fmt}, {a.shards} shard(s)"
+    )
     return 0
 
 
 def _check_cli_args(a) -> None:
     """Sizes refused up front (before anything is written), as dclens.Error."""
     from .._checks import Error
-    for flag, v, lo in (("--n-layer", a.n_layer, 1), ("--dim", a.dim, 1), ("--n-head", a.n_head, 1),
-                        ("--vocab", a.vocab, 1), ("--rank", a.rank, 1), ("--shards", a.shards, 1),
-                        ("--window-size", a.window_size, 1), ("--intermediate", a.intermediate, 1)):
+
+    for flag, v, lo in (
+        ("--n-layer", a.n_layer, 1),
+        ("--dim", a.dim, 1),
+        ("--n-head", a.n_head, 1),
+        ("--vocab", a.vocab, 1),
+        ("--rank", a.rank, 1),
+        ("--shards", a.shards, 1),
+        ("--window-size", a.window_size, 1),
+        ("--intermediate", a.intermediate, 1),
+    ):
         if v is not None and v < lo:
             raise Error("make-tiny: %s must be at least %d, not %d" % (flag, lo, v))
     if a.dim % a.n_head:
         raise Error("make-tiny: --dim %d is not divisible by --n-head %d" % (a.dim, a.n_head))
     if a.mgate_dim < 0 or (a.mgate_dim and a.model_type != "dcformer"):
-        raise Error("make-tiny: --mgate-dim %d: the group gate is a dcformer switch (E >= 1, or 0 for none)"
-                    % a.mgate_dim)
+        raise Error(
+            "make-tiny: --mgate-dim %d: the group gate is a dcformer switch (E >= 1, or 0 for none)" % a.mgate_dim
+        )
     if a.model_type == "dcformer" and a.n_head % 2:
         raise Error("make-tiny: dcformer needs an even --n-head (its dynamic rank is n_head // (n_head // 2) = 2)")
     if a.model_type == "dcformer" and a.mgate_dim and a.intermediate and a.intermediate % a.mgate_dim:
@@ -745,17 +1006,44 @@ def _check_cli_args(a) -> None:
 
 def _make_tiny_cli(a):
     return make_tiny(
-        a.out_dir, a.model_type, n_layer=a.n_layer, dim=a.dim, n_head=a.n_head, vocab=a.vocab,
-        intermediate=a.intermediate, rank=a.rank, window_size=a.window_size, window_type=a.window_type,
-        query_wise=a.query_wise, use_qk_norm=a.use_qk_norm, use_parallel_residual=a.use_parallel_residual,
-        use_linear_bias=a.use_linear_bias, use_dcmha=a.use_dcmha, rotary_pct=a.rotary_pct, dtype=a.dtype,
-        fmt=a.fmt, shards=a.shards, fused_qkv=a.fused_qkv, tie_word_embeddings=a.tie_word_embeddings,
-        seed=a.seed, weight_scale=a.weight_scale, dyn_scale=a.dyn_scale, tokenizer=a.tokenizer,
-        extra_derived=a.extra_derived, share_storage=a.share_storage, write_unused_dyn=a.write_unused_dyn,
-        use_sw=a.use_sw, moh=_parse_moh(a.moh), compose_groups=a.compose_groups, torch_views=a.torch_views,
-        key_wise=a.key_wise, mgate_dim=a.mgate_dim,
+        a.out_dir,
+        a.model_type,
+        n_layer=a.n_layer,
+        dim=a.dim,
+        n_head=a.n_head,
+        vocab=a.vocab,
+        intermediate=a.intermediate,
+        rank=a.rank,
+        window_size=a.window_size,
+        window_type=a.window_type,
+        query_wise=a.query_wise,
+        use_qk_norm=a.use_qk_norm,
+        use_parallel_residual=a.use_parallel_residual,
+        use_linear_bias=a.use_linear_bias,
+        use_dcmha=a.use_dcmha,
+        rotary_pct=a.rotary_pct,
+        dtype=a.dtype,
+        fmt=a.fmt,
+        shards=a.shards,
+        fused_qkv=a.fused_qkv,
+        tie_word_embeddings=a.tie_word_embeddings,
+        seed=a.seed,
+        weight_scale=a.weight_scale,
+        dyn_scale=a.dyn_scale,
+        tokenizer=a.tokenizer,
+        extra_derived=a.extra_derived,
+        share_storage=a.share_storage,
+        write_unused_dyn=a.write_unused_dyn,
+        use_sw=a.use_sw,
+        moh=_parse_moh(a.moh),
+        compose_groups=a.compose_groups,
+        torch_views=a.torch_views,
+        key_wise=a.key_wise,
+        mgate_dim=a.mgate_dim,
         archive_name=None if a.archive_name == "auto" else a.archive_name,
-        pickle_container=a.pickle_container, torch_style=a.torch_style)
+        pickle_container=a.pickle_container,
+        torch_style=a.torch_style,
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@
  * the same handle); the plugin is never unloaded (the CUDA runtime is not
  * meant to be).
  */
-#define _GNU_SOURCE 1          /* dladdr */
+#define _GNU_SOURCE 1 /* dladdr */
 #include "dcs_backend.h"
 
 #include <dlfcn.h>
@@ -36,19 +36,17 @@
 /* The plugin's path into buf; 0 if it cannot be named. */
 static int plugin_path(char *buf, size_t len) {
     const char *env = getenv("DCLENS_CUDA_PLUGIN");
-    if (env && env[0])
-        return snprintf(buf, len, "%s", env) < (int)len;
+    if (env && env[0]) return snprintf(buf, len, "%s", env) < (int)len;
     char self[PATH_MAX] = "";
     Dl_info info;
     if (dladdr((void *)plugin_path, &info) && info.dli_fname && strchr(info.dli_fname, '/'))
         snprintf(self, sizeof self, "%s", info.dli_fname);
-    else {   /* the main program, named without a directory */
+    else { /* the main program, named without a directory */
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
         self[n > 0 ? n : 0] = '\0';
     }
     char *slash = strrchr(self, '/');
-    if (!slash)
-        return snprintf(buf, len, "%s", DCS_CUDA_PLUGIN_FILE) < (int)len;
+    if (!slash) return snprintf(buf, len, "%s", DCS_CUDA_PLUGIN_FILE) < (int)len;
     *slash = '\0';
     return snprintf(buf, len, "%s/%s", self, DCS_CUDA_PLUGIN_FILE) < (int)len;
 }
@@ -78,8 +76,10 @@ static const dcs_cuda_plugin *load_plugin(char *why, size_t whylen) {
     }
     if (p->abi != DCS_CUDA_PLUGIN_ABI || p->ops_size != sizeof(dcs_backend_ops) ||
         p->args_size != sizeof(dcs_compose_args) + sizeof(dcs_attn_args) || !p->create || !p->probe) {
-        snprintf(why, whylen, "the CUDA plugin %s is from another build of dclens (interface %d, this "
-                 "engine's %d); rebuild the package", path, p->abi, DCS_CUDA_PLUGIN_ABI);
+        snprintf(why, whylen,
+                 "the CUDA plugin %s is from another build of dclens (interface %d, this "
+                 "engine's %d); rebuild the package",
+                 path, p->abi, DCS_CUDA_PLUGIN_ABI);
         return NULL;
     }
     return p;

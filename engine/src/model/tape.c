@@ -32,8 +32,8 @@ typedef struct {
     float *dPc, *dP, *dAc, *dA;
     float *dW, *dG, *dhid, *dw1raw;
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
-    float *mu, *rs, *rs2, *row;      /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
-    float *du3, *dgate;              /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
+    float *mu, *rs, *rs2, *row; /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
+    float *du3, *dgate;         /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
 } tgrads;
 
 struct dcs_tape {
@@ -46,10 +46,10 @@ struct dcs_tape {
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
-    uint8_t *want;          /* [DCS_HP_COUNT * n_layer]: the overridden points */
-    float *kT[3], *dkT[3];  /* transposed key-side dynamic weights and their grads */
+    uint8_t *want;         /* [DCS_HP_COUNT * n_layer]: the overridden points */
+    float *kT[3], *dkT[3]; /* transposed key-side dynamic weights and their grads */
     int have_forward;
-    dcs_status status;      /* allocation failure inside the backward */
+    dcs_status status; /* allocation failure inside the backward */
     void *allocs[MAX_ALLOCS];
     int n_allocs;
 };
@@ -67,8 +67,10 @@ static float *tp_alloc(dcs_tape *tp, size_t n) {
  * through the backend's batched gemm. */
 static void par_for(const dcs_tape *tp, dcs_par_fn fn, void *arg, long long n, long long cost) {
     dcs_backend *be = tp->m->be;
-    if (be->ops->parallel) be->ops->parallel(be, fn, arg, n, cost);
-    else fn(arg, 0, n, 0);
+    if (be->ops->parallel)
+        be->ops->parallel(be, fn, arg, n, cost);
+    else
+        fn(arg, 0, n, 0);
 }
 
 /* Per-head products of every sequence: for b < B and head h < N,
@@ -81,8 +83,8 @@ typedef struct {
     const float *A, *Bm;
     float *C;
     int lda, ldb, ldc;
-    long long hA, hB, hC;    /* head strides   */
-    long long sA, sB, sC;    /* sequence strides */
+    long long hA, hB, hC; /* head strides   */
+    long long sA, sB, sC; /* sequence strides */
     int heads;
 } hg_arg;
 
@@ -93,7 +95,11 @@ static void heads_gemm(const dcs_tape *tp, const hg_arg *g, int B) {
                       g->Bm + b * g->sB, g->ldb, g->hB, g->beta, g->C + b * g->sC, g->ldc, g->hC, g->heads);
 }
 
-typedef struct { float *x; const float *y, *z; int T, window; } rows_arg;
+typedef struct {
+    float *x;
+    const float *y, *z;
+    int T, window;
+} rows_arg;
 static void softmax_bw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     rows_arg *a = p;
@@ -149,10 +155,11 @@ void dcs_tape_free(dcs_tape *tp) {
  * refused by name rather than differentiated wrongly. */
 dcs_status dcs_tape_supported(dcs_model *m) {
     const dcs_config *c = &m->cfg;
-    const char *what = c->use_sw ? "use_sw (static composition)"
-                     : c->compose_groups > 1 ? "grouped composition (compose_groups > 1)"
-                     : c->moh ? "moh (Mixture-of-Head routing)"
-                     : c->key_wise ? "key_wise (key-wise-only composition)" : NULL;
+    const char *what = c->use_sw               ? "use_sw (static composition)"
+                       : c->compose_groups > 1 ? "grouped composition (compose_groups > 1)"
+                       : c->moh                ? "moh (Mixture-of-Head routing)"
+                       : c->key_wise           ? "key_wise (key-wise-only composition)"
+                                               : NULL;
     if (what)
         return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
                           "gradients and training do not support the attention variant %s yet", what);
@@ -177,7 +184,9 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     dcs_tape *tp = calloc(1, sizeof *tp);
     if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     tp->m = m;
-    tp->B = B; tp->T = T; tp->M = B * T;
+    tp->B = B;
+    tp->T = T;
+    tp->M = B * T;
     const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
     const size_t Ls = c->n_layer;
     const size_t C = c->dyn_slots, K = c->dyn_hidden, RN = (size_t)c->dyn_rank * N;
@@ -185,33 +194,54 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     dcs_act_sizes(c, B, T, T, sz);
     const size_t BNTT = sz[DCS_ACT_MAP], MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F];
     int ok = 1;
-#define A_(p, n) do { if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0; } while (0)
+#define A_(p, n)                                                                                             \
+    do {                                                                                                     \
+        if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0;                                                        \
+    } while (0)
     tp->L = calloc(Ls ? Ls : 1, sizeof(dcs_kept));
     tp->want = calloc((size_t)DCS_HP_COUNT * (Ls ? Ls : 1), 1);
     if (!tp->L || !tp->want) ok = 0;
     for (size_t l = 0; ok && l < Ls; l++) {
         dcs_kept *a = &tp->L[l];
-        A_(a->x, MD); A_(a->ln1, MD); A_(a->q, MD); A_(a->k, MD); A_(a->v, MD);
-        if (c->qk_norm) { A_(a->qraw, MD); A_(a->kraw, MD); }
-        A_(a->A, BNTT); A_(a->P, BNTT);
+        A_(a->x, MD);
+        A_(a->ln1, MD);
+        A_(a->q, MD);
+        A_(a->k, MD);
+        A_(a->v, MD);
+        if (c->qk_norm) {
+            A_(a->qraw, MD);
+            A_(a->kraw, MD);
+        }
+        A_(a->A, BNTT);
+        A_(a->P, BNTT);
         if (c->use_dcmha) {
-            A_(a->hpre, sz[DCS_ACT_HID]); A_(a->hid, sz[DCS_ACT_HID]); A_(a->g, sz[DCS_ACT_GATES]);
+            A_(a->hpre, sz[DCS_ACT_HID]);
+            A_(a->hid, sz[DCS_ACT_HID]);
+            A_(a->g, sz[DCS_ACT_GATES]);
             A_(a->Pc, BNTT);
             for (int ph = 0; ph < 2; ph++)
                 for (int s = 0; s < 2; s++) {
                     if (s == 1 && c->query_wise) continue;
-                    A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]); A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
-                    A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]); A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
+                    A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]);
+                    A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
+                    A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]);
+                    A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
                 }
         }
-        A_(a->z, MD); A_(a->ao, MD);
+        A_(a->z, MD);
+        A_(a->ao, MD);
         if (!c->parallel_residual) A_(a->h, MD);
-        A_(a->ln2, MD); A_(a->u, MF); A_(a->ug, MF); A_(a->mo, MD);
+        A_(a->ln2, MD);
+        A_(a->u, MF);
+        A_(a->ug, MF);
+        A_(a->mo, MD);
         if (c->model_type == DCS_MODEL_DCFORMER) A_(a->u3, MF);
         if (c->mgate_dim > 0) A_(a->gate, M * (size_t)c->mgate_dim);
     }
-    A_(tp->xL, M * D); A_(tp->lnf, M * D);
-    A_(tp->logits, M * V); A_(tp->dlogits, M * V);
+    A_(tp->xL, M * D);
+    A_(tp->lnf, M * D);
+    A_(tp->logits, M * V);
+    A_(tp->dlogits, M * V);
     A_(tp->rot_cs, (size_t)T * (c->rotary_dim / 2 + 1) * 2);
     if (ok) {
         tp->tokens = (int32_t *)tp_alloc(tp, M);
@@ -219,19 +249,42 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     }
     tgrads *d = &tp->d;
     if (c->use_dcmha && !c->query_wise)
-        for (int i = 0; i < 3; i++) { A_(tp->kT[i], i < 2 ? M * RN : M * N); A_(tp->dkT[i], i < 2 ? M * RN : M * N); }
-    A_(d->dx, M * D); A_(d->dmo, M * D); A_(d->dug, M * F); A_(d->du, M * F); A_(d->dln2, M * D);
-    A_(d->dao, M * D); A_(d->dz, M * D); A_(d->dv, M * D); A_(d->dq, M * D); A_(d->dk, M * D);
-    A_(d->dqkv, M * 3 * D); A_(d->dln1, M * D); A_(d->dP, BNTT); A_(d->dA, BNTT);
+        for (int i = 0; i < 3; i++) {
+            A_(tp->kT[i], i < 2 ? M * RN : M * N);
+            A_(tp->dkT[i], i < 2 ? M * RN : M * N);
+        }
+    A_(d->dx, M * D);
+    A_(d->dmo, M * D);
+    A_(d->dug, M * F);
+    A_(d->du, M * F);
+    A_(d->dln2, M * D);
+    A_(d->dao, M * D);
+    A_(d->dz, M * D);
+    A_(d->dv, M * D);
+    A_(d->dq, M * D);
+    A_(d->dk, M * D);
+    A_(d->dqkv, M * 3 * D);
+    A_(d->dln1, M * D);
+    A_(d->dP, BNTT);
+    A_(d->dA, BNTT);
     if (c->model_type == DCS_MODEL_DCFORMER) A_(d->du3, M * F);
     if (c->mgate_dim > 0) A_(d->dgate, M * (size_t)c->mgate_dim);
-    A_(d->mu, M); A_(d->rs, M); A_(d->rs2, M * (N > (size_t)c->dyn_rank ? N : (size_t)c->dyn_rank)); A_(d->row, D);
+    A_(d->mu, M);
+    A_(d->rs, M);
+    A_(d->rs2, M * (N > (size_t)c->dyn_rank ? N : (size_t)c->dyn_rank));
+    A_(d->row, D);
     if (c->use_dcmha) {
-        A_(d->dPc, BNTT); A_(d->dAc, BNTT);
-        A_(d->dW, M * C * 2 * RN); A_(d->dG, M * C * N); A_(d->dhid, M * C * K); A_(d->dw1raw, M * RN);
+        A_(d->dPc, BNTT);
+        A_(d->dAc, BNTT);
+        A_(d->dW, M * C * 2 * RN);
+        A_(d->dG, M * C * N);
+        A_(d->dhid, M * C * K);
+        A_(d->dw1raw, M * RN);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
-                A_(d->dw1[ph][s], M * RN); A_(d->dw2[ph][s], M * RN); A_(d->ddd[ph][s], M * N);
+                A_(d->dw1[ph][s], M * RN);
+                A_(d->dw2[ph][s], M * RN);
+                A_(d->ddd[ph][s], M * N);
             }
     }
 #undef A_
@@ -359,26 +412,33 @@ static int first_key(int t, int window) { return window > 0 && t > window ? t - 
 
 /* Compose backward of one phase: its arguments, split over sequences. */
 typedef struct {
-    const dcs_tape *tp; float *dIn; const float *in, *dOut; const dcs_kept *a; int ph, window;
-    unsigned on; float *dw1[2], *dw2[2], *ddd[2];
-    const float *kT[3]; float *dkT[3];      /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
-    volatile int failed;                    /* a chunk could not get its scratch */
+    const dcs_tape *tp;
+    float *dIn;
+    const float *in, *dOut;
+    const dcs_kept *a;
+    int ph, window;
+    unsigned on;
+    float *dw1[2], *dw2[2], *ddd[2];
+    const float *kT[3];
+    float *dkT[3];       /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
+    volatile int failed; /* a chunk could not get its scratch */
 } cp_arg;
 
 /* ---------------------------------------------------------------- forward */
 
-dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
-                            int n_ov, float *logits) {
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
+                            float *logits) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
     const int M = tp->M, V = c->vocab, L = c->n_layer;
     for (int i = 0; i < M; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
-                              tokens[i], i, V);
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, V);
     for (int i = 0; i < n_ov; i++)
-        if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, ov[i].point) ||
+        if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT ||
+            !dcs_hook_exists(m, ov[i].point) ||
             (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < 0 || ov[i].layer >= L)))
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad override %d (point %d, layer %d)", i,
                               ov[i].point, ov[i].layer);
@@ -389,7 +449,8 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     tp->n_ov = n_ov;
     memset(tp->want, 0, (size_t)DCS_HP_COUNT * (L ? L : 1));
     for (int i = 0; i < n_ov; i++)
-        tp->want[dcs_hook_index(L, ov[i].point, dcs_hook_point_is_layered(ov[i].point) ? ov[i].layer : 0)] = 1;
+        tp->want[dcs_hook_index(L, ov[i].point, dcs_hook_point_is_layered(ov[i].point) ? ov[i].layer : 0)] =
+            1;
     dcs_hooks hooks = {tp->want, ov_hook, tp};
     dcs_pass p;
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
@@ -414,7 +475,9 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: loss before forward");
     int cnt = 0;
     for (int i = 0; i < M; i++) {
-        if (targets[i] >= V) return dcs_seterr(&m->err, DCS_ERR_ARG, "target id %d at index %d is outside the vocabulary", targets[i], i);
+        if (targets[i] >= V)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "target id %d at index %d is outside the vocabulary",
+                              targets[i], i);
         cnt += targets[i] >= 0;
     }
     if (!cnt) return dcs_seterr(&m->err, DCS_ERR_ARG, "loss: no position has a target");
@@ -423,11 +486,17 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
     for (int i = 0; i < M; i++) {
         const float *lg = tp->logits + (size_t)i * V;
         float *d = tp->dlogits + (size_t)i * V;
-        if (targets[i] < 0) { memset(d, 0, sizeof(float) * V); continue; }
+        if (targets[i] < 0) {
+            memset(d, 0, sizeof(float) * V);
+            continue;
+        }
         float mx = -INFINITY;
         for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
         double s = 0;
-        for (int v = 0; v < V; v++) { d[v] = expf(lg[v] - mx); s += d[v]; }
+        for (int v = 0; v < V; v++) {
+            d[v] = expf(lg[v] - mx);
+            s += d[v];
+        }
         float is = (float)(1.0 / s);
         for (int v = 0; v < V; v++) d[v] *= is * inv;
         d[targets[i]] -= inv;
@@ -451,19 +520,21 @@ static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) 
     const long long TT = (long long)T * T;
     const int keys = ca->kT[0] != NULL;
     float *tmp = malloc(sizeof(float) * 4 * (size_t)R * T);
-    if (!tmp) { ((cp_arg *)p)->failed = 1; return; }
+    if (!tmp) {
+        ((cp_arg *)p)->failed = 1;
+        return;
+    }
     for (long long b = b_from; b < b_to; b++)
         for (int t = 0; t < T; t++) {
             const size_t bt = (size_t)b * T + t;
             const long long o = (long long)b * N * TT + (long long)t * T;
-            dcs_compose_row_bw(ca->in + o, ca->dOut + o, ca->dIn + o, TT, N, R, T, first_key(t, window), t + 1,
-                               a->w1[ph][0] + bt * RN, a->w2[ph][0] + bt * RN,
-                               keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
-                               keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
-                               keys ? ca->kT[2] + (size_t)b * N * T : NULL, ca->dw1[0] + bt * RN,
-                               ca->dw2[0] + bt * RN, keys ? ca->dkT[0] + (size_t)b * RN * T : NULL,
-                               keys ? ca->dkT[1] + (size_t)b * RN * T : NULL, ca->ddd[0] + bt * N,
-                               keys ? ca->dkT[2] + (size_t)b * N * T : NULL, ca->on, tmp);
+            dcs_compose_row_bw(
+                ca->in + o, ca->dOut + o, ca->dIn + o, TT, N, R, T, first_key(t, window), t + 1,
+                a->w1[ph][0] + bt * RN, a->w2[ph][0] + bt * RN, keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
+                keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
+                keys ? ca->kT[2] + (size_t)b * N * T : NULL, ca->dw1[0] + bt * RN, ca->dw2[0] + bt * RN,
+                keys ? ca->dkT[0] + (size_t)b * RN * T : NULL, keys ? ca->dkT[1] + (size_t)b * RN * T : NULL,
+                ca->ddd[0] + bt * N, keys ? ca->dkT[2] + (size_t)b * N * T : NULL, ca->on, tmp);
         }
     free(tmp);
 }
@@ -487,9 +558,20 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
         memset(d->dw2[ph][s], 0, sizeof(float) * (size_t)M * R * N);
         memset(d->ddd[ph][s], 0, sizeof(float) * (size_t)M * N);
     }
-    cp_arg ca = {tp, dIn, in, dOut, a, ph, window, on,
-                 {d->dw1[ph][0], d->dw1[ph][1]}, {d->dw2[ph][0], d->dw2[ph][1]}, {d->ddd[ph][0], d->ddd[ph][1]},
-                 {0}, {0}, 0};
+    cp_arg ca = {tp,
+                 dIn,
+                 in,
+                 dOut,
+                 a,
+                 ph,
+                 window,
+                 on,
+                 {d->dw1[ph][0], d->dw1[ph][1]},
+                 {d->dw2[ph][0], d->dw2[ph][1]},
+                 {d->ddd[ph][0], d->ddd[ph][1]},
+                 {0},
+                 {0},
+                 0};
     const int RN = R * N;
     if (a->w1[ph][1]) {
         to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
@@ -512,7 +594,11 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     }
 }
 
-typedef struct { float *flat; const dcs_hook_grad *g; int n_g; } bwctx;
+typedef struct {
+    float *flat;
+    const dcs_hook_grad *g;
+    int n_g;
+} bwctx;
 
 #define GP(w) gptr(m, bc->flat, (w))
 
@@ -536,7 +622,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
             if (bc->g[i].point == DCS_HP_HEAD_OUT && bc->g[i].layer == l)
                 for (int mm = 0; mm < M; mm++)
                     for (int n = 0; n < N; n++)
-                        memcpy(bc->g[i].grad + ((size_t)mm * N + n) * D, d->dao + (size_t)mm * D, sizeof(float) * D);
+                        memcpy(bc->g[i].grad + ((size_t)mm * N + n) * D, d->dao + (size_t)mm * D,
+                               sizeof(float) * D);
     }
     float *gbo = GP(lw->bo);
     if (gbo)
@@ -550,11 +637,47 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const float *pat = c->use_dcmha ? a->Pc : a->P;
     float *dpat = c->use_dcmha ? d->dPc : d->dP;
     /* dP'[b, n] = dz[b, :, n] v[b, :, n]^T;  dv[b, :, n] = P'[b, n]^T dz[b, :, n] */
-    hg_arg g1 = {0, 1, T, T, Dh, 1.0f, 0.0f, d->dz, a->v, dpat, D, D, T,
-                 Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
+    hg_arg g1 = {0,
+                 1,
+                 T,
+                 T,
+                 Dh,
+                 1.0f,
+                 0.0f,
+                 d->dz,
+                 a->v,
+                 dpat,
+                 D,
+                 D,
+                 T,
+                 Dh,
+                 Dh,
+                 TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N * TT,
+                 N};
     heads_gemm(tp, &g1, B);
-    hg_arg g2 = {1, 0, T, Dh, T, 1.0f, 0.0f, pat, d->dz, d->dv, T, D, D,
-                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    hg_arg g2 = {1,
+                 0,
+                 T,
+                 Dh,
+                 T,
+                 1.0f,
+                 0.0f,
+                 pat,
+                 d->dz,
+                 d->dv,
+                 T,
+                 D,
+                 D,
+                 TT,
+                 Dh,
+                 Dh,
+                 N * TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N};
     heads_gemm(tp, &g2, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     if (c->use_dcmha) {
@@ -581,11 +704,47 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
 
     /* A = q k^T / sqrt(Dh): dq = s dA k, dk = s dA^T q */
     const float sc = 1.0f / sqrtf((float)Dh);
-    hg_arg g3 = {0, 0, T, Dh, T, sc, 0.0f, d->dA, a->k, d->dq, T, D, D,
-                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    hg_arg g3 = {0,
+                 0,
+                 T,
+                 Dh,
+                 T,
+                 sc,
+                 0.0f,
+                 d->dA,
+                 a->k,
+                 d->dq,
+                 T,
+                 D,
+                 D,
+                 TT,
+                 Dh,
+                 Dh,
+                 N * TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N};
     heads_gemm(tp, &g3, B);
-    hg_arg g4 = {1, 0, T, Dh, T, sc, 0.0f, d->dA, a->q, d->dk, T, D, D,
-                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    hg_arg g4 = {1,
+                 0,
+                 T,
+                 Dh,
+                 T,
+                 sc,
+                 0.0f,
+                 d->dA,
+                 a->q,
+                 d->dk,
+                 T,
+                 D,
+                 D,
+                 TT,
+                 Dh,
+                 Dh,
+                 N * TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N};
     heads_gemm(tp, &g4, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
@@ -593,7 +752,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_rotary_apply(d->dk, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
     /* dqkv [M, 3D] */
     if (c->qk_norm) {
-        memset(d->dln1, 0, sizeof(float) * (size_t)M * D);   /* scratch */
+        memset(d->dln1, 0, sizeof(float) * (size_t)M * D); /* scratch */
         rms_stats(a->qraw, M * N, Dh, 1e-6f, d->rs2);
         dcs_rmsnorm_bw(d->dln1, GP(lw->q_scale), d->dq, a->qraw, d->rs2, M * N, Dh, lw->q_scale);
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
@@ -628,23 +787,27 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
             }
         /* w[:, c] = hid[:, c] qkw[c] */
         be->ops->gemm(be, 0, 1, M, K, RN2, 1.0f, d->dW, C * RN2, RN2, lw->qkw, RN2, (long long)K * RN2, 0.0f,
-                 d->dhid, C * K, K, C);
+                      d->dhid, C * K, K, C);
         float *gq = GP(lw->qkw);
         if (gq)
             be->ops->gemm(be, 1, 0, K, RN2, M, 1.0f, a->hid, C * K, K, d->dW, C * RN2, RN2, 1.0f, gq, RN2,
-                     (long long)K * RN2, C);
+                          (long long)K * RN2, C);
         /* hid = gelu(ln1 dw1): reuse dW as dhpre [M, C*K] is too small; use dhid in place */
         float *dhpre = d->dhid;
         rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
         par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
-        be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0, 1);
+        be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0,
+                      1);
         float *gdw1 = GP(lw->dw1);
-        if (gdw1) be->ops->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
+        if (gdw1)
+            be->ops->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0,
+                          1);
         /* g = tanh(ln1 dd) */
         for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
         be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdd = GP(lw->dd);
-        if (gdd) be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
+        if (gdd)
+            be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
@@ -663,7 +826,7 @@ static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
     for (int i = 0; i < M; i++) {
         const float *u = a->u + (size_t)i * F, *u3 = a->u3 + (size_t)i * F;
         float *dp = d->dug + (size_t)i * F, *du = d->du + (size_t)i * F, *du3 = d->du3 + (size_t)i * F;
-        if (E > 0) {   /* d gate[e] = sum_j d post * pu; d pu = d post * gate */
+        if (E > 0) { /* d gate[e] = sum_j d post * pu; d pu = d post * gate */
             const float *g = a->gate + (size_t)i * E;
             float *dg = d->dgate + (size_t)i * E;
             for (int e = 0; e < E; e++) {
@@ -683,7 +846,7 @@ static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
     }
     if (E > 0) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_GATE, l, d->dgate);
-        for (int i = 0; i < M; i++) {   /* softmax: d logit = g (d g - sum g d g) */
+        for (int i = 0; i < M; i++) { /* softmax: d logit = g (d g - sum g d g) */
             const float *g = a->gate + (size_t)i * E;
             float *dg = d->dgate + (size_t)i * E;
             double dot = 0;
@@ -721,8 +884,8 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
 }
 
-dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
-                             const dcs_hook_grad *g, int n_g) {
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_hook_grad *g,
+                             int n_g) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
