@@ -86,7 +86,7 @@ class Decoder(EngineObject):
         out = np.empty((n, m.config.vocab), dtype=np.float32) if logits else None
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
-        # the model's lock, and Ctrl-C stops the step (see Model._call_engine)
+        # the model's lock, and Ctrl-C stops the step (see Runner.call_engine)
         r.call_engine(
             run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks), " aborted the decoding step"
         )
