@@ -24,7 +24,8 @@ static void check_index(const dcs_index *ix) {
         const char *name = ix->m[i].name, *shard = ix->m[i].shard;
         if (name == NULL || shard == NULL) abort();
         if (i > 0 && strcmp(ix->m[i - 1].name, name) >= 0) abort();
-        if (shard[0] == '\0' || strchr(shard, '/') != NULL || strstr(shard, "..") != NULL ||
+        /* a plain file name of the directory: no '/', not "." or ".." ("a..b" stays inside) */
+        if (shard[0] == '\0' || strchr(shard, '/') != NULL || strcmp(shard, "..") == 0 ||
             strcmp(shard, ".") == 0)
             abort();
     }
