@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="CPU threads of each model (default: every core; with --ray local:N, the "
-        "cores / N). Results are the same to the bit for the same --threads",
+        "cores / N). Results are the same to the bit with any --threads",
     )
     ap.add_argument(
         "--ray",
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
         sp = on_ray[0].speed
         print(
             f"--ray {args.ray}: {sp['workers']} workers of {sp['n_threads']} thread(s); "
-            f"a single-process run with --threads {sp['n_threads']} gives the same results",
+            "the same results as a single-process run (any thread count)",
             file=sys.stderr,
         )
     for k, path in enumerate(args.model):

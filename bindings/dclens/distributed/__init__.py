@@ -11,8 +11,8 @@ Ray is an optional dependency (pip install 'dclens[distributed]'); import
 dclens never imports it. Work items are sharded across the workers by Ray
 (ray.util.ActorPool), results come back in input order and are the same, to
 the bit, as a single-process run of the same items; a worker that dies is
-restarted by Ray and its item run again. (To the bit for the same n_threads
-per model: the engine's GEMM tiling follows the thread count.) Models
+restarted by Ray and its item run again. (To the bit whatever the workers'
+n_threads: the engine cuts its products by shape, not by thread count.) Models
 travel as references
 (dclens.reference): each worker loads the model from the same files, checked
 against the fingerprint taken where the run started. Workers of a Cluster
@@ -85,7 +85,7 @@ def map(
     run with a dclens.Error naming the item (index, repr) and the remote
     traceback. ray: "local:N", "auto", an address or a Cluster (see
     dclens.distributed.cluster); None runs everything in this process (the
-    reference the distributed results equal, for the same thread count).
+    reference the distributed results equal, to the bit).
     Workers run n_threads CPU threads each (Cluster.n_threads, else the
     model's own), or one GPU each for device="cuda"."""
     if not callable(fn):

@@ -334,20 +334,27 @@ static void gemm_items(void *arg, long long begin, long long end, int tid) {
     }
 }
 
+/* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
+ * shape only (see there). */
+#define GEMM_PIECES 16
+#define GEMM_MIN_BLOCK 128
+
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
                      const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta,
                      float *C, int ldc, long long sC, int batch) {
-    const cpu_ctx *c = be->ctx;
-    const int nt = c->pool.n;
     gemm_job g = {transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, 1, 0, 0};
     g.split_m = M > N;
     const int dim = g.split_m ? M : N;
     g.bw = dim;
-    if (batch < 2 * nt) {
-        /* blocks of the larger of M, N: about 2 per thread, multiples of 16 */
-        int pieces = (2 * nt + batch - 1) / batch;
+    if (batch < GEMM_PIECES) {
+        /* blocks of the larger of M, N, multiples of 16 and at least GEMM_MIN_BLOCK:
+         * the partition depends on the shape alone, never on the thread count, so
+         * each block is the same sgemm call (same kernel, same summation order)
+         * whatever n_threads is and the results are the same bits */
+        int pieces = (GEMM_PIECES + batch - 1) / batch;
         int bw = (dim + pieces - 1) / pieces;
         bw = (bw + 15) / 16 * 16;
+        if (bw < GEMM_MIN_BLOCK) bw = GEMM_MIN_BLOCK;
         g.bw = bw < dim ? bw : dim;
         g.nblk = (dim + g.bw - 1) / g.bw;
     }
@@ -398,13 +405,15 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
         cpu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, 0.0f, C, ldc, 0, 1);
         return;
     }
-    const cpu_ctx *c = be->ctx;
     int tw = (int)((4u << 20) / (unsigned)(K > 0 ? K : 1));
     tw = tw / 16 * 16;
     if (tw < 16) tw = 16;
-    /* at least two tiles per thread so the dynamic schedule can balance */
-    int per = (N + 2 * c->pool.n - 1) / (2 * c->pool.n);
+    /* GEMM_PIECES tiles (when N allows) so the dynamic schedule can balance up to
+     * 8 threads; like cpu_gemm's blocks, the tiles depend on the shape alone, so
+     * any n_threads gives the same bits */
+    int per = (N + GEMM_PIECES - 1) / GEMM_PIECES;
     per = (per + 15) / 16 * 16;
+    if (per < GEMM_MIN_BLOCK) per = GEMM_MIN_BLOCK;
     if (per < tw) tw = per;
     if (tw > N) tw = N;
     if (tw < 1) tw = 1;
