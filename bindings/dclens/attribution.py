@@ -11,7 +11,8 @@ activation a and baseline a0: the activation at h is replaced by
 a0 + alpha (a - a0) and everything downstream recomputed; the attribution is
 (a - a0) * mean over alpha of dF/dh, alpha at the midpoints (k + 1/2)/steps
 of `steps` intervals. The interpolation points run through the engine as one
-batch (in chunks of `chunk`). Completeness: the attributions sum to
+batch, in chunks of `chunk` (None: as many as the tape's memory budget
+max_tape_bytes holds, memplan.ig_batch). Completeness: the attributions sum to
 F(a) - F(a0); `gap` = sum - (F(a) - F(a0)) (shrinks as steps grows).
 Each hook in `at` is attributed on its own (the others keep their values).
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from .grad import Tape, target_value_and_grad
 from ._checks import Error
+from . import memplan
 
 # hook suffix -> axis of the heads in the single-sequence layout
 _HEAD_AXIS = {"attn.q": 1, "attn.k": 1, "attn.v": 1, "attn.z": 1, "attn.head_out": 1,
@@ -60,7 +62,8 @@ class Attribution:
 
 
 def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", steps: int = 32,
-              baseline="zero", progress: Optional[bool] = None, chunk: int = 16) -> Attribution:
+              baseline="zero", progress: Optional[bool] = None, chunk: Optional[int] = None,
+              max_tape_bytes: Optional[int] = None) -> Attribution:
     if method not in ("ig", "grad_x_act"):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
     if not isinstance(steps, int) or steps < 1:
@@ -73,11 +76,14 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
     if not at:
         raise Error("attribute: 'at' is empty")
     pts = {n: model.parse_hook(n) for n in at}
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise Error("attribute: chunk must be a positive integer or None, not %r" % (chunk,))
+    budget = memplan.check_budget(max_tape_bytes)
     if isinstance(baseline, str) and baseline not in ("zero", "mean"):
         raise Error("attribute: baseline must be 'zero', 'mean' or an array, not %r" % (baseline,))
 
     # activations and F(a): one pass with gradients at every hook (grad x act needs no more)
-    tape = Tape(model, B, T)
+    tape = Tape(model, B, T, budget)
     logits = tape.forward(toks)
     fa, dl = target_value_and_grad(target, logits, toks)
     base_grads = tape.backward(dl, None, list(pts.values()))
@@ -89,7 +95,8 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
         for n in at:
             out.attributions[n] = acts[n] * base_grads[pts[n]]
     else:
-        total = len(at) * B * ((steps + chunk - 1) // chunk)
+        chunks = {n: chunk or memplan.ig_batch(model, T, steps, pts[n][0], budget)[0] for n in at}
+        total = sum(B * ((steps + chunks[n] - 1) // chunks[n]) for n in at)
         show = progress if progress is not None else (sys.stderr.isatty() and total > 8)
         bar = None
         if show:
@@ -100,6 +107,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
             for n in at:
                 p = pts[n]
                 a = acts[n]
+                step = chunks[n]
                 if isinstance(baseline, str):
                     a0 = np.zeros_like(a) if baseline == "zero" else np.broadcast_to(
                         a.mean(axis=_token_axis(n) + 1, keepdims=True), a.shape).astype(np.float32)
@@ -114,11 +122,13 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                 f0 = np.zeros(B)
                 for b in range(B):
                     gsum = np.zeros(a.shape[1:], np.float64)
-                    for c0 in range(0, steps, chunk):
-                        al = alphas[c0:c0 + chunk]
+                    for c0 in range(0, steps, step):
+                        al = alphas[c0:c0 + step]
                         k = len(al)
-                        tp = Tape(model, k, T) if k != getattr(tape, "B", -1) or tape.T != T else tape
-                        tape = tp
+                        if tape is None or k != tape.B or tape.T != T:
+                            tape = None             # one tape at a time: free it first
+                            tape = Tape(model, k, T, budget)
+                        tp = tape
                         interp = a0[b][None] + al.reshape((k,) + (1,) * (a.ndim - 1)) * (a[b] - a0[b])[None]
                         lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp.astype(np.float32)})
                         _, d = target_value_and_grad(target, lg, np.repeat(toks[b:b + 1], k, 0))
@@ -128,7 +138,8 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                             bar.update(1)
                     attr[b] = (a[b] - a0[b]) * gsum / steps
                     # F(a0): the baseline run
-                    tb = Tape(model, 1, T)
+                    tape = None
+                    tb = Tape(model, 1, T, budget)
                     lg0 = tb.forward(toks[b:b + 1], {p: np.ascontiguousarray(a0[b][None], np.float32)})
                     f0[b] = target_value_and_grad(target, lg0, toks[b:b + 1])[0][0]
                 out.attributions[n] = attr.astype(np.float32)

@@ -13,6 +13,9 @@ sequence b is that of sequence b's own target, as if run one by one):
 ``pos`` may be negative (from the end). Gradients can be asked at every hook
 point of the model (hooks.md layout, batch axis first for a 2-D token array)
 and for every parameter by canonical name (``Model.weight`` names).
+
+Weights stay in their stored dtype (an F16/BF16 checkpoint is not widened);
+the tape follows the memory plan of memplan.py under ``max_tape_bytes``.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import numpy as np
 
 from ._engine import ffi, lib
 from ._checks import Error, check_status as _check
+from . import memplan
 
 
 def _ptr(a, kind="float *"):
@@ -29,19 +33,28 @@ def _ptr(a, kind="float *"):
 
 
 class Tape:
-    """One engine tape for B sequences of T tokens (CPU models only)."""
+    """One engine tape for B sequences of T tokens (CPU models only), under
+    the memory budget max_tape_bytes (None: memplan.default_budget())."""
 
-    def __init__(self, model, B: int, T: int):
+    def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None):
         if model.device != "cpu":
             raise Error("gradients and training run on the CPU only; this model is on %s "
                         "(load it with device='cpu')" % model.device)
         self.model = model
         self.B, self.T = B, T
+        budget = memplan.check_budget(max_tape_bytes)
         out = ffi.new("dcs_tape **")
         with model._engine_lock():          # one engine call at a time per model
-            _check(lib.dcs_tape_new(model._m, B, T, out), model._errmsg())
+            _check(lib.dcs_tape_new_budget(model._m, B, T, budget, out), model._errmsg())
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
         self._keep = None
+
+    def memory(self) -> Dict[str, int]:
+        """'tape' bytes of its buffers, 'pass_peak' the largest transient of its
+        passes so far, 'recompute' 1 when it recomputes layers."""
+        tb, pk, rc = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("int *")
+        lib.dcs_tape_memory(self._tp, tb, pk, rc)
+        return {"tape": int(tb[0]), "pass_peak": int(pk[0]), "recompute": int(rc[0])}
 
     def _shape(self, point: int) -> Tuple[int, ...]:
         shape = ffi.new("int64_t[6]")
@@ -184,7 +197,8 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
 
 # ------------------------------------------------------------------ gradients
 
-def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False):
+def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False,
+              max_tape_bytes: Optional[int] = None):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
     toks, batched = model._tokens(tokens)
     B, T = toks.shape
@@ -203,7 +217,7 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
             hooks[n] = model.parse_hook(n)
         except Error as e:
             raise Error("gradients: %r is neither a hook of this model nor a parameter name (%s)" % (n, e))
-    tape = Tape(model, B, T)
+    tape = Tape(model, B, T, max_tape_bytes)
     logits = tape.forward(toks)
     val, dl = target_value_and_grad(target, logits, toks)
     pg = np.zeros(lib.dcs_param_total(model._m), np.float32) if pnames else None

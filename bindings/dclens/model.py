@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-from . import attribution, batch, generate as _generate, grad, names as _names, routing
+from . import attribution, batch, generate as _generate, grad, memplan, names as _names, routing
 from ._checks import Error, c_path, c_str, check_index, check_str, decode_msg, show_path, token_array
 from ._checks import check_status as _check
 from ._engine import ffi, lib
@@ -660,12 +660,19 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
-    def gradients(self, tokens, target, wrt, return_value: bool = False):
+    def gradients(self, tokens, target, wrt, return_value: bool = False,
+                  max_tape_bytes: Optional[int] = None):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
-        return grad.gradients(self, tokens, target, wrt, return_value=return_value)
+        return grad.gradients(self, tokens, target, wrt, return_value=return_value,
+                              max_tape_bytes=max_tape_bytes)
 
     def attribute(self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero",
-                  progress: Optional[bool] = None):
+                  progress: Optional[bool] = None, max_tape_bytes: Optional[int] = None):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
         return attribution.attribute(self, tokens, target, at, method=method, steps=steps,
-                                     baseline=baseline, progress=progress)
+                                     baseline=baseline, progress=progress, max_tape_bytes=max_tape_bytes)
+
+    def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: Optional[int] = None):
+        """Bytes a gradient pass over B x T tokens would take under each tape plan, before
+        anything is allocated, and the plan the budget picks (memplan.py)."""
+        return memplan.estimate(self, T, B, wrt, max_tape_bytes)

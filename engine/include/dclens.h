@@ -350,6 +350,23 @@ typedef struct { int point; int layer; const float *data; } dcs_hook_override;
 typedef struct { int point; int layer; float *grad; } dcs_hook_grad;
 
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out);
+/* The memory plan. Weights stay in their stored dtype (F16/BF16 matrices
+ * are widened tile by tile in the backward's products, as in the forward).
+ * The tape keeps every layer's activations when that fits in max_bytes (0:
+ * no budget), else only each layer's input (a checkpoint of the residual
+ * stream) and one layer's internals, recomputed layer by layer in the
+ * backward (the same results, bit for bit); DCS_ERR_NOMEM, with both sizes,
+ * when neither fits. */
+dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out);
+/* Bytes a tape for B x T would take, before anything is allocated: its
+ * buffers under the plan (recompute 0: every layer kept; 1: checkpoints),
+ * a bound on one layer's transient, and for each hook point in `points`
+ * its gradient and an override of it. */
+dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int recompute, const int *points, int n_points,
+                         uint64_t *bytes);
+/* What a tape holds: its own buffers, the largest transient of its passes
+ * so far (forward and recomputations), and whether it recomputes. */
+void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);
 void dcs_tape_free(dcs_tape *tp);
 /* tokens [B, T]; logits [B, T, V] or NULL. `ov` must outlive the backward. */
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,

@@ -66,7 +66,7 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
         be->ops->gemm(be, 0, 0, M, GC * K, D, 1.0f, h, D, 0, lw->m_dw1.p, GC * K, 0, 0.0f, hid,
                       GC * K, 0, 1);
     else
-        be->ops->gemm_w(be, 0, M, GC * K, D, h, D, lw->m_dw1, hid, GC * K);
+        be->ops->gemm_w(be, 0, M, GC * K, D, h, D, lw->m_dw1, 0.0f, hid, GC * K);
     if (kp) be->ops->copy(be, kp->hpre, hid, sizeof(float) * (size_t)M * GC * K);
     be->ops->gelu(be, hid, (size_t)M * GC * K);
     /* w[:, gc] = hid[:, gc] @ qkw[gc], batched over the G*C (group, slot) pairs */

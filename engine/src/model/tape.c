@@ -24,8 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_ALLOCS 1024
-
 /* gradient buffers, reused by every layer */
 typedef struct {
     float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
@@ -38,6 +36,18 @@ typedef struct {
 struct dcs_tape {
     dcs_model *m;
     int B, T, M;
+    /* The memory plan (dcs_tape_plan): every layer's activations kept, or
+     * (recompute) only each layer's input x (the residual stream
+     * checkpoint, L[l].x) and one layer's internals, shared by every L[l]:
+     * the backward reruns layer l from its checkpoint before its backward,
+     * through the same code (layer.c with keeping on), so the gradients are
+     * the same bits as with the full tape. */
+    int recompute;
+    int held;               /* the layer whose internals the shared buffers hold */
+    float *xr;              /* [M, D] residual stream of a recomputed layer */
+    uint64_t bytes;         /* the tape's own buffers                       */
+    uint64_t pass_peak;     /* the largest transient of its passes          */
+    int dry;                /* planning only: tp_alloc counts, allocates nothing */
     dcs_kept *L;
     float *xL, *lnf, *logits, *dlogits;
     float *rot_cs;
@@ -49,12 +59,20 @@ struct dcs_tape {
     float *kT[3], *dkT[3];  /* transposed key-side dynamic weights and their grads */
     int have_forward;
     dcs_status status;      /* allocation failure inside the backward */
-    void *allocs[MAX_ALLOCS];
-    int n_allocs;
+    void **allocs;
+    int n_allocs, cap_allocs;
 };
 
 static float *tp_alloc(dcs_tape *tp, size_t n) {
-    if (tp->n_allocs == MAX_ALLOCS) return NULL;
+    tp->bytes += (uint64_t)(n ? n : 1) * sizeof(float);
+    if (tp->dry) return (float *)tp;   /* a plan: never dereferenced */
+    if (tp->n_allocs == tp->cap_allocs) {
+        int cap = tp->cap_allocs ? 2 * tp->cap_allocs : 256;
+        void **a = realloc(tp->allocs, sizeof *a * (size_t)cap);
+        if (!a) return NULL;
+        tp->allocs = a;
+        tp->cap_allocs = cap;
+    }
     float *p = calloc(n ? n : 1, sizeof(float));
     if (p) tp->allocs[tp->n_allocs++] = p;
     return p;
@@ -139,6 +157,7 @@ static void rms_stats(const float *x, int rows, int width, float eps, float *rs)
 void dcs_tape_free(dcs_tape *tp) {
     if (!tp) return;
     for (int i = 0; i < tp->n_allocs; i++) free(tp->allocs[i]);
+    free(tp->allocs);
     free(tp->L);
     free(tp->want);
     free(tp);
@@ -158,54 +177,66 @@ dcs_status dcs_tape_supported(dcs_model *m) {
     return DCS_OK;
 }
 
-/* Weights are float32 host arrays here (see dcs_model_require_f32). The
- * kept activations are sized by the layer's size table (dcs_act_sizes). */
-dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
-    *out = NULL;
+#define A_(p, n) do { if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0; } while (0)
+
+/* One layer's kept activations (sizes from the layer's size table,
+ * dcs_act_sizes); x too when with_x (else it is a checkpoint, set later). */
+static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x) {
+    const dcs_config *c = &tp->m->cfg;
+    const size_t MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F], BNTT = sz[DCS_ACT_MAP];
+    int ok = 1;
+    if (with_x) A_(a->x, MD);
+    A_(a->ln1, MD); A_(a->q, MD); A_(a->k, MD); A_(a->v, MD);
+    if (c->qk_norm) { A_(a->qraw, MD); A_(a->kraw, MD); }
+    A_(a->A, BNTT); A_(a->P, BNTT);
+    if (c->use_dcmha) {
+        A_(a->hpre, sz[DCS_ACT_HID]); A_(a->hid, sz[DCS_ACT_HID]); A_(a->g, sz[DCS_ACT_GATES]);
+        A_(a->Pc, BNTT);
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++) {
+                if (s == 1 && c->query_wise) continue;
+                A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]); A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
+                A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]); A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
+            }
+    }
+    A_(a->z, MD); A_(a->ao, MD);
+    if (!c->parallel_residual) A_(a->h, MD);
+    A_(a->ln2, MD); A_(a->u, MF); A_(a->ug, MF); A_(a->mo, MD);
+    return ok;
+}
+
+/* Every buffer of the tape under its plan (tp->recompute); with tp->dry
+ * only their bytes are counted. 1 on success. */
+static int alloc_tape(dcs_tape *tp) {
+    dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
-    if (m->device != DCS_DEVICE_CPU)
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "gradients and training run on the CPU only (this model is on cuda); "
-                          "load it with device='cpu'");
-    if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
-    dcs_status st = dcs_tape_supported(m);
-    if (st) return st;
-    st = dcs_model_require_f32(m, &m->err);
-    if (st) return st;
-    dcs_tape *tp = calloc(1, sizeof *tp);
-    if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
-    tp->m = m;
-    tp->B = B; tp->T = T; tp->M = B * T;
+    const int B = tp->B, T = tp->T;
     const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
     const size_t Ls = c->n_layer;
     const size_t C = c->dyn_slots, K = c->dyn_hidden, RN = (size_t)c->dyn_rank * N;
     uint64_t sz[DCS_ACT_COUNT];
     dcs_act_sizes(c, B, T, T, sz);
-    const size_t BNTT = sz[DCS_ACT_MAP], MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F];
+    const size_t BNTT = sz[DCS_ACT_MAP];
     int ok = 1;
-#define A_(p, n) do { if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0; } while (0)
-    tp->L = calloc(Ls ? Ls : 1, sizeof(dcs_kept));
-    tp->want = calloc((size_t)DCS_HP_COUNT * (Ls ? Ls : 1), 1);
-    if (!tp->L || !tp->want) ok = 0;
-    for (size_t l = 0; ok && l < Ls; l++) {
-        dcs_kept *a = &tp->L[l];
-        A_(a->x, MD); A_(a->ln1, MD); A_(a->q, MD); A_(a->k, MD); A_(a->v, MD);
-        if (c->qk_norm) { A_(a->qraw, MD); A_(a->kraw, MD); }
-        A_(a->A, BNTT); A_(a->P, BNTT);
-        if (c->use_dcmha) {
-            A_(a->hpre, sz[DCS_ACT_HID]); A_(a->hid, sz[DCS_ACT_HID]); A_(a->g, sz[DCS_ACT_GATES]);
-            A_(a->Pc, BNTT);
-            for (int ph = 0; ph < 2; ph++)
-                for (int s = 0; s < 2; s++) {
-                    if (s == 1 && c->query_wise) continue;
-                    A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]); A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
-                    A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]); A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
-                }
+    if (tp->recompute) {
+        /* the checkpoints: one [M, D] per layer; one layer's internals */
+        dcs_kept shared;
+        memset(&shared, 0, sizeof shared);
+        ok = alloc_kept(tp, &shared, sz, 0);
+        for (size_t l = 0; ok && l < Ls; l++) {
+            float *x = NULL;
+            A_(x, M * D);
+            if (!tp->dry && ok) {
+                tp->L[l] = shared;
+                tp->L[l].x = x;
+            }
         }
-        A_(a->z, MD); A_(a->ao, MD);
-        if (!c->parallel_residual) A_(a->h, MD);
-        A_(a->ln2, MD); A_(a->u, MF); A_(a->ug, MF); A_(a->mo, MD);
+        A_(tp->xr, M * D);
+    } else {
+        for (size_t l = 0; ok && l < Ls; l++) {
+            dcs_kept dummy, *a = tp->dry ? &dummy : &tp->L[l];
+            ok = alloc_kept(tp, a, sz, 1);
+        }
     }
     A_(tp->xL, M * D); A_(tp->lnf, M * D);
     A_(tp->logits, M * V); A_(tp->dlogits, M * V);
@@ -230,13 +261,102 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
             }
     }
 #undef A_
-    if (!ok) {
+    return ok;
+}
+
+/* The transient of one pass of the tape over a layer (keeping on), above
+ * the tape's own buffers: qkv [M, 3D] with the dynamic weights before
+ * splitting [M, C*2R*N] (released before the maps), or a composed-score
+ * map [B, N, T, T]; with head_out overridden or asked for, head_out
+ * [M, N, D] and (F16/BF16) the widened wo [D, D]. A bound, not a
+ * measurement: dcs_tape_memory reports what a run took. */
+static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
+    const dcs_config *c = &m->cfg;
+    uint64_t sz[DCS_ACT_COUNT];
+    dcs_act_sizes(c, B, T, T, sz);
+    uint64_t a = 3 * sz[DCS_ACT_ROW_D], b = sz[DCS_ACT_DYN_ALL] + sz[DCS_ACT_HID] + sz[DCS_ACT_GATES];
+    uint64_t t = a > b ? a : b;
+    if (c->use_dcmha && sz[DCS_ACT_MAP] > t) t = sz[DCS_ACT_MAP];
+    if (head_out)
+        t += sz[DCS_ACT_ROW_D] * (uint64_t)c->n_head + (uint64_t)c->d_model * c->d_model;
+    return t * sizeof(float);
+}
+
+dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int recompute, const int *points, int n_points,
+                         uint64_t *bytes) {
+    if (!m || !bytes) return DCS_ERR_ARG;
+    if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
+    dcs_tape plan;
+    memset(&plan, 0, sizeof plan);
+    plan.m = m;
+    plan.B = B; plan.T = T; plan.M = B * T;
+    plan.recompute = recompute != 0;
+    plan.dry = 1;
+    alloc_tape(&plan);
+    int head_out = 0;
+    uint64_t hooks = 0;
+    for (int i = 0; i < n_points; i++) {
+        if (points[i] < 0 || points[i] >= DCS_HP_COUNT || !dcs_hook_exists(m, points[i]))
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape plan: point %d is not a hook of this model", points[i]);
+        int64_t shape[6];
+        int nd = dcs_hook_shape(m, points[i], B, T, shape);
+        uint64_t n = 1;
+        for (int k = 0; k < nd; k++) n *= (uint64_t)shape[k];
+        hooks += 2 * n * sizeof(float);   /* its gradient and an override of it */
+        head_out |= points[i] == DCS_HP_HEAD_OUT;
+    }
+    *bytes = plan.bytes + pass_transient(m, B, T, head_out) + hooks;
+    return DCS_OK;
+}
+
+/* Weights stay in their stored dtype (the backward reads them through
+ * gemm_w); the kept activations are sized by the layer's size table. */
+dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out) {
+    *out = NULL;
+    if (m->device != DCS_DEVICE_CPU)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "gradients and training run on the CPU only (this model is on cuda); "
+                          "load it with device='cpu'");
+    if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
+    dcs_status st = dcs_tape_supported(m);
+    if (st) return st;
+    uint64_t full = 0, ckpt = 0;
+    dcs_tape_plan(m, B, T, 0, NULL, 0, &full);
+    dcs_tape_plan(m, B, T, 1, NULL, 0, &ckpt);
+    const int recompute = max_bytes && full > max_bytes;
+    if (recompute && ckpt > max_bytes)
+        return dcs_seterr(&m->err, DCS_ERR_NOMEM,
+                          "tape: B=%d T=%d needs %.3f GiB with recomputation (%.3f GiB keeping every layer), "
+                          "more than max_tape_bytes = %.3f GiB; use fewer tokens per call",
+                          B, T, ckpt / 1073741824.0, full / 1073741824.0, max_bytes / 1073741824.0);
+    dcs_tape *tp = calloc(1, sizeof *tp);
+    if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
+    tp->m = m;
+    tp->B = B; tp->T = T; tp->M = B * T;
+    tp->recompute = recompute;
+    tp->held = -1;
+    const size_t Ls = m->cfg.n_layer;
+    tp->L = calloc(Ls ? Ls : 1, sizeof(dcs_kept));
+    tp->want = calloc((size_t)DCS_HP_COUNT * (Ls ? Ls : 1), 1);
+    if (!tp->L || !tp->want || !alloc_tape(tp)) {
         dcs_tape_free(tp);
         return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory for B=%d T=%d", B, T);
     }
-    dcs_rotary_table(tp->rot_cs, T, c->rotary_dim, c->rope_base);
+    dcs_rotary_table(tp->rot_cs, T, m->cfg.rotary_dim, m->cfg.rope_base);
     *out = tp;
     return DCS_OK;
+}
+
+dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
+    return dcs_tape_new_budget(m, B, T, 0, out);
+}
+
+void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute) {
+    if (tape_bytes) *tape_bytes = tp->bytes;
+    if (pass_peak) *pass_peak = tp->pass_peak;
+    if (recompute) *recompute = tp->recompute;
 }
 
 /* ---------------------------------------------------------------- hooks */
@@ -297,22 +417,29 @@ static int wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
 
 /* ---------------------------------------------------------------- helpers */
 
-/* dx [M, I] (= or +=, beta) dy [M, O] W; dW [O, I] += dy^T x; db [O] += colsum dy */
+/* dx [M, I] (= or +=, beta) dy [M, O] W; dW [O, I] += dy^T x; db [O] += colsum dy.
+ * W [O, I] in its stored dtype: an F16/BF16 matrix is widened tile by tile
+ * inside gemm_w (as in the forward), never as a whole. */
 static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db, const float *dy,
-                   const float *x, const float *W, int M, int O, int I) {
-    if (dx) be->ops->gemm(be, 0, 0, M, I, O, 1.0f, dy, O, 0, W, I, 0, beta, dx, I, 0, 1);
+                   const float *x, dcs_wmat W, int M, int O, int I) {
+    if (dx && (W.dtype == DCS_F32 || !be->ops->gemm_w))
+        be->ops->gemm(be, 0, 0, M, I, O, 1.0f, dy, O, 0, W.p, I, 0, beta, dx, I, 0, 1);
+    else if (dx)
+        be->ops->gemm_w(be, 0, M, I, O, dy, O, W, beta, dx, I);
     if (dW) be->ops->gemm(be, 1, 0, O, I, M, 1.0f, dy, O, 0, x, I, 0, 1.0f, dW, I, 0, 1);
     if (db)
         for (int m = 0; m < M; m++)
             for (int o = 0; o < O; o++) db[o] += dy[(size_t)m * O + o];
 }
 
-/* The parameter gradient of weight `w` in the flat gradient (NULL: none). */
-static float *gptr(const dcs_model *m, float *flat, const float *w) {
+/* The parameter gradient of weight `w` (its float32 array or its stored
+ * F16/BF16 data: a weight gradient never reads the weight) in the flat
+ * gradient (NULL: none). */
+static float *gptr(const dcs_model *m, float *flat, const void *w) {
     if (!flat || !w) return NULL;
     size_t off = 0;
     for (int i = 0; i < m->n_weights; i++) {
-        if (m->weights[i].ptr == w) return flat + off;
+        if ((const void *)m->weights[i].ptr == w || m->weights[i].half == w) return flat + off;
         size_t n = 1;
         for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
         off += n;
@@ -381,12 +508,19 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
     p.keep = tp->L;
     /* the residual stream runs in xL, which leaves the last layer */
-    be->ops->embed(be, tp->xL, m->tok_emb, tokens, M, D);
+    if (m->m_tok_emb.dtype == DCS_F32 || !be->ops->embed_w)
+        be->ops->embed(be, tp->xL, m->m_tok_emb.p, tokens, M, D);
+    else
+        be->ops->embed_w(be, tp->xL, m->m_tok_emb, tokens, M, D);
     dcs_pass_hook(&p, DCS_HP_EMBED, 0, tp->xL);
     dcs_pass_layers(&p, tp->xL);
     dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
+    tp->pass_peak = p.peak;
     dcs_pass_end(&p);
+    tp->held = L - 1;      /* the shared internals (recompute) hold the last layer */
+    m->last_peak_bytes = tp->bytes + tp->pass_peak;
+    m->last_total_bytes = tp->bytes + p.total;
     if (p.status) return p.status;
     if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
@@ -530,7 +664,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         for (int mm = 0; mm < M; mm++)
             for (int i = 0; i < D; i++) gbo[i] += d->dao[(size_t)mm * D + i];
     if (find_ov(tp, DCS_HP_HEAD_OUT, l)) memset(d->dao, 0, sizeof(float) * (size_t)M * D);
-    lin_bw(be, d->dz, 0.0f, GP(lw->wo), NULL, d->dao, a->z, lw->wo, M, D, D);
+    lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
 
     /* z = P' v: dP' = dz v^T, dv = P'^T dz (per b, batched over heads) */
@@ -593,7 +727,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
     }
     be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
-    lin_bw(be, d->dln1, 0.0f, GP(lw->wqkv), GP(lw->bqkv), d->dqkv, a->ln1, lw->wqkv, M, 3 * D, D);
+    lin_bw(be, d->dln1, 0.0f, GP(lw->m_wqkv.p), GP(lw->bqkv), d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
     if (c->use_dcmha) {
         const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N, RN2 = 2 * RN;
@@ -624,8 +758,13 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         float *dhpre = d->dhid;
         rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
         par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
-        be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0, 1);
-        float *gdw1 = GP(lw->dw1);
+        /* dln1 += dhpre [M, C*K] dw1 [D, C*K]^T */
+        if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
+            be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->m_dw1.p, C * K, 0, 1.0f, d->dln1,
+                          D, 0, 1);
+        else
+            be->ops->gemm_w(be, 1, M, D, C * K, dhpre, C * K, lw->m_dw1, 1.0f, d->dln1, D);
+        float *gdw1 = GP(lw->m_dw1.p);
         if (gdw1) be->ops->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
         /* g = tanh(ln1 dd) */
         for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
@@ -645,14 +784,33 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     tgrads *d = &tp->d;
     const int M = tp->M, D = c->d_model, F = c->d_ff;
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_OUT, l, d->dmo);
-    lin_bw(be, d->dug, 0.0f, GP(lw->w2), GP(lw->b2), d->dmo, a->ug, lw->w2, M, D, F);
+    lin_bw(be, d->dug, 0.0f, GP(lw->m_w2.p), GP(lw->b2), d->dmo, a->ug, lw->m_w2, M, D, F);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
     memset(d->du, 0, sizeof(float) * (size_t)M * F);
     rows_arg ga = {d->du, d->dug, a->u, 0, 0};
     par_for(tp, gelu_bw_range, &ga, (long long)M * F, 16);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
-    lin_bw(be, d->dln2, 0.0f, GP(lw->w1), GP(lw->b1), d->du, a->ln2, lw->w1, M, F, D);
+    lin_bw(be, d->dln2, 0.0f, GP(lw->m_w1.p), GP(lw->b1), d->du, a->ln2, lw->m_w1, M, F, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
+}
+
+/* Recompute plan: layer l's internals again, from its checkpoint, into the
+ * shared buffers, through the forward's own code and hooks (overrides
+ * included), so they are the same bits the forward computed. */
+static dcs_status recompute_layer(dcs_tape *tp, int l) {
+    dcs_model *m = tp->m;
+    dcs_backend *be = m->be;
+    dcs_hooks hooks = {tp->want, ov_hook, tp};
+    dcs_pass p;
+    dcs_pass_init(&p, m, tp->n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "recomputation");
+    p.keep = tp->L;
+    memcpy(tp->xr, tp->L[l].x, sizeof(float) * (size_t)tp->M * m->cfg.d_model);
+    dcs_layer(&p, l, tp->xr);
+    if (!p.status) p.status = be->ops->sync(be, &m->err);
+    if (p.peak > tp->pass_peak) tp->pass_peak = p.peak;
+    dcs_pass_end(&p);
+    tp->held = p.status ? -1 : l;
+    return p.status;
 }
 
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
@@ -672,12 +830,16 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
     tp->status = DCS_OK;
     if (dlogits) memcpy(tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
     grad_at(tp, g, n_g, DCS_HP_LOGITS, 0, tp->dlogits);
-    lin_bw(be, d->dln1, 0.0f, GP(m->out_w), NULL, tp->dlogits, tp->lnf, m->out_w, M, V, D);
+    lin_bw(be, d->dln1, 0.0f, GP(m->m_out_w.p), NULL, tp->dlogits, tp->lnf, m->m_out_w, M, V, D);
     grad_at(tp, g, n_g, DCS_HP_LN_FINAL, 0, d->dln1);
     memset(d->dx, 0, sizeof(float) * (size_t)M * D);
     ln_stats(m, tp->xL, m->norm_w, m->norm_b, M, d->mu, d->rs, d->row);
     dcs_layernorm_bw(d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, d->mu, d->rs, m->norm_w, M, D);
     for (int l = L - 1; l >= 0; l--) {
+        if (tp->recompute && tp->held != l) {
+            dcs_status st = recompute_layer(tp, l);
+            if (st) return st;
+        }
         dcs_kept *a = &tp->L[l];
         const dcs_layer_weights *lw = &m->layers[l];
         grad_at(tp, g, n_g, DCS_HP_RESID_POST, l, d->dx);
@@ -702,8 +864,9 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
+    m->last_peak_bytes = tp->bytes + tp->pass_peak;
     grad_at(tp, g, n_g, DCS_HP_EMBED, 0, d->dx);
-    float *ge = GP(m->tok_emb);
+    float *ge = GP(m->m_tok_emb.p);
     if (ge)
         for (int i = 0; i < M; i++) {
             float *row = ge + (size_t)tp->tokens[i] * D;
