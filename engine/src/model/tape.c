@@ -827,6 +827,13 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d)", i,
                               g[i].point, g[i].layer);
     bwctx bcv = {param_grads, g, n_g}, *bc = &bcv;
+    /* the backward stops below the lowest layer anything is asked of
+     * (parameters and the embedding: all of them) */
+    int lowest = param_grads ? 0 : L;
+    for (int i = 0; i < n_g; i++) {
+        int at = dcs_hook_point_is_layered(g[i].point) ? g[i].layer : g[i].point == DCS_HP_EMBED ? 0 : L;
+        if (at < lowest) lowest = at;
+    }
     tp->status = DCS_OK;
     if (dlogits) memcpy(tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
     grad_at(tp, g, n_g, DCS_HP_LOGITS, 0, tp->dlogits);
@@ -835,7 +842,7 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
     memset(d->dx, 0, sizeof(float) * (size_t)M * D);
     ln_stats(m, tp->xL, m->norm_w, m->norm_b, M, d->mu, d->rs, d->row);
     dcs_layernorm_bw(d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, d->mu, d->rs, m->norm_w, M, D);
-    for (int l = L - 1; l >= 0; l--) {
+    for (int l = L - 1; l >= lowest; l--) {
         if (tp->recompute && tp->held != l) {
             dcs_status st = recompute_layer(tp, l);
             if (st) return st;
