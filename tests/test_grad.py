@@ -197,11 +197,3 @@ def test_cuda_models_are_refused(tiny_factory):
         m.gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
     with pytest.raises(dclens.Error, match="CPU only"):
         m.attribute(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
-
-
-@pytest.mark.parametrize("kw,what", [({"use_sw": True}, "use_sw"), ({"moh": {"shared_heads": 1, "routed_topk": 2}}, "moh")])
-def test_variants_are_refused(tiny_factory, kw, what):
-    d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, **kw)
-    m = dclens.load(d)
-    with pytest.raises(dclens.Error, match=what):
-        m.gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])

@@ -93,6 +93,9 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
 dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count);
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
                              const dcs_hook_grad *g, int n_g);
+typedef struct { int index; float *grad; } dcs_param_grad;
+dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
+                                    const dcs_hook_grad *g, int n_g);
 int dcs_param_count(const dcs_model *m);
 int64_t dcs_param_total(const dcs_model *m);
 dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset,

@@ -91,7 +91,11 @@ class Tape:
         return float(loss[0])
 
     def backward(self, dlogits: Optional[np.ndarray] = None, param_grads: Optional[np.ndarray] = None,
-                 wrt: Sequence[Tuple[int, int]] = ()) -> Dict[Tuple[int, int], np.ndarray]:
+                 wrt: Sequence[Tuple[int, int]] = (),
+                 params: Optional[Dict[int, np.ndarray]] = None) -> Dict[Tuple[int, int], np.ndarray]:
+        """Gradients at the hooks in wrt; parameter gradients accumulated into
+        param_grads (flat, every parameter) or into params (parameter index ->
+        float32 buffer of its size: only those)."""
         outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
         arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
         for i, ((p, l), g) in enumerate(outs.items()):
@@ -105,7 +109,15 @@ class Tape:
             assert param_grads.dtype == np.float32 and param_grads.flags.c_contiguous
             pg = _ptr(param_grads)
         with self.model._engine_lock():
-            _check(lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs)), self.model._errmsg())
+            if params:
+                pa = ffi.new("dcs_param_grad[]", len(params))
+                for i, (idx, buf) in enumerate(params.items()):
+                    assert buf.dtype == np.float32 and buf.flags.c_contiguous
+                    pa[i].index, pa[i].grad = idx, _ptr(buf)
+                st = lib.dcs_tape_backward_params(self._tp, dl, pa, len(params), arr, len(outs))
+            else:
+                st = lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs))
+            _check(st, self.model._errmsg())
         return outs
 
 
@@ -117,6 +129,14 @@ def param_table(model) -> List[Tuple[str, int, int, bool]]:
         _check(lib.dcs_param_info(model._m, i, nm, off, n, dec), model._errmsg())
         rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
     return rows
+
+
+def _weight_shape(model, name: str) -> Tuple[int, ...]:
+    """A weight's shape, without reading it (Model.weight would widen it)."""
+    shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
+    with model._engine_lock():
+        _check(lib.dcs_weight_shape(model._m, name.encode(), shape, nd), model._errmsg())
+    return tuple(int(shape[i]) for i in range(nd[0]))
 
 
 # ------------------------------------------------------------------ targets
@@ -207,7 +227,7 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
     wrt = list(wrt)
     if not wrt:
         raise Error("gradients: wrt is empty (give hook names or parameter names)")
-    params = {r[0]: r for r in param_table(model)} if model.device == "cpu" else {}
+    params = {r[0]: (i,) + r for i, r in enumerate(param_table(model))} if model.device == "cpu" else {}
     hooks, pnames = {}, []
     for n in wrt:
         if isinstance(n, str) and n in params:
@@ -220,15 +240,15 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
     tape = Tape(model, B, T, max_tape_bytes)
     logits = tape.forward(toks)
     val, dl = target_value_and_grad(target, logits, toks)
-    pg = np.zeros(lib.dcs_param_total(model._m), np.float32) if pnames else None
-    g = tape.backward(dl, pg, list(hooks.values()))
+    # one buffer per parameter asked for (never a flat gradient of all of them)
+    pbufs = {params[n][0]: np.zeros(params[n][3], np.float32) for n in pnames}
+    g = tape.backward(dl, None, list(hooks.values()), params=pbufs)
     out = {}
     for n, pl in hooks.items():
         a = g[pl]
         out[n] = a if batched else a[0]
     for n in pnames:
-        _, off, size, _ = params[n]
-        out[n] = pg[off:off + size].reshape(model.weight(n).shape).copy()
+        out[n] = pbufs[params[n][0]].reshape(_weight_shape(model, n))
     if return_value:
         return out, (val if batched else float(val[0]))
     return out

@@ -378,6 +378,12 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
  * param_grads: flat [dcs_param_total] accumulated (+=), or NULL. */
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
                              const dcs_hook_grad *g, int n_g);
+/* The same with gradients of the parameters in `pg` only (index as in
+ * dcs_param_info, grad [its size] accumulated +=): nothing is allocated for
+ * the others. */
+typedef struct { int index; float *grad; } dcs_param_grad;
+dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
+                                    const dcs_hook_grad *g, int n_g);
 
 /* Parameters: every weight by canonical name, in one flat layout. */
 int dcs_param_count(const dcs_model *m);

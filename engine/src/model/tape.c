@@ -29,6 +29,8 @@ typedef struct {
     float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
     float *dPc, *dP, *dAc, *dA;
     float *dW, *dG, *dhid, *dw1raw;
+    float *dsw[2];                   /* static maps [G, Mg, Mg] (use_sw)   */
+    float *dmoh, *dgate, *dlg, *ds1, *ds0;   /* MoH: dh [M, D], gate, logits */
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
     float *mu, *rs, *rs2, *row;      /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
 } tgrads;
@@ -163,18 +165,19 @@ void dcs_tape_free(dcs_tape *tp) {
     free(tp);
 }
 
-/* The tape knows plain DCMHA and MHA; the variants of model-spec.md 5 are
- * refused by name rather than differentiated wrongly. */
+/* The tape differentiates DCMHA, MHA and the variants of model-spec.md 5
+ * (static branch, grouped composition, key-wise only: the per-pair compose
+ * backward of dcs_math.h; MoH: through the routing scores of the selected
+ * heads, the selection itself being discrete). */
 dcs_status dcs_tape_supported(dcs_model *m) {
-    const dcs_config *c = &m->cfg;
-    const char *what = c->use_sw ? "use_sw (static composition)"
-                     : c->compose_groups > 1 ? "grouped composition (compose_groups > 1)"
-                     : c->moh ? "moh (Mixture-of-Head routing)"
-                     : c->key_wise ? "key_wise (key-wise-only composition)" : NULL;
-    if (what)
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "gradients and training do not support the attention variant %s yet", what);
+    (void)m;
     return DCS_OK;
+}
+
+/* Does the composition need the per-pair backward of every variant
+ * (dcs_compose_pair_bw_var) rather than the row kernel of plain DCMHA? */
+static int compose_variant(const dcs_config *c) {
+    return c->use_dcmha && (c->use_sw || c->compose_groups > 1 || c->key_wise);
 }
 
 #define A_(p, n) do { if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0; } while (0)
@@ -194,7 +197,7 @@ static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x)
         A_(a->Pc, BNTT);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
-                if (s == 1 && c->query_wise) continue;
+                if ((s == 1 && c->query_wise) || (s == 0 && c->key_wise)) continue;
                 A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]); A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
                 A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]); A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
             }
@@ -202,6 +205,12 @@ static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x)
     A_(a->z, MD); A_(a->ao, MD);
     if (!c->parallel_residual) A_(a->h, MD);
     A_(a->ln2, MD); A_(a->u, MF); A_(a->ug, MF); A_(a->mo, MD);
+    if (c->moh) {
+        const size_t M = MD / (size_t)c->d_model, N = c->n_head, hs = c->moh_shared;
+        A_(a->zpre, MD); A_(a->gate, M * N); A_(a->rlg, M * (N - hs));
+        if (hs > 1) A_(a->rs1, M * hs);
+        if (hs > 0) A_(a->rs0, M * 2);
+    }
     return ok;
 }
 
@@ -246,15 +255,21 @@ static int alloc_tape(dcs_tape *tp) {
         if (!tp->tokens) ok = 0;
     }
     tgrads *d = &tp->d;
-    if (c->use_dcmha && !c->query_wise)
+    if (c->use_dcmha && !c->query_wise && !compose_variant(c))
         for (int i = 0; i < 3; i++) { A_(tp->kT[i], i < 2 ? M * RN : M * N); A_(tp->dkT[i], i < 2 ? M * RN : M * N); }
     A_(d->dx, M * D); A_(d->dmo, M * D); A_(d->dug, M * F); A_(d->du, M * F); A_(d->dln2, M * D);
     A_(d->dao, M * D); A_(d->dz, M * D); A_(d->dv, M * D); A_(d->dq, M * D); A_(d->dk, M * D);
     A_(d->dqkv, M * 3 * D); A_(d->dln1, M * D); A_(d->dP, BNTT); A_(d->dA, BNTT);
-    A_(d->mu, M); A_(d->rs, M); A_(d->rs2, M * (N > (size_t)c->dyn_rank ? N : (size_t)c->dyn_rank)); A_(d->row, D);
+    const size_t RG = (size_t)c->dyn_rank * (c->compose_groups > 1 ? c->compose_groups : 1);
+    A_(d->mu, M); A_(d->rs, M); A_(d->rs2, M * (N > RG ? N : RG)); A_(d->row, D);
+    if (c->moh) {
+        const size_t hs = c->moh_shared;
+        A_(d->dmoh, M * D); A_(d->dgate, M * N); A_(d->dlg, M * (N - hs)); A_(d->ds1, M * (hs ? hs : 1));
+        A_(d->ds0, M * 2);
+    }
     if (c->use_dcmha) {
         A_(d->dPc, BNTT); A_(d->dAc, BNTT);
-        A_(d->dW, M * C * 2 * RN); A_(d->dG, M * C * N); A_(d->dhid, M * C * K); A_(d->dw1raw, M * RN);
+        A_(d->dW, M * C * 2 * RN); A_(d->dG, M * C * N); A_(d->dhid, sz[DCS_ACT_HID]); A_(d->dw1raw, M * RN);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
                 A_(d->dw1[ph][s], M * RN); A_(d->dw2[ph][s], M * RN); A_(d->ddd[ph][s], M * N);
@@ -432,14 +447,23 @@ static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db,
             for (int o = 0; o < O; o++) db[o] += dy[(size_t)m * O + o];
 }
 
-/* The parameter gradient of weight `w` (its float32 array or its stored
- * F16/BF16 data: a weight gradient never reads the weight) in the flat
- * gradient (NULL: none). */
-static float *gptr(const dcs_model *m, float *flat, const void *w) {
-    if (!flat || !w) return NULL;
+/* Where the backward accumulates parameter gradients: one flat array of
+ * every parameter (training), or buffers for the parameters asked for. */
+typedef struct { float *flat; const dcs_param_grad *pg; int n_pg; const dcs_hook_grad *g; int n_g; } bwctx;
+
+/* The gradient buffer of weight `w` (its float32 array or its stored
+ * F16/BF16 data: a weight gradient never reads the weight); NULL: none
+ * asked. */
+static float *gptr(const dcs_model *m, const bwctx *bc, const void *w) {
+    if ((!bc->flat && !bc->n_pg) || !w) return NULL;
     size_t off = 0;
     for (int i = 0; i < m->n_weights; i++) {
-        if ((const void *)m->weights[i].ptr == w || m->weights[i].half == w) return flat + off;
+        if ((const void *)m->weights[i].ptr == w || m->weights[i].half == w) {
+            if (bc->flat) return bc->flat + off;
+            for (int k = 0; k < bc->n_pg; k++)
+                if (bc->pg[k].index == i) return bc->pg[k].grad;
+            return NULL;
+        }
         size_t n = 1;
         for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
         off += n;
@@ -599,7 +623,7 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     const int B = tp->B, T = tp->T, N = c->n_head, R = c->dyn_rank, M = tp->M;
     const long long TT = (long long)T * T;
     unsigned on = 0;
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < DCS_N_BRANCHES; k++)
         if (!find_ov(tp, BR_FIRST[ph] + k, l)) on |= 1u << k;
     memset(dIn, 0, sizeof(float) * (size_t)B * N * TT);
     for (int s = 0; s < 2; s++) {
@@ -607,6 +631,31 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
         memset(d->dw1[ph][s], 0, sizeof(float) * (size_t)M * R * N);
         memset(d->dw2[ph][s], 0, sizeof(float) * (size_t)M * R * N);
         memset(d->ddd[ph][s], 0, sizeof(float) * (size_t)M * N);
+    }
+    if (compose_variant(c)) {
+        /* every variant: pair by pair (dcs_compose_pair_bw_var), on the
+         * caller's thread (the static map's gradient sums over all pairs) */
+        const float *sw = c->use_sw ? (ph == 0 ? tp->m->layers[l].pre_sw : tp->m->layers[l].post_sw) : NULL;
+        float *dsw = d->dsw[ph];
+        const size_t RN = (size_t)R * N;
+        float *const *w1 = a->w1[ph], *const *w2 = a->w2[ph], *const *dd = a->dd[ph];
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int s = first_key(t, window); s <= t; s++) {
+                    const long long o = (long long)b * N * TT + (long long)t * T + s;
+                    const size_t q = (size_t)b * T + t, k = (size_t)b * T + s;
+                    dcs_compose_pair_bw_var(in + o, dOut + o, dIn + o, TT, N, c->compose_groups, R,
+                                            w1[0] ? w1[0] + q * RN : NULL, w2[0] ? w2[0] + q * RN : NULL,
+                                            w1[1] ? w1[1] + k * RN : NULL, w2[1] ? w2[1] + k * RN : NULL,
+                                            dd[0] ? dd[0] + q * N : NULL, dd[1] ? dd[1] + k * N : NULL, sw,
+                                            w1[0] ? d->dw1[ph][0] + q * RN : NULL,
+                                            w1[0] ? d->dw2[ph][0] + q * RN : NULL,
+                                            w1[1] ? d->dw1[ph][1] + k * RN : NULL,
+                                            w1[1] ? d->dw2[ph][1] + k * RN : NULL,
+                                            dd[0] ? d->ddd[ph][0] + q * N : NULL,
+                                            dd[1] ? d->ddd[ph][1] + k * N : NULL, dsw, on);
+                }
+        return;
     }
     cp_arg ca = {tp, dIn, in, dOut, a, ph, window, on,
                  {d->dw1[ph][0], d->dw1[ph][1]}, {d->dw2[ph][0], d->dw2[ph][1]}, {d->ddd[ph][0], d->ddd[ph][1]},
@@ -633,9 +682,44 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     }
 }
 
-typedef struct { float *flat; const dcs_hook_grad *g; int n_g; } bwctx;
+#define GP(w) gptr(m, bc, (w))
 
-#define GP(w) gptr(m, bc->flat, (w))
+/* MoH head gate backward (model-spec 5): z = zpre * gate per head. In
+ * place: dz [M, N, Dh] becomes d zpre; d gate, through the routing scores
+ * of the selected heads (dcs_moh_route_row_bw), to the router logits and
+ * from them to d->dmoh [M, D] (the router's input ln1) and the router's
+ * parameter gradients. */
+static void moh_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_kept *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim, hs = c->moh_shared, NR = N - hs;
+    for (int mm = 0; mm < M; mm++)
+        for (int n = 0; n < N; n++) {
+            float *dz = d->dz + (size_t)mm * D + (size_t)n * Dh;
+            const float *zp = a->zpre + (size_t)mm * D + (size_t)n * Dh, gt = a->gate[(size_t)mm * N + n];
+            float s = 0.0f;
+            for (int j = 0; j < Dh; j++) {
+                s += dz[j] * zp[j];
+                dz[j] *= gt;
+            }
+            d->dgate[(size_t)mm * N + n] = s;
+        }
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTING, l, d->dgate);
+    for (int mm = 0; mm < M; mm++)
+        dcs_moh_route_row_bw(a->rlg + (size_t)mm * NR, hs > 1 ? a->rs1 + (size_t)mm * hs : NULL,
+                             hs > 0 ? a->rs0 + (size_t)mm * 2 : NULL, N, hs, c->moh_topk, d->dgate + (size_t)mm * N,
+                             d->dlg + (size_t)mm * NR, d->ds1 + (size_t)mm * (hs ? hs : 1), d->ds0 + (size_t)mm * 2);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTER_LOGITS, l, d->dlg);
+    dcs_backend *be = m->be;
+    lin_bw(be, d->dmoh, 0.0f, GP(lw->moh_wg), NULL, d->dlg, a->ln1, (dcs_wmat){lw->moh_wg, DCS_F32}, M, NR, D);
+    if (hs > 1)
+        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg1), NULL, d->ds1, a->ln1, (dcs_wmat){lw->moh_wg1, DCS_F32}, M, hs, D);
+    if (hs > 0)
+        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg0), NULL, d->ds0, a->ln1, (dcs_wmat){lw->moh_wg0, DCS_F32}, M, 2, D);
+}
 
 /* Attention backward: from tp->d.dao to tp->d.dln1 (written). */
 static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
@@ -666,6 +750,9 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     if (find_ov(tp, DCS_HP_HEAD_OUT, l)) memset(d->dao, 0, sizeof(float) * (size_t)M * D);
     lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
+    if (c->moh) moh_bw(tp, l, bc);
+    d->dsw[0] = c->use_sw ? GP(lw->pre_sw) : NULL;
+    d->dsw[1] = c->use_sw ? GP(lw->post_sw) : NULL;
 
     /* z = P' v: dP' = dz v^T, dv = P'^T dz (per b, batched over heads) */
     const float *pat = c->use_dcmha ? a->Pc : a->P;
@@ -680,7 +767,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_POST_SKIP + k))
                 grad_capture(tp, bc->g, bc->n_g, DCS_HP_POST_SKIP + k, l, d->dPc);
         /* an overridden branch passes no gradient upstream: `on` in compose_bw */
@@ -692,7 +779,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     par_for(tp, softmax_bw_rows, &sa, (long long)B * N * T, (long long)T * 4);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_PRE_SKIP + k))
                 grad_capture(tp, bc->g, bc->n_g, DCS_HP_PRE_SKIP + k, l, d->dAc);
         compose_bw(tp, l, 0, d->dA, d->dAc, a->A, window);
@@ -730,9 +817,13 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     lin_bw(be, d->dln1, 0.0f, GP(lw->m_wqkv.p), GP(lw->bqkv), d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
     if (c->use_dcmha) {
-        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N, RN2 = 2 * RN;
-        memset(d->dW, 0, sizeof(float) * (size_t)M * C * RN2);
-        memset(d->dG, 0, sizeof(float) * (size_t)M * C * N);
+        /* G groups of Mg heads (G = 1: the plain layout): per (group, slot)
+         * pair gc < GC the hidden layer hid [M, GC, K], w [M, GC, 2R, Mg],
+         * gates g [M, GC, Mg] (layer.c, dynamic_weights) */
+        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N;
+        const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
+        memset(d->dW, 0, sizeof(float) * (size_t)M * GC * RM2);
+        memset(d->dG, 0, sizeof(float) * (size_t)M * GC * Mg);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
                 if (!a->w1[ph][s]) continue;
@@ -741,37 +832,48 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][1], l, d->dw2[ph][s]);
                 grad_at(tp, bc->g, bc->n_g, DYN_PTS[ph][s][2], l, d->ddd[ph][s]);
                 memset(d->dw1raw, 0, sizeof(float) * (size_t)M * RN);
-                rms_stats(a->w1raw[ph][s], M * R, N, 1e-6f, d->rs2);
-                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], d->rs2, M * R, N, NULL);
-                be->ops->copy2d(be, d->dW + (size_t)slot * RN2, C * RN2, d->dw1raw, RN, M, RN);
-                be->ops->copy2d(be, d->dW + (size_t)slot * RN2 + RN, C * RN2, d->dw2[ph][s], RN, M, RN);
-                be->ops->copy2d(be, d->dG + (size_t)slot * N, C * N, d->ddd[ph][s], N, M, N);
+                rms_stats(a->w1raw[ph][s], M * R * G, Mg, 1e-6f, d->rs2);
+                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], d->rs2, M * R * G, Mg, NULL);
+                for (int gr = 0; gr < G; gr++) {
+                    const size_t dst = (size_t)(gr * C + slot) * RM2;
+                    for (int i = 0; i < R; i++) {
+                        be->ops->copy2d(be, d->dW + dst + (size_t)i * Mg, GC * RM2,
+                                        d->dw1raw + (size_t)i * N + gr * Mg, RN, M, Mg);
+                        be->ops->copy2d(be, d->dW + dst + (size_t)(R + i) * Mg, GC * RM2,
+                                        d->dw2[ph][s] + (size_t)i * N + gr * Mg, RN, M, Mg);
+                    }
+                    be->ops->copy2d(be, d->dG + (size_t)(gr * C + slot) * Mg, GC * Mg, d->ddd[ph][s] + gr * Mg,
+                                    N, M, Mg);
+                }
             }
-        /* w[:, c] = hid[:, c] qkw[c] */
-        be->ops->gemm(be, 0, 1, M, K, RN2, 1.0f, d->dW, C * RN2, RN2, lw->qkw, RN2, (long long)K * RN2, 0.0f,
-                 d->dhid, C * K, K, C);
+        /* w[:, gc] = hid[:, gc] qkw[gc] */
+        be->ops->gemm(be, 0, 1, M, K, RM2, 1.0f, d->dW, GC * RM2, RM2, lw->qkw, RM2, (long long)K * RM2, 0.0f,
+                 d->dhid, GC * K, K, GC);
         float *gq = GP(lw->qkw);
         if (gq)
-            be->ops->gemm(be, 1, 0, K, RN2, M, 1.0f, a->hid, C * K, K, d->dW, C * RN2, RN2, 1.0f, gq, RN2,
-                     (long long)K * RN2, C);
-        /* hid = gelu(ln1 dw1): reuse dW as dhpre [M, C*K] is too small; use dhid in place */
+            be->ops->gemm(be, 1, 0, K, RM2, M, 1.0f, a->hid, GC * K, K, d->dW, GC * RM2, RM2, 1.0f, gq, RM2,
+                     (long long)K * RM2, GC);
+        /* hid = gelu(ln1 dw1): dhpre in place of dhid */
         float *dhpre = d->dhid;
         rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
-        par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
-        /* dln1 += dhpre [M, C*K] dw1 [D, C*K]^T */
+        par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * GC * K, 16);
+        /* dln1 += dhpre [M, GC*K] dw1 [D, GC*K]^T */
         if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
-            be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->m_dw1.p, C * K, 0, 1.0f, d->dln1,
+            be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f, d->dln1,
                           D, 0, 1);
         else
-            be->ops->gemm_w(be, 1, M, D, C * K, dhpre, C * K, lw->m_dw1, 1.0f, d->dln1, D);
+            be->ops->gemm_w(be, 1, M, D, GC * K, dhpre, GC * K, lw->m_dw1, 1.0f, d->dln1, D);
         float *gdw1 = GP(lw->m_dw1.p);
-        if (gdw1) be->ops->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0, 1);
-        /* g = tanh(ln1 dd) */
+        if (gdw1)
+            be->ops->gemm(be, 1, 0, D, GC * K, M, 1.0f, a->ln1, D, 0, dhpre, GC * K, 0, 1.0f, gdw1, GC * K, 0, 1);
+        /* g = tanh(ln1 dd): [M, GC*Mg] = [M, C*N] */
         for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
         be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdd = GP(lw->dd);
         if (gdd) be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
     }
+    if (c->moh)   /* the router read ln1 too */
+        for (size_t i = 0; i < (size_t)M * D; i++) d->dln1[i] += d->dmoh[i];
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
 
@@ -813,8 +915,8 @@ static dcs_status recompute_layer(dcs_tape *tp, int l) {
     return p.status;
 }
 
-dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
-                             const dcs_hook_grad *g, int n_g) {
+static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grads,
+                           const dcs_param_grad *pg, int n_pg, const dcs_hook_grad *g, int n_g) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
@@ -826,10 +928,14 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
             (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < 0 || g[i].layer >= L)))
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d)", i,
                               g[i].point, g[i].layer);
-    bwctx bcv = {param_grads, g, n_g}, *bc = &bcv;
+    for (int i = 0; i < n_pg; i++)
+        if (!pg[i].grad || pg[i].index < 0 || pg[i].index >= m->n_weights)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad parameter gradient request %d (index %d)", i,
+                              pg[i].index);
+    bwctx bcv = {param_grads, pg, n_pg, g, n_g}, *bc = &bcv;
     /* the backward stops below the lowest layer anything is asked of
      * (parameters and the embedding: all of them) */
-    int lowest = param_grads ? 0 : L;
+    int lowest = param_grads || n_pg ? 0 : L;
     for (int i = 0; i < n_g; i++) {
         int at = dcs_hook_point_is_layered(g[i].point) ? g[i].layer : g[i].point == DCS_HP_EMBED ? 0 : L;
         if (at < lowest) lowest = at;
@@ -881,4 +987,16 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
             for (int j = 0; j < D; j++) row[j] += src[j];
         }
     return be->ops->sync(be, &m->err);
+}
+
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
+                             const dcs_hook_grad *g, int n_g) {
+    return backward(tp, dlogits, param_grads, NULL, 0, g, n_g);
+}
+
+dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
+                                    const dcs_hook_grad *g, int n_g) {
+    if (n_pg < 0 || (n_pg && !pg))
+        return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: bad parameter gradient list (%d)", n_pg);
+    return backward(tp, dlogits, NULL, pg, n_pg, g, n_g);
 }
