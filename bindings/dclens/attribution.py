@@ -129,8 +129,9 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                             tape = None             # one tape at a time: free it first
                             tape = Tape(model, k, T, budget)
                         tp = tape
-                        interp = a0[b][None] + al.reshape((k,) + (1,) * (a.ndim - 1)) * (a[b] - a0[b])[None]
-                        lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp.astype(np.float32)})
+                        al32 = al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1))
+                        interp = a0[b][None] + al32 * (a[b] - a0[b])[None]     # float32
+                        lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp})
                         _, d = target_value_and_grad(target, lg, np.repeat(toks[b:b + 1], k, 0))
                         g = tp.backward(d, None, [p])[p]
                         gsum += g.sum(0, dtype=np.float64)

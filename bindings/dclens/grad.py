@@ -156,8 +156,7 @@ def _tok(tok, V: int, what: str) -> int:
 def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Per-sequence target values [B] and d(sum of them)/d logits [B, T, V]."""
     B, T, V = logits.shape
-    lg = logits.astype(np.float64)
-    d = np.zeros_like(lg)
+    d = np.zeros((B, T, V), np.float32)   # float64 where it is computed: one row per sequence
     if isinstance(target, str):
         target = (target,)
     if not isinstance(target, (tuple, list)) or not target or not isinstance(target[0], str):
@@ -168,20 +167,23 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
         if len(target) != 3:
             raise Error("target %s needs (kind, pos, token), got %r" % (kind, target))
         p, t = _pos(target[1], T, kind), _tok(target[2], V, kind)
-        val = lg[:, p, t].copy()
-        d[:, p, t] = 1.0
+        row = logits[:, p].astype(np.float64)
+        val = row[:, t].copy()
+        dp = np.zeros_like(row)
+        dp[:, t] = 1.0
         if kind == "logprob":
-            mx = lg[:, p].max(-1, keepdims=True)
-            e = np.exp(lg[:, p] - mx)
+            mx = row.max(-1, keepdims=True)
+            e = np.exp(row - mx)
             sm = e / e.sum(-1, keepdims=True)
             val = val - (np.log(e.sum(-1)) + mx[:, 0])
-            d[:, p] -= sm
+            dp -= sm
+        d[:, p] = dp
     elif kind == "logit_diff":
         if len(target) != 4:
             raise Error("target logit_diff needs (kind, pos, good, bad), got %r" % (target,))
         p = _pos(target[1], T, kind)
         g, b = _tok(target[2], V, kind), _tok(target[3], V, kind)
-        val = lg[:, p, g] - lg[:, p, b]
+        val = logits[:, p, g].astype(np.float64) - logits[:, p, b].astype(np.float64)
         d[:, p, g] += 1.0
         d[:, p, b] -= 1.0
     elif kind == "loss":
@@ -202,7 +204,7 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
             if not len(pos):
                 raise Error("loss mask selects no predicting position in sequence %d" % b)
             nxt = tokens[b, pos + 1]
-            row = lg[b, pos]
+            row = logits[b, pos].astype(np.float64)
             mx = row.max(-1, keepdims=True)
             e = np.exp(row - mx)
             lse = np.log(e.sum(-1)) + mx[:, 0]
@@ -212,7 +214,7 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
             d[b, pos] = sm / len(pos)
     else:
         raise Error("unknown target kind %r (logit, logprob, logit_diff, loss)" % (kind,))
-    return val, d.astype(np.float32)
+    return val, d
 
 
 # ------------------------------------------------------------------ gradients

@@ -78,16 +78,32 @@ def estimate(model, T: int, B: int = 1, wrt: Sequence[str] = (),
     return {"full": full, "recompute": rc, "budget": budget, "plan": plan}
 
 
+def hook_bytes(model, point: int, B: int, T: int) -> int:
+    """Bytes of one activation at a hook point for B x T tokens (float32)."""
+    shape = ffi.new("int64_t[6]")
+    nd = lib.dcs_hook_shape(model._m, point, B, T, shape)
+    n = 4
+    for i in range(nd):
+        n *= int(shape[i])
+    return n
+
+
 def ig_batch(model, T: int, steps: int, point: int, budget: int) -> Tuple[int, bool]:
     """How many IG interpolation points one tape holds under the budget, and
     whether it recomputes: the most that fit keeping every layer, else the
     most that fit with recomputation (at least 1; the tape itself refuses
-    when even that does not fit)."""
+    when even that does not fit). Counted with the tape (its buffers, the
+    interpolated activations and their gradients): what attribution.py holds
+    besides, the activation, its first gradient, two float64 sums, and the
+    batch's logits with their gradient."""
+    V = model.config.vocab
+    fixed = 6 * hook_bytes(model, point, 1, T)
+
     def most(recompute: bool) -> int:
         lo, hi = 0, steps
         while lo < hi:                      # largest k <= steps that fits
             k = (lo + hi + 1) // 2
-            if tape_bytes(model, k, T, recompute, [point]) <= budget:
+            if tape_bytes(model, k, T, recompute, [point]) + fixed + 8 * k * T * V <= budget:
                 lo = k
             else:
                 hi = k - 1

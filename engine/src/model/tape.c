@@ -158,6 +158,10 @@ static void rms_stats(const float *x, int rows, int width, float eps, float *rs)
 
 void dcs_tape_free(dcs_tape *tp) {
     if (!tp) return;
+    /* the transients its passes left in the model's pool are sized for
+     * this tape's B x T: kept, they would add up over tapes of other sizes
+     * (IG chunks) */
+    if (tp->m && !tp->dry) dcs_pool_clear(tp->m);
     for (int i = 0; i < tp->n_allocs; i++) free(tp->allocs[i]);
     free(tp->allocs);
     free(tp->L);
@@ -343,9 +347,9 @@ dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, d
     const int recompute = max_bytes && full > max_bytes;
     if (recompute && ckpt > max_bytes)
         return dcs_seterr(&m->err, DCS_ERR_NOMEM,
-                          "tape: B=%d T=%d needs %.3f GiB with recomputation (%.3f GiB keeping every layer), "
-                          "more than max_tape_bytes = %.3f GiB; use fewer tokens per call",
-                          B, T, ckpt / 1073741824.0, full / 1073741824.0, max_bytes / 1073741824.0);
+                          "tape: B=%d T=%d needs %.1f MiB with recomputation (%.1f MiB keeping every layer), "
+                          "more than max_tape_bytes = %.1f MiB; use fewer tokens per call",
+                          B, T, ckpt / 1048576.0, full / 1048576.0, max_bytes / 1048576.0);
     dcs_tape *tp = calloc(1, sizeof *tp);
     if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     tp->m = m;
