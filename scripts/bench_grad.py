@@ -13,7 +13,7 @@ the backward timed apart, then `attribute(..., steps=STEPS)` on the same
 prompt; VmHWM after each. The limit of the issue: peak RSS <= 1.25 x stored
 weights + 1 GiB. --check-fd (meant for --layers 2): central differences of the
 float64 reference (tests/reference.py, weights read as stored, fp16) at a few
-entries of the gradient, at T=8. DIR is deleted afterwards unless --keep.
+entries of the gradient, at T=8, step --fd-eps (--fd-only: nothing else). DIR is deleted afterwards unless --keep.
 
 Backward FLOPs counted (activation gradients only, layers from the top down
 to the hook's layer): per layer 2T(4D^2 + 2DF) for dx of the linears,
@@ -96,7 +96,7 @@ at = "blocks.%d.attn.head_out" % (m.config.n_layer - 1)
 g = m.gradients(toks, ("logit", -1, 0), [at, "blocks.0.resid_pre"])
 f = lambda iv=None: R.ref_forward(sd, cfg, toks, interventions=iv)[-1, 0]
 out = []
-eps = 1e-3
+eps = float(sys.argv[2])
 for n in (at, "blocks.0.resid_pre"):
     gn = g[n]
     for ix in [tuple(i) for i in np.argwhere(np.abs(gn) >= np.sort(np.abs(gn).ravel())[-2])[:2]]:
@@ -129,6 +129,8 @@ def main(argv=None):
     p.add_argument("--max-tape-gib", type=float, default=2.5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--check-fd", action="store_true")
+    p.add_argument("--fd-eps", type=float, default=1e-4, help="step of the central differences")
+    p.add_argument("--fd-only", action="store_true", help="with --check-fd: no timing run")
     p.add_argument("--keep", action="store_true")
     a = p.parse_args(argv)
     s = bench.SIZES["6.9b"]
@@ -140,12 +142,15 @@ def main(argv=None):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"))
     try:
         if a.check_fd:
-            r = subprocess.run([sys.executable, "-c", FD_SRC, a.dir], capture_output=True, text=True, env=env)
+            r = subprocess.run([sys.executable, "-c", FD_SRC, a.dir, str(a.fd_eps)], capture_output=True, text=True,
+                               env=env)
             if r.returncode:
                 raise SystemExit(r.stderr[-3000:])
             for n, ix, fd, g in json.loads(r.stdout):
                 print("fd check %s%s: reference central difference %.6g, engine %.6g, rel err %.2e"
                       % (n, ix, fd, g, abs(fd - g) / max(abs(fd), 1e-12)))
+        if a.fd_only:
+            return
         budget = int(a.max_tape_gib * 2**30)
         r = subprocess.run([sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget)],
                            capture_output=True, text=True, env=env)

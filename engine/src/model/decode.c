@@ -188,11 +188,7 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
     const int D = c->d_model, V = c->vocab;
     float *x = dcs_pass_alloc(&s, n, D, 1);
     if (!s.status) {
-        if (m->m_tok_emb.dtype == DCS_F32 || !be->ops->embed_w)
-            be->ops->embed(be, x, m->m_tok_emb.p, tokens, n, D);
-        else
-            be->ops->embed_w(be, x, m->m_tok_emb, tokens, n, D);
-        dcs_pass_hook(&s, DCS_HP_EMBED, 0, x);
+        dcs_pass_embed(&s, x, tokens);
     }
     dcs_pass_layers(&s, x);
     if (!s.status && (logits || dcs_pass_wants(&s, DCS_HP_LN_FINAL, 0) || dcs_pass_wants(&s, DCS_HP_LOGITS, 0))) {

@@ -139,11 +139,7 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
 
     float *x = dcs_pass_alloc(&f, M, D, 1);
     if (!f.status) {
-        if (m->m_tok_emb.dtype == DCS_F32 || !be->ops->embed_w)
-            be->ops->embed(be, x, m->m_tok_emb.p, tokens, M, D);
-        else
-            be->ops->embed_w(be, x, m->m_tok_emb, tokens, M, D);
-        dcs_pass_hook(&f, DCS_HP_EMBED, 0, x);
+        dcs_pass_embed(&f, x, tokens);
     }
     dcs_pass_layers(&f, x);
     const int final_hooked = dcs_pass_wants(&f, DCS_HP_LN_FINAL, 0) || dcs_pass_wants(&f, DCS_HP_LOGITS, 0);

@@ -201,6 +201,16 @@ int dcs_pass_cancelled(dcs_pass *p) {
 
 /* ---------------------------------------------------------------- products */
 
+void dcs_pass_embed(dcs_pass *p, float *x, const int32_t *tokens) {
+    const dcs_model *m = p->m;
+    dcs_backend *be = p->be;
+    if (m->m_tok_emb.dtype == DCS_F32 || !be->ops->embed_w)
+        be->ops->embed(be, x, m->m_tok_emb.p, tokens, p->M, m->cfg.d_model);
+    else
+        be->ops->embed_w(be, x, m->m_tok_emb, tokens, p->M, m->cfg.d_model);
+    dcs_pass_hook(p, DCS_HP_EMBED, 0, x);
+}
+
 void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M,
                      int O, int I) {
     dcs_backend *be = p->be;

@@ -121,6 +121,9 @@ int dcs_pass_cancelled(dcs_pass *p);
  * (CPU) F16/BF16. */
 void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M,
                      int O, int I);
+/* x [M, D] = the token embeddings of tokens [M] (host ids, range-checked by
+ * the caller; the table in its stored dtype), with the embed hook. */
+void dcs_pass_embed(dcs_pass *p, float *x, const int32_t *tokens);
 /* out [M, D] = the block's norm of x (kind from the block description). */
 void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M);
 

@@ -226,7 +226,7 @@ static int alloc_tape(dcs_tape *tp) {
     const int B = tp->B, T = tp->T;
     const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
     const size_t Ls = c->n_layer;
-    const size_t C = c->dyn_slots, K = c->dyn_hidden, RN = (size_t)c->dyn_rank * N;
+    const size_t C = c->dyn_slots, RN = (size_t)c->dyn_rank * N;
     uint64_t sz[DCS_ACT_COUNT];
     dcs_act_sizes(c, B, T, T, sz);
     const size_t BNTT = sz[DCS_ACT_MAP];
@@ -513,7 +513,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
-    const int M = tp->M, D = c->d_model, V = c->vocab, L = c->n_layer;
+    const int M = tp->M, V = c->vocab, L = c->n_layer;
     for (int i = 0; i < M; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
@@ -536,11 +536,7 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
     p.keep = tp->L;
     /* the residual stream runs in xL, which leaves the last layer */
-    if (m->m_tok_emb.dtype == DCS_F32 || !be->ops->embed_w)
-        be->ops->embed(be, tp->xL, m->m_tok_emb.p, tokens, M, D);
-    else
-        be->ops->embed_w(be, tp->xL, m->m_tok_emb, tokens, M, D);
-    dcs_pass_hook(&p, DCS_HP_EMBED, 0, tp->xL);
+    dcs_pass_embed(&p, tp->xL, tokens);
     dcs_pass_layers(&p, tp->xL);
     dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
