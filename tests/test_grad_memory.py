@@ -130,7 +130,7 @@ def test_ig_chunks_follow_the_budget(tiny_factory):
     at = "blocks.1.attn.head_out"
     from dclens import memplan
     pt = m.parse_hook(at)[0]
-    budget = (memplan.tape_bytes(m, 3, 8, False, [pt]) + 6 * memplan.hook_bytes(m, pt, 1, 8)
+    budget = (memplan.tape_bytes(m, 3, 8, False, [pt]) + 8 * memplan.hook_bytes(m, pt, 1, 8)
               + 8 * 3 * 8 * m.config.vocab)
     assert memplan.ig_batch(m, 8, 8, m.parse_hook(at)[0], budget) == (3, False)
     ra = m.attribute(toks, ("logit", -1, 5), [at], steps=8, max_tape_bytes=1 << 40)

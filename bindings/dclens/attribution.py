@@ -122,6 +122,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                 f0 = np.zeros(B)
                 for b in range(B):
                     gsum = np.zeros(a.shape[1:], np.float64)
+                    diff = a[b] - a0[b]
                     for c0 in range(0, steps, step):
                         al = alphas[c0:c0 + step]
                         k = len(al)
@@ -129,12 +130,16 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                             tape = None             # one tape at a time: free it first
                             tape = Tape(model, k, T, budget)
                         tp = tape
-                        al32 = al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1))
-                        interp = a0[b][None] + al32 * (a[b] - a0[b])[None]     # float32
+                        # a0 + alpha (a - a0), float32, built in place (no batch-sized temporaries)
+                        interp = np.empty((k,) + a.shape[1:], np.float32)
+                        np.multiply(al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1)), diff[None],
+                                    out=interp)
+                        interp += a0[b][None]
                         lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp})
                         _, d = target_value_and_grad(target, lg, np.repeat(toks[b:b + 1], k, 0))
                         g = tp.backward(d, None, [p])[p]
-                        gsum += g.sum(0, dtype=np.float64)
+                        for gj in g:          # one interpolation point at a time
+                            gsum += gj
                         if bar is not None:
                             bar.update(1)
                     attr[b] = (a[b] - a0[b]) * gsum / steps

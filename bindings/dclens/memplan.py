@@ -94,10 +94,10 @@ def ig_batch(model, T: int, steps: int, point: int, budget: int) -> Tuple[int, b
     most that fit with recomputation (at least 1; the tape itself refuses
     when even that does not fit). Counted with the tape (its buffers, the
     interpolated activations and their gradients): what attribution.py holds
-    besides, the activation, its first gradient, two float64 sums, and the
-    batch's logits with their gradient."""
+    besides, the activation, its baseline and difference, its first
+    gradient, two float64 sums, and the batch's logits with their gradient."""
     V = model.config.vocab
-    fixed = 6 * hook_bytes(model, point, 1, T)
+    fixed = 8 * hook_bytes(model, point, 1, T)
 
     def most(recompute: bool) -> int:
         lo, hi = 0, steps
