@@ -130,10 +130,39 @@ def test_ig_chunks_follow_the_budget(tiny_factory):
     at = "blocks.1.attn.head_out"
     from dclens import memplan
     pt = m.parse_hook(at)[0]
-    budget = (memplan.tape_bytes(m, 3, 8, False, [pt]) + 8 * memplan.hook_bytes(m, pt, 1, 8)
+    # IG at a hook of layer 1 runs tapes from layer 1
+    budget = (memplan.tape_bytes(m, 3, 8, False, [pt], first=1) + 8 * memplan.hook_bytes(m, pt, 1, 8)
               + 8 * 3 * 8 * m.config.vocab)
-    assert memplan.ig_batch(m, 8, 8, m.parse_hook(at)[0], budget) == (3, False)
+    assert memplan.ig_batch(m, 8, 8, pt, budget, first=1) == (3, False)
+    assert memplan.tape_bytes(m, 3, 8, False, [pt], first=1) < memplan.tape_bytes(m, 3, 8, False, [pt])
     ra = m.attribute(toks, ("logit", -1, 5), [at], steps=8, max_tape_bytes=1 << 40)
     rb = m.attribute(toks, ("logit", -1, 5), [at], steps=8, max_tape_bytes=budget)
     np.testing.assert_allclose(rb.attributions[at], ra.attributions[at], rtol=1e-4,
                                atol=1e-5 * np.abs(ra.attributions[at]).max())
+
+
+def test_tape_from_a_layer(tiny_factory):
+    """A tape over layers 2.. (IG's tapes at a hook of layer 2) from the
+    residual stream entering layer 2 gives the logits and gradients of the
+    full tape; below its first layer it refuses by name."""
+    from dclens.grad import Tape, target_value_and_grad
+    d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, n_layer=3)
+    m = dclens.load(d)
+    toks = np.arange(9) % 24
+    _, cache = m.run_with_cache(toks, names=["blocks.2.resid_pre"])
+    x0 = np.asarray(cache["blocks.2.resid_pre"], np.float32)[None]
+    full = m.gradients(toks, ("logit", -1, 4), ["blocks.2.attn.z", "blocks.2.attn.pattern"])
+    tp = Tape(m, 1, 9, None, 2)
+    lg = tp.forward(toks[None], resid=x0)
+    np.testing.assert_allclose(lg[0], m.forward(toks), rtol=1e-5, atol=1e-5)
+    _, dl = target_value_and_grad(("logit", -1, 4), lg, toks[None])
+    g = tp.backward(dl, None, [m.parse_hook("blocks.2.attn.z"), m.parse_hook("blocks.2.attn.pattern")])
+    for n in ("blocks.2.attn.z", "blocks.2.attn.pattern"):
+        np.testing.assert_allclose(g[m.parse_hook(n)][0], full[n], rtol=1e-4, atol=1e-6, err_msg=n)
+    assert tp.memory()["tape"] < Tape(m, 1, 9).memory()["tape"]
+    with pytest.raises(dclens.Error, match="runs layers 2..2"):
+        tp.backward(dl, None, [m.parse_hook("blocks.1.attn.z")])
+    with pytest.raises(dclens.Error, match="resid"):
+        tp.forward(toks[None])
+    with pytest.raises(dclens.Error, match="first layer 3 is out of range"):
+        Tape(m, 1, 9, None, 3)

@@ -31,6 +31,7 @@ import numpy as np
 
 from .grad import Tape, target_value_and_grad
 from ._checks import Error
+from ._engine import lib
 from . import memplan
 
 # hook suffix -> axis of the heads in the single-sequence layout
@@ -87,7 +88,12 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
     logits = tape.forward(toks)
     fa, dl = target_value_and_grad(target, logits, toks)
     base_grads = tape.backward(dl, None, list(pts.values()))
-    _, cache = model._run(toks, capture=at, logits=False)
+    # IG at a hook of layer l runs tapes from layer l, on the residual stream entering it
+    first = {n: pts[n][1] if lib.dcs_hook_point_is_layered(pts[n][0]) else 0 for n in at}
+    resid_names = sorted({"blocks.%d.resid_pre" % l for l in first.values() if l})
+    _, cache = model._run(toks, capture=list(at) + [r for r in resid_names if r not in at], logits=False)
+    resid = {l: np.asarray(cache["blocks.%d.resid_pre" % l], np.float32).reshape(B, T, -1)
+             for l in set(first.values()) if l}
     acts = {n: np.asarray(cache[n], np.float32).reshape((B,) + base_grads[pts[n]].shape[1:]) for n in at}
 
     out = Attribution(method, fa if batched else float(fa[0]), {}, {}, {}, {})
@@ -95,7 +101,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
         for n in at:
             out.attributions[n] = acts[n] * base_grads[pts[n]]
     else:
-        chunks = {n: chunk or memplan.ig_batch(model, T, steps, pts[n][0], budget)[0] for n in at}
+        chunks = {n: chunk or memplan.ig_batch(model, T, steps, pts[n][0], budget, first[n])[0] for n in at}
         total = sum(B * ((steps + chunks[n] - 1) // chunks[n]) for n in at)
         show = progress if progress is not None else (sys.stderr.isatty() and total > 8)
         bar = None
@@ -108,6 +114,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                 p = pts[n]
                 a = acts[n]
                 step = chunks[n]
+                l0 = first[n]
                 if isinstance(baseline, str):
                     a0 = np.zeros_like(a) if baseline == "zero" else np.broadcast_to(
                         a.mean(axis=_token_axis(n) + 1, keepdims=True), a.shape).astype(np.float32)
@@ -126,16 +133,17 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                     for c0 in range(0, steps, step):
                         al = alphas[c0:c0 + step]
                         k = len(al)
-                        if tape is None or k != tape.B or tape.T != T:
+                        if tape is None or k != tape.B or tape.T != T or tape.first != l0:
                             tape = None             # one tape at a time: free it first
-                            tape = Tape(model, k, T, budget)
+                            tape = Tape(model, k, T, budget, l0)
                         tp = tape
                         # a0 + alpha (a - a0), float32, built in place (no batch-sized temporaries)
                         interp = np.empty((k,) + a.shape[1:], np.float32)
                         np.multiply(al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1)), diff[None],
                                     out=interp)
                         interp += a0[b][None]
-                        lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp})
+                        lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp},
+                                        resid=np.repeat(resid[l0][b:b + 1], k, 0) if l0 else None)
                         _, d = target_value_and_grad(target, lg, np.repeat(toks[b:b + 1], k, 0))
                         g = tp.backward(d, None, [p])[p]
                         for gj in g:          # one interpolation point at a time
@@ -145,8 +153,9 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                     attr[b] = (a[b] - a0[b]) * gsum / steps
                     # F(a0): the baseline run
                     tape = None
-                    tb = Tape(model, 1, T, budget)
-                    lg0 = tb.forward(toks[b:b + 1], {p: np.ascontiguousarray(a0[b][None], np.float32)})
+                    tb = Tape(model, 1, T, budget, l0)
+                    lg0 = tb.forward(toks[b:b + 1], {p: np.ascontiguousarray(a0[b][None], np.float32)},
+                                     resid=resid[l0][b:b + 1] if l0 else None)
                     f0[b] = target_value_and_grad(target, lg0, toks[b:b + 1])[0][0]
                 out.attributions[n] = attr.astype(np.float32)
                 gap = attr.reshape(B, -1).sum(1) - (fa - f0)

@@ -36,7 +36,7 @@ class Tape:
     """One engine tape for B sequences of T tokens (CPU models only), under
     the memory budget max_tape_bytes (None: memplan.default_budget())."""
 
-    def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None):
+    def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None, first_layer: int = 0):
         if model.device != "cpu":
             raise Error("gradients and training run on the CPU only; this model is on %s "
                         "(load it with device='cpu')" % model.device)
@@ -45,7 +45,8 @@ class Tape:
         budget = memplan.check_budget(max_tape_bytes)
         out = ffi.new("dcs_tape **")
         with model._engine_lock():          # one engine call at a time per model
-            _check(lib.dcs_tape_new_budget(model._m, B, T, budget, out), model._errmsg())
+            _check(lib.dcs_tape_new_from(model._m, B, T, first_layer, budget, out), model._errmsg())
+        self.first = first_layer      # > 0: forward(resid=...) starts at this layer
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
         self._keep = None
 
@@ -62,8 +63,17 @@ class Tape:
         return tuple(int(shape[i]) for i in range(nd))
 
     def forward(self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
-                logits: bool = True) -> Optional[np.ndarray]:
+                logits: bool = True, resid: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+        """The tape's forward; from layer `first` (> 0) it starts from resid
+        [B, T, D], the residual stream entering that layer."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
+        if self.first:
+            D = self.model.config.d_model
+            if resid is None:
+                raise Error("tape from layer %d: resid [B, T, D] is required" % self.first)
+            resid = np.ascontiguousarray(resid, dtype=np.float32)
+            if resid.shape != (self.B, self.T, D):
+                raise Error("tape: resid has shape %s, expected %s" % (resid.shape, (self.B, self.T, D)))
         ov = overrides or {}
         keep = []
         arr = ffi.new("dcs_hook_override[]", max(1, len(ov)))
@@ -77,8 +87,12 @@ class Tape:
         self._keep = (keep, arr)  # the engine reads them again in the backward
         out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
         with self.model._engine_lock():
-            st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov),
-                                      _ptr(out) if out is not None else ffi.NULL)
+            lg = _ptr(out) if out is not None else ffi.NULL
+            if self.first:
+                st = lib.dcs_tape_forward_from(self._tp, _ptr(toks, "const int32_t *"),
+                                               _ptr(resid, "const float *"), arr, len(ov), lg)
+            else:
+                st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), lg)
             _check(st, self.model._errmsg())
         return out
 

@@ -51,11 +51,11 @@ def check_budget(max_tape_bytes: Optional[int]) -> int:
     return int(max_tape_bytes)
 
 
-def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = ()) -> int:
-    """The engine's estimate for one plan (dcs_tape_plan)."""
+def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (), first: int = 0) -> int:
+    """The engine's estimate for one plan (dcs_tape_plan) of a tape from layer `first`."""
     out = ffi.new("uint64_t *")
     pts = ffi.new("int[]", [int(p) for p in points] or [0])
-    _check(lib.dcs_tape_plan(model._m, int(B), int(T), int(recompute), pts, len(points), out),
+    _check(lib.dcs_tape_plan(model._m, int(B), int(T), int(first), int(recompute), pts, len(points), out),
            model._errmsg())
     return int(out[0])
 
@@ -88,7 +88,7 @@ def hook_bytes(model, point: int, B: int, T: int) -> int:
     return n
 
 
-def ig_batch(model, T: int, steps: int, point: int, budget: int) -> Tuple[int, bool]:
+def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0) -> Tuple[int, bool]:
     """How many IG interpolation points one tape holds under the budget, and
     whether it recomputes: the most that fit keeping every layer, else the
     most that fit with recomputation (at least 1; the tape itself refuses
@@ -103,7 +103,7 @@ def ig_batch(model, T: int, steps: int, point: int, budget: int) -> Tuple[int, b
         lo, hi = 0, steps
         while lo < hi:                      # largest k <= steps that fits
             k = (lo + hi + 1) // 2
-            if tape_bytes(model, k, T, recompute, [point]) + fixed + 8 * k * T * V <= budget:
+            if tape_bytes(model, k, T, recompute, [point], first) + fixed + 8 * k * T * V <= budget:
                 lo = k
             else:
                 hi = k - 1

@@ -358,12 +358,20 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out);
  * backward (the same results, bit for bit); DCS_ERR_NOMEM, with both sizes,
  * when neither fits. */
 dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out);
-/* Bytes a tape for B x T would take, before anything is allocated: its
- * buffers under the plan (recompute 0: every layer kept; 1: checkpoints),
+/* A tape over layers first..L-1 only (first > 0: the layers below are
+ * computed once by the caller, e.g. an integrated-gradients run at a hook of
+ * layer `first`): dcs_tape_forward_from takes the residual stream entering
+ * layer `first`, resid [B, T, D]; overrides and gradients are then allowed
+ * at layers >= first (not embed), parameter gradients not at all. */
+dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max_bytes, dcs_tape **out);
+dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const float *resid,
+                                 const dcs_hook_override *ov, int n_ov, float *logits);
+/* Bytes a tape for B x T from layer `first` would take, before anything is
+ * allocated: its buffers under the plan (recompute 0: every layer kept; 1: checkpoints),
  * a bound on one layer's transient, and for each hook point in `points`
  * its gradient and an override of it. */
-dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int recompute, const int *points, int n_points,
-                         uint64_t *bytes);
+dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, const int *points,
+                         int n_points, uint64_t *bytes);
 /* What a tape holds: its own buffers, the largest transient of its passes
  * so far (forward and recomputations), and whether it recomputes. */
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);

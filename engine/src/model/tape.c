@@ -45,6 +45,8 @@ struct dcs_tape {
      * through the same code (layer.c with keeping on), so the gradients are
      * the same bits as with the full tape. */
     int recompute;
+    int first;              /* the first layer it runs (dcs_tape_new_from): the
+                               layers below are the caller's, none kept      */
     int held;               /* the layer whose internals the shared buffers hold */
     float *xr;              /* [M, D] residual stream of a recomputed layer */
     uint64_t bytes;         /* the tape's own buffers                       */
@@ -236,7 +238,7 @@ static int alloc_tape(dcs_tape *tp) {
         dcs_kept shared;
         memset(&shared, 0, sizeof shared);
         ok = alloc_kept(tp, &shared, sz, 0);
-        for (size_t l = 0; ok && l < Ls; l++) {
+        for (size_t l = (size_t)tp->first; ok && l < Ls; l++) {
             float *x = NULL;
             A_(x, M * D);
             if (!tp->dry && ok) {
@@ -246,7 +248,7 @@ static int alloc_tape(dcs_tape *tp) {
         }
         A_(tp->xr, M * D);
     } else {
-        for (size_t l = 0; ok && l < Ls; l++) {
+        for (size_t l = (size_t)tp->first; ok && l < Ls; l++) {
             dcs_kept dummy, *a = tp->dry ? &dummy : &tp->L[l];
             ok = alloc_kept(tp, a, sz, 1);
         }
@@ -301,15 +303,25 @@ static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
     return t * sizeof(float);
 }
 
-dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int recompute, const int *points, int n_points,
-                         uint64_t *bytes) {
+static dcs_status check_first(dcs_model *m, int first) {
+    if (first < 0 || first >= m->cfg.n_layer)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: first layer %d is out of range (model has %d layers)", first,
+                          m->cfg.n_layer);
+    return DCS_OK;
+}
+
+dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, const int *points,
+                         int n_points, uint64_t *bytes) {
     if (!m || !bytes) return DCS_ERR_ARG;
     if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
         return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
+    dcs_status st = check_first(m, first);
+    if (st) return st;
     dcs_tape plan;
     memset(&plan, 0, sizeof plan);
     plan.m = m;
     plan.B = B; plan.T = T; plan.M = B * T;
+    plan.first = first;
     plan.recompute = recompute != 0;
     plan.dry = 1;
     alloc_tape(&plan);
@@ -331,7 +343,7 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int recompute, const int *p
 
 /* Weights stay in their stored dtype (the backward reads them through
  * gemm_w); the kept activations are sized by the layer's size table. */
-dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out) {
+dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max_bytes, dcs_tape **out) {
     *out = NULL;
     if (m->device != DCS_DEVICE_CPU)
         return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
@@ -340,10 +352,11 @@ dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, d
     if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
         return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
     dcs_status st = dcs_tape_supported(m);
+    if (!st) st = check_first(m, first);
     if (st) return st;
     uint64_t full = 0, ckpt = 0;
-    dcs_tape_plan(m, B, T, 0, NULL, 0, &full);
-    dcs_tape_plan(m, B, T, 1, NULL, 0, &ckpt);
+    dcs_tape_plan(m, B, T, first, 0, NULL, 0, &full);
+    dcs_tape_plan(m, B, T, first, 1, NULL, 0, &ckpt);
     const int recompute = max_bytes && full > max_bytes;
     if (recompute && ckpt > max_bytes)
         return dcs_seterr(&m->err, DCS_ERR_NOMEM,
@@ -355,6 +368,7 @@ dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, d
     tp->m = m;
     tp->B = B; tp->T = T; tp->M = B * T;
     tp->recompute = recompute;
+    tp->first = first;
     tp->held = -1;
     const size_t Ls = m->cfg.n_layer;
     tp->L = calloc(Ls ? Ls : 1, sizeof(dcs_kept));
@@ -368,8 +382,12 @@ dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, d
     return DCS_OK;
 }
 
+dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out) {
+    return dcs_tape_new_from(m, B, T, 0, max_bytes, out);
+}
+
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
-    return dcs_tape_new_budget(m, B, T, 0, out);
+    return dcs_tape_new_from(m, B, T, 0, 0, out);
 }
 
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute) {
@@ -508,8 +526,8 @@ typedef struct {
 
 /* ---------------------------------------------------------------- forward */
 
-dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
-                            int n_ov, float *logits) {
+static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resid, const dcs_hook_override *ov,
+                          int n_ov, float *logits) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
@@ -520,9 +538,10 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
                               tokens[i], i, V);
     for (int i = 0; i < n_ov; i++)
         if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, ov[i].point) ||
-            (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < 0 || ov[i].layer >= L)))
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad override %d (point %d, layer %d)", i,
-                              ov[i].point, ov[i].layer);
+            (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < tp->first || ov[i].layer >= L)) ||
+            (tp->first && ov[i].point == DCS_HP_EMBED))
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad override %d (point %d, layer %d; the tape runs "
+                              "layers %d..%d)", i, ov[i].point, ov[i].layer, tp->first, L - 1);
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
     tp->status = DCS_OK;
     tp->have_forward = 0;
@@ -536,8 +555,16 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
     p.keep = tp->L;
     /* the residual stream runs in xL, which leaves the last layer */
-    dcs_pass_embed(&p, tp->xL, tokens);
-    dcs_pass_layers(&p, tp->xL);
+    if (!tp->first) {
+        dcs_pass_embed(&p, tp->xL, tokens);
+        dcs_pass_layers(&p, tp->xL);
+    } else {
+        memcpy(tp->xL, resid, sizeof(float) * (size_t)M * c->d_model);
+        for (int l = tp->first; l < L && !p.status && !dcs_pass_cancelled(&p); l++) {
+            dcs_layer(&p, l, tp->xL);
+            if (!p.status) p.status = be->ops->sync(be, &m->err);
+        }
+    }
     dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
     tp->pass_peak = p.peak;
@@ -549,6 +576,20 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
     return DCS_OK;
+}
+
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
+                            int n_ov, float *logits) {
+    if (tp->first)
+        return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: it starts at layer %d; use dcs_tape_forward_from",
+                          tp->first);
+    return forward(tp, tokens, NULL, ov, n_ov, logits);
+}
+
+dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const float *resid,
+                                 const dcs_hook_override *ov, int n_ov, float *logits) {
+    if (!resid) return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: resid is NULL");
+    return forward(tp, tokens, tp->first ? resid : NULL, ov, n_ov, logits);
 }
 
 /* Mean next-token cross-entropy over the positions with targets[i] >= 0;
@@ -925,9 +966,13 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward before forward");
     for (int i = 0; i < n_g; i++)
         if (!g[i].grad || g[i].point < 0 || g[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, g[i].point) ||
-            (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < 0 || g[i].layer >= L)))
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d)", i,
-                              g[i].point, g[i].layer);
+            (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < tp->first || g[i].layer >= L)) ||
+            (tp->first && g[i].point == DCS_HP_EMBED))
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d; the tape "
+                              "runs layers %d..%d)", i, g[i].point, g[i].layer, tp->first, L - 1);
+    if (tp->first && (param_grads || n_pg))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: parameter gradients need a tape from layer 0 (this one "
+                          "starts at %d)", tp->first);
     for (int i = 0; i < n_pg; i++)
         if (!pg[i].grad || pg[i].index < 0 || pg[i].index >= m->n_weights)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad parameter gradient request %d (index %d)", i,
