@@ -7,7 +7,7 @@ backward's achieved GFLOP/s against a same-run OpenBLAS sgemm.
 
 Writes the checkpoint (bench.write_69b_fp16: D=4096, 32 heads, F=16384,
 vocab 50432, fp16, streamed) to DIR, then in a fresh process: loads it, runs
-`gradients` w.r.t. blocks.{min(16, L-1)}.attn.head_out at T (target: the
+`gradients` w.r.t. blocks.{--hook-layer, default min(16, L-1)}.attn.head_out at T (target: the
 logit of token 0 at the last position) through a Tape with the forward and
 the backward timed apart, then `attribute(..., steps=STEPS)` on the same
 prompt; VmHWM after each. The limit of the issue: peak RSS <= 1.25 x stored
@@ -47,10 +47,10 @@ from dclens.grad import Tape, target_value_and_grad
 def hwm():
     return int([l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]) * 1024
 
-d, T, steps, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+d, T, steps, budget, layer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 m = dclens.load(d)
 L = m.config.n_layer
-layer = min(16, L - 1)
+layer = layer if layer >= 0 else min(16, L - 1)
 at = "blocks.%d.attn.head_out" % layer
 toks = np.random.default_rng(0).integers(0, m.config.vocab, T)
 target = ("logit", -1, 0)
@@ -74,7 +74,7 @@ res["ig_rss"] = hwm()
 res["ig_gap"] = float(r.gap[at])
 res["ig_top_heads"] = [int(i) for i in np.argsort(-np.abs(r.per_head[at]))[:3]]
 from dclens import memplan
-res["ig_batch"] = memplan.ig_batch(m, T, steps, m.parse_hook(at)[0], budget)
+res["ig_batch"] = memplan.ig_batch(m, T, steps, m.parse_hook(at)[0], budget, layer)   # IG's tapes start at the hook's layer
 print(json.dumps(res))
 """
 
@@ -128,6 +128,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--max-tape-gib", type=float, default=2.5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--hook-layer", type=int, default=-1, help="layer of the head_out hook (default min(16, L-1))")
     p.add_argument("--check-fd", action="store_true")
     p.add_argument("--fd-eps", type=float, default=1e-4, help="step of the central differences")
     p.add_argument("--fd-only", action="store_true", help="with --check-fd: no timing run")
@@ -152,7 +153,8 @@ def main(argv=None):
         if a.fd_only:
             return
         budget = int(a.max_tape_gib * 2**30)
-        r = subprocess.run([sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget)],
+        r = subprocess.run([sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget),
+                            str(a.hook_layer)],
                            capture_output=True, text=True, env=env)
         if r.returncode:
             raise SystemExit(r.stderr[-3000:])
