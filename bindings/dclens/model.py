@@ -604,7 +604,9 @@ class Model(WeightsMixin):
 
     def last_pass_memory(self) -> Dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
-        once and 'total' asked for. Hooks not asked for add nothing."""
+        once and 'total' asked for. Hooks not asked for add nothing. After a
+        gradient pass: the tape's buffers plus the largest transient of its
+        forward and recomputations ('peak'; estimate_backward_memory bounds it)."""
         peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         lib.dcs_forward_memory(self._m, peak, total)
         return {"peak": int(peak[0]), "total": int(total[0])}
