@@ -6,6 +6,7 @@ The declarations are bindings/dclens/_cdef.py (one place); the module
 includes the public header and is compiled and linked against the engine's
 static libraries by CMakeLists.txt, so this script only generates C.
 """
+
 import os
 import sys
 

@@ -5,6 +5,7 @@ a full forward per new token, on a generated DCPythia.
 
     python scripts/api_bench.py [--dim 256 --n-layer 4 --n-head 8 --tokens 138 --new 32]
 """
+
 import argparse
 import tempfile
 import time
@@ -36,8 +37,10 @@ def main():
         R = routing.routing_matrices(m, cache, "post")
         t2 = time.perf_counter()
         err = max(float(np.abs(R[l, t] - per[l][t]).max()) for l in range(L) for t in range(a.tokens))
-        print("routing, %d queries x %d layers: per-query calls %.2f s (%d passes), from one cache %.3f s "
-              "(1 pass); max |diff| %.1e" % (a.tokens, L, t1 - t0, L * a.tokens, t2 - t1, err))
+        print(
+            "routing, %d queries x %d layers: per-query calls %.2f s (%d passes), from one cache %.3f s "
+            "(1 pass); max |diff| %.1e" % (a.tokens, L, t1 - t0, L * a.tokens, t2 - t1, err)
+        )
         prompt = toks[:16]
         t0 = time.perf_counter()
         out = m.generate(prompt, a.new)
@@ -46,8 +49,10 @@ def main():
         for _ in range(a.new):
             seq.append(int(m(np.array(seq))[-1].argmax()))
         t2 = time.perf_counter()
-        print("generate %d tokens after a 16-token prompt: decoder %.3f s, full forward per token %.3f s; "
-              "same tokens: %s" % (a.new, t1 - t0, t2 - t1, bool(np.array_equal(out, seq))))
+        print(
+            "generate %d tokens after a 16-token prompt: decoder %.3f s, full forward per token %.3f s; "
+            "same tokens: %s" % (a.new, t1 - t0, t2 - t1, bool(np.array_equal(out, seq)))
+        )
 
 
 if __name__ == "__main__":

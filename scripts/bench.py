@@ -28,6 +28,7 @@ The --mem-6.9b test writes a DCPythia-6.9B-shaped fp16 checkpoint (32 layers,
 process, reports peak RSS against 1.15 x (stored weights + activations), and
 deletes the checkpoint.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,8 @@ SIZES = {
     # hook overhead on a small model (--hooks-only --sizes small): the copies, not the matmuls
     "small": dict(dim=256, n_head=8, intermediate=1024, vocab=2048, n_layer=2, bench_layers=2, dtype="float32"),
 }
-R = 2           # dynamic rank
-WINDOW = 256    # published window (layers 0, 2, ... local)
+R = 2  # dynamic rank
+WINDOW = 256  # published window (layers 0, 2, ... local)
 
 
 def log(*a):
@@ -84,8 +85,8 @@ def pass_flops(s, L, T, dcp):
     """Matmul FLOPs of one prefill pass (logits at one position)."""
     D, F, V, N = s["dim"], s["intermediate"], s["vocab"], s["n_head"]
     lin = 2 * T * (4 * D * D + 2 * D * F)
-    att = 2 * T * (T + 1) * D                       # q k^T and P v, causal half
-    if dcp:                                         # local layers: keys within the window
+    att = 2 * T * (T + 1) * D  # q k^T and P v, causal half
+    if dcp:  # local layers: keys within the window
         att_local = 4 * D * sum(min(t, WINDOW) + 1 for t in range(T))
         att = (att * (L // 2) + att_local * ((L + 1) // 2)) / L
         C, K = 4, 4 * N
@@ -119,6 +120,7 @@ print(json.dumps(out))
 
 def openblas_path():
     import dclens._engine as e
+
     out = subprocess.run(["ldd", e.__file__], capture_output=True, text=True).stdout
     for line in out.splitlines():
         if "libopenblas" in line and "=>" in line:
@@ -130,8 +132,12 @@ def sgemm_gflops(s, T, threads):
     """GFLOP/s of a plain sgemm over the pass's linear shapes (x W^T, M = T)."""
     D, F, V = s["dim"], s["intermediate"], s["vocab"]
     shapes = [(T, 3 * D, D), (T, D, D), (T, F, D), (T, D, F)]
-    r = subprocess.run([sys.executable, "-c", SGEMM_SRC, openblas_path(), str(threads), json.dumps(shapes)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", SGEMM_SRC, openblas_path(), str(threads), json.dumps(shapes)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ts = json.loads(r.stdout)
     flops = sum(2 * m * n * k for m, n, k in shapes)
     return flops / sum(ts) / 1e9
@@ -161,15 +167,24 @@ def peak_rss(d, T):
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
     res = json.loads(r.stdout)
-    res["stored"] = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
-                        if f.endswith((".safetensors", ".bin")))
+    res["stored"] = sum(
+        os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith((".safetensors", ".bin"))
+    )
     return res
 
 
 def make_pair(tmp, name, s, L):
     from dclens.testing.make_tiny import make_tiny
-    kw = dict(n_layer=L, dim=s["dim"], n_head=s["n_head"], intermediate=s["intermediate"],
-              vocab=s["vocab"], dtype=s["dtype"], seed=1)
+
+    kw = dict(
+        n_layer=L,
+        dim=s["dim"],
+        n_head=s["n_head"],
+        intermediate=s["intermediate"],
+        vocab=s["vocab"],
+        dtype=s["dtype"],
+        seed=1,
+    )
     dirs = {}
     for mt in ("dcpythia", "gpt_neox"):
         d = os.path.join(tmp, "%s-%s" % (name, mt))
@@ -181,6 +196,7 @@ def make_pair(tmp, name, s, L):
 
 def bench_size(tmp, name, s, Ts, repeat, threads):
     import dclens
+
     L = s["bench_layers"]
     log("== %s-shaped: generating %d-layer DCPythia and Pythia (%s)" % (name, L, s["dtype"]))
     dirs = make_pair(tmp, name, s, L)
@@ -194,7 +210,7 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
     for T in Ts:
         toks = np.random.default_rng(0).integers(0, s["vocab"], size=(1, T))
         for mt, m in models.items():
-            m.forward(toks, logits_at="last")                   # warm-up
+            m.forward(toks, logits_at="last")  # warm-up
         for _ in range(repeat):
             for mt, m in models.items():
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -208,20 +224,33 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
         sg = sgemm_gflops(s, T, threads)
         td, tn = times["dcpythia", T], times["gpt_neox", T]
         th = theory_extra(T, D, D // N)
-        rows.append(dict(size=name, layers=L, dtype=s["dtype"], T=T,
-                         dcp_tok_s=T / td, neox_tok_s=T / tn,
-                         dcp_gflops=pass_flops(s, L, T, True) / td / 1e9,
-                         neox_gflops=pass_flops(s, L, T, False) / tn / 1e9,
-                         sgemm_gflops=sg, ratio=td / tn, cpu_ratio=cpu["dcpythia", T] / cpu["gpt_neox", T],
-                         theory=th, bound=1 + 1.5 * th))
+        rows.append(
+            dict(
+                size=name,
+                layers=L,
+                dtype=s["dtype"],
+                T=T,
+                dcp_tok_s=T / td,
+                neox_tok_s=T / tn,
+                dcp_gflops=pass_flops(s, L, T, True) / td / 1e9,
+                neox_gflops=pass_flops(s, L, T, False) / tn / 1e9,
+                sgemm_gflops=sg,
+                ratio=td / tn,
+                cpu_ratio=cpu["dcpythia", T] / cpu["gpt_neox", T],
+                theory=th,
+                bound=1 + 1.5 * th,
+            )
+        )
         log("   T=%d: sgemm %.1f GFLOP/s" % (T, sg))
     for mt in ("dcpythia", "gpt_neox"):
         r = peak_rss(dirs[mt], 512 if 512 in Ts else Ts[0])
         rows_rss = dict(size=name, model=mt, T=512 if 512 in Ts else Ts[0], **r)
         rows_rss["ratio"] = r["maxrss"] / (r["stored"] + r["act_peak"])
         rows.append(rows_rss)
-        log("   peak RSS %s: %.2f GiB (stored %.2f GiB + activations %.2f GiB)" %
-            (mt, r["maxrss"] / 2**30, r["stored"] / 2**30, r["act_peak"] / 2**30))
+        log(
+            "   peak RSS %s: %.2f GiB (stored %.2f GiB + activations %.2f GiB)"
+            % (mt, r["maxrss"] / 2**30, r["stored"] / 2**30, r["act_peak"] / 2**30)
+        )
     for d in dirs.values():
         shutil.rmtree(d)
     return rows
@@ -235,10 +264,20 @@ def bench_hooks(tmp, repeat, threads, Ts=(256, 512), clock=time.perf_counter, si
     (--hooks-only: CPU time, which load on shared cores disturbs less)."""
     import dclens
     from dclens.testing.make_tiny import make_tiny
+
     s = SIZES[size]
     d = os.path.join(tmp, "hooks")
-    make_tiny(d, model_type="dcpythia", n_layer=2, dim=s["dim"], n_head=s["n_head"],
-              intermediate=s["intermediate"], vocab=s["vocab"], window_size=WINDOW, seed=2)
+    make_tiny(
+        d,
+        model_type="dcpythia",
+        n_layer=2,
+        dim=s["dim"],
+        n_head=s["n_head"],
+        intermediate=s["intermediate"],
+        vocab=s["vocab"],
+        window_size=WINDOW,
+        seed=2,
+    )
     m = dclens.load(d, n_threads=threads)
     names = m.hook_names
 
@@ -253,12 +292,24 @@ def bench_hooks(tmp, repeat, threads, Ts=(256, 512), clock=time.perf_counter, si
         t1 = best_of(lambda: m.run_with_cache(toks), repeat, clock)
         t2 = best_of(lambda: m.run_with_hooks(toks, [(n, noop) for n in names]), repeat, clock)
         t3 = best_of(lambda: m.run_with_hooks(toks, [(n, look) for n in names]), repeat, clock) if look else None
-        out.append(dict(T=T, plain_s=t0, capture_all_s=t1, ratio=t1 / t0, hooks=len(names),
-                        fn_all_s=t2, fn_ratio=t2 / t0, read_only_all_s=t3,
-                        read_only_ratio=t3 / t0 if t3 else None))
-        log("   hooks T=%d: plain %.3f s, capture all %d hooks %.3f s (%.2fx), a function at every hook %.3f s "
-            "(%.2fx), read-only %s" % (T, t0, len(names), t1, t1 / t0, t2, t2 / t0,
-                                        "%.3f s (%.2fx)" % (t3, t3 / t0) if t3 else "n/a"))
+        out.append(
+            dict(
+                T=T,
+                plain_s=t0,
+                capture_all_s=t1,
+                ratio=t1 / t0,
+                hooks=len(names),
+                fn_all_s=t2,
+                fn_ratio=t2 / t0,
+                read_only_all_s=t3,
+                read_only_ratio=t3 / t0 if t3 else None,
+            )
+        )
+        log(
+            "   hooks T=%d: plain %.3f s, capture all %d hooks %.3f s (%.2fx), a function at every hook %.3f s "
+            "(%.2fx), read-only %s"
+            % (T, t0, len(names), t1, t1 / t0, t2, t2 / t0, "%.3f s (%.2fx)" % (t3, t3 / t0) if t3 else "n/a")
+        )
     del m
     shutil.rmtree(d)
     return out
@@ -279,6 +330,7 @@ def bench_synth_line(tmp, threads, n_lines):
     import dclens
     from dclens.testing.make_tiny import make_tiny
     from synth_tasks import evaluate, load_dataset
+
     data = os.path.join(os.path.dirname(ROOT), "shared", "data", "synthetic_dataset.jsonl")
     tok = os.path.join(os.path.dirname(ROOT), "shared", "data", "gpt-neox-20b-tokenizer.json")
     if not (os.path.exists(data) and os.path.exists(tok)):
@@ -286,8 +338,18 @@ def bench_synth_line(tmp, threads, n_lines):
         return None
     s = SIZES["160m"]
     d = os.path.join(tmp, "synth")
-    make_tiny(d, model_type="dcpythia", n_layer=4, dim=s["dim"], n_head=s["n_head"],
-              intermediate=s["intermediate"], vocab=s["vocab"], window_size=WINDOW, seed=3, tokenizer=tok)
+    make_tiny(
+        d,
+        model_type="dcpythia",
+        n_layer=4,
+        dim=s["dim"],
+        n_head=s["n_head"],
+        intermediate=s["intermediate"],
+        vocab=s["vocab"],
+        window_size=WINDOW,
+        seed=3,
+        tokenizer=tok,
+    )
     m = dclens.load(d, n_threads=threads)
     lines = load_dataset(data).lines[:n_lines]
     evaluate(m, lines[:2])
@@ -305,6 +367,7 @@ def bench_synth_line(tmp, threads, n_lines):
 
 # ------------------------------------------------------------ 6.9B memory test
 
+
 def write_69b_fp16(d, n_layer=32):
     """A DCPythia-6.9B-shaped fp16 safetensors checkpoint, streamed: every
     tensor is written from one reused random block, so Python never holds
@@ -313,26 +376,51 @@ def write_69b_fp16(d, n_layer=32):
     D, N, F, V = s["dim"], s["n_head"], s["intermediate"], s["vocab"]
     Dh, K = D // N, 4 * N
     os.makedirs(d, exist_ok=True)
-    cfg = {"model_type": "dcpythia", "dim": D, "n_head": N, "head_dim": Dh, "n_layer": n_layer,
-           "intermediate_size": F, "vocab_size": V, "norm_eps": 1e-5, "rope_base": 10000,
-           "rotary_pct": 0.25, "use_qk_norm": True, "use_parallel_residual": True,
-           "use_linear_bias": True, "window_size": 256, "window_type": None, "query_wise": False,
-           "use_dcmha": True, "tie_word_embeddings": False, "torch_dtype": "float16"}
+    cfg = {
+        "model_type": "dcpythia",
+        "dim": D,
+        "n_head": N,
+        "head_dim": Dh,
+        "n_layer": n_layer,
+        "intermediate_size": F,
+        "vocab_size": V,
+        "norm_eps": 1e-5,
+        "rope_base": 10000,
+        "rotary_pct": 0.25,
+        "use_qk_norm": True,
+        "use_parallel_residual": True,
+        "use_linear_bias": True,
+        "window_size": 256,
+        "window_type": None,
+        "query_wise": False,
+        "use_dcmha": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+    }
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     tensors = [("tok_embeddings.weight", (V, D), 0.02)]
     for l in range(n_layer):
         p = "layers.%d." % l
-        tensors += [(p + "attention_norm.weight", (D,), 1.0), (p + "attention_norm.bias", (D,), 0.0),
-                    (p + "ffn_norm.weight", (D,), 1.0), (p + "ffn_norm.bias", (D,), 0.0),
-                    (p + "attention.wqkv.weight", (3 * D, D), 0.02), (p + "attention.wqkv.bias", (3 * D,), 0.0),
-                    (p + "attention.wo.weight", (D, D), 0.02), (p + "attention.wo.bias", (D,), 0.0),
-                    (p + "attention.q_norm.scale", (Dh,), 1.0), (p + "attention.k_norm.scale", (Dh,), 1.0),
-                    (p + "attention.dyn_w_proj.dw1", (D, 1, 4, K), 0.02),
-                    (p + "attention.dyn_w_proj.qkw", (1, 4, K, 2 * R, N), 0.05),
-                    (p + "attention.dyn_w_proj.dd", (D, 1, 4 * N), 0.02),
-                    (p + "feed_forward.w1.weight", (F, D), 0.02), (p + "feed_forward.w1.bias", (F,), 0.0),
-                    (p + "feed_forward.w2.weight", (D, F), 0.01), (p + "feed_forward.w2.bias", (D,), 0.0)]
+        tensors += [
+            (p + "attention_norm.weight", (D,), 1.0),
+            (p + "attention_norm.bias", (D,), 0.0),
+            (p + "ffn_norm.weight", (D,), 1.0),
+            (p + "ffn_norm.bias", (D,), 0.0),
+            (p + "attention.wqkv.weight", (3 * D, D), 0.02),
+            (p + "attention.wqkv.bias", (3 * D,), 0.0),
+            (p + "attention.wo.weight", (D, D), 0.02),
+            (p + "attention.wo.bias", (D,), 0.0),
+            (p + "attention.q_norm.scale", (Dh,), 1.0),
+            (p + "attention.k_norm.scale", (Dh,), 1.0),
+            (p + "attention.dyn_w_proj.dw1", (D, 1, 4, K), 0.02),
+            (p + "attention.dyn_w_proj.qkw", (1, 4, K, 2 * R, N), 0.05),
+            (p + "attention.dyn_w_proj.dd", (D, 1, 4 * N), 0.02),
+            (p + "feed_forward.w1.weight", (F, D), 0.02),
+            (p + "feed_forward.w1.bias", (F,), 0.0),
+            (p + "feed_forward.w2.weight", (D, F), 0.01),
+            (p + "feed_forward.w2.bias", (D,), 0.0),
+        ]
     tensors += [("norm.weight", (D,), 1.0), ("norm.bias", (D,), 0.0), ("output.weight", (V, D), 0.02)]
     header, off = {}, 0
     for name, shape, _ in tensors:
@@ -341,7 +429,7 @@ def write_69b_fp16(d, n_layer=32):
         off += n
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
-    block = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float16)   # 8 MB
+    block = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float16)  # 8 MB
     with open(os.path.join(d, "model.safetensors"), "wb") as f:
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
@@ -374,9 +462,11 @@ def mem_69b(d, T=512):
     r["T"] = T
     r["limit"] = 1.15 * (r["stored"] + r["act_peak"])
     r["ratio"] = r["maxrss"] / (r["stored"] + r["act_peak"])
-    print("6.9B-shaped DCPythia, fp16 safetensors, 32 layers, T=%d: peak RSS %.2f GiB; stored weights %.2f GiB"
-          " + activations %.3f GiB; ratio %.3f (target <= 1.15); pass %.1f s"
-          % (T, r["maxrss"] / 2**30, r["stored"] / 2**30, r["act_peak"] / 2**30, r["ratio"], r["pass_s"]))
+    print(
+        "6.9B-shaped DCPythia, fp16 safetensors, 32 layers, T=%d: peak RSS %.2f GiB; stored weights %.2f GiB"
+        " + activations %.3f GiB; ratio %.3f (target <= 1.15); pass %.1f s"
+        % (T, r["maxrss"] / 2**30, r["stored"] / 2**30, r["act_peak"] / 2**30, r["ratio"], r["pass_s"])
+    )
     return r
 
 
@@ -390,15 +480,20 @@ def main(argv=None):
     p.add_argument("--synth-lines", type=int, default=16)
     p.add_argument("--mem-6.9b", dest="mem69", metavar="DIR", help="run only the 6.9B fp16 memory test in DIR")
     p.add_argument("--out", default=None, help="also write the numbers as JSON here")
-    p.add_argument("--hooks-only", action="store_true",
-                   help="only the hook measurements, at --T, on the first of --sizes, in CPU time")
+    p.add_argument(
+        "--hooks-only",
+        action="store_true",
+        help="only the hook measurements, at --T, on the first of --sizes, in CPU time",
+    )
     a = p.parse_args(argv)
     if a.hooks_only:
         with tempfile.TemporaryDirectory(dir=os.environ.get("DCLENS_BENCH_TMP")) as tmp:
             size = a.sizes.split(",")[0]
             rows = bench_hooks(tmp, a.repeat, a.threads, [int(t) for t in a.T.split(",")], time.process_time, size)
-        print("%s widths (%s); process CPU time, %d thread(s), best of %d"
-              % (size, ", ".join("%s %s" % kv for kv in SIZES[size].items()), a.threads, a.repeat))
+        print(
+            "%s widths (%s); process CPU time, %d thread(s), best of %d"
+            % (size, ", ".join("%s %s" % kv for kv in SIZES[size].items()), a.threads, a.repeat)
+        )
         _print_hooks(rows, size)
         return 0
     if a.mem69:
@@ -412,8 +507,13 @@ def main(argv=None):
     repeat = a.repeat
     if a.quick:
         sizes, Ts, repeat = ["160m", "1.4b"], [128, 512], 1
-    res = {"machine": "%s, %d cores" % (platform.processor() or platform.machine(), os.cpu_count()),
-           "threads": a.threads, "window": WINDOW, "rows": [], "rss": []}
+    res = {
+        "machine": "%s, %d cores" % (platform.processor() or platform.machine(), os.cpu_count()),
+        "threads": a.threads,
+        "window": WINDOW,
+        "rows": [],
+        "rss": [],
+    }
     with tempfile.TemporaryDirectory(dir=os.environ.get("DCLENS_BENCH_TMP")) as tmp:
         for name in sizes:
             for r in bench_size(tmp, name, SIZES[name], Ts, repeat, a.threads):
@@ -423,31 +523,66 @@ def main(argv=None):
         log("== synthetic benchmark line")
         res["synth"] = bench_synth_line(tmp, a.threads, a.synth_lines)
 
-    print("Machine: %s; %d threads; DCPythia window %d (even layers local); prefill = forward(logits_at='last')"
-          % (res["machine"], a.threads, WINDOW))
+    print(
+        "Machine: %s; %d threads; DCPythia window %d (even layers local); prefill = forward(logits_at='last')"
+        % (res["machine"], a.threads, WINDOW)
+    )
     print()
-    print("| shape (layers, weights) | T | DCPythia tok/s | Pythia tok/s | DCPythia GFLOP/s | Pythia GFLOP/s"
-          " | sgemm GFLOP/s (same shapes) | Pythia / sgemm | DCPythia / sgemm | DCPythia / Pythia time"
-          " | same, CPU time | theory extra FLOPs | bound 1 + 1.5 x theory |")
+    print(
+        "| shape (layers, weights) | T | DCPythia tok/s | Pythia tok/s | DCPythia GFLOP/s | Pythia GFLOP/s"
+        " | sgemm GFLOP/s (same shapes) | Pythia / sgemm | DCPythia / sgemm | DCPythia / Pythia time"
+        " | same, CPU time | theory extra FLOPs | bound 1 + 1.5 x theory |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in res["rows"]:
-        print("| %s (%d, %s) | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.3f | %.3f | %.2f%% | %.3f |" % (
-            r["size"], r["layers"], r["dtype"], r["T"], r["dcp_tok_s"], r["neox_tok_s"], r["dcp_gflops"],
-            r["neox_gflops"], r["sgemm_gflops"], 100 * r["neox_gflops"] / r["sgemm_gflops"],
-            100 * r["dcp_gflops"] / r["sgemm_gflops"], r["ratio"], r["cpu_ratio"], 100 * r["theory"], r["bound"]))
+        print(
+            "| %s (%d, %s) | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.3f | %.3f | %.2f%% | %.3f |"
+            % (
+                r["size"],
+                r["layers"],
+                r["dtype"],
+                r["T"],
+                r["dcp_tok_s"],
+                r["neox_tok_s"],
+                r["dcp_gflops"],
+                r["neox_gflops"],
+                r["sgemm_gflops"],
+                100 * r["neox_gflops"] / r["sgemm_gflops"],
+                100 * r["dcp_gflops"] / r["sgemm_gflops"],
+                r["ratio"],
+                r["cpu_ratio"],
+                100 * r["theory"],
+                r["bound"],
+            )
+        )
     print()
-    print("| peak RSS (fresh process, load + one pass) | T | peak RSS GiB | of which import GiB | stored weights GiB | activations GiB | RSS / (weights + activations) |")
+    print(
+        "| peak RSS (fresh process, load + one pass) | T | peak RSS GiB | of which import GiB | stored weights GiB | activations GiB | RSS / (weights + activations) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in res["rss"]:
-        print("| %s %s | %d | %.2f | %.2f | %.2f | %.3f | %.3f |" % (r["size"], r["model"], r["T"], r["maxrss"] / 2**30,
-              r["import_rss"] / 2**30, r["stored"] / 2**30, r["act_peak"] / 2**30, r["ratio"]))
+        print(
+            "| %s %s | %d | %.2f | %.2f | %.2f | %.3f | %.3f |"
+            % (
+                r["size"],
+                r["model"],
+                r["T"],
+                r["maxrss"] / 2**30,
+                r["import_rss"] / 2**30,
+                r["stored"] / 2**30,
+                r["act_peak"] / 2**30,
+                r["ratio"],
+            )
+        )
     print()
     _print_hooks(res["hooks"])
     if res["synth"]:
         s = res["synth"]
         print()
-        print("Synthetic benchmark (160M widths, 4 layers, %d lines): %.3f s per line with logits at the answer"
-              " positions, %.3f s with all logits." % (s["lines"], s["s_per_line"], s["s_per_line_all_logits"]))
+        print(
+            "Synthetic benchmark (160M widths, 4 layers, %d lines): %.3f s per line with logits at the answer"
+            " positions, %.3f s with all logits." % (s["lines"], s["s_per_line"], s["s_per_line_all_logits"])
+        )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
@@ -458,13 +593,19 @@ def _print_hooks(rows, size="160m"):
     print("| hooks (%s widths, 2 layers, DCPythia) | T | plain s | every hook s | ratio |" % size)
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print("| run_with_cache() of all %d hooks vs forward() | %d | %.3f | %.3f | %.2fx |" % (
-            r["hooks"], r["T"], r["plain_s"], r["capture_all_s"], r["ratio"]))
-        print("| run_with_hooks(): a function at all %d hooks | %d | %.3f | %.3f | %.2fx |" % (
-            r["hooks"], r["T"], r["plain_s"], r["fn_all_s"], r["fn_ratio"]))
+        print(
+            "| run_with_cache() of all %d hooks vs forward() | %d | %.3f | %.3f | %.2fx |"
+            % (r["hooks"], r["T"], r["plain_s"], r["capture_all_s"], r["ratio"])
+        )
+        print(
+            "| run_with_hooks(): a function at all %d hooks | %d | %.3f | %.3f | %.2fx |"
+            % (r["hooks"], r["T"], r["plain_s"], r["fn_all_s"], r["fn_ratio"])
+        )
         if r["read_only_all_s"]:
-            print("| same, dclens.read_only(function) | %d | %.3f | %.3f | %.2fx |" % (
-                r["T"], r["plain_s"], r["read_only_all_s"], r["read_only_ratio"]))
+            print(
+                "| same, dclens.read_only(function) | %d | %.3f | %.3f | %.2fx |"
+                % (r["T"], r["plain_s"], r["read_only_all_s"], r["read_only_ratio"])
+            )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ cost of capturing every hook on CUDA (capture-all time / plain time).
 Needs a GPU (exits 0 with a message otherwise). BENCHMARKS.md keeps the
 results with the command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,10 @@ def main(argv=None):
         print("no GPU: %s" % dclens.cuda_unavailable_reason())
         return 0
     dims = dict(n_layer=a.layers, dim=a.dim, n_head=a.heads, vocab=a.vocab)
-    print("| model | T | CPU tok/s (%d cores) | CUDA tok/s | CUDA/CPU speed | max rel diff | CUDA capture-all / plain |"
-          % os.cpu_count())
+    print(
+        "| model | T | CPU tok/s (%d cores) | CUDA tok/s | CUDA/CPU speed | max rel diff | CUDA capture-all / plain |"
+        % os.cpu_count()
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for mt in ("dcpythia", "gpt_neox"):
@@ -65,9 +68,11 @@ def main(argv=None):
                 t_cpu = best_of(lambda: cpu.forward(toks), max(1, a.repeat // 2))
                 t_gpu = best_of(lambda: gpu.forward(toks), a.repeat)
                 t_all = best_of(lambda: gpu.run_with_cache(toks), a.repeat)
-                print("| %s D=%d L=%d | %d | %.0f | %.0f | %.1fx | %.1e | %.2fx |"
-                      % (mt, a.dim, a.layers, T, ntok / t_cpu, ntok / t_gpu, t_cpu / t_gpu, diff,
-                         t_all / t_gpu), flush=True)
+                print(
+                    "| %s D=%d L=%d | %d | %.0f | %.0f | %.1fx | %.1e | %.2fx |"
+                    % (mt, a.dim, a.layers, T, ntok / t_cpu, ntok / t_gpu, t_cpu / t_gpu, diff, t_all / t_gpu),
+                    flush=True,
+                )
             del cpu, gpu
     return 0
 

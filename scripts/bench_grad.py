@@ -22,6 +22,7 @@ the four per-head products of the attention maps (the tape's maps are full
 T x T), and 2TVD for the unembedding; the recomputation of a layer (when the
 tape recomputes) is counted as its forward.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -115,7 +116,7 @@ def backward_flops(s, L_from, L, T, recompute):
     C, K, R = 4, 4 * N, bench.R
     per = 2 * T * (4 * D * D + 2 * D * F) + 2 * T * D * (C * K + C * N) + 2 * T * C * K * 2 * R * N
     bw = (L - L_from) * (per + 8 * T * T * D) + 2 * T * V * D
-    if recompute:   # each layer below the top one runs its forward again
+    if recompute:  # each layer below the top one runs its forward again
         bw += (L - L_from - 1) * (per + 4 * T * T * D)
     return bw
 
@@ -143,19 +144,25 @@ def main(argv=None):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"))
     try:
         if a.check_fd:
-            r = subprocess.run([sys.executable, "-c", FD_SRC, a.dir, str(a.fd_eps)], capture_output=True, text=True,
-                               env=env)
+            r = subprocess.run(
+                [sys.executable, "-c", FD_SRC, a.dir, str(a.fd_eps)], capture_output=True, text=True, env=env
+            )
             if r.returncode:
                 raise SystemExit(r.stderr[-3000:])
             for n, ix, fd, g in json.loads(r.stdout):
-                print("fd check %s%s: reference central difference %.6g, engine %.6g, rel err %.2e"
-                      % (n, ix, fd, g, abs(fd - g) / max(abs(fd), 1e-12)))
+                print(
+                    "fd check %s%s: reference central difference %.6g, engine %.6g, rel err %.2e"
+                    % (n, ix, fd, g, abs(fd - g) / max(abs(fd), 1e-12))
+                )
         if a.fd_only:
             return
         budget = int(a.max_tape_gib * 2**30)
-        r = subprocess.run([sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget),
-                            str(a.hook_layer)],
-                           capture_output=True, text=True, env=env)
+        r = subprocess.run(
+            [sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget), str(a.hook_layer)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if r.returncode:
             raise SystemExit(r.stderr[-3000:])
         res = json.loads(r.stdout)
@@ -166,20 +173,48 @@ def main(argv=None):
     fl = backward_flops(s, res["layer"], a.layers, a.T, rc)
     sg = bench.sgemm_gflops(s, a.T, a.threads)
     limit = 1.25 * stored + 2**30
-    res.update(stored=stored, limit=limit, backward_gflops=fl / res["backward_s"] / 1e9, sgemm_gflops=sg,
-               ig_s_per_step=res["ig_s"] / a.steps, layers=a.layers, T=a.T, steps=a.steps)
+    res.update(
+        stored=stored,
+        limit=limit,
+        backward_gflops=fl / res["backward_s"] / 1e9,
+        sgemm_gflops=sg,
+        ig_s_per_step=res["ig_s"] / a.steps,
+        layers=a.layers,
+        T=a.T,
+        steps=a.steps,
+    )
     print(json.dumps(res, indent=1))
-    print("DCPythia-6.9B-shaped fp16, %d layers, T=%d, head_out of layer %d, budget %.2f GiB:"
-          % (a.layers, a.T, res["layer"], a.max_tape_gib))
-    print("  stored weights %.2f GiB; peak RSS after gradients %.2f GiB, after IG (%d steps) %.2f GiB; "
-          "limit 1.25 x stored + 1 GiB = %.2f GiB" % (stored / 2**30, res["grad_rss"] / 2**30, a.steps,
-                                                     res["ig_rss"] / 2**30, limit / 2**30))
-    print("  tape %.3f GiB (%s), forward %.1f s, backward %.1f s: %.1f GFLOP/s vs sgemm %.1f GFLOP/s (%.0f%%)"
-          % (res["tape"]["tape"] / 2**30, "recompute" if rc else "full", res["forward_s"], res["backward_s"],
-             res["backward_gflops"], sg, 100 * res["backward_gflops"] / sg))
-    print("  IG: %.1f s per step (%d steps, batches of %d%s), gap %.3g"
-          % (res["ig_s_per_step"], a.steps, res["ig_batch"][0], ", recompute" if res["ig_batch"][1] else "",
-             res["ig_gap"]))
+    print(
+        "DCPythia-6.9B-shaped fp16, %d layers, T=%d, head_out of layer %d, budget %.2f GiB:"
+        % (a.layers, a.T, res["layer"], a.max_tape_gib)
+    )
+    print(
+        "  stored weights %.2f GiB; peak RSS after gradients %.2f GiB, after IG (%d steps) %.2f GiB; "
+        "limit 1.25 x stored + 1 GiB = %.2f GiB"
+        % (stored / 2**30, res["grad_rss"] / 2**30, a.steps, res["ig_rss"] / 2**30, limit / 2**30)
+    )
+    print(
+        "  tape %.3f GiB (%s), forward %.1f s, backward %.1f s: %.1f GFLOP/s vs sgemm %.1f GFLOP/s (%.0f%%)"
+        % (
+            res["tape"]["tape"] / 2**30,
+            "recompute" if rc else "full",
+            res["forward_s"],
+            res["backward_s"],
+            res["backward_gflops"],
+            sg,
+            100 * res["backward_gflops"] / sg,
+        )
+    )
+    print(
+        "  IG: %.1f s per step (%d steps, batches of %d%s), gap %.3g"
+        % (
+            res["ig_s_per_step"],
+            a.steps,
+            res["ig_batch"][0],
+            ", recompute" if res["ig_batch"][1] else "",
+            res["ig_gap"],
+        )
+    )
 
 
 if __name__ == "__main__":

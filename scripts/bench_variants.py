@@ -4,6 +4,7 @@ float64 numpy reference, and how far a null window is from the old 256 fallback.
 
     python scripts/bench_variants.py [--dim 256] [--n-head 8] [--n-layer 4] [--T 256]
 """
+
 import argparse
 import os
 import sys
@@ -41,8 +42,7 @@ def main():
         "compose_groups=4": dict(compose_groups=4),
         "moh hs=2,k=3": dict(moh={"shared_heads": 2, "routed_topk": 3}),
     }
-    base = dict(model_type="dcpythia", n_layer=a.n_layer, dim=a.dim, n_head=a.n_head, vocab=512,
-                window_size=64, seed=1)
+    base = dict(model_type="dcpythia", n_layer=a.n_layer, dim=a.dim, n_head=a.n_head, vocab=512, window_size=64, seed=1)
     toks = np.random.default_rng(0).integers(0, 512, size=a.T)
     print("model: dim %d, %d heads, %d layers, T = %d, CPU" % (a.dim, a.n_head, a.n_layer, a.T))
     print("%-18s %10s %12s %14s" % ("variant", "forward s", "vs dcmha", "ref rel err"))
@@ -63,9 +63,11 @@ def main():
         sd, cfg = make_tiny(d, model_type="dcpythia", n_layer=2, window_size=None, seed=2)
         toks = np.random.default_rng(3).integers(0, 64, size=300)
         got = dclens.load(d).forward(toks)
-        print("null window, T = 300: rel. difference to the old 256-window reading %.3f, "
-              "to the reference %.1e" % (rel(got, ref_forward(sd, dict(cfg, window_size=256), toks)),
-                                         rel(got, ref_forward(sd, cfg, toks))))
+        print(
+            "null window, T = 300: rel. difference to the old 256-window reading %.3f, "
+            "to the reference %.1e"
+            % (rel(got, ref_forward(sd, dict(cfg, window_size=256), toks)), rel(got, ref_forward(sd, cfg, toks)))
+        )
 
 
 def _time(m, toks):

@@ -13,6 +13,7 @@
    layer above its own.
 Prints each violation and exits 1 if there is any.
 """
+
 import glob
 import os
 import re
@@ -23,8 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "engine", "src")
 RANK = {"io": 0, "backends": 1, "model": 2, "render": 0}
 # which layers each layer may include or call (render: only the public header)
-ALLOWED = {"io": {"io"}, "backends": {"io", "backends"}, "model": {"io", "backends", "model"},
-           "render": {"render"}}
+ALLOWED = {"io": {"io"}, "backends": {"io", "backends"}, "model": {"io", "backends", "model"}, "render": {"render"}}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -47,10 +47,10 @@ def check_includes(problems):
         with open(f, encoding="utf-8") as fh:
             for name in INCLUDE.findall(fh.read()):
                 if name == "dclens.h":
-                    continue                    # the public header: types for every layer
+                    continue  # the public header: types for every layer
                 h = headers.get(name)
                 if h is None:
-                    problems.append("%s: includes \"%s\", which is no engine header" % (rel(f), name))
+                    problems.append('%s: includes "%s", which is no engine header' % (rel(f), name))
                     continue
                 if layer_of(h) not in ALLOWED[mine]:
                     problems.append("%s (layer %s) includes %s (layer %s)" % (rel(f), mine, rel(h), layer_of(h)))
@@ -143,8 +143,10 @@ def main(argv):
     n_objs = check_objects(argv[1], problems) if len(argv) > 1 else 0
     for p in problems:
         print("check_layers: " + p)
-    print("check_layers: %d sources%s, %d problem(s)"
-          % (n_files, ", %d objects" % n_objs if n_objs else "", len(problems)))
+    print(
+        "check_layers: %d sources%s, %d problem(s)"
+        % (n_files, ", %d objects" % n_objs if n_objs else "", len(problems))
+    )
     return 1 if problems else 0
 
 

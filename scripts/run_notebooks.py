@@ -13,6 +13,7 @@ errors; no timing metadata (diffs stay small). Rerun this script and commit
 its result whenever the notebooks, the engine's numbers or the bundled models
 change: the test compares the committed key numbers with a fresh run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,13 +35,15 @@ def execute(path: str, kernel_name: str = "python3", timeout: int = 600):
     """Run a notebook in a fresh kernel (cwd notebooks/); returns the executed NotebookNode."""
     import nbclient
     import nbformat
+
     nb = nbformat.read(path, as_version=4)
     for c in nb.cells:
         if c.cell_type == "code":
             c.outputs, c.execution_count = [], None
             c.metadata.pop("execution", None)
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, record_timing=False,
-                                     resources={"metadata": {"path": NOTEBOOKS}})
+    client = nbclient.NotebookClient(
+        nb, timeout=timeout, kernel_name=kernel_name, record_timing=False, resources={"metadata": {"path": NOTEBOOKS}}
+    )
     client.execute()
     return nb
 
@@ -56,7 +59,7 @@ def findings(nb) -> dict:
         for o in c.get("outputs", []) if c.cell_type == "code" else []:
             text = o.get("text", "") if o.get("output_type") == "stream" else ""
             if "key numbers" in text:
-                return json.loads(text[text.index("\n") + 1:])
+                return json.loads(text[text.index("\n") + 1 :])
     raise ValueError("no 'key numbers' output")
 
 
@@ -66,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="execute copies; write nothing")
     a = ap.parse_args(argv)
     import nbformat
+
     for k in NOTEBOOK_ENV:
         os.environ.pop(k, None)
     paths = a.paths or sorted(glob.glob(os.path.join(NOTEBOOKS, "*.ipynb")))
@@ -75,8 +79,15 @@ def main(argv=None) -> int:
         nb = execute(p)
         text = nbformat.writes(nb) + "\n"
         big = [(i, n) for i, n in output_sizes(nb) if n > MAX_OUTPUT_BYTES]
-        print("%s: %.0f s, %.0f kB%s" % (os.path.basename(p), time.perf_counter() - t0, len(text) / 1e3,
-                                         "" if not big else ", outputs over the limit: %s" % big))
+        print(
+            "%s: %.0f s, %.0f kB%s"
+            % (
+                os.path.basename(p),
+                time.perf_counter() - t0,
+                len(text) / 1e3,
+                "" if not big else ", outputs over the limit: %s" % big,
+            )
+        )
         if len(text) > MAX_NOTEBOOK_BYTES or big:
             bad += 1
         if not a.check:

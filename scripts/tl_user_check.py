@@ -16,6 +16,7 @@ query_wise variant, and a Pythia), with the real GPT-NeoX tokenizer:
 
 Prints one line per check and "all checks passed"; exits 1 on a failure.
 """
+
 import argparse
 import os
 import sys
@@ -45,14 +46,14 @@ def rel(a, b):
 
 
 def run(model, label):
-    prompts = ["When Mary and John went to the store, John gave a drink to", "Hello there",
-               "The cat sat on the mat"]
+    prompts = ["When Mary and John went to the store, John gave a drink to", "Hello there", "The cat sat on the mat"]
 
     # 1. batches ------------------------------------------------------------------
     for side in ("right", "left"):
         tokens, lengths = model.to_tokens(prompts, padding_side=side)
-        logits, cache = model.run_with_cache(prompts, padding_side=side,
-                                             names_filter=lambda n: n.endswith(("hook_pattern", "hook_resid_post")))
+        logits, cache = model.run_with_cache(
+            prompts, padding_side=side, names_filter=lambda n: n.endswith(("hook_pattern", "hook_resid_post"))
+        )
         T = tokens.shape[1]
         worst = 0.0
         for i, p in enumerate(prompts):
@@ -80,8 +81,10 @@ def run(model, label):
         answer, other = model.to_single_token(" Mary"), model.to_single_token(" John")
         metric = patching.logit_diff(answer, other)
         same = patching.sweep(model, clean, clean, metric, over="layer,head", progress=False)
-        check(np.abs(same.values - same.clean).max() <= 1e-4 * max(1, abs(same.clean)),
-              "%s: patching clean into clean changes nothing" % label)
+        check(
+            np.abs(same.values - same.clean).max() <= 1e-4 * max(1, abs(same.clean)),
+            "%s: patching clean into clean changes nothing" % label,
+        )
         _, clean_cache = model.run_with_cache(clean)
         patched = patching.run_patched(model, corrupted, clean_cache, ["blocks.0.hook_resid_pre"])
         check(np.array_equal(patched, model(clean)), "%s: patching the whole residual = the clean run" % label)
@@ -92,9 +95,11 @@ def run(model, label):
     logits, cache = model.run_with_cache(prompts[0])
     tok = int(logits[-1].argmax())
     attrs, labels = dclens.cache.dla(cache, token=tok, pos=-1)
-    check(abs(attrs.sum() - logits[-1, tok]) <= 1e-4 * max(1, abs(logits[-1, tok])),
-          "%s: DLA over %d components sums to the logit (%.5f vs %.5f)" % (label, len(labels), attrs.sum(),
-                                                                         logits[-1, tok]))
+    check(
+        abs(attrs.sum() - logits[-1, tok]) <= 1e-4 * max(1, abs(logits[-1, tok])),
+        "%s: DLA over %d components sums to the logit (%.5f vs %.5f)"
+        % (label, len(labels), attrs.sum(), logits[-1, tok]),
+    )
     stack = cache.decompose_resid()
     check(rel(stack.sum(0), cache["resid_post", -1]) <= 1e-5, "%s: decompose_resid sums to the residual" % label)
 
@@ -102,10 +107,16 @@ def run(model, label):
     toks = model.to_tokens(prompts[0])
     for phase in ("pre", "post"):
         R = routing.routing_matrices(model, cache, phase)
-        worst = max(rel(R[l, t], model.routing_matrix(toks, l, phase, t))
-                    for l in range(model.config.n_layer) for t in range(len(toks)))
-        check(worst <= 1e-6, "%s: routing from a cache (%s) = per-query calls over %d queries x %d layers"
-              % (label, phase, len(toks), model.config.n_layer))
+        worst = max(
+            rel(R[l, t], model.routing_matrix(toks, l, phase, t))
+            for l in range(model.config.n_layer)
+            for t in range(len(toks))
+        )
+        check(
+            worst <= 1e-6,
+            "%s: routing from a cache (%s) = per-query calls over %d queries x %d layers"
+            % (label, phase, len(toks), model.config.n_layer),
+        )
 
 
 def main():
@@ -115,9 +126,11 @@ def main():
     if not os.path.exists(a.tokenizer):
         print("tokenizer not found: %s" % a.tokenizer, file=sys.stderr)
         return 2
-    kinds = [("dcpythia", dict(model_type="dcpythia", n_layer=3, window_size=4)),
-             ("dcpythia query_wise", dict(model_type="dcpythia", n_layer=2, window_size=4, query_wise=True)),
-             ("pythia", dict(model_type="gpt_neox", n_layer=2))]
+    kinds = [
+        ("dcpythia", dict(model_type="dcpythia", n_layer=3, window_size=4)),
+        ("dcpythia query_wise", dict(model_type="dcpythia", n_layer=2, window_size=4, query_wise=True)),
+        ("pythia", dict(model_type="gpt_neox", n_layer=2)),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, kw) in enumerate(kinds):
             d = os.path.join(tmp, "m%d" % i)

@@ -20,6 +20,7 @@ curve, writes MODEL_CARD.md (synth_tasks.model_card) and, with --install,
 copies each twin into bindings/dclens/models/<name>/ after checking the 20 MB
 budget.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,8 @@ RECIPE = {
     # shared architecture (both twins)
     "n_layer": 4,
     "dim": 192,
-    "n_head": 6,               # head_dim 32
-    "intermediate": 768,       # 4 * dim
+    "n_head": 6,  # head_dim 32
+    "intermediate": 768,  # 4 * dim
     "rotary_pct": 0.25,
     "use_parallel_residual": True,
     "tie_word_embeddings": False,
@@ -46,30 +47,30 @@ RECIPE = {
     # window is 256 of a 2048 block (1/8): 32 of a benchmark line (<= 280 tokens,
     # one example is ~24 tokens), so local layers see one example.
     "window_size": 32,
-    "window_type": None,       # null = LG, as the published config
+    "window_type": None,  # null = LG, as the published config
     "query_wise": False,
     # tokenizer and data (synth_tasks.corpus / synth_tasks.fit_tokenizer)
-    "tokenizer": "synth_tasks/data/tokenizer.json",     # 2209 tokens
-    "train_stream_seed": 0,    # synth_tasks.corpus.training_records(seed=...)
-    "one_line_per_sequence": True,   # as the evaluator reads a line: no packing, no BOS
+    "tokenizer": "synth_tasks/data/tokenizer.json",  # 2209 tokens
+    "train_stream_seed": 0,  # synth_tasks.corpus.training_records(seed=...)
+    "one_line_per_sequence": True,  # as the evaluator reads a line: no packing, no BOS
     # budget and schedule (identical for both)
-    "tokens": 10_100_000,      # ~ steps x lines_per_step x 195 tokens a line (real, unpadded)
-    "tokens_per_step": 7800,   # 40 lines of ~195 tokens, each padded to seq_len (padding not scored)
+    "tokens": 10_100_000,  # ~ steps x lines_per_step x 195 tokens a line (real, unpadded)
+    "tokens_per_step": 7800,  # 40 lines of ~195 tokens, each padded to seq_len (padding not scored)
     "lines_per_step": 40,
-    "seq_len": 288,            # longest line of the published file is 269 tokens (277 held-out)
+    "seq_len": 288,  # longest line of the published file is 269 tokens (277 held-out)
     "steps": 1300,
-    "train_lines": 60_000,     # synth_tasks.corpus training lines 0..59999, drawn per step by seed
+    "train_lines": 60_000,  # synth_tasks.corpus training lines 0..59999, drawn per step by seed
     "lr": 3e-3,
-    "min_lr_frac": 0.1,        # cosine decay to lr * 0.1
+    "min_lr_frac": 0.1,  # cosine decay to lr * 0.1
     "warmup_steps": 150,
     "betas": (0.9, 0.95),
     "weight_decay": 0.1,
     "grad_clip": 1.0,
     "loss": "mean next-token cross-entropy over all tokens of a line",
-    "init_seeds": (0, 1),      # two seeds per twin for the spread, if time allows
-    "checkpoint_every_steps": 250,   # resumable: a run may be split over sittings
+    "init_seeds": (0, 1),  # two seeds per twin for the spread, if time allows
+    "checkpoint_every_steps": 250,  # resumable: a run may be split over sittings
     # shipping
-    "ship_dtype": "float16",   # 2 x ~2.7M params x 2 bytes ~ 11 MB < 20 MB budget
+    "ship_dtype": "float16",  # 2 x ~2.7M params x 2 bytes ~ 11 MB < 20 MB budget
 }
 TWINS = {"dcpythia-tiny": "dcpythia", "pythia-tiny": "gpt_neox"}
 BUDGET_BYTES = 20 * 1024 * 1024
@@ -96,29 +97,48 @@ BUDGET_BYTES = 20 * 1024 * 1024
 
 def config_for(model_type: str, vocab: int) -> dict:
     from dclens.testing.make_tiny import dcpythia_config, gpt_neox_config
+
     r = RECIPE
-    common = dict(n_layer=r["n_layer"], dim=r["dim"], n_head=r["n_head"], vocab=vocab,
-                  intermediate=r["intermediate"], rotary_pct=r["rotary_pct"],
-                  use_parallel_residual=r["use_parallel_residual"],
-                  tie_word_embeddings=r["tie_word_embeddings"], dtype="float32")
+    common = dict(
+        n_layer=r["n_layer"],
+        dim=r["dim"],
+        n_head=r["n_head"],
+        vocab=vocab,
+        intermediate=r["intermediate"],
+        rotary_pct=r["rotary_pct"],
+        use_parallel_residual=r["use_parallel_residual"],
+        tie_word_embeddings=r["tie_word_embeddings"],
+        dtype="float32",
+    )
     if model_type == "dcpythia":
-        return dcpythia_config(window_size=r["window_size"], window_type=r["window_type"],
-                               query_wise=r["query_wise"], use_qk_norm=True, use_linear_bias=True,
-                               use_dcmha=True, **common)
+        return dcpythia_config(
+            window_size=r["window_size"],
+            window_type=r["window_type"],
+            query_wise=r["query_wise"],
+            use_qk_norm=True,
+            use_linear_bias=True,
+            use_dcmha=True,
+            **common,
+        )
     return gpt_neox_config(**common)
 
 
 def schedule() -> dict:
     r = RECIPE
     steps = r["steps"]
-    return {"steps": steps, "warmup_steps": r["warmup_steps"], "lr": r["lr"],
-            "min_lr": round(r["lr"] * r["min_lr_frac"], 12)}
+    return {
+        "steps": steps,
+        "warmup_steps": r["warmup_steps"],
+        "lr": r["lr"],
+        "min_lr": round(r["lr"] * r["min_lr_frac"], 12),
+    }
 
 
 def prepare(out: str) -> int:
     from tokenizers import Tokenizer
     from synth_tasks import corpus
     from synth_tasks.fit_tokenizer import main as tok_main
+
     os.makedirs(out, exist_ok=True)
     tok_path = os.path.join(ROOT, RECIPE["tokenizer"])
     refit = os.path.join(out, "tokenizer.refit.json")
@@ -152,18 +172,62 @@ def train_commands(out: str, seed: int, n_threads: int = 0) -> list:
     """The `dclens train` command of each twin: identical but for --model-type."""
     r, sch = RECIPE, schedule()
     data = os.path.join(out, "train.jsonl")
-    common = ["--n-layer", r["n_layer"], "--dim", r["dim"], "--n-head", r["n_head"],
-              "--d-ff", r["intermediate"], "--window-size", r["window_size"], "--window-type", "LG",
-              "--rank", 2, "--seq-len", r["seq_len"], "--batch-size", r["lines_per_step"],
-              "--steps", sch["steps"], "--lr", sch["lr"], "--min-lr", sch["min_lr"],
-              "--warmup", sch["warmup_steps"], "--weight-decay", r["weight_decay"],
-              "--grad-clip", r["grad_clip"], "--beta1", r["betas"][0], "--beta2", r["betas"][1],
-              "--data", data, "--lines", "--tokenizer", os.path.join(ROOT, r["tokenizer"]),
-              "--ckpt-every", 50, "--keep", 2, "--log-every", 10, "--seed", seed]
+    common = [
+        "--n-layer",
+        r["n_layer"],
+        "--dim",
+        r["dim"],
+        "--n-head",
+        r["n_head"],
+        "--d-ff",
+        r["intermediate"],
+        "--window-size",
+        r["window_size"],
+        "--window-type",
+        "LG",
+        "--rank",
+        2,
+        "--seq-len",
+        r["seq_len"],
+        "--batch-size",
+        r["lines_per_step"],
+        "--steps",
+        sch["steps"],
+        "--lr",
+        sch["lr"],
+        "--min-lr",
+        sch["min_lr"],
+        "--warmup",
+        sch["warmup_steps"],
+        "--weight-decay",
+        r["weight_decay"],
+        "--grad-clip",
+        r["grad_clip"],
+        "--beta1",
+        r["betas"][0],
+        "--beta2",
+        r["betas"][1],
+        "--data",
+        data,
+        "--lines",
+        "--tokenizer",
+        os.path.join(ROOT, r["tokenizer"]),
+        "--ckpt-every",
+        50,
+        "--keep",
+        2,
+        "--log-every",
+        10,
+        "--seed",
+        seed,
+    ]
     if n_threads:
         common += ["--n-threads", n_threads]
-    return [[sys.executable, "-m", "dclens.cli", "train", "--out", os.path.join(out, name),
-             "--model-type", mtype] + [str(x) for x in common] for name, mtype in TWINS.items()]
+    return [
+        [sys.executable, "-m", "dclens.cli", "train", "--out", os.path.join(out, name), "--model-type", mtype]
+        + [str(x) for x in common]
+        for name, mtype in TWINS.items()
+    ]
 
 
 def train(out: str, seed: int, dry_run: bool = False, n_threads: int = 0) -> int:
@@ -172,9 +236,20 @@ def train(out: str, seed: int, dry_run: bool = False, n_threads: int = 0) -> int
     from its last checkpoint (dclens train's resume)."""
     cmds = train_commands(out, seed, n_threads)
     data = os.path.join(out, "train.jsonl")
-    gen = [sys.executable, "-m", "synth_tasks.cli", "corpus", "train", data,
-           "--lines", str(RECIPE["train_lines"]), "--seed", str(RECIPE["train_stream_seed"]),
-           "--format", "jsonl"]
+    gen = [
+        sys.executable,
+        "-m",
+        "synth_tasks.cli",
+        "corpus",
+        "train",
+        data,
+        "--lines",
+        str(RECIPE["train_lines"]),
+        "--seed",
+        str(RECIPE["train_stream_seed"]),
+        "--format",
+        "jsonl",
+    ]
     if dry_run:
         for c in [gen] + cmds:
             print(" ".join(c))
@@ -193,13 +268,16 @@ def train(out: str, seed: int, dry_run: bool = False, n_threads: int = 0) -> int
 def _to_dtype(src_dir: str, dst_dir: str, dtype: str) -> None:
     """Copy a safetensors checkpoint, storing float tensors as `dtype`."""
     from safetensors.numpy import load_file, save_file
+
     os.makedirs(dst_dir, exist_ok=True)
     files = sorted(f for f in os.listdir(src_dir) if f.endswith(".safetensors"))
     if len(files) != 1:
         raise SystemExit(f"{src_dir}: expected one .safetensors file, found {files}")
     sd = load_file(os.path.join(src_dir, files[0]))
-    save_file({k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in sd.items()},
-              os.path.join(dst_dir, "model.safetensors"))
+    save_file(
+        {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in sd.items()},
+        os.path.join(dst_dir, "model.safetensors"),
+    )
     with open(os.path.join(src_dir, "config.json")) as f:
         cfg = json.load(f)
     cfg["torch_dtype"] = dtype
@@ -213,6 +291,7 @@ def _write_last_rows(src: str, dst: str) -> None:
     """Copy a trainer's loss.csv keeping, for each step, its last row: a run resumed from a
     checkpoint logs again the steps it had logged after that checkpoint before it stopped."""
     import csv
+
     with open(src, newline="") as f:
         rows = list(csv.reader(f))
     last = {}
@@ -227,8 +306,10 @@ def _write_last_rows(src: str, dst: str) -> None:
 def _plot_loss(csv_path: str, png_path: str) -> None:
     import csv
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = list(csv.DictReader(open(csv_path, newline="")))
     x = [float(r.get("tokens") or r["step"]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -248,6 +329,7 @@ def _paired_diff(csv_a: str, csv_b: str, n_boot: int = 2000, seed: int = 0):
     paired-bootstrap interval, lines resampled (a line's six answers move together)."""
     import csv
     import numpy as np
+
     rows = [list(csv.DictReader(open(p, newline="", encoding="utf-8"))) for p in (csv_a, csv_b)]
     assert [(r["task"], r["line"], r["k"]) for r in rows[0]] == [(r["task"], r["line"], r["k"]) for r in rows[1]]
     a, b = (np.array([int(r["correct"]) for r in rr], float) for rr in rows)
@@ -262,6 +344,7 @@ def _paired_diff(csv_a: str, csv_b: str, n_boot: int = 2000, seed: int = 0):
 def _per_line(answers_csv: str) -> list:
     """[[task, line, answers, correct, summed NLL]] in file order, from dclens synth's answers.csv."""
     import csv
+
     out = {}
     for r in csv.DictReader(open(answers_csv, newline="", encoding="utf-8")):
         e = out.setdefault((r["task"], int(r["line"])), [r["task"], int(r["line"]), 0, 0, 0.0])
@@ -279,17 +362,23 @@ def _comparison_note(out: str) -> str:
         csvs = [os.path.join(out, "bench", label, n, "answers.csv") for n in names]
         d, lo, hi = _paired_diff(*csvs)
         verdict = "higher than" if lo > 0 else "lower than" if hi < 0 else "not distinguishable from"
-        parts.append(f"on the {label} set {names[0]} minus {names[1]} = {100 * d:+.1f} accuracy points "
-                     f"(95% paired bootstrap over lines [{100 * lo:+.1f}, {100 * hi:+.1f}]: DCMHA {verdict} MHA)")
-    return ("**DCMHA vs MHA at this scale** (the twins share size, data, token budget, schedule and seed): "
-            + "; ".join(parts) + ". One seed per twin: the spread over seeds was not measured. "
-            "The twins were trained on generated lines of the benchmark's format (never on the published "
-            "or held-out lines), the paper's 6.9B models on general text: the absolute numbers are not "
-            "comparable with Table 5, which is shown for reference.")
+        parts.append(
+            f"on the {label} set {names[0]} minus {names[1]} = {100 * d:+.1f} accuracy points "
+            f"(95% paired bootstrap over lines [{100 * lo:+.1f}, {100 * hi:+.1f}]: DCMHA {verdict} MHA)"
+        )
+    return (
+        "**DCMHA vs MHA at this scale** (the twins share size, data, token budget, schedule and seed): "
+        + "; ".join(parts)
+        + ". One seed per twin: the spread over seeds was not measured. "
+        "The twins were trained on generated lines of the benchmark's format (never on the published "
+        "or held-out lines), the paper's 6.9B models on general text: the absolute numbers are not "
+        "comparable with Table 5, which is shown for reference."
+    )
 
 
 def finish(out: str, install: bool, limit: int | None, command: str | None, seed: int) -> int:
     from synth_tasks.model_card import model_card
+
     ship_root = os.path.join(out, "ship")
     total = 0
     results = {}
@@ -302,26 +391,36 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
         results[name] = {}
         for label, data in (("published", None), ("held-out", "heldout")):
             o = os.path.join(out, "bench", label, name)
-            argv = [sys.executable, "-m", "dclens.cli", "synth", "--model", ship, "--out", o,
-                    "--no-progress"] + (["--data", data] if data else []) \
+            argv = (
+                [sys.executable, "-m", "dclens.cli", "synth", "--model", ship, "--out", o, "--no-progress"]
+                + (["--data", data] if data else [])
                 + (["--limit", str(limit)] if limit else [])
+            )
             subprocess.run(argv, check=True)
             results[name][label] = os.path.join(o, "results.json")
         # the scores of the stored weights, machine-readable (tests recompute them from the weights)
         keep = ("data", "lines", "overall", "per_k", "per_pattern", "per_transform", "per_task")
-        bench = {label: {k: v for k, v in json.load(open(p)).items() if k in keep}
-                 for label, p in results[name].items()}
+        bench = {
+            label: {k: v for k, v in json.load(open(p)).items() if k in keep} for label, p in results[name].items()
+        }
         for label, p in results[name].items():
             bench[label]["per_line"] = _per_line(os.path.join(os.path.dirname(p), "answers.csv"))
         with open(os.path.join(ship, "benchmark.json"), "w") as f:
             json.dump(bench, f, indent=1)
             f.write("\n")
     note = _comparison_note(out) if not limit else None
-    head = ("python scripts/train_bundled.py train --out RUN --n-threads 1 --seed %d\n# writes RUN/train.jsonl "
-            "(python -m synth_tasks.cli corpus train RUN/train.jsonl --lines %d --seed %d --format jsonl), "
-            "then runs:\n" % (seed, RECIPE["train_lines"], RECIPE["train_stream_seed"]))
-    cmds = {n: head + " ".join(os.path.relpath(x, ROOT) if os.path.isabs(x) and x.startswith(ROOT) else x
-                               for x in ["dclens"] + c[3:]) for n, c in zip(TWINS, train_commands("RUN", seed, 1))}
+    head = (
+        "python scripts/train_bundled.py train --out RUN --n-threads 1 --seed %d\n# writes RUN/train.jsonl "
+        "(python -m synth_tasks.cli corpus train RUN/train.jsonl --lines %d --seed %d --format jsonl), "
+        "then runs:\n" % (seed, RECIPE["train_lines"], RECIPE["train_stream_seed"])
+    )
+    cmds = {
+        n: head
+        + " ".join(
+            os.path.relpath(x, ROOT) if os.path.isabs(x) and x.startswith(ROOT) else x for x in ["dclens"] + c[3:]
+        )
+        for n, c in zip(TWINS, train_commands("RUN", seed, 1))
+    }
     for name in TWINS:
         run, ship = os.path.join(out, name), os.path.join(ship_root, name)
         log = os.path.join(run, "loss.csv")
@@ -329,8 +428,15 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
         if has_log:
             _write_last_rows(log, os.path.join(ship, "loss.csv"))
             _plot_loss(os.path.join(ship, "loss.csv"), os.path.join(ship, "loss.png"))
-        card = model_card(name, results[name], os.path.join(ship, "loss.csv") if has_log else None, ship,
-                          command=command or cmds[name], seed=seed, note=note)
+        card = model_card(
+            name,
+            results[name],
+            os.path.join(ship, "loss.csv") if has_log else None,
+            ship,
+            command=command or cmds[name],
+            seed=seed,
+            note=note,
+        )
         with open(os.path.join(ship, "MODEL_CARD.md"), "w") as f:
             f.write(card)
         total += sum(os.path.getsize(os.path.join(ship, f)) for f in os.listdir(ship))
@@ -356,13 +462,20 @@ def bench(out: str, batches=(16, 42), T: int = 195, repeats: int = 3) -> int:
     import dclens
     from dclens.testing.make_tiny import make_tiny
     from synth_tasks.model_card import count_params
+
     r = RECIPE
     for name, mtype in TWINS.items():
         d = os.path.join(out, "bench-init", name)
-        kw = dict(n_layer=r["n_layer"], dim=r["dim"], n_head=r["n_head"], vocab=2209,
-                  intermediate=r["intermediate"], rotary_pct=r["rotary_pct"],
-                  use_parallel_residual=r["use_parallel_residual"],
-                  tie_word_embeddings=r["tie_word_embeddings"])
+        kw = dict(
+            n_layer=r["n_layer"],
+            dim=r["dim"],
+            n_head=r["n_head"],
+            vocab=2209,
+            intermediate=r["intermediate"],
+            rotary_pct=r["rotary_pct"],
+            use_parallel_residual=r["use_parallel_residual"],
+            tie_word_embeddings=r["tie_word_embeddings"],
+        )
         if mtype == "dcpythia":
             kw.update(window_size=r["window_size"], window_type=r["window_type"], query_wise=r["query_wise"])
         make_tiny(d, mtype, **kw)

@@ -17,8 +17,24 @@ from .tasks import PATTERNS, TASKS, TRANSFORMS, Task
 from .tokenize import tokenize_line, tokenize_lines
 
 __all__ = [
-    "Answer", "AnswerResult", "Dataset", "DatasetError", "EvalResult", "Example", "Line",
-    "PATTERNS", "TASKS", "TRANSFORMS", "Task", "aggregate", "analyse", "evaluate",
-    "generate", "load_dataset", "parse_texts", "tokenize_line", "tokenize_lines",
+    "Answer",
+    "AnswerResult",
+    "Dataset",
+    "DatasetError",
+    "EvalResult",
+    "Example",
+    "Line",
+    "PATTERNS",
+    "TASKS",
+    "TRANSFORMS",
+    "Task",
+    "aggregate",
+    "analyse",
+    "evaluate",
+    "generate",
+    "load_dataset",
+    "parse_texts",
+    "tokenize_line",
+    "tokenize_lines",
     "write_jsonl",
 ]

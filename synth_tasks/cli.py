@@ -30,6 +30,7 @@ from .dataset import DATA_NAME, default_data_path  # noqa: F401 -- also the comm
 def load_model(path, device: str = "cpu"):
     """Load a checkpoint directory with the dclens engine (imported lazily)."""
     import dclens
+
     model = dclens.load(path, device=device)
     return model
 
@@ -39,6 +40,7 @@ def check_out_dir(out: str) -> str | None:
     evaluation starts, so a long run never ends in a write error. Creates the
     directory, and a probe file in it, to find out."""
     import tempfile
+
     if os.path.lexists(out) and not os.path.isdir(out):
         return f"--out {out} exists and is not a directory"
     try:
@@ -54,29 +56,49 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dclens synth",
         description="Evaluate models on the 74-task synthetic benchmark (DCFormer paper, "
-                    "Section 4.3): accuracy and perplexity of the bracketed answers, "
-                    "overall, per task, per shot count k, per QK pattern and per OV "
-                    "transformation.")
-    ap.add_argument("--model", action="append", required=True, metavar="DIR",
-                    help="model directory or bundled model name (dclens models); "
-                         "repeat to compare models side by side")
-    ap.add_argument("--data", default=None, metavar="FILE",
-                    help="benchmark JSONL file (default: the published "
-                         f"../shared/data/{DATA_NAME}); 'heldout': the held-out "
-                         "generated set shipped with synth_tasks (synth_tasks.corpus)")
-    ap.add_argument("--out", default="synth_out", metavar="DIR",
-                    help="output directory (default: synth_out)")
-    ap.add_argument("--limit", type=int, default=None, metavar="N",
-                    help="evaluate N lines spread across the tasks (round-robin over the "
-                         "tasks, each in file order), not the first N")
-    ap.add_argument("--batch-tokens", type=int, default=None, metavar="N",
-                    help="padded tokens per forward batch (default: 1024 on cpu, "
-                         "4096 on cuda); lines of similar length are batched together")
-    ap.add_argument("--skip-bad-lines", action="store_true",
-                    help="skip malformed lines (and say how many) instead of stopping")
+        "Section 4.3): accuracy and perplexity of the bracketed answers, "
+        "overall, per task, per shot count k, per QK pattern and per OV "
+        "transformation.",
+    )
+    ap.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="model directory or bundled model name (dclens models); repeat to compare models side by side",
+    )
+    ap.add_argument(
+        "--data",
+        default=None,
+        metavar="FILE",
+        help="benchmark JSONL file (default: the published "
+        f"../shared/data/{DATA_NAME}); 'heldout': the held-out "
+        "generated set shipped with synth_tasks (synth_tasks.corpus)",
+    )
+    ap.add_argument("--out", default="synth_out", metavar="DIR", help="output directory (default: synth_out)")
+    ap.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate N lines spread across the tasks (round-robin over the "
+        "tasks, each in file order), not the first N",
+    )
+    ap.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="padded tokens per forward batch (default: 1024 on cpu, "
+        "4096 on cuda); lines of similar length are batched together",
+    )
+    ap.add_argument(
+        "--skip-bad-lines", action="store_true", help="skip malformed lines (and say how many) instead of stopping"
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--tokenizer", default=None, metavar="FILE",
-                    help="tokenizer.json to use when the model directory has none")
+    ap.add_argument(
+        "--tokenizer", default=None, metavar="FILE", help="tokenizer.json to use when the model directory has none"
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     return ap
@@ -106,6 +128,7 @@ def main(argv=None) -> int:
     data = args.data or default_data_path()
     if data == "heldout" and not os.path.exists(data):
         from .corpus import HELDOUT_FILE
+
         data = HELDOUT_FILE
     if data is None:
         err(f"no --data given and the published {DATA_NAME} was not found in ../shared/data")
@@ -121,10 +144,13 @@ def main(argv=None) -> int:
         ds = load_dataset(data, skip_bad=args.skip_bad_lines)
         if args.limit is not None:
             from .dataset import sample_across_tasks
+
             n_tasks = len({l.task_id for l in ds.lines})
             ds = sample_across_tasks(ds, args.limit)
-            print(f"--limit {args.limit}: {len(ds)} lines from "
-                  f"{len({l.task_id for l in ds.lines})} of {n_tasks} tasks", file=sys.stderr)
+            print(
+                f"--limit {args.limit}: {len(ds)} lines from {len({l.task_id for l in ds.lines})} of {n_tasks} tasks",
+                file=sys.stderr,
+            )
     except DatasetError as e:
         err(f"{e} (use --skip-bad-lines to skip bad lines)")
         return 2
@@ -142,15 +168,20 @@ def main(argv=None) -> int:
         return 2
     print(f"data: {data}: {len(ds)} lines, {ds.n_answers} scored answers", file=sys.stderr)
     from .tasks import TASKS, line_matches
+
     off = [l for l in ds if l.task_id in TASKS and not line_matches(l.task_id, l.text)]
     if off:
-        print(f"warning: {len(off)} line(s) of table task ids do not fit that task's template "
-              f"(first: {off[0].where}, {off[0].task_id}); their pattern/transformation "
-              "labels may not apply", file=sys.stderr)
+        print(
+            f"warning: {len(off)} line(s) of table task ids do not fit that task's template "
+            f"(first: {off[0].where}, {off[0].task_id}); their pattern/transformation "
+            "labels may not apply",
+            file=sys.stderr,
+        )
 
     tokenizer = None
     if args.tokenizer:
         from tokenizers import Tokenizer
+
         try:
             tokenizer = Tokenizer.from_file(args.tokenizer)
         except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception type
@@ -170,13 +201,11 @@ def main(argv=None) -> int:
             err(f"{e} (pass --tokenizer FILE)")
             return 2
         if tok is None:
-            err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; "
-                "pass --tokenizer FILE)")
+            err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; pass --tokenizer FILE)")
             return 2
         try:
             bt = args.batch_tokens or (4096 if args.device == "cuda" else 1024)
-            res = evaluate(model, ds, tokenizer=tok, batch_tokens=bt,
-                           progress=not args.no_progress)
+            res = evaluate(model, ds, tokenizer=tok, batch_tokens=bt, progress=not args.no_progress)
         except (DatasetError, ValueError) as e:
             err(str(e))
             return 2
@@ -193,8 +222,7 @@ def main(argv=None) -> int:
             i += 1
         names.add(name)
         res.model_name = name
-        res.extra = {"model_dir": str(path), "skipped_lines": ds.skipped,
-                     "template_mismatches": len(off)}
+        res.extra = {"model_dir": str(path), "skipped_lines": ds.skipped, "template_mismatches": len(off)}
         results.append(res)
 
     os.makedirs(args.out, exist_ok=True)
@@ -217,37 +245,47 @@ def generate_main(argv=None) -> int:
     """``python -m synth_tasks.cli generate OUT.jsonl [--lines-per-task N] [--seed S]
     [--tasks task0,task5] [--exclude PUBLISHED.jsonl]``: write new data."""
     from .generate import main as gen_main
+
     return gen_main(argv)
 
 
 def corpus_main(argv=None) -> int:
     """``python -m synth_tasks.cli corpus heldout|train|check ...``: data for the bundled models."""
     from .corpus import main as corpus_main_
+
     return corpus_main_(argv)
 
 
 def tokenizer_main(argv=None) -> int:
     """``python -m synth_tasks.cli tokenizer fit|stats ...``: the task-vocabulary BPE."""
     from .fit_tokenizer import main as tok_main
+
     return tok_main(argv)
 
 
 def card_main(argv=None) -> int:
     """``python -m synth_tasks.cli card OUT.md --name N --results LABEL=results.json ...``."""
     from .model_card import main as card_main_
+
     return card_main_(argv)
 
 
 def composed_line_main(argv=None) -> int:
     """``python -m synth_tasks.cli composed-line --model M``: where a DCPythia's heads compose most."""
     from .composition import main as comp_main
+
     return comp_main(argv)
 
 
 if __name__ == "__main__":
     _argv = sys.argv[1:]
-    _sub = {"generate": generate_main, "corpus": corpus_main, "tokenizer": tokenizer_main,
-            "card": card_main, "composed-line": composed_line_main}
+    _sub = {
+        "generate": generate_main,
+        "corpus": corpus_main,
+        "tokenizer": tokenizer_main,
+        "card": card_main,
+        "composed-line": composed_line_main,
+    }
     if _argv and _argv[0] in _sub:
         raise SystemExit(_sub[_argv[0]](_argv[1:]))
     raise SystemExit(main(_argv))

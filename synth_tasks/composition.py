@@ -50,7 +50,7 @@ def composition_effect(model, ids, positions) -> np.ndarray:
     T = len(ids)
     out = np.zeros((L, cfg.n_head, len(pos)))
     for l in range(L):
-        sc = cache[hook_name(l, "attn.scores")].astype(np.float64)          # [N, T, S]
+        sc = cache[hook_name(l, "attn.scores")].astype(np.float64)  # [N, T, S]
         m = _mask(T, l in cfg.local_layers, cfg.window_size)
         sc = np.where(m[None], sc, -np.inf)
         sc -= sc.max(axis=-1, keepdims=True)
@@ -74,18 +74,29 @@ def most_composed(model, lines, tokenizer=None) -> dict:
         l, n, a = np.unravel_index(int(np.argmax(eff)), eff.shape)
         if best is None or eff[l, n, a] > best["effect"]:
             ans = tl.line.answers[a]
-            best = {"index": i, "line": tl.line.lineno, "task_id": tl.line.task_id, "layer": int(l),
-                    "head": int(n), "answer": ans.text, "k": ans.k, "query_position": int(tl.spans[a][0] - 1),
-                    "effect": float(eff[l, n, a]), "mean_effect": float(eff.mean()),
-                    "text": tl.line.text[:ans.end]}
+            best = {
+                "index": i,
+                "line": tl.line.lineno,
+                "task_id": tl.line.task_id,
+                "layer": int(l),
+                "head": int(n),
+                "answer": ans.text,
+                "k": ans.k,
+                "query_position": int(tl.spans[a][0] - 1),
+                "effect": float(eff[l, n, a]),
+                "mean_effect": float(eff.mean()),
+                "text": tl.line.text[: ans.end],
+            }
     if best is None:
         raise ValueError("no line with a scored answer")
     return best
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth_tasks.cli composed-line",
-                                 description="The benchmark line where a DCPythia's heads compose most.")
+    ap = argparse.ArgumentParser(
+        prog="python -m synth_tasks.cli composed-line",
+        description="The benchmark line where a DCPythia's heads compose most.",
+    )
     ap.add_argument("--model", required=True, help="DCPythia directory or bundled model name")
     ap.add_argument("--data", default="heldout", help="benchmark JSONL, or 'heldout' (default)")
     ap.add_argument("--lines", type=int, default=74, help="look at the first N lines (default 74)")
@@ -94,6 +105,7 @@ def main(argv=None) -> int:
     import dclens
     from .corpus import HELDOUT_FILE
     from .dataset import DatasetError, load_dataset
+
     try:
         ds = load_dataset(HELDOUT_FILE if a.data == "heldout" else a.data, limit=a.lines)
         pick = most_composed(dclens.load(a.model), ds.lines)

@@ -44,7 +44,7 @@ from .dataset import DATA_NAME, default_data_path, lines_from_records, parse_tex
 from .tasks import TASKS
 from .tokenize import tokenize_lines
 
-_gen = importlib.import_module("synth_tasks.generate")   # the package exports a function of that name
+_gen = importlib.import_module("synth_tasks.generate")  # the package exports a function of that name
 
 HELDOUT_SEED = 1000
 HELDOUT_LINES_PER_TASK = 12
@@ -75,8 +75,9 @@ def published_examples(path=None) -> set[str]:
     return _gen.examples_of(_read_records(path or published_path()))
 
 
-def heldout_records(seed: int = HELDOUT_SEED, lines_per_task: int = HELDOUT_LINES_PER_TASK,
-                    published=None) -> list[dict]:
+def heldout_records(
+    seed: int = HELDOUT_SEED, lines_per_task: int = HELDOUT_LINES_PER_TASK, published=None
+) -> list[dict]:
     """The held-out generated set: ``lines_per_task`` lines per task, none of
     whose examples is in the published file (``published``: its examples;
     default: read from ../shared/data)."""
@@ -92,8 +93,9 @@ def training_exclude(published=None, heldout=None) -> frozenset[str]:
     return frozenset(pub | _gen.examples_of(held))
 
 
-def training_records(seed: int = TRAIN_SEED, exclude: Iterable[str] | None = None,
-                     start: int = 0, stop: int | None = None, task_ids=None) -> Iterator[dict]:
+def training_records(
+    seed: int = TRAIN_SEED, exclude: Iterable[str] | None = None, start: int = 0, stop: int | None = None, task_ids=None
+) -> Iterator[dict]:
     """Lines ``start``, ``start + 1``, ... (up to ``stop``, default endless) of the
     training stream: chunk c holds one line of every task, in an order shuffled
     with (seed, c); each line is generated from its own (seed, c, task) RNG.
@@ -124,14 +126,14 @@ def record_text(rec: dict) -> str:
     return parse_texts(rec["texts"])[0]
 
 
-def training_texts(seed: int = TRAIN_SEED, exclude=None, start: int = 0,
-                   stop: int | None = None) -> Iterator[str]:
+def training_texts(seed: int = TRAIN_SEED, exclude=None, start: int = 0, stop: int | None = None) -> Iterator[str]:
     for rec in training_records(seed, exclude, start, stop):
         yield record_text(rec)
 
 
-def token_stream(tokenizer, seed: int = TRAIN_SEED, exclude=None, start: int = 0,
-                 stop: int | None = None, chunk: int = 74) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def token_stream(
+    tokenizer, seed: int = TRAIN_SEED, exclude=None, start: int = 0, stop: int | None = None, chunk: int = 74
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(ids int32 [T], answer_mask bool [T]) per training line, tokenised
     segment-wise as the evaluator does; answer_mask[p] is True where token p
     belongs to a bracketed (scored) answer."""
@@ -157,21 +159,24 @@ def overlap(records: Iterable[dict], examples: Iterable[str]) -> list[str]:
 # command line
 # ---------------------------------------------------------------------------
 
+
 def _write_records(path, recs, fmt: str) -> int:
     n = 0
     with open(path, "w", encoding="utf-8") as f:
         for r in recs:
             if fmt == "jsonl":
                 f.write(json.dumps({"task_id": r["task_id"], "texts": r["texts"]}) + "\n")
-            else:                      # texts back to back: a blank line between two lines
+            else:  # texts back to back: a blank line between two lines
                 f.write(record_text(r))
             n += 1
     return n
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth_tasks.cli corpus",
-                                 description="Training / held-out data disjoint from the published file.")
+    ap = argparse.ArgumentParser(
+        prog="python -m synth_tasks.cli corpus",
+        description="Training / held-out data disjoint from the published file.",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("heldout", help="write the held-out generated set (JSONL)")
     h.add_argument("out")
@@ -183,13 +188,21 @@ def main(argv=None) -> int:
     t.add_argument("--lines", type=int, required=True)
     t.add_argument("--seed", type=int, default=TRAIN_SEED)
     t.add_argument("--start", type=int, default=0, help="first line index of the stream")
-    t.add_argument("--format", choices=["jsonl", "text"], default="jsonl",
-                   help="jsonl: published format (brackets); text: the fed texts back to back")
+    t.add_argument(
+        "--format",
+        choices=["jsonl", "text"],
+        default="jsonl",
+        help="jsonl: published format (brackets); text: the fed texts back to back",
+    )
     t.add_argument("--published", default=None)
     c = sub.add_parser("check", help="example-level overlap of a JSONL file with others")
     c.add_argument("file")
-    c.add_argument("--against", action="append", default=None,
-                   help="JSONL files (default: the published file and the default held-out set)")
+    c.add_argument(
+        "--against",
+        action="append",
+        default=None,
+        help="JSONL files (default: the published file and the default held-out set)",
+    )
     a = ap.parse_args(argv)
     try:
         pub = published_examples(getattr(a, "published", None))

@@ -33,7 +33,6 @@ def default_data_path() -> str | None:
     return None
 
 
-
 class DatasetError(ValueError):
     """A malformed line of a benchmark file (the message names file and line)."""
 
@@ -43,6 +42,7 @@ class Example:
     """One scored answer: ``text`` is the answer (without brackets), at
     ``line.text[start:end]``; ``k`` is its shot count (solved examples before it)
     and ``example`` the 1-based number of the example holding it."""
+
     text: str
     start: int
     end: int
@@ -56,11 +56,12 @@ Answer = Example
 @dataclass
 class Line:
     """One record: its task, the text with brackets removed, the scored answers."""
+
     task_id: str
     text: str
     answers: list[Example]
-    lineno: int = 0           # 1-based line number in the file (0: not from a file)
-    source: str = ""          # file name
+    lineno: int = 0  # 1-based line number in the file (0: not from a file)
+    source: str = ""  # file name
 
     @property
     def where(self) -> str:
@@ -71,7 +72,7 @@ class Line:
 class Dataset:
     lines: list[Line]
     path: str = ""
-    errors: list[str] = field(default_factory=list)   # messages of skipped lines
+    errors: list[str] = field(default_factory=list)  # messages of skipped lines
 
     @property
     def skipped(self) -> int:
@@ -101,8 +102,8 @@ def parse_texts(texts: str) -> tuple[str, list[Example]]:
     """
     out: list[str] = []
     answers: list[Example] = []
-    pos = 0                      # length of the output so far
-    n_examples = 0               # non-blank examples seen so far
+    pos = 0  # length of the output so far
+    n_examples = 0  # non-blank examples seen so far
     for piece in texts.split("\n"):
         if out:
             out.append("\n")
@@ -127,7 +128,7 @@ def parse_texts(texts: str) -> tuple[str, list[Example]]:
             o2 = piece.find("[", o + 1)
             if c < 0 or (0 <= o2 < c):
                 raise ValueError(f"unbalanced brackets in example {n_examples}")
-            inner = piece[o + 1:c]
+            inner = piece[o + 1 : c]
             ans = inner.strip()
             if not ans:
                 raise ValueError(f"empty answer in example {n_examples}")
@@ -159,7 +160,7 @@ def parse_record(obj, lineno: int = 0, source: str = "") -> Line:
     return Line(task_id=task_id, text=text, answers=answers, lineno=lineno, source=source)
 
 
-MAX_LINE_BYTES = 16 << 20    # the published lines are ~1.2 kB; a line is never this long
+MAX_LINE_BYTES = 16 << 20  # the published lines are ~1.2 kB; a line is never this long
 
 
 def _no_duplicate_keys(pairs):
@@ -177,12 +178,15 @@ def _open_regular(path):
     """Open a regular file for reading without blocking on a FIFO; devices
     (/dev/zero), FIFOs and directories are refused."""
     import stat
+
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise DatasetError(f"{os.fsdecode(os.fspath(path))}: not a regular file "
-                               "(a FIFO, device or directory cannot be read as a dataset)")
+            raise DatasetError(
+                f"{os.fsdecode(os.fspath(path))}: not a regular file "
+                "(a FIFO, device or directory cannot be read as a dataset)"
+            )
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -199,8 +203,9 @@ def _lines(f, source: str):
             return
         lineno += 1
         if len(raw) > MAX_LINE_BYTES:
-            raise DatasetError(f"{source}:{lineno}: line longer than {MAX_LINE_BYTES} bytes "
-                               "(not a benchmark JSONL file?)")
+            raise DatasetError(
+                f"{source}:{lineno}: line longer than {MAX_LINE_BYTES} bytes (not a benchmark JSONL file?)"
+            )
         yield lineno, raw
 
 
@@ -228,7 +233,7 @@ def load_dataset(path, skip_bad: bool = False, limit: int | None = None) -> Data
                     obj = json.loads(s, object_pairs_hook=_no_duplicate_keys)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"not JSON ({e})") from None
-                except RecursionError:         # json's decoder recurses per nesting level
+                except RecursionError:  # json's decoder recurses per nesting level
                     raise ValueError("not JSON the loader can read (nested too deeply)") from None
                 ds.lines.append(parse_record(obj, lineno, source))
             except ValueError as e:

@@ -28,15 +28,15 @@ from .tokenize import TokenizedLine, tokenize_lines
 @dataclass
 class AnswerResult:
     task_id: str
-    line: int                 # line number in the file
-    k: int                    # shot count
-    example: int              # example number within the line (1-based)
+    line: int  # line number in the file
+    k: int  # shot count
+    example: int  # example number within the line (1-based)
     answer: str
-    nll: float                # sum over the answer's tokens
+    nll: float  # sum over the answer's tokens
     n_tokens: int
     correct: bool
     target_ids: list[int]
-    pred_ids: list[int]       # arg-max token at each answer position
+    pred_ids: list[int]  # arg-max token at each answer position
     pred_text: str = ""
 
 
@@ -44,7 +44,7 @@ class AnswerResult:
 class EvalResult:
     model_name: str
     answers: list[AnswerResult]
-    summary: dict             # overall / per_task / per_k / per_pattern / per_transform
+    summary: dict  # overall / per_task / per_k / per_pattern / per_transform
     speed: dict
     n_lines: int
     extra: dict = field(default_factory=dict)
@@ -57,6 +57,7 @@ class EvalResult:
 # ---------------------------------------------------------------------------
 # aggregation
 # ---------------------------------------------------------------------------
+
 
 def stats(rows: list[AnswerResult]) -> dict:
     n = len(rows)
@@ -107,6 +108,7 @@ def aggregate(rows: list[AnswerResult], tasks=None) -> dict:
 # batching and scoring
 # ---------------------------------------------------------------------------
 
+
 def make_batches(lengths, batch_tokens: int = 2048, max_batch: int = 64) -> list[list[int]]:
     """Group indices of lines of similar length: sorted longest first, each batch
     holding as many lines as fit in ``batch_tokens`` padded tokens."""
@@ -131,8 +133,10 @@ def _require_finite(logits: np.ndarray, lines) -> None:
     if np.isfinite(logits).all():
         return
     b = int(np.argwhere(~np.isfinite(logits))[0][0])
-    raise ValueError(f"{lines[b].where}: the model gave NaN or inf logits; no score is "
-                     "reported (non-finite weights or an overflow in the model)")
+    raise ValueError(
+        f"{lines[b].where}: the model gave NaN or inf logits; no score is "
+        "reported (non-finite weights or an overflow in the model)"
+    )
 
 
 def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=None):
@@ -140,7 +144,7 @@ def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=
     (rows: the logits of positions s-1 .. e-2, when given instead of logits_row)."""
     s, e = span
     if rows is None:
-        rows = logits_row[s - 1:e - 1]
+        rows = logits_row[s - 1 : e - 1]
     rows = np.asarray(rows, dtype=np.float64)
     tgt = ids[s:e].astype(np.int64)
     m = rows.max(axis=-1, keepdims=True)
@@ -153,6 +157,7 @@ def _score(logits_row: np.ndarray, ids: np.ndarray, span: tuple[int, int], rows=
 def _takes_logits_at(model) -> bool:
     """Does model.forward accept logits_at= (dclens models do)?"""
     import inspect
+
     try:
         return "logits_at" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -181,8 +186,16 @@ def get_tokenizer(model, tokenizer=None):
     return tok
 
 
-def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: int = 64,
-             progress: bool = False, tasks=None, decode: bool = True) -> EvalResult:
+def evaluate(
+    model,
+    lines,
+    tokenizer=None,
+    batch_tokens: int = 2048,
+    max_batch: int = 64,
+    progress: bool = False,
+    tasks=None,
+    decode: bool = True,
+) -> EvalResult:
     """Evaluate ``model`` (``model.forward(int32 [B, T]) -> float32 [B, T, V]``)
     on ``lines`` (a Dataset or a list of Line)."""
     if isinstance(lines, Dataset):
@@ -196,8 +209,7 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
     if toks and vocab is not None:
         mx = max((int(t.ids.max()) for t in toks if len(t.ids)), default=-1)
         if mx >= int(vocab):
-            raise ValueError(f"token id {mx} is outside the model's vocabulary ({vocab}); "
-                             "wrong tokenizer?")
+            raise ValueError(f"token id {mx} is outside the model's vocabulary ({vocab}); wrong tokenizer?")
 
     results: list[list[AnswerResult]] = [[] for _ in toks]
     batches = make_batches([len(t) for t in toks], batch_tokens, max_batch)
@@ -207,25 +219,30 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
     if progress:
         from tqdm import tqdm
         import sys
+
         # a live bar on a terminal; in a log (demo, CI) an update every 15 s, not a flood
-        bar = tqdm(total=len(toks), unit="line", desc=f"synth {name}", leave=True,
-                   mininterval=0.1 if sys.stderr.isatty() else 15.0)
+        bar = tqdm(
+            total=len(toks),
+            unit="line",
+            desc=f"synth {name}",
+            leave=True,
+            mininterval=0.1 if sys.stderr.isatty() else 15.0,
+        )
     fwd_s, n_tok, n_pad = 0.0, 0, 0
-    sparse = _takes_logits_at(model)   # logits only at the answer positions
+    sparse = _takes_logits_at(model)  # logits only at the answer positions
     try:
         for batch in batches:
             T = max(max(len(toks[i]) for i in batch), 1)
             arr = np.zeros((len(batch), T), dtype=np.int32)
             for b, i in enumerate(batch):
-                arr[b, :len(toks[i])] = toks[i].ids
+                arr[b, : len(toks[i])] = toks[i].ids
             pos = _answer_positions(batch, toks) if sparse else None
             t0 = time.perf_counter()
             logits = np.asarray(model.forward(arr) if pos is None else model.forward(arr, logits_at=pos))
             fwd_s += time.perf_counter() - t0
             n_rows = T if pos is None else pos.shape[1]
             if logits.ndim != 3 or logits.shape[0] != len(batch) or logits.shape[1] != n_rows:
-                raise ValueError(f"model.forward returned shape {logits.shape}, "
-                                 f"expected ({len(batch)}, {n_rows}, V)")
+                raise ValueError(f"model.forward returned shape {logits.shape}, expected ({len(batch)}, {n_rows}, V)")
             V = logits.shape[2]
             _require_finite(logits, [toks[i].line for i in batch])
             for b, i in enumerate(batch):
@@ -236,11 +253,20 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
                 for a, span in zip(tl.line.answers, tl.spans):
                     rows = None if pos is None else logits[b][[row_of[q] for q in range(span[0] - 1, span[1] - 1)]]
                     nll, pred, tgt = _score(logits[b], tl.ids, span, rows)
-                    results[i].append(AnswerResult(
-                        task_id=tl.line.task_id, line=tl.line.lineno, k=a.k,
-                        example=a.example, answer=a.text, nll=nll, n_tokens=len(tgt),
-                        correct=bool(np.all(pred == tgt)),
-                        target_ids=[int(x) for x in tgt], pred_ids=[int(x) for x in pred]))
+                    results[i].append(
+                        AnswerResult(
+                            task_id=tl.line.task_id,
+                            line=tl.line.lineno,
+                            k=a.k,
+                            example=a.example,
+                            answer=a.text,
+                            nll=nll,
+                            n_tokens=len(tgt),
+                            correct=bool(np.all(pred == tgt)),
+                            target_ids=[int(x) for x in tgt],
+                            pred_ids=[int(x) for x in pred],
+                        )
+                    )
             real = sum(len(toks[i]) for i in batch)
             n_tok += real
             n_pad += arr.size
@@ -251,12 +277,12 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
         if bar is not None:
             bar.close()
 
-    rows = [r for rs in results for r in rs]       # file order
+    rows = [r for rs in results for r in rs]  # file order
     if decode:
         for r in rows:
             try:
                 r.pred_text = tok.decode(r.pred_ids)
-            except Exception:                        # ids outside the tokenizer
+            except Exception:  # ids outside the tokenizer
                 r.pred_text = ""
     wall = time.perf_counter() - t_wall
     speed = {
@@ -268,5 +294,4 @@ def evaluate(model, lines, tokenizer=None, batch_tokens: int = 2048, max_batch: 
         "wall_s": wall,
         "tokens_per_s": n_tok / fwd_s if fwd_s > 0 else float("nan"),
     }
-    return EvalResult(model_name=name, answers=rows, summary=aggregate(rows, tasks),
-                      speed=speed, n_lines=len(toks))
+    return EvalResult(model_name=name, answers=rows, summary=aggregate(rows, tasks), speed=speed, n_lines=len(toks))

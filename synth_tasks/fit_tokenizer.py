@@ -28,26 +28,30 @@ from .dataset import load_dataset
 from .tokenize import tokenize_lines
 
 TOKENIZER_SEED = 1
-TOKENIZER_LINES = 2960          # 40 per task
-VOCAB_SIZE = 4096          # an upper bound: the task vocabulary saturates at 2209 tokens
+TOKENIZER_LINES = 2960  # 40 per task
+VOCAB_SIZE = 4096  # an upper bound: the task vocabulary saturates at 2209 tokens
 SPECIAL = "<|endoftext|>"
 
 
-def fit(vocab_size: int = VOCAB_SIZE, seed: int = TOKENIZER_SEED, n_lines: int = TOKENIZER_LINES,
-        texts=None):
+def fit(vocab_size: int = VOCAB_SIZE, seed: int = TOKENIZER_SEED, n_lines: int = TOKENIZER_LINES, texts=None):
     """Fit the BPE; ``texts`` (default: training-stream lines of ``seed``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     if texts is None:
         from .corpus import training_texts
+
         texts = list(training_texts(seed=seed, stop=n_lines))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  special_tokens=[SPECIAL],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[SPECIAL],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer, length=len(texts))
     return tok
 
@@ -80,8 +84,9 @@ def stats(tok, lines) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth_tasks.cli tokenizer",
-                                 description="Fit / measure the task-vocabulary BPE tokenizer.")
+    ap = argparse.ArgumentParser(
+        prog="python -m synth_tasks.cli tokenizer", description="Fit / measure the task-vocabulary BPE tokenizer."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit", help="fit on training-stream lines and write tokenizer.json")
     f.add_argument("out")
@@ -90,8 +95,7 @@ def main(argv=None) -> int:
     f.add_argument("--lines", type=int, default=TOKENIZER_LINES)
     s = sub.add_parser("stats", help="tokens/line and single-token answers on benchmark files")
     s.add_argument("tokenizer")
-    s.add_argument("--data", action="append", default=None,
-                   help="benchmark JSONL (default: the published file)")
+    s.add_argument("--data", action="append", default=None, help="benchmark JSONL (default: the published file)")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "fit":
@@ -99,11 +103,14 @@ def main(argv=None) -> int:
                 ap.error("--vocab-size must be > 256 and --lines >= 1")
             tok = fit(a.vocab_size, a.seed, a.lines)
             tok.save(a.out)
-            print(f"wrote {a.out}: {tok.get_vocab_size()} tokens, fitted on training-stream lines "
-                  f"0..{a.lines - 1} of seed {a.seed}")
+            print(
+                f"wrote {a.out}: {tok.get_vocab_size()} tokens, fitted on training-stream lines "
+                f"0..{a.lines - 1} of seed {a.seed}"
+            )
         else:
             from tokenizers import Tokenizer
             from .dataset import default_data_path
+
             tok = Tokenizer.from_file(a.tokenizer)
             for path in a.data or [default_data_path()]:
                 st = stats(tok, load_dataset(path).lines)

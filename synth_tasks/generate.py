@@ -75,8 +75,15 @@ def transform_values(transform: str, x) -> list[str]:
     raise ValueError(f"unknown transformation {transform!r}")
 
 
-_TRANSFORM_POOL = {"copy": "obj", "obj->superclass": "obj", "obj->capability": "tool", "city->country": "city",
-                   "adj->opposite": "adj", "ordinal->next": "ordinal", "ordinal->prev": "ordinal"}
+_TRANSFORM_POOL = {
+    "copy": "obj",
+    "obj->superclass": "obj",
+    "obj->capability": "tool",
+    "city->country": "city",
+    "adj->opposite": "adj",
+    "ordinal->next": "ordinal",
+    "ordinal->prev": "ordinal",
+}
 
 
 def transform_pairs(transform: str) -> list[tuple[str, str]]:
@@ -124,7 +131,7 @@ def _pattern_parts(pattern: str) -> tuple[str, str]:
     """'the-other-person' -> ('the-other', 'person')"""
     for prefix in ("the-other", "same", "different"):
         if pattern.startswith(prefix + "-"):
-            return prefix, pattern[len(prefix) + 1:]
+            return prefix, pattern[len(prefix) + 1 :]
     raise ValueError(pattern)
 
 
@@ -132,12 +139,13 @@ def _pattern_parts(pattern: str) -> tuple[str, str]:
 # analysing (solving) one example
 # ---------------------------------------------------------------------------
 
+
 @dataclass
 class Analysis:
     answer: str | None = None
     expected: set = field(default_factory=set)
     problems: list = field(default_factory=list)
-    source: int | None = None       # which of the three context items (0..2) the answer comes from
+    source: int | None = None  # which of the three context items (0..2) the answer comes from
 
     @property
     def ok(self) -> bool:
@@ -244,6 +252,7 @@ def analyse(task_id: str, example: str, strict: bool = False) -> Analysis:
 # proposing examples
 # ---------------------------------------------------------------------------
 
+
 def _render_slot(kind: str, value) -> str:
     if kind == "obj_a":
         return value.a_form
@@ -347,7 +356,6 @@ def _propose(t: Task, rng: random.Random, verb: int, scale: str | None) -> dict:
     return out
 
 
-
 _BRACKETS = re.compile(r"\[ ?(.*?) ?\]")
 
 
@@ -355,11 +363,16 @@ def _unbracket(s: str) -> str:
     return _BRACKETS.sub(r"\1", s)
 
 
-def generate_line(task_id: str, rng: random.Random, exclude=frozenset(),
-                  n_examples: int = N_EXAMPLES, n_demos: int = N_DEMOS,
-                  max_tries: int = 5000) -> dict:
+def generate_line(
+    task_id: str,
+    rng: random.Random,
+    exclude=frozenset(),
+    n_examples: int = N_EXAMPLES,
+    n_demos: int = N_DEMOS,
+    max_tries: int = 5000,
+) -> dict:
     t = TASKS[task_id]
-    verb = rng.randrange(12)              # one verb per line, as in the published data
+    verb = rng.randrange(12)  # one verb per line, as in the published data
     examples: list[str] = []
     seen: set[str] = set()
     tries = 0
@@ -420,14 +433,15 @@ def write_jsonl(path, lines) -> None:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m synth_tasks.cli generate",
-                                 description="Generate synthetic-benchmark data.")
+
+    ap = argparse.ArgumentParser(
+        prog="python -m synth_tasks.cli generate", description="Generate synthetic-benchmark data."
+    )
     ap.add_argument("out", help="output JSONL file")
     ap.add_argument("--lines-per-task", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tasks", default=None, help="comma-separated task ids (default: all)")
-    ap.add_argument("--exclude", default=None,
-                    help="a JSONL file whose examples must not be generated (hold-out)")
+    ap.add_argument("--exclude", default=None, help="a JSONL file whose examples must not be generated (hold-out)")
     a = ap.parse_args(argv)
     exclude = None
     if a.exclude:

@@ -31,8 +31,7 @@ import struct
 import sys
 
 # DCFormer paper, Table 5: the published file, mixture of 2-7 shots
-PAPER_TABLE5 = {"Pythia-6.9B": {"acc": 0.319, "ppl": 10.05},
-                "DCPythia-6.9B": {"acc": 0.390, "ppl": 7.36}}
+PAPER_TABLE5 = {"Pythia-6.9B": {"acc": 0.319, "ppl": 10.05}, "DCPythia-6.9B": {"acc": 0.390, "ppl": 7.36}}
 
 
 class CardError(ValueError):
@@ -73,8 +72,13 @@ def read_train_log(path) -> dict:
         return out
 
     loss, step = col("loss"), col("step")
-    s = {"rows": len(rows), "steps": int(max(step)), "loss_first": loss[0], "loss_last": loss[-1],
-         "loss_min": min(loss)}
+    s = {
+        "rows": len(rows),
+        "steps": int(max(step)),
+        "loss_first": loss[0],
+        "loss_last": loss[-1],
+        "loss_min": min(loss),
+    }
     for name, key in (("tokens", "tokens"), ("val_loss", "val_loss_last"), ("lr", "lr_last")):
         v = col(name)
         if v:
@@ -126,8 +130,9 @@ def _group_table(results: dict, key: str, label: str, extra=None) -> list[str]:
         for k in r.get(key, {}):
             if k not in keys:
                 keys.append(k)
-    header = [label] + (extra[0] if extra else []) + [f"{n} acc" for n in names] + [f"{n} PPL" for n in names] \
-        + ["answers"]
+    header = (
+        [label] + (extra[0] if extra else []) + [f"{n} acc" for n in names] + [f"{n} PPL" for n in names] + ["answers"]
+    )
     rows = []
     for k in keys:
         cells = [k] + (extra[1](k, results) if extra else [])
@@ -138,8 +143,15 @@ def _group_table(results: dict, key: str, label: str, extra=None) -> list[str]:
     return _table(header, rows)
 
 
-def model_card(name: str, results: dict, train_log=None, model_dir=None, command: str | None = None,
-               seed: int | None = None, note: str | None = None) -> str:
+def model_card(
+    name: str,
+    results: dict,
+    train_log=None,
+    model_dir=None,
+    command: str | None = None,
+    seed: int | None = None,
+    note: str | None = None,
+) -> str:
     """The card's Markdown.  results: {label: results.json path or dict}, e.g.
     {"published": ..., "held-out": ...}; the first is the headline."""
     if not results:
@@ -169,19 +181,38 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
         t = log["tokens"]
         trained = f", trained on {t / 1e6:.1f}M" if t >= 1e6 else f", trained on {int(t):,}"
         trained += " tokens of generated task lines"
-    L = [f"# {name}", "",
-         f"A {size}{arch}{trained}. On the {first} set: accuracy {_pct(o.get('acc'))}, "
-         f"perplexity {_ppl(o.get('ppl'))} over {o.get('n')} scored answers "
-         f"(paper, Table 5, published file: Pythia-6.9B 31.9% / 10.05, DCPythia-6.9B 39.0% / 7.36).", ""]
+    L = [
+        f"# {name}",
+        "",
+        f"A {size}{arch}{trained}. On the {first} set: accuracy {_pct(o.get('acc'))}, "
+        f"perplexity {_ppl(o.get('ppl'))} over {o.get('n')} scored answers "
+        f"(paper, Table 5, published file: Pythia-6.9B 31.9% / 10.05, DCPythia-6.9B 39.0% / 7.36).",
+        "",
+    ]
     if note:
         L += [note, ""]
 
     if cfg is not None:
         L += ["## Model", ""]
-        keys = ["model_type", "n_layer", "num_hidden_layers", "dim", "hidden_size", "n_head",
-                "num_attention_heads", "intermediate_size", "vocab_size", "window_size", "window_type",
-                "query_wise", "use_dcmha", "rotary_pct", "use_parallel_residual", "tie_word_embeddings",
-                "torch_dtype"]
+        keys = [
+            "model_type",
+            "n_layer",
+            "num_hidden_layers",
+            "dim",
+            "hidden_size",
+            "n_head",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+            "window_size",
+            "window_type",
+            "query_wise",
+            "use_dcmha",
+            "rotary_pct",
+            "use_parallel_residual",
+            "tie_word_embeddings",
+            "torch_dtype",
+        ]
         L += _table(["key", "value"], [[k, json.dumps(cfg[k])] for k in keys if k in cfg])
         if n_params:
             L += ["", f"Parameters: {n_params:,} (from the safetensors headers)."]
@@ -192,12 +223,19 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
         L += ["Command:", "", "```", command, "```", ""]
     if seed is not None:
         L += [f"Seed: {seed}", ""]
-    L += ["Data: lines of the synthetic-task generator (`synth_tasks.corpus` training stream), "
-          "disjoint at the example level from the published file and from the held-out set "
-          "(`synth_tasks/data/heldout.jsonl`); tokenizer `synth_tasks/data/tokenizer.json`.", ""]
+    L += [
+        "Data: lines of the synthetic-task generator (`synth_tasks.corpus` training stream), "
+        "disjoint at the example level from the published file and from the held-out set "
+        "(`synth_tasks/data/heldout.jsonl`); tokenizer `synth_tasks/data/tokenizer.json`.",
+        "",
+    ]
     if log:
-        rows = [["steps", log["steps"]], ["loss, first logged", f"{log['loss_first']:.4f}"],
-                ["loss, last logged", f"{log['loss_last']:.4f}"], ["loss, lowest", f"{log['loss_min']:.4f}"]]
+        rows = [
+            ["steps", log["steps"]],
+            ["loss, first logged", f"{log['loss_first']:.4f}"],
+            ["loss, last logged", f"{log['loss_last']:.4f}"],
+            ["loss, lowest", f"{log['loss_min']:.4f}"],
+        ]
         if "tokens" in log:
             rows.append(["tokens", f"{int(log['tokens']):,}"])
         if "val_loss_last" in log:
@@ -207,9 +245,13 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
             if "tokens" in log and log["elapsed_s"] > 0:
                 rows.append(["tokens/s", f"{log['tokens'] / log['elapsed_s']:.0f}"])
         L += _table(["", ""], rows)
-        L += ["", f"Loss curve: `{os.path.basename(str(train_log))}`"
-              + (" and `loss.png`" if os.path.exists(os.path.splitext(str(train_log))[0] + ".png") else "")
-              + " in this directory.", ""]
+        L += [
+            "",
+            f"Loss curve: `{os.path.basename(str(train_log))}`"
+            + (" and `loss.png`" if os.path.exists(os.path.splitext(str(train_log))[0] + ".png") else "")
+            + " in this directory.",
+            "",
+        ]
     else:
         L += ["No training log was given.", ""]
 
@@ -217,8 +259,15 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
     rows = []
     for k, v in res.items():
         ov = v["overall"]
-        rows.append([f"{name} ({k})", _pct(ov.get("acc")), _ppl(ov.get("ppl")), ov.get("n", "-"),
-                     os.path.basename(str(v.get("data") or "-"))])
+        rows.append(
+            [
+                f"{name} ({k})",
+                _pct(ov.get("acc")),
+                _ppl(ov.get("ppl")),
+                ov.get("n", "-"),
+                os.path.basename(str(v.get("data") or "-")),
+            ]
+        )
     for m, s in PAPER_TABLE5.items():
         rows.append([f"{m} (paper, published)", _pct(s["acc"]), _ppl(s["ppl"]), 5328, "synthetic_dataset.jsonl"])
     L += _table(["model (data)", "accuracy", "perplexity", "answers", "file"], rows) + [""]
@@ -232,19 +281,31 @@ def model_card(name: str, results: dict, train_log=None, model_dir=None, command
             if t:
                 return [t.get("pattern") or "-", t.get("transform") or "-"]
         return ["-", "-"]
+
     L += ["Per task:", ""] + _group_table(res, "per_task", "task", (["pattern", "transformation"], task_cols))
-    L += ["", "Numbers from `dclens synth` (results.json: "
-          + ", ".join(f"{k}: `{v.get('data')}`" for k, v in res.items()) + ").", ""]
+    L += [
+        "",
+        "Numbers from `dclens synth` (results.json: "
+        + ", ".join(f"{k}: `{v.get('data')}`" for k, v in res.items())
+        + ").",
+        "",
+    ]
     return "\n".join(L)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth_tasks.cli card",
-                                 description="Write a bundled model's MODEL_CARD.md.")
+    ap = argparse.ArgumentParser(
+        prog="python -m synth_tasks.cli card", description="Write a bundled model's MODEL_CARD.md."
+    )
     ap.add_argument("out")
     ap.add_argument("--name", required=True)
-    ap.add_argument("--results", action="append", required=True, metavar="LABEL=FILE",
-                    help="a results.json of dclens synth, labelled (first: headline)")
+    ap.add_argument(
+        "--results",
+        action="append",
+        required=True,
+        metavar="LABEL=FILE",
+        help="a results.json of dclens synth, labelled (first: headline)",
+    )
     ap.add_argument("--train-log", default=None, metavar="CSV")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--command", default=None, help="the training command")

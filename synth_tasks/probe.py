@@ -41,17 +41,17 @@ _ITEM = re.compile(r"^(?:(?:an?|The|in|at|on|In|At|On) )?(?P<item>.*?)(?: (?:is|
 class Probe:
     task_id: str
     lineno: int
-    answer_index: int          # which scored answer of the line (0..5)
-    k: int                     # solved examples before it
-    text: str                  # the line's text up to the end of the answer
+    answer_index: int  # which scored answer of the line (0..5)
+    k: int  # solved examples before it
+    text: str  # the line's text up to the end of the answer
     answer: str
-    ids: np.ndarray            # int32 [T]
-    answer_span: tuple         # (a0, a1)
-    source: int                # token position of the source (last token of the item / person)
+    ids: np.ndarray  # int32 [T]
+    answer_span: tuple  # (a0, a1)
+    source: int  # token position of the source (last token of the item / person)
     source_text: str
-    corrupted: np.ndarray | None = None     # int32 [T]
+    corrupted: np.ndarray | None = None  # int32 [T]
     corrupted_answer: str | None = None
-    corrupted_token: int | None = None      # first token of the corrupted answer
+    corrupted_token: int | None = None  # first token of the corrupted answer
 
     @property
     def query(self) -> int:
@@ -107,10 +107,20 @@ def probe(line: Line, j: int, tokenizer) -> Probe | None:
     item = _ITEM.match(m.group(slot))
     src_end = ex_start + m.start(slot) + item.end("item")
 
-    prefix = Line(line.task_id, line.text[:ans.end], line.answers[:j + 1], line.lineno, line.source)
+    prefix = Line(line.task_id, line.text[: ans.end], line.answers[: j + 1], line.lineno, line.source)
     ids, ends, spans = _ids_and_offsets(prefix, tokenizer)
-    p = Probe(line.task_id, line.lineno, j, ans.k, prefix.text, ans.text, ids, spans[j],
-              _token_ending_at(ends, src_end), item.group("item"))
+    p = Probe(
+        line.task_id,
+        line.lineno,
+        j,
+        ans.k,
+        prefix.text,
+        ans.text,
+        ids,
+        spans[j],
+        _token_ending_at(ends, src_end),
+        item.group("item"),
+    )
     _corrupt(p, line, example, ex_start, m, res.source, tokenizer)
     return p
 
@@ -121,17 +131,20 @@ def _corrupt(p: Probe, line: Line, example: str, ex_start: int, m, src: int, tok
     a0, end = p.answer_span[0], len(p.text)
     for other in range(3):
         xs, xo = "x%d" % (src + 1), "x%d" % (other + 1)
-        if other == src or m.group(xs) == m.group(xo) or \
-                len(_encode(tokenizer, " " + m.group(xs))[0]) != len(_encode(tokenizer, " " + m.group(xo))[0]):
-            continue                    # the same item, or the positions between them would shift
+        if (
+            other == src
+            or m.group(xs) == m.group(xo)
+            or len(_encode(tokenizer, " " + m.group(xs))[0]) != len(_encode(tokenizer, " " + m.group(xo))[0])
+        ):
+            continue  # the same item, or the positions between them would shift
         (s1, e1), (s2, e2) = sorted([m.span(xs), m.span(xo)])
         swapped = example[:s1] + example[s2:e2] + example[e1:s2] + example[s1:e1] + example[e2:]
-        res = analyse(line.task_id, swapped)       # same length: the answer's offsets do not move
+        res = analyse(line.task_id, swapped)  # same length: the answer's offsets do not move
         if res.source is None or not res.expected:
             continue
         new_answer = sorted(res.expected)[0]
-        text = (line.text[:ex_start] + swapped + line.text[ex_start + len(example):])[:end]
-        ids, _, spans = _ids_and_offsets(Line(line.task_id, text, line.answers[:p.answer_index + 1]), tokenizer)
+        text = (line.text[:ex_start] + swapped + line.text[ex_start + len(example) :])[:end]
+        ids, _, spans = _ids_and_offsets(Line(line.task_id, text, line.answers[: p.answer_index + 1]), tokenizer)
         tok = _encode(tokenizer, " " + new_answer)[0]
         if spans[p.answer_index][0] != a0 or not tok or tok[0] == p.answer_token:
             continue

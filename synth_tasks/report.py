@@ -45,8 +45,7 @@ def write_results(res: EvalResult, path, data: str | None = None, extra: dict | 
     return d
 
 
-CSV_FIELDS = ["task", "line", "k", "answer", "nll", "n_tokens", "correct",
-              "predicted", "predicted_ids", "answer_ids"]
+CSV_FIELDS = ["task", "line", "k", "answer", "nll", "n_tokens", "correct", "predicted", "predicted_ids", "answer_ids"]
 
 
 def write_answers_csv(res: EvalResult, path) -> None:
@@ -55,19 +54,33 @@ def write_answers_csv(res: EvalResult, path) -> None:
         w = csv.writer(f)
         w.writerow(CSV_FIELDS)
         for r in res.answers:
-            w.writerow([r.task_id, r.line, r.k, r.answer, f"{r.nll:.6f}", r.n_tokens,
-                        int(r.correct), r.pred_text, " ".join(map(str, r.pred_ids)),
-                        " ".join(map(str, r.target_ids))])
+            w.writerow(
+                [
+                    r.task_id,
+                    r.line,
+                    r.k,
+                    r.answer,
+                    f"{r.nll:.6f}",
+                    r.n_tokens,
+                    int(r.correct),
+                    r.pred_text,
+                    " ".join(map(str, r.pred_ids)),
+                    " ".join(map(str, r.target_ids)),
+                ]
+            )
 
 
 # ---------------------------------------------------------------------------
 # plots
 # ---------------------------------------------------------------------------
 
+
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -85,8 +98,7 @@ def plot_per_task(results: list[EvalResult], path) -> None:
             if t not in tasks:
                 tasks.append(t)
     n = len(results)
-    fig, axes = plt.subplots(2, 1, sharex=True,
-                             figsize=(min(24, max(10, 0.15 * len(tasks) * n + 2)), 7.5))
+    fig, axes = plt.subplots(2, 1, sharex=True, figsize=(min(24, max(10, 0.15 * len(tasks) * n + 2)), 7.5))
     width = 0.8 / n
     for ax, key, label in ((axes[0], "acc", "accuracy"), (axes[1], "ppl", "perplexity (log)")):
         for j, r in enumerate(results):
@@ -117,8 +129,12 @@ def plot_per_k(results: list[EvalResult], path) -> None:
     for r in results:
         ks = sorted(r.summary["per_k"], key=int)
         for ax, key in ((axes[0], "acc"), (axes[1], "ppl")):
-            ax.plot([int(k) for k in ks], [r.summary["per_k"][k].get(key, float("nan")) for k in ks],
-                    marker="o", label=r.model_name)
+            ax.plot(
+                [int(k) for k in ks],
+                [r.summary["per_k"][k].get(key, float("nan")) for k in ks],
+                marker="o",
+                label=r.model_name,
+            )
     for ax, label in ((axes[0], "accuracy"), (axes[1], "perplexity (log)")):
         ax.set_xlabel("k (solved examples in the prompt)")
         ax.set_ylabel(label)
@@ -136,6 +152,7 @@ def plot_per_k(results: list[EvalResult], path) -> None:
 # terminal / markdown tables
 # ---------------------------------------------------------------------------
 
+
 def _fmt_acc(s):
     return "-" if s is None or s.get("acc") is None or s["acc"] != s["acc"] else f"{100 * s['acc']:.1f}%"
 
@@ -146,8 +163,9 @@ def _fmt_ppl(s):
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda r: "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w)
-                               for i, (x, w) in enumerate(zip(r, widths)))
+    line = lambda r: "  ".join(
+        str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths))
+    )
     return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 
 
@@ -156,8 +174,7 @@ def _sections(results: list[EvalResult], with_tasks: bool):
     keys = []
     for r in results:
         keys += [k for k in r.summary["per_k"] if k not in keys]
-    yield "per k (shots)", [(f"k={k}", [r.summary["per_k"].get(k) for r in results])
-                            for k in sorted(keys, key=int)]
+    yield "per k (shots)", [(f"k={k}", [r.summary["per_k"].get(k) for r in results]) for k in sorted(keys, key=int)]
     for sec, title in (("per_pattern", "per QK pattern"), ("per_transform", "per OV transformation")):
         names = []
         for r in results:
@@ -193,9 +210,14 @@ def format_summary(results, with_tasks: bool = False) -> str:
             body.append(row)
         out.append(f"{title}:\n" + _table(header, body))
     sp = [r.speed for r in results]
-    out.append("speed: " + "; ".join(
-        f"{r.model_name}: {s['tokens']} tokens in {s['forward_s']:.2f}s forward "
-        f"({s['tokens_per_s']:.0f} tokens/s, {s['batches']} batches)" for r, s in zip(results, sp)))
+    out.append(
+        "speed: "
+        + "; ".join(
+            f"{r.model_name}: {s['tokens']} tokens in {s['forward_s']:.2f}s forward "
+            f"({s['tokens_per_s']:.0f} tokens/s, {s['batches']} batches)"
+            for r, s in zip(results, sp)
+        )
+    )
     return "\n\n".join(out)
 
 
@@ -225,6 +247,7 @@ def compare_markdown(results: list[EvalResult]) -> str:
 def compare_dict(results: list[EvalResult]) -> dict:
     def pick(s):
         return None if s is None else {"acc": s["acc"], "ppl": s["ppl"], "n": s["n"]}
+
     out = {"models": [r.model_name for r in results]}
     out["overall"] = {r.model_name: pick(r.summary["overall"]) for r in results}
     for sec in ("per_k", "per_pattern", "per_transform", "per_task"):
@@ -246,8 +269,7 @@ def write_compare(results: list[EvalResult], out_dir) -> tuple[str, dict]:
     return md, d
 
 
-def write_all(res: EvalResult, out_dir, data: str | None = None, extra: dict | None = None,
-              plots: bool = True) -> dict:
+def write_all(res: EvalResult, out_dir, data: str | None = None, extra: dict | None = None, plots: bool = True) -> dict:
     """results.json, answers.csv and the two plots of one model in out_dir."""
     os.makedirs(out_dir, exist_ok=True)
     d = write_results(res, os.path.join(out_dir, "results.json"), data, extra)

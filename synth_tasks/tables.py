@@ -27,19 +27,89 @@ from dataclasses import dataclass
 
 PEOPLE = [
     # the 50 names of the published data
-    "Anthony", "Barbara", "Betty", "Brian", "Carol", "Charles", "Christopher",
-    "Daniel", "David", "Deborah", "Donald", "Donna", "Dorothy", "Edward",
-    "Elizabeth", "George", "Helen", "James", "Jason", "Jeff", "Jennifer", "John",
-    "Joseph", "Karen", "Kenneth", "Kevin", "Kimberly", "Laura", "Linda", "Lisa",
-    "Margaret", "Maria", "Mark", "Mary", "Michael", "Michelle", "Nancy",
-    "Patricia", "Paul", "Richard", "Robert", "Ronald", "Ruth", "Sandra", "Sarah",
-    "Sharon", "Steven", "Susan", "Thomas", "William",
+    "Anthony",
+    "Barbara",
+    "Betty",
+    "Brian",
+    "Carol",
+    "Charles",
+    "Christopher",
+    "Daniel",
+    "David",
+    "Deborah",
+    "Donald",
+    "Donna",
+    "Dorothy",
+    "Edward",
+    "Elizabeth",
+    "George",
+    "Helen",
+    "James",
+    "Jason",
+    "Jeff",
+    "Jennifer",
+    "John",
+    "Joseph",
+    "Karen",
+    "Kenneth",
+    "Kevin",
+    "Kimberly",
+    "Laura",
+    "Linda",
+    "Lisa",
+    "Margaret",
+    "Maria",
+    "Mark",
+    "Mary",
+    "Michael",
+    "Michelle",
+    "Nancy",
+    "Patricia",
+    "Paul",
+    "Richard",
+    "Robert",
+    "Ronald",
+    "Ruth",
+    "Sandra",
+    "Sarah",
+    "Sharon",
+    "Steven",
+    "Susan",
+    "Thomas",
+    "William",
     # more
-    "Alice", "Amanda", "Amy", "Andrew", "Angela", "Anna", "Brenda", "Catherine",
-    "Emily", "Emma", "Eric", "Frank", "Gary", "Gregory", "Jack", "Jacob",
-    "Janet", "Jessica", "Joshua", "Justin", "Larry", "Matthew", "Nicole",
-    "Olivia", "Peter", "Rachel", "Rebecca", "Samuel", "Scott", "Stephanie",
-    "Timothy", "Victoria",
+    "Alice",
+    "Amanda",
+    "Amy",
+    "Andrew",
+    "Angela",
+    "Anna",
+    "Brenda",
+    "Catherine",
+    "Emily",
+    "Emma",
+    "Eric",
+    "Frank",
+    "Gary",
+    "Gregory",
+    "Jack",
+    "Jacob",
+    "Janet",
+    "Jessica",
+    "Joshua",
+    "Justin",
+    "Larry",
+    "Matthew",
+    "Nicole",
+    "Olivia",
+    "Peter",
+    "Rachel",
+    "Rebecca",
+    "Samuel",
+    "Scott",
+    "Stephanie",
+    "Timothy",
+    "Victoria",
 ]
 
 # --------------------------------------------------------------------------
@@ -49,31 +119,29 @@ PEOPLE = [
 # superclass -> objects ("Ruth has a sweater" ... "a kind of clothing")
 SUPERCLASSES = {
     "animal": "a dog, a cat, a cow, a deer, a donkey, a duck, an elephant, a fox, "
-              "a goat, a goose, a gorilla, a horse, a lion, a monkey, a mouse, a pig, "
-              "a rabbit, sheep+, a squirrel, a tiger, a wolf, a bear, a zebra, "
-              "a giraffe, a kangaroo, a camel, a hamster, a leopard",
+    "a goat, a goose, a gorilla, a horse, a lion, a monkey, a mouse, a pig, "
+    "a rabbit, sheep+, a squirrel, a tiger, a wolf, a bear, a zebra, "
+    "a giraffe, a kangaroo, a camel, a hamster, a leopard",
     "insect": "a bee, a beetle, a mosquito, an ant, a butterfly, a grasshopper, "
-              "a ladybug, a cockroach, a wasp, a dragonfly, a moth, a flea",
+    "a ladybug, a cockroach, a wasp, a dragonfly, a moth, a flea",
     "fruit": "an apple, an apricot, a banana, blackberries+, blueberries+, cherries+, "
-             "a durian, grapes+, a kiwi, a lemon, a lime, a mango, an orange, "
-             "a papaya, a peach, a pear, a pineapple, a plum, strawberries+, "
-             "a watermelon, raspberries+, a coconut, a fig, a melon, an avocado",
+    "a durian, grapes+, a kiwi, a lemon, a lime, a mango, an orange, "
+    "a papaya, a peach, a pear, a pineapple, a plum, strawberries+, "
+    "a watermelon, raspberries+, a coconut, a fig, a melon, an avocado",
     "food": "bread, a burger, cake, a hamburger, meat, pizza, spaghetti, a steak, "
-            "a sandwich, soup, rice, noodles+, cheese, salad, pasta, a sausage",
+    "a sandwich, soup, rice, noodles+, cheese, salad, pasta, a sausage",
     "drink": "beer, a cocktail, coffee, juice, soda, tea, vodka, whiskey, wine, "
-             "milk, lemonade, champagne, cider, rum, brandy",
+    "milk, lemonade, champagne, cider, rum, brandy",
     "clothing": "a costume, a jacket, jeans+, a jersey, pants+, a shirt, shoes+, "
-                "a sweater, trousers+, a T-shirt, underwear, a uniform, a coat, "
-                "a dress, a hat, a scarf, a skirt, socks+, gloves+, boots+",
-    "vehicle": "a bus, a car, a jeep, a motorcycle, a taxi, a truck, a van, a train, "
-               "a tram, a tractor, a scooter",
+    "a sweater, trousers+, a T-shirt, underwear, a uniform, a coat, "
+    "a dress, a hat, a scarf, a skirt, socks+, gloves+, boots+",
+    "vehicle": "a bus, a car, a jeep, a motorcycle, a taxi, a truck, a van, a train, a tram, a tractor, a scooter",
     "weapon": "a cannon, a grenade, a gun, a handgun, a pistol, a revolver, a rifle, "
-              "a shotgun, a sword, a dagger, a spear, a crossbow",
-    "sport": "a baseball, a basketball, a football, a volleyball, a softball, "
-             "a rugby ball, a tennis ball, a golf ball",
+    "a shotgun, a sword, a dagger, a spear, a crossbow",
+    "sport": "a baseball, a basketball, a football, a volleyball, a softball, a rugby ball, a tennis ball, a golf ball",
     "musical instrument": "a guitar, a piano, a violin, a drum, a flute, a trumpet, "
-                          "a cello, a harp, a saxophone, a clarinet, a banjo, "
-                          "a ukulele, an accordion, a harmonica, a trombone",
+    "a cello, a harp, a saxophone, a clarinet, a banjo, "
+    "a ukulele, an accordion, a harmonica, a trombone",
 }
 
 # capability -> objects ("Mark has swim fins" ... "the thing that can swim")
@@ -87,8 +155,7 @@ CAPABILITIES = {
     "kill": "a dagger, a gun, a knife, a sword, a rifle, a spear",
     "fly": "a glider, a helicopter, a plane, a jet, a drone, a balloon",
     "swim": "goggles+, swim fins+, a swimsuit, a snorkel, flippers+",
-    "communicate": "a phone, a radio, a telegraph, a telephone, a walkie-talkie, "
-                   "a smartphone, a pager",
+    "communicate": "a phone, a radio, a telegraph, a telephone, a walkie-talkie, a smartphone, a pager",
     "play": "a guitar, a piano, a violin, a drum, a flute",
     "calculate": "an abacus, a calculator, a computer, a slide rule",
 }
@@ -102,6 +169,7 @@ OBJECT_ALIASES = {"pencils": "pencil"}
 class Obj:
     """An object: its bare name, how it is written after "has", and whether
     it takes "are" ("The jeans are Lisa's")."""
+
     name: str
     a_form: str
     plural: bool = False
@@ -152,10 +220,18 @@ TOOL_OBJECTS = [o for o in OBJECTS.values() if o.capability]
 # --------------------------------------------------------------------------
 
 COUNTRIES = {
-    "the United States": ["New York", "Los Angeles", "Washington, D.C", "Chicago",
-                          "Boston", "San Francisco", "Seattle", "Houston", "Miami"],
-    "the United Kingdom": ["London", "Manchester", "Birmingham", "Liverpool",
-                           "Edinburgh", "Glasgow", "Oxford"],
+    "the United States": [
+        "New York",
+        "Los Angeles",
+        "Washington, D.C",
+        "Chicago",
+        "Boston",
+        "San Francisco",
+        "Seattle",
+        "Houston",
+        "Miami",
+    ],
+    "the United Kingdom": ["London", "Manchester", "Birmingham", "Liverpool", "Edinburgh", "Glasgow", "Oxford"],
     "France": ["Paris", "Lyon", "Marseille", "Nice", "Bordeaux", "Toulouse"],
     "German": ["Berlin", "Munich", "Hamburg", "Frankfurt", "Cologne", "Dresden"],  # sic
     "Italy": ["Rome", "Milan", "Venice", "Florence", "Naples", "Turin"],
@@ -184,8 +260,7 @@ class City:
     country: str
 
 
-CITIES: dict[str, City] = {c: City(c, country)
-                           for country, cs in COUNTRIES.items() for c in cs}
+CITIES: dict[str, City] = {c: City(c, country) for country, cs in COUNTRIES.items() for c in cs}
 
 # --------------------------------------------------------------------------
 # Adjectives
@@ -193,26 +268,61 @@ CITIES: dict[str, City] = {c: City(c, country)
 
 # pairs of opposites; an adjective may have several opposites (happy: sad, unhappy)
 OPPOSITE_PAIRS = [
-    ("active", "passive"), ("good", "bad"), ("beautiful", "ugly"),
-    ("interesting", "boring"), ("interesting", "uninteresting"),
-    ("brave", "cowardly"), ("careful", "careless"), ("clean", "dirty"),
-    ("comfortable", "uncomfortable"), ("correct", "incorrect"),
-    ("safe", "dangerous"), ("honest", "dishonest"), ("loyal", "disloyal"),
-    ("fast", "slow"), ("friendly", "unfriendly"), ("generous", "stingy"),
-    ("happy", "sad"), ("happy", "unhappy"), ("healthy", "sick"),
-    ("healthy", "unhealthy"), ("knowledgeable", "ignorant"),
-    ("rational", "irrational"), ("responsible", "irresponsible"),
-    ("lucky", "unlucky"), ("optimistic", "pessimistic"), ("rich", "poor"),
-    ("popular", "unpopular"), ("reliable", "unreliable"), ("right", "wrong"),
-    ("tall", "short"), ("strong", "weak"), ("successful", "unsuccessful"),
+    ("active", "passive"),
+    ("good", "bad"),
+    ("beautiful", "ugly"),
+    ("interesting", "boring"),
+    ("interesting", "uninteresting"),
+    ("brave", "cowardly"),
+    ("careful", "careless"),
+    ("clean", "dirty"),
+    ("comfortable", "uncomfortable"),
+    ("correct", "incorrect"),
+    ("safe", "dangerous"),
+    ("honest", "dishonest"),
+    ("loyal", "disloyal"),
+    ("fast", "slow"),
+    ("friendly", "unfriendly"),
+    ("generous", "stingy"),
+    ("happy", "sad"),
+    ("happy", "unhappy"),
+    ("healthy", "sick"),
+    ("healthy", "unhealthy"),
+    ("knowledgeable", "ignorant"),
+    ("rational", "irrational"),
+    ("responsible", "irresponsible"),
+    ("lucky", "unlucky"),
+    ("optimistic", "pessimistic"),
+    ("rich", "poor"),
+    ("popular", "unpopular"),
+    ("reliable", "unreliable"),
+    ("right", "wrong"),
+    ("tall", "short"),
+    ("strong", "weak"),
+    ("successful", "unsuccessful"),
     # more
-    ("young", "old"), ("quiet", "noisy"), ("polite", "rude"), ("kind", "cruel"),
-    ("wise", "foolish"), ("patient", "impatient"), ("calm", "nervous"),
-    ("hardworking", "lazy"), ("clever", "stupid"), ("humble", "arrogant"),
-    ("modest", "arrogant"), ("mature", "immature"), ("cheerful", "gloomy"),
-    ("famous", "unknown"), ("awake", "asleep"), ("thin", "fat"),
-    ("hungry", "full"), ("early", "late"), ("tidy", "messy"),
-    ("fair", "unfair"), ("sensible", "foolish"), ("wealthy", "poor"),
+    ("young", "old"),
+    ("quiet", "noisy"),
+    ("polite", "rude"),
+    ("kind", "cruel"),
+    ("wise", "foolish"),
+    ("patient", "impatient"),
+    ("calm", "nervous"),
+    ("hardworking", "lazy"),
+    ("clever", "stupid"),
+    ("humble", "arrogant"),
+    ("modest", "arrogant"),
+    ("mature", "immature"),
+    ("cheerful", "gloomy"),
+    ("famous", "unknown"),
+    ("awake", "asleep"),
+    ("thin", "fat"),
+    ("hungry", "full"),
+    ("early", "late"),
+    ("tidy", "messy"),
+    ("fair", "unfair"),
+    ("sensible", "foolish"),
+    ("wealthy", "poor"),
 ]
 
 
@@ -234,10 +344,24 @@ ADJECTIVES = sorted(OPPOSITES)
 # kind -> (the word used in "the <kind> just before", preposition, values in order)
 ORDINAL_SCALES = {
     "year": ("in", [str(y) for y in range(1980, 2031)]),
-    "month": ("in", ["January", "February", "March", "April", "May", "June", "July",
-                     "August", "September", "October", "November", "December"]),
-    "day": ("on", ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday",
-                   "Saturday", "Sunday"]),
+    "month": (
+        "in",
+        [
+            "January",
+            "February",
+            "March",
+            "April",
+            "May",
+            "June",
+            "July",
+            "August",
+            "September",
+            "October",
+            "November",
+            "December",
+        ],
+    ),
+    "day": ("on", ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]),
     "time": ("at", [f"{h} o'clock" for h in range(1, 13)]),
     "season": ("in", ["spring", "summer", "autumn", "winter"]),
 }
@@ -246,6 +370,7 @@ ORDINAL_SCALES = {
 @dataclass(frozen=True)
 class Ordinal:
     """One value on an ordinal scale, e.g. Ordinal('month', 4) = May."""
+
     kind: str
     index: int
 
@@ -272,8 +397,7 @@ class Ordinal:
         return self.shifted(-1)
 
 
-ORDINALS: dict[str, Ordinal] = {v: Ordinal(k, i) for k, (_, vs) in ORDINAL_SCALES.items()
-                                for i, v in enumerate(vs)}
+ORDINALS: dict[str, Ordinal] = {v: Ordinal(k, i) for k, (_, vs) in ORDINAL_SCALES.items() for i, v in enumerate(vs)}
 
 # --------------------------------------------------------------------------
 # Verbs (one is chosen per generated line, as in the published data)
@@ -282,8 +406,12 @@ ORDINALS: dict[str, Ordinal] = {v: Ordinal(k, i) for k, (_, vs) in ORDINAL_SCALE
 # (affirmative 3rd person, base form used after "does not" / "Who does not")
 VERBS = {
     "possess": [("has", "have"), ("possesses", "possess"), ("owns", "own")],
-    "visit": [("wants to go to", "want to go to"), ("wants to visit", "want to visit"),
-              ("longs for", "long for"), ("yearns for", "yearn for")],
+    "visit": [
+        ("wants to go to", "want to go to"),
+        ("wants to visit", "want to visit"),
+        ("longs for", "long for"),
+        ("yearns for", "yearn for"),
+    ],
     "arrive": [("arrived", "arrive"), ("appeared", "appear"), ("showed up", "show up")],
 }
 
@@ -297,7 +425,7 @@ def lookup_object(text: str) -> Obj | None:
             t = t[: -len(suffix)]
     for prefix in ("The ", "the ", "a ", "an "):
         if t.startswith(prefix):
-            t = t[len(prefix):]
+            t = t[len(prefix) :]
     t = OBJECT_ALIASES.get(t, t)
     return OBJECTS.get(t)
 
@@ -311,5 +439,5 @@ def lookup_ordinal(text: str) -> Ordinal | None:
     t = text.strip()
     for prefix in ("in ", "at ", "on ", "In ", "At ", "On "):
         if t.startswith(prefix):
-            t = t[len(prefix):]
+            t = t[len(prefix) :]
     return ORDINALS.get(t)

@@ -42,18 +42,18 @@ from functools import lru_cache
 # ---------------------------------------------------------------------------
 
 CONTEXTS = {
-    "has":        "< {p1:person} has {x1:obj_a}. {p2:person} has {x2:obj_a}. {p3:person} has {x3:obj_a}. >. ",
-    "is-s":       "< {x1:obj_is} {p1:person}'s. {x2:obj_is} {p2:person}'s. {x3:obj_is} {p3:person}'s. >. ",
-    "likes":      "< {p1:person} likes {x1:city}. {p2:person} likes {x2:city}. {p3:person} likes {x3:city}. >. ",
-    "attracts":   "< {x1:city} attracts {p1:person}. {x2:city} attracts {p2:person}. {x3:city} attracts {p3:person}. >. ",
-    "is-adj":     "< {p1:person} is {x1:adj}. {p2:person} is {x2:adj}. {p3:person} is {x3:adj}. >. ",
-    "adj-p":      "< {x1:Adj} {p1:person}. {x2:Adj} {p2:person}. {x3:Adj} {p3:person}. >. ",
-    "arrived":    "< {p1:person} arrived {x1:in_ord}. {p2:person} arrived {x2:in_ord}. {p3:person} arrived {x3:in_ord}. >. ",
+    "has": "< {p1:person} has {x1:obj_a}. {p2:person} has {x2:obj_a}. {p3:person} has {x3:obj_a}. >. ",
+    "is-s": "< {x1:obj_is} {p1:person}'s. {x2:obj_is} {p2:person}'s. {x3:obj_is} {p3:person}'s. >. ",
+    "likes": "< {p1:person} likes {x1:city}. {p2:person} likes {x2:city}. {p3:person} likes {x3:city}. >. ",
+    "attracts": "< {x1:city} attracts {p1:person}. {x2:city} attracts {p2:person}. {x3:city} attracts {p3:person}. >. ",
+    "is-adj": "< {p1:person} is {x1:adj}. {p2:person} is {x2:adj}. {p3:person} is {x3:adj}. >. ",
+    "adj-p": "< {x1:Adj} {p1:person}. {x2:Adj} {p2:person}. {x3:Adj} {p3:person}. >. ",
+    "arrived": "< {p1:person} arrived {x1:in_ord}. {p2:person} arrived {x2:in_ord}. {p3:person} arrived {x3:in_ord}. >. ",
     "in-arrived": "< {x1:In_ord} arrived {p1:person}. {x2:In_ord} arrived {p2:person}. {x3:In_ord} arrived {p3:person}. >. ",
-    "list-obj":   "There are {x1:obj_a}, {x2:obj_a}, {x3:obj_a}. ",
-    "list-city":  "There are {x1:city}, {x2:city}, {x3:city}. ",
-    "list-adj":   "There are {x1:adj}, {x2:adj}, {x3:adj}. ",
-    "list-ord":   "There are {x1:ordinal}, {x2:ordinal}, {x3:ordinal}. ",
+    "list-obj": "There are {x1:obj_a}, {x2:obj_a}, {x3:obj_a}. ",
+    "list-city": "There are {x1:city}, {x2:city}, {x3:city}. ",
+    "list-adj": "There are {x1:adj}, {x2:adj}, {x3:adj}. ",
+    "list-ord": "There are {x1:ordinal}, {x2:ordinal}, {x3:ordinal}. ",
 }
 
 # ---------------------------------------------------------------------------
@@ -144,25 +144,25 @@ task73 | different-ordinal    | ordinal->prev   | ordinal | list-ord   | Which i
 # Slot kinds: regular expression used to recognise a slot
 # ---------------------------------------------------------------------------
 
-_OBJ = r"[A-Za-z][\w-]*(?: [a-z][\w-]*)?"                    # sweater, vacuum cleaner, T-shirt
+_OBJ = r"[A-Za-z][\w-]*(?: [a-z][\w-]*)?"  # sweater, vacuum cleaner, T-shirt
 _CITY = r"[A-Z][\w'-]*(?: (?:de |da |do )?[A-Z][\w'-]*)*(?:, [A-Z]\.[A-Z]\.?)?"  # Washington, D.C
-_ORD = r"(?:\d+(?: o'clock)?|[A-Za-z]+)"                      # 2010, 8 o'clock, May, spring
+_ORD = r"(?:\d+(?: o'clock)?|[A-Za-z]+)"  # 2010, 8 o'clock, May, spring
 
 SLOT_KINDS = {
     "person": r"[A-Z][a-z]+",
     "obj": _OBJ,
-    "obj_a": r"(?:an? )?" + _OBJ,                               # a sweater, jeans
-    "obj_is": r"(?:The )?" + _OBJ + r" (?:is|are)",             # The sweater is, The jeans are
-    "class": r"[a-z]+(?: [a-z]+)?",                             # musical instrument
+    "obj_a": r"(?:an? )?" + _OBJ,  # a sweater, jeans
+    "obj_is": r"(?:The )?" + _OBJ + r" (?:is|are)",  # The sweater is, The jeans are
+    "class": r"[a-z]+(?: [a-z]+)?",  # musical instrument
     "capability": r"[a-z]+",
     "city": _CITY,
-    "country": r"(?:the )?[A-Z][\w'-]*(?: [A-Z][\w'-]*)*",     # the United Kingdom
+    "country": r"(?:the )?[A-Z][\w'-]*(?: [A-Z][\w'-]*)*",  # the United Kingdom
     "adj": r"[a-z]+",
     "Adj": r"[A-Z][a-z]+",
     "ordinal": _ORD,
     "in_ord": r"(?:in|at|on) " + _ORD,
     "In_ord": r"(?:In|At|On) " + _ORD,
-    "kind": r"[a-z]+",                                          # year, month, day, time, season
+    "kind": r"[a-z]+",  # year, month, day, time, season
     # verbs
     "has": r"(?:has|possesses|owns)",
     "have": r"(?:have|possess|own)",
@@ -172,8 +172,14 @@ SLOT_KINDS = {
     "arrive": r"(?:arrive|appear|show up)",
 }
 
-VERB_KINDS = {"has": ("possess", 0), "have": ("possess", 1), "visits": ("visit", 0),
-              "visit": ("visit", 1), "arrived": ("arrive", 0), "arrive": ("arrive", 1)}
+VERB_KINDS = {
+    "has": ("possess", 0),
+    "have": ("possess", 1),
+    "visits": ("visit", 0),
+    "visit": ("visit", 1),
+    "arrived": ("arrive", 0),
+    "arrive": ("arrive", 1),
+}
 
 _SLOT_RE = re.compile(r"(\[)?\{(\w+):(\w+)\}(\])?")
 
@@ -181,11 +187,11 @@ _SLOT_RE = re.compile(r"(\[)?\{(\w+):(\w+)\}(\])?")
 @dataclass(frozen=True)
 class Task:
     task_id: str
-    pattern: str        # QK pattern, e.g. "the-other-person"
-    transform: str      # OV transformation, e.g. "obj->superclass"
-    vocab: str          # obj | tool | city | adj | ordinal
-    context: str        # key of CONTEXTS
-    query: str          # query template, with the answer slot [{A:kind}]
+    pattern: str  # QK pattern, e.g. "the-other-person"
+    transform: str  # OV transformation, e.g. "obj->superclass"
+    vocab: str  # obj | tool | city | adj | ordinal
+    context: str  # key of CONTEXTS
+    query: str  # query template, with the answer slot [{A:kind}]
 
     @property
     def template(self) -> str:
@@ -231,7 +237,7 @@ def compile_template(template: str) -> re.Pattern:
     ``[{A:kind}]`` matches both ``[ X ]`` and a bare ``X``."""
     out, pos = [], 0
     for m in _SLOT_RE.finditer(template):
-        out.append(re.escape(template[pos:m.start()]))
+        out.append(re.escape(template[pos : m.start()]))
         open_, name, kind, close = m.groups()
         body = f"(?P<{name}>{SLOT_KINDS[kind]})"
         if open_ and close:
@@ -245,17 +251,18 @@ def compile_template(template: str) -> re.Pattern:
 
 def slots(template: str) -> list[tuple[str, str, bool]]:
     """[(name, kind, is_answer)] in template order."""
-    return [(m.group(2), m.group(3), bool(m.group(1)))
-            for m in _SLOT_RE.finditer(template)]
+    return [(m.group(2), m.group(3), bool(m.group(1))) for m in _SLOT_RE.finditer(template)]
 
 
 def render(template: str, values: dict[str, str], bracket: bool) -> str:
     """Fill a template with already rendered slot strings; the answer slot is
     written ``[ X ]`` when bracket is true."""
+
     def sub(m):
         open_, name, kind, close = m.groups()
         v = values[name]
         return f"[ {v} ]" if (open_ and bracket) else v
+
     return _SLOT_RE.sub(sub, template)
 
 

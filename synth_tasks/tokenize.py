@@ -20,8 +20,8 @@ from .dataset import DatasetError, Line
 @dataclass
 class TokenizedLine:
     line: Line
-    ids: np.ndarray                   # int32 [T]
-    spans: list[tuple[int, int]]      # per answer: token positions [start, end)
+    ids: np.ndarray  # int32 [T]
+    spans: list[tuple[int, int]]  # per answer: token positions [start, end)
 
     def __len__(self):
         return len(self.ids)
@@ -37,7 +37,7 @@ def segments(line: Line) -> list[tuple[str, int]]:
             raise DatasetError(f"{line.where}: overlapping answers")
         if start > pos:
             out.append((text[pos:start], -1))
-        out.append((text[start:a.end], j))
+        out.append((text[start : a.end], j))
         pos = a.end
     if pos < len(text):
         out.append((text[pos:], -1))
@@ -63,13 +63,14 @@ def tokenize_lines(lines: list[Line], tokenizer) -> list[TokenizedLine]:
     for line, ss in zip(lines, segs):
         ids: list[int] = []
         spans: list[tuple[int, int] | None] = [None] * len(line.answers)
-        for (_, j), e in zip(ss, enc[n:n + len(ss)]):
+        for (_, j), e in zip(ss, enc[n : n + len(ss)]):
             if j >= 0:
                 if not e:
                     raise DatasetError(f"{line.where}: answer {line.answers[j].text!r} has no tokens")
                 if not ids:
-                    raise DatasetError(f"{line.where}: answer {line.answers[j].text!r} "
-                                       "at the very start of the text cannot be scored")
+                    raise DatasetError(
+                        f"{line.where}: answer {line.answers[j].text!r} at the very start of the text cannot be scored"
+                    )
                 spans[j] = (len(ids), len(ids) + len(e))
             ids.extend(e)
         n += len(ss)

@@ -10,6 +10,7 @@ Each returns the sequences' texts with the answers' brackets removed, as
 the benchmark reads them; a bad argument raises ValueError (dclens names
 the --data value).
 """
+
 from __future__ import annotations
 
 from typing import List

@@ -1,4 +1,5 @@
 """Shared fixtures: generated tiny checkpoints and the numpy reference."""
+
 import os
 import sys
 
@@ -26,7 +27,7 @@ def tiny_factory(tmp_path_factory):
     made = {}
 
     def make(**kw):
-        key = repr(sorted(kw.items()))   # kwargs may hold dicts (moh=...)
+        key = repr(sorted(kw.items()))  # kwargs may hold dicts (moh=...)
         if key not in made:
             d = str(tmp_path_factory.mktemp("tiny"))
             sd, cfg = make_tiny(d, **kw)

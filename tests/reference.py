@@ -49,6 +49,7 @@ Readings of the spec chosen where it leaves room (also listed in READINGS below)
   * "key_wise": true (issue 16, the paper's key-wise-only ablation): the query-wise
     branches (qp, qg) and their dyn.* hooks are absent; slots 0 and 2 are ignored.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,6 +67,7 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 # --------------------------------------------------------------------------- config
+
 
 class Hyper:
     """The hyper-parameters the forward pass needs, read from either config layout."""
@@ -171,13 +173,22 @@ def hook_names(config):
             names += [a + "post." + br for br in h.branches()] + [a + "pattern_composed"]
         if h.moh is not None:
             names += [a + "router_logits", a + "routing"]
-        names += [a + "z", a + "head_out", a + "out", b + "ln_mlp", b + "mlp.pre", b + "mlp.post",
-                  b + "mlp.out", b + "resid_post"]
+        names += [
+            a + "z",
+            a + "head_out",
+            a + "out",
+            b + "ln_mlp",
+            b + "mlp.pre",
+            b + "mlp.post",
+            b + "mlp.out",
+            b + "resid_post",
+        ]
     names += ["ln_final", "logits"]
     return names
 
 
 # --------------------------------------------------------------------------- hooks
+
 
 class _Hooks:
     """Applies interventions and records the cache."""
@@ -207,6 +218,7 @@ class _Hooks:
 
 # --------------------------------------------------------------------------- primitives
 
+
 def layer_norm(x, w, b, eps):
     """LayerNorm over the last axis, with weight and bias."""
     mu = x.mean(-1, keepdims=True)
@@ -232,7 +244,7 @@ def softmax(x, axis=-1):
 
 def rms_norm(x, eps, scale=None):
     """x / sqrt(mean(x^2 over last axis) + eps) * scale."""
-    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    y = x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
     return y if scale is None else y * scale
 
 
@@ -265,6 +277,7 @@ def attention_mask(T, local, window_size):
 
 # --------------------------------------------------------------------------- weights
 
+
 class _Weights:
     """float64 views of the checkpoint tensors a layer needs, by role."""
 
@@ -296,11 +309,15 @@ class _Weights:
     def norms(self, l):
         if self.h.model_type == "dcpythia":
             p = f"layers.{l}."
-            return ((self.get(p + "attention_norm.weight"), self.get(p + "attention_norm.bias")),
-                    (self.get(p + "ffn_norm.weight"), self.get(p + "ffn_norm.bias")))
+            return (
+                (self.get(p + "attention_norm.weight"), self.get(p + "attention_norm.bias")),
+                (self.get(p + "ffn_norm.weight"), self.get(p + "ffn_norm.bias")),
+            )
         p = f"gpt_neox.layers.{l}."
-        return ((self.get(p + "input_layernorm.weight"), self.get(p + "input_layernorm.bias")),
-                (self.get(p + "post_attention_layernorm.weight"), self.get(p + "post_attention_layernorm.bias")))
+        return (
+            (self.get(p + "input_layernorm.weight"), self.get(p + "input_layernorm.bias")),
+            (self.get(p + "post_attention_layernorm.weight"), self.get(p + "post_attention_layernorm.bias")),
+        )
 
     def qkv(self, l, x):
         """q, k, v [T, N, Dh] from the normed input x [T, D] (step 1)."""
@@ -313,10 +330,12 @@ class _Weights:
         p = f"layers.{l}.attention."
         if p + "wqkv.weight" in self.sd:
             qkv = linear(x, self.get(p + "wqkv.weight"), self.get(p + "wqkv.bias", required=False))  # [T, 3D]
-            q, k, v = qkv[:, :D], qkv[:, D:2 * D], qkv[:, 2 * D:]
+            q, k, v = qkv[:, :D], qkv[:, D : 2 * D], qkv[:, 2 * D :]
         else:
-            q, k, v = (linear(x, self.get(p + n + ".weight"), self.get(p + n + ".bias", required=False))
-                       for n in ("wq", "wk", "wv"))
+            q, k, v = (
+                linear(x, self.get(p + n + ".weight"), self.get(p + n + ".bias", required=False))
+                for n in ("wq", "wk", "wv")
+            )
         return q.reshape(T, N, Dh), k.reshape(T, N, Dh), v.reshape(T, N, Dh)
 
     def qk_norm_scales(self, l):
@@ -337,8 +356,12 @@ class _Weights:
         else:
             p = f"gpt_neox.layers.{l}.mlp."
             n1, n2 = "dense_h_to_4h", "dense_4h_to_h"
-        return (self.get(p + n1 + ".weight"), self.get(p + n1 + ".bias", required=False),
-                self.get(p + n2 + ".weight"), self.get(p + n2 + ".bias", required=False))
+        return (
+            self.get(p + n1 + ".weight"),
+            self.get(p + n1 + ".bias", required=False),
+            self.get(p + n2 + ".weight"),
+            self.get(p + n2 + ".bias", required=False),
+        )
 
     def dyn(self, l):
         p = f"layers.{l}.attention.dyn_w_proj."
@@ -349,11 +372,15 @@ class _Weights:
 
     def moh(self, l):
         p = f"layers.{l}.attention.moh."
-        return (self.get(p + "wg.weight"), self.get(p + "wg_1.weight", required=False),
-                self.get(p + "wg_0.weight", required=False))
+        return (
+            self.get(p + "wg.weight"),
+            self.get(p + "wg_1.weight", required=False),
+            self.get(p + "wg_0.weight", required=False),
+        )
 
 
 # --------------------------------------------------------------------------- DCMHA pieces
+
 
 def dynamic_weights(x, dw1, qkw, dd, R):
     """model-spec.md 2 step 4, per composition group (dw1 [D, G, 4, K], qkw
@@ -430,7 +457,7 @@ def ref_composition_map(cache, layer, phase, t, s, N=None, static=None, G=1):
             full = np.zeros((N, N))
             Mg = N // static.shape[0]
             for g in range(static.shape[0]):
-                full[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = static[g]
+                full[g * Mg : (g + 1) * Mg, g * Mg : (g + 1) * Mg] = static[g]
             static = full
         C = C + static
     return C
@@ -455,6 +482,7 @@ def _moh_gates(hk, a, x, wg, wg_1, wg_0, hs, k):
 
 
 # --------------------------------------------------------------------------- layers
+
 
 def attention(hk, W, h, l, x):
     """One attention layer on the normed input x [T, D] -> out [T, D]."""
@@ -544,6 +572,7 @@ def block(hk, W, h, l, x):
 
 
 # --------------------------------------------------------------------------- model
+
 
 def ref_forward(state_dict, config, tokens, *, cache=False, interventions=None):
     """Logits [T, V] (float64) for a 1-D token sequence; with cache=True also the

@@ -1,6 +1,7 @@
 """dclens.analysis: every measure recomputed independently from cached
 activations (run_with_cache), written here the plain way (explicit data
 matrices, SVD, per-pair composition maps from tests/reference.py)."""
+
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ DATA_SEED = 5
 
 def _data(V, n=3, T=13):
     rng = np.random.default_rng(DATA_SEED)
-    return [rng.integers(0, V, size=T + i) for i in range(n)]   # unequal lengths
+    return [rng.integers(0, V, size=T + i) for i in range(n)]  # unequal lengths
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +35,15 @@ def test_head_output_pca_heads_mode(dcp):
     for l in range(model.config.n_layer):
         caches = _caches(model, data, ["blocks.%d.attn.head_out" % l])
         # one sample per head: its outputs over every token, flattened
-        X = np.concatenate([c["blocks.%d.attn.head_out" % l].transpose(1, 0, 2).reshape(N, -1)
-                            for c in caches], axis=1).astype(np.float64)
+        X = np.concatenate(
+            [c["blocks.%d.attn.head_out" % l].transpose(1, 0, 2).reshape(N, -1) for c in caches], axis=1
+        ).astype(np.float64)
         Xc = X - X.mean(0, keepdims=True)
         sv = np.linalg.svd(Xc, compute_uv=False)
-        ratio = sv ** 2 / (sv ** 2).sum()
+        ratio = sv**2 / (sv**2).sum()
         r = res[l]
         np.testing.assert_allclose(r.ratio, ratio, atol=1e-9)
-        np.testing.assert_allclose(r.variance, sv ** 2 / (N - 1), rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(r.variance, sv**2 / (N - 1), rtol=1e-9, atol=1e-9)
         assert r.n_components_90 == int(np.argmax(np.cumsum(ratio) >= 0.9) + 1)
         assert r.n_samples == N and r.mode == "heads"
 
@@ -50,10 +52,11 @@ def test_head_output_pca_tokens_mode(dcp):
     model, _ = dcp
     data = _data(model.config.vocab)
     res = analysis.head_output_pca(model, data, layers=[1], mode="tokens", progress=False)
-    X = np.concatenate([c["blocks.1.attn.z"].reshape(len(t), -1)
-                        for c, t in zip(_caches(model, data, ["blocks.1.attn.z"]), data)]).astype(np.float64)
+    X = np.concatenate(
+        [c["blocks.1.attn.z"].reshape(len(t), -1) for c, t in zip(_caches(model, data, ["blocks.1.attn.z"]), data)]
+    ).astype(np.float64)
     sv = np.linalg.svd(X - X.mean(0), compute_uv=False)
-    np.testing.assert_allclose(res[1].ratio[:len(sv)], sv ** 2 / (sv ** 2).sum(), atol=1e-9)
+    np.testing.assert_allclose(res[1].ratio[: len(sv)], sv**2 / (sv**2).sum(), atol=1e-9)
     assert res[1].n_samples == len(X) and res[1].n_components_90 >= 1
 
 
@@ -64,9 +67,9 @@ def test_qk_ov_diversity_reuses_circuits(dcp):
     for l in range(model.config.n_layer):
         w = model.weight("layers.%d.attention.wqkv.weight" % l).astype(np.float64)
         # QK of every head as a full [D, D] matrix, concatenated: [D, N*D]
-        M = np.concatenate([w[n * Dh:(n + 1) * Dh].T @ w[D + n * Dh:D + (n + 1) * Dh] for n in range(N)], axis=1)
+        M = np.concatenate([w[n * Dh : (n + 1) * Dh].T @ w[D + n * Dh : D + (n + 1) * Dh] for n in range(N)], axis=1)
         sv = np.linalg.svd(M, compute_uv=False)
-        cum = np.cumsum(sv ** 2) / (sv ** 2).sum()
+        cum = np.cumsum(sv**2) / (sv**2).sum()
         assert div["qk"][l] == pytest.approx(cum.mean(), rel=1e-6)
         assert div["ov"][l] == pytest.approx(circuits.head_diversity(model, l, "ov"))
 
@@ -76,16 +79,22 @@ def test_head_similarity(dcp):
     data = _data(model.config.vocab)
     N, D, Dh = model.config.n_head, model.config.d_model, model.config.head_dim
     S = analysis.head_similarity(model, 0, data, progress=False)
-    H = np.concatenate([c["blocks.0.attn.head_out"].transpose(1, 0, 2).reshape(N, -1)
-                        for c in _caches(model, data, ["blocks.0.attn.head_out"])], axis=1).astype(np.float64)
+    H = np.concatenate(
+        [
+            c["blocks.0.attn.head_out"].transpose(1, 0, 2).reshape(N, -1)
+            for c in _caches(model, data, ["blocks.0.attn.head_out"])
+        ],
+        axis=1,
+    ).astype(np.float64)
     Hn = H / np.linalg.norm(H, axis=1, keepdims=True)
     np.testing.assert_allclose(S, Hn @ Hn.T, atol=1e-9)
     np.testing.assert_allclose(np.diag(S), 1.0)
     Sov = analysis.head_similarity(model, 1, kind="ov")
     wqkv = model.weight("layers.1.attention.wqkv.weight").astype(np.float64)
     wo = model.weight("layers.1.attention.wo.weight").astype(np.float64)
-    F = np.stack([(wqkv[2 * D + n * Dh:2 * D + (n + 1) * Dh].T @ wo[:, n * Dh:(n + 1) * Dh].T).ravel()
-                  for n in range(N)])
+    F = np.stack(
+        [(wqkv[2 * D + n * Dh : 2 * D + (n + 1) * Dh].T @ wo[:, n * Dh : (n + 1) * Dh].T).ravel() for n in range(N)]
+    )
     F /= np.linalg.norm(F, axis=1, keepdims=True)
     np.testing.assert_allclose(Sov, F @ F.T, atol=1e-9)
     with pytest.raises(dclens.Error, match="needs a dataset"):
@@ -139,12 +148,15 @@ def test_head_load_needs_moh_and_plots(dcp):
     with pytest.raises(dclens.Error, match="no Mixture-of-Head routing"):
         analysis.head_load(model, _data(model.config.vocab), progress=False)
     data = _data(model.config.vocab, n=2)
-    figs = [analysis.plot_pca(analysis.head_output_pca(model, data, progress=False)),
-            analysis.plot_similarity(analysis.head_similarity(model, 0, data, progress=False)),
-            analysis.plot_composition_stats(analysis.composition_stats(model, data, progress=False)),
-            analysis.plot_head_load(np.full((2, 3), 0.5)),
-            analysis.plot_diversity(analysis.qk_ov_diversity(model))]
+    figs = [
+        analysis.plot_pca(analysis.head_output_pca(model, data, progress=False)),
+        analysis.plot_similarity(analysis.head_similarity(model, 0, data, progress=False)),
+        analysis.plot_composition_stats(analysis.composition_stats(model, data, progress=False)),
+        analysis.plot_head_load(np.full((2, 3), 0.5)),
+        analysis.plot_diversity(analysis.qk_ov_diversity(model)),
+    ]
     import io
+
     for f in figs:
         buf = io.BytesIO()
         f.savefig(buf, format="png")

@@ -1,6 +1,7 @@
 """The researcher's API: TransformerLens-style names and conveniences, batches
 of prompts, weights by role, cache helpers, routing from a cache, and the
 fixes of issue 15."""
+
 import os
 import re
 import stat
@@ -29,9 +30,19 @@ PROMPTS = ["When Mary and John went to the store, John gave a drink to", "Hello"
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
     from dclens.testing.make_tiny import make_tiny
+
     d = str(tmp_path_factory.mktemp("apitext"))
-    make_tiny(d, model_type="dcpythia", n_layer=2, dim=32, n_head=4, vocab=50304, window_size=3,
-              tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"), seed=65)
+    make_tiny(
+        d,
+        model_type="dcpythia",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        vocab=50304,
+        window_size=3,
+        tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"),
+        seed=65,
+    )
     return dclens.load(d)
 
 
@@ -41,11 +52,14 @@ def _toks(model, T=11, seed=0):
 
 # ---------------------------------------------------------------- names
 
+
 def test_tl_names_and_cache_shorthand(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
     model = dclens.load(d)
     toks = _toks(model)
-    _, c1 = model.run_with_cache(toks, names_filter=["blocks.1.attn.hook_pattern", "hook_embed", "blocks.0.attn.hook_z"])
+    _, c1 = model.run_with_cache(
+        toks, names_filter=["blocks.1.attn.hook_pattern", "hook_embed", "blocks.0.attn.hook_z"]
+    )
     assert set(c1) == {"blocks.1.attn.pattern", "embed", "blocks.0.attn.z"}
     _, c2 = model.run_with_cache(toks, names_filter=lambda n: n.endswith("hook_pattern"))
     assert set(c2) == {"blocks.0.attn.pattern", "blocks.1.attn.pattern"}
@@ -54,14 +68,18 @@ def test_tl_names_and_cache_shorthand(tiny_factory):
     assert "blocks.0.attn.hook_pattern" in c2 and ("pattern", 0) in c2 and ("z", 0) not in c2
     r = repr(c1)
     assert r.startswith("Cache(3 activations:") and "blocks.1.attn.pattern [4, 11, 11]" in r
-    assert not re.search(r"\d\.\d", r)        # names and shapes, no values
+    assert not re.search(r"\d\.\d", r)  # names and shapes, no values
     assert dclens.hook_name("pattern", 3) == "blocks.3.attn.pattern"
     assert dclens.hook_name("post.kp", 2) == "blocks.2.attn.post.kp"
     assert dclens.hook_name("result", 0) == "blocks.0.attn.head_out"
     assert dclens.hook_name("embed") == "embed"
     assert dclens.hook_name("blocks.1.ln1.hook_normalized") == "blocks.1.ln_attn"
     assert model.hook_name("resid_post", -1) == "blocks.1.resid_post"
-    for bad, match in [(("pattern",), "give a layer"), (("nope", 0), "unknown short name"), (("embed", 1), "not a per-layer")]:
+    for bad, match in [
+        (("pattern",), "give a layer"),
+        (("nope", 0), "unknown short name"),
+        (("embed", 1), "not a per-layer"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             dclens.hook_name(*bad)
     with pytest.raises(KeyError, match="cache has no 'blocks.0.mlp.out'"):
@@ -91,7 +109,7 @@ def test_hooks_context_manager_add_hook_and_cache_names_none(tiny_factory):
     logits, cache = model.run_with_hooks(toks, fwd_hooks=[ablate], cache_names=None)
     assert set(cache) == set(model.hook_names)
     np.testing.assert_array_equal(logits, want)
-    assert model.run_with_hooks(toks, fwd_hooks=[ablate]).shape == want.shape   # no cache by default
+    assert model.run_with_hooks(toks, fwd_hooks=[ablate]).shape == want.shape  # no cache by default
 
 
 def test_batch_axis_option(tiny_factory):
@@ -109,6 +127,7 @@ def test_batch_axis_option(tiny_factory):
 
 
 # ---------------------------------------------------------------- tokens and batches
+
 
 def test_tokens_helpers(text_model):
     m = text_model
@@ -133,20 +152,27 @@ def test_batched_prompts_equal_one_by_one(text_model, side):
     toks, lens = m.to_tokens(PROMPTS, padding_side=side)
     T = toks.shape[1]
     hook = iv.ablate_head(m, 1, 1)
-    names = ["blocks.0.attn.pattern", "blocks.1.attn.pattern_composed", "blocks.1.resid_post", "blocks.0.attn.dyn.pre.kw1"]
+    names = [
+        "blocks.0.attn.pattern",
+        "blocks.1.attn.pattern_composed",
+        "blocks.1.resid_post",
+        "blocks.0.attn.dyn.pre.kw1",
+    ]
     for call in ("cache", "hooks", "strings"):
         if call == "cache":
             logits, cache = m.run_with_cache((toks, lens), names=names, padding_side=side)
         elif call == "hooks":
-            logits, cache = m.run_with_hooks(toks, fwd_hooks=[hook], cache_names=names, lengths=lens,
-                                             padding_side=side)
+            logits, cache = m.run_with_hooks(toks, fwd_hooks=[hook], cache_names=names, lengths=lens, padding_side=side)
         else:
             logits, cache = m.run_with_cache(PROMPTS, names=names, padding_side=side)
         for i, p in enumerate(PROMPTS):
             n = lens[i]
             sl = slice(0, n) if side == "right" else slice(T - n, T)
-            one, c1 = (m.run_with_cache(p, names=names) if call != "hooks" else
-                       m.run_with_hooks(p, fwd_hooks=[hook], cache_names=names))
+            one, c1 = (
+                m.run_with_cache(p, names=names)
+                if call != "hooks"
+                else m.run_with_hooks(p, fwd_hooks=[hook], cache_names=names)
+            )
             assert rel_err(logits[i, sl], one) <= 1e-5, (call, i)
             for name in names:
                 a = cache[name][i]
@@ -159,7 +185,7 @@ def test_left_padded_hooks_see_the_callers_layout(text_model):
     toks, lens = m.to_tokens(PROMPTS, padding_side="left")
     seen = []
 
-    def last_pos(a, n):   # writes at the last position of every row
+    def last_pos(a, n):  # writes at the last position of every row
         seen.append(a.shape)
         a[:, -1] = 0.0
         return a
@@ -170,12 +196,13 @@ def test_left_padded_hooks_see_the_callers_layout(text_model):
         assert rel_err(lg[i, -1], one[-1]) <= 1e-5
     assert seen == [(3, toks.shape[1], 32)]
 
-    def halve_last_query(a, n):   # an attention map: both position axes follow the caller's layout
+    def halve_last_query(a, n):  # an attention map: both position axes follow the caller's layout
         a[..., -1, :] *= 0.5
         return a
 
-    lg = m.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)], lengths=lens,
-                          padding_side="left")
+    lg = m.run_with_hooks(
+        toks, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)], lengths=lens, padding_side="left"
+    )
     for i, p in enumerate(PROMPTS):
         one = m.run_with_hooks(p, fwd_hooks=[("blocks.1.attn.pattern_composed", halve_last_query)])
         assert rel_err(lg[i, -1], one[-1]) <= 1e-5
@@ -206,8 +233,11 @@ def test_loss(text_model):
 def test_bad_batch_inputs(text_model):
     m = text_model
     toks, lens = m.to_tokens(PROMPTS)
-    for kw, match in [(dict(lengths=[1, 2]), r"lengths must be \[B\]"), (dict(lengths=[0, 1, 1]), "lengths must be in"),
-                      (dict(lengths=lens, padding_side="middle"), "padding_side")]:
+    for kw, match in [
+        (dict(lengths=[1, 2]), r"lengths must be \[B\]"),
+        (dict(lengths=[0, 1, 1]), "lengths must be in"),
+        (dict(lengths=lens, padding_side="middle"), "padding_side"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             m.forward(toks, **kw)
     with pytest.raises(dclens.Error, match="needs \\[B, T\\]"):
@@ -217,6 +247,7 @@ def test_bad_batch_inputs(text_model):
 
 
 # ---------------------------------------------------------------- weights
+
 
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_weights_by_role(tiny_factory, kw):
@@ -243,7 +274,7 @@ def test_weights_by_role(tiny_factory, kw):
         if not c.qk_norm:
             q = np.einsum("td,ndh->tnh", x, model.W_Q[l]) + model.b_Q[l]
             r = c.rotary_dim
-            assert rel_err(q[..., r:], cache["q", l][..., r:]) <= TOL   # dims past rotary: unchanged
+            assert rel_err(q[..., r:], cache["q", l][..., r:]) <= TOL  # dims past rotary: unchanged
     assert rel_err(cache["ln_final"] @ model.W_U, logits) <= TOL
     assert model.ln_final_w.shape == (c.d_model,) and model.ln_attn_w.shape == (c.n_layer, c.d_model)
     if c.use_dcmha:
@@ -251,6 +282,7 @@ def test_weights_by_role(tiny_factory, kw):
 
 
 # ---------------------------------------------------------------- cache helpers, DLA
+
 
 @pytest.mark.parametrize("kw", [DCP, NEOX, SEQ], ids=["dcpythia", "pythia", "sequential"])
 def test_residual_decompositions_and_dla(tiny_factory, kw):
@@ -271,7 +303,7 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
     normed = cache.apply_ln_to_stack(comps)
     assert rel_err(normed.sum(0) + model.ln_final_b, cache["ln_final"]) <= 1e-5
     tok = int(toks[3])
-    attrs = cache.logit_attrs(comps, tokens=tok)                      # [C, T]
+    attrs = cache.logit_attrs(comps, tokens=tok)  # [C, T]
     assert rel_err(attrs.sum(0) + model.ln_final_b @ model.W_U[:, tok], logits[:, tok]) <= 1e-5
     diff = cache.logit_attrs(comps, tokens=np.full(11, tok), incorrect_tokens=np.full(11, 0))
     bias_diff = model.ln_final_b @ (model.W_U[:, tok] - model.W_U[:, 0])
@@ -292,6 +324,7 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
 
 # ---------------------------------------------------------------- routing from a cache
 
+
 @pytest.mark.parametrize("kw", [DCP, DCP_QW, NEOX], ids=["dcpythia", "query_wise", "pythia"])
 @pytest.mark.parametrize("phase", ["pre", "post"])
 def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
@@ -299,14 +332,18 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
     model = dclens.load(d)
     toks = _toks(model, 9, 2)
     _, cache = model.run_with_cache(toks)
-    R = routing.routing_matrices(model, cache, phase)                 # one step, every query and layer
+    R = routing.routing_matrices(model, cache, phase)  # one step, every query and layer
     L, N = model.config.n_layer, model.config.n_head
     assert R.shape == (L, 9, N, N)
     for l in range(L):
         for t in range(9):
             np.testing.assert_allclose(R[l, t], model.routing_matrix(toks, l, phase, t), rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(routing.routing_matrices(model, cache, phase, layers=[-1], queries=[-1])[0, 0],
-                               model.routing_matrix(toks, L - 1, phase, -1), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(
+        routing.routing_matrices(model, cache, phase, layers=[-1], queries=[-1])[0, 0],
+        model.routing_matrix(toks, L - 1, phase, -1),
+        rtol=1e-6,
+        atol=1e-9,
+    )
     C = routing.composition_maps(model, cache, 1, phase)
     assert C.shape == (9, 9, N, N)
     for t, s in [(5, 2), (8, 8), (3, 0)]:
@@ -316,7 +353,7 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         model.composition_map(toks, 1, phase, 2, 5)
-        routing.composition_maps(model, cache, 0, phase, query=8, key=1)   # outside layer 0's window (local)
+        routing.composition_maps(model, cache, 0, phase, query=8, key=1)  # outside layer 0's window (local)
     assert len(w) == (2 if 0 in model.config.local_layers else 1)
     assert all(issubclass(x.category, routing.MaskedPairWarning) for x in w)
     with pytest.raises(dclens.Error, match="query position -10 is out of range"):
@@ -331,6 +368,7 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
 
 # ---------------------------------------------------------------- fixes
 
+
 @pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "pythia"])
 def test_writes_to_masked_cells_are_ignored(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
@@ -343,7 +381,9 @@ def test_writes_to_masked_cells_are_ignored(tiny_factory, kw):
         a[..., ~np.tril(np.ones((T, T), bool))] = 7.6
         return a
 
-    names = ["blocks.%d.attn.%s" % (l, p) for l in range(2) for p in ("pattern", "pattern_composed", "post.kp", "scores")]
+    names = [
+        "blocks.%d.attn.%s" % (l, p) for l in range(2) for p in ("pattern", "pattern_composed", "post.kp", "scores")
+    ]
     names = [n for n in names if n in model.hook_names]
     for n in names:
         logits, cache = model.run_with_hooks(toks, fwd_hooks=[(n, fill_masked)], cache_names=[n])
@@ -370,12 +410,14 @@ def test_head_helpers_take_dyn_hooks_and_check_arguments_up_front(tiny_factory):
     _, c = model.run_with_hooks(toks, fwd_hooks=[h], cache_names=["blocks.0.attn.dyn.post.kw2"])
     np.testing.assert_array_equal(c["blocks.0.attn.dyn.post.kw2"][..., 1], other["blocks.0.attn.dyn.post.kw2"][..., 1])
     iv.ablate_head(model, 0, 3, point="attn.dyn.post.qw1")
-    for call, match in [(lambda: iv.scale(model, "blocks.0.resid_pre", 2.0, head=1), "has no head axis"),
-                        (lambda: iv.scale(model, "blocks.0.attn.z", 2.0, head=9), "head 9 is out of range"),
-                        (lambda: iv.scale(model, "blocks.0.attn.z", float("nan")), "finite"),
-                        (lambda: iv.patch(model, "blocks.0.attn.dyn.post.kw2", other, positions=[40]), "position 40"),
-                        (lambda: iv.ablate_head(model, 0, 1, point="mlp.out"), "has no head axis"),
-                        (lambda: iv.ablate_head(model, 0, 1, kind="mean", mean=np.zeros(5)), "last axis must be 8")]:
+    for call, match in [
+        (lambda: iv.scale(model, "blocks.0.resid_pre", 2.0, head=1), "has no head axis"),
+        (lambda: iv.scale(model, "blocks.0.attn.z", 2.0, head=9), "head 9 is out of range"),
+        (lambda: iv.scale(model, "blocks.0.attn.z", float("nan")), "finite"),
+        (lambda: iv.patch(model, "blocks.0.attn.dyn.post.kw2", other, positions=[40]), "position 40"),
+        (lambda: iv.ablate_head(model, 0, 1, point="mlp.out"), "has no head axis"),
+        (lambda: iv.ablate_head(model, 0, 1, kind="mean", mean=np.zeros(5)), "last axis must be 8"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             call()
 
@@ -390,6 +432,7 @@ def test_ov_readout_tied_embeddings(tiny_factory):
 
 def test_figures_show_without_matplotlib_inline():
     from dclens import plots
+
     fig = plots.plot_heads(np.random.default_rng(0).random((2, 5, 5)))
     png = fig._repr_png_()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -397,24 +440,27 @@ def test_figures_show_without_matplotlib_inline():
 
 def test_heatmap_fixes(text_model, tmp_path):
     from dclens import heatmaps as hm
+
     m = text_model
     png = hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern")
-    assert png._args[7] == 0.0                  # colour bar from 0 for a softmax pattern
+    assert png._args[7] == 0.0  # colour bar from 0 for a softmax pattern
     png = hm.attention_heatmap(m, PROMPTS[0], layer="all", head=0)
-    assert m.name in png._args[4]               # the model name in the title
+    assert m.name in png._args[4]  # the model name in the title
     assert png._args[12] == [m.config.window_size if l in m.config.local_layers else 0 for l in range(2)]
     no_axes = hm.heatmap(np.eye(4), axis_titles=False)
     with_axes = hm.heatmap(np.eye(4))
     from PIL import Image
     import io
+
     w0, h0 = Image.open(io.BytesIO(bytes(no_axes))).size
     w1, h1 = Image.open(io.BytesIO(bytes(with_axes))).size
-    assert w1 > w0 and h1 > h0                  # room for "query" / "key"
+    assert w1 > w0 and h1 > h0  # room for "query" / "key"
     with pytest.raises(dclens.Error, match="grid_cols"):
         hm.heatmap(np.eye(4), grid_cols=-1)
 
 
 # ---------------------------------------------------------------- command line
+
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "dclens.cli", *args], capture_output=True, text=True)
@@ -435,18 +481,33 @@ def test_cli_info_make_tiny_and_heatmap(tmp_path, text_model):
     pngs = []
     for cols in ("1", "4"):
         p = tmp_path / ("h%s.png" % cols)
-        r = _cli("heatmap", "--model", text_model.path, "--text", "The cat sat", "--layer", "0",
-                 "--grid-cols", cols, "--cell-px", "6", "--out", str(p))
+        r = _cli(
+            "heatmap",
+            "--model",
+            text_model.path,
+            "--text",
+            "The cat sat",
+            "--layer",
+            "0",
+            "--grid-cols",
+            cols,
+            "--cell-px",
+            "6",
+            "--out",
+            str(p),
+        )
         assert r.returncode == 0, r.stderr
         from PIL import Image
+
         pngs.append(Image.open(p).size)
-    assert pngs[0][1] > pngs[1][1]     # one panel per row: a taller picture than 4 per row
+    assert pngs[0][1] > pngs[1][1]  # one panel per row: a taller picture than 4 per row
 
 
 def test_synth_limit_samples_across_tasks(tmp_path):
     from synth_tasks.dataset import load_dataset, sample_across_tasks
+
     ds = load_dataset(shared_path("data", "synthetic_dataset.jsonl"))
     few = sample_across_tasks(ds, 20)
     assert len(few) == 20 and len({l.task_id for l in few}) == 20
     assert [l.lineno for l in few] == sorted(l.lineno for l in few)
-    assert len({l.task_id for l in ds.lines[:20]}) < 5        # what --limit used to take
+    assert len({l.task_id for l in ds.lines[:20]}) < 5  # what --limit used to take

@@ -1,5 +1,6 @@
 """Integrated gradients: completeness (attributions sum to F(a) - F(a0)) and the
 agreement of gradient x activation with the engine's gradients."""
+
 import numpy as np
 import pytest
 

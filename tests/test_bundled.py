@@ -1,5 +1,6 @@
 """dclens.bundled_models / load by name, against a temporary models directory
 (DCLENS_MODELS_DIR) holding generated tiny checkpoints."""
+
 import fnmatch
 import os
 import subprocess
@@ -22,9 +23,8 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     make_tiny(str(d / "dc-tiny"), "dcpythia", vocab=2209, tokenizer=TOKENIZER_FILE, n_layer=2)
     make_tiny(str(d / "mha-tiny"), "gpt_neox", vocab=2209, tokenizer=TOKENIZER_FILE, n_layer=2)
-    (d / "dc-tiny" / "MODEL_CARD.md").write_text(
-        "# dc-tiny\n\nA tiny DCPythia\nfor tests.\n\n## Results\n\nnone\n")
-    (d / "not-a-model").mkdir()                       # no config.json: not listed
+    (d / "dc-tiny" / "MODEL_CARD.md").write_text("# dc-tiny\n\nA tiny DCPythia\nfor tests.\n\n## Results\n\nnone\n")
+    (d / "not-a-model").mkdir()  # no config.json: not listed
     (d / "README.txt").write_text("x")
     return d
 
@@ -83,8 +83,10 @@ def test_package_data_covers_a_bundled_model_directory():
         sk = tomllib.load(f)["tool"]["scikit-build"]
     assert "bindings/dclens" in sk["wheel"]["packages"] and "synth_tasks" in sk["wheel"]["packages"]
     excluded = sk["wheel"].get("exclude", [])
-    wanted = ["dclens/models/dcpythia-tiny/" + fn
-              for fn in ["model.safetensors", "config.json", "tokenizer.json", "MODEL_CARD.md"]]
+    wanted = [
+        "dclens/models/dcpythia-tiny/" + fn
+        for fn in ["model.safetensors", "config.json", "tokenizer.json", "MODEL_CARD.md"]
+    ]
     wanted += ["synth_tasks/data/heldout.jsonl", "synth_tasks/data/tokenizer.json"]
     for path in wanted:
         assert not any(fnmatch.fnmatch(path, g) for g in excluded), (path, excluded)
@@ -95,14 +97,34 @@ def test_every_model_option_takes_a_bundled_name(env, tmp_path, capsys):
     assert cli_main(["info", "--model", "dc-tiny"]) == 0
     assert "dcpythia" in capsys.readouterr().out
     out = tmp_path / "h.png"
-    assert cli_main(["heatmap", "--model", "mha-tiny", "--text", "Ruth has a taxi", "--layer", "0",
-                     "--out", str(out)]) == 0
+    assert (
+        cli_main(["heatmap", "--model", "mha-tiny", "--text", "Ruth has a taxi", "--layer", "0", "--out", str(out)])
+        == 0
+    )
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert cli_main(["models"]) == 0
     listing = capsys.readouterr().out
     assert "dc-tiny" in listing and "A tiny DCPythia for tests." in listing
-    assert cli_main(["synth", "--model", "dc-tiny", "--model", "mha-tiny", "--data", "heldout",
-                     "--limit", "2", "--no-plots", "--no-progress", "--out", str(tmp_path / "s")]) == 0
+    assert (
+        cli_main(
+            [
+                "synth",
+                "--model",
+                "dc-tiny",
+                "--model",
+                "mha-tiny",
+                "--data",
+                "heldout",
+                "--limit",
+                "2",
+                "--no-plots",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "s"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "s" / "dc-tiny" / "results.json").is_file()
     assert (tmp_path / "s" / "mha-tiny" / "results.json").is_file()
     assert cli_main(["info", "--model", "nope-tiny"]) == 1

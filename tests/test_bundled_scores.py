@@ -10,6 +10,7 @@ summed NLL must be the shipped ones, and the shipped aggregates must follow from
 the shipped per-line numbers. The reference is slow (seconds a line), so it
 scores the two shortest lines of each set.
 """
+
 import json
 import math
 import os
@@ -64,6 +65,7 @@ def test_aggregates_follow_from_the_per_line_numbers(name, label):
 @pytest.mark.parametrize("label", ["published", "held-out"])
 def test_shortest_lines_rescored_by_the_numpy_reference(name, label):
     from safetensors.numpy import load_file
+
     d = _model_dir(name)
     sd = load_file(os.path.join(d, "model.safetensors"))
     cfg = json.load(open(os.path.join(d, "config.json")))
@@ -72,13 +74,13 @@ def test_shortest_lines_rescored_by_the_numpy_reference(name, label):
     lines = sorted(_data(label), key=lambda l: len(l.text))[:2]
     for line in lines:
         tl = tokenize_line(line, tok)
-        logits = reference.ref_forward(sd, cfg, tl.ids)                      # [T, V] float64
+        logits = reference.ref_forward(sd, cfg, tl.ids)  # [T, V] float64
         lp = logits - logits.max(-1, keepdims=True)
         lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
         correct, nll = 0, 0.0
         for a0, a1 in tl.spans:
             tgt = tl.ids[a0:a1]
-            rows = lp[a0 - 1:a1 - 1]
+            rows = lp[a0 - 1 : a1 - 1]
             correct += int(np.all(rows.argmax(-1) == tgt))
             nll -= float(rows[np.arange(a1 - a0), tgt].sum())
         _, _, n, want_correct, want_nll = shipped[(line.task_id, line.lineno)]

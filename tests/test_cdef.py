@@ -1,11 +1,11 @@
 """The cffi declarations (bindings/dclens/_cdef.py) agree with the public header."""
+
 import os
 import re
 
 from dclens._cdef import CDEF
 
-HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "engine", "include", "dclens.h")
+HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engine", "include", "dclens.h")
 
 
 def _norm(text):

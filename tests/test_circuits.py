@@ -1,4 +1,5 @@
 """Circuits against products formed directly from the generated state dict."""
+
 import math
 
 import numpy as np
@@ -45,10 +46,11 @@ def test_qk_ov_circuits(tiny_factory, kw):
             assert qk.shape == (model.config.d_model,) * 2
             want = WQ[n].T.astype(np.float64) @ WK[n]
             assert rel_err(qk.full(), want) <= 1e-5
-            np.testing.assert_allclose(qk.singular_values(), np.linalg.svd(want, compute_uv=False)[:Dh],
-                                       rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(
+                qk.singular_values(), np.linalg.svd(want, compute_uv=False)[:Dh], rtol=1e-4, atol=1e-6
+            )
             ov = circuits.ov_circuit(model, layer, n)
-            want = WV[n].T.astype(np.float64) @ WO[:, n * Dh:(n + 1) * Dh].T
+            want = WV[n].T.astype(np.float64) @ WO[:, n * Dh : (n + 1) * Dh].T
             assert rel_err(ov.full(), want) <= 1e-5
 
 
@@ -69,7 +71,7 @@ def test_ov_readout_eqn12(tiny_factory):
     e = e + g @ sd["layers.0.feed_forward.w2.weight"].T + sd["layers.0.feed_forward.w2.bias"]
     x = _ln(e, sd["layers.%d.attention_norm.weight" % layer], sd["layers.%d.attention_norm.bias" % layer], eps)
     _, _, WV, WO = _heads(sd, cfg, layer)
-    out = (x @ WV[head].T) @ WO[:, head * Dh:(head + 1) * Dh].T
+    out = (x @ WV[head].T) @ WO[:, head * Dh : (head + 1) * Dh].T
     logits = out @ sd["output.weight"].T
     want = np.argsort(-logits)[:5]
     got = circuits.ov_readout(model, layer, head, tok, k=5)
@@ -82,12 +84,15 @@ def test_head_diversity_matches_explicit_concatenation(tiny_factory, kind):
     d, sd, cfg = tiny_factory(**DCP)
     model = dclens.load(d)
     f = circuits.qk_circuit if kind == "qk" else circuits.ov_circuit
-    M = np.concatenate([f(model, 0, n).full() for n in range(model.config.n_head)], axis=1)   # [D, N*D]
+    M = np.concatenate([f(model, 0, n).full() for n in range(model.config.n_head)], axis=1)  # [D, N*D]
     s = np.linalg.svd(M, compute_uv=False) ** 2
     curve = np.cumsum(s) / s.sum()
     got = circuits.diversity_curve(model, 0, kind)
-    np.testing.assert_allclose(got[:len(curve)], curve, rtol=1e-6, atol=1e-9)
-    assert abs(circuits.head_diversity(model, 0, kind) - np.concatenate([curve, np.ones(len(got) - len(curve))]).mean()) < 1e-6
+    np.testing.assert_allclose(got[: len(curve)], curve, rtol=1e-6, atol=1e-9)
+    assert (
+        abs(circuits.head_diversity(model, 0, kind) - np.concatenate([curve, np.ones(len(got) - len(curve))]).mean())
+        < 1e-6
+    )
     assert 0 < circuits.head_diversity(model, 0, kind) <= 1
 
 

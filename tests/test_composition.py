@@ -1,5 +1,6 @@
 """synth_tasks.composition: the composition effect is exactly zero without
 composition (so the mask and softmax match the engine's) and picks a line otherwise."""
+
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from synth_tasks.corpus import HELDOUT_FILE, TOKENIZER_FILE
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("comp")
     kw = dict(vocab=2209, tokenizer=TOKENIZER_FILE, n_layer=2, window_size=8)
-    make_tiny(str(d / "identity"), "dcpythia", dyn_scale=0.0, **kw)      # C = I: no composition
+    make_tiny(str(d / "identity"), "dcpythia", dyn_scale=0.0, **kw)  # C = I: no composition
     make_tiny(str(d / "dc"), "dcpythia", **kw)
     make_tiny(str(d / "mha"), "gpt_neox", **kw)
     return d
@@ -27,7 +28,7 @@ def lines():
 
 def test_zero_without_composition(models, lines):
     m = dclens.load(str(models / "identity"))
-    assert m.config.local_layers == (0,)            # the window mask is exercised
+    assert m.config.local_layers == (0,)  # the window mask is exercised
     ids = m.to_tokens(lines[0].text)
     eff = composition_effect(m, ids, range(len(ids)))
     assert eff.shape == (2, 4, len(ids)) and eff.max() < 1e-5

@@ -7,6 +7,7 @@ asking for device="cuda" there fails with an informative error.
 Tolerance: max |cuda - cpu| <= 1e-4 * max |cpu|, per tensor (both backends
 are float32; they differ only in summation order and libm ulps).
 """
+
 import numpy as np
 import pytest
 
@@ -22,19 +23,32 @@ needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no GPU: %s" % WHY)
 MODELS = {
     # name: (make_tiny kwargs, batch, seq len)
     "tiny-dcp": (dict(model_type="dcpythia", seed=21), 2, 13),
-    "tiny-dcp-lgll-window4": (dict(model_type="dcpythia", n_layer=4, window_type="LGLL", window_size=4,
-                                   seed=22), 2, 17),
+    "tiny-dcp-lgll-window4": (
+        dict(model_type="dcpythia", n_layer=4, window_type="LGLL", window_size=4, seed=22),
+        2,
+        17,
+    ),
     "tiny-dcp-query-wise": (dict(model_type="dcpythia", query_wise=True, window_size=4, seed=23), 2, 11),
-    "tiny-dcp-f16-serial": (dict(model_type="dcpythia", dtype="float16", use_parallel_residual=False,
-                                 window_size=4, seed=24), 1, 12),
+    "tiny-dcp-f16-serial": (
+        dict(model_type="dcpythia", dtype="float16", use_parallel_residual=False, window_size=4, seed=24),
+        1,
+        12,
+    ),
     "tiny-neox": (dict(model_type="gpt_neox", seed=25), 2, 13),
     # attention variants (docs/variants.md)
-    "tiny-dcp-static-groups": (dict(model_type="dcpythia", use_sw=True, compose_groups=2, window_size=4,
-                                    seed=28), 2, 13),
-    "tiny-dcp-key-wise-moh": (dict(model_type="dcpythia", key_wise=True, window_size=None,
-                                   moh={"shared_heads": 1, "routed_topk": 2}, seed=29), 2, 13),
-    "mid-dcp": (dict(model_type="dcpythia", n_layer=4, dim=256, n_head=8, vocab=1000, window_size=16,
-                     seed=26), 2, 70),
+    "tiny-dcp-static-groups": (
+        dict(model_type="dcpythia", use_sw=True, compose_groups=2, window_size=4, seed=28),
+        2,
+        13,
+    ),
+    "tiny-dcp-key-wise-moh": (
+        dict(
+            model_type="dcpythia", key_wise=True, window_size=None, moh={"shared_heads": 1, "routed_topk": 2}, seed=29
+        ),
+        2,
+        13,
+    ),
+    "mid-dcp": (dict(model_type="dcpythia", n_layer=4, dim=256, n_head=8, vocab=1000, window_size=16, seed=26), 2, 70),
     "mid-neox": (dict(model_type="gpt_neox", n_layer=4, dim=256, n_head=8, vocab=1000, seed=27), 2, 70),
 }
 
@@ -135,7 +149,7 @@ def _halve(act, name):
 
 HOOK_WRITES = [
     # (model, hook, fn)
-    ("tiny-dcp", "blocks.0.attn.post.kp", _zero),          # the issue's example
+    ("tiny-dcp", "blocks.0.attn.post.kp", _zero),  # the issue's example
     ("mid-dcp", "blocks.0.attn.post.kp", _zero),
     ("mid-dcp", "blocks.1.attn.pre.qg", _halve),
     ("mid-dcp", "blocks.2.attn.pattern", _halve),

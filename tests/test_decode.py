@@ -1,4 +1,5 @@
 """Incremental decoding (dcs_decoder) and generate: every step equals a full forward."""
+
 import numpy as np
 import pytest
 
@@ -31,14 +32,14 @@ def test_incremental_equals_full_forward(tiny_factory, kw, chunks):
     dec = Decoder(model)
     out, at = [], 0
     for n in chunks:
-        out.append(dec.step(toks[at:at + n]))
+        out.append(dec.step(toks[at : at + n]))
         at += n
     assert dec.pos == 20
     inc = np.concatenate(out)
     assert inc.shape == full.shape
     assert rel_err(inc, full) <= TOL
     c = model.config
-    for l in range(c.n_layer):   # local layers keep only their window
+    for l in range(c.n_layer):  # local layers keep only their window
         assert dec.layer_keys(l) == (min(20, c.window_size + 1) if l in c.local_layers else 20)
 
 
@@ -47,17 +48,23 @@ def test_hooks_while_decoding(tiny_factory, kw):
     d, _, _ = tiny_factory(**kw)
     model = dclens.load(d)
     toks = _toks(model, 12, 3)
-    hooks = [iv.ablate_head(model, 1, 2), iv.scale(model, "blocks.0.attn.k", 0.5, head=1),
-             iv.scale(model, "blocks.1.attn.v", -1.0, head=3), iv.scale(model, "blocks.0.mlp.post", 1.5)]
+    hooks = [
+        iv.ablate_head(model, 1, 2),
+        iv.scale(model, "blocks.0.attn.k", 0.5, head=1),
+        iv.scale(model, "blocks.1.attn.v", -1.0, head=3),
+        iv.scale(model, "blocks.0.mlp.post", 1.5),
+    ]
     if model.config.use_dcmha:
         hooks += iv.disable_branch(model, "post", "kp", layers=[0]) + iv.disable_branch(model, "pre", "qg")
-        hooks += [iv.scale(model, "blocks.1.attn.dyn.post.kw1", 3.0, head=0),
-                  iv.scale(model, "blocks.0.attn.dyn.pre.kdd", 0.0)]
+        hooks += [
+            iv.scale(model, "blocks.1.attn.dyn.post.kw1", 3.0, head=0),
+            iv.scale(model, "blocks.0.attn.dyn.pre.kdd", 0.0),
+        ]
     full = model.run_with_hooks(toks, fwd_hooks=hooks)
     dec = Decoder(model)
     inc = np.concatenate([dec.step(toks[:5], fwd_hooks=hooks)] + [dec.step([t], fwd_hooks=hooks) for t in toks[5:]])
     assert rel_err(inc, full) <= TOL
-    assert rel_err(inc, model.forward(toks)) > 1e-3      # the hooks mattered
+    assert rel_err(inc, model.forward(toks)) > 1e-3  # the hooks mattered
 
 
 def test_decoding_cache_layouts(tiny_factory):
@@ -128,8 +135,12 @@ def test_generate_options(tiny_factory):
     np.testing.assert_array_equal(model.generate(prompt, 0), prompt)
     two = model.generate([prompt, prompt[:2]], 3)
     np.testing.assert_array_equal(two[0], greedy[:7])
-    for bad, match in [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
-                       (dict(top_k=0), "top_k"), (dict(return_type="x"), "return_type")]:
+    for bad, match in [
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(return_type="x"), "return_type"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             model.generate(prompt, **{"max_new_tokens": 2, **bad})
 
@@ -157,7 +168,7 @@ def test_variants_decode_like_full_forwards(tiny_factory, name):
     dec = Decoder(model)
     out, at = [], 0
     for n in [7, 1, 1, 5, 1, 5]:
-        out.append(dec.step(toks[at:at + n]))
+        out.append(dec.step(toks[at : at + n]))
         at += n
     assert rel_err(np.concatenate(out), full) <= TOL
     np.testing.assert_array_equal(model.generate(toks[:4], max_new_tokens=3)[:4], toks[:4])

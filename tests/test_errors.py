@@ -3,6 +3,7 @@ what is wrong; none crashes the process; a malicious pickle runs nothing.
 
 The broken files are crafted here, independently of the engine's loaders.
 """
+
 import json
 import os
 import pickle
@@ -33,7 +34,7 @@ def _st_read(path):
     """Independent safetensors reader: header dict and data bytes."""
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _st_write(path, header, data, pad=True):
@@ -127,6 +128,7 @@ def test_missing_tensor(good):
 def test_extra_tensor(good):
     def add(t):
         t["layers.0.attention.surprise"] = ("F32", [2], b"\0" * 8)
+
     _modify_tensors(good, add)
     msg = _load_error(good)
     assert "model.safetensors" in msg and "layers.0.attention.surprise" in msg
@@ -136,6 +138,7 @@ def test_misshaped_tensor(good):
     def reshape(t):
         dt, shape, raw = t["norm.weight"]
         t["norm.weight"] = (dt, [shape[0] // 2, 2], raw)
+
     _modify_tensors(good, reshape)
     msg = _load_error(good)
     assert "model.safetensors" in msg and "norm.weight" in msg and "shape" in msg
@@ -167,6 +170,7 @@ def test_unknown_dtype(good):
     def to_f64(t):
         dt, shape, raw = t["norm.bias"]
         t["norm.bias"] = ("F64", shape, raw + raw)
+
     _modify_tensors(good, to_f64)
     msg = _load_error(good)
     assert "model.safetensors" in msg and "F64" in msg
@@ -192,8 +196,7 @@ def test_malicious_pickle_runs_nothing(good, tmp_path, protocol):
     os.remove(good / "model.safetensors")
     _torch_zip(good / "pytorch_model.bin", pickle.dumps({"w": _Evil("touch %s" % marker)}, protocol=protocol))
     # in a subprocess: a crash or a side effect would show there
-    code = ("import dclens, sys\n"
-            "try:\n    dclens.load(sys.argv[1])\nexcept dclens.Error as e:\n    print('ERR', e)\n")
+    code = "import dclens, sys\ntry:\n    dclens.load(sys.argv[1])\nexcept dclens.Error as e:\n    print('ERR', e)\n"
     r = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ERR") and "pytorch_model.bin" in r.stdout and "system" in r.stdout
@@ -218,7 +221,9 @@ def test_bad_index(good):
     os.remove(good / "model.safetensors")
     (good / "model.safetensors.index.json").write_text('{"weight_map": {"norm.weight": "../../etc/passwd"}}')
     assert "model.safetensors.index.json" in _load_error(good)
-    (good / "model.safetensors.index.json").write_text('{"weight_map": {"norm.weight": "model-00001-of-00002.safetensors"}}')
+    (good / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"norm.weight": "model-00001-of-00002.safetensors"}}'
+    )
     assert "model-00001-of-00002.safetensors" in _load_error(good)
 
 

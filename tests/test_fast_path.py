@@ -10,6 +10,7 @@ values; the engine keeps the 16-bit matrices and widens them per tile inside
 the GEMM, so the only difference left is float32 arithmetic (same tolerance
 as the float32 parity tests).
 """
+
 import numpy as np
 import pytest
 
@@ -37,7 +38,7 @@ def _full_path(model, toks):
 def test_fused_equals_full(tiny_factory, name):
     d, sd, cfg = tiny_factory(**CASES[name])
     model = dclens.load(d)
-    toks = np.random.default_rng(3).integers(0, model.config.vocab, size=(3, 75))   # > 2 query blocks
+    toks = np.random.default_rng(3).integers(0, model.config.vocab, size=(3, 75))  # > 2 query blocks
     fused = model.forward(toks)
     full = _full_path(model, toks)
     assert rel_err(fused, full) <= 2e-6
@@ -58,15 +59,15 @@ def test_one_hooked_layer_mixes_paths(tiny_factory):
 @pytest.mark.parametrize("mt", ["dcpythia", "gpt_neox"])
 def test_16bit_weights_kept_match_reference(tiny_factory, dtype, mt):
     """Weights widened per tile in the GEMM (several tiles per matrix here)."""
-    d, sd, cfg = tiny_factory(model_type=mt, dtype=dtype, dim=64, n_head=4, intermediate=1024,
-                              window_size=8, seed=27)
+    d, sd, cfg = tiny_factory(model_type=mt, dtype=dtype, dim=64, n_head=4, intermediate=1024, window_size=8, seed=27)
     model = dclens.load(d)
     toks = np.random.default_rng(5).integers(0, model.config.vocab, size=40)
     assert rel_err(model.forward(toks), ref_forward(sd, cfg, toks)) <= 1e-4
     # the weights read back are the stored (rounded) values, exactly
-    assert np.array_equal(model.weight("layers.0.feed_forward.w1.weight"),
-                          sd["layers.0.feed_forward.w1.weight"] if mt == "dcpythia"
-                          else sd["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"])
+    assert np.array_equal(
+        model.weight("layers.0.feed_forward.w1.weight"),
+        sd["layers.0.feed_forward.w1.weight"] if mt == "dcpythia" else sd["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"],
+    )
 
 
 def test_16bit_unfused_qkv(tiny_factory):
@@ -115,6 +116,6 @@ def test_two_models_different_thread_counts(tiny_factory):
     a, b = m1.forward(toks), m2.forward(toks)
     assert rel_err(a, b) <= 1e-6
     assert rel_err(a[0], ref_forward(sd, cfg, toks[0])) <= 1e-4
-    m3 = dclens.load(d, n_threads=3)      # loading another changes neither
+    m3 = dclens.load(d, n_threads=3)  # loading another changes neither
     assert np.array_equal(m1.forward(toks), a)
     del m3

@@ -1,5 +1,6 @@
 """The fixture writer (dclens.testing): the C tests' checkpoints load and
 agree, and make_tiny's state dicts follow the layout table."""
+
 import json
 import os
 
@@ -29,12 +30,17 @@ def test_c_fixtures_load_and_agree(tmp_path):
     assert len(set(index["weight_map"].values())) == 2
 
 
-@pytest.mark.parametrize("kw", [
-    dict(model_type="dcpythia", fused_qkv=False, use_linear_bias=False, extra_derived=True),
-    dict(model_type="dcpythia", use_sw=True, compose_groups=2, moh={"shared_heads": 1, "routed_topk": 2}),
-    dict(model_type="dcpythia", use_dcmha=False, write_unused_dyn=False, use_qk_norm=False, tie_word_embeddings=True),
-    dict(model_type="gpt_neox", extra_derived=True, tie_word_embeddings=True),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(model_type="dcpythia", fused_qkv=False, use_linear_bias=False, extra_derived=True),
+        dict(model_type="dcpythia", use_sw=True, compose_groups=2, moh={"shared_heads": 1, "routed_topk": 2}),
+        dict(
+            model_type="dcpythia", use_dcmha=False, write_unused_dyn=False, use_qk_norm=False, tie_word_embeddings=True
+        ),
+        dict(model_type="gpt_neox", extra_derived=True, tie_word_embeddings=True),
+    ],
+)
 def test_make_tiny_follows_the_layout_table(tmp_path, kw):
     sd, cfg = make_tiny(str(tmp_path), **kw)
     dims = dict(n_layer=2, dim=32, n_head=4, vocab=64, intermediate=128)
@@ -42,9 +48,15 @@ def test_make_tiny_follows_the_layout_table(tmp_path, kw):
         want = layouts.gpt_neox_tensors(**dims, extra_derived=True, tie_word_embeddings=True)
     else:
         want = layouts.dcpythia_tensors(
-            **dims, fused_qkv=kw.get("fused_qkv", True), use_qk_norm=kw.get("use_qk_norm", True),
+            **dims,
+            fused_qkv=kw.get("fused_qkv", True),
+            use_qk_norm=kw.get("use_qk_norm", True),
             use_linear_bias=kw.get("use_linear_bias", True),
             dyn=kw.get("use_dcmha", True) or kw.get("write_unused_dyn", True),
-            compose_groups=kw.get("compose_groups", 1), use_sw=kw.get("use_sw", False), moh=kw.get("moh"),
-            tie_word_embeddings=kw.get("tie_word_embeddings", False), extra_derived=kw.get("extra_derived", False))
+            compose_groups=kw.get("compose_groups", 1),
+            use_sw=kw.get("use_sw", False),
+            moh=kw.get("moh"),
+            tie_word_embeddings=kw.get("tie_word_embeddings", False),
+            extra_derived=kw.get("extra_derived", False),
+        )
     assert [(n, a.shape) for n, a in sd.items()] == list(want.items())

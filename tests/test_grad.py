@@ -5,6 +5,7 @@ Tolerance: max |engine - fd| / max |fd| over the sampled entries of a tensor
 <= 2e-3 (float32 engine vs float64 differences with eps 1e-4; differences of
 the reference are exact to ~1e-8, the engine's float32 rounding dominates).
 """
+
 import numpy as np
 import pytest
 
@@ -41,6 +42,7 @@ def _target_fn(cfg, toks, target):
         if kind == "logprob":
             v = v - (np.log(np.exp(lg[p] - lg[p].max()).sum()) + lg[p].max())
         return v
+
     return f
 
 
@@ -69,12 +71,15 @@ def check_hook_gradients(m, sd, cfg, toks, target, g, rng, names, picks=3, what=
             idx = [ix for ix in idx if ix[-1] <= ix[-2]]
         pairs = []
         for ix in idx:
+
             def pert(s, ix=ix):
                 def fn(x):
                     x = x.copy()
                     x[ix] += s
                     return x
+
                 return fn
+
             fd = (f(sd, {n: pert(EPS)}) - f(sd, {n: pert(-EPS)})) / (2 * EPS)
             pairs.append((fd, g[n][ix]))
         _check(pairs, (what + " " + n).strip())
@@ -115,18 +120,29 @@ def _stored(mt, canon, cfg):
         return canon, lambda i, shape: i
     D, N = cfg["hidden_size"], cfg["num_attention_heads"]
     Dh = D // N
-    names = {"tok_embeddings.weight": "gpt_neox.embed_in.weight", "output.weight": "embed_out.weight",
-             "norm.weight": "gpt_neox.final_layer_norm.weight", "norm.bias": "gpt_neox.final_layer_norm.bias"}
+    names = {
+        "tok_embeddings.weight": "gpt_neox.embed_in.weight",
+        "output.weight": "embed_out.weight",
+        "norm.weight": "gpt_neox.final_layer_norm.weight",
+        "norm.bias": "gpt_neox.final_layer_norm.bias",
+    }
     if canon in names:
         return names[canon], lambda i, shape: i
     l, rest = canon.split(".", 2)[1:]
-    sub = {"attention_norm.weight": "input_layernorm.weight", "attention_norm.bias": "input_layernorm.bias",
-           "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_norm.bias": "post_attention_layernorm.bias",
-           "attention.wo.weight": "attention.dense.weight", "attention.wo.bias": "attention.dense.bias",
-           "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight", "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
-           "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight", "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
-           "attention.wqkv.weight": "attention.query_key_value.weight",
-           "attention.wqkv.bias": "attention.query_key_value.bias"}[rest]
+    sub = {
+        "attention_norm.weight": "input_layernorm.weight",
+        "attention_norm.bias": "input_layernorm.bias",
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "ffn_norm.bias": "post_attention_layernorm.bias",
+        "attention.wo.weight": "attention.dense.weight",
+        "attention.wo.bias": "attention.dense.bias",
+        "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight",
+        "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
+        "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight",
+        "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
+        "attention.wqkv.weight": "attention.query_key_value.weight",
+        "attention.wqkv.bias": "attention.query_key_value.bias",
+    }[rest]
     name = "gpt_neox.layers.%s.%s" % (l, sub)
     if "query_key_value" not in name:
         return name, lambda i, shape: i
@@ -137,6 +153,7 @@ def _stored(mt, canon, cfg):
         j, rem = divmod(r, D)
         n, dd = divmod(rem, Dh)
         return (n * 3 * Dh + j * Dh + dd) * cols + c
+
     return name, regroup
 
 
@@ -149,6 +166,7 @@ def test_parameter_gradients_match_finite_differences(tiny_factory, mt, kw):
     target = ("loss",)
     f = _target_fn(cfg, toks, target)
     from dclens.grad import param_table
+
     names = [r[0] for r in param_table(m)]
     g = m.gradients(toks, target, names)
     for canon in names:

@@ -11,6 +11,7 @@ the plan's estimate, the budget, and recomputation.
 * the estimate bounds what the pass took (last_pass_memory) and a budget
   below even the recompute plan is refused by name.
 """
+
 import os
 import subprocess
 import sys
@@ -38,7 +39,8 @@ def test_half_weights_gradients_match_finite_differences(tiny_factory, dtype):
     target = ("logprob", 4, 7)
     names = m.hook_names
     from dclens.grad import param_table
-    params = [r[0] for r in param_table(m)]     # dcpythia: canonical names are the stored ones
+
+    params = [r[0] for r in param_table(m)]  # dcpythia: canonical names are the stored ones
     g = m.gradients(toks, target, names + params)
     check_hook_gradients(m, sd, cfg, toks, target, g, rng, names, picks=2, what=dtype)
     check_param_gradients(sd, cfg, toks, target, g, rng, params, what=dtype)
@@ -49,6 +51,7 @@ def test_gradient_pass_keeps_weights_in_fp16(tmp_path):
     16384: 8.4M float16 parameters, 16.8 MB; 33.6 MB as float32), run a
     gradient pass, and compare the peak RSS it added with the float32 copy."""
     from dclens.testing.make_tiny import make_tiny
+
     make_tiny(str(tmp_path), dim=256, n_head=4, vocab=16384, n_layer=2, dtype="float16")
     code = textwrap.dedent("""
         import sys, numpy as np, dclens
@@ -63,8 +66,7 @@ def test_gradient_pass_keeps_weights_in_fp16(tmp_path):
         est = m.estimate_backward_memory(8, 1, ["blocks.1.attn.head_out", "embed"])
         print(hwm() - before, est["full"])
     """)
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     added, est = map(int, out.stdout.split())
     n_params = 2 * 16384 * 256 + 2 * (3 * 256 * 256 + 256 * 256 + 2 * 4 * 256 * 256)
@@ -80,9 +82,10 @@ def test_recompute_gives_the_same_bits(tiny_factory, mt, kw):
     m = dclens.load(d)
     toks = np.random.default_rng(6).integers(0, 24, (2, 9))
     from dclens.grad import Tape, param_table
+
     est = m.estimate_backward_memory(9, 2)
     assert est["recompute"] < est["full"]
-    low = est["recompute"]               # fits only with recomputation
+    low = est["recompute"]  # fits only with recomputation
     for budget, rc in ((None, 0), (low, 1)):
         tp = Tape(m, 2, 9, budget)
         assert tp.memory()["recompute"] == rc
@@ -96,9 +99,17 @@ def test_recompute_gives_the_same_bits(tiny_factory, mt, kw):
     at = "blocks.0.attn.z" if mt == "gpt_neox" else "blocks.0.attn.pattern"
     big = 1 << 40
     from dclens.attribution import attribute
+
     ra = attribute(m, toks[0], ("logit_diff", -1, 1, 2), [at], steps=4, chunk=4, max_tape_bytes=big)
-    rb = attribute(m, toks[0], ("logit_diff", -1, 1, 2), [at], steps=4, chunk=4,
-                   max_tape_bytes=m.estimate_backward_memory(9, 4, [at])["recompute"])
+    rb = attribute(
+        m,
+        toks[0],
+        ("logit_diff", -1, 1, 2),
+        [at],
+        steps=4,
+        chunk=4,
+        max_tape_bytes=m.estimate_backward_memory(9, 4, [at])["recompute"],
+    )
     assert np.array_equal(ra.attributions[at], rb.attributions[at])
 
 
@@ -129,16 +140,21 @@ def test_ig_chunks_follow_the_budget(tiny_factory):
     toks = np.arange(8) % 24
     at = "blocks.1.attn.head_out"
     from dclens import memplan
+
     pt = m.parse_hook(at)[0]
     # IG at a hook of layer 1 runs tapes from layer 1
-    budget = (memplan.tape_bytes(m, 3, 8, False, [pt], first=1) + 8 * memplan.hook_bytes(m, pt, 1, 8)
-              + 8 * 3 * 8 * m.config.vocab)
+    budget = (
+        memplan.tape_bytes(m, 3, 8, False, [pt], first=1)
+        + 8 * memplan.hook_bytes(m, pt, 1, 8)
+        + 8 * 3 * 8 * m.config.vocab
+    )
     assert memplan.ig_batch(m, 8, 8, pt, budget, first=1) == (3, False)
     assert memplan.tape_bytes(m, 3, 8, False, [pt], first=1) < memplan.tape_bytes(m, 3, 8, False, [pt])
     ra = m.attribute(toks, ("logit", -1, 5), [at], steps=8, max_tape_bytes=1 << 40)
     rb = m.attribute(toks, ("logit", -1, 5), [at], steps=8, max_tape_bytes=budget)
-    np.testing.assert_allclose(rb.attributions[at], ra.attributions[at], rtol=1e-4,
-                               atol=1e-5 * np.abs(ra.attributions[at]).max())
+    np.testing.assert_allclose(
+        rb.attributions[at], ra.attributions[at], rtol=1e-4, atol=1e-5 * np.abs(ra.attributions[at]).max()
+    )
 
 
 def test_tape_from_a_layer(tiny_factory):
@@ -146,6 +162,7 @@ def test_tape_from_a_layer(tiny_factory):
     residual stream entering layer 2 gives the logits and gradients of the
     full tape; below its first layer it refuses by name."""
     from dclens.grad import Tape, target_value_and_grad
+
     d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, n_layer=3)
     m = dclens.load(d)
     toks = np.arange(9) % 24

@@ -1,4 +1,5 @@
 """Heatmaps: decoded PNGs compared cell by cell with the activations they draw."""
+
 import io
 import os
 import subprocess
@@ -18,9 +19,19 @@ MASK = {(214, 214, 214), (168, 168, 168)}
 @pytest.fixture(scope="module")
 def tok_model(tmp_path_factory):
     from dclens.testing.make_tiny import make_tiny
+
     d = str(tmp_path_factory.mktemp("tokmodel"))
-    make_tiny(d, model_type="dcpythia", n_layer=2, dim=32, n_head=4, vocab=50304, window_size=6,
-              tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"), seed=51)
+    make_tiny(
+        d,
+        model_type="dcpythia",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        vocab=50304,
+        window_size=6,
+        tokenizer=shared_path("data", "gpt-neox-20b-tokenizer.json"),
+        seed=51,
+    )
     return d
 
 
@@ -53,8 +64,14 @@ def test_pattern_heatmap_cells_match_values(tok_model):
     toks = model.to_tokens(text)
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
     pat = cache["blocks.1.attn.pattern"]
-    png = hm.heatmap(pat, tokens=model.to_str_tokens(toks), titles=["H%d" % n for n in range(4)],
-                     title="L1 pattern", vmin=0.0, vmax=1.0)
+    png = hm.heatmap(
+        pat,
+        tokens=model.to_str_tokens(toks),
+        titles=["H%d" % n for n in range(4)],
+        title="L1 pattern",
+        vmin=0.0,
+        vmax=1.0,
+    )
     img = _check_cells(png, pat, 0.0, 1.0, False)
     x, y, c = png.cell_box(0, 0, 0)
     assert img.shape[0] > y + c * len(toks) and img.shape[1] > x + c * len(toks)
@@ -69,11 +86,12 @@ def test_attention_heatmap_all_heads_and_branches(tok_model):
     _check_cells(png, cache["blocks.0.attn.pattern"], 0.0, 1.0, False, window=model.config.window_size)
 
     png = hm.attention_heatmap(model, text, layer=1, head=2, hook="branches", phase="post")
-    maps = np.stack([cache["blocks.1.attn.post.%s" % b][2] for b in hm.BRANCHES]
-                    + [cache["blocks.1.attn.pattern_composed"][2]])
+    maps = np.stack(
+        [cache["blocks.1.attn.post.%s" % b][2] for b in hm.BRANCHES] + [cache["blocks.1.attn.pattern_composed"][2]]
+    )
     T = len(toks)
     visible = np.tril(np.ones((T, T), bool))
-    m = float(np.abs(maps[:, visible]).max())   # auto diverging range: +-max|x| over drawn cells
+    m = float(np.abs(maps[:, visible]).max())  # auto diverging range: +-max|x| over drawn cells
     _check_cells(png, maps, -m, m, True)
 
     png = hm.attention_heatmap(model, text, layer="all", head=1, hook="pattern_composed", vmin=-1.0, vmax=1.0)
@@ -95,9 +113,9 @@ def test_local_layer_window_is_masked(tok_model):
     pat = cache["blocks.0.attn.pattern"]
     T = len(toks)
     outside = np.array([[t - s > w for s in range(T)] for t in range(T)])
-    assert np.all(pat[:, outside] == 0)          # the engine's local mask
+    assert np.all(pat[:, outside] == 0)  # the engine's local mask
     _check_cells(png, pat, 0.0, 1.0, False, window=w)
-    png1 = hm.attention_heatmap(model, text, layer=1, vmin=0.0, vmax=1.0)   # global layer: no window mask
+    png1 = hm.attention_heatmap(model, text, layer=1, vmin=0.0, vmax=1.0)  # global layer: no window mask
     _, cache = model.run_with_cache(toks, names=["blocks.1.attn.pattern"])
     _check_cells(png1, cache["blocks.1.attn.pattern"], 0.0, 1.0, False)
 
@@ -141,12 +159,28 @@ def test_cli_heatmap(tok_model, tmp_path):
     assert r.returncode == 0, r.stderr
     img = Image.open(out)
     assert img.size[0] > 50 and img.size[1] > 50
-    r = _cli("heatmap", "--model", tok_model, "--text", "x y", "--layer", "1", "--hook", "post.kp", "--head", "0",
-             "--out", str(tmp_path / "k.png"))
+    r = _cli(
+        "heatmap",
+        "--model",
+        tok_model,
+        "--text",
+        "x y",
+        "--layer",
+        "1",
+        "--hook",
+        "post.kp",
+        "--head",
+        "0",
+        "--out",
+        str(tmp_path / "k.png"),
+    )
     assert r.returncode == 0, r.stderr
-    for bad, msg in [(["--layer", "5"], "layer 5"), (["--layer", "0", "--head", "11"], "head 11"),
-                     (["--layer", "0", "--hook", "nope"], "unknown hook"),
-                     (["--layer", "0", "--out", "/nonexistent/dir/x.png"], "cannot write")]:
+    for bad, msg in [
+        (["--layer", "5"], "layer 5"),
+        (["--layer", "0", "--head", "11"], "head 11"),
+        (["--layer", "0", "--hook", "nope"], "unknown hook"),
+        (["--layer", "0", "--out", "/nonexistent/dir/x.png"], "cannot write"),
+    ]:
         args = ["heatmap", "--model", tok_model, "--text", "x y", "--out", str(tmp_path / "e.png")] + bad
         r = _cli(*args)
         assert r.returncode == 1 and msg in r.stderr, (bad, r.stderr)

@@ -1,4 +1,5 @@
 """Hooks: every activation against the numpy reference, writes, and invariants."""
+
 import numpy as np
 import pytest
 
@@ -77,7 +78,9 @@ def test_composition_map_reproduces_composed(tiny_factory):
     for layer, phase, t, s in [(0, "pre", 7, 3), (1, "post", 12, 12), (1, "pre", 18, 0), (0, "post", 9, 5)]:
         C = model.composition_map(toks, layer, phase, t, s)
         raw = cache["blocks.%d.attn.%s" % (layer, "scores" if phase == "pre" else "pattern")][:, t, s]
-        comp = cache["blocks.%d.attn.%s" % (layer, "scores_composed" if phase == "pre" else "pattern_composed")][:, t, s]
+        comp = cache["blocks.%d.attn.%s" % (layer, "scores_composed" if phase == "pre" else "pattern_composed")][
+            :, t, s
+        ]
         np.testing.assert_allclose(C.T @ raw, comp, rtol=1e-4, atol=1e-5 * max(1, np.abs(comp).max()))
         Cref = ref_composition_map(ref_cache, layer, phase, t, s, N)
         assert rel_err(C, Cref) <= TOL
@@ -133,7 +136,7 @@ def test_head_ablation_matches_weight_surgery(tiny_factory):
     Dh = model.config.head_dim
     sd2 = dict(sd)
     wo = sd2["layers.%d.attention.wo.weight" % layer].copy()
-    wo[:, head * Dh:(head + 1) * Dh] = 0
+    wo[:, head * Dh : (head + 1) * Dh] = 0
     sd2["layers.%d.attention.wo.weight" % layer] = wo
     assert rel_err(got, ref_forward(sd2, cfg, toks)) <= TOL
 
@@ -150,10 +153,12 @@ def test_head_out_write_and_pattern_write(tiny_factory):
     def scale_pattern(a, name):
         return a * 0.9
 
-    for name, fn, ref_fn in [("blocks.0.attn.head_out", halve_head0, lambda a: np.concatenate([a[:, :1] * 0.5, a[:, 1:]], 1)),
-                             ("blocks.1.attn.pattern_composed", scale_pattern, lambda a: a * 0.9),
-                             ("blocks.0.resid_post", lambda a, n: a + 1.0, lambda a: a + 1.0),
-                             ("blocks.1.attn.dyn.post.qdd", lambda a, n: np.zeros_like(a), np.zeros_like)]:
+    for name, fn, ref_fn in [
+        ("blocks.0.attn.head_out", halve_head0, lambda a: np.concatenate([a[:, :1] * 0.5, a[:, 1:]], 1)),
+        ("blocks.1.attn.pattern_composed", scale_pattern, lambda a: a * 0.9),
+        ("blocks.0.resid_post", lambda a, n: a + 1.0, lambda a: a + 1.0),
+        ("blocks.1.attn.dyn.post.qdd", lambda a, n: np.zeros_like(a), np.zeros_like),
+    ]:
         got = model.run_with_hooks(toks, fwd_hooks=[(name, fn)])
         want = ref_forward(sd, cfg, toks, interventions={name: ref_fn})
         assert rel_err(got, want) <= TOL, name
@@ -219,21 +224,22 @@ def test_hooks_not_asked_for_allocate_nothing(tiny_factory):
     model.forward(toks)
     base = model.last_pass_memory()
     model.run_with_cache(toks, names=["blocks.0.attn.z", "blocks.1.resid_post"])
-    assert model.last_pass_memory() == base          # capture of existing tensors: no new buffers
+    assert model.last_pass_memory() == base  # capture of existing tensors: no new buffers
     branch = B * N * T * T * 4
     model.run_with_cache(toks, names=["blocks.0.attn.pattern"])
     full = model.last_pass_memory()
-    assert full["total"] - base["total"] == branch   # that layer's map (full path); the others fused
+    assert full["total"] - base["total"] == branch  # that layer's map (full path); the others fused
     model.run_with_cache(toks, names=["blocks.1.attn.post.kp"])
     one = model.last_pass_memory()
-    assert one["total"] - base["total"] == 6 * branch   # its map and five post branches, no more
+    assert one["total"] - base["total"] == 6 * branch  # its map and five post branches, no more
     model.run_with_cache(toks, names=lambda n: ".attn.post." in n)
     every = model.last_pass_memory()
     assert every["total"] - base["total"] == L * 6 * branch
-    assert every["peak"] == one["peak"]                 # one layer's branches live at a time
+    assert every["peak"] == one["peak"]  # one layer's branches live at a time
 
 
 # ---------------------------------------------------------------- names, read-only hooks
+
 
 def test_hook_name_either_order_and_table(tiny_factory):
     d, _, _ = tiny_factory(**DCP)
@@ -241,7 +247,7 @@ def test_hook_name_either_order_and_table(tiny_factory):
     assert dclens.hook_name(1, "attn.post.kp") == "blocks.1.attn.post.kp"
     assert dclens.hook_name("attn.post.kp", 1) == "blocks.1.attn.post.kp"
     assert dclens.hook_name(0, "pattern") == dclens.hook_name("pattern", 0) == "blocks.0.attn.pattern"
-    assert dclens.hook_name(0, "hook_resid_pre") == "blocks.0.resid_pre"     # TransformerLens suffix
+    assert dclens.hook_name(0, "hook_resid_pre") == "blocks.0.resid_pre"  # TransformerLens suffix
     assert dclens.hook_name("embed") == "embed"
     assert model.hook_name(-1, "attn.pre.qg") == "blocks.1.attn.pre.qg"
     with pytest.raises(dclens.Error, match="not a per-layer hook"):
@@ -253,7 +259,7 @@ def test_hook_name_either_order_and_table(tiny_factory):
         assert model._hook_table.name[model.parse_hook(n)] == n
     assert len(set(model.hook_names)) == len(model.hook_names)
     with pytest.raises(dclens.Error, match="blocks.7.attn.q"):
-        model.parse_hook("blocks.7.attn.q")          # not in the table: the engine says why
+        model.parse_hook("blocks.7.attn.q")  # not in the table: the engine says why
 
 
 def test_read_only_hooks(tiny_factory):
@@ -270,7 +276,7 @@ def test_read_only_hooks(tiny_factory):
 
     names = ["blocks.0.attn.post.kp", "blocks.1.mlp.out", "logits"]
     out = model.run_with_hooks(toks, [(n, look) for n in names])
-    np.testing.assert_array_equal(out, plain)                     # bit for bit: nothing written back
+    np.testing.assert_array_equal(out, plain)  # bit for bit: nothing written back
     for n in names:
         np.testing.assert_array_equal(seen[n], cache[n])
 
@@ -285,8 +291,9 @@ def test_read_only_hooks(tiny_factory):
     # the same function without the flag writes
     assert np.abs(model.run_with_hooks(toks, [("blocks.1.mlp.out", zero)]) - plain).max() > 1e-4
     # a read-only hook after a writing one at the same point sees the write
-    out2, c2 = model.run_with_hooks(toks, [("blocks.1.mlp.out", zero), ("blocks.1.mlp.out", look)],
-                                    cache_names=["blocks.1.mlp.out"])
+    out2, c2 = model.run_with_hooks(
+        toks, [("blocks.1.mlp.out", zero), ("blocks.1.mlp.out", look)], cache_names=["blocks.1.mlp.out"]
+    )
     assert not seen["blocks.1.mlp.out"].any() and not c2["blocks.1.mlp.out"].any()
     # with model.hooks(..., read_only=True) and add_hook(read_only=True)
     with model.hooks([("blocks.0.attn.pattern", lambda a, n: seen.__setitem__("ctx", a))], read_only=True):
@@ -312,8 +319,12 @@ def test_read_only_hook_left_padded_batch(tiny_factory):
     toks[0], toks[1, 3:] = a, b
     lengths = np.array([7, 4])
     got = []
-    model.run_with_hooks(toks, [("blocks.0.resid_post", dclens.read_only(lambda x, n: got.append(x)))],
-                         lengths=lengths, padding_side="left")
+    model.run_with_hooks(
+        toks,
+        [("blocks.0.resid_post", dclens.read_only(lambda x, n: got.append(x)))],
+        lengths=lengths,
+        padding_side="left",
+    )
     _, c = model.run_with_cache(b, names=["blocks.0.resid_post"])
     assert not got[0].flags.writeable
-    assert rel_err(got[0][1, 3:], c["blocks.0.resid_post"]) <= TOL    # the left-padded layout
+    assert rel_err(got[0][1, 3:], c["blocks.0.resid_post"]) <= TOL  # the left-padded layout

@@ -7,6 +7,7 @@ Read from the source with ast, so every import counts: module level and
 inside functions alike. Imports under `if TYPE_CHECKING:` are left out
 (they never run). Importing a submodule is an edge to that submodule, not
 to its parent package."""
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,7 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = {"dclens": os.path.join(ROOT, "bindings", "dclens"),
-            "synth_tasks": os.path.join(ROOT, "synth_tasks")}
+PACKAGES = {"dclens": os.path.join(ROOT, "bindings", "dclens"), "synth_tasks": os.path.join(ROOT, "synth_tasks")}
 
 
 def _modules() -> Dict[str, str]:
@@ -36,8 +36,9 @@ def _modules() -> Dict[str, str]:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-           (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST):
@@ -67,7 +68,7 @@ def _graph() -> Dict[str, Set[str]]:
             else:
                 if node.level:
                     base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    base = base[:len(base) - (node.level - 1)]
+                    base = base[: len(base) - (node.level - 1)]
                     src = ".".join(base + ([node.module] if node.module else []))
                 else:
                     src = node.module
@@ -76,7 +77,7 @@ def _graph() -> Dict[str, Set[str]]:
             for t in targets:
                 if t.split(".")[0] not in PACKAGES:
                     continue
-                if t not in mods:          # a compiled module (dclens._engine): imports nothing of ours
+                if t not in mods:  # a compiled module (dclens._engine): imports nothing of ours
                     graph.setdefault(t, set())
                 if t != mod:
                     graph[mod].add(t)
@@ -84,7 +85,7 @@ def _graph() -> Dict[str, Set[str]]:
 
 
 def _find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
-    state: Dict[str, int] = {}      # 1: on the DFS path, 2: done
+    state: Dict[str, int] = {}  # 1: on the DFS path, 2: done
     path: List[str] = []
 
     def visit(m: str) -> Optional[List[str]]:
@@ -92,7 +93,7 @@ def _find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
         path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                return path[path.index(n):] + [n]
+                return path[path.index(n) :] + [n]
             if n not in state:
                 c = visit(n)
                 if c:
@@ -123,8 +124,13 @@ def test_no_import_cycle():
 
 
 def test_dclens_does_not_import_synth_tasks():
-    bad = sorted((m, t) for m, ts in _graph().items() if m.split(".")[0] == "dclens"
-                 for t in ts if t.split(".")[0] == "synth_tasks")
+    bad = sorted(
+        (m, t)
+        for m, ts in _graph().items()
+        if m.split(".")[0] == "dclens"
+        for t in ts
+        if t.split(".")[0] == "synth_tasks"
+    )
     assert not bad, "dclens imports synth_tasks: %s" % bad
 
 
@@ -133,11 +139,14 @@ def test_cycle_finder_finds_cycles():
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("src,expect", [
-    ("from .model import Error", {"dclens.model"}),
-    ("def f():\n    from . import routing", {"dclens.routing"}),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", set()),
-])
+@pytest.mark.parametrize(
+    "src,expect",
+    [
+        ("from .model import Error", {"dclens.model"}),
+        ("def f():\n    from . import routing", {"dclens.routing"}),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import Model", set()),
+    ],
+)
 def test_import_reader(src, expect, tmp_path, monkeypatch):
     pkg = tmp_path / "dclens"
     pkg.mkdir()

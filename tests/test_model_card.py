@@ -1,4 +1,5 @@
 """synth_tasks.model_card on results.json files written by `dclens synth` on a tiny model."""
+
 import json
 
 import pytest
@@ -17,20 +18,55 @@ def run(tmp_path_factory):
     make_tiny(str(d / "m"), "dcpythia", vocab=2209, tokenizer=TOKENIZER_FILE)
     pub = shared_path("data", "synthetic_dataset.jsonl")
     for label, data in (("pub", pub), ("held", "heldout")):
-        assert cli_main(["synth", "--model", str(d / "m"), "--data", data, "--limit", "20",
-                         "--no-plots", "--no-progress", "--out", str(d / label)]) == 0
+        assert (
+            cli_main(
+                [
+                    "synth",
+                    "--model",
+                    str(d / "m"),
+                    "--data",
+                    data,
+                    "--limit",
+                    "20",
+                    "--no-plots",
+                    "--no-progress",
+                    "--out",
+                    str(d / label),
+                ]
+            )
+            == 0
+        )
     log = d / "loss.csv"
-    log.write_text("step,tokens,loss,lr,elapsed_s\n0,0,7.71,0.0,0.0\n10,40960,5.5,0.001,8.0\n"
-                   "20,81920,4.25,0.0009,16.0\n")
+    log.write_text(
+        "step,tokens,loss,lr,elapsed_s\n0,0,7.71,0.0,0.0\n10,40960,5.5,0.001,8.0\n20,81920,4.25,0.0009,16.0\n"
+    )
     return d
 
 
 def test_card_from_synth_results(run, tmp_path):
     out = tmp_path / "MODEL_CARD.md"
-    assert card_main([str(out), "--name", "dc-tiny", "--results", f"published={run / 'pub' / 'results.json'}",
-                      "--results", f"held-out={run / 'held' / 'results.json'}", "--train-log",
-                      str(run / "loss.csv"), "--model-dir", str(run / "m"), "--command",
-                      "dclens train --seed 3", "--seed", "3"]) == 0
+    assert (
+        card_main(
+            [
+                str(out),
+                "--name",
+                "dc-tiny",
+                "--results",
+                f"published={run / 'pub' / 'results.json'}",
+                "--results",
+                f"held-out={run / 'held' / 'results.json'}",
+                "--train-log",
+                str(run / "loss.csv"),
+                "--model-dir",
+                str(run / "m"),
+                "--command",
+                "dclens train --seed 3",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     card = out.read_text()
     pub = json.load(open(run / "pub" / "results.json"))
     held = json.load(open(run / "held" / "results.json"))

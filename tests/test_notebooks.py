@@ -9,6 +9,7 @@ throw-away "python3" kernelspec pointing at sys.executable into a temporary
 directory and puts it first on JUPYTER_PATH, so nothing is registered globally
 and a stale user/system kernelspec (another Python) is never used.
 """
+
 import copy
 import glob
 import json
@@ -25,8 +26,12 @@ import run_notebooks as rn  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 PUBLISHED = os.path.join(os.path.dirname(ROOT), "shared", "data", "synthetic_dataset.jsonl")
-EXPECTED = ["01_quickstart.ipynb", "02_head_composition.ipynb", "03_synthetic_benchmark.ipynb",
-            "04_circuits_and_diversity.ipynb"]
+EXPECTED = [
+    "01_quickstart.ipynb",
+    "02_head_composition.ipynb",
+    "03_synthetic_benchmark.ipynb",
+    "04_circuits_and_diversity.ipynb",
+]
 PATHS = sorted(glob.glob(os.path.join(NOTEBOOKS, "*.ipynb")))
 
 
@@ -42,15 +47,22 @@ def kernel_env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jupyter")
     spec_dir = tmp / "kernels" / "python3"
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (dclens tests)", "language": "python"}))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (dclens tests)",
+                "language": "python",
+            }
+        )
+    )
     mp = pytest.MonkeyPatch()
     old = os.environ.get("JUPYTER_PATH")
     mp.setenv("JUPYTER_PATH", os.pathsep.join([str(tmp)] + ([old] if old else [])))
     for name in rn.NOTEBOOK_ENV + ("DCLENS_MODELS_DIR",):
         mp.delenv(name, raising=False)
     from jupyter_client.kernelspec import KernelSpecManager
+
     spec = KernelSpecManager().get_kernel_spec("python3")
     assert os.path.realpath(spec.resource_dir) == os.path.realpath(spec_dir)
     yield
@@ -63,6 +75,7 @@ _RUNS = {}
 def executed(path):
     """Execute once per test session (several tests read the result)."""
     import nbclient
+
     if path not in _RUNS:
         if not os.path.exists(PUBLISHED) and "02_" in path:
             pytest.skip("the published benchmark file is not in ../shared/data")
@@ -92,23 +105,27 @@ def close(a, b, path=""):
 @pytest.mark.parametrize("path", PATHS, ids=[os.path.basename(p) for p in PATHS])
 def test_committed_outputs_follow_the_rule(path):
     import nbformat
+
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(c.outputs or not c.source.strip() for c in code[-1:]), \
+    assert all(c.outputs or not c.source.strip() for c in code[-1:]), (
         "%s is saved without outputs: run scripts/run_notebooks.py" % os.path.basename(path)
+    )
     assert os.path.getsize(path) <= rn.MAX_NOTEBOOK_BYTES
     assert all(n <= rn.MAX_OUTPUT_BYTES for _, n in rn.output_sizes(nb))
     assert not [o for c in code for o in c.outputs if o.get("output_type") == "error"]
     assert not [c for c in code if "execution" in c.metadata], "timing metadata: use scripts/run_notebooks.py"
-    rn.findings(nb)                                      # the key numbers are printed
+    rn.findings(nb)  # the key numbers are printed
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[os.path.basename(p) for p in PATHS])
 def test_notebook_runs_and_matches_its_committed_numbers(path, kernel_env):
     import nbformat
+
     nb = executed(path)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"
+    ]
     assert not errors
     fresh = rn.findings(nb)
     committed = rn.findings(nbformat.read(path, as_version=4))
@@ -117,8 +134,10 @@ def test_notebook_runs_and_matches_its_committed_numbers(path, kernel_env):
 
 # ------------------------------------------------------------------ the claims, recomputed
 
+
 def _load(name):
     import dclens
+
     return dclens.load(name)
 
 
@@ -136,12 +155,14 @@ def _zero(name, index):
     def fn(act, _name):
         act[index] = 0.0
         return act
+
     return (name, fn)
 
 
 def _probe(data, f, tokenizer):
     from synth_tasks import load_dataset
     from synth_tasks.probe import probe
+
     line = next(l for l in load_dataset(data) if l.task_id == f["task_id"] and l.lineno == f["line"])
     return probe(line, f["answer_index"], tokenizer)
 
@@ -151,6 +172,7 @@ def _weights(name):
     from safetensors.numpy import load_file
     import dclens
     import reference
+
     d = next(m.path for m in dclens.bundled_models() if m.name == name)
     sd = load_file(os.path.join(d, "model.safetensors"))
     cfg = json.load(open(os.path.join(d, "config.json")))
@@ -162,6 +184,7 @@ def ov_logits_reference(name, layer, head, tokens):
     """Eqn 12 written here from hooks.md with the reference's weight roles, float64:
     e = Embed(x) + MLP_0(LN_mlp,0(Embed(x))); logits = Unembed(LN_attn,l(e) W_V,n W_O,n) (no V/O biases)."""
     import reference as R
+
     W, h = _weights(name)
     e = W.embed()[np.asarray(tokens)]
     (_, _), (w2, b2) = W.norms(0)
@@ -169,15 +192,16 @@ def ov_logits_reference(name, layer, head, tokens):
     e = e + R.linear(R.gelu(R.linear(R.layer_norm(e, w2, b2, h.eps), w_in, b_in)), w_out, b_out)
     (w1, b1), _ = W.norms(layer)
     x = R.layer_norm(e, w1, b1, h.eps)
-    v = W.qkv(layer, x)[2] - W.qkv(layer, np.zeros_like(x))[2]            # [K, N, Dh], bias removed
+    v = W.qkv(layer, x)[2] - W.qkv(layer, np.zeros_like(x))[2]  # [K, N, Dh], bias removed
     wo, _ = W.out_proj(layer)
-    out = v[:, head] @ wo[:, head * h.Dh:(head + 1) * h.Dh].T              # [K, D]
+    out = v[:, head] @ wo[:, head * h.Dh : (head + 1) * h.Dh].T  # [K, D]
     return out @ W.unembed().T
 
 
 def test_reference_ov_readout_matches_the_engine():
     """The test's own Eqn 12 agrees with dclens.circuits (so either can check the notebooks)."""
     from dclens import circuits
+
     for name in ("dcpythia-tiny", "pythia-tiny"):
         m = _load(name)
         toks = [5, 77, 300]
@@ -188,15 +212,23 @@ def test_reference_ov_readout_matches_the_engine():
 
 def check_01(f):
     from synth_tasks.corpus import HELDOUT_FILE
+
     m = _load(f["model"])
     p = _probe(HELDOUT_FILE, f, m.tokenizer)
     assert p.answer == f["answer"]
     base = _p(m, p.ids, p.query, p.answer_token)
     assert abs(base - f["p_answer"]) < 1e-3
     c = m.config
-    drop = np.array([[_p(m, p.ids, p.query, p.answer_token, [_zero("blocks.%d.attn.z" % l, (slice(None), h))])
-                      for h in range(c.n_head)] for l in range(c.n_layer)])
-    assert list(np.unravel_index(int(np.argmin(drop)), drop.shape)) == f["head"]     # "hurts most"
+    drop = np.array(
+        [
+            [
+                _p(m, p.ids, p.query, p.answer_token, [_zero("blocks.%d.attn.z" % l, (slice(None), h))])
+                for h in range(c.n_head)
+            ]
+            for l in range(c.n_layer)
+        ]
+    )
+    assert list(np.unravel_index(int(np.argmin(drop)), drop.shape)) == f["head"]  # "hurts most"
     assert abs(drop.min() - f["p_without_head"]) < 1e-3
     assert int((drop < base / 2).sum()) == f["heads_halving_p"]
 
@@ -206,7 +238,7 @@ def check_02(f):
     p = _probe(PUBLISHED, f, m.tokenizer)
     q, s, tok = p.query, p.source, p.answer_token
     logits = m.forward(p.ids)
-    assert int(np.argmax(logits[q])) == tok                             # DCPythia answers it (first token)
+    assert int(np.argmax(logits[q])) == tok  # DCPythia answers it (first token)
     assert abs(float(_softmax(logits[q])[tok]) - f["p_answer"]) < 1e-3
     assert abs(_p(t, p.ids, q, tok) - f["p_answer_twin"]) < 1e-3
     L_, H_ = f["head"]
@@ -219,16 +251,21 @@ def check_02(f):
     assert max(br, key=lambda b: abs(br[b])) == f["top_branch"]
     # the key-wise flow from each source head, from the dynamic weights (model-spec step 6)
     P = cache[pre + "pattern"].astype(np.float64)
-    c = P[:, q, s] * np.einsum("in,i->n", cache[pre + "dyn.post.kw1"][s].astype(np.float64),
-                               cache[pre + "dyn.post.kw2"][s, :, H_].astype(np.float64))
+    c = P[:, q, s] * np.einsum(
+        "in,i->n",
+        cache[pre + "dyn.post.kw1"][s].astype(np.float64),
+        cache[pre + "dyn.post.kw2"][s, :, H_].astype(np.float64),
+    )
     assert abs(c.sum() - br["kp"]) < 1e-5
     others = [n for n in range(m.config.n_head) if n != H_]
     assert max(others, key=lambda n: c[n]) == f["lender"]
     lender = f["lender"]
-    for key, hooks in (("p_without_branch", [_zero(pre + "post." + f["top_branch"], (H_,))]),
-                       ("p_without_lending", [_zero(pre + "dyn.post.kw1", (s, slice(None), lender))]),
-                       ("p_without_lender_output", [_zero(pre + "z", (slice(None), lender))]),
-                       ("p_without_head", [_zero(pre + "z", (slice(None), H_))])):
+    for key, hooks in (
+        ("p_without_branch", [_zero(pre + "post." + f["top_branch"], (H_,))]),
+        ("p_without_lending", [_zero(pre + "dyn.post.kw1", (s, slice(None), lender))]),
+        ("p_without_lender_output", [_zero(pre + "z", (slice(None), lender))]),
+        ("p_without_head", [_zero(pre + "z", (slice(None), H_))]),
+    ):
         assert abs(_p(m, p.ids, q, tok, hooks) - f[key]) < 1e-3, key
     ro = ov_logits_reference(f["model"], L_, H_, [int(p.ids[s])])[0]
     assert int((ro > ro[tok]).sum()) + 1 == f["ov_rank"]
@@ -242,6 +279,7 @@ def check_02(f):
 
 def _bundled_summary(name, label):
     import dclens
+
     d = next(m.path for m in dclens.bundled_models() if m.name == name)
     return json.load(open(os.path.join(d, "benchmark.json")))[label]
 
@@ -257,6 +295,7 @@ def check_03(f):
 
 def check_04(f):
     from synth_tasks.generate import transform_pairs
+
     name = f["models"][0]
     m = _load(name)
     tok = m.tokenizer
@@ -270,15 +309,19 @@ def check_04(f):
     W, h = _weights(name)
     x = np.eye(h.D)
     (w1, b1), _ = W.norms(0)
-    q, k, _ = (a - b for a, b in zip(W.qkv(0, x), W.qkv(0, np.zeros_like(x))))     # [D, N, Dh] each
-    M = np.concatenate([q[:, n] @ k[:, n].T for n in range(h.N)], axis=1)           # [D, N*D]
+    q, k, _ = (a - b for a, b in zip(W.qkv(0, x), W.qkv(0, np.zeros_like(x))))  # [D, N, Dh] each
+    M = np.concatenate([q[:, n] @ k[:, n].T for n in range(h.N)], axis=1)  # [D, N*D]
     sv = np.linalg.svd(M, compute_uv=False) ** 2
     div = float(np.mean(np.cumsum(sv) / sv.sum()))
     assert abs(div - f["diversity"][name]["qk"][0]) < 2e-3
 
 
-CHECKS = {"01_quickstart.ipynb": check_01, "02_head_composition.ipynb": check_02,
-          "03_synthetic_benchmark.ipynb": check_03, "04_circuits_and_diversity.ipynb": check_04}
+CHECKS = {
+    "01_quickstart.ipynb": check_01,
+    "02_head_composition.ipynb": check_02,
+    "03_synthetic_benchmark.ipynb": check_03,
+    "04_circuits_and_diversity.ipynb": check_04,
+}
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[os.path.basename(p) for p in PATHS])

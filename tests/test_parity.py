@@ -2,6 +2,7 @@
 
 Tolerance of the issue: max |dlogit| <= 1e-4 * max |logit|, float32 engine.
 """
+
 import numpy as np
 import pytest
 
@@ -16,8 +17,9 @@ CONFIGS = {
     "dcp-f32-st": dict(model_type="dcpythia", dtype="float32", fmt="safetensors"),
     "dcp-f16-torch": dict(model_type="dcpythia", dtype="float16", fmt="torch"),
     "dcp-bf16-st-sharded": dict(model_type="dcpythia", dtype="bfloat16", fmt="safetensors", shards=3),
-    "dcp-f16-torch-sharded-unfused": dict(model_type="dcpythia", dtype="float16", fmt="torch", shards=2,
-                                          fused_qkv=False),
+    "dcp-f16-torch-sharded-unfused": dict(
+        model_type="dcpythia", dtype="float16", fmt="torch", shards=2, fused_qkv=False
+    ),
     "dcp-query-wise": dict(model_type="dcpythia", query_wise=True, seed=3),
     "dcp-lgll-window4": dict(model_type="dcpythia", n_layer=4, window_type="LGLL", window_size=4, seed=4),
     "dcp-lgl6": dict(model_type="dcpythia", n_layer=3, window_type="LGL6", window_size=3, seed=9),
@@ -37,7 +39,7 @@ def test_logits_match_reference(tiny_factory, name):
     model = dclens.load(d)
     rng = np.random.default_rng(0)
     V = model.config.vocab
-    T = 3 * max(model.config.window_size, 8) + 5      # several times the window
+    T = 3 * max(model.config.window_size, 8) + 5  # several times the window
     toks = rng.integers(0, V, size=T)
     got = model.forward(toks)
     want = ref_forward(sd, cfg, toks)
@@ -91,6 +93,7 @@ def test_tied_checkpoint_with_stored_output_copy(tiny_factory, tmp_path):
     """torch .bin files of tied models still carry output.weight: it is ignored."""
     import shutil
     from safetensors.numpy import load_file, save_file
+
     d, sd, cfg = tiny_factory(model_type="dcpythia", tie_word_embeddings=True, seed=13)
     dst = tmp_path / "tied"
     shutil.copytree(d, dst)

@@ -1,4 +1,5 @@
 """dclens.patching: identities and agreement with unbatched single patches."""
+
 import numpy as np
 import pytest
 
@@ -34,7 +35,7 @@ def test_patching_clean_into_clean_changes_nothing(tiny_factory, kw, over):
     v1 = r1.values[np.isfinite(r1.values)]
     assert np.all(v1 == r1.clean)
     if over == "layer,phase,branch" and model.config.query_wise:
-        assert np.isnan(r.values[:, :, 2]).all() and np.isnan(r.values[:, :, 4]).all()   # kp, kg absent
+        assert np.isnan(r.values[:, :, 2]).all() and np.isnan(r.values[:, :, 4]).all()  # kp, kg absent
 
 
 @pytest.mark.parametrize("over", ["layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch", "composition"])
@@ -61,6 +62,7 @@ def test_sweep_cells_equal_single_patches(tiny_factory, over):
         # entry C[n=1, m=3] of layer 1's post map at clean values: the same as patching the
         # whole composed map when only that entry differs -- check against a direct computation
         from dclens import routing
+
         _, xc = model.run_with_cache(corr)
         delta = routing.composition_maps(model, cache, 1, "post") - routing.composition_maps(model, xc, 1, "post")
         add = (delta[:, :, 1, 3] * xc["blocks.1.attn.pattern"][1]).astype(np.float32)
@@ -68,6 +70,7 @@ def test_sweep_cells_equal_single_patches(tiny_factory, over):
         def fn(a, n):
             a[3] += add
             return a
+
         one = model.run_with_hooks(corr, fwd_hooks=[("blocks.1.attn.pattern_composed", fn)])
         cell = r.values[1, 1, 3]
     assert abs(cell - metric(one)) <= 1e-5
@@ -97,9 +100,13 @@ def test_patching_errors_and_plot(tiny_factory):
     model = dclens.load(d)
     clean, corr = _pair(model)
     m = patching.logit_diff(1, 2)
-    for kw, match in [(dict(over="heads"), "over must be"), (dict(hook="resid_pre"), "has no head axis"),
-                      (dict(layers=[5]), "layer 5 is out of range"), (dict(batch_size=0), "batch_size"),
-                      (dict(over="layer,pos", positions=[99]), "position 99")]:
+    for kw, match in [
+        (dict(over="heads"), "over must be"),
+        (dict(hook="resid_pre"), "has no head axis"),
+        (dict(layers=[5]), "layer 5 is out of range"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(over="layer,pos", positions=[99]), "position 99"),
+    ]:
         with pytest.raises(dclens.Error, match=match):
             patching.sweep(model, clean, corr, m, progress=False, **kw)
     with pytest.raises(dclens.Error, match="same number of tokens"):
@@ -107,6 +114,6 @@ def test_patching_errors_and_plot(tiny_factory):
     d2, _, _ = tiny_factory(**NEOX)
     with pytest.raises(dclens.Error, match="no composition maps"):
         patching.sweep(dclens.load(d2), clean, corr, m, over="composition", progress=False)
-    r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)   # a tqdm bar on stderr
+    r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)  # a tqdm bar on stderr
     assert r.plot()._repr_png_()[:4] == b"\x89PNG"
     assert patching.sweep(model, clean, corr, m, progress=False).plot(normalize=True)._repr_png_()[:4] == b"\x89PNG"

@@ -2,6 +2,7 @@
 
 plots.py is loaded from its file so that these tests run without the
 compiled engine (importing the dclens package loads it)."""
+
 import importlib.util
 import io
 import os
@@ -18,7 +19,8 @@ from matplotlib.patches import Polygon  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location(
-    "dclens_plots_under_test", os.path.join(ROOT, "bindings", "dclens", "plots.py"))
+    "dclens_plots_under_test", os.path.join(ROOT, "bindings", "dclens", "plots.py")
+)
 dp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dp)
 

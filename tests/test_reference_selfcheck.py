@@ -5,6 +5,7 @@ The reference checks pin invariants of model-spec.md / hooks.md; the writer chec
 read the files back with independent minimal readers (safetensors header parsing,
 zipfile + a restricted pickle.Unpickler) and compare with what make_tiny returned.
 """
+
 import importlib.util
 import io
 import json
@@ -60,6 +61,7 @@ def dc(tmp):
 
 # =========================================================================== reference
 
+
 def test_cache_has_exactly_the_hook_names(dc):
     sd, cfg, logits, cache = dc
     assert list(cache) == ref.hook_names(cfg)
@@ -79,6 +81,7 @@ def test_naive_loops_layer0(dc):
     """Steps 4, 5, 10 of model-spec.md recomputed with plain loops from the cached
     attention input, as a check of the reference's einsum index conventions."""
     import math
+
     sd, cfg, _, c = dc
     D, N, Dh, K, R = 32, 4, 8, 16, 2
     p = "layers.0.attention."
@@ -91,8 +94,9 @@ def test_naive_loops_layer0(dc):
     for t in (0, 7, 19):
         for slot, phase, side in [(0, "pre", "q"), (1, "pre", "k"), (2, "post", "q"), (3, "post", "k")]:
             hid = [gelu(sum(x[t, d] * dw1[d, 0, slot, kk] for d in range(D))) for kk in range(K)]
-            w = np.array([[sum(hid[kk] * qkw[0, slot, kk, r, n] for kk in range(K)) for n in range(N)]
-                          for r in range(2 * R)])
+            w = np.array(
+                [[sum(hid[kk] * qkw[0, slot, kk, r, n] for kk in range(K)) for n in range(N)] for r in range(2 * R)]
+            )
             w1 = np.array([row / math.sqrt(sum(v * v for v in row) / N + 1e-6) for row in w[:R]])
             gate = [math.tanh(sum(x[t, d] * dd[d, 0, slot * N + n] for d in range(D))) for n in range(N)]
             a = f"blocks.0.attn.dyn.{phase}.{side}"
@@ -145,11 +149,13 @@ def test_composition_map(dc):
         for t in range(T):
             for s in range(T):  # every pair, masked ones included
                 C = ref.ref_composition_map(c, l, "pre", t, s, N)
-                np.testing.assert_allclose(C.T @ c[a + "scores"][:, t, s], c[a + "scores_composed"][:, t, s],
-                                           rtol=1e-12, atol=1e-12)
+                np.testing.assert_allclose(
+                    C.T @ c[a + "scores"][:, t, s], c[a + "scores_composed"][:, t, s], rtol=1e-12, atol=1e-12
+                )
                 C = ref.ref_composition_map(c, l, "post", t, s, N)
-                np.testing.assert_allclose(C.T @ c[a + "pattern"][:, t, s], c[a + "pattern_composed"][:, t, s],
-                                           rtol=1e-12, atol=1e-12)
+                np.testing.assert_allclose(
+                    C.T @ c[a + "pattern"][:, t, s], c[a + "pattern_composed"][:, t, s], rtol=1e-12, atol=1e-12
+                )
 
 
 def test_mask_and_softmax(dc):
@@ -186,17 +192,33 @@ def test_window_matters(tmp, dc):
     np.testing.assert_allclose(lg[: cfg["window_size"] + 1], logits[: cfg["window_size"] + 1], atol=1e-12)
 
 
-@pytest.mark.parametrize("wtype,expect", [
-    ("LG", [1, 0, 1, 0, 1, 0, 1, 0]),
-    ("LGLL", [1, 0, 1, 1, 1, 0, 1, 1]),
-    ("LGL6", [1, 0, 1, 1, 1, 1, 1, 1]),
-    (None, [1, 0, 1, 0, 1, 0, 1, 0]),
-])
+@pytest.mark.parametrize(
+    "wtype,expect",
+    [
+        ("LG", [1, 0, 1, 0, 1, 0, 1, 0]),
+        ("LGLL", [1, 0, 1, 1, 1, 0, 1, 1]),
+        ("LGL6", [1, 0, 1, 1, 1, 1, 1, 1]),
+        (None, [1, 0, 1, 0, 1, 0, 1, 0]),
+    ],
+)
 def test_window_patterns(wtype, expect):
-    cfg = mt.dcpythia_config(n_layer=8, dim=32, n_head=4, vocab=64, intermediate=128, window_size=8,
-                             window_type=wtype, query_wise=False, use_qk_norm=True, use_parallel_residual=True,
-                             use_linear_bias=True, use_dcmha=True, rotary_pct=0.25, tie_word_embeddings=False,
-                             dtype="float32")
+    cfg = mt.dcpythia_config(
+        n_layer=8,
+        dim=32,
+        n_head=4,
+        vocab=64,
+        intermediate=128,
+        window_size=8,
+        window_type=wtype,
+        query_wise=False,
+        use_qk_norm=True,
+        use_parallel_residual=True,
+        use_linear_bias=True,
+        use_dcmha=True,
+        rotary_pct=0.25,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
     h = ref.Hyper(cfg)
     assert [int(h.is_local(l)) for l in range(8)] == expect
 
@@ -222,8 +244,9 @@ def test_zero_dynamic_weights_is_plain_mha(dc):
     lm, cm = ref.ref_forward(sd, mha_cfg, tokens(), cache=True)  # dyn_w_proj present but unused
     np.testing.assert_allclose(lz, lm, rtol=0, atol=1e-12)
     for l in range(2):
-        np.testing.assert_allclose(cz[f"blocks.{l}.attn.pattern_composed"], cm[f"blocks.{l}.attn.pattern"],
-                                   rtol=0, atol=1e-13)
+        np.testing.assert_allclose(
+            cz[f"blocks.{l}.attn.pattern_composed"], cm[f"blocks.{l}.attn.pattern"], rtol=0, atol=1e-13
+        )
     # and the dynamic weights do change the model
     assert np.abs(logits - lm).max() > 0.1
     # plain MHA has no compose / dyn hooks
@@ -246,8 +269,9 @@ def test_head_out_sums_to_out(dc, tmp):
     sd, cfg, _, c = dc
     for l in range(2):
         a = f"blocks.{l}.attn."
-        np.testing.assert_allclose(c[a + "head_out"].sum(1) + sd[f"layers.{l}.attention.wo.bias"], c[a + "out"],
-                                   rtol=0, atol=1e-12)
+        np.testing.assert_allclose(
+            c[a + "head_out"].sum(1) + sd[f"layers.{l}.attention.wo.bias"], c[a + "out"], rtol=0, atol=1e-12
+        )
     sd, cfg = gen(tmp, "nobias", use_linear_bias=False)
     assert not any(k.endswith(".bias") and ("attention.w" in k or "feed_forward" in k) for k in sd)
     assert "layers.0.attention_norm.bias" in sd  # LayerNorm biases stay
@@ -259,10 +283,12 @@ def test_residual_structure(tmp, dc):
     sd, cfg, _, c = dc  # parallel
     for l in range(2):
         b = f"blocks.{l}."
-        np.testing.assert_allclose(c[b + "resid_post"], c[b + "resid_pre"] + c[b + "attn.out"] + c[b + "mlp.out"],
-                                   atol=1e-12)
-        ln = ref.layer_norm(c[b + "resid_pre"], sd[f"layers.{l}.ffn_norm.weight"], sd[f"layers.{l}.ffn_norm.bias"],
-                            1e-5)
+        np.testing.assert_allclose(
+            c[b + "resid_post"], c[b + "resid_pre"] + c[b + "attn.out"] + c[b + "mlp.out"], atol=1e-12
+        )
+        ln = ref.layer_norm(
+            c[b + "resid_pre"], sd[f"layers.{l}.ffn_norm.weight"], sd[f"layers.{l}.ffn_norm.bias"], 1e-5
+        )
         np.testing.assert_allclose(c[b + "ln_mlp"], ln, atol=1e-12)
     np.testing.assert_allclose(c["blocks.1.resid_pre"], c["blocks.0.resid_post"], atol=0)
     sd, cfg = gen(tmp, "serial", use_parallel_residual=False)
@@ -283,7 +309,7 @@ def test_qk_norm_and_rotary(dc, tmp):
     # position 0 is unrotated: q/rms(q) * scale exactly
     pre = ref.linear(c["blocks.0.ln_attn"], sd["layers.0.attention.wqkv.weight"], sd["layers.0.attention.wqkv.bias"])
     q0 = pre[0, :32].reshape(4, 8)
-    q0 = q0 / np.sqrt((q0 ** 2).mean(-1, keepdims=True) + 1e-6) * sd["layers.0.attention.q_norm.scale"]
+    q0 = q0 / np.sqrt((q0**2).mean(-1, keepdims=True) + 1e-6) * sd["layers.0.attention.q_norm.scale"]
     np.testing.assert_allclose(q[0], q0, atol=1e-12)
     # rotary keeps norms of the rotated pairs and leaves dims >= r alone (r = 2 here)
     r = ref.Hyper(cfg).rotary_dims
@@ -313,12 +339,12 @@ def test_query_wise(tmp):
     assert not any(k.endswith((".kw1", ".kw2", ".kdd", ".kp", ".kg")) for k in c)
     for l in range(2):
         a = f"blocks.{l}.attn."
-        np.testing.assert_allclose(sum(c[a + "pre." + b] for b in ("skip", "qp", "qg")), c[a + "scores_composed"],
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            sum(c[a + "pre." + b] for b in ("skip", "qp", "qg")), c[a + "scores_composed"], atol=1e-12
+        )
         for t, s in [(3, 1), (T - 1, 0), (T - 1, T - 1)]:
             C = ref.ref_composition_map(c, l, "post", t, s)
-            np.testing.assert_allclose(C.T @ c[a + "pattern"][:, t, s], c[a + "pattern_composed"][:, t, s],
-                                       atol=1e-12)
+            np.testing.assert_allclose(C.T @ c[a + "pattern"][:, t, s], c[a + "pattern_composed"][:, t, s], atol=1e-12)
     # the key slots are unused: changing them changes nothing
     sd2 = dict(sd)
     for l in range(2):
@@ -353,25 +379,29 @@ def test_interventions(dc):
     names = ref.hook_names(cfg)
     same = ref.ref_forward(sd, cfg, tokens(), interventions={n: (lambda a: a) for n in names})
     np.testing.assert_array_equal(same, logits)
-    lz, cz = ref.ref_forward(sd, cfg, tokens(), cache=True,
-                             interventions={"blocks.1.attn.post.kp": lambda a: np.zeros_like(a)})
+    lz, cz = ref.ref_forward(
+        sd, cfg, tokens(), cache=True, interventions={"blocks.1.attn.post.kp": lambda a: np.zeros_like(a)}
+    )
     a = "blocks.1.attn."
     assert np.all(cz[a + "post.kp"] == 0)
-    np.testing.assert_allclose(cz[a + "pattern_composed"],
-                               sum(cz[a + "post." + b] for b in ("skip", "qp", "qg", "kg")), atol=1e-12)
+    np.testing.assert_allclose(
+        cz[a + "pattern_composed"], sum(cz[a + "post." + b] for b in ("skip", "qp", "qg", "kg")), atol=1e-12
+    )
     np.testing.assert_array_equal(cz["blocks.0.resid_post"], c["blocks.0.resid_post"])  # upstream untouched
     assert np.abs(lz - logits).max() > 1e-3
     # patch layer 0's pattern with uniform causal attention: the post branches follow it
     mask = np.tril(np.ones((T, T)))
     uniform = np.broadcast_to(mask / mask.sum(-1, keepdims=True), (4, T, T))
-    _, cp = ref.ref_forward(sd, cfg, tokens(), cache=True,
-                            interventions={"blocks.0.attn.pattern": lambda p: uniform.copy()})
+    _, cp = ref.ref_forward(
+        sd, cfg, tokens(), cache=True, interventions={"blocks.0.attn.pattern": lambda p: uniform.copy()}
+    )
     for t, s in [(5, 2), (19, 0), (10, 10)]:
         C = ref.ref_composition_map(cp, 0, "post", t, s)
         np.testing.assert_allclose(C.T @ uniform[:, t, s], cp["blocks.0.attn.pattern_composed"][:, t, s], atol=1e-12)
     # dynamic-weight hooks feed the composition
-    _, cd = ref.ref_forward(sd, cfg, tokens(), cache=True,
-                            interventions={"blocks.0.attn.dyn.pre.qdd": lambda g: np.ones_like(g)})
+    _, cd = ref.ref_forward(
+        sd, cfg, tokens(), cache=True, interventions={"blocks.0.attn.dyn.pre.qdd": lambda g: np.ones_like(g)}
+    )
     np.testing.assert_allclose(cd["blocks.0.attn.pre.qg"], cd["blocks.0.attn.scores"], atol=0)
     with pytest.raises(KeyError):
         ref.ref_forward(sd, cfg, tokens(), interventions={"blocks.9.attn.z": lambda a: a})
@@ -382,8 +412,12 @@ def test_interventions(dc):
 def _neox_to_dcpythia(sd, n_layer, D, N):
     """Same weights in the DCPythia layout (q, k, v row blocks instead of per-head groups)."""
     Dh = D // N
-    out = {"tok_embeddings.weight": sd["gpt_neox.embed_in.weight"], "output.weight": sd["embed_out.weight"],
-           "norm.weight": sd["gpt_neox.final_layer_norm.weight"], "norm.bias": sd["gpt_neox.final_layer_norm.bias"]}
+    out = {
+        "tok_embeddings.weight": sd["gpt_neox.embed_in.weight"],
+        "output.weight": sd["embed_out.weight"],
+        "norm.weight": sd["gpt_neox.final_layer_norm.weight"],
+        "norm.bias": sd["gpt_neox.final_layer_norm.bias"],
+    }
     for l in range(n_layer):
         p, q = f"gpt_neox.layers.{l}.", f"layers.{l}."
         w = sd[p + "attention.query_key_value.weight"].reshape(N, 3, Dh, D).transpose(1, 0, 2, 3)
@@ -392,8 +426,10 @@ def _neox_to_dcpythia(sd, n_layer, D, N):
         out[q + "attention.wqkv.bias"] = b.reshape(3 * D)
         for a, bb in [("attention_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")]:
             out[q + a + ".weight"], out[q + a + ".bias"] = sd[p + bb + ".weight"], sd[p + bb + ".bias"]
-        out[q + "attention.wo.weight"], out[q + "attention.wo.bias"] = (sd[p + "attention.dense.weight"],
-                                                                      sd[p + "attention.dense.bias"])
+        out[q + "attention.wo.weight"], out[q + "attention.wo.bias"] = (
+            sd[p + "attention.dense.weight"],
+            sd[p + "attention.dense.bias"],
+        )
         for a, bb in [("w1", "dense_h_to_4h"), ("w2", "dense_4h_to_h")]:
             out[q + f"feed_forward.{a}.weight"] = sd[p + f"mlp.{bb}.weight"]
             out[q + f"feed_forward.{a}.bias"] = sd[p + f"mlp.{bb}.bias"]
@@ -402,16 +438,38 @@ def _neox_to_dcpythia(sd, n_layer, D, N):
 
 @pytest.mark.parametrize("parallel", [True, False])
 def test_gpt_neox_matches_dcpythia_mha(tmp, parallel):
-    sd, cfg = gen(tmp, f"neox{parallel}", model_type="gpt_neox", n_layer=2, dim=32, n_head=4,
-                  use_parallel_residual=parallel, extra_derived=True, rotary_pct=0.5)
+    sd, cfg = gen(
+        tmp,
+        f"neox{parallel}",
+        model_type="gpt_neox",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        use_parallel_residual=parallel,
+        extra_derived=True,
+        rotary_pct=0.5,
+    )
     assert "gpt_neox.layers.0.attention.rotary_emb.inv_freq" in sd
     lg, c = ref.ref_forward(sd, cfg, tokens(), cache=True)
     assert list(c) == ref.hook_names(cfg)
     assert not any(".dyn." in k or ".pre." in k or ".post." in k or "composed" in k for k in c)
-    dc_cfg = mt.dcpythia_config(n_layer=2, dim=32, n_head=4, vocab=64, intermediate=128, window_size=10_000,
-                                window_type=None, query_wise=False, use_qk_norm=False,
-                                use_parallel_residual=parallel, use_linear_bias=True, use_dcmha=False,
-                                rotary_pct=0.5, tie_word_embeddings=False, dtype="float32")
+    dc_cfg = mt.dcpythia_config(
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        vocab=64,
+        intermediate=128,
+        window_size=10_000,
+        window_type=None,
+        query_wise=False,
+        use_qk_norm=False,
+        use_parallel_residual=parallel,
+        use_linear_bias=True,
+        use_dcmha=False,
+        rotary_pct=0.5,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
     lg2, c2 = ref.ref_forward(_neox_to_dcpythia(sd, 2, 32, 4), dc_cfg, tokens(), cache=True)
     np.testing.assert_allclose(lg, lg2, rtol=0, atol=1e-11)
     np.testing.assert_allclose(c["blocks.1.attn.pattern"], c2["blocks.1.attn.pattern"], atol=1e-13)
@@ -430,8 +488,9 @@ def test_static_composition(tmp):
         a = f"blocks.{l}.attn."
         for phase, src, dst in (("pre", "scores", "scores_composed"), ("post", "pattern", "pattern_composed")):
             W = sd[f"layers.{l}.attention.dyn_w_proj.{phase}_proj.w"][0].astype(np.float64)
-            np.testing.assert_allclose(sum(c[a + phase + "." + b] for b in ("skip", "qp", "kp", "qg", "kg", "static")),
-                                       c[a + dst], atol=1e-12)
+            np.testing.assert_allclose(
+                sum(c[a + phase + "." + b] for b in ("skip", "qp", "kp", "qg", "kg", "static")), c[a + dst], atol=1e-12
+            )
             for t, s in [(4, 4), (19, 3), (2, 9)]:
                 C = ref.ref_composition_map(c, l, phase, t, s, static=W)
                 np.testing.assert_allclose(C.T @ c[a + src][:, t, s], c[a + dst][:, t, s], atol=1e-12)
@@ -452,8 +511,9 @@ def test_moh_routing(tmp, hs, k):
         np.testing.assert_allclose(routed.sum(-1), k, atol=1e-12)
     else:
         assert np.all(g[:, :hs] > 0)
-    np.testing.assert_allclose(c["blocks.0.attn.head_out"].sum(1) + sd["layers.0.attention.wo.bias"],
-                               c["blocks.0.attn.out"], atol=1e-12)
+    np.testing.assert_allclose(
+        c["blocks.0.attn.head_out"].sum(1) + sd["layers.0.attention.wo.bias"], c["blocks.0.attn.out"], atol=1e-12
+    )
     assert np.all(c["blocks.0.attn.z"][g == 0] == 0)  # unselected heads contribute nothing
 
 
@@ -468,7 +528,7 @@ def read_safetensors_raw(path):
         blob = f.read()
     n = struct.unpack("<Q", blob[:8])[0]
     assert n % 8 == 0
-    header = json.loads(blob[8:8 + n])
+    header = json.loads(blob[8 : 8 + n])
     base = 8 + n
     out, end = {}, 0
     for name, info in header.items():
@@ -477,7 +537,7 @@ def read_safetensors_raw(path):
             continue
         b, e = info["data_offsets"]
         npdt, kind = _ST_DT[info["dtype"]]
-        a = np.frombuffer(blob[base + b:base + e], dtype=npdt).reshape(info["shape"])
+        a = np.frombuffer(blob[base + b : base + e], dtype=npdt).reshape(info["shape"])
         if kind == "bf16":
             a = (a.astype(np.uint32) << 16).view(np.float32)
         out[name] = a.astype(np.float32)
@@ -515,8 +575,9 @@ def read_torch_zip(path):
         flat, key = storage
         r = _Rebuilt()
         itemsize = flat.dtype.itemsize
-        r.array = np.lib.stride_tricks.as_strided(flat[offset:], shape=tuple(size),
-                                                  strides=tuple(s * itemsize for s in stride)).copy()
+        r.array = np.lib.stride_tricks.as_strided(
+            flat[offset:], shape=tuple(size), strides=tuple(s * itemsize for s in stride)
+        ).copy()
         r.where = (key, offset)
         r.stride = tuple(stride)
         assert requires_grad is False and isinstance(hooks, OrderedDict) and not hooks
@@ -560,16 +621,16 @@ def check_zip_layout(path):
     z = zipfile.ZipFile(path)
     for info in z.infolist():
         off = info.header_offset
-        sig, ver, flags, method, _, _, crc, csz, usz, nlen, xlen = struct.unpack("<IHHHHHIIIHH", blob[off:off + 30])
+        sig, ver, flags, method, _, _, crc, csz, usz, nlen, xlen = struct.unpack("<IHHHHHIIIHH", blob[off : off + 30])
         assert sig == 0x04034B50 and method == 0 and flags == 0x0808 and ver == 0
         assert (crc, csz, usz) == (0, 0, 0)  # sizes in the data descriptor
-        extra = blob[off + 30 + nlen: off + 30 + nlen + xlen]
+        extra = blob[off + 30 + nlen : off + 30 + nlen + xlen]
         assert extra[:2] == b"FB" and struct.unpack("<H", extra[2:4])[0] == xlen - 4
         assert set(extra[4:]) <= {ord("Z")}
         data_start = off + 30 + nlen + xlen
         assert data_start % 64 == 0
         assert info.extra == b""  # central directory copy has no extra field
-        dd = struct.unpack("<IIII", blob[data_start + info.file_size: data_start + info.file_size + 16])
+        dd = struct.unpack("<IIII", blob[data_start + info.file_size : data_start + info.file_size + 16])
         assert dd == (0x08074B50, info.CRC, info.file_size, info.file_size)
     assert blob[-22:-18] == b"PK\x05\x06" and blob[-42:-38] == b"PK\x06\x07"
 
@@ -594,6 +655,7 @@ def test_safetensors_roundtrip(tmp, dtype, shards):
             assert all(index["weight_map"][k] == f for k in part)
         if dtype != "bfloat16":
             from safetensors.numpy import load_file
+
             pk = load_file(str(d / f))
             assert set(pk) == set(part)
             for k in pk:
@@ -622,14 +684,17 @@ def test_safetensors_writer_matches_package(tmp, model_type):
     assert (a / "model.safetensors").read_bytes() == (tmp / f"stpkg_{model_type}.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("opts", [
-    dict(dtype="float16", shards=2, fused_qkv=False, share_storage=True),
-    dict(dtype="bfloat16", shards=1, extra_derived=True, pickle_container="ordereddict_meta"),
-    dict(dtype="float32", shards=3, pickle_container="dict", torch_style="2.7", archive_name=None),
-    dict(model_type="gpt_neox", dtype="float16", shards=2, extra_derived=True, share_storage=True),
-    dict(dtype="float16", shards=2, torch_views="transpose", compose_groups=2, use_sw=True),
-    dict(dtype="float32", shards=1, torch_views="expand", extra_derived=True),
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(dtype="float16", shards=2, fused_qkv=False, share_storage=True),
+        dict(dtype="bfloat16", shards=1, extra_derived=True, pickle_container="ordereddict_meta"),
+        dict(dtype="float32", shards=3, pickle_container="dict", torch_style="2.7", archive_name=None),
+        dict(model_type="gpt_neox", dtype="float16", shards=2, extra_derived=True, share_storage=True),
+        dict(dtype="float16", shards=2, torch_views="transpose", compose_groups=2, use_sw=True),
+        dict(dtype="float32", shards=1, torch_views="expand", extra_derived=True),
+    ],
+)
 def test_torch_zip_roundtrip(tmp, opts):
     opts = dict(opts)
     model_type = opts.pop("model_type", "dcpythia")
@@ -650,7 +715,7 @@ def test_torch_zip_roundtrip(tmp, opts):
         expect_prefix = os.path.splitext(f)[0] if opts.get("archive_name", "archive") is None else "archive"
         assert prefix == expect_prefix
         names = zipfile.ZipFile(d / f).namelist()
-        recs = [n[len(prefix) + 1:] for n in names]
+        recs = [n[len(prefix) + 1 :] for n in names]
         assert recs[0] == "data.pkl" and recs[-2:] == ["version", ".data/serialization_id"]
         if opts.get("torch_style") == "2.7":
             assert recs[1:4] == [".format_version", ".storage_alignment", "byteorder"]
@@ -658,7 +723,7 @@ def test_torch_zip_roundtrip(tmp, opts):
             assert recs[1] == "byteorder"
         if shards > 1:
             assert all(index["weight_map"][k] == f for k in arrays)
-        keys = [r[len("data/"):] for r in recs if r.startswith("data/")]
+        keys = [r[len("data/") :] for r in recs if r.startswith("data/")]
         assert sorted(keys, key=int) == [str(i) for i in range(len(keys))]
         assert keys == (sorted(keys, key=int) if opts.get("torch_style") == "2.7" else sorted(keys))
         got.update(arrays)
@@ -720,8 +785,10 @@ def test_pickle_bytes_match_cpython_pickler(monkeypatch):
 
         def __reduce_ex__(self, proto):
             t = self.t
-            return (_rebuild_tensor_v2, (Typed(self.st), t.offset, tuple(list(t.shape)), tuple(list(t.stride)),
-                                         False, OrderedDict()))
+            return (
+                _rebuild_tensor_v2,
+                (Typed(self.st), t.offset, tuple(list(t.shape)), tuple(list(t.stride)), False, OrderedDict()),
+            )
 
     tensors = OrderedDict()
     for i in range(40):  # > 256 memo entries: LONG_BINPUT / LONG_BINGET
@@ -760,8 +827,24 @@ def test_pickle_bytes_match_cpython_pickler(monkeypatch):
 
 def test_cli(tmp):
     out = tmp / "cli"
-    args = [str(out), "--type", "dcpythia", "--dtype", "float16", "--format", "torch", "--shards", "2",
-            "--no-fused-qkv", "--share-storage", "--window-type", "LGLL", "--n-layer", "4", "--query-wise"]
+    args = [
+        str(out),
+        "--type",
+        "dcpythia",
+        "--dtype",
+        "float16",
+        "--format",
+        "torch",
+        "--shards",
+        "2",
+        "--no-fused-qkv",
+        "--share-storage",
+        "--window-type",
+        "LGLL",
+        "--n-layer",
+        "4",
+        "--query-wise",
+    ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "bindings") + os.pathsep + env.get("PYTHONPATH", "")
     try:  # as documented when the package imports; else the file itself
@@ -774,10 +857,24 @@ def test_cli(tmp):
     cfg = json.load(open(out / "config.json"))
     assert cfg["window_type"] == "LGLL" and cfg["query_wise"] is True and cfg["n_layer"] == 4
     assert cfg["torch_dtype"] == "float16"
-    assert sorted(os.listdir(out)) == ["config.json", "pytorch_model-00001-of-00002.bin",
-                                       "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json"]
-    sd, _ = mt.make_tiny(str(tmp / "cli_same"), "dcpythia", dtype="float16", fmt="torch", shards=2,
-                         fused_qkv=False, share_storage=True, window_type="LGLL", n_layer=4, query_wise=True)
+    assert sorted(os.listdir(out)) == [
+        "config.json",
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+        "pytorch_model.bin.index.json",
+    ]
+    sd, _ = mt.make_tiny(
+        str(tmp / "cli_same"),
+        "dcpythia",
+        dtype="float16",
+        fmt="torch",
+        shards=2,
+        fused_qkv=False,
+        share_storage=True,
+        window_type="LGLL",
+        n_layer=4,
+        query_wise=True,
+    )
     got = {}
     for f in ("pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"):
         got.update(read_torch_zip(out / f)[0])
@@ -794,8 +891,21 @@ def test_tokenizer_copy(tmp):
     mt.make_tiny(str(d), "gpt_neox", tokenizer=tok)
     assert (d / "tokenizer.json").read_bytes() == open(tok, "rb").read()
     cfg = json.load(open(d / "config.json"))
-    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-                "rotary_pct", "rotary_emb_base", "layer_norm_eps", "use_parallel_residual", "hidden_act",
-                "max_position_embeddings", "tie_word_embeddings", "torch_dtype", "architectures"):
+    for key in (
+        "hidden_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "intermediate_size",
+        "vocab_size",
+        "rotary_pct",
+        "rotary_emb_base",
+        "layer_norm_eps",
+        "use_parallel_residual",
+        "hidden_act",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "torch_dtype",
+        "architectures",
+    ):
         assert key in cfg
     assert cfg["architectures"] == ["GPTNeoXForCausalLM"] and cfg["model_type"] == "gpt_neox"

@@ -5,6 +5,7 @@ dclens.Error naming what is wrong (docs/bad-inputs.md lists each case).
 Every case that could hang runs with a timeout (a subprocess, or a joined
 thread), so a regression fails instead of blocking the suite.
 """
+
 import gc
 import json
 import os
@@ -42,7 +43,7 @@ def model(tiny_factory):
 def _st_read(path):
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _st_write(path, header, data):
@@ -160,11 +161,11 @@ def test_hook_keeps_array_across_passes_and_del_model(tiny_factory):
         m.run_with_cache(TOKS[:5], names=names)
     for k, f in zip(kept, first):
         np.testing.assert_array_equal(k, f)
-        assert k.base is None or k.base.flags.owndata   # owns its memory
+        assert k.base is None or k.base.flags.owndata  # owns its memory
     del m, cache
     gc.collect()
     for k, f in zip(kept, first):
-        k += 1.0                                          # writes are safe too
+        k += 1.0  # writes are safe too
         np.testing.assert_array_equal(k, f + 1.0)
 
 
@@ -172,7 +173,7 @@ def test_hook_writes_still_apply(model):
     ref = model.forward(TOKS)
 
     def zero(act, name):
-        act[...] = 0.0                                    # in place, no return
+        act[...] = 0.0  # in place, no return
 
     out = model.run_with_hooks(TOKS, [("blocks.1.mlp.out", zero)])
     assert np.abs(out - ref).max() > 1e-4
@@ -187,7 +188,7 @@ def test_exception_traceback_holds_no_engine_view(model):
 
     with pytest.raises(dclens.Error) as ei:
         model.run_with_hooks(TOKS, [("blocks.0.attn.z", bad)])
-    model.forward(TOKS[::-1].copy())                      # reuse the buffers
+    model.forward(TOKS[::-1].copy())  # reuse the buffers
     tb = ei.value.__cause__.__traceback__
     while tb is not None:
         for v in tb.tb_frame.f_locals.values():
@@ -204,19 +205,20 @@ def test_weight_file_truncated_or_rewritten_after_load(good):
     ref = m.forward(TOKS)
     p = good / "model.safetensors"
     raw = p.read_bytes()
-    p.write_bytes(b"\xff" * len(raw))                     # rewritten in place
+    p.write_bytes(b"\xff" * len(raw))  # rewritten in place
     np.testing.assert_array_equal(m.forward(TOKS), ref)
-    os.truncate(p, 0)                                     # truncated: no SIGBUS
+    os.truncate(p, 0)  # truncated: no SIGBUS
     np.testing.assert_array_equal(m.forward(TOKS), ref)
     np.testing.assert_array_equal(m.weight("norm.weight"), m.weight("norm.weight"))
 
 
 def _load_in_subprocess(d, timeout=60):
-    code = ("import dclens, sys\n"
-            "try:\n    m = dclens.load(sys.argv[1]); m.tokenizer\nexcept dclens.Error as e:\n"
-            "    print('ERR', e)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True,
-                       timeout=timeout)
+    code = (
+        "import dclens, sys\n"
+        "try:\n    m = dclens.load(sys.argv[1]); m.tokenizer\nexcept dclens.Error as e:\n"
+        "    print('ERR', e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -225,7 +227,7 @@ def _load_in_subprocess(d, timeout=60):
 def test_fifo_refused_without_hanging(good, name):
     os.remove(good / name) if (good / name).exists() else None
     os.mkfifo(good / name)
-    out = _load_in_subprocess(good)                       # a hang fails by timeout
+    out = _load_in_subprocess(good)  # a hang fails by timeout
     assert out.startswith("ERR") and name in out and "not a regular file" in out
 
 
@@ -242,6 +244,7 @@ def test_dangling_symlink_is_named(good):
 def test_nonfinite_weight_named_at_load(good, value):
     def poison(a):
         a[3] = value
+
     _set_tensor_values(good, "layers.1.feed_forward.w2.weight", poison)
     msg = _load_error(good)
     assert "model.safetensors" in msg and "layers.1.feed_forward.w2.weight" in msg
@@ -255,7 +258,7 @@ def test_nonfinite_f16_weight(tiny_factory, tmp_path):
     p = dst / "model.safetensors"
     header, data = _st_read(p)
     b, e = header["norm.weight"]["data_offsets"]
-    data = data[:b] + struct.pack("<H", 0x7e00) + data[b + 2:]
+    data = data[:b] + struct.pack("<H", 0x7E00) + data[b + 2 :]
     _st_write(p, header, data)
     assert "'norm.weight' holds NaN at element 0" in _load_error(dst)
 
@@ -283,11 +286,25 @@ def test_overflowing_weights_no_benchmark_score(good, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"task_id": "task0", "texts": "\na b [ c ]\n"}) + "\n")
     from conftest import shared_path
+
     tok = shared_path("data", "gpt-neox-20b-tokenizer.json")
     from synth_tasks.cli import main
+
     out = tmp_path / "out"
-    rc = main(["--model", str(good), "--data", str(data), "--out", str(out), "--tokenizer", tok,
-               "--no-progress", "--no-plots"])
+    rc = main(
+        [
+            "--model",
+            str(good),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--tokenizer",
+            tok,
+            "--no-progress",
+            "--no-plots",
+        ]
+    )
     assert rc != 0
     assert not (out / "results.json").exists()
 
@@ -308,6 +325,7 @@ def test_evaluate_refuses_nonfinite_logits():
         def encode(self, text, add_special_tokens=False):
             class E:
                 pass
+
             e = E()
             e.ids = [ord(c) % 64 for c in text]
             e.offsets = [(i, i + 1) for i in range(len(text))]
@@ -342,11 +360,11 @@ def test_ctrl_c_stops_a_plain_forward(deep):
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         deep.forward(toks)
-        time.sleep(10)          # not reached unless the pass ignored Ctrl-C
+        time.sleep(10)  # not reached unless the pass ignored Ctrl-C
     took = time.perf_counter() - t0
     timer.join()
     assert took < 0.7 * full, (took, full)
-    np.testing.assert_array_equal(deep.forward(toks), ref)   # still usable
+    np.testing.assert_array_equal(deep.forward(toks), ref)  # still usable
 
 
 def test_ctrl_c_stops_a_hooked_forward(deep):
@@ -412,10 +430,22 @@ def test_long_tensor_name_keeps_the_reason(good):
 # ---------------------------------------------------------------- arguments
 
 
-@pytest.mark.parametrize("kw", [dict(layer=0.5), dict(layer=1.0), dict(layer=True),
-                                dict(layer=np.float32(1)), dict(layer=2), dict(layer=-1),
-                                dict(layer=2**70), dict(query=1.0), dict(query=np.float64(3)),
-                                dict(query=len(TOKS)), dict(query="3")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(layer=0.5),
+        dict(layer=1.0),
+        dict(layer=True),
+        dict(layer=np.float32(1)),
+        dict(layer=2),
+        dict(layer=-1),
+        dict(layer=2**70),
+        dict(query=1.0),
+        dict(query=np.float64(3)),
+        dict(query=len(TOKS)),
+        dict(query="3"),
+    ],
+)
 def test_routing_indices_checked(model, kw):
     args = dict(layer=1, phase="post", query=5)
     args.update(kw)
@@ -425,8 +455,11 @@ def test_routing_indices_checked(model, kw):
 
 def test_index_arguments_everywhere(model):
     from dclens import circuits, interventions as iv
-    np.testing.assert_array_equal(model.routing_matrix(TOKS, layer=np.int64(1), phase="post", query=np.int32(5)),
-                                  model.routing_matrix(TOKS, layer=1, phase="post", query=5))
+
+    np.testing.assert_array_equal(
+        model.routing_matrix(TOKS, layer=np.int64(1), phase="post", query=np.int32(5)),
+        model.routing_matrix(TOKS, layer=1, phase="post", query=5),
+    )
     with pytest.raises(dclens.Error, match="key position"):
         model.composition_map(TOKS, 1, "post", query=5, key=2.0)
     with pytest.raises(dclens.Error, match="head"):
@@ -494,19 +527,37 @@ def test_oversized_cache_refused_before_allocating(model):
 def test_cli_messages(good, tmp_path, capsys):
     from conftest import shared_path
     from dclens.cli import main
+
     shutil.copy(shared_path("data", "gpt-neox-20b-tokenizer.json"), good / "tokenizer.json")
     f = tmp_path / "afile"
     f.write_text("x")
     assert main(["info", "--model", str(f)]) == 1
     assert "must be a checkpoint directory" in capsys.readouterr().err
-    assert main(["heatmap", "--model", str(good), "--text", "!#", "--layer", "0", "--head", "99",
-                 "--out", str(tmp_path / "h.png")]) == 1
+    assert (
+        main(
+            [
+                "heatmap",
+                "--model",
+                str(good),
+                "--text",
+                "!#",
+                "--layer",
+                "0",
+                "--head",
+                "99",
+                "--out",
+                str(tmp_path / "h.png"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "heatmap: heatmap:" not in err and "dclens heatmap: error: head 99" in err
 
 
 def test_synth_out_checked_before_evaluation(good, tmp_path, capsys):
     from synth_tasks.cli import main
+
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"task_id": "task0", "texts": "\na b [ c ]\n"}) + "\n")
     f = tmp_path / "afile"
@@ -521,15 +572,16 @@ def test_synth_out_checked_before_evaluation(good, tmp_path, capsys):
 
 def test_dataset_endless_line_and_devices(tmp_path):
     from synth_tasks.dataset import DatasetError, MAX_LINE_BYTES, load_dataset
+
     with pytest.raises(DatasetError, match="not a regular file"):
         load_dataset("/dev/zero")
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
     with pytest.raises(DatasetError, match="not a regular file"):
-        load_dataset(fifo)                   # no writer: would block without O_NONBLOCK
+        load_dataset(fifo)  # no writer: would block without O_NONBLOCK
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:
-        f.write(b"{\"task_id\": \"t\", \"texts\": \"" + b"a" * (MAX_LINE_BYTES + 10))
+        f.write(b'{"task_id": "t", "texts": "' + b"a" * (MAX_LINE_BYTES + 10))
     with pytest.raises(DatasetError, match=r"big.jsonl:1: line longer than"):
         load_dataset(big)
     dup = tmp_path / "dup.jsonl"
@@ -540,6 +592,7 @@ def test_dataset_endless_line_and_devices(tmp_path):
 
 def test_ctrl_c_stops_a_decoding_step(deep):
     from dclens.generate import Decoder
+
     toks = np.zeros(384, np.int32)
     dec = Decoder(deep)
     t0 = time.perf_counter()
@@ -554,22 +607,23 @@ def test_ctrl_c_stops_a_decoding_step(deep):
     took = time.perf_counter() - t0
     timer.join()
     assert took < 0.7 * full, (took, full)
-    assert dec.pos == 0                                  # the step was undone
+    assert dec.pos == 0  # the step was undone
     np.testing.assert_array_equal(dec.step(toks), ref)
 
 
 def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys):
     from dclens.cli import main
+
     assert main(["bogus"]) == 2
     assert "unknown command 'bogus'" in capsys.readouterr().err
     assert main(["make-tiny", str(tmp_path / "m"), "--dim", "0"]) == 1
     assert "--dim must be at least 1, not 0" in capsys.readouterr().err
-    assert not (tmp_path / "m").exists()                 # refused before writing
+    assert not (tmp_path / "m").exists()  # refused before writing
     f = tmp_path / "afile"
     f.write_text("x")
     assert main(["make-tiny", str(f)]) == 1
     assert "exists and is not a directory" in capsys.readouterr().err
-    assert main(["make-tiny", str(f / "sub")]) == 1      # cannot be created
+    assert main(["make-tiny", str(f / "sub")]) == 1  # cannot be created
     assert "dclens make-tiny: error: cannot write" in capsys.readouterr().err
     # no safetensors package is needed: dclens.testing.checkpoint writes the files
     assert main(["make-tiny", str(tmp_path / "plain")]) == 0

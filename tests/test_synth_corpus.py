@@ -30,8 +30,7 @@ def train(sets):
 
 def test_shipped_heldout_file_is_reproduced_by_its_command(sets, tmp_path):
     out = tmp_path / "h.jsonl"
-    assert C.main(["heldout", str(out), "--published",
-                   shared_path("data", "synthetic_dataset.jsonl")]) == 0
+    assert C.main(["heldout", str(out), "--published", shared_path("data", "synthetic_dataset.jsonl")]) == 0
     assert out.read_bytes() == open(C.HELDOUT_FILE, "rb").read()
     ds = load_dataset(C.HELDOUT_FILE)
     assert len(ds) == 74 * C.HELDOUT_LINES_PER_TASK and ds.n_answers == 6 * len(ds)
@@ -58,7 +57,7 @@ def test_stream_is_deterministic_resumable_and_streaming(sets, train):
     assert other != train[:74]
     # each chunk of 74 lines has every task once, in a shuffled order
     for c in range(4):
-        chunk = [r["task_id"] for r in train[74 * c:74 * (c + 1)]]
+        chunk = [r["task_id"] for r in train[74 * c : 74 * (c + 1)]]
         assert sorted(chunk) == sorted(TASKS) and chunk != list(TASKS)
     endless = C.training_records(seed=0, exclude=excl)
     assert isinstance(endless, types.GeneratorType)
@@ -69,6 +68,7 @@ def test_stream_is_deterministic_resumable_and_streaming(sets, train):
 
 def test_training_text_and_tokens_are_what_the_evaluator_scores(sets, train):
     from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(C.TOKENIZER_FILE)
     texts = [C.record_text(r) for r in train[:74]]
     assert texts[0].startswith("\n") and "[" not in "".join(texts)
@@ -92,7 +92,7 @@ def test_cli_train_and_check(tmp_path, capsys):
     assert C.main(["check", str(out)]) == 0
     assert "0 shared" in capsys.readouterr().out
     pub = shared_path("data", "synthetic_dataset.jsonl")
-    assert C.main(["check", pub]) == 1            # the published file against itself
+    assert C.main(["check", pub]) == 1  # the published file against itself
     txt = tmp_path / "t.txt"
     assert C.main(["train", str(txt), "--lines", "3", "--format", "text"]) == 0
     recs = list(C.training_records(stop=3))

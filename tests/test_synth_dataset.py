@@ -35,6 +35,7 @@ def raw_records():
 # the published file
 # ---------------------------------------------------------------------------
 
+
 @needs_published
 def test_published_counts(published):
     assert len(published) == 888
@@ -48,7 +49,7 @@ def test_published_counts(published):
         assert [a.example for a in l.answers] == [3, 4, 5, 6, 7, 8]
         assert "[" not in l.text and "]" not in l.text
         for a in l.answers:
-            assert l.text[a.start:a.end] == a.text
+            assert l.text[a.start : a.end] == a.text
             assert l.text[a.start - 1] == " "
             assert l.text[a.end] == "\n"
 
@@ -72,14 +73,13 @@ def test_limit_and_line_numbers():
 # the task table
 # ---------------------------------------------------------------------------
 
+
 def test_table_shape():
     assert list(TASKS) == [f"task{i}" for i in range(74)]
     # the labels the benchmark doc names are all used
-    for p in ("same-person", "the-other-person", "same-obj", "different-adj",
-              "different-ordinal", "the-other-class"):
+    for p in ("same-person", "the-other-person", "same-obj", "different-adj", "different-ordinal", "the-other-class"):
         assert p in PATTERNS
-    for t in ("copy", "obj->superclass", "obj->capability", "city->country",
-              "adj->opposite", "ordinal->prev"):
+    for t in ("copy", "obj->superclass", "obj->capability", "city->country", "adj->opposite", "ordinal->prev"):
         assert t in TRANSFORMS
     for t in TASKS.values():
         assert t.pattern.split("-")[0] in ("same", "the", "different")
@@ -110,6 +110,7 @@ def test_every_published_task_is_in_the_table_and_matches_its_template(raw_recor
 @needs_published
 def test_line_matches(published):
     from synth_tasks.tasks import line_matches
+
     assert all(line_matches(l.task_id, l.text) for l in published)
     assert not any(line_matches("task1", l.text) for l in published if l.task_id != "task1")
     assert not line_matches("my_task", published[0].text)
@@ -146,11 +147,13 @@ def test_labels_solve_every_published_example(raw_records):
 # tokenisation
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tokenizer():
     if not TOKENIZER.is_file():
         pytest.skip("no tokenizer")
     from tokenizers import Tokenizer
+
     return Tokenizer.from_file(str(TOKENIZER))
 
 
@@ -166,13 +169,14 @@ def test_segmentwise_tokenisation(published, tokenizer):
             multi += (e - s) > 1
         # the pieces glue back to the text
         assert tokenizer.decode(tl.ids.tolist()) == tl.line.text
-    assert multi > 100          # "Washington, D.C", "10 o'clock", ...
+    assert multi > 100  # "Washington, D.C", "10 o'clock", ...
 
 
 def test_segments_with_answer_not_after_space(tokenizer):
     text, answers = parse_texts("\nQ: 1+1=[2]\nnext (x)[ y ] z\n")
     assert text == "\nQ: 1+1=2\nnext (x)y z\n"
     from synth_tasks.dataset import Line
+
     (tl,) = tokenize_lines([Line("t", text, answers, 1, "f")], tokenizer)
     assert [tokenizer.decode(tl.ids[s:e].tolist()) for s, e in tl.spans] == ["2", "y"]
 
@@ -186,8 +190,7 @@ GOOD = {"task_id": "task0", "texts": "\nA b c\nD e f\nG h [ i ]\nJ k [ l m ]\n"}
 
 def _write(tmp_path, lines, name="data.jsonl"):
     p = tmp_path / name
-    p.write_text("".join(l if isinstance(l, str) else json.dumps(l) + "\n" for l in lines),
-                 encoding="utf-8")
+    p.write_text("".join(l if isinstance(l, str) else json.dumps(l) + "\n" for l in lines), encoding="utf-8")
     return p
 
 
@@ -195,23 +198,26 @@ def test_parse_texts_basic():
     text, ans = parse_texts(GOOD["texts"])
     assert text == "\nA b c\nD e f\nG h i\nJ k l m\n"
     assert [(a.text, a.k, a.example) for a in ans] == [("i", 2, 3), ("l m", 3, 4)]
-    assert [text[a.start:a.end] for a in ans] == ["i", "l m"]
+    assert [text[a.start : a.end] for a in ans] == ["i", "l m"]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("this is not json\n", r"data\.jsonl:2: not JSON \(Expecting value"),
-    ('{"task_id": "task0", "texts": "\\nA [ b ]\\n"\n', r"data\.jsonl:2: not JSON"),
-    ('["task0", "x"]\n', r"data\.jsonl:2: not a JSON object"),
-    ({"task_id": "task0"}, r"data\.jsonl:2: missing 'texts'"),
-    ({"texts": "\nA [ b ]\n"}, r"data\.jsonl:2: missing 'task_id'"),
-    ({"task_id": "task0", "texts": 5}, r"data\.jsonl:2: 'texts' is not a string"),
-    ({"task_id": 3, "texts": "\nA [ b ]\n"}, r"data\.jsonl:2: 'task_id' is not a string"),
-    ({"task_id": "task0", "texts": "\nA b\nC d\nE [ f\n"}, r"data\.jsonl:2: unbalanced brackets in example 3"),
-    ({"task_id": "task0", "texts": "\nA b\nC d ]\n"}, r"data\.jsonl:2: unbalanced brackets in example 2"),
-    ({"task_id": "task0", "texts": "\nA [ b [ c ] ]\n"}, r"data\.jsonl:2: unbalanced brackets in example 1"),
-    ({"task_id": "task0", "texts": "\nA b\nC d\nE f\nG [ ]\n"}, r"data\.jsonl:2: empty answer in example 4"),
-    ({"task_id": "task0", "texts": "\nA []\n"}, r"data\.jsonl:2: empty answer in example 1"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("this is not json\n", r"data\.jsonl:2: not JSON \(Expecting value"),
+        ('{"task_id": "task0", "texts": "\\nA [ b ]\\n"\n', r"data\.jsonl:2: not JSON"),
+        ('["task0", "x"]\n', r"data\.jsonl:2: not a JSON object"),
+        ({"task_id": "task0"}, r"data\.jsonl:2: missing 'texts'"),
+        ({"texts": "\nA [ b ]\n"}, r"data\.jsonl:2: missing 'task_id'"),
+        ({"task_id": "task0", "texts": 5}, r"data\.jsonl:2: 'texts' is not a string"),
+        ({"task_id": 3, "texts": "\nA [ b ]\n"}, r"data\.jsonl:2: 'task_id' is not a string"),
+        ({"task_id": "task0", "texts": "\nA b\nC d\nE [ f\n"}, r"data\.jsonl:2: unbalanced brackets in example 3"),
+        ({"task_id": "task0", "texts": "\nA b\nC d ]\n"}, r"data\.jsonl:2: unbalanced brackets in example 2"),
+        ({"task_id": "task0", "texts": "\nA [ b [ c ] ]\n"}, r"data\.jsonl:2: unbalanced brackets in example 1"),
+        ({"task_id": "task0", "texts": "\nA b\nC d\nE f\nG [ ]\n"}, r"data\.jsonl:2: empty answer in example 4"),
+        ({"task_id": "task0", "texts": "\nA []\n"}, r"data\.jsonl:2: empty answer in example 1"),
+    ],
+)
 def test_malformed_lines(tmp_path, bad, message):
     p = _write(tmp_path, [GOOD, bad, GOOD])
     with pytest.raises(DatasetError, match=message):
@@ -226,8 +232,9 @@ def test_malformed_lines(tmp_path, bad, message):
 
 
 def test_skip_counts_and_blank_lines(tmp_path):
-    p = _write(tmp_path, [GOOD, "\n", "nope\n", {"task_id": "t"}, "   \n", GOOD,
-                          {"task_id": "t", "texts": "\nx [ ]\n"}])
+    p = _write(
+        tmp_path, [GOOD, "\n", "nope\n", {"task_id": "t"}, "   \n", GOOD, {"task_id": "t", "texts": "\nx [ ]\n"}]
+    )
     with pytest.raises(DatasetError, match=r"data\.jsonl:3: not JSON"):
         load_dataset(p)
     ds = load_dataset(p, skip_bad=True)
@@ -246,6 +253,7 @@ def test_not_utf8(tmp_path):
 def test_deeply_nested_json_is_a_dataset_error(tmp_path):
     """Found by fuzzing: json.loads raised RecursionError past the loader."""
     import synth_tasks
+
     p = tmp_path / "deep.jsonl"
     p.write_text("[" * 100000 + "\n")
     with pytest.raises(synth_tasks.DatasetError, match="deep.jsonl:1"):

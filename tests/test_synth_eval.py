@@ -19,13 +19,13 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PUBLISHED = SHARED / "synthetic_dataset.jsonl"
 TOKENIZER = SHARED / "gpt-neox-20b-tokenizer.json"
 
-pytestmark = pytest.mark.skipif(not (PUBLISHED.is_file() and TOKENIZER.is_file()),
-                                reason="no ../shared data")
+pytestmark = pytest.mark.skipif(not (PUBLISHED.is_file() and TOKENIZER.is_file()), reason="no ../shared data")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     from tokenizers import Tokenizer
+
     return Tokenizer.from_file(str(TOKENIZER))
 
 
@@ -61,13 +61,13 @@ class FakeModel:
         mean = np.cumsum(h, axis=1) / np.arange(1, T + 1, dtype=np.float32)[None, :, None]
         logits = (h + mean + self.P[:T]) @ self.W
         for b in range(B):
-            follow = {}                      # token -> tokens that followed it so far
+            follow = {}  # token -> tokens that followed it so far
             for t in range(T):
                 x = int(tokens[b, t])
                 if t:
                     follow.setdefault(int(tokens[b, t - 1]), set()).add(x)
-                logits[b, t, tokens[b, :t + 1]] += 4.0            # copy
-                if x in follow:                                     # induction
+                logits[b, t, tokens[b, : t + 1]] += 4.0  # copy
+                if x in follow:  # induction
                     logits[b, t, list(follow[x])] += 8.0
         logits = logits.astype(np.float32)
         return logits[0] if one else logits
@@ -77,6 +77,7 @@ class FakeModel:
 # the reference evaluator: straight from docs/synthetic-benchmark.md, one line
 # at a time, no batching, sharing no code with synth_tasks
 # ---------------------------------------------------------------------------
+
 
 def reference_evaluate(model, tokenizer, path, n_lines):
     answers = []
@@ -88,7 +89,7 @@ def reference_evaluate(model, tokenizer, path, n_lines):
         # " " + answer, then the rest ...
         segs, pos = [], 0
         for m in re.finditer(r" \[ (.*?) \]", texts):
-            segs.append((texts[pos:m.start()], None))
+            segs.append((texts[pos : m.start()], None))
             segs.append((" " + m.group(1), m))
             pos = m.end()
         segs.append((texts[pos:], None))
@@ -96,11 +97,11 @@ def reference_evaluate(model, tokenizer, path, n_lines):
         for s, m in segs:
             e = tokenizer.encode(s).ids if s else []
             if m is not None:
-                k = texts[:m.start()].strip("\n").count("\n")   # examples before it
+                k = texts[: m.start()].strip("\n").count("\n")  # examples before it
                 spans.append((len(ids), len(ids) + len(e), m.group(1), k))
             ids += e
         assert "[" not in tokenizer.decode(ids)
-        logits = model.forward(np.array(ids, dtype=np.int32))      # [T, V]
+        logits = model.forward(np.array(ids, dtype=np.int32))  # [T, V]
         for s, e, text, k in spans:
             nll, correct = 0.0, True
             for p in range(s, e):
@@ -108,16 +109,20 @@ def reference_evaluate(model, tokenizer, path, n_lines):
                 logp = row - (row.max() + math.log(np.exp(row - row.max()).sum()))
                 nll -= logp[ids[p]]
                 correct = correct and int(np.argmax(logits[p - 1])) == ids[p]
-            answers.append(dict(task=rec["task_id"], line=lineno, k=k, answer=text,
-                                nll=nll, n=e - s, correct=correct, ids=ids[s:e]))
+            answers.append(
+                dict(
+                    task=rec["task_id"], line=lineno, k=k, answer=text, nll=nll, n=e - s, correct=correct, ids=ids[s:e]
+                )
+            )
     return answers
 
 
 def ref_stats(rows):
-    return (sum(r["correct"] for r in rows) / len(rows),
-            math.exp(sum(r["nll"] for r in rows) / sum(r["n"] for r in rows)), len(rows))
-
-
+    return (
+        sum(r["correct"] for r in rows) / len(rows),
+        math.exp(sum(r["nll"] for r in rows) / sum(r["n"] for r in rows)),
+        len(rows),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +132,7 @@ def subset_path(tmp_path_factory, tokenizer):
     both evaluators read the same lines."""
     with open(PUBLISHED, encoding="utf-8") as f:
         lines = f.readlines()
-    n_tok = [len(tokenizer.encode(re.sub(r"\[ (.*?) \]", r"\1", json.loads(l)["texts"])).ids)
-             for l in lines]
+    n_tok = [len(tokenizer.encode(re.sub(r"\[ (.*?) \]", r"\1", json.loads(l)["texts"])).ids) for l in lines]
     order = sorted(range(len(lines)), key=lambda i: n_tok[i])
     pick = set(order[:5]) | set(order[-5:]) | set(range(3, len(lines), 64))
     p = tmp_path_factory.mktemp("synth") / "subset.jsonl"
@@ -153,9 +157,9 @@ def both(model, tokenizer, subset_path):
 
 def test_batches_are_real(both):
     ds, res, ref, calls = both
-    assert len(calls) < len(ds)                   # several lines per forward
+    assert len(calls) < len(ds)  # several lines per forward
     assert any(B > 1 for B, T in calls)
-    assert res.speed["tokens"] < res.speed["padded_tokens"]   # padding happened
+    assert res.speed["tokens"] < res.speed["padded_tokens"]  # padding happened
     assert res.speed["tokens_per_s"] > 0 and res.speed["batches"] == len(calls)
     lengths = [T for B, T in calls]
     assert max(lengths) > 250 and max(lengths) - min(lengths) > 80
@@ -195,6 +199,7 @@ def test_aggregates_against_reference(both):
         assert (got["n"], got["acc"]) == (n, pytest.approx(acc))
         assert got["ppl"] == pytest.approx(ppl, rel=1e-5)
     from synth_tasks import TASKS
+
     for group, attr in (("per_pattern", "pattern"), ("per_transform", "transform")):
         assert sum(v["n"] for v in s[group].values()) == s["overall"]["n"]
         for label, got in s[group].items():
@@ -206,8 +211,8 @@ def test_aggregates_against_reference(both):
 
 def test_batch_size_does_not_change_results(model, subset_path):
     ds = load_dataset(subset_path, limit=8)
-    a = evaluate(model, ds, batch_tokens=1)          # one line per forward
-    b = evaluate(model, ds, batch_tokens=100000, max_batch=64)   # all in one
+    a = evaluate(model, ds, batch_tokens=1)  # one line per forward
+    b = evaluate(model, ds, batch_tokens=100000, max_batch=64)  # all in one
     for x, y in zip(a.answers, b.answers):
         assert x.nll == pytest.approx(y.nll, rel=1e-5) and x.correct == y.correct
 
@@ -218,7 +223,7 @@ def test_make_batches():
     assert sorted(i for b in bs for i in b) == list(range(6))
     for b in bs:
         assert len(b) * max(lengths[i] for i in b) <= 600 or len(b) == 1
-    assert bs[0] == [1, 3]            # the long ones together
+    assert bs[0] == [1, 3]  # the long ones together
 
 
 def test_no_tokenizer(tokenizer, subset_path):
@@ -237,6 +242,7 @@ def test_vocab_too_small(tokenizer, subset_path):
 # the command line
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def fake_loader(monkeypatch, tokenizer):
     models = {}
@@ -245,14 +251,16 @@ def fake_loader(monkeypatch, tokenizer):
         seed = 0 if "A" in str(path) else 1
         models[path] = FakeModel(tokenizer, seed=seed, name=Path(path).name)
         return models[path]
+
     monkeypatch.setattr(cli, "load_model", load)
     return models
 
 
 def test_cli_one_model(tmp_path, fake_loader, subset_path, capsys):
     out = tmp_path / "out"
-    rc = cli.main(["synth", "--model", "modelA", "--data", str(subset_path), "--out", str(out),
-                   "--limit", "6", "--no-progress"])
+    rc = cli.main(
+        ["synth", "--model", "modelA", "--data", str(subset_path), "--out", str(out), "--limit", "6", "--no-progress"]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "overall" in text and "tokens/s" in text and "k=7" in text
@@ -275,8 +283,21 @@ def test_cli_one_model(tmp_path, fake_loader, subset_path, capsys):
 
 def test_cli_two_models(tmp_path, fake_loader, subset_path, capsys):
     out = tmp_path / "cmp"
-    rc = cli.main(["--model", "runs/modelA", "--model", "runs/modelB", "--data",
-                   str(subset_path), "--out", str(out), "--limit", "4", "--no-progress"])
+    rc = cli.main(
+        [
+            "--model",
+            "runs/modelA",
+            "--model",
+            "runs/modelB",
+            "--data",
+            str(subset_path),
+            "--out",
+            str(out),
+            "--limit",
+            "4",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "modelA acc" in text and "modelB acc" in text
@@ -294,13 +315,23 @@ def test_cli_bad_data(tmp_path, fake_loader, capsys):
     p = tmp_path / "data.jsonl"
     good = json.dumps({"task_id": "task0", "texts": "\nA b\nC d\nE f [ g ]\n"})
     p.write_text(good + "\n" + "{oops\n" + good + "\n" + '{"task_id": "task0"}\n')
-    rc = cli.main(["--model", "modelA", "--data", str(p), "--out", str(tmp_path / "o"),
-                   "--no-progress"])
+    rc = cli.main(["--model", "modelA", "--data", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "data.jsonl:2: not JSON" in err
-    rc = cli.main(["--model", "modelA", "--data", str(p), "--out", str(tmp_path / "o"),
-                   "--no-progress", "--skip-bad-lines", "--no-plots"])
+    rc = cli.main(
+        [
+            "--model",
+            "modelA",
+            "--data",
+            str(p),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+            "--skip-bad-lines",
+            "--no-plots",
+        ]
+    )
     assert rc == 0
     err = capsys.readouterr().err
     assert "skipped 2 bad lines" in err and "data.jsonl:4: missing 'texts'" in err
@@ -327,16 +358,34 @@ def test_cli_on_a_generated_tiny_engine_model(tiny_factory, tmp_path, tokenizer,
     dclens = pytest.importorskip("dclens")
     d, _, _ = tiny_factory(vocab=50304, tokenizer=str(TOKENIZER))
     out = tmp_path / "tiny"
-    rc = cli.main(["--model", d, "--data", str(subset_path), "--limit", "6", "--out", str(out),
-                   "--no-progress", "--no-plots", "--batch-tokens", "700"])
+    rc = cli.main(
+        [
+            "--model",
+            d,
+            "--data",
+            str(subset_path),
+            "--limit",
+            "6",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--no-plots",
+            "--batch-tokens",
+            "700",
+        ]
+    )
     assert rc == 0
     ref = reference_evaluate(dclens.load(d), tokenizer, subset_path, 6)
     with open(out / "answers.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(ref) == 36
     for row, r in zip(rows, ref):
-        assert (row["task"], int(row["line"]), int(row["k"]), row["answer"]) == \
-            (r["task"], r["line"], r["k"], r["answer"])
+        assert (row["task"], int(row["line"]), int(row["k"]), row["answer"]) == (
+            r["task"],
+            r["line"],
+            r["k"],
+            r["answer"],
+        )
         assert float(row["nll"]) == pytest.approx(r["nll"], rel=1e-5)
         assert bool(int(row["correct"])) == r["correct"]
     got = json.loads((out / "results.json").read_text())["overall"]

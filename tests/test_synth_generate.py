@@ -67,9 +67,11 @@ def test_same_template_as_published_lines(lines):
 
 
 def test_one_verb_per_line(lines):
-    verbs = re.compile(r"\b(has|possesses|owns|have|possess|own|wants to go to|wants to visit|"
-                       r"longs for|yearns for|want to go to|want to visit|long for|yearn for|"
-                       r"arrived|appeared|showed up|arrive|appear|show up)\b")
+    verbs = re.compile(
+        r"\b(has|possesses|owns|have|possess|own|wants to go to|wants to visit|"
+        r"longs for|yearns for|want to go to|want to visit|long for|yearn for|"
+        r"arrived|appeared|showed up|arrive|appear|show up)\b"
+    )
     for r in lines:
         qs = [e.split(">. ", 1)[1] for e in r["texts"][1:-1].split("\n") if ">. " in e]
         found = {tuple(verbs.findall(q)) for q in qs}
@@ -82,7 +84,7 @@ def test_loader_reads_generated_data(tmp_path, lines):
     raw = p.read_text(encoding="utf-8").splitlines()
     assert len(raw) == len(lines)
     assert json.loads(raw[0]) == lines[0]
-    assert raw[0] == json.dumps(lines[0])           # the published file's own style
+    assert raw[0] == json.dumps(lines[0])  # the published file's own style
     ds = load_dataset(p)
     assert len(ds) == len(lines) and ds.n_answers == 6 * len(lines)
     assert Counter(a.k for l in ds for a in l.answers) == {k: len(lines) for k in range(2, 8)}
@@ -127,8 +129,7 @@ def test_hold_out_and_command_line(tmp_path):
         published = [json.loads(l) for l in f]
     held = examples_of(published)
     out = tmp_path / "train.jsonl"
-    assert generate_main([str(out), "--lines-per-task", "3", "--seed", "5",
-                          "--exclude", str(PUBLISHED)]) == 0
+    assert generate_main([str(out), "--lines-per-task", "3", "--seed", "5", "--exclude", str(PUBLISHED)]) == 0
     gen = [json.loads(l) for l in out.read_text().splitlines()]
     assert len(gen) == 3 * 74
     assert not (examples_of(gen) & held)

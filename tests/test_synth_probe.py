@@ -1,5 +1,6 @@
 """synth_tasks.probe: the query, answer and source positions of a scored answer, and the
 corrupted prompt used for activation patching."""
+
 import dataclasses
 
 import numpy as np
@@ -24,28 +25,30 @@ def heldout():
 
 def test_every_heldout_answer_has_a_source(tok, heldout):
     ps = list(probes(heldout.lines, tok))
-    assert len(ps) == heldout.n_answers                       # every generated example solves
+    assert len(ps) == heldout.n_answers  # every generated example solves
     for p in ps:
-        text = tok.decode(p.ids[p.answer_span[0]:p.answer_span[1]].tolist())
+        text = tok.decode(p.ids[p.answer_span[0] : p.answer_span[1]].tolist())
         assert text.strip() == p.answer
         assert p.query == p.answer_span[0] - 1
         assert p.source < p.query
         assert p.source_text.endswith(tok.decode([int(p.ids[p.source])]).strip())
         # the source lies in the answer's own example (after the last newline before the answer)
         start = p.text.rfind("\n") + 1
-        assert len(tok.decode(p.ids[:p.source + 1].tolist())) > start
+        assert len(tok.decode(p.ids[: p.source + 1].tolist())) > start
 
 
 def test_known_example(tok):
-    text = ("\n< Ruth has a sweater. Steven has a taxi. Ruth has a handgun. >. "
-            "Ruth does not have a kind of [ vehicle ]\n")
+    text = (
+        "\n< Ruth has a sweater. Steven has a taxi. Ruth has a handgun. >. Ruth does not have a kind of [ vehicle ]\n"
+    )
     from synth_tasks import parse_texts
+
     body, answers = parse_texts(text)
     p = probe(Line("task0", body, answers), 0, tok)
     assert p.answer == "vehicle" and p.source_text == "taxi"
     assert tok.decode([int(p.ids[p.source])]) == " taxi"
-    assert p.corrupted_answer == "clothing"                  # taxi <-> sweater
-    corrupted = tok.decode(p.corrupted[:p.answer_span[0]].tolist())
+    assert p.corrupted_answer == "clothing"  # taxi <-> sweater
+    corrupted = tok.decode(p.corrupted[: p.answer_span[0]].tolist())
     assert "Ruth has a taxi. Steven has a sweater." in corrupted
 
 
@@ -60,8 +63,8 @@ def test_corrupted_prompts_line_up_and_change_the_answer(tok, heldout):
         assert np.array_equal(p.corrupted[a0:], p.ids[a0:])
         diff = np.flatnonzero(p.corrupted[:a0] != p.ids[:a0])
         start = p.text.rfind("\n") + 1
-        first = next(i for i in range(a0) if len(tok.decode(p.ids[:i + 1].tolist())) > start)
-        assert 2 <= len(diff) <= 6 and diff.min() >= first          # only inside the answer's example
+        first = next(i for i in range(a0) if len(tok.decode(p.ids[: i + 1].tolist())) > start)
+        assert 2 <= len(diff) <= 6 and diff.min() >= first  # only inside the answer's example
         assert p.corrupted_token != p.answer_token
         ex = tok.decode(p.corrupted[:a0].tolist()).split("\n")[-1] + " " + p.corrupted_answer
         res = analyse(p.task_id, ex)

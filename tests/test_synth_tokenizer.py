@@ -28,11 +28,11 @@ def test_shipped_tokenizer_is_reproduced_by_its_command(tmp_path):
 
 
 def test_byte_level_like_gpt_neox(tok):
-    assert tok.token_to_id(SPECIAL) == 0             # also the evaluator's padding id
+    assert tok.token_to_id(SPECIAL) == 0  # also the evaluator's padding id
     assert 2048 <= tok.get_vocab_size() <= 4096
     for s in ["\n< Ruth has a taxi. >. Ruth does not have a kind of vehicle\n", "zebra-ñ ☃ 42"]:
         ids = tok.encode(s, add_special_tokens=False).ids
-        assert tok.decode(ids) == s                   # any text round-trips (bytes fallback)
+        assert tok.decode(ids) == s  # any text round-trips (bytes fallback)
 
 
 @pytest.mark.parametrize("which", ["published", "heldout"])

@@ -1,6 +1,7 @@
 """Training: loss falls on a small repeating corpus, checkpoints reload with
 dclens.load and reproduce the trained logits, a run split over sittings equals
 an uninterrupted one, AdamW matches its formula."""
+
 import json
 import os
 
@@ -19,9 +20,24 @@ def _corpus(tmp_path):
 
 
 def _cfg(out, data, mt, **kw):
-    base = dict(out=str(out), model_type=mt, n_layer=2, dim=32, n_head=4, seq_len=24, batch_size=4,
-                steps=40, lr=3e-3, min_lr=3e-4, warmup=5, data=data, tokenizer="bytes",
-                ckpt_every=20, log_every=10, progress=False)
+    base = dict(
+        out=str(out),
+        model_type=mt,
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        seq_len=24,
+        batch_size=4,
+        steps=40,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup=5,
+        data=data,
+        tokenizer="bytes",
+        ckpt_every=20,
+        log_every=10,
+        progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -57,7 +73,7 @@ def test_resume_equals_uninterrupted(tmp_path, mt):
     kw = dict(steps=12, ckpt_every=5)
     a = train(_cfg(tmp_path / "a", data, mt, **kw))
     c = _cfg(tmp_path / "b", data, mt, **kw)
-    train(c, stop_after=7)           # checkpoints at 5 and 7, stops
+    train(c, stop_after=7)  # checkpoints at 5 and 7, stops
     b = train(_cfg(tmp_path / "b", data, mt, **kw))  # resumes from 7
     wa, wb = read_weights(dclens.load(a)), read_weights(dclens.load(b))
     for k in wa:
@@ -72,6 +88,7 @@ def test_adamw_step_matches_formula(tiny_factory):
     m = dclens.load(d)
     assert lib.dcs_model_make_trainable(m._m) == 0
     from dclens.grad import param_table
+
     tab = param_table(m)
     P = int(lib.dcs_param_total(m._m))
     w0 = read_weights(m)
@@ -86,10 +103,10 @@ def test_adamw_step_matches_formula(tiny_factory):
     assert lib.dcs_adamw_step(m._m, p(g), p(mom), p(var), 3, hp) == 0
     w1 = read_weights(m)
     for name, off, n, decay in tab:
-        gg, mm, vv = (x[off:off + n].astype(np.float64) for x in (g, mom0, var0))
+        gg, mm, vv = (x[off : off + n].astype(np.float64) for x in (g, mom0, var0))
         mm = 0.9 * mm + 0.1 * gg
         vv = 0.95 * vv + 0.05 * gg * gg
-        upd = (mm / (1 - 0.9 ** 3)) / (np.sqrt(vv / (1 - 0.95 ** 3)) + 1e-8)
+        upd = (mm / (1 - 0.9**3)) / (np.sqrt(vv / (1 - 0.95**3)) + 1e-8)
         w = w0[name].ravel().astype(np.float64)
         exp = w - 0.01 * (upd + (0.1 if decay else 0.0) * w)
         np.testing.assert_allclose(w1[name].ravel(), exp, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -107,9 +124,31 @@ def test_train_errors(tmp_path):
 
 def test_cli_train_synth(tmp_path, capsys):
     from dclens.cli import main
-    rc = main(["train", "--out", str(tmp_path / "r"), "--n-layer", "1", "--dim", "32", "--n-head", "4",
-               "--seq-len", "16", "--batch-size", "2", "--steps", "3", "--data", "synth:1",
-               "--no-progress", "--ckpt-every", "2"])
+
+    rc = main(
+        [
+            "train",
+            "--out",
+            str(tmp_path / "r"),
+            "--n-layer",
+            "1",
+            "--dim",
+            "32",
+            "--n-head",
+            "4",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+            "--steps",
+            "3",
+            "--data",
+            "synth:1",
+            "--no-progress",
+            "--ckpt-every",
+            "2",
+        ]
+    )
     assert rc == 0
     assert "checkpoint:" in capsys.readouterr().out
     m = dclens.load(tmp_path / "r" / "final")
@@ -119,12 +158,13 @@ def test_cli_train_synth(tmp_path, capsys):
 def test_lines_mode_jsonl_with_tokenizer(tmp_path):
     """One record per sequence, padded (padding not scored), a tokenizer.json,
     a windowed dcpythia; the loss falls and the checkpoint keeps the tokenizer."""
-    recs = ['{"task_id": "t", "texts": "\\nthe cat is [ an animal]\\nthe dog is [ an animal]\\n"}',
-            '{"task_id": "t", "texts": "\\nred is [ a colour]\\nblue is [ a colour]\\n"}'] * 20
+    recs = [
+        '{"task_id": "t", "texts": "\\nthe cat is [ an animal]\\nthe dog is [ an animal]\\n"}',
+        '{"task_id": "t", "texts": "\\nred is [ a colour]\\nblue is [ a colour]\\n"}',
+    ] * 20
     p = tmp_path / "d.jsonl"
     p.write_text("\n".join(recs) + "\n")
-    c = _cfg(tmp_path / "run", str(p), "dcpythia", lines=True, tokenizer="bpe:300", seq_len=32,
-             window_size=4, steps=40)
+    c = _cfg(tmp_path / "run", str(p), "dcpythia", lines=True, tokenizer="bpe:300", seq_len=32, window_size=4, steps=40)
     final = train(c)
     losses = [float(l.split(",")[1]) for l in open(tmp_path / "run" / "loss.csv").read().split("\n")[1:] if l]
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
@@ -133,10 +173,11 @@ def test_lines_mode_jsonl_with_tokenizer(tmp_path):
     ids = m.to_tokens("red is a colour")
     assert m.forward(ids).shape == (len(ids), m.config.vocab)
     from dclens.train import batch
+
     toks = np.load(tmp_path / "run" / "tokens.npy")
     offs = np.load(tmp_path / "run" / "offsets.npy")
     o2 = np.stack([offs[:-1], offs[1:]], 1)
     x, y = batch(toks, c, 3, o2)
     for b in range(c.batch_size):
         n = int((y[b] >= 0).sum())
-        assert n > 3 and (y[b, n:] == -1).all() and (x[b, 1:n] == y[b, :n - 1]).all()
+        assert n > 3 and (y[b, n:] == -1).all() and (x[b, 1:n] == y[b, : n - 1]).all()

@@ -1,5 +1,6 @@
 """scripts/train_bundled.py: one recipe for both twins, prepare and finish steps
 (finish on generated tiny checkpoints standing in for trained ones)."""
+
 import importlib.util
 import json
 import os
@@ -23,9 +24,13 @@ def tb():
 
 def test_twins_share_everything_but_the_attention(tb):
     a, b = tb.config_for("dcpythia", 2209), tb.config_for("gpt_neox", 2209)
-    assert (a["n_layer"], a["dim"], a["n_head"], a["intermediate_size"], a["vocab_size"]) == \
-        (b["num_hidden_layers"], b["hidden_size"], b["num_attention_heads"], b["intermediate_size"],
-         b["vocab_size"])
+    assert (a["n_layer"], a["dim"], a["n_head"], a["intermediate_size"], a["vocab_size"]) == (
+        b["num_hidden_layers"],
+        b["hidden_size"],
+        b["num_attention_heads"],
+        b["intermediate_size"],
+        b["vocab_size"],
+    )
     assert a["rotary_pct"] == b["rotary_pct"] and a["use_dcmha"] and a["window_type"] is None
     assert a["tie_word_embeddings"] == b["tie_word_embeddings"]
     s = tb.schedule()
@@ -53,8 +58,15 @@ def test_finish_benchmarks_the_stored_weights_and_writes_cards(tb, tmp_path, mon
     assert tb.main(["finish", "--out", str(tmp_path), "--limit", "3", "--command", "CMD"]) == 0
     for name in tb.TWINS:
         ship = tmp_path / "ship" / name
-        assert sorted(os.listdir(ship)) == ["MODEL_CARD.md", "benchmark.json", "config.json", "loss.csv",
-                                            "loss.png", "model.safetensors", "tokenizer.json"]
+        assert sorted(os.listdir(ship)) == [
+            "MODEL_CARD.md",
+            "benchmark.json",
+            "config.json",
+            "loss.csv",
+            "loss.png",
+            "model.safetensors",
+            "tokenizer.json",
+        ]
         bench = json.load(open(ship / "benchmark.json"))
         assert sorted(bench) == ["held-out", "published"] and bench["published"]["lines"] == 3
         assert json.load(open(ship / "config.json"))["torch_dtype"] == "float16"
@@ -86,10 +98,27 @@ def test_recipe_reproduces_the_start_of_the_shipped_curve(tb, tmp_path):
     import csv
     import subprocess
     import sys
+
     data = tmp_path / "train.jsonl"
-    subprocess.run([sys.executable, "-m", "synth_tasks.cli", "corpus", "train", str(data), "--lines",
-                    str(tb.RECIPE["train_lines"]), "--seed", str(tb.RECIPE["train_stream_seed"]),
-                    "--format", "jsonl"], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "synth_tasks.cli",
+            "corpus",
+            "train",
+            str(data),
+            "--lines",
+            str(tb.RECIPE["train_lines"]),
+            "--seed",
+            str(tb.RECIPE["train_stream_seed"]),
+            "--format",
+            "jsonl",
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
     for cmd, name in zip(tb.train_commands(str(tmp_path), tb.RECIPE["init_seeds"][0], 1), tb.TWINS):
         cmd = [sys.executable] + cmd[1:] + ["--stop-after", "2", "--no-progress"]
         subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)

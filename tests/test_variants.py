@@ -3,6 +3,7 @@ variant against the independent numpy reference (tests/reference.py) -- logits,
 every hook (the new static / routing / router_logits ones included), routing and
 head load -- plus the null-versus-missing config keys, strided torch views, the
 query-wise load note, and the variant interventions."""
+
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ VARIANTS = {
     "key_wise": dict(key_wise=True, seed=32),
     "static": dict(use_sw=True, seed=33),
     "static-derived-f16-torch": dict(use_sw=True, extra_derived=True, dtype="float16", fmt="torch", seed=34),
-    "talking-heads": dict(use_sw=True, dyn_scale=0.0, seed=35),       # every dynamic weight zero
+    "talking-heads": dict(use_sw=True, dyn_scale=0.0, seed=35),  # every dynamic weight zero
     "groups2": dict(compose_groups=2, seed=36),
     "groups4-static-qw": dict(compose_groups=4, use_sw=True, query_wise=True, n_head=8, dim=64, seed=37),
     "groups2-key_wise": dict(compose_groups=2, key_wise=True, seed=38),
@@ -45,6 +46,7 @@ _MADE = {}
 def _make(tmp_path_factory, name):
     """(dir, state_dict, config) of a variant's tiny checkpoint, made once."""
     from dclens.testing.make_tiny import make_tiny
+
     if name not in _MADE:
         kw = dict(BASE)
         kw.update(VARIANTS[name])
@@ -81,23 +83,29 @@ def test_variant_every_hook_matches_reference(variant, name):
         assert cache[n].shape == ref_cache[n].shape, n
         assert rel_err(cache[n], ref_cache[n]) <= TOL, n
     assert rel_err(logits, ref_logits) <= TOL
-    np.testing.assert_array_equal(model.forward(toks), logits)     # hooks change nothing
+    np.testing.assert_array_equal(model.forward(toks), logits)  # hooks change nothing
 
 
 def test_variant_hook_names(variant):
     c = _load(variant("moh-hs2-static")[0])
     names = c.hook_names
-    for n in ("blocks.0.attn.pre.static", "blocks.1.attn.post.static", "blocks.0.attn.routing",
-              "blocks.1.attn.router_logits"):
+    for n in (
+        "blocks.0.attn.pre.static",
+        "blocks.1.attn.post.static",
+        "blocks.0.attn.routing",
+        "blocks.1.attn.router_logits",
+    ):
         assert n in names
     # forward order: static after kg, routing before z
     assert names.index("blocks.0.attn.pre.kg") + 1 == names.index("blocks.0.attn.pre.static")
     assert names.index("blocks.0.attn.routing") + 1 == names.index("blocks.0.attn.z")
     kw = _load(variant("key_wise")[0])
     assert "blocks.0.attn.dyn.pre.kw1" in kw.hook_names and "blocks.0.attn.pre.qp" not in kw.hook_names
-    for model, hook, why in [(kw, "blocks.0.attn.pre.qg", "key_wise: no query-wise branches"),
-                             (kw, "blocks.0.attn.pre.static", "use_sw is off"),
-                             (kw, "blocks.0.attn.routing", "no Mixture-of-Head routing")]:
+    for model, hook, why in [
+        (kw, "blocks.0.attn.pre.qg", "key_wise: no query-wise branches"),
+        (kw, "blocks.0.attn.pre.static", "use_sw is off"),
+        (kw, "blocks.0.attn.routing", "no Mixture-of-Head routing"),
+    ]:
         with pytest.raises(dclens.Error, match=why):
             model.run_with_cache(_tokens(64, 5), names=[hook])
 
@@ -109,8 +117,7 @@ def test_branches_and_composition_maps(variant, name):
     c = model.config
     toks = _tokens(c.vocab)
     _, cache = model.run_with_cache(toks)
-    branches = [b for b in ("skip", "qp", "kp", "qg", "kg", "static")
-                if "blocks.0.attn.pre.%s" % b in cache]
+    branches = [b for b in ("skip", "qp", "kp", "qg", "kg", "static") if "blocks.0.attn.pre.%s" % b in cache]
     for l in range(c.n_layer):
         for phase, src, dst in (("pre", "scores", "scores_composed"), ("post", "pattern", "pattern_composed")):
             a = "blocks.%d.attn." % l
@@ -122,13 +129,14 @@ def test_branches_and_composition_maps(variant, name):
                 Cref = ref_composition_map(cache, l, phase, t, s, c.n_head, W, c.compose_groups)
                 assert rel_err(C, Cref) <= 1e-5
                 comp = cache[a + dst][:, t, s]
-                np.testing.assert_allclose(C.T @ cache[a + src][:, t, s], comp, rtol=1e-4,
-                                           atol=1e-5 * max(1.0, np.abs(comp).max()))
-                if c.compose_groups > 1:   # block-diagonal: no flow between groups
+                np.testing.assert_allclose(
+                    C.T @ cache[a + src][:, t, s], comp, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(comp).max())
+                )
+                if c.compose_groups > 1:  # block-diagonal: no flow between groups
                     Mg = c.n_head // c.compose_groups
                     off = np.ones_like(C, dtype=bool)
                     for g in range(c.compose_groups):
-                        off[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = False
+                        off[g * Mg : (g + 1) * Mg, g * Mg : (g + 1) * Mg] = False
                     assert np.all(C[off] == 0)
 
 
@@ -161,6 +169,7 @@ def _ref_head_load(ref_cache, L, hs, k):
 @pytest.mark.parametrize("name", ["moh-hs0", "moh-hs1", "moh-hs2-static"])
 def test_moh_routing_and_head_load(variant, name):
     from dclens import analysis
+
     d, sd, cfg = variant(name)
     model = _load(d)
     c = model.config
@@ -172,7 +181,7 @@ def test_moh_routing_and_head_load(variant, name):
         for l in range(c.n_layer):
             g = cache["blocks.%d.attn.routing" % l]
             assert rel_err(g, rc["blocks.%d.attn.routing" % l]) <= TOL
-            assert np.all((g[:, hs:] > 0).sum(-1) == k)             # k routed heads per token
+            assert np.all((g[:, hs:] > 0).sum(-1) == k)  # k routed heads per token
             np.testing.assert_array_equal(g[:, hs:] > 0, rc["blocks.%d.attn.routing" % l][:, hs:] > 0)
     load = analysis.head_load(model, seqs, progress=False)
     want = np.mean([_ref_head_load(rc, c.n_layer, hs, k) for rc in ref], axis=0)  # equal lengths
@@ -198,8 +207,12 @@ def test_disable_static_matches_reference(variant):
     model = _load(d)
     toks = _tokens(model.config.vocab)
     got = model.run_with_hooks(toks, fwd_hooks=iv.disable_static(model, layers=[1]))
-    want = ref_forward(sd, cfg, toks, interventions={"blocks.1.attn.pre.static": np.zeros_like,
-                                                     "blocks.1.attn.post.static": np.zeros_like})
+    want = ref_forward(
+        sd,
+        cfg,
+        toks,
+        interventions={"blocks.1.attn.pre.static": np.zeros_like, "blocks.1.attn.post.static": np.zeros_like},
+    )
     assert rel_err(got, want) <= TOL
     assert rel_err(got, model.forward(toks)) > 1e-3
     # every static branch off == the same model without use_sw
@@ -214,8 +227,11 @@ def test_force_routing_matches_reference(variant):
     model = _load(d)
     toks = _tokens(model.config.vocab)
     N = model.config.n_head
-    got, cache = model.run_with_hooks(toks, fwd_hooks=[iv.force_routing(model, 1, [0, 3], [0.5, 2.0])],
-                                      cache_names=["blocks.1.attn.routing", "blocks.1.attn.z"])
+    got, cache = model.run_with_hooks(
+        toks,
+        fwd_hooks=[iv.force_routing(model, 1, [0, 3], [0.5, 2.0])],
+        cache_names=["blocks.1.attn.routing", "blocks.1.attn.z"],
+    )
     row = np.zeros(N)
     row[[0, 3]] = [0.5, 2.0]
     want = ref_forward(sd, cfg, toks, interventions={"blocks.1.attn.routing": lambda g: np.tile(row, (len(g), 1))})
@@ -265,7 +281,7 @@ def _rewrite_config(src, dst, **changes):
 
 
 def test_null_window_is_all_global_at_long_length(variant):
-    """"window_size": null = no local layer (the published module reads it so);
+    """ "window_size": null = no local layer (the published module reads it so);
     before issue 16 it fell back to 256 and differed at T = 300."""
     d, sd, cfg = variant("null-window")
     assert cfg["window_size"] is None
@@ -333,6 +349,7 @@ def test_neox_null_keys(tiny_factory, tmp_path):
 
 def test_query_wise_key_weights_noted_once(variant, tiny_factory, tmp_path):
     from safetensors.numpy import load_file, save_file
+
     d, sd, cfg = tiny_factory(model_type="dcpythia", n_layer=2, window_size=5, query_wise=True, seed=48)
     with pytest.warns(dclens.LoadWarning, match="key-wise weights .* ignored.*PyTorch module") as rec:
         m = dclens.load(d)
@@ -358,12 +375,12 @@ def test_query_wise_key_weights_noted_once(variant, tiny_factory, tmp_path):
 def test_strided_views_out_of_bounds_refused(tiny_factory, tmp_path):
     """A transposed view that reaches past its storage is refused, naming the tensor."""
     from dclens.testing.make_tiny import TorchTensor, write_torch_zip, round_to_dtype
+
     d, _, _ = tiny_factory(model_type="gpt_neox", n_layer=2, seed=47)
     shutil.copy(os.path.join(d, "config.json"), tmp_path / "config.json")
     raw, _ = round_to_dtype(np.arange(6, dtype=np.float32), "float32")
     p = tmp_path / "pytorch_model.bin"
-    write_torch_zip(str(p), {"w": TorchTensor("s", "float32", 6, 0, (3, 2), (1, 4))},
-                    {"s": raw.tobytes()})
+    write_torch_zip(str(p), {"w": TorchTensor("s", "float32", 6, 0, (3, 2), (1, 4))}, {"s": raw.tobytes()})
     with pytest.raises(dclens.Error, match="tensor 'w': view of size \\(3, 2\\), stride \\(1, 4\\).*outside storage"):
         dclens.load(str(tmp_path))
 

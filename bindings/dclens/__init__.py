@@ -20,6 +20,7 @@ TransformerLens habits work: names_filter=, hook_* names, cache["pattern", 0],
 model.hooks(...) as a context manager, return_type="loss", batches of prompts
 (docs/api.md).
 """
+
 from .model import Cache, Config, Error, LoadWarning, Model, cuda_available, cuda_unavailable_reason, load
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
@@ -29,8 +30,32 @@ from .names import BRANCHES, PHASES, hook_name
 from .hooks import read_only
 from .generate import Decoder, generate
 
-__all__ = ["BRANCHES", "BundledModel", "Cache", "Config", "Decoder", "Error", "LoadWarning", "Model", "PHASES", "PNG",
-           "analysis", "attention_heatmap", "bundled_models", "cache", "circuits", "cuda_available",
-           "cuda_unavailable_reason", "generate", "heatmap", "hook_name", "interventions", "load", "names", "patching",
-           "read_only", "routing"]
+__all__ = [
+    "BRANCHES",
+    "BundledModel",
+    "Cache",
+    "Config",
+    "Decoder",
+    "Error",
+    "LoadWarning",
+    "Model",
+    "PHASES",
+    "PNG",
+    "analysis",
+    "attention_heatmap",
+    "bundled_models",
+    "cache",
+    "circuits",
+    "cuda_available",
+    "cuda_unavailable_reason",
+    "generate",
+    "heatmap",
+    "hook_name",
+    "interventions",
+    "load",
+    "names",
+    "patching",
+    "read_only",
+    "routing",
+]
 __version__ = "0.1.0"

@@ -9,6 +9,7 @@ alike), in [lo, hi). Strings: str only, no NUL (C would cut the string
 there). Paths: str, bytes or os.PathLike; encoded with the file-system
 encoding (so non-UTF-8 names from os.listdir round-trip); no NUL.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -51,8 +52,9 @@ def c_path(what: str, value) -> bytes:
     try:
         p = os.fspath(value)
     except TypeError:
-        raise Error("%s must be a path (str, bytes or os.PathLike), not %s %r"
-                    % (what, type(value).__name__, value)) from None
+        raise Error(
+            "%s must be a path (str, bytes or os.PathLike), not %s %r" % (what, type(value).__name__, value)
+        ) from None
     try:
         b = os.fsencode(p)
     except UnicodeError as e:
@@ -79,24 +81,29 @@ def token_array(tokens) -> np.ndarray:
     try:
         a = np.asarray(tokens)
     except (ValueError, TypeError, OverflowError) as e:
-        raise Error("tokens must be a [T] or [B, T] array of integers (a ragged list of "
-                    "sequences must be padded to one length): %s" % e) from None
+        raise Error(
+            "tokens must be a [T] or [B, T] array of integers (a ragged list of "
+            "sequences must be padded to one length): %s" % e
+        ) from None
     if a.dtype == object:
-        raise Error("tokens must be a [T] or [B, T] array of integers, got a ragged or mixed "
-                    "list (pad sequences to one length)")
+        raise Error(
+            "tokens must be a [T] or [B, T] array of integers, got a ragged or mixed list (pad sequences to one length)"
+        )
     return a
 
 
 def check_bytes_budget(what: str, nbytes: int, limit: Optional[int]) -> None:
     """Refuse before allocating when nbytes is more than limit."""
     if limit is not None and nbytes > limit:
-        raise Error("%s needs %.1f GiB, more than this machine's %.1f GiB of memory"
-                    % (what, nbytes / 2**30, limit / 2**30))
+        raise Error(
+            "%s needs %.1f GiB, more than this machine's %.1f GiB of memory" % (what, nbytes / 2**30, limit / 2**30)
+        )
 
 
 def check_status(status: int, msg: str) -> None:
     """Error(msg) (or the status' name when msg is empty) unless the engine
     call that returned `status` succeeded."""
     from ._engine import ffi, lib
+
     if status != lib.DCS_OK:
         raise Error(msg or ffi.string(lib.dcs_status_name(status)).decode())

@@ -39,6 +39,7 @@ Measures (all exact accumulations over every token of every sequence):
   heads (largest router logit, ties to the lower index, as the engine
   selects) include each routed head.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,9 +51,19 @@ from .model import Error, Model
 from .names import PHASES, hook_name
 
 __all__ = [
-    "PCAResult", "CompositionStats", "iter_dataset", "head_output_pca", "qk_ov_diversity",
-    "head_similarity", "composition_stats", "head_load", "plot_pca", "plot_similarity",
-    "plot_composition_stats", "plot_head_load", "plot_diversity",
+    "PCAResult",
+    "CompositionStats",
+    "iter_dataset",
+    "head_output_pca",
+    "qk_ov_diversity",
+    "head_similarity",
+    "composition_stats",
+    "head_load",
+    "plot_pca",
+    "plot_similarity",
+    "plot_composition_stats",
+    "plot_head_load",
+    "plot_diversity",
 ]
 
 
@@ -74,13 +85,16 @@ def iter_dataset(model: Model, dataset, progress: bool = True, desc: str = "data
     it = dataset
     if progress:
         from tqdm.auto import tqdm
+
         it = tqdm(dataset, total=total, desc=desc, unit="seq")
     n = 0
     for item in it:
         toks = model.to_tokens(item) if isinstance(item, str) else np.asarray(item)
         if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
-            raise Error("dataset item %d: need a string or a non-empty 1-D integer token array, got %s"
-                        % (n, getattr(toks, "shape", type(item).__name__)))
+            raise Error(
+                "dataset item %d: need a string or a non-empty 1-D integer token array, got %s"
+                % (n, getattr(toks, "shape", type(item).__name__))
+            )
         n += 1
         yield toks.astype(np.int32)
     if n == 0:
@@ -104,12 +118,12 @@ class PCAResult:
     """Principal components of one layer's head outputs."""
 
     layer: int
-    mode: str                   # "heads" or "tokens"
-    variance: np.ndarray        # variance on each component, descending
-    ratio: np.ndarray           # fraction of the total variance per component
-    cumulative: np.ndarray      # cumulative fraction
-    n_components_90: int        # components needed for 90% of the variance
-    n_samples: int              # heads (mode "heads") or tokens (mode "tokens")
+    mode: str  # "heads" or "tokens"
+    variance: np.ndarray  # variance on each component, descending
+    ratio: np.ndarray  # fraction of the total variance per component
+    cumulative: np.ndarray  # cumulative fraction
+    n_components_90: int  # components needed for 90% of the variance
+    n_samples: int  # heads (mode "heads") or tokens (mode "tokens")
 
 
 def _pca_from_scatter(scatter: np.ndarray, n: int, layer: int, mode: str) -> PCAResult:
@@ -121,8 +135,9 @@ def _pca_from_scatter(scatter: np.ndarray, n: int, layer: int, mode: str) -> PCA
     return PCAResult(layer, mode, ev / max(n - 1, 1), ratio, cum, min(k, len(ev)), n)
 
 
-def head_output_pca(model: Model, dataset, layers: Optional[Iterable[int]] = None, mode: str = "heads",
-                    progress: bool = True) -> Dict[int, PCAResult]:
+def head_output_pca(
+    model: Model, dataset, layers: Optional[Iterable[int]] = None, mode: str = "heads", progress: bool = True
+) -> Dict[int, PCAResult]:
     """PCA of the per-head outputs of each layer over the dataset (module doc)."""
     if mode not in ("heads", "tokens"):
         raise Error("mode must be 'heads' or 'tokens', not %r" % (mode,))
@@ -141,9 +156,9 @@ def head_output_pca(model: Model, dataset, layers: Optional[Iterable[int]] = Non
         n_tok += len(toks)
         for l, nm in zip(layers, names):
             a = cache[nm].astype(np.float64)
-            if mode == "heads":                         # [T, N, D]: Gram over heads
+            if mode == "heads":  # [T, N, D]: Gram over heads
                 gram[l] += np.einsum("tnd,tmd->nm", a, a)
-            else:                                       # [T, N, Dh] -> [T, D]
+            else:  # [T, N, Dh] -> [T, D]
                 x = a.reshape(len(toks), -1)
                 sums[l] += x.sum(0)
                 gram[l] += x.T @ x
@@ -165,12 +180,12 @@ def qk_ov_diversity(model: Model, layers: Optional[Iterable[int]] = None) -> Dic
     """{"qk": [len(layers)], "ov": [...]}: circuits.head_diversity of each layer
     (DCFormer Figure 5; lower = more diverse heads)."""
     from . import circuits
+
     layers = _layers(model, layers)
     return {kind: np.array([circuits.head_diversity(model, l, kind) for l in layers]) for kind in ("qk", "ov")}
 
 
-def head_similarity(model: Model, layer: int, dataset=None, kind: str = "output",
-                    progress: bool = True) -> np.ndarray:
+def head_similarity(model: Model, layer: int, dataset=None, kind: str = "output", progress: bool = True) -> np.ndarray:
     """[N, N] cosine similarity of a layer's heads: of their outputs over the
     dataset (kind "output"), or of their QK / OV circuit matrices ("qk", "ov")."""
     (layer,) = _layers(model, [layer])
@@ -185,12 +200,13 @@ def head_similarity(model: Model, layer: int, dataset=None, kind: str = "output"
             G += np.einsum("tnd,tmd->nm", a, a)
     elif kind in ("qk", "ov"):
         from . import circuits
+
         f = circuits.qk_circuit if kind == "qk" else circuits.ov_circuit
         fm = [f(model, layer, n) for n in range(N)]
         A = [x.A.astype(np.float64) for x in fm]
         B = [x.B.astype(np.float64) for x in fm]
         G = np.empty((N, N))
-        for n in range(N):          # <A_n B_n, A_m B_m>_F = sum((A_n^T A_m) * (B_n B_m^T))
+        for n in range(N):  # <A_n B_n, A_m B_m>_F = sum((A_n^T A_m) * (B_n B_m^T))
             for m in range(n, N):
                 G[n, m] = G[m, n] = np.sum((A[n].T @ A[m]) * (B[n] @ B[m].T))
     else:
@@ -210,10 +226,10 @@ class CompositionStats:
 
     layer: int
     phase: str
-    mean_abs: Dict[str, float]      # branch (qp, kp, qg, kg, static) and "total" -> mean |entry|
-    pair_flow: np.ndarray           # [N, N] mean over queries of |routed flow n -> m|
-    top_pairs: List[Tuple[int, int, float]]   # (source n, target m, flow), off-diagonal, descending
-    n_pairs: int                    # (query, key) pairs averaged over
+    mean_abs: Dict[str, float]  # branch (qp, kp, qg, kg, static) and "total" -> mean |entry|
+    pair_flow: np.ndarray  # [N, N] mean over queries of |routed flow n -> m|
+    top_pairs: List[Tuple[int, int, float]]  # (source n, target m, flow), off-diagonal, descending
+    n_pairs: int  # (query, key) pairs averaged over
     n_queries: int
 
 
@@ -226,9 +242,15 @@ def _allowed(T: int, window: int) -> np.ndarray:
     return m
 
 
-def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = None,
-                      phases: Sequence[str] = ("pre", "post"), top: int = 10, chunk: int = 64,
-                      progress: bool = True) -> Dict[Tuple[int, str], CompositionStats]:
+def composition_stats(
+    model: Model,
+    dataset,
+    layers: Optional[Iterable[int]] = None,
+    phases: Sequence[str] = ("pre", "post"),
+    top: int = 10,
+    chunk: int = 64,
+    progress: bool = True,
+) -> Dict[Tuple[int, str], CompositionStats]:
     """Mean |C - I| per branch and the head pairs that route most (module doc)."""
     c = model.config
     if not c.use_dcmha:
@@ -238,6 +260,7 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
         if ph not in PHASES:
             raise Error("phase must be 'pre' or 'post', not %r" % (ph,))
     from .routing import _dyn_names, static_map
+
     N, G = c.n_head, c.compose_groups
     block = np.kron(np.eye(G), np.ones((N // G, N // G)))
     statics = {(l, ph): static_map(model, l, ph) for l in layers for ph in phases}
@@ -246,22 +269,26 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
         for ph in phases:
             names += _dyn_names(l, ph, c.query_wise, c.key_wise)
             names.append(hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern")))
-    branch_names = [b for b in ("qp", "kp", "qg", "kg") if not (c.query_wise and b[0] == "k")
-                    and not (c.key_wise and b[0] == "q")] + (["static"] if c.use_sw else [])
-    acc = {(l, ph): dict(sums={b: 0.0 for b in branch_names + ["total"]}, flow=np.zeros((N, N)),
-                         pairs=0, queries=0) for l in layers for ph in phases}
+    branch_names = [
+        b for b in ("qp", "kp", "qg", "kg") if not (c.query_wise and b[0] == "k") and not (c.key_wise and b[0] == "q")
+    ] + (["static"] if c.use_sw else [])
+    acc = {
+        (l, ph): dict(sums={b: 0.0 for b in branch_names + ["total"]}, flow=np.zeros((N, N)), pairs=0, queries=0)
+        for l in layers
+        for ph in phases
+    }
     for toks in iter_dataset(model, dataset, progress, "composition stats"):
         _, cache = model.run_with_cache(toks, names=names)
         T = len(toks)
         for l in layers:
             window = c.window_size if l in c.local_layers else 0
-            ok = _allowed(T, window)                       # [T, S]
-            n_t, n_s = ok.sum(1), ok.sum(0)                # allowed keys per query, queries per key
+            ok = _allowed(T, window)  # [T, S]
+            n_t, n_s = ok.sum(1), ok.sum(0)  # allowed keys per query, queries per key
             for ph in phases:
                 a = acc[(l, ph)]
                 p = hook_name(l, "attn.dyn.%s." % ph)
-                terms_q = np.zeros((T, N, N))              # query-side part of C - I
-                terms_k = np.zeros((T, N, N))              # key-side part
+                terms_q = np.zeros((T, N, N))  # query-side part of C - I
+                terms_k = np.zeros((T, N, N))  # key-side part
                 eye = np.eye(N)
                 if not c.key_wise:
                     qp = np.einsum("tin,tim->tnm", cache[p + "qw1"].astype(np.float64), cache[p + "qw2"]) * block
@@ -279,10 +306,10 @@ def composition_stats(model: Model, dataset, layers: Optional[Iterable[int]] = N
                 if W is not None:
                     a["sums"]["static"] += float(ok.sum() * np.abs(W).sum())
                 X = cache[hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))].astype(np.float64)
-                X = np.where(ok[None], X, 0.0)             # [N, T, S], only allowed pairs
+                X = np.where(ok[None], X, 0.0)  # [N, T, S], only allowed pairs
                 for t0 in range(0, T, chunk):
                     t1 = min(T, t0 + chunk)
-                    cmi = terms_q[t0:t1, None] + terms_k[None, :]     # [c, S, N, N] = C - I
+                    cmi = terms_q[t0:t1, None] + terms_k[None, :]  # [c, S, N, N] = C - I
                     if W is not None:
                         cmi = cmi + W
                     m = ok[t0:t1]
@@ -319,7 +346,7 @@ def head_load(model: Model, dataset, progress: bool = True) -> np.ndarray:
         _, cache = model.run_with_cache(toks, names=names)
         for l, nm in enumerate(names):
             lg = cache[nm]
-            top = np.argsort(-lg, axis=-1, kind="stable")[:, :k]   # larger logit, then lower index
+            top = np.argsort(-lg, axis=-1, kind="stable")[:, :k]  # larger logit, then lower index
             np.add.at(counts[l], top.ravel(), 1)
         n_tok += len(toks)
     return counts / n_tok
@@ -330,6 +357,7 @@ def head_load(model: Model, dataset, progress: bool = True) -> np.ndarray:
 
 def _fig(w, h):
     from matplotlib.figure import Figure
+
     return Figure(figsize=(w, h), layout="constrained")
 
 
@@ -338,8 +366,12 @@ def plot_pca(results: Dict[int, PCAResult], title: Optional[str] = None):
     fig = _fig(6, 4)
     ax = fig.add_subplot()
     for l, r in sorted(results.items()):
-        ax.plot(np.arange(1, len(r.cumulative) + 1), r.cumulative, marker=".",
-                label="layer %d (%d for 90%%)" % (l, r.n_components_90))
+        ax.plot(
+            np.arange(1, len(r.cumulative) + 1),
+            r.cumulative,
+            marker=".",
+            label="layer %d (%d for 90%%)" % (l, r.n_components_90),
+        )
     ax.axhline(0.9, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("principal components")
     ax.set_ylabel("captured variance")
@@ -397,8 +429,7 @@ def plot_head_load(load: np.ndarray, title: Optional[str] = None):
     return fig
 
 
-def plot_diversity(div: Dict[str, np.ndarray], layers: Optional[Sequence[int]] = None,
-                   title: Optional[str] = None):
+def plot_diversity(div: Dict[str, np.ndarray], layers: Optional[Sequence[int]] = None, title: Optional[str] = None):
     """QK / OV diversity (mean cumulative captured variance) per layer."""
     fig = _fig(5, 3.5)
     ax = fig.add_subplot()

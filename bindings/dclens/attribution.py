@@ -21,6 +21,7 @@ feature, broadcast to every position), or an array of the activation's shape.
 Per-head sums are given for hooks with a head axis (q, k, v, z, head_out,
 scores, patterns, compose branches, dynamic weights and gates).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,17 @@ from ._engine import lib
 from . import memplan
 
 # hook suffix -> axis of the heads in the single-sequence layout
-_HEAD_AXIS = {"attn.q": 1, "attn.k": 1, "attn.v": 1, "attn.z": 1, "attn.head_out": 1,
-              "attn.scores": 0, "attn.pattern": 0, "attn.scores_composed": 0, "attn.pattern_composed": 0}
+_HEAD_AXIS = {
+    "attn.q": 1,
+    "attn.k": 1,
+    "attn.v": 1,
+    "attn.z": 1,
+    "attn.head_out": 1,
+    "attn.scores": 0,
+    "attn.pattern": 0,
+    "attn.scores_composed": 0,
+    "attn.pattern_composed": 0,
+}
 
 
 def _head_axis(name: str) -> Optional[int]:
@@ -55,16 +65,25 @@ def _head_axis(name: str) -> Optional[int]:
 @dataclasses.dataclass
 class Attribution:
     method: str
-    target_value: np.ndarray                 # F(a) per sequence ([B] or scalar)
-    attributions: Dict[str, np.ndarray]      # name -> activation layout
-    per_head: Dict[str, np.ndarray]          # name -> [N] (or [B, N])
-    baseline_value: Dict[str, np.ndarray]    # IG: F(a0) per hook
-    gap: Dict[str, np.ndarray]               # IG: sum(attr) - (F(a) - F(a0))
+    target_value: np.ndarray  # F(a) per sequence ([B] or scalar)
+    attributions: Dict[str, np.ndarray]  # name -> activation layout
+    per_head: Dict[str, np.ndarray]  # name -> [N] (or [B, N])
+    baseline_value: Dict[str, np.ndarray]  # IG: F(a0) per hook
+    gap: Dict[str, np.ndarray]  # IG: sum(attr) - (F(a) - F(a0))
 
 
-def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", steps: int = 32,
-              baseline="zero", progress: Optional[bool] = None, chunk: Optional[int] = None,
-              max_tape_bytes: Optional[int] = None) -> Attribution:
+def attribute(
+    model,
+    tokens,
+    target,
+    at: Sequence[str],
+    method: str = "ig",
+    steps: int = 32,
+    baseline="zero",
+    progress: Optional[bool] = None,
+    chunk: Optional[int] = None,
+    max_tape_bytes: Optional[int] = None,
+) -> Attribution:
     if method not in ("ig", "grad_x_act"):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
     if not isinstance(steps, int) or steps < 1:
@@ -92,8 +111,9 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
     first = {n: pts[n][1] if lib.dcs_hook_point_is_layered(pts[n][0]) else 0 for n in at}
     resid_names = sorted({"blocks.%d.resid_pre" % l for l in first.values() if l})
     _, cache = model._run(toks, capture=list(at) + [r for r in resid_names if r not in at], logits=False)
-    resid = {l: np.asarray(cache["blocks.%d.resid_pre" % l], np.float32).reshape(B, T, -1)
-             for l in set(first.values()) if l}
+    resid = {
+        l: np.asarray(cache["blocks.%d.resid_pre" % l], np.float32).reshape(B, T, -1) for l in set(first.values()) if l
+    }
     acts = {n: np.asarray(cache[n], np.float32).reshape((B,) + base_grads[pts[n]].shape[1:]) for n in at}
 
     out = Attribution(method, fa if batched else float(fa[0]), {}, {}, {}, {})
@@ -107,6 +127,7 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
         bar = None
         if show:
             from tqdm import tqdm
+
             bar = tqdm(total=total, desc="integrated gradients", unit="batch")
         alphas = (np.arange(steps) + 0.5) / steps
         try:
@@ -116,37 +137,44 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                 step = chunks[n]
                 l0 = first[n]
                 if isinstance(baseline, str):
-                    a0 = np.zeros_like(a) if baseline == "zero" else np.broadcast_to(
-                        a.mean(axis=_token_axis(n) + 1, keepdims=True), a.shape).astype(np.float32)
+                    a0 = (
+                        np.zeros_like(a)
+                        if baseline == "zero"
+                        else np.broadcast_to(a.mean(axis=_token_axis(n) + 1, keepdims=True), a.shape).astype(np.float32)
+                    )
                 else:
                     a0 = np.asarray(baseline, np.float32)
                     if a0.shape == a.shape[1:]:
                         a0 = np.broadcast_to(a0, a.shape)
                     if a0.shape != a.shape:
-                        raise Error("attribute: baseline for %s has shape %s, expected %s"
-                                    % (n, a0.shape, a.shape[1:] if not batched else a.shape))
+                        raise Error(
+                            "attribute: baseline for %s has shape %s, expected %s"
+                            % (n, a0.shape, a.shape[1:] if not batched else a.shape)
+                        )
                 attr = np.zeros_like(a, dtype=np.float64)
                 f0 = np.zeros(B)
                 for b in range(B):
                     gsum = np.zeros(a.shape[1:], np.float64)
                     diff = a[b] - a0[b]
                     for c0 in range(0, steps, step):
-                        al = alphas[c0:c0 + step]
+                        al = alphas[c0 : c0 + step]
                         k = len(al)
                         if tape is None or k != tape.B or tape.T != T or tape.first != l0:
-                            tape = None             # one tape at a time: free it first
+                            tape = None  # one tape at a time: free it first
                             tape = Tape(model, k, T, budget, l0)
                         tp = tape
                         # a0 + alpha (a - a0), float32, built in place (no batch-sized temporaries)
                         interp = np.empty((k,) + a.shape[1:], np.float32)
-                        np.multiply(al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1)), diff[None],
-                                    out=interp)
+                        np.multiply(al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1)), diff[None], out=interp)
                         interp += a0[b][None]
-                        lg = tp.forward(np.repeat(toks[b:b + 1], k, 0), {p: interp},
-                                        resid=np.repeat(resid[l0][b:b + 1], k, 0) if l0 else None)
-                        _, d = target_value_and_grad(target, lg, np.repeat(toks[b:b + 1], k, 0))
+                        lg = tp.forward(
+                            np.repeat(toks[b : b + 1], k, 0),
+                            {p: interp},
+                            resid=np.repeat(resid[l0][b : b + 1], k, 0) if l0 else None,
+                        )
+                        _, d = target_value_and_grad(target, lg, np.repeat(toks[b : b + 1], k, 0))
                         g = tp.backward(d, None, [p])[p]
-                        for gj in g:          # one interpolation point at a time
+                        for gj in g:  # one interpolation point at a time
                             gsum += gj
                         if bar is not None:
                             bar.update(1)
@@ -154,9 +182,12 @@ def attribute(model, tokens, target, at: Sequence[str], method: str = "ig", step
                     # F(a0): the baseline run
                     tape = None
                     tb = Tape(model, 1, T, budget, l0)
-                    lg0 = tb.forward(toks[b:b + 1], {p: np.ascontiguousarray(a0[b][None], np.float32)},
-                                     resid=resid[l0][b:b + 1] if l0 else None)
-                    f0[b] = target_value_and_grad(target, lg0, toks[b:b + 1])[0][0]
+                    lg0 = tb.forward(
+                        toks[b : b + 1],
+                        {p: np.ascontiguousarray(a0[b][None], np.float32)},
+                        resid=resid[l0][b : b + 1] if l0 else None,
+                    )
+                    f0[b] = target_value_and_grad(target, lg0, toks[b : b + 1])[0][0]
                 out.attributions[n] = attr.astype(np.float32)
                 gap = attr.reshape(B, -1).sum(1) - (fa - f0)
                 out.baseline_value[n] = f0 if batched else float(f0[0])

@@ -15,6 +15,7 @@ Rules (docs/api.md):
   positions are meaningless (computed on the pad token). Every real position
   equals the prompt run on its own (tested).
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -52,9 +53,9 @@ def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0
     out = np.full((len(rows), T), pad_id, dtype=np.int32)
     for i, r in enumerate(rows):
         if padding_side == "right":
-            out[i, :r.size] = r
+            out[i, : r.size] = r
         else:
-            out[i, T - r.size:] = r
+            out[i, T - r.size :] = r
     return out, np.array([r.size for r in rows], dtype=np.int64)
 
 
@@ -106,9 +107,9 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
         raise Error("return_type='loss' needs at least 2 tokens")
     x = logits[:, :-1].astype(np.float64)
     mx = x.max(-1, keepdims=True)
-    lse = (np.log(np.exp(x - mx).sum(-1)) + mx[..., 0])
+    lse = np.log(np.exp(x - mx).sum(-1)) + mx[..., 0]
     tgt = np.take_along_axis(x, toks[:, 1:, None].astype(np.int64), -1)[..., 0]
-    nll = lse - tgt                                           # [B, T-1]
+    nll = lse - tgt  # [B, T-1]
     real = np.ones((B, T - 1), dtype=bool)
     if lengths is not None:
         t = np.arange(T - 1)[None]
@@ -123,8 +124,18 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
     return float(nll.sum() / n)
 
 
-def call(model, tokens, *, lengths=None, padding_side: str = "right", return_type: Optional[str] = "logits",
-         capture: Sequence[str] = (), fns=(), with_cache: bool = False, loss_per_token: bool = False):
+def call(
+    model,
+    tokens,
+    *,
+    lengths=None,
+    padding_side: str = "right",
+    return_type: Optional[str] = "logits",
+    capture: Sequence[str] = (),
+    fns=(),
+    with_cache: bool = False,
+    loss_per_token: bool = False,
+):
     """The one path of forward / run_with_cache / run_with_hooks."""
     if return_type not in ("logits", "loss", "both", None):
         raise Error("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
@@ -172,10 +183,12 @@ def _left_view(fn, name: str, shifts: np.ndarray):
     left-padded layout while the engine runs right-padded."""
     axes = _pos_axes(name)
     if is_read_only(fn):
+
         def look(act, hook_name):
             left = _roll_rows(act, shifts, axes)
             left.flags.writeable = False
             return fn(left, hook_name)
+
         return read_only(look)
 
     def wrapped(act, hook_name):
@@ -184,8 +197,9 @@ def _left_view(fn, name: str, shifts: np.ndarray):
         if r is not None:
             left = np.asarray(r)
             if left.shape != act.shape:
-                raise Error("hook %s: the hook function returned shape %s, expected %s"
-                            % (hook_name, left.shape, act.shape))
+                raise Error(
+                    "hook %s: the hook function returned shape %s, expected %s" % (hook_name, left.shape, act.shape)
+                )
         act[...] = _roll_rows(left.astype(act.dtype, copy=False), -shifts, axes)
         return act
 

@@ -14,6 +14,7 @@ Resolution (:func:`resolve`): an existing path is used as it is; otherwise a
 name without a path separator is looked up among the bundled models; anything
 else is a :class:`dclens.Error` naming the path and listing the bundled names.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,10 +29,10 @@ ENV = "DCLENS_MODELS_DIR"
 
 @dataclasses.dataclass(frozen=True)
 class BundledModel:
-    name: str          # what dclens.load() and --model accept
-    path: str          # the checkpoint directory
-    model_type: str    # "dcpythia" or "gpt_neox" (config.json), "" if unreadable
-    summary: str       # first paragraph of MODEL_CARD.md after its title, "" if none
+    name: str  # what dclens.load() and --model accept
+    path: str  # the checkpoint directory
+    model_type: str  # "dcpythia" or "gpt_neox" (config.json), "" if unreadable
+    summary: str  # first paragraph of MODEL_CARD.md after its title, "" if none
 
 
 def models_dir(models_dir: Optional[Union[str, os.PathLike]] = None) -> str:
@@ -85,20 +86,21 @@ def bundled_models(models_dir_: Optional[Union[str, os.PathLike]] = None) -> Lis
         p = os.path.join(d, n)
         if n.startswith(".") or not os.path.isfile(os.path.join(p, "config.json")):
             continue
-        out.append(BundledModel(n, p, _model_type(os.path.join(p, "config.json")),
-                                _summary(os.path.join(p, "MODEL_CARD.md"))))
+        out.append(
+            BundledModel(n, p, _model_type(os.path.join(p, "config.json")), _summary(os.path.join(p, "MODEL_CARD.md")))
+        )
     return out
 
 
-def resolve(name_or_path: Union[str, os.PathLike],
-            models_dir_: Optional[Union[str, os.PathLike]] = None) -> str:
+def resolve(name_or_path: Union[str, os.PathLike], models_dir_: Optional[Union[str, os.PathLike]] = None) -> str:
     """The checkpoint directory for a path or a bundled model's name."""
     from ._checks import c_path
-    c_path("model path", name_or_path)       # type and NUL: checked in one place
+
+    c_path("model path", name_or_path)  # type and NUL: checked in one place
     p = os.fspath(name_or_path)
     if isinstance(p, bytes):
-        return p                             # a file-system path; names are text
-    if os.path.lexists(p):                   # a dangling symlink: the loader names it
+        return p  # a file-system path; names are text
+    if os.path.lexists(p):  # a dangling symlink: the loader names it
         return p
     models = bundled_models(models_dir_)
     if p and os.sep not in p and not (os.altsep and os.altsep in p):
@@ -106,5 +108,7 @@ def resolve(name_or_path: Union[str, os.PathLike],
             if m.name == p:
                 return m.path
     names = ", ".join(m.name for m in models) or "none installed"
-    raise Error("%s: no such model directory (no %s) and no bundled model of that name; "
-                "bundled models: %s" % (p, os.path.join(p, "config.json"), names))
+    raise Error(
+        "%s: no such model directory (no %s) and no bundled model of that name; "
+        "bundled models: %s" % (p, os.path.join(p, "config.json"), names)
+    )

@@ -19,6 +19,7 @@ component.
     attrs, labels = dclens.cache.dla(cache, token=tok, pos=-1)
     assert abs(attrs.sum() - logits[-1, tok]) < 1e-3
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
@@ -59,8 +60,10 @@ class Cache(dict):
         try:
             return dict.__getitem__(self, k)
         except KeyError:
-            raise KeyError("cache has no %r%s (it holds %d activations; capture it with names=[...])"
-                           % (k, "" if k == key else " (from %r)" % (key,), len(self))) from None
+            raise KeyError(
+                "cache has no %r%s (it holds %d activations; capture it with names=[...])"
+                % (k, "" if k == key else " (from %r)" % (key,), len(self))
+            ) from None
 
     def __contains__(self, key):
         try:
@@ -99,12 +102,14 @@ class Cache(dict):
     def layer(self, l: int) -> Dict[str, np.ndarray]:
         """The activations of block l, keyed by the name after 'blocks.{l}.'."""
         p = "blocks.%d." % l
-        return {k[len(p):]: v for k, v in self.items() if k.startswith(p)}
+        return {k[len(p) :]: v for k, v in self.items() if k.startswith(p)}
 
     def stack(self, suffix: str) -> np.ndarray:
         """[L, ...]: one per-layer hook across all layers that were captured."""
-        keys = sorted((k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
-                      key=lambda k: int(k.split(".")[1]))
+        keys = sorted(
+            (k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
+            key=lambda k: int(k.split(".")[1]),
+        )
         if not keys:
             raise Error("cache has no 'blocks.*.%s'" % suffix)
         return np.stack([self[k] for k in keys])
@@ -139,8 +144,7 @@ def _final_resid(cache: Cache, model, layer: int) -> np.ndarray:
     return _need(cache, hook_name(layer, "resid_pre"))
 
 
-def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
-                      return_labels: bool = False):
+def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False, return_labels: bool = False):
     """[layer + 1, ..., D]: the residual entering blocks 0 .. layer-1, then the
     one entering `layer` (None: after the last block). Labels "0_pre",
     "1_pre", ..., "final_post"."""
@@ -161,8 +165,7 @@ def accumulated_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool 
     return (out, labels) if return_labels else out
 
 
-def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
-                    return_labels: bool = False):
+def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False, return_labels: bool = False):
     """[1 + 2*layer, ..., D]: embed, then attn.out and mlp.out of each block
     before `layer` (None: all); they sum to the residual entering `layer`."""
     model = _model(cache)
@@ -177,8 +180,13 @@ def decompose_resid(cache: Cache, layer: Optional[int] = None, apply_ln: bool = 
     return (out, labels) if return_labels else out
 
 
-def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool = False,
-                       return_labels: bool = False, incl_remainder: bool = False):
+def stack_head_results(
+    cache: Cache,
+    layer: Optional[int] = None,
+    apply_ln: bool = False,
+    return_labels: bool = False,
+    incl_remainder: bool = False,
+):
     """[layer*N (+1), ..., D]: every head's head_out of the blocks before
     `layer` (None: all), labels "L{l}H{n}"; incl_remainder adds the rest of
     the residual (embed, attention biases, MLPs) as a last component."""
@@ -187,7 +195,7 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool
     N = model.config.n_head
     parts, labels = [], []
     for l in range(upto):
-        ho = _need(cache, hook_name(l, "attn.head_out"))        # [..., T, N, D]
+        ho = _need(cache, hook_name(l, "attn.head_out"))  # [..., T, N, D]
         parts += [ho[..., n, :] for n in range(N)]
         labels += ["L%dH%d" % (l, n) for n in range(N)]
     if not parts and not incl_remainder:
@@ -203,8 +211,7 @@ def stack_head_results(cache: Cache, layer: Optional[int] = None, apply_ln: bool
     return (out, labels) if return_labels else out
 
 
-def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = None,
-                      whole: bool = False) -> np.ndarray:
+def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = None, whole: bool = False) -> np.ndarray:
     """The LayerNorm before `layer`'s attention (None: ln_final) applied to
     each component as the linear map it is once the scale is fixed by the
     full residual at that point: (c - mean(c)) / sigma(total) * w, bias left
@@ -221,19 +228,20 @@ def apply_ln_to_stack(cache: Cache, stack: np.ndarray, layer: Optional[int] = No
     stack = np.asarray(stack, np.float64)
     centred = stack - stack.mean(-1, keepdims=True)
     if whole:
-        scale = np.sqrt((centred ** 2).mean(-1, keepdims=True) + c.norm_eps)
+        scale = np.sqrt((centred**2).mean(-1, keepdims=True) + c.norm_eps)
     else:
         total = np.asarray(_final_resid(cache, model, upto), np.float64)
         tc = total - total.mean(-1, keepdims=True)
-        scale = np.sqrt((tc ** 2).mean(-1, keepdims=True) + c.norm_eps)
+        scale = np.sqrt((tc**2).mean(-1, keepdims=True) + c.norm_eps)
         if stack.shape[1:] != total.shape:
-            raise Error("apply_ln_to_stack: stack is %s, expected [C, %s]"
-                        % (list(stack.shape), ", ".join(map(str, total.shape))))
+            raise Error(
+                "apply_ln_to_stack: stack is %s, expected [C, %s]"
+                % (list(stack.shape), ", ".join(map(str, total.shape)))
+            )
     return centred / scale * w
 
 
-def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
-                has_ln: bool = False) -> np.ndarray:
+def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None, has_ln: bool = False) -> np.ndarray:
     """Direct logit attribution of each component: [C, ...] =
     ln(stack) @ W_U[:, tokens] (minus W_U[:, incorrect_tokens] if given).
     tokens: an id, or an int array shaped like stack's middle axes
@@ -241,7 +249,7 @@ def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
     through apply_ln_to_stack."""
     model = _model(cache)
     normed = np.asarray(stack, np.float64) if has_ln else apply_ln_to_stack(cache, stack)
-    WU = np.asarray(model.W_U, np.float64)                    # [D, V]
+    WU = np.asarray(model.W_U, np.float64)  # [D, V]
     mid = normed.shape[1:-1]
 
     def cols(t):
@@ -256,8 +264,9 @@ def logit_attrs(cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None,
     return (normed * d).sum(-1)
 
 
-def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
-        by: str = "head") -> Tuple[np.ndarray, List[str]]:
+def dla(
+    cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None, by: str = "head"
+) -> Tuple[np.ndarray, List[str]]:
     """Direct logit attribution of the logit of `token` at position `pos`,
     into components that sum to that logit (to float rounding): embed, then
     per layer each head (by="head") or the whole attention (by="layer"), the
@@ -282,7 +291,7 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
     bo = model.b_O
     for l in range(L):
         if by == "head":
-            ho = at(hook_name(l, "attn.head_out"))          # [N, D]
+            ho = at(hook_name(l, "attn.head_out"))  # [N, D]
             parts += list(ho)
             labels += ["L%dH%d" % (l, n) for n in range(N)]
             parts.append(bo[l])
@@ -292,11 +301,11 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None,
             labels.append("L%d.attn" % l)
         parts.append(at(hook_name(l, "mlp.out")))
         labels.append("L%d.mlp" % l)
-    stack = np.asarray(np.stack(parts), np.float64)             # [C, D]
+    stack = np.asarray(np.stack(parts), np.float64)  # [C, D]
     total = np.asarray(at(hook_name(L - 1, "resid_post")), np.float64)
     eps = model.config.norm_eps
     tc = total - total.mean()
-    scale = np.sqrt((tc ** 2).mean() + eps)
+    scale = np.sqrt((tc**2).mean() + eps)
     w = np.asarray(model.ln_final_w, np.float64)
     u = np.asarray(model.W_U, np.float64)[:, int(token)]
     attrs = ((stack - stack.mean(-1, keepdims=True)) / scale * w) @ u

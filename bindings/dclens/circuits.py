@@ -7,6 +7,7 @@ with W_Q,n = wqkv[q rows of head n]^T [D, Dh] and W_O,n = wo[:, n*Dh:(n+1)*Dh]^T
 only formed by .full(). QK-norm and rotary sit between the factors in the real
 model; the circuit is the weight-space product, as in the literature.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,7 +53,7 @@ def _check(model: Model, layer: int, head: Optional[int] = None) -> None:
 
 
 def _wqkv(model: Model, layer: int) -> np.ndarray:
-    return model.weight("layers.%d.attention.wqkv.weight" % layer)   # [3D, D]
+    return model.weight("layers.%d.attention.wqkv.weight" % layer)  # [3D, D]
 
 
 def qk_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
@@ -60,8 +61,8 @@ def qk_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
     _check(model, layer, head)
     D, Dh = model.config.d_model, model.config.head_dim
     w = _wqkv(model, layer)
-    wq = w[head * Dh:(head + 1) * Dh]              # [Dh, D]
-    wk = w[D + head * Dh:D + (head + 1) * Dh]      # [Dh, D]
+    wq = w[head * Dh : (head + 1) * Dh]  # [Dh, D]
+    wk = w[D + head * Dh : D + (head + 1) * Dh]  # [Dh, D]
     return FactoredMatrix(wq.T.copy(), wk.copy())
 
 
@@ -69,8 +70,8 @@ def ov_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
     """W_V,n W_O,n as factors [D, Dh] @ [Dh, D]."""
     _check(model, layer, head)
     D, Dh = model.config.d_model, model.config.head_dim
-    wv = _wqkv(model, layer)[2 * D + head * Dh:2 * D + (head + 1) * Dh]          # [Dh, D]
-    wo = model.weight("layers.%d.attention.wo.weight" % layer)[:, head * Dh:(head + 1) * Dh]  # [D, Dh]
+    wv = _wqkv(model, layer)[2 * D + head * Dh : 2 * D + (head + 1) * Dh]  # [Dh, D]
+    wo = model.weight("layers.%d.attention.wo.weight" % layer)[:, head * Dh : (head + 1) * Dh]  # [D, Dh]
     return FactoredMatrix(wv.T.copy(), wo.T.copy())
 
 
@@ -82,6 +83,7 @@ def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     from math import erf, sqrt
+
     return 0.5 * x * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))
 
 
@@ -99,7 +101,7 @@ def ov_logits(model: Model, layer: int, head: int, tokens) -> np.ndarray:
         raise Error("ov_logits: tokens must be a non-empty 1-D sequence of token ids")
     for t in toks:
         check_index("token id", int(t), 0, c.vocab)
-    e = model.weight("tok_embeddings.weight")[toks].astype(np.float64)              # [K, D]
+    e = model.weight("tok_embeddings.weight")[toks].astype(np.float64)  # [K, D]
     ln = lambda x, name: _layernorm(x, model.weight(name + ".weight"), model.weight(name + ".bias"), c.norm_eps)
     h = ln(e, "layers.0.ffn_norm")
     w1, w2 = model.weight("layers.0.feed_forward.w1.weight"), model.weight("layers.0.feed_forward.w2.weight")
@@ -111,10 +113,10 @@ def ov_logits(model: Model, layer: int, head: int, tokens) -> np.ndarray:
         mlp = mlp + model.weight("layers.0.feed_forward.w2.bias")
     e = e + mlp
     ov = ov_circuit(model, layer, head)
-    out = (ln(e, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B                   # [K, D]
+    out = (ln(e, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B  # [K, D]
     # the unembedding: output.weight, or the embedding when tied (no output.weight then)
     unembed = "output.weight" if "output.weight" in model.weight_names() else "tok_embeddings.weight"
-    return out.astype(np.float32) @ model.weight(unembed).T                          # [K, V]
+    return out.astype(np.float32) @ model.weight(unembed).T  # [K, V]
 
 
 def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> List[Tuple[int, float]]:
@@ -142,7 +144,7 @@ def diversity_curve(model: Model, layer: int, kind: str = "qk") -> np.ndarray:
     if kind not in ("qk", "ov"):
         raise Error("kind must be 'qk' or 'ov', not %r" % (kind,))
     f = qk_circuit if kind == "qk" else ov_circuit
-    G = sum(f(model, layer, n).gram() for n in range(model.config.n_head))   # [D, D] = M M^T
+    G = sum(f(model, layer, n).gram() for n in range(model.config.n_head))  # [D, D] = M M^T
     ev = np.clip(np.linalg.eigvalsh(G)[::-1], 0, None)
     total = ev.sum()
     if total <= 0:

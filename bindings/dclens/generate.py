@@ -12,6 +12,7 @@ Hooks work while decoding: fwd_hooks are called at every step with the
 step's activations ([1, n, ...] for the n tokens fed; attention maps
 [1, N, n, P] over the P positions so far, see dclens.h).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
@@ -51,15 +52,17 @@ class Decoder:
 
     def layer_keys(self, layer: int) -> int:
         """Key positions layer `layer` holds (window_size + 1 at most on a local layer)."""
-        layer = check_index("layer", layer, 0, self.model.config.n_layer,
-                            " (model has %d layers)" % self.model.config.n_layer)
+        layer = check_index(
+            "layer", layer, 0, self.model.config.n_layer, " (model has %d layers)" % self.model.config.n_layer
+        )
         n = int(lib.dcs_decoder_layer_keys(self._d, layer))
         if n < 0:
             raise Error("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
         return n
 
-    def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True,
-             cache_names=()) -> Union[np.ndarray, Tuple[np.ndarray, dict]]:
+    def step(
+        self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True, cache_names=()
+    ) -> Union[np.ndarray, Tuple[np.ndarray, dict]]:
         """Feed tokens [n]; returns their logits [n, V], and a cache of this
         step's activations when cache_names is given (None: every hook)."""
         m = self.model
@@ -67,8 +70,10 @@ class Decoder:
         if toks.size == 0 or toks.dtype.kind not in "iu":
             raise Error("decode: tokens must be a non-empty integer array, got %r" % (tokens,))
         if toks.min() < 0 or toks.max() >= m.config.vocab:
-            raise Error("decode: token id %d is out of range [0, %d)"
-                        % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab))
+            raise Error(
+                "decode: token id %d is out of range [0, %d)"
+                % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab)
+            )
         toks = toks.astype(np.int32)
         n = toks.size
         run = _Run(m, False)
@@ -79,11 +84,13 @@ class Decoder:
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
         # the model's lock, and Ctrl-C stops the step (see Model._call_engine)
-        m._call_engine(run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks),
-                       " aborted the decoding step")
+        m._call_engine(
+            run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks), " aborted the decoding step"
+        )
         if out is not None and not np.isfinite(out).all():
-            raise Error("decode: the logits hold NaN or inf (non-finite weights, an overflow, or a "
-                        "hook that wrote huge values)")
+            raise Error(
+                "decode: the logits hold NaN or inf (non-finite weights, an overflow, or a hook that wrote huge values)"
+            )
         run.cache.model = m
         return (out, run.cache) if want_cache else out
 
@@ -101,10 +108,18 @@ def _sample(logits: np.ndarray, temperature: float, top_k: Optional[int], rng) -
     return int(rng.choice(x.size, p=p))
 
 
-def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float = 0.0,
-             top_k: Optional[int] = None, stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
-             seed: Optional[int] = None, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
-             return_type: str = "auto", verbose: bool = False):
+def generate(
+    model: Model,
+    prompt,
+    max_new_tokens: int = 20,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
+    seed: Optional[int] = None,
+    fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+    return_type: str = "auto",
+    verbose: bool = False,
+):
     """Continue `prompt` (a string, a [T] token array, or a list of either)
     by up to max_new_tokens tokens.
 
@@ -117,8 +132,10 @@ def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float 
     "auto" (str for a str prompt, tokens otherwise). A list of prompts gives
     a list of results (each decoded on its own)."""
     if isinstance(prompt, (list, tuple)) and prompt and (isinstance(prompt[0], str) or np.ndim(prompt[0]) == 1):
-        return [generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type,
-                         verbose) for p in prompt]
+        return [
+            generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type, verbose)
+            for p in prompt
+        ]
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise Error("generate: max_new_tokens must be an integer >= 0, got %r" % (max_new_tokens,))
     if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
@@ -130,8 +147,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 20, temperature: float 
     is_text = isinstance(prompt, str)
     toks = model.to_tokens(prompt) if is_text else np.asarray(prompt)
     if toks.ndim != 1 or toks.size == 0:
-        raise Error("generate: the prompt must be a non-empty string or [T] token array, got shape %s"
-                    % (toks.shape,))
+        raise Error("generate: the prompt must be a non-empty string or [T] token array, got shape %s" % (toks.shape,))
     stops = [] if stop is None else ([stop] if isinstance(stop, (str, int, np.integer)) else list(stop))
     stop_ids = {int(s) for s in stops if not isinstance(s, str)}
     stop_strs = [s for s in stops if isinstance(s, str)]

@@ -17,6 +17,7 @@ and for every parameter by canonical name (``Model.weight`` names).
 Weights stay in their stored dtype (an F16/BF16 checkpoint is not widened);
 the tape follows the memory plan of memplan.py under ``max_tape_bytes``.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -38,15 +39,17 @@ class Tape:
 
     def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None, first_layer: int = 0):
         if model.device != "cpu":
-            raise Error("gradients and training run on the CPU only; this model is on %s "
-                        "(load it with device='cpu')" % model.device)
+            raise Error(
+                "gradients and training run on the CPU only; this model is on %s "
+                "(load it with device='cpu')" % model.device
+            )
         self.model = model
         self.B, self.T = B, T
         budget = memplan.check_budget(max_tape_bytes)
         out = ffi.new("dcs_tape **")
-        with model._engine_lock():          # one engine call at a time per model
+        with model._engine_lock():  # one engine call at a time per model
             _check(lib.dcs_tape_new_from(model._m, B, T, first_layer, budget, out), model._errmsg())
-        self.first = first_layer      # > 0: forward(resid=...) starts at this layer
+        self.first = first_layer  # > 0: forward(resid=...) starts at this layer
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
         self._keep = None
 
@@ -62,8 +65,13 @@ class Tape:
         nd = lib.dcs_hook_shape(self.model._m, point, self.B, self.T, shape)
         return tuple(int(shape[i]) for i in range(nd))
 
-    def forward(self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
-                logits: bool = True, resid: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    def forward(
+        self,
+        tokens: np.ndarray,
+        overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
+        logits: bool = True,
+        resid: Optional[np.ndarray] = None,
+    ) -> Optional[np.ndarray]:
         """The tape's forward; from layer `first` (> 0) it starts from resid
         [B, T, D], the residual stream entering that layer."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
@@ -80,8 +88,10 @@ class Tape:
         for i, ((p, l), data) in enumerate(ov.items()):
             d = np.ascontiguousarray(data, dtype=np.float32)
             if d.shape != self._shape(p):
-                raise Error("override at %s: shape %s, expected %s"
-                            % (self.model._hook_table.name[(p, l)], d.shape, self._shape(p)))
+                raise Error(
+                    "override at %s: shape %s, expected %s"
+                    % (self.model._hook_table.name[(p, l)], d.shape, self._shape(p))
+                )
             keep.append(d)
             arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
         self._keep = (keep, arr)  # the engine reads them again in the backward
@@ -89,8 +99,9 @@ class Tape:
         with self.model._engine_lock():
             lg = _ptr(out) if out is not None else ffi.NULL
             if self.first:
-                st = lib.dcs_tape_forward_from(self._tp, _ptr(toks, "const int32_t *"),
-                                               _ptr(resid, "const float *"), arr, len(ov), lg)
+                st = lib.dcs_tape_forward_from(
+                    self._tp, _ptr(toks, "const int32_t *"), _ptr(resid, "const float *"), arr, len(ov), lg
+                )
             else:
                 st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), lg)
             _check(st, self.model._errmsg())
@@ -104,9 +115,13 @@ class Tape:
             _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model._errmsg())
         return float(loss[0])
 
-    def backward(self, dlogits: Optional[np.ndarray] = None, param_grads: Optional[np.ndarray] = None,
-                 wrt: Sequence[Tuple[int, int]] = (),
-                 params: Optional[Dict[int, np.ndarray]] = None) -> Dict[Tuple[int, int], np.ndarray]:
+    def backward(
+        self,
+        dlogits: Optional[np.ndarray] = None,
+        param_grads: Optional[np.ndarray] = None,
+        wrt: Sequence[Tuple[int, int]] = (),
+        params: Optional[Dict[int, np.ndarray]] = None,
+    ) -> Dict[Tuple[int, int], np.ndarray]:
         """Gradients at the hooks in wrt; parameter gradients accumulated into
         param_grads (flat, every parameter) or into params (parameter index ->
         float32 buffer of its size: only those)."""
@@ -155,6 +170,7 @@ def _weight_shape(model, name: str) -> Tuple[int, ...]:
 
 # ------------------------------------------------------------------ targets
 
+
 def _pos(pos, T: int, what: str) -> int:
     if not isinstance(pos, (int, np.integer)) or not -T <= int(pos) < T:
         raise Error("target %s: position %r is outside the sequence of %d tokens" % (what, pos, T))
@@ -170,12 +186,14 @@ def _tok(tok, V: int, what: str) -> int:
 def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Per-sequence target values [B] and d(sum of them)/d logits [B, T, V]."""
     B, T, V = logits.shape
-    d = np.zeros((B, T, V), np.float32)   # float64 where it is computed: one row per sequence
+    d = np.zeros((B, T, V), np.float32)  # float64 where it is computed: one row per sequence
     if isinstance(target, str):
         target = (target,)
     if not isinstance(target, (tuple, list)) or not target or not isinstance(target[0], str):
-        raise Error("target must be ('logit', pos, tok), ('logprob', pos, tok), "
-                    "('logit_diff', pos, good, bad) or 'loss' / ('loss', mask); got %r" % (target,))
+        raise Error(
+            "target must be ('logit', pos, tok), ('logprob', pos, tok), "
+            "('logit_diff', pos, good, bad) or 'loss' / ('loss', mask); got %r" % (target,)
+        )
     kind = target[0]
     if kind in ("logit", "logprob"):
         if len(target) != 3:
@@ -233,8 +251,10 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
 
 # ------------------------------------------------------------------ gradients
 
-def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False,
-              max_tape_bytes: Optional[int] = None):
+
+def gradients(
+    model, tokens, target, wrt: Sequence[str], return_value: bool = False, max_tape_bytes: Optional[int] = None
+):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
     toks, batched = model._tokens(tokens)
     B, T = toks.shape

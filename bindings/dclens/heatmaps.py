@@ -8,6 +8,7 @@ Sequential colours (viridis-like) for patterns in [0, 1]; a diverging map
 centred on zero for signed quantities (scores, compose branches, composed
 weights). matplotlib versions of the same figures are in dclens.plots.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,22 @@ def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False
     return rgb[0], rgb[1], rgb[2]
 
 
-def _spec(maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-          mask_window=0, panel_windows=None, axis_titles=True):
+def _spec(
+    maps,
+    tokens,
+    key_tokens,
+    titles,
+    title,
+    diverging,
+    mask_upper,
+    vmin,
+    vmax,
+    grid_cols,
+    cell_px,
+    mask_window=0,
+    panel_windows=None,
+    axis_titles=True,
+):
     """The dcs_heatmap_spec of a call, and the cffi objects it points into."""
     a = np.asarray(maps, dtype=np.float32)
     if a.ndim == 2:
@@ -134,12 +149,23 @@ class Heatmap(PNG):
         return x[0], y[0], c[0]
 
 
-def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optional[Sequence[str]] = None,
-            titles: Optional[Sequence[str]] = None, title: Optional[str] = None,
-            diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
-            vmax: Optional[float] = None, grid_cols: int = 0, cell_px: int = 0,
-            mask_window: int = 0, panel_windows: Optional[Sequence[int]] = None,
-            axis_titles: bool = True) -> Heatmap:
+def heatmap(
+    maps,
+    *,
+    tokens: Optional[Sequence[str]] = None,
+    key_tokens: Optional[Sequence[str]] = None,
+    titles: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    diverging: bool = False,
+    mask_upper: bool = True,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    grid_cols: int = 0,
+    cell_px: int = 0,
+    mask_window: int = 0,
+    panel_windows: Optional[Sequence[int]] = None,
+    axis_titles: bool = True,
+) -> Heatmap:
     """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
 
     tokens label the rows (queries) and, unless key_tokens is given, the
@@ -165,8 +191,22 @@ def heatmap(maps, *, tokens: Optional[Sequence[str]] = None, key_tokens: Optiona
         raise Error("heatmap: grid_cols must be an integer >= 0, got %r" % (grid_cols,))
     if not isinstance(cell_px, (int, np.integer)) or cell_px < 0:
         raise Error("heatmap: cell_px must be an integer >= 0, got %r" % (cell_px,))
-    args = (maps, tokens, key_tokens, titles, title, diverging, mask_upper, vmin, vmax, grid_cols, cell_px,
-            mask_window, panel_windows, axis_titles)
+    args = (
+        maps,
+        tokens,
+        key_tokens,
+        titles,
+        title,
+        diverging,
+        mask_upper,
+        vmin,
+        vmax,
+        grid_cols,
+        cell_px,
+        mask_window,
+        panel_windows,
+        axis_titles,
+    )
     spec, _keep = _spec(*args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
@@ -191,8 +231,15 @@ def _visible_values(maps, mask_upper: bool) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, head: Optional[int] = None,
-                      hook: str = "pattern", phase: str = "post", **kw) -> Heatmap:
+def attention_heatmap(
+    model: Model,
+    text_or_tokens,
+    layer: Union[int, str] = 0,
+    head: Optional[int] = None,
+    hook: str = "pattern",
+    phase: str = "post",
+    **kw,
+) -> Heatmap:
     """Heatmaps of a model's attention on a prompt.
 
     - layer=L, head=None: every head of layer L for `hook` (pattern,
@@ -258,10 +305,10 @@ def attention_heatmap(model: Model, text_or_tokens, layer: Union[int, str] = 0, 
         if head is None:
             maps, titles = a, ["L%d H%d" % (layer, n) for n in range(c.n_head)]
         else:
-            maps, titles = a[head:head + 1], ["L%d H%d" % (layer, head)]
+            maps, titles = a[head : head + 1], ["L%d H%d" % (layer, head)]
         kw.setdefault("title", "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head)))
     kw.setdefault("diverging", not hook.endswith("pattern"))
-    if not kw.get("grid_cols"):   # a near-square grid, not one long strip (32 heads: 6 x 6)
+    if not kw.get("grid_cols"):  # a near-square grid, not one long strip (32 heads: 6 x 6)
         kw["grid_cols"] = max(1, int(np.ceil(np.sqrt(len(maps)))))
     if hook.endswith("pattern") and not hook.endswith("_composed") and not kw["diverging"]:
         # a softmax pattern: the colour bar starts at 0 (not at the smallest weight seen)

@@ -27,6 +27,7 @@ HookTable: every hook of a model as name <-> (point, layer), built once
 when the model is loaded, so a hook call looks its name up instead of
 asking the engine.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,6 +46,7 @@ HookFn = Callable[[np.ndarray, str], Optional[np.ndarray]]
 
 
 # ---------------------------------------------------------------- read-only hooks
+
 
 class ReadOnlyHook:
     """A hook function declared read-only (see read_only)."""
@@ -85,8 +87,7 @@ def hook_pairs(fwd_hooks, read_only_all: bool = False) -> List[Tuple[str, HookFn
     """fwd_hooks as a list of (name, fn) pairs, fn checked callable and, with
     read_only_all, declared read-only (names are resolved by the caller)."""
     if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and isinstance(fwd_hooks[0], str):
-        raise Error("fwd_hooks must be a list of (name, fn) pairs, got one pair %r: put it in a list"
-                    % (fwd_hooks,))
+        raise Error("fwd_hooks must be a list of (name, fn) pairs, got one pair %r: put it in a list" % (fwd_hooks,))
     out = []
     for item in fwd_hooks:
         if not (isinstance(item, tuple) and len(item) == 2):
@@ -99,6 +100,7 @@ def hook_pairs(fwd_hooks, read_only_all: bool = False) -> List[Tuple[str, HookFn
 
 
 # ---------------------------------------------------------------- name table
+
 
 class HookTable:
     """Every hook of a model, name <-> (point, layer), in forward order."""
@@ -118,6 +120,7 @@ class HookTable:
 
 # ---------------------------------------------------------------- one pass
 
+
 class _Run:
     """State of one forward pass with hooks: what to call where, the cache."""
 
@@ -127,10 +130,10 @@ class _Run:
         self.names = model._hook_table.name
         self.capture: Dict[Tuple[int, int], str] = {}
         self.fns: Dict[Tuple[int, int], List[HookFn]] = {}
-        self.writes: set = set()    # points where a hook that may write is called
+        self.writes: set = set()  # points where a hook that may write is called
         self.cache = Cache()
         self.error: Optional[BaseException] = None
-        self.cancel = False        # set on Ctrl-C: the next hook call aborts the pass
+        self.cancel = False  # set on Ctrl-C: the next hook call aborts the pass
 
     def add(self, key: Tuple[int, int], fn: HookFn) -> None:
         self.fns.setdefault(key, []).append(fn)
@@ -165,10 +168,10 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
     key = (point, layer)
     name = run.names[key]
     dims = tuple(shape[i] for i in range(ndim))
-    work = _engine_view(data, dims, run.batched).copy()      # owned by Python: the one copy
+    work = _engine_view(data, dims, run.batched).copy()  # owned by Python: the one copy
     fns = run.fns.get(key, ())
     if key in run.capture and key not in run.writes:
-        run.cache[name] = work                                # read-only hooks see it read-only
+        run.cache[name] = work  # read-only hooks see it read-only
     if not fns:
         return 0
     seen = work.view()
@@ -176,8 +179,10 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
     for fn in fns:
         if is_read_only(fn):
             if fn(seen, name) is not None:
-                raise Error("hook %s: %r is read-only but returned an array (a hook that changes the "
-                            "activation must not be declared read-only)" % (name, fn.fn))
+                raise Error(
+                    "hook %s: %r is read-only but returned an array (a hook that changes the "
+                    "activation must not be declared read-only)" % (name, fn.fn)
+                )
         else:
             out = fn(work, name)
             if out is not None and out is not work:
@@ -196,7 +201,7 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
     src[...] = work
     del src
     if key in run.capture:
-        run.cache[name] = work.copy()                         # the hook may keep `work`
+        run.cache[name] = work.copy()  # the hook may keep `work`
     return 1
 
 
@@ -211,7 +216,7 @@ def _forget_engine_views(e: BaseException) -> None:
         if tb.tb_frame.f_code in _OWN_FRAMES:
             try:
                 tb.tb_frame.clear()
-            except RuntimeError:   # still executing
+            except RuntimeError:  # still executing
                 pass
         tb = tb.tb_next
 
@@ -230,4 +235,3 @@ def _dcs_py_hook(user, point, layer, data, shape, ndim):
 
 
 _OWN_FRAMES.update(f.__code__ for f in (_engine_view, _hook_call))
-

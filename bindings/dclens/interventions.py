@@ -11,6 +11,7 @@ Head-indexed activations (layouts of shared/docs/hooks.md, without the batch
 axis for 1-D tokens): attn.z / q / k / v [T, N, Dh], head_out [T, N, D],
 scores, pattern, branches [N, T, S].
 """
+
 from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence, Tuple
@@ -25,14 +26,20 @@ from .names import BRANCHES, PHASES, hook_name
 # Axis of the head index in each head-indexed hook (counted from the end,
 # so the same number works with or without a leading batch axis).
 _HEAD_AXIS_FROM_END = {
-    "attn.q": -2, "attn.k": -2, "attn.v": -2, "attn.z": -2, "attn.head_out": -2,
-    "attn.scores": -3, "attn.scores_composed": -3, "attn.pattern": -3,
+    "attn.q": -2,
+    "attn.k": -2,
+    "attn.v": -2,
+    "attn.z": -2,
+    "attn.head_out": -2,
+    "attn.scores": -3,
+    "attn.scores_composed": -3,
+    "attn.pattern": -3,
     "attn.pattern_composed": -3,
     **{"attn.%s.%s" % (ph, b): -3 for ph in PHASES for b in BRANCHES},
     # dynamic weights [T, R, N] / [S, R, N] and gates [T, N] / [S, N]: head last
-    **{"attn.dyn.%s.%s" % (ph, w): -1 for ph in PHASES
-       for w in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")},
-    "attn.pre.static": -3, "attn.post.static": -3,
+    **{"attn.dyn.%s.%s" % (ph, w): -1 for ph in PHASES for w in ("qw1", "qw2", "kw1", "kw2", "qdd", "kdd")},
+    "attn.pre.static": -3,
+    "attn.post.static": -3,
     "attn.routing": -1,
 }
 
@@ -42,14 +49,16 @@ def _head_axis(model: Model, name: str) -> int:
     model.parse_hook(name)
     axis = _HEAD_AXIS_FROM_END.get(_suffix(name))
     if axis is None:
-        raise Error("hook %s has no head axis (head-indexed hooks: %s)"
-                    % (name, ", ".join(sorted(k for k in _HEAD_AXIS_FROM_END if "dyn" not in k)) +
-                       ", attn.dyn.*"))
+        raise Error(
+            "hook %s has no head axis (head-indexed hooks: %s)"
+            % (name, ", ".join(sorted(k for k in _HEAD_AXIS_FROM_END if "dyn" not in k)) + ", attn.dyn.*")
+        )
     return axis
 
 
 def _canon(name: str) -> str:
     from .names import canonical
+
     return canonical(name)
 
 
@@ -57,7 +66,8 @@ def _position_axis_from_end(name: str) -> int:
     """Axis of the (query) position: -3 for [T, N, X] layouts, else -2."""
     s = _suffix(name)
     four_d = s in ("attn.q", "attn.k", "attn.v", "attn.z", "attn.head_out") or (
-        s.startswith("attn.dyn.") and s[-1] in "12")
+        s.startswith("attn.dyn.") and s[-1] in "12"
+    )
     return -3 if four_d else -2
 
 
@@ -80,8 +90,9 @@ def _check_head(model: Model, layer: int, head: int) -> None:
     check_index("head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
 
 
-def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
-                mean: Optional[np.ndarray] = None, point: str = "attn.z") -> Tuple[str, object]:
+def ablate_head(
+    model: Model, layer: int, head: int, kind: str = "zero", mean: Optional[np.ndarray] = None, point: str = "attn.z"
+) -> Tuple[str, object]:
     """Remove head `head` of `layer` from the residual stream.
 
     kind="zero" sets its per-head output (attn.z by default) to 0; kind="mean"
@@ -99,11 +110,18 @@ def ablate_head(model: Model, layer: int, head: int, kind: str = "zero",
         if not np.all(np.isfinite(mean)):
             raise Error("ablate_head %s: the mean has NaN or inf values" % name)
         c = model.config
-        last = {"attn.z": c.head_dim, "attn.q": c.head_dim, "attn.k": c.head_dim, "attn.v": c.head_dim,
-                "attn.head_out": c.d_model}.get(_suffix(name))
+        last = {
+            "attn.z": c.head_dim,
+            "attn.q": c.head_dim,
+            "attn.k": c.head_dim,
+            "attn.v": c.head_dim,
+            "attn.head_out": c.d_model,
+        }.get(_suffix(name))
         if last is not None and (mean.ndim == 0 or mean.shape[-1] != last):
-            raise Error("ablate_head %s: mean has shape %s; its last axis must be %d (one head's slice)"
-                        % (name, mean.shape, last))
+            raise Error(
+                "ablate_head %s: mean has shape %s; its last axis must be %d (one head's slice)"
+                % (name, mean.shape, last)
+            )
 
     def fn(act, _name):
         idx = _head_index(name, head, act.ndim)
@@ -123,8 +141,9 @@ def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") 
     return per_head.reshape(-1, per_head.shape[-1]).mean(axis=0)
 
 
-def disable_branch(model: Model, phase: str, branch: str,
-                   layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
+def disable_branch(
+    model: Model, phase: str, branch: str, layers: Optional[Iterable[int]] = None
+) -> List[Tuple[str, object]]:
     """Zero one compose branch (skip, qp, kp, qg, kg) of pre- or post-compose in
     the chosen layers (all by default): the composed sum then lacks it."""
     if phase not in PHASES:
@@ -175,8 +194,9 @@ def scale(model: Model, name: str, factor: float, head: Optional[int] = None) ->
     return name, fn
 
 
-def patch(model: Model, name: str, source: Cache, head: Optional[int] = None,
-          positions: Optional[Sequence[int]] = None) -> Tuple[str, object]:
+def patch(
+    model: Model, name: str, source: Cache, head: Optional[int] = None, positions: Optional[Sequence[int]] = None
+) -> Tuple[str, object]:
     """Replace an activation by the one in `source` (another run's cache), for
     all of it, one head, and/or some positions (the T axis, second from the
     front for [T, ...] layouts, or the query axis of [N, T, S] maps)."""
@@ -231,8 +251,9 @@ def _layers(model: Model, layers: Optional[Iterable[int]]) -> List[int]:
     return out
 
 
-def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"),
-                   layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
+def disable_static(
+    model: Model, phases: Sequence[str] = ("pre", "post"), layers: Optional[Iterable[int]] = None
+) -> List[Tuple[str, object]]:
     """Zero the static (Talking-Heads) composition branch of the given phases
     and layers (use_sw models): the composition maps lose their fixed W term."""
     if not model.config.use_sw:
@@ -255,8 +276,13 @@ def _moh(model: Model) -> Tuple[int, int]:
     return c.moh_shared_heads, c.moh_routed_topk
 
 
-def force_routing(model: Model, layer: int, heads: Sequence[int], weights: Optional[Sequence[float]] = None,
-                  positions: Optional[Sequence[int]] = None) -> Tuple[str, object]:
+def force_routing(
+    model: Model,
+    layer: int,
+    heads: Sequence[int],
+    weights: Optional[Sequence[float]] = None,
+    positions: Optional[Sequence[int]] = None,
+) -> Tuple[str, object]:
     """Force the MoH routing of `layer`: the routing scores (attn.routing, [T, N])
     become `weights` (default 1 each) on `heads` and 0 on every other head, at
     every position or only at `positions`. The gate multiplies each head's z."""
@@ -282,8 +308,9 @@ def force_routing(model: Model, layer: int, heads: Sequence[int], weights: Optio
     return name, fn
 
 
-def scale_router_logits(model: Model, factor: float, layers: Optional[Iterable[int]] = None,
-                        heads: Optional[Sequence[int]] = None) -> List[Tuple[str, object]]:
+def scale_router_logits(
+    model: Model, factor: float, layers: Optional[Iterable[int]] = None, heads: Optional[Sequence[int]] = None
+) -> List[Tuple[str, object]]:
     """Multiply the MoH router logits (attn.router_logits, [T, N - hs]) by `factor`
     (all routed heads, or the routed-head indices `heads`, 0 = first routed head):
     < 1 flattens the routing distribution, > 1 sharpens it; the top-k selection

@@ -13,6 +13,7 @@ The default budget is half of the memory the kernel reports available
 (MemAvailable) when the tape is made: the weights stay in their stored dtype
 and are not counted here (they are already resident or mapped).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional, Sequence, Tuple
@@ -32,6 +33,7 @@ def available_memory() -> int:
     except (OSError, ValueError, IndexError):
         pass
     import os
+
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -55,13 +57,15 @@ def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (
     """The engine's estimate for one plan (dcs_tape_plan) of a tape from layer `first`."""
     out = ffi.new("uint64_t *")
     pts = ffi.new("int[]", [int(p) for p in points] or [0])
-    _check(lib.dcs_tape_plan(model._m, int(B), int(T), int(first), int(recompute), pts, len(points), out),
-           model._errmsg())
+    _check(
+        lib.dcs_tape_plan(model._m, int(B), int(T), int(first), int(recompute), pts, len(points), out), model._errmsg()
+    )
     return int(out[0])
 
 
-def estimate(model, T: int, B: int = 1, wrt: Sequence[str] = (),
-             max_tape_bytes: Optional[int] = None) -> Dict[str, object]:
+def estimate(
+    model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: Optional[int] = None
+) -> Dict[str, object]:
     """Model.estimate_backward_memory: bytes of both plans for B sequences of
     T tokens with gradients at the hooks in `wrt`, and the plan the budget
     picks ('full', 'recompute', or None when neither fits)."""
@@ -101,13 +105,14 @@ def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0)
 
     def most(recompute: bool) -> int:
         lo, hi = 0, steps
-        while lo < hi:                      # largest k <= steps that fits
+        while lo < hi:  # largest k <= steps that fits
             k = (lo + hi + 1) // 2
             if tape_bytes(model, k, T, recompute, [point], first) + fixed + 8 * k * T * V <= budget:
                 lo = k
             else:
                 hi = k - 1
         return lo
+
     k = most(False)
     if k:
         return k, False

@@ -5,6 +5,7 @@ calls back at every wanted hook point with the activation for the whole batch;
 dclens.hooks turns that into numpy arrays, a cache, and calls of the user's
 hook functions, with hook names from the model's HookTable.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,12 +60,12 @@ class Config:
     local_layers: Tuple[int, ...]
     tie_embeddings: bool
     # attention variants (model-spec.md 5)
-    use_sw: bool = False                 # static (Talking-Heads) compose branch
-    compose_groups: int = 1              # heads composed within this many groups
-    moh_shared_heads: Optional[int] = None   # MoH routing: None when off
+    use_sw: bool = False  # static (Talking-Heads) compose branch
+    compose_groups: int = 1  # heads composed within this many groups
+    moh_shared_heads: Optional[int] = None  # MoH routing: None when off
     moh_routed_topk: Optional[int] = None
-    dyn_slots: int = 0                   # C: 4 (pre/post x query/key) or 2
-    key_wise: bool = False               # query-wise branches absent
+    dyn_slots: int = 0  # C: 4 (pre/post x query/key) or 2
+    key_wise: bool = False  # query-wise branches absent
 
     def __getitem__(self, key):  # dict-style access for notebooks
         return getattr(self, key)
@@ -85,8 +86,7 @@ def cuda_unavailable_reason() -> str:
     return ffi.string(why).decode(errors="replace")
 
 
-def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0,
-         always_batch: bool = False) -> "Model":
+def load(path: Union[str, os.PathLike], device: str = "cpu", n_threads: int = 0, always_batch: bool = False) -> "Model":
     """Load a DCPythia or Pythia checkpoint directory (config.json + weights),
     or a bundled model by name (dclens.bundled_models()).
 
@@ -168,30 +168,50 @@ class Model(WeightsMixin):
         c = lib.dcs_model_config(self._m)
         self.config = Config(
             model_type="dcpythia" if c.model_type == 1 else "gpt_neox",
-            n_layer=c.n_layer, d_model=c.d_model, n_head=c.n_head, head_dim=c.head_dim,
-            d_ff=c.d_ff, vocab=c.vocab, rotary_dim=c.rotary_dim, rope_base=c.rope_base,
-            norm_eps=c.norm_eps, parallel_residual=bool(c.parallel_residual),
-            qk_norm=bool(c.qk_norm), linear_bias=bool(c.linear_bias),
-            use_dcmha=bool(c.use_dcmha), query_wise=bool(c.query_wise), dyn_rank=c.dyn_rank,
-            dyn_hidden=c.dyn_hidden, window_size=c.window_size,
+            n_layer=c.n_layer,
+            d_model=c.d_model,
+            n_head=c.n_head,
+            head_dim=c.head_dim,
+            d_ff=c.d_ff,
+            vocab=c.vocab,
+            rotary_dim=c.rotary_dim,
+            rope_base=c.rope_base,
+            norm_eps=c.norm_eps,
+            parallel_residual=bool(c.parallel_residual),
+            qk_norm=bool(c.qk_norm),
+            linear_bias=bool(c.linear_bias),
+            use_dcmha=bool(c.use_dcmha),
+            query_wise=bool(c.query_wise),
+            dyn_rank=c.dyn_rank,
+            dyn_hidden=c.dyn_hidden,
+            window_size=c.window_size,
             local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(self._m, l)),
-            tie_embeddings=bool(c.tie_embeddings), use_sw=bool(c.use_sw) and bool(c.use_dcmha),
+            tie_embeddings=bool(c.tie_embeddings),
+            use_sw=bool(c.use_sw) and bool(c.use_dcmha),
             compose_groups=c.compose_groups,
             moh_shared_heads=c.moh_shared if c.moh else None,
-            moh_routed_topk=c.moh_topk if c.moh else None, dyn_slots=c.dyn_slots,
-            key_wise=bool(c.key_wise))
+            moh_routed_topk=c.moh_topk if c.moh else None,
+            dyn_slots=c.dyn_slots,
+            key_wise=bool(c.key_wise),
+        )
         self.load_warnings = ffi.string(lib.dcs_load_warnings(self._m)).decode(errors="replace").splitlines()
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
-        self._hook_table = HookTable(self._m, self.config.n_layer)   # name <-> (point, layer)
-        self.always_batch = False   # see load()
-        self._ctx_hooks: List[Tuple[str, HookFn]] = []   # add_hook / with model.hooks(...)
+        self._hook_table = HookTable(self._m, self.config.n_layer)  # name <-> (point, layer)
+        self.always_batch = False  # see load()
+        self._ctx_hooks: List[Tuple[str, HookFn]] = []  # add_hook / with model.hooks(...)
 
     def __repr__(self) -> str:
         c = self.config
         return "<dclens.Model %s: %s, %d layers, d_model %d, %d heads, on %s>" % (
-            self.name, c.model_type, c.n_layer, c.d_model, c.n_head, self.device)
+            self.name,
+            c.model_type,
+            c.n_layer,
+            c.d_model,
+            c.n_head,
+            self.device,
+        )
 
     # ------------------------------------------------------------ names
 
@@ -206,7 +226,7 @@ class Model(WeightsMixin):
         key = self._hook_table.key.get(name) if isinstance(name, str) else None
         if key is not None:
             return key
-        cname = c_str("hook name", name)      # the engine's parser says what is wrong
+        cname = c_str("hook name", name)  # the engine's parser says what is wrong
         p, l = ffi.new("int *"), ffi.new("int *")
         with self._engine_lock():
             _check(lib.dcs_hook_parse(self._m, cname, p, l), self._errmsg())
@@ -223,8 +243,10 @@ class Model(WeightsMixin):
         try:
             names = list(names)
         except TypeError:
-            raise Error("names must be None, a hook name, a list of hook names or a predicate, "
-                        "not %s %r" % (type(names).__name__, names)) from None
+            raise Error(
+                "names must be None, a hook name, a list of hook names or a predicate, "
+                "not %s %r" % (type(names).__name__, names)
+            ) from None
         names = [canonical(check_str("hook name", n)) for n in names]
         for n in names:
             self.parse_hook(n)
@@ -254,6 +276,7 @@ class Model(WeightsMixin):
                 raise Error("%s has no tokenizer.json" % self.path)
             text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
             from tokenizers import Tokenizer
+
             try:
                 self._tokenizer = Tokenizer.from_str(text)
             except Exception as e:
@@ -274,8 +297,9 @@ class Model(WeightsMixin):
             raise Error("to_tokens: need a string or a list of strings, not %s" % type(text).__name__)
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
         if ids.size and ids.max() >= self.config.vocab:
-            raise Error("tokenizer of %s gives id %d, beyond the model's vocab %d"
-                        % (self.path, ids.max(), self.config.vocab))
+            raise Error(
+                "tokenizer of %s gives id %d, beyond the model's vocab %d" % (self.path, ids.max(), self.config.vocab)
+            )
         return ids
 
     def to_str_tokens(self, text_or_tokens, lengths=None):
@@ -320,7 +344,10 @@ class Model(WeightsMixin):
         if a.ndim not in (1, 2) or a.size == 0:
             raise Error("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
         if a.min() < 0 or a.max() >= self.config.vocab:
-            raise Error("token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.config.vocab else a.min(), self.config.vocab))
+            raise Error(
+                "token id %d is out of range [0, %d)"
+                % (a.max() if a.max() >= self.config.vocab else a.min(), self.config.vocab)
+            )
         batched = a.ndim == 2
         return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int32), batched
 
@@ -334,8 +361,7 @@ class Model(WeightsMixin):
             return np.full((B, 1), T - 1, dtype=np.int32), True
         a = np.asarray(logits_at)
         if a.dtype.kind not in "iu" or a.size == 0 or a.ndim not in (0, 1, 2):
-            raise Error("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r"
-                        % (logits_at,))
+            raise Error("logits_at must be 'last', an integer, [n] or [B, n] integer positions, got %r" % (logits_at,))
         squeeze = a.ndim == 0
         a = a.reshape(1, -1) if a.ndim < 2 else a
         if a.shape[0] == 1 and B > 1:
@@ -345,12 +371,17 @@ class Model(WeightsMixin):
         if a.shape[1] > T:
             raise Error("logits_at asks for %d positions per sequence, more than T = %d" % (a.shape[1], T))
         if a.min() < 0 or a.max() >= T:
-            raise Error("logits_at position %d is out of range [0, %d)"
-                        % (a.max() if a.max() >= T else a.min(), T))
+            raise Error("logits_at position %d is out of range [0, %d)" % (a.max() if a.max() >= T else a.min(), T))
         return np.ascontiguousarray(a, dtype=np.int32), squeeze
 
-    def _run(self, tokens, capture: Sequence[str] = (), fns: Sequence[Tuple[str, HookFn]] = (),
-             logits: bool = True, logits_at=None):
+    def _run(
+        self,
+        tokens,
+        capture: Sequence[str] = (),
+        fns: Sequence[Tuple[str, HookFn]] = (),
+        logits: bool = True,
+        logits_at=None,
+    ):
         toks, batched = self._tokens(tokens)
         B, T = toks.shape
         pos, squeeze = self._positions(logits_at, B, T)
@@ -361,14 +392,19 @@ class Model(WeightsMixin):
         try:
             out = np.empty((B, n_out, self.config.vocab), dtype=np.float32) if logits else None
         except MemoryError:
-            raise Error("forward: no memory for the logits of B=%d, T=%d, vocab %d"
-                        % (B, n_out, self.config.vocab)) from None
+            raise Error(
+                "forward: no memory for the logits of B=%d, T=%d, vocab %d" % (B, n_out, self.config.vocab)
+            ) from None
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
         clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
         cpos = ffi.cast("const int32_t *", ffi.from_buffer(pos)) if pos is not None else ffi.NULL
         n_pos = 0 if pos is None else pos.shape[1]
-        self._call_engine(run, want, lambda hooks: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, n_pos, clog, hooks),
-                          " aborted the forward pass")
+        self._call_engine(
+            run,
+            want,
+            lambda hooks: lib.dcs_forward_at(self._m, ctoks, B, T, cpos, n_pos, clog, hooks),
+            " aborted the forward pass",
+        )
         if out is not None and squeeze:
             out = out[:, 0]
         if out is not None and not batched:
@@ -401,7 +437,7 @@ class Model(WeightsMixin):
         hooks = ffi.NULL
         handle = None
         if want.any():
-            handle = ffi.new_handle(run)    # kept alive until the call returns
+            handle = ffi.new_handle(run)  # kept alive until the call returns
             hooks = ffi.new("dcs_hooks *")
             hooks.want = ffi.cast("const uint8_t *", ffi.from_buffer(want))
             hooks.fn = lib._dcs_py_hook
@@ -413,7 +449,7 @@ class Model(WeightsMixin):
         if run.error is not None:
             e = run.error
             if isinstance(e, Error) or not isinstance(e, Exception):
-                raise e           # KeyboardInterrupt, SystemExit: as themselves
+                raise e  # KeyboardInterrupt, SystemExit: as themselves
             raise Error("%s: %s: %s" % (self._errmsg().replace(aborted, ""), type(e).__name__, e)) from e
         if st == lib.DCS_ERR_CANCELLED:
             raise KeyboardInterrupt()
@@ -425,20 +461,23 @@ class Model(WeightsMixin):
         V = self.config.vocab
         need = B * T * V * 4 if logits else 0
         if need > _physical_memory():
-            raise Error("forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
-                        % (B, T, V, need / 2**30))
+            raise Error(
+                "forward: logits of B=%d, T=%d, vocab %d need %.1f GiB, more than this machine's memory"
+                % (B, T, V, need / 2**30)
+            )
         shape = ffi.new("int64_t[6]")
-        for (p, l) in run.capture:
+        for p, l in run.capture:
             nd = lib.dcs_hook_shape(self._m, p, B, T, shape)
             n = 4
             for i in range(nd):
                 n *= shape[i]
             need += n
         if need > _physical_memory():
-            raise Error("run_with_cache: caching %d hooks at B=%d, T=%d needs %.1f GiB (with the logits), "
-                        "more than the %.1f GiB of memory of this machine; cache fewer hooks (names=...) "
-                        "or a shorter sequence" % (len(run.capture), B, T, need / 2**30,
-                                                   _physical_memory() / 2**30))
+            raise Error(
+                "run_with_cache: caching %d hooks at B=%d, T=%d needs %.1f GiB (with the logits), "
+                "more than the %.1f GiB of memory of this machine; cache fewer hooks (names=...) "
+                "or a shorter sequence" % (len(run.capture), B, T, need / 2**30, _physical_memory() / 2**30)
+            )
 
     def _forward_interruptibly(self, run: "_Run", call):
         """Run call() (a dcs_forward) holding the model's lock. In the main
@@ -449,8 +488,10 @@ class Model(WeightsMixin):
         KeyboardInterrupt. Returns (status, KeyboardInterrupt or None)."""
         me = threading.get_ident()
         if self._pass_thread == me:
-            raise Error("forward: this model is already running a pass in this thread (a hook "
-                        "cannot start another pass on its own model; load a second Model)")
+            raise Error(
+                "forward: this model is already running a pass in this thread (a hook "
+                "cannot start another pass on its own model; load a second Model)"
+            )
         with self._lock:
             lib.dcs_cancel(self._m, 0)
             if threading.current_thread() is not threading.main_thread():
@@ -478,7 +519,7 @@ class Model(WeightsMixin):
             while not done.is_set():
                 try:
                     done.wait(0.25)
-                except KeyboardInterrupt as e:       # Ctrl-C: stop the pass, keep waiting
+                except KeyboardInterrupt as e:  # Ctrl-C: stop the pass, keep waiting
                     if interrupted is None:
                         interrupted = e
                     run.cancel = True
@@ -489,8 +530,16 @@ class Model(WeightsMixin):
                 raise result["exc"]
             return result["st"], interrupted
 
-    def forward(self, tokens, return_type: Optional[str] = "logits", *, lengths=None,
-                padding_side: str = "right", loss_per_token: bool = False, logits_at=None):
+    def forward(
+        self,
+        tokens,
+        return_type: Optional[str] = "logits",
+        *,
+        lengths=None,
+        padding_side: str = "right",
+        loss_per_token: bool = False,
+        logits_at=None,
+    ):
         """Logits: [T, V] for a string or a 1-D token array, [B, T, V] for a list
         of strings or [B, T] tokens (with lengths: padded rows).
 
@@ -505,15 +554,29 @@ class Model(WeightsMixin):
             if return_type != "logits" or lengths is not None or loss_per_token:
                 raise Error("logits_at goes with return_type='logits' and no lengths")
             return self._run(tokens, logits_at=logits_at)[0]
-        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                    loss_per_token=loss_per_token)
+        return batch.call(
+            self,
+            tokens,
+            lengths=lengths,
+            padding_side=padding_side,
+            return_type=return_type,
+            loss_per_token=loss_per_token,
+        )
 
     __call__ = forward
 
-    def run_with_cache(self, tokens, names: Names = None, *, names_filter: Names = None, lengths=None,
-                       padding_side: str = "right", return_type: Optional[str] = "logits",
-                       fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False
-                       ) -> Tuple[np.ndarray, Cache]:
+    def run_with_cache(
+        self,
+        tokens,
+        names: Names = None,
+        *,
+        names_filter: Names = None,
+        lengths=None,
+        padding_side: str = "right",
+        return_type: Optional[str] = "logits",
+        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        read_only: bool = False,
+    ) -> Tuple[np.ndarray, Cache]:
         """Logits and a Cache of the named activations (None: every hook).
 
         names (or names_filter, TransformerLens' spelling): None, a hook
@@ -524,8 +587,16 @@ class Model(WeightsMixin):
         if names is not None and names_filter is not None:
             raise Error("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
-        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                          capture=self._select(sel), fns=hook_pairs(fwd_hooks, read_only), with_cache=True)
+        return batch.call(
+            self,
+            tokens,
+            lengths=lengths,
+            padding_side=padding_side,
+            return_type=return_type,
+            capture=self._select(sel),
+            fns=hook_pairs(fwd_hooks, read_only),
+            with_cache=True,
+        )
 
     def resolve_hook(self, name: str) -> str:
         """The dclens name of a hook given in either spelling, checked."""
@@ -540,8 +611,10 @@ class Model(WeightsMixin):
         if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool) and layer < 0:
             layer = int(layer) + self.config.n_layer
             if layer < 0:
-                raise Error("hook_name: layer %d is out of range (model has %d layers)"
-                            % (layer - self.config.n_layer, self.config.n_layer))
+                raise Error(
+                    "hook_name: layer %d is out of range (model has %d layers)"
+                    % (layer - self.config.n_layer, self.config.n_layer)
+                )
         n = _names.hook_name(name, layer)
         self.parse_hook(n)
         return n
@@ -551,7 +624,7 @@ class Model(WeightsMixin):
     def add_hook(self, name: str, fn: HookFn, read_only: bool = False) -> None:
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
         until reset_hooks() (read_only=True: see dclens.read_only)."""
-        (name, fn), = hook_pairs([(name, fn)], read_only)
+        ((name, fn),) = hook_pairs([(name, fn)], read_only)
         self._ctx_hooks.append((self.resolve_hook(name), fn))
 
     def reset_hooks(self) -> None:
@@ -574,16 +647,26 @@ class Model(WeightsMixin):
                 yield self
             finally:
                 del self._ctx_hooks[before:]
+
         return cm()
 
-    def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
-                 stop=None, **kw):
+    def generate(
+        self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None, stop=None, **kw
+    ):
         """Continue a prompt with the engine's incremental decoder (dclens.generate)."""
         return _generate.generate(self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
 
-    def run_with_hooks(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
-                       cache_names: Names = (), *, lengths=None, padding_side: str = "right",
-                       return_type: Optional[str] = "logits", read_only: bool = False):
+    def run_with_hooks(
+        self,
+        tokens,
+        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        cache_names: Names = (),
+        *,
+        lengths=None,
+        padding_side: str = "right",
+        return_type: Optional[str] = "logits",
+        read_only: bool = False,
+    ):
         """Logits of a pass where fn(activation, name) is called at each named point.
 
         fn may modify the activation in place, return a replacement array of the
@@ -599,8 +682,16 @@ class Model(WeightsMixin):
         fwd_hooks = hook_pairs(fwd_hooks, read_only)
         want_cache = cache_names is None or bool(cache_names)
         cap = self._select(cache_names) if want_cache else ()
-        return batch.call(self, tokens, lengths=lengths, padding_side=padding_side, return_type=return_type,
-                    capture=cap, fns=fwd_hooks, with_cache=want_cache)
+        return batch.call(
+            self,
+            tokens,
+            lengths=lengths,
+            padding_side=padding_side,
+            return_type=return_type,
+            capture=cap,
+            fns=fwd_hooks,
+            with_cache=want_cache,
+        )
 
     def last_pass_memory(self) -> Dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
@@ -628,8 +719,9 @@ class Model(WeightsMixin):
             _check(lib.dcs_weight_shape(self._m, cname, shape, nd), self._errmsg())
             dims = tuple(shape[i] for i in range(nd[0]))
             out = np.empty(dims, dtype=np.float32)
-            _check(lib.dcs_weight_read(self._m, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
-                   self._errmsg())
+            _check(
+                lib.dcs_weight_read(self._m, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size), self._errmsg()
+            )
         out.flags.writeable = False
         cache[name] = out
         while len(cache) > 6:
@@ -638,16 +730,16 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ routing, circuits
 
-    def composition_map(self, tokens, layer: int, phase: str, query: int, key: int,
-                        cache: Optional[Cache] = None) -> np.ndarray:
+    def composition_map(
+        self, tokens, layer: int, phase: str, query: int, key: int, cache: Optional[Cache] = None
+    ) -> np.ndarray:
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
         With cache= (a run_with_cache of the same tokens) no pass is run."""
         if cache is not None:
             return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
         return routing.composition_map(self, tokens, layer, phase, query, key)
 
-    def routing_matrix(self, tokens, layer: int, phase: str, query: int,
-                       cache: Optional[Cache] = None) -> np.ndarray:
+    def routing_matrix(self, tokens, layer: int, phase: str, query: int, cache: Optional[Cache] = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
         With cache= no pass is run; routing.routing_matrices gives every query at once."""
         if cache is not None:
@@ -662,17 +754,33 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
-    def gradients(self, tokens, target, wrt, return_value: bool = False,
-                  max_tape_bytes: Optional[int] = None):
+    def gradients(self, tokens, target, wrt, return_value: bool = False, max_tape_bytes: Optional[int] = None):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
-        return grad.gradients(self, tokens, target, wrt, return_value=return_value,
-                              max_tape_bytes=max_tape_bytes)
+        return grad.gradients(self, tokens, target, wrt, return_value=return_value, max_tape_bytes=max_tape_bytes)
 
-    def attribute(self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero",
-                  progress: Optional[bool] = None, max_tape_bytes: Optional[int] = None):
+    def attribute(
+        self,
+        tokens,
+        target,
+        at,
+        method: str = "ig",
+        steps: int = 32,
+        baseline="zero",
+        progress: Optional[bool] = None,
+        max_tape_bytes: Optional[int] = None,
+    ):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
-        return attribution.attribute(self, tokens, target, at, method=method, steps=steps,
-                                     baseline=baseline, progress=progress, max_tape_bytes=max_tape_bytes)
+        return attribution.attribute(
+            self,
+            tokens,
+            target,
+            at,
+            method=method,
+            steps=steps,
+            baseline=baseline,
+            progress=progress,
+            max_tape_bytes=max_tape_bytes,
+        )
 
     def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: Optional[int] = None):
         """Bytes a gradient pass over B x T tokens would take under each tape plan, before

@@ -29,6 +29,7 @@ weights that multiply v are attn.pattern_composed (post-compose of the
 softmax output attn.pattern); in Pythia they are attn.pattern. There is no
 resid_mid: DCPythia and Pythia use a parallel residual.
 """
+
 from __future__ import annotations
 
 import re
@@ -69,14 +70,33 @@ _REVERSE_GLOBAL = {v: k for k, v in TL_GLOBAL_ALIASES.items()}
 # Short names for hook_name() / cache[short, layer]: TransformerLens' short
 # names (get_act_name) plus dclens's suffixes.
 SHORT = {
-    "embed": "embed", "ln_final": "ln_final", "logits": "logits", "normalized": "ln_final",
-    "resid_pre": "resid_pre", "resid_post": "resid_post",
-    "ln1": "ln_attn", "ln_attn": "ln_attn", "ln2": "ln_mlp", "ln_mlp": "ln_mlp",
-    "q": "attn.q", "k": "attn.k", "v": "attn.v", "z": "attn.z",
-    "scores": "attn.scores", "attn_scores": "attn.scores", "scores_composed": "attn.scores_composed",
-    "pattern": "attn.pattern", "attn": "attn.pattern", "pattern_composed": "attn.pattern_composed",
-    "result": "attn.head_out", "head_out": "attn.head_out", "attn_out": "attn.out",
-    "pre": "mlp.pre", "post": "mlp.post", "mlp_pre": "mlp.pre", "mlp_post": "mlp.post",
+    "embed": "embed",
+    "ln_final": "ln_final",
+    "logits": "logits",
+    "normalized": "ln_final",
+    "resid_pre": "resid_pre",
+    "resid_post": "resid_post",
+    "ln1": "ln_attn",
+    "ln_attn": "ln_attn",
+    "ln2": "ln_mlp",
+    "ln_mlp": "ln_mlp",
+    "q": "attn.q",
+    "k": "attn.k",
+    "v": "attn.v",
+    "z": "attn.z",
+    "scores": "attn.scores",
+    "attn_scores": "attn.scores",
+    "scores_composed": "attn.scores_composed",
+    "pattern": "attn.pattern",
+    "attn": "attn.pattern",
+    "pattern_composed": "attn.pattern_composed",
+    "result": "attn.head_out",
+    "head_out": "attn.head_out",
+    "attn_out": "attn.out",
+    "pre": "mlp.pre",
+    "post": "mlp.post",
+    "mlp_pre": "mlp.pre",
+    "mlp_post": "mlp.post",
     "mlp_out": "mlp.out",
 }
 _GLOBAL = {"embed", "ln_final", "logits"}
@@ -140,8 +160,10 @@ def hook_name(name, layer=None) -> str:
         elif name.startswith(("pre.", "post.", "dyn.")):
             suffix = "attn." + name
         else:
-            raise Error("hook_name: unknown short name %r (known: %s, or a suffix such as 'attn.post.kp')"
-                        % (name, ", ".join(sorted(SHORT))))
+            raise Error(
+                "hook_name: unknown short name %r (known: %s, or a suffix such as 'attn.post.kp')"
+                % (name, ", ".join(sorted(SHORT)))
+            )
     if suffix in _GLOBAL:
         if layer is not None:
             raise Error("hook_name: %r is not a per-layer hook (no layer)" % name)
@@ -151,6 +173,7 @@ def hook_name(name, layer=None) -> str:
     if not isinstance(layer, (int,)) or isinstance(layer, bool) or layer < 0:
         try:
             import numpy as np
+
             if isinstance(layer, np.integer) and layer >= 0:
                 layer = int(layer)
             else:

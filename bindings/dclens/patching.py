@@ -30,6 +30,7 @@ Sweeps (`over`):
 Identities (tested): patching the clean run into itself changes nothing;
 patching an activation everywhere (run_patched) reproduces the clean run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,32 +47,40 @@ Metric = Callable[[np.ndarray], float]
 
 # ---------------------------------------------------------------- metrics
 
+
 def logit_diff(correct: int, wrong: int, pos: int = -1) -> Metric:
     """logits[pos, correct] - logits[pos, wrong]."""
+
     def metric(logits: np.ndarray) -> float:
         return float(logits[pos, correct]) - float(logits[pos, wrong])
+
     return metric
 
 
 def prob(token: int, pos: int = -1) -> Metric:
     """softmax(logits[pos])[token]."""
+
     def metric(logits: np.ndarray) -> float:
         x = logits[pos].astype(np.float64)
         x = np.exp(x - x.max())
         return float(x[token] / x.sum())
+
     return metric
 
 
 def logprob(token: int, pos: int = -1) -> Metric:
     """log softmax(logits[pos])[token]."""
+
     def metric(logits: np.ndarray) -> float:
         x = logits[pos].astype(np.float64)
         m = x.max()
         return float(x[token] - m - np.log(np.exp(x - m).sum()))
+
     return metric
 
 
 # ---------------------------------------------------------------- result
+
 
 @dataclasses.dataclass
 class PatchResult:
@@ -95,6 +104,7 @@ class PatchResult:
         """A matplotlib Figure (diverging colours centred on the corrupted
         metric, or on 0 when normalized); 3-axis results get one panel per layer."""
         from .plots import plot_patching
+
         return plot_patching(self, normalize=normalize, title=title)
 
     def _repr_png_(self):
@@ -102,6 +112,7 @@ class PatchResult:
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def _tokens(model: Model, x) -> np.ndarray:
     a = model.to_tokens(x) if isinstance(x, str) else np.asarray(x)
@@ -117,6 +128,7 @@ def _progress(total: int, progress: Optional[bool], desc: str):
     if not progress:
         return None
     from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, leave=False)
 
 
@@ -132,11 +144,19 @@ def _layers(model: Model, layers) -> List[int]:
     return out
 
 
-Cell = Tuple[str, Callable[[np.ndarray, np.ndarray], None]]   # (hook name, apply(act_row, clean_act))
+Cell = Tuple[str, Callable[[np.ndarray, np.ndarray], None]]  # (hook name, apply(act_row, clean_act))
 
 
-def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], clean_cache: Cache,
-               metric: Metric, batch_size: int, progress, desc: str) -> np.ndarray:
+def _run_cells(
+    model: Model,
+    corrupted: np.ndarray,
+    cells: List[List[Cell]],
+    clean_cache: Cache,
+    metric: Metric,
+    batch_size: int,
+    progress,
+    desc: str,
+) -> np.ndarray:
     """metric of the corrupted run with each cell's patches applied, batched."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise Error("batch_size must be an integer >= 1, got %r" % (batch_size,))
@@ -144,7 +164,7 @@ def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], cle
     bar = _progress(len(cells), progress, desc)
     try:
         for start in range(0, len(cells), batch_size):
-            chunk = cells[start:start + batch_size]
+            chunk = cells[start : start + batch_size]
             B = len(chunk)
             by_name: Dict[str, List[Tuple[int, Callable]]] = {}
             for b, patches in enumerate(chunk):
@@ -158,6 +178,7 @@ def _run_cells(model: Model, corrupted: np.ndarray, cells: List[List[Cell]], cle
                     for b, apply in items:
                         apply(act[b], src)
                     return act
+
                 hooks.append((name, fn))
             toks = np.broadcast_to(corrupted, (B, corrupted.size))
             logits = model.run_with_hooks(np.ascontiguousarray(toks), fwd_hooks=hooks)
@@ -185,15 +206,27 @@ def _baselines(model: Model, clean, corrupted, metric, names: Sequence[str]):
 
 # ---------------------------------------------------------------- sweeps
 
-def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,head", hook: Optional[str] = None,
-          layers=None, positions=None, queries=None, batch_size: int = 16,
-          progress: Optional[bool] = None) -> PatchResult:
+
+def sweep(
+    model: Model,
+    clean,
+    corrupted,
+    metric: Metric,
+    over: str = "layer,head",
+    hook: Optional[str] = None,
+    layers=None,
+    positions=None,
+    queries=None,
+    batch_size: int = 16,
+    progress: Optional[bool] = None,
+) -> PatchResult:
     """Patch clean activations into the corrupted run, one cell at a time
     (see the module docstring for `over`). hook: the per-layer hook suffix
     (default attn.z for heads, resid_pre for positions). positions: the
     positions of a "pos" sweep (default all). queries: the query positions a
     "composition" patch touches (default all)."""
     from . import interventions as iv
+
     over = over.replace(" ", "")
     c = model.config
     layers = _layers(model, layers)
@@ -201,21 +234,29 @@ def sweep(model: Model, clean, corrupted, metric: Metric, over: str = "layer,hea
         suffix = hook or "attn.z"
         names = [hook_name(l, suffix) for l in layers]
         for n in names:
-            iv._head_axis(model, n)   # the hook must have a head axis
+            iv._head_axis(model, n)  # the hook must have a head axis
     elif over == "layer,pos":
         suffix = hook or "resid_pre"
         names = [hook_name(l, suffix) for l in layers]
     elif over == "layer,phase,branch":
         if not c.use_dcmha:
             raise Error("%s has no compose branches (plain multi-head attention)" % model.name)
-        names = [hook_name(l, "attn.%s.%s" % (ph, b)) for l in layers for ph in PHASES for b in BRANCHES
-                 if hook_name(l, "attn.%s.%s" % (ph, b)) in model.hook_names]
+        names = [
+            hook_name(l, "attn.%s.%s" % (ph, b))
+            for l in layers
+            for ph in PHASES
+            for b in BRANCHES
+            if hook_name(l, "attn.%s.%s" % (ph, b)) in model.hook_names
+        ]
     elif over == "composition":
-        return _sweep_composition(model, clean, corrupted, metric, layers, hook or "post", queries, batch_size,
-                                  progress)
+        return _sweep_composition(
+            model, clean, corrupted, metric, layers, hook or "post", queries, batch_size, progress
+        )
     else:
-        raise Error("over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
-                    "'composition', not %r" % (over,))
+        raise Error(
+            "over must be 'layer,head', 'layer,pos', 'layer,head,pos', 'layer,phase,branch' or "
+            "'composition', not %r" % (over,)
+        )
     for n in names:
         model.parse_hook(n)
     c_t, x_t, cache, m_clean, m_corr = _baselines(model, clean, corrupted, metric, names)
@@ -276,11 +317,13 @@ def _pos(p, T: int) -> int:
 def _setter(idx):
     def apply(act, src):
         act[idx] = src[idx]
+
     return apply
 
 
 def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, queries, batch_size, progress):
     from . import routing
+
     c = model.config
     if not c.use_dcmha:
         raise Error("%s has no composition maps (plain multi-head attention)" % model.name)
@@ -301,28 +344,35 @@ def _sweep_composition(model: Model, clean, corrupted, metric, layers, phase, qu
     cells: List[List[Cell]] = []
     for l in layers:
         delta = routing.composition_maps(model, ccache, l, phase) - routing.composition_maps(model, xcache, l, phase)
-        X = xcache[src(l)].astype(np.float64)                      # [N, T, S]
+        X = xcache[src(l)].astype(np.float64)  # [N, T, S]
         for n in range(N):
             for m_ in range(N):
-                add = (delta[:, :, n, m_] * X[n] * qmask[:, None]).astype(np.float32)   # [T, S]
+                add = (delta[:, :, n, m_] * X[n] * qmask[:, None]).astype(np.float32)  # [T, S]
 
                 def apply(act, _src, m_=m_, add=add):
                     act[m_] += add
+
                 cells.append([(target(l), apply)])
     # the patched run reads the target hook; the clean cache needs it only as a source placeholder
     ccache_t = Cache()
     for l in layers:
         dict.__setitem__(ccache_t, target(l), np.zeros(1, np.float32))
     vals = _run_cells(model, x_t, cells, ccache_t, metric, batch_size, progress, "patching composition")
-    return PatchResult(vals.reshape(len(layers), N, N), ("layer", "source head", "target head"),
-                       ([str(l) for l in layers], ["H%d" % h for h in range(N)], ["H%d" % h for h in range(N)]),
-                       m_clean, m_corr, "composition (%s)" % phase)
+    return PatchResult(
+        vals.reshape(len(layers), N, N),
+        ("layer", "source head", "target head"),
+        ([str(l) for l in layers], ["H%d" % h for h in range(N)], ["H%d" % h for h in range(N)]),
+        m_clean,
+        m_corr,
+        "composition (%s)" % phase,
+    )
 
 
 def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], return_cache: bool = False):
     """Logits of a run of `tokens` with every activation in `names` replaced,
     whole, by its value in `source` (another run's cache)."""
     from .names import canonical
+
     hooks = []
     for n in names:
         n = canonical(n)
@@ -336,6 +386,7 @@ def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], retur
                 raise Error("run_patched %s: source has shape %s, this run %s" % (_n, src.shape, act.shape))
             act[...] = src
             return act
+
         hooks.append((n, fn))
     if return_cache:
         return model.run_with_hooks(tokens, fwd_hooks=hooks, cache_names=None)

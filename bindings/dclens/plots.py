@@ -21,6 +21,7 @@ Jupyter with or without ``%matplotlib inline``; it is not registered with
 pyplot, so nothing shows twice; in a script, save it with ``fig.savefig``). ``plot_pattern`` draws into an Axes
 you give it and returns the image (pass it to ``fig.colorbar``).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,14 +45,15 @@ __all__ = [
 
 SEQUENTIAL_CMAP = "viridis"
 DIVERGING_CMAP = "RdBu_r"
-MASK_FACE = "#d6d6d6"   # the engine's mask grey (214, 214, 214)
+MASK_FACE = "#d6d6d6"  # the engine's mask grey (214, 214, 214)
 MASK_HATCH = "#a8a8a8"  # and its hatch (168, 168, 168)
-NAN_COLOR = "#ff00ff"   # NaN cells, as in the engine
+NAN_COLOR = "#ff00ff"  # NaN cells, as in the engine
 MAX_LABEL_CHARS = 12
-MAX_LABELS = 48         # per axis; beyond that every k-th token is labelled
+MAX_LABELS = 48  # per axis; beyond that every k-th token is labelled
 
 
 # ---------------------------------------------------------------- helpers
+
 
 class Figure(_MplFigure):
     """A matplotlib Figure that displays itself in Jupyter (PNG) without
@@ -60,6 +62,7 @@ class Figure(_MplFigure):
     def _repr_png_(self) -> bytes:
         import io
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+
         if self.canvas is None or not hasattr(self.canvas, "print_png"):
             FigureCanvasAgg(self)
         buf = io.BytesIO()
@@ -169,18 +172,28 @@ def _label_axes(ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=Tr
         labels = list(labels)
         if len(labels) != n:
             raise ValueError("%d %s labels for %d %ss" % (len(labels), axis, n, axis))
-        set_labels([format_token(labels[i]) for i in idx], fontsize=7, rotation=rot,
-                   family="monospace")
+        set_labels([format_token(labels[i]) for i in idx], fontsize=7, rotation=rot, family="monospace")
     ax.tick_params(length=2, pad=1)
 
 
 # ---------------------------------------------------------------- public
 
-def plot_pattern(ax, pattern, tokens: Optional[Sequence[str]] = None, title: Optional[str] = None,
-                 diverging: bool = False, mask_upper: bool = True, *, vmin: Optional[float] = None,
-                 vmax: Optional[float] = None, key_tokens: Optional[Sequence[str]] = None,
-                 max_labels: Optional[int] = None, show_row_labels: bool = True,
-                 show_col_labels: bool = True):
+
+def plot_pattern(
+    ax,
+    pattern,
+    tokens: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    diverging: bool = False,
+    mask_upper: bool = True,
+    *,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    key_tokens: Optional[Sequence[str]] = None,
+    max_labels: Optional[int] = None,
+    show_row_labels: bool = True,
+    show_col_labels: bool = True,
+):
     """Draw one [T, S] map into ax and return the AxesImage.
 
     tokens label the rows (queries) and, when len(tokens) == S, the columns
@@ -190,25 +203,42 @@ def plot_pattern(ax, pattern, tokens: Optional[Sequence[str]] = None, title: Opt
     a = _as_2d(pattern, "pattern")
     T, S = a.shape
     lo, hi = _range([a], diverging, mask_upper, vmin, vmax)
-    im = ax.imshow(a, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest",
-                   aspect="equal")
+    im = ax.imshow(a, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest", aspect="equal")
     if mask_upper:
         poly = _mask_polygon(T, S)
         if poly is not None:
-            ax.add_patch(Polygon(poly, closed=True, facecolor=MASK_FACE, edgecolor=MASK_HATCH,
-                                 hatch="////", linewidth=0, zorder=im.get_zorder() + 0.5,
-                                 label="_mask"))
+            ax.add_patch(
+                Polygon(
+                    poly,
+                    closed=True,
+                    facecolor=MASK_FACE,
+                    edgecolor=MASK_HATCH,
+                    hatch="////",
+                    linewidth=0,
+                    zorder=im.get_zorder() + 0.5,
+                    label="_mask",
+                )
+            )
     _label_axes(ax, T, S, tokens, key_tokens, max_labels, show_row_labels, show_col_labels)
     if title is not None:
         ax.set_title(title, fontsize=9, fontweight="bold")
     return im
 
 
-def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional[str] = None, *,
-               titles: Optional[Sequence[str]] = None, ncols: Optional[int] = None,
-               diverging: bool = False, mask_upper: bool = True, vmin: Optional[float] = None,
-               vmax: Optional[float] = None, max_labels: Optional[int] = None,
-               panel_size: float = 2.6) -> Figure:
+def plot_heads(
+    patterns,
+    tokens: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    *,
+    titles: Optional[Sequence[str]] = None,
+    ncols: Optional[int] = None,
+    diverging: bool = False,
+    mask_upper: bool = True,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    max_labels: Optional[int] = None,
+    panel_size: float = 2.6,
+) -> Figure:
     """A grid of [T, S] maps (all heads of a layer, or one head across
     layers) with one shared colour range and colour bar.
 
@@ -229,8 +259,7 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
     ncols = max(1, min(int(ncols), N))
     nrows = math.ceil(N / ncols)
     lo, hi = _range(list(p), diverging, mask_upper, vmin, vmax)
-    fig = Figure(figsize=(panel_size * ncols + 1.2, panel_size * nrows + (0.6 if title else 0.2)),
-                 layout="constrained")
+    fig = Figure(figsize=(panel_size * ncols + 1.2, panel_size * nrows + (0.6 if title else 0.2)), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im, used = None, []
     for i in range(nrows * ncols):
@@ -238,8 +267,18 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
         if i >= N:
             fig.delaxes(ax)
             continue
-        im = plot_pattern(ax, p[i], tokens, titles[i], diverging, mask_upper, vmin=lo, vmax=hi,
-                          max_labels=max_labels, show_row_labels=(i % ncols == 0))
+        im = plot_pattern(
+            ax,
+            p[i],
+            tokens,
+            titles[i],
+            diverging,
+            mask_upper,
+            vmin=lo,
+            vmax=hi,
+            max_labels=max_labels,
+            show_row_labels=(i % ncols == 0),
+        )
         used.append(ax)
     fig.colorbar(im, ax=used, shrink=0.8, pad=0.02)
     if title:
@@ -247,10 +286,18 @@ def plot_heads(patterns, tokens: Optional[Sequence[str]] = None, title: Optional
     return fig
 
 
-def plot_branches(branches: Mapping[str, np.ndarray], tokens: Optional[Sequence[str]] = None,
-                  title: Optional[str] = None, *, sum_name: str = "sum", add_sum: bool = True,
-                  mask_upper: bool = True, vmax: Optional[float] = None,
-                  max_labels: Optional[int] = None, panel_size: float = 2.6) -> Figure:
+def plot_branches(
+    branches: Mapping[str, np.ndarray],
+    tokens: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    *,
+    sum_name: str = "sum",
+    add_sum: bool = True,
+    mask_upper: bool = True,
+    vmax: Optional[float] = None,
+    max_labels: Optional[int] = None,
+    panel_size: float = 2.6,
+) -> Figure:
     """The compose branches of a head side by side with their sum, on one
     symmetric diverging scale (+-max|x| over all panels, or +-vmax).
 
@@ -275,16 +322,33 @@ def plot_branches(branches: Mapping[str, np.ndarray], tokens: Optional[Sequence[
         if not hi > 0:
             raise ValueError("vmax must be nonzero")
         lo = -hi
-    return plot_heads(np.stack(maps), tokens, title, titles=names, ncols=len(maps),
-                      diverging=True, mask_upper=mask_upper, vmin=lo, vmax=hi,
-                      max_labels=max_labels, panel_size=panel_size)
+    return plot_heads(
+        np.stack(maps),
+        tokens,
+        title,
+        titles=names,
+        ncols=len(maps),
+        diverging=True,
+        mask_upper=mask_upper,
+        vmin=lo,
+        vmax=hi,
+        max_labels=max_labels,
+        panel_size=panel_size,
+    )
 
 
-def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
-                 target_labels: Optional[Sequence[str]] = None, title: Optional[str] = None, *,
-                 diverging: Optional[bool] = None, vmin: Optional[float] = None,
-                 vmax: Optional[float] = None, annotate: Optional[bool] = None,
-                 cell_size: float = 0.35) -> Figure:
+def plot_routing(
+    matrix,
+    source_labels: Optional[Sequence[str]] = None,
+    target_labels: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    *,
+    diverging: Optional[bool] = None,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    annotate: Optional[bool] = None,
+    cell_size: float = 0.35,
+) -> Figure:
     """A head-to-head matrix: source heads on rows, target heads on columns.
 
     diverging defaults to True when the matrix has negative entries.
@@ -305,8 +369,7 @@ def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
     h = max(2.5, cell_size * R + (1.3 if title else 1.0))
     fig = Figure(figsize=(w, h), layout="constrained")
     ax = fig.subplots()
-    im = ax.imshow(m, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest",
-                   aspect="equal")
+    im = ax.imshow(m, cmap=_cmap(diverging), vmin=lo, vmax=hi, interpolation="nearest", aspect="equal")
     ax.set_xticks(range(C))
     ax.set_xticklabels(tgt, rotation=90, fontsize=7)
     ax.set_yticks(range(R))
@@ -330,16 +393,14 @@ def plot_routing(matrix, source_labels: Optional[Sequence[str]] = None,
                 txt = "%.*f" % (decimals, v)
                 if float(txt) == 0:
                     txt = txt.lstrip("-")
-                ax.text(j, i, txt, ha="center", va="center", fontsize=6,
-                        color="white" if dark else "black")
+                ax.text(j, i, txt, ha="center", va="center", fontsize=6, color="white" if dark else "black")
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     if title:
         ax.set_title(title, fontsize=10, fontweight="bold")
     return fig
 
 
-def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
-                  panel_size: float = 3.2) -> Figure:
+def plot_patching(result, normalize: bool = False, title: Optional[str] = None, panel_size: float = 3.2) -> Figure:
     """A patching sweep (dclens.patching.PatchResult) as heatmaps: 2-axis
     results in one panel, 3-axis results one panel per entry of the first
     axis (layer). Diverging colours centred on the corrupted metric (or on 0
@@ -355,8 +416,13 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
     rlab, clab = (result.labels[0], result.labels[1]) if v.ndim == 2 else (result.labels[1], result.labels[2])
     ncols = min(len(panels), 4)
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(panel_size * ncols + 1.2, panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1))) + 0.8),
-                 layout="constrained")
+    fig = Figure(
+        figsize=(
+            panel_size * ncols + 1.2,
+            panel_size * nrows * max(0.4, min(1.5, len(rlab) / max(len(clab), 1))) + 0.8,
+        ),
+        layout="constrained",
+    )
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im = None
     for i in range(nrows * ncols):
@@ -364,8 +430,9 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
         if i >= len(panels):
             fig.delaxes(ax)
             continue
-        im = ax.imshow(panels[i], cmap=_cmap(True), vmin=centre - m, vmax=centre + m, interpolation="nearest",
-                       aspect="auto")
+        im = ax.imshow(
+            panels[i], cmap=_cmap(True), vmin=centre - m, vmax=centre + m, interpolation="nearest", aspect="auto"
+        )
         ax.set_yticks(range(len(rlab)))
         ax.set_yticklabels(rlab, fontsize=7)
         step = max(1, math.ceil(len(clab) / MAX_LABELS))
@@ -375,8 +442,15 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None,
         ax.set_xlabel(cols_ax)
         if ptitles[i]:
             ax.set_title(ptitles[i], fontsize=9)
-    fig.colorbar(im, ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes], shrink=0.8,
-                 label="normalized metric" if normalize else "metric")
-    fig.suptitle(title or "activation patching: %s (clean %.3g, corrupted %.3g)"
-                 % (result.what, result.clean, result.corrupted), fontsize=10, fontweight="bold")
+    fig.colorbar(
+        im,
+        ax=[a for a in axes.ravel() if a.figure is fig and a in fig.axes],
+        shrink=0.8,
+        label="normalized metric" if normalize else "metric",
+    )
+    fig.suptitle(
+        title or "activation patching: %s (clean %.3g, corrupted %.3g)" % (result.what, result.clean, result.corrupted),
+        fontsize=10,
+        fontweight="bold",
+    )
     return fig

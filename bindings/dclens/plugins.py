@@ -14,6 +14,7 @@ are used. synth_tasks (this repository's pyproject.toml) adds
 so synth_tasks depends on dclens and never the reverse
 (tests/test_imports.py checks it).
 """
+
 from __future__ import annotations
 
 from importlib.metadata import entry_points
@@ -27,9 +28,9 @@ TRAIN_DATA = "dclens.train_data"
 
 def _group(group: str):
     eps = entry_points()
-    if hasattr(eps, "select"):        # Python >= 3.10
+    if hasattr(eps, "select"):  # Python >= 3.10
         return list(eps.select(group=group))
-    return list(eps.get(group, ()))   # Python 3.9: a dict of groups
+    return list(eps.get(group, ()))  # Python 3.9: a dict of groups
 
 
 def names(group: str) -> List[str]:
@@ -43,11 +44,14 @@ def find(group: str, name: str) -> Callable:
     found = [ep for ep in _group(group) if ep.name == name]
     if not found:
         have = names(group)
-        raise Error("no %r in the entry point group %s (declared: %s; is the package that adds it installed?)"
-                    % (name, group, ", ".join(have) if have else "none"))
+        raise Error(
+            "no %r in the entry point group %s (declared: %s; is the package that adds it installed?)"
+            % (name, group, ", ".join(have) if have else "none")
+        )
     ep = found[0]
     try:
         return ep.load()
     except Exception as e:  # noqa: BLE001 -- reported with the entry point named
-        raise Error("entry point %s = %s (group %s) cannot be loaded: %s: %s"
-                    % (ep.name, ep.value, group, type(e).__name__, e)) from e
+        raise Error(
+            "entry point %s = %s (group %s) cannot be loaded: %s: %s" % (ep.name, ep.value, group, type(e).__name__, e)
+        ) from e

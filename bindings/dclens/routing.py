@@ -26,6 +26,7 @@ masked pairs (a key after the query, or outside a local layer's window)
 are defined but never used by the model: asking for one warns
 (MaskedPairWarning).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -40,7 +41,6 @@ from .names import PHASES, hook_name
 
 if TYPE_CHECKING:
     from .model import Model
-
 
 
 class MaskedPairWarning(UserWarning):
@@ -59,9 +59,12 @@ def _window(model: Model, layer: int) -> int:
 def _warn_masked(model: Model, layer: int, t: int, s: int) -> None:
     w = _window(model, layer)
     if s > t or (w > 0 and t - s > w):
-        warnings.warn("layer %d, query %d, key %d is a masked pair (%s): the model never uses its map"
-                      % (layer, t, s, "key after query" if s > t else "outside the window of %d" % w),
-                      MaskedPairWarning, stacklevel=3)
+        warnings.warn(
+            "layer %d, query %d, key %d is a masked pair (%s): the model never uses its map"
+            % (layer, t, s, "key after query" if s > t else "outside the window of %d" % w),
+            MaskedPairWarning,
+            stacklevel=3,
+        )
 
 
 def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False):
@@ -72,8 +75,9 @@ def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False)
     return names
 
 
-def _check(model: Model, tokens, layer: int, phase: str, query: Optional[int] = None,
-           key: Optional[int] = None) -> np.ndarray:
+def _check(
+    model: Model, tokens, layer: int, phase: str, query: Optional[int] = None, key: Optional[int] = None
+) -> np.ndarray:
     toks = np.asarray(model.to_tokens(tokens) if isinstance(tokens, str) else tokens)
     if toks.ndim != 1:
         raise Error("routing works on one sequence: tokens must be 1-D, got shape %s" % (toks.shape,))
@@ -103,7 +107,7 @@ def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
     with compose_groups), or None when the model has no static branch."""
     if not model.config.use_sw:
         return None
-    w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))   # [G, Mg, Mg]
+    w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))  # [G, Mg, Mg]
     return _block_diag(w.astype(np.float64))
 
 
@@ -111,12 +115,13 @@ def _block_diag(blocks: np.ndarray) -> np.ndarray:
     G, Mg, _ = blocks.shape
     out = np.zeros((G * Mg, G * Mg))
     for g in range(G):
-        out[g * Mg:(g + 1) * Mg, g * Mg:(g + 1) * Mg] = blocks[g]
+        out[g * Mg : (g + 1) * Mg, g * Mg : (g + 1) * Mg] = blocks[g]
     return out
 
 
-def maps_from_weights(dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1,
-                      static: Optional[np.ndarray] = None) -> np.ndarray:
+def maps_from_weights(
+    dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1, static: Optional[np.ndarray] = None
+) -> np.ndarray:
     """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
     `groups` G the dynamic projections mix heads only within each of G blocks;
     `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
@@ -147,8 +152,13 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
     _warn_masked(model, layer, query, key)
     if not model.config.use_dcmha:
         return np.eye(model.config.n_head)
-    return maps_from_weights(dynamic_weights(model, toks, layer, phase), query, [key],
-                             model.config.compose_groups, static_map(model, layer, phase))[0]
+    return maps_from_weights(
+        dynamic_weights(model, toks, layer, phase),
+        query,
+        [key],
+        model.config.compose_groups,
+        static_map(model, layer, phase),
+    )[0]
 
 
 def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> np.ndarray:
@@ -162,17 +172,19 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     query = _pos(query, toks.shape[0], "query")
     N = model.config.n_head
     src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
-    names = [src] + (_dyn_names(layer, phase, model.config.query_wise, model.config.key_wise)
-                     if model.config.use_dcmha else [])
+    names = [src] + (
+        _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise) if model.config.use_dcmha else []
+    )
     _, cache = model.run_with_cache(toks, names=names)
     window = model.config.window_size if layer in model.config.local_layers else 0
     keys = [s for s in range(query + 1) if window <= 0 or query - s <= window]
-    x = cache[src][:, query, keys].astype(np.float64)          # [N, len(keys)]
+    x = cache[src][:, query, keys].astype(np.float64)  # [N, len(keys)]
     if not model.config.use_dcmha:
         return np.diag(x.sum(axis=1))
     dyn = {n.rsplit(".", 1)[1]: cache[n] for n in names[1:]}
-    maps = maps_from_weights(dyn, query, keys, model.config.compose_groups,
-                             static_map(model, layer, phase))   # [len(keys), N, N]
+    maps = maps_from_weights(
+        dyn, query, keys, model.config.compose_groups, static_map(model, layer, phase)
+    )  # [len(keys), N, N]
     return np.einsum("ns,snm->nm", x, maps)
 
 
@@ -188,8 +200,16 @@ def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     return {n.split("dyn.", 1)[1]: cache[n] for n in names}
 
 
-def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: int, n_head: int,
-                       groups: int = 1, static: Optional[np.ndarray] = None) -> np.ndarray:
+def routing_from_cache(
+    cache: Cache,
+    layer: int,
+    phase: str,
+    query: int,
+    key: int,
+    n_head: int,
+    groups: int = 1,
+    static: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """C[query, key] from a cache that holds the layer's dyn.* activations
     (negative positions count from the end; groups / static as in maps_from_weights)."""
     p = hook_name(layer, "attn.dyn.%s." % phase)
@@ -201,6 +221,7 @@ def routing_from_cache(cache: Cache, layer: int, phase: str, query: int, key: in
 
 
 # ---------------------------------------------------------------- from a cache, vectorised
+
 
 def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, np.ndarray]:
     if phase not in PHASES:
@@ -244,18 +265,18 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
     tq = slice(None) if qi is None else slice(qi, qi + 1)
     ks = slice(None) if ki is None else slice(ki, ki + 1)
     I = np.eye(N)
-    block = _group_block(model)                                            # [N, N] 0/1
+    block = _group_block(model)  # [N, N] 0/1
     static = static_map(model, layer, phase)
     base = I if static is None else I + static
     nq = len(range(T)[tq])
-    qpart = np.broadcast_to(base, (nq, N, N)).copy()                       # [Tq, N, N]
+    qpart = np.broadcast_to(base, (nq, N, N)).copy()  # [Tq, N, N]
     if "qw1" in d:
-        qpart += np.einsum("tin,tim->tnm", d["qw1"][tq], d["qw2"][tq]) * block + \
-            np.einsum("tn,nm->tnm", d["qdd"][tq], I)
+        qpart += np.einsum("tin,tim->tnm", d["qw1"][tq], d["qw2"][tq]) * block + np.einsum(
+            "tn,nm->tnm", d["qdd"][tq], I
+        )
     out = qpart[:, None]
     if "kw1" in d:
-        kpart = np.einsum("sin,sim->snm", d["kw1"][ks], d["kw2"][ks]) * block + \
-            np.einsum("sn,nm->snm", d["kdd"][ks], I)
+        kpart = np.einsum("sin,sim->snm", d["kw1"][ks], d["kw2"][ks]) * block + np.einsum("sn,nm->snm", d["kdd"][ks], I)
         out = out + kpart[None]
     else:
         out = np.broadcast_to(out, (out.shape[0], len(range(T)[ks]), N, N)).copy()
@@ -269,9 +290,14 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
 
 
 def _cache_T(model: Model, cache: Cache, layer: int) -> int:
-    for n in (hook_name(layer, "attn.pattern"), hook_name(layer, "attn.scores"),
-              hook_name(layer, "attn.dyn.pre.qdd"), hook_name(layer, "attn.dyn.post.qdd"),
-              hook_name(layer, "attn.dyn.pre.kdd"), hook_name(layer, "attn.dyn.post.kdd")):
+    for n in (
+        hook_name(layer, "attn.pattern"),
+        hook_name(layer, "attn.scores"),
+        hook_name(layer, "attn.dyn.pre.qdd"),
+        hook_name(layer, "attn.dyn.post.qdd"),
+        hook_name(layer, "attn.dyn.pre.kdd"),
+        hook_name(layer, "attn.dyn.post.kdd"),
+    ):
         if n in cache:
             return cache[n].shape[-1] if "dyn" not in n else cache[n].shape[-2]
     raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
@@ -289,8 +315,11 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
     if phase not in PHASES:
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
-    layers = list(range(L)) if layers is None else [int(l) % L if isinstance(l, (int, np.integer)) and -L <= l < L
-                                                     else _bad_layer(l, L) for l in layers]
+    layers = (
+        list(range(L))
+        if layers is None
+        else [int(l) % L if isinstance(l, (int, np.integer)) and -L <= l < L else _bad_layer(l, L) for l in layers]
+    )
     out = []
     for l in layers:
         src = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
@@ -301,8 +330,8 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
             raise Error("routing from a cache works on one sequence: %s has shape %s" % (src, X.shape))
         T = X.shape[-1]
         qs = np.arange(T) if queries is None else np.array([_pos(q, T, "query") for q in queries])
-        X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]     # [N, Tq, S]
-        rows = X.sum(-1).T                                                       # [Tq, N]
+        X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]  # [N, Tq, S]
+        rows = X.sum(-1).T  # [Tq, N]
         if not model.config.use_dcmha:
             out.append(np.einsum("tn,nm->tnm", rows, np.eye(N)))
             continue
@@ -310,11 +339,14 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
         block = _group_block(model)
         static = static_map(model, l, phase)
         base = np.eye(N) if static is None else np.eye(N) + static
-        R = rows[:, :, None] * base                                          # [Tq, N, N]
+        R = rows[:, :, None] * base  # [Tq, N, N]
         if "qw1" in d:
             q1, q2, qd = d["qw1"][qs], d["qw2"][qs], d["qdd"][qs]
-            R = R + rows[:, :, None] * (np.einsum("tin,tim->tnm", q1, q2) * block) + \
-                np.einsum("tn,nm->tnm", rows * qd, np.eye(N))
+            R = (
+                R
+                + rows[:, :, None] * (np.einsum("tin,tim->tnm", q1, q2) * block)
+                + np.einsum("tn,nm->tnm", rows * qd, np.eye(N))
+            )
         if "kw1" in d:
             # sum_s X[n,t,s] kw1[s,i,n] kw2[s,i,m]  and  diag(sum_s X[n,t,s] kdd[s,n])
             R = R + np.einsum("nts,sin,sim->tnm", X, d["kw1"], d["kw2"], optimize=True) * block

@@ -25,6 +25,7 @@ or ``dclens train --out runs/dc --model-type dcpythia ...`` (see ``dclens train 
 * Progress: a tqdm bar (loss, tokens/s, ETA), ``out/train.log`` plain lines,
   ``out/loss.csv``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,15 +49,15 @@ from .model import load
 @dataclasses.dataclass
 class TrainConfig:
     out: str
-    model_type: str = "dcpythia"          # or "gpt_neox"
+    model_type: str = "dcpythia"  # or "gpt_neox"
     n_layer: int = 4
     dim: int = 192
     n_head: int = 6
-    d_ff: int = 0                         # 0: 4 * dim
-    vocab: int = 0                        # 0: the tokenizer's size
-    window_size: Optional[int] = None     # dcpythia: None = every layer global
-    window_type: Optional[str] = None     # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
-    rank: int = 2                         # dcpythia dynamic rank R
+    d_ff: int = 0  # 0: 4 * dim
+    vocab: int = 0  # 0: the tokenizer's size
+    window_size: Optional[int] = None  # dcpythia: None = every layer global
+    window_type: Optional[str] = None  # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
+    rank: int = 2  # dcpythia dynamic rank R
     seq_len: int = 128
     batch_size: int = 16
     steps: int = 1000
@@ -69,14 +70,14 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     seed: int = 0
-    data: str = "synth"                   # "synth", "synth:LINES_PER_TASK", a .jsonl of records or a text file
-    lines: bool = False                   # one sequence per record / line (padded), not packed windows
-    tokenizer: str = "bytes"              # "bytes", "bpe:N" or a tokenizer.json path
+    data: str = "synth"  # "synth", "synth:LINES_PER_TASK", a .jsonl of records or a text file
+    lines: bool = False  # one sequence per record / line (padded), not packed windows
+    tokenizer: str = "bytes"  # "bytes", "bpe:N" or a tokenizer.json path
     ckpt_every: int = 200
     keep: int = 2
     log_every: int = 10
     n_threads: int = 0
-    progress: Optional[bool] = None       # None: a bar when stderr is a terminal
+    progress: Optional[bool] = None  # None: a bar when stderr is a terminal
 
     def check(self) -> None:
         if self.model_type not in ("dcpythia", "gpt_neox"):
@@ -87,12 +88,15 @@ class TrainConfig:
         if self.dim % self.n_head:
             raise Error("train: dim %d is not a multiple of n_head %d" % (self.dim, self.n_head))
         if (self.dim // self.n_head) % 8:
-            raise Error("train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head))
+            raise Error(
+                "train: head dim %d must be a multiple of 8 (rotary on a quarter of it)" % (self.dim // self.n_head)
+            )
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr and self.warmup >= 0 and self.grad_clip >= 0):
             raise Error("train: need lr > 0, 0 <= min_lr <= lr, warmup >= 0, grad_clip >= 0")
 
 
 # ------------------------------------------------------------------ safetensors
+
 
 def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
     """float32 tensors -> a safetensors file (8-byte length, JSON header, data)."""
@@ -115,20 +119,53 @@ def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
 
 # ------------------------------------------------------------------ configs and init
 
+
 def model_config(c: TrainConfig, vocab: int) -> dict:
     F = c.d_ff or 4 * c.dim
     if c.model_type == "dcpythia":
-        return {"architectures": ["DCPythia"], "model_type": "dcpythia", "dim": c.dim, "n_head": c.n_head,
-                "head_dim": c.dim // c.n_head, "n_layer": c.n_layer, "intermediate_size": F, "vocab_size": vocab,
-                "norm_eps": 1e-5, "rope_base": 10000, "rotary_pct": 0.25, "use_qk_norm": True,
-                "use_parallel_residual": True, "use_linear_bias": True, "window_size": c.window_size,
-                "window_type": c.window_type, "query_wise": False, "use_dcmha": True, "tie_word_embeddings": False,
-                "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
-    return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": c.dim,
-            "num_attention_heads": c.n_head, "num_hidden_layers": c.n_layer, "intermediate_size": F,
-            "vocab_size": vocab, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
-            "use_parallel_residual": True, "hidden_act": "gelu", "tie_word_embeddings": False,
-            "initializer_range": 0.02, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
+        return {
+            "architectures": ["DCPythia"],
+            "model_type": "dcpythia",
+            "dim": c.dim,
+            "n_head": c.n_head,
+            "head_dim": c.dim // c.n_head,
+            "n_layer": c.n_layer,
+            "intermediate_size": F,
+            "vocab_size": vocab,
+            "norm_eps": 1e-5,
+            "rope_base": 10000,
+            "rotary_pct": 0.25,
+            "use_qk_norm": True,
+            "use_parallel_residual": True,
+            "use_linear_bias": True,
+            "window_size": c.window_size,
+            "window_type": c.window_type,
+            "query_wise": False,
+            "use_dcmha": True,
+            "tie_word_embeddings": False,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "torch_dtype": "float32",
+        }
+    return {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "hidden_size": c.dim,
+        "num_attention_heads": c.n_head,
+        "num_hidden_layers": c.n_layer,
+        "intermediate_size": F,
+        "vocab_size": vocab,
+        "rotary_pct": 0.25,
+        "rotary_emb_base": 10000,
+        "layer_norm_eps": 1e-5,
+        "use_parallel_residual": True,
+        "hidden_act": "gelu",
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "torch_dtype": "float32",
+    }
 
 
 def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
@@ -172,16 +209,26 @@ def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
     return sd
 
 
-_NEOX_LAYER = {"attention_norm.weight": "input_layernorm.weight", "attention_norm.bias": "input_layernorm.bias",
-               "ffn_norm.weight": "post_attention_layernorm.weight",
-               "ffn_norm.bias": "post_attention_layernorm.bias",
-               "attention.wqkv.weight": "attention.query_key_value.weight",
-               "attention.wqkv.bias": "attention.query_key_value.bias",
-               "attention.wo.weight": "attention.dense.weight", "attention.wo.bias": "attention.dense.bias",
-               "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight", "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
-               "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight", "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias"}
-_NEOX_TOP = {"tok_embeddings.weight": "gpt_neox.embed_in.weight", "output.weight": "embed_out.weight",
-             "norm.weight": "gpt_neox.final_layer_norm.weight", "norm.bias": "gpt_neox.final_layer_norm.bias"}
+_NEOX_LAYER = {
+    "attention_norm.weight": "input_layernorm.weight",
+    "attention_norm.bias": "input_layernorm.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.bias": "post_attention_layernorm.bias",
+    "attention.wqkv.weight": "attention.query_key_value.weight",
+    "attention.wqkv.bias": "attention.query_key_value.bias",
+    "attention.wo.weight": "attention.dense.weight",
+    "attention.wo.bias": "attention.dense.bias",
+    "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight",
+    "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
+    "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight",
+    "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
+}
+_NEOX_TOP = {
+    "tok_embeddings.weight": "gpt_neox.embed_in.weight",
+    "output.weight": "embed_out.weight",
+    "norm.weight": "gpt_neox.final_layer_norm.weight",
+    "norm.bias": "gpt_neox.final_layer_norm.bias",
+}
 
 
 def to_layout(sd: Dict[str, np.ndarray], model_type: str, n_head: int) -> Dict[str, np.ndarray]:
@@ -212,16 +259,20 @@ def read_weights(model) -> Dict[str, np.ndarray]:
     for name, _, size, _ in param_table(model):
         _check(lib.dcs_weight_shape(model._m, name.encode(), shape, nd), model._errmsg())
         a = np.empty(tuple(shape[i] for i in range(nd[0])), np.float32)
-        _check(lib.dcs_weight_read(model._m, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
-               model._errmsg())
+        _check(
+            lib.dcs_weight_read(model._m, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
+            model._errmsg(),
+        )
         out[name] = a
     return out
 
 
 def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer_json: Optional[str]) -> None:
     os.makedirs(dirpath, exist_ok=True)
-    write_safetensors(os.path.join(dirpath, "model.safetensors"),
-                      to_layout(sd, config["model_type"], config.get("n_head") or config.get("num_attention_heads")))
+    write_safetensors(
+        os.path.join(dirpath, "model.safetensors"),
+        to_layout(sd, config["model_type"], config.get("n_head") or config.get("num_attention_heads")),
+    )
     with open(os.path.join(dirpath, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     if tokenizer_json:
@@ -230,11 +281,13 @@ def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer
 
 # ------------------------------------------------------------------ data
 
+
 def _corpus_texts(c: TrainConfig) -> List[str]:
     """The corpus as a list of sequences' texts (brackets of the benchmark's
     answers removed): generated synthetic lines, the records of a .jsonl file
     (``texts``), or a text file (its lines with ``lines``, else the whole file)."""
     from . import plugins
+
     if c.data == "synth" or c.data.startswith("synth:"):
         source, arg = "synth", c.data.partition(":")[2]
     elif not os.path.isfile(c.data):
@@ -243,7 +296,7 @@ def _corpus_texts(c: TrainConfig) -> List[str]:
         source, arg = "jsonl", c.data
     else:
         source = None
-    if source is not None:         # synth_tasks.train_data, found by name
+    if source is not None:  # synth_tasks.train_data, found by name
         fn = plugins.find(plugins.TRAIN_DATA, source)
         try:
             return fn(arg, c.seed)
@@ -259,13 +312,19 @@ def _tokenizer(c: TrainConfig, texts: List[str], tok_path: str):
     if c.tokenizer == "bytes":
         return (lambda ts: [list(t.encode("utf-8")) for t in ts]), 256, None
     from tokenizers import Tokenizer
+
     if c.tokenizer.startswith("bpe:"):
         from tokenizers import decoders, models, pre_tokenizers, trainers
+
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
-        tr = trainers.BpeTrainer(vocab_size=int(c.tokenizer[4:]), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                 special_tokens=["<|endoftext|>"], show_progress=False)
+        tr = trainers.BpeTrainer(
+            vocab_size=int(c.tokenizer[4:]),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+        )
         tk.train_from_iterator(texts, tr)
         tk.save(tok_path)
     else:
@@ -298,15 +357,15 @@ def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.nd
     rng = np.random.default_rng([c.seed, step])
     if not c.lines:
         starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
-        w = np.stack([tokens[s:s + c.seq_len + 1] for s in starts])
+        w = np.stack([tokens[s : s + c.seq_len + 1] for s in starts])
         return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
     idx = rng.integers(0, len(offsets), c.batch_size)
     x = np.zeros((c.batch_size, c.seq_len), np.int32)
     y = np.full((c.batch_size, c.seq_len), -1, np.int32)
     for b, i in enumerate(idx):
-        q = tokens[offsets[i, 0]:min(offsets[i, 1], offsets[i, 0] + c.seq_len + 1)]
-        x[b, :len(q) - 1] = q[:-1]
-        y[b, :len(q) - 1] = q[1:]
+        q = tokens[offsets[i, 0] : min(offsets[i, 1], offsets[i, 0] + c.seq_len + 1)]
+        x[b, : len(q) - 1] = q[:-1]
+        y[b, : len(q) - 1] = q[1:]
     return x, y
 
 
@@ -320,11 +379,13 @@ def lr_at(c: TrainConfig, step: int) -> float:
 
 # ------------------------------------------------------------------ checkpoints
 
+
 def _ckpts(out: str) -> List[str]:
     if not os.path.isdir(out):
         return []
-    ds = [d for d in os.listdir(out) if d.startswith("step-") and
-          os.path.isfile(os.path.join(out, d, "train_state.json"))]
+    ds = [
+        d for d in os.listdir(out) if d.startswith("step-") and os.path.isfile(os.path.join(out, d, "train_state.json"))
+    ]
     return [os.path.join(out, d) for d in sorted(ds)]
 
 
@@ -338,7 +399,7 @@ def _save(out: str, model, mom, var, step: int, c: TrainConfig, config: dict, to
         json.dump({"step": step, "loss": loss, "config": dataclasses.asdict(c)}, f, indent=2)
     shutil.rmtree(d, ignore_errors=True)
     os.replace(tmp, d)
-    for old in _ckpts(out)[:-c.keep]:
+    for old in _ckpts(out)[: -c.keep]:
         shutil.rmtree(old, ignore_errors=True)
     return d
 
@@ -360,6 +421,7 @@ class _Log:
 
 
 # ------------------------------------------------------------------ the loop
+
 
 def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     """Train (or resume) the run in c.out; returns the final checkpoint directory.
@@ -385,7 +447,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
         keep = np.diff(offsets) >= 2
         if not keep.any():
             raise Error("train: no sequence of the corpus has 2 tokens or more")
-        offsets = np.stack([offsets[:-1][keep], offsets[1:][keep]], 1)   # [n, 2] start, end
+        offsets = np.stack([offsets[:-1][keep], offsets[1:][keep]], 1)  # [n, 2] start, end
     elif len(tokens) < c.seq_len + 2:
         raise Error("train: the corpus has %d tokens, fewer than seq_len + 2" % len(tokens))
     config = model_config(c, vocab)
@@ -415,12 +477,15 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     hp.beta1, hp.beta2, hp.eps, hp.weight_decay = c.beta1, c.beta2, c.eps, c.weight_decay
     end = c.steps if stop_after is None else min(c.steps, start + stop_after)
     log = _Log(c.out)
-    log.line("start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
-             % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len))
+    log.line(
+        "start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
+        % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len)
+    )
     show = c.progress if c.progress is not None else sys.stderr.isatty()
     bar = None
     if show:
         from tqdm import tqdm
+
         bar = tqdm(total=c.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     last, t_last, ntok, s_last = start_dir, time.perf_counter(), 0, start
     loss = float("nan")
@@ -437,9 +502,17 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
             if c.grad_clip and gn > c.grad_clip:
                 grads *= c.grad_clip / gn
             hp.lr = lr_at(c, step)
-            _check(lib.dcs_adamw_step(model._m, ffi.cast("float *", ffi.from_buffer(grads)),
-                                      ffi.cast("float *", ffi.from_buffer(mom)),
-                                      ffi.cast("float *", ffi.from_buffer(var)), step, hp), model._errmsg())
+            _check(
+                lib.dcs_adamw_step(
+                    model._m,
+                    ffi.cast("float *", ffi.from_buffer(grads)),
+                    ffi.cast("float *", ffi.from_buffer(mom)),
+                    ffi.cast("float *", ffi.from_buffer(var)),
+                    step,
+                    hp,
+                ),
+                model._errmsg(),
+            )
             ntok += int((y >= 0).sum()) if c.lines else x.size
             now = time.perf_counter()
             tps = ntok / max(now - t_last, 1e-9)
@@ -449,8 +522,10 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
             log.csv.write("%d,%.6f,%.6g,%.4f,%.1f\n" % (step, loss, hp.lr, gn, tps))
             if step % c.log_every == 0 or step == end:
                 eta = (c.steps - step) * (now - t_last) / max(1, step - s_last)
-                log.line("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
-                         % (step, c.steps, loss, hp.lr, gn, tps, eta))
+                log.line(
+                    "step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
+                    % (step, c.steps, loss, hp.lr, gn, tps, eta)
+                )
                 t_last, ntok, s_last = now, 0, step
             if step % c.ckpt_every == 0 or step == end:
                 last = _save(c.out, model, mom, var, step, c, config, tok_path, loss)
@@ -469,6 +544,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
 def main(argv=None) -> int:
     """dclens train: command-line front end of train()."""
     import argparse
+
     p = argparse.ArgumentParser(prog="dclens train", description=__doc__.split("\n\n")[0])
     for f in dataclasses.fields(TrainConfig):
         if f.name == "progress":

@@ -22,6 +22,7 @@ x @ W_Q[l, n] + b_Q[l, n] is head n's query (before QK-norm and rotary);
 z[n] @ W_O[l, n] is head n's head_out. Each property reads every layer
 (a 6.9B model's W_Q is 2 GiB): use model.weight(name) for one tensor.
 """
+
 from __future__ import annotations
 
 from typing import List
@@ -35,6 +36,7 @@ class WeightsMixin:
     def weight_names(self) -> List[str]:
         """The canonical names of every weight the model holds."""
         from ._engine import ffi, lib
+
         out = []
         for i in range(lib.dcs_weight_count(self._m)):
             out.append(ffi.string(lib.dcs_weight_name(self._m, i)).decode())
@@ -56,20 +58,21 @@ class WeightsMixin:
                 out.append(np.zeros(shape_if_absent, np.float32))
             else:
                 from ._checks import Error
+
                 raise Error("%s has no weight %s" % (self.name, n))
         return np.stack(out)
 
     def _split_heads(self, part: int) -> np.ndarray:
         c = self.config
         D, N, Dh = c.d_model, c.n_head, c.head_dim
-        w = self._per_layer("layers.%d.attention.wqkv.weight")          # [L, 3D, D]
-        w = w[:, part * D:(part + 1) * D].reshape(c.n_layer, N, Dh, D)
-        return np.ascontiguousarray(w.transpose(0, 1, 3, 2))             # [L, N, D, Dh]
+        w = self._per_layer("layers.%d.attention.wqkv.weight")  # [L, 3D, D]
+        w = w[:, part * D : (part + 1) * D].reshape(c.n_layer, N, Dh, D)
+        return np.ascontiguousarray(w.transpose(0, 1, 3, 2))  # [L, N, D, Dh]
 
     def _split_bias(self, part: int) -> np.ndarray:
         c = self.config
         b = self._per_layer("layers.%d.attention.wqkv.bias", (3 * c.d_model,))
-        return b[:, part * c.d_model:(part + 1) * c.d_model].reshape(c.n_layer, c.n_head, c.head_dim)
+        return b[:, part * c.d_model : (part + 1) * c.d_model].reshape(c.n_layer, c.n_head, c.head_dim)
 
     @property
     def W_E(self) -> np.ndarray:
@@ -90,24 +93,31 @@ class WeightsMixin:
     @property
     def W_O(self) -> np.ndarray:
         c = self.config
-        w = self._per_layer("layers.%d.attention.wo.weight")             # [L, D, D] (out, in)
+        w = self._per_layer("layers.%d.attention.wo.weight")  # [L, D, D] (out, in)
         w = w.reshape(c.n_layer, c.d_model, c.n_head, c.head_dim)
-        return np.ascontiguousarray(w.transpose(0, 2, 3, 1))             # [L, N, Dh, D]
+        return np.ascontiguousarray(w.transpose(0, 2, 3, 1))  # [L, N, Dh, D]
 
     b_O = property(lambda self: self._per_layer("layers.%d.attention.wo.bias", (self.config.d_model,)))
-    W_in = property(lambda self: np.ascontiguousarray(
-        self._per_layer("layers.%d.feed_forward.w1.weight").transpose(0, 2, 1)))
+    W_in = property(
+        lambda self: np.ascontiguousarray(self._per_layer("layers.%d.feed_forward.w1.weight").transpose(0, 2, 1))
+    )
     b_in = property(lambda self: self._per_layer("layers.%d.feed_forward.w1.bias", (self.config.d_ff,)))
-    W_out = property(lambda self: np.ascontiguousarray(
-        self._per_layer("layers.%d.feed_forward.w2.weight").transpose(0, 2, 1)))
+    W_out = property(
+        lambda self: np.ascontiguousarray(self._per_layer("layers.%d.feed_forward.w2.weight").transpose(0, 2, 1))
+    )
     b_out = property(lambda self: self._per_layer("layers.%d.feed_forward.w2.bias", (self.config.d_model,)))
     ln_attn_w = property(lambda self: self._per_layer("layers.%d.attention_norm.weight"))
     ln_attn_b = property(lambda self: self._per_layer("layers.%d.attention_norm.bias", (self.config.d_model,)))
     ln_mlp_w = property(lambda self: self._per_layer("layers.%d.ffn_norm.weight"))
     ln_mlp_b = property(lambda self: self._per_layer("layers.%d.ffn_norm.bias", (self.config.d_model,)))
     ln_final_w = property(lambda self: np.array(self.weight("norm.weight")))
-    ln_final_b = property(lambda self: np.array(self.weight("norm.bias")) if self._has_weight("norm.bias")
-                          else np.zeros(self.config.d_model, np.float32))
+    ln_final_b = property(
+        lambda self: (
+            np.array(self.weight("norm.bias"))
+            if self._has_weight("norm.bias")
+            else np.zeros(self.config.d_model, np.float32)
+        )
+    )
     q_norm = property(lambda self: self._per_layer("layers.%d.attention.q_norm.scale"))
     k_norm = property(lambda self: self._per_layer("layers.%d.attention.k_norm.scale"))
     dyn_w1 = property(lambda self: self._per_layer("layers.%d.attention.dyn_w_proj.dw1"))

@@ -18,16 +18,12 @@
 
 #define PATH "fuzz/model.safetensors.index.json"
 
-static void check_index(const dcs_index *ix)
-{
-    if (ix->n < 1 || ix->n > DCS_MAX_TENSORS || ix->m == NULL || ix->json == NULL)
-        abort();
+static void check_index(const dcs_index *ix) {
+    if (ix->n < 1 || ix->n > DCS_MAX_TENSORS || ix->m == NULL || ix->json == NULL) abort();
     for (int i = 0; i < ix->n; i++) {
         const char *name = ix->m[i].name, *shard = ix->m[i].shard;
-        if (name == NULL || shard == NULL)
-            abort();
-        if (i > 0 && strcmp(ix->m[i - 1].name, name) >= 0)
-            abort();
+        if (name == NULL || shard == NULL) abort();
+        if (i > 0 && strcmp(ix->m[i - 1].name, name) >= 0) abort();
         if (shard[0] == '\0' || strchr(shard, '/') != NULL || strstr(shard, "..") != NULL ||
             strcmp(shard, ".") == 0)
             abort();
@@ -36,11 +32,9 @@ static void check_index(const dcs_index *ix)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size + 1);
-    if (text == NULL)
-        abort();
+    if (text == NULL) abort();
     memcpy(text, data, size);
     text[size] = '\0';
     dcs_index ix;
@@ -49,9 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dcs_status s = dcs_parse_index_json(text, size, PATH, &ix, &e);
     if (s == DCS_OK)
         check_index(&ix);
-    else if (ix.m != NULL || ix.n != 0 || ix.json != NULL || e.code != s ||
-             strstr(e.msg, PATH) == NULL)
-        abort();                         /* errors leave the index empty and name the file */
+    else if (ix.m != NULL || ix.n != 0 || ix.json != NULL || e.code != s || strstr(e.msg, PATH) == NULL)
+        abort(); /* errors leave the index empty and name the file */
     dcs_index_free(&ix);
     free(text);
     return 0;

@@ -6,8 +6,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_parse(dcs_tt_parse_safetensors, "fuzz.safetensors", data, size);
     return 0;
 }

@@ -15,8 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void check_table(const dcs_tensor_table *tt, const uint8_t *data, size_t size)
-{
+static void check_table(const dcs_tensor_table *tt, const uint8_t *data, size_t size) {
     for (int i = 0; i < tt->n; i++) {
         const dcs_tensor *t = &tt->t[i];
         uint64_t numel = dcs_tensor_numel(t);
@@ -28,8 +27,7 @@ static void check_table(const dcs_tensor_table *tt, const uint8_t *data, size_t 
             abort();
         if (numel <= (1u << 20)) {
             float *out = malloc(numel ? numel * sizeof *out : 1);
-            if (out == NULL)
-                abort();
+            if (out == NULL) abort();
             dcs_tensor_to_f32(t, out);
             free(out);
         }
@@ -38,8 +36,7 @@ static void check_table(const dcs_tensor_table *tt, const uint8_t *data, size_t 
 
 typedef dcs_status (*parse_fn)(dcs_tensor_table *, const uint8_t *, uint64_t, const char *, dcs_err *);
 
-static void fuzz_parse(parse_fn parse, const char *name, const uint8_t *data, size_t size)
-{
+static void fuzz_parse(parse_fn parse, const char *name, const uint8_t *data, size_t size) {
     dcs_tensor_table tt = {0};
     dcs_err e;
     if (parse(&tt, data, size, name, &e) == DCS_OK)

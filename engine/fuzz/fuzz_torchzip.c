@@ -7,8 +7,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_parse(dcs_tt_parse_torchzip, "fuzz.bin", data, size);
     return 0;
 }

@@ -52,52 +52,51 @@ typedef enum { DCS_DEVICE_CPU = 0, DCS_DEVICE_CUDA = 1 } dcs_device;
 
 /* Dimensions and switches of a loaded model (read-only). */
 typedef struct {
-    int model_type;        /* dcs_model_type                                 */
-    int n_layer;           /* L                                              */
-    int d_model;           /* D                                              */
-    int n_head;            /* N                                              */
-    int head_dim;          /* Dh = D / N                                     */
-    int d_ff;              /* F                                              */
-    int vocab;             /* V                                              */
-    int rotary_dim;        /* r = Dh * rotary_pct (even)                     */
+    int model_type; /* dcs_model_type                                 */
+    int n_layer;    /* L                                              */
+    int d_model;    /* D                                              */
+    int n_head;     /* N                                              */
+    int head_dim;   /* Dh = D / N                                     */
+    int d_ff;       /* F                                              */
+    int vocab;      /* V                                              */
+    int rotary_dim; /* r = Dh * rotary_pct (even)                     */
     float rope_base;
     float norm_eps;
     int parallel_residual;
     int qk_norm;
     int linear_bias;
-    int use_dcmha;         /* 0 for gpt_neox or dcpythia with use_dcmha=false */
-    int query_wise;        /* key-wise branches absent                       */
-    int dyn_rank;          /* R (from the dyn_w_proj.qkw shape)              */
-    int dyn_hidden;        /* K (from the dyn_w_proj.dw1 shape)              */
-    int dyn_slots;         /* C: 4 (pre-q, pre-k, post-q, post-k) or 2        */
-    int window_size;       /* local-attention window (t - s <= window_size);
+    int use_dcmha;   /* 0 for gpt_neox or dcpythia with use_dcmha=false */
+    int query_wise;  /* key-wise branches absent                       */
+    int dyn_rank;    /* R (from the dyn_w_proj.qkw shape)              */
+    int dyn_hidden;  /* K (from the dyn_w_proj.dw1 shape)              */
+    int dyn_slots;   /* C: 4 (pre-q, pre-k, post-q, post-k) or 2        */
+    int window_size; /* local-attention window (t - s <= window_size);
                               0: no local layers ("window_size": null)       */
     int tie_embeddings;
     /* attention variants (model-spec.md section 5)                          */
-    int use_sw;            /* static (Talking-Heads) sixth compose branch    */
-    int compose_groups;    /* G: heads composed within G groups (1: all)     */
-    int moh;               /* Mixture-of-Head routing on                     */
-    int moh_shared;        /* hs: shared (always-on) heads                   */
-    int moh_topk;          /* k: routed heads selected per token             */
-    int key_wise;          /* query-wise branches absent (the paper's
+    int use_sw;         /* static (Talking-Heads) sixth compose branch    */
+    int compose_groups; /* G: heads composed within G groups (1: all)     */
+    int moh;            /* Mixture-of-Head routing on                     */
+    int moh_shared;     /* hs: shared (always-on) heads                   */
+    int moh_topk;       /* k: routed heads selected per token             */
+    int key_wise;       /* query-wise branches absent (the paper's
                               key-wise-only ablation; "key_wise": true)      */
 } dcs_config;
 
 typedef struct {
-    int device;            /* dcs_device                                     */
-    int cuda_device;       /* GPU ordinal for DCS_DEVICE_CUDA                */
-    int n_threads;         /* CPU GEMM threads, 0 = library default          */
+    int device;      /* dcs_device                                     */
+    int cuda_device; /* GPU ordinal for DCS_DEVICE_CUDA                */
+    int n_threads;   /* CPU GEMM threads, 0 = library default          */
 } dcs_load_options;
 
 /* Load the model in directory `dir` (config.json + safetensors or torch zip
  * weights, single or sharded). On failure *out is NULL and err holds a
  * message naming the file and what is wrong. opts may be NULL. */
-dcs_status dcs_load(const char *dir, const dcs_load_options *opts,
-                    dcs_model **out, char *err, size_t errlen);
+dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **out, char *err, size_t errlen);
 void dcs_free(dcs_model *m);
 
 const dcs_config *dcs_model_config(const dcs_model *m);
-const char *dcs_errmsg(const dcs_model *m);     /* last error on this model  */
+const char *dcs_errmsg(const dcs_model *m); /* last error on this model  */
 int dcs_layer_is_local(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
 /* Notes from loading (e.g. ignored key-side weights of a query-wise
@@ -131,52 +130,52 @@ const char *dcs_weight_name(const dcs_model *m, int i);
 
 /* Hook points. The per-layer ones are instantiated as "blocks.{l}.<name>". */
 typedef enum {
-    DCS_HP_EMBED = 0,          /* embed                  [T, D]      global */
-    DCS_HP_RESID_PRE,          /* resid_pre              [T, D]             */
-    DCS_HP_LN_ATTN,            /* ln_attn                [T, D]             */
-    DCS_HP_Q,                  /* attn.q                 [T, N, Dh]         */
-    DCS_HP_K,                  /* attn.k                 [T, N, Dh]         */
-    DCS_HP_V,                  /* attn.v                 [T, N, Dh]         */
-    DCS_HP_DYN_PRE_QW1,        /* attn.dyn.pre.qw1       [T, R, N]          */
-    DCS_HP_DYN_PRE_QW2,        /* attn.dyn.pre.qw2       [T, R, N]          */
-    DCS_HP_DYN_PRE_KW1,        /* attn.dyn.pre.kw1       [S, R, N]          */
-    DCS_HP_DYN_PRE_KW2,        /* attn.dyn.pre.kw2       [S, R, N]          */
-    DCS_HP_DYN_PRE_QDD,        /* attn.dyn.pre.qdd       [T, N]             */
-    DCS_HP_DYN_PRE_KDD,        /* attn.dyn.pre.kdd       [S, N]             */
-    DCS_HP_DYN_POST_QW1,       /* attn.dyn.post.qw1      [T, R, N]          */
-    DCS_HP_DYN_POST_QW2,       /* attn.dyn.post.qw2      [T, R, N]          */
-    DCS_HP_DYN_POST_KW1,       /* attn.dyn.post.kw1      [S, R, N]          */
-    DCS_HP_DYN_POST_KW2,       /* attn.dyn.post.kw2      [S, R, N]          */
-    DCS_HP_DYN_POST_QDD,       /* attn.dyn.post.qdd      [T, N]             */
-    DCS_HP_DYN_POST_KDD,       /* attn.dyn.post.kdd      [S, N]             */
-    DCS_HP_SCORES,             /* attn.scores            [N, T, S]          */
-    DCS_HP_PRE_SKIP,           /* attn.pre.skip          [N, T, S]          */
-    DCS_HP_PRE_QP,             /* attn.pre.qp                               */
-    DCS_HP_PRE_KP,             /* attn.pre.kp                               */
-    DCS_HP_PRE_QG,             /* attn.pre.qg                               */
-    DCS_HP_PRE_KG,             /* attn.pre.kg                               */
-    DCS_HP_PRE_STATIC,         /* attn.pre.static (use_sw)                  */
-    DCS_HP_SCORES_COMPOSED,    /* attn.scores_composed   [N, T, S]          */
-    DCS_HP_PATTERN,            /* attn.pattern           [N, T, S]          */
-    DCS_HP_POST_SKIP,          /* attn.post.skip         [N, T, S]          */
-    DCS_HP_POST_QP,            /* attn.post.qp                              */
-    DCS_HP_POST_KP,            /* attn.post.kp                              */
-    DCS_HP_POST_QG,            /* attn.post.qg                              */
-    DCS_HP_POST_KG,            /* attn.post.kg                              */
-    DCS_HP_POST_STATIC,        /* attn.post.static (use_sw)                 */
-    DCS_HP_PATTERN_COMPOSED,   /* attn.pattern_composed  [N, T, S]          */
-    DCS_HP_ROUTER_LOGITS,      /* attn.router_logits     [T, N - hs] (moh)  */
-    DCS_HP_ROUTING,            /* attn.routing           [T, N]      (moh)  */
-    DCS_HP_Z,                  /* attn.z                 [T, N, Dh] (gated) */
-    DCS_HP_HEAD_OUT,           /* attn.head_out          [T, N, D]          */
-    DCS_HP_ATTN_OUT,           /* attn.out               [T, D]             */
-    DCS_HP_LN_MLP,             /* ln_mlp                 [T, D]             */
-    DCS_HP_MLP_PRE,            /* mlp.pre                [T, F]             */
-    DCS_HP_MLP_POST,           /* mlp.post               [T, F]             */
-    DCS_HP_MLP_OUT,            /* mlp.out                [T, D]             */
-    DCS_HP_RESID_POST,         /* resid_post             [T, D]             */
-    DCS_HP_LN_FINAL,           /* ln_final               [T, D]      global */
-    DCS_HP_LOGITS,             /* logits                 [T, V]      global */
+    DCS_HP_EMBED = 0,        /* embed                  [T, D]      global */
+    DCS_HP_RESID_PRE,        /* resid_pre              [T, D]             */
+    DCS_HP_LN_ATTN,          /* ln_attn                [T, D]             */
+    DCS_HP_Q,                /* attn.q                 [T, N, Dh]         */
+    DCS_HP_K,                /* attn.k                 [T, N, Dh]         */
+    DCS_HP_V,                /* attn.v                 [T, N, Dh]         */
+    DCS_HP_DYN_PRE_QW1,      /* attn.dyn.pre.qw1       [T, R, N]          */
+    DCS_HP_DYN_PRE_QW2,      /* attn.dyn.pre.qw2       [T, R, N]          */
+    DCS_HP_DYN_PRE_KW1,      /* attn.dyn.pre.kw1       [S, R, N]          */
+    DCS_HP_DYN_PRE_KW2,      /* attn.dyn.pre.kw2       [S, R, N]          */
+    DCS_HP_DYN_PRE_QDD,      /* attn.dyn.pre.qdd       [T, N]             */
+    DCS_HP_DYN_PRE_KDD,      /* attn.dyn.pre.kdd       [S, N]             */
+    DCS_HP_DYN_POST_QW1,     /* attn.dyn.post.qw1      [T, R, N]          */
+    DCS_HP_DYN_POST_QW2,     /* attn.dyn.post.qw2      [T, R, N]          */
+    DCS_HP_DYN_POST_KW1,     /* attn.dyn.post.kw1      [S, R, N]          */
+    DCS_HP_DYN_POST_KW2,     /* attn.dyn.post.kw2      [S, R, N]          */
+    DCS_HP_DYN_POST_QDD,     /* attn.dyn.post.qdd      [T, N]             */
+    DCS_HP_DYN_POST_KDD,     /* attn.dyn.post.kdd      [S, N]             */
+    DCS_HP_SCORES,           /* attn.scores            [N, T, S]          */
+    DCS_HP_PRE_SKIP,         /* attn.pre.skip          [N, T, S]          */
+    DCS_HP_PRE_QP,           /* attn.pre.qp                               */
+    DCS_HP_PRE_KP,           /* attn.pre.kp                               */
+    DCS_HP_PRE_QG,           /* attn.pre.qg                               */
+    DCS_HP_PRE_KG,           /* attn.pre.kg                               */
+    DCS_HP_PRE_STATIC,       /* attn.pre.static (use_sw)                  */
+    DCS_HP_SCORES_COMPOSED,  /* attn.scores_composed   [N, T, S]          */
+    DCS_HP_PATTERN,          /* attn.pattern           [N, T, S]          */
+    DCS_HP_POST_SKIP,        /* attn.post.skip         [N, T, S]          */
+    DCS_HP_POST_QP,          /* attn.post.qp                              */
+    DCS_HP_POST_KP,          /* attn.post.kp                              */
+    DCS_HP_POST_QG,          /* attn.post.qg                              */
+    DCS_HP_POST_KG,          /* attn.post.kg                              */
+    DCS_HP_POST_STATIC,      /* attn.post.static (use_sw)                 */
+    DCS_HP_PATTERN_COMPOSED, /* attn.pattern_composed  [N, T, S]          */
+    DCS_HP_ROUTER_LOGITS,    /* attn.router_logits     [T, N - hs] (moh)  */
+    DCS_HP_ROUTING,          /* attn.routing           [T, N]      (moh)  */
+    DCS_HP_Z,                /* attn.z                 [T, N, Dh] (gated) */
+    DCS_HP_HEAD_OUT,         /* attn.head_out          [T, N, D]          */
+    DCS_HP_ATTN_OUT,         /* attn.out               [T, D]             */
+    DCS_HP_LN_MLP,           /* ln_mlp                 [T, D]             */
+    DCS_HP_MLP_PRE,          /* mlp.pre                [T, F]             */
+    DCS_HP_MLP_POST,         /* mlp.post               [T, F]             */
+    DCS_HP_MLP_OUT,          /* mlp.out                [T, D]             */
+    DCS_HP_RESID_POST,       /* resid_post             [T, D]             */
+    DCS_HP_LN_FINAL,         /* ln_final               [T, D]      global */
+    DCS_HP_LOGITS,           /* logits                 [T, V]      global */
     DCS_HP_COUNT
 } dcs_hook_point;
 
@@ -215,11 +214,10 @@ static inline size_t dcs_hook_index(int n_layer, int point, int layer) {
  * softmax masks the pre-softmax maps, and after a hook modifies a
  * post-softmax map (pattern, post.*, pattern_composed) its masked cells are
  * set back to 0. */
-typedef int (*dcs_hook_fn)(void *user, int point, int layer, float *data,
-                           const int64_t *shape, int ndim);
+typedef int (*dcs_hook_fn)(void *user, int point, int layer, float *data, const int64_t *shape, int ndim);
 
 typedef struct {
-    const uint8_t *want;   /* [DCS_HP_COUNT * n_layer]; nonzero = call fn   */
+    const uint8_t *want; /* [DCS_HP_COUNT * n_layer]; nonzero = call fn   */
     dcs_hook_fn fn;
     void *user;
 } dcs_hooks;
@@ -237,16 +235,15 @@ void dcs_set_hook_error(dcs_model *m, const char *msg);
  * buffer is still filled.
  * A dcs_model is not thread-safe: one call at a time per model (the Python
  * binding holds a per-model lock). Different models run in parallel. */
-dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T,
-                       float *logits, const dcs_hooks *hooks);
+dcs_status dcs_forward(dcs_model *m, const int32_t *tokens, int B, int T, float *logits,
+                       const dcs_hooks *hooks);
 
 /* The same pass with logits only at some positions: positions [B, n_pos]
  * (each in [0, T), per sequence), logits [B, n_pos, V]. The unembedding
  * then costs 2 * B * n_pos * D * V FLOPs instead of 2 * B * T * D * V.
  * positions NULL: as dcs_forward. */
-dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
-                          const int32_t *positions, int n_pos, float *logits,
-                          const dcs_hooks *hooks);
+dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T, const int32_t *positions,
+                          int n_pos, float *logits, const dcs_hooks *hooks);
 
 /* Ask a running dcs_forward (or dcs_decoder_step) on m to stop (callable from any thread or a
  * signal handler: it only sets an atomic flag). The pass checks the flag
@@ -288,7 +285,7 @@ dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out);
 void dcs_decoder_free(dcs_decoder *d);
 dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float *logits,
                             const dcs_hooks *hooks);
-int dcs_decoder_pos(const dcs_decoder *d);           /* tokens fed so far */
+int dcs_decoder_pos(const dcs_decoder *d); /* tokens fed so far */
 /* Key positions layer l holds between steps (window_size + 1 at most on a
  * local layer, pos on a global one); -1 for a bad layer. */
 int dcs_decoder_layer_keys(const dcs_decoder *d, int layer);
@@ -302,36 +299,35 @@ typedef struct {
     const float *data;
     int rows, cols;
     const char *title;
-    int mask_window;             /* > 0: this panel's local window (overrides
+    int mask_window; /* > 0: this panel's local window (overrides
                                     the spec's), < 0: none, 0: the spec's   */
 } dcs_panel;
 
 typedef struct {
     const dcs_panel *panels;
     int n_panels;
-    int grid_cols;               /* panels per row, <= 0: all in one row     */
-    int colormap;                /* dcs_colormap                             */
-    int auto_range;              /* 1: range from the data (diverging: +-max|x|) */
-    float vmin, vmax;            /* used when auto_range == 0                */
+    int grid_cols;                 /* panels per row, <= 0: all in one row     */
+    int colormap;                  /* dcs_colormap                             */
+    int auto_range;                /* 1: range from the data (diverging: +-max|x|) */
+    float vmin, vmax;              /* used when auto_range == 0                */
     const char *const *row_labels; /* rows strings (query tokens) or NULL   */
     const char *const *col_labels; /* cols strings (key tokens) or NULL     */
-    int mask_upper;              /* 1: draw s > t cells as masked (causal)   */
-    int mask_window;             /* > 0 (with mask_upper): also mask cells
+    int mask_upper;                /* 1: draw s > t cells as masked (causal)   */
+    int mask_window;               /* > 0 (with mask_upper): also mask cells
                                     with t - s > mask_window (local layers) */
-    int cell_px;                 /* pixels per cell, <= 0: chosen from size  */
-    const char *title;           /* figure title or NULL                     */
-    int axis_titles;             /* 1: "query" / "key" axis titles           */
+    int cell_px;                   /* pixels per cell, <= 0: chosen from size  */
+    const char *title;             /* figure title or NULL                     */
+    int axis_titles;               /* 1: "query" / "key" axis titles           */
 } dcs_heatmap_spec;
 
 /* Render to PNG bytes (malloc'd; free with dcs_buffer_free). */
-dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png,
-                           size_t *png_len, char *err, size_t errlen);
+dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *png_len, char *err,
+                           size_t errlen);
 /* Geometry of the picture dcs_heatmap_png draws for `spec`: its width and
  * height, and the top-left pixel (x, y) and side (cell) of cell (t, s) of
  * panel p. Any output pointer may be NULL. */
-dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, int s,
-                                int *width, int *height, int *x, int *y, int *cell,
-                                char *err, size_t errlen);
+dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, int s, int *width,
+                                int *height, int *x, int *y, int *cell, char *err, size_t errlen);
 /* The RGB colour of value x in [vmin, vmax] under the colour map. */
 void dcs_colormap_rgb(int colormap, float x, float vmin, float vmax, uint8_t rgb[3]);
 void dcs_buffer_free(void *p);
@@ -345,9 +341,17 @@ typedef struct dcs_tape dcs_tape;
 
 /* Replace the activation at a hook point in dcs_tape_forward by `data`
  * (the hook's batched layout); it is then a constant of the pass. */
-typedef struct { int point; int layer; const float *data; } dcs_hook_override;
+typedef struct {
+    int point;
+    int layer;
+    const float *data;
+} dcs_hook_override;
 /* Receive the gradient at a hook point in dcs_tape_backward. */
-typedef struct { int point; int layer; float *grad; } dcs_hook_grad;
+typedef struct {
+    int point;
+    int layer;
+    float *grad;
+} dcs_hook_grad;
 
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out);
 /* The memory plan. Weights stay in their stored dtype (F16/BF16 matrices
@@ -377,31 +381,36 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, c
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);
 void dcs_tape_free(dcs_tape *tp);
 /* tokens [B, T]; logits [B, T, V] or NULL. `ov` must outlive the backward. */
-dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
-                            int n_ov, float *logits);
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
+                            float *logits);
 /* Mean cross-entropy over positions with targets [B, T] >= 0 (-1: none);
  * its gradient becomes the tape's dlogits. */
 dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count);
 /* Backward from dlogits [B, T, V] (NULL: the one of dcs_tape_loss).
  * param_grads: flat [dcs_param_total] accumulated (+=), or NULL. */
-dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
-                             const dcs_hook_grad *g, int n_g);
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_hook_grad *g,
+                             int n_g);
 /* The same with gradients of the parameters in `pg` only (index as in
  * dcs_param_info, grad [its size] accumulated +=): nothing is allocated for
  * the others. */
-typedef struct { int index; float *grad; } dcs_param_grad;
+typedef struct {
+    int index;
+    float *grad;
+} dcs_param_grad;
 dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
                                     const dcs_hook_grad *g, int n_g);
 
 /* Parameters: every weight by canonical name, in one flat layout. */
 int dcs_param_count(const dcs_model *m);
 int64_t dcs_param_total(const dcs_model *m);
-dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset,
-                          int64_t *n, int *decay);
+dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset, int64_t *n,
+                          int *decay);
 /* Copy weights that alias the checkpoint file into writable memory. */
 dcs_status dcs_model_make_trainable(dcs_model *m);
 
-typedef struct { float lr, beta1, beta2, eps, weight_decay; } dcs_adamw;
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+} dcs_adamw;
 /* AdamW on every parameter (decay only where dcs_param_info says so);
  * mom, var flat [dcs_param_total]; step from 1. */
 dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,

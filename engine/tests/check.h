@@ -13,8 +13,7 @@ typedef struct {
     int passed, failed;
 } check_counts;
 
-static bool check_count(check_counts *c, bool ok, int line, const char *fmt, va_list ap)
-{
+static bool check_count(check_counts *c, bool ok, int line, const char *fmt, va_list ap) {
     if (ok) {
         c->passed++;
         return true;
@@ -27,8 +26,7 @@ static bool check_count(check_counts *c, bool ok, int line, const char *fmt, va_
 }
 
 /* Print the closing line; the exit status of the test program. */
-static int check_report(const char *name, const check_counts *c)
-{
+static int check_report(const char *name, const check_counts *c) {
     printf("%s: %d passed, %d failed\n", name, c->passed, c->failed);
     return c->failed ? 1 : 0;
 }

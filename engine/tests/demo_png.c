@@ -72,8 +72,8 @@ static int write_png(const char *path, const dcs_heatmap_spec *sp) {
     return 0;
 }
 
-static const char *WORDS[] = {" The", " cat", " sat", " on", " the", " mat", ".",
-                              " It", " was", " very", " happy", "\n"};
+static const char *WORDS[] = {" The", " cat", " sat", " on",   " the",   " mat",
+                              ".",    " It",  " was", " very", " happy", "\n"};
 
 int main(void) {
     int rc = 0;
@@ -140,11 +140,10 @@ int main(void) {
     float *lp = (float *)malloc(sizeof(float) * LT * LT);
     const char **ltok = (const char **)malloc(sizeof(char *) * LT);
     static const char *extra[] = {" caf\xc3\xa9", " \xe6\x97\xa5\xe6\x9c\xac", "\t",
-                                  "  ", " supercalifragilistic", "\r\n"};
+                                  "  ",           " supercalifragilistic",     "\r\n"};
     if (!lp || !ltok) return 1;
     make_pattern(lp, LT, 0);
-    for (int i = 0; i < LT; i++)
-        ltok[i] = i % 10 == 4 ? extra[(i / 10) % 6] : WORDS[(i * 5) % 12];
+    for (int i = 0; i < LT; i++) ltok[i] = i % 10 == 4 ? extra[(i / 10) % 6] : WORDS[(i * 5) % 12];
     dcs_panel lpan = {lp, LT, LT, "L0 H1", 0};
     sp.panels = &lpan;
     sp.n_panels = 1;
@@ -161,8 +160,7 @@ int main(void) {
     enum { NR = 30, NC = 50 };
     static float ns[NR * NC];
     for (int t = 0; t < NR; t++)
-        for (int s = 0; s < NC; s++)
-            ns[t * NC + s] = sinf(0.3f * (float)t) * cosf(0.2f * (float)s) * 0.02f;
+        for (int s = 0; s < NC; s++) ns[t * NC + s] = sinf(0.3f * (float)t) * cosf(0.2f * (float)s) * 0.02f;
     dcs_panel npan = {ns, NR, NC, NULL, 0};
     memset(&sp, 0, sizeof sp);
     sp.panels = &npan;

@@ -19,22 +19,22 @@
 #include <string.h>
 
 static int n_pass, n_fail;
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (cond) {                                               \
-            n_pass++;                                             \
-        } else {                                                  \
-            n_fail++;                                             \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            printf(__VA_ARGS__);                                  \
-            printf("\n");                                         \
-        }                                                         \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (cond) {                                                                                          \
+            n_pass++;                                                                                        \
+        } else {                                                                                             \
+            n_fail++;                                                                                        \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                           \
+            printf(__VA_ARGS__);                                                                             \
+            printf("\n");                                                                                    \
+        }                                                                                                    \
     } while (0)
 
 #define EPS 1e-3f
 
 static unsigned rng_state = 12345u;
-static float frand(void) {  /* uniform [-1, 1) */
+static float frand(void) { /* uniform [-1, 1) */
     rng_state = rng_state * 1664525u + 1013904223u;
     return (float)((rng_state >> 8) & 0xFFFFFF) / 8388608.0f - 1.0f;
 }
@@ -73,7 +73,11 @@ static void check_grad(const char *what, fw_fn f, void *ctx, const float *x, flo
 }
 
 /* ---------------------------------------------------------------- LayerNorm */
-typedef struct { int M, D; float *w, *b; float mu[8], rs[8]; } ln_ctx;
+typedef struct {
+    int M, D;
+    float *w, *b;
+    float mu[8], rs[8];
+} ln_ctx;
 static void ln_f(void *c, const float *x, float *y) {
     ln_ctx *a = c;
     dcs_layernorm_fw(y, a->mu, a->rs, x, a->w, a->b, a->M, a->D, 1e-5f);
@@ -81,7 +85,10 @@ static void ln_f(void *c, const float *x, float *y) {
 static void test_layernorm(void) {
     enum { M = 3, D = 16 };
     float x[M * D], w[D], b[D], y[M * D], wy[M * D], dx[M * D] = {0}, dw[D] = {0}, db[D] = {0};
-    fill(x, M * D, 2.0f); fill(w, D, 1.0f); fill(b, D, 0.5f); fill(wy, M * D, 1.0f);
+    fill(x, M * D, 2.0f);
+    fill(w, D, 1.0f);
+    fill(b, D, 0.5f);
+    fill(wy, M * D, 1.0f);
     ln_ctx c = {M, D, w, b, {0}, {0}};
     ln_f(&c, x, y);
     dcs_layernorm_bw(dx, dw, db, wy, x, c.mu, c.rs, w, M, D);
@@ -91,7 +98,11 @@ static void test_layernorm(void) {
 }
 
 /* ---------------------------------------------------------------- RMS norm */
-typedef struct { int rows, width; float *scale; float rs[16]; } rms_ctx;
+typedef struct {
+    int rows, width;
+    float *scale;
+    float rs[16];
+} rms_ctx;
 static void rms_f(void *c, const float *x, float *y) {
     rms_ctx *a = c;
     memcpy(y, x, sizeof(float) * a->rows * a->width);
@@ -100,7 +111,9 @@ static void rms_f(void *c, const float *x, float *y) {
 static void test_rmsnorm(int with_scale) {
     enum { R = 4, W = 8 };
     float x[R * W], s[W], y[R * W], wy[R * W], dx[R * W] = {0}, ds[W] = {0};
-    fill(x, R * W, 1.5f); fill(s, W, 1.0f); fill(wy, R * W, 1.0f);
+    fill(x, R * W, 1.5f);
+    fill(s, W, 1.0f);
+    fill(wy, R * W, 1.0f);
     rms_ctx c = {R, W, with_scale ? s : NULL, {0}};
     rms_f(&c, x, y);
     dcs_rmsnorm_bw(dx, with_scale ? ds : NULL, wy, x, c.rs, R, W, c.scale);
@@ -109,7 +122,10 @@ static void test_rmsnorm(int with_scale) {
 }
 
 /* ---------------------------------------------------------------- rotary */
-typedef struct { int M, T, N, Dh, rot; float cs[64]; } rot_ctx;
+typedef struct {
+    int M, T, N, Dh, rot;
+    float cs[64];
+} rot_ctx;
 static void rot_f(void *c, const float *x, float *y) {
     rot_ctx *a = c;
     memcpy(y, x, sizeof(float) * a->M * a->N * a->Dh);
@@ -120,7 +136,8 @@ static void test_rotary(void) {
     rot_ctx c = {M, T, N, Dh, 4, {0}};
     dcs_rotary_table(c.cs, T, 4, 10000.0f);
     float x[M * N * Dh], wy[M * N * Dh], y[M * N * Dh], dx[M * N * Dh];
-    fill(x, M * N * Dh, 1.0f); fill(wy, M * N * Dh, 1.0f);
+    fill(x, M * N * Dh, 1.0f);
+    fill(wy, M * N * Dh, 1.0f);
     memcpy(dx, wy, sizeof dx);
     dcs_rotary_apply(dx, c.cs, M, T, N, Dh, 4, 1);
     check_grad("rotary dx", rot_f, &c, x, x, M * N * Dh, dx, M * N * Dh, wy);
@@ -140,7 +157,8 @@ static void test_pointwise(void) {
     enum { n = 24 };
     int nn = n;
     float x[n], y[n], wy[n], dx[n] = {0}, dt[n] = {0};
-    fill(x, n, 3.0f); fill(wy, n, 1.0f);
+    fill(x, n, 3.0f);
+    fill(wy, n, 1.0f);
     dcs_gelu_bw(dx, wy, x, n);
     check_grad("gelu dx", gelu_f, &nn, x, x, n, dx, n, wy);
     tanh_f(&nn, x, y);
@@ -149,7 +167,9 @@ static void test_pointwise(void) {
 }
 
 /* ---------------------------------------------------------------- softmax */
-typedef struct { int BN, T, window; } sm_ctx;
+typedef struct {
+    int BN, T, window;
+} sm_ctx;
 static void sm_f(void *c, const float *x, float *y) {
     sm_ctx *a = c;
     memcpy(y, x, sizeof(float) * a->BN * a->T * a->T);
@@ -158,7 +178,8 @@ static void sm_f(void *c, const float *x, float *y) {
 static void test_softmax(int window) {
     enum { BN = 2, T = 6 };
     float x[BN * T * T], y[BN * T * T], wy[BN * T * T], dx[BN * T * T];
-    fill(x, BN * T * T, 3.0f); fill(wy, BN * T * T, 1.0f);
+    fill(x, BN * T * T, 3.0f);
+    fill(wy, BN * T * T, 1.0f);
     sm_ctx c = {BN, T, window};
     sm_f(&c, x, y);
     dcs_softmax_bw(dx, wy, y, 0, BN * T, T, T, window);
@@ -167,7 +188,11 @@ static void test_softmax(int window) {
 
 /* ---------------------------------------------------------------- compose */
 enum { CN = 4, CR = 2 };
-typedef struct { float qw1[CR * CN], qw2[CR * CN], kw1[CR * CN], kw2[CR * CN], qdd[CN], kdd[CN]; int keys; unsigned on; } cp_ctx;
+typedef struct {
+    float qw1[CR * CN], qw2[CR * CN], kw1[CR * CN], kw2[CR * CN], qdd[CN], kdd[CN];
+    int keys;
+    unsigned on;
+} cp_ctx;
 static void cp_f(void *c, const float *x, float *y) {
     cp_ctx *a = c;
     float br[5][CN];
@@ -185,18 +210,29 @@ static void test_compose(int keys, unsigned on) {
     cp_ctx c;
     c.keys = keys;
     c.on = on;
-    fill(c.qw1, CR * CN, 1.0f); fill(c.qw2, CR * CN, 1.0f); fill(c.kw1, CR * CN, 1.0f);
-    fill(c.kw2, CR * CN, 1.0f); fill(c.qdd, CN, 0.9f); fill(c.kdd, CN, 0.9f);
+    fill(c.qw1, CR * CN, 1.0f);
+    fill(c.qw2, CR * CN, 1.0f);
+    fill(c.kw1, CR * CN, 1.0f);
+    fill(c.kw2, CR * CN, 1.0f);
+    fill(c.qdd, CN, 0.9f);
+    fill(c.kdd, CN, 0.9f);
     float x[CN], y[CN], wy[CN], dx[CN] = {0};
-    float d1[CR * CN] = {0}, d2[CR * CN] = {0}, d3[CR * CN] = {0}, d4[CR * CN] = {0}, d5[CN] = {0}, d6[CN] = {0};
-    fill(x, CN, 1.0f); fill(wy, CN, 1.0f);
+    float d1[CR * CN] = {0}, d2[CR * CN] = {0}, d3[CR * CN] = {0}, d4[CR * CN] = {0}, d5[CN] = {0},
+                  d6[CN] = {0};
+    fill(x, CN, 1.0f);
+    fill(wy, CN, 1.0f);
     cp_f(&c, x, y);
     dcs_compose_pair_bw(x, wy, dx, 1, CN, CR, c.qw1, c.qw2, keys ? c.kw1 : NULL, keys ? c.kw2 : NULL, c.qdd,
-                        keys ? c.kdd : NULL, d1, d2, keys ? d3 : NULL, keys ? d4 : NULL, d5, keys ? d6 : NULL, on);
+                        keys ? c.kdd : NULL, d1, d2, keys ? d3 : NULL, keys ? d4 : NULL, d5, keys ? d6 : NULL,
+                        on);
     char what[64];
     snprintf(what, sizeof what, "compose(keys=%d, on=%#x) ", keys, on);
     char w2[96];
-#define CG(name, p, n, g) do { snprintf(w2, sizeof w2, "%s%s", what, name); check_grad(w2, cp_f, &c, x, p, n, g, CN, wy); } while (0)
+#define CG(name, p, n, g)                                                                                    \
+    do {                                                                                                     \
+        snprintf(w2, sizeof w2, "%s%s", what, name);                                                         \
+        check_grad(w2, cp_f, &c, x, p, n, g, CN, wy);                                                        \
+    } while (0)
     CG("d a", x, CN, dx);
     CG("d qw1", c.qw1, CR * CN, d1);
     CG("d qw2", c.qw2, CR * CN, d2);
@@ -223,22 +259,40 @@ static void cv_f(void *c, const float *x, float *y) {
 }
 static void test_compose_var(int q, int k, int st) {
     cv_ctx c = {.q = q, .k = k, .st = st};
-    fill(c.qw1, CR * VN, 1.0f); fill(c.qw2, CR * VN, 1.0f); fill(c.kw1, CR * VN, 1.0f);
-    fill(c.kw2, CR * VN, 1.0f); fill(c.qdd, VN, 0.9f); fill(c.kdd, VN, 0.9f); fill(c.sw, VG * VM * VM, 1.0f);
+    fill(c.qw1, CR * VN, 1.0f);
+    fill(c.qw2, CR * VN, 1.0f);
+    fill(c.kw1, CR * VN, 1.0f);
+    fill(c.kw2, CR * VN, 1.0f);
+    fill(c.qdd, VN, 0.9f);
+    fill(c.kdd, VN, 0.9f);
+    fill(c.sw, VG * VM * VM, 1.0f);
     float x[VN], y[VN], wy[VN], dx[VN] = {0};
-    float d1[CR * VN] = {0}, d2[CR * VN] = {0}, d3[CR * VN] = {0}, d4[CR * VN] = {0}, d5[VN] = {0}, d6[VN] = {0};
+    float d1[CR * VN] = {0}, d2[CR * VN] = {0}, d3[CR * VN] = {0}, d4[CR * VN] = {0}, d5[VN] = {0},
+                  d6[VN] = {0};
     float dsw[VG * VM * VM] = {0};
-    fill(x, VN, 1.0f); fill(wy, VN, 1.0f);
+    fill(x, VN, 1.0f);
+    fill(wy, VN, 1.0f);
     cv_f(&c, x, y);
     dcs_compose_pair_bw_var(x, wy, dx, 1, VN, VG, CR, q ? c.qw1 : NULL, q ? c.qw2 : NULL, k ? c.kw1 : NULL,
-                            k ? c.kw2 : NULL, q ? c.qdd : NULL, k ? c.kdd : NULL, st ? c.sw : NULL, d1, d2, d3, d4,
-                            d5, d6, st ? dsw : NULL, 0x3f);
+                            k ? c.kw2 : NULL, q ? c.qdd : NULL, k ? c.kdd : NULL, st ? c.sw : NULL, d1, d2,
+                            d3, d4, d5, d6, st ? dsw : NULL, 0x3f);
     char w[96];
-#define VG_(name, p, n, g) do { snprintf(w, sizeof w, "compose variant (q=%d k=%d static=%d) %s", q, k, st, name); \
-                               check_grad(w, cv_f, &c, x, p, n, g, VN, wy); } while (0)
+#define VG_(name, p, n, g)                                                                                   \
+    do {                                                                                                     \
+        snprintf(w, sizeof w, "compose variant (q=%d k=%d static=%d) %s", q, k, st, name);                   \
+        check_grad(w, cv_f, &c, x, p, n, g, VN, wy);                                                         \
+    } while (0)
     VG_("d a", x, VN, dx);
-    if (q) { VG_("d qw1", c.qw1, CR * VN, d1); VG_("d qw2", c.qw2, CR * VN, d2); VG_("d qdd", c.qdd, VN, d5); }
-    if (k) { VG_("d kw1", c.kw1, CR * VN, d3); VG_("d kw2", c.kw2, CR * VN, d4); VG_("d kdd", c.kdd, VN, d6); }
+    if (q) {
+        VG_("d qw1", c.qw1, CR * VN, d1);
+        VG_("d qw2", c.qw2, CR * VN, d2);
+        VG_("d qdd", c.qdd, VN, d5);
+    }
+    if (k) {
+        VG_("d kw1", c.kw1, CR * VN, d3);
+        VG_("d kw2", c.kw2, CR * VN, d4);
+        VG_("d kdd", c.kdd, VN, d6);
+    }
     if (st) VG_("d sw", c.sw, VG * VM * VM, dsw);
 #undef VG_
 }
@@ -246,7 +300,10 @@ static void test_compose_var(int q, int k, int st) {
 /* MoH routing scores (dcs_moh_route_row_bw) against central differences of
  * dcs_moh_route_row, away from selection ties. */
 enum { RN_ = 6 };
-typedef struct { int hs, k; float lg[RN_], s1[RN_], s0[2]; } mr_ctx;
+typedef struct {
+    int hs, k;
+    float lg[RN_], s1[RN_], s0[2];
+} mr_ctx;
 static void mr_f(void *c, const float *x, float *y) {
     (void)x;
     mr_ctx *a = c;
@@ -254,8 +311,9 @@ static void mr_f(void *c, const float *x, float *y) {
 }
 static void test_moh_route(int hs, int k) {
     mr_ctx c = {.hs = hs, .k = k};
-    for (int j = 0; j < RN_; j++) c.lg[j] = 0.7f * (float)j - 1.3f + 0.1f * frand();   /* distinct logits */
-    fill(c.s1, RN_, 1.0f); fill(c.s0, 2, 1.0f);
+    for (int j = 0; j < RN_; j++) c.lg[j] = 0.7f * (float)j - 1.3f + 0.1f * frand(); /* distinct logits */
+    fill(c.s1, RN_, 1.0f);
+    fill(c.s0, 2, 1.0f);
     float y[RN_], wy[RN_], dlg[RN_], ds1[RN_], ds0[2];
     fill(wy, RN_, 1.0f);
     mr_f(&c, NULL, y);
@@ -283,11 +341,11 @@ int main(void) {
     test_softmax(2);
     test_compose(1, 0x1f);
     test_compose(0, 0x1f);
-    test_compose(1, 0x1f & ~0x4u);   /* kp cut by a hook */
-    test_compose(1, 0x1u | 0x8u);    /* skip + qg only  */
-    test_compose_var(1, 1, 1);       /* groups + static      */
-    test_compose_var(0, 1, 0);       /* key-wise only        */
-    test_compose_var(1, 0, 1);       /* query-wise + static  */
+    test_compose(1, 0x1f & ~0x4u); /* kp cut by a hook */
+    test_compose(1, 0x1u | 0x8u);  /* skip + qg only  */
+    test_compose_var(1, 1, 1);     /* groups + static      */
+    test_compose_var(0, 1, 0);     /* key-wise only        */
+    test_compose_var(1, 0, 1);     /* query-wise + static  */
     test_moh_route(0, 2);
     test_moh_route(1, 2);
     test_moh_route(2, 1);

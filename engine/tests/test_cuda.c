@@ -29,7 +29,7 @@
 typedef struct {
     dcs_backend *cpu, *gpu;
     uint64_t rng;
-    int checks_failed;      /* within the current group */
+    int checks_failed; /* within the current group */
 } ctx;
 
 /* A tensor living on both backends. */
@@ -38,22 +38,29 @@ typedef struct {
     size_t n;
 } pair;
 
-static float frand(ctx *t) {   /* uniform in [-1, 1) */
+static float frand(ctx *t) { /* uniform in [-1, 1) */
     t->rng = t->rng * 6364136223846793005ULL + 1442695040888963407ULL;
     return (float)((t->rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
 }
 
 static float *host_rand(ctx *t, size_t n, float scale, float offset) {
     float *h = malloc(n * sizeof(float) + 1);
-    if (!h) { fprintf(stderr, "out of host memory\n"); exit(2); }
+    if (!h) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
     for (size_t i = 0; i < n; i++) h[i] = offset + scale * frand(t);
     return h;
 }
 
 /* Allocate n floats on both backends; fill with host data if given. */
 static pair mk(ctx *t, const float *host, size_t n) {
-    pair p = {t->cpu->ops->alloc(t->cpu, n * sizeof(float)), t->gpu->ops->alloc(t->gpu, n * sizeof(float)), n};
-    if (!p.c || !p.g) { fprintf(stderr, "allocation of %zu floats failed\n", n); exit(2); }
+    pair p = {t->cpu->ops->alloc(t->cpu, n * sizeof(float)), t->gpu->ops->alloc(t->gpu, n * sizeof(float)),
+              n};
+    if (!p.c || !p.g) {
+        fprintf(stderr, "allocation of %zu floats failed\n", n);
+        exit(2);
+    }
     if (host) {
         t->cpu->ops->upload(t->cpu, p.c, host, n * sizeof(float));
         t->gpu->ops->upload(t->gpu, p.g, host, n * sizeof(float));
@@ -87,8 +94,14 @@ static void fail(ctx *t, const char *fmt, ...) {
 /* Sync both backends; a backend error fails the check. */
 static int sync_both(ctx *t, const char *what) {
     dcs_err e = {0};
-    if (t->cpu->ops->sync(t->cpu, &e)) { fail(t, "%s: cpu backend: %s", what, e.msg); return 0; }
-    if (t->gpu->ops->sync(t->gpu, &e)) { fail(t, "%s: cuda backend: %s", what, e.msg); return 0; }
+    if (t->cpu->ops->sync(t->cpu, &e)) {
+        fail(t, "%s: cpu backend: %s", what, e.msg);
+        return 0;
+    }
+    if (t->gpu->ops->sync(t->gpu, &e)) {
+        fail(t, "%s: cuda backend: %s", what, e.msg);
+        return 0;
+    }
     return 1;
 }
 
@@ -96,7 +109,10 @@ static int sync_both(ctx *t, const char *what) {
 static int fetch(ctx *t, pair p, const char *what, float **hc, float **hg) {
     *hc = malloc(p.n * sizeof(float) + 1);
     *hg = malloc(p.n * sizeof(float) + 1);
-    if (!*hc || !*hg) { fprintf(stderr, "out of host memory\n"); exit(2); }
+    if (!*hc || !*hg) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
     t->cpu->ops->download(t->cpu, *hc, p.c, p.n * sizeof(float));
     t->gpu->ops->download(t->gpu, *hg, p.g, p.n * sizeof(float));
     return sync_both(t, what);
@@ -109,16 +125,22 @@ static void check(ctx *t, pair p, const char *what, double tol) {
         double err = 0, ref = 0;
         size_t worst = 0, bad = (size_t)-1;
         for (size_t i = 0; i < p.n; i++) {
-            if (!isfinite(hc[i]) || !isfinite(hg[i])) { bad = i; break; }
+            if (!isfinite(hc[i]) || !isfinite(hg[i])) {
+                bad = i;
+                break;
+            }
             double d = fabs((double)hg[i] - hc[i]);
-            if (d > err) { err = d; worst = i; }
+            if (d > err) {
+                err = d;
+                worst = i;
+            }
             if (fabs(hc[i]) > ref) ref = fabs(hc[i]);
         }
         if (bad != (size_t)-1)
             fail(t, "%s: non-finite value at %zu (cpu %g, cuda %g)", what, bad, hc[bad], hg[bad]);
         else if (err > tol * (ref > 0 ? ref : 1e-30))
-            fail(t, "%s: max |diff| %.3g at %zu (cpu %.9g, cuda %.9g) > %.0e * max|ref| %.3g",
-                 what, err, worst, hc[worst], hg[worst], tol, ref);
+            fail(t, "%s: max |diff| %.3g at %zu (cpu %.9g, cuda %.9g) > %.0e * max|ref| %.3g", what, err,
+                 worst, hc[worst], hg[worst], tol, ref);
         else
             printf("    ok   %-52s rel err %.2e\n", what, ref > 0 ? err / ref : err);
     }
@@ -135,8 +157,10 @@ static void check_masked_zero(ctx *t, pair p, int G, int T, int S, int window, c
             for (int i = 0; i < T; i++)
                 for (int s = 0; s < S; s++)
                     if (!dcs_allowed(i, s, window) && hg[((size_t)g * T + i) * S + s] != 0.0f) nz++;
-        if (nz) fail(t, "%s: %zu masked entries are not 0", what, nz);
-        else printf("    ok   %-52s masked entries exactly 0\n", what);
+        if (nz)
+            fail(t, "%s: %zu masked entries are not 0", what, nz);
+        else
+            printf("    ok   %-52s masked entries exactly 0\n", what);
     }
     free(hc);
     free(hg);
@@ -146,25 +170,29 @@ static void check_masked_zero(ctx *t, pair p, int G, int T, int S, int window, c
 
 static void test_memory(ctx *t) {
     const size_t n = 100003;
-    pair z = mk(t, NULL, n);                 /* alloc is zero-filled */
+    pair z = mk(t, NULL, n); /* alloc is zero-filled */
     float *hc, *hg;
     if (fetch(t, z, "alloc", &hc, &hg)) {
         size_t nz = 0;
         for (size_t i = 0; i < n; i++) nz += hg[i] != 0.0f;
-        if (nz) fail(t, "alloc: %zu of %zu floats not zero", nz, n);
-        else printf("    ok   alloc is zero-filled\n");
+        if (nz)
+            fail(t, "alloc: %zu of %zu floats not zero", nz, n);
+        else
+            printf("    ok   alloc is zero-filled\n");
     }
     free(hc);
     free(hg);
     float *h = host_rand(t, n, 10.0f, 0.0f);
-    pair a = mk(t, h, n);                    /* upload / download round trip */
+    pair a = mk(t, h, n); /* upload / download round trip */
     float *back = malloc(n * sizeof(float));
     t->gpu->ops->download(t->gpu, back, a.g, n * sizeof(float));
     if (sync_both(t, "upload/download")) {
-        if (memcmp(back, h, n * sizeof(float))) fail(t, "upload/download: data differs");
-        else printf("    ok   upload/download round trip is exact\n");
+        if (memcmp(back, h, n * sizeof(float)))
+            fail(t, "upload/download: data differs");
+        else
+            printf("    ok   upload/download round trip is exact\n");
     }
-    t->cpu->ops->copy(t->cpu, z.c, a.c, n * sizeof(float));   /* device copy */
+    t->cpu->ops->copy(t->cpu, z.c, a.c, n * sizeof(float)); /* device copy */
     t->gpu->ops->copy(t->gpu, z.g, a.g, n * sizeof(float));
     check(t, z, "copy", 0.0);
     free(back);
@@ -175,8 +203,8 @@ static void test_memory(ctx *t) {
 
 /* ------------------------------------------------------------ gemm */
 
-static void gemm_case(ctx *t, int tA, int tB, int M, int N, int K, int batch, float alpha,
-                      float beta, int pad) {
+static void gemm_case(ctx *t, int tA, int tB, int M, int N, int K, int batch, float alpha, float beta,
+                      int pad) {
     int lda = (tA ? M : K) + pad, ldb = (tB ? K : N) + pad, ldc = N + pad;
     long long sA = (long long)(tA ? K : M) * lda + pad, sB = (long long)(tB ? N : K) * ldb + pad,
               sC = (long long)M * ldc + pad;
@@ -197,8 +225,8 @@ static void gemm_case(ctx *t, int tA, int tB, int M, int N, int K, int batch, fl
 static void test_gemm(ctx *t) {
     for (int tA = 0; tA < 2; tA++)
         for (int tB = 0; tB < 2; tB++) gemm_case(t, tA, tB, 37, 29, 53, 3, 0.7f, 0.3f, 3);
-    gemm_case(t, 0, 1, 256, 384, 512, 1, 1.0f, 0.0f, 0);    /* a Linear */
-    gemm_case(t, 0, 0, 64, 16, 64, 8, 0.125f, 0.0f, 0);     /* P @ v per head */
+    gemm_case(t, 0, 1, 256, 384, 512, 1, 1.0f, 0.0f, 0); /* a Linear */
+    gemm_case(t, 0, 0, 64, 16, 64, 8, 0.125f, 0.0f, 0);  /* P @ v per head */
 }
 
 /* ------------------------------------------------------------ row / elementwise */
@@ -213,7 +241,7 @@ static void test_embed(ctx *t) {
     t->cpu->ops->embed(t->cpu, out.c, table.c, tok, M, D);
     t->gpu->ops->embed(t->gpu, out.g, table.g, tok, M, D);
     check(t, out, "embed", 0.0);
-    tok[2] = 7;   /* a second call reuses the token scratch buffer */
+    tok[2] = 7; /* a second call reuses the token scratch buffer */
     t->cpu->ops->embed(t->cpu, out.c, table.c, tok, 3, D);
     t->gpu->ops->embed(t->gpu, out.g, table.g, tok, 3, D);
     check(t, out, "embed (second call, fewer tokens)", 0.0);
@@ -234,7 +262,7 @@ static void test_elementwise(ctx *t) {
     t->gpu->ops->add(t->gpu, y.g, x.g, n);
     check(t, y, "add", 1e-5);
 
-    pair gl = mk_rand(t, 300001, 5.0f, 0.0f);               /* > one grid's worth */
+    pair gl = mk_rand(t, 300001, 5.0f, 0.0f); /* > one grid's worth */
     t->cpu->ops->gelu(t->cpu, gl.c, gl.n);
     t->gpu->ops->gelu(t->gpu, gl.g, gl.n);
     check(t, gl, "gelu (erf)", 1e-5);
@@ -244,11 +272,16 @@ static void test_elementwise(ctx *t) {
     t->gpu->ops->tanh_(t->gpu, th.g, th.n);
     check(t, th, "tanh", 1e-5);
 
-    rm(t, x); rm(t, b); rm(t, y); rm(t, z); rm(t, gl); rm(t, th);
+    rm(t, x);
+    rm(t, b);
+    rm(t, y);
+    rm(t, z);
+    rm(t, gl);
+    rm(t, th);
 }
 
 static void layernorm_case(ctx *t, int M, int D, int with_bias, int in_place) {
-    pair x = mk_rand(t, (size_t)M * D, 2.0f, 3.0f);         /* offset: centring matters */
+    pair x = mk_rand(t, (size_t)M * D, 2.0f, 3.0f); /* offset: centring matters */
     pair w = mk_rand(t, D, 1.0f, 1.0f), b = mk_rand(t, D, 0.5f, 0.0f);
     pair out = in_place ? x : mk(t, NULL, (size_t)M * D);
     t->cpu->ops->layernorm(t->cpu, out.c, x.c, w.c, with_bias ? b.c : NULL, M, D, 1e-5f);
@@ -258,7 +291,9 @@ static void layernorm_case(ctx *t, int M, int D, int with_bias, int in_place) {
              in_place ? " in place" : "");
     check(t, out, what, 1e-5);
     if (!in_place) rm(t, out);
-    rm(t, x); rm(t, w); rm(t, b);
+    rm(t, x);
+    rm(t, w);
+    rm(t, b);
 }
 
 static void test_layernorm(ctx *t) {
@@ -274,13 +309,14 @@ static void rmsnorm_case(ctx *t, int rows, int width, int ld, int with_scale) {
     char what[96];
     snprintf(what, sizeof what, "rmsnorm rows=%d width=%d ld=%d%s", rows, width, ld,
              with_scale ? " scale" : "");
-    check(t, x, what, 1e-5);   /* the whole buffer: columns >= width untouched */
-    rm(t, x); rm(t, s);
+    check(t, x, what, 1e-5); /* the whole buffer: columns >= width untouched */
+    rm(t, x);
+    rm(t, s);
 }
 
 static void test_rmsnorm(ctx *t) {
-    rmsnorm_case(t, 45, 32, 48, 0);      /* dynamic w1 over N */
-    rmsnorm_case(t, 300, 128, 128, 1);   /* QK-norm over Dh */
+    rmsnorm_case(t, 45, 32, 48, 0);    /* dynamic w1 over N */
+    rmsnorm_case(t, 300, 128, 128, 1); /* QK-norm over Dh */
     rmsnorm_case(t, 7, 1000, 1003, 1);
 }
 
@@ -296,25 +332,27 @@ static void rotary_case(ctx *t, int B, int T, int N, int Dh, int rot, float base
 }
 
 static void test_rotary(ctx *t) {
-    rotary_case(t, 2, 1500, 3, 16, 8, 10000.0f);    /* positions up to 1499 */
-    rotary_case(t, 1, 2100, 2, 32, 32, 10000.0f);   /* full rotation, pos > 2000 */
+    rotary_case(t, 2, 1500, 3, 16, 8, 10000.0f);  /* positions up to 1499 */
+    rotary_case(t, 1, 2100, 2, 32, 32, 10000.0f); /* full rotation, pos > 2000 */
     rotary_case(t, 3, 5, 4, 8, 2, 500.0f);
 }
 
 static void test_copy2d(ctx *t) {
     const int rows = 13, cols = 20, ld_src = 37, ld_dst = 25;
-    pair src = mk_rand(t, (size_t)rows * ld_src, 1.0f, 0.0f), dst = mk_rand(t, (size_t)rows * ld_dst, 1.0f, 0.0f);
+    pair src = mk_rand(t, (size_t)rows * ld_src, 1.0f, 0.0f),
+         dst = mk_rand(t, (size_t)rows * ld_dst, 1.0f, 0.0f);
     t->cpu->ops->copy2d(t->cpu, dst.c, ld_dst, src.c + 5, ld_src, rows, cols);
     t->gpu->ops->copy2d(t->gpu, dst.g, ld_dst, src.g + 5, ld_src, rows, cols);
     check(t, dst, "copy2d (strided, offset source)", 0.0);
-    rm(t, src); rm(t, dst);
+    rm(t, src);
+    rm(t, dst);
 }
 
 /* ------------------------------------------------------------ compose */
 
 /* branches: bit k set -> branch k is materialised. */
-static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int window,
-                         int branches, int in_place, int query_wise, int G, int use_sw) {
+static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int window, int branches,
+                         int in_place, int query_wise, int G, int use_sw) {
     const int S = T;
     const size_t nA = (size_t)B * N * T * S, nq = (size_t)B * T * R * N, nk = (size_t)B * S * R * N;
     pair in = mk_rand(t, nA, 2.0f, 0.0f);
@@ -327,14 +365,14 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
     pair br[DCS_N_BRANCHES];
     memset(br, 0, sizeof br);
     for (int k = 0; k < DCS_N_BRANCHES; k++)
-        if (branches >> k & 1) br[k] = mk_rand(t, nA, 1.0f, 0.0f);   /* garbage: must be overwritten */
+        if (branches >> k & 1) br[k] = mk_rand(t, nA, 1.0f, 0.0f); /* garbage: must be overwritten */
     for (int side = 0; side < 2; side++) {
         dcs_backend *be = side ? t->gpu : t->cpu;
         dcs_compose_args a;
         memset(&a, 0, sizeof a);
         a.out = side ? out.g : out.c;
         a.in = side ? in.g : in.c;
-        if (query_wise != 2) {   /* 2: key_wise, no query side */
+        if (query_wise != 2) { /* 2: key_wise, no query side */
             a.qw1 = side ? qw1.g : qw1.c;
             a.qw2 = side ? qw2.g : qw2.c;
             a.qdd = side ? qdd.g : qdd.c;
@@ -347,7 +385,12 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
         for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (branches >> k & 1) a.br[k] = side ? br[k].g : br[k].c;
         if (use_sw) a.sw = side ? sw.g : sw.c;
-        a.B = B; a.N = N; a.T = T; a.S = S; a.R = R; a.G = G;
+        a.B = B;
+        a.N = N;
+        a.T = T;
+        a.S = S;
+        a.R = R;
+        a.G = G;
         a.causal_only = causal;
         a.window = window;
         be->ops->compose(be, &a);
@@ -356,8 +399,10 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
     char what[200];
     snprintf(what, sizeof what, "compose B=%d N=%d T=%d R=%d G=%d%s%s%s w=%d%s%s", B, N, T, R, G,
              use_sw ? " static" : "", causal ? " causal" : "",
-             query_wise == 1 ? " query_wise" : query_wise == 2 ? " key_wise" : "", window,
-             in_place ? " in place" : "", branches ? " +branches" : "");
+             query_wise == 1   ? " query_wise"
+             : query_wise == 2 ? " key_wise"
+                               : "",
+             window, in_place ? " in place" : "", branches ? " +branches" : "");
     check(t, out, what, 1e-5);
     if (causal) check_masked_zero(t, out, B * N, T, S, window, what);
     for (int k = 0; k < DCS_N_BRANCHES; k++)
@@ -369,20 +414,27 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
             rm(t, br[k]);
         }
     if (!in_place) rm(t, out);
-    rm(t, in); rm(t, qw1); rm(t, qw2); rm(t, kw1); rm(t, kw2); rm(t, qdd); rm(t, kdd); rm(t, sw);
+    rm(t, in);
+    rm(t, qw1);
+    rm(t, qw2);
+    rm(t, kw1);
+    rm(t, kw2);
+    rm(t, qdd);
+    rm(t, kdd);
+    rm(t, sw);
 }
 
 static void test_compose(ctx *t) {
-    compose_case(t, 2, 6, 37, 2, 0, 0, 0, 0, 0, 1, 0);      /* pre-compose, no branches      */
-    compose_case(t, 2, 6, 37, 2, 0, 5, 31, 1, 0, 1, 0);     /* all branches, in place        */
-    compose_case(t, 2, 6, 37, 2, 1, 0, 31, 0, 0, 1, 0);     /* post, causal, global          */
-    compose_case(t, 1, 8, 50, 2, 1, 5, 31, 1, 0, 1, 0);     /* post, causal, window 5        */
-    compose_case(t, 2, 4, 29, 3, 1, 4, 9, 1, 1, 1, 0);      /* query_wise, skip + qg only    */
-    compose_case(t, 1, 32, 40, 2, 1, 0, 0, 1, 0, 1, 0);     /* N = 32 as in DCPythia-6.9B    */
-    compose_case(t, 2, 6, 23, 2, 0, 0, 63, 1, 0, 1, 1);     /* static branch, in place       */
-    compose_case(t, 2, 8, 23, 2, 1, 4, 63, 1, 0, 4, 1);     /* 4 groups + static, windowed   */
-    compose_case(t, 1, 8, 19, 2, 0, 0, 31, 0, 1, 2, 0);     /* 2 groups, query_wise          */
-    compose_case(t, 2, 6, 21, 2, 1, 3, 63, 1, 2, 1, 1);     /* key_wise + static, windowed   */
+    compose_case(t, 2, 6, 37, 2, 0, 0, 0, 0, 0, 1, 0);  /* pre-compose, no branches      */
+    compose_case(t, 2, 6, 37, 2, 0, 5, 31, 1, 0, 1, 0); /* all branches, in place        */
+    compose_case(t, 2, 6, 37, 2, 1, 0, 31, 0, 0, 1, 0); /* post, causal, global          */
+    compose_case(t, 1, 8, 50, 2, 1, 5, 31, 1, 0, 1, 0); /* post, causal, window 5        */
+    compose_case(t, 2, 4, 29, 3, 1, 4, 9, 1, 1, 1, 0);  /* query_wise, skip + qg only    */
+    compose_case(t, 1, 32, 40, 2, 1, 0, 0, 1, 0, 1, 0); /* N = 32 as in DCPythia-6.9B    */
+    compose_case(t, 2, 6, 23, 2, 0, 0, 63, 1, 0, 1, 1); /* static branch, in place       */
+    compose_case(t, 2, 8, 23, 2, 1, 4, 63, 1, 0, 4, 1); /* 4 groups + static, windowed   */
+    compose_case(t, 1, 8, 19, 2, 0, 0, 31, 0, 1, 2, 0); /* 2 groups, query_wise          */
+    compose_case(t, 2, 6, 21, 2, 1, 3, 63, 1, 2, 1, 1); /* key_wise + static, windowed   */
 }
 
 /* ------------------------------------------------------------ MoH */
@@ -395,9 +447,8 @@ static void moh_case(ctx *t, int M, int N, int hs, int k) {
     pair z = mk_rand(t, (size_t)M * N * 5, 1.0f, 0.0f);
     for (int side = 0; side < 2; side++) {
         dcs_backend *be = side ? t->gpu : t->cpu;
-        be->ops->moh_route(be, side ? g.g : g.c, side ? lg.g : lg.c,
-                      hs > 1 ? (side ? s1.g : s1.c) : NULL, hs > 0 ? (side ? s0.g : s0.c) : NULL,
-                      M, N, hs, k);
+        be->ops->moh_route(be, side ? g.g : g.c, side ? lg.g : lg.c, hs > 1 ? (side ? s1.g : s1.c) : NULL,
+                           hs > 0 ? (side ? s0.g : s0.c) : NULL, M, N, hs, k);
         be->ops->head_gate(be, side ? z.g : z.c, side ? g.g : g.c, M, N, 5);
     }
     char what[96];
@@ -405,7 +456,11 @@ static void moh_case(ctx *t, int M, int N, int hs, int k) {
     check(t, g, what, 1e-5);
     snprintf(what, sizeof what, "head_gate M=%d N=%d Dh=5", M, N);
     check(t, z, what, 1e-5);
-    rm(t, lg); rm(t, s1); rm(t, s0); rm(t, g); rm(t, z);
+    rm(t, lg);
+    rm(t, s1);
+    rm(t, s0);
+    rm(t, g);
+    rm(t, z);
 }
 
 static void test_moh(ctx *t) {
@@ -430,15 +485,18 @@ static void softmax_case(ctx *t, int BN, int T, int window, float scale) {
 static void test_softmax(ctx *t) {
     softmax_case(t, 5, 70, 0, 5.0f);
     softmax_case(t, 5, 70, 7, 5.0f);
-    softmax_case(t, 2, 300, 256, 20.0f);    /* DCPythia's window, rows > 32 lanes */
+    softmax_case(t, 2, 300, 256, 20.0f); /* DCPythia's window, rows > 32 lanes */
 }
 
 /* ------------------------------------------------------------ errors */
 
 static void test_errors(ctx *t) {
     dcs_err e = {0};
-    void *p = t->gpu->ops->alloc(t->gpu, (size_t)1 << 52);      /* 4 PiB */
-    if (p) { fail(t, "alloc of 4 PiB returned a pointer"); t->gpu->ops->free(t->gpu, p); }
+    void *p = t->gpu->ops->alloc(t->gpu, (size_t)1 << 52); /* 4 PiB */
+    if (p) {
+        fail(t, "alloc of 4 PiB returned a pointer");
+        t->gpu->ops->free(t->gpu, p);
+    }
     dcs_status st = t->gpu->ops->sync(t->gpu, &e);
     if (st != DCS_ERR_BACKEND || strncmp(e.msg, "CUDA: ", 6))
         fail(t, "sync after a failed alloc: status %d, message '%s'", (int)st, e.msg);
@@ -446,9 +504,11 @@ static void test_errors(ctx *t) {
         printf("    ok   failed alloc reported: %s\n", e.msg);
     memset(&e, 0, sizeof e);
     st = t->gpu->ops->sync(t->gpu, &e);
-    if (st != DCS_OK) fail(t, "the error was not cleared after it was reported: %s", e.msg);
-    else printf("    ok   error cleared after sync\n");
-    pair x = mk_rand(t, 1000, 1.0f, 0.0f);                 /* still usable */
+    if (st != DCS_OK)
+        fail(t, "the error was not cleared after it was reported: %s", e.msg);
+    else
+        printf("    ok   error cleared after sync\n");
+    pair x = mk_rand(t, 1000, 1.0f, 0.0f); /* still usable */
     t->cpu->ops->gelu(t->cpu, x.c, x.n);
     t->gpu->ops->gelu(t->gpu, x.g, x.n);
     check(t, x, "a kernel after the error", 1e-5);
@@ -456,9 +516,13 @@ static void test_errors(ctx *t) {
 
     memset(&e, 0, sizeof e);
     dcs_backend *bad = dcs_backend_cuda_create(100000, &e);
-    if (bad) { fail(t, "device 100000 was accepted"); bad->ops->destroy(bad); }
-    else if (e.code != DCS_ERR_ARG) fail(t, "device 100000: status %d (%s)", (int)e.code, e.msg);
-    else printf("    ok   bad device rejected: %s\n", e.msg);
+    if (bad) {
+        fail(t, "device 100000 was accepted");
+        bad->ops->destroy(bad);
+    } else if (e.code != DCS_ERR_ARG)
+        fail(t, "device 100000: status %d (%s)", (int)e.code, e.msg);
+    else
+        printf("    ok   bad device rejected: %s\n", e.msg);
 }
 
 /* ------------------------------------------------------------ main */
@@ -469,10 +533,18 @@ typedef struct {
 } test_case;
 
 static const test_case tests[] = {
-    {"memory", test_memory},       {"gemm", test_gemm},       {"embed", test_embed},
-    {"elementwise", test_elementwise}, {"layernorm", test_layernorm}, {"rmsnorm", test_rmsnorm},
-    {"rotary", test_rotary},       {"copy2d", test_copy2d},   {"compose", test_compose},
-    {"softmax_masked", test_softmax}, {"moh", test_moh}, {"errors", test_errors},
+    {"memory", test_memory},
+    {"gemm", test_gemm},
+    {"embed", test_embed},
+    {"elementwise", test_elementwise},
+    {"layernorm", test_layernorm},
+    {"rmsnorm", test_rmsnorm},
+    {"rotary", test_rotary},
+    {"copy2d", test_copy2d},
+    {"compose", test_compose},
+    {"softmax_masked", test_softmax},
+    {"moh", test_moh},
+    {"errors", test_errors},
 };
 
 int main(void) {
@@ -487,7 +559,10 @@ int main(void) {
     memset(&t, 0, sizeof t);
     t.rng = 0x9E3779B97F4A7C15ULL;
     t.cpu = dcs_backend_cpu_create(0, &e);
-    if (!t.cpu) { printf("cuda: cannot create the cpu backend: %s\ncuda: 0 passed, 1 failed\n", e.msg); return 1; }
+    if (!t.cpu) {
+        printf("cuda: cannot create the cpu backend: %s\ncuda: 0 passed, 1 failed\n", e.msg);
+        return 1;
+    }
     t.gpu = dcs_backend_cuda_create(0, &e);
     if (!t.gpu) {
         printf("cuda: cannot create the cuda backend: %s\ncuda: 0 passed, 1 failed\n", e.msg);
@@ -499,8 +574,10 @@ int main(void) {
         printf("%s\n", tests[i].name);
         t.checks_failed = 0;
         tests[i].fn(&t);
-        if (t.checks_failed) failed++;
-        else passed++;
+        if (t.checks_failed)
+            failed++;
+        else
+            passed++;
     }
     t.gpu->ops->destroy(t.gpu);
     t.cpu->ops->destroy(t.cpu);

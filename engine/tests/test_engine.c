@@ -21,7 +21,7 @@
  * Output: one line per failed check, then "engine: N passed, M failed";
  * the exit status is nonzero when a check failed.
  */
-#include "dcs_model.h"   /* test_keep_16bit looks at the weight fields */
+#include "dcs_model.h" /* test_keep_16bit looks at the weight fields */
 #include "check.h"
 
 #include <dirent.h>
@@ -38,8 +38,7 @@
 
 static check_counts counts;
 
-static bool check_at(bool ok, int line, const char *fmt, ...)
-{
+static bool check_at(bool ok, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     bool r = check_count(&counts, ok, line, fmt, ap);
@@ -52,17 +51,14 @@ static bool check_at(bool ok, int line, const char *fmt, ...)
 
 /* Status `got` must be `want` and, on error, `msg` must contain each of the
  * (up to two) needles. */
-static int verbose;   /* DCS_TEST_VERBOSE=1: print every expected error */
+static int verbose; /* DCS_TEST_VERBOSE=1: print every expected error */
 
-static void expect_at(int line, const char *what, dcs_status got, dcs_status want,
-                      const char *msg, const char *needle1, const char *needle2)
-{
-    if (verbose)
-        printf("| %s | %s | %s |\n", what, dcs_status_name(got), got && msg ? msg : "");
-    check_at(got == want, line, "%s: got %s, want %s (%s)", what, dcs_status_name(got),
-             dcs_status_name(want), msg ? msg : "");
-    if (got == DCS_OK || want == DCS_OK)
-        return;
+static void expect_at(int line, const char *what, dcs_status got, dcs_status want, const char *msg,
+                      const char *needle1, const char *needle2) {
+    if (verbose) printf("| %s | %s | %s |\n", what, dcs_status_name(got), got && msg ? msg : "");
+    check_at(got == want, line, "%s: got %s, want %s (%s)", what, dcs_status_name(got), dcs_status_name(want),
+             msg ? msg : "");
+    if (got == DCS_OK || want == DCS_OK) return;
     if (needle1)
         check_at(msg && strstr(msg, needle1), line, "%s: message lacks '%s': %s", what, needle1,
                  msg ? msg : "(null)");
@@ -72,8 +68,7 @@ static void expect_at(int line, const char *what, dcs_status got, dcs_status wan
 }
 #define EXPECT(what, got, want, msg, n1, n2) expect_at(__LINE__, (what), (got), (want), (msg), (n1), (n2))
 
-static void *xcalloc(size_t n, size_t size)
-{
+static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) {
         fprintf(stderr, "test_engine: out of memory\n");
@@ -86,16 +81,13 @@ static void *xcalloc(size_t n, size_t size)
 
 static char tmp_root[256];
 
-static void rm_tree(const char *dir)
-{
+static void rm_tree(const char *dir) {
     DIR *d = opendir(dir);
-    if (!d)
-        return;
+    if (!d) return;
     struct dirent *e;
     char p[1024];
     while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         struct stat st;
         if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
@@ -109,8 +101,7 @@ static void rm_tree(const char *dir)
 
 /* A fresh subdirectory of the temporary root; returned path is static-ish
  * (one of 4 rotating buffers). */
-static const char *new_dir(const char *name)
-{
+static const char *new_dir(const char *name) {
     static char buf[4][512];
     static int k;
     char *p = buf[k++ % 4];
@@ -125,8 +116,7 @@ static const char *new_dir(const char *name)
 
 #define WRITE_LIT(dir, name, lit) write_file((dir), (name), (lit), sizeof(lit) - 1)
 
-static void write_file(const char *dir, const char *name, const void *data, size_t n)
-{
+static void write_file(const char *dir, const char *name, const void *data, size_t n) {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     FILE *f = fopen(p, "wb");
@@ -141,36 +131,30 @@ static void write_file(const char *dir, const char *name, const void *data, size
 
 /* Deterministic values: a hash of (tensor name, element index), so that a
  * tensor has the same values whatever else the checkpoint holds. */
-static uint64_t splitmix(uint64_t x)
-{
+static uint64_t splitmix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
 }
 
-static uint64_t name_hash(const char *s)
-{
+static uint64_t name_hash(const char *s) {
     uint64_t h = 1469598103934665603ULL;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ULL;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ULL;
     return h;
 }
 
-static bool ends_with(const char *s, const char *suf)
-{
+static bool ends_with(const char *s, const char *suf) {
     size_t n = strlen(s), k = strlen(suf);
     return n >= k && !strcmp(s + n - k, suf);
 }
 
 /* Element i of the tensor whose canonical name is `name`. Norm weights and
  * QK-norm scales are near 1, the rest uniform in [-0.4, 0.4). */
-static float value(const char *name, uint64_t i)
-{
+static float value(const char *name, uint64_t i) {
     double u = (double)(splitmix(name_hash(name) ^ splitmix(i)) >> 11) / 9007199254740992.0;
     u = 2.0 * u - 1.0;
-    if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight") ||
-        ends_with(name, ".scale"))
+    if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight") || ends_with(name, ".scale"))
         return (float)(1.0 + 0.1 * u);
     return (float)(0.4 * u);
 }
@@ -183,8 +167,8 @@ typedef struct {
     char name[128];
     int ndim;
     int64_t shape[5];
-    char src[128];     /* canonical name the values come from ("" = name)    */
-    uint64_t offset;   /* first element of src                              */
+    char src[128];   /* canonical name the values come from ("" = name)    */
+    uint64_t offset; /* first element of src                              */
 } tspec;
 
 typedef struct {
@@ -192,9 +176,8 @@ typedef struct {
     int n;
 } tlist;
 
-static tspec *add_t(tlist *tl, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2,
-                    int64_t d3, int64_t d4)
-{
+static tspec *add_t(tlist *tl, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3,
+                    int64_t d4) {
     if (tl->n == (int)(sizeof tl->t / sizeof tl->t[0])) {
         fprintf(stderr, "test_engine: too many tensors\n");
         exit(2);
@@ -208,24 +191,22 @@ static tspec *add_t(tlist *tl, const char *name, int ndim, int64_t d0, int64_t d
     return t;
 }
 
-static uint64_t numel(const tspec *t)
-{
+static uint64_t numel(const tspec *t) {
     uint64_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= (uint64_t)t->shape[i];
+    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
     return n;
 }
 
 /* The tensors of the tiny DCPythia (unfused: wq, wk, wv [D, D] taking their
  * values from the rows of the fused wqkv, so both load to the same model). */
-static void dcpythia_tensors(tlist *tl, bool unfused)
-{
+static void dcpythia_tensors(tlist *tl, bool unfused) {
     char nm[128], src[128];
     tl->n = 0;
     add_t(tl, "tok_embeddings.weight", 2, V, D, 0, 0, 0);
     for (int l = 0; l < L; l++) {
 #define T1(suffix, d0) (snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix), add_t(tl, nm, 1, d0, 0, 0, 0, 0))
-#define T2(suffix, d0, d1) (snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix), add_t(tl, nm, 2, d0, d1, 0, 0, 0))
+#define T2(suffix, d0, d1)                                                                                   \
+    (snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix), add_t(tl, nm, 2, d0, d1, 0, 0, 0))
         T1("attention_norm.weight", D);
         T1("attention_norm.bias", D);
         T1("ffn_norm.weight", D);
@@ -271,14 +252,15 @@ static void dcpythia_tensors(tlist *tl, bool unfused)
     add_t(tl, "output.weight", 2, V, D, 0, 0, 0);
 }
 
-static void neox_tensors(tlist *tl)
-{
+static void neox_tensors(tlist *tl) {
     char nm[128];
     tl->n = 0;
     add_t(tl, "gpt_neox.embed_in.weight", 2, V, D, 0, 0, 0);
     for (int l = 0; l < L; l++) {
-#define T1(suffix, d0) (snprintf(nm, sizeof nm, "gpt_neox.layers.%d.%s", l, suffix), add_t(tl, nm, 1, d0, 0, 0, 0, 0))
-#define T2(suffix, d0, d1) (snprintf(nm, sizeof nm, "gpt_neox.layers.%d.%s", l, suffix), add_t(tl, nm, 2, d0, d1, 0, 0, 0))
+#define T1(suffix, d0)                                                                                       \
+    (snprintf(nm, sizeof nm, "gpt_neox.layers.%d.%s", l, suffix), add_t(tl, nm, 1, d0, 0, 0, 0, 0))
+#define T2(suffix, d0, d1)                                                                                   \
+    (snprintf(nm, sizeof nm, "gpt_neox.layers.%d.%s", l, suffix), add_t(tl, nm, 2, d0, d1, 0, 0, 0))
         T1("input_layernorm.weight", D);
         T1("input_layernorm.bias", D);
         T1("post_attention_layernorm.weight", D);
@@ -300,16 +282,13 @@ static void neox_tensors(tlist *tl)
     add_t(tl, "embed_out.weight", 2, V, D, 0, 0, 0);
 }
 
-static tspec *find_t(tlist *tl, const char *name)
-{
+static tspec *find_t(tlist *tl, const char *name) {
     for (int i = 0; i < tl->n; i++)
-        if (!strcmp(tl->t[i].name, name))
-            return &tl->t[i];
+        if (!strcmp(tl->t[i].name, name)) return &tl->t[i];
     return NULL;
 }
 
-static void drop_t(tlist *tl, const char *name)
-{
+static void drop_t(tlist *tl, const char *name) {
     tspec *t = find_t(tl, name);
     if (!t) {
         fprintf(stderr, "test_engine: no tensor %s to drop\n", name);
@@ -321,8 +300,7 @@ static void drop_t(tlist *tl, const char *name)
 /* model.safetensors holding the tensors of tl (F32), for the malformed
  * checkpoints of test_config_errors / test_tensor_errors; the valid ones are
  * generated (fixture()). `pad`: pad the header so the data is 8-aligned. */
-static void write_safetensors(const char *dir, const tlist *tl, bool pad)
-{
+static void write_safetensors(const char *dir, const tlist *tl, bool pad) {
     const int es = 4;
     size_t hcap = 64 + (size_t)tl->n * 256, hn = 0;
     char *h = xcalloc(hcap, 1);
@@ -334,20 +312,17 @@ static void write_safetensors(const char *dir, const tlist *tl, bool pad)
         hn += (size_t)snprintf(h + hn, hcap - hn, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", t->name);
         for (int d = 0; d < t->ndim; d++)
             hn += (size_t)snprintf(h + hn, hcap - hn, "%s%lld", d ? "," : "", (long long)t->shape[d]);
-        hn += (size_t)snprintf(h + hn, hcap - hn, "],\"data_offsets\":[%llu,%llu]}",
-                               (unsigned long long)off, (unsigned long long)(off + bytes));
+        hn += (size_t)snprintf(h + hn, hcap - hn, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                               (unsigned long long)(off + bytes));
         off += bytes;
     }
     hn += (size_t)snprintf(h + hn, hcap - hn, "}");
-    while (pad && (8 + hn) % 8)
-        h[hn++] = ' ';
-    if (!pad && (8 + hn) % 4 == 0)
-        h[hn++] = ' ';          /* make the data misaligned for float reads */
+    while (pad && (8 + hn) % 8) h[hn++] = ' ';
+    if (!pad && (8 + hn) % 4 == 0) h[hn++] = ' '; /* make the data misaligned for float reads */
     size_t total = 8 + hn + (size_t)off;
     uint8_t *buf = xcalloc(total, 1);
     uint64_t hlen = hn;
-    for (int b = 0; b < 8; b++)
-        buf[b] = (uint8_t)(hlen >> (8 * b));
+    for (int b = 0; b < 8; b++) buf[b] = (uint8_t)(hlen >> (8 * b));
     memcpy(buf + 8, h, hn);
     uint8_t *p = buf + 8 + hn;
     for (int i = 0; i < tl->n; i++) {
@@ -358,8 +333,7 @@ static void write_safetensors(const char *dir, const tlist *tl, bool pad)
             float v = value(src, t->offset + j);
             uint32_t u;
             memcpy(&u, &v, 4);
-            for (int b = 0; b < es; b++)
-                *p++ = (uint8_t)(u >> (8 * b));
+            for (int b = 0; b < es; b++) *p++ = (uint8_t)(u >> (8 * b));
         }
     }
     write_file(dir, "model.safetensors", buf, total);
@@ -373,23 +347,40 @@ typedef struct {
     const char *key, *val;
 } kv;
 
-static const kv DCP_CONFIG[] = {
-    {"model_type", "\"dcpythia\""}, {"dim", "16"}, {"n_head", "4"}, {"n_layer", "2"},
-    {"intermediate_size", "32"}, {"vocab_size", "50"}, {"window_size", "4"},
-    {"window_type", "null"}, {"use_qk_norm", "true"}, {"use_parallel_residual", "true"},
-    {"use_linear_bias", "true"}, {"query_wise", "false"}, {"use_dcmha", "true"},
-    {"tie_word_embeddings", "false"}, {"rotary_pct", "0.5"}, {"rope_base", "10000"},
-    {"norm_eps", "1e-05"}, {NULL, NULL}};
+static const kv DCP_CONFIG[] = {{"model_type", "\"dcpythia\""},
+                                {"dim", "16"},
+                                {"n_head", "4"},
+                                {"n_layer", "2"},
+                                {"intermediate_size", "32"},
+                                {"vocab_size", "50"},
+                                {"window_size", "4"},
+                                {"window_type", "null"},
+                                {"use_qk_norm", "true"},
+                                {"use_parallel_residual", "true"},
+                                {"use_linear_bias", "true"},
+                                {"query_wise", "false"},
+                                {"use_dcmha", "true"},
+                                {"tie_word_embeddings", "false"},
+                                {"rotary_pct", "0.5"},
+                                {"rope_base", "10000"},
+                                {"norm_eps", "1e-05"},
+                                {NULL, NULL}};
 
-static const kv NEOX_CONFIG[] = {
-    {"model_type", "\"gpt_neox\""}, {"hidden_size", "16"}, {"num_attention_heads", "4"},
-    {"num_hidden_layers", "2"}, {"intermediate_size", "32"}, {"vocab_size", "50"},
-    {"rotary_pct", "0.5"}, {"rotary_emb_base", "10000"}, {"layer_norm_eps", "1e-05"},
-    {"use_parallel_residual", "true"}, {"hidden_act", "\"gelu\""},
-    {"tie_word_embeddings", "false"}, {NULL, NULL}};
+static const kv NEOX_CONFIG[] = {{"model_type", "\"gpt_neox\""},
+                                 {"hidden_size", "16"},
+                                 {"num_attention_heads", "4"},
+                                 {"num_hidden_layers", "2"},
+                                 {"intermediate_size", "32"},
+                                 {"vocab_size", "50"},
+                                 {"rotary_pct", "0.5"},
+                                 {"rotary_emb_base", "10000"},
+                                 {"layer_norm_eps", "1e-05"},
+                                 {"use_parallel_residual", "true"},
+                                 {"hidden_act", "\"gelu\""},
+                                 {"tie_word_embeddings", "false"},
+                                 {NULL, NULL}};
 
-static void write_config(const char *dir, const kv *base, const char *edit, const char *val)
-{
+static void write_config(const char *dir, const kv *base, const char *edit, const char *val) {
     char buf[4096];
     size_t n = 0;
     bool seen = false;
@@ -400,12 +391,9 @@ static void write_config(const char *dir, const kv *base, const char *edit, cons
             seen = true;
             v = val;
         }
-        if (v)
-            n += (size_t)snprintf(buf + n, sizeof buf - n, "%s\"%s\": %s", n > 1 ? ", " : "",
-                                  p->key, v);
+        if (v) n += (size_t)snprintf(buf + n, sizeof buf - n, "%s\"%s\": %s", n > 1 ? ", " : "", p->key, v);
     }
-    if (edit && !seen && val)
-        n += (size_t)snprintf(buf + n, sizeof buf - n, ", \"%s\": %s", edit, val);
+    if (edit && !seen && val) n += (size_t)snprintf(buf + n, sizeof buf - n, ", \"%s\": %s", edit, val);
     n += (size_t)snprintf(buf + n, sizeof buf - n, "}\n");
     write_file(dir, "config.json", buf, n);
 }
@@ -415,8 +403,7 @@ static void write_config(const char *dir, const kv *base, const char *edit, cons
  * dclens.testing.fixtures DIR; DCS_TEST_FIXTURES names DIR, default
  * "fixtures" in the build directory): dcpythia, dcpythia_unfused,
  * dcpythia_unaligned, dcpythia_bf16, neox. Their values are value(). */
-static const char *fixture(const char *name)
-{
+static const char *fixture(const char *name) {
     static char buf[4][512];
     static int k;
     const char *root = getenv("DCS_TEST_FIXTURES");
@@ -426,15 +413,16 @@ static const char *fixture(const char *name)
     snprintf(cfg, sizeof cfg, "%s/config.json", p);
     struct stat st;
     if (stat(cfg, &st) != 0) {
-        fprintf(stderr, "test_engine: no fixture %s: run `make fixtures` (python3 -m dclens.testing.fixtures "
-                        "DIR; DCS_TEST_FIXTURES=DIR)\n", cfg);
+        fprintf(stderr,
+                "test_engine: no fixture %s: run `make fixtures` (python3 -m dclens.testing.fixtures "
+                "DIR; DCS_TEST_FIXTURES=DIR)\n",
+                cfg);
         exit(2);
     }
     return p;
 }
 
-static dcs_model *load_ok(const char *dir, int line)
-{
+static dcs_model *load_ok(const char *dir, int line) {
     dcs_model *m = NULL;
     char err[1024] = "";
     dcs_status s = dcs_load(dir, NULL, &m, err, sizeof err);
@@ -451,15 +439,14 @@ typedef struct {
     dcs_model *m;
     int mode;
     int B, T;
-    int target_point, target_layer;     /* H_ABORT, H_SETERR, H_ZERO, H_SAME, H_NAN */
+    int target_point, target_layer; /* H_ABORT, H_SETERR, H_ZERO, H_SAME, H_NAN */
     int counts[DCS_HP_COUNT][L];
-    int bad_args;                       /* calls with a shape unlike dcs_hook_shape */
-    float *cap[DCS_HP_COUNT][L];        /* H_CAPTURE: copies, malloc'd           */
+    int bad_args;                /* calls with a shape unlike dcs_hook_shape */
+    float *cap[DCS_HP_COUNT][L]; /* H_CAPTURE: copies, malloc'd           */
     size_t cap_n[DCS_HP_COUNT][L];
 } hctx;
 
-static int hook_fn(void *user, int point, int layer, float *data, const int64_t *shape, int ndim)
-{
+static int hook_fn(void *user, int point, int layer, float *data, const int64_t *shape, int ndim) {
     hctx *h = user;
     if (point < 0 || point >= DCS_HP_COUNT || layer < 0 || layer >= L) {
         h->bad_args++;
@@ -468,20 +455,17 @@ static int hook_fn(void *user, int point, int layer, float *data, const int64_t 
     int64_t want[6];
     int nd = dcs_hook_shape(h->m, point, h->B, h->T, want);
     size_t n = 1;
-    if (nd != ndim)
-        h->bad_args++;
+    if (nd != ndim) h->bad_args++;
     for (int i = 0; i < ndim && i < 6; i++) {
-        if (nd == ndim && shape[i] != want[i])
-            h->bad_args++;
+        if (nd == ndim && shape[i] != want[i]) h->bad_args++;
         n *= (size_t)shape[i];
     }
     h->counts[point][layer]++;
     bool target = point == h->target_point && layer == h->target_layer;
     switch (h->mode) {
     case H_READ: {
-        volatile float s = 0;         /* touch every element (ASan checks the extent) */
-        for (size_t i = 0; i < n; i++)
-            s += data[i];
+        volatile float s = 0; /* touch every element (ASan checks the extent) */
+        for (size_t i = 0; i < n; i++) s += data[i];
         (void)s;
         return 0;
     }
@@ -491,71 +475,56 @@ static int hook_fn(void *user, int point, int layer, float *data, const int64_t 
         memcpy(h->cap[point][layer], data, n * sizeof(float));
         h->cap_n[point][layer] = n;
         return 0;
-    case H_ABORT:
-        return target ? -1 : 0;
+    case H_ABORT: return target ? -1 : 0;
     case H_SETERR:
-        if (!target)
-            return 0;
+        if (!target) return 0;
         dcs_set_hook_error(h->m, "my hook says no: budget exceeded");
         return -3;
     case H_ZERO:
-        if (!target)
-            return 0;
+        if (!target) return 0;
         memset(data, 0, n * sizeof(float));
         return 1;
-    case H_SAME:
-        return target ? 1 : 0;      /* "modified", values unchanged */
+    case H_SAME: return target ? 1 : 0; /* "modified", values unchanged */
     case H_NAN:
-        if (!target)
-            return 0;
+        if (!target) return 0;
         data[0] = NAN;
         return 1;
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
-static void hctx_free(hctx *h)
-{
+static void hctx_free(hctx *h) {
     for (int p = 0; p < DCS_HP_COUNT; p++)
-        for (int l = 0; l < L; l++)
-            free(h->cap[p][l]);
+        for (int l = 0; l < L; l++) free(h->cap[p][l]);
     memset(h, 0, sizeof *h);
 }
 
 /* want[] with every point (of every layer) set, or just one. */
 static void want_all(uint8_t *want) { memset(want, 1, (size_t)DCS_HP_COUNT * L); }
-static void want_one(uint8_t *want, int point, int layer)
-{
+static void want_one(uint8_t *want, int point, int layer) {
     memset(want, 0, (size_t)DCS_HP_COUNT * L);
     want[dcs_hook_index(L, point, layer)] = 1;
 }
 
-static bool finite_all(const float *x, size_t n)
-{
+static bool finite_all(const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return false;
+        if (!isfinite(x[i])) return false;
     return true;
 }
 
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
+static double max_abs_diff(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m))
-            m = d;          /* NaN wins */
+        if (!(d <= m)) m = d; /* NaN wins */
     }
     return m;
 }
 
-static double max_abs(const float *a, size_t n)
-{
+static double max_abs(const float *a, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++)
-        if (fabs(a[i]) > m)
-            m = fabs(a[i]);
+        if (fabs(a[i]) > m) m = fabs(a[i]);
     return m;
 }
 
@@ -565,8 +534,7 @@ enum { T0 = 7 };
 static const int32_t TOKS[2][T0] = {{3, 17, 42, 0, 49, 8, 25}, {11, 11, 2, 30, 7, 44, 19}};
 
 /* Plain forward of both models, hook-free. */
-static void test_forward_basic(dcs_model *m, const char *what, float *ref)
-{
+static void test_forward_basic(dcs_model *m, const char *what, float *ref) {
     dcs_status s = dcs_forward(m, TOKS[0], 1, T0, ref, NULL);
     CHECKF(s == DCS_OK, "%s forward: %s %s", what, dcs_status_name(s), dcs_errmsg(m));
     CHECKF(finite_all(ref, (size_t)T0 * V), "%s: logits not finite", what);
@@ -600,8 +568,7 @@ static void test_forward_basic(dcs_model *m, const char *what, float *ref)
 }
 
 /* Every hook wanted, read-only: same logits, each point once per layer. */
-static void test_hooks_read_and_count(dcs_model *m, const char *what, const float *ref)
-{
+static void test_hooks_read_and_count(dcs_model *m, const char *what, const float *ref) {
     uint8_t want[DCS_HP_COUNT * L];
     want_all(want);
     float *ref2 = xcalloc((size_t)2 * T0 * V, sizeof(float));
@@ -624,8 +591,8 @@ static void test_hooks_read_and_count(dcs_model *m, const char *what, const floa
             int layered = dcs_hook_point_is_layered(p), exists = dcs_hook_exists(m, p);
             for (int l = 0; l < L; l++) {
                 int expect = exists && (layered || l == 0) ? 1 : 0;
-                CHECKF(h.counts[p][l] == expect, "%s B=%d: %s layer %d called %d times, want %d",
-                       what, B, dcs_hook_point_name(p), l, h.counts[p][l], expect);
+                CHECKF(h.counts[p][l] == expect, "%s B=%d: %s layer %d called %d times, want %d", what, B,
+                       dcs_hook_point_name(p), l, h.counts[p][l], expect);
             }
         }
         free(lg);
@@ -645,10 +612,8 @@ static void test_hooks_read_and_count(dcs_model *m, const char *what, const floa
     CHECK(dcs_forward(m, TOKS[0], 1, T0, NULL, &hk) == DCS_OK);
     int total = 0;
     for (int p = 0; p < DCS_HP_COUNT; p++)
-        for (int l = 0; l < L; l++)
-            total += h.counts[p][l];
-    CHECKF(total == 1 && h.counts[DCS_HP_PATTERN][1] == 1, "%s: one wanted point, %d calls", what,
-           total);
+        for (int l = 0; l < L; l++) total += h.counts[p][l];
+    CHECKF(total == 1 && h.counts[DCS_HP_PATTERN][1] == 1, "%s: one wanted point, %d calls", what, total);
 
     /* hooks struct with want or fn NULL: a plain pass */
     dcs_hooks none = {NULL, hook_fn, &h};
@@ -663,8 +628,7 @@ static void test_hooks_read_and_count(dcs_model *m, const char *what, const floa
 }
 
 /* The masks, and the compose branches summing to what they compose. */
-static void test_captured_invariants(dcs_model *m, const char *what, int dcmha)
-{
+static void test_captured_invariants(dcs_model *m, const char *what, int dcmha) {
     uint8_t want[DCS_HP_COUNT * L];
     want_all(want);
     hctx h;
@@ -681,8 +645,7 @@ static void test_captured_invariants(dcs_model *m, const char *what, int dcmha)
         int window = local ? WIN : 0;
         const float *P = h.cap[DCS_HP_PATTERN][l];
         const float *PC = h.cap[DCS_HP_PATTERN_COMPOSED][l];
-        if (!CHECKF(P && h.cap_n[DCS_HP_PATTERN][l] == map, "%s: pattern %d not captured", what, l))
-            continue;
+        if (!CHECKF(P && h.cap_n[DCS_HP_PATTERN][l] == map, "%s: pattern %d not captured", what, l)) continue;
         int mask_bad = 0, sum_bad = 0;
         for (size_t bn = 0; bn < (size_t)2 * NH; bn++)
             for (int t = 0; t < T0; t++) {
@@ -690,12 +653,10 @@ static void test_captured_invariants(dcs_model *m, const char *what, int dcmha)
                 for (int s = 0; s < T0; s++) {
                     size_t i = (bn * T0 + (size_t)t) * T0 + (size_t)s;
                     bool allowed = s <= t && (window == 0 || t - s <= window);
-                    if (!allowed && (P[i] != 0.0f || (PC && PC[i] != 0.0f)))
-                        mask_bad++;
+                    if (!allowed && (P[i] != 0.0f || (PC && PC[i] != 0.0f))) mask_bad++;
                     sum += P[i];
                 }
-                if (fabs(sum - 1.0) > 1e-5)
-                    sum_bad++;
+                if (fabs(sum - 1.0) > 1e-5) sum_bad++;
             }
         CHECKF(mask_bad == 0, "%s layer %d (%s): %d masked entries nonzero", what, l,
                local ? "local" : "global", mask_bad);
@@ -724,12 +685,11 @@ static void test_captured_invariants(dcs_model *m, const char *what, int dcmha)
                     s += br[i];
                 }
                 double d = fabs(s - want_sum[i]);
-                if (d > worst)
-                    worst = d;
+                if (d > worst) worst = d;
             }
             CHECKF(all, "%s layer %d: a %s branch is missing", what, l, ph ? "post" : "pre");
-            CHECKF(worst <= 1e-5 * (scale > 1 ? scale : 1), "%s layer %d: %s branches sum off by %g",
-                   what, l, ph ? "post" : "pre", worst);
+            CHECKF(worst <= 1e-5 * (scale > 1 ? scale : 1), "%s layer %d: %s branches sum off by %g", what, l,
+                   ph ? "post" : "pre", worst);
             /* skip is the input of the compose */
             const float *in = h.cap[ph ? DCS_HP_PATTERN : DCS_HP_SCORES][l];
             const float *skip = h.cap[first[ph]][l];
@@ -740,11 +700,10 @@ static void test_captured_invariants(dcs_model *m, const char *what, int dcmha)
                         for (int s = 0; s < T0; s++) {
                             size_t i = (bn * T0 + (size_t)t) * T0 + (size_t)s;
                             bool allowed = s <= t && (window == 0 || t - s <= window);
-                            if ((ph == 0 || allowed) && skip[i] != in[i])
-                                bad++;
+                            if ((ph == 0 || allowed) && skip[i] != in[i]) bad++;
                         }
-                CHECKF(bad == 0, "%s layer %d: %s.skip differs from its input at %d entries", what,
-                       l, ph ? "post" : "pre", bad);
+                CHECKF(bad == 0, "%s layer %d: %s.skip differs from its input at %d entries", what, l,
+                       ph ? "post" : "pre", bad);
             }
         }
     }
@@ -758,8 +717,7 @@ static void test_captured_invariants(dcs_model *m, const char *what, int dcmha)
 
 /* Hooks that abort, set a message, write: DCS_ERR_HOOK naming the hook, and
  * the model stays usable. */
-static void test_hook_errors(dcs_model *m, const char *what, const float *ref, int dcmha)
-{
+static void test_hook_errors(dcs_model *m, const char *what, const float *ref, int dcmha) {
     uint8_t want[DCS_HP_COUNT * L];
     float *lg = xcalloc((size_t)T0 * V, sizeof(float));
     static const struct {
@@ -776,8 +734,7 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
         {DCS_HP_LOGITS, 0, "hook logits aborted"},
     };
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
-        if (!dcs_hook_exists(m, targets[i].point))
-            continue;
+        if (!dcs_hook_exists(m, targets[i].point)) continue;
         hctx h;
         memset(&h, 0, sizeof h);
         h.m = m;
@@ -817,7 +774,7 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
     EXPECT("dcs_set_hook_error", s, DCS_ERR_HOOK, dcs_errmsg(m), "my hook says no: budget exceeded", NULL);
     CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
     CHECK(!memcmp(lg, ref, sizeof(float) * T0 * V));
-    dcs_set_hook_error(m, NULL);   /* allowed: a default message */
+    dcs_set_hook_error(m, NULL); /* allowed: a default message */
     CHECK(dcs_errmsg(m)[0] != 0);
 
     /* writes: zeroing a point changes the logits; rewriting it unchanged
@@ -826,11 +783,10 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
      * as DCS_ERR_NONFINITE (the buffer is still filled), and the next pass
      * is clean again */
     static const int writes[] = {DCS_HP_POST_KP, DCS_HP_PRE_QG, DCS_HP_HEAD_OUT, DCS_HP_PATTERN_COMPOSED,
-                                 DCS_HP_PATTERN, DCS_HP_Z, DCS_HP_MLP_OUT, DCS_HP_RESID_PRE};
+                                 DCS_HP_PATTERN, DCS_HP_Z,      DCS_HP_MLP_OUT,  DCS_HP_RESID_PRE};
     for (size_t i = 0; i < sizeof writes / sizeof writes[0]; i++) {
         int p = writes[i];
-        if (!dcs_hook_exists(m, p))
-            continue;
+        if (!dcs_hook_exists(m, p)) continue;
         for (int mode = H_ZERO; mode <= H_NAN; mode++) {
             hctx_free(&h);
             h.m = m;
@@ -856,8 +812,8 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
                 CHECKF(!finite_all(lg, (size_t)T0 * V), "%s: NaN written to %s vanished", what,
                        dcs_hook_point_name(p));
             CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
-            CHECKF(!memcmp(lg, ref, sizeof(float) * T0 * V), "%s: pass after writing %s differs",
-                   what, dcs_hook_point_name(p));
+            CHECKF(!memcmp(lg, ref, sizeof(float) * T0 * V), "%s: pass after writing %s differs", what,
+                   dcs_hook_point_name(p));
         }
     }
     (void)dcmha;
@@ -866,8 +822,7 @@ static void test_hook_errors(dcs_model *m, const char *what, const float *ref, i
 }
 
 /* Bad forward arguments. */
-static void test_forward_args(dcs_model *m)
-{
+static void test_forward_args(dcs_model *m) {
     float *lg = xcalloc((size_t)2 * T0 * V, sizeof(float));
     /* dcs_cancel: a pass started with the flag set stops before its first
      * layer; cleared, the model works again */
@@ -888,26 +843,27 @@ static void test_forward_args(dcs_model *m)
            "token id -7 at [1, 5]", NULL);
     bad[1][5] = 5;
     bad[0][0] = 1 << 30;
-    EXPECT("huge token", dcs_forward(m, &bad[0][0], 2, T0, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m),
-           "at [0, 0]", NULL);
+    EXPECT("huge token", dcs_forward(m, &bad[0][0], 2, T0, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "at [0, 0]",
+           NULL);
     EXPECT("T = 0", dcs_forward(m, TOKS[0], 1, 0, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "T=0", NULL);
     EXPECT("B = 0", dcs_forward(m, TOKS[0], 0, T0, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "B=0", NULL);
     EXPECT("T < 0", dcs_forward(m, TOKS[0], 1, -3, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "T=-3", NULL);
     EXPECT("B < 0", dcs_forward(m, TOKS[0], -1, T0, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "B=-1", NULL);
-    EXPECT("tokens NULL", dcs_forward(m, NULL, 1, T0, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "tokens is NULL", NULL);
+    EXPECT("tokens NULL", dcs_forward(m, NULL, 1, T0, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "tokens is NULL",
+           NULL);
     CHECK(dcs_forward(NULL, TOKS[0], 1, T0, lg, NULL) == DCS_ERR_ARG);
 
     /* B*T over the per-pass limit (2^24 tokens) */
     size_t big = ((size_t)1 << 24) + 1;
     int32_t *toks = xcalloc(big, sizeof(int32_t));
-    EXPECT("B*T > 2^24", dcs_forward(m, toks, 1, (int)big, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m),
-           "16M", NULL);
-    EXPECT("B*T > 2^24 batched", dcs_forward(m, toks, 4097, 4096, lg, NULL), DCS_ERR_ARG,
-           dcs_errmsg(m), "B*T", NULL);
+    EXPECT("B*T > 2^24", dcs_forward(m, toks, 1, (int)big, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m), "16M",
+           NULL);
+    EXPECT("B*T > 2^24 batched", dcs_forward(m, toks, 4097, 4096, lg, NULL), DCS_ERR_ARG, dcs_errmsg(m),
+           "B*T", NULL);
     /* a pass whose attention map cannot fit is refused before allocating:
      * B=64, T=65536, 4 heads: 4 TiB for one map */
-    EXPECT("attention map too large", dcs_forward(m, toks, 64, 65536, lg, NULL), DCS_ERR_NOMEM,
-           dcs_errmsg(m), "B=64, T=65536 needs 4 TiB for one attention map", NULL);
+    EXPECT("attention map too large", dcs_forward(m, toks, 64, 65536, lg, NULL), DCS_ERR_NOMEM, dcs_errmsg(m),
+           "B=64, T=65536 needs 4 TiB for one attention map", NULL);
     EXPECT("attention map too large (B=1)", dcs_forward(m, toks, 1, 1 << 24, lg, NULL), DCS_ERR_NOMEM,
            dcs_errmsg(m), "T=16777216 needs", "attention map");
     free(toks);
@@ -919,8 +875,7 @@ static void test_forward_args(dcs_model *m)
 
 /* BF16 weights stay BF16 on the CPU (the float* fields NULL) until
  * dcs_model_require_f32 widens them; passes are the same either way. */
-static void test_keep_16bit(void)
-{
+static void test_keep_16bit(void) {
     const char *dir = fixture("dcpythia_bf16");
     dcs_model *m = NULL;
     char err[512];
@@ -928,12 +883,12 @@ static void test_keep_16bit(void)
     if (!m) return;
     CHECK(m->layers[0].w1 == NULL && m->layers[0].m_w1.dtype == DCS_BF16);
     CHECK(m->tok_emb == NULL && m->m_out_w.dtype == DCS_BF16 && m->layers[1].dw1 == NULL);
-    CHECK(m->layers[0].attn_norm_w != NULL);        /* small tensors: float32 */
+    CHECK(m->layers[0].attn_norm_w != NULL); /* small tensors: float32 */
     float *a = xcalloc((size_t)T0 * V, sizeof(float)), *b = xcalloc((size_t)T0 * V, sizeof(float));
     CHECK(dcs_forward(m, TOKS[0], 1, T0, a, NULL) == DCS_OK);
     dcs_err e = {0};
     CHECK(dcs_model_require_f32(m, &e) == DCS_OK);
-    CHECK(dcs_model_require_f32(m, &e) == DCS_OK);  /* once; the second is a no-op */
+    CHECK(dcs_model_require_f32(m, &e) == DCS_OK); /* once; the second is a no-op */
     const dcs_layer_weights *w = &m->layers[1];
     CHECK(w->wqkv && w->wo && w->w1 && w->w2 && w->dw1 && m->tok_emb && m->out_w);
     /* the widened values are the stored BF16 ones: value() truncated */
@@ -958,8 +913,7 @@ static void test_keep_16bit(void)
     dcs_free(m);
 }
 
-static void test_hook_names(dcs_model *m, int dcmha)
-{
+static void test_hook_names(dcs_model *m, int dcmha) {
     int p = -1, l = -1;
     CHECK(dcs_hook_parse(m, "embed", &p, &l) == DCS_OK && p == DCS_HP_EMBED && l == 0);
     CHECK(dcs_hook_parse(m, "logits", &p, &l) == DCS_OK && p == DCS_HP_LOGITS && l == 0);
@@ -985,8 +939,8 @@ static void test_hook_names(dcs_model *m, int dcmha)
             snprintf(nm, sizeof nm, "%s", dcs_hook_point_name(q));
         dcs_status s = dcs_hook_parse(m, nm, &p, &l);
         if (dcs_hook_exists(m, q))
-            CHECKF(s == DCS_OK && p == q && l == (dcs_hook_point_is_layered(q) ? 1 : 0),
-                   "parse %s: %s", nm, dcs_errmsg(m));
+            CHECKF(s == DCS_OK && p == q && l == (dcs_hook_point_is_layered(q) ? 1 : 0), "parse %s: %s", nm,
+                   dcs_errmsg(m));
         else
             CHECKF(s == DCS_ERR_ARG, "parse %s of an absent point: %s", nm, dcs_status_name(s));
     }
@@ -1006,37 +960,35 @@ static void test_hook_names(dcs_model *m, int dcmha)
         {"blocks.0", "blocks.0", NULL},
         {"blocks.0.", "blocks.0.", NULL},
         {"blocks.", "blocks.", NULL},
-        {"blocks.0.embed", "blocks.0.embed", NULL},         /* a global point with a layer */
-        {"attn.z", "unknown hook 'attn.z'", NULL},          /* a layered point without one */
+        {"blocks.0.embed", "blocks.0.embed", NULL}, /* a global point with a layer */
+        {"attn.z", "unknown hook 'attn.z'", NULL},  /* a layered point without one */
         {"", "unknown hook ''", NULL},
         {"Logits", "unknown hook 'Logits'", NULL},
         {"logits ", "unknown hook", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        EXPECT(bad[i].name, dcs_hook_parse(m, bad[i].name, &p, &l), DCS_ERR_ARG, dcs_errmsg(m),
-               bad[i].n1, bad[i].n2);
+        EXPECT(bad[i].name, dcs_hook_parse(m, bad[i].name, &p, &l), DCS_ERR_ARG, dcs_errmsg(m), bad[i].n1,
+               bad[i].n2);
     EXPECT("NULL hook name", dcs_hook_parse(m, NULL, &p, &l), DCS_ERR_ARG, dcs_errmsg(m), "NULL", NULL);
     /* a very long name is cut in the message, not overflowing it */
     char longname[4096];
     memset(longname, 'a', sizeof longname - 1);
     longname[sizeof longname - 1] = 0;
     memcpy(longname, "blocks.0.", 9);
-    EXPECT("long hook name", dcs_hook_parse(m, longname, &p, &l), DCS_ERR_ARG, dcs_errmsg(m),
-           "unknown hook", NULL);
+    EXPECT("long hook name", dcs_hook_parse(m, longname, &p, &l), DCS_ERR_ARG, dcs_errmsg(m), "unknown hook",
+           NULL);
 }
 
-static void test_weights(dcs_model *m, int dcmha)
-{
+static void test_weights(dcs_model *m, int dcmha) {
     int64_t shape[5];
     int nd = 0;
-    CHECK(dcs_weight_shape(m, "tok_embeddings.weight", shape, &nd) == DCS_OK && nd == 2 &&
-          shape[0] == V && shape[1] == D);
+    CHECK(dcs_weight_shape(m, "tok_embeddings.weight", shape, &nd) == DCS_OK && nd == 2 && shape[0] == V &&
+          shape[1] == D);
     float *w = xcalloc((size_t)V * D, sizeof(float));
     CHECK(dcs_weight_read(m, "tok_embeddings.weight", w, (size_t)V * D) == DCS_OK);
     const char *stored = dcmha ? "tok_embeddings.weight" : "gpt_neox.embed_in.weight";
     int bad = 0;
-    for (int i = 0; i < V * D; i++)
-        bad += w[i] != value(stored, (uint64_t)i);
+    for (int i = 0; i < V * D; i++) bad += w[i] != value(stored, (uint64_t)i);
     CHECKF(bad == 0, "tok_embeddings.weight: %d values differ from the file", bad);
     free(w);
 
@@ -1077,17 +1029,16 @@ static void test_weights(dcs_model *m, int dcmha)
            "'norm.weight' has 16 elements, buffer has 15", NULL);
     EXPECT("buffer too large", dcs_weight_read(m, "norm.weight", buf, D + 1), DCS_ERR_ARG, dcs_errmsg(m),
            "buffer has 17", NULL);
-    EXPECT("NULL buffer", dcs_weight_read(m, "norm.weight", NULL, D), DCS_ERR_ARG, dcs_errmsg(m),
-           "NULL", NULL);
+    EXPECT("NULL buffer", dcs_weight_read(m, "norm.weight", NULL, D), DCS_ERR_ARG, dcs_errmsg(m), "NULL",
+           NULL);
     EXPECT("NULL name", dcs_weight_shape(m, NULL, shape, &nd), DCS_ERR_ARG, dcs_errmsg(m), "NULL", NULL);
     CHECK(dcs_weight_read(m, "norm.weight", buf, D) == DCS_OK);
     CHECK(buf[3] == value(dcmha ? "norm.weight" : "gpt_neox.final_layer_norm.weight", 3));
 }
 
 /* dcs_load on a directory; expect `want` and the needles in the message. */
-static void expect_load(int line, const char *what, const char *dir, dcs_status want,
-                        const char *n1, const char *n2)
-{
+static void expect_load(int line, const char *what, const char *dir, dcs_status want, const char *n1,
+                        const char *n2) {
     dcs_model *m = (dcs_model *)1;
     char err[1024];
     memset(err, 'x', sizeof err);
@@ -1101,14 +1052,13 @@ static void expect_load(int line, const char *what, const char *dir, dcs_status 
 }
 #define EXPECT_LOAD(what, dir, want, n1, n2) expect_load(__LINE__, (what), (dir), (want), (n1), (n2))
 
-static void test_config_errors(void)
-{
+static void test_config_errors(void) {
     static tlist tl;
     dcpythia_tensors(&tl, false);
     const char *dir = new_dir("cfg");
     write_safetensors(dir, &tl, true);
     static const struct {
-        const char *key, *val;       /* val NULL: key removed */
+        const char *key, *val; /* val NULL: key removed */
         dcs_status want;
         const char *needle;
     } cases[] = {
@@ -1116,7 +1066,8 @@ static void test_config_errors(void)
         {"n_head", NULL, DCS_ERR_CONFIG, "missing required key 'n_head'"},
         {"n_layer", NULL, DCS_ERR_CONFIG, "missing required key 'n_layer'"},
         /* DCPythiaConfig: intermediate_size missing or null = 4 * dim (here 64, the file has 32) */
-        {"intermediate_size", NULL, DCS_ERR_TENSOR, "'layers.0.feed_forward.w1.weight' has shape [32, 16], expected [64, 16]"},
+        {"intermediate_size", NULL, DCS_ERR_TENSOR,
+         "'layers.0.feed_forward.w1.weight' has shape [32, 16], expected [64, 16]"},
         {"intermediate_size", "null", DCS_ERR_TENSOR, "expected [64, 16]"},
         {"vocab_size", NULL, DCS_ERR_CONFIG, "missing required key 'vocab_size'"},
         {"model_type", NULL, DCS_ERR_CONFIG, "missing required key 'model_type'"},
@@ -1128,7 +1079,8 @@ static void test_config_errors(void)
         {"compose_groups", "2", DCS_ERR_TENSOR, "has 1 groups (axis 1), the config 2"},
         {"moh", "[1, 2]", DCS_ERR_CONFIG, "'moh' must be null or an object"},
         {"moh", "{\"shared_heads\": 2}", DCS_ERR_CONFIG, "missing required key 'routed_topk' (in 'moh'"},
-        {"moh", "{\"shared_heads\": 1, \"routed_topk\": 9}", DCS_ERR_CONFIG, "'routed_topk' = 9 is out of range"},
+        {"moh", "{\"shared_heads\": 1, \"routed_topk\": 9}", DCS_ERR_CONFIG,
+         "'routed_topk' = 9 is out of range"},
         {"dim", "\"16\"", DCS_ERR_CONFIG, "'dim' must be an integer"},
         {"dim", "16.5", DCS_ERR_CONFIG, "'dim' must be an integer"},
         {"dim", "true", DCS_ERR_CONFIG, "'dim' must be an integer"},
@@ -1158,7 +1110,8 @@ static void test_config_errors(void)
         {"use_qk_norm", "\"yes\"", DCS_ERR_CONFIG, "'use_qk_norm' must be true or false"},
         {"use_dcmha", "1", DCS_ERR_CONFIG, "'use_dcmha' must be true or false"},
         {"use_sw", "true", DCS_ERR_TENSOR, "missing tensor 'layers.0.attention.dyn_w_proj.pre_proj.w'"},
-        {"moh", "{\"shared_heads\": 2, \"routed_topk\": 1}", DCS_ERR_TENSOR, "missing tensor 'layers.0.attention.moh.wg.weight'"},
+        {"moh", "{\"shared_heads\": 2, \"routed_topk\": 1}", DCS_ERR_TENSOR,
+         "missing tensor 'layers.0.attention.moh.wg.weight'"},
         /* null switches: off; null window: no local layers; null moh: none */
         {"use_sw", "null", DCS_OK, NULL},
         {"moh", "null", DCS_OK, NULL},
@@ -1179,8 +1132,8 @@ static void test_config_errors(void)
         char what[256];
         snprintf(what, sizeof what, "config %s = %s", cases[i].key, cases[i].val ? cases[i].val : "(absent)");
         write_config(dir, DCP_CONFIG, cases[i].key, cases[i].val);
-        expect_load(__LINE__, what, dir, cases[i].want,
-                    cases[i].want == DCS_ERR_TENSOR ? dir : "config.json", cases[i].needle);
+        expect_load(__LINE__, what, dir, cases[i].want, cases[i].want == DCS_ERR_TENSOR ? dir : "config.json",
+                    cases[i].needle);
     }
     /* switches that are fine: use_dcmha false loads the same file as MHA
      * (the dyn_w_proj tensors are accepted and ignored) */
@@ -1269,14 +1222,15 @@ static void test_config_errors(void)
     write_config(dir, NEOX_CONFIG, "layer_norm_eps", "2");
     EXPECT_LOAD("neox: eps 2", dir, DCS_ERR_CONFIG, "config.json", "'layer_norm_eps'");
     write_config(dir, NEOX_CONFIG, "model_type", "\"dcpythia\"");
-    EXPECT_LOAD("neox config called dcpythia", dir, DCS_ERR_CONFIG, "config.json", "missing required key 'dim'");
+    EXPECT_LOAD("neox config called dcpythia", dir, DCS_ERR_CONFIG, "config.json",
+                "missing required key 'dim'");
 
     /* bad arguments to dcs_load */
     dcs_model *mm = NULL;
     char err[256];
     CHECK(dcs_load(NULL, NULL, &mm, err, sizeof err) == DCS_ERR_ARG && mm == NULL);
     CHECK(dcs_load(dir, NULL, NULL, err, sizeof err) == DCS_ERR_ARG);
-    CHECK(dcs_load(dir, NULL, &mm, NULL, 0) != DCS_OK && mm == NULL);   /* no error buffer: fine */
+    CHECK(dcs_load(dir, NULL, &mm, NULL, 0) != DCS_OK && mm == NULL); /* no error buffer: fine */
     char longdir[5000];
     memset(longdir, 'd', sizeof longdir - 1);
     longdir[0] = '/';
@@ -1287,17 +1241,22 @@ static void test_config_errors(void)
     EXPECT_LOAD("no such directory", "/nonexistent/dclens/model", DCS_ERR_IO, "config.json", NULL);
 }
 
-static void test_tensor_errors(void)
-{
+static void test_tensor_errors(void) {
     static tlist tl;
     const char *dir = new_dir("tens");
     write_config(dir, DCP_CONFIG, NULL, NULL);
 
     static const char *drops[] = {
-        "layers.1.attention.wo.weight", "tok_embeddings.weight", "output.weight", "norm.bias",
-        "layers.0.attention.q_norm.scale", "layers.1.attention.dyn_w_proj.dd",
-        "layers.0.attention.dyn_w_proj.dw1", "layers.0.attention.dyn_w_proj.qkw",
-        "layers.1.feed_forward.w2.bias", "layers.0.attention.wqkv.bias",
+        "layers.1.attention.wo.weight",
+        "tok_embeddings.weight",
+        "output.weight",
+        "norm.bias",
+        "layers.0.attention.q_norm.scale",
+        "layers.1.attention.dyn_w_proj.dd",
+        "layers.0.attention.dyn_w_proj.dw1",
+        "layers.0.attention.dyn_w_proj.qkw",
+        "layers.1.feed_forward.w2.bias",
+        "layers.0.attention.wqkv.bias",
     };
     for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++) {
         dcpythia_tensors(&tl, false);
@@ -1329,7 +1288,10 @@ static void test_tensor_errors(void)
         const char *needle;
     } shapes[] = {
         {"norm.weight", 2, {8, 2}, "'norm.weight' has shape [8, 2], expected [16]"},
-        {"tok_embeddings.weight", 2, {51, 16}, "'tok_embeddings.weight' has shape [51, 16], expected [50, 16]"},
+        {"tok_embeddings.weight",
+         2,
+         {51, 16},
+         "'tok_embeddings.weight' has shape [51, 16], expected [50, 16]"},
         {"layers.1.attention.wqkv.weight", 2, {16, 48}, "has shape [16, 48], expected [48, 16]"},
         {"layers.0.feed_forward.w1.weight", 3, {32, 16, 1}, "expected [32, 16]"},
         {"layers.1.attention.q_norm.scale", 1, {8}, "'layers.1.attention.q_norm.scale' has shape [8]"},
@@ -1340,14 +1302,16 @@ static void test_tensor_errors(void)
         {"layers.0.attention.dyn_w_proj.dw1", 3, {16, 1, 4}, "dyn_w_proj.dw1' must have shape"},
         {"layers.0.attention.dyn_w_proj.qkw", 5, {1, 4, 16, 3, 4}, "dyn_w_proj.qkw' must have shape"},
         {"layers.0.attention.dyn_w_proj.qkw", 5, {1, 4, 16, 18, 4}, "1 <= R <= 8"},
-        {"layers.0.attention.dyn_w_proj.dd", 3, {16, 1, 8}, "dyn_w_proj.dd' has shape [16, 1, 8], expected [16, 1, 16]"},
+        {"layers.0.attention.dyn_w_proj.dd",
+         3,
+         {16, 1, 8},
+         "dyn_w_proj.dd' has shape [16, 1, 8], expected [16, 1, 16]"},
         {"output.weight", 1, {800}, "'output.weight' has shape [800]"},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         dcpythia_tensors(&tl, strstr(shapes[i].name, ".wk.") != NULL);
         tspec *t = find_t(&tl, shapes[i].name);
-        if (!CHECKF(t != NULL, "no tensor %s", shapes[i].name))
-            continue;
+        if (!CHECKF(t != NULL, "no tensor %s", shapes[i].name)) continue;
         t->ndim = shapes[i].ndim;
         memcpy(t->shape, shapes[i].s, sizeof t->shape);
         write_safetensors(dir, &tl, true);
@@ -1423,8 +1387,7 @@ static void test_tensor_errors(void)
     CHECK(s != DCS_OK && m == NULL);
 }
 
-static void test_devices(const char *dir)
-{
+static void test_devices(const char *dir) {
     dcs_load_options o = {0};
     dcs_model *m = NULL;
     char err[1024] = "";
@@ -1435,8 +1398,8 @@ static void test_devices(const char *dir)
     if (!dcs_cuda_available(why, sizeof why)) {
         CHECK(why[0] != 0);
         o.device = DCS_DEVICE_CUDA;
-        EXPECT("cuda without cuda", dcs_load(dir, &o, &m, err, sizeof err), DCS_ERR_UNSUPPORTED, err,
-               "cuda", NULL);
+        EXPECT("cuda without cuda", dcs_load(dir, &o, &m, err, sizeof err), DCS_ERR_UNSUPPORTED, err, "cuda",
+               NULL);
         CHECK(m == NULL);
     }
     o.device = DCS_DEVICE_CPU;
@@ -1448,16 +1411,14 @@ static void test_devices(const char *dir)
 
 /* Repeated load / forward (with and without hooks) / free: LeakSanitizer
  * in the asan build reports anything not given back. */
-static void test_cycles(const char *dcp, const char *neox, const float *ref_dcp)
-{
+static void test_cycles(const char *dcp, const char *neox, const float *ref_dcp) {
     uint8_t want[DCS_HP_COUNT * L];
     want_all(want);
     int ok = 0;
     for (int i = 0; i < 20; i++) {
         dcs_model *m = NULL;
         char err[1024];
-        if (dcs_load(i % 2 ? neox : dcp, NULL, &m, err, sizeof err) != DCS_OK)
-            continue;
+        if (dcs_load(i % 2 ? neox : dcp, NULL, &m, err, sizeof err) != DCS_OK) continue;
         float lg[2 * T0 * V];
         hctx h;
         memset(&h, 0, sizeof h);
@@ -1482,8 +1443,7 @@ static void test_cycles(const char *dcp, const char *neox, const float *ref_dcp)
 /* Incremental decoding (decode.c): any chunking gives the full pass's
  * logits; local layers keep their window; bad arguments; a decoder freed
  * after its model (LeakSanitizer and ASan check the order is safe). */
-static void test_decoder(const char *dir, const char *what, const float *ref)
-{
+static void test_decoder(const char *dir, const char *what, const float *ref) {
     dcs_model *m = LOAD_OK(dir);
     if (!m) return;
     const int chunks[4] = {3, 1, 2, 1};
@@ -1504,20 +1464,21 @@ static void test_decoder(const char *dir, const char *what, const float *ref)
         CHECKF(diff <= 2e-5 * max_abs(ref, (size_t)T0 * V), "%s: decoded logits differ by %g", what, diff);
         for (int l = 0; l < L; l++) {
             int want = dcs_layer_is_local(m, l) ? WIN + 1 : T0;
-            CHECKF(dcs_decoder_layer_keys(d, l) == (want < T0 ? want : T0), "%s: layer %d holds %d keys", what, l,
-                   dcs_decoder_layer_keys(d, l));
+            CHECKF(dcs_decoder_layer_keys(d, l) == (want < T0 ? want : T0), "%s: layer %d holds %d keys",
+                   what, l, dcs_decoder_layer_keys(d, l));
         }
         CHECK(dcs_decoder_layer_keys(d, L) == -1);
         int32_t bad = V;
         EXPECT("decode bad token", dcs_decoder_step(d, &bad, 1, NULL, NULL), DCS_ERR_ARG, dcs_errmsg(m),
                "out of range", NULL);
-        EXPECT("decode n=0", dcs_decoder_step(d, TOKS[0], 0, NULL, NULL), DCS_ERR_ARG, dcs_errmsg(m), "n >= 1", NULL);
+        EXPECT("decode n=0", dcs_decoder_step(d, TOKS[0], 0, NULL, NULL), DCS_ERR_ARG, dcs_errmsg(m),
+               "n >= 1", NULL);
         CHECK(dcs_decoder_pos(d) == T0);
         free(lg);
         if (k == 0) {
             dcs_decoder_free(d);
         } else {
-            dcs_free(m);          /* model first: the decoder keeps it alive */
+            dcs_free(m); /* model first: the decoder keeps it alive */
             CHECK(dcs_decoder_step(d, TOKS[1], 1, NULL, NULL) == DCS_OK);
             dcs_decoder_free(d);
             m = NULL;
@@ -1526,8 +1487,7 @@ static void test_decoder(const char *dir, const char *what, const float *ref)
     if (m) dcs_free(m);
 }
 
-int main(void)
-{
+int main(void) {
     verbose = getenv("DCS_TEST_VERBOSE") && atoi(getenv("DCS_TEST_VERBOSE")) > 0;
     const char *tmp = getenv("TMPDIR");
     snprintf(tmp_root, sizeof tmp_root, "%s/dcs_engine_XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -1547,8 +1507,8 @@ int main(void)
     dcs_model *m = LOAD_OK(dcp_dir);
     if (m) {
         const dcs_config *c = dcs_model_config(m);
-        CHECK(c->model_type == DCS_MODEL_DCPYTHIA && c->n_layer == L && c->d_model == D &&
-              c->n_head == NH && c->head_dim == DH && c->d_ff == F && c->vocab == V);
+        CHECK(c->model_type == DCS_MODEL_DCPYTHIA && c->n_layer == L && c->d_model == D && c->n_head == NH &&
+              c->head_dim == DH && c->d_ff == F && c->vocab == V);
         CHECK(c->use_dcmha && !c->query_wise && c->dyn_rank == R && c->dyn_hidden == KH &&
               c->dyn_slots == 4 && c->window_size == WIN && c->rotary_dim == 2 && c->qk_norm);
         CHECK(dcs_layer_is_local(m, 0) && !dcs_layer_is_local(m, 1));
@@ -1569,8 +1529,7 @@ int main(void)
     const char *variants[2] = {fixture("dcpythia_unfused"), fixture("dcpythia_unaligned")};
     for (int i = 0; i < 2; i++) {
         m = LOAD_OK(variants[i]);
-        if (!m)
-            continue;
+        if (!m) continue;
         float lg[T0 * V];
         CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
         CHECKF(!memcmp(lg, ref_dcp, sizeof lg), "%s: logits differ from the fused, aligned checkpoint",
@@ -1581,8 +1540,8 @@ int main(void)
     m = LOAD_OK(neox_dir);
     if (m) {
         const dcs_config *c = dcs_model_config(m);
-        CHECK(c->model_type == DCS_MODEL_GPT_NEOX && c->n_layer == L && c->d_model == D &&
-              c->n_head == NH && !c->use_dcmha && !c->qk_norm && c->window_size == 0);
+        CHECK(c->model_type == DCS_MODEL_GPT_NEOX && c->n_layer == L && c->d_model == D && c->n_head == NH &&
+              !c->use_dcmha && !c->qk_norm && c->window_size == 0);
         CHECK(!dcs_layer_is_local(m, 0) && !dcs_layer_is_local(m, 1));
         test_forward_basic(m, "neox", ref_neox);
         test_decoder(neox_dir, "neox", ref_neox);

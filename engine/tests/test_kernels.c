@@ -22,8 +22,7 @@
 
 static check_counts counts;
 
-static void check_at(bool ok, int line, const char *fmt, ...)
-{
+static void check_at(bool ok, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     check_count(&counts, ok, line, fmt, ap);
@@ -32,27 +31,25 @@ static void check_at(bool ok, int line, const char *fmt, ...)
 #define CHECKF(cond, ...) check_at((cond), __LINE__, __VA_ARGS__)
 
 static uint64_t rng = 88172645463325252ull;
-static float frand(void)
-{
+static float frand(void) {
     rng ^= rng << 13;
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return (float)((rng >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
 }
-static float *rand_buf(size_t n)
-{
+static float *rand_buf(size_t n) {
     float *p = malloc(n * sizeof *p);
     for (size_t i = 0; i < n; i++) p[i] = frand();
     return p;
 }
 
 /* Row vs pair, one (t) row of L keys, N heads. */
-static void test_row_vs_pair(int N, int R, int L, int keyside, int inplace, int branches)
-{
-    const long long hs = L + 3;                     /* head stride > L */
+static void test_row_vs_pair(int N, int R, int L, int keyside, int inplace, int branches) {
+    const long long hs = L + 3; /* head stride > L */
     float *a = rand_buf((size_t)N * hs), *out = calloc((size_t)N * hs, sizeof(float));
     float *qw1 = rand_buf((size_t)R * N), *qw2 = rand_buf((size_t)R * N), *qdd = rand_buf(N);
-    float *kw1 = rand_buf((size_t)L * R * N), *kw2 = rand_buf((size_t)L * R * N), *kdd = rand_buf((size_t)L * N);
+    float *kw1 = rand_buf((size_t)L * R * N), *kw2 = rand_buf((size_t)L * R * N),
+          *kdd = rand_buf((size_t)L * N);
     float *kw1t = malloc(sizeof(float) * L * R * N), *kw2t = malloc(sizeof(float) * L * R * N);
     float *kddt = malloc(sizeof(float) * L * N), *tmp = malloc(sizeof(float) * (2 * R + 2) * L);
     for (int s = 0; s < L; s++)
@@ -69,8 +66,9 @@ static void test_row_vs_pair(int N, int R, int L, int keyside, int inplace, int 
     }
     for (int s = 0; s < L; s++)
         dcs_compose_pair_plain(a + s, want + s, hs, N, R, qw1, qw2, keyside ? kw1 + (size_t)s * R * N : NULL,
-                               keyside ? kw2 + (size_t)s * R * N : NULL, qdd, keyside ? kdd + (size_t)s * N : NULL,
-                               bw[0] + s, bw[1] + s, bw[2] + s, bw[3] + s, bw[4] + s, NULL);
+                               keyside ? kw2 + (size_t)s * R * N : NULL, qdd,
+                               keyside ? kdd + (size_t)s * N : NULL, bw[0] + s, bw[1] + s, bw[2] + s,
+                               bw[3] + s, bw[4] + s, NULL);
     float *dst = out;
     if (inplace) {
         memcpy(out, a, sizeof(float) * N * hs);
@@ -87,14 +85,27 @@ static void test_row_vs_pair(int N, int R, int L, int keyside, int inplace, int 
         }
     CHECKF(same, "compose row == pair (N=%d R=%d L=%d key=%d inplace=%d)", N, R, L, keyside, inplace);
     CHECKF(bsame, "compose row branches == pair (N=%d R=%d L=%d key=%d)", N, R, L, keyside);
-    free(a); free(out); free(qw1); free(qw2); free(qdd); free(kw1); free(kw2); free(kdd);
-    free(kw1t); free(kw2t); free(kddt); free(tmp); free(want);
-    for (int k = 0; k < 5; k++) { free(bw[k]); free(bg[k]); }
+    free(a);
+    free(out);
+    free(qw1);
+    free(qw2);
+    free(qdd);
+    free(kw1);
+    free(kw2);
+    free(kdd);
+    free(kw1t);
+    free(kw2t);
+    free(kddt);
+    free(tmp);
+    free(want);
+    for (int k = 0; k < 5; k++) {
+        free(bw[k]);
+        free(bg[k]);
+    }
 }
 
 /* Naive double-precision attention of one sequence: z [T, N, Dh]. */
-static void naive_attention(const dcs_attn_args *a, int b, double *z)
-{
+static void naive_attention(const dcs_attn_args *a, int b, double *z) {
     const int T = a->T, N = a->N, Dh = a->Dh, ld = a->ld, R = a->R;
     double *A = malloc(sizeof(double) * N * T * T), *C = malloc(sizeof(double) * N * T * T);
     for (int n = 0; n < N; n++)
@@ -110,7 +121,8 @@ static void naive_attention(const dcs_attn_args *a, int b, double *z)
         if (a->compose)
             for (int t = 0; t < T; t++)
                 for (int s = 0; s < T; s++) {
-                    const float *qw1 = a->qw1[ph] + ((size_t)b * T + t) * R * N, *qw2 = a->qw2[ph] + ((size_t)b * T + t) * R * N;
+                    const float *qw1 = a->qw1[ph] + ((size_t)b * T + t) * R * N,
+                                *qw2 = a->qw2[ph] + ((size_t)b * T + t) * R * N;
                     const float *qdd = a->qdd[ph] + ((size_t)b * T + t) * N;
                     const float *kw1 = a->kw1[ph] ? a->kw1[ph] + ((size_t)b * T + s) * R * N : NULL;
                     const float *kw2 = a->kw2[ph] ? a->kw2[ph] + ((size_t)b * T + s) * R * N : NULL;
@@ -162,15 +174,26 @@ static void naive_attention(const dcs_attn_args *a, int b, double *z)
     free(C);
 }
 
-static void test_fused_attention(dcs_backend *be, int T, int window, int compose, int keyside)
-{
+static void test_fused_attention(dcs_backend *be, int T, int window, int compose, int keyside) {
     const int B = 2, N = 4, Dh = 8, R = 2, D = N * Dh;
     dcs_attn_args a;
     memset(&a, 0, sizeof a);
-    float *q = rand_buf((size_t)B * T * D), *k = rand_buf((size_t)B * T * D), *v = rand_buf((size_t)B * T * D);
+    float *q = rand_buf((size_t)B * T * D), *k = rand_buf((size_t)B * T * D),
+          *v = rand_buf((size_t)B * T * D);
     float *z = calloc((size_t)B * T * D, sizeof(float));
-    a.z = z; a.q = q; a.k = k; a.v = v; a.B = B; a.T = T; a.N = N; a.Dh = Dh; a.ld = D; a.R = R;
-    a.window = window; a.scale = 0.35f; a.compose = compose;
+    a.z = z;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.B = B;
+    a.T = T;
+    a.N = N;
+    a.Dh = Dh;
+    a.ld = D;
+    a.R = R;
+    a.window = window;
+    a.scale = 0.35f;
+    a.compose = compose;
     float *w[2][6] = {{0}};
     for (int ph = 0; ph < 2 && compose; ph++) {
         for (int j = 0; j < 6; j++) {
@@ -178,8 +201,12 @@ static void test_fused_attention(dcs_backend *be, int T, int window, int compose
             w[ph][j] = (j >= 3 && !keyside) ? NULL : rand_buf(n);
             for (size_t i = 0; w[ph][j] && i < n; i++) w[ph][j][i] *= 0.3f;
         }
-        a.qw1[ph] = w[ph][0]; a.qw2[ph] = w[ph][1]; a.qdd[ph] = w[ph][2];
-        a.kw1[ph] = w[ph][3]; a.kw2[ph] = w[ph][4]; a.kdd[ph] = w[ph][5];
+        a.qw1[ph] = w[ph][0];
+        a.qw2[ph] = w[ph][1];
+        a.qdd[ph] = w[ph][2];
+        a.kw1[ph] = w[ph][3];
+        a.kw2[ph] = w[ph][4];
+        a.kdd[ph] = w[ph][5];
     }
     be->ops->attention(be, &a);
     dcs_err e = {0};
@@ -192,14 +219,19 @@ static void test_fused_attention(dcs_backend *be, int T, int window, int compose
             mx = fmax(mx, fabs(ref[i]));
         }
     }
-    CHECKF(err <= 1e-5 * mx, "fused attention vs naive double (T=%d window=%d compose=%d key=%d): err %g of %g",
-           T, window, compose, keyside, err, mx);
-    free(q); free(k); free(v); free(z); free(ref);
+    CHECKF(err <= 1e-5 * mx,
+           "fused attention vs naive double (T=%d window=%d compose=%d key=%d): err %g of %g", T, window,
+           compose, keyside, err, mx);
+    free(q);
+    free(k);
+    free(v);
+    free(z);
+    free(ref);
     for (int ph = 0; ph < 2; ph++)
         for (int j = 0; j < 6; j++) free(w[ph][j]);
 }
 
-static uint16_t f32_to_f16_trunc(float f)   /* exact for the small values used */
+static uint16_t f32_to_f16_trunc(float f) /* exact for the small values used */
 {
     uint32_t x;
     memcpy(&x, &f, 4);
@@ -209,15 +241,19 @@ static uint16_t f32_to_f16_trunc(float f)   /* exact for the small values used *
     return (uint16_t)(sign | ((exp - 112) << 10) | (man >> 13));
 }
 
-static void test_gemm_w(dcs_backend *be, int dtype, int transW)
-{
+static void test_gemm_w(dcs_backend *be, int dtype, int transW) {
     const int M = 37, N = 300, K = 129;
     float *A = rand_buf((size_t)M * K), *Wf = malloc(sizeof(float) * N * K);
     uint16_t *W16 = malloc(2 * (size_t)N * K);
     for (int i = 0; i < N * K; i++) {
         float f = frand();
-        if (dtype == DCS_F16) W16[i] = f32_to_f16_trunc(f);
-        else { uint32_t x; memcpy(&x, &f, 4); W16[i] = (uint16_t)(x >> 16); }
+        if (dtype == DCS_F16)
+            W16[i] = f32_to_f16_trunc(f);
+        else {
+            uint32_t x;
+            memcpy(&x, &f, 4);
+            W16[i] = (uint16_t)(x >> 16);
+        }
     }
     dcs_widen(W16, (uint64_t)N * K, dtype, Wf);
     float *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
@@ -230,20 +266,24 @@ static void test_gemm_w(dcs_backend *be, int dtype, int transW)
         for (int m = 0; m < M; m++) {
             double acc = 0;
             for (int k = 0; k < K; k++)
-                acc += (double)A[(size_t)m * K + k] * (transW ? Wf[(size_t)n * K + k] : Wf[(size_t)k * N + n]);
+                acc +=
+                    (double)A[(size_t)m * K + k] * (transW ? Wf[(size_t)n * K + k] : Wf[(size_t)k * N + n]);
             C2[(size_t)m * N + n] = (float)acc;
         }
     double err = 0;
     for (int i = 0; i < M * N; i++) err = fmax(err, fabs(C1[i] - C2[i]));
-    CHECKF(err <= 1e-4, "gemm_w %s transW=%d vs widened reference: err %g",
-           dtype == DCS_F16 ? "F16" : "BF16", transW, err);
-    free(A); free(Wf); free(W16); free(C1); free(C2);
+    CHECKF(err <= 1e-4, "gemm_w %s transW=%d vs widened reference: err %g", dtype == DCS_F16 ? "F16" : "BF16",
+           transW, err);
+    free(A);
+    free(Wf);
+    free(W16);
+    free(C1);
+    free(C2);
 }
 
 /* embed_w widens with the backend's fastest conversion: every 16-bit
  * pattern must give what dcs_widen gives (NaN as NaN). */
-static void test_widen_all(dcs_backend *be, int dtype)
-{
+static void test_widen_all(dcs_backend *be, int dtype) {
     const int D = 16, M = 65536 / D;
     uint16_t *table = malloc(65536 * 2);
     int32_t *toks = malloc(sizeof(int32_t) * M);
@@ -260,11 +300,13 @@ static void test_widen_all(dcs_backend *be, int dtype)
             bad += !(isnan(g) ? isnan(w) : memcmp(&g, &w, 4) == 0);
         }
     CHECKF(bad == 0, "%s widening of all 65536 patterns: %d differ", dtype == DCS_F16 ? "F16" : "BF16", bad);
-    free(table); free(toks); free(got); free(want);
+    free(table);
+    free(toks);
+    free(got);
+    free(want);
 }
 
-int main(void)
-{
+int main(void) {
     for (int N = 1; N <= 17; N += 4)
         for (int R = 1; R <= 3; R++)
             for (int key = 0; key < 2; key++) {
@@ -279,10 +321,10 @@ int main(void)
     if (!b1 || !b2 || !b3) return check_report("kernels", &counts);
     dcs_backend *bes[3] = {b1, b2, b3};
     for (int i = 0; i < 3; i++) {
-        test_fused_attention(bes[i], 70, 0, 1, 1);      /* global, 3 query blocks */
-        test_fused_attention(bes[i], 70, 5, 1, 1);      /* local window           */
-        test_fused_attention(bes[i], 33, 40, 1, 0);     /* query-wise, window > T */
-        test_fused_attention(bes[i], 45, 0, 0, 0);      /* plain MHA              */
+        test_fused_attention(bes[i], 70, 0, 1, 1);  /* global, 3 query blocks */
+        test_fused_attention(bes[i], 70, 5, 1, 1);  /* local window           */
+        test_fused_attention(bes[i], 33, 40, 1, 0); /* query-wise, window > T */
+        test_fused_attention(bes[i], 45, 0, 0, 0);  /* plain MHA              */
         test_gemm_w(bes[i], DCS_F16, 1);
         test_gemm_w(bes[i], DCS_BF16, 1);
         test_gemm_w(bes[i], DCS_F16, 0);
@@ -298,12 +340,28 @@ int main(void)
         float *kw1 = rand_buf((size_t)B * T * R * N), *kw2 = rand_buf((size_t)B * T * R * N);
         float *qdd = rand_buf((size_t)B * T * N), *kdd = rand_buf((size_t)B * T * N);
         float *wb[5];
-        for (int k = 0; k < 5; k++) { br[k] = malloc(nm * 4); wb[k] = malloc(nm * 4); }
+        for (int k = 0; k < 5; k++) {
+            br[k] = malloc(nm * 4);
+            wb[k] = malloc(nm * 4);
+        }
         for (int causal = 0; causal < 2; causal++) {
-            dcs_compose_args a = {.out = o1, .in = in, .qw1 = qw1, .qw2 = qw2, .kw1 = kw1, .kw2 = kw2,
-                                  .qdd = qdd, .kdd = kdd, .br = {br[0], NULL, br[2], NULL, br[4], NULL},
-                                  .B = B, .N = N, .T = T, .S = T, .R = R, .G = 1,
-                                  .causal_only = causal, .window = causal ? 7 : 0};
+            dcs_compose_args a = {.out = o1,
+                                  .in = in,
+                                  .qw1 = qw1,
+                                  .qw2 = qw2,
+                                  .kw1 = kw1,
+                                  .kw2 = kw2,
+                                  .qdd = qdd,
+                                  .kdd = kdd,
+                                  .br = {br[0], NULL, br[2], NULL, br[4], NULL},
+                                  .B = B,
+                                  .N = N,
+                                  .T = T,
+                                  .S = T,
+                                  .R = R,
+                                  .G = 1,
+                                  .causal_only = causal,
+                                  .window = causal ? 7 : 0};
             b2->ops->compose(b2, &a);
             for (int b = 0; b < B; b++)
                 for (int t = 0; t < T; t++)
@@ -311,21 +369,34 @@ int main(void)
                         size_t o = (size_t)b * N * T * T + (size_t)t * T + s;
                         if (causal && !dcs_allowed(t, s, 7)) {
                             for (int n = 0; n < N; n++)
-                                for (int k = -1; k < 5; k++) (k < 0 ? o2 : wb[k])[o + (size_t)n * T * T] = 0.0f;
+                                for (int k = -1; k < 5; k++)
+                                    (k < 0 ? o2 : wb[k])[o + (size_t)n * T * T] = 0.0f;
                             continue;
                         }
-                        dcs_compose_pair_plain(in + o, o2 + o, (long long)T * T, N, R, qw1 + ((size_t)b * T + t) * R * N,
-                                               qw2 + ((size_t)b * T + t) * R * N, kw1 + ((size_t)b * T + s) * R * N,
-                                               kw2 + ((size_t)b * T + s) * R * N, qdd + ((size_t)b * T + t) * N,
-                                               kdd + ((size_t)b * T + s) * N, wb[0] + o, wb[1] + o, wb[2] + o,
-                                               wb[3] + o, wb[4] + o, NULL);
+                        dcs_compose_pair_plain(
+                            in + o, o2 + o, (long long)T * T, N, R, qw1 + ((size_t)b * T + t) * R * N,
+                            qw2 + ((size_t)b * T + t) * R * N, kw1 + ((size_t)b * T + s) * R * N,
+                            kw2 + ((size_t)b * T + s) * R * N, qdd + ((size_t)b * T + t) * N,
+                            kdd + ((size_t)b * T + s) * N, wb[0] + o, wb[1] + o, wb[2] + o, wb[3] + o,
+                            wb[4] + o, NULL);
                     }
             int same = memcmp(o1, o2, nm * 4) == 0 && memcmp(br[0], wb[0], nm * 4) == 0 &&
                        memcmp(br[2], wb[2], nm * 4) == 0 && memcmp(br[4], wb[4], nm * 4) == 0;
             CHECKF(same, "backend compose (causal=%d) == pair form, bit for bit", causal);
         }
-        free(in); free(o1); free(o2); free(qw1); free(qw2); free(kw1); free(kw2); free(qdd); free(kdd);
-        for (int k = 0; k < 5; k++) { free(br[k]); free(wb[k]); }
+        free(in);
+        free(o1);
+        free(o2);
+        free(qw1);
+        free(qw2);
+        free(kw1);
+        free(kw2);
+        free(qdd);
+        free(kdd);
+        for (int k = 0; k < 5; k++) {
+            free(br[k]);
+            free(wb[k]);
+        }
     }
     for (int i = 0; i < 3; i++) bes[i]->ops->destroy(bes[i]);
     return check_report("kernels", &counts);

@@ -22,16 +22,16 @@
 
 static int n_pass, n_fail;
 
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (cond) {                                               \
-            n_pass++;                                             \
-        } else {                                                  \
-            n_fail++;                                             \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            printf(__VA_ARGS__);                                  \
-            printf("\n");                                         \
-        }                                                         \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (cond) {                                                                                          \
+            n_pass++;                                                                                        \
+        } else {                                                                                             \
+            n_fail++;                                                                                        \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                           \
+            printf(__VA_ARGS__);                                                                             \
+            printf("\n");                                                                                    \
+        }                                                                                                    \
     } while (0)
 
 /* ---------------------------------------------------------------- helpers */
@@ -67,9 +67,7 @@ static const uint8_t *pix(const image *im, int x, int y) {
     return im->px + ((size_t)y * (size_t)im->w + (size_t)x) * 3;
 }
 
-static int same(const uint8_t *a, const uint8_t *b) {
-    return a[0] == b[0] && a[1] == b[1] && a[2] == b[2];
-}
+static int same(const uint8_t *a, const uint8_t *b) { return a[0] == b[0] && a[1] == b[1] && a[2] == b[2]; }
 
 /* Render spec, decode it and compute its layout. Returns 1 on success. */
 static int render(const dcs_heatmap_spec *sp, image *im, dcs_png_layout *L) {
@@ -86,8 +84,8 @@ static int render(const dcs_heatmap_spec *sp, image *im, dcs_png_layout *L) {
     if (!ok) return 0;
     st = dcs_png_layout_compute(sp, L, err, sizeof err);
     CHECK(st == DCS_OK, "layout: %s", err);
-    CHECK(im->w == L->width && im->h == L->height, "size %dx%d, layout says %dx%d",
-          im->w, im->h, L->width, L->height);
+    CHECK(im->w == L->width && im->h == L->height, "size %dx%d, layout says %dx%d", im->w, im->h, L->width,
+          L->height);
     return st == DCS_OK && im->w == L->width && im->h == L->height;
 }
 
@@ -98,16 +96,16 @@ static int is_mask(const uint8_t *p) {
 
 /* Every pixel of every cell: its colour (unmasked) or the mask. Returns the
  * number of wrong cells. */
-static int check_cells(const image *im, const dcs_png_layout *L,
-                       const dcs_heatmap_spec *sp) {
+static int check_cells(const image *im, const dcs_png_layout *L, const dcs_heatmap_spec *sp) {
     int bad = 0;
     for (int p = 0; p < sp->n_panels; p++)
         for (int t = 0; t < L->rows; t++)
             for (int s = 0; s < L->cols; s++) {
                 int x, y;
                 dcs_png_cell_origin(L, p, t, s, &x, &y);
-                int w = sp->panels[p].mask_window > 0 ? sp->panels[p].mask_window
-                        : sp->panels[p].mask_window < 0 ? 0 : sp->mask_window;
+                int w = sp->panels[p].mask_window > 0   ? sp->panels[p].mask_window
+                        : sp->panels[p].mask_window < 0 ? 0
+                                                        : sp->mask_window;
                 int masked = sp->mask_upper && (s > t || (w > 0 && t - s > w));
                 uint8_t want[3];
                 float v = sp->panels[p].data[(size_t)t * L->cols + s];
@@ -175,11 +173,10 @@ static void test_colormaps(void) {
     }
     CHECK(mono, "sequential lightness not monotone");
     dcs_colormap_rgb(DCS_CMAP_SEQUENTIAL, 0.0f, 0.0f, 1.0f, a);
-    CHECK(a[2] > a[1] && a[0] > a[1] && lightness(a) < 0.4, "low end dark purple: %d %d %d",
-          a[0], a[1], a[2]);
-    dcs_colormap_rgb(DCS_CMAP_SEQUENTIAL, 1.0f, 0.0f, 1.0f, a);
-    CHECK(a[0] > 200 && a[1] > 200 && a[2] < 120, "high end yellow: %d %d %d", a[0], a[1],
+    CHECK(a[2] > a[1] && a[0] > a[1] && lightness(a) < 0.4, "low end dark purple: %d %d %d", a[0], a[1],
           a[2]);
+    dcs_colormap_rgb(DCS_CMAP_SEQUENTIAL, 1.0f, 0.0f, 1.0f, a);
+    CHECK(a[0] > 200 && a[1] > 200 && a[2] < 120, "high end yellow: %d %d %d", a[0], a[1], a[2]);
     dcs_colormap_rgb(DCS_CMAP_SEQUENTIAL, 0.5f, 0.0f, 1.0f, a);
     CHECK(a[1] > a[0], "middle blue-green: %d %d %d", a[0], a[1], a[2]);
     /* Clamping and the range. */
@@ -200,8 +197,7 @@ static void test_colormaps(void) {
 
     /* Diverging: white-ish at 0, blue below, red above, mirror lightness. */
     dcs_colormap_rgb(DCS_CMAP_DIVERGING, 0.0f, -1.0f, 1.0f, a);
-    CHECK(a[0] >= 240 && a[1] >= 240 && a[2] >= 240 &&
-              abs(a[0] - a[1]) <= 3 && abs(a[1] - a[2]) <= 3,
+    CHECK(a[0] >= 240 && a[1] >= 240 && a[2] >= 240 && abs(a[0] - a[1]) <= 3 && abs(a[1] - a[2]) <= 3,
           "diverging(0) = %d %d %d", a[0], a[1], a[2]);
     int sym = 1, hues = 1, mono_d = 1;
     double prev_l = 2.0;
@@ -249,9 +245,8 @@ static void test_colormaps(void) {
     CHECK(lv_ok, "levels consistent and symmetric");
 
     /* The mask greys differ clearly from every colour of both maps. */
-    static const uint8_t greys[2][3] = {
-        {DCS_PNG_MASK_R, DCS_PNG_MASK_G, DCS_PNG_MASK_B},
-        {DCS_PNG_HATCH_R, DCS_PNG_HATCH_G, DCS_PNG_HATCH_B}};
+    static const uint8_t greys[2][3] = {{DCS_PNG_MASK_R, DCS_PNG_MASK_G, DCS_PNG_MASK_B},
+                                        {DCS_PNG_HATCH_R, DCS_PNG_HATCH_G, DCS_PNG_HATCH_B}};
     int distinct = 1;
     for (int cm = 0; cm < 2; cm++)
         for (int i = 0; i <= 256; i++) {
@@ -270,8 +265,8 @@ static void test_colormaps(void) {
 static void test_labels(void) {
     uint8_t g[DCS_PNG_MAX_LABEL_GLYPHS];
     int n = dcs_png_label_glyphs(" the", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
-    CHECK(n == 4 && g[0] == DCS_GLYPH_MIDDOT && g[1] == 't' - 32 && g[3] == 'e' - 32,
-          "leading space: n=%d", n);
+    CHECK(n == 4 && g[0] == DCS_GLYPH_MIDDOT && g[1] == 't' - 32 && g[3] == 'e' - 32, "leading space: n=%d",
+          n);
     n = dcs_png_label_glyphs(" the", 0, DCS_PNG_MAX_LABEL_GLYPHS, g);
     CHECK(n == 4 && g[0] == 0, "plain space when not visible");
     n = dcs_png_label_glyphs("a b ", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
@@ -279,8 +274,7 @@ static void test_labels(void) {
     n = dcs_png_label_glyphs("caf\xc3\xa9", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
     CHECK(n == 4 && g[3] == DCS_GLYPH_BOX, "2-byte UTF-8 is one box: n=%d", n);
     n = dcs_png_label_glyphs("\xe6\x97\xa5\xf0\x9f\x98\x80", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
-    CHECK(n == 2 && g[0] == DCS_GLYPH_BOX && g[1] == DCS_GLYPH_BOX,
-          "3- and 4-byte UTF-8: n=%d", n);
+    CHECK(n == 2 && g[0] == DCS_GLYPH_BOX && g[1] == DCS_GLYPH_BOX, "3- and 4-byte UTF-8: n=%d", n);
     n = dcs_png_label_glyphs("\xff\x80", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
     CHECK(n == 2 && g[0] == DCS_GLYPH_BOX && g[1] == DCS_GLYPH_BOX, "invalid bytes");
     n = dcs_png_label_glyphs("\n", 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
@@ -316,8 +310,7 @@ static void test_single(void) {
         for (int s = 0; s < T; s++) d[t * T + s] = s <= t ? (float)(t * T + s) / 40.0f : 9.0f;
     d[3 * T + 1] = NAN;
     d[4 * T + 2] = -3.0f; /* clamped */
-    static const char *tok[T] = {" The", " cat", "\xc3\xa9", "\n", "a very long token indeed",
-                                 "."};
+    static const char *tok[T] = {" The", " cat", "\xc3\xa9", "\n", "a very long token indeed", "."};
     dcs_panel p = {d, T, T, "L0 H0 hook_pattern", 0};
     dcs_heatmap_spec sp = base_spec(&p, 1);
     sp.row_labels = tok;
@@ -328,8 +321,7 @@ static void test_single(void) {
     image im;
     dcs_png_layout L;
     if (!render(&sp, &im, &L)) return;
-    CHECK(L.cell == 10 && L.label_step == 1 && L.scale == 1, "cell %d step %d", L.cell,
-          L.label_step);
+    CHECK(L.cell == 10 && L.label_step == 1 && L.scale == 1, "cell %d step %d", L.cell, L.label_step);
     CHECK(check_cells(&im, &L, &sp) == 0, "cells");
     int x, y;
     dcs_png_cell_origin(&L, 0, 3, 1, &x, &y);
@@ -347,15 +339,11 @@ static void test_single(void) {
     CHECK(same(pix(&im, bx, L.bar_y), top), "bar top = vmax colour");
     CHECK(same(pix(&im, bx, L.bar_y + L.bar_h - 1), bot), "bar bottom = vmin colour");
     /* Text: the title, the labels and the tick labels have ink. */
-    CHECK(L.title_y >= 0 && ink_in(&im, 0, L.title_y, L.width, L.title_y + 20) > 20,
-          "figure title drawn");
+    CHECK(L.title_y >= 0 && ink_in(&im, 0, L.title_y, L.width, L.title_y + 20) > 20, "figure title drawn");
     CHECK(ink_in(&im, 0, L.y0, L.x0 - 1, L.y0 + L.panel_h) > 50, "row labels drawn");
-    CHECK(ink_in(&im, L.x0, L.y0 + L.panel_h + 1, L.x0 + L.panel_w, L.height) > 50,
-          "column labels drawn");
-    CHECK(ink_in(&im, L.tick_label_x, L.bar_y - 6, L.width, L.bar_y + L.bar_h + 6) > 30,
-          "tick labels drawn");
-    CHECK(ink_in(&im, L.x0, L.y0 - L.ptitle_h, L.x0 + L.panel_w, L.y0 - 1) > 20,
-          "panel title drawn");
+    CHECK(ink_in(&im, L.x0, L.y0 + L.panel_h + 1, L.x0 + L.panel_w, L.height) > 50, "column labels drawn");
+    CHECK(ink_in(&im, L.tick_label_x, L.bar_y - 6, L.width, L.bar_y + L.bar_h + 6) > 30, "tick labels drawn");
+    CHECK(ink_in(&im, L.x0, L.y0 - L.ptitle_h, L.x0 + L.panel_w, L.y0 - 1) > 20, "panel title drawn");
     /* Nothing but cells inside the panel; the picture is otherwise framed
      * and white at the corners. */
     const uint8_t *corner = pix(&im, 0, 0);
@@ -400,8 +388,10 @@ static void test_grid_auto_range(void) {
     dcs_png_layout L;
     if (!render(&sp, &im, &L)) return;
     CHECK(L.grid_cols == 2 && L.grid_rows == 3, "grid %dx%d", L.grid_cols, L.grid_rows);
-    CHECK(L.vmin == mn && L.vmax == mx, "auto range [%g, %g], want [%g, %g] (masked 100s "
-          "ignored)", (double)L.vmin, (double)L.vmax, (double)mn, (double)mx);
+    CHECK(L.vmin == mn && L.vmax == mx,
+          "auto range [%g, %g], want [%g, %g] (masked 100s "
+          "ignored)",
+          (double)L.vmin, (double)L.vmax, (double)mn, (double)mx);
     CHECK(L.cell >= 1 && L.cell <= DCS_PNG_MAX_AUTO_CELL, "auto cell %d", L.cell);
     CHECK(check_cells(&im, &L, &sp) == 0, "grid cells");
     int x, y;
@@ -461,14 +451,12 @@ static void test_diverging(void) {
     sz.colormap = DCS_CMAP_DIVERGING;
     sz.auto_range = 1;
     char err[256];
-    CHECK(dcs_png_layout_compute(&sz, &L, err, sizeof err) == DCS_OK && L.vmin == -1.0f &&
-              L.vmax == 1.0f,
+    CHECK(dcs_png_layout_compute(&sz, &L, err, sizeof err) == DCS_OK && L.vmin == -1.0f && L.vmax == 1.0f,
           "all-zero diverging range");
     /* Sequential constant map: a non-empty range around it. */
     for (int i = 0; i < T * T; i++) z[i] = 0.25f;
     sz.colormap = DCS_CMAP_SEQUENTIAL;
-    CHECK(dcs_png_layout_compute(&sz, &L, err, sizeof err) == DCS_OK && L.vmin < 0.25f &&
-              L.vmax > 0.25f,
+    CHECK(dcs_png_layout_compute(&sz, &L, err, sizeof err) == DCS_OK && L.vmin < 0.25f && L.vmax > 0.25f,
           "constant map range");
 }
 
@@ -492,8 +480,8 @@ static void test_long_and_auto_cell(void) {
     image im;
     dcs_png_layout L;
     if (render(&sp, &im, &L)) {
-        CHECK(L.label_step * L.cell >= DCS_FONT_LINE * L.scale,
-              "labels do not overlap: step %d cell %d", L.label_step, L.cell);
+        CHECK(L.label_step * L.cell >= DCS_FONT_LINE * L.scale, "labels do not overlap: step %d cell %d",
+              L.label_step, L.cell);
         CHECK(L.label_step > 1, "long prompt: every k-th label (k=%d)", L.label_step);
         CHECK(check_cells(&im, &L, &sp) == 0, "long cells");
         free(im.px);
@@ -536,8 +524,8 @@ static void expect_arg(const dcs_heatmap_spec *sp, const char *what) {
     size_t len = 77;
     char err[256] = "";
     dcs_status st = dcs_heatmap_png(sp, &png, &len, err, sizeof err);
-    CHECK(st == DCS_ERR_ARG && err[0] != 0 && png == NULL && len == 0,
-          "%s: status %d, message '%s'", what, (int)st, err);
+    CHECK(st == DCS_ERR_ARG && err[0] != 0 && png == NULL && len == 0, "%s: status %d, message '%s'", what,
+          (int)st, err);
     /* err may be NULL. */
     st = dcs_heatmap_png(sp, &png, &len, NULL, 0);
     CHECK(st == DCS_ERR_ARG, "%s (err NULL)", what);
@@ -654,8 +642,7 @@ static void test_errors(void) {
     /* A tiny err buffer is fine. */
     sp.vmin = 3.0f;
     char tiny[8];
-    CHECK(dcs_heatmap_png(&sp, &png, &len, tiny, sizeof tiny) == DCS_ERR_ARG &&
-              strlen(tiny) == 7,
+    CHECK(dcs_heatmap_png(&sp, &png, &len, tiny, sizeof tiny) == DCS_ERR_ARG && strlen(tiny) == 7,
           "truncated message");
 }
 

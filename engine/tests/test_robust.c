@@ -27,8 +27,7 @@
 static check_counts counts;
 static char tmpdir[256];
 
-static bool check_at(bool ok, int line, const char *fmt, ...)
-{
+static bool check_at(bool ok, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     bool r = check_count(&counts, ok, line, fmt, ap);
@@ -39,17 +38,15 @@ static bool check_at(bool ok, int line, const char *fmt, ...)
 #define CHECKF(cond, ...) check_at((cond), __LINE__, __VA_ARGS__)
 
 /* got == want and the message holds `needle`. */
-#define EXPECT(what, got, want, msg, needle)                                                   \
-    do {                                                                                       \
-        dcs_status g_ = (got);                                                                 \
-        CHECKF(g_ == (want), "%s: got %s, want %s (%s)", (what), dcs_status_name(g_),          \
-               dcs_status_name(want), (msg));                                                  \
-        CHECKF(strstr((msg), (needle)) != NULL, "%s: message lacks '%s': %s", (what), (needle), \
-               (msg));                                                                         \
+#define EXPECT(what, got, want, msg, needle)                                                                 \
+    do {                                                                                                     \
+        dcs_status g_ = (got);                                                                               \
+        CHECKF(g_ == (want), "%s: got %s, want %s (%s)", (what), dcs_status_name(g_), dcs_status_name(want), \
+               (msg));                                                                                       \
+        CHECKF(strstr((msg), (needle)) != NULL, "%s: message lacks '%s': %s", (what), (needle), (msg));      \
     } while (0)
 
-static char *path_in(const char *sub, const char *name)
-{
+static char *path_in(const char *sub, const char *name) {
     static char buf[4][512];
     static int k;
     char *p = buf[k++ % 4];
@@ -60,8 +57,7 @@ static char *path_in(const char *sub, const char *name)
     return p;
 }
 
-static void write_file(const char *path, const void *data, size_t n)
-{
+static void write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (f == NULL || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
         fprintf(stderr, "cannot write %s\n", path);
@@ -73,8 +69,7 @@ static void write_str(const char *path, const char *s) { write_file(path, s, str
 
 static void make_dir(const char *sub) { mkdir(path_in(NULL, sub), 0700); }
 
-static void remove_tree(const char *path)
-{
+static void remove_tree(const char *path) {
     DIR *d = opendir(path);
     if (d == NULL) {
         unlink(path);
@@ -82,8 +77,7 @@ static void remove_tree(const char *path)
     }
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
         char child[1024];
         snprintf(child, sizeof child, "%s/%s", path, de->d_name);
         remove_tree(child);
@@ -93,8 +87,7 @@ static void remove_tree(const char *path)
 }
 
 /* safetensors: 8-byte length + JSON header (len bytes, may hold NULs) + data */
-static void write_st_n(const char *path, const char *json, size_t jlen, const void *data, size_t n)
-{
+static void write_st_n(const char *path, const char *json, size_t jlen, const void *data, size_t n) {
     size_t total = 8 + jlen + n;
     uint8_t *b = malloc(total);
     for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)jlen >> (8 * i));
@@ -103,15 +96,13 @@ static void write_st_n(const char *path, const char *json, size_t jlen, const vo
     write_file(path, b, total);
     free(b);
 }
-static void write_st(const char *path, const char *json, const void *data, size_t n)
-{
+static void write_st(const char *path, const char *json, const void *data, size_t n) {
     write_st_n(path, json, strlen(json), data, n);
 }
 
 /* CPU seconds of this process (user + system): unlike wall time, not
  * inflated when other processes share the cores. */
-static double now_s(void)
-{
+static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -119,8 +110,7 @@ static double now_s(void)
 
 /* ------------------------------------------------------------ non-regular files */
 
-static void test_not_regular(void)
-{
+static void test_not_regular(void) {
     dcs_err e = {0};
     dcs_mapped_file f;
     char *text = NULL;
@@ -135,8 +125,8 @@ static void test_not_regular(void)
     EXPECT("map FIFO", dcs_map_file(fifo, &f, &e), DCS_ERR_IO, e.msg, "a FIFO");
     char err[1024];
     dcs_model *m = NULL;
-    EXPECT("load FIFO config", dcs_load(path_in(NULL, "fifo"), NULL, &m, err, sizeof err),
-           DCS_ERR_IO, err, "config.json: not a regular file (a FIFO)");
+    EXPECT("load FIFO config", dcs_load(path_in(NULL, "fifo"), NULL, &m, err, sizeof err), DCS_ERR_IO, err,
+           "config.json: not a regular file (a FIFO)");
     CHECK(m == NULL);
 
     /* a FIFO where the weights, or a shard index, are expected */
@@ -164,14 +154,13 @@ static void test_not_regular(void)
     /* a dangling symlink is called one */
     make_dir("dangling");
     CHECK(symlink("/nonexistent/dclens/target.json", path_in("dangling", "config.json")) == 0);
-    EXPECT("dangling symlink", dcs_load(path_in(NULL, "dangling"), NULL, &m, err, sizeof err),
-           DCS_ERR_IO, err, "config.json: cannot open: a dangling symbolic link");
+    EXPECT("dangling symlink", dcs_load(path_in(NULL, "dangling"), NULL, &m, err, sizeof err), DCS_ERR_IO,
+           err, "config.json: cannot open: a dangling symbolic link");
 }
 
 /* ------------------------------------------------------------ files changing after load */
 
-static void test_changed_after_load(void)
-{
+static void test_changed_after_load(void) {
     const char *p = path_in(NULL, "change.safetensors");
     const float v[4] = {1.0f, 2.0f, 3.0f, 4.0f};
     write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", v, sizeof v);
@@ -205,8 +194,7 @@ static void test_changed_after_load(void)
 
 /* A directory of n shards of TPS 1-float tensors each; CPU seconds to open it. */
 #define TPS 4
-static double time_shards(int n, int *n_tensors)
-{
+static double time_shards(int n, int *n_tensors) {
     char sub[32];
     snprintf(sub, sizeof sub, "shards%d", n);
     make_dir(sub);
@@ -220,11 +208,11 @@ static double time_shards(int n, int *n_tensors)
         snprintf(name, sizeof name, "s%05d.safetensors", i);
         jo += (size_t)snprintf(json + jo, sizeof json - jo, "{");
         for (int k = 0; k < TPS; k++) {
-            jo += (size_t)snprintf(json + jo, sizeof json - jo, "%s\"t%05d.%d\":{\"dtype\":\"F32\","
-                                   "\"shape\":[1],\"data_offsets\":[%d,%d]}", k ? "," : "", i, k,
-                                   4 * k, 4 * k + 4);
-            o += (size_t)snprintf(ix + o, cap - o, "%s\"t%05d.%d\":\"%s\"", i || k ? "," : "", i, k,
-                                  name);
+            jo += (size_t)snprintf(json + jo, sizeof json - jo,
+                                   "%s\"t%05d.%d\":{\"dtype\":\"F32\","
+                                   "\"shape\":[1],\"data_offsets\":[%d,%d]}",
+                                   k ? "," : "", i, k, 4 * k, 4 * k + 4);
+            o += (size_t)snprintf(ix + o, cap - o, "%s\"t%05d.%d\":\"%s\"", i || k ? "," : "", i, k, name);
         }
         snprintf(json + jo, sizeof json - jo, "}");
         write_st(path_in(sub, name), json, one, sizeof one);
@@ -235,7 +223,7 @@ static double time_shards(int n, int *n_tensors)
     dcs_tensor_table tt = {0};
     dcs_err e = {0};
     double best = 1e30;
-    for (int rep = 0; rep < 5; rep++) {     /* best of 5: less noise */
+    for (int rep = 0; rep < 5; rep++) { /* best of 5: less noise */
         double t0 = now_s();
         dcs_status st = dcs_tt_open_dir(path_in(NULL, sub), &tt, &e);
         double dt = now_s() - t0;
@@ -248,16 +236,14 @@ static double time_shards(int n, int *n_tensors)
     return best;
 }
 
-static void test_shard_scaling(void)
-{
+static void test_shard_scaling(void) {
     int n512 = 0, n2048 = 0;
     double t512 = time_shards(512, &n512);
     double t2048 = time_shards(2048, &n2048);
     CHECK(n512 == 512 * TPS && n2048 == 2048 * TPS);
     printf("shards: 512 in %.4f s, 2048 in %.4f s of CPU (ratio %.2f; linear is 4)\n", t512, t2048,
            t2048 / t512);
-    CHECKF(t2048 < 6.0 * t512, "2048 shards took %.2fx the time of 512 (linear: 4x)",
-           t2048 / t512);
+    CHECKF(t2048 < 6.0 * t512, "2048 shards took %.2fx the time of 512 (linear: 4x)", t2048 / t512);
     /* a name in two shards is still found after the single final sort */
     make_dir("dupshard");
     const float one = 1.0f;
@@ -269,50 +255,49 @@ static void test_shard_scaling(void)
               "{\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"b.safetensors\"}}");
     dcs_tensor_table tt = {0};
     dcs_err e = {0};
-    EXPECT("name in two shards", dcs_tt_open_dir(path_in(NULL, "dupshard"), &tt, &e),
-           DCS_ERR_FORMAT, e.msg, "tensor 'x' is also in");
+    EXPECT("name in two shards", dcs_tt_open_dir(path_in(NULL, "dupshard"), &tt, &e), DCS_ERR_FORMAT, e.msg,
+           "tensor 'x' is also in");
     CHECK(tt.n == 0 && tt.files == NULL);
 }
 
 /* ------------------------------------------------------------ JSON rules */
 
-static void expect_config(const char *what, const char *json, dcs_status want, const char *needle)
-{
+static void expect_config(const char *what, const char *json, dcs_status want, const char *needle) {
     dcs_config cfg;
     int pat[16], plen = 1;
     dcs_err e = {0};
     EXPECT(what, dcs_parse_config(json, "M/config.json", &cfg, pat, &plen, &e), want, e.msg, needle);
-    CHECKF(strncmp(e.msg, "M/config.json: ", 15) == 0, "%s: message does not name the file: %s",
-           what, e.msg);
+    CHECKF(strncmp(e.msg, "M/config.json: ", 15) == 0, "%s: message does not name the file: %s", what, e.msg);
 }
 
-#define DCP "\"model_type\":\"dcpythia\",\"dim\":16,\"n_head\":4,\"n_layer\":2," \
-            "\"intermediate_size\":32,\"vocab_size\":50"
+#define DCP                                                                                                  \
+    "\"model_type\":\"dcpythia\",\"dim\":16,\"n_head\":4,\"n_layer\":2,"                                     \
+    "\"intermediate_size\":32,\"vocab_size\":50"
 
-static void test_json_rules(void)
-{
+static void test_json_rules(void) {
     /* config.json */
     expect_config("dup key", "{" DCP ",\"dim\":32}", DCS_ERR_CONFIG, "key 'dim' appears twice");
     expect_config("dup model_type", "{\"model_type\":\"llama\"," DCP "}", DCS_ERR_CONFIG,
                   "key 'model_type' appears twice");
-    expect_config("dup nested", "{" DCP ",\"x\":{\"a\":1,\"a\":2}}", DCS_ERR_CONFIG,
-                  "key 'a' appears twice");
-    expect_config("escaped NUL", "{" DCP ",\"window_type\":\"LG\\u0000x\"}", DCS_ERR_CONFIG,
-                  "escaped NUL");
+    expect_config("dup nested", "{" DCP ",\"x\":{\"a\":1,\"a\":2}}", DCS_ERR_CONFIG, "key 'a' appears twice");
+    expect_config("escaped NUL", "{" DCP ",\"window_type\":\"LG\\u0000x\"}", DCS_ERR_CONFIG, "escaped NUL");
     expect_config("BOM", "\xEF\xBB\xBF{" DCP "}", DCS_ERR_CONFIG, "byte-order mark");
     expect_config("norm_eps 0", "{" DCP ",\"norm_eps\":0}", DCS_ERR_CONFIG,
                   "'norm_eps' must be a number in (0, 1]");
     expect_config("norm_eps 1e-60", "{" DCP ",\"norm_eps\":1e-60}", DCS_ERR_CONFIG, "'norm_eps'");
-    expect_config("neox eps 0", "{\"model_type\":\"gpt_neox\",\"hidden_size\":16,"
+    expect_config("neox eps 0",
+                  "{\"model_type\":\"gpt_neox\",\"hidden_size\":16,"
                   "\"num_attention_heads\":4,\"num_hidden_layers\":2,\"intermediate_size\":32,"
-                  "\"vocab_size\":50,\"layer_norm_eps\":0}", DCS_ERR_CONFIG, "'layer_norm_eps'");
+                  "\"vocab_size\":50,\"layer_norm_eps\":0}",
+                  DCS_ERR_CONFIG, "'layer_norm_eps'");
     /* an escaped backslash before u0000 is text, not a NUL */
     {
         dcs_config cfg;
         int pat[16], plen = 1;
         dcs_err e = {0};
-        CHECKF(dcs_parse_config("{" DCP ",\"note\":\"C:\\\\u0000\"}", "M/config.json", &cfg, pat,
-                                &plen, &e) == DCS_OK, "escaped backslash refused: %s", e.msg);
+        CHECKF(dcs_parse_config("{" DCP ",\"note\":\"C:\\\\u0000\"}", "M/config.json", &cfg, pat, &plen,
+                                &e) == DCS_OK,
+               "escaped backslash refused: %s", e.msg);
     }
 
     /* shard index */
@@ -325,8 +310,8 @@ static void test_json_rules(void)
     EXPECT("index dup tensor", dcs_parse_index_json(dupname, strlen(dupname), "M/ix.json", &ix, &e),
            DCS_ERR_FORMAT, e.msg, "key 'a' appears twice");
     const char *nul = "{\"weight_map\":{\"a\\u0000b\":\"x.safetensors\"}}";
-    EXPECT("index NUL name", dcs_parse_index_json(nul, strlen(nul), "M/ix.json", &ix, &e),
-           DCS_ERR_FORMAT, e.msg, "escaped NUL");
+    EXPECT("index NUL name", dcs_parse_index_json(nul, strlen(nul), "M/ix.json", &ix, &e), DCS_ERR_FORMAT,
+           e.msg, "escaped NUL");
 
     /* safetensors header: NUL inside a name or a dtype, escaped or raw */
     dcs_tensor_table tt = {0};
@@ -339,17 +324,18 @@ static void test_json_rules(void)
     static const char raw[] = "{\"a\0b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
     write_st_n(p, raw, sizeof raw - 1, &v, 4);
     EXPECT("st raw NUL", dcs_tt_add_safetensors(&tt, p, &e), DCS_ERR_FORMAT, e.msg, "contains a NUL byte");
-    write_st(p, "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
-             "\"data_offsets\":[0,4]}}", &v, 4);
+    write_st(p,
+             "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[0,4]}}",
+             &v, 4);
     EXPECT("st dup metadata key", dcs_tt_add_safetensors(&tt, p, &e), DCS_ERR_FORMAT, e.msg,
            "key 'k' appears twice");
     CHECK(tt.n == 0);
     dcs_tt_free(&tt);
 }
 
-int main(void)
-{
-    alarm(120);        /* a blocking open of a FIFO fails the test instead of hanging it */
+int main(void) {
+    alarm(120); /* a blocking open of a FIFO fails the test instead of hanging it */
     snprintf(tmpdir, sizeof tmpdir, "%s/dcs_robust_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (mkdtemp(tmpdir) == NULL) {
         perror("mkdtemp");

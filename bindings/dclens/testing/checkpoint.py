@@ -27,6 +27,7 @@ extra field), a data descriptor after each, zip64 end records.
 
 Only the standard library and numpy are used; nothing of dclens.
 """
+
 from __future__ import annotations
 
 import io
@@ -39,18 +40,46 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["DTYPES", "ST_DTYPE", "TorchTensor", "index_bytes", "pickle_state_dict", "round_to_dtype",
-           "safetensors_bytes", "torch_checkpoint_bytes", "torch_zip_bytes", "write_index", "write_safetensors", "write_torch_zip"]
+__all__ = [
+    "DTYPES",
+    "ST_DTYPE",
+    "TorchTensor",
+    "index_bytes",
+    "pickle_state_dict",
+    "round_to_dtype",
+    "safetensors_bytes",
+    "torch_checkpoint_bytes",
+    "torch_zip_bytes",
+    "write_index",
+    "write_safetensors",
+    "write_torch_zip",
+]
 
 DTYPES = ("float32", "float16", "bfloat16")
 ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-_TORCH_STORAGE = {"float32": "FloatStorage", "float16": "HalfStorage", "bfloat16": "BFloat16Storage",
-                  "bool": "BoolStorage"}
-_ST_ITEMSIZE = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-                "BOOL": 1, "U8": 1, "I8": 1}
+_TORCH_STORAGE = {
+    "float32": "FloatStorage",
+    "float16": "HalfStorage",
+    "bfloat16": "BFloat16Storage",
+    "bool": "BoolStorage",
+}
+_ST_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+}
 
 
 # --------------------------------------------------------------------------- dtypes
+
 
 def _f32_to_bf16_bits(a):
     """float32 array -> uint16 bfloat16 bit patterns, round to nearest even."""
@@ -77,6 +106,7 @@ def round_to_dtype(a, dtype):
 
 
 # --------------------------------------------------------------------------- safetensors
+
 
 def safetensors_bytes(tensors, metadata=None, *, sort=True, pad_to=8):
     """The bytes of a safetensors file of `tensors`: name -> (dtype, shape, raw)
@@ -113,6 +143,7 @@ def write_safetensors(path, tensors, metadata=None, **kw):
 
 # --------------------------------------------------------------------------- torch pickle
 
+
 class TorchTensor:
     """A tensor as torch.save sees it: a view (offset, shape, stride in elements) into
     a storage identified by `storage_id` (any hashable; equal ids share one storage)."""
@@ -138,7 +169,7 @@ class _Global:
     def __init__(self, module, name):
         self.module, self.name = module, name
 
-    def __call__(self, *args):   # pickle's save_reduce wants a callable; it is never called
+    def __call__(self, *args):  # pickle's save_reduce wants a callable; it is never called
         raise TypeError("%s.%s is only a name in a pickle" % (self.module, self.name))
 
 
@@ -212,7 +243,7 @@ def pickle_state_dict(tensors, *, container="ordereddict", protocol=2):
     """
     globals_ = {}
 
-    def glob(module, name):      # one object per global: the memo then hits as with torch's
+    def glob(module, name):  # one object per global: the memo then hits as with torch's
         return globals_.setdefault((module, name), _Global(module, name))
 
     rebuild = glob("torch._utils", "_rebuild_tensor_v2")
@@ -271,14 +302,33 @@ def torch_zip_bytes(records, archive_name, *, zip64=True):
         pad = (-start) % _FIELD_ALIGNMENT
         extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
         crc = zlib.crc32(data) & 0xFFFFFFFF
-        buf += struct.pack("<IHHHHHIIIHH", 0x04034B50, 0, flags, 0, _DOS_TIME, _DOS_DATE,
-                           0, 0, 0, len(full), len(extra))
+        buf += struct.pack(
+            "<IHHHHHIIIHH", 0x04034B50, 0, flags, 0, _DOS_TIME, _DOS_DATE, 0, 0, 0, len(full), len(extra)
+        )
         buf += full + extra
         assert len(buf) % _FIELD_ALIGNMENT == 0
         buf += data
         buf += struct.pack("<IIII", 0x08074B50, crc, len(data), len(data))
-        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0, 0, flags, 0, _DOS_TIME, _DOS_DATE,
-                               crc, len(data), len(data), len(full), 0, 0, 0, 0, 0, cursor)
+        central += struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            0x02014B50,
+            0,
+            0,
+            flags,
+            0,
+            _DOS_TIME,
+            _DOS_DATE,
+            crc,
+            len(data),
+            len(data),
+            len(full),
+            0,
+            0,
+            0,
+            0,
+            0,
+            cursor,
+        )
         central += full
     cd_ofs, cd_size, n = len(buf), len(central), len(records)
     buf += central
@@ -286,13 +336,23 @@ def torch_zip_bytes(records, archive_name, *, zip64=True):
         z64_ofs = len(buf)
         buf += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 0x031E, 0x002D, 0, 0, n, n, cd_size, cd_ofs)
         buf += struct.pack("<IIQI", 0x07064B50, 0, z64_ofs, 1)
-    buf += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF),
-                       min(cd_size, 0xFFFFFFFF), min(cd_ofs, 0xFFFFFFFF), 0)
+    buf += struct.pack(
+        "<IHHHHIIH",
+        0x06054B50,
+        0,
+        0,
+        min(n, 0xFFFF),
+        min(n, 0xFFFF),
+        min(cd_size, 0xFFFFFFFF),
+        min(cd_ofs, 0xFFFFFFFF),
+        0,
+    )
     return bytes(buf)
 
 
-def torch_checkpoint_bytes(tensors, storages, *, archive_name="archive", container="ordereddict",
-                           torch_style="2.1", protocol=2, zip64=True):
+def torch_checkpoint_bytes(
+    tensors, storages, *, archive_name="archive", container="ordereddict", torch_style="2.1", protocol=2, zip64=True
+):
     """The bytes of a torch.save-style zip checkpoint.
 
     tensors: name -> TorchTensor; storages: storage_id -> raw little-endian bytes.
@@ -336,10 +396,15 @@ def write_torch_zip(path, tensors, storages, *, archive_name="archive", **kw):
 
 # --------------------------------------------------------------------------- sharded index
 
+
 def index_bytes(weight_map, total_size):
     """model.safetensors.index.json / pytorch_model.bin.index.json as Hugging Face writes it."""
-    return (json.dumps({"metadata": {"total_size": int(total_size)}, "weight_map": dict(weight_map)},
-                       indent=2, sort_keys=True) + "\n").encode("utf-8")
+    return (
+        json.dumps(
+            {"metadata": {"total_size": int(total_size)}, "weight_map": dict(weight_map)}, indent=2, sort_keys=True
+        )
+        + "\n"
+    ).encode("utf-8")
 
 
 def write_index(path, weight_map, total_size):

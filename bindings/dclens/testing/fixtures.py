@@ -25,6 +25,7 @@ stored tensor's name and the element index (unfused q/k/v take the rows of
 the fused tensor), so the C test can check any weight it reads.
 Malformed inputs are built byte by byte in the C tests themselves.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,7 +74,7 @@ def value(name: str, first: int, n: int) -> np.ndarray:
 
 def _values(name: str, shape) -> np.ndarray:
     n = int(np.prod(shape, dtype=np.int64))
-    for j, part in enumerate(("wq", "wk", "wv")):      # rows j of the fused wqkv
+    for j, part in enumerate(("wq", "wk", "wv")):  # rows j of the fused wqkv
         tag = ".attention.%s." % part
         if tag in name:
             return value(name.replace(tag, ".attention.wqkv."), j * n, n).reshape(shape)
@@ -94,7 +95,7 @@ def _write(out: str, name: str, config: dict, layout, *, bf16: bool = False, ali
     if not aligned and (8 + int.from_bytes(data[:8], "little")) % 4 == 0:
         # one more header space: the data then starts off a 4-byte boundary
         n = int.from_bytes(data[:8], "little")
-        data = (n + 1).to_bytes(8, "little") + data[8:8 + n] + b" " + data[8 + n:]
+        data = (n + 1).to_bytes(8, "little") + data[8 : 8 + n] + b" " + data[8 + n :]
     with open(os.path.join(d, "model.safetensors"), "wb") as f:
         f.write(data)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -111,13 +112,15 @@ def _loader_zips(out: str) -> None:
         os.makedirs(os.path.join(d, sub), exist_ok=True)
     halves = (np.arange(12, dtype=np.float32) * 0.5).astype("<f2").tobytes()
     floats = np.array([1, 2, 3], dtype="<f4").tobytes()
-    specs = OrderedDict([
-        ("layers.0.attention.wqkv.weight", TorchTensor("h", "float16", 12, 0, (3, 2))),
-        ("layers.0.attention.wo.weight", TorchTensor("h", "float16", 12, 6, (2, 3))),
-        ("norm.weight", TorchTensor("f", "float32", 3, 0, (3,))),
-        ("scalar", TorchTensor("f", "float32", 3, 2, ())),
-        ("col", TorchTensor("f", "float32", 3, 1, (2, 1), (1, 7))),     # size-1 dim: any stride
-    ])
+    specs = OrderedDict(
+        [
+            ("layers.0.attention.wqkv.weight", TorchTensor("h", "float16", 12, 0, (3, 2))),
+            ("layers.0.attention.wo.weight", TorchTensor("h", "float16", 12, 6, (2, 3))),
+            ("norm.weight", TorchTensor("f", "float32", 3, 0, (3,))),
+            ("scalar", TorchTensor("f", "float32", 3, 2, ())),
+            ("col", TorchTensor("f", "float32", 3, 1, (2, 1), (1, 7))),  # size-1 dim: any stride
+        ]
+    )
     storages = {"h": halves, "f": floats}
 
     def put(path, names, **kw):
@@ -130,17 +133,31 @@ def _loader_zips(out: str) -> None:
     shards = ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]
     put("torch2/" + shards[0], names[:2], zip64=False)
     put("torch2/" + shards[1], names[2:])
-    write_index(os.path.join(d, "torch2", "pytorch_model.bin.index.json"),
-                {n: shards[0] if i < 2 else shards[1] for i, n in enumerate(names)}, 36)
+    write_index(
+        os.path.join(d, "torch2", "pytorch_model.bin.index.json"),
+        {n: shards[0] if i < 2 else shards[1] for i, n in enumerate(names)},
+        36,
+    )
 
 
 def write_fixtures(out: str) -> list:
     """Write every fixture directory under `out`; returns their names."""
-    dcp_cfg = dcpythia_config(**DIMS, window_size=WINDOW, window_type=None, query_wise=False, use_qk_norm=True,
-                              use_parallel_residual=True, use_linear_bias=True, use_dcmha=True,
-                              rotary_pct=ROTARY_PCT, tie_word_embeddings=False, dtype="float32")
-    neox_cfg = gpt_neox_config(**DIMS, rotary_pct=ROTARY_PCT, use_parallel_residual=True,
-                               tie_word_embeddings=False, dtype="float32")
+    dcp_cfg = dcpythia_config(
+        **DIMS,
+        window_size=WINDOW,
+        window_type=None,
+        query_wise=False,
+        use_qk_norm=True,
+        use_parallel_residual=True,
+        use_linear_bias=True,
+        use_dcmha=True,
+        rotary_pct=ROTARY_PCT,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    neox_cfg = gpt_neox_config(
+        **DIMS, rotary_pct=ROTARY_PCT, use_parallel_residual=True, tie_word_embeddings=False, dtype="float32"
+    )
     fused = dcpythia_tensors(**DIMS, rank=RANK)
     _write(out, "dcpythia", dcp_cfg, fused)
     _write(out, "dcpythia_unfused", dcp_cfg, dcpythia_tensors(**DIMS, rank=RANK, fused_qkv=False))

@@ -15,6 +15,7 @@ made from it.
   ffn_norm, attention_norm, then norm and output.
 * Pythia ("gpt_neox"): Hugging Face GPTNeoXForCausalLM names.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -23,10 +24,24 @@ from typing import Dict, Optional, Tuple
 Shape = Tuple[int, ...]
 
 
-def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, intermediate: int, rank: int = 2,
-                     fused_qkv: bool = True, use_qk_norm: bool = True, use_linear_bias: bool = True,
-                     dyn: bool = True, compose_groups: int = 1, use_sw: bool = False, moh: Optional[dict] = None,
-                     tie_word_embeddings: bool = False, extra_derived: bool = False) -> Dict[str, Shape]:
+def dcpythia_tensors(
+    *,
+    n_layer: int,
+    dim: int,
+    n_head: int,
+    vocab: int,
+    intermediate: int,
+    rank: int = 2,
+    fused_qkv: bool = True,
+    use_qk_norm: bool = True,
+    use_linear_bias: bool = True,
+    dyn: bool = True,
+    compose_groups: int = 1,
+    use_sw: bool = False,
+    moh: Optional[dict] = None,
+    tie_word_embeddings: bool = False,
+    extra_derived: bool = False,
+) -> Dict[str, Shape]:
     """DCPythia tensors. dyn: write dyn_w_proj (the published module always
     has it, also with use_dcmha off); extra_derived: also the merged
     dw_m/qkw_m/sw and the identity pre/post_proj.w buffers loaders ignore."""
@@ -87,9 +102,17 @@ def dcpythia_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, interme
     return out
 
 
-def gpt_neox_tensors(*, n_layer: int, dim: int, n_head: int, vocab: int, intermediate: int,
-                     rotary_pct: float = 0.25, tie_word_embeddings: bool = False,
-                     extra_derived: bool = False) -> Dict[str, Shape]:
+def gpt_neox_tensors(
+    *,
+    n_layer: int,
+    dim: int,
+    n_head: int,
+    vocab: int,
+    intermediate: int,
+    rotary_pct: float = 0.25,
+    tie_word_embeddings: bool = False,
+    extra_derived: bool = False,
+) -> Dict[str, Shape]:
     """Pythia tensors; query_key_value rows grouped per head (head n owns rows
     [n*3*Dh, (n+1)*3*Dh): its q, k, v). extra_derived: also the buffers older
     Hugging Face versions saved (attention.masked_bias [], rotary_emb.inv_freq

@@ -26,6 +26,7 @@ writes it (data.pkl pickled by the standard pickle module), and sharded:
 This module and dclens.testing.checkpoint import nothing of the engine (they run
 before it is built) and never import torch; `import dclens` does not import them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,18 @@ from collections import OrderedDict
 import numpy as np
 
 from .layouts import dcpythia_tensors, gpt_neox_tensors
-from .checkpoint import (DTYPES, ST_DTYPE, TorchTensor, _module_metadata, _TORCH_STORAGE,  # noqa: F401
-                         pickle_state_dict, round_to_dtype, write_index, write_safetensors, write_torch_zip)
+from .checkpoint import (
+    DTYPES,
+    ST_DTYPE,
+    TorchTensor,
+    _module_metadata,
+    _TORCH_STORAGE,  # noqa: F401
+    pickle_state_dict,
+    round_to_dtype,
+    write_index,
+    write_safetensors,
+    write_torch_zip,
+)
 
 __all__ = [
     "make_tiny",
@@ -53,13 +64,31 @@ __all__ = [
 ]
 
 
-
 # --------------------------------------------------------------------------- configs
 
-def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, window_type,
-                    query_wise, use_qk_norm, use_parallel_residual, use_linear_bias, use_dcmha,
-                    rotary_pct, tie_word_embeddings, dtype, use_sw=False, moh=None, compose_groups=1,
-                    key_wise=False):
+
+def dcpythia_config(
+    *,
+    n_layer,
+    dim,
+    n_head,
+    vocab,
+    intermediate,
+    window_size,
+    window_type,
+    query_wise,
+    use_qk_norm,
+    use_parallel_residual,
+    use_linear_bias,
+    use_dcmha,
+    rotary_pct,
+    tie_word_embeddings,
+    dtype,
+    use_sw=False,
+    moh=None,
+    compose_groups=1,
+    key_wise=False,
+):
     """config.json with the keys of the published DCPythia-6.9B config."""
     cfg = OrderedDict()
     cfg["architectures"] = ["DCPythia"]
@@ -106,8 +135,9 @@ def dcpythia_config(*, n_layer, dim, n_head, vocab, intermediate, window_size, w
     return dict(cfg)
 
 
-def gpt_neox_config(*, n_layer, dim, n_head, vocab, intermediate, rotary_pct,
-                    use_parallel_residual, tie_word_embeddings, dtype):
+def gpt_neox_config(
+    *, n_layer, dim, n_head, vocab, intermediate, rotary_pct, use_parallel_residual, tie_word_embeddings, dtype
+):
     """config.json as Hugging Face writes it for a Pythia GPTNeoXForCausalLM."""
     cfg = OrderedDict()
     cfg["architectures"] = ["GPTNeoXForCausalLM"]
@@ -135,6 +165,7 @@ def gpt_neox_config(*, n_layer, dim, n_head, vocab, intermediate, rotary_pct,
 
 # --------------------------------------------------------------------------- random weights
 
+
 class _Gen:
     def __init__(self, seed, weight_scale, dyn_scale):
         self.rng = np.random.default_rng(seed)
@@ -154,9 +185,26 @@ class _Gen:
         return (1.0 + self.normal((n,), 0.1)).astype(np.float32), self.normal((n,), 0.1)
 
 
-def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fused_qkv,
-                      use_qk_norm, use_linear_bias, use_dcmha, write_unused_dyn,
-                      tie_word_embeddings, extra_derived, use_sw, moh, compose_groups=1):
+def _dcpythia_weights(
+    g,
+    *,
+    n_layer,
+    dim,
+    n_head,
+    vocab,
+    intermediate,
+    rank,
+    fused_qkv,
+    use_qk_norm,
+    use_linear_bias,
+    use_dcmha,
+    write_unused_dyn,
+    tie_word_embeddings,
+    extra_derived,
+    use_sw,
+    moh,
+    compose_groups=1,
+):
     """Random DCPythia state dict, float32, in torch state_dict() order.
 
     Scales: LayerNorm outputs are O(1) per dim; linear weights have std gain/sqrt(in),
@@ -183,9 +231,9 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
                 sd[p + "attention.wqkv.bias"] = bqkv
         else:
             for i, nm in enumerate(("wq", "wk", "wv")):
-                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D:(i + 1) * D])
+                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D : (i + 1) * D])
                 if use_linear_bias:
-                    sd[p + f"attention.{nm}.bias"] = np.ascontiguousarray(bqkv[i * D:(i + 1) * D])
+                    sd[p + f"attention.{nm}.bias"] = np.ascontiguousarray(bqkv[i * D : (i + 1) * D])
         sd[p + "attention.wo.weight"] = g.linear(D, D)
         if use_linear_bias:
             sd[p + "attention.wo.bias"] = g.bias(D)
@@ -241,8 +289,7 @@ def _dcpythia_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rank, fus
     return sd
 
 
-def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pct,
-                      tie_word_embeddings, extra_derived):
+def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pct, tie_word_embeddings, extra_derived):
     """Random Pythia state dict, float32, in Hugging Face state_dict() order."""
     D, N, F, V = dim, n_head, intermediate, vocab
     Dh = D // N
@@ -258,7 +305,8 @@ def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pc
             # causal mask, is not written: safetensors/torch bool storages are out of scope)
             sd[p + "attention.masked_bias"] = np.array(-1e9, dtype=np.float32)
             sd[p + "attention.rotary_emb.inv_freq"] = (
-                1.0 / (10000.0 ** (np.arange(0, r, 2, dtype=np.float64) / r))).astype(np.float32)
+                1.0 / (10000.0 ** (np.arange(0, r, 2, dtype=np.float64) / r))
+            ).astype(np.float32)
         # rows grouped per head: [N, (q, k, v), Dh, D]
         sd[p + "attention.query_key_value.weight"] = g.linear(3 * D, D, gain=1.2)
         sd[p + "attention.query_key_value.bias"] = g.bias(3 * D)
@@ -281,6 +329,7 @@ def _is_f32_buffer(name):
 
 
 # --------------------------------------------------------------------------- sharding
+
 
 def _storage_plan(names, model_type, fused_qkv, share_storage):
     """storage groups for the torch writer: list of (storage_id, [names...]) where the
@@ -330,14 +379,46 @@ def _split_shards(names, groups_of_name, nbytes, shards):
 
 # --------------------------------------------------------------------------- main entry
 
-def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vocab=64,
-              intermediate=None, rank=2, window_size=8, window_type=None, query_wise=False,
-              use_qk_norm=True, use_parallel_residual=True, use_linear_bias=True, use_dcmha=True,
-              rotary_pct=0.25, dtype="float32", fmt="safetensors", shards=1, fused_qkv=True,
-              tie_word_embeddings=False, seed=0, weight_scale=1.0, dyn_scale=1.0, tokenizer=None,
-              extra_derived=False, share_storage=False, write_unused_dyn=True, use_sw=False,
-              moh=None, compose_groups=1, key_wise=False, torch_views=None, archive_name="archive",
-              pickle_container="ordereddict", torch_style="2.1"):
+
+def make_tiny(
+    out_dir,
+    model_type="dcpythia",
+    *,
+    n_layer=2,
+    dim=32,
+    n_head=4,
+    vocab=64,
+    intermediate=None,
+    rank=2,
+    window_size=8,
+    window_type=None,
+    query_wise=False,
+    use_qk_norm=True,
+    use_parallel_residual=True,
+    use_linear_bias=True,
+    use_dcmha=True,
+    rotary_pct=0.25,
+    dtype="float32",
+    fmt="safetensors",
+    shards=1,
+    fused_qkv=True,
+    tie_word_embeddings=False,
+    seed=0,
+    weight_scale=1.0,
+    dyn_scale=1.0,
+    tokenizer=None,
+    extra_derived=False,
+    share_storage=False,
+    write_unused_dyn=True,
+    use_sw=False,
+    moh=None,
+    compose_groups=1,
+    key_wise=False,
+    torch_views=None,
+    archive_name="archive",
+    pickle_container="ordereddict",
+    torch_style="2.1",
+):
     """Write a tiny random checkpoint directory; return (state_dict, config).
 
     state_dict: name -> np.float32 array of exactly what the files hold (after rounding
@@ -396,42 +477,105 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
 
     if model_type == "dcpythia":
         config = dcpythia_config(
-            n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            window_size=window_size, window_type=window_type, query_wise=query_wise,
-            use_qk_norm=use_qk_norm, use_parallel_residual=use_parallel_residual,
-            use_linear_bias=use_linear_bias, use_dcmha=use_dcmha, rotary_pct=rotary_pct,
-            tie_word_embeddings=tie_word_embeddings, dtype=dtype, use_sw=use_sw, moh=moh,
-            compose_groups=compose_groups, key_wise=key_wise)
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            window_size=window_size,
+            window_type=window_type,
+            query_wise=query_wise,
+            use_qk_norm=use_qk_norm,
+            use_parallel_residual=use_parallel_residual,
+            use_linear_bias=use_linear_bias,
+            use_dcmha=use_dcmha,
+            rotary_pct=rotary_pct,
+            tie_word_embeddings=tie_word_embeddings,
+            dtype=dtype,
+            use_sw=use_sw,
+            moh=moh,
+            compose_groups=compose_groups,
+            key_wise=key_wise,
+        )
         sd32 = _dcpythia_weights(
-            g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm, use_linear_bias=use_linear_bias,
-            use_dcmha=use_dcmha, write_unused_dyn=write_unused_dyn,
-            tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived, use_sw=use_sw, moh=moh,
-            compose_groups=compose_groups)
+            g,
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rank=rank,
+            fused_qkv=fused_qkv,
+            use_qk_norm=use_qk_norm,
+            use_linear_bias=use_linear_bias,
+            use_dcmha=use_dcmha,
+            write_unused_dyn=write_unused_dyn,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+            use_sw=use_sw,
+            moh=moh,
+            compose_groups=compose_groups,
+        )
     else:
         config = gpt_neox_config(
-            n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            rotary_pct=rotary_pct, use_parallel_residual=use_parallel_residual,
-            tie_word_embeddings=tie_word_embeddings, dtype=dtype)
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rotary_pct=rotary_pct,
+            use_parallel_residual=use_parallel_residual,
+            tie_word_embeddings=tie_word_embeddings,
+            dtype=dtype,
+        )
         sd32 = _gpt_neox_weights(
-            g, n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-            rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+            g,
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rotary_pct=rotary_pct,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+        )
 
     # the names and shapes are the layout table's (dclens.testing.layouts), in its order
     if model_type == "dcpythia":
-        layout = dcpythia_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-                                  rank=rank, fused_qkv=fused_qkv, use_qk_norm=use_qk_norm,
-                                  use_linear_bias=use_linear_bias, dyn=use_dcmha or write_unused_dyn,
-                                  compose_groups=compose_groups, use_sw=use_sw, moh=moh,
-                                  tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived)
+        layout = dcpythia_tensors(
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rank=rank,
+            fused_qkv=fused_qkv,
+            use_qk_norm=use_qk_norm,
+            use_linear_bias=use_linear_bias,
+            dyn=use_dcmha or write_unused_dyn,
+            compose_groups=compose_groups,
+            use_sw=use_sw,
+            moh=moh,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+        )
     else:
-        layout = gpt_neox_tensors(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate,
-                                  rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings,
-                                  extra_derived=extra_derived)
+        layout = gpt_neox_tensors(
+            n_layer=n_layer,
+            dim=dim,
+            n_head=n_head,
+            vocab=vocab,
+            intermediate=intermediate,
+            rotary_pct=rotary_pct,
+            tie_word_embeddings=tie_word_embeddings,
+            extra_derived=extra_derived,
+        )
     drawn = OrderedDict((n, tuple(a.shape)) for n, a in sd32.items())
     if drawn != layout:
-        raise AssertionError("make_tiny drew %s, the layout table has %s"
-                             % (sorted(set(drawn.items()) ^ set(layout.items())), model_type))
+        raise AssertionError(
+            "make_tiny drew %s, the layout table has %s"
+            % (sorted(set(drawn.items()) ^ set(layout.items())), model_type)
+        )
 
     if torch_views == "expand":
         for name in sd32:
@@ -459,17 +603,24 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
     shard_lists = _split_shards(names, group_of, nbytes, shards)
 
     if fmt == "safetensors":
-        fnames = ["model.safetensors"] if shards == 1 else [
-            f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        fnames = (
+            ["model.safetensors"]
+            if shards == 1
+            else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        )
     else:
-        fnames = ["pytorch_model.bin"] if shards == 1 else [
-            f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" for i in range(shards)]
+        fnames = (
+            ["pytorch_model.bin"]
+            if shards == 1
+            else [f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" for i in range(shards)]
+        )
 
     for fname, shard_names in zip(fnames, shard_lists):
         path = os.path.join(out_dir, fname)
         if fmt == "safetensors":
-            write_safetensors(path, {n: (ST_DTYPE[tdtype[n]], raw[n].shape, raw[n]) for n in shard_names},
-                              {"format": "pt"})
+            write_safetensors(
+                path, {n: (ST_DTYPE[tdtype[n]], raw[n].shape, raw[n]) for n in shard_names}, {"format": "pt"}
+            )
         else:
             tensors, storages = OrderedDict(), {}
             sids = []
@@ -496,13 +647,17 @@ def make_tiny(out_dir, model_type="dcpythia", *, n_layer=2, dim=32, n_head=4, vo
                     tensors[n] = TorchTensor(sid, tdtype[n], numel, off, raw[n].shape)
                     off += raw[n].size
             tensors = OrderedDict((n, tensors[n]) for n in shard_names)  # state-dict order
-            write_torch_zip(path, tensors, storages, archive_name=archive_name,
-                            container=pickle_container, torch_style=torch_style)
+            write_torch_zip(
+                path, tensors, storages, archive_name=archive_name, container=pickle_container, torch_style=torch_style
+            )
 
     if shards > 1:
         iname = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
-        write_index(os.path.join(out_dir, iname), {n: fname for fname, ns in zip(fnames, shard_lists) for n in ns},
-                    sum(nbytes.values()))
+        write_index(
+            os.path.join(out_dir, iname),
+            {n: fname for fname, ns in zip(fnames, shard_lists) for n in ns},
+            sum(nbytes.values()),
+        )
 
     return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
 
@@ -528,6 +683,7 @@ def _storage_member_rank(name):
 
 # --------------------------------------------------------------------------- CLI
 
+
 def _parse_moh(s):
     if s is None:
         return None
@@ -536,9 +692,7 @@ def _parse_moh(s):
 
 
 def main(argv=None, prog="dclens make-tiny"):
-    ap = argparse.ArgumentParser(
-        prog=prog,
-        description="Write a tiny random DCPythia / Pythia checkpoint directory.")
+    ap = argparse.ArgumentParser(prog=prog, description="Write a tiny random DCPythia / Pythia checkpoint directory.")
     ap.add_argument("out_dir")
     ap.add_argument("--type", dest="model_type", default="dcpythia", choices=["dcpythia", "gpt_neox"])
     ap.add_argument("--n-layer", type=int, default=2)
@@ -547,8 +701,12 @@ def main(argv=None, prog="dclens make-tiny"):
     ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4*dim)")
     ap.add_argument("--rank", type=int, default=2)
-    ap.add_argument("--window-size", type=lambda v: None if v == "null" else int(v), default=8,
-                    help="local window, or 'null' (no local layers)")
+    ap.add_argument(
+        "--window-size",
+        type=lambda v: None if v == "null" else int(v),
+        default=8,
+        help="local window, or 'null' (no local layers)",
+    )
     ap.add_argument("--window-type", default=None, choices=["LG", "LGLL", "LGL6"])
     ap.add_argument("--query-wise", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--use-qk-norm", action=argparse.BooleanOptionalAction, default=True)
@@ -571,12 +729,20 @@ def main(argv=None, prog="dclens make-tiny"):
     ap.add_argument("--use-sw", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--moh", default=None, metavar="HS,K", help="MoH routing: shared heads, routed top-k")
     ap.add_argument("--compose-groups", type=int, default=1, help="G: heads composed within G groups")
-    ap.add_argument("--key-wise", action=argparse.BooleanOptionalAction, default=False,
-                    help="key-wise-only composition")
-    ap.add_argument("--torch-views", default=None, choices=["transpose", "expand"],
-                    help="torch format: store tensors as strided views")
-    ap.add_argument("--archive-name", default="archive",
-                    help="folder inside torch zips; 'auto' = file basename without extension, as torch.save(path)")
+    ap.add_argument(
+        "--key-wise", action=argparse.BooleanOptionalAction, default=False, help="key-wise-only composition"
+    )
+    ap.add_argument(
+        "--torch-views",
+        default=None,
+        choices=["transpose", "expand"],
+        help="torch format: store tensors as strided views",
+    )
+    ap.add_argument(
+        "--archive-name",
+        default="archive",
+        help="folder inside torch zips; 'auto' = file basename without extension, as torch.save(path)",
+    )
     ap.add_argument("--pickle-container", default="ordereddict", choices=["ordereddict", "ordereddict_meta", "dict"])
     ap.add_argument("--torch-style", default="2.1", choices=["2.1", "2.7"])
     a = ap.parse_args(argv)
@@ -585,19 +751,30 @@ def main(argv=None, prog="dclens make-tiny"):
         sd, cfg = _make_tiny_cli(a)
     except OSError as e:
         from .._checks import Error
+
         raise Error("make-tiny: cannot write %s: %s" % (e.filename or a.out_dir, e.strerror or e)) from None
     total = sum(v.size for v in sd.values())
-    print(f"wrote {a.out_dir}: {cfg['model_type']}, {len(sd)} tensors, {total} parameters, "
-          f"{a.dtype}, {a.fmt}, {a.shards} shard(s)")
+    print(
+        f"wrote {a.out_dir}: {cfg['model_type']}, {len(sd)} tensors, {total} parameters, "
+        f"{a.dtype}, {a.fmt}, {a.shards} shard(s)"
+    )
     return 0
 
 
 def _check_cli_args(a) -> None:
     """Sizes refused up front (before anything is written), as dclens.Error."""
     from .._checks import Error
-    for flag, v, lo in (("--n-layer", a.n_layer, 1), ("--dim", a.dim, 1), ("--n-head", a.n_head, 1),
-                        ("--vocab", a.vocab, 1), ("--rank", a.rank, 1), ("--shards", a.shards, 1),
-                        ("--window-size", a.window_size, 1), ("--intermediate", a.intermediate, 1)):
+
+    for flag, v, lo in (
+        ("--n-layer", a.n_layer, 1),
+        ("--dim", a.dim, 1),
+        ("--n-head", a.n_head, 1),
+        ("--vocab", a.vocab, 1),
+        ("--rank", a.rank, 1),
+        ("--shards", a.shards, 1),
+        ("--window-size", a.window_size, 1),
+        ("--intermediate", a.intermediate, 1),
+    ):
         if v is not None and v < lo:
             raise Error("make-tiny: %s must be at least %d, not %d" % (flag, lo, v))
     if a.dim % a.n_head:
@@ -608,17 +785,43 @@ def _check_cli_args(a) -> None:
 
 def _make_tiny_cli(a):
     return make_tiny(
-        a.out_dir, a.model_type, n_layer=a.n_layer, dim=a.dim, n_head=a.n_head, vocab=a.vocab,
-        intermediate=a.intermediate, rank=a.rank, window_size=a.window_size, window_type=a.window_type,
-        query_wise=a.query_wise, use_qk_norm=a.use_qk_norm, use_parallel_residual=a.use_parallel_residual,
-        use_linear_bias=a.use_linear_bias, use_dcmha=a.use_dcmha, rotary_pct=a.rotary_pct, dtype=a.dtype,
-        fmt=a.fmt, shards=a.shards, fused_qkv=a.fused_qkv, tie_word_embeddings=a.tie_word_embeddings,
-        seed=a.seed, weight_scale=a.weight_scale, dyn_scale=a.dyn_scale, tokenizer=a.tokenizer,
-        extra_derived=a.extra_derived, share_storage=a.share_storage, write_unused_dyn=a.write_unused_dyn,
-        use_sw=a.use_sw, moh=_parse_moh(a.moh), compose_groups=a.compose_groups, torch_views=a.torch_views,
+        a.out_dir,
+        a.model_type,
+        n_layer=a.n_layer,
+        dim=a.dim,
+        n_head=a.n_head,
+        vocab=a.vocab,
+        intermediate=a.intermediate,
+        rank=a.rank,
+        window_size=a.window_size,
+        window_type=a.window_type,
+        query_wise=a.query_wise,
+        use_qk_norm=a.use_qk_norm,
+        use_parallel_residual=a.use_parallel_residual,
+        use_linear_bias=a.use_linear_bias,
+        use_dcmha=a.use_dcmha,
+        rotary_pct=a.rotary_pct,
+        dtype=a.dtype,
+        fmt=a.fmt,
+        shards=a.shards,
+        fused_qkv=a.fused_qkv,
+        tie_word_embeddings=a.tie_word_embeddings,
+        seed=a.seed,
+        weight_scale=a.weight_scale,
+        dyn_scale=a.dyn_scale,
+        tokenizer=a.tokenizer,
+        extra_derived=a.extra_derived,
+        share_storage=a.share_storage,
+        write_unused_dyn=a.write_unused_dyn,
+        use_sw=a.use_sw,
+        moh=_parse_moh(a.moh),
+        compose_groups=a.compose_groups,
+        torch_views=a.torch_views,
         key_wise=a.key_wise,
         archive_name=None if a.archive_name == "auto" else a.archive_name,
-        pickle_container=a.pickle_container, torch_style=a.torch_style)
+        pickle_container=a.pickle_container,
+        torch_style=a.torch_style,
+    )
 
 
 if __name__ == "__main__":

@@ -32,15 +32,15 @@
  * threads, so the model's n_threads is the one setting for all its work and
  * two models in one process keep their own counts (docs/performance.md). */
 #define PAR_MAX_THREADS 64
-#define PAR_MIN (1 << 16)      /* items x cost below this run on the caller */
+#define PAR_MIN (1 << 16) /* items x cost below this run on the caller */
 
 typedef dcs_par_fn par_fn;
 
 typedef struct {
-    int n;                          /* threads, the caller included          */
+    int n; /* threads, the caller included          */
     pthread_t th[PAR_MAX_THREADS];
     int n_started;
-    pthread_mutex_t mu, job_mu;     /* job_mu: one job at a time             */
+    pthread_mutex_t mu, job_mu; /* job_mu: one job at a time             */
     pthread_cond_t go, done;
     unsigned gen;
     int stop, active;
@@ -57,9 +57,9 @@ typedef struct {
     int n_threads;
     widen_fn widen;
     par_pool pool;
-    float *scratch[PAR_MAX_THREADS];   /* per-thread work buffers           */
+    float *scratch[PAR_MAX_THREADS]; /* per-thread work buffers           */
     size_t scratch_n[PAR_MAX_THREADS];
-    dcs_status status;  /* first failure (allocation) */
+    dcs_status status; /* first failure (allocation) */
     char msg[256];
 } cpu_ctx;
 
@@ -104,7 +104,10 @@ static void pool_start(par_pool *p, int n) {
         if (!a) break;
         a[0] = p;
         a[1] = (void *)(intptr_t)i;
-        if (pthread_create(&p->th[i], NULL, pool_main, a) != 0) { free(a); break; }
+        if (pthread_create(&p->th[i], NULL, pool_main, a) != 0) {
+            free(a);
+            break;
+        }
         p->n = i + 1;
     }
     p->n_started = p->n - 1;
@@ -125,8 +128,8 @@ static void pool_stop(par_pool *p) {
 /* Run fn over items [0, n) in chunks of `chunk` (0: about 4 per thread).
  * `cost` is the rough work per item: small jobs run on the caller alone,
  * and so does a job started while the pool is busy (a nested call). */
-static void parallel_for_chunk(const dcs_backend *be, par_fn fn, void *arg, long long n,
-                               long long cost, long long chunk) {
+static void parallel_for_chunk(const dcs_backend *be, par_fn fn, void *arg, long long n, long long cost,
+                               long long chunk) {
     cpu_ctx *c = be->ctx;
     par_pool *p = &c->pool;
     if (n <= 0) return;
@@ -174,7 +177,7 @@ static float *scratch(const dcs_backend *be, int tid, size_t n) {
 
 static void set_nomem(const dcs_backend *be, const char *what) {
     cpu_ctx *c = be->ctx;
-    if (c->status == DCS_OK) {   /* first failure wins; racy writers agree */
+    if (c->status == DCS_OK) { /* first failure wins; racy writers agree */
         c->status = DCS_ERR_NOMEM;
         snprintf(c->msg, sizeof c->msg, "out of memory in %s", what);
     }
@@ -189,7 +192,10 @@ static void *cpu_alloc(dcs_backend *be, size_t bytes) {
     }
     return p;
 }
-static void cpu_free(dcs_backend *be, void *p) { (void)be; free(p); }
+static void cpu_free(dcs_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
 static void cpu_copy(dcs_backend *be, void *dst, const void *src, size_t bytes) {
     (void)be;
     if (bytes) memmove(dst, src, bytes);
@@ -216,8 +222,8 @@ static void cpu_destroy(dcs_backend *be) {
  * portable bit arithmetic; BF16 is a shift either way. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-__attribute__((target("avx512f"))) static void widen_avx512(const uint8_t *src, uint64_t n,
-                                                            int dtype, float *out) {
+__attribute__((target("avx512f"))) static void widen_avx512(const uint8_t *src, uint64_t n, int dtype,
+                                                            float *out) {
     uint64_t i = 0;
     if (dtype == DCS_F16)
         for (; i + 16 <= n; i += 16)
@@ -229,8 +235,8 @@ __attribute__((target("avx512f"))) static void widen_avx512(const uint8_t *src, 
         }
     if (i < n) dcs_widen(src + 2 * i, n - i, dtype, out + i);
 }
-__attribute__((target("avx2,f16c"))) static void widen_f16c(const uint8_t *src, uint64_t n,
-                                                            int dtype, float *out) {
+__attribute__((target("avx2,f16c"))) static void widen_f16c(const uint8_t *src, uint64_t n, int dtype,
+                                                            float *out) {
     uint64_t i = 0;
     if (dtype == DCS_F16)
         for (; i + 8 <= n; i += 8)
@@ -250,7 +256,7 @@ static widen_fn pick_widen(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return widen_avx512;
-#if defined(__clang__)   /* clang's builtin knows no "f16c"; every AVX2 x86 CPU has it */
+#if defined(__clang__) /* clang's builtin knows no "f16c"; every AVX2 x86 CPU has it */
     if (__builtin_cpu_supports("avx2")) return widen_f16c;
 #else
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return widen_f16c;
@@ -269,7 +275,7 @@ typedef struct {
     float *C;
     int lda, ldb, ldc;
     long long sA, sB, sC;
-    int nblk, bw, split_m;      /* blocks per batch entry, block width, split rows? */
+    int nblk, bw, split_m; /* blocks per batch entry, block width, split rows? */
 } gemm_job;
 
 static void gemm_items(void *arg, long long begin, long long end, int tid) {
@@ -291,20 +297,17 @@ static void gemm_items(void *arg, long long begin, long long end, int tid) {
             C += lo;
         }
         if (M <= 0 || N <= 0) continue;
-        cblas_sgemm(CblasRowMajor, g->tA ? CblasTrans : CblasNoTrans,
-                    g->tB ? CblasTrans : CblasNoTrans, M, N, g->K, g->alpha, A, g->lda, B,
-                    g->ldb, g->beta, C, g->ldc);
+        cblas_sgemm(CblasRowMajor, g->tA ? CblasTrans : CblasNoTrans, g->tB ? CblasTrans : CblasNoTrans, M, N,
+                    g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
     }
 }
 
-static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K,
-                     float alpha, const float *A, int lda, long long sA,
-                     const float *B, int ldb, long long sB, float beta,
+static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
+                     const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta,
                      float *C, int ldc, long long sC, int batch) {
     const cpu_ctx *c = be->ctx;
     const int nt = c->pool.n;
-    gemm_job g = {transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, 1,
-                  0, 0};
+    gemm_job g = {transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, 1, 0, 0};
     g.split_m = M > N;
     const int dim = g.split_m ? M : N;
     g.bw = dim;
@@ -316,8 +319,7 @@ static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int 
         g.bw = bw < dim ? bw : dim;
         g.nblk = (dim + g.bw - 1) / g.bw;
     }
-    parallel_for_chunk(be, gemm_items, &g, (long long)batch * g.nblk,
-                       2LL * M * N * K / g.nblk / 4, 1);
+    parallel_for_chunk(be, gemm_items, &g, (long long)batch * g.nblk, 2LL * M * N * K / g.nblk / 4, 1);
 }
 
 /* C [M, N] = A [M, K] op(W), W in F16/BF16: each item is a tile of TW output
@@ -338,30 +340,31 @@ static void gemmw_items(void *arg, long long begin, long long end, int tid) {
     const size_t es = dcs_dtype_size(g->W.dtype);
     const widen_fn widen = ((const cpu_ctx *)g->be->ctx)->widen;
     float *buf = scratch(g->be, tid, (size_t)g->tw * g->K);
-    if (!buf) { set_nomem(g->be, "gemm (weight tile)"); return; }
+    if (!buf) {
+        set_nomem(g->be, "gemm (weight tile)");
+        return;
+    }
     for (long long it = begin; it < end; it++) {
         const int n0 = (int)it * g->tw;
         const int nw = g->N - n0 < g->tw ? g->N - n0 : g->tw;
         const uint8_t *W = g->W.p;
-        if (g->transW) {          /* rows n0.. of W [N, K]: contiguous */
+        if (g->transW) { /* rows n0.. of W [N, K]: contiguous */
             widen(W + (size_t)n0 * g->K * es, (uint64_t)nw * g->K, g->W.dtype, buf);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, nw, g->K, 1.0f, g->A,
-                        g->lda, buf, g->K, g->beta, g->C + n0, g->ldc);
-        } else {                  /* columns n0.. of W [K, N] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, nw, g->K, 1.0f, g->A, g->lda, buf,
+                        g->K, g->beta, g->C + n0, g->ldc);
+        } else { /* columns n0.. of W [K, N] */
             for (int k = 0; k < g->K; k++)
-                widen(W + ((size_t)k * g->N + n0) * es, (uint64_t)nw, g->W.dtype,
-                      buf + (size_t)k * nw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, nw, g->K, 1.0f, g->A,
-                        g->lda, buf, nw, g->beta, g->C + n0, g->ldc);
+                widen(W + ((size_t)k * g->N + n0) * es, (uint64_t)nw, g->W.dtype, buf + (size_t)k * nw);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, nw, g->K, 1.0f, g->A, g->lda, buf,
+                        nw, g->beta, g->C + n0, g->ldc);
         }
     }
 }
 
-static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const float *A,
-                       int lda, dcs_wmat W, float beta, float *C, int ldc) {
+static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda, dcs_wmat W,
+                       float beta, float *C, int ldc) {
     if (W.dtype == DCS_F32) {
-        cpu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, beta, C, ldc,
-                 0, 1);
+        cpu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, beta, C, ldc, 0, 1);
         return;
     }
     const cpu_ctx *c = be->ctx;
@@ -382,22 +385,26 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
  * Each splits its rows over the pool (above PAR_MIN items x cost). */
 
 /* out [M, D] = table[tokens[m]] (ids were range-checked by the graph). */
-static void cpu_embed(dcs_backend *be, float *out, const float *table,
-                      const int32_t *tokens, int M, int D) {
+static void cpu_embed(dcs_backend *be, float *out, const float *table, const int32_t *tokens, int M, int D) {
     (void)be;
-    for (int m = 0; m < M; m++)
-        memcpy(out + (size_t)m * D, table + (size_t)tokens[m] * D, sizeof(float) * D);
+    for (int m = 0; m < M; m++) memcpy(out + (size_t)m * D, table + (size_t)tokens[m] * D, sizeof(float) * D);
 }
-static void cpu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens,
-                        int M, int D) {
+static void cpu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens, int M, int D) {
     const size_t es = dcs_dtype_size(table.dtype);
     const widen_fn widen = ((const cpu_ctx *)be->ctx)->widen;
     for (int m = 0; m < M; m++)
-        widen((const uint8_t *)table.p + (size_t)tokens[m] * D * es, (uint64_t)D,
-                  table.dtype, out + (size_t)m * D);
+        widen((const uint8_t *)table.p + (size_t)tokens[m] * D * es, (uint64_t)D, table.dtype,
+              out + (size_t)m * D);
 }
 
-typedef struct { float *y; const float *a, *b, *c; int N; float eps; const float *w; int D; } rows_args;
+typedef struct {
+    float *y;
+    const float *a, *b, *c;
+    int N;
+    float eps;
+    const float *w;
+    int D;
+} rows_args;
 
 static void add_bias_rows(void *arg, long long b, long long e, int tid) {
     (void)tid;
@@ -435,8 +442,8 @@ static void tanh_range(void *x, long long b, long long e, int tid) {
 static void cpu_tanh(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, tanh_range, x, (long long)n, 8);
 }
-static void cpu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1,
-                          const float *s0, int M, int N, int hs, int k) {
+static void cpu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1, const float *s0,
+                          int M, int N, int hs, int k) {
     (void)be;
     for (int m = 0; m < M; m++)
         dcs_moh_route_row(logits + (size_t)m * (N - hs), s1 ? s1 + (size_t)m * hs : NULL,
@@ -456,17 +463,21 @@ static void layernorm_rows(void *arg, long long b0, long long e0, int tid) {
     const rows_args *a = arg;
     const int D = a->D;
     for (long long m = b0; m < e0; m++)
-        dcs_layernorm_row(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, a->eps,
-                          NULL, NULL);
+        dcs_layernorm_row(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, a->eps, NULL, NULL);
 }
-static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
-                          const float *b, int M, int D, float eps) {
+static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w, const float *b, int M,
+                          int D, float eps) {
     rows_args a = {out, in, b, NULL, 0, eps, w, D};
     parallel_for(be, layernorm_rows, &a, M, 4LL * D);
 }
 
 /* x [rows, width] with row stride ld, RMS-normalised in place. */
-typedef struct { float *x; int width, ld; const float *scale; float eps; } rms_args;
+typedef struct {
+    float *x;
+    int width, ld;
+    const float *scale;
+    float eps;
+} rms_args;
 static void rms_rows(void *arg, long long b, long long e, int tid) {
     (void)tid;
     const rms_args *a = arg;
@@ -478,19 +489,27 @@ static void rms_rows(void *arg, long long b, long long e, int tid) {
         for (int i = 0; i < a->width; i++) v[i] = v[i] * inv * (a->scale ? a->scale[i] : 1.0f);
     }
 }
-static void cpu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld,
-                        const float *scale, float eps) {
+static void cpu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld, const float *scale,
+                        float eps) {
     rms_args a = {x, width, ld, scale, eps};
     parallel_for(be, rms_rows, &a, rows, 3LL * width);
 }
 
 /* x [M, N, Dh]; row m is at position t0 + m % T. Rotate-half on the first rot dims. */
-typedef struct { float *x; int T, t0, N, Dh, rot; float base; const dcs_backend *be; } rot_args;
+typedef struct {
+    float *x;
+    int T, t0, N, Dh, rot;
+    float base;
+    const dcs_backend *be;
+} rot_args;
 static void rot_rows(void *arg, long long b, long long e, int tid) {
     const rot_args *a = arg;
     const int half = a->rot / 2;
     float *cs = scratch(a->be, tid, 2 * (size_t)half);
-    if (!cs) { set_nomem(a->be, "rotary"); return; }
+    if (!cs) {
+        set_nomem(a->be, "rotary");
+        return;
+    }
     for (long long m = b; m < e; m++) {
         int pos = a->t0 + (int)(m % a->T);
         for (int j = 0; j < half; j++) dcs_rotary_cs(pos, j, a->rot, a->base, &cs[2 * j], &cs[2 * j + 1]);
@@ -500,15 +519,14 @@ static void rot_rows(void *arg, long long b, long long e, int tid) {
         }
     }
 }
-static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh,
-                       int rot, float base) {
+static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh, int rot, float base) {
     if (rot / 2 == 0) return;
     rot_args a = {x, T, t0, N, Dh, rot, base, be};
     parallel_for(be, rot_rows, &a, M, 40LL * rot + 4LL * N * rot);
 }
 
-static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src,
-                       int ld_src, int rows, int cols) {
+static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int rows,
+                       int cols) {
     (void)be;
     for (int r = 0; r < rows; r++)
         memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, sizeof(float) * cols);
@@ -525,9 +543,9 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
 #endif
 
 DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
-                                const float *qw1, const float *qw2, const float *kw1t,
-                                const float *kw2t, long long ks, const float *qdd,
-                                const float *kddt, float *tmp, float *const *br) {
+                                const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
+                                long long ks, const float *qdd, const float *kddt, float *tmp,
+                                float *const *br) {
     dcs_compose_row(a, out, hs, L, N, R, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, tmp, br);
 }
 
@@ -544,7 +562,11 @@ static void transpose_keys(const float *src, float *dst, int B, int S, int RN) {
  * pre-compose) at once through dcs_compose_row (the per-pair math of
  * dcs_compose_pair, vectorised across keys; the CUDA backend runs the pair
  * form). kt: transposed key side (kw1t, kw2t, kddt). */
-typedef struct { const dcs_compose_args *a; const float *kw1t, *kw2t, *kddt; const dcs_backend *be; } crow_args;
+typedef struct {
+    const dcs_compose_args *a;
+    const float *kw1t, *kw2t, *kddt;
+    const dcs_backend *be;
+} crow_args;
 
 static void compose_rows(void *arg, long long begin, long long end, int tid) {
     const crow_args *c = arg;
@@ -552,7 +574,10 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
     const int N = a->N, T = a->T, S = a->S, R = a->R;
     const long long TS = (long long)T * S, RN = (long long)R * N;
     float *tmp = scratch(c->be, tid, (size_t)(2 * R + 2) * S);
-    if (!tmp) { set_nomem(c->be, "compose"); return; }
+    if (!tmp) {
+        set_nomem(c->be, "compose");
+        return;
+    }
     for (long long bt = begin; bt < end; bt++) {
         const int b = (int)(bt / T), t = (int)(bt % T);
         const long long o = (long long)b * N * TS + (long long)t * S;
@@ -576,16 +601,16 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
                 }
             }
         }
-        if (a->br[5])            /* static branch: absent here, 0 as in the pair form */
+        if (a->br[5]) /* static branch: absent here, 0 as in the pair form */
             for (int n = 0; n < N; n++) memset(a->br[5] + o + n * TS, 0, sizeof(float) * S);
         for (int k = 0; k < 5; k++)
             if (br[k]) br[k] += lo;
         const float *k1 = c->kw1t ? c->kw1t + (size_t)b * RN * S + lo : NULL;
         const float *k2 = c->kw2t ? c->kw2t + (size_t)b * RN * S + lo : NULL;
         const float *kd = c->kddt ? c->kddt + (size_t)b * N * S + lo : NULL;
-        compose_row(a->in + o + lo, a->out + o + lo, TS, hi - lo + 1, N, R,
-                    a->qw1 + ((size_t)b * T + t) * RN, a->qw2 + ((size_t)b * T + t) * RN, k1, k2,
-                    S, a->qdd + ((size_t)b * T + t) * N, kd, tmp, br);
+        compose_row(a->in + o + lo, a->out + o + lo, TS, hi - lo + 1, N, R, a->qw1 + ((size_t)b * T + t) * RN,
+                    a->qw2 + ((size_t)b * T + t) * RN, k1, k2, S, a->qdd + ((size_t)b * T + t) * N, kd, tmp,
+                    br);
     }
 }
 
@@ -609,7 +634,10 @@ static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
     crow_args c = {a, NULL, NULL, NULL, be};
     if (a->kw1) {
         kt = malloc(sizeof(float) * nk * (2 * RN + a->N));
-        if (!kt) { set_nomem(be, "compose"); return; }
+        if (!kt) {
+            set_nomem(be, "compose");
+            return;
+        }
         transpose_keys(a->kw1, kt, a->B, a->S, (int)RN);
         transpose_keys(a->kw2, kt + nk * RN, a->B, a->S, (int)RN);
         transpose_keys(a->kdd, kt + 2 * nk * RN, a->B, a->S, a->N);
@@ -625,7 +653,10 @@ static void cpu_compose(dcs_backend *be, const dcs_compose_args *a) {
 
 /* x [BN, T, S]: masked softmax over s (dcs_softmax_row; query t at t0 + t,
  * key s at kb + s), rows split over the cores. */
-typedef struct { float *x; int T, S, t0, kb, window; } softmax_args;
+typedef struct {
+    float *x;
+    int T, S, t0, kb, window;
+} softmax_args;
 
 static void softmax_rows(void *arg, long long begin, long long end, int tid) {
     (void)tid;
@@ -634,8 +665,7 @@ static void softmax_rows(void *arg, long long begin, long long end, int tid) {
         dcs_softmax_row(a->x + (size_t)r * a->S, a->S, a->t0 + (int)(r % a->T), a->kb, a->window);
 }
 
-static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb,
-                               int window) {
+static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb, int window) {
     softmax_args a = {x, T, S, t0, kb, window};
     parallel_for(be, softmax_rows, &a, (long long)BN * T, (long long)S * 4);
 }
@@ -654,7 +684,7 @@ static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, 
 
 typedef struct {
     const dcs_attn_args *a;
-    const float *kt[2][3];      /* per phase: kw1t, kw2t, kddt [B, R|1, N, S] */
+    const float *kt[2][3]; /* per phase: kw1t, kw2t, kddt [B, R|1, N, S] */
     int nblk;
     const dcs_backend *be;
 } attn_job;
@@ -674,7 +704,10 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
     const long long RN = (long long)R * N;
     int Lmax = w > 0 ? (ATT_TQ + w < S ? ATT_TQ + w : S) : S;
     float *Sc = scratch(J->be, tid, (size_t)N * ATT_TQ * Lmax + (size_t)(2 * R + 2) * Lmax);
-    if (!Sc) { set_nomem(J->be, "attention"); return; }
+    if (!Sc) {
+        set_nomem(J->be, "attention");
+        return;
+    }
     float *tmp = Sc + (size_t)N * ATT_TQ * Lmax;
     for (long long it = begin; it < end; it++) {
         const int b = (int)(it / J->nblk);
@@ -686,7 +719,7 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         attn_keys(a, a->t0 + r0, &jmin, &hi_);
         attn_keys(a, a->t0 + r1, &lo_, &jmax);
         float *zb = a->z + ((size_t)b * T + r0) * ld;
-        if (jmax < jmin) {      /* no key for any row of the block */
+        if (jmax < jmin) { /* no key for any row of the block */
             for (int r = 0; r < tq; r++) memset(zb + (size_t)r * ld, 0, sizeof(float) * (size_t)N * Dh);
             continue;
         }
@@ -696,8 +729,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         const float *kb = a->k + ((size_t)b * S + jmin) * ld;
         const float *vb = a->v + ((size_t)b * S + jmin) * ld;
         for (int n = 0; n < N; n++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale,
-                        qb + n * Dh, ld, kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale, qb + n * Dh, ld,
+                        kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
         for (int r = 0; r < tq; r++) {
             int lo, hi;
             attn_keys(a, a->t0 + r0 + r, &lo, &hi);
@@ -709,9 +742,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                     const float *k1 = J->kt[ph][0] ? J->kt[ph][0] + (size_t)b * RN * S + lo : NULL;
                     const float *k2 = J->kt[ph][1] ? J->kt[ph][1] + (size_t)b * RN * S + lo : NULL;
                     const float *kd = J->kt[ph][2] ? J->kt[ph][2] + (size_t)b * N * S + lo : NULL;
-                    compose_row(row + j0, row + j0, hs, len, N, R, a->qw1[ph] + tr * RN,
-                                a->qw2[ph] + tr * RN, k1, k2, S, a->qdd[ph] + tr * N, kd, tmp,
-                                NULL);
+                    compose_row(row + j0, row + j0, hs, len, N, R, a->qw1[ph] + tr * RN, a->qw2[ph] + tr * RN,
+                                k1, k2, S, a->qdd[ph] + tr * N, kd, tmp, NULL);
                 }
                 if (ph == 0)
                     for (int n = 0; n < N; n++) dcs_softmax_span(row + n * hs + j0, len);
@@ -731,7 +763,7 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
 
 static void cpu_attention(dcs_backend *be, const dcs_attn_args *args) {
     dcs_attn_args full = *args;
-    if (full.S <= 0) full.S = full.T;   /* S unset: the keys are the queries' own */
+    if (full.S <= 0) full.S = full.T; /* S unset: the keys are the queries' own */
     const dcs_attn_args *a = &full;
     attn_job J;
     memset(&J, 0, sizeof J);
@@ -742,7 +774,10 @@ static void cpu_attention(dcs_backend *be, const dcs_attn_args *args) {
     float *kt = NULL;
     if (a->compose && a->kw1[0]) {
         kt = malloc(sizeof(float) * nk * (2 * RN + a->N) * 2);
-        if (!kt) { set_nomem(be, "attention"); return; }
+        if (!kt) {
+            set_nomem(be, "attention");
+            return;
+        }
         for (int ph = 0; ph < 2; ph++) {
             float *base = kt + (size_t)ph * nk * (2 * RN + a->N);
             transpose_keys(a->kw1[ph], base, a->B, a->S, (int)RN);

@@ -50,14 +50,14 @@ extern "C" {
 /* ------------------------------------------------------------ context */
 
 typedef struct {
-    int device;               /* CUDA ordinal                               */
+    int device; /* CUDA ordinal                               */
     char device_name[256];
     cudaStream_t stream;
     cublasHandle_t blas;
-    cudaMemPool_t pool;       /* stream-ordered pool, or NULL: cudaMalloc   */
-    int32_t *tokens;          /* device scratch for embed's token ids       */
-    size_t tokens_cap;        /* in elements                                */
-    int failed;               /* an error is recorded in err                */
+    cudaMemPool_t pool; /* stream-ordered pool, or NULL: cudaMalloc   */
+    int32_t *tokens;    /* device scratch for embed's token ids       */
+    size_t tokens_cap;  /* in elements                                */
+    int failed;         /* an error is recorded in err                */
     char err[900];
 } cuda_ctx;
 
@@ -78,16 +78,16 @@ static void record(cuda_ctx *c, const char *fmt, ...) {
  * kernel launch check). */
 static bool ck(cuda_ctx *c, cudaError_t r, const char *what) {
     if (r == cudaSuccess) return true;
-    record(c, "%s failed on device %d (%s): %s (%s)", what, c->device,
-           c->device_name, cudaGetErrorString(r), cudaGetErrorName(r));
+    record(c, "%s failed on device %d (%s): %s (%s)", what, c->device, c->device_name, cudaGetErrorString(r),
+           cudaGetErrorName(r));
     (void)cudaGetLastError();
     return false;
 }
 
 static bool ck_blas(cuda_ctx *c, cublasStatus_t s, const char *what) {
     if (s == CUBLAS_STATUS_SUCCESS) return true;
-    record(c, "%s failed on device %d (%s): %s (%s)", what, c->device,
-           c->device_name, cublasGetStatusName(s), cublasGetStatusString(s));
+    record(c, "%s failed on device %d (%s): %s (%s)", what, c->device, c->device_name, cublasGetStatusName(s),
+           cublasGetStatusString(s));
     return false;
 }
 
@@ -100,9 +100,7 @@ static cuda_ctx *enter(dcs_backend *be) {
 }
 
 /* After a kernel launch: configuration errors show up here. */
-static void launched(cuda_ctx *c, const char *kernel) {
-    ck(c, cudaGetLastError(), kernel);
-}
+static void launched(cuda_ctx *c, const char *kernel) { ck(c, cudaGetLastError(), kernel); }
 
 /* Grid for an elementwise kernel over n elements with a grid-stride loop. */
 static const int EW_THREADS = 256;
@@ -112,8 +110,8 @@ static unsigned ew_blocks(size_t n) {
     return (unsigned)(b < cap ? b : cap);
 }
 
-#define GRID_STRIDE(i, n)                                                        \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);      \
+#define GRID_STRIDE(i, n)                                                                                    \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                                  \
          i += (size_t)gridDim.x * blockDim.x)
 
 /* ------------------------------------------------------------ reductions */
@@ -139,26 +137,20 @@ static __global__ void add_bias_kernel(float *x, const float *bias, size_t total
 }
 
 /* y [n] += x [n] */
-static __global__ void add_kernel(float *y, const float *x, size_t n) {
-    GRID_STRIDE(i, n) y[i] += x[i];
-}
+static __global__ void add_kernel(float *y, const float *x, size_t n) { GRID_STRIDE(i, n) y[i] += x[i]; }
 
 /* y [n] = a + b + c (y may alias any input) */
-static __global__ void gelu_kernel(float *x, size_t n) {
-    GRID_STRIDE(i, n) x[i] = dcs_gelu(x[i]);
-}
+static __global__ void gelu_kernel(float *x, size_t n) { GRID_STRIDE(i, n) x[i] = dcs_gelu(x[i]); }
 
 /* x [n] = tanh(x) */
-static __global__ void tanh_kernel(float *x, size_t n) {
-    GRID_STRIDE(i, n) x[i] = tanhf(x[i]);
-}
+static __global__ void tanh_kernel(float *x, size_t n) { GRID_STRIDE(i, n) x[i] = tanhf(x[i]); }
 
 /* y [n] *= g [n] */
 /* out [M, D] = LayerNorm(in [M, D]) * w [D] + b [D]: one thread per row
  * running dcs_layernorm_row, the CPU backend's arithmetic (statistics in
  * double, index order). out may equal in. */
-static __global__ void layernorm_kernel(float *out, const float *in, const float *w,
-                                        const float *b, int M, int D, float eps) {
+static __global__ void layernorm_kernel(float *out, const float *in, const float *w, const float *b, int M,
+                                        int D, float eps) {
     int m = blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= M) return;
     dcs_layernorm_row(out + (size_t)m * D, in + (size_t)m * D, w, b, D, eps, NULL, NULL);
@@ -166,11 +158,10 @@ static __global__ void layernorm_kernel(float *out, const float *in, const float
 
 /* x [rows, width] at row stride ld, in place: x / rms(x) * scale [width]
  * (scale NULL: none). One warp per row. */
-static __global__ void rmsnorm_kernel(float *x, int rows, int width, int ld,
-                               const float *scale, float eps) {
+static __global__ void rmsnorm_kernel(float *x, int rows, int width, int ld, const float *scale, float eps) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
-    if (row >= rows) return;                 /* whole warp leaves together */
+    if (row >= rows) return; /* whole warp leaves together */
     float *r = x + (size_t)row * ld;
     float ss = 0.0f;
     for (int i = lane; i < width; i += 32) ss += r[i] * r[i];
@@ -185,8 +176,7 @@ static __global__ void rmsnorm_kernel(float *x, int rows, int width, int ld,
 /* x [M, N, Dh], row m at position t0 + m % T: rotate-half on dims [0, rot) of
  * every head. One thread per (m, j), j < rot/2: it computes cos/sin once
  * (in double, dcs_rotary_cs) and rotates pair (j, j + rot/2) of all N heads. */
-static __global__ void rotary_kernel(float *x, int M, int T, int t0, int N, int Dh, int rot,
-                                     float base) {
+static __global__ void rotary_kernel(float *x, int M, int T, int t0, int N, int Dh, int rot, float base) {
     int half = rot / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)M * half) return;
@@ -207,13 +197,12 @@ static __global__ void compose_kernel(dcs_compose_args a) {
     size_t total = (size_t)a.B * a.T * a.S;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
-    dcs_compose_at(&a, (int)(idx / ((size_t)a.S * a.T)), (int)((idx / a.S) % a.T),
-                   (int)(idx % a.S));
+    dcs_compose_at(&a, (int)(idx / ((size_t)a.S * a.T)), (int)((idx / a.S) % a.T), (int)(idx % a.S));
 }
 
 /* MoH routing scores (model-spec 5): one thread per token, dcs_moh_route_row. */
-static __global__ void moh_route_kernel(float *g, const float *logits, const float *s1,
-                                        const float *s0, int M, int N, int hs, int k) {
+static __global__ void moh_route_kernel(float *g, const float *logits, const float *s1, const float *s0,
+                                        int M, int N, int hs, int k) {
     int m = blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= M) return;
     dcs_moh_route_row(logits + (size_t)m * (N - hs), s1 ? s1 + (size_t)m * hs : NULL,
@@ -250,7 +239,7 @@ static cudaError_t raw_alloc(cuda_ctx *c, void **p, size_t n) {
     cudaError_t r = cudaMallocFromPoolAsync(p, n, c->pool, c->stream);
     if (r != cudaErrorMemoryAllocation) return r;
     (void)cudaGetLastError();
-    cudaStreamSynchronize(c->stream);          /* pending frees land in the pool */
+    cudaStreamSynchronize(c->stream); /* pending frees land in the pool */
     cudaMemPoolTrimTo(c->pool, 0);
     (void)cudaGetLastError();
     return cudaMallocFromPoolAsync(p, n, c->pool, c->stream);
@@ -259,22 +248,25 @@ static cudaError_t raw_alloc(cuda_ctx *c, void **p, size_t n) {
 static void *cu_alloc(dcs_backend *be, size_t bytes) {
     cuda_ctx *c = enter(be);
     void *p = NULL;
-    size_t n = bytes ? bytes : 1;   /* a distinct non-NULL pointer for 0 bytes */
+    size_t n = bytes ? bytes : 1; /* a distinct non-NULL pointer for 0 bytes */
     cudaError_t r = raw_alloc(c, &p, n);
     if (r != cudaSuccess) {
         (void)cudaGetLastError();
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
         (void)cudaGetLastError();
-        record(c, "allocating %zu bytes (%.3f GiB) failed on device %d (%s): %s "
-                  "(%.3f GiB free of %.3f GiB)",
-               bytes, bytes / 1073741824.0, c->device, c->device_name,
-               cudaGetErrorString(r), fr / 1073741824.0, tot / 1073741824.0);
+        record(c,
+               "allocating %zu bytes (%.3f GiB) failed on device %d (%s): %s "
+               "(%.3f GiB free of %.3f GiB)",
+               bytes, bytes / 1073741824.0, c->device, c->device_name, cudaGetErrorString(r),
+               fr / 1073741824.0, tot / 1073741824.0);
         return NULL;
     }
     if (!ck(c, cudaMemsetAsync(p, 0, n, c->stream), "cudaMemsetAsync")) {
-        if (c->pool) cudaFreeAsync(p, c->stream);
-        else cudaFree(p);
+        if (c->pool)
+            cudaFreeAsync(p, c->stream);
+        else
+            cudaFree(p);
         return NULL;
     }
     return p;
@@ -283,8 +275,10 @@ static void *cu_alloc(dcs_backend *be, size_t bytes) {
 static void cu_free(dcs_backend *be, void *p) {
     if (!p) return;
     cuda_ctx *c = enter(be);
-    if (c->pool) ck(c, cudaFreeAsync(p, c->stream), "cudaFreeAsync");
-    else ck(c, cudaFree(p), "cudaFree");
+    if (c->pool)
+        ck(c, cudaFreeAsync(p, c->stream), "cudaFreeAsync");
+    else
+        ck(c, cudaFree(p), "cudaFree");
 }
 
 static void cu_upload(dcs_backend *be, void *dst, const void *src_host, size_t bytes) {
@@ -344,39 +338,38 @@ static void cu_destroy(dcs_backend *be) {
  * cuBLAS is column-major, and a row-major X with leading dim ld is the
  * column-major X^T with the same ld. So compute C^T = op(B)^T op(A)^T:
  * operands swapped, each keeps its own transpose flag, dims (N, M, K). */
-static void cu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K,
-                    float alpha, const float *A, int lda, long long strideA,
-                    const float *B, int ldb, long long strideB, float beta,
+static void cu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                    int lda, long long strideA, const float *B, int ldb, long long strideB, float beta,
                     float *C, int ldc, long long strideC, int batch) {
     if (M <= 0 || N <= 0 || batch <= 0) return;
     cuda_ctx *c = enter(be);
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-    ck_blas(c, cublasSgemmStridedBatched(c->blas, opB, opA, N, M, K, &alpha,
-                                         B, ldb, strideB, A, lda, strideA, &beta,
-                                         C, ldc, strideC, batch),
+    ck_blas(c,
+            cublasSgemmStridedBatched(c->blas, opB, opA, N, M, K, &alpha, B, ldb, strideB, A, lda, strideA,
+                                      &beta, C, ldc, strideC, batch),
             "cublasSgemmStridedBatched");
 }
 
 /* ------------------------------------------------------------ row / elementwise */
 
-static void cu_embed(dcs_backend *be, float *out, const float *table,
-                     const int32_t *tokens_host, int M, int D) {
+static void cu_embed(dcs_backend *be, float *out, const float *table, const int32_t *tokens_host, int M,
+                     int D) {
     if (M <= 0 || D <= 0) return;
     cuda_ctx *c = enter(be);
     if ((size_t)M > c->tokens_cap) {
         if (c->tokens) ck(c, cudaFree(c->tokens), "cudaFree");
         c->tokens = NULL;
         c->tokens_cap = 0;
-        if (!ck(c, cudaMalloc((void **)&c->tokens, (size_t)M * sizeof(int32_t)),
-                "cudaMalloc (token ids)"))
+        if (!ck(c, cudaMalloc((void **)&c->tokens, (size_t)M * sizeof(int32_t)), "cudaMalloc (token ids)"))
             return;
         c->tokens_cap = (size_t)M;
     }
     /* from pageable memory: returns once the ids are staged, so the caller
      * may reuse tokens_host; the stream orders the kernel after the copy */
-    if (!ck(c, cudaMemcpyAsync(c->tokens, tokens_host, (size_t)M * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, c->stream),
+    if (!ck(c,
+            cudaMemcpyAsync(c->tokens, tokens_host, (size_t)M * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            c->stream),
             "cudaMemcpyAsync (token ids)"))
         return;
     embed_kernel<<<M, 256, 0, c->stream>>>(out, table, c->tokens, D);
@@ -412,16 +405,16 @@ static void cu_tanh(dcs_backend *be, float *x, size_t n) {
     launched(c, "tanh_kernel");
 }
 
-static void cu_layernorm(dcs_backend *be, float *out, const float *in, const float *w,
-                         const float *b, int M, int D, float eps) {
+static void cu_layernorm(dcs_backend *be, float *out, const float *in, const float *w, const float *b, int M,
+                         int D, float eps) {
     if (M <= 0 || D <= 0) return;
     cuda_ctx *c = enter(be);
     layernorm_kernel<<<(unsigned)((M + 127) / 128), 128, 0, c->stream>>>(out, in, w, b, M, D, eps);
     launched(c, "layernorm_kernel");
 }
 
-static void cu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld,
-                       const float *scale, float eps) {
+static void cu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld, const float *scale,
+                       float eps) {
     if (rows <= 0 || width <= 0) return;
     cuda_ctx *c = enter(be);
     const int warps = 8;
@@ -430,8 +423,7 @@ static void cu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld,
     launched(c, "rmsnorm_kernel");
 }
 
-static void cu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh,
-                      int rot, float base) {
+static void cu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh, int rot, float base) {
     if (M <= 0 || rot < 2 || N <= 0 || T <= 0) return;
     cuda_ctx *c = enter(be);
     size_t total = (size_t)M * (rot / 2);
@@ -440,13 +432,13 @@ static void cu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, in
     launched(c, "rotary_kernel");
 }
 
-static void cu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src,
-                      int ld_src, int rows, int cols) {
+static void cu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int rows,
+                      int cols) {
     if (rows <= 0 || cols <= 0) return;
     cuda_ctx *c = enter(be);
-    ck(c, cudaMemcpy2DAsync(dst, (size_t)ld_dst * sizeof(float), src,
-                            (size_t)ld_src * sizeof(float), (size_t)cols * sizeof(float),
-                            (size_t)rows, cudaMemcpyDeviceToDevice, c->stream),
+    ck(c,
+       cudaMemcpy2DAsync(dst, (size_t)ld_dst * sizeof(float), src, (size_t)ld_src * sizeof(float),
+                         (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice, c->stream),
        "cudaMemcpy2DAsync");
 }
 
@@ -463,8 +455,8 @@ static void cu_compose(dcs_backend *be, const dcs_compose_args *a) {
     launched(c, "compose_kernel");
 }
 
-static void cu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1,
-                         const float *s0, int M, int N, int hs, int k) {
+static void cu_moh_route(dcs_backend *be, float *g, const float *logits, const float *s1, const float *s0,
+                         int M, int N, int hs, int k) {
     if (M <= 0) return;
     cuda_ctx *c = enter(be);
     moh_route_kernel<<<(unsigned)((M + 127) / 128), 128, 0, c->stream>>>(g, logits, s1, s0, M, N, hs, k);
@@ -479,13 +471,12 @@ static void cu_head_gate(dcs_backend *be, float *z, const float *g, int M, int N
     launched(c, "head_gate_kernel");
 }
 
-static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb,
-                              int window) {
+static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb, int window) {
     if (BN <= 0 || T <= 0 || S <= 0) return;
     cuda_ctx *c = enter(be);
     size_t rows = (size_t)BN * T;
     softmax_masked_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, c->stream>>>(x, rows, T, S, t0, kb,
-                                                                                   window);
+                                                                                 window);
     launched(c, "softmax_masked_kernel");
 }
 
@@ -535,7 +526,7 @@ static const dcs_backend_ops cuda_ops = {
     .attention = NULL,
     .moh_route = cu_moh_route,
     .head_gate = cu_head_gate,
-    .parallel = NULL,   /* no host threads: the tape runs on the CPU backend */
+    .parallel = NULL, /* no host threads: the tape runs on the CPU backend */
 };
 
 extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
@@ -548,8 +539,8 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
         return NULL;
     }
     if (device < 0 || device >= n) {
-        dcs_seterr(e, DCS_ERR_ARG, "CUDA: device %d does not exist (%d device%s: 0..%d)",
-                   device, n, n == 1 ? "" : "s", n - 1);
+        dcs_seterr(e, DCS_ERR_ARG, "CUDA: device %d does not exist (%d device%s: 0..%d)", device, n,
+                   n == 1 ? "" : "s", n - 1);
         return NULL;
     }
     dcs_backend *be = (dcs_backend *)calloc(1, sizeof *be);
@@ -567,8 +558,7 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
     cudaDeviceProp prop;
     if (ck(c, cudaSetDevice(device), "cudaSetDevice") &&
         ck(c, cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")) {
-        snprintf(c->device_name, sizeof c->device_name, "%.200s, sm_%d%d", prop.name,
-                 prop.major, prop.minor);
+        snprintf(c->device_name, sizeof c->device_name, "%.200s, sm_%d%d", prop.name, prop.major, prop.minor);
         if (ck(c, cudaStreamCreate(&c->stream), "cudaStreamCreate") &&
             ck_blas(c, cublasCreate(&c->blas), "cublasCreate") &&
             ck_blas(c, cublasSetStream(c->blas, c->stream), "cublasSetStream"))
@@ -583,7 +573,7 @@ extern "C" dcs_backend *dcs_backend_cuda_create(int device, dcs_err *e) {
             props.allocType = cudaMemAllocationTypePinned;
             props.location.type = cudaMemLocationTypeDevice;
             props.location.id = device;
-            uint64_t keep = UINT64_MAX;        /* keep freed blocks cached */
+            uint64_t keep = UINT64_MAX; /* keep freed blocks cached */
             if (ck(c, cudaMemPoolCreate(&c->pool, &props), "cudaMemPoolCreate"))
                 ck(c, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep),
                    "cudaMemPoolSetAttribute");

@@ -11,8 +11,8 @@
 
 /* ---------------------------------------------------------------- backend */
 
-#define DCS_MAX_R 8                          /* dynamic rank                 */
-#define DCS_MAX_SW_HEADS 256                 /* heads per group with use_sw  */
+#define DCS_MAX_R 8          /* dynamic rank                 */
+#define DCS_MAX_SW_HEADS 256 /* heads per group with use_sw  */
 
 /* A backend owns device memory and runs kernels on it. Pointers it hands
  * out are device pointers: the graph passes them to kernels and never
@@ -39,23 +39,23 @@ typedef void (*dcs_par_fn)(void *arg, long long begin, long long end, int tid);
  * key), so one kernel serves the prefill and a decoding step. */
 #define DCS_N_BRANCHES 6
 typedef struct {
-    float *out;                 /* [B, N, T, S], may equal in               */
-    const float *in;            /* [B, N, T, S]                             */
+    float *out;      /* [B, N, T, S], may equal in               */
+    const float *in; /* [B, N, T, S]                             */
     const float *qw1, *qw2, *kw1, *kw2, *qdd, *kdd;
-    const float *sw;            /* [G, N/G, N/G] or NULL                    */
-    float *br[DCS_N_BRANCHES];  /* skip, qp, kp, qg, kg, static (or NULL)   */
+    const float *sw;           /* [G, N/G, N/G] or NULL                    */
+    float *br[DCS_N_BRANCHES]; /* skip, qp, kp, qg, kg, static (or NULL)   */
     int B, N, T, S, R;
-    int G;                      /* composition groups, >= 1                 */
+    int G; /* composition groups, >= 1                 */
     int causal_only;
-    int window;                 /* <= 0: global                             */
-    int t0, kb;                 /* positions of query 0 and key 0           */
+    int window; /* <= 0: global                             */
+    int t0, kb; /* positions of query 0 and key 0           */
 } dcs_compose_args;
 
 /* A weight matrix as the forward pass reads it: float32, or (CPU backend)
  * F16/BF16 as stored in the checkpoint, widened per tile inside gemm_w. */
 typedef struct {
     const void *p;
-    int dtype;                  /* dcs_dtype                                */
+    int dtype; /* dcs_dtype                                */
 } dcs_wmat;
 
 /* Arguments of the fused attention kernel (model-spec 2 steps 5-10 for one
@@ -70,8 +70,8 @@ typedef struct {
     float *z;
     const float *q, *k, *v;
     int B, T, S, t0, kb, N, Dh, ld, R;
-    int window;                 /* <= 0: global                             */
-    float scale;                /* 1 / sqrt(Dh)                             */
+    int window;  /* <= 0: global                             */
+    float scale; /* 1 / sqrt(Dh)                             */
     int compose;
     const float *qw1[2], *qw2[2], *qdd[2], *kw1[2], *kw2[2], *kdd[2];
 } dcs_attn_args;
@@ -83,50 +83,44 @@ typedef struct dcs_backend_ops {
     const char *name;
 
     /* memory */
-    void *(*alloc)(dcs_backend *be, size_t bytes);        /* zero-filled  */
+    void *(*alloc)(dcs_backend *be, size_t bytes); /* zero-filled  */
     void (*free)(dcs_backend *be, void *p);
     void (*upload)(dcs_backend *be, void *dst, const void *src_host, size_t bytes);
     void (*download)(dcs_backend *be, void *dst_host, const void *src, size_t bytes);
     void (*copy)(dcs_backend *be, void *dst, const void *src, size_t bytes);
-    dcs_status (*sync)(dcs_backend *be, dcs_err *e);     /* first error    */
+    dcs_status (*sync)(dcs_backend *be, dcs_err *e); /* first error    */
     void (*destroy)(dcs_backend *be);
 
     /* Row-major strided batched GEMM, float32:
      * for b < batch: C_b = alpha * op(A_b) op(B_b) + beta * C_b,
      * op(A_b) [M, K], op(B_b) [K, N], X_b = X + b * strideX. */
-    void (*gemm)(dcs_backend *be, int transA, int transB, int M, int N, int K,
-                 float alpha, const float *A, int lda, long long strideA,
-                 const float *B, int ldb, long long strideB, float beta,
-                 float *C, int ldc, long long strideC, int batch);
+    void (*gemm)(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                 int lda, long long strideA, const float *B, int ldb, long long strideB, float beta, float *C,
+                 int ldc, long long strideC, int batch);
 
     /* elementwise / row kernels */
     /* out [M, D] = table [V, D] rows tokens_host[m]. The ids are read (or
      * copied) before embed returns, without waiting for the device. */
-    void (*embed)(dcs_backend *be, float *out, const float *table,
-                  const int32_t *tokens_host, int M, int D);
+    void (*embed)(dcs_backend *be, float *out, const float *table, const int32_t *tokens_host, int M, int D);
     void (*add_bias)(dcs_backend *be, float *x, const float *bias, int M, int N); /* x[M,N] += b[N] */
-    void (*add)(dcs_backend *be, float *y, const float *x, size_t n);  /* y += x */
-    void (*gelu)(dcs_backend *be, float *x, size_t n);                 /* exact erf gelu */
+    void (*add)(dcs_backend *be, float *y, const float *x, size_t n);             /* y += x */
+    void (*gelu)(dcs_backend *be, float *x, size_t n);                            /* exact erf gelu */
     void (*tanh_)(dcs_backend *be, float *x, size_t n);
-    void (*layernorm)(dcs_backend *be, float *out, const float *in, const float *w,
-                      const float *b, int M, int D, float eps);
+    void (*layernorm)(dcs_backend *be, float *out, const float *in, const float *w, const float *b, int M,
+                      int D, float eps);
     /* x [rows, width] (row stride ld): x = x / sqrt(mean(x^2) + eps) * scale
      * (scale [width] or NULL for none), in place. */
-    void (*rmsnorm)(dcs_backend *be, float *x, int rows, int width, int ld,
-                    const float *scale, float eps);
+    void (*rmsnorm)(dcs_backend *be, float *x, int rows, int width, int ld, const float *scale, float eps);
     /* x [M, N, Dh], position of row m is t0 + m % T: GPT-NeoX rotate-half
      * on the first rot dims. */
-    void (*rotary)(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh,
-                   int rot, float base);
+    void (*rotary)(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh, int rot, float base);
     /* Copy a [rows, cols] block with row strides (dst ld_dst, src ld_src). */
-    void (*copy2d)(dcs_backend *be, float *dst, int ld_dst, const float *src,
-                   int ld_src, int rows, int cols);
+    void (*copy2d)(dcs_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int rows, int cols);
     void (*compose)(dcs_backend *be, const dcs_compose_args *a);
     /* x [BN, T, S], query t at position t0 + t, key s at kb + s: softmax
      * over s of the allowed entries (key <= query, and query - key <=
      * window when window > 0); masked entries become 0. */
-    void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb,
-                           int window);
+    void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb, int window);
 
     /* Optional (NULL on backends whose weights are all float32 and that
      * have no fused kernel, e.g. CUDA, which widens F16 at upload):
@@ -134,18 +128,17 @@ typedef struct dcs_backend_ops {
      * transW (a torch Linear) else [K, N]; F16/BF16 widened tile by tile.
      * The backward reads the same weights through it: dx = dy W is
      * transW = 0 on a Linear's [O, I] matrix. */
-    void (*gemm_w)(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda,
-                   dcs_wmat W, float beta, float *C, int ldc);
+    void (*gemm_w)(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda, dcs_wmat W,
+                   float beta, float *C, int ldc);
     /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
-    void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host,
-                    int M, int D);
+    void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M, int D);
     /* Fused attention (see dcs_attn_args); NULL: the graph uses the full path. */
     void (*attention)(dcs_backend *be, const dcs_attn_args *a);
     /* MoH routing scores (model-spec 5), per row m < M: g [M, N] from the
      * router logits [M, N - hs], the shared-head logits s1 [M, hs] (NULL
      * when hs <= 1) and the balance logits s0 [M, 2] (NULL when hs == 0). */
-    void (*moh_route)(dcs_backend *be, float *g, const float *logits, const float *s1,
-                      const float *s0, int M, int N, int hs, int k);
+    void (*moh_route)(dcs_backend *be, float *g, const float *logits, const float *s1, const float *s0, int M,
+                      int N, int hs, int k);
     /* z [M, N, Dh] *= g [M, N] broadcast over Dh (MoH head gate). */
     void (*head_gate)(dcs_backend *be, float *z, const float *g, int M, int N, int Dh);
     /* Host work on the backend's threads (NULL where there are none, CUDA):

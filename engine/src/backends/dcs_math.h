@@ -7,7 +7,7 @@
 #ifndef DCS_MATH_H
 #define DCS_MATH_H
 
-#include "dcs_backend.h"   /* dcs_compose_args, DCS_MAX_R, DCS_N_BRANCHES */
+#include "dcs_backend.h" /* dcs_compose_args, DCS_MAX_R, DCS_N_BRANCHES */
 
 #include <math.h>
 
@@ -25,14 +25,10 @@
 #define DCS_MASK_VALUE (-65504.0f)
 
 /* Exact (erf) GELU. */
-DCS_HD float dcs_gelu(float x) {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-}
+DCS_HD float dcs_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
 /* Is key s visible from query t? Causal, plus a local window when w > 0. */
-DCS_HD int dcs_allowed(int t, int s, int window) {
-    return s <= t && (window <= 0 || t - s <= window);
-}
+DCS_HD int dcs_allowed(int t, int s, int window) { return s <= t && (window <= 0 || t - s <= window); }
 
 /* Rotary angle of pair j (j < rot/2) at position pos: pos * base^(-2j/rot).
  * Computed in double so cos/sin are exact to float rounding. */
@@ -51,9 +47,7 @@ DCS_HD void dcs_rotate_pair(float *x1, float *x2, float c, float s) {
 }
 
 /* 1 / sqrt(mean(x^2) + eps) for a sum of squares over n elements. */
-DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
-    return 1.0f / sqrtf(sumsq / (float)n + eps);
-}
+DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) { return 1.0f / sqrtf(sumsq / (float)n + eps); }
 
 /* LayerNorm of one row x [D] into y [D] (may alias x):
  *   y = (x - mean) / sqrt(var + eps) * w + b      (w, b [D], each may be NULL)
@@ -62,8 +56,8 @@ DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) {
  * GPU's rows equal the CPU's up to libm; float accumulation over D = 4096
  * would move the CPU's parity with the reference. mean and rstd (NULL: not
  * wanted) receive the statistics the backward pass needs. */
-DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const float *b, int D,
-                              float eps, float *mean, float *rstd) {
+DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const float *b, int D, float eps,
+                              float *mean, float *rstd) {
     double mu = 0, var = 0;
     for (int i = 0; i < D; i++) mu += x[i];
     mu /= D;
@@ -72,8 +66,7 @@ DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const fl
     float inv = (float)(1.0 / sqrt(var + eps));
     if (mean) *mean = (float)mu;
     if (rstd) *rstd = inv;
-    for (int i = 0; i < D; i++)
-        y[i] = ((float)(x[i] - mu) * inv) * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    for (int i = 0; i < D; i++) y[i] = ((float)(x[i] - mu) * inv) * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
 }
 
 /* Compose one (query t, key s) pair across heads, model-spec 2 step 6 and
@@ -91,11 +84,9 @@ DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const fl
  * over the heads with no per-element tests of the variants; the same sums in
  * the same order as the general case below. */
 DCS_HD void dcs_compose_pair_plain(const float *a, float *out, long long stride, int N, int R,
-                                   const float *qw1, const float *qw2,
-                                   const float *kw1, const float *kw2,
-                                   const float *qdd, const float *kdd,
-                                   float *b_skip, float *b_qp, float *b_kp,
-                                   float *b_qg, float *b_kg, float *b_st) {
+                                   const float *qw1, const float *qw2, const float *kw1, const float *kw2,
+                                   const float *qdd, const float *kdd, float *b_skip, float *b_qp,
+                                   float *b_kp, float *b_qg, float *b_kg, float *b_st) {
     float qi[DCS_MAX_R], ki[DCS_MAX_R];
     for (int i = 0; i < R; i++) {
         float sq = 0.0f, sk = 0.0f;
@@ -138,10 +129,9 @@ DCS_HD void dcs_compose_pair_plain(const float *a, float *out, long long stride,
  * dcs_compose_pair_plain (the case it covers: one group, no static map,
  * query side present), in the same order, so both give bit-identical results. */
 DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
-                            const float *qw1, const float *qw2,
-                            const float *kw1t, const float *kw2t, long long ks,
-                            const float *qdd, const float *kddt, float *tmp,
-                            float *const *br) {
+                                const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
+                                long long ks, const float *qdd, const float *kddt, float *tmp,
+                                float *const *br) {
     float *qi = tmp, *ki = tmp + (long long)R * L;
     float *qp = tmp + 2LL * R * L, *kp = qp + L;
     for (int i = 0; i < R; i++) {
@@ -173,12 +163,16 @@ DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L,
         const float *am = a + (long long)m * hs;
         float *om = out + (long long)m * hs;
         const float qd = qdd[m];
-        if (br) {          /* the branches, before out (which may alias a) */
+        if (br) { /* the branches, before out (which may alias a) */
             const long long o = (long long)m * hs;
-            if (br[0]) for (int j = 0; j < L; j++) br[0][o + j] = am[j];
-            if (br[1]) for (int j = 0; j < L; j++) br[1][o + j] = qp[j];
-            if (br[2]) for (int j = 0; j < L; j++) br[2][o + j] = kp[j];
-            if (br[3]) for (int j = 0; j < L; j++) br[3][o + j] = am[j] * qd;
+            if (br[0])
+                for (int j = 0; j < L; j++) br[0][o + j] = am[j];
+            if (br[1])
+                for (int j = 0; j < L; j++) br[1][o + j] = qp[j];
+            if (br[2])
+                for (int j = 0; j < L; j++) br[2][o + j] = kp[j];
+            if (br[3])
+                for (int j = 0; j < L; j++) br[3][o + j] = am[j] * qd;
             if (br[4]) {
                 if (kddt)
                     for (int j = 0; j < L; j++) br[4][o + j] = am[j] * kddt[(long long)m * ks + j];
@@ -202,18 +196,16 @@ DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L,
 }
 
 DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N, int G, int R,
-                             const float *qw1, const float *qw2,
-                             const float *kw1, const float *kw2,
-                             const float *qdd, const float *kdd, const float *sw,
-                             float *b_skip, float *b_qp, float *b_kp,
-                             float *b_qg, float *b_kg, float *b_st) {
+                             const float *qw1, const float *qw2, const float *kw1, const float *kw2,
+                             const float *qdd, const float *kdd, const float *sw, float *b_skip, float *b_qp,
+                             float *b_kp, float *b_qg, float *b_kg, float *b_st) {
     if (G == 1 && !sw && qw1) {
-        dcs_compose_pair_plain(a, out, stride, N, R, qw1, qw2, kw1, kw2, qdd, kdd, b_skip, b_qp,
-                               b_kp, b_qg, b_kg, b_st);
+        dcs_compose_pair_plain(a, out, stride, N, R, qw1, qw2, kw1, kw2, qdd, kdd, b_skip, b_qp, b_kp, b_qg,
+                               b_kg, b_st);
         return;
     }
     const int Mg = N / G;
-    float ag[DCS_MAX_SW_HEADS];          /* the group's inputs when sw (out may alias a) */
+    float ag[DCS_MAX_SW_HEADS]; /* the group's inputs when sw (out may alias a) */
     for (int g = 0; g < G; g++) {
         const int n0 = g * Mg;
         float qi[DCS_MAX_R], ki[DCS_MAX_R];
@@ -260,8 +252,8 @@ DCS_HD void dcs_compose_pair(const float *a, float *out, long long stride, int N
  * pair. The CPU backend loops over the pairs of its (b, t) rows; the CUDA
  * kernel runs one pair per thread. */
 DCS_HD void dcs_compose_at(const dcs_compose_args *a, int b, int t, int s) {
-    const long long TS = (long long)a->T * a->S;                      /* N axis */
-    const long long o = (long long)b * a->N * TS + (long long)t * a->S + s;   /* head 0 */
+    const long long TS = (long long)a->T * a->S;                            /* N axis */
+    const long long o = (long long)b * a->N * TS + (long long)t * a->S + s; /* head 0 */
     if (a->causal_only && !dcs_allowed(a->t0 + t, a->kb + s, a->window)) {
         for (int n = 0; n < a->N; n++) {
             long long on = o + n * TS;
@@ -273,13 +265,13 @@ DCS_HD void dcs_compose_at(const dcs_compose_args *a, int b, int t, int s) {
     }
     const size_t RN = (size_t)a->R * a->N;
     const size_t qrow = (size_t)b * a->T + t, krow = (size_t)b * a->S + s;
-    dcs_compose_pair(a->in + o, a->out + o, TS, a->N, a->G, a->R,
-                     a->qw1 ? a->qw1 + qrow * RN : NULL, a->qw2 ? a->qw2 + qrow * RN : NULL,
-                     a->kw1 ? a->kw1 + krow * RN : NULL, a->kw2 ? a->kw2 + krow * RN : NULL,
-                     a->qdd ? a->qdd + qrow * a->N : NULL, a->kdd ? a->kdd + krow * a->N : NULL,
-                     a->sw, a->br[0] ? a->br[0] + o : NULL, a->br[1] ? a->br[1] + o : NULL,
-                     a->br[2] ? a->br[2] + o : NULL, a->br[3] ? a->br[3] + o : NULL,
-                     a->br[4] ? a->br[4] + o : NULL, a->br[5] ? a->br[5] + o : NULL);
+    dcs_compose_pair(a->in + o, a->out + o, TS, a->N, a->G, a->R, a->qw1 ? a->qw1 + qrow * RN : NULL,
+                     a->qw2 ? a->qw2 + qrow * RN : NULL, a->kw1 ? a->kw1 + krow * RN : NULL,
+                     a->kw2 ? a->kw2 + krow * RN : NULL, a->qdd ? a->qdd + qrow * a->N : NULL,
+                     a->kdd ? a->kdd + krow * a->N : NULL, a->sw, a->br[0] ? a->br[0] + o : NULL,
+                     a->br[1] ? a->br[1] + o : NULL, a->br[2] ? a->br[2] + o : NULL,
+                     a->br[3] ? a->br[3] + o : NULL, a->br[4] ? a->br[4] + o : NULL,
+                     a->br[5] ? a->br[5] + o : NULL);
 }
 
 /* MoH routing scores of one token (model-spec 5), from its router logits
@@ -291,8 +283,8 @@ DCS_HD void dcs_compose_at(const dcs_compose_args *a, int b, int t, int s) {
  *   g = concat(a[0] * shared, a[1] * routed)   (hs == 0: g = routed).
  * Selection is by logit, which orders heads as p does without p's ties from
  * rounding. */
-DCS_HD void dcs_moh_route_row(const float *lg, const float *s1, const float *s0, int N, int hs,
-                              int k, float *g) {
+DCS_HD void dcs_moh_route_row(const float *lg, const float *s1, const float *s0, int N, int hs, int k,
+                              float *g) {
     const int NR = N - hs;
     float mx = -INFINITY;
     for (int j = 0; j < NR; j++) mx = lg[j] > mx ? lg[j] : mx;
@@ -301,8 +293,7 @@ DCS_HD void dcs_moh_route_row(const float *lg, const float *s1, const float *s0,
     float sel_sum = 0.0f;
     for (int j = 0; j < NR; j++) {
         int rank = 0;
-        for (int q = 0; q < NR; q++)
-            rank += lg[q] > lg[j] || (lg[q] == lg[j] && q < j);
+        for (int q = 0; q < NR; q++) rank += lg[q] > lg[j] || (lg[q] == lg[j] && q < j);
         float p = expf(lg[j] - mx) / sum;
         g[hs + j] = rank < k ? p : 0.0f;
         sel_sum += g[hs + j];
@@ -332,12 +323,11 @@ DCS_HD void dcs_moh_route_row(const float *lg, const float *s1, const float *s0,
  * [G, Mg, Mg] (NULL without the static map). `on` selects the branches
  * that pass gradient (bit k: skip, qp, kp, qg, kg, static; a branch a hook
  * rewrote is a constant). */
-DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, long long stride, int N,
-                                    int G, int R, const float *qw1, const float *qw2,
-                                    const float *kw1, const float *kw2, const float *qdd,
-                                    const float *kdd, const float *sw, float *dqw1, float *dqw2,
-                                    float *dkw1, float *dkw2, float *dqdd, float *dkdd, float *dsw,
-                                    unsigned on) {
+DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, long long stride, int N, int G,
+                                    int R, const float *qw1, const float *qw2, const float *kw1,
+                                    const float *kw2, const float *qdd, const float *kdd, const float *sw,
+                                    float *dqw1, float *dqw2, float *dkw1, float *dkw2, float *dqdd,
+                                    float *dkdd, float *dsw, unsigned on) {
     const int Mg = N / G;
     for (int gr = 0; gr < G; gr++) {
         const int n0 = gr * Mg;
@@ -346,10 +336,19 @@ DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, l
             float sq = 0.0f, sk = 0.0f, tq = 0.0f, tk = 0.0f;
             for (int n = n0; n < n0 + Mg; n++) {
                 float an = a[(long long)n * stride], gn = g[(long long)n * stride];
-                if (qw1) { sq += an * qw1[i * N + n]; tq += gn * qw2[i * N + n]; }
-                if (kw1) { sk += an * kw1[i * N + n]; tk += gn * kw2[i * N + n]; }
+                if (qw1) {
+                    sq += an * qw1[i * N + n];
+                    tq += gn * qw2[i * N + n];
+                }
+                if (kw1) {
+                    sk += an * kw1[i * N + n];
+                    tk += gn * kw2[i * N + n];
+                }
             }
-            qi[i] = sq; ki[i] = sk; gq[i] = tq; gk[i] = tk;
+            qi[i] = sq;
+            ki[i] = sk;
+            gq[i] = tq;
+            gk[i] = tk;
         }
         const float *W = sw ? sw + (long long)gr * Mg * Mg : 0;
         float *dW = dsw ? dsw + (long long)gr * Mg * Mg : 0;
@@ -357,8 +356,14 @@ DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, l
             const long long o = (long long)n * stride;
             const float an = a[o], gn = g[o];
             float d = (on & 1) ? gn : 0.0f;
-            if ((on & 8) && qdd) { d += gn * qdd[n]; dqdd[n] += gn * an; }
-            if ((on & 16) && kdd) { d += gn * kdd[n]; dkdd[n] += gn * an; }
+            if ((on & 8) && qdd) {
+                d += gn * qdd[n];
+                dqdd[n] += gn * an;
+            }
+            if ((on & 16) && kdd) {
+                d += gn * kdd[n];
+                dkdd[n] += gn * an;
+            }
             for (int i = 0; i < R; i++) {
                 if ((on & 2) && qw1) {
                     d += gq[i] * qw1[i * N + n];
@@ -371,7 +376,7 @@ DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, l
                     dkw2[i * N + n] += ki[i] * gn;
                 }
             }
-            if ((on & 32) && W)   /* st[m] = sum_n a[n] W[n, m] */
+            if ((on & 32) && W) /* st[m] = sum_n a[n] W[n, m] */
                 for (int m = 0; m < Mg; m++) {
                     const float gm = g[(long long)(n0 + m) * stride];
                     d += gm * W[(n - n0) * Mg + m];
@@ -388,8 +393,8 @@ DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, l
  * it has no gradient; the selected heads' scores are k times a softmax
  * over the selected logits (the full softmax's normaliser cancels), and
  * their gradient flows through that; unselected heads get 0. */
-DCS_HD void dcs_moh_route_row_bw(const float *lg, const float *s1, const float *s0, int N, int hs,
-                                 int k, const float *dg, float *dlg, float *ds1, float *ds0) {
+DCS_HD void dcs_moh_route_row_bw(const float *lg, const float *s1, const float *s0, int N, int hs, int k,
+                                 const float *dg, float *dlg, float *ds1, float *ds0) {
     const int NR = N - hs;
     float mx = -INFINITY;
     for (int j = 0; j < NR; j++) mx = lg[j] > mx ? lg[j] : mx;
@@ -398,7 +403,7 @@ DCS_HD void dcs_moh_route_row_bw(const float *lg, const float *s1, const float *
     for (int j = 0; j < NR; j++) {
         int rank = 0;
         for (int q = 0; q < NR; q++) rank += lg[q] > lg[j] || (lg[q] == lg[j] && q < j);
-        dlg[j] = rank < k ? expf(lg[j] - mx) : 0.0f;   /* r before normalising */
+        dlg[j] = rank < k ? expf(lg[j] - mx) : 0.0f; /* r before normalising */
         ssum += dlg[j];
     }
     float u0 = 0.5f, u1 = 0.5f;
@@ -439,9 +444,7 @@ DCS_HD void dcs_moh_route_row_bw(const float *lg, const float *s1, const float *
 }
 
 /* The five branches summed back (used after a hook rewrote a branch). */
-DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) {
-    return a + b + c + d + e;
-}
+DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) { return a + b + c + d + e; }
 
 /* Softmax of row[0, len) in place: exp(x - max) / sum, summed in index
  * order (the allowed keys of one query; len 0: nothing). */
@@ -467,7 +470,7 @@ DCS_HD void dcs_softmax_span(float *row, int len) {
  * key is allowed). Every masked softmax of the engine is this function: the
  * CPU and CUDA backends (one row per thread), the decoder and the tape. */
 DCS_HD void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
-    long long lo = window > 0 ? (long long)t - window : 0, hi = t;   /* allowed positions */
+    long long lo = window > 0 ? (long long)t - window : 0, hi = t; /* allowed positions */
     if (lo < s0) lo = s0;
     if (hi > (long long)s0 + S - 1) hi = (long long)s0 + S - 1;
     if (hi < lo) {

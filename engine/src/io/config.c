@@ -29,12 +29,10 @@ typedef struct {
 } cfg_reader;
 
 /* Integer key in [lo, hi]; `required` or else *out = def. */
-static dcs_status get_int(cfg_reader *r, const char *key, int required, int def,
-                          long lo, long hi, int *out) {
+static dcs_status get_int(cfg_reader *r, const char *key, int required, int def, long lo, long hi, int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
     if (!v) {
-        if (required)
-            return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: missing required key '%s'", r->path, key);
+        if (required) return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: missing required key '%s'", r->path, key);
         *out = def;
         return DCS_OK;
     }
@@ -43,26 +41,26 @@ static dcs_status get_int(cfg_reader *r, const char *key, int required, int def,
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be an integer", r->path, key);
     if (v->valuedouble < lo || v->valuedouble > hi)
-        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' = %.15g is out of range [%ld, %ld]",
-                          r->path, key, v->valuedouble, lo, hi);
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' = %.15g is out of range [%ld, %ld]", r->path, key,
+                          v->valuedouble, lo, hi);
     *out = (int)v->valuedouble;
     return DCS_OK;
 }
 
-static dcs_status get_float(cfg_reader *r, const char *key, double def, double lo,
-                            double hi, float *out) {
+static dcs_status get_float(cfg_reader *r, const char *key, double def, double lo, double hi, float *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
     if (!v) {
         *out = (float)def;
         return DCS_OK;
     }
     if (cJSON_IsNull(v))
-        return dcs_seterr(r->e, DCS_ERR_CONFIG,
-                          "%s: '%s' is null; it must be a number in [%g, %g] (leave the key out for the default %g)",
-                          r->path, key, lo, hi, def);
+        return dcs_seterr(
+            r->e, DCS_ERR_CONFIG,
+            "%s: '%s' is null; it must be a number in [%g, %g] (leave the key out for the default %g)",
+            r->path, key, lo, hi, def);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
-        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be a number in [%g, %g]",
-                          r->path, key, lo, hi);
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be a number in [%g, %g]", r->path, key, lo,
+                          hi);
     *out = (float)v->valuedouble;
     return DCS_OK;
 }
@@ -71,8 +69,10 @@ static dcs_status get_float(cfg_reader *r, const char *key, double def, double l
  * on a constant row: NaN logits. */
 static dcs_status eps_positive(cfg_reader *r, const char *key, float eps) {
     if (!(eps > 0.0f))
-        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: '%s' must be a number in (0, 1] "
-                          "(0 gives NaN on constant rows; got %g)", r->path, key, (double)eps);
+        return dcs_seterr(r->e, DCS_ERR_CONFIG,
+                          "%s: '%s' must be a number in (0, 1] "
+                          "(0 gives NaN on constant rows; got %g)",
+                          r->path, key, (double)eps);
     return DCS_OK;
 }
 
@@ -103,7 +103,8 @@ static dcs_status parse_moh(cfg_reader *r, dcs_config *c) {
     if (!v || cJSON_IsNull(v)) return DCS_OK;
     if (!cJSON_IsObject(v))
         return dcs_seterr(r->e, DCS_ERR_CONFIG,
-                          "%s: 'moh' must be null or an object {\"shared_heads\": hs, \"routed_topk\": k}", r->path);
+                          "%s: 'moh' must be null or an object {\"shared_heads\": hs, \"routed_topk\": k}",
+                          r->path);
     cfg_reader sub = {v, r->path, r->e};
     dcs_status s;
     if ((s = get_int(&sub, "shared_heads", 1, 0, 0, c->n_head - 1, &c->moh_shared)) ||
@@ -125,8 +126,10 @@ static dcs_status window_pattern(cfg_reader *r, int *pat, int *len) {
             return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: 'window_type' must be null or a string", r->path);
         name = v->valuestring;
     }
-    static const struct { const char *name; const char *lg; } known[] = {
-        {"LG", "LG"}, {"LGLL", "LGLL"}, {"LGL6", "LGLLLLLL"}, {"G", "G"}};
+    static const struct {
+        const char *name;
+        const char *lg;
+    } known[] = {{"LG", "LG"}, {"LGLL", "LGLL"}, {"LGL6", "LGLLLLLL"}, {"G", "G"}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         if (strcmp(name, known[i].name) == 0) {
             *len = (int)strlen(known[i].lg);
@@ -148,15 +151,17 @@ static dcs_status parse_dcpythia(cfg_reader *r, dcs_config *c, int *pat, int *pl
     /* DCPythiaConfig: intermediate_size None (missing or null) = 4 * dim */
     if (is_null(r, "intermediate_size") || !cJSON_GetObjectItemCaseSensitive(r->root, "intermediate_size"))
         c->d_ff = 4 * c->d_model;
-    else if ((s = get_int(r, "intermediate_size", 1, 0, 1, 1 << 20, &c->d_ff))) return s;
+    else if ((s = get_int(r, "intermediate_size", 1, 0, 1, 1 << 20, &c->d_ff)))
+        return s;
     if ((s = get_int(r, "vocab_size", 1, 0, 1, 1 << 24, &c->vocab))) return s;
     /* n_local_heads (grouped-query K/V heads): -1 or n_head only */
     int kv = -1;
     if ((s = get_int(r, "n_local_heads", 0, -1, -1, 4096, &kv))) return s;
-    if (kv != -1 && kv != c->n_head && c->d_model % c->n_head == 0)   /* else: not divisible, below */
-        return dcs_seterr(r->e, DCS_ERR_UNSUPPORTED,
-                          "%s: n_local_heads %d differs from n_head %d (grouped-query attention is not supported)",
-                          r->path, kv, c->n_head);
+    if (kv != -1 && kv != c->n_head && c->d_model % c->n_head == 0) /* else: not divisible, below */
+        return dcs_seterr(
+            r->e, DCS_ERR_UNSUPPORTED,
+            "%s: n_local_heads %d differs from n_head %d (grouped-query attention is not supported)", r->path,
+            kv, c->n_head);
     float pct;
     if ((s = get_float(r, "norm_eps", 1e-5, 0.0, 1.0, &c->norm_eps))) return s;
     if ((s = eps_positive(r, "norm_eps", c->norm_eps))) return s;
@@ -170,23 +175,26 @@ static dcs_status parse_dcpythia(cfg_reader *r, dcs_config *c, int *pat, int *pl
     if ((s = get_bool(r, "key_wise", 0, &c->key_wise))) return s;
     if (c->query_wise && c->key_wise)
         return dcs_seterr(r->e, DCS_ERR_CONFIG,
-                          "%s: query_wise and key_wise are both true (at most one side may be dropped)", r->path);
+                          "%s: query_wise and key_wise are both true (at most one side may be dropped)",
+                          r->path);
     if ((s = get_bool(r, "use_dcmha", 1, &c->use_dcmha))) return s;
     if ((s = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings))) return s;
     /* "window_size": null = no window, every layer global (the published
      * module reads it so); missing = 256 */
     if (is_null(r, "window_size"))
         c->window_size = 0;
-    else if ((s = get_int(r, "window_size", 0, 256, 1, 1 << 30, &c->window_size))) return s;
+    else if ((s = get_int(r, "window_size", 0, 256, 1, 1 << 30, &c->window_size)))
+        return s;
     if ((s = window_pattern(r, pat, plen))) return s;
     if ((s = get_bool(r, "use_sw", 0, &c->use_sw))) return s;
     /* grouped composition: missing or null = 1 group (all heads) */
     c->compose_groups = 1;
     if (!is_null(r, "compose_groups") &&
-        (s = get_int(r, "compose_groups", 0, 1, 1, 4096, &c->compose_groups))) return s;
+        (s = get_int(r, "compose_groups", 0, 1, 1, 4096, &c->compose_groups)))
+        return s;
     if (c->n_head % c->compose_groups != 0)
-        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: compose_groups %d does not divide n_head %d",
-                          r->path, c->compose_groups, c->n_head);
+        return dcs_seterr(r->e, DCS_ERR_CONFIG, "%s: compose_groups %d does not divide n_head %d", r->path,
+                          c->compose_groups, c->n_head);
     if ((s = parse_moh(r, c))) return s;
     c->rotary_dim = (int)(pct * (float)(c->d_model / c->n_head));
     return DCS_OK;
@@ -224,16 +232,18 @@ static dcs_status parse_gpt_neox(cfg_reader *r, dcs_config *c, int *pat, int *pl
     return DCS_OK;
 }
 
-dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config *cfg,
-                            int *pat, int *plen, dcs_err *e) {
+dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config *cfg, int *pat, int *plen,
+                            dcs_err *e) {
     memset(cfg, 0, sizeof *cfg);
     const char *end = NULL;
     if ((unsigned char)json_text[0] == 0xEF && (unsigned char)json_text[1] == 0xBB &&
         (unsigned char)json_text[2] == 0xBF)
-        return dcs_seterr(e, DCS_ERR_CONFIG, "%s: starts with a UTF-8 byte-order mark (BOM); "
-                          "save it as plain UTF-8 JSON without one", path);
+        return dcs_seterr(e, DCS_ERR_CONFIG,
+                          "%s: starts with a UTF-8 byte-order mark (BOM); "
+                          "save it as plain UTF-8 JSON without one",
+                          path);
     if (dcs_json_check_text(json_text, strlen(json_text), path, e) != DCS_OK) {
-        if (e) e->code = DCS_ERR_CONFIG;       /* a config error, like any other */
+        if (e) e->code = DCS_ERR_CONFIG; /* a config error, like any other */
         return DCS_ERR_CONFIG;
     }
     cJSON *root = cJSON_ParseWithOpts(json_text, &end, 0);
@@ -260,12 +270,12 @@ dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config 
         s = parse_gpt_neox(&r, cfg, pat, plen);
     } else {
         s = dcs_seterr(e, DCS_ERR_CONFIG,
-                       "%s: unknown model_type '%.64s' (dclens knows 'dcpythia' and 'gpt_neox')",
-                       path, mt->valuestring);
+                       "%s: unknown model_type '%.64s' (dclens knows 'dcpythia' and 'gpt_neox')", path,
+                       mt->valuestring);
     }
     if (s == DCS_OK && cfg->d_model % cfg->n_head != 0)
-        s = dcs_seterr(e, DCS_ERR_CONFIG, "%s: dim %d is not divisible by n_head %d", path,
-                       cfg->d_model, cfg->n_head);
+        s = dcs_seterr(e, DCS_ERR_CONFIG, "%s: dim %d is not divisible by n_head %d", path, cfg->d_model,
+                       cfg->n_head);
     if (s == DCS_OK) {
         cfg->head_dim = cfg->d_model / cfg->n_head;
         cfg->rotary_dim &= ~1; /* rotate-half needs an even count */

@@ -30,8 +30,8 @@ dcs_status dcs_seterr(dcs_err *e, dcs_status code, const char *fmt, ...)
 
 #define DCS_MAX_NDIM 8
 #define DCS_MAX_SHARDS 4096
-#define DCS_MAX_HEADER_BYTES (100u << 20)   /* safetensors JSON header      */
-#define DCS_MAX_PICKLE_BYTES (256u << 20)   /* data.pkl                     */
+#define DCS_MAX_HEADER_BYTES (100u << 20) /* safetensors JSON header      */
+#define DCS_MAX_PICKLE_BYTES (256u << 20) /* data.pkl                     */
 #define DCS_MAX_TENSORS 1000000
 
 /* Checked size arithmetic: returns false on overflow. */
@@ -61,8 +61,7 @@ void dcs_release_file_data(dcs_mapped_file *f);
 
 /* Read a whole small file (config.json, index json) into a NUL-terminated
  * malloc'd buffer. */
-dcs_status dcs_read_text_file(const char *path, size_t max_bytes, char **out,
-                              size_t *len, dcs_err *e);
+dcs_status dcs_read_text_file(const char *path, size_t max_bytes, char **out, size_t *len, dcs_err *e);
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -73,15 +72,15 @@ static inline size_t dcs_dtype_size(int dt) { return dt == DCS_F32 ? 4 : 2; }
 /* A tensor as stored in a checkpoint: a view into a mapped file. The data
  * may be unaligned; read it with dcs_tensor_to_f32. */
 typedef struct {
-    char *name;            /* owned                                          */
-    int dtype;             /* dcs_dtype                                      */
+    char *name; /* owned                                          */
+    int dtype;  /* dcs_dtype                                      */
     int ndim;
     int64_t shape[DCS_MAX_NDIM];
-    const uint8_t *data;   /* into a mapped file, nbytes long               */
-    uint64_t nbytes;       /* == numel * dtype size (checked by the loader)  */
-    const char *file;      /* path of the file holding it (for messages)     */
-    int used;              /* set by the model builder                       */
-    uint8_t *owned;        /* malloc'd contiguous copy of a strided torch
+    const uint8_t *data; /* into a mapped file, nbytes long               */
+    uint64_t nbytes;     /* == numel * dtype size (checked by the loader)  */
+    const char *file;    /* path of the file holding it (for messages)     */
+    int used;            /* set by the model builder                       */
+    uint8_t *owned;      /* malloc'd contiguous copy of a strided torch
                               view (data points here), else NULL            */
 } dcs_tensor;
 
@@ -91,7 +90,7 @@ typedef struct {
     int n, cap;
     dcs_mapped_file *files;
     int n_files, cap_files;
-    int deferred;          /* set while a batch of shards is added: see dcs_tt_finish */
+    int deferred; /* set while a batch of shards is added: see dcs_tt_finish */
 } dcs_tensor_table;
 
 /* Open the weights of a model directory: model.safetensors, sharded
@@ -106,10 +105,10 @@ dcs_status dcs_tt_add_torchzip(dcs_tensor_table *tt, const char *path, dcs_err *
  * messages and in each tensor's `file`, so it and the buffer must outlive
  * the table). On error the table holds the tensors and files it had before
  * (release it with dcs_tt_free as usual). */
-dcs_status dcs_tt_parse_safetensors(dcs_tensor_table *tt, const uint8_t *buf,
-                                    uint64_t len, const char *path, dcs_err *e);
-dcs_status dcs_tt_parse_torchzip(dcs_tensor_table *tt, const uint8_t *buf,
-                                 uint64_t len, const char *path, dcs_err *e);
+dcs_status dcs_tt_parse_safetensors(dcs_tensor_table *tt, const uint8_t *buf, uint64_t len, const char *path,
+                                    dcs_err *e);
+dcs_status dcs_tt_parse_torchzip(dcs_tensor_table *tt, const uint8_t *buf, uint64_t len, const char *path,
+                                 dcs_err *e);
 void dcs_tt_free(dcs_tensor_table *tt);
 dcs_tensor *dcs_tt_find(const dcs_tensor_table *tt, const char *name);
 
@@ -124,8 +123,8 @@ void dcs_widen(const void *src, uint64_t n, int dtype, float *out);
  * appends with dcs_tt_new_tensor (owned copy of the name, fields zeroed,
  * `file` set), then calls dcs_tt_commit (names unique across the table,
  * re-sort) or, on error, dcs_tt_rollback (drops t[first..n)). */
-dcs_status dcs_tt_new_tensor(dcs_tensor_table *tt, const char *name, size_t name_len,
-                              const char *file, dcs_tensor **out, dcs_err *e);
+dcs_status dcs_tt_new_tensor(dcs_tensor_table *tt, const char *name, size_t name_len, const char *file,
+                             dcs_tensor **out, dcs_err *e);
 dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e);
 /* With tt->deferred set, dcs_tt_commit only sorts and checks the file's own
  * tensors; dcs_tt_finish then sorts the table once and refuses a name found
@@ -133,10 +132,9 @@ dcs_status dcs_tt_commit(dcs_tensor_table *tt, int first, dcs_err *e);
 dcs_status dcs_tt_finish(dcs_tensor_table *tt, dcs_err *e);
 void dcs_tt_rollback(dcs_tensor_table *tt, int first);
 /* Map `path`, keep it in tt->files and run `parse` on it (dcs_tt_add_*). */
-typedef dcs_status (*dcs_tt_parse_fn)(dcs_tensor_table *tt, const uint8_t *buf,
-                                      uint64_t len, const char *path, dcs_err *e);
-dcs_status dcs_tt_add_file(dcs_tensor_table *tt, const char *path,
-                           dcs_tt_parse_fn parse, dcs_err *e);
+typedef dcs_status (*dcs_tt_parse_fn)(dcs_tensor_table *tt, const uint8_t *buf, uint64_t len,
+                                      const char *path, dcs_err *e);
+dcs_status dcs_tt_add_file(dcs_tensor_table *tt, const char *path, dcs_tt_parse_fn parse, dcs_err *e);
 /* Buffers the spec (section 3) says may appear and are ignored; checkpoints
  * store some with dtypes the engine does not load (bool masks), so the
  * parsers skip those instead of refusing the file. */
@@ -153,12 +151,11 @@ typedef struct {
 typedef struct {
     dcs_index_entry *m;
     int n;
-    void *json;            /* the cJSON tree the strings point into */
+    void *json; /* the cJSON tree the strings point into */
 } dcs_index;
 /* Parse the index text (len bytes, NUL-terminated); `path` names it in
  * messages. On error *out is left empty. Release with dcs_index_free. */
-dcs_status dcs_parse_index_json(const char *text, size_t len, const char *path,
-                                dcs_index *out, dcs_err *e);
+dcs_status dcs_parse_index_json(const char *text, size_t len, const char *path, dcs_index *out, dcs_err *e);
 void dcs_index_free(dcs_index *ix);
 /* The entry of `name` in the sorted weight_map m[0, n), or NULL. */
 const dcs_index_entry *dcs_index_find(const dcs_index_entry *m, int n, const char *name);
@@ -174,8 +171,7 @@ dcs_status dcs_json_unique_keys(const void *root, const char *path, dcs_err *e);
 /* ---------------------------------------------------------------- config */
 
 /* Parse config.json text into cfg plus the local-layer table. */
-dcs_status dcs_parse_config(const char *json_text, const char *path,
-                            dcs_config *cfg, int *window_pattern,
+dcs_status dcs_parse_config(const char *json_text, const char *path, dcs_config *cfg, int *window_pattern,
                             int *window_pattern_len, dcs_err *e);
 
 #endif /* DCS_IO_H */

@@ -11,31 +11,41 @@
 #include <stddef.h>
 
 typedef enum {
-    PV_NONE, PV_BOOL, PV_INT, PV_FLOAT, PV_STR, PV_BYTES, PV_TUPLE, PV_LIST, PV_DICT,
-    PV_GLOBAL, PV_STORAGE, PV_TENSOR
+    PV_NONE,
+    PV_BOOL,
+    PV_INT,
+    PV_FLOAT,
+    PV_STR,
+    PV_BYTES,
+    PV_TUPLE,
+    PV_LIST,
+    PV_DICT,
+    PV_GLOBAL,
+    PV_STORAGE,
+    PV_TENSOR
 } pv_kind;
 
 typedef enum { G_ORDERED_DICT, G_REBUILD_TENSOR, G_REBUILD_PARAMETER, G_STORAGE } glob_kind;
 
 /* A torch storage class: which dtype its elements have. */
 typedef struct {
-    const char *cls;        /* torch.<cls>                                */
-    int dtype;              /* dcs_dtype, or -1: a dtype we do not load   */
+    const char *cls; /* torch.<cls>                                */
+    int dtype;       /* dcs_dtype, or -1: a dtype we do not load   */
     size_t elsize;
     const char *dtname;
 } storage_class;
 
 typedef struct pv pv;
 
-typedef struct {            /* ('storage', cls, key, location, numel)    */
+typedef struct { /* ('storage', cls, key, location, numel)    */
     const storage_class *cls;
     const char *key;
     int64_t numel;
-    const uint8_t *data;    /* the zip entry <prefix>/data/<key>         */
+    const uint8_t *data; /* the zip entry <prefix>/data/<key>         */
     uint64_t size;
 } pk_storage;
 
-typedef struct {            /* _rebuild_tensor_v2 arguments               */
+typedef struct { /* _rebuild_tensor_v2 arguments               */
     const pk_storage *storage;
     int64_t offset;
     int ndim;
@@ -45,11 +55,20 @@ typedef struct {            /* _rebuild_tensor_v2 arguments               */
 struct pv {
     pv_kind kind;
     union {
-        int64_t i;                                    /* BOOL, INT        */
-        double f;                                     /* FLOAT            */
-        struct { char *s; size_t len; } str;          /* STR, BYTES; NUL-terminated */
-        struct { pv **v; size_t n, cap; } seq;        /* TUPLE, LIST; DICT: key, value, ... */
-        struct { glob_kind kind; const storage_class *cls; } glob;
+        int64_t i; /* BOOL, INT        */
+        double f;  /* FLOAT            */
+        struct {
+            char *s;
+            size_t len;
+        } str; /* STR, BYTES; NUL-terminated */
+        struct {
+            pv **v;
+            size_t n, cap;
+        } seq; /* TUPLE, LIST; DICT: key, value, ... */
+        struct {
+            glob_kind kind;
+            const storage_class *cls;
+        } glob;
         pk_storage storage;
         pk_tensor tensor;
     } u;
@@ -67,22 +86,22 @@ typedef struct pk_chunk {
 } pk_chunk;
 
 typedef struct {
-    const uint8_t *p;       /* data.pkl                                   */
+    const uint8_t *p; /* data.pkl                                   */
     size_t len, pos, op_pos;
     const char *path;
-    const char *pkl_name;   /* "<prefix>/data.pkl" for messages (arena)  */
+    const char *pkl_name; /* "<prefix>/data.pkl" for messages (arena)  */
     const zip_archive *zip;
-    const char *prefix;     /* "<prefix>/" (arena)                       */
+    const char *prefix; /* "<prefix>/" (arena)                       */
     size_t prefix_len;
     pv **stack;
     size_t sp, stack_cap;
-    size_t *marks;          /* stack heights at each open MARK            */
+    size_t *marks; /* stack heights at each open MARK            */
     size_t n_marks, marks_cap;
-    pv **memo;              /* slots, NULL when unset                    */
+    pv **memo; /* slots, NULL when unset                    */
     size_t memo_cap, memo_used;
     pk_chunk *arena;
     size_t arena_bytes;
-    uint64_t gathered;      /* bytes of strided views copied beyond their storages */
+    uint64_t gathered; /* bytes of strided views copied beyond their storages */
     dcs_err *e;
 } unpickler;
 

@@ -13,15 +13,13 @@
 
 /* ------------------------------------------------------------ widening */
 
-static float bits_to_f32(uint32_t bits)
-{
+static float bits_to_f32(uint32_t bits) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
 }
 
-static uint32_t f32_to_bits(float f)
-{
+static uint32_t f32_to_bits(float f) {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     return bits;
@@ -35,12 +33,11 @@ static uint32_t f32_to_bits(float f)
  * arithmetic below computes exactly (both factors and the product are
  * representable). The cases are selected with masks, not branches, so the
  * loop in widen16 vectorizes. */
-static float f16_to_f32(uint16_t h)
-{
+static float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = h & 0x7fffu;                       /* exponent and mantissa */
-    uint32_t inf_nan = 0u - (uint32_t)(em >= 0x7c00u);   /* all ones when true */
-    uint32_t small = 0u - (uint32_t)(em < 0x0400u);      /* zero, subnormal */
+    uint32_t em = h & 0x7fffu;                         /* exponent and mantissa */
+    uint32_t inf_nan = 0u - (uint32_t)(em >= 0x7c00u); /* all ones when true */
+    uint32_t small = 0u - (uint32_t)(em < 0x0400u);    /* zero, subnormal */
     uint32_t bits = (em << 13) + (112u << 23) + (inf_nan & (112u << 23));
     uint32_t sub = f32_to_bits((float)em * 0x1p-24f);
     bits = (bits & ~small) | (sub & small);
@@ -56,30 +53,24 @@ static float f16_to_f32(uint16_t h)
  * and compilers vectorize it at -O2. */
 #define WIDEN_BLOCK 256
 
-static void widen16(const uint8_t *src, uint64_t n, int dtype, float *out)
-{
+static void widen16(const uint8_t *src, uint64_t n, int dtype, float *out) {
     uint16_t in[WIDEN_BLOCK];
     float tmp[WIDEN_BLOCK];
     for (uint64_t i = 0; i < n; i += WIDEN_BLOCK) {
         size_t m = n - i < WIDEN_BLOCK ? (size_t)(n - i) : WIDEN_BLOCK;
         memcpy(in, src + 2 * i, 2 * m);
-        if (m < WIDEN_BLOCK)
-            memset(in + m, 0, 2 * (WIDEN_BLOCK - m));
+        if (m < WIDEN_BLOCK) memset(in + m, 0, 2 * (WIDEN_BLOCK - m));
         if (dtype == DCS_F16)
-            for (size_t k = 0; k < WIDEN_BLOCK; k++)
-                tmp[k] = f16_to_f32(in[k]);
-        else                                     /* BF16: the upper half of a float */
-            for (size_t k = 0; k < WIDEN_BLOCK; k++)
-                tmp[k] = bits_to_f32((uint32_t)in[k] << 16);
+            for (size_t k = 0; k < WIDEN_BLOCK; k++) tmp[k] = f16_to_f32(in[k]);
+        else /* BF16: the upper half of a float */
+            for (size_t k = 0; k < WIDEN_BLOCK; k++) tmp[k] = bits_to_f32((uint32_t)in[k] << 16);
         memcpy(out + i, tmp, m * sizeof *out);
     }
 }
 
-void dcs_widen(const void *src, uint64_t n, int dtype, float *out)
-{
+void dcs_widen(const void *src, uint64_t n, int dtype, float *out) {
     if (dtype == DCS_F32) {
-        if (n > 0)
-            memcpy(out, src, (size_t)n * sizeof *out);
+        if (n > 0) memcpy(out, src, (size_t)n * sizeof *out);
     } else if (dtype == DCS_F16 || dtype == DCS_BF16) {
         widen16(src, n, dtype, out);
     }
@@ -87,27 +78,20 @@ void dcs_widen(const void *src, uint64_t n, int dtype, float *out)
 
 /* ------------------------------------------------------------ tensors */
 
-uint64_t dcs_tensor_numel(const dcs_tensor *t)
-{
+uint64_t dcs_tensor_numel(const dcs_tensor *t) {
     uint64_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= (uint64_t)t->shape[i];      /* the loaders checked it fits */
+    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i]; /* the loaders checked it fits */
     return n;
 }
 
-void dcs_tensor_to_f32(const dcs_tensor *t, float *out)
-{
+void dcs_tensor_to_f32(const dcs_tensor *t, float *out) {
     uint64_t n = dcs_tensor_numel(t);
     switch (t->dtype) {
-    case DCS_F32:                                /* same layout; maybe unaligned */
-        if (n > 0)
-            memcpy(out, t->data, (size_t)n * sizeof *out);
+    case DCS_F32: /* same layout; maybe unaligned */
+        if (n > 0) memcpy(out, t->data, (size_t)n * sizeof *out);
         break;
     case DCS_F16:
-    case DCS_BF16:
-        dcs_widen(t->data, n, t->dtype, out);
-        break;
-    default:
-        break;
+    case DCS_BF16: dcs_widen(t->data, n, t->dtype, out); break;
+    default: break;
     }
 }

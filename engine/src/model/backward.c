@@ -25,20 +25,20 @@
 
 /* out [M, D] = (x - mean) * rstd * w + b; keeps mean, rstd [M]. The CPU
  * backend's arithmetic: dcs_layernorm_row. */
-void dcs_layernorm_fw(float *out, float *mean, float *rstd, const float *x, const float *w,
-                      const float *b, int M, int D, float eps) {
+void dcs_layernorm_fw(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                      int M, int D, float eps) {
     for (int m = 0; m < M; m++)
         dcs_layernorm_row(out + (size_t)m * D, x + (size_t)m * D, w, b, D, eps, &mean[m], &rstd[m]);
 }
 
 /* dx [M, D] += dLN/dx . dy; dw, db [D] += (may be NULL). */
-void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const float *x,
-                      const float *mean, const float *rstd, const float *w, int M, int D) {
+void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const float *x, const float *mean,
+                      const float *rstd, const float *w, int M, int D) {
     for (int m = 0; m < M; m++) {
         const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
         float *dxr = dx + (size_t)m * D;
         const float mu = mean[m], rs = rstd[m];
-        double s1 = 0, s2 = 0;  /* mean(dy*w), mean(dy*w*xhat) */
+        double s1 = 0, s2 = 0; /* mean(dy*w), mean(dy*w*xhat) */
         for (int i = 0; i < D; i++) {
             float xh = (xr[i] - mu) * rs, gw = g[i] * w[i];
             s1 += gw;
@@ -72,8 +72,8 @@ void dcs_rmsnorm_fw(float *x, float *rstd, int rows, int width, const float *sca
  * xn = x * rstd, dx = rstd * (dy*s - xn * mean(dy*s*xn))). y [rows, width]
  * is the normalised output; dscale [width] += sum dy * xn. In place on dy
  * is not allowed; dx += . */
-void dcs_rmsnorm_bw(float *dx, float *dscale, const float *dy, const float *xn_raw,
-                    const float *rstd, int rows, int width, const float *scale) {
+void dcs_rmsnorm_bw(float *dx, float *dscale, const float *dy, const float *xn_raw, const float *rstd,
+                    int rows, int width, const float *scale) {
     for (int r = 0; r < rows; r++) {
         const float *g = dy + (size_t)r * width, *xr = xn_raw + (size_t)r * width;
         float *d = dx + (size_t)r * width;
@@ -96,7 +96,8 @@ void dcs_rotary_table(float *cs, int T, int rot, float base) {
     int half = rot / 2;
     for (int t = 0; t < T; t++)
         for (int j = 0; j < half; j++)
-            dcs_rotary_cs(t, j, rot, base, &cs[((size_t)t * half + j) * 2], &cs[((size_t)t * half + j) * 2 + 1]);
+            dcs_rotary_cs(t, j, rot, base, &cs[((size_t)t * half + j) * 2],
+                          &cs[((size_t)t * half + j) * 2 + 1]);
 }
 
 /* x [M, N, Dh] in place, position m % T; inverse = 1 rotates by -angle
@@ -141,8 +142,8 @@ void dcs_softmax_fw(float *x, long long rows_from, long long rows_to, int T, int
 
 /* dA [BN, T, S] = P * (dP - sum_s P dP) on allowed entries, 0 elsewhere
  * (written, not accumulated). */
-void dcs_softmax_bw(float *dA, const float *dP, const float *P, long long rows_from,
-                    long long rows_to, int T, int S, int window) {
+void dcs_softmax_bw(float *dA, const float *dP, const float *P, long long rows_from, long long rows_to, int T,
+                    int S, int window) {
     for (long long r = rows_from; r < rows_to; r++) {
         const int t = (int)(r % T);
         const float *p = P + (size_t)r * S, *g = dP + (size_t)r * S;
@@ -161,11 +162,10 @@ void dcs_softmax_bw(float *dA, const float *dP, const float *P, long long rows_f
  * dqdd [N] (query side) and dkw1, dkw2, dkdd (key side, NULL when
  * query_wise) +=. `on` masks the branches (bit k: skip, qp, kp, qg, kg):
  * a branch replaced by a hook passes no gradient upstream. */
-void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long stride, int N,
-                         int R, const float *qw1, const float *qw2, const float *kw1,
-                         const float *kw2, const float *qdd, const float *kdd, float *dqw1,
-                         float *dqw2, float *dkw1, float *dkw2, float *dqdd, float *dkdd,
-                         unsigned on) {
+void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long stride, int N, int R,
+                         const float *qw1, const float *qw2, const float *kw1, const float *kw2,
+                         const float *qdd, const float *kdd, float *dqw1, float *dqw2, float *dkw1,
+                         float *dkw2, float *dqdd, float *dkdd, unsigned on) {
     /* one group, no static map: the general pair backward of dcs_math.h */
     dcs_compose_pair_bw_var(a, g, da, stride, N, 1, R, qw1, qw2, kw1, kw2, qdd, kdd, NULL, dqw1, dqw2, dkw1,
                             dkw2, dqdd, dkdd, NULL, on);
@@ -233,14 +233,15 @@ void dcs_compose_row_fw(const float *a, float *out, long long TT, int N, int R, 
  * key-side dkw1T, dkw2T [R, N, T], dkddT [N, T] += (transposed, NULL when
  * query_wise). `on` masks the branches as in dcs_compose_pair_bw. tmp:
  * 4*R*T floats. */
-void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
-                        int s0, int s1, const float *qw1, const float *qw2, const float *kw1T,
-                        const float *kw2T, const float *qdd, const float *kddT, float *dqw1, float *dqw2,
-                        float *dkw1T, float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp) {
+void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T, int s0,
+                        int s1, const float *qw1, const float *qw2, const float *kw1T, const float *kw2T,
+                        const float *qdd, const float *kddT, float *dqw1, float *dqw2, float *dkw1T,
+                        float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp) {
     float *qi = tmp, *ki = tmp + (size_t)R * T, *gq = tmp + 2 * (size_t)R * T, *gk = tmp + 3 * (size_t)R * T;
     const int keys = kw1T != NULL;
     for (int i = 0; i < R; i++) {
-        float *q = qi + (size_t)i * T, *k = ki + (size_t)i * T, *tq = gq + (size_t)i * T, *tk = gk + (size_t)i * T;
+        float *q = qi + (size_t)i * T, *k = ki + (size_t)i * T, *tq = gq + (size_t)i * T,
+              *tk = gk + (size_t)i * T;
         for (int s = s0; s < s1; s++) q[s] = 0.0f, k[s] = 0.0f, tq[s] = 0.0f, tk[s] = 0.0f;
         for (int n = 0; n < N; n++) {
             const float *an = a + n * TT, *gn = g + n * TT, w1 = qw1[i * N + n], w2 = qw2[i * N + n];

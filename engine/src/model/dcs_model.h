@@ -11,7 +11,7 @@
 
 #include <stdatomic.h>
 
-#define DCS_POOL_SIZE 48                     /* reusable activation buffers  */
+#define DCS_POOL_SIZE 48 /* reusable activation buffers  */
 
 /* ---------------------------------------------------------------- model */
 
@@ -21,22 +21,22 @@
  * dcs_model_require_f32 widens them. For float32 checkpoints (and on CUDA)
  * the float* fields are always valid. The forward pass reads the m_* views. */
 typedef struct {
-    float *attn_norm_w, *attn_norm_b;   /* [D]                              */
-    float *ffn_norm_w, *ffn_norm_b;     /* [D]                              */
-    float *wqkv, *bqkv;                 /* [3D, D], [3D] rows q, k, v       */
-    float *wo, *bo;                     /* [D, D], [D]                      */
-    float *q_scale, *k_scale;           /* [Dh]                             */
-    float *dw1;                         /* [D, C*K]                         */
-    float *qkw;                         /* [C, K, 2R*N]                     */
-    float *dd;                          /* [D, C*N]  (G groups: [D, G*C*N/G]; dw1
+    float *attn_norm_w, *attn_norm_b;         /* [D]                              */
+    float *ffn_norm_w, *ffn_norm_b;           /* [D]                              */
+    float *wqkv, *bqkv;                       /* [3D, D], [3D] rows q, k, v       */
+    float *wo, *bo;                           /* [D, D], [D]                      */
+    float *q_scale, *k_scale;                 /* [Dh]                             */
+    float *dw1;                               /* [D, C*K]                         */
+    float *qkw;                               /* [C, K, 2R*N]                     */
+    float *dd;                                /* [D, C*N]  (G groups: [D, G*C*N/G]; dw1
                                            [D, G*C*K], qkw [G*C, K, 2R*N/G]) */
-    float *pre_sw, *post_sw;            /* [G, N/G, N/G] static maps (use_sw) */
-    float *moh_wg;                      /* [N - hs, D] router (moh)         */
-    float *moh_wg1;                     /* [hs, D] shared scores (hs > 1)   */
-    float *moh_wg0;                     /* [2, D] balance (hs > 0)          */
-    float *w1, *b1;                     /* [F, D], [F]                      */
-    float *w2, *b2;                     /* [D, F], [D]                      */
-    dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1;   /* what the forward reads   */
+    float *pre_sw, *post_sw;                  /* [G, N/G, N/G] static maps (use_sw) */
+    float *moh_wg;                            /* [N - hs, D] router (moh)         */
+    float *moh_wg1;                           /* [hs, D] shared scores (hs > 1)   */
+    float *moh_wg0;                           /* [2, D] balance (hs > 0)          */
+    float *w1, *b1;                           /* [F, D], [F]                      */
+    float *w2, *b2;                           /* [D, F], [D]                      */
+    dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1; /* what the forward reads   */
 } dcs_layer_weights;
 
 /* A weight by canonical name (see dcs_weight_read), in backend memory. */
@@ -45,37 +45,40 @@ typedef struct {
     float *ptr;
     int ndim;
     int64_t shape[5];
-    int owned;                          /* 0: aliases the mapped checkpoint */
-    const void *half;                   /* stored F16/BF16 data (ptr NULL   */
-    int dtype;                          /*  until dcs_model_require_f32)    */
-    int half_owned;                     /* half is a malloc'd copy          */
-    float **slot;                       /* model field pointing at ptr      */
+    int owned;        /* 0: aliases the mapped checkpoint */
+    const void *half; /* stored F16/BF16 data (ptr NULL   */
+    int dtype;        /*  until dcs_model_require_f32)    */
+    int half_owned;   /* half is a malloc'd copy          */
+    float **slot;     /* model field pointing at ptr      */
 } dcs_named_weight;
 
 struct dcs_model {
     dcs_config cfg;
     char *dir;
     int device;
-    int local[1024];                    /* per layer: 1 = local window      */
+    int local[1024]; /* per layer: 1 = local window      */
     dcs_backend *be;
-    float *tok_emb;                     /* [V, D]                           */
-    float *out_w;                       /* [V, D] (== tok_emb when tied)    */
-    float *norm_w, *norm_b;             /* [D]                              */
-    dcs_wmat m_tok_emb, m_out_w;        /* what the forward reads           */
-    dcs_layer_weights *layers;          /* [L]                              */
-    dcs_named_weight *weights;          /* every weight, by canonical name  */
+    float *tok_emb;              /* [V, D]                           */
+    float *out_w;                /* [V, D] (== tok_emb when tied)    */
+    float *norm_w, *norm_b;      /* [D]                              */
+    dcs_wmat m_tok_emb, m_out_w; /* what the forward reads           */
+    dcs_layer_weights *layers;   /* [L]                              */
+    dcs_named_weight *weights;   /* every weight, by canonical name  */
     int n_weights, cap_weights;
-    dcs_tensor_table tt;                /* kept open: weights may alias it  */
+    dcs_tensor_table tt; /* kept open: weights may alias it  */
     dcs_err err;
-    char warnings[1024];                /* load notes (dcs_load_warnings)   */
+    char warnings[1024]; /* load notes (dcs_load_warnings)   */
     /* Activation buffers kept between passes (and between layers of one
      * pass) for reuse by size: no allocator or page-fault cost per layer. */
-    struct { void *p; size_t bytes; } pool[DCS_POOL_SIZE];
+    struct {
+        void *p;
+        size_t bytes;
+    } pool[DCS_POOL_SIZE];
     int n_pool;
-    uint64_t last_peak_bytes, last_total_bytes;   /* of the last forward pass */
-    atomic_int cancel;                  /* dcs_cancel: stop the running pass */
-    int n_decoders;                     /* live dcs_decoder objects (decode.c) */
-    int freed;                          /* dcs_free called while decoders live */
+    uint64_t last_peak_bytes, last_total_bytes; /* of the last forward pass */
+    atomic_int cancel;                          /* dcs_cancel: stop the running pass */
+    int n_decoders;                             /* live dcs_decoder objects (decode.c) */
+    int freed;                                  /* dcs_free called while decoders live */
 };
 
 /* ---- model.c: lifecycle, weight reads, the activation pool */

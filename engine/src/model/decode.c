@@ -165,7 +165,8 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
     if ((uint64_t)c->n_head * (uint64_t)n * (uint64_t)(d->pos + n) > ((uint64_t)1 << 31))
         return dcs_seterr(&m->err, DCS_ERR_NOMEM,
                           "decode: an attention map of %d heads x %d new x %d positions is too large; feed "
-                          "fewer tokens per step", c->n_head, n, d->pos + n);
+                          "fewer tokens per step",
+                          c->n_head, n, d->pos + n);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "decode: token id %d at [%d] is out of range [0, %d)",
@@ -187,11 +188,10 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
     dcs_backend *be = s.be;
     const int D = c->d_model, V = c->vocab;
     float *x = dcs_pass_alloc(&s, n, D, 1);
-    if (!s.status) {
-        dcs_pass_embed(&s, x, tokens);
-    }
+    if (!s.status) { dcs_pass_embed(&s, x, tokens); }
     dcs_pass_layers(&s, x);
-    if (!s.status && (logits || dcs_pass_wants(&s, DCS_HP_LN_FINAL, 0) || dcs_pass_wants(&s, DCS_HP_LOGITS, 0))) {
+    if (!s.status &&
+        (logits || dcs_pass_wants(&s, DCS_HP_LN_FINAL, 0) || dcs_pass_wants(&s, DCS_HP_LOGITS, 0))) {
         float *hn = dcs_pass_alloc(&s, n, D, 1), *lg = dcs_pass_alloc(&s, n, V, 1);
         dcs_pass_final(&s, x, hn, lg);
         if (!s.status && logits) be->ops->download(be, logits, lg, sizeof(float) * (size_t)n * V);
@@ -199,7 +199,8 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
     if (!s.status) s.status = be->ops->sync(be, &m->err);
     if (!s.status) {
         /* local layers keep only their window: the last window + 1 positions */
-        const size_t RN = (size_t)c->dyn_rank * c->n_head, W = (size_t)c->d_model > RN ? (size_t)c->d_model : RN;
+        const size_t RN = (size_t)c->dyn_rank * c->n_head,
+                     W = (size_t)c->d_model > RN ? (size_t)c->d_model : RN;
         float *tmp = NULL;
         int trimmed = 0;
         for (int l = 0; l < c->n_layer && !s.status; l++) {
@@ -211,7 +212,7 @@ dcs_status dcs_decoder_step(dcs_decoder *d, const int32_t *tokens, int n, float 
         if (trimmed && !s.status) s.status = be->ops->sync(be, &m->err);
     }
     if (s.status) {
-        for (int l = 0; l < c->n_layer; l++)   /* forget this step's keys */
+        for (int l = 0; l < c->n_layer; l++) /* forget this step's keys */
             if (d->layers[l].first == first0[l]) d->layers[l].used = used0[l];
     } else {
         d->pos += n;

@@ -14,7 +14,7 @@ typedef struct {
     const char *name;
     int layered;
     shape_kind shape;
-    int needs;       /* 0 always, 1 DCMHA, 2 DCMHA without query_wise,
+    int needs; /* 0 always, 1 DCMHA, 2 DCMHA without query_wise,
                         3 DCMHA with use_sw, 4 MoH routing,
                         5 DCMHA without key_wise (query-side points) */
 } point_info;
@@ -68,9 +68,7 @@ static const point_info POINTS[DCS_HP_COUNT] = {
     [DCS_HP_LOGITS] = {"logits", 0, SH_TV, 0},
 };
 
-const char *dcs_hook_point_name(int p) {
-    return p >= 0 && p < DCS_HP_COUNT ? POINTS[p].name : NULL;
-}
+const char *dcs_hook_point_name(int p) { return p >= 0 && p < DCS_HP_COUNT ? POINTS[p].name : NULL; }
 int dcs_hook_point_is_layered(int p) { return p >= 0 && p < DCS_HP_COUNT && POINTS[p].layered; }
 
 int dcs_hook_exists(const dcs_model *m, int p) {
@@ -90,15 +88,46 @@ int dcs_hook_shape(const dcs_model *m, int p, int B, int T, int64_t sh[6]) {
     const dcs_config *c = &m->cfg;
     sh[0] = B;
     switch (POINTS[p].shape) {
-    case SH_TD: sh[1] = T; sh[2] = c->d_model; return 3;
-    case SH_TNDh: sh[1] = T; sh[2] = c->n_head; sh[3] = c->head_dim; return 4;
-    case SH_TRN: sh[1] = T; sh[2] = c->dyn_rank; sh[3] = c->n_head; return 4;
-    case SH_TN: sh[1] = T; sh[2] = c->n_head; return 3;
-    case SH_NTS: sh[1] = c->n_head; sh[2] = T; sh[3] = T; return 4;
-    case SH_TND: sh[1] = T; sh[2] = c->n_head; sh[3] = c->d_model; return 4;
-    case SH_TF: sh[1] = T; sh[2] = c->d_ff; return 3;
-    case SH_TV: sh[1] = T; sh[2] = c->vocab; return 3;
-    case SH_TNR: sh[1] = T; sh[2] = c->n_head - c->moh_shared; return 3;
+    case SH_TD:
+        sh[1] = T;
+        sh[2] = c->d_model;
+        return 3;
+    case SH_TNDh:
+        sh[1] = T;
+        sh[2] = c->n_head;
+        sh[3] = c->head_dim;
+        return 4;
+    case SH_TRN:
+        sh[1] = T;
+        sh[2] = c->dyn_rank;
+        sh[3] = c->n_head;
+        return 4;
+    case SH_TN:
+        sh[1] = T;
+        sh[2] = c->n_head;
+        return 3;
+    case SH_NTS:
+        sh[1] = c->n_head;
+        sh[2] = T;
+        sh[3] = T;
+        return 4;
+    case SH_TND:
+        sh[1] = T;
+        sh[2] = c->n_head;
+        sh[3] = c->d_model;
+        return 4;
+    case SH_TF:
+        sh[1] = T;
+        sh[2] = c->d_ff;
+        return 3;
+    case SH_TV:
+        sh[1] = T;
+        sh[2] = c->vocab;
+        return 3;
+    case SH_TNR:
+        sh[1] = T;
+        sh[2] = c->n_head - c->moh_shared;
+        return 3;
     }
     return 0;
 }
@@ -116,26 +145,34 @@ dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer
         const char *s = name + 7;
         char *end;
         if (*s < '0' || *s > '9')
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s': expected blocks.<layer>.<point>", name);
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s': expected blocks.<layer>.<point>",
+                              name);
         long v = strtol(s, &end, 10);
         if (*end != '.')
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s': expected blocks.<layer>.<point>", name);
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s': expected blocks.<layer>.<point>",
+                              name);
         if (v < 0 || v >= m->cfg.n_layer)
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "hook '%.200s': layer %ld is out of range (model has %d layers)",
-                              name, v, m->cfg.n_layer);
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "hook '%.200s': layer %ld is out of range (model has %d layers)", name, v,
+                              m->cfg.n_layer);
         l = (int)v;
         p = find_point(end + 1, 1);
     } else {
         p = find_point(name, 0);
     }
     if (p < 0)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "unknown hook '%.200s' (see shared/docs/hooks.md for the names)", name);
+        return dcs_seterr(&m->err, DCS_ERR_ARG,
+                          "unknown hook '%.200s' (see shared/docs/hooks.md for the names)", name);
     if (!dcs_hook_exists(m, p)) {
         const char *why = "query_wise: no key-wise branches";
-        if (POINTS[p].needs == 4) why = "no Mixture-of-Head routing ('moh' is not in the config)";
-        else if (POINTS[p].needs == 5 && m->cfg.use_dcmha) why = "key_wise: no query-wise branches";
-        else if (!m->cfg.use_dcmha) why = "no DCMHA composition: plain multi-head attention";
-        else if (POINTS[p].needs == 3) why = "no static composition branch (use_sw is off)";
+        if (POINTS[p].needs == 4)
+            why = "no Mixture-of-Head routing ('moh' is not in the config)";
+        else if (POINTS[p].needs == 5 && m->cfg.use_dcmha)
+            why = "key_wise: no query-wise branches";
+        else if (!m->cfg.use_dcmha)
+            why = "no DCMHA composition: plain multi-head attention";
+        else if (POINTS[p].needs == 3)
+            why = "no static composition branch (use_sw is off)";
         return dcs_seterr(&m->err, DCS_ERR_ARG, "hook '%.200s' does not exist in this model (%s)", name, why);
     }
     *point = p;

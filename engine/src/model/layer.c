@@ -38,14 +38,13 @@ static float *act(dcs_pass *p, float *kept, int64_t n1, int64_t n2, int64_t n3) 
  * rows goes into the cache when there is one (read as [S, R, N] from slot
  * 0), else into w1[ph][1] etc. */
 typedef struct {
-    float *w1[2][2], *w2[2][2], *dd[2][2];   /* [phase][0 query, 1 key] */
+    float *w1[2][2], *w2[2][2], *dd[2][2]; /* [phase][0 query, 1 key] */
 } dyn_weights;
 
-static const int DYN_PTS[2][2][3] = {
-    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
-     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
-    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
-     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
+static const int DYN_PTS[2][2][3] = {{{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
+                                      {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
+                                     {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
+                                      {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
 
 static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw) {
     const dcs_config *c = &p->m->cfg;
@@ -58,13 +57,12 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
      * layer and [2R, Mg] weights; G = 1 is the plain layout */
     const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
     dcs_backend *be = p->be;
-    float *hid = act(p, kp ? kp->hid : NULL, M, GC, K);   /* [M, G, C, K]      */
-    float *w = dcs_pass_alloc(p, M, GC, RM2);             /* [M, G, C, 2R, Mg] */
-    float *g = act(p, kp ? kp->g : NULL, M, GC, Mg);      /* [M, G, C, Mg]     */
+    float *hid = act(p, kp ? kp->hid : NULL, M, GC, K); /* [M, G, C, K]      */
+    float *w = dcs_pass_alloc(p, M, GC, RM2);           /* [M, G, C, 2R, Mg] */
+    float *g = act(p, kp ? kp->g : NULL, M, GC, Mg);    /* [M, G, C, Mg]     */
     if (p->status) return;
     if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
-        be->ops->gemm(be, 0, 0, M, GC * K, D, 1.0f, h, D, 0, lw->m_dw1.p, GC * K, 0, 0.0f, hid,
-                      GC * K, 0, 1);
+        be->ops->gemm(be, 0, 0, M, GC * K, D, 1.0f, h, D, 0, lw->m_dw1.p, GC * K, 0, 0.0f, hid, GC * K, 0, 1);
     else
         be->ops->gemm_w(be, 0, M, GC * K, D, h, D, lw->m_dw1, 0.0f, hid, GC * K);
     if (kp) be->ops->copy(be, kp->hpre, hid, sizeof(float) * (size_t)M * GC * K);
@@ -78,9 +76,9 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
         for (int side = 0; side < 2; side++) {
             dw->w1[phase][side] = dw->w2[phase][side] = dw->dd[phase][side] = NULL;
             if ((side == 1 && c->query_wise) || (side == 0 && c->key_wise)) continue;
-            int slot = C == 4 ? 2 * phase + side : phase;   /* C == 2: one side only */
+            int slot = C == 4 ? 2 * phase + side : phase; /* C == 2: one side only */
             float *w1, *w2, *dd;
-            if (side == 1 && kc) {   /* the new keys' rows of the cache */
+            if (side == 1 && kc) { /* the new keys' rows of the cache */
                 w1 = kc->kw1[phase] + (size_t)kc->used * R * N;
                 w2 = kc->kw2[phase] + (size_t)kc->used * R * N;
                 dd = kc->kdd[phase] + (size_t)kc->used * N;
@@ -104,8 +102,8 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
                         be->ops->copy2d(be, w2 + (size_t)i * N + gr * Mg, R * N,
                                         w + src + (size_t)(R + i) * Mg, GC * RM2, M, Mg);
                     }
-                    be->ops->copy2d(be, dd + (size_t)gr * Mg, N, g + (size_t)(gr * C + slot) * Mg, GC * Mg,
-                                    M, Mg);
+                    be->ops->copy2d(be, dd + (size_t)gr * Mg, N, g + (size_t)(gr * C + slot) * Mg, GC * Mg, M,
+                                    Mg);
                 }
             }
             if (kp) be->ops->copy(be, kp->w1raw[phase][side], w1, sizeof(float) * (size_t)M * R * N);
@@ -123,7 +121,9 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
             if (!dw->w1[ph][side]) continue;
             for (int i = 0; i < 3; i++)
                 dcs_pass_hook(p, DYN_PTS[ph][side][i], l,
-                              i == 0 ? dw->w1[ph][side] : i == 1 ? dw->w2[ph][side] : dw->dd[ph][side]);
+                              i == 0   ? dw->w1[ph][side]
+                              : i == 1 ? dw->w2[ph][side]
+                                       : dw->dd[ph][side]);
         }
     if (kc) /* the compose reads the key side of every held key */
         for (int ph = 0; ph < 2; ph++)
@@ -148,7 +148,7 @@ static void release_dyn(dcs_pass *p, dyn_weights *dw) {
 
 /* The keys of layer l in this pass: S per sequence, key j at position kb + j. */
 typedef struct {
-    const float *k, *v;   /* [B, S, N, Dh] */
+    const float *k, *v; /* [B, S, N, Dh] */
     int S, kb, window;
 } keys_view;
 
@@ -156,12 +156,12 @@ typedef struct {
  * with the branch hooks of this phase: if any is wanted, all branches of the
  * model (five, or three when query_wise or key_wise, plus static with
  * use_sw) are materialised so that a rewritten branch enters the sum. */
-static void compose(dcs_pass *p, int l, int phase, float *out, const float *in,
-                    const dyn_weights *dw, const keys_view *kv) {
+static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, const dyn_weights *dw,
+                    const keys_view *kv) {
     const dcs_config *c = &p->m->cfg;
     const int B = p->B, T = p->T, N = c->n_head, S = kv->S;
     static const int first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
-    const int nb = DCS_N_BRANCHES;   /* skip, qp, kp, qg, kg, static: consecutive points */
+    const int nb = DCS_N_BRANCHES; /* skip, qp, kp, qg, kg, static: consecutive points */
     int any = 0;
     for (int k = 0; k < nb; k++) any |= dcs_pass_wants(p, first[phase] + k, l);
     dcs_compose_args a;
@@ -350,7 +350,7 @@ static void attention_out(dcs_pass *p, int l, float *z, float *out) {
     if (dcs_pass_wants(p, DCS_HP_HEAD_OUT, l)) {
         float *ho = dcs_pass_alloc(p, M, N, D), *wtmp = NULL;
         const float *wo = lw->m_wo.p;
-        if (lw->m_wo.dtype != DCS_F32) {   /* kept F16/BF16 (CPU): widened for this product */
+        if (lw->m_wo.dtype != DCS_F32) { /* kept F16/BF16 (CPU): widened for this product */
             wtmp = dcs_pass_alloc(p, D, D, 1);
             if (wtmp) dcs_widen(lw->m_wo.p, (uint64_t)D * D, lw->m_wo.dtype, wtmp);
             wo = wtmp;
@@ -422,7 +422,7 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
     if (c->use_dcmha) dynamic_weights(p, l, h, &dw);
     if (p->status) return;
     keys_view kv = {k, v, p->T, 0, dcs_layer_is_local(m, l) ? c->window_size : 0};
-    if (kc) {   /* the new keys are held from here on (undone on failure by the decoder) */
+    if (kc) { /* the new keys are held from here on (undone on failure by the decoder) */
         kc->used += p->T;
         kv.k = kc->k;
         kv.v = kc->v;
@@ -462,7 +462,7 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
         ug = kp->ug;
         p->be->ops->copy(p->be, ug, u, sizeof(float) * (size_t)M * F);
     }
-    switch (p->desc.mlp) {   /* DCS_MLP_GELU */
+    switch (p->desc.mlp) { /* DCS_MLP_GELU */
     default: p->be->ops->gelu(p->be, ug, (size_t)M * F);
     }
     dcs_pass_hook(p, DCS_HP_MLP_POST, l, ug);

@@ -34,8 +34,7 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 static dcs_tensor *take(builder *b, const char *name, int required, int ndim, ...) {
     dcs_tensor *t = dcs_tt_find(&b->m->tt, name);
     if (!t) {
-        if (required)
-            dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor '%.200s'", b->m->dir, name);
+        if (required) dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor '%.200s'", b->m->dir, name);
         return NULL;
     }
     int64_t want[DCS_MAX_NDIM];
@@ -49,8 +48,8 @@ static dcs_tensor *take(builder *b, const char *name, int required, int ndim, ..
         char got[128], exp[128];
         fmt_shape(got, sizeof got, t->ndim, t->shape);
         fmt_shape(exp, sizeof exp, ndim, want);
-        dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: tensor '%.200s' has shape %s, expected %s", t->file,
-                   name, got, exp);
+        dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: tensor '%.200s' has shape %s, expected %s", t->file, name, got,
+                   exp);
         return NULL;
     }
     t->used = 1;
@@ -73,25 +72,30 @@ static long long first_nonfinite(const float *x, uint64_t n) {
 }
 
 /* Refuse a weight holding NaN or inf (they give all-NaN logits). */
-static int weight_finite(builder *b, const float *x, uint64_t n, const dcs_tensor *t,
-                         const char *name) {
+static int weight_finite(builder *b, const float *x, uint64_t n, const dcs_tensor *t, const char *name) {
     long long i = first_nonfinite(x, n);
     if (i < 0) return 1;
     dcs_seterr(b->e, DCS_ERR_NONFINITE, "%s: tensor '%.200s' holds %s at element %lld",
                t ? t->file : b->m->dir, t ? t->name : name,
-               x[i] != x[i] ? "NaN" : x[i] > 0 ? "+inf" : "-inf", i);
+               x[i] != x[i] ? "NaN"
+               : x[i] > 0   ? "+inf"
+                            : "-inf",
+               i);
     return 0;
 }
 
 /* Register a weight of `n` floats under its canonical name and place it in
  * backend memory: either aliasing `t` or from host floats `src` (copied). */
-static float *add_weight(builder *b, const char *name, int ndim, const int64_t *shape,
-                         const dcs_tensor *t, const float *src) {
+static float *add_weight(builder *b, const char *name, int ndim, const int64_t *shape, const dcs_tensor *t,
+                         const float *src) {
     dcs_model *m = b->m;
     if (m->n_weights == m->cap_weights) {
         int cap = m->cap_weights ? 2 * m->cap_weights : 64;
         dcs_named_weight *w = realloc(m->weights, sizeof *w * (size_t)cap);
-        if (!w) { dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory"); return NULL; }
+        if (!w) {
+            dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory");
+            return NULL;
+        }
         m->weights = w;
         m->cap_weights = cap;
     }
@@ -100,11 +104,14 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
     snprintf(w->name, sizeof w->name, "%s", name);
     w->ndim = ndim;
     uint64_t n = 1;
-    for (int i = 0; i < ndim; i++) { w->shape[i] = shape[i]; n *= (uint64_t)shape[i]; }
+    for (int i = 0; i < ndim; i++) {
+        w->shape[i] = shape[i];
+        n *= (uint64_t)shape[i];
+    }
 
     if (t && !src && m->device == DCS_DEVICE_CPU && t->dtype == DCS_F32 &&
         ((uintptr_t)t->data % sizeof(float)) == 0) {
-        w->ptr = (float *)(uintptr_t)t->data;   /* zero copy; never written */
+        w->ptr = (float *)(uintptr_t)t->data; /* zero copy; never written */
         w->owned = 0;
         if (!weight_finite(b, w->ptr, n, t, name)) return NULL;
     } else {
@@ -113,21 +120,34 @@ static float *add_weight(builder *b, const char *name, int ndim, const int64_t *
         if (!from) {
             if (m->device == DCS_DEVICE_CPU) {
                 w->ptr = m->be->ops->alloc(m->be, n * sizeof(float));
-                if (!w->ptr) { dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name); return NULL; }
+                if (!w->ptr) {
+                    dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name);
+                    return NULL;
+                }
                 dcs_tensor_to_f32(t, w->ptr);
                 w->owned = 1;
-                m->n_weights++;                  /* freed with the model */
+                m->n_weights++; /* freed with the model */
                 if (!weight_finite(b, w->ptr, n, t, name)) return NULL;
                 return w->ptr;
             }
             host = malloc(n * sizeof(float));
-            if (!host) { dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name); return NULL; }
+            if (!host) {
+                dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory for '%s'", t->file, name);
+                return NULL;
+            }
             dcs_tensor_to_f32(t, host);
             from = host;
         }
-        if (!weight_finite(b, from, n, t, name)) { free(host); return NULL; }
+        if (!weight_finite(b, from, n, t, name)) {
+            free(host);
+            return NULL;
+        }
         w->ptr = m->be->ops->alloc(m->be, n * sizeof(float));
-        if (!w->ptr) { free(host); dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name); return NULL; }
+        if (!w->ptr) {
+            free(host);
+            dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name);
+            return NULL;
+        }
         m->be->ops->upload(m->be, w->ptr, from, n * sizeof(float));
         w->owned = 1;
         free(host);
@@ -149,7 +169,11 @@ static dcs_wmat add_weight_keep(builder *b, const char *name, int ndim, const in
     if (m->n_weights == m->cap_weights) {
         int cap = m->cap_weights ? 2 * m->cap_weights : 64;
         dcs_named_weight *w = realloc(m->weights, sizeof *w * (size_t)cap);
-        if (!w) { free(own); dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory"); return r; }
+        if (!w) {
+            free(own);
+            dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory");
+            return r;
+        }
         m->weights = w;
         m->cap_weights = cap;
     }
@@ -167,7 +191,10 @@ static dcs_wmat add_weight_keep(builder *b, const char *name, int ndim, const in
         w->half = data;
     } else {
         uint8_t *copy = malloc((size_t)n * 2);
-        if (!copy) { dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name); return r; }
+        if (!copy) {
+            dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory for '%s'", name);
+            return r;
+        }
         memcpy(copy, data, (size_t)n * 2);
         w->half = copy;
         w->half_owned = 1;
@@ -181,8 +208,8 @@ static dcs_wmat add_weight_keep(builder *b, const char *name, int ndim, const in
 
 /* A large matrix by stored name: kept in its dtype on the CPU (see
  * add_weight_keep), float32 elsewhere. NULL .p when missing. */
-static dcs_wmat load_keep(builder *b, const char *canon, const char *stored, int ndim,
-                          int64_t d0, int64_t d1, int64_t d2, int64_t d3, float **slot) {
+static dcs_wmat load_keep(builder *b, const char *canon, const char *stored, int ndim, int64_t d0, int64_t d1,
+                          int64_t d2, int64_t d3, float **slot) {
     int64_t shape[5] = {d0, d1, d2, d3, 0};
     dcs_wmat r = {NULL, DCS_F32};
     dcs_tensor *t = take(b, stored, 1, ndim, d0, d1, d2, d3, (int64_t)0);
@@ -196,9 +223,8 @@ static dcs_wmat load_keep(builder *b, const char *canon, const char *stored, int
 }
 
 /* take + add_weight under the same shape; canonical name given separately. */
-static float *load_as(builder *b, const char *canon, const char *stored, int required,
-                      int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t d4,
-                      int *missing) {
+static float *load_as(builder *b, const char *canon, const char *stored, int required, int ndim, int64_t d0,
+                      int64_t d1, int64_t d2, int64_t d3, int64_t d4, int *missing) {
     int64_t shape[5] = {d0, d1, d2, d3, d4};
     dcs_tensor *t = take(b, stored, required, ndim, d0, d1, d2, d3, d4);
     if (!t) {
@@ -208,7 +234,10 @@ static float *load_as(builder *b, const char *canon, const char *stored, int req
     return add_weight(b, canon, ndim, shape, t, NULL);
 }
 
-#define FAIL_IF(cond) do { if (cond) return b->e->code ? b->e->code : DCS_ERR_TENSOR; } while (0)
+#define FAIL_IF(cond)                                                                                        \
+    do {                                                                                                     \
+        if (cond) return b->e->code ? b->e->code : DCS_ERR_TENSOR;                                           \
+    } while (0)
 
 /* With tied embeddings, torch .bin files still carry the output matrix under
  * its own name (a view of the embedding's storage): accept and ignore it. */
@@ -226,15 +255,15 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
     const int bias = c->linear_bias;
     char nm[160], cn[160];
 #define P(suffix) (snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix), nm)
-#define LOAD1(field, suffix, req, d0)                                                     \
-    do {                                                                                  \
-        w->field = load_as(b, P(suffix), nm, req, 1, d0, 0, 0, 0, 0, NULL);              \
-        FAIL_IF(!w->field && (req));                                                      \
+#define LOAD1(field, suffix, req, d0)                                                                        \
+    do {                                                                                                     \
+        w->field = load_as(b, P(suffix), nm, req, 1, d0, 0, 0, 0, 0, NULL);                                  \
+        FAIL_IF(!w->field && (req));                                                                         \
     } while (0)
-#define LOAD2(field, suffix, req, d0, d1)                                                 \
-    do {                                                                                  \
-        w->field = load_as(b, P(suffix), nm, req, 2, d0, d1, 0, 0, 0, NULL);             \
-        FAIL_IF(!w->field && (req));                                                      \
+#define LOAD2(field, suffix, req, d0, d1)                                                                    \
+    do {                                                                                                     \
+        w->field = load_as(b, P(suffix), nm, req, 2, d0, d1, 0, 0, 0, NULL);                                 \
+        FAIL_IF(!w->field && (req));                                                                         \
     } while (0)
 
     LOAD1(attn_norm_w, "attention_norm.weight", 1, D);
@@ -244,10 +273,10 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
 
     /* q, k, v: fused wqkv or separate wq / wk / wv */
     snprintf(nm, sizeof nm, "layers.%d.attention.wqkv.weight", l);
-#define KEEP2(field, suffix, d0, d1)                                                      \
-    do {                                                                                  \
-        w->m_##field = load_keep(b, P(suffix), nm, 2, d0, d1, 0, 0, &w->field);            \
-        FAIL_IF(!w->m_##field.p);                                                         \
+#define KEEP2(field, suffix, d0, d1)                                                                         \
+    do {                                                                                                     \
+        w->m_##field = load_keep(b, P(suffix), nm, 2, d0, d1, 0, 0, &w->field);                              \
+        FAIL_IF(!w->m_##field.p);                                                                            \
     } while (0)
     /* the stored dtype of the unfused parts, when all three share a 16-bit one */
     int parts_dtype = -1;
@@ -256,7 +285,9 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         for (int j = 0; j < 3; j++) {
             snprintf(cn, sizeof cn, "layers.%d.attention.%s.weight", l, pn[j]);
             dcs_tensor *t = dcs_tt_find(&m->tt, cn);
-            int dt = t && t->dtype != DCS_F32 && t->ndim == 2 && t->shape[0] == D && t->shape[1] == D ? t->dtype : -2;
+            int dt = t && t->dtype != DCS_F32 && t->ndim == 2 && t->shape[0] == D && t->shape[1] == D
+                         ? t->dtype
+                         : -2;
             parts_dtype = j == 0 || parts_dtype == dt ? dt : -2;
         }
         if (parts_dtype < 0) parts_dtype = -1;
@@ -273,7 +304,10 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         for (int j = 0; j < 3; j++) {
             snprintf(nm, sizeof nm, "layers.%d.attention.%s.weight", l, pn[j]);
             dcs_tensor *t = take(b, nm, 1, 2, D, D);
-            if (!t) { free(cat); return b->e->code; }
+            if (!t) {
+                free(cat);
+                return b->e->code;
+            }
             memcpy(cat + (size_t)j * D * D * 2, t->data, (size_t)(D * D) * 2);
         }
         int64_t sw[2] = {3 * D, D};
@@ -286,7 +320,10 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
             for (int j = 0; j < 3; j++) {
                 snprintf(nm, sizeof nm, "layers.%d.attention.%s.bias", l, pn[j]);
                 dcs_tensor *t = take(b, nm, 1, 1, D);
-                if (!t) { free(hb); return b->e->code; }
+                if (!t) {
+                    free(hb);
+                    return b->e->code;
+                }
                 dcs_tensor_to_f32(t, hb + j * D);
             }
             int64_t sb[1] = {3 * D};
@@ -305,16 +342,20 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
             if (!t) {
                 free(host);
                 if (b->e->code == DCS_ERR_TENSOR && strstr(b->e->msg, "missing"))
-                    dcs_seterr(b->e, DCS_ERR_TENSOR,
-                               "%s: missing tensor 'layers.%d.attention.wqkv.weight' (or its parts wq, wk, wv)",
-                               m->dir, l);
+                    dcs_seterr(
+                        b->e, DCS_ERR_TENSOR,
+                        "%s: missing tensor 'layers.%d.attention.wqkv.weight' (or its parts wq, wk, wv)",
+                        m->dir, l);
                 return b->e->code;
             }
             dcs_tensor_to_f32(t, host + j * D * D);
             if (bias) {
                 snprintf(nm, sizeof nm, "layers.%d.attention.%s.bias", l, parts[j]);
                 t = take(b, nm, 1, 1, D);
-                if (!t) { free(host); return b->e->code; }
+                if (!t) {
+                    free(host);
+                    return b->e->code;
+                }
                 dcs_tensor_to_f32(t, host + 3 * D * D + j * D);
             }
         }
@@ -345,14 +386,14 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
         FAIL_IF(!w->qkw);
         w->dd = load_as(b, P("attention.dyn_w_proj.dd"), nm, 1, 3, D, G, C * Mg, 0, 0, NULL);
         FAIL_IF(!w->dd);
-        if (c->use_sw) {   /* static (Talking-Heads) maps, model-spec 5 */
+        if (c->use_sw) { /* static (Talking-Heads) maps, model-spec 5 */
             w->pre_sw = load_as(b, P("attention.dyn_w_proj.pre_proj.w"), nm, 1, 3, G, Mg, Mg, 0, 0, NULL);
             FAIL_IF(!w->pre_sw);
             w->post_sw = load_as(b, P("attention.dyn_w_proj.post_proj.w"), nm, 1, 3, G, Mg, Mg, 0, 0, NULL);
             FAIL_IF(!w->post_sw);
         }
     }
-    if (c->moh) {          /* Mixture-of-Head router, model-spec 5 */
+    if (c->moh) { /* Mixture-of-Head router, model-spec 5 */
         const int64_t hs = c->moh_shared;
         w->moh_wg = load_as(b, P("attention.moh.wg.weight"), nm, 1, 2, N - hs, D, 0, 0, 0, NULL);
         FAIL_IF(!w->moh_wg);
@@ -376,10 +417,10 @@ static dcs_status load_dcpythia_layer(builder *b, int l) {
     /* Accepted and ignored: derived tensors that carry no new information,
      * and the weights of switches the config turns off (so a DCPythia
      * checkpoint loads as plain MHA with use_dcmha false). */
-    static const char *ignored[] = {"dyn_w_proj.dw_m", "dyn_w_proj.qkw_m", "dyn_w_proj.sw",
-                                    "dyn_w_proj.pre_proj.w", "dyn_w_proj.post_proj.w",
-                                    "dyn_w_proj.dw1", "dyn_w_proj.qkw", "dyn_w_proj.dd",
-                                    "q_norm.scale", "k_norm.scale"};
+    static const char *ignored[] = {"dyn_w_proj.dw_m",       "dyn_w_proj.qkw_m",       "dyn_w_proj.sw",
+                                    "dyn_w_proj.pre_proj.w", "dyn_w_proj.post_proj.w", "dyn_w_proj.dw1",
+                                    "dyn_w_proj.qkw",        "dyn_w_proj.dd",          "q_norm.scale",
+                                    "k_norm.scale"};
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
         snprintf(nm, sizeof nm, "layers.%d.attention.%s", l, ignored[i]);
         dcs_tensor *t = dcs_tt_find(&m->tt, nm);
@@ -395,8 +436,12 @@ static dcs_status dcpythia_dyn_dims(builder *b) {
     if (!c->use_dcmha) return DCS_OK;
     dcs_tensor *dw1 = dcs_tt_find(&m->tt, "layers.0.attention.dyn_w_proj.dw1");
     dcs_tensor *qkw = dcs_tt_find(&m->tt, "layers.0.attention.dyn_w_proj.qkw");
-    if (!dw1) return dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor 'layers.0.attention.dyn_w_proj.dw1'", m->dir);
-    if (!qkw) return dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor 'layers.0.attention.dyn_w_proj.qkw'", m->dir);
+    if (!dw1)
+        return dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor 'layers.0.attention.dyn_w_proj.dw1'",
+                          m->dir);
+    if (!qkw)
+        return dcs_seterr(b->e, DCS_ERR_TENSOR, "%s: missing tensor 'layers.0.attention.dyn_w_proj.qkw'",
+                          m->dir);
     if (dw1->ndim != 4 || (dw1->shape[2] != 4 && dw1->shape[2] != 2) || dw1->shape[3] < 1 ||
         dw1->shape[3] > (1 << 20))
         return dcs_seterr(b->e, DCS_ERR_TENSOR,
@@ -409,20 +454,21 @@ static dcs_status dcpythia_dyn_dims(builder *b) {
                           dw1->file, (long long)dw1->shape[1], c->compose_groups);
     if (c->use_sw && c->n_head / c->compose_groups > DCS_MAX_SW_HEADS)
         return dcs_seterr(b->e, DCS_ERR_UNSUPPORTED,
-                          "%s: use_sw with %d heads per composition group (at most %d supported)",
-                          m->dir, c->n_head / c->compose_groups, DCS_MAX_SW_HEADS);
-    if (qkw->ndim != 5 || qkw->shape[3] % 2 != 0 || qkw->shape[3] < 2 ||
-        qkw->shape[3] / 2 > DCS_MAX_R)
-        return dcs_seterr(b->e, DCS_ERR_TENSOR,
-                          "%s: tensor 'layers.0.attention.dyn_w_proj.qkw' must have shape [1, 4, K, 2R, N] with 1 <= R <= %d",
-                          qkw->file, DCS_MAX_R);
+                          "%s: use_sw with %d heads per composition group (at most %d supported)", m->dir,
+                          c->n_head / c->compose_groups, DCS_MAX_SW_HEADS);
+    if (qkw->ndim != 5 || qkw->shape[3] % 2 != 0 || qkw->shape[3] < 2 || qkw->shape[3] / 2 > DCS_MAX_R)
+        return dcs_seterr(
+            b->e, DCS_ERR_TENSOR,
+            "%s: tensor 'layers.0.attention.dyn_w_proj.qkw' must have shape [1, 4, K, 2R, N] with 1 <= R <= %d",
+            qkw->file, DCS_MAX_R);
     c->dyn_slots = (int)dw1->shape[2];
     c->dyn_hidden = (int)dw1->shape[3];
     c->dyn_rank = (int)(qkw->shape[3] / 2);
     if (c->dyn_slots == 2 && !c->query_wise && !c->key_wise)
-        return dcs_seterr(b->e, DCS_ERR_TENSOR,
-                          "%s: dyn_w_proj.dw1 has 2 slots (one side) but the config has query_wise false and key_wise false",
-                          dw1->file);
+        return dcs_seterr(
+            b->e, DCS_ERR_TENSOR,
+            "%s: dyn_w_proj.dw1 has 2 slots (one side) but the config has query_wise false and key_wise false",
+            dw1->file);
     return DCS_OK;
 }
 
@@ -434,7 +480,7 @@ static int side_slots_used(const dcs_model *m, int l, int side) {
     const int64_t C = c->dyn_slots, K = c->dyn_hidden, Mg = c->n_head / c->compose_groups;
     const int64_t RM = 2 * (int64_t)c->dyn_rank * Mg;
     const char *names[3] = {"dw1", "qkw", "dd"};
-    const int64_t per_slot[3] = {K, K * RM, Mg};    /* contiguous run of one slot */
+    const int64_t per_slot[3] = {K, K * RM, Mg}; /* contiguous run of one slot */
     int nz[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++) {
         char nm[160];
@@ -443,7 +489,7 @@ static int side_slots_used(const dcs_model *m, int l, int side) {
         if (!t) continue;
         uint64_t n = dcs_tensor_numel(t);
         float *v = malloc(sizeof(float) * (n ? n : 1));
-        if (!v) return 1;   /* cannot check: say so */
+        if (!v) return 1; /* cannot check: say so */
         dcs_tensor_to_f32(t, v);
         for (uint64_t j = 0; j < n && !nz[i]; j++)
             if (v[j] != 0.0f && ((int64_t)(j / (uint64_t)per_slot[i]) % C) % 2 == side) nz[i] = 1;
@@ -465,7 +511,8 @@ static void query_wise_note(dcs_model *m) {
     if (c->key_wise) {
         snprintf(m->warnings + o, sizeof m->warnings - o,
                  "%s: key_wise is set but dyn_w_proj carries query-wise weights (slots 0 and 2 of "
-                 "dw1/qkw/dd); they are ignored (key-wise-only composition).\n", m->dir);
+                 "dw1/qkw/dd); they are ignored (key-wise-only composition).\n",
+                 m->dir);
         return;
     }
     snprintf(m->warnings + o, sizeof m->warnings - o,
@@ -520,17 +567,17 @@ static dcs_status load_neox_layer(builder *b, int l) {
     char nm[160], cn[160];
 #define S(suffix) (snprintf(nm, sizeof nm, "gpt_neox.layers.%d.%s", l, suffix), nm)
 #define C(suffix) (snprintf(cn, sizeof cn, "layers.%d.%s", l, suffix), cn)
-#define LOAD(field, canon, stored, nd, d0, d1)                                           \
-    do {                                                                                 \
-        C(canon);                                                                        \
-        w->field = load_as(b, cn, S(stored), 1, nd, d0, d1, 0, 0, 0, NULL);             \
-        FAIL_IF(!w->field);                                                              \
+#define LOAD(field, canon, stored, nd, d0, d1)                                                               \
+    do {                                                                                                     \
+        C(canon);                                                                                            \
+        w->field = load_as(b, cn, S(stored), 1, nd, d0, d1, 0, 0, 0, NULL);                                  \
+        FAIL_IF(!w->field);                                                                                  \
     } while (0)
-#define KEEP(field, canon, stored, d0, d1)                                               \
-    do {                                                                                 \
-        C(canon);                                                                        \
-        w->m_##field = load_keep(b, cn, S(stored), 2, d0, d1, 0, 0, &w->field);           \
-        FAIL_IF(!w->m_##field.p);                                                        \
+#define KEEP(field, canon, stored, d0, d1)                                                                   \
+    do {                                                                                                     \
+        C(canon);                                                                                            \
+        w->m_##field = load_keep(b, cn, S(stored), 2, d0, d1, 0, 0, &w->field);                              \
+        FAIL_IF(!w->m_##field.p);                                                                            \
     } while (0)
     LOAD(attn_norm_w, "attention_norm.weight", "input_layernorm.weight", 1, D, 0);
     LOAD(attn_norm_b, "attention_norm.bias", "input_layernorm.bias", 1, D, 0);
@@ -552,7 +599,11 @@ static dcs_status load_neox_layer(builder *b, int l) {
         /* regrouped in the stored dtype, kept so */
         uint8_t *rg = malloc((size_t)(3 * D * D) * 2);
         float *hb = malloc(sizeof(float) * (size_t)(6 * D));
-        if (!rg || !hb) { free(rg); free(hb); return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory"); }
+        if (!rg || !hb) {
+            free(rg);
+            free(hb);
+            return dcs_seterr(b->e, DCS_ERR_NOMEM, "out of memory");
+        }
         neox_regroup(tw->data, rg, c->n_head, c->head_dim, (size_t)D * 2);
         dcs_tensor_to_f32(tb, hb);
         neox_regroup(hb, hb + 3 * D, c->n_head, c->head_dim, sizeof(float));
@@ -599,7 +650,8 @@ static dcs_status load_neox(builder *b) {
     const dcs_config *c = &m->cfg;
     const int64_t D = c->d_model, V = c->vocab;
     dcs_status s;
-    m->m_tok_emb = load_keep(b, "tok_embeddings.weight", "gpt_neox.embed_in.weight", 2, V, D, 0, 0, &m->tok_emb);
+    m->m_tok_emb =
+        load_keep(b, "tok_embeddings.weight", "gpt_neox.embed_in.weight", 2, V, D, 0, 0, &m->tok_emb);
     FAIL_IF(!m->m_tok_emb.p);
     for (int l = 0; l < c->n_layer; l++)
         if ((s = load_neox_layer(b, l))) return s;
@@ -645,8 +697,8 @@ static void release_unaliased_files(dcs_model *m) {
         for (int k = 0; k < m->n_weights && !aliased; k++) {
             const dcs_named_weight *w = &m->weights[k];
             const uint8_t *p = (const uint8_t *)w->ptr, *h = (const uint8_t *)w->half;
-            aliased = (!w->owned && p && p >= lo && p < hi) ||          /* F32 in place     */
-                      (!w->half_owned && h && h >= lo && h < hi);     /* F16/BF16 kept    */
+            aliased = (!w->owned && p && p >= lo && p < hi) ||    /* F32 in place     */
+                      (!w->half_owned && h && h >= lo && h < hi); /* F16/BF16 kept    */
         }
         if (aliased) continue;
         for (int k = 0; k < tt->n; k++)
@@ -668,15 +720,16 @@ static dcs_status make_backend(dcs_model *m, const dcs_load_options *o, dcs_err 
         m->be = dcs_backend_cuda_create(o ? o->cuda_device : 0, e);
         return m->be ? DCS_OK : e->code;
 #else
-        return dcs_seterr(e, DCS_ERR_UNSUPPORTED,
-                          "device 'cuda' is not available: dclens was built without CUDA (nvcc not found at build time)");
+        return dcs_seterr(
+            e, DCS_ERR_UNSUPPORTED,
+            "device 'cuda' is not available: dclens was built without CUDA (nvcc not found at build time)");
 #endif
     }
     return dcs_seterr(e, DCS_ERR_ARG, "unknown device %d", m->device);
 }
 
-dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **out,
-                    char *errbuf, size_t errlen) {
+dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **out, char *errbuf,
+                    size_t errlen) {
     dcs_err e = {0};
     dcs_model *m = NULL;
     char *text = NULL;
@@ -707,8 +760,8 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     int pat[16], plen = 1;
     if ((s = dcs_parse_config(text, path, &m->cfg, pat, &plen, &e))) goto done;
     if (m->cfg.n_layer > (int)(sizeof m->local / sizeof m->local[0])) {
-        s = dcs_seterr(&e, DCS_ERR_CONFIG, "%s: n_layer %d exceeds the supported %d", path,
-                       m->cfg.n_layer, (int)(sizeof m->local / sizeof m->local[0]));
+        s = dcs_seterr(&e, DCS_ERR_CONFIG, "%s: n_layer %d exceeds the supported %d", path, m->cfg.n_layer,
+                       (int)(sizeof m->local / sizeof m->local[0]));
         goto done;
     }
     for (int l = 0; l < m->cfg.n_layer; l++) m->local[l] = pat[l % plen];
@@ -736,4 +789,3 @@ done:
     *out = m;
     return DCS_OK;
 }
-

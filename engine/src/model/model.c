@@ -48,7 +48,7 @@ int dcs_model_device(const dcs_model *m) { return m->device; }
 const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
 
 int dcs_layer_needs_full_path(const dcs_model *m, int layer) {
-    (void)layer;   /* the variants are per model; per layer once configs differ */
+    (void)layer; /* the variants are per model; per layer once configs differ */
     const dcs_config *c = &m->cfg;
     return (c->use_dcmha && (c->use_sw || c->compose_groups != 1)) || c->moh;
 }
@@ -93,9 +93,9 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
     size_t n = 1;
     for (int i = 0; i < w->ndim; i++) n *= (size_t)w->shape[i];
     if (n != n_floats || !out)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%.200s' has %zu elements, buffer has %zu%s",
-                          name, n, n_floats, out ? "" : " (NULL)");
-    if (!w->ptr) {                     /* kept in F16/BF16 (CPU): widen */
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%.200s' has %zu elements, buffer has %zu%s", name, n,
+                          n_floats, out ? "" : " (NULL)");
+    if (!w->ptr) { /* kept in F16/BF16 (CPU): widen */
         dcs_widen(w->half, n, w->dtype, out);
         return DCS_OK;
     }
@@ -114,9 +114,10 @@ dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
         if (!p) {
             dcs_err ignored;
             m->be->ops->sync(m->be, &ignored);
-            return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory widening '%s' to float32", m->dir, w->name);
+            return dcs_seterr(e, DCS_ERR_NOMEM, "%s: out of memory widening '%s' to float32", m->dir,
+                              w->name);
         }
-        dcs_widen(w->half, n, w->dtype, p);    /* CPU only: host memory */
+        dcs_widen(w->half, n, w->dtype, p); /* CPU only: host memory */
         w->ptr = p;
         w->owned = 1;
         if (w->slot) *w->slot = p;
@@ -173,4 +174,3 @@ void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *tota
 void dcs_cancel(dcs_model *m, int cancel) {
     if (m) atomic_store(&m->cancel, cancel ? 1 : 0);
 }
-

@@ -56,9 +56,9 @@ float *dcs_pass_alloc(dcs_pass *p, int64_t n1, int64_t n2, int64_t n3) {
     if (p->status) return NULL;
     if (!dcs_mul_ok((uint64_t)n1, (uint64_t)n2, &n) || !dcs_mul_ok(n, (uint64_t)n3, &n) ||
         !dcs_mul_ok(n, sizeof(float), &bytes) || bytes > ((uint64_t)1 << 46)) {
-        p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM,
-                               "%s: activation of %lld x %lld x %lld floats is too large", p->prefix,
-                               (long long)n1, (long long)n2, (long long)n3);
+        p->status =
+            dcs_seterr(&p->m->err, DCS_ERR_NOMEM, "%s: activation of %lld x %lld x %lld floats is too large",
+                       p->prefix, (long long)n1, (long long)n2, (long long)n3);
         return NULL;
     }
     if (p->n_bufs == DCS_PASS_MAX_BUFS) {
@@ -69,9 +69,9 @@ float *dcs_pass_alloc(dcs_pass *p, int64_t n1, int64_t n2, int64_t n3) {
     float *x = dcs_pool_take(p->m, (size_t)bytes);
     if (!x) x = p->be->ops->alloc(p->be, (size_t)bytes);
     if (!x) {
-        p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM,
-                               "%s: out of memory allocating %llu bytes (B=%d, T=%d)", p->prefix,
-                               (unsigned long long)bytes, p->B, p->T);
+        p->status =
+            dcs_seterr(&p->m->err, DCS_ERR_NOMEM, "%s: out of memory allocating %llu bytes (B=%d, T=%d)",
+                       p->prefix, (unsigned long long)bytes, p->B, p->T);
         return NULL;
     }
     p->bufs[p->n_bufs].p = x;
@@ -96,12 +96,12 @@ void dcs_pass_release(dcs_pass *p, float *x) {
 
 void dcs_pass_end(dcs_pass *p) {
     if (p->status) {
-        dcs_err ignored;   /* drain a backend error behind the one reported */
+        dcs_err ignored; /* drain a backend error behind the one reported */
         p->be->ops->sync(p->be, &ignored);
     }
     for (int i = 0; i < p->n_bufs; i++) dcs_pool_put(p->m, p->bufs[i].p, p->bufs[i].bytes);
     p->n_bufs = 0;
-    if (p->status) dcs_pool_clear(p->m);   /* after a failure, give memory back */
+    if (p->status) dcs_pool_clear(p->m); /* after a failure, give memory back */
     free(p->host);
     p->host = NULL;
     p->host_cap = 0;
@@ -155,13 +155,13 @@ static int call_hook(dcs_pass *p, int point, int layer, float *dev) {
                 dcs_seterr(&p->m->err, DCS_ERR_HOOK, "hook blocks.%d.%s aborted the %s", layer,
                            dcs_hook_point_name(point), p->what);
             else
-                dcs_seterr(&p->m->err, DCS_ERR_HOOK, "hook %s aborted the %s",
-                           dcs_hook_point_name(point), p->what);
+                dcs_seterr(&p->m->err, DCS_ERR_HOOK, "hook %s aborted the %s", dcs_hook_point_name(point),
+                           p->what);
         }
         p->status = DCS_ERR_HOOK;
         return 0;
     }
-    if (r > 0 && dcs_hook_is_post_softmax_map(point))   /* writes to masked cells are ignored */
+    if (r > 0 && dcs_hook_is_post_softmax_map(point)) /* writes to masked cells are ignored */
         dcs_mask_map(data, (long long)p->B * p->m->cfg.n_head, p->T, (int)shape[3], p->t0,
                      dcs_layer_is_local(p->m, layer) ? p->m->cfg.window_size : 0);
     if (r > 0 && !on_host) p->be->ops->upload(p->be, dev, data, n * sizeof(float));
@@ -179,16 +179,16 @@ int dcs_pass_hook_map(dcs_pass *p, int point, int layer, float *dev, int S, int 
     if (kb == 0 && S == P) return call_hook(p, point, layer, dev);
     /* keys held at kb .. kb+S-1 of positions 0 .. P-1: through [B*N*T, P] */
     const long long rows = (long long)p->B * p->m->cfg.n_head * p->T;
-    float *full = p->be->ops->alloc(p->be, sizeof(float) * (size_t)rows * P);   /* zero-filled */
+    float *full = p->be->ops->alloc(p->be, sizeof(float) * (size_t)rows * P); /* zero-filled */
     if (!full) {
-        p->status = dcs_seterr(&p->m->err, DCS_ERR_NOMEM, "hook %s: out of memory",
-                               dcs_hook_point_name(point));
+        p->status =
+            dcs_seterr(&p->m->err, DCS_ERR_NOMEM, "hook %s: out of memory", dcs_hook_point_name(point));
         return 0;
     }
     p->be->ops->copy2d(p->be, full + kb, P, dev, S, (int)rows, S);
     int r = call_hook(p, point, layer, full);
     if (r) p->be->ops->copy2d(p->be, dev, S, full + kb, P, (int)rows, S);
-    p->be->ops->free(p->be, full);   /* stream-ordered on CUDA */
+    p->be->ops->free(p->be, full); /* stream-ordered on CUDA */
     return r;
 }
 
@@ -211,8 +211,7 @@ void dcs_pass_embed(dcs_pass *p, float *x, const int32_t *tokens) {
     dcs_pass_hook(p, DCS_HP_EMBED, 0, x);
 }
 
-void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M,
-                     int O, int I) {
+void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M, int O, int I) {
     dcs_backend *be = p->be;
     if (W.dtype == DCS_F32 || !be->ops->gemm_w)
         be->ops->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W.p, I, 0, 0.0f, y, O, 0, 1);
@@ -229,7 +228,6 @@ void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, cons
         p->be->ops->copy(p->be, out, x, sizeof(float) * (size_t)M * D);
         p->be->ops->rmsnorm(p->be, out, M, D, D, w, c->norm_eps);
         break;
-    default:
-        p->be->ops->layernorm(p->be, out, x, w, b, M, D, c->norm_eps);
+    default: p->be->ops->layernorm(p->be, out, x, w, b, M, D, c->norm_eps);
     }
 }

@@ -25,9 +25,9 @@
 enum { DCS_NORM_LAYER = 0, DCS_NORM_RMS = 1 };
 enum { DCS_MLP_GELU = 0 };
 typedef struct {
-    int norm;               /* DCS_NORM_*                                  */
-    int parallel_residual;  /* x + attn(ln1(x)) + mlp(ln2(x)), else sequential */
-    int mlp;                /* DCS_MLP_*                                   */
+    int norm;              /* DCS_NORM_*                                  */
+    int parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)), else sequential */
+    int mlp;               /* DCS_MLP_*                                   */
 } dcs_block_desc;
 
 dcs_block_desc dcs_block_desc_of(const dcs_config *c);
@@ -64,14 +64,14 @@ typedef struct {
  * sequences of T positions. Plans the tape's buffers and the forward's
  * memory check alike. */
 enum {
-    DCS_ACT_ROW_D,      /* x, ln1, q, k, v, z, ao, ln2, mo, h, qraw, kraw: M*D */
-    DCS_ACT_ROW_F,      /* u, ug: M*F                                      */
-    DCS_ACT_HID,        /* hpre, hid: M*G*C*K                              */
-    DCS_ACT_GATES,      /* g: M*G*C*(N/G)                                  */
-    DCS_ACT_DYN_W,      /* w1raw, w1, w2 per phase and side: M*R*N         */
-    DCS_ACT_DYN_D,      /* dd per phase and side: M*N                      */
-    DCS_ACT_DYN_ALL,    /* the dynamic weights before splitting: M*G*C*2R*(N/G) */
-    DCS_ACT_MAP,        /* A, P, Pc: B*N*T*S                               */
+    DCS_ACT_ROW_D,   /* x, ln1, q, k, v, z, ao, ln2, mo, h, qraw, kraw: M*D */
+    DCS_ACT_ROW_F,   /* u, ug: M*F                                      */
+    DCS_ACT_HID,     /* hpre, hid: M*G*C*K                              */
+    DCS_ACT_GATES,   /* g: M*G*C*(N/G)                                  */
+    DCS_ACT_DYN_W,   /* w1raw, w1, w2 per phase and side: M*R*N         */
+    DCS_ACT_DYN_D,   /* dd per phase and side: M*N                      */
+    DCS_ACT_DYN_ALL, /* the dynamic weights before splitting: M*G*C*2R*(N/G) */
+    DCS_ACT_MAP,     /* A, P, Pc: B*N*T*S                               */
     DCS_ACT_COUNT
 };
 void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sizes[DCS_ACT_COUNT]);
@@ -82,15 +82,18 @@ typedef struct {
     dcs_backend *be;
     const dcs_hooks *hooks;
     dcs_block_desc desc;
-    int B, T, t0, M;         /* B sequences of T new positions from t0; M = B*T */
-    const char *prefix;      /* "forward", "decode", "tape": error messages  */
-    const char *what;        /* "forward pass", "decoding step"             */
-    dcs_kv_cache *cache;     /* [n_layer] (B = 1) or NULL                   */
-    dcs_kept *keep;          /* [n_layer] or NULL                           */
-    struct { void *p; size_t bytes; } bufs[DCS_PASS_MAX_BUFS];  /* in use */
+    int B, T, t0, M;     /* B sequences of T new positions from t0; M = B*T */
+    const char *prefix;  /* "forward", "decode", "tape": error messages  */
+    const char *what;    /* "forward pass", "decoding step"             */
+    dcs_kv_cache *cache; /* [n_layer] (B = 1) or NULL                   */
+    dcs_kept *keep;      /* [n_layer] or NULL                           */
+    struct {
+        void *p;
+        size_t bytes;
+    } bufs[DCS_PASS_MAX_BUFS]; /* in use */
     int n_bufs;
-    uint64_t in_use, peak, total;   /* activation bytes: now, at most, asked */
-    float *host;             /* staging for hooks on a non-host backend     */
+    uint64_t in_use, peak, total; /* activation bytes: now, at most, asked */
+    float *host;                  /* staging for hooks on a non-host backend     */
     size_t host_cap;
     dcs_status status;
 } dcs_pass;
@@ -119,8 +122,7 @@ int dcs_pass_cancelled(dcs_pass *p);
 
 /* y [M, O] = x [M, I] W^T + b (a torch Linear, W [O, I]), W float32 or
  * (CPU) F16/BF16. */
-void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M,
-                     int O, int I);
+void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M, int O, int I);
 /* x [M, D] = the token embeddings of tokens [M] (host ids, range-checked by
  * the caller; the table in its stored dtype), with the embed hook. */
 void dcs_pass_embed(dcs_pass *p, float *x, const int32_t *tokens);

@@ -29,10 +29,10 @@ typedef struct {
     float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
     float *dPc, *dP, *dAc, *dA;
     float *dW, *dG, *dhid, *dw1raw;
-    float *dsw[2];                   /* static maps [G, Mg, Mg] (use_sw)   */
-    float *dmoh, *dgate, *dlg, *ds1, *ds0;   /* MoH: dh [M, D], gate, logits */
+    float *dsw[2];                         /* static maps [G, Mg, Mg] (use_sw)   */
+    float *dmoh, *dgate, *dlg, *ds1, *ds0; /* MoH: dh [M, D], gate, logits */
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
-    float *mu, *rs, *rs2, *row;      /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
+    float *mu, *rs, *rs2, *row; /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
 } tgrads;
 
 struct dcs_tape {
@@ -45,13 +45,13 @@ struct dcs_tape {
      * through the same code (layer.c with keeping on), so the gradients are
      * the same bits as with the full tape. */
     int recompute;
-    int first;              /* the first layer it runs (dcs_tape_new_from): the
+    int first;          /* the first layer it runs (dcs_tape_new_from): the
                                layers below are the caller's, none kept      */
-    int held;               /* the layer whose internals the shared buffers hold */
-    float *xr;              /* [M, D] residual stream of a recomputed layer */
-    uint64_t bytes;         /* the tape's own buffers                       */
-    uint64_t pass_peak;     /* the largest transient of its passes          */
-    int dry;                /* planning only: tp_alloc counts, allocates nothing */
+    int held;           /* the layer whose internals the shared buffers hold */
+    float *xr;          /* [M, D] residual stream of a recomputed layer */
+    uint64_t bytes;     /* the tape's own buffers                       */
+    uint64_t pass_peak; /* the largest transient of its passes          */
+    int dry;            /* planning only: tp_alloc counts, allocates nothing */
     dcs_kept *L;
     float *xL, *lnf, *logits, *dlogits;
     float *rot_cs;
@@ -59,17 +59,17 @@ struct dcs_tape {
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
-    uint8_t *want;          /* [DCS_HP_COUNT * n_layer]: the overridden points */
-    float *kT[3], *dkT[3];  /* transposed key-side dynamic weights and their grads */
+    uint8_t *want;         /* [DCS_HP_COUNT * n_layer]: the overridden points */
+    float *kT[3], *dkT[3]; /* transposed key-side dynamic weights and their grads */
     int have_forward;
-    dcs_status status;      /* allocation failure inside the backward */
+    dcs_status status; /* allocation failure inside the backward */
     void **allocs;
     int n_allocs, cap_allocs;
 };
 
 static float *tp_alloc(dcs_tape *tp, size_t n) {
     tp->bytes += (uint64_t)(n ? n : 1) * sizeof(float);
-    if (tp->dry) return (float *)tp;   /* a plan: never dereferenced */
+    if (tp->dry) return (float *)tp; /* a plan: never dereferenced */
     if (tp->n_allocs == tp->cap_allocs) {
         int cap = tp->cap_allocs ? 2 * tp->cap_allocs : 256;
         void **a = realloc(tp->allocs, sizeof *a * (size_t)cap);
@@ -88,8 +88,10 @@ static float *tp_alloc(dcs_tape *tp, size_t n) {
  * through the backend's batched gemm. */
 static void par_for(const dcs_tape *tp, dcs_par_fn fn, void *arg, long long n, long long cost) {
     dcs_backend *be = tp->m->be;
-    if (be->ops->parallel) be->ops->parallel(be, fn, arg, n, cost);
-    else fn(arg, 0, n, 0);
+    if (be->ops->parallel)
+        be->ops->parallel(be, fn, arg, n, cost);
+    else
+        fn(arg, 0, n, 0);
 }
 
 /* Per-head products of every sequence: for b < B and head h < N,
@@ -102,8 +104,8 @@ typedef struct {
     const float *A, *Bm;
     float *C;
     int lda, ldb, ldc;
-    long long hA, hB, hC;    /* head strides   */
-    long long sA, sB, sC;    /* sequence strides */
+    long long hA, hB, hC; /* head strides   */
+    long long sA, sB, sC; /* sequence strides */
     int heads;
 } hg_arg;
 
@@ -114,7 +116,11 @@ static void heads_gemm(const dcs_tape *tp, const hg_arg *g, int B) {
                       g->Bm + b * g->sB, g->ldb, g->hB, g->beta, g->C + b * g->sC, g->ldc, g->hC, g->heads);
 }
 
-typedef struct { float *x; const float *y, *z; int T, window; } rows_arg;
+typedef struct {
+    float *x;
+    const float *y, *z;
+    int T, window;
+} rows_arg;
 static void softmax_bw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     rows_arg *a = p;
@@ -186,7 +192,10 @@ static int compose_variant(const dcs_config *c) {
     return c->use_dcmha && (c->use_sw || c->compose_groups > 1 || c->key_wise);
 }
 
-#define A_(p, n) do { if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0; } while (0)
+#define A_(p, n)                                                                                             \
+    do {                                                                                                     \
+        if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0;                                                        \
+    } while (0)
 
 /* One layer's kept activations (sizes from the layer's size table,
  * dcs_act_sizes); x too when with_x (else it is a checkpoint, set later). */
@@ -195,25 +204,42 @@ static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x)
     const size_t MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F], BNTT = sz[DCS_ACT_MAP];
     int ok = 1;
     if (with_x) A_(a->x, MD);
-    A_(a->ln1, MD); A_(a->q, MD); A_(a->k, MD); A_(a->v, MD);
-    if (c->qk_norm) { A_(a->qraw, MD); A_(a->kraw, MD); }
-    A_(a->A, BNTT); A_(a->P, BNTT);
+    A_(a->ln1, MD);
+    A_(a->q, MD);
+    A_(a->k, MD);
+    A_(a->v, MD);
+    if (c->qk_norm) {
+        A_(a->qraw, MD);
+        A_(a->kraw, MD);
+    }
+    A_(a->A, BNTT);
+    A_(a->P, BNTT);
     if (c->use_dcmha) {
-        A_(a->hpre, sz[DCS_ACT_HID]); A_(a->hid, sz[DCS_ACT_HID]); A_(a->g, sz[DCS_ACT_GATES]);
+        A_(a->hpre, sz[DCS_ACT_HID]);
+        A_(a->hid, sz[DCS_ACT_HID]);
+        A_(a->g, sz[DCS_ACT_GATES]);
         A_(a->Pc, BNTT);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
                 if ((s == 1 && c->query_wise) || (s == 0 && c->key_wise)) continue;
-                A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]); A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
-                A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]); A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
+                A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]);
+                A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
+                A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]);
+                A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
             }
     }
-    A_(a->z, MD); A_(a->ao, MD);
+    A_(a->z, MD);
+    A_(a->ao, MD);
     if (!c->parallel_residual) A_(a->h, MD);
-    A_(a->ln2, MD); A_(a->u, MF); A_(a->ug, MF); A_(a->mo, MD);
+    A_(a->ln2, MD);
+    A_(a->u, MF);
+    A_(a->ug, MF);
+    A_(a->mo, MD);
     if (c->moh) {
         const size_t M = MD / (size_t)c->d_model, N = c->n_head, hs = c->moh_shared;
-        A_(a->zpre, MD); A_(a->gate, M * N); A_(a->rlg, M * (N - hs));
+        A_(a->zpre, MD);
+        A_(a->gate, M * N);
+        A_(a->rlg, M * (N - hs));
         if (hs > 1) A_(a->rs1, M * hs);
         if (hs > 0) A_(a->rs0, M * 2);
     }
@@ -253,8 +279,10 @@ static int alloc_tape(dcs_tape *tp) {
             ok = alloc_kept(tp, a, sz, 1);
         }
     }
-    A_(tp->xL, M * D); A_(tp->lnf, M * D);
-    A_(tp->logits, M * V); A_(tp->dlogits, M * V);
+    A_(tp->xL, M * D);
+    A_(tp->lnf, M * D);
+    A_(tp->logits, M * V);
+    A_(tp->dlogits, M * V);
     A_(tp->rot_cs, (size_t)T * (c->rotary_dim / 2 + 1) * 2);
     if (ok) {
         tp->tokens = (int32_t *)tp_alloc(tp, M);
@@ -262,23 +290,49 @@ static int alloc_tape(dcs_tape *tp) {
     }
     tgrads *d = &tp->d;
     if (c->use_dcmha && !c->query_wise && !compose_variant(c))
-        for (int i = 0; i < 3; i++) { A_(tp->kT[i], i < 2 ? M * RN : M * N); A_(tp->dkT[i], i < 2 ? M * RN : M * N); }
-    A_(d->dx, M * D); A_(d->dmo, M * D); A_(d->dug, M * F); A_(d->du, M * F); A_(d->dln2, M * D);
-    A_(d->dao, M * D); A_(d->dz, M * D); A_(d->dv, M * D); A_(d->dq, M * D); A_(d->dk, M * D);
-    A_(d->dqkv, M * 3 * D); A_(d->dln1, M * D); A_(d->dP, BNTT); A_(d->dA, BNTT);
+        for (int i = 0; i < 3; i++) {
+            A_(tp->kT[i], i < 2 ? M * RN : M * N);
+            A_(tp->dkT[i], i < 2 ? M * RN : M * N);
+        }
+    A_(d->dx, M * D);
+    A_(d->dmo, M * D);
+    A_(d->dug, M * F);
+    A_(d->du, M * F);
+    A_(d->dln2, M * D);
+    A_(d->dao, M * D);
+    A_(d->dz, M * D);
+    A_(d->dv, M * D);
+    A_(d->dq, M * D);
+    A_(d->dk, M * D);
+    A_(d->dqkv, M * 3 * D);
+    A_(d->dln1, M * D);
+    A_(d->dP, BNTT);
+    A_(d->dA, BNTT);
     const size_t RG = (size_t)c->dyn_rank * (c->compose_groups > 1 ? c->compose_groups : 1);
-    A_(d->mu, M); A_(d->rs, M); A_(d->rs2, M * (N > RG ? N : RG)); A_(d->row, D);
+    A_(d->mu, M);
+    A_(d->rs, M);
+    A_(d->rs2, M * (N > RG ? N : RG));
+    A_(d->row, D);
     if (c->moh) {
         const size_t hs = c->moh_shared;
-        A_(d->dmoh, M * D); A_(d->dgate, M * N); A_(d->dlg, M * (N - hs)); A_(d->ds1, M * (hs ? hs : 1));
+        A_(d->dmoh, M * D);
+        A_(d->dgate, M * N);
+        A_(d->dlg, M * (N - hs));
+        A_(d->ds1, M * (hs ? hs : 1));
         A_(d->ds0, M * 2);
     }
     if (c->use_dcmha) {
-        A_(d->dPc, BNTT); A_(d->dAc, BNTT);
-        A_(d->dW, M * C * 2 * RN); A_(d->dG, M * C * N); A_(d->dhid, sz[DCS_ACT_HID]); A_(d->dw1raw, M * RN);
+        A_(d->dPc, BNTT);
+        A_(d->dAc, BNTT);
+        A_(d->dW, M * C * 2 * RN);
+        A_(d->dG, M * C * N);
+        A_(d->dhid, sz[DCS_ACT_HID]);
+        A_(d->dw1raw, M * RN);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
-                A_(d->dw1[ph][s], M * RN); A_(d->dw2[ph][s], M * RN); A_(d->ddd[ph][s], M * N);
+                A_(d->dw1[ph][s], M * RN);
+                A_(d->dw2[ph][s], M * RN);
+                A_(d->ddd[ph][s], M * N);
             }
     }
 #undef A_
@@ -298,15 +352,14 @@ static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
     uint64_t a = 3 * sz[DCS_ACT_ROW_D], b = sz[DCS_ACT_DYN_ALL] + sz[DCS_ACT_HID] + sz[DCS_ACT_GATES];
     uint64_t t = a > b ? a : b;
     if (c->use_dcmha && sz[DCS_ACT_MAP] > t) t = sz[DCS_ACT_MAP];
-    if (head_out)
-        t += sz[DCS_ACT_ROW_D] * (uint64_t)c->n_head + (uint64_t)c->d_model * c->d_model;
+    if (head_out) t += sz[DCS_ACT_ROW_D] * (uint64_t)c->n_head + (uint64_t)c->d_model * c->d_model;
     return t * sizeof(float);
 }
 
 static dcs_status check_first(dcs_model *m, int first) {
     if (first < 0 || first >= m->cfg.n_layer)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: first layer %d is out of range (model has %d layers)", first,
-                          m->cfg.n_layer);
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: first layer %d is out of range (model has %d layers)",
+                          first, m->cfg.n_layer);
     return DCS_OK;
 }
 
@@ -320,7 +373,9 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, c
     dcs_tape plan;
     memset(&plan, 0, sizeof plan);
     plan.m = m;
-    plan.B = B; plan.T = T; plan.M = B * T;
+    plan.B = B;
+    plan.T = T;
+    plan.M = B * T;
     plan.first = first;
     plan.recompute = recompute != 0;
     plan.dry = 1;
@@ -329,12 +384,13 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, c
     uint64_t hooks = 0;
     for (int i = 0; i < n_points; i++) {
         if (points[i] < 0 || points[i] >= DCS_HP_COUNT || !dcs_hook_exists(m, points[i]))
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape plan: point %d is not a hook of this model", points[i]);
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape plan: point %d is not a hook of this model",
+                              points[i]);
         int64_t shape[6];
         int nd = dcs_hook_shape(m, points[i], B, T, shape);
         uint64_t n = 1;
         for (int k = 0; k < nd; k++) n *= (uint64_t)shape[k];
-        hooks += 2 * n * sizeof(float);   /* its gradient and an override of it */
+        hooks += 2 * n * sizeof(float); /* its gradient and an override of it */
         head_out |= points[i] == DCS_HP_HEAD_OUT;
     }
     *bytes = plan.bytes + pass_transient(m, B, T, head_out) + hooks;
@@ -366,7 +422,9 @@ dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max
     dcs_tape *tp = calloc(1, sizeof *tp);
     if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     tp->m = m;
-    tp->B = B; tp->T = T; tp->M = B * T;
+    tp->B = B;
+    tp->T = T;
+    tp->M = B * T;
     tp->recompute = recompute;
     tp->first = first;
     tp->held = -1;
@@ -471,7 +529,13 @@ static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db,
 
 /* Where the backward accumulates parameter gradients: one flat array of
  * every parameter (training), or buffers for the parameters asked for. */
-typedef struct { float *flat; const dcs_param_grad *pg; int n_pg; const dcs_hook_grad *g; int n_g; } bwctx;
+typedef struct {
+    float *flat;
+    const dcs_param_grad *pg;
+    int n_pg;
+    const dcs_hook_grad *g;
+    int n_g;
+} bwctx;
 
 /* The gradient buffer of weight `w` (its float32 array or its stored
  * F16/BF16 data: a weight gradient never reads the weight); NULL: none
@@ -510,38 +574,46 @@ static int first_key(int t, int window) { return window > 0 && t > window ? t - 
 
 static const int BR_FIRST[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
 
-static const int DYN_PTS[2][2][3] = {
-    {{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
-     {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
-    {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
-     {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
+static const int DYN_PTS[2][2][3] = {{{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},
+                                      {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
+                                     {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
+                                      {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
 
 /* Compose backward of one phase: its arguments, split over sequences. */
 typedef struct {
-    const dcs_tape *tp; float *dIn; const float *in, *dOut; const dcs_kept *a; int ph, window;
-    unsigned on; float *dw1[2], *dw2[2], *ddd[2];
-    const float *kT[3]; float *dkT[3];      /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
-    volatile int failed;                    /* a chunk could not get its scratch */
+    const dcs_tape *tp;
+    float *dIn;
+    const float *in, *dOut;
+    const dcs_kept *a;
+    int ph, window;
+    unsigned on;
+    float *dw1[2], *dw2[2], *ddd[2];
+    const float *kT[3];
+    float *dkT[3];       /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
+    volatile int failed; /* a chunk could not get its scratch */
 } cp_arg;
 
 /* ---------------------------------------------------------------- forward */
 
-static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resid, const dcs_hook_override *ov,
-                          int n_ov, float *logits) {
+static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resid,
+                          const dcs_hook_override *ov, int n_ov, float *logits) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
     const int M = tp->M, V = c->vocab, L = c->n_layer;
     for (int i = 0; i < M; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
-                              tokens[i], i, V);
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, V);
     for (int i = 0; i < n_ov; i++)
-        if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, ov[i].point) ||
+        if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT ||
+            !dcs_hook_exists(m, ov[i].point) ||
             (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < tp->first || ov[i].layer >= L)) ||
             (tp->first && ov[i].point == DCS_HP_EMBED))
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad override %d (point %d, layer %d; the tape runs "
-                              "layers %d..%d)", i, ov[i].point, ov[i].layer, tp->first, L - 1);
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "tape: bad override %d (point %d, layer %d; the tape runs "
+                              "layers %d..%d)",
+                              i, ov[i].point, ov[i].layer, tp->first, L - 1);
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
     tp->status = DCS_OK;
     tp->have_forward = 0;
@@ -549,7 +621,8 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     tp->n_ov = n_ov;
     memset(tp->want, 0, (size_t)DCS_HP_COUNT * (L ? L : 1));
     for (int i = 0; i < n_ov; i++)
-        tp->want[dcs_hook_index(L, ov[i].point, dcs_hook_point_is_layered(ov[i].point) ? ov[i].layer : 0)] = 1;
+        tp->want[dcs_hook_index(L, ov[i].point, dcs_hook_point_is_layered(ov[i].point) ? ov[i].layer : 0)] =
+            1;
     dcs_hooks hooks = {tp->want, ov_hook, tp};
     dcs_pass p;
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
@@ -569,7 +642,7 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     if (!p.status) p.status = be->ops->sync(be, &m->err);
     tp->pass_peak = p.peak;
     dcs_pass_end(&p);
-    tp->held = L - 1;      /* the shared internals (recompute) hold the last layer */
+    tp->held = L - 1; /* the shared internals (recompute) hold the last layer */
     m->last_peak_bytes = tp->bytes + tp->pass_peak;
     m->last_total_bytes = tp->bytes + p.total;
     if (p.status) return p.status;
@@ -578,8 +651,8 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     return DCS_OK;
 }
 
-dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
-                            int n_ov, float *logits) {
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
+                            float *logits) {
     if (tp->first)
         return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: it starts at layer %d; use dcs_tape_forward_from",
                           tp->first);
@@ -600,7 +673,9 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: loss before forward");
     int cnt = 0;
     for (int i = 0; i < M; i++) {
-        if (targets[i] >= V) return dcs_seterr(&m->err, DCS_ERR_ARG, "target id %d at index %d is outside the vocabulary", targets[i], i);
+        if (targets[i] >= V)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "target id %d at index %d is outside the vocabulary",
+                              targets[i], i);
         cnt += targets[i] >= 0;
     }
     if (!cnt) return dcs_seterr(&m->err, DCS_ERR_ARG, "loss: no position has a target");
@@ -609,11 +684,17 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
     for (int i = 0; i < M; i++) {
         const float *lg = tp->logits + (size_t)i * V;
         float *d = tp->dlogits + (size_t)i * V;
-        if (targets[i] < 0) { memset(d, 0, sizeof(float) * V); continue; }
+        if (targets[i] < 0) {
+            memset(d, 0, sizeof(float) * V);
+            continue;
+        }
         float mx = -INFINITY;
         for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
         double s = 0;
-        for (int v = 0; v < V; v++) { d[v] = expf(lg[v] - mx); s += d[v]; }
+        for (int v = 0; v < V; v++) {
+            d[v] = expf(lg[v] - mx);
+            s += d[v];
+        }
         float is = (float)(1.0 / s);
         for (int v = 0; v < V; v++) d[v] *= is * inv;
         d[targets[i]] -= inv;
@@ -637,19 +718,21 @@ static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) 
     const long long TT = (long long)T * T;
     const int keys = ca->kT[0] != NULL;
     float *tmp = malloc(sizeof(float) * 4 * (size_t)R * T);
-    if (!tmp) { ((cp_arg *)p)->failed = 1; return; }
+    if (!tmp) {
+        ((cp_arg *)p)->failed = 1;
+        return;
+    }
     for (long long b = b_from; b < b_to; b++)
         for (int t = 0; t < T; t++) {
             const size_t bt = (size_t)b * T + t;
             const long long o = (long long)b * N * TT + (long long)t * T;
-            dcs_compose_row_bw(ca->in + o, ca->dOut + o, ca->dIn + o, TT, N, R, T, first_key(t, window), t + 1,
-                               a->w1[ph][0] + bt * RN, a->w2[ph][0] + bt * RN,
-                               keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
-                               keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
-                               keys ? ca->kT[2] + (size_t)b * N * T : NULL, ca->dw1[0] + bt * RN,
-                               ca->dw2[0] + bt * RN, keys ? ca->dkT[0] + (size_t)b * RN * T : NULL,
-                               keys ? ca->dkT[1] + (size_t)b * RN * T : NULL, ca->ddd[0] + bt * N,
-                               keys ? ca->dkT[2] + (size_t)b * N * T : NULL, ca->on, tmp);
+            dcs_compose_row_bw(
+                ca->in + o, ca->dOut + o, ca->dIn + o, TT, N, R, T, first_key(t, window), t + 1,
+                a->w1[ph][0] + bt * RN, a->w2[ph][0] + bt * RN, keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
+                keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
+                keys ? ca->kT[2] + (size_t)b * N * T : NULL, ca->dw1[0] + bt * RN, ca->dw2[0] + bt * RN,
+                keys ? ca->dkT[0] + (size_t)b * RN * T : NULL, keys ? ca->dkT[1] + (size_t)b * RN * T : NULL,
+                ca->ddd[0] + bt * N, keys ? ca->dkT[2] + (size_t)b * N * T : NULL, ca->on, tmp);
         }
     free(tmp);
 }
@@ -685,22 +768,31 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
                 for (int s = first_key(t, window); s <= t; s++) {
                     const long long o = (long long)b * N * TT + (long long)t * T + s;
                     const size_t q = (size_t)b * T + t, k = (size_t)b * T + s;
-                    dcs_compose_pair_bw_var(in + o, dOut + o, dIn + o, TT, N, c->compose_groups, R,
-                                            w1[0] ? w1[0] + q * RN : NULL, w2[0] ? w2[0] + q * RN : NULL,
-                                            w1[1] ? w1[1] + k * RN : NULL, w2[1] ? w2[1] + k * RN : NULL,
-                                            dd[0] ? dd[0] + q * N : NULL, dd[1] ? dd[1] + k * N : NULL, sw,
-                                            w1[0] ? d->dw1[ph][0] + q * RN : NULL,
-                                            w1[0] ? d->dw2[ph][0] + q * RN : NULL,
-                                            w1[1] ? d->dw1[ph][1] + k * RN : NULL,
-                                            w1[1] ? d->dw2[ph][1] + k * RN : NULL,
-                                            dd[0] ? d->ddd[ph][0] + q * N : NULL,
-                                            dd[1] ? d->ddd[ph][1] + k * N : NULL, dsw, on);
+                    dcs_compose_pair_bw_var(
+                        in + o, dOut + o, dIn + o, TT, N, c->compose_groups, R, w1[0] ? w1[0] + q * RN : NULL,
+                        w2[0] ? w2[0] + q * RN : NULL, w1[1] ? w1[1] + k * RN : NULL,
+                        w2[1] ? w2[1] + k * RN : NULL, dd[0] ? dd[0] + q * N : NULL,
+                        dd[1] ? dd[1] + k * N : NULL, sw, w1[0] ? d->dw1[ph][0] + q * RN : NULL,
+                        w1[0] ? d->dw2[ph][0] + q * RN : NULL, w1[1] ? d->dw1[ph][1] + k * RN : NULL,
+                        w1[1] ? d->dw2[ph][1] + k * RN : NULL, dd[0] ? d->ddd[ph][0] + q * N : NULL,
+                        dd[1] ? d->ddd[ph][1] + k * N : NULL, dsw, on);
                 }
         return;
     }
-    cp_arg ca = {tp, dIn, in, dOut, a, ph, window, on,
-                 {d->dw1[ph][0], d->dw1[ph][1]}, {d->dw2[ph][0], d->dw2[ph][1]}, {d->ddd[ph][0], d->ddd[ph][1]},
-                 {0}, {0}, 0};
+    cp_arg ca = {tp,
+                 dIn,
+                 in,
+                 dOut,
+                 a,
+                 ph,
+                 window,
+                 on,
+                 {d->dw1[ph][0], d->dw1[ph][1]},
+                 {d->dw2[ph][0], d->dw2[ph][1]},
+                 {d->ddd[ph][0], d->ddd[ph][1]},
+                 {0},
+                 {0},
+                 0};
     const int RN = R * N;
     if (a->w1[ph][1]) {
         to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
@@ -751,15 +843,19 @@ static void moh_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTING, l, d->dgate);
     for (int mm = 0; mm < M; mm++)
         dcs_moh_route_row_bw(a->rlg + (size_t)mm * NR, hs > 1 ? a->rs1 + (size_t)mm * hs : NULL,
-                             hs > 0 ? a->rs0 + (size_t)mm * 2 : NULL, N, hs, c->moh_topk, d->dgate + (size_t)mm * N,
-                             d->dlg + (size_t)mm * NR, d->ds1 + (size_t)mm * (hs ? hs : 1), d->ds0 + (size_t)mm * 2);
+                             hs > 0 ? a->rs0 + (size_t)mm * 2 : NULL, N, hs, c->moh_topk,
+                             d->dgate + (size_t)mm * N, d->dlg + (size_t)mm * NR,
+                             d->ds1 + (size_t)mm * (hs ? hs : 1), d->ds0 + (size_t)mm * 2);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTER_LOGITS, l, d->dlg);
     dcs_backend *be = m->be;
-    lin_bw(be, d->dmoh, 0.0f, GP(lw->moh_wg), NULL, d->dlg, a->ln1, (dcs_wmat){lw->moh_wg, DCS_F32}, M, NR, D);
+    lin_bw(be, d->dmoh, 0.0f, GP(lw->moh_wg), NULL, d->dlg, a->ln1, (dcs_wmat){lw->moh_wg, DCS_F32}, M, NR,
+           D);
     if (hs > 1)
-        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg1), NULL, d->ds1, a->ln1, (dcs_wmat){lw->moh_wg1, DCS_F32}, M, hs, D);
+        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg1), NULL, d->ds1, a->ln1, (dcs_wmat){lw->moh_wg1, DCS_F32}, M,
+               hs, D);
     if (hs > 0)
-        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg0), NULL, d->ds0, a->ln1, (dcs_wmat){lw->moh_wg0, DCS_F32}, M, 2, D);
+        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg0), NULL, d->ds0, a->ln1, (dcs_wmat){lw->moh_wg0, DCS_F32}, M,
+               2, D);
 }
 
 /* Attention backward: from tp->d.dao to tp->d.dln1 (written). */
@@ -782,7 +878,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
             if (bc->g[i].point == DCS_HP_HEAD_OUT && bc->g[i].layer == l)
                 for (int mm = 0; mm < M; mm++)
                     for (int n = 0; n < N; n++)
-                        memcpy(bc->g[i].grad + ((size_t)mm * N + n) * D, d->dao + (size_t)mm * D, sizeof(float) * D);
+                        memcpy(bc->g[i].grad + ((size_t)mm * N + n) * D, d->dao + (size_t)mm * D,
+                               sizeof(float) * D);
     }
     float *gbo = GP(lw->bo);
     if (gbo)
@@ -799,11 +896,47 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const float *pat = c->use_dcmha ? a->Pc : a->P;
     float *dpat = c->use_dcmha ? d->dPc : d->dP;
     /* dP'[b, n] = dz[b, :, n] v[b, :, n]^T;  dv[b, :, n] = P'[b, n]^T dz[b, :, n] */
-    hg_arg g1 = {0, 1, T, T, Dh, 1.0f, 0.0f, d->dz, a->v, dpat, D, D, T,
-                 Dh, Dh, TT, (long long)T * D, (long long)T * D, N * TT, N};
+    hg_arg g1 = {0,
+                 1,
+                 T,
+                 T,
+                 Dh,
+                 1.0f,
+                 0.0f,
+                 d->dz,
+                 a->v,
+                 dpat,
+                 D,
+                 D,
+                 T,
+                 Dh,
+                 Dh,
+                 TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N * TT,
+                 N};
     heads_gemm(tp, &g1, B);
-    hg_arg g2 = {1, 0, T, Dh, T, 1.0f, 0.0f, pat, d->dz, d->dv, T, D, D,
-                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    hg_arg g2 = {1,
+                 0,
+                 T,
+                 Dh,
+                 T,
+                 1.0f,
+                 0.0f,
+                 pat,
+                 d->dz,
+                 d->dv,
+                 T,
+                 D,
+                 D,
+                 TT,
+                 Dh,
+                 Dh,
+                 N * TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N};
     heads_gemm(tp, &g2, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     if (c->use_dcmha) {
@@ -830,11 +963,47 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
 
     /* A = q k^T / sqrt(Dh): dq = s dA k, dk = s dA^T q */
     const float sc = 1.0f / sqrtf((float)Dh);
-    hg_arg g3 = {0, 0, T, Dh, T, sc, 0.0f, d->dA, a->k, d->dq, T, D, D,
-                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    hg_arg g3 = {0,
+                 0,
+                 T,
+                 Dh,
+                 T,
+                 sc,
+                 0.0f,
+                 d->dA,
+                 a->k,
+                 d->dq,
+                 T,
+                 D,
+                 D,
+                 TT,
+                 Dh,
+                 Dh,
+                 N * TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N};
     heads_gemm(tp, &g3, B);
-    hg_arg g4 = {1, 0, T, Dh, T, sc, 0.0f, d->dA, a->q, d->dk, T, D, D,
-                 TT, Dh, Dh, N * TT, (long long)T * D, (long long)T * D, N};
+    hg_arg g4 = {1,
+                 0,
+                 T,
+                 Dh,
+                 T,
+                 sc,
+                 0.0f,
+                 d->dA,
+                 a->q,
+                 d->dk,
+                 T,
+                 D,
+                 D,
+                 TT,
+                 Dh,
+                 Dh,
+                 N * TT,
+                 (long long)T * D,
+                 (long long)T * D,
+                 N};
     heads_gemm(tp, &g4, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
@@ -842,7 +1011,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_rotary_apply(d->dk, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
     /* dqkv [M, 3D] */
     if (c->qk_norm) {
-        memset(d->dln1, 0, sizeof(float) * (size_t)M * D);   /* scratch */
+        memset(d->dln1, 0, sizeof(float) * (size_t)M * D); /* scratch */
         rms_stats(a->qraw, M * N, Dh, 1e-6f, d->rs2);
         dcs_rmsnorm_bw(d->dln1, GP(lw->q_scale), d->dq, a->qraw, d->rs2, M * N, Dh, lw->q_scale);
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
@@ -883,37 +1052,39 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                         be->ops->copy2d(be, d->dW + dst + (size_t)(R + i) * Mg, GC * RM2,
                                         d->dw2[ph][s] + (size_t)i * N + gr * Mg, RN, M, Mg);
                     }
-                    be->ops->copy2d(be, d->dG + (size_t)(gr * C + slot) * Mg, GC * Mg, d->ddd[ph][s] + gr * Mg,
-                                    N, M, Mg);
+                    be->ops->copy2d(be, d->dG + (size_t)(gr * C + slot) * Mg, GC * Mg,
+                                    d->ddd[ph][s] + gr * Mg, N, M, Mg);
                 }
             }
         /* w[:, gc] = hid[:, gc] qkw[gc] */
         be->ops->gemm(be, 0, 1, M, K, RM2, 1.0f, d->dW, GC * RM2, RM2, lw->qkw, RM2, (long long)K * RM2, 0.0f,
-                 d->dhid, GC * K, K, GC);
+                      d->dhid, GC * K, K, GC);
         float *gq = GP(lw->qkw);
         if (gq)
             be->ops->gemm(be, 1, 0, K, RM2, M, 1.0f, a->hid, GC * K, K, d->dW, GC * RM2, RM2, 1.0f, gq, RM2,
-                     (long long)K * RM2, GC);
+                          (long long)K * RM2, GC);
         /* hid = gelu(ln1 dw1): dhpre in place of dhid */
         float *dhpre = d->dhid;
         rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
         par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * GC * K, 16);
         /* dln1 += dhpre [M, GC*K] dw1 [D, GC*K]^T */
         if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
-            be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f, d->dln1,
-                          D, 0, 1);
+            be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f,
+                          d->dln1, D, 0, 1);
         else
             be->ops->gemm_w(be, 1, M, D, GC * K, dhpre, GC * K, lw->m_dw1, 1.0f, d->dln1, D);
         float *gdw1 = GP(lw->m_dw1.p);
         if (gdw1)
-            be->ops->gemm(be, 1, 0, D, GC * K, M, 1.0f, a->ln1, D, 0, dhpre, GC * K, 0, 1.0f, gdw1, GC * K, 0, 1);
+            be->ops->gemm(be, 1, 0, D, GC * K, M, 1.0f, a->ln1, D, 0, dhpre, GC * K, 0, 1.0f, gdw1, GC * K, 0,
+                          1);
         /* g = tanh(ln1 dd): [M, GC*Mg] = [M, C*N] */
         for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
         be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdd = GP(lw->dd);
-        if (gdd) be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
+        if (gdd)
+            be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
     }
-    if (c->moh)   /* the router read ln1 too */
+    if (c->moh) /* the router read ln1 too */
         for (size_t i = 0; i < (size_t)M * D; i++) d->dln1[i] += d->dmoh[i];
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
@@ -956,8 +1127,8 @@ static dcs_status recompute_layer(dcs_tape *tp, int l) {
     return p.status;
 }
 
-static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grads,
-                           const dcs_param_grad *pg, int n_pg, const dcs_hook_grad *g, int n_g) {
+static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_param_grad *pg,
+                           int n_pg, const dcs_hook_grad *g, int n_g) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
@@ -968,11 +1139,15 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         if (!g[i].grad || g[i].point < 0 || g[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, g[i].point) ||
             (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < tp->first || g[i].layer >= L)) ||
             (tp->first && g[i].point == DCS_HP_EMBED))
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d; the tape "
-                              "runs layers %d..%d)", i, g[i].point, g[i].layer, tp->first, L - 1);
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "tape: bad gradient request %d (point %d, layer %d; the tape "
+                              "runs layers %d..%d)",
+                              i, g[i].point, g[i].layer, tp->first, L - 1);
     if (tp->first && (param_grads || n_pg))
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: parameter gradients need a tape from layer 0 (this one "
-                          "starts at %d)", tp->first);
+        return dcs_seterr(&m->err, DCS_ERR_ARG,
+                          "tape: parameter gradients need a tape from layer 0 (this one "
+                          "starts at %d)",
+                          tp->first);
     for (int i = 0; i < n_pg; i++)
         if (!pg[i].grad || pg[i].index < 0 || pg[i].index >= m->n_weights)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad parameter gradient request %d (index %d)", i,
@@ -1034,8 +1209,8 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
     return be->ops->sync(be, &m->err);
 }
 
-dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
-                             const dcs_hook_grad *g, int n_g) {
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_hook_grad *g,
+                             int n_g) {
     return backward(tp, dlogits, param_grads, NULL, 0, g, n_g);
 }
 

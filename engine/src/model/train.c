@@ -30,8 +30,8 @@ int64_t dcs_param_total(const dcs_model *m) {
 
 /* Name, offset in the flat layout, size, and whether weight decay applies
  * (matrices: yes; norms, biases, QK-norm scales: no). */
-dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset,
-                          int64_t *n, int *decay) {
+dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset, int64_t *n,
+                          int *decay) {
     if (i < 0 || i >= m->n_weights) return DCS_ERR_ARG;
     int64_t off = 0;
     for (int j = 0; j < i; j++) off += (int64_t)numel(&m->weights[j]);
@@ -50,10 +50,10 @@ static void rewire(dcs_model *m, float *from, float *to) {
         if (*top[i] == from) *top[i] = to;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         dcs_layer_weights *w = &m->layers[l];
-        float **f[] = {&w->attn_norm_w, &w->attn_norm_b, &w->ffn_norm_w, &w->ffn_norm_b, &w->wqkv,
-                       &w->bqkv, &w->wo, &w->bo, &w->q_scale, &w->k_scale, &w->dw1, &w->qkw, &w->dd,
-                       &w->w1, &w->b1, &w->w2, &w->b2, &w->pre_sw, &w->post_sw, &w->moh_wg,
-                       &w->moh_wg1, &w->moh_wg0};
+        float **f[] = {&w->attn_norm_w, &w->attn_norm_b, &w->ffn_norm_w, &w->ffn_norm_b, &w->wqkv, &w->bqkv,
+                       &w->wo,          &w->bo,          &w->q_scale,    &w->k_scale,    &w->dw1,  &w->qkw,
+                       &w->dd,          &w->w1,          &w->b1,         &w->w2,         &w->b2,   &w->pre_sw,
+                       &w->post_sw,     &w->moh_wg,      &w->moh_wg1,    &w->moh_wg0};
         for (size_t i = 0; i < sizeof f / sizeof *f; i++)
             if (*f[i] == from) *f[i] = to;
     }
@@ -63,7 +63,8 @@ static void rewire(dcs_model *m, float *from, float *to) {
  * safetensors file alias the read-only mapping until then). */
 dcs_status dcs_model_make_trainable(dcs_model *m) {
     if (m->device != DCS_DEVICE_CPU)
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED, "training runs on the CPU only; load with device='cpu'");
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "training runs on the CPU only; load with device='cpu'");
     dcs_status st = dcs_tape_supported(m);
     if (st) return st;
     st = dcs_model_require_f32(m, &m->err);
@@ -100,7 +101,8 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
     if (step < 1) return dcs_seterr(&m->err, DCS_ERR_ARG, "adamw: step must be >= 1");
     for (int i = 0; i < m->n_weights; i++)
         if (!m->weights[i].owned)
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "adamw: weights are read-only; call dcs_model_make_trainable");
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "adamw: weights are read-only; call dcs_model_make_trainable");
     const float b1c = 1.0f - powf(h->beta1, (float)step), b2c = 1.0f - powf(h->beta2, (float)step);
     size_t off = 0;
     for (int i = 0; i < m->n_weights; i++) {

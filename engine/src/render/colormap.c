@@ -98,8 +98,7 @@ static void sequential(double t, uint8_t rgb[3]) {
     const lch_anchor *p = &seq_anchors[i], *q = &seq_anchors[i + 1];
     double a0 = p->C * cos(p->h * DEG), b0 = p->C * sin(p->h * DEG);
     double a1 = q->C * cos(q->h * DEG), b1 = q->C * sin(q->h * DEG);
-    oklab_to_rgb(p->L + f * (q->L - p->L), a0 + f * (a1 - a0), b0 + f * (b1 - b0),
-                 rgb);
+    oklab_to_rgb(p->L + f * (q->L - p->L), a0 + f * (a1 - a0), b0 + f * (b1 - b0), rgb);
 }
 
 static void diverging(double u, uint8_t rgb[3]) {

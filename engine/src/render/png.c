@@ -24,16 +24,16 @@
 /* ---------------------------------------------------------------- layout
  * constants (pixels) */
 
-#define MARGIN 12        /* outer margin                                      */
-#define TICK 3           /* tick marks outside the panel frame                */
-#define HGAP 18          /* between panels of a grid row                      */
-#define VGAP 16          /* between grid rows                                 */
-#define BAR_GAP 24       /* between the grid and the colour bar               */
+#define MARGIN 12  /* outer margin                                      */
+#define TICK 3     /* tick marks outside the panel frame                */
+#define HGAP 18    /* between panels of a grid row                      */
+#define VGAP 16    /* between grid rows                                 */
+#define BAR_GAP 24 /* between the grid and the colour bar               */
 #define BAR_W 16
 #define BAR_MIN_H 100
-#define BAR_MAX_H 480    /* unless a panel is taller                          */
+#define BAR_MAX_H 480 /* unless a panel is taller                          */
 #define MAX_TITLE_GLYPHS 32
-#define AXIS_GAP 6       /* around the "query" / "key" axis titles            */
+#define AXIS_GAP 6 /* around the "query" / "key" axis titles            */
 #define MAX_FIG_TITLE_GLYPHS 160
 #define FIG_TITLE_SCALE 2
 #define AUTO_TARGET_1 1000 /* auto cell: target panel side for one panel      */
@@ -49,7 +49,8 @@ static const uint8_t HATCH[3] = {DCS_PNG_HATCH_R, DCS_PNG_HATCH_G, DCS_PNG_HATCH
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
-static dcs_status fail(char *err, size_t errlen, dcs_status code, const char *fmt, ...) {
+static dcs_status
+fail(char *err, size_t errlen, dcs_status code, const char *fmt, ...) {
     if (err && errlen > 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -61,8 +62,7 @@ static dcs_status fail(char *err, size_t errlen, dcs_status code, const char *fm
 
 /* ---------------------------------------------------------------- text */
 
-int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs,
-                         uint8_t *out) {
+int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs, uint8_t *out) {
     if (!s || !out || max_glyphs <= 0) return 0;
     /* Decode up to max_glyphs + 1 glyphs (one more tells us to truncate). */
     enum { CAP = 256 };
@@ -129,14 +129,11 @@ static const char *label_text(const char *const *labels, int i, char buf[16]) {
 static int label_count(const char *const *labels, int i, int visible) {
     char buf[16];
     uint8_t g[DCS_PNG_MAX_LABEL_GLYPHS];
-    return dcs_png_label_glyphs(label_text(labels, i, buf), visible,
-                                DCS_PNG_MAX_LABEL_GLYPHS, g);
+    return dcs_png_label_glyphs(label_text(labels, i, buf), visible, DCS_PNG_MAX_LABEL_GLYPHS, g);
 }
 
 /* Width in pixels of n glyphs at scale s (no trailing blank column). */
-static int64_t text_px(int n, int s) {
-    return n > 0 ? (int64_t)n * DCS_FONT_ADV * s - s : 0;
-}
+static int64_t text_px(int n, int s) { return n > 0 ? (int64_t)n * DCS_FONT_ADV * s - s : 0; }
 
 /* ---------------------------------------------------------------- range */
 
@@ -154,8 +151,8 @@ static int first_visible(const dcs_heatmap_spec *sp, int p, int t) {
     return t - w;
 }
 
-static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signed_abs,
-                       double *lo, double *hi, int *found) {
+static void data_range(const dcs_heatmap_spec *sp, int rows, int cols, int signed_abs, double *lo, double *hi,
+                       int *found) {
     double mn = INFINITY, mx = -INFINITY;
     int any = 0;
     for (int p = 0; p < sp->n_panels; p++) {
@@ -203,13 +200,13 @@ static void format_tick(double v, char buf[32]) {
 /* ---------------------------------------------------------------- layout */
 
 typedef struct {
-    int row_g, col_g;     /* widest row / column label, glyphs             */
-    int ptitle_g;         /* widest panel title, glyphs (capped)           */
+    int row_g, col_g; /* widest row / column label, glyphs             */
+    int ptitle_g;     /* widest panel title, glyphs (capped)           */
     int has_ptitle;
     int has_title;
-    int tick_g;           /* widest tick label, glyphs                     */
-    int title_g;          /* figure title, glyphs (capped)                 */
-    int axis_titles;      /* "query" / "key" axis titles                   */
+    int tick_g;      /* widest tick label, glyphs                     */
+    int title_g;     /* figure title, glyphs (capped)                 */
+    int axis_titles; /* "query" / "key" axis titles                   */
 } measures;
 
 /* Geometry for cell size c, in 64-bit; sets *w, *h. */
@@ -224,7 +221,7 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     int64_t pw = (int64_t)L->cols * c, ph = (int64_t)L->rows * c;
     int64_t row_area = text_px(m->row_g, s) + TICK + 6;
     int64_t col_area = TICK + 5 + text_px(m->col_g, s);
-    if (m->axis_titles) {   /* a band for "query" (rotated) and one for "key" */
+    if (m->axis_titles) { /* a band for "query" (rotated) and one for "key" */
         row_area += (int64_t)DCS_FONT_H * s + AXIS_GAP;
         col_area += (int64_t)DCS_FONT_H * s + AXIS_GAP;
     }
@@ -255,8 +252,7 @@ static void geometry(const measures *m, int c, dcs_png_layout *L, int64_t *w, in
     height += MARGIN;
     *w = width;
     *h = height;
-    if (width > INT_MAX / 2 || height > INT_MAX / 2 || pitch_x > INT_MAX / 2 ||
-        pitch_y > INT_MAX / 2)
+    if (width > INT_MAX / 2 || height > INT_MAX / 2 || pitch_x > INT_MAX / 2 || pitch_y > INT_MAX / 2)
         return; /* rejected by the caller; keep ints sane */
     L->panel_w = (int)pw;
     L->panel_h = (int)ph;
@@ -281,47 +277,42 @@ static int fits(int64_t w, int64_t h, int64_t max_pixels) {
     return w <= DCS_PNG_MAX_SIDE && h <= DCS_PNG_MAX_SIDE && w * h <= max_pixels;
 }
 
-dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
-                                  char *err, size_t errlen) {
+dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L, char *err, size_t errlen) {
     if (err && errlen > 0) err[0] = 0;
     if (!sp) return fail(err, errlen, DCS_ERR_ARG, "heatmap: spec is NULL");
     if (!L) return fail(err, errlen, DCS_ERR_ARG, "heatmap: layout is NULL");
     memset(L, 0, sizeof *L);
     if (!sp->panels) return fail(err, errlen, DCS_ERR_ARG, "heatmap: panels is NULL");
     if (sp->n_panels <= 0 || sp->n_panels > DCS_PNG_MAX_PANELS)
-        return fail(err, errlen, DCS_ERR_ARG,
-                    "heatmap: n_panels = %d (must be 1..%d)", sp->n_panels,
+        return fail(err, errlen, DCS_ERR_ARG, "heatmap: n_panels = %d (must be 1..%d)", sp->n_panels,
                     DCS_PNG_MAX_PANELS);
     if (sp->colormap != DCS_CMAP_SEQUENTIAL && sp->colormap != DCS_CMAP_DIVERGING)
         return fail(err, errlen, DCS_ERR_ARG,
                     "heatmap: colormap = %d (must be DCS_CMAP_SEQUENTIAL or "
-                    "DCS_CMAP_DIVERGING)", sp->colormap);
+                    "DCS_CMAP_DIVERGING)",
+                    sp->colormap);
     int rows = sp->panels[0].rows, cols = sp->panels[0].cols;
     for (int p = 0; p < sp->n_panels; p++) {
         const dcs_panel *q = &sp->panels[p];
-        if (!q->data)
-            return fail(err, errlen, DCS_ERR_ARG, "heatmap: panel %d: data is NULL", p);
+        if (!q->data) return fail(err, errlen, DCS_ERR_ARG, "heatmap: panel %d: data is NULL", p);
         if (q->rows <= 0 || q->cols <= 0)
-            return fail(err, errlen, DCS_ERR_ARG,
-                        "heatmap: panel %d: rows = %d, cols = %d (must be > 0)", p,
+            return fail(err, errlen, DCS_ERR_ARG, "heatmap: panel %d: rows = %d, cols = %d (must be > 0)", p,
                         q->rows, q->cols);
         if (q->rows != rows || q->cols != cols)
             return fail(err, errlen, DCS_ERR_ARG,
                         "heatmap: panel %d is %dx%d but panel 0 is %dx%d (all panels "
-                        "must share rows and cols)", p, q->rows, q->cols, rows, cols);
+                        "must share rows and cols)",
+                        p, q->rows, q->cols, rows, cols);
     }
     if (rows > DCS_PNG_MAX_SIDE || cols > DCS_PNG_MAX_SIDE)
-        return fail(err, errlen, DCS_ERR_ARG,
-                    "heatmap: %dx%d map is too large (at most %d rows and cols)", rows,
-                    cols, DCS_PNG_MAX_SIDE);
+        return fail(err, errlen, DCS_ERR_ARG, "heatmap: %dx%d map is too large (at most %d rows and cols)",
+                    rows, cols, DCS_PNG_MAX_SIDE);
     if (sp->cell_px > DCS_PNG_MAX_SIDE)
-        return fail(err, errlen, DCS_ERR_ARG, "heatmap: cell_px = %d is too large",
-                    sp->cell_px);
+        return fail(err, errlen, DCS_ERR_ARG, "heatmap: cell_px = %d is too large", sp->cell_px);
     L->n_panels = sp->n_panels;
     L->rows = rows;
     L->cols = cols;
-    L->grid_cols = sp->grid_cols <= 0 || sp->grid_cols > sp->n_panels ? sp->n_panels
-                                                                       : sp->grid_cols;
+    L->grid_cols = sp->grid_cols <= 0 || sp->grid_cols > sp->n_panels ? sp->n_panels : sp->grid_cols;
     L->grid_rows = (sp->n_panels + L->grid_cols - 1) / L->grid_cols;
 
     /* Colour range. */
@@ -356,7 +347,8 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
         if (!isfinite(sp->vmin) || !isfinite(sp->vmax) || !(sp->vmin < sp->vmax))
             return fail(err, errlen, DCS_ERR_ARG,
                         "heatmap: vmin = %g, vmax = %g: need finite vmin < vmax (or "
-                        "auto_range = 1)", (double)sp->vmin, (double)sp->vmax);
+                        "auto_range = 1)",
+                        (double)sp->vmin, (double)sp->vmax);
         L->vmin = sp->vmin;
         L->vmax = sp->vmax;
     }
@@ -406,11 +398,10 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
             return fail(err, errlen, DCS_ERR_ARG,
                         "heatmap: picture would be %lldx%lld pixels (limit %d per side, "
                         "%lld pixels); use a smaller cell_px or fewer panels",
-                        (long long)w, (long long)h, DCS_PNG_MAX_SIDE,
-                        (long long)DCS_PNG_MAX_PIXELS);
+                        (long long)w, (long long)h, DCS_PNG_MAX_SIDE, (long long)DCS_PNG_MAX_PIXELS);
     } else {
         int side = rows > cols ? rows : cols;
-        int target = sp->n_panels == 1 ? AUTO_TARGET_1
+        int target = sp->n_panels == 1   ? AUTO_TARGET_1
                      : sp->n_panels <= 8 ? AUTO_TARGET_FEW
                                          : AUTO_TARGET_MANY;
         int c = target / side;
@@ -425,8 +416,8 @@ dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *sp, dcs_png_layout *L,
                             "heatmap: %d panels of %dx%d need %lldx%lld pixels even at "
                             "1 pixel per cell (limit %d per side, %lld pixels); use "
                             "fewer panels, smaller maps or a different grid_cols",
-                            sp->n_panels, rows, cols, (long long)w, (long long)h,
-                            DCS_PNG_MAX_SIDE, (long long)DCS_PNG_MAX_PIXELS);
+                            sp->n_panels, rows, cols, (long long)w, (long long)h, DCS_PNG_MAX_SIDE,
+                            (long long)DCS_PNG_MAX_PIXELS);
             }
         }
     }
@@ -466,8 +457,7 @@ static void fill_rect(canvas *cv, int x, int y, int w, int h, const uint8_t rgb[
  * 90 degrees counter-clockwise, text reading upwards): (x, y) is the pixel
  * where the glyph's top-left corner went, i.e. its left column and its
  * bottom row. */
-static void draw_glyph(canvas *cv, int g, int x, int y, int s, int rot,
-                       const uint8_t rgb[3]) {
+static void draw_glyph(canvas *cv, int g, int x, int y, int s, int rot, const uint8_t rgb[3]) {
     for (int gy = 0; gy < DCS_FONT_H; gy++)
         for (int gx = 0; gx < DCS_FONT_W; gx++) {
             if (!dcs_font_pixel(g, gx, gy)) continue;
@@ -478,8 +468,8 @@ static void draw_glyph(canvas *cv, int g, int x, int y, int s, int rot,
         }
 }
 
-static void draw_glyphs(canvas *cv, const uint8_t *g, int n, int x, int y, int s,
-                        int rot, int bold, const uint8_t rgb[3]) {
+static void draw_glyphs(canvas *cv, const uint8_t *g, int n, int x, int y, int s, int rot, int bold,
+                        const uint8_t rgb[3]) {
     for (int i = 0; i < n; i++) {
         int off = i * DCS_FONT_ADV * s;
         if (rot == 0) {
@@ -510,9 +500,8 @@ static void hatch_span(canvas *cv, int y, int x0, int x1) {
 }
 
 /* Cells of one panel (the picture is known to contain them). */
-static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
-                       int p, const float *data, int px, int py, uint8_t *line,
-                       const uint8_t *lut) {
+static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp, int p,
+                       const float *data, int px, int py, uint8_t *line, const uint8_t *lut) {
     int c = L->cell, cols = L->cols;
     size_t line_bytes = (size_t)L->panel_w * 3;
     for (int t = 0; t < L->rows; t++) {
@@ -535,8 +524,8 @@ static void draw_cells(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_sp
             int y = py + t * c + dy;
             uint8_t *dst = cv->px + ((size_t)y * (size_t)cv->w + (size_t)px) * 3;
             memcpy(dst, line, line_bytes);
-            hatch_span(cv, y, px, px + first * c);                       /* outside the window */
-            hatch_span(cv, y, px + first_masked * c, px + L->panel_w);   /* causal */
+            hatch_span(cv, y, px, px + first * c);                     /* outside the window */
+            hatch_span(cv, y, px + first_masked * c, px + L->panel_w); /* causal */
         }
     }
 }
@@ -573,8 +562,8 @@ static void draw_colour_bar(canvas *cv, const dcs_png_layout *L, int colormap) {
     }
 }
 
-static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp,
-                         uint8_t *line, const uint8_t *lut) {
+static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_spec *sp, uint8_t *line,
+                         const uint8_t *lut) {
     int s = L->scale, c = L->cell, k = L->label_step;
     /* Figure title, centred, bold. */
     if (L->title_y >= 0) {
@@ -588,8 +577,7 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
             draw_glyphs(cv, g, n, (cv->w - wpx) / 2, L->title_y, ts, 0, 1, INK);
         }
     }
-    uint8_t g[DCS_PNG_MAX_LABEL_GLYPHS > MAX_TITLE_GLYPHS ? DCS_PNG_MAX_LABEL_GLYPHS
-                                                          : MAX_TITLE_GLYPHS];
+    uint8_t g[DCS_PNG_MAX_LABEL_GLYPHS > MAX_TITLE_GLYPHS ? DCS_PNG_MAX_LABEL_GLYPHS : MAX_TITLE_GLYPHS];
     char buf[16];
     for (int p = 0; p < L->n_panels; p++) {
         int px, py;
@@ -604,8 +592,7 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
             if (maxg > 0) {
                 int n = dcs_png_label_glyphs(pan->title, 0, maxg, g);
                 int wpx = (int)text_px(n, s);
-                draw_glyphs(cv, g, n, px + (L->panel_w - wpx) / 2, py - L->ptitle_h + 1,
-                            s, 0, 1, INK);
+                draw_glyphs(cv, g, n, px + (L->panel_w - wpx) / 2, py - L->ptitle_h + 1, s, 0, 1, INK);
             }
         }
         /* Query labels: left of the first panel of each grid row. */
@@ -613,22 +600,19 @@ static void draw_picture(canvas *cv, const dcs_png_layout *L, const dcs_heatmap_
             for (int t = 0; t < L->rows; t += k) {
                 int cy = py + t * c + c / 2;
                 fill_rect(cv, px - 2 - TICK, cy, TICK, 1, FRAME);
-                int n = dcs_png_label_glyphs(label_text(sp->row_labels, t, buf), 1,
-                                             DCS_PNG_MAX_LABEL_GLYPHS, g);
+                int n =
+                    dcs_png_label_glyphs(label_text(sp->row_labels, t, buf), 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
                 int xr = px - TICK - 5; /* rightmost pixel of the text */
-                draw_glyphs(cv, g, n, xr - (int)text_px(n, s) + 1,
-                            cy - DCS_FONT_CAP * s / 2, s, 0, 0, INK);
+                draw_glyphs(cv, g, n, xr - (int)text_px(n, s) + 1, cy - DCS_FONT_CAP * s / 2, s, 0, 0, INK);
             }
         }
         /* Key labels: under every panel, reading upwards, ending near it. */
         for (int j = 0; j < L->cols; j += k) {
             int cx = px + j * c + c / 2;
             fill_rect(cv, cx, py + L->panel_h + 2, 1, TICK, FRAME);
-            int n = dcs_png_label_glyphs(label_text(sp->col_labels, j, buf), 1,
-                                         DCS_PNG_MAX_LABEL_GLYPHS, g);
+            int n = dcs_png_label_glyphs(label_text(sp->col_labels, j, buf), 1, DCS_PNG_MAX_LABEL_GLYPHS, g);
             int top = py + L->panel_h + TICK + 5;
-            draw_glyphs(cv, g, n, cx - DCS_FONT_CAP * s / 2, top + (int)text_px(n, s) - 1,
-                        s, 1, 0, INK);
+            draw_glyphs(cv, g, n, cx - DCS_FONT_CAP * s / 2, top + (int)text_px(n, s) - 1, s, 1, 0, INK);
         }
         if (sp->axis_titles) {
             /* "key" centred under the key labels; "query" reading upwards left
@@ -691,12 +675,10 @@ static void png_warning_cb(png_structp png, png_const_charp msg) {
 }
 
 /* Everything libpng does after setjmp, in its own frame. */
-static void png_encode_body(png_structp png, png_infop info, png_mem *m,
-                            const uint8_t *rgb, int w, int h) {
+static void png_encode_body(png_structp png, png_infop info, png_mem *m, const uint8_t *rgb, int w, int h) {
     png_set_write_fn(png, m, png_write_cb, png_flush_cb);
-    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB,
-                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
-                 PNG_FILTER_TYPE_DEFAULT);
+    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_set_compression_level(png, 3);
     png_set_filter(png, PNG_FILTER_TYPE_BASE, PNG_FILTER_SUB | PNG_FILTER_UP);
     png_write_info(png, info);
@@ -704,12 +686,11 @@ static void png_encode_body(png_structp png, png_infop info, png_mem *m,
     png_write_end(png, NULL);
 }
 
-static dcs_status png_encode(const uint8_t *rgb, int w, int h, uint8_t **out,
-                             size_t *out_len, char *err, size_t errlen) {
+static dcs_status png_encode(const uint8_t *rgb, int w, int h, uint8_t **out, size_t *out_len, char *err,
+                             size_t errlen) {
     png_mem *m = (png_mem *)calloc(1, sizeof *m);
     if (!m) return fail(err, errlen, DCS_ERR_NOMEM, "heatmap: out of memory");
-    png_structp png =
-        png_create_write_struct(PNG_LIBPNG_VER_STRING, m, png_error_cb, png_warning_cb);
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, m, png_error_cb, png_warning_cb);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!png || !info) {
         png_destroy_write_struct(png ? &png : NULL, NULL);
@@ -734,12 +715,11 @@ static dcs_status png_encode(const uint8_t *rgb, int w, int h, uint8_t **out,
 
 /* ---------------------------------------------------------------- API */
 
-dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *png_len,
-                           char *err, size_t errlen) {
+dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *png_len, char *err,
+                           size_t errlen) {
     if (png) *png = NULL;
     if (png_len) *png_len = 0;
-    if (!png || !png_len)
-        return fail(err, errlen, DCS_ERR_ARG, "heatmap: png and png_len must not be NULL");
+    if (!png || !png_len) return fail(err, errlen, DCS_ERR_ARG, "heatmap: png and png_len must not be NULL");
     dcs_png_layout L;
     dcs_status st = dcs_png_layout_compute(spec, &L, err, errlen);
     if (st != DCS_OK) return st;
@@ -752,8 +732,8 @@ dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *
         free(cv.px);
         free(line);
         free(lut);
-        return fail(err, errlen, DCS_ERR_NOMEM,
-                    "heatmap: out of memory for a %dx%d picture", L.width, L.height);
+        return fail(err, errlen, DCS_ERR_NOMEM, "heatmap: out of memory for a %dx%d picture", L.width,
+                    L.height);
     }
     memset(cv.px, WHITE[0], npx * 3);
     for (int i = -1; i < DCS_CMAP_LEVELS; i++)
@@ -768,9 +748,8 @@ dcs_status dcs_heatmap_png(const dcs_heatmap_spec *spec, uint8_t **png, size_t *
 
 void dcs_buffer_free(void *p) { free(p); }
 
-dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, int s,
-                                int *width, int *height, int *x, int *y, int *cell,
-                                char *err, size_t errlen) {
+dcs_status dcs_heatmap_geometry(const dcs_heatmap_spec *spec, int panel, int t, int s, int *width,
+                                int *height, int *x, int *y, int *cell, char *err, size_t errlen) {
     dcs_png_layout L;
     dcs_status st = dcs_png_layout_compute(spec, &L, err, errlen);
     if (st != DCS_OK) return st;

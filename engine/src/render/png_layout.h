@@ -28,13 +28,13 @@
 
 /* Hard limits: larger pictures give DCS_ERR_ARG. */
 #define DCS_PNG_MAX_SIDE 16384
-#define DCS_PNG_MAX_PIXELS (128ll << 20)     /* 128 Mi pixels (384 MiB RGB) */
+#define DCS_PNG_MAX_PIXELS (128ll << 20) /* 128 Mi pixels (384 MiB RGB) */
 #define DCS_PNG_MAX_PANELS 65536
 /* With cell_px <= 0 the cell size is chosen so the picture stays within
  * this many pixels (and the side limit) when possible. */
 #define DCS_PNG_AUTO_PIXELS (48ll << 20)
 #define DCS_PNG_MAX_AUTO_CELL 32
-#define DCS_PNG_MAX_LABEL_GLYPHS 12          /* longer labels end in ".."   */
+#define DCS_PNG_MAX_LABEL_GLYPHS 12 /* longer labels end in ".."   */
 
 /* Masked (causal upper triangle) cells: a light grey hatch, neutral grey so
  * it differs from every colour of both maps (the diverging map's centre is
@@ -49,29 +49,28 @@
 #define DCS_PNG_HATCH_PERIOD 5
 
 typedef struct {
-    int width, height;       /* of the whole picture                        */
+    int width, height; /* of the whole picture                        */
     int n_panels, rows, cols;
     int grid_cols, grid_rows;
-    int cell;                /* pixels per cell side                        */
-    int scale;               /* font scale of labels, panel titles, ticks   */
-    int title_scale;         /* font scale of the figure title              */
-    int label_step;          /* label every label_step-th row and column    */
-    int panel_w, panel_h;    /* cols * cell, rows * cell                    */
-    int x0, y0;              /* top-left pixel of panel 0's cell (0, 0)     */
-    int pitch_x, pitch_y;    /* from one panel's origin to the next         */
-    int row_label_glyphs;    /* widest row label, in glyphs                 */
-    int col_label_glyphs;    /* longest column label, in glyphs             */
-    int title_y;             /* top row of the figure title (-1: none)      */
-    int ptitle_h;            /* height of the panel-title band (0: none)    */
+    int cell;             /* pixels per cell side                        */
+    int scale;            /* font scale of labels, panel titles, ticks   */
+    int title_scale;      /* font scale of the figure title              */
+    int label_step;       /* label every label_step-th row and column    */
+    int panel_w, panel_h; /* cols * cell, rows * cell                    */
+    int x0, y0;           /* top-left pixel of panel 0's cell (0, 0)     */
+    int pitch_x, pitch_y; /* from one panel's origin to the next         */
+    int row_label_glyphs; /* widest row label, in glyphs                 */
+    int col_label_glyphs; /* longest column label, in glyphs             */
+    int title_y;          /* top row of the figure title (-1: none)      */
+    int ptitle_h;         /* height of the panel-title band (0: none)    */
     int bar_x, bar_y, bar_w, bar_h;
-    int tick_label_x;        /* left edge of the colour bar's tick labels   */
-    float vmin, vmax;        /* the colour range used                        */
+    int tick_label_x; /* left edge of the colour bar's tick labels   */
+    float vmin, vmax; /* the colour range used                        */
 } dcs_png_layout;
 
 /* Validate spec, resolve the colour range and compute the geometry.
  * DCS_ERR_ARG (message in err, which may be NULL) on bad input. */
-dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *spec, dcs_png_layout *L,
-                                  char *err, size_t errlen);
+dcs_status dcs_png_layout_compute(const dcs_heatmap_spec *spec, dcs_png_layout *L, char *err, size_t errlen);
 
 /* Top-left pixel of cell (t, s) of panel p; the cell is L->cell square. */
 void dcs_png_cell_origin(const dcs_png_layout *L, int p, int t, int s, int *x, int *y);
@@ -81,8 +80,7 @@ void dcs_png_cell_origin(const dcs_png_layout *L, int p, int t, int s, int *x, i
  * control bytes a box; with visible_spaces, leading and trailing spaces
  * become middle dots. More than max_glyphs glyphs: the first max_glyphs - 2
  * and "..". out has room for max_glyphs entries; returns the count. */
-int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs,
-                         uint8_t *out);
+int dcs_png_label_glyphs(const char *s, int visible_spaces, int max_glyphs, uint8_t *out);
 
 /* Colour levels (colormap.c). dcs_colormap_rgb(cm, x, lo, hi) is exactly
  * dcs_colormap_level_rgb(cm, dcs_colormap_level(cm, x, lo, hi)). Levels are
