@@ -12,7 +12,6 @@ the plan's estimate, the budget, and recomputation.
   below even the recompute plan is refused by name.
 """
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -27,6 +26,7 @@ CONFIGS = [
     ("dcpythia", {}),
     ("dcpythia", {"window_size": 3, "use_parallel_residual": False, "query_wise": True}),
     ("gpt_neox", {}),
+    ("dcformer", {"intermediate": 64, "mgate_dim": 4}),  # SwiGLU's u3 and group gate in the shared buffers
 ]
 
 

@@ -87,6 +87,7 @@ __all__ = [
     "hub",
     "interventions",
     "load",
+    "memplan",
     "names",
     "patching",
     "progress",

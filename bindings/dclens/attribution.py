@@ -118,10 +118,12 @@ def attribute(
         _baseline_array(baseline)
 
     # activations and F(a): one pass with gradients at every hook (grad x act needs no more)
-    tape = Tape(model, B, T, budget)
-    logits = tape.forward(toks)
+    tape0 = Tape(model, B, T, budget)
+    logits = tape0.forward(toks)
     fa, dl = target_value_and_grad(target, logits, toks)
-    base_grads = tape.backward(dl, None, list(pts.values()))
+    base_grads = tape0.backward(dl, None, list(pts.values()))
+    tape: Optional[Tape] = tape0  # IG reuses it while the batch shape fits
+    del tape0
     # IG at a hook of layer l runs tapes from layer l, on the residual stream entering it
     first = {n: pts[n][1] if lib.dcs_hook_point_is_layered(pts[n][0]) else 0 for n in at}
     resid_names = sorted({"blocks.%d.resid_pre" % l for l in first.values() if l})

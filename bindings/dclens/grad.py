@@ -72,7 +72,7 @@ class Tape(EngineObject):
         overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
         logits: bool = True,
         resid: Optional[np.ndarray] = None,
-    ) -> Optional[np.ndarray]:
+    ) -> Any:
         """The tape's forward; from layer `first` (> 0) it starts from resid
         [B, T, D], the residual stream entering that layer."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)

@@ -59,7 +59,8 @@ def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (
     out = ffi.new("uint64_t *")
     pts = ffi.new("int[]", [int(p) for p in points] or [0])
     _check(
-        lib.dcs_tape_plan(model.runner.handle, int(B), int(T), int(first), int(recompute), pts, len(points), out), model.runner.errmsg()
+        lib.dcs_tape_plan(model.runner.handle, int(B), int(T), int(first), int(recompute), pts, len(points), out),
+        model.runner.errmsg(),
     )
     return int(out[0])
 
