@@ -29,7 +29,7 @@ typedef struct {
     float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
     float *dPc, *dP, *dAc, *dA;
     float *dW, *dG, *dhid, *dw1raw;
-    float *dsw[2];                         /* static maps [G, Mg, Mg] (use_sw)   */
+    float *dsw[2];                          /* static maps [G, Mg, Mg] (use_sw)   */
     float *dmoh, *dhgate, *dlg, *ds1, *ds0; /* MoH: dh [M, D], head gate, logits */
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
     float *mu, *rs, *rs2, *row; /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
@@ -1145,7 +1145,8 @@ static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
             for (int e = 0; e < E; e++) dot += (double)g[e] * dg[e];
             for (int e = 0; e < E; e++) dg[e] = g[e] * (dg[e] - (float)dot);
         }
-        lin_bw(m->be, d->dln2, 0.0f, GP(lw->mg), NULL, d->dgate, a->ln2, (dcs_wmat){lw->mg, DCS_F32}, M, E, D);
+        lin_bw(m->be, d->dln2, 0.0f, GP(lw->mg), NULL, d->dgate, a->ln2, (dcs_wmat){lw->mg, DCS_F32}, M, E,
+               D);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE_LINEAR, l, d->du3);
     lin_bw(m->be, d->dln2, 1.0f, GP(lw->m_w3.p), NULL, d->du3, a->ln2, lw->m_w3, M, F, D);
