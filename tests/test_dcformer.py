@@ -406,6 +406,37 @@ def test_hook_gradients_match_finite_differences(tiny_factory):
         _close([((f(sd, {n: _bump(ix, EPS)}) - f(sd, {n: _bump(ix, -EPS)})) / (2 * EPS), g[n][ix]) for ix in idx], n)
 
 
+def test_half_weights_gradients_match_finite_differences(tiny_factory):
+    """fp16 weights stay 16-bit in the tape (gemm_w reads w1/w3/w2 as stored):
+    hook and SwiGLU parameter gradients against central differences of the
+    reference on the stored (rounded) weights."""
+    d, sd, cfg = tiny_factory(**dict(GRAD_KW, dtype="float16"))
+    m = _load(d)
+    rng = np.random.default_rng(3)
+    toks = rng.integers(0, 24, 6)
+    target = ("logprob", 4, 7)
+    f = _fd_target(sd, cfg, toks, target)
+    names = ["blocks.0.mlp.pre_linear", "blocks.1.mlp.gate", "blocks.0.resid_pre"]
+    params = ["layers.0.feed_forward.w3.weight", "layers.1.feed_forward.w1.weight"]
+    g = m.gradients(toks, target, names + params)
+    for n in names:
+        nz = np.argwhere(np.abs(g[n]) > 1e-6)
+        idx = [tuple(nz[i]) for i in rng.integers(0, len(nz), 3)]
+        _close([((f(sd, {n: _bump(ix, EPS)}) - f(sd, {n: _bump(ix, -EPS)})) / (2 * EPS), g[n][ix]) for ix in idx], n)
+    for canon in params:
+        base = np.asarray(sd[canon], np.float64)
+        flat = g[canon].ravel()
+        pairs = []
+        for i in np.argsort(-np.abs(flat))[:3]:
+            vals = []
+            for s in (EPS, -EPS):
+                p = base.copy().ravel()
+                p[i] += s
+                vals.append(f(dict(sd, **{canon: p.reshape(base.shape)})))
+            pairs.append(((vals[0] - vals[1]) / (2 * EPS), flat[i]))
+        _close(pairs, "float16 " + canon)
+
+
 def test_parameter_gradients_match_finite_differences(tiny_factory):
     d, sd, cfg = tiny_factory(**GRAD_KW)
     m = _load(d)

@@ -60,24 +60,18 @@ def _check(pairs, what, gmax=0.0):
     assert err <= TOL, "%s: engine vs central differences rel err %.2e\n%s" % (what, err, e)
 
 
-@pytest.mark.parametrize("mt,kw", VARIANTS)
-def test_hook_gradients_match_finite_differences(tiny_factory, mt, kw):
-    d, sd, cfg = tiny_factory(model_type=mt, vocab=24, **kw)
-    m = dclens.load(d)
-    rng = np.random.default_rng(1)
-    toks = rng.integers(0, 24, 7)
-    target = ("logprob", 5, 3)
+def check_hook_gradients(m, sd, cfg, toks, target, g, rng, names, picks=3, what=""):
+    """Every hook in names: the engine's gradient g[n] at `picks` random and
+    `picks` nonzero entries against central differences of the reference."""
     f = _target_fn(cfg, toks, target)
-    names = m.hook_names
-    g = m.gradients(toks, target, names)
     _, cache = R.ref_forward(sd, cfg, toks, cache=True)
     for n in names:
         a = cache[n]
         assert g[n].shape == a.shape, n
-        idx = [tuple(rng.integers(0, s) for s in a.shape) for _ in range(3)]
+        idx = [tuple(rng.integers(0, s) for s in a.shape) for _ in range(picks)]
         nz = np.argwhere(np.abs(g[n]) > 1e-6)
         if len(nz):
-            idx += [tuple(nz[i]) for i in rng.integers(0, len(nz), 3)]
+            idx += [tuple(nz[i]) for i in rng.integers(0, len(nz), picks)]
         if n.endswith(".attn.pattern") and m.config.use_dcmha:
             # the engine post-composes the allowed pairs only (model-spec 2.9): an
             # edit at a masked pattern entry changes nothing there
@@ -95,7 +89,36 @@ def test_hook_gradients_match_finite_differences(tiny_factory, mt, kw):
 
             fd = (f(sd, {n: pert(EPS)}) - f(sd, {n: pert(-EPS)})) / (2 * EPS)
             pairs.append((fd, g[n][ix]))
-        _check(pairs, n, np.abs(g[n]).max())
+        _check(pairs, (what + " " + n).strip(), np.abs(g[n]).max())
+
+
+def check_param_gradients(sd, cfg, toks, target, g, rng, params, what=""):
+    """Parameters stored under their canonical names: the two largest and one
+    random entry of each gradient against central differences."""
+    f = _target_fn(cfg, toks, target)
+    for canon in params:
+        base = np.asarray(sd[canon], np.float64)
+        flat = g[canon].ravel()
+        pairs = []
+        for i in list(np.argsort(-np.abs(flat))[:2]) + [int(rng.integers(0, flat.size))]:
+            vals = []
+            for s in (EPS, -EPS):
+                p = base.copy().ravel()
+                p[i] += s
+                vals.append(f(dict(sd, **{canon: p.reshape(base.shape)})))
+            pairs.append(((vals[0] - vals[1]) / (2 * EPS), flat[i]))
+        _check(pairs, (what + " " + canon).strip(), np.abs(flat).max())
+
+
+@pytest.mark.parametrize("mt,kw", VARIANTS)
+def test_hook_gradients_match_finite_differences(tiny_factory, mt, kw):
+    d, sd, cfg = tiny_factory(model_type=mt, vocab=24, **kw)
+    m = dclens.load(d)
+    rng = np.random.default_rng(1)
+    toks = rng.integers(0, 24, 7)
+    target = ("logprob", 5, 3)
+    g = m.gradients(toks, target, m.hook_names)
+    check_hook_gradients(m, sd, cfg, toks, target, g, rng, m.hook_names)
 
 
 def _stored(mt, canon, cfg):
@@ -224,13 +247,3 @@ def test_cuda_models_are_refused(tiny_factory):
         m.gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
     with pytest.raises(dclens.Error, match="CPU only"):
         m.attribute(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
-
-
-@pytest.mark.parametrize(
-    "kw,what", [({"use_sw": True}, "use_sw"), ({"moh": {"shared_heads": 1, "routed_topk": 2}}, "moh")]
-)
-def test_variants_are_refused(tiny_factory, kw, what):
-    d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, **kw)
-    m = dclens.load(d)
-    with pytest.raises(dclens.Error, match=what):
-        m.gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])

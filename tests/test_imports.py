@@ -119,6 +119,7 @@ ANALYSES = [
     "generate",
     "grad",
     "interventions",
+    "memplan",
     "heatmaps",
     "plots",
     "explorer",

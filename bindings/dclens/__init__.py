@@ -39,7 +39,7 @@ from .model import (
 )
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
-from . import analysis, attribution, circuits, grad, interventions, routing
+from . import analysis, attribution, circuits, grad, interventions, memplan, routing
 from . import cache, names, patching
 from .names import BRANCHES, PHASES, hook_name, hook_names
 from .hooks import HookPoint, read_only
@@ -87,6 +87,7 @@ __all__ = [
     "hub",
     "interventions",
     "load",
+    "memplan",
     "names",
     "patching",
     "progress",

@@ -86,12 +86,22 @@ typedef struct dcs_tape dcs_tape;
 typedef struct { int point; int layer; const float *data; } dcs_hook_override;
 typedef struct { int point; int layer; float *grad; } dcs_hook_grad;
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out);
+dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out);
+dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max_bytes, dcs_tape **out);
+dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const float *resid,
+                                 const dcs_hook_override *ov, int n_ov, float *logits);
+dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, const int *points,
+                         int n_points, uint64_t *bytes);
+void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);
 void dcs_tape_free(dcs_tape *tp);
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
                             int n_ov, float *logits);
 dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count);
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
                              const dcs_hook_grad *g, int n_g);
+typedef struct { int index; float *grad; } dcs_param_grad;
+dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
+                                    const dcs_hook_grad *g, int n_g);
 int dcs_param_count(const dcs_model *m);
 int64_t dcs_param_total(const dcs_model *m);
 dcs_status dcs_param_info(const dcs_model *m, int i, const char **name, int64_t *offset,

@@ -11,7 +11,8 @@ activation a and baseline a0: the activation at h is replaced by
 a0 + alpha (a - a0) and everything downstream recomputed; the attribution is
 (a - a0) * mean over alpha of dF/dh, alpha at the midpoints (k + 1/2)/steps
 of `steps` intervals. The interpolation points run through the engine as one
-batch (in chunks of `chunk`). Completeness: the attributions sum to
+batch, in chunks of `chunk` (None: as many as the tape's memory budget
+max_tape_bytes holds, memplan.ig_batch). Completeness: the attributions sum to
 F(a) - F(a0); `gap` = sum - (F(a) - F(a0)) (shrinks as steps grows).
 Each hook in `at` is attributed on its own (the others keep their values).
 
@@ -31,6 +32,8 @@ import numpy as np
 from . import _facade, progress as _progress
 from .grad import Tape, target_value_and_grad
 from ._checks import Error, check_index, is_choice
+from ._engine import lib
+from . import memplan
 
 # hook suffix -> axis of the heads in the single-sequence layout
 _HEAD_AXIS = {
@@ -90,12 +93,14 @@ def attribute(
     steps: int = 32,
     baseline="zero",
     progress: Optional[bool] = None,
-    chunk: int = 16,
+    chunk: Optional[int] = None,
+    max_tape_bytes: Optional[int] = None,
 ) -> Attribution:
     if not is_choice(method, ("ig", "grad_x_act")):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
     steps = check_index("attribute: steps", steps, 1, 2**31)
-    chunk = check_index("attribute: chunk", chunk, 1, 2**31)
+    if chunk is not None:  # None: as many steps per batch as the memory budget allows
+        chunk = check_index("attribute: chunk", chunk, 1, 2**31)
     toks, batched = model.runner.tokens(tokens)
     B, T = toks.shape
     if isinstance(at, str):
@@ -106,17 +111,26 @@ def attribute(
     if not at:
         raise Error("attribute: 'at' is empty")
     pts = {n: model.parse_hook(n) for n in at}
+    budget = memplan.check_budget(max_tape_bytes)
     if isinstance(baseline, str) and baseline not in ("zero", "mean"):
         raise Error("attribute: baseline must be 'zero', 'mean' or an array, not %r" % (baseline,))
     if not isinstance(baseline, str):
         _baseline_array(baseline)
 
     # activations and F(a): one pass with gradients at every hook (grad x act needs no more)
-    tape = Tape(model, B, T)
-    logits = tape.forward(toks)
+    tape0 = Tape(model, B, T, budget)
+    logits = tape0.forward(toks)
     fa, dl = target_value_and_grad(target, logits, toks)
-    base_grads = tape.backward(dl, None, list(pts.values()))
-    _, cache = model.runner.run(toks, capture=at, logits=False)
+    base_grads = tape0.backward(dl, None, list(pts.values()))
+    tape: Optional[Tape] = tape0  # IG reuses it while the batch shape fits
+    del tape0
+    # IG at a hook of layer l runs tapes from layer l, on the residual stream entering it
+    first = {n: pts[n][1] if lib.dcs_hook_point_is_layered(pts[n][0]) else 0 for n in at}
+    resid_names = sorted({"blocks.%d.resid_pre" % l for l in first.values() if l})
+    _, cache = model.runner.run(toks, capture=list(at) + [r for r in resid_names if r not in at], logits=False)
+    resid = {
+        l: np.asarray(cache["blocks.%d.resid_pre" % l], np.float32).reshape(B, T, -1) for l in set(first.values()) if l
+    }
     acts = {n: np.asarray(cache[n], np.float32).reshape((B,) + base_grads[pts[n]].shape[1:]) for n in at}
 
     out = Attribution(method, fa if batched else float(fa[0]), {}, {}, {}, {})
@@ -124,7 +138,8 @@ def attribute(
         for n in at:
             out.attributions[n] = acts[n] * base_grads[pts[n]]
     else:
-        total = len(at) * B * ((steps + chunk - 1) // chunk)
+        chunks = {n: chunk or memplan.ig_batch(model, T, steps, pts[n][0], budget, first[n])[0] for n in at}
+        total = sum(B * ((steps + chunks[n] - 1) // chunks[n]) for n in at)
         bar = _progress.bar(
             total=total,
             desc="integrated gradients",
@@ -136,6 +151,8 @@ def attribute(
             for n in at:
                 p = pts[n]
                 a = acts[n]
+                step = chunks[n]
+                l0 = first[n]
                 if isinstance(baseline, str):
                     a0 = (
                         np.zeros_like(a)
@@ -155,22 +172,38 @@ def attribute(
                 f0 = np.zeros(B)
                 for b in range(B):
                     gsum = np.zeros(a.shape[1:], np.float64)
-                    for c0 in range(0, steps, chunk):
-                        al = alphas[c0 : c0 + chunk]
+                    diff = a[b] - a0[b]
+                    for c0 in range(0, steps, step):
+                        al = alphas[c0 : c0 + step]
                         k = len(al)
-                        tp = Tape(model, k, T) if k != getattr(tape, "B", -1) or tape.T != T else tape
-                        tape = tp
-                        interp = a0[b][None] + al.reshape((k,) + (1,) * (a.ndim - 1)) * (a[b] - a0[b])[None]
-                        lg = tp.forward(np.repeat(toks[b : b + 1], k, 0), {p: interp.astype(np.float32)})
+                        if tape is None or k != tape.B or tape.T != T or tape.first != l0:
+                            tape = None  # one tape at a time: free it first
+                            tape = Tape(model, k, T, budget, l0)
+                        tp = tape
+                        # a0 + alpha (a - a0), float32, built in place (no batch-sized temporaries)
+                        interp = np.empty((k,) + a.shape[1:], np.float32)
+                        np.multiply(al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1)), diff[None], out=interp)
+                        interp += a0[b][None]
+                        lg = tp.forward(
+                            np.repeat(toks[b : b + 1], k, 0),
+                            {p: interp},
+                            resid=np.repeat(resid[l0][b : b + 1], k, 0) if l0 else None,
+                        )
                         _, d = target_value_and_grad(target, lg, np.repeat(toks[b : b + 1], k, 0))
                         g = tp.backward(d, None, [p])[p]
-                        gsum += g.sum(0, dtype=np.float64)
+                        for gj in g:  # one interpolation point at a time
+                            gsum += gj
                         if bar is not None:
                             bar.update(1)
                     attr[b] = (a[b] - a0[b]) * gsum / steps
                     # F(a0): the baseline run
-                    tb = Tape(model, 1, T)
-                    lg0 = tb.forward(toks[b : b + 1], {p: np.ascontiguousarray(a0[b][None], np.float32)})
+                    tape = None
+                    tb = Tape(model, 1, T, budget, l0)
+                    lg0 = tb.forward(
+                        toks[b : b + 1],
+                        {p: np.ascontiguousarray(a0[b][None], np.float32)},
+                        resid=resid[l0][b : b + 1] if l0 else None,
+                    )
                     f0[b] = target_value_and_grad(target, lg0, toks[b : b + 1])[0][0]
                 out.attributions[n] = attr.astype(np.float32)
                 gap = attr.reshape(B, -1).sum(1) - (fa - f0)

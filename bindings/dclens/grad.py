@@ -13,6 +13,9 @@ sequence b is that of sequence b's own target, as if run one by one):
 ``pos`` may be negative (from the end). Gradients can be asked at every hook
 point of the model (hooks.md layout, batch axis first for a 2-D token array)
 and for every parameter by canonical name (``Model.weight`` names).
+
+Weights stay in their stored dtype (an F16/BF16 checkpoint is not widened);
+the tape follows the memory plan of memplan.py under ``max_tape_bytes``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from . import _facade
 from ._engine import ffi, lib
 from ._checks import EngineObject, Error, check_status as _check
+from . import memplan
 
 
 def _ptr(a, kind="float *"):
@@ -31,9 +35,10 @@ def _ptr(a, kind="float *"):
 
 
 class Tape(EngineObject):
-    """One engine tape for B sequences of T tokens (CPU models only)."""
+    """One engine tape for B sequences of T tokens (CPU models only), under
+    the memory budget max_tape_bytes (None: memplan.default_budget())."""
 
-    def __init__(self, model, B: int, T: int):
+    def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None, first_layer: int = 0):
         if model.device != "cpu":
             raise Error(
                 "gradients and training run on the CPU only; this model is on %s "
@@ -41,12 +46,20 @@ class Tape(EngineObject):
             )
         self.model = model
         self.B, self.T = B, T
+        budget = memplan.check_budget(max_tape_bytes)
         out = ffi.new("dcs_tape **")
-        r = model.runner
-        with r.engine_lock():  # one engine call at a time per model
-            _check(lib.dcs_tape_new(r.handle, B, T, out), r.errmsg())
+        with model.runner.engine_lock():  # one engine call at a time per model
+            _check(lib.dcs_tape_new_from(model.runner.handle, B, T, first_layer, budget, out), model.runner.errmsg())
+        self.first = first_layer  # > 0: forward(resid=...) starts at this layer
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
         self._keep: Optional[Tuple[Any, Any]] = None
+
+    def memory(self) -> Dict[str, int]:
+        """'tape' bytes of its buffers, 'pass_peak' the largest transient of its
+        passes so far, 'recompute' 1 when it recomputes layers."""
+        tb, pk, rc = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("int *")
+        lib.dcs_tape_memory(self._tp, tb, pk, rc)
+        return {"tape": int(tb[0]), "pass_peak": int(pk[0]), "recompute": int(rc[0])}
 
     def _shape(self, point: int) -> Tuple[int, ...]:
         shape = ffi.new("int64_t[6]")
@@ -54,9 +67,22 @@ class Tape(EngineObject):
         return tuple(int(shape[i]) for i in range(nd))
 
     def forward(
-        self, tokens: np.ndarray, overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None, logits: bool = True
+        self,
+        tokens: np.ndarray,
+        overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
+        logits: bool = True,
+        resid: Optional[np.ndarray] = None,
     ) -> Any:
+        """The tape's forward; from layer `first` (> 0) it starts from resid
+        [B, T, D], the residual stream entering that layer."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
+        if self.first:
+            D = self.model.config.d_model
+            if resid is None:
+                raise Error("tape from layer %d: resid [B, T, D] is required" % self.first)
+            resid = np.ascontiguousarray(resid, dtype=np.float32)
+            if resid.shape != (self.B, self.T, D):
+                raise Error("tape: resid has shape %s, expected %s" % (resid.shape, (self.B, self.T, D)))
         ov = overrides or {}
         keep = []
         arr = ffi.new("dcs_hook_override[]", max(1, len(ov)))
@@ -72,9 +98,13 @@ class Tape(EngineObject):
         self._keep = (keep, arr)  # the engine reads them again in the backward
         out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
         with self.model.runner.engine_lock():
-            st = lib.dcs_tape_forward(
-                self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), _ptr(out) if out is not None else ffi.NULL
-            )
+            lg = _ptr(out) if out is not None else ffi.NULL
+            if self.first:
+                st = lib.dcs_tape_forward_from(
+                    self._tp, _ptr(toks, "const int32_t *"), _ptr(resid, "const float *"), arr, len(ov), lg
+                )
+            else:
+                st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), lg)
             _check(st, self.model.runner.errmsg())
         return out
 
@@ -91,7 +121,11 @@ class Tape(EngineObject):
         dlogits: Optional[np.ndarray] = None,
         param_grads: Optional[np.ndarray] = None,
         wrt: Sequence[Tuple[int, int]] = (),
+        params: Optional[Dict[int, np.ndarray]] = None,
     ) -> Dict[Tuple[int, int], np.ndarray]:
+        """Gradients at the hooks in wrt; parameter gradients accumulated into
+        param_grads (flat, every parameter) or into params (parameter index ->
+        float32 buffer of its size: only those)."""
         outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
         arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
         for i, ((p, l), g) in enumerate(outs.items()):
@@ -105,7 +139,15 @@ class Tape(EngineObject):
             assert param_grads.dtype == np.float32 and param_grads.flags.c_contiguous
             pg = _ptr(param_grads)
         with self.model.runner.engine_lock():
-            _check(lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs)), self.model.runner.errmsg())
+            if params:
+                pa = ffi.new("dcs_param_grad[]", len(params))
+                for i, (idx, buf) in enumerate(params.items()):
+                    assert buf.dtype == np.float32 and buf.flags.c_contiguous
+                    pa[i].index, pa[i].grad = idx, _ptr(buf)
+                st = lib.dcs_tape_backward_params(self._tp, dl, pa, len(params), arr, len(outs))
+            else:
+                st = lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs))
+            _check(st, self.model.runner.errmsg())
         return outs
 
 
@@ -117,6 +159,14 @@ def param_table(model) -> List[Tuple[str, int, int, bool]]:
         _check(lib.dcs_param_info(model.runner.handle, i, nm, off, n, dec), model.runner.errmsg())
         rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
     return rows
+
+
+def _weight_shape(model, name: str) -> Tuple[int, ...]:
+    """A weight's shape, without reading it (Model.weight would widen it)."""
+    shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
+    with model.runner.engine_lock():
+        _check(lib.dcs_weight_shape(model.runner.handle, name.encode(), shape, nd), model.runner.errmsg())
+    return tuple(int(shape[i]) for i in range(nd[0]))
 
 
 # ------------------------------------------------------------------ targets
@@ -137,8 +187,7 @@ def _tok(tok, V: int, what: str) -> int:
 def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Per-sequence target values [B] and d(sum of them)/d logits [B, T, V]."""
     B, T, V = logits.shape
-    lg = logits.astype(np.float64)
-    d = np.zeros_like(lg)
+    d = np.zeros((B, T, V), np.float32)  # float64 where it is computed: one row per sequence
     if isinstance(target, str):
         target = (target,)
     if not isinstance(target, (tuple, list)) or not target or not isinstance(target[0], str):
@@ -151,20 +200,23 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
         if len(target) != 3:
             raise Error("target %s needs (kind, pos, token), got %r" % (kind, target))
         p, t = _pos(target[1], T, kind), _tok(target[2], V, kind)
-        val = lg[:, p, t].copy()
-        d[:, p, t] = 1.0
+        row = logits[:, p].astype(np.float64)
+        val = row[:, t].copy()
+        dp = np.zeros_like(row)
+        dp[:, t] = 1.0
         if kind == "logprob":
-            mx = lg[:, p].max(-1, keepdims=True)
-            e = np.exp(lg[:, p] - mx)
+            mx = row.max(-1, keepdims=True)
+            e = np.exp(row - mx)
             sm = e / e.sum(-1, keepdims=True)
             val = val - (np.log(e.sum(-1)) + mx[:, 0])
-            d[:, p] -= sm
+            dp -= sm
+        d[:, p] = dp
     elif kind == "logit_diff":
         if len(target) != 4:
             raise Error("target logit_diff needs (kind, pos, good, bad), got %r" % (target,))
         p = _pos(target[1], T, kind)
         g, b = _tok(target[2], V, kind), _tok(target[3], V, kind)
-        val = lg[:, p, g] - lg[:, p, b]
+        val = logits[:, p, g].astype(np.float64) - logits[:, p, b].astype(np.float64)
         d[:, p, g] += 1.0
         d[:, p, b] -= 1.0
     elif kind == "loss":
@@ -185,7 +237,7 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
             if not len(pos):
                 raise Error("loss mask selects no predicting position in sequence %d" % b)
             nxt = tokens[b, pos + 1]
-            row = lg[b, pos]
+            row = logits[b, pos].astype(np.float64)
             mx = row.max(-1, keepdims=True)
             e = np.exp(row - mx)
             lse = np.log(e.sum(-1)) + mx[:, 0]
@@ -195,14 +247,16 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
             d[b, pos] = sm / len(pos)
     else:
         raise Error("unknown target kind %r (logit, logprob, logit_diff, loss)" % (kind,))
-    return val, d.astype(np.float32)
+    return val, d
 
 
 # ------------------------------------------------------------------ gradients
 
 
 @_facade.provides("gradients")
-def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False):
+def gradients(
+    model, tokens, target, wrt: Sequence[str], return_value: bool = False, max_tape_bytes: Optional[int] = None
+):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
     toks, batched = model.runner.tokens(tokens)
     B, T = toks.shape
@@ -215,7 +269,7 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
     wrt = list(wrt)
     if not wrt:
         raise Error("gradients: wrt is empty (give hook names or parameter names)")
-    params = {r[0]: r for r in param_table(model)} if model.device == "cpu" else {}
+    params = {r[0]: (i,) + r for i, r in enumerate(param_table(model))} if model.device == "cpu" else {}
     hooks, pnames = {}, []
     for n in wrt:
         if isinstance(n, str) and n in params:
@@ -225,19 +279,18 @@ def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = Fa
             hooks[n] = model.parse_hook(n)
         except Error as e:
             raise Error("gradients: %r is neither a hook of this model nor a parameter name (%s)" % (n, e))
-    tape = Tape(model, B, T)
+    tape = Tape(model, B, T, max_tape_bytes)
     logits = tape.forward(toks)
     val, dl = target_value_and_grad(target, logits, toks)
-    pg = np.zeros(lib.dcs_param_total(model.runner.handle), np.float32) if pnames else None
-    g = tape.backward(dl, pg, list(hooks.values()))
+    # one buffer per parameter asked for (never a flat gradient of all of them)
+    pbufs = {params[n][0]: np.zeros(params[n][3], np.float32) for n in pnames}
+    g = tape.backward(dl, None, list(hooks.values()), params=pbufs)
     out = {}
     for n, pl in hooks.items():
         a = g[pl]
         out[n] = a if batched else a[0]
     for n in pnames:
-        assert pg is not None  # allocated whenever pnames is not empty
-        _, off, size, _ = params[n]
-        out[n] = pg[off : off + size].reshape(model.weight(n).shape).copy()
+        out[n] = pbufs[params[n][0]].reshape(_weight_shape(model, n))
     if return_value:
         return out, (val if batched else float(val[0]))
     return out

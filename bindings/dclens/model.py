@@ -774,7 +774,9 @@ class Model(WeightsMixin):
 
     def last_pass_memory(self) -> Dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
-        once and 'total' asked for. Hooks not asked for add nothing."""
+        once and 'total' asked for. Hooks not asked for add nothing. After a
+        gradient pass: the tape's buffers plus the largest transient of its
+        forward and recomputations ('peak'; estimate_backward_memory bounds it)."""
         peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         lib.dcs_forward_memory(self.runner.handle, peak, total)
         return {"peak": int(peak[0]), "total": int(total[0])}
@@ -843,14 +845,38 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
-    def gradients(self, tokens, target, wrt, return_value: bool = False):
+    def gradients(self, tokens, target, wrt, return_value: bool = False, max_tape_bytes: Optional[int] = None):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
-        return _facade.call("gradients", self, tokens, target, wrt, return_value=return_value)
+        return _facade.call(
+            "gradients", self, tokens, target, wrt, return_value=return_value, max_tape_bytes=max_tape_bytes
+        )
 
     def attribute(
-        self, tokens, target, at, method: str = "ig", steps: int = 32, baseline="zero", progress: Optional[bool] = None
+        self,
+        tokens,
+        target,
+        at,
+        method: str = "ig",
+        steps: int = 32,
+        baseline="zero",
+        progress: Optional[bool] = None,
+        max_tape_bytes: Optional[int] = None,
     ):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
         return _facade.call(
-            "attribute", self, tokens, target, at, method=method, steps=steps, baseline=baseline, progress=progress
+            "attribute",
+            self,
+            tokens,
+            target,
+            at,
+            method=method,
+            steps=steps,
+            baseline=baseline,
+            progress=progress,
+            max_tape_bytes=max_tape_bytes,
         )
+
+    def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: Optional[int] = None):
+        """Bytes a gradient pass over B x T tokens would take under each tape plan, before
+        anything is allocated, and the plan the budget picks (memplan.py)."""
+        return _facade.call("estimate_backward_memory", self, T, B, wrt, max_tape_bytes)

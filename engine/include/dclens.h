@@ -390,6 +390,31 @@ typedef struct {
 } dcs_hook_grad;
 
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out);
+/* The memory plan. Weights stay in their stored dtype (F16/BF16 matrices
+ * are widened tile by tile in the backward's products, as in the forward).
+ * The tape keeps every layer's activations when that fits in max_bytes (0:
+ * no budget), else only each layer's input (a checkpoint of the residual
+ * stream) and one layer's internals, recomputed layer by layer in the
+ * backward (the same results, bit for bit); DCS_ERR_NOMEM, with both sizes,
+ * when neither fits. */
+dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out);
+/* A tape over layers first..L-1 only (first > 0: the layers below are
+ * computed once by the caller, e.g. an integrated-gradients run at a hook of
+ * layer `first`): dcs_tape_forward_from takes the residual stream entering
+ * layer `first`, resid [B, T, D]; overrides and gradients are then allowed
+ * at layers >= first (not embed), parameter gradients not at all. */
+dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max_bytes, dcs_tape **out);
+dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const float *resid,
+                                 const dcs_hook_override *ov, int n_ov, float *logits);
+/* Bytes a tape for B x T from layer `first` would take, before anything is
+ * allocated: its buffers under the plan (recompute 0: every layer kept; 1: checkpoints),
+ * a bound on one layer's transient, and for each hook point in `points`
+ * its gradient and an override of it. */
+dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, const int *points,
+                         int n_points, uint64_t *bytes);
+/* What a tape holds: its own buffers, the largest transient of its passes
+ * so far (forward and recomputations), and whether it recomputes. */
+void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);
 void dcs_tape_free(dcs_tape *tp);
 /* tokens [B, T]; logits [B, T, V] or NULL. `ov` must outlive the backward. */
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
@@ -401,6 +426,15 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
  * param_grads: flat [dcs_param_total] accumulated (+=), or NULL. */
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_hook_grad *g,
                              int n_g);
+/* The same with gradients of the parameters in `pg` only (index as in
+ * dcs_param_info, grad [its size] accumulated +=): nothing is allocated for
+ * the others. */
+typedef struct {
+    int index;
+    float *grad;
+} dcs_param_grad;
+dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
+                                    const dcs_hook_grad *g, int n_g);
 
 /* Parameters: every weight by canonical name, in one flat layout. */
 int dcs_param_count(const dcs_model *m);

@@ -244,6 +244,93 @@ static void test_compose(int keys, unsigned on) {
     }
 }
 
+/* Every variant (dcs_compose_pair_bw_var): groups, the static map, one side
+ * absent, against central differences of dcs_compose_pair. */
+enum { VN = 6, VG = 2, VM = VN / VG };
+typedef struct {
+    float qw1[CR * VN], qw2[CR * VN], kw1[CR * VN], kw2[CR * VN], qdd[VN], kdd[VN], sw[VG * VM * VM];
+    int q, k, st;
+} cv_ctx;
+static void cv_f(void *c, const float *x, float *y) {
+    cv_ctx *a = c;
+    dcs_compose_pair(x, y, 1, VN, VG, CR, a->q ? a->qw1 : NULL, a->q ? a->qw2 : NULL, a->k ? a->kw1 : NULL,
+                     a->k ? a->kw2 : NULL, a->q ? a->qdd : NULL, a->k ? a->kdd : NULL, a->st ? a->sw : NULL,
+                     NULL, NULL, NULL, NULL, NULL, NULL);
+}
+static void test_compose_var(int q, int k, int st) {
+    cv_ctx c = {.q = q, .k = k, .st = st};
+    fill(c.qw1, CR * VN, 1.0f);
+    fill(c.qw2, CR * VN, 1.0f);
+    fill(c.kw1, CR * VN, 1.0f);
+    fill(c.kw2, CR * VN, 1.0f);
+    fill(c.qdd, VN, 0.9f);
+    fill(c.kdd, VN, 0.9f);
+    fill(c.sw, VG * VM * VM, 1.0f);
+    float x[VN], y[VN], wy[VN], dx[VN] = {0};
+    float d1[CR * VN] = {0}, d2[CR * VN] = {0}, d3[CR * VN] = {0}, d4[CR * VN] = {0}, d5[VN] = {0},
+                  d6[VN] = {0};
+    float dsw[VG * VM * VM] = {0};
+    fill(x, VN, 1.0f);
+    fill(wy, VN, 1.0f);
+    cv_f(&c, x, y);
+    dcs_compose_pair_bw_var(x, wy, dx, 1, VN, VG, CR, q ? c.qw1 : NULL, q ? c.qw2 : NULL, k ? c.kw1 : NULL,
+                            k ? c.kw2 : NULL, q ? c.qdd : NULL, k ? c.kdd : NULL, st ? c.sw : NULL, d1, d2,
+                            d3, d4, d5, d6, st ? dsw : NULL, 0x3f);
+    char w[96];
+#define VG_(name, p, n, g)                                                                                   \
+    do {                                                                                                     \
+        snprintf(w, sizeof w, "compose variant (q=%d k=%d static=%d) %s", q, k, st, name);                   \
+        check_grad(w, cv_f, &c, x, p, n, g, VN, wy);                                                         \
+    } while (0)
+    VG_("d a", x, VN, dx);
+    if (q) {
+        VG_("d qw1", c.qw1, CR * VN, d1);
+        VG_("d qw2", c.qw2, CR * VN, d2);
+        VG_("d qdd", c.qdd, VN, d5);
+    }
+    if (k) {
+        VG_("d kw1", c.kw1, CR * VN, d3);
+        VG_("d kw2", c.kw2, CR * VN, d4);
+        VG_("d kdd", c.kdd, VN, d6);
+    }
+    if (st) VG_("d sw", c.sw, VG * VM * VM, dsw);
+#undef VG_
+}
+
+/* MoH routing scores (dcs_moh_route_row_bw) against central differences of
+ * dcs_moh_route_row, away from selection ties. */
+enum { RN_ = 6 };
+typedef struct {
+    int hs, k;
+    float lg[RN_], s1[RN_], s0[2];
+} mr_ctx;
+static void mr_f(void *c, const float *x, float *y) {
+    (void)x;
+    mr_ctx *a = c;
+    dcs_moh_route_row(a->lg, a->hs > 1 ? a->s1 : NULL, a->hs > 0 ? a->s0 : NULL, RN_, a->hs, a->k, y);
+}
+static void test_moh_route(int hs, int k) {
+    mr_ctx c = {.hs = hs, .k = k};
+    for (int j = 0; j < RN_; j++) c.lg[j] = 0.7f * (float)j - 1.3f + 0.1f * frand(); /* distinct logits */
+    fill(c.s1, RN_, 1.0f);
+    fill(c.s0, 2, 1.0f);
+    float y[RN_], wy[RN_], dlg[RN_], ds1[RN_], ds0[2];
+    fill(wy, RN_, 1.0f);
+    mr_f(&c, NULL, y);
+    dcs_moh_route_row_bw(c.lg, hs > 1 ? c.s1 : NULL, hs > 0 ? c.s0 : NULL, RN_, hs, k, wy, dlg, ds1, ds0);
+    char w[64];
+    snprintf(w, sizeof w, "moh route (hs=%d k=%d) d logits", hs, k);
+    check_grad(w, mr_f, &c, NULL, c.lg, RN_ - hs, dlg, RN_, wy);
+    if (hs > 1) {
+        snprintf(w, sizeof w, "moh route (hs=%d k=%d) d shared", hs, k);
+        check_grad(w, mr_f, &c, NULL, c.s1, hs, ds1, RN_, wy);
+    }
+    if (hs > 0) {
+        snprintf(w, sizeof w, "moh route (hs=%d k=%d) d balance", hs, k);
+        check_grad(w, mr_f, &c, NULL, c.s0, 2, ds0, RN_, wy);
+    }
+}
+
 int main(void) {
     test_layernorm();
     test_rmsnorm(0);
@@ -256,6 +343,12 @@ int main(void) {
     test_compose(0, 0x1f);
     test_compose(1, 0x1f & ~0x4u); /* kp cut by a hook */
     test_compose(1, 0x1u | 0x8u);  /* skip + qg only  */
+    test_compose_var(1, 1, 1);     /* groups + static      */
+    test_compose_var(0, 1, 0);     /* key-wise only        */
+    test_compose_var(1, 0, 1);     /* query-wise + static  */
+    test_moh_route(0, 2);
+    test_moh_route(1, 2);
+    test_moh_route(2, 1);
     (void)check_count;
     check_counts cc = {n_pass, n_fail};
     return check_report("test_backward", &cc);

@@ -258,7 +258,7 @@ static void test_gemm_w(dcs_backend *be, int dtype, int transW) {
     dcs_widen(W16, (uint64_t)N * K, dtype, Wf);
     float *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
     dcs_wmat W = {W16, dtype};
-    be->ops->gemm_w(be, transW, M, N, K, A, K, W, C1, N);
+    be->ops->gemm_w(be, transW, M, N, K, A, K, W, 0.0f, C1, N);
     /* the same tiles through plain sgemm: columns [n0, n0 + tw) at a time give
      * the same sums as one call, so compare with a tolerance-free reference of
      * per-column sgemm */

@@ -367,6 +367,7 @@ static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int 
  * A, once per tile, stays a small share of the tile's FLOPs. */
 typedef struct {
     int transW, M, N, K, lda, ldc, tw;
+    float beta;
     const float *A;
     dcs_wmat W;
     float *C;
@@ -389,20 +390,20 @@ static void gemmw_items(void *arg, long long begin, long long end, int tid) {
         if (g->transW) { /* rows n0.. of W [N, K]: contiguous */
             widen(W + (size_t)n0 * g->K * es, (uint64_t)nw * g->K, g->W.dtype, buf);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, nw, g->K, 1.0f, g->A, g->lda, buf,
-                        g->K, 0.0f, g->C + n0, g->ldc);
+                        g->K, g->beta, g->C + n0, g->ldc);
         } else { /* columns n0.. of W [K, N] */
             for (int k = 0; k < g->K; k++)
                 widen(W + ((size_t)k * g->N + n0) * es, (uint64_t)nw, g->W.dtype, buf + (size_t)k * nw);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, nw, g->K, 1.0f, g->A, g->lda, buf,
-                        nw, 0.0f, g->C + n0, g->ldc);
+                        nw, g->beta, g->C + n0, g->ldc);
         }
     }
 }
 
 static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda, dcs_wmat W,
-                       float *C, int ldc) {
+                       float beta, float *C, int ldc) {
     if (W.dtype == DCS_F32) {
-        cpu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, 0.0f, C, ldc, 0, 1);
+        cpu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, beta, C, ldc, 0, 1);
         return;
     }
     int tw = (int)((4u << 20) / (unsigned)(K > 0 ? K : 1));
@@ -417,7 +418,7 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
     if (per < tw) tw = per;
     if (tw > N) tw = N;
     if (tw < 1) tw = 1;
-    gemmw_job g = {transW, M, N, K, lda, ldc, tw, A, W, C, be};
+    gemmw_job g = {transW, M, N, K, lda, ldc, tw, beta, A, W, C, be};
     parallel_for_chunk(be, gemmw_items, &g, (N + tw - 1) / tw, PAR_MIN, 1);
 }
 

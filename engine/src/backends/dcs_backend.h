@@ -124,10 +124,12 @@ typedef struct dcs_backend_ops {
 
     /* Optional (NULL on backends whose weights are all float32 and that
      * have no fused kernel, e.g. CUDA, which widens F16 at upload):
-     * C [M, N] = A [M, K] op(W), W stored in W.dtype, [N, K] when transW
-     * (a torch Linear) else [K, N]; F16/BF16 widened tile by tile. */
+     * C [M, N] = A [M, K] op(W) + beta C, W stored in W.dtype, [N, K] when
+     * transW (a torch Linear) else [K, N]; F16/BF16 widened tile by tile.
+     * The backward reads the same weights through it: dx = dy W is
+     * transW = 0 on a Linear's [O, I] matrix. */
     void (*gemm_w)(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda, dcs_wmat W,
-                   float *C, int ldc);
+                   float beta, float *C, int ldc);
     /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
     void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M, int D);
     /* Fused attention (see dcs_attn_args); NULL: the graph uses the full path. */

@@ -320,6 +320,133 @@ DCS_HD void dcs_moh_route_row(const float *lg, const float *s1, const float *s0,
     }
 }
 
+/* Backward of dcs_compose_pair for one pair, every variant (groups, the
+ * static map, query or key side absent): from g = dL/dout [N] (stride),
+ * accumulates (+=) da [N], the pair's dynamic-weight gradients dqw1, dqw2,
+ * dkw1, dkw2 [R, N], dqdd, dkdd [N] (NULL where the side is absent) and dsw
+ * [G, Mg, Mg] (NULL without the static map). `on` selects the branches
+ * that pass gradient (bit k: skip, qp, kp, qg, kg, static; a branch a hook
+ * rewrote is a constant). */
+DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, long long stride, int N, int G,
+                                    int R, const float *qw1, const float *qw2, const float *kw1,
+                                    const float *kw2, const float *qdd, const float *kdd, const float *sw,
+                                    float *dqw1, float *dqw2, float *dkw1, float *dkw2, float *dqdd,
+                                    float *dkdd, float *dsw, unsigned on) {
+    const int Mg = N / G;
+    for (int gr = 0; gr < G; gr++) {
+        const int n0 = gr * Mg;
+        float qi[DCS_MAX_R], ki[DCS_MAX_R], gq[DCS_MAX_R], gk[DCS_MAX_R];
+        for (int i = 0; i < R; i++) {
+            float sq = 0.0f, sk = 0.0f, tq = 0.0f, tk = 0.0f;
+            for (int n = n0; n < n0 + Mg; n++) {
+                float an = a[(long long)n * stride], gn = g[(long long)n * stride];
+                if (qw1) {
+                    sq += an * qw1[i * N + n];
+                    tq += gn * qw2[i * N + n];
+                }
+                if (kw1) {
+                    sk += an * kw1[i * N + n];
+                    tk += gn * kw2[i * N + n];
+                }
+            }
+            qi[i] = sq;
+            ki[i] = sk;
+            gq[i] = tq;
+            gk[i] = tk;
+        }
+        const float *W = sw ? sw + (long long)gr * Mg * Mg : 0;
+        float *dW = dsw ? dsw + (long long)gr * Mg * Mg : 0;
+        for (int n = n0; n < n0 + Mg; n++) {
+            const long long o = (long long)n * stride;
+            const float an = a[o], gn = g[o];
+            float d = (on & 1) ? gn : 0.0f;
+            if ((on & 8) && qdd) {
+                d += gn * qdd[n];
+                dqdd[n] += gn * an;
+            }
+            if ((on & 16) && kdd) {
+                d += gn * kdd[n];
+                dkdd[n] += gn * an;
+            }
+            for (int i = 0; i < R; i++) {
+                if ((on & 2) && qw1) {
+                    d += gq[i] * qw1[i * N + n];
+                    dqw1[i * N + n] += gq[i] * an;
+                    dqw2[i * N + n] += qi[i] * gn;
+                }
+                if ((on & 4) && kw1) {
+                    d += gk[i] * kw1[i * N + n];
+                    dkw1[i * N + n] += gk[i] * an;
+                    dkw2[i * N + n] += ki[i] * gn;
+                }
+            }
+            if ((on & 32) && W) /* st[m] = sum_n a[n] W[n, m] */
+                for (int m = 0; m < Mg; m++) {
+                    const float gm = g[(long long)(n0 + m) * stride];
+                    d += gm * W[(n - n0) * Mg + m];
+                    if (dW) dW[(n - n0) * Mg + m] += an * gm;
+                }
+            da[o] += d;
+        }
+    }
+}
+
+/* Backward of dcs_moh_route_row for one token: from dg [N] to the router
+ * logits dlg [N - hs], shared-head logits ds1 [hs] (hs > 1) and balance
+ * logits ds0 [2] (hs > 0), all written. The top-k selection is discrete:
+ * it has no gradient; the selected heads' scores are k times a softmax
+ * over the selected logits (the full softmax's normaliser cancels), and
+ * their gradient flows through that; unselected heads get 0. */
+DCS_HD void dcs_moh_route_row_bw(const float *lg, const float *s1, const float *s0, int N, int hs, int k,
+                                 const float *dg, float *dlg, float *ds1, float *ds0) {
+    const int NR = N - hs;
+    float mx = -INFINITY;
+    for (int j = 0; j < NR; j++) mx = lg[j] > mx ? lg[j] : mx;
+    /* r_j = exp(lg_j) / sum over the selected (0 unselected); u = softmax(s0) */
+    float ssum = 0.0f;
+    for (int j = 0; j < NR; j++) {
+        int rank = 0;
+        for (int q = 0; q < NR; q++) rank += lg[q] > lg[j] || (lg[q] == lg[j] && q < j);
+        dlg[j] = rank < k ? expf(lg[j] - mx) : 0.0f; /* r before normalising */
+        ssum += dlg[j];
+    }
+    float u0 = 0.5f, u1 = 0.5f;
+    if (hs > 0) {
+        float b = s0[0] > s0[1] ? s0[0] : s0[1];
+        float e0 = expf(s0[0] - b), e1 = expf(s0[1] - b);
+        u0 = e0 / (e0 + e1);
+        u1 = e1 / (e0 + e1);
+    }
+    const float a0 = 2.0f * u0, a1 = hs > 0 ? 2.0f * u1 : 1.0f;
+    float rdot = 0.0f, da1 = 0.0f;
+    for (int j = 0; j < NR; j++) {
+        float r = dlg[j] / ssum;
+        dlg[j] = r;
+        rdot += r * dg[hs + j];
+        da1 += dg[hs + j] * (float)k * r;
+    }
+    for (int j = 0; j < NR; j++) dlg[j] = a1 * (float)k * dlg[j] * (dg[hs + j] - rdot);
+    if (hs == 0) return;
+    float da0 = 0.0f;
+    if (hs == 1) {
+        da0 = dg[0];
+    } else {
+        float b = -INFINITY, z = 0.0f, sdot = 0.0f;
+        for (int n = 0; n < hs; n++) b = s1[n] > b ? s1[n] : b;
+        for (int n = 0; n < hs; n++) z += expf(s1[n] - b);
+        for (int n = 0; n < hs; n++) {
+            float sg = expf(s1[n] - b) / z;
+            sdot += sg * dg[n];
+            da0 += dg[n] * (float)hs * sg;
+        }
+        for (int n = 0; n < hs; n++) ds1[n] = a0 * (float)hs * (expf(s1[n] - b) / z) * (dg[n] - sdot);
+    }
+    /* a = 2 softmax(s0): ds0_j = 2 u_j (da_j - sum_i u_i da_i) */
+    const float ud = u0 * da0 + u1 * da1;
+    ds0[0] = 2.0f * u0 * (da0 - ud);
+    ds0[1] = 2.0f * u1 * (da1 - ud);
+}
+
 /* The five branches summed back (used after a hook rewrote a branch). */
 DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) { return a + b + c + d + e; }
 

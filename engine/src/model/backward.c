@@ -166,49 +166,9 @@ void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long st
                          const float *qw1, const float *qw2, const float *kw1, const float *kw2,
                          const float *qdd, const float *kdd, float *dqw1, float *dqw2, float *dkw1,
                          float *dkw2, float *dqdd, float *dkdd, unsigned on) {
-    float qi[DCS_MAX_R], ki[DCS_MAX_R], gq[DCS_MAX_R], gk[DCS_MAX_R];
-    for (int i = 0; i < R; i++) {
-        float sq = 0, sk = 0, tq = 0, tk = 0;
-        for (int n = 0; n < N; n++) {
-            float an = a[(long long)n * stride], gn = g[(long long)n * stride];
-            sq += an * qw1[i * N + n];
-            tq += gn * qw2[i * N + n];
-            if (kw1) {
-                sk += an * kw1[i * N + n];
-                tk += gn * kw2[i * N + n];
-            }
-        }
-        qi[i] = sq;
-        ki[i] = sk;
-        gq[i] = tq;
-        gk[i] = tk;
-    }
-    for (int n = 0; n < N; n++) {
-        long long o = (long long)n * stride;
-        float an = a[o], gn = g[o], d = 0.0f;
-        if (on & 1) d += gn;
-        if (on & 8) {
-            d += gn * qdd[n];
-            dqdd[n] += gn * an;
-        }
-        if ((on & 16) && kdd) {
-            d += gn * kdd[n];
-            dkdd[n] += gn * an;
-        }
-        for (int i = 0; i < R; i++) {
-            if (on & 2) {
-                d += gq[i] * qw1[i * N + n];
-                dqw1[i * N + n] += gq[i] * an;
-                dqw2[i * N + n] += qi[i] * gn;
-            }
-            if ((on & 4) && kw1) {
-                d += gk[i] * kw1[i * N + n];
-                dkw1[i * N + n] += gk[i] * an;
-                dkw2[i * N + n] += ki[i] * gn;
-            }
-        }
-        da[o] += d;
-    }
+    /* one group, no static map: the general pair backward of dcs_math.h */
+    dcs_compose_pair_bw_var(a, g, da, stride, N, 1, R, qw1, qw2, kw1, kw2, qdd, kdd, NULL, dqw1, dqw2, dkw1,
+                            dkw2, dqdd, dkdd, NULL, on);
 }
 
 /* ---------------------------------------------------------------- compose, by rows */

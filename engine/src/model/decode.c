@@ -119,21 +119,9 @@ dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out) {
     if (!m) return DCS_ERR_ARG;
     m->err.code = DCS_OK;
     m->err.msg[0] = 0;
-    /* The decoder is refused the variants of model-spec.md 5 (the layer it
-     * runs computes them; tests/test_decode.py keeps this contract until the
-     * decoder's variant results are checked against the reference). */
-    const dcs_config *c = &m->cfg;
-    if (c->use_dcmha && (c->key_wise || c->use_sw || c->compose_groups != 1))
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "decoder: incremental decoding supports plain DCMHA and MHA; this model uses %s "
-                          "(run full forward passes instead)",
-                          c->key_wise ? "key-wise-only composition"
-                          : c->use_sw ? "the static (use_sw) branch"
-                                      : "grouped composition");
-    if (c->moh)
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "decoder: incremental decoding does not support Mixture-of-Head routing (moh) yet "
-                          "(run full forward passes instead)");
+    /* Every variant of model-spec.md 5 decodes through the one layer
+     * (layer.c): its compose and MoH gate run on the new rows against the
+     * cached keys (tests/test_decode.py checks each against full passes). */
     dcs_decoder *d = calloc(1, sizeof *d);
     if (d) d->layers = calloc((size_t)m->cfg.n_layer, sizeof *d->layers);
     if (!d || !d->layers) {

@@ -59,7 +59,7 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
     if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
         be->ops->gemm(be, 0, 0, M, GC * K, D, 1.0f, h, D, 0, lw->m_dw1.p, GC * K, 0, 0.0f, hid, GC * K, 0, 1);
     else
-        be->ops->gemm_w(be, 0, M, GC * K, D, h, D, lw->m_dw1, hid, GC * K);
+        be->ops->gemm_w(be, 0, M, GC * K, D, h, D, lw->m_dw1, 0.0f, hid, GC * K);
     if (kp) be->ops->copy(be, kp->hpre, hid, sizeof(float) * (size_t)M * GC * K);
     be->ops->gelu(be, hid, (size_t)M * GC * K);
     /* w[:, gc] = hid[:, gc] @ qkw[gc], batched over the G*C (group, slot) pairs */
@@ -205,10 +205,13 @@ static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, 
 static void moh_gate(dcs_pass *p, int l, const float *h, float *z) {
     const dcs_config *c = &p->m->cfg;
     const dcs_layer_weights *lw = &p->m->layers[l];
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
     const int M = p->M, D = c->d_model, N = c->n_head, hs = c->moh_shared;
-    float *lg = dcs_pass_alloc(p, M, N - hs, 1), *g = dcs_pass_alloc(p, M, N, 1);
-    float *s1 = hs > 1 ? dcs_pass_alloc(p, M, hs, 1) : NULL, *s0 = hs > 0 ? dcs_pass_alloc(p, M, 2, 1) : NULL;
+    float *lg = act(p, kp ? kp->rlg : NULL, M, N - hs, 1), *g = act(p, kp ? kp->hgate : NULL, M, N, 1);
+    float *s1 = hs > 1 ? act(p, kp ? kp->rs1 : NULL, M, hs, 1) : NULL;
+    float *s0 = hs > 0 ? act(p, kp ? kp->rs0 : NULL, M, 2, 1) : NULL;
     if (p->status) return;
+    if (kp) p->be->ops->copy(p->be, kp->zpre, z, sizeof(float) * (size_t)M * D);
     dcs_pass_linear(p, lg, h, (dcs_wmat){lw->moh_wg, DCS_F32}, NULL, M, N - hs, D);
     if (s1) dcs_pass_linear(p, s1, h, (dcs_wmat){lw->moh_wg1, DCS_F32}, NULL, M, hs, D);
     if (s0) dcs_pass_linear(p, s0, h, (dcs_wmat){lw->moh_wg0, DCS_F32}, NULL, M, 2, D);

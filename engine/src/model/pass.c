@@ -219,7 +219,7 @@ void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const fl
     if (W.dtype == DCS_F32 || !be->ops->gemm_w)
         be->ops->gemm(be, 0, 1, M, O, I, 1.0f, x, I, 0, W.p, I, 0, 0.0f, y, O, 0, 1);
     else
-        be->ops->gemm_w(be, 1, M, O, I, x, I, W, y, O);
+        be->ops->gemm_w(be, 1, M, O, I, x, I, W, 0.0f, y, O);
     if (b) be->ops->add_bias(be, y, b, M, O);
 }
 

@@ -48,13 +48,17 @@ typedef struct {
  *   and rotary; qraw, kraw before, with qk_norm); hpre, hid [M, C*K] (before
  *   / after GELU); g [M, C*N]; per phase and side w1raw, w1, w2 [M, R, N],
  *   dd [M, N]; A, P, Pc [B, N, T, T] (scores, pattern, composed pattern);
- *   u, ug [M, F] (before / after GELU). Norm statistics are not kept: the
+ *   u, ug [M, F] (before / after GELU); with MoH the gate's inputs and z
+ *   before it. Norm statistics are not kept: the
  *   backward recomputes them from the inputs. */
 typedef struct {
     float *x, *ln1, *q, *k, *v, *qraw, *kraw, *hpre, *hid, *g;
     float *w1raw[2][2], *w1[2][2], *w2[2][2], *dd[2][2];
     float *A, *P, *Pc, *z, *ao, *h, *ln2, *u, *ug, *mo;
     float *u3, *gate; /* DCFormer++: w3 x [M, F], the MLP group gate [M, E] (mgate) */
+    /* MoH (model-spec 5): z before the head gate [M, N, Dh], the head gate
+     * [M, N], router logits [M, N - hs], shared [M, hs], balance [M, 2] */
+    float *zpre, *hgate, *rlg, *rs1, *rs0;
 } dcs_kept;
 
 /* The size table: floats of each kept activation of one layer for B

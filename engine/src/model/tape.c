@@ -24,13 +24,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_ALLOCS 1024
-
 /* gradient buffers, reused by every layer */
 typedef struct {
     float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
     float *dPc, *dP, *dAc, *dA;
     float *dW, *dG, *dhid, *dw1raw;
+    float *dsw[2];                          /* static maps [G, Mg, Mg] (use_sw)   */
+    float *dmoh, *dhgate, *dlg, *ds1, *ds0; /* MoH: dh [M, D], head gate, logits */
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
     float *mu, *rs, *rs2, *row; /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
     float *du3, *dgate;         /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
@@ -39,6 +39,20 @@ typedef struct {
 struct dcs_tape {
     dcs_model *m;
     int B, T, M;
+    /* The memory plan (dcs_tape_plan): every layer's activations kept, or
+     * (recompute) only each layer's input x (the residual stream
+     * checkpoint, L[l].x) and one layer's internals, shared by every L[l]:
+     * the backward reruns layer l from its checkpoint before its backward,
+     * through the same code (layer.c with keeping on), so the gradients are
+     * the same bits as with the full tape. */
+    int recompute;
+    int first;          /* the first layer it runs (dcs_tape_new_from): the
+                               layers below are the caller's, none kept      */
+    int held;           /* the layer whose internals the shared buffers hold */
+    float *xr;          /* [M, D] residual stream of a recomputed layer */
+    uint64_t bytes;     /* the tape's own buffers                       */
+    uint64_t pass_peak; /* the largest transient of its passes          */
+    int dry;            /* planning only: tp_alloc counts, allocates nothing */
     dcs_kept *L;
     float *xL, *lnf, *logits, *dlogits;
     float *rot_cs;
@@ -50,12 +64,20 @@ struct dcs_tape {
     float *kT[3], *dkT[3]; /* transposed key-side dynamic weights and their grads */
     int have_forward;
     dcs_status status; /* allocation failure inside the backward */
-    void *allocs[MAX_ALLOCS];
-    int n_allocs;
+    void **allocs;
+    int n_allocs, cap_allocs;
 };
 
 static float *tp_alloc(dcs_tape *tp, size_t n) {
-    if (tp->n_allocs == MAX_ALLOCS) return NULL;
+    tp->bytes += (uint64_t)(n ? n : 1) * sizeof(float);
+    if (tp->dry) return (float *)tp; /* a plan: never dereferenced */
+    if (tp->n_allocs == tp->cap_allocs) {
+        int cap = tp->cap_allocs ? 2 * tp->cap_allocs : 256;
+        void **a = realloc(tp->allocs, sizeof *a * (size_t)cap);
+        if (!a) return NULL;
+        tp->allocs = a;
+        tp->cap_allocs = cap;
+    }
     float *p = calloc(n ? n : 1, sizeof(float));
     if (p) tp->allocs[tp->n_allocs++] = p;
     return p;
@@ -145,98 +167,120 @@ static void rms_stats(const float *x, int rows, int width, float eps, float *rs)
 
 void dcs_tape_free(dcs_tape *tp) {
     if (!tp) return;
+    /* the transients its passes left in the model's pool are sized for
+     * this tape's B x T: kept, they would add up over tapes of other sizes
+     * (IG chunks) */
+    if (tp->m && !tp->dry) dcs_pool_clear(tp->m);
     for (int i = 0; i < tp->n_allocs; i++) free(tp->allocs[i]);
+    free(tp->allocs);
     free(tp->L);
     free(tp->want);
     free(tp);
 }
 
-/* The tape knows plain DCMHA and MHA; the variants of model-spec.md 5 are
- * refused by name rather than differentiated wrongly. */
+/* The tape differentiates DCMHA, MHA and the variants of model-spec.md 5
+ * (static branch, grouped composition, key-wise only: the per-pair compose
+ * backward of dcs_math.h; MoH: through the routing scores of the selected
+ * heads, the selection itself being discrete). */
 dcs_status dcs_tape_supported(dcs_model *m) {
-    const dcs_config *c = &m->cfg;
-    const char *what = c->use_sw               ? "use_sw (static composition)"
-                       : c->compose_groups > 1 ? "grouped composition (compose_groups > 1)"
-                       : c->moh                ? "moh (Mixture-of-Head routing)"
-                       : c->key_wise           ? "key_wise (key-wise-only composition)"
-                                               : NULL;
-    if (what)
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "gradients and training do not support the attention variant %s yet", what);
+    (void)m;
     return DCS_OK;
 }
 
-/* Weights are float32 host arrays here (see dcs_model_require_f32). The
- * kept activations are sized by the layer's size table (dcs_act_sizes). */
-dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
-    *out = NULL;
-    const dcs_config *c = &m->cfg;
-    if (m->device != DCS_DEVICE_CPU)
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "gradients and training run on the CPU only (this model is on cuda); "
-                          "load it with device='cpu'");
-    if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
-    dcs_status st = dcs_tape_supported(m);
-    if (st) return st;
-    st = dcs_model_require_f32(m, &m->err);
-    if (st) return st;
-    dcs_tape *tp = calloc(1, sizeof *tp);
-    if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
-    tp->m = m;
-    tp->B = B;
-    tp->T = T;
-    tp->M = B * T;
-    const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
-    const size_t Ls = c->n_layer;
-    const size_t C = c->dyn_slots, K = c->dyn_hidden, RN = (size_t)c->dyn_rank * N;
-    uint64_t sz[DCS_ACT_COUNT];
-    dcs_act_sizes(c, B, T, T, sz);
-    const size_t BNTT = sz[DCS_ACT_MAP], MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F];
-    int ok = 1;
+/* Does the composition need the per-pair backward of every variant
+ * (dcs_compose_pair_bw_var) rather than the row kernel of plain DCMHA? */
+static int compose_variant(const dcs_config *c) {
+    return c->use_dcmha && (c->use_sw || c->compose_groups > 1 || c->key_wise);
+}
+
 #define A_(p, n)                                                                                             \
     do {                                                                                                     \
         if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0;                                                        \
     } while (0)
-    tp->L = calloc(Ls ? Ls : 1, sizeof(dcs_kept));
-    tp->want = calloc((size_t)DCS_HP_COUNT * (Ls ? Ls : 1), 1);
-    if (!tp->L || !tp->want) ok = 0;
-    for (size_t l = 0; ok && l < Ls; l++) {
-        dcs_kept *a = &tp->L[l];
-        A_(a->x, MD);
-        A_(a->ln1, MD);
-        A_(a->q, MD);
-        A_(a->k, MD);
-        A_(a->v, MD);
-        if (c->qk_norm) {
-            A_(a->qraw, MD);
-            A_(a->kraw, MD);
+
+/* One layer's kept activations (sizes from the layer's size table,
+ * dcs_act_sizes); x too when with_x (else it is a checkpoint, set later). */
+static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x) {
+    const dcs_config *c = &tp->m->cfg;
+    const size_t MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F], BNTT = sz[DCS_ACT_MAP];
+    int ok = 1;
+    if (with_x) A_(a->x, MD);
+    A_(a->ln1, MD);
+    A_(a->q, MD);
+    A_(a->k, MD);
+    A_(a->v, MD);
+    if (c->qk_norm) {
+        A_(a->qraw, MD);
+        A_(a->kraw, MD);
+    }
+    A_(a->A, BNTT);
+    A_(a->P, BNTT);
+    if (c->use_dcmha) {
+        A_(a->hpre, sz[DCS_ACT_HID]);
+        A_(a->hid, sz[DCS_ACT_HID]);
+        A_(a->g, sz[DCS_ACT_GATES]);
+        A_(a->Pc, BNTT);
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++) {
+                if ((s == 1 && c->query_wise) || (s == 0 && c->key_wise)) continue;
+                A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]);
+                A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
+                A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]);
+                A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
+            }
+    }
+    A_(a->z, MD);
+    A_(a->ao, MD);
+    if (!c->parallel_residual) A_(a->h, MD);
+    A_(a->ln2, MD);
+    A_(a->u, MF);
+    A_(a->ug, MF);
+    A_(a->mo, MD);
+    if (c->model_type == DCS_MODEL_DCFORMER) A_(a->u3, MF);
+    if (c->mgate_dim > 0) A_(a->gate, (MD / (size_t)c->d_model) * (size_t)c->mgate_dim);
+    if (c->moh) {
+        const size_t M = MD / (size_t)c->d_model, N = c->n_head, hs = c->moh_shared;
+        A_(a->zpre, MD);
+        A_(a->hgate, M * N);
+        A_(a->rlg, M * (N - hs));
+        if (hs > 1) A_(a->rs1, M * hs);
+        if (hs > 0) A_(a->rs0, M * 2);
+    }
+    return ok;
+}
+
+/* Every buffer of the tape under its plan (tp->recompute); with tp->dry
+ * only their bytes are counted. 1 on success. */
+static int alloc_tape(dcs_tape *tp) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const int B = tp->B, T = tp->T;
+    const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
+    const size_t Ls = c->n_layer;
+    const size_t C = c->dyn_slots, RN = (size_t)c->dyn_rank * N;
+    uint64_t sz[DCS_ACT_COUNT];
+    dcs_act_sizes(c, B, T, T, sz);
+    const size_t BNTT = sz[DCS_ACT_MAP];
+    int ok = 1;
+    if (tp->recompute) {
+        /* the checkpoints: one [M, D] per layer; one layer's internals */
+        dcs_kept shared;
+        memset(&shared, 0, sizeof shared);
+        ok = alloc_kept(tp, &shared, sz, 0);
+        for (size_t l = (size_t)tp->first; ok && l < Ls; l++) {
+            float *x = NULL;
+            A_(x, M * D);
+            if (!tp->dry && ok) {
+                tp->L[l] = shared;
+                tp->L[l].x = x;
+            }
         }
-        A_(a->A, BNTT);
-        A_(a->P, BNTT);
-        if (c->use_dcmha) {
-            A_(a->hpre, sz[DCS_ACT_HID]);
-            A_(a->hid, sz[DCS_ACT_HID]);
-            A_(a->g, sz[DCS_ACT_GATES]);
-            A_(a->Pc, BNTT);
-            for (int ph = 0; ph < 2; ph++)
-                for (int s = 0; s < 2; s++) {
-                    if (s == 1 && c->query_wise) continue;
-                    A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]);
-                    A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
-                    A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]);
-                    A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
-                }
+        A_(tp->xr, M * D);
+    } else {
+        for (size_t l = (size_t)tp->first; ok && l < Ls; l++) {
+            dcs_kept dummy, *a = tp->dry ? &dummy : &tp->L[l];
+            ok = alloc_kept(tp, a, sz, 1);
         }
-        A_(a->z, MD);
-        A_(a->ao, MD);
-        if (!c->parallel_residual) A_(a->h, MD);
-        A_(a->ln2, MD);
-        A_(a->u, MF);
-        A_(a->ug, MF);
-        A_(a->mo, MD);
-        if (c->model_type == DCS_MODEL_DCFORMER) A_(a->u3, MF);
-        if (c->mgate_dim > 0) A_(a->gate, M * (size_t)c->mgate_dim);
     }
     A_(tp->xL, M * D);
     A_(tp->lnf, M * D);
@@ -248,7 +292,7 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
         if (!tp->tokens) ok = 0;
     }
     tgrads *d = &tp->d;
-    if (c->use_dcmha && !c->query_wise)
+    if (c->use_dcmha && !c->query_wise && !compose_variant(c))
         for (int i = 0; i < 3; i++) {
             A_(tp->kT[i], i < 2 ? M * RN : M * N);
             A_(tp->dkT[i], i < 2 ? M * RN : M * N);
@@ -269,16 +313,25 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     A_(d->dA, BNTT);
     if (c->model_type == DCS_MODEL_DCFORMER) A_(d->du3, M * F);
     if (c->mgate_dim > 0) A_(d->dgate, M * (size_t)c->mgate_dim);
+    const size_t RG = (size_t)c->dyn_rank * (c->compose_groups > 1 ? c->compose_groups : 1);
     A_(d->mu, M);
     A_(d->rs, M);
-    A_(d->rs2, M * (N > (size_t)c->dyn_rank ? N : (size_t)c->dyn_rank));
+    A_(d->rs2, M * (N > RG ? N : RG));
     A_(d->row, D);
+    if (c->moh) {
+        const size_t hs = c->moh_shared;
+        A_(d->dmoh, M * D);
+        A_(d->dhgate, M * N);
+        A_(d->dlg, M * (N - hs));
+        A_(d->ds1, M * (hs ? hs : 1));
+        A_(d->ds0, M * 2);
+    }
     if (c->use_dcmha) {
         A_(d->dPc, BNTT);
         A_(d->dAc, BNTT);
         A_(d->dW, M * C * 2 * RN);
         A_(d->dG, M * C * N);
-        A_(d->dhid, M * C * K);
+        A_(d->dhid, sz[DCS_ACT_HID]);
         A_(d->dw1raw, M * RN);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
@@ -288,13 +341,122 @@ dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
             }
     }
 #undef A_
-    if (!ok) {
+    return ok;
+}
+
+/* The transient of one pass of the tape over a layer (keeping on), above
+ * the tape's own buffers: qkv [M, 3D] with the dynamic weights before
+ * splitting [M, C*2R*N] (released before the maps), or a composed-score
+ * map [B, N, T, T]; with head_out overridden or asked for, head_out
+ * [M, N, D] and (F16/BF16) the widened wo [D, D]. A bound, not a
+ * measurement: dcs_tape_memory reports what a run took. */
+static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
+    const dcs_config *c = &m->cfg;
+    uint64_t sz[DCS_ACT_COUNT];
+    dcs_act_sizes(c, B, T, T, sz);
+    uint64_t a = 3 * sz[DCS_ACT_ROW_D], b = sz[DCS_ACT_DYN_ALL] + sz[DCS_ACT_HID] + sz[DCS_ACT_GATES];
+    uint64_t t = a > b ? a : b;
+    if (c->use_dcmha && sz[DCS_ACT_MAP] > t) t = sz[DCS_ACT_MAP];
+    if (head_out) t += sz[DCS_ACT_ROW_D] * (uint64_t)c->n_head + (uint64_t)c->d_model * c->d_model;
+    return t * sizeof(float);
+}
+
+static dcs_status check_first(dcs_model *m, int first) {
+    if (first < 0 || first >= m->cfg.n_layer)
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: first layer %d is out of range (model has %d layers)",
+                          first, m->cfg.n_layer);
+    return DCS_OK;
+}
+
+dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, const int *points,
+                         int n_points, uint64_t *bytes) {
+    if (!m || !bytes) return DCS_ERR_ARG;
+    if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
+    dcs_status st = check_first(m, first);
+    if (st) return st;
+    dcs_tape plan;
+    memset(&plan, 0, sizeof plan);
+    plan.m = m;
+    plan.B = B;
+    plan.T = T;
+    plan.M = B * T;
+    plan.first = first;
+    plan.recompute = recompute != 0;
+    plan.dry = 1;
+    alloc_tape(&plan);
+    int head_out = 0;
+    uint64_t hooks = 0;
+    for (int i = 0; i < n_points; i++) {
+        if (points[i] < 0 || points[i] >= DCS_HP_COUNT || !dcs_hook_exists(m, points[i]))
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape plan: point %d is not a hook of this model",
+                              points[i]);
+        int64_t shape[6];
+        int nd = dcs_hook_shape(m, points[i], B, T, shape);
+        uint64_t n = 1;
+        for (int k = 0; k < nd; k++) n *= (uint64_t)shape[k];
+        hooks += 2 * n * sizeof(float); /* its gradient and an override of it */
+        head_out |= points[i] == DCS_HP_HEAD_OUT;
+    }
+    *bytes = plan.bytes + pass_transient(m, B, T, head_out) + hooks;
+    return DCS_OK;
+}
+
+/* Weights stay in their stored dtype (the backward reads them through
+ * gemm_w); the kept activations are sized by the layer's size table. */
+dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max_bytes, dcs_tape **out) {
+    *out = NULL;
+    if (m->device != DCS_DEVICE_CPU)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                          "gradients and training run on the CPU only (this model is on cuda); "
+                          "load it with device='cpu'");
+    if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
+        return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
+    dcs_status st = dcs_tape_supported(m);
+    if (!st) st = check_first(m, first);
+    if (st) return st;
+    uint64_t full = 0, ckpt = 0;
+    dcs_tape_plan(m, B, T, first, 0, NULL, 0, &full);
+    dcs_tape_plan(m, B, T, first, 1, NULL, 0, &ckpt);
+    const int recompute = max_bytes && full > max_bytes;
+    if (recompute && ckpt > max_bytes)
+        return dcs_seterr(&m->err, DCS_ERR_NOMEM,
+                          "tape: B=%d T=%d needs %.1f MiB with recomputation (%.1f MiB keeping every layer), "
+                          "more than max_tape_bytes = %.1f MiB; use fewer tokens per call",
+                          B, T, ckpt / 1048576.0, full / 1048576.0, max_bytes / 1048576.0);
+    dcs_tape *tp = calloc(1, sizeof *tp);
+    if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
+    tp->m = m;
+    tp->B = B;
+    tp->T = T;
+    tp->M = B * T;
+    tp->recompute = recompute;
+    tp->first = first;
+    tp->held = -1;
+    const size_t Ls = m->cfg.n_layer;
+    tp->L = calloc(Ls ? Ls : 1, sizeof(dcs_kept));
+    tp->want = calloc((size_t)DCS_HP_COUNT * (Ls ? Ls : 1), 1);
+    if (!tp->L || !tp->want || !alloc_tape(tp)) {
         dcs_tape_free(tp);
         return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory for B=%d T=%d", B, T);
     }
-    dcs_rotary_table(tp->rot_cs, T, c->rotary_dim, c->rope_base);
+    dcs_rotary_table(tp->rot_cs, T, m->cfg.rotary_dim, m->cfg.rope_base);
     *out = tp;
     return DCS_OK;
+}
+
+dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, dcs_tape **out) {
+    return dcs_tape_new_from(m, B, T, 0, max_bytes, out);
+}
+
+dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
+    return dcs_tape_new_from(m, B, T, 0, 0, out);
+}
+
+void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute) {
+    if (tape_bytes) *tape_bytes = tp->bytes;
+    if (pass_peak) *pass_peak = tp->pass_peak;
+    if (recompute) *recompute = tp->recompute;
 }
 
 /* ---------------------------------------------------------------- hooks */
@@ -355,10 +517,15 @@ static int wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
 
 /* ---------------------------------------------------------------- helpers */
 
-/* dx [M, I] (= or +=, beta) dy [M, O] W; dW [O, I] += dy^T x; db [O] += colsum dy */
+/* dx [M, I] (= or +=, beta) dy [M, O] W; dW [O, I] += dy^T x; db [O] += colsum dy.
+ * W [O, I] in its stored dtype: an F16/BF16 matrix is widened tile by tile
+ * inside gemm_w (as in the forward), never as a whole. */
 static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db, const float *dy,
-                   const float *x, const float *W, int M, int O, int I) {
-    if (dx) be->ops->gemm(be, 0, 0, M, I, O, 1.0f, dy, O, 0, W, I, 0, beta, dx, I, 0, 1);
+                   const float *x, dcs_wmat W, int M, int O, int I) {
+    if (dx && (W.dtype == DCS_F32 || !be->ops->gemm_w))
+        be->ops->gemm(be, 0, 0, M, I, O, 1.0f, dy, O, 0, W.p, I, 0, beta, dx, I, 0, 1);
+    else if (dx)
+        be->ops->gemm_w(be, 0, M, I, O, dy, O, W, beta, dx, I);
     if (dW) be->ops->gemm(be, 1, 0, O, I, M, 1.0f, dy, O, 0, x, I, 0, 1.0f, dW, I, 0, 1);
     if (db)
         for (int m = 0; m < M; m++)
@@ -382,12 +549,29 @@ static void norm_bw(dcs_tape *tp, float *dx, float *dw, float *db, const float *
     dcs_layernorm_bw(dx, dw, db, dy, x, d->mu, d->rs, w, M, D);
 }
 
-/* The parameter gradient of weight `w` in the flat gradient (NULL: none). */
-static float *gptr(const dcs_model *m, float *flat, const float *w) {
-    if (!flat || !w) return NULL;
+/* Where the backward accumulates parameter gradients: one flat array of
+ * every parameter (training), or buffers for the parameters asked for. */
+typedef struct {
+    float *flat;
+    const dcs_param_grad *pg;
+    int n_pg;
+    const dcs_hook_grad *g;
+    int n_g;
+} bwctx;
+
+/* The gradient buffer of weight `w` (its float32 array or its stored
+ * F16/BF16 data: a weight gradient never reads the weight); NULL: none
+ * asked. */
+static float *gptr(const dcs_model *m, const bwctx *bc, const void *w) {
+    if ((!bc->flat && !bc->n_pg) || !w) return NULL;
     size_t off = 0;
     for (int i = 0; i < m->n_weights; i++) {
-        if (m->weights[i].ptr == w) return flat + off;
+        if ((const void *)m->weights[i].ptr == w || m->weights[i].half == w) {
+            if (bc->flat) return bc->flat + off;
+            for (int k = 0; k < bc->n_pg; k++)
+                if (bc->pg[k].index == i) return bc->pg[k].grad;
+            return NULL;
+        }
         size_t n = 1;
         for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
         off += n;
@@ -426,8 +610,8 @@ typedef struct {
 
 /* ---------------------------------------------------------------- forward */
 
-dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
-                            float *logits) {
+static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resid,
+                          const dcs_hook_override *ov, int n_ov, float *logits) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
@@ -439,9 +623,12 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     for (int i = 0; i < n_ov; i++)
         if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT ||
             !dcs_hook_exists(m, ov[i].point) ||
-            (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < 0 || ov[i].layer >= L)))
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad override %d (point %d, layer %d)", i,
-                              ov[i].point, ov[i].layer);
+            (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < tp->first || ov[i].layer >= L)) ||
+            (tp->first && ov[i].point == DCS_HP_EMBED))
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "tape: bad override %d (point %d, layer %d; the tape runs "
+                              "layers %d..%d)",
+                              i, ov[i].point, ov[i].layer, tp->first, L - 1);
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
     tp->status = DCS_OK;
     tp->have_forward = 0;
@@ -456,15 +643,41 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
     p.keep = tp->L;
     /* the residual stream runs in xL, which leaves the last layer */
-    dcs_pass_embed(&p, tokens, tp->xL);
-    dcs_pass_layers(&p, tp->xL);
+    if (!tp->first) {
+        dcs_pass_embed(&p, tokens, tp->xL);
+        dcs_pass_layers(&p, tp->xL);
+    } else {
+        memcpy(tp->xL, resid, sizeof(float) * (size_t)M * c->d_model);
+        for (int l = tp->first; l < L && !p.status && !dcs_pass_cancelled(&p); l++) {
+            dcs_layer(&p, l, tp->xL);
+            if (!p.status) p.status = be->ops->sync(be, &m->err);
+        }
+    }
     dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
+    tp->pass_peak = p.peak;
     dcs_pass_end(&p);
+    tp->held = L - 1; /* the shared internals (recompute) hold the last layer */
+    m->last_peak_bytes = tp->bytes + tp->pass_peak;
+    m->last_total_bytes = tp->bytes + p.total;
     if (p.status) return p.status;
     if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
     return DCS_OK;
+}
+
+dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
+                            float *logits) {
+    if (tp->first)
+        return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: it starts at layer %d; use dcs_tape_forward_from",
+                          tp->first);
+    return forward(tp, tokens, NULL, ov, n_ov, logits);
+}
+
+dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const float *resid,
+                                 const dcs_hook_override *ov, int n_ov, float *logits) {
+    if (!resid) return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: resid is NULL");
+    return forward(tp, tokens, tp->first ? resid : NULL, ov, n_ov, logits);
 }
 
 /* Mean next-token cross-entropy over the positions with targets[i] >= 0;
@@ -549,7 +762,7 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     const int B = tp->B, T = tp->T, N = c->n_head, R = c->dyn_rank, M = tp->M;
     const long long TT = (long long)T * T;
     unsigned on = 0;
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < DCS_N_BRANCHES; k++)
         if (!find_ov(tp, dcs_branch_first[ph] + k, l)) on |= 1u << k;
     memset(dIn, 0, sizeof(float) * (size_t)B * N * TT);
     for (int s = 0; s < 2; s++) {
@@ -557,6 +770,29 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
         memset(d->dw1[ph][s], 0, sizeof(float) * (size_t)M * R * N);
         memset(d->dw2[ph][s], 0, sizeof(float) * (size_t)M * R * N);
         memset(d->ddd[ph][s], 0, sizeof(float) * (size_t)M * N);
+    }
+    if (compose_variant(c)) {
+        /* every variant: pair by pair (dcs_compose_pair_bw_var), on the
+         * caller's thread (the static map's gradient sums over all pairs) */
+        const float *sw = c->use_sw ? (ph == 0 ? tp->m->layers[l].pre_sw : tp->m->layers[l].post_sw) : NULL;
+        float *dsw = d->dsw[ph];
+        const size_t RN = (size_t)R * N;
+        float *const *w1 = a->w1[ph], *const *w2 = a->w2[ph], *const *dd = a->dd[ph];
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int s = first_key(t, window); s <= t; s++) {
+                    const long long o = (long long)b * N * TT + (long long)t * T + s;
+                    const size_t q = (size_t)b * T + t, k = (size_t)b * T + s;
+                    dcs_compose_pair_bw_var(
+                        in + o, dOut + o, dIn + o, TT, N, c->compose_groups, R, w1[0] ? w1[0] + q * RN : NULL,
+                        w2[0] ? w2[0] + q * RN : NULL, w1[1] ? w1[1] + k * RN : NULL,
+                        w2[1] ? w2[1] + k * RN : NULL, dd[0] ? dd[0] + q * N : NULL,
+                        dd[1] ? dd[1] + k * N : NULL, sw, w1[0] ? d->dw1[ph][0] + q * RN : NULL,
+                        w1[0] ? d->dw2[ph][0] + q * RN : NULL, w1[1] ? d->dw1[ph][1] + k * RN : NULL,
+                        w1[1] ? d->dw2[ph][1] + k * RN : NULL, dd[0] ? d->ddd[ph][0] + q * N : NULL,
+                        dd[1] ? d->ddd[ph][1] + k * N : NULL, dsw, on);
+                }
+        return;
     }
     cp_arg ca = {tp,
                  dIn,
@@ -594,13 +830,48 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     }
 }
 
-typedef struct {
-    float *flat;
-    const dcs_hook_grad *g;
-    int n_g;
-} bwctx;
+#define GP(w) gptr(m, bc, (w))
 
-#define GP(w) gptr(m, bc->flat, (w))
+/* MoH head gate backward (model-spec 5): z = zpre * gate per head. In
+ * place: dz [M, N, Dh] becomes d zpre; d gate, through the routing scores
+ * of the selected heads (dcs_moh_route_row_bw), to the router logits and
+ * from them to d->dmoh [M, D] (the router's input ln1) and the router's
+ * parameter gradients. */
+static void moh_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_kept *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim, hs = c->moh_shared, NR = N - hs;
+    for (int mm = 0; mm < M; mm++)
+        for (int n = 0; n < N; n++) {
+            float *dz = d->dz + (size_t)mm * D + (size_t)n * Dh;
+            const float *zp = a->zpre + (size_t)mm * D + (size_t)n * Dh, gt = a->hgate[(size_t)mm * N + n];
+            float s = 0.0f;
+            for (int j = 0; j < Dh; j++) {
+                s += dz[j] * zp[j];
+                dz[j] *= gt;
+            }
+            d->dhgate[(size_t)mm * N + n] = s;
+        }
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTING, l, d->dhgate);
+    for (int mm = 0; mm < M; mm++)
+        dcs_moh_route_row_bw(a->rlg + (size_t)mm * NR, hs > 1 ? a->rs1 + (size_t)mm * hs : NULL,
+                             hs > 0 ? a->rs0 + (size_t)mm * 2 : NULL, N, hs, c->moh_topk,
+                             d->dhgate + (size_t)mm * N, d->dlg + (size_t)mm * NR,
+                             d->ds1 + (size_t)mm * (hs ? hs : 1), d->ds0 + (size_t)mm * 2);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTER_LOGITS, l, d->dlg);
+    dcs_backend *be = m->be;
+    lin_bw(be, d->dmoh, 0.0f, GP(lw->moh_wg), NULL, d->dlg, a->ln1, (dcs_wmat){lw->moh_wg, DCS_F32}, M, NR,
+           D);
+    if (hs > 1)
+        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg1), NULL, d->ds1, a->ln1, (dcs_wmat){lw->moh_wg1, DCS_F32}, M,
+               hs, D);
+    if (hs > 0)
+        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg0), NULL, d->ds0, a->ln1, (dcs_wmat){lw->moh_wg0, DCS_F32}, M,
+               2, D);
+}
 
 /* Attention backward: from tp->d.dao to tp->d.dln1 (written). */
 static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
@@ -630,8 +901,11 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         for (int mm = 0; mm < M; mm++)
             for (int i = 0; i < D; i++) gbo[i] += d->dao[(size_t)mm * D + i];
     if (find_ov(tp, DCS_HP_HEAD_OUT, l)) memset(d->dao, 0, sizeof(float) * (size_t)M * D);
-    lin_bw(be, d->dz, 0.0f, GP(lw->wo), NULL, d->dao, a->z, lw->wo, M, D, D);
+    lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
+    if (c->moh) moh_bw(tp, l, bc);
+    d->dsw[0] = c->use_sw ? GP(lw->pre_sw) : NULL;
+    d->dsw[1] = c->use_sw ? GP(lw->post_sw) : NULL;
 
     /* z = P' v: dP' = dz v^T, dv = P'^T dz (per b, batched over heads) */
     const float *pat = c->use_dcmha ? a->Pc : a->P;
@@ -682,7 +956,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_POST_SKIP + k))
                 grad_capture(tp, bc->g, bc->n_g, DCS_HP_POST_SKIP + k, l, d->dPc);
         /* an overridden branch passes no gradient upstream: `on` in compose_bw */
@@ -694,7 +968,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     par_for(tp, softmax_bw_rows, &sa, (long long)B * N * T, (long long)T * 4);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_PRE_SKIP + k))
                 grad_capture(tp, bc->g, bc->n_g, DCS_HP_PRE_SKIP + k, l, d->dAc);
         compose_bw(tp, l, 0, d->dA, d->dAc, a->A, window);
@@ -765,12 +1039,16 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
     }
     be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
-    lin_bw(be, d->dln1, 0.0f, GP(lw->wqkv), GP(lw->bqkv), d->dqkv, a->ln1, lw->wqkv, M, 3 * D, D);
+    lin_bw(be, d->dln1, 0.0f, GP(lw->m_wqkv.p), GP(lw->bqkv), d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
     if (c->use_dcmha) {
-        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N, RN2 = 2 * RN;
-        memset(d->dW, 0, sizeof(float) * (size_t)M * C * RN2);
-        memset(d->dG, 0, sizeof(float) * (size_t)M * C * N);
+        /* G groups of Mg heads (G = 1: the plain layout): per (group, slot)
+         * pair gc < GC the hidden layer hid [M, GC, K], w [M, GC, 2R, Mg],
+         * gates g [M, GC, Mg] (layer.c, dynamic_weights) */
+        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N;
+        const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
+        memset(d->dW, 0, sizeof(float) * (size_t)M * GC * RM2);
+        memset(d->dG, 0, sizeof(float) * (size_t)M * GC * Mg);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
                 if (!a->w1[ph][s]) continue;
@@ -779,36 +1057,50 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][1], l, d->dw2[ph][s]);
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][2], l, d->ddd[ph][s]);
                 memset(d->dw1raw, 0, sizeof(float) * (size_t)M * RN);
-                rms_stats(a->w1raw[ph][s], M * R, N, 1e-6f, d->rs2);
-                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], d->rs2, M * R, N, NULL);
-                be->ops->copy2d(be, d->dW + (size_t)slot * RN2, C * RN2, d->dw1raw, RN, M, RN);
-                be->ops->copy2d(be, d->dW + (size_t)slot * RN2 + RN, C * RN2, d->dw2[ph][s], RN, M, RN);
-                be->ops->copy2d(be, d->dG + (size_t)slot * N, C * N, d->ddd[ph][s], N, M, N);
+                rms_stats(a->w1raw[ph][s], M * R * G, Mg, 1e-6f, d->rs2);
+                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], d->rs2, M * R * G, Mg, NULL);
+                for (int gr = 0; gr < G; gr++) {
+                    const size_t dst = (size_t)(gr * C + slot) * RM2;
+                    for (int i = 0; i < R; i++) {
+                        be->ops->copy2d(be, d->dW + dst + (size_t)i * Mg, GC * RM2,
+                                        d->dw1raw + (size_t)i * N + gr * Mg, RN, M, Mg);
+                        be->ops->copy2d(be, d->dW + dst + (size_t)(R + i) * Mg, GC * RM2,
+                                        d->dw2[ph][s] + (size_t)i * N + gr * Mg, RN, M, Mg);
+                    }
+                    be->ops->copy2d(be, d->dG + (size_t)(gr * C + slot) * Mg, GC * Mg,
+                                    d->ddd[ph][s] + gr * Mg, N, M, Mg);
+                }
             }
-        /* w[:, c] = hid[:, c] qkw[c] */
-        be->ops->gemm(be, 0, 1, M, K, RN2, 1.0f, d->dW, C * RN2, RN2, lw->qkw, RN2, (long long)K * RN2, 0.0f,
-                      d->dhid, C * K, K, C);
+        /* w[:, gc] = hid[:, gc] qkw[gc] */
+        be->ops->gemm(be, 0, 1, M, K, RM2, 1.0f, d->dW, GC * RM2, RM2, lw->qkw, RM2, (long long)K * RM2, 0.0f,
+                      d->dhid, GC * K, K, GC);
         float *gq = GP(lw->qkw);
         if (gq)
-            be->ops->gemm(be, 1, 0, K, RN2, M, 1.0f, a->hid, C * K, K, d->dW, C * RN2, RN2, 1.0f, gq, RN2,
-                          (long long)K * RN2, C);
-        /* hid = gelu(ln1 dw1): reuse dW as dhpre [M, C*K] is too small; use dhid in place */
+            be->ops->gemm(be, 1, 0, K, RM2, M, 1.0f, a->hid, GC * K, K, d->dW, GC * RM2, RM2, 1.0f, gq, RM2,
+                          (long long)K * RM2, GC);
+        /* hid = gelu(ln1 dw1): dhpre in place of dhid */
         float *dhpre = d->dhid;
         rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
-        par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * C * K, 16);
-        be->ops->gemm(be, 0, 1, M, D, C * K, 1.0f, dhpre, C * K, 0, lw->dw1, C * K, 0, 1.0f, d->dln1, D, 0,
-                      1);
-        float *gdw1 = GP(lw->dw1);
+        par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * GC * K, 16);
+        /* dln1 += dhpre [M, GC*K] dw1 [D, GC*K]^T */
+        if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
+            be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f,
+                          d->dln1, D, 0, 1);
+        else
+            be->ops->gemm_w(be, 1, M, D, GC * K, dhpre, GC * K, lw->m_dw1, 1.0f, d->dln1, D);
+        float *gdw1 = GP(lw->m_dw1.p);
         if (gdw1)
-            be->ops->gemm(be, 1, 0, D, C * K, M, 1.0f, a->ln1, D, 0, dhpre, C * K, 0, 1.0f, gdw1, C * K, 0,
+            be->ops->gemm(be, 1, 0, D, GC * K, M, 1.0f, a->ln1, D, 0, dhpre, GC * K, 0, 1.0f, gdw1, GC * K, 0,
                           1);
-        /* g = tanh(ln1 dd) */
+        /* g = tanh(ln1 dd): [M, GC*Mg] = [M, C*N] */
         for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
         be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdd = GP(lw->dd);
         if (gdd)
             be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
     }
+    if (c->moh) /* the router read ln1 too */
+        for (size_t i = 0; i < (size_t)M * D; i++) d->dln1[i] += d->dmoh[i];
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
 
@@ -853,10 +1145,11 @@ static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
             for (int e = 0; e < E; e++) dot += (double)g[e] * dg[e];
             for (int e = 0; e < E; e++) dg[e] = g[e] * (dg[e] - (float)dot);
         }
-        lin_bw(m->be, d->dln2, 0.0f, GP(lw->mg), NULL, d->dgate, a->ln2, lw->mg, M, E, D);
+        lin_bw(m->be, d->dln2, 0.0f, GP(lw->mg), NULL, d->dgate, a->ln2, (dcs_wmat){lw->mg, DCS_F32}, M, E,
+               D);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE_LINEAR, l, d->du3);
-    lin_bw(m->be, d->dln2, 1.0f, GP(lw->w3), NULL, d->du3, a->ln2, lw->w3, M, F, D);
+    lin_bw(m->be, d->dln2, 1.0f, GP(lw->m_w3.p), NULL, d->du3, a->ln2, lw->m_w3, M, F, D);
 }
 
 static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
@@ -868,7 +1161,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     tgrads *d = &tp->d;
     const int M = tp->M, D = c->d_model, F = c->d_ff;
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_OUT, l, d->dmo);
-    lin_bw(be, d->dug, 0.0f, GP(lw->w2), GP(lw->b2), d->dmo, a->ug, lw->w2, M, D, F);
+    lin_bw(be, d->dug, 0.0f, GP(lw->m_w2.p), GP(lw->b2), d->dmo, a->ug, lw->m_w2, M, D, F);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
     float beta = 0.0f;
     if (c->model_type == DCS_MODEL_DCFORMER) {
@@ -880,12 +1173,31 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
         par_for(tp, gelu_bw_range, &ga, (long long)M * F, 16);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
-    lin_bw(be, d->dln2, beta, GP(lw->w1), GP(lw->b1), d->du, a->ln2, lw->w1, M, F, D);
+    lin_bw(be, d->dln2, beta, GP(lw->m_w1.p), GP(lw->b1), d->du, a->ln2, lw->m_w1, M, F, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
 }
 
-dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_hook_grad *g,
-                             int n_g) {
+/* Recompute plan: layer l's internals again, from its checkpoint, into the
+ * shared buffers, through the forward's own code and hooks (overrides
+ * included), so they are the same bits the forward computed. */
+static dcs_status recompute_layer(dcs_tape *tp, int l) {
+    dcs_model *m = tp->m;
+    dcs_backend *be = m->be;
+    dcs_hooks hooks = {tp->want, ov_hook, tp};
+    dcs_pass p;
+    dcs_pass_init(&p, m, tp->n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "recomputation");
+    p.keep = tp->L;
+    memcpy(tp->xr, tp->L[l].x, sizeof(float) * (size_t)tp->M * m->cfg.d_model);
+    dcs_layer(&p, l, tp->xr);
+    if (!p.status) p.status = be->ops->sync(be, &m->err);
+    if (p.peak > tp->pass_peak) tp->pass_peak = p.peak;
+    dcs_pass_end(&p);
+    tp->held = p.status ? -1 : l;
+    return p.status;
+}
+
+static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_param_grad *pg,
+                           int n_pg, const dcs_hook_grad *g, int n_g) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
@@ -894,18 +1206,41 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward before forward");
     for (int i = 0; i < n_g; i++)
         if (!g[i].grad || g[i].point < 0 || g[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, g[i].point) ||
-            (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < 0 || g[i].layer >= L)))
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad gradient request %d (point %d, layer %d)", i,
-                              g[i].point, g[i].layer);
-    bwctx bcv = {param_grads, g, n_g}, *bc = &bcv;
+            (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < tp->first || g[i].layer >= L)) ||
+            (tp->first && g[i].point == DCS_HP_EMBED))
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "tape: bad gradient request %d (point %d, layer %d; the tape "
+                              "runs layers %d..%d)",
+                              i, g[i].point, g[i].layer, tp->first, L - 1);
+    if (tp->first && (param_grads || n_pg))
+        return dcs_seterr(&m->err, DCS_ERR_ARG,
+                          "tape: parameter gradients need a tape from layer 0 (this one "
+                          "starts at %d)",
+                          tp->first);
+    for (int i = 0; i < n_pg; i++)
+        if (!pg[i].grad || pg[i].index < 0 || pg[i].index >= m->n_weights)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad parameter gradient request %d (index %d)", i,
+                              pg[i].index);
+    bwctx bcv = {param_grads, pg, n_pg, g, n_g}, *bc = &bcv;
+    /* the backward stops below the lowest layer anything is asked of
+     * (parameters and the embedding: all of them) */
+    int lowest = param_grads || n_pg ? 0 : L;
+    for (int i = 0; i < n_g; i++) {
+        int at = dcs_hook_point_is_layered(g[i].point) ? g[i].layer : g[i].point == DCS_HP_EMBED ? 0 : L;
+        if (at < lowest) lowest = at;
+    }
     tp->status = DCS_OK;
     if (dlogits) memcpy(tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
     grad_at(tp, g, n_g, DCS_HP_LOGITS, 0, tp->dlogits);
-    lin_bw(be, d->dln1, 0.0f, GP(m->out_w), NULL, tp->dlogits, tp->lnf, m->out_w, M, V, D);
+    lin_bw(be, d->dln1, 0.0f, GP(m->m_out_w.p), NULL, tp->dlogits, tp->lnf, m->m_out_w, M, V, D);
     grad_at(tp, g, n_g, DCS_HP_LN_FINAL, 0, d->dln1);
     memset(d->dx, 0, sizeof(float) * (size_t)M * D);
     norm_bw(tp, d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, m->norm_w, m->norm_b);
-    for (int l = L - 1; l >= 0; l--) {
+    for (int l = L - 1; l >= lowest; l--) {
+        if (tp->recompute && tp->held != l) {
+            dcs_status st = recompute_layer(tp, l);
+            if (st) return st;
+        }
         dcs_kept *a = &tp->L[l];
         const dcs_layer_weights *lw = &m->layers[l];
         grad_at(tp, g, n_g, DCS_HP_RESID_POST, l, d->dx);
@@ -927,8 +1262,9 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
+    m->last_peak_bytes = tp->bytes + tp->pass_peak;
     grad_at(tp, g, n_g, DCS_HP_EMBED, 0, d->dx);
-    float *ge = GP(m->tok_emb);
+    float *ge = GP(m->m_tok_emb.p);
     if (ge)
         for (int i = 0; i < M; i++) {
             float *row = ge + (size_t)tp->tokens[i] * D;
@@ -936,4 +1272,16 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
             for (int j = 0; j < D; j++) row[j] += src[j];
         }
     return be->ops->sync(be, &m->err);
+}
+
+dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_hook_grad *g,
+                             int n_g) {
+    return backward(tp, dlogits, param_grads, NULL, 0, g, n_g);
+}
+
+dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
+                                    const dcs_hook_grad *g, int n_g) {
+    if (n_pg < 0 || (n_pg && !pg))
+        return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: bad parameter gradient list (%d)", n_pg);
+    return backward(tp, dlogits, NULL, pg, n_pg, g, n_g);
 }

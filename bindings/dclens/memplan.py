@@ -1,0 +1,122 @@
+"""The gradient tape's memory plan seen from Python: the estimate before
+anything is allocated, the budget, and how many integrated-gradients steps
+one batch may hold.
+
+The engine (dcs_tape_plan) counts the tape's buffers under both plans:
+``full`` keeps every layer's activations; ``recompute`` keeps each layer's
+input (a checkpoint of the residual stream) and one layer's internals, and
+recomputes a layer from its checkpoint before its backward (the same
+results, bit for bit, for about one more forward pass of time). A tape takes
+the full plan when it fits in ``max_tape_bytes`` and recomputes otherwise.
+
+The default budget is half of the memory the kernel reports available
+(MemAvailable) when the tape is made: the weights stay in their stored dtype
+and are not counted here (they are already resident or mapped).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Tuple
+
+from . import _facade
+from ._checks import Error, check_status as _check
+from ._engine import ffi, lib
+
+
+def available_memory() -> int:
+    """Bytes the kernel reports available now (MemAvailable), else the
+    physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def default_budget() -> int:
+    return max(256 << 20, available_memory() // 2)
+
+
+def check_budget(max_tape_bytes: Optional[int]) -> int:
+    """The budget in bytes: the default when None, else a positive integer."""
+    if max_tape_bytes is None:
+        return default_budget()
+    if isinstance(max_tape_bytes, bool) or not isinstance(max_tape_bytes, int) or max_tape_bytes < 1:
+        raise Error("max_tape_bytes must be a positive integer (bytes) or None, not %r" % (max_tape_bytes,))
+    return int(max_tape_bytes)
+
+
+def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (), first: int = 0) -> int:
+    """The engine's estimate for one plan (dcs_tape_plan) of a tape from layer `first`."""
+    out = ffi.new("uint64_t *")
+    pts = ffi.new("int[]", [int(p) for p in points] or [0])
+    _check(
+        lib.dcs_tape_plan(model.runner.handle, int(B), int(T), int(first), int(recompute), pts, len(points), out),
+        model.runner.errmsg(),
+    )
+    return int(out[0])
+
+
+@_facade.provides("estimate_backward_memory")
+def estimate(
+    model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: Optional[int] = None
+) -> Dict[str, object]:
+    """Model.estimate_backward_memory: bytes of both plans for B sequences of
+    T tokens with gradients at the hooks in `wrt`, and the plan the budget
+    picks ('full', 'recompute', or None when neither fits)."""
+    if isinstance(wrt, str):
+        wrt = [wrt]
+    for name, v in (("T", T), ("B", B)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise Error("estimate_backward_memory: %s must be a positive integer, not %r" % (name, v))
+    pts = [model.parse_hook(n)[0] for n in wrt]
+    budget = check_budget(max_tape_bytes)
+    full = tape_bytes(model, B, T, False, pts)
+    rc = tape_bytes(model, B, T, True, pts)
+    plan = "full" if full <= budget else "recompute" if rc <= budget else None
+    return {"full": full, "recompute": rc, "budget": budget, "plan": plan}
+
+
+def hook_bytes(model, point: int, B: int, T: int) -> int:
+    """Bytes of one activation at a hook point for B x T tokens (float32)."""
+    shape = ffi.new("int64_t[6]")
+    nd = lib.dcs_hook_shape(model.runner.handle, point, B, T, shape)
+    n = 4
+    for i in range(nd):
+        n *= int(shape[i])
+    return n
+
+
+def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0) -> Tuple[int, bool]:
+    """How many IG interpolation points one tape holds under the budget, and
+    whether it recomputes: the most that fit keeping every layer, else the
+    most that fit with recomputation (at least 1; the tape itself refuses
+    when even that does not fit). Counted with the tape (its buffers, the
+    interpolated activations and their gradients): what attribution.py holds
+    besides, the activation, its baseline and difference, its first
+    gradient, two float64 sums, and the batch's logits with their gradient."""
+    V = model.config.vocab
+    fixed = 8 * hook_bytes(model, point, 1, T)
+
+    def most(recompute: bool) -> int:
+        lo, hi = 0, steps
+        while lo < hi:  # largest k <= steps that fits
+            k = (lo + hi + 1) // 2
+            if tape_bytes(model, k, T, recompute, [point], first) + fixed + 8 * k * T * V <= budget:
+                lo = k
+            else:
+                hi = k - 1
+        return lo
+
+    k = most(False)
+    if k:
+        return k, False
+    return max(1, most(True)), True

@@ -1,0 +1,221 @@
+"""Gradients and integrated gradients on a DCPythia-6.9B-shaped fp16 checkpoint
+(issue 23): peak RSS against the stored weights, seconds per IG step, and the
+backward's achieved GFLOP/s against a same-run OpenBLAS sgemm.
+
+    python scripts/bench_grad.py DIR [--layers 32] [--T 128] [--steps 16]
+                                 [--max-tape-gib 2.5] [--check-fd] [--keep]
+
+Writes the checkpoint (bench.write_69b_fp16: D=4096, 32 heads, F=16384,
+vocab 50432, fp16, streamed) to DIR, then in a fresh process: loads it, runs
+`gradients` w.r.t. blocks.{--hook-layer, default min(16, L-1)}.attn.head_out at T (target: the
+logit of token 0 at the last position) through a Tape with the forward and
+the backward timed apart, then `attribute(..., steps=STEPS)` on the same
+prompt; VmHWM after each. The limit of the issue: peak RSS <= 1.25 x stored
+weights + 1 GiB. --check-fd (meant for --layers 2): central differences of the
+float64 reference (tests/reference.py, weights read as stored, fp16) at a few
+entries of the gradient, at T=8, step --fd-eps (--fd-only: nothing else). DIR is deleted afterwards unless --keep.
+
+Backward FLOPs counted (activation gradients only, layers from the top down
+to the hook's layer): per layer 2T(4D^2 + 2DF) for dx of the linears,
+2TD(CK + CN) + 2T CK 2RN for the dynamic-weight projections, 8 T^2 D for
+the four per-head products of the attention maps (the tape's maps are full
+T x T), and 2TVD for the unembedding; the recomputation of a layer (when the
+tape recomputes) is counted as its forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import bench  # noqa: E402  (write_69b_fp16, sgemm_gflops, SIZES)
+
+RUN_SRC = r"""
+import json, sys, time
+import numpy as np
+import dclens
+from dclens.grad import Tape, target_value_and_grad
+
+def hwm():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]) * 1024
+
+d, T, steps, budget, layer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+m = dclens.load(d)
+L = m.config.n_layer
+layer = layer if layer >= 0 else min(16, L - 1)
+at = "blocks.%d.attn.head_out" % layer
+toks = np.random.default_rng(0).integers(0, m.config.vocab, T)
+target = ("logit", -1, 0)
+res = {"layer": layer, "load_rss": hwm()}
+t0 = time.perf_counter()
+tp = Tape(m, 1, T, budget)
+lg = tp.forward(toks)
+t1 = time.perf_counter()
+_, dl = target_value_and_grad(target, lg, toks[None])
+g = tp.backward(dl, None, [m.parse_hook(at)])
+t2 = time.perf_counter()
+res.update(forward_s=t1 - t0, backward_s=t2 - t1, tape=tp.memory(), grad_norm=float(np.linalg.norm(g[m.parse_hook(at)])))
+del tp, g
+res["grad_rss"] = hwm()
+res["last_pass_memory"] = m.last_pass_memory()
+res["estimate"] = m.estimate_backward_memory(T, 1, [at], max_tape_bytes=budget)
+t0 = time.perf_counter()
+r = m.attribute(toks, target, [at], steps=steps, max_tape_bytes=budget, progress=False)
+res["ig_s"] = time.perf_counter() - t0
+res["ig_rss"] = hwm()
+res["ig_gap"] = float(r.gap[at])
+res["ig_top_heads"] = [int(i) for i in np.argsort(-np.abs(r.per_head[at]))[:3]]
+from dclens import memplan
+res["ig_batch"] = memplan.ig_batch(m, T, steps, m.parse_hook(at)[0], budget, layer)   # IG's tapes start at the hook's layer
+print(json.dumps(res))
+"""
+
+FD_SRC = r"""
+import json, sys
+import numpy as np
+import dclens
+import reference as R
+d = sys.argv[1]
+hdr_len = int.from_bytes(open(d + "/model.safetensors", "rb").read(8), "little")
+hdr = json.loads(open(d + "/model.safetensors", "rb").read(8 + hdr_len)[8:])
+raw = np.memmap(d + "/model.safetensors", np.uint8, "r", offset=8 + hdr_len)
+sd = {k: raw[v["data_offsets"][0]:v["data_offsets"][1]].view(np.float16).reshape(v["shape"])
+      for k, v in hdr.items() if k != "__metadata__"}
+cfg = json.load(open(d + "/config.json"))
+m = dclens.load(d)
+toks = np.random.default_rng(1).integers(0, m.config.vocab, 8)
+at = "blocks.%d.attn.head_out" % (m.config.n_layer - 1)
+g = m.gradients(toks, ("logit", -1, 0), [at, "blocks.0.resid_pre"])
+f = lambda iv=None: R.ref_forward(sd, cfg, toks, interventions=iv)[-1, 0]
+out = []
+eps = float(sys.argv[2])
+for n in (at, "blocks.0.resid_pre"):
+    gn = g[n]
+    for ix in [tuple(i) for i in np.argwhere(np.abs(gn) >= np.sort(np.abs(gn).ravel())[-2])[:2]]:
+        def pert(s, ix=ix):
+            def fn(x):
+                x = x.copy(); x[ix] += s; return x
+            return fn
+        fd = (f({n: pert(eps)}) - f({n: pert(-eps)})) / (2 * eps)
+        out.append((n, [int(i) for i in ix], float(fd), float(gn[ix])))
+print(json.dumps(out))
+"""
+
+
+def backward_flops(s, L_from, L, T, recompute):
+    D, F, V, N = s["dim"], s["intermediate"], s["vocab"], s["n_head"]
+    C, K, R = 4, 4 * N, bench.R
+    per = 2 * T * (4 * D * D + 2 * D * F) + 2 * T * D * (C * K + C * N) + 2 * T * C * K * 2 * R * N
+    bw = (L - L_from) * (per + 8 * T * T * D) + 2 * T * V * D
+    if recompute:  # each layer below the top one runs its forward again
+        bw += (L - L_from - 1) * (per + 4 * T * T * D)
+    return bw
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir")
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--T", type=int, default=128)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--max-tape-gib", type=float, default=2.5)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--hook-layer", type=int, default=-1, help="layer of the head_out hook (default min(16, L-1))")
+    p.add_argument("--check-fd", action="store_true")
+    p.add_argument("--fd-eps", type=float, default=1e-4, help="step of the central differences")
+    p.add_argument("--fd-only", action="store_true", help="with --check-fd: no timing run")
+    p.add_argument("--keep", action="store_true")
+    a = p.parse_args(argv)
+    s = bench.SIZES["6.9b"]
+    if not os.path.exists(os.path.join(a.dir, "model.safetensors")):
+        t0 = time.perf_counter()
+        n = bench.write_69b_fp16(a.dir, a.layers)
+        print("wrote %.2f GB in %.0f s" % (n / 1e9, time.perf_counter() - t0), flush=True)
+    stored = os.path.getsize(os.path.join(a.dir, "model.safetensors"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"))
+    try:
+        if a.check_fd:
+            r = subprocess.run(
+                [sys.executable, "-c", FD_SRC, a.dir, str(a.fd_eps)], capture_output=True, text=True, env=env
+            )
+            if r.returncode:
+                raise SystemExit(r.stderr[-3000:])
+            for n, ix, fd, g in json.loads(r.stdout):
+                print(
+                    "fd check %s%s: reference central difference %.6g, engine %.6g, rel err %.2e"
+                    % (n, ix, fd, g, abs(fd - g) / max(abs(fd), 1e-12))
+                )
+        if a.fd_only:
+            return
+        budget = int(a.max_tape_gib * 2**30)
+        r = subprocess.run(
+            [sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget), str(a.hook_layer)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        if r.returncode:
+            raise SystemExit(r.stderr[-3000:])
+        res = json.loads(r.stdout)
+    finally:
+        if not a.keep:
+            shutil.rmtree(a.dir, ignore_errors=True)
+    rc = bool(res["tape"]["recompute"])
+    fl = backward_flops(s, res["layer"], a.layers, a.T, rc)
+    sg = bench.sgemm_gflops(s, a.T, a.threads)
+    limit = 1.25 * stored + 2**30
+    res.update(
+        stored=stored,
+        limit=limit,
+        backward_gflops=fl / res["backward_s"] / 1e9,
+        sgemm_gflops=sg,
+        ig_s_per_step=res["ig_s"] / a.steps,
+        layers=a.layers,
+        T=a.T,
+        steps=a.steps,
+    )
+    print(json.dumps(res, indent=1))
+    print(
+        "DCPythia-6.9B-shaped fp16, %d layers, T=%d, head_out of layer %d, budget %.2f GiB:"
+        % (a.layers, a.T, res["layer"], a.max_tape_gib)
+    )
+    print(
+        "  stored weights %.2f GiB; peak RSS after gradients %.2f GiB, after IG (%d steps) %.2f GiB; "
+        "limit 1.25 x stored + 1 GiB = %.2f GiB"
+        % (stored / 2**30, res["grad_rss"] / 2**30, a.steps, res["ig_rss"] / 2**30, limit / 2**30)
+    )
+    print(
+        "  tape %.3f GiB (%s), forward %.1f s, backward %.1f s: %.1f GFLOP/s vs sgemm %.1f GFLOP/s (%.0f%%)"
+        % (
+            res["tape"]["tape"] / 2**30,
+            "recompute" if rc else "full",
+            res["forward_s"],
+            res["backward_s"],
+            res["backward_gflops"],
+            sg,
+            100 * res["backward_gflops"] / sg,
+        )
+    )
+    print(
+        "  IG: %.1f s per step (%d steps, batches of %d%s), gap %.3g"
+        % (
+            res["ig_s_per_step"],
+            a.steps,
+            res["ig_batch"][0],
+            ", recompute" if res["ig_batch"][1] else "",
+            res["ig_gap"],
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
