@@ -348,13 +348,23 @@ def deep(tiny_factory):
     return dclens.load(d)
 
 
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test: a process started in the
+    background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and
+    Python then installs no handler, so Ctrl-C could not be tested there."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _sigint_after(seconds):
     t = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
     t.start()
     return t
 
 
-def test_ctrl_c_stops_a_plain_forward(deep):
+def test_ctrl_c_stops_a_plain_forward(deep, ctrl_c):
     toks = np.zeros(512, np.int32)
     t0 = time.perf_counter()
     ref = deep.forward(toks)
@@ -370,7 +380,7 @@ def test_ctrl_c_stops_a_plain_forward(deep):
     np.testing.assert_array_equal(deep.forward(toks), ref)  # still usable
 
 
-def test_ctrl_c_stops_a_hooked_forward(deep):
+def test_ctrl_c_stops_a_hooked_forward(deep, ctrl_c):
     calls = []
 
     def slow(act, name):
@@ -593,7 +603,7 @@ def test_dataset_endless_line_and_devices(tmp_path):
         load_dataset(dup)
 
 
-def test_ctrl_c_stops_a_decoding_step(deep):
+def test_ctrl_c_stops_a_decoding_step(deep, ctrl_c):
     from dclens.generate import Decoder
 
     toks = np.zeros(384, np.int32)
