@@ -337,7 +337,7 @@ static void gemm_items(void *arg, long long begin, long long end, int tid) {
 /* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
  * shape only (see there). */
 #define GEMM_PIECES 16
-#define GEMM_MIN_BLOCK 128
+#define GEMM_MIN_BLOCK 256
 
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
                      const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A/B forward time of two dclens builds at 1 and 2 threads, alternating processes
+# (BENCHMARKS.md, "GEMM blocks cut by shape"). OLD_PY / NEW_PY: python executables whose
+# dclens is each build (e.g. two venvs with `make build` in two worktrees); MODEL: a
+# checkpoint, e.g. `dclens make-tiny /tmp/d1024 --n-layer 2 --dim 1024 --n-head 16 --vocab 2048
+# --intermediate 4096 --window-size null`. Pauses a running `dclens train` while it measures;
+# the OpenBLAS pin is removed for the measurement only.
+#   bash scripts/ab_threads.sh OLD_PY NEW_PY MODEL [ROUNDS]
+set -u
+old=$1 new=$2 model=$3 rounds=${4:-3}
+pkill -STOP -f "dclens.cli train"; trap 'pkill -CONT -f "dclens.cli train"' EXIT
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+code='
+import sys, time, numpy as np, dclens
+m = dclens.load(sys.argv[1], n_threads=int(sys.argv[3]))
+t = np.random.default_rng(0).integers(0, m.config.vocab, (int(sys.argv[2]),))
+m.forward(t); best = 1e9
+for _ in range(5):
+    a = time.perf_counter(); m.forward(t); best = min(best, time.perf_counter() - a)
+print("%.4f" % best)'
+for th in 2 1; do for T in 512 2048; do for r in $(seq "$rounds"); do
+  echo "threads=$th T=$T old=$("$old" -c "$code" "$model" "$T" "$th") new=$("$new" -c "$code" "$model" "$T" "$th")"
+done; done; done
