@@ -337,7 +337,8 @@ static void gemm_items(void *arg, long long begin, long long end, int tid) {
 /* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
  * shape only (see there). */
 #define GEMM_PIECES 16
-#define GEMM_MIN_BLOCK 256
+#define GEMM_MIN_BLOCK 256 /* rows or columns of a cpu_gemm block */
+#define GEMMW_MIN_TILE 128 /* columns of a cpu_gemm_w weight tile (its scratch is tile x K floats) */
 
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
                      const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta,
@@ -414,7 +415,7 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
      * any n_threads gives the same bits */
     int per = (N + GEMM_PIECES - 1) / GEMM_PIECES;
     per = (per + 15) / 16 * 16;
-    if (per < GEMM_MIN_BLOCK) per = GEMM_MIN_BLOCK;
+    if (per < GEMMW_MIN_TILE) per = GEMMW_MIN_TILE;
     if (per < tw) tw = per;
     if (tw > N) tw = N;
     if (tw < 1) tw = 1;
