@@ -166,6 +166,29 @@ def test_legacy_checkpoint_config_contradicting_options(tmp_path):
     assert "train_state.json records no options: only its config.json was compared" in _log(out)
 
 
+def test_legacy_checkpoint_without_context_key_resumes(tmp_path):
+    """Checkpoints written before config.json recorded max_position_embeddings
+    (the context trained for: it shapes no weight) resume; a recorded value that
+    differs is still refused."""
+    data = _corpus(tmp_path)
+    out = tmp_path / "r"
+    train(_cfg(out, data), stop_after=2)
+    os.remove(out / "run.json")
+    cj = out / "step-000002" / "config.json"
+    cfg = json.load(open(cj))
+    ctx = cfg.pop("max_position_embeddings")
+    json.dump(cfg, open(cj, "w"))
+    final = train(_cfg(out, data))
+    assert json.load(open(os.path.join(final, "train_state.json")))["step"] == 6
+    out2 = tmp_path / "r2"
+    train(_cfg(out2, data), stop_after=2)
+    os.remove(out2 / "run.json")
+    cj = out2 / "step-000002" / "config.json"
+    json.dump(dict(json.load(open(cj)), max_position_embeddings=ctx + 1), open(cj, "w"))
+    with pytest.raises(dclens.Error, match=r"max_position_embeddings %d \(the checkpoint: %d\)" % (ctx, ctx + 1)):
+        train(_cfg(out2, data))
+
+
 def test_damaged_newest_checkpoint_named_previous_offered(tmp_path):
     data = _corpus(tmp_path)
     out = tmp_path / "r"

@@ -82,10 +82,14 @@ def config_differences(ckpt_config: dict, want: dict) -> List[str]:
     """Keys of the model config.json a checkpoint holds that differ from the
     one these options give (architecture keys only: dtype and ids aside)."""
     skip = ("torch_dtype", "architectures", "bos_token_id", "eos_token_id", "initializer_range")
+    # keys that annotate the model without shaping its weights, which older
+    # checkpoints do not record: compared only where the checkpoint has them
+    # (max_position_embeddings: the context trained for, since issue 21)
+    if_recorded = ("max_position_embeddings",)
     return [
         "%s %s (the checkpoint: %s)" % (k, json.dumps(want.get(k)), json.dumps(ckpt_config.get(k)))
         for k in sorted(set(want) | set(ckpt_config))
-        if k not in skip and ckpt_config.get(k) != want.get(k)
+        if k not in skip and not (k in if_recorded and k not in ckpt_config) and ckpt_config.get(k) != want.get(k)
     ]
 
 
