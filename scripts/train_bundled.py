@@ -5,6 +5,9 @@
     python scripts/train_bundled.py train   [--out runs/bundled] [--seed S]   # needs `dclens train`
     python scripts/train_bundled.py finish  [--out runs/bundled] [--install]  # benchmark, cards, ship
     python scripts/train_bundled.py bench   # forward tokens/s of random-init twins (the budget's basis)
+    python scripts/train_bundled.py seeds --runs 1=runs/seed1 2=runs/seed2 [--install]
+        # after `finish --out runs/seedS --seed S` of each extra seed: seed 0 (bundled) and those,
+        # per seed, mean and spread, DCMHA minus MHA over seeds and lines (synth_tasks.seeds)
 
 Both twins share everything in RECIPE below except the attention: width, depth,
 heads, MLP width, vocabulary, token budget, batch, schedule, optimiser and
@@ -492,6 +495,67 @@ def bench(out: str, batches=(16, 42), T: int = 195, repeats: int = 3) -> int:
     return 0
 
 
+def seeds(runs: list, out: str, install: bool) -> int:
+    """Seed 0 (the bundled twins) and each `S=RUN` (RUN/ship/<twin>/benchmark.json,
+    as `finish --out RUN --seed S` writes it) into the `"seeds"` key of each twin's
+    benchmark.json and a section of its card: in bindings/dclens/models with
+    --install, else in copies under OUT/seeds/<twin>."""
+    from synth_tasks import seeds as sd
+
+    bundled = os.path.join(ROOT, "bindings", "dclens", "models")
+    where = {"0": bundled}
+    for r in runs:
+        s, sep, d = r.partition("=")
+        if not sep or not s.isdigit() or s in where:
+            print(f"error: --runs {r!r}: expected SEED=RUN_DIR with a new seed number (0 is the bundled pair)")
+            return 2
+        where[s] = os.path.join(d, "ship")
+    try:
+        benches = {t: {s: sd.load_bench(os.path.join(d, t, "benchmark.json")) for s, d in where.items()} for t in TWINS}
+        for t in TWINS:
+            for s, b in benches[t].items():
+                for label in sd.LABELS:
+                    if b[label]["lines"] != benches[t]["0"][label]["lines"]:
+                        raise sd.SeedsError(
+                            f"{os.path.join(where[s], t, 'benchmark.json')}: {label} scored on "
+                            f"{b[label]['lines']} lines, the bundled model on {benches[t]['0'][label]['lines']} "
+                            "(finish without --limit)"
+                        )
+        combined = sd.combine(benches, list(TWINS))
+    except sd.SeedsError as e:
+        print(f"error: {e}")
+        return 1
+    if install:
+        dirs = {t: os.path.join(bundled, t) for t in TWINS}
+    else:
+        dirs = {}
+        for t in TWINS:
+            dirs[t] = os.path.join(out, "seeds", t)
+            os.makedirs(dirs[t], exist_ok=True)
+            for f in ("benchmark.json", "MODEL_CARD.md"):
+                shutil.copyfile(os.path.join(bundled, t, f), os.path.join(dirs[t], f))
+    sd.write(dirs, combined)
+    for t in TWINS:
+        sp = combined["spread"][t]
+        print(
+            f"{t}: "
+            + "; ".join(
+                f"{lb} {100 * sp[lb]['mean']:.1f} +- {100 * sp[lb]['sd']:.1f}% over {sp[lb]['n']} seeds"
+                for lb in sd.LABELS
+            )
+        )
+    d = combined["difference"]
+    names = list(TWINS)
+    print(
+        f"{names[0]} minus {names[1]}: "
+        + "; ".join(
+            f"{lb} {100 * d[lb]['diff']:+.1f} [{100 * d[lb]['lo']:+.1f}, {100 * d[lb]['hi']:+.1f}]" for lb in sd.LABELS
+        )
+    )
+    print("wrote " + ", ".join(dirs.values()))
+    return 0
+
+
 def _timed(fn, arg, time) -> float:
     t = time.perf_counter()
     fn(arg)
@@ -500,7 +564,7 @@ def _timed(fn, arg, time) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=["prepare", "train", "finish", "show", "bench"])
+    ap.add_argument("step", choices=["prepare", "train", "finish", "show", "bench", "seeds"])
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bundled"))
     ap.add_argument("--seed", type=int, default=RECIPE["init_seeds"][0])
     ap.add_argument("--install", action="store_true", help="finish: copy into bindings/dclens/models")
@@ -508,6 +572,7 @@ def main(argv=None) -> int:
     ap.add_argument("--command", default=None, help="finish: the training command for the cards")
     ap.add_argument("--dry-run", action="store_true", help="train: print the commands only")
     ap.add_argument("--n-threads", type=int, default=0, help="train: threads per run (0: the default)")
+    ap.add_argument("--runs", nargs="*", default=[], help="seeds: SEED=RUN_DIR of each finished extra seed")
     a = ap.parse_args(argv)
     if a.step == "show":
         print(json.dumps({"recipe": RECIPE, "schedule": schedule()}, indent=1))
@@ -518,6 +583,8 @@ def main(argv=None) -> int:
         return bench(a.out)
     if a.step == "train":
         return train(a.out, a.seed, a.dry_run, a.n_threads)
+    if a.step == "seeds":
+        return seeds(a.runs, a.out, a.install)
     return finish(a.out, a.install, a.limit, a.command, a.seed)
 
 
