@@ -45,7 +45,35 @@ def execute(path: str, kernel_name: str = "python3", timeout: int = 600):
         nb, timeout=timeout, kernel_name=kernel_name, record_timing=False, resources={"metadata": {"path": NOTEBOOKS}}
     )
     client.execute()
+    for c in nb.cells:
+        if c.cell_type == "code":
+            c.outputs = squash_streams(c.outputs)
     return nb
+
+
+def _as_shown(text: str) -> str:
+    """A stream's text as a terminal or Jupyter shows it: on each line only what
+    follows its last carriage return (a progress bar's final state)."""
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
+
+
+def squash_streams(outputs: list) -> list:
+    """Consecutive outputs of one stream merged and reduced to what is shown
+    (a progress bar redrawn a thousand times is saved once, as it ends)."""
+    out: list = []
+    for o in outputs:
+        if (
+            o.get("output_type") == "stream"
+            and out
+            and out[-1].get("output_type") == "stream"
+            and out[-1].name == o.name
+        ):
+            out[-1].text = _as_shown(out[-1].text + o.text)
+        else:
+            if o.get("output_type") == "stream":
+                o.text = _as_shown(o.text)
+            out.append(o)
+    return out
 
 
 def output_sizes(nb) -> list:

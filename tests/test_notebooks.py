@@ -122,6 +122,23 @@ def test_committed_outputs_follow_the_rule(path):
     assert not [o for c in code for o in c.outputs if o.get("output_type") == "error"]
     assert not [c for c in code if "execution" in c.metadata], "timing metadata: use scripts/run_notebooks.py"
     rn.findings(nb)  # the key numbers are printed
+    # a progress bar is saved as it ends, not once per redraw (scripts/run_notebooks.py squash_streams)
+    for c in code:
+        streams = [o for o in c.outputs if o.get("output_type") == "stream"]
+        assert all("\r" not in o.text for o in streams), "%s: unsquashed progress output" % os.path.basename(path)
+
+
+def test_squash_streams_keeps_what_is_shown():
+    from nbformat.v4 import new_output
+
+    outs = [new_output("stream", name="stderr", text="\rbar 0%"), new_output("stream", name="stderr", text="\rbar 50%")]
+    outs += [
+        new_output("stream", name="stderr", text="\rbar 100%\nnext\n"),
+        new_output("stream", name="stdout", text="a\n"),
+    ]
+    outs += [new_output("stream", name="stderr", text="late\n")]
+    got = [(o.name, o.text) for o in rn.squash_streams(outs)]
+    assert got == [("stderr", "bar 100%\nnext\n"), ("stdout", "a\n"), ("stderr", "late\n")]
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[os.path.basename(p) for p in PATHS])
@@ -320,12 +337,18 @@ def _bundled_summary(name, label):
 
 
 def check_03(f):
+    import dclens
+
     # the same numbers as the shipped benchmark.json (whose per-task counts test_bundled_scores.py
     # recomputes with the numpy reference)
     for d, vals in f["acc"].items():
         for name, acc, ppl in zip(f["models"], vals, f["ppl"][d]):
             s = _bundled_summary(name, d)["overall"]
             assert abs(s["acc"] - acc) < PRINTED / 10 and abs(s["ppl"] - ppl) < PRINTED * ppl  # 4 decimals
+    # the seeds shown are the ones the shipped benchmark.json records (issue 29)
+    for name in f["models"]:
+        d = next(m.path for m in dclens.bundled_models() if m.name == name)
+        assert f["seeds"][name] == sorted(json.load(open(os.path.join(d, "benchmark.json"))).get("seeds", {}), key=int)
 
 
 def check_04(f):
