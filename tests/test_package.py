@@ -233,6 +233,17 @@ def test_progress_in_a_log_is_a_few_plain_lines(monkeypatch):
     lines = err.getvalue().splitlines()
     assert "\r" not in err.getvalue() and len(lines) == 5, lines  # start, 25/50/75 %, done
     assert lines[0] == "sweep: start" and lines[1].startswith("sweep: 25% (250/1000") and "done" in lines[-1]
+    # a resumed run (initial 800 of 1300) reports only the quarters still ahead
+    err.seek(0)
+    err.truncate(0)
+    b = P.bar(total=1300, initial=800, desc="train", progress=None)
+    b.update(1)
+    b.update(199)
+    b.close()
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "train: resumed at 800" and lines[1].startswith("train: 75% (1000/1300"), lines
+    assert len(lines) == 3 and "done" in lines[-1], lines
+    err.seek(0)
     err.truncate(0)
     b = P.bar(total=10, desc="x", progress=False)
     b.update(10)

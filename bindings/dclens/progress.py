@@ -78,7 +78,8 @@ class Plain:
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
         self.postfix = ""
         self._t0 = time.monotonic()
-        self._next = 1
+        # the first quarter not yet passed (a resumed run starts past some)
+        self._next = 1 + (initial * _PLAIN_STEPS // total if total else 0)
         self._closed = False
         self._say("start" if not initial else "resumed at %d" % initial)
 
