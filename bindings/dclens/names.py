@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-from ._checks import ArgumentError, Error, check_str
+from ._checks import ArgumentError, Error, check_str, did_you_mean
 
 # The compose branches of a DCMHA phase (hooks blocks.{l}.attn.{phase}.{branch};
 # "static" is the use_sw branch, present only in Talking-Heads models).
@@ -199,8 +199,6 @@ def suggest(wanted, names, n: int = 5):
     """Up to n hook names of `names` closest to the string(s) `wanted` (full
     names, or suffixes such as 'hook_patern' matched against the part after
     'blocks.{l}.' in either spelling), for "did you mean" messages."""
-    import difflib
-
     wanted = [wanted] if isinstance(wanted, str) else [w for w in wanted if isinstance(w, str) and len(w) > 1]
     names = list(names)
     by_key: Dict[str, str] = {}
@@ -212,7 +210,7 @@ def suggest(wanted, names, n: int = 5):
                 by_key.setdefault(m.group(1), full)
     out = []
     for w in wanted:
-        for key in difflib.get_close_matches(w, list(by_key), n=n, cutoff=0.6):
+        for key in did_you_mean(w, by_key, n):
             if key not in out:
                 out.append(key)
     return out[:n]
