@@ -423,6 +423,16 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
     parallel_for_chunk(be, gemmw_items, &g, (N + tw - 1) / tw, PAR_MIN, 1);
 }
 
+/* The vectorised row kernels (GELU here, compose rows below), compiled for
+ * the widest SIMD the CPU has (function multi-versioning on x86-64 with GCC;
+ * plain C elsewhere). The arithmetic is dcs_math.h's, op for op (no FMA
+ * contraction under -std=c11). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define DCS_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DCS_VEC
+#endif
+
 /* ------------------------------------------------------------ row kernels
  * Each splits its rows over the pool (above PAR_MIN items x cost). */
 
@@ -468,10 +478,12 @@ static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};
     parallel_for(be, add_range, &a, (long long)n, 1);
 }
+DCS_VEC static void gelu_span(float *v, long long n) {
+    for (long long i = 0; i < n; i++) v[i] = dcs_gelu(v[i]);
+}
 static void gelu_range(void *x, long long b, long long e, int tid) {
     (void)tid;
-    float *v = x;
-    for (long long i = b; i < e; i++) v[i] = dcs_gelu(v[i]);
+    gelu_span((float *)x + b, e - b);
 }
 static void cpu_gelu(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, gelu_range, x, (long long)n, 8);
@@ -584,14 +596,7 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
 }
 
 /* ------------------------------------------------------------ compose
- * The vectorised row kernels, compiled for the widest SIMD the CPU has
- * (function multi-versioning on x86-64 with GCC; plain C elsewhere). The
- * arithmetic is dcs_math.h's, op for op (no FMA contraction under -std=c11). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define DCS_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DCS_VEC
-#endif
+ * (DCS_VEC, the per-ISA clones: see the row kernels above) */
 
 DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                                 const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
