@@ -1,6 +1,7 @@
-"""The coefficients of dcs_erf (engine/src/backends/dcs_math.h) and their check.
+"""The coefficients of dcs_erf (engine/src/backends/dcs_math.h) and their
+check, and the check of dcs_exp (Taylor coefficients, nothing fitted).
 
-    python scripts/fit_erf.py          # prints the C lines and the float32 error
+    python scripts/fit_erf.py          # prints the C lines and the float32 errors
 
 erf is fitted in two pieces, each a Chebyshev least-squares fit in float64
 (numpy) turned into monomials of a variable on [-1, 1] or [0, 1]:
@@ -54,6 +55,19 @@ def erf32(x, p, q):
     return np.copysign(r, x).astype(np.float32)
 
 
+def exp32(x):
+    """dcs_exp, op for op, in float32 (x <= 0 here: the softmax's arguments)."""
+    f = np.float32
+    xc = np.clip(x, f(-87.33654), f(88.7)).astype(f)
+    n = ((xc * f(1.44269504)).astype(f) + f(12582912.0)).astype(f) - f(12582912.0)
+    r = ((xc - (n * f(0.693145752)).astype(f)).astype(f) - (n * f(1.42860677e-6)).astype(f)).astype(f)
+    c = [f(v) for v in (1.0, 1.0, 0.5, 1.66666667e-1, 4.16666667e-2, 8.33333333e-3, 1.38888889e-3, 1.98412698e-4)]
+    p = horner(c, r)
+    two_n = ((n.astype(np.int32) + 127) << 23).view(f)
+    e = (p * two_n).astype(f)
+    return np.where(x < f(-87.33654), f(0), e)
+
+
 def main():
     p, q = coefficients()
     x = np.linspace(0, 5, 2_000_001, dtype=np.float32)
@@ -62,6 +76,10 @@ def main():
     print("P (x^2), degree %d: {%s}" % (P_DEG, fmt(p)))
     print("Q ((|x| - %.1f) / %.1f), degree %d: {%s}" % (MID, HALF, Q_DEG, fmt(q)))
     print("max |dcs_erf - erf| on [0, 5]: %.3g" % err)
+    x = -np.linspace(0, 87.3, 2_000_001, dtype=np.float32)
+    ref = np.exp(x.astype(np.float64))
+    ulp = np.spacing(ref.astype(np.float32)).astype(np.float64)
+    print("max |dcs_exp - exp| on [-87.3, 0]: %.3g ulp" % np.max(np.abs(exp32(x) - ref) / ulp))
 
 
 if __name__ == "__main__":

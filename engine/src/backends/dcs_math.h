@@ -59,6 +59,35 @@ DCS_HD float dcs_erf(float x) {
     return copysignf(r, x);
 }
 
+/* exp in float32 without branches or calls (vectorisable, unlike libm's
+ * expf): x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite, two-part ln2), e^r by
+ * its Taylor polynomial to degree 7 (truncation 6e-9 relative), 2^n from
+ * the exponent bits. Within 2 ulp of expf (scripts/fit_erf.py checks it);
+ * 0 below -87.33 (expf gives denormals there, < 1.2e-38); NaN stays NaN. */
+DCS_HD float dcs_exp(float x) {
+    const float xc = x < -87.33654f ? -87.33654f : (x > 88.7f ? 88.7f : x);
+    const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.98412698e-4f; /* 1/7! */
+    p = p * r + 1.38888889e-3f;
+    p = p * r + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union {
+        int i;
+        float f;
+    } two_n;
+    two_n.i = ((int)n + 127) << 23;
+    const float e = p * two_n.f;
+    return x != x ? x : (x < -87.33654f ? 0.0f : e);
+}
+
+/* Lanes of the fixed-order partial sums of dcs_softmax_span. */
+#define DCS_LANES 16
+
 /* Exact (erf) GELU. */
 DCS_HD float dcs_gelu(float x) { return 0.5f * x * (1.0f + dcs_erf(x * 0.70710678118654752f)); }
 
@@ -487,19 +516,29 @@ DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) { return a + 
 
 /* Softmax of row[0, len) in place: exp(x - max) / sum, summed in index
  * order (the allowed keys of one query; len 0: nothing). */
-DCS_HD void dcs_softmax_span(float *row, int len) {
+DCS_HD_ROW void dcs_softmax_span(float *row, int len) {
     if (len <= 0) return;
-    float mx = -INFINITY;
-    for (int s = 0; s < len; s++)
-        if (row[s] > mx) mx = row[s];
-    float sum = 0.0f;
-    for (int s = 0; s < len; s++) {
-        float e = expf(row[s] - mx);
-        row[s] = e;
-        sum += e;
-    }
+    /* max and sum in DCS_LANES interleaved partial results (lane k: the
+     * elements s = k mod DCS_LANES, in order), combined in lane order: a
+     * fixed order, so the same bits from the scalar code, every SIMD width
+     * and CUDA, and the loops vectorise (issue 28) */
+    float m[DCS_LANES], acc[DCS_LANES];
+    for (int k = 0; k < DCS_LANES; k++) m[k] = -INFINITY;
+    int s = 0;
+    for (; s + DCS_LANES <= len; s += DCS_LANES)
+        for (int k = 0; k < DCS_LANES; k++) m[k] = row[s + k] > m[k] ? row[s + k] : m[k];
+    for (int k = 0; s + k < len; k++) m[k] = row[s + k] > m[k] ? row[s + k] : m[k];
+    float mx = m[0];
+    for (int k = 1; k < DCS_LANES; k++) mx = m[k] > mx ? m[k] : mx;
+    for (s = 0; s < len; s++) row[s] = dcs_exp(row[s] - mx);
+    for (int k = 0; k < DCS_LANES; k++) acc[k] = 0.0f;
+    for (s = 0; s + DCS_LANES <= len; s += DCS_LANES)
+        for (int k = 0; k < DCS_LANES; k++) acc[k] += row[s + k];
+    for (int k = 0; s + k < len; k++) acc[k] += row[s + k];
+    float sum = acc[0];
+    for (int k = 1; k < DCS_LANES; k++) sum += acc[k];
     float inv = 1.0f / sum;
-    for (int s = 0; s < len; s++) row[s] *= inv;
+    for (s = 0; s < len; s++) row[s] *= inv;
 }
 
 /* Masked softmax of one attention row at query position t over keys at
@@ -508,7 +547,7 @@ DCS_HD void dcs_softmax_span(float *row, int len) {
  * gets dcs_softmax_span; the others become exactly 0 (all of them when no
  * key is allowed). Every masked softmax of the engine is this function: the
  * CPU and CUDA backends (one row per thread), the decoder and the tape. */
-DCS_HD void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
+DCS_HD_ROW void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
     long long lo = window > 0 ? (long long)t - window : 0, hi = t; /* allowed positions */
     if (lo < s0) lo = s0;
     if (hi > (long long)s0 + S - 1) hi = (long long)s0 + S - 1;
