@@ -196,10 +196,56 @@ DCS_HD void dcs_compose_pair_plain(const float *a, float *out, long long stride,
  * like out. Every element goes through exactly the float operations of
  * dcs_compose_pair_plain (the case it covers: one group, no static map,
  * query side present), in the same order, so both give bit-identical results. */
+/* dcs_compose_row's rank-2 case with both sides and no branches (the fused
+ * forward's), its loops fused: one pass over the keys per source head (both
+ * ranks, both sides) and one per target head (issue 28: a third of the
+ * memory traffic). Each element sees the same operations in the same order
+ * as the general loops below, so the same bits. */
+DCS_HD_ROW void dcs_compose_pre_r2(const float *a, long long hs, int L, int N, const float *qw1,
+                                   const float *__restrict__ kw1t, long long ks, float *__restrict__ q0,
+                                   float *__restrict__ q1, float *__restrict__ k0, float *__restrict__ k1) {
+    for (int j = 0; j < L; j++) q0[j] = q1[j] = k0[j] = k1[j] = 0.0f;
+    for (int n = 0; n < N; n++) {
+        const float *__restrict__ an = a + (long long)n * hs;
+        const float *__restrict__ c0 = kw1t + (long long)n * ks, *__restrict__ c1 = kw1t + (long long)(N + n) * ks;
+        const float w0 = qw1[n], w1 = qw1[N + n];
+        for (int j = 0; j < L; j++) {
+            const float x = an[j];
+            q0[j] += x * w0;
+            q1[j] += x * w1;
+            k0[j] += x * c0[j];
+            k1[j] += x * c1[j];
+        }
+    }
+}
+DCS_HD_ROW void dcs_compose_post_r2(const float *am, float *om, int L, const float *__restrict__ q0,
+                                    const float *__restrict__ q1, const float *__restrict__ k0,
+                                    const float *__restrict__ k1, float v0, float v1, const float *__restrict__ c0,
+                                    const float *__restrict__ c1, float qd, const float *__restrict__ kd) {
+    for (int j = 0; j < L; j++) {
+        float qp = 0.0f, kp = 0.0f;
+        qp += q0[j] * v0;
+        qp += q1[j] * v1;
+        kp += k0[j] * c0[j];
+        kp += k1[j] * c1[j];
+        const float x = am[j];
+        om[j] = x + qp + kp + x * qd + x * kd[j];
+    }
+}
+
 DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                                 const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
                                 long long ks, const float *qdd, const float *kddt, float *tmp,
                                 float *const *br) {
+    if (R == 2 && kw1t && kw2t && kddt && !br) {
+        float *q0 = tmp, *q1 = tmp + L, *k0 = tmp + 2LL * L, *k1 = tmp + 3LL * L;
+        dcs_compose_pre_r2(a, hs, L, N, qw1, kw1t, ks, q0, q1, k0, k1);
+        for (int m = 0; m < N; m++)
+            dcs_compose_post_r2(a + (long long)m * hs, out + (long long)m * hs, L, q0, q1, k0, k1, qw2[m],
+                                qw2[N + m], kw2t + (long long)m * ks, kw2t + (long long)(N + m) * ks, qdd[m],
+                                kddt + (long long)m * ks);
+        return;
+    }
     float *qi = tmp, *ki = tmp + (long long)R * L;
     float *qp = tmp + 2LL * R * L, *kp = qp + L;
     for (int i = 0; i < R; i++) {
