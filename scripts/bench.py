@@ -154,7 +154,9 @@ def sgemm_gflops(s, T, threads):
     )
     res = json.loads(r.stdout)
     if res["core"] != blas_info()["core"]:
-        raise RuntimeError("the sgemm subprocess ran OpenBLAS kernel %s, the engine %s" % (res["core"], blas_info()["core"]))
+        raise RuntimeError(
+            "the sgemm subprocess ran OpenBLAS kernel %s, the engine %s" % (res["core"], blas_info()["core"])
+        )
     flops = sum(2 * m * n * k for m, n, k in shapes)
     return flops / sum(res["times"]) / 1e9
 
@@ -267,7 +269,10 @@ def time_pair(dirs, name, s, Ts, repeat, threads):
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 times[mt, T] = min(times.get((mt, T), dt), dt)
                 cpu[mt, T] = min(cpu.get((mt, T), dc), dc)
-        log("   %d thread(s), T=%d: DCPythia %.3f s, Pythia %.3f s" % (threads, T, times["dcpythia", T], times["gpt_neox", T]))
+        log(
+            "   %d thread(s), T=%d: DCPythia %.3f s, Pythia %.3f s"
+            % (threads, T, times["dcpythia", T], times["gpt_neox", T])
+        )
     del models
     rows = []
     for T in Ts:

@@ -748,7 +748,7 @@ static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, 
 typedef struct {
     const dcs_attn_args *a;
     const float *kt[2][3]; /* per phase: kw1t, kw2t, kddt [B, R|1, N, S] */
-    int nblk, tq; /* query blocks per sequence, rows per block */
+    int nblk, tq;          /* query blocks per sequence, rows per block */
     const dcs_backend *be;
 } attn_job;
 

@@ -207,7 +207,8 @@ DCS_HD_ROW void dcs_compose_pre_r2(const float *a, long long hs, int L, int N, c
     for (int j = 0; j < L; j++) q0[j] = q1[j] = k0[j] = k1[j] = 0.0f;
     for (int n = 0; n < N; n++) {
         const float *__restrict__ an = a + (long long)n * hs;
-        const float *__restrict__ c0 = kw1t + (long long)n * ks, *__restrict__ c1 = kw1t + (long long)(N + n) * ks;
+        const float *__restrict__ c0 = kw1t + (long long)n * ks, *__restrict__ c1 =
+                                                                     kw1t + (long long)(N + n) * ks;
         const float w0 = qw1[n], w1 = qw1[N + n];
         for (int j = 0; j < L; j++) {
             const float x = an[j];
@@ -220,8 +221,9 @@ DCS_HD_ROW void dcs_compose_pre_r2(const float *a, long long hs, int L, int N, c
 }
 DCS_HD_ROW void dcs_compose_post_r2(const float *am, float *om, int L, const float *__restrict__ q0,
                                     const float *__restrict__ q1, const float *__restrict__ k0,
-                                    const float *__restrict__ k1, float v0, float v1, const float *__restrict__ c0,
-                                    const float *__restrict__ c1, float qd, const float *__restrict__ kd) {
+                                    const float *__restrict__ k1, float v0, float v1,
+                                    const float *__restrict__ c0, const float *__restrict__ c1, float qd,
+                                    const float *__restrict__ kd) {
     for (int j = 0; j < L; j++) {
         float qp = 0.0f, kp = 0.0f;
         qp += q0[j] * v0;
