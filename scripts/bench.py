@@ -4,6 +4,18 @@
                             [--out BENCHMARKS.json]
     python scripts/bench.py --mem-6.9b DIR     # the full 6.9B-shaped fp16 memory test
 
+    # issue 28's command: the BLAS kernels a user gets (no machine pin), the
+    # forward against the same-run sgemm and the 1 vs 2 thread scaling
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench.py \
+        --sizes d1024,1.4b --T 512 --no-extras --scaling 1,2
+
+Which OpenBLAS kernel ran is printed (openblas_get_corename of the engine's own
+libopenblas, in the engine's process and in the sgemm subprocess), and so is any
+OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE pin found in the environment: a pin set
+by a machine's administrator (some EPYC hosts pin a slower Haswell kernel)
+changes both the engine and the sgemm it is compared with, but users' machines
+have none, so the documented command removes it (env -u; never in tests or CI).
+
 For DCPythia and its Pythia twin at the published widths (random weights,
 generated on the fly; layer counts reduced for time, printed), at each T:
   - tokens/s of the prefill (forward with logits_at="last": the layer stack
@@ -104,6 +116,8 @@ P = ctypes.c_void_p
 f = lib.cblas_sgemm
 f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, P, ctypes.c_int, P, ctypes.c_int, ctypes.c_float, P, ctypes.c_int]
 out = []
+lib.openblas_get_corename.restype = ctypes.c_char_p
+core = lib.openblas_get_corename().decode()
 for M, N, K in shapes:
     a = np.random.default_rng(0).standard_normal((M, K), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((N, K), dtype=np.float32)
@@ -114,7 +128,7 @@ for M, N, K in shapes:
     for _ in range(3):
         t0 = time.perf_counter(); call(); ts.append(time.perf_counter() - t0)
     out.append(min(ts))
-print(json.dumps(out))
+print(json.dumps({"times": out, "core": core}))
 """
 
 
@@ -138,9 +152,47 @@ def sgemm_gflops(s, T, threads):
         text=True,
         check=True,
     )
-    ts = json.loads(r.stdout)
+    res = json.loads(r.stdout)
+    if res["core"] != blas_info()["core"]:
+        raise RuntimeError(
+            "the sgemm subprocess ran OpenBLAS kernel %s, the engine %s" % (res["core"], blas_info()["core"])
+        )
     flops = sum(2 * m * n * k for m, n, k in shapes)
-    return flops / sum(ts) / 1e9
+    return flops / sum(res["times"]) / 1e9
+
+
+PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def blas_info():
+    """The OpenBLAS the engine links, as loaded in this process (after
+    dclens._engine, so the same library object): its kernel (core name),
+    build config, and the pin variables present in the environment."""
+    import ctypes
+
+    import dclens._engine  # noqa: F401  (loads the engine's libopenblas first)
+
+    path = openblas_path()
+    lib = ctypes.CDLL(path)
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    lib.openblas_get_config.restype = ctypes.c_char_p
+    pins = {k: os.environ[k] for k in PINS if k in os.environ}
+    return dict(
+        path=path,
+        core=lib.openblas_get_corename().decode(),
+        config=lib.openblas_get_config().decode().strip(),
+        pins=pins,
+    )
+
+
+def blas_line(info):
+    pins = ", ".join("%s=%s" % kv for kv in info["pins"].items()) or "none (unpinned, as on users' machines)"
+    return "OpenBLAS kernel that ran: %s (%s; %s); environment pin: %s" % (
+        info["core"],
+        info["config"],
+        info["path"],
+        pins,
+    )
 
 
 RSS_SRC = r"""
@@ -194,17 +246,16 @@ def make_pair(tmp, name, s, L):
     return dirs
 
 
-def bench_size(tmp, name, s, Ts, repeat, threads):
+def time_pair(dirs, name, s, Ts, repeat, threads):
+    """Rows of the forward table for the generated pair in `dirs` at
+    `threads` threads: both models loaded, runs interleaved (DCPythia,
+    Pythia, DCPythia, ...): the cores are shared, and a ratio of two
+    best-of-n taken side by side is what stays stable under outside load.
+    The sgemm runs after, in a subprocess, on the same thread count."""
     import dclens
 
     L = s["bench_layers"]
-    log("== %s-shaped: generating %d-layer DCPythia and Pythia (%s)" % (name, L, s["dtype"]))
-    dirs = make_pair(tmp, name, s, L)
-    rows = []
     D, N = s["dim"], s["n_head"]
-    # both models loaded, runs interleaved (DCPythia, Pythia, DCPythia, ...):
-    # the cores are shared, and a ratio of two best-of-n taken side by side
-    # is what stays stable under outside load
     models = {mt: dclens.load(dirs[mt], n_threads=threads) for mt in ("dcpythia", "gpt_neox")}
     times, cpu = {}, {}
     for T in Ts:
@@ -218,8 +269,12 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 times[mt, T] = min(times.get((mt, T), dt), dt)
                 cpu[mt, T] = min(cpu.get((mt, T), dc), dc)
-        log("   T=%d: DCPythia %.3f s, Pythia %.3f s" % (T, times["dcpythia", T], times["gpt_neox", T]))
+        log(
+            "   %d thread(s), T=%d: DCPythia %.3f s, Pythia %.3f s"
+            % (threads, T, times["dcpythia", T], times["gpt_neox", T])
+        )
     del models
+    rows = []
     for T in Ts:
         sg = sgemm_gflops(s, T, threads)
         td, tn = times["dcpythia", T], times["gpt_neox", T]
@@ -230,6 +285,9 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
                 layers=L,
                 dtype=s["dtype"],
                 T=T,
+                threads=threads,
+                dcp_s=td,
+                neox_s=tn,
                 dcp_tok_s=T / td,
                 neox_tok_s=T / tn,
                 dcp_gflops=pass_flops(s, L, T, True) / td / 1e9,
@@ -241,8 +299,20 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
                 bound=1 + 1.5 * th,
             )
         )
-        log("   T=%d: sgemm %.1f GFLOP/s" % (T, sg))
-    for mt in ("dcpythia", "gpt_neox"):
+        log("   %d thread(s), T=%d: sgemm %.1f GFLOP/s" % (threads, T, sg))
+    return rows
+
+
+def bench_size(tmp, name, s, Ts, repeat, threads_list, rss=True):
+    """The forward table's rows at each thread count of threads_list (the
+    pair generated once), then (rss) the peak RSS rows."""
+    L = s["bench_layers"]
+    log("== %s-shaped: generating %d-layer DCPythia and Pythia (%s)" % (name, L, s["dtype"]))
+    dirs = make_pair(tmp, name, s, L)
+    rows = []
+    for threads in threads_list:
+        rows += time_pair(dirs, name, s, Ts, repeat, threads)
+    for mt in ("dcpythia", "gpt_neox") if rss else ():
         r = peak_rss(dirs[mt], 512 if 512 in Ts else Ts[0])
         rows_rss = dict(size=name, model=mt, T=512 if 512 in Ts else Ts[0], **r)
         rows_rss["ratio"] = r["maxrss"] / (r["stored"] + r["act_peak"])
@@ -254,6 +324,29 @@ def bench_size(tmp, name, s, Ts, repeat, threads):
     for d in dirs.values():
         shutil.rmtree(d)
     return rows
+
+
+def scaling_rows(rows):
+    """Parallel efficiency t(1) / (k t(k)) of each model and of the sgemm,
+    per (size, T), from time_pair rows that include 1 thread."""
+    out = []
+    one = {(r["size"], r["T"]): r for r in rows if r["threads"] == 1}
+    for r in rows:
+        b = one.get((r["size"], r["T"]))
+        if b is None or r["threads"] == 1:
+            continue
+        k = r["threads"]
+        out.append(
+            dict(
+                size=r["size"],
+                T=r["T"],
+                threads=k,
+                dcp_eff=b["dcp_s"] / (k * r["dcp_s"]),
+                neox_eff=b["neox_s"] / (k * r["neox_s"]),
+                sgemm_eff=r["sgemm_gflops"] / (k * b["sgemm_gflops"]),
+            )
+        )
+    return out
 
 
 def bench_hooks(tmp, repeat, threads, Ts=(256, 512), clock=time.perf_counter, size="160m"):
@@ -488,6 +581,13 @@ def main(argv=None):
     p.add_argument("--mem-6.9b", dest="mem69", metavar="DIR", help="run only the 6.9B fp16 memory test in DIR")
     p.add_argument("--out", default=None, help="also write the numbers as JSON here")
     p.add_argument(
+        "--scaling",
+        default=None,
+        metavar="1,2,...",
+        help="time the forward at each of these thread counts (include 1) and print the parallel efficiency",
+    )
+    p.add_argument("--no-extras", action="store_true", help="only the forward table(s): no peak RSS, hooks, synth line")
+    p.add_argument(
         "--hooks-only",
         action="store_true",
         help="only the hook measurements, at --T, on the first of --sizes, in CPU time",
@@ -514,40 +614,47 @@ def main(argv=None):
     repeat = a.repeat
     if a.quick:
         sizes, Ts, repeat = ["160m", "1.4b"], [128, 512], 1
+    threads_list = [int(t) for t in a.scaling.split(",")] if a.scaling else [a.threads]
     res = {
         "machine": "%s, %d cores" % (platform.processor() or platform.machine(), os.cpu_count()),
-        "threads": a.threads,
+        "blas": blas_info(),
+        "threads": threads_list,
         "window": WINDOW,
         "rows": [],
         "rss": [],
     }
     with tempfile.TemporaryDirectory(dir=os.environ.get("DCLENS_BENCH_TMP")) as tmp:
         for name in sizes:
-            for r in bench_size(tmp, name, SIZES[name], Ts, repeat, a.threads):
+            for r in bench_size(tmp, name, SIZES[name], Ts, repeat, threads_list, rss=not a.no_extras):
                 (res["rss"] if "maxrss" in r else res["rows"]).append(r)
-        log("== hook capture")
-        res["hooks"] = bench_hooks(tmp, repeat, a.threads)
-        log("== synthetic benchmark line")
-        res["synth"] = bench_synth_line(tmp, a.threads, a.synth_lines)
+        res["scaling"] = scaling_rows(res["rows"])
+        res["hooks"] = res["synth"] = None
+        if not a.no_extras:
+            log("== hook capture")
+            res["hooks"] = bench_hooks(tmp, repeat, threads_list[-1])
+            log("== synthetic benchmark line")
+            res["synth"] = bench_synth_line(tmp, threads_list[-1], a.synth_lines)
 
     print(
-        "Machine: %s; %d threads; DCPythia window %d (even layers local); prefill = forward(logits_at='last')"
-        % (res["machine"], a.threads, WINDOW)
+        "Machine: %s; %s thread(s); DCPythia window %d (even layers local); prefill = forward(logits_at='last')"
+        % (res["machine"], ",".join(map(str, threads_list)), WINDOW)
     )
+    print(blas_line(res["blas"]))
     print()
     print(
-        "| shape (layers, weights) | T | DCPythia tok/s | Pythia tok/s | DCPythia GFLOP/s | Pythia GFLOP/s"
+        "| shape (layers, weights) | threads | T | DCPythia tok/s | Pythia tok/s | DCPythia GFLOP/s | Pythia GFLOP/s"
         " | sgemm GFLOP/s (same shapes) | Pythia / sgemm | DCPythia / sgemm | DCPythia / Pythia time"
         " | same, CPU time | theory extra FLOPs | bound 1 + 1.5 x theory |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in res["rows"]:
         print(
-            "| %s (%d, %s) | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.3f | %.3f | %.2f%% | %.3f |"
+            "| %s (%d, %s) | %d | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.3f | %.3f | %.2f%% | %.3f |"
             % (
                 r["size"],
                 r["layers"],
                 r["dtype"],
+                r["threads"],
                 r["T"],
                 r["dcp_tok_s"],
                 r["neox_tok_s"],
@@ -562,12 +669,40 @@ def main(argv=None):
                 r["bound"],
             )
         )
+    if res["scaling"]:
+        print()
+        print("| parallel efficiency t(1) / (k t(k)) | T | k threads | DCPythia | Pythia | sgemm (same shapes) |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in res["scaling"]:
+            print(
+                "| %s | %d | %d | %.0f%% | %.0f%% | %.0f%% |"
+                % (r["size"], r["T"], r["threads"], 100 * r["dcp_eff"], 100 * r["neox_eff"], 100 * r["sgemm_eff"])
+            )
+    if res["rss"]:
+        _print_rss(res["rss"])
+    if res["hooks"]:
+        print()
+        _print_hooks(res["hooks"])
+    if res["synth"]:
+        s = res["synth"]
+        print()
+        print(
+            "Synthetic benchmark (160M widths, 4 layers, %d lines): %.3f s per line with logits at the answer"
+            " positions, %.3f s with all logits." % (s["lines"], s["s_per_line"], s["s_per_line_all_logits"])
+        )
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def _print_rss(rows):
     print()
     print(
         "| peak RSS (fresh process, load + one pass) | T | peak RSS GiB | of which import GiB | stored weights GiB | activations GiB | RSS / (weights + activations) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for r in res["rss"]:
+    for r in rows:
         print(
             "| %s %s | %d | %.2f | %.2f | %.2f | %.3f | %.3f |"
             % (
@@ -581,19 +716,6 @@ def main(argv=None):
                 r["ratio"],
             )
         )
-    print()
-    _print_hooks(res["hooks"])
-    if res["synth"]:
-        s = res["synth"]
-        print()
-        print(
-            "Synthetic benchmark (160M widths, 4 layers, %d lines): %.3f s per line with logits at the answer"
-            " positions, %.3f s with all logits." % (s["lines"], s["s_per_line"], s["s_per_line_all_logits"])
-        )
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
 
 
 def _print_hooks(rows, size="160m"):

@@ -155,3 +155,23 @@ def test_thread_count_does_not_change_results(name):
     for logits, cache in runs[1:]:
         assert np.array_equal(logits, runs[0][0])
         assert all(np.array_equal(cache[k], runs[0][1][k]) for k in cache)
+
+
+@pytest.mark.parametrize("name", ["dcp-global-local", "dcp-window-null"])
+def test_compose_rank2_loops_same_bits(tiny_factory, name):
+    """The compose's fused rank-2 loops (dcs_compose_pre_r2/post_r2, taken
+    when no compose branch is hooked) against its general loops (taken when
+    one is: a no-op hook on pre.qp and post.qp): the same float operations in
+    the same order per element, so the same bits (issue 28). Both passes run
+    the full path (a no-op hook on the scores of every layer)."""
+    d, sd, cfg = tiny_factory(**CASES[name])
+    model = dclens.load(d)
+    assert model.config.dyn_rank == 2
+    toks = np.random.default_rng(5).integers(0, model.config.vocab, size=(2, 40))
+    L = model.config.n_layer
+    noop = lambda a, n: None  # noqa: E731
+    scores = [("blocks.%d.attn.scores" % l, noop) for l in range(L)]
+    branches = [("blocks.%d.attn.%s.qp" % (l, ph), noop) for l in range(L) for ph in ("pre", "post")]
+    fast = model.run_with_hooks(toks, fwd_hooks=scores)
+    general = model.run_with_hooks(toks, fwd_hooks=scores + branches)
+    assert np.array_equal(fast, general)

@@ -423,6 +423,16 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
     parallel_for_chunk(be, gemmw_items, &g, (N + tw - 1) / tw, PAR_MIN, 1);
 }
 
+/* The vectorised row kernels (GELU here, compose rows below), compiled for
+ * the widest SIMD the CPU has (function multi-versioning on x86-64 with GCC;
+ * plain C elsewhere). The arithmetic is dcs_math.h's, op for op (no FMA
+ * contraction under -std=c11). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define DCS_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DCS_VEC
+#endif
+
 /* ------------------------------------------------------------ row kernels
  * Each splits its rows over the pool (above PAR_MIN items x cost). */
 
@@ -468,10 +478,18 @@ static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};
     parallel_for(be, add_range, &a, (long long)n, 1);
 }
+/* dcs_softmax_span / dcs_softmax_row in the per-ISA clones (the same bits
+ * at every width: the sums run in dcs_math.h's fixed lane order) */
+DCS_VEC static void softmax_span(float *row, int len) { dcs_softmax_span(row, len); }
+DCS_VEC static void softmax_row(float *row, int S, int t, int s0, int window) {
+    dcs_softmax_row(row, S, t, s0, window);
+}
+DCS_VEC static void gelu_span(float *v, long long n) {
+    for (long long i = 0; i < n; i++) v[i] = dcs_gelu(v[i]);
+}
 static void gelu_range(void *x, long long b, long long e, int tid) {
     (void)tid;
-    float *v = x;
-    for (long long i = b; i < e; i++) v[i] = dcs_gelu(v[i]);
+    gelu_span((float *)x + b, e - b);
 }
 static void cpu_gelu(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, gelu_range, x, (long long)n, 8);
@@ -584,14 +602,7 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
 }
 
 /* ------------------------------------------------------------ compose
- * The vectorised row kernels, compiled for the widest SIMD the CPU has
- * (function multi-versioning on x86-64 with GCC; plain C elsewhere). The
- * arithmetic is dcs_math.h's, op for op (no FMA contraction under -std=c11). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define DCS_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DCS_VEC
-#endif
+ * (DCS_VEC, the per-ISA clones: see the row kernels above) */
 
 DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                                 const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
@@ -634,8 +645,9 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
         const long long o = (long long)b * N * TS + (long long)t * S;
         int lo = 0, hi = S - 1;
         float *br[5] = {NULL, NULL, NULL, NULL, NULL};
+        int any = 0; /* no branch wanted: compose_row gets NULL (its fused rank-2 loops) */
         for (int k = 0; k < 5; k++)
-            if (a->br[k]) br[k] = a->br[k] + o;
+            if (a->br[k]) br[k] = a->br[k] + o, any = 1;
         if (a->causal_only) {
             /* allowed keys: positions [q - window, q], q = t0 + t; key j at kb + j */
             const int q = a->t0 + t;
@@ -661,7 +673,7 @@ static void compose_rows(void *arg, long long begin, long long end, int tid) {
         const float *kd = c->kddt ? c->kddt + (size_t)b * N * S + lo : NULL;
         compose_row(a->in + o + lo, a->out + o + lo, TS, hi - lo + 1, N, R, a->qw1 + ((size_t)b * T + t) * RN,
                     a->qw2 + ((size_t)b * T + t) * RN, k1, k2, S, a->qdd + ((size_t)b * T + t) * N, kd, tmp,
-                    br);
+                    any ? br : NULL);
     }
 }
 
@@ -713,7 +725,7 @@ static void softmax_rows(void *arg, long long begin, long long end, int tid) {
     (void)tid;
     const softmax_args *a = arg;
     for (long long r = begin; r < end; r++)
-        dcs_softmax_row(a->x + (size_t)r * a->S, a->S, a->t0 + (int)(r % a->T), a->kb, a->window);
+        softmax_row(a->x + (size_t)r * a->S, a->S, a->t0 + (int)(r % a->T), a->kb, a->window);
 }
 
 static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb, int window) {
@@ -736,7 +748,7 @@ static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, 
 typedef struct {
     const dcs_attn_args *a;
     const float *kt[2][3]; /* per phase: kw1t, kw2t, kddt [B, R|1, N, S] */
-    int nblk;
+    int nblk, tq;          /* query blocks per sequence, rows per block */
     const dcs_backend *be;
 } attn_job;
 
@@ -753,18 +765,19 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
     const dcs_attn_args *a = J->a;
     const int T = a->T, S = a->S, N = a->N, Dh = a->Dh, ld = a->ld, R = a->R, w = a->window;
     const long long RN = (long long)R * N;
-    int Lmax = w > 0 ? (ATT_TQ + w < S ? ATT_TQ + w : S) : S;
-    float *Sc = scratch(J->be, tid, (size_t)N * ATT_TQ * Lmax + (size_t)(2 * R + 2) * Lmax);
+    const int TQ = J->tq;
+    int Lmax = w > 0 ? (TQ + w < S ? TQ + w : S) : S;
+    float *Sc = scratch(J->be, tid, (size_t)N * TQ * Lmax + (size_t)(2 * R + 2) * Lmax);
     if (!Sc) {
         set_nomem(J->be, "attention");
         return;
     }
-    float *tmp = Sc + (size_t)N * ATT_TQ * Lmax;
+    float *tmp = Sc + (size_t)N * TQ * Lmax;
     for (long long it = begin; it < end; it++) {
         const int b = (int)(it / J->nblk);
         const int blk = J->nblk - 1 - (int)(it % J->nblk);
-        const int r0 = blk * ATT_TQ;
-        const int r1 = (r0 + ATT_TQ < T ? r0 + ATT_TQ : T) - 1;
+        const int r0 = blk * TQ;
+        const int r1 = (r0 + TQ < T ? r0 + TQ : T) - 1;
         const int tq = r1 - r0 + 1;
         int jmin, jmax, lo_, hi_;
         attn_keys(a, a->t0 + r0, &jmin, &hi_);
@@ -797,7 +810,7 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                                 k1, k2, S, a->qdd[ph] + tr * N, kd, tmp, NULL);
                 }
                 if (ph == 0)
-                    for (int n = 0; n < N; n++) dcs_softmax_span(row + n * hs + j0, len);
+                    for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);
             }
             for (int n = 0; n < N; n++) {
                 float *rn = row + n * hs;
@@ -820,7 +833,8 @@ static void cpu_attention(dcs_backend *be, const dcs_attn_args *args) {
     memset(&J, 0, sizeof J);
     J.a = a;
     J.be = be;
-    J.nblk = (a->T + ATT_TQ - 1) / ATT_TQ;
+    J.tq = ATT_TQ; /* 16, 64, 128 measured no faster at D=1024, T=512 */
+    J.nblk = (a->T + J.tq - 1) / J.tq;
     const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->S;
     float *kt = NULL;
     if (a->compose && a->kw1[0]) {

@@ -24,8 +24,72 @@
  * any real score underflows to exactly 0 in float32. */
 #define DCS_MASK_VALUE (-65504.0f)
 
+/* erf in float32 without branches or calls, so the CPU's per-ISA clones
+ * vectorise it (libm's erff is a scalar call: 7% of a D=1024 forward, issue 28):
+ *   |x| < 1:      x P(x^2), P of degree 5;
+ *   1 <= |x| < 4: Q((|x| - 2.5) / 1.5), Q of degree 12;
+ *   |x| >= 4:     1 (erf(4) = 1 - 1.5e-8 rounds to 1).
+ * Chebyshev fits, max |error| 1.2e-7 (2 ulp near 1; libm's erff: 1 ulp):
+ * `python scripts/fit_erf.py` fits them and checks this float op order. */
+DCS_HD float dcs_erf(float x) {
+    const float a = fabsf(x), u = a * a;
+    float p = -0.000565410592f;
+    p = p * u + 0.00492327753f;
+    p = p * u + -0.026716385f;
+    p = p * u + 0.112803645f;
+    p = p * u + -0.376123488f;
+    p = p * u + 1.12837911f;
+    p = a * p;
+    const float t = ((a < 4.0f ? a : 4.0f) - 2.5f) * (1.0f / 1.5f);
+    float q = -0.00113001803f;
+    q = q * t + 0.00185156765f;
+    q = q * t + 0.00342609966f;
+    q = q * t + -0.0107976608f;
+    q = q * t + 0.00748362578f;
+    q = q * t + 0.00981079135f;
+    q = q * t + -0.0321643278f;
+    q = q * t + 0.0463220701f;
+    q = q * t + -0.0436021946f;
+    q = q * t + 0.028195845f;
+    q = q * t + -0.012255908f;
+    q = q * t + 0.003266969f;
+    q = q * t + 0.999593079f;
+    q = q < 1.0f ? q : 1.0f;
+    const float r = a < 1.0f ? p : q; /* a >= 4 (or NaN: gelu stays NaN): Q(1) clipped to 1 */
+    return copysignf(r, x);
+}
+
+/* exp in float32 without branches or calls (vectorisable, unlike libm's
+ * expf): x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite, two-part ln2), e^r by
+ * its Taylor polynomial to degree 7 (truncation 6e-9 relative), 2^n from
+ * the exponent bits. Within 2 ulp of expf (scripts/fit_erf.py checks it);
+ * 0 below -87.33 (expf gives denormals there, < 1.2e-38); NaN stays NaN. */
+DCS_HD float dcs_exp(float x) {
+    const float xc = x < -87.33654f ? -87.33654f : (x > 88.7f ? 88.7f : x);
+    const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.98412698e-4f; /* 1/7! */
+    p = p * r + 1.38888889e-3f;
+    p = p * r + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union {
+        int i;
+        float f;
+    } two_n;
+    two_n.i = ((int)n + 127) << 23;
+    const float e = p * two_n.f;
+    return x != x ? x : (x < -87.33654f ? 0.0f : e);
+}
+
+/* Lanes of the fixed-order partial sums of dcs_softmax_span. */
+#define DCS_LANES 16
+
 /* Exact (erf) GELU. */
-DCS_HD float dcs_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+DCS_HD float dcs_gelu(float x) { return 0.5f * x * (1.0f + dcs_erf(x * 0.70710678118654752f)); }
 
 /* SwiGLU's product of one hidden unit (DCFormer++): silu(a) * b, with
  * silu(a) = a * sigmoid(a) = a / (1 + exp(-a)). */
@@ -132,10 +196,58 @@ DCS_HD void dcs_compose_pair_plain(const float *a, float *out, long long stride,
  * like out. Every element goes through exactly the float operations of
  * dcs_compose_pair_plain (the case it covers: one group, no static map,
  * query side present), in the same order, so both give bit-identical results. */
+/* dcs_compose_row's rank-2 case with both sides and no branches (the fused
+ * forward's), its loops fused: one pass over the keys per source head (both
+ * ranks, both sides) and one per target head (issue 28: a third of the
+ * memory traffic). Each element sees the same operations in the same order
+ * as the general loops below, so the same bits. */
+DCS_HD_ROW void dcs_compose_pre_r2(const float *a, long long hs, int L, int N, const float *qw1,
+                                   const float *__restrict__ kw1t, long long ks, float *__restrict__ q0,
+                                   float *__restrict__ q1, float *__restrict__ k0, float *__restrict__ k1) {
+    for (int j = 0; j < L; j++) q0[j] = q1[j] = k0[j] = k1[j] = 0.0f;
+    for (int n = 0; n < N; n++) {
+        const float *__restrict__ an = a + (long long)n * hs;
+        const float *__restrict__ c0 = kw1t + (long long)n * ks, *__restrict__ c1 =
+                                                                     kw1t + (long long)(N + n) * ks;
+        const float w0 = qw1[n], w1 = qw1[N + n];
+        for (int j = 0; j < L; j++) {
+            const float x = an[j];
+            q0[j] += x * w0;
+            q1[j] += x * w1;
+            k0[j] += x * c0[j];
+            k1[j] += x * c1[j];
+        }
+    }
+}
+DCS_HD_ROW void dcs_compose_post_r2(const float *am, float *om, int L, const float *__restrict__ q0,
+                                    const float *__restrict__ q1, const float *__restrict__ k0,
+                                    const float *__restrict__ k1, float v0, float v1,
+                                    const float *__restrict__ c0, const float *__restrict__ c1, float qd,
+                                    const float *__restrict__ kd) {
+    for (int j = 0; j < L; j++) {
+        float qp = 0.0f, kp = 0.0f;
+        qp += q0[j] * v0;
+        qp += q1[j] * v1;
+        kp += k0[j] * c0[j];
+        kp += k1[j] * c1[j];
+        const float x = am[j];
+        om[j] = x + qp + kp + x * qd + x * kd[j];
+    }
+}
+
 DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                                 const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
                                 long long ks, const float *qdd, const float *kddt, float *tmp,
                                 float *const *br) {
+    if (R == 2 && kw1t && kw2t && kddt && !br) {
+        float *q0 = tmp, *q1 = tmp + L, *k0 = tmp + 2LL * L, *k1 = tmp + 3LL * L;
+        dcs_compose_pre_r2(a, hs, L, N, qw1, kw1t, ks, q0, q1, k0, k1);
+        for (int m = 0; m < N; m++)
+            dcs_compose_post_r2(a + (long long)m * hs, out + (long long)m * hs, L, q0, q1, k0, k1, qw2[m],
+                                qw2[N + m], kw2t + (long long)m * ks, kw2t + (long long)(N + m) * ks, qdd[m],
+                                kddt + (long long)m * ks);
+        return;
+    }
     float *qi = tmp, *ki = tmp + (long long)R * L;
     float *qp = tmp + 2LL * R * L, *kp = qp + L;
     for (int i = 0; i < R; i++) {
@@ -452,19 +564,29 @@ DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) { return a + 
 
 /* Softmax of row[0, len) in place: exp(x - max) / sum, summed in index
  * order (the allowed keys of one query; len 0: nothing). */
-DCS_HD void dcs_softmax_span(float *row, int len) {
+DCS_HD_ROW void dcs_softmax_span(float *row, int len) {
     if (len <= 0) return;
-    float mx = -INFINITY;
-    for (int s = 0; s < len; s++)
-        if (row[s] > mx) mx = row[s];
-    float sum = 0.0f;
-    for (int s = 0; s < len; s++) {
-        float e = expf(row[s] - mx);
-        row[s] = e;
-        sum += e;
-    }
+    /* max and sum in DCS_LANES interleaved partial results (lane k: the
+     * elements s = k mod DCS_LANES, in order), combined in lane order: a
+     * fixed order, so the same bits from the scalar code, every SIMD width
+     * and CUDA, and the loops vectorise (issue 28) */
+    float m[DCS_LANES], acc[DCS_LANES];
+    for (int k = 0; k < DCS_LANES; k++) m[k] = -INFINITY;
+    int s = 0;
+    for (; s + DCS_LANES <= len; s += DCS_LANES)
+        for (int k = 0; k < DCS_LANES; k++) m[k] = row[s + k] > m[k] ? row[s + k] : m[k];
+    for (int k = 0; s + k < len; k++) m[k] = row[s + k] > m[k] ? row[s + k] : m[k];
+    float mx = m[0];
+    for (int k = 1; k < DCS_LANES; k++) mx = m[k] > mx ? m[k] : mx;
+    for (s = 0; s < len; s++) row[s] = dcs_exp(row[s] - mx);
+    for (int k = 0; k < DCS_LANES; k++) acc[k] = 0.0f;
+    for (s = 0; s + DCS_LANES <= len; s += DCS_LANES)
+        for (int k = 0; k < DCS_LANES; k++) acc[k] += row[s + k];
+    for (int k = 0; s + k < len; k++) acc[k] += row[s + k];
+    float sum = acc[0];
+    for (int k = 1; k < DCS_LANES; k++) sum += acc[k];
     float inv = 1.0f / sum;
-    for (int s = 0; s < len; s++) row[s] *= inv;
+    for (s = 0; s < len; s++) row[s] *= inv;
 }
 
 /* Masked softmax of one attention row at query position t over keys at
@@ -473,7 +595,7 @@ DCS_HD void dcs_softmax_span(float *row, int len) {
  * gets dcs_softmax_span; the others become exactly 0 (all of them when no
  * key is allowed). Every masked softmax of the engine is this function: the
  * CPU and CUDA backends (one row per thread), the decoder and the tape. */
-DCS_HD void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
+DCS_HD_ROW void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
     long long lo = window > 0 ? (long long)t - window : 0, hi = t; /* allowed positions */
     if (lo < s0) lo = s0;
     if (hi > (long long)s0 + S - 1) hi = (long long)s0 + S - 1;

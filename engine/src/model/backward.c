@@ -120,7 +120,7 @@ void dcs_rotary_apply(float *x, const float *cs, int M, int T, int N, int Dh, in
 void dcs_gelu_bw(float *dx, const float *dy, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
-        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        float cdf = 0.5f * (1.0f + dcs_erf(v * 0.70710678118654752f)); /* the forward's erf */
         float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
         dx[i] += dy[i] * (cdf + v * pdf);
     }
