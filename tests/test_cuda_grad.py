@@ -109,7 +109,8 @@ def test_cuda_attribute_matches_cpu(tiny_factory, name):
     ac = cpu.attribute(toks, ("logprob", 7, 3), at, steps=4)
     ag = gpu.attribute(toks, ("logprob", 7, 3), at, steps=4)
     for n in at:
-        assert_close(np.asarray(ag[n]), np.asarray(ac[n]), TOL, "%s %s" % (name, n))
+        assert_close(ag.attributions[n], ac.attributions[n], TOL, "%s %s" % (name, n))
+        assert_close(ag.per_head[n], ac.per_head[n], TOL, "%s %s per head" % (name, n))
 
 
 def _train(m, toks, steps):

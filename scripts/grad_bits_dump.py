@@ -1,0 +1,53 @@
+"""Dump the CPU gradients (every hook and parameter, full tape and recomputed)
+and IG attributions of the tiny models of tests/test_cuda_grad.py to an npz,
+to compare two builds bit for bit (issue 23: the backward moved onto the
+backend interface without changing a CPU bit).
+
+    python scripts/grad_bits_dump.py new.npz /tmp/models
+    BASE=/path/to/old/pkg python scripts/grad_bits_dump.py old.npz /tmp/models
+    python -c "import numpy as np; a, b = np.load('old.npz'), np.load('new.npz'); \
+        print([k for k in a.files if not np.array_equal(a[k], b[k])])"
+
+BASE: a directory holding another build's dclens package (its bindings/dclens
+with its _engine module copied in), imported instead of the installed one.
+"""
+
+import os, sys, warnings
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+if os.environ.get("BASE"):
+    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
+    sys.path.insert(0, os.environ["BASE"])
+import dclens
+
+print(dclens.__file__)
+from dclens.testing.make_tiny import make_tiny
+from dclens.grad import param_table
+from test_cuda_grad import MODELS
+
+out = {}
+root = sys.argv[2]
+for name, kw in sorted(MODELS.items()):
+    kw = dict(kw)
+    kw.setdefault("vocab", 24)
+    d = os.path.join(root, name)
+    if not os.path.exists(d):
+        os.makedirs(d)
+        make_tiny(d, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = dclens.load(d)
+    toks = np.random.default_rng(7).integers(0, m.config.vocab, (2, 9))
+    wrt = m.hook_names + [r[0] for r in param_table(m)]
+    g = m.gradients(toks, ("loss",), wrt)
+    low = m.estimate_backward_memory(9, 2)["recompute"]
+    g2 = m.gradients(toks, ("logprob", 5, 3), wrt, max_tape_bytes=low)
+    for n in wrt:
+        out[name + "|" + n] = g[n]
+        out[name + "|rc|" + n] = g2[n]
+    a = m.attribute(toks[0], ("logprob", 7, 3), ["blocks.1.attn.head_out", "blocks.0.attn.z"], steps=3)
+    for n, v in a.attributions.items():
+        out[name + "|ig|" + n] = np.asarray(v)
+np.savez(sys.argv[1], **out)
+print(len(out), "arrays")
