@@ -12,19 +12,22 @@ BASE: a directory holding another build's dclens package (its bindings/dclens
 with its _engine module copied in), imported instead of the installed one.
 """
 
-import os, sys, warnings
+import importlib
+import os
+import sys
+import warnings
+
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-if os.environ.get("BASE"):
+if os.environ.get("BASE"):  # another build's package, before the installed one's finder
     sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
     sys.path.insert(0, os.environ["BASE"])
-import dclens
-
+dclens = importlib.import_module("dclens")
+make_tiny = importlib.import_module("dclens.testing.make_tiny").make_tiny
+param_table = importlib.import_module("dclens.grad").param_table
+MODELS = importlib.import_module("test_cuda_grad").MODELS
 print(dclens.__file__)
-from dclens.testing.make_tiny import make_tiny
-from dclens.grad import param_table
-from test_cuda_grad import MODELS
 
 out = {}
 root = sys.argv[2]
