@@ -113,7 +113,9 @@ def test_cuda_attribute_matches_cpu(tiny_factory, name):
         assert_close(ag.per_head[n], ac.per_head[n], TOL, "%s %s per head" % (name, n))
 
 
-def _train(m, toks, steps):
+def _train_step(m, toks):
+    """One AdamW step from fresh optimiser state: (loss, flat gradient, the
+    weights after the step by name)."""
     from dclens._engine import ffi, lib
     from dclens.grad import Tape
 
@@ -124,30 +126,35 @@ def _train(m, toks, steps):
     hp = ffi.new("dcs_adamw *")
     hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay = 1e-2, 0.9, 0.95, 1e-8, 0.01
     p = lambda a: ffi.cast("float *", ffi.from_buffer(a))
-    losses = []
-    for step in range(1, steps + 1):
-        tape.forward(toks[:, :-1], logits=False)
-        losses.append(tape.loss(toks[:, 1:]))
-        grads[:] = 0
-        tape.backward(None, grads)
-        assert lib.dcs_adamw_step(m._m, p(grads), p(mom), p(var), step, hp) == 0, m.runner.errmsg()
-    return losses, grads
+    tape.forward(toks[:, :-1], logits=False)
+    loss = tape.loss(toks[:, 1:])
+    tape.backward(None, grads)
+    assert lib.dcs_adamw_step(m._m, p(grads), p(mom), p(var), 1, hp) == 0, m.runner.errmsg()
+    return loss, grads, {n: np.array(m.weight(n)) for n in _params(m)}
 
 
 @needs_gpu
 @pytest.mark.parametrize("name", ["dcp", "variant-groups2-key_wise", "variant-moh-hs2-static", "dcformer-mgate"])
-def test_cuda_train_steps_match_cpu(tiny_factory, name):
-    """Two AdamW steps on each device: the losses, the last step's flat
-    gradient and the trained weights agree."""
+def test_cuda_train_step_matches_cpu(tiny_factory, name):
+    """One AdamW step on each device (the weights downloaded, stepped on the
+    host, uploaded): the loss and the flat gradient agree within TOL; the
+    trained weights agree where the gradient is far above rounding (AdamW's
+    first step moves a weight by about lr * sign(g): an entry whose gradient
+    is at rounding level may step either way on either device)."""
     cpu, gpu, _sd = _pair(tiny_factory, name)
     toks = np.random.default_rng(10).integers(0, cpu.config.vocab, (2, 9))
-    lc, gc = _train(cpu, toks, 2)
-    lg, gg = _train(gpu, toks, 2)
-    np.testing.assert_allclose(lg, lc, rtol=TOL, atol=0)
+    lc, gc, wc = _train_step(cpu, toks)
+    lg, gg, wg = _train_step(gpu, toks)
+    assert abs(lg - lc) <= TOL * abs(lc), (lg, lc)
     assert_close(gg, gc, TOL, name + " flat gradient")
-    for n in _params(cpu):
-        wc, wg = np.asarray(cpu.weight(n)), np.asarray(gpu.weight(n))
-        assert_close(wg, wc, TOL, name + " trained " + n)
+    from dclens.grad import param_table
+
+    stable = np.abs(gc) > 1e3 * TOL * np.abs(gc).max()
+    for n, off, k, _decay in param_table(cpu):  # the flat layout is each weight's own (dcs_adamw_step)
+        assert wc[n].size == k, n
+        sel = stable[off : off + k].reshape(wc[n].shape)
+        if sel.any():
+            assert_close(wg[n][sel], wc[n][sel], TOL, name + " trained " + n)
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="a GPU is usable here")
