@@ -20,6 +20,7 @@ import pytest
 
 import dclens
 from tolerances import assert_close, backward_tol, tiny
+from test_grad_variants import NAMES as VARIANT_NAMES
 from test_variants import BASE, VARIANTS
 
 HAVE_GPU = dclens.cuda_available()
@@ -40,17 +41,7 @@ MODELS = {
         model_type="dcformer", n_layer=4, window_type="LGLL", window_size=4, intermediate=64, mgate_dim=4, seed=30
     ),
 }
-for _n in (
-    "key_wise",
-    "talking-heads",
-    "groups2",
-    "groups4-static-qw",
-    "groups2-key_wise",
-    "moh-hs0",
-    "moh-hs1",
-    "moh-hs2-static",
-    "moh-no-dcmha",
-):
+for _n in VARIANT_NAMES:
     MODELS["variant-" + _n] = dict(BASE, **VARIANTS[_n])
 
 

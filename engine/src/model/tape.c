@@ -998,6 +998,19 @@ static dcs_status recompute_layer(dcs_tape *tp, int l) {
 
 static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *bc);
 
+/* The caller's gradient buffer of weight i (in the flat array at *off, or
+ * its dcs_param_grad; NULL: not asked); *off advances past it, *n its size. */
+static float *host_grad(const dcs_model *m, float *flat, const dcs_param_grad *pg, int n_pg, int i,
+                        size_t *off, size_t *n) {
+    *n = 1;
+    for (int j = 0; j < m->weights[i].ndim; j++) *n *= (size_t)m->weights[i].shape[j];
+    float *host = flat ? flat + *off : NULL;
+    for (int k = 0; k < n_pg && !host; k++)
+        if (pg[k].index == i) host = pg[k].grad;
+    *off += *n;
+    return host;
+}
+
 static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_param_grad *pg,
                            int n_pg, const dcs_hook_grad *g, int n_g) {
     dcs_model *m = tp->m;
@@ -1029,14 +1042,9 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
     bcv.dev = calloc((size_t)m->n_weights, sizeof(float *));
     if (!bcv.dev) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     dcs_status st = DCS_OK;
-    size_t off = 0;
+    size_t off = 0, n;
     for (int i = 0; i < m->n_weights && !st; i++) {
-        size_t n = 1;
-        for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
-        float *host = param_grads ? param_grads + off : NULL;
-        for (int k = 0; k < n_pg && !host; k++)
-            if (pg[k].index == i) host = pg[k].grad;
-        off += n;
+        float *host = host_grad(m, param_grads, pg, n_pg, i, &off, &n);
         if (!host) continue;
         if (!(bcv.dev[i] = be->ops->alloc(be, n * sizeof(float))))
             st = dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: no device memory for the gradient of '%s'",
@@ -1047,12 +1055,7 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
     if (!st) st = run_backward(tp, dlogits, &bcv);
     off = 0;
     for (int i = 0; i < m->n_weights; i++) {
-        size_t n = 1;
-        for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
-        float *host = param_grads ? param_grads + off : NULL;
-        for (int k = 0; k < n_pg && !host; k++)
-            if (pg[k].index == i) host = pg[k].grad;
-        off += n;
+        float *host = host_grad(m, param_grads, pg, n_pg, i, &off, &n);
         if (!bcv.dev[i]) continue;
         if (!st) be->ops->download(be, host, bcv.dev[i], n * sizeof(float));
         be->ops->free(be, bcv.dev[i]);
