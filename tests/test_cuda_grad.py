@@ -157,3 +157,43 @@ def test_cuda_gradients_without_a_gpu_name_why(tiny_factory):
         dclens.load(d, device="cuda").gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
     msg = str(ei.value)
     assert "cuda" in msg.lower() and "not available" in msg
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a GPU is usable here")
+def test_train_on_cuda_without_a_gpu_is_refused_before_writing(tmp_path):
+    from dclens.train import TrainConfig, train
+
+    out = tmp_path / "run"
+    with pytest.raises(dclens.Error, match="device 'cuda' is not available"):
+        train(TrainConfig(out=str(out), device="cuda", steps=1))
+    assert not out.exists()
+    with pytest.raises(dclens.Error, match="--device"):
+        TrainConfig(out=str(out), device="gpu").check()
+
+
+@needs_gpu
+def test_train_runs_on_cuda(tmp_path):
+    """dclens.train with device='cuda': a few steps of a small run, the loss falls
+    and the checkpoint loads on the CPU."""
+    from dclens.train import TrainConfig, train
+
+    c = TrainConfig(
+        out=str(tmp_path / "run"),
+        device="cuda",
+        n_layer=2,
+        dim=32,
+        n_head=4,
+        seq_len=32,
+        batch_size=4,
+        steps=12,
+        lr=3e-3,
+        warmup=2,
+        log_every=1,
+        ckpt_every=12,
+        progress=False,
+    )
+    final = train(c)
+    m = dclens.load(final)
+    assert m.config.n_layer == 2
+    losses = [float(x.split(",")[1]) for x in (tmp_path / "run" / "loss.csv").read_text().split()[1:]]
+    assert losses[-1] < losses[0], losses
