@@ -10,6 +10,12 @@ backend interface without changing a CPU bit).
 
 BASE: a directory holding another build's dclens package (its bindings/dclens
 with its _engine module copied in), imported instead of the installed one.
+
+    python scripts/grad_bits_dump.py --time /tmp/models
+
+times instead one gradient call (B=2, T=128, a 4-layer D=256 DCPythia: layer
+2's head_out and every parameter), best and median of 5, for a same-run A/B
+of two builds (run it with and without BASE under /work/runs/quiet.sh).
 """
 
 import importlib
@@ -29,6 +35,31 @@ param_table = importlib.import_module("dclens.grad").param_table
 MODELS = importlib.import_module("test_cuda_grad").MODELS
 print(dclens.__file__)
 
+
+def time_one(root):
+    import time
+
+    d = os.path.join(root, "mid")
+    if not os.path.exists(d):
+        os.makedirs(d)
+        make_tiny(d, model_type="dcpythia", n_layer=4, dim=256, n_head=8, vocab=1000, window_size=16, seed=26)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = dclens.load(d)
+    toks = np.random.default_rng(0).integers(0, 1000, (2, 128))
+    wrt = ["blocks.2.attn.head_out"] + [r[0] for r in param_table(m)]
+    m.gradients(toks, ("loss",), wrt)
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        m.gradients(toks, ("loss",), wrt)
+        ts.append(time.perf_counter() - t)
+    print("gradients B=2 T=128 D=256 L=4: best %.3f s, median %.3f s" % (min(ts), sorted(ts)[2]))
+
+
+if sys.argv[1] == "--time":
+    time_one(sys.argv[2])
+    sys.exit(0)
 out = {}
 root = sys.argv[2]
 for name, kw in sorted(MODELS.items()):

@@ -103,18 +103,31 @@ void cpu_rmsnorm_bw(dcs_backend *be, float *dx, float *dscale, const float *dy, 
 
 /* ---------------------------------------------------------------- rotary, sums */
 
+/* the angles of the T positions once ([T, half] cos/sin), then every row */
 void cpu_rotary_bw(dcs_backend *be, float *x, int M, int T, int N, int Dh, int rot, float base) {
     (void)be;
     const int half = rot / 2;
+    float *cs = malloc(sizeof(float) * 2 * (size_t)T * (half > 0 ? half : 1));
+    if (cs)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < half; j++)
+                dcs_rotary_cs(t, j, rot, base, &cs[2 * ((size_t)t * half + j)],
+                              &cs[2 * ((size_t)t * half + j) + 1]);
     for (int m = 0; m < M; m++)
         for (int j = 0; j < half; j++) {
             float c, s;
-            dcs_rotary_cs(m % T, j, rot, base, &c, &s);
+            if (cs) {
+                c = cs[2 * ((size_t)(m % T) * half + j)];
+                s = cs[2 * ((size_t)(m % T) * half + j) + 1];
+            } else {
+                dcs_rotary_cs(m % T, j, rot, base, &c, &s);
+            }
             for (int n = 0; n < N; n++) {
                 float *h = x + ((size_t)m * N + n) * Dh;
                 dcs_rotate_pair(&h[j], &h[j + half], c, -s);
             }
         }
+    free(cs);
 }
 
 void cpu_col_sum(dcs_backend *be, float *db, const float *dy, int M, int N) {
