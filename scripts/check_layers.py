@@ -34,12 +34,14 @@ def layer_of(path):
 
 
 def engine_headers():
-    return {os.path.basename(h): h for h in glob.glob(os.path.join(SRC, "*", "*.h"))}
+    # .cuh: CUDA code included into a .cu of its layer (cuda_backward.cuh)
+    hs = glob.glob(os.path.join(SRC, "*", "*.h")) + glob.glob(os.path.join(SRC, "*", "*.cuh"))
+    return {os.path.basename(h): h for h in hs}
 
 
 def check_includes(problems):
     headers = engine_headers()
-    files = glob.glob(os.path.join(SRC, "*", "*.[ch]")) + glob.glob(os.path.join(SRC, "*", "*.cu"))
+    files = glob.glob(os.path.join(SRC, "*", "*.[ch]")) + glob.glob(os.path.join(SRC, "*", "*.cu*"))
     graph = {}
     for f in files:
         mine = layer_of(f)

@@ -227,6 +227,7 @@ def _train_entry():
         keep=st.integers(1, 3),
         log_every=st.integers(1, 10),
         n_threads=st.integers(0, 2),
+        device=st.sampled_from(["cpu", "cuda"]),  # check() takes both; availability is train()'s
         progress=st.sampled_from([None, True, False]),
         mgate_dim=st.sampled_from([0, 0, 2, 4]),
     )

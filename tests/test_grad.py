@@ -235,15 +235,3 @@ def test_gradient_errors(tiny_factory):
         m.gradients(toks, ("prob", 0, 1), ["embed"])
     with pytest.raises(dclens.Error, match="mask"):
         m.gradients(toks, ("loss", np.zeros(6, bool)), ["embed"])
-
-
-def test_cuda_models_are_refused(tiny_factory):
-    """Gradients run on the CPU only: a model on cuda gets a clear error (simulated
-    here by the device attribute, since the Python layer checks before the engine)."""
-    d, sd, cfg = tiny_factory(model_type="gpt_neox", vocab=24)
-    m = dclens.load(d)
-    m.device = "cuda"
-    with pytest.raises(dclens.Error, match="CPU only"):
-        m.gradients(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])
-    with pytest.raises(dclens.Error, match="CPU only"):
-        m.attribute(np.arange(5), ("logit", 0, 1), ["blocks.0.attn.z"])

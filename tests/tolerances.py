@@ -117,3 +117,13 @@ def assert_effect(got, base, bound: float, what: str = "") -> None:
     """The relative change from base is above `bound`: an effect, not rounding."""
     e = rel_err(got, base)
     assert e > bound, "%s: relative change %.3g is not above %.3g" % (what, e, bound)
+
+
+def backward_tol(cfg: dict, T: int, outputs: int, sides: int = 2) -> float:
+    """f32_tol of a forward pass and its backward (twice the chained
+    reductions: every forward stage has a backward with its own sums) of a
+    checkpoint config over T positions; sides=2: two float32 backends."""
+    D = cfg.get("dim") or cfg.get("hidden_size")
+    F = cfg.get("intermediate_size") or 4 * D
+    L = cfg.get("n_layer") or cfg.get("num_hidden_layers")
+    return f32_tol(max(D, F, T), 2 * forward_depth(L), outputs, sides)

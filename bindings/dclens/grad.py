@@ -35,15 +35,11 @@ def _ptr(a, kind="float *"):
 
 
 class Tape(EngineObject):
-    """One engine tape for B sequences of T tokens (CPU models only), under
-    the memory budget max_tape_bytes (None: memplan.default_budget())."""
+    """One engine tape for B sequences of T tokens, under the memory budget
+    max_tape_bytes (None: memplan.default_budget()). It runs on the model's
+    device (the engine moves host inputs and outputs: arrays in, gradients out)."""
 
     def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None, first_layer: int = 0):
-        if model.device != "cpu":
-            raise Error(
-                "gradients and training run on the CPU only; this model is on %s "
-                "(load it with device='cpu')" % model.device
-            )
         self.model = model
         self.B, self.T = B, T
         budget = memplan.check_budget(max_tape_bytes)
@@ -269,7 +265,7 @@ def gradients(
     wrt = list(wrt)
     if not wrt:
         raise Error("gradients: wrt is empty (give hook names or parameter names)")
-    params = {r[0]: (i,) + r for i, r in enumerate(param_table(model))} if model.device == "cpu" else {}
+    params = {r[0]: (i,) + r for i, r in enumerate(param_table(model))}
     hooks, pnames = {}, []
     for n in wrt:
         if isinstance(n, str) and n in params:

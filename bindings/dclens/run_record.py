@@ -23,8 +23,8 @@ from typing import Dict, List, Optional, Tuple
 from ._checks import Error
 
 RUN_FILE = "run.json"
-# options a resume may change: how long, how fast, how often it logs and checkpoints
-SITTING_OPTIONS = ("out", "steps", "n_threads", "progress", "log_every", "ckpt_every", "keep")
+# options a resume may change: how long, how fast, where, how often it logs and checkpoints
+SITTING_OPTIONS = ("out", "steps", "n_threads", "device", "progress", "log_every", "ckpt_every", "keep")
 _PATH_OPTIONS = ("data", "tokenizer")
 
 

@@ -46,7 +46,7 @@ from . import progress as _progress
 from ._engine import ffi, lib
 from .grad import Tape, param_table
 from ._checks import Error, check_status as _check
-from .model import load
+from .model import cuda_available, cuda_unavailable_reason, load
 from . import run_record
 
 
@@ -81,6 +81,7 @@ class TrainConfig:
     keep: int = 2
     log_every: int = 10
     n_threads: int = 0
+    device: str = "cpu"  # "cuda": the tape, its backward and the weights on the GPU (issue 23)
     progress: Optional[bool] = None  # dclens.progress: None: a bar where watched, plain lines in a log
     mgate_dim: int = 0  # dcformer: E > 0 turns the MLP group gate on (E | d_ff)
 
@@ -108,6 +109,8 @@ class TrainConfig:
             _int_option(k, getattr(self, k), 1)
         for k in ("d_ff", "vocab", "n_threads", "warmup"):
             _int_option(k, getattr(self, k), 0)
+        if not isinstance(self.device, str) or self.device not in ("cpu", "cuda"):
+            raise Error("train: --device must be 'cpu' or 'cuda', not %r" % (self.device,))
         _int_option("seed", self.seed, 0, 2**63)
         if self.window_size is not None:
             _int_option("window_size", self.window_size, 1)
@@ -563,7 +566,7 @@ def _open_checkpoint(d: str, c: TrainConfig, want_config: dict, n_threads: int):
             "--out, or the run's options" % (d, ", ".join(diff))
         )
     try:
-        model = load(d, n_threads=n_threads)
+        model = load(d, n_threads=n_threads, device=c.device)
     except Error as e:
         raise ValueError(str(e)) from None
     _check(lib.dcs_model_make_trainable(model.runner.handle), model.runner.errmsg())
@@ -649,6 +652,8 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     """Train (or resume) the run in c.out; returns the final checkpoint directory.
     stop_after: end this sitting after that many steps (checkpointing there)."""
     c.check()
+    if c.device == "cuda" and not cuda_available():  # before anything is written
+        raise Error("train: device 'cuda' is not available: %s" % cuda_unavailable_reason())
     os.makedirs(c.out, exist_ok=True)
     ck = _ckpts(c.out)
     notes = _check_options(c, ck)
@@ -802,6 +807,7 @@ HELP = {
     "keep": "checkpoints kept (the final one is also copied to OUT/final)",
     "log_every": "steps between lines of OUT/train.log and OUT/loss.csv",
     "n_threads": "CPU threads (0: all cores)",
+    "device": "where the model trains: cpu or cuda (the backward on the GPU; AdamW steps each weight on the host)",
 }
 
 

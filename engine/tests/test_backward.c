@@ -331,6 +331,103 @@ static void test_moh_route(int hs, int k) {
     }
 }
 
+/* The compose backward as the CUDA backend splits it (dcs_compose_bw_item:
+ * a pass over queries, one over keys, per-query partial sums of the static
+ * map reduced in row order), run here on the host item by item, against
+ * the CPU backend's compose_bw (the row kernel for plain DCMHA, pair by
+ * pair for the variants): the same outputs up to summation order. */
+static void test_compose_bw_split(int q, int k, int G, int st, int window) {
+    enum { B = 2, T = 7, N = 4, R = 2 };
+    const int M = B * T, RN = R * N, Mg = N / G, GMM = G * Mg * Mg;
+    const size_t map = (size_t)B * N * T * T;
+    dcs_err e;
+    dcs_backend *be = dcs_backend_cpu_create(2, &e);
+    CHECK(be != NULL, "cpu backend");
+    if (!be) return;
+    float *in = malloc(sizeof(float) * map), *dOut = malloc(sizeof(float) * map);
+    float *w[6], *g[2][6], *dIn[2], *dsw[2], *sw = malloc(sizeof(float) * GMM);
+    fill(in, (int)map, 1.0f);
+    fill(dOut, (int)map, 1.0f);
+    fill(sw, GMM, 0.5f);
+    for (int i = 0; i < 6; i++) {
+        const int n = M * (i % 3 < 2 ? RN : N);
+        w[i] = malloc(sizeof(float) * n);
+        fill(w[i], n, 0.5f);
+        for (int v = 0; v < 2; v++) g[v][i] = calloc(n, sizeof(float));
+    }
+    for (int v = 0; v < 2; v++) {
+        dIn[v] = calloc(map, sizeof(float));
+        dsw[v] = calloc(GMM, sizeof(float));
+    }
+    dcs_compose_bw_args a[2];
+    for (int v = 0; v < 2; v++) {
+        memset(&a[v], 0, sizeof a[v]);
+        a[v].dIn = dIn[v];
+        a[v].in = in;
+        a[v].dOut = dOut;
+        if (q) {
+            a[v].qw1 = w[0], a[v].qw2 = w[1], a[v].qdd = w[2];
+            a[v].dqw1 = g[v][0], a[v].dqw2 = g[v][1], a[v].dqdd = g[v][2];
+        }
+        if (k) {
+            a[v].kw1 = w[3], a[v].kw2 = w[4], a[v].kdd = w[5];
+            a[v].dkw1 = g[v][3], a[v].dkw2 = g[v][4], a[v].dkdd = g[v][5];
+        }
+        a[v].sw = st ? sw : NULL;
+        a[v].dsw = st ? dsw[v] : NULL;
+        a[v].B = B, a[v].N = N, a[v].T = T, a[v].R = R, a[v].G = G;
+        a[v].window = window;
+        a[v].on = 0x3f;
+    }
+    float *scr[6];
+    for (int i = 0; i < 6; i++) scr[i] = calloc((size_t)M * RN, sizeof(float));
+    if (q && k && G == 1 && !st)
+        for (int i = 0; i < 6; i++) a[0].scratch[i] = scr[i]; /* the row kernel */
+    be->ops->compose_bw(be, &a[0]);
+    /* the CUDA split, outputs zeroed as cu_compose_bw zeroes them */
+    float *part = calloc((size_t)M * GMM, sizeof(float));
+    for (size_t i = 0; i < (size_t)M; i++) dcs_compose_bw_item(&a[1], 0, i, NULL);
+    if (k)
+        for (size_t i = 0; i < (size_t)M; i++) dcs_compose_bw_item(&a[1], 1, i, NULL);
+    if (st) {
+        for (size_t i = 0; i < (size_t)M; i++) dcs_compose_bw_item(&a[1], 2, i, part);
+        for (int x = 0; x < GMM; x++)
+            for (int r = 0; r < M; r++) dsw[1][x] += part[(size_t)r * GMM + x];
+    }
+    const float *got[8] = {dIn[1], g[1][0], g[1][1], g[1][2], g[1][3], g[1][4], g[1][5], dsw[1]};
+    const float *want[8] = {dIn[0], g[0][0], g[0][1], g[0][2], g[0][3], g[0][4], g[0][5], dsw[0]};
+    const size_t len[8] = {map,           (size_t)M * RN, (size_t)M * RN,
+                           (size_t)M * N, (size_t)M * RN, (size_t)M * RN,
+                           (size_t)M * N, (size_t)GMM};
+    for (int j = 0; j < 8; j++) {
+        double mx = 0, err = 0;
+        for (size_t i = 0; i < len[j]; i++) {
+            mx = fmax(mx, fabs(want[j][i]));
+            err = fmax(err, fabs((double)got[j][i] - want[j][i]));
+        }
+        /* float32 sums of at most T*N*R terms of order 1, in two orders */
+        CHECK(err <= 1e-5 * fmax(mx, 1.0),
+              "compose_bw split q=%d k=%d G=%d st=%d window=%d output %d: err %.3g "
+              "(max %.3g)",
+              q, k, G, st, window, j, err, mx);
+    }
+    free(part);
+    for (int i = 0; i < 6; i++) {
+        free(w[i]);
+        free(g[0][i]);
+        free(g[1][i]);
+        free(scr[i]);
+    }
+    for (int v = 0; v < 2; v++) {
+        free(dIn[v]);
+        free(dsw[v]);
+    }
+    free(in);
+    free(dOut);
+    free(sw);
+    be->ops->destroy(be);
+}
+
 int main(void) {
     test_layernorm();
     test_rmsnorm(0);
@@ -349,6 +446,12 @@ int main(void) {
     test_moh_route(0, 2);
     test_moh_route(1, 2);
     test_moh_route(2, 1);
+    test_compose_bw_split(1, 1, 1, 0, 0); /* plain DCMHA: the row kernel   */
+    test_compose_bw_split(1, 1, 1, 0, 3); /* windowed                      */
+    test_compose_bw_split(1, 0, 1, 0, 0); /* query-wise                    */
+    test_compose_bw_split(0, 1, 2, 0, 0); /* key-wise, groups              */
+    test_compose_bw_split(1, 1, 2, 1, 2); /* groups + static map, windowed */
+    test_compose_bw_split(1, 0, 1, 1, 0); /* query-wise + static map       */
     (void)check_count;
     check_counts cc = {n_pass, n_fail};
     return check_report("test_backward", &cc);

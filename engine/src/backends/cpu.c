@@ -12,6 +12,7 @@
 #endif
 #include "dcs_backend.h"
 #include "dcs_math.h"
+#include "cpu_backward.h"
 
 #include <cblas.h>
 #include <pthread.h>
@@ -885,6 +886,21 @@ static const dcs_backend_ops cpu_ops = {
     .head_gate = cpu_head_gate,
     .parallel = cpu_parallel,
     .swiglu = cpu_swiglu,
+    .zero = cpu_zero,
+    .gelu_bw = cpu_gelu_bw,
+    .tanh_bw = cpu_tanh_bw,
+    .softmax_bw = cpu_softmax_bw,
+    .softmax_rows_bw = cpu_softmax_rows_bw,
+    .layernorm_bw = cpu_layernorm_bw,
+    .rmsnorm_bw = cpu_rmsnorm_bw,
+    .rotary_bw = cpu_rotary_bw,
+    .col_sum = cpu_col_sum,
+    .embed_bw = cpu_embed_bw,
+    .xent_bw = cpu_xent_bw,
+    .compose_bw = cpu_compose_bw,
+    .head_gate_bw = cpu_head_gate_bw,
+    .moh_route_bw = cpu_moh_route_bw,
+    .swiglu_bw = cpu_swiglu_bw,
 };
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {

@@ -492,6 +492,10 @@ static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, i
     launched(c, "softmax_masked_kernel");
 }
 
+/* ------------------------------------------------------------ backward */
+
+#include "cuda_backward.cuh"
+
 /* ------------------------------------------------------------ public */
 
 static int cu_probe(char *why, size_t whylen) {
@@ -538,8 +542,23 @@ static const dcs_backend_ops cuda_ops = {
     .attention = NULL,
     .moh_route = cu_moh_route,
     .head_gate = cu_head_gate,
-    .parallel = NULL, /* no host threads: the tape runs on the CPU backend */
+    .parallel = NULL, /* no host threads */
     .swiglu = cu_swiglu,
+    .zero = cu_zero,
+    .gelu_bw = cu_gelu_bw,
+    .tanh_bw = cu_tanh_bw,
+    .softmax_bw = cu_softmax_bw,
+    .softmax_rows_bw = cu_softmax_rows_bw,
+    .layernorm_bw = cu_layernorm_bw,
+    .rmsnorm_bw = cu_rmsnorm_bw,
+    .rotary_bw = cu_rotary_bw,
+    .col_sum = cu_col_sum,
+    .embed_bw = cu_embed_bw,
+    .xent_bw = cu_xent_bw,
+    .compose_bw = cu_compose_bw,
+    .head_gate_bw = cu_head_gate_bw,
+    .moh_route_bw = cu_moh_route_bw,
+    .swiglu_bw = cu_swiglu_bw,
 };
 
 static dcs_backend *cu_create(int device, dcs_err *e) {
@@ -608,7 +627,7 @@ extern "C" __attribute__((visibility("default"))) const dcs_cuda_plugin *dcs_cud
     static const dcs_cuda_plugin plugin = {
         DCS_CUDA_PLUGIN_ABI,
         sizeof(dcs_backend_ops),
-        sizeof(dcs_compose_args) + sizeof(dcs_attn_args),
+        sizeof(dcs_compose_args) + sizeof(dcs_attn_args) + sizeof(dcs_compose_bw_args),
         cu_create,
         cu_probe,
     };

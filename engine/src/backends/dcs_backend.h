@@ -76,6 +76,28 @@ typedef struct {
     const float *qw1[2], *qw2[2], *qdd[2], *kw1[2], *kw2[2], *kdd[2];
 } dcs_attn_args;
 
+/* Arguments of the compose backward (one phase, model-spec 2.6 and 5), over
+ * [B, N, T, T] maps of a full pass (t0 = kb = 0): from dOut = dL/d Compose(in)
+ * to dIn (written, 0 at masked pairs) and the phase's dynamic-weight
+ * gradients (written): dqw1, dqw2 [B, T, R, N],
+ * dqdd [B, T, N] query side, dkw* / dkdd key side (NULL with their side),
+ * dsw [G, N/G, N/G] += the static map's (NULL: not wanted). Weights as in
+ * dcs_compose_args. `on`: bit k set = branch k (skip, qp, kp, qg, kg,
+ * static) passes gradient. scratch: the CPU backend's transposed key-side
+ * weights and their gradients (6 arrays, [B, R*N, T] x 2 and [B, N, T] per
+ * pair) for plain DCMHA, or NULL (then it goes pair by pair). */
+typedef struct {
+    float *dIn;
+    const float *in, *dOut;
+    const float *qw1, *qw2, *kw1, *kw2, *qdd, *kdd;
+    const float *sw;
+    float *dqw1, *dqw2, *dkw1, *dkw2, *dqdd, *dkdd, *dsw;
+    float *scratch[6];
+    int B, N, T, R, G;
+    int window;
+    unsigned on;
+} dcs_compose_bw_args;
+
 /* The operations of a backend: one static const table per backend
  * (cpu.c, cuda.cu), filled with designated initialisers. Every operation
  * takes the backend it is called on: be->ops->gemm(be, ...). */
@@ -148,6 +170,56 @@ typedef struct dcs_backend_ops {
     void (*parallel)(dcs_backend *be, dcs_par_fn fn, void *arg, long long n, long long cost);
     /* a [n] = silu(a) * b [n] (dcs_swiglu; DCFormer++'s gated MLP). */
     void (*swiglu)(dcs_backend *be, float *a, const float *b, size_t n);
+
+    /* ------------------------------------------------------------ backward
+     * The tape's per-element steps (tape.c), on device memory; the math of
+     * each is dcs_math.h's (dcs_*_bw). Reductions across rows (norm weights,
+     * biases, the embedding table, the static map) add the rows in index
+     * order on every backend: deterministic. */
+    void (*zero)(dcs_backend *be, void *p, size_t bytes);
+    /* dx [n] = dy [n] * gelu'(x [n]) (dx may equal dy) */
+    void (*gelu_bw)(dcs_backend *be, float *dx, const float *dy, const float *x, size_t n);
+    /* dx [n] *= 1 - y [n]^2 (y = tanh) */
+    void (*tanh_bw)(dcs_backend *be, float *dx, const float *y, size_t n);
+    /* dA [BN, T, S] = masked softmax backward of rows P, dP (full pass: query
+     * t = row % T, keys 0..S-1) */
+    void (*softmax_bw)(dcs_backend *be, float *dA, const float *dP, const float *P, int BN, int T, int S,
+                       int window);
+    /* in place per row of dg [M, E]: the unmasked softmax backward with g */
+    void (*softmax_rows_bw)(dcs_backend *be, float *dg, const float *g, int M, int E);
+    /* LayerNorm of x [M, D] (statistics recomputed): dx [M, D] +=; dw, db [D]
+     * += (each may be NULL) */
+    void (*layernorm_bw)(dcs_backend *be, float *dx, float *dw, float *db, const float *dy, const float *x,
+                         const float *w, int M, int D, float eps);
+    /* RMS norm of x [rows, width] (rstd recomputed, scale [width] or NULL):
+     * dx +=; dscale [width] += (may be NULL) */
+    void (*rmsnorm_bw)(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,
+                       const float *scale, int rows, int width, float eps);
+    /* x [M, N, Dh] rotated back (by -angle) in place: rotary's backward,
+     * position m % T */
+    void (*rotary_bw)(dcs_backend *be, float *x, int M, int T, int N, int Dh, int rot, float base);
+    /* db [N] += column sums of dy [M, N] */
+    void (*col_sum)(dcs_backend *be, float *db, const float *dy, int M, int N);
+    /* dtable [V, D] row tokens_host[m] += dx [m] (ids read before return) */
+    void (*embed_bw)(dcs_backend *be, float *dtable, const float *dx, const int32_t *tokens_host, int M,
+                     int D);
+    /* dlogits [M, V] = cross-entropy gradient rows (dcs_xent_row_bw) scaled
+     * by inv, 0 where targets_host[m] < 0; loss_host [M] (host) receives each
+     * row's loss (0 without a target) before return */
+    void (*xent_bw)(dcs_backend *be, float *dlogits, double *loss_host, const float *logits,
+                    const int32_t *targets_host, int M, int V, float inv);
+    void (*compose_bw)(dcs_backend *be, const dcs_compose_bw_args *a);
+    /* MoH: dz [M, N, Dh] *= gate [M, N] (becomes d zpre); dgate = <dz, zpre> */
+    void (*head_gate_bw)(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate,
+                         int M, int N, int Dh);
+    /* MoH routing backward per row (dcs_moh_route_row_bw): dlg [M, N-hs],
+     * ds1 [M, max(hs,1)], ds0 [M, 2] written from dg [M, N] */
+    void (*moh_route_bw)(dcs_backend *be, float *dlg, float *ds1, float *ds0, const float *dg,
+                         const float *lg, const float *s1, const float *s0, int M, int N, int hs, int k);
+    /* DCFormer++'s SwiGLU backward: from dp [M, F] (scaled in place by the
+     * group gate when E > 0, dgate [M, E] written) to du, du3 [M, F] */
+    void (*swiglu_bw)(dcs_backend *be, float *du, float *du3, float *dgate, float *dp, const float *u,
+                      const float *u3, const float *gate, int M, int F, int E);
 } dcs_backend_ops;
 
 /* A backend: its operations and its state (device, streams, threads). */
@@ -169,13 +241,13 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e);
  * The plugin exports one symbol, DCS_CUDA_PLUGIN_SYMBOL, a function that
  * returns its table below. The loader refuses a plugin whose abi or struct
  * sizes differ from its own (a plugin left over from another build). */
-#define DCS_CUDA_PLUGIN_ABI 1
+#define DCS_CUDA_PLUGIN_ABI 2
 #define DCS_CUDA_PLUGIN_SYMBOL "dcs_cuda_plugin_v1"
 #define DCS_CUDA_PLUGIN_FILE "libdclens_cuda.so"
 typedef struct {
     int abi;          /* DCS_CUDA_PLUGIN_ABI                     */
     size_t ops_size;  /* sizeof(dcs_backend_ops)                 */
-    size_t args_size; /* sizeof(dcs_compose_args) + sizeof(dcs_attn_args) */
+    size_t args_size; /* sizeof of dcs_compose_args, dcs_attn_args, dcs_compose_bw_args */
     /* a backend on GPU `device` (its ops: the plugin's static table) */
     dcs_backend *(*create)(int device, dcs_err *e);
     /* 1 if a GPU is usable, else 0 and why */

@@ -124,14 +124,21 @@ DCS_HD float dcs_rms_inv(float sumsq, int n, float eps) { return 1.0f / sqrtf(su
  * GPU's rows equal the CPU's up to libm; float accumulation over D = 4096
  * would move the CPU's parity with the reference. mean and rstd (NULL: not
  * wanted) receive the statistics the backward pass needs. */
-DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const float *b, int D, float eps,
-                              float *mean, float *rstd) {
+/* The statistics of dcs_layernorm_row: mean (double) and 1/std of x [D]. */
+DCS_HD float dcs_layernorm_stats(const float *x, int D, float eps, double *mean) {
     double mu = 0, var = 0;
     for (int i = 0; i < D; i++) mu += x[i];
     mu /= D;
     for (int i = 0; i < D; i++) var += (x[i] - mu) * (x[i] - mu);
     var /= D;
-    float inv = (float)(1.0 / sqrt(var + eps));
+    *mean = mu;
+    return (float)(1.0 / sqrt(var + eps));
+}
+
+DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const float *b, int D, float eps,
+                              float *mean, float *rstd) {
+    double mu;
+    float inv = dcs_layernorm_stats(x, D, eps, &mu);
     if (mean) *mean = (float)mu;
     if (rstd) *rstd = inv;
     for (int i = 0; i < D; i++) y[i] = ((float)(x[i] - mu) * inv) * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
@@ -436,7 +443,9 @@ DCS_HD void dcs_moh_route_row(const float *lg, const float *s1, const float *s0,
  * static map, query or key side absent): from g = dL/dout [N] (stride),
  * accumulates (+=) da [N], the pair's dynamic-weight gradients dqw1, dqw2,
  * dkw1, dkw2 [R, N], dqdd, dkdd [N] (NULL where the side is absent) and dsw
- * [G, Mg, Mg] (NULL without the static map). `on` selects the branches
+ * [G, Mg, Mg] (NULL without the static map); any output may be NULL (not
+ * wanted: the CUDA kernels split one pair's outputs over passes that each
+ * own their rows). `on` selects the branches
  * that pass gradient (bit k: skip, qp, kp, qg, kg, static; a branch a hook
  * rewrote is a constant). */
 DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, long long stride, int N, int G,
@@ -474,22 +483,26 @@ DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, l
             float d = (on & 1) ? gn : 0.0f;
             if ((on & 8) && qdd) {
                 d += gn * qdd[n];
-                dqdd[n] += gn * an;
+                if (dqdd) dqdd[n] += gn * an;
             }
             if ((on & 16) && kdd) {
                 d += gn * kdd[n];
-                dkdd[n] += gn * an;
+                if (dkdd) dkdd[n] += gn * an;
             }
             for (int i = 0; i < R; i++) {
                 if ((on & 2) && qw1) {
                     d += gq[i] * qw1[i * N + n];
-                    dqw1[i * N + n] += gq[i] * an;
-                    dqw2[i * N + n] += qi[i] * gn;
+                    if (dqw1) {
+                        dqw1[i * N + n] += gq[i] * an;
+                        dqw2[i * N + n] += qi[i] * gn;
+                    }
                 }
                 if ((on & 4) && kw1) {
                     d += gk[i] * kw1[i * N + n];
-                    dkw1[i * N + n] += gk[i] * an;
-                    dkw2[i * N + n] += ki[i] * gn;
+                    if (dkw1) {
+                        dkw1[i * N + n] += gk[i] * an;
+                        dkw2[i * N + n] += ki[i] * gn;
+                    }
                 }
             }
             if ((on & 32) && W) /* st[m] = sum_n a[n] W[n, m] */
@@ -498,7 +511,7 @@ DCS_HD void dcs_compose_pair_bw_var(const float *a, const float *g, float *da, l
                     d += gm * W[(n - n0) * Mg + m];
                     if (dW) dW[(n - n0) * Mg + m] += an * gm;
                 }
-            da[o] += d;
+            if (da) da[o] += d;
         }
     }
 }
@@ -607,6 +620,158 @@ DCS_HD_ROW void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
     for (int j = 0; j < j0; j++) row[j] = 0.0f;
     for (int j = j1 + 1; j < S; j++) row[j] = 0.0f;
     dcs_softmax_span(row + j0, j1 - j0 + 1);
+}
+
+/* ---------------------------------------------------------------- backward
+ * The per-element math of the backward pass (the tape, tape.c), compiled for
+ * the CPU backend (cpu_backward.c) and the CUDA kernels (cuda_backward.cuh). */
+
+/* d gelu(x) / dx of the exact (erf) GELU. */
+DCS_HD float dcs_gelu_grad(float v) {
+    float cdf = 0.5f * (1.0f + dcs_erf(v * 0.70710678118654752f));
+    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    return cdf + v * pdf;
+}
+
+/* LayerNorm backward of one row: dx [D] += dLN/dx . dy from x [D], w [D]
+ * and the row's statistics (dcs_layernorm_stats, mu as float). */
+DCS_HD void dcs_layernorm_row_bw(float *dx, const float *dy, const float *x, const float *w, float mu,
+                                 float rs, int D) {
+    double s1 = 0, s2 = 0; /* mean(dy*w), mean(dy*w*xhat) */
+    for (int i = 0; i < D; i++) {
+        float xh = (x[i] - mu) * rs, gw = dy[i] * w[i];
+        s1 += gw;
+        s2 += gw * xh;
+    }
+    float m1 = (float)(s1 / D), m2 = (float)(s2 / D);
+    for (int i = 0; i < D; i++) {
+        float xh = (x[i] - mu) * rs;
+        dx[i] += (dy[i] * w[i] - m1 - xh * m2) * rs;
+    }
+}
+
+/* 1/rms of one row x [width] (the forward RMS norm's arithmetic). */
+DCS_HD float dcs_rms_row_inv(const float *x, int width, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < width; i++) ss += x[i] * x[i];
+    return dcs_rms_inv(ss, width, eps);
+}
+
+/* RMS norm backward of one row: with xn = x rs, dx [width] += rs (dy s - xn
+ * mean(dy s xn)); scale s [width] or NULL (1). */
+DCS_HD void dcs_rmsnorm_row_bw(float *dx, const float *dy, const float *x, const float *scale, float rs,
+                               int width) {
+    float dot = 0.0f;
+    for (int i = 0; i < width; i++) dot += dy[i] * (scale ? scale[i] : 1.0f) * x[i] * rs;
+    dot /= (float)width;
+    for (int i = 0; i < width; i++) {
+        float xn = x[i] * rs, gs = dy[i] * (scale ? scale[i] : 1.0f);
+        dx[i] += rs * (gs - xn * dot);
+    }
+}
+
+/* Masked softmax backward of one row at query t (keys 0..S-1, the allowed
+ * ones dcs_allowed): d [S] = p (g - <p, g>) where allowed, else 0. */
+DCS_HD void dcs_softmax_row_bw(float *d, const float *g, const float *p, int S, int t, int window) {
+    float dot = 0.0f;
+    for (int s = 0; s < S; s++)
+        if (dcs_allowed(t, s, window)) dot += p[s] * g[s];
+    for (int s = 0; s < S; s++) d[s] = dcs_allowed(t, s, window) ? p[s] * (g[s] - dot) : 0.0f;
+}
+
+/* Unmasked softmax backward of one row in place: dg [E] = g (dg - <g, dg>),
+ * the dot in double (DCFormer++'s MLP group gate). */
+DCS_HD void dcs_softmax_row_bw_inplace(float *dg, const float *g, int E) {
+    double dot = 0;
+    for (int e = 0; e < E; e++) dot += (double)g[e] * dg[e];
+    for (int e = 0; e < E; e++) dg[e] = g[e] * (dg[e] - (float)dot);
+}
+
+/* Next-token cross-entropy of one row of logits lg [V] with target tgt:
+ * d [V] = (softmax(lg) - onehot(tgt)) * inv; returns the row's loss
+ * log(sum exp) - lg[tgt], the sum in double. */
+DCS_HD double dcs_xent_row_bw(float *d, const float *lg, int V, int tgt, float inv) {
+    float mx = -INFINITY;
+    for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+    double s = 0;
+    for (int v = 0; v < V; v++) {
+        d[v] = expf(lg[v] - mx);
+        s += d[v];
+    }
+    float is = (float)(1.0 / s);
+    for (int v = 0; v < V; v++) d[v] *= is * inv;
+    d[tgt] -= inv;
+    return (log(s) + mx) - lg[tgt];
+}
+
+/* SwiGLU backward of one hidden unit: from dp = dL/d(silu(u) u3) to du, du3. */
+DCS_HD void dcs_swiglu_bw(float dp, float u, float u3, float *du, float *du3) {
+    const float sg = 1.0f / (1.0f + expf(-u));
+    *du = dp * u3 * sg * (1.0f + u * (1.0f - sg));
+    *du3 = dp * u * sg;
+}
+
+/* MoH head gate backward of one (token, head): z = zpre * gt over Dh; dz
+ * [Dh] becomes d zpre in place; returns d gt = <dz, zpre>. */
+DCS_HD float dcs_head_gate_bw(float *dz, const float *zp, float gt, int Dh) {
+    float s = 0.0f;
+    for (int j = 0; j < Dh; j++) {
+        s += dz[j] * zp[j];
+        dz[j] *= gt;
+    }
+    return s;
+}
+
+/* DCFormer++'s MLP group gate backward of one token: post [F] = pu * g[e]
+ * over E groups of W units (pu = silu(u) u3): dg [E] = <dp, pu> over the
+ * group (double), then dp [F] *= g[e] in place. */
+DCS_HD void dcs_swiglu_gate_row_bw(float *dp, float *dg, const float *u, const float *u3, const float *g,
+                                   int E, int W) {
+    for (int e = 0; e < E; e++) {
+        double acc = 0;
+        for (int j = e * W; j < (e + 1) * W; j++) {
+            acc += (double)dp[j] * dcs_swiglu(u[j], u3[j]);
+            dp[j] *= g[e];
+        }
+        dg[e] = (float)acc;
+    }
+}
+
+/* The compose backward split into passes whose items own disjoint outputs
+ * (no atomics; the CUDA backend runs one thread per item): an item is a
+ * sequence position idx = b*T + r of a dcs_compose_bw_args. pass 0: query
+ * t = r over its allowed keys, writing dIn (+=) and the query-side
+ * gradients of row idx; pass 1: key s = r over the queries that see it,
+ * the key-side gradients of row idx; pass 2: query t = r into its own
+ * [G, Mg, Mg] slice of part [B*T, G, Mg, Mg] (the static map's gradient,
+ * summed over the rows in order afterwards). The caller zeroes dIn, the
+ * gradients and part first. */
+DCS_HD void dcs_compose_bw_pair(const dcs_compose_bw_args *a, int pass, int b, int t, int s, float *part) {
+    const int N = a->N, T = a->T;
+    const size_t RN = (size_t)a->R * N, q = (size_t)b * T + t, k = (size_t)b * T + s;
+    const long long TT = (long long)T * T, o = (long long)b * N * TT + (long long)t * T + s;
+    const int qs = a->qw1 != NULL, ks = a->kw1 != NULL, p0 = pass == 0, p1 = pass == 1;
+    dcs_compose_pair_bw_var(a->in + o, a->dOut + o, p0 ? a->dIn + o : NULL, TT, N, a->G, a->R,
+                            qs ? a->qw1 + q * RN : NULL, qs ? a->qw2 + q * RN : NULL,
+                            ks ? a->kw1 + k * RN : NULL, ks ? a->kw2 + k * RN : NULL,
+                            a->qdd ? a->qdd + q * N : NULL, a->kdd ? a->kdd + k * N : NULL, a->sw,
+                            p0 && qs ? a->dqw1 + q * RN : NULL, p0 && qs ? a->dqw2 + q * RN : NULL,
+                            p1 && ks ? a->dkw1 + k * RN : NULL, p1 && ks ? a->dkw2 + k * RN : NULL,
+                            p0 && a->qdd ? a->dqdd + q * N : NULL, p1 && a->kdd ? a->dkdd + k * N : NULL,
+                            pass == 2 ? part : NULL, a->on);
+}
+
+DCS_HD void dcs_compose_bw_item(const dcs_compose_bw_args *a, int pass, size_t idx, float *part) {
+    const int b = (int)(idx / a->T), r = (int)(idx % a->T);
+    if (pass == 1) { /* key s = r: queries t in [s, s + window] */
+        const int t1 = a->window > 0 && r + a->window < a->T - 1 ? r + a->window : a->T - 1;
+        for (int t = r; t <= t1; t++) dcs_compose_bw_pair(a, 1, b, t, r, NULL);
+        return;
+    }
+    const int s0 = a->window > 0 && r > a->window ? r - a->window : 0; /* query t = r */
+    const int Mg = a->N / a->G;
+    float *mine = pass == 2 ? part + idx * (size_t)a->G * Mg * Mg : NULL;
+    for (int s = s0; s <= r; s++) dcs_compose_bw_pair(a, pass, b, r, s, mine);
 }
 
 #endif /* DCS_MATH_H */

@@ -1,7 +1,11 @@
 /*
- * backward.c -- the ops of the training / attribution graph (tape.c), each
- * forward that must keep statistics paired with its backward, llm.c style:
- * plain loops on host float32 arrays, shapes in the comments. Backward
+ * backward.c -- the ops of the training / attribution graph, each forward
+ * that must keep statistics paired with its backward, llm.c style: plain
+ * loops on host float32 arrays, shapes in the comments, checked against
+ * finite differences by engine/tests/test_backward.c. Each backward runs
+ * the per-row function of dcs_math.h (dcs_*_row_bw, dcs_gelu_grad) that the
+ * backends' backward operations run for the tape (cpu_backward.c,
+ * cuda_backward.cuh), so those checks cover the tape's math. Backward
  * functions ACCUMULATE into their input gradients (+=) and into parameter
  * gradients (+=, skipped when the gradient pointer is NULL), so a tensor
  * read by several ops gathers every contribution.
@@ -36,19 +40,10 @@ void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const fl
                       const float *rstd, const float *w, int M, int D) {
     for (int m = 0; m < M; m++) {
         const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
-        float *dxr = dx + (size_t)m * D;
         const float mu = mean[m], rs = rstd[m];
-        double s1 = 0, s2 = 0; /* mean(dy*w), mean(dy*w*xhat) */
+        dcs_layernorm_row_bw(dx + (size_t)m * D, g, xr, w, mu, rs, D);
         for (int i = 0; i < D; i++) {
-            float xh = (xr[i] - mu) * rs, gw = g[i] * w[i];
-            s1 += gw;
-            s2 += gw * xh;
-        }
-        float m1 = (float)(s1 / D), m2 = (float)(s2 / D);
-        for (int i = 0; i < D; i++) {
-            float xh = (xr[i] - mu) * rs;
-            dxr[i] += (g[i] * w[i] - m1 - xh * m2) * rs;
-            if (dw) dw[i] += g[i] * xh;
+            if (dw) dw[i] += g[i] * ((xr[i] - mu) * rs);
             if (db) db[i] += g[i];
         }
     }
@@ -76,16 +71,9 @@ void dcs_rmsnorm_bw(float *dx, float *dscale, const float *dy, const float *xn_r
                     int rows, int width, const float *scale) {
     for (int r = 0; r < rows; r++) {
         const float *g = dy + (size_t)r * width, *xr = xn_raw + (size_t)r * width;
-        float *d = dx + (size_t)r * width;
-        const float rs = rstd[r];
-        float dot = 0.0f;
-        for (int i = 0; i < width; i++) dot += g[i] * (scale ? scale[i] : 1.0f) * xr[i] * rs;
-        dot /= (float)width;
-        for (int i = 0; i < width; i++) {
-            float xn = xr[i] * rs, gs = g[i] * (scale ? scale[i] : 1.0f);
-            d[i] += rs * (gs - xn * dot);
-            if (dscale) dscale[i] += g[i] * xn;
-        }
+        dcs_rmsnorm_row_bw(dx + (size_t)r * width, g, xr, scale, rstd[r], width);
+        if (dscale)
+            for (int i = 0; i < width; i++) dscale[i] += g[i] * (xr[i] * rstd[r]);
     }
 }
 
@@ -118,12 +106,7 @@ void dcs_rotary_apply(float *x, const float *cs, int M, int T, int N, int Dh, in
 
 /* dx [n] += dy * gelu'(x) */
 void dcs_gelu_bw(float *dx, const float *dy, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        float cdf = 0.5f * (1.0f + dcs_erf(v * 0.70710678118654752f)); /* the forward's erf */
-        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-        dx[i] += dy[i] * (cdf + v * pdf);
-    }
+    for (size_t i = 0; i < n; i++) dx[i] += dy[i] * dcs_gelu_grad(x[i]);
 }
 
 /* dx [n] += dy * (1 - y^2), y = tanh(x) */
@@ -144,15 +127,9 @@ void dcs_softmax_fw(float *x, long long rows_from, long long rows_to, int T, int
  * (written, not accumulated). */
 void dcs_softmax_bw(float *dA, const float *dP, const float *P, long long rows_from, long long rows_to, int T,
                     int S, int window) {
-    for (long long r = rows_from; r < rows_to; r++) {
-        const int t = (int)(r % T);
-        const float *p = P + (size_t)r * S, *g = dP + (size_t)r * S;
-        float *d = dA + (size_t)r * S;
-        float dot = 0.0f;
-        for (int s = 0; s < S; s++)
-            if (dcs_allowed(t, s, window)) dot += p[s] * g[s];
-        for (int s = 0; s < S; s++) d[s] = dcs_allowed(t, s, window) ? p[s] * (g[s] - dot) : 0.0f;
-    }
+    for (long long r = rows_from; r < rows_to; r++)
+        dcs_softmax_row_bw(dA + (size_t)r * S, dP + (size_t)r * S, P + (size_t)r * S, S, (int)(r % T),
+                           window);
 }
 
 /* ---------------------------------------------------------------- compose */
@@ -169,122 +146,4 @@ void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long st
     /* one group, no static map: the general pair backward of dcs_math.h */
     dcs_compose_pair_bw_var(a, g, da, stride, N, 1, R, qw1, qw2, kw1, kw2, qdd, kdd, NULL, dqw1, dqw2, dkw1,
                             dkw2, dqdd, dkdd, NULL, on);
-}
-
-/* ---------------------------------------------------------------- compose, by rows */
-
-/* sum_s x[s] y[s] over [s0, s1) in 8 interleaved partial sums (vectorisable;
- * a fixed order, so results do not depend on threads or alignment) */
-static inline float dot8(const float *x, const float *y, int s0, int s1) {
-    float acc[8] = {0};
-    int s = s0;
-    for (; s + 8 <= s1; s += 8)
-        for (int j = 0; j < 8; j++) acc[j] += x[s + j] * y[s + j];
-    float r = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; s < s1; s++) r += x[s] * y[s];
-    return r;
-}
-
-/* Compose of one query row (b, t) over its allowed keys s in [s0, s1),
- * vectorised along s. a, out: [N] rows of stride TT starting at (t, 0), so
- * a[n*TT + s]. Query-side weights of t: qw1, qw2 [R, N], qdd [N]; key-side
- * weights transposed to [R, N, T] (kw1T, kw2T) and [N, T] (kddT) so that s
- * runs contiguously (NULL: query_wise). tmp: 2*R*T floats. Same sums as
- * dcs_compose_pair, in a different order. */
-void dcs_compose_row_fw(const float *a, float *out, long long TT, int N, int R, int T, int s0, int s1,
-                        const float *qw1, const float *qw2, const float *kw1T, const float *kw2T,
-                        const float *qdd, const float *kddT, float *tmp) {
-    float *qi = tmp, *ki = tmp + (size_t)R * T;
-    for (int i = 0; i < R; i++) {
-        float *q = qi + (size_t)i * T, *k = ki + (size_t)i * T;
-        for (int s = s0; s < s1; s++) q[s] = 0.0f, k[s] = 0.0f;
-        for (int n = 0; n < N; n++) {
-            const float *an = a + n * TT, w = qw1[i * N + n];
-            for (int s = s0; s < s1; s++) q[s] += an[s] * w;
-            if (kw1T) {
-                const float *kw = kw1T + ((size_t)i * N + n) * T;
-                for (int s = s0; s < s1; s++) k[s] += an[s] * kw[s];
-            }
-        }
-    }
-    for (int m = 0; m < N; m++) {
-        const float *am = a + m * TT;
-        float *o = out + m * TT;
-        const float g = 1.0f + qdd[m];
-        if (kddT) {
-            const float *kd = kddT + (size_t)m * T;
-            for (int s = s0; s < s1; s++) o[s] = am[s] * (g + kd[s]);
-        } else {
-            for (int s = s0; s < s1; s++) o[s] = am[s] * g;
-        }
-        for (int i = 0; i < R; i++) {
-            const float *q = qi + (size_t)i * T, w = qw2[i * N + m];
-            for (int s = s0; s < s1; s++) o[s] += q[s] * w;
-            if (kw2T) {
-                const float *k = ki + (size_t)i * T, *kw = kw2T + ((size_t)i * N + m) * T;
-                for (int s = s0; s < s1; s++) o[s] += k[s] * kw[s];
-            }
-        }
-    }
-}
-
-/* Backward of dcs_compose_row_fw for the row (b, t): g = dOut rows (stride
- * TT). da (stride TT) += ; query-side dqw1, dqw2 [R, N], dqdd [N] += ;
- * key-side dkw1T, dkw2T [R, N, T], dkddT [N, T] += (transposed, NULL when
- * query_wise). `on` masks the branches as in dcs_compose_pair_bw. tmp:
- * 4*R*T floats. */
-void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T, int s0,
-                        int s1, const float *qw1, const float *qw2, const float *kw1T, const float *kw2T,
-                        const float *qdd, const float *kddT, float *dqw1, float *dqw2, float *dkw1T,
-                        float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp) {
-    float *qi = tmp, *ki = tmp + (size_t)R * T, *gq = tmp + 2 * (size_t)R * T, *gk = tmp + 3 * (size_t)R * T;
-    const int keys = kw1T != NULL;
-    for (int i = 0; i < R; i++) {
-        float *q = qi + (size_t)i * T, *k = ki + (size_t)i * T, *tq = gq + (size_t)i * T,
-              *tk = gk + (size_t)i * T;
-        for (int s = s0; s < s1; s++) q[s] = 0.0f, k[s] = 0.0f, tq[s] = 0.0f, tk[s] = 0.0f;
-        for (int n = 0; n < N; n++) {
-            const float *an = a + n * TT, *gn = g + n * TT, w1 = qw1[i * N + n], w2 = qw2[i * N + n];
-            for (int s = s0; s < s1; s++) q[s] += an[s] * w1;
-            for (int s = s0; s < s1; s++) tq[s] += gn[s] * w2;
-            if (keys) {
-                const float *k1 = kw1T + ((size_t)i * N + n) * T, *k2 = kw2T + ((size_t)i * N + n) * T;
-                for (int s = s0; s < s1; s++) k[s] += an[s] * k1[s];
-                for (int s = s0; s < s1; s++) tk[s] += gn[s] * k2[s];
-            }
-        }
-    }
-    for (int n = 0; n < N; n++) {
-        const float *an = a + n * TT, *gn = g + n * TT;
-        float *d = da + n * TT;
-        float c = (on & 1) ? 1.0f : 0.0f;
-        if (on & 8) {
-            c += qdd[n];
-            dqdd[n] += dot8(gn, an, s0, s1);
-        }
-        for (int s = s0; s < s1; s++) d[s] += gn[s] * c;
-        if ((on & 16) && keys) {
-            const float *kd = kddT + (size_t)n * T;
-            float *dkd = dkddT + (size_t)n * T;
-            /* one store per loop: each vectorises */
-            for (int s = s0; s < s1; s++) d[s] += gn[s] * kd[s];
-            for (int s = s0; s < s1; s++) dkd[s] += gn[s] * an[s];
-        }
-        for (int i = 0; i < R; i++) {
-            if (on & 2) {
-                const float *tq = gq + (size_t)i * T, *q = qi + (size_t)i * T, w1 = qw1[i * N + n];
-                for (int s = s0; s < s1; s++) d[s] += tq[s] * w1;
-                dqw1[i * N + n] += dot8(tq, an, s0, s1);
-                dqw2[i * N + n] += dot8(q, gn, s0, s1);
-            }
-            if ((on & 4) && keys) {
-                const float *tk = gk + (size_t)i * T, *k = ki + (size_t)i * T;
-                const float *k1 = kw1T + ((size_t)i * N + n) * T;
-                float *d1 = dkw1T + ((size_t)i * N + n) * T, *d2 = dkw2T + ((size_t)i * N + n) * T;
-                for (int s = s0; s < s1; s++) d[s] += tk[s] * k1[s];
-                for (int s = s0; s < s1; s++) d1[s] += tk[s] * an[s];
-                for (int s = s0; s < s1; s++) d2[s] += k[s] * gn[s];
-            }
-        }
-    }
 }

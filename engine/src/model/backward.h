@@ -26,11 +26,4 @@ void dcs_compose_pair_bw(const float *a, const float *g, float *da, long long st
                          const float *qdd, const float *kdd, float *dqw1, float *dqw2, float *dkw1,
                          float *dkw2, float *dqdd, float *dkdd, unsigned on);
 
-void dcs_compose_row_fw(const float *a, float *out, long long TT, int N, int R, int T, int s0, int s1,
-                        const float *qw1, const float *qw2, const float *kw1T, const float *kw2T,
-                        const float *qdd, const float *kddT, float *tmp);
-void dcs_compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T, int s0,
-                        int s1, const float *qw1, const float *qw2, const float *kw1T, const float *kw2T,
-                        const float *qdd, const float *kddT, float *dqw1, float *dqw2, float *dkw1T,
-                        float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp);
 #endif

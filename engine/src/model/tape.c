@@ -2,11 +2,18 @@
  * tape.c -- the training / attribution graph: the one layer (layer.c) run
  * with keeping on (every activation its backward reads, dcs_kept), and
  * that backward, op by op in reverse (parameter gradients and gradients at
- * hook points). CPU only; its element-wise work and per-head products run
- * on the model's thread pool (ops->parallel, the backend's gemm).
+ * hook points). Every step runs on the model's backend (dcs_backend.h): the
+ * products through its gemm / gemm_w, the per-element work through its
+ * backward operations (zero, gelu_bw, softmax_bw, layernorm_bw, compose_bw,
+ * ..., the math of dcs_math.h), so the same code differentiates a model on
+ * the CPU (the pool, ops->parallel) or on CUDA. Host memory is touched only
+ * at the edges: tokens, targets, overrides (the pass's hook dispatch), the
+ * gradients handed out (download) and parameter gradients (device mirrors
+ * on CUDA, uploaded and downloaded around the backward).
  *
  * Shapes: B sequences of T tokens, M = B*T; D, N, Dh, F, V as in layer.c;
- * DCMHA: C slots, K hidden, R rank, RN = R*N. All buffers host float32:
+ * DCMHA: C slots, K hidden, R rank, RN = R*N. All buffers float32 from the
+ * backend's allocator (device memory on CUDA):
  *   kept per layer (pass.h): x, ln1, q, k, v, ..., A, P, Pc, z, ao, h, ln2, u, ug, mo
  *   xL [M, D] leaves the last layer; lnf [M, D]; logits, dlogits [M, V]
  * Hook points may be overridden in the forward (the activation replaced by
@@ -32,8 +39,7 @@ typedef struct {
     float *dsw[2];                          /* static maps [G, Mg, Mg] (use_sw)   */
     float *dmoh, *dhgate, *dlg, *ds1, *ds0; /* MoH: dh [M, D], head gate, logits */
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
-    float *mu, *rs, *rs2, *row; /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
-    float *du3, *dgate;         /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
+    float *du3, *dgate; /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
 } tgrads;
 
 struct dcs_tape {
@@ -55,19 +61,19 @@ struct dcs_tape {
     int dry;            /* planning only: tp_alloc counts, allocates nothing */
     dcs_kept *L;
     float *xL, *lnf, *logits, *dlogits;
-    float *rot_cs;
-    int32_t *tokens;
+    int32_t *tokens; /* [M] host */
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
     uint8_t *want;         /* [DCS_HP_COUNT * n_layer]: the overridden points */
-    float *kT[3], *dkT[3]; /* transposed key-side dynamic weights and their grads */
+    float *kT[3], *dkT[3]; /* CPU: transposed key-side dynamic weights and their grads */
     int have_forward;
     dcs_status status; /* allocation failure inside the backward */
     void **allocs;
     int n_allocs, cap_allocs;
 };
 
+/* n floats, zero-filled, from the backend's allocator */
 static float *tp_alloc(dcs_tape *tp, size_t n) {
     tp->bytes += (uint64_t)(n ? n : 1) * sizeof(float);
     if (tp->dry) return (float *)tp; /* a plan: never dereferenced */
@@ -78,22 +84,14 @@ static float *tp_alloc(dcs_tape *tp, size_t n) {
         tp->allocs = a;
         tp->cap_allocs = cap;
     }
-    float *p = calloc(n ? n : 1, sizeof(float));
+    dcs_backend *be = tp->m->be;
+    float *p = be->ops->alloc(be, (n ? n : 1) * sizeof(float));
     if (p) tp->allocs[tp->n_allocs++] = p;
     return p;
 }
 
-/* ---------------------------------------------------------------- threads
- * The element-wise work (compose, softmax, gelu') runs on the model's pool
- * (ops->parallel, chunks of n items, cost per item), the per-head products
- * through the backend's batched gemm. */
-static void par_for(const dcs_tape *tp, dcs_par_fn fn, void *arg, long long n, long long cost) {
-    dcs_backend *be = tp->m->be;
-    if (be->ops->parallel)
-        be->ops->parallel(be, fn, arg, n, cost);
-    else
-        fn(arg, 0, n, 0);
-}
+/* ---------------------------------------------------------------- products
+ * The per-head products run through the backend's batched gemm. */
 
 /* Per-head products of every sequence: for b < B and head h < N,
  * C[b, h] = alpha op(A[b, h]) op(B[b, h]) (+ beta C), the heads of one
@@ -117,61 +115,14 @@ static void heads_gemm(const dcs_tape *tp, const hg_arg *g, int B) {
                       g->Bm + b * g->sB, g->ldb, g->hB, g->beta, g->C + b * g->sC, g->ldc, g->hC, g->heads);
 }
 
-typedef struct {
-    float *x;
-    const float *y, *z;
-    int T, window;
-} rows_arg;
-static void softmax_bw_rows(void *p, long long b, long long e, int tid) {
-    (void)tid;
-    rows_arg *a = p;
-    dcs_softmax_bw(a->x, a->y, a->z, b, e, a->T, a->T, a->window);
-}
-static void gelu_bw_range(void *p, long long b, long long e, int tid) {
-    (void)tid;
-    rows_arg *a = p;
-    dcs_gelu_bw(a->x + b, a->y + b, a->z + b, (size_t)(e - b));
-}
-/* x = dy * gelu'(hpre) in place (x holds dy) */
-static void gelu_bw_inplace_range(void *p, long long b, long long e, int tid) {
-    (void)tid;
-    rows_arg *a = p;
-    for (long long i = b; i < e; i++) {
-        float v = a->z[i];
-        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-        a->x[i] *= cdf + v * pdf;
-    }
-}
-
-/* ---------------------------------------------------------------- statistics
- * What the forward's norms computed, recomputed for the backward. */
-
-/* mean, rstd [M] of LayerNorm over x [M, D] (row: scratch [D]). */
-static void ln_stats(const dcs_model *m, const float *x, const float *w, const float *b, int M, float *mu,
-                     float *rs, float *row) {
-    const int D = m->cfg.d_model;
-    for (int i = 0; i < M; i++)
-        dcs_layernorm_row(row, x + (size_t)i * D, w, b, D, m->cfg.norm_eps, &mu[i], &rs[i]);
-}
-
-/* rstd [rows] of the RMS norm over x [rows, width] (the backend's arithmetic). */
-static void rms_stats(const float *x, int rows, int width, float eps, float *rs) {
-    for (int r = 0; r < rows; r++) {
-        const float *v = x + (size_t)r * width;
-        float ss = 0.0f;
-        for (int i = 0; i < width; i++) ss += v[i] * v[i];
-        rs[r] = dcs_rms_inv(ss, width, eps);
-    }
-}
-
 void dcs_tape_free(dcs_tape *tp) {
     if (!tp) return;
     /* the transients its passes left in the model's pool are sized for
      * this tape's B x T: kept, they would add up over tapes of other sizes
      * (IG chunks) */
     if (tp->m && !tp->dry) dcs_pool_clear(tp->m);
-    for (int i = 0; i < tp->n_allocs; i++) free(tp->allocs[i]);
+    for (int i = 0; i < tp->n_allocs; i++) tp->m->be->ops->free(tp->m->be, tp->allocs[i]);
+    free(tp->tokens);
     free(tp->allocs);
     free(tp->L);
     free(tp->want);
@@ -286,13 +237,10 @@ static int alloc_tape(dcs_tape *tp) {
     A_(tp->lnf, M * D);
     A_(tp->logits, M * V);
     A_(tp->dlogits, M * V);
-    A_(tp->rot_cs, (size_t)T * (c->rotary_dim / 2 + 1) * 2);
-    if (ok) {
-        tp->tokens = (int32_t *)tp_alloc(tp, M);
-        if (!tp->tokens) ok = 0;
-    }
+    tp->bytes += M * sizeof(int32_t);
+    if (ok && !tp->dry && !(tp->tokens = calloc(M, sizeof(int32_t)))) ok = 0;
     tgrads *d = &tp->d;
-    if (c->use_dcmha && !c->query_wise && !compose_variant(c))
+    if (c->use_dcmha && !c->query_wise && !compose_variant(c) && m->device == DCS_DEVICE_CPU)
         for (int i = 0; i < 3; i++) {
             A_(tp->kT[i], i < 2 ? M * RN : M * N);
             A_(tp->dkT[i], i < 2 ? M * RN : M * N);
@@ -313,11 +261,6 @@ static int alloc_tape(dcs_tape *tp) {
     A_(d->dA, BNTT);
     if (c->model_type == DCS_MODEL_DCFORMER) A_(d->du3, M * F);
     if (c->mgate_dim > 0) A_(d->dgate, M * (size_t)c->mgate_dim);
-    const size_t RG = (size_t)c->dyn_rank * (c->compose_groups > 1 ? c->compose_groups : 1);
-    A_(d->mu, M);
-    A_(d->rs, M);
-    A_(d->rs2, M * (N > RG ? N : RG));
-    A_(d->row, D);
     if (c->moh) {
         const size_t hs = c->moh_shared;
         A_(d->dmoh, M * D);
@@ -406,10 +349,14 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, c
  * gemm_w); the kept activations are sized by the layer's size table. */
 dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max_bytes, dcs_tape **out) {
     *out = NULL;
-    if (m->device != DCS_DEVICE_CPU)
+    const dcs_backend_ops *o = m->be->ops;
+    if (!o->zero || !o->gelu_bw || !o->tanh_bw || !o->softmax_bw || !o->softmax_rows_bw || !o->layernorm_bw ||
+        !o->rmsnorm_bw || !o->rotary_bw || !o->col_sum || !o->embed_bw || !o->xent_bw || !o->compose_bw ||
+        !o->head_gate_bw || !o->moh_route_bw || !o->swiglu_bw)
         return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "gradients and training run on the CPU only (this model is on cuda); "
-                          "load it with device='cpu'");
+                          "gradients: the %s backend has no backward operations; load the model with "
+                          "device='cpu'",
+                          o->name);
     if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
         return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad batch shape B=%d T=%d", B, T);
     dcs_status st = dcs_tape_supported(m);
@@ -440,7 +387,6 @@ dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max
         dcs_tape_free(tp);
         return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory for B=%d T=%d", B, T);
     }
-    dcs_rotary_table(tp->rot_cs, T, m->cfg.rotary_dim, m->cfg.rope_base);
     *out = tp;
     return DCS_OK;
 }
@@ -495,7 +441,7 @@ static void grad_capture(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int poin
     for (int i = 0; i < n_g; i++)
         if (g[i].point == point && (!dcs_hook_point_is_layered(point) || g[i].layer == layer)) {
             if (!n) n = hook_numel(tp, point);
-            memcpy(g[i].grad, dx, n * sizeof(float));
+            tp->m->be->ops->download(tp->m->be, g[i].grad, dx, n * sizeof(float));
         }
 }
 
@@ -504,9 +450,9 @@ static void grad_at(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, in
     for (int i = 0; i < n_g; i++)
         if (g[i].point == point && (!dcs_hook_point_is_layered(point) || g[i].layer == layer)) {
             if (!n) n = hook_numel(tp, point);
-            memcpy(g[i].grad, dx, n * sizeof(float));
+            tp->m->be->ops->download(tp->m->be, g[i].grad, dx, n * sizeof(float));
         }
-    if (find_ov(tp, point, layer)) memset(dx, 0, hook_numel(tp, point) * sizeof(float));
+    if (find_ov(tp, point, layer)) tp->m->be->ops->zero(tp->m->be, dx, hook_numel(tp, point) * sizeof(float));
 }
 
 static int wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
@@ -527,26 +473,21 @@ static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db,
     else if (dx)
         be->ops->gemm_w(be, 0, M, I, O, dy, O, W, beta, dx, I);
     if (dW) be->ops->gemm(be, 1, 0, O, I, M, 1.0f, dy, O, 0, x, I, 0, 1.0f, dW, I, 0, 1);
-    if (db)
-        for (int m = 0; m < M; m++)
-            for (int o = 0; o < O; o++) db[o] += dy[(size_t)m * O + o];
+    if (db) be->ops->col_sum(be, db, dy, M, O);
 }
 
 /* dx += the backward of the block's norm (LayerNorm, or DCFormer++'s
  * RMSNorm) of x [M, D] with weight w, bias b, from dy; dw, db += its
  * parameter gradients. Statistics recomputed from x. */
 static void norm_bw(dcs_tape *tp, float *dx, float *dw, float *db, const float *dy, const float *x,
-                    const float *w, const float *b) {
+                    const float *w) {
     dcs_model *m = tp->m;
-    tgrads *d = &tp->d;
+    dcs_backend *be = m->be;
     const int M = tp->M, D = m->cfg.d_model;
-    if (m->cfg.model_type == DCS_MODEL_DCFORMER) {
-        rms_stats(x, M, D, m->cfg.norm_eps, d->rs);
-        dcs_rmsnorm_bw(dx, dw, dy, x, d->rs, M, D, w);
-        return;
-    }
-    ln_stats(m, x, w, b, M, d->mu, d->rs, d->row);
-    dcs_layernorm_bw(dx, dw, db, dy, x, d->mu, d->rs, w, M, D);
+    if (m->cfg.model_type == DCS_MODEL_DCFORMER)
+        be->ops->rmsnorm_bw(be, dx, dw, dy, x, w, M, D, m->cfg.norm_eps);
+    else
+        be->ops->layernorm_bw(be, dx, dw, db, dy, x, w, M, D, m->cfg.norm_eps);
 }
 
 /* Where the backward accumulates parameter gradients: one flat array of
@@ -557,6 +498,7 @@ typedef struct {
     int n_pg;
     const dcs_hook_grad *g;
     int n_g;
+    float **dev; /* [n_weights] device mirrors of the asked gradients (CUDA) */
 } bwctx;
 
 /* The gradient buffer of weight `w` (its float32 array or its stored
@@ -567,6 +509,7 @@ static float *gptr(const dcs_model *m, const bwctx *bc, const void *w) {
     size_t off = 0;
     for (int i = 0; i < m->n_weights; i++) {
         if ((const void *)m->weights[i].ptr == w || m->weights[i].half == w) {
+            if (bc->dev) return bc->dev[i];
             if (bc->flat) return bc->flat + off;
             for (int k = 0; k < bc->n_pg; k++)
                 if (bc->pg[k].index == i) return bc->pg[k].grad;
@@ -578,35 +521,6 @@ static float *gptr(const dcs_model *m, const bwctx *bc, const void *w) {
     }
     return NULL;
 }
-
-/* x [B, T, C] -> xT [B, C, T] (C = R*N or N), and back */
-static void to_keys_T(float *xT, const float *x, int B, int T, int C) {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < C; c++) xT[((size_t)b * C + c) * T + t] = x[((size_t)b * T + t) * C + c];
-}
-static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < C; c++) x[((size_t)b * T + t) * C + c] = xT[((size_t)b * C + c) * T + t];
-}
-
-/* the allowed keys of query t: [s0, t] */
-static int first_key(int t, int window) { return window > 0 && t > window ? t - window : 0; }
-
-/* Compose backward of one phase: its arguments, split over sequences. */
-typedef struct {
-    const dcs_tape *tp;
-    float *dIn;
-    const float *in, *dOut;
-    const dcs_kept *a;
-    int ph, window;
-    unsigned on;
-    float *dw1[2], *dw2[2], *ddd[2];
-    const float *kT[3];
-    float *dkT[3];       /* key side transposed: kw1, kw2 [B,R,N,T], kdd [B,N,T] */
-    volatile int failed; /* a chunk could not get its scratch */
-} cp_arg;
 
 /* ---------------------------------------------------------------- forward */
 
@@ -647,7 +561,7 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
         dcs_pass_embed(&p, tokens, tp->xL);
         dcs_pass_layers(&p, tp->xL);
     } else {
-        memcpy(tp->xL, resid, sizeof(float) * (size_t)M * c->d_model);
+        be->ops->upload(be, tp->xL, resid, sizeof(float) * (size_t)M * c->d_model);
         for (int l = tp->first; l < L && !p.status && !dcs_pass_cancelled(&p); l++) {
             dcs_layer(&p, l, tp->xL);
             if (!p.status) p.status = be->ops->sync(be, &m->err);
@@ -661,7 +575,7 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     m->last_peak_bytes = tp->bytes + tp->pass_peak;
     m->last_total_bytes = tp->bytes + p.total;
     if (p.status) return p.status;
-    if (logits) memcpy(logits, tp->logits, sizeof(float) * (size_t)M * V);
+    if (logits) be->ops->download(be, logits, tp->logits, sizeof(float) * (size_t)M * V);
     tp->have_forward = 1;
     return DCS_OK;
 }
@@ -694,27 +608,12 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
         cnt += targets[i] >= 0;
     }
     if (!cnt) return dcs_seterr(&m->err, DCS_ERR_ARG, "loss: no position has a target");
+    double *rows = malloc(sizeof(double) * (size_t)M);
+    if (!rows) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "loss: out of memory");
+    m->be->ops->xent_bw(m->be, tp->dlogits, rows, tp->logits, targets, M, V, 1.0f / (float)cnt);
     double total = 0;
-    const float inv = 1.0f / (float)cnt;
-    for (int i = 0; i < M; i++) {
-        const float *lg = tp->logits + (size_t)i * V;
-        float *d = tp->dlogits + (size_t)i * V;
-        if (targets[i] < 0) {
-            memset(d, 0, sizeof(float) * V);
-            continue;
-        }
-        float mx = -INFINITY;
-        for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-        double s = 0;
-        for (int v = 0; v < V; v++) {
-            d[v] = expf(lg[v] - mx);
-            s += d[v];
-        }
-        float is = (float)(1.0 / s);
-        for (int v = 0; v < V; v++) d[v] *= is * inv;
-        d[targets[i]] -= inv;
-        total += (log(s) + mx) - lg[targets[i]];
-    }
+    for (int i = 0; i < M; i++) total += rows[i];
+    free(rows);
     *loss = total / cnt;
     if (count) *count = cnt;
     return DCS_OK;
@@ -722,112 +621,55 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
 
 /* ---------------------------------------------------------------- backward */
 
-static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
-    (void)tid;
-    const cp_arg *ca = p;
-    const dcs_tape *tp = ca->tp;
-    const dcs_kept *a = ca->a;
-    const int ph = ca->ph, window = ca->window;
-    const dcs_config *c = &tp->m->cfg;
-    const int T = tp->T, N = c->n_head, R = c->dyn_rank, RN = R * N;
-    const long long TT = (long long)T * T;
-    const int keys = ca->kT[0] != NULL;
-    float *tmp = malloc(sizeof(float) * 4 * (size_t)R * T);
-    if (!tmp) {
-        ((cp_arg *)p)->failed = 1;
-        return;
-    }
-    for (long long b = b_from; b < b_to; b++)
-        for (int t = 0; t < T; t++) {
-            const size_t bt = (size_t)b * T + t;
-            const long long o = (long long)b * N * TT + (long long)t * T;
-            dcs_compose_row_bw(
-                ca->in + o, ca->dOut + o, ca->dIn + o, TT, N, R, T, first_key(t, window), t + 1,
-                a->w1[ph][0] + bt * RN, a->w2[ph][0] + bt * RN, keys ? ca->kT[0] + (size_t)b * RN * T : NULL,
-                keys ? ca->kT[1] + (size_t)b * RN * T : NULL, a->dd[ph][0] + bt * N,
-                keys ? ca->kT[2] + (size_t)b * N * T : NULL, ca->dw1[0] + bt * RN, ca->dw2[0] + bt * RN,
-                keys ? ca->dkT[0] + (size_t)b * RN * T : NULL, keys ? ca->dkT[1] + (size_t)b * RN * T : NULL,
-                ca->ddd[0] + bt * N, keys ? ca->dkT[2] + (size_t)b * N * T : NULL, ca->on, tmp);
-        }
-    free(tmp);
-}
-
-/* Backward of one compose phase: dIn = (written) from dOut over allowed
- * pairs; dynamic-weight gradients (zeroed first) of the phase. */
+/* Backward of one compose phase (the backend's compose_bw): dIn written
+ * from dOut over allowed pairs; the phase's dynamic-weight gradients
+ * written. */
 static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut, const float *in,
                        int window) {
     const dcs_config *c = &tp->m->cfg;
+    dcs_backend *be = tp->m->be;
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
-    const int B = tp->B, T = tp->T, N = c->n_head, R = c->dyn_rank, M = tp->M;
-    const long long TT = (long long)T * T;
     unsigned on = 0;
     for (int k = 0; k < DCS_N_BRANCHES; k++)
         if (!find_ov(tp, dcs_branch_first[ph] + k, l)) on |= 1u << k;
-    memset(dIn, 0, sizeof(float) * (size_t)B * N * TT);
-    for (int s = 0; s < 2; s++) {
-        if (!a->w1[ph][s]) continue;
-        memset(d->dw1[ph][s], 0, sizeof(float) * (size_t)M * R * N);
-        memset(d->dw2[ph][s], 0, sizeof(float) * (size_t)M * R * N);
-        memset(d->ddd[ph][s], 0, sizeof(float) * (size_t)M * N);
+    dcs_compose_bw_args ca;
+    memset(&ca, 0, sizeof ca);
+    ca.dIn = dIn;
+    ca.in = in;
+    ca.dOut = dOut;
+    ca.qw1 = a->w1[ph][0];
+    ca.qw2 = a->w2[ph][0];
+    ca.qdd = a->dd[ph][0];
+    ca.kw1 = a->w1[ph][1];
+    ca.kw2 = a->w2[ph][1];
+    ca.kdd = a->dd[ph][1];
+    ca.sw = c->use_sw ? (ph == 0 ? tp->m->layers[l].pre_sw : tp->m->layers[l].post_sw) : NULL;
+    if (ca.qw1) {
+        ca.dqw1 = d->dw1[ph][0];
+        ca.dqw2 = d->dw2[ph][0];
+        ca.dqdd = d->ddd[ph][0];
     }
-    if (compose_variant(c)) {
-        /* every variant: pair by pair (dcs_compose_pair_bw_var), on the
-         * caller's thread (the static map's gradient sums over all pairs) */
-        const float *sw = c->use_sw ? (ph == 0 ? tp->m->layers[l].pre_sw : tp->m->layers[l].post_sw) : NULL;
-        float *dsw = d->dsw[ph];
-        const size_t RN = (size_t)R * N;
-        float *const *w1 = a->w1[ph], *const *w2 = a->w2[ph], *const *dd = a->dd[ph];
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++)
-                for (int s = first_key(t, window); s <= t; s++) {
-                    const long long o = (long long)b * N * TT + (long long)t * T + s;
-                    const size_t q = (size_t)b * T + t, k = (size_t)b * T + s;
-                    dcs_compose_pair_bw_var(
-                        in + o, dOut + o, dIn + o, TT, N, c->compose_groups, R, w1[0] ? w1[0] + q * RN : NULL,
-                        w2[0] ? w2[0] + q * RN : NULL, w1[1] ? w1[1] + k * RN : NULL,
-                        w2[1] ? w2[1] + k * RN : NULL, dd[0] ? dd[0] + q * N : NULL,
-                        dd[1] ? dd[1] + k * N : NULL, sw, w1[0] ? d->dw1[ph][0] + q * RN : NULL,
-                        w1[0] ? d->dw2[ph][0] + q * RN : NULL, w1[1] ? d->dw1[ph][1] + k * RN : NULL,
-                        w1[1] ? d->dw2[ph][1] + k * RN : NULL, dd[0] ? d->ddd[ph][0] + q * N : NULL,
-                        dd[1] ? d->ddd[ph][1] + k * N : NULL, dsw, on);
-                }
-        return;
+    if (ca.kw1) {
+        ca.dkw1 = d->dw1[ph][1];
+        ca.dkw2 = d->dw2[ph][1];
+        ca.dkdd = d->ddd[ph][1];
     }
-    cp_arg ca = {tp,
-                 dIn,
-                 in,
-                 dOut,
-                 a,
-                 ph,
-                 window,
-                 on,
-                 {d->dw1[ph][0], d->dw1[ph][1]},
-                 {d->dw2[ph][0], d->dw2[ph][1]},
-                 {d->ddd[ph][0], d->ddd[ph][1]},
-                 {0},
-                 {0},
-                 0};
-    const int RN = R * N;
-    if (a->w1[ph][1]) {
-        to_keys_T(tp->kT[0], a->w1[ph][1], B, T, RN);
-        to_keys_T(tp->kT[1], a->w2[ph][1], B, T, RN);
-        to_keys_T(tp->kT[2], a->dd[ph][1], B, T, N);
+    ca.dsw = d->dsw[ph];
+    /* the CPU's row kernel of plain DCMHA reads the key side transposed */
+    if (tp->kT[0] && !compose_variant(c))
         for (int i = 0; i < 3; i++) {
-            ca.kT[i] = tp->kT[i];
-            ca.dkT[i] = tp->dkT[i];
-            memset(tp->dkT[i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : N));
+            ca.scratch[i] = tp->kT[i];
+            ca.scratch[3 + i] = tp->dkT[i];
         }
-    }
-    /* split over sequences: key-side gradients of (b, s) gather over the
-     * queries t of the same sequence only */
-    par_for(tp, compose_bw_seqs, &ca, B, (long long)T * T * N * R * 4);
-    if (ca.failed) tp->status = DCS_ERR_NOMEM;
-    if (a->w1[ph][1]) {
-        from_keys_T(d->dw1[ph][1], tp->dkT[0], B, T, RN);
-        from_keys_T(d->dw2[ph][1], tp->dkT[1], B, T, RN);
-        from_keys_T(d->ddd[ph][1], tp->dkT[2], B, T, N);
-    }
+    ca.B = tp->B;
+    ca.N = c->n_head;
+    ca.T = tp->T;
+    ca.R = c->dyn_rank;
+    ca.G = c->compose_groups;
+    ca.window = window;
+    ca.on = on;
+    be->ops->compose_bw(be, &ca);
 }
 
 #define GP(w) gptr(m, bc, (w))
@@ -843,26 +685,13 @@ static void moh_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
-    const int M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim, hs = c->moh_shared, NR = N - hs;
-    for (int mm = 0; mm < M; mm++)
-        for (int n = 0; n < N; n++) {
-            float *dz = d->dz + (size_t)mm * D + (size_t)n * Dh;
-            const float *zp = a->zpre + (size_t)mm * D + (size_t)n * Dh, gt = a->hgate[(size_t)mm * N + n];
-            float s = 0.0f;
-            for (int j = 0; j < Dh; j++) {
-                s += dz[j] * zp[j];
-                dz[j] *= gt;
-            }
-            d->dhgate[(size_t)mm * N + n] = s;
-        }
-    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTING, l, d->dhgate);
-    for (int mm = 0; mm < M; mm++)
-        dcs_moh_route_row_bw(a->rlg + (size_t)mm * NR, hs > 1 ? a->rs1 + (size_t)mm * hs : NULL,
-                             hs > 0 ? a->rs0 + (size_t)mm * 2 : NULL, N, hs, c->moh_topk,
-                             d->dhgate + (size_t)mm * N, d->dlg + (size_t)mm * NR,
-                             d->ds1 + (size_t)mm * (hs ? hs : 1), d->ds0 + (size_t)mm * 2);
-    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTER_LOGITS, l, d->dlg);
     dcs_backend *be = m->be;
+    const int M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim, hs = c->moh_shared, NR = N - hs;
+    be->ops->head_gate_bw(be, d->dz, d->dhgate, a->zpre, a->hgate, M, N, Dh);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTING, l, d->dhgate);
+    be->ops->moh_route_bw(be, d->dlg, d->ds1, d->ds0, d->dhgate, a->rlg, a->rs1, a->rs0, M, N, hs,
+                          c->moh_topk);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTER_LOGITS, l, d->dlg);
     lin_bw(be, d->dmoh, 0.0f, GP(lw->moh_wg), NULL, d->dlg, a->ln1, (dcs_wmat){lw->moh_wg, DCS_F32}, M, NR,
            D);
     if (hs > 1)
@@ -888,19 +717,21 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
 
     grad_at(tp, bc->g, bc->n_g, DCS_HP_ATTN_OUT, l, d->dao);
     if (wants_grad(bc->g, bc->n_g, DCS_HP_HEAD_OUT, l)) {
-        /* d head_out[:, n] = d out for every head n */
+        /* d head_out[:, n] = d out for every head n (host: the row [D] of
+         * each token downloaded into its head 0, then copied) */
         for (int i = 0; i < bc->n_g; i++)
-            if (bc->g[i].point == DCS_HP_HEAD_OUT && bc->g[i].layer == l)
+            if (bc->g[i].point == DCS_HP_HEAD_OUT && bc->g[i].layer == l) {
+                float *h = bc->g[i].grad;
                 for (int mm = 0; mm < M; mm++)
-                    for (int n = 0; n < N; n++)
-                        memcpy(bc->g[i].grad + ((size_t)mm * N + n) * D, d->dao + (size_t)mm * D,
-                               sizeof(float) * D);
+                    be->ops->download(be, h + (size_t)mm * N * D, d->dao + (size_t)mm * D, sizeof(float) * D);
+                for (int mm = 0; mm < M; mm++)
+                    for (int n = 1; n < N; n++)
+                        memcpy(h + ((size_t)mm * N + n) * D, h + (size_t)mm * N * D, sizeof(float) * D);
+            }
     }
     float *gbo = GP(lw->bo);
-    if (gbo)
-        for (int mm = 0; mm < M; mm++)
-            for (int i = 0; i < D; i++) gbo[i] += d->dao[(size_t)mm * D + i];
-    if (find_ov(tp, DCS_HP_HEAD_OUT, l)) memset(d->dao, 0, sizeof(float) * (size_t)M * D);
+    if (gbo) be->ops->col_sum(be, gbo, d->dao, M, D);
+    if (find_ov(tp, DCS_HP_HEAD_OUT, l)) be->ops->zero(be, d->dao, sizeof(float) * (size_t)M * D);
     lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
     if (c->moh) moh_bw(tp, l, bc);
@@ -964,8 +795,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN, l, d->dP);
     float *dpre = c->use_dcmha ? d->dAc : d->dA;
-    rows_arg sa = {dpre, d->dP, a->P, T, window};
-    par_for(tp, softmax_bw_rows, &sa, (long long)B * N * T, (long long)T * 4);
+    be->ops->softmax_bw(be, dpre, d->dP, a->P, B * N, T, T, window);
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
         for (int k = 0; k < DCS_N_BRANCHES; k++)
@@ -1022,17 +852,15 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     heads_gemm(tp, &g4, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
-    dcs_rotary_apply(d->dq, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
-    dcs_rotary_apply(d->dk, tp->rot_cs, M, T, N, Dh, c->rotary_dim, 1);
+    be->ops->rotary_bw(be, d->dq, M, T, N, Dh, c->rotary_dim, c->rope_base);
+    be->ops->rotary_bw(be, d->dk, M, T, N, Dh, c->rotary_dim, c->rope_base);
     /* dqkv [M, 3D] */
     if (c->qk_norm) {
-        memset(d->dln1, 0, sizeof(float) * (size_t)M * D); /* scratch */
-        rms_stats(a->qraw, M * N, Dh, 1e-6f, d->rs2);
-        dcs_rmsnorm_bw(d->dln1, GP(lw->q_scale), d->dq, a->qraw, d->rs2, M * N, Dh, lw->q_scale);
+        be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D); /* scratch */
+        be->ops->rmsnorm_bw(be, d->dln1, GP(lw->q_scale), d->dq, a->qraw, lw->q_scale, M * N, Dh, 1e-6f);
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
-        memset(d->dln1, 0, sizeof(float) * (size_t)M * D);
-        rms_stats(a->kraw, M * N, Dh, 1e-6f, d->rs2);
-        dcs_rmsnorm_bw(d->dln1, GP(lw->k_scale), d->dk, a->kraw, d->rs2, M * N, Dh, lw->k_scale);
+        be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D);
+        be->ops->rmsnorm_bw(be, d->dln1, GP(lw->k_scale), d->dk, a->kraw, lw->k_scale, M * N, Dh, 1e-6f);
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
     } else {
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
@@ -1047,8 +875,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
          * gates g [M, GC, Mg] (layer.c, dynamic_weights) */
         const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N;
         const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
-        memset(d->dW, 0, sizeof(float) * (size_t)M * GC * RM2);
-        memset(d->dG, 0, sizeof(float) * (size_t)M * GC * Mg);
+        be->ops->zero(be, d->dW, sizeof(float) * (size_t)M * GC * RM2);
+        be->ops->zero(be, d->dG, sizeof(float) * (size_t)M * GC * Mg);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
                 if (!a->w1[ph][s]) continue;
@@ -1056,9 +884,9 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][0], l, d->dw1[ph][s]);
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][1], l, d->dw2[ph][s]);
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][2], l, d->ddd[ph][s]);
-                memset(d->dw1raw, 0, sizeof(float) * (size_t)M * RN);
-                rms_stats(a->w1raw[ph][s], M * R * G, Mg, 1e-6f, d->rs2);
-                dcs_rmsnorm_bw(d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], d->rs2, M * R * G, Mg, NULL);
+                be->ops->zero(be, d->dw1raw, sizeof(float) * (size_t)M * RN);
+                be->ops->rmsnorm_bw(be, d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], NULL, M * R * G, Mg,
+                                    1e-6f);
                 for (int gr = 0; gr < G; gr++) {
                     const size_t dst = (size_t)(gr * C + slot) * RM2;
                     for (int i = 0; i < R; i++) {
@@ -1080,8 +908,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                           (long long)K * RM2, GC);
         /* hid = gelu(ln1 dw1): dhpre in place of dhid */
         float *dhpre = d->dhid;
-        rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
-        par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * GC * K, 16);
+        be->ops->gelu_bw(be, dhpre, dhpre, a->hpre, (size_t)M * GC * K);
         /* dln1 += dhpre [M, GC*K] dw1 [D, GC*K]^T */
         if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
             be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f,
@@ -1093,14 +920,14 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
             be->ops->gemm(be, 1, 0, D, GC * K, M, 1.0f, a->ln1, D, 0, dhpre, GC * K, 0, 1.0f, gdw1, GC * K, 0,
                           1);
         /* g = tanh(ln1 dd): [M, GC*Mg] = [M, C*N] */
-        for (size_t i = 0; i < (size_t)M * C * N; i++) d->dG[i] *= 1.0f - a->g[i] * a->g[i];
+        be->ops->tanh_bw(be, d->dG, a->g, (size_t)M * C * N);
         be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
         float *gdd = GP(lw->dd);
         if (gdd)
             be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
     }
     if (c->moh) /* the router read ln1 too */
-        for (size_t i = 0; i < (size_t)M * D; i++) d->dln1[i] += d->dmoh[i];
+        be->ops->add(be, d->dln1, d->dmoh, (size_t)M * D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
 
@@ -1113,38 +940,13 @@ static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
-    const int M = tp->M, D = c->d_model, F = c->d_ff, E = c->mgate_dim, W = E > 0 ? F / E : F;
-    memset(d->dln2, 0, sizeof(float) * (size_t)M * D);
-    for (int i = 0; i < M; i++) {
-        const float *u = a->u + (size_t)i * F, *u3 = a->u3 + (size_t)i * F;
-        float *dp = d->dug + (size_t)i * F, *du = d->du + (size_t)i * F, *du3 = d->du3 + (size_t)i * F;
-        if (E > 0) { /* d gate[e] = sum_j d post * pu; d pu = d post * gate */
-            const float *g = a->gate + (size_t)i * E;
-            float *dg = d->dgate + (size_t)i * E;
-            for (int e = 0; e < E; e++) {
-                double acc = 0;
-                for (int j = e * W; j < (e + 1) * W; j++) {
-                    acc += (double)dp[j] * dcs_swiglu(u[j], u3[j]);
-                    dp[j] *= g[e];
-                }
-                dg[e] = (float)acc;
-            }
-        }
-        for (int j = 0; j < F; j++) {
-            const float sg = 1.0f / (1.0f + expf(-u[j]));
-            du[j] = dp[j] * u3[j] * sg * (1.0f + u[j] * (1.0f - sg));
-            du3[j] = dp[j] * u[j] * sg;
-        }
-    }
+    dcs_backend *be = m->be;
+    const int M = tp->M, D = c->d_model, F = c->d_ff, E = c->mgate_dim;
+    be->ops->zero(be, d->dln2, sizeof(float) * (size_t)M * D);
+    be->ops->swiglu_bw(be, d->du, d->du3, d->dgate, d->dug, a->u, a->u3, a->gate, M, F, E);
     if (E > 0) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_GATE, l, d->dgate);
-        for (int i = 0; i < M; i++) { /* softmax: d logit = g (d g - sum g d g) */
-            const float *g = a->gate + (size_t)i * E;
-            float *dg = d->dgate + (size_t)i * E;
-            double dot = 0;
-            for (int e = 0; e < E; e++) dot += (double)g[e] * dg[e];
-            for (int e = 0; e < E; e++) dg[e] = g[e] * (dg[e] - (float)dot);
-        }
+        be->ops->softmax_rows_bw(be, d->dgate, a->gate, M, E);
         lin_bw(m->be, d->dln2, 0.0f, GP(lw->mg), NULL, d->dgate, a->ln2, (dcs_wmat){lw->mg, DCS_F32}, M, E,
                D);
     }
@@ -1168,9 +970,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
         swiglu_bw(tp, l, bc);
         beta = 1.0f;
     } else {
-        memset(d->du, 0, sizeof(float) * (size_t)M * F);
-        rows_arg ga = {d->du, d->dug, a->u, 0, 0};
-        par_for(tp, gelu_bw_range, &ga, (long long)M * F, 16);
+        be->ops->gelu_bw(be, d->du, d->dug, a->u, (size_t)M * F);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
     lin_bw(be, d->dln2, beta, GP(lw->m_w1.p), GP(lw->b1), d->du, a->ln2, lw->m_w1, M, F, D);
@@ -1187,7 +987,7 @@ static dcs_status recompute_layer(dcs_tape *tp, int l) {
     dcs_pass p;
     dcs_pass_init(&p, m, tp->n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "recomputation");
     p.keep = tp->L;
-    memcpy(tp->xr, tp->L[l].x, sizeof(float) * (size_t)tp->M * m->cfg.d_model);
+    be->ops->copy(be, tp->xr, tp->L[l].x, sizeof(float) * (size_t)tp->M * m->cfg.d_model);
     dcs_layer(&p, l, tp->xr);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
     if (p.peak > tp->pass_peak) tp->pass_peak = p.peak;
@@ -1196,13 +996,27 @@ static dcs_status recompute_layer(dcs_tape *tp, int l) {
     return p.status;
 }
 
+static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *bc);
+
+/* The caller's gradient buffer of weight i (in the flat array at *off, or
+ * its dcs_param_grad; NULL: not asked); *off advances past it, *n its size. */
+static float *host_grad(const dcs_model *m, float *flat, const dcs_param_grad *pg, int n_pg, int i,
+                        size_t *off, size_t *n) {
+    *n = 1;
+    for (int j = 0; j < m->weights[i].ndim; j++) *n *= (size_t)m->weights[i].shape[j];
+    float *host = flat ? flat + *off : NULL;
+    for (int k = 0; k < n_pg && !host; k++)
+        if (pg[k].index == i) host = pg[k].grad;
+    *off += *n;
+    return host;
+}
+
 static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_param_grad *pg,
                            int n_pg, const dcs_hook_grad *g, int n_g) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
-    const int M = tp->M, D = c->d_model, V = c->vocab, L = c->n_layer;
-    tgrads *d = &tp->d;
+    const int L = c->n_layer;
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward before forward");
     for (int i = 0; i < n_g; i++)
         if (!g[i].grad || g[i].point < 0 || g[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, g[i].point) ||
@@ -1221,21 +1035,59 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         if (!pg[i].grad || pg[i].index < 0 || pg[i].index >= m->n_weights)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad parameter gradient request %d (index %d)", i,
                               pg[i].index);
-    bwctx bcv = {param_grads, pg, n_pg, g, n_g}, *bc = &bcv;
+    bwctx bcv = {param_grads, pg, n_pg, g, n_g, NULL};
+    if (m->device == DCS_DEVICE_CPU || (!param_grads && !n_pg)) return run_backward(tp, dlogits, &bcv);
+    /* on a device: the asked parameter gradients in device mirrors, uploaded
+     * (the backward accumulates), run, downloaded */
+    bcv.dev = calloc((size_t)m->n_weights, sizeof(float *));
+    if (!bcv.dev) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
+    dcs_status st = DCS_OK;
+    size_t off = 0, n;
+    for (int i = 0; i < m->n_weights && !st; i++) {
+        float *host = host_grad(m, param_grads, pg, n_pg, i, &off, &n);
+        if (!host) continue;
+        if (!(bcv.dev[i] = be->ops->alloc(be, n * sizeof(float))))
+            st = dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: no device memory for the gradient of '%s'",
+                            m->weights[i].name);
+        else
+            be->ops->upload(be, bcv.dev[i], host, n * sizeof(float));
+    }
+    if (!st) st = run_backward(tp, dlogits, &bcv);
+    off = 0;
+    for (int i = 0; i < m->n_weights; i++) {
+        float *host = host_grad(m, param_grads, pg, n_pg, i, &off, &n);
+        if (!bcv.dev[i]) continue;
+        if (!st) be->ops->download(be, host, bcv.dev[i], n * sizeof(float));
+        be->ops->free(be, bcv.dev[i]);
+    }
+    free(bcv.dev);
+    dcs_status s2 = be->ops->sync(be, &m->err);
+    return st ? st : s2;
+}
+
+/* The backward proper (backward() checked its arguments). */
+static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *bc) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    dcs_backend *be = m->be;
+    const int M = tp->M, D = c->d_model, V = c->vocab, L = c->n_layer;
+    tgrads *d = &tp->d;
+    const dcs_hook_grad *g = bc->g;
+    const int n_g = bc->n_g;
     /* the backward stops below the lowest layer anything is asked of
      * (parameters and the embedding: all of them) */
-    int lowest = param_grads || n_pg ? 0 : L;
+    int lowest = bc->flat || bc->n_pg ? 0 : L;
     for (int i = 0; i < n_g; i++) {
         int at = dcs_hook_point_is_layered(g[i].point) ? g[i].layer : g[i].point == DCS_HP_EMBED ? 0 : L;
         if (at < lowest) lowest = at;
     }
     tp->status = DCS_OK;
-    if (dlogits) memcpy(tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
+    if (dlogits) be->ops->upload(be, tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
     grad_at(tp, g, n_g, DCS_HP_LOGITS, 0, tp->dlogits);
     lin_bw(be, d->dln1, 0.0f, GP(m->m_out_w.p), NULL, tp->dlogits, tp->lnf, m->m_out_w, M, V, D);
     grad_at(tp, g, n_g, DCS_HP_LN_FINAL, 0, d->dln1);
-    memset(d->dx, 0, sizeof(float) * (size_t)M * D);
-    norm_bw(tp, d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, m->norm_w, m->norm_b);
+    be->ops->zero(be, d->dx, sizeof(float) * (size_t)M * D);
+    norm_bw(tp, d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, m->norm_w);
     for (int l = L - 1; l >= lowest; l--) {
         if (tp->recompute && tp->held != l) {
             dcs_status st = recompute_layer(tp, l);
@@ -1244,33 +1096,25 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         dcs_kept *a = &tp->L[l];
         const dcs_layer_weights *lw = &m->layers[l];
         grad_at(tp, g, n_g, DCS_HP_RESID_POST, l, d->dx);
-        memcpy(d->dmo, d->dx, sizeof(float) * (size_t)M * D);
+        be->ops->copy(be, d->dmo, d->dx, sizeof(float) * (size_t)M * D);
         mlp_bw(tp, l, bc);
         if (c->parallel_residual) {
-            memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
+            be->ops->copy(be, d->dao, d->dx, sizeof(float) * (size_t)M * D);
             attention_bw(tp, l, bc);
-            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, lw->ffn_norm_w,
-                    lw->ffn_norm_b);
+            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, lw->ffn_norm_w);
         } else {
-            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, lw->ffn_norm_w,
-                    lw->ffn_norm_b);
-            memcpy(d->dao, d->dx, sizeof(float) * (size_t)M * D);
+            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, lw->ffn_norm_w);
+            be->ops->copy(be, d->dao, d->dx, sizeof(float) * (size_t)M * D);
             attention_bw(tp, l, bc);
         }
-        norm_bw(tp, d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, lw->attn_norm_w,
-                lw->attn_norm_b);
+        norm_bw(tp, d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, lw->attn_norm_w);
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
     m->last_peak_bytes = tp->bytes + tp->pass_peak;
     grad_at(tp, g, n_g, DCS_HP_EMBED, 0, d->dx);
     float *ge = GP(m->m_tok_emb.p);
-    if (ge)
-        for (int i = 0; i < M; i++) {
-            float *row = ge + (size_t)tp->tokens[i] * D;
-            const float *src = d->dx + (size_t)i * D;
-            for (int j = 0; j < D; j++) row[j] += src[j];
-        }
+    if (ge) be->ops->embed_bw(be, ge, d->dx, tp->tokens, M, D);
     return be->ops->sync(be, &m->err);
 }
 

@@ -63,9 +63,6 @@ static void rewire(dcs_model *m, float *from, float *to) {
 /* Make every weight an owned, writable host array (weights of a float32
  * safetensors file alias the read-only mapping until then). */
 dcs_status dcs_model_make_trainable(dcs_model *m) {
-    if (m->device != DCS_DEVICE_CPU)
-        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
-                          "training runs on the CPU only; load with device='cpu'");
     dcs_status st = dcs_tape_supported(m);
     if (st) return st;
     st = dcs_model_require_f32(m, &m->err);
@@ -76,7 +73,7 @@ dcs_status dcs_model_make_trainable(dcs_model *m) {
         size_t n = numel(w);
         float *p = m->be->ops->alloc(m->be, n * sizeof(float));
         if (!p) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "out of memory copying '%s'", w->name);
-        memcpy(p, w->ptr, n * sizeof(float));
+        m->be->ops->copy(m->be, p, w->ptr, n * sizeof(float));
         rewire(m, w->ptr, p);
         w->ptr = p;
         w->owned = 1;
@@ -106,12 +103,23 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
             return dcs_seterr(&m->err, DCS_ERR_ARG,
                               "adamw: weights are read-only; call dcs_model_make_trainable");
     const float b1c = 1.0f - powf(h->beta1, (float)step), b2c = 1.0f - powf(h->beta2, (float)step);
+    /* weights on a device: each downloaded, stepped on the host, uploaded
+     * (the optimiser state stays on the host, in the caller's arrays) */
+    const int dev = m->device != DCS_DEVICE_CPU;
+    float *host = NULL;
+    if (dev) {
+        size_t mx = 1;
+        for (int i = 0; i < m->n_weights; i++) mx = numel(&m->weights[i]) > mx ? numel(&m->weights[i]) : mx;
+        if (!(host = malloc(mx * sizeof(float))))
+            return dcs_seterr(&m->err, DCS_ERR_NOMEM, "adamw: out of memory");
+    }
     size_t off = 0;
     for (int i = 0; i < m->n_weights; i++) {
         dcs_named_weight *w = &m->weights[i];
         size_t n = numel(w);
         const float wd = w->ndim >= 2 ? h->weight_decay : 0.0f;
-        float *p = w->ptr;
+        float *p = dev ? host : w->ptr;
+        if (dev) m->be->ops->download(m->be, host, w->ptr, n * sizeof(float));
         for (size_t j = 0; j < n; j++) {
             float g = grads[off + j];
             float mm = mom[off + j] = h->beta1 * mom[off + j] + (1.0f - h->beta1) * g;
@@ -119,7 +127,9 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
             float upd = (mm / b1c) / (sqrtf(vv / b2c) + h->eps);
             p[j] -= h->lr * (upd + wd * p[j]);
         }
+        if (dev) m->be->ops->upload(m->be, w->ptr, host, n * sizeof(float));
         off += n;
     }
-    return DCS_OK;
+    free(host);
+    return dev ? m->be->ops->sync(m->be, &m->err) : DCS_OK;
 }
