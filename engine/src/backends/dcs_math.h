@@ -27,6 +27,14 @@
 /* Exact (erf) GELU. */
 DCS_HD float dcs_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
+/* Its derivative at x from the forward's output y = dcs_gelu(x):
+ * Phi(x) + x phi(x), with Phi(x) = y / x (the forward's own erf, read back
+ * rather than computed again; its series near 0). */
+DCS_HD float dcs_gelu_grad(float x, float y) {
+    const float cdf = fabsf(x) < 1e-6f ? 0.5f + 0.39894228040143268f * x : y / x;
+    return cdf + x * 0.39894228040143268f * expf(-0.5f * x * x);
+}
+
 /* SwiGLU's product of one hidden unit (DCFormer++): silu(a) * b, with
  * silu(a) = a * sigmoid(a) = a / (1 + exp(-a)). */
 DCS_HD float dcs_swiglu(float a, float b) { return a / (1.0f + expf(-a)) * b; }

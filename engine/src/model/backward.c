@@ -116,16 +116,6 @@ void dcs_rotary_apply(float *x, const float *cs, int M, int T, int N, int Dh, in
 
 /* ---------------------------------------------------------------- gelu, tanh */
 
-/* dx [n] += dy * gelu'(x) */
-void dcs_gelu_bw(float *dx, const float *dy, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-        dx[i] += dy[i] * (cdf + v * pdf);
-    }
-}
-
 /* dx [n] += dy * (1 - y^2), y = tanh(x) */
 void dcs_tanh_bw(float *dx, const float *dy, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) dx[i] += dy[i] * (1.0f - y[i] * y[i]);

@@ -16,7 +16,6 @@ void dcs_rmsnorm_bw(float *dx, float *dscale, const float *dy, const float *x_ra
                     int rows, int width, const float *scale);
 void dcs_rotary_table(float *cs, int T, int rot, float base);
 void dcs_rotary_apply(float *x, const float *cs, int M, int T, int N, int Dh, int rot, int inverse);
-void dcs_gelu_bw(float *dx, const float *dy, const float *x, size_t n);
 void dcs_tanh_bw(float *dx, const float *dy, const float *y, size_t n);
 void dcs_softmax_fw(float *x, long long rows_from, long long rows_to, int T, int S, int window);
 void dcs_softmax_bw(float *dA, const float *dP, const float *P, long long rows_from, long long rows_to, int T,

@@ -128,21 +128,15 @@ static void softmax_bw_rows(void *p, long long b, long long e, int tid) {
     rows_arg *a = p;
     dcs_softmax_bw(a->x, a->y, a->z, b, e, a->T, a->T, a->window);
 }
+/* dx = dy * gelu'(x) (dx may be dy), y = gelu(x) as the forward kept it */
+typedef struct {
+    float *dx;
+    const float *dy, *x, *y;
+} gelu_bw_arg;
 static void gelu_bw_range(void *p, long long b, long long e, int tid) {
     (void)tid;
-    rows_arg *a = p;
-    dcs_gelu_bw(a->x + b, a->y + b, a->z + b, (size_t)(e - b));
-}
-/* x = dy * gelu'(hpre) in place (x holds dy) */
-static void gelu_bw_inplace_range(void *p, long long b, long long e, int tid) {
-    (void)tid;
-    rows_arg *a = p;
-    for (long long i = b; i < e; i++) {
-        float v = a->z[i];
-        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-        a->x[i] *= cdf + v * pdf;
-    }
+    const gelu_bw_arg *a = p;
+    for (long long i = b; i < e; i++) a->dx[i] = a->dy[i] * dcs_gelu_grad(a->x[i], a->y[i]);
 }
 
 /* ---------------------------------------------------------------- statistics
@@ -698,8 +692,45 @@ dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const floa
     return forward(tp, tokens, tp->first ? resid : NULL, ov, n_ov, logits);
 }
 
+/* Cross-entropy rows [b, e): each row's negative log-likelihood into nll[i]
+ * (0 for an unscored row), its gradient (scaled by inv) into dlogits. */
+typedef struct {
+    const float *logits;
+    float *dlogits;
+    const int32_t *targets;
+    double *nll;
+    int V;
+    float inv;
+} ce_arg;
+static void ce_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const ce_arg *a = p;
+    const int V = a->V;
+    for (long long i = b; i < e; i++) {
+        const float *lg = a->logits + (size_t)i * V;
+        float *d = a->dlogits + (size_t)i * V;
+        a->nll[i] = 0.0;
+        if (a->targets[i] < 0) {
+            memset(d, 0, sizeof(float) * V);
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+        double s = 0;
+        for (int v = 0; v < V; v++) {
+            d[v] = expf(lg[v] - mx);
+            s += d[v];
+        }
+        float is = (float)(1.0 / s) * a->inv;
+        for (int v = 0; v < V; v++) d[v] *= is;
+        d[a->targets[i]] -= a->inv;
+        a->nll[i] = (log(s) + mx) - lg[a->targets[i]];
+    }
+}
+
 /* Mean next-token cross-entropy over the positions with targets[i] >= 0;
- * writes its gradient to the tape's dlogits. */
+ * writes its gradient to the tape's dlogits. Rows on the model's pool, the
+ * mean summed in row order (the same bits at any thread count). */
 dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count) {
     dcs_model *m = tp->m;
     const int M = tp->M, V = m->cfg.vocab;
@@ -712,27 +743,13 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
         cnt += targets[i] >= 0;
     }
     if (!cnt) return dcs_seterr(&m->err, DCS_ERR_ARG, "loss: no position has a target");
+    double *nll = malloc(sizeof(double) * (size_t)M);
+    if (!nll) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "loss: out of memory");
+    ce_arg a = {tp->logits, tp->dlogits, targets, nll, V, 1.0f / (float)cnt};
+    par_for(tp, ce_rows, &a, M, 4LL * V);
     double total = 0;
-    const float inv = 1.0f / (float)cnt;
-    for (int i = 0; i < M; i++) {
-        const float *lg = tp->logits + (size_t)i * V;
-        float *d = tp->dlogits + (size_t)i * V;
-        if (targets[i] < 0) {
-            memset(d, 0, sizeof(float) * V);
-            continue;
-        }
-        float mx = -INFINITY;
-        for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-        double s = 0;
-        for (int v = 0; v < V; v++) {
-            d[v] = expf(lg[v] - mx);
-            s += d[v];
-        }
-        float is = (float)(1.0 / s);
-        for (int v = 0; v < V; v++) d[v] *= is * inv;
-        d[targets[i]] -= inv;
-        total += (log(s) + mx) - lg[targets[i]];
-    }
+    for (int i = 0; i < M; i++) total += nll[i];
+    free(nll);
     *loss = total / cnt;
     if (count) *count = cnt;
     return DCS_OK;
@@ -1098,8 +1115,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                           (long long)K * RM2, GC);
         /* hid = gelu(ln1 dw1): dhpre in place of dhid */
         float *dhpre = d->dhid;
-        rows_arg ga = {dhpre, NULL, a->hpre, 0, 0};
-        par_for(tp, gelu_bw_inplace_range, &ga, (long long)M * GC * K, 16);
+        gelu_bw_arg ga = {dhpre, dhpre, a->hpre, a->hid};
+        par_for(tp, gelu_bw_range, &ga, (long long)M * GC * K, 16);
         /* dln1 += dhpre [M, GC*K] dw1 [D, GC*K]^T */
         if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
             be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f,
@@ -1186,8 +1203,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
         swiglu_bw(tp, l, bc);
         beta = 1.0f;
     } else {
-        memset(d->du, 0, sizeof(float) * (size_t)M * F);
-        rows_arg ga = {d->du, d->dug, a->u, 0, 0};
+        gelu_bw_arg ga = {d->du, d->dug, a->u, a->ug};
         par_for(tp, gelu_bw_range, &ga, (long long)M * F, 16);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
