@@ -8,7 +8,7 @@ Times the same training step as ``dclens train`` on the same GPT-NeoX shape:
 transformers' GPTNeoXForCausalLM (parallel residual, rotary on a quarter of
 each head, gelu, untied embeddings), mean next-token cross-entropy, backward,
 global-norm clipping at 1, AdamW (weight decay on matrices only), on random
-tokens. Prints one JSON line: step seconds (median), tokens/s, versions.
+tokens. Prints one JSON line: the best step's seconds (and the median), tokens/s, versions.
 """
 
 import argparse
@@ -68,11 +68,12 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t)
-    dt = float(np.median(times[1:]))
+    dt = float(np.min(times[1:]))  # the best step: a shared machine
     print(
         json.dumps(
             {
                 "step_s": dt,
+                "median_step_s": float(np.median(times[1:])),
                 "tokens_per_s": a.B * a.T / dt,
                 "params": sum(q.numel() for q in model.parameters()),
                 "torch": torch.__version__,
