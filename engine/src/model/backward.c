@@ -32,9 +32,9 @@ void dcs_layernorm_fw(float *out, float *mean, float *rstd, const float *x, cons
 }
 
 /* dx [M, D] += dLN/dx . dy; dw, db [D] += (may be NULL). */
-void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const float *x, const float *mean,
-                      const float *rstd, const float *w, int M, int D) {
-    for (int m = 0; m < M; m++) {
+void dcs_layernorm_bw_rows(float *dx, const float *dy, const float *x, const float *mean, const float *rstd,
+                           const float *w, int m_from, int m_to, int D) {
+    for (int m = m_from; m < m_to; m++) {
         const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
         float *dxr = dx + (size_t)m * D;
         const float mu = mean[m], rs = rstd[m];
@@ -48,10 +48,26 @@ void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const fl
         for (int i = 0; i < D; i++) {
             float xh = (xr[i] - mu) * rs;
             dxr[i] += (g[i] * w[i] - m1 - xh * m2) * rs;
-            if (dw) dw[i] += g[i] * xh;
+        }
+    }
+}
+
+void dcs_layernorm_bw_params(float *dw, float *db, const float *dy, const float *x, const float *mean,
+                             const float *rstd, int M, int D, int i_from, int i_to) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
+        const float mu = mean[m], rs = rstd[m];
+        for (int i = i_from; i < i_to; i++) {
+            if (dw) dw[i] += g[i] * ((xr[i] - mu) * rs);
             if (db) db[i] += g[i];
         }
     }
+}
+
+void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const float *x, const float *mean,
+                      const float *rstd, const float *w, int M, int D) {
+    dcs_layernorm_bw_rows(dx, dy, x, mean, rstd, w, 0, M, D);
+    if (dw || db) dcs_layernorm_bw_params(dw, db, dy, x, mean, rstd, M, D, 0, D);
 }
 
 /* ---------------------------------------------------------------- RMS norm */

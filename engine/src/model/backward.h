@@ -11,6 +11,12 @@ void dcs_layernorm_fw(float *out, float *mean, float *rstd, const float *x, cons
                       int M, int D, float eps);
 void dcs_layernorm_bw(float *dx, float *dw, float *db, const float *dy, const float *x, const float *mean,
                       const float *rstd, const float *w, int M, int D);
+/* its two halves, for a split over threads: dx of rows [m_from, m_to);
+ * dw, db of columns [i_from, i_to), summed over the M rows in row order */
+void dcs_layernorm_bw_rows(float *dx, const float *dy, const float *x, const float *mean, const float *rstd,
+                           const float *w, int m_from, int m_to, int D);
+void dcs_layernorm_bw_params(float *dw, float *db, const float *dy, const float *x, const float *mean,
+                             const float *rstd, int M, int D, int i_from, int i_to);
 void dcs_rmsnorm_fw(float *x, float *rstd, int rows, int width, const float *scale, float eps);
 void dcs_rmsnorm_bw(float *dx, float *dscale, const float *dy, const float *x_raw, const float *rstd,
                     int rows, int width, const float *scale);

@@ -32,8 +32,8 @@ typedef struct {
     float *dsw[2];                          /* static maps [G, Mg, Mg] (use_sw)   */
     float *dmoh, *dhgate, *dlg, *ds1, *ds0; /* MoH: dh [M, D], head gate, logits */
     float *dw1[2][2], *dw2[2][2], *ddd[2][2];
-    float *mu, *rs, *rs2, *row; /* recomputed norm statistics [M] (rs2 [M*N]), a row [D] */
-    float *du3, *dgate;         /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
+    float *mu, *rs, *rs2; /* recomputed norm statistics [M] (rs2 [M*N]) */
+    float *du3, *dgate;   /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
 } tgrads;
 
 struct dcs_tape {
@@ -312,7 +312,6 @@ static int alloc_tape(dcs_tape *tp) {
     A_(d->mu, M);
     A_(d->rs, M);
     A_(d->rs2, M * (N > RG ? N : RG));
-    A_(d->row, D);
     if (c->moh) {
         const size_t hs = c->moh_shared;
         A_(d->dmoh, M * D);
@@ -544,6 +543,38 @@ static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db,
             for (int o = 0; o < O; o++) db[o] += dy[(size_t)m * O + o];
 }
 
+/* LayerNorm backward split over threads: rows (statistics recomputed, dx)
+ * then column blocks of the parameter gradients (each summed over rows in
+ * row order: the same bits at any thread count). */
+typedef struct {
+    const dcs_model *m;
+    float *dx, *dw, *db, *mu, *rs;
+    const float *dy, *x, *w, *b;
+    int M;
+    volatile int failed; /* a chunk could not get its scratch row */
+} lnbw_arg;
+#define LNBW_COLS 16
+static void lnbw_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    lnbw_arg *a = p;
+    const int D = a->m->cfg.d_model;
+    float *row = malloc(sizeof(float) * (size_t)D);
+    if (!row) {
+        a->failed = 1;
+        return;
+    }
+    ln_stats(a->m, a->x + (size_t)b * D, a->w, a->b, (int)(e - b), a->mu + b, a->rs + b, row);
+    free(row);
+    dcs_layernorm_bw_rows(a->dx, a->dy, a->x, a->mu, a->rs, a->w, (int)b, (int)e, D);
+}
+static void lnbw_cols(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const lnbw_arg *a = p;
+    const int D = a->m->cfg.d_model;
+    const int i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < D ? (int)e * LNBW_COLS : D;
+    dcs_layernorm_bw_params(a->dw, a->db, a->dy, a->x, a->mu, a->rs, a->M, D, i0, i1);
+}
+
 /* dx += the backward of the block's norm (LayerNorm, or DCFormer++'s
  * RMSNorm) of x [M, D] with weight w, bias b, from dy; dw, db += its
  * parameter gradients. Statistics recomputed from x. */
@@ -557,8 +588,13 @@ static void norm_bw(dcs_tape *tp, float *dx, float *dw, float *db, const float *
         dcs_rmsnorm_bw(dx, dw, dy, x, d->rs, M, D, w);
         return;
     }
-    ln_stats(m, x, w, b, M, d->mu, d->rs, d->row);
-    dcs_layernorm_bw(dx, dw, db, dy, x, d->mu, d->rs, w, M, D);
+    lnbw_arg a = {m, dx, dw, db, d->mu, d->rs, dy, x, w, b, M, 0};
+    par_for(tp, lnbw_rows, &a, M, 12LL * D);
+    if (a.failed) {
+        tp->status = DCS_ERR_NOMEM;
+        return;
+    }
+    if (dw || db) par_for(tp, lnbw_cols, &a, (D + LNBW_COLS - 1) / LNBW_COLS, 3LL * M * LNBW_COLS);
 }
 
 /* Where the backward accumulates parameter gradients: one flat array of
