@@ -38,7 +38,7 @@ import dclens
 import dclens._engine
 from dclens._engine import ffi, lib
 from dclens.grad import Tape
-from dclens.train import TrainConfig, batch, init_weights, model_config, train_step, write_model
+from dclens.train import BUCKET_STEPS, TrainConfig, batch, init_weights, model_config, train_step, write_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,19 +137,24 @@ def _trainer(c, vocab):
     return (m, tape) + tuple(np.zeros(P, np.float32) for _ in range(3)) + (hp,)
 
 
-def time_steps(c, vocab, batches, rounds):
-    """Seconds of each `dclens train` step over batches [(x, y)], the best of
-    `rounds` passes over them (a shared machine: the least disturbed), after
-    one warm-up step on the first; the scored tokens of each."""
+def time_steps(c, vocab, runs, rounds):
+    """Seconds of each `dclens train` step of each list of batches [(x, y)] in
+    runs (one model and tape for all: the tape reshapes to each batch), the
+    best of `rounds` passes, the lists interleaved within each pass (a shared
+    machine: the least disturbed, every list alike), after one warm-up step;
+    with the scored tokens of each batch."""
     m, tape, g, mom, var, hp = _trainer(c, vocab)
-    train_step(c, m, tape, *batches[0], g, mom, var, hp, 1)
-    secs = np.full(len(batches), np.inf)
-    for r in range(rounds):
-        for i, (x, y) in enumerate(batches):
-            t = time.perf_counter()
-            train_step(c, m, tape, x, y, g, mom, var, hp, 2 + r * len(batches) + i)
-            secs[i] = min(secs[i], time.perf_counter() - t)
-    return secs, np.array([int((y >= 0).sum()) for _, y in batches])
+    train_step(c, m, tape, *runs[0][0], g, mom, var, hp, 1)
+    secs = [np.full(len(bs), np.inf) for bs in runs]
+    step = 2
+    for _ in range(rounds):
+        for k, bs in enumerate(runs):
+            for i, (x, y) in enumerate(bs):
+                t = time.perf_counter()
+                train_step(c, m, tape, x, y, g, mom, var, hp, step)
+                secs[k][i] = min(secs[k][i], time.perf_counter() - t)
+                step += 1
+    return [(s, np.array([int((y >= 0).sum()) for _, y in bs])) for s, bs in zip(secs, runs)]
 
 
 def vs_torch(a):
@@ -167,7 +172,7 @@ def vs_torch(a):
             out="-", model_type=mt, n_layer=a.layers, dim=a.dim, n_head=a.heads, seq_len=a.T,
             batch_size=a.B, n_threads=a.threads, lr=1e-3, warmup=0,
         )  # fmt: skip
-        secs, _ = time_steps(c, a.vocab, bs, 1)
+        [(secs, _)] = time_steps(c, a.vocab, [bs], 1)
         res[mt] = a.B * a.T / secs.min()
         print("dclens %-9s %s: step %.3f s (best of %d; median %.3f), %.0f tokens/s" % (
             mt, shape, secs.min(), len(secs), np.median(secs), res[mt]))  # fmt: skip
@@ -198,8 +203,10 @@ def lines_bench(a):
     texts = list(itertools.islice(corpus.training_texts(stop=a.corpus_lines), a.corpus_lines))
     tok = os.path.join(ROOT, "synth_tasks", "data", "tokenizer.json")
     res = {}
+    modes = ("packed", "lines", "bucket")
     for mt in ("gpt_neox", "dcpythia"):
-        for mode in ("packed", "lines", "bucket"):
+        runs = []
+        for mode in modes:
             c = TrainConfig(
                 out="-", model_type=mt, n_layer=4, dim=192, n_head=6, seq_len=288, batch_size=40,
                 window_size=32 if mt == "dcpythia" else None, lines=mode != "packed", bucket=mode == "bucket",
@@ -207,13 +214,17 @@ def lines_bench(a):
             )  # fmt: skip
             toks, offs, vocab, _ = _tokenize(c, texts, os.path.join(tempfile.mkdtemp(), "tokenizer.json"))
             o2 = np.stack([offs[:-1], offs[1:]], 1) if c.lines else None
-            bs = [batch(toks, c, s, o2) for s in range(1, a.lines_steps + 1)]
-            secs, real = time_steps(c, vocab, bs, a.rounds)
+            runs.append([batch(toks, c, s, o2) for s in range(1, a.lines_steps + 1)])
+        for mode, bs, (secs, real) in zip(modes, runs, time_steps(c, vocab, runs, a.rounds)):
             T = [x.shape[1] for x, _ in bs]
             res[mt, mode] = real.sum() / secs.sum()
             print("dclens %-9s %-6s B=40 T=%s: %.0f real tokens/s, %.0f%% of the batch tokens scored" % (
                 mt, mode, T[0] if mode != "bucket" else "%d..%d (mean %.0f)" % (min(T), max(T), np.mean(T)),
                 res[mt, mode], 100 * real.sum() / sum(x.size for x, _ in bs)))  # fmt: skip
+        group = [batch(toks, c, s, o2)[1] for s in range(1, BUCKET_STEPS + 1)]  # c: the bucket config
+        print("dclens %-9s bucket: %.1f%% of the batch tokens scored over all %d batches of a group (mean T %.0f)" % (
+            mt, 100 * sum((y >= 0).sum() for y in group) / sum(y.size for y in group), BUCKET_STEPS,
+            np.mean([y.shape[1] for y in group])))  # fmt: skip
         for mode in ("lines", "bucket"):
             print("dclens %s --%s / packed, real tokens/s: %.2fx (target >= 0.9x)" % (
                 mt, "lines --bucket" if mode == "bucket" else "lines", res[mt, mode] / res[mt, "packed"]))  # fmt: skip
