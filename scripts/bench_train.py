@@ -2,6 +2,20 @@
 
     python scripts/bench_train.py [--model-type dcpythia|gpt_neox] [--layers 4] [--dim 192]
                                   [--heads 6] [--vocab 1024] [--T 128] [--B 16] [--steps 5]
+    python scripts/bench_train.py --vs-torch [--torch-python /work/venvs/torch/bin/python]
+    python scripts/bench_train.py --lines [--lines-steps 8]
+
+--vs-torch: one `dclens train` step (dclens.train.train_step: forward,
+cross-entropy, backward, clipping, AdamW) of Pythia (gpt_neox) and DCPythia,
+and PyTorch eager training Pythia (scripts/bench_train_torch.py, run with
+--torch-python: torch is never a dependency of dclens), the same shape,
+threads and tokens, in one run; tokens/s and the ratios, with the CPU and the
+OpenBLAS kernel that ran.
+
+--lines: the bundled twins' recipe (seq-len 288, batch 40, the bundled
+tokenizer, window 32 LG for DCPythia) on generated training lines: packed
+windows, one line per sequence padded to seq-len (--lines), and length-bucketed
+lines (--lines --bucket), in real (scored, non-pad) tokens/s.
 
 Times full training steps (forward keeping activations, cross-entropy, backward
 with parameter gradients, AdamW) on random tokens, counts their FLOPs (matrix
@@ -12,7 +26,9 @@ the model's MLP shape, [B*T, D] x [D, 4D], through the engine's own BLAS
 """
 
 import argparse
+import json
 import os
+import subprocess
 import tempfile
 import time
 
@@ -22,7 +38,9 @@ import dclens
 import dclens._engine
 from dclens._engine import ffi, lib
 from dclens.grad import Tape
-from dclens.train import TrainConfig, init_weights, model_config, write_model
+from dclens.train import BUCKET_STEPS, TrainConfig, batch, init_weights, model_config, train_step, write_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def flops_per_token(c, V, T):
@@ -81,8 +99,146 @@ def sgemm_gflops(M, K, Nn, reps=10):
     return 2 * M * K * Nn * reps / (time.perf_counter() - t) / 1e9
 
 
+def machine():
+    """'CPU model name; OpenBLAS kernel and build config' of the engine's BLAS."""
+    import ctypes
+
+    cpu = "?"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    blas = _engine_blas()
+    kern = []
+    for fn in ("openblas_get_corename", "openblas_get_config"):
+        f = getattr(blas, fn, None)
+        if f is not None:
+            f.restype = ctypes.c_char_p
+            kern.append(f().decode().strip())
+    pins = ["%s=%s" % (k, os.environ[k]) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
+    return "CPU: %s (%d cores); OpenBLAS kernel: %s%s" % (
+        cpu,
+        os.cpu_count(),
+        " / ".join(kern) or "?",
+        ("; pinned " + " ".join(pins)) if pins else "; no OPENBLAS_CORETYPE pin",
+    )
+
+
+def _trainer(c, vocab):
+    """(model, tape, grads, mom, var, hp) of a fresh run of config c."""
+    d = tempfile.mkdtemp()
+    write_model(d, init_weights(c, vocab), model_config(c, vocab), None)
+    m = dclens.load(d, n_threads=c.n_threads)
+    lib.dcs_model_make_trainable(m.runner.handle)
+    P = int(lib.dcs_param_total(m.runner.handle))
+    tape = Tape(m, c.batch_size, c.seq_len)
+    hp = ffi.new("dcs_adamw *")
+    hp.beta1, hp.beta2, hp.eps, hp.weight_decay = c.beta1, c.beta2, c.eps, c.weight_decay
+    return (m, tape) + tuple(np.zeros(P, np.float32) for _ in range(3)) + (hp,)
+
+
+def time_steps(c, vocab, runs, rounds):
+    """Seconds of each `dclens train` step of each list of batches [(x, y)] in
+    runs (one model and tape for all: the tape reshapes to each batch), the
+    best of `rounds` passes, the lists interleaved within each pass (a shared
+    machine: the least disturbed, every list alike), after one warm-up step;
+    with the scored tokens of each batch."""
+    m, tape, g, mom, var, hp = _trainer(c, vocab)
+    train_step(c, m, tape, *runs[0][0], g, mom, var, hp, 1)
+    secs = [np.full(len(bs), np.inf) for bs in runs]
+    step = 2
+    for _ in range(rounds):
+        for k, bs in enumerate(runs):
+            for i, (x, y) in enumerate(bs):
+                t = time.perf_counter()
+                train_step(c, m, tape, x, y, g, mom, var, hp, step)
+                secs[k][i] = min(secs[k][i], time.perf_counter() - t)
+                step += 1
+    return [(s, np.array([int((y >= 0).sum()) for _, y in bs])) for s, bs in zip(secs, runs)]
+
+
+def vs_torch(a):
+    """dclens Pythia and DCPythia, PyTorch Pythia: tokens/s of a training step."""
+    print(machine())
+    rng = np.random.default_rng(0)
+    bs = [
+        (rng.integers(0, a.vocab, (a.B, a.T)).astype(np.int32), rng.integers(0, a.vocab, (a.B, a.T)).astype(np.int32))
+        for _ in range(a.steps)
+    ]
+    shape = "L=%d D=%d N=%d V=%d B=%d T=%d threads=%d" % (a.layers, a.dim, a.heads, a.vocab, a.B, a.T, a.threads)
+    res = {}
+    for mt in ("gpt_neox", "dcpythia"):
+        c = TrainConfig(
+            out="-", model_type=mt, n_layer=a.layers, dim=a.dim, n_head=a.heads, seq_len=a.T,
+            batch_size=a.B, n_threads=a.threads, lr=1e-3, warmup=0,
+        )  # fmt: skip
+        [(secs, _)] = time_steps(c, a.vocab, [bs], 1)
+        res[mt] = a.B * a.T / secs.min()
+        print("dclens %-9s %s: step %.3f s (best of %d; median %.3f), %.0f tokens/s" % (
+            mt, shape, secs.min(), len(secs), np.median(secs), res[mt]))  # fmt: skip
+    cmd = [a.torch_python, os.path.join(ROOT, "scripts", "bench_train_torch.py")]
+    for k in ("layers", "dim", "heads", "vocab", "T", "B", "steps", "threads"):
+        cmd += ["--" + k, str(getattr(a, k))]
+    for attn in ("eager", "sdpa"):
+        out = subprocess.run(cmd + ["--attn", attn], capture_output=True, text=True, check=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        res["torch-" + attn] = r["tokens_per_s"]
+        print("torch  gpt_neox  %s: step %.3f s (best of %d; median %.3f), %.0f tokens/s (torch %s, transformers %s, attention %s, "
+              "%d threads, %s)" % (shape, r["step_s"], a.steps, r["median_step_s"], r["tokens_per_s"], r["torch"], r["transformers"], attn,
+                                   r["threads"], r["capability"]))  # fmt: skip
+    best = max(res["torch-eager"], res["torch-sdpa"])
+    print("dclens Pythia / PyTorch Pythia (the faster of eager, sdpa attention): %.2fx (target >= 1.5x)"
+          % (res["gpt_neox"] / best))  # fmt: skip
+    print("dclens DCPythia / dclens Pythia: %.2fx (target >= 0.9x)" % (res["dcpythia"] / res["gpt_neox"]))
+
+
+def lines_bench(a):
+    """Real tokens/s of the twins' recipe: packed, --lines, --lines --bucket."""
+    import itertools
+
+    from dclens.train import _tokenize
+    from synth_tasks import corpus
+
+    print(machine())
+    texts = list(itertools.islice(corpus.training_texts(stop=a.corpus_lines), a.corpus_lines))
+    tok = os.path.join(ROOT, "synth_tasks", "data", "tokenizer.json")
+    res = {}
+    modes = ("packed", "lines", "bucket")
+    for mt in ("gpt_neox", "dcpythia"):
+        runs = []
+        for mode in modes:
+            c = TrainConfig(
+                out="-", model_type=mt, n_layer=4, dim=192, n_head=6, seq_len=288, batch_size=40,
+                window_size=32 if mt == "dcpythia" else None, lines=mode != "packed", bucket=mode == "bucket",
+                tokenizer=tok, n_threads=a.threads, lr=1e-3, warmup=0,
+            )  # fmt: skip
+            toks, offs, vocab, _ = _tokenize(c, texts, os.path.join(tempfile.mkdtemp(), "tokenizer.json"))
+            o2 = np.stack([offs[:-1], offs[1:]], 1) if c.lines else None
+            runs.append([batch(toks, c, s, o2) for s in range(1, a.lines_steps + 1)])
+        for mode, bs, (secs, real) in zip(modes, runs, time_steps(c, vocab, runs, a.rounds)):
+            T = [x.shape[1] for x, _ in bs]
+            res[mt, mode] = real.sum() / secs.sum()
+            print("dclens %-9s %-6s B=40 T=%s: %.0f real tokens/s, %.0f%% of the batch tokens scored" % (
+                mt, mode, T[0] if mode != "bucket" else "%d..%d (mean %.0f)" % (min(T), max(T), np.mean(T)),
+                res[mt, mode], 100 * real.sum() / sum(x.size for x, _ in bs)))  # fmt: skip
+        group = [batch(toks, c, s, o2)[1] for s in range(1, BUCKET_STEPS + 1)]  # c: the bucket config
+        print("dclens %-9s bucket: %.1f%% of the batch tokens scored over all %d batches of a group (mean T %.0f)" % (
+            mt, 100 * sum((y >= 0).sum() for y in group) / sum(y.size for y in group), BUCKET_STEPS,
+            np.mean([y.shape[1] for y in group])))  # fmt: skip
+        for mode in ("lines", "bucket"):
+            print("dclens %s --%s / packed, real tokens/s: %.2fx (target >= 0.9x)" % (
+                mt, "lines --bucket" if mode == "bucket" else "lines", res[mt, mode] / res[mt, "packed"]))  # fmt: skip
+
+
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--vs-torch", action="store_true", help="dclens vs PyTorch eager, one run")
+    p.add_argument("--torch-python", default="/work/venvs/torch/bin/python", help="python of the torch venv")
+    p.add_argument("--lines", action="store_true", help="the twins' recipe: packed vs lines vs bucketed lines")
+    p.add_argument("--lines-steps", type=int, default=8)
+    p.add_argument("--corpus-lines", type=int, default=3000)
+    p.add_argument("--rounds", type=int, default=2, help="--lines: passes over the steps, the best of each kept")
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model-type", default="dcpythia")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=192)
@@ -90,8 +246,12 @@ def main():
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--T", type=int, default=128)
     p.add_argument("--B", type=int, default=16)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=8)
     a = p.parse_args()
+    if a.vs_torch or a.lines:
+        if a.vocab == 1024:  # the bundled tokenizer's vocabulary (the training's [M, 2210] unembedding)
+            a.vocab = 2210
+        return vs_torch(a) if a.vs_torch else lines_bench(a)
     c = TrainConfig(
         out="-", model_type=a.model_type, n_layer=a.layers, dim=a.dim, n_head=a.heads, seq_len=a.T, batch_size=a.B
     )

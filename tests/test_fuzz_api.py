@@ -222,6 +222,7 @@ def _train_entry():
         seed=st.integers(0, 2**32),
         data=st.sampled_from(["synth", "synth:2"]),
         lines=st.booleans(),
+        bucket=st.booleans(),  # without lines: refused (check())
         tokenizer=st.sampled_from(["bytes", "bpe:300", "bpe:4096"]),
         ckpt_every=st.integers(1, 50),
         keep=st.integers(1, 3),

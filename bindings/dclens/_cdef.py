@@ -93,6 +93,7 @@ dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const floa
 dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, const int *points,
                          int n_points, uint64_t *bytes);
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);
+dcs_status dcs_tape_reshape(dcs_tape *tp, int B, int T);
 void dcs_tape_free(dcs_tape *tp);
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
                             int n_ov, float *logits);

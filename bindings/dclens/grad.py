@@ -50,6 +50,14 @@ class Tape(EngineObject):
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
         self._keep: Optional[Tuple[Any, Any]] = None
 
+    def reshape(self, B: int, T: int) -> None:
+        """Run the next passes on B x T, within the shape the tape was made
+        for (length-bucketed batches: the buffers are reused); the forward
+        has to run again before loss and backward."""
+        with self.model.runner.engine_lock():
+            _check(lib.dcs_tape_reshape(self._tp, int(B), int(T)), self.model.runner.errmsg())
+        self.B, self.T = int(B), int(T)
+
     def memory(self) -> Dict[str, int]:
         """'tape' bytes of its buffers, 'pass_peak' the largest transient of its
         passes so far, 'recompute' 1 when it recomputes layers."""

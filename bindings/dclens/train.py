@@ -76,6 +76,7 @@ class TrainConfig:
     seed: int = 0
     data: str = "synth"  # "synth", "synth:LINES_PER_TASK", a .jsonl of records or a text file
     lines: bool = False  # one sequence per record / line (padded), not packed windows
+    bucket: bool = False  # lines: batches of lines of similar length, T per batch (see batch())
     tokenizer: str = "bytes"  # "bytes", "bpe:N" or a tokenizer.json path
     ckpt_every: int = 200
     keep: int = 2
@@ -152,9 +153,11 @@ class TrainConfig:
             raise Error("train: need lr > 0, 0 <= min_lr <= lr, warmup >= 0, grad_clip >= 0")
         if not self.eps > 0:
             raise Error("train: --eps must be > 0, not %r" % (self.eps,))
-        for k in ("lines",):
+        for k in ("lines", "bucket"):
             if not isinstance(getattr(self, k), (bool, np.bool_)):
                 raise Error("train: %s must be True or False, not %r" % (k, getattr(self, k)))
+        if self.bucket and not self.lines:
+            raise Error("train: --bucket sorts lines into batches by length: it needs --lines")
         if self.progress is not None and not isinstance(self.progress, (bool, np.bool_)):
             raise Error("train: progress must be True, False or None, not %r" % (self.progress,))
         if not isinstance(self.data, str) or not self.data or "\0" in self.data:
@@ -487,23 +490,44 @@ def _tokenize(c: TrainConfig, texts: List[str], tok_path: str):
     return ids, offsets, vocab, path
 
 
+# bucket: the lines of BUCKET_STEPS steps are drawn together, sorted by length
+# and cut into that many batches, taken in a shuffled order; each batch's T is
+# its longest line rounded up to a multiple of BUCKET_ROUND (at most seq_len)
+BUCKET_STEPS = 64
+BUCKET_ROUND = 8
+
+
 def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.ndarray] = None):
     # offsets (lines): [n, 2] start and end of every sequence of >= 2 tokens
     """Inputs [B, T] and next-token targets [B, T] of step `step` (a function of
     seed and step only). Packed: B windows of T+1 tokens of the stream. With
     ``lines``: B whole sequences (first T+1 tokens), padded with id 0 whose
-    targets are -1 (not scored)."""
-    rng = np.random.default_rng([c.seed, step])
+    targets are -1 (not scored). With ``bucket`` too: B lines of similar
+    length (steps s of one group of BUCKET_STEPS share a draw of lines sorted
+    by length, the group's batches in a shuffled order), padded only to the
+    batch's longest line rounded up to BUCKET_ROUND (T <= seq_len)."""
     if not c.lines:
+        rng = np.random.default_rng([c.seed, step])
         starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
         w = np.stack([tokens[s : s + c.seq_len + 1] for s in starts])
         return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
     assert offsets is not None, "lines mode needs the sequence offsets"
-    idx = rng.integers(0, len(offsets), c.batch_size)
-    x = np.zeros((c.batch_size, c.seq_len), np.int32)
-    y = np.full((c.batch_size, c.seq_len), -1, np.int32)
+    T = c.seq_len
+    if c.bucket:
+        group, i = divmod(step - 1, BUCKET_STEPS)
+        rng = np.random.default_rng([c.seed, group, BUCKET_STEPS])  # not a step's [seed, step] stream
+        pool = rng.integers(0, len(offsets), BUCKET_STEPS * c.batch_size)
+        n_in = np.minimum(offsets[pool, 1] - offsets[pool, 0], c.seq_len + 1) - 1  # inputs of each line
+        pool = pool[np.argsort(n_in, kind="stable")].reshape(BUCKET_STEPS, c.batch_size)
+        idx = pool[rng.permutation(BUCKET_STEPS)[i]]
+        longest = int((np.minimum(offsets[idx, 1] - offsets[idx, 0], c.seq_len + 1) - 1).max())
+        T = min(c.seq_len, -(-longest // BUCKET_ROUND) * BUCKET_ROUND)
+    else:
+        idx = np.random.default_rng([c.seed, step]).integers(0, len(offsets), c.batch_size)
+    x = np.zeros((c.batch_size, T), np.int32)
+    y = np.full((c.batch_size, T), -1, np.int32)
     for b, i in enumerate(idx):
-        q = tokens[offsets[i, 0] : min(offsets[i, 1], offsets[i, 0] + c.seq_len + 1)]
+        q = tokens[offsets[i, 0] : min(offsets[i, 1], offsets[i, 0] + T + 1)]
         x[b, : len(q) - 1] = q[:-1]
         y[b, : len(q) - 1] = q[1:]
     return x, y
@@ -648,6 +672,37 @@ class _Log:
 # ------------------------------------------------------------------ the loop
 
 
+def train_step(c: TrainConfig, model, tape: Tape, x, y, grads, mom, var, hp, step: int):
+    """One optimiser step on inputs x [B, T] and targets y [B, T] (T at most
+    the tape's: a bucketed batch reshapes it): forward, mean cross-entropy,
+    backward into grads, global-norm clipping, AdamW on the model's weights
+    (mom, var updated). Returns (loss, gradient norm before clipping)."""
+    if x.shape != (tape.B, tape.T):
+        tape.reshape(*x.shape)
+    tape.forward(x, logits=False)
+    loss = tape.loss(y)
+    grads[:] = 0
+    tape.backward(None, grads)
+    gn = float(np.sqrt(np.dot(grads, grads)))
+    if not math.isfinite(gn):
+        raise Error("train: step %d: the gradient is not finite (loss %g); lower lr" % (step, loss))
+    if c.grad_clip and gn > c.grad_clip:
+        grads *= c.grad_clip / gn
+    hp.lr = lr_at(c, step)
+    _check(
+        lib.dcs_adamw_step(
+            model.runner.handle,
+            ffi.cast("float *", ffi.from_buffer(grads)),
+            ffi.cast("float *", ffi.from_buffer(mom)),
+            ffi.cast("float *", ffi.from_buffer(var)),
+            step,
+            hp,
+        ),
+        model.runner.errmsg(),
+    )
+    return loss, gn
+
+
 def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     """Train (or resume) the run in c.out; returns the final checkpoint directory.
     stop_after: end this sitting after that many steps (checkpointing there)."""
@@ -723,27 +778,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     try:
         for step in range(start + 1, end + 1):
             x, y = batch(tokens, c, step, offsets)
-            tape.forward(x, logits=False)
-            loss = tape.loss(y)
-            grads[:] = 0
-            tape.backward(None, grads)
-            gn = float(np.sqrt(np.dot(grads, grads)))
-            if not math.isfinite(gn):
-                raise Error("train: step %d: the gradient is not finite (loss %g); lower lr" % (step, loss))
-            if c.grad_clip and gn > c.grad_clip:
-                grads *= c.grad_clip / gn
-            hp.lr = lr_at(c, step)
-            _check(
-                lib.dcs_adamw_step(
-                    model.runner.handle,
-                    ffi.cast("float *", ffi.from_buffer(grads)),
-                    ffi.cast("float *", ffi.from_buffer(mom)),
-                    ffi.cast("float *", ffi.from_buffer(var)),
-                    step,
-                    hp,
-                ),
-                model.runner.errmsg(),
-            )
+            loss, gn = train_step(c, model, tape, x, y, grads, mom, var, hp, step)
             ntok += int((y >= 0).sum()) if c.lines else x.size
             now = time.perf_counter()
             tps = ntok / max(now - t_last, 1e-9)
@@ -802,6 +837,8 @@ HELP = {
     "seed": "seed of the initial weights and of the batches",
     "data": "synth, synth:LINES_PER_TASK, a .jsonl of benchmark records or a text file",
     "lines": "one sequence per record / line, padded (not packed)",
+    "bucket": "with --lines: batches of lines of similar length, each padded only to its longest line "
+    "(recorded: a run resumes with the bucketing it started with)",
     "tokenizer": "bytes, bpe:N (a byte-level BPE fitted to the corpus) or a tokenizer.json path",
     "ckpt_every": "steps between checkpoints",
     "keep": "checkpoints kept (the final one is also copied to OUT/final)",
@@ -830,7 +867,7 @@ def build_parser():
             p.add_argument(flag, type=int, default=None, help=h)
         elif f.name == "window_type":
             p.add_argument(flag, default=None, choices=["LG", "LGLL", "LGL6"], help=h)
-        elif f.name == "lines":
+        elif f.name in ("lines", "bucket"):
             p.add_argument(flag, action="store_true", help=h)
         else:
             p.add_argument(flag, type=type(f.default), default=f.default, help=h)

@@ -415,6 +415,9 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, c
 /* What a tape holds: its own buffers, the largest transient of its passes
  * so far (forward and recomputations), and whether it recomputes. */
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);
+/* The next passes on B x T with 1 <= B <= the tape's B and 1 <= T <= its T
+ * (length-bucketed training batches); DCS_ERR_ARG outside. */
+dcs_status dcs_tape_reshape(dcs_tape *tp, int B, int T);
 void dcs_tape_free(dcs_tape *tp);
 /* tokens [B, T]; logits [B, T, V] or NULL. `ov` must outlive the backward. */
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,

@@ -74,19 +74,63 @@ void cpu_softmax_rows_bw(dcs_backend *be, float *dg, const float *g, int M, int 
 
 /* ---------------------------------------------------------------- norms */
 
+/* LayerNorm backward in two passes on the pool: rows (statistics recomputed,
+ * dx), then column blocks of dw, db, each element summed over rows in row
+ * order (the same bits at any thread count, and as one thread's loop). */
+typedef struct {
+    float *dx, *dw, *db, *mu, *rs;
+    const float *dy, *x, *w;
+    int M, D;
+    float eps;
+} lnbw_arg;
+#define LNBW_COLS 16
+static void lnbw_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const lnbw_arg *a = p;
+    const int D = a->D;
+    for (long long m = b; m < e; m++) {
+        const float *xr = a->x + (size_t)m * D, *g = a->dy + (size_t)m * D;
+        double mud;
+        const float rs = dcs_layernorm_stats(xr, D, a->eps, &mud), mu = (float)mud;
+        a->mu[m] = mu;
+        a->rs[m] = rs;
+        dcs_layernorm_row_bw(a->dx + (size_t)m * D, g, xr, a->w, mu, rs, D);
+    }
+}
+static void lnbw_cols(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const lnbw_arg *a = p;
+    const int D = a->D, i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < D ? (int)e * LNBW_COLS : D;
+    for (int m = 0; m < a->M; m++) {
+        const float *xr = a->x + (size_t)m * D, *g = a->dy + (size_t)m * D;
+        const float mu = a->mu[m], rs = a->rs[m];
+        if (a->dw)
+            for (int i = i0; i < i1; i++) a->dw[i] += g[i] * ((xr[i] - mu) * rs);
+        if (a->db)
+            for (int i = i0; i < i1; i++) a->db[i] += g[i];
+    }
+}
+
 void cpu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, const float *dy, const float *x,
                       const float *w, int M, int D, float eps) {
-    (void)be;
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
-        double mud;
-        const float rs = dcs_layernorm_stats(xr, D, eps, &mud), mu = (float)mud;
-        dcs_layernorm_row_bw(dx + (size_t)m * D, g, xr, w, mu, rs, D);
-        if (dw)
-            for (int i = 0; i < D; i++) dw[i] += g[i] * ((xr[i] - mu) * rs);
-        if (db)
-            for (int i = 0; i < D; i++) db[i] += g[i];
+    float *st = malloc(sizeof(float) * 2 * (size_t)(M > 0 ? M : 1));
+    lnbw_arg a = {dx, dw, db, st, st ? st + M : NULL, dy, x, w, M, D, eps};
+    if (!st) { /* no scratch: one thread, statistics per row (same arithmetic) */
+        for (int m = 0; m < M; m++) {
+            const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
+            double mud;
+            const float rs = dcs_layernorm_stats(xr, D, eps, &mud), mu = (float)mud;
+            dcs_layernorm_row_bw(dx + (size_t)m * D, g, xr, w, mu, rs, D);
+            if (dw)
+                for (int i = 0; i < D; i++) dw[i] += g[i] * ((xr[i] - mu) * rs);
+            if (db)
+                for (int i = 0; i < D; i++) db[i] += g[i];
+        }
+        return;
     }
+    par(be, lnbw_rows, &a, M, 12LL * D);
+    if (dw || db) par(be, lnbw_cols, &a, (D + LNBW_COLS - 1) / LNBW_COLS, 3LL * LNBW_COLS * M);
+    free(st);
 }
 
 void cpu_rmsnorm_bw(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,
@@ -145,18 +189,34 @@ void cpu_embed_bw(dcs_backend *be, float *dtable, const float *dx, const int32_t
     }
 }
 
-void cpu_xent_bw(dcs_backend *be, float *dlogits, double *loss_host, const float *logits,
-                 const int32_t *targets_host, int M, int V, float inv) {
-    (void)be;
-    for (int i = 0; i < M; i++) {
-        float *d = dlogits + (size_t)i * V;
-        if (targets_host[i] < 0) {
-            memset(d, 0, sizeof(float) * V);
-            loss_host[i] = 0;
+/* cross-entropy rows on the pool: each row's loss and dlogits independent
+ * (the caller sums loss_host in row order) */
+typedef struct {
+    float *dlogits;
+    double *loss;
+    const float *logits;
+    const int32_t *targets;
+    int V;
+    float inv;
+} xent_arg;
+static void xent_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const xent_arg *a = p;
+    for (long long i = b; i < e; i++) {
+        float *d = a->dlogits + (size_t)i * a->V;
+        if (a->targets[i] < 0) {
+            memset(d, 0, sizeof(float) * a->V);
+            a->loss[i] = 0;
             continue;
         }
-        loss_host[i] = dcs_xent_row_bw(d, logits + (size_t)i * V, V, targets_host[i], inv);
+        a->loss[i] = dcs_xent_row_bw(d, a->logits + (size_t)i * a->V, a->V, a->targets[i], a->inv);
     }
+}
+
+void cpu_xent_bw(dcs_backend *be, float *dlogits, double *loss_host, const float *logits,
+                 const int32_t *targets_host, int M, int V, float inv) {
+    xent_arg a = {dlogits, loss_host, logits, targets_host, V, inv};
+    par(be, xent_rows, &a, M, 6LL * V);
 }
 
 /* ---------------------------------------------------------------- MoH, SwiGLU */

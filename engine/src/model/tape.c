@@ -45,6 +45,7 @@ typedef struct {
 struct dcs_tape {
     dcs_model *m;
     int B, T, M;
+    int B_cap, T_cap; /* the shape its buffers were sized for (dcs_tape_reshape) */
     /* The memory plan (dcs_tape_plan): every layer's activations kept, or
      * (recompute) only each layer's input x (the residual stream
      * checkpoint, L[l].x) and one layer's internals, shared by every L[l]:
@@ -374,8 +375,8 @@ dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max
     dcs_tape *tp = calloc(1, sizeof *tp);
     if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     tp->m = m;
-    tp->B = B;
-    tp->T = T;
+    tp->B = tp->B_cap = B;
+    tp->T = tp->T_cap = T;
     tp->M = B * T;
     tp->recompute = recompute;
     tp->first = first;
@@ -397,6 +398,23 @@ dcs_status dcs_tape_new_budget(dcs_model *m, int B, int T, uint64_t max_bytes, d
 
 dcs_status dcs_tape_new(dcs_model *m, int B, int T, dcs_tape **out) {
     return dcs_tape_new_from(m, B, T, 0, 0, out);
+}
+
+/* Run the next passes on B x T, within the shape the tape was made for:
+ * every buffer is sized by B and T (rows M = B*T, maps [B, N, T, T]), the
+ * rotary table by position, so a smaller batch fits a prefix of each. The
+ * forward has to run again before a loss or backward. */
+dcs_status dcs_tape_reshape(dcs_tape *tp, int B, int T) {
+    if (B < 1 || T < 1 || B > tp->B_cap || T > tp->T_cap)
+        return dcs_seterr(&tp->m->err, DCS_ERR_ARG,
+                          "tape: reshape to B=%d T=%d: outside the tape's B=%d T=%d (1 <= B, 1 <= T)", B, T,
+                          tp->B_cap, tp->T_cap);
+    tp->B = B;
+    tp->T = T;
+    tp->M = B * T;
+    tp->have_forward = 0;
+    tp->held = -1;
+    return DCS_OK;
 }
 
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute) {

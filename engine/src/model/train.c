@@ -93,8 +93,29 @@ dcs_status dcs_model_make_trainable(dcs_model *m) {
     return DCS_OK;
 }
 
+/* AdamW on one weight's elements [b, e) (element-wise: any split gives the
+ * same bits). */
+typedef struct {
+    const float *g;
+    float *mom, *var, *p;
+    float b1c, b2c, wd;
+    const dcs_adamw *h;
+} adamw_arg;
+static void adamw_range(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const adamw_arg *a = arg;
+    const dcs_adamw *h = a->h;
+    for (long long j = b; j < e; j++) {
+        float g = a->g[j];
+        float mm = a->mom[j] = h->beta1 * a->mom[j] + (1.0f - h->beta1) * g;
+        float vv = a->var[j] = h->beta2 * a->var[j] + (1.0f - h->beta2) * g * g;
+        float upd = (mm / a->b1c) / (sqrtf(vv / a->b2c) + h->eps);
+        a->p[j] -= h->lr * (upd + a->wd * a->p[j]);
+    }
+}
+
 /* One AdamW step on every parameter: grads, mom, var flat [dcs_param_total];
- * step counts from 1. */
+ * step counts from 1. Each weight's elements on the model's pool. */
 dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
                           const dcs_adamw *h) {
     if (step < 1) return dcs_seterr(&m->err, DCS_ERR_ARG, "adamw: step must be >= 1");
@@ -105,6 +126,7 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
     const float b1c = 1.0f - powf(h->beta1, (float)step), b2c = 1.0f - powf(h->beta2, (float)step);
     /* weights on a device: each downloaded, stepped on the host, uploaded
      * (the optimiser state stays on the host, in the caller's arrays) */
+    dcs_backend *be = m->be;
     const int dev = m->device != DCS_DEVICE_CPU;
     float *host = NULL;
     if (dev) {
@@ -117,19 +139,16 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
     for (int i = 0; i < m->n_weights; i++) {
         dcs_named_weight *w = &m->weights[i];
         size_t n = numel(w);
-        const float wd = w->ndim >= 2 ? h->weight_decay : 0.0f;
         float *p = dev ? host : w->ptr;
-        if (dev) m->be->ops->download(m->be, host, w->ptr, n * sizeof(float));
-        for (size_t j = 0; j < n; j++) {
-            float g = grads[off + j];
-            float mm = mom[off + j] = h->beta1 * mom[off + j] + (1.0f - h->beta1) * g;
-            float vv = var[off + j] = h->beta2 * var[off + j] + (1.0f - h->beta2) * g * g;
-            float upd = (mm / b1c) / (sqrtf(vv / b2c) + h->eps);
-            p[j] -= h->lr * (upd + wd * p[j]);
-        }
-        if (dev) m->be->ops->upload(m->be, w->ptr, host, n * sizeof(float));
+        if (dev) be->ops->download(be, host, w->ptr, n * sizeof(float));
+        adamw_arg a = {grads + off, mom + off, var + off, p, b1c, b2c, w->ndim >= 2 ? h->weight_decay : 0.0f, h};
+        if (be->ops->parallel)
+            be->ops->parallel(be, adamw_range, &a, (long long)n, 8);
+        else
+            adamw_range(&a, 0, (long long)n, 0);
+        if (dev) be->ops->upload(be, w->ptr, host, n * sizeof(float));
         off += n;
     }
     free(host);
-    return dev ? m->be->ops->sync(m->be, &m->err) : DCS_OK;
+    return dev ? be->ops->sync(be, &m->err) : DCS_OK;
 }
