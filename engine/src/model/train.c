@@ -141,7 +141,8 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
         size_t n = numel(w);
         float *p = dev ? host : w->ptr;
         if (dev) be->ops->download(be, host, w->ptr, n * sizeof(float));
-        adamw_arg a = {grads + off, mom + off, var + off, p, b1c, b2c, w->ndim >= 2 ? h->weight_decay : 0.0f, h};
+        adamw_arg a = {
+            grads + off, mom + off, var + off, p, b1c, b2c, w->ndim >= 2 ? h->weight_decay : 0.0f, h};
         if (be->ops->parallel)
             be->ops->parallel(be, adamw_range, &a, (long long)n, 8);
         else
