@@ -65,7 +65,8 @@ DCS_HD float dcs_erf(float x) {
  * the exponent bits. Within 2 ulp of expf (scripts/fit_erf.py checks it);
  * 0 below -87.33 (expf gives denormals there, < 1.2e-38); NaN stays NaN. */
 DCS_HD float dcs_exp(float x) {
-    const float xc = x < -87.33654f ? -87.33654f : (x > 88.7f ? 88.7f : x);
+    /* NaN mapped to 0 here (returned as NaN below): (int)NaN is undefined */
+    const float xc = x != x ? 0.0f : (x < -87.33654f ? -87.33654f : (x > 88.7f ? 88.7f : x));
     const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
     const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f;
     float p = 1.98412698e-4f; /* 1/7! */
@@ -77,10 +78,10 @@ DCS_HD float dcs_exp(float x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     union {
-        int i;
+        unsigned i;
         float f;
     } two_n;
-    two_n.i = ((int)n + 127) << 23;
+    two_n.i = (unsigned)((int)n + 127) << 23; /* n in [-126, 128]: a biased exponent 1..255 */
     const float e = p * two_n.f;
     return x != x ? x : (x < -87.33654f ? 0.0f : e);
 }
