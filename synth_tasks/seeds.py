@@ -78,15 +78,15 @@ def diff_interval(
     point = float((ca.sum(1) / na.sum(1)).mean() - (cb.sum(1) / nb.sum(1)).mean())
     rng = np.random.default_rng(seed)
     L = len(keys)
-    diffs = np.empty(n_boot)
-    for i in range(n_boot):
-        lines = rng.integers(0, L, L)
-        sa = rng.integers(0, len(la), len(la))
-        sb = rng.integers(0, len(lb), len(lb))
-        acc_a = ca[sa][:, lines].sum(1) / na[sa][:, lines].sum(1)
-        acc_b = cb[sb][:, lines].sum(1) / nb[sb][:, lines].sum(1)
-        diffs[i] = acc_a.mean() - acc_b.mean()
-    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    diffs = []
+    for k in [512] * (n_boot // 512) + ([n_boot % 512] if n_boot % 512 else []):  # replicates in chunks
+        lines = rng.integers(0, L, (k, 1, L))
+        sa = rng.integers(0, len(la), (k, len(la), 1))
+        sb = rng.integers(0, len(lb), (k, len(lb), 1))
+        acc_a = ca[sa, lines].sum(-1) / na[sa, lines].sum(-1)  # [k, Sa]
+        acc_b = cb[sb, lines].sum(-1) / nb[sb, lines].sum(-1)  # [k, Sb]
+        diffs.append(acc_a.mean(1) - acc_b.mean(1))
+    lo, hi = np.percentile(np.concatenate(diffs), [2.5, 97.5])
     return {"diff": point, "lo": float(lo), "hi": float(hi), "seeds_a": len(la), "seeds_b": len(lb), "lines": L}
 
 
