@@ -31,6 +31,17 @@ def shared_path(*parts):
 
 
 @pytest.fixture(scope="session")
+def tb():
+    """scripts/train_bundled.py as a module (the bundled twins' recipe)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_bundled", os.path.join(ROOT, "scripts", "train_bundled.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
 def tiny_factory(tmp_path_factory):
     """make(**kwargs) -> (dir, state_dict, config), cached per kwargs."""
     from dclens.testing.make_tiny import make_tiny

@@ -3,7 +3,6 @@ twins in the bundled benchmark.json and cards (issue 29), on benchmark files
 built here with known answers."""
 
 import copy
-import importlib.util
 import json
 import os
 
@@ -74,14 +73,6 @@ def test_lines_must_match():
     b = {"0": _bench([1] * 11)}
     with pytest.raises(sd.SeedsError, match="same lines"):
         sd.combine({"A": a, "B": b}, ["A", "B"])
-
-
-@pytest.fixture(scope="module")
-def tb():
-    spec = importlib.util.spec_from_file_location("train_bundled", os.path.join(ROOT, "scripts", "train_bundled.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_train_bundled_seeds_writes_key_and_card_section(tb, tmp_path):

@@ -1,11 +1,9 @@
 """scripts/train_bundled.py: one recipe for both twins, prepare and finish steps
 (finish on generated tiny checkpoints standing in for trained ones)."""
 
-import importlib.util
 import json
 import os
 
-import pytest
 from conftest import ROOT, shared_path
 
 import dclens
@@ -13,14 +11,6 @@ from dclens.testing.make_tiny import make_tiny
 from synth_tasks.corpus import TOKENIZER_FILE
 from conftest import rel_err
 from tolerances import U16, U32, forward_tol, tiny
-
-
-@pytest.fixture(scope="module")
-def tb():
-    spec = importlib.util.spec_from_file_location("train_bundled", os.path.join(ROOT, "scripts", "train_bundled.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_twins_share_everything_but_the_attention(tb):
