@@ -2,14 +2,20 @@
 """Does notebook 02's case study hold in other training seeds? (issue 29)
 
     python scripts/seed_case_study.py MODEL [MODEL ...] [--out case_study.json]
-        [--task task24 --line 289 --answer 0] [--data FILE]
+        [--task task24 --line 289 --answer 0] [--data FILE] [--survey N]
 
 Runs synth_tasks.case_study (IG's top head, its applied weight on the source
 split into branches and into own / borrowed, the effect of zeroing the top
 branch and the head) on each MODEL (a bundled name or a directory, e.g. each
 seed's `runs/seedS/ship/dcpythia-tiny`) for the answer notebook 02 studies (by
 default the one its committed key numbers name), prints one line per model and
-writes the dicts as JSON.
+writes the dicts as JSON ({"answer": [one dict per model]}). A MODEL may be
+written LABEL=PATH (e.g. seed1=runs/seed1/ship/dcpythia-tiny).
+
+--survey N: the same case study on the first N answers that every MODEL gets
+right among the lines notebook 02 draws from (the first line of each of tasks
+0-55), and what they have in common (synth_tasks.case_study.summarise): JSON
+keys "survey" and "summary", one summary line per model printed.
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--line", type=int, default=None)
     ap.add_argument("--answer", type=int, default=None)
     ap.add_argument("--data", default=None, help="default: the published file, else the held-out set")
+    ap.add_argument("--survey", type=int, default=0, metavar="N", help="also survey N answers every model gets right")
     a = ap.parse_args(argv)
+    labelled = [m.split("=", 1) if "=" in m else [m, m] for m in a.models]
     nb = notebook_prompt()
     task, lineno = a.task or nb["task"], a.line if a.line is not None else nb["line"]
     answer = a.answer if a.answer is not None else nb["answer"]
@@ -56,11 +64,13 @@ def main(argv=None) -> int:
     if line is None:
         print("error: %s has no line %d of %s" % (data, lineno, task), file=sys.stderr)
         return 2
+    models = {label: dclens.load(path) for label, path in labelled}
     out = []
-    for m in a.models:
-        r = case_study(dclens.load(m), line, answer)
-        r["path"] = m
+    for label, path in labelled:
+        r = case_study(models[label], line, answer)
+        r["path"], r["label"] = path, label
         out.append(r)
+        m = label
         msg = "%s: p(answer) %.3f, top head L%dH%d (IG %.2f, %.0f%% of |IG|)" % (
             m,
             r["p_answer"],
@@ -81,9 +91,36 @@ def main(argv=None) -> int:
                 )
             )
         print(msg)
+    result = {"answer": out}
+    if a.survey > 0:
+        from synth_tasks.case_study import READS_SOURCE, summarise, survey
+
+        lines = [x for x in load_dataset(data) if int(x.task_id[4:]) <= 55]
+        lines = [x for i, x in enumerate(lines) if x.task_id not in {y.task_id for y in lines[:i]}]
+        result["survey"] = survey(models, lines, limit=a.survey)
+        result["summary"] = {label: summarise(result["survey"][label]) for label in models}
+        result["reads_source_threshold"] = READS_SOURCE
+        print("survey: %d answers every model gets right" % len(result["survey"]["answers"]))
+        for label, sm in result["summary"].items():
+            if "reads_source" not in sm:
+                print("%s: no DCMHA" % label)
+                continue
+            print(
+                "%s: top head reads the source in %d of %d; there its top branch %s; median borrowed share %s;"
+                " zeroing the head halves p in %d, its top branch in %d"
+                % (
+                    label,
+                    sm["reads_source"],
+                    sm["answers"],
+                    ", ".join("%s %d" % (b, c) for b, c in sm["top_branch"].items() if c),
+                    "-" if sm["borrowed_share_median"] is None else "%.0f%%" % (100 * sm["borrowed_share_median"]),
+                    sm["head_needed"],
+                    sm["branch_needed"],
+                )
+            )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+            json.dump(result, f, indent=1)
             f.write("\n")
     return 0
 

@@ -3,6 +3,8 @@ another model of the same recipe (another training seed, issue 29).
 
     from synth_tasks.case_study import case_study
     r = case_study(model, line, answer_index)   # a dict of plain numbers
+    s = survey({"seed 0": m0, "seed 1": m1}, lines, limit=40)   # the same on many answers
+    summarise(s["seed 0"])                      # what the answers have in common
 
 On one scored answer of a benchmark line (`synth_tasks.probe`): p(answer) at the
 query; the head most important for log p(answer) by integrated gradients over
@@ -18,7 +20,7 @@ and the interventions' effects.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -95,4 +97,60 @@ def case_study(model, line, answer_index: int, steps: int = 32) -> Dict:
     )
     for k, h in hooks.items():
         out[k] = _p_at(model.run_with_hooks(P.ids, fwd_hooks=h), Q, TOK)
+    return out
+
+
+# an applied weight on the source below this (a tenth of a unit of attention) counts as "not reading it"
+READS_SOURCE = 0.1
+
+
+def survey(models: Dict[str, object], lines: Sequence, limit: int = 40, steps: int = 32, progress=None) -> Dict:
+    """case_study on the same answers in every model of `models` (label -> model):
+    the answers of `lines` that every model gets right (greedy, the benchmark's
+    own scoring) and that have a source to analyse, in file order, at most
+    `limit` of them. Returns {"answers": [(task_id, line, answer_index)],
+    label: [case_study dict per answer]} (models without DCMHA get the IG part)."""
+    from .evaluate import evaluate
+
+    right = None
+    for m in models.values():
+        ok = {(a.task_id, a.line, a.example) for a in evaluate(m, lines, progress=False).answers if a.correct}
+        right = ok if right is None else right & ok
+    tokenizer = next(iter(models.values())).tokenizer
+    picked: List = []
+    for line in lines:
+        for j, a in enumerate(line.answers):
+            if len(picked) < limit and (line.task_id, line.lineno, a.example) in right:
+                if probe(line, j, tokenizer) is not None:
+                    picked.append((line, j))
+    out: Dict = {"answers": [(line.task_id, line.lineno, j) for line, j in picked]}
+    from dclens import progress as _progress
+
+    bar = _progress.bar(total=len(picked) * len(models), unit="answer", desc="case studies", progress=progress)
+    for label, m in models.items():
+        out[label] = []
+        for line, j in picked:
+            out[label].append(case_study(m, line, j, steps=steps))
+            bar.update(1)
+    bar.close()
+    return out
+
+
+def summarise(results: Sequence[Dict]) -> Dict:
+    """What a model's case studies (one per answer) have in common: how often IG's
+    top head reads the source (applied weight >= READS_SOURCE), and for those
+    answers the branch that carries that weight, the share of it lent by other
+    heads, and how often zeroing the top branch or the head at least halves
+    p(answer)."""
+    n = len(results)
+    out: Dict = {"answers": n}
+    if n == 0 or "weight" not in results[0]:
+        return out
+    reads = [r for r in results if r["weight"] >= READS_SOURCE]
+    out["reads_source"] = len(reads)
+    out["top_branch"] = {b: sum(r["top_branch"] == b for r in reads) for b in BRANCHES}
+    out["borrowed_share_median"] = float(np.median([r["borrowed"] / r["weight"] for r in reads])) if reads else None
+    out["head_needed"] = sum(r["p_without_head"] <= 0.5 * r["p_answer"] for r in results)
+    out["branch_needed"] = sum(r["p_without_branch"] <= 0.5 * r["p_answer"] for r in results)
+    out["top_layer"] = {str(layer): sum(r["head"][0] == layer for r in results) for layer in sorted({r["head"][0] for r in results})}
     return out

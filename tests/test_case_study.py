@@ -57,7 +57,7 @@ def test_script_writes_json(tmp_path, nb02):
         timeout=300,
     )
     assert p.returncode == 0, p.stderr
-    (r,) = json.load(open(out))
+    (r,) = json.load(open(out))["answer"]
     assert r["path"] == "dcpythia-tiny" and r["head"] == nb02["head"]
     assert "top branch %s" % nb02["top_branch"] in p.stdout
     p = subprocess.run(
@@ -67,3 +67,50 @@ def test_script_writes_json(tmp_path, nb02):
         timeout=300,
     )
     assert p.returncode == 2 and "has no line 99999" in p.stderr
+
+
+def test_summarise_counts():
+    """summarise on hand-made case studies: exact counts."""
+    from synth_tasks.case_study import summarise
+
+    def r(w, top, borrowed, p, p_branch, p_head, layer):
+        return {
+            "weight": w,
+            "top_branch": top,
+            "borrowed": borrowed,
+            "p_answer": p,
+            "p_without_branch": p_branch,
+            "p_without_head": p_head,
+            "head": [layer, 0],
+        }
+
+    rs = [r(2.0, "kp", 1.8, 0.8, 0.1, 0.7, 0), r(0.05, "qp", 0.0, 0.5, 0.5, 0.2, 1), r(1.0, "qp", 0.5, 0.6, 0.3, 0.31, 0)]
+    s = summarise(rs)
+    assert s["answers"] == 3 and s["reads_source"] == 2
+    assert s["top_branch"] == {"skip": 0, "qp": 1, "kp": 1, "qg": 0, "kg": 0}
+    assert abs(s["borrowed_share_median"] - 0.7) < 1e-12  # median of 0.9 and 0.5
+    assert s["head_needed"] == 1 and s["branch_needed"] == 2  # <= half of p: 0.2 <= 0.25; 0.1, 0.3 <= 0.3
+    assert s["top_layer"] == {"0": 2, "1": 1}
+    assert summarise([{"p_answer": 0.5, "head": [0, 1]}]) == {"answers": 1}  # an MHA model: IG part only
+
+
+def test_survey_is_case_study_on_common_answers():
+    """survey picks answers every model gets right, in file order, and gives case_study's numbers."""
+    from synth_tasks.case_study import survey
+    from synth_tasks.evaluate import evaluate
+
+    data = load_dataset(default_data_path() or HELDOUT_FILE)
+    lines = [x for x in data if x.task_id in ("task0", "task1", "task24")][:4]
+    m, t = dclens.load("dcpythia-tiny"), dclens.load("pythia-tiny")
+    s = survey({"dc": m, "mha": t}, lines, limit=2, steps=8, progress=False)
+    ok = [
+        {(a.task_id, a.line, a.example) for a in evaluate(x, lines, progress=False).answers if a.correct} for x in (m, t)
+    ]
+    assert 0 < len(s["answers"]) <= 2
+    for (task, lineno, j), rd, rm in zip(s["answers"], s["dc"], s["mha"]):
+        line = next(x for x in lines if x.task_id == task and x.lineno == lineno)
+        key = (task, lineno, line.answers[j].example)
+        assert key in ok[0] and key in ok[1]
+        again = case_study(m, line, j, steps=8)
+        assert rd["head"] == again["head"] and rd["top_branch"] == again["top_branch"]
+        assert rd["p_answer"] == again["p_answer"] and "top_branch" not in rm
