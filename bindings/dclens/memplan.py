@@ -9,9 +9,14 @@ recomputes a layer from its checkpoint before its backward (the same
 results, bit for bit, for about one more forward pass of time). A tape takes
 the full plan when it fits in ``max_tape_bytes`` and recomputes otherwise.
 
-The default budget is half of the memory the kernel reports available
-(MemAvailable) when the tape is made: the weights stay in their stored dtype
-and are not counted here (they are already resident or mapped).
+The default budget is half of the memory the model's activations live in
+that is free when the tape is made, counting the idle tapes the model keeps
+(tapes.TapeCache) as free: for a CPU model the memory the kernel reports
+available (MemAvailable); for a CUDA model the GPU's free memory
+(cudaMemGetInfo, plus what the backend's pool holds unused: dcs_device_memory),
+falling back to the host's when the device cannot say. The weights stay in
+their stored dtype and are not counted here (they are already resident or
+mapped).
 """
 
 from __future__ import annotations
@@ -41,14 +46,32 @@ def available_memory() -> int:
         return 1 << 62
 
 
-def default_budget() -> int:
-    return max(256 << 20, available_memory() // 2)
+def device_memory(model) -> Optional[int]:
+    """Free bytes of the model's device (dcs_device_memory), or None for a
+    model whose memory is the host's or whose device cannot say."""
+    if model is None or getattr(model.runner, "device", "cpu") == "cpu":
+        return None
+    free, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    with model.runner.engine_lock():
+        st = lib.dcs_device_memory(model.runner.handle, free, total)
+    return int(free[0]) if st == lib.DCS_OK else None
 
 
-def check_budget(max_tape_bytes: Optional[int]) -> int:
-    """The budget in bytes: the default when None, else a positive integer."""
+def default_budget(model=None) -> int:
+    """Half of the free memory where the model's tape would live (the
+    module docstring), at least 256 MiB."""
+    free = device_memory(model)
+    if free is None:
+        free = available_memory()
+    idle = model.runner.tapes.held_bytes() if model is not None else 0
+    return max(256 << 20, (free + idle) // 2)
+
+
+def check_budget(max_tape_bytes: Optional[int], model=None) -> int:
+    """The budget in bytes: the default (for `model`'s device) when None,
+    else a positive integer."""
     if max_tape_bytes is None:
-        return default_budget()
+        return default_budget(model)
     if isinstance(max_tape_bytes, bool) or not isinstance(max_tape_bytes, int) or max_tape_bytes < 1:
         raise Error("max_tape_bytes must be a positive integer (bytes) or None, not %r" % (max_tape_bytes,))
     return int(max_tape_bytes)
@@ -78,7 +101,7 @@ def estimate(
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise Error("estimate_backward_memory: %s must be a positive integer, not %r" % (name, v))
     pts = [model.parse_hook(n)[0] for n in wrt]
-    budget = check_budget(max_tape_bytes)
+    budget = check_budget(max_tape_bytes, model)
     full = tape_bytes(model, B, T, False, pts)
     rc = tape_bytes(model, B, T, True, pts)
     plan = "full" if full <= budget else "recompute" if rc <= budget else None
