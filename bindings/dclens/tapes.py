@@ -228,13 +228,24 @@ class TapeCache:
         return pick
 
     def give(self, tape: Tape) -> None:
-        """A leased tape back, as the most recently used."""
+        """A leased tape back, as the most recently used; idle tapes it
+        covers (same layers and plan, no larger shape) go."""
         if tape._tp is None:
             return
+        rc = tape.memory_recompute
         with self._lock:
-            self._idle.append(tape)
-            drop = self._idle[: max(0, len(self._idle) - self.MAX_IDLE)]
-            del self._idle[: len(drop)]
+            drop = [
+                t
+                for t in self._idle
+                if t.first == tape.first
+                and t.B_cap <= tape.B_cap
+                and t.T_cap <= tape.T_cap
+                and t.memory_recompute == rc
+            ]
+            self._idle = [t for t in self._idle if t not in drop] + [tape]
+            over = self._idle[: max(0, len(self._idle) - self.MAX_IDLE)]
+            del self._idle[: len(over)]
+            drop += over
         for t in drop:
             t.free()
 
