@@ -10,7 +10,7 @@ Model's private members; nothing here imports Model.
 
 Layers of the package (tests/test_imports.py refuses any import cycle):
   _engine, _checks, names, _protocols        the binding, checks, hook names
-  hooks, cache, runner, _facade               plumbing: runs, caches, the facade
+  hooks, cache, tapes, runner, _facade        plumbing: runs, caches, tapes, the facade
   batch, weights, model                       Model (and Cache) for the user
   routing, grad, attribution, generate, ...   analyses, importing downwards
 """
