@@ -14,19 +14,31 @@ alternating by round), after one warm-up call of each; the table gives the
 median and best seconds per call over all rounds, and the ratio of the
 medians. Also printed: minor page faults per call (getrusage) and whether the
 two modes gave the same bits.
+
+    BASE=/path/to/old/pkg python scripts/bench_tape_cache.py --plain ...
+
+--plain: one column, the calls as they are (no free_caches), for a build
+without the cache: BASE names a directory holding another build's dclens
+package (put first on sys.path), so the same command times the build before
+and this one, one process each, alternated by the caller.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
+import sys
 import time
 
 import numpy as np
 
-import dclens
+if os.environ.get("BASE"):  # another build's package, before the installed one's finder
+    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
+    sys.path.insert(0, os.environ["BASE"])
+import dclens  # noqa: E402
 
 
 def _faults() -> int:
@@ -42,6 +54,13 @@ def _time(fn, calls: int, fresh: bool, m):
         out = fn()
         ts.append(time.perf_counter() - t0)
     return out, ts, (_faults() - f0) / calls
+
+
+def plain(m, name: str, fn, calls: int, rounds: int):
+    """--plain: the calls as they are, CALLS x ROUNDS after a warm-up."""
+    fn()
+    _, ts, pf = _time(fn, calls * rounds, False, m)
+    return {"case": name, "median_s": statistics.median(ts), "best_s": min(ts), "faults_per_call": pf}
 
 
 def bench(m, name: str, fn, calls: int, rounds: int):
@@ -77,10 +96,37 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--plain", action="store_true", help="one column: the calls as they are (see above)")
+    ap.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     a = ap.parse_args()
     m = dclens.load(a.model, n_threads=a.threads)
     at = "blocks.%d.attn.head_out" % (m.config.n_layer // 2)
     rng = np.random.default_rng(0)
+    if a.plain:
+        rows = []
+        for T in a.T:
+            toks = rng.integers(0, m.config.vocab, T)
+            rows.append(
+                plain(m, "gradients T=%d" % T, lambda: m.gradients(toks, ("logit", -1, 0), [at]), a.calls, a.rounds)
+            )
+        toks = rng.integers(0, m.config.vocab, a.T[0])
+        ig = lambda: m.attribute(toks, ("logit", -1, 0), [at], steps=a.steps, progress=False)  # noqa: E731
+        rows.append(plain(m, "attribute steps=%d T=%d" % (a.steps, a.T[0]), ig, max(2, a.calls // 4), a.rounds))
+        for r in rows:
+            print(
+                "| %s | %s | %.4f (%.4f) | %.0f |"
+                % (
+                    os.environ.get("BASE") and "before" or "this",
+                    r["case"],
+                    r["median_s"],
+                    r["best_s"],
+                    r["faults_per_call"],
+                )
+            )
+        if a.json:
+            base = os.environ.get("BASE", "")
+            print(json.dumps({"model": a.model, "hook": at, "threads": a.threads, "base": base, "rows": rows}))
+        return
     rows = []
     for T in a.T:
         toks = rng.integers(0, m.config.vocab, T)
@@ -117,7 +163,8 @@ def main() -> None:
                 r["same_bits"],
             )
         )
-    print(json.dumps({"model": a.model, "hook": at, "threads": a.threads, "rows": rows}))
+    if a.json:
+        print(json.dumps({"model": a.model, "hook": at, "threads": a.threads, "rows": rows}))
 
 
 if __name__ == "__main__":
