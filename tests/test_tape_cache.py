@@ -263,6 +263,12 @@ def test_backward_scratch_in_the_memory_report(tiny_factory):
         assert m.last_pass_memory()["peak"] == bwd["tape"] + bwd["pass_peak"]
         est = m.estimate_backward_memory(T, B, ["blocks.1.attn.head_out"])
         assert m.last_pass_memory()["peak"] <= est["full"]
+        # a parameter asked for counts its float32 gradient (CPU: no device mirror)
+        from dclens.grad import param_table
+
+        name, _, size, _ = param_table(m)[2]
+        est_p = m.estimate_backward_memory(T, B, ["blocks.1.attn.head_out", name])
+        assert est_p["full"] - est["full"] == est_p["recompute"] - est["recompute"] == 4 * size
 
 
 def test_default_budget_follows_the_device(tiny_factory):
@@ -304,7 +310,7 @@ def test_cuda_cached_tape_and_scratch(tiny_factory, name):
     (t,) = _idle(gpu)
     assert t.T_cap == 13
     # the report counts the CUDA backward's scratch and the parameter mirror
-    from dclens.grad import Tape
+    from dclens.grad import Tape, param_table
 
     tp = Tape(gpu, 1, 13)
     tp.forward(long)
@@ -313,3 +319,11 @@ def test_cuda_cached_tape_and_scratch(tiny_factory, name):
     M, N = 13, gpu.config.n_head
     assert tp.memory()["pass_peak"] - fwd >= 4 * max(2 * M, M * N) + 4 * M
     assert gpu.last_pass_memory()["peak"] <= gpu.estimate_backward_memory(13, 1, ["blocks.1.attn.head_out"])["full"]
+    # a parameter's gradient: the host array and the device mirror
+    name, _, size, _ = param_table(gpu)[2]
+    est = gpu.estimate_backward_memory(13, 1, ["blocks.1.attn.head_out"])
+    est_p = gpu.estimate_backward_memory(13, 1, ["blocks.1.attn.head_out", name])
+    assert est_p["full"] - est["full"] == 8 * size
+    tp.forward(long)
+    tp.backward(np.ones((1, 13, 24), np.float32), None, [], params={2: np.zeros(size, np.float32)})
+    assert tp.memory()["pass_peak"] - fwd >= 4 * size + 4 * max(2 * M, M * N) + 4 * M

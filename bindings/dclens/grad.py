@@ -20,7 +20,7 @@ the tape follows the memory plan of memplan.py under ``max_tape_bytes``.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,17 +28,8 @@ from . import _facade, tapes
 from ._engine import ffi, lib
 from ._checks import Error, check_status as _check
 from . import memplan
+from .memplan import param_table
 from .tapes import Tape  # noqa: F401  (dclens.grad.Tape: its home before tapes.py)
-
-
-def param_table(model) -> List[Tuple[str, int, int, bool]]:
-    """(canonical name, offset, size, decayed) of every parameter in the flat layout."""
-    rows = []
-    nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
-    for i in range(lib.dcs_param_count(model.runner.handle)):
-        _check(lib.dcs_param_info(model.runner.handle, i, nm, off, n, dec), model.runner.errmsg())
-        rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
-    return rows
 
 
 def _weight_shape(model, name: str) -> Tuple[int, ...]:

@@ -21,7 +21,7 @@ mapped).
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _facade
 from ._checks import Error, check_status as _check
@@ -88,22 +88,38 @@ def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (
     return int(out[0])
 
 
+def param_table(model) -> List[Tuple[str, int, int, bool]]:
+    """(canonical name, offset, size, decayed) of every parameter in the flat
+    layout (dcs_param_info; dclens.grad.param_table)."""
+    rows = []
+    nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
+    for i in range(lib.dcs_param_count(model.runner.handle)):
+        _check(lib.dcs_param_info(model.runner.handle, i, nm, off, n, dec), model.runner.errmsg())
+        rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
+    return rows
+
+
 @_facade.provides("estimate_backward_memory")
 def estimate(
     model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: Optional[int] = None
 ) -> Dict[str, object]:
     """Model.estimate_backward_memory: bytes of both plans for B sequences of
-    T tokens with gradients at the hooks in `wrt`, and the plan the budget
-    picks ('full', 'recompute', or None when neither fits)."""
+    T tokens with gradients at the hooks and parameters in `wrt`, and the
+    plan the budget picks ('full', 'recompute', or None when neither fits).
+    A parameter counts its float32 gradient (and on CUDA its device mirror,
+    held through the backward)."""
     if isinstance(wrt, str):
         wrt = [wrt]
     for name, v in (("T", T), ("B", B)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise Error("estimate_backward_memory: %s must be a positive integer, not %r" % (name, v))
-    pts = [model.parse_hook(n)[0] for n in wrt]
+    sizes = {r[0]: r[2] for r in param_table(model)}
+    pts = [model.parse_hook(n)[0] for n in wrt if not (isinstance(n, str) and n in sizes)]
+    params = sum(sizes[n] for n in set(wrt) if isinstance(n, str) and n in sizes)
+    params *= 4 * (2 if getattr(model.runner, "device", "cpu") == "cuda" else 1)
     budget = check_budget(max_tape_bytes, model)
-    full = tape_bytes(model, B, T, False, pts)
-    rc = tape_bytes(model, B, T, True, pts)
+    full = tape_bytes(model, B, T, False, pts) + params
+    rc = tape_bytes(model, B, T, True, pts) + params
     plan = "full" if full <= budget else "recompute" if rc <= budget else None
     return {"full": full, "recompute": rc, "budget": budget, "plan": plan}
 
