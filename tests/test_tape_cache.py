@@ -327,3 +327,18 @@ def test_cuda_cached_tape_and_scratch(tiny_factory, name):
     tp.forward(long)
     tp.backward(np.ones((1, 13, 24), np.float32), None, [], params={2: np.zeros(size, np.float32)})
     assert tp.memory()["pass_peak"] - fwd >= 4 * size + 4 * max(2 * M, M * N) + 4 * M
+
+
+def test_free_caches_refused_from_a_hook(tiny_factory):
+    m = _load(tiny_factory, "dcpythia")
+    toks = np.arange(6) % 24
+    g = m.gradients(toks, ("logit", -1, 3), ["blocks.1.attn.head_out"])
+
+    def hook(act, hook):
+        m.free_caches()
+
+    with pytest.raises(dclens.Error, match="free_caches: not from a hook"):
+        m.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.z", hook)])
+    assert len(_idle(m)) == 1  # untouched
+    m.free_caches()
+    _same(m.gradients(toks, ("logit", -1, 3), ["blocks.1.attn.head_out"]), g, "after")

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import os
 import stat
+import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -789,13 +790,14 @@ class Model(WeightsMixin):
         within the max_tape_bytes of the call that made them), the
         activation buffers pooled between passes, and the weights last read
         by Model.weight. Everything is made again when needed; results do
-        not change."""
+        not change. Not from a hook of a running pass (an Error)."""
         r = self.runner
+        if r.pass_thread is not None and r.pass_thread == threading.get_ident():
+            raise Error("free_caches: not from a hook of a running pass (call it after the pass)")
         r.tapes.clear()
         self.__dict__.pop("_weights", None)
         with r.engine_lock():
-            if r.pass_thread is None:  # not from a hook of a running pass
-                lib.dcs_model_trim(r.handle)
+            lib.dcs_model_trim(r.handle)
 
     # ------------------------------------------------------------ weights
 

@@ -232,6 +232,10 @@ class TapeCache:
         covers (same layers and plan, no larger shape) go."""
         if tape._tp is None:
             return
+        # idle: no backward without a new forward (the engine forgets the
+        # last one), and the call's override arrays are not kept alive
+        tape.reshape(tape.B, tape.T)
+        tape._keep = None
         rc = tape.memory_recompute
         with self._lock:
             drop = [
