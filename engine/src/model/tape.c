@@ -317,17 +317,15 @@ static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
 static uint64_t bw_scratch(const dcs_model *m, int B, int T, int sw_grad) {
     const dcs_config *c = &m->cfg;
     if (!m->be->ops->bw_scratch) return 0;
-    dcs_bw_shape s;
-    memset(&s, 0, sizeof s);
-    s.B = B;
-    s.T = T;
-    s.D = c->d_model;
-    s.N = c->n_head;
-    s.R = c->use_dcmha ? c->dyn_rank : 0;
-    s.rot = c->rotary_dim;
-    s.G = c->compose_groups > 1 ? c->compose_groups : 1;
-    s.use_sw = sw_grad && c->use_dcmha && c->use_sw;
-    s.rows_kernel = c->use_dcmha && !compose_variant(c);
+    const dcs_bw_shape s = {.B = B,
+                            .T = T,
+                            .D = c->d_model,
+                            .N = c->n_head,
+                            .R = c->use_dcmha ? c->dyn_rank : 0,
+                            .rot = c->rotary_dim,
+                            .G = c->compose_groups > 1 ? c->compose_groups : 1,
+                            .use_sw = sw_grad && c->use_dcmha && c->use_sw,
+                            .rows_kernel = c->use_dcmha && !compose_variant(c)};
     return m->be->ops->bw_scratch(m->be, &s);
 }
 
