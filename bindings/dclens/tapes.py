@@ -5,8 +5,9 @@ A tape (dcs_tape) holds every buffer of a forward pass that keeps
 activations and of its backward. Making one allocates them (the tape's
 buffers are tens of MB on the tiny models, GB at 6.9B) and freeing it gives
 them back, with the model's pooled pass transients; a fresh tape per call
-pays for that every call (page faults on the fresh pages: a `gradients`
-call on dcpythia-tiny ~15-20% slower, BENCHMARKS.md "tape reuse").
+pays for that every call (zeroing, and page faults on fresh pages: on
+dcpythia-tiny 4-7% of a `gradients` call and 6-11% of an `attribute` call,
+BENCHMARKS.md "tape reuse").
 
 So Model.gradients and Model.attribute lease a tape from the model's
 TapeCache (Runner.tapes) and give it back after the call: an idle tape made
