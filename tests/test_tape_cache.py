@@ -342,3 +342,22 @@ def test_free_caches_refused_from_a_hook(tiny_factory):
     assert len(_idle(m)) == 1  # untouched
     m.free_caches()
     _same(m.gradients(toks, ("logit", -1, 3), ["blocks.1.attn.head_out"]), g, "after")
+
+
+def test_ig_tape_and_the_idle_ones_fit_the_budget(tiny_factory):
+    """IG's tape, what IG holds besides (memplan.ig_extra) and the idle tapes
+    fit max_tape_bytes together: a budget that holds one batch of every
+    point evicts the layer-0 tape of F(a) before IG makes its own."""
+    m = _load(tiny_factory, "dcpythia")
+    toks = np.arange(10) % 24
+    at, steps = "blocks.1.attn.z", 5
+    p = m.parse_hook(at)[0]
+    budget = memplan.tape_bytes(m, steps, 10, False, (), 1) + memplan.ig_extra(m, 10, steps, p)
+    assert memplan.ig_batch(m, 10, steps, p, budget, 1) == (steps, False)
+    want = attribute(m, toks, ("logit", -1, 2), [at], steps=steps, chunk=steps).attributions[at]
+    assert sorted(t.first for t in _idle(m)) == [0, 1]  # the default budget holds both
+    m.free_caches()
+    got = attribute(m, toks, ("logit", -1, 2), [at], steps=steps, max_tape_bytes=budget)
+    (t,) = _idle(m)  # the layer-0 tape went first
+    assert t.first == 1 and t.plan_bytes + memplan.ig_extra(m, 10, steps, p) <= budget
+    assert np.array_equal(got.attributions[at], want)

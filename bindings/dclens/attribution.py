@@ -169,7 +169,8 @@ def attribute(
                         )
                 attr = np.zeros_like(a, dtype=np.float64)
                 f0 = np.zeros(B)
-                with tapes.lease(model, min(step, steps), T, budget, l0) as tape:  # every chunk of this hook
+                k0 = min(step, steps)
+                with tapes.lease(model, k0, T, budget, l0, memplan.ig_extra(model, T, k0, p[0])) as tape:
                     for b in range(B):
                         gsum = np.zeros(a.shape[1:], np.float64)
                         diff = a[b] - a0[b]

@@ -134,6 +134,14 @@ def hook_bytes(model, point: int, B: int, T: int) -> int:
     return n
 
 
+def ig_extra(model, T: int, k: int, point: int) -> int:
+    """What an IG batch of k points holds besides its tape's own buffers
+    (ig_batch): the interpolated activations and their gradients (2 per
+    point), the activation, baseline, difference, first gradient and two
+    float64 sums (8 of one point), the logits and their gradient."""
+    return 2 * hook_bytes(model, point, k, T) + 8 * hook_bytes(model, point, 1, T) + 8 * k * T * model.config.vocab
+
+
 def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0) -> Tuple[int, bool]:
     """How many IG interpolation points one tape holds under the budget, and
     whether it recomputes: the most that fit keeping every layer, else the
@@ -142,14 +150,12 @@ def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0)
     interpolated activations and their gradients): what attribution.py holds
     besides, the activation, its baseline and difference, its first
     gradient, two float64 sums, and the batch's logits with their gradient."""
-    V = model.config.vocab
-    fixed = 8 * hook_bytes(model, point, 1, T)
 
     def most(recompute: bool) -> int:
         lo, hi = 0, steps
         while lo < hi:  # largest k <= steps that fits
             k = (lo + hi + 1) // 2
-            if tape_bytes(model, k, T, recompute, [point], first) + fixed + 8 * k * T * V <= budget:
+            if tape_bytes(model, k, T, recompute, (), first) + ig_extra(model, T, k, point) <= budget:
                 lo = k
             else:
                 hi = k - 1

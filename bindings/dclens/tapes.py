@@ -195,11 +195,12 @@ class TapeCache:
         with self._lock:
             return sum(t.plan_bytes for t in self._idle)
 
-    def take(self, model, B: int, T: int, budget: int, first: int = 0) -> Tape:
+    def take(self, model, B: int, T: int, budget: int, first: int = 0, extra: int = 0) -> Tape:
         """A tape for B x T from layer `first` under `budget`: an idle one
         that holds the shape, takes the plan a new one would (no
         recomputation where a new tape keeps every layer) and fits the
-        budget; else a new one, once the idle tapes left fit beside it."""
+        budget; else a new one, once the idle tapes left fit beside it and
+        `extra` bytes the caller holds besides (IG: memplan.ig_extra)."""
         full = memplan.tape_bytes(model, B, T, False, (), first)
         recompute = full > budget  # the plan dcs_tape_new_from takes
         need = memplan.tape_bytes(model, B, T, True, (), first) if recompute else full
@@ -218,7 +219,7 @@ class TapeCache:
             if pick is not None:
                 self._idle.remove(pick)
             else:
-                while self._idle and sum(t.plan_bytes for t in self._idle) + need > budget:
+                while self._idle and sum(t.plan_bytes for t in self._idle) + need + extra > budget:
                     drop.append(self._idle.pop(max(range(len(self._idle)), key=lambda i: self._idle[i].plan_bytes)))
         for t in drop:  # outside the cache's lock: freeing takes the model's
             t.free()
@@ -276,11 +277,11 @@ class TapeCache:
 
 
 @contextlib.contextmanager
-def lease(model, B: int, T: int, budget: int, first: int = 0) -> Iterator[Tape]:
-    """A tape from the model's cache for one call, given back after it
-    (freed instead when the call raised)."""
+def lease(model, B: int, T: int, budget: int, first: int = 0, extra: int = 0) -> Iterator[Tape]:
+    """A tape from the model's cache for one call (TapeCache.take), given
+    back after it (freed instead when the call raised)."""
     cache: TapeCache = model.runner.tapes
-    tape = cache.take(model, B, T, budget, first)
+    tape = cache.take(model, B, T, budget, first, extra)
     try:
         yield tape
     except BaseException:
