@@ -506,6 +506,7 @@ static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, i
  * is returned, the caller falling back to the host's memory. */
 static int cu_mem_info(dcs_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
     cuda_ctx *c = enter(be);
+    if (c->failed) return 1; /* cudaSetDevice (every call's sync reports and clears the record) */
     if (!ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (memory info)")) return 1;
     size_t fr = 0, tot = 0;
     if (!ck(c, cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo")) return 1;
