@@ -136,7 +136,7 @@ def test_attribute_repeated_and_after_other_hooks_is_bitwise(tiny_factory, name)
     assert sorted(t.first for t in _idle(m)) == [0, 1]
 
 
-def test_cache_respects_the_budget_and_is_bounded(tiny_factory):
+def test_cache_respects_the_budget_and_is_bounded(tiny_factory, monkeypatch):
     m = _load(tiny_factory, "dcpythia")
     toks = np.arange(12) % 24
     wrt = ["blocks.2.attn.head_out"]
@@ -151,14 +151,16 @@ def test_cache_respects_the_budget_and_is_bounded(tiny_factory):
     _same(g_low, g_big, "recompute vs full")
     # a call with the default budget does not take the recomputing tape (slower) ...
     m.gradients(toks[:8], ("logit", -1, 2), wrt)
-    assert all(not t.memory_recompute for t in _idle(m)) or len(_idle(m)) == 2
+    assert sorted((t.memory_recompute, t.T_cap) for t in _idle(m)) == [(False, 8), (True, 12)]
     # ... and never more than MAX_IDLE idle tapes
     for first_T in (5, 7, 9, 11):
         m.attribute(toks[:first_T], ("logit", -1, 2), ["blocks.1.attn.z"], steps=3)
         assert len(_idle(m)) <= m.runner.tapes.MAX_IDLE
     held = m.runner.tapes.held_bytes()
     assert held > 0
-    assert memplan.default_budget(m) >= (memplan.available_memory() + held) // 2 - (64 << 20)
+    monkeypatch.setattr(memplan, "available_memory", lambda: 3 << 30)
+    assert memplan.default_budget(m) == ((3 << 30) + held) // 2  # the idle tapes count as free
+    monkeypatch.undo()
     m.free_caches()
     assert _idle(m) == [] and m.runner.tapes.held_bytes() == 0
     # still works after free_caches, and after a budget too small for any tape
@@ -278,9 +280,9 @@ def test_default_budget_follows_the_device(tiny_factory):
     assert "host" in m.runner.errmsg()
     assert memplan.device_memory(m) is None
     host = memplan.available_memory()
-    assert abs(memplan.default_budget(m) - host // 2) < (256 << 20)  # MemAvailable moves a little
+    assert abs(memplan.default_budget(m) - host // 2) < (1 << 30)  # MemAvailable moves (other processes)
     est = m.estimate_backward_memory(8)
-    assert abs(est["budget"] - host // 2) < (256 << 20)
+    assert abs(est["budget"] - host // 2) < (1 << 30)
 
 
 @needs_gpu
