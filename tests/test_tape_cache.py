@@ -9,6 +9,8 @@
 * the cache respects max_tape_bytes (a call evicts idle tapes that do not
   fit beside the one it needs), holds at most MAX_IDLE tapes, and
   Model.free_caches() empties it;
+* weights changing (an AdamW step) need no invalidation: a cached tape reads
+  them at every pass;
 * threads never share a tape; a forked child starts with an empty cache;
   a model freed with a cached tape goes after it (dcs_free waits);
 * the memory report after a backward adds the backend's backward scratch
@@ -363,3 +365,29 @@ def test_ig_tape_and_the_idle_ones_fit_the_budget(tiny_factory):
     (t,) = _idle(m)  # the layer-0 tape went first
     assert t.first == 1 and t.plan_bytes + memplan.ig_extra(m, 10, steps, p) <= budget
     assert np.array_equal(got.attributions[at], want)
+
+
+def test_cached_tape_follows_a_weight_change(tiny_factory):
+    """A tape holds no weight (every pass reads them): after the weights
+    change (training's writable copy, an AdamW step) a cached tape gives
+    the bits of a fresh one, with the new weights."""
+    m = _load(tiny_factory, "dcpythia")
+    toks = np.arange(9) % 24
+    args = (toks, ("logprob", -1, 4), ["blocks.1.attn.head_out"])
+    before = m.gradients(*args)
+    h = m.runner.handle
+    assert lib.dcs_model_make_trainable(h) == lib.DCS_OK, m.runner.errmsg()
+    P = lib.dcs_param_total(h)
+    grads, mom, var = (np.full(P, 0.01, np.float32), np.zeros(P, np.float32), np.zeros(P, np.float32))
+    hp = ffi.new("dcs_adamw *")
+    hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay = 0.05, 0.9, 0.95, 1e-8, 0.0
+
+    def ptr(a):
+        return ffi.cast("float *", ffi.from_buffer(a))
+
+    assert lib.dcs_adamw_step(h, ptr(grads), ptr(mom), ptr(var), 1, hp) == lib.DCS_OK, m.runner.errmsg()
+    (t,) = _idle(m)
+    after = m.gradients(*args)
+    assert _idle(m) == [t]  # the cached tape served it
+    assert not np.array_equal(after["blocks.1.attn.head_out"], before["blocks.1.attn.head_out"])
+    _same(after, _fresh(m, *args), "after a weight change")
