@@ -58,6 +58,8 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T,
 void dcs_cancel(dcs_model *m, int cancel);
 void dcs_after_fork(dcs_model *m);
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
+dcs_status dcs_device_memory(dcs_model *m, uint64_t *free_bytes, uint64_t *total_bytes);
+void dcs_model_trim(dcs_model *m);
 
 typedef struct dcs_decoder dcs_decoder;
 dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out);

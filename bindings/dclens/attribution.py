@@ -29,8 +29,8 @@ from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _facade, progress as _progress
-from .grad import Tape, target_value_and_grad
+from . import _facade, progress as _progress, tapes
+from .grad import target_value_and_grad
 from ._checks import Error, check_index, is_choice
 from ._engine import lib
 from . import memplan
@@ -111,19 +111,18 @@ def attribute(
     if not at:
         raise Error("attribute: 'at' is empty")
     pts = {n: model.parse_hook(n) for n in at}
-    budget = memplan.check_budget(max_tape_bytes)
+    budget = memplan.check_budget(max_tape_bytes, model)
     if isinstance(baseline, str) and baseline not in ("zero", "mean"):
         raise Error("attribute: baseline must be 'zero', 'mean' or an array, not %r" % (baseline,))
     if not isinstance(baseline, str):
         _baseline_array(baseline)
 
-    # activations and F(a): one pass with gradients at every hook (grad x act needs no more)
-    tape0 = Tape(model, B, T, budget)
-    logits = tape0.forward(toks)
-    fa, dl = target_value_and_grad(target, logits, toks)
-    base_grads = tape0.backward(dl, None, list(pts.values()))
-    tape: Optional[Tape] = tape0  # IG reuses it while the batch shape fits
-    del tape0
+    # activations and F(a): one pass with gradients at every hook (grad x act needs no more);
+    # tapes leased from the model's cache (tapes.py), reused by the next call
+    with tapes.lease(model, B, T, budget) as tape0:
+        logits = tape0.forward(toks)
+        fa, dl = target_value_and_grad(target, logits, toks)
+        base_grads = tape0.backward(dl, None, list(pts.values()))
     # IG at a hook of layer l runs tapes from layer l, on the residual stream entering it
     first = {n: pts[n][1] if lib.dcs_hook_point_is_layered(pts[n][0]) else 0 for n in at}
     resid_names = sorted({"blocks.%d.resid_pre" % l for l in first.values() if l})
@@ -170,41 +169,42 @@ def attribute(
                         )
                 attr = np.zeros_like(a, dtype=np.float64)
                 f0 = np.zeros(B)
-                for b in range(B):
-                    gsum = np.zeros(a.shape[1:], np.float64)
-                    diff = a[b] - a0[b]
-                    for c0 in range(0, steps, step):
-                        al = alphas[c0 : c0 + step]
-                        k = len(al)
-                        if tape is None or k != tape.B or tape.T != T or tape.first != l0:
-                            tape = None  # one tape at a time: free it first
-                            tape = Tape(model, k, T, budget, l0)
-                        tp = tape
-                        # a0 + alpha (a - a0), float32, built in place (no batch-sized temporaries)
-                        interp = np.empty((k,) + a.shape[1:], np.float32)
-                        np.multiply(al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1)), diff[None], out=interp)
-                        interp += a0[b][None]
-                        lg = tp.forward(
-                            np.repeat(toks[b : b + 1], k, 0),
-                            {p: interp},
-                            resid=np.repeat(resid[l0][b : b + 1], k, 0) if l0 else None,
+                k0 = min(step, steps)
+                with tapes.lease(model, k0, T, budget, l0, memplan.ig_extra(model, T, k0, p[0])) as tape:
+                    for b in range(B):
+                        gsum = np.zeros(a.shape[1:], np.float64)
+                        diff = a[b] - a0[b]
+                        for c0 in range(0, steps, step):
+                            al = alphas[c0 : c0 + step]
+                            k = len(al)
+                            if tape.B != k:
+                                tape.reshape(k, T)  # the last chunk: a prefix of the buffers
+                            # a0 + alpha (a - a0), float32, built in place (no batch-sized temporaries)
+                            interp = np.empty((k,) + a.shape[1:], np.float32)
+                            np.multiply(
+                                al.astype(np.float32).reshape((k,) + (1,) * (a.ndim - 1)), diff[None], out=interp
+                            )
+                            interp += a0[b][None]
+                            lg = tape.forward(
+                                np.repeat(toks[b : b + 1], k, 0),
+                                {p: interp},
+                                resid=np.repeat(resid[l0][b : b + 1], k, 0) if l0 else None,
+                            )
+                            _, d = target_value_and_grad(target, lg, np.repeat(toks[b : b + 1], k, 0))
+                            g = tape.backward(d, None, [p])[p]
+                            for gj in g:  # one interpolation point at a time
+                                gsum += gj
+                            if bar is not None:
+                                bar.update(1)
+                        attr[b] = (a[b] - a0[b]) * gsum / steps
+                        # F(a0): the baseline run, on the same tape
+                        tape.reshape(1, T)
+                        lg0 = tape.forward(
+                            toks[b : b + 1],
+                            {p: np.ascontiguousarray(a0[b][None], np.float32)},
+                            resid=resid[l0][b : b + 1] if l0 else None,
                         )
-                        _, d = target_value_and_grad(target, lg, np.repeat(toks[b : b + 1], k, 0))
-                        g = tp.backward(d, None, [p])[p]
-                        for gj in g:  # one interpolation point at a time
-                            gsum += gj
-                        if bar is not None:
-                            bar.update(1)
-                    attr[b] = (a[b] - a0[b]) * gsum / steps
-                    # F(a0): the baseline run
-                    tape = None
-                    tb = Tape(model, 1, T, budget, l0)
-                    lg0 = tb.forward(
-                        toks[b : b + 1],
-                        {p: np.ascontiguousarray(a0[b][None], np.float32)},
-                        resid=resid[l0][b : b + 1] if l0 else None,
-                    )
-                    f0[b] = target_value_and_grad(target, lg0, toks[b : b + 1])[0][0]
+                        f0[b] = target_value_and_grad(target, lg0, toks[b : b + 1])[0][0]
                 out.attributions[n] = attr.astype(np.float32)
                 gap = attr.reshape(B, -1).sum(1) - (fa - f0)
                 out.baseline_value[n] = f0 if batched else float(f0[0])

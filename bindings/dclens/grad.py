@@ -20,149 +20,16 @@ the tape follows the memory plan of memplan.py under ``max_tape_bytes``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _facade
+from . import _facade, tapes
 from ._engine import ffi, lib
-from ._checks import EngineObject, Error, check_status as _check
+from ._checks import Error, check_status as _check
 from . import memplan
-
-
-def _ptr(a, kind="float *"):
-    return ffi.cast(kind, ffi.from_buffer(a))
-
-
-class Tape(EngineObject):
-    """One engine tape for B sequences of T tokens, under the memory budget
-    max_tape_bytes (None: memplan.default_budget()). It runs on the model's
-    device (the engine moves host inputs and outputs: arrays in, gradients out)."""
-
-    def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None, first_layer: int = 0):
-        self.model = model
-        self.B, self.T = B, T
-        budget = memplan.check_budget(max_tape_bytes)
-        out = ffi.new("dcs_tape **")
-        with model.runner.engine_lock():  # one engine call at a time per model
-            _check(lib.dcs_tape_new_from(model.runner.handle, B, T, first_layer, budget, out), model.runner.errmsg())
-        self.first = first_layer  # > 0: forward(resid=...) starts at this layer
-        self._tp = ffi.gc(out[0], lib.dcs_tape_free)
-        self._keep: Optional[Tuple[Any, Any]] = None
-
-    def reshape(self, B: int, T: int) -> None:
-        """Run the next passes on B x T, within the shape the tape was made
-        for (length-bucketed batches: the buffers are reused); the forward
-        has to run again before loss and backward."""
-        with self.model.runner.engine_lock():
-            _check(lib.dcs_tape_reshape(self._tp, int(B), int(T)), self.model.runner.errmsg())
-        self.B, self.T = int(B), int(T)
-
-    def memory(self) -> Dict[str, int]:
-        """'tape' bytes of its buffers, 'pass_peak' the largest transient of its
-        passes so far, 'recompute' 1 when it recomputes layers."""
-        tb, pk, rc = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("int *")
-        lib.dcs_tape_memory(self._tp, tb, pk, rc)
-        return {"tape": int(tb[0]), "pass_peak": int(pk[0]), "recompute": int(rc[0])}
-
-    def _shape(self, point: int) -> Tuple[int, ...]:
-        shape = ffi.new("int64_t[6]")
-        nd = lib.dcs_hook_shape(self.model.runner.handle, point, self.B, self.T, shape)
-        return tuple(int(shape[i]) for i in range(nd))
-
-    def forward(
-        self,
-        tokens: np.ndarray,
-        overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
-        logits: bool = True,
-        resid: Optional[np.ndarray] = None,
-    ) -> Any:
-        """The tape's forward; from layer `first` (> 0) it starts from resid
-        [B, T, D], the residual stream entering that layer."""
-        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
-        if self.first:
-            D = self.model.config.d_model
-            if resid is None:
-                raise Error("tape from layer %d: resid [B, T, D] is required" % self.first)
-            resid = np.ascontiguousarray(resid, dtype=np.float32)
-            if resid.shape != (self.B, self.T, D):
-                raise Error("tape: resid has shape %s, expected %s" % (resid.shape, (self.B, self.T, D)))
-        ov = overrides or {}
-        keep = []
-        arr = ffi.new("dcs_hook_override[]", max(1, len(ov)))
-        for i, ((p, l), data) in enumerate(ov.items()):
-            d = np.ascontiguousarray(data, dtype=np.float32)
-            if d.shape != self._shape(p):
-                raise Error(
-                    "override at %s: shape %s, expected %s"
-                    % (self.model.runner.hook_table.name[(p, l)], d.shape, self._shape(p))
-                )
-            keep.append(d)
-            arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
-        self._keep = (keep, arr)  # the engine reads them again in the backward
-        out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
-        with self.model.runner.engine_lock():
-            lg = _ptr(out) if out is not None else ffi.NULL
-            if self.first:
-                st = lib.dcs_tape_forward_from(
-                    self._tp, _ptr(toks, "const int32_t *"), _ptr(resid, "const float *"), arr, len(ov), lg
-                )
-            else:
-                st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), lg)
-            _check(st, self.model.runner.errmsg())
-        return out
-
-    def loss(self, targets: np.ndarray) -> float:
-        """Mean cross-entropy over targets >= 0 (its gradient goes to the backward)."""
-        t = np.ascontiguousarray(targets, dtype=np.int32).reshape(self.B, self.T)
-        loss, cnt = ffi.new("double *"), ffi.new("int *")
-        with self.model.runner.engine_lock():
-            _check(lib.dcs_tape_loss(self._tp, _ptr(t, "const int32_t *"), loss, cnt), self.model.runner.errmsg())
-        return float(loss[0])
-
-    def backward(
-        self,
-        dlogits: Optional[np.ndarray] = None,
-        param_grads: Optional[np.ndarray] = None,
-        wrt: Sequence[Tuple[int, int]] = (),
-        params: Optional[Dict[int, np.ndarray]] = None,
-    ) -> Dict[Tuple[int, int], np.ndarray]:
-        """Gradients at the hooks in wrt; parameter gradients accumulated into
-        param_grads (flat, every parameter) or into params (parameter index ->
-        float32 buffer of its size: only those)."""
-        outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
-        arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
-        for i, ((p, l), g) in enumerate(outs.items()):
-            arr[i].point, arr[i].layer, arr[i].grad = p, l, _ptr(g)
-        dl = ffi.NULL
-        if dlogits is not None:
-            dlogits = np.ascontiguousarray(dlogits, dtype=np.float32)
-            dl = _ptr(dlogits, "const float *")
-        pg = ffi.NULL
-        if param_grads is not None:
-            assert param_grads.dtype == np.float32 and param_grads.flags.c_contiguous
-            pg = _ptr(param_grads)
-        with self.model.runner.engine_lock():
-            if params:
-                pa = ffi.new("dcs_param_grad[]", len(params))
-                for i, (idx, buf) in enumerate(params.items()):
-                    assert buf.dtype == np.float32 and buf.flags.c_contiguous
-                    pa[i].index, pa[i].grad = idx, _ptr(buf)
-                st = lib.dcs_tape_backward_params(self._tp, dl, pa, len(params), arr, len(outs))
-            else:
-                st = lib.dcs_tape_backward(self._tp, dl, pg, arr, len(outs))
-            _check(st, self.model.runner.errmsg())
-        return outs
-
-
-def param_table(model) -> List[Tuple[str, int, int, bool]]:
-    """(canonical name, offset, size, decayed) of every parameter in the flat layout."""
-    rows = []
-    nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
-    for i in range(lib.dcs_param_count(model.runner.handle)):
-        _check(lib.dcs_param_info(model.runner.handle, i, nm, off, n, dec), model.runner.errmsg())
-        rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
-    return rows
+from .memplan import param_table
+from .tapes import Tape  # noqa: F401  (dclens.grad.Tape: its home before tapes.py)
 
 
 def _weight_shape(model, name: str) -> Tuple[int, ...]:
@@ -283,12 +150,13 @@ def gradients(
             hooks[n] = model.parse_hook(n)
         except Error as e:
             raise Error("gradients: %r is neither a hook of this model nor a parameter name (%s)" % (n, e))
-    tape = Tape(model, B, T, max_tape_bytes)
-    logits = tape.forward(toks)
-    val, dl = target_value_and_grad(target, logits, toks)
-    # one buffer per parameter asked for (never a flat gradient of all of them)
-    pbufs = {params[n][0]: np.zeros(params[n][3], np.float32) for n in pnames}
-    g = tape.backward(dl, None, list(hooks.values()), params=pbufs)
+    # a tape of the model's cache (tapes.py): its buffers are reused by the next call
+    with tapes.lease(model, B, T, memplan.check_budget(max_tape_bytes, model)) as tape:
+        logits = tape.forward(toks)
+        val, dl = target_value_and_grad(target, logits, toks)
+        # one buffer per parameter asked for (never a flat gradient of all of them)
+        pbufs = {params[n][0]: np.zeros(params[n][3], np.float32) for n in pnames}
+        g = tape.backward(dl, None, list(hooks.values()), params=pbufs)
     out = {}
     for n, pl in hooks.items():
         a = g[pl]

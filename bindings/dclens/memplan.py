@@ -9,14 +9,19 @@ recomputes a layer from its checkpoint before its backward (the same
 results, bit for bit, for about one more forward pass of time). A tape takes
 the full plan when it fits in ``max_tape_bytes`` and recomputes otherwise.
 
-The default budget is half of the memory the kernel reports available
-(MemAvailable) when the tape is made: the weights stay in their stored dtype
-and are not counted here (they are already resident or mapped).
+The default budget is half of the memory the model's activations live in
+that is free when the tape is made, counting the idle tapes the model keeps
+(tapes.TapeCache) as free: for a CPU model the memory the kernel reports
+available (MemAvailable); for a CUDA model the GPU's free memory
+(cudaMemGetInfo, plus what the backend's pool holds unused: dcs_device_memory),
+falling back to the host's when the device cannot say. The weights stay in
+their stored dtype and are not counted here (they are already resident or
+mapped).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _facade
 from ._checks import Error, check_status as _check
@@ -41,14 +46,32 @@ def available_memory() -> int:
         return 1 << 62
 
 
-def default_budget() -> int:
-    return max(256 << 20, available_memory() // 2)
+def device_memory(model) -> Optional[int]:
+    """Free bytes of the model's device (dcs_device_memory), or None for a
+    model whose memory is the host's or whose device cannot say."""
+    if model is None or getattr(model.runner, "device", "cpu") == "cpu":
+        return None
+    free, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    with model.runner.engine_lock():
+        st = lib.dcs_device_memory(model.runner.handle, free, total)
+    return int(free[0]) if st == lib.DCS_OK else None
 
 
-def check_budget(max_tape_bytes: Optional[int]) -> int:
-    """The budget in bytes: the default when None, else a positive integer."""
+def default_budget(model=None) -> int:
+    """Half of the free memory where the model's tape would live (the
+    module docstring), at least 256 MiB."""
+    free = device_memory(model)
+    if free is None:
+        free = available_memory()
+    idle = model.runner.tapes.held_bytes() if model is not None else 0
+    return max(256 << 20, (free + idle) // 2)
+
+
+def check_budget(max_tape_bytes: Optional[int], model=None) -> int:
+    """The budget in bytes: the default (for `model`'s device) when None,
+    else a positive integer."""
     if max_tape_bytes is None:
-        return default_budget()
+        return default_budget(model)
     if isinstance(max_tape_bytes, bool) or not isinstance(max_tape_bytes, int) or max_tape_bytes < 1:
         raise Error("max_tape_bytes must be a positive integer (bytes) or None, not %r" % (max_tape_bytes,))
     return int(max_tape_bytes)
@@ -65,22 +88,38 @@ def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (
     return int(out[0])
 
 
+def param_table(model) -> List[Tuple[str, int, int, bool]]:
+    """(canonical name, offset, size, decayed) of every parameter in the flat
+    layout (dcs_param_info; dclens.grad.param_table)."""
+    rows = []
+    nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
+    for i in range(lib.dcs_param_count(model.runner.handle)):
+        _check(lib.dcs_param_info(model.runner.handle, i, nm, off, n, dec), model.runner.errmsg())
+        rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
+    return rows
+
+
 @_facade.provides("estimate_backward_memory")
 def estimate(
     model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: Optional[int] = None
 ) -> Dict[str, object]:
     """Model.estimate_backward_memory: bytes of both plans for B sequences of
-    T tokens with gradients at the hooks in `wrt`, and the plan the budget
-    picks ('full', 'recompute', or None when neither fits)."""
+    T tokens with gradients at the hooks and parameters in `wrt`, and the
+    plan the budget picks ('full', 'recompute', or None when neither fits).
+    A parameter counts its float32 gradient (and on CUDA its device mirror,
+    held through the backward)."""
     if isinstance(wrt, str):
         wrt = [wrt]
     for name, v in (("T", T), ("B", B)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise Error("estimate_backward_memory: %s must be a positive integer, not %r" % (name, v))
-    pts = [model.parse_hook(n)[0] for n in wrt]
-    budget = check_budget(max_tape_bytes)
-    full = tape_bytes(model, B, T, False, pts)
-    rc = tape_bytes(model, B, T, True, pts)
+    sizes = {r[0]: r[2] for r in param_table(model)}
+    pts = [model.parse_hook(n)[0] for n in wrt if not (isinstance(n, str) and n in sizes)]
+    params = sum(sizes[n] for n in set(wrt) if isinstance(n, str) and n in sizes)
+    params *= 4 * (2 if getattr(model.runner, "device", "cpu") == "cuda" else 1)
+    budget = check_budget(max_tape_bytes, model)
+    full = tape_bytes(model, B, T, False, pts) + params
+    rc = tape_bytes(model, B, T, True, pts) + params
     plan = "full" if full <= budget else "recompute" if rc <= budget else None
     return {"full": full, "recompute": rc, "budget": budget, "plan": plan}
 
@@ -95,6 +134,14 @@ def hook_bytes(model, point: int, B: int, T: int) -> int:
     return n
 
 
+def ig_extra(model, T: int, k: int, point: int) -> int:
+    """What an IG batch of k points holds besides its tape's own buffers
+    (ig_batch): the interpolated activations and their gradients (2 per
+    point), the activation, baseline, difference, first gradient and two
+    float64 sums (8 of one point), the logits and their gradient."""
+    return 2 * hook_bytes(model, point, k, T) + 8 * hook_bytes(model, point, 1, T) + 8 * k * T * model.config.vocab
+
+
 def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0) -> Tuple[int, bool]:
     """How many IG interpolation points one tape holds under the budget, and
     whether it recomputes: the most that fit keeping every layer, else the
@@ -103,14 +150,12 @@ def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0)
     interpolated activations and their gradients): what attribution.py holds
     besides, the activation, its baseline and difference, its first
     gradient, two float64 sums, and the batch's logits with their gradient."""
-    V = model.config.vocab
-    fixed = 8 * hook_bytes(model, point, 1, T)
 
     def most(recompute: bool) -> int:
         lo, hi = 0, steps
         while lo < hi:  # largest k <= steps that fits
             k = (lo + hi + 1) // 2
-            if tape_bytes(model, k, T, recompute, [point], first) + fixed + 8 * k * T * V <= budget:
+            if tape_bytes(model, k, T, recompute, (), first) + ig_extra(model, T, k, point) <= budget:
                 lo = k
             else:
                 hi = k - 1

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import os
 import stat
+import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -776,10 +777,27 @@ class Model(WeightsMixin):
         """Activation bytes of the last pass (weights excluded): 'peak' held at
         once and 'total' asked for. Hooks not asked for add nothing. After a
         gradient pass: the tape's buffers plus the largest transient of its
-        forward and recomputations ('peak'; estimate_backward_memory bounds it)."""
+        forward and recomputations, and the scratch of its backward ('peak';
+        estimate_backward_memory bounds it; a tape reused from the model's
+        cache counts its buffers at the shape it was made for)."""
         peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         lib.dcs_forward_memory(self.runner.handle, peak, total)
         return {"peak": int(peak[0]), "total": int(total[0])}
+
+    def free_caches(self) -> None:
+        """Give back the memory the model keeps between calls: the gradient
+        tapes that gradients / attribute reuse (dclens.tapes, at most two,
+        within the max_tape_bytes of the call that made them), the
+        activation buffers pooled between passes, and the weights last read
+        by Model.weight. Everything is made again when needed; results do
+        not change. Not from a hook of a running pass (an Error)."""
+        r = self.runner
+        if r.pass_thread is not None and r.pass_thread == threading.get_ident():
+            raise Error("free_caches: not from a hook of a running pass (call it after the pass)")
+        r.tapes.clear()
+        self.__dict__.pop("_weights", None)
+        with r.engine_lock():
+            lib.dcs_model_trim(r.handle)
 
     # ------------------------------------------------------------ weights
 

@@ -10,7 +10,7 @@ Model's private members; nothing here imports Model.
 
 Layers of the package (tests/test_imports.py refuses any import cycle):
   _engine, _checks, names, _protocols        the binding, checks, hook names
-  hooks, cache, runner, _facade               plumbing: runs, caches, the facade
+  hooks, cache, tapes, runner, _facade        plumbing: runs, caches, tapes, the facade
   batch, weights, model                       Model (and Cache) for the user
   routing, grad, attribution, generate, ...   analyses, importing downwards
 """
@@ -40,6 +40,7 @@ from ._checks import (
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .hooks import HookFn, HookTable, _Run
+from .tapes import TapeCache
 
 Names = Union[None, str, Iterable[str], Callable[[str], bool]]
 
@@ -102,6 +103,7 @@ class Runner:
         self.pass_thread: Optional[int] = None
         self.hook_table = HookTable(handle, n_layer)  # name <-> (point, layer)
         self.ctx_hooks: List[Tuple[str, HookFn]] = []  # add_hook / with model.hooks(...)
+        self.tapes = TapeCache()  # gradient tapes kept between calls (tapes.py)
         _LIVE.add(self)
 
     def reset_after_fork(self) -> None:
@@ -111,6 +113,10 @@ class Runner:
             self.lock.release()
         self.lock = threading.RLock()
         self.pass_thread = None
+        # the parent's idle tapes: never reused here (a new cache); freed on
+        # the CPU when no call was running (tapes.TapeCache.forget)
+        tapes, self.tapes = self.tapes, TapeCache()
+        tapes.forget(free=self.device != "cuda" and not held)
         if self.device == "cuda":
             ffi.gc(self.handle, None)  # the child has no CUDA context: never free (or use) the parent's
         elif held:

@@ -106,6 +106,8 @@ typedef struct {
  * weights, single or sharded). On failure *out is NULL and err holds a
  * message naming the file and what is wrong. opts may be NULL. */
 dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **out, char *err, size_t errlen);
+/* Free a model; with decoders or tapes of it still alive, it goes with the
+ * last of them (so they may be freed in any order). */
 void dcs_free(dcs_model *m);
 
 const dcs_config *dcs_model_config(const dcs_model *m);
@@ -283,6 +285,15 @@ void dcs_after_fork(dcs_model *m);
  * excluded): the most held at once, and the sum of every buffer the pass
  * asked for. Hooks that are not asked for add nothing to either. */
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes);
+/* Free and total bytes of the memory the model's activations live in, for
+ * its memory plans: on CUDA the device's (cudaMemGetInfo, plus what the
+ * backend's pool holds unused); DCS_ERR_UNSUPPORTED on a backend whose
+ * memory is the host's (the caller reads the host's available memory), a
+ * device error as DCS_ERR_BACKEND. */
+dcs_status dcs_device_memory(dcs_model *m, uint64_t *free_bytes, uint64_t *total_bytes);
+/* Give back the activation buffers the model keeps pooled between passes
+ * (they are allocated again by the next pass). Not while a pass runs. */
+void dcs_model_trim(dcs_model *m);
 
 /* ---------------------------------------------------------------- decoding */
 
@@ -408,12 +419,15 @@ dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const floa
                                  const dcs_hook_override *ov, int n_ov, float *logits);
 /* Bytes a tape for B x T from layer `first` would take, before anything is
  * allocated: its buffers under the plan (recompute 0: every layer kept; 1: checkpoints),
- * a bound on one layer's transient, and for each hook point in `points`
+ * a bound on one layer's transient, the backend's backward scratch
+ * (ops->bw_scratch, the static map's partials counted), and for each hook point in `points`
  * its gradient and an override of it. */
 dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, const int *points,
                          int n_points, uint64_t *bytes);
 /* What a tape holds: its own buffers, the largest transient of its passes
- * so far (forward and recomputations), and whether it recomputes. */
+ * so far (its last forward and recomputations, plus its last backward's
+ * scratch: ops->bw_scratch, device mirrors of parameter gradients), and
+ * whether it recomputes. */
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute);
 /* The next passes on B x T with 1 <= B <= the tape's B and 1 <= T <= its T
  * (length-bucketed training batches); DCS_ERR_ARG outside. */

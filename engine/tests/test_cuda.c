@@ -201,6 +201,43 @@ static void test_memory(ctx *t) {
     rm(t, z);
 }
 
+/* The memory plan's operations: free device memory (driver + the pool's
+ * unused blocks) drops by an allocation held and comes back when it is
+ * freed (the pool keeps the block: still free for the plan); the backward
+ * scratch bound covers the static map's partials. */
+static void test_mem_info(ctx *t) {
+    dcs_err e = {0};
+    uint64_t f0 = 0, tot = 0, f1 = 0, f2 = 0;
+    if (!t->gpu->ops->mem_info || t->cpu->ops->mem_info) {
+        fail(t, "mem_info: the CUDA backend must have it, the CPU backend must not");
+        return;
+    }
+    if (t->gpu->ops->mem_info(t->gpu, &f0, &tot) || t->gpu->ops->sync(t->gpu, &e)) {
+        fail(t, "mem_info: failed: %s", e.msg);
+        return;
+    }
+    const size_t n = (size_t)64 << 20; /* 256 MiB */
+    void *p = t->gpu->ops->alloc(t->gpu, n * sizeof(float));
+    int ok = p && !t->gpu->ops->mem_info(t->gpu, &f1, &tot);
+    t->gpu->ops->free(t->gpu, p);
+    ok = ok && !t->gpu->ops->mem_info(t->gpu, &f2, &tot) && !t->gpu->ops->sync(t->gpu, &e);
+    /* other processes may use the GPU meanwhile: 64 MiB of slack */
+    const uint64_t slack = (uint64_t)64 << 20, held = n * sizeof(float);
+    if (!ok || !(0 < f0 && f0 <= tot) || f1 + held > f0 + slack || f1 + held + slack < f0 || f2 + slack < f0)
+        fail(t, "mem_info: free %llu -> %llu (holding %zu bytes) -> %llu of %llu", (unsigned long long)f0,
+             (unsigned long long)f1, held, (unsigned long long)f2, (unsigned long long)tot);
+    else
+        printf("    ok   mem_info: %.2f GiB free of %.2f GiB, follows a 256 MiB block\n", f0 / 1073741824.0,
+               tot / 1073741824.0);
+    dcs_bw_shape s = {2, 64, 32, 8, 2, 8, 2, 1, 0};
+    const uint64_t part = 4ull * 2 * 64 * 2 * 4 * 4, sc = t->gpu->ops->bw_scratch(t->gpu, &s);
+    if (sc < part || sc > part + 4ull * 2 * 64 * 8 + 12ull * 2 * 64)
+        fail(t, "bw_scratch: %llu bytes for static-map partials of %llu", (unsigned long long)sc,
+             (unsigned long long)part);
+    else
+        printf("    ok   bw_scratch covers the static map's partials\n");
+}
+
 /* ------------------------------------------------------------ gemm */
 
 static void gemm_case(ctx *t, int tA, int tB, int M, int N, int K, int batch, float alpha, float beta,
@@ -534,6 +571,7 @@ typedef struct {
 
 static const test_case tests[] = {
     {"memory", test_memory},
+    {"mem_info", test_mem_info},
     {"gemm", test_gemm},
     {"embed", test_embed},
     {"elementwise", test_elementwise},

@@ -1443,6 +1443,49 @@ static void test_cycles(const char *dcp, const char *neox, const float *ref_dcp)
 /* Incremental decoding (decode.c): any chunking gives the full pass's
  * logits; local layers keep their window; bad arguments; a decoder freed
  * after its model (LeakSanitizer and ASan check the order is safe). */
+/* A model freed while a tape (and a decoder) of it live goes with the last
+ * of them (dcs_free: a garbage collector frees in any order); the memory
+ * plan's device query says a CPU model's memory is the host's; trimming the
+ * pool changes no result. */
+static void test_tape_lifetime(const char *dir, const float *ref) {
+    dcs_model *m = LOAD_OK(dir);
+    if (!m) return;
+    uint64_t fr = 1, tot = 1;
+    CHECK(dcs_device_memory(m, &fr, &tot) == DCS_ERR_UNSUPPORTED && fr == 0 && tot == 0);
+    CHECKF(strstr(dcs_errmsg(m), "host") != NULL, "device memory: %s", dcs_errmsg(m));
+    CHECK(dcs_device_memory(m, NULL, &tot) == DCS_ERR_ARG);
+    float lg[T0 * V];
+    CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
+    dcs_model_trim(m);
+    dcs_model_trim(NULL);
+    float lg2[T0 * V];
+    CHECK(dcs_forward(m, TOKS[0], 1, T0, lg2, NULL) == DCS_OK && !memcmp(lg, lg2, sizeof lg));
+    CHECK(!memcmp(lg, ref, sizeof lg));
+    for (int order = 0; order < 2; order++) {
+        dcs_model *mm = order ? LOAD_OK(dir) : m;
+        if (!mm) continue;
+        dcs_tape *a = NULL, *b = NULL;
+        dcs_decoder *d = NULL;
+        CHECK(dcs_tape_new(mm, 1, T0, &a) == DCS_OK && dcs_tape_new(mm, 1, 2, &b) == DCS_OK);
+        CHECK(dcs_decoder_new(mm, &d) == DCS_OK);
+        if (a) CHECK(dcs_tape_forward(a, TOKS[0], NULL, 0, lg2) == DCS_OK);
+        dcs_free(mm); /* marked: the tapes and the decoder still hold it */
+        uint64_t tb = 0, pk = 0;
+        int rc = -1;
+        if (a) dcs_tape_memory(a, &tb, &pk, &rc);
+        CHECK(tb > 0 && rc == 0);
+        if (order) { /* the decoder last */
+            dcs_tape_free(a);
+            dcs_tape_free(b);
+            dcs_decoder_free(d);
+        } else { /* a tape last */
+            dcs_tape_free(b);
+            dcs_decoder_free(d);
+            dcs_tape_free(a);
+        }
+    }
+}
+
 static void test_decoder(const char *dir, const char *what, const float *ref) {
     dcs_model *m = LOAD_OK(dir);
     if (!m) return;
@@ -1557,6 +1600,7 @@ int main(void) {
     test_config_errors();
     test_tensor_errors();
     test_devices(dcp_dir);
+    test_tape_lifetime(dcp_dir, ref_dcp);
     test_cycles(dcp_dir, neox_dir, ref_dcp);
 
     free(ref_dcp);

@@ -858,6 +858,10 @@ static void cpu_attention(dcs_backend *be, const dcs_attn_args *args) {
     free(kt);
 }
 
+static uint64_t cpu_bw_scratch(dcs_backend *be, const dcs_bw_shape *s) {
+    return cpu_bw_scratch_bytes(s, ((cpu_ctx *)be->ctx)->n_threads);
+}
+
 static const dcs_backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -901,6 +905,8 @@ static const dcs_backend_ops cpu_ops = {
     .head_gate_bw = cpu_head_gate_bw,
     .moh_route_bw = cpu_moh_route_bw,
     .swiglu_bw = cpu_swiglu_bw,
+    .bw_scratch = cpu_bw_scratch,
+    .mem_info = NULL, /* the host's memory: the caller reads MemAvailable */
 };
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {

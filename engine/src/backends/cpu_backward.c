@@ -436,3 +436,21 @@ void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
         from_keys_T(a->dkdd, a->scratch[5], B, T, N);
     }
 }
+
+/* ---------------------------------------------------------------- scratch */
+
+/* The largest malloc one backward operation above makes for a tape of
+ * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
+ * (cos, sin), or compose_bw's row kernel's [4, R, T] per chunk, one chunk
+ * per thread at a time. */
+uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
+    const uint64_t M = (uint64_t)s->B * s->T;
+    uint64_t n = 2 * M;
+    const uint64_t rot = 2 * (uint64_t)s->T * (s->rot / 2 > 0 ? s->rot / 2 : 1);
+    if (rot > n) n = rot;
+    if (s->rows_kernel) {
+        const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) * 4 * (uint64_t)s->R * s->T;
+        if (cmp > n) n = cmp;
+    }
+    return n * sizeof(float);
+}

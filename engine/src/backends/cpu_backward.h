@@ -29,5 +29,7 @@ void cpu_moh_route_bw(dcs_backend *be, float *dlg, float *ds1, float *ds0, const
                       const float *s1, const float *s0, int M, int N, int hs, int k);
 void cpu_swiglu_bw(dcs_backend *be, float *du, float *du3, float *dgate, float *dp, const float *u,
                    const float *u3, const float *gate, int M, int F, int E);
+/* ops->bw_scratch of the CPU backend with n_threads threads */
+uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads);
 
 #endif

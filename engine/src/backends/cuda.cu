@@ -496,6 +496,35 @@ static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, i
 
 #include "cuda_backward.cuh"
 
+/* ------------------------------------------------------------ memory plan */
+
+/* Free and total device memory: the driver's free bytes plus what this
+ * backend's pool holds reserved but unused (freed blocks it keeps for
+ * reuse: cudaMemPoolAttrReleaseThreshold is UINT64_MAX), which the next
+ * allocations take first. Pending frees are waited for so they count.
+ * 0 on success; on failure the error is recorded (sync reports it) and 1
+ * is returned, the caller falling back to the host's memory. */
+static int cu_mem_info(dcs_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+    cuda_ctx *c = enter(be);
+    if (c->failed) return 1; /* cudaSetDevice (every call's sync reports and clears the record) */
+    if (!ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (memory info)")) return 1;
+    size_t fr = 0, tot = 0;
+    if (!ck(c, cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo")) return 1;
+    uint64_t cached = 0;
+    if (c->pool) {
+        uint64_t reserved = 0, used = 0; /* the attributes' type, cuuint64_t */
+        if (!ck(c, cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+                "cudaMemPoolGetAttribute (reserved)") ||
+            !ck(c, cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrUsedMemCurrent, &used),
+                "cudaMemPoolGetAttribute (used)"))
+            return 1;
+        cached = reserved > used ? reserved - used : 0;
+    }
+    if (free_bytes) *free_bytes = (uint64_t)fr + cached;
+    if (total_bytes) *total_bytes = (uint64_t)tot;
+    return 0;
+}
+
 /* ------------------------------------------------------------ public */
 
 static int cu_probe(char *why, size_t whylen) {
@@ -559,6 +588,8 @@ static const dcs_backend_ops cuda_ops = {
     .head_gate_bw = cu_head_gate_bw,
     .moh_route_bw = cu_moh_route_bw,
     .swiglu_bw = cu_swiglu_bw,
+    .bw_scratch = cu_bw_scratch,
+    .mem_info = cu_mem_info,
 };
 
 static dcs_backend *cu_create(int device, dcs_err *e) {
@@ -627,7 +658,7 @@ extern "C" __attribute__((visibility("default"))) const dcs_cuda_plugin *dcs_cud
     static const dcs_cuda_plugin plugin = {
         DCS_CUDA_PLUGIN_ABI,
         sizeof(dcs_backend_ops),
-        sizeof(dcs_compose_args) + sizeof(dcs_attn_args) + sizeof(dcs_compose_bw_args),
+        sizeof(dcs_compose_args) + sizeof(dcs_attn_args) + sizeof(dcs_compose_bw_args) + sizeof(dcs_bw_shape),
         cu_create,
         cu_probe,
     };

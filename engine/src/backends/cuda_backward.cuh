@@ -372,3 +372,24 @@ static void cu_swiglu_bw(dcs_backend *be, float *du, float *du3, float *dgate, f
     swiglu_bw_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(du, du3, dp, u, u3, n);
     launched(c, "swiglu_bw_kernel");
 }
+
+/* The largest scratch one operation above takes (ops->bw_scratch), in
+ * bytes, for a tape of shape s: layernorm_bw's statistics [M, 2], rmsnorm_bw's
+ * rstd [rows] (rows up to M*N: the q/k norms), embed_bw's token ids [M],
+ * xent_bw's targets [M] and row losses [M] (double), compose_bw's
+ * static-map partials [M, G, N/G, N/G] (only when that map's gradient is
+ * asked); and the forward's token ids (cu_embed's scratch, [M], kept by
+ * the context). */
+static uint64_t cu_bw_scratch(dcs_backend *be, const dcs_bw_shape *s) {
+    (void)be;
+    const uint64_t M = (uint64_t)(s->B > 0 ? s->B : 0) * (uint64_t)(s->T > 0 ? s->T : 0);
+    const uint64_t N = s->N > 0 ? (uint64_t)s->N : 1, G = s->G > 0 ? (uint64_t)s->G : 1;
+    uint64_t n = 2 * M * sizeof(float);
+    if (M * N * sizeof(float) > n) n = M * N * sizeof(float);
+    if (M * (sizeof(int32_t) + sizeof(double)) > n) n = M * (sizeof(int32_t) + sizeof(double));
+    if (s->use_sw) {
+        const uint64_t Mg = N / G, part = M * G * Mg * Mg * sizeof(float);
+        if (part > n) n = part;
+    }
+    return n + M * sizeof(int32_t);
+}

@@ -75,7 +75,8 @@ static const dcs_cuda_plugin *load_plugin(char *why, size_t whylen) {
         return NULL;
     }
     if (p->abi != DCS_CUDA_PLUGIN_ABI || p->ops_size != sizeof(dcs_backend_ops) ||
-        p->args_size != sizeof(dcs_compose_args) + sizeof(dcs_attn_args) + sizeof(dcs_compose_bw_args) ||
+        p->args_size != sizeof(dcs_compose_args) + sizeof(dcs_attn_args) + sizeof(dcs_compose_bw_args) +
+                            sizeof(dcs_bw_shape) ||
         !p->create || !p->probe) {
         snprintf(why, whylen,
                  "the CUDA plugin %s is from another build of dclens (interface %d, this "

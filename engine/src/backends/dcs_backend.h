@@ -98,6 +98,16 @@ typedef struct {
     unsigned on;
 } dcs_compose_bw_args;
 
+/* The shapes the backward's scratch depends on (ops->bw_scratch): a tape
+ * of B sequences of T tokens, width D, N heads, dynamic rank R, `rot`
+ * rotary dims; G composition groups; use_sw: the static (Talking-Heads)
+ * map's gradient is asked (its per-row partials); rows_kernel: plain
+ * DCMHA through compose_bw's row kernel (scratch non-NULL). */
+typedef struct {
+    int B, T, D, N, R, rot, G;
+    int use_sw, rows_kernel;
+} dcs_bw_shape;
+
 /* The operations of a backend: one static const table per backend
  * (cpu.c, cuda.cu), filled with designated initialisers. Every operation
  * takes the backend it is called on: be->ops->gemm(be, ...). */
@@ -220,6 +230,19 @@ typedef struct dcs_backend_ops {
      * group gate when E > 0, dgate [M, E] written) to du, du3 [M, F] */
     void (*swiglu_bw)(dcs_backend *be, float *du, float *du3, float *dgate, float *dp, const float *u,
                       const float *u3, const float *gate, int M, int F, int E);
+    /* Bytes of the largest scratch one backward operation above takes for
+     * a tape of shape s (taken and given back inside the operation, in
+     * stream order on a device; the CPU's per-thread buffers counted for
+     * every thread): what the tape's memory plan and report add above its
+     * own buffers (tape.c). NULL: none. */
+    uint64_t (*bw_scratch)(dcs_backend *be, const dcs_bw_shape *s);
+
+    /* ------------------------------------------------------------ memory plan
+     * Bytes of the backend's memory free now (on a device: the driver's free
+     * memory plus what the backend's own allocator holds unused) and in all;
+     * 0 on success. NULL: the backend's memory is the host's (the caller
+     * reads the host's available memory). */
+    int (*mem_info)(dcs_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
 } dcs_backend_ops;
 
 /* A backend: its operations and its state (device, streams, threads). */
@@ -241,13 +264,13 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e);
  * The plugin exports one symbol, DCS_CUDA_PLUGIN_SYMBOL, a function that
  * returns its table below. The loader refuses a plugin whose abi or struct
  * sizes differ from its own (a plugin left over from another build). */
-#define DCS_CUDA_PLUGIN_ABI 2
+#define DCS_CUDA_PLUGIN_ABI 3
 #define DCS_CUDA_PLUGIN_SYMBOL "dcs_cuda_plugin_v1"
 #define DCS_CUDA_PLUGIN_FILE "libdclens_cuda.so"
 typedef struct {
     int abi;          /* DCS_CUDA_PLUGIN_ABI                     */
     size_t ops_size;  /* sizeof(dcs_backend_ops)                 */
-    size_t args_size; /* sizeof of dcs_compose_args, dcs_attn_args, dcs_compose_bw_args */
+    size_t args_size; /* sizeof of dcs_compose_args, dcs_attn_args, dcs_compose_bw_args, dcs_bw_shape */
     /* a backend on GPU `device` (its ops: the plugin's static table) */
     dcs_backend *(*create)(int device, dcs_err *e);
     /* 1 if a GPU is usable, else 0 and why */

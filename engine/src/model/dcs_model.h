@@ -81,7 +81,8 @@ struct dcs_model {
     uint64_t last_peak_bytes, last_total_bytes; /* of the last forward pass */
     atomic_int cancel;                          /* dcs_cancel: stop the running pass */
     int n_decoders;                             /* live dcs_decoder objects (decode.c) */
-    int freed;                                  /* dcs_free called while decoders live */
+    int n_tapes;                                /* live dcs_tape objects (tape.c)      */
+    int freed;                                  /* dcs_free called while either live   */
 };
 
 /* ---- model.c: lifecycle, weight reads, the activation pool */

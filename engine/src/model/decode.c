@@ -140,7 +140,7 @@ void dcs_decoder_free(dcs_decoder *d) {
     for (int l = 0; l < m->cfg.n_layer; l++) layer_free(m->be, &d->layers[l]);
     free(d->layers);
     free(d);
-    if (--m->n_decoders == 0 && m->freed) dcs_model_destroy(m);
+    if (--m->n_decoders == 0 && m->n_tapes == 0 && m->freed) dcs_model_destroy(m);
 }
 
 int dcs_decoder_pos(const dcs_decoder *d) { return d ? d->pos : 0; }

@@ -15,11 +15,12 @@
 
 /* ---------------------------------------------------------------- lifecycle */
 
-/* A model with live decoders (decode.c) is only marked: the last decoder
- * to go frees it, so the two may be freed in either order. */
+/* A model with live decoders (decode.c) or tapes (tape.c) is only marked:
+ * the last of them to go frees it, so they may be freed in any order (a
+ * garbage collector's). */
 void dcs_free(dcs_model *m) {
     if (!m) return;
-    if (m->n_decoders > 0) {
+    if (m->n_decoders > 0 || m->n_tapes > 0) {
         m->freed = 1;
         return;
     }
@@ -162,6 +163,24 @@ void dcs_pool_clear(dcs_model *m) {
 void dcs_forward_memory(const dcs_model *m, uint64_t *peak_bytes, uint64_t *total_bytes) {
     if (peak_bytes) *peak_bytes = m->last_peak_bytes;
     if (total_bytes) *total_bytes = m->last_total_bytes;
+}
+
+dcs_status dcs_device_memory(dcs_model *m, uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (!m || !free_bytes || !total_bytes) return DCS_ERR_ARG;
+    *free_bytes = *total_bytes = 0;
+    if (!m->be->ops->mem_info)
+        return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED, "the %s backend's memory is the host's",
+                          m->be->ops->name);
+    if (m->be->ops->mem_info(m->be, free_bytes, total_bytes)) {
+        *free_bytes = *total_bytes = 0;
+        dcs_status st = m->be->ops->sync(m->be, &m->err); /* reports (and clears) the device's error */
+        return st ? st : dcs_seterr(&m->err, DCS_ERR_BACKEND, "%s: no memory information", m->be->ops->name);
+    }
+    return DCS_OK;
+}
+
+void dcs_model_trim(dcs_model *m) {
+    if (m && m->be) dcs_pool_clear(m);
 }
 
 /* ---------------------------------------------------------------- cancel */

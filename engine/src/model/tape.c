@@ -59,6 +59,8 @@ struct dcs_tape {
     float *xr;          /* [M, D] residual stream of a recomputed layer */
     uint64_t bytes;     /* the tape's own buffers                       */
     uint64_t pass_peak; /* the largest transient of its passes          */
+    uint64_t bw_peak;   /* its last backward's scratch (ops->bw_scratch)
+                           and device mirrors of parameter gradients     */
     int dry;            /* planning only: tp_alloc counts, allocates nothing */
     dcs_kept *L;
     float *xL, *lnf, *logits, *dlogits;
@@ -118,16 +120,19 @@ static void heads_gemm(const dcs_tape *tp, const hg_arg *g, int B) {
 
 void dcs_tape_free(dcs_tape *tp) {
     if (!tp) return;
+    dcs_model *m = tp->m;
     /* the transients its passes left in the model's pool are sized for
      * this tape's B x T: kept, they would add up over tapes of other sizes
      * (IG chunks) */
-    if (tp->m && !tp->dry) dcs_pool_clear(tp->m);
-    for (int i = 0; i < tp->n_allocs; i++) tp->m->be->ops->free(tp->m->be, tp->allocs[i]);
+    if (!m->freed) dcs_pool_clear(m);
+    for (int i = 0; i < tp->n_allocs; i++) m->be->ops->free(m->be, tp->allocs[i]);
     free(tp->tokens);
     free(tp->allocs);
     free(tp->L);
     free(tp->want);
     free(tp);
+    /* the model waits for its last tape (dcs_free) */
+    if (--m->n_tapes == 0 && m->n_decoders == 0 && m->freed) dcs_model_destroy(m);
 }
 
 /* The tape differentiates DCMHA, MHA and the variants of model-spec.md 5
@@ -305,6 +310,25 @@ static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
     return t * sizeof(float);
 }
 
+/* The backend's scratch in one backward operation (ops->bw_scratch: norm
+ * statistics, token ids, the static map's partials, ...) for B x T; sw_grad:
+ * the static map's gradient may be asked (parameters). Held on top of the
+ * tape's buffers and the pool's transients, so the plan adds it. */
+static uint64_t bw_scratch(const dcs_model *m, int B, int T, int sw_grad) {
+    const dcs_config *c = &m->cfg;
+    if (!m->be->ops->bw_scratch) return 0;
+    const dcs_bw_shape s = {.B = B,
+                            .T = T,
+                            .D = c->d_model,
+                            .N = c->n_head,
+                            .R = c->use_dcmha ? c->dyn_rank : 0,
+                            .rot = c->rotary_dim,
+                            .G = c->compose_groups > 1 ? c->compose_groups : 1,
+                            .use_sw = sw_grad && c->use_dcmha && c->use_sw,
+                            .rows_kernel = c->use_dcmha && !compose_variant(c)};
+    return m->be->ops->bw_scratch(m->be, &s);
+}
+
 static dcs_status check_first(dcs_model *m, int first) {
     if (first < 0 || first >= m->cfg.n_layer)
         return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: first layer %d is out of range (model has %d layers)",
@@ -342,7 +366,7 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, c
         hooks += 2 * n * sizeof(float); /* its gradient and an override of it */
         head_out |= points[i] == DCS_HP_HEAD_OUT;
     }
-    *bytes = plan.bytes + pass_transient(m, B, T, head_out) + hooks;
+    *bytes = plan.bytes + pass_transient(m, B, T, head_out) + bw_scratch(m, B, T, 1) + hooks;
     return DCS_OK;
 }
 
@@ -375,6 +399,7 @@ dcs_status dcs_tape_new_from(dcs_model *m, int B, int T, int first, uint64_t max
     dcs_tape *tp = calloc(1, sizeof *tp);
     if (!tp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     tp->m = m;
+    m->n_tapes++; /* dcs_tape_free counts it out */
     tp->B = tp->B_cap = B;
     tp->T = tp->T_cap = T;
     tp->M = B * T;
@@ -419,7 +444,7 @@ dcs_status dcs_tape_reshape(dcs_tape *tp, int B, int T) {
 
 void dcs_tape_memory(const dcs_tape *tp, uint64_t *tape_bytes, uint64_t *pass_peak, int *recompute) {
     if (tape_bytes) *tape_bytes = tp->bytes;
-    if (pass_peak) *pass_peak = tp->pass_peak;
+    if (pass_peak) *pass_peak = tp->pass_peak + tp->bw_peak;
     if (recompute) *recompute = tp->recompute;
 }
 
@@ -588,6 +613,7 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     dcs_pass_final(&p, tp->xL, tp->lnf, tp->logits);
     if (!p.status) p.status = be->ops->sync(be, &m->err);
     tp->pass_peak = p.peak;
+    tp->bw_peak = 0;
     dcs_pass_end(&p);
     tp->held = L - 1; /* the shared internals (recompute) hold the last layer */
     m->last_peak_bytes = tp->bytes + tp->pass_peak;
@@ -1054,7 +1080,13 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad parameter gradient request %d (index %d)", i,
                               pg[i].index);
     bwctx bcv = {param_grads, pg, n_pg, g, n_g, NULL};
-    if (m->device == DCS_DEVICE_CPU || (!param_grads && !n_pg)) return run_backward(tp, dlogits, &bcv);
+    const int params = param_grads || n_pg;
+    tp->bw_peak = bw_scratch(m, tp->B, tp->T, params);
+    if (m->device == DCS_DEVICE_CPU || !params) {
+        dcs_status st = run_backward(tp, dlogits, &bcv);
+        m->last_peak_bytes = tp->bytes + tp->pass_peak + tp->bw_peak;
+        return st;
+    }
     /* on a device: the asked parameter gradients in device mirrors, uploaded
      * (the backward accumulates), run, downloaded */
     bcv.dev = calloc((size_t)m->n_weights, sizeof(float *));
@@ -1067,10 +1099,13 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         if (!(bcv.dev[i] = be->ops->alloc(be, n * sizeof(float))))
             st = dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: no device memory for the gradient of '%s'",
                             m->weights[i].name);
-        else
+        else {
             be->ops->upload(be, bcv.dev[i], host, n * sizeof(float));
+            tp->bw_peak += n * sizeof(float); /* held through the whole backward */
+        }
     }
     if (!st) st = run_backward(tp, dlogits, &bcv);
+    m->last_peak_bytes = tp->bytes + tp->pass_peak + tp->bw_peak;
     off = 0;
     for (int i = 0; i < m->n_weights; i++) {
         float *host = host_grad(m, param_grads, pg, n_pg, i, &off, &n);
@@ -1129,7 +1164,6 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
-    m->last_peak_bytes = tp->bytes + tp->pass_peak;
     grad_at(tp, g, n_g, DCS_HP_EMBED, 0, d->dx);
     float *ge = GP(m->m_tok_emb.p);
     if (ge) be->ops->embed_bw(be, ge, d->dx, tp->tokens, M, D);
