@@ -13,6 +13,7 @@
 #include "dcs_backend.h"
 #include "dcs_math.h"
 #include "cpu_backward.h"
+#include "cpu_vec.h"
 
 #include <cblas.h>
 #include <pthread.h>
@@ -424,15 +425,8 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
     parallel_for_chunk(be, gemmw_items, &g, (N + tw - 1) / tw, PAR_MIN, 1);
 }
 
-/* The vectorised row kernels (GELU here, compose rows below), compiled for
- * the widest SIMD the CPU has (function multi-versioning on x86-64 with GCC;
- * plain C elsewhere). The arithmetic is dcs_math.h's, op for op (no FMA
- * contraction under -std=c11). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define DCS_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DCS_VEC
-#endif
+/* The vectorised row kernels (GELU here, compose rows below): DCS_VEC,
+ * cpu_vec.h. */
 
 /* ------------------------------------------------------------ row kernels
  * Each splits its rows over the pool (above PAR_MIN items x cost). */

@@ -627,10 +627,11 @@ DCS_HD_ROW void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
  * The per-element math of the backward pass (the tape, tape.c), compiled for
  * the CPU backend (cpu_backward.c) and the CUDA kernels (cuda_backward.cuh). */
 
-/* d gelu(x) / dx of the exact (erf) GELU. */
-DCS_HD float dcs_gelu_grad(float v) {
+/* d gelu(x) / dx of the exact (erf) GELU (dcs_erf, dcs_exp: no libm call,
+ * so the CPU's per-ISA loop vectorises it). */
+DCS_HD_ROW float dcs_gelu_grad(float v) {
     float cdf = 0.5f * (1.0f + dcs_erf(v * 0.70710678118654752f));
-    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    float pdf = 0.39894228040143268f * dcs_exp(-0.5f * v * v);
     return cdf + v * pdf;
 }
 
