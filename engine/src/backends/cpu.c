@@ -339,7 +339,8 @@ static void gemm_items(void *arg, long long begin, long long end, int tid) {
 /* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
  * shape only (see there). */
 #define GEMM_PIECES 16
-#define GEMM_MIN_BLOCK 256 /* rows or columns of a cpu_gemm block */
+#define GEMM_MIN_BLOCK 256 /* rows or columns of a cpu_gemm block... */
+#define GEMM_MIN_HALF 96   /* ...or of half a product 192..511 wide */
 #define GEMMW_MIN_TILE 128 /* columns of a cpu_gemm_w weight tile (its scratch is tile x K floats) */
 
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
@@ -358,6 +359,12 @@ static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int 
         int bw = (dim + pieces - 1) / pieces;
         bw = (bw + 15) / 16 * 16;
         if (bw < GEMM_MIN_BLOCK) bw = GEMM_MIN_BLOCK;
+        int nblk = (dim + bw - 1) / bw;
+        /* an even number of blocks (two or four threads share them alike: 3 blocks
+         * of a 768-wide weight gradient kept one of 2 threads idle a third of the
+         * time, a 192-wide one ran on one thread), none under GEMM_MIN_HALF */
+        if (nblk % 2 && dim >= 2 * GEMM_MIN_HALF) nblk++;
+        bw = ((dim + nblk - 1) / nblk + 15) / 16 * 16;
         g.bw = bw < dim ? bw : dim;
         g.nblk = (dim + g.bw - 1) / g.bw;
     }

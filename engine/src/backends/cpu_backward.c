@@ -274,8 +274,9 @@ static inline float dot8(const float *x, const float *y, int s0, int s1) {
  * (stride TT) += ; query-side dqw1, dqw2 [R, N], dqdd [N] += ; key-side
  * dkw1T, dkw2T [R, N, T], dkddT [N, T] += (transposed, NULL when
  * query_wise). `on` masks the branches as in dcs_compose_pair_bw_var, whose
- * sums these are in another order. tmp: 4*R*T floats. */
-static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
+ * sums these are in another order. tmp: 4*R*T floats. In the per-ISA clones
+ * (cpu_vec.h): dot8's fixed lanes keep the bits the same in each. */
+DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
                            int s0, int s1, const float *qw1, const float *qw2, const float *kw1T,
                            const float *kw2T, const float *qdd, const float *kddT, float *dqw1, float *dqw2,
                            float *dkw1T, float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp) {
