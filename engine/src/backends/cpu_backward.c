@@ -138,16 +138,52 @@ void cpu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, const fl
     free(st);
 }
 
+/* RMSNorm backward the same way: rows (dx, each row's 1/rms kept) on the
+ * pool, then column blocks of dscale summed over rows in row order. */
+typedef struct {
+    float *dx, *dscale, *rs;
+    const float *dy, *x, *scale;
+    int rows, width;
+    float eps;
+} rmsbw_arg;
+static void rmsbw_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const rmsbw_arg *a = p;
+    const int W = a->width;
+    for (long long r = b; r < e; r++) {
+        const float *xr = a->x + (size_t)r * W;
+        const float rs = dcs_rms_row_inv(xr, W, a->eps);
+        if (a->rs) a->rs[r] = rs;
+        dcs_rmsnorm_row_bw(a->dx + (size_t)r * W, a->dy + (size_t)r * W, xr, a->scale, rs, W);
+    }
+}
+static void rmsbw_cols(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const rmsbw_arg *a = p;
+    const int W = a->width, i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < W ? (int)e * LNBW_COLS : W;
+    for (int r = 0; r < a->rows; r++) {
+        const float *xr = a->x + (size_t)r * W, *g = a->dy + (size_t)r * W;
+        const float rs = a->rs[r];
+        for (int i = i0; i < i1; i++) a->dscale[i] += g[i] * (xr[i] * rs);
+    }
+}
+
 void cpu_rmsnorm_bw(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,
                     const float *scale, int rows, int width, float eps) {
-    (void)be;
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * width, *g = dy + (size_t)r * width;
-        const float rs = dcs_rms_row_inv(xr, width, eps);
-        dcs_rmsnorm_row_bw(dx + (size_t)r * width, g, xr, scale, rs, width);
-        if (dscale)
-            for (int i = 0; i < width; i++) dscale[i] += g[i] * (xr[i] * rs);
+    float *rs = dscale ? malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1)) : NULL;
+    rmsbw_arg a = {dx, dscale, rs, dy, x, scale, rows, width, eps};
+    if (dscale && !rs) { /* no scratch: one thread, row by row (same arithmetic) */
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)r * width, *g = dy + (size_t)r * width;
+            const float rsr = dcs_rms_row_inv(xr, width, eps);
+            dcs_rmsnorm_row_bw(dx + (size_t)r * width, g, xr, scale, rsr, width);
+            for (int i = 0; i < width; i++) dscale[i] += g[i] * (xr[i] * rsr);
+        }
+        return;
     }
+    par(be, rmsbw_rows, &a, rows, 8LL * width);
+    if (dscale) par(be, rmsbw_cols, &a, (width + LNBW_COLS - 1) / LNBW_COLS, 3LL * LNBW_COLS * rows);
+    free(rs);
 }
 
 /* ---------------------------------------------------------------- rotary, sums */
@@ -204,6 +240,9 @@ typedef struct {
     int V;
     float inv;
 } xent_arg;
+DCS_VEC static double xent_row(float *d, const float *lg, int V, int tgt, float inv) {
+    return dcs_xent_row_bw(d, lg, V, tgt, inv);
+}
 static void xent_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     const xent_arg *a = p;
@@ -214,7 +253,7 @@ static void xent_rows(void *p, long long b, long long e, int tid) {
             a->loss[i] = 0;
             continue;
         }
-        a->loss[i] = dcs_xent_row_bw(d, a->logits + (size_t)i * a->V, a->V, a->targets[i], a->inv);
+        a->loss[i] = xent_row(d, a->logits + (size_t)i * a->V, a->V, a->targets[i], a->inv);
     }
 }
 
