@@ -3,6 +3,7 @@
     python scripts/bench_train.py [--model-type dcpythia|gpt_neox] [--layers 4] [--dim 192]
                                   [--heads 6] [--vocab 1024] [--T 128] [--B 16] [--steps 5]
     python scripts/bench_train.py --vs-torch [--torch-python /work/venvs/torch/bin/python]
+                                  [--models gpt_neox,dcpythia] [--no-torch]
     python scripts/bench_train.py --lines [--lines-steps 8]
 
 --vs-torch: one `dclens train` step (dclens.train.train_step: forward,
@@ -167,7 +168,7 @@ def vs_torch(a):
     ]
     shape = "L=%d D=%d N=%d V=%d B=%d T=%d threads=%d" % (a.layers, a.dim, a.heads, a.vocab, a.B, a.T, a.threads)
     res = {}
-    for mt in ("gpt_neox", "dcpythia"):
+    for mt in a.models.split(","):
         c = TrainConfig(
             out="-", model_type=mt, n_layer=a.layers, dim=a.dim, n_head=a.heads, seq_len=a.T,
             batch_size=a.B, n_threads=a.threads, lr=1e-3, warmup=0,
@@ -176,6 +177,8 @@ def vs_torch(a):
         res[mt] = a.B * a.T / secs.min()
         print("dclens %-9s %s: step %.3f s (best of %d; median %.3f), %.0f tokens/s" % (
             mt, shape, secs.min(), len(secs), np.median(secs), res[mt]))  # fmt: skip
+    if a.no_torch or len(res) < 2:
+        return
     cmd = [a.torch_python, os.path.join(ROOT, "scripts", "bench_train_torch.py")]
     for k in ("layers", "dim", "heads", "vocab", "T", "B", "steps", "threads"):
         cmd += ["--" + k, str(getattr(a, k))]
@@ -234,6 +237,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--vs-torch", action="store_true", help="dclens vs PyTorch eager, one run")
     p.add_argument("--torch-python", default="/work/venvs/torch/bin/python", help="python of the torch venv")
+    p.add_argument("--models", default="gpt_neox,dcpythia", help="--vs-torch: the dclens model types to time")
+    p.add_argument("--no-torch", action="store_true", help="--vs-torch: the dclens steps only (no ratios)")
     p.add_argument("--lines", action="store_true", help="the twins' recipe: packed vs lines vs bucketed lines")
     p.add_argument("--lines-steps", type=int, default=8)
     p.add_argument("--corpus-lines", type=int, default=3000)

@@ -13,6 +13,7 @@
 #include "dcs_backend.h"
 #include "dcs_math.h"
 #include "cpu_backward.h"
+#include "cpu_vec.h"
 
 #include <cblas.h>
 #include <pthread.h>
@@ -338,7 +339,8 @@ static void gemm_items(void *arg, long long begin, long long end, int tid) {
 /* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
  * shape only (see there). */
 #define GEMM_PIECES 16
-#define GEMM_MIN_BLOCK 256 /* rows or columns of a cpu_gemm block */
+#define GEMM_MIN_BLOCK 256 /* rows or columns of a cpu_gemm block... */
+#define GEMM_MIN_HALF 96   /* ...or of half a product 192..511 wide */
 #define GEMMW_MIN_TILE 128 /* columns of a cpu_gemm_w weight tile (its scratch is tile x K floats) */
 
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
@@ -357,6 +359,12 @@ static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int 
         int bw = (dim + pieces - 1) / pieces;
         bw = (bw + 15) / 16 * 16;
         if (bw < GEMM_MIN_BLOCK) bw = GEMM_MIN_BLOCK;
+        int nblk = (dim + bw - 1) / bw;
+        /* an even number of blocks (two or four threads share them alike: 3 blocks
+         * of a 768-wide weight gradient kept one of 2 threads idle a third of the
+         * time, a 192-wide one ran on one thread), none under GEMM_MIN_HALF */
+        if (nblk % 2 && dim >= 2 * GEMM_MIN_HALF) nblk++;
+        bw = ((dim + nblk - 1) / nblk + 15) / 16 * 16;
         g.bw = bw < dim ? bw : dim;
         g.nblk = (dim + g.bw - 1) / g.bw;
     }
@@ -424,15 +432,8 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
     parallel_for_chunk(be, gemmw_items, &g, (N + tw - 1) / tw, PAR_MIN, 1);
 }
 
-/* The vectorised row kernels (GELU here, compose rows below), compiled for
- * the widest SIMD the CPU has (function multi-versioning on x86-64 with GCC;
- * plain C elsewhere). The arithmetic is dcs_math.h's, op for op (no FMA
- * contraction under -std=c11). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define DCS_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DCS_VEC
-#endif
+/* The vectorised row kernels (GELU here, compose rows below): DCS_VEC,
+ * cpu_vec.h. */
 
 /* ------------------------------------------------------------ row kernels
  * Each splits its rows over the pool (above PAR_MIN items x cost). */

@@ -13,6 +13,7 @@
 #endif
 
 #include "cpu_backward.h"
+#include "cpu_vec.h"
 #include "dcs_math.h"
 
 #include <math.h>
@@ -36,10 +37,14 @@ typedef struct {
     int T, S, window;
 } ew_arg;
 
+/* dx [n] = dy * gelu'(x), in the per-ISA clones */
+DCS_VEC static void gelu_bw_span(float *dx, const float *dy, const float *x, long long n) {
+    for (long long i = 0; i < n; i++) dx[i] = dy[i] * dcs_gelu_grad(x[i]);
+}
 static void gelu_bw_range(void *p, long long b, long long e, int tid) {
     (void)tid;
     const ew_arg *a = p;
-    for (long long i = b; i < e; i++) a->x[i] = a->y[i] * dcs_gelu_grad(a->z[i]);
+    gelu_bw_span(a->x + b, a->y + b, a->z + b, e - b);
 }
 
 void cpu_gelu_bw(dcs_backend *be, float *dx, const float *dy, const float *x, size_t n) {
@@ -133,16 +138,52 @@ void cpu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, const fl
     free(st);
 }
 
+/* RMSNorm backward the same way: rows (dx, each row's 1/rms kept) on the
+ * pool, then column blocks of dscale summed over rows in row order. */
+typedef struct {
+    float *dx, *dscale, *rs;
+    const float *dy, *x, *scale;
+    int rows, width;
+    float eps;
+} rmsbw_arg;
+static void rmsbw_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const rmsbw_arg *a = p;
+    const int W = a->width;
+    for (long long r = b; r < e; r++) {
+        const float *xr = a->x + (size_t)r * W;
+        const float rs = dcs_rms_row_inv(xr, W, a->eps);
+        if (a->rs) a->rs[r] = rs;
+        dcs_rmsnorm_row_bw(a->dx + (size_t)r * W, a->dy + (size_t)r * W, xr, a->scale, rs, W);
+    }
+}
+static void rmsbw_cols(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const rmsbw_arg *a = p;
+    const int W = a->width, i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < W ? (int)e * LNBW_COLS : W;
+    for (int r = 0; r < a->rows; r++) {
+        const float *xr = a->x + (size_t)r * W, *g = a->dy + (size_t)r * W;
+        const float rs = a->rs[r];
+        for (int i = i0; i < i1; i++) a->dscale[i] += g[i] * (xr[i] * rs);
+    }
+}
+
 void cpu_rmsnorm_bw(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,
                     const float *scale, int rows, int width, float eps) {
-    (void)be;
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * width, *g = dy + (size_t)r * width;
-        const float rs = dcs_rms_row_inv(xr, width, eps);
-        dcs_rmsnorm_row_bw(dx + (size_t)r * width, g, xr, scale, rs, width);
-        if (dscale)
-            for (int i = 0; i < width; i++) dscale[i] += g[i] * (xr[i] * rs);
+    float *rs = dscale ? malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1)) : NULL;
+    rmsbw_arg a = {dx, dscale, rs, dy, x, scale, rows, width, eps};
+    if (dscale && !rs) { /* no scratch: one thread, row by row (same arithmetic) */
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)r * width, *g = dy + (size_t)r * width;
+            const float rsr = dcs_rms_row_inv(xr, width, eps);
+            dcs_rmsnorm_row_bw(dx + (size_t)r * width, g, xr, scale, rsr, width);
+            for (int i = 0; i < width; i++) dscale[i] += g[i] * (xr[i] * rsr);
+        }
+        return;
     }
+    par(be, rmsbw_rows, &a, rows, 8LL * width);
+    if (dscale) par(be, rmsbw_cols, &a, (width + LNBW_COLS - 1) / LNBW_COLS, 3LL * LNBW_COLS * rows);
+    free(rs);
 }
 
 /* ---------------------------------------------------------------- rotary, sums */
@@ -199,6 +240,9 @@ typedef struct {
     int V;
     float inv;
 } xent_arg;
+DCS_VEC static double xent_row(float *d, const float *lg, int V, int tgt, float inv) {
+    return dcs_xent_row_bw(d, lg, V, tgt, inv);
+}
 static void xent_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     const xent_arg *a = p;
@@ -209,7 +253,7 @@ static void xent_rows(void *p, long long b, long long e, int tid) {
             a->loss[i] = 0;
             continue;
         }
-        a->loss[i] = dcs_xent_row_bw(d, a->logits + (size_t)i * a->V, a->V, a->targets[i], a->inv);
+        a->loss[i] = xent_row(d, a->logits + (size_t)i * a->V, a->V, a->targets[i], a->inv);
     }
 }
 
@@ -269,8 +313,9 @@ static inline float dot8(const float *x, const float *y, int s0, int s1) {
  * (stride TT) += ; query-side dqw1, dqw2 [R, N], dqdd [N] += ; key-side
  * dkw1T, dkw2T [R, N, T], dkddT [N, T] += (transposed, NULL when
  * query_wise). `on` masks the branches as in dcs_compose_pair_bw_var, whose
- * sums these are in another order. tmp: 4*R*T floats. */
-static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
+ * sums these are in another order. tmp: 4*R*T floats. In the per-ISA clones
+ * (cpu_vec.h): dot8's fixed lanes keep the bits the same in each. */
+DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
                            int s0, int s1, const float *qw1, const float *qw2, const float *kw1T,
                            const float *kw2T, const float *qdd, const float *kddT, float *dqw1, float *dqw2,
                            float *dkw1T, float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp) {

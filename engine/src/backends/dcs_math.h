@@ -578,13 +578,11 @@ DCS_HD float dcs_sum5(float a, float b, float c, float d, float e) { return a + 
 
 /* Softmax of row[0, len) in place: exp(x - max) / sum, summed in index
  * order (the allowed keys of one query; len 0: nothing). */
-DCS_HD_ROW void dcs_softmax_span(float *row, int len) {
-    if (len <= 0) return;
-    /* max and sum in DCS_LANES interleaved partial results (lane k: the
-     * elements s = k mod DCS_LANES, in order), combined in lane order: a
-     * fixed order, so the same bits from the scalar code, every SIMD width
-     * and CUDA, and the loops vectorise (issue 28) */
-    float m[DCS_LANES], acc[DCS_LANES];
+/* max of row [len] (-INFINITY when empty) in DCS_LANES interleaved partial
+ * results (lane k: the elements s = k mod DCS_LANES, in order), combined in
+ * lane order: vectorises, and the max is exact in any order. */
+DCS_HD_ROW float dcs_lanes_max(const float *row, int len) {
+    float m[DCS_LANES];
     for (int k = 0; k < DCS_LANES; k++) m[k] = -INFINITY;
     int s = 0;
     for (; s + DCS_LANES <= len; s += DCS_LANES)
@@ -592,6 +590,17 @@ DCS_HD_ROW void dcs_softmax_span(float *row, int len) {
     for (int k = 0; s + k < len; k++) m[k] = row[s + k] > m[k] ? row[s + k] : m[k];
     float mx = m[0];
     for (int k = 1; k < DCS_LANES; k++) mx = m[k] > mx ? m[k] : mx;
+    return mx;
+}
+
+DCS_HD_ROW void dcs_softmax_span(float *row, int len) {
+    if (len <= 0) return;
+    /* max and sum in DCS_LANES interleaved partial results, combined in lane
+     * order: a fixed order, so the same bits from the scalar code, every SIMD
+     * width and CUDA, and the loops vectorise (issue 28) */
+    float acc[DCS_LANES];
+    const float mx = dcs_lanes_max(row, len);
+    int s;
     for (s = 0; s < len; s++) row[s] = dcs_exp(row[s] - mx);
     for (int k = 0; k < DCS_LANES; k++) acc[k] = 0.0f;
     for (s = 0; s + DCS_LANES <= len; s += DCS_LANES)
@@ -627,10 +636,11 @@ DCS_HD_ROW void dcs_softmax_row(float *row, int S, int t, int s0, int window) {
  * The per-element math of the backward pass (the tape, tape.c), compiled for
  * the CPU backend (cpu_backward.c) and the CUDA kernels (cuda_backward.cuh). */
 
-/* d gelu(x) / dx of the exact (erf) GELU. */
-DCS_HD float dcs_gelu_grad(float v) {
+/* d gelu(x) / dx of the exact (erf) GELU (dcs_erf, dcs_exp: no libm call,
+ * so the CPU's per-ISA loop vectorises it). */
+DCS_HD_ROW float dcs_gelu_grad(float v) {
     float cdf = 0.5f * (1.0f + dcs_erf(v * 0.70710678118654752f));
-    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    float pdf = 0.39894228040143268f * dcs_exp(-0.5f * v * v);
     return cdf + v * pdf;
 }
 
@@ -690,15 +700,19 @@ DCS_HD void dcs_softmax_row_bw_inplace(float *dg, const float *g, int E) {
 
 /* Next-token cross-entropy of one row of logits lg [V] with target tgt:
  * d [V] = (softmax(lg) - onehot(tgt)) * inv; returns the row's loss
- * log(sum exp) - lg[tgt], the sum in double. */
-DCS_HD double dcs_xent_row_bw(float *d, const float *lg, int V, int tgt, float inv) {
-    float mx = -INFINITY;
-    for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-    double s = 0;
-    for (int v = 0; v < V; v++) {
-        d[v] = expf(lg[v] - mx);
-        s += d[v];
-    }
+ * log(sum exp) - lg[tgt], the sum in double, in DCS_LANES partial sums
+ * combined in lane order (a fixed order; with dcs_exp, the loops vectorise). */
+DCS_HD_ROW double dcs_xent_row_bw(float *d, const float *lg, int V, int tgt, float inv) {
+    const float mx = dcs_lanes_max(lg, V);
+    for (int v = 0; v < V; v++) d[v] = dcs_exp(lg[v] - mx);
+    double acc[DCS_LANES];
+    for (int k = 0; k < DCS_LANES; k++) acc[k] = 0.0;
+    int v = 0;
+    for (; v + DCS_LANES <= V; v += DCS_LANES)
+        for (int k = 0; k < DCS_LANES; k++) acc[k] += (double)d[v + k];
+    for (int k = 0; v + k < V; k++) acc[k] += (double)d[v + k];
+    double s = acc[0];
+    for (int k = 1; k < DCS_LANES; k++) s += acc[k];
     float is = (float)(1.0 / s);
     for (int v = 0; v < V; v++) d[v] *= is * inv;
     d[tgt] -= inv;
