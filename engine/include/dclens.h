@@ -124,7 +124,7 @@ int dcs_cuda_available(char *why, size_t whylen);
  * into items; a function of the shape alone, never of the thread count):
  * op DCS_PART_GEMM, shape {M, N, K, batch}; DCS_PART_GEMM_W (float16/bfloat16
  * weights), shape {M, N, K}; DCS_PART_ATTN (fused attention), shape {B, T, S,
- * N, Dh, window, compose, R}. Writes the first `cap` items' rough work
+ * N, Dh, window, compose, R[, rows per block: 0 = the engine's rule]}. Writes the first `cap` items' rough work
  * (multiply-adds) to cost, in the order the pool hands them out, and returns
  * the item count; -1 for an unknown op or a bad shape. */
 enum { DCS_PART_GEMM = 0, DCS_PART_GEMM_W = 1, DCS_PART_ATTN = 2 };

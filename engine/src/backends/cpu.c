@@ -307,34 +307,38 @@ static widen_fn pick_widen(void) {
  * shape alone, never of n_threads, so each tile is the same sgemm call (same
  * kernel, same edge handling, same summation order) whatever n_threads is
  * and every thread count computes the same bits. Tiles of tm x tn (multiples
- * of 16 but for the last row / column of tiles): halve the longer side of the
- * tile until a batch entry has GEMM_ITEMS / batch tiles (4 per thread at 16
- * threads), no side below GEMM_MIN_SIDE and no item below GEMM_MIN_WORK. */
-#define GEMM_ITEMS 64
-#define GEMM_MIN_SIDE 64
+ * of 16 but for the last row / column of tiles): halve a side of the tile
+ * until a batch entry has GEMM_ITEMS / batch tiles (one per thread at 16
+ * threads), no side below its minimum and no item below GEMM_MIN_WORK. Which
+ * side: each tile packs its own copy of its A rows and its B columns, and
+ * single-threaded OpenBLAS (Cooperlake kernels, this EPYC) measured a row
+ * split about 4x as costly as a column split (512 x 256 tiles -> 512 x 128:
+ * +0-4% over the product; -> 256 x 256: +4-6%; -> 128 x 256: +16%;
+ * BENCHMARKS.md), so the columns are halved until tm > GEMM_M_COST tn. */
+#define GEMM_ITEMS 16
+#define GEMM_MIN_TN 128
+#define GEMM_MIN_TM 256
+#define GEMM_M_COST 4
 #define GEMM_MIN_WORK (1LL << 22) /* K (tm tn + 32 (tm + tn)): multiply-adds plus operand reads */
 #define GEMMW_SCRATCH (4LL << 20) /* floats of a cpu_gemm_w weight tile (tn x K, widened) */
 
 static long long tile_work(int tm, int tn, int K) { return (long long)K * ((long long)tm * tn + 32LL * (tm + tn)); }
 
+static int half16(int side) { return ((side + 1) / 2 + 15) / 16 * 16; }
+
 static dcs_gemm_grid gemm_grid(int M, int N, int K, int batch) {
     dcs_gemm_grid g = {M > 0 ? M : 1, N > 0 ? N : 1, 1, 1};
     const int want = batch >= GEMM_ITEMS ? 1 : (GEMM_ITEMS + batch - 1) / (batch > 0 ? batch : 1);
     while (g.gm * g.gn < want) {
-        int done = 0;
-        for (int k = 0; k < 2 && !done; k++) {
-            const int split_m = (g.tm >= g.tn) != (k == 1); /* the longer side first */
-            const int side = split_m ? g.tm : g.tn;
-            const int half = ((side + 1) / 2 + 15) / 16 * 16;
-            if (half < GEMM_MIN_SIDE || half >= side) continue;
-            if (tile_work(split_m ? half : g.tm, split_m ? g.tn : half, K) < GEMM_MIN_WORK) continue;
-            if (split_m)
-                g.tm = half, g.gm = (M + half - 1) / half;
-            else
-                g.tn = half, g.gn = (N + half - 1) / half;
-            done = 1;
-        }
-        if (!done) break;
+        const int hm = half16(g.tm), hn = half16(g.tn);
+        const int can_m = hm >= GEMM_MIN_TM && hm < g.tm && tile_work(hm, g.tn, K) >= GEMM_MIN_WORK;
+        const int can_n = hn >= GEMM_MIN_TN && hn < g.tn && tile_work(g.tm, hn, K) >= GEMM_MIN_WORK;
+        if (can_m && (!can_n || g.tm > GEMM_M_COST * g.tn))
+            g.tm = hm, g.gm = (M + hm - 1) / hm;
+        else if (can_n)
+            g.tn = hn, g.gn = (N + hn - 1) / hn;
+        else
+            break;
     }
     return g;
 }
@@ -988,14 +992,14 @@ int64_t dcs_cpu_items(int op, const int *s, int n, int64_t *cost, int64_t cap) {
         }
         return count;
     }
-    if (op != DCS_PART_ATTN || n != 8) return -1;
+    if (op != DCS_PART_ATTN || (n != 8 && n != 9)) return -1;
     dcs_attn_args a;
     memset(&a, 0, sizeof a);
     const int B = s[0], T = s[1], N = s[3], Dh = s[4], R = s[7];
     a.S = s[2] > 0 ? s[2] : T;
     a.window = s[5];
     const int64_t per_key = (int64_t)N * (4 + (s[6] ? 2 * (4 * R + 3) : 0));
-    const int tq = attn_tq(B, T), nblk = (T + tq - 1) / tq;
+    const int tq = n == 9 && s[8] > 0 ? s[8] : attn_tq(B, T), nblk = T > 0 ? (T + tq - 1) / tq : 0;
     for (int64_t it = 0; cost && it < (int64_t)B * nblk && it < cap; it++) {
         const int blk = nblk - 1 - (int)(it % nblk), r0 = blk * tq, r1 = (r0 + tq < T ? r0 + tq : T) - 1;
         int jmin, jmax, lo, hi;
