@@ -135,13 +135,17 @@ def main(argv=None):
             for rule, items_of in rules:
                 eff, costs = bound(jobs, items_of, threads)
                 print(
-                    "| %s %s | %s | " % (size, model, rule) + " | ".join("%.0f%%" % (100 * eff[p]) for p in threads) + " |"
+                    "| %s %s | %s | " % (size, model, rule)
+                    + " | ".join("%.0f%%" % (100 * eff[p]) for p in threads)
+                    + " |"
                 )
                 seen = set()
                 for (name, _, shape), c in zip(jobs, costs):
                     if a.items and (name, shape) not in seen:
                         seen.add((name, shape))
-                        print("    %-9s %-30s %3d items of %d-%d multiply-adds" % (name, shape, len(c), c.min(), c.max()))
+                        print(
+                            "    %-9s %-30s %3d items of %d-%d multiply-adds" % (name, shape, len(c), c.min(), c.max())
+                        )
 
 
 if __name__ == "__main__":

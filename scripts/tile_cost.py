@@ -35,7 +35,16 @@ def main(argv=None):
     lib.openblas_get_corename.restype = ctypes.c_char_p
     P = ctypes.c_void_p
     sgemm = lib.cblas_sgemm
-    sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, P, ctypes.c_int, P, ctypes.c_int, ctypes.c_float, P, ctypes.c_int]
+    sgemm.argtypes = [ctypes.c_int] * 6 + [
+        ctypes.c_float,
+        P,
+        ctypes.c_int,
+        P,
+        ctypes.c_int,
+        ctypes.c_float,
+        P,
+        ctypes.c_int,
+    ]
     tiles = [tuple(map(int, t.split("x"))) for t in a.tiles.split(",")]
     print("OpenBLAS kernel: %s; 1 thread; time of the tiles / time of one call" % lib.openblas_get_corename().decode())
     print("| M x N x K | one call GFLOP/s | " + " | ".join("%dx%d" % t for t in tiles) + " |")
@@ -51,8 +60,22 @@ def main(argv=None):
             for m0 in range(0, M, tm):
                 for n0 in range(0, N, tn):
                     mt, nt = min(tm, M - m0), min(tn, N - n0)
-                    sgemm(101, 111, 112, mt, nt, K, 1.0, A.ctypes.data + 4 * m0 * K, K, B.ctypes.data + 4 * n0 * K,
-                          K, 0.0, C.ctypes.data + 4 * (m0 * N + n0), N)
+                    sgemm(
+                        101,
+                        111,
+                        112,
+                        mt,
+                        nt,
+                        K,
+                        1.0,
+                        A.ctypes.data + 4 * m0 * K,
+                        K,
+                        B.ctypes.data + 4 * n0 * K,
+                        K,
+                        0.0,
+                        C.ctypes.data + 4 * (m0 * N + n0),
+                        N,
+                    )
             return time.perf_counter() - t0
 
         best = {t: float("inf") for t in [(M, N)] + tiles}
@@ -60,7 +83,11 @@ def main(argv=None):
             for t in best:
                 best[t] = min(best[t], run(*t))
         one = best[(M, N)]
-        print("| %s | %.1f | " % (shape, 2 * M * N * K / one / 1e9) + " | ".join("%.3f" % (best[t] / one) for t in tiles) + " |")
+        print(
+            "| %s | %.1f | " % (shape, 2 * M * N * K / one / 1e9)
+            + " | ".join("%.3f" % (best[t] / one) for t in tiles)
+            + " |"
+        )
 
 
 if __name__ == "__main__":

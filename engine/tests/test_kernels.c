@@ -296,8 +296,8 @@ static void test_gemm_tiles(dcs_backend *const *bes, int nb) {
             const int lda = tA ? M : K, ldb = tB ? K : N;
             for (int i = 0; i < nb; i++) {
                 C[i] = malloc(sizeof(float) * (size_t)M * N * batch);
-                bes[i]->ops->gemm(bes[i], tA, tB, M, N, K, 1.0f, A, lda, (long long)sz, B, ldb, (long long)sz, 0.0f,
-                                  C[i], N, (long long)M * N, batch);
+                bes[i]->ops->gemm(bes[i], tA, tB, M, N, K, 1.0f, A, lda, (long long)sz, B, ldb, (long long)sz,
+                                  0.0f, C[i], N, (long long)M * N, batch);
             }
             double err = 0;
             for (int b = 0; b < batch; b++)

@@ -322,7 +322,9 @@ static widen_fn pick_widen(void) {
 #define GEMM_MIN_WORK (1LL << 22) /* K (tm tn + 32 (tm + tn)): multiply-adds plus operand reads */
 #define GEMMW_SCRATCH (4LL << 20) /* floats of a cpu_gemm_w weight tile (tn x K, widened) */
 
-static long long tile_work(int tm, int tn, int K) { return (long long)K * ((long long)tm * tn + 32LL * (tm + tn)); }
+static long long tile_work(int tm, int tn, int K) {
+    return (long long)K * ((long long)tm * tn + 32LL * (tm + tn));
+}
 
 static int half16(int side) { return ((side + 1) / 2 + 15) / 16 * 16; }
 
@@ -354,7 +356,8 @@ static dcs_gemm_grid gemmw_grid(int M, int N, int K) {
 }
 
 /* Tile it of a batch entry: rows [*m0, *m0 + *mt), columns [*n0, *n0 + *nt). */
-static void grid_tile(const dcs_gemm_grid *g, int M, int N, long long it, int *m0, int *mt, int *n0, int *nt) {
+static void grid_tile(const dcs_gemm_grid *g, int M, int N, long long it, int *m0, int *mt, int *n0,
+                      int *nt) {
     const int im = (int)(it / g->gn), in = (int)(it % g->gn);
     *m0 = im * g->tm;
     *n0 = in * g->tn;
@@ -384,15 +387,16 @@ static void gemm_items(void *arg, long long begin, long long end, int tid) {
         const float *A = j->A + b * j->sA + (j->tA ? m0 : (long long)m0 * j->lda);
         const float *B = j->B + b * j->sB + (j->tB ? (long long)n0 * j->ldb : n0);
         float *C = j->C + b * j->sC + (long long)m0 * j->ldc + n0;
-        cblas_sgemm(CblasRowMajor, j->tA ? CblasTrans : CblasNoTrans, j->tB ? CblasTrans : CblasNoTrans, mt, nt,
-                    j->K, j->alpha, A, j->lda, B, j->ldb, j->beta, C, j->ldc);
+        cblas_sgemm(CblasRowMajor, j->tA ? CblasTrans : CblasNoTrans, j->tB ? CblasTrans : CblasNoTrans, mt,
+                    nt, j->K, j->alpha, A, j->lda, B, j->ldb, j->beta, C, j->ldc);
     }
 }
 
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
                      const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta,
                      float *C, int ldc, long long sC, int batch) {
-    gemm_job j = {transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, gemm_grid(M, N, K, batch)};
+    gemm_job j = {
+        transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, gemm_grid(M, N, K, batch)};
     const long long per = (long long)j.g.gm * j.g.gn;
     parallel_for_chunk(be, gemm_items, &j, batch * per, 2LL * j.g.tm * j.g.tn * K, 1);
 }
@@ -429,13 +433,13 @@ static void gemmw_items(void *arg, long long begin, long long end, int tid) {
         float *C = j->C + (size_t)m0 * j->ldc + n0;
         if (j->transW) { /* rows n0.. of W [N, K]: contiguous */
             widen(W + (size_t)n0 * j->K * es, (uint64_t)nw * j->K, j->W.dtype, buf);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mt, nw, j->K, 1.0f, A, j->lda, buf, j->K, j->beta,
-                        C, j->ldc);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mt, nw, j->K, 1.0f, A, j->lda, buf, j->K,
+                        j->beta, C, j->ldc);
         } else { /* columns n0.. of W [K, N] */
             for (int k = 0; k < j->K; k++)
                 widen(W + ((size_t)k * j->N + n0) * es, (uint64_t)nw, j->W.dtype, buf + (size_t)k * nw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mt, nw, j->K, 1.0f, A, j->lda, buf, nw, j->beta, C,
-                        j->ldc);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mt, nw, j->K, 1.0f, A, j->lda, buf, nw,
+                        j->beta, C, j->ldc);
         }
     }
 }
