@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import numpy as np  # noqa: E402
 from bench import R, SIZES, WINDOW  # noqa: E402
 
+import dclens  # noqa: E402
 from dclens.model import ffi, lib  # noqa: E402
 
 GEMM, GEMM_W, ATTN = lib.DCS_PART_GEMM, lib.DCS_PART_GEMM_W, lib.DCS_PART_ATTN
@@ -50,7 +51,7 @@ def engine_items(op: int, shape: tuple[int, ...]) -> np.ndarray:
     s = ffi.new("int[]", list(shape))
     n = lib.dcs_cpu_partition(op, s, len(shape), ffi.NULL, 0)
     if n < 0:
-        raise ValueError("dcs_cpu_partition refused op %d shape %s" % (op, shape))
+        raise dclens.Error("dcs_cpu_partition: op %d, shape %s: not a product or attention shape" % (op, shape))
     cost = np.zeros(n, np.int64)
     lib.dcs_cpu_partition(op, s, len(shape), ffi.cast("int64_t *", cost.ctypes.data), n)
     return cost
