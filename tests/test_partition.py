@@ -52,6 +52,14 @@ def test_d1024_and_14b_products_give_16_threads_16_equal_items():
             assert len(c) == 16 and (c == c[0]).all(), (N, K, c)
 
 
+def test_small_products_still_split_in_two():
+    """192..511 rows or columns, below the tile minimums: two halves of >= 96, not one thread
+    for all of it (the tiny twins' training products); a tiny product stays whole."""
+    assert len(items(lib.DCS_PART_GEMM, (192, 192, 11520, 1))) == 2
+    assert len(items(lib.DCS_PART_GEMM, (192, 768, 11520, 1))) == 4
+    assert len(items(lib.DCS_PART_GEMM, (100, 100, 100, 1))) == 1
+
+
 def test_attention_blocks():
     # B = 1, T = 512: 32 blocks of 16 query rows, latest (largest) first
     c = items(lib.DCS_PART_ATTN, (1, 512, 512, 16, 64, 0, 1, 2))

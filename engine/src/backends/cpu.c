@@ -314,11 +314,13 @@ static widen_fn pick_widen(void) {
  * single-threaded OpenBLAS (Cooperlake kernels, this EPYC) measured a row
  * split about 4x as costly as a column split (512 x 256 tiles -> 512 x 128:
  * +0-4% over the product; -> 256 x 256: +4-6%; -> 128 x 256: +16%;
- * BENCHMARKS.md), so the columns are halved until tm > GEMM_M_COST tn. */
+ * BENCHMARKS.md), so the columns are halved until tm > GEMM_M_COST tn.
+ * Tile sides are multiples of 16 (but the last row / column of tiles). */
 #define GEMM_ITEMS 16
 #define GEMM_MIN_TN 128
 #define GEMM_MIN_TM 256
 #define GEMM_M_COST 4
+#define GEMM_MIN_HALF 96
 #define GEMM_MIN_WORK (1LL << 22) /* K (tm tn + 32 (tm + tn)): multiply-adds plus operand reads */
 #define GEMMW_SCRATCH (4LL << 20) /* floats of a cpu_gemm_w weight tile (tn x K, widened) */
 
@@ -341,6 +343,18 @@ static dcs_gemm_grid gemm_grid(int M, int N, int K, int batch) {
             g.tn = hn, g.gn = (N + hn - 1) / hn;
         else
             break;
+    }
+    /* a product too small for those minimums, 192..511 rows or columns: two
+     * halves of at least GEMM_MIN_HALF rather than one thread for all of it */
+    if (g.gm * g.gn == 1 && want > 1) {
+        const int split_m = g.tm >= g.tn, side = split_m ? g.tm : g.tn, h = half16(side);
+        if (h >= GEMM_MIN_HALF && h < side &&
+            tile_work(split_m ? h : g.tm, split_m ? g.tn : h, K) >= GEMM_MIN_WORK) {
+            if (split_m)
+                g.tm = h, g.gm = (M + h - 1) / h;
+            else
+                g.tn = h, g.gn = (N + h - 1) / h;
+        }
     }
     return g;
 }
