@@ -144,13 +144,13 @@ def test_two_models_different_thread_counts(tiny_factory):
 def test_thread_count_does_not_change_results(name):
     """The bundled twins (float16 weights: the per-tile widening GEMM, gemm_w) on a
     benchmark-sized batch: the pool's GEMM blocks and weight tiles depend on the shape
-    alone, so logits and captured activations are the same bits with 1, 2 and 3 threads
+    alone, so logits and captured activations are the same bits with 1, 2, 3 and 16 threads
     (a Ray worker of 1 thread equals a 2-thread run). Before, 3 threads cut the products
     differently and the logits moved by ~2e-5."""
     toks = np.random.default_rng(3).integers(0, 2000, size=(4, 250))
     runs = [
         dclens.load(name, n_threads=n).run_with_cache(toks, names=lambda n: "pattern" in n or "mlp.out" in n)
-        for n in (1, 2, 3)
+        for n in (1, 2, 3, 16)
     ]
     for logits, cache in runs[1:]:
         assert np.array_equal(logits, runs[0][0])

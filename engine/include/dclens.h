@@ -122,6 +122,16 @@ const char *dcs_load_warnings(const dcs_model *m);
  * why (when 0) is written to `why` if given. */
 int dcs_cuda_available(char *why, size_t whylen);
 
+/* The CPU backend's work partition (how its thread pool cuts one operation
+ * into items; a function of the shape alone, never of the thread count):
+ * op DCS_PART_GEMM, shape {M, N, K, batch}; DCS_PART_GEMM_W (float16/bfloat16
+ * weights), shape {M, N, K}; DCS_PART_ATTN (fused attention), shape {B, T, S,
+ * N, Dh, window, compose, R[, rows per block: 0 = the engine's rule]}. Writes the first `cap` items' rough work
+ * (multiply-adds) to cost, in the order the pool hands them out, and returns
+ * the item count; -1 for an unknown op or a bad shape. */
+enum { DCS_PART_GEMM = 0, DCS_PART_GEMM_W = 1, DCS_PART_ATTN = 2 };
+int64_t dcs_cpu_partition(int op, const int *shape, int n_shape, int64_t *cost, int64_t cap);
+
 /* Weights, by canonical name (the dcpythia state_dict names, with wqkv
  * fused in q,k,v row order; gpt_neox checkpoints are mapped onto them):
  *   tok_embeddings.weight, output.weight, norm.weight, norm.bias,

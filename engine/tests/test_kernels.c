@@ -281,6 +281,45 @@ static void test_gemm_w(dcs_backend *be, int dtype, int transW) {
     free(C2);
 }
 
+/* cpu_gemm / gemm_w cut into 2-D tiles (rows and columns, whole K: 600 x 1024 x 128 gives
+ * 2 x 8 tiles of 304 x 128) on every transpose and a strided batch: against a double
+ * reference, and the same bits on backends of 1, 2, 3 and 16 threads (the tiles
+ * depend on the shape alone). */
+static void test_gemm_tiles(dcs_backend *const *bes, int nb) {
+    const int M = 600, N = 1024, K = 128, batch = 2;
+    const size_t sz = (size_t)M * K + (size_t)K * N + 64;
+    float *A = rand_buf(sz * batch), *B = rand_buf(sz * batch);
+    float *C[4];
+    CHECKF(dcs_cpu_items(0, (const int[]){M, N, K, 1}, 4, NULL, 0) == 16, "600 x 1024 x 128: 16 tiles");
+    for (int tA = 0; tA < 2; tA++)
+        for (int tB = 0; tB < 2; tB++) {
+            const int lda = tA ? M : K, ldb = tB ? K : N;
+            for (int i = 0; i < nb; i++) {
+                C[i] = malloc(sizeof(float) * (size_t)M * N * batch);
+                bes[i]->ops->gemm(bes[i], tA, tB, M, N, K, 1.0f, A, lda, (long long)sz, B, ldb, (long long)sz,
+                                  0.0f, C[i], N, (long long)M * N, batch);
+            }
+            double err = 0;
+            for (int b = 0; b < batch; b++)
+                for (int m = 0; m < M; m += 7)
+                    for (int n = 0; n < N; n += 3) {
+                        double acc = 0;
+                        for (int k = 0; k < K; k++)
+                            acc += (double)A[b * sz + (tA ? (size_t)k * lda + m : (size_t)m * lda + k)] *
+                                   B[b * sz + (tB ? (size_t)n * ldb + k : (size_t)k * ldb + n)];
+                        err = fmax(err, fabs(C[0][((size_t)b * M + m) * N + n] - acc));
+                    }
+            /* worst case of K float32 multiply-adds with |a b| <= 1 (rand_buf in [-1, 1]): K^2 u */
+            CHECKF(err <= (double)K * K * 6e-8, "gemm tiles tA=%d tB=%d vs double: err %g", tA, tB, err);
+            for (int i = 1; i < nb; i++)
+                CHECKF(memcmp(C[i], C[0], sizeof(float) * (size_t)M * N * batch) == 0,
+                       "gemm tiles tA=%d tB=%d: backend %d differs from 1 thread", tA, tB, i);
+            for (int i = 0; i < nb; i++) free(C[i]);
+        }
+    free(A);
+    free(B);
+}
+
 /* embed_w widens with the backend's fastest conversion: every 16-bit
  * pattern must give what dcs_widen gives (NaN as NaN). */
 static void test_widen_all(dcs_backend *be, int dtype) {
@@ -320,6 +359,13 @@ int main(void) {
     CHECKF(b1 && b2 && b3, "cpu backends: %s", e.msg);
     if (!b1 || !b2 || !b3) return check_report("kernels", &counts);
     dcs_backend *bes[3] = {b1, b2, b3};
+    dcs_backend *b16 = dcs_backend_cpu_create(16, &e);
+    CHECKF(b16 != NULL, "cpu backend of 16 threads: %s", e.msg);
+    if (b16) {
+        dcs_backend *all[4] = {b1, b2, b3, b16};
+        test_gemm_tiles(all, 4);
+        b16->ops->destroy(b16);
+    }
     for (int i = 0; i < 3; i++) {
         test_fused_attention(bes[i], 70, 0, 1, 1);  /* global, 3 query blocks */
         test_fused_attention(bes[i], 70, 5, 1, 1);  /* local window           */

@@ -300,8 +300,86 @@ static widen_fn pick_widen(void) {
 }
 
 /* ------------------------------------------------------------ GEMM
- * Row-major strided batched GEMM: the batch x (row or column blocks) are
- * items of the pool, each one single-threaded OpenBLAS sgemm. */
+ * Row-major strided batched GEMM: the batch x (tm x tn output tiles) are
+ * items of the pool, each one single-threaded OpenBLAS sgemm over the whole
+ * of K (never split: each output element is one sgemm's sum). */
+
+/* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
+ * shape alone, never of n_threads, so each tile is the same sgemm call (same
+ * kernel, same edge handling, same summation order) whatever n_threads is
+ * and every thread count computes the same bits. Tiles of tm x tn (multiples
+ * of 16 but for the last row / column of tiles): halve a side of the tile
+ * until a batch entry has GEMM_ITEMS / batch tiles (one per thread at 16
+ * threads), no side below its minimum and no item below GEMM_MIN_WORK. Which
+ * side: each tile packs its own copy of its A rows and its B columns, and
+ * single-threaded OpenBLAS (Cooperlake kernels, this EPYC) measured a row
+ * split about 4x as costly as a column split (512 x 256 tiles -> 512 x 128:
+ * +0-4% over the product; -> 256 x 256: +4-6%; -> 128 x 256: +16%;
+ * BENCHMARKS.md), so the columns are halved until tm > GEMM_M_COST tn.
+ * Tile sides are multiples of 16 (but the last row / column of tiles). */
+#define GEMM_ITEMS 16
+#define GEMM_MIN_TN 128
+#define GEMM_MIN_TM 256
+#define GEMM_M_COST 4
+#define GEMM_MIN_HALF 96
+#define GEMM_MIN_WORK (1LL << 22) /* K (tm tn + 32 (tm + tn)): multiply-adds plus operand reads */
+#define GEMMW_SCRATCH (4LL << 20) /* floats of a cpu_gemm_w weight tile (tn x K, widened) */
+
+static long long tile_work(int tm, int tn, int K) {
+    return (long long)K * ((long long)tm * tn + 32LL * (tm + tn));
+}
+
+static int half16(int side) { return ((side + 1) / 2 + 15) / 16 * 16; }
+
+static dcs_gemm_grid gemm_grid(int M, int N, int K, int batch) {
+    dcs_gemm_grid g = {M > 0 ? M : 1, N > 0 ? N : 1, 1, 1};
+    const int want = batch >= GEMM_ITEMS ? 1 : (GEMM_ITEMS + batch - 1) / (batch > 0 ? batch : 1);
+    while (g.gm * g.gn < want) {
+        const int hm = half16(g.tm), hn = half16(g.tn);
+        const int can_m = hm >= GEMM_MIN_TM && hm < g.tm && tile_work(hm, g.tn, K) >= GEMM_MIN_WORK;
+        const int can_n = hn >= GEMM_MIN_TN && hn < g.tn && tile_work(g.tm, hn, K) >= GEMM_MIN_WORK;
+        if (can_m && (!can_n || g.tm > GEMM_M_COST * g.tn))
+            g.tm = hm, g.gm = (M + hm - 1) / hm;
+        else if (can_n)
+            g.tn = hn, g.gn = (N + hn - 1) / hn;
+        else
+            break;
+    }
+    /* a product too small for those minimums, 192..511 rows or columns: two
+     * halves of at least GEMM_MIN_HALF rather than one thread for all of it */
+    if (g.gm * g.gn == 1 && want > 1) {
+        const int split_m = g.tm >= g.tn, side = split_m ? g.tm : g.tn, h = half16(side);
+        if (h >= GEMM_MIN_HALF && h < side &&
+            tile_work(split_m ? h : g.tm, split_m ? g.tn : h, K) >= GEMM_MIN_WORK) {
+            if (split_m)
+                g.tm = h, g.gm = (M + h - 1) / h;
+            else
+                g.tn = h, g.gn = (N + h - 1) / h;
+        }
+    }
+    return g;
+}
+
+/* cpu_gemm_w's grid: cpu_gemm's, its tiles narrowed to GEMMW_SCRATCH floats of
+ * widened weights. */
+static dcs_gemm_grid gemmw_grid(int M, int N, int K) {
+    dcs_gemm_grid g = gemm_grid(M, N, K, 1);
+    int cap = (int)(GEMMW_SCRATCH / (K > 0 ? K : 1)) / 16 * 16;
+    if (cap < 16) cap = 16;
+    if (g.tn > cap) g.tn = cap, g.gn = (N + cap - 1) / cap;
+    return g;
+}
+
+/* Tile it of a batch entry: rows [*m0, *m0 + *mt), columns [*n0, *n0 + *nt). */
+static void grid_tile(const dcs_gemm_grid *g, int M, int N, long long it, int *m0, int *mt, int *n0,
+                      int *nt) {
+    const int im = (int)(it / g->gn), in = (int)(it % g->gn);
+    *m0 = im * g->tm;
+    *n0 = in * g->tn;
+    *mt = M - *m0 < g->tm ? M - *m0 : g->tm;
+    *nt = N - *n0 < g->tn ? N - *n0 : g->tn;
+}
+
 typedef struct {
     int tA, tB, M, N, K;
     float alpha, beta;
@@ -309,103 +387,74 @@ typedef struct {
     float *C;
     int lda, ldb, ldc;
     long long sA, sB, sC;
-    int nblk, bw, split_m; /* blocks per batch entry, block width, split rows? */
+    dcs_gemm_grid g;
 } gemm_job;
 
 static void gemm_items(void *arg, long long begin, long long end, int tid) {
     (void)tid;
-    const gemm_job *g = arg;
+    const gemm_job *j = arg;
+    const long long per = (long long)j->g.gm * j->g.gn;
     for (long long it = begin; it < end; it++) {
-        const int b = (int)(it / g->nblk), blk = (int)(it % g->nblk);
-        const float *A = g->A + b * g->sA, *B = g->B + b * g->sB;
-        float *C = g->C + b * g->sC;
-        int M = g->M, N = g->N;
-        const int lo = blk * g->bw;
-        if (g->split_m) {
-            M = M - lo < g->bw ? M - lo : g->bw;
-            A += g->tA ? lo : (long long)lo * g->lda;
-            C += (long long)lo * g->ldc;
-        } else {
-            N = N - lo < g->bw ? N - lo : g->bw;
-            B += g->tB ? (long long)lo * g->ldb : lo;
-            C += lo;
-        }
-        if (M <= 0 || N <= 0) continue;
-        cblas_sgemm(CblasRowMajor, g->tA ? CblasTrans : CblasNoTrans, g->tB ? CblasTrans : CblasNoTrans, M, N,
-                    g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
+        const long long b = it / per;
+        int m0, mt, n0, nt;
+        grid_tile(&j->g, j->M, j->N, it % per, &m0, &mt, &n0, &nt);
+        if (mt <= 0 || nt <= 0) continue;
+        const float *A = j->A + b * j->sA + (j->tA ? m0 : (long long)m0 * j->lda);
+        const float *B = j->B + b * j->sB + (j->tB ? (long long)n0 * j->ldb : n0);
+        float *C = j->C + b * j->sC + (long long)m0 * j->ldc + n0;
+        cblas_sgemm(CblasRowMajor, j->tA ? CblasTrans : CblasNoTrans, j->tB ? CblasTrans : CblasNoTrans, mt,
+                    nt, j->K, j->alpha, A, j->lda, B, j->ldb, j->beta, C, j->ldc);
     }
 }
-
-/* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
- * shape only (see there). */
-#define GEMM_PIECES 16
-#define GEMM_MIN_BLOCK 256 /* rows or columns of a cpu_gemm block... */
-#define GEMM_MIN_HALF 96   /* ...or of half a product 192..511 wide */
-#define GEMMW_MIN_TILE 128 /* columns of a cpu_gemm_w weight tile (its scratch is tile x K floats) */
 
 static void cpu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K, float alpha,
                      const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta,
                      float *C, int ldc, long long sC, int batch) {
-    gemm_job g = {transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, 1, 0, 0};
-    g.split_m = M > N;
-    const int dim = g.split_m ? M : N;
-    g.bw = dim;
-    if (batch < GEMM_PIECES) {
-        /* blocks of the larger of M, N, multiples of 16 and at least GEMM_MIN_BLOCK:
-         * the partition depends on the shape alone, never on the thread count, so
-         * each block is the same sgemm call (same kernel, same summation order)
-         * whatever n_threads is and the results are the same bits */
-        int pieces = (GEMM_PIECES + batch - 1) / batch;
-        int bw = (dim + pieces - 1) / pieces;
-        bw = (bw + 15) / 16 * 16;
-        if (bw < GEMM_MIN_BLOCK) bw = GEMM_MIN_BLOCK;
-        int nblk = (dim + bw - 1) / bw;
-        /* an even number of blocks (two or four threads share them alike: 3 blocks
-         * of a 768-wide weight gradient kept one of 2 threads idle a third of the
-         * time, a 192-wide one ran on one thread), none under GEMM_MIN_HALF */
-        if (nblk % 2 && dim >= 2 * GEMM_MIN_HALF) nblk++;
-        bw = ((dim + nblk - 1) / nblk + 15) / 16 * 16;
-        g.bw = bw < dim ? bw : dim;
-        g.nblk = (dim + g.bw - 1) / g.bw;
-    }
-    parallel_for_chunk(be, gemm_items, &g, (long long)batch * g.nblk, 2LL * M * N * K / g.nblk / 4, 1);
+    gemm_job j = {
+        transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC, gemm_grid(M, N, K, batch)};
+    const long long per = (long long)j.g.gm * j.g.gn;
+    parallel_for_chunk(be, gemm_items, &j, batch * per, 2LL * j.g.tm * j.g.tn * K, 1);
 }
 
-/* C [M, N] = A [M, K] op(W), W in F16/BF16: each item is a tile of TW output
- * columns; its thread widens W's tile into its scratch (exact) and runs
- * sgemm on it. The tile is large (up to 4M floats, 16 MB) so OpenBLAS's packing of
- * A, once per tile, stays a small share of the tile's FLOPs. */
+/* C [M, N] = A [M, K] op(W), W in F16/BF16: each item is a tm x tn tile of C
+ * (gemmw_grid); its thread widens W's tn columns into its scratch (exact;
+ * tn x K floats, the widening 1/tm of the tile's multiply-adds) and runs
+ * sgemm on it. */
 typedef struct {
-    int transW, M, N, K, lda, ldc, tw;
+    int transW, M, N, K, lda, ldc;
     float beta;
     const float *A;
     dcs_wmat W;
     float *C;
     const dcs_backend *be;
+    dcs_gemm_grid g;
 } gemmw_job;
 
 static void gemmw_items(void *arg, long long begin, long long end, int tid) {
-    const gemmw_job *g = arg;
-    const size_t es = dcs_dtype_size(g->W.dtype);
-    const widen_fn widen = ((const cpu_ctx *)g->be->ctx)->widen;
-    float *buf = scratch(g->be, tid, (size_t)g->tw * g->K);
+    const gemmw_job *j = arg;
+    const size_t es = dcs_dtype_size(j->W.dtype);
+    const widen_fn widen = ((const cpu_ctx *)j->be->ctx)->widen;
+    float *buf = scratch(j->be, tid, (size_t)j->g.tn * j->K);
     if (!buf) {
-        set_nomem(g->be, "gemm (weight tile)");
+        set_nomem(j->be, "gemm (weight tile)");
         return;
     }
     for (long long it = begin; it < end; it++) {
-        const int n0 = (int)it * g->tw;
-        const int nw = g->N - n0 < g->tw ? g->N - n0 : g->tw;
-        const uint8_t *W = g->W.p;
-        if (g->transW) { /* rows n0.. of W [N, K]: contiguous */
-            widen(W + (size_t)n0 * g->K * es, (uint64_t)nw * g->K, g->W.dtype, buf);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, nw, g->K, 1.0f, g->A, g->lda, buf,
-                        g->K, g->beta, g->C + n0, g->ldc);
+        int m0, mt, n0, nw;
+        grid_tile(&j->g, j->M, j->N, it, &m0, &mt, &n0, &nw);
+        if (mt <= 0 || nw <= 0) continue;
+        const uint8_t *W = j->W.p;
+        const float *A = j->A + (size_t)m0 * j->lda;
+        float *C = j->C + (size_t)m0 * j->ldc + n0;
+        if (j->transW) { /* rows n0.. of W [N, K]: contiguous */
+            widen(W + (size_t)n0 * j->K * es, (uint64_t)nw * j->K, j->W.dtype, buf);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mt, nw, j->K, 1.0f, A, j->lda, buf, j->K,
+                        j->beta, C, j->ldc);
         } else { /* columns n0.. of W [K, N] */
-            for (int k = 0; k < g->K; k++)
-                widen(W + ((size_t)k * g->N + n0) * es, (uint64_t)nw, g->W.dtype, buf + (size_t)k * nw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->M, nw, g->K, 1.0f, g->A, g->lda, buf,
-                        nw, g->beta, g->C + n0, g->ldc);
+            for (int k = 0; k < j->K; k++)
+                widen(W + ((size_t)k * j->N + n0) * es, (uint64_t)nw, j->W.dtype, buf + (size_t)k * nw);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mt, nw, j->K, 1.0f, A, j->lda, buf, nw,
+                        j->beta, C, j->ldc);
         }
     }
 }
@@ -416,20 +465,8 @@ static void cpu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const f
         cpu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, W.p, transW ? K : N, 0, beta, C, ldc, 0, 1);
         return;
     }
-    int tw = (int)((4u << 20) / (unsigned)(K > 0 ? K : 1));
-    tw = tw / 16 * 16;
-    if (tw < 16) tw = 16;
-    /* GEMM_PIECES tiles (when N allows) so the dynamic schedule can balance up to
-     * 8 threads; like cpu_gemm's blocks, the tiles depend on the shape alone, so
-     * any n_threads gives the same bits */
-    int per = (N + GEMM_PIECES - 1) / GEMM_PIECES;
-    per = (per + 15) / 16 * 16;
-    if (per < GEMMW_MIN_TILE) per = GEMMW_MIN_TILE;
-    if (per < tw) tw = per;
-    if (tw > N) tw = N;
-    if (tw < 1) tw = 1;
-    gemmw_job g = {transW, M, N, K, lda, ldc, tw, beta, A, W, C, be};
-    parallel_for_chunk(be, gemmw_items, &g, (N + tw - 1) / tw, PAR_MIN, 1);
+    gemmw_job j = {transW, M, N, K, lda, ldc, beta, A, W, C, be, gemmw_grid(M, N, K)};
+    parallel_for_chunk(be, gemmw_items, &j, (long long)j.g.gm * j.g.gn, PAR_MIN, 1);
 }
 
 /* The vectorised row kernels (GELU here, compose rows below): DCS_VEC,
@@ -736,7 +773,7 @@ static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, 
 }
 
 /* ------------------------------------------------------------ fused attention
- * Items are (sequence, block of ATT_TQ query rows), largest (latest) blocks
+ * Items are (sequence, block of attn_tq query rows), largest (latest) blocks
  * first. Query row r is at position t0 + r, key j at kb + j (a full pass:
  * t0 = kb = 0, S = T; a decoding step: its new rows against the cache). A
  * block's keys are [jmin, j1]: the window of its first query up to its last
@@ -746,6 +783,19 @@ static void cpu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, 
  *   post-compose (dcs_compose_row); other keys of the block set to 0
  *   z [tq, N, Dh] = S v (one sgemm per head). */
 #define ATT_TQ 32
+#define ATT_MIN_TQ 8
+#define ATT_ITEMS 32 /* items an attention aims for (2 per thread at 16 threads) */
+
+/* Query rows per block: ATT_TQ, halved (down to ATT_MIN_TQ) while the
+ * sequences have fewer than ATT_ITEMS blocks in all. A function of the shape
+ * alone (B = 1, T = 512: 32 blocks of 16, whose causal sizes pair up to
+ * equal loads on 16 threads); the rows of a block share its sgemm calls, so
+ * like the GEMM tiles it must not depend on n_threads. */
+static int attn_tq(int B, int T) {
+    int tq = ATT_TQ;
+    while (tq > ATT_MIN_TQ && (long long)B * ((T + tq - 1) / tq) < ATT_ITEMS) tq /= 2;
+    return tq;
+}
 
 typedef struct {
     const dcs_attn_args *a;
@@ -835,7 +885,7 @@ static void cpu_attention(dcs_backend *be, const dcs_attn_args *args) {
     memset(&J, 0, sizeof J);
     J.a = a;
     J.be = be;
-    J.tq = ATT_TQ; /* 16, 64, 128 measured no faster at D=1024, T=512 */
+    J.tq = attn_tq(a->B, a->T);
     J.nblk = (a->T + J.tq - 1) / J.tq;
     const size_t RN = (size_t)a->R * a->N, nk = (size_t)a->B * a->S;
     float *kt = NULL;
@@ -934,4 +984,51 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     be->ops = &cpu_ops;
     be->ctx = c;
     return be;
+}
+
+/* ------------------------------------------------------------ partition
+ * dcs_cpu_items: the items cpu_gemm (op 0), cpu_gemm_w (op 1) and
+ * cpu_attention (op 2, its causal pass t0 = kb = 0) hand the pool, from the
+ * same grid / attn_tq rules, with each item's rough work in multiply-adds:
+ * a tile's mt nt K; an attention block's two sgemms per head (2 N tq L Dh)
+ * plus, per allowed (row, key), N (4 + compose ? 2 (4 R + 3) : 0) for the
+ * softmax and both composes (a model of dcs_compose_row's work, not a count).
+ * Only the first cap items are visited: a huge shape costs nothing. */
+int64_t dcs_cpu_items(int op, const int *s, int n, int64_t *cost, int64_t cap) {
+    if (!s || n < 1) return -1;
+    for (int i = 0; i < n; i++)
+        if (s[i] < 0) return -1;
+    if (op == DCS_PART_GEMM || op == DCS_PART_GEMM_W) {
+        if (n != (op == DCS_PART_GEMM ? 4 : 3)) return -1;
+        const int M = s[0], N = s[1], K = s[2], batch = op == DCS_PART_GEMM ? s[3] : 1;
+        const dcs_gemm_grid g = op == DCS_PART_GEMM ? gemm_grid(M, N, K, batch) : gemmw_grid(M, N, K);
+        const int64_t per = (int64_t)g.gm * g.gn, count = batch * per;
+        for (int64_t it = 0; cost && it < count && it < cap; it++) {
+            int m0, mt, n0, nt;
+            grid_tile(&g, M, N, it % per, &m0, &mt, &n0, &nt);
+            cost[it] = mt > 0 && nt > 0 ? (int64_t)mt * nt * K : 0;
+        }
+        return count;
+    }
+    if (op != DCS_PART_ATTN || (n != 8 && n != 9)) return -1;
+    dcs_attn_args a;
+    memset(&a, 0, sizeof a);
+    const int B = s[0], T = s[1], N = s[3], Dh = s[4], R = s[7];
+    a.S = s[2] > 0 ? s[2] : T;
+    a.window = s[5];
+    const int64_t per_key = (int64_t)N * (4 + (s[6] ? 2 * (4 * R + 3) : 0));
+    const int tq = n == 9 && s[8] > 0 ? s[8] : attn_tq(B, T), nblk = T > 0 ? (T + tq - 1) / tq : 0;
+    for (int64_t it = 0; cost && it < (int64_t)B * nblk && it < cap; it++) {
+        const int blk = nblk - 1 - (int)(it % nblk), r0 = blk * tq, r1 = (r0 + tq < T ? r0 + tq : T) - 1;
+        int jmin, jmax, lo, hi;
+        attn_keys(&a, r0, &jmin, &hi);
+        attn_keys(&a, r1, &lo, &jmax);
+        int64_t w = jmax >= jmin ? 2LL * N * (r1 - r0 + 1) * (jmax - jmin + 1) * Dh : 0;
+        for (int r = r0; r <= r1; r++) {
+            attn_keys(&a, r, &lo, &hi);
+            if (hi >= lo) w += per_key * (hi - lo + 1);
+        }
+        cost[it] = w;
+    }
+    return (int64_t)B * nblk;
 }

@@ -253,6 +253,16 @@ struct dcs_backend {
 
 dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e);
 
+/* A product's output tiles in the CPU pool: gm x gn tiles of tm x tn (the
+ * last row / column of tiles narrower). */
+typedef struct {
+    int tm, tn, gm, gn;
+} dcs_gemm_grid;
+
+/* dcs_cpu_partition (dclens.h): the CPU pool's items for one operation, by
+ * the rule cpu_gemm / cpu_gemm_w / cpu_attention use. */
+int64_t dcs_cpu_items(int op, const int *shape, int n_shape, int64_t *cost, int64_t cap);
+
 /* ---------------------------------------------------------------- CUDA plugin
  *
  * The CUDA backend (cuda.cu) is a separate shared library, the plugin

@@ -62,6 +62,10 @@ int dcs_cuda_available(char *why, size_t whylen) {
     return dcs_cuda_probe(why, whylen); /* loads the CUDA plugin (cuda_plugin.c) */
 }
 
+int64_t dcs_cpu_partition(int op, const int *shape, int n_shape, int64_t *cost, int64_t cap) {
+    return dcs_cpu_items(op, shape, n_shape, cost, cap); /* the rule itself is cpu.c's */
+}
+
 /* ---------------------------------------------------------------- weights */
 
 static const dcs_named_weight *find_weight(dcs_model *m, const char *name) {
