@@ -152,5 +152,7 @@ def summarise(results: Sequence[Dict]) -> Dict:
     out["borrowed_share_median"] = float(np.median([r["borrowed"] / r["weight"] for r in reads])) if reads else None
     out["head_needed"] = sum(r["p_without_head"] <= 0.5 * r["p_answer"] for r in results)
     out["branch_needed"] = sum(r["p_without_branch"] <= 0.5 * r["p_answer"] for r in results)
-    out["top_layer"] = {str(layer): sum(r["head"][0] == layer for r in results) for layer in sorted({r["head"][0] for r in results})}
+    out["top_layer"] = {
+        str(layer): sum(r["head"][0] == layer for r in results) for layer in sorted({r["head"][0] for r in results})
+    }
     return out

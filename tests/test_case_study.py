@@ -84,7 +84,11 @@ def test_summarise_counts():
             "head": [layer, 0],
         }
 
-    rs = [r(2.0, "kp", 1.8, 0.8, 0.1, 0.7, 0), r(0.05, "qp", 0.0, 0.5, 0.5, 0.2, 1), r(1.0, "qp", 0.5, 0.6, 0.3, 0.31, 0)]
+    rs = [
+        r(2.0, "kp", 1.8, 0.8, 0.1, 0.7, 0),
+        r(0.05, "qp", 0.0, 0.5, 0.5, 0.2, 1),
+        r(1.0, "qp", 0.5, 0.6, 0.3, 0.31, 0),
+    ]
     s = summarise(rs)
     assert s["answers"] == 3 and s["reads_source"] == 2
     assert s["top_branch"] == {"skip": 0, "qp": 1, "kp": 1, "qg": 0, "kg": 0}
@@ -104,7 +108,8 @@ def test_survey_is_case_study_on_common_answers():
     m, t = dclens.load("dcpythia-tiny"), dclens.load("pythia-tiny")
     s = survey({"dc": m, "mha": t}, lines, limit=2, steps=8, progress=False)
     ok = [
-        {(a.task_id, a.line, a.example) for a in evaluate(x, lines, progress=False).answers if a.correct} for x in (m, t)
+        {(a.task_id, a.line, a.example) for a in evaluate(x, lines, progress=False).answers if a.correct}
+        for x in (m, t)
     ]
     assert 0 < len(s["answers"]) <= 2
     for (task, lineno, j), rd, rm in zip(s["answers"], s["dc"], s["mha"]):

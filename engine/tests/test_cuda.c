@@ -570,18 +570,10 @@ typedef struct {
 } test_case;
 
 static const test_case tests[] = {
-    {"memory", test_memory},
-    {"mem_info", test_mem_info},
-    {"gemm", test_gemm},
-    {"embed", test_embed},
-    {"elementwise", test_elementwise},
-    {"layernorm", test_layernorm},
-    {"rmsnorm", test_rmsnorm},
-    {"rotary", test_rotary},
-    {"copy2d", test_copy2d},
-    {"compose", test_compose},
-    {"softmax_masked", test_softmax},
-    {"moh", test_moh},
+    {"memory", test_memory},   {"mem_info", test_mem_info},       {"gemm", test_gemm},
+    {"embed", test_embed},     {"elementwise", test_elementwise}, {"layernorm", test_layernorm},
+    {"rmsnorm", test_rmsnorm}, {"rotary", test_rotary},           {"copy2d", test_copy2d},
+    {"compose", test_compose}, {"softmax_masked", test_softmax},  {"moh", test_moh},
     {"errors", test_errors},
 };
 

@@ -315,10 +315,11 @@ static inline float dot8(const float *x, const float *y, int s0, int s1) {
  * query_wise). `on` masks the branches as in dcs_compose_pair_bw_var, whose
  * sums these are in another order. tmp: 4*R*T floats. In the per-ISA clones
  * (cpu_vec.h): dot8's fixed lanes keep the bits the same in each. */
-DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
-                           int s0, int s1, const float *qw1, const float *qw2, const float *kw1T,
-                           const float *kw2T, const float *qdd, const float *kddT, float *dqw1, float *dqw2,
-                           float *dkw1T, float *dkw2T, float *dqdd, float *dkddT, unsigned on, float *tmp) {
+DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R,
+                                   int T, int s0, int s1, const float *qw1, const float *qw2,
+                                   const float *kw1T, const float *kw2T, const float *qdd, const float *kddT,
+                                   float *dqw1, float *dqw2, float *dkw1T, float *dkw2T, float *dqdd,
+                                   float *dkddT, unsigned on, float *tmp) {
     float *qi = tmp, *ki = tmp + (size_t)R * T, *gq = tmp + 2 * (size_t)R * T, *gk = tmp + 3 * (size_t)R * T;
     const int keys = kw1T != NULL;
     for (int i = 0; i < R; i++) {
