@@ -12,6 +12,7 @@
 /* ---------------------------------------------------------------- backend */
 
 #define DCS_MAX_R 8          /* dynamic rank                 */
+#define DCS_KEY_PAD 16       /* compose_bw scratch key rows  */
 #define DCS_MAX_SW_HEADS 256 /* heads per group with use_sw  */
 
 /* A backend owns device memory and runs kernels on it. Pointers it hands
@@ -84,8 +85,8 @@ typedef struct {
  * dsw [G, N/G, N/G] += the static map's (NULL: not wanted). Weights as in
  * dcs_compose_args. `on`: bit k set = branch k (skip, qp, kp, qg, kg,
  * static) passes gradient. scratch: the CPU backend's transposed key-side
- * weights and their gradients (6 arrays, [B, R*N, T] x 2 and [B, N, T] per
- * pair) for plain DCMHA, or NULL (then it goes pair by pair). */
+ * weights and their gradients (6 arrays, [B, R*N, Tp] x 2 and [B, N, Tp]
+ * per pair, Tp = T rounded up to a multiple of DCS_KEY_PAD) for plain DCMHA, or NULL (then it goes pair by pair). */
 typedef struct {
     float *dIn;
     const float *in, *dOut;

@@ -247,9 +247,10 @@ static int alloc_tape(dcs_tape *tp) {
     if (ok && !tp->dry && !(tp->tokens = calloc(M, sizeof(int32_t)))) ok = 0;
     tgrads *d = &tp->d;
     if (c->use_dcmha && !c->query_wise && !compose_variant(c) && m->device == DCS_DEVICE_CPU)
-        for (int i = 0; i < 3; i++) {
-            A_(tp->kT[i], i < 2 ? M * RN : M * N);
-            A_(tp->dkT[i], i < 2 ? M * RN : M * N);
+        for (int i = 0; i < 3; i++) { /* [B, C, Tp], Tp: T padded (dcs_compose_bw_args) */
+            const size_t Tp = ((size_t)T + DCS_KEY_PAD - 1) / DCS_KEY_PAD * DCS_KEY_PAD;
+            A_(tp->kT[i], (size_t)B * Tp * (i < 2 ? RN : N));
+            A_(tp->dkT[i], (size_t)B * Tp * (i < 2 ? RN : N));
         }
     A_(d->dx, M * D);
     A_(d->dmo, M * D);
