@@ -334,8 +334,8 @@ static inline float sum_lanes(const float *x) {
 }
 
 /* Backward of plain DCMHA's compose for the query row (b, t) over the keys
- * [s0, s1): g = dOut rows (stride TT), a the input. The row of da (stride
- * TT) over all T keys is written (0 outside [s0, s1)); query-side dqw1,
+ * [s0, s1): g = dOut rows (head stride sg), a the input's (sa). The row of
+ * da (sd) over all T keys is written (0 outside [s0, s1)); query-side dqw1,
  * dqw2 [R, N], dqdd [N] += ; key-side dkw1T, dkw2T [R, N, Tp], dkddT [N,
  * Tp] += (transposed, row stride Tp = key_stride(T), NULL when
  * query_wise; read and written over [S0, S1), the padding's terms exact
@@ -344,7 +344,8 @@ static inline float sum_lanes(const float *x) {
  * of terms, the dot products over keys in KB lanes (lane j: the keys S0 +
  * j mod KB) summed by sum_lanes, so the bits are the same in each clone
  * (cpu_vec.h). tmp: (2N + 4R) * Tp floats. */
-DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R, int T,
+DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g, long long sg, float *da,
+                                   long long sd, int N, int R, int T,
                                    int s0, int s1, const float *qw1, const float *qw2, const float *kw1T,
                                    const float *kw2T, const float *qdd, const float *kddT, float *dqw1,
                                    float *dqw2, float *dkw1T, float *dkw2T, float *dqdd, float *dkddT, unsigned on,
@@ -355,8 +356,8 @@ DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, lo
           *gq = ki + (size_t)R * W, *gk = gq + (size_t)R * W;
     const int keys = kw1T != NULL;
     for (int n = 0; n < N; n++) {
-        load_keys(A + (size_t)n * W, a + n * TT, S0, S1, s0, s1, T);
-        load_keys(G + (size_t)n * W, g + n * TT, S0, S1, s0, s1, T);
+        load_keys(A + (size_t)n * W, a + n * sa, S0, S1, s0, s1, T);
+        load_keys(G + (size_t)n * W, g + n * sg, S0, S1, s0, s1, T);
     }
     for (int i = 0; i < R; i++)
         for (int b = 0; b < W; b += KB) {
@@ -377,7 +378,7 @@ DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, lo
             for (int j = 0; j < KB; j++) qi[o + j] = q[j], ki[o + j] = k[j], gq[o + j] = tq[j], gk[o + j] = tk[j];
         }
     for (int n = 0; n < N; n++) {
-        float *dn = da + n * TT;
+        float *dn = da + n * sd;
         const float c = ((on & 1) ? 1.0f : 0.0f) + ((on & 8) ? qdd[n] : 0.0f);
         const int kd_on = (on & 16) && keys, kp_on = (on & 4) && keys;
         const float *kd = kd_on ? kddT + (size_t)n * Tp + S0 : NULL;
@@ -449,9 +450,29 @@ static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
             for (int c = 0; c < C; c++) x[((size_t)b * T + t) * C + c] = xT[((size_t)b * C + c) * Tp + t];
 }
 
+/* the row kernel's scratch per thread: its tmp, and the fused backward's
+ * rows of dP and dAc [2, N, T] */
+static size_t row_tmp_floats(int N, int R, int T) { return (2 * (size_t)N + 4 * (size_t)R) * key_stride(T); }
+
+/* row (b, t) of one phase: compose_row_bw with the phase's weights; in, g,
+ * d: the row's input, dOut, dIn (head strides si, sg, sd) */
+static void row_bw(const dcs_compose_bw_args *a, long long b, int t, const float *in, long long si, const float *g,
+                   long long sg, float *d, long long sd, float *tmp) {
+    const int T = a->T, N = a->N, R = a->R, RN = R * N, Tp = key_stride(T);
+    const int keys = a->kw1 != NULL;
+    float *const *kT = a->scratch, *const *dkT = a->scratch + 3;
+    const size_t bt = (size_t)b * T + t;
+    compose_row_bw(in, si, g, sg, d, sd, N, R, T, first_key(t, a->window), t + 1, a->qw1 + bt * RN,
+                   a->qw2 + bt * RN, keys ? kT[0] + (size_t)b * RN * Tp : NULL,
+                   keys ? kT[1] + (size_t)b * RN * Tp : NULL, a->qdd + bt * N,
+                   keys ? kT[2] + (size_t)b * N * Tp : NULL, a->dqw1 + bt * RN, a->dqw2 + bt * RN,
+                   keys ? dkT[0] + (size_t)b * RN * Tp : NULL, keys ? dkT[1] + (size_t)b * RN * Tp : NULL,
+                   a->dqdd + bt * N, keys ? dkT[2] + (size_t)b * N * Tp : NULL, a->on, tmp);
+}
+
 typedef struct {
-    const dcs_compose_bw_args *a;
-    volatile int failed; /* a chunk could not get its scratch */
+    const dcs_compose_bw_args *a, *pre; /* pre: the fused backward's second phase */
+    volatile int failed;                /* a chunk could not get its scratch */
 } cb_arg;
 
 /* plain DCMHA, sequences [b_from, b_to): key-side gradients of (b, s)
@@ -460,26 +481,45 @@ static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) 
     (void)tid;
     cb_arg *ca = p;
     const dcs_compose_bw_args *a = ca->a;
-    const int T = a->T, N = a->N, R = a->R, RN = R * N, Tp = key_stride(T);
+    const int T = a->T, N = a->N;
     const long long TT = (long long)T * T;
-    const int keys = a->kw1 != NULL;
-    float *const *kT = a->scratch, *const *dkT = a->scratch + 3;
-    float *tmp = malloc(sizeof(float) * (2 * (size_t)N + 4 * (size_t)R) * Tp);
+    float *tmp = malloc(sizeof(float) * row_tmp_floats(N, a->R, T));
     if (!tmp) {
         ca->failed = 1;
         return;
     }
     for (long long b = b_from; b < b_to; b++)
         for (int t = 0; t < T; t++) {
-            const size_t bt = (size_t)b * T + t;
             const long long o = (long long)b * N * TT + (long long)t * T;
-            compose_row_bw(a->in + o, a->dOut + o, a->dIn + o, TT, N, R, T, first_key(t, a->window), t + 1,
-                           a->qw1 + bt * RN, a->qw2 + bt * RN, keys ? kT[0] + (size_t)b * RN * Tp : NULL,
-                           keys ? kT[1] + (size_t)b * RN * Tp : NULL, a->qdd + bt * N,
-                           keys ? kT[2] + (size_t)b * N * Tp : NULL, a->dqw1 + bt * RN, a->dqw2 + bt * RN,
-                           keys ? dkT[0] + (size_t)b * RN * Tp : NULL,
-                           keys ? dkT[1] + (size_t)b * RN * Tp : NULL, a->dqdd + bt * N,
-                           keys ? dkT[2] + (size_t)b * N * Tp : NULL, a->on, tmp);
+            row_bw(a, b, t, a->in + o, TT, a->dOut + o, TT, a->dIn + o, TT, tmp);
+        }
+    free(tmp);
+}
+
+/* the fused backward, sequences [b_from, b_to): per row (b, t), the post
+ * phase into dP's row [N, T], its masked softmax backward into dAc's, the
+ * pre phase from it (each row in L1 instead of four passes over the maps) */
+static void compose_softmax_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
+    (void)tid;
+    cb_arg *ca = p;
+    const dcs_compose_bw_args *post = ca->a, *pre = ca->pre;
+    const int T = post->T, N = post->N;
+    const long long TT = (long long)T * T;
+    const size_t nt = row_tmp_floats(N, post->R > pre->R ? post->R : pre->R, T);
+    float *tmp = malloc(sizeof(float) * (nt + 2 * (size_t)N * T));
+    if (!tmp) {
+        ca->failed = 1;
+        return;
+    }
+    float *dP = tmp + nt, *dAc = dP + (size_t)N * T;
+    for (long long b = b_from; b < b_to; b++)
+        for (int t = 0; t < T; t++) {
+            const long long o = (long long)b * N * TT + (long long)t * T;
+            row_bw(post, b, t, post->in + o, TT, post->dOut + o, TT, dP, T, tmp);
+            for (int n = 0; n < N; n++)
+                dcs_softmax_row_bw(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t,
+                                   post->window);
+            row_bw(pre, b, t, pre->in + o, TT, dAc, T, pre->dIn + o, TT, tmp);
         }
     free(tmp);
 }
@@ -511,22 +551,19 @@ static void compose_bw_pairs(const dcs_compose_bw_args *a) {
             }
 }
 
-/* Plain DCMHA (query side present, one group, no static map) by query rows
- * on the pool (compose_row_bw; the key side transposed into the scratch,
- * [B, C, key_stride(T)]);
- * every variant pair by pair. */
-void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
-    const int B = a->B, T = a->T, N = a->N, R = a->R, M = B * T;
-    const size_t RN = (size_t)R * N;
-    const int rows = a->qw1 && a->G == 1 && !a->sw && (!a->kw1 || a->scratch[0]);
-    if (!rows) {
-        compose_bw_pairs(a);
-        return;
-    }
-    /* dIn: every row written whole by compose_row_bw */
+/* the row kernel's case: plain DCMHA (query side present, one group, no
+ * static map), the key side's scratch given */
+static int rows_ok(const dcs_compose_bw_args *a) {
+    return a->qw1 && a->G == 1 && !a->sw && (!a->kw1 || a->scratch[0]);
+}
+
+/* before the row kernel: the phase's dynamic-weight gradients zeroed, its
+ * key side transposed into the scratch ([B, C, key_stride(T)]) */
+static void rows_begin(const dcs_compose_bw_args *a) {
+    const int B = a->B, T = a->T, N = a->N, M = B * T;
+    const size_t RN = (size_t)a->R * N;
     float *const dyn[3] = {a->dqw1, a->dqw2, a->dqdd};
     for (int i = 0; i < 3; i++) memset(dyn[i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : (size_t)N));
-    cb_arg ca = {a, 0};
     if (a->kw1) {
         to_keys_T(a->scratch[0], a->kw1, B, T, (int)RN);
         to_keys_T(a->scratch[1], a->kw2, B, T, (int)RN);
@@ -534,16 +571,56 @@ void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
         for (int i = 0; i < 3; i++)
             memset(a->scratch[3 + i], 0, sizeof(float) * B * (size_t)key_stride(T) * (i < 2 ? RN : (size_t)N));
     }
-    par(be, compose_bw_seqs, &ca, B, (long long)T * T * N * R * 4);
+}
+
+/* after it: the key side's gradients back from the scratch */
+static void rows_end(const dcs_compose_bw_args *a) {
+    const int B = a->B, T = a->T, N = a->N;
+    const int RN = a->R * N;
+    if (a->kw1) {
+        from_keys_T(a->dkw1, a->scratch[3], B, T, RN);
+        from_keys_T(a->dkw2, a->scratch[4], B, T, RN);
+        from_keys_T(a->dkdd, a->scratch[5], B, T, N);
+    }
+}
+
+/* Plain DCMHA by query rows on the pool (compose_row_bw; dIn: every row
+ * written whole by it); every variant pair by pair. */
+void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
+    if (!rows_ok(a)) {
+        compose_bw_pairs(a);
+        return;
+    }
+    rows_begin(a);
+    cb_arg ca = {a, NULL, 0};
+    par(be, compose_bw_seqs, &ca, a->B, (long long)a->T * a->T * a->N * a->R * 4);
     if (ca.failed) { /* no scratch for a chunk: the same sums pair by pair */
         compose_bw_pairs(a);
         return;
     }
-    if (a->kw1) {
-        from_keys_T(a->dkw1, a->scratch[3], B, T, (int)RN);
-        from_keys_T(a->dkw2, a->scratch[4], B, T, (int)RN);
-        from_keys_T(a->dkdd, a->scratch[5], B, T, N);
+    rows_end(a);
+}
+
+/* Both phases by rows, the softmax backward between them (the same
+ * per-row arithmetic as cpu_compose_bw, cpu_softmax_bw, cpu_compose_bw:
+ * the same bits), or those three when a phase is not plain DCMHA. */
+void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post, const dcs_compose_bw_args *pre) {
+    const int B = post->B, T = post->T, N = post->N;
+    if (rows_ok(post) && rows_ok(pre)) {
+        rows_begin(post);
+        rows_begin(pre);
+        cb_arg ca = {post, pre, 0};
+        par(be, compose_softmax_bw_seqs, &ca, B, (long long)T * T * N * (post->R + pre->R) * 4);
+        if (!ca.failed) {
+            rows_end(post);
+            rows_end(pre);
+            return;
+        }
     }
+    cpu_compose_bw(be, post);
+    /* pre->dOut is dAc, the tape's buffer (dcs_backend.h): written here */
+    cpu_softmax_bw(be, (float *)pre->dOut, post->dIn, post->in, B * N, T, T, post->window);
+    cpu_compose_bw(be, pre);
 }
 
 /* ---------------------------------------------------------------- scratch */
@@ -551,15 +628,16 @@ void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
 /* The largest malloc one backward operation above makes for a tape of
  * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
  * (cos, sin), or compose_bw's row kernel's [2N + 4R, key_stride(T)] per
- * chunk, one chunk per thread at a time. */
+ * chunk (with the fused backward's rows of dP and dAc [2, N, T]), one
+ * chunk per thread at a time. */
 uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     const uint64_t M = (uint64_t)s->B * s->T;
     uint64_t n = 2 * M;
     const uint64_t rot = 2 * (uint64_t)s->T * (s->rot / 2 > 0 ? s->rot / 2 : 1);
     if (rot > n) n = rot;
     if (s->rows_kernel) {
-        const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) * (2 * (uint64_t)s->N + 4 * (uint64_t)s->R) *
-                             (uint64_t)key_stride(s->T);
+        const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) *
+                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T);
         if (cmp > n) n = cmp;
     }
     return n * sizeof(float);

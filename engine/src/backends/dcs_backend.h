@@ -220,6 +220,13 @@ typedef struct dcs_backend_ops {
     void (*xent_bw)(dcs_backend *be, float *dlogits, double *loss_host, const float *logits,
                     const int32_t *targets_host, int M, int V, float inv);
     void (*compose_bw)(dcs_backend *be, const dcs_compose_bw_args *a);
+    /* optional (NULL: the tape runs compose_bw, softmax_bw, compose_bw):
+     * the post-compose backward (post: in = P, dOut = dPc, dIn = dP), the
+     * masked softmax backward of P (window: post->window) to dAc = pre->dOut,
+     * and the pre-compose backward (pre: dIn = dA) in one pass; dA and both
+     * phases' dynamic-weight gradients written as by those three, the same
+     * bits; dP and dAc are scratch, their contents unspecified after */
+    void (*compose_softmax_bw)(dcs_backend *be, const dcs_compose_bw_args *post, const dcs_compose_bw_args *pre);
     /* MoH: dz [M, N, Dh] *= gate [M, N] (becomes d zpre); dgate = <dz, zpre> */
     void (*head_gate_bw)(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate,
                          int M, int N, int Dh);
