@@ -333,6 +333,18 @@ static inline float sum_lanes(const float *x) {
     return h[0];
 }
 
+/* A block of KB keys as one GCC/Clang vector (split into the clone's
+ * widest registers: one zmm under avx512f); lane-wise IEEE arithmetic, the
+ * same bits as the scalar loop in every clone (no contraction under
+ * -std=c11). Loads and stores through memcpy: no alignment assumed. */
+typedef float vkb __attribute__((vector_size(KB * sizeof(float))));
+static inline vkb vld(const float *p) {
+    vkb v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vst(float *p, vkb v) { memcpy(p, &v, sizeof v); }
+
 /* Backward of plain DCMHA's compose for the query row (b, t) over the keys
  * [s0, s1): g = dOut rows (head stride sg), a the input's (sa). The row of
  * da (sd) over all T keys is written (0 outside [s0, s1)); query-side dqw1,
@@ -343,89 +355,89 @@ static inline float sum_lanes(const float *x) {
  * these are in another order: da and the key side's per key in its order
  * of terms, the dot products over keys in KB lanes (lane j: the keys S0 +
  * j mod KB) summed by sum_lanes, so the bits are the same in each clone
- * (cpu_vec.h). tmp: (2N + 4R) * Tp floats. */
+ * (cpu_vec.h). Each loop runs over the row's blocks with its accumulators
+ * in registers; tmp: row_tmp_floats(N, R, T). */
 DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g, long long sg, float *da,
-                                   long long sd, int N, int R, int T,
-                                   int s0, int s1, const float *qw1, const float *qw2, const float *kw1T,
-                                   const float *kw2T, const float *qdd, const float *kddT, float *dqw1,
-                                   float *dqw2, float *dkw1T, float *dkw2T, float *dqdd, float *dkddT, unsigned on,
-                                   float *tmp) {
+                                   long long sd, int N, int R, int T, int s0, int s1, const float *qw1,
+                                   const float *qw2, const float *kw1T, const float *kw2T, const float *qdd,
+                                   const float *kddT, float *dqw1, float *dqw2, float *dkw1T, float *dkw2T,
+                                   float *dqdd, float *dkddT, unsigned on, float *tmp) {
     const int Tp = key_stride(T), S0 = s0 / KB * KB, S1 = (s1 + KB - 1) / KB * KB, W = S1 - S0;
-    /* A, G [N, W]: a, g padded; qi, ki, gq, gk [R, W] */
+    /* A, G [N, W]: a, g padded; qi, ki, gq, gk [R, W]; D [W]: a row of da */
     float *A = tmp, *G = A + (size_t)N * W, *qi = G + (size_t)N * W, *ki = qi + (size_t)R * W,
-          *gq = ki + (size_t)R * W, *gk = gq + (size_t)R * W;
+          *gq = ki + (size_t)R * W, *gk = gq + (size_t)R * W, *D = gk + (size_t)R * W;
     const int keys = kw1T != NULL;
     for (int n = 0; n < N; n++) {
         load_keys(A + (size_t)n * W, a + n * sa, S0, S1, s0, s1, T);
         load_keys(G + (size_t)n * W, g + n * sg, S0, S1, s0, s1, T);
     }
+    const vkb zero = {0};
     for (int i = 0; i < R; i++)
         for (int b = 0; b < W; b += KB) {
-            float q[KB] = {0}, k[KB] = {0}, tq[KB] = {0}, tk[KB] = {0};
+            vkb q = zero, k = zero, tq = zero, tk = zero;
             for (int n = 0; n < N; n++) {
-                const float *an = A + (size_t)n * W + b, *gn = G + (size_t)n * W + b;
-                const float w1 = qw1[i * N + n], w2 = qw2[i * N + n];
-                for (int j = 0; j < KB; j++) q[j] += an[j] * w1;
-                for (int j = 0; j < KB; j++) tq[j] += gn[j] * w2;
+                const vkb an = vld(A + (size_t)n * W + b), gn = vld(G + (size_t)n * W + b);
+                q += an * qw1[i * N + n];
+                tq += gn * qw2[i * N + n];
                 if (keys) {
                     const size_t o = ((size_t)i * N + n) * Tp + S0 + b;
-                    const float *k1 = kw1T + o, *k2 = kw2T + o;
-                    for (int j = 0; j < KB; j++) k[j] += an[j] * k1[j];
-                    for (int j = 0; j < KB; j++) tk[j] += gn[j] * k2[j];
+                    k += an * vld(kw1T + o);
+                    tk += gn * vld(kw2T + o);
                 }
             }
             const size_t o = (size_t)i * W + b;
-            for (int j = 0; j < KB; j++) qi[o + j] = q[j], ki[o + j] = k[j], gq[o + j] = tq[j], gk[o + j] = tk[j];
+            vst(qi + o, q), vst(ki + o, k), vst(gq + o, tq), vst(gk + o, tk);
         }
     for (int n = 0; n < N; n++) {
-        float *dn = da + n * sd;
+        const float *An = A + (size_t)n * W, *Gn = G + (size_t)n * W;
         const float c = ((on & 1) ? 1.0f : 0.0f) + ((on & 8) ? qdd[n] : 0.0f);
         const int kd_on = (on & 16) && keys, kp_on = (on & 4) && keys;
         const float *kd = kd_on ? kddT + (size_t)n * Tp + S0 : NULL;
         float *dkd = kd_on ? dkddT + (size_t)n * Tp + S0 : NULL;
-        float pdd[KB] = {0}, p1[DCS_MAX_R][KB] = {{0}}, p2[DCS_MAX_R][KB] = {{0}};
-        memset(dn, 0, sizeof(float) * S0);
-        if (S1 < T) memset(dn + S1, 0, sizeof(float) * (size_t)(T - S1));
+        vkb pdd = zero;
         for (int b = 0; b < W; b += KB) {
-            const float *an = A + (size_t)n * W + b, *gn = G + (size_t)n * W + b;
-            float d[KB] = {0};
-            for (int j = 0; j < KB; j++) d[j] += gn[j] * c;
-            if (on & 8)
-                for (int j = 0; j < KB; j++) pdd[j] += gn[j] * an[j];
+            const vkb an = vld(An + b), gn = vld(Gn + b);
+            vkb d = zero + gn * c;
+            if (on & 8) pdd += gn * an;
             if (kd_on) {
-                for (int j = 0; j < KB; j++) d[j] += gn[j] * kd[b + j];
-                for (int j = 0; j < KB; j++) dkd[b + j] += gn[j] * an[j];
+                d += gn * vld(kd + b);
+                vst(dkd + b, vld(dkd + b) + gn * an);
             }
-            for (int i = 0; i < R; i++) {
-                const size_t o = (size_t)i * W + b;
+            vst(D + b, d);
+        }
+        if (on & 8) dqdd[n] += sum_lanes((const float *)&pdd);
+        for (int i = 0; i < R; i++) {
+            const size_t o = (size_t)i * W, ok = ((size_t)i * N + n) * Tp + S0;
+            const float *tq = gq + o, *q = qi + o, *tk = gk + o, *k = ki + o, w1 = qw1[i * N + n];
+            const float *k1 = kp_on ? kw1T + ok : NULL;
+            float *d1 = kp_on ? dkw1T + ok : NULL, *d2 = kp_on ? dkw2T + ok : NULL;
+            vkb p1 = zero, p2 = zero;
+            for (int b = 0; b < W; b += KB) {
+                const vkb an = vld(An + b), gn = vld(Gn + b);
+                vkb d = vld(D + b);
                 if (on & 2) {
-                    const float *tq = gq + o, *q = qi + o, w1 = qw1[i * N + n];
-                    for (int j = 0; j < KB; j++) d[j] += tq[j] * w1;
-                    for (int j = 0; j < KB; j++) p1[i][j] += tq[j] * an[j];
-                    for (int j = 0; j < KB; j++) p2[i][j] += q[j] * gn[j];
+                    const vkb tqb = vld(tq + b);
+                    d += tqb * w1;
+                    p1 += tqb * an;
+                    p2 += vld(q + b) * gn;
                 }
                 if (kp_on) {
-                    const float *tk = gk + o, *k = ki + o;
-                    const size_t ok = ((size_t)i * N + n) * Tp + S0 + b;
-                    const float *k1 = kw1T + ok;
-                    float *d1 = dkw1T + ok, *d2 = dkw2T + ok;
-                    for (int j = 0; j < KB; j++) d[j] += tk[j] * k1[j];
-                    for (int j = 0; j < KB; j++) d1[j] += tk[j] * an[j];
-                    for (int j = 0; j < KB; j++) d2[j] += k[j] * gn[j];
+                    const vkb tkb = vld(tk + b);
+                    d += tkb * vld(k1 + b);
+                    vst(d1 + b, vld(d1 + b) + tkb * an);
+                    vst(d2 + b, vld(d2 + b) + vld(k + b) * gn);
                 }
+                vst(D + b, d);
             }
-            float *db = dn + S0 + b;
-            if (S0 + b + KB <= T)
-                for (int j = 0; j < KB; j++) db[j] = d[j];
-            else
-                for (int j = 0; S0 + b + j < T; j++) db[j] = d[j];
+            if (on & 2) {
+                dqw1[i * N + n] += sum_lanes((const float *)&p1);
+                dqw2[i * N + n] += sum_lanes((const float *)&p2);
+            }
         }
-        if (on & 8) dqdd[n] += sum_lanes(pdd);
-        if (on & 2)
-            for (int i = 0; i < R; i++) {
-                dqw1[i * N + n] += sum_lanes(p1[i]);
-                dqw2[i * N + n] += sum_lanes(p2[i]);
-            }
+        float *dn = da + n * sd;
+        memset(dn, 0, sizeof(float) * S0);
+        memcpy(dn + S0, D, sizeof(float) * (size_t)((S1 < T ? S1 : T) - S0));
+        if (S1 < T) memset(dn + S1, 0, sizeof(float) * (size_t)(T - S1));
     }
 }
 
@@ -452,7 +464,7 @@ static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
 
 /* the row kernel's scratch per thread: its tmp, and the fused backward's
  * rows of dP and dAc [2, N, T] */
-static size_t row_tmp_floats(int N, int R, int T) { return (2 * (size_t)N + 4 * (size_t)R) * key_stride(T); }
+static size_t row_tmp_floats(int N, int R, int T) { return (2 * (size_t)N + 4 * (size_t)R + 1) * key_stride(T); }
 
 /* row (b, t) of one phase: compose_row_bw with the phase's weights; in, g,
  * d: the row's input, dOut, dIn (head strides si, sg, sd) */
@@ -627,7 +639,7 @@ void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post, co
 
 /* The largest malloc one backward operation above makes for a tape of
  * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
- * (cos, sin), or compose_bw's row kernel's [2N + 4R, key_stride(T)] per
+ * (cos, sin), or compose_bw's row kernel's [2N + 4R + 1, key_stride(T)] per
  * chunk (with the fused backward's rows of dP and dAc [2, N, T]), one
  * chunk per thread at a time. */
 uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
