@@ -150,11 +150,12 @@ static void rmsbw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     const rmsbw_arg *a = p;
     const int W = a->width;
-    for (long long r = b; r < e; r++) {
-        const float *xr = a->x + (size_t)r * W;
-        const float rs = dcs_rms_row_inv(xr, W, a->eps);
-        if (a->rs) a->rs[r] = rs;
-        dcs_rmsnorm_row_bw(a->dx + (size_t)r * W, a->dy + (size_t)r * W, xr, a->scale, rs, W);
+    for (long long r = b; r < e; r += DCS_RMS_GROUP) {
+        const int n = e - r < DCS_RMS_GROUP ? (int)(e - r) : DCS_RMS_GROUP;
+        const size_t o = (size_t)r * W;
+        float rs[DCS_RMS_GROUP];
+        dcs_rmsnorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->scale, a->eps, W, n, rs);
+        if (a->rs) memcpy(a->rs + r, rs, sizeof(float) * n);
     }
 }
 static void rmsbw_cols(void *p, long long b, long long e, int tid) {
