@@ -686,10 +686,28 @@ DCS_HD void dcs_rmsnorm_row_bw(float *dx, const float *dy, const float *x, const
     for (int i = 0; i < width; i++) dx[i] += dcs_rmsnorm_dx(dy[i], scale ? scale[i] : 1.0f, x[i], rs, dot);
 }
 
+/* The forward RMS norm of `rows` <= DCS_RMS_GROUP rows (stride ld) in
+ * place: x = x / rms(x) * scale (scale NULL: 1), each row's sum of squares
+ * in its own order (dcs_rms_row_inv's bits), the rows' chains interleaved. */
+#define DCS_RMS_GROUP 8
+DCS_HD void dcs_rms_rows(float *x, long long ld, int width, int rows, const float *scale, float eps) {
+    float ss[DCS_RMS_GROUP];
+    for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] = 0.0f;
+    for (int i = 0; i < width; i++)
+        for (int j = 0; j < rows; j++) {
+            const float v = x[j * ld + i];
+            ss[j] += v * v;
+        }
+    for (int j = 0; j < rows; j++) {
+        const float inv = dcs_rms_inv(ss[j], width, eps);
+        float *v = x + j * ld;
+        for (int i = 0; i < width; i++) v[i] = v[i] * inv * (scale ? scale[i] : 1.0f);
+    }
+}
+
 /* dcs_rms_row_inv and dcs_rmsnorm_row_bw of `rows` <= DCS_RMS_GROUP rows
  * (stride width) together: each row's sums in its own order (the same
  * bits), the rows' dependency chains interleaved; rs [rows] written. */
-#define DCS_RMS_GROUP 8
 DCS_HD void dcs_rmsnorm_rows_bw(float *dx, const float *dy, const float *x, const float *scale, float eps,
                                 int width, int rows, float *rs) {
     float ss[DCS_RMS_GROUP], dot[DCS_RMS_GROUP];
