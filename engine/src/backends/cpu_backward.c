@@ -337,14 +337,12 @@ static inline float sum_lanes(const float *x) {
 /* A block of KB keys as one GCC/Clang vector (split into the clone's
  * widest registers: one zmm under avx512f); lane-wise IEEE arithmetic, the
  * same bits as the scalar loop in every clone (no contraction under
- * -std=c11). Loads and stores through memcpy: no alignment assumed. */
+ * -std=c11). Loaded and stored through vkb_u (any float alignment; no
+ * vector-returning helpers, whose ABI would differ between clones). */
 typedef float vkb __attribute__((vector_size(KB * sizeof(float))));
-static inline vkb vld(const float *p) {
-    vkb v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void vst(float *p, vkb v) { memcpy(p, &v, sizeof v); }
+typedef float vkb_u __attribute__((vector_size(KB * sizeof(float)), aligned(4), may_alias));
+#define vld(p) (*(const vkb_u *)(p))
+#define vst(p, v) (*(vkb_u *)(p) = (v))
 
 /* Backward of plain DCMHA's compose for the query row (b, t) over the keys
  * [s0, s1): g = dOut rows (head stride sg), a the input's (sa). The row of
@@ -387,7 +385,10 @@ DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g,
                 }
             }
             const size_t o = (size_t)i * W + b;
-            vst(qi + o, q), vst(ki + o, k), vst(gq + o, tq), vst(gk + o, tk);
+            vst(qi + o, q);
+            vst(ki + o, k);
+            vst(gq + o, tq);
+            vst(gk + o, tk);
         }
     for (int n = 0; n < N; n++) {
         const float *An = A + (size_t)n * W, *Gn = G + (size_t)n * W;
