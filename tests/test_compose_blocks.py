@@ -28,7 +28,11 @@ def test_compose_blocks_match_finite_differences(tiny_factory):
     rng = np.random.default_rng(29)
     target = ("logprob", T - 1, 3)
     # hooks between the phases: the unfused path
-    hooks = [n for n in m.hook_names if n.startswith("blocks.0.attn.") and (".dyn." in n or n.endswith((".scores", ".pattern")))]
+    hooks = [
+        n
+        for n in m.hook_names
+        if n.startswith("blocks.0.attn.") and (".dyn." in n or n.endswith((".scores", ".pattern")))
+    ]
     g = m.gradients(toks, target, hooks + params)
     check_hook_gradients(m, sd, cfg, toks, target, g, rng, hooks, picks=2)
     check_param_gradients(sd, cfg, toks, target, g, rng, params, what="unfused")

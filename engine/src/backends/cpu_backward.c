@@ -466,12 +466,14 @@ static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
 
 /* the row kernel's scratch per thread: its tmp, and the fused backward's
  * rows of dP and dAc [2, N, T] */
-static size_t row_tmp_floats(int N, int R, int T) { return (2 * (size_t)N + 4 * (size_t)R + 1) * key_stride(T); }
+static size_t row_tmp_floats(int N, int R, int T) {
+    return (2 * (size_t)N + 4 * (size_t)R + 1) * key_stride(T);
+}
 
 /* row (b, t) of one phase: compose_row_bw with the phase's weights; in, g,
  * d: the row's input, dOut, dIn (head strides si, sg, sd) */
-static void row_bw(const dcs_compose_bw_args *a, long long b, int t, const float *in, long long si, const float *g,
-                   long long sg, float *d, long long sd, float *tmp) {
+static void row_bw(const dcs_compose_bw_args *a, long long b, int t, const float *in, long long si,
+                   const float *g, long long sg, float *d, long long sd, float *tmp) {
     const int T = a->T, N = a->N, R = a->R, RN = R * N, Tp = key_stride(T);
     const int keys = a->kw1 != NULL;
     float *const *kT = a->scratch, *const *dkT = a->scratch + 3;
@@ -583,7 +585,8 @@ static void rows_begin(const dcs_compose_bw_args *a) {
         to_keys_T(a->scratch[1], a->kw2, B, T, (int)RN);
         to_keys_T(a->scratch[2], a->kdd, B, T, N);
         for (int i = 0; i < 3; i++)
-            memset(a->scratch[3 + i], 0, sizeof(float) * B * (size_t)key_stride(T) * (i < 2 ? RN : (size_t)N));
+            memset(a->scratch[3 + i], 0,
+                   sizeof(float) * B * (size_t)key_stride(T) * (i < 2 ? RN : (size_t)N));
     }
 }
 
@@ -618,7 +621,8 @@ void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
 /* Both phases by rows, the softmax backward between them (the same
  * per-row arithmetic as cpu_compose_bw, cpu_softmax_bw, cpu_compose_bw:
  * the same bits), or those three when a phase is not plain DCMHA. */
-void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post, const dcs_compose_bw_args *pre) {
+void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post,
+                            const dcs_compose_bw_args *pre) {
     const int B = post->B, T = post->T, N = post->N;
     if (rows_ok(post) && rows_ok(pre)) {
         rows_begin(post);

@@ -226,7 +226,8 @@ typedef struct dcs_backend_ops {
      * and the pre-compose backward (pre: dIn = dA) in one pass; dA and both
      * phases' dynamic-weight gradients written as by those three, the same
      * bits; dP and dAc are scratch, their contents unspecified after */
-    void (*compose_softmax_bw)(dcs_backend *be, const dcs_compose_bw_args *post, const dcs_compose_bw_args *pre);
+    void (*compose_softmax_bw)(dcs_backend *be, const dcs_compose_bw_args *post,
+                               const dcs_compose_bw_args *pre);
     /* MoH: dz [M, N, Dh] *= gate [M, N] (becomes d zpre); dgate = <dz, zpre> */
     void (*head_gate_bw)(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate,
                          int M, int N, int Dh);

@@ -68,7 +68,7 @@ struct dcs_tape {
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
-    uint8_t *want;         /* [DCS_HP_COUNT * n_layer]: the overridden points */
+    uint8_t *want;               /* [DCS_HP_COUNT * n_layer]: the overridden points */
     float *kT[2][3], *dkT[2][3]; /* CPU, per phase: transposed key-side dynamic weights and their grads */
     int have_forward;
     dcs_status status; /* allocation failure inside the backward */
