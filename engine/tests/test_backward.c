@@ -383,7 +383,9 @@ static void test_compose_bw_split(int q, int k, int G, int st, int window) {
         a[v].on = 0x3f;
     }
     float *scr[6];
-    for (int i = 0; i < 6; i++) scr[i] = calloc((size_t)M * RN, sizeof(float));
+    /* [B, C, Tp]: the key rows padded to DCS_KEY_PAD (dcs_compose_bw_args) */
+    const size_t Tp = (T + DCS_KEY_PAD - 1) / DCS_KEY_PAD * DCS_KEY_PAD;
+    for (int i = 0; i < 6; i++) scr[i] = calloc((size_t)B * Tp * RN, sizeof(float));
     if (q && k && G == 1 && !st)
         for (int i = 0; i < 6; i++) a[0].scratch[i] = scr[i]; /* the row kernel */
     be->ops->compose_bw(be, &a[0]);

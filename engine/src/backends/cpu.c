@@ -589,12 +589,9 @@ typedef struct {
 static void rms_rows(void *arg, long long b, long long e, int tid) {
     (void)tid;
     const rms_args *a = arg;
-    for (long long r = b; r < e; r++) {
-        float *v = a->x + (size_t)r * a->ld;
-        float ss = 0.0f;
-        for (int i = 0; i < a->width; i++) ss += v[i] * v[i];
-        float inv = dcs_rms_inv(ss, a->width, a->eps);
-        for (int i = 0; i < a->width; i++) v[i] = v[i] * inv * (a->scale ? a->scale[i] : 1.0f);
+    for (long long r = b; r < e; r += DCS_RMS_GROUP) {
+        const int n = e - r < DCS_RMS_GROUP ? (int)(e - r) : DCS_RMS_GROUP;
+        dcs_rms_rows(a->x + (size_t)r * a->ld, a->ld, a->width, n, a->scale, a->eps);
     }
 }
 static void cpu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld, const float *scale,
@@ -953,6 +950,7 @@ static const dcs_backend_ops cpu_ops = {
     .embed_bw = cpu_embed_bw,
     .xent_bw = cpu_xent_bw,
     .compose_bw = cpu_compose_bw,
+    .compose_softmax_bw = cpu_compose_softmax_bw,
     .head_gate_bw = cpu_head_gate_bw,
     .moh_route_bw = cpu_moh_route_bw,
     .swiglu_bw = cpu_swiglu_bw,

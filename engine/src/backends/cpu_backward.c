@@ -150,11 +150,12 @@ static void rmsbw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     const rmsbw_arg *a = p;
     const int W = a->width;
-    for (long long r = b; r < e; r++) {
-        const float *xr = a->x + (size_t)r * W;
-        const float rs = dcs_rms_row_inv(xr, W, a->eps);
-        if (a->rs) a->rs[r] = rs;
-        dcs_rmsnorm_row_bw(a->dx + (size_t)r * W, a->dy + (size_t)r * W, xr, a->scale, rs, W);
+    for (long long r = b; r < e; r += DCS_RMS_GROUP) {
+        const int n = e - r < DCS_RMS_GROUP ? (int)(e - r) : DCS_RMS_GROUP;
+        const size_t o = (size_t)r * W;
+        float rs[DCS_RMS_GROUP];
+        dcs_rmsnorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->scale, a->eps, W, n, rs);
+        if (a->rs) memcpy(a->rs + r, rs, sizeof(float) * n);
     }
 }
 static void rmsbw_cols(void *p, long long b, long long e, int tid) {
@@ -296,100 +297,198 @@ void cpu_swiglu_bw(dcs_backend *be, float *du, float *du3, float *dgate, float *
 
 /* ---------------------------------------------------------------- compose */
 
-/* sum_s x[s] y[s] over [s0, s1) in 8 interleaved partial sums (vectorisable;
- * a fixed order, so results do not depend on threads or alignment) */
-static inline float dot8(const float *x, const float *y, int s0, int s1) {
-    float acc[8] = {0};
-    int s = s0;
-    for (; s + 8 <= s1; s += 8)
-        for (int j = 0; j < 8; j++) acc[j] += x[s + j] * y[s + j];
-    float r = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; s < s1; s++) r += x[s] * y[s];
-    return r;
+/* The row kernel's keys run in aligned blocks of KB = DCS_KEY_PAD (one
+ * vector of the widest clone): the allowed keys [s0, s1) of a row widened
+ * to [S0, S1), S0 = s0 rounded down, S1 = s1 rounded up to KB, the keys
+ * outside [s0, s1) zero-padded, so every loop runs whole blocks (no scalar
+ * tails) and the padding adds exact zeros. */
+#define KB DCS_KEY_PAD
+
+/* the key side's row stride: T rounded up to KB */
+static int key_stride(int T) { return (T + KB - 1) / KB * KB; }
+
+/* x [S1 - S0] = src [S0, S1) over the keys [s0, s1), 0 elsewhere; src is
+ * readable over [S0, lim) */
+static inline void load_keys(float *x, const float *src, int S0, int S1, int s0, int s1, int lim) {
+    for (int b = S0; b < S1; b += KB) {
+        float *xb = x + (b - S0);
+        const float *sb = src + b;
+        if (b >= s0 && b + KB <= s1)
+            for (int j = 0; j < KB; j++) xb[j] = sb[j];
+        else if (b + KB <= lim)
+            for (int j = 0; j < KB; j++) {
+                const float v = sb[j];
+                xb[j] = b + j >= s0 && b + j < s1 ? v : 0.0f;
+            }
+        else
+            for (int j = 0; j < KB; j++) xb[j] = b + j >= s0 && b + j < s1 ? sb[j] : 0.0f;
+    }
 }
 
-/* Backward of plain DCMHA's compose for the query row (b, t), vectorised
- * along the keys s in [s0, s1): g = dOut rows (stride TT), a the input. da
- * (stride TT) += ; query-side dqw1, dqw2 [R, N], dqdd [N] += ; key-side
- * dkw1T, dkw2T [R, N, T], dkddT [N, T] += (transposed, NULL when
- * query_wise). `on` masks the branches as in dcs_compose_pair_bw_var, whose
- * sums these are in another order. tmp: 4*R*T floats. In the per-ISA clones
- * (cpu_vec.h): dot8's fixed lanes keep the bits the same in each. */
-DCS_VEC static void compose_row_bw(const float *a, const float *g, float *da, long long TT, int N, int R,
-                                   int T, int s0, int s1, const float *qw1, const float *qw2,
-                                   const float *kw1T, const float *kw2T, const float *qdd, const float *kddT,
-                                   float *dqw1, float *dqw2, float *dkw1T, float *dkw2T, float *dqdd,
-                                   float *dkddT, unsigned on, float *tmp) {
-    float *qi = tmp, *ki = tmp + (size_t)R * T, *gq = tmp + 2 * (size_t)R * T, *gk = tmp + 3 * (size_t)R * T;
+/* the lanes [KB] summed in a fixed tree: halves added until one is left */
+static inline float sum_lanes(const float *x) {
+    float h[KB];
+    for (int j = 0; j < KB; j++) h[j] = x[j];
+    for (int w = KB / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) h[j] += h[j + w];
+    return h[0];
+}
+
+/* A block of KB keys as one GCC/Clang vector (split into the clone's
+ * widest registers: one zmm under avx512f); lane-wise IEEE arithmetic, the
+ * same bits as the scalar loop in every clone (no contraction under
+ * -std=c11). Loaded and stored through vkb_u (any float alignment; no
+ * vector-returning helpers, whose ABI would differ between clones). */
+typedef float vkb __attribute__((vector_size(KB * sizeof(float))));
+typedef float vkb_u __attribute__((vector_size(KB * sizeof(float)), aligned(4), may_alias));
+#define vld(p) (*(const vkb_u *)(p))
+#define vst(p, v) (*(vkb_u *)(p) = (v))
+
+/* Backward of plain DCMHA's compose for the query row (b, t) over the keys
+ * [s0, s1): g = dOut rows (head stride sg), a the input's (sa). The row of
+ * da (sd) over all T keys is written (0 outside [s0, s1)); query-side dqw1,
+ * dqw2 [R, N], dqdd [N] += ; key-side dkw1T, dkw2T [R, N, Tp], dkddT [N,
+ * Tp] += (transposed, row stride Tp = key_stride(T), NULL when
+ * query_wise; read and written over [S0, S1), the padding's terms exact
+ * zeros). `on` masks the branches as in dcs_compose_pair_bw_var, whose sums
+ * these are in another order: da and the key side's per key in its order
+ * of terms, the dot products over keys in KB lanes (lane j: the keys S0 +
+ * j mod KB) summed by sum_lanes, so the bits are the same in each clone
+ * (cpu_vec.h). Each loop runs over the row's blocks with its accumulators
+ * in registers; tmp: row_tmp_floats(N, R, T). */
+DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g, long long sg, float *da,
+                                   long long sd, int N, int R, int T, int s0, int s1, const float *qw1,
+                                   const float *qw2, const float *kw1T, const float *kw2T, const float *qdd,
+                                   const float *kddT, float *dqw1, float *dqw2, float *dkw1T, float *dkw2T,
+                                   float *dqdd, float *dkddT, unsigned on, float *tmp) {
+    const int Tp = key_stride(T), S0 = s0 / KB * KB, S1 = (s1 + KB - 1) / KB * KB, W = S1 - S0;
+    /* A, G [N, W]: a, g padded; qi, ki, gq, gk [R, W]; D [W]: a row of da */
+    float *A = tmp, *G = A + (size_t)N * W, *qi = G + (size_t)N * W, *ki = qi + (size_t)R * W,
+          *gq = ki + (size_t)R * W, *gk = gq + (size_t)R * W, *D = gk + (size_t)R * W;
     const int keys = kw1T != NULL;
-    for (int i = 0; i < R; i++) {
-        float *q = qi + (size_t)i * T, *k = ki + (size_t)i * T, *tq = gq + (size_t)i * T,
-              *tk = gk + (size_t)i * T;
-        for (int s = s0; s < s1; s++) q[s] = 0.0f, k[s] = 0.0f, tq[s] = 0.0f, tk[s] = 0.0f;
-        for (int n = 0; n < N; n++) {
-            const float *an = a + n * TT, *gn = g + n * TT, w1 = qw1[i * N + n], w2 = qw2[i * N + n];
-            for (int s = s0; s < s1; s++) q[s] += an[s] * w1;
-            for (int s = s0; s < s1; s++) tq[s] += gn[s] * w2;
-            if (keys) {
-                const float *k1 = kw1T + ((size_t)i * N + n) * T, *k2 = kw2T + ((size_t)i * N + n) * T;
-                for (int s = s0; s < s1; s++) k[s] += an[s] * k1[s];
-                for (int s = s0; s < s1; s++) tk[s] += gn[s] * k2[s];
-            }
-        }
-    }
     for (int n = 0; n < N; n++) {
-        const float *an = a + n * TT, *gn = g + n * TT;
-        float *d = da + n * TT;
-        float c = (on & 1) ? 1.0f : 0.0f;
-        if (on & 8) {
-            c += qdd[n];
-            dqdd[n] += dot8(gn, an, s0, s1);
+        load_keys(A + (size_t)n * W, a + n * sa, S0, S1, s0, s1, T);
+        load_keys(G + (size_t)n * W, g + n * sg, S0, S1, s0, s1, T);
+    }
+    const vkb zero = {0};
+    for (int i = 0; i < R; i++)
+        for (int b = 0; b < W; b += KB) {
+            vkb q = zero, k = zero, tq = zero, tk = zero;
+            for (int n = 0; n < N; n++) {
+                const vkb an = vld(A + (size_t)n * W + b), gn = vld(G + (size_t)n * W + b);
+                q += an * qw1[i * N + n];
+                tq += gn * qw2[i * N + n];
+                if (keys) {
+                    const size_t o = ((size_t)i * N + n) * Tp + S0 + b;
+                    k += an * vld(kw1T + o);
+                    tk += gn * vld(kw2T + o);
+                }
+            }
+            const size_t o = (size_t)i * W + b;
+            vst(qi + o, q);
+            vst(ki + o, k);
+            vst(gq + o, tq);
+            vst(gk + o, tk);
         }
-        for (int s = s0; s < s1; s++) d[s] += gn[s] * c;
-        if ((on & 16) && keys) {
-            const float *kd = kddT + (size_t)n * T;
-            float *dkd = dkddT + (size_t)n * T;
-            /* one store per loop: each vectorises */
-            for (int s = s0; s < s1; s++) d[s] += gn[s] * kd[s];
-            for (int s = s0; s < s1; s++) dkd[s] += gn[s] * an[s];
+    for (int n = 0; n < N; n++) {
+        const float *An = A + (size_t)n * W, *Gn = G + (size_t)n * W;
+        const float c = ((on & 1) ? 1.0f : 0.0f) + ((on & 8) ? qdd[n] : 0.0f);
+        const int kd_on = (on & 16) && keys, kp_on = (on & 4) && keys;
+        const float *kd = kd_on ? kddT + (size_t)n * Tp + S0 : NULL;
+        float *dkd = kd_on ? dkddT + (size_t)n * Tp + S0 : NULL;
+        vkb pdd = zero;
+        for (int b = 0; b < W; b += KB) {
+            const vkb an = vld(An + b), gn = vld(Gn + b);
+            vkb d = zero + gn * c;
+            if (on & 8) pdd += gn * an;
+            if (kd_on) {
+                d += gn * vld(kd + b);
+                vst(dkd + b, vld(dkd + b) + gn * an);
+            }
+            vst(D + b, d);
         }
+        if (on & 8) dqdd[n] += sum_lanes((const float *)&pdd);
         for (int i = 0; i < R; i++) {
-            if (on & 2) {
-                const float *tq = gq + (size_t)i * T, *q = qi + (size_t)i * T, w1 = qw1[i * N + n];
-                for (int s = s0; s < s1; s++) d[s] += tq[s] * w1;
-                dqw1[i * N + n] += dot8(tq, an, s0, s1);
-                dqw2[i * N + n] += dot8(q, gn, s0, s1);
+            const size_t o = (size_t)i * W, ok = ((size_t)i * N + n) * Tp + S0;
+            const float *tq = gq + o, *q = qi + o, *tk = gk + o, *k = ki + o, w1 = qw1[i * N + n];
+            const float *k1 = kp_on ? kw1T + ok : NULL;
+            float *d1 = kp_on ? dkw1T + ok : NULL, *d2 = kp_on ? dkw2T + ok : NULL;
+            vkb p1 = zero, p2 = zero;
+            for (int b = 0; b < W; b += KB) {
+                const vkb an = vld(An + b), gn = vld(Gn + b);
+                vkb d = vld(D + b);
+                if (on & 2) {
+                    const vkb tqb = vld(tq + b);
+                    d += tqb * w1;
+                    p1 += tqb * an;
+                    p2 += vld(q + b) * gn;
+                }
+                if (kp_on) {
+                    const vkb tkb = vld(tk + b);
+                    d += tkb * vld(k1 + b);
+                    vst(d1 + b, vld(d1 + b) + tkb * an);
+                    vst(d2 + b, vld(d2 + b) + vld(k + b) * gn);
+                }
+                vst(D + b, d);
             }
-            if ((on & 4) && keys) {
-                const float *tk = gk + (size_t)i * T, *k = ki + (size_t)i * T;
-                const float *k1 = kw1T + ((size_t)i * N + n) * T;
-                float *d1 = dkw1T + ((size_t)i * N + n) * T, *d2 = dkw2T + ((size_t)i * N + n) * T;
-                for (int s = s0; s < s1; s++) d[s] += tk[s] * k1[s];
-                for (int s = s0; s < s1; s++) d1[s] += tk[s] * an[s];
-                for (int s = s0; s < s1; s++) d2[s] += k[s] * gn[s];
+            if (on & 2) {
+                dqw1[i * N + n] += sum_lanes((const float *)&p1);
+                dqw2[i * N + n] += sum_lanes((const float *)&p2);
             }
         }
+        float *dn = da + n * sd;
+        memset(dn, 0, sizeof(float) * S0);
+        memcpy(dn + S0, D, sizeof(float) * (size_t)((S1 < T ? S1 : T) - S0));
+        if (S1 < T) memset(dn + S1, 0, sizeof(float) * (size_t)(T - S1));
     }
 }
 
 /* the allowed keys of query t: [s0, t] */
 static int first_key(int t, int window) { return window > 0 && t > window ? t - window : 0; }
 
-/* x [B, T, C] -> xT [B, C, T] (C = R*N or N), and back */
+/* x [B, T, C] -> xT [B, C, Tp] (C = R*N or N; Tp = key_stride(T), the
+ * padding 0), and back */
 static void to_keys_T(float *xT, const float *x, int B, int T, int C) {
-    for (int b = 0; b < B; b++)
+    const int Tp = key_stride(T);
+    for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++)
-            for (int c = 0; c < C; c++) xT[((size_t)b * C + c) * T + t] = x[((size_t)b * T + t) * C + c];
+            for (int c = 0; c < C; c++) xT[((size_t)b * C + c) * Tp + t] = x[((size_t)b * T + t) * C + c];
+        for (int c = 0; c < C; c++)
+            for (int t = T; t < Tp; t++) xT[((size_t)b * C + c) * Tp + t] = 0.0f;
+    }
 }
 static void from_keys_T(float *x, const float *xT, int B, int T, int C) {
+    const int Tp = key_stride(T);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
-            for (int c = 0; c < C; c++) x[((size_t)b * T + t) * C + c] = xT[((size_t)b * C + c) * T + t];
+            for (int c = 0; c < C; c++) x[((size_t)b * T + t) * C + c] = xT[((size_t)b * C + c) * Tp + t];
+}
+
+/* the row kernel's scratch per thread: its tmp, and the fused backward's
+ * rows of dP and dAc [2, N, T] */
+static size_t row_tmp_floats(int N, int R, int T) {
+    return (2 * (size_t)N + 4 * (size_t)R + 1) * key_stride(T);
+}
+
+/* row (b, t) of one phase: compose_row_bw with the phase's weights; in, g,
+ * d: the row's input, dOut, dIn (head strides si, sg, sd) */
+static void row_bw(const dcs_compose_bw_args *a, long long b, int t, const float *in, long long si,
+                   const float *g, long long sg, float *d, long long sd, float *tmp) {
+    const int T = a->T, N = a->N, R = a->R, RN = R * N, Tp = key_stride(T);
+    const int keys = a->kw1 != NULL;
+    float *const *kT = a->scratch, *const *dkT = a->scratch + 3;
+    const size_t bt = (size_t)b * T + t;
+    compose_row_bw(in, si, g, sg, d, sd, N, R, T, first_key(t, a->window), t + 1, a->qw1 + bt * RN,
+                   a->qw2 + bt * RN, keys ? kT[0] + (size_t)b * RN * Tp : NULL,
+                   keys ? kT[1] + (size_t)b * RN * Tp : NULL, a->qdd + bt * N,
+                   keys ? kT[2] + (size_t)b * N * Tp : NULL, a->dqw1 + bt * RN, a->dqw2 + bt * RN,
+                   keys ? dkT[0] + (size_t)b * RN * Tp : NULL, keys ? dkT[1] + (size_t)b * RN * Tp : NULL,
+                   a->dqdd + bt * N, keys ? dkT[2] + (size_t)b * N * Tp : NULL, a->on, tmp);
 }
 
 typedef struct {
-    const dcs_compose_bw_args *a;
-    volatile int failed; /* a chunk could not get its scratch */
+    const dcs_compose_bw_args *a, *pre; /* pre: the fused backward's second phase */
+    volatile int failed;                /* a chunk could not get its scratch */
 } cb_arg;
 
 /* plain DCMHA, sequences [b_from, b_to): key-side gradients of (b, s)
@@ -398,26 +497,45 @@ static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) 
     (void)tid;
     cb_arg *ca = p;
     const dcs_compose_bw_args *a = ca->a;
-    const int T = a->T, N = a->N, R = a->R, RN = R * N;
+    const int T = a->T, N = a->N;
     const long long TT = (long long)T * T;
-    const int keys = a->kw1 != NULL;
-    float *const *kT = a->scratch, *const *dkT = a->scratch + 3;
-    float *tmp = malloc(sizeof(float) * 4 * (size_t)R * T);
+    float *tmp = malloc(sizeof(float) * row_tmp_floats(N, a->R, T));
     if (!tmp) {
         ca->failed = 1;
         return;
     }
     for (long long b = b_from; b < b_to; b++)
         for (int t = 0; t < T; t++) {
-            const size_t bt = (size_t)b * T + t;
             const long long o = (long long)b * N * TT + (long long)t * T;
-            compose_row_bw(a->in + o, a->dOut + o, a->dIn + o, TT, N, R, T, first_key(t, a->window), t + 1,
-                           a->qw1 + bt * RN, a->qw2 + bt * RN, keys ? kT[0] + (size_t)b * RN * T : NULL,
-                           keys ? kT[1] + (size_t)b * RN * T : NULL, a->qdd + bt * N,
-                           keys ? kT[2] + (size_t)b * N * T : NULL, a->dqw1 + bt * RN, a->dqw2 + bt * RN,
-                           keys ? dkT[0] + (size_t)b * RN * T : NULL,
-                           keys ? dkT[1] + (size_t)b * RN * T : NULL, a->dqdd + bt * N,
-                           keys ? dkT[2] + (size_t)b * N * T : NULL, a->on, tmp);
+            row_bw(a, b, t, a->in + o, TT, a->dOut + o, TT, a->dIn + o, TT, tmp);
+        }
+    free(tmp);
+}
+
+/* the fused backward, sequences [b_from, b_to): per row (b, t), the post
+ * phase into dP's row [N, T], its masked softmax backward into dAc's, the
+ * pre phase from it (each row in L1 instead of four passes over the maps) */
+static void compose_softmax_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
+    (void)tid;
+    cb_arg *ca = p;
+    const dcs_compose_bw_args *post = ca->a, *pre = ca->pre;
+    const int T = post->T, N = post->N;
+    const long long TT = (long long)T * T;
+    const size_t nt = row_tmp_floats(N, post->R > pre->R ? post->R : pre->R, T);
+    float *tmp = malloc(sizeof(float) * (nt + 2 * (size_t)N * T));
+    if (!tmp) {
+        ca->failed = 1;
+        return;
+    }
+    float *dP = tmp + nt, *dAc = dP + (size_t)N * T;
+    for (long long b = b_from; b < b_to; b++)
+        for (int t = 0; t < T; t++) {
+            const long long o = (long long)b * N * TT + (long long)t * T;
+            row_bw(post, b, t, post->in + o, TT, post->dOut + o, TT, dP, T, tmp);
+            for (int n = 0; n < N; n++)
+                dcs_softmax_row_bw(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t,
+                                   post->window);
+            row_bw(pre, b, t, pre->in + o, TT, dAc, T, pre->dIn + o, TT, tmp);
         }
     free(tmp);
 }
@@ -449,53 +567,95 @@ static void compose_bw_pairs(const dcs_compose_bw_args *a) {
             }
 }
 
-/* Plain DCMHA (query side present, one group, no static map) by query rows
- * on the pool (compose_row_bw; the key side transposed into the scratch);
- * every variant pair by pair. */
-void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
-    const int B = a->B, T = a->T, N = a->N, R = a->R, M = B * T;
-    const size_t RN = (size_t)R * N;
-    const int rows = a->qw1 && a->G == 1 && !a->sw && (!a->kw1 || a->scratch[0]);
-    if (!rows) {
-        compose_bw_pairs(a);
-        return;
-    }
-    memset(a->dIn, 0, sizeof(float) * (size_t)B * N * T * T);
+/* the row kernel's case: plain DCMHA (query side present, one group, no
+ * static map), the key side's scratch given */
+static int rows_ok(const dcs_compose_bw_args *a) {
+    return a->qw1 && a->G == 1 && !a->sw && (!a->kw1 || a->scratch[0]);
+}
+
+/* before the row kernel: the phase's dynamic-weight gradients zeroed, its
+ * key side transposed into the scratch ([B, C, key_stride(T)]) */
+static void rows_begin(const dcs_compose_bw_args *a) {
+    const int B = a->B, T = a->T, N = a->N, M = B * T;
+    const size_t RN = (size_t)a->R * N;
     float *const dyn[3] = {a->dqw1, a->dqw2, a->dqdd};
     for (int i = 0; i < 3; i++) memset(dyn[i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : (size_t)N));
-    cb_arg ca = {a, 0};
     if (a->kw1) {
         to_keys_T(a->scratch[0], a->kw1, B, T, (int)RN);
         to_keys_T(a->scratch[1], a->kw2, B, T, (int)RN);
         to_keys_T(a->scratch[2], a->kdd, B, T, N);
         for (int i = 0; i < 3; i++)
-            memset(a->scratch[3 + i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : (size_t)N));
+            memset(a->scratch[3 + i], 0,
+                   sizeof(float) * B * (size_t)key_stride(T) * (i < 2 ? RN : (size_t)N));
     }
-    par(be, compose_bw_seqs, &ca, B, (long long)T * T * N * R * 4);
+}
+
+/* after it: the key side's gradients back from the scratch */
+static void rows_end(const dcs_compose_bw_args *a) {
+    const int B = a->B, T = a->T, N = a->N;
+    const int RN = a->R * N;
+    if (a->kw1) {
+        from_keys_T(a->dkw1, a->scratch[3], B, T, RN);
+        from_keys_T(a->dkw2, a->scratch[4], B, T, RN);
+        from_keys_T(a->dkdd, a->scratch[5], B, T, N);
+    }
+}
+
+/* Plain DCMHA by query rows on the pool (compose_row_bw; dIn: every row
+ * written whole by it); every variant pair by pair. */
+void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
+    if (!rows_ok(a)) {
+        compose_bw_pairs(a);
+        return;
+    }
+    rows_begin(a);
+    cb_arg ca = {a, NULL, 0};
+    par(be, compose_bw_seqs, &ca, a->B, (long long)a->T * a->T * a->N * a->R * 4);
     if (ca.failed) { /* no scratch for a chunk: the same sums pair by pair */
         compose_bw_pairs(a);
         return;
     }
-    if (a->kw1) {
-        from_keys_T(a->dkw1, a->scratch[3], B, T, (int)RN);
-        from_keys_T(a->dkw2, a->scratch[4], B, T, (int)RN);
-        from_keys_T(a->dkdd, a->scratch[5], B, T, N);
+    rows_end(a);
+}
+
+/* Both phases by rows, the softmax backward between them (the same
+ * per-row arithmetic as cpu_compose_bw, cpu_softmax_bw, cpu_compose_bw:
+ * the same bits), or those three when a phase is not plain DCMHA. */
+void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post,
+                            const dcs_compose_bw_args *pre) {
+    const int B = post->B, T = post->T, N = post->N;
+    if (rows_ok(post) && rows_ok(pre)) {
+        rows_begin(post);
+        rows_begin(pre);
+        cb_arg ca = {post, pre, 0};
+        par(be, compose_softmax_bw_seqs, &ca, B, (long long)T * T * N * (post->R + pre->R) * 4);
+        if (!ca.failed) {
+            rows_end(post);
+            rows_end(pre);
+            return;
+        }
     }
+    cpu_compose_bw(be, post);
+    /* pre->dOut is dAc, the tape's buffer (dcs_backend.h): written here */
+    cpu_softmax_bw(be, (float *)pre->dOut, post->dIn, post->in, B * N, T, T, post->window);
+    cpu_compose_bw(be, pre);
 }
 
 /* ---------------------------------------------------------------- scratch */
 
 /* The largest malloc one backward operation above makes for a tape of
  * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
- * (cos, sin), or compose_bw's row kernel's [4, R, T] per chunk, one chunk
- * per thread at a time. */
+ * (cos, sin), or compose_bw's row kernel's [2N + 4R + 1, key_stride(T)] per
+ * chunk (with the fused backward's rows of dP and dAc [2, N, T]), one
+ * chunk per thread at a time. */
 uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     const uint64_t M = (uint64_t)s->B * s->T;
     uint64_t n = 2 * M;
     const uint64_t rot = 2 * (uint64_t)s->T * (s->rot / 2 > 0 ? s->rot / 2 : 1);
     if (rot > n) n = rot;
     if (s->rows_kernel) {
-        const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) * 4 * (uint64_t)s->R * s->T;
+        const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) *
+                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T);
         if (cmp > n) n = cmp;
     }
     return n * sizeof(float);

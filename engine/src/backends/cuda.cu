@@ -585,6 +585,7 @@ static const dcs_backend_ops cuda_ops = {
     .embed_bw = cu_embed_bw,
     .xent_bw = cu_xent_bw,
     .compose_bw = cu_compose_bw,
+    .compose_softmax_bw = NULL, /* the tape runs the three */
     .head_gate_bw = cu_head_gate_bw,
     .moh_route_bw = cu_moh_route_bw,
     .swiglu_bw = cu_swiglu_bw,

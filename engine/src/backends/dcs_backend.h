@@ -12,6 +12,7 @@
 /* ---------------------------------------------------------------- backend */
 
 #define DCS_MAX_R 8          /* dynamic rank                 */
+#define DCS_KEY_PAD 16       /* compose_bw scratch key rows  */
 #define DCS_MAX_SW_HEADS 256 /* heads per group with use_sw  */
 
 /* A backend owns device memory and runs kernels on it. Pointers it hands
@@ -84,8 +85,8 @@ typedef struct {
  * dsw [G, N/G, N/G] += the static map's (NULL: not wanted). Weights as in
  * dcs_compose_args. `on`: bit k set = branch k (skip, qp, kp, qg, kg,
  * static) passes gradient. scratch: the CPU backend's transposed key-side
- * weights and their gradients (6 arrays, [B, R*N, T] x 2 and [B, N, T] per
- * pair) for plain DCMHA, or NULL (then it goes pair by pair). */
+ * weights and their gradients (6 arrays, [B, R*N, Tp] x 2 and [B, N, Tp]
+ * per pair, Tp = T rounded up to a multiple of DCS_KEY_PAD) for plain DCMHA, or NULL (then it goes pair by pair). */
 typedef struct {
     float *dIn;
     const float *in, *dOut;
@@ -219,6 +220,14 @@ typedef struct dcs_backend_ops {
     void (*xent_bw)(dcs_backend *be, float *dlogits, double *loss_host, const float *logits,
                     const int32_t *targets_host, int M, int V, float inv);
     void (*compose_bw)(dcs_backend *be, const dcs_compose_bw_args *a);
+    /* optional (NULL: the tape runs compose_bw, softmax_bw, compose_bw):
+     * the post-compose backward (post: in = P, dOut = dPc, dIn = dP), the
+     * masked softmax backward of P (window: post->window) to dAc = pre->dOut,
+     * and the pre-compose backward (pre: dIn = dA) in one pass; dA and both
+     * phases' dynamic-weight gradients written as by those three, the same
+     * bits; dP and dAc are scratch, their contents unspecified after */
+    void (*compose_softmax_bw)(dcs_backend *be, const dcs_compose_bw_args *post,
+                               const dcs_compose_bw_args *pre);
     /* MoH: dz [M, N, Dh] *= gate [M, N] (becomes d zpre); dgate = <dz, zpre> */
     void (*head_gate_bw)(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate,
                          int M, int N, int Dh);

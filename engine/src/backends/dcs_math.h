@@ -668,16 +668,69 @@ DCS_HD float dcs_rms_row_inv(const float *x, int width, float eps) {
     return dcs_rms_inv(ss, width, eps);
 }
 
+/* The RMS norm backward's terms: dy s xn (summed, then the mean taken)
+ * and the gradient rs (dy s - xn mean) of one element, xn = x rs */
+DCS_HD float dcs_rmsnorm_dot_term(float dy, float s, float x, float rs) { return dy * s * x * rs; }
+DCS_HD float dcs_rmsnorm_dx(float dy, float s, float x, float rs, float mean) {
+    float xn = x * rs, gs = dy * s;
+    return rs * (gs - xn * mean);
+}
+
 /* RMS norm backward of one row: with xn = x rs, dx [width] += rs (dy s - xn
  * mean(dy s xn)); scale s [width] or NULL (1). */
 DCS_HD void dcs_rmsnorm_row_bw(float *dx, const float *dy, const float *x, const float *scale, float rs,
                                int width) {
     float dot = 0.0f;
-    for (int i = 0; i < width; i++) dot += dy[i] * (scale ? scale[i] : 1.0f) * x[i] * rs;
+    for (int i = 0; i < width; i++) dot += dcs_rmsnorm_dot_term(dy[i], scale ? scale[i] : 1.0f, x[i], rs);
     dot /= (float)width;
+    for (int i = 0; i < width; i++) dx[i] += dcs_rmsnorm_dx(dy[i], scale ? scale[i] : 1.0f, x[i], rs, dot);
+}
+
+/* The forward RMS norm of `rows` <= DCS_RMS_GROUP rows (stride ld) in
+ * place: x = x / rms(x) * scale (scale NULL: 1), each row's sum of squares
+ * in its own order (dcs_rms_row_inv's bits), the rows' chains interleaved. */
+#define DCS_RMS_GROUP 8
+DCS_HD void dcs_rms_rows(float *x, long long ld, int width, int rows, const float *scale, float eps) {
+    float ss[DCS_RMS_GROUP];
+    for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] = 0.0f;
+    for (int i = 0; i < width; i++)
+        for (int j = 0; j < rows; j++) {
+            const float v = x[j * ld + i];
+            ss[j] += v * v;
+        }
+    for (int j = 0; j < rows; j++) {
+        const float inv = dcs_rms_inv(ss[j], width, eps);
+        float *v = x + j * ld;
+        for (int i = 0; i < width; i++) v[i] = v[i] * inv * (scale ? scale[i] : 1.0f);
+    }
+}
+
+/* dcs_rms_row_inv and dcs_rmsnorm_row_bw of `rows` <= DCS_RMS_GROUP rows
+ * (stride width) together: each row's sums in its own order (the same
+ * bits), the rows' dependency chains interleaved; rs [rows] written. */
+DCS_HD void dcs_rmsnorm_rows_bw(float *dx, const float *dy, const float *x, const float *scale, float eps,
+                                int width, int rows, float *rs) {
+    float ss[DCS_RMS_GROUP], dot[DCS_RMS_GROUP];
+    for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] = 0.0f, dot[j] = 0.0f;
+    for (int i = 0; i < width; i++)
+        for (int j = 0; j < rows; j++) {
+            const float v = x[(size_t)j * width + i];
+            ss[j] += v * v;
+        }
+    for (int j = 0; j < rows; j++) rs[j] = dcs_rms_inv(ss[j], width, eps);
     for (int i = 0; i < width; i++) {
-        float xn = x[i] * rs, gs = dy[i] * (scale ? scale[i] : 1.0f);
-        dx[i] += rs * (gs - xn * dot);
+        const float s = scale ? scale[i] : 1.0f;
+        for (int j = 0; j < rows; j++) {
+            const size_t o = (size_t)j * width + i;
+            dot[j] += dcs_rmsnorm_dot_term(dy[o], s, x[o], rs[j]);
+        }
+    }
+    for (int j = 0; j < rows; j++) {
+        const float mean = dot[j] / (float)width;
+        for (int i = 0; i < width; i++) {
+            const size_t o = (size_t)j * width + i;
+            dx[o] += dcs_rmsnorm_dx(dy[o], scale ? scale[i] : 1.0f, x[o], rs[j], mean);
+        }
     }
 }
 

@@ -68,8 +68,8 @@ struct dcs_tape {
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
-    uint8_t *want;         /* [DCS_HP_COUNT * n_layer]: the overridden points */
-    float *kT[3], *dkT[3]; /* CPU: transposed key-side dynamic weights and their grads */
+    uint8_t *want;               /* [DCS_HP_COUNT * n_layer]: the overridden points */
+    float *kT[2][3], *dkT[2][3]; /* CPU, per phase: transposed key-side dynamic weights and their grads */
     int have_forward;
     dcs_status status; /* allocation failure inside the backward */
     void **allocs;
@@ -247,10 +247,12 @@ static int alloc_tape(dcs_tape *tp) {
     if (ok && !tp->dry && !(tp->tokens = calloc(M, sizeof(int32_t)))) ok = 0;
     tgrads *d = &tp->d;
     if (c->use_dcmha && !c->query_wise && !compose_variant(c) && m->device == DCS_DEVICE_CPU)
-        for (int i = 0; i < 3; i++) {
-            A_(tp->kT[i], i < 2 ? M * RN : M * N);
-            A_(tp->dkT[i], i < 2 ? M * RN : M * N);
-        }
+        for (int ph = 0; ph < 2; ph++) /* [B, C, Tp], Tp: T padded (dcs_compose_bw_args) */
+            for (int i = 0; i < 3; i++) {
+                const size_t Tp = ((size_t)T + DCS_KEY_PAD - 1) / DCS_KEY_PAD * DCS_KEY_PAD;
+                A_(tp->kT[ph][i], (size_t)B * Tp * (i < 2 ? RN : N));
+                A_(tp->dkT[ph][i], (size_t)B * Tp * (i < 2 ? RN : N));
+            }
     A_(d->dx, M * D);
     A_(d->dmo, M * D);
     A_(d->dug, M * F);
@@ -665,13 +667,12 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
 
 /* ---------------------------------------------------------------- backward */
 
-/* Backward of one compose phase (the backend's compose_bw): dIn written
- * from dOut over allowed pairs; the phase's dynamic-weight gradients
- * written. */
-static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut, const float *in,
-                       int window) {
+/* The arguments of one compose phase's backward (the backend's
+ * compose_bw): dIn from dOut over allowed pairs; the phase's
+ * dynamic-weight gradients. */
+static dcs_compose_bw_args compose_bw_args(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut,
+                                           const float *in, int window) {
     const dcs_config *c = &tp->m->cfg;
-    dcs_backend *be = tp->m->be;
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     unsigned on = 0;
@@ -701,10 +702,10 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     }
     ca.dsw = d->dsw[ph];
     /* the CPU's row kernel of plain DCMHA reads the key side transposed */
-    if (tp->kT[0] && !compose_variant(c))
+    if (tp->kT[ph][0] && !compose_variant(c))
         for (int i = 0; i < 3; i++) {
-            ca.scratch[i] = tp->kT[i];
-            ca.scratch[3 + i] = tp->dkT[i];
+            ca.scratch[i] = tp->kT[ph][i];
+            ca.scratch[3 + i] = tp->dkT[ph][i];
         }
     ca.B = tp->B;
     ca.N = c->n_head;
@@ -713,7 +714,28 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
     ca.G = c->compose_groups;
     ca.window = window;
     ca.on = on;
-    be->ops->compose_bw(be, &ca);
+    return ca;
+}
+
+/* Backward of one compose phase: dIn written, the phase's dynamic-weight
+ * gradients written. */
+static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut, const float *in,
+                       int window) {
+    const dcs_compose_bw_args ca = compose_bw_args(tp, l, ph, dIn, dOut, in, window);
+    tp->m->be->ops->compose_bw(tp->m->be, &ca);
+}
+
+/* May the backend fuse the post-compose, softmax and pre-compose
+ * backward of layer l (compose_softmax_bw)? Not when a hook between them
+ * wants its gradient or is overridden (dP, dAc are then not written). */
+static int fuse_maps_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    if (!tp->m->be->ops->compose_softmax_bw || !tp->kT[0][0] || compose_variant(&tp->m->cfg)) return 0;
+    const int pts[2] = {DCS_HP_PATTERN, DCS_HP_SCORES_COMPOSED};
+    for (int i = 0; i < 2; i++)
+        if (wants_grad(bc->g, bc->n_g, pts[i], l) || find_ov(tp, pts[i], l)) return 0;
+    for (int k = 0; k < DCS_N_BRANCHES; k++)
+        if (wants_grad(bc->g, bc->n_g, DCS_HP_PRE_SKIP + k, l)) return 0;
+    return 1;
 }
 
 #define GP(w) gptr(m, bc, (w))
@@ -829,18 +851,27 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                  N};
     heads_gemm(tp, &g2, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
+    int fused = 0;
     if (c->use_dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
         for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_POST_SKIP + k))
                 grad_capture(tp, bc->g, bc->n_g, DCS_HP_POST_SKIP + k, l, d->dPc);
         /* an overridden branch passes no gradient upstream: `on` in compose_bw */
-        compose_bw(tp, l, 1, d->dP, d->dPc, a->P, window);
+        fused = fuse_maps_bw(tp, l, bc);
+        if (fused) { /* dP, dAc not written: no hook between wants them */
+            const dcs_compose_bw_args post = compose_bw_args(tp, l, 1, d->dP, d->dPc, a->P, window);
+            const dcs_compose_bw_args pre = compose_bw_args(tp, l, 0, d->dA, d->dAc, a->A, window);
+            be->ops->compose_softmax_bw(be, &post, &pre);
+        } else
+            compose_bw(tp, l, 1, d->dP, d->dPc, a->P, window);
     }
-    grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN, l, d->dP);
-    float *dpre = c->use_dcmha ? d->dAc : d->dA;
-    be->ops->softmax_bw(be, dpre, d->dP, a->P, B * N, T, T, window);
-    if (c->use_dcmha) {
+    if (!fused) {
+        grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN, l, d->dP);
+        float *dpre = c->use_dcmha ? d->dAc : d->dA;
+        be->ops->softmax_bw(be, dpre, d->dP, a->P, B * N, T, T, window);
+    }
+    if (c->use_dcmha && !fused) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
         for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_PRE_SKIP + k))
