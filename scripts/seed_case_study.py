@@ -13,8 +13,9 @@ writes the dicts as JSON ({"answer": [one dict per model]}). A MODEL may be
 written LABEL=PATH (e.g. seed1=runs/seed1/ship/dcpythia-tiny).
 
 --survey N: the same case study on the first N answers that every MODEL gets
-right among the lines notebook 02 draws from (the first line of each of tasks
-0-55), and what they have in common (synth_tasks.case_study.summarise): JSON
+right among the lines of tasks 0-55 (facts about people, as notebook 02), taken
+first from the first line of each task (the notebook's own set), then the
+second line of each, and so on; and what they have in common (synth_tasks.case_study.summarise): JSON
 keys "survey" and "summary", one summary line per model printed.
 """
 
@@ -95,8 +96,14 @@ def main(argv=None) -> int:
     if a.survey > 0:
         from synth_tasks.case_study import READS_SOURCE, summarise, survey
 
+        # tasks 0-55 (facts about people), as notebook 02: first the first line of each task (the
+        # notebook's own set), then the second line of each, and so on
         lines = [x for x in load_dataset(data) if int(x.task_id[4:]) <= 55]
-        lines = [x for i, x in enumerate(lines) if x.task_id not in {y.task_id for y in lines[:i]}]
+        rank, seen = [], {}
+        for x in lines:
+            seen[x.task_id] = seen.get(x.task_id, -1) + 1
+            rank.append(seen[x.task_id])
+        lines = [x for _, _, x in sorted(zip(rank, range(len(lines)), lines), key=lambda r: r[:2])]
         result["survey"] = survey(models, lines, limit=a.survey)
         result["summary"] = {label: summarise(result["survey"][label]) for label in models}
         result["reads_source_threshold"] = READS_SOURCE

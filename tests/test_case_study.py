@@ -119,3 +119,27 @@ def test_survey_is_case_study_on_common_answers():
         again = case_study(m, line, j, steps=8)
         assert rd["head"] == again["head"] and rd["top_branch"] == again["top_branch"]
         assert rd["p_answer"] == again["p_answer"] and "top_branch" not in rm
+
+
+def test_committed_seed_survey_matches_the_bundled_model():
+    """docs/training/seeds-2026-11-25/case_study.json (notebook 02 section 9 reads it): its seed-0
+    parts were made from the bundled dcpythia-tiny; two of its survey answers recomputed here."""
+    path = os.path.join(ROOT, "docs", "training", "seeds-2026-11-25", "case_study.json")
+    cs = json.load(open(path))
+    data = load_dataset(default_data_path() or HELDOUT_FILE)
+    (task, lineno, j), *_ = cs["survey"]["answers"]
+    if not any(x.task_id == task and x.lineno == lineno for x in data):
+        pytest.skip("the survey's lines are in the published file, not in ../shared/data here")
+    m = dclens.load("dcpythia-tiny")
+    for i in (0, len(cs["survey"]["answers"]) - 1):
+        task, lineno, j = cs["survey"]["answers"][i]
+        line = next(x for x in data if x.task_id == task and x.lineno == lineno)
+        r, c = case_study(m, line, j), cs["survey"]["seed0"][i]
+        assert r["head"] == c["head"] and r["top_branch"] == c["top_branch"]
+        for k in ("p_answer", "weight", "borrowed", "p_without_branch", "p_without_head"):
+            assert abs(r[k] - c[k]) <= 1e-4 + 1e-3 * abs(c[k]), (i, k)
+    # the summary is what summarise() makes of the entries
+    from synth_tasks.case_study import summarise
+
+    for label, s in cs["summary"].items():
+        assert summarise(cs["survey"][label]) == s
