@@ -4,6 +4,7 @@ backward's achieved GFLOP/s against a same-run OpenBLAS sgemm.
 
     python scripts/bench_grad.py DIR [--layers 32] [--T 128] [--steps 16]
                                  [--max-tape-gib 2.5] [--check-fd] [--keep]
+                                 [--device cuda]
 
 Writes the checkpoint (bench.write_69b_fp16: D=4096, 32 heads, F=16384,
 vocab 50432, fp16, streamed) to DIR, then in a fresh process: loads it, runs
@@ -11,7 +12,11 @@ vocab 50432, fp16, streamed) to DIR, then in a fresh process: loads it, runs
 logit of token 0 at the last position) through a Tape with the forward and
 the backward timed apart, then `attribute(..., steps=STEPS)` on the same
 prompt; VmHWM after each. The limit of the issue: peak RSS <= 1.25 x stored
-weights + 1 GiB. --check-fd (meant for --layers 2): central differences of the
+weights + 1 GiB. --device cuda: the same on the GPU (weights and tape in GPU
+memory: the GPU's free memory before and after the load and the tape's
+peak are reported instead of the RSS limit), against a same-run float32
+cuBLAS GEMM of the same shapes through PyTorch (TF32 off) where torch is
+installed. --check-fd (meant for --layers 2): central differences of the
 float64 reference (tests/reference.py, weights read as stored, fp16) at a few
 entries of the gradient, at T=8, step --fd-eps (--fd-only: nothing else). DIR is deleted afterwards unless --keep.
 
@@ -48,14 +53,17 @@ from dclens.grad import Tape, target_value_and_grad
 def hwm():
     return int([l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]) * 1024
 
-d, T, steps, budget, layer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-m = dclens.load(d)
+d, T, steps, budget, layer, dev = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) or None, int(sys.argv[5]), sys.argv[6]
+m = dclens.load(d, device=dev)
+from dclens import memplan
+budget = memplan.check_budget(budget, m)   # None (--max-tape-gib 0): the default, from the device's free memory
 L = m.config.n_layer
 layer = layer if layer >= 0 else min(16, L - 1)
 at = "blocks.%d.attn.head_out" % layer
 toks = np.random.default_rng(0).integers(0, m.config.vocab, T)
 target = ("logit", -1, 0)
-res = {"layer": layer, "load_rss": hwm()}
+res = {"layer": layer, "load_rss": hwm(), "device": dev, "budget": budget}
+res["gpu_free_after_load"] = memplan.device_memory(m)
 t0 = time.perf_counter()
 tp = Tape(m, 1, T, budget)
 lg = tp.forward(toks)
@@ -66,15 +74,16 @@ t2 = time.perf_counter()
 res.update(forward_s=t1 - t0, backward_s=t2 - t1, tape=tp.memory(), grad_norm=float(np.linalg.norm(g[m.parse_hook(at)])))
 del tp, g
 res["grad_rss"] = hwm()
+res["gpu_free_after_grad"] = memplan.device_memory(m)
 res["last_pass_memory"] = m.last_pass_memory()
 res["estimate"] = m.estimate_backward_memory(T, 1, [at], max_tape_bytes=budget)
 t0 = time.perf_counter()
 r = m.attribute(toks, target, [at], steps=steps, max_tape_bytes=budget, progress=False)
 res["ig_s"] = time.perf_counter() - t0
 res["ig_rss"] = hwm()
+res["ig_last_pass_memory"] = m.last_pass_memory()
 res["ig_gap"] = float(r.gap[at])
 res["ig_top_heads"] = [int(i) for i in np.argsort(-np.abs(r.per_head[at]))[:3]]
-from dclens import memplan
 res["ig_batch"] = memplan.ig_batch(m, T, steps, m.parse_hook(at)[0], budget, layer)   # IG's tapes start at the hook's layer
 print(json.dumps(res))
 """
@@ -111,6 +120,38 @@ print(json.dumps(out))
 """
 
 
+CUDA_SGEMM_SRC = r"""
+import json, sys, time
+import torch
+torch.backends.cuda.matmul.allow_tf32 = False
+shapes = json.loads(sys.argv[1])
+ts = []
+for m, n, k in shapes:
+    a = torch.randn(m, k, device="cuda"); b = torch.randn(n, k, device="cuda")
+    for _ in range(3):
+        a @ b.T
+    torch.cuda.synchronize(); t0 = time.perf_counter()
+    for _ in range(20):
+        a @ b.T
+    torch.cuda.synchronize(); ts.append((time.perf_counter() - t0) / 20)
+print(json.dumps({"times": ts, "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}))
+"""
+
+
+def cuda_sgemm_gflops(s, T):
+    """GFLOP/s of float32 cuBLAS GEMMs (PyTorch, TF32 off) over the pass's
+    linear shapes, or None where torch is not installed."""
+    D, F = s["dim"], s["intermediate"]
+    shapes = [(T, 3 * D, D), (T, D, D), (T, F, D), (T, D, F)]
+    r = subprocess.run([sys.executable, "-c", CUDA_SGEMM_SRC, json.dumps(shapes)], capture_output=True, text=True)
+    if r.returncode:
+        print("no same-run cuBLAS sgemm (torch): %s" % r.stderr.strip().splitlines()[-1:])
+        return None
+    res = json.loads(r.stdout)
+    print("same-run sgemm: float32 cuBLAS through torch %s on %s" % (res["torch"], res["gpu"]))
+    return sum(2 * m * n * k for m, n, k in shapes) / sum(res["times"]) / 1e9
+
+
 def backward_flops(s, L_from, L, T, recompute):
     D, F, V, N = s["dim"], s["intermediate"], s["vocab"], s["n_head"]
     C, K, R = 4, 4 * N, bench.R
@@ -127,13 +168,14 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--T", type=int, default=128)
     p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--max-tape-gib", type=float, default=2.5)
+    p.add_argument("--max-tape-gib", type=float, default=2.5, help="0: the default budget (the device's free memory)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--hook-layer", type=int, default=-1, help="layer of the head_out hook (default min(16, L-1))")
     p.add_argument("--check-fd", action="store_true")
     p.add_argument("--fd-eps", type=float, default=1e-4, help="step of the central differences")
     p.add_argument("--fd-only", action="store_true", help="with --check-fd: no timing run")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = p.parse_args(argv)
     s = bench.SIZES["6.9b"]
     if not os.path.exists(os.path.join(a.dir, "model.safetensors")):
@@ -141,7 +183,11 @@ def main(argv=None):
         n = bench.write_69b_fp16(a.dir, a.layers)
         print("wrote %.2f GB in %.0f s" % (n / 1e9, time.perf_counter() - t0), flush=True)
     stored = os.path.getsize(os.path.join(a.dir, "model.safetensors"))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"))
+    # tests/ for the reference, ahead of (not instead of) the caller's PYTHONPATH
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH")])),
+    )
     try:
         if a.check_fd:
             r = subprocess.run(
@@ -158,7 +204,7 @@ def main(argv=None):
             return
         budget = int(a.max_tape_gib * 2**30)
         r = subprocess.run(
-            [sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget), str(a.hook_layer)],
+            [sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget), str(a.hook_layer), a.device],
             capture_output=True,
             text=True,
             env=env,
@@ -171,7 +217,7 @@ def main(argv=None):
             shutil.rmtree(a.dir, ignore_errors=True)
     rc = bool(res["tape"]["recompute"])
     fl = backward_flops(s, res["layer"], a.layers, a.T, rc)
-    sg = bench.sgemm_gflops(s, a.T, a.threads)
+    sg = bench.sgemm_gflops(s, a.T, a.threads) if a.device == "cpu" else cuda_sgemm_gflops(s, a.T)
     limit = 1.25 * stored + 2**30
     res.update(
         stored=stored,
@@ -185,28 +231,42 @@ def main(argv=None):
     )
     print(json.dumps(res, indent=1))
     print(
-        "DCPythia-6.9B-shaped fp16, %d layers, T=%d, head_out of layer %d, budget %.2f GiB:"
-        % (a.layers, a.T, res["layer"], a.max_tape_gib)
+        "DCPythia-6.9B-shaped fp16, %d layers, T=%d, head_out of layer %d, %s, budget %.2f GiB:"
+        % (a.layers, a.T, res["layer"], a.device, res["budget"] / 2**30)
     )
+    if a.device == "cpu":
+        print(
+            "  stored weights %.2f GiB; peak RSS after gradients %.2f GiB, after IG (%d steps) %.2f GiB; "
+            "limit 1.25 x stored + 1 GiB = %.2f GiB"
+            % (stored / 2**30, res["grad_rss"] / 2**30, a.steps, res["ig_rss"] / 2**30, limit / 2**30)
+        )
+    else:
+        print(
+            "  stored weights %.2f GiB; GPU free after load %.2f GiB, after gradients %.2f GiB; "
+            "pass peak (tape + scratch) after gradients %.2f GiB, after IG %.2f GiB; host peak RSS %.2f GiB"
+            % (
+                stored / 2**30,
+                res["gpu_free_after_load"] / 2**30,
+                res["gpu_free_after_grad"] / 2**30,
+                res["last_pass_memory"]["peak"] / 2**30,
+                res["ig_last_pass_memory"]["peak"] / 2**30,
+                res["ig_rss"] / 2**30,
+            )
+        )
+    vs = " vs sgemm %.1f GFLOP/s (%.0f%%)" % (sg, 100 * res["backward_gflops"] / sg) if sg else ""
     print(
-        "  stored weights %.2f GiB; peak RSS after gradients %.2f GiB, after IG (%d steps) %.2f GiB; "
-        "limit 1.25 x stored + 1 GiB = %.2f GiB"
-        % (stored / 2**30, res["grad_rss"] / 2**30, a.steps, res["ig_rss"] / 2**30, limit / 2**30)
-    )
-    print(
-        "  tape %.3f GiB (%s), forward %.1f s, backward %.1f s: %.1f GFLOP/s vs sgemm %.1f GFLOP/s (%.0f%%)"
+        "  tape %.3f GiB (%s), forward %.3f s, backward %.3f s: %.1f GFLOP/s%s"
         % (
             res["tape"]["tape"] / 2**30,
             "recompute" if rc else "full",
             res["forward_s"],
             res["backward_s"],
             res["backward_gflops"],
-            sg,
-            100 * res["backward_gflops"] / sg,
+            vs,
         )
     )
     print(
-        "  IG: %.1f s per step (%d steps, batches of %d%s), gap %.3g"
+        "  IG: %.3f s per step (%d steps, batches of %d%s), gap %.3g"
         % (
             res["ig_s_per_step"],
             a.steps,
