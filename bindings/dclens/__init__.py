@@ -43,7 +43,8 @@ from . import analysis, attribution, circuits, grad, interventions, memplan, rou
 from . import cache, names, patching
 from .names import BRANCHES, PHASES, hook_name, hook_names
 from .hooks import HookPoint, read_only
-from . import hub, progress
+from . import blas, hub, progress
+from .blas import BlasWarning
 from .generate import Decoder, generate
 from .explorer import Explorer, explore
 from .patching import PatchingWarning
@@ -53,6 +54,7 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "BRANCHES",
+    "BlasWarning",
     "BundledModel",
     "Cache",
     "Config",
@@ -72,6 +74,7 @@ __all__ = [
     "analysis",
     "attention_heatmap",
     "attribution",
+    "blas",
     "bundled_models",
     "cache",
     "circuits",

@@ -13,6 +13,7 @@ dclens train --out DIR [options]        (train a small model, see dclens.train)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -176,6 +177,10 @@ def _info(argv: List[str]) -> int:
     _model_dir(a.model)
     m = load(a.model, revision=a.revision)
     print(m)
+    from . import blas
+
+    pin = os.environ.get("OPENBLAS_CORETYPE")
+    print("  %-18s %s" % ("cpu blas kernel", blas.kernel() + (" (OPENBLAS_CORETYPE=%s)" % pin if pin else "")))
     for k, v in vars(m.config).items():
         if isinstance(v, float):
             v = "%.6g" % v  # float32 values print as written (1e-05, not 9.99999974e-06)

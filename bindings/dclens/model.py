@@ -41,7 +41,7 @@ from ._checks import (
 )
 from ._checks import check_status as _check
 from ._engine import ffi, lib
-from . import hub
+from . import blas, hub
 from .bundled import resolve
 from .cache import Cache
 from .hooks import HookFn, HookTable, hook_pairs
@@ -193,6 +193,8 @@ def load(
     else:
         directory = resolve(path)
     m = Model(directory, device=device, n_threads=n_threads)
+    if m.device == "cpu":
+        blas.check()  # a BlasWarning where OpenBLAS fell back to kernels narrower than the CPU's
     if name is not None:
         m.name = name
     m.always_batch = bool(always_batch)

@@ -132,6 +132,12 @@ int dcs_cuda_available(char *why, size_t whylen);
 enum { DCS_PART_GEMM = 0, DCS_PART_GEMM_W = 1, DCS_PART_ATTN = 2 };
 int64_t dcs_cpu_partition(int op, const int *shape, int n_shape, int64_t *cost, int64_t cap);
 
+/* The kernel set the CPU backend's OpenBLAS chose when it loaded (its CPU
+ * detection, or OPENBLAS_CORETYPE): "Cooperlake", "SkylakeX", "Haswell",
+ * "Zen", ... or "Prescott", its generic SSE3 fallback for a CPU it does not
+ * recognise; "" where the BLAS cannot say. A static string. */
+const char *dcs_blas_core(void);
+
 /* Weights, by canonical name (the dcpythia state_dict names, with wqkv
  * fused in q,k,v row order; gpt_neox checkpoints are mapped onto them):
  *   tok_embeddings.weight, output.weight, norm.weight, norm.bias,

@@ -984,6 +984,16 @@ dcs_backend *dcs_backend_cpu_create(int n_threads, dcs_err *e) {
     return be;
 }
 
+/* the kernel set OpenBLAS chose at load (dcs_blas_core in dclens.h) */
+const char *dcs_cpu_blas_core(void) {
+#ifdef OPENBLAS_VERSION
+    const char *core = openblas_get_corename();
+    return core ? core : "";
+#else
+    return "";
+#endif
+}
+
 /* ------------------------------------------------------------ partition
  * dcs_cpu_items: the items cpu_gemm (op 0), cpu_gemm_w (op 1) and
  * cpu_attention (op 2, its causal pass t0 = kb = 0) hand the pool, from the

@@ -272,6 +272,9 @@ typedef struct {
  * the rule cpu_gemm / cpu_gemm_w / cpu_attention use. */
 int64_t dcs_cpu_items(int op, const int *shape, int n_shape, int64_t *cost, int64_t cap);
 
+/* dcs_blas_core (dclens.h): the kernel set of the CPU backend's BLAS. */
+const char *dcs_cpu_blas_core(void);
+
 /* ---------------------------------------------------------------- CUDA plugin
  *
  * The CUDA backend (cuda.cu) is a separate shared library, the plugin

@@ -66,6 +66,8 @@ int64_t dcs_cpu_partition(int op, const int *shape, int n_shape, int64_t *cost, 
     return dcs_cpu_items(op, shape, n_shape, cost, cap); /* the rule itself is cpu.c's */
 }
 
+const char *dcs_blas_core(void) { return dcs_cpu_blas_core(); }
+
 /* ---------------------------------------------------------------- weights */
 
 static const dcs_named_weight *find_weight(dcs_model *m, const char *name) {

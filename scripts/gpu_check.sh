@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The checks and benchmarks of a machine with an NVIDIA GPU, in one command
+# (what BENCHMARKS.md's "lent GPU machine" sections and docs/cuda.md report):
+#
+#     bash scripts/gpu_check.sh [OUT_DIR]            # default /tmp/gpu_check
+#
+# 1. builds dclens with the CUDA backend (pip install -e ., CUDA_ARCH default 90-real),
+# 2. the C tests (ctest --preset dev; test_cuda runs every kernel against the CPU backend),
+# 3. the GPU pytest files (CUDA forward, backward, tapes, fork and error paths),
+# 4. gradients + 16-step IG on a DCPythia-6.9B-shaped fp16 checkpoint on CUDA, 4 and 32 layers
+#    (scripts/bench_grad.py --device cuda; writes 2.5 + 13.9 GB under /tmp),
+# 5. the CPU forward from 1 to 16 threads at D=1024 and the 1.4B shape (issue 28), unpinned, and
+#    again with OPENBLAS_CORETYPE=SkylakeX on an AVX-512 CPU (an OpenBLAS that does not recognise
+#    a virtual CPU falls back to its Prescott kernels: the script says which kernel ran),
+# 6. the CUDA vs CPU forward (scripts/bench_cuda.py), 7. training vs PyTorch on 2 cores.
+#
+# Each step has its own time limit; the log and the JSON/XML results go to OUT_DIR.
+# A machine without OpenBLAS / libpng / cJSON headers: DCLENS_DEBS=DIR unpacks the Debian
+# packages (.deb) in DIR into /tmp/deps and builds against them; DCLENS_WHEELS=DIR puts the
+# wheels in DIR (cffi, pycparser) on PYTHONPATH. (The project's lent GPU machines needed both.)
+set -u
+cd "$(dirname "$0")/.." || exit 1
+OUT=${1:-${OUT:-/tmp/gpu_check}}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "=== [$(($(date +%s) - t0)) s] $*"; }
+
+stamp machine
+nproc
+lscpu | grep -E "Model name|^CPU\(s\)|Thread\(s\)|Core\(s\)|Socket|L2|L3"
+lscpu | grep -o 'avx512[a-z_]*' | sort -u | tr '\n' ' '
+echo
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python3 --version
+nvcc --version | tail -1
+
+stamp set-up
+ARGS="-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90-real} -DDCLENS_CUDA=ON"
+if [ -n "${DCLENS_WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$DCLENS_WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -n "${DCLENS_DEBS:-}" ]; then
+  mkdir -p /tmp/deps
+  for f in "$DCLENS_DEBS"/*.deb; do dpkg -x "$f" /tmp/deps; done
+  D=/tmp/deps/usr
+  L=$D/lib/x86_64-linux-gnu
+  ZL=/usr/lib/x86_64-linux-gnu/libz.so.1
+  [ -e "$ZL" ] || ZL=/lib/x86_64-linux-gnu/libz.so.1
+  export LD_LIBRARY_PATH=$L/openblas-pthread:$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export CFLAGS="-I$D/include/x86_64-linux-gnu/openblas-pthread -I$D/include"
+  ARGS="$ARGS -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DOPENBLAS_LIBRARY=$L/openblas-pthread/libopenblas.so"
+  ARGS="$ARGS -DPNG_LIBRARY=$L/libpng16.so -DPNG_PNG_INCLUDE_DIR=$D/include -DZLIB_LIBRARY=$ZL -DZLIB_INCLUDE_DIR=$D/include"
+  ARGS="$ARGS -DCJSON_LIBRARY=$L/libcjson.so -DCJSON_INCLUDE_DIR=$D/include"
+fi
+CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+export CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL
+
+stamp build
+timeout 300 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -20
+python3 -c "import dclens; print('dclens', dclens.__file__, '| cuda:', dclens.cuda_available(), dclens.cuda_unavailable_reason())" || exit 1
+
+stamp C tests
+# shellcheck disable=SC2086  # CMAKE_ARGS is a list of -D options
+cmake --preset dev $CMAKE_ARGS -DPython3_EXECUTABLE="$(command -v python3)" --log-level=WARNING >/dev/null &&
+  cmake --build --preset dev >/dev/null &&
+  timeout 120 ctest --preset dev -j8 >"$OUT/ctest.txt" 2>&1
+tail -4 "$OUT/ctest.txt"
+./build/dev/test_cuda 2>&1 | tail -5
+
+stamp GPU pytest files
+X=""
+python3 -c "import xdist" 2>/dev/null && X="-n 4"
+# shellcheck disable=SC2086
+timeout 180 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X --junitxml="$OUT/pytest.xml" \
+  tests/test_cuda.py tests/test_cuda_grad.py tests/test_tape_cache.py tests/test_fork.py tests/test_errors.py \
+  >"$OUT/pytest.txt" 2>&1
+echo "pytest exit $?"
+grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -3
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30
+
+stamp IG on a DCPythia-6.9B-shaped fp16 checkpoint, CUDA
+timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 --steps 16 --max-tape-gib 0 2>&1 | tail -6
+timeout 150 python3 scripts/bench_grad.py /tmp/g69full --device cuda --layers 32 --T 128 --steps 16 --max-tape-gib 0 2>&1 | tail -6
+
+stamp CPU forward, 1-16 threads, unpinned
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE DCLENS_BENCH_TMP=/tmp timeout 240 python3 scripts/bench.py \
+  --sizes d1024,1.4b --T 512 --no-extras --scaling 1,2,4,8,16 --repeat 2 --out "$OUT/scaling.json" 2>&1 | tail -28
+if lscpu | grep -q avx512f; then
+  stamp CPU forward, 1-16 threads, OPENBLAS_CORETYPE=SkylakeX
+  OPENBLAS_CORETYPE=SkylakeX DCLENS_BENCH_TMP=/tmp timeout 180 python3 scripts/bench.py \
+    --sizes d1024,1.4b --T 512 --no-extras --scaling 1,2,4,8,16 --repeat 2 --out "$OUT/scaling_skx.json" 2>&1 | tail -28
+fi
+
+stamp CUDA vs CPU forward
+timeout 90 python3 scripts/bench_cuda.py --T 512 2048 2>&1 | tail -8
+
+stamp training vs PyTorch, 2 cores
+timeout 90 taskset -c 0,1 python3 scripts/bench_train.py --vs-torch --torch-python "$(command -v python3)" 2>&1 | tail -8
+stamp "all done"
