@@ -83,6 +83,9 @@ res["ig_s"] = time.perf_counter() - t0
 res["ig_rss"] = hwm()
 res["ig_last_pass_memory"] = m.last_pass_memory()
 res["ig_gap"] = float(r.gap[at])
+res["ig_target"] = float(r.target_value)             # F(a)
+res["ig_baseline_value"] = float(r.baseline_value[at])  # F(a0)
+res["ig_per_head"] = [float(v) for v in r.per_head[at]]  # to compare devices head by head
 res["ig_top_heads"] = [int(i) for i in np.argsort(-np.abs(r.per_head[at]))[:3]]
 res["ig_batch"] = memplan.ig_batch(m, T, steps, m.parse_hook(at)[0], budget, layer)   # IG's tapes start at the hook's layer
 print(json.dumps(res))

@@ -82,8 +82,10 @@ grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30
 
 stamp IG on a DCPythia-6.9B-shaped fp16 checkpoint, CUDA
-timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 --steps 16 --max-tape-gib 0 2>&1 | tail -6
-timeout 150 python3 scripts/bench_grad.py /tmp/g69full --device cuda --layers 32 --T 128 --steps 16 --max-tape-gib 0 2>&1 | tail -6
+timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 --steps 16 --max-tape-gib 0 >"$OUT/grad4.txt" 2>&1
+tail -6 "$OUT/grad4.txt"
+timeout 150 python3 scripts/bench_grad.py /tmp/g69full --device cuda --layers 32 --T 128 --steps 16 --max-tape-gib 0 >"$OUT/grad32.txt" 2>&1
+tail -6 "$OUT/grad32.txt"
 
 stamp CPU forward, 1-16 threads, unpinned
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE DCLENS_BENCH_TMP=/tmp timeout 240 python3 scripts/bench.py \
