@@ -4,7 +4,7 @@ backward's achieved GFLOP/s against a same-run OpenBLAS sgemm.
 
     python scripts/bench_grad.py DIR [--layers 32] [--T 128] [--steps 16]
                                  [--max-tape-gib 2.5] [--check-fd] [--keep]
-                                 [--device cuda]
+                                 [--device cuda] [--sensitivity]
 
 Writes the checkpoint (bench.write_69b_fp16: D=4096, 32 heads, F=16384,
 vocab 50432, fp16, streamed) to DIR, then in a fresh process: loads it, runs
@@ -19,6 +19,11 @@ cuBLAS GEMM of the same shapes through PyTorch (TF32 off) where torch is
 installed. --check-fd (meant for --layers 2): central differences of the
 float64 reference (tests/reference.py, weights read as stored, fp16) at a few
 entries of the gradient, at T=8, step --fd-eps (--fd-only: nothing else). DIR is deleted afterwards unless --keep.
+--sensitivity (only that): how much the last logits move when the residual
+entering layer 0 is multiplied by (1 + 1e-7 noise), float32's rounding: near
+1e-7 a model whose passes can be compared across devices at all; near 1 one
+whose rounding differences grow to the size of the logits (the random
+checkpoint at 32 layers).
 
 Backward FLOPs counted (activation gradients only, layers from the top down
 to the hook's layer): per layer 2T(4D^2 + 2DF) for dx of the linears,
@@ -89,6 +94,22 @@ res["ig_per_head"] = [float(v) for v in r.per_head[at]]  # to compare devices he
 res["ig_top_heads"] = [int(i) for i in np.argsort(-np.abs(r.per_head[at]))[:3]]
 res["ig_batch"] = memplan.ig_batch(m, T, steps, m.parse_hook(at)[0], budget, layer)   # IG's tapes start at the hook's layer
 print(json.dumps(res))
+"""
+
+SENS_SRC = r"""
+import json, sys
+import numpy as np
+import dclens
+m = dclens.load(sys.argv[1], device=sys.argv[3])
+toks = np.random.default_rng(0).integers(0, m.config.vocab, int(sys.argv[2]))
+base = m.forward(toks)[-1]
+rng = np.random.default_rng(1)
+def fn(act, name):
+    act *= 1 + 1e-7 * rng.standard_normal(act.shape).astype(np.float32)
+    return act
+out = m.run_with_hooks(toks, [("blocks.0.resid_pre", fn)])[-1]
+print(json.dumps({"logit": float(base[0]), "perturbed": float(out[0]),
+                  "rel": float(np.abs(out - base).max() / np.abs(base).max())}))
 """
 
 FD_SRC = r"""
@@ -179,6 +200,11 @@ def main(argv=None):
     p.add_argument("--fd-only", action="store_true", help="with --check-fd: no timing run")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="only: the last logits' change when the residual entering layer 0 is multiplied by (1 + 1e-7 noise)",
+    )
     a = p.parse_args(argv)
     s = bench.SIZES["6.9b"]
     if not os.path.exists(os.path.join(a.dir, "model.safetensors")):
@@ -204,6 +230,19 @@ def main(argv=None):
                     % (n, ix, fd, g, abs(fd - g) / max(abs(fd), 1e-12))
                 )
         if a.fd_only:
+            return
+        if a.sensitivity:
+            r = subprocess.run(
+                [sys.executable, "-c", SENS_SRC, a.dir, str(a.T), a.device], capture_output=True, text=True, env=env
+            )
+            if r.returncode:
+                raise SystemExit(r.stderr[-3000:])
+            s = json.loads(r.stdout)
+            print(
+                "%d layers, T=%d, %s: logit[-1, 0] %.6f; with resid_pre of layer 0 x (1 + 1e-7 noise) %.6f; "
+                "max |change| of the last logits / max |logit| = %.3g"
+                % (a.layers, a.T, a.device, s["logit"], s["perturbed"], s["rel"])
+            )
             return
         budget = int(a.max_tape_gib * 2**30)
         r = subprocess.run(
