@@ -809,6 +809,19 @@ static void attn_keys(const dcs_attn_args *a, int q, int *lo, int *hi) {
     *hi = h < a->S - 1 ? h : a->S - 1;
 }
 
+/* dst [S] = src [L] on the keys [j0, j0 + L), 0 on the others (a kept
+ * map's row, a->keep) */
+static void keep_row(float *dst, const float *src, int j0, int L, int S) {
+    memset(dst, 0, sizeof(float) * (size_t)j0);
+    memcpy(dst + j0, src, sizeof(float) * (size_t)L);
+    memset(dst + j0 + L, 0, sizeof(float) * (size_t)(S - j0 - L));
+}
+
+/* row r0 + r of sequence b, head n, in the kept map x [B, N, T, S] */
+static float *kept_at(const dcs_attn_args *a, float *x, int b, int n, int r) {
+    return x + (((size_t)b * a->N + n) * a->T + r) * a->S;
+}
+
 static void attn_items(void *arg, long long begin, long long end, int tid) {
     const attn_job *J = arg;
     const dcs_attn_args *a = J->a;
@@ -822,6 +835,9 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         return;
     }
     float *tmp = Sc + (size_t)N * TQ * Lmax;
+    /* the tape's maps (a full pass): A after the scores, P after the
+     * softmax (composed: before the post-compose), Pc at the end */
+    float *kA = a->keep[0], *kP = a->keep[1], *kPc = a->compose ? a->keep[2] : a->keep[1];
     for (long long it = begin; it < end; it++) {
         const int b = (int)(it / J->nblk);
         const int blk = J->nblk - 1 - (int)(it % J->nblk);
@@ -834,6 +850,9 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         float *zb = a->z + ((size_t)b * T + r0) * ld;
         if (jmax < jmin) { /* no key for any row of the block */
             for (int r = 0; r < tq; r++) memset(zb + (size_t)r * ld, 0, sizeof(float) * (size_t)N * Dh);
+            for (int k = 0; k < 3; k++)
+                for (int n = 0; a->keep[k] && n < N; n++)
+                    for (int r = 0; r < tq; r++) keep_row(kept_at(a, a->keep[k], b, n, r0 + r), NULL, 0, 0, S);
             continue;
         }
         const int L = jmax - jmin + 1;
@@ -844,6 +863,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         for (int n = 0; n < N; n++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale, qb + n * Dh, ld,
                         kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
+        for (int n = 0; kA && n < N; n++)
+            for (int r = 0; r < tq; r++) keep_row(kept_at(a, kA, b, n, r0 + r), Sc + n * hs + (long long)r * L, jmin, L, S);
         for (int r = 0; r < tq; r++) {
             int lo, hi;
             attn_keys(a, a->t0 + r0 + r, &lo, &hi);
@@ -860,13 +881,18 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                 }
                 if (ph == 0)
                     for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);
+                if (ph == 0 && kP && a->compose)
+                    for (int n = 0; n < N; n++) keep_row(kept_at(a, kP, b, n, r0 + r), row + n * hs + j0, lo, len, S);
             }
             for (int n = 0; n < N; n++) {
                 float *rn = row + n * hs;
                 const int e = len > 0 ? j0 + len : 0;
                 for (int j = 0; j < (len > 0 ? j0 : 0); j++) rn[j] = 0.0f;
                 for (int j = e; j < L; j++) rn[j] = 0.0f;
+                if (kPc) keep_row(kept_at(a, kPc, b, n, r0 + r), rn, jmin, L, S);
             }
+            if (a->compose && kP && len <= 0) /* no allowed key: P is 0 too */
+                for (int n = 0; n < N; n++) keep_row(kept_at(a, kP, b, n, r0 + r), NULL, 0, 0, S);
         }
         for (int n = 0; n < N; n++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, L, 1.0f, Sc + n * hs, L,

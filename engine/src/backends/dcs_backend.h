@@ -66,7 +66,13 @@ typedef struct {
  * t is at position t0 + t, key s at kb + s (a full pass: S = T, t0 = kb =
  * 0). Dynamic weights per phase (0 pre, 1 post) as in dcs_compose_args
  * ([B, T, R, N], [B, T, N] query side; [B, S, R, N], [B, S, N] key side,
- * NULL for query_wise); compose == 0: plain MHA (C = I). */
+ * NULL for query_wise); compose == 0: plain MHA (C = I).
+ * keep (the tape, a full pass only: S = T, t0 = kb = 0; NULL entries
+ * otherwise): the maps the backward reads, [B, N, T, T] each, written
+ * whole: keep[0] the scores A (on the keys of the row's query block, 0 on
+ * the others: the masked pairs nothing reads), keep[1] the pattern P,
+ * keep[2] the composed pattern Pc (compose only), P and Pc 0 at masked
+ * pairs, as the materialising path writes them. */
 typedef struct {
     float *z;
     const float *q, *k, *v;
@@ -75,6 +81,7 @@ typedef struct {
     float scale; /* 1 / sqrt(Dh)                             */
     int compose;
     const float *qw1[2], *qw2[2], *qdd[2], *kw1[2], *kw2[2], *kdd[2];
+    float *keep[3]; /* A, P, Pc [B, N, T, T] or NULL          */
 } dcs_attn_args;
 
 /* Arguments of the compose backward (one phase, model-spec 2.6 and 5), over
@@ -165,7 +172,8 @@ typedef struct dcs_backend_ops {
                    float beta, float *C, int ldc);
     /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
     void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M, int D);
-    /* Fused attention (see dcs_attn_args); NULL: the graph uses the full path. */
+    /* Fused attention (see dcs_attn_args); NULL: the graph uses the full
+     * path. A backend that has it writes the tape's maps (keep) too. */
     void (*attention)(dcs_backend *be, const dcs_attn_args *a);
     /* MoH routing scores (model-spec 5), per row m < M: g [M, N] from the
      * router logits [M, N - hs], the shared-head logits s1 [M, hs] (NULL
