@@ -977,6 +977,7 @@ static const dcs_backend_ops cpu_ops = {
     .xent_bw = cpu_xent_bw,
     .compose_bw = cpu_compose_bw,
     .compose_softmax_bw = cpu_compose_softmax_bw,
+    .attention_bw = cpu_attention_bw,
     .head_gate_bw = cpu_head_gate_bw,
     .moh_route_bw = cpu_moh_route_bw,
     .swiglu_bw = cpu_swiglu_bw,

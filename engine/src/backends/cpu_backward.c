@@ -16,6 +16,7 @@
 #include "cpu_vec.h"
 #include "dcs_math.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -512,6 +513,21 @@ static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) 
     free(tmp);
 }
 
+/* row (b, t) of the fused backward: the post phase from dPc's row g (head
+ * stride sg) into dP's row [N, T] (dP: then dAc's [N, T]), its masked
+ * softmax backward into dAc's, the pre phase from it into dA's row d (head
+ * stride sd) */
+static void fused_row(const dcs_compose_bw_args *post, const dcs_compose_bw_args *pre, long long b, int t,
+                      const float *g, long long sg, float *d, long long sd, float *tmp, float *dP) {
+    const int T = post->T, N = post->N;
+    const long long TT = (long long)T * T, o = b * N * TT + (long long)t * T;
+    float *dAc = dP + (size_t)N * T;
+    row_bw(post, b, t, post->in + o, TT, g, sg, dP, T, tmp);
+    for (int n = 0; n < N; n++)
+        dcs_softmax_row_bw(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t, post->window);
+    row_bw(pre, b, t, pre->in + o, TT, dAc, T, d, sd, tmp);
+}
+
 /* the fused backward, sequences [b_from, b_to): per row (b, t), the post
  * phase into dP's row [N, T], its masked softmax backward into dAc's, the
  * pre phase from it (each row in L1 instead of four passes over the maps) */
@@ -527,15 +543,11 @@ static void compose_softmax_bw_seqs(void *p, long long b_from, long long b_to, i
         ca->failed = 1;
         return;
     }
-    float *dP = tmp + nt, *dAc = dP + (size_t)N * T;
+    float *dP = tmp + nt;
     for (long long b = b_from; b < b_to; b++)
         for (int t = 0; t < T; t++) {
             const long long o = (long long)b * N * TT + (long long)t * T;
-            row_bw(post, b, t, post->in + o, TT, post->dOut + o, TT, dP, T, tmp);
-            for (int n = 0; n < N; n++)
-                dcs_softmax_row_bw(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t,
-                                   post->window);
-            row_bw(pre, b, t, pre->in + o, TT, dAc, T, pre->dIn + o, TT, tmp);
+            fused_row(post, pre, b, t, post->dOut + o, TT, pre->dIn + o, TT, tmp, dP);
         }
     free(tmp);
 }
@@ -639,6 +651,83 @@ void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post,
     /* pre->dOut is dAc, the tape's buffer (dcs_backend.h): written here */
     cpu_softmax_bw(be, (float *)pre->dOut, post->dIn, post->in, B * N, T, T, post->window);
     cpu_compose_bw(be, pre);
+}
+
+/* ---------------------------------------------------------------- attention
+ * cpu_attention_bw: per sequence (the pool's items), per block of ATB_TQ
+ * query rows [r0, r1] in order, over the keys [Ja, Jb) the block's rows
+ * reach (their first allowed key rounded down to KB, their last + 1 up to
+ * KB, at most T), per head n (cblas_sgemm; the BLAS runs one thread):
+ *   dPc [N, tq, T] = dz_blk v[Ja:Jb]^T     (scratch, keys [Ja, Jb))
+ *   rows: fused_row -> dA [N, tq, T]       (scratch, every key written)
+ *   dv[Ja:Jb] += Pc_blk^T dz_blk           (dv, dk of the sequence zeroed
+ *   dq_blk = s dA k[Ja:Jb]                  before its first block)
+ *   dk[Ja:Jb] += s dA^T q_blk
+ * so the gradient maps never leave the cache. A function of the shape
+ * alone (blocks, key ranges, order of the sums), so the same bits at any
+ * thread count. The keys of [Ja, Jb) outside a row's allowed ones: dPc
+ * there is read only under the row kernel's mask, dA there is exactly 0. */
+#define ATB_TQ 32
+
+typedef struct {
+    const dcs_attn_bw_args *a;
+    volatile int failed;
+} ab_arg;
+
+static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
+    (void)tid;
+    ab_arg *ab = p;
+    const dcs_attn_bw_args *a = ab->a;
+    const dcs_compose_bw_args *post = a->post, *pre = a->pre;
+    const int T = post->T, N = post->N, Dh = a->Dh, ld = a->ld;
+    const long long TT = (long long)T * T, blk = (long long)ATB_TQ * T;
+    const size_t nt = row_tmp_floats(N, post->R > pre->R ? post->R : pre->R, T);
+    float *tmp = malloc(sizeof(float) * (nt + 2 * (size_t)N * T + 2 * (size_t)N * blk));
+    if (!tmp) {
+        ab->failed = 1;
+        return;
+    }
+    float *dP = tmp + nt, *dPc = dP + 2 * (size_t)N * T, *dA = dPc + (size_t)N * blk;
+    for (long long b = b_from; b < b_to; b++) {
+        const size_t sq = (size_t)b * T * ld; /* the sequence's first row */
+        memset(a->dv + sq, 0, sizeof(float) * (size_t)T * ld);
+        memset(a->dk + sq, 0, sizeof(float) * (size_t)T * ld);
+        for (int r0 = 0; r0 < T; r0 += ATB_TQ) {
+            const int tq = r0 + ATB_TQ < T ? ATB_TQ : T - r0, r1 = r0 + tq - 1;
+            const int Ja = first_key(r0, post->window) / KB * KB, Jb = key_stride(r1 + 1) < T ? key_stride(r1 + 1) : T;
+            const int Lk = Jb - Ja;
+            const float *dzb = a->dz + sq + (size_t)r0 * ld, *qb = a->q + sq + (size_t)r0 * ld;
+            for (int n = 0; n < N; n++)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, Lk, Dh, 1.0f, dzb + n * Dh, ld,
+                            a->v + sq + (size_t)Ja * ld + n * Dh, ld, 0.0f, dPc + n * blk + Ja, T);
+            for (int r = 0; r < tq; r++)
+                fused_row(post, pre, b, r0 + r, dPc + (long long)r * T, blk, dA + (long long)r * T, blk, tmp, dP);
+            for (int n = 0; n < N; n++) {
+                const float *Pc = a->Pc + ((size_t)b * N + n) * TT + (size_t)r0 * T + Ja;
+                const size_t kn = sq + (size_t)Ja * ld + n * Dh;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, 1.0f, Pc, T, dzb + n * Dh, ld,
+                            1.0f, a->dv + kn, ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, Lk, a->scale, dA + n * blk + Ja,
+                            T, a->k + kn, ld, 0.0f, a->dq + sq + (size_t)r0 * ld + n * Dh, ld);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, a->scale, dA + n * blk + Ja, T,
+                            qb + n * Dh, ld, 1.0f, a->dk + kn, ld);
+            }
+        }
+    }
+    free(tmp);
+}
+
+int cpu_attention_bw(dcs_backend *be, const dcs_attn_bw_args *a) {
+    const dcs_compose_bw_args *post = a->post, *pre = a->pre;
+    const int B = post->B, T = post->T, N = post->N;
+    rows_begin(post);
+    rows_begin(pre);
+    ab_arg ab = {a, 0};
+    par(be, attn_bw_seqs, &ab, B, (long long)T * T * N * (post->R + pre->R + a->Dh) * 4);
+    if (ab.failed) return 1; /* no scratch for a chunk: the caller's unfused path overwrites it all */
+    rows_end(post);
+    rows_end(pre);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- scratch */

@@ -106,6 +106,21 @@ typedef struct {
     unsigned on;
 } dcs_compose_bw_args;
 
+/* Arguments of the fused attention backward (ops->attention_bw) of a full
+ * pass of plain DCMHA: from dz to dq, dk, dv through both compose phases
+ * and the masked softmax, with the maps the forward kept (post->in = P,
+ * pre->in = A, Pc) and the phases' dynamic weights and their gradients
+ * (written) as in compose_softmax_bw; post->dOut, post->dIn, pre->dOut and
+ * pre->dIn are not used (no [B, N, T, T] gradient map is written).
+ * dz, q, k, v, dq, dk, dv [B, T, N, Dh] with row stride ld. */
+typedef struct {
+    const dcs_compose_bw_args *post, *pre;
+    const float *dz, *q, *k, *v, *Pc;
+    float *dq, *dk, *dv;
+    int Dh, ld;
+    float scale; /* 1 / sqrt(Dh) */
+} dcs_attn_bw_args;
+
 /* The shapes the backward's scratch depends on (ops->bw_scratch): a tape
  * of B sequences of T tokens, width D, N heads, dynamic rank R, `rot`
  * rotary dims; G composition groups; use_sw: the static (Talking-Heads)
@@ -236,6 +251,12 @@ typedef struct dcs_backend_ops {
      * bits; dP and dAc are scratch, their contents unspecified after */
     void (*compose_softmax_bw)(dcs_backend *be, const dcs_compose_bw_args *post,
                                const dcs_compose_bw_args *pre);
+    /* optional (NULL: the tape runs the per-head products around
+     * compose_softmax_bw): the attention backward of dcs_attn_bw_args, by
+     * blocks of query rows whose gradient maps stay in cache; 0 when done,
+     * else (no scratch) the caller runs its unfused path, which writes
+     * every output again */
+    int (*attention_bw)(dcs_backend *be, const dcs_attn_bw_args *a);
     /* MoH: dz [M, N, Dh] *= gate [M, N] (becomes d zpre); dgate = <dz, zpre> */
     void (*head_gate_bw)(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate,
                          int M, int N, int Dh);
