@@ -326,14 +326,6 @@ static inline void load_keys(float *x, const float *src, int S0, int S1, int s0,
     }
 }
 
-/* the lanes [KB] summed in a fixed tree: halves added until one is left */
-static inline float sum_lanes(const float *x) {
-    float h[KB];
-    for (int j = 0; j < KB; j++) h[j] = x[j];
-    for (int w = KB / 2; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) h[j] += h[j + w];
-    return h[0];
-}
 
 /* A block of KB keys as one GCC/Clang vector (split into the clone's
  * widest registers: one zmm under avx512f); lane-wise IEEE arithmetic, the
@@ -344,6 +336,27 @@ typedef float vkb __attribute__((vector_size(KB * sizeof(float))));
 typedef float vkb_u __attribute__((vector_size(KB * sizeof(float)), aligned(4), may_alias));
 #define vld(p) (*(const vkb_u *)(p))
 #define vst(p, v) (*(vkb_u *)(p) = (v))
+
+/* the lanes of *v summed in a fixed tree: lane j += lane j + w for w = KB/2,
+ * ..., 1 (halves added until one is left), in registers: each step one
+ * shuffle and one add of the whole vector (the lanes past w unused) */
+#if KB != 16
+#error "sum_lanes shuffles 16 lanes"
+#endif
+#if defined(__clang__)
+#define VSHUF(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+typedef int vkb_i __attribute__((vector_size(KB * sizeof(int))));
+#define VSHUF(v, ...) __builtin_shuffle(v, (vkb_i){__VA_ARGS__})
+#endif
+static inline float sum_lanes(const vkb *v) {
+    vkb h = *v;
+    h += VSHUF(h, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+    h += VSHUF(h, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
+    h += VSHUF(h, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    h += VSHUF(h, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+    return h[0];
+}
 
 /* Backward of plain DCMHA's compose for the query row (b, t) over the keys
  * [s0, s1): g = dOut rows (head stride sg), a the input's (sa). The row of
@@ -408,7 +421,7 @@ DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g,
             }
             vst(D + b, d);
         }
-        if (on & 8) dqdd[n] += sum_lanes((const float *)&pdd);
+        if (on & 8) dqdd[n] += sum_lanes(&pdd);
         for (int i = 0; i < R; i++) {
             const size_t o = (size_t)i * W, ok = ((size_t)i * N + n) * Tp + S0;
             const float *tq = gq + o, *q = qi + o, *tk = gk + o, *k = ki + o, w1 = qw1[i * N + n];
@@ -433,8 +446,8 @@ DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g,
                 vst(D + b, d);
             }
             if (on & 2) {
-                dqw1[i * N + n] += sum_lanes((const float *)&p1);
-                dqw2[i * N + n] += sum_lanes((const float *)&p2);
+                dqw1[i * N + n] += sum_lanes(&p1);
+                dqw2[i * N + n] += sum_lanes(&p2);
             }
         }
         float *dn = da + n * sd;
@@ -585,32 +598,41 @@ static int rows_ok(const dcs_compose_bw_args *a) {
     return a->qw1 && a->G == 1 && !a->sw && (!a->kw1 || a->scratch[0]);
 }
 
-/* before the row kernel: the phase's dynamic-weight gradients zeroed, its
- * key side transposed into the scratch ([B, C, key_stride(T)]) */
-static void rows_begin(const dcs_compose_bw_args *a) {
-    const int B = a->B, T = a->T, N = a->N, M = B * T;
-    const size_t RN = (size_t)a->R * N;
-    float *const dyn[3] = {a->dqw1, a->dqw2, a->dqdd};
-    for (int i = 0; i < 3; i++) memset(dyn[i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : (size_t)N));
+/* before the row kernel, for sequence b: the phase's dynamic-weight
+ * gradients zeroed, its key side transposed into the scratch ([B, C,
+ * key_stride(T)]) */
+static void rows_begin_seq(const dcs_compose_bw_args *a, long long b) {
+    const int T = a->T, N = a->N, Tp = key_stride(T);
+    const size_t RN = (size_t)a->R * N, rows = (size_t)b * T;
+    memset(a->dqw1 + rows * RN, 0, sizeof(float) * T * RN);
+    memset(a->dqw2 + rows * RN, 0, sizeof(float) * T * RN);
+    memset(a->dqdd + rows * N, 0, sizeof(float) * T * N);
     if (a->kw1) {
-        to_keys_T(a->scratch[0], a->kw1, B, T, (int)RN);
-        to_keys_T(a->scratch[1], a->kw2, B, T, (int)RN);
-        to_keys_T(a->scratch[2], a->kdd, B, T, N);
-        for (int i = 0; i < 3; i++)
-            memset(a->scratch[3 + i], 0,
-                   sizeof(float) * B * (size_t)key_stride(T) * (i < 2 ? RN : (size_t)N));
+        to_keys_T(a->scratch[0] + b * RN * Tp, a->kw1 + rows * RN, 1, T, (int)RN);
+        to_keys_T(a->scratch[1] + b * RN * Tp, a->kw2 + rows * RN, 1, T, (int)RN);
+        to_keys_T(a->scratch[2] + b * N * Tp, a->kdd + rows * N, 1, T, N);
+        memset(a->scratch[3] + b * RN * Tp, 0, sizeof(float) * Tp * RN);
+        memset(a->scratch[4] + b * RN * Tp, 0, sizeof(float) * Tp * RN);
+        memset(a->scratch[5] + b * N * Tp, 0, sizeof(float) * Tp * N);
     }
 }
 
-/* after it: the key side's gradients back from the scratch */
-static void rows_end(const dcs_compose_bw_args *a) {
-    const int B = a->B, T = a->T, N = a->N;
-    const int RN = a->R * N;
+/* after it: the key side's gradients of sequence b back from the scratch */
+static void rows_end_seq(const dcs_compose_bw_args *a, long long b) {
+    const int T = a->T, N = a->N, Tp = key_stride(T);
+    const size_t RN = (size_t)a->R * N, rows = (size_t)b * T;
     if (a->kw1) {
-        from_keys_T(a->dkw1, a->scratch[3], B, T, RN);
-        from_keys_T(a->dkw2, a->scratch[4], B, T, RN);
-        from_keys_T(a->dkdd, a->scratch[5], B, T, N);
+        from_keys_T(a->dkw1 + rows * RN, a->scratch[3] + b * RN * Tp, 1, T, (int)RN);
+        from_keys_T(a->dkw2 + rows * RN, a->scratch[4] + b * RN * Tp, 1, T, (int)RN);
+        from_keys_T(a->dkdd + rows * N, a->scratch[5] + b * N * Tp, 1, T, N);
     }
+}
+
+static void rows_begin(const dcs_compose_bw_args *a) {
+    for (long long b = 0; b < a->B; b++) rows_begin_seq(a, b);
+}
+static void rows_end(const dcs_compose_bw_args *a) {
+    for (long long b = 0; b < a->B; b++) rows_end_seq(a, b);
 }
 
 /* Plain DCMHA by query rows on the pool (compose_row_bw; dIn: every row
@@ -654,7 +676,9 @@ void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post,
 }
 
 /* ---------------------------------------------------------------- attention
- * cpu_attention_bw: per sequence (the pool's items), per block of ATB_TQ
+ * cpu_attention_bw: per sequence (the pool's items: its key side
+ * transposed, its dynamic-weight gradients zeroed and at the end moved back
+ * on its thread, rows_begin_seq / rows_end_seq), per block of ATB_TQ
  * query rows [r0, r1] in order, over the keys [Ja, Jb) the block's rows
  * reach (their first allowed key rounded down to KB, their last + 1 up to
  * KB, at most T), per head n (cblas_sgemm; the BLAS runs one thread):
@@ -690,6 +714,8 @@ static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
     float *dP = tmp + nt, *dPc = dP + 2 * (size_t)N * T, *dA = dPc + (size_t)N * blk;
     for (long long b = b_from; b < b_to; b++) {
         const size_t sq = (size_t)b * T * ld; /* the sequence's first row */
+        rows_begin_seq(post, b);
+        rows_begin_seq(pre, b);
         memset(a->dv + sq, 0, sizeof(float) * (size_t)T * ld);
         memset(a->dk + sq, 0, sizeof(float) * (size_t)T * ld);
         for (int r0 = 0; r0 < T; r0 += ATB_TQ) {
@@ -713,6 +739,8 @@ static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
                             qb + n * Dh, ld, 1.0f, a->dk + kn, ld);
             }
         }
+        rows_end_seq(post, b);
+        rows_end_seq(pre, b);
     }
     free(tmp);
 }
@@ -720,14 +748,9 @@ static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
 int cpu_attention_bw(dcs_backend *be, const dcs_attn_bw_args *a) {
     const dcs_compose_bw_args *post = a->post, *pre = a->pre;
     const int B = post->B, T = post->T, N = post->N;
-    rows_begin(post);
-    rows_begin(pre);
     ab_arg ab = {a, 0};
     par(be, attn_bw_seqs, &ab, B, (long long)T * T * N * (post->R + pre->R + a->Dh) * 4);
-    if (ab.failed) return 1; /* no scratch for a chunk: the caller's unfused path overwrites it all */
-    rows_end(post);
-    rows_end(pre);
-    return 0;
+    return ab.failed; /* no scratch for a chunk: the caller's unfused path overwrites it all */
 }
 
 /* ---------------------------------------------------------------- scratch */
@@ -735,8 +758,9 @@ int cpu_attention_bw(dcs_backend *be, const dcs_attn_bw_args *a) {
 /* The largest malloc one backward operation above makes for a tape of
  * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
  * (cos, sin), or compose_bw's row kernel's [2N + 4R + 1, key_stride(T)] per
- * chunk (with the fused backward's rows of dP and dAc [2, N, T]), one
- * chunk per thread at a time. */
+ * chunk (with the fused backward's rows of dP and dAc [2, N, T], and
+ * attention_bw's blocks of dPc and dA [2, N, ATB_TQ, T]), one chunk per
+ * thread at a time. */
 uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     const uint64_t M = (uint64_t)s->B * s->T;
     uint64_t n = 2 * M;
@@ -744,7 +768,7 @@ uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     if (rot > n) n = rot;
     if (s->rows_kernel) {
         const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) *
-                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T);
+                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T * (1 + ATB_TQ));
         if (cmp > n) n = cmp;
     }
     return n * sizeof(float);
