@@ -586,13 +586,16 @@ typedef struct {
     const float *scale;
     float eps;
 } rms_args;
-static void rms_rows(void *arg, long long b, long long e, int tid) {
-    (void)tid;
-    const rms_args *a = arg;
+DCS_VEC static void rms_span(const rms_args *a, long long b, long long e) {
+    float t[DCS_RMS_GROUP * DCS_RMS_TW];
     for (long long r = b; r < e; r += DCS_RMS_GROUP) {
         const int n = e - r < DCS_RMS_GROUP ? (int)(e - r) : DCS_RMS_GROUP;
-        dcs_rms_rows(a->x + (size_t)r * a->ld, a->ld, a->width, n, a->scale, a->eps);
+        dcs_rms_rows(a->x + (size_t)r * a->ld, a->ld, a->width, n, a->scale, a->eps, t);
     }
+}
+static void rms_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    rms_span(arg, b, e);
 }
 static void cpu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld, const float *scale,
                         float eps) {
@@ -633,8 +636,15 @@ static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, i
 static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int rows,
                        int cols) {
     (void)be;
-    for (int r = 0; r < rows; r++)
-        memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, sizeof(float) * cols);
+    if (cols <= 32) /* short rows (the dynamic weights' [R, N]): a loop, not a memcpy call per row */
+        for (int r = 0; r < rows; r++) {
+            float *d = dst + (size_t)r * ld_dst;
+            const float *s = src + (size_t)r * ld_src;
+            for (int c = 0; c < cols; c++) d[c] = s[c];
+        }
+    else
+        for (int r = 0; r < rows; r++)
+            memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, sizeof(float) * cols);
 }
 
 /* ------------------------------------------------------------ compose

@@ -147,17 +147,20 @@ typedef struct {
     int rows, width;
     float eps;
 } rmsbw_arg;
-static void rmsbw_rows(void *p, long long b, long long e, int tid) {
-    (void)tid;
-    const rmsbw_arg *a = p;
+DCS_VEC static void rmsbw_span(const rmsbw_arg *a, long long b, long long e) {
     const int W = a->width;
+    float t[2 * DCS_RMS_GROUP * DCS_RMS_TW];
     for (long long r = b; r < e; r += DCS_RMS_GROUP) {
         const int n = e - r < DCS_RMS_GROUP ? (int)(e - r) : DCS_RMS_GROUP;
         const size_t o = (size_t)r * W;
         float rs[DCS_RMS_GROUP];
-        dcs_rmsnorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->scale, a->eps, W, n, rs);
+        dcs_rmsnorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->scale, a->eps, W, n, rs, t);
         if (a->rs) memcpy(a->rs + r, rs, sizeof(float) * n);
     }
+}
+static void rmsbw_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    rmsbw_span(p, b, e);
 }
 static void rmsbw_cols(void *p, long long b, long long e, int tid) {
     (void)tid;

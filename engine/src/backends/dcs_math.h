@@ -686,51 +686,85 @@ DCS_HD void dcs_rmsnorm_row_bw(float *dx, const float *dy, const float *x, const
     for (int i = 0; i < width; i++) dx[i] += dcs_rmsnorm_dx(dy[i], scale ? scale[i] : 1.0f, x[i], rs, dot);
 }
 
-/* The forward RMS norm of `rows` <= DCS_RMS_GROUP rows (stride ld) in
- * place: x = x / rms(x) * scale (scale NULL: 1), each row's sum of squares
- * in its own order (dcs_rms_row_inv's bits), the rows' chains interleaved. */
-#define DCS_RMS_GROUP 8
-DCS_HD void dcs_rms_rows(float *x, long long ld, int width, int rows, const float *scale, float eps) {
-    float ss[DCS_RMS_GROUP];
+/* Rows of a group side by side: t [width, DCS_RMS_GROUP] = x [rows, width]
+ * (row stride ld) transposed, the lanes past `rows` 0, so each row's sums
+ * over i run in their own order as one lane of a vector (rows of up to
+ * DCS_RMS_TW: the qk-norm's head dim, the dynamic weights' heads). */
+#define DCS_RMS_GROUP 16
+#define DCS_RMS_TW 64
+DCS_HD_ROW void dcs_rms_group_T(float *t, const float *x, long long ld, int width, int rows) {
+    for (int i = 0; i < width; i++)
+        for (int j = 0; j < DCS_RMS_GROUP; j++) t[i * DCS_RMS_GROUP + j] = j < rows ? x[j * ld + i] : 0.0f;
+}
+
+/* ss [DCS_RMS_GROUP] = each row's sum of squares (dcs_rms_row_inv's order) */
+DCS_HD_ROW void dcs_rms_group_ss(float *ss, const float *x, long long ld, int width, int rows, float *t) {
     for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] = 0.0f;
+    if (width <= DCS_RMS_TW) {
+        dcs_rms_group_T(t, x, ld, width, rows);
+        for (int i = 0; i < width; i++)
+            for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] += t[i * DCS_RMS_GROUP + j] * t[i * DCS_RMS_GROUP + j];
+        return;
+    }
     for (int i = 0; i < width; i++)
         for (int j = 0; j < rows; j++) {
             const float v = x[j * ld + i];
             ss[j] += v * v;
         }
+}
+
+/* The forward RMS norm of `rows` <= DCS_RMS_GROUP rows (stride ld) in
+ * place: x = x / rms(x) * scale (scale NULL: 1), each row's sum of squares
+ * in its own order (dcs_rms_row_inv's bits), the rows' chains side by side;
+ * t: DCS_RMS_GROUP * DCS_RMS_TW floats of scratch. */
+DCS_HD_ROW void dcs_rms_rows(float *x, long long ld, int width, int rows, const float *scale, float eps,
+                             float *t) {
+    float ss[DCS_RMS_GROUP];
+    dcs_rms_group_ss(ss, x, ld, width, rows, t);
     for (int j = 0; j < rows; j++) {
         const float inv = dcs_rms_inv(ss[j], width, eps);
         float *v = x + j * ld;
-        for (int i = 0; i < width; i++) v[i] = v[i] * inv * (scale ? scale[i] : 1.0f);
+        if (scale)
+            for (int i = 0; i < width; i++) v[i] = v[i] * inv * scale[i];
+        else
+            for (int i = 0; i < width; i++) v[i] = v[i] * inv * 1.0f;
     }
 }
 
 /* dcs_rms_row_inv and dcs_rmsnorm_row_bw of `rows` <= DCS_RMS_GROUP rows
  * (stride width) together: each row's sums in its own order (the same
- * bits), the rows' dependency chains interleaved; rs [rows] written. */
-DCS_HD void dcs_rmsnorm_rows_bw(float *dx, const float *dy, const float *x, const float *scale, float eps,
-                                int width, int rows, float *rs) {
-    float ss[DCS_RMS_GROUP], dot[DCS_RMS_GROUP];
-    for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] = 0.0f, dot[j] = 0.0f;
-    for (int i = 0; i < width; i++)
-        for (int j = 0; j < rows; j++) {
-            const float v = x[(size_t)j * width + i];
-            ss[j] += v * v;
+ * bits), the rows side by side; rs [rows] written; t: 2 * DCS_RMS_GROUP *
+ * DCS_RMS_TW floats of scratch. */
+DCS_HD_ROW void dcs_rmsnorm_rows_bw(float *dx, const float *dy, const float *x, const float *scale, float eps,
+                                    int width, int rows, float *rs, float *t) {
+    float ss[DCS_RMS_GROUP], dot[DCS_RMS_GROUP], r[DCS_RMS_GROUP];
+    dcs_rms_group_ss(ss, x, width, width, rows, t);
+    for (int j = 0; j < DCS_RMS_GROUP; j++) r[j] = dcs_rms_inv(ss[j], width, eps), dot[j] = 0.0f;
+    for (int j = 0; j < rows; j++) rs[j] = r[j];
+    if (width <= DCS_RMS_TW) { /* t holds x transposed */
+        float *g = t + DCS_RMS_GROUP * DCS_RMS_TW;
+        dcs_rms_group_T(g, dy, width, width, rows);
+        for (int i = 0; i < width; i++) {
+            const float s = scale ? scale[i] : 1.0f;
+            const float *xi = t + i * DCS_RMS_GROUP, *gi = g + i * DCS_RMS_GROUP;
+            for (int j = 0; j < DCS_RMS_GROUP; j++) dot[j] += dcs_rmsnorm_dot_term(gi[j], s, xi[j], r[j]);
         }
-    for (int j = 0; j < rows; j++) rs[j] = dcs_rms_inv(ss[j], width, eps);
-    for (int i = 0; i < width; i++) {
-        const float s = scale ? scale[i] : 1.0f;
-        for (int j = 0; j < rows; j++) {
-            const size_t o = (size_t)j * width + i;
-            dot[j] += dcs_rmsnorm_dot_term(dy[o], s, x[o], rs[j]);
+    } else
+        for (int i = 0; i < width; i++) {
+            const float s = scale ? scale[i] : 1.0f;
+            for (int j = 0; j < rows; j++) {
+                const size_t o = (size_t)j * width + i;
+                dot[j] += dcs_rmsnorm_dot_term(dy[o], s, x[o], r[j]);
+            }
         }
-    }
     for (int j = 0; j < rows; j++) {
         const float mean = dot[j] / (float)width;
-        for (int i = 0; i < width; i++) {
-            const size_t o = (size_t)j * width + i;
-            dx[o] += dcs_rmsnorm_dx(dy[o], scale ? scale[i] : 1.0f, x[o], rs[j], mean);
-        }
+        float *dxj = dx + (size_t)j * width;
+        const float *dyj = dy + (size_t)j * width, *xj = x + (size_t)j * width;
+        if (scale)
+            for (int i = 0; i < width; i++) dxj[i] += dcs_rmsnorm_dx(dyj[i], scale[i], xj[i], r[j], mean);
+        else
+            for (int i = 0; i < width; i++) dxj[i] += dcs_rmsnorm_dx(dyj[i], 1.0f, xj[i], r[j], mean);
     }
 }
 

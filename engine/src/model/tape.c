@@ -999,7 +999,12 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 be->ops->zero(be, d->dw1raw, sizeof(float) * (size_t)M * RN);
                 be->ops->rmsnorm_bw(be, d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], NULL, M * R * G, Mg,
                                     1e-6f);
-                for (int gr = 0; gr < G; gr++) {
+                if (G == 1) { /* dW[:, slot] = [dw1raw | dw2] rows of R*N */
+                    be->ops->copy2d(be, d->dW + (size_t)slot * RM2, GC * RM2, d->dw1raw, RN, M, RN);
+                    be->ops->copy2d(be, d->dW + (size_t)slot * RM2 + RN, GC * RM2, d->dw2[ph][s], RN, M, RN);
+                    be->ops->copy2d(be, d->dG + (size_t)slot * N, GC * N, d->ddd[ph][s], N, M, N);
+                }
+                for (int gr = 0; gr < G && G > 1; gr++) {
                     const size_t dst = (size_t)(gr * C + slot) * RM2;
                     for (int i = 0; i < R; i++) {
                         be->ops->copy2d(be, d->dW + dst + (size_t)i * Mg, GC * RM2,
