@@ -696,6 +696,9 @@ void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post,
  * there is read only under the row kernel's mask, dA there is exactly 0. */
 #define ATB_TQ 32
 
+/* the rows of a block's scratch: ATB_TQ, or T when shorter */
+static int atb_rows(int T) { return T < ATB_TQ ? T : ATB_TQ; }
+
 typedef struct {
     const dcs_attn_bw_args *a;
     volatile int failed;
@@ -707,7 +710,7 @@ static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
     const dcs_attn_bw_args *a = ab->a;
     const dcs_compose_bw_args *post = a->post, *pre = a->pre;
     const int T = post->T, N = post->N, Dh = a->Dh, ld = a->ld;
-    const long long TT = (long long)T * T, blk = (long long)ATB_TQ * T;
+    const long long TT = (long long)T * T, blk = (long long)atb_rows(T) * T;
     const size_t nt = row_tmp_floats(N, post->R > pre->R ? post->R : pre->R, T);
     float *tmp = malloc(sizeof(float) * (nt + 2 * (size_t)N * T + 2 * (size_t)N * blk));
     if (!tmp) {
@@ -722,7 +725,7 @@ static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
         memset(a->dv + sq, 0, sizeof(float) * (size_t)T * ld);
         memset(a->dk + sq, 0, sizeof(float) * (size_t)T * ld);
         for (int r0 = 0; r0 < T; r0 += ATB_TQ) {
-            const int tq = r0 + ATB_TQ < T ? ATB_TQ : T - r0, r1 = r0 + tq - 1;
+            const int tq = r0 + ATB_TQ < T ? ATB_TQ : T - r0, r1 = r0 + tq - 1; /* <= atb_rows(T) */
             const int Ja = first_key(r0, post->window) / KB * KB, Jb = key_stride(r1 + 1) < T ? key_stride(r1 + 1) : T;
             const int Lk = Jb - Ja;
             const float *dzb = a->dz + sq + (size_t)r0 * ld, *qb = a->q + sq + (size_t)r0 * ld;
@@ -762,7 +765,7 @@ int cpu_attention_bw(dcs_backend *be, const dcs_attn_bw_args *a) {
  * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
  * (cos, sin), or compose_bw's row kernel's [2N + 4R + 1, key_stride(T)] per
  * chunk (with the fused backward's rows of dP and dAc [2, N, T], and
- * attention_bw's blocks of dPc and dA [2, N, ATB_TQ, T]), one chunk per
+ * attention_bw's blocks of dPc and dA [2, N, min(ATB_TQ, T), T]), one chunk per
  * thread at a time. */
 uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     const uint64_t M = (uint64_t)s->B * s->T;
@@ -771,7 +774,7 @@ uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     if (rot > n) n = rot;
     if (s->rows_kernel) {
         const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) *
-                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T * (1 + ATB_TQ));
+                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T * (1 + atb_rows(s->T)));
         if (cmp > n) n = cmp;
     }
     return n * sizeof(float);
