@@ -229,9 +229,42 @@ static void cpu_free(dcs_backend *be, void *p) {
     (void)be;
     free(p);
 }
+/* A large copy or fill in pieces of SPAN_PIECE bytes on the pool (the
+ * tape's kept activations and gradient buffers: megabytes a call, which one
+ * core moves at a fraction of the memory's bandwidth); smaller ones, and
+ * overlapping copies (memmove), on the caller. */
+#define SPAN_PIECE (64 << 10)
+#define SPAN_MIN (1 << 20)
+typedef struct {
+    char *dst;
+    const char *src; /* NULL: fill with zeros */
+    size_t n;
+} span_job;
+static void span_items(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const span_job *j = arg;
+    const size_t o = (size_t)b * SPAN_PIECE, end = (size_t)e * SPAN_PIECE < j->n ? (size_t)e * SPAN_PIECE : j->n;
+    if (j->src)
+        memcpy(j->dst + o, j->src + o, end - o);
+    else
+        memset(j->dst + o, 0, end - o);
+}
+static void span_run(dcs_backend *be, void *dst, const void *src, size_t bytes) {
+    span_job j = {dst, src, bytes};
+    parallel_for(be, span_items, &j, (long long)((bytes + SPAN_PIECE - 1) / SPAN_PIECE), PAR_MIN);
+}
 static void cpu_copy(dcs_backend *be, void *dst, const void *src, size_t bytes) {
-    (void)be;
-    if (bytes) memmove(dst, src, bytes);
+    const char *d = dst, *s = src;
+    if (bytes >= SPAN_MIN && (d + bytes <= s || s + bytes <= d))
+        span_run(be, dst, src, bytes);
+    else if (bytes)
+        memmove(dst, src, bytes);
+}
+void cpu_zero(dcs_backend *be, void *p, size_t bytes) {
+    if (bytes >= SPAN_MIN)
+        span_run(be, p, NULL, bytes);
+    else if (bytes)
+        memset(p, 0, bytes);
 }
 static dcs_status cpu_sync(dcs_backend *be, dcs_err *e) {
     cpu_ctx *c = be->ctx;

@@ -25,11 +25,6 @@ static void par(dcs_backend *be, dcs_par_fn fn, void *arg, long long n, long lon
     be->ops->parallel(be, fn, arg, n, cost);
 }
 
-void cpu_zero(dcs_backend *be, void *p, size_t bytes) {
-    (void)be;
-    if (bytes) memset(p, 0, bytes);
-}
-
 /* ---------------------------------------------------------------- element-wise */
 
 typedef struct {
@@ -58,12 +53,18 @@ void cpu_tanh_bw(dcs_backend *be, float *dx, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) dx[i] *= 1.0f - y[i] * y[i];
 }
 
+/* the masked softmax backward of one row (dcs_softmax_row_bw_lanes), in
+ * the per-ISA clones; the fused compose backward runs the same */
+DCS_VEC static void softmax_bw_row(float *d, const float *g, const float *p, int S, int t, int window) {
+    dcs_softmax_row_bw_lanes(d, g, p, S, t, window);
+}
+
 static void softmax_bw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     const ew_arg *a = p;
     for (long long r = b; r < e; r++) {
         const size_t o = (size_t)r * a->S;
-        dcs_softmax_row_bw(a->x + o, a->y + o, a->z + o, a->S, (int)(r % a->T), a->window);
+        softmax_bw_row(a->x + o, a->y + o, a->z + o, a->S, (int)(r % a->T), a->window);
     }
 }
 
@@ -540,7 +541,7 @@ static void fused_row(const dcs_compose_bw_args *post, const dcs_compose_bw_args
     float *dAc = dP + (size_t)N * T;
     row_bw(post, b, t, post->in + o, TT, g, sg, dP, T, tmp);
     for (int n = 0; n < N; n++)
-        dcs_softmax_row_bw(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t, post->window);
+        softmax_bw_row(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t, post->window);
     row_bw(pre, b, t, pre->in + o, TT, dAc, T, d, sd, tmp);
 }
 

@@ -7,7 +7,7 @@
 
 #include "dcs_backend.h"
 
-void cpu_zero(dcs_backend *be, void *p, size_t bytes);
+void cpu_zero(dcs_backend *be, void *p, size_t bytes); /* cpu.c: on the pool when large */
 void cpu_gelu_bw(dcs_backend *be, float *dx, const float *dy, const float *x, size_t n);
 void cpu_tanh_bw(dcs_backend *be, float *dx, const float *y, size_t n);
 void cpu_softmax_bw(dcs_backend *be, float *dA, const float *dP, const float *P, int BN, int T, int S,

@@ -777,6 +777,30 @@ DCS_HD void dcs_softmax_row_bw(float *d, const float *g, const float *p, int S, 
     for (int s = 0; s < S; s++) d[s] = dcs_allowed(t, s, window) ? p[s] * (g[s] - dot) : 0.0f;
 }
 
+/* The same over the allowed span only, the CPU's form: the dot in
+ * DCS_LANES interleaved partial sums (lane k: the allowed keys lo + k mod
+ * DCS_LANES, in order) combined in lane order, as dcs_softmax_span sums
+ * (so its loops vectorise; another order of terms than
+ * dcs_softmax_row_bw's, fixed); d 0 outside the span. */
+DCS_HD_ROW void dcs_softmax_row_bw_lanes(float *d, const float *g, const float *p, int S, int t, int window) {
+    const int lo = window > 0 && t - window > 0 ? t - window : 0, hi = t < S - 1 ? t : S - 1;
+    for (int s = 0; s < lo && s < S; s++) d[s] = 0.0f;
+    for (int s = hi + 1 > lo ? hi + 1 : lo; s < S; s++) d[s] = 0.0f;
+    const int len = hi - lo + 1;
+    if (len <= 0) return;
+    const float *pl = p + lo, *gl = g + lo;
+    float acc[DCS_LANES];
+    for (int k = 0; k < DCS_LANES; k++) acc[k] = 0.0f;
+    int s = 0;
+    for (; s + DCS_LANES <= len; s += DCS_LANES)
+        for (int k = 0; k < DCS_LANES; k++) acc[k] += pl[s + k] * gl[s + k];
+    for (int k = 0; s + k < len; k++) acc[k] += pl[s + k] * gl[s + k];
+    float dot = acc[0];
+    for (int k = 1; k < DCS_LANES; k++) dot += acc[k];
+    float *dl = d + lo;
+    for (s = 0; s < len; s++) dl[s] = pl[s] * (gl[s] - dot);
+}
+
 /* Unmasked softmax backward of one row in place: dg [E] = g (dg - <g, dg>),
  * the dot in double (DCFormer++'s MLP group gate). */
 DCS_HD void dcs_softmax_row_bw_inplace(float *dg, const float *g, int E) {
