@@ -77,3 +77,37 @@ def test_attention_backward_by_query_blocks(tiny_factory):
     for n in names:  # float32 sums in another order: a few units in the last place of the largest
         scale = np.abs(maps[n]).max()
         assert np.abs(g[n] - maps[n]).max() <= 1e-5 * scale + 1e-30, n
+
+
+def test_kept_maps_read_only_where_written(tiny_factory):
+    """the tape's fused forward writes the kept scores (and, composed, the pattern
+    before the post-compose) only where the backward reads them: a tape whose
+    maps hold other values at the masked pairs (a forward through the maps with
+    its scores overridden by large values, then one at a shorter T, which lays
+    rows out at another stride) gives the same bits as a fresh tape"""
+    from dclens.tapes import Tape
+
+    d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, window_size=19)
+    m = dclens.load(d)
+    B = 2
+    rng = np.random.default_rng(41)
+    toks = rng.integers(0, 24, (B, T))
+    dl = rng.standard_normal((B, T, 24)).astype(np.float32)
+    wrt = [m.parse_hook("blocks.0.resid_pre")]
+    fresh = Tape(m, B, T)
+    fresh.forward(toks, logits=False)
+    want = fresh.backward(dl, None, wrt)[wrt[0]]
+    tp = Tape(m, B, T)
+    ov = {}
+    for l in range(cfg["n_layer"]):
+        p = m.parse_hook("blocks.%d.attn.scores" % l)
+        ov[p] = 1e4 * rng.standard_normal(tp._shape(p[0])).astype(np.float32)
+    tp.forward(toks, overrides=ov, logits=False)
+    tp.backward(dl, None, wrt)
+    tp.reshape(B, 30)
+    tp.forward(toks[:, :30], logits=False)
+    tp.backward(dl[:, :30], None, wrt)
+    tp.reshape(B, T)
+    tp.forward(toks, logits=False)
+    got = tp.backward(dl, None, wrt)[wrt[0]]
+    assert np.array_equal(got, want)

@@ -878,8 +878,9 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         return;
     }
     float *tmp = Sc + (size_t)N * TQ * Lmax;
-    /* the tape's maps (a full pass): A after the scores, P after the
-     * softmax (composed: before the post-compose), Pc at the end */
+    /* the tape's maps (a full pass): A after the scores (the block's keys
+     * only), P after the softmax (composed: before the post-compose, the
+     * allowed keys only), the pattern at the end (whole rows) */
     float *kA = a->keep[0], *kP = a->keep[1], *kPc = a->compose ? a->keep[2] : a->keep[1];
     for (long long it = begin; it < end; it++) {
         const int b = (int)(it / J->nblk);
@@ -893,9 +894,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         float *zb = a->z + ((size_t)b * T + r0) * ld;
         if (jmax < jmin) { /* no key for any row of the block */
             for (int r = 0; r < tq; r++) memset(zb + (size_t)r * ld, 0, sizeof(float) * (size_t)N * Dh);
-            for (int k = 0; k < 3; k++)
-                for (int n = 0; a->keep[k] && n < N; n++)
-                    for (int r = 0; r < tq; r++) keep_row(kept_at(a, a->keep[k], b, n, r0 + r), NULL, 0, 0, S);
+            for (int n = 0; kPc && n < N; n++) /* the pattern (A, and P before the post-compose: unread) */
+                for (int r = 0; r < tq; r++) keep_row(kept_at(a, kPc, b, n, r0 + r), NULL, 0, 0, S);
             continue;
         }
         const int L = jmax - jmin + 1;
@@ -907,7 +907,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale, qb + n * Dh, ld,
                         kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
         for (int n = 0; kA && n < N; n++)
-            for (int r = 0; r < tq; r++) keep_row(kept_at(a, kA, b, n, r0 + r), Sc + n * hs + (long long)r * L, jmin, L, S);
+            for (int r = 0; r < tq; r++)
+                memcpy(kept_at(a, kA, b, n, r0 + r) + jmin, Sc + n * hs + (long long)r * L, sizeof(float) * L);
         for (int r = 0; r < tq; r++) {
             int lo, hi;
             attn_keys(a, a->t0 + r0 + r, &lo, &hi);
@@ -925,7 +926,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                 if (ph == 0)
                     for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);
                 if (ph == 0 && kP && a->compose)
-                    for (int n = 0; n < N; n++) keep_row(kept_at(a, kP, b, n, r0 + r), row + n * hs + j0, lo, len, S);
+                    for (int n = 0; n < N; n++)
+                        memcpy(kept_at(a, kP, b, n, r0 + r) + lo, row + n * hs + j0, sizeof(float) * len);
             }
             for (int n = 0; n < N; n++) {
                 float *rn = row + n * hs;
@@ -934,8 +936,6 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                 for (int j = e; j < L; j++) rn[j] = 0.0f;
                 if (kPc) keep_row(kept_at(a, kPc, b, n, r0 + r), rn, jmin, L, S);
             }
-            if (a->compose && kP && len <= 0) /* no allowed key: P is 0 too */
-                for (int n = 0; n < N; n++) keep_row(kept_at(a, kP, b, n, r0 + r), NULL, 0, 0, S);
         }
         for (int n = 0; n < N; n++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, L, 1.0f, Sc + n * hs, L,

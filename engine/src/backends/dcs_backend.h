@@ -68,11 +68,13 @@ typedef struct {
  * ([B, T, R, N], [B, T, N] query side; [B, S, R, N], [B, S, N] key side,
  * NULL for query_wise); compose == 0: plain MHA (C = I).
  * keep (the tape, a full pass only: S = T, t0 = kb = 0; NULL entries
- * otherwise): the maps the backward reads, [B, N, T, T] each, written
- * whole: keep[0] the scores A (on the keys of the row's query block, 0 on
- * the others: the masked pairs nothing reads), keep[1] the pattern P,
- * keep[2] the composed pattern Pc (compose only), P and Pc 0 at masked
- * pairs, as the materialising path writes them. */
+ * otherwise): the maps the backward reads, [B, N, T, T] each: keep[0] the
+ * scores A on the keys of the row's query block at least, keep[1] the
+ * pattern P, keep[2] the composed pattern Pc (compose only). The pattern
+ * the products read (P, or Pc with compose) is written whole, 0 at masked
+ * pairs, as the materialising path writes it; A, and P with compose, only
+ * where the backward reads them (the allowed pairs, under its mask), the
+ * rest left as it was. */
 typedef struct {
     float *z;
     const float *q, *k, *v;
