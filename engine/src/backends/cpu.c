@@ -683,11 +683,47 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
 /* ------------------------------------------------------------ compose
  * (DCS_VEC, the per-ISA clones: see the row kernels above) */
 
+/* dcs_compose_row's rank-2 case (both sides, no branches) on blocks of
+ * DCS_KEY_PAD keys, the block's q0, q1, k0, k1 (dcs_compose_pre_r2) in
+ * registers across the source heads and the target heads (were arrays in
+ * tmp, loaded and stored per head): every element through the same
+ * operations in the same order (the sums over n, DCS_COMPOSE_POST_R2), so
+ * the same bits; the last L mod DCS_KEY_PAD keys through dcs_compose_row.
+ * out may alias a: a block's inputs are all read before its outputs. */
+DCS_VEC static int compose_blocks_r2(const float *a, float *out, long long hs, int L, int N, const float *qw1,
+                                     const float *qw2, const float *kw1t, const float *kw2t, long long ks,
+                                     const float *qdd, const float *kddt) {
+    const int KP = DCS_KEY_PAD, Lb = L / KP * KP;
+    const vkb zero = {0};
+    for (int j = 0; j < Lb; j += KP) {
+        vkb q0 = zero, q1 = zero, k0 = zero, k1 = zero;
+        for (int n = 0; n < N; n++) {
+            const vkb x = vld(a + n * hs + j);
+            q0 += x * qw1[n];
+            q1 += x * qw1[N + n];
+            k0 += x * vld(kw1t + n * ks + j);
+            k1 += x * vld(kw1t + (N + n) * ks + j);
+        }
+        for (int m = 0; m < N; m++) {
+            const vkb x = vld(a + m * hs + j);
+            vst(out + m * hs + j, DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, qw2[m], qw2[N + m], vld(kw2t + m * ks + j),
+                                                      vld(kw2t + (N + m) * ks + j), qdd[m], vld(kddt + m * ks + j),
+                                                      zero));
+        }
+    }
+    return Lb;
+}
+
 DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                                 const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
                                 long long ks, const float *qdd, const float *kddt, float *tmp,
                                 float *const *br) {
-    dcs_compose_row(a, out, hs, L, N, R, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, tmp, br);
+    int j = 0;
+    if (R == 2 && kw1t && kw2t && kddt && !br)
+        j = compose_blocks_r2(a, out, hs, L, N, qw1, qw2, kw1t, kw2t, ks, qdd, kddt);
+    if (j < L)
+        dcs_compose_row(a + j, out + j, hs, L - j, N, R, qw1, qw2, kw1t ? kw1t + j : NULL, kw2t ? kw2t + j : NULL,
+                        ks, qdd, kddt ? kddt + j : NULL, tmp, br);
 }
 
 /* Key-side dynamic weights [B, S, R, N] -> [B, R, N, S] (and gates

@@ -331,15 +331,7 @@ static inline void load_keys(float *x, const float *src, int S0, int S1, int s0,
 }
 
 
-/* A block of KB keys as one GCC/Clang vector (split into the clone's
- * widest registers: one zmm under avx512f); lane-wise IEEE arithmetic, the
- * same bits as the scalar loop in every clone (no contraction under
- * -std=c11). Loaded and stored through vkb_u (any float alignment; no
- * vector-returning helpers, whose ABI would differ between clones). */
-typedef float vkb __attribute__((vector_size(KB * sizeof(float))));
-typedef float vkb_u __attribute__((vector_size(KB * sizeof(float)), aligned(4), may_alias));
-#define vld(p) (*(const vkb_u *)(p))
-#define vst(p, v) (*(vkb_u *)(p) = (v))
+/* vkb: a block of KB keys as one vector (cpu_vec.h) */
 
 /* the lanes of *v summed in a fixed tree: lane j += lane j + w for w = KB/2,
  * ..., 1 (halves added until one is left), in registers: each step one
