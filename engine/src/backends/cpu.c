@@ -688,30 +688,41 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
  * registers across the source heads and the target heads (were arrays in
  * tmp, loaded and stored per head): every element through the same
  * operations in the same order (the sums over n, DCS_COMPOSE_POST_R2), so
- * the same bits; the last L mod DCS_KEY_PAD keys through dcs_compose_row.
- * out may alias a: a block's inputs are all read before its outputs. */
+ * the same bits. A last partial block runs as the block of the row's last
+ * DCS_KEY_PAD keys (overlapping the one before), computed first into `last`
+ * [N, DCS_KEY_PAD] and stored after the others, as out may alias a.
+ * Rows shorter than a block, or N > CB_MAX_N, are not taken: 0. */
+#define CB_MAX_N 64
+static inline __attribute__((always_inline)) void compose_block_r2(const float *a, float *out, long long hs, int j, int N, const float *qw1,
+                                    const float *qw2, const float *kw1t, const float *kw2t, long long ks,
+                                    const float *qdd, const float *kddt, long long os) {
+    const vkb zero = {0};
+    vkb q0 = zero, q1 = zero, k0 = zero, k1 = zero;
+    for (int n = 0; n < N; n++) {
+        const vkb x = vld(a + n * hs + j);
+        q0 += x * qw1[n];
+        q1 += x * qw1[N + n];
+        k0 += x * vld(kw1t + n * ks + j);
+        k1 += x * vld(kw1t + (N + n) * ks + j);
+    }
+    for (int m = 0; m < N; m++) {
+        const vkb x = vld(a + m * hs + j);
+        vst(out + m * os, DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, qw2[m], qw2[N + m], vld(kw2t + m * ks + j),
+                                              vld(kw2t + (N + m) * ks + j), qdd[m], vld(kddt + m * ks + j), zero));
+    }
+}
 DCS_VEC static int compose_blocks_r2(const float *a, float *out, long long hs, int L, int N, const float *qw1,
                                      const float *qw2, const float *kw1t, const float *kw2t, long long ks,
                                      const float *qdd, const float *kddt) {
     const int KP = DCS_KEY_PAD, Lb = L / KP * KP;
-    const vkb zero = {0};
-    for (int j = 0; j < Lb; j += KP) {
-        vkb q0 = zero, q1 = zero, k0 = zero, k1 = zero;
-        for (int n = 0; n < N; n++) {
-            const vkb x = vld(a + n * hs + j);
-            q0 += x * qw1[n];
-            q1 += x * qw1[N + n];
-            k0 += x * vld(kw1t + n * ks + j);
-            k1 += x * vld(kw1t + (N + n) * ks + j);
-        }
-        for (int m = 0; m < N; m++) {
-            const vkb x = vld(a + m * hs + j);
-            vst(out + m * hs + j, DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, qw2[m], qw2[N + m], vld(kw2t + m * ks + j),
-                                                      vld(kw2t + (N + m) * ks + j), qdd[m], vld(kddt + m * ks + j),
-                                                      zero));
-        }
-    }
-    return Lb;
+    if (L < KP || N > CB_MAX_N) return 0;
+    float last[CB_MAX_N * DCS_KEY_PAD];
+    if (Lb < L) compose_block_r2(a, last, hs, L - KP, N, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, KP);
+    for (int j = 0; j < Lb; j += KP)
+        compose_block_r2(a, out + j, hs, j, N, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, hs);
+    for (int m = 0; Lb < L && m < N; m++)
+        memcpy(out + m * hs + Lb, last + m * KP + (KP - (L - Lb)), sizeof(float) * (L - Lb));
+    return L;
 }
 
 DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
