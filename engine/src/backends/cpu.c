@@ -243,7 +243,8 @@ typedef struct {
 static void span_items(void *arg, long long b, long long e, int tid) {
     (void)tid;
     const span_job *j = arg;
-    const size_t o = (size_t)b * SPAN_PIECE, end = (size_t)e * SPAN_PIECE < j->n ? (size_t)e * SPAN_PIECE : j->n;
+    const size_t o = (size_t)b * SPAN_PIECE,
+                 end = (size_t)e * SPAN_PIECE < j->n ? (size_t)e * SPAN_PIECE : j->n;
     if (j->src)
         memcpy(j->dst + o, j->src + o, end - o);
     else
@@ -693,9 +694,10 @@ static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src
  * [N, DCS_KEY_PAD] and stored after the others, as out may alias a.
  * Rows shorter than a block, or N > CB_MAX_N, are not taken: 0. */
 #define CB_MAX_N 64
-static inline __attribute__((always_inline)) void compose_block_r2(const float *a, float *out, long long hs, int j, int N, const float *qw1,
-                                    const float *qw2, const float *kw1t, const float *kw2t, long long ks,
-                                    const float *qdd, const float *kddt, long long os) {
+static inline __attribute__((always_inline)) void
+compose_block_r2(const float *a, float *out, long long hs, int j, int N, const float *qw1, const float *qw2,
+                 const float *kw1t, const float *kw2t, long long ks, const float *qdd, const float *kddt,
+                 long long os) {
     const vkb zero = {0};
     vkb q0 = zero, q1 = zero, k0 = zero, k1 = zero;
     for (int n = 0; n < N; n++) {
@@ -707,8 +709,9 @@ static inline __attribute__((always_inline)) void compose_block_r2(const float *
     }
     for (int m = 0; m < N; m++) {
         const vkb x = vld(a + m * hs + j);
-        vst(out + m * os, DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, qw2[m], qw2[N + m], vld(kw2t + m * ks + j),
-                                              vld(kw2t + (N + m) * ks + j), qdd[m], vld(kddt + m * ks + j), zero));
+        vst(out + m * os,
+            DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, qw2[m], qw2[N + m], vld(kw2t + m * ks + j),
+                                vld(kw2t + (N + m) * ks + j), qdd[m], vld(kddt + m * ks + j), zero));
     }
 }
 DCS_VEC static int compose_blocks_r2(const float *a, float *out, long long hs, int L, int N, const float *qw1,
@@ -733,8 +736,8 @@ DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L,
     if (R == 2 && kw1t && kw2t && kddt && !br)
         j = compose_blocks_r2(a, out, hs, L, N, qw1, qw2, kw1t, kw2t, ks, qdd, kddt);
     if (j < L)
-        dcs_compose_row(a + j, out + j, hs, L - j, N, R, qw1, qw2, kw1t ? kw1t + j : NULL, kw2t ? kw2t + j : NULL,
-                        ks, qdd, kddt ? kddt + j : NULL, tmp, br);
+        dcs_compose_row(a + j, out + j, hs, L - j, N, R, qw1, qw2, kw1t ? kw1t + j : NULL,
+                        kw2t ? kw2t + j : NULL, ks, qdd, kddt ? kddt + j : NULL, tmp, br);
 }
 
 /* Key-side dynamic weights [B, S, R, N] -> [B, R, N, S] (and gates
@@ -955,7 +958,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                         kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
         for (int n = 0; kA && n < N; n++)
             for (int r = 0; r < tq; r++)
-                memcpy(kept_at(a, kA, b, n, r0 + r) + jmin, Sc + n * hs + (long long)r * L, sizeof(float) * L);
+                memcpy(kept_at(a, kA, b, n, r0 + r) + jmin, Sc + n * hs + (long long)r * L,
+                       sizeof(float) * L);
         for (int r = 0; r < tq; r++) {
             int lo, hi;
             attn_keys(a, a->t0 + r0 + r, &lo, &hi);

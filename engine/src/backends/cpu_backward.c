@@ -330,7 +330,6 @@ static inline void load_keys(float *x, const float *src, int S0, int S1, int s0,
     }
 }
 
-
 /* vkb: a block of KB keys as one vector (cpu_vec.h) */
 
 /* the lanes of *v summed in a fixed tree: lane j += lane j + w for w = KB/2,
@@ -719,23 +718,26 @@ static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
         memset(a->dk + sq, 0, sizeof(float) * (size_t)T * ld);
         for (int r0 = 0; r0 < T; r0 += ATB_TQ) {
             const int tq = r0 + ATB_TQ < T ? ATB_TQ : T - r0, r1 = r0 + tq - 1; /* <= atb_rows(T) */
-            const int Ja = first_key(r0, post->window) / KB * KB, Jb = key_stride(r1 + 1) < T ? key_stride(r1 + 1) : T;
+            const int Ja = first_key(r0, post->window) / KB * KB,
+                      Jb = key_stride(r1 + 1) < T ? key_stride(r1 + 1) : T;
             const int Lk = Jb - Ja;
             const float *dzb = a->dz + sq + (size_t)r0 * ld, *qb = a->q + sq + (size_t)r0 * ld;
             for (int n = 0; n < N; n++)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, Lk, Dh, 1.0f, dzb + n * Dh, ld,
                             a->v + sq + (size_t)Ja * ld + n * Dh, ld, 0.0f, dPc + n * blk + Ja, T);
             for (int r = 0; r < tq; r++)
-                fused_row(post, pre, b, r0 + r, dPc + (long long)r * T, blk, dA + (long long)r * T, blk, tmp, dP);
+                fused_row(post, pre, b, r0 + r, dPc + (long long)r * T, blk, dA + (long long)r * T, blk, tmp,
+                          dP);
             for (int n = 0; n < N; n++) {
                 const float *Pc = a->Pc + ((size_t)b * N + n) * TT + (size_t)r0 * T + Ja;
                 const size_t kn = sq + (size_t)Ja * ld + n * Dh;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, 1.0f, Pc, T, dzb + n * Dh, ld,
-                            1.0f, a->dv + kn, ld);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, Lk, a->scale, dA + n * blk + Ja,
-                            T, a->k + kn, ld, 0.0f, a->dq + sq + (size_t)r0 * ld + n * Dh, ld);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, a->scale, dA + n * blk + Ja, T,
-                            qb + n * Dh, ld, 1.0f, a->dk + kn, ld);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, 1.0f, Pc, T, dzb + n * Dh,
+                            ld, 1.0f, a->dv + kn, ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, Lk, a->scale,
+                            dA + n * blk + Ja, T, a->k + kn, ld, 0.0f, a->dq + sq + (size_t)r0 * ld + n * Dh,
+                            ld);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, a->scale, dA + n * blk + Ja,
+                            T, qb + n * Dh, ld, 1.0f, a->dk + kn, ld);
             }
         }
         rows_end_seq(post, b);
@@ -766,8 +768,9 @@ uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     const uint64_t rot = 2 * (uint64_t)s->T * (s->rot / 2 > 0 ? s->rot / 2 : 1);
     if (rot > n) n = rot;
     if (s->rows_kernel) {
-        const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) *
-                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T * (1 + atb_rows(s->T)));
+        const uint64_t cmp =
+            (uint64_t)(n_threads > 0 ? n_threads : 1) *
+            (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T * (1 + atb_rows(s->T)));
         if (cmp > n) n = cmp;
     }
     return n * sizeof(float);

@@ -231,7 +231,7 @@ DCS_HD_ROW void dcs_compose_pre_r2(const float *a, long long hs, int L, int N, c
  * q1, k0, k1 at j, the query's qw2 (v0, v1) and qdd (qd), the key's kw2
  * (c0, c1) and kdd (kd); zero: 0 of the operands' type. A macro, so the
  * CPU's blocks of keys (GCC vectors, cpu.c) run these operations too. */
-#define DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, v0, v1, c0, c1, qd, kd, zero)                                  \
+#define DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, v0, v1, c0, c1, qd, kd, zero)                                 \
     ((x) + (((zero) + (q0) * (v0)) + (q1) * (v1)) + (((zero) + (k0) * (c0)) + (k1) * (c1)) + (x) * (qd) +    \
      (x) * (kd))
 DCS_HD_ROW void dcs_compose_post_r2(const float *am, float *om, int L, const float *__restrict__ q0,
@@ -239,8 +239,8 @@ DCS_HD_ROW void dcs_compose_post_r2(const float *am, float *om, int L, const flo
                                     const float *__restrict__ k1, float v0, float v1,
                                     const float *__restrict__ c0, const float *__restrict__ c1, float qd,
                                     const float *__restrict__ kd) {
-    for (int j = 0; j < L; j++) om[j] = DCS_COMPOSE_POST_R2(am[j], q0[j], q1[j], k0[j], k1[j], v0, v1, c0[j], c1[j],
-                                                          qd, kd[j], 0.0f);
+    for (int j = 0; j < L; j++)
+        om[j] = DCS_COMPOSE_POST_R2(am[j], q0[j], q1[j], k0[j], k1[j], v0, v1, c0[j], c1[j], qd, kd[j], 0.0f);
 }
 
 DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
@@ -703,7 +703,8 @@ DCS_HD_ROW void dcs_rms_group_ss(float *ss, const float *x, long long ld, int wi
     if (width <= DCS_RMS_TW) {
         dcs_rms_group_T(t, x, ld, width, rows);
         for (int i = 0; i < width; i++)
-            for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] += t[i * DCS_RMS_GROUP + j] * t[i * DCS_RMS_GROUP + j];
+            for (int j = 0; j < DCS_RMS_GROUP; j++)
+                ss[j] += t[i * DCS_RMS_GROUP + j] * t[i * DCS_RMS_GROUP + j];
         return;
     }
     for (int i = 0; i < width; i++)

@@ -254,8 +254,8 @@ static int fused_supported(const dcs_model *m, int l) {
 
 /* z [M, N, Dh] (fused: no [B, N, T, S] tensor but the tape's kept maps,
  * kp; local layers touch their window only). */
-static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, const keys_view *kv,
-                            float *z, dcs_kept *kp) {
+static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, const keys_view *kv, float *z,
+                            dcs_kept *kp) {
     const dcs_config *c = &p->m->cfg;
     dcs_attn_args a;
     memset(&a, 0, sizeof a);
