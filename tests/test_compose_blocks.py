@@ -42,12 +42,72 @@ def test_compose_blocks_match_finite_differences(tiny_factory):
 
 
 def test_fused_maps_backward_same_bits(tiny_factory):
-    """the fused backward runs the unfused one's per-row arithmetic: the same bits"""
+    """the fused backward runs the unfused one's per-row arithmetic: the same bits
+    (layer 0's attention through the maps: its scores' gradient asked, so not by
+    query blocks, attention_bw)"""
     m, sd, cfg, toks, params = _setup(tiny_factory)
     names = params + ["layers.1.attention.dyn_w_proj.qkw", "tok_embeddings.weight"]
     for target in [("loss",), ("logprob", T - 1, 3)]:
-        fused = m.gradients(toks, target, names)
+        fused = m.gradients(toks, target, names + ["blocks.0.attn.scores"])
         for hook in ["blocks.0.attn.pattern", "blocks.0.attn.scores_composed", "blocks.0.attn.pre.kp"]:
-            unfused = m.gradients(toks, target, names + [hook])
+            unfused = m.gradients(toks, target, names + ["blocks.0.attn.scores", hook])
             for n in names:
                 assert np.array_equal(fused[n], unfused[n]), (hook, n)
+
+
+def test_attention_backward_by_query_blocks(tiny_factory):
+    """the attention backward by blocks of 32 query rows (attention_bw: the
+    gradient maps only in its scratch, dk and dv summed block by block), with a
+    block whose keys start past the first 16 (T 80, window 19: rows 64..79 see
+    keys from 45): against central differences of the float64 reference, within
+    float32 rounding of the path through the maps, and the same bits at 1, 2 and
+    3 threads"""
+    d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, window_size=19)
+    toks = np.random.default_rng(31).integers(0, 24, 80)
+    names = [n for n in sd if n.startswith("layers.0.attention.")] + ["tok_embeddings.weight"]
+    target = ("logprob", 79, 3)
+    by_threads = [dclens.load(d, n_threads=k).gradients(toks, target, names) for k in (1, 2, 3)]
+    g = by_threads[0]
+    for other in by_threads[1:]:
+        for n in names:
+            assert np.array_equal(g[n], other[n]), n
+    check_param_gradients(sd, cfg, toks, target, g, np.random.default_rng(31), names[:6], what="by blocks")
+    m = dclens.load(d)
+    maps = m.gradients(toks, target, names + ["blocks.%d.attn.scores" % l for l in range(cfg["n_layer"])])
+    for n in names:  # float32 sums in another order: a few units in the last place of the largest
+        scale = np.abs(maps[n]).max()
+        assert np.abs(g[n] - maps[n]).max() <= 1e-5 * scale + 1e-30, n
+
+
+def test_kept_maps_read_only_where_written(tiny_factory):
+    """the tape's fused forward writes the kept scores (and, composed, the pattern
+    before the post-compose) only where the backward reads them: a tape whose
+    maps hold other values at the masked pairs (a forward through the maps with
+    its scores overridden by large values, then one at a shorter T, which lays
+    rows out at another stride) gives the same bits as a fresh tape"""
+    from dclens.tapes import Tape
+
+    d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, window_size=19)
+    m = dclens.load(d)
+    B = 2
+    rng = np.random.default_rng(41)
+    toks = rng.integers(0, 24, (B, T))
+    dl = rng.standard_normal((B, T, 24)).astype(np.float32)
+    wrt = [m.parse_hook("blocks.0.resid_pre")]
+    fresh = Tape(m, B, T)
+    fresh.forward(toks, logits=False)
+    want = fresh.backward(dl, None, wrt)[wrt[0]]
+    tp = Tape(m, B, T)
+    ov = {}
+    for l in range(cfg["n_layer"]):
+        p = m.parse_hook("blocks.%d.attn.scores" % l)
+        ov[p] = 1e4 * rng.standard_normal(tp._shape(p[0])).astype(np.float32)
+    tp.forward(toks, overrides=ov, logits=False)
+    tp.backward(dl, None, wrt)
+    tp.reshape(B, 30)
+    tp.forward(toks[:, :30], logits=False)
+    tp.backward(dl[:, :30], None, wrt)
+    tp.reshape(B, T)
+    tp.forward(toks, logits=False)
+    got = tp.backward(dl, None, wrt)[wrt[0]]
+    assert np.array_equal(got, want)

@@ -229,9 +229,43 @@ static void cpu_free(dcs_backend *be, void *p) {
     (void)be;
     free(p);
 }
+/* A large copy or fill in pieces of SPAN_PIECE bytes on the pool (the
+ * tape's kept activations and gradient buffers: megabytes a call, which one
+ * core moves at a fraction of the memory's bandwidth); smaller ones, and
+ * overlapping copies (memmove), on the caller. */
+#define SPAN_PIECE (64 << 10)
+#define SPAN_MIN (1 << 20)
+typedef struct {
+    char *dst;
+    const char *src; /* NULL: fill with zeros */
+    size_t n;
+} span_job;
+static void span_items(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const span_job *j = arg;
+    const size_t o = (size_t)b * SPAN_PIECE,
+                 end = (size_t)e * SPAN_PIECE < j->n ? (size_t)e * SPAN_PIECE : j->n;
+    if (j->src)
+        memcpy(j->dst + o, j->src + o, end - o);
+    else
+        memset(j->dst + o, 0, end - o);
+}
+static void span_run(dcs_backend *be, void *dst, const void *src, size_t bytes) {
+    span_job j = {dst, src, bytes};
+    parallel_for(be, span_items, &j, (long long)((bytes + SPAN_PIECE - 1) / SPAN_PIECE), PAR_MIN);
+}
 static void cpu_copy(dcs_backend *be, void *dst, const void *src, size_t bytes) {
-    (void)be;
-    if (bytes) memmove(dst, src, bytes);
+    const char *d = dst, *s = src;
+    if (bytes >= SPAN_MIN && (d + bytes <= s || s + bytes <= d))
+        span_run(be, dst, src, bytes);
+    else if (bytes)
+        memmove(dst, src, bytes);
+}
+void cpu_zero(dcs_backend *be, void *p, size_t bytes) {
+    if (bytes >= SPAN_MIN)
+        span_run(be, p, NULL, bytes);
+    else if (bytes)
+        memset(p, 0, bytes);
 }
 static dcs_status cpu_sync(dcs_backend *be, dcs_err *e) {
     cpu_ctx *c = be->ctx;
@@ -586,13 +620,16 @@ typedef struct {
     const float *scale;
     float eps;
 } rms_args;
-static void rms_rows(void *arg, long long b, long long e, int tid) {
-    (void)tid;
-    const rms_args *a = arg;
+DCS_VEC static void rms_span(const rms_args *a, long long b, long long e) {
+    float t[DCS_RMS_GROUP * DCS_RMS_TW];
     for (long long r = b; r < e; r += DCS_RMS_GROUP) {
         const int n = e - r < DCS_RMS_GROUP ? (int)(e - r) : DCS_RMS_GROUP;
-        dcs_rms_rows(a->x + (size_t)r * a->ld, a->ld, a->width, n, a->scale, a->eps);
+        dcs_rms_rows(a->x + (size_t)r * a->ld, a->ld, a->width, n, a->scale, a->eps, t);
     }
+}
+static void rms_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    rms_span(arg, b, e);
 }
 static void cpu_rmsnorm(dcs_backend *be, float *x, int rows, int width, int ld, const float *scale,
                         float eps) {
@@ -633,18 +670,74 @@ static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, i
 static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int rows,
                        int cols) {
     (void)be;
-    for (int r = 0; r < rows; r++)
-        memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, sizeof(float) * cols);
+    if (cols <= 32) /* short rows (the dynamic weights' [R, N]): a loop, not a memcpy call per row */
+        for (int r = 0; r < rows; r++) {
+            float *d = dst + (size_t)r * ld_dst;
+            const float *s = src + (size_t)r * ld_src;
+            for (int c = 0; c < cols; c++) d[c] = s[c];
+        }
+    else
+        for (int r = 0; r < rows; r++)
+            memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, sizeof(float) * cols);
 }
 
 /* ------------------------------------------------------------ compose
  * (DCS_VEC, the per-ISA clones: see the row kernels above) */
 
+/* dcs_compose_row's rank-2 case (both sides, no branches) on blocks of
+ * DCS_KEY_PAD keys, the block's q0, q1, k0, k1 (dcs_compose_pre_r2) in
+ * registers across the source heads and the target heads (were arrays in
+ * tmp, loaded and stored per head): every element through the same
+ * operations in the same order (the sums over n, DCS_COMPOSE_POST_R2), so
+ * the same bits. A last partial block runs as the block of the row's last
+ * DCS_KEY_PAD keys (overlapping the one before), computed first into `last`
+ * [N, DCS_KEY_PAD] and stored after the others, as out may alias a.
+ * Rows shorter than a block, or N > CB_MAX_N, are not taken: 0. */
+#define CB_MAX_N 64
+static inline __attribute__((always_inline)) void
+compose_block_r2(const float *a, float *out, long long hs, int j, int N, const float *qw1, const float *qw2,
+                 const float *kw1t, const float *kw2t, long long ks, const float *qdd, const float *kddt,
+                 long long os) {
+    const vkb zero = {0};
+    vkb q0 = zero, q1 = zero, k0 = zero, k1 = zero;
+    for (int n = 0; n < N; n++) {
+        const vkb x = vld(a + n * hs + j);
+        q0 += x * qw1[n];
+        q1 += x * qw1[N + n];
+        k0 += x * vld(kw1t + n * ks + j);
+        k1 += x * vld(kw1t + (N + n) * ks + j);
+    }
+    for (int m = 0; m < N; m++) {
+        const vkb x = vld(a + m * hs + j);
+        vst(out + m * os,
+            DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, qw2[m], qw2[N + m], vld(kw2t + m * ks + j),
+                                vld(kw2t + (N + m) * ks + j), qdd[m], vld(kddt + m * ks + j), zero));
+    }
+}
+DCS_VEC static int compose_blocks_r2(const float *a, float *out, long long hs, int L, int N, const float *qw1,
+                                     const float *qw2, const float *kw1t, const float *kw2t, long long ks,
+                                     const float *qdd, const float *kddt) {
+    const int KP = DCS_KEY_PAD, Lb = L / KP * KP;
+    if (L < KP || N > CB_MAX_N) return 0;
+    float last[CB_MAX_N * DCS_KEY_PAD];
+    if (Lb < L) compose_block_r2(a, last, hs, L - KP, N, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, KP);
+    for (int j = 0; j < Lb; j += KP)
+        compose_block_r2(a, out + j, hs, j, N, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, hs);
+    for (int m = 0; Lb < L && m < N; m++)
+        memcpy(out + m * hs + Lb, last + m * KP + (KP - (L - Lb)), sizeof(float) * (L - Lb));
+    return L;
+}
+
 DCS_VEC static void compose_row(const float *a, float *out, long long hs, int L, int N, int R,
                                 const float *qw1, const float *qw2, const float *kw1t, const float *kw2t,
                                 long long ks, const float *qdd, const float *kddt, float *tmp,
                                 float *const *br) {
-    dcs_compose_row(a, out, hs, L, N, R, qw1, qw2, kw1t, kw2t, ks, qdd, kddt, tmp, br);
+    int j = 0;
+    if (R == 2 && kw1t && kw2t && kddt && !br)
+        j = compose_blocks_r2(a, out, hs, L, N, qw1, qw2, kw1t, kw2t, ks, qdd, kddt);
+    if (j < L)
+        dcs_compose_row(a + j, out + j, hs, L - j, N, R, qw1, qw2, kw1t ? kw1t + j : NULL,
+                        kw2t ? kw2t + j : NULL, ks, qdd, kddt ? kddt + j : NULL, tmp, br);
 }
 
 /* Key-side dynamic weights [B, S, R, N] -> [B, R, N, S] (and gates
@@ -809,6 +902,19 @@ static void attn_keys(const dcs_attn_args *a, int q, int *lo, int *hi) {
     *hi = h < a->S - 1 ? h : a->S - 1;
 }
 
+/* dst [S] = src [L] on the keys [j0, j0 + L), 0 on the others (a kept
+ * map's row, a->keep) */
+static void keep_row(float *dst, const float *src, int j0, int L, int S) {
+    memset(dst, 0, sizeof(float) * (size_t)j0);
+    memcpy(dst + j0, src, sizeof(float) * (size_t)L);
+    memset(dst + j0 + L, 0, sizeof(float) * (size_t)(S - j0 - L));
+}
+
+/* row r0 + r of sequence b, head n, in the kept map x [B, N, T, S] */
+static float *kept_at(const dcs_attn_args *a, float *x, int b, int n, int r) {
+    return x + (((size_t)b * a->N + n) * a->T + r) * a->S;
+}
+
 static void attn_items(void *arg, long long begin, long long end, int tid) {
     const attn_job *J = arg;
     const dcs_attn_args *a = J->a;
@@ -822,6 +928,10 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         return;
     }
     float *tmp = Sc + (size_t)N * TQ * Lmax;
+    /* the tape's maps (a full pass): A after the scores (the block's keys
+     * only), P after the softmax (composed: before the post-compose, the
+     * allowed keys only), the pattern at the end (whole rows) */
+    float *kA = a->keep[0], *kP = a->keep[1], *kPc = a->compose ? a->keep[2] : a->keep[1];
     for (long long it = begin; it < end; it++) {
         const int b = (int)(it / J->nblk);
         const int blk = J->nblk - 1 - (int)(it % J->nblk);
@@ -834,6 +944,8 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         float *zb = a->z + ((size_t)b * T + r0) * ld;
         if (jmax < jmin) { /* no key for any row of the block */
             for (int r = 0; r < tq; r++) memset(zb + (size_t)r * ld, 0, sizeof(float) * (size_t)N * Dh);
+            for (int n = 0; kPc && n < N; n++) /* the pattern (A, and P before the post-compose: unread) */
+                for (int r = 0; r < tq; r++) keep_row(kept_at(a, kPc, b, n, r0 + r), NULL, 0, 0, S);
             continue;
         }
         const int L = jmax - jmin + 1;
@@ -844,6 +956,10 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
         for (int n = 0; n < N; n++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale, qb + n * Dh, ld,
                         kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
+        for (int n = 0; kA && n < N; n++)
+            for (int r = 0; r < tq; r++)
+                memcpy(kept_at(a, kA, b, n, r0 + r) + jmin, Sc + n * hs + (long long)r * L,
+                       sizeof(float) * L);
         for (int r = 0; r < tq; r++) {
             int lo, hi;
             attn_keys(a, a->t0 + r0 + r, &lo, &hi);
@@ -860,12 +976,16 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                 }
                 if (ph == 0)
                     for (int n = 0; n < N; n++) softmax_span(row + n * hs + j0, len);
+                if (ph == 0 && kP && a->compose)
+                    for (int n = 0; n < N; n++)
+                        memcpy(kept_at(a, kP, b, n, r0 + r) + lo, row + n * hs + j0, sizeof(float) * len);
             }
             for (int n = 0; n < N; n++) {
                 float *rn = row + n * hs;
                 const int e = len > 0 ? j0 + len : 0;
                 for (int j = 0; j < (len > 0 ? j0 : 0); j++) rn[j] = 0.0f;
                 for (int j = e; j < L; j++) rn[j] = 0.0f;
+                if (kPc) keep_row(kept_at(a, kPc, b, n, r0 + r), rn, jmin, L, S);
             }
         }
         for (int n = 0; n < N; n++)
@@ -951,6 +1071,7 @@ static const dcs_backend_ops cpu_ops = {
     .xent_bw = cpu_xent_bw,
     .compose_bw = cpu_compose_bw,
     .compose_softmax_bw = cpu_compose_softmax_bw,
+    .attention_bw = cpu_attention_bw,
     .head_gate_bw = cpu_head_gate_bw,
     .moh_route_bw = cpu_moh_route_bw,
     .swiglu_bw = cpu_swiglu_bw,

@@ -16,17 +16,13 @@
 #include "cpu_vec.h"
 #include "dcs_math.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void par(dcs_backend *be, dcs_par_fn fn, void *arg, long long n, long long cost) {
     be->ops->parallel(be, fn, arg, n, cost);
-}
-
-void cpu_zero(dcs_backend *be, void *p, size_t bytes) {
-    (void)be;
-    if (bytes) memset(p, 0, bytes);
 }
 
 /* ---------------------------------------------------------------- element-wise */
@@ -57,12 +53,18 @@ void cpu_tanh_bw(dcs_backend *be, float *dx, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) dx[i] *= 1.0f - y[i] * y[i];
 }
 
+/* the masked softmax backward of one row (dcs_softmax_row_bw_lanes), in
+ * the per-ISA clones; the fused compose backward runs the same */
+DCS_VEC static void softmax_bw_row(float *d, const float *g, const float *p, int S, int t, int window) {
+    dcs_softmax_row_bw_lanes(d, g, p, S, t, window);
+}
+
 static void softmax_bw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     const ew_arg *a = p;
     for (long long r = b; r < e; r++) {
         const size_t o = (size_t)r * a->S;
-        dcs_softmax_row_bw(a->x + o, a->y + o, a->z + o, a->S, (int)(r % a->T), a->window);
+        softmax_bw_row(a->x + o, a->y + o, a->z + o, a->S, (int)(r % a->T), a->window);
     }
 }
 
@@ -146,17 +148,20 @@ typedef struct {
     int rows, width;
     float eps;
 } rmsbw_arg;
-static void rmsbw_rows(void *p, long long b, long long e, int tid) {
-    (void)tid;
-    const rmsbw_arg *a = p;
+DCS_VEC static void rmsbw_span(const rmsbw_arg *a, long long b, long long e) {
     const int W = a->width;
+    float t[2 * DCS_RMS_GROUP * DCS_RMS_TW];
     for (long long r = b; r < e; r += DCS_RMS_GROUP) {
         const int n = e - r < DCS_RMS_GROUP ? (int)(e - r) : DCS_RMS_GROUP;
         const size_t o = (size_t)r * W;
         float rs[DCS_RMS_GROUP];
-        dcs_rmsnorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->scale, a->eps, W, n, rs);
+        dcs_rmsnorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->scale, a->eps, W, n, rs, t);
         if (a->rs) memcpy(a->rs + r, rs, sizeof(float) * n);
     }
+}
+static void rmsbw_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    rmsbw_span(p, b, e);
 }
 static void rmsbw_cols(void *p, long long b, long long e, int tid) {
     (void)tid;
@@ -325,24 +330,28 @@ static inline void load_keys(float *x, const float *src, int S0, int S1, int s0,
     }
 }
 
-/* the lanes [KB] summed in a fixed tree: halves added until one is left */
-static inline float sum_lanes(const float *x) {
-    float h[KB];
-    for (int j = 0; j < KB; j++) h[j] = x[j];
-    for (int w = KB / 2; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) h[j] += h[j + w];
+/* vkb: a block of KB keys as one vector (cpu_vec.h) */
+
+/* the lanes of *v summed in a fixed tree: lane j += lane j + w for w = KB/2,
+ * ..., 1 (halves added until one is left), in registers: each step one
+ * shuffle and one add of the whole vector (the lanes past w unused) */
+#if KB != 16
+#error "sum_lanes shuffles 16 lanes"
+#endif
+#if defined(__clang__)
+#define VSHUF(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+typedef int vkb_i __attribute__((vector_size(KB * sizeof(int))));
+#define VSHUF(v, ...) __builtin_shuffle(v, (vkb_i){__VA_ARGS__})
+#endif
+static inline float sum_lanes(const vkb *v) {
+    vkb h = *v;
+    h += VSHUF(h, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+    h += VSHUF(h, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
+    h += VSHUF(h, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    h += VSHUF(h, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
     return h[0];
 }
-
-/* A block of KB keys as one GCC/Clang vector (split into the clone's
- * widest registers: one zmm under avx512f); lane-wise IEEE arithmetic, the
- * same bits as the scalar loop in every clone (no contraction under
- * -std=c11). Loaded and stored through vkb_u (any float alignment; no
- * vector-returning helpers, whose ABI would differ between clones). */
-typedef float vkb __attribute__((vector_size(KB * sizeof(float))));
-typedef float vkb_u __attribute__((vector_size(KB * sizeof(float)), aligned(4), may_alias));
-#define vld(p) (*(const vkb_u *)(p))
-#define vst(p, v) (*(vkb_u *)(p) = (v))
 
 /* Backward of plain DCMHA's compose for the query row (b, t) over the keys
  * [s0, s1): g = dOut rows (head stride sg), a the input's (sa). The row of
@@ -407,7 +416,7 @@ DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g,
             }
             vst(D + b, d);
         }
-        if (on & 8) dqdd[n] += sum_lanes((const float *)&pdd);
+        if (on & 8) dqdd[n] += sum_lanes(&pdd);
         for (int i = 0; i < R; i++) {
             const size_t o = (size_t)i * W, ok = ((size_t)i * N + n) * Tp + S0;
             const float *tq = gq + o, *q = qi + o, *tk = gk + o, *k = ki + o, w1 = qw1[i * N + n];
@@ -432,8 +441,8 @@ DCS_VEC static void compose_row_bw(const float *a, long long sa, const float *g,
                 vst(D + b, d);
             }
             if (on & 2) {
-                dqw1[i * N + n] += sum_lanes((const float *)&p1);
-                dqw2[i * N + n] += sum_lanes((const float *)&p2);
+                dqw1[i * N + n] += sum_lanes(&p1);
+                dqw2[i * N + n] += sum_lanes(&p2);
             }
         }
         float *dn = da + n * sd;
@@ -512,6 +521,21 @@ static void compose_bw_seqs(void *p, long long b_from, long long b_to, int tid) 
     free(tmp);
 }
 
+/* row (b, t) of the fused backward: the post phase from dPc's row g (head
+ * stride sg) into dP's row [N, T] (dP: then dAc's [N, T]), its masked
+ * softmax backward into dAc's, the pre phase from it into dA's row d (head
+ * stride sd) */
+static void fused_row(const dcs_compose_bw_args *post, const dcs_compose_bw_args *pre, long long b, int t,
+                      const float *g, long long sg, float *d, long long sd, float *tmp, float *dP) {
+    const int T = post->T, N = post->N;
+    const long long TT = (long long)T * T, o = b * N * TT + (long long)t * T;
+    float *dAc = dP + (size_t)N * T;
+    row_bw(post, b, t, post->in + o, TT, g, sg, dP, T, tmp);
+    for (int n = 0; n < N; n++)
+        softmax_bw_row(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t, post->window);
+    row_bw(pre, b, t, pre->in + o, TT, dAc, T, d, sd, tmp);
+}
+
 /* the fused backward, sequences [b_from, b_to): per row (b, t), the post
  * phase into dP's row [N, T], its masked softmax backward into dAc's, the
  * pre phase from it (each row in L1 instead of four passes over the maps) */
@@ -527,15 +551,11 @@ static void compose_softmax_bw_seqs(void *p, long long b_from, long long b_to, i
         ca->failed = 1;
         return;
     }
-    float *dP = tmp + nt, *dAc = dP + (size_t)N * T;
+    float *dP = tmp + nt;
     for (long long b = b_from; b < b_to; b++)
         for (int t = 0; t < T; t++) {
             const long long o = (long long)b * N * TT + (long long)t * T;
-            row_bw(post, b, t, post->in + o, TT, post->dOut + o, TT, dP, T, tmp);
-            for (int n = 0; n < N; n++)
-                dcs_softmax_row_bw(dAc + (size_t)n * T, dP + (size_t)n * T, post->in + o + n * TT, T, t,
-                                   post->window);
-            row_bw(pre, b, t, pre->in + o, TT, dAc, T, pre->dIn + o, TT, tmp);
+            fused_row(post, pre, b, t, post->dOut + o, TT, pre->dIn + o, TT, tmp, dP);
         }
     free(tmp);
 }
@@ -573,32 +593,41 @@ static int rows_ok(const dcs_compose_bw_args *a) {
     return a->qw1 && a->G == 1 && !a->sw && (!a->kw1 || a->scratch[0]);
 }
 
-/* before the row kernel: the phase's dynamic-weight gradients zeroed, its
- * key side transposed into the scratch ([B, C, key_stride(T)]) */
-static void rows_begin(const dcs_compose_bw_args *a) {
-    const int B = a->B, T = a->T, N = a->N, M = B * T;
-    const size_t RN = (size_t)a->R * N;
-    float *const dyn[3] = {a->dqw1, a->dqw2, a->dqdd};
-    for (int i = 0; i < 3; i++) memset(dyn[i], 0, sizeof(float) * (size_t)M * (i < 2 ? RN : (size_t)N));
+/* before the row kernel, for sequence b: the phase's dynamic-weight
+ * gradients zeroed, its key side transposed into the scratch ([B, C,
+ * key_stride(T)]) */
+static void rows_begin_seq(const dcs_compose_bw_args *a, long long b) {
+    const int T = a->T, N = a->N, Tp = key_stride(T);
+    const size_t RN = (size_t)a->R * N, rows = (size_t)b * T;
+    memset(a->dqw1 + rows * RN, 0, sizeof(float) * T * RN);
+    memset(a->dqw2 + rows * RN, 0, sizeof(float) * T * RN);
+    memset(a->dqdd + rows * N, 0, sizeof(float) * T * N);
     if (a->kw1) {
-        to_keys_T(a->scratch[0], a->kw1, B, T, (int)RN);
-        to_keys_T(a->scratch[1], a->kw2, B, T, (int)RN);
-        to_keys_T(a->scratch[2], a->kdd, B, T, N);
-        for (int i = 0; i < 3; i++)
-            memset(a->scratch[3 + i], 0,
-                   sizeof(float) * B * (size_t)key_stride(T) * (i < 2 ? RN : (size_t)N));
+        to_keys_T(a->scratch[0] + b * RN * Tp, a->kw1 + rows * RN, 1, T, (int)RN);
+        to_keys_T(a->scratch[1] + b * RN * Tp, a->kw2 + rows * RN, 1, T, (int)RN);
+        to_keys_T(a->scratch[2] + b * N * Tp, a->kdd + rows * N, 1, T, N);
+        memset(a->scratch[3] + b * RN * Tp, 0, sizeof(float) * Tp * RN);
+        memset(a->scratch[4] + b * RN * Tp, 0, sizeof(float) * Tp * RN);
+        memset(a->scratch[5] + b * N * Tp, 0, sizeof(float) * Tp * N);
     }
 }
 
-/* after it: the key side's gradients back from the scratch */
-static void rows_end(const dcs_compose_bw_args *a) {
-    const int B = a->B, T = a->T, N = a->N;
-    const int RN = a->R * N;
+/* after it: the key side's gradients of sequence b back from the scratch */
+static void rows_end_seq(const dcs_compose_bw_args *a, long long b) {
+    const int T = a->T, N = a->N, Tp = key_stride(T);
+    const size_t RN = (size_t)a->R * N, rows = (size_t)b * T;
     if (a->kw1) {
-        from_keys_T(a->dkw1, a->scratch[3], B, T, RN);
-        from_keys_T(a->dkw2, a->scratch[4], B, T, RN);
-        from_keys_T(a->dkdd, a->scratch[5], B, T, N);
+        from_keys_T(a->dkw1 + rows * RN, a->scratch[3] + b * RN * Tp, 1, T, (int)RN);
+        from_keys_T(a->dkw2 + rows * RN, a->scratch[4] + b * RN * Tp, 1, T, (int)RN);
+        from_keys_T(a->dkdd + rows * N, a->scratch[5] + b * N * Tp, 1, T, N);
     }
+}
+
+static void rows_begin(const dcs_compose_bw_args *a) {
+    for (long long b = 0; b < a->B; b++) rows_begin_seq(a, b);
+}
+static void rows_end(const dcs_compose_bw_args *a) {
+    for (long long b = 0; b < a->B; b++) rows_end_seq(a, b);
 }
 
 /* Plain DCMHA by query rows on the pool (compose_row_bw; dIn: every row
@@ -641,21 +670,107 @@ void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post,
     cpu_compose_bw(be, pre);
 }
 
+/* ---------------------------------------------------------------- attention
+ * cpu_attention_bw: per sequence (the pool's items: its key side
+ * transposed, its dynamic-weight gradients zeroed and at the end moved back
+ * on its thread, rows_begin_seq / rows_end_seq), per block of ATB_TQ
+ * query rows [r0, r1] in order, over the keys [Ja, Jb) the block's rows
+ * reach (their first allowed key rounded down to KB, their last + 1 up to
+ * KB, at most T), per head n (cblas_sgemm; the BLAS runs one thread):
+ *   dPc [N, tq, T] = dz_blk v[Ja:Jb]^T     (scratch, keys [Ja, Jb))
+ *   rows: fused_row -> dA [N, tq, T]       (scratch, every key written)
+ *   dv[Ja:Jb] += Pc_blk^T dz_blk           (dv, dk of the sequence zeroed
+ *   dq_blk = s dA k[Ja:Jb]                  before its first block)
+ *   dk[Ja:Jb] += s dA^T q_blk
+ * so the gradient maps never leave the cache. A function of the shape
+ * alone (blocks, key ranges, order of the sums), so the same bits at any
+ * thread count. The keys of [Ja, Jb) outside a row's allowed ones: dPc
+ * there is read only under the row kernel's mask, dA there is exactly 0. */
+#define ATB_TQ 32
+
+/* the rows of a block's scratch: ATB_TQ, or T when shorter */
+static int atb_rows(int T) { return T < ATB_TQ ? T : ATB_TQ; }
+
+typedef struct {
+    const dcs_attn_bw_args *a;
+    volatile int failed;
+} ab_arg;
+
+static void attn_bw_seqs(void *p, long long b_from, long long b_to, int tid) {
+    (void)tid;
+    ab_arg *ab = p;
+    const dcs_attn_bw_args *a = ab->a;
+    const dcs_compose_bw_args *post = a->post, *pre = a->pre;
+    const int T = post->T, N = post->N, Dh = a->Dh, ld = a->ld;
+    const long long TT = (long long)T * T, blk = (long long)atb_rows(T) * T;
+    const size_t nt = row_tmp_floats(N, post->R > pre->R ? post->R : pre->R, T);
+    float *tmp = malloc(sizeof(float) * (nt + 2 * (size_t)N * T + 2 * (size_t)N * blk));
+    if (!tmp) {
+        ab->failed = 1;
+        return;
+    }
+    float *dP = tmp + nt, *dPc = dP + 2 * (size_t)N * T, *dA = dPc + (size_t)N * blk;
+    for (long long b = b_from; b < b_to; b++) {
+        const size_t sq = (size_t)b * T * ld; /* the sequence's first row */
+        rows_begin_seq(post, b);
+        rows_begin_seq(pre, b);
+        memset(a->dv + sq, 0, sizeof(float) * (size_t)T * ld);
+        memset(a->dk + sq, 0, sizeof(float) * (size_t)T * ld);
+        for (int r0 = 0; r0 < T; r0 += ATB_TQ) {
+            const int tq = r0 + ATB_TQ < T ? ATB_TQ : T - r0, r1 = r0 + tq - 1; /* <= atb_rows(T) */
+            const int Ja = first_key(r0, post->window) / KB * KB,
+                      Jb = key_stride(r1 + 1) < T ? key_stride(r1 + 1) : T;
+            const int Lk = Jb - Ja;
+            const float *dzb = a->dz + sq + (size_t)r0 * ld, *qb = a->q + sq + (size_t)r0 * ld;
+            for (int n = 0; n < N; n++)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, Lk, Dh, 1.0f, dzb + n * Dh, ld,
+                            a->v + sq + (size_t)Ja * ld + n * Dh, ld, 0.0f, dPc + n * blk + Ja, T);
+            for (int r = 0; r < tq; r++)
+                fused_row(post, pre, b, r0 + r, dPc + (long long)r * T, blk, dA + (long long)r * T, blk, tmp,
+                          dP);
+            for (int n = 0; n < N; n++) {
+                const float *Pc = a->Pc + ((size_t)b * N + n) * TT + (size_t)r0 * T + Ja;
+                const size_t kn = sq + (size_t)Ja * ld + n * Dh;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, 1.0f, Pc, T, dzb + n * Dh,
+                            ld, 1.0f, a->dv + kn, ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, Lk, a->scale,
+                            dA + n * blk + Ja, T, a->k + kn, ld, 0.0f, a->dq + sq + (size_t)r0 * ld + n * Dh,
+                            ld);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, Dh, tq, a->scale, dA + n * blk + Ja,
+                            T, qb + n * Dh, ld, 1.0f, a->dk + kn, ld);
+            }
+        }
+        rows_end_seq(post, b);
+        rows_end_seq(pre, b);
+    }
+    free(tmp);
+}
+
+int cpu_attention_bw(dcs_backend *be, const dcs_attn_bw_args *a) {
+    const dcs_compose_bw_args *post = a->post, *pre = a->pre;
+    const int B = post->B, T = post->T, N = post->N;
+    ab_arg ab = {a, 0};
+    par(be, attn_bw_seqs, &ab, B, (long long)T * T * N * (post->R + pre->R + a->Dh) * 4);
+    return ab.failed; /* no scratch for a chunk: the caller's unfused path overwrites it all */
+}
+
 /* ---------------------------------------------------------------- scratch */
 
 /* The largest malloc one backward operation above makes for a tape of
  * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
  * (cos, sin), or compose_bw's row kernel's [2N + 4R + 1, key_stride(T)] per
- * chunk (with the fused backward's rows of dP and dAc [2, N, T]), one
- * chunk per thread at a time. */
+ * chunk (with the fused backward's rows of dP and dAc [2, N, T], and
+ * attention_bw's blocks of dPc and dA [2, N, min(ATB_TQ, T), T]), one chunk per
+ * thread at a time. */
 uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     const uint64_t M = (uint64_t)s->B * s->T;
     uint64_t n = 2 * M;
     const uint64_t rot = 2 * (uint64_t)s->T * (s->rot / 2 > 0 ? s->rot / 2 : 1);
     if (rot > n) n = rot;
     if (s->rows_kernel) {
-        const uint64_t cmp = (uint64_t)(n_threads > 0 ? n_threads : 1) *
-                             (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T);
+        const uint64_t cmp =
+            (uint64_t)(n_threads > 0 ? n_threads : 1) *
+            (row_tmp_floats(s->N, s->R, s->T) + 2 * (uint64_t)s->N * s->T * (1 + atb_rows(s->T)));
         if (cmp > n) n = cmp;
     }
     return n * sizeof(float);

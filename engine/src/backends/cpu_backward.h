@@ -7,7 +7,7 @@
 
 #include "dcs_backend.h"
 
-void cpu_zero(dcs_backend *be, void *p, size_t bytes);
+void cpu_zero(dcs_backend *be, void *p, size_t bytes); /* cpu.c: on the pool when large */
 void cpu_gelu_bw(dcs_backend *be, float *dx, const float *dy, const float *x, size_t n);
 void cpu_tanh_bw(dcs_backend *be, float *dx, const float *y, size_t n);
 void cpu_softmax_bw(dcs_backend *be, float *dA, const float *dP, const float *P, int BN, int T, int S,
@@ -24,6 +24,7 @@ void cpu_xent_bw(dcs_backend *be, float *dlogits, double *loss_host, const float
                  const int32_t *targets_host, int M, int V, float inv);
 void cpu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a);
 void cpu_compose_softmax_bw(dcs_backend *be, const dcs_compose_bw_args *post, const dcs_compose_bw_args *pre);
+int cpu_attention_bw(dcs_backend *be, const dcs_attn_bw_args *a);
 void cpu_head_gate_bw(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate, int M,
                       int N, int Dh);
 void cpu_moh_route_bw(dcs_backend *be, float *dlg, float *ds1, float *ds0, const float *dg, const float *lg,

@@ -586,6 +586,7 @@ static const dcs_backend_ops cuda_ops = {
     .xent_bw = cu_xent_bw,
     .compose_bw = cu_compose_bw,
     .compose_softmax_bw = NULL, /* the tape runs the three */
+    .attention_bw = NULL,       /* the tape runs the per-head products */
     .head_gate_bw = cu_head_gate_bw,
     .moh_route_bw = cu_moh_route_bw,
     .swiglu_bw = cu_swiglu_bw,

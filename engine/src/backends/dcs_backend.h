@@ -66,7 +66,15 @@ typedef struct {
  * t is at position t0 + t, key s at kb + s (a full pass: S = T, t0 = kb =
  * 0). Dynamic weights per phase (0 pre, 1 post) as in dcs_compose_args
  * ([B, T, R, N], [B, T, N] query side; [B, S, R, N], [B, S, N] key side,
- * NULL for query_wise); compose == 0: plain MHA (C = I). */
+ * NULL for query_wise); compose == 0: plain MHA (C = I).
+ * keep (the tape, a full pass only: S = T, t0 = kb = 0; NULL entries
+ * otherwise): the maps the backward reads, [B, N, T, T] each: keep[0] the
+ * scores A on the keys of the row's query block at least, keep[1] the
+ * pattern P, keep[2] the composed pattern Pc (compose only). The pattern
+ * the products read (P, or Pc with compose) is written whole, 0 at masked
+ * pairs, as the materialising path writes it; A, and P with compose, only
+ * where the backward reads them (the allowed pairs, under its mask), the
+ * rest left as it was. */
 typedef struct {
     float *z;
     const float *q, *k, *v;
@@ -75,6 +83,7 @@ typedef struct {
     float scale; /* 1 / sqrt(Dh)                             */
     int compose;
     const float *qw1[2], *qw2[2], *qdd[2], *kw1[2], *kw2[2], *kdd[2];
+    float *keep[3]; /* A, P, Pc [B, N, T, T] or NULL          */
 } dcs_attn_args;
 
 /* Arguments of the compose backward (one phase, model-spec 2.6 and 5), over
@@ -98,6 +107,21 @@ typedef struct {
     int window;
     unsigned on;
 } dcs_compose_bw_args;
+
+/* Arguments of the fused attention backward (ops->attention_bw) of a full
+ * pass of plain DCMHA: from dz to dq, dk, dv through both compose phases
+ * and the masked softmax, with the maps the forward kept (post->in = P,
+ * pre->in = A, Pc) and the phases' dynamic weights and their gradients
+ * (written) as in compose_softmax_bw; post->dOut, post->dIn, pre->dOut and
+ * pre->dIn are not used (no [B, N, T, T] gradient map is written).
+ * dz, q, k, v, dq, dk, dv [B, T, N, Dh] with row stride ld. */
+typedef struct {
+    const dcs_compose_bw_args *post, *pre;
+    const float *dz, *q, *k, *v, *Pc;
+    float *dq, *dk, *dv;
+    int Dh, ld;
+    float scale; /* 1 / sqrt(Dh) */
+} dcs_attn_bw_args;
 
 /* The shapes the backward's scratch depends on (ops->bw_scratch): a tape
  * of B sequences of T tokens, width D, N heads, dynamic rank R, `rot`
@@ -165,7 +189,8 @@ typedef struct dcs_backend_ops {
                    float beta, float *C, int ldc);
     /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
     void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M, int D);
-    /* Fused attention (see dcs_attn_args); NULL: the graph uses the full path. */
+    /* Fused attention (see dcs_attn_args); NULL: the graph uses the full
+     * path. A backend that has it writes the tape's maps (keep) too. */
     void (*attention)(dcs_backend *be, const dcs_attn_args *a);
     /* MoH routing scores (model-spec 5), per row m < M: g [M, N] from the
      * router logits [M, N - hs], the shared-head logits s1 [M, hs] (NULL
@@ -228,6 +253,12 @@ typedef struct dcs_backend_ops {
      * bits; dP and dAc are scratch, their contents unspecified after */
     void (*compose_softmax_bw)(dcs_backend *be, const dcs_compose_bw_args *post,
                                const dcs_compose_bw_args *pre);
+    /* optional (NULL: the tape runs the per-head products around
+     * compose_softmax_bw): the attention backward of dcs_attn_bw_args, by
+     * blocks of query rows whose gradient maps stay in cache; 0 when done,
+     * else (no scratch) the caller runs its unfused path, which writes
+     * every output again */
+    int (*attention_bw)(dcs_backend *be, const dcs_attn_bw_args *a);
     /* MoH: dz [M, N, Dh] *= gate [M, N] (becomes d zpre); dgate = <dz, zpre> */
     void (*head_gate_bw)(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate,
                          int M, int N, int Dh);

@@ -227,20 +227,20 @@ DCS_HD_ROW void dcs_compose_pre_r2(const float *a, long long hs, int L, int N, c
         }
     }
 }
+/* One output of the rank-2 post step from x = a[m, j], the pre step's q0,
+ * q1, k0, k1 at j, the query's qw2 (v0, v1) and qdd (qd), the key's kw2
+ * (c0, c1) and kdd (kd); zero: 0 of the operands' type. A macro, so the
+ * CPU's blocks of keys (GCC vectors, cpu.c) run these operations too. */
+#define DCS_COMPOSE_POST_R2(x, q0, q1, k0, k1, v0, v1, c0, c1, qd, kd, zero)                                 \
+    ((x) + (((zero) + (q0) * (v0)) + (q1) * (v1)) + (((zero) + (k0) * (c0)) + (k1) * (c1)) + (x) * (qd) +    \
+     (x) * (kd))
 DCS_HD_ROW void dcs_compose_post_r2(const float *am, float *om, int L, const float *__restrict__ q0,
                                     const float *__restrict__ q1, const float *__restrict__ k0,
                                     const float *__restrict__ k1, float v0, float v1,
                                     const float *__restrict__ c0, const float *__restrict__ c1, float qd,
                                     const float *__restrict__ kd) {
-    for (int j = 0; j < L; j++) {
-        float qp = 0.0f, kp = 0.0f;
-        qp += q0[j] * v0;
-        qp += q1[j] * v1;
-        kp += k0[j] * c0[j];
-        kp += k1[j] * c1[j];
-        const float x = am[j];
-        om[j] = x + qp + kp + x * qd + x * kd[j];
-    }
+    for (int j = 0; j < L; j++)
+        om[j] = DCS_COMPOSE_POST_R2(am[j], q0[j], q1[j], k0[j], k1[j], v0, v1, c0[j], c1[j], qd, kd[j], 0.0f);
 }
 
 DCS_HD_ROW void dcs_compose_row(const float *a, float *out, long long hs, int L, int N, int R,
@@ -686,51 +686,86 @@ DCS_HD void dcs_rmsnorm_row_bw(float *dx, const float *dy, const float *x, const
     for (int i = 0; i < width; i++) dx[i] += dcs_rmsnorm_dx(dy[i], scale ? scale[i] : 1.0f, x[i], rs, dot);
 }
 
-/* The forward RMS norm of `rows` <= DCS_RMS_GROUP rows (stride ld) in
- * place: x = x / rms(x) * scale (scale NULL: 1), each row's sum of squares
- * in its own order (dcs_rms_row_inv's bits), the rows' chains interleaved. */
-#define DCS_RMS_GROUP 8
-DCS_HD void dcs_rms_rows(float *x, long long ld, int width, int rows, const float *scale, float eps) {
-    float ss[DCS_RMS_GROUP];
+/* Rows of a group side by side: t [width, DCS_RMS_GROUP] = x [rows, width]
+ * (row stride ld) transposed, the lanes past `rows` 0, so each row's sums
+ * over i run in their own order as one lane of a vector (rows of up to
+ * DCS_RMS_TW: the qk-norm's head dim, the dynamic weights' heads). */
+#define DCS_RMS_GROUP 16
+#define DCS_RMS_TW 64
+DCS_HD_ROW void dcs_rms_group_T(float *t, const float *x, long long ld, int width, int rows) {
+    for (int i = 0; i < width; i++)
+        for (int j = 0; j < DCS_RMS_GROUP; j++) t[i * DCS_RMS_GROUP + j] = j < rows ? x[j * ld + i] : 0.0f;
+}
+
+/* ss [DCS_RMS_GROUP] = each row's sum of squares (dcs_rms_row_inv's order) */
+DCS_HD_ROW void dcs_rms_group_ss(float *ss, const float *x, long long ld, int width, int rows, float *t) {
     for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] = 0.0f;
+    if (width <= DCS_RMS_TW) {
+        dcs_rms_group_T(t, x, ld, width, rows);
+        for (int i = 0; i < width; i++)
+            for (int j = 0; j < DCS_RMS_GROUP; j++)
+                ss[j] += t[i * DCS_RMS_GROUP + j] * t[i * DCS_RMS_GROUP + j];
+        return;
+    }
     for (int i = 0; i < width; i++)
         for (int j = 0; j < rows; j++) {
             const float v = x[j * ld + i];
             ss[j] += v * v;
         }
+}
+
+/* The forward RMS norm of `rows` <= DCS_RMS_GROUP rows (stride ld) in
+ * place: x = x / rms(x) * scale (scale NULL: 1), each row's sum of squares
+ * in its own order (dcs_rms_row_inv's bits), the rows' chains side by side;
+ * t: DCS_RMS_GROUP * DCS_RMS_TW floats of scratch. */
+DCS_HD_ROW void dcs_rms_rows(float *x, long long ld, int width, int rows, const float *scale, float eps,
+                             float *t) {
+    float ss[DCS_RMS_GROUP];
+    dcs_rms_group_ss(ss, x, ld, width, rows, t);
     for (int j = 0; j < rows; j++) {
         const float inv = dcs_rms_inv(ss[j], width, eps);
         float *v = x + j * ld;
-        for (int i = 0; i < width; i++) v[i] = v[i] * inv * (scale ? scale[i] : 1.0f);
+        if (scale)
+            for (int i = 0; i < width; i++) v[i] = v[i] * inv * scale[i];
+        else
+            for (int i = 0; i < width; i++) v[i] = v[i] * inv * 1.0f;
     }
 }
 
 /* dcs_rms_row_inv and dcs_rmsnorm_row_bw of `rows` <= DCS_RMS_GROUP rows
  * (stride width) together: each row's sums in its own order (the same
- * bits), the rows' dependency chains interleaved; rs [rows] written. */
-DCS_HD void dcs_rmsnorm_rows_bw(float *dx, const float *dy, const float *x, const float *scale, float eps,
-                                int width, int rows, float *rs) {
-    float ss[DCS_RMS_GROUP], dot[DCS_RMS_GROUP];
-    for (int j = 0; j < DCS_RMS_GROUP; j++) ss[j] = 0.0f, dot[j] = 0.0f;
-    for (int i = 0; i < width; i++)
-        for (int j = 0; j < rows; j++) {
-            const float v = x[(size_t)j * width + i];
-            ss[j] += v * v;
+ * bits), the rows side by side; rs [rows] written; t: 2 * DCS_RMS_GROUP *
+ * DCS_RMS_TW floats of scratch. */
+DCS_HD_ROW void dcs_rmsnorm_rows_bw(float *dx, const float *dy, const float *x, const float *scale, float eps,
+                                    int width, int rows, float *rs, float *t) {
+    float ss[DCS_RMS_GROUP], dot[DCS_RMS_GROUP], r[DCS_RMS_GROUP];
+    dcs_rms_group_ss(ss, x, width, width, rows, t);
+    for (int j = 0; j < DCS_RMS_GROUP; j++) r[j] = dcs_rms_inv(ss[j], width, eps), dot[j] = 0.0f;
+    for (int j = 0; j < rows; j++) rs[j] = r[j];
+    if (width <= DCS_RMS_TW) { /* t holds x transposed */
+        float *g = t + DCS_RMS_GROUP * DCS_RMS_TW;
+        dcs_rms_group_T(g, dy, width, width, rows);
+        for (int i = 0; i < width; i++) {
+            const float s = scale ? scale[i] : 1.0f;
+            const float *xi = t + i * DCS_RMS_GROUP, *gi = g + i * DCS_RMS_GROUP;
+            for (int j = 0; j < DCS_RMS_GROUP; j++) dot[j] += dcs_rmsnorm_dot_term(gi[j], s, xi[j], r[j]);
         }
-    for (int j = 0; j < rows; j++) rs[j] = dcs_rms_inv(ss[j], width, eps);
-    for (int i = 0; i < width; i++) {
-        const float s = scale ? scale[i] : 1.0f;
-        for (int j = 0; j < rows; j++) {
-            const size_t o = (size_t)j * width + i;
-            dot[j] += dcs_rmsnorm_dot_term(dy[o], s, x[o], rs[j]);
+    } else
+        for (int i = 0; i < width; i++) {
+            const float s = scale ? scale[i] : 1.0f;
+            for (int j = 0; j < rows; j++) {
+                const size_t o = (size_t)j * width + i;
+                dot[j] += dcs_rmsnorm_dot_term(dy[o], s, x[o], r[j]);
+            }
         }
-    }
     for (int j = 0; j < rows; j++) {
         const float mean = dot[j] / (float)width;
-        for (int i = 0; i < width; i++) {
-            const size_t o = (size_t)j * width + i;
-            dx[o] += dcs_rmsnorm_dx(dy[o], scale ? scale[i] : 1.0f, x[o], rs[j], mean);
-        }
+        float *dxj = dx + (size_t)j * width;
+        const float *dyj = dy + (size_t)j * width, *xj = x + (size_t)j * width;
+        if (scale)
+            for (int i = 0; i < width; i++) dxj[i] += dcs_rmsnorm_dx(dyj[i], scale[i], xj[i], r[j], mean);
+        else
+            for (int i = 0; i < width; i++) dxj[i] += dcs_rmsnorm_dx(dyj[i], 1.0f, xj[i], r[j], mean);
     }
 }
 
@@ -741,6 +776,30 @@ DCS_HD void dcs_softmax_row_bw(float *d, const float *g, const float *p, int S, 
     for (int s = 0; s < S; s++)
         if (dcs_allowed(t, s, window)) dot += p[s] * g[s];
     for (int s = 0; s < S; s++) d[s] = dcs_allowed(t, s, window) ? p[s] * (g[s] - dot) : 0.0f;
+}
+
+/* The same over the allowed span only, the CPU's form: the dot in
+ * DCS_LANES interleaved partial sums (lane k: the allowed keys lo + k mod
+ * DCS_LANES, in order) combined in lane order, as dcs_softmax_span sums
+ * (so its loops vectorise; another order of terms than
+ * dcs_softmax_row_bw's, fixed); d 0 outside the span. */
+DCS_HD_ROW void dcs_softmax_row_bw_lanes(float *d, const float *g, const float *p, int S, int t, int window) {
+    const int lo = window > 0 && t - window > 0 ? t - window : 0, hi = t < S - 1 ? t : S - 1;
+    for (int s = 0; s < lo && s < S; s++) d[s] = 0.0f;
+    for (int s = hi + 1 > lo ? hi + 1 : lo; s < S; s++) d[s] = 0.0f;
+    const int len = hi - lo + 1;
+    if (len <= 0) return;
+    const float *pl = p + lo, *gl = g + lo;
+    float acc[DCS_LANES];
+    for (int k = 0; k < DCS_LANES; k++) acc[k] = 0.0f;
+    int s = 0;
+    for (; s + DCS_LANES <= len; s += DCS_LANES)
+        for (int k = 0; k < DCS_LANES; k++) acc[k] += pl[s + k] * gl[s + k];
+    for (int k = 0; s + k < len; k++) acc[k] += pl[s + k] * gl[s + k];
+    float dot = acc[0];
+    for (int k = 1; k < DCS_LANES; k++) dot += acc[k];
+    float *dl = d + lo;
+    for (s = 0; s < len; s++) dl[s] = pl[s] * (gl[s] - dot);
 }
 
 /* Unmasked softmax backward of one row in place: dg [E] = g (dg - <g, dg>),

@@ -252,10 +252,10 @@ static int fused_supported(const dcs_model *m, int l) {
     return c->dyn_slots == 4 || (c->dyn_slots == 2 && c->query_wise);
 }
 
-/* z [M, N, Dh] (fused: no [B, N, T, S] tensor; local layers touch their
- * window only). */
-static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, const keys_view *kv,
-                            float *z) {
+/* z [M, N, Dh] (fused: no [B, N, T, S] tensor but the tape's kept maps,
+ * kp; local layers touch their window only). */
+static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, const keys_view *kv, float *z,
+                            dcs_kept *kp) {
     const dcs_config *c = &p->m->cfg;
     dcs_attn_args a;
     memset(&a, 0, sizeof a);
@@ -275,6 +275,11 @@ static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, 
     a.window = kv->window;
     a.scale = 1.0f / sqrtf((float)c->head_dim);
     a.compose = c->use_dcmha;
+    if (kp) {
+        a.keep[0] = kp->A;
+        a.keep[1] = kp->P;
+        a.keep[2] = c->use_dcmha ? kp->Pc : NULL;
+    }
     for (int ph = 0; ph < 2 && a.compose; ph++) {
         a.qw1[ph] = dw->w1[ph][0];
         a.qw2[ph] = dw->w2[ph][0];
@@ -428,8 +433,11 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
     }
     float *z = act(p, kp ? kp->z : NULL, M, D, 1);
     if (p->status) return;
-    if (!kp && be->ops->attention && fused_supported(m, l) && !attn_map_hooked(p, l))
-        attention_fused(p, &dw, q, &kv, z);
+    /* the tape (kp) keeps the maps: the fused kernel writes them in a full
+     * pass (no cache, t0 = 0), row block by row block while they are in
+     * cache, instead of a pass over [B, N, T, S] per step */
+    if (be->ops->attention && fused_supported(m, l) && !attn_map_hooked(p, l) && (!kp || (!kc && p->t0 == 0)))
+        attention_fused(p, &dw, q, &kv, z, kp);
     else
         attention_maps(p, l, &dw, q, &kv, z);
     release_dyn(p, &dw);

@@ -768,42 +768,16 @@ static void moh_bw(dcs_tape *tp, int l, const bwctx *bc) {
                2, D);
 }
 
-/* Attention backward: from tp->d.dao to tp->d.dln1 (written). */
-static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
+/* The attention backward through the [B, N, T, T] gradient maps, with
+ * their hooks: from d->dz to d->dq, d->dk, d->dv (written). */
+static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
-    const dcs_layer_weights *lw = &m->layers[l];
     dcs_backend *be = m->be;
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
-    const int B = tp->B, T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
-    const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
+    const int B = tp->B, T = tp->T, D = c->d_model, N = c->n_head, Dh = c->head_dim;
     const long long TT = (long long)T * T;
-    const size_t BNTT = (size_t)B * N * TT;
-
-    grad_at(tp, bc->g, bc->n_g, DCS_HP_ATTN_OUT, l, d->dao);
-    if (wants_grad(bc->g, bc->n_g, DCS_HP_HEAD_OUT, l)) {
-        /* d head_out[:, n] = d out for every head n (host: the row [D] of
-         * each token downloaded into its head 0, then copied) */
-        for (int i = 0; i < bc->n_g; i++)
-            if (bc->g[i].point == DCS_HP_HEAD_OUT && bc->g[i].layer == l) {
-                float *h = bc->g[i].grad;
-                for (int mm = 0; mm < M; mm++)
-                    be->ops->download(be, h + (size_t)mm * N * D, d->dao + (size_t)mm * D, sizeof(float) * D);
-                for (int mm = 0; mm < M; mm++)
-                    for (int n = 1; n < N; n++)
-                        memcpy(h + ((size_t)mm * N + n) * D, h + (size_t)mm * N * D, sizeof(float) * D);
-            }
-    }
-    float *gbo = GP(lw->bo);
-    if (gbo) be->ops->col_sum(be, gbo, d->dao, M, D);
-    if (find_ov(tp, DCS_HP_HEAD_OUT, l)) be->ops->zero(be, d->dao, sizeof(float) * (size_t)M * D);
-    lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
-    grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
-    if (c->moh) moh_bw(tp, l, bc);
-    d->dsw[0] = c->use_sw ? GP(lw->pre_sw) : NULL;
-    d->dsw[1] = c->use_sw ? GP(lw->post_sw) : NULL;
-
     /* z = P' v: dP' = dz v^T, dv = P'^T dz (per b, batched over heads) */
     const float *pat = c->use_dcmha ? a->Pc : a->P;
     float *dpat = c->use_dcmha ? d->dPc : d->dP;
@@ -879,7 +853,6 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         compose_bw(tp, l, 0, d->dA, d->dAc, a->A, window);
     }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES, l, d->dA);
-    (void)BNTT;
 
     /* A = q k^T / sqrt(Dh): dq = s dA k, dk = s dA^T q */
     const float sc = 1.0f / sqrtf((float)Dh);
@@ -925,6 +898,70 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                  (long long)T * D,
                  N};
     heads_gemm(tp, &g4, B);
+}
+
+/* May the backend run layer l's attention backward by blocks
+ * (attention_bw)? Plain DCMHA on the CPU's row kernel (fuse_maps_bw), and
+ * no hook wanting the gradient of a map (scores, the post-compose branches,
+ * the composed pattern) or overriding one. */
+static int attn_bw_fused(dcs_tape *tp, int l, const bwctx *bc) {
+    if (!tp->m->be->ops->attention_bw || !fuse_maps_bw(tp, l, bc)) return 0;
+    const int pts[2] = {DCS_HP_SCORES, DCS_HP_PATTERN_COMPOSED};
+    for (int i = 0; i < 2; i++)
+        if (wants_grad(bc->g, bc->n_g, pts[i], l) || find_ov(tp, pts[i], l)) return 0;
+    for (int k = 0; k < DCS_N_BRANCHES; k++)
+        if (wants_grad(bc->g, bc->n_g, DCS_HP_POST_SKIP + k, l)) return 0;
+    return 1;
+}
+
+/* Attention backward: from tp->d.dao to tp->d.dln1 (written). */
+static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = m->be;
+    dcs_kept *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
+
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_ATTN_OUT, l, d->dao);
+    if (wants_grad(bc->g, bc->n_g, DCS_HP_HEAD_OUT, l)) {
+        /* d head_out[:, n] = d out for every head n (host: the row [D] of
+         * each token downloaded into its head 0, then copied) */
+        for (int i = 0; i < bc->n_g; i++)
+            if (bc->g[i].point == DCS_HP_HEAD_OUT && bc->g[i].layer == l) {
+                float *h = bc->g[i].grad;
+                for (int mm = 0; mm < M; mm++)
+                    be->ops->download(be, h + (size_t)mm * N * D, d->dao + (size_t)mm * D, sizeof(float) * D);
+                for (int mm = 0; mm < M; mm++)
+                    for (int n = 1; n < N; n++)
+                        memcpy(h + ((size_t)mm * N + n) * D, h + (size_t)mm * N * D, sizeof(float) * D);
+            }
+    }
+    float *gbo = GP(lw->bo);
+    if (gbo) be->ops->col_sum(be, gbo, d->dao, M, D);
+    if (find_ov(tp, DCS_HP_HEAD_OUT, l)) be->ops->zero(be, d->dao, sizeof(float) * (size_t)M * D);
+    lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
+    grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
+    if (c->moh) moh_bw(tp, l, bc);
+    d->dsw[0] = c->use_sw ? GP(lw->pre_sw) : NULL;
+    d->dsw[1] = c->use_sw ? GP(lw->post_sw) : NULL;
+
+    if (!attn_bw_fused(tp, l, bc)) {
+        attention_maps_bw(tp, l, bc, window);
+    } else {
+        /* the per-head products, both compose phases and the softmax by
+         * blocks of query rows in the backend (no gradient map written) */
+        const dcs_compose_bw_args post = compose_bw_args(tp, l, 1, d->dP, d->dPc, a->P, window);
+        const dcs_compose_bw_args pre = compose_bw_args(tp, l, 0, d->dA, d->dAc, a->A, window);
+        const dcs_attn_bw_args ab = {
+            &post, &pre, d->dz, a->q, a->k, a->v, a->Pc, d->dq, d->dk, d->dv, Dh, D, 1.0f / sqrtf((float)Dh)};
+        if (be->ops->attention_bw(be, &ab)) /* no scratch: the same through the maps */
+            attention_maps_bw(tp, l, bc, window);
+        else
+            grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
+    }
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
     be->ops->rotary_bw(be, d->dq, M, T, N, Dh, c->rotary_dim, c->rope_base);
@@ -962,7 +999,12 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 be->ops->zero(be, d->dw1raw, sizeof(float) * (size_t)M * RN);
                 be->ops->rmsnorm_bw(be, d->dw1raw, NULL, d->dw1[ph][s], a->w1raw[ph][s], NULL, M * R * G, Mg,
                                     1e-6f);
-                for (int gr = 0; gr < G; gr++) {
+                if (G == 1) { /* dW[:, slot] = [dw1raw | dw2] rows of R*N */
+                    be->ops->copy2d(be, d->dW + (size_t)slot * RM2, GC * RM2, d->dw1raw, RN, M, RN);
+                    be->ops->copy2d(be, d->dW + (size_t)slot * RM2 + RN, GC * RM2, d->dw2[ph][s], RN, M, RN);
+                    be->ops->copy2d(be, d->dG + (size_t)slot * N, GC * N, d->ddd[ph][s], N, M, N);
+                }
+                for (int gr = 0; gr < G && G > 1; gr++) {
                     const size_t dst = (size_t)(gr * C + slot) * RM2;
                     for (int i = 0; i < R; i++) {
                         be->ops->copy2d(be, d->dW + dst + (size_t)i * Mg, GC * RM2,
