@@ -81,7 +81,8 @@ def advice(core: str, flags: Set[str]) -> Optional[str]:
         return None
     return (
         "OpenBLAS chose its %s kernels, but this CPU has %s: matrix products run several times slower than "
-        "they could (OpenBLAS did not recognise the CPU). Start Python with OPENBLAS_CORETYPE=%s in the "
+        "they could (OpenBLAS did not recognise the CPU, or was built without its kernels). Start Python "
+        "with OPENBLAS_CORETYPE=%s in the "
         "environment (it is read when the library loads) to use them." % (core, _NAMES[cpu], _PIN[cpu])
     )
 
