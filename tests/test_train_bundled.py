@@ -136,3 +136,72 @@ def test_recipe_reproduces_the_start_of_the_shipped_curve(tb, tmp_path):
             )
             assert abs(float(g["loss"]) - float(w["loss"])) <= tol, (name, g, w)
             assert g["lr"] == w["lr"]
+
+
+def test_small_pair_is_the_same_recipe_wider_and_deeper(tb):
+    """The larger pair (issue 29): 6 layers, d_model 256, 8 heads (head_dim 32 as the tiny twins),
+    trained on the GPU; everything else is the tiny twins' recipe, and its commands differ from
+    each other only in --out and --model-type."""
+    tiny = dict(tb.RECIPE)
+    tb.use_pair("small")
+    try:
+        small, twins = dict(tb.RECIPE), dict(tb.TWINS)
+        a, b = tb.train_commands("RUN", seed=0, n_threads=8)
+    finally:
+        tb.use_pair("tiny")
+    assert twins == {"dcpythia-small": "dcpythia", "pythia-small": "gpt_neox"}
+    changed = {k for k in small if small[k] != tiny.get(k)}
+    assert changed == {
+        "n_layer",
+        "dim",
+        "n_head",
+        "intermediate",
+        "tokens",
+        "steps",
+        "train_lines",
+        "checkpoint_every_steps",
+        "ckpt_every",
+        "init_seeds",
+        "device",
+    }
+    assert (small["n_layer"], small["dim"], small["n_head"], small["intermediate"]) == (6, 256, 8, 1024)
+    assert small["dim"] // small["n_head"] == tiny["dim"] // tiny["n_head"]
+    diff = [(x, y) for x, y in zip(a, b) if x != y]
+    assert diff == [
+        (os.path.join("RUN", "dcpythia-small"), os.path.join("RUN", "pythia-small")),
+        ("dcpythia", "gpt_neox"),
+    ]
+    opt = {a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--")}
+    assert opt["--device"] == "cuda" and opt["--steps"] == str(small["steps"]) and opt["--n-layer"] == "6"
+    assert tb.RECIPE == tiny  # use_pair("tiny") restored the bundled recipe
+
+
+def test_main_options_leave_the_tiny_recipe_in_place(tb, tmp_path, capsys):
+    """--pair / --steps / --device / --parallel / --stop-after reach the printed commands, and the
+    module's recipe is the tiny twins' again afterwards (the tests share one module)."""
+    argv = ["train", "--pair", "small", "--out", str(tmp_path), "--dry-run", "--steps", "7", "--device", "cpu"]
+    assert tb.main(argv + ["--stop-after", "3", "--parallel"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and "--lines 160000" in lines[0]
+    for ln in lines[1:]:
+        w = ln.split()
+        assert w[w.index("--steps") + 1] == "7" and w[w.index("--stop-after") + 1] == "3"
+        assert "--device" not in w and "--no-progress" in w and w[w.index("--n-layer") + 1] == "6"
+    assert tb.PAIR == "tiny" and tb.RECIPE["n_layer"] == 4 and tb.RECIPE["steps"] == 1300
+    assert list(tb.TWINS) == ["dcpythia-tiny", "pythia-tiny"]
+
+
+def test_small_pair_budget_counts_the_other_bundled_models(tb, tmp_path, monkeypatch):
+    """The larger pair's 60 MB is a total: finish adds the bundled models that are not this pair."""
+    root = tmp_path / "root"
+    other = root / "bindings" / "dclens" / "models" / "dcpythia-tiny"
+    other.mkdir(parents=True)
+    (other / "model.safetensors").write_bytes(b"x" * 1000)
+    (root / "bindings" / "dclens" / "models" / "pythia-small").mkdir()
+    ((root / "bindings" / "dclens" / "models" / "pythia-small") / "model.safetensors").write_bytes(b"y" * 500)
+    monkeypatch.setattr(tb, "ROOT", str(root))
+    tb.use_pair("small")
+    try:
+        assert tb._other_bundled_bytes() == 1000  # the pair's own directories are not counted
+    finally:
+        tb.use_pair("tiny")
