@@ -101,7 +101,7 @@ RECIPE_SMALL = dict(
 )
 PAIRS = {
     "tiny": (RECIPE, TWINS, BUDGET_BYTES),
-    "small": (RECIPE_SMALL, {"dcpythia-small": "dcpythia", "pythia-small": "gpt_neox"}, 60 * 1024 * 1024),
+    "small": (RECIPE_SMALL, {"dcpythia-small": "dcpythia", "pythia-small": "gpt_neox"}, 60_000_000),
 }
 
 

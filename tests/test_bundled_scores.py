@@ -26,7 +26,7 @@ from synth_tasks.corpus import HELDOUT_FILE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PUBLISHED = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "synthetic_dataset.jsonl")
-NAMES = ("dcpythia-tiny", "pythia-tiny")
+NAMES = ("dcpythia-tiny", "pythia-tiny", "dcpythia-small", "pythia-small")
 
 
 def _model_dir(name):
