@@ -599,13 +599,18 @@ static void cpu_head_gate(dcs_backend *be, float *z, const float *g, int M, int 
         for (int d = 0; d < Dh; d++) z[mn * Dh + d] *= g[mn];
 }
 
-/* out [M, D] = LayerNorm of each row of in (dcs_layernorm_row). */
+/* out [M, D] = LayerNorm of each row of in (dcs_layernorm_row's bits),
+ * DCS_LN_ROWS rows side by side. */
+DCS_VEC static void layernorm_span(const rows_args *a, long long b0, long long e0) {
+    const int D = a->D;
+    for (long long m = b0; m < e0; m += DCS_LN_ROWS) {
+        const int n = e0 - m < DCS_LN_ROWS ? (int)(e0 - m) : DCS_LN_ROWS;
+        dcs_layernorm_rows(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, n, a->eps);
+    }
+}
 static void layernorm_rows(void *arg, long long b0, long long e0, int tid) {
     (void)tid;
-    const rows_args *a = arg;
-    const int D = a->D;
-    for (long long m = b0; m < e0; m++)
-        dcs_layernorm_row(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, a->eps, NULL, NULL);
+    layernorm_span(arg, b0, e0);
 }
 static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w, const float *b, int M,
                           int D, float eps) {

@@ -91,30 +91,51 @@ typedef struct {
     float eps;
 } lnbw_arg;
 #define LNBW_COLS 16
+DCS_VEC static void lnbw_span(const lnbw_arg *a, long long b, long long e) {
+    const int D = a->D;
+    for (long long m = b; m < e; m += DCS_LN_ROWS) { /* rows side by side: the same bits */
+        const int n = e - m < DCS_LN_ROWS ? (int)(e - m) : DCS_LN_ROWS;
+        const size_t o = (size_t)m * D;
+        double mud[DCS_LN_ROWS];
+        dcs_layernorm_stats_rows(a->x + o, D, n, a->eps, mud, a->rs + m);
+        for (int j = 0; j < n; j++) a->mu[m + j] = (float)mud[j];
+        dcs_layernorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->w, a->mu + m, a->rs + m, D, n);
+    }
+}
 static void lnbw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
-    const lnbw_arg *a = p;
+    lnbw_span(p, b, e);
+}
+/* dw, db [i0, i0 + LNBW_COLS) (a whole block), the sums in registers */
+DCS_VEC static void lnbw_block(const lnbw_arg *a, int i0) {
     const int D = a->D;
-    for (long long m = b; m < e; m++) {
-        const float *xr = a->x + (size_t)m * D, *g = a->dy + (size_t)m * D;
-        double mud;
-        const float rs = dcs_layernorm_stats(xr, D, a->eps, &mud), mu = (float)mud;
-        a->mu[m] = mu;
-        a->rs[m] = rs;
-        dcs_layernorm_row_bw(a->dx + (size_t)m * D, g, xr, a->w, mu, rs, D);
+    float sw[LNBW_COLS], sb[LNBW_COLS];
+    for (int i = 0; i < LNBW_COLS; i++)
+        sw[i] = a->dw ? a->dw[i0 + i] : 0.0f, sb[i] = a->db ? a->db[i0 + i] : 0.0f;
+    for (int m = 0; m < a->M; m++) {
+        const float *xr = a->x + (size_t)m * D + i0, *g = a->dy + (size_t)m * D + i0;
+        const float mu = a->mu[m], rs = a->rs[m];
+        for (int i = 0; i < LNBW_COLS; i++) sw[i] += g[i] * ((xr[i] - mu) * rs);
+        for (int i = 0; i < LNBW_COLS; i++) sb[i] += g[i];
+    }
+    for (int i = 0; i < LNBW_COLS; i++) {
+        if (a->dw) a->dw[i0 + i] = sw[i];
+        if (a->db) a->db[i0 + i] = sb[i];
     }
 }
 static void lnbw_cols(void *p, long long b, long long e, int tid) {
     (void)tid;
     const lnbw_arg *a = p;
     const int D = a->D, i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < D ? (int)e * LNBW_COLS : D;
-    for (int m = 0; m < a->M; m++) {
+    int f = i0; /* whole blocks in registers, a last partial one in place (the same sums) */
+    for (; f + LNBW_COLS <= i1; f += LNBW_COLS) lnbw_block(a, f);
+    for (int m = 0; m < a->M && f < i1; m++) {
         const float *xr = a->x + (size_t)m * D, *g = a->dy + (size_t)m * D;
         const float mu = a->mu[m], rs = a->rs[m];
         if (a->dw)
-            for (int i = i0; i < i1; i++) a->dw[i] += g[i] * ((xr[i] - mu) * rs);
+            for (int i = f; i < i1; i++) a->dw[i] += g[i] * ((xr[i] - mu) * rs);
         if (a->db)
-            for (int i = i0; i < i1; i++) a->db[i] += g[i];
+            for (int i = f; i < i1; i++) a->db[i] += g[i];
     }
 }
 
