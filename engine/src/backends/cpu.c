@@ -571,21 +571,27 @@ typedef struct {
     int D;
 } rows_args;
 
+DCS_VEC static void add_bias_span(float *restrict y, const float *restrict bias, long long rows, int N) {
+    for (long long m = 0; m < rows; m++)
+        for (int n = 0; n < N; n++) y[m * N + n] += bias[n];
+}
 static void add_bias_rows(void *arg, long long b, long long e, int tid) {
     (void)tid;
     const rows_args *a = arg;
-    for (long long m = b; m < e; m++)
-        for (int n = 0; n < a->N; n++) a->y[m * a->N + n] += a->a[n];
+    add_bias_span(a->y + b * a->N, a->a, e - b, a->N);
 }
 /* x [M, N] += bias [N] */
 static void cpu_add_bias(dcs_backend *be, float *x, const float *bias, int M, int N) {
     rows_args a = {x, bias, NULL, NULL, N, 0, NULL, 0};
     parallel_for(be, add_bias_rows, &a, M, N);
 }
+DCS_VEC static void add_span(float *restrict y, const float *restrict x, long long n) {
+    for (long long i = 0; i < n; i++) y[i] += x[i];
+}
 static void add_range(void *arg, long long b, long long e, int tid) {
     (void)tid;
     const rows_args *a = arg;
-    for (long long i = b; i < e; i++) a->y[i] += a->a[i];
+    add_span(a->y + b, a->a + b, e - b);
 }
 static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};

@@ -242,10 +242,36 @@ void cpu_rotary_bw(dcs_backend *be, float *x, int M, int T, int N, int Dh, int r
     free(cs);
 }
 
+/* db [N] += the column sums of dy [M, N], each column summed in row order
+ * (the same bits at any thread count): blocks of COLSUM_COLS columns on the
+ * pool, a block's sums in registers. */
+#define COLSUM_COLS 32
+typedef struct {
+    float *db;
+    const float *dy;
+    int M, N;
+} colsum_arg;
+DCS_VEC static void col_sum_block(float *restrict db, const float *restrict dy, int M, int N, int n0,
+                                  int nw) {
+    float s[COLSUM_COLS];
+    for (int o = 0; o < nw; o++) s[o] = db[n0 + o];
+    for (int m = 0; m < M; m++) {
+        const float *r = dy + (size_t)m * N + n0;
+        for (int o = 0; o < nw; o++) s[o] += r[o];
+    }
+    for (int o = 0; o < nw; o++) db[n0 + o] = s[o];
+}
+static void col_sum_blocks(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const colsum_arg *a = p;
+    for (long long k = b; k < e; k++) {
+        const int n0 = (int)k * COLSUM_COLS, nw = a->N - n0 < COLSUM_COLS ? a->N - n0 : COLSUM_COLS;
+        col_sum_block(a->db, a->dy, a->M, a->N, n0, nw);
+    }
+}
 void cpu_col_sum(dcs_backend *be, float *db, const float *dy, int M, int N) {
-    (void)be;
-    for (int m = 0; m < M; m++)
-        for (int o = 0; o < N; o++) db[o] += dy[(size_t)m * N + o];
+    colsum_arg a = {db, dy, M, N};
+    par(be, col_sum_blocks, &a, (N + COLSUM_COLS - 1) / COLSUM_COLS, (long long)COLSUM_COLS * M);
 }
 
 void cpu_embed_bw(dcs_backend *be, float *dtable, const float *dx, const int32_t *tokens_host, int M, int D) {
