@@ -116,5 +116,4 @@ dcs_status dcs_model_make_trainable(dcs_model *m);
 typedef struct { float lr, beta1, beta2, eps, weight_decay; } dcs_adamw;
 dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
                           const dcs_adamw *h);
-dcs_status dcs_sum_squares(dcs_model *m, const float *x, int64_t n, double *out);
 """

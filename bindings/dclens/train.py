@@ -683,10 +683,7 @@ def train_step(c: TrainConfig, model, tape: Tape, x, y, grads, mom, var, hp, ste
     loss = tape.loss(y)
     grads[:] = 0
     tape.backward(None, grads)
-    ss = ffi.new("double *")  # in the engine: numpy's threaded sdot leaves threads spinning beside its pool
-    _check(lib.dcs_sum_squares(model.runner.handle, ffi.cast("float *", ffi.from_buffer(grads)), grads.size, ss),
-           model.runner.errmsg())  # fmt: skip
-    gn = math.sqrt(ss[0])
+    gn = float(np.sqrt(np.dot(grads, grads)))
     if not math.isfinite(gn):
         raise Error("train: step %d: the gradient is not finite (loss %g); lower lr" % (step, loss))
     if c.grad_clip and gn > c.grad_clip:

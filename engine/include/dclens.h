@@ -484,9 +484,6 @@ typedef struct {
  * mom, var flat [dcs_param_total]; step from 1. */
 dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
                           const dcs_adamw *h);
-/* *out = the sum of x[i]^2 over x [n] in double (a gradient's squared norm;
- * the same bits at any thread count). */
-dcs_status dcs_sum_squares(dcs_model *m, const float *x, int64_t n, double *out);
 
 #ifdef __cplusplus
 }

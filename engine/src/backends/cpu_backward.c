@@ -254,12 +254,15 @@ typedef struct {
 DCS_VEC static void col_sum_block(float *restrict db, const float *restrict dy, int M, int N, int n0,
                                   int nw) {
     float s[COLSUM_COLS];
-    for (int o = 0; o < nw; o++) s[o] = db[n0 + o];
-    for (int m = 0; m < M; m++) {
-        const float *r = dy + (size_t)m * N + n0;
-        for (int o = 0; o < nw; o++) s[o] += r[o];
+    if (nw == COLSUM_COLS) { /* a whole block: fixed-width loops, the sums in registers */
+        for (int o = 0; o < COLSUM_COLS; o++) s[o] = db[n0 + o];
+        for (int m = 0; m < M; m++)
+            for (int o = 0; o < COLSUM_COLS; o++) s[o] += dy[(size_t)m * N + n0 + o];
+        for (int o = 0; o < COLSUM_COLS; o++) db[n0 + o] = s[o];
+        return;
     }
-    for (int o = 0; o < nw; o++) db[n0 + o] = s[o];
+    for (int m = 0; m < M; m++)
+        for (int o = 0; o < nw; o++) db[n0 + o] += dy[(size_t)m * N + n0 + o];
 }
 static void col_sum_blocks(void *p, long long b, long long e, int tid) {
     (void)tid;

@@ -4,7 +4,7 @@
  * float array for gradients and optimizer state), writable weights, and
  * the AdamW update (decoupled weight decay, Loshchilov & Hutter 2019).
  */
-/* The AdamW and sum-of-squares loops vectorise (cpu_vec.h's clones) only
+/* The AdamW loop vectorises (cpu_vec.h's clones) only
  * with -ftree-vectorize (the build uses -O2) and, for sqrtf, without errno
  * (CMakeLists.txt: -fno-math-errno for this file; sqrtf's argument is never
  * negative here); the same IEEE operations either way. */
@@ -160,52 +160,4 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
     }
     free(host);
     return dev ? be->ops->sync(be, &m->err) : DCS_OK;
-}
-
-/* The sum of squares of x [n] in double: chunks of SUMSQ_CHUNK elements on
- * the pool, each in DCS_LANES interleaved partial sums combined in lane
- * order, the chunks' sums added in chunk order (the same bits at any thread
- * count). The gradient norm of a training step, without a BLAS call (numpy's
- * threaded sdot leaves its threads spinning beside the engine's). */
-#define SUMSQ_CHUNK 65536
-typedef struct {
-    const float *x;
-    long long n;
-    double *part;
-} sumsq_arg;
-DCS_VEC static double sumsq_span(const float *restrict x, long long n) {
-    double acc[DCS_LANES] = {0};
-    long long i = 0;
-    for (; i + DCS_LANES <= n; i += DCS_LANES)
-        for (int k = 0; k < DCS_LANES; k++) acc[k] += (double)x[i + k] * (double)x[i + k];
-    for (int k = 0; i < n; i++, k++) acc[k] += (double)x[i] * (double)x[i];
-    double s = 0;
-    for (int k = 0; k < DCS_LANES; k++) s += acc[k];
-    return s;
-}
-static void sumsq_chunks(void *arg, long long b, long long e, int tid) {
-    (void)tid;
-    const sumsq_arg *a = arg;
-    for (long long c = b; c < e; c++) {
-        const long long i0 = c * SUMSQ_CHUNK, n = a->n - i0 < SUMSQ_CHUNK ? a->n - i0 : SUMSQ_CHUNK;
-        a->part[c] = sumsq_span(a->x + i0, n);
-    }
-}
-
-dcs_status dcs_sum_squares(dcs_model *m, const float *x, int64_t n, double *out) {
-    if (!x || !out || n < 0)
-        return dcs_seterr(&m->err, DCS_ERR_ARG, "sum_squares: bad arguments (n = %lld)", (long long)n);
-    const long long nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double *part = malloc(sizeof(double) * (size_t)(nc ? nc : 1));
-    if (!part) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "sum_squares: out of memory");
-    sumsq_arg a = {x, n, part};
-    if (m->be->ops->parallel && nc > 1)
-        m->be->ops->parallel(m->be, sumsq_chunks, &a, nc, 2 * SUMSQ_CHUNK);
-    else
-        sumsq_chunks(&a, 0, nc, 0);
-    double s = 0;
-    for (long long c = 0; c < nc; c++) s += part[c];
-    free(part);
-    *out = s;
-    return DCS_OK;
 }
