@@ -17,6 +17,7 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -97,8 +98,9 @@ static void pool_work(par_pool *p, int tid) {
 /* Waits for a job or its end spin for up to POOL_SPIN_NS before sleeping
  * on the condition variable: a training step hands the pool a job every
  * 0.1-2 ms, and waking a sleeping thread (futex, an IPI in a VM) cost its
- * steps 5-10% of their time in idle waits. Bounded, so an idle or
- * oversubscribed pool still sleeps. */
+ * steps 5-10% of their time in idle waits. Bounded, so an idle pool still
+ * sleeps, and yielding every 64 pauses, so a thread with work (another
+ * process's, or this pool's when it has more threads than cores) runs first. */
 #define POOL_SPIN_NS 100000
 static long long now_ns(void) {
     struct timespec ts;
@@ -115,14 +117,14 @@ static void spin_while_uint(const atomic_uint *v, unsigned val) {
     const long long t0 = now_ns();
     for (int k = 0; atomic_load(v) == val; k++) {
         cpu_pause();
-        if ((k & 63) == 63 && now_ns() - t0 > POOL_SPIN_NS) return;
+        if ((k & 63) == 63 && (sched_yield(), now_ns() - t0 > POOL_SPIN_NS)) return;
     }
 }
 static void spin_while_pos(const atomic_int *v) {
     const long long t0 = now_ns();
     for (int k = 0; atomic_load(v) > 0; k++) {
         cpu_pause();
-        if ((k & 63) == 63 && now_ns() - t0 > POOL_SPIN_NS) return;
+        if ((k & 63) == 63 && (sched_yield(), now_ns() - t0 > POOL_SPIN_NS)) return;
     }
 }
 
