@@ -11,7 +11,7 @@
  *     for bit; two backends with different thread counts agree;
  *   - LayerNorm forward / backward by groups of rows, the bias gradient's
  *     column sums and the bias / residual adds equal the per-row loops bit
- *     for bit at 1-3 threads.
+ *     for bit at 1-3 threads, and bias_gelu equals add_bias then gelu.
  * Prints "kernels: N passed, M failed".
  */
 #include "dcs_backend.h"
@@ -400,6 +400,20 @@ static void test_norm_rows(dcs_backend *const *bes, int nb) {
                 bad += memcmp(&y[i], &e, 4) != 0;
             }
             CHECKF(bad == 0, "add_bias + add D=%d backend %d: %d elements differ", D, k, bad);
+            /* bias + GELU in one pass == add_bias then gelu, into another buffer and in place */
+            float *u = malloc(n * 4), *u2 = malloc(n * 4), *g = malloc(n * 4);
+            memcpy(g, x, n * 4);
+            be->ops->add_bias(be, g, b, M, D);
+            be->ops->gelu(be, g, n);
+            memcpy(u, x, n * 4);
+            memcpy(u2, x, n * 4);
+            be->ops->bias_gelu(be, y, u, b, M, D);
+            be->ops->add_bias(be, u2, b, M, D);
+            CHECKF(memcmp(y, g, n * 4) == 0 && memcmp(u, u2, n * 4) == 0,
+                   "bias_gelu D=%d backend %d: not add_bias + gelu's bits", D, k);
+            be->ops->bias_gelu(be, u2, u2, NULL, M, D);
+            CHECKF(memcmp(u2, g, n * 4) == 0, "bias_gelu in place D=%d backend %d", D, k);
+            free(u), free(u2), free(g);
         }
         free(x), free(dy), free(w), free(b), free(dx0), free(y), free(want), free(dx), free(wdx);
         free(dw), free(db), free(wdw), free(wdb);

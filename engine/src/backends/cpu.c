@@ -615,6 +615,24 @@ static void gelu_range(void *x, long long b, long long e, int tid) {
 static void cpu_gelu(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, gelu_range, x, (long long)n, 8);
 }
+/* x [rows, N] += b, y = gelu(x), row by row (y may be x) */
+DCS_VEC static void bias_gelu_span(float *y, float *x, const float *b, long long rows, int N) {
+    for (long long m = 0; m < rows; m++) {
+        float *xr = x + m * N, *yr = y + m * N;
+        if (b)
+            for (int n = 0; n < N; n++) xr[n] += b[n];
+        for (int n = 0; n < N; n++) yr[n] = dcs_gelu(xr[n]);
+    }
+}
+static void bias_gelu_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    bias_gelu_span(a->y + b * a->N, (float *)a->a + b * a->N, a->b, e - b, a->N);
+}
+static void cpu_bias_gelu(dcs_backend *be, float *y, float *x, const float *b, int M, int N) {
+    rows_args a = {y, x, b, NULL, N, 0, NULL, 0};
+    parallel_for(be, bias_gelu_rows, &a, M, 9LL * N);
+}
 static void tanh_range(void *x, long long b, long long e, int tid) {
     (void)tid;
     float *v = x;
@@ -1097,6 +1115,7 @@ static const dcs_backend_ops cpu_ops = {
     .add_bias = cpu_add_bias,
     .add = cpu_add,
     .gelu = cpu_gelu,
+    .bias_gelu = cpu_bias_gelu,
     .tanh_ = cpu_tanh,
     .layernorm = cpu_layernorm,
     .rmsnorm = cpu_rmsnorm,
