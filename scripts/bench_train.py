@@ -5,6 +5,12 @@
     python scripts/bench_train.py --vs-torch [--torch-python /work/venvs/torch/bin/python]
                                   [--models gpt_neox,dcpythia] [--no-torch]
     python scripts/bench_train.py --lines [--lines-steps 8]
+    python scripts/bench_train.py --gemm-floor [--threads 2]
+
+--gemm-floor: every matrix product of one gpt_neox training step (the
+--vs-torch shape) timed alone through the engine's cblas_sgemm on one thread,
+summed, divided by the threads: the step's time if everything but its
+products were free (the bound on any speed-up of the rest).
 
 --vs-torch: one `dclens train` step (dclens.train.train_step: forward,
 cross-entropy, backward, clipping, AdamW) of Pythia (gpt_neox) and DCPythia,
@@ -129,7 +135,7 @@ def gemm_floor(a):
         blas.openblas_set_num_threads(1)
     rng = np.random.default_rng(0)
     P = ctypes.c_void_p
-    total_s = total_fl = 0.0
+    total_s = total_fl = attn_s = 0.0
     print("%-3s %5s %5s %5s %5s %6s %9s %8s" % ("op", "M", "N", "K", "beta", "calls", "GFLOP/s", "ms/step"))
     for tA, tB, M, Nn, K, beta, cnt in step_gemms(a.layers, a.dim, 4 * a.dim, a.heads, a.vocab, a.B, a.T):
         A = rng.standard_normal(M * K).astype(np.float32)
@@ -146,12 +152,14 @@ def gemm_floor(a):
             best = min(best, (time.perf_counter() - t) / reps)
         fl = 2.0 * M * Nn * K
         total_s += best * cnt
+        attn_s += best * cnt if M == a.T else 0.0  # the per-(sequence, head) products
         total_fl += fl * cnt
         print("%-3s %5d %5d %5d %5.0f %6d %9.1f %8.2f" % ("NT"[tA] + "NT"[tB], M, Nn, K, beta, cnt, fl / best / 1e9,
                                                     1e3 * best * cnt))  # fmt: skip
     floor = total_s / a.threads
     print("matrix products of one gpt_neox step: %.2f GFLOP, %.1f GFLOP/s on one thread; on %d threads at that rate: "
-          "%.3f s (the step if everything else were free)" % (total_fl / 1e9, total_fl / total_s / 1e9, a.threads, floor))  # fmt: skip
+          "%.3f s (the step if everything else were free), of which the attention products (full T x T) %.3f s"
+          % (total_fl / 1e9, total_fl / total_s / 1e9, a.threads, floor, attn_s / a.threads))  # fmt: skip
     return floor
 
 
