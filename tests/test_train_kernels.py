@@ -1,13 +1,15 @@
 """The training step's vectorised kernels keep their scalar arithmetic: AdamW
 equals its float32 formula op for op (IEEE float32 in numpy: the same bits,
 whatever SIMD width the engine's clone uses; no contraction into FMA), at
-1 and 2 threads. (The LayerNorm rows, column sums and adds: test_kernels.c.)"""
+1 and 2 threads (the LayerNorm rows, column sums and adds: test_kernels.c);
+the backward's output gradients still honour overrides."""
 
 import numpy as np
+import pytest
 
 import dclens
 from dclens._engine import ffi, lib
-from dclens.grad import param_table
+from dclens.grad import Tape, param_table
 from dclens.train import read_weights
 
 
@@ -46,3 +48,34 @@ def test_adamw_bits_are_the_float32_formula(tiny_factory):
         got.append(w1)
     for name in got[0]:
         np.testing.assert_array_equal(got[0][name], got[1][name])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_output_gradients_cut_by_overrides(tiny_factory, parallel):
+    """The backward hands the MLP and the attention dx itself as their output
+    gradient (no copy) unless an override cuts them: with mlp.out and
+    attn.out overridden, the gradient at resid_pre still carries the residual
+    path (finite differences of the loss through the same overrides)."""
+    d, _, _ = tiny_factory(model_type="gpt_neox", vocab=24, use_parallel_residual=parallel)
+    m = dclens.load(d)
+    T, D = 6, m.config.d_model
+    rng = np.random.default_rng(2)
+    toks = rng.integers(0, 24, (1, T)).astype(np.int32)
+    ov = {
+        m.parse_hook("blocks.0.resid_pre"): rng.standard_normal((1, T, D)).astype(np.float32),
+        m.parse_hook("blocks.0.mlp.out"): rng.standard_normal((1, T, D)).astype(np.float32),
+        m.parse_hook("blocks.1.attn.out"): rng.standard_normal((1, T, D)).astype(np.float32),
+    }
+    rp = m.parse_hook("blocks.0.resid_pre")
+    tape = Tape(m, 1, T)
+
+    def loss(r):
+        tape.forward(toks, {**ov, rp: r}, logits=False)
+        return tape.loss(toks)
+
+    loss(ov[rp])
+    g = tape.backward(None, None, [rp])[rp].astype(np.float64)
+    v = rng.standard_normal((1, T, D)).astype(np.float32)
+    eps = 1e-2
+    fd = (loss(ov[rp] + eps * v) - loss(ov[rp] - eps * v)) / (2 * eps)
+    assert abs(fd - float((g * v).sum())) <= 2e-2 * abs(fd) + 1e-4
