@@ -384,6 +384,21 @@ static void test_norm_rows(dcs_backend *const *bes, int nb) {
             be->ops->layernorm_bw(be, dx, dw, db, dy, x, w, M, D, eps);
             CHECKF(memcmp(dx, wdx, n * 4) == 0 && memcmp(dw, wdw, D * 4) == 0 && memcmp(db, wdb, D * 4) == 0,
                    "layernorm_bw rows D=%d backend %d: not the per-row bits", D, k);
+            /* RMS norm backward (dscale by column blocks) == row by row */
+            memcpy(dx, dx0, n * 4);
+            float *rdx = malloc(n * 4), *rdw = malloc(D * 4);
+            memcpy(rdx, dx0, n * 4);
+            for (int i = 0; i < D; i++) dw[i] = 0.5f, rdw[i] = 0.5f;
+            for (int m = 0; m < M; m++) {
+                const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
+                const float rsr = dcs_rms_row_inv(xr, D, eps);
+                dcs_rmsnorm_row_bw(rdx + (size_t)m * D, g, xr, w, rsr, D);
+                for (int i = 0; i < D; i++) rdw[i] += g[i] * (xr[i] * rsr);
+            }
+            be->ops->rmsnorm_bw(be, dx, dw, dy, x, w, M, D, eps);
+            CHECKF(memcmp(dx, rdx, n * 4) == 0 && memcmp(dw, rdw, D * 4) == 0,
+                   "rmsnorm_bw D=%d backend %d: not the per-row bits", D, k);
+            free(rdx), free(rdw);
             for (int i = 0; i < D; i++) db[i] = -0.25f;
             be->ops->col_sum(be, db, dy, M, D);
             float s[256];

@@ -184,11 +184,25 @@ static void rmsbw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     rmsbw_span(p, b, e);
 }
+/* dscale [i0, i0 + LNBW_COLS) (a whole block), the sums in registers */
+DCS_VEC static void rmsbw_block(const rmsbw_arg *a, int i0) {
+    const int W = a->width;
+    float s[LNBW_COLS];
+    for (int i = 0; i < LNBW_COLS; i++) s[i] = a->dscale[i0 + i];
+    for (int r = 0; r < a->rows; r++) {
+        const float *xr = a->x + (size_t)r * W + i0, *g = a->dy + (size_t)r * W + i0;
+        const float rs = a->rs[r];
+        for (int i = 0; i < LNBW_COLS; i++) s[i] += g[i] * (xr[i] * rs);
+    }
+    for (int i = 0; i < LNBW_COLS; i++) a->dscale[i0 + i] = s[i];
+}
 static void rmsbw_cols(void *p, long long b, long long e, int tid) {
     (void)tid;
     const rmsbw_arg *a = p;
-    const int W = a->width, i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < W ? (int)e * LNBW_COLS : W;
-    for (int r = 0; r < a->rows; r++) {
+    const int W = a->width, i1 = (int)e * LNBW_COLS < W ? (int)e * LNBW_COLS : W;
+    int i0 = (int)b * LNBW_COLS; /* whole blocks in registers, a last partial one in place (the same sums) */
+    for (; i0 + LNBW_COLS <= i1; i0 += LNBW_COLS) rmsbw_block(a, i0);
+    for (int r = 0; r < a->rows && i0 < i1; r++) {
         const float *xr = a->x + (size_t)r * W, *g = a->dy + (size_t)r * W;
         const float rs = a->rs[r];
         for (int i = i0; i < i1; i++) a->dscale[i] += g[i] * (xr[i] * rs);
