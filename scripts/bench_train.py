@@ -5,6 +5,12 @@
     python scripts/bench_train.py --vs-torch [--torch-python /work/venvs/torch/bin/python]
                                   [--models gpt_neox,dcpythia] [--no-torch]
     python scripts/bench_train.py --lines [--lines-steps 8]
+    python scripts/bench_train.py --gemm-floor [--threads 2]
+
+--gemm-floor: every matrix product of one gpt_neox training step (the
+--vs-torch shape) timed alone through the engine's cblas_sgemm on one thread,
+summed, divided by the threads: the step's time if everything but its
+products were free (the bound on any speed-up of the rest).
 
 --vs-torch: one `dclens train` step (dclens.train.train_step: forward,
 cross-entropy, backward, clipping, AdamW) of Pythia (gpt_neox) and DCPythia,
@@ -98,6 +104,63 @@ def sgemm_gflops(M, K, Nn, reps=10):
     for _ in range(reps):
         blas.cblas_sgemm(*args)
     return 2 * M * K * Nn * reps / (time.perf_counter() - t) / 1e9
+
+
+def step_gemms(L, D, F, N, V, B, T):
+    """The matrix products of one gpt_neox training step (forward, backward
+    with weight gradients), as (transA, transB, M, N, K, beta, count):
+    weights [out, in], y = x W^T (NT), dx = dy W (NN), dW += dy^T x (TN);
+    attention per (sequence, head), full T x T as flops_per_token counts it."""
+    M, Dh, BN = B * T, D // N, B * N
+    lin = [(3 * D, D), (D, D), (F, D), (D, F)]  # qkv, out, up, down: (out, in)
+    g = []
+    for o, i in lin:
+        g += [(0, 1, M, o, i, 0.0, L), (0, 0, M, i, o, 0.0, L), (1, 0, o, i, M, 1.0, L)]
+    g += [(0, 1, M, V, D, 0.0, 1), (0, 0, M, D, V, 0.0, 1), (1, 0, V, D, M, 1.0, 1)]  # unembedding
+    g += [(0, 1, T, T, Dh, 0.0, L * BN), (0, 0, T, Dh, T, 0.0, L * BN)]  # scores, P V
+    g += [(0, 1, T, T, Dh, 0.0, L * BN), (1, 0, T, Dh, T, 0.0, L * BN)]  # dP = dZ V^T, dV = P^T dZ
+    g += [(0, 0, T, Dh, T, 0.0, L * BN), (1, 0, T, Dh, T, 0.0, L * BN)]  # dQ = dS K, dK = dS^T Q
+    return g
+
+
+def gemm_floor(a):
+    """The step's time if everything but its matrix products were free: each
+    product of step_gemms timed alone through the engine's cblas_sgemm on one
+    thread (as the engine runs it, tile by tile on its pool), summed and
+    divided by the thread count (perfect parallel split, no packing shared)."""
+    import ctypes
+
+    blas = _engine_blas()
+    if hasattr(blas, "openblas_set_num_threads"):
+        blas.openblas_set_num_threads(1)
+    rng = np.random.default_rng(0)
+    P = ctypes.c_void_p
+    total_s = total_fl = attn_s = 0.0
+    print("%-3s %5s %5s %5s %5s %6s %9s %8s" % ("op", "M", "N", "K", "beta", "calls", "GFLOP/s", "ms/step"))
+    for tA, tB, M, Nn, K, beta, cnt in step_gemms(a.layers, a.dim, 4 * a.dim, a.heads, a.vocab, a.B, a.T):
+        A = rng.standard_normal(M * K).astype(np.float32)
+        Bm = rng.standard_normal(K * Nn).astype(np.float32)
+        C = np.zeros(M * Nn, np.float32)
+        args = (101, 112 if tA else 111, 112 if tB else 111, M, Nn, K, ctypes.c_float(1.0), P(A.ctypes.data),
+                M if tA else K, P(Bm.ctypes.data), K if tB else Nn, ctypes.c_float(beta), P(C.ctypes.data), Nn)  # fmt: skip
+        reps = max(3, int(2e8 / (2 * M * Nn * K)))
+        best = np.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(reps):
+                blas.cblas_sgemm(*args)
+            best = min(best, (time.perf_counter() - t) / reps)
+        fl = 2.0 * M * Nn * K
+        total_s += best * cnt
+        attn_s += best * cnt if M == a.T else 0.0  # the per-(sequence, head) products
+        total_fl += fl * cnt
+        print("%-3s %5d %5d %5d %5.0f %6d %9.1f %8.2f" % ("NT"[tA] + "NT"[tB], M, Nn, K, beta, cnt, fl / best / 1e9,
+                                                    1e3 * best * cnt))  # fmt: skip
+    floor = total_s / a.threads
+    print("matrix products of one gpt_neox step: %.2f GFLOP, %.1f GFLOP/s on one thread; on %d threads at that rate: "
+          "%.3f s (the step if everything else were free), of which the attention products (full T x T) %.3f s"
+          % (total_fl / 1e9, total_fl / total_s / 1e9, a.threads, floor, attn_s / a.threads))  # fmt: skip
+    return floor
 
 
 def machine():
@@ -239,6 +302,7 @@ def main():
     p.add_argument("--torch-python", default="/work/venvs/torch/bin/python", help="python of the torch venv")
     p.add_argument("--models", default="gpt_neox,dcpythia", help="--vs-torch: the dclens model types to time")
     p.add_argument("--no-torch", action="store_true", help="--vs-torch: the dclens steps only (no ratios)")
+    p.add_argument("--gemm-floor", action="store_true", help="the step's matrix products alone (gpt_neox shapes)")
     p.add_argument("--lines", action="store_true", help="the twins' recipe: packed vs lines vs bucketed lines")
     p.add_argument("--lines-steps", type=int, default=8)
     p.add_argument("--corpus-lines", type=int, default=3000)
@@ -253,6 +317,11 @@ def main():
     p.add_argument("--B", type=int, default=16)
     p.add_argument("--steps", type=int, default=8)
     a = p.parse_args()
+    if a.gemm_floor:
+        if a.vocab == 1024:
+            a.vocab = 2210
+        print(machine())
+        return gemm_floor(a)
     if a.vs_torch or a.lines:
         if a.vocab == 1024:  # the bundled tokenizer's vocabulary (the training's [M, 2210] unembedding)
             a.vocab = 2210

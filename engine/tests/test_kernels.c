@@ -8,7 +8,10 @@
  *   - fused attention equals scores -> compose -> softmax -> compose -> P v
  *     computed naively in double (global and local windows, query-wise);
  *   - gemm_w on F16 / BF16 weights equals sgemm on the widened weights bit
- *     for bit; two backends with different thread counts agree.
+ *     for bit; two backends with different thread counts agree;
+ *   - LayerNorm forward / backward by groups of rows, the bias gradient's
+ *     column sums and the bias / residual adds equal the per-row loops bit
+ *     for bit at 1-3 threads, and bias_gelu equals add_bias then gelu.
  * Prints "kernels: N passed, M failed".
  */
 #include "dcs_backend.h"
@@ -345,6 +348,93 @@ static void test_widen_all(dcs_backend *be, int dtype) {
     free(want);
 }
 
+/* The training step's row and column kernels (LayerNorm forward and
+ * backward by groups of rows, bias / residual adds, the bias gradient's
+ * column sums by blocks on the pool) against the plain per-row loops of
+ * dcs_math.h in row order: the same bits, at every thread count, for widths
+ * that are and are not multiples of the groups and vector lanes. */
+static void test_norm_rows(dcs_backend *const *bes, int nb) {
+    const int M = 301, widths[] = {1, 5, 64, 193}; /* 301 rows: the larger widths fan out */
+    const float eps = 1e-5f;
+    for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+        const int D = widths[wi];
+        const size_t n = (size_t)M * D;
+        float *x = rand_buf(n), *dy = rand_buf(n), *w = rand_buf(D), *b = rand_buf(D), *dx0 = rand_buf(n);
+        for (size_t i = 0; i < n; i++) x[i] = x[i] * 3.0f + (float)(i % 7); /* a mean away from 0 */
+        float *y = malloc(n * 4), *want = malloc(n * 4), *dx = malloc(n * 4), *wdx = malloc(n * 4);
+        float *dw = malloc(D * 4), *db = malloc(D * 4), *wdw = malloc(D * 4), *wdb = malloc(D * 4);
+        /* the plain forms: one row at a time */
+        memcpy(wdx, dx0, n * 4);
+        for (int i = 0; i < D; i++) wdw[i] = 0.5f, wdb[i] = -0.25f;
+        for (int m = 0; m < M; m++) {
+            const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
+            dcs_layernorm_row(want + (size_t)m * D, xr, w, b, D, eps, NULL, NULL);
+            double mud;
+            const float rs = dcs_layernorm_stats(xr, D, eps, &mud), mu = (float)mud;
+            dcs_layernorm_row_bw(wdx + (size_t)m * D, g, xr, w, mu, rs, D);
+            for (int i = 0; i < D; i++) wdw[i] += g[i] * ((xr[i] - mu) * rs), wdb[i] += g[i];
+        }
+        for (int k = 0; k < nb; k++) {
+            dcs_backend *be = bes[k];
+            be->ops->layernorm(be, y, x, w, b, M, D, eps);
+            CHECKF(memcmp(y, want, n * 4) == 0,
+                   "layernorm rows D=%d backend %d: not dcs_layernorm_row's bits", D, k);
+            memcpy(dx, dx0, n * 4);
+            for (int i = 0; i < D; i++) dw[i] = 0.5f, db[i] = -0.25f;
+            be->ops->layernorm_bw(be, dx, dw, db, dy, x, w, M, D, eps);
+            CHECKF(memcmp(dx, wdx, n * 4) == 0 && memcmp(dw, wdw, D * 4) == 0 && memcmp(db, wdb, D * 4) == 0,
+                   "layernorm_bw rows D=%d backend %d: not the per-row bits", D, k);
+            /* RMS norm backward (dscale by column blocks) == row by row */
+            memcpy(dx, dx0, n * 4);
+            float *rdx = malloc(n * 4), *rdw = malloc(D * 4);
+            memcpy(rdx, dx0, n * 4);
+            for (int i = 0; i < D; i++) dw[i] = 0.5f, rdw[i] = 0.5f;
+            for (int m = 0; m < M; m++) {
+                const float *xr = x + (size_t)m * D, *g = dy + (size_t)m * D;
+                const float rsr = dcs_rms_row_inv(xr, D, eps);
+                dcs_rmsnorm_row_bw(rdx + (size_t)m * D, g, xr, w, rsr, D);
+                for (int i = 0; i < D; i++) rdw[i] += g[i] * (xr[i] * rsr);
+            }
+            be->ops->rmsnorm_bw(be, dx, dw, dy, x, w, M, D, eps);
+            CHECKF(memcmp(dx, rdx, n * 4) == 0 && memcmp(dw, rdw, D * 4) == 0,
+                   "rmsnorm_bw D=%d backend %d: not the per-row bits", D, k);
+            free(rdx), free(rdw);
+            for (int i = 0; i < D; i++) db[i] = -0.25f;
+            be->ops->col_sum(be, db, dy, M, D);
+            float s[256];
+            for (int i = 0; i < D; i++) s[i] = -0.25f;
+            for (int m = 0; m < M; m++)
+                for (int i = 0; i < D; i++) s[i] += dy[(size_t)m * D + i];
+            CHECKF(memcmp(db, s, D * 4) == 0, "col_sum D=%d backend %d: not the row-order sums", D, k);
+            memcpy(y, x, n * 4);
+            be->ops->add_bias(be, y, b, M, D);
+            be->ops->add(be, y, dy, n);
+            int bad = 0;
+            for (size_t i = 0; i < n; i++) {
+                const float e = (x[i] + b[i % D]) + dy[i];
+                bad += memcmp(&y[i], &e, 4) != 0;
+            }
+            CHECKF(bad == 0, "add_bias + add D=%d backend %d: %d elements differ", D, k, bad);
+            /* bias + GELU in one pass == add_bias then gelu, into another buffer and in place */
+            float *u = malloc(n * 4), *u2 = malloc(n * 4), *g = malloc(n * 4);
+            memcpy(g, x, n * 4);
+            be->ops->add_bias(be, g, b, M, D);
+            be->ops->gelu(be, g, n);
+            memcpy(u, x, n * 4);
+            memcpy(u2, x, n * 4);
+            be->ops->bias_gelu(be, y, u, b, M, D);
+            be->ops->add_bias(be, u2, b, M, D);
+            CHECKF(memcmp(y, g, n * 4) == 0 && memcmp(u, u2, n * 4) == 0,
+                   "bias_gelu D=%d backend %d: not add_bias + gelu's bits", D, k);
+            be->ops->bias_gelu(be, u2, u2, NULL, M, D);
+            CHECKF(memcmp(u2, g, n * 4) == 0, "bias_gelu in place D=%d backend %d", D, k);
+            free(u), free(u2), free(g);
+        }
+        free(x), free(dy), free(w), free(b), free(dx0), free(y), free(want), free(dx), free(wdx);
+        free(dw), free(db), free(wdw), free(wdb);
+    }
+}
+
 int main(void) {
     for (int N = 1; N <= 17; N += 4)
         for (int R = 1; R <= 3; R++)
@@ -366,6 +456,7 @@ int main(void) {
         test_gemm_tiles(all, 4);
         b16->ops->destroy(b16);
     }
+    test_norm_rows(bes, 3);
     for (int i = 0; i < 3; i++) {
         test_fused_attention(bes[i], 70, 0, 1, 1);  /* global, 3 query blocks */
         test_fused_attention(bes[i], 70, 5, 1, 1);  /* local window           */

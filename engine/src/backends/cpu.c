@@ -17,11 +17,13 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ thread pool
@@ -44,8 +46,9 @@ typedef struct {
     int n_started;
     pthread_mutex_t mu, job_mu; /* job_mu: one job at a time             */
     pthread_cond_t go, done;
-    unsigned gen;
-    int stop, active;
+    atomic_uint gen;   /* written under mu; read without it while spinning */
+    atomic_int active; /* likewise                                    */
+    int stop;
     par_fn fn;
     void *arg;
     long long n_items, chunk;
@@ -92,13 +95,47 @@ static void pool_work(par_pool *p, int tid) {
     }
 }
 
+/* Waits for a job or its end spin for up to POOL_SPIN_NS before sleeping
+ * on the condition variable: a training step hands the pool a job every
+ * 0.1-2 ms, and waking a sleeping thread (futex, an IPI in a VM) cost its
+ * steps 5-10% of their time in idle waits. Bounded, so an idle pool still
+ * sleeps, and yielding every 64 pauses, so a thread with work (another
+ * process's, or this pool's when it has more threads than cores) runs first. */
+#define POOL_SPIN_NS 100000
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+static inline void cpu_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+/* spin while *v == val (at most POOL_SPIN_NS) */
+static void spin_while_uint(const atomic_uint *v, unsigned val) {
+    const long long t0 = now_ns();
+    for (int k = 0; atomic_load(v) == val; k++) {
+        cpu_pause();
+        if ((k & 63) == 63 && (sched_yield(), now_ns() - t0 > POOL_SPIN_NS)) return;
+    }
+}
+static void spin_while_pos(const atomic_int *v) {
+    const long long t0 = now_ns();
+    for (int k = 0; atomic_load(v) > 0; k++) {
+        cpu_pause();
+        if ((k & 63) == 63 && (sched_yield(), now_ns() - t0 > POOL_SPIN_NS)) return;
+    }
+}
+
 static void *pool_main(void *arg) {
     par_pool *p = ((void **)arg)[0];
     int tid = (int)(intptr_t)((void **)arg)[1];
     free(arg);
     unsigned seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
+        spin_while_uint(&p->gen, seen); /* stop: pool_stop bumps gen too */
+        pthread_mutex_lock(&p->mu);
         while (p->gen == seen && !p->stop) pthread_cond_wait(&p->go, &p->mu);
         if (p->stop) break;
         seen = p->gen;
@@ -106,6 +143,7 @@ static void *pool_main(void *arg) {
         pool_work(p, tid);
         pthread_mutex_lock(&p->mu);
         if (--p->active == 0) pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -119,6 +157,8 @@ static void pool_start(par_pool *p, int n) {
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
     atomic_init(&p->next, 0);
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->active, 0);
     p->n = 1;
     for (int i = 1; i < n && i < PAR_MAX_THREADS; i++) {
         void **a = malloc(2 * sizeof *a);
@@ -138,6 +178,7 @@ static void pool_stop(par_pool *p) {
     if (pool_stale(p)) return; /* a forked child's copy: no threads to stop */
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
+    p->gen++;
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i <= p->n_started; i++) pthread_join(p->th[i], NULL);
@@ -182,6 +223,7 @@ static void parallel_for_chunk(const dcs_backend *be, par_fn fn, void *arg, long
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     pool_work(p, 0);
+    spin_while_pos(&p->active);
     pthread_mutex_lock(&p->mu);
     while (p->active > 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
@@ -531,21 +573,27 @@ typedef struct {
     int D;
 } rows_args;
 
+DCS_VEC static void add_bias_span(float *restrict y, const float *restrict bias, long long rows, int N) {
+    for (long long m = 0; m < rows; m++)
+        for (int n = 0; n < N; n++) y[m * N + n] += bias[n];
+}
 static void add_bias_rows(void *arg, long long b, long long e, int tid) {
     (void)tid;
     const rows_args *a = arg;
-    for (long long m = b; m < e; m++)
-        for (int n = 0; n < a->N; n++) a->y[m * a->N + n] += a->a[n];
+    add_bias_span(a->y + b * a->N, a->a, e - b, a->N);
 }
 /* x [M, N] += bias [N] */
 static void cpu_add_bias(dcs_backend *be, float *x, const float *bias, int M, int N) {
     rows_args a = {x, bias, NULL, NULL, N, 0, NULL, 0};
     parallel_for(be, add_bias_rows, &a, M, N);
 }
+DCS_VEC static void add_span(float *restrict y, const float *restrict x, long long n) {
+    for (long long i = 0; i < n; i++) y[i] += x[i];
+}
 static void add_range(void *arg, long long b, long long e, int tid) {
     (void)tid;
     const rows_args *a = arg;
-    for (long long i = b; i < e; i++) a->y[i] += a->a[i];
+    add_span(a->y + b, a->a + b, e - b);
 }
 static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};
@@ -566,6 +614,24 @@ static void gelu_range(void *x, long long b, long long e, int tid) {
 }
 static void cpu_gelu(dcs_backend *be, float *x, size_t n) {
     parallel_for(be, gelu_range, x, (long long)n, 8);
+}
+/* x [rows, N] += b, y = gelu(x), row by row (y may be x) */
+DCS_VEC static void bias_gelu_span(float *y, float *x, const float *b, long long rows, int N) {
+    for (long long m = 0; m < rows; m++) {
+        float *xr = x + m * N, *yr = y + m * N;
+        if (b)
+            for (int n = 0; n < N; n++) xr[n] += b[n];
+        for (int n = 0; n < N; n++) yr[n] = dcs_gelu(xr[n]);
+    }
+}
+static void bias_gelu_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    bias_gelu_span(a->y + b * a->N, (float *)a->a + b * a->N, a->b, e - b, a->N);
+}
+static void cpu_bias_gelu(dcs_backend *be, float *y, float *x, const float *b, int M, int N) {
+    rows_args a = {y, x, b, NULL, N, 0, NULL, 0};
+    parallel_for(be, bias_gelu_rows, &a, M, 9LL * N);
 }
 static void tanh_range(void *x, long long b, long long e, int tid) {
     (void)tid;
@@ -599,13 +665,18 @@ static void cpu_head_gate(dcs_backend *be, float *z, const float *g, int M, int 
         for (int d = 0; d < Dh; d++) z[mn * Dh + d] *= g[mn];
 }
 
-/* out [M, D] = LayerNorm of each row of in (dcs_layernorm_row). */
+/* out [M, D] = LayerNorm of each row of in (dcs_layernorm_row's bits),
+ * DCS_LN_ROWS rows side by side. */
+DCS_VEC static void layernorm_span(const rows_args *a, long long b0, long long e0) {
+    const int D = a->D;
+    for (long long m = b0; m < e0; m += DCS_LN_ROWS) {
+        const int n = e0 - m < DCS_LN_ROWS ? (int)(e0 - m) : DCS_LN_ROWS;
+        dcs_layernorm_rows(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, n, a->eps);
+    }
+}
 static void layernorm_rows(void *arg, long long b0, long long e0, int tid) {
     (void)tid;
-    const rows_args *a = arg;
-    const int D = a->D;
-    for (long long m = b0; m < e0; m++)
-        dcs_layernorm_row(a->y + (size_t)m * D, a->a + (size_t)m * D, a->w, a->b, D, a->eps, NULL, NULL);
+    layernorm_span(arg, b0, e0);
 }
 static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const float *w, const float *b, int M,
                           int D, float eps) {
@@ -1044,6 +1115,7 @@ static const dcs_backend_ops cpu_ops = {
     .add_bias = cpu_add_bias,
     .add = cpu_add,
     .gelu = cpu_gelu,
+    .bias_gelu = cpu_bias_gelu,
     .tanh_ = cpu_tanh,
     .layernorm = cpu_layernorm,
     .rmsnorm = cpu_rmsnorm,

@@ -91,30 +91,51 @@ typedef struct {
     float eps;
 } lnbw_arg;
 #define LNBW_COLS 16
+DCS_VEC static void lnbw_span(const lnbw_arg *a, long long b, long long e) {
+    const int D = a->D;
+    for (long long m = b; m < e; m += DCS_LN_ROWS) { /* rows side by side: the same bits */
+        const int n = e - m < DCS_LN_ROWS ? (int)(e - m) : DCS_LN_ROWS;
+        const size_t o = (size_t)m * D;
+        double mud[DCS_LN_ROWS];
+        dcs_layernorm_stats_rows(a->x + o, D, n, a->eps, mud, a->rs + m);
+        for (int j = 0; j < n; j++) a->mu[m + j] = (float)mud[j];
+        dcs_layernorm_rows_bw(a->dx + o, a->dy + o, a->x + o, a->w, a->mu + m, a->rs + m, D, n);
+    }
+}
 static void lnbw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
-    const lnbw_arg *a = p;
+    lnbw_span(p, b, e);
+}
+/* dw, db [i0, i0 + LNBW_COLS) (a whole block), the sums in registers */
+DCS_VEC static void lnbw_block(const lnbw_arg *a, int i0) {
     const int D = a->D;
-    for (long long m = b; m < e; m++) {
-        const float *xr = a->x + (size_t)m * D, *g = a->dy + (size_t)m * D;
-        double mud;
-        const float rs = dcs_layernorm_stats(xr, D, a->eps, &mud), mu = (float)mud;
-        a->mu[m] = mu;
-        a->rs[m] = rs;
-        dcs_layernorm_row_bw(a->dx + (size_t)m * D, g, xr, a->w, mu, rs, D);
+    float sw[LNBW_COLS], sb[LNBW_COLS];
+    for (int i = 0; i < LNBW_COLS; i++)
+        sw[i] = a->dw ? a->dw[i0 + i] : 0.0f, sb[i] = a->db ? a->db[i0 + i] : 0.0f;
+    for (int m = 0; m < a->M; m++) {
+        const float *xr = a->x + (size_t)m * D + i0, *g = a->dy + (size_t)m * D + i0;
+        const float mu = a->mu[m], rs = a->rs[m];
+        for (int i = 0; i < LNBW_COLS; i++) sw[i] += g[i] * ((xr[i] - mu) * rs);
+        for (int i = 0; i < LNBW_COLS; i++) sb[i] += g[i];
+    }
+    for (int i = 0; i < LNBW_COLS; i++) {
+        if (a->dw) a->dw[i0 + i] = sw[i];
+        if (a->db) a->db[i0 + i] = sb[i];
     }
 }
 static void lnbw_cols(void *p, long long b, long long e, int tid) {
     (void)tid;
     const lnbw_arg *a = p;
     const int D = a->D, i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < D ? (int)e * LNBW_COLS : D;
-    for (int m = 0; m < a->M; m++) {
+    int f = i0; /* whole blocks in registers, a last partial one in place (the same sums) */
+    for (; f + LNBW_COLS <= i1; f += LNBW_COLS) lnbw_block(a, f);
+    for (int m = 0; m < a->M && f < i1; m++) {
         const float *xr = a->x + (size_t)m * D, *g = a->dy + (size_t)m * D;
         const float mu = a->mu[m], rs = a->rs[m];
         if (a->dw)
-            for (int i = i0; i < i1; i++) a->dw[i] += g[i] * ((xr[i] - mu) * rs);
+            for (int i = f; i < i1; i++) a->dw[i] += g[i] * ((xr[i] - mu) * rs);
         if (a->db)
-            for (int i = i0; i < i1; i++) a->db[i] += g[i];
+            for (int i = f; i < i1; i++) a->db[i] += g[i];
     }
 }
 
@@ -163,11 +184,25 @@ static void rmsbw_rows(void *p, long long b, long long e, int tid) {
     (void)tid;
     rmsbw_span(p, b, e);
 }
+/* dscale [i0, i0 + LNBW_COLS) (a whole block), the sums in registers */
+DCS_VEC static void rmsbw_block(const rmsbw_arg *a, int i0) {
+    const int W = a->width;
+    float s[LNBW_COLS];
+    for (int i = 0; i < LNBW_COLS; i++) s[i] = a->dscale[i0 + i];
+    for (int r = 0; r < a->rows; r++) {
+        const float *xr = a->x + (size_t)r * W + i0, *g = a->dy + (size_t)r * W + i0;
+        const float rs = a->rs[r];
+        for (int i = 0; i < LNBW_COLS; i++) s[i] += g[i] * (xr[i] * rs);
+    }
+    for (int i = 0; i < LNBW_COLS; i++) a->dscale[i0 + i] = s[i];
+}
 static void rmsbw_cols(void *p, long long b, long long e, int tid) {
     (void)tid;
     const rmsbw_arg *a = p;
-    const int W = a->width, i0 = (int)b * LNBW_COLS, i1 = (int)e * LNBW_COLS < W ? (int)e * LNBW_COLS : W;
-    for (int r = 0; r < a->rows; r++) {
+    const int W = a->width, i1 = (int)e * LNBW_COLS < W ? (int)e * LNBW_COLS : W;
+    int i0 = (int)b * LNBW_COLS; /* whole blocks in registers, a last partial one in place (the same sums) */
+    for (; i0 + LNBW_COLS <= i1; i0 += LNBW_COLS) rmsbw_block(a, i0);
+    for (int r = 0; r < a->rows && i0 < i1; r++) {
         const float *xr = a->x + (size_t)r * W, *g = a->dy + (size_t)r * W;
         const float rs = a->rs[r];
         for (int i = i0; i < i1; i++) a->dscale[i] += g[i] * (xr[i] * rs);
@@ -221,10 +256,39 @@ void cpu_rotary_bw(dcs_backend *be, float *x, int M, int T, int N, int Dh, int r
     free(cs);
 }
 
-void cpu_col_sum(dcs_backend *be, float *db, const float *dy, int M, int N) {
-    (void)be;
+/* db [N] += the column sums of dy [M, N], each column summed in row order
+ * (the same bits at any thread count): blocks of COLSUM_COLS columns on the
+ * pool, a block's sums in registers. */
+#define COLSUM_COLS 32
+typedef struct {
+    float *db;
+    const float *dy;
+    int M, N;
+} colsum_arg;
+DCS_VEC static void col_sum_block(float *restrict db, const float *restrict dy, int M, int N, int n0,
+                                  int nw) {
+    float s[COLSUM_COLS];
+    if (nw == COLSUM_COLS) { /* a whole block: fixed-width loops, the sums in registers */
+        for (int o = 0; o < COLSUM_COLS; o++) s[o] = db[n0 + o];
+        for (int m = 0; m < M; m++)
+            for (int o = 0; o < COLSUM_COLS; o++) s[o] += dy[(size_t)m * N + n0 + o];
+        for (int o = 0; o < COLSUM_COLS; o++) db[n0 + o] = s[o];
+        return;
+    }
     for (int m = 0; m < M; m++)
-        for (int o = 0; o < N; o++) db[o] += dy[(size_t)m * N + o];
+        for (int o = 0; o < nw; o++) db[n0 + o] += dy[(size_t)m * N + n0 + o];
+}
+static void col_sum_blocks(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const colsum_arg *a = p;
+    for (long long k = b; k < e; k++) {
+        const int n0 = (int)k * COLSUM_COLS, nw = a->N - n0 < COLSUM_COLS ? a->N - n0 : COLSUM_COLS;
+        col_sum_block(a->db, a->dy, a->M, a->N, n0, nw);
+    }
+}
+void cpu_col_sum(dcs_backend *be, float *db, const float *dy, int M, int N) {
+    colsum_arg a = {db, dy, M, N};
+    par(be, col_sum_blocks, &a, (N + COLSUM_COLS - 1) / COLSUM_COLS, (long long)COLSUM_COLS * M);
 }
 
 void cpu_embed_bw(dcs_backend *be, float *dtable, const float *dx, const int32_t *tokens_host, int M, int D) {

@@ -557,6 +557,7 @@ static const dcs_backend_ops cuda_ops = {
     .add_bias = cu_add_bias,
     .add = cu_add,
     .gelu = cu_gelu,
+    .bias_gelu = NULL, /* the pass runs add_bias, then gelu */
     .tanh_ = cu_tanh,
     .layernorm = cu_layernorm,
     .rmsnorm = cu_rmsnorm,

@@ -162,6 +162,10 @@ typedef struct dcs_backend_ops {
     void (*add_bias)(dcs_backend *be, float *x, const float *bias, int M, int N); /* x[M,N] += b[N] */
     void (*add)(dcs_backend *be, float *y, const float *x, size_t n);             /* y += x */
     void (*gelu)(dcs_backend *be, float *x, size_t n);                            /* exact erf gelu */
+    /* Optional (NULL: add_bias, then gelu on a copy or in place): x [M, N] +=
+     * b [N] (b NULL: nothing added), y = gelu(x) (y may be x), one pass: the
+     * MLP's bias and activation, the same arithmetic as the two ops. */
+    void (*bias_gelu)(dcs_backend *be, float *y, float *x, const float *b, int M, int N);
     void (*tanh_)(dcs_backend *be, float *x, size_t n);
     void (*layernorm)(dcs_backend *be, float *out, const float *in, const float *w, const float *b, int M,
                       int D, float eps);

@@ -145,6 +145,54 @@ DCS_HD void dcs_layernorm_row(float *y, const float *x, const float *w, const fl
     for (int i = 0; i < D; i++) y[i] = ((float)(x[i] - mu) * inv) * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
 }
 
+/* Rows a LayerNorm kernel takes side by side (the CPU's): independent sum
+ * chains, so the statistics' double adds overlap instead of waiting on each
+ * other; each row's sums keep dcs_layernorm_stats' order (the same bits). */
+#define DCS_LN_ROWS 8
+
+/* dcs_layernorm_stats of rows (<= DCS_LN_ROWS) rows x [rows, D], side by side. */
+DCS_HD_ROW void dcs_layernorm_stats_rows(const float *x, int D, int rows, float eps, double *mean,
+                                         float *rs) {
+    double mu[DCS_LN_ROWS], var[DCS_LN_ROWS];
+    for (int j = 0; j < rows; j++) mu[j] = 0, var[j] = 0;
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < rows; j++) mu[j] += x[(size_t)j * D + i];
+    for (int j = 0; j < rows; j++) mu[j] /= D;
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < rows; j++) {
+            const double c = x[(size_t)j * D + i] - mu[j];
+            var[j] += c * c;
+        }
+    for (int j = 0; j < rows; j++) {
+        mean[j] = mu[j];
+        rs[j] = (float)(1.0 / sqrt(var[j] / D + eps));
+    }
+}
+
+/* dcs_layernorm_row of rows (<= DCS_LN_ROWS) rows side by side: the same bits. */
+DCS_HD_ROW void dcs_layernorm_rows(float *y, const float *x, const float *w, const float *b, int D, int rows,
+                                   float eps) {
+    double mu[DCS_LN_ROWS];
+    float inv[DCS_LN_ROWS];
+    dcs_layernorm_stats_rows(x, D, rows, eps, mu, inv);
+    for (int j = 0; j < rows; j++) {
+        const float *xj = x + (size_t)j * D;
+        float *yj = y + (size_t)j * D;
+        for (int i = 0; i < D; i++)
+            yj[i] = ((float)(xj[i] - mu[j]) * inv[j]) * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+}
+
+/* One AdamW element (decoupled weight decay): mom and var updated in place,
+ * the new weight returned; b1c, b2c the bias corrections 1 - beta^step. */
+DCS_HD float dcs_adamw_elem(float p, float g, float *mom, float *var, float beta1, float beta2, float b1c,
+                            float b2c, float eps, float lr, float wd) {
+    const float mm = *mom = beta1 * *mom + (1.0f - beta1) * g;
+    const float vv = *var = beta2 * *var + (1.0f - beta2) * g * g;
+    const float upd = (mm / b1c) / (sqrtf(vv / b2c) + eps);
+    return p - lr * (upd + wd * p);
+}
+
 /* Compose one (query t, key s) pair across heads, model-spec 2 step 6 and
  * section 5, within each of G groups of Mg = N/G heads (G = 1: all heads):
  *   out[m] = a[m] + sum_i (sum_n a[n] qw1[i,n]) qw2[i,m]
@@ -658,6 +706,30 @@ DCS_HD void dcs_layernorm_row_bw(float *dx, const float *dy, const float *x, con
     for (int i = 0; i < D; i++) {
         float xh = (x[i] - mu) * rs;
         dx[i] += (dy[i] * w[i] - m1 - xh * m2) * rs;
+    }
+}
+
+/* dcs_layernorm_row_bw of rows (<= DCS_LN_ROWS) rows x, dy, dx [rows, D]
+ * side by side (each row's sums in its own order: the same bits), with
+ * their statistics mu (as float), rs. */
+DCS_HD_ROW void dcs_layernorm_rows_bw(float *dx, const float *dy, const float *x, const float *w,
+                                      const float *mu, const float *rs, int D, int rows) {
+    double s1[DCS_LN_ROWS], s2[DCS_LN_ROWS];
+    for (int j = 0; j < rows; j++) s1[j] = 0, s2[j] = 0;
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < rows; j++) {
+            const size_t o = (size_t)j * D + i;
+            float xh = (x[o] - mu[j]) * rs[j], gw = dy[o] * w[i];
+            s1[j] += gw;
+            s2[j] += gw * xh;
+        }
+    for (int j = 0; j < rows; j++) {
+        const float m1 = (float)(s1[j] / D), m2 = (float)(s2[j] / D);
+        const size_t o = (size_t)j * D;
+        for (int i = 0; i < D; i++) {
+            float xh = (x[o + i] - mu[j]) * rs[j];
+            dx[o + i] += (dy[o + i] * w[i] - m1 - xh * m2) * rs[j];
+        }
     }
 }
 

@@ -482,26 +482,36 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
     const int M = p->M, D = c->d_model, F = c->d_ff;
     float *u = act(p, kp ? kp->u : NULL, M, F, 1);
     if (p->status) return;
-    dcs_pass_linear(p, u, hn, lw->m_w1, lw->b1, M, F, D);
-    dcs_pass_hook(p, DCS_HP_MLP_PRE, l, u);
+    /* GELU with no hook on mlp.pre: bias and activation in one pass (the
+     * same arithmetic as add_bias then gelu), into the tape's kept ug or in
+     * place */
+    const int fused =
+        p->desc.mlp != DCS_MLP_SWIGLU && p->be->ops->bias_gelu && !dcs_pass_wants(p, DCS_HP_MLP_PRE, l);
+    dcs_pass_linear(p, u, hn, lw->m_w1, fused ? NULL : lw->b1, M, F, D);
     float *ug = u, *u3 = NULL;
-    if (p->desc.mlp == DCS_MLP_SWIGLU) {
-        u3 = act(p, kp ? kp->u3 : NULL, M, F, 1);
-        if (p->status) return;
-        dcs_pass_linear(p, u3, hn, lw->m_w3, NULL, M, F, D);
-        dcs_pass_hook(p, DCS_HP_MLP_PRE_LINEAR, l, u3);
-    }
-    if (kp) {
-        ug = kp->ug;
-        p->be->ops->copy(p->be, ug, u, sizeof(float) * (size_t)M * F);
-    }
-    switch (p->desc.mlp) {
-    case DCS_MLP_SWIGLU:
-        p->be->ops->swiglu(p->be, ug, u3, (size_t)M * F);
-        dcs_pass_release(p, u3);
-        if (c->mgate_dim > 0) mlp_group_gate(p, l, hn, ug);
-        break;
-    default: p->be->ops->gelu(p->be, ug, (size_t)M * F);
+    if (fused) {
+        ug = kp ? kp->ug : u;
+        p->be->ops->bias_gelu(p->be, ug, u, lw->b1, M, F);
+    } else {
+        dcs_pass_hook(p, DCS_HP_MLP_PRE, l, u);
+        if (p->desc.mlp == DCS_MLP_SWIGLU) {
+            u3 = act(p, kp ? kp->u3 : NULL, M, F, 1);
+            if (p->status) return;
+            dcs_pass_linear(p, u3, hn, lw->m_w3, NULL, M, F, D);
+            dcs_pass_hook(p, DCS_HP_MLP_PRE_LINEAR, l, u3);
+        }
+        if (kp) {
+            ug = kp->ug;
+            p->be->ops->copy(p->be, ug, u, sizeof(float) * (size_t)M * F);
+        }
+        switch (p->desc.mlp) {
+        case DCS_MLP_SWIGLU:
+            p->be->ops->swiglu(p->be, ug, u3, (size_t)M * F);
+            dcs_pass_release(p, u3);
+            if (c->mgate_dim > 0) mlp_group_gate(p, l, hn, ug);
+            break;
+        default: p->be->ops->gelu(p->be, ug, (size_t)M * F);
+        }
     }
     dcs_pass_hook(p, DCS_HP_MLP_POST, l, ug);
     dcs_pass_linear(p, out, ug, lw->m_w2, lw->b2, M, D, F);

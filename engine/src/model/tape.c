@@ -1222,17 +1222,28 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
         dcs_kept *a = &tp->L[l];
         const dcs_layer_weights *lw = &m->layers[l];
         grad_at(tp, g, n_g, DCS_HP_RESID_POST, l, d->dx);
-        be->ops->copy(be, d->dmo, d->dx, sizeof(float) * (size_t)M * D);
+        /* the MLP's and the attention's output gradients are dx as it stands
+         * when they run (read only, before dx changes); a copy only where an
+         * override cuts them (grad_at zeroes its buffer) */
+        float *const dmo = d->dmo, *const dao = d->dao;
+        const int cut_mo = find_ov(tp, DCS_HP_MLP_OUT, l) != NULL;
+        const int cut_ao = find_ov(tp, DCS_HP_ATTN_OUT, l) || find_ov(tp, DCS_HP_HEAD_OUT, l);
+        if (cut_mo)
+            be->ops->copy(be, dmo, d->dx, sizeof(float) * (size_t)M * D);
+        else
+            d->dmo = d->dx;
         mlp_bw(tp, l, bc);
-        if (c->parallel_residual) {
-            be->ops->copy(be, d->dao, d->dx, sizeof(float) * (size_t)M * D);
-            attention_bw(tp, l, bc);
-            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, lw->ffn_norm_w);
-        } else {
+        if (!c->parallel_residual)
             norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, lw->ffn_norm_w);
-            be->ops->copy(be, d->dao, d->dx, sizeof(float) * (size_t)M * D);
-            attention_bw(tp, l, bc);
-        }
+        if (cut_ao)
+            be->ops->copy(be, dao, d->dx, sizeof(float) * (size_t)M * D);
+        else
+            d->dao = d->dx;
+        attention_bw(tp, l, bc);
+        d->dmo = dmo;
+        d->dao = dao;
+        if (c->parallel_residual)
+            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, lw->ffn_norm_w);
         norm_bw(tp, d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, lw->attn_norm_w);
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }

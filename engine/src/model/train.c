@@ -4,6 +4,14 @@
  * float array for gradients and optimizer state), writable weights, and
  * the AdamW update (decoupled weight decay, Loshchilov & Hutter 2019).
  */
+/* The AdamW loop vectorises (cpu_vec.h's clones) only
+ * with -ftree-vectorize (the build uses -O2) and, for sqrtf, without errno
+ * (CMakeLists.txt: -fno-math-errno for this file; sqrtf's argument is never
+ * negative here); the same IEEE operations either way. */
+#pragma GCC optimize("tree-vectorize")
+
+#include "cpu_vec.h"
+#include "dcs_math.h"
 #include "dcs_model.h"
 
 #include <math.h>
@@ -101,17 +109,17 @@ typedef struct {
     float b1c, b2c, wd;
     const dcs_adamw *h;
 } adamw_arg;
+DCS_VEC static void adamw_span(const adamw_arg *a, long long b, long long e) {
+    const float *restrict g = a->g;
+    float *restrict mom = a->mom, *restrict var = a->var, *restrict p = a->p;
+    const float b1 = a->h->beta1, b2 = a->h->beta2, b1c = a->b1c, b2c = a->b2c, eps = a->h->eps,
+                lr = a->h->lr, wd = a->wd;
+    for (long long j = b; j < e; j++)
+        p[j] = dcs_adamw_elem(p[j], g[j], &mom[j], &var[j], b1, b2, b1c, b2c, eps, lr, wd);
+}
 static void adamw_range(void *arg, long long b, long long e, int tid) {
     (void)tid;
-    const adamw_arg *a = arg;
-    const dcs_adamw *h = a->h;
-    for (long long j = b; j < e; j++) {
-        float g = a->g[j];
-        float mm = a->mom[j] = h->beta1 * a->mom[j] + (1.0f - h->beta1) * g;
-        float vv = a->var[j] = h->beta2 * a->var[j] + (1.0f - h->beta2) * g * g;
-        float upd = (mm / a->b1c) / (sqrtf(vv / a->b2c) + h->eps);
-        a->p[j] -= h->lr * (upd + a->wd * a->p[j]);
-    }
+    adamw_span(arg, b, e);
 }
 
 /* One AdamW step on every parameter: grads, mom, var flat [dcs_param_total];
