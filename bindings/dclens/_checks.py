@@ -188,7 +188,13 @@ def decode_msg(raw: bytes) -> str:
 
 
 def token_array(tokens) -> np.ndarray:
-    """np.asarray(tokens), with ragged or mixed lists refused as an Error."""
+    """np.asarray(tokens), with ragged or mixed lists refused as an Error
+    (and a padded (tokens, lengths) pair, where a call takes no padding)."""
+    if isinstance(tokens, tuple) and len(tokens) == 2 and np.ndim(tokens[0]) == 2 and np.ndim(tokens[1]) == 1:
+        raise ArgumentError(
+            "tokens: a padded batch (tokens, lengths) is not taken here (its padding would be read as tokens); "
+            "forward, run_with_cache and run_with_hooks take it, or give this call the prompts one at a time"
+        )
     try:
         a = np.asarray(tokens)
     except (ValueError, TypeError, OverflowError) as e:

@@ -96,6 +96,7 @@ def attribute(
     chunk: Optional[int] = None,
     max_tape_bytes: Optional[int] = None,
 ) -> Attribution:
+    model.runner.refuse_hooks("attribute")
     if not is_choice(method, ("ig", "grad_x_act")):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))
     steps = check_index("attribute: steps", steps, 1, 2**31)

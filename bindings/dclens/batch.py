@@ -22,7 +22,6 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import names as _names
 from ._checks import ArgumentError, Error, is_choice, token_array
 from .cache import Cache
 from .hooks import is_read_only, read_only
@@ -42,8 +41,46 @@ def is_map(name: str) -> bool:
     return s in _MAPS or s.startswith(_MAP_PREFIXES)
 
 
-def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0) -> Tuple[np.ndarray, np.ndarray]:
-    """Pad 1-D token arrays to [B, max T]; returns (tokens, lengths)."""
+class Padded(tuple):
+    """What model.to_tokens([...]) returns: the pair (tokens [B, T], lengths
+    [B]) that unpacks as before (``toks, lens = model.to_tokens([a, b])``),
+    which also remembers its padding: ``.padding_side`` ("right" or "left")
+    and ``.pad_id``. Every batch path (forward, run_with_cache,
+    run_with_hooks) reads the side from it, so a left-padded batch passed
+    back is never read as right-padded; giving another padding_side= with it
+    is an Error."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    padding_side: str
+    pad_id: int
+
+    def __new__(cls, tokens: np.ndarray, lengths: np.ndarray, padding_side: str, pad_id: int = 0) -> "Padded":
+        self = super().__new__(cls, (tokens, lengths))
+        self.tokens, self.lengths = tokens, lengths
+        self.padding_side, self.pad_id = padding_side, int(pad_id)
+        return self
+
+    def __getnewargs__(self):  # pickles with its side
+        return (self.tokens, self.lengths, self.padding_side, self.pad_id)
+
+    def __repr__(self) -> str:
+        return "Padded(tokens=%r, lengths=%r, padding_side=%r, pad_id=%d)" % (
+            self.tokens,
+            self.lengths,
+            self.padding_side,
+            self.pad_id,
+        )
+
+
+def is_padded_pair(x) -> bool:
+    """Is x a (tokens [B, T], lengths [B]) pair (a Padded or a bare tuple)?"""
+    return isinstance(x, tuple) and len(x) == 2 and np.ndim(x[0]) == 2 and np.ndim(x[1]) == 1
+
+
+def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0) -> Padded:
+    """Pad 1-D token arrays to [B, max T]; returns Padded (tokens, lengths)
+    that remembers padding_side."""
     if not is_choice(padding_side, ("right", "left")):
         raise ArgumentError("padding_side must be 'right' or 'left', not %r" % (padding_side,))
     rows = [np.asarray(r).reshape(-1) for r in rows]
@@ -56,7 +93,25 @@ def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0
             out[i, : r.size] = r
         else:
             out[i, T - r.size :] = r
-    return out, np.array([r.size for r in rows], dtype=np.int64)
+    return Padded(out, np.array([r.size for r in rows], dtype=np.int64), padding_side, pad_id)
+
+
+def _looks_left_padded(a: np.ndarray, lengths: np.ndarray) -> Optional[int]:
+    """A row of a batch read as right-padded that is left-padded instead:
+    every shorter row starts with T - length copies of one token (the pad),
+    and some such row's right tail (what right padding would call padding)
+    holds other tokens. Returns such a row's index, or None."""
+    T = a.shape[1]
+    short = [b for b in range(a.shape[0]) if lengths[b] < T]
+    if not short or sum(T - int(lengths[b]) for b in short) < 2:
+        return None  # one padded position says nothing
+    v = a[short[0], 0]
+    if not all(np.all(a[b, : T - int(lengths[b])] == v) for b in short):
+        return None
+    for b in short:
+        if np.any(a[b, int(lengths[b]) :] != v):
+            return b
+    return None
 
 
 def _roll_rows(a: np.ndarray, shifts: np.ndarray, axes: Tuple[int, ...]) -> np.ndarray:
@@ -71,19 +126,36 @@ def _pos_axes(name: str) -> Tuple[int, ...]:
     return (2, 3) if is_map(name) else (1,)
 
 
-def normalize(model, tokens, lengths=None, padding_side: str = "right", prepend_bos: Optional[bool] = None):
-    """(tokens as given: [T] or [B, T] int array, lengths or None, batched).
-    Text is tokenized with model.to_tokens (prepend_bos: see there)."""
-    if not is_choice(padding_side, ("right", "left")):
+def normalize(model, tokens, lengths=None, padding_side: Optional[str] = None, prepend_bos: Optional[bool] = None):
+    """(tokens as given: [T] or [B, T] int array, lengths or None, batched,
+    padding side). Text is tokenized with model.to_tokens (prepend_bos: see
+    there).
+
+    The side of a padded batch: a Padded (to_tokens) carries it; otherwise
+    padding_side= says it; a bare (tokens, lengths) pair or lengths= with
+    no padding_side is read as right-padded after a check: a batch that
+    looks left-padded (pad tokens in front, tokens in the right tail) is
+    refused, never misread."""
+    if padding_side is not None and not is_choice(padding_side, ("right", "left")):
         raise ArgumentError("padding_side must be 'right' or 'left', not %r" % (padding_side,))
-    if isinstance(tokens, tuple) and len(tokens) == 2 and np.ndim(tokens[0]) == 2 and np.ndim(tokens[1]) == 1:
+    side_known = padding_side is not None
+    if is_padded_pair(tokens):
         if lengths is not None:
             raise ArgumentError("lengths given twice (in the tokens tuple and as lengths=)")
+        if isinstance(tokens, Padded):
+            if padding_side is not None and padding_side != tokens.padding_side:
+                raise ArgumentError(
+                    "padding_side=%r, but these tokens were padded on the %s (to_tokens(..., padding_side=%r)); "
+                    "drop padding_side= or pad them again" % (padding_side, tokens.padding_side, tokens.padding_side)
+                )
+            padding_side, side_known = tokens.padding_side, True
         tokens, lengths = tokens
+    side = padding_side or "right"
     if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens):
         if lengths is not None:
             raise ArgumentError("lengths= goes with a [B, T] token array, not with a list of strings")
-        tokens, lengths = model.to_tokens(list(tokens), padding_side=padding_side, prepend_bos=prepend_bos)
+        tokens, lengths = model.to_tokens(list(tokens), padding_side=side, prepend_bos=prepend_bos)
+        side_known = True
     elif isinstance(tokens, str):
         tokens = model.to_tokens(tokens, prepend_bos=prepend_bos)
     a = token_array(tokens)
@@ -96,7 +168,16 @@ def normalize(model, tokens, lengths=None, padding_side: str = "right", prepend_
         if ln.size and (ln.min() < 1 or ln.max() > a.shape[1]):
             raise ArgumentError("lengths must be in [1, T=%d], got %s" % (a.shape[1], ln.tolist()))
         lengths = ln.astype(np.int64)
-    return a, lengths, a.ndim == 2
+        if not side_known and a.dtype.kind in "iu":
+            b = _looks_left_padded(a, lengths)
+            if b is not None:
+                raise ArgumentError(
+                    "tokens: row %d looks left-padded (its first %d tokens are all %d, its right tail holds other "
+                    "tokens) but no padding side was given, and a bare (tokens, lengths) pair is read as right-padded; "
+                    "pass padding_side='left' (or 'right' if this is right), or use what model.to_tokens([...]) "
+                    "returns, which remembers its side" % (b, a.shape[1] - int(lengths[b]), int(a[b, 0]))
+                )
+    return a, lengths, a.ndim == 2, side
 
 
 def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_token: bool):
@@ -130,7 +211,7 @@ def call(
     tokens,
     *,
     lengths=None,
-    padding_side: str = "right",
+    padding_side: Optional[str] = None,
     return_type: Optional[str] = "logits",
     capture: Sequence[str] = (),
     fns=(),
@@ -141,15 +222,12 @@ def call(
     """The one path of forward / run_with_cache / run_with_hooks."""
     if not is_choice(return_type, ("logits", "loss", "both", None)):
         raise ArgumentError("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
-    a, lengths, batched = normalize(model, tokens, lengths, padding_side, prepend_bos)
+    a, lengths, batched, padding_side = normalize(model, tokens, lengths, padding_side, prepend_bos)
     if a.ndim not in (1, 2):
         raise ArgumentError("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
     if not batched and model.always_batch:
         a, batched = a[None], True
-    fns = [(_names.canonical(n), fn) for n, fn in list(fns) + list(model.runner.ctx_hooks)]
-    for n, fn in fns:
-        if not callable(fn):
-            raise Error("hook %s: %r is not callable" % (n, fn))
+    fns = model.runner.hooks_in_force(fns)
     shifts = None
     if batched and lengths is not None and padding_side == "left":
         shifts = (a.shape[1] - lengths).astype(np.int64)

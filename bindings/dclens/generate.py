@@ -81,7 +81,7 @@ class Decoder(EngineObject):
         r = m.runner
         run = _Run(r.hook_table, False)
         want_cache = cache_names is None or bool(cache_names)
-        fns = [(m.resolve_hook(name), fn) for name, fn in list(fwd_hooks) + list(r.ctx_hooks)]
+        fns = [(m.resolve_hook(name), fn) for name, fn in r.hooks_in_force(fwd_hooks)]
         want = r.hook_plan(run, r.select(cache_names) if want_cache else (), fns)
         out = np.empty((n, m.config.vocab), dtype=np.float32) if logits else None
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))

@@ -129,6 +129,7 @@ def gradients(
     model, tokens, target, wrt: Sequence[str], return_value: bool = False, max_tape_bytes: Optional[int] = None
 ):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
+    model.runner.refuse_hooks("gradients")
     toks, batched = model.runner.tokens(tokens)
     B, T = toks.shape
     if isinstance(wrt, str):

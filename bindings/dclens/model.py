@@ -540,9 +540,12 @@ class Model(WeightsMixin):
         asked for it: Pythia and DCPythia are trained without a BOS (unlike
         TransformerLens's default for other models).
 
-        A list of strings gives (tokens [B, T], lengths [B]): the prompts
-        padded with pad_id to the longest, on the right (default) or the left.
-        Every entry point takes that pair (or tokens with lengths=...)."""
+        A list of strings gives a Padded pair (tokens [B, T], lengths [B]):
+        the prompts padded with pad_id to the longest, on the right (default)
+        or the left. It unpacks as a tuple and remembers its side
+        (.padding_side), so forward / run_with_cache / run_with_hooks read a
+        left-padded batch as left-padded without being told again. Those take
+        the pair, or tokens with lengths= and padding_side= (docs/api.md)."""
         if isinstance(text, (list, tuple)):
             if not text or not all(isinstance(t, str) for t in text):
                 raise Error("to_tokens: need a string or a non-empty list of strings, got %r" % (text,))
@@ -602,7 +605,7 @@ class Model(WeightsMixin):
         return_type: Optional[str] = "logits",
         *,
         lengths=None,
-        padding_side: str = "right",
+        padding_side: Optional[str] = None,
         loss_per_token: bool = False,
         logits_at=None,
         prepend_bos: Optional[bool] = None,
@@ -628,7 +631,7 @@ class Model(WeightsMixin):
                     "(got return_type=%r, lengths %s, loss_per_token=%r)"
                     % (return_type, "given" if lengths is not None else "None", loss_per_token)
                 )
-            return self.runner.run(tokens, logits_at=logits_at)[0]
+            return self.runner.run(tokens, fns=self.runner.hooks_in_force(), logits_at=logits_at)[0]
         return batch.call(
             self,
             tokens,
@@ -648,7 +651,7 @@ class Model(WeightsMixin):
         *,
         names_filter: Names = None,
         lengths=None,
-        padding_side: str = "right",
+        padding_side: Optional[str] = None,
         return_type: Optional[str] = "logits",
         fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
         read_only: bool = False,
@@ -741,7 +744,7 @@ class Model(WeightsMixin):
         cache_names: Names = (),
         *,
         lengths=None,
-        padding_side: str = "right",
+        padding_side: Optional[str] = None,
         return_type: Optional[str] = "logits",
         read_only: bool = False,
         prepend_bos: Optional[bool] = None,

@@ -144,6 +144,42 @@ class Runner:
         with self.lock:
             yield
 
+    def hooks_in_force(self, per_call: Sequence[Tuple[str, HookFn]] = ()) -> List[Tuple[str, HookFn]]:
+        """The hooks a pass runs, written once for every path that computes
+        activations (docs/api.md "Which hooks a pass runs"): first the
+        model's own hooks (add_hook and `with model.hooks(...)`, in the order
+        they were added), then the call's fwd_hooks in the order given; names
+        in dclens spelling. A per-call hook thus sees what an intervention in
+        force wrote."""
+        out = [(_names.canonical(n), fn) for n, fn in list(self.ctx_hooks) + list(per_call)]
+        for n, fn in out:
+            if not callable(fn):
+                raise Error("hook %s: %r is not callable" % (n, fn))
+        return out
+
+    def refuse_hooks(self, what: str) -> None:
+        """An Error naming the hooks in force, for a call that cannot run
+        them (a gradient tape runs no Python function): such a call refuses
+        rather than computing the un-hooked model."""
+        if not self.ctx_hooks:
+            return
+        shown = ", ".join(sorted({n for n, _ in self.ctx_hooks})[:6])
+        more = len({n for n, _ in self.ctx_hooks}) - 6
+        raise Error(
+            "%s: %d hook%s in force on %s (%s%s, from add_hook or `with model.hooks(...)`); a gradient pass "
+            "cannot run Python hook functions and would compute the model without them. Call it outside the "
+            "with block or after model.reset_hooks(); for a patched or ablated model, give the patched "
+            "activations as values (docs/api.md, 'Which hooks a pass runs')"
+            % (
+                what,
+                len(self.ctx_hooks),
+                "" if len(self.ctx_hooks) == 1 else "s",
+                self.name,
+                shown,
+                ", and %d more" % more if more > 0 else "",
+            )
+        )
+
     def parse_hook(self, name: str) -> Tuple[int, int]:
         """(point, layer) of a dclens hook name of this model; an Error naming
         what is wrong with any other name."""

@@ -105,6 +105,7 @@ class Tape(EngineObject):
     ) -> Any:
         """The tape's forward; from layer `first` (> 0) it starts from resid
         [B, T, D], the residual stream entering that layer."""
+        self.model.runner.refuse_hooks("the gradient tape's forward")
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
         if self.first:
             D = self.model.config.d_model

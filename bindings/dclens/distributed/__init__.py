@@ -94,10 +94,20 @@ def map(
     ref = model_ref(model, device)
     if ray is None:
         return _run_here(model, ref, fn, items, progress, desc, unit)
+    if isinstance(model, Model) and model.runner.ctx_hooks:
+        # the hooks in force travel with the work (a worker's model is loaded
+        # again from the reference, without them) and apply around each item
+        fn = functools.partial(_with_hooks, list(model.runner.ctx_hooks), fn)
     placement = connect(ray, ref.device, ref.n_threads)
     if ref.device == "cpu":
         ref = ref.with_threads(placement.n_threads)
     return run(ref, fn, items, placement, progress, desc, unit, ray.kept if isinstance(ray, Cluster) else None)
+
+
+def _with_hooks(hooks: List, fn: Callable, model: Model, item):
+    """fn(model, item) with the caller's hooks in force (map's hooks on workers)."""
+    with model.hooks(hooks):
+        return fn(model, item)
 
 
 def _run_here(model: ModelSpec, ref: ModelRef, fn: Callable, items: List, progress, desc: str, unit: str) -> List:
