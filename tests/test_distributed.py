@@ -137,6 +137,38 @@ def _last_logits(model, prompt):
     return model.forward(model.to_tokens(prompt), logits_at="last")
 
 
+def _halve_resid(act, name):
+    act *= 0.5
+    return act
+
+
+def test_hooks_in_force_travel_with_the_work(cluster, model):
+    """Issue 41: a hook put in force with `with model.hooks` or add_hook
+    applies on the workers too (they load the model without it)."""
+    plain = dd.map(model, _last_logits, PROMPTS[:2])
+    with model.hooks([("blocks.2.resid_pre", _halve_resid)]):
+        want = dd.map(model, _last_logits, PROMPTS[:2])  # in this process, with the hook
+        got = dd.map(model, _last_logits, PROMPTS[:2], ray=cluster)
+    assert all(np.abs(w - p).max() > 0.1 for w, p in zip(want, plain))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    model.add_hook("blocks.2.resid_pre", _halve_resid)
+    try:
+        got = dd.map(model, _last_logits, PROMPTS[:2], ray=cluster)
+    finally:
+        model.reset_hooks()
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    # a patching sweep on the workers under the hook equals one process's
+    clean = "Ruth has a sweater. Steven has a taxi. Ruth has a"
+    corrupted = "Ruth has a taxi. Steven has a sweater. Ruth has a"
+    metric = patching.logit_diff(model.to_single_token(" sweater"), model.to_single_token(" taxi"))
+    with model.hooks([("blocks.2.resid_pre", _halve_resid)]), pytest.warns(patching.PatchingWarning):
+        w = patching.sweep(model, clean, corrupted, metric, over="layer,head", layers=[3], batch_size=3)
+        g = patching.sweep(model, clean, corrupted, metric, over="layer,head", layers=[3], batch_size=3, ray=cluster)
+    assert np.array_equal(g.values, w.values)
+
+
 def test_a_worker_killed_mid_run_is_replaced(cluster, model, tmp_path):
     marker = str(tmp_path / "killed")
 

@@ -338,3 +338,124 @@ def scale_router_logits(
 
         out.append((name, fn))
     return out
+
+
+# ------------------------------------------------------------ a head's lending (DCMHA)
+
+LENDING_BRANCHES = ("qp", "kp", "static")  # the branches through which one head lends to another
+
+
+def lent_terms(model: Model, layer: int, phase: str, branch: str, X: np.ndarray, dyn: dict, source: int) -> np.ndarray:
+    """What source head `source` lends every other head through one branch:
+    delta [..., N (target), T, S] with delta[n] = X[source] * map[source, n]
+    for n != source (0 at n = source; masked cells 0), float64.
+
+    X [..., N, T, S] the phase input (scores for pre, pattern for post; a
+    leading batch axis allowed), dyn the layer's dynamic weights of that
+    phase by short name (qw1 [..., T, R, N], kw1 [..., S, R, N], ...):
+        qp: map[t][m, n] = sum_r qw1[t, r, m] qw2[t, r, n]   (per query t)
+        kp: map[s][m, n] = sum_r kw1[s, r, m] kw2[s, r, n]   (per key s)
+        static: map[m, n] = W[m, n]                          (fixed)
+    times the compose-group mask. These are routing.flows' terms."""
+    from . import routing
+
+    N = model.config.n_head
+    T, S = X.shape[-2:]
+    mask = routing._mask(T, S, routing._window(model, layer))
+    x = np.where(mask, X[..., source, :, :].astype(np.float64), 0.0)  # [..., T, S], masked cells 0
+    block = routing._group_block(model)[source]  # [N]
+    if branch == "qp":
+        coef = np.einsum("...tr,...trn->...tn", dyn["qw1"][..., source], dyn["qw2"]) * block  # [..., T, N]
+        delta = np.einsum("...ts,...tn->...nts", x, coef)
+    elif branch == "kp":
+        coef = np.einsum("...sr,...srn->...sn", dyn["kw1"][..., source], dyn["kw2"]) * block  # [..., S, N]
+        delta = np.einsum("...ts,...sn->...nts", x, coef)
+    else:
+        W = routing.static_map(model, layer, phase)
+        assert W is not None
+        delta = np.einsum("...ts,n->...nts", x, W[source] * block)
+    delta[..., source, :, :] = 0.0
+    assert delta.shape[-3] == N
+    return delta
+
+
+def block_lending(
+    model: Model,
+    layer: int,
+    head: int,
+    phase: str = "post",
+    branches: Sequence[str] = ("qp", "kp"),
+    kind: str = "zero",
+    mean: Optional[np.ndarray] = None,
+) -> List[Tuple[str, object]]:
+    """Remove what `head` of `layer` lends the other heads through the compose:
+    the head keeps its own attention (its composed map, including its own
+    terms of every branch) and its output; every other head's branch map loses
+    head's term (routing.flows' F[head, branch] for targets n != head).
+
+    phase: "pre" (head lends its raw scores), "post" (its softmax pattern) or
+    "both". branches: of "qp", "kp" and, on Talking-Heads models (use_sw),
+    "static". kind="mean" lends `mean` [T, S] (e.g. head's pattern averaged
+    over reference prompts) in place of head's own input instead of nothing.
+
+    Returns hooks for run_with_hooks / model.hooks: read-only ones at the
+    phase input and the dynamic weights, and one writing each branch map;
+    they read the pass they run in, so they compose with other hooks."""
+    c = model.config
+    _check_head(model, layer, head)
+    if not c.use_dcmha:
+        raise Error(
+            "block_lending: %s has no compose (plain multi-head attention): no head lends to another" % model.name
+        )
+    if not is_choice(phase, PHASES + ("both",)):
+        raise Error("block_lending: phase must be 'pre', 'post' or 'both', not %r" % (phase,))
+    if isinstance(branches, str) or not isinstance(branches, (list, tuple)) or not branches:
+        raise Error(
+            "block_lending: branches must be a non-empty list of %s, not %r" % (", ".join(LENDING_BRANCHES), branches)
+        )
+    if not is_choice(kind, ("zero", "mean")):
+        raise Error("block_lending: kind must be 'zero' or 'mean', not %r" % (kind,))
+    if (kind == "mean") != (mean is not None):
+        raise Error("block_lending: mean= goes with kind='mean' (and kind='mean' needs it)")
+    if mean is not None:
+        mean = np.asarray(mean, np.float64)
+        if mean.ndim != 2 or mean.shape[0] != mean.shape[1] or not np.all(np.isfinite(mean)):
+            raise Error("block_lending: mean must be a finite [T, S] map, got shape %s" % (mean.shape,))
+    out: List[Tuple[str, object]] = []
+    for ph in PHASES if phase == "both" else (phase,):
+        present = [b for b in branches if hook_name(layer, "attn.%s.%s" % (ph, b)) in model.hook_names]
+        for b in branches:
+            if not is_choice(b, LENDING_BRANCHES):
+                raise Error("block_lending: branch must be one of %s, not %r" % (", ".join(LENDING_BRANCHES), b))
+            if b not in present:
+                raise Error("block_lending: %s has no %s branch at layer %d (phase %s)" % (model.name, b, layer, ph))
+        out += _lending_hooks(model, layer, head, ph, present, mean)
+    return out
+
+
+def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, mean) -> List[Tuple[str, object]]:
+    from . import hooks as _hooks
+
+    seen: dict = {}  # this pass's phase input and dynamic weights, read before the branches
+    src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
+    want = {w for b in branches if b != "static" for w in (b[0] + "w1", b[0] + "w2")}
+
+    def keep(key):
+        return _hooks.read_only(lambda act, _n: seen.__setitem__(key, np.array(act, np.float64)))
+
+    hooks: List[Tuple[str, object]] = [(hook_name(layer, "attn.dyn.%s.%s" % (phase, w)), keep(w)) for w in sorted(want)]
+    hooks.append((src, keep("X")))
+    for b in branches:
+
+        def fn(act, _name, b=b):
+            X = seen["X"]
+            if mean is not None:
+                if mean.shape != X.shape[-2:]:
+                    raise Error("block_lending: mean has shape %s, this pass's maps %s" % (mean.shape, X.shape[-2:]))
+                X = X.copy()
+                X[..., head, :, :] -= mean
+            act -= lent_terms(model, layer, phase, b, X, seen, head).astype(np.float32)
+            return act
+
+        hooks.append((hook_name(layer, "attn.%s.%s" % (phase, b)), fn))
+    return hooks

@@ -495,3 +495,236 @@ def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], retur
     if return_cache:
         return model.run_with_hooks(tokens, fwd_hooks=hooks, cache_names=None)
     return model.run_with_hooks(tokens, fwd_hooks=hooks)
+
+
+# ---------------------------------------------------------------- ablation sweeps
+
+
+@dataclasses.dataclass
+class AblationResult:
+    """values [axes...] of metric(ablated run), one cell ablated at a time;
+    baseline: the metric of the run with nothing ablated (hooks in force
+    apply to both)."""
+
+    values: np.ndarray
+    axes: Tuple[str, ...]
+    labels: Tuple[List[str], ...]
+    baseline: float
+    what: str
+    mode: str  # "zero" or "mean"
+
+    def effect(self) -> np.ndarray:
+        """values - baseline: what ablating each cell changes (negative: the cell helped)."""
+        return self.values - self.baseline
+
+    def plot(self, title: Optional[str] = None):
+        """A matplotlib Figure, diverging colours centred on the baseline."""
+        from .plots import plot_patching
+
+        as_patch = PatchResult(self.values, self.axes, self.labels, self.baseline, self.baseline, self.what)
+        return plot_patching(
+            as_patch, title=title or "%s ablation: %s (baseline %.3g)" % (self.mode, self.what, self.baseline)
+        )
+
+    def _repr_png_(self):
+        return self.plot()._repr_png_()
+
+
+ABLATION_SWEEPS = ("layer,head", "source", "composition")
+
+
+def ablation_sweep(
+    model: Model,
+    tokens,
+    metric: Metric,
+    over: str = "layer,head",
+    mode: str = "zero",
+    reference=None,
+    layers=None,
+    phase: str = "post",
+    branches: Sequence[str] = ("qp", "kp"),
+    hook: Optional[str] = None,
+    batch_size: int = 16,
+    progress: Optional[bool] = None,
+    ray=None,
+) -> AblationResult:
+    """Ablate one cell at a time in one prompt and score the logits with
+    `metric` (no corrupted prompt: the counterpart of sweep).
+
+    over:
+    - "layer,head": a head's output (hook attn.z by default) -> [L, N];
+      mode="mean": its mean over the reference prompts' positions
+      (mean_activation), reference: prompts of any length;
+    - "source": what a head lends the others through the compose
+      (interventions.block_lending with `phase` ("pre", "post" or "both")
+      and `branches`) -> [L, N]; mode="mean": the head lends its input
+      averaged over the reference prompts instead;
+    - "composition": one entry C[m, n] of the composition map (source m ->
+      target n, every query/key pair; `phase` "pre" or "post") -> [L, N, N]:
+      the term X[m] C[m, n] leaves target n's composed map (zero) or
+      becomes X[m] mean(C[m, n]) (mean over the reference prompts).
+    For "source" and "composition", reference prompts must have the
+    prompt's length (the means are per query/key cell). The hooks in force
+    (add_hook, `with model.hooks`) apply to every run, the baseline too."""
+    from . import interventions as iv
+    from . import routing
+
+    check_str("over", over)
+    over = over.replace(" ", "")
+    if not is_choice(over, ABLATION_SWEEPS):
+        raise ArgumentError("over must be one of %s, not %r" % (", ".join(map(repr, ABLATION_SWEEPS)), over))
+    if not is_choice(mode, ("zero", "mean")):
+        raise ArgumentError("mode must be 'zero' or 'mean', not %r" % (mode,))
+    if not callable(metric):
+        raise ArgumentError("metric must be a function of the [T, V] logits, got %r" % (metric,))
+    if (mode == "mean") != (reference is not None):
+        raise ArgumentError("reference= (prompts to average over) goes with mode='mean', and mode='mean' needs it")
+    toks = _tokens(model, tokens)
+    T, N, c = toks.size, model.config.n_head, model.config
+    layers = _layers(model, layers)
+    if over != "layer,head" and not c.use_dcmha:
+        raise Error("%s has no compose (plain multi-head attention): over=%r needs DCMHA" % (model.name, over))
+    ref = None if reference is None else _reference(model, reference, T if over != "layer,head" else None, over)
+    baseline = float(metric(model.forward(toks)))
+    cells: List[List[Cell]] = []
+    src = Cache()
+    placeholder = np.zeros(1, np.float32)
+    shape: Tuple[int, ...]
+    axes: Tuple[str, ...]
+    if over == "layer,head":
+        suffix = hook or "attn.z"
+        names = [hook_name(l, suffix) for l in layers]
+        for n in names:
+            iv._head_axis(model, n)
+        if ref is not None:
+            _, rc = model.run_with_cache(ref, names=names)
+        for n in names:
+            dict.__setitem__(src, n, placeholder)
+            for h in range(N):
+                idx = iv._head_index(n, h, _ndim(model, n))
+                value = 0.0 if ref is None else iv.mean_activation(rc, int(n.split(".")[1]), h, suffix)
+                cells.append([(n, _filler(idx, value))])
+        shape, axes = (len(layers), N), ("layer", "head")
+        labels: Tuple[List[str], ...] = ([str(l) for l in layers], ["H%d" % h for h in range(N)])
+        what = "layer,head (%s)" % suffix
+    elif over == "source":
+        if not is_choice(phase, PHASES + ("both",)):
+            raise ArgumentError("phase must be 'pre', 'post' or 'both', not %r" % (phase,))
+        means = {}
+        if ref is not None:
+            xs = [hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern")) for l in layers for ph in PHASES]
+            _, rc = model.run_with_cache(ref, names=xs)
+            means = {n: rc[n].astype(np.float64).mean(0) for n in xs}  # [N, T, S]
+        for l in layers:
+            for h in range(N):
+                hooks = []
+                for ph in PHASES if phase == "both" else (phase,):
+                    x = hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))
+                    mean = None if ref is None else means[x][h]
+                    hooks += iv.block_lending(model, l, h, ph, branches, mode, mean)
+                cells.append([(n, _row_hook(fn)) for n, fn in hooks])
+                for n, _ in hooks:
+                    dict.__setitem__(src, n, placeholder)
+        shape, axes = (len(layers), N), ("layer", "source head")
+        labels = ([str(l) for l in layers], ["H%d" % h for h in range(N)])
+        what = "source (%s lending through %s)" % (phase, ", ".join(branches))
+    else:
+        if not is_choice(phase, PHASES):
+            raise ArgumentError("a composition sweep takes phase='pre' or 'post', not %r" % (phase,))
+        x_of = lambda l: hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
+        target = lambda l: hook_name(l, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
+        dyn = [n for l in layers for n in model.hook_names if n.startswith(hook_name(l, "attn.dyn.%s." % phase))]
+        _, cache = model.run_with_cache(toks, names=dyn + [x_of(l) for l in layers])
+        if ref is not None:
+            _, rc = model.run_with_cache(ref, names=dyn)
+        for l in layers:
+            C = routing.composition_maps(model, cache, l, phase)  # [T, S, N, N]
+            if ref is None:
+                goal = np.zeros_like(C)
+            else:
+                goal = np.mean(
+                    [routing.composition_maps(model, _row_cache(rc, b, dyn), l, phase) for b in range(ref.shape[0])],
+                    axis=0,
+                )
+            X = np.where(
+                routing._mask(T, T, routing._window(model, l)), cache[x_of(l)].astype(np.float64), 0.0
+            )  # [N, T, S]
+            dict.__setitem__(src, target(l), placeholder)
+            for m_ in range(N):
+                for n_ in range(N):
+                    add = ((goal[:, :, m_, n_] - C[:, :, m_, n_]) * X[m_]).astype(np.float32)  # [T, S]
+                    cells.append([(target(l), _adder(n_, add))])
+        shape, axes = (len(layers), N, N), ("layer", "source head", "target head")
+        labels = ([str(l) for l in layers], ["H%d" % h for h in range(N)], ["H%d" % h for h in range(N)])
+        what = "composition (%s)" % phase
+    vals = _run_cells(model, toks, cells, src, metric, batch_size, progress, "%s ablation %s" % (mode, over), ray)
+    return AblationResult(vals.reshape(shape), axes, labels, baseline, what, mode)
+
+
+def _ndim(model: Model, name: str) -> int:
+    """The rank of a hook's activation for one sequence (the engine's shape has a batch axis first)."""
+    from ._engine import ffi, lib
+
+    shape = ffi.new("int64_t[6]")
+    return int(lib.dcs_hook_shape(model.runner.handle, model.parse_hook(name)[0], 1, 1, shape)) - 1
+
+
+def _reference(model: Model, reference, T: Optional[int], over: str) -> np.ndarray:
+    """ablation_sweep's reference prompts as [B, T'] tokens (T' = T when T is given)."""
+    if isinstance(reference, str):
+        reference = [reference]
+    if isinstance(reference, list) and reference and all(isinstance(r, str) for r in reference):
+        rows = [model.to_tokens(r) for r in reference]
+        if len({r.size for r in rows}) != 1:
+            raise ArgumentError(
+                "reference: the prompts have different token lengths (%s); give prompts of one length"
+                % sorted({r.size for r in rows})
+            )
+        ref = np.stack(rows)
+    else:
+        ref = np.asarray(reference)
+        if ref.ndim == 1:
+            ref = ref[None]
+    if ref.ndim != 2 or ref.size == 0 or ref.dtype.kind not in "iu":
+        raise ArgumentError(
+            "reference must be a string, a list of strings of one token length or [B, T] integer tokens, got %r"
+            % (reference,)
+        )
+    if T is not None and ref.shape[1] != T:
+        raise ArgumentError(
+            "reference: over=%r averages per query/key cell, so the reference prompts need the prompt's %d tokens "
+            "(got %d)" % (over, T, ref.shape[1])
+        )
+    return ref
+
+
+def _filler(idx, value):
+    def apply(act, _src):
+        act[idx] = value
+
+    return apply
+
+
+def _adder(target: int, add: np.ndarray):
+    def apply(act, _src):
+        act[target] += add
+
+    return apply
+
+
+def _row_hook(fn):
+    """A hook function of one sequence as a patching cell (act: that row)."""
+
+    def apply(act, _src):
+        r = fn(act, "")
+        if r is not None and r is not act:
+            act[...] = r
+
+    return apply
+
+
+def _row_cache(cache: Cache, b: int, names: Sequence[str]) -> Cache:
+    out = Cache()
+    for n in names:
+        dict.__setitem__(out, n, cache[n][b])
+    return out
