@@ -4,6 +4,7 @@
     ds = load_dataset("../shared/data/synthetic_dataset.jsonl")
     res = evaluate(model, ds)            # model.forward(int32 [B, T]) -> [B, T, V]
     res.summary["overall"]               # {"acc": ..., "ppl": ..., "n": 5328, ...}
+    res.per_task["task56"].acc           # per task, typed (TaskResult: acc, n, ppl, ...)
     lines = generate(lines_per_task=100, seed=1)   # new data, same format
 
 Command line: ``dclens synth --model DIR [--data FILE] [--out DIR] [--limit N]``
@@ -11,7 +12,7 @@ Command line: ``dclens synth --model DIR [--data FILE] [--out DIR] [--limit N]``
 """
 
 from .dataset import Answer, Dataset, DatasetError, Example, Line, load_dataset, parse_texts
-from .evaluate import AnswerResult, EvalResult, aggregate, evaluate
+from .evaluate import AnswerResult, EvalResult, TaskResult, aggregate, evaluate
 from .generate import analyse, generate, write_jsonl
 from .tasks import PATTERNS, TASKS, TRANSFORMS, Task
 from .tokenize import tokenize_line, tokenize_lines
@@ -28,6 +29,7 @@ __all__ = [
     "TASKS",
     "TRANSFORMS",
     "Task",
+    "TaskResult",
     "aggregate",
     "analyse",
     "evaluate",

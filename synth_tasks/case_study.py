@@ -24,6 +24,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from .evaluate import refuse_hooks
 from .probe import probe
 
 BRANCHES = ("skip", "qp", "kp", "qg", "kg")
@@ -33,6 +34,15 @@ def _p_at(logits: np.ndarray, pos: int, tok: int) -> float:
     z = logits[pos].astype(np.float64)
     z = np.exp(z - z.max())
     return float(z[tok] / z.sum())
+
+
+def _refuse_hooks(model, what: str) -> None:
+    refuse_hooks(
+        model,
+        "synth_tasks.case_study.%s" % what,
+        "its integrated gradients (model.attribute) run gradient passes, which cannot run Python hooks, "
+        "so its numbers would mix the hooked and the un-hooked model",
+    )
 
 
 def _zero_head(name: str, index):
@@ -45,7 +55,10 @@ def _zero_head(name: str, index):
 
 def case_study(model, line, answer_index: int, steps: int = 32) -> Dict:
     """The case-study numbers of `model` on the answer `answer_index` of `line`
-    (a synth_tasks Line); ValueError when that answer does not analyse."""
+    (a synth_tasks Line); ValueError when that answer does not analyse; a
+    dclens.Error when the model has hooks in force (model.attribute's gradient
+    passes cannot run them, so its numbers would mix hooked and un-hooked passes)."""
+    _refuse_hooks(model, "case_study")
     P = probe(line, answer_index, model.tokenizer)
     if P is None:
         raise ValueError("%s line %d answer %d: no source to analyse" % (line.task_id, line.lineno, answer_index))
@@ -111,6 +124,9 @@ def survey(models: Dict[str, object], lines: Sequence, limit: int = 40, steps: i
     `limit` of them. Returns {"answers": [(task_id, line, answer_index)],
     label: [case_study dict per answer]} (models without DCMHA get the IG part)."""
     from .evaluate import evaluate
+
+    for m in models.values():  # before any model runs
+        _refuse_hooks(m, "survey")
 
     right = None
     for m in models.values():

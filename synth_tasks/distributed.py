@@ -9,13 +9,19 @@ here); each batch is one work item, scored on a worker by evaluate.score_batch
 back in file order. So answers and summary equal those of a single-process
 run whose model has the workers' thread count, to the bit; only `speed`
 differs (it adds the number of workers and their threads each).
+
+The workers load each model again from its files: hooks in force on a
+dclens.Model given here (``with model.hooks(...)``, ``model.add_hook``) are
+not theirs, so such a call raises a dclens.Error naming those hooks rather
+than scoring the un-hooked model (evaluate() in this process runs them).
 """
 
 from __future__ import annotations
 
 import os
+
 from .dataset import Dataset, load_dataset
-from .evaluate import EvalResult, finish, plan, score_batch
+from .evaluate import EvalResult, finish, plan, refuse_hooks, score_batch
 
 
 def synth(
@@ -35,11 +41,19 @@ def synth(
     ("local:N", "auto", an address or a dclens.distributed.Cluster).
     data: a benchmark JSONL path, a Dataset or a list of Line. batch_tokens:
     padded tokens per batch (default 1024 on cpu, 4096 on cuda, as the
-    command line). tokenizer: for model directories without tokenizer.json."""
+    command line). tokenizer: for model directories without tokenizer.json.
+    A model with hooks in force: a dclens.Error (the workers cannot run them)."""
+    specs = list(models) if isinstance(models, (list, tuple)) else [models]
+    for spec in specs:  # before anything starts
+        refuse_hooks(
+            spec,
+            "synth_tasks.distributed.synth (ray=%r)" % (ray,),
+            "the Ray workers load the model again from its files, without them, and would score the "
+            "un-hooked model. Run synth_tasks.evaluate(model, lines) in this process to score the hooked model",
+        )
     from dclens import distributed
     from dclens.model import load_tokenizer
 
-    specs = list(models) if isinstance(models, (list, tuple)) else [models]
     ds = load_dataset(data) if isinstance(data, (str, os.PathLike)) else data
     lines = ds.lines if isinstance(ds, Dataset) else list(ds)
     bt = batch_tokens or (4096 if device == "cuda" else 1024)

@@ -43,8 +43,44 @@ class AnswerResult:
     pred_text: str = ""
 
 
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's results: the row ``summary["per_task"][task_id]`` as a record."""
+
+    task_id: str
+    acc: float  # accuracy: the fraction of its answers scored correct (greedy, every token)
+    ppl: float  # perplexity: exp(nll / tokens)
+    n: int  # scored answers
+    correct: int  # of them correct
+    tokens: int  # answer tokens
+    nll: float  # summed over the answer tokens
+    pattern: str | None  # QK pattern (synth_tasks.TASKS; None for a task outside the table)
+    transform: str | None  # OV transformation
+
+    @property
+    def accuracy(self) -> float:
+        return self.acc
+
+    @property
+    def perplexity(self) -> float:
+        return self.ppl
+
+
 @dataclass
 class EvalResult:
+    """What evaluate() returns.
+
+    answers      one AnswerResult per scored answer, in file order
+    summary      dict (what results.json holds): "overall", "per_task",
+                 "per_k", "per_pattern", "per_transform", each {"acc", "ppl",
+                 "n", "correct", "tokens", "nll"} (per_task rows add
+                 "pattern" and "transform")
+    per_task     the same per-task rows typed: task id -> TaskResult, in task
+                 order (``res.per_task["task56"].acc``, ``.n``, ``.ppl``, ...)
+    overall      summary["overall"]
+    speed        lines, batches, tokens, padded_tokens, forward_s, wall_s, tokens_per_s
+    """
+
     model_name: str
     answers: list[AnswerResult]
     summary: dict  # overall / per_task / per_k / per_pattern / per_transform
@@ -55,6 +91,24 @@ class EvalResult:
     @property
     def overall(self) -> dict:
         return self.summary["overall"]
+
+    @property
+    def per_task(self) -> dict[str, TaskResult]:
+        """task id -> TaskResult (accuracy, n, perplexity, ... of summary["per_task"])."""
+        return {
+            tid: TaskResult(
+                task_id=tid,
+                acc=r["acc"],
+                ppl=r["ppl"],
+                n=r["n"],
+                correct=r["correct"],
+                tokens=r["tokens"],
+                nll=r["nll"],
+                pattern=r.get("pattern"),
+                transform=r.get("transform"),
+            )
+            for tid, r in self.summary["per_task"].items()
+        }
 
 
 # ---------------------------------------------------------------------------
@@ -177,6 +231,34 @@ def _answer_positions(lines) -> np.ndarray:
         per.append(p or [0])
     n = max(len(p) for p in per)
     return np.array([p + [p[-1]] * (n - len(p)) for p in per], dtype=np.int32)
+
+
+def hooks_in_force(model) -> list:
+    """The (name, fn) hooks a model runs on every pass: those added with
+    add_hook or ``with model.hooks(...)`` (a dclens model's runner.ctx_hooks;
+    [] for a model without)."""
+    return list(getattr(getattr(model, "runner", None), "ctx_hooks", None) or [])
+
+
+def refuse_hooks(model, what: str, why: str) -> None:
+    """A dclens.Error naming the hooks in force when ``model`` has any: for a
+    call that cannot run them (``why``), instead of results of the un-hooked
+    model passed off as hooked ones."""
+    hooks = hooks_in_force(model)
+    if not hooks:
+        return
+    from dclens._checks import Error
+
+    names = []
+    for n, fn in hooks:
+        label = "%s (%s)" % (n, getattr(fn, "__name__", type(fn).__name__))
+        if label not in names:
+            names.append(label)
+    raise Error(
+        "%s: %s has %d hook(s) in force, added with add_hook or `with model.hooks(...)`: %s; %s. "
+        "Leave the with block or call model.reset_hooks() to run without them"
+        % (what, getattr(model, "name", None) or "the model", len(hooks), ", ".join(names), why)
+    )
 
 
 def get_tokenizer(model, tokenizer=None):
@@ -307,7 +389,14 @@ def evaluate(
     decode: bool = True,
 ) -> EvalResult:
     """Evaluate ``model`` (``model.forward(int32 [B, T]) -> float32 [B, T, V]``)
-    on ``lines`` (a Dataset or a list of Line)."""
+    on ``lines`` (a Dataset or a list of Line).
+
+    Every pass is ``model.forward`` (with logits_at= on a dclens model), so
+    the hooks in force (``with model.hooks(...)``, ``model.add_hook``) run on
+    every line: the result is that of the hooked model.
+
+    progress: see dclens.progress; in a log, a few plain lines whose count is
+    of lines ("25% (6/24 line)")."""
     p = plan(lines, get_tokenizer(model, tokenizer), batch_tokens, max_batch)
     toks = p.toks
     vocab = getattr(getattr(model, "config", None), "vocab", None)
@@ -327,8 +416,13 @@ def evaluate(
             scored.append(score_batch(model, [toks[i] for i in batch], sparse))
             if bar is not None:
                 n_tok, fwd_s = n_tok + scored[-1].tokens, fwd_s + scored[-1].forward_s
-                bar.update(len(batch))
                 bar.set_postfix(tok_s=f"{n_tok / max(fwd_s, 1e-9):.0f}")
+                # the bar counts lines, one at a time: a batch of many short lines can pass
+                # several quarters of the plain log at once, and each quarter's line must show
+                # the count at that quarter, not the count after the batch ("25% (12/24)"
+                # then "50% (12/24)")
+                for _ in batch:
+                    bar.update(1)
     finally:
         if bar is not None:
             bar.close()

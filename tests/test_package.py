@@ -243,6 +243,15 @@ def test_progress_in_a_log_is_a_few_plain_lines(monkeypatch):
     lines = err.getvalue().splitlines()
     assert lines[0] == "train: resumed at 800" and lines[1].startswith("train: 75% (1000/1300"), lines
     assert len(lines) == 3 and "done" in lines[-1], lines
+    # a jump over two quarters says its count once (issue 41: "25% (12/24)" then "50% (12/24)")
+    err.seek(0)
+    err.truncate(0)
+    b = P.bar(total=24, desc="eval", progress=None)
+    b.update(12)
+    b.update(12)
+    b.close()
+    lines = err.getvalue().splitlines()
+    assert [x.split(" ")[1:3] for x in lines[1:-1]] == [["50%", "(12/24"], ["75%", "(24/24"]], lines
     err.seek(0)
     err.truncate(0)
     b = P.bar(total=10, desc="x", progress=False)

@@ -401,3 +401,69 @@ def test_cli_on_a_generated_tiny_engine_model(tiny_factory, tmp_path, tokenizer,
     acc, ppl, n = ref_stats(ref)
     assert got["n"] == n and got["acc"] == pytest.approx(acc)
     assert got["ppl"] == pytest.approx(ppl, rel=NLL)
+
+
+# ---------------------------------------------------------------------------
+# per-task results, typed (issue 37)
+# ---------------------------------------------------------------------------
+
+
+def test_per_task_is_typed_and_equals_the_summary(both):
+    import dataclasses
+
+    from synth_tasks import TASKS, TaskResult
+
+    ds, res, ref, calls = both
+    pt = res.per_task
+    assert list(pt) == list(res.summary["per_task"])  # the same tasks, in task order
+    assert len(pt) > 10
+    for tid, r in pt.items():
+        assert isinstance(r, TaskResult) and r.task_id == tid
+        row = dataclasses.asdict(r)
+        del row["task_id"]
+        assert row == res.summary["per_task"][tid]  # every field of the summary row, nothing else
+        assert (r.accuracy, r.perplexity) == (r.acc, r.ppl)
+        assert (r.pattern, r.transform) == (TASKS[tid].pattern, TASKS[tid].transform)
+        rows = [a for a in res.answers if a.task_id == tid]
+        assert r.n == len(rows) and r.correct == sum(a.correct for a in rows)
+    assert sum(r.n for r in pt.values()) == res.overall["n"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pt[next(iter(pt))].acc = 1.0  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------
+# the progress log (issue 37): each quarter's line shows the count at that quarter
+# ---------------------------------------------------------------------------
+
+_QUARTER = re.compile(r"^synth fake: (\d+)% \((\d+)/(\d+) line\)")
+
+
+class ZeroModel:
+    """Logits 0 at the positions asked (logits_at=): the cheapest model evaluate takes."""
+
+    def __init__(self, tokenizer, vocab=50304):
+        self.config, self.tokenizer, self.name = SimpleNamespace(vocab=vocab), tokenizer, "fake"
+
+    def forward(self, tokens, logits_at=None):
+        return np.zeros((tokens.shape[0], np.shape(logits_at)[1], self.config.vocab), np.float32)
+
+
+@pytest.mark.parametrize(
+    "n_lines, batch_tokens",
+    [(24, 100000), (24, 1200), (10, 100000), (7, 1)],  # one batch of all; uneven batches; 10 and 7 lines
+)
+def test_progress_log_counts_agree_with_the_percentages(tokenizer, subset_path, capsys, n_lines, batch_tokens):
+    ds = load_dataset(subset_path, limit=n_lines)
+    capsys.readouterr()
+    evaluate(ZeroModel(tokenizer), ds, batch_tokens=batch_tokens, progress=None)  # not a terminal: plain lines
+    log = capsys.readouterr().err.splitlines()
+    assert 3 <= len(log) <= 6 and log[0] == "synth fake: start" and log[-1].startswith("synth fake: done, ")
+    quarters = [tuple(int(x) for x in _QUARTER.match(line).groups()) for line in log[1:-1]]
+    assert [q[0] for q in quarters] == [25, 50, 75]  # each quarter once
+    counts = [n for _, n, _ in quarters]
+    assert counts == sorted(set(counts))  # never the same count twice
+    for pct, n, total in quarters:
+        assert total == n_lines
+        # n is the first count at or past pct%: pct% of the lines, rounded up
+        assert n * 100 >= pct * total > (n - 1) * 100, (pct, n, total)
+    assert "%d/%d line" % (n_lines, n_lines) in log[-1]

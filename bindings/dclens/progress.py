@@ -93,12 +93,18 @@ class Plain:
     def update(self, n: int = 1) -> None:
         self.n += n
         if self.total:
-            while self._next < _PLAIN_STEPS and self.n * _PLAIN_STEPS >= self._next * self.total:
+            # one line per update, for the last quarter it passed: a jump over
+            # several quarters says the count once ("25% (12/24)" then "50%
+            # (12/24)" read as a repeat)
+            passed = self._next
+            while passed < _PLAIN_STEPS and self.n * _PLAIN_STEPS >= passed * self.total:
+                passed += 1
+            if passed > self._next:
+                self._next = passed
                 self._say(
                     "%d%% (%d/%d %s) %.1f s"
-                    % (100 * self._next // _PLAIN_STEPS, self.n, self.total, self.unit, time.monotonic() - self._t0)
+                    % (100 * (passed - 1) // _PLAIN_STEPS, self.n, self.total, self.unit, time.monotonic() - self._t0)
                 )
-                self._next += 1
 
     def set_postfix(self, ordered_dict=None, refresh: bool = True, **kw) -> None:
         d = dict(ordered_dict or {}, **kw)
