@@ -196,3 +196,76 @@ def test_a_large_page_warns(models, monkeypatch):
     monkeypatch.setattr(explorer, "_WARN_BYTES", 1000)
     with pytest.warns(UserWarning, match=r"layers=\[\.\.\.\] keeps the page smaller"):
         dclens.explore(model, TEXT, layers=[0], progress=False)
+
+
+def _pattern_rows(html, layer, T, window=0):
+    """The stored softmax pattern of a layer, decoded to [N, T, S] (0 at masked cells)."""
+    data, meta = decode(html)
+    q, sc, shape = data[layer]["pattern"]
+    vis = explorer.visible_mask(T, window)
+    out = np.zeros(shape)
+    out[:, vis] = (q * np.repeat(sc, np.tile(vis.sum(1), shape[0]))).reshape(shape[0], -1)
+    return out
+
+
+def test_hooks_in_force_change_what_the_page_shows(models):
+    """explore runs its passes with the hooks in force (with model.hooks(...), add_hook): a head whose
+    pattern a hook zeroes shows zeros in the page's data, and its composed weights change."""
+    model, twin = models
+    toks = model.to_tokens(TEXT)
+    T, name = len(toks), hook_name(1, "attn.pattern")
+
+    def zero_head_2(a, hook):
+        a[2] = 0.0
+        return a
+
+    plain = dclens.explore(model, toks, layers=[1], twin=twin, progress=False)
+    with model.hooks([(name, zero_head_2)]):
+        hooked = dclens.explore(model, toks, layers=[1], twin=twin, progress=False)
+    before, after = _pattern_rows(plain.html, 1, T), _pattern_rows(hooked.html, 1, T)
+    assert np.abs(before[2]).max() > 0.5 and np.abs(after[2]).max() == 0.0
+    np.testing.assert_array_equal(before[0], after[0])  # other heads: as stored without the hook
+    (p_data, _), (h_data, _) = decode(plain.html), decode(hooked.html)
+    assert not np.array_equal(p_data[1]["pattern_composed"][0], h_data[1]["pattern_composed"][0])
+    np.testing.assert_array_equal(p_data[1]["twin.pattern"][0], h_data[1]["twin.pattern"][0])  # the twin's own hooks
+    model.add_hook(name, zero_head_2)
+    try:
+        assert np.abs(_pattern_rows(dclens.explore(model, toks, layers=[1], progress=False).html, 1, T)[2]).max() == 0
+        # IG runs no Python hook: a target tuple refuses rather than ranking the un-hooked model
+        with pytest.raises(dclens.Error, match=r"explore\(attribution=.*1 hook in force.*blocks\.1\.attn\.pattern"):
+            dclens.explore(model, toks, layers=[1], attribution=("logprob", -1, 5), progress=False)
+    finally:
+        model.reset_hooks()
+
+
+def test_the_page_opens_on_the_top_ig_head(models):
+    model, _ = models
+    toks = model.to_tokens(TEXT)
+    ig = np.zeros((4, 6))
+    ig[2, 3], ig[0, 1], ig[3, 5] = -4.0, 3.0, 1.0
+    meta = _script(dclens.explore(model, toks, attribution=ig, progress=False).html, "dcs-meta")
+    assert meta["ig"]["top"] == [2, 3] and meta["ig"]["query"] is None and meta["ig"]["note"] == ""
+    meta = _script(dclens.explore(model, toks, layers=[3, 1], attribution=ig, progress=False).html, "dcs-meta")
+    assert meta["ig"]["top"] == [3, 5]  # the largest |value| among the layers shown
+    meta = _script(
+        dclens.explore(model, toks, layers=[1], attribution=("logprob", -3, int(toks[-2])), progress=False).html,
+        "dcs-meta",
+    )
+    vals = np.abs(meta["ig"]["values"][0])
+    assert meta["ig"]["top"] == [1, int(np.argmax(vals))] and meta["ig"]["query"] == len(toks) - 3
+    assert "zero baseline" in meta["ig"]["note"] and "activation patching" in meta["ig"]["note"]
+
+
+def test_misuse_raises_argument_errors(models, tmp_path):
+    model, _ = models
+    for kw, cls, msg in [
+        (dict(attribution="abc"), dclens.ArgumentError, "attribution="),
+        (dict(twin=5), dclens.ArgumentTypeError, "twin="),
+        (dict(progress="yes"), dclens.Error, "progress"),
+    ]:
+        with pytest.raises(cls, match=msg):
+            dclens.explore(model, TEXT, layers=[0], **kw)
+    with pytest.raises(dclens.ArgumentError, match="text must be"):
+        dclens.explore(model, ["a", "b"], progress=False)
+    with pytest.raises(dclens.ArgumentTypeError, match="save: path"):
+        dclens.explore(model, TEXT, layers=[0], progress=False).save(None)

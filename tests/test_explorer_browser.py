@@ -407,3 +407,156 @@ def test_a_page_with_some_layers_says_so(built, browser, tmp_path):
     assert (state["layer"], state["head"], state["view"]) == ("1", "1", "pattern")
     assert "layers 1, 3 of 4" in browser.find_element(By.ID, "dcs-holds").text
     assert "layer (not in this page)" in browser.find_element(By.ID, "dcs-status").text
+
+
+# ---------------------------------------------------------------- issue 41: what the page opens on, and how it reads
+
+
+def _js_ready(d):
+    WebDriverWait(d, 20).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+    assert d.execute_script("return document.body.dataset.error || ''") == ""
+
+
+def test_opens_on_the_top_ig_head(built, browser, tmp_path):
+    """With attribution= the page opens (no fragment) on the head of largest |IG| and, for a
+    target tuple, at the target's position; the IG panel says IG uses a zero baseline."""
+    model, toks, ex, path, cache, _ = built
+    ig = np.zeros((4, 6))
+    ig[3, 4], ig[1, 0] = -5.0, 3.0  # the top |value| is negative, and not on layer 0 or head 0
+    arr = str(tmp_path / "ig.html")
+    dclens.explore(model, toks[:30], layers=[1, 3], attribution=ig, progress=False).save(arr)
+    browser.get("file://%s" % arr)
+    state, _ = _read(browser)
+    assert (state["layer"], state["head"], state["query"]) == ("3", "4", "29")
+    on = browser.find_elements(By.CSS_SELECTOR, "#dcs-ig .igrow.on")
+    assert len(on) == 1 and on[0].text.startswith("L3 H4")
+    target = str(tmp_path / "target.html")
+    dclens.explore(model, toks[:30], layers=[1, 2], attribution=("logprob", 20, int(toks[21])), progress=False).save(
+        target
+    )
+    browser.get("file://%s" % target)
+    state, _ = _read(browser)
+    vals = np.array(
+        json.loads(browser.execute_script("return document.getElementById('dcs-meta').textContent"))["ig"]["values"]
+    )
+    l, h = np.unravel_index(np.argmax(np.abs(vals)), vals.shape)
+    assert (state["layer"], state["head"], state["query"]) == (str([1, 2][l]), str(h), "20")
+    assert "zero baseline" in browser.find_element(By.ID, "dcs-ig").text
+    assert "activation patching" in browser.find_element(By.ID, "dcs-ig").text
+
+
+def test_bar_view_has_a_value_axis(built, browser):
+    model, toks, ex, path, cache, _ = built
+    for frag in ("layer=1&head=2&query=150&view=pattern_composed", "layer=3&head=0&query=60&view=pattern"):
+        _, got = _open(browser, path, frag)
+        vals = np.array([v for v in got if v is not None])
+        lo, hi = min(0.0, vals.min()), max(0.0, vals.max())
+        axis = browser.find_element(By.CSS_SELECTOR, "#dcs-selected .axis")
+        ticks = json.loads(axis.get_attribute("data-ticks"))
+        assert len(ticks) >= 3 and 0 in ticks and ticks == sorted(ticks)
+        assert all(lo - 1e-9 <= t <= hi + 1e-9 for t in ticks)
+        assert max(ticks) >= 0.5 * hi and (lo == 0 or min(ticks) <= 0.5 * lo)
+        labels = [float(s.text) for s in axis.find_elements(By.TAG_NAME, "span")]
+        assert labels == ticks  # written on the page, not only in the data
+
+
+_PIXEL = "var c = arguments[0], x = arguments[1]; return Array.from(c.getContext('2d').getImageData(x, 7, 1, 1).data.slice(0, 3));"
+
+
+def _strip(browser, label):
+    rows = browser.find_elements(By.CSS_SELECTOR, "#dcs-branches .strip-row")
+    return next(r for r in rows if r.find_element(By.CLASS_NAME, "lab").text == label).find_element(
+        By.TAG_NAME, "canvas"
+    )
+
+
+def test_one_colour_rule_for_signed_quantities(built, browser):
+    """qp, kp, qg, kg (and pre-softmax values) on the diverging map centred at 0, whatever the signs of
+    the row; sequential only for the softmax patterns and the post-compose skip branch."""
+    model, toks, ex, path, cache, _ = built
+    meta = json.loads(browser.execute_script("return document.getElementById('dcs-meta').textContent") or "{}") or None
+    seen_one_signed = False
+    for layer, head, query in ((1, 2, 150), (0, 1, 100), (3, 5, 77), (2, 3, 180)):
+        _, got = _open(browser, path, "layer=%d&head=%d&query=%d&view=branch:qg" % (layer, head, query))
+        meta = json.loads(browser.execute_script("return document.getElementById('dcs-meta').textContent"))
+        row = np.array([np.nan if v is None else v for v in got])
+        seen_one_signed |= bool(np.nanmin(row) >= 0)  # a qg row of one sign (the gate qdd[t, m] > 0)
+        for b in ("qp", "kp", "qg", "kg", "sum"):
+            assert _strip(browser, b).get_attribute("data-cmap") == "div", b
+        assert _strip(browser, "skip").get_attribute("data-cmap") == "seq"
+        assert _strip(browser, "pattern").get_attribute("data-cmap") == "seq"
+        c = _strip(browser, "qg")
+        cell = int(c.get_attribute("width")) // len(toks)
+        s = int(np.nanargmax(np.abs(row)))
+        want = meta["cmap"]["div"][3 * 255 : 3 * 256] if row[s] > 0 else meta["cmap"]["div"][0:3]
+        assert browser.execute_script(_PIXEL, c, s * cell + cell // 2) == want
+        assert browser.find_element(By.CSS_SELECTOR, "#dcs-selected canvas").get_attribute("data-cmap") == "div"
+        heads = browser.find_elements(By.CSS_SELECTOR, "#dcs-heads-panel .strip-row")
+        kinds = {
+            r.find_element(By.CLASS_NAME, "lab").text.split()[1]: r.find_element(By.TAG_NAME, "canvas").get_attribute(
+                "data-cmap"
+            )
+            for r in heads
+        }
+        assert kinds == {"pat": "seq", "comp": "div", "twin": "seq"}
+    assert seen_one_signed, "no qg row of one sign: the test would not see the old rule"
+    _open(browser, path, "layer=1&head=2&query=150&view=branch:skip&phase=pre")
+    assert _strip(browser, "skip").get_attribute("data-cmap") == "div"  # pre: the skip branch is the scores
+    assert _strip(browser, "scores").get_attribute("data-cmap") == "div"
+
+
+def test_tables_fit_or_scroll_under_themselves(browser, tmp_path):
+    """8 heads (dcpythia-small): the routing, flows and dynamic-weight tables fit in a 1400-px window
+    and no panel is clipped; a table that cannot fit scrolls in its own box."""
+    model = dclens.load("dcpythia-small")
+    p = str(tmp_path / "small.html")
+    dclens.explore(
+        model, model.to_tokens("Ruth has a sweater. Steven has a taxi. Ruth does not have"), layers=[1], progress=False
+    ).save(p)
+    browser.get("file://%s" % p)
+    _js_ready(browser)
+    boxes = browser.execute_script(
+        "return [...document.querySelectorAll('table.mat')].map(t => { const w = t.parentElement, p = t.closest('.dcs-panel');"
+        " return [t.className, getComputedStyle(w).overflowX, w.scrollWidth, w.clientWidth, p.scrollWidth, p.clientWidth,"
+        " w.getBoundingClientRect().right, p.getBoundingClientRect().right]; })"
+    )
+    assert {b[0] for b in boxes} == {"mat routing", "mat flows", "mat dyn"}
+    for cls, ov, sw, cw, psw, pcw, right, pright in boxes:
+        assert ov == "auto", cls
+        assert sw <= cw + 1, "%s: %d px in a %d-px box" % (cls, sw, cw)  # fits
+        assert psw <= pcw + 1 and right <= pright + 1, cls  # its panel is not clipped
+
+
+def test_ig_panel_fits_a_1400x1800_view(built, browser):
+    model, toks, ex, path, cache, _ = built
+    browser.set_window_size(1400, 1800)
+    try:
+        _open(browser, path, "layer=1&head=2&query=150&view=pattern_composed", reload=True)
+        r = browser.execute_script(
+            "const r = document.getElementById('dcs-ig-section').getBoundingClientRect();"
+            "return [r.top, r.bottom, r.right, window.innerHeight, window.innerWidth]"
+        )
+        assert r[0] >= 0 and r[1] <= r[3] and r[2] <= r[4], r
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#dcs-ig .igrow")) == 12
+    finally:
+        browser.set_window_size(1400, 1400)
+
+
+def test_flows_shown_once_and_the_stored_value_labelled_rounded(built, browser):
+    model, toks, ex, path, cache, _ = built
+    layer, head, query, key = 1, 2, 150, 69
+    _open(browser, path, "layer=%d&head=%d&query=%d&key=%d&view=flows" % (layer, head, query, key))
+    count = (
+        "return [document.querySelectorAll('table.%s').length, document.getElementById('dcs-%s').parentElement.hidden]"
+    )
+    assert browser.execute_script(count % ("flows", "flows")) == [1, True]
+    note = browser.find_element(By.CSS_SELECTOR, "#dcs-selected .note").text
+    assert "pattern_composed as stored, rounded to 8 bits" in note and "stored pattern_composed" not in note
+    want = cache[hook_name(layer, "attn.pattern_composed")].astype(np.float64)
+    step = explorer.stored_step(want, _vis(model, layer, len(toks)))[head, query]
+    shown = float(browser.find_element(By.CSS_SELECTOR, "#dcs-selected .rounded").text)
+    assert abs(shown - want[head, query, key]) <= step / 2 + 5e-4  # the 8-bit value, printed to 3 decimals
+    _open(browser, path, "layer=%d&head=%d&query=%d&key=%d&view=pattern" % (layer, head, query, key))
+    assert browser.execute_script(count % ("flows", "flows")) == [1, False]  # in its panel
+    _open(browser, path, "layer=%d&head=%d&query=%d&view=routing" % (layer, head, query))
+    assert browser.execute_script(count % ("routing", "routing")) == [1, True]

@@ -185,14 +185,43 @@ def test_long_prompts_show_a_window(tok_model):
 
 
 def test_repr_png_and_save(tok_model, tmp_path):
+    """One documented return: a Heatmap (a dclens.PNG) whose bytes(h) is the PNG, what save() writes and
+    what Jupyter shows (_repr_png_); h.size is its (width, height)."""
     model = dclens.load(tok_model)
-    png = dclens.attention_heatmap(model, "a b c d", layer=0, head=0)
-    assert isinstance(dclens.heatmap(np.eye(3)), dclens.PNG)
-    assert png._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
-    p = png.save(tmp_path / "x.png")
-    assert open(p, "rb").read() == bytes(png)
+    for i, png in enumerate([dclens.attention_heatmap(model, "a b c d", layer=0, head=0), dclens.heatmap(np.eye(3))]):
+        assert isinstance(png, hm.Heatmap) and isinstance(png, dclens.PNG)
+        data = bytes(png)
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and png._repr_png_() == data and len(png) == len(data)
+        p = png.save(tmp_path / ("x%d.png" % i))
+        assert p == str(tmp_path / ("x%d.png" % i)) and open(p, "rb").read() == data
+        assert png.size == Image.open(io.BytesIO(data)).size and "%dx%d PNG" % png.size in repr(png)
+    for f in (hm.heatmap, hm.attention_heatmap):
+        assert "bytes(h)" in f.__doc__ and "save(path)" in f.__doc__
     with pytest.raises(dclens.Error, match="cannot write"):
         png.save(tmp_path / "no" / "such" / "dir" / "x.png")
+    with pytest.raises(dclens.ArgumentTypeError, match="save: path"):
+        png.save(None)
+
+
+def test_default_one_layer_picture_reads_at_100_percent():
+    """attention_heatmap's default one-layer picture (every head, pattern beside composed) is at most
+    MAX_WIDTH pixels wide with every token labelled (cells of a text line or more), up to the 64
+    tokens a default window shows; grid_cols= and cell_px= still decide when given."""
+    model = dclens.load("dcpythia-small")
+    assert hm.MAX_WIDTH <= 1800 and model.config.n_head == 8
+    for T in (6, 27, 56, 64):
+        toks = (np.arange(T) * 37 + 11) % 1000
+        for kw in (dict(layer=0), dict(layer=1, hook="pattern"), dict(layer=0, head=3, hook="branches")):
+            png = hm.attention_heatmap(model, toks, **kw)
+            assert png.size[0] <= hm.MAX_WIDTH, (T, kw, png.size)
+            assert png.cell_box(0, 0, 0)[2] >= hm.MIN_CELL, (T, kw)
+    png = hm.attention_heatmap(model, toks, layer=0, grid_cols=6, cell_px=10)  # the old default grid
+    assert png.size[0] > 2 * hm.MAX_WIDTH and png.cell_box(0, 0, 0)[2] == 10
+    assert hm.attention_heatmap(model, toks, layer=0, cell_px=13).cell_box(0, 0, 0)[2] == 13
+    x0 = [hm.attention_heatmap(model, toks, layer=0, grid_cols=4).cell_box(p, 0, 0)[0] for p in range(5)]
+    assert x0[0] < x0[1] < x0[2] < x0[3] and x0[4] == x0[0]  # four panels a row, as asked
+    with pytest.raises(dclens.ArgumentTypeError, match="unknown keyword argument cell_size"):
+        hm.attention_heatmap(model, toks, layer=0, cell_size=3)
 
 
 def test_heatmap_errors(tok_model):
@@ -223,6 +252,12 @@ def test_cli_heatmap(tok_model, tmp_path):
     assert r.returncode == 0, r.stderr
     img = Image.open(out)
     assert img.size[0] > 50 and img.size[1] > 50
+    # the one-layer picture of a longer line reads at 100%, unless --cell-px / --grid-cols say otherwise
+    text = "When Mary and John went to the store, John gave a drink to Mary because she was thirsty " * 3
+    for extra, wide in (([], False), (["--cell-px", "24", "--grid-cols", "8"], True)):
+        r = _cli("heatmap", "--model", tok_model, "--text", text, "--layer", "0", "--out", str(out), *extra)
+        assert r.returncode == 0, r.stderr
+        assert (Image.open(out).size[0] > hm.MAX_WIDTH) == wide, (extra, Image.open(out).size)
     r = _cli(
         "heatmap",
         "--model",

@@ -49,7 +49,8 @@ def _heatmap_parser() -> argparse.ArgumentParser:
         "--grid-cols",
         type=int,
         default=None,
-        help="panels per grid row (default: about sqrt(panels), so 32 heads make a 6x6 grid)",
+        help="panels per grid row (default: about sqrt(panels), fewer when the picture would pass 1800 px "
+        "at cells of 10 px: dclens.heatmaps.MAX_WIDTH)",
     )
     p.add_argument("--cell-px", type=int, default=0, help="pixels per cell (0: chosen from the size)")
     p.add_argument(

@@ -10,7 +10,13 @@ side, and the MHA twin's), the selected head's compose branches per key (pre
 and post), the routing matrix [N, N] of the query as a heatmap and as a head
 graph, the flows into one (head, query, key) by source head and branch (what
 routing.flows computes), the query's dynamic weights and, with attribution=,
-integrated gradients per head as a ranking that selects heads.
+integrated gradients per head as a ranking that selects heads (the page then
+opens on the top-ranked head). Colours: sequential only for the softmax
+patterns (and the post-compose skip branch, the pattern itself), diverging
+around 0 for every signed quantity (docs/explorer.md, "Colours").
+
+The passes run with the hooks in force (model.add_hook, `with model.hooks(...)`;
+the twin's own hooks for the twin): the page shows the hooked model.
 
 Data: the phase inputs (scores, pattern), the composed maps, the twin's
 pattern, the routing matrices and the dynamic weights of each layer, maps by
@@ -42,7 +48,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from ._checks import Error, check_index
+from ._checks import ArgumentError, ArgumentTypeError, Error, c_path, check_bool, check_index, show_path, token_array
 from .names import BRANCHES, PHASES, hook_name
 
 _PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
@@ -73,7 +79,9 @@ class Explorer:
         )
 
     def save(self, path: Union[str, os.PathLike]) -> str:
-        path = os.fspath(path)
+        """Write the page to path (str or os.PathLike); returns the path."""
+        c_path("save: path", path)  # a path, or an Error naming it
+        path = show_path(path)
         try:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(self.html)
@@ -227,17 +235,36 @@ def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
     return blob
 
 
+_ZERO_BASELINE = (
+    "%s uses a zero baseline%s (each head's output scaled up from 0), which is why it can rank heads "
+    "differently from DLA or activation patching (which compare with a corrupted run)."
+)
+
+
 def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
-    """attribution= as {"label", "values": [len(layers)][N]}: an Attribution result,
-    an [L, N] array, or a target tuple for model.attribute (IG at each head_out)."""
+    """attribution= as {"label", "values": [len(layers)][N], "top": [layer, head] (the largest
+    |value|, the page opens there), "query" (the target's position, or None), "note"}: an
+    Attribution result, an [L, N] array, or a target tuple for model.attribute (IG at each
+    head_out, with a zero baseline)."""
     if attribution is None:
         return None
     N = model.config.n_head
-    label = "IG per head"
+    label, query, note = "attribution per head (given)", None, ""
     if isinstance(attribution, tuple):
         at = [hook_name(l, "attn.head_out") for l in layers]
-        label = "IG of %s at head outputs" % (attribution[0],)
+        label, note = "IG of %s at head outputs" % (attribution[0],), _ZERO_BASELINE % ("IG", "")
+        pos = attribution[1] if len(attribution) > 1 else None
+        if isinstance(pos, (int, np.integer)) and not isinstance(pos, bool) and -len(toks) <= pos < len(toks):
+            query = int(pos) % len(toks)  # the page opens at the target's position
         attribution = model.attribute(toks, attribution, at=at, method="ig", steps=32)
+    elif hasattr(attribution, "per_head"):
+        if getattr(attribution, "method", "ig") == "ig":
+            label, note = (
+                "IG per head",
+                _ZERO_BASELINE % ("IG from model.attribute", " unless baseline= said otherwise"),
+            )
+        else:
+            label = "%s per head" % (attribution.method,)
     if hasattr(attribution, "per_head"):
         missing = [l for l in layers if hook_name(l, "attn.head_out") not in attribution.per_head]
         if missing:
@@ -247,7 +274,13 @@ def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
             )
         vals = np.stack([np.asarray(attribution.per_head[hook_name(l, "attn.head_out")], np.float64) for l in layers])
     else:
-        a = np.asarray(attribution, np.float64)
+        try:
+            a = np.asarray(attribution, np.float64)
+        except (TypeError, ValueError) as e:
+            raise ArgumentError(
+                "explore: attribution= must be a target tuple, an Attribution or an [n_layer, n_head] array "
+                "of numbers: %s" % e
+            ) from None
         if a.ndim != 2 or a.shape[1] != N or a.shape[0] not in (model.config.n_layer, len(layers)):
             raise Error(
                 "explore: attribution= must be [n_layer, n_head] = [%d, %d] (or one row per layer "
@@ -259,7 +292,14 @@ def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
             "explore: attribution= gives per-head values of shape %s, need [%d, %d] and finite"
             % (vals.shape, len(layers), N)
         )
-    return {"label": label, "values": vals.tolist()}
+    top = np.unravel_index(int(np.argmax(np.abs(vals))), vals.shape)
+    return {
+        "label": label,
+        "values": vals.tolist(),
+        "top": [layers[int(top[0])], int(top[1])],
+        "query": query,
+        "note": note,
+    }
 
 
 def _labels(model, toks: np.ndarray) -> List[str]:
@@ -306,17 +346,32 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
     layers: the layers to embed (default all; the page says which it holds).
     twin: a second model with the same tokenizer (the MHA twin), whose attention
     is drawn beside. attribution: per-head values shown as a ranking: a target
-    tuple for model.attribute (IG at every shown layer's head_out, e.g.
-    ("logprob", -1, token)), its result, or an [n_layer, n_head] array.
-    progress: a tqdm bar over the layers (default: when stderr is a terminal)."""
+    tuple for model.attribute (IG at every shown layer's head_out with a zero
+    baseline, e.g. ("logprob", -1, token); the page opens at its position),
+    its result, or an [n_layer, n_head] array; the page opens on the head
+    with the largest |value|.
+    progress: a tqdm bar over the layers (default: when stderr is a terminal).
+
+    The forward passes run with the hooks in force (add_hook, `with
+    model.hooks(...)`), so the page shows the hooked model. IG runs no Python
+    hook: a target tuple with hooks in force raises dclens.Error (compute the
+    attribution outside the with block and pass its result)."""
     from tqdm.auto import tqdm
 
-    toks = np.asarray(model.to_tokens(text) if isinstance(text, str) else text)
-    if toks.ndim != 1 or toks.size == 0:
-        raise Error("explore: text must be a string or one sequence of tokens, got shape %s" % (toks.shape,))
+    if progress is not None:
+        check_bool("explore: progress", progress)
+    if twin is not None and not hasattr(twin, "run_with_cache"):
+        raise ArgumentTypeError("explore: twin= must be a dclens model or None, not %s" % type(twin).__name__)
+    toks = model.to_tokens(text) if isinstance(text, str) else token_array(text)
+    if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
+        raise ArgumentError(
+            "explore: text must be a string or one sequence of integer tokens, got %s %s" % (toks.dtype, toks.shape)
+        )
     T = int(toks.size)
     c = model.config
     lays = _layers(model, layers)
+    if isinstance(attribution, tuple):  # IG runs no Python hook: refuse before any pass
+        model.runner.refuse_hooks("explore(attribution=%r) computes integrated gradients" % (attribution,))
     # bytes before compression: the stored maps' visible cells (+ routing and dyn rows, [T, N] each)
     n_maps = 2 + (2 + 4 * c.n_head / T if c.use_dcmha else 0) + (twin is not None)
     est = sum(_n_visible(T, c.window_size if l in c.local_layers else 0) for l in lays) * c.n_head * n_maps

@@ -1,8 +1,13 @@
 """Attention heatmaps rendered to PNG by the engine (libpng, built-in font).
 
-    png = dclens.attention_heatmap(model, "The cat sat on the mat", layer=1)
-    png                      # displays inline in Jupyter (_repr_png_)
-    png.save("layer1.png")
+    img = dclens.attention_heatmap(model, "The cat sat on the mat", layer=1)
+    img                      # a Heatmap: displays inline in Jupyter (_repr_png_)
+    img.save("layer1.png")   # writes the PNG; bytes(img) is the same PNG bytes, img.size (w, h)
+
+attention_heatmap's default picture is at most MAX_WIDTH (1800) pixels wide,
+so it reads at 100% with every token labelled: the near-square grid of panels
+with cells shrunk down to a text line, then fewer panels a row (grid_cols= and
+cell_px= set either yourself).
 
 Sequential colours (viridis-like) for patterns in [0, 1]; a diverging map
 centred on zero for signed quantities (scores, compose branches, composed
@@ -16,24 +21,29 @@ positions=. matplotlib versions of the same figures are in dclens.plots.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
-from typing import Any, Optional, Sequence, Union
+import struct
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._engine import ffi, lib
-from ._checks import check_bool, check_index, is_choice, token_array
+from ._checks import ArgumentTypeError, c_path, check_bool, check_index, is_choice, show_path, token_array
 from .model import Error, Model
 from .names import BRANCHES, hook_name
 
 SEQUENTIAL, DIVERGING = 0, 1
 AUTO_WINDOW = 64  # longer prompts: a window of this many positions up to the query, unless told
 MAX_TOKENS = 512  # longer prompts are refused without window= or positions=
+MAX_WIDTH = 1800  # attention_heatmap's default picture: at most this wide where every token stays labelled
+MIN_CELL = 10  # the engine's text line (DCS_FONT_LINE): the smallest cell with every token labelled
 
 
 class PNG:
-    """PNG bytes that show themselves in Jupyter and can be saved."""
+    """A PNG picture: shows itself in Jupyter (_repr_png_), bytes(png) is the
+    PNG file's bytes, png.save(path) writes them, png.size is (width, height)."""
 
     def __init__(self, data: bytes):
         self.data = data
@@ -47,8 +57,19 @@ class PNG:
     def __len__(self) -> int:
         return len(self.data)
 
+    @property
+    def size(self) -> Tuple[int, int]:
+        """(width, height) in pixels, from the PNG header."""
+        w, h = struct.unpack(">II", self.data[16:24])
+        return int(w), int(h)
+
+    def __repr__(self) -> str:
+        return "<dclens.%s %dx%d PNG, %d bytes>" % ((type(self).__name__,) + self.size + (len(self.data),))
+
     def save(self, path: Union[str, os.PathLike]) -> str:
-        path = os.fspath(path)
+        """Write the PNG to path (str or os.PathLike); returns the path."""
+        c_path("save: path", path)  # a path, or an Error naming it
+        path = show_path(path)
         try:
             with open(path, "wb") as f:
                 f.write(self.data)
@@ -182,7 +203,9 @@ def _one_end(maps, mask_upper: bool, vmin, vmax):
 
 
 class Heatmap(PNG):
-    """A rendered heatmap: PNG bytes plus the geometry of its cells."""
+    """A rendered heatmap (what heatmap and attention_heatmap return): a PNG
+    (bytes(h) the PNG bytes, h.save(path), h.size, inline in Jupyter) plus
+    the geometry of its cells (cell_box)."""
 
     def __init__(self, data: bytes, args: tuple):
         super().__init__(data)
@@ -232,7 +255,53 @@ def heatmap(
     Rows are labelled "query", columns "key" (axis_titles). grid_cols:
     panels per grid row (0: all in one row); cell_px: pixels per cell (0:
     chosen from the size). vmin or vmax alone fixes that end of the range,
-    the other comes from the data (each panel's own, with scale="own")."""
+    the other comes from the data (each panel's own, with scale="own").
+
+    Returns a Heatmap: bytes(h) is the PNG, h.save(path) writes it, h.size is
+    (width, height), and it shows itself in Jupyter (_repr_png_)."""
+    return _render(
+        _heatmap_args(
+            maps,
+            tokens,
+            key_tokens,
+            titles,
+            title,
+            diverging,
+            mask_upper,
+            vmin,
+            vmax,
+            grid_cols,
+            cell_px,
+            mask_window,
+            panel_windows,
+            axis_titles,
+            scale,
+            panel_diverging,
+            panel_vmin,
+        )
+    )
+
+
+def _heatmap_args(
+    maps,
+    tokens: Optional[Sequence[str]] = None,
+    key_tokens: Optional[Sequence[str]] = None,
+    titles: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    diverging: bool = False,
+    mask_upper: bool = True,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    grid_cols: int = 0,
+    cell_px: int = 0,
+    mask_window: int = 0,
+    panel_windows: Optional[Sequence[int]] = None,
+    axis_titles: bool = True,
+    scale: str = "own",
+    panel_diverging: Optional[Sequence[bool]] = None,
+    panel_vmin: Optional[Sequence[Optional[float]]] = None,
+) -> tuple:
+    """heatmap's arguments checked, as the tuple _spec takes."""
     try:
         maps = np.asarray(maps, dtype=np.float32)
     except (TypeError, ValueError, OverflowError) as e:
@@ -250,7 +319,7 @@ def heatmap(
     # the engine takes C ints: larger values are refused here, by name
     check_index("heatmap: grid_cols", grid_cols, 0, 2**31, " (0: one row)")
     check_index("heatmap: cell_px", cell_px, 0, 2**31, " (0: chosen from the size)")
-    args = (
+    return (
         maps,
         tokens,
         key_tokens,
@@ -269,6 +338,19 @@ def heatmap(
         panel_diverging,
         panel_vmin,
     )
+
+
+def _geometry(args: tuple) -> Optional[Tuple[int, int, int]]:
+    """(width, height, cell) of the picture heatmap would draw, without drawing it; None where the
+    engine refuses it (too large)."""
+    spec, _keep = _spec(*args)
+    w, h, c = ffi.new("int *"), ffi.new("int *"), ffi.new("int *")
+    if lib.dcs_heatmap_geometry(spec, 0, 0, 0, w, h, ffi.NULL, ffi.NULL, c, ffi.NULL, 0) != lib.DCS_OK:
+        return None
+    return w[0], h[0], c[0]
+
+
+def _render(args: tuple) -> Heatmap:
     spec, _keep = _spec(*args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
@@ -336,6 +418,57 @@ def _view(T: int, query, window, positions):
     return a, b, "positions %d-%d of %d, up to the query %d (window=%d)" % (a, b - 1, T, q, window)
 
 
+def _grid_choices(n: int, first: int) -> list:
+    """Items a grid row, from `first` down to 1, each the fewest for its number of rows."""
+    out: list = []
+    for rows in range(math.ceil(n / first), n + 1):
+        k = math.ceil(n / rows)
+        if k not in out:
+            out.append(k)
+    return out
+
+
+def _fit(maps: np.ndarray, kw: dict, per: int, first: int, fit_cols: bool, fit_cell: bool) -> Tuple[int, int]:
+    """grid_cols and cell_px (those the caller left unset) for a picture at most MAX_WIDTH wide
+    with every token labelled: `first` items a row with the cells shrunk down to MIN_CELL, then
+    fewer items a row (an item: `per` panels side by side, a head's pattern and composed map).
+    Where nothing fits: `first` items a row and the engine's cell."""
+    cols = [per * k for k in _grid_choices(len(maps) // per, first)] if fit_cols else [kw["grid_cols"]]
+    for gc in cols:
+
+        def size(cell):
+            return _geometry(_heatmap_args(maps, **dict(kw, grid_cols=gc, cell_px=cell)))
+
+        if fit_cell:  # from the engine's cell down to a text line (or the engine's, if smaller)
+            auto = size(0)
+            cells: Sequence[int] = [] if auto is None else range(auto[2], min(auto[2], MIN_CELL) - 1, -1)
+        else:
+            cells = [kw["cell_px"]]
+        for cell in cells:
+            g = size(cell)
+            if g is not None and g[0] <= MAX_WIDTH:
+                return gc, cell
+    return cols[0], 0 if fit_cell else kw["cell_px"]
+
+
+# what attention_heatmap passes on to heatmap (it sets tokens, titles and panel_diverging itself)
+_PASSED_ON = (
+    "key_tokens",
+    "title",
+    "diverging",
+    "mask_upper",
+    "vmin",
+    "vmax",
+    "grid_cols",
+    "cell_px",
+    "mask_window",
+    "panel_windows",
+    "axis_titles",
+    "scale",
+    "panel_vmin",
+)
+
+
 def attention_heatmap(
     model: Model,
     text_or_tokens,
@@ -363,9 +496,27 @@ def attention_heatmap(
     every token is labelled. A prompt of more than AUTO_WINDOW (64) tokens
     shows the `window` positions up to `query` (default: the last token) and
     says which in the title; positions=(start, stop) picks another range;
-    more than MAX_TOKENS (512) tokens needs one of them. Panels go in a
-    near-square grid (grid_cols=N to choose); local layers' windows are
-    hatched; a softmax pattern's colour bar starts at 0."""
+    more than MAX_TOKENS (512) tokens needs one of them. Local layers'
+    windows are hatched; a softmax pattern's colour bar starts at 0.
+
+    Size: the picture is at most MAX_WIDTH (1800) pixels wide, so it reads
+    at 100%: panels go in a near-square grid (the branches in one row) with
+    cells shrunk down to a text line (MIN_CELL, 10 px: every token still
+    labelled), then in fewer columns (a head's pattern stays beside its
+    composed map); grid_cols= and cell_px= fix either (then only the other is
+    chosen). Only where even one item a row at 10-px cells is wider (a
+    window of more than about 70 tokens) is the picture wider.
+
+    Returns a Heatmap: bytes(h) is the PNG, h.save(path) writes it, h.size is
+    (width, height), and it shows itself in Jupyter (_repr_png_). Further
+    keywords (title, vmin, vmax, scale, grid_cols, cell_px, ...) go to heatmap()."""
+    unknown = sorted(set(kw) - set(_PASSED_ON))
+    if unknown:
+        raise ArgumentTypeError(
+            "heatmap: unknown keyword argument %s (attention_heatmap passes on %s)"
+            % (", ".join(unknown), ", ".join(_PASSED_ON))
+        )
+    fit_cols, fit_cell = not kw.get("grid_cols"), not kw.get("cell_px")
     if isinstance(text_or_tokens, str):
         if not text_or_tokens:
             raise Error("heatmap: the text is empty")
@@ -394,6 +545,12 @@ def attention_heatmap(
         hook = "pattern+composed" if c.use_dcmha and hook != "branches" else "pattern"
     view = lambda m: m[..., a:b, a:b]
 
+    def draw(maps, per: int, first: int, **opts) -> Heatmap:  # heatmap() with the default size fitted
+        stack = np.ascontiguousarray(view(np.stack(maps)), dtype=np.float32)
+        if fit_cols or fit_cell:
+            opts["grid_cols"], opts["cell_px"] = _fit(stack, opts, per, first, fit_cols, fit_cell)
+        return heatmap(stack, **opts)
+
     def titled(t):
         return t if note is None else "%s; %s" % (t, note)
 
@@ -409,8 +566,7 @@ def attention_heatmap(
         maps: Any = [cache[n][head] for n in names] + [cache[total][head]]
         titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
         kw["title"] = titled(kw.get("title", "%s: L%s H%d %s-compose branches" % (model.name, layer, head, phase)))
-        kw.setdefault("grid_cols", len(maps))
-        return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, diverging=True, **kw)
+        return draw(maps, 1, len(maps), tokens=labels, titles=titles, diverging=True, **kw)
 
     pair = hook == "pattern+composed"
     if pair and not c.use_dcmha:
@@ -454,9 +610,8 @@ def attention_heatmap(
         name = hook_name(layer, "attn.%s" % hook)
         default_title = "%s: %s" % (model.name, name if head is None else "%s head %d" % (name, head))
     kw["title"] = titled(kw.get("title", default_title))
-    if not kw.get("grid_cols"):  # a near-square grid (32 heads: 6 x 6), a pattern beside its composed map
-        per = len(hooks)
-        kw["grid_cols"] = per * max(1, int(np.ceil(np.sqrt(len(maps) / per))))
+    per = len(hooks)  # a near-square grid (32 heads: 6 x 6) where it fits, a pattern beside its composed map
+    first = max(1, math.ceil(math.sqrt(len(maps) / per)))
     if "diverging" in kw:
         div = [bool(kw["diverging"])] * len(maps)
     else:
@@ -468,7 +623,7 @@ def attention_heatmap(
             )
         if not kw["diverging"] and low[0] == 0.0:
             kw.setdefault("vmin", 0.0)
-        return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, **kw)
+        return draw(maps, per, first, tokens=labels, titles=titles, **kw)
     if kw.get("vmin") is None and not kw["diverging"]:
         kw["panel_vmin"] = low
-    return heatmap(view(np.stack(maps)), tokens=labels, titles=titles, panel_diverging=div, **kw)
+    return draw(maps, per, first, tokens=labels, titles=titles, panel_diverging=div, **kw)

@@ -14,6 +14,10 @@
   const decoded = {};                                 // layer -> {name: array}
   const state = { layer: META.layers[0], head: 0, query: T - 1, key: null, view: META.dcmha ? "pattern_composed" : "pattern",
                   phase: "post", show: "both", preview: null };
+  if (META.ig) {                                      // open on the head IG ranks first (and the target's position)
+    [state.layer, state.head] = META.ig.top;
+    if (META.ig.query !== null) state.query = META.ig.query;
+  }
 
   // ------------------------------------------------------------ decoding
   async function decodeLayer(l) {
@@ -123,11 +127,19 @@
     const u = lim > 0 ? Math.max(0, Math.min(1, v / lim)) : 0;
     return lut(META.cmap.seq, Math.round(u * 255));
   }
-  function rangeOf(vals) {
+  // The colour rule (docs/explorer.md): the colour map follows what a quantity is, not the signs
+  // one row happens to have. Sequential, from 0, only for what is never negative: the softmax
+  // patterns (the model's and the twin's) and the post-compose skip branch (the pattern itself).
+  // Everything signed (scores, composed maps, qp, kp, qg, kg, static, routing, flows, dynamic
+  // weights) diverging, centred on 0.
+  function signedView(view, phase) {
+    return !(view === "pattern" || view === "twin" || (view === "branch:skip" && phase === "post"));
+  }
+  function rangeOf(vals, signed) {
     let lo = Infinity, hi = -Infinity;
     for (const v of vals) if (!isNaN(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
-    if (lo === Infinity) return { signed: false, lim: 0, lo: 0, hi: 0 };
-    return { signed: lo < 0, lim: Math.max(Math.abs(lo), Math.abs(hi)), lo, hi };
+    if (lo === Infinity) return { signed: !!signed, lim: 0, lo: 0, hi: 0 };
+    return { signed: !!signed || lo < 0, lim: Math.max(Math.abs(lo), Math.abs(hi)), lo, hi };
   }
   let hatch = null;                                   // masked cells: grey with a diagonal hatch, as in the PNGs
   function hatchPattern(ctx) {
@@ -145,10 +157,11 @@
 
   // ------------------------------------------------------------ drawing helpers
   const CELL = Math.max(2, Math.min(14, Math.floor((Math.max(700, window.innerWidth) - 260) / T)));
-  function strip(vals, onPick, mark) {               // one row over keys, its own colour scale
+  function strip(vals, signed, onPick, mark) {       // one row over keys, its own colour scale
     const c = document.createElement("canvas");
     c.width = T * CELL; c.height = 14;
-    const ctx = c.getContext("2d"), r = rangeOf(vals);
+    const ctx = c.getContext("2d"), r = rangeOf(vals, signed);
+    c.dataset.cmap = r.signed ? "div" : "seq";
     for (let s = 0; s < T; s++) {
       ctx.fillStyle = isNaN(vals[s]) ? hatchPattern(ctx) : colourOf(vals[s], r.lim, r.signed);
       ctx.fillRect(s * CELL, 0, CELL, 14);
@@ -158,11 +171,11 @@
     if (onPick) c.addEventListener("click", (e) => onPick(Math.floor(e.offsetX / CELL)));
     return { el: c, r };
   }
-  function rowEl(label, vals, on, onLabel, onPick, mark) {
+  function rowEl(label, vals, signed, on, onLabel, onPick, mark) {
     const d = document.createElement("div"); d.className = "strip-row" + (on ? " on" : "");
     const l = document.createElement("span"); l.className = "lab"; l.textContent = label;
     if (onLabel) l.addEventListener("click", onLabel);
-    const s = strip(vals, onPick, mark);
+    const s = strip(vals, signed, onPick, mark);
     const g = document.createElement("span"); g.className = "rng";
     g.textContent = s.r.signed ? "\u00b1" + s.r.lim.toPrecision(3) : "0.." + s.r.hi.toPrecision(3);
     d.append(l, s.el, g);
@@ -172,10 +185,11 @@
     el.addEventListener("mousemove", (e) => { const t = text(e), b = $("dcs-tip"); b.hidden = !t; b.textContent = t; b.style.left = (e.clientX + 12) + "px"; b.style.top = (e.clientY + 12) + "px"; });
     el.addEventListener("mouseleave", () => { $("dcs-tip").hidden = true; });
   }
-  function matTable(M, rowLab, colLab, signed, onCol, colOn) {
+  function matTable(M, rowLab, colLab, cls, onCol, colOn) { // routing, flows, dynamic weights: all signed
     let lim = 0;
-    for (const r of M) for (const v of r) if (!isNaN(v)) { lim = Math.max(lim, Math.abs(v)); if (v < 0) signed = true; }
-    const t = document.createElement("table"); t.className = "mat";
+    const signed = true;
+    for (const r of M) for (const v of r) if (!isNaN(v)) lim = Math.max(lim, Math.abs(v));
+    const t = document.createElement("table"); t.className = "mat " + cls;
     const h = t.insertRow(); h.appendChild(document.createElement("th"));
     colLab.forEach((c, j) => { const th = document.createElement("th"); th.textContent = c; if (j === colOn) th.className = "on"; if (onCol) { th.style.cursor = "pointer"; th.onclick = () => onCol(j); } h.appendChild(th); });
     M.forEach((r, i) => {
@@ -183,10 +197,11 @@
       r.forEach((v) => {
         const td = tr.insertCell(); td.textContent = fmt(v);
         const col = colourOf(v, lim, signed);
-        if (col) { td.style.background = col; const u = lim > 0 ? Math.abs(v) / lim : 0; if (!signed && u > 0.55 || signed && u > 0.7) td.style.color = signed ? "#fff" : "#000"; else if (!signed) td.style.color = "#fff"; }
+        if (col) { td.style.background = col; if (lim > 0 && Math.abs(v) / lim > 0.7) td.style.color = "#fff"; }
       });
     });
-    return t;
+    const w = document.createElement("div"); w.className = "hscroll"; w.appendChild(t);  // scrolls under itself
+    return w;
   }
 
   // ------------------------------------------------------------ the panels
@@ -208,7 +223,7 @@
   }
   function visible(D, t, s) { return s !== null && s >= D._lo[t] && s <= t; }
 
-  function drawTokens(D, t, row) {
+  function drawTokens(D, t, row, signed) {
     const box = $("dcs-tokens");
     if (!box.childElementCount) {
       TOK.forEach((s, i) => {
@@ -220,7 +235,7 @@
         box.appendChild(sp);
       });
     }
-    const r = row ? rangeOf(row) : null;
+    const r = row ? rangeOf(row, signed) : null;
     [...box.children].forEach((sp, s) => {
       const v = row ? row[s] : NaN, masked = row && isNaN(v);
       sp.className = "tok" + (masked ? " masked" : "") + (s === t ? " query" : "") + (s === state.key ? " key" : "");
@@ -243,27 +258,21 @@
       else {
         values = M;
         const f = document.createElement("div"); f.className = "flexrow";
-        f.append(matTable(M, M.map((_, n) => "src " + H(n)), M.map((_, j) => H(j)), phase === "pre", (j) => { state.head = j; update(); }, m), headGraph(M));
+        f.append(matTable(M, M.map((_, n) => "src " + H(n)), M.map((_, j) => H(j)), "routing", (j) => { state.head = j; update(); }, m), headGraph(M));
         box.appendChild(f);
         box.insertAdjacentHTML("beforeend", "<p class=note>R[n, m] = \u2211<sub>s</sub> X[n, t, s] C[t, s][n, m]: how much of source head n's " + (phase === "pre" ? "score (signed logits)" : "attention") + " lands in target head m; edge widths in the graph are |R| (self-loops left out).</p>");
       }
     } else if (v === "flows") {
       const s = state.key;
       title = "flows into layer " + L + " " + H(m) + " at query " + t + " '" + tokLabel(t) + "', key " + s + " '" + tokLabel(s) + "' (" + phase + ")";
-      const F = flows(D, phase, m, t), M = [];
-      for (let n = 0; n < N; n++) M.push(FB.map((_, b) => F[(n * FB.length + b) * T + s]));
-      values = M;
-      box.appendChild(matTable(M, M.map((_, n) => "from " + H(n)), FB, true));
-      let tot = 0; M.forEach((r) => r.forEach((x) => { tot += x; }));
-      const stored = mapRow(D, phase === "pre" ? "scores_composed" : "pattern_composed", m, t);
-      box.insertAdjacentHTML("beforeend", "<p class=note>sum of the flows " + fmt(tot) + "; stored " + (phase === "pre" ? "scores_composed " : "pattern_composed ") + fmt(stored ? stored[s] : NaN) + ". Click a key in the branches panel to move the key.</p>");
+      values = flowsTable(D, box, phase, m, t, s);
     } else {
       values = rowFor(D, v, m, t, phase);
       const what = { pattern: "softmax pattern", pattern_composed: "composed weights (what multiplies v)", scores: "raw scores", scores_composed: "composed scores", twin: (META.twin || "twin") + " pattern" }[v] || (phase + "-compose branch " + v.slice(7));
       title = "layer " + L + " " + H(m) + ", " + what + ", query " + t + " '" + tokLabel(t) + "'";
       if (!values) box.textContent = "not in this page";
       else {
-        box.appendChild(bars(values));
+        box.appendChild(bars(values, signedView(v, phase)));
         const order = [...values.keys()].filter((s) => !isNaN(values[s])).sort((a, b) => Math.abs(values[b]) - Math.abs(values[a])).slice(0, 6);
         box.insertAdjacentHTML("beforeend", "<div class=top>largest: " + order.map((s) => s + " '" + tokLabel(s).replace(/</g, "&lt;") + "' " + fmt(values[s])).join(" &nbsp; ") + "</div>");
       }
@@ -274,11 +283,27 @@
     Object.assign(box.dataset, { view: v, layer: L, head: m, query: t, phase, key: state.key === null ? "" : state.key });
     return values;
   }
-  function bars(vals) {
+  function niceTicks(lo, hi) {                       // about five round values spanning [lo, hi] (0 among them)
+    if (!(hi > lo)) return [lo];
+    const raw = (hi - lo) / 4, p = Math.pow(10, Math.floor(Math.log10(raw))), f = raw / p;
+    const step = (f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10) * p, out = [];
+    for (let k = Math.ceil(lo / step - 1e-9); k * step <= hi * (1 + 1e-9) + 1e-300; k++) out.push(k === 0 ? 0 : Number((k * step).toPrecision(6)));
+    return out;
+  }
+  function bars(vals, signed) {                      // the row as bars over keys, with a value axis on the left
     const c = document.createElement("canvas"), h = 110;
     c.width = T * CELL; c.height = h;
-    const ctx = c.getContext("2d"), r = rangeOf(vals);
+    const ctx = c.getContext("2d"), r = rangeOf(vals, signed);
+    c.dataset.cmap = r.signed ? "div" : "seq";
     const lo = Math.min(0, r.lo), hi = Math.max(0, r.hi), y = (v) => hi === lo ? h - 1 : (hi - v) / (hi - lo) * (h - 2) + 1;
+    const ticks = niceTicks(lo, hi), axis = document.createElement("div");
+    axis.className = "axis"; axis.style.height = h + "px"; axis.dataset.ticks = JSON.stringify(ticks);
+    ctx.fillStyle = "#eee";
+    for (const v of ticks) {
+      ctx.fillRect(0, Math.round(y(v)), T * CELL, 1);       // a light grid line at every tick
+      const sp = document.createElement("span"); sp.textContent = String(v); sp.style.top = Math.round(y(v) - 7) + "px";
+      axis.appendChild(sp);
+    }
     for (let s = 0; s < T; s++) {
       if (isNaN(vals[s])) { ctx.fillStyle = hatchPattern(ctx); ctx.fillRect(s * CELL, 0, CELL, h); continue; }
       ctx.fillStyle = colourOf(vals[s], r.lim, r.signed) || "#888";
@@ -289,7 +314,8 @@
     ctx.fillStyle = "#444"; ctx.fillRect(0, Math.round(y(0)), T * CELL, 1);
     tip(c, (e) => { const s = Math.floor(e.offsetX / CELL); return s >= 0 && s < T ? "key " + s + " '" + tokLabel(s) + "': " + fmt(vals[s]) : ""; });
     c.addEventListener("click", (e) => { const s = Math.floor(e.offsetX / CELL); if (!isNaN(vals[s])) { state.key = s; update(); } });
-    return c;
+    const wrap = document.createElement("div"); wrap.className = "bars"; wrap.append(axis, c);
+    return wrap;
   }
   function headGraph(M) {                            // sources left, targets right, width ~ |R[n, m]|
     const ns = "http://www.w3.org/2000/svg", W = 230, Hh = Math.max(120, N * 26 + 20);
@@ -321,9 +347,9 @@
     for (let n = 0; n < N; n++) {
       const pick = () => { state.head = n; update(); };
       const lab = H(n);
-      if (show !== "composed") box.appendChild(rowEl(lab + " pat", mapRow(D, "pattern", n, t), n === state.head, pick));
-      if (show !== "pattern") box.appendChild(rowEl(lab + " comp", mapRow(D, "pattern_composed", n, t), n === state.head, pick));
-      if (D["twin.pattern"]) box.appendChild(rowEl(H(n) + " twin", mapRow(D, "twin.pattern", n, t), n === state.head, pick));
+      if (show !== "composed") box.appendChild(rowEl(lab + " pat", mapRow(D, "pattern", n, t), false, n === state.head, pick));
+      if (show !== "pattern") box.appendChild(rowEl(lab + " comp", mapRow(D, "pattern_composed", n, t), true, n === state.head, pick));
+      if (D["twin.pattern"]) box.appendChild(rowEl(H(n) + " twin", mapRow(D, "twin.pattern", n, t), false, n === state.head, pick));
     }
     box.insertAdjacentHTML("beforeend", "<p class=note>pat: softmax pattern; comp: composed weights (what multiplies v)" + (D["twin.pattern"] ? "; twin: " + META.twin + "'s pattern" : "") + ". Click a row to select its head. Each row has its own scale; hatched: masked (causal" + (META.windows[state.layer] > 0 ? ", window " + META.windows[state.layer] : "") + ").</p>");
   }
@@ -332,31 +358,44 @@
     $("dcs-branches-title").textContent = phase + "-compose branches of " + H(state.head) + " at query " + t + " (contribution per key)";
     if (!META.dcmha) { box.textContent = "plain multi-head attention: no composition"; return; }
     const F = flows(D, phase, state.head, t), pick = (s) => { if (visible(D, t, s)) { state.key = s; update(); } };
-    FB.forEach((b, i) => box.appendChild(rowEl(b, branchRow(F, i), state.view === "branch:" + b, () => { state.view = "branch:" + b; update(); }, pick, state.key)));
-    box.appendChild(rowEl("sum", mapRow(D, phase === "pre" ? "scores_composed" : "pattern_composed", state.head, t), false, null, pick, state.key));
-    box.appendChild(rowEl(phase === "pre" ? "scores" : "pattern", mapRow(D, phase === "pre" ? "scores" : "pattern", state.head, t), false, null, pick, state.key));
+    FB.forEach((b, i) => box.appendChild(rowEl(b, branchRow(F, i), signedView("branch:" + b, phase), state.view === "branch:" + b, () => { state.view = "branch:" + b; update(); }, pick, state.key)));
+    box.appendChild(rowEl("sum", mapRow(D, phase === "pre" ? "scores_composed" : "pattern_composed", state.head, t), true, false, null, pick, state.key));
+    box.appendChild(rowEl(phase === "pre" ? "scores" : "pattern", mapRow(D, phase === "pre" ? "scores" : "pattern", state.head, t), phase === "pre", false, null, pick, state.key));
     box.insertAdjacentHTML("beforeend", "<p class=note>Click a branch name to show it above, a key to see its flows. The branches are computed in the page from the stored " + (phase === "pre" ? "scores" : "pattern") + " and dynamic weights.</p>");
   }
   function drawRouting(D, t, phase) {
     const box = $("dcs-routing"); box.textContent = "";
+    box.parentElement.hidden = state.view === "routing";   // shown once: above, as the selected view
+    if (box.parentElement.hidden) return;
     $("dcs-routing-title").textContent = phase + "-compose routing at query " + t + " (who lends to whom)";
     const M = routingMat(D, phase, t);
     if (!M) { box.textContent = "plain multi-head attention: no routing"; return; }
     const f = document.createElement("div"); f.className = "flexrow";
-    f.append(matTable(M, M.map((_, n) => H(n)), M.map((_, j) => H(j)), phase === "pre", (j) => { state.head = j; update(); }, state.head), headGraph(M));
+    f.append(matTable(M, M.map((_, n) => H(n)), M.map((_, j) => H(j)), "routing", (j) => { state.head = j; update(); }, state.head), headGraph(M));
     box.appendChild(f);
+  }
+  // the flows into head m at (t, s) as a table, with their total, the head's own share and the
+  // composed value as stored (8-bit: rounded, so it differs from the flows' sum by up to its step)
+  function flowsTable(D, box, phase, m, t, s) {
+    const F = flows(D, phase, m, t), M = [];
+    for (let n = 0; n < N; n++) M.push(FB.map((_, b) => F[(n * FB.length + b) * T + s]));
+    box.appendChild(matTable(M, M.map((_, n) => "from " + H(n)), FB, "flows"));
+    let own = 0, tot = 0;
+    M.forEach((r, n) => r.forEach((x) => { tot += x; if (n === m) own += x; }));
+    const name = phase === "pre" ? "scores_composed" : "pattern_composed", row = mapRow(D, name, m, t);
+    const half = D[name] ? D[name].sc[m * T + t] / 2 : NaN;
+    box.insertAdjacentHTML("beforeend", "<p class=note>sum of the flows " + fmt(tot) + ": " + H(m) + " itself " + fmt(own) + ", borrowed from other heads " + fmt(tot - own) +
+      ". " + name + " as stored, rounded to 8 bits: <span class=rounded>" + fmt(row ? row[s] : NaN) + "</span> (\u00b1" + half.toPrecision(2) + "). Both come from rounded data (the flows from the stored " + (phase === "pre" ? "scores" : "pattern") + " and dynamic weights), so each may differ from the engine's value by a few steps. Click a key in the branches panel to move the key.</p>");
+    return M;
   }
   function drawFlows(D, t, phase) {
     const box = $("dcs-flows"); box.textContent = "";
+    box.parentElement.hidden = state.view === "flows";   // shown once: above, as the selected view
+    if (box.parentElement.hidden) return;
     const s = state.key;
     $("dcs-flows-title").textContent = "flows into " + H(state.head) + " at (" + t + ", key " + s + " '" + tokLabel(s) + "'): source head \u00d7 branch";
     if (!META.dcmha) { box.textContent = "plain multi-head attention: every head keeps its own attention"; return; }
-    const F = flows(D, phase, state.head, t), M = [];
-    for (let n = 0; n < N; n++) M.push(FB.map((_, b) => F[(n * FB.length + b) * T + s]));
-    box.appendChild(matTable(M, M.map((_, n) => "from " + H(n)), FB, true));
-    let own = 0, tot = 0;
-    M.forEach((r, n) => r.forEach((x) => { tot += x; if (n === state.head) own += x; }));
-    box.insertAdjacentHTML("beforeend", "<p class=note>total " + fmt(tot) + ": " + H(state.head) + " itself " + fmt(own) + ", borrowed from other heads " + fmt(tot - own) + ".</p>");
+    flowsTable(D, box, phase, state.head, t, s);
   }
   function drawDyn(D, t) {
     const box = $("dcs-dyn"); box.textContent = "";
@@ -374,7 +413,7 @@
         const a = D["dyn." + ph + "." + k]; if (!a) continue;
         labs.push(ph + "." + k); rows.push([...Array(N).keys()].map((n) => dense(a, t * N + n)));
       }
-      f.appendChild(matTable(rows, labs, [...Array(N).keys()].map(H), true));
+      f.appendChild(matTable(rows, labs, [...Array(N).keys()].map(H), "dyn"));
     }
     box.appendChild(f);
     box.insertAdjacentHTML("beforeend", "<p class=note>C[t, s] = I + qw1[t]\u1d40qw2[t] + kw1[s]\u1d40kw2[s] + diag(qdd[t]) + diag(kdd[s]); q* rows act when this token is the query, k* rows when it is the key.</p>");
@@ -384,19 +423,21 @@
     const sec = $("dcs-ig-section");
     if (!META.ig) { sec.hidden = true; return; }
     const box = $("dcs-ig"); box.textContent = "";
-    $("dcs-ig-title").textContent = META.ig.label + ": heads ranked (click to select)";
+    $("dcs-ig-title").textContent = META.ig.label + ": heads ranked by |value| (click to select)";
     const all = [];
     META.layers.forEach((l, i) => META.ig.values[i].forEach((v, n) => all.push([v, l, n])));
     all.sort((a, b) => Math.abs(b[0]) - Math.abs(a[0]));
     const lim = Math.max(1e-30, Math.abs(all[0][0]));
+    const list = document.createElement("div"); list.className = "iglist"; box.appendChild(list);
     all.slice(0, 12).forEach(([v, l, n]) => {
       const d = document.createElement("div"); d.className = "igrow" + (l === state.layer && n === state.head ? " on" : "");
       d.innerHTML = "<span style='width:70px'>L" + l + " H" + n + "</span><span style='width:60px;text-align:right'>" + v.toFixed(3) + "</span>";
       const b = document.createElement("span"); b.className = "igbar" + (v < 0 ? " neg" : ""); b.style.width = (160 * Math.abs(v) / lim).toFixed(1) + "px";
       d.appendChild(b);
       d.addEventListener("click", () => { state.layer = l; state.head = n; state.key = null; update(); });
-      box.appendChild(d);
+      list.appendChild(d);
     });
+    if (META.ig.note) box.insertAdjacentHTML("beforeend", "<p class=note>" + META.ig.note.replace(/</g, "&lt;") + "</p>");
   }
 
   // ------------------------------------------------------------ state, fragment, controls
@@ -456,8 +497,9 @@
     const ig = igOf(state.layer);
     [...$("dcs-heads").children].forEach((b, n) => { b.className = n === state.head ? "on" : ""; b.title = ig ? META.ig.label + ": " + ig[n].toFixed(3) : ""; });
     const row = drawSelected(D, t, state.phase);
-    const stripRow = row && !Array.isArray(row) ? row : mapRow(D, META.dcmha ? "pattern_composed" : "pattern", state.head, t);
-    drawTokens(D, t, stripRow);
+    const own = row && !Array.isArray(row);           // the selected view is a row over keys
+    const stripRow = own ? row : mapRow(D, META.dcmha ? "pattern_composed" : "pattern", state.head, t);
+    drawTokens(D, t, stripRow, own ? signedView(state.view, state.phase) : META.dcmha);
     drawHeads(D, t); drawBranches(D, t, state.phase); drawRouting(D, t, state.phase); drawFlows(D, t, state.phase); drawDyn(D, t); drawIG();
     $("dcs-status").textContent = notice;
     if (state.preview === null) writeFragment();
