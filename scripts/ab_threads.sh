@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B forward time of two dclens builds at 1 and 2 threads, alternating processes
-# (BENCHMARKS.md, "GEMM blocks cut by shape"). OLD_PY / NEW_PY: python executables whose
+# (docs/benchmarks/diary.md, "GEMM blocks cut by shape"). OLD_PY / NEW_PY: python executables whose
 # dclens is each build (e.g. two venvs with `make build` in two worktrees); MODEL: a
 # checkpoint, e.g. `dclens make-tiny /tmp/d1024 --n-layer 2 --dim 1024 --n-head 16 --vocab 2048
 # --intermediate 4096 --window-size null`. Pauses a running `dclens train` while it measures;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks and benchmarks of a machine with an NVIDIA GPU, in one command
-# (what BENCHMARKS.md's "lent GPU machine" sections and docs/cuda.md report):
+# (what docs/benchmarks/diary.md's "lent GPU machine" sections and docs/cuda.md report):
 #
 #     bash scripts/gpu_check.sh [OUT_DIR]            # default /tmp/gpu_check
 #

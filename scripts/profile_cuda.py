@@ -8,7 +8,7 @@ Writes a DCPythia-6.9B-shaped fp16 checkpoint of LAYERS layers to DIR
 (bench.write_69b_fp16), loads it on CUDA, times one tape forward + backward
 w.r.t. the last layer's attn.head_out (target: the logit of token 0 at the
 last position) and one plain forward, then prints the kernels of each by
-their own GPU time (BENCHMARKS.md, "a lent GPU machine")."""
+their own GPU time (docs/benchmarks/diary.md, "a lent GPU machine")."""
 
 import sys
 import time

@@ -5,7 +5,7 @@ OpenBLAS picks its kernel set once, when the library loads, from the CPU it
 detects (or from OPENBLAS_CORETYPE). A CPU it does not recognise, such as a
 virtual Intel Xeon that reports only "Intel(R) Xeon(R) Processor", gets its
 generic "Prescott" (SSE3) kernels: on such a machine with AVX-512 the same
-sgemm ran 4.7x slower than with the SkylakeX kernels (BENCHMARKS.md, "lent GPU
+sgemm ran 4.7x slower than with the SkylakeX kernels (docs/benchmarks/diary.md, "lent GPU
 machine"). `load` warns (BlasWarning) when the kernels are below the CPU's
 vector width and nobody pinned them; the fix is to start Python with
 OPENBLAS_CORETYPE set as the warning says (OpenBLAS reads it only at load).

@@ -7,7 +7,7 @@ buffers are tens of MB on the tiny models, GB at 6.9B) and freeing it gives
 them back, with the model's pooled pass transients; a fresh tape per call
 pays for that every call (zeroing, and page faults on fresh pages: on
 dcpythia-tiny 4-7% of a `gradients` call and 6-11% of an `attribute` call,
-BENCHMARKS.md "tape reuse").
+docs/benchmarks/diary.md "tape reuse").
 
 So Model.gradients and Model.attribute lease a tape from the model's
 TapeCache (Runner.tapes) and give it back after the call: an idle tape made
