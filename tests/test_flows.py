@@ -146,11 +146,82 @@ def test_flow_table(bundled):
     words = m.to_str_tokens(toks)
     for f in tab:
         assert F[f.source, dclens.BRANCHES.index(f.branch), f.key] == f.value and f.token == words[f.key]
-        assert f.share == pytest.approx(f.value / F.sum())
-    assert tab.total == pytest.approx(F.sum())
+        assert f.share == pytest.approx(f.value / np.abs(F).sum())  # of the sum of |value|: signed
+    assert tab.total == pytest.approx(F.sum()) and tab.abs_total == pytest.approx(np.abs(F).sum())
     text = str(tab)
     assert "layer 1 head 3" in text and repr(words[tab[0].key])[:14] in text
+    assert "sum |value|" in text
     assert routing.flow_table(m, toks, 1, "post", 3, -1, k=7, F=F) == tab
+
+
+def _n_visible(m, layer, t):
+    w = m.config.window_size if layer in m.config.local_layers else 0
+    return t + 1 if w <= 0 else min(t + 1, w + 1)
+
+
+@pytest.mark.parametrize("layer,phase,head,query", CASES)
+def test_flow_table_counts_visible_keys_only(bundled, layer, phase, head, query):
+    """Issue 41: the table and its title count the keys the query sees (causal mask and
+    a local layer's window), and every flow there is listed with k large enough."""
+    m, toks, cache = bundled
+    T = len(toks)
+    t, L = query % T, m.config.n_layer
+    F = m.flows(toks, layer, phase, head, query, cache=cache)
+    tab = routing.flow_table(m, toks, layer, phase, head, query, k=10**6, F=F)
+    n = _n_visible(m, layer % L, t)
+    assert tab.visible_keys == n and "over the %d visible keys (of %d)" % (n, T) in str(tab)
+    assert len(tab) == m.config.n_head * len(dclens.BRANCHES) * n
+    keys = {f.key for f in tab}
+    assert keys == set(range(t + 1 - n, t + 1))
+    # the shares: signed, over the sum of |value|, and their |.| sum to 1
+    assert sum(abs(f.share) for f in tab) == pytest.approx(1.0)
+    assert sum(f.share for f in tab) == pytest.approx(tab.total / tab.abs_total)
+    # masked keys in a given F are left out, not counted
+    G = F.copy()
+    G[:, :, [s for s in range(T) if s not in keys]] = 1e6
+    assert routing.flow_table(m, toks, layer, phase, head, query, k=10**6, F=G) == tab
+
+
+def test_flow_table_pre_phase_signed(bundled):
+    """Pre-phase flows are signed logits: the shares keep the sign, and they are of the
+    sum of |value| (the signed sum can be near zero where terms cancel)."""
+    m, toks, cache = bundled
+    T = len(toks)
+    tab = routing.flow_table(m, toks, 0, "pre", 2, T - 1, k=10**6, cache=cache)
+    neg = [f for f in tab if f.value < 0]
+    assert neg and all(f.share < 0 for f in neg)
+    assert max(abs(f.share) for f in tab) <= 1
+    assert tab.abs_total > abs(tab.total)
+    scores = cache["blocks.0.attn.scores_composed"][2, T - 1].astype(np.float64)
+    keys = sorted({f.key for f in tab})
+    assert tab.total == pytest.approx(scores[keys].sum(), rel=1e-4)
+
+
+def test_flow_table_errors(bundled):
+    m, toks, cache = bundled
+    F = m.flows(toks, 1, "post", 3, -1, cache=cache)
+    for kw, match in (
+        (dict(F=F[:, :3]), "F must be"),
+        (dict(F=F[0]), "F must be"),
+        (dict(F=np.full(F.shape, "x")), "F must be"),
+        (dict(F=[[1, 2], [3]]), "F"),
+        (dict(F=F, tokens=toks[:5]), "tokens has 5"),
+        (dict(F=F, layer=9), "layer 9"),
+        (dict(F=F, head=9), "head 9"),
+        (dict(F=F, phase="mid"), "phase"),
+        (dict(F=F, phase=np.array(["pre"])), "phase"),
+        (dict(F=F, query=len(toks)), "query"),
+        (dict(F=F, query=1.0), "query"),
+        (dict(F=F, k=0), "k"),
+        (dict(F=F, k=2.0), "k"),
+        (dict(cache=cache, tokens=np.stack([toks, toks])), "one sequence"),
+    ):
+        args = dict(tokens=toks, layer=1, phase="post", head=3, query=-1)
+        args.update(kw)
+        with pytest.raises(dclens.Error, match=match):
+            routing.flow_table(
+                m, args.pop("tokens"), args.pop("layer"), args.pop("phase"), args.pop("head"), args.pop("query"), **args
+            )
 
 
 VARIANTS = {

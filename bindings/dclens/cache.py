@@ -18,20 +18,39 @@ component.
     logits, cache = model.run_with_cache(toks)
     attrs, labels = dclens.cache.dla(cache, token=tok, pos=-1)
     assert abs(attrs.sum() - logits[-1, tok]) < 1e-3
+
+The helpers take TransformerLens's arguments and their forms (layer None or
+-1: the final residual; pos_slice / batch_slice as its Slice; logit_attrs'
+tokens as an id, a token string or an array); any other value is a
+dclens.Error naming the argument.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import names as _names
-from ._checks import ArgumentError, Error, UnknownNameError, check_bool, check_index, is_choice, unknown_name
+from ._checks import (
+    ArgumentError,
+    ArgumentTypeError,
+    Error,
+    UnknownNameError,
+    check_bool,
+    check_index,
+    check_str,
+    is_choice,
+    unknown_name,
+)
 from .names import hook_name
 
 if TYPE_CHECKING:
     from ._protocols import ModelLike as Model
+
+# TransformerLens' SliceInput (see _slice_arg): None, an int, a slice, a tuple (slice(*tuple)),
+# a list / range / 1-D array of indices, or a transformer_lens Slice
+SliceInput = Any
 
 
 class MissingActivation(UnknownNameError):
@@ -117,20 +136,74 @@ class Cache(dict):
     def _repr_pretty_(self, p, cycle):  # IPython
         p.text(repr(self))
 
-    def decompose_resid(self, **kw):
-        return decompose_resid(self, **kw)
+    # the analyses of this module, as methods with TransformerLens' signatures (see each function)
 
-    def accumulated_resid(self, **kw):
-        return accumulated_resid(self, **kw)
+    def decompose_resid(
+        self,
+        layer: Optional[int] = None,
+        mlp_input: bool = False,
+        mode: str = "all",
+        apply_ln: bool = False,
+        pos_slice: SliceInput = None,
+        incl_embeds: bool = True,
+        return_labels: bool = False,
+    ):
+        """See dclens.cache.decompose_resid."""
+        return decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
 
-    def stack_head_results(self, **kw):
-        return stack_head_results(self, **kw)
+    def accumulated_resid(
+        self,
+        layer: Optional[int] = None,
+        incl_mid: bool = False,
+        apply_ln: bool = False,
+        pos_slice: SliceInput = None,
+        mlp_input: bool = False,
+        return_labels: bool = False,
+    ):
+        """See dclens.cache.accumulated_resid."""
+        return accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
-    def apply_ln_to_stack(self, stack, **kw):
-        return apply_ln_to_stack(self, stack, **kw)
+    def stack_head_results(
+        self,
+        layer: Optional[int] = -1,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        pos_slice: SliceInput = None,
+        apply_ln: bool = False,
+    ):
+        """See dclens.cache.stack_head_results."""
+        return stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
 
-    def logit_attrs(self, stack, tokens, **kw):
-        return logit_attrs(self, stack, tokens, **kw)
+    def apply_ln_to_stack(
+        self,
+        residual_stack,
+        layer: Optional[int] = None,
+        mlp_input: bool = False,
+        pos_slice: SliceInput = None,
+        batch_slice: SliceInput = None,
+        has_batch_dim: Optional[bool] = None,
+        recompute_ln: bool = False,
+    ) -> np.ndarray:
+        """See dclens.cache.apply_ln_to_stack."""
+        return apply_ln_to_stack(
+            self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim, recompute_ln
+        )
+
+    def logit_attrs(
+        self,
+        residual_stack,
+        tokens,
+        incorrect_tokens=None,
+        pos_slice: SliceInput = None,
+        batch_slice: SliceInput = None,
+        has_batch_dim: Optional[bool] = None,
+        *,
+        has_ln: bool = False,
+    ) -> np.ndarray:
+        """See dclens.cache.logit_attrs."""
+        return logit_attrs(
+            self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim, has_ln=has_ln
+        )
 
     # ---------------------------------------------------------- TransformerLens' ActivationCache
 
@@ -150,21 +223,23 @@ class Cache(dict):
         return self
 
     def stack_activation(
-        self, activation_name: str, layer: int = -1, sublayer_type: Optional[str] = None
+        self, activation_name: str, layer: Optional[int] = -1, sublayer_type: Optional[str] = None
     ) -> np.ndarray:
-        """[layers, ...]: one activation of every block before `layer` (-1:
-        all), stacked. activation_name as in hook_name ("pattern", "resid_post",
+        """[layers, ...]: one activation of every block before `layer` (-1 or
+        None: all), stacked. activation_name as in hook_name ("pattern", "resid_post",
         "attn.post.kp", or a TransformerLens name such as "hook_pattern");
         sublayer_type prefixes it ("attn", "mlp", "ln1", "ln2") as
         TransformerLens's get_act_name does."""
         model = _model(self)
         L = model.config.n_layer
+        if layer is None:
+            layer = -1
         if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not (layer == -1 or 0 < layer <= L):
-            raise ArgumentError("stack_activation: layer must be -1 or in [1, %d], got %r" % (L, layer))
+            raise ArgumentError("stack_activation: layer must be -1, None or in [1, %d], got %r" % (L, layer))
         upto = L if layer == -1 else int(layer)
-        name = activation_name
+        name = check_str("stack_activation: activation_name", activation_name)
         if sublayer_type is not None:
-            name = "%s.%s" % (sublayer_type, name)
+            name = "%s.%s" % (check_str("stack_activation: sublayer_type", sublayer_type), name)
         if name.startswith("hook_"):
             name = name[len("hook_") :]
         return np.stack([self[hook_name(name, l)] for l in range(upto)])
@@ -175,51 +250,70 @@ class Cache(dict):
         mlp_input: bool = False,
         expand_neurons: bool = True,
         apply_ln: bool = False,
-        pos_slice=None,
+        pos_slice: SliceInput = None,
         return_labels: bool = False,
+        project_output_onto=None,
     ):
-        """[C, ..., D]: the residual entering `layer` (None: the final one) as
-        the sum of every head (L{l}H{n}), every MLP neuron (L{l}N{i}: its
-        mlp.post value times its W_out row; expand_neurons=False: one
-        {l}_mlp_out per layer, bias included), the embedding, and the biases
-        (attention output biases, and with expand_neurons the MLP output
-        biases) as one last "bias" component, as TransformerLens's cache does.
-        mlp_input: DCPythia and Pythia run attention and MLP in parallel, so
-        the MLP of `layer` reads the same residual (the same decomposition).
-        pos_slice: an index or slice of the position axis, applied to every
-        component. Components sum to the residual to float rounding."""
-        del mlp_input  # parallel residual: the MLP input is the attention input
+        """[C, ..., D]: the residual entering `layer` (None or -1: the final one,
+        as in TransformerLens; other negatives count from the end) as the sum of
+        every head (L{l}H{n}), every MLP neuron (L{l}N{i}: its mlp.post value
+        times its W_out row; expand_neurons=False: one {l}_mlp_out per layer,
+        bias included), the embedding, and the biases (attention output biases,
+        and with expand_neurons the MLP output biases) as one last "bias"
+        component, as TransformerLens's cache does. Components sum to the
+        residual to float rounding.
+
+        mlp_input: the residual the MLP of `layer` reads. With the parallel
+        residual (DCPythia, Pythia) that is the attention's input, the same
+        decomposition; in a sequential block it also holds that block's heads
+        (and its attention bias). Ignored for the final residual.
+        apply_ln: the LayerNorm of `layer` (its MLP's with mlp_input; ln_final
+        for the final residual) as a linear map (apply_ln_to_stack).
+        pos_slice: positions, as TransformerLens's Slice: an int (the position
+        axis goes), a slice, a tuple (start, stop[, step]) or a list / array of
+        positions; taken before apply_ln, which then uses the LayerNorm scale of
+        those positions. project_output_onto: a [D] or [D, K] array the
+        components are projected onto last (the D axis becomes K, or goes)."""
+        for what, v in (
+            ("mlp_input", mlp_input),
+            ("expand_neurons", expand_neurons),
+            ("apply_ln", apply_ln),
+            ("return_labels", return_labels),
+        ):
+            check_bool("get_full_resid_decomposition: " + what, v)
         model = _model(self)
+        c = model.config
         upto = _layer_arg(model, layer)
-        parts, labels = _head_parts(self, model, upto)
-        bias: Union[float, np.ndarray] = 0.0
-        if upto:
-            bias = np.asarray(model.b_O[:upto], np.float64).sum(0)
+        pos = _slice_arg("get_full_resid_decomposition: pos_slice", pos_slice)
+        proj = None if project_output_onto is None else _projection(project_output_onto, c.d_model)
+        # a sequential block's MLP reads its attention's output too: its heads and bias join
+        heads_upto = upto + 1 if mlp_input and upto < c.n_layer and not c.parallel_residual else upto
+        at = lambda x: _take(np.asarray(x, np.float64), pos, -2, "get_full_resid_decomposition: pos_slice")
+        head_parts, labels = _head_parts(self, model, heads_upto)
+        parts = [at(p)[None] for p in head_parts]
+        bias = np.zeros(c.d_model)
+        if heads_upto:
+            bias = bias + np.asarray(model.b_O[:heads_upto], np.float64).sum(0)
         for l in range(upto):
             if expand_neurons:
-                post = np.asarray(_need(self, hook_name(l, "mlp.post")), np.float64)  # [..., T, F]
+                post = at(_need(self, hook_name(l, "mlp.post")))  # [..., F]
                 w_out = np.asarray(model.W_out[l], np.float64)  # [F, D]
-                parts += [post[..., i, None] * w_out[i] for i in range(w_out.shape[0])]
+                parts.append(np.moveaxis(post[..., None] * w_out, -2, 0))  # [F, ..., D]
                 labels += ["L%dN%d" % (l, i) for i in range(w_out.shape[0])]
                 bias = bias + np.asarray(model.b_out[l], np.float64)
             else:
-                parts.append(_need(self, hook_name(l, "mlp.out")))
+                parts.append(at(_need(self, hook_name(l, "mlp.out")))[None])
                 labels.append("%d_mlp_out" % l)
-        emb = _need(self, "embed")
-        parts.append(emb)
+        emb = at(_need(self, "embed"))
+        parts.append(emb[None])
         labels.append("embed")
-        parts.append(np.broadcast_to(np.asarray(bias, np.float64), emb.shape))
+        parts.append(np.broadcast_to(bias, emb.shape)[None])
         labels.append("bias")
-        out = np.stack([np.asarray(p, np.float64) for p in parts])
-        if pos_slice is not None:
-            out = out[..., pos_slice, :]  # the position axis is -2
+        out = np.concatenate(parts)
         if apply_ln:
-            if pos_slice is not None:
-                raise ArgumentError(
-                    "get_full_resid_decomposition: apply_ln with pos_slice is not supported; "
-                    "apply it before slicing (apply_ln_to_stack)"
-                )
-            out = apply_ln_to_stack(self, out, layer=layer)
+            out = apply_ln_to_stack(self, out, layer=upto, mlp_input=mlp_input, pos_slice=pos_slice)
+        if proj is not None:
+            out = out @ proj
         return (out, labels) if return_labels else out
 
     def layer(self, l: int) -> Dict[str, np.ndarray]:
@@ -245,17 +339,26 @@ def _need(cache: Cache, name: str) -> np.ndarray:
 
 
 def _model(cache: Cache):
+    if not isinstance(cache, Cache):
+        raise ArgumentTypeError("cache must be a dclens.Cache (from run_with_cache), not %s" % type(cache).__name__)
     if cache.model is None:
         raise Error("this cache has no model attached (it was not made by run_with_cache)")
     return cache.model
 
 
 def _layer_arg(model, layer: Optional[int]) -> int:
+    """The residual a helper works on, as the index of the block it enters (n_layer:
+    the final residual). None and -1 mean the final residual (TransformerLens);
+    other negatives count from the end (-2: the one entering the last block)."""
     L = model.config.n_layer
     if layer is None:
         return L
-    if not isinstance(layer, (int, np.integer)) or not -L <= layer <= L:
-        raise ArgumentError("layer must be an integer in [-%d, %d] or None, got %r" % (L, L, layer))
+    if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)):
+        raise ArgumentTypeError("layer must be an integer or None, not %s %r" % (type(layer).__name__, layer))
+    if not -(L + 1) <= layer <= L:
+        raise ArgumentError(
+            "layer %d is out of range [%d, %d] (-1 or None: the final residual; %d blocks)" % (layer, -(L + 1), L, L)
+        )
     return int(layer) % (L + 1) if layer < 0 else int(layer)
 
 
@@ -282,20 +385,84 @@ def _final_resid(cache: Cache, model, layer: int, mlp_input: bool = False) -> np
     return pre
 
 
-def _pos_slice(a: np.ndarray, pos_slice) -> np.ndarray:
-    """pos_slice (TransformerLens' argument) on the position axis of [..., T, D]:
-    None keeps all, an int picks one (the axis goes), a slice / list / array picks several."""
-    if pos_slice is None:
-        return a
-    if isinstance(pos_slice, (bool, np.bool_)) or not isinstance(
-        pos_slice, (int, np.integer, slice, list, tuple, range, np.ndarray)
-    ):
-        raise Error("pos_slice must be None, an int, a slice or a list of positions, not %r" % (pos_slice,))
-    idx = list(pos_slice) if isinstance(pos_slice, (tuple, range)) else pos_slice
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _slice_arg(what: str, value):
+    """A TransformerLens Slice input as a numpy index for one axis, or None (keep all):
+
+        None                        every index (nothing taken)
+        int                         that index; the axis goes
+        slice                       that slice
+        tuple (stop,), (start, stop), (start, stop, step)   slice(*tuple), as TransformerLens
+        list / range / 1-D array    those indices (a bool array: a mask); torch tensors too
+        transformer_lens Slice      its .slice
+
+    Anything else is an Error naming `what`."""
+    if value is None:
+        return None
+    if hasattr(value, "mode") and hasattr(value, "slice") and not isinstance(value, np.ndarray):
+        value = value.slice  # transformer_lens.utils.Slice
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, tuple):
+        if not 1 <= len(value) <= 3 or not all(v is None or _is_int(v) for v in value):
+            raise ArgumentError(
+                "%s: a tuple is a slice, as in TransformerLens: (stop,), (start, stop) or (start, stop, step) "
+                "of integers, not %r (a list gives positions)" % (what, value)
+            )
+        value = slice(*[None if v is None else int(v) for v in value])
+    if isinstance(value, slice):
+        for part, v in (("start", value.start), ("stop", value.stop), ("step", value.step)):
+            if v is not None and not _is_int(v):
+                raise ArgumentTypeError(
+                    "%s: the slice's %s must be an integer or None, not %s %r" % (what, part, type(v).__name__, v)
+                )
+        if value.step == 0:
+            raise ArgumentError("%s: the slice's step must not be 0" % what)
+        return value
+    if isinstance(value, (str, bytes, bool, np.bool_, float, dict, set)) or value is Ellipsis:
+        raise ArgumentTypeError(
+            "%s must be None, an int, a slice, a tuple (start, stop[, step]) or a list of indices, not %s %r"
+            % (what, type(value).__name__, value)
+        )
     try:
-        return a[(Ellipsis, idx, slice(None))]
-    except IndexError as e:
-        raise Error("pos_slice %r: %s (positions: %d)" % (pos_slice, e, a.shape[-2])) from None
+        arr = np.asarray(list(value) if isinstance(value, range) else value)
+    except (TypeError, ValueError) as e:
+        raise ArgumentTypeError("%s: not a list of indices (%s): %r" % (what, e, value)) from None
+    if arr.ndim == 0 and arr.dtype.kind in "iu":
+        return int(arr)
+    if arr.ndim != 1:
+        raise ArgumentError("%s: a list of indices must be 1-D, got shape %s" % (what, arr.shape))
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind == "b":
+        return arr
+    if arr.dtype.kind not in "iu":
+        raise ArgumentTypeError("%s: indices must be integers, got %s values: %r" % (what, arr.dtype, value))
+    return arr.astype(np.int64)
+
+
+def _take(a: np.ndarray, index, axis: int, what: str) -> np.ndarray:
+    """a[index] along `axis` (index from _slice_arg; None keeps a), bounds checked
+    with an Error naming `what`."""
+    if index is None:
+        return a
+    n = a.shape[axis]
+    if isinstance(index, int):
+        if not -n <= index < n:
+            raise ArgumentError("%s %d is out of range for an axis of %d" % (what, index, n))
+    elif isinstance(index, np.ndarray):
+        if index.dtype == bool:
+            if index.shape[0] != n:
+                raise ArgumentError("%s: a mask of %d values for an axis of %d" % (what, index.shape[0], n))
+        elif index.size and (index.min() < -n or index.max() >= n):
+            bad = index[(index < -n) | (index >= n)][0]
+            raise ArgumentError("%s: index %d is out of range for an axis of %d" % (what, bad, n))
+    ix: List[Any] = [slice(None)] * a.ndim
+    ix[axis] = index
+    return a[tuple(ix)]
 
 
 def _mid(cache: Cache, l: int) -> np.ndarray:
@@ -309,12 +476,12 @@ def accumulated_resid(
     layer: Optional[int] = None,
     incl_mid: bool = False,
     apply_ln: bool = False,
-    pos_slice=None,
+    pos_slice: SliceInput = None,
     mlp_input: bool = False,
     return_labels: bool = False,
 ):
     """[layer + 1, ..., D]: the residual entering blocks 0 .. layer-1, then the
-    one entering `layer` (None: after the last block). Labels "0_pre",
+    one entering `layer` (None or -1: after the last block). Labels "0_pre",
     "1_pre", ..., "final_post".
 
     TransformerLens' arguments: incl_mid adds each block's resid_mid
@@ -322,13 +489,20 @@ def accumulated_resid(
     mid of `layer` itself. With the parallel residual of GPT-NeoX (DCPythia,
     Pythia) attention and MLP both read resid_pre, so that sum is an
     intermediate no block reads, given for comparison. pos_slice selects
-    positions (an int drops the position axis); apply_ln normalises each
-    entry as a whole residual."""
-    for what, v in (("incl_mid", incl_mid), ("apply_ln", apply_ln), ("mlp_input", mlp_input)):
+    positions (see get_full_resid_decomposition; an int drops the position
+    axis); apply_ln normalises each entry as a whole residual (its own
+    LayerNorm statistics: a logit lens)."""
+    for what, v in (
+        ("incl_mid", incl_mid),
+        ("apply_ln", apply_ln),
+        ("mlp_input", mlp_input),
+        ("return_labels", return_labels),
+    ):
         check_bool(what, v)
     model = _model(cache)
     L = model.config.n_layer
     upto = _layer_arg(model, layer)
+    pos = _slice_arg("pos_slice", pos_slice)
     parts, labels = [], []
     for l in range(upto):
         parts.append(_need(cache, hook_name(l, "resid_pre")))
@@ -345,9 +519,9 @@ def accumulated_resid(
         if mlp_input:
             parts.append(_mid(cache, upto))
             labels.append("%d_mid" % upto)
-    out = _pos_slice(np.stack(parts), pos_slice)
+    out = np.stack([_take(p, pos, -2, "pos_slice") for p in parts])
     if apply_ln:
-        out = apply_ln_to_stack(cache, out, layer=layer, whole=True)
+        out = apply_ln_to_stack(cache, out, layer=upto, recompute_ln=True)
     return (out, labels) if return_labels else out
 
 
@@ -357,26 +531,32 @@ def decompose_resid(
     mlp_input: bool = False,
     mode: str = "all",
     apply_ln: bool = False,
-    pos_slice=None,
+    pos_slice: SliceInput = None,
     incl_embeds: bool = True,
     return_labels: bool = False,
 ):
     """[1 + 2*layer, ..., D]: embed, then attn.out and mlp.out of each block
-    before `layer` (None: all); they sum to the residual entering `layer`.
+    before `layer` (None or -1: all); they sum to the residual entering `layer`.
 
     TransformerLens' arguments: mode "attn" / "mlp" keeps only those
     components ("all": both); incl_embeds=False leaves out embed; mlp_input
     adds attn.out of `layer` when its MLP reads it (a sequential block; with
     the parallel residual of DCPythia and Pythia the MLP reads resid_pre, so
-    nothing is added); pos_slice selects positions; apply_ln applies the
-    LayerNorm of `layer` (its MLP's with mlp_input; ln_final for None) as a
-    linear map."""
-    for what, v in (("mlp_input", mlp_input), ("apply_ln", apply_ln), ("incl_embeds", incl_embeds)):
+    nothing is added); pos_slice selects positions (see
+    get_full_resid_decomposition); apply_ln applies the LayerNorm of `layer`
+    (its MLP's with mlp_input; ln_final for the final residual) as a linear map."""
+    for what, v in (
+        ("mlp_input", mlp_input),
+        ("apply_ln", apply_ln),
+        ("incl_embeds", incl_embeds),
+        ("return_labels", return_labels),
+    ):
         check_bool(what, v)
     model = _model(cache)
-    if mode not in ("all", "attn", "mlp"):
-        raise Error("decompose_resid: mode must be 'all', 'attn' or 'mlp', not %r" % (mode,))
+    if not is_choice(mode, ("all", "attn", "mlp")):
+        raise ArgumentError("decompose_resid: mode must be 'all', 'attn' or 'mlp', not %r" % (mode,))
     upto = _layer_arg(model, layer)
+    pos = _slice_arg("pos_slice", pos_slice)
     parts, labels = ([_need(cache, "embed")], ["embed"]) if incl_embeds else ([], [])
     for l in range(upto):
         if mode != "mlp":
@@ -389,40 +569,44 @@ def decompose_resid(
         parts.append(_need(cache, hook_name(upto, "attn.out")))
         labels.append("%d_attn_out" % upto)
     if not parts:
-        raise Error("decompose_resid: no components (mode=%r, incl_embeds=False, layer %d)" % (mode, upto))
-    out = _pos_slice(np.stack(parts), pos_slice)
+        raise ArgumentError("decompose_resid: no components (mode=%r, incl_embeds=False, layer %d)" % (mode, upto))
+    out = np.stack([_take(p, pos, -2, "pos_slice") for p in parts])
     if apply_ln:
-        out = apply_ln_to_stack(cache, out, layer=layer, mlp_input=mlp_input, pos_slice=pos_slice)
+        out = apply_ln_to_stack(cache, out, layer=upto, mlp_input=mlp_input, pos_slice=pos_slice)
     return (out, labels) if return_labels else out
 
 
 def stack_head_results(
     cache: Cache,
-    layer: Optional[int] = None,
+    layer: Optional[int] = -1,
     return_labels: bool = False,
     incl_remainder: bool = False,
-    pos_slice=None,
+    pos_slice: SliceInput = None,
     apply_ln: bool = False,
 ):
     """[layer*N (+1), ..., D]: every head's head_out of the blocks before
-    `layer` (None: all), labels "L{l}H{n}"; incl_remainder adds the rest of
-    the residual (embed, attention biases, MLPs) as a last component;
-    pos_slice selects positions (TransformerLens' arguments)."""
-    for what, v in (("incl_remainder", incl_remainder), ("apply_ln", apply_ln)):
+    `layer` (-1 or None: all), labels "L{l}H{n}"; incl_remainder adds the rest
+    of the residual entering `layer` (embed, attention biases, MLPs) as a last
+    component; pos_slice selects positions (TransformerLens' arguments). layer
+    0 without the remainder gives an empty [0, ..., D] stack, as in
+    TransformerLens."""
+    for what, v in (("incl_remainder", incl_remainder), ("apply_ln", apply_ln), ("return_labels", return_labels)):
         check_bool(what, v)
     model = _model(cache)
     upto = _layer_arg(model, layer)
+    pos = _slice_arg("pos_slice", pos_slice)
     parts, labels = _head_parts(cache, model, upto)
-    if not parts and not incl_remainder:
-        raise Error("stack_head_results: no layers before layer %d" % upto)
     if incl_remainder:
         total = _final_resid(cache, model, upto)
         rest = total - (np.sum(parts, axis=0) if parts else 0)
         parts.append(rest)
         labels.append("remainder")
-    out = _pos_slice(np.stack(parts), pos_slice)
+    if parts:
+        out = np.stack([_take(p, pos, -2, "pos_slice") for p in parts])
+    else:
+        out = np.zeros((0,) + _take(_need(cache, "embed"), pos, -2, "pos_slice").shape, np.float32)
     if apply_ln:
-        out = apply_ln_to_stack(cache, out, layer=layer, pos_slice=pos_slice)
+        out = apply_ln_to_stack(cache, out, layer=upto, pos_slice=pos_slice)
     return (out, labels) if return_labels else out
 
 
@@ -432,72 +616,200 @@ def _centre(config, x: np.ndarray) -> np.ndarray:
     return x if config.norm == "rms" else x - x.mean(-1, keepdims=True)
 
 
+def _stack_arg(what: str, stack, d_model: int) -> np.ndarray:
+    """A residual stack [C, ..., D] as float64, or an Error naming `what`."""
+    try:
+        a = np.asarray(stack)
+    except (TypeError, ValueError) as e:
+        raise ArgumentTypeError("%s must be an array [C, ..., D] of numbers: %s" % (what, e)) from None
+    if a.dtype.kind not in "fiu" or isinstance(stack, (str, bytes)):
+        raise ArgumentTypeError("%s must be an array [C, ..., D] of numbers, not %s" % (what, type(stack).__name__))
+    if a.ndim < 2 or a.shape[-1] != d_model:
+        raise ArgumentError(
+            "%s must be [C, ..., %d] (components first, d_model last), got shape %s" % (what, d_model, list(a.shape))
+        )
+    return a.astype(np.float64)
+
+
+def _projection(value, d_model: int) -> np.ndarray:
+    """project_output_onto: a [D] or [D, K] array of numbers, as float64."""
+    try:
+        p = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise ArgumentTypeError("project_output_onto must be a [D] or [D, K] array: %s" % e) from None
+    if p.dtype.kind not in "fiu" or p.ndim not in (1, 2) or p.shape[0] != d_model:
+        raise ArgumentError(
+            "project_output_onto must be a [%d] or [%d, K] array of numbers, got %s %s"
+            % (d_model, d_model, p.dtype, list(p.shape))
+        )
+    return p.astype(np.float64)
+
+
+def _has_batch(cache: Cache, has_batch_dim) -> bool:
+    """has_batch_dim as given (a bool), or (None) whether the cache's activations have a batch axis."""
+    if has_batch_dim is not None:
+        return check_bool("has_batch_dim", has_batch_dim)
+    for name in ("embed", hook_name(0, "resid_pre")):
+        if name in cache:
+            return cache[name].ndim == 3
+    return bool(cache.has_batch_dim)
+
+
 def apply_ln_to_stack(
     cache: Cache,
-    stack: np.ndarray,
+    residual_stack,
     layer: Optional[int] = None,
     mlp_input: bool = False,
-    pos_slice=None,
+    pos_slice: SliceInput = None,
+    batch_slice: SliceInput = None,
+    has_batch_dim: Optional[bool] = None,
+    recompute_ln: bool = False,
+    *,
     whole: bool = False,
 ) -> np.ndarray:
-    """The LayerNorm (RMSNorm for DCFormer++) before `layer`'s attention (its MLP's with mlp_input;
-    None: ln_final) applied to each component as the linear map it is once
-    the scale is fixed by the full residual at that point: (c - mean(c)) /
-    sigma(total) * w, bias left out. Summed over components it gives
-    LN(total) - b. pos_slice: the positions the stack holds (as given to the
-    decomposition). whole=True: each component is itself a full residual
-    (accumulated_resid) and gets its own scale."""
+    """The LayerNorm (RMSNorm for DCFormer++) before `layer`'s attention (its
+    MLP's with mlp_input; None or -1: ln_final) applied to each component of
+    residual_stack [C, ..., D] as the linear map it is once the scale is fixed
+    by the full residual at that point: (c - mean(c)) / sigma(total) * w, bias
+    left out. Summed over components it gives LN(total) - b.
+
+    TransformerLens' arguments: pos_slice: the positions the stack holds (as
+    given to the decomposition; the stack is already sliced). batch_slice: a
+    slice of the batch axis, taken here from the stack (axis 1, when
+    has_batch_dim) and from the scale. has_batch_dim: whether the stack has a
+    batch axis after C (None: whether the cache has one). recompute_ln (or
+    whole=True): each component is itself a full residual (accumulated_resid)
+    and gets its own statistics, at any layer."""
     model = _model(cache)
+    for what, v in (("mlp_input", mlp_input), ("recompute_ln", recompute_ln), ("whole", whole)):
+        check_bool("apply_ln_to_stack: " + what, v)
     upto = _layer_arg(model, layer)
     c = model.config
+    stack = _stack_arg("apply_ln_to_stack: residual_stack", residual_stack, c.d_model)
+    pos = _slice_arg("pos_slice", pos_slice)
+    bat = _slice_arg("batch_slice", batch_slice)
+    batched = _has_batch(cache, has_batch_dim)
+    if bat is not None and batched:
+        if stack.ndim < 3:
+            raise ArgumentError("batch_slice: the stack %s has no batch axis after C" % list(stack.shape))
+        stack = _take(stack, bat, 1, "batch_slice")
     if upto == c.n_layer:
         w = np.asarray(model.ln_final_w, np.float64)
     else:
         w = np.asarray(
             model.weight("layers.%d.%s.weight" % (upto, "ffn_norm" if mlp_input else "attention_norm")), np.float64
         )
-    stack = np.asarray(stack, np.float64)
     centred = _centre(c, stack)
-    if whole:
+    if whole or recompute_ln:
         scale = np.sqrt((centred**2).mean(-1, keepdims=True) + c.norm_eps)
     else:
-        total = np.asarray(_pos_slice(_final_resid(cache, model, upto, mlp_input), pos_slice), np.float64)
+        total = np.asarray(_final_resid(cache, model, upto, mlp_input), np.float64)
+        if bat is not None:
+            if total.ndim != 3:
+                raise ArgumentError("batch_slice: the cache has no batch axis (one prompt)")
+            total = _take(total, bat, 0, "batch_slice")
+        total = _take(total, pos, -2, "pos_slice")
         tc = _centre(c, total)
         scale = np.sqrt((tc**2).mean(-1, keepdims=True) + c.norm_eps)
         if stack.shape[1:] != total.shape:
-            raise Error(
-                "apply_ln_to_stack: stack is %s, expected [C, %s]%s"
-                % (
-                    list(stack.shape),
-                    ", ".join(map(str, total.shape)),
-                    "" if pos_slice is not None else " (pass the pos_slice the stack was made with)",
-                )
+            where = (
+                "at pos_slice %r" % (pos_slice,) if pos_slice is not None else "; pass the pos_slice it was made with"
+            )
+            if batch_slice is not None:
+                where += " and batch_slice %r" % (batch_slice,)
+            raise ArgumentError(
+                "apply_ln_to_stack: residual_stack is %s, expected [C, %s] (the residual %s)"
+                % (list(stack.shape), ", ".join(map(str, total.shape)), where)
             )
     return centred / scale * w
 
 
+def _token_ids(what: str, tokens, model) -> np.ndarray:
+    """tokens for logit_attrs: a token string (one token), an id, or an integer
+    array (list, numpy, torch) of ids, as an int64 array; else an Error naming `what`."""
+    V = model.config.vocab
+    if isinstance(tokens, str):
+        return np.asarray(model.to_single_token(tokens), np.int64)
+    if isinstance(tokens, (bool, np.bool_)):
+        raise ArgumentTypeError("%s must be a token id, a token string or an array of ids, not bool" % what)
+    try:
+        t = np.asarray(tokens)
+    except (TypeError, ValueError) as e:
+        raise ArgumentTypeError("%s must be a token id, a token string or an array of ids: %s" % (what, e)) from None
+    if t.dtype.kind not in "iu" or t.dtype == bool:
+        if t.dtype.kind in "US" or t.dtype == object:
+            raise ArgumentTypeError(
+                "%s: give one token string, or ids (to_tokens / to_single_token), not %r" % (what, tokens)
+            )
+        raise ArgumentTypeError("%s must be integer token ids, not %s values %r" % (what, t.dtype, tokens))
+    if t.size and (t.min() < 0 or t.max() >= V):
+        bad = t[(t < 0) | (t >= V)].flat[0]
+        raise ArgumentError("%s: token id %d is out of range [0, %d) (the vocabulary)" % (what, bad, V))
+    return t.astype(np.int64)
+
+
 def logit_attrs(
-    cache: Cache, stack: np.ndarray, tokens, incorrect_tokens=None, has_ln: bool = False, pos_slice=None
+    cache: Cache,
+    residual_stack,
+    tokens,
+    incorrect_tokens=None,
+    pos_slice: SliceInput = None,
+    batch_slice: SliceInput = None,
+    has_batch_dim: Optional[bool] = None,
+    *,
+    has_ln: bool = False,
 ) -> np.ndarray:
-    """Direct logit attribution of each component: [C, ...] =
-    ln(stack) @ W_U[:, tokens] (minus W_U[:, incorrect_tokens] if given).
-    tokens: an id, or an int array shaped like stack's middle axes
-    (e.g. [T] for a [C, T, D] stack). has_ln: the stack already went
-    through apply_ln_to_stack. pos_slice: the positions the stack holds."""
+    """Direct logit attribution of each component, as TransformerLens's
+    ActivationCache.logit_attrs: [C, ...] = apply_ln_to_stack(stack) @
+    W_U[:, tokens] (minus W_U[:, incorrect_tokens] if given).
+
+    tokens: a token string (one token), an id, or an array of ids: [] or [1]
+    one token for every position; [T] one per position; [B] one per prompt
+    (a batched stack [C, B, T, D], at every position); [B, T] one per prompt
+    and position. They must fit the stack as left by pos_slice / batch_slice.
+    incorrect_tokens: the same forms, the same shape as tokens (a logit
+    difference). pos_slice: the positions the stack holds (it is already
+    sliced). batch_slice: taken from the stack's batch axis here.
+    has_batch_dim: whether the stack has a batch axis after C (None: as the
+    cache). has_ln (dclens): the stack already went through apply_ln_to_stack."""
     model = _model(cache)
-    normed = np.asarray(stack, np.float64) if has_ln else apply_ln_to_stack(cache, stack, pos_slice=pos_slice)
+    check_bool("logit_attrs: has_ln", has_ln)
+    t = _token_ids("logit_attrs: tokens", tokens, model)
     WU = np.asarray(model.W_U, np.float64)  # [D, V]
-    mid = normed.shape[1:-1]
-
-    def cols(t):
-        t = np.asarray(t)
-        if t.dtype.kind not in "iu" or (t.size and (t.min() < 0 or t.max() >= WU.shape[1])):
-            raise ArgumentError("logit_attrs: tokens must be ids in [0, %d)" % WU.shape[1])
-        return np.broadcast_to(WU.T[t], mid + (WU.shape[0],)) if t.ndim else WU[:, int(t)]
-
-    d = cols(tokens)
+    d = WU.T[t]  # tokens.shape + [D]
     if incorrect_tokens is not None:
-        d = d - cols(incorrect_tokens)
+        ti = _token_ids("logit_attrs: incorrect_tokens", incorrect_tokens, model)
+        if ti.shape != t.shape:
+            raise ArgumentError(
+                "logit_attrs: incorrect_tokens must have the shape of tokens: %s vs %s"
+                % (list(ti.shape), list(t.shape))
+            )
+        d = d - WU.T[ti]
+    batched = _has_batch(cache, has_batch_dim)
+    if has_ln:
+        normed = _stack_arg("logit_attrs: residual_stack", residual_stack, model.config.d_model)
+        bat = _slice_arg("batch_slice", batch_slice)
+        if bat is not None and batched:
+            normed = _take(normed, bat, 1, "batch_slice")
+    else:
+        normed = apply_ln_to_stack(
+            cache, residual_stack, pos_slice=pos_slice, batch_slice=batch_slice, has_batch_dim=has_batch_dim
+        )
+    mid = normed.shape[1:-1]
+    if batched and normed.ndim == 4 and d.ndim == 2 and d.shape[0] == normed.shape[1]:
+        d = d[:, None, :]  # [B] tokens on a [C, B, T, D] stack: one per prompt, at every position
+    while d.ndim - 1 > len(mid) and d.shape[0] == 1:  # [1] tokens on a [C, D] stack
+        d = d[0]
+    try:
+        fits = np.broadcast_shapes(d.shape[:-1], mid) == mid
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ArgumentError(
+            "logit_attrs: tokens of shape %s do not fit the stack's middle axes %s (stack %s): give one token, "
+            "[T] (one per position), [B] (one per prompt) or [B, T], after pos_slice / batch_slice"
+            % (list(t.shape), list(mid), list(normed.shape))
+        )
     return (normed * d).sum(-1)
 
 

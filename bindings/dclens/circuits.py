@@ -15,7 +15,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from ._checks import is_choice, check_index
+from ._checks import ArgumentError, check_index, is_choice, token_array
 from .model import Error, Model
 
 
@@ -102,13 +102,14 @@ def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def _swiglu_hidden(model: Model, h: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Layer 0's SwiGLU hidden units (DCFormer++): silu(u) * (h w3^T), each of
+def _swiglu_hidden(model: Model, layer: int, h: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """A SwiGLU MLP's hidden units (DCFormer++): silu(u) * (h w3^T), each of
     the mgate_dim groups scaled by softmax(h mg^T) when the gate is on."""
     c = model.config
-    hid = u / (1.0 + np.exp(-u)) * (h @ model.weight("layers.0.feed_forward.w3.weight").T.astype(np.float64))
+    p = "layers.%d.feed_forward." % layer
+    hid = u / (1.0 + np.exp(-u)) * (h @ model.weight(p + "w3.weight").T.astype(np.float64))
     if c.mgate_dim:
-        g = h @ model.weight("layers.0.feed_forward.mg.weight").T.astype(np.float64)  # [K, E]
+        g = h @ model.weight(p + "mg.weight").T.astype(np.float64)  # [K, E]
         g = np.exp(g - g.max(-1, keepdims=True))
         g /= g.sum(-1, keepdims=True)
         hid = (hid.reshape(len(h), c.mgate_dim, -1) * g[:, :, None]).reshape(hid.shape)
@@ -121,52 +122,113 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))
 
 
-def ov_logits(model: Model, layer: int, head: int, tokens) -> np.ndarray:
-    """DCFormer Appendix G, Eqn 12, for many tokens at once: [K, V] logits of
-    what head `head` of `layer` writes for each token x of `tokens` [K]:
-
-        e = Embed(x); e = e + MLP_0(LN_mlp,0(e)); logits = Unembed(LN_attn,l(e) W_V,n W_O,n).
-
-    Biases of V/O are left out (a circuit is the weight product)."""
-    _check(model, layer, head)
+def _norm(model: Model, x: np.ndarray, name: str) -> np.ndarray:
+    """The block norm `name` ("layers.{l}.attention_norm" / "ffn_norm") of x [K, D], float64."""
     c = model.config
-    toks = np.atleast_1d(np.asarray(tokens))
+    if c.norm == "rms":  # DCFormer++: RMSNorm, a weight only
+        return _rmsnorm(x, model.weight(name + ".weight"), c.norm_eps)
+    return _layernorm(x, model.weight(name + ".weight"), model.weight(name + ".bias"), c.norm_eps)
+
+
+def _mlp(model: Model, layer: int, x: np.ndarray) -> np.ndarray:
+    """MLP `layer`'s output for the residual x [K, D] it reads (its norm applied here), float64."""
+    c = model.config
+    p = "layers.%d.feed_forward." % layer
+    h = _norm(model, x, "layers.%d.ffn_norm" % layer)
+    u = h @ model.weight(p + "w1.weight").T.astype(np.float64)
+    if c.linear_bias:
+        u = u + model.weight(p + "w1.bias")
+    hid = _swiglu_hidden(model, layer, h, u) if c.mlp == "swiglu" else _gelu(u)
+    out = hid @ model.weight(p + "w2.weight").T.astype(np.float64)
+    if c.linear_bias:
+        out = out + model.weight(p + "w2.bias")
+    return out
+
+
+# what ov_logits / ov_readout feed a head for a token (see ov_logits)
+OV_INPUTS = ("direct", "paper", "prompt")
+
+
+def ov_input(model: Model, layer: int, tokens, resid: str = "direct") -> np.ndarray:
+    """[K, D] float64: the residual (before the head's LayerNorm) that ov_logits
+    feeds head(s) of `layer` for each token of `tokens` (see ov_logits for `resid`)."""
+    c = model.config
+    check_index("layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
+    if not is_choice(resid, OV_INPUTS):
+        raise ArgumentError("resid must be one of %s, not %r" % (", ".join(repr(r) for r in OV_INPUTS), resid))
+    toks = token_array(tokens)
+    toks = np.atleast_1d(toks)
     if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
-        raise Error("ov_logits: tokens must be a non-empty 1-D sequence of token ids")
+        raise ArgumentError("tokens must be a non-empty 1-D sequence of token ids, got %r" % (tokens,))
     for t in toks:
         check_index("token id", int(t), 0, c.vocab)
+    if resid == "prompt":  # each token alone as a prompt: the engine's residual entering `layer`
+        _, cache = model.run_with_cache(toks[:, None], names=["blocks.%d.resid_pre" % layer])
+        return np.asarray(cache["blocks.%d.resid_pre" % layer], np.float64).reshape(len(toks), c.d_model)
     e = model.weight("tok_embeddings.weight")[toks].astype(np.float64)  # [K, D]
-    if c.norm == "rms":  # DCFormer++: RMSNorm, a weight only
-        ln = lambda x, name: _rmsnorm(x, model.weight(name + ".weight"), c.norm_eps)
-    else:
-        ln = lambda x, name: _layernorm(x, model.weight(name + ".weight"), model.weight(name + ".bias"), c.norm_eps)
-    h = ln(e, "layers.0.ffn_norm")
-    w1, w2 = model.weight("layers.0.feed_forward.w1.weight"), model.weight("layers.0.feed_forward.w2.weight")
-    u = h @ w1.T.astype(np.float64)
-    if c.linear_bias:
-        u = u + model.weight("layers.0.feed_forward.w1.bias")
-    if c.mlp == "swiglu":
-        mlp = _swiglu_hidden(model, h, u) @ w2.T.astype(np.float64)
-    else:
-        mlp = _gelu(u) @ w2.T.astype(np.float64)
-    if c.linear_bias:
-        mlp = mlp + model.weight("layers.0.feed_forward.w2.bias")
-    e = e + mlp
+    if resid == "paper":  # Eqn 12 as printed: MLP 0 added whatever the layer
+        return e + _mlp(model, 0, e)
+    # the token's direct path: attention of `layer` reads the block input in both layouts,
+    # which holds the outputs of MLPs 0 .. layer-1 (not MLP `layer`: parallel, it reads the
+    # same input; sequential, it comes after the attention). On this path MLP k reads the
+    # running residual: with the parallel residual that is its block input; a sequential
+    # block's MLP also reads its attention's output, which needs a context and is left out.
+    for k in range(layer):
+        e = e + _mlp(model, k, e)
+    return e
+
+
+def ov_logits(model: Model, layer: int, head: int, tokens, *, resid: str = "direct") -> np.ndarray:
+    """The OV read-out (DCFormer Appendix G, Eqn 12) for many tokens at once:
+    [K, V] logits of what head `head` of `layer` writes when it attends to a
+    token x of `tokens` [K] and nothing else,
+
+        logits = Unembed(LN_attn,layer(r(x)) W_V,n W_O,n)
+
+    with r(x) the residual the head reads for x (biases of V/O are left out:
+    a circuit is the weight product). `resid` chooses r(x):
+
+    "direct" (default): what the head really reads along the token's own path,
+        without attention (which needs a context): the embedding plus the
+        outputs of MLPs 0 .. layer-1, each applied to the residual it reads on
+        that path. Attention of block l reads the block input in both residual
+        layouts (model.config.parallel_residual: attention and MLP read it side
+        by side; sequential: the MLP comes after the attention), so MLP l is
+        never part of it, and a layer-0 head reads the bare embedding. For
+        layer 1 this is Eqn 12.
+    "paper": Eqn 12 as printed, e = Embed(x) + MLP_0(LN_mlp,0(Embed(x))) at
+        every layer. At layer 0 no head reads this: MLP 0 runs beside (parallel
+        residual) or after (sequential) the layer-0 attention.
+    "prompt": the residual entering `layer` when x alone is the prompt (a
+        forward pass of the engine, every earlier block including each layer's
+        attention of x to itself).
+
+    On the bundled models the "direct" read-out is the closest of the three to
+    what the head writes in context (docs/api.md, "OV read-out")."""
+    _check(model, layer, head)
+    x = ov_input(model, layer, tokens, resid)
     ov = ov_circuit(model, layer, head)
-    out = (ln(e, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B  # [K, D]
+    out = (_norm(model, x, "layers.%d.attention_norm" % layer) @ ov.A) @ ov.B  # [K, D]
     # the unembedding: output.weight, or the embedding when tied (no output.weight then)
     unembed = "output.weight" if "output.weight" in model.weight_names() else "tok_embeddings.weight"
     return out.astype(np.float32) @ model.weight(unembed).T  # [K, V]
 
 
-def ov_readout(model: Model, layer: int, head: int, token: int, k: int = 10) -> List[Tuple[int, float]]:
-    """DCFormer Appendix G, Eqn 12: what head n's OV circuit writes for `token`
-    (see ov_logits). Returns the top-k (token id, logit) pairs."""
+def ov_readout(
+    model: Model, layer: int, head: int, token, k: int = 10, *, resid: str = "direct"
+) -> List[Tuple[int, float]]:
+    """What head n's OV circuit writes for `token` (an id, or a string that is
+    one token): the top-k (token id, logit) pairs of ov_logits, which says
+    what the head reads (`resid`: "direct", the default, the input the head
+    really reads; "paper", Eqn 12 as printed; "prompt", the token alone as a
+    prompt)."""
     c = model.config
+    if isinstance(token, str):
+        token = model.to_single_token(token)
     token = check_index("token id", token, 0, c.vocab)
     k = check_index("k", k, 1, 2**31)
-    logits = ov_logits(model, layer, head, [token])[0]
-    top = np.argsort(-logits)[:k]
+    logits = ov_logits(model, layer, head, [token], resid=resid)[0]
+    top = np.argsort(-logits, kind="stable")[:k]
     return [(int(t), float(logits[t])) for t in top]
 
 

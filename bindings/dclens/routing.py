@@ -497,21 +497,29 @@ class Flow(NamedTuple):
     key: int
     token: str
     value: float
-    share: float  # value / the composed entry summed over visible keys
+    share: float  # value / (sum of |value| over every flow into the entry at the visible keys): signed
 
 
 class FlowTable(list):
     """The largest flows into one target entry (a list of Flow), largest |value|
-    first; str() / print() show it as a table."""
+    first; str() / print() show it as a table. total: the composed entries
+    summed over the visible keys (signed); abs_total: the sum of |value| over
+    every flow at the visible keys, what each share is a fraction of;
+    visible_keys: how many keys the query sees (causal mask, local window)."""
 
     title = ""
     total = 0.0
+    abs_total = 0.0
+    visible_keys = 0
 
     def __str__(self) -> str:
-        rows = [self.title, "%6s %-6s %5s  %-14s %10s %8s" % ("source", "branch", "key", "token", "value", "share")]
+        rows = [
+            self.title,
+            "%6s %-6s %5s  %-14s %10s %8s" % ("source", "branch", "key", "token", "value", "share"),
+        ]
         for f in self:
             rows.append(
-                "%6d %-6s %5d  %-14s %10.4f %7.1f%%"
+                "%6d %-6s %5d  %-14s %10.4f %+7.1f%%"
                 % (f.source, f.branch, f.key, repr(f.token)[:14], f.value, 100 * f.share)
             )
         return "\n".join(rows)
@@ -520,6 +528,21 @@ class FlowTable(list):
 
     def _repr_pretty_(self, p, cycle):  # IPython
         p.text(str(self))
+
+
+def _flow_array(model: Model, F, n_branches: int) -> np.ndarray:
+    """F= of flow_table: a [N, branches, T] array of numbers, as float64."""
+    try:
+        a = np.asarray(F)
+    except (TypeError, ValueError) as e:
+        raise ArgumentError("flow_table: F must be the array flows() returns: %s" % e) from None
+    N = model.config.n_head
+    if a.dtype.kind not in "fiu" or a.ndim != 3 or a.shape[:2] != (N, n_branches) or a.shape[2] == 0:
+        raise ArgumentError(
+            "flow_table: F must be the [%d, %d, T] array of numbers flows() returns, got %s %s"
+            % (N, n_branches, a.dtype, list(a.shape))
+        )
+    return a.astype(np.float64)
 
 
 def flow_table(
@@ -535,44 +558,67 @@ def flow_table(
     F: Optional[np.ndarray] = None,
 ) -> FlowTable:
     """The k largest (|value|) (source, branch, key) flows into target `head` at
-    `query` (see flows), with each key's token and its share of the composed
-    entry summed over the visible keys; F= reuses an array from flows()."""
+    `query` (see flows), with each key's token, over the keys the query sees
+    (keys after it and, on a local layer, outside its window are left out and
+    not counted). F= reuses an array from flows() (tokens may then be None).
+
+    Each flow's share is value / S, S = the sum of |value| over every flow
+    (source, branch, visible key) into the entry: signed, the |share|s of all
+    flows sum to 100%. Flows are signed: the pre phase splits raw scores
+    (logits, either sign) and in both phases the composition maps can be
+    negative, so a share of the signed sum would be meaningless where terms
+    cancel. The title gives the signed sum of the composed entries over the
+    visible keys (FlowTable.total), S (abs_total) and the visible key count."""
     k = check_index("k", k, 1, 1 << 30)
-    F = flows(model, tokens, layer, phase, head, query, cache=cache) if F is None else np.asarray(F)
-    T = F.shape[-1]
+    if not is_choice(phase, PHASES):
+        raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
+    L, N = model.config.n_layer, model.config.n_head
+    layer = check_index("layer", layer, -L, L, " (model has %d layers)" % L) % L
+    head = check_index("head", head, -N, N, " (model has %d heads)" % N) % N
     branches = flow_branches(model)
-    if F.shape[:2] != (model.config.n_head, len(branches)):
-        raise Error("flow_table: F has shape %s, not [%d, %d, T]" % (F.shape, model.config.n_head, len(branches)))
-    toks = None if tokens is None else np.asarray(model.to_tokens(tokens) if isinstance(tokens, str) else tokens)
+    toks = None
+    if tokens is not None:
+        toks = _check(model, tokens, layer, phase)
+    if F is None:
+        F = flows(model, toks, layer, phase, head, query, cache=cache)
+    else:
+        F = _flow_array(model, F, len(branches))
+    T = F.shape[-1]
+    if toks is not None and len(toks) != T:
+        raise ArgumentError("flow_table: tokens has %d positions but F has %d keys" % (len(toks), T))
+    t = _pos(query, T, "query")
+    keys = np.flatnonzero(_mask(T, T, _window(model, layer))[t])  # the keys the query sees
+    Fv = F[:, :, keys]  # masked keys lend nothing: they are left out
     words = None
     if toks is not None:
         try:
             words = model.to_str_tokens(toks)
         except Error:  # no tokenizer.json: keys are shown by position
             pass
-    total = float(F.sum())
+    total = float(Fv.sum())
+    abs_total = float(np.abs(Fv).sum())
     out = FlowTable()
-    for i in np.argsort(-np.abs(F), axis=None, kind="stable")[:k]:
-        n, bi, s = np.unravel_index(i, F.shape)
-        v = float(F[n, bi, s])
+    for i in np.argsort(-np.abs(Fv), axis=None, kind="stable")[:k]:
+        n, bi, j = np.unravel_index(i, Fv.shape)
+        s = int(keys[j])
+        v = float(Fv[n, bi, j])
         out.append(
             Flow(
                 int(n),
                 branches[bi],
-                int(s),
+                s,
                 words[s] if words is not None else str(s),
                 v,
-                v / total if total else float("nan"),
+                v / abs_total if abs_total else float("nan"),
             )
         )
-    L, N = model.config.n_layer, model.config.n_head
-    out.title = "flows into layer %d head %d, %s-compose, query %d: composed entries sum to %.4f over %d keys" % (
-        layer % L,
-        head % N,
-        phase,
-        _pos(query, T, "query"),
-        total,
-        T,
+    n_vis = len(keys)
+    out.title = (
+        "flows into layer %d head %d, %s-compose, query %d, over the %d visible keys (of %d): "
+        "composed entries sum to %.4f; share = value / sum |value| of all flows (%.4f)"
+        % (layer, head, phase, t, n_vis, T, total, abs_total)
     )
     out.total = total
+    out.abs_total = abs_total
+    out.visible_keys = n_vis
     return out
