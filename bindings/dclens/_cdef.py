@@ -29,6 +29,13 @@ void dcs_free(dcs_model *m);
 const dcs_config *dcs_model_config(const dcs_model *m);
 const char *dcs_errmsg(const dcs_model *m);
 int dcs_layer_is_local(const dcs_model *m, int layer);
+enum { DCS_NORM_LAYER = 0, DCS_NORM_RMS = 1 };
+enum { DCS_MLP_GELU = 0, DCS_MLP_SWIGLU = 1 };
+typedef struct {
+    int norm; int parallel_residual; int mlp; int mlp_gate; int window; int qk_norm; int moh;
+    int dcmha; int slots; int slot[2][2]; int groups; int static_branch; int row_compose; int fused;
+} dcs_layer_plan;
+const dcs_layer_plan *dcs_layer_plan_of(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
 const char *dcs_load_warnings(const dcs_model *m);
 int dcs_cuda_available(char *why, size_t whylen);

@@ -99,6 +99,7 @@ class TLConfig:
     bos_token_id: Optional[int]
     attention_dir: str = "causal"
     dtype: str = "float32"
+    gated_mlp: bool = False  # SwiGLU (DCFormer++): act_fn "silu" on the gated half
 
     def __getitem__(self, key):
         return getattr(self, key)
@@ -145,6 +146,53 @@ class Config:
 
     def __getitem__(self, key):  # dict-style access for notebooks
         return getattr(self, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """What one layer computes, as the engine decided it once at load
+    (dcs_layer_plan in dclens.h; read by the forward, the backward and the
+    tape's memory plan alike): model.plan[l]."""
+
+    norm: str  # "layer" (LayerNorm) or "rms"
+    parallel_residual: bool  # x + attn(ln1 x) + mlp(ln2 x); else sequential
+    mlp: str  # "gelu" or "swiglu"
+    mlp_gate: int  # E > 0: DCFormer++'s MLP group gate; 0 none
+    window: int  # > 0: a local layer's window; 0 global
+    qk_norm: bool
+    moh: bool  # Mixture-of-Head routing
+    dcmha: bool  # dynamic composition (the fields below are 0 / False / -1 without)
+    slots: int  # C: dynamic-weight slots
+    slot: Tuple[Tuple[int, int], Tuple[int, int]]  # [phase pre/post][side query/key] -> slot, -1 absent
+    groups: int  # compose groups
+    static_branch: bool  # the static (Talking-Heads) branch
+    row_compose: bool  # plain DCMHA: the compose backward's row kernels apply
+    fused: bool  # the fused attention kernel may compute it when no map hook asks
+
+
+def _layer_plans(handle, n_layer: int) -> Tuple[LayerPlan, ...]:
+    out = []
+    for l in range(n_layer):
+        p = lib.dcs_layer_plan_of(handle, l)
+        out.append(
+            LayerPlan(
+                norm="rms" if p.norm == lib.DCS_NORM_RMS else "layer",
+                parallel_residual=bool(p.parallel_residual),
+                mlp="swiglu" if p.mlp == lib.DCS_MLP_SWIGLU else "gelu",
+                mlp_gate=int(p.mlp_gate),
+                window=int(p.window),
+                qk_norm=bool(p.qk_norm),
+                moh=bool(p.moh),
+                dcmha=bool(p.dcmha),
+                slots=int(p.slots),
+                slot=((int(p.slot[0][0]), int(p.slot[0][1])), (int(p.slot[1][0]), int(p.slot[1][1]))),
+                groups=int(p.groups),
+                static_branch=bool(p.static_branch),
+                row_compose=bool(p.row_compose),
+                fused=bool(p.fused),
+            )
+        )
+    return tuple(out)
 
 
 def cuda_available() -> bool:
@@ -332,6 +380,8 @@ class Model(WeightsMixin):
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
         c = lib.dcs_model_config(handle)
+        self.plan = _layer_plans(handle, c.n_layer)  # what each layer computes (LayerPlan)
+        first = self.plan[0]
         self.config = Config(
             model_type={1: "dcpythia", 2: "gpt_neox", 3: "dcformer"}[c.model_type],
             n_layer=c.n_layer,
@@ -351,7 +401,7 @@ class Model(WeightsMixin):
             dyn_rank=c.dyn_rank,
             dyn_hidden=c.dyn_hidden,
             window_size=c.window_size,
-            local_layers=tuple(l for l in range(c.n_layer) if lib.dcs_layer_is_local(handle, l)),
+            local_layers=tuple(l for l in range(c.n_layer) if self.plan[l].window > 0),
             tie_embeddings=bool(c.tie_embeddings),
             use_sw=bool(c.use_sw) and bool(c.use_dcmha),
             compose_groups=c.compose_groups,
@@ -359,8 +409,8 @@ class Model(WeightsMixin):
             moh_routed_topk=c.moh_topk if c.moh else None,
             dyn_slots=c.dyn_slots,
             key_wise=bool(c.key_wise),
-            norm="rms" if c.model_type == 3 else "layer",
-            mlp="swiglu" if c.model_type == 3 else "gelu",
+            norm=first.norm,
+            mlp=first.mlp,
             mgate_dim=c.mgate_dim,
         )
         self.load_warnings = ffi.string(lib.dcs_load_warnings(handle)).decode(errors="replace").splitlines()
@@ -408,13 +458,14 @@ class Model(WeightsMixin):
             d_vocab=c.vocab,
             d_vocab_out=c.vocab,
             n_ctx=n_ctx,
-            act_fn="gelu",
+            act_fn="silu" if self.plan[0].mlp == "swiglu" else "gelu",
             eps=c.norm_eps,
-            normalization_type="LN",
+            normalization_type="RMS" if self.plan[0].norm == "rms" else "LN",
             positional_embedding_type="rotary",
             rotary_dim=c.rotary_dim,
             rotary_base=c.rope_base,
-            parallel_attn_mlp=c.parallel_residual,
+            parallel_attn_mlp=self.plan[0].parallel_residual,
+            gated_mlp=self.plan[0].mlp == "swiglu",
             original_architecture=(
                 raw.get("architectures") or ["DCPythia" if c.model_type == "dcpythia" else "GPTNeoXForCausalLM"]
             )[0],

@@ -114,6 +114,33 @@ const dcs_config *dcs_model_config(const dcs_model *m);
 const char *dcs_errmsg(const dcs_model *m); /* last error on this model  */
 int dcs_layer_is_local(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
+/* The layer plan: what layer `layer` computes, decided once at load from
+ * the configuration and read by the forward (layer.c), the backward
+ * (layer_bw.c), the tape's memory plan and Python (Model.plan). NULL for a
+ * layer out of range; owned by the model. */
+enum { DCS_NORM_LAYER = 0, DCS_NORM_RMS = 1 }; /* LayerNorm; RMSNorm           */
+enum { DCS_MLP_GELU = 0, DCS_MLP_SWIGLU = 1 }; /* SwiGLU: w2(silu(w1 x) * w3 x) */
+typedef struct {
+    int norm;              /* DCS_NORM_*                                        */
+    int parallel_residual; /* x + attn(ln1 x) + mlp(ln2 x); else sequential     */
+    int mlp;               /* DCS_MLP_*                                         */
+    int mlp_gate;          /* E > 0: DCFormer++'s MLP group gate [M, E]; else 0 */
+    int window;            /* > 0: a local layer (keys t - s <= window); 0 global */
+    int qk_norm;           /* RMS norm of each head's q and k                   */
+    int moh;               /* Mixture-of-Head routing of the head outputs       */
+    int dcmha;             /* dynamic composition; the fields below are 0 without */
+    int slots;             /* C: dynamic-weight slots of the projection          */
+    int slot[2][2];        /* [phase 0 pre, 1 post][side 0 query, 1 key]: its
+                              slot in [0, C), -1 where that side is absent   */
+    int groups;            /* G: heads composed within G groups of N/G          */
+    int static_branch;     /* the static (Talking-Heads) branch                 */
+    int row_compose;       /* plain DCMHA (no static branch, groups or key-wise):
+                              the compose backward's row kernels apply       */
+    int fused;             /* the fused attention kernel may compute it (when no
+                              hook asks for a map of the layer)             */
+} dcs_layer_plan;
+const dcs_layer_plan *dcs_layer_plan_of(const dcs_model *m, int layer);
+
 /* Notes from loading (e.g. ignored key-side weights of a query-wise
  * checkpoint), one per line; "" when there are none. Owned by the model. */
 const char *dcs_load_warnings(const dcs_model *m);

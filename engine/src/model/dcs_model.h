@@ -66,6 +66,7 @@ struct dcs_model {
     float *norm_w, *norm_b;      /* [D]                              */
     dcs_wmat m_tok_emb, m_out_w; /* what the forward reads           */
     dcs_layer_weights *layers;   /* [L]                              */
+    dcs_layer_plan *plan;        /* [L] what each layer computes (pass.c) */
     dcs_named_weight *weights;   /* every weight, by canonical name  */
     int n_weights, cap_weights;
     dcs_tensor_table tt; /* kept open: weights may alias it  */
@@ -94,11 +95,6 @@ dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
 /* Free everything of the model (dcs_free, or the last decoder of a model
  * dcs_free was called on). */
 void dcs_model_destroy(dcs_model *m);
-
-/* Does layer l need the materialising attention path (the variants of
- * model-spec.md 5: static branch, grouped composition, MoH routing)? A
- * fused attention path must fall back to the full one where this is 1. */
-int dcs_layer_needs_full_path(const dcs_model *m, int layer);
 
 /* Activation buffers kept by the model between passes, reused by size:
  * dcs_pool_take gives a pooled buffer of exactly `bytes` (contents

@@ -157,7 +157,7 @@ dcs_status dcs_forward_at(dcs_model *m, const int32_t *tokens, int B, int T, con
                 for (int i = 0; i < n_pos; i++)
                     be->ops->copy(be, xs + ((size_t)b * n_pos + i) * D,
                                   x + ((size_t)b * T + positions[b * n_pos + i]) * D, sizeof(float) * D);
-            dcs_pass_norm(&f, hn, xs, m->norm_w, m->norm_b, P);
+            dcs_pass_norm(&f, m->plan[m->cfg.n_layer - 1].norm, hn, xs, m->norm_w, m->norm_b, P);
             dcs_pass_linear(&f, lg, hn, m->m_out_w, NULL, P, V, D);
             if (!direct) be->ops->download(be, logits, lg, sizeof(float) * (size_t)P * V);
         }

@@ -43,14 +43,15 @@ typedef struct {
 
 static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw) {
     const dcs_config *c = &p->m->cfg;
+    const dcs_layer_plan *pl = &p->m->plan[l];
     const dcs_layer_weights *lw = &p->m->layers[l];
     dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
     dcs_kv_cache *kc = p->cache ? &p->cache[l] : NULL;
     const int M = p->M, D = c->d_model, N = c->n_head, R = c->dyn_rank;
-    const int C = c->dyn_slots, K = c->dyn_hidden;
+    const int C = pl->slots, K = c->dyn_hidden;
     /* G groups of Mg heads (model-spec 5): per group and slot its own hidden
      * layer and [2R, Mg] weights; G = 1 is the plain layout */
-    const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
+    const int G = pl->groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
     dcs_backend *be = p->be;
     float *hid = act(p, kp ? kp->hid : NULL, M, GC, K); /* [M, G, C, K]      */
     float *w = dcs_pass_alloc(p, M, GC, RM2);           /* [M, G, C, 2R, Mg] */
@@ -70,8 +71,8 @@ static void dynamic_weights(dcs_pass *p, int l, const float *h, dyn_weights *dw)
     for (int phase = 0; phase < 2; phase++)
         for (int side = 0; side < 2; side++) {
             dw->w1[phase][side] = dw->w2[phase][side] = dw->dd[phase][side] = NULL;
-            if ((side == 1 && c->query_wise) || (side == 0 && c->key_wise)) continue;
-            int slot = C == 4 ? 2 * phase + side : phase; /* C == 2: one side only */
+            const int slot = pl->slot[phase][side];
+            if (slot < 0) continue; /* the side is absent (query- or key-wise) */
             float *w1, *w2, *dd;
             if (side == 1 && kc) { /* the new keys' rows of the cache */
                 w1 = kc->kw1[phase] + (size_t)kc->used * R * N;
@@ -154,6 +155,7 @@ typedef struct {
 static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, const dyn_weights *dw,
                     const keys_view *kv) {
     const dcs_config *c = &p->m->cfg;
+    const dcs_layer_plan *pl = &p->m->plan[l];
     const int B = p->B, T = p->T, N = c->n_head, S = kv->S;
     const int *first = dcs_branch_first;
     const int nb = DCS_N_BRANCHES; /* skip, qp, kp, qg, kg, static: consecutive points */
@@ -174,8 +176,8 @@ static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, 
     a.T = T;
     a.S = S;
     a.R = c->dyn_rank;
-    a.G = c->compose_groups;
-    a.sw = c->use_sw ? (phase == 0 ? p->m->layers[l].pre_sw : p->m->layers[l].post_sw) : NULL;
+    a.G = pl->groups;
+    a.sw = pl->static_branch ? (phase == 0 ? p->m->layers[l].pre_sw : p->m->layers[l].post_sw) : NULL;
     a.causal_only = phase == 1;
     a.window = kv->window;
     a.t0 = p->t0;
@@ -233,30 +235,12 @@ static int attn_map_hooked(const dcs_pass *p, int l) {
     return 0;
 }
 
-/* Configurations the fused kernel computes, by explicit checks: DCPythia
- * (dynamic composition with 4 slots, or query-wise with 2, or none) and
- * Pythia. The variants of model-spec 5 (static Talking-Heads branch, MoH
- * routing, grouped composition: dcs_layer_needs_full_path) and key-wise-only
- * composition take the full path, whose compose handles them; a variant
- * added later must add its switch here. */
-static int fused_supported(const dcs_model *m, int l) {
-    const dcs_config *c = &m->cfg;
-    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX &&
-        c->model_type != DCS_MODEL_DCFORMER) /* DCFormer++: DCPythia's attention */
-        return 0;
-    if (dcs_layer_needs_full_path(m, l) || c->moh) return 0;
-    if (!c->use_dcmha) return 1;
-    if (c->key_wise || c->use_sw || c->compose_groups != 1) return 0;
-    if (c->dyn_rank < 1 || c->dyn_rank > DCS_MAX_R) return 0;
-    /* query_wise: the key side is absent (dw.*[ph][1] NULL), whatever the slots */
-    return c->dyn_slots == 4 || (c->dyn_slots == 2 && c->query_wise);
-}
-
 /* z [M, N, Dh] (fused: no [B, N, T, S] tensor but the tape's kept maps,
  * kp; local layers touch their window only). */
-static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, const keys_view *kv, float *z,
-                            dcs_kept *kp) {
+static void attention_fused(dcs_pass *p, int l, const dyn_weights *dw, const float *q, const keys_view *kv,
+                            float *z, dcs_kept *kp) {
     const dcs_config *c = &p->m->cfg;
+    const dcs_layer_plan *pl = &p->m->plan[l];
     dcs_attn_args a;
     memset(&a, 0, sizeof a);
     a.z = z;
@@ -274,11 +258,11 @@ static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, 
     a.R = c->dyn_rank;
     a.window = kv->window;
     a.scale = 1.0f / sqrtf((float)c->head_dim);
-    a.compose = c->use_dcmha;
+    a.compose = pl->dcmha;
     if (kp) {
         a.keep[0] = kp->A;
         a.keep[1] = kp->P;
-        a.keep[2] = c->use_dcmha ? kp->Pc : NULL;
+        a.keep[2] = pl->dcmha ? kp->Pc : NULL;
     }
     for (int ph = 0; ph < 2 && a.compose; ph++) {
         a.qw1[ph] = dw->w1[ph][0];
@@ -296,6 +280,7 @@ static void attention_fused(dcs_pass *p, const dyn_weights *dw, const float *q, 
 static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const float *q, const keys_view *kv,
                            float *z) {
     const dcs_config *c = &p->m->cfg;
+    const int dcmha = p->m->plan[l].dcmha;
     dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
     dcs_backend *be = p->be;
     const int B = p->B, T = p->T, S = kv->S, kb = kv->kb, N = c->n_head, Dh = c->head_dim, D = c->d_model;
@@ -311,7 +296,7 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     dcs_pass_hook_map(p, DCS_HP_SCORES, l, A, S, kb);
     /* kept: each stage in its own buffer; else in place */
     float *cur = A;
-    if (c->use_dcmha) {
+    if (dcmha) {
         float *Ac = kp ? dcs_pass_alloc(p, B, N, TS) : A;
         if (p->status) return;
         compose(p, l, 0, Ac, A, dw, kv);
@@ -324,7 +309,7 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     be->ops->softmax_masked(be, P, B * N, T, S, p->t0, kb, kv->window);
     dcs_pass_hook_map(p, DCS_HP_PATTERN, l, P, S, kb);
     float *Pc = P;
-    if (c->use_dcmha) {
+    if (dcmha) {
         Pc = kp ? kp->Pc : P;
         compose(p, l, 1, Pc, P, dw, kv);
         dcs_pass_hook_map(p, DCS_HP_PATTERN_COMPOSED, l, Pc, S, kb);
@@ -388,6 +373,7 @@ static void attention_out(dcs_pass *p, int l, float *z, float *out) {
 static void attention(dcs_pass *p, int l, const float *h, float *out) {
     dcs_model *m = p->m;
     const dcs_config *c = &m->cfg;
+    const dcs_layer_plan *pl = &m->plan[l];
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
     dcs_kv_cache *kc = p->cache ? &p->cache[l] : NULL;
@@ -405,7 +391,7 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
     be->ops->copy2d(be, k, D, qkv + D, 3 * D, M, D);
     be->ops->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
     dcs_pass_release(p, qkv);
-    if (c->qk_norm) {
+    if (pl->qk_norm) {
         if (kp) {
             be->ops->copy(be, kp->qraw, q, sizeof(float) * (size_t)M * D);
             be->ops->copy(be, kp->kraw, k, sizeof(float) * (size_t)M * D);
@@ -421,9 +407,9 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
 
     dyn_weights dw;
     memset(&dw, 0, sizeof dw);
-    if (c->use_dcmha) dynamic_weights(p, l, h, &dw);
+    if (pl->dcmha) dynamic_weights(p, l, h, &dw);
     if (p->status) return;
-    keys_view kv = {k, v, p->T, 0, dcs_layer_is_local(m, l) ? c->window_size : 0};
+    keys_view kv = {k, v, p->T, 0, pl->window};
     if (kc) { /* the new keys are held from here on (undone on failure by the decoder) */
         kc->used += p->T;
         kv.k = kc->k;
@@ -436,8 +422,8 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
     /* the tape (kp) keeps the maps: the fused kernel writes them in a full
      * pass (no cache, t0 = 0), row block by row block while they are in
      * cache, instead of a pass over [B, N, T, S] per step */
-    if (be->ops->attention && fused_supported(m, l) && !attn_map_hooked(p, l) && (!kp || (!kc && p->t0 == 0)))
-        attention_fused(p, &dw, q, &kv, z, kp);
+    if (be->ops->attention && pl->fused && !attn_map_hooked(p, l) && (!kp || (!kc && p->t0 == 0)))
+        attention_fused(p, l, &dw, q, &kv, z, kp);
     else
         attention_maps(p, l, &dw, q, &kv, z);
     release_dyn(p, &dw);
@@ -445,7 +431,7 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
     dcs_pass_release(p, k);
     dcs_pass_release(p, v);
     if (p->status) return;
-    if (c->moh) moh_gate(p, l, h, z);
+    if (pl->moh) moh_gate(p, l, h, z);
     if (p->status) return;
     attention_out(p, l, z, out);
 }
@@ -457,7 +443,7 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
 static void mlp_group_gate(dcs_pass *p, int l, const float *hn, float *u) {
     const dcs_config *c = &p->m->cfg;
     const dcs_layer_weights *lw = &p->m->layers[l];
-    const int M = p->M, D = c->d_model, E = c->mgate_dim;
+    const int M = p->M, D = c->d_model, E = p->m->plan[l].mlp_gate;
     dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
     float *g = act(p, kp ? kp->gate : NULL, M, E, 1);
     if (p->status) return;
@@ -477,6 +463,7 @@ static void mlp_group_gate(dcs_pass *p, int l, const float *hn, float *u) {
  * then out = w2 ug + b2 (mlp.out). */
 static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
     const dcs_config *c = &p->m->cfg;
+    const dcs_layer_plan *pl = &p->m->plan[l];
     const dcs_layer_weights *lw = &p->m->layers[l];
     dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
     const int M = p->M, D = c->d_model, F = c->d_ff;
@@ -486,7 +473,7 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
      * same arithmetic as add_bias then gelu), into the tape's kept ug or in
      * place */
     const int fused =
-        p->desc.mlp != DCS_MLP_SWIGLU && p->be->ops->bias_gelu && !dcs_pass_wants(p, DCS_HP_MLP_PRE, l);
+        pl->mlp != DCS_MLP_SWIGLU && p->be->ops->bias_gelu && !dcs_pass_wants(p, DCS_HP_MLP_PRE, l);
     dcs_pass_linear(p, u, hn, lw->m_w1, fused ? NULL : lw->b1, M, F, D);
     float *ug = u, *u3 = NULL;
     if (fused) {
@@ -494,7 +481,7 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
         p->be->ops->bias_gelu(p->be, ug, u, lw->b1, M, F);
     } else {
         dcs_pass_hook(p, DCS_HP_MLP_PRE, l, u);
-        if (p->desc.mlp == DCS_MLP_SWIGLU) {
+        if (pl->mlp == DCS_MLP_SWIGLU) {
             u3 = act(p, kp ? kp->u3 : NULL, M, F, 1);
             if (p->status) return;
             dcs_pass_linear(p, u3, hn, lw->m_w3, NULL, M, F, D);
@@ -504,11 +491,11 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
             ug = kp->ug;
             p->be->ops->copy(p->be, ug, u, sizeof(float) * (size_t)M * F);
         }
-        switch (p->desc.mlp) {
+        switch (pl->mlp) {
         case DCS_MLP_SWIGLU:
             p->be->ops->swiglu(p->be, ug, u3, (size_t)M * F);
             dcs_pass_release(p, u3);
-            if (c->mgate_dim > 0) mlp_group_gate(p, l, hn, ug);
+            if (pl->mlp_gate > 0) mlp_group_gate(p, l, hn, ug);
             break;
         default: p->be->ops->gelu(p->be, ug, (size_t)M * F);
         }
@@ -521,6 +508,7 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
 
 void dcs_layer(dcs_pass *p, int l, float *x) {
     const dcs_config *c = &p->m->cfg;
+    const dcs_layer_plan *pl = &p->m->plan[l];
     const dcs_layer_weights *lw = &p->m->layers[l];
     dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
     dcs_backend *be = p->be;
@@ -531,13 +519,13 @@ void dcs_layer(dcs_pass *p, int l, float *x) {
     float *h = act(p, kp ? kp->ln1 : NULL, M, D, 1), *a = act(p, kp ? kp->ao : NULL, M, D, 1);
     float *o = act(p, kp ? kp->mo : NULL, M, D, 1), *h2 = kp ? kp->ln2 : h;
     if (p->status) return;
-    dcs_pass_norm(p, h, x, lw->attn_norm_w, lw->attn_norm_b, M);
+    dcs_pass_norm(p, pl->norm, h, x, lw->attn_norm_w, lw->attn_norm_b, M);
     dcs_pass_hook(p, DCS_HP_LN_ATTN, l, h);
     attention(p, l, h, a);
     if (p->status || dcs_pass_cancelled(p)) return;
-    if (p->desc.parallel_residual) {
+    if (pl->parallel_residual) {
         /* out = x + attn(ln1(x)) + mlp(ln2(x)) */
-        dcs_pass_norm(p, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
+        dcs_pass_norm(p, pl->norm, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
         dcs_pass_hook(p, DCS_HP_LN_MLP, l, h2);
         mlp(p, l, h2, o);
         be->ops->add(be, x, a, (size_t)M * D);
@@ -546,7 +534,7 @@ void dcs_layer(dcs_pass *p, int l, float *x) {
         /* h = x + attn(ln1(x)); out = h + mlp(ln2(h)) */
         be->ops->add(be, x, a, (size_t)M * D);
         if (kp) be->ops->copy(be, kp->h, x, bytes);
-        dcs_pass_norm(p, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
+        dcs_pass_norm(p, pl->norm, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
         dcs_pass_hook(p, DCS_HP_LN_MLP, l, h2);
         mlp(p, l, h2, o);
         be->ops->add(be, x, o, (size_t)M * D);
@@ -569,7 +557,7 @@ void dcs_pass_final(dcs_pass *p, const float *x, float *hn, float *lg) {
     dcs_model *m = p->m;
     const dcs_config *c = &m->cfg;
     if (p->status) return;
-    dcs_pass_norm(p, hn, x, m->norm_w, m->norm_b, p->M);
+    dcs_pass_norm(p, m->plan[c->n_layer - 1].norm, hn, x, m->norm_w, m->norm_b, p->M); /* the blocks' kind */
     dcs_pass_hook(p, DCS_HP_LN_FINAL, 0, hn);
     if (!lg) return;
     dcs_pass_linear(p, lg, hn, m->m_out_w, NULL, p->M, c->vocab, c->d_model);

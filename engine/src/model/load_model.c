@@ -9,6 +9,7 @@
  * the per-head-grouped query_key_value rows reordered to q, k, v blocks.
  */
 #include "dcs_model.h"
+#include "pass.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -837,6 +838,7 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     if (!s) s = check_unused(&b);
     if (!s && m->cfg.model_type != DCS_MODEL_GPT_NEOX) query_wise_note(m);
     if (!s && m->cfg.model_type == DCS_MODEL_DCFORMER) dcformer_notes(m);
+    if (!s) s = dcs_plan_layers(m, &e);
     if (!s) s = m->be->ops->sync(m->be, &e);
     if (!s) release_unaliased_files(m);
 done:

@@ -1,7 +1,7 @@
 /*
  * model.c -- a loaded model's life after dcs_load (load_model.c): freeing
  * it, reading its weights by name, the per-layer facts the graph asks
- * (local window, full attention path), cancelling a pass, and the pool of
+ * (local window, the layer plan), cancelling a pass, and the pool of
  * activation buffers the forward pass, decoder and tape reuse between
  * passes. Everything of the model layer calls down to here; this file calls
  * nothing of the model layer.
@@ -38,6 +38,7 @@ void dcs_model_destroy(dcs_model *m) {
         if (m->weights[i].half_owned) free((void *)(uintptr_t)m->weights[i].half);
     free(m->weights);
     free(m->layers);
+    free(m->plan);
     dcs_tt_free(&m->tt);
     free(m->dir);
     free(m);
@@ -48,10 +49,8 @@ const char *dcs_errmsg(const dcs_model *m) { return m ? m->err.msg : "no model";
 int dcs_model_device(const dcs_model *m) { return m->device; }
 const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
 
-int dcs_layer_needs_full_path(const dcs_model *m, int layer) {
-    (void)layer; /* the variants are per model; per layer once configs differ */
-    const dcs_config *c = &m->cfg;
-    return (c->use_dcmha && (c->use_sw || c->compose_groups != 1)) || c->moh;
+const dcs_layer_plan *dcs_layer_plan_of(const dcs_model *m, int layer) {
+    return m && m->plan && layer >= 0 && layer < m->cfg.n_layer ? &m->plan[layer] : NULL;
 }
 
 int dcs_layer_is_local(const dcs_model *m, int layer) {

@@ -1,7 +1,7 @@
 /*
  * pass.c -- the state of one pass over the layers (pass.h): its memory
  * (the model's activation pool), hook dispatch with the write rule of
- * hooks.md, cancellation, the weight products and the block description.
+ * hooks.md, cancellation, the weight products and the layer plan.
  * The forward, the decoder and the tape all run through it.
  */
 #include "pass.h"
@@ -9,22 +9,68 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---------------------------------------------------------------- block kinds */
+/* ---------------------------------------------------------------- the layer plan */
 
-dcs_block_desc dcs_block_desc_of(const dcs_config *c) {
-    dcs_block_desc d;
+/* Configurations the fused attention kernel computes, by explicit checks:
+ * DCPythia (dynamic composition with 4 slots, or query-wise with 2, or
+ * none) and Pythia. The variants of model-spec 5 (static Talking-Heads
+ * branch, MoH routing, grouped composition) and key-wise-only composition
+ * take the full path, whose compose handles them; a variant added later
+ * must add its switch here. */
+static int fused_supported(const dcs_config *c) {
+    if (c->model_type != DCS_MODEL_DCPYTHIA && c->model_type != DCS_MODEL_GPT_NEOX &&
+        c->model_type != DCS_MODEL_DCFORMER) /* DCFormer++: DCPythia's attention */
+        return 0;
+    if (c->moh) return 0;
+    if (!c->use_dcmha) return 1;
+    if (c->key_wise || c->use_sw || c->compose_groups != 1) return 0;
+    if (c->dyn_rank < 1 || c->dyn_rank > DCS_MAX_R) return 0;
+    /* query_wise: the key side is absent, whatever the slots */
+    return c->dyn_slots == 4 || (c->dyn_slots == 2 && c->query_wise);
+}
+
+static dcs_layer_plan plan_of(const dcs_model *m, int l) {
+    const dcs_config *c = &m->cfg;
+    dcs_layer_plan pl;
+    memset(&pl, 0, sizeof pl);
     if (c->model_type == DCS_MODEL_DCFORMER) {
         /* DCFormer++: RMSNorm pre-norm, sequential residual, SwiGLU MLP */
-        d.norm = DCS_NORM_RMS;
-        d.mlp = DCS_MLP_SWIGLU;
-        d.parallel_residual = 0;
-        return d;
+        pl.norm = DCS_NORM_RMS;
+        pl.mlp = DCS_MLP_SWIGLU;
+        pl.mlp_gate = c->mgate_dim > 0 ? c->mgate_dim : 0;
+    } else {
+        /* DCPythia and Pythia (GPT-NeoX): LayerNorm, GELU MLP, residual per config */
+        pl.norm = DCS_NORM_LAYER;
+        pl.mlp = DCS_MLP_GELU;
+        pl.parallel_residual = c->parallel_residual;
     }
-    /* DCPythia and Pythia (GPT-NeoX): LayerNorm, GELU MLP, residual per config */
-    d.norm = DCS_NORM_LAYER;
-    d.mlp = DCS_MLP_GELU;
-    d.parallel_residual = c->parallel_residual;
-    return d;
+    pl.window = dcs_layer_is_local(m, l) ? c->window_size : 0;
+    pl.qk_norm = c->qk_norm;
+    pl.moh = c->moh;
+    for (int ph = 0; ph < 2; ph++)
+        for (int side = 0; side < 2; side++) pl.slot[ph][side] = -1;
+    if (c->use_dcmha) {
+        pl.dcmha = 1;
+        pl.slots = c->dyn_slots;
+        pl.groups = c->compose_groups;
+        pl.static_branch = c->use_sw;
+        for (int ph = 0; ph < 2; ph++)
+            for (int side = 0; side < 2; side++)
+                if (!((side == 1 && c->query_wise) || (side == 0 && c->key_wise)))
+                    pl.slot[ph][side] = c->dyn_slots == 4 ? 2 * ph + side : ph; /* C == 2: one side only */
+        pl.row_compose = !(c->use_sw || c->compose_groups > 1 || c->key_wise);
+    }
+    pl.fused = fused_supported(c);
+    return pl;
+}
+
+dcs_status dcs_plan_layers(dcs_model *m, dcs_err *e) {
+    const int L = m->cfg.n_layer;
+    free(m->plan);
+    m->plan = calloc((size_t)(L > 0 ? L : 1), sizeof *m->plan);
+    if (!m->plan) return dcs_seterr(e, DCS_ERR_NOMEM, "out of memory for the layer plan");
+    for (int l = 0; l < L; l++) m->plan[l] = plan_of(m, l);
+    return DCS_OK;
 }
 
 void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sz[DCS_ACT_COUNT]) {
@@ -55,7 +101,6 @@ void dcs_pass_init(dcs_pass *p, dcs_model *m, const dcs_hooks *hooks, int B, int
     p->m = m;
     p->be = m->be;
     p->hooks = hooks;
-    p->desc = dcs_block_desc_of(&m->cfg);
     p->B = B;
     p->T = T;
     p->t0 = t0;
@@ -234,10 +279,10 @@ void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x) {
     dcs_pass_hook(p, DCS_HP_EMBED, 0, x);
 }
 
-void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M) {
+void dcs_pass_norm(dcs_pass *p, int kind, float *out, const float *x, const float *w, const float *b, int M) {
     const dcs_config *c = &p->m->cfg;
     const int D = c->d_model;
-    switch (p->desc.norm) {
+    switch (kind) {
     case DCS_NORM_RMS:
         p->be->ops->copy(p->be, out, x, sizeof(float) * (size_t)M * D);
         p->be->ops->rmsnorm(p->be, out, M, D, D, w, c->norm_eps);

@@ -18,19 +18,13 @@
 
 #define DCS_PASS_MAX_BUFS 96
 
-/* ---------------------------------------------------------------- block kinds
- * What differs between the architectures' blocks: the norm, the residual
- * order and the MLP. A new family (DCFormer++: RMSNorm, SwiGLU) adds its
- * kinds here and one case where each is computed (layer.c: norm, mlp). */
-enum { DCS_NORM_LAYER = 0, DCS_NORM_RMS = 1 };
-enum { DCS_MLP_GELU = 0, DCS_MLP_SWIGLU = 1 }; /* SwiGLU: w2(silu(w1 x) * w3 x) */
-typedef struct {
-    int norm;              /* DCS_NORM_*                                  */
-    int parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)), else sequential */
-    int mlp;               /* DCS_MLP_*                                   */
-} dcs_block_desc;
-
-dcs_block_desc dcs_block_desc_of(const dcs_config *c);
+/* ---------------------------------------------------------------- the plan
+ * What differs between layers and architectures (the norm, the residual
+ * order, the MLP, the attention variant, the fused path) is decided once,
+ * at load, in dcs_layer_plan (dclens.h): dcs_plan_layers fills the model's
+ * plan[] and every pass and backward read it. A new family or variant adds
+ * its switch there and one case where each is computed. */
+dcs_status dcs_plan_layers(dcs_model *m, dcs_err *e);
 
 /* ---------------------------------------------------------------- cache
  * One layer's keys held by a decoder: positions first .. first+used-1 in
@@ -88,7 +82,6 @@ typedef struct {
     dcs_model *m;
     dcs_backend *be;
     const dcs_hooks *hooks;
-    dcs_block_desc desc;
     int B, T, t0, M;     /* B sequences of T new positions from t0; M = B*T */
     const char *prefix;  /* "forward", "decode", "tape": error messages  */
     const char *what;    /* "forward pass", "decoding step"             */
@@ -130,8 +123,8 @@ int dcs_pass_cancelled(dcs_pass *p);
 /* y [M, O] = x [M, I] W^T + b (a torch Linear, W [O, I]), W float32 or
  * (CPU) F16/BF16. */
 void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M, int O, int I);
-/* out [M, D] = the block's norm of x (kind from the block description). */
-void dcs_pass_norm(dcs_pass *p, float *out, const float *x, const float *w, const float *b, int M);
+/* out [M, D] = the norm of x of the given kind (DCS_NORM_*, the layer plan's). */
+void dcs_pass_norm(dcs_pass *p, int kind, float *out, const float *x, const float *w, const float *b, int M);
 
 /* x [M, D] = the embedding rows of tokens (host ids, in range), with the
  * embed hook. */

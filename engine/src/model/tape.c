@@ -144,10 +144,32 @@ dcs_status dcs_tape_supported(dcs_model *m) {
     return DCS_OK;
 }
 
-/* Does the composition need the per-pair backward of every variant
- * (dcs_compose_pair_bw_var) rather than the row kernel of plain DCMHA? */
-static int compose_variant(const dcs_config *c) {
-    return c->use_dcmha && (c->use_sw || c->compose_groups > 1 || c->key_wise);
+/* What any layer of the model computes (the layer plans OR-ed; row_compose
+ * only where every composing layer has it): the tape's shared buffers and
+ * its gradient buffers serve every layer, so they are sized by it. */
+static dcs_layer_plan any_layer(const dcs_model *m) {
+    dcs_layer_plan u;
+    memset(&u, 0, sizeof u);
+    u.row_compose = 1;
+    for (int ph = 0; ph < 2; ph++)
+        for (int s = 0; s < 2; s++) u.slot[ph][s] = -1;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const dcs_layer_plan *p = &m->plan[l];
+        u.qk_norm |= p->qk_norm;
+        u.moh |= p->moh;
+        u.dcmha |= p->dcmha;
+        u.static_branch |= p->static_branch;
+        u.mlp_gate = p->mlp_gate > u.mlp_gate ? p->mlp_gate : u.mlp_gate;
+        if (p->mlp == DCS_MLP_SWIGLU) u.mlp = DCS_MLP_SWIGLU;
+        if (p->dcmha && !p->row_compose) u.row_compose = 0;
+        for (int ph = 0; ph < 2; ph++)
+            for (int s = 0; s < 2; s++)
+                if (p->slot[ph][s] >= 0) u.slot[ph][s] = p->slot[ph][s];
+    }
+    u.parallel_residual = 1; /* 0 where any layer keeps h (sequential) */
+    for (int l = 0; l < m->cfg.n_layer; l++) u.parallel_residual &= m->plan[l].parallel_residual;
+    if (!u.dcmha) u.row_compose = 0;
+    return u;
 }
 
 #define A_(p, n)                                                                                             \
@@ -155,9 +177,10 @@ static int compose_variant(const dcs_config *c) {
         if (ok && !((p) = tp_alloc(tp, (n)))) ok = 0;                                                        \
     } while (0)
 
-/* One layer's kept activations (sizes from the layer's size table,
- * dcs_act_sizes); x too when with_x (else it is a checkpoint, set later). */
-static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x) {
+/* The kept activations of a layer of plan pl (sizes from the layer's size
+ * table, dcs_act_sizes); x too when with_x (else it is a checkpoint, set
+ * later). */
+static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x, const dcs_layer_plan *pl) {
     const dcs_config *c = &tp->m->cfg;
     const size_t MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F], BNTT = sz[DCS_ACT_MAP];
     int ok = 1;
@@ -166,20 +189,20 @@ static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x)
     A_(a->q, MD);
     A_(a->k, MD);
     A_(a->v, MD);
-    if (c->qk_norm) {
+    if (pl->qk_norm) {
         A_(a->qraw, MD);
         A_(a->kraw, MD);
     }
     A_(a->A, BNTT);
     A_(a->P, BNTT);
-    if (c->use_dcmha) {
+    if (pl->dcmha) {
         A_(a->hpre, sz[DCS_ACT_HID]);
         A_(a->hid, sz[DCS_ACT_HID]);
         A_(a->g, sz[DCS_ACT_GATES]);
         A_(a->Pc, BNTT);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
-                if ((s == 1 && c->query_wise) || (s == 0 && c->key_wise)) continue;
+                if (pl->slot[ph][s] < 0) continue;
                 A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]);
                 A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
                 A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]);
@@ -188,14 +211,14 @@ static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x)
     }
     A_(a->z, MD);
     A_(a->ao, MD);
-    if (!c->parallel_residual) A_(a->h, MD);
+    if (!pl->parallel_residual) A_(a->h, MD);
     A_(a->ln2, MD);
     A_(a->u, MF);
     A_(a->ug, MF);
     A_(a->mo, MD);
-    if (c->model_type == DCS_MODEL_DCFORMER) A_(a->u3, MF);
-    if (c->mgate_dim > 0) A_(a->gate, (MD / (size_t)c->d_model) * (size_t)c->mgate_dim);
-    if (c->moh) {
+    if (pl->mlp == DCS_MLP_SWIGLU) A_(a->u3, MF);
+    if (pl->mlp_gate > 0) A_(a->gate, (MD / (size_t)c->d_model) * (size_t)pl->mlp_gate);
+    if (pl->moh) {
         const size_t M = MD / (size_t)c->d_model, N = c->n_head, hs = c->moh_shared;
         A_(a->zpre, MD);
         A_(a->hgate, M * N);
@@ -215,6 +238,7 @@ static int alloc_tape(dcs_tape *tp) {
     const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
     const size_t Ls = c->n_layer;
     const size_t C = c->dyn_slots, RN = (size_t)c->dyn_rank * N;
+    const dcs_layer_plan any = any_layer(m);
     uint64_t sz[DCS_ACT_COUNT];
     dcs_act_sizes(c, B, T, T, sz);
     const size_t BNTT = sz[DCS_ACT_MAP];
@@ -223,7 +247,7 @@ static int alloc_tape(dcs_tape *tp) {
         /* the checkpoints: one [M, D] per layer; one layer's internals */
         dcs_kept shared;
         memset(&shared, 0, sizeof shared);
-        ok = alloc_kept(tp, &shared, sz, 0);
+        ok = alloc_kept(tp, &shared, sz, 0, &any);
         for (size_t l = (size_t)tp->first; ok && l < Ls; l++) {
             float *x = NULL;
             A_(x, M * D);
@@ -236,7 +260,7 @@ static int alloc_tape(dcs_tape *tp) {
     } else {
         for (size_t l = (size_t)tp->first; ok && l < Ls; l++) {
             dcs_kept dummy, *a = tp->dry ? &dummy : &tp->L[l];
-            ok = alloc_kept(tp, a, sz, 1);
+            ok = alloc_kept(tp, a, sz, 1, &m->plan[l]);
         }
     }
     A_(tp->xL, M * D);
@@ -246,7 +270,7 @@ static int alloc_tape(dcs_tape *tp) {
     tp->bytes += M * sizeof(int32_t);
     if (ok && !tp->dry && !(tp->tokens = calloc(M, sizeof(int32_t)))) ok = 0;
     tgrads *d = &tp->d;
-    if (c->use_dcmha && !c->query_wise && !compose_variant(c) && m->device == DCS_DEVICE_CPU)
+    if (any.row_compose && any.slot[0][1] >= 0 && m->device == DCS_DEVICE_CPU) /* a key side */
         for (int ph = 0; ph < 2; ph++) /* [B, C, Tp], Tp: T padded (dcs_compose_bw_args) */
             for (int i = 0; i < 3; i++) {
                 const size_t Tp = ((size_t)T + DCS_KEY_PAD - 1) / DCS_KEY_PAD * DCS_KEY_PAD;
@@ -267,9 +291,9 @@ static int alloc_tape(dcs_tape *tp) {
     A_(d->dln1, M * D);
     A_(d->dP, BNTT);
     A_(d->dA, BNTT);
-    if (c->model_type == DCS_MODEL_DCFORMER) A_(d->du3, M * F);
-    if (c->mgate_dim > 0) A_(d->dgate, M * (size_t)c->mgate_dim);
-    if (c->moh) {
+    if (any.mlp == DCS_MLP_SWIGLU) A_(d->du3, M * F);
+    if (any.mlp_gate > 0) A_(d->dgate, M * (size_t)any.mlp_gate);
+    if (any.moh) {
         const size_t hs = c->moh_shared;
         A_(d->dmoh, M * D);
         A_(d->dhgate, M * N);
@@ -277,7 +301,7 @@ static int alloc_tape(dcs_tape *tp) {
         A_(d->ds1, M * (hs ? hs : 1));
         A_(d->ds0, M * 2);
     }
-    if (c->use_dcmha) {
+    if (any.dcmha) {
         A_(d->dPc, BNTT);
         A_(d->dAc, BNTT);
         A_(d->dW, M * C * 2 * RN);
@@ -307,7 +331,7 @@ static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
     dcs_act_sizes(c, B, T, T, sz);
     uint64_t a = 3 * sz[DCS_ACT_ROW_D], b = sz[DCS_ACT_DYN_ALL] + sz[DCS_ACT_HID] + sz[DCS_ACT_GATES];
     uint64_t t = a > b ? a : b;
-    if (c->use_dcmha && sz[DCS_ACT_MAP] > t) t = sz[DCS_ACT_MAP];
+    if (any_layer(m).dcmha && sz[DCS_ACT_MAP] > t) t = sz[DCS_ACT_MAP];
     if (head_out) t += sz[DCS_ACT_ROW_D] * (uint64_t)c->n_head + (uint64_t)c->d_model * c->d_model;
     return t * sizeof(float);
 }
@@ -318,16 +342,17 @@ static uint64_t pass_transient(const dcs_model *m, int B, int T, int head_out) {
  * tape's buffers and the pool's transients, so the plan adds it. */
 static uint64_t bw_scratch(const dcs_model *m, int B, int T, int sw_grad) {
     const dcs_config *c = &m->cfg;
+    const dcs_layer_plan any = any_layer(m);
     if (!m->be->ops->bw_scratch) return 0;
     const dcs_bw_shape s = {.B = B,
                             .T = T,
                             .D = c->d_model,
                             .N = c->n_head,
-                            .R = c->use_dcmha ? c->dyn_rank : 0,
+                            .R = any.dcmha ? c->dyn_rank : 0,
                             .rot = c->rotary_dim,
                             .G = c->compose_groups > 1 ? c->compose_groups : 1,
-                            .use_sw = sw_grad && c->use_dcmha && c->use_sw,
-                            .rows_kernel = c->use_dcmha && !compose_variant(c)};
+                            .use_sw = sw_grad && any.static_branch,
+                            .rows_kernel = any.row_compose};
     return m->be->ops->bw_scratch(m->be, &s);
 }
 
@@ -524,12 +549,12 @@ static void lin_bw(dcs_backend *be, float *dx, float beta, float *dW, float *db,
 /* dx += the backward of the block's norm (LayerNorm, or DCFormer++'s
  * RMSNorm) of x [M, D] with weight w, bias b, from dy; dw, db += its
  * parameter gradients. Statistics recomputed from x. */
-static void norm_bw(dcs_tape *tp, float *dx, float *dw, float *db, const float *dy, const float *x,
+static void norm_bw(dcs_tape *tp, int kind, float *dx, float *dw, float *db, const float *dy, const float *x,
                     const float *w) {
     dcs_model *m = tp->m;
     dcs_backend *be = m->be;
     const int M = tp->M, D = m->cfg.d_model;
-    if (m->cfg.model_type == DCS_MODEL_DCFORMER)
+    if (kind == DCS_NORM_RMS)
         be->ops->rmsnorm_bw(be, dx, dw, dy, x, w, M, D, m->cfg.norm_eps);
     else
         be->ops->layernorm_bw(be, dx, dw, db, dy, x, w, M, D, m->cfg.norm_eps);
@@ -673,6 +698,7 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
 static dcs_compose_bw_args compose_bw_args(dcs_tape *tp, int l, int ph, float *dIn, const float *dOut,
                                            const float *in, int window) {
     const dcs_config *c = &tp->m->cfg;
+    const dcs_layer_plan *pl = &tp->m->plan[l];
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     unsigned on = 0;
@@ -689,7 +715,7 @@ static dcs_compose_bw_args compose_bw_args(dcs_tape *tp, int l, int ph, float *d
     ca.kw1 = a->w1[ph][1];
     ca.kw2 = a->w2[ph][1];
     ca.kdd = a->dd[ph][1];
-    ca.sw = c->use_sw ? (ph == 0 ? tp->m->layers[l].pre_sw : tp->m->layers[l].post_sw) : NULL;
+    ca.sw = pl->static_branch ? (ph == 0 ? tp->m->layers[l].pre_sw : tp->m->layers[l].post_sw) : NULL;
     if (ca.qw1) {
         ca.dqw1 = d->dw1[ph][0];
         ca.dqw2 = d->dw2[ph][0];
@@ -702,7 +728,7 @@ static dcs_compose_bw_args compose_bw_args(dcs_tape *tp, int l, int ph, float *d
     }
     ca.dsw = d->dsw[ph];
     /* the CPU's row kernel of plain DCMHA reads the key side transposed */
-    if (tp->kT[ph][0] && !compose_variant(c))
+    if (tp->kT[ph][0] && pl->row_compose)
         for (int i = 0; i < 3; i++) {
             ca.scratch[i] = tp->kT[ph][i];
             ca.scratch[3 + i] = tp->dkT[ph][i];
@@ -711,7 +737,7 @@ static dcs_compose_bw_args compose_bw_args(dcs_tape *tp, int l, int ph, float *d
     ca.N = c->n_head;
     ca.T = tp->T;
     ca.R = c->dyn_rank;
-    ca.G = c->compose_groups;
+    ca.G = pl->groups;
     ca.window = window;
     ca.on = on;
     return ca;
@@ -729,7 +755,7 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
  * backward of layer l (compose_softmax_bw)? Not when a hook between them
  * wants its gradient or is overridden (dP, dAc are then not written). */
 static int fuse_maps_bw(dcs_tape *tp, int l, const bwctx *bc) {
-    if (!tp->m->be->ops->compose_softmax_bw || !tp->kT[0][0] || compose_variant(&tp->m->cfg)) return 0;
+    if (!tp->m->be->ops->compose_softmax_bw || !tp->kT[0][0] || !tp->m->plan[l].row_compose) return 0;
     const int pts[2] = {DCS_HP_PATTERN, DCS_HP_SCORES_COMPOSED};
     for (int i = 0; i < 2; i++)
         if (wants_grad(bc->g, bc->n_g, pts[i], l) || find_ov(tp, pts[i], l)) return 0;
@@ -773,14 +799,15 @@ static void moh_bw(dcs_tape *tp, int l, const bwctx *bc) {
 static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
+    const int dcmha = m->plan[l].dcmha;
     dcs_backend *be = m->be;
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     const int B = tp->B, T = tp->T, D = c->d_model, N = c->n_head, Dh = c->head_dim;
     const long long TT = (long long)T * T;
     /* z = P' v: dP' = dz v^T, dv = P'^T dz (per b, batched over heads) */
-    const float *pat = c->use_dcmha ? a->Pc : a->P;
-    float *dpat = c->use_dcmha ? d->dPc : d->dP;
+    const float *pat = dcmha ? a->Pc : a->P;
+    float *dpat = dcmha ? d->dPc : d->dP;
     /* dP'[b, n] = dz[b, :, n] v[b, :, n]^T;  dv[b, :, n] = P'[b, n]^T dz[b, :, n] */
     hg_arg g1 = {0,
                  1,
@@ -826,7 +853,7 @@ static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) 
     heads_gemm(tp, &g2, B);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     int fused = 0;
-    if (c->use_dcmha) {
+    if (dcmha) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
         for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_POST_SKIP + k))
@@ -842,10 +869,10 @@ static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) 
     }
     if (!fused) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN, l, d->dP);
-        float *dpre = c->use_dcmha ? d->dAc : d->dA;
+        float *dpre = dcmha ? d->dAc : d->dA;
         be->ops->softmax_bw(be, dpre, d->dP, a->P, B * N, T, T, window);
     }
-    if (c->use_dcmha && !fused) {
+    if (dcmha && !fused) {
         grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
         for (int k = 0; k < DCS_N_BRANCHES; k++)
             if (dcs_hook_exists(m, DCS_HP_PRE_SKIP + k))
@@ -918,12 +945,13 @@ static int attn_bw_fused(dcs_tape *tp, int l, const bwctx *bc) {
 static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
+    const dcs_layer_plan *pl = &m->plan[l];
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_backend *be = m->be;
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     const int T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
-    const int window = dcs_layer_is_local(m, l) ? c->window_size : 0;
+    const int window = pl->window;
 
     grad_at(tp, bc->g, bc->n_g, DCS_HP_ATTN_OUT, l, d->dao);
     if (wants_grad(bc->g, bc->n_g, DCS_HP_HEAD_OUT, l)) {
@@ -944,9 +972,9 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     if (find_ov(tp, DCS_HP_HEAD_OUT, l)) be->ops->zero(be, d->dao, sizeof(float) * (size_t)M * D);
     lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
-    if (c->moh) moh_bw(tp, l, bc);
-    d->dsw[0] = c->use_sw ? GP(lw->pre_sw) : NULL;
-    d->dsw[1] = c->use_sw ? GP(lw->post_sw) : NULL;
+    if (pl->moh) moh_bw(tp, l, bc);
+    d->dsw[0] = pl->static_branch ? GP(lw->pre_sw) : NULL;
+    d->dsw[1] = pl->static_branch ? GP(lw->post_sw) : NULL;
 
     if (!attn_bw_fused(tp, l, bc)) {
         attention_maps_bw(tp, l, bc, window);
@@ -967,7 +995,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     be->ops->rotary_bw(be, d->dq, M, T, N, Dh, c->rotary_dim, c->rope_base);
     be->ops->rotary_bw(be, d->dk, M, T, N, Dh, c->rotary_dim, c->rope_base);
     /* dqkv [M, 3D] */
-    if (c->qk_norm) {
+    if (pl->qk_norm) {
         be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D); /* scratch */
         be->ops->rmsnorm_bw(be, d->dln1, GP(lw->q_scale), d->dq, a->qraw, lw->q_scale, M * N, Dh, 1e-6f);
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
@@ -981,18 +1009,18 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
     lin_bw(be, d->dln1, 0.0f, GP(lw->m_wqkv.p), GP(lw->bqkv), d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
-    if (c->use_dcmha) {
+    if (pl->dcmha) {
         /* G groups of Mg heads (G = 1: the plain layout): per (group, slot)
          * pair gc < GC the hidden layer hid [M, GC, K], w [M, GC, 2R, Mg],
          * gates g [M, GC, Mg] (layer.c, dynamic_weights) */
-        const int C = c->dyn_slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N;
-        const int G = c->compose_groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
+        const int C = pl->slots, K = c->dyn_hidden, R = c->dyn_rank, RN = R * N;
+        const int G = pl->groups, Mg = N / G, GC = G * C, RM2 = 2 * R * Mg;
         be->ops->zero(be, d->dW, sizeof(float) * (size_t)M * GC * RM2);
         be->ops->zero(be, d->dG, sizeof(float) * (size_t)M * GC * Mg);
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
-                if (!a->w1[ph][s]) continue;
-                int slot = C == 4 ? 2 * ph + s : ph;
+                const int slot = pl->slot[ph][s];
+                if (slot < 0) continue;
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][0], l, d->dw1[ph][s]);
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][1], l, d->dw2[ph][s]);
                 grad_at(tp, bc->g, bc->n_g, dcs_dyn_points[ph][s][2], l, d->ddd[ph][s]);
@@ -1043,7 +1071,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         if (gdd)
             be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
     }
-    if (c->moh) /* the router read ln1 too */
+    if (pl->moh) /* the router read ln1 too */
         be->ops->add(be, d->dln1, d->dmoh, (size_t)M * D);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
 }
@@ -1058,7 +1086,7 @@ static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_kept *a = &tp->L[l];
     tgrads *d = &tp->d;
     dcs_backend *be = m->be;
-    const int M = tp->M, D = c->d_model, F = c->d_ff, E = c->mgate_dim;
+    const int M = tp->M, D = c->d_model, F = c->d_ff, E = m->plan[l].mlp_gate;
     be->ops->zero(be, d->dln2, sizeof(float) * (size_t)M * D);
     be->ops->swiglu_bw(be, d->du, d->du3, d->dgate, d->dug, a->u, a->u3, a->gate, M, F, E);
     if (E > 0) {
@@ -1083,7 +1111,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     lin_bw(be, d->dug, 0.0f, GP(lw->m_w2.p), GP(lw->b2), d->dmo, a->ug, lw->m_w2, M, D, F);
     grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
     float beta = 0.0f;
-    if (c->model_type == DCS_MODEL_DCFORMER) {
+    if (m->plan[l].mlp == DCS_MLP_SWIGLU) {
         swiglu_bw(tp, l, bc);
         beta = 1.0f;
     } else {
@@ -1213,7 +1241,7 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
     lin_bw(be, d->dln1, 0.0f, GP(m->m_out_w.p), NULL, tp->dlogits, tp->lnf, m->m_out_w, M, V, D);
     grad_at(tp, g, n_g, DCS_HP_LN_FINAL, 0, d->dln1);
     be->ops->zero(be, d->dx, sizeof(float) * (size_t)M * D);
-    norm_bw(tp, d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, m->norm_w);
+    norm_bw(tp, m->plan[L - 1].norm, d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, m->norm_w);
     for (int l = L - 1; l >= lowest; l--) {
         if (tp->recompute && tp->held != l) {
             dcs_status st = recompute_layer(tp, l);
@@ -1221,6 +1249,7 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
         }
         dcs_kept *a = &tp->L[l];
         const dcs_layer_weights *lw = &m->layers[l];
+        const dcs_layer_plan *pl = &m->plan[l];
         grad_at(tp, g, n_g, DCS_HP_RESID_POST, l, d->dx);
         /* the MLP's and the attention's output gradients are dx as it stands
          * when they run (read only, before dx changes); a copy only where an
@@ -1233,8 +1262,9 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
         else
             d->dmo = d->dx;
         mlp_bw(tp, l, bc);
-        if (!c->parallel_residual)
-            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, lw->ffn_norm_w);
+        if (!pl->parallel_residual)
+            norm_bw(tp, pl->norm, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h,
+                    lw->ffn_norm_w);
         if (cut_ao)
             be->ops->copy(be, dao, d->dx, sizeof(float) * (size_t)M * D);
         else
@@ -1242,9 +1272,11 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
         attention_bw(tp, l, bc);
         d->dmo = dmo;
         d->dao = dao;
-        if (c->parallel_residual)
-            norm_bw(tp, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, lw->ffn_norm_w);
-        norm_bw(tp, d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, lw->attn_norm_w);
+        if (pl->parallel_residual)
+            norm_bw(tp, pl->norm, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x,
+                    lw->ffn_norm_w);
+        norm_bw(tp, pl->norm, d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x,
+                lw->attn_norm_w);
         grad_at(tp, g, n_g, DCS_HP_RESID_PRE, l, d->dx);
     }
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
