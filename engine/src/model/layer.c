@@ -290,9 +290,7 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     /* scores A[b, n] [T, S] = q_n k_n^T / sqrt(Dh) */
     float *A = act(p, kp ? kp->A : NULL, B, N, TS);
     if (p->status) return;
-    for (int b = 0; b < B; b++)
-        be->ops->gemm(be, 0, 1, T, S, Dh, 1.0f / sqrtf((float)Dh), q + (size_t)b * T * D, D, Dh,
-                      kv->k + (size_t)b * S * D, D, Dh, 0.0f, A + (size_t)b * N * TS, S, TS, N);
+    dcs_heads_map(be, B, N, T, S, Dh, D, 1.0f / sqrtf((float)Dh), q, kv->k, A);
     dcs_pass_hook_map(p, DCS_HP_SCORES, l, A, S, kb);
     /* kept: each stage in its own buffer; else in place */
     float *cur = A;
@@ -316,9 +314,7 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     }
     if (p->status) return;
     /* z[b, :, n] [T, Dh] = P[b, n] [T, S] @ v[b, :, n] [S, Dh] */
-    for (int b = 0; b < B; b++)
-        be->ops->gemm(be, 0, 0, T, Dh, S, 1.0f, Pc + (size_t)b * N * TS, S, TS, kv->v + (size_t)b * S * D, D,
-                      Dh, 0.0f, z + (size_t)b * T * D, D, Dh, N);
+    dcs_heads_rows(be, 0, B, N, T, S, Dh, D, 1.0f, Pc, kv->v, z);
     dcs_pass_release(p, A);
 }
 

@@ -279,6 +279,23 @@ void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x) {
     dcs_pass_hook(p, DCS_HP_EMBED, 0, x);
 }
 
+void dcs_heads_map(dcs_backend *be, int B, int N, int T, int S, int Dh, int D, float alpha, const float *x,
+                   const float *y, float *map) {
+    const long long TS = (long long)T * S;
+    for (int b = 0; b < B; b++)
+        be->ops->gemm(be, 0, 1, T, S, Dh, alpha, x + (size_t)b * T * D, D, Dh, y + (size_t)b * S * D, D, Dh,
+                      0.0f, map + (size_t)b * N * TS, S, TS, N);
+}
+
+void dcs_heads_rows(dcs_backend *be, int trans, int B, int N, int T, int S, int Dh, int D, float alpha,
+                    const float *map, const float *y, float *out) {
+    const long long TS = (long long)T * S;
+    const int rows = trans ? S : T, inner = trans ? T : S; /* out's rows; y's rows */
+    for (int b = 0; b < B; b++)
+        be->ops->gemm(be, trans, 0, rows, Dh, inner, alpha, map + (size_t)b * N * TS, S, TS,
+                      y + (size_t)b * inner * D, D, Dh, 0.0f, out + (size_t)b * rows * D, D, Dh, N);
+}
+
 void dcs_pass_norm(dcs_pass *p, int kind, float *out, const float *x, const float *w, const float *b, int M) {
     const dcs_config *c = &p->m->cfg;
     const int D = c->d_model;

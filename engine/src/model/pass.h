@@ -123,6 +123,17 @@ int dcs_pass_cancelled(dcs_pass *p);
 /* y [M, O] = x [M, I] W^T + b (a torch Linear, W [O, I]), W float32 or
  * (CPU) F16/BF16. */
 void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const float *b, int M, int O, int I);
+/* The attention's per-head products, for each of B sequences one gemm
+ * batched over the N heads. Rows are [B, T|S, N, Dh] with row stride D;
+ * maps [B, N, T, S]; written (beta 0).
+ *   dcs_heads_map:  map[b, n] = alpha x[b, :, n] y[b, :, n]^T  (x: T rows, y: S rows)
+ *   dcs_heads_rows: out[b, :, n] = alpha op(map[b, n]) y[b, :, n], op = transpose
+ *                   when trans (out: T rows from y's S, or S rows from y's T) */
+void dcs_heads_map(dcs_backend *be, int B, int N, int T, int S, int Dh, int D, float alpha, const float *x,
+                   const float *y, float *map);
+void dcs_heads_rows(dcs_backend *be, int trans, int B, int N, int T, int S, int Dh, int D, float alpha,
+                    const float *map, const float *y, float *out);
+
 /* out [M, D] = the norm of x of the given kind (DCS_NORM_*, the layer plan's). */
 void dcs_pass_norm(dcs_pass *p, int kind, float *out, const float *x, const float *w, const float *b, int M);
 

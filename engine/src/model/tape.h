@@ -1,0 +1,112 @@
+/*
+ * tape.h -- the gradient tape's state, shared by its four files:
+ *   tape_plan.c  the memory plan: which buffers a tape holds, their sizes,
+ *                allocation, reshaping, what a tape would take;
+ *   tape.c       the driver: forward with overrides, the loss, the order of
+ *                the backward over the layers, gradients handed out at hook
+ *                points and for parameters (device mirrors on CUDA);
+ *   tape_hooks.c overrides and gradients at hook points, parameter gradients;
+ *   layer_bw.c   the backward of one layer, section by section in layer.c's
+ *                order, each function the forward's name plus _bw.
+ * Shapes: B sequences of T tokens, M = B*T; D, N, Dh, F, V as in layer.c.
+ */
+#ifndef DCS_TAPE_H
+#define DCS_TAPE_H
+
+#include "pass.h"
+
+/* gradient buffers, reused by every layer */
+typedef struct {
+    float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
+    float *dPc, *dP, *dAc, *dA;
+    float *dW, *dG, *dhid, *dw1raw;
+    float *dsw[2];                          /* static maps [G, Mg, Mg] (use_sw)   */
+    float *dmoh, *dhgate, *dlg, *ds1, *ds0; /* MoH: dh [M, D], head gate, logits */
+    float *dw1[2][2], *dw2[2][2], *ddd[2][2];
+    float *du3, *dgate; /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
+} tgrads;
+
+struct dcs_tape {
+    dcs_model *m;
+    int B, T, M;
+    int B_cap, T_cap; /* the shape its buffers were sized for (dcs_tape_reshape) */
+    /* The memory plan (dcs_tape_plan): every layer's activations kept, or
+     * (recompute) only each layer's input x (the residual stream
+     * checkpoint, L[l].x) and one layer's internals, shared by every L[l]:
+     * the backward reruns layer l from its checkpoint before its backward,
+     * through the same code (layer.c with keeping on), so the gradients are
+     * the same bits as with the full tape. */
+    int recompute;
+    int first;          /* the first layer it runs (dcs_tape_new_from): the
+                               layers below are the caller's, none kept      */
+    int held;           /* the layer whose internals the shared buffers hold */
+    float *xr;          /* [M, D] residual stream of a recomputed layer */
+    uint64_t bytes;     /* the tape's own buffers                       */
+    uint64_t pass_peak; /* the largest transient of its passes          */
+    uint64_t bw_peak;   /* its last backward's scratch (ops->bw_scratch)
+                           and device mirrors of parameter gradients     */
+    int dry;            /* planning only: tp_alloc counts, allocates nothing */
+    dcs_kept *L;
+    float *xL, *lnf, *logits, *dlogits;
+    int32_t *tokens; /* [M] host */
+    tgrads d;
+    const dcs_hook_override *ov;
+    int n_ov;
+    uint8_t *want;               /* [DCS_HP_COUNT * n_layer]: the overridden points */
+    float *kT[2][3], *dkT[2][3]; /* CPU, per phase: transposed key-side dynamic weights and their grads */
+    int have_forward;
+    dcs_status status; /* allocation failure inside the backward */
+    void **allocs;
+    int n_allocs, cap_allocs;
+};
+
+/* Where the backward accumulates parameter gradients: one flat array of
+ * every parameter (training), or buffers for the parameters asked for. */
+typedef struct {
+    float *flat;
+    const dcs_param_grad *pg;
+    int n_pg;
+    const dcs_hook_grad *g;
+    int n_g;
+    float **dev; /* [n_weights] device mirrors of the asked gradients (CUDA) */
+} bwctx;
+
+/* ---- tape_plan.c */
+
+/* Every buffer of the tape under its plan (tp->recompute); with tp->dry
+ * only their bytes are counted. 1 on success. */
+int dcs_tape_alloc(dcs_tape *tp);
+/* The backend's scratch in one backward operation for B x T (sw_grad: the
+ * static map's gradient may be asked). */
+uint64_t dcs_tape_bw_scratch(const dcs_model *m, int B, int T, int sw_grad);
+
+/* ---- tape_hooks.c: the tape's hook points */
+
+size_t dcs_tape_hook_numel(const dcs_tape *tp, int point);
+/* The pass's hook in the tape's forward and recomputation: an overridden
+ * point gets the given data (dcs_hooks.fn, user = the tape). */
+int dcs_tape_ov_hook(void *user, int point, int layer, float *data, const int64_t *shape, int nd);
+/* The override of (point, layer) in this forward, or NULL. */
+const dcs_hook_override *dcs_tape_ov(const dcs_tape *tp, int point, int layer);
+/* Hand out the gradient dx at (point, layer) where asked. */
+void dcs_tape_grad_capture(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, int layer,
+                           const float *dx);
+/* The same, then cut it (zero dx) when the activation was overridden. */
+void dcs_tape_grad_at(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, int layer, float *dx);
+int dcs_tape_wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer);
+/* The gradient buffer of weight `w` (its float32 array or stored F16/BF16
+ * data); NULL where none is asked. */
+float *dcs_tape_gptr(const dcs_model *m, const bwctx *bc, const void *w);
+
+/* ---- layer_bw.c: the backward of layer.c's functions */
+
+/* Block l: from d->dx, the gradient at its output (resid_post), to d->dx at
+ * its input (resid_pre), parameter gradients accumulated. */
+void dcs_layer_bw(dcs_tape *tp, int l, const bwctx *bc);
+/* The final norm and unembedding: from dlogits to d->dx at the last
+ * residual stream (written). */
+void dcs_pass_final_bw(dcs_tape *tp, const bwctx *bc);
+/* The embedding: d->dx into the embedding's gradient. */
+void dcs_pass_embed_bw(dcs_tape *tp, const bwctx *bc);
+
+#endif /* DCS_TAPE_H */

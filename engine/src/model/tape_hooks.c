@@ -1,0 +1,87 @@
+/*
+ * tape_hooks.c -- the tape's hook points (tape.h): overrides in its
+ * forward (the pass's hook dispatch writes the given data), the gradients
+ * handed out at hook points in its backward (cut where an override made
+ * the activation a constant), and the buffers of the asked parameter
+ * gradients. Called by the driver (tape.c) and the layer backward
+ * (layer_bw.c); calls nothing of theirs.
+ */
+#include "tape.h"
+
+#include <string.h>
+
+size_t dcs_tape_hook_numel(const dcs_tape *tp, int point) {
+    int64_t shape[6];
+    int nd = dcs_hook_shape(tp->m, point, tp->B, tp->T, shape);
+    size_t n = 1;
+    for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
+    return n;
+}
+
+const dcs_hook_override *dcs_tape_ov(const dcs_tape *tp, int point, int layer) {
+    for (int i = 0; i < tp->n_ov; i++)
+        if (tp->ov[i].point == point && (!dcs_hook_point_is_layered(point) || tp->ov[i].layer == layer))
+            return &tp->ov[i];
+    return NULL;
+}
+
+/* Forward: the pass's hook at an overridden point writes the given data. */
+int dcs_tape_ov_hook(void *user, int point, int layer, float *data, const int64_t *shape, int nd) {
+    (void)shape;
+    (void)nd;
+    dcs_tape *tp = user;
+    const dcs_hook_override *o = dcs_tape_ov(tp, point, layer);
+    if (!o) return 0;
+    memcpy(data, o->data, dcs_tape_hook_numel(tp, point) * sizeof(float));
+    return 1;
+}
+
+/* Backward: hand out the gradient at (point, layer) and cut it when the
+ * activation was overridden. */
+void dcs_tape_grad_capture(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, int layer,
+                           const float *dx) {
+    size_t n = 0;
+    for (int i = 0; i < n_g; i++)
+        if (g[i].point == point && (!dcs_hook_point_is_layered(point) || g[i].layer == layer)) {
+            if (!n) n = dcs_tape_hook_numel(tp, point);
+            tp->m->be->ops->download(tp->m->be, g[i].grad, dx, n * sizeof(float));
+        }
+}
+
+void dcs_tape_grad_at(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, int layer, float *dx) {
+    size_t n = 0;
+    for (int i = 0; i < n_g; i++)
+        if (g[i].point == point && (!dcs_hook_point_is_layered(point) || g[i].layer == layer)) {
+            if (!n) n = dcs_tape_hook_numel(tp, point);
+            tp->m->be->ops->download(tp->m->be, g[i].grad, dx, n * sizeof(float));
+        }
+    if (dcs_tape_ov(tp, point, layer))
+        tp->m->be->ops->zero(tp->m->be, dx, dcs_tape_hook_numel(tp, point) * sizeof(float));
+}
+
+int dcs_tape_wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
+    for (int i = 0; i < n_g; i++)
+        if (g[i].point == point && g[i].layer == layer) return 1;
+    return 0;
+}
+
+/* The gradient buffer of weight `w` (its float32 array or its stored
+ * F16/BF16 data: a weight gradient never reads the weight); NULL: none
+ * asked. */
+float *dcs_tape_gptr(const dcs_model *m, const bwctx *bc, const void *w) {
+    if ((!bc->flat && !bc->n_pg) || !w) return NULL;
+    size_t off = 0;
+    for (int i = 0; i < m->n_weights; i++) {
+        if ((const void *)m->weights[i].ptr == w || m->weights[i].half == w) {
+            if (bc->dev) return bc->dev[i];
+            if (bc->flat) return bc->flat + off;
+            for (int k = 0; k < bc->n_pg; k++)
+                if (bc->pg[k].index == i) return bc->pg[k].grad;
+            return NULL;
+        }
+        size_t n = 1;
+        for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
+        off += n;
+    }
+    return NULL;
+}
