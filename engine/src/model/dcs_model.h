@@ -15,31 +15,53 @@
 
 /* ---------------------------------------------------------------- model */
 
+/* A layer's parameters, one list: field, canonical name after
+ * "layers.{l}." (dclens.h's weight names), shape. It declares the float*
+ * fields of dcs_layer_weights and of the gradients (tape.h), maps each
+ * loaded weight to its field (dcs_model_map_params) and rewires them to
+ * trainable copies (train.c). */
+#define DCS_LAYER_PARAMS(X)                                                                                  \
+    X(attn_norm_w, "attention_norm.weight")        /* [D]                                  */                \
+    X(attn_norm_b, "attention_norm.bias")          /* [D] (none with RMSNorm)              */                \
+    X(ffn_norm_w, "ffn_norm.weight")               /* [D]                                  */                \
+    X(ffn_norm_b, "ffn_norm.bias")                 /* [D]                                  */                \
+    X(wqkv, "attention.wqkv.weight")               /* [3D, D] rows q, k, v                 */                \
+    X(bqkv, "attention.wqkv.bias")                 /* [3D]                                 */                \
+    X(wo, "attention.wo.weight")                   /* [D, D]                               */                \
+    X(bo, "attention.wo.bias")                     /* [D]                                  */                \
+    X(q_scale, "attention.q_norm.scale")           /* [Dh]                                 */                \
+    X(k_scale, "attention.k_norm.scale")           /* [Dh]                                 */                \
+    X(dw1, "attention.dyn_w_proj.dw1")             /* [D, C*K] (G groups: [D, G*C*K])      */                \
+    X(qkw, "attention.dyn_w_proj.qkw")             /* [C, K, 2R*N] ([G*C, K, 2R*N/G])      */                \
+    X(dd, "attention.dyn_w_proj.dd")               /* [D, C*N] ([D, G*C*N/G])              */                \
+    X(pre_sw, "attention.dyn_w_proj.pre_proj.w")   /* [G, N/G, N/G] static maps (use_sw)   */                \
+    X(post_sw, "attention.dyn_w_proj.post_proj.w") /*                                      */                \
+    X(moh_wg, "attention.moh.wg.weight")           /* [N - hs, D] router (moh)             */                \
+    X(moh_wg1, "attention.moh.wg_1.weight")        /* [hs, D] shared scores (hs > 1)       */                \
+    X(moh_wg0, "attention.moh.wg_0.weight")        /* [2, D] balance (hs > 0)              */                \
+    X(w1, "feed_forward.w1.weight")                /* [F, D]                               */                \
+    X(b1, "feed_forward.w1.bias")                  /* [F]                                  */                \
+    X(w2, "feed_forward.w2.weight")                /* [D, F]                               */                \
+    X(b2, "feed_forward.w2.bias")                  /* [D]                                  */                \
+    X(w3, "feed_forward.w3.weight")                /* [F, D] SwiGLU's linear half (dcformer) */              \
+    X(mg, "feed_forward.mg.weight")                /* [E, D] MLP group gate (mgate)        */
+enum {
+#define DCS_LP_ENUM(field, name) DCS_LP_##field,
+    DCS_LAYER_PARAMS(DCS_LP_ENUM)
+#undef DCS_LP_ENUM
+        DCS_LP_COUNT
+};
+
 /* Per-layer weights, device pointers, float32. NULL where absent. On the
  * CPU the large matrices of an F16/BF16 checkpoint stay in their stored
  * dtype (the m_* views below); their float* fields are then NULL until
  * dcs_model_require_f32 widens them. For float32 checkpoints (and on CUDA)
  * the float* fields are always valid. The forward pass reads the m_* views. */
 typedef struct {
-    float *attn_norm_w, *attn_norm_b;         /* [D]                              */
-    float *ffn_norm_w, *ffn_norm_b;           /* [D]                              */
-    float *wqkv, *bqkv;                       /* [3D, D], [3D] rows q, k, v       */
-    float *wo, *bo;                           /* [D, D], [D]                      */
-    float *q_scale, *k_scale;                 /* [Dh]                             */
-    float *dw1;                               /* [D, C*K]                         */
-    float *qkw;                               /* [C, K, 2R*N]                     */
-    float *dd;                                /* [D, C*N]  (G groups: [D, G*C*N/G]; dw1
-                                           [D, G*C*K], qkw [G*C, K, 2R*N/G]) */
-    float *pre_sw, *post_sw;                  /* [G, N/G, N/G] static maps (use_sw) */
-    float *moh_wg;                            /* [N - hs, D] router (moh)         */
-    float *moh_wg1;                           /* [hs, D] shared scores (hs > 1)   */
-    float *moh_wg0;                           /* [2, D] balance (hs > 0)          */
-    float *w1, *b1;                           /* [F, D], [F]                      */
-    float *w2, *b2;                           /* [D, F], [D]                      */
-    dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1; /* what the forward reads   */
-    float *w3;                                /* [F, D] SwiGLU's linear half (dcformer) */
-    float *mg;                                /* [E, D] MLP group gate (mgate)    */
-    dcs_wmat m_w3;
+#define DCS_LP_FIELD(field, name) float *field;
+    DCS_LAYER_PARAMS(DCS_LP_FIELD)
+#undef DCS_LP_FIELD
+    dcs_wmat m_wqkv, m_wo, m_w1, m_w2, m_dw1, m_w3; /* what the forward reads */
 } dcs_layer_weights;
 
 /* A weight by canonical name (see dcs_weight_read), in backend memory. */
@@ -53,6 +75,8 @@ typedef struct {
     int dtype;        /*  until dcs_model_require_f32)    */
     int half_owned;   /* half is a malloc'd copy          */
     float **slot;     /* model field pointing at ptr      */
+    int layer, field; /* its layer and DCS_LP_* field; -1 for the model's own
+                         (embedding, final norm, unembedding) */
 } dcs_named_weight;
 
 struct dcs_model {
@@ -92,6 +116,9 @@ struct dcs_model {
  * in F16/BF16 are widened into owned buffers (once; freed with the model).
  * For code that reads dcs_layer_weights directly (decode.c, the tape). */
 dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e);
+/* Set each weight's layer and field (DCS_LAYER_PARAMS) from its name, once
+ * loaded; an Error names a layer weight the list does not hold. */
+dcs_status dcs_model_map_params(dcs_model *m, dcs_err *e);
 /* Free everything of the model (dcs_free, or the last decoder of a model
  * dcs_free was called on). */
 void dcs_model_destroy(dcs_model *m);

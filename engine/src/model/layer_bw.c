@@ -39,15 +39,13 @@ static void norm_bw(dcs_tape *tp, int kind, float *dx, float *dw, float *db, con
         be->ops->layernorm_bw(be, dx, dw, db, dy, x, w, M, D, m->cfg.norm_eps);
 }
 
-#define GP(w) dcs_tape_gptr(m, bc, (w))
-
-/* Attention backward: from tp->d.dao to tp->d.dln1 (written). */
 /* The dynamic weights (layer.c, dynamic_weights): per (group, slot) pair
  * the hidden layer hid = gelu(ln1 dw1), w = hid qkw split into w1 (RMS
  * normalised over each group's heads) and w2, gates g = tanh(ln1 dd). From
  * their gradients (d->dw1, dw2, ddd, filled by the compose backward) into
  * d->dln1 (+=) and the parameter gradients. */
 static void dynamic_weights_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_plan *pl = &m->plan[l];
@@ -93,7 +91,7 @@ static void dynamic_weights_bw(dcs_tape *tp, int l, const bwctx *bc) {
     /* w[:, gc] = hid[:, gc] qkw[gc] */
     be->ops->gemm(be, 0, 1, M, K, RM2, 1.0f, d->dW, GC * RM2, RM2, lw->qkw, RM2, (long long)K * RM2, 0.0f,
                   d->dhid, GC * K, K, GC);
-    float *gq = GP(lw->qkw);
+    float *gq = gw->qkw;
     if (gq)
         be->ops->gemm(be, 1, 0, K, RM2, M, 1.0f, a->hid, GC * K, K, d->dW, GC * RM2, RM2, 1.0f, gq, RM2,
                       (long long)K * RM2, GC);
@@ -106,13 +104,13 @@ static void dynamic_weights_bw(dcs_tape *tp, int l, const bwctx *bc) {
                       D, 0, 1);
     else
         be->ops->gemm_w(be, 1, M, D, GC * K, dhpre, GC * K, lw->m_dw1, 1.0f, d->dln1, D);
-    float *gdw1 = GP(lw->m_dw1.p);
+    float *gdw1 = gw->dw1;
     if (gdw1)
         be->ops->gemm(be, 1, 0, D, GC * K, M, 1.0f, a->ln1, D, 0, dhpre, GC * K, 0, 1.0f, gdw1, GC * K, 0, 1);
     /* g = tanh(ln1 dd): [M, GC*Mg] = [M, C*N] */
     be->ops->tanh_bw(be, d->dG, a->g, (size_t)M * C * N);
     be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
-    float *gdd = GP(lw->dd);
+    float *gdd = gw->dd;
     if (gdd)
         be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
 }
@@ -182,6 +180,7 @@ static void compose_bw(dcs_tape *tp, int l, int ph, float *dIn, const float *dOu
  * from them to d->dmoh [M, D] (the router's input ln1) and the router's
  * parameter gradients. */
 static void moh_gate_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_weights *lw = &m->layers[l];
@@ -194,14 +193,26 @@ static void moh_gate_bw(dcs_tape *tp, int l, const bwctx *bc) {
     be->ops->moh_route_bw(be, d->dlg, d->ds1, d->ds0, d->dhgate, a->rlg, a->rs1, a->rs0, M, N, hs,
                           c->moh_topk);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_ROUTER_LOGITS, l, d->dlg);
-    lin_bw(be, d->dmoh, 0.0f, GP(lw->moh_wg), NULL, d->dlg, a->ln1, (dcs_wmat){lw->moh_wg, DCS_F32}, M, NR,
-           D);
+    lin_bw(be, d->dmoh, 0.0f, gw->moh_wg, NULL, d->dlg, a->ln1, (dcs_wmat){lw->moh_wg, DCS_F32}, M, NR, D);
     if (hs > 1)
-        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg1), NULL, d->ds1, a->ln1, (dcs_wmat){lw->moh_wg1, DCS_F32}, M,
-               hs, D);
+        lin_bw(be, d->dmoh, 1.0f, gw->moh_wg1, NULL, d->ds1, a->ln1, (dcs_wmat){lw->moh_wg1, DCS_F32}, M, hs,
+               D);
     if (hs > 0)
-        lin_bw(be, d->dmoh, 1.0f, GP(lw->moh_wg0), NULL, d->ds0, a->ln1, (dcs_wmat){lw->moh_wg0, DCS_F32}, M,
-               2, D);
+        lin_bw(be, d->dmoh, 1.0f, gw->moh_wg0, NULL, d->ds0, a->ln1, (dcs_wmat){lw->moh_wg0, DCS_F32}, M, 2,
+               D);
+}
+
+/* Does a hook ask the gradient at, or override, one of the two maps
+ * (pt[0], pt[1]) of layer l, or ask it at one of the branches from point
+ * `branches` on? Then a fused backward cannot run past them (it writes no
+ * gradient map). */
+static int maps_hooked_bw(const dcs_tape *tp, int l, const bwctx *bc, int pt0, int pt1, int branches) {
+    const int pts[2] = {pt0, pt1};
+    for (int i = 0; i < 2; i++)
+        if (dcs_tape_wants_grad(bc->g, bc->n_g, pts[i], l) || dcs_tape_ov(tp, pts[i], l)) return 1;
+    for (int k = 0; k < DCS_N_BRANCHES; k++)
+        if (dcs_tape_wants_grad(bc->g, bc->n_g, branches + k, l)) return 1;
+    return 0;
 }
 
 /* May the backend fuse the post-compose, softmax and pre-compose
@@ -209,12 +220,7 @@ static void moh_gate_bw(dcs_tape *tp, int l, const bwctx *bc) {
  * wants its gradient or is overridden (dP, dAc are then not written). */
 static int fuse_maps_bw(dcs_tape *tp, int l, const bwctx *bc) {
     if (!tp->m->be->ops->compose_softmax_bw || !tp->kT[0][0] || !tp->m->plan[l].row_compose) return 0;
-    const int pts[2] = {DCS_HP_PATTERN, DCS_HP_SCORES_COMPOSED};
-    for (int i = 0; i < 2; i++)
-        if (dcs_tape_wants_grad(bc->g, bc->n_g, pts[i], l) || dcs_tape_ov(tp, pts[i], l)) return 0;
-    for (int k = 0; k < DCS_N_BRANCHES; k++)
-        if (dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_PRE_SKIP + k, l)) return 0;
-    return 1;
+    return !maps_hooked_bw(tp, l, bc, DCS_HP_PATTERN, DCS_HP_SCORES_COMPOSED, DCS_HP_PRE_SKIP);
 }
 
 /* May the backend run layer l's attention backward by blocks
@@ -223,12 +229,7 @@ static int fuse_maps_bw(dcs_tape *tp, int l, const bwctx *bc) {
  * the composed pattern) or overriding one. */
 static int fused_bw_allowed(dcs_tape *tp, int l, const bwctx *bc) {
     if (!tp->m->be->ops->attention_bw || !fuse_maps_bw(tp, l, bc)) return 0;
-    const int pts[2] = {DCS_HP_SCORES, DCS_HP_PATTERN_COMPOSED};
-    for (int i = 0; i < 2; i++)
-        if (dcs_tape_wants_grad(bc->g, bc->n_g, pts[i], l) || dcs_tape_ov(tp, pts[i], l)) return 0;
-    for (int k = 0; k < DCS_N_BRANCHES; k++)
-        if (dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_POST_SKIP + k, l)) return 0;
-    return 1;
+    return !maps_hooked_bw(tp, l, bc, DCS_HP_SCORES, DCS_HP_PATTERN_COMPOSED, DCS_HP_POST_SKIP);
 }
 
 /* The fused attention kernel's backward (layer.c, attention_fused): the
@@ -306,6 +307,7 @@ static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) 
  * head_out [M, N, D] between (its gradient is d out for every head). From
  * d->dao to d->dz (written). */
 static void attention_out_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_weights *lw = &m->layers[l];
@@ -327,10 +329,10 @@ static void attention_out_bw(dcs_tape *tp, int l, const bwctx *bc) {
                         memcpy(h + ((size_t)mm * N + n) * D, h + (size_t)mm * N * D, sizeof(float) * D);
             }
     }
-    float *gbo = GP(lw->bo);
+    float *gbo = gw->bo;
     if (gbo) be->ops->col_sum(be, gbo, d->dao, M, D);
     if (dcs_tape_ov(tp, DCS_HP_HEAD_OUT, l)) be->ops->zero(be, d->dao, sizeof(float) * (size_t)M * D);
-    lin_bw(be, d->dz, 0.0f, GP(lw->m_wo.p), NULL, d->dao, a->z, lw->m_wo, M, D, D);
+    lin_bw(be, d->dz, 0.0f, gw->wo, NULL, d->dao, a->z, lw->m_wo, M, D, D);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
 }
 
@@ -338,6 +340,7 @@ static void attention_out_bw(dcs_tape *tp, int l, const bwctx *bc) {
  * (written), through the output, the MoH gate, the maps (or the fused
  * kernel), rotary and q/k norms, the qkv product and the dynamic weights. */
 static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_plan *pl = &m->plan[l];
@@ -348,8 +351,8 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const int T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
     attention_out_bw(tp, l, bc);
     if (pl->moh) moh_gate_bw(tp, l, bc);
-    d->dsw[0] = pl->static_branch ? GP(lw->pre_sw) : NULL;
-    d->dsw[1] = pl->static_branch ? GP(lw->post_sw) : NULL;
+    d->dsw[0] = pl->static_branch ? gw->pre_sw : NULL;
+    d->dsw[1] = pl->static_branch ? gw->post_sw : NULL;
     if (!fused_bw_allowed(tp, l, bc) || !attention_fused_bw(tp, l, bc))
         attention_maps_bw(tp, l, bc, pl->window);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
@@ -359,17 +362,17 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     /* dqkv [M, 3D] */
     if (pl->qk_norm) {
         be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D); /* scratch */
-        be->ops->rmsnorm_bw(be, d->dln1, GP(lw->q_scale), d->dq, a->qraw, lw->q_scale, M * N, Dh, 1e-6f);
+        be->ops->rmsnorm_bw(be, d->dln1, gw->q_scale, d->dq, a->qraw, lw->q_scale, M * N, Dh, 1e-6f);
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
         be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D);
-        be->ops->rmsnorm_bw(be, d->dln1, GP(lw->k_scale), d->dk, a->kraw, lw->k_scale, M * N, Dh, 1e-6f);
+        be->ops->rmsnorm_bw(be, d->dln1, gw->k_scale, d->dk, a->kraw, lw->k_scale, M * N, Dh, 1e-6f);
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
     } else {
         be->ops->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
     }
     be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
-    lin_bw(be, d->dln1, 0.0f, GP(lw->m_wqkv.p), GP(lw->bqkv), d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
+    lin_bw(be, d->dln1, 0.0f, gw->wqkv, gw->bqkv, d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
     if (pl->dcmha) dynamic_weights_bw(tp, l, bc);
     if (pl->moh) /* the router read ln1 too */
@@ -381,6 +384,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
  * mg^T) per row, u [M, E, F/E] *= g. From d->dgate (the swiglu op's) into
  * d->dln2 (written) and mg's gradient. */
 static void mlp_group_gate_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_kept *a = &tp->L[l];
@@ -388,13 +392,14 @@ static void mlp_group_gate_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const int M = tp->M, D = m->cfg.d_model, E = m->plan[l].mlp_gate;
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_GATE, l, d->dgate);
     m->be->ops->softmax_rows_bw(m->be, d->dgate, a->gate, M, E);
-    lin_bw(m->be, d->dln2, 0.0f, GP(lw->mg), NULL, d->dgate, a->ln2, (dcs_wmat){lw->mg, DCS_F32}, M, E, D);
+    lin_bw(m->be, d->dln2, 0.0f, gw->mg, NULL, d->dgate, a->ln2, (dcs_wmat){lw->mg, DCS_F32}, M, E, D);
 }
 
 /* DCFormer++'s gated MLP, from d post (in d->dug) to d->du (w1 x) and
  * d->du3 (w3 x), with the group gate's gradient into d->dln2 (written):
  *   pu = silu(u) * u3, post = pu * gate[group], gate = softmax(ln2 mg^T). */
 static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_weights *lw = &m->layers[l];
@@ -406,10 +411,11 @@ static void swiglu_bw(dcs_tape *tp, int l, const bwctx *bc) {
     be->ops->swiglu_bw(be, d->du, d->du3, d->dgate, d->dug, a->u, a->u3, a->gate, M, F, E);
     if (E > 0) mlp_group_gate_bw(tp, l, bc);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE_LINEAR, l, d->du3);
-    lin_bw(m->be, d->dln2, 1.0f, GP(lw->m_w3.p), NULL, d->du3, a->ln2, lw->m_w3, M, F, D);
+    lin_bw(m->be, d->dln2, 1.0f, gw->w3, NULL, d->du3, a->ln2, lw->m_w3, M, F, D);
 }
 
 static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_weights *lw = &m->layers[l];
@@ -418,7 +424,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     tgrads *d = &tp->d;
     const int M = tp->M, D = c->d_model, F = c->d_ff;
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_OUT, l, d->dmo);
-    lin_bw(be, d->dug, 0.0f, GP(lw->m_w2.p), GP(lw->b2), d->dmo, a->ug, lw->m_w2, M, D, F);
+    lin_bw(be, d->dug, 0.0f, gw->w2, gw->b2, d->dmo, a->ug, lw->m_w2, M, D, F);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
     float beta = 0.0f;
     if (m->plan[l].mlp == DCS_MLP_SWIGLU) {
@@ -428,7 +434,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
         be->ops->gelu_bw(be, d->du, d->dug, a->u, (size_t)M * F);
     }
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
-    lin_bw(be, d->dln2, beta, GP(lw->m_w1.p), GP(lw->b1), d->du, a->ln2, lw->m_w1, M, F, D);
+    lin_bw(be, d->dln2, beta, gw->w1, gw->b1, d->du, a->ln2, lw->m_w1, M, F, D);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
 }
 
@@ -436,6 +442,7 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
  * parallel residual, else h = x + attn(ln1 x), out = h + mlp(ln2 h). From
  * d->dx at resid_post to d->dx at resid_pre. */
 void dcs_layer_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     dcs_backend *be = m->be;
     tgrads *d = &tp->d;
@@ -456,7 +463,7 @@ void dcs_layer_bw(dcs_tape *tp, int l, const bwctx *bc) {
         d->dmo = d->dx;
     mlp_bw(tp, l, bc);
     if (!pl->parallel_residual)
-        norm_bw(tp, pl->norm, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->h, lw->ffn_norm_w);
+        norm_bw(tp, pl->norm, d->dx, gw->ffn_norm_w, gw->ffn_norm_b, d->dln2, a->h, lw->ffn_norm_w);
     if (cut_ao)
         be->ops->copy(be, dao, d->dx, sizeof(float) * (size_t)M * D);
     else
@@ -465,8 +472,8 @@ void dcs_layer_bw(dcs_tape *tp, int l, const bwctx *bc) {
     d->dmo = dmo;
     d->dao = dao;
     if (pl->parallel_residual)
-        norm_bw(tp, pl->norm, d->dx, GP(lw->ffn_norm_w), GP(lw->ffn_norm_b), d->dln2, a->x, lw->ffn_norm_w);
-    norm_bw(tp, pl->norm, d->dx, GP(lw->attn_norm_w), GP(lw->attn_norm_b), d->dln1, a->x, lw->attn_norm_w);
+        norm_bw(tp, pl->norm, d->dx, gw->ffn_norm_w, gw->ffn_norm_b, d->dln2, a->x, lw->ffn_norm_w);
+    norm_bw(tp, pl->norm, d->dx, gw->attn_norm_w, gw->attn_norm_b, d->dln1, a->x, lw->attn_norm_w);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_RESID_PRE, l, d->dx);
 }
 
@@ -478,16 +485,16 @@ void dcs_pass_final_bw(dcs_tape *tp, const bwctx *bc) {
     tgrads *d = &tp->d;
     const int M = tp->M, D = m->cfg.d_model, V = m->cfg.vocab, L = m->cfg.n_layer;
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_LOGITS, 0, tp->dlogits);
-    lin_bw(be, d->dln1, 0.0f, GP(m->m_out_w.p), NULL, tp->dlogits, tp->lnf, m->m_out_w, M, V, D);
+    lin_bw(be, d->dln1, 0.0f, bc->out_w, NULL, tp->dlogits, tp->lnf, m->m_out_w, M, V, D);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_FINAL, 0, d->dln1);
     be->ops->zero(be, d->dx, sizeof(float) * (size_t)M * D);
-    norm_bw(tp, m->plan[L - 1].norm, d->dx, GP(m->norm_w), GP(m->norm_b), d->dln1, tp->xL, m->norm_w);
+    norm_bw(tp, m->plan[L - 1].norm, d->dx, bc->norm_w, bc->norm_b, d->dln1, tp->xL, m->norm_w);
 }
 
 /* The embedding (pass.c, dcs_pass_embed): d->dx into its rows. */
 void dcs_pass_embed_bw(dcs_tape *tp, const bwctx *bc) {
     dcs_model *m = tp->m;
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_EMBED, 0, tp->d.dx);
-    float *ge = GP(m->m_tok_emb.p);
+    float *ge = bc->tok_emb;
     if (ge) m->be->ops->embed_bw(m->be, ge, tp->d.dx, tp->tokens, tp->M, m->cfg.d_model);
 }

@@ -838,6 +838,7 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     if (!s) s = check_unused(&b);
     if (!s && m->cfg.model_type != DCS_MODEL_GPT_NEOX) query_wise_note(m);
     if (!s && m->cfg.model_type == DCS_MODEL_DCFORMER) dcformer_notes(m);
+    if (!s) s = dcs_model_map_params(m, &e);
     if (!s) s = dcs_plan_layers(m, &e);
     if (!s) s = m->be->ops->sync(m->be, &e);
     if (!s) release_unaliased_files(m);

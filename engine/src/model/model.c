@@ -49,6 +49,29 @@ const char *dcs_errmsg(const dcs_model *m) { return m ? m->err.msg : "no model";
 int dcs_model_device(const dcs_model *m) { return m->device; }
 const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
 
+dcs_status dcs_model_map_params(dcs_model *m, dcs_err *e) {
+    static const char *const suffix[DCS_LP_COUNT] = {
+#define DCS_LP_NAME(field, name) name,
+        DCS_LAYER_PARAMS(DCS_LP_NAME)
+#undef DCS_LP_NAME
+    };
+    for (int i = 0; i < m->n_weights; i++) {
+        dcs_named_weight *w = &m->weights[i];
+        int l, n = 0;
+        w->layer = w->field = -1;
+        if (sscanf(w->name, "layers.%d.%n", &l, &n) != 1 || n == 0) continue;
+        for (int f = 0; f < DCS_LP_COUNT; f++)
+            if (!strcmp(w->name + n, suffix[f])) {
+                w->layer = l;
+                w->field = f;
+            }
+        if (w->field < 0 || l < 0 || l >= m->cfg.n_layer)
+            return dcs_seterr(e, DCS_ERR_TENSOR,
+                              "%s: a layer weight dcs_model.h's DCS_LAYER_PARAMS does not list", w->name);
+    }
+    return DCS_OK;
+}
+
 const dcs_layer_plan *dcs_layer_plan_of(const dcs_model *m, int layer) {
     return m && m->plan && layer >= 0 && layer < m->cfg.n_layer ? &m->plan[layer] : NULL;
 }

@@ -85,6 +85,11 @@ void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sz[DCS_ACT
     sz[DCS_ACT_DYN_D] = c->use_dcmha ? M * N : 0;
     sz[DCS_ACT_DYN_ALL] = c->use_dcmha ? M * C * 2 * R * N : 0;
     sz[DCS_ACT_MAP] = (uint64_t)B * N * (uint64_t)T * (uint64_t)S;
+    sz[DCS_ACT_MGATE] = M * (uint64_t)(c->mgate_dim > 0 ? c->mgate_dim : 0);
+    sz[DCS_ACT_HEADS] = M * N;
+    sz[DCS_ACT_ROUTED] = c->moh ? M * (N - (uint64_t)c->moh_shared) : 0;
+    sz[DCS_ACT_SHARED] = c->moh ? M * (uint64_t)c->moh_shared : 0;
+    sz[DCS_ACT_BALANCE] = M * 2;
 }
 
 const int dcs_dyn_points[2][2][3] = {{{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},

@@ -37,22 +37,51 @@ typedef struct {
 } dcs_kv_cache;
 
 /* ---------------------------------------------------------------- kept
- * One layer's activations the backward reads (tape.c), [M = B*T rows]:
- *   x, ln1, h, ln2, ao, mo [M, D]; q, k, v, z [M, N, Dh] (q, k after norm
- *   and rotary; qraw, kraw before, with qk_norm); hpre, hid [M, C*K] (before
- *   / after GELU); g [M, C*N]; per phase and side w1raw, w1, w2 [M, R, N],
- *   dd [M, N]; A, P, Pc [B, N, T, T] (scores, pattern, composed pattern);
- *   u, ug [M, F] (before / after GELU); with MoH the gate's inputs and z
- *   before it. Norm statistics are not kept: the
- *   backward recomputes them from the inputs. */
+ * One layer's activations the backward reads (the tape), [M = B*T rows],
+ * one list: name, its row of the size table below, and the condition on
+ * the layer plan `pl` (with the configuration `c`) under which the layer
+ * computes it. The list is the dcs_kept struct and the tape's allocation
+ * (tape_plan.c, in this order); the dynamic weights follow, kept per phase
+ * and side where the plan has that side. Norm statistics are not kept: the
+ * backward recomputes them from the inputs. */
+#define DCS_KEPT(X)                                                                                          \
+    X(x, ROW_D, 1)                                /* the block's input (resid_pre)         */                \
+    X(ln1, ROW_D, 1)                              /* ln_attn                               */                \
+    X(q, ROW_D, 1)                                /* [M, N, Dh], after norm and rotary     */                \
+    X(k, ROW_D, 1)                                /*                                       */                \
+    X(v, ROW_D, 1)                                /*                                       */                \
+    X(qraw, ROW_D, pl->qk_norm)                   /* q, k before their norms               */                \
+    X(kraw, ROW_D, pl->qk_norm)                   /*                                       */                \
+    X(A, MAP, 1)                                  /* scores [B, N, T, T]                   */                \
+    X(P, MAP, 1)                                  /* pattern                               */                \
+    X(hpre, HID, pl->dcmha)                       /* the dynamic-weight MLP, before GELU   */                \
+    X(hid, HID, pl->dcmha)                        /* after                                 */                \
+    X(g, GATES, pl->dcmha)                        /* the gates [M, C*N]                    */                \
+    X(Pc, MAP, pl->dcmha)                         /* the composed pattern                  */                \
+    X(z, ROW_D, 1)                                /* [M, N, Dh]                            */                \
+    X(ao, ROW_D, 1)                               /* attn.out                              */                \
+    X(h, ROW_D, !pl->parallel_residual)           /* x + attn.out (sequential)             */                \
+    X(ln2, ROW_D, 1)                              /* ln_mlp                                */                \
+    X(u, ROW_F, 1)                                /* mlp.pre                               */                \
+    X(ug, ROW_F, 1)                               /* mlp.post                              */                \
+    X(mo, ROW_D, 1)                               /* mlp.out                               */                \
+    X(u3, ROW_F, pl->mlp == DCS_MLP_SWIGLU)       /* SwiGLU's w3 x                         */                \
+    X(gate, MGATE, pl->mlp_gate > 0)              /* the MLP group gate [M, E]             */                \
+    X(zpre, ROW_D, pl->moh)                       /* MoH: z before the head gate           */                \
+    X(hgate, HEADS, pl->moh)                      /* the head gate [M, N]                  */                \
+    X(rlg, ROUTED, pl->moh)                       /* router logits [M, N - hs]             */                \
+    X(rs1, SHARED, pl->moh && c->moh_shared > 1)  /* shared scores [M, hs]             */                    \
+    X(rs0, BALANCE, pl->moh && c->moh_shared > 0) /* balance [M, 2]                   */
+/* per phase and side: w1 before its RMS norm, w1, w2 [M, R, N], gates dd [M, N] */
+#define DCS_KEPT_DYN(X) X(w1raw, DYN_W) X(w1, DYN_W) X(w2, DYN_W) X(dd, DYN_D)
+
 typedef struct {
-    float *x, *ln1, *q, *k, *v, *qraw, *kraw, *hpre, *hid, *g;
-    float *w1raw[2][2], *w1[2][2], *w2[2][2], *dd[2][2];
-    float *A, *P, *Pc, *z, *ao, *h, *ln2, *u, *ug, *mo;
-    float *u3, *gate; /* DCFormer++: w3 x [M, F], the MLP group gate [M, E] (mgate) */
-    /* MoH (model-spec 5): z before the head gate [M, N, Dh], the head gate
-     * [M, N], router logits [M, N - hs], shared [M, hs], balance [M, 2] */
-    float *zpre, *hgate, *rlg, *rs1, *rs0;
+#define DCS_KEPT_FIELD(name, size, cond) float *name;
+#define DCS_KEPT_DYN_FIELD(name, size) float *name[2][2];
+    DCS_KEPT(DCS_KEPT_FIELD)
+    DCS_KEPT_DYN(DCS_KEPT_DYN_FIELD)
+#undef DCS_KEPT_FIELD
+#undef DCS_KEPT_DYN_FIELD
 } dcs_kept;
 
 /* The size table: floats of each kept activation of one layer for B
@@ -60,13 +89,18 @@ typedef struct {
  * memory check alike. */
 enum {
     DCS_ACT_ROW_D,   /* x, ln1, q, k, v, z, ao, ln2, mo, h, qraw, kraw: M*D */
-    DCS_ACT_ROW_F,   /* u, ug: M*F                                      */
+    DCS_ACT_ROW_F,   /* u, ug, u3: M*F                                  */
     DCS_ACT_HID,     /* hpre, hid: M*G*C*K                              */
     DCS_ACT_GATES,   /* g: M*G*C*(N/G)                                  */
     DCS_ACT_DYN_W,   /* w1raw, w1, w2 per phase and side: M*R*N         */
     DCS_ACT_DYN_D,   /* dd per phase and side: M*N                      */
     DCS_ACT_DYN_ALL, /* the dynamic weights before splitting: M*G*C*2R*(N/G) */
     DCS_ACT_MAP,     /* A, P, Pc: B*N*T*S                               */
+    DCS_ACT_MGATE,   /* gate: M*E                                       */
+    DCS_ACT_HEADS,   /* hgate: M*N                                      */
+    DCS_ACT_ROUTED,  /* rlg: M*(N - hs)                                 */
+    DCS_ACT_SHARED,  /* rs1: M*hs                                       */
+    DCS_ACT_BALANCE, /* rs0: M*2                                        */
     DCS_ACT_COUNT
 };
 void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sizes[DCS_ACT_COUNT]);

@@ -30,6 +30,20 @@
 
 /* ---------------------------------------------------------------- forward */
 
+/* Is (point, layer) a hook point of the layers this tape runs? */
+static int runs_point(const dcs_tape *tp, int point, int layer) {
+    const int L = tp->m->cfg.n_layer;
+    return point >= 0 && point < DCS_HP_COUNT && dcs_hook_exists(tp->m, point) &&
+           !(dcs_hook_point_is_layered(point) && (layer < tp->first || layer >= L)) &&
+           !(tp->first && point == DCS_HP_EMBED);
+}
+
+static dcs_status bad_point(dcs_tape *tp, const char *what, int i, int point, int layer) {
+    return dcs_seterr(&tp->m->err, DCS_ERR_ARG,
+                      "tape: bad %s %d (point %d, layer %d; the tape runs layers %d..%d)", what, i, point,
+                      layer, tp->first, tp->m->cfg.n_layer - 1);
+}
+
 static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resid,
                           const dcs_hook_override *ov, int n_ov, float *logits) {
     dcs_model *m = tp->m;
@@ -41,14 +55,8 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
             return dcs_seterr(&m->err, DCS_ERR_ARG,
                               "token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, V);
     for (int i = 0; i < n_ov; i++)
-        if (!ov[i].data || ov[i].point < 0 || ov[i].point >= DCS_HP_COUNT ||
-            !dcs_hook_exists(m, ov[i].point) ||
-            (dcs_hook_point_is_layered(ov[i].point) && (ov[i].layer < tp->first || ov[i].layer >= L)) ||
-            (tp->first && ov[i].point == DCS_HP_EMBED))
-            return dcs_seterr(&m->err, DCS_ERR_ARG,
-                              "tape: bad override %d (point %d, layer %d; the tape runs "
-                              "layers %d..%d)",
-                              i, ov[i].point, ov[i].layer, tp->first, L - 1);
+        if (!ov[i].data || !runs_point(tp, ov[i].point, ov[i].layer))
+            return bad_point(tp, "override", i, ov[i].point, ov[i].layer);
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
     tp->status = DCS_OK;
     tp->have_forward = 0;
@@ -170,13 +178,8 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
     const int L = c->n_layer;
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward before forward");
     for (int i = 0; i < n_g; i++)
-        if (!g[i].grad || g[i].point < 0 || g[i].point >= DCS_HP_COUNT || !dcs_hook_exists(m, g[i].point) ||
-            (dcs_hook_point_is_layered(g[i].point) && (g[i].layer < tp->first || g[i].layer >= L)) ||
-            (tp->first && g[i].point == DCS_HP_EMBED))
-            return dcs_seterr(&m->err, DCS_ERR_ARG,
-                              "tape: bad gradient request %d (point %d, layer %d; the tape "
-                              "runs layers %d..%d)",
-                              i, g[i].point, g[i].layer, tp->first, L - 1);
+        if (!g[i].grad || !runs_point(tp, g[i].point, g[i].layer))
+            return bad_point(tp, "gradient request", i, g[i].point, g[i].layer);
     if (tp->first && (param_grads || n_pg))
         return dcs_seterr(&m->err, DCS_ERR_ARG,
                           "tape: parameter gradients need a tape from layer 0 (this one "
@@ -186,18 +189,25 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         if (!pg[i].grad || pg[i].index < 0 || pg[i].index >= m->n_weights)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: bad parameter gradient request %d (index %d)", i,
                               pg[i].index);
-    bwctx bcv = {param_grads, pg, n_pg, g, n_g, NULL};
+    bwctx bcv = {param_grads, pg, n_pg, g, n_g, NULL, NULL, NULL, NULL, NULL, NULL};
     const int params = param_grads || n_pg;
     tp->bw_peak = dcs_tape_bw_scratch(m, tp->B, tp->T, params);
+    if (!(bcv.lg = calloc((size_t)(L ? L : 1), sizeof *bcv.lg)))
+        return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     if (m->device == DCS_DEVICE_CPU || !params) {
-        dcs_status st = run_backward(tp, dlogits, &bcv);
+        dcs_status st = dcs_tape_param_grads(m, &bcv);
+        if (!st) st = run_backward(tp, dlogits, &bcv);
         m->last_peak_bytes = tp->bytes + tp->pass_peak + tp->bw_peak;
+        free(bcv.lg);
         return st;
     }
     /* on a device: the asked parameter gradients in device mirrors, uploaded
      * (the backward accumulates), run, downloaded */
     bcv.dev = calloc((size_t)m->n_weights, sizeof(float *));
-    if (!bcv.dev) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
+    if (!bcv.dev) {
+        free(bcv.lg);
+        return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
+    }
     dcs_status st = DCS_OK;
     size_t off = 0, n;
     for (int i = 0; i < m->n_weights && !st; i++) {
@@ -211,6 +221,7 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
             tp->bw_peak += n * sizeof(float); /* held through the whole backward */
         }
     }
+    if (!st) st = dcs_tape_param_grads(m, &bcv);
     if (!st) st = run_backward(tp, dlogits, &bcv);
     m->last_peak_bytes = tp->bytes + tp->pass_peak + tp->bw_peak;
     off = 0;
@@ -221,6 +232,7 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         be->ops->free(be, bcv.dev[i]);
     }
     free(bcv.dev);
+    free(bcv.lg);
     dcs_status s2 = be->ops->sync(be, &m->err);
     return st ? st : s2;
 }

@@ -60,15 +60,27 @@ struct dcs_tape {
     int n_allocs, cap_allocs;
 };
 
+/* The gradient buffers of one layer's parameters (DCS_LAYER_PARAMS: the
+ * fields of dcs_layer_weights); NULL where none is asked. */
+typedef struct {
+#define DCS_LG_FIELD(field, name) float *field;
+    DCS_LAYER_PARAMS(DCS_LG_FIELD)
+#undef DCS_LG_FIELD
+} dcs_layer_grads;
+
 /* Where the backward accumulates parameter gradients: one flat array of
- * every parameter (training), or buffers for the parameters asked for. */
+ * every parameter (training), or buffers for the parameters asked for;
+ * each found once per backward (dcs_tape_param_grads) by the weight's
+ * layer and field. */
 typedef struct {
     float *flat;
     const dcs_param_grad *pg;
     int n_pg;
     const dcs_hook_grad *g;
     int n_g;
-    float **dev; /* [n_weights] device mirrors of the asked gradients (CUDA) */
+    float **dev;                              /* [n_weights] device mirrors of the asked gradients (CUDA) */
+    dcs_layer_grads *lg;                      /* [n_layer] */
+    float *tok_emb, *out_w, *norm_w, *norm_b; /* the model's own */
 } bwctx;
 
 /* ---- tape_plan.c */
@@ -94,9 +106,9 @@ void dcs_tape_grad_capture(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int po
 /* The same, then cut it (zero dx) when the activation was overridden. */
 void dcs_tape_grad_at(dcs_tape *tp, const dcs_hook_grad *g, int n_g, int point, int layer, float *dx);
 int dcs_tape_wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer);
-/* The gradient buffer of weight `w` (its float32 array or stored F16/BF16
- * data); NULL where none is asked. */
-float *dcs_tape_gptr(const dcs_model *m, const bwctx *bc, const void *w);
+/* Fill bc->lg and the model's own gradient pointers from bc->flat, pg or
+ * dev (every weight's buffer, NULL where none is asked). */
+dcs_status dcs_tape_param_grads(const dcs_model *m, bwctx *bc);
 
 /* ---- layer_bw.c: the backward of layer.c's functions */
 

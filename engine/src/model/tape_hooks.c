@@ -65,23 +65,38 @@ int dcs_tape_wants_grad(const dcs_hook_grad *g, int n_g, int point, int layer) {
     return 0;
 }
 
-/* The gradient buffer of weight `w` (its float32 array or its stored
- * F16/BF16 data: a weight gradient never reads the weight); NULL: none
- * asked. */
-float *dcs_tape_gptr(const dcs_model *m, const bwctx *bc, const void *w) {
-    if ((!bc->flat && !bc->n_pg) || !w) return NULL;
+/* Every asked parameter gradient by its weight's layer and field
+ * (dcs_model_map_params), the model's own by name. */
+dcs_status dcs_tape_param_grads(const dcs_model *m, bwctx *bc) {
+    bc->tok_emb = bc->out_w = bc->norm_w = bc->norm_b = NULL;
+    if (!bc->flat && !bc->n_pg) return DCS_OK; /* no parameter asked: lg stays zero */
     size_t off = 0;
     for (int i = 0; i < m->n_weights; i++) {
-        if ((const void *)m->weights[i].ptr == w || m->weights[i].half == w) {
-            if (bc->dev) return bc->dev[i];
-            if (bc->flat) return bc->flat + off;
-            for (int k = 0; k < bc->n_pg; k++)
-                if (bc->pg[k].index == i) return bc->pg[k].grad;
-            return NULL;
-        }
+        const dcs_named_weight *w = &m->weights[i];
+        float *g = bc->dev ? bc->dev[i] : bc->flat ? bc->flat + off : NULL;
+        for (int k = 0; k < bc->n_pg && !bc->dev && !bc->flat; k++)
+            if (bc->pg[k].index == i) g = bc->pg[k].grad;
         size_t n = 1;
-        for (int j = 0; j < m->weights[i].ndim; j++) n *= (size_t)m->weights[i].shape[j];
+        for (int j = 0; j < w->ndim; j++) n *= (size_t)w->shape[j];
         off += n;
+        if (w->layer >= 0) {
+            dcs_layer_grads *lg = &bc->lg[w->layer];
+            switch (w->field) {
+#define DCS_LG_CASE(field, name)                                                                             \
+    case DCS_LP_##field: lg->field = g; break;
+                DCS_LAYER_PARAMS(DCS_LG_CASE)
+#undef DCS_LG_CASE
+            default: return DCS_ERR_ARG;
+            }
+        } else if (!strcmp(w->name, "tok_embeddings.weight"))
+            bc->tok_emb = g;
+        else if (!strcmp(w->name, "output.weight"))
+            bc->out_w = g;
+        else if (!strcmp(w->name, "norm.weight"))
+            bc->norm_w = g;
+        else if (!strcmp(w->name, "norm.bias"))
+            bc->norm_b = g;
     }
-    return NULL;
+    if (m->out_w == m->tok_emb && m->m_out_w.p == m->m_tok_emb.p) bc->out_w = bc->tok_emb; /* tied */
+    return DCS_OK;
 }

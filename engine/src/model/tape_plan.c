@@ -91,50 +91,19 @@ static dcs_layer_plan any_layer(const dcs_model *m) {
  * later). */
 static int alloc_kept(dcs_tape *tp, dcs_kept *a, const uint64_t *sz, int with_x, const dcs_layer_plan *pl) {
     const dcs_config *c = &tp->m->cfg;
-    const size_t MD = sz[DCS_ACT_ROW_D], MF = sz[DCS_ACT_ROW_F], BNTT = sz[DCS_ACT_MAP];
     int ok = 1;
-    if (with_x) A_(a->x, MD);
-    A_(a->ln1, MD);
-    A_(a->q, MD);
-    A_(a->k, MD);
-    A_(a->v, MD);
-    if (pl->qk_norm) {
-        A_(a->qraw, MD);
-        A_(a->kraw, MD);
-    }
-    A_(a->A, BNTT);
-    A_(a->P, BNTT);
-    if (pl->dcmha) {
-        A_(a->hpre, sz[DCS_ACT_HID]);
-        A_(a->hid, sz[DCS_ACT_HID]);
-        A_(a->g, sz[DCS_ACT_GATES]);
-        A_(a->Pc, BNTT);
-        for (int ph = 0; ph < 2; ph++)
-            for (int s = 0; s < 2; s++) {
-                if (pl->slot[ph][s] < 0) continue;
-                A_(a->w1raw[ph][s], sz[DCS_ACT_DYN_W]);
-                A_(a->w1[ph][s], sz[DCS_ACT_DYN_W]);
-                A_(a->w2[ph][s], sz[DCS_ACT_DYN_W]);
-                A_(a->dd[ph][s], sz[DCS_ACT_DYN_D]);
+    /* x only when with_x (else it is the layer's checkpoint, set later) */
+#define KEEP(name, size, cond)                                                                               \
+    if ((cond) && (with_x || &a->name != &a->x)) A_(a->name, sz[DCS_ACT_##size]);
+    DCS_KEPT(KEEP)
+#undef KEEP
+    for (int ph = 0; ph < 2; ph++)
+        for (int s = 0; s < 2; s++)
+            if (pl->slot[ph][s] >= 0) {
+#define KEEP_DYN(name, size) A_(a->name[ph][s], sz[DCS_ACT_##size]);
+                DCS_KEPT_DYN(KEEP_DYN)
+#undef KEEP_DYN
             }
-    }
-    A_(a->z, MD);
-    A_(a->ao, MD);
-    if (!pl->parallel_residual) A_(a->h, MD);
-    A_(a->ln2, MD);
-    A_(a->u, MF);
-    A_(a->ug, MF);
-    A_(a->mo, MD);
-    if (pl->mlp == DCS_MLP_SWIGLU) A_(a->u3, MF);
-    if (pl->mlp_gate > 0) A_(a->gate, (MD / (size_t)c->d_model) * (size_t)pl->mlp_gate);
-    if (pl->moh) {
-        const size_t M = MD / (size_t)c->d_model, N = c->n_head, hs = c->moh_shared;
-        A_(a->zpre, MD);
-        A_(a->hgate, M * N);
-        A_(a->rlg, M * (N - hs));
-        if (hs > 1) A_(a->rs1, M * hs);
-        if (hs > 0) A_(a->rs0, M * 2);
-    }
     return ok;
 }
 

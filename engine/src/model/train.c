@@ -58,13 +58,10 @@ static void rewire(dcs_model *m, float *from, float *to) {
         if (*top[i] == from) *top[i] = to;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         dcs_layer_weights *w = &m->layers[l];
-        float **f[] = {&w->attn_norm_w, &w->attn_norm_b, &w->ffn_norm_w, &w->ffn_norm_b, &w->wqkv,
-                       &w->bqkv,        &w->wo,          &w->bo,         &w->q_scale,    &w->k_scale,
-                       &w->dw1,         &w->qkw,         &w->dd,         &w->w1,         &w->b1,
-                       &w->w2,          &w->b2,          &w->w3,         &w->mg,         &w->pre_sw,
-                       &w->post_sw,     &w->moh_wg,      &w->moh_wg1,    &w->moh_wg0};
-        for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-            if (*f[i] == from) *f[i] = to;
+#define REWIRE(field, name)                                                                                  \
+    if (w->field == from) w->field = to;
+        DCS_LAYER_PARAMS(REWIRE)
+#undef REWIRE
     }
 }
 
