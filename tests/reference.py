@@ -158,7 +158,16 @@ def hook_names(config):
     for l in range(h.L):
         b = f"blocks.{l}."
         a = b + "attn."
-        names += [b + "resid_pre", b + "ln_attn", a + "q", a + "k", a + "v"]
+        names += [
+            b + "resid_pre",
+            b + "ln_attn",
+            a + "q_input",
+            a + "k_input",
+            a + "v_input",
+            a + "q",
+            a + "k",
+            a + "v",
+        ]
         if h.composes:
             for phase in ("pre", "post"):
                 dyn = ["qw1", "qw2", "qdd"] if h.query_wise else ["qw1", "qw2", "kw1", "kw2", "qdd", "kdd"]
@@ -484,13 +493,32 @@ def _moh_gates(hk, a, x, wg, wg_1, wg_0, hs, k):
 # --------------------------------------------------------------------------- layers
 
 
-def attention(hk, W, h, l, x):
-    """One attention layer on the normed input x [T, D] -> out [T, D]."""
+def split_inputs(hk, W, h, l, q, k, v, resid, norm):
+    """hooks.md's attn.{q,k,v}_input [T, N, D]: the residual stream as each
+    head's Q, K, V input reads it, one copy per head, before the attention
+    norm. A copy an intervention rewrote is normed and projected per head:
+    head n's q (k, v) is then norm(copy n) through head n's rows (all heads
+    from their copies); otherwise q, k, v stay as the shared path gave them."""
+    a = f"blocks.{l}.attn."
+    out = []
+    for part, (name, y) in enumerate((("q_input", q), ("k_input", k), ("v_input", v))):
+        copies = hk(a + name, np.broadcast_to(resid[:, None, :], (resid.shape[0], h.N, h.D)).copy())
+        if a + name in hk.interventions:
+            y = np.stack([W.qkv(l, norm(copies[:, n]))[part][:, n] for n in range(h.N)], axis=1)
+        out.append(y)
+    return out
+
+
+def attention(hk, W, h, l, x, resid=None, norm=None):
+    """One attention layer on the normed input x [T, D] -> out [T, D]; resid
+    (the un-normed block input) and norm give the split q/k/v inputs."""
     a = f"blocks.{l}.attn."
     T, N, Dh = x.shape[0], h.N, h.Dh
 
-    # 1-3: projections, QK-norm, rotary
+    # 1-3: projections (through the split inputs), QK-norm, rotary
     q, k, v = W.qkv(l, x)  # [T, N, Dh] each
+    if resid is not None:
+        q, k, v = split_inputs(hk, W, h, l, q, k, v, resid, norm)
     if h.use_qk_norm:
         qs, ks = W.qk_norm_scales(l)
         q, k = rms_norm(q, QK_NORM_EPS, qs), rms_norm(k, QK_NORM_EPS, ks)
@@ -564,7 +592,8 @@ def block(hk, W, h, l, x):
     b = f"blocks.{l}."
     (wa, ba), (wf, bf) = W.norms(l)
     x = hk(b + "resid_pre", x)
-    attn_out = attention(hk, W, h, l, hk(b + "ln_attn", layer_norm(x, wa, ba, h.eps)))
+    ln = lambda r: layer_norm(r, wa, ba, h.eps)  # noqa: E731
+    attn_out = attention(hk, W, h, l, hk(b + "ln_attn", ln(x)), resid=x, norm=ln)
     mid = x + attn_out
     mlp_in = x if h.parallel else mid
     mlp_out = mlp(hk, W, l, hk(b + "ln_mlp", layer_norm(mlp_in, wf, bf, h.eps)))

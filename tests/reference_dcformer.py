@@ -134,7 +134,8 @@ def block(hk, W, h, l, x):
     b = f"blocks.{l}."
     (wa, _), (wf, _) = W.norms(l)
     x = hk(b + "resid_pre", x)
-    mid = x + attention(hk, W, h, l, hk(b + "ln_attn", rms_norm(x, h.eps, wa)))
+    rn = lambda r: rms_norm(r, h.eps, wa)  # noqa: E731
+    mid = x + attention(hk, W, h, l, hk(b + "ln_attn", rn(x)), resid=x, norm=rn)
     out = mlp_swiglu(hk, W, h, l, hk(b + "ln_mlp", rms_norm(mid, h.eps, wf)))
     return hk(b + "resid_post", mid + out)
 

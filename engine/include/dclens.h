@@ -192,6 +192,9 @@ typedef enum {
     DCS_HP_EMBED = 0,        /* embed                  [T, D]      global */
     DCS_HP_RESID_PRE,        /* resid_pre              [T, D]             */
     DCS_HP_LN_ATTN,          /* ln_attn                [T, D]             */
+    DCS_HP_Q_INPUT,          /* attn.q_input           [T, N, D]  (split  */
+    DCS_HP_K_INPUT,          /* attn.k_input           [T, N, D]   q/k/v  */
+    DCS_HP_V_INPUT,          /* attn.v_input           [T, N, D]   input) */
     DCS_HP_Q,                /* attn.q                 [T, N, Dh]         */
     DCS_HP_K,                /* attn.k                 [T, N, Dh]         */
     DCS_HP_V,                /* attn.v                 [T, N, Dh]         */

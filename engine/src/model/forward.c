@@ -70,6 +70,8 @@ static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks)
                 if (p != DCS_HP_SCORES_COMPOSED && p != DCS_HP_PATTERN && dcs_hook_exists(m, p) &&
                     hooks->want[dcs_hook_index(c->n_layer, p, l)])
                     branches = (c->query_wise || c->key_wise ? 3 : 5) + (c->use_sw ? 1 : 0);
+            for (int pt = DCS_HP_Q_INPUT; pt <= DCS_HP_V_INPUT; pt++) /* [M, N, D] as head_out */
+                if (hooks->want[dcs_hook_index(c->n_layer, pt, l)]) head_out = 1;
             if (hooks->want[dcs_hook_index(c->n_layer, DCS_HP_HEAD_OUT, l)]) head_out = 1;
         }
     /* M*T*N <= 2^24 * 2^24 * 2^12 = 2^60 floats: no overflow; totals in double.

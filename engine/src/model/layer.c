@@ -365,8 +365,42 @@ static void attention_out(dcs_pass *p, int l, float *z, float *out) {
     dcs_pass_hook(p, DCS_HP_ATTN_OUT, l, out);
 }
 
-/* Attention of layer l on h [M, D] (normed); result in out [M, D]. */
-static void attention(dcs_pass *p, int l, const float *h, float *out) {
+/* TransformerLens's split q/k/v input (hooks.md): when a hook asks for
+ * attn.{q,k,v}_input of layer l (part 0, 1, 2), the residual stream x
+ * [M, D] as each head reads it is materialised, [M, N, D], and hooked. A
+ * copy the hook wrote is normed and projected per head into that head's
+ * rows of dst (q, k or v [M, N, Dh], before q/k norm and rotary), replacing
+ * what the shared product gave; a read leaves dst as it is. */
+static void split_input(dcs_pass *p, int l, int part, const float *x, float *dst) {
+    const dcs_config *c = &p->m->cfg;
+    const dcs_layer_weights *lw = &p->m->layers[l];
+    dcs_backend *be = p->be;
+    const int M = p->M, D = c->d_model, N = c->n_head, Dh = c->head_dim, point = DCS_HP_Q_INPUT + part;
+    if (!dcs_pass_wants(p, point, l)) return;
+    float *xin = dcs_pass_alloc(p, M, N, D);
+    if (p->status) return;
+    for (int n = 0; n < N; n++) be->ops->copy2d(be, xin + (size_t)n * D, (size_t)N * D, x, D, M, D);
+    if (dcs_pass_hook(p, point, l, xin)) {
+        float *xn = dcs_pass_alloc(p, M, D, 1), *ln = dcs_pass_alloc(p, M, D, 1),
+              *y = dcs_pass_alloc(p, M, Dh, 1);
+        const size_t es = dcs_dtype_size(lw->m_wqkv.dtype);
+        for (int n = 0; n < N && !p->status; n++) {
+            const size_t row = (size_t)part * D + (size_t)n * Dh; /* head n's first row of wqkv [3D, D] */
+            const dcs_wmat wn = {(const char *)lw->m_wqkv.p + row * D * es, lw->m_wqkv.dtype};
+            be->ops->copy2d(be, xn, D, xin + (size_t)n * D, (size_t)N * D, M, D);
+            dcs_pass_norm(p, p->m->plan[l].norm, ln, xn, lw->attn_norm_w, lw->attn_norm_b, M);
+            dcs_pass_linear(p, y, ln, wn, lw->bqkv ? lw->bqkv + row : NULL, M, Dh, D);
+            be->ops->copy2d(be, dst + (size_t)n * Dh, D, y, Dh, M, Dh);
+        }
+        dcs_pass_release(p, xn);
+        dcs_pass_release(p, ln);
+        dcs_pass_release(p, y);
+    }
+    dcs_pass_release(p, xin);
+}
+
+/* Attention of layer l on h [M, D], the normed x; result in out [M, D]. */
+static void attention(dcs_pass *p, int l, const float *x, const float *h, float *out) {
     dcs_model *m = p->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_plan *pl = &m->plan[l];
@@ -387,6 +421,10 @@ static void attention(dcs_pass *p, int l, const float *h, float *out) {
     be->ops->copy2d(be, k, D, qkv + D, 3 * D, M, D);
     be->ops->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
     dcs_pass_release(p, qkv);
+    split_input(p, l, 0, x, q);
+    split_input(p, l, 1, x, k);
+    split_input(p, l, 2, x, v);
+    if (p->status) return;
     if (pl->qk_norm) {
         if (kp) {
             be->ops->copy(be, kp->qraw, q, sizeof(float) * (size_t)M * D);
@@ -517,7 +555,7 @@ void dcs_layer(dcs_pass *p, int l, float *x) {
     if (p->status) return;
     dcs_pass_norm(p, pl->norm, h, x, lw->attn_norm_w, lw->attn_norm_b, M);
     dcs_pass_hook(p, DCS_HP_LN_ATTN, l, h);
-    attention(p, l, h, a);
+    attention(p, l, x, h, a);
     if (p->status || dcs_pass_cancelled(p)) return;
     if (pl->parallel_residual) {
         /* out = x + attn(ln1(x)) + mlp(ln2(x)) */

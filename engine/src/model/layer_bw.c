@@ -336,6 +336,42 @@ static void attention_out_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_Z, l, d->dz);
 }
 
+/* The split q/k/v input (layer.c, split_input): head n's q (part 0), k or
+ * v rows = LN(x) W_n^T + b_n, with x the block input. The gradient at
+ * attn.{q,k,v}_input [M, N, D], head n's copy: LN_bw(x, dy_n W_n), dy_n
+ * head n's columns of d->dqkv (the gradient of the projection, before q/k
+ * norm and rotary). Handed out only: the gradient reaching x through ln1
+ * is the sum of these over heads and parts, which the shared path gives. */
+static void split_input_bw(dcs_tape *tp, int l, const bwctx *bc, int part) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = m->be;
+    const int point = DCS_HP_Q_INPUT + part, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    if (!dcs_tape_wants_grad(bc->g, bc->n_g, point, l)) return;
+    float *dy = be->ops->alloc(be, sizeof(float) * (size_t)M * Dh);
+    float *dln = be->ops->alloc(be, sizeof(float) * (size_t)M * D);
+    float *dx = be->ops->alloc(be, sizeof(float) * (size_t)M * D);
+    if (!dy || !dln || !dx) tp->status = DCS_ERR_NOMEM;
+    const size_t es = dcs_dtype_size(lw->m_wqkv.dtype);
+    for (int n = 0; n < N && !tp->status; n++) {
+        const size_t row = (size_t)part * D + (size_t)n * Dh;
+        const dcs_wmat wn = {(const char *)lw->m_wqkv.p + row * D * es, lw->m_wqkv.dtype};
+        be->ops->copy2d(be, dy, Dh, tp->d.dqkv + row, 3 * D, M, Dh);
+        lin_bw(be, dln, 0.0f, NULL, NULL, dy, NULL, wn, M, Dh, D);
+        be->ops->zero(be, dx, sizeof(float) * (size_t)M * D);
+        norm_bw(tp, m->plan[l].norm, dx, NULL, NULL, dln, tp->L[l].x, lw->attn_norm_w);
+        for (int i = 0; i < bc->n_g; i++)
+            if (bc->g[i].point == point && bc->g[i].layer == l)
+                for (int r = 0; r < M; r++) /* host [M, N, D]: head n's row of token r */
+                    be->ops->download(be, bc->g[i].grad + ((size_t)r * N + n) * D, dx + (size_t)r * D,
+                                      sizeof(float) * D);
+    }
+    be->ops->free(be, dy);
+    be->ops->free(be, dln);
+    be->ops->free(be, dx);
+}
+
 /* Attention of layer l (layer.c, attention): from d->dao to d->dln1
  * (written), through the output, the MoH gate, the maps (or the fused
  * kernel), rotary and q/k norms, the qkv product and the dynamic weights. */
@@ -372,6 +408,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
     }
     be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
+    for (int part = 0; part < 3; part++) split_input_bw(tp, l, bc, part);
     lin_bw(be, d->dln1, 0.0f, gw->wqkv, gw->bqkv, d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
     if (pl->dcmha) dynamic_weights_bw(tp, l, bc);

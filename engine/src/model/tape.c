@@ -54,9 +54,15 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
         if (tokens[i] < 0 || tokens[i] >= V)
             return dcs_seterr(&m->err, DCS_ERR_ARG,
                               "token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, V);
-    for (int i = 0; i < n_ov; i++)
+    for (int i = 0; i < n_ov; i++) {
         if (!ov[i].data || !runs_point(tp, ov[i].point, ov[i].layer))
             return bad_point(tp, "override", i, ov[i].point, ov[i].layer);
+        if (ov[i].point >= DCS_HP_Q_INPUT && ov[i].point <= DCS_HP_V_INPUT)
+            return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
+                              "tape: an override of %s (layer %d) is not differentiated: the split input is "
+                              "read by gradients, not replaced; patch it in a forward pass",
+                              dcs_hook_point_name(ov[i].point), ov[i].layer);
+    }
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
     tp->status = DCS_OK;
     tp->have_forward = 0;
