@@ -169,6 +169,7 @@ def hook_names(config):
             a + "v",
         ]
         if h.composes:
+            names.append(a + "dyn_input")
             for phase in ("pre", "post"):
                 dyn = ["qw1", "qw2", "qdd"] if h.query_wise else ["qw1", "qw2", "kw1", "kw2", "qdd", "kdd"]
                 if h.key_wise:
@@ -186,6 +187,7 @@ def hook_names(config):
             a + "z",
             a + "head_out",
             a + "out",
+            b + "mlp_input",
             b + "ln_mlp",
             b + "mlp.pre",
             b + "mlp.post",
@@ -530,7 +532,12 @@ def attention(hk, W, h, l, x, resid=None, norm=None):
     if h.composes:
         dw1, qkw, dd = W.dyn(l)
         R = qkw.shape[3] // 2
-        w1, w2, g = dynamic_weights(x, dw1, qkw, dd, R)
+        xd = x  # the dynamic-weight MLP reads the normed input, or its own split input
+        if resid is not None:
+            copy = hk(a + "dyn_input", np.array(resid, copy=True))
+            if a + "dyn_input" in hk.interventions:
+                xd = norm(copy)
+        w1, w2, g = dynamic_weights(xd, dw1, qkw, dd, R)
         dyn = {}
         for phase, (cq, ck) in (("pre", (0, 1)), ("post", (2, 3))):
             p = f"{a}dyn.{phase}."
@@ -596,7 +603,7 @@ def block(hk, W, h, l, x):
     attn_out = attention(hk, W, h, l, hk(b + "ln_attn", ln(x)), resid=x, norm=ln)
     mid = x + attn_out
     mlp_in = x if h.parallel else mid
-    mlp_out = mlp(hk, W, l, hk(b + "ln_mlp", layer_norm(mlp_in, wf, bf, h.eps)))
+    mlp_out = mlp(hk, W, l, hk(b + "ln_mlp", layer_norm(hk(b + "mlp_input", mlp_in), wf, bf, h.eps)))
     return hk(b + "resid_post", mid + mlp_out)
 
 

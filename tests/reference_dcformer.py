@@ -136,7 +136,7 @@ def block(hk, W, h, l, x):
     x = hk(b + "resid_pre", x)
     rn = lambda r: rms_norm(r, h.eps, wa)  # noqa: E731
     mid = x + attention(hk, W, h, l, hk(b + "ln_attn", rn(x)), resid=x, norm=rn)
-    out = mlp_swiglu(hk, W, h, l, hk(b + "ln_mlp", rms_norm(mid, h.eps, wf)))
+    out = mlp_swiglu(hk, W, h, l, hk(b + "ln_mlp", rms_norm(hk(b + "mlp_input", mid), h.eps, wf)))
     return hk(b + "resid_post", mid + out)
 
 

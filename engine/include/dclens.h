@@ -198,6 +198,7 @@ typedef enum {
     DCS_HP_Q,                /* attn.q                 [T, N, Dh]         */
     DCS_HP_K,                /* attn.k                 [T, N, Dh]         */
     DCS_HP_V,                /* attn.v                 [T, N, Dh]         */
+    DCS_HP_DYN_INPUT,        /* attn.dyn_input         [T, D]     (DCMHA) */
     DCS_HP_DYN_PRE_QW1,      /* attn.dyn.pre.qw1       [T, R, N]          */
     DCS_HP_DYN_PRE_QW2,      /* attn.dyn.pre.qw2       [T, R, N]          */
     DCS_HP_DYN_PRE_KW1,      /* attn.dyn.pre.kw1       [S, R, N]          */
@@ -231,6 +232,7 @@ typedef enum {
     DCS_HP_Z,                /* attn.z                 [T, N, Dh] (gated) */
     DCS_HP_HEAD_OUT,         /* attn.head_out          [T, N, D]          */
     DCS_HP_ATTN_OUT,         /* attn.out               [T, D]             */
+    DCS_HP_MLP_INPUT,        /* mlp_input              [T, D]             */
     DCS_HP_LN_MLP,           /* ln_mlp                 [T, D]             */
     DCS_HP_MLP_PRE,          /* mlp.pre                [T, F]             */
     /* DCFormer++ SwiGLU MLP (model_type dcformer); mlp.pre is w1 x there,

@@ -399,6 +399,21 @@ static void split_input(dcs_pass *p, int l, int part, const float *x, float *dst
     dcs_pass_release(p, xin);
 }
 
+/* The residual stream x [M, D] as one more reader of it sees it (hooks.md's
+ * split inputs attn.dyn_input, mlp_input): when the point is asked, its hook
+ * on a copy; the copy if the hook wrote it (the caller norms that one for
+ * its reader and releases it), else x. */
+static const float *split_copy(dcs_pass *p, int l, int point, const float *x) {
+    if (!dcs_pass_wants(p, point, l)) return x;
+    const size_t n = (size_t)p->M * p->m->cfg.d_model;
+    float *copy = dcs_pass_alloc(p, (int64_t)n, 1, 1);
+    if (p->status) return x;
+    p->be->ops->copy(p->be, copy, x, n * sizeof(float));
+    if (dcs_pass_hook(p, point, l, copy)) return copy;
+    dcs_pass_release(p, copy);
+    return x;
+}
+
 /* Attention of layer l on h [M, D], the normed x; result in out [M, D]. */
 static void attention(dcs_pass *p, int l, const float *x, const float *h, float *out) {
     dcs_model *m = p->m;
@@ -441,7 +456,14 @@ static void attention(dcs_pass *p, int l, const float *x, const float *h, float 
 
     dyn_weights dw;
     memset(&dw, 0, sizeof dw);
-    if (pl->dcmha) dynamic_weights(p, l, h, &dw);
+    if (pl->dcmha) { /* the dynamic-weight MLP reads h, or its own split input */
+        const float *xd = split_copy(p, l, DCS_HP_DYN_INPUT, x);
+        float *hd = xd != x ? dcs_pass_alloc(p, M, D, 1) : NULL;
+        if (hd) dcs_pass_norm(p, pl->norm, hd, xd, lw->attn_norm_w, lw->attn_norm_b, M);
+        if (!p->status) dynamic_weights(p, l, hd ? hd : h, &dw);
+        dcs_pass_release(p, (float *)(uintptr_t)(xd != x ? xd : NULL));
+        dcs_pass_release(p, hd);
+    }
     if (p->status) return;
     keys_view kv = {k, v, p->T, 0, pl->window};
     if (kc) { /* the new keys are held from here on (undone on failure by the decoder) */
@@ -540,6 +562,15 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
     dcs_pass_hook(p, DCS_HP_MLP_OUT, l, out);
 }
 
+/* h2 [M, D] = the MLP's norm of x (x + attn.out when sequential), through
+ * the split input mlp_input when a hook asks for it. */
+static void mlp_norm(dcs_pass *p, int l, float *h2, const float *x) {
+    const dcs_layer_weights *lw = &p->m->layers[l];
+    const float *xm = split_copy(p, l, DCS_HP_MLP_INPUT, x);
+    dcs_pass_norm(p, p->m->plan[l].norm, h2, xm, lw->ffn_norm_w, lw->ffn_norm_b, p->M);
+    if (xm != x) dcs_pass_release(p, (float *)(uintptr_t)xm);
+}
+
 void dcs_layer(dcs_pass *p, int l, float *x) {
     const dcs_config *c = &p->m->cfg;
     const dcs_layer_plan *pl = &p->m->plan[l];
@@ -559,7 +590,7 @@ void dcs_layer(dcs_pass *p, int l, float *x) {
     if (p->status || dcs_pass_cancelled(p)) return;
     if (pl->parallel_residual) {
         /* out = x + attn(ln1(x)) + mlp(ln2(x)) */
-        dcs_pass_norm(p, pl->norm, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
+        mlp_norm(p, l, h2, x);
         dcs_pass_hook(p, DCS_HP_LN_MLP, l, h2);
         mlp(p, l, h2, o);
         be->ops->add(be, x, a, (size_t)M * D);
@@ -568,7 +599,7 @@ void dcs_layer(dcs_pass *p, int l, float *x) {
         /* h = x + attn(ln1(x)); out = h + mlp(ln2(h)) */
         be->ops->add(be, x, a, (size_t)M * D);
         if (kp) be->ops->copy(be, kp->h, x, bytes);
-        dcs_pass_norm(p, pl->norm, h2, x, lw->ffn_norm_w, lw->ffn_norm_b, M);
+        mlp_norm(p, l, h2, x);
         dcs_pass_hook(p, DCS_HP_LN_MLP, l, h2);
         mlp(p, l, h2, o);
         be->ops->add(be, x, o, (size_t)M * D);

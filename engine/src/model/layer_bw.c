@@ -44,7 +44,7 @@ static void norm_bw(dcs_tape *tp, int kind, float *dx, float *dw, float *db, con
  * normalised over each group's heads) and w2, gates g = tanh(ln1 dd). From
  * their gradients (d->dw1, dw2, ddd, filled by the compose backward) into
  * d->dln1 (+=) and the parameter gradients. */
-static void dynamic_weights_bw(dcs_tape *tp, int l, const bwctx *bc) {
+static void dynamic_weights_bw(dcs_tape *tp, int l, const bwctx *bc, float *dh, int params) {
     const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
@@ -91,7 +91,7 @@ static void dynamic_weights_bw(dcs_tape *tp, int l, const bwctx *bc) {
     /* w[:, gc] = hid[:, gc] qkw[gc] */
     be->ops->gemm(be, 0, 1, M, K, RM2, 1.0f, d->dW, GC * RM2, RM2, lw->qkw, RM2, (long long)K * RM2, 0.0f,
                   d->dhid, GC * K, K, GC);
-    float *gq = gw->qkw;
+    float *gq = params ? gw->qkw : NULL;
     if (gq)
         be->ops->gemm(be, 1, 0, K, RM2, M, 1.0f, a->hid, GC * K, K, d->dW, GC * RM2, RM2, 1.0f, gq, RM2,
                       (long long)K * RM2, GC);
@@ -100,17 +100,17 @@ static void dynamic_weights_bw(dcs_tape *tp, int l, const bwctx *bc) {
     be->ops->gelu_bw(be, dhpre, dhpre, a->hpre, (size_t)M * GC * K);
     /* dln1 += dhpre [M, GC*K] dw1 [D, GC*K]^T */
     if (lw->m_dw1.dtype == DCS_F32 || !be->ops->gemm_w)
-        be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f, d->dln1,
-                      D, 0, 1);
+        be->ops->gemm(be, 0, 1, M, D, GC * K, 1.0f, dhpre, GC * K, 0, lw->m_dw1.p, GC * K, 0, 1.0f, dh, D, 0,
+                      1);
     else
-        be->ops->gemm_w(be, 1, M, D, GC * K, dhpre, GC * K, lw->m_dw1, 1.0f, d->dln1, D);
-    float *gdw1 = gw->dw1;
+        be->ops->gemm_w(be, 1, M, D, GC * K, dhpre, GC * K, lw->m_dw1, 1.0f, dh, D);
+    float *gdw1 = params ? gw->dw1 : NULL;
     if (gdw1)
         be->ops->gemm(be, 1, 0, D, GC * K, M, 1.0f, a->ln1, D, 0, dhpre, GC * K, 0, 1.0f, gdw1, GC * K, 0, 1);
     /* g = tanh(ln1 dd): [M, GC*Mg] = [M, C*N] */
     be->ops->tanh_bw(be, d->dG, a->g, (size_t)M * C * N);
-    be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, d->dln1, D, 0, 1);
-    float *gdd = gw->dd;
+    be->ops->gemm(be, 0, 1, M, D, C * N, 1.0f, d->dG, C * N, 0, lw->dd, C * N, 0, 1.0f, dh, D, 0, 1);
+    float *gdd = params ? gw->dd : NULL;
     if (gdd)
         be->ops->gemm(be, 1, 0, D, C * N, M, 1.0f, a->ln1, D, 0, d->dG, C * N, 0, 1.0f, gdd, C * N, 0, 1);
 }
@@ -372,6 +372,36 @@ static void split_input_bw(dcs_tape *tp, int l, const bwctx *bc, int part) {
     be->ops->free(be, dx);
 }
 
+/* A split input read by one reader's norm (layer.c, split_copy: attn.dyn_input,
+ * mlp_input). Called twice: with dh NULL it gives a zeroed [M, D] buffer
+ * for the reader's backward to accumulate the gradient of its normed input
+ * into; with that buffer it hands out the gradient at the split input,
+ * LN_bw(x, dh) (norm weight w, no parameter gradient: the caller's
+ * backward adds those). NULL with tp->status set when out of memory. */
+static float *split_grad(dcs_tape *tp, int l, const bwctx *bc, int point, const float *w, const float *x,
+                         float *dh) {
+    dcs_backend *be = tp->m->be;
+    const size_t bytes = sizeof(float) * (size_t)tp->M * tp->m->cfg.d_model;
+    if (!dh) {
+        float *z = be->ops->alloc(be, bytes);
+        if (!z)
+            tp->status = DCS_ERR_NOMEM;
+        else
+            be->ops->zero(be, z, bytes);
+        return z;
+    }
+    float *dx = be->ops->alloc(be, bytes);
+    if (!dx) {
+        tp->status = DCS_ERR_NOMEM;
+        return NULL;
+    }
+    be->ops->zero(be, dx, bytes);
+    norm_bw(tp, tp->m->plan[l].norm, dx, NULL, NULL, dh, x, w);
+    dcs_tape_grad_capture(tp, bc->g, bc->n_g, point, l, dx);
+    be->ops->free(be, dx);
+    return dh;
+}
+
 /* Attention of layer l (layer.c, attention): from d->dao to d->dln1
  * (written), through the output, the MoH gate, the maps (or the fused
  * kernel), rotary and q/k norms, the qkv product and the dynamic weights. */
@@ -411,7 +441,17 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     for (int part = 0; part < 3; part++) split_input_bw(tp, l, bc, part);
     lin_bw(be, d->dln1, 0.0f, gw->wqkv, gw->bqkv, d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
-    if (pl->dcmha) dynamic_weights_bw(tp, l, bc);
+    if (pl->dcmha) dynamic_weights_bw(tp, l, bc, d->dln1, 1);
+    if (pl->dcmha && dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_DYN_INPUT, l)) {
+        /* its part alone again, for the split input attn.dyn_input (no
+         * parameter gradient twice; nothing else changes) */
+        float *dh = split_grad(tp, l, bc, DCS_HP_DYN_INPUT, lw->attn_norm_w, a->x, NULL);
+        if (dh) {
+            dynamic_weights_bw(tp, l, bc, dh, 0);
+            split_grad(tp, l, bc, DCS_HP_DYN_INPUT, lw->attn_norm_w, a->x, dh);
+            be->ops->free(be, dh);
+        }
+    }
     if (pl->moh) /* the router read ln1 too */
         be->ops->add(be, d->dln1, d->dmoh, (size_t)M * D);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_ATTN, l, d->dln1);
@@ -475,6 +515,29 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
 }
 
+/* The MLP's norm of x (layer.c, mlp_norm): d->dx += its backward from
+ * d->dln2, through the split input mlp_input when its gradient is asked. */
+static void mlp_norm_bw(dcs_tape *tp, int l, const bwctx *bc, const float *x) {
+    const dcs_layer_grads *gw = &bc->lg[l];
+    const dcs_layer_weights *lw = &tp->m->layers[l];
+    const int norm = tp->m->plan[l].norm;
+    tgrads *d = &tp->d;
+    norm_bw(tp, norm, d->dx, gw->ffn_norm_w, gw->ffn_norm_b, d->dln2, x, lw->ffn_norm_w);
+    if (!dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_MLP_INPUT, l)) return;
+    /* its part alone again (no parameter gradient twice; nothing else changes) */
+    dcs_backend *be = tp->m->be;
+    const size_t n = (size_t)tp->M * tp->m->cfg.d_model;
+    float *dm = be->ops->alloc(be, n * sizeof(float));
+    if (!dm) {
+        tp->status = DCS_ERR_NOMEM;
+        return;
+    }
+    be->ops->zero(be, dm, n * sizeof(float));
+    norm_bw(tp, norm, dm, NULL, NULL, d->dln2, x, lw->ffn_norm_w);
+    dcs_tape_grad_capture(tp, bc->g, bc->n_g, DCS_HP_MLP_INPUT, l, dm);
+    be->ops->free(be, dm);
+}
+
 /* Block l (layer.c, dcs_layer): out = x + attn(ln1 x) + mlp(ln2 x) with a
  * parallel residual, else h = x + attn(ln1 x), out = h + mlp(ln2 h). From
  * d->dx at resid_post to d->dx at resid_pre. */
@@ -499,8 +562,7 @@ void dcs_layer_bw(dcs_tape *tp, int l, const bwctx *bc) {
     else
         d->dmo = d->dx;
     mlp_bw(tp, l, bc);
-    if (!pl->parallel_residual)
-        norm_bw(tp, pl->norm, d->dx, gw->ffn_norm_w, gw->ffn_norm_b, d->dln2, a->h, lw->ffn_norm_w);
+    if (!pl->parallel_residual) mlp_norm_bw(tp, l, bc, a->h);
     if (cut_ao)
         be->ops->copy(be, dao, d->dx, sizeof(float) * (size_t)M * D);
     else
@@ -508,8 +570,7 @@ void dcs_layer_bw(dcs_tape *tp, int l, const bwctx *bc) {
     attention_bw(tp, l, bc);
     d->dmo = dmo;
     d->dao = dao;
-    if (pl->parallel_residual)
-        norm_bw(tp, pl->norm, d->dx, gw->ffn_norm_w, gw->ffn_norm_b, d->dln2, a->x, lw->ffn_norm_w);
+    if (pl->parallel_residual) mlp_norm_bw(tp, l, bc, a->x);
     norm_bw(tp, pl->norm, d->dx, gw->attn_norm_w, gw->attn_norm_b, d->dln1, a->x, lw->attn_norm_w);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_RESID_PRE, l, d->dx);
 }
