@@ -204,15 +204,20 @@ def _weights(name):
 
 
 def ov_logits_reference(name, layer, head, tokens):
-    """Eqn 12 written here from hooks.md with the reference's weight roles, float64:
-    e = Embed(x) + MLP_0(LN_mlp,0(Embed(x))); logits = Unembed(LN_attn,l(e) W_V,n W_O,n) (no V/O biases)."""
+    """The OV read-out of circuits.ov_logits (default resid="direct", docs/api.md "OV
+    read-out") written here from hooks.md with the reference's weight roles, float64:
+    the input head (layer, head) reads along the token's direct path, no attention,
+    e = Embed(x); for j < layer: e = e + MLP_j(LN_mlp,j(e)) (a layer-0 head reads the
+    bare embedding; at layer 1 this is Eqn 12), then
+    logits = Unembed(LN_attn,layer(e) W_V,n W_O,n) (no V/O biases)."""
     import reference as R
 
     W, h = _weights(name)
     e = W.embed()[np.asarray(tokens)]
-    (_, _), (w2, b2) = W.norms(0)
-    w_in, b_in, w_out, b_out = W.mlp(0)
-    e = e + R.linear(R.gelu(R.linear(R.layer_norm(e, w2, b2, h.eps), w_in, b_in)), w_out, b_out)
+    for j in range(layer):
+        (_, _), (w2, b2) = W.norms(j)
+        w_in, b_in, w_out, b_out = W.mlp(j)
+        e = e + R.linear(R.gelu(R.linear(R.layer_norm(e, w2, b2, h.eps), w_in, b_in)), w_out, b_out)
     (w1, b1), _ = W.norms(layer)
     x = R.layer_norm(e, w1, b1, h.eps)
     v = W.qkv(layer, x)[2] - W.qkv(layer, np.zeros_like(x))[2]  # [K, N, Dh], bias removed
@@ -222,16 +227,19 @@ def ov_logits_reference(name, layer, head, tokens):
 
 
 def test_reference_ov_readout_matches_the_engine():
-    """The test's own Eqn 12 agrees with dclens.circuits (so either can check the notebooks)."""
+    """The test's own OV read-out (the direct path) agrees with dclens.circuits' default
+    at layer 0 (bare embedding), layer 1 (Eqn 12) and the last layer (every earlier MLP),
+    so either can check the notebooks."""
     from dclens import circuits
 
     for name in ("dcpythia-tiny", "pythia-tiny"):
         m = _load(name)
         toks = [5, 77, 300]
-        got = circuits.ov_logits(m, 1, 2, toks)
-        want = ov_logits_reference(name, 1, 2, toks)
-        # OV then the unembedding, float32 (reductions of length D = 192), vs float64
-        assert np.abs(got - want).max() <= f32_tol(192, 3, want.size) * np.abs(want).max()
+        for layer in sorted({0, 1, m.config.n_layer - 1}):
+            got = circuits.ov_logits(m, layer, 2, toks)
+            want = ov_logits_reference(name, layer, 2, toks)
+            # OV then the unembedding, float32 (reductions of length D = 192), vs float64
+            assert np.abs(got - want).max() <= f32_tol(192, 3, want.size) * np.abs(want).max(), (name, layer)
 
 
 def check_01(f):
