@@ -40,7 +40,7 @@ from .model import (
 from .heatmaps import PNG, attention_heatmap, heatmap
 from .bundled import BundledModel, bundled_models
 from . import analysis, attribution, circuits, grad, interventions, memplan, routing
-from . import cache, names, patching
+from . import cache, graph, names, patching
 from .names import BRANCHES, PHASES, hook_name, hook_names
 from .hooks import HookPoint, read_only
 from . import blas, hub, progress
@@ -93,6 +93,7 @@ __all__ = [
     "memplan",
     "names",
     "patching",
+    "graph",
     "progress",
     "read_only",
     "routing",

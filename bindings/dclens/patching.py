@@ -85,6 +85,7 @@ def logit_diff(correct: int, wrong: int, pos: int = -1) -> Metric:
         x = _metric_row(logits, pos, (("correct", correct), ("wrong", wrong)))
         return float(x[correct]) - float(x[wrong])
 
+    metric.target = ("logit_diff", pos, correct, wrong)  # type: ignore[attr-defined]  # its gradient: graph.attribute
     return metric
 
 
@@ -107,6 +108,7 @@ def logprob(token: int, pos: int = -1) -> Metric:
         m = x.max()
         return float(x[token] - m - np.log(np.exp(x - m).sum()))
 
+    metric.target = ("logprob", pos, token)  # type: ignore[attr-defined]
     return metric
 
 

@@ -1,0 +1,561 @@
+"""The model as a graph of edges, for circuits (issue 37): edges between
+senders and receivers through the residual stream, and, in DCMHA, the edges
+by which one head lends its scores or weights to another through a compose
+branch. Exact edge patching (the reference), edge attribution (EAP, and its
+integrated-gradients form EAP-IG), circuits and their faithfulness.
+
+    g = dclens.graph.build(model)
+    g.edges[:3]            # ['embed->L0.H0.q', 'embed->L0.H0.k', 'embed->L0.H0.v']
+    s = dclens.graph.attribute(model, clean, corrupted, ("logit_diff", -1, good, bad), method="eap-ig")
+    s.top(10)              # [(edge, score), ...] largest |score| first
+    c = s.circuit(top_n=50)
+    dclens.graph.faithfulness(model, c, clean, corrupted, metric)
+
+Nodes (docs/circuits.md):
+- senders: ``embed``, ``L{l}.H{h}`` (the head's output, attn.head_out),
+  ``L{l}.mlp`` (mlp.out);
+- receivers: ``L{l}.H{h}.q`` / ``.k`` / ``.v`` (the residual as that head's
+  Q, K, V input reads it: attn.{q,k,v}_input), ``L{l}.dyn`` (the residual the
+  layer's dynamic-weight MLP reads: attn.dyn_input; DCMHA only), ``L{l}.mlp``
+  (mlp_input), ``logits`` (the final norm's input).
+Edges:
+- residual ``"{sender}->{receiver}"`` for every sender upstream of the
+  receiver (a head of layer l reaches the MLP of layer l only in a
+  sequential block);
+- composition, DCMHA only: ``"L{l}.H{m}->L{l}.H{n}.{pre|post}.{qp|kp}"``
+  (source head m's phase input, the raw scores for pre, the softmax pattern
+  for post, as lent to target head n through that branch; ``static`` too on
+  Talking-Heads models; pairs across compose groups left out; the branches
+  a query- or key-wise model lacks left out), and the self branches
+  ``"L{l}.H{n}->L{l}.H{n}.{pre|post}.{skip|qg|kg}"``.
+
+Patching a set of edges: each receiver sees, for each patched edge into it,
+the sender's value in the corrupted run in place of its value in this run
+(residual: the difference added to the receiver's input before its norm;
+composition: the source head's corrupted phase input times this run's map
+entry), and everything else as this run computes it. So no edge gives the
+clean run and every edge the corrupted one (tested to float32 rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._checks import ArgumentError, Error, check_index, unknown_name
+from .hooks import read_only
+from .names import hook_name
+
+BRANCH_COEF = ("qp", "kp", "static")  # branches through which a head lends to others
+SELF_BRANCHES = ("skip", "qg", "kg")
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """One edge: its name and where patching or attributing it reads and writes."""
+
+    name: str
+    kind: str  # "resid" or "comp"
+    sender: str  # node name
+    receiver: str  # node name ("L3.H2.q", "logits", ...) or, for "comp", "L{l}.H{n}.{phase}.{branch}"
+    layer: int  # the receiver's layer (-1: logits)
+    head: int  # the receiver's head (-1: none)
+    src_head: int = -1  # comp: the source head
+    phase: str = ""  # comp: "pre" / "post"
+    branch: str = ""  # comp: skip, qp, kp, qg, kg, static
+
+
+@dataclasses.dataclass
+class Graph:
+    """Nodes and edges of a model (build): ``edges`` names, stable across runs."""
+
+    senders: List[str]
+    receivers: List[str]
+    edges: List[str]
+    detail: Dict[str, Edge]
+    n_layer: int
+    n_head: int
+
+    def index(self, names: Sequence[str]) -> List[int]:
+        """Positions of edge names in ``edges``; an unknown name is an Error with the closest names."""
+        pos = {e: i for i, e in enumerate(self.edges)}
+        out = []
+        for n in names:
+            if n not in pos:
+                raise unknown_name("edge", n, self.edges, "", "graph.build(model).edges")
+            out.append(pos[n])
+        return out
+
+
+def _sender_hook(s: str) -> Tuple[str, int]:
+    """(hook name, head or -1) of a sender node."""
+    if s == "embed":
+        return "embed", -1
+    l, rest = s[1:].split(".", 1)
+    if rest == "mlp":
+        return hook_name(int(l), "mlp.out"), -1
+    return hook_name(int(l), "attn.head_out"), int(rest[1:])
+
+
+def _receiver_hook(r: str, n_layer: int) -> Tuple[str, int]:
+    """(hook name, head or -1) where a residual edge into receiver r is patched."""
+    if r == "logits":
+        return hook_name(n_layer - 1, "resid_post"), -1
+    parts = r.split(".")
+    l = int(parts[0][1:])
+    if parts[1] == "dyn":
+        return hook_name(l, "attn.dyn_input"), -1
+    if parts[1] == "mlp":
+        return "blocks.%d.mlp_input" % l, -1
+    return hook_name(l, "attn.%s_input" % parts[2]), int(parts[1][1:])
+
+
+def build(model) -> "Graph":
+    """The model's graph: senders, receivers and every edge (module docstring)."""
+    c, plan = model.config, model.plan
+    L, N = c.n_layer, c.n_head
+    senders, receivers, edges = ["embed"], [], []
+    detail: Dict[str, Edge] = {}
+    G = max(1, c.compose_groups if c.use_dcmha else 1)
+
+    def add(e: Edge) -> None:
+        edges.append(e.name)
+        detail[e.name] = e
+
+    for l in range(L):
+        pl = plan[l]
+        heads_rx = ["L%d.H%d.%s" % (l, h, x) for h in range(N) for x in ("q", "k", "v")]
+        layer_rx = heads_rx + (["L%d.dyn" % l] if pl.dcmha else [])
+        for r in layer_rx:
+            receivers.append(r)
+            head = int(r.split(".")[1][1:]) if ".H" in r else -1
+            for s in senders:
+                add(Edge("%s->%s" % (s, r), "resid", s, r, l, head))
+        # composition inside the layer
+        if pl.dcmha:
+            for ph in ("pre", "post"):
+                for n in range(N):
+                    for b in SELF_BRANCHES:
+                        if _has_branch(model, l, ph, b):
+                            add(
+                                Edge(
+                                    "L%d.H%d->L%d.H%d.%s.%s" % (l, n, l, n, ph, b),
+                                    "comp",
+                                    "L%d.H%d" % (l, n),
+                                    "L%d.H%d.%s.%s" % (l, n, ph, b),
+                                    l,
+                                    n,
+                                    n,
+                                    ph,
+                                    b,
+                                )
+                            )
+                    for b in BRANCH_COEF:
+                        if not _has_branch(model, l, ph, b):
+                            continue
+                        for m in range(N):
+                            if m * G // N != n * G // N:
+                                continue  # across compose groups: zero weight
+                            add(
+                                Edge(
+                                    "L%d.H%d->L%d.H%d.%s.%s" % (l, m, l, n, ph, b),
+                                    "comp",
+                                    "L%d.H%d" % (l, m),
+                                    "L%d.H%d.%s.%s" % (l, n, ph, b),
+                                    l,
+                                    n,
+                                    m,
+                                    ph,
+                                    b,
+                                )
+                            )
+        heads_tx = ["L%d.H%d" % (l, h) for h in range(N)]
+        mlp_rx = "L%d.mlp" % l
+        receivers.append(mlp_rx)
+        upstream = senders + ([] if pl.parallel_residual else heads_tx)
+        for s in upstream:
+            add(Edge("%s->%s" % (s, mlp_rx), "resid", s, mlp_rx, l, -1))
+        senders += heads_tx + ["L%d.mlp" % l]
+    receivers.append("logits")
+    for s in senders:
+        add(Edge("%s->logits" % s, "resid", s, "logits", -1, -1))
+    return Graph(senders, receivers, edges, detail, L, N)
+
+
+def _has_branch(model, l: int, phase: str, branch: str) -> bool:
+    return hook_name(l, "attn.%s.%s" % (phase, branch)) in model.runner.hook_table.key
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _pairs(model, clean, corrupted) -> Tuple[np.ndarray, np.ndarray]:
+    """Clean and corrupted prompts as [B, T] int arrays of one length."""
+
+    def rows(x, what):
+        if isinstance(x, str):
+            x = [x]
+        if isinstance(x, (list, tuple)) and x and all(isinstance(s, str) for s in x):
+            x = [model.to_tokens(s) for s in x]
+            if len({r.size for r in x}) != 1:
+                raise ArgumentError(
+                    "%s: the prompts have different token lengths (%s); edge patching needs one length "
+                    "(pad them to one length first)" % (what, sorted({r.size for r in x}))
+                )
+            x = np.stack(x)
+        a = np.asarray(x)
+        if a.ndim == 1:
+            a = a[None]
+        if a.ndim != 2 or a.size == 0 or a.dtype.kind not in "iu":
+            raise ArgumentError("%s must be prompts: a string, a list of strings or [B, T] integer tokens" % what)
+        return a.astype(np.int64)
+
+    c, x = rows(clean, "clean"), rows(corrupted, "corrupted")
+    if c.shape != x.shape:
+        raise ArgumentError(
+            "clean and corrupted must pair up: %s vs %s tokens (same number of prompts, same lengths)"
+            % (c.shape, x.shape)
+        )
+    return c, x
+
+
+def _metric_values(metric: Callable, logits: np.ndarray) -> np.ndarray:
+    vals = np.array([float(metric(lg)) for lg in logits])
+    if not np.all(np.isfinite(vals)):
+        raise Error("metric: returned NaN or inf (%s)" % vals[~np.isfinite(vals)][:3])
+    return vals
+
+
+# ---------------------------------------------------------------- exact patching
+
+
+def _edges(graph: Graph, edges) -> List[Edge]:
+    if isinstance(edges, str) or not isinstance(edges, (list, tuple, set, frozenset)):
+        raise ArgumentError("edges must be a list of edge names (graph.edges), not %r" % (edges,))
+    graph.index(list(edges))  # unknown names: an Error with did-you-mean
+    return [graph.detail[e] for e in edges]
+
+
+def _sender_values(model, toks: np.ndarray, senders: Sequence[str]) -> Dict[str, np.ndarray]:
+    names = sorted({_sender_hook(s)[0] for s in senders})
+    _, cache = model.run_with_cache(toks, names=names)
+    return {n: np.asarray(cache[n]) for n in names}
+
+
+def _phase_names(l: int, phase: str, branch: str) -> List[str]:
+    """The hooks a composition edge's term reads: the phase input and the dynamic weights it needs."""
+    x = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
+    need = {"qp": ("qw1", "qw2"), "kp": ("kw1", "kw2"), "qg": ("qdd",), "kg": ("kdd",)}.get(branch, ())
+    return [x] + [hook_name(l, "attn.dyn.%s.%s" % (phase, w)) for w in need]
+
+
+def _comp_coef(model, e: Edge, vals: Dict[str, np.ndarray]) -> np.ndarray:
+    """[..., T, S] the map entry (source e.src_head -> target e.head) of the edge's branch."""
+    from . import routing
+
+    l, ph, m, n = e.layer, e.phase, e.src_head, e.head
+    d = lambda w: vals[hook_name(l, "attn.dyn.%s.%s" % (ph, w))].astype(np.float64)  # noqa: E731
+    X = vals[hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))]
+    T, S = X.shape[-2:]
+    if e.branch == "skip":
+        return np.ones(X.shape[:-3] + (T, S))
+    if e.branch == "qg":
+        return np.broadcast_to(d("qdd")[..., :, n, None], X.shape[:-3] + (T, S))
+    if e.branch == "kg":
+        return np.broadcast_to(d("kdd")[..., None, :, n], X.shape[:-3] + (T, S))
+    block = routing._group_block(model)[m, n]
+    if e.branch == "qp":
+        c = np.einsum("...tr,...tr->...t", d("qw1")[..., m], d("qw2")[..., n]) * block
+        return np.broadcast_to(c[..., :, None], X.shape[:-3] + (T, S))
+    if e.branch == "kp":
+        c = np.einsum("...sr,...sr->...s", d("kw1")[..., m], d("kw2")[..., n]) * block
+        return np.broadcast_to(c[..., None, :], X.shape[:-3] + (T, S))
+    W = routing.static_map(model, l, ph)
+    assert W is not None
+    return np.full(X.shape[:-3] + (T, S), W[m, n] * block)
+
+
+def _phase_input(vals: Dict[str, np.ndarray], e: Edge) -> np.ndarray:
+    X = vals[hook_name(e.layer, "attn.%s" % ("scores" if e.phase == "pre" else "pattern"))]
+    return X[..., e.src_head, :, :].astype(np.float64)
+
+
+def _masked(model, l: int, a: np.ndarray) -> np.ndarray:
+    from . import routing
+
+    T, S = a.shape[-2:]
+    return np.where(routing._mask(T, S, routing._window(model, l)), a, 0.0)
+
+
+def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph: Optional[Graph] = None) -> float:
+    """The metric (averaged over prompt pairs) of the clean run with exactly
+    ``edges`` patched from the corrupted run (module docstring). ``edges=[]``
+    gives the clean metric, every edge the corrupted one."""
+    g = graph or build(model)
+    es = _edges(g, edges)
+    ctoks, xtoks = _pairs(model, clean, corrupted)
+    if not callable(metric):
+        raise ArgumentError("metric must be a function of the [T, V] logits, got %r" % (metric,))
+    hooks = _patch_hooks(model, g, es, xtoks)
+    logits = model.run_with_hooks(ctoks, hooks)
+    return float(np.mean(_metric_values(metric, logits)))
+
+
+def _patch_hooks(model, g: Graph, es: List[Edge], xtoks: np.ndarray):
+    """The hooks of one patched clean run (batched like xtoks)."""
+    resid = [e for e in es if e.kind == "resid"]
+    comp = [e for e in es if e.kind == "comp"]
+    corr_names = sorted({_sender_hook(e.sender)[0] for e in resid})
+    corr_names += sorted({n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)[:1]})
+    _, cc = model.run_with_cache(xtoks, names=corr_names) if corr_names else (None, {})
+    corr = {n: np.asarray(cc[n]) for n in corr_names}
+    cur: Dict[str, np.ndarray] = {}
+
+    def keep(name):
+        return read_only(lambda a, _n: cur.__setitem__(name, np.array(a)))
+
+    hooks: List[Tuple[str, Callable]] = []
+    reads = sorted(
+        {_sender_hook(e.sender)[0] for e in resid} | {n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)}
+    )
+    hooks += [(n, keep(n)) for n in reads]
+    by_rx: Dict[str, List[Edge]] = {}
+    for e in resid:
+        by_rx.setdefault(_receiver_hook(e.receiver, g.n_layer)[0], []).append(e)
+    for rx, group in by_rx.items():
+
+        def add_resid(a, _n, group=group):
+            for e in group:
+                sh, sh_head = _sender_hook(e.sender)
+                delta = corr[sh] - cur[sh]
+                if sh_head >= 0:
+                    delta = delta[..., sh_head, :]
+                _, rh = _receiver_hook(e.receiver, g.n_layer)
+                if rh >= 0:
+                    a[..., rh, :] += delta.astype(np.float32)
+                else:
+                    a += delta.astype(np.float32)
+            return a
+
+        hooks.append((rx, add_resid))
+    by_branch: Dict[str, List[Edge]] = {}
+    for e in comp:
+        by_branch.setdefault(hook_name(e.layer, "attn.%s.%s" % (e.phase, e.branch)), []).append(e)
+    for bh, group in by_branch.items():
+
+        def add_comp(a, _n, group=group):
+            for e in group:
+                dx = _phase_input(corr, e) - _phase_input(cur, e)
+                term = _masked(model, e.layer, dx * _comp_coef(model, e, cur))
+                a[..., e.head, :, :] += term.astype(np.float32)
+            return a
+
+        hooks.append((bh, add_comp))
+    return hooks
+
+
+# ---------------------------------------------------------------- edge attribution
+
+
+@dataclasses.dataclass
+class EdgeScores:
+    """Scores aligned with ``graph.edges`` (attribute): the metric's estimated
+    change when that edge alone is patched from the corrupted run."""
+
+    graph: Graph
+    scores: np.ndarray  # [len(graph.edges)] float64
+    method: str
+    steps: int
+
+    def top(self, k: int = 20) -> List[Tuple[str, float]]:
+        """The k edges of largest |score|, largest first."""
+        k = check_index("top: k", k, 1, 1 << 40)
+        order = np.argsort(-np.abs(self.scores), kind="stable")[:k]
+        return [(self.graph.edges[i], float(self.scores[i])) for i in order]
+
+    def to_pandas(self):
+        """A pandas DataFrame (edge, kind, sender, receiver, score), if pandas is installed."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise Error("EdgeScores.to_pandas needs pandas (pip install pandas)") from None
+        d = self.graph.detail
+        return pd.DataFrame(
+            {
+                "edge": self.graph.edges,
+                "kind": [d[e].kind for e in self.graph.edges],
+                "sender": [d[e].sender for e in self.graph.edges],
+                "receiver": [d[e].receiver for e in self.graph.edges],
+                "score": self.scores,
+            }
+        )
+
+    def circuit(self, top_n: Optional[int] = None, threshold: Optional[float] = None) -> "Circuit":
+        """The edges of largest |score|: the top_n of them, or those with |score| >= threshold."""
+        if (top_n is None) == (threshold is None):
+            raise ArgumentError("circuit: give top_n or threshold (one of them)")
+        if top_n is not None:
+            keep = [e for e, _ in self.top(top_n)]
+        else:
+            if not isinstance(threshold, (int, float)) or not np.isfinite(threshold) or threshold < 0:
+                raise ArgumentError("circuit: threshold must be a finite number >= 0, got %r" % (threshold,))
+            keep = [e for e, s in zip(self.graph.edges, self.scores) if abs(s) >= threshold]
+        return Circuit(self.graph, frozenset(keep))
+
+
+@dataclasses.dataclass(frozen=True)
+class Circuit:
+    """A set of edges of a graph."""
+
+    graph: Graph
+    edges: frozenset
+
+    @property
+    def nodes(self) -> List[str]:
+        """The senders and receivers of edges that reach the logits through the circuit."""
+        into: Dict[str, List[Edge]] = {}
+        for e in self.edges:
+            d = self.graph.detail[e]
+            into.setdefault(_node_of(d), []).append(d)
+        seen, todo = set(), ["logits"]
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            for d in into.get(n, []):
+                todo.append(d.sender)
+        order = {n: i for i, n in enumerate(self.graph.senders + self.graph.receivers)}
+        return sorted(seen, key=lambda n: order.get(n, -1))
+
+
+def _node_of(d: Edge) -> str:
+    """The node an edge's receiver belongs to (a head for its q, k, v and branches)."""
+    if d.receiver == "logits" or d.receiver.endswith((".mlp", ".dyn")):
+        return (
+            "logits"
+            if d.receiver == "logits"
+            else d.receiver.rsplit(".", 1)[0] + (".mlp" if d.receiver.endswith(".mlp") else "")
+        )
+    return "L%d.H%d" % (d.layer, d.head)
+
+
+def _target(metric) -> tuple:
+    t = getattr(metric, "target", metric)
+    if isinstance(t, tuple) and t and isinstance(t[0], str):
+        return t
+    raise ArgumentError(
+        "metric: edge attribution differentiates the metric, so give a target tuple (('logit_diff', pos, good, "
+        "bad), ('logprob', pos, tok), ('logit', pos, tok)) or a dclens.patching metric, not %r" % (metric,)
+    )
+
+
+def _grad_names(model, g: Graph) -> List[str]:
+    names = set()
+    for e in g.detail.values():
+        if e.kind == "resid":
+            names.add(_receiver_hook(e.receiver, g.n_layer)[0])
+        else:
+            names.add(hook_name(e.layer, "attn.%s.%s" % (e.phase, e.branch)))
+    order = {n: i for i, n in enumerate(model.hook_names)}
+    return sorted(names, key=order.__getitem__)
+
+
+def attribute(
+    model,
+    clean,
+    corrupted,
+    metric,
+    *,
+    method: str = "eap",
+    steps: int = 16,
+    graph: Optional[Graph] = None,
+    max_tape_bytes: Optional[int] = None,
+    progress: Optional[bool] = None,
+) -> EdgeScores:
+    """Score every edge: (sender corrupted - sender clean) . d metric / d
+    (receiver input) summed over positions and averaged over prompt pairs.
+    method "eap" takes the gradient on the clean run (Syed et al. 2023);
+    "eap-ig" averages it over ``steps`` runs whose input embeddings go from
+    the clean prompts' to the corrupted ones' (Hanna et al. 2024's input
+    interpolation, midpoints (k + 1/2)/steps). For a composition edge the
+    sender's value is the source head's phase input times the clean run's
+    map entry, and the gradient is at the target's branch map. ``metric``: a
+    target tuple as Model.gradients takes, or a dclens.patching metric."""
+    from . import progress as _progress
+    from . import tapes
+    from .grad import target_value_and_grad
+    from . import memplan
+
+    if method not in ("eap", "eap-ig"):
+        raise ArgumentError("method must be 'eap' or 'eap-ig', not %r" % (method,))
+    steps = check_index("steps", steps, 1, 1 << 20) if method == "eap-ig" else 1
+    model.runner.refuse_hooks("graph.attribute")
+    target = _target(metric)
+    g = graph or build(model)
+    ctoks, xtoks = _pairs(model, clean, corrupted)
+    B, T = ctoks.shape
+    # the senders' values (and the composition terms' inputs) of both runs
+    sender_names = sorted({_sender_hook(s)[0] for s in g.senders})
+    comp = [e for e in g.detail.values() if e.kind == "comp"]
+    phase_names = sorted({n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)})
+    _, cc = model.run_with_cache(ctoks, names=sender_names + phase_names)
+    _, xc = model.run_with_cache(
+        xtoks,
+        names=sender_names + phase_names[:0] + sorted({_phase_names(e.layer, e.phase, e.branch)[0] for e in comp}),
+    )
+    gnames = _grad_names(model, g)
+    pts = [model.parse_hook(n) for n in gnames]
+    budget = memplan.check_budget(max_tape_bytes, model)
+    embed_pt = model.parse_hook("embed")
+    emb_c, emb_x = np.asarray(cc["embed"]), np.asarray(xc["embed"])
+    alphas = (np.arange(steps) + 0.5) / steps if method == "eap-ig" else np.zeros(1)
+    grads: Dict[str, np.ndarray] = {}
+    bar = _progress.bar(total=len(alphas), desc="graph.attribute (%s)" % method, progress=progress)
+    try:
+        with tapes.lease(model, B, T, budget) as tape:
+            for a in alphas:
+                ov = {embed_pt: (emb_c + a * (emb_x - emb_c)).astype(np.float32)} if method == "eap-ig" else None
+                logits = tape.forward(ctoks.astype(np.int32), ov)
+                _, dl = target_value_and_grad(target, logits, ctoks)
+                got = tape.backward(dl, None, pts)
+                for n, p in zip(gnames, pts):
+                    grads[n] = grads.get(n, 0.0) + got[p].astype(np.float64) / len(alphas)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    scores = np.zeros(len(g.edges))
+    for i, name in enumerate(g.edges):
+        e = g.detail[name]
+        if e.kind == "resid":
+            sh, sh_head = _sender_hook(e.sender)
+            delta = np.asarray(xc[sh], np.float64) - np.asarray(cc[sh], np.float64)
+            if sh_head >= 0:
+                delta = delta[..., sh_head, :]
+            rh, r_head = _receiver_hook(e.receiver, g.n_layer)
+            gr = grads[rh][..., r_head, :] if r_head >= 0 else grads[rh]
+            scores[i] = float(np.sum(delta * gr)) / B
+        else:
+            dx = _phase_input(xc, e) - _phase_input(cc, e)
+            term = _masked(model, e.layer, dx * _comp_coef(model, e, cc))
+            gb = grads[hook_name(e.layer, "attn.%s.%s" % (e.phase, e.branch))][..., e.head, :, :]
+            scores[i] = float(np.sum(term * gb)) / B
+    return EdgeScores(g, scores, method, steps)
+
+
+def faithfulness(model, circuit: Circuit, clean, corrupted, metric: Callable) -> float:
+    """The fraction of the clean - corrupted gap the circuit keeps: every edge
+    outside it patched from the corrupted run (1: all of it, 0: none)."""
+    if not isinstance(circuit, Circuit):
+        raise ArgumentError("circuit must be a dclens.graph.Circuit (EdgeScores.circuit), not %r" % (circuit,))
+    g = circuit.graph
+    m_clean = patch(model, clean, corrupted, metric, [], graph=g)
+    m_corr = patch(model, clean, corrupted, metric, g.edges, graph=g)
+    if abs(m_clean - m_corr) < 1e-9 * max(abs(m_clean), 1.0):
+        raise Error("faithfulness: the clean and corrupted metrics are equal (%g): no gap to keep" % m_clean)
+    out = [e for e in g.edges if e not in circuit.edges]
+    return (patch(model, clean, corrupted, metric, out, graph=g) - m_corr) / (m_clean - m_corr)
