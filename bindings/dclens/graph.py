@@ -221,14 +221,30 @@ def _pairs(model, clean, corrupted) -> Tuple[np.ndarray, np.ndarray]:
     return c, x
 
 
-def _metric_values(metric: Callable, logits: np.ndarray) -> np.ndarray:
-    vals = np.array([float(metric(lg)) for lg in logits])
+def _metric_values(metric, logits: np.ndarray) -> np.ndarray:
+    """The metric of each pair's logits: one callable for every pair, or a list of one per pair."""
+    fns = _per_pair(metric, len(logits), callable, "a function of the [T, V] logits")
+    vals = np.array([float(f(lg)) for f, lg in zip(fns, logits)])
     if not np.all(np.isfinite(vals)):
         raise Error("metric: returned NaN or inf (%s)" % vals[~np.isfinite(vals)][:3])
     return vals
 
 
 # ---------------------------------------------------------------- exact patching
+
+
+def _per_pair(metric, B: int, ok, what: str) -> list:
+    """metric for each of B pairs: one for all, or a list of B."""
+    if isinstance(metric, list):
+        if len(metric) != B:
+            raise ArgumentError("metric: a list of %d metrics for %d prompt pairs (one per pair)" % (len(metric), B))
+        fns = metric
+    else:
+        fns = [metric] * B
+    for f in fns:
+        if not ok(f):
+            raise ArgumentError("metric must be %s (or a list of one per pair), got %r" % (what, f))
+    return fns
 
 
 def _edges(graph: Graph, edges) -> List[Edge]:
@@ -296,21 +312,55 @@ def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph
     g = graph or build(model)
     es = _edges(g, edges)
     ctoks, xtoks = _pairs(model, clean, corrupted)
-    if not callable(metric):
-        raise ArgumentError("metric must be a function of the [T, V] logits, got %r" % (metric,))
+    _per_pair(metric, len(ctoks), callable, "a function of the [T, V] logits")
     hooks = _patch_hooks(model, g, es, xtoks)
     logits = model.run_with_hooks(ctoks, hooks)
     return float(np.mean(_metric_values(metric, logits)))
 
 
-def _patch_hooks(model, g: Graph, es: List[Edge], xtoks: np.ndarray):
+def _corrupted_values(model, es: List[Edge], xtoks: np.ndarray) -> Dict[str, np.ndarray]:
+    """What the edges read of the corrupted run: senders' outputs, phase inputs."""
+    names = sorted({_sender_hook(e.sender)[0] for e in es if e.kind == "resid"})
+    names += sorted({_phase_names(e.layer, e.phase, e.branch)[0] for e in es if e.kind == "comp"})
+    if not names:
+        return {}
+    _, cc = model.run_with_cache(xtoks, names=names)
+    return {n: np.asarray(cc[n]) for n in names}
+
+
+def patch_each(
+    model, clean, corrupted, metric, edges: Sequence[str], graph: Optional[Graph] = None, progress=None
+) -> np.ndarray:
+    """[len(edges)] the metric (averaged over pairs) with each edge patched
+    alone: patch(..., [edge]) for every edge, the corrupted run read once."""
+    from . import progress as _progress
+
+    g = graph or build(model)
+    es = _edges(g, edges)
+    ctoks, xtoks = _pairs(model, clean, corrupted)
+    _per_pair(metric, len(ctoks), callable, "a function of the [T, V] logits")
+    corr = _corrupted_values(model, es, xtoks)
+    out = np.empty(len(es))
+    bar = _progress.bar(total=len(es), desc="graph.patch_each", progress=progress)
+    try:
+        for i, e in enumerate(es):
+            out[i] = float(
+                np.mean(_metric_values(metric, model.run_with_hooks(ctoks, _patch_hooks(model, g, [e], xtoks, corr))))
+            )
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def _patch_hooks(model, g: Graph, es: List[Edge], xtoks: np.ndarray, corr: Optional[Dict[str, np.ndarray]] = None):
     """The hooks of one patched clean run (batched like xtoks)."""
     resid = [e for e in es if e.kind == "resid"]
     comp = [e for e in es if e.kind == "comp"]
-    corr_names = sorted({_sender_hook(e.sender)[0] for e in resid})
-    corr_names += sorted({n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)[:1]})
-    _, cc = model.run_with_cache(xtoks, names=corr_names) if corr_names else (None, {})
-    corr = {n: np.asarray(cc[n]) for n in corr_names}
+    if corr is None:
+        corr = _corrupted_values(model, es, xtoks)
     cur: Dict[str, np.ndarray] = {}
 
     def keep(name):
@@ -442,10 +492,14 @@ def _node_of(d: Edge) -> str:
     return "L%d.H%d" % (d.layer, d.head)
 
 
-def _target(metric) -> tuple:
+def _is_target(metric) -> bool:
     t = getattr(metric, "target", metric)
-    if isinstance(t, tuple) and t and isinstance(t[0], str):
-        return t
+    return isinstance(t, tuple) and bool(t) and isinstance(t[0], str)
+
+
+def _target(metric) -> tuple:
+    if _is_target(metric):
+        return getattr(metric, "target", metric)
     raise ArgumentError(
         "metric: edge attribution differentiates the metric, so give a target tuple (('logit_diff', pos, good, "
         "bad), ('logprob', pos, tok), ('logit', pos, tok)) or a dclens.patching metric, not %r" % (metric,)
@@ -493,10 +547,12 @@ def attribute(
         raise ArgumentError("method must be 'eap' or 'eap-ig', not %r" % (method,))
     steps = check_index("steps", steps, 1, 1 << 20) if method == "eap-ig" else 1
     model.runner.refuse_hooks("graph.attribute")
-    target = _target(metric)
     g = graph or build(model)
     ctoks, xtoks = _pairs(model, clean, corrupted)
     B, T = ctoks.shape
+    if not isinstance(metric, list):
+        _target(metric)  # one for every pair: checked before any pass
+    targets = [_target(t) for t in _per_pair(metric, B, _is_target, "a target tuple or a patching metric")]
     # the senders' values (and the composition terms' inputs) of both runs
     sender_names = sorted({_sender_hook(s)[0] for s in g.senders})
     comp = [e for e in g.detail.values() if e.kind == "comp"]
@@ -519,7 +575,9 @@ def attribute(
             for a in alphas:
                 ov = {embed_pt: (emb_c + a * (emb_x - emb_c)).astype(np.float32)} if method == "eap-ig" else None
                 logits = tape.forward(ctoks.astype(np.int32), ov)
-                _, dl = target_value_and_grad(target, logits, ctoks)
+                dl = np.concatenate(
+                    [target_value_and_grad(t, logits[b : b + 1], ctoks[b : b + 1])[1] for b, t in enumerate(targets)]
+                )
                 got = tape.backward(dl, None, pts)
                 for n, p in zip(gnames, pts):
                     grads[n] = grads.get(n, 0.0) + got[p].astype(np.float64) / len(alphas)
@@ -528,23 +586,91 @@ def attribute(
     finally:
         if bar is not None:
             bar.close()
-    scores = np.zeros(len(g.edges))
-    for i, name in enumerate(g.edges):
-        e = g.detail[name]
-        if e.kind == "resid":
-            sh, sh_head = _sender_hook(e.sender)
-            delta = np.asarray(xc[sh], np.float64) - np.asarray(cc[sh], np.float64)
-            if sh_head >= 0:
-                delta = delta[..., sh_head, :]
-            rh, r_head = _receiver_hook(e.receiver, g.n_layer)
-            gr = grads[rh][..., r_head, :] if r_head >= 0 else grads[rh]
-            scores[i] = float(np.sum(delta * gr)) / B
-        else:
-            dx = _phase_input(xc, e) - _phase_input(cc, e)
-            term = _masked(model, e.layer, dx * _comp_coef(model, e, cc))
-            gb = grads[hook_name(e.layer, "attn.%s.%s" % (e.phase, e.branch))][..., e.head, :, :]
-            scores[i] = float(np.sum(term * gb)) / B
+    scores = _resid_scores(g, cc, xc, grads) + _comp_scores(model, g, cc, xc, grads)
+    scores /= B
     return EdgeScores(g, scores, method, steps)
+
+
+def _sender_rows(cc, xc, senders: Sequence[str]) -> np.ndarray:
+    """[len(senders), B*T*D] float32: each sender's corrupted - clean value."""
+    rows = []
+    for s in senders:
+        sh, head = _sender_hook(s)
+        d = np.asarray(xc[sh], np.float32) - np.asarray(cc[sh], np.float32)
+        rows.append((d[..., head, :] if head >= 0 else d).reshape(-1))
+    return np.stack(rows)
+
+
+def _resid_scores(g: Graph, cc, xc, grads) -> np.ndarray:
+    """Every residual edge's EAP score (summed over pairs): per receiver node,
+    its input's gradient against every upstream sender's difference, as one
+    product per receiver layer."""
+    scores = np.zeros(len(g.edges))
+    pos = {e: i for i, e in enumerate(g.edges)}
+    by_rx: Dict[str, List[Edge]] = {}
+    for e in g.detail.values():
+        if e.kind == "resid":
+            by_rx.setdefault(e.receiver, []).append(e)
+    rows: Dict[str, np.ndarray] = {}
+    for layer in list(range(g.n_layer)) + [-1]:
+        rxs = [r for r in by_rx if by_rx[r][0].layer == layer]
+        if not rxs:
+            continue
+        senders = sorted({e.sender for r in rxs for e in by_rx[r]}, key=g.senders.index)
+        missing = [s for s in senders if s not in rows]
+        if missing:
+            rows.update(zip(missing, _sender_rows(cc, xc, missing)))
+        S = np.stack([rows[s] for s in senders])  # [nS, B*T*D]
+        R = []
+        for r in rxs:
+            rh, head = _receiver_hook(r, g.n_layer)
+            gr = grads[rh][..., head, :] if head >= 0 else grads[rh]
+            R.append(np.asarray(gr, np.float32).reshape(-1))
+        prod = S @ np.stack(R).T  # [nS, nR], float32 products (BLAS), as the engine's own
+        si = {s: k for k, s in enumerate(senders)}
+        for k, r in enumerate(rxs):
+            for e in by_rx[r]:
+                scores[pos[e.name]] = prod[si[e.sender], k]
+    return scores
+
+
+def _comp_scores(model, g: Graph, cc, xc, grads) -> np.ndarray:
+    """Every composition edge's EAP score (summed over pairs), per layer,
+    phase and branch at once: sum over (t, s) of dX[m] C[m, n] dM/dbranch[n]."""
+    from . import routing
+
+    scores = np.zeros(len(g.edges))
+    pos = {e: i for i, e in enumerate(g.edges)}
+    groups: Dict[Tuple[int, str, str], List[Edge]] = {}
+    for e in g.detail.values():
+        if e.kind == "comp":
+            groups.setdefault((e.layer, e.phase, e.branch), []).append(e)
+    for (l, ph, b), es in groups.items():
+        xname = hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))
+        X = np.asarray(cc[xname], np.float64)
+        dx = _masked(model, l, np.asarray(xc[xname], np.float64) - X)  # [B, N, T, S]
+        gb = np.asarray(grads[hook_name(l, "attn.%s.%s" % (ph, b))], np.float64)  # [B, N, T, S]
+        d = lambda w: np.asarray(cc[hook_name(l, "attn.dyn.%s.%s" % (ph, w))], np.float64)  # noqa: E731
+        if b == "skip":
+            mn = np.diag(np.einsum("bnts,bnts->n", dx, gb))
+        elif b == "qg":
+            mn = np.diag(np.einsum("btn,bnts,bnts->n", d("qdd"), dx, gb))
+        elif b == "kg":
+            mn = np.diag(np.einsum("bsn,bnts,bnts->n", d("kdd"), dx, gb))
+        elif b == "qp":
+            C = np.einsum("btrm,btrn->btmn", d("qw1"), d("qw2"))
+            mn = np.einsum("btmn,bmts,bnts->mn", C, dx, gb, optimize=True)
+        elif b == "kp":
+            C = np.einsum("bsrm,bsrn->bsmn", d("kw1"), d("kw2"))
+            mn = np.einsum("bsmn,bmts,bnts->mn", C, dx, gb, optimize=True)
+        else:
+            W = routing.static_map(model, l, ph)
+            assert W is not None
+            mn = W * np.einsum("bmts,bnts->mn", dx, gb)
+        mn = mn * (routing._group_block(model) if b in BRANCH_COEF else 1.0)
+        for e in es:
+            scores[pos[e.name]] = mn[e.src_head, e.head]
+    return scores
 
 
 def faithfulness(model, circuit: Circuit, clean, corrupted, metric: Callable) -> float:

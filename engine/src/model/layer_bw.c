@@ -349,27 +349,40 @@ static void split_input_bw(dcs_tape *tp, int l, const bwctx *bc, int part) {
     dcs_backend *be = m->be;
     const int point = DCS_HP_Q_INPUT + part, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
     if (!dcs_tape_wants_grad(bc->g, bc->n_g, point, l)) return;
+    const size_t all = sizeof(float) * (size_t)M * N * D;
+    float *dln = be->ops->alloc(be, all), *xb = be->ops->alloc(be, all), *dx = be->ops->alloc(be, all);
     float *dy = be->ops->alloc(be, sizeof(float) * (size_t)M * Dh);
-    float *dln = be->ops->alloc(be, sizeof(float) * (size_t)M * D);
-    float *dx = be->ops->alloc(be, sizeof(float) * (size_t)M * D);
-    if (!dy || !dln || !dx) tp->status = DCS_ERR_NOMEM;
-    const size_t es = dcs_dtype_size(lw->m_wqkv.dtype);
-    for (int n = 0; n < N && !tp->status; n++) {
-        const size_t row = (size_t)part * D + (size_t)n * Dh;
-        const dcs_wmat wn = {(const char *)lw->m_wqkv.p + row * D * es, lw->m_wqkv.dtype};
-        be->ops->copy2d(be, dy, Dh, tp->d.dqkv + row, 3 * D, M, Dh);
-        lin_bw(be, dln, 0.0f, NULL, NULL, dy, NULL, wn, M, Dh, D);
-        be->ops->zero(be, dx, sizeof(float) * (size_t)M * D);
-        norm_bw(tp, m->plan[l].norm, dx, NULL, NULL, dln, tp->L[l].x, lw->attn_norm_w);
-        for (int i = 0; i < bc->n_g; i++)
-            if (bc->g[i].point == point && bc->g[i].layer == l)
-                for (int r = 0; r < M; r++) /* host [M, N, D]: head n's row of token r */
-                    be->ops->download(be, bc->g[i].grad + ((size_t)r * N + n) * D, dx + (size_t)r * D,
-                                      sizeof(float) * D);
+    if (!dln || !xb || !dx || !dy) tp->status = DCS_ERR_NOMEM;
+    const size_t es = dcs_dtype_size(lw->m_wqkv.dtype), row0 = (size_t)part * D;
+    if (tp->status) {
+    } else if (lw->m_wqkv.dtype == DCS_F32 || !be->ops->gemm_w) {
+        /* dln[:, n] [M, D] = dqkv[:, n's Dh columns] W_n [Dh, D], one gemm batched over the heads */
+        be->ops->gemm(be, 0, 0, M, D, Dh, 1.0f, tp->d.dqkv + row0, 3 * D, Dh,
+                      (const float *)lw->m_wqkv.p + row0 * D, D, (long long)Dh * D, 0.0f, dln, N * D, D, N);
+    } else { /* a 16-bit wqkv: head by head through gemm_w */
+        for (int n = 0; n < N; n++) {
+            const size_t row = row0 + (size_t)n * Dh;
+            const dcs_wmat wn = {(const char *)lw->m_wqkv.p + row * D * es, lw->m_wqkv.dtype};
+            be->ops->copy2d(be, dy, Dh, tp->d.dqkv + row, 3 * D, M, Dh);
+            be->ops->gemm_w(be, 0, M, D, Dh, dy, Dh, wn, 0.0f, dx, D); /* dx: scratch [M, D] */
+            be->ops->copy2d(be, dln + (size_t)n * D, (size_t)N * D, dx, D, M, D);
+        }
     }
-    be->ops->free(be, dy);
+    if (!tp->status) {
+        /* every head's row reads x: the norm's backward over M*N rows */
+        for (int n = 0; n < N; n++)
+            be->ops->copy2d(be, xb + (size_t)n * D, (size_t)N * D, tp->L[l].x, D, M, D);
+        be->ops->zero(be, dx, all);
+        if (m->plan[l].norm == DCS_NORM_RMS)
+            be->ops->rmsnorm_bw(be, dx, NULL, dln, xb, lw->attn_norm_w, M * N, D, c->norm_eps);
+        else
+            be->ops->layernorm_bw(be, dx, NULL, NULL, dln, xb, lw->attn_norm_w, M * N, D, c->norm_eps);
+        dcs_tape_grad_capture(tp, bc->g, bc->n_g, point, l, dx); /* [M, N, D], the hook's layout */
+    }
     be->ops->free(be, dln);
+    be->ops->free(be, xb);
     be->ops->free(be, dx);
+    be->ops->free(be, dy);
 }
 
 /* A split input read by one reader's norm (layer.c, split_copy: attn.dyn_input,
