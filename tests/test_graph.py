@@ -231,3 +231,23 @@ def test_patching_metrics_carry_their_target(tiny_factory):
     a = graph.attribute(m, c, x, met, progress=False)
     b = graph.attribute(m, c, x, ("logit_diff", -1, GOOD, BAD), progress=False)
     np.testing.assert_array_equal(a.scores, b.scores)
+
+
+def test_path_patching(tiny_factory):
+    m, _, _ = _load(tiny_factory, DCP)
+    c, x = _prompts(m)
+    g = graph.build(m)
+    # one receiver: the same as that one edge; every receiver of a sender: all its edges
+    one = graph.path_patch(m, c, x, _metric, "L0.H1", ["L1.H2.q"], graph=g)
+    assert one == graph.patch(m, c, x, _metric, ["L0.H1->L1.H2.q"], graph=g)
+    rx = [e.split("->")[1] for e in g.edges if e.startswith("L0.H1->")]
+    allp = graph.path_patch(m, c, x, _metric, "L0.H1", rx, graph=g)
+    assert allp == graph.patch(m, c, x, _metric, ["L0.H1->" + r for r in rx], graph=g)
+    sweep = graph.path_patch_sweep(m, c, x, _metric, ["logits"], graph=g, progress=False)
+    assert set(sweep) == set(g.senders) and sweep["L1.mlp"] == graph.patch(
+        m, c, x, _metric, ["L1.mlp->logits"], graph=g
+    )
+    with pytest.raises(dclens.Error, match="did you mean"):
+        graph.path_patch(m, c, x, _metric, "L0.H1", ["L0.H2.q"], graph=g)  # not downstream
+    with pytest.raises(dclens.Error, match="unknown sender"):
+        graph.path_patch(m, c, x, _metric, "L9.H1", ["logits"], graph=g)

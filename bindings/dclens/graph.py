@@ -685,3 +685,59 @@ def faithfulness(model, circuit: Circuit, clean, corrupted, metric: Callable) ->
         raise Error("faithfulness: the clean and corrupted metrics are equal (%g): no gap to keep" % m_clean)
     out = [e for e in g.edges if e not in circuit.edges]
     return (patch(model, clean, corrupted, metric, out, graph=g) - m_corr) / (m_clean - m_corr)
+
+
+# ---------------------------------------------------------------- path patching
+
+
+def path_patch(
+    model, clean, corrupted, metric, sender: str, receivers: Sequence[str], graph: Optional[Graph] = None
+) -> float:
+    """Path patching (Wang et al. 2022): the sender's corrupted output reaches
+    only the named receivers (nodes: "L3.H2.q", "L2.dyn", "L4.mlp", "logits",
+    or composition targets "L1.H4.post.kp" for a head of the sender's layer),
+    every other path from it frozen at its clean value. The metric averaged
+    over prompt pairs."""
+    g = graph or build(model)
+    if sender not in g.senders:
+        raise unknown_name("sender", sender, g.senders, "", "graph.build(model).senders")
+    if isinstance(receivers, str) or not isinstance(receivers, (list, tuple)) or not receivers:
+        raise ArgumentError("receivers must be a non-empty list of receiver nodes, not %r" % (receivers,))
+    edges = []
+    for r in receivers:
+        name = "%s->%s" % (sender, r)
+        if name not in g.detail:
+            targets = sorted({e.split("->", 1)[1] for e in g.edges if e.startswith(sender + "->")})
+            raise unknown_name("receiver of %s" % sender, r, targets, "", "the receivers downstream of it")
+        edges.append(name)
+    return patch(model, clean, corrupted, metric, edges, graph=g)
+
+
+def path_patch_sweep(
+    model,
+    clean,
+    corrupted,
+    metric,
+    receivers: Sequence[str],
+    senders: Optional[Sequence[str]] = None,
+    graph: Optional[Graph] = None,
+    progress=None,
+) -> Dict[str, float]:
+    """path_patch of every sender upstream of all the receivers (or of
+    ``senders``) into them: sender -> metric."""
+    from . import progress as _progress
+
+    g = graph or build(model)
+    if senders is None:
+        senders = [s for s in g.senders if all("%s->%s" % (s, r) in g.detail for r in receivers)]
+    out: Dict[str, float] = {}
+    bar = _progress.bar(total=len(senders), desc="graph.path_patch_sweep", progress=progress)
+    try:
+        for s in senders:
+            out[s] = path_patch(model, clean, corrupted, metric, s, receivers, graph=g)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
