@@ -251,3 +251,15 @@ def test_path_patching(tiny_factory):
         graph.path_patch(m, c, x, _metric, "L0.H1", ["L0.H2.q"], graph=g)  # not downstream
     with pytest.raises(dclens.Error, match="unknown sender"):
         graph.path_patch(m, c, x, _metric, "L9.H1", ["logits"], graph=g)
+
+
+def test_circuit_picture(tiny_factory):
+    m, _, _ = _load(tiny_factory, DCP)
+    c, x = _prompts(m)
+    s = graph.attribute(m, c, x, ("logit_diff", POS, GOOD, BAD), progress=False)
+    circ = s.circuit(top_n=30)
+    assert set(circ.scores) == set(circ.edges)
+    png = circ._repr_png_()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = circ.plot(title="t")
+    assert fig.axes[0].get_title() == "t"

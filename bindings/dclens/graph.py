@@ -452,7 +452,8 @@ class EdgeScores:
             if not isinstance(threshold, (int, float)) or not np.isfinite(threshold) or threshold < 0:
                 raise ArgumentError("circuit: threshold must be a finite number >= 0, got %r" % (threshold,))
             keep = [e for e, s in zip(self.graph.edges, self.scores) if abs(s) >= threshold]
-        return Circuit(self.graph, frozenset(keep))
+        sc = dict(zip(self.graph.edges, self.scores))
+        return Circuit(self.graph, frozenset(keep), {e: float(sc[e]) for e in keep})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,6 +462,22 @@ class Circuit:
 
     graph: Graph
     edges: frozenset
+    scores: Optional[Dict[str, float]] = dataclasses.field(default=None, compare=False)  # edge -> score
+
+    def plot(self, title: Optional[str] = None):
+        """The circuit as a layered picture (a matplotlib Figure): the embedding
+        at the bottom, a row per layer (its heads and MLP), the logits at the
+        top; residual edges as lines between rows, composition edges as arcs
+        inside a row (orange: lending through qp / kp / static; grey: a head's
+        own branches); widths by |score|, colour by sign (blue +, red -)."""
+        return _plot_circuit(self, title)
+
+    def _repr_png_(self):
+        import io
+
+        buf = io.BytesIO()
+        self.plot().savefig(buf, format="png", dpi=80)
+        return buf.getvalue()
 
     @property
     def nodes(self) -> List[str]:
@@ -482,13 +499,10 @@ class Circuit:
 
 
 def _node_of(d: Edge) -> str:
-    """The node an edge's receiver belongs to (a head for its q, k, v and branches)."""
+    """The node an edge's receiver belongs to: a head for its q, k, v and
+    branches; the layer's dyn or MLP; the logits."""
     if d.receiver == "logits" or d.receiver.endswith((".mlp", ".dyn")):
-        return (
-            "logits"
-            if d.receiver == "logits"
-            else d.receiver.rsplit(".", 1)[0] + (".mlp" if d.receiver.endswith(".mlp") else "")
-        )
+        return d.receiver
     return "L%d.H%d" % (d.layer, d.head)
 
 
@@ -741,3 +755,89 @@ def path_patch_sweep(
         if bar is not None:
             bar.close()
     return out
+
+
+def _plot_circuit(c: Circuit, title: Optional[str]):
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch
+
+    g = c.graph
+    L, N = g.n_layer, g.n_head
+    xy: Dict[str, Tuple[float, float]] = {"embed": (N / 2, 0.0), "logits": (N / 2, L + 1.0)}
+    for l in range(L):
+        for h in range(N):
+            xy["L%d.H%d" % (l, h)] = (float(h), l + 1.0)
+        xy["L%d.mlp" % l] = (N + 0.8, l + 1.35)
+        xy["L%d.dyn" % l] = (-0.8, l + 1.35)
+    scores = c.scores or {}
+    top = max([abs(v) for v in scores.values()] + [1e-12])
+    fig = Figure(figsize=(max(6.0, 0.7 * N + 2.5), 1.1 * L + 2.5), layout="constrained")
+    ax = fig.subplots()
+    used = set()
+    for name in sorted(c.edges):
+        d = g.detail[name]
+        src = xy[d.sender]
+        dst = xy[_node_of(d)]
+        used.update([d.sender, _node_of(d)])
+        v = scores.get(name, 1.0 if not scores else 0.0)
+        w = 0.5 + 3.5 * abs(v) / top
+        if d.kind == "comp":
+            own = d.branch in SELF_BRANCHES
+            col = "#999999" if own else "#e08a00"
+            if own:
+                continue  # a head's own branches: drawn as the head's ring below
+            ax.add_patch(
+                FancyArrowPatch(
+                    src,
+                    dst,
+                    connectionstyle="arc3,rad=0.45",
+                    arrowstyle="-|>",
+                    mutation_scale=8,
+                    lw=w,
+                    color=col,
+                    alpha=0.85,
+                )
+            )
+        else:
+            col = "#2060c0" if v >= 0 else "#c03030"
+            ax.add_patch(
+                FancyArrowPatch(
+                    src, dst, arrowstyle="-|>", mutation_scale=8, lw=w, color=col, alpha=0.55, shrinkA=6, shrinkB=6
+                )
+            )
+    own_heads = {
+        _node_of(g.detail[e]) for e in c.edges if g.detail[e].kind == "comp" and g.detail[e].branch in SELF_BRANCHES
+    }
+    for n, (x, y) in xy.items():
+        on = n in used or n in own_heads
+        ax.scatter(
+            [x],
+            [y],
+            s=140 if on else 40,
+            c="#333333" if on else "#dddddd",
+            zorder=3,
+            edgecolors="#e08a00" if n in own_heads else "none",
+            linewidths=2,
+        )
+        if on:
+            ax.annotate(
+                n if "." not in n else n.split(".", 1)[1],
+                (x, y),
+                xytext=(0, 7),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+            )
+    ax.set_yticks(range(L + 2))
+    ax.set_yticklabels(["embed"] + ["layer %d" % l for l in range(L)] + ["logits"], fontsize=8)
+    ax.set_xticks([])
+    ax.set_xlim(-1, N + 2)
+    ax.set_ylim(-0.6, L + 1.6)
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(
+        title
+        or "circuit: %d edges (%d composition)" % (len(c.edges), sum(1 for e in c.edges if g.detail[e].kind == "comp")),
+        fontsize=10,
+    )
+    return fig
