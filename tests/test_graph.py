@@ -263,3 +263,19 @@ def test_circuit_picture(tiny_factory):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     fig = circ.plot(title="t")
     assert fig.axes[0].get_title() == "t"
+
+
+def test_position_aware_scores_sum_to_the_scores(tiny_factory):
+    m, _, _ = _load(tiny_factory, DCP)
+    c, x = _prompts(m)
+    t = ("logit_diff", POS, GOOD, BAD)
+    a = graph.attribute(m, c, x, t, progress=False)
+    b = graph.attribute(m, c, x, t, positions=True, progress=False)
+    assert a.per_position is None and b.per_position.shape == (len(a.scores), c.shape[1])
+    np.testing.assert_allclose(b.scores, a.scores, atol=1e-6 * max(1.0, np.abs(a.scores).max()))
+    # the embedding differs at the two edited positions only (3 and 7): so do its edges' scores
+    i = a.graph.edges.index("embed->L1.H0.k")
+    nz = np.nonzero(b.per_position[i])[0]
+    assert set(nz) <= {3, 7} and len(nz) > 0
+    with pytest.raises(dclens.Error, match="positions must be True or False"):
+        graph.attribute(m, c, x, t, positions="yes")

@@ -418,6 +418,7 @@ class EdgeScores:
     scores: np.ndarray  # [len(graph.edges)] float64
     method: str
     steps: int
+    per_position: Optional[np.ndarray] = None  # [len(graph.edges), T] (positions=True): by token / query position
 
     def top(self, k: int = 20) -> List[Tuple[str, float]]:
         """The k edges of largest |score|, largest first."""
@@ -542,6 +543,7 @@ def attribute(
     graph: Optional[Graph] = None,
     max_tape_bytes: Optional[int] = None,
     progress: Optional[bool] = None,
+    positions: bool = False,
 ) -> EdgeScores:
     """Score every edge: (sender corrupted - sender clean) . d metric / d
     (receiver input) summed over positions and averaged over prompt pairs.
@@ -551,12 +553,17 @@ def attribute(
     interpolation, midpoints (k + 1/2)/steps). For a composition edge the
     sender's value is the source head's phase input times the clean run's
     map entry, and the gradient is at the target's branch map. ``metric``: a
-    target tuple as Model.gradients takes, or a dclens.patching metric."""
+    target tuple as Model.gradients takes, or a dclens.patching metric (or a
+    list of one per pair). positions=True also scores each edge per position
+    (EdgeScores.per_position [E, T]: a residual edge by the token position of
+    its difference, a composition edge by the query position)."""
     from . import progress as _progress
     from . import tapes
     from .grad import target_value_and_grad
     from . import memplan
 
+    if not isinstance(positions, bool):
+        raise ArgumentError("positions must be True or False, not %r" % (positions,))
     if method not in ("eap", "eap-ig"):
         raise ArgumentError("method must be 'eap' or 'eap-ig', not %r" % (method,))
     steps = check_index("steps", steps, 1, 1 << 20) if method == "eap-ig" else 1
@@ -600,9 +607,11 @@ def attribute(
     finally:
         if bar is not None:
             bar.close()
-    scores = _resid_scores(g, cc, xc, grads) + _comp_scores(model, g, cc, xc, grads)
-    scores /= B
-    return EdgeScores(g, scores, method, steps)
+    per_pos = _resid_scores(g, cc, xc, grads, positions) + _comp_scores(model, g, cc, xc, grads, positions)
+    per_pos /= B
+    if positions:
+        return EdgeScores(g, per_pos.sum(1), method, steps, per_pos)
+    return EdgeScores(g, per_pos, method, steps)
 
 
 def _sender_rows(cc, xc, senders: Sequence[str]) -> np.ndarray:
@@ -615,11 +624,13 @@ def _sender_rows(cc, xc, senders: Sequence[str]) -> np.ndarray:
     return np.stack(rows)
 
 
-def _resid_scores(g: Graph, cc, xc, grads) -> np.ndarray:
-    """Every residual edge's EAP score (summed over pairs): per receiver node,
-    its input's gradient against every upstream sender's difference, as one
-    product per receiver layer."""
-    scores = np.zeros(len(g.edges))
+def _resid_scores(g: Graph, cc, xc, grads, positions: bool = False) -> np.ndarray:
+    """Every residual edge's EAP score (summed over pairs; [E] or, with
+    positions, [E, T] by token position): per receiver node, its input's
+    gradient against every upstream sender's difference, as one product per
+    receiver layer."""
+    T = np.asarray(cc["embed"]).shape[-2]
+    scores = np.zeros((len(g.edges), T) if positions else len(g.edges))
     pos = {e: i for i, e in enumerate(g.edges)}
     by_rx: Dict[str, List[Edge]] = {}
     for e in g.detail.values():
@@ -640,7 +651,11 @@ def _resid_scores(g: Graph, cc, xc, grads) -> np.ndarray:
             rh, head = _receiver_hook(r, g.n_layer)
             gr = grads[rh][..., head, :] if head >= 0 else grads[rh]
             R.append(np.asarray(gr, np.float32).reshape(-1))
-        prod = S @ np.stack(R).T  # [nS, nR], float32 products (BLAS), as the engine's own
+        if positions:  # [nS, nR, T]
+            Bsz = S.shape[1] // (T * np.asarray(cc["embed"]).shape[-1])
+            prod = np.einsum("sbtd,rbtd->srt", S.reshape(len(S), Bsz, T, -1), np.stack(R).reshape(len(R), Bsz, T, -1))
+        else:
+            prod = S @ np.stack(R).T  # [nS, nR], float32 products (BLAS), as the engine's own
         si = {s: k for k, s in enumerate(senders)}
         for k, r in enumerate(rxs):
             for e in by_rx[r]:
@@ -648,12 +663,14 @@ def _resid_scores(g: Graph, cc, xc, grads) -> np.ndarray:
     return scores
 
 
-def _comp_scores(model, g: Graph, cc, xc, grads) -> np.ndarray:
-    """Every composition edge's EAP score (summed over pairs), per layer,
-    phase and branch at once: sum over (t, s) of dX[m] C[m, n] dM/dbranch[n]."""
+def _comp_scores(model, g: Graph, cc, xc, grads, positions: bool = False) -> np.ndarray:
+    """Every composition edge's EAP score (summed over pairs; with positions
+    by query position), per layer, phase and branch at once: sum over (t, s)
+    of dX[m] C[m, n] dM/dbranch[n]."""
     from . import routing
 
-    scores = np.zeros(len(g.edges))
+    T = np.asarray(cc["embed"]).shape[-2]
+    scores = np.zeros((len(g.edges), T) if positions else len(g.edges))
     pos = {e: i for i, e in enumerate(g.edges)}
     groups: Dict[Tuple[int, str, str], List[Edge]] = {}
     for e in g.detail.values():
@@ -665,23 +682,28 @@ def _comp_scores(model, g: Graph, cc, xc, grads) -> np.ndarray:
         dx = _masked(model, l, np.asarray(xc[xname], np.float64) - X)  # [B, N, T, S]
         gb = np.asarray(grads[hook_name(l, "attn.%s.%s" % (ph, b))], np.float64)  # [B, N, T, S]
         d = lambda w: np.asarray(cc[hook_name(l, "attn.dyn.%s.%s" % (ph, w))], np.float64)  # noqa: E731
+        diag = lambda v: np.einsum("nt,nm->nmt", v, np.eye(v.shape[0]))  # noqa: E731  [N, T] -> [N, N, T]
         if b == "skip":
-            mn = np.diag(np.einsum("bnts,bnts->n", dx, gb))
+            mn = diag(np.einsum("bnts,bnts->nt", dx, gb))
         elif b == "qg":
-            mn = np.diag(np.einsum("btn,bnts,bnts->n", d("qdd"), dx, gb))
+            mn = diag(np.einsum("btn,bnts,bnts->nt", d("qdd"), dx, gb))
         elif b == "kg":
-            mn = np.diag(np.einsum("bsn,bnts,bnts->n", d("kdd"), dx, gb))
+            mn = diag(np.einsum("bsn,bnts,bnts->nt", d("kdd"), dx, gb))
         elif b == "qp":
             C = np.einsum("btrm,btrn->btmn", d("qw1"), d("qw2"))
-            mn = np.einsum("btmn,bmts,bnts->mn", C, dx, gb, optimize=True)
+            mn = np.einsum("btmn,bmts,bnts->mnt", C, dx, gb, optimize=True)
         elif b == "kp":
             C = np.einsum("bsrm,bsrn->bsmn", d("kw1"), d("kw2"))
-            mn = np.einsum("bsmn,bmts,bnts->mn", C, dx, gb, optimize=True)
+            mn = np.einsum("bsmn,bmts,bnts->mnt", C, dx, gb, optimize=True)
         else:
             W = routing.static_map(model, l, ph)
             assert W is not None
-            mn = W * np.einsum("bmts,bnts->mn", dx, gb)
-        mn = mn * (routing._group_block(model) if b in BRANCH_COEF else 1.0)
+            mn = W[:, :, None] * np.einsum("bmts,bnts->mnt", dx, gb)
+        if not positions:
+            mn = mn.sum(-1)
+        if b in BRANCH_COEF:
+            block = routing._group_block(model)
+            mn = mn * (block[:, :, None] if positions else block)
         for e in es:
             scores[pos[e.name]] = mn[e.src_head, e.head]
     return scores
