@@ -10,6 +10,8 @@ TransformerLens spelling works too:
 | hook_embed                        | embed                       |
 | blocks.{l}.hook_resid_pre         | blocks.{l}.resid_pre        |
 | blocks.{l}.ln1.hook_normalized    | blocks.{l}.ln_attn          |
+| blocks.{l}.hook_q_input / _k / _v | blocks.{l}.attn.q_input / k_input / v_input |
+| blocks.{l}.hook_mlp_in            | blocks.{l}.mlp_input        |
 | blocks.{l}.attn.hook_q / _k / _v  | blocks.{l}.attn.q / k / v   |
 | blocks.{l}.attn.hook_attn_scores  | blocks.{l}.attn.scores      |
 | blocks.{l}.attn.hook_pattern      | blocks.{l}.attn.pattern     |
@@ -47,6 +49,10 @@ BRANCHES = ("skip", "qp", "kp", "qg", "kg")
 TL_LAYER_ALIASES = {
     "hook_resid_pre": "resid_pre",
     "ln1.hook_normalized": "ln_attn",
+    "hook_q_input": "attn.q_input",  # TransformerLens's use_split_qkv_input
+    "hook_k_input": "attn.k_input",
+    "hook_v_input": "attn.v_input",
+    "hook_mlp_in": "mlp_input",  # use_hook_mlp_in
     "attn.hook_q": "attn.q",
     "attn.hook_k": "attn.k",
     "attn.hook_v": "attn.v",
@@ -106,28 +112,30 @@ SHORT = {
 _GLOBAL = {"embed", "ln_final", "logits"}
 
 
+def _respell(name: str, global_table: Dict[str, str], layer_table: Dict[str, str]) -> Optional[str]:
+    """A hook name in the other spelling by the two tables (a global name;
+    blocks.{l}.<suffix> by its suffix), or None when they do not have it."""
+    if name in global_table:
+        return global_table[name]
+    m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
+    if m and m.group(2) in layer_table:
+        return "blocks.%s.%s" % (m.group(1), layer_table[m.group(2)])
+    return None
+
+
 def canonical(name: str) -> str:
     """The dclens name of a hook given in either spelling (unknown names pass
     through unchanged, for the engine to report)."""
     if not isinstance(name, str):
         return name
-    if name in TL_GLOBAL_ALIASES:
-        return TL_GLOBAL_ALIASES[name]
-    m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
-    if m and m.group(2) in TL_LAYER_ALIASES:
-        return "blocks.%s.%s" % (m.group(1), TL_LAYER_ALIASES[m.group(2)])
-    return name
+    out = _respell(name, TL_GLOBAL_ALIASES, TL_LAYER_ALIASES)
+    return name if out is None else out
 
 
 def tl_alias(name: str) -> Optional[str]:
     """The TransformerLens spelling of a dclens name, or None if it has none."""
     check_str("hook name", name)
-    if name in _REVERSE_GLOBAL:
-        return _REVERSE_GLOBAL[name]
-    m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
-    if m and m.group(2) in _REVERSE_LAYER:
-        return "blocks.%s.%s" % (m.group(1), _REVERSE_LAYER[m.group(2)])
-    return None
+    return _respell(name, _REVERSE_GLOBAL, _REVERSE_LAYER)
 
 
 def hook_names(model) -> List[str]:
