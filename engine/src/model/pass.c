@@ -90,6 +90,8 @@ void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sz[DCS_ACT
     sz[DCS_ACT_ROUTED] = c->moh ? M * (N - (uint64_t)c->moh_shared) : 0;
     sz[DCS_ACT_SHARED] = c->moh ? M * (uint64_t)c->moh_shared : 0;
     sz[DCS_ACT_BALANCE] = M * 2;
+    sz[DCS_ACT_ROW_3D] = 3 * sz[DCS_ACT_ROW_D];
+    sz[DCS_ACT_SHARED1] = M * (uint64_t)(c->moh && c->moh_shared > 0 ? c->moh_shared : 1);
 }
 
 const int dcs_dyn_points[2][2][3] = {{{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, DCS_HP_DYN_PRE_QDD},

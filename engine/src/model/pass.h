@@ -101,6 +101,8 @@ enum {
     DCS_ACT_ROUTED,  /* rlg: M*(N - hs)                                 */
     DCS_ACT_SHARED,  /* rs1: M*hs                                       */
     DCS_ACT_BALANCE, /* rs0: M*2                                        */
+    DCS_ACT_ROW_3D,  /* the qkv gradient: M*3D                          */
+    DCS_ACT_SHARED1, /* the shared scores' gradient: M*max(hs, 1)       */
     DCS_ACT_COUNT
 };
 void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sizes[DCS_ACT_COUNT]);

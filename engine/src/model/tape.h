@@ -15,15 +15,48 @@
 
 #include "pass.h"
 
-/* gradient buffers, reused by every layer */
+/* The backward's gradient buffers, reused by every layer, one list: name,
+ * size-table row (pass.h), condition on `any`, the union of the layers'
+ * plans (tape_plan.c). It is the tgrads struct and the tape's allocation. */
+#define DCS_TGRADS(X)                                                                                        \
+    X(dx, ROW_D, 1)                          /* the residual stream's gradient */                            \
+    X(dmo, ROW_D, 1)                         /* mlp.out                        */                            \
+    X(dug, ROW_F, 1)                         /* mlp.post                       */                            \
+    X(du, ROW_F, 1)                          /* mlp.pre                        */                            \
+    X(dln2, ROW_D, 1)                        /* ln_mlp                         */                            \
+    X(dao, ROW_D, 1)                         /* attn.out                       */                            \
+    X(dz, ROW_D, 1)                          /* attn.z                         */                            \
+    X(dv, ROW_D, 1)                          /* attn.v, q, k                   */                            \
+    X(dq, ROW_D, 1)                          /*                                */                            \
+    X(dk, ROW_D, 1)                          /*                                */                            \
+    X(dqkv, ROW_3D, 1)                       /* the q, k, v projection         */                            \
+    X(dln1, ROW_D, 1)                        /* ln_attn                        */                            \
+    X(dP, MAP, 1)                            /* pattern, scores                */                            \
+    X(dA, MAP, 1)                            /*                                */                            \
+    X(du3, ROW_F, any.mlp == DCS_MLP_SWIGLU) /* SwiGLU's w3 x               */                               \
+    X(dgate, MGATE, any.mlp_gate > 0)        /* the MLP group gate             */                            \
+    X(dmoh, ROW_D, any.moh)                  /* MoH: the router's input        */                            \
+    X(dhgate, HEADS, any.moh)                /* the head gate                  */                            \
+    X(dlg, ROUTED, any.moh)                  /* router logits                  */                            \
+    X(ds1, SHARED1, any.moh)                 /* shared scores                  */                            \
+    X(ds0, BALANCE, any.moh)                 /* balance                        */                            \
+    X(dPc, MAP, any.dcmha)                   /* composed pattern, scores       */                            \
+    X(dAc, MAP, any.dcmha)                   /*                                */                            \
+    X(dW, DYN_ALL, any.dcmha)                /* the dynamic weights, unsplit   */                            \
+    X(dG, GATES, any.dcmha)                  /* the gates, unsplit             */                            \
+    X(dhid, HID, any.dcmha)                  /* the dynamic-weight MLP's hidden */                           \
+    X(dw1raw, DYN_W, any.dcmha)              /* w1 before its RMS norm         */
+/* per phase and side (DCMHA) */
+#define DCS_TGRADS_DYN(X) X(dw1, DYN_W) X(dw2, DYN_W) X(ddd, DYN_D)
+
 typedef struct {
-    float *dx, *dmo, *dug, *du, *dln2, *dao, *dz, *dv, *dq, *dk, *dqkv, *dln1;
-    float *dPc, *dP, *dAc, *dA;
-    float *dW, *dG, *dhid, *dw1raw;
-    float *dsw[2];                          /* static maps [G, Mg, Mg] (use_sw)   */
-    float *dmoh, *dhgate, *dlg, *ds1, *ds0; /* MoH: dh [M, D], head gate, logits */
-    float *dw1[2][2], *dw2[2][2], *ddd[2][2];
-    float *du3, *dgate; /* DCFormer++'s SwiGLU: [M, F], the group gate [M, E] */
+#define DCS_TG_FIELD(name, size, cond) float *name;
+#define DCS_TG_DYN_FIELD(name, size) float *name[2][2];
+    DCS_TGRADS(DCS_TG_FIELD)
+    DCS_TGRADS_DYN(DCS_TG_DYN_FIELD)
+#undef DCS_TG_FIELD
+#undef DCS_TG_DYN_FIELD
+    float *dsw[2]; /* the static maps' parameter gradients [G, Mg, Mg] (use_sw), per layer */
 } tgrads;
 
 struct dcs_tape {

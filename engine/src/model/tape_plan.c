@@ -113,13 +113,12 @@ int dcs_tape_alloc(dcs_tape *tp) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const int B = tp->B, T = tp->T;
-    const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, F = c->d_ff, V = c->vocab;
+    const size_t M = (size_t)B * T, D = c->d_model, N = c->n_head, V = c->vocab;
     const size_t Ls = c->n_layer;
-    const size_t C = c->dyn_slots, RN = (size_t)c->dyn_rank * N;
+    const size_t RN = (size_t)c->dyn_rank * N;
     const dcs_layer_plan any = any_layer(m);
     uint64_t sz[DCS_ACT_COUNT];
     dcs_act_sizes(c, B, T, T, sz);
-    const size_t BNTT = sz[DCS_ACT_MAP];
     int ok = 1;
     if (tp->recompute) {
         /* the checkpoints: one [M, D] per layer; one layer's internals */
@@ -155,44 +154,17 @@ int dcs_tape_alloc(dcs_tape *tp) {
                 A_(tp->kT[ph][i], (size_t)B * Tp * (i < 2 ? RN : N));
                 A_(tp->dkT[ph][i], (size_t)B * Tp * (i < 2 ? RN : N));
             }
-    A_(d->dx, M * D);
-    A_(d->dmo, M * D);
-    A_(d->dug, M * F);
-    A_(d->du, M * F);
-    A_(d->dln2, M * D);
-    A_(d->dao, M * D);
-    A_(d->dz, M * D);
-    A_(d->dv, M * D);
-    A_(d->dq, M * D);
-    A_(d->dk, M * D);
-    A_(d->dqkv, M * 3 * D);
-    A_(d->dln1, M * D);
-    A_(d->dP, BNTT);
-    A_(d->dA, BNTT);
-    if (any.mlp == DCS_MLP_SWIGLU) A_(d->du3, M * F);
-    if (any.mlp_gate > 0) A_(d->dgate, M * (size_t)any.mlp_gate);
-    if (any.moh) {
-        const size_t hs = c->moh_shared;
-        A_(d->dmoh, M * D);
-        A_(d->dhgate, M * N);
-        A_(d->dlg, M * (N - hs));
-        A_(d->ds1, M * (hs ? hs : 1));
-        A_(d->ds0, M * 2);
-    }
-    if (any.dcmha) {
-        A_(d->dPc, BNTT);
-        A_(d->dAc, BNTT);
-        A_(d->dW, M * C * 2 * RN);
-        A_(d->dG, M * C * N);
-        A_(d->dhid, sz[DCS_ACT_HID]);
-        A_(d->dw1raw, M * RN);
+#define GRAD(name, size, cond)                                                                               \
+    if (cond) A_(d->name, sz[DCS_ACT_##size]);
+    DCS_TGRADS(GRAD)
+#undef GRAD
+    if (any.dcmha)
         for (int ph = 0; ph < 2; ph++)
             for (int s = 0; s < 2; s++) {
-                A_(d->dw1[ph][s], M * RN);
-                A_(d->dw2[ph][s], M * RN);
-                A_(d->ddd[ph][s], M * N);
+#define GRAD_DYN(name, size) A_(d->name[ph][s], sz[DCS_ACT_##size]);
+                DCS_TGRADS_DYN(GRAD_DYN)
+#undef GRAD_DYN
             }
-    }
 #undef A_
     return ok;
 }
