@@ -155,8 +155,6 @@ def main(argv=None) -> int:
         a.small = any(k.endswith("#sha256") or k == "blas_core" for k in np.load(a.file).files)
     got = collect(a.small)
     if a.mode == "dump":
-        import dclens
-
         got["blas_core"] = np.frombuffer(machine().encode(), np.uint8)
     if a.mode == "dump":
         np.savez_compressed(a.file, **got)

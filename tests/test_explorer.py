@@ -14,6 +14,7 @@ import pytest
 import dclens
 from dclens import explorer, routing
 from dclens.cli import main as cli_main
+from dclens.mask import allowed
 from dclens.names import hook_name
 
 BUDGET = 3 * 1000 * 1000
@@ -65,12 +66,12 @@ def test_stored_values_decode_to_the_engine_within_half_a_step(models, line200):
     _, tcache = twin.run_with_cache(line200, names=lambda n: n.endswith("attn.pattern"))
     T, c = 200, model.config
     for l, arrs in data.items():
-        vis = explorer.visible_mask(T, c.window_size if l in c.local_layers else 0)
+        vis = allowed(T, T, c.window_size if l in c.local_layers else 0)
         checks = {
             name: (cache[hook_name(l, "attn." + name)], vis)
             for name in ("scores", "pattern", "scores_composed", "pattern_composed")
         }
-        checks["twin.pattern"] = (tcache[hook_name(l, "attn.pattern")], explorer.visible_mask(T, 0))
+        checks["twin.pattern"] = (tcache[hook_name(l, "attn.pattern")], allowed(T, T, 0))
         for name, (want, v) in checks.items():
             q, sc, shape = arrs[name]
             assert shape == list(want.shape)
@@ -202,7 +203,7 @@ def _pattern_rows(html, layer, T, window=0):
     """The stored softmax pattern of a layer, decoded to [N, T, S] (0 at masked cells)."""
     data, meta = decode(html)
     q, sc, shape = data[layer]["pattern"]
-    vis = explorer.visible_mask(T, window)
+    vis = allowed(T, T, window)
     out = np.zeros(shape)
     out[:, vis] = (q * np.repeat(sc, np.tile(vis.sum(1), shape[0]))).reshape(shape[0], -1)
     return out

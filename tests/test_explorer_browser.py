@@ -21,6 +21,7 @@ import pytest
 
 import dclens
 from dclens import explorer, routing
+from dclens.mask import allowed
 from dclens.names import hook_name
 
 CHROMIUM, DRIVER = (
@@ -112,7 +113,7 @@ def _row_check(got, want, step, visible):
 
 def _vis(model, layer, T):
     c = model.config
-    return explorer.visible_mask(T, c.window_size if layer in c.local_layers else 0)
+    return allowed(T, T, c.window_size if layer in c.local_layers else 0)
 
 
 def _flow_reference(model, cache, layer, phase, m, t):

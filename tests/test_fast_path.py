@@ -109,7 +109,7 @@ def test_logits_at(tiny_factory):
     for b in range(3):
         _same(got[b], full[b, pos[b]])
     # with the final hooks asked for, the full unembedding runs and rows are gathered
-    lg, cache = model._run(toks, capture=["logits"], logits_at=pos)
+    lg, cache = model.runner.run(toks, capture=["logits"], logits_at=pos)
     _same(lg[1], full[1, pos[1]])
     _same(cache["logits"], full)
 

@@ -267,7 +267,7 @@ def test_hook_name_either_order_and_table(tiny_factory):
         model.hook_name(2, "attn.post.kp")
     # the name table agrees with the engine's own parser, both ways
     for i, n in enumerate(model.hook_names):
-        assert model._hook_table.name[model.parse_hook(n)] == n
+        assert model.runner.hook_table.name[model.parse_hook(n)] == n
     assert len(set(model.hook_names)) == len(model.hook_names)
     with pytest.raises(dclens.Error, match="blocks.7.attn.q"):
         model.parse_hook("blocks.7.attn.q")  # not in the table: the engine says why

@@ -15,6 +15,7 @@ class ModelLike(Protocol):
     errors, runs) and its weights and hooks by name."""
 
     config: Any
+    plan: Any  # the engine's LayerPlan of each layer
     device: str
     name: str
     runner: Any  # a runner.Runner (not imported: runner sits above this module)
@@ -35,3 +36,7 @@ class ModelLike(Protocol):
     def to_str_tokens(self, text_or_tokens: Any, lengths: Any = ...) -> Any: ...
 
     def run_with_cache(self, tokens: Any, *args: Any, **kw: Any) -> Any: ...
+
+    def hooks_in_force(self, per_call: Any = ...) -> Any: ...
+
+    def token_ids(self, tokens: Any) -> Any: ...

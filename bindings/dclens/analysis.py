@@ -49,6 +49,7 @@ import numpy as np
 
 from . import progress as _progress
 from ._checks import check_index, check_layers, is_choice
+from .mask import allowed, layer_window
 from .model import Error, Model
 from .names import PHASES, hook_name
 
@@ -239,13 +240,17 @@ class CompositionStats:
     n_queries: int
 
 
-def _allowed(T: int, window: int) -> np.ndarray:
-    t = np.arange(T)[:, None]
-    s = np.arange(T)[None, :]
-    m = s <= t
-    if window > 0:
-        m &= t - s <= window
-    return m
+def _side_terms(cache, p: str, side: str, block: np.ndarray, weight: np.ndarray, sums: Dict[str, float]):
+    """The query- (side "q") or key-side ("k") part of C - I of one layer and
+    phase ([T, N, N]: projection plus gate, from the cache's dyn.* hooks
+    under prefix p); adds their |entries|, weighted by how many allowed
+    pairs each position is in, to sums["qp"] / sums["qg"] (or "kp" / "kg")."""
+    w1, w2 = cache[p + side + "w1"].astype(np.float64), cache[p + side + "w2"]
+    proj = np.einsum("tin,tim->tnm", w1, w2) * block
+    gate = cache[p + side + "dd"][:, :, None] * np.eye(block.shape[0])
+    sums[side + "p"] += float(weight @ np.abs(proj).sum((1, 2)))
+    sums[side + "g"] += float(weight @ np.abs(gate).sum((1, 2)))
+    return proj + gate
 
 
 def composition_stats(
@@ -289,27 +294,14 @@ def composition_stats(
         _, cache = model.run_with_cache(toks, names=names)
         T = len(toks)
         for l in layers:
-            window = c.window_size if l in c.local_layers else 0
-            ok = _allowed(T, window)  # [T, S]
+            ok = allowed(T, T, layer_window(model, l))  # [T, S]
             n_t, n_s = ok.sum(1), ok.sum(0)  # allowed keys per query, queries per key
             for ph in phases:
                 a = acc[(l, ph)]
                 p = hook_name(l, "attn.dyn.%s." % ph)
-                terms_q = np.zeros((T, N, N))  # query-side part of C - I
-                terms_k = np.zeros((T, N, N))  # key-side part
-                eye = np.eye(N)
-                if not c.key_wise:
-                    qp = np.einsum("tin,tim->tnm", cache[p + "qw1"].astype(np.float64), cache[p + "qw2"]) * block
-                    qg = cache[p + "qdd"][:, :, None] * eye
-                    a["sums"]["qp"] += float(n_t @ np.abs(qp).sum((1, 2)))
-                    a["sums"]["qg"] += float(n_t @ np.abs(qg).sum((1, 2)))
-                    terms_q = qp + qg
-                if not c.query_wise:
-                    kp = np.einsum("sin,sim->snm", cache[p + "kw1"].astype(np.float64), cache[p + "kw2"]) * block
-                    kg = cache[p + "kdd"][:, :, None] * eye
-                    a["sums"]["kp"] += float(n_s @ np.abs(kp).sum((1, 2)))
-                    a["sums"]["kg"] += float(n_s @ np.abs(kg).sum((1, 2)))
-                    terms_k = kp + kg
+                # the query-side part of C - I [T, N, N] and the key-side part [S, N, N]
+                terms_q = np.zeros((T, N, N)) if c.key_wise else _side_terms(cache, p, "q", block, n_t, a["sums"])
+                terms_k = np.zeros((T, N, N)) if c.query_wise else _side_terms(cache, p, "k", block, n_s, a["sums"])
                 W = statics[(l, ph)]
                 if W is not None:
                     a["sums"]["static"] += float(ok.sum() * np.abs(W).sum())

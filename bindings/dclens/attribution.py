@@ -29,7 +29,7 @@ from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _facade, progress as _progress, tapes
+from . import progress as _progress, tapes
 from .grad import target_value_and_grad
 from ._checks import Error, check_index, is_choice
 from ._engine import lib
@@ -83,7 +83,6 @@ def _baseline_array(baseline) -> np.ndarray:
     return a0
 
 
-@_facade.provides("attribute")
 def attribute(
     model,
     tokens,
@@ -102,7 +101,7 @@ def attribute(
     steps = check_index("attribute: steps", steps, 1, 2**31)
     if chunk is not None:  # None: as many steps per batch as the memory budget allows
         chunk = check_index("attribute: chunk", chunk, 1, 2**31)
-    toks, batched = model.runner.tokens(tokens)
+    toks, batched = model.token_ids(tokens)
     B, T = toks.shape
     if isinstance(at, str):
         at = [at]

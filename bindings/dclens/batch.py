@@ -25,6 +25,7 @@ import numpy as np
 from ._checks import ArgumentError, Error, is_choice, token_array
 from .cache import Cache
 from .hooks import is_read_only, read_only
+from .mask import allowed, layer_window
 
 _MAP_PREFIXES = ("attn.pre.", "attn.post.")
 _MAPS = ("attn.scores", "attn.scores_composed", "attn.pattern", "attn.pattern_composed")
@@ -227,7 +228,7 @@ def call(
         raise ArgumentError("tokens must be a non-empty [T] or [B, T] array, got shape %s" % (a.shape,))
     if not batched and model.always_batch:
         a, batched = a[None], True
-    fns = model.runner.hooks_in_force(fns)
+    fns = model.hooks_in_force(fns)
     shifts = None
     if batched and lengths is not None and padding_side == "left":
         shifts = (a.shape[1] - lengths).astype(np.int64)
@@ -237,6 +238,7 @@ def call(
         else:
             shifts = None
     need_logits = return_type is not None
+    model.token_ids(a)  # checked, and a ContextWarning for a long prompt
     logits, cache = model.runner.run(a, capture=list(capture), fns=fns, logits=need_logits)
     if fns:
         _apply_mask_rule(model, cache)
@@ -290,18 +292,14 @@ def _left_view(fn, name: str, shifts: np.ndarray):
 def _apply_mask_rule(model, cache: Cache) -> None:
     """Cached post-softmax maps show what the pass used: masked cells 0
     (the engine zeroes them after a hook writes there; hooks.md)."""
-    c = model.config
     for k in list(cache):
         s = _suffix(k)
         if not (s in _POST_SOFTMAX or s.startswith("attn.post.")):
             continue
         v = cache[k]
         T, S = v.shape[-2:]
-        layer = int(k.split(".")[1])
-        w = c.window_size if layer in c.local_layers else 0
-        t, j = np.indices((T, S))
-        allowed = (j <= t) & ((w <= 0) | (t - j <= w))
-        if not np.all(v[..., ~allowed] == 0):
+        masked = ~allowed(T, S, layer_window(model, int(k.split(".")[1])))
+        if not np.all(v[..., masked] == 0):
             v = v.copy()
-            v[..., ~allowed] = 0
+            v[..., masked] = 0
             dict.__setitem__(cache, k, v)

@@ -49,6 +49,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from ._checks import ArgumentError, ArgumentTypeError, Error, c_path, check_bool, check_index, show_path, token_array
+from .mask import allowed, layer_window
 from .names import BRANCHES, PHASES, hook_name
 
 _PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
@@ -167,14 +168,8 @@ class _Blob:
         return base64.b64encode(zlib.compress(b"".join(self.parts), 9)).decode("ascii")
 
 
-def visible_mask(T: int, window: int) -> np.ndarray:
-    """[T, S] True where query t may see key s: s <= t and, with a window w > 0, t - s <= w."""
-    t, s = np.indices((T, T))
-    return (s <= t) & ((window <= 0) | (t - s <= window))
-
-
 def _n_visible(T: int, window: int) -> int:
-    """visible_mask(T, window).sum(), without building it."""
+    """allowed(T, T, window).sum(), without building it."""
     if window <= 0 or window + 1 >= T:
         return T * (T + 1) // 2
     w = window + 1
@@ -207,7 +202,7 @@ def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
 
     c = model.config
     T = cache[hook_name(layer, "attn.pattern")].shape[-1]
-    vis = visible_mask(T, c.window_size if layer in c.local_layers else 0)
+    vis = allowed(T, T, layer_window(model, layer))
     blob = _Blob()
     for ph in PHASES:
         src, total = _PHASE_MAPS[ph]
@@ -225,13 +220,8 @@ def _layer_blob(model, cache, layer: int, twin_cache, twin) -> _Blob:
         if W is not None:
             blob.dense("static.%s" % ph, W, bits=16)
     if twin_cache is not None and layer < twin.config.n_layer:
-        tc = twin.config
-        _put_map(
-            blob,
-            "twin.pattern",
-            twin_cache[hook_name(layer, "attn.pattern")],
-            visible_mask(T, tc.window_size if layer in tc.local_layers else 0),
-        )
+        twin_vis = allowed(T, T, layer_window(twin, layer))
+        _put_map(blob, "twin.pattern", twin_cache[hook_name(layer, "attn.pattern")], twin_vis)
     return blob
 
 
@@ -374,7 +364,7 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
         model.runner.refuse_hooks("explore(attribution=%r) computes integrated gradients" % (attribution,))
     # bytes before compression: the stored maps' visible cells (+ routing and dyn rows, [T, N] each)
     n_maps = 2 + (2 + 4 * c.n_head / T if c.use_dcmha else 0) + (twin is not None)
-    est = sum(_n_visible(T, c.window_size if l in c.local_layers else 0) for l in lays) * c.n_head * n_maps
+    est = sum(_n_visible(T, layer_window(model, l)) for l in lays) * c.n_head * n_maps
     if est > _LIMIT_BYTES:
         raise Error(
             "explore: %d tokens x %d layers would embed about %d MB; pass layers=[...] (fewer layers) "
@@ -423,10 +413,8 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
         "n_head": c.n_head,
         "T": T,
         "layers": lays,
-        "windows": {str(l): (c.window_size if l in c.local_layers else 0) for l in lays},
-        "twin_windows": {str(l): (twin.config.window_size if l in twin.config.local_layers else 0) for l in lays}
-        if twin is not None
-        else None,
+        "windows": {str(l): layer_window(model, l) for l in lays},
+        "twin_windows": {str(l): layer_window(twin, l) for l in lays} if twin is not None else None,
         "dcmha": bool(c.use_dcmha),
         "branches": list(BRANCHES),
         "flow_branches": list(flow_branches(model)) if c.use_dcmha else ["skip"],

@@ -21,7 +21,6 @@ import numbers
 
 import numpy as np
 
-from . import _facade
 from ._engine import ffi, lib
 from ._checks import ArgumentError, EngineObject, check_index, check_str, is_choice
 from ._checks import Error, check_status as _check
@@ -81,7 +80,7 @@ class Decoder(EngineObject):
         r = m.runner
         run = _Run(r.hook_table, False)
         want_cache = cache_names is None or bool(cache_names)
-        fns = [(m.resolve_hook(name), fn) for name, fn in r.hooks_in_force(fwd_hooks)]
+        fns = [(m.resolve_hook(name), fn) for name, fn in m.hooks_in_force(fwd_hooks)]
         want = r.hook_plan(run, r.select(cache_names) if want_cache else (), fns)
         out = np.empty((n, m.config.vocab), dtype=np.float32) if logits else None
         ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
@@ -135,7 +134,6 @@ def _stops(stop, vocab: int):
     return ids, strs
 
 
-@_facade.provides("generate")
 def generate(
     model: Model,
     prompt,

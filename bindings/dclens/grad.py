@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _facade, tapes
+from . import tapes
 from ._engine import ffi, lib
 from ._checks import Error, check_status as _check
 from . import memplan
@@ -124,13 +124,12 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
 # ------------------------------------------------------------------ gradients
 
 
-@_facade.provides("gradients")
 def gradients(
     model, tokens, target, wrt: Sequence[str], return_value: bool = False, max_tape_bytes: Optional[int] = None
 ):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
     model.runner.refuse_hooks("gradients")
-    toks, batched = model.runner.tokens(tokens)
+    toks, batched = model.token_ids(tokens)
     B, T = toks.shape
     if isinstance(wrt, str):
         wrt = [wrt]

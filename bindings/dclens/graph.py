@@ -299,10 +299,10 @@ def _phase_input(vals: Dict[str, np.ndarray], e: Edge) -> np.ndarray:
 
 
 def _masked(model, l: int, a: np.ndarray) -> np.ndarray:
-    from . import routing
+    from .mask import allowed, layer_window
 
     T, S = a.shape[-2:]
-    return np.where(routing._mask(T, S, routing._window(model, l)), a, 0.0)
+    return np.where(allowed(T, S, layer_window(model, l)), a, 0.0)
 
 
 def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph: Optional[Graph] = None) -> float:

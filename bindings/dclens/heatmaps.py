@@ -25,12 +25,13 @@ import math
 import numbers
 import os
 import struct
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._engine import ffi, lib
 from ._checks import ArgumentTypeError, c_path, check_bool, check_index, is_choice, show_path, token_array
+from .mask import allowed, layer_window
 from .model import Error, Model
 from .names import BRANCHES, hook_name
 
@@ -369,8 +370,7 @@ def _visible_values(maps, mask_upper: bool) -> np.ndarray:
     if a.ndim < 2:
         return a.ravel()
     if mask_upper:
-        t, s = np.indices(a.shape[-2:])
-        a = a[..., s <= t]
+        a = a[..., allowed(*a.shape[-2:])]
     a = a.ravel()
     return a[np.isfinite(a)]
 
@@ -469,6 +469,79 @@ _PASSED_ON = (
 )
 
 
+def _prompt_tokens(model: Model, text_or_tokens) -> np.ndarray:
+    """The [T] tokens of attention_heatmap's prompt (a string or token ids), checked."""
+    if isinstance(text_or_tokens, str):
+        if not text_or_tokens:
+            raise Error("heatmap: the text is empty")
+        tokens = model.to_tokens(text_or_tokens)
+    else:
+        tokens = token_array(text_or_tokens)
+    if tokens.ndim != 1 or tokens.size == 0 or tokens.dtype.kind not in "iu":
+        raise Error(
+            "heatmap: tokens must be a string or a non-empty 1-D integer token array, got %s %s"
+            % (tokens.dtype, tokens.shape)
+        )
+    return tokens
+
+
+def _branch_maps(
+    model: Model, tokens, layer, head: Optional[int], phase: str
+) -> Tuple[List[np.ndarray], List[str], str]:
+    """hook="branches": one head's compose branches of `phase` and their sum,
+    their titles and the picture's."""
+    if head is None or layer == "all":
+        raise Error("heatmap: hook='branches' needs one layer and one head")
+    if not is_choice(phase, ("pre", "post")):
+        raise Error("heatmap: phase must be 'pre' or 'post'")
+    names = [hook_name(layer, "attn.%s.%s" % (phase, b_)) for b_ in BRANCHES + ("static",)]
+    names = [n for n in names if n in model.hook_names]
+    total = hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
+    _, cache = model.run_with_cache(tokens, names=names + [total])
+    maps = [cache[n][head] for n in names] + [cache[total][head]]
+    titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
+    return maps, titles, "%s: L%s H%d %s-compose branches" % (model.name, layer, head, phase)
+
+
+def _hook_maps(model: Model, tokens, layer, head: Optional[int], hooks: List[str], pair: bool):
+    """The panels of `hooks` for every head (or `head`) of `layer` (or of every
+    layer, layer="all"): maps, titles, windows, diverging or not, and the low
+    end of each colour bar (0 for a softmax pattern, else None)."""
+    c = model.config
+    if pair and not c.use_dcmha:
+        raise Error("heatmap: %s has no composed weights (plain multi-head attention): use hook='pattern'" % model.name)
+    layers = list(range(c.n_layer)) if layer == "all" else [layer]
+    if layer == "all" and head is None:
+        raise Error("heatmap: layer='all' needs a head")
+    names = [hook_name(l, "attn.%s" % h) for l in layers for h in hooks]
+    for n in names:
+        model.parse_hook(n)
+    _, cache = model.run_with_cache(tokens, names=names)
+    heads = list(range(c.n_head)) if head is None else [head]
+    maps: List[np.ndarray] = []
+    titles: List[str] = []
+    windows: List[int] = []
+    div: List[bool] = []
+    low: List[Optional[float]] = []
+    for l in layers:
+        for h in heads:
+            for hk in hooks:
+                arr = cache[hook_name(l, "attn.%s" % hk)]
+                if arr.ndim != 3:
+                    raise Error("heatmap: hook %s is not an [N, T, S] map" % hook_name(l, "attn.%s" % hk))
+                maps.append(arr[h])
+                what = {"pattern": "softmax", "pattern_composed": "composed"}.get(hk, hk) if pair else ""
+                titles.append(
+                    ("L%s H%d %s" % (l, h, what)).strip()
+                    + (" (local)" if layer == "all" and l in c.local_layers else "")
+                )
+                windows.append(layer_window(model, l))
+                softmax = hk.endswith("pattern") and not hk.endswith("_composed")
+                div.append(not softmax)
+                low.append(0.0 if softmax else None)  # a softmax pattern's colour bar starts at 0
+    return maps, titles, windows, div, low
+
+
 def attention_heatmap(
     model: Model,
     text_or_tokens,
@@ -517,17 +590,7 @@ def attention_heatmap(
             % (", ".join(unknown), ", ".join(_PASSED_ON))
         )
     fit_cols, fit_cell = not kw.get("grid_cols"), not kw.get("cell_px")
-    if isinstance(text_or_tokens, str):
-        if not text_or_tokens:
-            raise Error("heatmap: the text is empty")
-        tokens = model.to_tokens(text_or_tokens)
-    else:
-        tokens = token_array(text_or_tokens)
-    if tokens.ndim != 1 or tokens.size == 0 or tokens.dtype.kind not in "iu":
-        raise Error(
-            "heatmap: tokens must be a string or a non-empty 1-D integer token array, got %s %s"
-            % (tokens.dtype, tokens.shape)
-        )
+    tokens = _prompt_tokens(model, text_or_tokens)
     a, b, note = _view(tokens.size, query, window, positions)  # refuse before any pass
     try:
         labels = model.to_str_tokens(tokens)
@@ -539,8 +602,8 @@ def attention_heatmap(
         head = check_index("heatmap: head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
     if layer != "all":
         layer = check_index("heatmap: layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
-    if layer != "all" and layer in c.local_layers:
-        kw.setdefault("mask_window", c.window_size)
+        if layer_window(model, layer):
+            kw.setdefault("mask_window", layer_window(model, layer))
     if hook is None:
         hook = "pattern+composed" if c.use_dcmha and hook != "branches" else "pattern"
     view = lambda m: m[..., a:b, a:b]
@@ -555,48 +618,13 @@ def attention_heatmap(
         return t if note is None else "%s; %s" % (t, note)
 
     if hook == "branches":
-        if head is None or layer == "all":
-            raise Error("heatmap: hook='branches' needs one layer and one head")
-        if not is_choice(phase, ("pre", "post")):
-            raise Error("heatmap: phase must be 'pre' or 'post'")
-        names = [hook_name(layer, "attn.%s.%s" % (phase, b_)) for b_ in BRANCHES + ("static",)]
-        names = [n for n in names if n in model.hook_names]
-        total = hook_name(layer, "attn.%s" % ("scores_composed" if phase == "pre" else "pattern_composed"))
-        _, cache = model.run_with_cache(tokens, names=names + [total])
-        maps: Any = [cache[n][head] for n in names] + [cache[total][head]]
-        titles = [n.rsplit(".", 1)[1] for n in names] + ["sum"]
-        kw["title"] = titled(kw.get("title", "%s: L%s H%d %s-compose branches" % (model.name, layer, head, phase)))
+        maps, titles, default_title = _branch_maps(model, tokens, layer, head, phase)
+        kw["title"] = titled(kw.get("title", default_title))
         return draw(maps, 1, len(maps), tokens=labels, titles=titles, diverging=True, **kw)
 
     pair = hook == "pattern+composed"
-    if pair and not c.use_dcmha:
-        raise Error("heatmap: %s has no composed weights (plain multi-head attention): use hook='pattern'" % model.name)
     hooks = ["pattern", "pattern_composed"] if pair else [hook]
-    layers = list(range(c.n_layer)) if layer == "all" else [layer]
-    if layer == "all" and head is None:
-        raise Error("heatmap: layer='all' needs a head")
-    names = [hook_name(l, "attn.%s" % h) for l in layers for h in hooks]
-    for n in names:
-        model.parse_hook(n)
-    _, cache = model.run_with_cache(tokens, names=names)
-    heads = list(range(c.n_head)) if head is None else [head]
-    maps, titles, windows, div, low = [], [], [], [], []
-    for l in layers:
-        for h in heads:
-            for hk in hooks:
-                arr = cache[hook_name(l, "attn.%s" % hk)]
-                if arr.ndim != 3:
-                    raise Error("heatmap: hook %s is not an [N, T, S] map" % hook_name(l, "attn.%s" % hk))
-                maps.append(arr[h])
-                what = {"pattern": "softmax", "pattern_composed": "composed"}.get(hk, hk) if pair else ""
-                titles.append(
-                    ("L%s H%d %s" % (l, h, what)).strip()
-                    + (" (local)" if layer == "all" and l in c.local_layers else "")
-                )
-                windows.append(c.window_size if l in c.local_layers else 0)
-                softmax = hk.endswith("pattern") and not hk.endswith("_composed")
-                div.append(not softmax)
-                low.append(0.0 if softmax else None)  # a softmax pattern's colour bar starts at 0
+    maps, titles, windows, div, low = _hook_maps(model, tokens, layer, head, hooks, pair)
     if layer == "all":
         kw.setdefault("panel_windows", windows)
         default_title = "%s: head %s across layers: %s" % (model.name, head, hook)

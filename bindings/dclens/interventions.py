@@ -19,6 +19,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._checks import check_index, check_layers, check_str, is_choice
+from .mask import allowed, layer_window
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -361,8 +362,8 @@ def lent_terms(model: Model, layer: int, phase: str, branch: str, X: np.ndarray,
 
     N = model.config.n_head
     T, S = X.shape[-2:]
-    mask = routing._mask(T, S, routing._window(model, layer))
-    x = np.where(mask, X[..., source, :, :].astype(np.float64), 0.0)  # [..., T, S], masked cells 0
+    visible = allowed(T, S, layer_window(model, layer))
+    x = np.where(visible, X[..., source, :, :].astype(np.float64), 0.0)  # [..., T, S], masked cells 0
     block = routing._group_block(model)[source]  # [N]
     if branch == "qp":
         coef = np.einsum("...tr,...trn->...tn", dyn["qw1"][..., source], dyn["qw2"]) * block  # [..., T, N]

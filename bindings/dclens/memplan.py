@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import _facade
 from ._checks import Error, check_status as _check
 from ._engine import ffi, lib
 
@@ -99,7 +98,6 @@ def param_table(model) -> List[Tuple[str, int, int, bool]]:
     return rows
 
 
-@_facade.provides("estimate_backward_memory")
 def estimate(
     model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: Optional[int] = None
 ) -> Dict[str, object]:

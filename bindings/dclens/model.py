@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _facade, batch, names as _names
+from . import attribution, batch, grad, memplan, names as _names, routing
 from ._checks import (
     ArgumentError,
     Error,
@@ -44,7 +44,8 @@ from ._engine import ffi, lib
 from . import blas, hub
 from .bundled import resolve
 from .cache import Cache
-from .hooks import HookFn, HookTable, hook_pairs
+from .generate import generate as _generate
+from .hooks import HookFn, hook_pairs
 from .reference import ModelRef, fingerprint
 from .runner import Names, Runner
 from .weights import WeightsMixin
@@ -367,6 +368,9 @@ class Model(WeightsMixin):
         self._ref = ModelRef(
             source=os.path.abspath(os.fsdecode(path)), device=device, n_threads=n_threads, files=fingerprint(path)
         )
+        # the hooks in force (add_hook, `with model.hooks(...)`): the model's,
+        # changed in place only here; its runner reads them (refuse_hooks)
+        self._ctx_hooks: List[Tuple[str, HookFn]] = []
         # the engine handle, its lock, errors and runs (runner.py); its name
         # and device are the model's (name and device below are properties)
         self.runner = Runner(
@@ -374,8 +378,7 @@ class Model(WeightsMixin):
             int(lib.dcs_model_config(handle).vocab),
             int(lib.dcs_model_config(handle).n_layer),
             device=device,
-            to_tokens=self.to_tokens,
-            check_context=self.check_context,
+            hooks=self._ctx_hooks,
         )
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
@@ -509,7 +512,7 @@ class Model(WeightsMixin):
         return dataclasses.replace(self._ref, always_batch=bool(self.always_batch))
 
     def __reduce__(self):
-        if self.runner.ctx_hooks:
+        if self._ctx_hooks:
             warnings.warn(
                 "%s: hooks added with add_hook / model.hooks are not pickled; the unpickled model has none" % self.name,
                 stacklevel=2,
@@ -528,18 +531,10 @@ class Model(WeightsMixin):
         what is wrong with any other name."""
         return self.runner.parse_hook(name)
 
-    # the runner's members under their former private names (tests, scripts)
     @property
     def _m(self) -> Any:
+        """The engine handle (model.runner.handle) under its former name (tests, scripts)."""
         return self.runner.handle
-
-    @property
-    def _hook_table(self) -> HookTable:
-        return self.runner.hook_table
-
-    @property
-    def _ctx_hooks(self) -> List[Tuple[str, HookFn]]:
-        return self.runner.ctx_hooks
 
     def _expand_hooks(self, pairs: Sequence[Tuple[str, HookFn]]) -> List[Tuple[str, HookFn]]:
         """(name, fn) pairs with TransformerLens' predicate names, (lambda name: ..., fn),
@@ -552,27 +547,28 @@ class Model(WeightsMixin):
                 out.append((n, fn))
         return out
 
-    def _errmsg(self) -> str:
-        return self.runner.errmsg()
+    def hooks_in_force(self, per_call: Sequence[Tuple[str, HookFn]] = ()) -> List[Tuple[str, HookFn]]:
+        """The hooks a pass runs, written once for every path that computes
+        activations (docs/api.md "Which hooks a pass runs"): first the
+        model's own hooks (add_hook and `with model.hooks(...)`, in the order
+        they were added), then the call's fwd_hooks in the order given; names
+        in dclens spelling. A per-call hook thus sees what an intervention in
+        force wrote."""
+        out = [(_names.canonical(n), fn) for n, fn in list(self._ctx_hooks) + list(per_call)]
+        for n, fn in out:
+            if not callable(fn):
+                raise Error("hook %s: %r is not callable" % (n, fn))
+        return out
 
-    def _engine_lock(self):
-        return self.runner.engine_lock()
-
-    def _select(self, names: Names) -> List[str]:
-        return self.runner.select(names)
-
-    def _tokens(self, tokens) -> Tuple[np.ndarray, bool]:
-        return self.runner.tokens(tokens)
-
-    def _run(
-        self,
-        tokens,
-        capture: Sequence[str] = (),
-        fns: Sequence[Tuple[str, HookFn]] = (),
-        logits: bool = True,
-        logits_at=None,
-    ):
-        return self.runner.run(tokens, capture, fns, logits, logits_at)
+    def token_ids(self, tokens) -> Tuple[np.ndarray, bool]:
+        """What a run takes: tokens (a string, [T] or [B, T] ids) as a checked
+        int32 [B, T] array, and whether they were batched; a ContextWarning
+        when they are longer than the trained context (check_context)."""
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens)
+        toks, batched = self.runner.tokens(tokens)
+        self.check_context(toks.shape[-1])
+        return toks, batched
 
     # ------------------------------------------------------------ tokens
 
@@ -682,7 +678,9 @@ class Model(WeightsMixin):
                     "(got return_type=%r, lengths %s, loss_per_token=%r)"
                     % (return_type, "given" if lengths is not None else "None", loss_per_token)
                 )
-            return self.runner.run(tokens, fns=self.runner.hooks_in_force(), logits_at=logits_at)[0]
+            fns = self.hooks_in_force()
+            self.token_ids(tokens)  # checked, and a ContextWarning for a long prompt
+            return self.runner.run(tokens, fns=fns, logits_at=logits_at)[0]
         return batch.call(
             self,
             tokens,
@@ -757,11 +755,11 @@ class Model(WeightsMixin):
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
         until reset_hooks() (read_only=True: see dclens.read_only)."""
         for name, fn in self._expand_hooks(hook_pairs([(name, fn)], read_only)):
-            self.runner.ctx_hooks.append((self.resolve_hook(name), fn))
+            self._ctx_hooks.append((self.resolve_hook(name), fn))
 
     def reset_hooks(self) -> None:
         """Remove the hooks added with add_hook."""
-        self.runner.ctx_hooks.clear()
+        self._ctx_hooks.clear()
 
     def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False):
         """Context manager: the hooks apply to every pass inside the with block
@@ -773,20 +771,30 @@ class Model(WeightsMixin):
 
         @contextlib.contextmanager
         def cm():
-            before = len(self.runner.ctx_hooks)
-            self.runner.ctx_hooks.extend(pairs)
+            before = len(self._ctx_hooks)
+            self._ctx_hooks.extend(pairs)
             try:
                 yield self
             finally:
-                del self.runner.ctx_hooks[before:]
+                del self._ctx_hooks[before:]
 
         return cm()
 
     def generate(
-        self, prompt, max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None, stop=None, **kw
+        self,
+        prompt,
+        max_new_tokens: int = 20,
+        temperature: float = 0.0,
+        top_k: Optional[int] = None,
+        stop=None,
+        *,
+        seed: Optional[int] = None,
+        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        return_type: str = "auto",
+        verbose: bool = False,
     ):
         """Continue a prompt with the engine's incremental decoder (dclens.generate)."""
-        return _facade.call("generate", self, prompt, max_new_tokens, temperature, top_k, stop, **kw)
+        return _generate(self, prompt, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type, verbose)
 
     def run_with_hooks(
         self,
@@ -893,15 +901,15 @@ class Model(WeightsMixin):
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
         With cache= (a run_with_cache of the same tokens) no pass is run."""
         if cache is not None:
-            return _facade.call("composition_maps", self, cache, layer, phase, query=query, key=key)
-        return _facade.call("composition_map", self, tokens, layer, phase, query, key)
+            return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
+        return routing.composition_map(self, tokens, layer, phase, query, key)
 
     def routing_matrix(self, tokens, layer: int, phase: str, query: int, cache: Optional[Cache] = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
         With cache= no pass is run; routing.routing_matrices gives every query at once."""
         if cache is not None:
-            return _facade.call("routing_matrices", self, cache, phase, layers=[layer], queries=[query])[0, 0]
-        return _facade.call("routing_matrix", self, tokens, layer, phase, query)
+            return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
+        return routing.routing_matrix(self, tokens, layer, phase, query)
 
     def flows(
         self, tokens, layer: int, phase: str, head: int, query: int, *, cache: Optional[Cache] = None
@@ -909,21 +917,19 @@ class Model(WeightsMixin):
         """[N source, branch, T key]: what each source head lends target `head` at
         (query, key) through each compose branch; sums to the composed entry
         (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass)."""
-        return _facade.call("flows", self, tokens, layer, phase, head, query, cache=cache)
+        return routing.flows(self, tokens, layer, phase, head, query, cache=cache)
 
     def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
         if cache is not None:
-            return _facade.call("gates_from_cache", self, cache, layer)
-        return _facade.call("gates", self, tokens, layer)
+            return routing.gates_from_cache(self, cache, layer)
+        return routing.gates(self, tokens, layer)
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
     def gradients(self, tokens, target, wrt, return_value: bool = False, max_tape_bytes: Optional[int] = None):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
-        return _facade.call(
-            "gradients", self, tokens, target, wrt, return_value=return_value, max_tape_bytes=max_tape_bytes
-        )
+        return grad.gradients(self, tokens, target, wrt, return_value=return_value, max_tape_bytes=max_tape_bytes)
 
     def attribute(
         self,
@@ -937,8 +943,7 @@ class Model(WeightsMixin):
         max_tape_bytes: Optional[int] = None,
     ):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
-        return _facade.call(
-            "attribute",
+        return attribution.attribute(
             self,
             tokens,
             target,
@@ -953,4 +958,4 @@ class Model(WeightsMixin):
     def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: Optional[int] = None):
         """Bytes a gradient pass over B x T tokens would take under each tape plan, before
         anything is allocated, and the plan the budget picks (memplan.py)."""
-        return _facade.call("estimate_backward_memory", self, T, B, wrt, max_tape_bytes)
+        return memplan.estimate(self, T, B, wrt, max_tape_bytes)

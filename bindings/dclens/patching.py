@@ -49,6 +49,7 @@ import numpy as np
 from . import progress as _progress_mod
 from ._checks import ArgumentError
 from ._checks import check_index, check_layers, check_str, is_choice
+from .mask import allowed, layer_window
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
 
@@ -648,9 +649,7 @@ def ablation_sweep(
                     [routing.composition_maps(model, _row_cache(rc, b, dyn), l, phase) for b in range(ref.shape[0])],
                     axis=0,
                 )
-            X = np.where(
-                routing._mask(T, T, routing._window(model, l)), cache[x_of(l)].astype(np.float64), 0.0
-            )  # [N, T, S]
+            X = np.where(allowed(T, T, layer_window(model, l)), cache[x_of(l)].astype(np.float64), 0.0)  # [N, T, S]
             dict.__setitem__(src, target(l), placeholder)
             for m_ in range(N):
                 for n_ in range(N):

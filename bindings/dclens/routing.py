@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Dict, NamedTuple, Optional
 
 import numpy as np
 
-from . import _facade
 from ._checks import ArgumentError, Error, check_index, check_int_list, check_layers, is_choice
 from .cache import Cache
+from .mask import allowed, layer_window
 from .names import BRANCHES, PHASES, hook_name
 
 if TYPE_CHECKING:
@@ -59,13 +59,9 @@ def _pos(v: int, T: int, what: str) -> int:
     return check_index("%s position" % what, v, -T, T, " for %d tokens" % T) % T
 
 
-def _window(model: Model, layer: int) -> int:
-    return model.config.window_size if layer in model.config.local_layers else 0
-
-
 def _warn_masked(model: Model, layer: int, t: int, s: int) -> None:
-    w = _window(model, layer)
-    if s > t or (w > 0 and t - s > w):
+    w = layer_window(model, layer)
+    if not allowed(1, s + 1, w, t0=t)[0, s]:
         warnings.warn(
             "layer %d, query %d, key %d is a masked pair (%s): the model never uses its map"
             % (layer, t, s, "key after query" if s > t else "outside the window of %d" % w),
@@ -167,7 +163,6 @@ def maps_from_weights(
     return out
 
 
-@_facade.provides("composition_map")
 def composition_map(model: Model, tokens, layer: int, phase: str, query: int, key: int) -> np.ndarray:
     """The N x N map C[query, key] of a layer and phase (identity for Pythia)."""
     toks = _check(model, tokens, layer, phase, query, key)
@@ -185,7 +180,6 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
     )[0]
 
 
-@_facade.provides("routing_matrix")
 def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> np.ndarray:
     """Head-to-head routing at one query position, weighted by what it routes.
 
@@ -200,8 +194,7 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
         _dyn_names(layer, phase, model.config.query_wise, model.config.key_wise) if model.config.use_dcmha else []
     )
     _, cache = model.run_with_cache(toks, names=names)
-    window = model.config.window_size if layer in model.config.local_layers else 0
-    keys = [s for s in range(query + 1) if window <= 0 or query - s <= window]
+    keys = np.flatnonzero(allowed(1, query + 1, layer_window(model, layer), t0=query)[0]).tolist()
     x = cache[src][:, query, keys].astype(np.float64)  # [N, len(keys)]
     if not model.config.use_dcmha:
         return np.diag(x.sum(axis=1))
@@ -212,7 +205,6 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     return np.einsum("ns,snm->nm", x, maps)
 
 
-@_facade.provides("gates")
 def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
     """The dynamic gates of a layer: {'pre.qdd': [T, N], 'pre.kdd', 'post.qdd', 'post.kdd'}
     (how much each head keeps of its own score/weight, per token)."""
@@ -268,12 +260,6 @@ def _group_block(model: Model) -> np.ndarray:
     return np.kron(np.eye(G), np.ones((N // G, N // G)))
 
 
-def _mask(T: int, S: int, window: int) -> np.ndarray:
-    t, s = np.indices((T, S))
-    return (s <= t) & ((window <= 0) | (t - s <= window))
-
-
-@_facade.provides("composition_maps")
 def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=None, key=None) -> np.ndarray:
     """Composition maps C[t, s] from a cache, no pass: [T, S, N, N] for every
     pair, [S, N, N] for one query, [T, N, N] for one key, [N, N] for both.
@@ -329,7 +315,6 @@ def _cache_T(model: Model, cache: Cache, layer: int) -> int:
     raise Error("cache has nothing of layer %d's attention (capture its pattern and dyn hooks)" % layer)
 
 
-@_facade.provides("routing_matrices")
 def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, queries=None) -> np.ndarray:
     """Head-to-head routing R[l, t] [N, N] for every query t (or `queries`)
     and every layer (or `layers`), from a cache in one vectorised step:
@@ -357,7 +342,7 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
             if queries is None
             else np.array(check_int_list("queries", queries, 0, T, wrap=True), dtype=np.int64)
         )
-        X = X.astype(np.float64)[:, qs] * _mask(T, T, _window(model, l))[qs]  # [N, Tq, S]
+        X = X.astype(np.float64)[:, qs] * allowed(T, T, layer_window(model, l))[qs]  # [N, Tq, S]
         rows = X.sum(-1).T  # [Tq, N]
         if not model.config.use_dcmha:
             out.append(np.einsum("tn,nm->tnm", rows, np.eye(N)))
@@ -382,7 +367,6 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
     return np.stack(out)
 
 
-@_facade.provides("gates_from_cache")
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:
     """gates() from a cache: {'pre.qdd': [T, N], ...}."""
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
@@ -432,7 +416,6 @@ def _flow_inputs(model: Model, tokens, cache: Optional[Cache], layer: int, phase
     return cache
 
 
-@_facade.provides("flows")
 def flows(
     model: Model, tokens, layer: int, phase: str, head: int, query: int, *, cache: Optional[Cache] = None
 ) -> np.ndarray:
@@ -466,7 +449,7 @@ def flows(
     X = cache[hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))]  # [N, T, S]
     T = X.shape[-1]
     t = _pos(query, T, "query")
-    x = X[:, t, :].astype(np.float64) * _mask(T, T, _window(model, layer))[t]  # [N, S]
+    x = X[:, t, :].astype(np.float64) * allowed(T, T, layer_window(model, layer))[t]  # [N, S]
     branches = flow_branches(model)
     b = {name: i for i, name in enumerate(branches)}
     F = np.zeros((N, len(branches), T))
@@ -587,7 +570,7 @@ def flow_table(
     if toks is not None and len(toks) != T:
         raise ArgumentError("flow_table: tokens has %d positions but F has %d keys" % (len(toks), T))
     t = _pos(query, T, "query")
-    keys = np.flatnonzero(_mask(T, T, _window(model, layer))[t])  # the keys the query sees
+    keys = np.flatnonzero(allowed(T, T, layer_window(model, layer))[t])  # the keys the query sees
     Fv = F[:, :, keys]  # masked keys lend nothing: they are left out
     words = None
     if toks is not None:

@@ -6,13 +6,17 @@ its runs: a forward pass with hooks (run), the hook plan and the trampoline
 call shared with the decoder (hook_plan, call_engine), Ctrl-C handling, and
 its life across fork() (a forked child gets a new lock; os.register_at_fork
 below). Model (model.py) and the analyses use a model's runner instead of
-Model's private members; nothing here imports Model.
+Model's private members; nothing here imports Model, and nothing here calls
+back into it: a run takes integer tokens (Model turns text into tokens and
+warns of a long prompt first) and the hook functions to run (Model's hooks
+in force, Model.hooks_in_force).
 
 Layers of the package (tests/test_imports.py refuses any import cycle):
-  _engine, _checks, names, _protocols        the binding, checks, hook names
-  hooks, cache, tapes, runner, _facade        plumbing: runs, caches, tapes, the facade
+  _engine, _checks, names, mask, _protocols   the binding, checks, hook names, the attention mask
+  hooks, cache, memplan, tapes, runner        plumbing: runs, caches, tapes
+  routing, grad, attribution, generate        the analyses Model offers as methods (Model imports them)
   batch, weights, model                       Model (and Cache) for the user
-  routing, grad, attribution, generate, ...   analyses, importing downwards
+  circuits, patching, analysis, ...           the analyses built on Model
 """
 
 from __future__ import annotations
@@ -72,9 +76,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class Runner:
     """The engine side of one loaded model: handle, lock, errors, runs.
 
-    name and device are the model's (messages, the fork guard); to_tokens
-    turns a string into tokens and check_context(T) warns of a prompt longer
-    than the model's trained context (both from Model)."""
+    name and device are the model's (messages, the fork guard); hooks is the
+    model's list of hooks in force (add_hook, `with model.hooks`), which the
+    model changes and the runner only reads (ctx_hooks, refuse_hooks)."""
 
     def __init__(
         self,
@@ -84,8 +88,7 @@ class Runner:
         *,
         name: str = "",
         device: str = "cpu",
-        to_tokens: Optional[Callable[[str], np.ndarray]] = None,
-        check_context: Optional[Callable[[int], None]] = None,
+        hooks: Optional[List[Tuple[str, HookFn]]] = None,
     ):
         self.handle = handle
         self.vocab = vocab
@@ -93,8 +96,6 @@ class Runner:
         self.name = name
         self.device = device
         self.pid = os.getpid()  # the process that loaded it (CUDA does not survive fork)
-        self.to_tokens = to_tokens
-        self.check_context = check_context
         # One engine call at a time per model (the engine's pool and error
         # record are per model, and cffi releases the GIL during a pass):
         # other threads wait. pass_thread is the thread running this
@@ -102,7 +103,7 @@ class Runner:
         self.lock = threading.RLock()
         self.pass_thread: Optional[int] = None
         self.hook_table = HookTable(handle, n_layer)  # name <-> (point, layer)
-        self.ctx_hooks: List[Tuple[str, HookFn]] = []  # add_hook / with model.hooks(...)
+        self._hooks: List[Tuple[str, HookFn]] = [] if hooks is None else hooks  # the model's, read only here
         self.tapes = TapeCache()  # gradient tapes kept between calls (tapes.py)
         _LIVE.add(self)
 
@@ -144,27 +145,20 @@ class Runner:
         with self.lock:
             yield
 
-    def hooks_in_force(self, per_call: Sequence[Tuple[str, HookFn]] = ()) -> List[Tuple[str, HookFn]]:
-        """The hooks a pass runs, written once for every path that computes
-        activations (docs/api.md "Which hooks a pass runs"): first the
-        model's own hooks (add_hook and `with model.hooks(...)`, in the order
-        they were added), then the call's fwd_hooks in the order given; names
-        in dclens spelling. A per-call hook thus sees what an intervention in
-        force wrote."""
-        out = [(_names.canonical(n), fn) for n, fn in list(self.ctx_hooks) + list(per_call)]
-        for n, fn in out:
-            if not callable(fn):
-                raise Error("hook %s: %r is not callable" % (n, fn))
-        return out
+    @property
+    def ctx_hooks(self) -> Tuple[Tuple[str, HookFn], ...]:
+        """The model's hooks in force (add_hook, `with model.hooks(...)`), read-only."""
+        return tuple(self._hooks)
 
     def refuse_hooks(self, what: str) -> None:
-        """An Error naming the hooks in force, for a call that cannot run
-        them (a gradient tape runs no Python function): such a call refuses
-        rather than computing the un-hooked model."""
-        if not self.ctx_hooks:
+        """An Error naming the model's hooks in force, for a call that cannot
+        run them (a gradient tape runs no Python function): such a call
+        refuses rather than computing the un-hooked model."""
+        hooks = self._hooks
+        if not hooks:
             return
-        shown = ", ".join(sorted({n for n, _ in self.ctx_hooks})[:6])
-        more = len({n for n, _ in self.ctx_hooks}) - 6
+        shown = ", ".join(sorted({n for n, _ in hooks})[:6])
+        more = len({n for n, _ in hooks}) - 6
         raise Error(
             "%s: %d hook%s in force on %s (%s%s, from add_hook or `with model.hooks(...)`); a gradient pass "
             "cannot run Python hook functions and would compute the model without them. Call it outside the "
@@ -172,8 +166,8 @@ class Runner:
             "activations as values (docs/api.md, 'Which hooks a pass runs')"
             % (
                 what,
-                len(self.ctx_hooks),
-                "" if len(self.ctx_hooks) == 1 else "s",
+                len(hooks),
+                "" if len(hooks) == 1 else "s",
                 self.name,
                 shown,
                 ", and %d more" % more if more > 0 else "",
@@ -246,10 +240,11 @@ class Runner:
         )
 
     def tokens(self, tokens) -> Tuple[np.ndarray, bool]:
+        """Token ids ([T] or [B, T] integers) checked, as a contiguous int32
+        [B, T] array, and whether they were batched. Text is the model's to
+        tokenize (Model.token_ids)."""
         if isinstance(tokens, str):
-            if self.to_tokens is None:
-                raise Error("tokens: a string needs the model's tokenizer")
-            tokens = self.to_tokens(tokens)
+            raise ArgumentTypeError("tokens: the runner takes token ids, not text (tokenize with model.to_tokens)")
         a = token_array(tokens)
         if a.dtype.kind not in "iu":
             raise ArgumentTypeError("tokens must be integers, got dtype %s" % a.dtype)
@@ -259,8 +254,6 @@ class Runner:
             raise ArgumentError(
                 "token id %d is out of range [0, %d)" % (a.max() if a.max() >= self.vocab else a.min(), self.vocab)
             )
-        if self.check_context is not None:
-            self.check_context(a.shape[-1])
         batched = a.ndim == 2
         return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int32), batched
 
@@ -299,6 +292,10 @@ class Runner:
         logits: bool = True,
         logits_at=None,
     ):
+        """One forward pass over token ids ([T] or [B, T]): (logits, cache).
+        capture: hook names to cache; fns: the (name, fn) hooks to run, all
+        of them (the caller combines the model's hooks in force with its
+        own: Model.hooks_in_force)."""
         toks, batched = self.tokens(tokens)
         B, T = toks.shape
         pos, squeeze = self.positions(logits_at, B, T)

@@ -94,10 +94,11 @@ def map(
     ref = model_ref(model, device)
     if ray is None:
         return _run_here(model, ref, fn, items, progress, desc, unit)
-    if isinstance(model, Model) and model.runner.ctx_hooks:
+    hooks = model.hooks_in_force() if isinstance(model, Model) else []
+    if hooks:
         # the hooks in force travel with the work (a worker's model is loaded
         # again from the reference, without them) and apply around each item
-        fn = functools.partial(_with_hooks, list(model.runner.ctx_hooks), fn)
+        fn = functools.partial(_with_hooks, hooks, fn)
     placement = connect(ray, ref.device, ref.n_threads)
     if ref.device == "cpu":
         ref = ref.with_threads(placement.n_threads)

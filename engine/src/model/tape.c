@@ -57,8 +57,9 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     for (int i = 0; i < n_ov; i++) {
         if (!ov[i].data || !runs_point(tp, ov[i].point, ov[i].layer))
             return bad_point(tp, "override", i, ov[i].point, ov[i].layer);
-        if ((ov[i].point >= DCS_HP_Q_INPUT && ov[i].point <= DCS_HP_DYN_INPUT) ||
-            ov[i].point == DCS_HP_MLP_INPUT)
+        const int pt = ov[i].point;
+        if (pt == DCS_HP_Q_INPUT || pt == DCS_HP_K_INPUT || pt == DCS_HP_V_INPUT || pt == DCS_HP_DYN_INPUT ||
+            pt == DCS_HP_MLP_INPUT)
             return dcs_seterr(&m->err, DCS_ERR_UNSUPPORTED,
                               "tape: an override of %s (layer %d) is not differentiated: the split input is "
                               "read by gradients, not replaced; patch it in a forward pass",
