@@ -130,7 +130,7 @@ def test_reference_every_layout(tiny_factory, kw):
     d, sd, cfg = tiny_factory(model_type="dcformer", **kw)
     model = _load(d)
     toks = np.random.default_rng(1).integers(0, 64, size=14)
-    logits, cache = model.run_with_cache(toks)
+    logits, cache = model.run_with_cache(toks, names=model.hook_names)
     ref, rcache = ref_forward_dcformer(sd, cfg, toks, cache=True)
     assert rel_err(logits, ref) <= 2e-5
     assert model.hook_names == hook_names_dcformer(cfg)  # forward order

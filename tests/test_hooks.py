@@ -27,9 +27,12 @@ def test_every_hook_matches_reference(tiny_factory, kw):
     d, sd, cfg = tiny_factory(**kw)
     model = dclens.load(d)
     toks = _tokens(model)
-    logits, cache = model.run_with_cache(toks)
+    logits, cache = model.run_with_cache(toks, names=model.hook_names)  # the split inputs too
     ref_logits, ref_cache = ref_forward(sd, cfg, toks, cache=True)
     assert set(cache) == set(model.hook_names)
+    # every hook but the split inputs, when no name is given (they copy the residual per reader)
+    _, every = model.run_with_cache(toks)
+    assert set(every) == {n for n in model.hook_names if not n.endswith(dclens.names.SPLIT_INPUTS)}
     assert set(cache) == set(ref_cache), set(cache) ^ set(ref_cache)
     for name in model.hook_names:
         assert cache[name].shape == ref_cache[name].shape, name

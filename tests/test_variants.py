@@ -80,7 +80,7 @@ def test_variant_every_hook_matches_reference(variant, name):
     d, sd, cfg = variant(name)
     model = _load(d)
     toks = _tokens(model.config.vocab)
-    logits, cache = model.run_with_cache(toks)
+    logits, cache = model.run_with_cache(toks, names=model.hook_names)
     ref_logits, ref_cache = ref_forward(sd, cfg, toks, cache=True)
     assert set(cache) == set(ref_cache), set(cache) ^ set(ref_cache)
     for n in model.hook_names:

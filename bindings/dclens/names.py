@@ -43,6 +43,8 @@ from ._checks import ArgumentError, Error, check_str, did_you_mean
 # The compose branches of a DCMHA phase (hooks blocks.{l}.attn.{phase}.{branch};
 # "static" is the use_sw branch, present only in Talking-Heads models).
 PHASES = ("pre", "post")
+# the split inputs (hooks.md): the residual stream as one reader sees it, materialised on request
+SPLIT_INPUTS = ("attn.q_input", "attn.k_input", "attn.v_input", "attn.dyn_input", "mlp_input")
 BRANCHES = ("skip", "qp", "kp", "qg", "kg")
 
 # TransformerLens suffix (after "blocks.{l}.") -> dclens suffix

@@ -202,9 +202,13 @@ class Runner:
         )
 
     def select(self, names: Names) -> List[str]:
+        """The hooks a capture names: None is every hook but the split inputs
+        (attn.{q,k,v}_input, attn.dyn_input, mlp_input: copies of the
+        residual stream, N of them per head input, captured when named or
+        matched by a predicate, as TransformerLens has them only on request)."""
         canonical, tl_alias = _names.canonical, _names.tl_alias
         if names is None:
-            return list(self.hook_table.names)
+            return [n for n in self.hook_table.names if not n.endswith(_names.SPLIT_INPUTS)]
         if isinstance(names, str):
             names = [names]
         if callable(names):
