@@ -578,11 +578,11 @@ def attribute(
     sender_names = sorted({_sender_hook(s)[0] for s in g.senders})
     comp = [e for e in g.detail.values() if e.kind == "comp"]
     phase_names = sorted({n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)})
-    _, cc = model.run_with_cache(ctoks, names=sender_names + phase_names)
-    _, xc = model.run_with_cache(
-        xtoks,
-        names=sender_names + phase_names[:0] + sorted({_phase_names(e.layer, e.phase, e.branch)[0] for e in comp}),
-    )
+    # both runs in one batch (clean rows first), then split
+    _, both = model.run_with_cache(np.concatenate([ctoks, xtoks]), names=sender_names + phase_names)
+    cc = {n: np.asarray(v[:B]) for n, v in both.items()}
+    xc = {n: np.asarray(v[B:]) for n, v in both.items()}
+    del both
     gnames = _grad_names(model, g)
     pts = [model.parse_hook(n) for n in gnames]
     budget = memplan.check_budget(max_tape_bytes, model)
@@ -600,13 +600,15 @@ def attribute(
                     [target_value_and_grad(t, logits[b : b + 1], ctoks[b : b + 1])[1] for b, t in enumerate(targets)]
                 )
                 got = tape.backward(dl, None, pts)
-                for n, p in zip(gnames, pts):
-                    grads[n] = grads.get(n, 0.0) + got[p].astype(np.float64) / len(alphas)
+                for n, p in zip(gnames, pts):  # float32, summed over the steps
+                    grads[n] = got[p] if n not in grads else grads[n] + got[p]
                 if bar is not None:
                     bar.update(1)
     finally:
         if bar is not None:
             bar.close()
+    if len(alphas) > 1:
+        grads = {n: v / np.float32(len(alphas)) for n, v in grads.items()}
     per_pos = _resid_scores(g, cc, xc, grads, positions) + _comp_scores(model, g, cc, xc, grads, positions)
     per_pos /= B
     if positions:
@@ -646,16 +648,22 @@ def _resid_scores(g: Graph, cc, xc, grads, positions: bool = False) -> np.ndarra
         if missing:
             rows.update(zip(missing, _sender_rows(cc, xc, missing)))
         S = np.stack([rows[s] for s in senders])  # [nS, B*T*D]
-        R = []
+        # per receiver hook, every sender against every head (or the one input) at once
+        Bsz = S.shape[1] // (T * np.asarray(cc["embed"]).shape[-1])
+        per_hook: Dict[str, np.ndarray] = {}  # hook -> [nS, heads] or [nS, heads, T]
         for r in rxs:
             rh, head = _receiver_hook(r, g.n_layer)
-            gr = grads[rh][..., head, :] if head >= 0 else grads[rh]
-            R.append(np.asarray(gr, np.float32).reshape(-1))
-        if positions:  # [nS, nR, T]
-            Bsz = S.shape[1] // (T * np.asarray(cc["embed"]).shape[-1])
-            prod = np.einsum("sbtd,rbtd->srt", S.reshape(len(S), Bsz, T, -1), np.stack(R).reshape(len(R), Bsz, T, -1))
-        else:
-            prod = S @ np.stack(R).T  # [nS, nR], float32 products (BLAS), as the engine's own
+            if rh in per_hook:
+                continue
+            G = np.asarray(grads[rh], np.float32)
+            G = np.moveaxis(G, -2, -1) if head >= 0 else G[..., None]  # [B, T, D, heads]
+            if positions:
+                per_hook[rh] = np.einsum("sbtd,btdn->snt", S.reshape(len(S), Bsz, T, -1), G, optimize=True)
+            else:
+                per_hook[rh] = S @ np.ascontiguousarray(G).reshape(-1, G.shape[-1])
+        prod = np.stack(
+            [per_hook[rh][:, max(head, 0)] for rh, head in (_receiver_hook(r, g.n_layer) for r in rxs)], axis=1
+        )  # [nS, nR] or [nS, nR, T]
         si = {s: k for k, s in enumerate(senders)}
         for k, r in enumerate(rxs):
             for e in by_rx[r]:
