@@ -329,6 +329,8 @@ def test_residual_decompositions_and_dla(tiny_factory, kw):
         assert len(a) == len(lab) and lab[-1] == "ln_final.bias"
         assert abs(a.sum() - logits[-2, tok]) <= UNEMBED * np.abs(logits).max()
     _, bcache = model.run_with_cache(np.stack([toks, toks]))
+    r = dc.dla(cache, token=tok, pos=-2)  # a named result (values, labels) that unpacks as before
+    assert r.values is r[0] and r.labels is r[1] and r.top(1)[0][1] == r.values[np.argmax(np.abs(r.values))]
     a, _ = dc.dla(bcache, token=tok, pos=-1, batch=1)
     assert abs(a.sum() - logits[-1, tok]) <= (UNEMBED + TWO_PASSES) * np.abs(logits).max()  # batched pass
     with pytest.raises(dclens.Error, match="batch="):

@@ -27,7 +27,7 @@ dclens.Error naming the argument.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import NamedTuple, TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -813,14 +813,26 @@ def logit_attrs(
     return (normed * d).sum(-1)
 
 
-def dla(
-    cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None, by: str = "head"
-) -> Tuple[np.ndarray, List[str]]:
+class DLA(NamedTuple):
+    """dla's result: ``values`` [C] float64 summing to the logit, ``labels``
+    [C] naming the components; unpacks as ``values, labels``."""
+
+    values: np.ndarray
+    labels: List[str]
+
+    def top(self, k: int = 10) -> List[Tuple[str, float]]:
+        """The k components of largest |value|, largest first."""
+        order = np.argsort(-np.abs(self.values), kind="stable")[: max(0, int(k))]
+        return [(self.labels[i], float(self.values[i])) for i in order]
+
+
+def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None, by: str = "head") -> DLA:
     """Direct logit attribution of the logit of `token` at position `pos`,
     into components that sum to that logit (to float rounding): embed, then
     per layer each head (by="head") or the whole attention (by="layer"), the
-    attention output bias, the MLP, and last ln_final's bias. Returns
-    (attrs [C] float64, labels). batch: the row of a batched cache."""
+    attention output bias, the MLP, and last ln_final's bias. Returns a DLA
+    (values [C] float64, labels), which unpacks as (values, labels). batch:
+    the row of a batched cache."""
     model = _model(cache)
     if not is_choice(by, ("head", "layer")):
         raise ArgumentError("dla: by must be 'head' or 'layer', not %r" % (by,))
@@ -866,4 +878,4 @@ def dla(
     u = np.asarray(model.W_U, np.float64)[:, int(token)]
     attrs = (_centre(model.config, stack) / scale * w) @ u
     bias = float(np.asarray(model.ln_final_b, np.float64) @ u)
-    return np.concatenate([attrs, [bias]]), labels + ["ln_final.bias"]
+    return DLA(np.concatenate([attrs, [bias]]), labels + ["ln_final.bias"])
