@@ -1,7 +1,7 @@
 /*
  * dcs_model.h -- the model layer (engine/src/model/, library dclens_model):
  * the model struct, its lifecycle and activation pool (model.c), loading
- * (load_model.c), the forward graph, hooks, decoding, and the tape, backward
+ * (load_model.c, load_*.c), the forward graph, hooks, decoding, and the tape, backward
  * pass and training. Includes the backends layer below it.
  */
 #ifndef DCS_MODEL_H
