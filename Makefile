@@ -3,7 +3,9 @@
 #   make lint   ruff check + ruff format --check, mypy, clang-format --dry-run -Werror
 #   make test   set up, then run every test: lint, C tests (ctest), C tests under ASan/UBSan,
 #               a short fuzz run of the input parsers (make fuzz), pytest, and the
-#               engine's pytest files again against an ASan/UBSan build (asan-py)
+#               engine's pytest files again against an ASan/UBSan build (asan-py), then
+#               the documentation site (make docs)
+#   make docs   the documentation site in build/site/ (mkdocs.yml; open build/site/index.html)
 #   make fuzz   the fuzzers for 15 s each (docs/fuzzing.md: longer campaigns)
 #   make build  the editable install's incremental rebuild (what the others run first)
 #
@@ -41,6 +43,7 @@ test: build
 	$(MAKE) fuzz
 	$(PY) -m pytest -q tests
 	$(MAKE) asan-py
+	$(MAKE) docs
 
 # libFuzzer (C parsers, clang + ASan/UBSan) and atheris (JSONL loader) targets,
 # 15 s each: engine/fuzz/run.sh, docs/fuzzing.md
@@ -52,6 +55,15 @@ fuzz: deps
 asan-py: deps
 	PY=$(PY) bash scripts/asan-py.sh
 
+# The documentation site (mkdocs.yml: mkdocs-material, mkdocstrings, mkdocs-jupyter, from the
+# [docs] extra) in build/site/, strict: a broken link or a page not in the nav fails it.
+# First the public names: docs/reference/ must match dclens.__all__ and the public modules
+# (python scripts/check_docstrings.py --write rewrites it); names without a docstring are listed.
+docs: deps
+	$(PY) scripts/check_docstrings.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	@echo "docs: build/site/index.html"
+
 # The field's habits, run first by `make test`: ruff (lint + format) on the
 # Python, mypy on the package, clang-format on engine/ (.clang-format).
 PYFILES = bindings synth_tasks tests scripts
@@ -59,7 +71,7 @@ lint:
 	$(PY) -m ruff check $(PYFILES)
 	$(PY) -m ruff format --check $(PYFILES)
 	$(PY) -m mypy
-	find engine -name '*.c' -o -name '*.h' -o -name '*.cu' | xargs clang-format --dry-run -Werror
+	find engine -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format --dry-run -Werror
 
 demo: build
 	bash scripts/demo.sh
@@ -67,4 +79,4 @@ demo: build
 bench: build
 	$(PY) scripts/bench.py
 
-.PHONY: deps build test fuzz asan-py demo bench lint
+.PHONY: deps build test fuzz asan-py demo bench lint docs

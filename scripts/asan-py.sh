@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-${PYTHON:-python3}}
 CC=${CC:-gcc}
 OUT=build/asan-py
-TESTS=${ASAN_PY_TESTS:-tests/test_parity.py tests/test_hooks.py tests/test_errors.py tests/test_circuits.py tests/test_heatmap.py tests/test_synth_eval.py tests/test_bundled.py tests/test_decode.py tests/test_patching.py tests/test_variants.py tests/test_analysis.py tests/test_grad.py tests/test_attribution.py tests/test_train.py tests/test_robustness.py tests/test_fast_path.py tests/test_dcformer.py tests/test_tape_cache.py tests/test_compose_blocks.py tests/test_partition.py tests/test_train_threads.py tests/test_train_bucket.py tests/test_split_input.py tests/test_graph.py tests/test_plan.py}
+TESTS=${ASAN_PY_TESTS:-tests/engine/test_parity.py tests/engine/test_hooks.py tests/api/test_errors.py tests/analyses/test_circuits.py tests/analyses/test_heatmap.py tests/synth/test_synth_eval.py tests/api/test_bundled.py tests/engine/test_decode.py tests/analyses/test_patching.py tests/engine/test_variants.py tests/analyses/test_analysis.py tests/engine/test_grad.py tests/analyses/test_attribution.py tests/engine/test_train.py tests/engine/test_robustness.py tests/engine/test_fast_path.py tests/engine/test_dcformer.py tests/engine/test_tape_cache.py tests/engine/test_compose_blocks.py tests/engine/test_partition.py tests/engine/test_train_threads.py tests/engine/test_train_bucket.py tests/engine/test_split_input.py tests/analyses/test_graph.py tests/engine/test_plan.py}
 
 libasan=$("$CC" -print-file-name=libasan.so)
 if [ ! -e "$libasan" ]; then

@@ -260,7 +260,7 @@ def time_pair(dirs, name, s, Ts, repeat, threads):
     times, cpu = {}, {}
     for T in Ts:
         toks = np.random.default_rng(0).integers(0, s["vocab"], size=(1, T))
-        for mt, m in models.items():
+        for m in models.values():
             m.forward(toks, logits_at="last")  # warm-up
         for _ in range(repeat):
             for mt, m in models.items():
@@ -381,10 +381,14 @@ def bench_hooks(tmp, repeat, threads, Ts=(256, 512), clock=time.perf_counter, si
     out = []
     for T in Ts:
         toks = np.random.default_rng(0).integers(0, s["vocab"], size=(1, T))
-        t0 = best_of(lambda: m.forward(toks), repeat, clock)
-        t1 = best_of(lambda: m.run_with_cache(toks), repeat, clock)
-        t2 = best_of(lambda: m.run_with_hooks(toks, [(n, noop) for n in names]), repeat, clock)
-        t3 = best_of(lambda: m.run_with_hooks(toks, [(n, look) for n in names]), repeat, clock) if look else None
+        t0 = best_of(lambda toks=toks: m.forward(toks), repeat, clock)
+        t1 = best_of(lambda toks=toks: m.run_with_cache(toks), repeat, clock)
+        t2 = best_of(lambda toks=toks: m.run_with_hooks(toks, [(n, noop) for n in names]), repeat, clock)
+        t3 = (
+            best_of(lambda toks=toks: m.run_with_hooks(toks, [(n, look) for n in names]), repeat, clock)
+            if look
+            else None
+        )
         out.append(
             dict(
                 T=T,
@@ -533,7 +537,7 @@ def stream_f16_safetensors(path, tensors):
     with open(path, "wb") as f:
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
-        for i, (name, shape, scale) in enumerate(tensors):
+        for i, (_, shape, scale) in enumerate(tensors):
             n = int(np.prod(shape))
             if scale in (0.0, 1.0):
                 chunk = np.full(min(n, block.size), scale, np.float16)

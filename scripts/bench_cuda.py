@@ -65,9 +65,9 @@ def main(argv=None):
                 lc = cpu.forward(toks)
                 lg = gpu.forward(toks)
                 diff = float(np.abs(lg - lc).max() / np.abs(lc).max())
-                t_cpu = best_of(lambda: cpu.forward(toks), max(1, a.repeat // 2))
-                t_gpu = best_of(lambda: gpu.forward(toks), a.repeat)
-                t_all = best_of(lambda: gpu.run_with_cache(toks), a.repeat)
+                t_cpu = best_of(lambda m=cpu, toks=toks: m.forward(toks), max(1, a.repeat // 2))
+                t_gpu = best_of(lambda m=gpu, toks=toks: m.forward(toks), a.repeat)
+                t_all = best_of(lambda m=gpu, toks=toks: m.run_with_cache(toks), a.repeat)
                 print(
                     "| %s D=%d L=%d | %d | %.0f | %.0f | %.1fx | %.1e | %.2fx |"
                     % (mt, a.dim, a.layers, T, ntok / t_cpu, ntok / t_gpu, t_cpu / t_gpu, diff, t_all / t_gpu),

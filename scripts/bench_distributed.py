@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     for threads in (1, 2):
         m = dclens.load(a.model, n_threads=threads)
         evaluate(m, ds.lines[:8], batch_tokens=a.batch_tokens)  # warm-up
-        timed("one process, n_threads=%d" % threads, lambda: evaluate(m, ds, batch_tokens=a.batch_tokens), a.repeat)
+        timed("one process, n_threads=%d" % threads, lambda m=m: evaluate(m, ds, batch_tokens=a.batch_tokens), a.repeat)
     import ray
 
     t = time.perf_counter()
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         for when, repeat in (("cold: workers start, load the model", 1), ("warm: the Cluster's workers", a.repeat)):
             timed(
                 "Ray local:%d, n_threads=1, %s" % (w, when),
-                lambda: synth(a.model, ds, ray=c, batch_tokens=a.batch_tokens, progress=False)[0],
+                lambda c=c: synth(a.model, ds, ray=c, batch_tokens=a.batch_tokens, progress=False)[0],
                 repeat,
             )
         c.release()

@@ -34,6 +34,14 @@ def _best(fn, repeat):
     return min(wall), min(cpu)
 
 
+def _decode(m, seq):
+    """seq[:64] as a prompt, then the rest one token a step."""
+    dec = Decoder(m)
+    dec.step(seq[:64])
+    for t in seq[64:]:
+        dec.step([t])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
@@ -46,20 +54,14 @@ def main():
         m = dclens.load(d, n_threads=a.threads)
         rng = np.random.default_rng(0)
         toks = rng.integers(0, 2048, size=(4, 256))
-        fw, fc = _best(lambda: m.forward(toks), a.repeat)
-
+        fw, fc = _best(lambda m=m, toks=toks: m.forward(toks), a.repeat)
         seq = rng.integers(0, 2048, size=192)
-
-        def decode():
-            dec = Decoder(m)
-            dec.step(seq[:64])
-            for t in seq[64:]:
-                dec.step([t])
-
-        dw, dc = _best(decode, a.repeat)
+        dw, dc = _best(lambda m=m, seq=seq: _decode(m, seq), a.repeat)
         gt = rng.integers(0, 2048, size=(4, 128))
         pnames = [r[0] for r in dclens.grad.param_table(m)]
-        gw, gc = _best(lambda: m.gradients(gt, ("logit", 127, 5), pnames + ["blocks.1.attn.z"]), a.repeat)
+        gw, gc = _best(
+            lambda m=m, gt=gt, pnames=pnames: m.gradients(gt, ("logit", 127, 5), pnames + ["blocks.1.attn.z"]), a.repeat
+        )
         print(
             "%-9s forward %7.0f tok/s (cpu %.3f s) | decode %6.0f tok/s (cpu %.3f s) | gradient %.3f s (cpu %.3f s)"
             % (mt, toks.size / fw, fc, 192 / dw, dc, gw, gc)

@@ -107,7 +107,13 @@ def main() -> None:
         for T in a.T:
             toks = rng.integers(0, m.config.vocab, T)
             rows.append(
-                plain(m, "gradients T=%d" % T, lambda: m.gradients(toks, ("logit", -1, 0), [at]), a.calls, a.rounds)
+                plain(
+                    m,
+                    "gradients T=%d" % T,
+                    lambda toks=toks: m.gradients(toks, ("logit", -1, 0), [at]),
+                    a.calls,
+                    a.rounds,
+                )
             )
         toks = rng.integers(0, m.config.vocab, a.T[0])
         ig = lambda: m.attribute(toks, ("logit", -1, 0), [at], steps=a.steps, progress=False)  # noqa: E731
@@ -130,7 +136,9 @@ def main() -> None:
     rows = []
     for T in a.T:
         toks = rng.integers(0, m.config.vocab, T)
-        row, outs = bench(m, "gradients T=%d" % T, lambda: m.gradients(toks, ("logit", -1, 0), [at]), a.calls, a.rounds)
+        row, outs = bench(
+            m, "gradients T=%d" % T, lambda toks=toks: m.gradients(toks, ("logit", -1, 0), [at]), a.calls, a.rounds
+        )
         row["same_bits"] = bool(np.array_equal(outs[True][at], outs[False][at]))
         rows.append(row)
     toks = rng.integers(0, m.config.vocab, a.T[0])

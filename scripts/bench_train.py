@@ -168,10 +168,11 @@ def machine():
     import ctypes
 
     cpu = "?"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
     blas = _engine_blas()
     kern = []
     for fn in ("openblas_get_corename", "openblas_get_config"):

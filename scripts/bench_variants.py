@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import dclens  # noqa: E402
 from dclens.testing.make_tiny import make_tiny  # noqa: E402
+
 from reference import ref_forward  # noqa: E402
 
 

@@ -72,7 +72,8 @@ def load(path: str):
     """code point -> list of 9 rows, each a list of 6 pixels (0/1)."""
     from PIL import PcfFontFile
 
-    raw = gzip.open(path).read() if path.endswith(".gz") else open(path, "rb").read()
+    with gzip.open(path) if path.endswith(".gz") else open(path, "rb") as f:
+        raw = f.read()
     out = {}
     for cs in CHARSETS:
         f = PcfFontFile.PcfFontFile(io.BytesIO(raw), cs)

@@ -51,7 +51,7 @@ X=""
 python3 -c "import xdist" 2>/dev/null && X="-n 4"
 # shellcheck disable=SC2086
 timeout 180 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X --junitxml="$OUT/pytest.xml" \
-  tests/test_cuda.py tests/test_cuda_grad.py tests/test_tape_cache.py tests/test_fork.py tests/test_errors.py \
+  tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py tests/engine/test_tape_cache.py tests/engine/test_fork.py tests/api/test_errors.py \
   >"$OUT/pytest.txt" 2>&1
 echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -3

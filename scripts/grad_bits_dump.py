@@ -1,5 +1,5 @@
 """Dump the CPU gradients (every hook and parameter, full tape and recomputed)
-and IG attributions of the tiny models of tests/test_cuda_grad.py to an npz,
+and IG attributions of the tiny models of tests/gpu/test_cuda_grad.py to an npz,
 to compare two builds bit for bit (issue 23: the backward moved onto the
 backend interface without changing a CPU bit).
 

@@ -2,7 +2,7 @@
 # Install what a fresh machine lacks, then build and install dclens (editable).
 # Debian packages: OpenBLAS, libpng, cJSON, zlib, pkg-config, CMake + Ninja (the
 # build), clang (fuzzers), chromium + chromium-driver (the explorer page's
-# browser tests, tests/test_explorer_browser.py). PyPI: the build requirements (scikit-build-core,
+# browser tests, tests/browser/test_explorer_browser.py). PyPI: the build requirements (scikit-build-core,
 # cffi), then the package itself with its test extras, built without build
 # isolation so that later rebuilds (`make build`, `pip install
 # --no-build-isolation -e .`) reuse build/<wheel tag>/ and compile only what changed.
@@ -29,7 +29,7 @@ if ! dpkg -s chromium >/dev/null 2>&1 || ! dpkg -s chromium-driver >/dev/null 2>
   echo "install-deps: apt-get install chromium chromium-driver"
   $SUDO apt-get update -qq || true
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null ||
-    echo "install-deps: chromium could not be installed; tests/test_explorer_browser.py will skip"
+    echo "install-deps: chromium could not be installed; tests/browser/test_explorer_browser.py will skip"
 fi
 
 # libFuzzer's runtime is only a "Recommends" of clang: ask for it by name.
@@ -42,9 +42,10 @@ if command -v clang >/dev/null 2>&1; then
 fi
 
 PY=${PYTHON:-python3}
-echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test,distributed]"
+echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test,distributed,docs]"
 $PY -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "cffi>=1.15"
 # make lint: the linters, pinned so that every machine reports the same
 $PY -m pip install -q --disable-pip-version-check "ruff==0.17.6" "mypy==2.4.1"
-$PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test,distributed]"
+# test: pytest, selenium, JupyterLab + ipywidgets (tests/browser/); docs: mkdocs and its plugins (make docs)
+$PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test,distributed,docs]"
 $PY -c "import dclens, synth_tasks; print('install-deps: dclens', dclens.__version__, '| cuda built:', 'yes' if 'built without' not in dclens.cuda_unavailable_reason() else 'no')"

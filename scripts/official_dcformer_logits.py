@@ -177,9 +177,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=27)
     a = ap.parse_args(argv)
     sys.path.insert(0, os.path.abspath(a.module))
-    import torch
     import configuration_dcformer as cfgmod
     import modeling_dcformer as mod
+    import torch
 
     torch.set_num_threads(1)
     os.makedirs(a.out, exist_ok=True)

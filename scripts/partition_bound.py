@@ -38,10 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import numpy as np  # noqa: E402
-from bench import R, SIZES, WINDOW  # noqa: E402
 
 import dclens  # noqa: E402
 from dclens.model import ffi, lib  # noqa: E402
+
+from bench import SIZES, WINDOW, R  # noqa: E402
 
 GEMM, GEMM_W, ATTN = lib.DCS_PART_GEMM, lib.DCS_PART_GEMM_W, lib.DCS_PART_ATTN
 

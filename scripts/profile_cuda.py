@@ -12,14 +12,16 @@ their own GPU time (docs/benchmarks/diary.md, "a lent GPU machine")."""
 
 import sys
 import time
+
 import numpy as np
 import torch
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "scripts")
-import bench
 import dclens
 from dclens.grad import Tape, target_value_and_grad
+
+import bench
 
 d, L, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 bench.write_69b_fp16(d, L)

@@ -5,7 +5,7 @@
     python scripts/run_notebooks.py notebooks/01_quickstart.ipynb
     python scripts/run_notebooks.py --check            # execute copies, change nothing
 
-The rule for committed notebooks (tests/test_notebooks.py enforces it): they are
+The rule for committed notebooks (tests/analyses/test_notebooks.py enforces it): they are
 saved with the outputs this script writes on the bundled models, so that they
 read well on a code host; figures are PNGs at 80 dpi; a notebook file stays
 under MAX_NOTEBOOK_BYTES and no single output over MAX_OUTPUT_BYTES; no cell

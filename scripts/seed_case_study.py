@@ -34,6 +34,7 @@ def notebook_prompt() -> dict:
     """task_id, line, answer_index of notebook 02's committed key numbers."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import nbformat
+
     from run_notebooks import findings
 
     f = findings(nbformat.read(NOTEBOOK, as_version=4))

@@ -24,6 +24,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import openblas_path  # noqa: E402
 
 
+def _tiled(sgemm, A, B, C, tm, tn):
+    """Seconds of C = A B^T as tm x tn output tiles, one sgemm each (A [M, K], B [N, K])."""
+    (M, K), N = A.shape, B.shape[0]
+    t0 = time.perf_counter()
+    for m0 in range(0, M, tm):
+        for n0 in range(0, N, tn):
+            mt, nt = min(tm, M - m0), min(tn, N - n0)
+            sgemm(
+                101,
+                111,
+                112,
+                mt,
+                nt,
+                K,
+                1.0,
+                A.ctypes.data + 4 * m0 * K,
+                K,
+                B.ctypes.data + 4 * n0 * K,
+                K,
+                0.0,
+                C.ctypes.data + 4 * (m0 * N + n0),
+                N,
+            )
+    return time.perf_counter() - t0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="512x3072x1024,512x1024x4096,512x1024x1024,512x2048x8192")
@@ -54,34 +80,10 @@ def main(argv=None):
         A = np.random.default_rng(0).standard_normal((M, K), dtype=np.float32)
         B = np.random.default_rng(1).standard_normal((N, K), dtype=np.float32)  # [N, K]: the weights' layout
         C = np.empty((M, N), np.float32)
-
-        def run(tm, tn):
-            t0 = time.perf_counter()
-            for m0 in range(0, M, tm):
-                for n0 in range(0, N, tn):
-                    mt, nt = min(tm, M - m0), min(tn, N - n0)
-                    sgemm(
-                        101,
-                        111,
-                        112,
-                        mt,
-                        nt,
-                        K,
-                        1.0,
-                        A.ctypes.data + 4 * m0 * K,
-                        K,
-                        B.ctypes.data + 4 * n0 * K,
-                        K,
-                        0.0,
-                        C.ctypes.data + 4 * (m0 * N + n0),
-                        N,
-                    )
-            return time.perf_counter() - t0
-
         best = {t: float("inf") for t in [(M, N)] + tiles}
         for _ in range(a.rounds):
             for t in best:
-                best[t] = min(best[t], run(*t))
+                best[t] = min(best[t], _tiled(sgemm, A, B, C, *t))
         one = best[(M, N)]
         print(
             "| %s | %.1f | " % (shape, 2 * M * N * K / one / 1e9)

@@ -1,5 +1,5 @@
 """Measured float32 errors against the bounds of tests/tolerances.py, on the
-fast-path cases of tests/test_fast_path.py: fused vs full path (two float32
+fast-path cases of tests/engine/test_fast_path.py: fused vs full path (two float32
 passes) and engine vs the float64 reference. Run under each OPENBLAS_CORETYPE
 to see the margin a kernel leaves:
 
@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import dclens  # noqa: E402
 from dclens.testing.make_tiny import make_tiny  # noqa: E402
+
 from reference import ref_forward  # noqa: E402
 from tolerances import forward_tol, rel_err  # noqa: E402
 

@@ -32,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -177,6 +178,7 @@ def schedule() -> dict:
 
 def prepare(out: str) -> int:
     from tokenizers import Tokenizer
+
     from synth_tasks import corpus
     from synth_tasks.fit_tokenizer import main as tok_main
 
@@ -184,7 +186,7 @@ def prepare(out: str) -> int:
     tok_path = os.path.join(ROOT, RECIPE["tokenizer"])
     refit = os.path.join(out, "tokenizer.refit.json")
     tok_main(["fit", refit])
-    if open(refit, "rb").read() != open(tok_path, "rb").read():
+    if Path(refit).read_bytes() != Path(tok_path).read_bytes():
         print(f"error: the tokenizer command does not reproduce {tok_path}", file=sys.stderr)
         return 1
     vocab = Tokenizer.from_file(tok_path).get_vocab_size()
@@ -363,12 +365,14 @@ def _write_last_rows(src: str, dst: str) -> None:
 
 def _plot_loss(csv_path: str, png_path: str) -> None:
     import csv
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = list(csv.DictReader(open(csv_path, newline="")))
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
     x = [float(r.get("tokens") or r["step"]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(x, [float(r["loss"]) for r in rows], label="train loss")
@@ -386,9 +390,13 @@ def _paired_diff(csv_a: str, csv_b: str, n_boot: int = 2000, seed: int = 0):
     """Accuracy of A minus B over the same answers (answers.csv of dclens synth) and a 95%
     paired-bootstrap interval, lines resampled (a line's six answers move together)."""
     import csv
+
     import numpy as np
 
-    rows = [list(csv.DictReader(open(p, newline="", encoding="utf-8"))) for p in (csv_a, csv_b)]
+    rows = []
+    for p in (csv_a, csv_b):
+        with open(p, newline="", encoding="utf-8") as f:
+            rows.append(list(csv.DictReader(f)))
     assert [(r["task"], r["line"], r["k"]) for r in rows[0]] == [(r["task"], r["line"], r["k"]) for r in rows[1]]
     a, b = (np.array([int(r["correct"]) for r in rr], float) for rr in rows)
     _, idx = np.unique([r["line"] for r in rows[0]], return_inverse=True)
@@ -404,11 +412,12 @@ def _per_line(answers_csv: str) -> list:
     import csv
 
     out = {}
-    for r in csv.DictReader(open(answers_csv, newline="", encoding="utf-8")):
-        e = out.setdefault((r["task"], int(r["line"])), [r["task"], int(r["line"]), 0, 0, 0.0])
-        e[2] += 1
-        e[3] += int(r["correct"])
-        e[4] = round(e[4] + float(r["nll"]), 6)
+    with open(answers_csv, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            e = out.setdefault((r["task"], int(r["line"])), [r["task"], int(r["line"]), 0, 0, 0.0])
+            e[2] += 1
+            e[3] += int(r["correct"])
+            e[4] = round(e[4] + float(r["nll"]), 6)
     return list(out.values())
 
 
@@ -459,7 +468,8 @@ def finish(out: str, install: bool, limit: int | None, command: str | None, seed
         # the scores of the stored weights, machine-readable (tests recompute them from the weights)
         keep = ("data", "lines", "overall", "per_k", "per_pattern", "per_transform", "per_task")
         bench = {
-            label: {k: v for k, v in json.load(open(p)).items() if k in keep} for label, p in results[name].items()
+            label: {k: v for k, v in json.loads(Path(p).read_text()).items() if k in keep}
+            for label, p in results[name].items()
         }
         for label, p in results[name].items():
             bench[label]["per_line"] = _per_line(os.path.join(os.path.dirname(p), "answers.csv"))
@@ -538,7 +548,9 @@ def bench(out: str, batches=(16, 42), T: int = 195, repeats: int = 3) -> int:
     """Forward tokens/s of random-init twins of exactly the recipe's configs (the
     budget's basis until the trainer can be timed): best of `repeats` per batch."""
     import time
+
     import numpy as np
+
     import dclens
     from dclens.testing.make_tiny import make_tiny
     from synth_tasks.model_card import count_params

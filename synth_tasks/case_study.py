@@ -20,7 +20,7 @@ and the interventions' effects.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ def _zero_head(name: str, index):
     return (name, fn)
 
 
-def case_study(model, line, answer_index: int, steps: int = 32) -> Dict:
+def case_study(model, line, answer_index: int, steps: int = 32) -> dict:
     """The case-study numbers of `model` on the answer `answer_index` of `line`
     (a synth_tasks Line); ValueError when that answer does not analyse; a
     dclens.Error when the model has hooks in force (model.attribute's gradient
@@ -117,7 +117,7 @@ def case_study(model, line, answer_index: int, steps: int = 32) -> Dict:
 READS_SOURCE = 0.1
 
 
-def survey(models: Dict[str, object], lines: Sequence, limit: int = 40, steps: int = 32, progress=None) -> Dict:
+def survey(models: dict[str, object], lines: Sequence, limit: int = 40, steps: int = 32, progress=None) -> dict:
     """case_study on the same answers in every model of `models` (label -> model):
     the answers of `lines` that every model gets right (greedy, the benchmark's
     own scoring) and that have a source to analyse, in file order, at most
@@ -133,13 +133,16 @@ def survey(models: Dict[str, object], lines: Sequence, limit: int = 40, steps: i
         ok = {(a.task_id, a.line, a.example) for a in evaluate(m, lines, progress=False).answers if a.correct}
         right = ok if right is None else right & ok
     tokenizer = next(iter(models.values())).tokenizer
-    picked: List = []
+    picked: list = []
     for line in lines:
         for j, a in enumerate(line.answers):
-            if len(picked) < limit and (line.task_id, line.lineno, a.example) in right:
-                if probe(line, j, tokenizer) is not None:
-                    picked.append((line, j))
-    out: Dict = {"answers": [(line.task_id, line.lineno, j) for line, j in picked]}
+            if (
+                len(picked) < limit
+                and (line.task_id, line.lineno, a.example) in right
+                and probe(line, j, tokenizer) is not None
+            ):
+                picked.append((line, j))
+    out: dict = {"answers": [(line.task_id, line.lineno, j) for line, j in picked]}
     from dclens import progress as _progress
 
     bar = _progress.bar(total=len(picked) * len(models), unit="answer", desc="case studies", progress=progress)
@@ -152,14 +155,14 @@ def survey(models: Dict[str, object], lines: Sequence, limit: int = 40, steps: i
     return out
 
 
-def summarise(results: Sequence[Dict]) -> Dict:
+def summarise(results: Sequence[dict]) -> dict:
     """What a model's case studies (one per answer) have in common: how often IG's
     top head reads the source (applied weight >= READS_SOURCE), and for those
     answers the branch that carries that weight, the share of it lent by other
     heads, and how often zeroing the top branch or the head at least halves
     p(answer)."""
     n = len(results)
-    out: Dict = {"answers": n}
+    out: dict = {"answers": n}
     if n == 0 or "weight" not in results[0]:
         return out
     reads = [r for r in results if r["weight"] >= READS_SOURCE]

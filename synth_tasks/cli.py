@@ -162,9 +162,9 @@ def _scored(run, where: str, err):
 
 
 def main(argv=None) -> int:
+    from . import report
     from .dataset import DatasetError, load_dataset
     from .evaluate import evaluate
-    from . import report
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "synth":
@@ -247,6 +247,7 @@ def main(argv=None) -> int:
     on_ray = None
     if args.ray:
         from dclens.distributed import Cluster
+
         from .distributed import synth
 
         on_ray, status = _scored(
@@ -292,7 +293,7 @@ def main(argv=None) -> int:
                 err(f"{path} has no tokenizer.json (MODEL_DIR has no tokenizer.json; pass --tokenizer FILE)")
                 return 2
             res, status = _scored(
-                lambda: evaluate(
+                lambda model=model, tok=tok: evaluate(
                     model, ds, tokenizer=tok, batch_tokens=bt, progress=False if args.no_progress else None
                 ),
                 path,

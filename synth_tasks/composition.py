@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--text-out", default=None, help="write the chosen text (line up to the answer) here")
     a = ap.parse_args(argv)
     import dclens
+
     from .corpus import HELDOUT_FILE
     from .dataset import DatasetError, load_dataset
 

@@ -36,7 +36,7 @@ import json
 import os
 import random
 import sys
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 

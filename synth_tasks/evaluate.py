@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -384,7 +383,7 @@ def evaluate(
     tokenizer=None,
     batch_tokens: int = 2048,
     max_batch: int = 64,
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
     tasks=None,
     decode: bool = True,
 ) -> EvalResult:

@@ -109,6 +109,7 @@ def main(argv=None) -> int:
             )
         else:
             from tokenizers import Tokenizer
+
             from .dataset import default_data_path
 
             tok = Tokenizer.from_file(a.tokenizer)

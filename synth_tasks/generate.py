@@ -22,7 +22,7 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 from . import tables as T
 from .tasks import TASKS, VERB_KINDS, Task, render, slots
@@ -267,7 +267,7 @@ def _render_slot(kind: str, value) -> str:
     return ident(value)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pools(task_id: str, scale: str | None):
     """(all items, items that can be the source, items the query can name)
     of a task, on one ordinal scale for the ordinal tasks."""
@@ -285,7 +285,7 @@ def _pools(task_id: str, scale: str | None):
     return tuple(pool), tuple(src), tuple(keyed)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _with_key(task_id: str, scale: str | None, kind: str, key: str):
     pool = _pools(task_id, scale)[0]
     return tuple(x for x in pool if key in key_values(kind, x))

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -43,7 +44,7 @@ def load_bench(path: str) -> dict:
     return b
 
 
-def _lines(bench: dict, label: str) -> Tuple[List[Tuple[str, int]], np.ndarray, np.ndarray]:
+def _lines(bench: dict, label: str) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
     """(line keys, correct answers [L], answers [L]) of one set."""
     rows = bench[label]["per_line"]
     keys = [(str(r[0]), int(r[1])) for r in rows]
@@ -55,7 +56,7 @@ def accuracy(bench: dict, label: str) -> float:
     return float(c.sum() / n.sum())
 
 
-def spread(values: Sequence[float]) -> Dict[str, float]:
+def spread(values: Sequence[float]) -> dict[str, float]:
     """mean, sample standard deviation (0 for one value), min, max."""
     v = np.asarray(values, float)
     sd = float(v.std(ddof=1)) if len(v) > 1 else 0.0
@@ -64,7 +65,7 @@ def spread(values: Sequence[float]) -> Dict[str, float]:
 
 def diff_interval(
     a: Sequence[dict], b: Sequence[dict], label: str, n_boot: int = 4000, seed: int = 0
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """Mean accuracy of the seeds `a` minus that of the seeds `b` on `label`,
     with its 95% two-stage bootstrap interval (module docstring)."""
     la = [_lines(x, label) for x in a]
@@ -90,7 +91,7 @@ def diff_interval(
     return {"diff": point, "lo": float(lo), "hi": float(hi), "seeds_a": len(la), "seeds_b": len(lb), "lines": L}
 
 
-def combine(benches: Dict[str, Dict[str, dict]], order: Sequence[str]) -> dict:
+def combine(benches: dict[str, dict[str, dict]], order: Sequence[str]) -> dict:
     """benches: {twin: {seed: benchmark.json dict}}; order: the twins, DCMHA
     first. The `"seeds"` entry of each twin, every twin's spread per set and
     the difference of the first twin minus the second with its interval."""
@@ -167,7 +168,7 @@ def replace_section(card: str, section: str) -> str:
     return card.rstrip("\n") + "\n\n" + section
 
 
-def write(model_dirs: Dict[str, str], combined: dict) -> None:
+def write(model_dirs: dict[str, str], combined: dict) -> None:
     """Add the `"seeds"` key (with `"seeds_spread"` and `"seeds_difference"`)
     to each twin's benchmark.json and the seeds section to its MODEL_CARD.md."""
     for t, d in model_dirs.items():
@@ -183,6 +184,6 @@ def write(model_dirs: Dict[str, str], combined: dict) -> None:
         os.replace(tmp, p)
         cp = os.path.join(d, "MODEL_CARD.md")
         if os.path.exists(cp):
-            card = open(cp, encoding="utf-8").read()
+            card = Path(cp).read_text(encoding="utf-8")
             with open(cp, "w", encoding="utf-8") as f:
                 f.write(replace_section(card, card_section(t, combined)))

@@ -187,10 +187,7 @@ def _parse_objects(spec: str):
         item = item.strip()
         plural = item.endswith("+")
         item = item.rstrip("+")
-        if item.startswith("a ") or item.startswith("an "):
-            name = item.split(" ", 1)[1]
-        else:
-            name = item
+        name = item.split(" ", 1)[1] if item.startswith(("a ", "an ")) else item
         yield name, item, plural
 
 
@@ -382,18 +379,18 @@ class Ordinal:
     def prep(self) -> str:
         return ORDINAL_SCALES[self.kind][0]
 
-    def shifted(self, step: int) -> "Ordinal | None":
+    def shifted(self, step: int) -> Ordinal | None:
         j = self.index + step
         if 0 <= j < len(ORDINAL_SCALES[self.kind][1]):
             return Ordinal(self.kind, j)
         return None
 
     @property
-    def next(self) -> "Ordinal | None":
+    def next(self) -> Ordinal | None:
         return self.shifted(+1)
 
     @property
-    def prev(self) -> "Ordinal | None":
+    def prev(self) -> Ordinal | None:
         return self.shifted(-1)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 # ---------------------------------------------------------------------------
 # Context forms (three facts, or a list of three items)
@@ -231,7 +231,7 @@ PATTERNS = sorted({t.pattern for t in TASKS.values()})
 TRANSFORMS = sorted({t.transform for t in TASKS.values()})
 
 
-@lru_cache(maxsize=None)
+@cache
 def compile_template(template: str) -> re.Pattern:
     """Template -> regex with one named group per slot. The answer slot
     ``[{A:kind}]`` matches both ``[ X ]`` and a bare ``X``."""

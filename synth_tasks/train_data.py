@@ -13,15 +13,13 @@ the --data value).
 
 from __future__ import annotations
 
-from typing import List
-
 import numpy as np
 
 from .dataset import load_dataset, parse_texts
 from .generate import generate
 
 
-def synth(arg: str, seed: int) -> List[str]:
+def synth(arg: str, seed: int) -> list[str]:
     """`arg` (the text after "synth:", or "") lines per task, generated with
     `seed` and shuffled with it."""
     try:
@@ -35,6 +33,6 @@ def synth(arg: str, seed: int) -> List[str]:
     return [parse_texts(recs[i]["texts"])[0] for i in order]
 
 
-def jsonl(path: str, seed: int) -> List[str]:
+def jsonl(path: str, seed: int) -> list[str]:
     """The texts of every line of a benchmark JSONL file, in file order."""
     return [ln.text for ln in load_dataset(path).lines]

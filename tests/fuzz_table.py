@@ -1,4 +1,4 @@
-"""The table the API fuzz (tests/test_fuzz_api.py) walks: every public
+"""The table the API fuzz (tests/api/test_fuzz_api.py) walks: every public
 function and method of dclens with a strategy for each argument's valid
 values. The fuzz replaces some arguments by hostile values (wrong types,
 shapes, dtypes, signs, sizes) and asks for a valid result or a dclens.Error
@@ -15,7 +15,7 @@ argument, the words a refusal may use for it when they differ from its name
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Tuple
+from typing import Callable
 
 import numpy as np
 from hypothesis import strategies as st
@@ -31,8 +31,8 @@ L, N, V, T = 2, 4, 64, 6  # the fixture model: layers, heads, vocabulary; prompt
 class Entry:
     name: str
     call: Callable
-    args: Dict[str, st.SearchStrategy]
-    names: Dict[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    args: dict[str, st.SearchStrategy]
+    names: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ hostile values

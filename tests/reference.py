@@ -89,10 +89,10 @@ class Hyper:
             self.query_wise = bool(c.get("query_wise", False))
             self.key_wise = bool(c.get("key_wise", False))  # key-wise-only ablation (issue 16)
             self.window_size = c.get("window_size", 256)
-            self.window_type = c.get("window_type", None)
+            self.window_type = c.get("window_type")
             self.tie = bool(c.get("tie_word_embeddings", False))
             self.use_sw = bool(c.get("use_sw", False))
-            self.moh = c.get("moh", None)
+            self.moh = c.get("moh")
             self.G = int(c.get("compose_groups") or 1)
         elif self.model_type == "gpt_neox":
             self.D = int(c["hidden_size"])
@@ -354,10 +354,7 @@ class _Weights:
         return self.get(p + "q_norm.scale"), self.get(p + "k_norm.scale")
 
     def out_proj(self, l):
-        if self.h.model_type == "dcpythia":
-            p = f"layers.{l}.attention.wo."
-        else:
-            p = f"gpt_neox.layers.{l}.attention.dense."
+        p = f"layers.{l}.attention.wo." if self.h.model_type == "dcpythia" else f"gpt_neox.layers.{l}.attention.dense."
         return self.get(p + "weight"), self.get(p + "bias", required=False)
 
     def mlp(self, l):

@@ -34,7 +34,7 @@ from reference import Hyper, _Hooks, _Weights, attention, linear, rms_norm, soft
 class HyperDCFormer(Hyper):
     """DCFormerConfig's keys and defaults (spec section 1)."""
 
-    def __init__(self, config):  # noqa: super().__init__ reads DCPythia/Pythia keys only
+    def __init__(self, config):  # not super().__init__: it reads DCPythia/Pythia keys only
         c = dict(config)
         if c.get("model_type") != "dcformer":
             raise ValueError("not a dcformer config")
@@ -48,7 +48,7 @@ class HyperDCFormer(Hyper):
         self.query_wise = bool(c.get("query_wise", False))
         self.key_wise = False
         self.window_size = c.get("window_size", 256)
-        self.window_type = c.get("window_type", None)
+        self.window_type = c.get("window_type")
         self.tie = False
         self.use_sw = False
         self.moh = None

@@ -23,7 +23,29 @@ model.hooks(...) as a context manager, return_type="loss", batches of prompts
 (docs/api.md).
 """
 
+from . import (
+    analysis,
+    attribution,
+    blas,
+    cache,
+    circuits,
+    grad,
+    graph,
+    hub,
+    interventions,
+    memplan,
+    names,
+    patching,
+    progress,
+    routing,
+)
 from ._checks import ArgumentError, ArgumentTypeError, NotFoundError, UnknownNameError
+from .blas import BlasWarning
+from .bundled import BundledModel, bundled_models
+from .explorer import Explorer, explore
+from .generate import Decoder, generate
+from .heatmaps import PNG, attention_heatmap, heatmap
+from .hooks import HookPoint, read_only
 from .model import (
     Cache,
     Config,
@@ -37,16 +59,7 @@ from .model import (
     from_pretrained,
     load,
 )
-from .heatmaps import PNG, attention_heatmap, heatmap
-from .bundled import BundledModel, bundled_models
-from . import analysis, attribution, circuits, grad, interventions, memplan, routing
-from . import cache, graph, names, patching
 from .names import BRANCHES, PHASES, hook_name, hook_names
-from .hooks import HookPoint, read_only
-from . import blas, hub, progress
-from .blas import BlasWarning
-from .generate import Decoder, generate
-from .explorer import Explorer, explore
 from .patching import PatchingWarning
 from .prompting import test_prompt
 

@@ -1,6 +1,6 @@
 """The C declarations of engine/include/dclens.h that Python uses (cffi cdef).
 
-Kept in one place; tests/test_cdef.py checks it against the header.
+Kept in one place; tests/api/test_cdef.py checks it against the header.
 """
 
 CDEF = r"""

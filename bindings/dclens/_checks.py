@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import Optional
 
 import numpy as np
 
@@ -25,7 +24,26 @@ class Error(Exception):
     Where a failure means what a builtin exception means, it is raised as a
     subclass of both (so ``except FileNotFoundError`` / ``ValueError`` /
     ``KeyError`` / ``TypeError`` catch it as they would elsewhere):
-    NotFoundError, ArgumentError, ArgumentTypeError, UnknownNameError."""
+    NotFoundError, ArgumentError, ArgumentTypeError, UnknownNameError.
+
+    In IPython / Jupyter a dclens.Error shows the caller's frames and its
+    one-line message, not the package's frames (_render_traceback_): a user
+    error reads as one line under the cell that made it."""
+
+    def _render_traceback_(self) -> list:
+        """What IPython shows for this exception: the frames outside dclens
+        (and IPython), then 'ErrorClass: message'."""
+        import os
+        import traceback
+
+        pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+        frames = [
+            f
+            for f in traceback.extract_tb(self.__traceback__)
+            if not os.path.abspath(f.filename).startswith(pkg) and "IPython" not in f.filename
+        ]
+        lines = traceback.format_list(frames) + ["%s: %s" % (type(self).__name__, self)]
+        return [ln.rstrip("\n") for ln in "".join(lines).splitlines()]
 
 
 class NotFoundError(Error, FileNotFoundError):
@@ -209,7 +227,7 @@ def token_array(tokens) -> np.ndarray:
     return a
 
 
-def check_bytes_budget(what: str, nbytes: int, limit: Optional[int]) -> None:
+def check_bytes_budget(what: str, nbytes: int, limit: int | None) -> None:
     """Refuse before allocating when nbytes is more than limit."""
     if limit is not None and nbytes > limit:
         raise Error(

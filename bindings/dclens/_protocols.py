@@ -3,7 +3,7 @@
 Modules below Model (cache, generate, routing, grad, ...) annotate their
 model arguments with this Protocol instead of importing Model, so the
 import graph has no cycle even counting imports made for type checking
-(tests/test_imports.py). Model satisfies it."""
+(tests/api/test_imports.py). Model satisfies it."""
 
 from __future__ import annotations
 

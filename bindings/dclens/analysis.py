@@ -43,7 +43,8 @@ Measures (all exact accumulations over every token of every sequence):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ __all__ = [
 # ------------------------------------------------------------ dataset
 
 
-def iter_dataset(model: Model, dataset, progress: Optional[bool] = None, desc: str = "dataset") -> Iterator[np.ndarray]:
+def iter_dataset(model: Model, dataset, progress: bool | None = None, desc: str = "dataset") -> Iterator[np.ndarray]:
     """Yield the dataset's sequences as 1-D int32 token arrays (strings are
     tokenized with the model's tokenizer; a 2-D array gives its rows), with
     dclens.progress's bar (progress=None: a bar where someone watches, a few
@@ -109,7 +110,7 @@ def iter_dataset(model: Model, dataset, progress: Optional[bool] = None, desc: s
         raise Error("the dataset is empty")
 
 
-def _layers(model: Model, layers: Optional[Iterable[int]]) -> List[int]:
+def _layers(model: Model, layers: Iterable[int] | None) -> list[int]:
     return check_layers(layers, model.config.n_layer)
 
 
@@ -139,8 +140,8 @@ def _pca_from_scatter(scatter: np.ndarray, n: int, layer: int, mode: str) -> PCA
 
 
 def head_output_pca(
-    model: Model, dataset, layers: Optional[Iterable[int]] = None, mode: str = "heads", progress: Optional[bool] = None
-) -> Dict[int, PCAResult]:
+    model: Model, dataset, layers: Iterable[int] | None = None, mode: str = "heads", progress: bool | None = None
+) -> dict[int, PCAResult]:
     """PCA of the per-head outputs of each layer over the dataset (module doc)."""
     if not is_choice(mode, ("heads", "tokens")):
         raise Error("mode must be 'heads' or 'tokens', not %r" % (mode,))
@@ -179,7 +180,7 @@ def head_output_pca(
 # ------------------------------------------------------------ diversity, similarity
 
 
-def qk_ov_diversity(model: Model, layers: Optional[Iterable[int]] = None) -> Dict[str, np.ndarray]:
+def qk_ov_diversity(model: Model, layers: Iterable[int] | None = None) -> dict[str, np.ndarray]:
     """{"qk": [len(layers)], "ov": [...]}: circuits.head_diversity of each layer
     (DCFormer Figure 5; lower = more diverse heads)."""
     from . import circuits
@@ -189,7 +190,7 @@ def qk_ov_diversity(model: Model, layers: Optional[Iterable[int]] = None) -> Dic
 
 
 def head_similarity(
-    model: Model, layer: int, dataset=None, kind: str = "output", progress: Optional[bool] = None
+    model: Model, layer: int, dataset=None, kind: str = "output", progress: bool | None = None
 ) -> np.ndarray:
     """[N, N] cosine similarity of a layer's heads: of their outputs over the
     dataset (kind "output"), or of their QK / OV circuit matrices ("qk", "ov")."""
@@ -233,14 +234,14 @@ class CompositionStats:
 
     layer: int
     phase: str
-    mean_abs: Dict[str, float]  # branch (qp, kp, qg, kg, static) and "total" -> mean |entry|
+    mean_abs: dict[str, float]  # branch (qp, kp, qg, kg, static) and "total" -> mean |entry|
     pair_flow: np.ndarray  # [N, N] mean over queries of |routed flow n -> m|
-    top_pairs: List[Tuple[int, int, float]]  # (source n, target m, flow), off-diagonal, descending
+    top_pairs: list[tuple[int, int, float]]  # (source n, target m, flow), off-diagonal, descending
     n_pairs: int  # (query, key) pairs averaged over
     n_queries: int
 
 
-def _side_terms(cache, p: str, side: str, block: np.ndarray, weight: np.ndarray, sums: Dict[str, float]):
+def _side_terms(cache, p: str, side: str, block: np.ndarray, weight: np.ndarray, sums: dict[str, float]):
     """The query- (side "q") or key-side ("k") part of C - I of one layer and
     phase ([T, N, N]: projection plus gate, from the cache's dyn.* hooks
     under prefix p); adds their |entries|, weighted by how many allowed
@@ -256,12 +257,12 @@ def _side_terms(cache, p: str, side: str, block: np.ndarray, weight: np.ndarray,
 def composition_stats(
     model: Model,
     dataset,
-    layers: Optional[Iterable[int]] = None,
+    layers: Iterable[int] | None = None,
     phases: Sequence[str] = ("pre", "post"),
     top: int = 10,
     chunk: int = 64,
-    progress: Optional[bool] = None,
-) -> Dict[Tuple[int, str], CompositionStats]:
+    progress: bool | None = None,
+) -> dict[tuple[int, str], CompositionStats]:
     """Mean |C - I| per branch and the head pairs that route most (module doc)."""
     c = model.config
     if not c.use_dcmha:
@@ -285,7 +286,7 @@ def composition_stats(
     branch_names = [
         b for b in ("qp", "kp", "qg", "kg") if not (c.query_wise and b[0] == "k") and not (c.key_wise and b[0] == "q")
     ] + (["static"] if c.use_sw else [])
-    acc: Dict[Tuple[int, str], Dict[str, Any]] = {
+    acc: dict[tuple[int, str], dict[str, Any]] = {
         (l, ph): dict(sums={b: 0.0 for b in branch_names + ["total"]}, flow=np.zeros((N, N)), pairs=0, queries=0)
         for l in layers
         for ph in phases
@@ -332,7 +333,7 @@ def composition_stats(
 # ------------------------------------------------------------ MoH head load
 
 
-def head_load(model: Model, dataset, progress: Optional[bool] = None) -> np.ndarray:
+def head_load(model: Model, dataset, progress: bool | None = None) -> np.ndarray:
     """[L, N - hs]: per layer, the fraction of the dataset's tokens that select
     each routed head (Mixture-of-Head models)."""
     c = model.config
@@ -361,7 +362,7 @@ def _fig(w, h):
     return Figure(figsize=(w, h), layout="constrained")
 
 
-def plot_pca(results: Dict[int, PCAResult], title: Optional[str] = None):
+def plot_pca(results: dict[int, PCAResult], title: str | None = None):
     """Cumulative captured variance per layer, with the 90% line."""
     fig = _fig(6, 4)
     ax = fig.add_subplot()
@@ -381,7 +382,7 @@ def plot_pca(results: Dict[int, PCAResult], title: Optional[str] = None):
     return fig
 
 
-def plot_similarity(S: np.ndarray, title: Optional[str] = None):
+def plot_similarity(S: np.ndarray, title: str | None = None):
     """A head-by-head similarity matrix (diverging colours, range [-1, 1])."""
     fig = _fig(4.5, 4)
     ax = fig.add_subplot()
@@ -393,7 +394,7 @@ def plot_similarity(S: np.ndarray, title: Optional[str] = None):
     return fig
 
 
-def plot_composition_stats(stats: Dict[Tuple[int, str], CompositionStats], title: Optional[str] = None):
+def plot_composition_stats(stats: dict[tuple[int, str], CompositionStats], title: str | None = None):
     """Mean |C - I| per branch and layer (one bar group per phase), and the
     pair-flow matrix of the layer/phase with the largest total."""
     fig = _fig(10, 4)
@@ -417,7 +418,7 @@ def plot_composition_stats(stats: Dict[Tuple[int, str], CompositionStats], title
     return fig
 
 
-def plot_head_load(load: np.ndarray, title: Optional[str] = None):
+def plot_head_load(load: np.ndarray, title: str | None = None):
     """[L, routed heads] head load as a heatmap."""
     fig = _fig(5, 3.5)
     ax = fig.add_subplot()
@@ -429,7 +430,7 @@ def plot_head_load(load: np.ndarray, title: Optional[str] = None):
     return fig
 
 
-def plot_diversity(div: Dict[str, np.ndarray], layers: Optional[Sequence[int]] = None, title: Optional[str] = None):
+def plot_diversity(div: dict[str, np.ndarray], layers: Sequence[int] | None = None, title: str | None = None):
     """QK / OV diversity (mean cumulative captured variance) per layer."""
     fig = _fig(5, 3.5)
     ax = fig.add_subplot()

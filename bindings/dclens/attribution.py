@@ -25,15 +25,15 @@ scores, patterns, compose branches, dynamic weights and gates).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 
-from . import progress as _progress, tapes
-from .grad import target_value_and_grad
+from . import memplan, tapes
+from . import progress as _progress
 from ._checks import Error, check_index, is_choice
 from ._engine import lib
-from . import memplan
+from .grad import target_value_and_grad
 
 # hook suffix -> axis of the heads in the single-sequence layout
 _HEAD_AXIS = {
@@ -49,7 +49,7 @@ _HEAD_AXIS = {
 }
 
 
-def _head_axis(name: str) -> Optional[int]:
+def _head_axis(name: str) -> int | None:
     if not name.startswith("blocks."):
         return None
     suffix = name.split(".", 2)[2]
@@ -65,11 +65,11 @@ def _head_axis(name: str) -> Optional[int]:
 @dataclasses.dataclass
 class Attribution:
     method: str
-    target_value: Union[np.ndarray, float]  # F(a) per sequence ([B] or scalar)
-    attributions: Dict[str, np.ndarray]  # name -> activation layout
-    per_head: Dict[str, np.ndarray]  # name -> [N] (or [B, N])
-    baseline_value: Dict[str, Union[np.ndarray, float]]  # IG: F(a0) per hook
-    gap: Dict[str, Union[np.ndarray, float]]  # IG: sum(attr) - (F(a) - F(a0))
+    target_value: np.ndarray | float  # F(a) per sequence ([B] or scalar)
+    attributions: dict[str, np.ndarray]  # name -> activation layout
+    per_head: dict[str, np.ndarray]  # name -> [N] (or [B, N])
+    baseline_value: dict[str, np.ndarray | float]  # IG: F(a0) per hook
+    gap: dict[str, np.ndarray | float]  # IG: sum(attr) - (F(a) - F(a0))
 
 
 def _baseline_array(baseline) -> np.ndarray:
@@ -91,9 +91,9 @@ def attribute(
     method: str = "ig",
     steps: int = 32,
     baseline="zero",
-    progress: Optional[bool] = None,
-    chunk: Optional[int] = None,
-    max_tape_bytes: Optional[int] = None,
+    progress: bool | None = None,
+    chunk: int | None = None,
+    max_tape_bytes: int | None = None,
 ) -> Attribution:
     model.runner.refuse_hooks("attribute")
     if not is_choice(method, ("ig", "grad_x_act")):

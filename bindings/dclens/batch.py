@@ -18,7 +18,7 @@ Rules (docs/api.md):
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class Padded(tuple):
     padding_side: str
     pad_id: int
 
-    def __new__(cls, tokens: np.ndarray, lengths: np.ndarray, padding_side: str, pad_id: int = 0) -> "Padded":
+    def __new__(cls, tokens: np.ndarray, lengths: np.ndarray, padding_side: str, pad_id: int = 0) -> Padded:
         self = super().__new__(cls, (tokens, lengths))
         self.tokens, self.lengths = tokens, lengths
         self.padding_side, self.pad_id = padding_side, int(pad_id)
@@ -97,7 +97,7 @@ def pad(rows: Sequence[np.ndarray], padding_side: str = "right", pad_id: int = 0
     return Padded(out, np.array([r.size for r in rows], dtype=np.int64), padding_side, pad_id)
 
 
-def _looks_left_padded(a: np.ndarray, lengths: np.ndarray) -> Optional[int]:
+def _looks_left_padded(a: np.ndarray, lengths: np.ndarray) -> int | None:
     """A row of a batch read as right-padded that is left-padded instead:
     every shorter row starts with T - length copies of one token (the pad),
     and some such row's right tail (what right padding would call padding)
@@ -115,7 +115,7 @@ def _looks_left_padded(a: np.ndarray, lengths: np.ndarray) -> Optional[int]:
     return None
 
 
-def _roll_rows(a: np.ndarray, shifts: np.ndarray, axes: Tuple[int, ...]) -> np.ndarray:
+def _roll_rows(a: np.ndarray, shifts: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """Row b of a (axis 0) rolled by shifts[b] along each of axes."""
     out = np.empty_like(a)
     for b, k in enumerate(shifts):
@@ -123,11 +123,11 @@ def _roll_rows(a: np.ndarray, shifts: np.ndarray, axes: Tuple[int, ...]) -> np.n
     return out
 
 
-def _pos_axes(name: str) -> Tuple[int, ...]:
+def _pos_axes(name: str) -> tuple[int, ...]:
     return (2, 3) if is_map(name) else (1,)
 
 
-def normalize(model, tokens, lengths=None, padding_side: Optional[str] = None, prepend_bos: Optional[bool] = None):
+def normalize(model, tokens, lengths=None, padding_side: str | None = None, prepend_bos: bool | None = None):
     """(tokens as given: [T] or [B, T] int array, lengths or None, batched,
     padding side). Text is tokenized with model.to_tokens (prepend_bos: see
     there).
@@ -212,13 +212,13 @@ def call(
     tokens,
     *,
     lengths=None,
-    padding_side: Optional[str] = None,
-    return_type: Optional[str] = "logits",
+    padding_side: str | None = None,
+    return_type: str | None = "logits",
     capture: Sequence[str] = (),
     fns=(),
     with_cache: bool = False,
     loss_per_token: bool = False,
-    prepend_bos: Optional[bool] = None,
+    prepend_bos: bool | None = None,
 ):
     """The one path of forward / run_with_cache / run_with_hooks."""
     if not is_choice(return_type, ("logits", "loss", "both", None)):

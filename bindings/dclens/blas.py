@@ -15,7 +15,7 @@ OPENBLAS_CORETYPE set as the warning says (OpenBLAS reads it only at load).
 
 import os
 import warnings
-from typing import Optional, Set
+from typing import Optional
 
 from ._engine import ffi, lib
 
@@ -50,7 +50,7 @@ def kernel() -> str:
     return ffi.string(lib.dcs_blas_core()).decode(errors="replace")
 
 
-def cpu_flags(path: str = "/proc/cpuinfo") -> Set[str]:
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
     """The instruction-set flags of the first CPU in /proc/cpuinfo (empty
     where there is no such file)."""
     try:
@@ -63,7 +63,7 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> Set[str]:
     return set()
 
 
-def _cpu_level(flags: Set[str]) -> int:
+def _cpu_level(flags: set[str]) -> int:
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         return 3
     if {"avx2", "fma"} <= flags:
@@ -71,7 +71,7 @@ def _cpu_level(flags: Set[str]) -> int:
     return 1 if "avx" in flags else 0
 
 
-def advice(core: str, flags: Set[str]) -> Optional[str]:
+def advice(core: str, flags: set[str]) -> Optional[str]:
     """The warning's text when kernel `core` uses narrower vectors than a CPU
     with `flags` has, else None (also for a kernel name it does not know)."""
     name = core.strip().lower()

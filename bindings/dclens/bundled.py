@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import List, Optional, Union
 
 from ._checks import NotFoundError
 
@@ -35,7 +34,7 @@ class BundledModel:
     summary: str  # first paragraph of MODEL_CARD.md after its title, "" if none
 
 
-def models_dir(models_dir: Optional[Union[str, os.PathLike]] = None) -> str:
+def models_dir(models_dir: str | os.PathLike | None = None) -> str:
     """The directory the registry reads: the argument, else $DCLENS_MODELS_DIR,
     else the package's own models/ directory."""
     if models_dir is not None:
@@ -49,7 +48,7 @@ def _summary(card_path: str) -> str:
             text = f.read(65536)
     except (OSError, UnicodeDecodeError):
         return ""
-    para: List[str] = []
+    para: list[str] = []
     for line in text.splitlines():
         s = line.strip()
         if s.startswith("#") or s.startswith("<!--"):
@@ -74,7 +73,7 @@ def _model_type(config_path: str) -> str:
     return t if isinstance(t, str) else ""
 
 
-def bundled_models(models_dir_: Optional[Union[str, os.PathLike]] = None) -> List[BundledModel]:
+def bundled_models(models_dir_: str | os.PathLike | None = None) -> list[BundledModel]:
     """The bundled models on disk (directories holding a config.json), by name."""
     d = models_dir(models_dir_)
     try:
@@ -92,9 +91,7 @@ def bundled_models(models_dir_: Optional[Union[str, os.PathLike]] = None) -> Lis
     return out
 
 
-def resolve(
-    name_or_path: Union[str, os.PathLike], models_dir_: Optional[Union[str, os.PathLike]] = None
-) -> Union[str, bytes]:
+def resolve(name_or_path: str | os.PathLike, models_dir_: str | os.PathLike | None = None) -> str | bytes:
     """The checkpoint directory for a path or a bundled model's name."""
     from ._checks import c_path
 

@@ -27,7 +27,7 @@ dclens.Error naming the argument.
 
 from __future__ import annotations
 
-from typing import NamedTuple, TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -71,7 +71,7 @@ class Cache(dict):
     shapes only. The analysis helpers (decompose_resid, stack_head_results,
     accumulated_resid, apply_ln_to_stack, logit_attrs) are in dclens.cache."""
 
-    model: Optional["Model"] = None
+    model: Model | None = None
     has_batch_dim: bool = False  # set by run_with_cache: a leading batch axis on every entry
 
     def _key(self, key):
@@ -124,7 +124,9 @@ class Cache(dict):
             return False
 
     def get(self, key, default=None):
-        return self[key] if key in self else default
+        if key not in self:  # an invalid key too (__contains__)
+            return default
+        return self[key]
 
     def __repr__(self) -> str:
         items = ["%s %s" % (k, list(v.shape)) for k, v in self.items()]
@@ -140,7 +142,7 @@ class Cache(dict):
 
     def decompose_resid(
         self,
-        layer: Optional[int] = None,
+        layer: int | None = None,
         mlp_input: bool = False,
         mode: str = "all",
         apply_ln: bool = False,
@@ -153,7 +155,7 @@ class Cache(dict):
 
     def accumulated_resid(
         self,
-        layer: Optional[int] = None,
+        layer: int | None = None,
         incl_mid: bool = False,
         apply_ln: bool = False,
         pos_slice: SliceInput = None,
@@ -165,7 +167,7 @@ class Cache(dict):
 
     def stack_head_results(
         self,
-        layer: Optional[int] = -1,
+        layer: int | None = -1,
         return_labels: bool = False,
         incl_remainder: bool = False,
         pos_slice: SliceInput = None,
@@ -177,11 +179,11 @@ class Cache(dict):
     def apply_ln_to_stack(
         self,
         residual_stack,
-        layer: Optional[int] = None,
+        layer: int | None = None,
         mlp_input: bool = False,
         pos_slice: SliceInput = None,
         batch_slice: SliceInput = None,
-        has_batch_dim: Optional[bool] = None,
+        has_batch_dim: bool | None = None,
         recompute_ln: bool = False,
     ) -> np.ndarray:
         """See dclens.cache.apply_ln_to_stack."""
@@ -196,7 +198,7 @@ class Cache(dict):
         incorrect_tokens=None,
         pos_slice: SliceInput = None,
         batch_slice: SliceInput = None,
-        has_batch_dim: Optional[bool] = None,
+        has_batch_dim: bool | None = None,
         *,
         has_ln: bool = False,
     ) -> np.ndarray:
@@ -207,7 +209,7 @@ class Cache(dict):
 
     # ---------------------------------------------------------- TransformerLens' ActivationCache
 
-    def remove_batch_dim(self) -> "Cache":
+    def remove_batch_dim(self) -> Cache:
         """Drop the batch axis of a cache of one prompt (B = 1), in place (as
         TransformerLens does); returns the cache."""
         if not self.has_batch_dim:
@@ -223,7 +225,7 @@ class Cache(dict):
         return self
 
     def stack_activation(
-        self, activation_name: str, layer: Optional[int] = -1, sublayer_type: Optional[str] = None
+        self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None
     ) -> np.ndarray:
         """[layers, ...]: one activation of every block before `layer` (-1 or
         None: all), stacked. activation_name as in hook_name ("pattern", "resid_post",
@@ -246,7 +248,7 @@ class Cache(dict):
 
     def get_full_resid_decomposition(
         self,
-        layer: Optional[int] = None,
+        layer: int | None = None,
         mlp_input: bool = False,
         expand_neurons: bool = True,
         apply_ln: bool = False,
@@ -316,7 +318,7 @@ class Cache(dict):
             out = out @ proj
         return (out, labels) if return_labels else out
 
-    def layer(self, l: int) -> Dict[str, np.ndarray]:
+    def layer(self, l: int) -> dict[str, np.ndarray]:
         """The activations of block l, keyed by the name after 'blocks.{l}.'."""
         p = "blocks.%d." % l
         return {k[len(p) :]: v for k, v in self.items() if k.startswith(p)}
@@ -346,7 +348,7 @@ def _model(cache: Cache):
     return cache.model
 
 
-def _layer_arg(model, layer: Optional[int]) -> int:
+def _layer_arg(model, layer: int | None) -> int:
     """The residual a helper works on, as the index of the block it enters (n_layer:
     the final residual). None and -1 mean the final residual (TransformerLens);
     other negatives count from the end (-2: the one entering the last block)."""
@@ -362,7 +364,7 @@ def _layer_arg(model, layer: Optional[int]) -> int:
     return int(layer) % (L + 1) if layer < 0 else int(layer)
 
 
-def _head_parts(cache: Cache, model, upto: int) -> Tuple[List[np.ndarray], List[str]]:
+def _head_parts(cache: Cache, model, upto: int) -> tuple[list[np.ndarray], list[str]]:
     """Every head's head_out ([..., T, D] each) of the blocks before `upto`, labels "L{l}H{n}"."""
     N = model.config.n_head
     parts, labels = [], []
@@ -460,7 +462,7 @@ def _take(a: np.ndarray, index, axis: int, what: str) -> np.ndarray:
         elif index.size and (index.min() < -n or index.max() >= n):
             bad = index[(index < -n) | (index >= n)][0]
             raise ArgumentError("%s: index %d is out of range for an axis of %d" % (what, bad, n))
-    ix: List[Any] = [slice(None)] * a.ndim
+    ix: list[Any] = [slice(None)] * a.ndim
     ix[axis] = index
     return a[tuple(ix)]
 
@@ -473,7 +475,7 @@ def _mid(cache: Cache, l: int) -> np.ndarray:
 
 def accumulated_resid(
     cache: Cache,
-    layer: Optional[int] = None,
+    layer: int | None = None,
     incl_mid: bool = False,
     apply_ln: bool = False,
     pos_slice: SliceInput = None,
@@ -527,7 +529,7 @@ def accumulated_resid(
 
 def decompose_resid(
     cache: Cache,
-    layer: Optional[int] = None,
+    layer: int | None = None,
     mlp_input: bool = False,
     mode: str = "all",
     apply_ln: bool = False,
@@ -578,7 +580,7 @@ def decompose_resid(
 
 def stack_head_results(
     cache: Cache,
-    layer: Optional[int] = -1,
+    layer: int | None = -1,
     return_labels: bool = False,
     incl_remainder: bool = False,
     pos_slice: SliceInput = None,
@@ -658,11 +660,11 @@ def _has_batch(cache: Cache, has_batch_dim) -> bool:
 def apply_ln_to_stack(
     cache: Cache,
     residual_stack,
-    layer: Optional[int] = None,
+    layer: int | None = None,
     mlp_input: bool = False,
     pos_slice: SliceInput = None,
     batch_slice: SliceInput = None,
-    has_batch_dim: Optional[bool] = None,
+    has_batch_dim: bool | None = None,
     recompute_ln: bool = False,
     *,
     whole: bool = False,
@@ -755,7 +757,7 @@ def logit_attrs(
     incorrect_tokens=None,
     pos_slice: SliceInput = None,
     batch_slice: SliceInput = None,
-    has_batch_dim: Optional[bool] = None,
+    has_batch_dim: bool | None = None,
     *,
     has_ln: bool = False,
 ) -> np.ndarray:
@@ -818,15 +820,15 @@ class DLA(NamedTuple):
     [C] naming the components; unpacks as ``values, labels``."""
 
     values: np.ndarray
-    labels: List[str]
+    labels: list[str]
 
-    def top(self, k: int = 10) -> List[Tuple[str, float]]:
+    def top(self, k: int = 10) -> list[tuple[str, float]]:
         """The k components of largest |value|, largest first."""
         order = np.argsort(-np.abs(self.values), kind="stable")[: max(0, int(k))]
         return [(self.labels[i], float(self.values[i])) for i in order]
 
 
-def dla(cache: Cache, token: int, pos: int = -1, batch: Optional[int] = None, by: str = "head") -> DLA:
+def dla(cache: Cache, token: int, pos: int = -1, batch: int | None = None, by: str = "head") -> DLA:
     """Direct logit attribution of the logit of `token` at position `pos`,
     into components that sum to that logit (to float rounding): embed, then
     per layer each head (by="head") or the whole attention (by="layer"), the

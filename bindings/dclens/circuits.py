@@ -11,7 +11,6 @@ model; the circuit is the weight-space product, as in the literature.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple
 
 import numpy as np
 
@@ -41,7 +40,7 @@ class FactoredMatrix:
             )
 
     @property
-    def shape(self) -> Tuple[int, int]:
+    def shape(self) -> tuple[int, int]:
         return self.A.shape[0], self.B.shape[1]
 
     def full(self) -> np.ndarray:
@@ -216,7 +215,7 @@ def ov_logits(model: Model, layer: int, head: int, tokens, *, resid: str = "dire
 
 def ov_readout(
     model: Model, layer: int, head: int, token, k: int = 10, *, resid: str = "direct"
-) -> List[Tuple[int, float]]:
+) -> list[tuple[int, float]]:
     """What head n's OV circuit writes for `token` (an id, or a string that is
     one token): the top-k (token id, logit) pairs of ov_logits, which says
     what the head reads (`resid`: "direct", the default, the input the head

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
 
 from . import plugins
-from ._help import HelpFormatter
 from ._checks import Error
+from ._help import HelpFormatter
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -66,7 +65,7 @@ def _heatmap_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _heatmap(argv: List[str]) -> int:
+def _heatmap(argv: list[str]) -> int:
     a = _heatmap_parser().parse_args(argv)
     from .heatmaps import attention_heatmap
     from .model import load
@@ -114,7 +113,7 @@ def _explore_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _explore(argv: List[str]) -> int:
+def _explore(argv: list[str]) -> int:
     a = _explore_parser().parse_args(argv)
     from .explorer import explore
     from .model import load
@@ -134,7 +133,7 @@ def _explore(argv: List[str]) -> int:
     return 0
 
 
-def _layer_list(s: str) -> List[int]:
+def _layer_list(s: str) -> list[int]:
     """'0,2-3' -> [0, 2, 3]."""
     out = []
     for part in s.split(","):
@@ -142,7 +141,7 @@ def _layer_list(s: str) -> List[int]:
         try:
             out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
         except ValueError:
-            raise Error("--layers must be layer numbers and ranges like 0,2-3, not %r" % s)
+            raise Error("--layers must be layer numbers and ranges like 0,2-3, not %r" % s) from None
     return out
 
 
@@ -160,7 +159,7 @@ def _int(s: str, what: str) -> int:
     try:
         return int(s)
     except ValueError:
-        raise Error("%s must be an integer or 'all', not %r" % (what, s))
+        raise Error("%s must be an integer or 'all', not %r" % (what, s)) from None
 
 
 def _info_parser() -> argparse.ArgumentParser:
@@ -171,7 +170,7 @@ def _info_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _info(argv: List[str]) -> int:
+def _info(argv: list[str]) -> int:
     a = _info_parser().parse_args(argv)
     from .model import load
 
@@ -248,7 +247,7 @@ def _models_parser() -> argparse.ArgumentParser:
     return _parser("dclens models", "List the bundled models.")
 
 
-def _models(argv: List[str]) -> int:
+def _models(argv: list[str]) -> int:
     _models_parser().parse_args(argv)
     from .bundled import bundled_models, models_dir
 
@@ -282,7 +281,7 @@ def parsers() -> dict:
     return out
 
 
-def _top_parser(added: List[str]) -> argparse.ArgumentParser:
+def _top_parser(added: list[str]) -> argparse.ArgumentParser:
     from . import __version__
 
     p = argparse.ArgumentParser(
@@ -299,7 +298,7 @@ def _top_parser(added: List[str]) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """dclens (and python -m dclens): dispatch to a command's own parser."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # commands other packages add (synth: synth_tasks), looked up by name
@@ -345,13 +344,13 @@ def _train_parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
-def _make_tiny(argv: List[str]) -> int:
+def _make_tiny(argv: list[str]) -> int:
     from .testing.make_tiny import main as tiny_main
 
     return tiny_main(argv) or 0
 
 
-def _train(argv: List[str]) -> int:
+def _train(argv: list[str]) -> int:
     from .train import main as train_main
 
     return train_main(argv)

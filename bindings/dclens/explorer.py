@@ -44,7 +44,7 @@ import os
 import re
 import warnings
 import zlib
-from typing import Dict, List, Optional, Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -62,7 +62,7 @@ _PHASE_MAPS = {"pre": ("attn.scores", "attn.scores_composed"), "post": ("attn.pa
 class Explorer:
     """A built explorer page: `html` (str), `save(path)`, shown inline in notebooks."""
 
-    def __init__(self, html: str, model_name: str, layers: List[int], n_tokens: int):
+    def __init__(self, html: str, model_name: str, layers: list[int], n_tokens: int):
         self.html = html
         self.model_name = model_name
         self.layers = layers
@@ -79,7 +79,7 @@ class Explorer:
             len(self),
         )
 
-    def save(self, path: Union[str, os.PathLike]) -> str:
+    def save(self, path: str | os.PathLike) -> str:
         """Write the page to path (str or os.PathLike); returns the path."""
         c_path("save: path", path)  # a path, or an Error naming it
         path = show_path(path)
@@ -87,7 +87,7 @@ class Explorer:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(self.html)
         except OSError as e:
-            raise Error("%s: cannot write the explorer page: %s" % (path, e.strerror or e))
+            raise Error("%s: cannot write the explorer page: %s" % (path, e.strerror or e)) from e
         return path
 
     def _repr_html_(self) -> str:
@@ -101,7 +101,7 @@ class Explorer:
 # ---------------------------------------------------------------- encoding
 
 
-def stored_step(values: np.ndarray, visible: Optional[np.ndarray] = None, bits: int = 8) -> np.ndarray:
+def stored_step(values: np.ndarray, visible: np.ndarray | None = None, bits: int = 8) -> np.ndarray:
     """The quantisation step of each stored row: for an attention map [N, T, S]
     with its `visible` [T, S] mask, per (head, query) over the visible keys
     ([N, T]); for any other array, per row of its last axis. The step is
@@ -124,9 +124,9 @@ class _Blob:
     row, then one byte per value; `manifest` says where each array lies."""
 
     def __init__(self):
-        self.parts: List[bytes] = []
+        self.parts: list[bytes] = []
         self.size = 0
-        self.manifest: Dict[str, dict] = {}
+        self.manifest: dict[str, dict] = {}
 
     def _put(self, data: bytes) -> int:
         off = self.size
@@ -147,7 +147,7 @@ class _Blob:
         per_cell = np.repeat(scale, np.diff(np.append(row_starts, v.size)))
         q = np.clip(np.rint(np.divide(v, per_cell, out=np.zeros_like(v), where=per_cell > 0)), -top, top)
         kind = ("u" if unsigned else "i") + str(bits)
-        dtypes: Dict[str, Union[type, str]] = {"u8": np.uint8, "i8": np.int8, "u16": "<u2", "i16": "<i2"}
+        dtypes: dict[str, type | str] = {"u8": np.uint8, "i8": np.int8, "u16": "<u2", "i16": "<i2"}
         q = q.astype(dtypes[kind])
         self.manifest[name] = {
             "kind": kind,
@@ -187,7 +187,7 @@ def _put_map(blob: _Blob, name: str, a: np.ndarray, vis: np.ndarray) -> None:
 # ---------------------------------------------------------------- data of one layer
 
 
-def _layer_names(model, layer: int) -> List[str]:
+def _layer_names(model, layer: int) -> list[str]:
     c = model.config
     names = [hook_name(layer, "attn.scores"), hook_name(layer, "attn.pattern")]
     if c.use_dcmha:
@@ -231,7 +231,7 @@ _ZERO_BASELINE = (
 )
 
 
-def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
+def _ig_per_head(model, toks, layers: list[int], attribution) -> dict | None:
     """attribution= as {"label", "values": [len(layers)][N], "top": [layer, head] (the largest
     |value|, the page opens there), "query" (the target's position, or None), "note"}: an
     Attribution result, an [L, N] array, or a target tuple for model.attribute (IG at each
@@ -292,7 +292,7 @@ def _ig_per_head(model, toks, layers: List[int], attribution) -> Optional[dict]:
     }
 
 
-def _labels(model, toks: np.ndarray) -> List[str]:
+def _labels(model, toks: np.ndarray) -> list[str]:
     """The tokens as text; "<id>" for a model directory without a tokenizer (given ids)."""
     if not os.path.lexists(os.path.join(model.path, "tokenizer.json")):
         return ["<%d>" % int(i) for i in toks]
@@ -308,7 +308,7 @@ def _colormaps() -> dict:
     return {"seq": seq, "div": div}
 
 
-def _layers(model, layers) -> List[int]:
+def _layers(model, layers) -> list[int]:
     L = model.config.n_layer
     if layers is None:
         return list(range(L))
@@ -330,7 +330,7 @@ def _script_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def explore(model, text, layers=None, twin=None, attribution=None, *, progress: Optional[bool] = None) -> Explorer:
+def explore(model, text, layers=None, twin=None, attribution=None, *, progress: bool | None = None) -> Explorer:
     """Build the explorer page for `text` (a string or [T] tokens) on `model`.
 
     layers: the layers to embed (default all; the page says which it holds).

@@ -15,15 +15,15 @@ step's activations ([1, n, ...] for the n tokens fed; attention maps
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
-
 import numbers
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._checks import ArgumentError, EngineObject, Error, check_index, check_str, is_choice
+from ._checks import check_status as _check
 from ._engine import ffi, lib
-from ._checks import ArgumentError, EngineObject, check_index, check_str, is_choice
-from ._checks import Error, check_status as _check
 from .hooks import HookFn, _Run
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Decoder(EngineObject):
             raise ArgumentError("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
         return n
 
-    def step(self, tokens, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), logits: bool = True, cache_names=()) -> Any:
+    def step(self, tokens, fwd_hooks: Sequence[tuple[str, HookFn]] = (), logits: bool = True, cache_names=()) -> Any:
         """Feed tokens [n]; returns their logits [n, V], and a cache of this
         step's activations when cache_names is given (None: every hook)."""
         m = self.model
@@ -97,7 +97,7 @@ class Decoder(EngineObject):
         return (out, run.cache) if want_cache else out
 
 
-def _sample(logits: np.ndarray, temperature: float, top_k: Optional[int], rng) -> int:
+def _sample(logits: np.ndarray, temperature: float, top_k: int | None, rng) -> int:
     if temperature == 0:
         return int(np.argmax(logits))
     x = logits.astype(np.float64) / temperature
@@ -139,10 +139,10 @@ def generate(
     prompt,
     max_new_tokens: int = 20,
     temperature: float = 0.0,
-    top_k: Optional[int] = None,
-    stop: Union[None, str, int, Sequence[Union[str, int]]] = None,
-    seed: Optional[int] = None,
-    fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+    top_k: int | None = None,
+    stop: None | str | int | Sequence[str | int] = None,
+    seed: int | None = None,
+    fwd_hooks: Sequence[tuple[str, HookFn]] = (),
     return_type: str = "auto",
     verbose: bool = False,
 ):
@@ -185,7 +185,7 @@ def generate(
         check_index("generate: seed", seed, 0, 2**63)
     rng = np.random.default_rng(seed)
     dec = Decoder(model)
-    new: List[int] = []
+    new: list[int] = []
     if max_new_tokens:
         logits = dec.step(toks, fwd_hooks=fwd_hooks)[-1]
         for i in range(max_new_tokens):

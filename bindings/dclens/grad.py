@@ -20,19 +20,19 @@ the tape follows the memory plan of memplan.py under ``max_tape_bytes``.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
-from . import tapes
+from . import memplan, tapes
+from ._checks import Error
+from ._checks import check_status as _check
 from ._engine import ffi, lib
-from ._checks import Error, check_status as _check
-from . import memplan
 from .memplan import param_table
 from .tapes import Tape  # noqa: F401  (dclens.grad.Tape: its home before tapes.py)
 
 
-def _weight_shape(model, name: str) -> Tuple[int, ...]:
+def _weight_shape(model, name: str) -> tuple[int, ...]:
     """A weight's shape, without reading it (Model.weight would widen it)."""
     shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
     with model.runner.engine_lock():
@@ -55,7 +55,7 @@ def _tok(tok, V: int, what: str) -> int:
     return int(tok)
 
 
-def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-sequence target values [B] and d(sum of them)/d logits [B, T, V]."""
     B, T, V = logits.shape
     d = np.zeros((B, T, V), np.float32)  # float64 where it is computed: one row per sequence
@@ -124,9 +124,7 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> Tup
 # ------------------------------------------------------------------ gradients
 
 
-def gradients(
-    model, tokens, target, wrt: Sequence[str], return_value: bool = False, max_tape_bytes: Optional[int] = None
-):
+def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False, max_tape_bytes: int | None = None):
     """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
     model.runner.refuse_hooks("gradients")
     toks, batched = model.token_ids(tokens)
@@ -149,7 +147,7 @@ def gradients(
         try:
             hooks[n] = model.parse_hook(n)
         except Error as e:
-            raise Error("gradients: %r is neither a hook of this model nor a parameter name (%s)" % (n, e))
+            raise Error("gradients: %r is neither a hook of this model nor a parameter name (%s)" % (n, e)) from None
     # a tape of the model's cache (tapes.py): its buffers are reused by the next call
     with tapes.lease(model, B, T, memplan.check_budget(max_tape_bytes, model)) as tape:
         logits = tape.forward(toks)

@@ -40,7 +40,8 @@ clean run and every edge the corrupted one (tested to float32 rounding).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Callable
 
 import numpy as np
 
@@ -71,14 +72,14 @@ class Edge:
 class Graph:
     """Nodes and edges of a model (build): ``edges`` names, stable across runs."""
 
-    senders: List[str]
-    receivers: List[str]
-    edges: List[str]
-    detail: Dict[str, Edge]
+    senders: list[str]
+    receivers: list[str]
+    edges: list[str]
+    detail: dict[str, Edge]
     n_layer: int
     n_head: int
 
-    def index(self, names: Sequence[str]) -> List[int]:
+    def index(self, names: Sequence[str]) -> list[int]:
         """Positions of edge names in ``edges``; an unknown name is an Error with the closest names."""
         pos = {e: i for i, e in enumerate(self.edges)}
         out = []
@@ -89,7 +90,7 @@ class Graph:
         return out
 
 
-def _sender_hook(s: str) -> Tuple[str, int]:
+def _sender_hook(s: str) -> tuple[str, int]:
     """(hook name, head or -1) of a sender node."""
     if s == "embed":
         return "embed", -1
@@ -99,7 +100,7 @@ def _sender_hook(s: str) -> Tuple[str, int]:
     return hook_name(int(l), "attn.head_out"), int(rest[1:])
 
 
-def _receiver_hook(r: str, n_layer: int) -> Tuple[str, int]:
+def _receiver_hook(r: str, n_layer: int) -> tuple[str, int]:
     """(hook name, head or -1) where a residual edge into receiver r is patched."""
     if r == "logits":
         return hook_name(n_layer - 1, "resid_post"), -1
@@ -112,12 +113,12 @@ def _receiver_hook(r: str, n_layer: int) -> Tuple[str, int]:
     return hook_name(l, "attn.%s_input" % parts[2]), int(parts[1][1:])
 
 
-def build(model) -> "Graph":
+def build(model) -> Graph:
     """The model's graph: senders, receivers and every edge (module docstring)."""
     c, plan = model.config, model.plan
     L, N = c.n_layer, c.n_head
     senders, receivers, edges = ["embed"], [], []
-    detail: Dict[str, Edge] = {}
+    detail: dict[str, Edge] = {}
     G = max(1, c.compose_groups if c.use_dcmha else 1)
 
     def add(e: Edge) -> None:
@@ -191,7 +192,7 @@ def _has_branch(model, l: int, phase: str, branch: str) -> bool:
 # ---------------------------------------------------------------- inputs
 
 
-def _pairs(model, clean, corrupted) -> Tuple[np.ndarray, np.ndarray]:
+def _pairs(model, clean, corrupted) -> tuple[np.ndarray, np.ndarray]:
     """Clean and corrupted prompts as [B, T] int arrays of one length."""
 
     def rows(x, what):
@@ -247,27 +248,27 @@ def _per_pair(metric, B: int, ok, what: str) -> list:
     return fns
 
 
-def _edges(graph: Graph, edges) -> List[Edge]:
+def _edges(graph: Graph, edges) -> list[Edge]:
     if isinstance(edges, str) or not isinstance(edges, (list, tuple, set, frozenset)):
         raise ArgumentError("edges must be a list of edge names (graph.edges), not %r" % (edges,))
     graph.index(list(edges))  # unknown names: an Error with did-you-mean
     return [graph.detail[e] for e in edges]
 
 
-def _sender_values(model, toks: np.ndarray, senders: Sequence[str]) -> Dict[str, np.ndarray]:
+def _sender_values(model, toks: np.ndarray, senders: Sequence[str]) -> dict[str, np.ndarray]:
     names = sorted({_sender_hook(s)[0] for s in senders})
     _, cache = model.run_with_cache(toks, names=names)
     return {n: np.asarray(cache[n]) for n in names}
 
 
-def _phase_names(l: int, phase: str, branch: str) -> List[str]:
+def _phase_names(l: int, phase: str, branch: str) -> list[str]:
     """The hooks a composition edge's term reads: the phase input and the dynamic weights it needs."""
     x = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
     need = {"qp": ("qw1", "qw2"), "kp": ("kw1", "kw2"), "qg": ("qdd",), "kg": ("kdd",)}.get(branch, ())
     return [x] + [hook_name(l, "attn.dyn.%s.%s" % (phase, w)) for w in need]
 
 
-def _comp_coef(model, e: Edge, vals: Dict[str, np.ndarray]) -> np.ndarray:
+def _comp_coef(model, e: Edge, vals: dict[str, np.ndarray]) -> np.ndarray:
     """[..., T, S] the map entry (source e.src_head -> target e.head) of the edge's branch."""
     from . import routing
 
@@ -293,7 +294,7 @@ def _comp_coef(model, e: Edge, vals: Dict[str, np.ndarray]) -> np.ndarray:
     return np.full(X.shape[:-3] + (T, S), W[m, n] * block)
 
 
-def _phase_input(vals: Dict[str, np.ndarray], e: Edge) -> np.ndarray:
+def _phase_input(vals: dict[str, np.ndarray], e: Edge) -> np.ndarray:
     X = vals[hook_name(e.layer, "attn.%s" % ("scores" if e.phase == "pre" else "pattern"))]
     return X[..., e.src_head, :, :].astype(np.float64)
 
@@ -305,7 +306,7 @@ def _masked(model, l: int, a: np.ndarray) -> np.ndarray:
     return np.where(allowed(T, S, layer_window(model, l)), a, 0.0)
 
 
-def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph: Optional[Graph] = None) -> float:
+def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph: Graph | None = None) -> float:
     """The metric (averaged over prompt pairs) of the clean run with exactly
     ``edges`` patched from the corrupted run (module docstring). ``edges=[]``
     gives the clean metric, every edge the corrupted one."""
@@ -318,7 +319,7 @@ def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph
     return float(np.mean(_metric_values(metric, logits)))
 
 
-def _corrupted_values(model, es: List[Edge], xtoks: np.ndarray) -> Dict[str, np.ndarray]:
+def _corrupted_values(model, es: list[Edge], xtoks: np.ndarray) -> dict[str, np.ndarray]:
     """What the edges read of the corrupted run: senders' outputs, phase inputs."""
     names = sorted({_sender_hook(e.sender)[0] for e in es if e.kind == "resid"})
     names += sorted({_phase_names(e.layer, e.phase, e.branch)[0] for e in es if e.kind == "comp"})
@@ -329,7 +330,7 @@ def _corrupted_values(model, es: List[Edge], xtoks: np.ndarray) -> Dict[str, np.
 
 
 def patch_each(
-    model, clean, corrupted, metric, edges: Sequence[str], graph: Optional[Graph] = None, progress=None
+    model, clean, corrupted, metric, edges: Sequence[str], graph: Graph | None = None, progress=None
 ) -> np.ndarray:
     """[len(edges)] the metric (averaged over pairs) with each edge patched
     alone: patch(..., [edge]) for every edge, the corrupted run read once."""
@@ -355,23 +356,23 @@ def patch_each(
     return out
 
 
-def _patch_hooks(model, g: Graph, es: List[Edge], xtoks: np.ndarray, corr: Optional[Dict[str, np.ndarray]] = None):
+def _patch_hooks(model, g: Graph, es: list[Edge], xtoks: np.ndarray, corr: dict[str, np.ndarray] | None = None):
     """The hooks of one patched clean run (batched like xtoks)."""
     resid = [e for e in es if e.kind == "resid"]
     comp = [e for e in es if e.kind == "comp"]
     if corr is None:
         corr = _corrupted_values(model, es, xtoks)
-    cur: Dict[str, np.ndarray] = {}
+    cur: dict[str, np.ndarray] = {}
 
     def keep(name):
         return read_only(lambda a, _n: cur.__setitem__(name, np.array(a)))
 
-    hooks: List[Tuple[str, Callable]] = []
+    hooks: list[tuple[str, Callable]] = []
     reads = sorted(
         {_sender_hook(e.sender)[0] for e in resid} | {n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)}
     )
     hooks += [(n, keep(n)) for n in reads]
-    by_rx: Dict[str, List[Edge]] = {}
+    by_rx: dict[str, list[Edge]] = {}
     for e in resid:
         by_rx.setdefault(_receiver_hook(e.receiver, g.n_layer)[0], []).append(e)
     for rx, group in by_rx.items():
@@ -390,7 +391,7 @@ def _patch_hooks(model, g: Graph, es: List[Edge], xtoks: np.ndarray, corr: Optio
             return a
 
         hooks.append((rx, add_resid))
-    by_branch: Dict[str, List[Edge]] = {}
+    by_branch: dict[str, list[Edge]] = {}
     for e in comp:
         by_branch.setdefault(hook_name(e.layer, "attn.%s.%s" % (e.phase, e.branch)), []).append(e)
     for bh, group in by_branch.items():
@@ -418,9 +419,9 @@ class EdgeScores:
     scores: np.ndarray  # [len(graph.edges)] float64
     method: str
     steps: int
-    per_position: Optional[np.ndarray] = None  # [len(graph.edges), T] (positions=True): by token / query position
+    per_position: np.ndarray | None = None  # [len(graph.edges), T] (positions=True): by token / query position
 
-    def top(self, k: int = 20) -> List[Tuple[str, float]]:
+    def top(self, k: int = 20) -> list[tuple[str, float]]:
         """The k edges of largest |score|, largest first."""
         k = check_index("top: k", k, 1, 1 << 40)
         order = np.argsort(-np.abs(self.scores), kind="stable")[:k]
@@ -443,7 +444,7 @@ class EdgeScores:
             }
         )
 
-    def circuit(self, top_n: Optional[int] = None, threshold: Optional[float] = None) -> "Circuit":
+    def circuit(self, top_n: int | None = None, threshold: float | None = None) -> Circuit:
         """The edges of largest |score|: the top_n of them, or those with |score| >= threshold."""
         if (top_n is None) == (threshold is None):
             raise ArgumentError("circuit: give top_n or threshold (one of them)")
@@ -463,9 +464,9 @@ class Circuit:
 
     graph: Graph
     edges: frozenset
-    scores: Optional[Dict[str, float]] = dataclasses.field(default=None, compare=False)  # edge -> score
+    scores: dict[str, float] | None = dataclasses.field(default=None, compare=False)  # edge -> score
 
-    def plot(self, title: Optional[str] = None):
+    def plot(self, title: str | None = None):
         """The circuit as a layered picture (a matplotlib Figure): the embedding
         at the bottom, a row per layer (its heads and MLP), the logits at the
         top; residual edges as lines between rows, composition edges as arcs
@@ -481,9 +482,9 @@ class Circuit:
         return buf.getvalue()
 
     @property
-    def nodes(self) -> List[str]:
+    def nodes(self) -> list[str]:
         """The senders and receivers of edges that reach the logits through the circuit."""
-        into: Dict[str, List[Edge]] = {}
+        into: dict[str, list[Edge]] = {}
         for e in self.edges:
             d = self.graph.detail[e]
             into.setdefault(_node_of(d), []).append(d)
@@ -521,7 +522,7 @@ def _target(metric) -> tuple:
     )
 
 
-def _grad_names(model, g: Graph) -> List[str]:
+def _grad_names(model, g: Graph) -> list[str]:
     names = set()
     for e in g.detail.values():
         if e.kind == "resid":
@@ -540,9 +541,9 @@ def attribute(
     *,
     method: str = "eap",
     steps: int = 16,
-    graph: Optional[Graph] = None,
-    max_tape_bytes: Optional[int] = None,
-    progress: Optional[bool] = None,
+    graph: Graph | None = None,
+    max_tape_bytes: int | None = None,
+    progress: bool | None = None,
     positions: bool = False,
 ) -> EdgeScores:
     """Score every edge: (sender corrupted - sender clean) . d metric / d
@@ -557,10 +558,9 @@ def attribute(
     list of one per pair). positions=True also scores each edge per position
     (EdgeScores.per_position [E, T]: a residual edge by the token position of
     its difference, a composition edge by the query position)."""
+    from . import memplan, tapes
     from . import progress as _progress
-    from . import tapes
     from .grad import target_value_and_grad
-    from . import memplan
 
     if not isinstance(positions, bool):
         raise ArgumentError("positions must be True or False, not %r" % (positions,))
@@ -589,7 +589,7 @@ def attribute(
     embed_pt = model.parse_hook("embed")
     emb_c, emb_x = np.asarray(cc["embed"]), np.asarray(xc["embed"])
     alphas = (np.arange(steps) + 0.5) / steps if method == "eap-ig" else np.zeros(1)
-    grads: Dict[str, np.ndarray] = {}
+    grads: dict[str, np.ndarray] = {}
     bar = _progress.bar(total=len(alphas), desc="graph.attribute (%s)" % method, progress=progress)
     try:
         with tapes.lease(model, B, T, budget) as tape:
@@ -634,11 +634,11 @@ def _resid_scores(g: Graph, cc, xc, grads, positions: bool = False) -> np.ndarra
     T = np.asarray(cc["embed"]).shape[-2]
     scores = np.zeros((len(g.edges), T) if positions else len(g.edges))
     pos = {e: i for i, e in enumerate(g.edges)}
-    by_rx: Dict[str, List[Edge]] = {}
+    by_rx: dict[str, list[Edge]] = {}
     for e in g.detail.values():
         if e.kind == "resid":
             by_rx.setdefault(e.receiver, []).append(e)
-    rows: Dict[str, np.ndarray] = {}
+    rows: dict[str, np.ndarray] = {}
     for layer in list(range(g.n_layer)) + [-1]:
         rxs = [r for r in by_rx if by_rx[r][0].layer == layer]
         if not rxs:
@@ -650,7 +650,7 @@ def _resid_scores(g: Graph, cc, xc, grads, positions: bool = False) -> np.ndarra
         S = np.stack([rows[s] for s in senders])  # [nS, B*T*D]
         # per receiver hook, every sender against every head (or the one input) at once
         Bsz = S.shape[1] // (T * np.asarray(cc["embed"]).shape[-1])
-        per_hook: Dict[str, np.ndarray] = {}  # hook -> [nS, heads] or [nS, heads, T]
+        per_hook: dict[str, np.ndarray] = {}  # hook -> [nS, heads] or [nS, heads, T]
         for r in rxs:
             rh, head = _receiver_hook(r, g.n_layer)
             if rh in per_hook:
@@ -680,28 +680,33 @@ def _comp_scores(model, g: Graph, cc, xc, grads, positions: bool = False) -> np.
     T = np.asarray(cc["embed"]).shape[-2]
     scores = np.zeros((len(g.edges), T) if positions else len(g.edges))
     pos = {e: i for i, e in enumerate(g.edges)}
-    groups: Dict[Tuple[int, str, str], List[Edge]] = {}
+    groups: dict[tuple[int, str, str], list[Edge]] = {}
     for e in g.detail.values():
         if e.kind == "comp":
             groups.setdefault((e.layer, e.phase, e.branch), []).append(e)
+
+    def dyn(l, ph, w):  # a dynamic weight of the clean run, float64
+        return np.asarray(cc[hook_name(l, "attn.dyn.%s.%s" % (ph, w))], np.float64)
+
+    def diag(v):  # [N, T] -> [N, N, T]
+        return np.einsum("nt,nm->nmt", v, np.eye(v.shape[0]))
+
     for (l, ph, b), es in groups.items():
         xname = hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))
         X = np.asarray(cc[xname], np.float64)
         dx = _masked(model, l, np.asarray(xc[xname], np.float64) - X)  # [B, N, T, S]
         gb = np.asarray(grads[hook_name(l, "attn.%s.%s" % (ph, b))], np.float64)  # [B, N, T, S]
-        d = lambda w: np.asarray(cc[hook_name(l, "attn.dyn.%s.%s" % (ph, w))], np.float64)  # noqa: E731
-        diag = lambda v: np.einsum("nt,nm->nmt", v, np.eye(v.shape[0]))  # noqa: E731  [N, T] -> [N, N, T]
         if b == "skip":
             mn = diag(np.einsum("bnts,bnts->nt", dx, gb))
         elif b == "qg":
-            mn = diag(np.einsum("btn,bnts,bnts->nt", d("qdd"), dx, gb))
+            mn = diag(np.einsum("btn,bnts,bnts->nt", dyn(l, ph, "qdd"), dx, gb))
         elif b == "kg":
-            mn = diag(np.einsum("bsn,bnts,bnts->nt", d("kdd"), dx, gb))
+            mn = diag(np.einsum("bsn,bnts,bnts->nt", dyn(l, ph, "kdd"), dx, gb))
         elif b == "qp":
-            C = np.einsum("btrm,btrn->btmn", d("qw1"), d("qw2"))
+            C = np.einsum("btrm,btrn->btmn", dyn(l, ph, "qw1"), dyn(l, ph, "qw2"))
             mn = np.einsum("btmn,bmts,bnts->mnt", C, dx, gb, optimize=True)
         elif b == "kp":
-            C = np.einsum("bsrm,bsrn->bsmn", d("kw1"), d("kw2"))
+            C = np.einsum("bsrm,bsrn->bsmn", dyn(l, ph, "kw1"), dyn(l, ph, "kw2"))
             mn = np.einsum("bsmn,bmts,bnts->mnt", C, dx, gb, optimize=True)
         else:
             W = routing.static_map(model, l, ph)
@@ -735,7 +740,7 @@ def faithfulness(model, circuit: Circuit, clean, corrupted, metric: Callable) ->
 
 
 def path_patch(
-    model, clean, corrupted, metric, sender: str, receivers: Sequence[str], graph: Optional[Graph] = None
+    model, clean, corrupted, metric, sender: str, receivers: Sequence[str], graph: Graph | None = None
 ) -> float:
     """Path patching (Wang et al. 2022): the sender's corrupted output reaches
     only the named receivers (nodes: "L3.H2.q", "L2.dyn", "L4.mlp", "logits",
@@ -763,10 +768,10 @@ def path_patch_sweep(
     corrupted,
     metric,
     receivers: Sequence[str],
-    senders: Optional[Sequence[str]] = None,
-    graph: Optional[Graph] = None,
+    senders: Sequence[str] | None = None,
+    graph: Graph | None = None,
     progress=None,
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """path_patch of every sender upstream of all the receivers (or of
     ``senders``) into them: sender -> metric."""
     from . import progress as _progress
@@ -774,7 +779,7 @@ def path_patch_sweep(
     g = graph or build(model)
     if senders is None:
         senders = [s for s in g.senders if all("%s->%s" % (s, r) in g.detail for r in receivers)]
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     bar = _progress.bar(total=len(senders), desc="graph.path_patch_sweep", progress=progress)
     try:
         for s in senders:
@@ -787,13 +792,13 @@ def path_patch_sweep(
     return out
 
 
-def _plot_circuit(c: Circuit, title: Optional[str]):
+def _plot_circuit(c: Circuit, title: str | None):
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch
 
     g = c.graph
     L, N = g.n_layer, g.n_head
-    xy: Dict[str, Tuple[float, float]] = {"embed": (N / 2, 0.0), "logits": (N / 2, L + 1.0)}
+    xy: dict[str, tuple[float, float]] = {"embed": (N / 2, 0.0), "logits": (N / 2, L + 1.0)}
     for l in range(L):
         for h in range(N):
             xy["L%d.H%d" % (l, h)] = (float(h), l + 1.0)

@@ -25,12 +25,12 @@ import math
 import numbers
 import os
 import struct
-from typing import List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import numpy as np
 
-from ._engine import ffi, lib
 from ._checks import ArgumentTypeError, c_path, check_bool, check_index, is_choice, show_path, token_array
+from ._engine import ffi, lib
 from .mask import allowed, layer_window
 from .model import Error, Model
 from .names import BRANCHES, hook_name
@@ -59,7 +59,7 @@ class PNG:
         return len(self.data)
 
     @property
-    def size(self) -> Tuple[int, int]:
+    def size(self) -> tuple[int, int]:
         """(width, height) in pixels, from the PNG header."""
         w, h = struct.unpack(">II", self.data[16:24])
         return int(w), int(h)
@@ -67,7 +67,7 @@ class PNG:
     def __repr__(self) -> str:
         return "<dclens.%s %dx%d PNG, %d bytes>" % ((type(self).__name__,) + self.size + (len(self.data),))
 
-    def save(self, path: Union[str, os.PathLike]) -> str:
+    def save(self, path: str | os.PathLike) -> str:
         """Write the PNG to path (str or os.PathLike); returns the path."""
         c_path("save: path", path)  # a path, or an Error naming it
         path = show_path(path)
@@ -75,7 +75,7 @@ class PNG:
             with open(path, "wb") as f:
                 f.write(self.data)
         except OSError as e:
-            raise Error("%s: cannot write the PNG: %s" % (path, e.strerror or e))
+            raise Error("%s: cannot write the PNG: %s" % (path, e.strerror or e)) from e
         return path
 
 
@@ -225,22 +225,22 @@ class Heatmap(PNG):
 def heatmap(
     maps,
     *,
-    tokens: Optional[Sequence[str]] = None,
-    key_tokens: Optional[Sequence[str]] = None,
-    titles: Optional[Sequence[str]] = None,
-    title: Optional[str] = None,
+    tokens: Sequence[str] | None = None,
+    key_tokens: Sequence[str] | None = None,
+    titles: Sequence[str] | None = None,
+    title: str | None = None,
     diverging: bool = False,
     mask_upper: bool = True,
-    vmin: Optional[float] = None,
-    vmax: Optional[float] = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
     grid_cols: int = 0,
     cell_px: int = 0,
     mask_window: int = 0,
-    panel_windows: Optional[Sequence[int]] = None,
+    panel_windows: Sequence[int] | None = None,
     axis_titles: bool = True,
     scale: str = "own",
-    panel_diverging: Optional[Sequence[bool]] = None,
-    panel_vmin: Optional[Sequence[Optional[float]]] = None,
+    panel_diverging: Sequence[bool] | None = None,
+    panel_vmin: Sequence[float | None] | None = None,
 ) -> Heatmap:
     """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
 
@@ -285,22 +285,22 @@ def heatmap(
 
 def _heatmap_args(
     maps,
-    tokens: Optional[Sequence[str]] = None,
-    key_tokens: Optional[Sequence[str]] = None,
-    titles: Optional[Sequence[str]] = None,
-    title: Optional[str] = None,
+    tokens: Sequence[str] | None = None,
+    key_tokens: Sequence[str] | None = None,
+    titles: Sequence[str] | None = None,
+    title: str | None = None,
     diverging: bool = False,
     mask_upper: bool = True,
-    vmin: Optional[float] = None,
-    vmax: Optional[float] = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
     grid_cols: int = 0,
     cell_px: int = 0,
     mask_window: int = 0,
-    panel_windows: Optional[Sequence[int]] = None,
+    panel_windows: Sequence[int] | None = None,
     axis_titles: bool = True,
     scale: str = "own",
-    panel_diverging: Optional[Sequence[bool]] = None,
-    panel_vmin: Optional[Sequence[Optional[float]]] = None,
+    panel_diverging: Sequence[bool] | None = None,
+    panel_vmin: Sequence[float | None] | None = None,
 ) -> tuple:
     """heatmap's arguments checked, as the tuple _spec takes."""
     try:
@@ -341,7 +341,7 @@ def _heatmap_args(
     )
 
 
-def _geometry(args: tuple) -> Optional[Tuple[int, int, int]]:
+def _geometry(args: tuple) -> tuple[int, int, int] | None:
     """(width, height, cell) of the picture heatmap would draw, without drawing it; None where the
     engine refuses it (too large)."""
     spec, _keep = _spec(*args)
@@ -428,24 +428,24 @@ def _grid_choices(n: int, first: int) -> list:
     return out
 
 
-def _fit(maps: np.ndarray, kw: dict, per: int, first: int, fit_cols: bool, fit_cell: bool) -> Tuple[int, int]:
+def _fit(maps: np.ndarray, kw: dict, per: int, first: int, fit_cols: bool, fit_cell: bool) -> tuple[int, int]:
     """grid_cols and cell_px (those the caller left unset) for a picture at most MAX_WIDTH wide
     with every token labelled: `first` items a row with the cells shrunk down to MIN_CELL, then
     fewer items a row (an item: `per` panels side by side, a head's pattern and composed map).
     Where nothing fits: `first` items a row and the engine's cell."""
     cols = [per * k for k in _grid_choices(len(maps) // per, first)] if fit_cols else [kw["grid_cols"]]
+
+    def size(gc, cell):
+        return _geometry(_heatmap_args(maps, **dict(kw, grid_cols=gc, cell_px=cell)))
+
     for gc in cols:
-
-        def size(cell):
-            return _geometry(_heatmap_args(maps, **dict(kw, grid_cols=gc, cell_px=cell)))
-
         if fit_cell:  # from the engine's cell down to a text line (or the engine's, if smaller)
-            auto = size(0)
+            auto = size(gc, 0)
             cells: Sequence[int] = [] if auto is None else range(auto[2], min(auto[2], MIN_CELL) - 1, -1)
         else:
             cells = [kw["cell_px"]]
         for cell in cells:
-            g = size(cell)
+            g = size(gc, cell)
             if g is not None and g[0] <= MAX_WIDTH:
                 return gc, cell
     return cols[0], 0 if fit_cell else kw["cell_px"]
@@ -485,9 +485,7 @@ def _prompt_tokens(model: Model, text_or_tokens) -> np.ndarray:
     return tokens
 
 
-def _branch_maps(
-    model: Model, tokens, layer, head: Optional[int], phase: str
-) -> Tuple[List[np.ndarray], List[str], str]:
+def _branch_maps(model: Model, tokens, layer, head: int | None, phase: str) -> tuple[list[np.ndarray], list[str], str]:
     """hook="branches": one head's compose branches of `phase` and their sum,
     their titles and the picture's."""
     if head is None or layer == "all":
@@ -503,7 +501,7 @@ def _branch_maps(
     return maps, titles, "%s: L%s H%d %s-compose branches" % (model.name, layer, head, phase)
 
 
-def _hook_maps(model: Model, tokens, layer, head: Optional[int], hooks: List[str], pair: bool):
+def _hook_maps(model: Model, tokens, layer, head: int | None, hooks: list[str], pair: bool):
     """The panels of `hooks` for every head (or `head`) of `layer` (or of every
     layer, layer="all"): maps, titles, windows, diverging or not, and the low
     end of each colour bar (0 for a softmax pattern, else None)."""
@@ -518,11 +516,11 @@ def _hook_maps(model: Model, tokens, layer, head: Optional[int], hooks: List[str
         model.parse_hook(n)
     _, cache = model.run_with_cache(tokens, names=names)
     heads = list(range(c.n_head)) if head is None else [head]
-    maps: List[np.ndarray] = []
-    titles: List[str] = []
-    windows: List[int] = []
-    div: List[bool] = []
-    low: List[Optional[float]] = []
+    maps: list[np.ndarray] = []
+    titles: list[str] = []
+    windows: list[int] = []
+    div: list[bool] = []
+    low: list[float | None] = []
     for l in layers:
         for h in heads:
             for hk in hooks:
@@ -545,13 +543,13 @@ def _hook_maps(model: Model, tokens, layer, head: Optional[int], hooks: List[str
 def attention_heatmap(
     model: Model,
     text_or_tokens,
-    layer: Union[int, str] = 0,
-    head: Optional[int] = None,
-    hook: Optional[str] = None,
+    layer: int | str = 0,
+    head: int | None = None,
+    hook: str | None = None,
     phase: str = "post",
     *,
-    query: Optional[int] = None,
-    window: Optional[int] = None,
+    query: int | None = None,
+    window: int | None = None,
     positions=None,
     **kw,
 ) -> Heatmap:

@@ -30,8 +30,9 @@ asking the engine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -61,12 +62,12 @@ class HookPoint(str):
         return str.__str__(self)
 
     @property
-    def tl_name(self) -> Optional[str]:
+    def tl_name(self) -> str | None:
         from .names import tl_alias
 
         return tl_alias(self.name)
 
-    def layer(self) -> Optional[int]:
+    def layer(self) -> int | None:
         parts = self.split(".")
         return int(parts[1]) if parts[0] == "blocks" and len(parts) > 2 else None
 
@@ -88,7 +89,7 @@ class ReadOnlyHook:
         self.fn = fn
         functools.update_wrapper(self, fn, updated=())
 
-    def __call__(self, act: np.ndarray, name: "HookPoint"):
+    def __call__(self, act: np.ndarray, name: HookPoint):
         return self.fn(act, name)
 
     def __repr__(self) -> str:
@@ -112,7 +113,7 @@ def is_read_only(fn) -> bool:
     return isinstance(fn, ReadOnlyHook)
 
 
-def hook_pairs(fwd_hooks, read_only_all: bool = False) -> List[Tuple[str, HookFn]]:
+def hook_pairs(fwd_hooks, read_only_all: bool = False) -> list[tuple[str, HookFn]]:
     """fwd_hooks as a list of (name, fn) pairs, fn checked callable and, with
     read_only_all, declared read-only (names are resolved by the caller)."""
     if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and isinstance(fwd_hooks[0], str):
@@ -144,11 +145,11 @@ class HookTable:
         keys = [(p, 0) for p in glob if p < layered[0]]
         keys += [(p, l) for l in range(n_layer) for p in layered]
         keys += [(p, 0) for p in glob if p > layered[0]]
-        self.names: List[str] = [suffix[p] if p in glob else "blocks.%d.%s" % (l, suffix[p]) for p, l in keys]
-        self.key: Dict[str, Tuple[int, int]] = dict(zip(self.names, keys))
-        self.name: Dict[Tuple[int, int], str] = dict(zip(keys, self.names))
+        self.names: list[str] = [suffix[p] if p in glob else "blocks.%d.%s" % (l, suffix[p]) for p, l in keys]
+        self.key: dict[str, tuple[int, int]] = dict(zip(self.names, keys))
+        self.name: dict[tuple[int, int], str] = dict(zip(keys, self.names))
         # what hook functions get: the same names as HookPoint objects
-        self.point: Dict[Tuple[int, int], HookPoint] = {k: HookPoint(n) for k, n in self.name.items()}
+        self.point: dict[tuple[int, int], HookPoint] = {k: HookPoint(n) for k, n in self.name.items()}
 
 
 # ---------------------------------------------------------------- one pass
@@ -157,18 +158,18 @@ class HookTable:
 class _Run:
     """State of one forward pass with hooks: what to call where, the cache."""
 
-    def __init__(self, table: "HookTable", batched: bool):
+    def __init__(self, table: HookTable, batched: bool):
         self.batched = batched
         self.names = table.name
         self.points = table.point
-        self.capture: Dict[Tuple[int, int], str] = {}
-        self.fns: Dict[Tuple[int, int], List[HookFn]] = {}
+        self.capture: dict[tuple[int, int], str] = {}
+        self.fns: dict[tuple[int, int], list[HookFn]] = {}
         self.writes: set = set()  # points where a hook that may write is called
         self.cache = Cache()
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self.cancel = False  # set on Ctrl-C: the next hook call aborts the pass
 
-    def add(self, key: Tuple[int, int], fn: HookFn) -> None:
+    def add(self, key: tuple[int, int], fn: HookFn) -> None:
         self.fns.setdefault(key, []).append(fn)
         if not is_read_only(fn):
             self.writes.add(key)
@@ -186,8 +187,8 @@ def _validate(out, shape, name: str) -> np.ndarray:
     if not isinstance(out, np.ndarray):
         try:
             out = np.asarray(out)
-        except Exception:
-            raise Error("hook %s: the hook function returned %s, not an array" % (name, type(out).__name__))
+        except Exception as e:
+            raise Error("hook %s: the hook function returned %s, not an array" % (name, type(out).__name__)) from e
     if out.dtype.kind != "f":
         raise Error("hook %s: the hook function returned dtype %s; a floating array is needed" % (name, out.dtype))
     if out.shape != tuple(shape):
@@ -248,10 +249,8 @@ def _forget_engine_views(e: BaseException) -> None:
     tb = e.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code in _OWN_FRAMES:
-            try:
+            with contextlib.suppress(RuntimeError):  # still executing
                 tb.tb_frame.clear()
-            except RuntimeError:  # still executing
-                pass
         tb = tb.tb_next
 
 

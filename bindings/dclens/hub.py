@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
 
 from ._checks import ArgumentError, Error, NotFoundError
 
@@ -41,7 +40,7 @@ def is_hub_id(name) -> bool:
     return isinstance(name, str) and bool(_ID.match(name)) and ".." not in name
 
 
-def _truthy(v: Optional[str]) -> bool:
+def _truthy(v: str | None) -> bool:
     return (v or "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
@@ -50,7 +49,7 @@ def offline() -> bool:
     return _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE"))
 
 
-def cache_dir() -> Optional[str]:
+def cache_dir() -> str | None:
     """The Hub cache directory the environment names now (None: huggingface_hub's default)."""
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
@@ -59,9 +58,7 @@ def cache_dir() -> Optional[str]:
     return None
 
 
-def resolve(
-    repo_id: str, revision: Optional[str] = None, progress: Optional[bool] = None, cache: Optional[str] = None
-) -> str:
+def resolve(repo_id: str, revision: str | None = None, progress: bool | None = None, cache: str | None = None) -> str:
     """The local snapshot directory of a Hub model id (see the module doc)."""
     if revision is not None and not (isinstance(revision, str) and revision and "\0" not in revision):
         raise ArgumentError("revision must be a branch, tag or commit (a non-empty string), not %r" % (revision,))

@@ -14,7 +14,8 @@ scores, pattern, branches [N, T, S].
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,6 @@ from ._checks import check_index, check_layers, check_str, is_choice
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
-
 
 # Axis of the head index in each head-indexed hook (counted from the end,
 # so the same number works with or without a leading batch axis).
@@ -80,7 +80,7 @@ def _head_index(name: str, head: int, ndim: int) -> tuple:
     axis = _HEAD_AXIS_FROM_END.get(_suffix(name))
     if axis is None:
         raise Error("hook %s has no head axis" % name)
-    idx: List[Any] = [slice(None)] * ndim
+    idx: list[Any] = [slice(None)] * ndim
     idx[ndim + axis] = head
     return tuple(idx)
 
@@ -92,8 +92,8 @@ def _check_head(model: Model, layer: int, head: int) -> None:
 
 
 def ablate_head(
-    model: Model, layer: int, head: int, kind: str = "zero", mean: Optional[np.ndarray] = None, point: str = "attn.z"
-) -> Tuple[str, object]:
+    model: Model, layer: int, head: int, kind: str = "zero", mean: np.ndarray | None = None, point: str = "attn.z"
+) -> tuple[str, object]:
     """Remove head `head` of `layer` from the residual stream.
 
     kind="zero" sets its per-head output (attn.z by default) to 0; kind="mean"
@@ -147,15 +147,15 @@ def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") 
 
 
 def disable_branch(
-    model: Model, phase: str, branch: str, layers: Optional[Iterable[int]] = None
-) -> List[Tuple[str, object]]:
+    model: Model, phase: str, branch: str, layers: Iterable[int] | None = None
+) -> list[tuple[str, object]]:
     """Zero one compose branch (skip, qp, kp, qg, kg) of pre- or post-compose in
     the chosen layers (all by default): the composed sum then lacks it."""
     if not is_choice(phase, PHASES):
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if not is_choice(branch, BRANCHES):
         raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
-    hooks: List[Tuple[str, object]] = []
+    hooks: list[tuple[str, object]] = []
     for l in _layers(model, layers):
         name = hook_name(l, "attn.%s.%s" % (phase, branch))
         model.parse_hook(name)
@@ -163,10 +163,10 @@ def disable_branch(
     return hooks
 
 
-def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> List[Tuple[str, object]]:
+def disable_dynamic(model: Model, layers: Iterable[int] | None = None) -> list[tuple[str, object]]:
     """Zero every dynamic branch (qp, kp, qg, kg) of both phases: the layers then
     compute plain multi-head attention with the same weights."""
-    out: List[Tuple[str, object]] = []
+    out: list[tuple[str, object]] = []
     for phase in PHASES:
         for b in BRANCHES[1:]:
             if b in ("kp", "kg") and model.config.query_wise:
@@ -177,7 +177,7 @@ def disable_dynamic(model: Model, layers: Optional[Iterable[int]] = None) -> Lis
     return out
 
 
-def scale(model: Model, name: str, factor: float, head: Optional[int] = None) -> Tuple[str, object]:
+def scale(model: Model, name: str, factor: float, head: int | None = None) -> tuple[str, object]:
     """Multiply an activation (or one head's slice of it) by `factor`."""
     name = _canon(name)
     model.parse_hook(name)
@@ -198,8 +198,8 @@ def scale(model: Model, name: str, factor: float, head: Optional[int] = None) ->
 
 
 def patch(
-    model: Model, name: str, source: Cache, head: Optional[int] = None, positions: Optional[Sequence[int]] = None
-) -> Tuple[str, object]:
+    model: Model, name: str, source: Cache, head: int | None = None, positions: Sequence[int] | None = None
+) -> tuple[str, object]:
     """Replace an activation by the one in `source` (another run's cache), for
     all of it, one head, and/or some positions (the T axis, second from the
     front for [T, ...] layouts, or the query axis of [N, T, S] maps)."""
@@ -246,18 +246,18 @@ def _zero(act, _name):
 # (model-spec.md 5: the static Talking-Heads branch, Mixture-of-Head routing)
 
 
-def _layers(model: Model, layers: Optional[Iterable[int]]) -> List[int]:
+def _layers(model: Model, layers: Iterable[int] | None) -> list[int]:
     return check_layers(layers, model.config.n_layer)
 
 
 def disable_static(
-    model: Model, phases: Sequence[str] = ("pre", "post"), layers: Optional[Iterable[int]] = None
-) -> List[Tuple[str, object]]:
+    model: Model, phases: Sequence[str] = ("pre", "post"), layers: Iterable[int] | None = None
+) -> list[tuple[str, object]]:
     """Zero the static (Talking-Heads) composition branch of the given phases
     and layers (use_sw models): the composition maps lose their fixed W term."""
     if not model.config.use_sw:
         raise Error("%s has no static composition branch (use_sw is off)" % model.name)
-    hooks: List[Tuple[str, object]] = []
+    hooks: list[tuple[str, object]] = []
     if isinstance(phases, str) or not isinstance(phases, (list, tuple)):
         raise Error(
             "disable_static: phases must be a list of 'pre' / 'post', not %s %r" % (type(phases).__name__, phases)
@@ -272,7 +272,7 @@ def disable_static(
     return hooks
 
 
-def _moh(model: Model) -> Tuple[int, int]:
+def _moh(model: Model) -> tuple[int, int]:
     c = model.config
     if c.moh_shared_heads is None:
         raise Error("%s has no Mixture-of-Head routing ('moh' is not in its config)" % model.name)
@@ -283,9 +283,9 @@ def force_routing(
     model: Model,
     layer: int,
     heads: Sequence[int],
-    weights: Optional[Sequence[float]] = None,
-    positions: Optional[Sequence[int]] = None,
-) -> Tuple[str, object]:
+    weights: Sequence[float] | None = None,
+    positions: Sequence[int] | None = None,
+) -> tuple[str, object]:
     """Force the MoH routing of `layer`: the routing scores (attn.routing, [T, N])
     become `weights` (default 1 each) on `heads` and 0 on every other head, at
     every position or only at `positions`. The gate multiplies each head's z."""
@@ -312,8 +312,8 @@ def force_routing(
 
 
 def scale_router_logits(
-    model: Model, factor: float, layers: Optional[Iterable[int]] = None, heads: Optional[Sequence[int]] = None
-) -> List[Tuple[str, object]]:
+    model: Model, factor: float, layers: Iterable[int] | None = None, heads: Sequence[int] | None = None
+) -> list[tuple[str, object]]:
     """Multiply the MoH router logits (attn.router_logits, [T, N - hs]) by `factor`
     (all routed heads, or the routed-head indices `heads`, 0 = first routed head):
     < 1 flattens the routing distribution, > 1 sharpens it; the top-k selection
@@ -325,7 +325,7 @@ def scale_router_logits(
         for h in heads:
             if not 0 <= h < NR:
                 raise Error("routed head %d is out of range (%d routed heads)" % (h, NR))
-    out: List[Tuple[str, object]] = []
+    out: list[tuple[str, object]] = []
     for l in _layers(model, layers):
         name = hook_name(l, "attn.router_logits")
         model.parse_hook(name)
@@ -387,8 +387,8 @@ def block_lending(
     phase: str = "post",
     branches: Sequence[str] = ("qp", "kp"),
     kind: str = "zero",
-    mean: Optional[np.ndarray] = None,
-) -> List[Tuple[str, object]]:
+    mean: np.ndarray | None = None,
+) -> list[tuple[str, object]]:
     """Remove what `head` of `layer` lends the other heads through the compose:
     the head keeps its own attention (its composed map, including its own
     terms of every branch) and its output; every other head's branch map loses
@@ -422,7 +422,7 @@ def block_lending(
         mean = np.asarray(mean, np.float64)
         if mean.ndim != 2 or mean.shape[0] != mean.shape[1] or not np.all(np.isfinite(mean)):
             raise Error("block_lending: mean must be a finite [T, S] map, got shape %s" % (mean.shape,))
-    out: List[Tuple[str, object]] = []
+    out: list[tuple[str, object]] = []
     for ph in PHASES if phase == "both" else (phase,):
         present = [b for b in branches if hook_name(layer, "attn.%s.%s" % (ph, b)) in model.hook_names]
         for b in branches:
@@ -434,7 +434,7 @@ def block_lending(
     return out
 
 
-def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, mean) -> List[Tuple[str, object]]:
+def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, mean) -> list[tuple[str, object]]:
     from . import hooks as _hooks
 
     seen: dict = {}  # this pass's phase input and dynamic weights, read before the branches
@@ -444,7 +444,7 @@ def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, me
     def keep(key):
         return _hooks.read_only(lambda act, _n: seen.__setitem__(key, np.array(act, np.float64)))
 
-    hooks: List[Tuple[str, object]] = [(hook_name(layer, "attn.dyn.%s.%s" % (phase, w)), keep(w)) for w in sorted(want)]
+    hooks: list[tuple[str, object]] = [(hook_name(layer, "attn.dyn.%s.%s" % (phase, w)), keep(w)) for w in sorted(want)]
     hooks.append((src, keep("X")))
     for b in branches:
 

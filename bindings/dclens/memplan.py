@@ -21,9 +21,10 @@ mapped).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
-from ._checks import Error, check_status as _check
+from ._checks import Error
+from ._checks import check_status as _check
 from ._engine import ffi, lib
 
 
@@ -45,7 +46,7 @@ def available_memory() -> int:
         return 1 << 62
 
 
-def device_memory(model) -> Optional[int]:
+def device_memory(model) -> int | None:
     """Free bytes of the model's device (dcs_device_memory), or None for a
     model whose memory is the host's or whose device cannot say."""
     if model is None or getattr(model.runner, "device", "cpu") == "cpu":
@@ -66,7 +67,7 @@ def default_budget(model=None) -> int:
     return max(256 << 20, (free + idle) // 2)
 
 
-def check_budget(max_tape_bytes: Optional[int], model=None) -> int:
+def check_budget(max_tape_bytes: int | None, model=None) -> int:
     """The budget in bytes: the default (for `model`'s device) when None,
     else a positive integer."""
     if max_tape_bytes is None:
@@ -87,7 +88,7 @@ def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (
     return int(out[0])
 
 
-def param_table(model) -> List[Tuple[str, int, int, bool]]:
+def param_table(model) -> list[tuple[str, int, int, bool]]:
     """(canonical name, offset, size, decayed) of every parameter in the flat
     layout (dcs_param_info; dclens.grad.param_table)."""
     rows = []
@@ -99,8 +100,8 @@ def param_table(model) -> List[Tuple[str, int, int, bool]]:
 
 
 def estimate(
-    model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: Optional[int] = None
-) -> Dict[str, object]:
+    model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: int | None = None
+) -> dict[str, object]:
     """Model.estimate_backward_memory: bytes of both plans for B sequences of
     T tokens with gradients at the hooks and parameters in `wrt`, and the
     plan the budget picks ('full', 'recompute', or None when neither fits).
@@ -140,7 +141,7 @@ def ig_extra(model, T: int, k: int, point: int) -> int:
     return 2 * hook_bytes(model, point, k, T) + 8 * hook_bytes(model, point, 1, T) + 8 * k * T * model.config.vocab
 
 
-def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0) -> Tuple[int, bool]:
+def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0) -> tuple[int, bool]:
     """How many IG interpolation points one tape holds under the budget, and
     whether it recomputes: the most that fit keeping every layer, else the
     most that fit with recomputation (at least 1; the tape itself refuses

@@ -20,11 +20,13 @@ import os
 import stat
 import threading
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from . import attribution, batch, grad, memplan, names as _names, routing
+from . import attribution, batch, blas, grad, hub, memplan, routing
+from . import names as _names
 from ._checks import (
     ArgumentError,
     Error,
@@ -33,15 +35,14 @@ from ._checks import (
     c_str,
     check_bool,
     check_index,
-    is_choice,
     decode_msg,
+    is_choice,
     show_path,
     token_array,
     unknown_name,
 )
 from ._checks import check_status as _check
 from ._engine import ffi, lib
-from . import blas, hub
 from .bundled import resolve
 from .cache import Cache
 from .generate import generate as _generate
@@ -82,7 +83,7 @@ class TLConfig:
     d_mlp: int
     d_vocab: int
     d_vocab_out: int
-    n_ctx: Optional[int]  # the context trained for (config.json), None if not recorded
+    n_ctx: int | None  # the context trained for (config.json), None if not recorded
     act_fn: str
     eps: float
     normalization_type: str
@@ -91,13 +92,13 @@ class TLConfig:
     rotary_base: float
     parallel_attn_mlp: bool
     original_architecture: str
-    window_size: Optional[int]
-    attn_types: Tuple[str, ...]  # "global" / "local" per layer
+    window_size: int | None
+    attn_types: tuple[str, ...]  # "global" / "local" per layer
     use_local_attn: bool
     device: str
     default_prepend_bos: bool  # False: Pythia-style models are trained without a BOS
     tokenizer_prepends_bos: bool
-    bos_token_id: Optional[int]
+    bos_token_id: int | None
     attention_dir: str = "causal"
     dtype: str = "float32"
     gated_mlp: bool = False  # SwiGLU (DCFormer++): act_fn "silu" on the gated half
@@ -105,7 +106,7 @@ class TLConfig:
     def __getitem__(self, key):
         return getattr(self, key)
 
-    def to_dict(self) -> Dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -131,13 +132,13 @@ class Config:
     dyn_rank: int
     dyn_hidden: int
     window_size: int
-    local_layers: Tuple[int, ...]
+    local_layers: tuple[int, ...]
     tie_embeddings: bool
     # attention variants (model-spec.md 5)
     use_sw: bool = False  # static (Talking-Heads) compose branch
     compose_groups: int = 1  # heads composed within this many groups
-    moh_shared_heads: Optional[int] = None  # MoH routing: None when off
-    moh_routed_topk: Optional[int] = None
+    moh_shared_heads: int | None = None  # MoH routing: None when off
+    moh_routed_topk: int | None = None
     dyn_slots: int = 0  # C: 4 (pre/post x query/key) or 2
     key_wise: bool = False  # query-wise branches absent
     # DCFormer++ (model_type "dcformer", docs/dcformer-spec.md)
@@ -164,14 +165,14 @@ class LayerPlan:
     moh: bool  # Mixture-of-Head routing
     dcmha: bool  # dynamic composition (the fields below are 0 / False / -1 without)
     slots: int  # C: dynamic-weight slots
-    slot: Tuple[Tuple[int, int], Tuple[int, int]]  # [phase pre/post][side query/key] -> slot, -1 absent
+    slot: tuple[tuple[int, int], tuple[int, int]]  # [phase pre/post][side query/key] -> slot, -1 absent
     groups: int  # compose groups
     static_branch: bool  # the static (Talking-Heads) branch
     row_compose: bool  # plain DCMHA: the compose backward's row kernels apply
     fused: bool  # the fused attention kernel may compute it when no map hook asks
 
 
-def _layer_plans(handle, n_layer: int) -> Tuple[LayerPlan, ...]:
+def _layer_plans(handle, n_layer: int) -> tuple[LayerPlan, ...]:
     out = []
     for l in range(n_layer):
         p = lib.dcs_layer_plan_of(handle, l)
@@ -209,15 +210,15 @@ def cuda_unavailable_reason() -> str:
 
 
 def load(
-    path: Union[str, os.PathLike],
+    path: str | os.PathLike,
     device: str = "cpu",
     n_threads: int = 0,
     always_batch: bool = False,
     *,
-    revision: Optional[str] = None,
-    progress: Optional[bool] = None,
-    prepend_bos: Optional[bool] = None,
-) -> "Model":
+    revision: str | None = None,
+    progress: bool | None = None,
+    prepend_bos: bool | None = None,
+) -> Model:
     """Load a DCPythia or Pythia model: a checkpoint directory (config.json +
     weights), a bundled model by name (dclens.bundled_models()), or a Hugging
     Face Hub id "org/name" (revision=: a branch, tag or commit), taken from
@@ -233,7 +234,7 @@ def load(
     models are trained without a BOS). progress: the download's bar
     (dclens.progress)."""
     name = None
-    directory: Union[str, bytes]
+    directory: str | bytes
     if revision is not None and not hub.is_hub_id(path):
         raise ArgumentError("revision=%r goes with a Hugging Face Hub id (org/name), not %r" % (revision, path))
     if isinstance(path, str) and hub.is_hub_id(path) and not os.path.lexists(path):
@@ -254,7 +255,7 @@ def load(
     return m
 
 
-def from_pretrained(model_name: Union[str, os.PathLike], device: str = "cpu", **kw: Any) -> "Model":
+def from_pretrained(model_name: str | os.PathLike, device: str = "cpu", **kw: Any) -> Model:
     """TransformerLens' name for load (HookedTransformer.from_pretrained):
     a Hub id, a bundled name or a checkpoint directory; keywords as load's."""
     return load(model_name, device=device, **kw)
@@ -265,7 +266,7 @@ def _caller_level() -> int:
     import sys
     from types import FrameType
 
-    f: Optional[FrameType] = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     level = 1
     pkg = os.path.dirname(os.path.abspath(__file__))
     while f is not None and os.path.abspath(f.f_code.co_filename).startswith(pkg + os.sep):
@@ -273,7 +274,7 @@ def _caller_level() -> int:
     return level
 
 
-def _read_config(path: str) -> Dict[str, Any]:
+def _read_config(path: str) -> dict[str, Any]:
     """config.json of a loaded model as a dict ({} if it cannot be read again:
     the engine has already read and checked it)."""
     import json
@@ -285,7 +286,7 @@ def _read_config(path: str) -> Dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-def from_reference(ref: ModelRef) -> "Model":
+def from_reference(ref: ModelRef) -> Model:
     """Load the model a reference names (what unpickling a Model does), after
     checking that its files are those it was loaded from (else Error)."""
     if not isinstance(ref, ModelRef):
@@ -338,7 +339,7 @@ def load_tokenizer(directory: str):
     try:
         return Tokenizer.from_str(text)
     except Exception as e:
-        raise Error("%s: cannot read the tokenizer: %s" % (p, e))
+        raise Error("%s: cannot read the tokenizer: %s" % (p, e)) from e
 
 
 class Model(WeightsMixin):
@@ -370,7 +371,7 @@ class Model(WeightsMixin):
         )
         # the hooks in force (add_hook, `with model.hooks(...)`): the model's,
         # changed in place only here; its runner reads them (refuse_hooks)
-        self._ctx_hooks: List[Tuple[str, HookFn]] = []
+        self._ctx_hooks: list[tuple[str, HookFn]] = []
         # the engine handle, its lock, errors and runs (runner.py); its name
         # and device are the model's (name and device below are properties)
         self.runner = Runner(
@@ -522,11 +523,11 @@ class Model(WeightsMixin):
     # ------------------------------------------------------------ names
 
     @property
-    def hook_names(self) -> List[str]:
+    def hook_names(self) -> list[str]:
         """Every hook name this model has, in forward order per layer."""
         return list(self.runner.hook_table.names)
 
-    def parse_hook(self, name: str) -> Tuple[int, int]:
+    def parse_hook(self, name: str) -> tuple[int, int]:
         """(point, layer) of a dclens hook name of this model; an Error naming
         what is wrong with any other name."""
         return self.runner.parse_hook(name)
@@ -536,10 +537,10 @@ class Model(WeightsMixin):
         """The engine handle (model.runner.handle) under its former name (tests, scripts)."""
         return self.runner.handle
 
-    def _expand_hooks(self, pairs: Sequence[Tuple[str, HookFn]]) -> List[Tuple[str, HookFn]]:
+    def _expand_hooks(self, pairs: Sequence[tuple[str, HookFn]]) -> list[tuple[str, HookFn]]:
         """(name, fn) pairs with TransformerLens' predicate names, (lambda name: ..., fn),
         expanded to every hook the predicate accepts (in either spelling)."""
-        out: List[Tuple[str, HookFn]] = []
+        out: list[tuple[str, HookFn]] = []
         for n, fn in pairs:
             if callable(n) and not isinstance(n, str):
                 out += [(m, fn) for m in self.runner.select(n)]
@@ -547,7 +548,7 @@ class Model(WeightsMixin):
                 out.append((n, fn))
         return out
 
-    def hooks_in_force(self, per_call: Sequence[Tuple[str, HookFn]] = ()) -> List[Tuple[str, HookFn]]:
+    def hooks_in_force(self, per_call: Sequence[tuple[str, HookFn]] = ()) -> list[tuple[str, HookFn]]:
         """The hooks a pass runs, written once for every path that computes
         activations (docs/api.md "Which hooks a pass runs"): first the
         model's own hooks (add_hook and `with model.hooks(...)`, in the order
@@ -560,7 +561,7 @@ class Model(WeightsMixin):
                 raise Error("hook %s: %r is not callable" % (n, fn))
         return out
 
-    def token_ids(self, tokens) -> Tuple[np.ndarray, bool]:
+    def token_ids(self, tokens) -> tuple[np.ndarray, bool]:
         """What a run takes: tokens (a string, [T] or [B, T] ids) as a checked
         int32 [B, T] array, and whether they were batched; a ContextWarning
         when they are longer than the trained context (check_context)."""
@@ -579,7 +580,7 @@ class Model(WeightsMixin):
             self._tokenizer = load_tokenizer(self.path)
         return self._tokenizer
 
-    def to_tokens(self, text, padding_side: str = "right", pad_id: int = 0, prepend_bos: Optional[bool] = None):
+    def to_tokens(self, text, padding_side: str = "right", pad_id: int = 0, prepend_bos: bool | None = None):
         """Token ids of `text`: a [T] array.
 
         prepend_bos: put the BOS token (config.json's bos_token_id) first.
@@ -628,7 +629,7 @@ class Model(WeightsMixin):
             raise Error("to_str_tokens: need [T] or [B, T] tokens, got shape %s" % (a.shape,))
         return [self.tokenizer.decode([int(t)]) for t in a.ravel()]
 
-    def to_string(self, tokens) -> Union[str, List[str]]:
+    def to_string(self, tokens) -> str | list[str]:
         """Decode token ids to text ([T] -> str, [B, T] -> list of str)."""
         a = np.asarray(tokens)
         if a.ndim == 2:
@@ -649,13 +650,13 @@ class Model(WeightsMixin):
     def forward(
         self,
         tokens,
-        return_type: Optional[str] = "logits",
+        return_type: str | None = "logits",
         *,
         lengths=None,
-        padding_side: Optional[str] = None,
+        padding_side: str | None = None,
         loss_per_token: bool = False,
         logits_at=None,
-        prepend_bos: Optional[bool] = None,
+        prepend_bos: bool | None = None,
     ):
         """Logits: [T, V] for a string or a 1-D token array, [B, T, V] for a list
         of strings or [B, T] tokens (with lengths: padded rows).
@@ -700,12 +701,12 @@ class Model(WeightsMixin):
         *,
         names_filter: Names = None,
         lengths=None,
-        padding_side: Optional[str] = None,
-        return_type: Optional[str] = "logits",
-        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        padding_side: str | None = None,
+        return_type: str | None = "logits",
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
         read_only: bool = False,
-        prepend_bos: Optional[bool] = None,
-    ) -> Tuple[np.ndarray, Cache]:
+        prepend_bos: bool | None = None,
+    ) -> tuple[np.ndarray, Cache]:
         """Logits and a Cache of the named activations (None: every hook).
 
         names (or names_filter, TransformerLens' spelling): None, a hook
@@ -754,14 +755,14 @@ class Model(WeightsMixin):
     def add_hook(self, name: str, fn: HookFn, read_only: bool = False) -> None:
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
         until reset_hooks() (read_only=True: see dclens.read_only)."""
-        for name, fn in self._expand_hooks(hook_pairs([(name, fn)], read_only)):
-            self._ctx_hooks.append((self.resolve_hook(name), fn))
+        for n, f in self._expand_hooks(hook_pairs([(name, fn)], read_only)):
+            self._ctx_hooks.append((self.resolve_hook(n), f))
 
     def reset_hooks(self) -> None:
         """Remove the hooks added with add_hook."""
         self._ctx_hooks.clear()
 
-    def hooks(self, fwd_hooks: Sequence[Tuple[str, HookFn]] = (), read_only: bool = False):
+    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]] = (), read_only: bool = False):
         """Context manager: the hooks apply to every pass inside the with block
         (read_only=True: see dclens.read_only).
 
@@ -785,11 +786,11 @@ class Model(WeightsMixin):
         prompt,
         max_new_tokens: int = 20,
         temperature: float = 0.0,
-        top_k: Optional[int] = None,
+        top_k: int | None = None,
         stop=None,
         *,
-        seed: Optional[int] = None,
-        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        seed: int | None = None,
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
         return_type: str = "auto",
         verbose: bool = False,
     ):
@@ -799,14 +800,14 @@ class Model(WeightsMixin):
     def run_with_hooks(
         self,
         tokens,
-        fwd_hooks: Sequence[Tuple[str, HookFn]] = (),
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
         cache_names: Names = (),
         *,
         lengths=None,
-        padding_side: Optional[str] = None,
-        return_type: Optional[str] = "logits",
+        padding_side: str | None = None,
+        return_type: str | None = "logits",
         read_only: bool = False,
-        prepend_bos: Optional[bool] = None,
+        prepend_bos: bool | None = None,
     ):
         """Logits of a pass where fn(activation, name) is called at each named point.
 
@@ -837,7 +838,7 @@ class Model(WeightsMixin):
             prepend_bos=prepend_bos,
         )
 
-    def last_pass_memory(self) -> Dict[str, int]:
+    def last_pass_memory(self) -> dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
         once and 'total' asked for. Hooks not asked for add nothing. After a
         gradient pass: the tape's buffers plus the largest transient of its
@@ -896,7 +897,7 @@ class Model(WeightsMixin):
     # ------------------------------------------------------------ routing, circuits
 
     def composition_map(
-        self, tokens, layer: int, phase: str, query: int, key: int, cache: Optional[Cache] = None
+        self, tokens, layer: int, phase: str, query: int, key: int, cache: Cache | None = None
     ) -> np.ndarray:
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
         With cache= (a run_with_cache of the same tokens) no pass is run."""
@@ -904,22 +905,20 @@ class Model(WeightsMixin):
             return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
         return routing.composition_map(self, tokens, layer, phase, query, key)
 
-    def routing_matrix(self, tokens, layer: int, phase: str, query: int, cache: Optional[Cache] = None) -> np.ndarray:
+    def routing_matrix(self, tokens, layer: int, phase: str, query: int, cache: Cache | None = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
         With cache= no pass is run; routing.routing_matrices gives every query at once."""
         if cache is not None:
             return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return routing.routing_matrix(self, tokens, layer, phase, query)
 
-    def flows(
-        self, tokens, layer: int, phase: str, head: int, query: int, *, cache: Optional[Cache] = None
-    ) -> np.ndarray:
+    def flows(self, tokens, layer: int, phase: str, head: int, query: int, *, cache: Cache | None = None) -> np.ndarray:
         """[N source, branch, T key]: what each source head lends target `head` at
         (query, key) through each compose branch; sums to the composed entry
         (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass)."""
         return routing.flows(self, tokens, layer, phase, head, query, cache=cache)
 
-    def gates(self, tokens, layer: int, cache: Optional[Cache] = None):
+    def gates(self, tokens, layer: int, cache: Cache | None = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
         if cache is not None:
             return routing.gates_from_cache(self, cache, layer)
@@ -927,7 +926,7 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
-    def gradients(self, tokens, target, wrt, return_value: bool = False, max_tape_bytes: Optional[int] = None):
+    def gradients(self, tokens, target, wrt, return_value: bool = False, max_tape_bytes: int | None = None):
         """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
         return grad.gradients(self, tokens, target, wrt, return_value=return_value, max_tape_bytes=max_tape_bytes)
 
@@ -939,8 +938,8 @@ class Model(WeightsMixin):
         method: str = "ig",
         steps: int = 32,
         baseline="zero",
-        progress: Optional[bool] = None,
-        max_tape_bytes: Optional[int] = None,
+        progress: bool | None = None,
+        max_tape_bytes: int | None = None,
     ):
         """Integrated gradients or gradient x activation at hook points (attribution.py)."""
         return attribution.attribute(
@@ -955,7 +954,7 @@ class Model(WeightsMixin):
             max_tape_bytes=max_tape_bytes,
         )
 
-    def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: Optional[int] = None):
+    def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: int | None = None):
         """Bytes a gradient pass over B x T tokens would take under each tape plan, before
         anything is allocated, and the plan the budget picks (memplan.py)."""
         return memplan.estimate(self, T, B, wrt, max_tape_bytes)

@@ -36,7 +36,6 @@ resid_mid: DCPythia and Pythia use a parallel residual.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
 
 from ._checks import ArgumentError, Error, check_str, did_you_mean
 
@@ -114,7 +113,7 @@ SHORT = {
 _GLOBAL = {"embed", "ln_final", "logits"}
 
 
-def _respell(name: str, global_table: Dict[str, str], layer_table: Dict[str, str]) -> Optional[str]:
+def _respell(name: str, global_table: dict[str, str], layer_table: dict[str, str]) -> str | None:
     """A hook name in the other spelling by the two tables (a global name;
     blocks.{l}.<suffix> by its suffix), or None when they do not have it."""
     if name in global_table:
@@ -134,20 +133,20 @@ def canonical(name: str) -> str:
     return name if out is None else out
 
 
-def tl_alias(name: str) -> Optional[str]:
+def tl_alias(name: str) -> str | None:
     """The TransformerLens spelling of a dclens name, or None if it has none."""
     check_str("hook name", name)
     return _respell(name, _REVERSE_GLOBAL, _REVERSE_LAYER)
 
 
-def hook_names(model) -> List[str]:
+def hook_names(model) -> list[str]:
     """Every hook name of a loaded model, in forward order per layer (its
     model.hook_names): the installed source of the names an unknown-hook
     error points to. TransformerLens spellings are in this module's table."""
     return list(model.hook_names)
 
 
-def name_and_layer(a, b=None) -> Tuple[str, Optional[int]]:
+def name_and_layer(a, b=None) -> tuple[str, int | None]:
     """hook_name's arguments in either order as (name, layer)."""
     if not isinstance(a, str) and isinstance(b, str):
         return b, a
@@ -211,7 +210,7 @@ def suggest(wanted, names, n: int = 5):
     'blocks.{l}.' in either spelling), for "did you mean" messages."""
     wanted = [wanted] if isinstance(wanted, str) else [w for w in wanted if isinstance(w, str) and len(w) > 1]
     names = list(names)
-    by_key: Dict[str, str] = {}
+    by_key: dict[str, str] = {}
     for full in names:
         for key in {full, tl_alias(full) or full}:
             by_key.setdefault(key, full)

@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from . import progress as _progress_mod
-from ._checks import ArgumentError
-from ._checks import check_index, check_layers, check_str, is_choice
+from ._checks import ArgumentError, check_index, check_layers, check_str, is_choice
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
@@ -121,14 +121,14 @@ class PatchResult:
     """values [axes...] of metric(patched run); clean / corrupted baselines."""
 
     values: np.ndarray
-    axes: Tuple[str, ...]
-    labels: Tuple[List[str], ...]
+    axes: tuple[str, ...]
+    labels: tuple[list[str], ...]
     clean: float
     corrupted: float
     what: str
     baseline_note: str = ""  # why the baselines are suspect ("" when they are not)
     # the clean and corrupted prompts' tokens at the "pos" axis' positions (None: no tokenizer / no pos axis)
-    pos_tokens: Optional[Tuple[List[str], List[str]]] = None
+    pos_tokens: tuple[list[str], list[str]] | None = None
 
     def normalized(self) -> np.ndarray:
         """(values - corrupted) / (clean - corrupted): 0 no effect, 1 full recovery
@@ -138,7 +138,7 @@ class PatchResult:
             raise Error("normalized: the clean and corrupted metrics are equal (%g)" % self.clean)
         return (self.values - self.corrupted) / d
 
-    def plot(self, normalize: bool = False, title: Optional[str] = None):
+    def plot(self, normalize: bool = False, title: str | None = None):
         """A matplotlib Figure (diverging colours centred on the corrupted
         metric, or on 0 when normalized); 3-axis results get one panel per layer."""
         from .plots import plot_patching
@@ -159,22 +159,22 @@ def _tokens(model: Model, x) -> np.ndarray:
     return a
 
 
-def _progress(total: int, progress: Optional[bool], desc: str):
+def _progress(total: int, progress: bool | None, desc: str):
     """dclens.progress's bar (None: a bar where someone watches, plain lines in a log)."""
     return _progress_mod.bar(total=total, desc=desc, progress=progress, leave=False)
 
 
-def _layers(model: Model, layers) -> List[int]:
+def _layers(model: Model, layers) -> list[int]:
     return check_layers(layers, model.config.n_layer, negative=True)
 
 
-Cell = Tuple[str, Callable[[np.ndarray, np.ndarray], None]]  # (hook name, apply(act_row, clean_act))
+Cell = tuple[str, Callable[[np.ndarray, np.ndarray], None]]  # (hook name, apply(act_row, clean_act))
 
 
 def _run_cells(
     model: Model,
     corrupted: np.ndarray,
-    cells: List[List[Cell]],
+    cells: list[list[Cell]],
     clean_cache: Cache,
     metric: Metric,
     batch_size: int,
@@ -196,7 +196,7 @@ def _run_cells(
         for start in range(0, len(cells), batch_size):
             chunk = cells[start : start + batch_size]
             B = len(chunk)
-            by_name: Dict[str, List[Tuple[int, Callable]]] = {}
+            by_name: dict[str, list[tuple[int, Callable]]] = {}
             for b, patches in enumerate(chunk):
                 for name, apply in patches:
                     by_name.setdefault(name, []).append((b, apply))
@@ -277,12 +277,12 @@ def sweep(
     corrupted,
     metric: Metric,
     over: str = "layer,head",
-    hook: Optional[str] = None,
+    hook: str | None = None,
     layers=None,
     positions=None,
     queries=None,
     batch_size: int = 16,
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
     strict: bool = False,
     ray=None,
 ) -> PatchResult:
@@ -340,10 +340,10 @@ def sweep(
     note = _check_baselines(m_clean, m_corr, strict)
     T = x_t.size
     pos = list(range(T)) if positions is None else [_pos(p, T) for p in positions]
-    cells: List[List[Cell]] = []
-    shape: Tuple[int, ...]
-    axes: Tuple[str, ...]
-    labels: Tuple[List[str], ...]
+    cells: list[list[Cell]] = []
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    labels: tuple[list[str], ...]
     if over == "layer,head":
         for n in names:
             for h in range(c.n_head):
@@ -355,7 +355,7 @@ def sweep(
             nd = cache[n].ndim
             ax = nd + iv._position_axis_from_end(n)
             for p in pos:
-                idx: List[Any] = [slice(None)] * nd
+                idx: list[Any] = [slice(None)] * nd
                 idx[ax] = p
                 cells.append([(n, _setter(tuple(idx)))])
         shape, axes = (len(layers), len(pos)), ("layer", "pos")
@@ -367,7 +367,7 @@ def sweep(
             ax = nd + iv._position_axis_from_end(n)
             for h in range(c.n_head):
                 for p in pos:
-                    idx2: List[Any] = list(iv._head_index(n, h, nd))
+                    idx2: list[Any] = list(iv._head_index(n, h, nd))
                     idx2[ax] = p
                     cells.append([(n, _setter(tuple(idx2)))])
         shape, axes = (len(layers), c.n_head, len(pos)), ("layer", "head", "pos")
@@ -400,7 +400,7 @@ def sweep(
     )
 
 
-def _words(model: Model, clean: np.ndarray, corrupted: np.ndarray, pos: List[int]):
+def _words(model: Model, clean: np.ndarray, corrupted: np.ndarray, pos: list[int]):
     """The clean and corrupted tokens at `pos` as text, or None without a tokenizer."""
     try:
         a, b = model.to_str_tokens(clean), model.to_str_tokens(corrupted)
@@ -445,7 +445,7 @@ def _sweep_composition(
         qmask[:] = True
     else:
         qmask[[_pos(q, T) for q in queries]] = True
-    cells: List[List[Cell]] = []
+    cells: list[list[Cell]] = []
     for l in layers:
         delta = routing.composition_maps(model, ccache, l, phase) - routing.composition_maps(model, xcache, l, phase)
         X = xcache[src(l)].astype(np.float64)  # [N, T, S]
@@ -510,8 +510,8 @@ class AblationResult:
     apply to both)."""
 
     values: np.ndarray
-    axes: Tuple[str, ...]
-    labels: Tuple[List[str], ...]
+    axes: tuple[str, ...]
+    labels: tuple[list[str], ...]
     baseline: float
     what: str
     mode: str  # "zero" or "mean"
@@ -520,7 +520,7 @@ class AblationResult:
         """values - baseline: what ablating each cell changes (negative: the cell helped)."""
         return self.values - self.baseline
 
-    def plot(self, title: Optional[str] = None):
+    def plot(self, title: str | None = None):
         """A matplotlib Figure, diverging colours centred on the baseline."""
         from .plots import plot_patching
 
@@ -546,9 +546,9 @@ def ablation_sweep(
     layers=None,
     phase: str = "post",
     branches: Sequence[str] = ("qp", "kp"),
-    hook: Optional[str] = None,
+    hook: str | None = None,
     batch_size: int = 16,
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
     ray=None,
 ) -> AblationResult:
     """Ablate one cell at a time in one prompt and score the logits with
@@ -589,11 +589,11 @@ def ablation_sweep(
         raise Error("%s has no compose (plain multi-head attention): over=%r needs DCMHA" % (model.name, over))
     ref = None if reference is None else _reference(model, reference, T if over != "layer,head" else None, over)
     baseline = float(metric(model.forward(toks)))
-    cells: List[List[Cell]] = []
+    cells: list[list[Cell]] = []
     src = Cache()
     placeholder = np.zeros(1, np.float32)
-    shape: Tuple[int, ...]
-    axes: Tuple[str, ...]
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
     if over == "layer,head":
         suffix = hook or "attn.z"
         names = [hook_name(l, suffix) for l in layers]
@@ -608,7 +608,7 @@ def ablation_sweep(
                 value = 0.0 if ref is None else iv.mean_activation(rc, int(n.split(".")[1]), h, suffix)
                 cells.append([(n, _filler(idx, value))])
         shape, axes = (len(layers), N), ("layer", "head")
-        labels: Tuple[List[str], ...] = ([str(l) for l in layers], ["H%d" % h for h in range(N)])
+        labels: tuple[list[str], ...] = ([str(l) for l in layers], ["H%d" % h for h in range(N)])
         what = "layer,head (%s)" % suffix
     elif over == "source":
         if not is_choice(phase, PHASES + ("both",)):
@@ -670,7 +670,7 @@ def _ndim(model: Model, name: str) -> int:
     return int(lib.dcs_hook_shape(model.runner.handle, model.parse_hook(name)[0], 1, 1, shape)) - 1
 
 
-def _reference(model: Model, reference, T: Optional[int], over: str) -> np.ndarray:
+def _reference(model: Model, reference, T: int | None, over: str) -> np.ndarray:
     """ablation_sweep's reference prompts as [B, T'] tokens (T' = T when T is given)."""
     if isinstance(reference, str):
         reference = [reference]

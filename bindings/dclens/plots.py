@@ -26,7 +26,7 @@ you give it and returns the image (pass it to ``fig.colorbar``).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib import colormaps
@@ -64,6 +64,7 @@ class Figure(_MplFigure):
 
     def _repr_png_(self) -> bytes:
         import io
+
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         if self.canvas is None or not hasattr(self.canvas, "print_png"):
@@ -109,7 +110,7 @@ def _visible(arr: np.ndarray, mask_upper: bool) -> np.ndarray:
     return arr[np.isfinite(arr)]
 
 
-def _range(arrays, diverging: bool, mask_upper: bool, vmin, vmax) -> Tuple[float, float]:
+def _range(arrays, diverging: bool, mask_upper: bool, vmin, vmax) -> tuple[float, float]:
     """The engine's auto range: sequential [min, max], diverging +-max|x|
     (all zero: +-1); computed over unmasked finite cells of all maps."""
     if vmin is not None and vmax is not None:
@@ -140,7 +141,7 @@ def _cmap(diverging: bool):
     return colormaps[DIVERGING_CMAP if diverging else SEQUENTIAL_CMAP].with_extremes(bad=NAN_COLOR)
 
 
-def _mask_polygon(T: int, S: int) -> Optional[np.ndarray]:
+def _mask_polygon(T: int, S: int) -> np.ndarray | None:
     """Staircase outline of the cells s > t, in imshow data coordinates."""
     n = min(T, S - 1)  # rows that have at least one masked cell
     if n <= 0:
@@ -152,7 +153,7 @@ def _mask_polygon(T: int, S: int) -> Optional[np.ndarray]:
     return np.array(pts)
 
 
-def _ticks(n: int, max_labels: Optional[int]) -> range:
+def _ticks(n: int, max_labels: int | None) -> range:
     m = MAX_LABELS if max_labels is None else max(int(max_labels), 1)
     return range(0, n, max(1, math.ceil(n / m)))
 
@@ -166,7 +167,7 @@ def _label_size(ax, n: int) -> float:
 
 
 def _label_axes(
-    ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=True, show_cols=True, size: Optional[float] = None
+    ax, T: int, S: int, tokens, key_tokens, max_labels, show_rows=True, show_cols=True, size: float | None = None
 ):
     if size is None:
         size = _label_size(ax, min(max(T, S), MAX_LABELS if max_labels is None else max(int(max_labels), 1)))
@@ -197,18 +198,18 @@ def _label_axes(
 def plot_pattern(
     ax,
     pattern,
-    tokens: Optional[Sequence[str]] = None,
-    title: Optional[str] = None,
+    tokens: Sequence[str] | None = None,
+    title: str | None = None,
     diverging: bool = False,
     mask_upper: bool = True,
     *,
-    vmin: Optional[float] = None,
-    vmax: Optional[float] = None,
-    key_tokens: Optional[Sequence[str]] = None,
-    max_labels: Optional[int] = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    key_tokens: Sequence[str] | None = None,
+    max_labels: int | None = None,
     show_row_labels: bool = True,
     show_col_labels: bool = True,
-    label_size: Optional[float] = None,
+    label_size: float | None = None,
 ):
     """Draw one [T, S] map into ax and return the AxesImage.
 
@@ -243,19 +244,19 @@ def plot_pattern(
 
 def plot_heads(
     patterns,
-    tokens: Optional[Sequence[str]] = None,
-    title: Optional[str] = None,
+    tokens: Sequence[str] | None = None,
+    title: str | None = None,
     *,
-    titles: Optional[Sequence[str]] = None,
-    ncols: Optional[int] = None,
+    titles: Sequence[str] | None = None,
+    ncols: int | None = None,
     diverging: bool = False,
     mask_upper: bool = True,
-    vmin: Optional[float] = None,
-    vmax: Optional[float] = None,
-    max_labels: Optional[int] = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    max_labels: int | None = None,
     panel_size: float = 2.6,
     scale: str = "own",
-    diverging_panels: Optional[Sequence[bool]] = None,
+    diverging_panels: Sequence[bool] | None = None,
 ) -> Figure:
     """A grid of [T, S] maps (all heads of a layer, or one head across
     layers).
@@ -329,14 +330,14 @@ def plot_heads(
 
 def plot_branches(
     branches: Mapping[str, np.ndarray],
-    tokens: Optional[Sequence[str]] = None,
-    title: Optional[str] = None,
+    tokens: Sequence[str] | None = None,
+    title: str | None = None,
     *,
     sum_name: str = "sum",
     add_sum: bool = True,
     mask_upper: bool = True,
-    vmax: Optional[float] = None,
-    max_labels: Optional[int] = None,
+    vmax: float | None = None,
+    max_labels: int | None = None,
     panel_size: float = 2.6,
     scale: str = "own",
 ) -> Figure:
@@ -386,14 +387,14 @@ def plot_branches(
 
 def plot_routing(
     matrix,
-    source_labels: Optional[Sequence[str]] = None,
-    target_labels: Optional[Sequence[str]] = None,
-    title: Optional[str] = None,
+    source_labels: Sequence[str] | None = None,
+    target_labels: Sequence[str] | None = None,
+    title: str | None = None,
     *,
-    diverging: Optional[bool] = None,
-    vmin: Optional[float] = None,
-    vmax: Optional[float] = None,
-    annotate: Optional[bool] = None,
+    diverging: bool | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    annotate: bool | None = None,
     cell_size: float = 0.35,
 ) -> Figure:
     """A head-to-head matrix: source heads on rows, target heads on columns.
@@ -461,7 +462,7 @@ def _position_labels(result, clab):
     return out, diff
 
 
-def plot_patching(result, normalize: bool = False, title: Optional[str] = None, panel_size: float = 3.2) -> Figure:
+def plot_patching(result, normalize: bool = False, title: str | None = None, panel_size: float = 3.2) -> Figure:
     """A patching sweep (dclens.patching.PatchResult) as heatmaps: 2-axis
     results in one panel, 3-axis results one panel per entry of the first
     axis (layer). Diverging colours centred on the corrupted metric (or on 0
@@ -532,12 +533,12 @@ def plot_patching(result, normalize: bool = False, title: Optional[str] = None, 
 
 def flows(
     F,
-    tokens: Optional[Sequence[str]] = None,
+    tokens: Sequence[str] | None = None,
     *,
-    key: Optional[int] = None,
-    branches: Optional[Sequence[str]] = None,
-    target: Optional[str] = None,
-    title: Optional[str] = None,
+    key: int | None = None,
+    branches: Sequence[str] | None = None,
+    target: str | None = None,
+    title: str | None = None,
     cell_size: float = 0.42,
 ) -> Figure:
     """Where one composed entry comes from (dclens.routing.flows' array F

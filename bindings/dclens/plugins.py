@@ -12,13 +12,13 @@ are used. synth_tasks (this repository's pyproject.toml) adds
     jsonl = "synth_tasks.train_data:jsonl"
 
 so synth_tasks depends on dclens and never the reverse
-(tests/test_imports.py checks it).
+(tests/api/test_imports.py checks it).
 """
 
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from typing import Callable, List
+from typing import Callable
 
 from ._checks import Error
 
@@ -33,7 +33,7 @@ def _group(group: str):
     return list(eps.get(group, ()))  # Python 3.9: a dict of groups
 
 
-def names(group: str) -> List[str]:
+def names(group: str) -> list[str]:
     """The names declared in an entry point group, sorted."""
     return sorted({ep.name for ep in _group(group)})
 

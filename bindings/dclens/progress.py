@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from typing import Iterable, Optional, Sized
+from collections.abc import Iterable, Sized
 
 _PLAIN_STEPS = 4  # plain lines: at 25, 50, 75 and 100 %
 
@@ -48,7 +48,7 @@ def _tqdm_auto():
     return tqdm
 
 
-def mode(progress: Optional[bool]) -> str:
+def mode(progress: bool | None) -> str:
     """'bar', 'lines' or 'none' for a progress= argument."""
     if progress is None:
         return "bar" if _in_notebook() or _stderr_is_terminal() else "lines"
@@ -65,8 +65,8 @@ class Plain:
 
     def __init__(
         self,
-        iterable: Optional[Iterable] = None,
-        total: Optional[int] = None,
+        iterable: Iterable | None = None,
+        total: int | None = None,
         desc: str = "",
         unit: str = "it",
         initial: int = 0,
@@ -157,11 +157,11 @@ class Silent(Plain):
 
 
 def bar(
-    iterable: Optional[Iterable] = None,
+    iterable: Iterable | None = None,
     *,
-    total: Optional[int] = None,
+    total: int | None = None,
     desc: str = "",
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
     unit: str = "it",
     **kw,
 ):
@@ -173,7 +173,7 @@ def bar(
     return (Plain if m == "lines" else Silent)(iterable, total=total, desc=desc, unit=unit, **kw)
 
 
-def hub_tqdm_class(progress: Optional[bool]):
+def hub_tqdm_class(progress: bool | None):
     """The tqdm class huggingface_hub's snapshot_download gets (its own bars
     for each file are tqdm.auto's; progress=False disables them)."""
     tqdm = _tqdm_auto()

@@ -10,7 +10,7 @@ numbers. TransformerLens' argument order (prompt, answer, model) works too.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Tuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,7 +24,7 @@ class AnswerToken(NamedTuple):
     rank: int  # 0 = the model's top token
     prob: float
     logit: float
-    top: List[Tuple[str, float]]  # the top-k tokens and their probabilities
+    top: list[tuple[str, float]]  # the top-k tokens and their probabilities
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -35,7 +35,7 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 def test_prompt(
     model, prompt, answer, *, prepend_space_to_answer: bool = True, top_k: int = 10, print_details: bool = True
-) -> List[AnswerToken]:
+) -> list[AnswerToken]:
     """Rank and probability of each token of `answer` after `prompt` (a space
     is put before the answer unless it starts with one or
     prepend_space_to_answer=False), with the model's top_k tokens at each

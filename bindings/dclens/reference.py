@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Optional, Tuple
 
 from ._checks import Error
 from .bundled import resolve
@@ -37,7 +36,7 @@ _LAYOUTS = (
     ("pytorch_model.bin.index.json", "index"),
 )
 
-FilePrint = Tuple[str, int, str]  # (name in the directory, size, sha256 hex)
+FilePrint = tuple[str, int, str]  # (name in the directory, size, sha256 hex)
 
 
 def _file_print(directory: str, name: str) -> FilePrint:
@@ -57,7 +56,7 @@ def _file_print(directory: str, name: str) -> FilePrint:
     return name, size, h.hexdigest()
 
 
-def _weight_files(directory: str) -> Tuple[str, ...]:
+def _weight_files(directory: str) -> tuple[str, ...]:
     """The weight files the engine reads from `directory` (its first layout present)."""
     for name, kind in _LAYOUTS:
         path = os.path.join(directory, name)
@@ -75,7 +74,7 @@ def _weight_files(directory: str) -> Tuple[str, ...]:
     return ()
 
 
-def fingerprint(directory) -> Tuple[FilePrint, ...]:
+def fingerprint(directory) -> tuple[FilePrint, ...]:
     """(name, size, sha256 of header + trailer) of each file a model is loaded from."""
     d = os.fsdecode(directory)
     names = ["config.json"] + (["tokenizer.json"] if os.path.isfile(os.path.join(d, "tokenizer.json")) else [])
@@ -94,7 +93,7 @@ class ModelRef:
     device: str = "cpu"
     n_threads: int = 0
     always_batch: bool = False
-    files: Optional[Tuple[FilePrint, ...]] = None
+    files: tuple[FilePrint, ...] | None = None
 
     def directory(self) -> str:
         return os.fsdecode(resolve(self.source))
@@ -124,5 +123,5 @@ class ModelRef:
             )
         return d
 
-    def with_threads(self, n_threads: int) -> "ModelRef":
+    def with_threads(self, n_threads: int) -> ModelRef:
         return dataclasses.replace(self, n_threads=int(n_threads))

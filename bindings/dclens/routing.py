@@ -35,9 +35,9 @@ are defined but never used by the model: asking for one warns
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-
-from typing import TYPE_CHECKING, Dict, NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False)
 
 
 def _check(
-    model: Model, tokens, layer: int, phase: str, query: Optional[int] = None, key: Optional[int] = None
+    model: Model, tokens, layer: int, phase: str, query: int | None = None, key: int | None = None
 ) -> np.ndarray:
     toks = np.asarray(model.to_tokens(tokens) if isinstance(tokens, str) else tokens)
     if toks.ndim != 1:
@@ -94,7 +94,7 @@ def _check(
     return toks
 
 
-def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> Dict[str, np.ndarray]:
+def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> dict[str, np.ndarray]:
     """The dynamic weights of one layer and phase: qw1, qw2 [T, R, N] (qw1
     normalised), qdd [T, N], and (unless query_wise) kw1, kw2 [S, R, N], kdd [S, N]."""
     toks = _check(model, tokens, layer, phase)
@@ -105,7 +105,7 @@ def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> Dict[str, n
     return {n.rsplit(".", 1)[1]: cache[n] for n in names}
 
 
-def static_map(model: Model, layer: int, phase: str) -> Optional[np.ndarray]:
+def static_map(model: Model, layer: int, phase: str) -> np.ndarray | None:
     """The static (Talking-Heads) term W [N, N] of a layer and phase (block-diagonal
     with compose_groups), or None when the model has no static branch."""
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
@@ -126,7 +126,7 @@ def _block_diag(blocks: np.ndarray) -> np.ndarray:
 
 
 def maps_from_weights(
-    dyn: Dict[str, np.ndarray], query: int, keys=None, groups: int = 1, static: Optional[np.ndarray] = None
+    dyn: dict[str, np.ndarray], query: int, keys=None, groups: int = 1, static: np.ndarray | None = None
 ) -> np.ndarray:
     """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
     `groups` G the dynamic projections mix heads only within each of G blocks;
@@ -205,7 +205,7 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     return np.einsum("ns,snm->nm", x, maps)
 
 
-def gates(model: Model, tokens, layer: int) -> Dict[str, np.ndarray]:
+def gates(model: Model, tokens, layer: int) -> dict[str, np.ndarray]:
     """The dynamic gates of a layer: {'pre.qdd': [T, N], 'pre.kdd', 'post.qdd', 'post.kdd'}
     (how much each head keeps of its own score/weight, per token)."""
     toks = _check(model, tokens, layer, "pre")
@@ -225,7 +225,7 @@ def routing_from_cache(
     key: int,
     n_head: int,
     groups: int = 1,
-    static: Optional[np.ndarray] = None,
+    static: np.ndarray | None = None,
 ) -> np.ndarray:
     """C[query, key] from a cache that holds the layer's dyn.* activations
     (negative positions count from the end; groups / static as in maps_from_weights)."""
@@ -240,7 +240,7 @@ def routing_from_cache(
 # ---------------------------------------------------------------- from a cache, vectorised
 
 
-def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> Dict[str, np.ndarray]:
+def _cache_dyn(model: Model, cache: Cache, layer: int, phase: str) -> dict[str, np.ndarray]:
     if not is_choice(phase, PHASES):
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     out = {}
@@ -367,7 +367,7 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
     return np.stack(out)
 
 
-def gates_from_cache(model: Model, cache: Cache, layer: int) -> Dict[str, np.ndarray]:
+def gates_from_cache(model: Model, cache: Cache, layer: int) -> dict[str, np.ndarray]:
     """gates() from a cache: {'pre.qdd': [T, N], ...}."""
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     if not model.config.use_dcmha:
@@ -392,7 +392,7 @@ def flow_branches(model: Model) -> tuple:
     return BRANCHES + (("static",) if model.config.use_sw else ())
 
 
-def _flow_inputs(model: Model, tokens, cache: Optional[Cache], layer: int, phase: str) -> Cache:
+def _flow_inputs(model: Model, tokens, cache: Cache | None, layer: int, phase: str) -> Cache:
     """A cache holding the phase input (scores / pattern) and the dyn.* hooks of the layer:
     `cache` itself when it holds them all (checked against `tokens`), else a new pass."""
     src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
@@ -417,7 +417,7 @@ def _flow_inputs(model: Model, tokens, cache: Optional[Cache], layer: int, phase
 
 
 def flows(
-    model: Model, tokens, layer: int, phase: str, head: int, query: int, *, cache: Optional[Cache] = None
+    model: Model, tokens, layer: int, phase: str, head: int, query: int, *, cache: Cache | None = None
 ) -> np.ndarray:
     """Where target `head`'s composed score (pre) or weight (post) at (`query`, key)
     comes from: F [N (source head), len(flow_branches(model)), T (key)], float64,
@@ -537,8 +537,8 @@ def flow_table(
     query: int,
     k: int = 10,
     *,
-    cache: Optional[Cache] = None,
-    F: Optional[np.ndarray] = None,
+    cache: Cache | None = None,
+    F: np.ndarray | None = None,
 ) -> FlowTable:
     """The k largest (|value|) (source, branch, key) flows into target `head` at
     `query` (see flows), with each key's token, over the keys the query sees
@@ -574,10 +574,8 @@ def flow_table(
     Fv = F[:, :, keys]  # masked keys lend nothing: they are left out
     words = None
     if toks is not None:
-        try:
+        with contextlib.suppress(Error):  # no tokenizer.json: keys are shown by position
             words = model.to_str_tokens(toks)
-        except Error:  # no tokenizer.json: keys are shown by position
-            pass
     total = float(Fv.sum())
     abs_total = float(np.abs(Fv).sum())
     out = FlowTable()

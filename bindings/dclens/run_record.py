@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Dict, List, Optional, Tuple
 
 from ._checks import Error
 
@@ -60,15 +59,15 @@ def _effective(d: dict) -> dict:
     return d
 
 
-def differences(recorded: dict, c) -> Tuple[List[str], List[str]]:
+def differences(recorded: dict, c) -> tuple[list[str], list[str]]:
     """(refused, accepted): 'flag now (the run: was)' for each option that
     differs, split into options that shape the run and sitting options.
     An option the record lacks (added to TrainConfig since) counts as its default."""
     now = _effective(options_of(c))
     defaults = {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
     was = _effective(dict(defaults, **{k: v for k, v in recorded.items() if k in now}))
-    refused: List[str] = []
-    accepted: List[str] = []
+    refused: list[str] = []
+    accepted: list[str] = []
     for k in now:
         if k == "out" or _same(k, was.get(k), now[k]):
             continue
@@ -78,7 +77,7 @@ def differences(recorded: dict, c) -> Tuple[List[str], List[str]]:
     return refused, accepted
 
 
-def config_differences(ckpt_config: dict, want: dict) -> List[str]:
+def config_differences(ckpt_config: dict, want: dict) -> list[str]:
     """Keys of the model config.json a checkpoint holds that differ from the
     one these options give (architecture keys only: dtype and ids aside)."""
     skip = ("torch_dtype", "architectures", "bos_token_id", "eos_token_id", "initializer_range")
@@ -93,7 +92,7 @@ def config_differences(ckpt_config: dict, want: dict) -> List[str]:
     ]
 
 
-def read_record(out: str) -> Optional[dict]:
+def read_record(out: str) -> dict | None:
     p = os.path.join(out, RUN_FILE)
     if not os.path.exists(p):
         return None
@@ -124,7 +123,7 @@ def write_record(out: str, c, vocab: int) -> None:
     write_json_atomic(os.path.join(out, RUN_FILE), {"options": options_of(c), "vocab": vocab})
 
 
-def refuse(out: str, source: str, refused: List[str]) -> None:
+def refuse(out: str, source: str, refused: list[str]) -> None:
     raise Error(
         "train: %s was started with other options (%s), and resuming with these would mix two "
         "runs in one checkpoint: %s; use a new --out, or the run's options (only %s and "
@@ -189,7 +188,7 @@ def remove_staging(out: str) -> None:
             shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
 
-def load_json(path: str, what: str) -> Dict:
+def load_json(path: str, what: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)

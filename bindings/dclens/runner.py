@@ -11,7 +11,7 @@ back into it: a run takes integer tokens (Model turns text into tokens and
 warns of a long prompt first) and the hook functions to run (Model's hooks
 in force, Model.hooks_in_force).
 
-Layers of the package (tests/test_imports.py refuses any import cycle):
+Layers of the package (tests/api/test_imports.py refuses any import cycle):
   _engine, _checks, names, mask, _protocols   the binding, checks, hook names, the attention mask
   hooks, cache, memplan, tapes, runner        plumbing: runs, caches, tapes
   routing, grad, attribution, generate        the analyses Model offers as methods (Model imports them)
@@ -25,7 +25,8 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def _physical_memory() -> int:
 
 # The runners of this process, for the fork handler below (process state, as
 # the engine's fork count is: a fork is an event of the whole process).
-_LIVE: "weakref.WeakSet[Runner]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Runner] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -88,7 +89,7 @@ class Runner:
         *,
         name: str = "",
         device: str = "cpu",
-        hooks: Optional[List[Tuple[str, HookFn]]] = None,
+        hooks: list[tuple[str, HookFn]] | None = None,
     ):
         self.handle = handle
         self.vocab = vocab
@@ -101,9 +102,9 @@ class Runner:
         # other threads wait. pass_thread is the thread running this
         # model's hooks, which may read weights but not start another pass.
         self.lock = threading.RLock()
-        self.pass_thread: Optional[int] = None
+        self.pass_thread: int | None = None
         self.hook_table = HookTable(handle, n_layer)  # name <-> (point, layer)
-        self._hooks: List[Tuple[str, HookFn]] = [] if hooks is None else hooks  # the model's, read only here
+        self._hooks: list[tuple[str, HookFn]] = [] if hooks is None else hooks  # the model's, read only here
         self.tapes = TapeCache()  # gradient tapes kept between calls (tapes.py)
         _LIVE.add(self)
 
@@ -146,7 +147,7 @@ class Runner:
             yield
 
     @property
-    def ctx_hooks(self) -> Tuple[Tuple[str, HookFn], ...]:
+    def ctx_hooks(self) -> tuple[tuple[str, HookFn], ...]:
         """The model's hooks in force (add_hook, `with model.hooks(...)`), read-only."""
         return tuple(self._hooks)
 
@@ -174,7 +175,7 @@ class Runner:
             )
         )
 
-    def parse_hook(self, name: str) -> Tuple[int, int]:
+    def parse_hook(self, name: str) -> tuple[int, int]:
         """(point, layer) of a dclens hook name of this model; an Error naming
         what is wrong with any other name."""
         key = self.hook_table.key.get(name) if isinstance(name, str) else None
@@ -201,7 +202,7 @@ class Runner:
             message="%s: %s" % (self.name, engine_msg),
         )
 
-    def select(self, names: Names) -> List[str]:
+    def select(self, names: Names) -> list[str]:
         """The hooks a capture names: None is every hook but the split inputs
         (attn.{q,k,v}_input, attn.dyn_input, mlp_input: copies of the
         residual stream, N of them per head input, captured when named or
@@ -243,7 +244,7 @@ class Runner:
             )
         )
 
-    def tokens(self, tokens) -> Tuple[np.ndarray, bool]:
+    def tokens(self, tokens) -> tuple[np.ndarray, bool]:
         """Token ids ([T] or [B, T] integers) checked, as a contiguous int32
         [B, T] array, and whether they were batched. Text is the model's to
         tokenize (Model.token_ids)."""
@@ -292,7 +293,7 @@ class Runner:
         self,
         tokens,
         capture: Sequence[str] = (),
-        fns: Sequence[Tuple[str, HookFn]] = (),
+        fns: Sequence[tuple[str, HookFn]] = (),
         logits: bool = True,
         logits_at=None,
     ):
@@ -327,7 +328,7 @@ class Runner:
             out = out[0]
         return out, run.cache
 
-    def hook_plan(self, run: _Run, capture: Sequence[str], fns: Sequence[Tuple[str, HookFn]]) -> np.ndarray:
+    def hook_plan(self, run: _Run, capture: Sequence[str], fns: Sequence[tuple[str, HookFn]]) -> np.ndarray:
         """Record in `run` what each hook point captures and calls; return the
         engine's want table [DCS_HP_COUNT * L] (1 = call back at that point)."""
         L = self.n_layer
@@ -382,7 +383,7 @@ class Runner:
                 % (B, T, V, need / 2**30)
             )
         shape = ffi.new("int64_t[6]")
-        for p, l in run.capture:
+        for p, _ in run.capture:
             nd = lib.dcs_hook_shape(self.handle, p, B, T, shape)
             n = 4
             for i in range(nd):
@@ -417,7 +418,7 @@ class Runner:
                     return call(), None
                 finally:
                     self.pass_thread = None
-            result: Dict[str, Any] = {}
+            result: dict[str, Any] = {}
             done = threading.Event()
 
             def work():

@@ -13,7 +13,7 @@ So Model.gradients and Model.attribute lease a tape from the model's
 TapeCache (Runner.tapes) and give it back after the call: an idle tape made
 for B' x T' from layer `first` serves a later call of B <= B', T <= T' from
 the same layer (dcs_tape_reshape: a prefix of each buffer; the same bits as
-a fresh tape, tests/test_tape_cache.py), when it fits the call's budget.
+a fresh tape, tests/engine/test_tape_cache.py), when it fits the call's budget.
 
 What it may hold: at most MAX_IDLE idle tapes; a call evicts idle tapes
 until they and the tape it needs fit its max_tape_bytes (the default budget
@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import memplan
-from ._checks import EngineObject, Error, check_status as _check
+from ._checks import EngineObject, Error
+from ._checks import check_status as _check
 from ._engine import ffi, lib
 
 
@@ -47,7 +49,7 @@ class Tape(EngineObject):
     max_tape_bytes (None: memplan.default_budget(model)). It runs on the model's
     device (the engine moves host inputs and outputs: arrays in, gradients out)."""
 
-    def __init__(self, model, B: int, T: int, max_tape_bytes: Optional[int] = None, first_layer: int = 0):
+    def __init__(self, model, B: int, T: int, max_tape_bytes: int | None = None, first_layer: int = 0):
         self.model = model
         self.B, self.T = B, T
         self.B_cap, self.T_cap = B, T  # the shape its buffers hold (reshape within it)
@@ -59,7 +61,7 @@ class Tape(EngineObject):
         # the engine frees a model after its last tape (dcs_free), so a cached
         # tape and its model may go in either order in one garbage collection
         self._tp = ffi.gc(out[0], lib.dcs_tape_free)
-        self._keep: Optional[Tuple[Any, Any]] = None
+        self._keep: tuple[Any, Any] | None = None
         # what the memory plan counts for it (dcs_tape_plan of its own plan)
         self.plan_bytes = memplan.tape_bytes(model, B, T, self.memory_recompute, (), first_layer)
 
@@ -84,14 +86,14 @@ class Tape(EngineObject):
         """Does it recompute layers (its plan)?"""
         return bool(self.memory()["recompute"])
 
-    def memory(self) -> Dict[str, int]:
+    def memory(self) -> dict[str, int]:
         """'tape' bytes of its buffers, 'pass_peak' the largest transient of its
         passes so far, 'recompute' 1 when it recomputes layers."""
         tb, pk, rc = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("int *")
         lib.dcs_tape_memory(self._tp, tb, pk, rc)
         return {"tape": int(tb[0]), "pass_peak": int(pk[0]), "recompute": int(rc[0])}
 
-    def _shape(self, point: int) -> Tuple[int, ...]:
+    def _shape(self, point: int) -> tuple[int, ...]:
         shape = ffi.new("int64_t[6]")
         nd = lib.dcs_hook_shape(self.model.runner.handle, point, self.B, self.T, shape)
         return tuple(int(shape[i]) for i in range(nd))
@@ -99,9 +101,9 @@ class Tape(EngineObject):
     def forward(
         self,
         tokens: np.ndarray,
-        overrides: Optional[Dict[Tuple[int, int], np.ndarray]] = None,
+        overrides: dict[tuple[int, int], np.ndarray] | None = None,
         logits: bool = True,
-        resid: Optional[np.ndarray] = None,
+        resid: np.ndarray | None = None,
     ) -> Any:
         """The tape's forward; from layer `first` (> 0) it starts from resid
         [B, T, D], the residual stream entering that layer."""
@@ -149,11 +151,11 @@ class Tape(EngineObject):
 
     def backward(
         self,
-        dlogits: Optional[np.ndarray] = None,
-        param_grads: Optional[np.ndarray] = None,
-        wrt: Sequence[Tuple[int, int]] = (),
-        params: Optional[Dict[int, np.ndarray]] = None,
-    ) -> Dict[Tuple[int, int], np.ndarray]:
+        dlogits: np.ndarray | None = None,
+        param_grads: np.ndarray | None = None,
+        wrt: Sequence[tuple[int, int]] = (),
+        params: dict[int, np.ndarray] | None = None,
+    ) -> dict[tuple[int, int], np.ndarray]:
         """Gradients at the hooks in wrt; parameter gradients accumulated into
         param_grads (flat, every parameter) or into params (parameter index ->
         float32 buffer of its size: only those)."""
@@ -189,7 +191,7 @@ class TapeCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards _idle only; never held across an engine call
-        self._idle: List[Tape] = []  # least recently used first
+        self._idle: list[Tape] = []  # least recently used first
 
     def held_bytes(self) -> int:
         """What the idle tapes count in the memory plan (dcs_tape_plan)."""
@@ -205,7 +207,7 @@ class TapeCache:
         full = memplan.tape_bytes(model, B, T, False, (), first)
         recompute = full > budget  # the plan dcs_tape_new_from takes
         need = memplan.tape_bytes(model, B, T, True, (), first) if recompute else full
-        drop: List[Tape] = []
+        drop: list[Tape] = []
         with self._lock:
             fits = [
                 t

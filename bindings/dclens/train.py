@@ -28,6 +28,7 @@ or ``dclens train --out runs/dc --model-type dcpythia ...`` (see ``dclens train 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -38,16 +39,17 @@ import shutil
 import struct
 import time
 import zipfile
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 
 from . import progress as _progress
+from . import run_record
+from ._checks import Error
+from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .grad import Tape, param_table
-from ._checks import Error, check_status as _check
 from .model import cuda_available, cuda_unavailable_reason, load
-from . import run_record
 
 
 @dataclasses.dataclass
@@ -59,8 +61,8 @@ class TrainConfig:
     n_head: int = 6
     d_ff: int = 0  # 0: 4 * dim
     vocab: int = 0  # 0: the tokenizer's size
-    window_size: Optional[int] = None  # dcpythia: None = every layer global
-    window_type: Optional[str] = None  # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
+    window_size: int | None = None  # dcpythia: None = every layer global
+    window_type: str | None = None  # dcpythia: None (LG: even layers local), "LG", "LGLL", "LGL6"
     rank: int = 2  # dcpythia dynamic rank R
     seq_len: int = 128
     batch_size: int = 16
@@ -83,7 +85,7 @@ class TrainConfig:
     log_every: int = 10
     n_threads: int = 0
     device: str = "cpu"  # "cuda": the tape, its backward and the weights on the GPU (issue 23)
-    progress: Optional[bool] = None  # dclens.progress: None: a bar where watched, plain lines in a log
+    progress: bool | None = None  # dclens.progress: None: a bar where watched, plain lines in a log
     mgate_dim: int = 0  # dcformer: E > 0 turns the MLP group gate on (E | d_ff)
 
     def check(self) -> None:
@@ -191,9 +193,9 @@ def _int_option(k: str, v, lo: int, hi: int = 2**31) -> int:
 # ------------------------------------------------------------------ safetensors
 
 
-def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
+def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
     """float32 tensors -> a safetensors file (8-byte length, JSON header, data)."""
-    header: Dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     blobs, off = [], 0
     for k in sorted(tensors):
         b = np.ascontiguousarray(tensors[k], dtype="<f4").tobytes()
@@ -290,7 +292,7 @@ def model_config(c: TrainConfig, vocab: int) -> dict:
     }
 
 
-def init_weights(c: TrainConfig, vocab: int) -> Dict[str, np.ndarray]:
+def init_weights(c: TrainConfig, vocab: int) -> dict[str, np.ndarray]:
     """GPT-NeoX-like init in canonical (dcpythia) names: N(0, 0.02) matrices and
     embeddings, output projections (wo, w2) N(0, 0.02 / sqrt(2 L)), zero biases,
     unit norms; DCMHA: dw1 N(0, 1/D) so the hidden layer is O(1), qkw and dd
@@ -373,7 +375,7 @@ _NEOX_TOP = {
 }
 
 
-def to_layout(sd: Dict[str, np.ndarray], model_type: str, n_head: int) -> Dict[str, np.ndarray]:
+def to_layout(sd: dict[str, np.ndarray], model_type: str, n_head: int) -> dict[str, np.ndarray]:
     """Canonical names -> the checkpoint names of model_type (GPT-NeoX: q/k/v rows
     regrouped per head, model-spec 3)."""
     if model_type in ("dcpythia", "dcformer"):
@@ -394,11 +396,11 @@ def to_layout(sd: Dict[str, np.ndarray], model_type: str, n_head: int) -> Dict[s
     return out
 
 
-def read_weights(model) -> Dict[str, np.ndarray]:
+def read_weights(model) -> dict[str, np.ndarray]:
     """Every weight of a loaded model by canonical name (fresh copies)."""
     out = {}
     shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
-    for name, _, size, _ in param_table(model):
+    for name, *_ in param_table(model):
         _check(lib.dcs_weight_shape(model.runner.handle, name.encode(), shape, nd), model.runner.errmsg())
         a = np.empty(tuple(shape[i] for i in range(nd[0])), np.float32)
         _check(
@@ -409,7 +411,7 @@ def read_weights(model) -> Dict[str, np.ndarray]:
     return out
 
 
-def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer_json: Optional[str]) -> None:
+def write_model(dirpath: str, sd: dict[str, np.ndarray], config: dict, tokenizer_json: str | None) -> None:
     os.makedirs(dirpath, exist_ok=True)
     write_safetensors(
         os.path.join(dirpath, "model.safetensors"),
@@ -424,7 +426,7 @@ def write_model(dirpath: str, sd: Dict[str, np.ndarray], config: dict, tokenizer
 # ------------------------------------------------------------------ data
 
 
-def _corpus_texts(c: TrainConfig) -> List[str]:
+def _corpus_texts(c: TrainConfig) -> list[str]:
     """The corpus as a list of sequences' texts (brackets of the benchmark's
     answers removed): generated synthetic lines, the records of a .jsonl file
     (``texts``), or a text file (its lines with ``lines``, else the whole file)."""
@@ -449,7 +451,7 @@ def _corpus_texts(c: TrainConfig) -> List[str]:
     return [t for t in text.split("\n") if t.strip()] if c.lines else [text]
 
 
-def _tokenizer(c: TrainConfig, texts: List[str], tok_path: str):
+def _tokenizer(c: TrainConfig, texts: list[str], tok_path: str):
     """encode(list of str) -> list of id lists, vocab size, saved tokenizer path."""
     if c.tokenizer == "bytes":
         return (lambda ts: [list(t.encode("utf-8")) for t in ts]), 256, None
@@ -477,7 +479,7 @@ def _tokenizer(c: TrainConfig, texts: List[str], tok_path: str):
     return (lambda ts: [e.ids for e in tk.encode_batch(ts, add_special_tokens=False)]), tk.get_vocab_size(), tok_path
 
 
-def _tokenize(c: TrainConfig, texts: List[str], tok_path: str):
+def _tokenize(c: TrainConfig, texts: list[str], tok_path: str):
     """All sequences' ids concatenated, their start offsets [n+1], vocab, tokenizer path.
     Packed runs (not ``lines``) end every sequence with a newline."""
     enc, vocab, path = _tokenizer(c, texts, tok_path)
@@ -497,7 +499,7 @@ BUCKET_STEPS = 64
 BUCKET_ROUND = 8
 
 
-def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: Optional[np.ndarray] = None):
+def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: np.ndarray | None = None):
     # offsets (lines): [n, 2] start and end of every sequence of >= 2 tokens
     """Inputs [B, T] and next-token targets [B, T] of step `step` (a function of
     seed and step only). Packed: B windows of T+1 tokens of the stream. With
@@ -546,7 +548,7 @@ def lr_at(c: TrainConfig, step: int) -> float:
 _STEP_DIR = re.compile(r"step-[0-9]{6}")
 
 
-def _ckpts(out: str) -> List[str]:
+def _ckpts(out: str) -> list[str]:
     """Every checkpoint directory of the run, oldest first (exact names
     step-NNNNNN: a staging or moved-aside directory is none)."""
     if not os.path.isdir(out):
@@ -607,7 +609,7 @@ def _open_checkpoint(d: str, c: TrainConfig, want_config: dict, n_threads: int):
     return model, step, mom, var, cfg
 
 
-def _damaged(out: str, ck: List[str], why: str) -> Error:
+def _damaged(out: str, ck: list[str], why: str) -> Error:
     d = ck[-1]
     prev = (
         (
@@ -620,7 +622,7 @@ def _damaged(out: str, ck: List[str], why: str) -> Error:
     return Error("train: the newest checkpoint %s is damaged (%s); %s" % (d, why, prev))
 
 
-def _check_options(c: TrainConfig, ck: List[str]) -> List[str]:
+def _check_options(c: TrainConfig, ck: list[str]) -> list[str]:
     """Refuse a resume whose options differ from the run's record (run.json, or
     for a run made before it, the newest checkpoint's train_state.json); the
     log lines saying what was compared and what changed."""
@@ -633,7 +635,7 @@ def _check_options(c: TrainConfig, ck: List[str]) -> List[str]:
         try:
             recorded = run_record.load_json(source, "train_state.json").get("config")
         except ValueError as e:
-            raise _damaged(c.out, ck, str(e))
+            raise _damaged(c.out, ck, str(e)) from e
         if not isinstance(recorded, dict) or not recorded:  # nothing to compare but its config.json
             return [
                 "resume: %s records no options: only its config.json was compared (a run made before run.json)" % source
@@ -654,19 +656,22 @@ def _check_options(c: TrainConfig, ck: List[str]) -> List[str]:
 
 
 class _Log:
-    def __init__(self, out: str):
-        self.f = open(os.path.join(out, "train.log"), "a", buffering=1)
-        new = not os.path.exists(os.path.join(out, "loss.csv"))
-        self.csv = open(os.path.join(out, "loss.csv"), "a", buffering=1)
-        if new:
-            self.csv.write("step,loss,lr,grad_norm,tokens_per_s\n")
+    def __init__(self, f, csv):
+        self.f, self.csv = f, csv
 
     def line(self, s: str) -> None:
         self.f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + s + "\n")
 
-    def close(self):
-        self.f.close()
-        self.csv.close()
+
+@contextlib.contextmanager
+def _open_log(out: str):
+    """The run's train.log and loss.csv, appended to (line-buffered), closed on leaving."""
+    with open(os.path.join(out, "train.log"), "a", buffering=1) as f:
+        new = not os.path.exists(os.path.join(out, "loss.csv"))
+        with open(os.path.join(out, "loss.csv"), "a", buffering=1) as csv:
+            if new:
+                csv.write("step,loss,lr,grad_norm,tokens_per_s\n")
+            yield _Log(f, csv)
 
 
 # ------------------------------------------------------------------ the loop
@@ -703,7 +708,7 @@ def train_step(c: TrainConfig, model, tape: Tape, x, y, grads, mom, var, hp, ste
     return loss, gn
 
 
-def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
+def train(c: TrainConfig, stop_after: int | None = None) -> str:
     """Train (or resume) the run in c.out; returns the final checkpoint directory.
     stop_after: end this sitting after that many steps (checkpointing there)."""
     c.check()
@@ -715,7 +720,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     run_record.remove_staging(c.out)  # what a sitting killed while writing left
     tok_file = os.path.join(c.out, "tokens.npy")
     tok_json = os.path.join(c.out, "tokenizer.json")
-    tok_path: Optional[str] = tok_json
+    tok_path: str | None = tok_json
     off_file = os.path.join(c.out, "offsets.npy")
     vocab_file = os.path.join(c.out, "vocab.json")
     if os.path.exists(vocab_file):  # written last of the three
@@ -743,7 +748,7 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
         try:
             model, start, mom, var, config = _open_checkpoint(ck[-1], c, config, c.n_threads)
         except ValueError as e:
-            raise _damaged(c.out, ck, str(e))
+            raise _damaged(c.out, ck, str(e)) from e
         start_dir = ck[-1]
         if not recorded:  # a legacy run, checked: record it now
             run_record.write_record(c.out, c, vocab)
@@ -763,42 +768,41 @@ def train(c: TrainConfig, stop_after: Optional[int] = None) -> str:
     hp = ffi.new("dcs_adamw *")
     hp.beta1, hp.beta2, hp.eps, hp.weight_decay = c.beta1, c.beta2, c.eps, c.weight_decay
     end = c.steps if stop_after is None else min(c.steps, start + stop_after)
-    log = _Log(c.out)
-    for n in notes:
-        log.line(n)
-    log.line(
-        "start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
-        % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len)
-    )
-    bar = _progress.bar(
-        total=c.steps, initial=start, desc="train", unit="step", progress=c.progress, dynamic_ncols=True
-    )
-    last, t_last, ntok, s_last = start_dir, time.perf_counter(), 0, start
-    loss = float("nan")
-    try:
-        for step in range(start + 1, end + 1):
-            x, y = batch(tokens, c, step, offsets)
-            loss, gn = train_step(c, model, tape, x, y, grads, mom, var, hp, step)
-            ntok += int((y >= 0).sum()) if c.lines else x.size
-            now = time.perf_counter()
-            tps = ntok / max(now - t_last, 1e-9)
+    with _open_log(c.out) as log:
+        for n in notes:
+            log.line(n)
+        log.line(
+            "start step %d of %d: %s %d layers d=%d heads=%d vocab=%d params=%d B=%d T=%d"
+            % (start, c.steps, c.model_type, c.n_layer, c.dim, c.n_head, vocab, P, c.batch_size, c.seq_len)
+        )
+        bar = _progress.bar(
+            total=c.steps, initial=start, desc="train", unit="step", progress=c.progress, dynamic_ncols=True
+        )
+        last, t_last, ntok, s_last = start_dir, time.perf_counter(), 0, start
+        loss = float("nan")
+        try:
+            for step in range(start + 1, end + 1):
+                x, y = batch(tokens, c, step, offsets)
+                loss, gn = train_step(c, model, tape, x, y, grads, mom, var, hp, step)
+                ntok += int((y >= 0).sum()) if c.lines else x.size
+                now = time.perf_counter()
+                tps = ntok / max(now - t_last, 1e-9)
+                if bar is not None:
+                    bar.set_postfix(loss="%.4f" % loss, tok_s="%.0f" % tps, refresh=False)
+                    bar.update(1)
+                log.csv.write("%d,%.6f,%.6g,%.4f,%.1f\n" % (step, loss, hp.lr, gn, tps))
+                if step % c.log_every == 0 or step == end:
+                    eta = (c.steps - step) * (now - t_last) / max(1, step - s_last)
+                    log.line(
+                        "step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
+                        % (step, c.steps, loss, hp.lr, gn, tps, eta)
+                    )
+                    t_last, ntok, s_last = now, 0, step
+                if step % c.ckpt_every == 0 or step == end:
+                    last = _save(c.out, model, mom, var, step, c, config, tok_path, loss)
+        finally:
             if bar is not None:
-                bar.set_postfix(loss="%.4f" % loss, tok_s="%.0f" % tps, refresh=False)
-                bar.update(1)
-            log.csv.write("%d,%.6f,%.6g,%.4f,%.1f\n" % (step, loss, hp.lr, gn, tps))
-            if step % c.log_every == 0 or step == end:
-                eta = (c.steps - step) * (now - t_last) / max(1, step - s_last)
-                log.line(
-                    "step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f eta %.0fs"
-                    % (step, c.steps, loss, hp.lr, gn, tps, eta)
-                )
-                t_last, ntok, s_last = now, 0, step
-            if step % c.ckpt_every == 0 or step == end:
-                last = _save(c.out, model, mom, var, step, c, config, tok_path, loss)
-    finally:
-        if bar is not None:
-            bar.close()
-        log.close()
+                bar.close()
     if end == c.steps:
         final = os.path.join(c.out, "final")
         tmp = run_record.staging(c.out, "final")
@@ -851,6 +855,7 @@ HELP = {
 def build_parser():
     """The argument parser of `dclens train` (every option with help and default)."""
     import argparse
+
     from ._help import HelpFormatter
 
     p = argparse.ArgumentParser(

@@ -25,7 +25,7 @@ z[n] @ W_O[l, n] is head n's head_out. Each property reads every layer
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class WeightsMixin:
 
         def weight(self, name: str) -> np.ndarray: ...
 
-    def weight_names(self) -> List[str]:
+    def weight_names(self) -> list[str]:
         """The canonical names of every weight the model holds."""
         from ._engine import ffi, lib
 

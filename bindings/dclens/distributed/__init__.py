@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -73,10 +74,10 @@ def map(
     *,
     ray: RaySpec = None,
     device: str = "cpu",
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
     desc: str = "dclens.distributed.map",
     unit: str = "item",
-) -> List:
+) -> list:
     """[fn(model, item) for item in items], run on workers that each hold the model.
 
     model: a loaded Model (travels as its reference), a path or bundled name
@@ -105,13 +106,13 @@ def map(
     return run(ref, fn, items, placement, progress, desc, unit, ray.kept if isinstance(ray, Cluster) else None)
 
 
-def _with_hooks(hooks: List, fn: Callable, model: Model, item):
+def _with_hooks(hooks: list, fn: Callable, model: Model, item):
     """fn(model, item) with the caller's hooks in force (map's hooks on workers)."""
     with model.hooks(hooks):
         return fn(model, item)
 
 
-def _run_here(model: ModelSpec, ref: ModelRef, fn: Callable, items: List, progress, desc: str, unit: str) -> List:
+def _run_here(model: ModelSpec, ref: ModelRef, fn: Callable, items: list, progress, desc: str, unit: str) -> list:
     m = model if isinstance(model, Model) else from_reference(ref)
     out = []
     bar = progress_bar(len(items), progress, desc, unit)
@@ -129,7 +130,7 @@ def _run_here(model: ModelSpec, ref: ModelRef, fn: Callable, items: List, progre
     return out
 
 
-def synth(models: Union[ModelSpec, Sequence[ModelSpec]], data, *, ray: RaySpec, **kw):
+def synth(models: ModelSpec | Sequence[ModelSpec], data, *, ray: RaySpec, **kw):
     """The 74-task synthetic benchmark of each model, its batches spread over
     the workers: a list of synth_tasks EvalResult, equal (answers, summary)
     to single-process runs. Comes from synth_tasks (entry point group

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Dict, List, Optional, Union
+from typing import Any
 
 from .._checks import Error, check_index
 
@@ -55,11 +55,11 @@ class Cluster:
     them. A string ray= argument starts workers for one call."""
 
     address: str = "local"
-    workers: Optional[int] = None
-    n_threads: Optional[int] = None
-    init: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    workers: int | None = None
+    n_threads: int | None = None
+    init: dict[str, Any] = dataclasses.field(default_factory=dict)
     retries: int = 3
-    kept: Dict[str, List[Any]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    kept: dict[str, list[Any]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def release(self) -> None:
         """Stop the workers this Cluster keeps (their models' memory is freed)."""
@@ -70,7 +70,7 @@ class Cluster:
                     ray.kill(w)
             self.kept.clear()
 
-    def local_workers(self) -> Optional[int]:
+    def local_workers(self) -> int | None:
         """N of "local:N", this machine's cores for "local", None for a remote address."""
         if self.address == "local":
             return os.cpu_count() or 1
@@ -84,7 +84,7 @@ class Cluster:
         return self.address == "local" or self.address.startswith("local:")
 
 
-def as_cluster(ray: Union[str, Cluster]) -> Cluster:
+def as_cluster(ray: str | Cluster) -> Cluster:
     """The Cluster a ray= argument names (Error for anything else)."""
     if isinstance(ray, Cluster):
         c = ray
@@ -115,7 +115,7 @@ class Placement:
     retries: int
 
 
-def connect(ray_arg: Union[str, Cluster], device: str = "cpu", n_threads: Optional[int] = None) -> Placement:
+def connect(ray_arg: str | Cluster, device: str = "cpu", n_threads: int | None = None) -> Placement:
     """Start or join Ray as the argument says; the workers to run, checked
     against the cluster's resources (an Error, not a wait forever, when they
     cannot all be placed). n_threads: the model's own thread count, used when
@@ -126,7 +126,7 @@ def connect(ray_arg: Union[str, Cluster], device: str = "cpu", n_threads: Option
     n_local = c.local_workers()
     n_threads = c.n_threads or n_threads or (max(1, cores // n_local) if n_local else 1)
     if not ray.is_initialized():
-        opts: Dict[str, Any] = dict(include_dashboard=False, configure_logging=False)
+        opts: dict[str, Any] = dict(include_dashboard=False, configure_logging=False)
         if c.is_local:
             assert n_local is not None  # a local cluster counts its workers
             opts["num_cpus"] = n_local * n_threads if device == "cpu" else max(n_local, cores)

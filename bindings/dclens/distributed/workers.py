@@ -23,7 +23,8 @@ from __future__ import annotations
 import hashlib
 import os
 import traceback
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 from .._checks import Error
 from ..reference import ModelRef
@@ -39,8 +40,8 @@ class ModelWorker:
         from ..model import from_reference
 
         self.model = from_reference(ref)
-        self.fn_id: Optional[str] = None
-        self.fn: Optional[Callable] = None
+        self.fn_id: str | None = None
+        self.fn: Callable | None = None
 
     def ready(self) -> int:
         return os.getpid()
@@ -73,7 +74,7 @@ def item_error(index: int, n: int, item, what: str) -> Error:
     return Error("item %d of %d (%s) failed: %s" % (index, n, describe(item), what.rstrip()))
 
 
-def progress_bar(total: int, progress: Optional[bool], desc: str, unit: str):
+def progress_bar(total: int, progress: bool | None, desc: str, unit: str):
     """The package's progress bar (dclens.progress: tqdm.auto where someone
     watches, a few plain lines in a log, nothing with progress=False)."""
     from .. import progress as _progress
@@ -86,7 +87,7 @@ def _ray_message(e: BaseException, limit: int = 2000) -> str:
     return s if len(s) <= limit else "..." + s[-limit:]
 
 
-def _stop(workers: List) -> None:
+def _stop(workers: list) -> None:
     ray = import_ray()
     for w in workers:
         ray.kill(w)
@@ -103,11 +104,11 @@ def run(
     fn: Callable,
     items: Sequence,
     placement: Placement,
-    progress: Optional[bool],
+    progress: bool | None,
     desc: str,
     unit: str = "item",
-    kept: Optional[Dict[str, List]] = None,
-) -> List:
+    kept: dict[str, list] | None = None,
+) -> list:
     """fn(model, item) for every item on placement.workers actors; the
     results in the order of items. kept: a Cluster's workers by key (those
     of this model are reused, the others stopped); None: the workers are
@@ -121,7 +122,7 @@ def run(
         return []
     key, count = _key(ref, placement), min(placement.workers, n)
     if kept is None:
-        started: List = []
+        started: list = []
     else:
         for other in [k for k in kept if k != key]:
             _stop(kept.pop(other))
@@ -141,7 +142,7 @@ def run(
         _stop(started)
         raise Error("a worker could not start (load the model %s): %s" % (ref.source, _ray_message(e))) from None
     fn_box = [ray.put(fn)]
-    out: List = [None] * n
+    out: list = [None] * n
     bar = progress_bar(n, progress, "%s (%d workers)" % (desc, len(workers)), unit)
     try:
         pool = ActorPool(workers)

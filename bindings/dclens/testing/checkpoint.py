@@ -293,7 +293,7 @@ def torch_zip_bytes(records, archive_name, *, zip64=True):
     central = bytearray()
     flags = 0x0808
     for name, data in records:
-        full = f"{archive_name}/{name}".encode("utf-8")
+        full = f"{archive_name}/{name}".encode()
         data = bytes(data)
         cursor = len(buf)
         if len(data) >= 0xFFFFFFFF or cursor >= 0xFFFFFFFF:

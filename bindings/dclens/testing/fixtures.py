@@ -31,18 +31,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-
-from typing import Any, Dict
+from collections import OrderedDict
+from typing import Any
 
 import numpy as np
-
-from collections import OrderedDict
 
 from .checkpoint import TorchTensor, safetensors_bytes, torch_checkpoint_bytes, write_index
 from .layouts import dcpythia_tensors, gpt_neox_tensors
 from .make_tiny import dcpythia_config, gpt_neox_config
 
-DIMS: Dict[str, Any] = dict(n_layer=2, dim=16, n_head=4, vocab=50, intermediate=32)
+DIMS: dict[str, Any] = dict(n_layer=2, dim=16, n_head=4, vocab=50, intermediate=32)
 WINDOW, RANK, ROTARY_PCT = 4, 2, 0.5
 
 _M64 = (1 << 64) - 1

@@ -19,9 +19,8 @@ made from it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Optional, Tuple
 
-Shape = Tuple[int, ...]
+Shape = tuple[int, ...]
 
 
 def _attention_projections(out, p: str, D: int, fused_qkv: bool, bias: bool) -> None:
@@ -54,17 +53,17 @@ def dcpythia_tensors(
     dyn: bool = True,
     compose_groups: int = 1,
     use_sw: bool = False,
-    moh: Optional[dict] = None,
+    moh: dict | None = None,
     tie_word_embeddings: bool = False,
     extra_derived: bool = False,
-) -> Dict[str, Shape]:
+) -> dict[str, Shape]:
     """DCPythia tensors. dyn: write dyn_w_proj (the published module always
     has it, also with use_dcmha off); extra_derived: also the merged
     dw_m/qkw_m/sw and the identity pre/post_proj.w buffers loaders ignore."""
     D, N, F, V, R = dim, n_head, intermediate, vocab, rank
     Dh, K, G = D // N, 4 * N, int(compose_groups)
     Mg = N // G
-    out: Dict[str, Shape] = OrderedDict()
+    out: dict[str, Shape] = OrderedDict()
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l
@@ -117,14 +116,14 @@ def gpt_neox_tensors(
     rotary_pct: float = 0.25,
     tie_word_embeddings: bool = False,
     extra_derived: bool = False,
-) -> Dict[str, Shape]:
+) -> dict[str, Shape]:
     """Pythia tensors; query_key_value rows grouped per head (head n owns rows
     [n*3*Dh, (n+1)*3*Dh): its q, k, v). extra_derived: also the buffers older
     Hugging Face versions saved (attention.masked_bias [], rotary_emb.inv_freq
     [r/2], both F32), which loaders ignore."""
     D, F, V = dim, intermediate, vocab
     r = int((D // n_head) * rotary_pct)
-    out: Dict[str, Shape] = OrderedDict()
+    out: dict[str, Shape] = OrderedDict()
     out["gpt_neox.embed_in.weight"] = (V, D)
     for l in range(n_layer):
         p = "gpt_neox.layers.%d." % l
@@ -161,7 +160,7 @@ def dcformer_tensors(
     use_qk_norm: bool = True,
     mgate_dim: int = 0,
     extra_derived: bool = False,
-) -> Dict[str, Shape]:
+) -> dict[str, Shape]:
     """DCFormer++ tensors (docs/dcformer-spec.md), in the official module's
     state_dict() order: no biases, RMSNorm weights only, SwiGLU w1/w3/w2 and
     the group gate mg [E, D] (mgate_dim E > 0), an untied output. extra_derived:
@@ -169,7 +168,7 @@ def dcformer_tensors(
     buffers the official module saves (no sw: a plain attribute there)."""
     D, N, F, V, R = dim, n_head, intermediate, vocab, rank
     Dh, K = D // N, 4 * N
-    out: "OrderedDict[str, Tuple[int, ...]]" = OrderedDict()
+    out: OrderedDict[str, tuple[int, ...]] = OrderedDict()
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l

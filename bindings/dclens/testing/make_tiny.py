@@ -38,18 +38,19 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .layouts import dcformer_tensors, dcpythia_tensors, gpt_neox_tensors
-from .checkpoint import (
+from .checkpoint import (  # noqa: F401  (re-exported for tests/engine/test_reference_selfcheck.py)
+    _TORCH_STORAGE,
     DTYPES,
     ST_DTYPE,
     TorchTensor,
+    _module_metadata,
     pickle_state_dict,
     round_to_dtype,
     write_index,
     write_safetensors,
     write_torch_zip,
 )
-from .checkpoint import _module_metadata, _TORCH_STORAGE  # noqa: F401  (re-exported for tests/test_reference_selfcheck.py)
+from .layouts import dcformer_tensors, dcpythia_tensors, gpt_neox_tensors
 
 __all__ = [
     "make_tiny",
@@ -824,9 +825,9 @@ def _strided_view(a, name, kind):
         return np.ascontiguousarray(a.T), (1, a.shape[0])
     if kind == "expand" and a.ndim == 1 and name.endswith(("norm.bias", "layernorm.bias")):
         return a[:1].copy(), (0,)
-    if kind == "expand" and name.endswith("dyn_w_proj.sw") and a.ndim == 3:
-        if np.array_equal(a[0], a[1]):  # the identity buffer torch.eye(N).expand(2, N, N)
-            return a[0].copy(), (0, a.shape[2], 1)
+    # the identity buffer torch.eye(N).expand(2, N, N)
+    if kind == "expand" and name.endswith("dyn_w_proj.sw") and a.ndim == 3 and np.array_equal(a[0], a[1]):
+        return a[0].copy(), (0, a.shape[2], 1)
     return None
 
 

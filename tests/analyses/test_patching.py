@@ -1,0 +1,158 @@
+"""dclens.patching: identities and agreement with unbatched single patches."""
+
+import numpy as np
+import pytest
+
+import dclens
+from dclens import interventions as iv
+from dclens import patching
+
+from conftest import rel_err
+from tolerances import forward_tol, tiny
+
+# a patched pass vs a plain one: two float32 passes (hooks move layers to the
+# full path); a logit difference carries twice the logits' error
+TWO_PASSES = forward_tol(tiny(), 16, 16 * 64, sides=2)
+
+DCP = dict(model_type="dcpythia", n_layer=2, window_size=3, seed=71)
+DCP_QW = dict(model_type="dcpythia", n_layer=2, window_size=3, query_wise=True, seed=72)
+NEOX = dict(model_type="gpt_neox", n_layer=2, seed=73)
+OVERS = ["layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch", "composition"]
+
+
+def _pair(model, T=8):
+    rng = np.random.default_rng(1)
+    return rng.integers(0, model.config.vocab, T), rng.integers(0, model.config.vocab, T)
+
+
+@pytest.mark.parametrize("kw", [DCP, DCP_QW], ids=["dcpythia", "query_wise"])
+@pytest.mark.parametrize("over", OVERS)
+def test_patching_clean_into_clean_changes_nothing(tiny_factory, kw, over):
+    d, _, _ = tiny_factory(**kw)
+    model = dclens.load(d)
+    clean, _ = _pair(model)
+    metric = patching.logit_diff(3, 4)
+    with pytest.warns(dclens.PatchingWarning, match="nearly equal"):
+        r = patching.sweep(model, clean, clean, metric, over=over, progress=False)
+    assert r.clean == r.corrupted and "nearly equal" in r.baseline_note
+    v = r.values[np.isfinite(r.values)]
+    scale = np.abs(model(clean)).max()
+    assert v.size and np.abs(v - r.clean).max() <= 2 * TWO_PASSES * scale
+    # one cell per pass: bit-identical to the unpatched run
+    with pytest.warns(dclens.PatchingWarning):
+        r1 = patching.sweep(model, clean, clean, metric, over=over, batch_size=1, layers=[1], progress=False)
+    v1 = r1.values[np.isfinite(r1.values)]
+    assert np.all(v1 == r1.clean)
+    if over == "layer,phase,branch" and model.config.query_wise:
+        assert np.isnan(r.values[:, :, 2]).all() and np.isnan(r.values[:, :, 4]).all()  # kp, kg absent
+
+
+@pytest.mark.filterwarnings("ignore::dclens.PatchingWarning")  # random prompts: only the cells matter here
+@pytest.mark.parametrize("over", ["layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch", "composition"])
+def test_sweep_cells_equal_single_patches(tiny_factory, over):
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    clean, corr = _pair(model)
+    metric = patching.prob(5, pos=-2)
+    r = patching.sweep(model, clean, corr, metric, over=over, batch_size=7, progress=False)
+    _, cache = model.run_with_cache(clean)
+    if over == "layer,head":
+        one = model.run_with_hooks(corr, fwd_hooks=[iv.patch(model, "blocks.1.attn.z", cache, head=2)])
+        cell = r.values[1, 2]
+    elif over == "layer,pos":
+        one = model.run_with_hooks(corr, fwd_hooks=[iv.patch(model, "blocks.1.resid_pre", cache, positions=[5])])
+        cell = r.values[1, 5]
+    elif over == "layer,head,pos":
+        one = model.run_with_hooks(corr, fwd_hooks=[iv.patch(model, "blocks.0.attn.z", cache, head=3, positions=[6])])
+        cell = r.values[0, 3, 6]
+    elif over == "layer,phase,branch":
+        one = model.run_with_hooks(corr, fwd_hooks=[iv.patch(model, "blocks.0.attn.pre.kp", cache)])
+        cell = r.values[0, 0, 2]
+    else:
+        # entry C[n=1, m=3] of layer 1's post map at clean values: the same as patching the
+        # whole composed map when only that entry differs -- check against a direct computation
+        from dclens import routing
+
+        _, xc = model.run_with_cache(corr)
+        delta = routing.composition_maps(model, cache, 1, "post") - routing.composition_maps(model, xc, 1, "post")
+        add = (delta[:, :, 1, 3] * xc["blocks.1.attn.pattern"][1]).astype(np.float32)
+
+        def fn(a, n):
+            a[3] += add
+            return a
+
+        one = model.run_with_hooks(corr, fwd_hooks=[("blocks.1.attn.pattern_composed", fn)])
+        cell = r.values[1, 1, 3]
+    assert abs(cell - metric(one)) <= 2 * TWO_PASSES * np.abs(one).max()  # batched sweep vs one pass
+    assert r.corrupted == pytest.approx(metric(model(corr)))
+    assert r.clean == pytest.approx(metric(model(clean)))
+
+
+def test_patching_everything_reproduces_the_clean_run(tiny_factory):
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    clean, corr = _pair(model)
+    _, cache = model.run_with_cache(clean)
+    want = model(clean)
+    got = patching.run_patched(model, corr, cache, ["blocks.0.resid_pre"])
+    np.testing.assert_array_equal(got, want)
+    # every head's z, every MLP out and the embedding: the residual is rebuilt from clean parts
+    names = ["embed"] + ["blocks.%d.attn.z" % l for l in range(2)] + ["blocks.%d.mlp.out" % l for l in range(2)]
+    assert rel_err(patching.run_patched(model, corr, cache, names), want) <= TWO_PASSES
+    # a layer,pos sweep at layer 0 patched at every position at once = the clean run
+    r = patching.sweep(model, clean, corr, patching.logit_diff(2, 1), over="layer,pos", layers=[0], progress=False)
+    assert r.values.shape == (1, 8)
+    assert r.normalized().shape == (1, 8)
+
+
+def test_patching_errors_and_plot(tiny_factory):
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    clean, corr = _pair(model)
+    m = patching.logit_diff(2, 1)
+    for kw, match in [
+        (dict(over="heads"), "over must be"),
+        (dict(hook="resid_pre"), "has no head axis"),
+        (dict(layers=[5]), "layer 5 is out of range"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(over="layer,pos", positions=[99]), "position 99"),
+    ]:
+        with pytest.raises(dclens.Error, match=match):
+            patching.sweep(model, clean, corr, m, progress=False, **kw)
+    with pytest.raises(dclens.Error, match="same number of tokens"):
+        patching.sweep(model, clean, corr[:5], m, progress=False)
+    d2, _, _ = tiny_factory(**NEOX)
+    with pytest.raises(dclens.Error, match="no composition maps"):
+        patching.sweep(dclens.load(d2), clean, corr, m, over="composition", progress=False)
+    r = patching.sweep(model, clean, corr, m, over="layer,head,pos", progress=True)  # a tqdm bar on stderr
+    assert r.plot()._repr_png_()[:4] == b"\x89PNG"
+    assert patching.sweep(model, clean, corr, m, progress=False).plot(normalize=True)._repr_png_()[:4] == b"\x89PNG"
+
+
+def test_baselines_are_checked(tiny_factory):
+    """Equal or swapped prompts warn (PatchingWarning) and strict=True raises before any cell;
+    the issue's two cases are named for what they do to normalized()."""
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    clean, corr = _pair(model)
+    m = patching.logit_diff(2, 1)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = patching.sweep(model, clean, corr, m, over="layer,head", progress=False)  # clean clearly above
+    assert r.clean > r.corrupted and r.baseline_note == ""
+    for over in OVERS:
+        with pytest.warns(dclens.PatchingWarning, match="higher on the corrupted prompt") as w:
+            r = patching.sweep(model, corr, clean, m, over=over, layers=[1], progress=False)
+        assert w[0].filename == __file__  # points at the caller's line
+        assert "%.4g" % r.clean in r.baseline_note and "%.4g" % r.corrupted in r.baseline_note
+        with pytest.warns(dclens.PatchingWarning, match="nearly equal"):
+            patching.sweep(model, clean, clean, m, over=over, layers=[1], progress=False)
+        with pytest.raises(dclens.Error, match="flips every sign"):
+            patching.sweep(model, corr, clean, m, over=over, progress=False, strict=True)
+    assert "nearly equal" in patching.baseline_problem(-1.441, -1.448)
+    assert "flips every sign" in patching.baseline_problem(1.885, 3.036)
+    assert "not finite" in patching.baseline_problem(float("nan"), 1.0)
+    assert patching.baseline_problem(4.18, -2.17) == "" and patching.baseline_problem(0.5, 0.0) == ""
+    assert "nearly equal" in patching.baseline_problem(0.0, 0.0)
