@@ -140,38 +140,14 @@ def build(model) -> Graph:
                 for n in range(N):
                     for b in SELF_BRANCHES:
                         if _has_branch(model, l, ph, b):
-                            add(
-                                Edge(
-                                    "L%d.H%d->L%d.H%d.%s.%s" % (l, n, l, n, ph, b),
-                                    "comp",
-                                    "L%d.H%d" % (l, n),
-                                    "L%d.H%d.%s.%s" % (l, n, ph, b),
-                                    l,
-                                    n,
-                                    n,
-                                    ph,
-                                    b,
-                                )
-                            )
+                            add(_comp_edge(l, n, n, ph, b))
                     for b in BRANCH_COEF:
                         if not _has_branch(model, l, ph, b):
                             continue
                         for m in range(N):
                             if m * G // N != n * G // N:
                                 continue  # across compose groups: zero weight
-                            add(
-                                Edge(
-                                    "L%d.H%d->L%d.H%d.%s.%s" % (l, m, l, n, ph, b),
-                                    "comp",
-                                    "L%d.H%d" % (l, m),
-                                    "L%d.H%d.%s.%s" % (l, n, ph, b),
-                                    l,
-                                    n,
-                                    m,
-                                    ph,
-                                    b,
-                                )
-                            )
+                            add(_comp_edge(l, m, n, ph, b))
         heads_tx = ["L%d.H%d" % (l, h) for h in range(N)]
         mlp_rx = "L%d.mlp" % l
         receivers.append(mlp_rx)
@@ -183,6 +159,12 @@ def build(model) -> Graph:
     for s in senders:
         add(Edge("%s->logits" % s, "resid", s, "logits", -1, -1))
     return Graph(senders, receivers, edges, detail, L, N)
+
+
+def _comp_edge(l: int, m: int, n: int, phase: str, branch: str) -> Edge:
+    """Source head m's phase input lent to target head n through a branch of layer l."""
+    rx = "L%d.H%d.%s.%s" % (l, n, phase, branch)
+    return Edge("L%d.H%d->%s" % (l, m, rx), "comp", "L%d.H%d" % (l, m), rx, l, n, m, phase, branch)
 
 
 def _has_branch(model, l: int, phase: str, branch: str) -> bool:
@@ -342,17 +324,9 @@ def patch_each(
     _per_pair(metric, len(ctoks), callable, "a function of the [T, V] logits")
     corr = _corrupted_values(model, es, xtoks)
     out = np.empty(len(es))
-    bar = _progress.bar(total=len(es), desc="graph.patch_each", progress=progress)
-    try:
-        for i, e in enumerate(es):
-            out[i] = float(
-                np.mean(_metric_values(metric, model.run_with_hooks(ctoks, _patch_hooks(model, g, [e], xtoks, corr))))
-            )
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    for i, e in enumerate(_progress.bar(es, desc="graph.patch_each", progress=progress)):
+        logits = model.run_with_hooks(ctoks, _patch_hooks(model, g, [e], xtoks, corr))
+        out[i] = float(np.mean(_metric_values(metric, logits)))
     return out
 
 
@@ -780,15 +754,8 @@ def path_patch_sweep(
     if senders is None:
         senders = [s for s in g.senders if all("%s->%s" % (s, r) in g.detail for r in receivers)]
     out: dict[str, float] = {}
-    bar = _progress.bar(total=len(senders), desc="graph.path_patch_sweep", progress=progress)
-    try:
-        for s in senders:
-            out[s] = path_patch(model, clean, corrupted, metric, s, receivers, graph=g)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    for s in _progress.bar(list(senders), desc="graph.path_patch_sweep", progress=progress):
+        out[s] = path_patch(model, clean, corrupted, metric, s, receivers, graph=g)
     return out
 
 
