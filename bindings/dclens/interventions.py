@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_index, check_layers, check_str, is_choice
+from ._checks import ArgumentError, check_index, check_layers, check_str, is_choice
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
@@ -101,8 +101,11 @@ def ablate_head(
     broadcast over positions: shape [Dh] or [T, Dh] for attn.z."""
     _check_head(model, layer, head)
     check_str("ablate_head: point", point)
-    name = _canon(hook_name(layer, point))
-    _head_axis(model, name)
+    try:
+        name = _canon(hook_name(layer, point))
+        _head_axis(model, name)
+    except Error as e:
+        raise ArgumentError("ablate_head: point %r: %s" % (point, e)) from None
     if not is_choice(kind, ("zero", "mean")):
         raise Error("ablate_head: kind must be 'zero' or 'mean', not %r" % (kind,))
     if kind == "mean" and mean is None:
@@ -135,9 +138,14 @@ def ablate_head(
 
 def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") -> np.ndarray:
     """Mean of a head's activation over positions (and batch): e.g. [Dh] for attn.z."""
-    name = hook_name(layer, point)
+    check_index("mean_activation: layer", layer, 0, 1 << 20)
+    check_str("mean_activation: point", point)
+    try:
+        name = hook_name(layer, point)
+    except Error as e:
+        raise ArgumentError("mean_activation: point %r: %s" % (point, e)) from None
     if name not in cache:
-        raise Error("cache has no %s" % name)
+        raise Error("mean_activation: the cache has no %s (layer %d, point %r)" % (name, layer, point))
     a = cache[name]
     idx = _head_index(name, 0, a.ndim)
     n_head = a.shape[[i for i, x in enumerate(idx) if x == 0][0]]

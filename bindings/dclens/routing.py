@@ -264,7 +264,8 @@ def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=N
     """Composition maps C[t, s] from a cache, no pass: [T, S, N, N] for every
     pair, [S, N, N] for one query, [T, N, N] for one key, [N, N] for both.
     Masked pairs are included (they are defined); a single masked pair warns."""
-    N = model.config.n_head
+    N, L = model.config.n_head, model.config.n_layer
+    layer = check_index("composition_maps: layer", layer, -L, L, " (model has %d layers)" % L) % L
     T = _cache_T(model, cache, layer)
     qi = None if query is None else _pos(query, T, "query")
     ki = None if key is None else _pos(key, T, "key")
