@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-${PYTHON:-python3}}
 CC=${CC:-gcc}
 OUT=build/asan-py
-TESTS=${ASAN_PY_TESTS:-tests/engine/test_parity.py tests/engine/test_hooks.py tests/api/test_errors.py tests/analyses/test_circuits.py tests/analyses/test_heatmap.py tests/synth/test_synth_eval.py tests/api/test_bundled.py tests/engine/test_decode.py tests/analyses/test_patching.py tests/engine/test_variants.py tests/analyses/test_analysis.py tests/engine/test_grad.py tests/analyses/test_attribution.py tests/engine/test_train.py tests/engine/test_robustness.py tests/engine/test_fast_path.py tests/engine/test_dcformer.py tests/engine/test_tape_cache.py tests/engine/test_compose_blocks.py tests/engine/test_partition.py tests/engine/test_train_threads.py tests/engine/test_train_bucket.py tests/engine/test_split_input.py tests/analyses/test_graph.py tests/engine/test_plan.py}
+TESTS=${ASAN_PY_TESTS:-tests/engine/test_parity.py tests/engine/test_hooks.py tests/api/test_errors.py tests/analyses/test_circuits.py tests/analyses/test_heatmap.py tests/synth/test_synth_eval.py tests/api/test_bundled.py tests/engine/test_decode.py tests/analyses/test_patching.py tests/engine/test_variants.py tests/analyses/test_analysis.py tests/engine/test_grad.py tests/analyses/test_attribution.py tests/engine/test_train.py tests/engine/test_robustness.py tests/engine/test_fast_path.py tests/engine/test_dcformer.py tests/engine/test_tape_cache.py tests/engine/test_compose_blocks.py tests/engine/test_partition.py tests/engine/test_train_threads.py tests/engine/test_train_bucket.py tests/engine/test_split_input.py tests/analyses/test_graph.py tests/engine/test_plan.py tests/engine/test_tape_read.py}
 
 libasan=$("$CC" -print-file-name=libasan.so)
 if [ ! -e "$libasan" ]; then

@@ -4,6 +4,8 @@ model and prompt pairs of one synthetic task family.
 
     python scripts/bench_graph.py [--model dcpythia-small] [--task task56] [--pairs 32]
                                   [--window 48] [--steps 16] [--random 300] [--top 200] [--out FILE.json]
+                                  [--exact-cache FILE.npz]
+    python scripts/bench_graph.py --big DIR [--T 128] [--steps 16]   # the 6.9B-shaped fp16 checkpoint
 
 Pairs: the published file's answers of the task (synth_tasks.probe: each
 answer's prompt and its equal-length corruption), the last --window tokens
@@ -15,7 +17,16 @@ JSON: the edge count; the time of one forward + backward over the pairs
 correlation of EAP and EAP-IG scores with the exact single-edge effect
 (graph.patch_each) over the --top edges of largest exact effect plus
 --random random others; the faithfulness of the EAP-IG circuit of the top
-5% of edges. Exact effects of every edge take one pass per edge.
+5% of edges. Exact effects of every edge take one pass per edge (~15 min
+on dcpythia-small): --exact-cache keeps them in a file and reuses them when
+the edges and pairs are the same (a rerun after a change to attribution).
+
+--big DIR: a DCPythia-6.9B-shaped fp16 checkpoint (32 layers, D 4096, 32
+heads; written to DIR by scripts/bench.py's writer when absent, 13 GB), one
+pair of T random tokens differing in one position, metric logit(a) -
+logit(b) at the last position: the time of one forward + backward, of EAP
+and of EAP-IG with --steps, the number of edges, the backward chunks and
+the peak resident memory (stored weights mapped included).
 """
 
 from __future__ import annotations
@@ -75,7 +86,12 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=200)
     ap.add_argument("--random", type=int, default=300)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--exact-cache", default=None, help="keep / reuse the exact effects in this .npz")
+    ap.add_argument("--big", default=None, metavar="DIR", help="the 6.9B-shaped fp16 run (module docstring)")
+    ap.add_argument("--T", type=int, default=128, help="--big: tokens of the pair")
     a = ap.parse_args(argv)
+    if a.big:
+        return big(a)
     m = dclens.load(a.model)
     c, x, good, bad = pairs(m, a.task, a.pairs, a.window)
     B, T = c.shape
@@ -114,9 +130,19 @@ def main(argv=None) -> int:
     )
     clean_m = graph.patch(m, c, x, metrics, [], graph=g)
     corr_m = graph.patch(m, c, x, metrics, g.edges, graph=g)
-    t = time.perf_counter()
-    exact = graph.patch_each(m, c, x, metrics, g.edges, graph=g) - clean_m
-    res["exact_all_s"] = time.perf_counter() - t
+    exact = None
+    key = np.frombuffer(("\n".join(g.edges)).encode(), np.uint8)
+    if a.exact_cache and os.path.exists(a.exact_cache):
+        z = np.load(a.exact_cache)
+        if np.array_equal(z["key"], key) and np.array_equal(z["clean"], c) and np.array_equal(z["corrupted"], x):
+            exact, res["exact_all_s"] = z["exact"], float(z["seconds"])
+            print("  exact effects read from %s" % a.exact_cache)
+    if exact is None:
+        t = time.perf_counter()
+        exact = graph.patch_each(m, c, x, metrics, g.edges, graph=g) - clean_m
+        res["exact_all_s"] = time.perf_counter() - t
+        if a.exact_cache:
+            np.savez(a.exact_cache, exact=exact, key=key, clean=c, corrupted=x, seconds=res["exact_all_s"])
     rng = np.random.default_rng(0)
     top = np.argsort(-np.abs(exact), kind="stable")[: a.top]
     rest = np.setdiff1d(np.arange(len(g.edges)), top)
@@ -125,6 +151,11 @@ def main(argv=None) -> int:
     res["spearman_eap_ig"] = spearman(ig.scores[pick], exact[pick])
     res["spearman_eap_top"] = spearman(eap.scores[top], exact[top])
     res["spearman_eap_ig_top"] = spearman(ig.scores[top], exact[top])
+    kinds = np.array([g.detail[e].kind for e in g.edges])
+    for kind in ("resid", "comp"):  # within each kind of edge, over the same sample
+        k_ = pick[kinds[pick] == kind]
+        res["spearman_eap_%s" % kind] = spearman(eap.scores[k_], exact[k_])
+        res["spearman_eap_ig_%s" % kind] = spearman(ig.scores[k_], exact[k_])
     k = max(1, int(round(0.05 * len(g.edges))))
     circ = ig.circuit(top_n=k)
     res["clean_metric"], res["corrupted_metric"] = clean_m, corr_m
@@ -146,8 +177,71 @@ def main(argv=None) -> int:
         )
     )
     print(
+        "  by kind: residual EAP %.3f, EAP-IG %.3f; composition EAP %.3f, EAP-IG %.3f"
+        % (
+            res["spearman_eap_resid"],
+            res["spearman_eap_ig_resid"],
+            res["spearman_eap_comp"],
+            res["spearman_eap_ig_comp"],
+        )
+    )
+    print(
         "  faithfulness of the EAP-IG top 5%% (%d edges, %d composition): %.3f"
         % (k, res["composition_edges_in_circuit"], res["faithfulness_top5pct"])
+    )
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def big(a) -> int:
+    """The 6.9B-shaped run (module docstring)."""
+    import resource
+
+    import dclens
+    from dclens import graph, memplan
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench import write_69b_fp16
+
+    if not os.path.exists(os.path.join(a.big, "model.safetensors")):
+        print("bench_graph: writing the 6.9B-shaped fp16 checkpoint to %s" % a.big, flush=True)
+        write_69b_fp16(a.big)
+    m = dclens.load(a.big)
+    rng = np.random.default_rng(0)
+    c = rng.integers(0, m.config.vocab, size=(1, a.T))
+    x = c.copy()
+    x[0, a.T // 2] = (x[0, a.T // 2] + 1) % m.config.vocab
+    tgt = ("logit_diff", -1, 11, 12)
+    g = graph.build(m)
+    res = {"T": a.T, "edges": len(g.edges), "steps": a.steps, "layers": m.config.n_layer}
+    res["comp_edges"] = sum(1 for e in g.edges if g.detail[e].kind == "comp")
+    print(
+        "bench_graph --big: %d layers, T %d, %d edges (%d composition)"
+        % (m.config.n_layer, a.T, res["edges"], res["comp_edges"]),
+        flush=True,
+    )
+    t = time.perf_counter()
+    m.gradients(c, tgt, wrt=["blocks.0.resid_pre"])
+    res["fwd_bwd_s"] = time.perf_counter() - t
+    print("  forward + backward %.1f s" % res["fwd_bwd_s"], flush=True)
+    t = time.perf_counter()
+    eap = graph.attribute(m, c, x, tgt, graph=g, progress=True)
+    res["eap_s"] = time.perf_counter() - t
+    res["eap_over_fwd_bwd"] = res["eap_s"] / res["fwd_bwd_s"]
+    print("  EAP %.1f s (%.1fx); top edges %s" % (res["eap_s"], res["eap_over_fwd_bwd"], eap.top(3)), flush=True)
+    t = time.perf_counter()
+    graph.attribute(m, c, x, tgt, method="eap-ig", steps=a.steps, graph=g, progress=True)
+    res["eap_ig_s"] = time.perf_counter() - t
+    res["eap_ig_over_fwd_bwd"] = res["eap_ig_s"] / res["fwd_bwd_s"]
+    res["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    res["stored_gib"] = sum(os.path.getsize(os.path.join(a.big, f)) for f in os.listdir(a.big)) / 2**30
+    res["tape_budget_gib"] = memplan.check_budget(None, m) / 2**30
+    print(
+        "  EAP-IG %d steps %.1f s (%.1fx); peak RSS %.2f GiB (stored weights %.2f GiB, mapped)"
+        % (a.steps, res["eap_ig_s"], res["eap_ig_over_fwd_bwd"], res["peak_rss_gib"], res["stored_gib"]),
+        flush=True,
     )
     if a.out:
         with open(a.out, "w") as f:

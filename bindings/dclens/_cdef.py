@@ -109,6 +109,9 @@ dcs_status dcs_tape_reshape(dcs_tape *tp, int B, int T);
 void dcs_tape_free(dcs_tape *tp);
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov,
                             int n_ov, float *logits);
+typedef struct { int point; int layer; float *data; } dcs_hook_read;
+dcs_status dcs_tape_forward_read(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
+                                 const dcs_hook_read *reads, int n_reads, float *logits);
 dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count);
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
                              const dcs_hook_grad *g, int n_g);

@@ -19,10 +19,11 @@ Rules (docs/api.md):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import ArgumentError, Error, is_choice, token_array
+from ._checks import ArgumentError, Error, check_index, is_choice, token_array
 from .cache import Cache
 from .hooks import is_read_only, read_only
 from .mask import allowed, layer_window
@@ -303,3 +304,114 @@ def _apply_mask_rule(model, cache: Cache) -> None:
             v = v.copy()
             v[..., masked] = 0
             dict.__setitem__(cache, k, v)
+
+
+# ---------------------------------------------------------------- prompt pairs
+
+
+class Pairs(NamedTuple):
+    """Prompt pairs as the pair analyses (dclens.graph, patching.sweep over
+    pairs) run them: clean and corrupted
+    [B, T] int64, right-padded, and each pair's length [B] (both prompts of a
+    pair have it: positions past it are padding, which no real position
+    reads, the attention being causal)."""
+
+    clean: np.ndarray
+    corrupted: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def padded(self) -> bool:
+        return bool(np.any(self.lengths < self.clean.shape[1]))
+
+
+def _rows(model, x, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """One side's prompts as right-padded [B, T] int64 and lengths [B]."""
+    if isinstance(x, str):
+        x = [x]
+    if isinstance(x, (list, tuple)) and x and all(isinstance(s, str) for s in x):
+        x = model.to_tokens(list(x))  # a Padded, on the right
+    if is_padded_pair(x):
+        toks, lens = np.asarray(x[0]), np.asarray(x[1])
+        if toks.dtype.kind not in "iu" or lens.dtype.kind not in "iu" or lens.shape != toks.shape[:1]:
+            raise ArgumentError("%s: a (tokens [B, T], lengths [B]) pair of integers, got %r" % (what, x))
+        T = toks.shape[1]
+        if np.any(lens < 1) or np.any(lens > T):
+            raise ArgumentError("%s: lengths must be in 1..%d (the tokens' T), got %s" % (what, T, lens.tolist()))
+        side = x.padding_side if isinstance(x, Padded) else "right"
+        if not isinstance(x, Padded):
+            b = _looks_left_padded(toks, lens)
+            if b is not None:
+                raise ArgumentError(
+                    "%s: row %d of this (tokens, lengths) pair looks left-padded; pass the Padded that "
+                    "model.to_tokens returns (it knows its side) or right-padded tokens" % (what, b)
+                )
+        if side == "left":  # the same prompts, right-padded (positions are relative: rotary)
+            toks = np.stack([np.roll(r, -(T - int(n))) for r, n in zip(toks, lens)])
+        return toks.astype(np.int64), lens.astype(np.int64)
+    a = np.asarray(x)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2 or a.size == 0 or a.dtype.kind not in "iu":
+        raise ArgumentError(
+            "%s must be prompts: a string, a list of strings, [B, T] integer tokens or a (tokens, lengths) "
+            "pair from model.to_tokens" % what
+        )
+    return a.astype(np.int64), np.full(a.shape[0], a.shape[1], np.int64)
+
+
+def prompt_pairs(model, clean, corrupted) -> Pairs:
+    """Clean and corrupted prompts, paired up: padded to one T on the right
+    (different lengths across pairs), one length within each pair."""
+    c, lc = _rows(model, clean, "clean")
+    x, lx = _rows(model, corrupted, "corrupted")
+    if len(c) != len(x):
+        raise ArgumentError("clean and corrupted must pair up: %d vs %d prompts" % (len(c), len(x)))
+    bad = np.nonzero(lc != lx)[0]
+    if bad.size:
+        b = int(bad[0])
+        raise ArgumentError(
+            "clean and corrupted must pair up: pair %d has %d clean and %d corrupted tokens (edge patching "
+            "compares them position by position: one length per pair)" % (b, lc[b], lx[b])
+        )
+    T = max(c.shape[1], x.shape[1])
+    c = np.pad(c, ((0, 0), (0, T - c.shape[1])))
+    x = np.pad(x, ((0, 0), (0, T - x.shape[1])))
+    return Pairs(c, x, lc)
+
+
+def role_weights(roles, lengths: np.ndarray, T: int) -> tuple[tuple[str, ...], np.ndarray]:
+    """The role names and W [B, T, R]: 1 where position t of pair b is in role r."""
+    B = len(lengths)
+    if isinstance(roles, dict):
+        roles = [roles] * B
+    if not isinstance(roles, (list, tuple)) or len(roles) != B or not all(isinstance(r, dict) for r in roles):
+        raise ArgumentError(
+            "roles must be a dict {role: position, span or positions} for every pair, or a list of %d such "
+            "dicts (one per pair), not %r" % (B, roles)
+        )
+    names = tuple(roles[0])
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ArgumentError("roles: name the roles with strings, got %r" % (list(names),))
+    W = np.zeros((B, T, len(names)), np.float32)
+    for b, rb in enumerate(roles):
+        if tuple(rb) != names:
+            raise ArgumentError(
+                "roles: pair %d names roles %s, pair 0 %s (the same roles, in one order)" % (b, list(rb), list(names))
+            )
+        n = int(lengths[b])
+        for r, name in enumerate(names):
+            spec = rb[name]
+            if isinstance(spec, tuple) and len(spec) == 2:
+                lo, hi = (int(check_index("roles[%r] of pair %d" % (name, b), v, -n, n + 1)) for v in spec)
+                lo, hi = lo % n if lo < 0 else lo, hi % n if hi < 0 else hi
+                if not lo < hi:
+                    raise ArgumentError("roles[%r] of pair %d: the span %r is empty" % (name, b, spec))
+                at = list(range(lo, hi))
+            else:
+                at = [spec] if not isinstance(spec, (list, range)) else list(spec)
+                at = [int(check_index("roles[%r] of pair %d" % (name, b), v, -n, n)) % n for v in at]
+                if not at:
+                    raise ArgumentError("roles[%r] of pair %d: no position" % (name, b))
+            W[b, at, r] = 1.0
+    return names, W

@@ -40,12 +40,14 @@ clean run and every edge the corrupted one (tested to float32 rounding).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
 
 from ._checks import ArgumentError, Error, check_index, unknown_name
+from .batch import prompt_pairs, role_weights
 from .hooks import read_only
 from .names import hook_name
 
@@ -174,42 +176,14 @@ def _has_branch(model, l: int, phase: str, branch: str) -> bool:
 # ---------------------------------------------------------------- inputs
 
 
-def _pairs(model, clean, corrupted) -> tuple[np.ndarray, np.ndarray]:
-    """Clean and corrupted prompts as [B, T] int arrays of one length."""
-
-    def rows(x, what):
-        if isinstance(x, str):
-            x = [x]
-        if isinstance(x, (list, tuple)) and x and all(isinstance(s, str) for s in x):
-            x = [model.to_tokens(s) for s in x]
-            if len({r.size for r in x}) != 1:
-                raise ArgumentError(
-                    "%s: the prompts have different token lengths (%s); edge patching needs one length "
-                    "(pad them to one length first)" % (what, sorted({r.size for r in x}))
-                )
-            x = np.stack(x)
-        a = np.asarray(x)
-        if a.ndim == 1:
-            a = a[None]
-        if a.ndim != 2 or a.size == 0 or a.dtype.kind not in "iu":
-            raise ArgumentError("%s must be prompts: a string, a list of strings or [B, T] integer tokens" % what)
-        return a.astype(np.int64)
-
-    c, x = rows(clean, "clean"), rows(corrupted, "corrupted")
-    if c.shape != x.shape:
-        raise ArgumentError(
-            "clean and corrupted must pair up: %s vs %s tokens (same number of prompts, same lengths)"
-            % (c.shape, x.shape)
-        )
-    return c, x
-
-
-def _metric_values(metric, logits: np.ndarray) -> np.ndarray:
-    """The metric of each pair's logits: one callable for every pair, or a list of one per pair."""
+def _metric_values(metric, logits: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The metric of each pair's logits (its real positions, [len, V]): one
+    callable for every pair, or a list of one per pair."""
     fns = _per_pair(metric, len(logits), callable, "a function of the [T, V] logits")
-    vals = np.array([float(f(lg)) for f, lg in zip(fns, logits)])
+    vals = np.array([float(f(lg[:n])) for f, lg, n in zip(fns, logits, lengths)])
     if not np.all(np.isfinite(vals)):
-        raise Error("metric: returned NaN or inf (%s)" % vals[~np.isfinite(vals)][:3])
+        bad = np.nonzero(~np.isfinite(vals))[0]
+        raise Error("metric: returned %r for prompt pair %d (NaN or inf)" % (vals[bad[0]], bad[0]))
     return vals
 
 
@@ -294,11 +268,11 @@ def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph
     gives the clean metric, every edge the corrupted one."""
     g = graph or build(model)
     es = _edges(g, edges)
-    ctoks, xtoks = _pairs(model, clean, corrupted)
-    _per_pair(metric, len(ctoks), callable, "a function of the [T, V] logits")
-    hooks = _patch_hooks(model, g, es, xtoks)
-    logits = model.run_with_hooks(ctoks, hooks)
-    return float(np.mean(_metric_values(metric, logits)))
+    pr = prompt_pairs(model, clean, corrupted)
+    _per_pair(metric, len(pr.clean), callable, "a function of the [T, V] logits")
+    hooks = _patch_hooks(model, g, es, pr.corrupted)
+    logits = model.run_with_hooks(pr.clean, hooks)
+    return float(np.mean(_metric_values(metric, logits, pr.lengths)))
 
 
 def _corrupted_values(model, es: list[Edge], xtoks: np.ndarray) -> dict[str, np.ndarray]:
@@ -320,13 +294,13 @@ def patch_each(
 
     g = graph or build(model)
     es = _edges(g, edges)
-    ctoks, xtoks = _pairs(model, clean, corrupted)
-    _per_pair(metric, len(ctoks), callable, "a function of the [T, V] logits")
-    corr = _corrupted_values(model, es, xtoks)
+    pr = prompt_pairs(model, clean, corrupted)
+    _per_pair(metric, len(pr.clean), callable, "a function of the [T, V] logits")
+    corr = _corrupted_values(model, es, pr.corrupted)
     out = np.empty(len(es))
     for i, e in enumerate(_progress.bar(es, desc="graph.patch_each", progress=progress)):
-        logits = model.run_with_hooks(ctoks, _patch_hooks(model, g, [e], xtoks, corr))
-        out[i] = float(np.mean(_metric_values(metric, logits)))
+        logits = model.run_with_hooks(pr.clean, _patch_hooks(model, g, [e], pr.corrupted, corr))
+        out[i] = float(np.mean(_metric_values(metric, logits, pr.lengths)))
     return out
 
 
@@ -394,6 +368,8 @@ class EdgeScores:
     method: str
     steps: int
     per_position: np.ndarray | None = None  # [len(graph.edges), T] (positions=True): by token / query position
+    per_role: np.ndarray | None = None  # [len(graph.edges), len(roles)] (roles=): by role
+    roles: tuple[str, ...] = ()
 
     def top(self, k: int = 20) -> list[tuple[str, float]]:
         """The k edges of largest |score|, largest first."""
@@ -519,178 +495,342 @@ def attribute(
     max_tape_bytes: int | None = None,
     progress: bool | None = None,
     positions: bool = False,
+    roles=None,
+    max_grad_bytes: int | None = None,
 ) -> EdgeScores:
-    """Score every edge: (sender corrupted - sender clean) . d metric / d
-    (receiver input) summed over positions and averaged over prompt pairs.
-    method "eap" takes the gradient on the clean run (Syed et al. 2023);
-    "eap-ig" averages it over ``steps`` runs whose input embeddings go from
-    the clean prompts' to the corrupted ones' (Hanna et al. 2024's input
-    interpolation, midpoints (k + 1/2)/steps). For a composition edge the
-    sender's value is the source head's phase input times the clean run's
-    map entry, and the gradient is at the target's branch map. ``metric``: a
-    target tuple as Model.gradients takes, or a dclens.patching metric (or a
-    list of one per pair). positions=True also scores each edge per position
-    (EdgeScores.per_position [E, T]: a residual edge by the token position of
-    its difference, a composition edge by the query position)."""
+    """Score every edge of the graph by edge attribution patching.
+
+    An edge's score is (sender's corrupted value - its clean value) . d
+    metric / d (receiver's input), summed over positions and averaged over
+    the prompt pairs: a first-order estimate of ``patch(..., [edge]) -
+    patch(..., [])``. For a composition edge the sender's value is the
+    source head's phase input times the clean run's map entry, and the
+    gradient is at the target head's branch map.
+
+    Parameters
+    ----------
+    model : dclens.Model
+    clean, corrupted : prompts
+        A string, a list of strings, [B, T] integer tokens, or the
+        (tokens, lengths) pair ``model.to_tokens`` returns (either padding
+        side): B prompt pairs, each pair one length; pairs of different
+        lengths are right-padded, and pad positions score nothing.
+    metric : target tuple, patching metric, or a list of one per pair
+        What is differentiated: ``("logit_diff", pos, good, bad)``,
+        ``("logprob", pos, tok)``, ``("logit", pos, tok)`` (pos counts in
+        each pair's own length: -1 is its last real token), or a
+        ``dclens.patching.logit_diff`` / ``logprob`` metric.
+    method : {"eap", "eap-ig"}
+        "eap": the gradient of the clean run (Syed et al. 2023). "eap-ig":
+        the gradient averaged over ``steps`` runs whose input embeddings lie
+        on the line from the clean prompts' to the corrupted ones', at the
+        midpoints (k + 1/2) / steps (Hanna et al. 2024's input interpolation).
+    steps : int
+        EAP-IG's number of runs (>= 1).
+    graph : Graph, optional
+        ``build(model)``, when it is at hand.
+    max_tape_bytes : int, optional
+        The gradient tape's memory budget (docs/gradients.md).
+    progress : bool, optional
+        A progress bar over the runs (None: in a terminal or notebook).
+    positions : bool
+        Also score each edge per position (``EdgeScores.per_position``
+        [E, T]: a residual edge by the token position of its difference, a
+        composition edge by the query position); not with padding.
+    roles : dict or list of dicts, optional
+        Positions aligned by role across pairs of different lengths (as
+        position-aware EAP's schemas): ``{"subject": 3, "end": -1, "list":
+        (4, 9)}`` for every pair, or one such dict per pair; a role is a
+        position (negative: from the pair's own end), a (start, stop) span or
+        a list of positions. Also scores each edge per role
+        (``EdgeScores.per_role`` [E, R], names in ``.roles``): a residual edge
+        by the role of its difference's position, a composition edge by the
+        role of the query position. Positions in no role count in
+        ``.scores`` only.
+    max_grad_bytes : int, optional
+        The most the gradients asked of one backward may take (None: a
+        quarter of the free memory). When every receiver's gradient does not
+        fit at once (a 6.9B-shaped model: the per-head q/k/v inputs' are
+        [B, T, N, D] per layer), the layers go in chunks, one backward each,
+        and each chunk is scored as it comes: the same scores, more
+        backwards.
+
+    Returns
+    -------
+    EdgeScores
+        ``.scores`` [len(graph.edges)] float64, aligned with ``graph.edges``.
+
+    Raises
+    ------
+    dclens.Error
+        Bad prompts (pairs of different lengths, a left-padded bare pair),
+        a bad ``metric``, ``method``, ``steps`` or ``positions`` (with
+        padding), hooks in force on the model (gradients are of the plain
+        model), a metric that is NaN or inf, a tape over the budget. The
+        clean and corrupted metrics nearly equal (or the corrupted one
+        higher) warn with ``dclens.PatchingWarning``, as ``patching.sweep``.
+    """
     from . import memplan, tapes
     from . import progress as _progress
     from .grad import target_value_and_grad
+    from .patching import MIN_GAP, PatchingWarning
 
     if not isinstance(positions, bool):
         raise ArgumentError("positions must be True or False, not %r" % (positions,))
     if method not in ("eap", "eap-ig"):
         raise ArgumentError("method must be 'eap' or 'eap-ig', not %r" % (method,))
     steps = check_index("steps", steps, 1, 1 << 20) if method == "eap-ig" else 1
+    if max_grad_bytes is not None:
+        max_grad_bytes = check_index("max_grad_bytes", max_grad_bytes, 1, 1 << 62)
     model.runner.refuse_hooks("graph.attribute")
     g = graph or build(model)
-    ctoks, xtoks = _pairs(model, clean, corrupted)
+    pr = prompt_pairs(model, clean, corrupted)
+    if positions and pr.padded:
+        raise ArgumentError(
+            "positions=True: the prompt pairs have different lengths (%s), so a position is not one place "
+            "in every pair; score pairs of one length (or positions=False)" % sorted(set(pr.lengths.tolist()))
+        )
+    ctoks = pr.clean.astype(np.int32)
     B, T = ctoks.shape
+    role_names, W = role_weights(roles, pr.lengths, T) if roles is not None else ((), None)
     if not isinstance(metric, list):
         _target(metric)  # one for every pair: checked before any pass
     targets = [_target(t) for t in _per_pair(metric, B, _is_target, "a target tuple or a patching metric")]
-    # the senders' values (and the composition terms' inputs) of both runs
-    sender_names = sorted({_sender_hook(s)[0] for s in g.senders})
+
+    def value_and_grad(logits):  # [B] metric values and d(sum)/d logits [B, T, V], each pair in its length
+        vals, dl = np.empty(B), np.zeros(logits.shape, np.float32)
+        for b, t in enumerate(targets):
+            n = int(pr.lengths[b])
+            v, d = target_value_and_grad(t, logits[b : b + 1, :n], pr.clean[b : b + 1, :n])
+            vals[b], dl[b, :n] = float(v[0]), d[0]
+        if not np.all(np.isfinite(vals)):
+            bad = int(np.nonzero(~np.isfinite(vals))[0][0])
+            raise Error("metric: %r for prompt pair %d (NaN or inf: the logits are not finite)" % (vals[bad], bad))
+        return vals, dl
+
+    # what the scores read of both runs: senders' outputs, composition inputs and maps
     comp = [e for e in g.detail.values() if e.kind == "comp"]
-    phase_names = sorted({n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)})
-    # both runs in one batch (clean rows first), then split
-    _, both = model.run_with_cache(np.concatenate([ctoks, xtoks]), names=sender_names + phase_names)
-    cc = {n: np.asarray(v[:B]) for n, v in both.items()}
-    xc = {n: np.asarray(v[B:]) for n, v in both.items()}
-    del both
+    names = sorted(
+        {_sender_hook(s)[0] for s in g.senders} | {n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)}
+    )
+    xlogits, xcache = model.run_with_cache(pr.corrupted, names=names)
+    xc = {n: np.asarray(v) for n, v in xcache.items()}
+    del xcache
+    cc: dict[str, np.ndarray] = {}
+    if method == "eap-ig":  # the tape runs interpolated inputs: the clean values from a plain pass
+        clogits, ccache = model.run_with_cache(pr.clean, names=names)
+        cc = {n: np.asarray(v) for n, v in ccache.items()}
+        del ccache
     gnames = _grad_names(model, g)
-    pts = [model.parse_hook(n) for n in gnames]
+    reads = [model.parse_hook(n) for n in names]
     budget = memplan.check_budget(max_tape_bytes, model)
     embed_pt = model.parse_hook("embed")
-    emb_c, emb_x = np.asarray(cc["embed"]), np.asarray(xc["embed"])
     alphas = (np.arange(steps) + 0.5) / steps if method == "eap-ig" else np.zeros(1)
+    cols = [None] + ([np.broadcast_to(np.eye(T, dtype=np.float32), (B, T, T))] if positions else []) + [W]
+    acc: list = [None] * len(cols)  # scores summed over pairs: total, per position, per role
+    S = None  # the senders' differences [senders, B, T, D]
+
+    def score(grads):  # add the scores these gradients give (every receiver they reach)
+        for i, Wi in enumerate(cols):
+            if i == len(cols) - 1 and Wi is None:
+                continue
+            v = _resid_scores(g, S, grads, Wi) + _comp_scores(model, g, cc, xc, grads, Wi)
+            acc[i] = v if acc[i] is None else acc[i] + v
+
     grads: dict[str, np.ndarray] = {}
     bar = _progress.bar(total=len(alphas), desc="graph.attribute (%s)" % method, progress=progress)
     try:
         with tapes.lease(model, B, T, budget) as tape:
             for a in alphas:
-                ov = {embed_pt: (emb_c + a * (emb_x - emb_c)).astype(np.float32)} if method == "eap-ig" else None
-                logits = tape.forward(ctoks.astype(np.int32), ov)
-                dl = np.concatenate(
-                    [target_value_and_grad(t, logits[b : b + 1], ctoks[b : b + 1])[1] for b, t in enumerate(targets)]
-                )
-                got = tape.backward(dl, None, pts)
-                for n, p in zip(gnames, pts):  # float32, summed over the steps
-                    grads[n] = got[p] if n not in grads else grads[n] + got[p]
+                if method == "eap":  # the clean run itself: its values read by the same pass
+                    logits, got = tape.forward(ctoks, None, reads=reads)
+                    cc = {n: got[p] for n, p in zip(names, reads)}
+                    clogits = logits
+                else:
+                    e_c, e_x = cc["embed"], xc["embed"]
+                    logits = tape.forward(ctoks, {embed_pt: (e_c + np.float32(a) * (e_x - e_c))})
+                if S is None:
+                    S = _sender_deltas(g, cc, xc)
+                    for n in {_sender_hook(x)[0] for x in g.senders} - {"embed"}:  # in S now
+                        cc.pop(n, None), xc.pop(n, None)
+                    chunks = _grad_chunks(model, tape, gnames, max_grad_bytes)
+                _, dl = value_and_grad(logits)
+                for chunk in chunks:  # one backward per chunk of layers whose gradients fit at once
+                    pts = [model.parse_hook(n) for n in chunk]
+                    got = tape.backward(dl, None, pts)
+                    if len(chunks) == 1:  # all at once: sum the gradients over the steps, score once
+                        for n, p in zip(chunk, pts):
+                            grads[n] = got[p] if n not in grads else grads[n] + got[p]
+                    else:  # the scores are linear in the gradient: score each chunk, let it go
+                        score({n: got[p] for n, p in zip(chunk, pts)})
+                    del got
                 if bar is not None:
                     bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    if len(alphas) > 1:
-        grads = {n: v / np.float32(len(alphas)) for n, v in grads.items()}
-    per_pos = _resid_scores(g, cc, xc, grads, positions) + _comp_scores(model, g, cc, xc, grads, positions)
-    per_pos /= B
+    m_clean, m_corr = float(value_and_grad(clogits)[0].mean()), float(value_and_grad(xlogits)[0].mean())
+    if abs(m_clean - m_corr) <= MIN_GAP * max(abs(m_clean), abs(m_corr)):
+        warnings.warn(
+            "graph.attribute: the clean and corrupted metrics are nearly equal (clean %.4g, corrupted %.4g): "
+            "the corruption does not move what the metric measures, so the scores say little" % (m_clean, m_corr),
+            PatchingWarning,
+            stacklevel=2,
+        )
+    if grads:
+        score(grads)
+    k = B * len(alphas)  # the mean over pairs and steps
+    out = EdgeScores(g, acc[0] / k, method, steps, roles=role_names)
     if positions:
-        return EdgeScores(g, per_pos.sum(1), method, steps, per_pos)
-    return EdgeScores(g, per_pos, method, steps)
+        out.per_position = acc[1] / k
+    if W is not None:
+        out.per_role = acc[-1] / k
+    return out
 
 
-def _sender_rows(cc, xc, senders: Sequence[str]) -> np.ndarray:
-    """[len(senders), B*T*D] float32: each sender's corrupted - clean value."""
-    rows = []
-    for s in senders:
-        sh, head = _sender_hook(s)
-        d = np.asarray(xc[sh], np.float32) - np.asarray(cc[sh], np.float32)
-        rows.append((d[..., head, :] if head >= 0 else d).reshape(-1))
-    return np.stack(rows)
+def _sender_deltas(g: Graph, cc, xc) -> np.ndarray:
+    """[senders, B, T, D] float32: every sender's corrupted - clean value, in graph order."""
+    B, T, D = np.asarray(cc["embed"]).shape
+    S = np.empty((len(g.senders), B, T, D), np.float32)
+    for hook in dict.fromkeys(_sender_hook(s)[0] for s in g.senders):
+        d = np.asarray(xc[hook], np.float32) - np.asarray(cc[hook], np.float32)
+        for i, s in enumerate(g.senders):
+            sh, head = _sender_hook(s)
+            if sh == hook:
+                S[i] = d[..., head, :] if head >= 0 else d
+    return S
 
 
-def _resid_scores(g: Graph, cc, xc, grads, positions: bool = False) -> np.ndarray:
-    """Every residual edge's EAP score (summed over pairs; [E] or, with
-    positions, [E, T] by token position): per receiver node, its input's
-    gradient against every upstream sender's difference, as one product per
-    receiver layer."""
-    T = np.asarray(cc["embed"]).shape[-2]
-    scores = np.zeros((len(g.edges), T) if positions else len(g.edges))
-    pos = {e: i for i, e in enumerate(g.edges)}
+def _grad_chunks(model, tape, gnames: list[str], max_bytes: int | None) -> list[list[str]]:
+    """The gradient hooks in chunks of whole layers whose gradients together
+    take at most max_bytes (None: a quarter of the free memory, at least
+    256 MiB); one chunk when all fit."""
+    from . import memplan
+
+    if max_bytes is None:
+        max_bytes = max(256 << 20, memplan.available_memory() // 4)
+    size = {n: 4 * int(np.prod(tape._shape(model.parse_hook(n)[0]))) for n in gnames}
+    by_layer: dict[int, list[str]] = {}
+    for n in gnames:
+        by_layer.setdefault(int(n.split(".")[1]), []).append(n)
+    chunks: list[list[str]] = []
+    used = 0
+    for l in sorted(by_layer, reverse=True):  # from the top: the backward reaches them first
+        b = sum(size[n] for n in by_layer[l])
+        if not chunks or used + b > max_bytes:
+            chunks.append([])
+            used = 0
+        chunks[-1] += by_layer[l]
+        used += b
+    return chunks
+
+
+def _resid_scores(g: Graph, S: np.ndarray, grads, W: np.ndarray | None = None) -> np.ndarray:
+    """The residual edges' EAP scores, summed over pairs ([E]; with W [B, T,
+    P], [E, P]: position t of pair b counted in column p by W[b, t, p]), for
+    the receivers whose gradients are in ``grads`` (0 elsewhere). S: the
+    senders' differences (_sender_deltas). Senders run in graph order, so
+    the senders upstream of a layer's receivers are a prefix of them: per
+    layer, one product of that prefix [nS, B*T*D] with the gradients of every
+    receiver of the layer [B*T*D, receivers]."""
+    scores = np.zeros((len(g.edges), W.shape[-1]) if W is not None else len(g.edges))
     by_rx: dict[str, list[Edge]] = {}
     for e in g.detail.values():
-        if e.kind == "resid":
+        if e.kind == "resid" and _receiver_hook(e.receiver, g.n_layer)[0] in grads:
             by_rx.setdefault(e.receiver, []).append(e)
-    rows: dict[str, np.ndarray] = {}
+    sidx = {s: i for i, s in enumerate(g.senders)}
+    pos = {e: i for i, e in enumerate(g.edges)}
     for layer in list(range(g.n_layer)) + [-1]:
         rxs = [r for r in by_rx if by_rx[r][0].layer == layer]
         if not rxs:
             continue
-        senders = sorted({e.sender for r in rxs for e in by_rx[r]}, key=g.senders.index)
-        missing = [s for s in senders if s not in rows]
-        if missing:
-            rows.update(zip(missing, _sender_rows(cc, xc, missing)))
-        S = np.stack([rows[s] for s in senders])  # [nS, B*T*D]
-        # per receiver hook, every sender against every head (or the one input) at once
-        Bsz = S.shape[1] // (T * np.asarray(cc["embed"]).shape[-1])
-        per_hook: dict[str, np.ndarray] = {}  # hook -> [nS, heads] or [nS, heads, T]
-        for r in rxs:
-            rh, head = _receiver_hook(r, g.n_layer)
-            if rh in per_hook:
-                continue
-            G = np.asarray(grads[rh], np.float32)
-            G = np.moveaxis(G, -2, -1) if head >= 0 else G[..., None]  # [B, T, D, heads]
-            if positions:
-                per_hook[rh] = np.einsum("sbtd,btdn->snt", S.reshape(len(S), Bsz, T, -1), G, optimize=True)
+        k = 1 + max(sidx[e.sender] for r in rxs for e in by_rx[r])  # the upstream prefix
+        cols: dict[tuple[str, int], int] = {}
+        Gs = []
+        for hook in dict.fromkeys(_receiver_hook(r, g.n_layer)[0] for r in rxs):
+            G = np.asarray(grads[hook], np.float32)
+            if G.ndim == 4:  # [B, T, N, D] -> [B, T, D, N]
+                G = np.moveaxis(G, -2, -1)
+                cols.update({(hook, n): len(cols) + n for n in range(G.shape[-1])})
             else:
-                per_hook[rh] = S @ np.ascontiguousarray(G).reshape(-1, G.shape[-1])
-        prod = np.stack(
-            [per_hook[rh][:, max(head, 0)] for rh, head in (_receiver_hook(r, g.n_layer) for r in rxs)], axis=1
-        )  # [nS, nR] or [nS, nR, T]
-        si = {s: k for k, s in enumerate(senders)}
-        for k, r in enumerate(rxs):
+                G = G[..., None]
+                cols[(hook, -1)] = len(cols)
+            Gs.append(G)
+        Gl = np.concatenate(Gs, axis=-1)  # [B, T, D, receivers]
+        if W is not None:
+            prod = np.einsum("sbtd,btdc,btp->scp", S[:k], Gl, W, optimize=True)
+        else:
+            prod = S[:k].reshape(k, -1) @ Gl.reshape(-1, Gl.shape[-1])
+        for r in rxs:
+            c = cols[_receiver_hook(r, g.n_layer)]
             for e in by_rx[r]:
-                scores[pos[e.name]] = prod[si[e.sender], k]
+                scores[pos[e.name]] = prod[sidx[e.sender], c]
     return scores
 
 
-def _comp_scores(model, g: Graph, cc, xc, grads, positions: bool = False) -> np.ndarray:
-    """Every composition edge's EAP score (summed over pairs; with positions
-    by query position), per layer, phase and branch at once: sum over (t, s)
-    of dX[m] C[m, n] dM/dbranch[n]."""
+def _comp_scores(model, g: Graph, cc, xc, grads, W: np.ndarray | None = None) -> np.ndarray:
+    """Every composition edge's EAP score, summed over pairs (with W [B, T,
+    P], by query position as _resid_scores): for layer l, phase and branch
+    at once, sum over (b, t, s) of dX[m] C[m, n] dM/dbranch[n] (dX the
+    source head's phase input difference, C the clean run's map entry), as
+    batched products."""
     from . import routing
 
-    T = np.asarray(cc["embed"]).shape[-2]
-    scores = np.zeros((len(g.edges), T) if positions else len(g.edges))
+    scores = np.zeros((len(g.edges), W.shape[-1]) if W is not None else len(g.edges))
     pos = {e: i for i, e in enumerate(g.edges)}
     groups: dict[tuple[int, str, str], list[Edge]] = {}
     for e in g.detail.values():
         if e.kind == "comp":
             groups.setdefault((e.layer, e.phase, e.branch), []).append(e)
 
-    def dyn(l, ph, w):  # a dynamic weight of the clean run, float64
-        return np.asarray(cc[hook_name(l, "attn.dyn.%s.%s" % (ph, w))], np.float64)
+    def dyn(l, ph, w):  # a dynamic weight of the clean run: [B, T, R, N] or gates [B, T, N]
+        return np.asarray(cc[hook_name(l, "attn.dyn.%s.%s" % (ph, w))], np.float32)
 
-    def diag(v):  # [N, T] -> [N, N, T]
-        return np.einsum("nt,nm->nmt", v, np.eye(v.shape[0]))
+    def diag(v):  # [N] or [N, P] -> [N, N(, P)]
+        out = np.zeros((v.shape[0],) + v.shape, v.dtype)
+        out[np.arange(v.shape[0]), np.arange(v.shape[0])] = v
+        return out
 
     for (l, ph, b), es in groups.items():
+        if hook_name(l, "attn.%s.%s" % (ph, b)) not in grads:
+            continue
         xname = hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))
-        X = np.asarray(cc[xname], np.float64)
-        dx = _masked(model, l, np.asarray(xc[xname], np.float64) - X)  # [B, N, T, S]
-        gb = np.asarray(grads[hook_name(l, "attn.%s.%s" % (ph, b))], np.float64)  # [B, N, T, S]
-        if b == "skip":
-            mn = diag(np.einsum("bnts,bnts->nt", dx, gb))
-        elif b == "qg":
-            mn = diag(np.einsum("btn,bnts,bnts->nt", dyn(l, ph, "qdd"), dx, gb))
-        elif b == "kg":
-            mn = diag(np.einsum("bsn,bnts,bnts->nt", dyn(l, ph, "kdd"), dx, gb))
+        X = np.asarray(cc[xname], np.float32)
+        dx = _masked(model, l, np.asarray(xc[xname], np.float32) - X).astype(np.float32)  # [B, N, T, S]
+        gb = np.asarray(grads[hook_name(l, "attn.%s.%s" % (ph, b))], np.float32)  # [B, N, T, S]
+        if b in ("skip", "qg", "kg"):
+            prod = dx * gb
+            if b == "skip":
+                q = prod.sum(-1)  # [B, N, T]
+            elif b == "qg":
+                q = np.swapaxes(dyn(l, ph, "qdd"), 1, 2) * prod.sum(-1)
+            else:
+                q = np.einsum("bsn,bnts->bnt", dyn(l, ph, "kdd"), prod, optimize=True)
+            mn = diag(np.einsum("bnt,btp->np", q, W) if W is not None else q.sum((0, 2)))
         elif b == "qp":
-            C = np.einsum("btrm,btrn->btmn", dyn(l, ph, "qw1"), dyn(l, ph, "qw2"))
-            mn = np.einsum("btmn,bmts,bnts->mnt", C, dx, gb, optimize=True)
+            C = np.swapaxes(dyn(l, ph, "qw1"), -1, -2) @ dyn(l, ph, "qw2")  # [B, T, m, n]
+            P = dx.transpose(0, 2, 1, 3) @ gb.transpose(0, 2, 3, 1)  # [B, T, m, n]
+            mn = np.einsum("btmn,btp->mnp", C * P, W) if W is not None else (C * P).sum((0, 1))
         elif b == "kp":
-            C = np.einsum("bsrm,bsrn->bsmn", dyn(l, ph, "kw1"), dyn(l, ph, "kw2"))
-            mn = np.einsum("bsmn,bmts,bnts->mnt", C, dx, gb, optimize=True)
+            C = np.swapaxes(dyn(l, ph, "kw1"), -1, -2) @ dyn(l, ph, "kw2")  # [B, S, m, n]
+            if W is not None:  # by query position: sum over keys per (b, t)
+                q = np.einsum("bsmn,bmts,bnts->bmnt", C, dx, gb, optimize=True)
+                mn = np.einsum("bmnt,btp->mnp", q, W)
+            else:
+                P = dx.transpose(0, 3, 1, 2) @ gb.transpose(0, 3, 2, 1)  # [B, S, m, n]
+                mn = (C * P).sum((0, 1))
         else:
-            W = routing.static_map(model, l, ph)
-            assert W is not None
-            mn = W[:, :, None] * np.einsum("bmts,bnts->mnt", dx, gb)
-        if not positions:
-            mn = mn.sum(-1)
+            Ws = routing.static_map(model, l, ph)
+            assert Ws is not None
+            if W is not None:
+                q = np.einsum("bmts,bnts->bmnt", dx, gb, optimize=True)
+                mn = Ws[:, :, None] * np.einsum("bmnt,btp->mnp", q, W)
+            else:
+                Bn, N = dx.shape[:2]
+                mn = Ws * (dx.reshape(Bn, N, -1) @ np.swapaxes(gb.reshape(Bn, N, -1), 1, 2)).sum(0)
         if b in BRANCH_COEF:
             block = routing._group_block(model)
-            mn = mn * (block[:, :, None] if positions else block)
+            mn = mn * (block[:, :, None] if W is not None else block)
         for e in es:
             scores[pos[e.name]] = mn[e.src_head, e.head]
     return scores

@@ -49,6 +49,7 @@ import numpy as np
 
 from . import progress as _progress_mod
 from ._checks import ArgumentError, check_index, check_layers, check_str, is_choice
+from .batch import prompt_pairs, role_weights
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
@@ -129,6 +130,7 @@ class PatchResult:
     baseline_note: str = ""  # why the baselines are suspect ("" when they are not)
     # the clean and corrupted prompts' tokens at the "pos" axis' positions (None: no tokenizer / no pos axis)
     pos_tokens: tuple[list[str], list[str]] | None = None
+    pairs: int = 1  # prompt pairs averaged (a sweep over a batch of pairs)
 
     def normalized(self) -> np.ndarray:
         """(values - corrupted) / (clean - corrupted): 0 no effect, 1 full recovery
@@ -285,6 +287,8 @@ def sweep(
     progress: bool | None = None,
     strict: bool = False,
     ray=None,
+    roles=None,
+    _groups: tuple[tuple[str, ...], list[list[int]]] | None = None,
 ) -> PatchResult:
     """Patch clean activations into the corrupted run, one cell at a time
     (see the module docstring for `over`). hook: the per-layer hook suffix
@@ -295,9 +299,41 @@ def sweep(
     PatchingWarning when they cannot anchor normalized(), an Error with
     strict=True (before any cell runs). ray: run the cells' batches on
     Ray workers ("local:N", an address or a dclens.distributed.Cluster; the
-    same values as without): docs/distributed.md."""
+    same values as without): docs/distributed.md.
+
+    Batches of prompt pairs: ``clean`` and ``corrupted`` as lists of
+    strings, [B, T] tokens or model.to_tokens pairs (pairs of different
+    lengths padded; each pair one length), ``metric`` one function or a list
+    of one per pair. Each pair is swept alone and the cells, the clean and
+    the corrupted metrics are averaged over the pairs (PatchResult.pairs =
+    B). Position axes need the pairs aligned: by absolute position when every
+    pair has one length, else by ``roles`` ({"subject": 3, "end": -1,
+    "list": (4, 9)} for every pair, or one dict per pair; a position, a
+    (start, stop) span or a list of positions, negative from each pair's
+    end): a "pos" cell then patches every position of its role at once and
+    the axis is labelled by the roles' names."""
     from . import interventions as iv
 
+    if _is_pairs(clean) or _is_pairs(corrupted) or isinstance(metric, list):
+        return _sweep_pairs(
+            model,
+            clean,
+            corrupted,
+            metric,
+            over,
+            hook,
+            layers,
+            positions,
+            queries,
+            batch_size,
+            progress,
+            strict,
+            ray,
+            roles,
+        )
+    if roles is not None:
+        groups = role_weights(roles, np.array([_tokens(model, corrupted).size]), _tokens(model, corrupted).size)
+        _groups = (groups[0], [list(np.nonzero(groups[1][0, :, r])[0]) for r in range(len(groups[0]))])
     check_str("over", over)
     if not callable(metric):
         raise Error(
@@ -339,7 +375,11 @@ def sweep(
     c_t, x_t, cache, m_clean, m_corr = _baselines(model, clean, corrupted, metric, names)
     note = _check_baselines(m_clean, m_corr, strict)
     T = x_t.size
-    pos = list(range(T)) if positions is None else [_pos(p, T) for p in positions]
+    pos: list = list(range(T)) if positions is None else [_pos(p, T) for p in positions]
+    if _groups is not None:  # a cell per role: all its positions at once
+        if positions is not None:
+            raise ArgumentError("sweep: give positions= or roles=, not both")
+        pos = _groups[1]
     cells: list[list[Cell]] = []
     shape: tuple[int, ...]
     axes: tuple[str, ...]
@@ -358,9 +398,9 @@ def sweep(
                 idx: list[Any] = [slice(None)] * nd
                 idx[ax] = p
                 cells.append([(n, _setter(tuple(idx)))])
-        shape, axes = (len(layers), len(pos)), ("layer", "pos")
-        labels = ([str(l) for l in layers], [str(p) for p in pos])
-        words = _words(model, c_t, x_t, pos)
+        shape, axes = (len(layers), len(pos)), ("layer", "role" if _groups else "pos")
+        labels = ([str(l) for l in layers], list(_groups[0]) if _groups else [str(p) for p in pos])
+        words = None if _groups else _words(model, c_t, x_t, pos)
     elif over == "layer,head,pos":
         for n in names:
             nd = cache[n].ndim
@@ -370,9 +410,13 @@ def sweep(
                     idx2: list[Any] = list(iv._head_index(n, h, nd))
                     idx2[ax] = p
                     cells.append([(n, _setter(tuple(idx2)))])
-        shape, axes = (len(layers), c.n_head, len(pos)), ("layer", "head", "pos")
-        labels = ([str(l) for l in layers], ["H%d" % h for h in range(c.n_head)], [str(p) for p in pos])
-        words = _words(model, c_t, x_t, pos)
+        shape, axes = (len(layers), c.n_head, len(pos)), ("layer", "head", "role" if _groups else "pos")
+        labels = (
+            [str(l) for l in layers],
+            ["H%d" % h for h in range(c.n_head)],
+            list(_groups[0]) if _groups else [str(p) for p in pos],
+        )
+        words = None if _groups else _words(model, c_t, x_t, pos)
     else:  # layer,phase,branch
         shape, axes = (len(layers), 2, 5), ("layer", "phase", "branch")
         labels = ([str(l) for l in layers], list(PHASES), list(BRANCHES))
@@ -397,6 +441,81 @@ def sweep(
         "%s (%s)" % (over, suffix),
         note,
         words if "pos" in axes else None,
+    )
+
+
+def _is_pairs(x) -> bool:
+    """A batch of prompts (not one prompt): a list of strings, [B, T] tokens or a (tokens, lengths) pair."""
+    from .batch import is_padded_pair
+
+    if isinstance(x, (list, tuple)) and x and all(isinstance(s, str) for s in x):
+        return True
+    return is_padded_pair(x) or (isinstance(x, np.ndarray) and x.ndim == 2)
+
+
+def _sweep_pairs(
+    model, clean, corrupted, metric, over, hook, layers, positions, queries, batch_size, progress, strict, ray, roles
+) -> PatchResult:
+    """sweep over a batch of prompt pairs: each pair alone, averaged (sweep's docstring)."""
+    pr = prompt_pairs(model, clean, corrupted)
+    B, T = pr.clean.shape
+    if isinstance(metric, list):
+        if len(metric) != B or not all(callable(f) for f in metric):
+            raise ArgumentError(
+                "sweep: metric is a list of %d for %d prompt pairs (one function per pair)" % (len(metric), B)
+            )
+        metrics = metric
+    else:
+        metrics = [metric] * B
+    has_pos = "pos" in over.replace(" ", "").split(",")
+    groups = None
+    if roles is not None:
+        names, W = role_weights(roles, pr.lengths, T)
+        groups = [(names, [list(np.nonzero(W[b, :, r])[0]) for r in range(len(names))]) for b in range(B)]
+    elif has_pos and pr.padded:
+        raise ArgumentError(
+            "sweep over %s: the pairs have different lengths (%s), so a position is not one place in every "
+            "pair; name the positions by role (roles={...})" % (over, sorted(set(pr.lengths.tolist())))
+        )
+    # the baselines first (strict: refused before any cell runs), each pair in its own length
+    lc, lx = model.forward(pr.clean), model.forward(pr.corrupted)
+    m_clean = float(np.mean([f(lc[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
+    m_corr = float(np.mean([f(lx[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
+    note = _check_baselines(m_clean, m_corr, strict, depth=2)
+    results = []
+    for b in _progress_mod.bar(range(B), desc="patching %s over %d pairs" % (over, B), progress=progress):
+        n = int(pr.lengths[b])
+        with warnings.catch_warnings():  # the baselines are checked on the means below
+            warnings.simplefilter("ignore", PatchingWarning)
+            results.append(
+                sweep(
+                    model,
+                    pr.clean[b, :n],
+                    pr.corrupted[b, :n],
+                    metrics[b],
+                    over,
+                    hook,
+                    layers,
+                    positions,
+                    queries,
+                    batch_size,
+                    False,
+                    False,
+                    ray,
+                    _groups=groups[b] if groups else None,
+                )
+            )
+    r0 = results[0]
+    return PatchResult(
+        np.mean([r.values for r in results], 0),
+        r0.axes,
+        r0.labels,
+        m_clean,
+        m_corr,
+        "%s, mean over %d pairs" % (r0.what, B),
+        note,
+        None,
+        B,
     )
 
 

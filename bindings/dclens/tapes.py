@@ -104,9 +104,13 @@ class Tape(EngineObject):
         overrides: dict[tuple[int, int], np.ndarray] | None = None,
         logits: bool = True,
         resid: np.ndarray | None = None,
+        reads: Sequence[tuple[int, int]] = (),
     ) -> Any:
         """The tape's forward; from layer `first` (> 0) it starts from resid
-        [B, T, D], the residual stream entering that layer."""
+        [B, T, D], the residual stream entering that layer. With ``reads``
+        ((point, layer) pairs; a tape from layer 0 only) it returns
+        (logits, {(point, layer): activation}): the activations as this pass
+        computes them, in the hook's batched layout."""
         self.model.runner.refuse_hooks("the gradient tape's forward")
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(self.B, self.T)
         if self.first:
@@ -130,16 +134,26 @@ class Tape(EngineObject):
             arr[i].point, arr[i].layer, arr[i].data = p, l, _ptr(d, "const float *")
         self._keep = (keep, arr)  # the engine reads them again in the backward
         out = np.empty((self.B, self.T, self.model.config.vocab), np.float32) if logits else None
+        got = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in reads}
+        rd = ffi.new("dcs_hook_read[]", max(1, len(got)))
+        for i, ((p, l), a) in enumerate(got.items()):
+            rd[i].point, rd[i].layer, rd[i].data = p, l, _ptr(a)
         with self.model.runner.engine_lock():
             lg = _ptr(out) if out is not None else ffi.NULL
-            if self.first:
+            if got:
+                if self.first:
+                    raise Error("tape from layer %d: reads need a tape from layer 0" % self.first)
+                st = lib.dcs_tape_forward_read(
+                    self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), rd, len(got), lg
+                )
+            elif self.first:
                 st = lib.dcs_tape_forward_from(
                     self._tp, _ptr(toks, "const int32_t *"), _ptr(resid, "const float *"), arr, len(ov), lg
                 )
             else:
                 st = lib.dcs_tape_forward(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), lg)
             _check(st, self.model.runner.errmsg())
-        return out
+        return (out, got) if reads else out
 
     def loss(self, targets: np.ndarray) -> float:
         """Mean cross-entropy over targets >= 0 (its gradient goes to the backward)."""

@@ -484,6 +484,19 @@ void dcs_tape_free(dcs_tape *tp);
 /* tokens [B, T]; logits [B, T, V] or NULL. `ov` must outlive the backward. */
 dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
                             float *logits);
+/* Copy the activation at a hook point of dcs_tape_forward_read into `data`
+ * (the hook's batched layout: dcs_hook_shape with the tape's B, T). */
+typedef struct {
+    int point;
+    int layer;
+    float *data;
+} dcs_hook_read;
+/* dcs_tape_forward that also hands out the activations at `reads` as the
+ * pass computes them (an overridden point: the override's data), so a
+ * caller needing both a gradient and the forward's values (edge attribution)
+ * runs one pass; the backward's recomputation reads nothing. */
+dcs_status dcs_tape_forward_read(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
+                                 const dcs_hook_read *reads, int n_reads, float *logits);
 /* Mean cross-entropy over positions with targets [B, T] >= 0 (-1: none);
  * its gradient becomes the tape's dlogits. */
 dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int *count);

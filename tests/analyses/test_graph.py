@@ -213,6 +213,8 @@ def test_bad_input(tiny_factory):
         (lambda: graph.patch(m, c, x, _metric, "embed->L0.H0.q"), "edges must be a list"),
         (lambda: graph.attribute(m, c, x, t, method="eap-ig", steps=0), "steps"),
         (lambda: graph.attribute(m, c, x, t, method="acdc"), "method must be"),
+        (lambda: graph.attribute(m, c, x, t, max_grad_bytes=0), "max_grad_bytes 0 is out of range"),
+        (lambda: graph.attribute(m, c, x, t, roles="end"), "roles must be a dict"),
         (lambda: graph.attribute(m, c, x, _metric), "target tuple"),
         (lambda: graph.EdgeScores(g, np.zeros(len(g.edges)), "eap", 1).circuit(), "top_n or threshold"),
         (lambda: graph.faithfulness(m, ["embed->L0.H0.q"], c, x, _metric), "Circuit"),
@@ -282,3 +284,106 @@ def test_position_aware_scores_sum_to_the_scores(tiny_factory):
     assert set(nz) <= {3, 7} and len(nz) > 0
     with pytest.raises(dclens.Error, match="positions must be True or False"):
         graph.attribute(m, c, x, t, positions="yes")
+
+
+def test_pairs_of_different_lengths_are_padded(tiny_factory):
+    """Pairs of 13 and 9 tokens in one padded batch: each score, patch and
+    faithfulness equals the mean of the pairs run alone (pad positions are
+    read by nothing real: the attention is causal), on either padding side."""
+    from dclens.batch import pad
+
+    m, _, _ = _load(tiny_factory, DCP)
+    c13, x13 = _prompts(m, T=13, B=1, seed=1)
+    c9, x9 = _prompts(m, T=9, B=1, seed=2)
+    g = graph.build(m)
+    t = ("logit_diff", POS, GOOD, BAD)
+    for side in ("right", "left"):
+        c = pad([c13[0], c9[0]], side, pad_id=7)
+        x = pad([x13[0], x9[0]], side, pad_id=7)
+        both = graph.attribute(m, c, x, t, graph=g, progress=False).scores
+        alone = [graph.attribute(m, a, b, t, graph=g, progress=False).scores for a, b in ((c13, x13), (c9, x9))]
+        np.testing.assert_allclose(both, np.mean(alone, 0), rtol=1e-4, atol=1e-5 * np.abs(both).max())
+        edges = ["L0.H1->L1.H2.q", "embed->L1.mlp", "L0.H2->L0.H3.post.kp", "L1.H0->logits"]
+        for es in ([], edges, g.edges):
+            got = graph.patch(m, c, x, _metric, es, graph=g)
+            want = np.mean([graph.patch(m, a, b, _metric, es, graph=g) for a, b in ((c13, x13), (c9, x9))])
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-5), (side, len(es))
+        ig = graph.attribute(m, c, x, t, method="eap-ig", steps=2, graph=g, progress=False).scores
+        ig1 = [
+            graph.attribute(m, a, b, t, method="eap-ig", steps=2, graph=g, progress=False).scores
+            for a, b in ((c13, x13), (c9, x9))
+        ]
+        np.testing.assert_allclose(ig, np.mean(ig1, 0), rtol=1e-4, atol=1e-5 * np.abs(ig).max())
+    c, x = pad([c13[0], c9[0]]), pad([x13[0], x9[0]])
+    with pytest.raises(dclens.Error, match="positions=True: the prompt pairs have different lengths"):
+        graph.attribute(m, c, x, t, positions=True, progress=False)
+    with pytest.raises(dclens.Error, match="pair 1 has 9 clean and 10 corrupted tokens"):
+        graph.patch(m, c, pad([x13[0], np.r_[x9[0], 1]]), _metric, [], graph=g)
+    # a bare (tokens, lengths) pair that is left-padded: refused, not read as right-padded
+    lt = pad([c13[0], c9[0]], "left", pad_id=7)
+    with pytest.raises(dclens.Error, match="row 1 of this .tokens, lengths. pair looks left-padded"):
+        graph.patch(m, (lt.tokens, lt.lengths), x, _metric, [], graph=g)
+
+
+def test_equal_baselines_warn(tiny_factory):
+    m, _, _ = _load(tiny_factory, DCP)
+    c, _ = _prompts(m)
+    with pytest.warns(patching.PatchingWarning, match="nearly equal"):
+        s = graph.attribute(m, c, c, ("logit_diff", POS, GOOD, BAD), progress=False)
+    assert not np.any(s.scores)  # no difference anywhere: every score is 0
+
+
+def test_roles_align_positions_across_pairs_of_different_lengths(tiny_factory):
+    """per_role of a padded batch equals, per pair alone, the position-aware
+    scores summed over that pair's positions of the role, averaged."""
+    from dclens.batch import pad
+
+    m, _, _ = _load(tiny_factory, DCP)
+    c13, x13 = _prompts(m, T=13, B=1, seed=1)
+    c9, x9 = _prompts(m, T=9, B=1, seed=2)
+    g = graph.build(m)
+    t = ("logit_diff", POS, GOOD, BAD)
+    roles = [
+        {"edit": [3, 7], "span": (4, 7), "end": -1},
+        {"edit": [3, 7], "span": (4, 7), "end": -1},
+    ]
+    s = graph.attribute(m, pad([c13[0], c9[0]]), pad([x13[0], x9[0]]), t, graph=g, roles=roles, progress=False)
+    assert s.roles == ("edit", "span", "end") and s.per_role.shape == (len(g.edges), 3)
+    want = np.zeros_like(s.per_role)
+    for (c, x), n in (((c13, x13), 13), ((c9, x9), 9)):
+        pp = graph.attribute(m, c, x, t, graph=g, positions=True, progress=False).per_position
+        want += np.stack([pp[:, [3, 7]].sum(1), pp[:, 4:7].sum(1), pp[:, n - 1]], axis=1) / 2
+    np.testing.assert_allclose(s.per_role, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    # roles that cover every position add up to the scores
+    part = graph.attribute(m, c13, x13, t, graph=g, roles={"head": (0, 5), "tail": (5, 13)}, progress=False)
+    np.testing.assert_allclose(part.per_role.sum(1), part.scores, atol=1e-6 * np.abs(part.scores).max())
+    bad = [
+        ({"a": 20}, "roles\\['a'\\] of pair 0"),
+        ({"a": (5, 5)}, "span .* is empty"),
+        ([{"a": 1}], "a list of 2 such dicts"),
+        ([{"a": 1}, {"b": 1}], "pair 1 names roles"),
+        ({3: 1}, "name the roles with strings"),
+    ]
+    for r, said in bad:
+        with pytest.raises(dclens.Error, match=said):
+            graph.attribute(m, pad([c13[0], c9[0]]), pad([x13[0], x9[0]]), t, graph=g, roles=r, progress=False)
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_gradients_in_chunks_of_layers_give_the_same_scores(tiny_factory, method):
+    """max_grad_bytes too small for every receiver's gradient at once: one
+    backward per layer, each scored as it comes; the same scores (per
+    position and per role too)."""
+    m, _, _ = _load(tiny_factory, DCP)
+    c, x = _prompts(m)
+    g = graph.build(m)
+    kw = dict(method=method, steps=3, graph=g, positions=True, roles={"edit": [3, 7], "end": -1}, progress=False)
+    t = ("logit_diff", POS, GOOD, BAD)
+    whole = graph.attribute(m, c, x, t, **kw)
+    split = graph.attribute(m, c, x, t, max_grad_bytes=1, **kw)  # a layer per backward
+    for a, b in (
+        (whole.scores, split.scores),
+        (whole.per_position, split.per_position),
+        (whole.per_role, split.per_role),
+    ):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * np.abs(a).max())

@@ -156,3 +156,62 @@ def test_baselines_are_checked(tiny_factory):
     assert "not finite" in patching.baseline_problem(float("nan"), 1.0)
     assert patching.baseline_problem(4.18, -2.17) == "" and patching.baseline_problem(0.5, 0.0) == ""
     assert "nearly equal" in patching.baseline_problem(0.0, 0.0)
+
+
+@pytest.mark.filterwarnings("ignore::dclens.PatchingWarning")  # random prompts: only the cells matter here
+@pytest.mark.parametrize("over", ["layer,head", "layer,pos", "layer,phase,branch", "composition"])
+def test_sweep_over_pairs_is_the_mean_of_each_pair(tiny_factory, over):
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    rng = np.random.default_rng(5)
+    c = rng.integers(0, model.config.vocab, (2, 8))
+    x = rng.integers(0, model.config.vocab, (2, 8))
+    mets = [patching.logit_diff(3, 4), patching.logit_diff(5, 6)]
+    r = patching.sweep(model, c, x, mets, over=over, progress=False)
+    one = [patching.sweep(model, c[b], x[b], mets[b], over=over, progress=False) for b in range(2)]
+    assert r.pairs == 2 and r.axes == one[0].axes
+    np.testing.assert_allclose(r.values, (one[0].values + one[1].values) / 2, rtol=1e-6, atol=1e-6)
+    # the baselines from one batched pass per side: float32 rounding apart from the pairs' own
+    assert r.clean == pytest.approx((one[0].clean + one[1].clean) / 2, abs=1e-4)
+    assert r.corrupted == pytest.approx((one[0].corrupted + one[1].corrupted) / 2, abs=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::dclens.PatchingWarning")
+def test_sweep_over_pairs_of_different_lengths_by_role(tiny_factory):
+    """Pairs of 8 and 6 tokens aligned by role: a role's cell patches all its
+    positions at once; a one-position role equals that position's cell of
+    the pair's own sweep; the result is the mean over pairs."""
+    from dclens.batch import pad
+
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    rng = np.random.default_rng(6)
+    c8, x8 = rng.integers(0, model.config.vocab, 8), rng.integers(0, model.config.vocab, 8)
+    c6, x6 = rng.integers(0, model.config.vocab, 6), rng.integers(0, model.config.vocab, 6)
+    met = patching.logit_diff(3, 4)
+    roles = {"first": 0, "end": -1, "middle": (2, 5)}
+    r = patching.sweep(model, pad([c8, c6]), pad([x8, x6]), met, over="layer,pos", roles=roles, progress=False)
+    assert r.axes == ("layer", "role") and r.labels[1] == ["first", "end", "middle"]
+    per = []
+    for c, x in ((c8, x8), (c6, x6)):
+        plain = patching.sweep(model, c, x, met, over="layer,pos", progress=False)
+        by_role = patching.sweep(model, c, x, met, over="layer,pos", roles=roles, progress=False)
+        np.testing.assert_allclose(by_role.values[:, 0], plain.values[:, 0], rtol=1e-6)  # "first"
+        np.testing.assert_allclose(by_role.values[:, 1], plain.values[:, -1], rtol=1e-6)  # "end"
+        # "middle": positions 2, 3, 4 patched together, by hand
+        _, cache = model.run_with_cache(c)
+
+        def fn(act, _n, src=np.asarray(cache["blocks.1.resid_pre"])):
+            act[2:5] = src[2:5]
+            return act
+
+        lg = model.run_with_hooks(x, fwd_hooks=[("blocks.1.resid_pre", fn)])
+        assert by_role.values[1, 2] == pytest.approx(met(lg), rel=1e-5, abs=1e-6)
+        per.append(by_role.values)
+    np.testing.assert_allclose(r.values, np.mean(per, 0), rtol=1e-6, atol=1e-6)
+    with pytest.raises(dclens.Error, match="name the positions by role"):
+        patching.sweep(model, pad([c8, c6]), pad([x8, x6]), met, over="layer,pos", progress=False)
+    with pytest.raises(dclens.Error, match="a list of 1 for 2 prompt pairs"):
+        patching.sweep(model, pad([c8, c6]), pad([x8, x6]), [met], over="layer,head", progress=False)
+    with pytest.raises(dclens.Error, match="positions= or roles="):
+        patching.sweep(model, c8, x8, met, over="layer,pos", positions=[1], roles=roles, progress=False)

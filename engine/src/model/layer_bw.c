@@ -342,36 +342,43 @@ static void attention_out_bw(dcs_tape *tp, int l, const bwctx *bc) {
  * head n's columns of d->dqkv (the gradient of the projection, before q/k
  * norm and rotary). Handed out only: the gradient reaching x through ln1
  * is the sum of these over heads and parts, which the shared path gives. */
-static void split_input_bw(dcs_tape *tp, int l, const bwctx *bc, int part) {
+static void split_inputs_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     const dcs_layer_weights *lw = &m->layers[l];
     dcs_backend *be = m->be;
-    const int point = DCS_HP_Q_INPUT + part, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
-    if (!dcs_tape_wants_grad(bc->g, bc->n_g, point, l)) return;
+    const int M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    int asked = 0;
+    for (int part = 0; part < 3; part++)
+        asked += dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_Q_INPUT + part, l);
+    if (!asked) return;
+    /* one set of buffers and one copy of x per head for the parts asked */
     const size_t all = sizeof(float) * (size_t)M * N * D;
     float *dln = be->ops->alloc(be, all), *xb = be->ops->alloc(be, all), *dx = be->ops->alloc(be, all);
     float *dy = be->ops->alloc(be, sizeof(float) * (size_t)M * Dh);
     if (!dln || !xb || !dx || !dy) tp->status = DCS_ERR_NOMEM;
-    const size_t es = dcs_dtype_size(lw->m_wqkv.dtype), row0 = (size_t)part * D;
-    if (tp->status) {
-    } else if (lw->m_wqkv.dtype == DCS_F32 || !be->ops->gemm_w) {
-        /* dln[:, n] [M, D] = dqkv[:, n's Dh columns] W_n [Dh, D], one gemm batched over the heads */
-        be->ops->gemm(be, 0, 0, M, D, Dh, 1.0f, tp->d.dqkv + row0, 3 * D, Dh,
-                      (const float *)lw->m_wqkv.p + row0 * D, D, (long long)Dh * D, 0.0f, dln, N * D, D, N);
-    } else { /* a 16-bit wqkv: head by head through gemm_w */
-        for (int n = 0; n < N; n++) {
-            const size_t row = row0 + (size_t)n * Dh;
-            const dcs_wmat wn = {(const char *)lw->m_wqkv.p + row * D * es, lw->m_wqkv.dtype};
-            be->ops->copy2d(be, dy, Dh, tp->d.dqkv + row, 3 * D, M, Dh);
-            be->ops->gemm_w(be, 0, M, D, Dh, dy, Dh, wn, 0.0f, dx, D); /* dx: scratch [M, D] */
-            be->ops->copy2d(be, dln + (size_t)n * D, (size_t)N * D, dx, D, M, D);
-        }
-    }
-    if (!tp->status) {
-        /* every head's row reads x: the norm's backward over M*N rows */
+    const size_t es = dcs_dtype_size(lw->m_wqkv.dtype);
+    if (!tp->status) /* every head's row reads x: the norm's backward over M*N rows */
         for (int n = 0; n < N; n++)
             be->ops->copy2d(be, xb + (size_t)n * D, (size_t)N * D, tp->L[l].x, D, M, D);
+    for (int part = 0; part < 3 && !tp->status; part++) {
+        const int point = DCS_HP_Q_INPUT + part;
+        const size_t row0 = (size_t)part * D;
+        if (!dcs_tape_wants_grad(bc->g, bc->n_g, point, l)) continue;
+        if (lw->m_wqkv.dtype == DCS_F32 || !be->ops->gemm_w) {
+            /* dln[:, n] [M, D] = dqkv[:, n's Dh columns] W_n [Dh, D], one gemm batched over the heads */
+            be->ops->gemm(be, 0, 0, M, D, Dh, 1.0f, tp->d.dqkv + row0, 3 * D, Dh,
+                          (const float *)lw->m_wqkv.p + row0 * D, D, (long long)Dh * D, 0.0f, dln, N * D, D,
+                          N);
+        } else { /* a 16-bit wqkv: head by head through gemm_w */
+            for (int n = 0; n < N; n++) {
+                const size_t row = row0 + (size_t)n * Dh;
+                const dcs_wmat wn = {(const char *)lw->m_wqkv.p + row * D * es, lw->m_wqkv.dtype};
+                be->ops->copy2d(be, dy, Dh, tp->d.dqkv + row, 3 * D, M, Dh);
+                be->ops->gemm_w(be, 0, M, D, Dh, dy, Dh, wn, 0.0f, dx, D); /* dx: scratch [M, D] */
+                be->ops->copy2d(be, dln + (size_t)n * D, (size_t)N * D, dx, D, M, D);
+            }
+        }
         be->ops->zero(be, dx, all);
         if (m->plan[l].norm == DCS_NORM_RMS)
             be->ops->rmsnorm_bw(be, dx, NULL, dln, xb, lw->attn_norm_w, M * N, D, c->norm_eps);
@@ -451,7 +458,7 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
         be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
     }
     be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
-    for (int part = 0; part < 3; part++) split_input_bw(tp, l, bc, part);
+    split_inputs_bw(tp, l, bc);
     lin_bw(be, d->dln1, 0.0f, gw->wqkv, gw->bqkv, d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
     if (pl->dcmha) dynamic_weights_bw(tp, l, bc, d->dln1, 1);

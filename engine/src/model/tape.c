@@ -44,8 +44,21 @@ static dcs_status bad_point(dcs_tape *tp, const char *what, int i, int point, in
                       layer, tp->first, tp->m->cfg.n_layer - 1);
 }
 
+/* want[]: the overridden points, and the read ones when `reads` */
+static void set_want(dcs_tape *tp, const dcs_hook_read *reads, int n_reads) {
+    const int L = tp->m->cfg.n_layer;
+    memset(tp->want, 0, (size_t)DCS_HP_COUNT * (L ? L : 1));
+    for (int i = 0; i < tp->n_ov; i++)
+        tp->want[dcs_hook_index(L, tp->ov[i].point,
+                                dcs_hook_point_is_layered(tp->ov[i].point) ? tp->ov[i].layer : 0)] = 1;
+    for (int i = 0; i < n_reads; i++)
+        tp->want[dcs_hook_index(L, reads[i].point,
+                                dcs_hook_point_is_layered(reads[i].point) ? reads[i].layer : 0)] = 1;
+}
+
 static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resid,
-                          const dcs_hook_override *ov, int n_ov, float *logits) {
+                          const dcs_hook_override *ov, int n_ov, const dcs_hook_read *reads, int n_reads,
+                          float *logits) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
@@ -65,18 +78,20 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
                               "read by gradients, not replaced; patch it in a forward pass",
                               dcs_hook_point_name(ov[i].point), ov[i].layer);
     }
+    for (int i = 0; i < n_reads; i++)
+        if (!reads[i].data || !runs_point(tp, reads[i].point, reads[i].layer))
+            return bad_point(tp, "read", i, reads[i].point, reads[i].layer);
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
     tp->status = DCS_OK;
     tp->have_forward = 0;
     tp->ov = ov;
     tp->n_ov = n_ov;
-    memset(tp->want, 0, (size_t)DCS_HP_COUNT * (L ? L : 1));
-    for (int i = 0; i < n_ov; i++)
-        tp->want[dcs_hook_index(L, ov[i].point, dcs_hook_point_is_layered(ov[i].point) ? ov[i].layer : 0)] =
-            1;
+    tp->rd = reads;
+    tp->n_rd = n_reads;
+    set_want(tp, reads, n_reads);
     dcs_hooks hooks = {tp->want, dcs_tape_ov_hook, tp};
     dcs_pass p;
-    dcs_pass_init(&p, m, n_ov ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
+    dcs_pass_init(&p, m, n_ov || n_reads ? &hooks : NULL, tp->B, tp->T, 0, "tape", "forward pass");
     p.keep = tp->L;
     /* the residual stream runs in xL, which leaves the last layer */
     if (!tp->first) {
@@ -94,6 +109,9 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     tp->pass_peak = p.peak;
     tp->bw_peak = 0;
     dcs_pass_end(&p);
+    tp->rd = NULL; /* the backward's recomputation reads nothing */
+    tp->n_rd = 0;
+    set_want(tp, NULL, 0);
     tp->held = L - 1; /* the shared internals (recompute) hold the last layer */
     m->last_peak_bytes = tp->bytes + tp->pass_peak;
     m->last_total_bytes = tp->bytes + p.total;
@@ -108,13 +126,22 @@ dcs_status dcs_tape_forward(dcs_tape *tp, const int32_t *tokens, const dcs_hook_
     if (tp->first)
         return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: it starts at layer %d; use dcs_tape_forward_from",
                           tp->first);
-    return forward(tp, tokens, NULL, ov, n_ov, logits);
+    return forward(tp, tokens, NULL, ov, n_ov, NULL, 0, logits);
+}
+
+dcs_status dcs_tape_forward_read(dcs_tape *tp, const int32_t *tokens, const dcs_hook_override *ov, int n_ov,
+                                 const dcs_hook_read *reads, int n_reads, float *logits) {
+    if (tp->first)
+        return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: it starts at layer %d; use dcs_tape_forward_from",
+                          tp->first);
+    if (n_reads < 0 || (n_reads && !reads)) return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: bad reads");
+    return forward(tp, tokens, NULL, ov, n_ov, reads, n_reads, logits);
 }
 
 dcs_status dcs_tape_forward_from(dcs_tape *tp, const int32_t *tokens, const float *resid,
                                  const dcs_hook_override *ov, int n_ov, float *logits) {
     if (!resid) return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: resid is NULL");
-    return forward(tp, tokens, tp->first ? resid : NULL, ov, n_ov, logits);
+    return forward(tp, tokens, tp->first ? resid : NULL, ov, n_ov, NULL, 0, logits);
 }
 
 /* Mean next-token cross-entropy over the positions with targets[i] >= 0;

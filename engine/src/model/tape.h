@@ -85,7 +85,9 @@ struct dcs_tape {
     tgrads d;
     const dcs_hook_override *ov;
     int n_ov;
-    uint8_t *want;               /* [DCS_HP_COUNT * n_layer]: the overridden points */
+    const dcs_hook_read *rd; /* the forward's reads (dcs_tape_forward_read; none after it) */
+    int n_rd;
+    uint8_t *want; /* [DCS_HP_COUNT * n_layer]: the overridden (and, in the forward, read) points */
     float *kT[2][3], *dkT[2][3]; /* CPU, per phase: transposed key-side dynamic weights and their grads */
     int have_forward;
     dcs_status status; /* allocation failure inside the backward */

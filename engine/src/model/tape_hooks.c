@@ -25,15 +25,19 @@ const dcs_hook_override *dcs_tape_ov(const dcs_tape *tp, int point, int layer) {
     return NULL;
 }
 
-/* Forward: the pass's hook at an overridden point writes the given data. */
+/* Forward: the pass's hook at an overridden point writes the given data;
+ * at a read point (the forward's only) it copies the activation out. */
 int dcs_tape_ov_hook(void *user, int point, int layer, float *data, const int64_t *shape, int nd) {
     (void)shape;
     (void)nd;
     dcs_tape *tp = user;
     const dcs_hook_override *o = dcs_tape_ov(tp, point, layer);
-    if (!o) return 0;
-    memcpy(data, o->data, dcs_tape_hook_numel(tp, point) * sizeof(float));
-    return 1;
+    const size_t n = dcs_tape_hook_numel(tp, point);
+    if (o) memcpy(data, o->data, n * sizeof(float));
+    for (int i = 0; i < tp->n_rd; i++)
+        if (tp->rd[i].point == point && (!dcs_hook_point_is_layered(point) || tp->rd[i].layer == layer))
+            memcpy(tp->rd[i].data, data, n * sizeof(float));
+    return o != NULL;
 }
 
 /* Backward: hand out the gradient at (point, layer) and cut it when the
