@@ -200,8 +200,9 @@ def test_sweep_over_pairs_of_different_lengths_by_role(tiny_factory):
         np.testing.assert_allclose(by_role.values[:, 1], plain.values[:, -1], rtol=1e-6)  # "end"
         # "middle": positions 2, 3, 4 patched together, by hand
         _, cache = model.run_with_cache(c)
+        src = np.asarray(cache["blocks.1.resid_pre"])
 
-        def fn(act, _n, src=np.asarray(cache["blocks.1.resid_pre"])):
+        def fn(act, _n, src=src):
             act[2:5] = src[2:5]
             return act
 
