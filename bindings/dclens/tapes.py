@@ -143,9 +143,7 @@ class Tape(EngineObject):
             if got:
                 if self.first:
                     raise Error("tape from layer %d: reads need a tape from layer 0" % self.first)
-                st = lib.dcs_tape_forward_read(
-                    self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), rd, len(got), lg
-                )
+                st = lib.dcs_tape_forward_read(self._tp, _ptr(toks, "const int32_t *"), arr, len(ov), rd, len(got), lg)
             elif self.first:
                 st = lib.dcs_tape_forward_from(
                     self._tp, _ptr(toks, "const int32_t *"), _ptr(resid, "const float *"), arr, len(ov), lg
