@@ -71,7 +71,8 @@ lint:
 	$(PY) -m ruff check $(PYFILES)
 	$(PY) -m ruff format --check $(PYFILES)
 	$(PY) -m mypy
-	find engine -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format --dry-run -Werror
+	find engine -path engine/build -prune -o \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print \
+		| xargs clang-format --dry-run -Werror
 
 demo: build
 	bash scripts/demo.sh
