@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=32)
     ap.add_argument("--window", type=int, default=48, help="the last WINDOW tokens of each prompt")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--act-steps", type=int, default=4, help="EAP-IG-activations: runs per node")
     ap.add_argument("--top", type=int, default=200)
     ap.add_argument("--random", type=int, default=300)
     ap.add_argument("--out", default=None)
@@ -117,6 +118,18 @@ def main(argv=None) -> int:
     )
     res["eap_over_fwd_bwd"] = res["eap_s"] / res["fwd_bwd_s"]
     res["eap_ig_over_fwd_bwd"] = res["eap_ig_s"] / res["fwd_bwd_s"]
+    res["act_steps"] = a.act_steps
+    res["eap_ig_act_s"], act = timed(
+        lambda: graph.attribute(
+            m, c, x, metrics, method="eap-ig-activations", steps=a.act_steps, graph=g, progress=False
+        ),
+        reps=1,
+    )
+    res["eap_ig_act_over_fwd_bwd"] = res["eap_ig_act_s"] / res["fwd_bwd_s"]
+    print(
+        "  EAP-IG-activations %d steps per node %.3f s (%.1fx)"
+        % (a.act_steps, res["eap_ig_act_s"], res["eap_ig_act_over_fwd_bwd"])
+    )
     print(
         "  forward+backward %.3f s, EAP %.3f s (%.1fx), EAP-IG %d steps %.3f s (%.1fx)"
         % (
@@ -151,13 +164,18 @@ def main(argv=None) -> int:
     res["spearman_eap_ig"] = spearman(ig.scores[pick], exact[pick])
     res["spearman_eap_top"] = spearman(eap.scores[top], exact[top])
     res["spearman_eap_ig_top"] = spearman(ig.scores[top], exact[top])
+    res["spearman_eap_ig_act"] = spearman(act.scores[pick], exact[pick])
+    res["spearman_eap_ig_act_top"] = spearman(act.scores[top], exact[top])
     kinds = np.array([g.detail[e].kind for e in g.edges])
     for kind in ("resid", "comp"):  # within each kind of edge, over the same sample
         k_ = pick[kinds[pick] == kind]
         res["spearman_eap_%s" % kind] = spearman(eap.scores[k_], exact[k_])
         res["spearman_eap_ig_%s" % kind] = spearman(ig.scores[k_], exact[k_])
+        res["spearman_eap_ig_act_%s" % kind] = spearman(act.scores[k_], exact[k_])
     k = max(1, int(round(0.05 * len(g.edges))))
     circ = ig.circuit(top_n=k)
+    res["faithfulness_top5pct_act"] = graph.faithfulness(m, act.circuit(top_n=k), c, x, metrics)
+    res["faithfulness_top5pct_eap"] = graph.faithfulness(m, eap.circuit(top_n=k), c, x, metrics)
     res["clean_metric"], res["corrupted_metric"] = clean_m, corr_m
     res["faithfulness_top5pct"] = graph.faithfulness(m, circ, c, x, metrics)
     res["top5pct_edges"] = k
@@ -165,29 +183,29 @@ def main(argv=None) -> int:
     res["composition_edges_in_circuit"] = sum(1 for e in circ.edges if g.detail[e].kind == "comp")
     res["composition_share_of_exact_top"] = float(np.isin(top, comp).mean())
     print("  exact effects of every edge %.1f s; clean %.3f, corrupted %.3f" % (res["exact_all_s"], clean_m, corr_m))
-    print(
-        "  Spearman with exact (top %d + %d random): EAP %.3f, EAP-IG %.3f; top only: %.3f, %.3f"
-        % (
-            a.top,
-            a.random,
-            res["spearman_eap"],
-            res["spearman_eap_ig"],
-            res["spearman_eap_top"],
-            res["spearman_eap_ig_top"],
+    for label, key in (("EAP", "eap"), ("EAP-IG", "eap_ig"), ("EAP-IG-activations", "eap_ig_act")):
+        print(
+            "  Spearman with exact, %s: %.3f over the top %d + %d random (top only %.3f; residual %.3f, "
+            "composition %.3f)"
+            % (
+                label,
+                res["spearman_" + key],
+                a.top,
+                a.random,
+                res["spearman_%s_top" % key],
+                res["spearman_%s_resid" % key],
+                res["spearman_%s_comp" % key],
+            )
         )
-    )
     print(
-        "  by kind: residual EAP %.3f, EAP-IG %.3f; composition EAP %.3f, EAP-IG %.3f"
+        "  faithfulness of the top 5%% (%d edges): EAP %.3f, EAP-IG-activations %.3f; EAP-IG %.3f (%d composition edges)"
         % (
-            res["spearman_eap_resid"],
-            res["spearman_eap_ig_resid"],
-            res["spearman_eap_comp"],
-            res["spearman_eap_ig_comp"],
+            k,
+            res["faithfulness_top5pct_eap"],
+            res["faithfulness_top5pct_act"],
+            res["faithfulness_top5pct"],
+            res["composition_edges_in_circuit"],
         )
-    )
-    print(
-        "  faithfulness of the EAP-IG top 5%% (%d edges, %d composition): %.3f"
-        % (k, res["composition_edges_in_circuit"], res["faithfulness_top5pct"])
     )
     if a.out:
         with open(a.out, "w") as f:

@@ -51,6 +51,7 @@ from .batch import prompt_pairs, role_weights
 from .hooks import read_only
 from .names import hook_name
 
+METHODS = ("eap", "eap-ig", "eap-ig-activations")
 BRANCH_COEF = ("qp", "kp", "static")  # branches through which a head lends to others
 SELF_BRANCHES = ("skip", "qg", "kg")
 
@@ -328,9 +329,9 @@ def _patch_hooks(model, g: Graph, es: list[Edge], xtoks: np.ndarray, corr: dict[
         def add_resid(a, _n, group=group):
             for e in group:
                 sh, sh_head = _sender_hook(e.sender)
-                delta = corr[sh] - cur[sh]
-                if sh_head >= 0:
-                    delta = delta[..., sh_head, :]
+                # the head's slice first: the difference of one head, not of all
+                at = (Ellipsis, sh_head, slice(None)) if sh_head >= 0 else (Ellipsis,)
+                delta = corr[sh][at] - cur[sh][at]
                 _, rh = _receiver_hook(e.receiver, g.n_layer)
                 if rh >= 0:
                     a[..., rh, :] += delta.astype(np.float32)
@@ -520,13 +521,23 @@ def attribute(
         ``("logprob", pos, tok)``, ``("logit", pos, tok)`` (pos counts in
         each pair's own length: -1 is its last real token), or a
         ``dclens.patching.logit_diff`` / ``logprob`` metric.
-    method : {"eap", "eap-ig"}
+    method : {"eap", "eap-ig", "eap-ig-activations"}
         "eap": the gradient of the clean run (Syed et al. 2023). "eap-ig":
         the gradient averaged over ``steps`` runs whose input embeddings lie
         on the line from the clean prompts' to the corrupted ones', at the
-        midpoints (k + 1/2) / steps (Hanna et al. 2024's input interpolation).
+        midpoints (k + 1/2) / steps (Hanna et al. 2024's input
+        interpolation, "EAP-IG-inputs" in the MIB benchmark).
+        "eap-ig-activations" (MIB's "EAP-IG-activations"): for each node in
+        turn (the embedding, each layer's attention output, each layer's
+        MLP output), ``steps`` runs with that node's output moved along the
+        line from its clean to its corrupted value (the same midpoints; the
+        node's moved value is a constant of the run, so no gradient passes
+        through it), everything else computed from the clean prompts; the
+        gradient averaged over all (2 L + 1) * steps runs. It tracks what one
+        edge patched alone does better than "eap-ig" (BENCHMARKS.md).
     steps : int
-        EAP-IG's number of runs (>= 1).
+        EAP-IG's number of runs (>= 1): in all ("eap-ig") or per node
+        ("eap-ig-activations").
     graph : Graph, optional
         ``build(model)``, when it is at hand.
     max_tape_bytes : int, optional
@@ -577,9 +588,9 @@ def attribute(
 
     if not isinstance(positions, bool):
         raise ArgumentError("positions must be True or False, not %r" % (positions,))
-    if method not in ("eap", "eap-ig"):
-        raise ArgumentError("method must be 'eap' or 'eap-ig', not %r" % (method,))
-    steps = check_index("steps", steps, 1, 1 << 20) if method == "eap-ig" else 1
+    if method not in METHODS:
+        raise ArgumentError("method must be one of %s, not %r" % (", ".join(map(repr, METHODS)), method))
+    steps = check_index("steps", steps, 1, 1 << 20) if method != "eap" else 1
     if max_grad_bytes is not None:
         max_grad_bytes = check_index("max_grad_bytes", max_grad_bytes, 1, 1 << 62)
     model.runner.refuse_hooks("graph.attribute")
@@ -617,15 +628,19 @@ def attribute(
     xc = {n: np.asarray(v) for n, v in xcache.items()}
     del xcache
     cc: dict[str, np.ndarray] = {}
-    if method == "eap-ig":  # the tape runs interpolated inputs: the clean values from a plain pass
+    if method != "eap":  # the tape runs interpolated inputs: the clean values from a plain pass
         clogits, ccache = model.run_with_cache(pr.clean, names=names)
         cc = {n: np.asarray(v) for n, v in ccache.items()}
         del ccache
     gnames = _grad_names(model, g)
     reads = [model.parse_hook(n) for n in names]
     budget = memplan.check_budget(max_tape_bytes, model)
-    embed_pt = model.parse_hook("embed")
-    alphas = (np.arange(steps) + 0.5) / steps if method == "eap-ig" else np.zeros(1)
+    alphas = (np.arange(steps) + 0.5) / steps if method != "eap" else np.zeros(1)
+    # the runs: (the node moved, how far along clean -> corrupted)
+    moved = ["embed"]
+    if method == "eap-ig-activations":
+        moved += [hook_name(l, x) for l in range(g.n_layer) for x in ("attn.head_out", "mlp.out")]
+    runs = [(n, a) for n in moved for a in alphas]
     cols = [None] + ([np.broadcast_to(np.eye(T, dtype=np.float32), (B, T, T))] if positions else []) + [W]
     acc: list = [None] * len(cols)  # scores summed over pairs: total, per position, per role
     S = None  # the senders' differences [senders, B, T, D]
@@ -638,22 +653,22 @@ def attribute(
             acc[i] = v if acc[i] is None else acc[i] + v
 
     grads: dict[str, np.ndarray] = {}
-    bar = _progress.bar(total=len(alphas), desc="graph.attribute (%s)" % method, progress=progress)
+    bar = _progress.bar(total=len(runs), desc="graph.attribute (%s)" % method, progress=progress)
     try:
         with tapes.lease(model, B, T, budget) as tape:
-            for a in alphas:
+            for node, a in runs:
                 if method == "eap":  # the clean run itself: its values read by the same pass
                     logits, got = tape.forward(ctoks, None, reads=reads)
                     cc = {n: got[p] for n, p in zip(names, reads)}
                     clogits = logits
                 else:
-                    e_c, e_x = cc["embed"], xc["embed"]
-                    logits = tape.forward(ctoks, {embed_pt: (e_c + np.float32(a) * (e_x - e_c))})
+                    v_c, v_x = cc[node], xc[node]
+                    logits = tape.forward(ctoks, {model.parse_hook(node): v_c + np.float32(a) * (v_x - v_c)})
                 if S is None:
                     S = _sender_deltas(g, cc, xc)
-                    for n in {_sender_hook(x)[0] for x in g.senders} - {"embed"}:  # in S now
-                        cc.pop(n, None), xc.pop(n, None)
                     chunks = _grad_chunks(model, tape, gnames, max_grad_bytes)
+                    for n in {_sender_hook(x)[0] for x in g.senders} - set(moved):  # in S now
+                        cc.pop(n, None), xc.pop(n, None)
                 _, dl = value_and_grad(logits)
                 for chunk in chunks:  # one backward per chunk of layers whose gradients fit at once
                     pts = [model.parse_hook(n) for n in chunk]
@@ -679,7 +694,7 @@ def attribute(
         )
     if grads:
         score(grads)
-    k = B * len(alphas)  # the mean over pairs and steps
+    k = B * len(runs)  # the mean over pairs and runs
     out = EdgeScores(g, acc[0] / k, method, steps, roles=role_names)
     if positions:
         out.per_position = acc[1] / k
@@ -746,17 +761,18 @@ def _resid_scores(g: Graph, S: np.ndarray, grads, W: np.ndarray | None = None) -
             continue
         k = 1 + max(sidx[e.sender] for r in rxs for e in by_rx[r])  # the upstream prefix
         cols: dict[tuple[str, int], int] = {}
-        Gs = []
-        for hook in dict.fromkeys(_receiver_hook(r, g.n_layer)[0] for r in rxs):
+        hooks = list(dict.fromkeys(_receiver_hook(r, g.n_layer)[0] for r in rxs))
+        width = [np.asarray(grads[h]).shape[-2] if np.ndim(grads[h]) == 4 else 1 for h in hooks]
+        Gl = np.empty(S.shape[1:] + (sum(width),), np.float32)  # [B, T, D, receivers], one C-order copy
+        for hook, w in zip(hooks, width):
             G = np.asarray(grads[hook], np.float32)
-            if G.ndim == 4:  # [B, T, N, D] -> [B, T, D, N]
-                G = np.moveaxis(G, -2, -1)
-                cols.update({(hook, n): len(cols) + n for n in range(G.shape[-1])})
+            c0 = len(cols)
+            if G.ndim == 4:  # [B, T, N, D] -> columns c0 .. c0 + N
+                Gl[..., c0 : c0 + w] = np.moveaxis(G, -2, -1)
+                cols.update({(hook, n): c0 + n for n in range(w)})
             else:
-                G = G[..., None]
-                cols[(hook, -1)] = len(cols)
-            Gs.append(G)
-        Gl = np.concatenate(Gs, axis=-1)  # [B, T, D, receivers]
+                Gl[..., c0] = G
+                cols[(hook, -1)] = c0
         if W is not None:
             prod = np.einsum("sbtd,btdc,btp->scp", S[:k], Gl, W, optimize=True)
         else:

@@ -387,3 +387,37 @@ def test_gradients_in_chunks_of_layers_give_the_same_scores(tiny_factory, method
         (whole.per_role, split.per_role),
     ):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("kw", [DCP, NEOX], ids=["dcpythia", "gpt_neox"])
+def test_eap_ig_activations_against_the_reference(tiny_factory, kw):
+    """eap-ig-activations with steps=1: each of the 2 L + 1 nodes in turn at
+    its clean/corrupted midpoint (a constant of the run); an edge's score is
+    the mean over those runs of the reference's directional derivative along
+    the edge's difference, the node held at its midpoint."""
+    m, sd, cfg = _load(tiny_factory, kw)
+    c, x = _prompts(m, B=1)
+    g = graph.build(m)
+    s = graph.attribute(
+        m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap-ig-activations", steps=1, graph=g, progress=False
+    )
+    L = m.config.n_layer
+    _, cc = ref_forward(sd, cfg, c[0], cache=True)
+    _, xc = ref_forward(sd, cfg, x[0], cache=True)
+    nodes = ["embed"] + ["blocks.%d.%s" % (l, n) for l in range(L) for n in ("attn.head_out", "mlp.out")]
+    for edge in ("embed->L1.H1.k", "L0.H2->L1.H0.q", "L0.mlp->logits", "embed->L0.H1.v"):
+        e = g.detail[edge]
+        delta = _ref_delta(sd, cfg, c[0], x[0], e.sender)
+        name, head = graph._receiver_hook(e.receiver, L)
+        h, fds = 1e-3, []
+        for node in nodes:
+            mid = (cc[node] + xc[node]) / 2
+
+            def at(eps, node=node, mid=mid, name=name, delta=delta, head=head):
+                iv = {node: lambda a, mid=mid: mid.copy(), name: lambda a: _add(a, eps * delta, head)}
+                return _metric(ref_forward(sd, cfg, c[0], interventions=iv))
+
+            fds.append((at(h) - at(-h)) / (2 * h))
+        want = float(np.mean(fds))
+        got = s.scores[g.edges.index(edge)]
+        assert abs(got - want) <= 3e-3 * max(abs(want), 1e-2), (edge, got, want)
