@@ -45,7 +45,7 @@ from .bundled import BundledModel, bundled_models
 from .explorer import Explorer, explore
 from .generate import Decoder, generate
 from .heatmaps import PNG, attention_heatmap, heatmap
-from .hooks import HookPoint, read_only
+from .hooks import HookPoint, Hooks, read_only
 from .model import (
     Cache,
     Config,
@@ -76,6 +76,7 @@ __all__ = [
     "Error",
     "Explorer",
     "HookPoint",
+    "Hooks",
     "LoadWarning",
     "Model",
     "NotFoundError",

@@ -11,7 +11,10 @@ and post), the routing matrix [N, N] of the query as a heatmap and as a head
 graph, the flows into one (head, query, key) by source head and branch (what
 routing.flows computes), the query's dynamic weights and, with attribution=,
 integrated gradients per head as a ranking that selects heads (the page then
-opens on the top-ranked head). Colours: sequential only for the softmax
+opens on the top-ranked head), and with circuit= (a dclens.graph.Circuit) a
+Circuit tab: the circuit as a layered graph, its edges with their scores and,
+at the page's query, each composition edge's clean map entry and lent share
+and each head's own share of its composed attention. Colours: sequential only for the softmax
 patterns (and the post-compose skip branch, the pattern itself), diverging
 around 0 for every signed quantity (docs/explorer.md, "Colours").
 
@@ -31,7 +34,7 @@ weights, as routing.flows does (docs/explorer.md).
 
 Test contract (docs/explorer.md): the fragment #layer=L&head=H&query=Q&view=V
 (V: pattern, pattern_composed, branch:NAME, routing, flows; also phase=pre|post,
-key=K) selects a view on load; once drawn, document.body.dataset.ready is "1"
+key=K, tab=circuit) selects a view on load; once drawn, document.body.dataset.ready is "1"
 and #dcs-selected carries the displayed numbers as JSON in data-values.
 """
 
@@ -292,6 +295,191 @@ def _ig_per_head(model, toks, layers: list[int], attribution) -> dict | None:
     }
 
 
+def _check_circuit(model, circuit):
+    """The Circuit given as circuit=, checked against the model: (circuit, the
+    model's graph), or (None, None)."""
+    from . import graph as _graph
+
+    if circuit is None:
+        return None, None
+    if isinstance(circuit, _graph.EdgeScores):
+        raise ArgumentTypeError(
+            "explore: circuit= takes a dclens.graph.Circuit, not EdgeScores: pass scores.circuit(top_n=...) "
+            "or scores.circuit(threshold=...)"
+        )
+    if not isinstance(circuit, _graph.Circuit):
+        raise ArgumentTypeError(
+            "explore: circuit= must be a dclens.graph.Circuit (EdgeScores.circuit) or None, not %s"
+            % type(circuit).__name__
+        )
+    c = model.config
+    cg = circuit.graph
+    for name in sorted(circuit.edges):
+        d = cg.detail.get(name) if isinstance(name, str) else None
+        if d is None:
+            raise ArgumentError("explore: circuit= holds %r, which is not an edge of its own graph" % (name,))
+        for node in (d.sender, _graph._node_of(d)):
+            if node.startswith("L"):
+                l, rest = node[1:].split(".", 1)
+                if int(l) >= c.n_layer or (rest.startswith("H") and int(rest[1:]) >= c.n_head):
+                    raise ArgumentError(
+                        "explore: circuit= edge %s names %s, out of range for %s (%d layers, %d heads): "
+                        "a circuit of another model?" % (name, node, model.name, c.n_layer, c.n_head)
+                    )
+    g = _graph.build(model)
+    if g.edges != cg.edges:
+        missing = [e for e in sorted(circuit.edges) if e not in g.detail]
+        raise ArgumentError(
+            "explore: circuit= was found on the graph of another model (%d edges; %s has %d%s)"
+            % (
+                len(cg.edges),
+                model.name,
+                len(g.edges),
+                ", and no edge %s" % missing[0] if missing else "",
+            )
+        )
+    return circuit, g
+
+
+def _circuit_names(model, g, circuit) -> list[str]:
+    """The hooks the circuit tab reads: every layer with a head of the circuit."""
+    layers = sorted({int(n[1:].split(".")[0]) for n in _circuit_nodes(g, circuit) if ".H" in n})
+    return [n for l in layers for n in _layer_names(model, l)]
+
+
+def _circuit_nodes(g, circuit) -> list[str]:
+    """Every node an edge of the circuit touches: embed, then by layer its
+    dynamic-weight input, heads and MLP, then the logits."""
+    from .graph import _node_of
+
+    def key(n: str) -> tuple[int, int, int]:
+        if n in ("embed", "logits"):
+            return (-1 if n == "embed" else g.n_layer, 0, 0)
+        l, rest = n[1:].split(".", 1)
+        return (int(l), {"dyn": 0, "mlp": 2}.get(rest, 1), int(rest[1:]) if rest.startswith("H") else 0)
+
+    touched = {n for e in circuit.edges for n in (g.detail[e].sender, _node_of(g.detail[e]))}
+    return sorted(touched, key=key)
+
+
+def _r6(a) -> list[float] | float:
+    """Values as JSON numbers with 6 significant digits (float32 holds about 7)."""
+    a = np.asarray(a, np.float64)
+    if not np.isfinite(a).all():
+        raise Error("explore: the circuit's values hold NaN or inf (a hook in force wrote them?)")
+    if a.ndim == 0:
+        return float("%.6g" % a)
+    return [float("%.6g" % v) for v in a]
+
+
+def _circuit_payload(model, circuit, g, cache) -> dict:
+    """What the page's Circuit tab shows, from this prompt's pass (``cache``).
+
+    Parameters
+    ----------
+    model : dclens.Model
+    circuit : dclens.graph.Circuit
+        Checked against the model (explore does it).
+    g : dclens.graph.Graph
+        ``graph.build(model)``.
+    cache : Cache
+        The prompt's pass, holding the layers' maps and dynamic weights of
+        every layer with a head of the circuit (one sequence, no batch axis).
+
+    Returns
+    -------
+    dict
+        ``nodes``: every node an edge touches (``id``, ``kind``, ``layer``,
+        ``head``, ``reaches``: whether it reaches the logits through the
+        circuit, ``Circuit.nodes``; a head also ``own``, ``total`` and
+        ``share`` [T], post-compose, from ``routing_matrices``' R[t]: own =
+        R[t][h, h], the part of its composed attention at query t that comes
+        from its own pattern; total = the sum over sources of R[t][:, h], all
+        of it; share = |own| / (|own| + sum over other heads m of
+        |R[t][m, h]|), its own share of the flow into it, 1 without
+        composition).
+        ``edges``, largest |score| first: ``name``, ``kind``, ``sender``,
+        ``node`` (the receiving node), ``part`` (q, k, v; or the branch, as
+        "post.kp"), ``score`` (or None); a composition edge also ``axis``
+        ("query", "key" or "none") and ``coef`` (the clean map entry
+        C[m, n] of its branch, ``graph._comp_coef``: [T] over queries for
+        qp / qg, over keys for kp / kg, one number for skip / static) and
+        ``lent`` [T]: sum over visible keys s of X[m, t, s] C[t, s][m, n],
+        what the source head's scores (pre) or pattern (post) give the
+        target at query t through that branch.
+
+    Raises
+    ------
+    dclens.Error
+        Values that are not finite.
+    """
+    from . import routing
+    from .graph import _comp_coef, _masked, _node_of
+
+    c = model.config
+    scores = circuit.scores or {}
+    reach = set(circuit.nodes)
+    nodes, R = [], {}
+    for n in _circuit_nodes(g, circuit):
+        node: dict = {"id": n, "reaches": n in reach, "layer": -1, "head": -1}
+        if n in ("embed", "logits"):
+            node["kind"] = n
+        else:
+            l, rest = n[1:].split(".", 1)
+            node["layer"] = int(l)
+            if rest.startswith("H"):
+                node.update(kind="head", head=int(rest[1:]))
+                if node["layer"] not in R:
+                    R[node["layer"]] = routing.routing_matrices(model, cache, "post", layers=[node["layer"]])[0]
+                Rl = R[node["layer"]][:, :, node["head"]]  # [T, sources]
+                own = Rl[:, node["head"]]
+                others = np.abs(np.delete(Rl, node["head"], axis=1)).sum(-1)
+                node["own"], node["total"] = _r6(own), _r6(Rl.sum(-1))
+                # |own| / (|own| + sum of |what each other head lends|): its share of the flow into it
+                node["share"] = _r6(
+                    np.divide(
+                        np.abs(own), np.abs(own) + others, out=np.ones_like(own), where=(np.abs(own) + others) > 0
+                    )
+                )
+            else:
+                node["kind"] = rest  # mlp, dyn
+        nodes.append(node)
+    edges = []
+    pos = {e: i for i, e in enumerate(g.edges)}
+    order = sorted(circuit.edges, key=lambda e: (-abs(scores.get(e, 0.0)), pos[e]))
+    for name in order:
+        d = g.detail[name]
+        e: dict = {
+            "name": name,
+            "kind": d.kind,
+            "sender": d.sender,
+            "node": _node_of(d),
+            "score": float(scores[name]) if name in scores else None,
+            "layer": d.layer,
+        }
+        if d.kind == "resid":
+            e["part"] = d.receiver.rsplit(".", 1)[1] if ".H" in d.receiver else ""
+        else:
+            e.update(part="%s.%s" % (d.phase, d.branch), phase=d.phase, branch=d.branch, src=d.src_head, dst=d.head)
+            C = _comp_coef(model, d, cache)  # [T, S]
+            X = cache[hook_name(d.layer, "attn.%s" % ("scores" if d.phase == "pre" else "pattern"))]
+            e["lent"] = _r6(_masked(model, d.layer, X[d.src_head].astype(np.float64) * C).sum(-1))
+            if d.branch in ("qp", "qg"):
+                e["axis"], e["coef"] = "query", _r6(C[:, 0])
+            elif d.branch in ("kp", "kg"):
+                e["axis"], e["coef"] = "key", _r6(C[0, :])  # the same for every query
+            else:
+                e["axis"], e["coef"] = "none", _r6(C[0, 0])
+        edges.append(e)
+    return {
+        "nodes": nodes,
+        "edges": edges,
+        "n_edges": len(edges),
+        "n_comp": sum(1 for e in edges if e["kind"] == "comp"),
+        "dcmha": bool(c.use_dcmha),
+    }
+
+
 def _labels(model, toks: np.ndarray) -> list[str]:
     """The tokens as text; "<id>" for a model directory without a tokenizer (given ids)."""
     if not os.path.lexists(os.path.join(model.path, "tokenizer.json")):
@@ -330,22 +518,56 @@ def _script_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def explore(model, text, layers=None, twin=None, attribution=None, *, progress: bool | None = None) -> Explorer:
+def explore(
+    model, text, layers=None, twin=None, attribution=None, *, circuit=None, progress: bool | None = None
+) -> Explorer:
     """Build the explorer page for `text` (a string or [T] tokens) on `model`.
-
-    layers: the layers to embed (default all; the page says which it holds).
-    twin: a second model with the same tokenizer (the MHA twin), whose attention
-    is drawn beside. attribution: per-head values shown as a ranking: a target
-    tuple for model.attribute (IG at every shown layer's head_out with a zero
-    baseline, e.g. ("logprob", -1, token); the page opens at its position),
-    its result, or an [n_layer, n_head] array; the page opens on the head
-    with the largest |value|.
-    progress: a tqdm bar over the layers (default: when stderr is a terminal).
 
     The forward passes run with the hooks in force (add_hook, `with
     model.hooks(...)`), so the page shows the hooked model. IG runs no Python
     hook: a target tuple with hooks in force raises dclens.Error (compute the
-    attribution outside the with block and pass its result)."""
+    attribution outside the with block and pass its result).
+
+    Parameters
+    ----------
+    model : dclens.Model
+    text : str or [T] integer tokens
+    layers : int or list of int, optional
+        The layers to embed (default all; the page says which it holds).
+    twin : dclens.Model, optional
+        A second model with the same tokenizer and head count (the MHA
+        twin), whose attention is drawn beside.
+    attribution : target tuple, Attribution or [n_layer, n_head] array, optional
+        Per-head values shown as a ranking: a target tuple for
+        model.attribute (IG at every shown layer's head_out with a zero
+        baseline, e.g. ("logprob", -1, token); the page opens at its
+        position), its result, or an array; the page opens on the head with
+        the largest |value|.
+    circuit : dclens.graph.Circuit, optional
+        ``EdgeScores.circuit(top_n=...)`` of this model: the page gets a
+        Circuit tab (the circuit as a layered graph, its edges and scores,
+        and at the page's query each composition edge's clean map entry and
+        what it lends, each head's own share of its composed attention),
+        and the circuit's heads are marked wherever heads are listed. Its
+        values come from this prompt's pass (docs/explorer.md, "Circuit
+        tab"); clicking a head in it selects the head.
+    progress : bool, optional
+        A tqdm bar over the layers (default: when stderr is a terminal).
+
+    Returns
+    -------
+    Explorer
+        The page (``.html``, ``.save(path)``; shows itself in notebooks).
+
+    Raises
+    ------
+    dclens.Error
+        A layer out of range, an attribution of the wrong shape or without
+        the layers shown, a twin that tokenizes differently or is not a
+        model, a circuit that is not a ``graph.Circuit`` or is one of
+        another model (a layer or head out of range, another graph), a page
+        whose data would exceed 256 MB, a target tuple with hooks in force.
+    """
     from tqdm.auto import tqdm
 
     if progress is not None:
@@ -360,6 +582,7 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
     T = int(toks.size)
     c = model.config
     lays = _layers(model, layers)
+    circ, cgraph = _check_circuit(model, circuit)
     if isinstance(attribution, tuple):  # IG runs no Python hook: refuse before any pass
         model.runner.refuse_hooks("explore(attribution=%r) computes integrated gradients" % (attribution,))
     # bytes before compression: the stored maps' visible cells (+ routing and dyn rows, [T, N] each)
@@ -395,7 +618,10 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
         total=len(lays) + 1, desc="explore", leave=False, disable=None if progress is None else not progress
     )  # None: only on a terminal
     try:
-        _, cache = model.run_with_cache(toks, names=[n for l in lays for n in _layer_names(model, l)])
+        names = [n for l in lays for n in _layer_names(model, l)]
+        if circ is not None:
+            names += _circuit_names(model, cgraph, circ)
+        _, cache = model.run_with_cache(toks, names=list(dict.fromkeys(names)))
         bar.update(1)
         blobs, manifests = {}, {}
         for l in lays:
@@ -421,6 +647,7 @@ def explore(model, text, layers=None, twin=None, attribution=None, *, progress: 
         "groups": int(getattr(c, "compose_groups", 1) or 1),
         "tokens": _labels(model, toks),
         "ig": _ig_per_head(model, toks, lays, attribution),
+        "circuit": _circuit_payload(model, circ, cgraph, cache) if circ is not None else None,
         "cmap": _colormaps(),
         "manifest": manifests,
     }

@@ -776,7 +776,7 @@ def _resid_scores(g: Graph, S: np.ndarray, grads, W: np.ndarray | None = None) -
         if W is not None:
             prod = np.einsum("sbtd,btdc,btp->scp", S[:k], Gl, W, optimize=True)
         else:
-            prod = S[:k].reshape(k, -1) @ Gl.reshape(-1, Gl.shape[-1])
+            prod = S[:k].reshape(k, -1) @ Gl.reshape(-1, len(cols))
         for r in rxs:
             c = cols[_receiver_hook(r, g.n_layer)]
             for e in by_rx[r]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -113,22 +113,126 @@ def is_read_only(fn) -> bool:
     return isinstance(fn, ReadOnlyHook)
 
 
+class Hooks(list[tuple[Any, HookFn]]):
+    """A list of (name, fn) hook pairs: what every ``dclens.interventions``
+    helper returns, and what every place that takes hooks accepts
+    (``run_with_hooks``, ``run_with_cache``, ``with model.hooks(...)``,
+    ``add_hook``, ``generate`` and ``Decoder.step``).
+
+    >>> model.run_with_hooks(toks, fwd_hooks=iv.ablate_head(model, 1, 2))
+    >>> model.run_with_hooks(toks, fwd_hooks=[*iv.disable_branch(model, "post", "kp"), *iv.ablate_head(model, 1, 2)])
+    >>> model.run_with_hooks(toks, fwd_hooks=[iv.ablate_head(model, 1, 2)])   # nested: flattened
+
+    A ``Hooks`` given as one element of a hooks list stands for its pairs
+    (the list is flattened), so code written when some helpers returned one
+    pair and others a list keeps working. Adding a ``Hooks`` to a list gives
+    a ``Hooks``; its repr lists every hook point with what the hook does.
+
+    Parameters
+    ----------
+    pairs : iterable of (name, fn) or Hooks, optional
+        The hooks; a ``Hooks`` among them is flattened into its pairs.
+
+    Raises
+    ------
+    dclens.Error
+        An element that is neither a (name, fn) pair with a callable fn nor
+        a ``Hooks``.
+    """
+
+    def __init__(self, pairs=()):
+        super().__init__(flatten_hooks(pairs, "Hooks"))
+
+    def __add__(self, other):
+        return Hooks(list(self) + list(other))
+
+    def __radd__(self, other):
+        return Hooks(list(other) + list(self))
+
+    def __getitem__(self, i):
+        got = super().__getitem__(i)
+        return Hooks(got) if isinstance(i, slice) else got
+
+    def __repr__(self) -> str:
+        if not self:
+            return "Hooks([])"
+        shown = [(n if isinstance(n, str) else repr(n), _describe(fn)) for n, fn in list(self)[:12]]
+        w = max(len(n) for n, _ in shown)
+        lines = ["  %-*s  %s" % (w, n, d) for n, d in shown]
+        if len(self) > 12:
+            lines.append("  ... %d more" % (len(self) - 12))
+        return "Hooks(%d hook%s:\n%s)" % (len(self), "" if len(self) == 1 else "s", "\n".join(lines))
+
+
+def _describe(fn) -> str:
+    """What a hook function does, for Hooks' repr: its name (the interventions
+    helpers name theirs after the call that made them)."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return name + (" [read-only]" if is_read_only(fn) else "")
+
+
+def flatten_hooks(fwd_hooks, what: str = "fwd_hooks") -> list:
+    """The (name, fn) pairs of a hooks list, each ``Hooks`` element replaced
+    by its pairs (not checked further here: hook_pairs does).
+
+    Parameters
+    ----------
+    fwd_hooks : list or tuple of (name, fn) pairs and Hooks
+    what : str
+        The argument's name, for errors.
+
+    Returns
+    -------
+    list
+        The pairs, in order.
+
+    Raises
+    ------
+    dclens.Error
+        ``fwd_hooks`` is one (name, fn) pair rather than a list of them, or
+        not a list or tuple (or Hooks, or other iterable for ``Hooks(...)``).
+    """
+    if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and isinstance(fwd_hooks[0], str):
+        raise Error("%s must be a list of (name, fn) pairs, got one pair %r: put it in a list" % (what, fwd_hooks))
+    if isinstance(fwd_hooks, (str, bytes, dict)) or not (
+        isinstance(fwd_hooks, (list, tuple)) or (what == "Hooks" and hasattr(fwd_hooks, "__iter__"))
+    ):
+        raise Error("%s must be a list of (name, fn) pairs, not %s %r" % (what, type(fwd_hooks).__name__, fwd_hooks))
+    out: list = []
+    for item in fwd_hooks:
+        if isinstance(item, Hooks):
+            out += flatten_hooks(item, what)  # (a Hooks appended into a Hooks too)
+        elif isinstance(item, tuple) and len(item) == 2 and callable(item[1]):
+            out.append(item)
+        elif isinstance(item, tuple) and len(item) == 2:
+            raise Error("hook %s: %r is not callable" % (item[0], item[1]))
+        else:
+            raise Error("%s must be a list of (name, fn) pairs (or Hooks), got %r" % (what, item))
+    return out
+
+
 def hook_pairs(fwd_hooks, read_only_all: bool = False) -> list[tuple[str, HookFn]]:
     """fwd_hooks as a list of (name, fn) pairs, fn checked callable and, with
-    read_only_all, declared read-only (names are resolved by the caller)."""
-    if isinstance(fwd_hooks, tuple) and len(fwd_hooks) == 2 and isinstance(fwd_hooks[0], str):
-        raise Error("fwd_hooks must be a list of (name, fn) pairs, got one pair %r: put it in a list" % (fwd_hooks,))
-    if not isinstance(fwd_hooks, (list, tuple)):
-        raise Error("fwd_hooks must be a list of (name, fn) pairs, not %s %r" % (type(fwd_hooks).__name__, fwd_hooks))
-    out = []
-    for item in fwd_hooks:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise Error("fwd_hooks must be a list of (name, fn) pairs, got %r" % (item,))
-        n, fn = item
-        if not callable(fn):
-            raise Error("hook %s: %r is not callable" % (n, fn))
-        out.append((n, read_only(fn) if read_only_all else fn))
-    return out
+    read_only_all, declared read-only (names are resolved by the caller).
+
+    Parameters
+    ----------
+    fwd_hooks : list or tuple of (name, fn) pairs, Hooks among them allowed
+        A ``Hooks`` (what the interventions helpers return) is a list of
+        pairs itself; one given as an element is flattened into its pairs.
+    read_only_all : bool
+        Declare every fn read-only (dclens.read_only).
+
+    Returns
+    -------
+    list of (name, fn)
+
+    Raises
+    ------
+    dclens.Error
+        Not a list of pairs (flatten_hooks), or an fn that is not callable.
+    """
+    return [(n, read_only(fn) if read_only_all else fn) for n, fn in flatten_hooks(fwd_hooks)]
 
 
 # ---------------------------------------------------------------- name table

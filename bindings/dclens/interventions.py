@@ -1,11 +1,17 @@
 """Ready-made hook functions for the common interventions.
 
-Each helper returns (name, fn) pairs for Model.run_with_hooks:
+Every helper returns a ``Hooks``: a list of (name, fn) pairs, accepted
+wherever hooks are (run_with_hooks, run_with_cache, ``with model.hooks``,
+add_hook, generate), alone, spliced into a list, or nested in one:
 
+    logits = model.run_with_hooks(tokens, fwd_hooks=ablate_head(model, layer=2, head=5))
     logits = model.run_with_hooks(tokens, fwd_hooks=[
         *disable_branch(model, "post", "kp", layers=[3]),
-        ablate_head(model, layer=2, head=5),
+        *ablate_head(model, layer=2, head=5),
     ])
+    hooks = disable_branch(model, "post", "kp") + ablate_head(model, 2, 5)   # a Hooks too
+    with model.hooks([ablate_head(model, 2, 5)]): ...                         # nested: flattened
+    hooks                       # repr: each hook point and what the hook does
 
 Head-indexed activations (layouts of shared/docs/hooks.md, without the batch
 axis for 1-D tokens): attn.z / q / k / v [T, N, Dh], head_out [T, N, D],
@@ -20,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import ArgumentError, check_index, check_layers, check_str, is_choice
+from .hooks import Hooks
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
 from .names import BRANCHES, PHASES, hook_name
@@ -91,14 +98,54 @@ def _check_head(model: Model, layer: int, head: int) -> None:
     check_index("head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
 
 
+def _named(fn, label: str):
+    """fn, named after the call that made it (Hooks' repr and the errors that
+    list hooks in force show the name)."""
+    fn.__name__ = fn.__qualname__ = label
+    return fn
+
+
+def _zeroing(label: str):
+    """A fresh hook function that zeroes the whole activation, named label."""
+
+    def fn(act, _name):
+        act[...] = 0.0
+        return act
+
+    return _named(fn, label)
+
+
 def ablate_head(
     model: Model, layer: int, head: int, kind: str = "zero", mean: np.ndarray | None = None, point: str = "attn.z"
-) -> tuple[str, object]:
+) -> Hooks:
     """Remove head `head` of `layer` from the residual stream.
 
-    kind="zero" sets its per-head output (attn.z by default) to 0; kind="mean"
-    replaces it by `mean` (e.g. mean_activation(cache_of_many_runs, ...)),
-    broadcast over positions: shape [Dh] or [T, Dh] for attn.z."""
+    Parameters
+    ----------
+    model : Model
+    layer, head : int
+        The head.
+    kind : {"zero", "mean"}
+        "zero" sets its per-head activation at ``point`` to 0; "mean"
+        replaces it by ``mean``.
+    mean : array, optional
+        With kind="mean": the replacement (e.g. ``mean_activation(cache of
+        many runs, ...)``), broadcast over positions: shape [Dh] or [T, Dh]
+        for attn.z.
+    point : str
+        The head-indexed hook to ablate at (default "attn.z").
+
+    Returns
+    -------
+    Hooks
+        One (name, fn) pair.
+
+    Raises
+    ------
+    dclens.Error
+        A layer or head out of range, a point without a head axis, a bad
+        kind, a missing or non-finite mean or one of the wrong last axis.
+    """
     _check_head(model, layer, head)
     check_str("ablate_head: point", point)
     try:
@@ -133,7 +180,7 @@ def ablate_head(
         act[idx] = 0.0 if kind == "zero" else np.broadcast_to(np.asarray(mean, np.float32), act[idx].shape)
         return act
 
-    return name, fn
+    return Hooks([(name, _named(fn, "ablate_head(layer=%d, head=%d, kind=%r)" % (layer, head, kind)))])
 
 
 def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") -> np.ndarray:
@@ -154,27 +201,61 @@ def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") 
     return per_head.reshape(-1, per_head.shape[-1]).mean(axis=0)
 
 
-def disable_branch(
-    model: Model, phase: str, branch: str, layers: Iterable[int] | None = None
-) -> list[tuple[str, object]]:
-    """Zero one compose branch (skip, qp, kp, qg, kg) of pre- or post-compose in
-    the chosen layers (all by default): the composed sum then lacks it."""
+def disable_branch(model: Model, phase: str, branch: str, layers: Iterable[int] | None = None) -> Hooks:
+    """Zero one compose branch of pre- or post-compose in the chosen layers:
+    the composed sum then lacks it.
+
+    Parameters
+    ----------
+    model : Model
+    phase : {"pre", "post"}
+    branch : {"skip", "qp", "kp", "qg", "kg"}
+    layers : list of int, optional
+        The layers (default all).
+
+    Returns
+    -------
+    Hooks
+        One (name, fn) pair per layer.
+
+    Raises
+    ------
+    dclens.Error
+        A bad phase, branch or layer, or a branch the model lacks.
+    """
     if not is_choice(phase, PHASES):
         raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
     if not is_choice(branch, BRANCHES):
         raise Error("branch must be one of %s, not %r" % (", ".join(BRANCHES), branch))
-    hooks: list[tuple[str, object]] = []
+    hooks = Hooks()
     for l in _layers(model, layers):
         name = hook_name(l, "attn.%s.%s" % (phase, branch))
         model.parse_hook(name)
-        hooks.append((name, _zero))
+        hooks.append((name, _zeroing("disable_branch(%r, %r)" % (phase, branch))))
     return hooks
 
 
-def disable_dynamic(model: Model, layers: Iterable[int] | None = None) -> list[tuple[str, object]]:
+def disable_dynamic(model: Model, layers: Iterable[int] | None = None) -> Hooks:
     """Zero every dynamic branch (qp, kp, qg, kg) of both phases: the layers then
-    compute plain multi-head attention with the same weights."""
-    out: list[tuple[str, object]] = []
+    compute plain multi-head attention with the same weights.
+
+    Parameters
+    ----------
+    model : Model
+    layers : list of int, optional
+        The layers (default all).
+
+    Returns
+    -------
+    Hooks
+        disable_branch's pairs for every dynamic branch the model has.
+
+    Raises
+    ------
+    dclens.Error
+        A bad layer, or a model without a compose.
+    """
+    out = Hooks()
     for phase in PHASES:
         for b in BRANCHES[1:]:
             if b in ("kp", "kg") and model.config.query_wise:
@@ -185,8 +266,30 @@ def disable_dynamic(model: Model, layers: Iterable[int] | None = None) -> list[t
     return out
 
 
-def scale(model: Model, name: str, factor: float, head: int | None = None) -> tuple[str, object]:
-    """Multiply an activation (or one head's slice of it) by `factor`."""
+def scale(model: Model, name: str, factor: float, head: int | None = None) -> Hooks:
+    """Multiply an activation (or one head's slice of it) by `factor`.
+
+    Parameters
+    ----------
+    model : Model
+    name : str
+        The hook (either spelling).
+    factor : float
+        A finite number.
+    head : int, optional
+        Only this head's slice (a head-indexed hook).
+
+    Returns
+    -------
+    Hooks
+        One (name, fn) pair.
+
+    Raises
+    ------
+    dclens.Error
+        An unknown hook, a factor that is not a finite number, a head out of
+        range or on a hook without a head axis.
+    """
     name = _canon(name)
     model.parse_hook(name)
     if not isinstance(factor, (int, float, np.integer, np.floating)) or not np.isfinite(factor):
@@ -202,15 +305,39 @@ def scale(model: Model, name: str, factor: float, head: int | None = None) -> tu
             act[_head_index(name, head, act.ndim)] *= factor
         return act
 
-    return name, fn
+    return Hooks([(name, _named(fn, "scale(%s%r)" % ("" if head is None else "head=%d, " % head, factor)))])
 
 
 def patch(
     model: Model, name: str, source: Cache, head: int | None = None, positions: Sequence[int] | None = None
-) -> tuple[str, object]:
+) -> Hooks:
     """Replace an activation by the one in `source` (another run's cache), for
-    all of it, one head, and/or some positions (the T axis, second from the
-    front for [T, ...] layouts, or the query axis of [N, T, S] maps)."""
+    all of it, one head, and/or some positions.
+
+    Parameters
+    ----------
+    model : Model
+    name : str
+        The hook (either spelling).
+    source : Cache
+        Another run's cache holding ``name`` (of the same shape as this run's).
+    head : int, optional
+        Only this head's slice (a head-indexed hook).
+    positions : list of int, optional
+        Only these positions: the T axis (second from the front for
+        [T, ...] layouts), or the query axis of [N, T, S] maps.
+
+    Returns
+    -------
+    Hooks
+        One (name, fn) pair.
+
+    Raises
+    ------
+    dclens.Error
+        An unknown hook, a source without it, a head or position out of
+        range; when the hook runs, a source of another shape.
+    """
     name = _canon(name)
     model.parse_hook(name)
     if head is not None:
@@ -242,12 +369,11 @@ def patch(
         act[tuple(idx)] = src[tuple(idx)]
         return act
 
-    return name, fn
-
-
-def _zero(act, _name):
-    act[...] = 0.0
-    return act
+    label = "patch(from source%s%s)" % (
+        "" if head is None else ", head=%d" % head,
+        "" if positions is None else ", positions=%s" % list(positions),
+    )
+    return Hooks([(name, _named(fn, label))])
 
 
 # ------------------------------------------------------------ attention variants
@@ -258,14 +384,31 @@ def _layers(model: Model, layers: Iterable[int] | None) -> list[int]:
     return check_layers(layers, model.config.n_layer)
 
 
-def disable_static(
-    model: Model, phases: Sequence[str] = ("pre", "post"), layers: Iterable[int] | None = None
-) -> list[tuple[str, object]]:
+def disable_static(model: Model, phases: Sequence[str] = ("pre", "post"), layers: Iterable[int] | None = None) -> Hooks:
     """Zero the static (Talking-Heads) composition branch of the given phases
-    and layers (use_sw models): the composition maps lose their fixed W term."""
+    and layers (use_sw models): the composition maps lose their fixed W term.
+
+    Parameters
+    ----------
+    model : Model
+        A model with the static branch (use_sw).
+    phases : list of {"pre", "post"}
+    layers : list of int, optional
+        The layers (default all).
+
+    Returns
+    -------
+    Hooks
+        One (name, fn) pair per phase and layer.
+
+    Raises
+    ------
+    dclens.Error
+        A model without the static branch, bad phases or layers.
+    """
     if not model.config.use_sw:
         raise Error("%s has no static composition branch (use_sw is off)" % model.name)
-    hooks: list[tuple[str, object]] = []
+    hooks = Hooks()
     if isinstance(phases, str) or not isinstance(phases, (list, tuple)):
         raise Error(
             "disable_static: phases must be a list of 'pre' / 'post', not %s %r" % (type(phases).__name__, phases)
@@ -276,7 +419,7 @@ def disable_static(
         for l in _layers(model, layers):
             name = hook_name(l, "attn.%s.static" % ph)
             model.parse_hook(name)
-            hooks.append((name, _zero))
+            hooks.append((name, _zeroing("disable_static(%r)" % ph)))
     return hooks
 
 
@@ -293,10 +436,34 @@ def force_routing(
     heads: Sequence[int],
     weights: Sequence[float] | None = None,
     positions: Sequence[int] | None = None,
-) -> tuple[str, object]:
+) -> Hooks:
     """Force the MoH routing of `layer`: the routing scores (attn.routing, [T, N])
     become `weights` (default 1 each) on `heads` and 0 on every other head, at
-    every position or only at `positions`. The gate multiplies each head's z."""
+    every position or only at `positions`. The gate multiplies each head's z.
+
+    Parameters
+    ----------
+    model : Model
+        A Mixture-of-Head model.
+    layer : int
+    heads : list of int
+        The heads routed to.
+    weights : list of float, optional
+        One finite weight per head (default 1 each).
+    positions : list of int, optional
+        Only these positions (default all).
+
+    Returns
+    -------
+    Hooks
+        One (name, fn) pair.
+
+    Raises
+    ------
+    dclens.Error
+        A model without MoH routing, a layer or head out of range, weights
+        of the wrong length or not finite.
+    """
     _moh(model)
     N = model.config.n_head
     heads = [int(h) for h in heads]
@@ -316,16 +483,37 @@ def force_routing(
         act[tuple(idx)] = row
         return act
 
-    return name, fn
+    return Hooks([(name, _named(fn, "force_routing(heads=%s)" % heads))])
 
 
 def scale_router_logits(
     model: Model, factor: float, layers: Iterable[int] | None = None, heads: Sequence[int] | None = None
-) -> list[tuple[str, object]]:
+) -> Hooks:
     """Multiply the MoH router logits (attn.router_logits, [T, N - hs]) by `factor`
     (all routed heads, or the routed-head indices `heads`, 0 = first routed head):
     < 1 flattens the routing distribution, > 1 sharpens it; the top-k selection
-    and the routing scores are recomputed from the scaled logits."""
+    and the routing scores are recomputed from the scaled logits.
+
+    Parameters
+    ----------
+    model : Model
+        A Mixture-of-Head model.
+    factor : float
+    layers : list of int, optional
+        The layers (default all).
+    heads : list of int, optional
+        Routed-head indices (default all routed heads).
+
+    Returns
+    -------
+    Hooks
+        One (name, fn) pair per layer.
+
+    Raises
+    ------
+    dclens.Error
+        A model without MoH routing, a routed head or layer out of range.
+    """
     hs, _ = _moh(model)
     NR = model.config.n_head - hs
     if heads is not None:
@@ -333,7 +521,7 @@ def scale_router_logits(
         for h in heads:
             if not 0 <= h < NR:
                 raise Error("routed head %d is out of range (%d routed heads)" % (h, NR))
-    out: list[tuple[str, object]] = []
+    out = Hooks()
     for l in _layers(model, layers):
         name = hook_name(l, "attn.router_logits")
         model.parse_hook(name)
@@ -345,7 +533,7 @@ def scale_router_logits(
                 act[..., heads] *= factor
             return act
 
-        out.append((name, fn))
+        out.append((name, _named(fn, "scale_router_logits(%r)" % (factor,))))
     return out
 
 
@@ -396,7 +584,7 @@ def block_lending(
     branches: Sequence[str] = ("qp", "kp"),
     kind: str = "zero",
     mean: np.ndarray | None = None,
-) -> list[tuple[str, object]]:
+) -> Hooks:
     """Remove what `head` of `layer` lends the other heads through the compose:
     the head keeps its own attention (its composed map, including its own
     terms of every branch) and its output; every other head's branch map loses
@@ -407,9 +595,31 @@ def block_lending(
     "static". kind="mean" lends `mean` [T, S] (e.g. head's pattern averaged
     over reference prompts) in place of head's own input instead of nothing.
 
-    Returns hooks for run_with_hooks / model.hooks: read-only ones at the
-    phase input and the dynamic weights, and one writing each branch map;
-    they read the pass they run in, so they compose with other hooks."""
+    Parameters
+    ----------
+    model : Model
+        A DCMHA model.
+    layer, head : int
+        The lending head.
+    phase : {"pre", "post", "both"}
+    branches : list of {"qp", "kp", "static"}
+    kind : {"zero", "mean"}
+    mean : array [T, S], optional
+        With kind="mean": what the head lends instead.
+
+    Returns
+    -------
+    Hooks
+        For run_with_hooks / model.hooks: read-only ones at the phase input
+        and the dynamic weights, and one writing each branch map; they read
+        the pass they run in, so they compose with other hooks.
+
+    Raises
+    ------
+    dclens.Error
+        A model without a compose, a layer or head out of range, a bad
+        phase, branch (or one the model lacks), kind or mean.
+    """
     c = model.config
     _check_head(model, layer, head)
     if not c.use_dcmha:
@@ -430,7 +640,7 @@ def block_lending(
         mean = np.asarray(mean, np.float64)
         if mean.ndim != 2 or mean.shape[0] != mean.shape[1] or not np.all(np.isfinite(mean)):
             raise Error("block_lending: mean must be a finite [T, S] map, got shape %s" % (mean.shape,))
-    out: list[tuple[str, object]] = []
+    out = Hooks()
     for ph in PHASES if phase == "both" else (phase,):
         present = [b for b in branches if hook_name(layer, "attn.%s.%s" % (ph, b)) in model.hook_names]
         for b in branches:
@@ -442,7 +652,7 @@ def block_lending(
     return out
 
 
-def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, mean) -> list[tuple[str, object]]:
+def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, mean) -> Hooks:
     from . import hooks as _hooks
 
     seen: dict = {}  # this pass's phase input and dynamic weights, read before the branches
@@ -450,9 +660,14 @@ def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, me
     want = {w for b in branches if b != "static" for w in (b[0] + "w1", b[0] + "w2")}
 
     def keep(key):
-        return _hooks.read_only(lambda act, _n: seen.__setitem__(key, np.array(act, np.float64)))
+        return _hooks.read_only(
+            _named(
+                lambda act, _n: seen.__setitem__(key, np.array(act, np.float64)),
+                "block_lending(L%dH%d) reads it" % (layer, head),
+            )
+        )
 
-    hooks: list[tuple[str, object]] = [(hook_name(layer, "attn.dyn.%s.%s" % (phase, w)), keep(w)) for w in sorted(want)]
+    hooks = Hooks([(hook_name(layer, "attn.dyn.%s.%s" % (phase, w)), keep(w)) for w in sorted(want)])
     hooks.append((src, keep("X")))
     for b in branches:
 
@@ -466,5 +681,5 @@ def _lending_hooks(model: Model, layer: int, head: int, phase: str, branches, me
             act -= lent_terms(model, layer, phase, b, X, seen, head).astype(np.float32)
             return act
 
-        hooks.append((hook_name(layer, "attn.%s.%s" % (phase, b)), fn))
+        hooks.append((hook_name(layer, "attn.%s.%s" % (phase, b)), _named(fn, "block_lending(L%dH%d)" % (layer, head))))
     return hooks

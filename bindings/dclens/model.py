@@ -46,7 +46,7 @@ from ._engine import ffi, lib
 from .bundled import resolve
 from .cache import Cache
 from .generate import generate as _generate
-from .hooks import HookFn, hook_pairs
+from .hooks import HookFn, Hooks, flatten_hooks, hook_pairs
 from .reference import ModelRef, fingerprint
 from .runner import Names, Runner
 from .weights import WeightsMixin
@@ -554,8 +554,9 @@ class Model(WeightsMixin):
         model's own hooks (add_hook and `with model.hooks(...)`, in the order
         they were added), then the call's fwd_hooks in the order given; names
         in dclens spelling. A per-call hook thus sees what an intervention in
-        force wrote."""
-        out = [(_names.canonical(n), fn) for n, fn in list(self._ctx_hooks) + list(per_call)]
+        force wrote. ``per_call`` may hold ``Hooks`` (what the interventions
+        helpers return) as elements: they are flattened."""
+        out = [(_names.canonical(n), fn) for n, fn in list(self._ctx_hooks) + flatten_hooks(per_call)]
         for n, fn in out:
             if not callable(fn):
                 raise Error("hook %s: %r is not callable" % (n, fn))
@@ -752,11 +753,40 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ persistent hooks
 
-    def add_hook(self, name: str, fn: HookFn, read_only: bool = False) -> None:
+    def add_hook(self, name: str | Hooks, fn: HookFn | None = None, read_only: bool = False) -> None:
         """Add a hook that every later pass (forward, run_with_*, generate) runs,
-        until reset_hooks() (read_only=True: see dclens.read_only)."""
-        for n, f in self._expand_hooks(hook_pairs([(name, fn)], read_only)):
-            self._ctx_hooks.append((self.resolve_hook(n), f))
+        until reset_hooks().
+
+        Parameters
+        ----------
+        name : str, predicate or Hooks
+            A hook name (either spelling), a predicate on names (the hook
+            runs at every name it accepts), or a ``Hooks`` (what the
+            interventions helpers return; then without ``fn``):
+            ``model.add_hook(iv.ablate_head(model, 1, 2))``.
+        fn : callable, optional
+            fn(act, name); required with a name or predicate.
+        read_only : bool
+            Declare fn (or every hook of a Hooks) read-only (dclens.read_only).
+
+        Raises
+        ------
+        dclens.Error
+            An unknown hook name, a fn that is not callable, a Hooks with a
+            fn, or a name without one.
+        """
+        if isinstance(name, Hooks):
+            if fn is not None:
+                raise ArgumentError("add_hook: give a Hooks alone (it holds its functions), not with fn=%r" % (fn,))
+            pairs = hook_pairs(name, read_only)
+        else:
+            if fn is None:
+                raise ArgumentError(
+                    "add_hook: fn is missing for hook %r (add_hook(name, fn), or add_hook(Hooks))" % (name,)
+                )
+            pairs = hook_pairs([(name, fn)], read_only)
+        pairs = [(self.resolve_hook(n), f) for n, f in self._expand_hooks(pairs)]  # all checked before any is added
+        self._ctx_hooks.extend(pairs)
 
     def reset_hooks(self) -> None:
         """Remove the hooks added with add_hook."""
@@ -766,7 +796,13 @@ class Model(WeightsMixin):
         """Context manager: the hooks apply to every pass inside the with block
         (read_only=True: see dclens.read_only).
 
-        >>> with model.hooks([iv.ablate_head(model, 1, 2)]):
+        ``fwd_hooks`` is a list of (name, fn) pairs or a ``Hooks`` (what the
+        interventions helpers return); a Hooks as one element of the list is
+        flattened into its pairs.
+
+        >>> with model.hooks(iv.ablate_head(model, 1, 2)):
+        ...     logits = model(toks)
+        >>> with model.hooks([*iv.ablate_head(model, 1, 2), *iv.disable_branch(model, "post", "kp")]):
         ...     logits = model(toks)"""
         pairs = [(self.resolve_hook(n), fn) for n, fn in self._expand_hooks(hook_pairs(fwd_hooks, read_only))]
 
@@ -821,6 +857,9 @@ class Model(WeightsMixin):
         array is copied back into the engine) unless it is read-only:
         dclens.read_only(fn), or read_only=True for all of fwd_hooks; a
         read-only hook gets a read-only array and costs no copy back.
+        fwd_hooks is a list of (name, fn) pairs or a ``Hooks`` (what the
+        interventions helpers return: ``fwd_hooks=iv.ablate_head(...)``); a
+        Hooks given as one element of the list is flattened into its pairs.
         With cache_names (None meaning every hook, as in run_with_cache),
         returns (logits, cache) of the hooked pass."""
         fwd_hooks = self._expand_hooks(hook_pairs(fwd_hooks, read_only))

@@ -739,7 +739,7 @@ def ablation_sweep(
             means = {n: rc[n].astype(np.float64).mean(0) for n in xs}  # [N, T, S]
         for l in layers:
             for h in range(N):
-                hooks = []
+                hooks = iv.Hooks()
                 for ph in PHASES if phase == "both" else (phase,):
                     x = hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))
                     mean = None if ref is None else means[x][h]

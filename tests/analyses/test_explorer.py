@@ -270,3 +270,121 @@ def test_misuse_raises_argument_errors(models, tmp_path):
         dclens.explore(model, ["a", "b"], progress=False)
     with pytest.raises(dclens.ArgumentTypeError, match="save: path"):
         dclens.explore(model, TEXT, layers=[0], progress=False).save(None)
+
+
+# ---------------------------------------------------------------- the circuit tab (issue 37)
+
+CLEAN = "Ruth has a sweater. Steven has a taxi. Ruth has a"
+CORRUPTED = "Ruth has a taxi. Steven has a sweater. Ruth has a"
+
+
+def _circuit(model, top_n=40):
+    from dclens import graph
+
+    good, bad = model.to_single_token(" sweater"), model.to_single_token(" taxi")
+    s = graph.attribute(model, CLEAN, CORRUPTED, ("logit_diff", -1, good, bad), progress=False)
+    return s, s.circuit(top_n=top_n)
+
+
+def _map_entry(cache, d):
+    """A composition edge's map entry C[m, n] from the dynamic weights, as model-spec.md writes
+    it: over queries for qp / qg, over keys for kp / kg, 1 for skip."""
+    m, n = d.src_head, d.head
+
+    def dyn(w):
+        return cache[hook_name(d.layer, "attn.dyn.%s.%s" % (d.phase, w))].astype(np.float64)
+
+    if d.branch == "skip":
+        return 1.0
+    if d.branch in ("qg", "kg"):
+        return dyn(d.branch[0] + "dd")[:, n]
+    w = d.branch[0]  # q or k: [T, R, N] each
+    return (dyn(w + "w1")[:, :, m] * dyn(w + "w2")[:, :, n]).sum(-1)
+
+
+def test_circuit_tab_data_equal_the_engines_values(models):
+    """The circuit's edges and scores as given; each composition edge's map entry and what it lends
+    at every query equal routing.flows (the engine's pass); each head's own share its routing column."""
+    from dclens import graph
+
+    model, _ = models
+    _, c = _circuit(model)
+    toks = model.to_tokens(CLEAN)
+    T, N = len(toks), model.config.n_head
+    meta = _script(dclens.explore(model, CLEAN, circuit=c, progress=False).html, "dcs-meta")
+    got = meta["circuit"]
+    g = c.graph
+    edges = {e["name"]: e for e in got["edges"]}
+    assert set(edges) == set(c.edges) and got["n_edges"] == len(c.edges) == len(got["edges"])
+    comp = [e for e in c.edges if g.detail[e].kind == "comp"]
+    assert got["n_comp"] == len(comp) > 0, "the test circuit needs composition edges"
+    assert {e: edges[e]["score"] for e in c.edges} == c.scores
+    assert [abs(e["score"]) for e in got["edges"]] == sorted((abs(v) for v in c.scores.values()), reverse=True)
+    want_nodes = {n for e in c.edges for n in (g.detail[e].sender, graph._node_of(g.detail[e]))}
+    assert {n["id"] for n in got["nodes"]} == want_nodes
+    assert {n["id"] for n in got["nodes"] if n["reaches"]} == set(c.nodes) & want_nodes
+    _, cache = model.run_with_cache(toks)
+    branches = routing.flow_branches(model)
+    flows = {}
+    for name in comp:
+        d, e = g.detail[name], edges[name]
+        assert (e["sender"], e["node"], e["part"]) == (
+            d.sender,
+            "L%d.H%d" % (d.layer, d.head),
+            d.phase + "." + d.branch,
+        )
+        for t in range(T):
+            key = (d.layer, d.phase, d.head, t)
+            if key not in flows:
+                flows[key] = routing.flows(model, toks, d.layer, d.phase, d.head, t, cache=cache)
+            F = flows[key][d.src_head, branches.index(d.branch)]  # [S]: X[m, t, s] C[t, s][m, n]
+            np.testing.assert_allclose(e["lent"][t], F.sum(), rtol=2e-5, atol=1e-5)
+        assert e["axis"] == {"skip": "none", "qg": "query", "qp": "query", "kg": "key", "kp": "key"}[d.branch]
+        np.testing.assert_allclose(e["coef"], _map_entry(cache, d), rtol=2e-5, atol=1e-6)
+    for name in set(c.edges) - set(comp):
+        assert "coef" not in edges[name] and edges[name]["kind"] == "resid"
+    heads = [n for n in got["nodes"] if n["kind"] == "head"]
+    assert heads
+    for n in heads:
+        R = np.stack([routing.routing_matrix(model, toks, n["layer"], "post", t) for t in range(T)])[:, :, n["head"]]
+        own, others = R[:, n["head"]], np.abs(np.delete(R, n["head"], axis=1)).sum(-1)
+        np.testing.assert_allclose(n["own"], own, rtol=2e-5, atol=1e-5)
+        np.testing.assert_allclose(n["total"], R.sum(-1), rtol=2e-5, atol=1e-5)
+        np.testing.assert_allclose(n["share"], np.abs(own) / (np.abs(own) + others), rtol=2e-5, atol=1e-6)
+        assert 0 <= min(n["share"]) and max(n["share"]) <= 1 and N > 1
+
+
+def test_circuit_of_a_plain_mha_model_and_of_some_layers(models):
+    model, twin = models
+    _, c = _circuit(twin, top_n=15)
+    got = _script(dclens.explore(twin, CLEAN, circuit=c, progress=False).html, "dcs-meta")["circuit"]
+    assert got["n_comp"] == 0 and got["dcmha"] is False and len(got["edges"]) == 15
+    assert all(v == 1.0 for n in got["nodes"] if n["kind"] == "head" for v in n["share"])  # no composition
+    # a page holding some layers still carries the whole circuit (its values from the same pass)
+    _, c = _circuit(model)
+    full = _script(dclens.explore(model, CLEAN, circuit=c, progress=False).html, "dcs-meta")["circuit"]
+    some = _script(dclens.explore(model, CLEAN, layers=[3], circuit=c, progress=False).html, "dcs-meta")
+    assert some["layers"] == [3] and some["circuit"] == full
+    assert _script(dclens.explore(model, CLEAN, progress=False).html, "dcs-meta")["circuit"] is None
+    empty = _circuit(model)[0].circuit(threshold=1e9)
+    got = _script(dclens.explore(model, CLEAN, circuit=empty, progress=False).html, "dcs-meta")["circuit"]
+    assert got["edges"] == [] and got["nodes"] == []
+
+
+def test_circuit_misuse_names_the_argument(models):
+    model, twin = models
+    scores, c = _circuit(model)
+    small = dclens.load("dcpythia-small")  # 6 layers, 8 heads: out of range for the tiny model
+    _, big = _circuit(small, top_n=60)
+    assert any(".H6" in n or ".H7" in n or n.startswith(("L4", "L5")) for n in big.nodes)
+    _, mha = _circuit(twin)
+    for kw, cls, msg in [
+        (dict(circuit=scores), dclens.ArgumentTypeError, r"circuit= takes a dclens.graph.Circuit, not EdgeScores"),
+        (dict(circuit=list(c.edges)), dclens.ArgumentTypeError, r"circuit= must be a dclens.graph.Circuit"),
+        (dict(circuit=big), dclens.ArgumentError, r"circuit= edge .* out of range for dcpythia-tiny .*another model"),
+        (dict(circuit=mha), dclens.ArgumentError, r"circuit= was found on the graph of another model"),
+    ]:
+        with pytest.raises(cls, match=msg):
+            dclens.explore(model, CLEAN, progress=False, **kw)
+    with pytest.raises(dclens.ArgumentError, match=r"circuit= was found on the graph of another model.*no edge"):
+        dclens.explore(twin, CLEAN, circuit=c, progress=False)

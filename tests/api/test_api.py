@@ -109,7 +109,7 @@ def test_hooks_context_manager_add_hook_and_cache_names_none(tiny_factory):
         _, c = model.run_with_cache(toks, names=["blocks.1.attn.z"])
         assert np.all(c["z", 1][:, 2] == 0)
     np.testing.assert_array_equal(model(toks), plain)
-    model.add_hook("blocks.1.attn.hook_z", ablate[1])
+    model.add_hook("blocks.1.attn.hook_z", ablate[0][1])  # a Hooks holds (name, fn) pairs
     np.testing.assert_array_equal(model(toks), want)
     model.reset_hooks()
     np.testing.assert_array_equal(model(toks), plain)

@@ -561,3 +561,156 @@ def test_flows_shown_once_and_the_stored_value_labelled_rounded(built, browser):
     assert browser.execute_script(count % ("flows", "flows")) == [1, False]  # in its panel
     _open(browser, path, "layer=%d&head=%d&query=%d&view=routing" % (layer, head, query))
     assert browser.execute_script(count % ("routing", "routing")) == [1, True]
+
+
+# ---------------------------------------------------------------- issue 37: the circuit tab
+
+
+@pytest.fixture(scope="module")
+def circuit_page(tmp_path_factory):
+    from dclens import graph
+
+    model = dclens.load("dcpythia-tiny")
+    clean, corrupted = (
+        "Ruth has a sweater. Steven has a taxi. Ruth has a",
+        "Ruth has a taxi. Steven has a sweater. Ruth has a",
+    )
+    good, bad = model.to_single_token(" sweater"), model.to_single_token(" taxi")
+    c = graph.attribute(model, clean, corrupted, ("logit_diff", -1, good, bad), progress=False).circuit(top_n=40)
+    path = str(tmp_path_factory.mktemp("circuit") / "circuit.html")
+    dclens.explore(model, clean, circuit=c, progress=False).save(path)
+    return model, model.to_tokens(clean), c, path
+
+
+def _circuit_values(d):
+    return json.loads(d.find_element(By.ID, "dcs-circuit").get_attribute("data-values"))
+
+
+def test_circuit_tab_draws_the_circuit_and_selects_heads(circuit_page, browser):
+    from dclens import graph
+
+    model, toks, c, path = circuit_page
+    T, g = len(toks), c.graph
+    browser.get_log("performance")  # drop what earlier tests logged
+    browser.get_log("browser")
+    browser.get("file://%s" % path)  # no fragment: a page with a circuit opens on its tab
+    state, _ = _read(browser)
+    assert browser.execute_script("return document.body.classList.contains('tab-circuit')")
+    assert "tab=circuit" in browser.execute_script("return location.hash")
+    assert browser.find_element(By.ID, "dcs-circuit-section").is_displayed()
+    assert not browser.find_element(By.ID, "dcs-heads-panel").is_displayed()  # the maps' panels: the other tab
+    nodes = {n for e in c.edges for n in (g.detail[e].sender, graph._node_of(g.detail[e]))}
+    svg = browser.find_element(By.ID, "dcs-circuit-svg")
+    drawn = [e.get_attribute("data-node") for e in svg.find_elements(By.CSS_SELECTOR, "g.cnode")]
+    assert sorted(drawn) == sorted(nodes)
+    paths = svg.find_elements(By.CSS_SELECTOR, "path.cedge")
+    assert sorted(p.get_attribute("data-edge") for p in paths) == sorted(c.edges)
+    n_comp = sum(1 for e in c.edges if g.detail[e].kind == "comp")
+    assert len(svg.find_elements(By.CSS_SELECTOR, "path.cedge.comp")) == n_comp > 0
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#dcs-circuit tr[data-edge]")) == len(c.edges)
+    # the page's values at its query: what each composition edge lends there, as routing.flows gives it
+    t = int(state["query"])
+    vals = _circuit_values(browser)
+    assert vals["query"] == t and set(vals["edges"]) == set(c.edges)
+    _, cache = model.run_with_cache(toks)
+    for name in c.edges:
+        d = g.detail[name]
+        if d.kind != "comp":
+            assert vals["edges"][name] == {"coef": None, "lent": None}
+            continue
+        F = routing.flows(model, toks, d.layer, d.phase, d.head, t, cache=cache)
+        want = F[d.src_head, routing.flow_branches(model).index(d.branch)].sum()
+        assert abs(vals["edges"][name]["lent"] - want) <= 2e-5 * max(1.0, abs(want)), name
+    # the circuit's heads are marked among the head buttons of the layer shown
+    layer = int(state["layer"])
+    marked = {
+        int(b.get_attribute("data-head")) for b in browser.find_elements(By.CSS_SELECTOR, "#dcs-heads button.circ")
+    }
+    assert marked == {int(n.split(".H")[1]) for n in nodes if n.startswith("L%d.H" % layer)}
+    # clicking a head node selects it in the rest of the page
+    other = next(
+        e
+        for e in svg.find_elements(By.CSS_SELECTOR, "g.cnode")
+        if e.get_attribute("data-head") not in ("-1", state["head"]) and e.get_attribute("data-layer") == str(layer)
+    )
+    want_head = other.get_attribute("data-head")
+    other.click()
+    state2, row = _read(browser, {"head": want_head})
+    assert (state2["layer"], state2["head"]) == (str(layer), want_head)
+    assert "head=%s" % want_head in browser.execute_script("return location.hash")
+    on = browser.find_elements(By.CSS_SELECTOR, "#dcs-circuit-svg g.cnode.on")
+    assert [e.get_attribute("data-node") for e in on] == ["L%d.H%s" % (layer, want_head)]
+    # the selected view shows that head's row: the engine's composed weights, as stored
+    want = cache[hook_name(layer, "attn.pattern_composed")].astype(np.float64)
+    vis = _vis(model, layer, T)
+    _row_check(row, want[int(want_head), t], explorer.stored_step(want, vis)[int(want_head), t], vis[t])
+    # clicking a composition edge's row selects its receiving head and the branch it goes through
+    name = next(e for e in sorted(c.edges) if g.detail[e].kind == "comp" and g.detail[e].head != int(want_head))
+    d = g.detail[name]
+    browser.find_element(By.CSS_SELECTOR, '#dcs-circuit tr[data-edge="%s"]' % name).click()
+    state3, _ = _read(browser, {"head": str(d.head), "view": "branch:" + d.branch})
+    assert (state3["layer"], state3["phase"]) == (str(d.layer), d.phase)
+    # another query: the values follow it
+    browser.find_element(By.CSS_SELECTOR, '#dcs-tokens .tok[data-pos="5"]').click()
+    _read(browser, {"query": "5"})
+    assert _circuit_values(browser)["query"] == 5
+    # the other tab, and back through the fragment
+    browser.find_element(By.ID, "dcs-tab-maps").click()
+    _read(browser)
+    assert not browser.execute_script("return document.body.classList.contains('tab-circuit')")
+    assert browser.find_element(By.ID, "dcs-heads-panel").is_displayed()
+    assert "tab=maps" in browser.execute_script("return location.hash")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#dcs-heads-panel .strip-row.circ")
+    assert rows and all(
+        r.find_element(By.CLASS_NAME, "lab").text.split()[0] in ("H%d" % h for h in marked) for r in rows
+    )
+    browser.find_element(By.ID, "dcs-tab-circuit").click()
+    _read(browser)
+    assert browser.find_element(By.ID, "dcs-circuit-svg").is_displayed()
+    assert not browser.find_element(By.ID, "dcs-heads-panel").is_displayed()
+    _open(browser, path, "layer=%d&head=0&query=7&view=pattern&tab=maps" % layer)
+    assert not browser.execute_script("return document.body.classList.contains('tab-circuit')")
+    _open(browser, path, "layer=%d&head=0&query=7&view=pattern&tab=circuit" % layer)
+    assert browser.execute_script("return document.body.classList.contains('tab-circuit')")
+    assert _circuit_values(browser)["query"] == 7
+    # nothing left the page, and no console error
+    urls = []
+    for entry in browser.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg["method"] in ("Network.requestWillBeSent", "Network.webSocketCreated"):
+            urls.append(msg["params"].get("request", {}).get("url") or msg["params"].get("url"))
+    assert urls and all(u.split("#")[0] == "file://" + path for u in urls), urls
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_circuit_tab_fits_a_1400x1800_view(circuit_page, browser):
+    """The graph, the heads' table and the edges' table in a 1400 x 1800 window: nothing clipped
+    on the right, the graph and its side table inside the window's height."""
+    model, toks, c, path = circuit_page
+    browser.set_window_size(1400, 1800)
+    try:
+        browser.get("file://%s#tab=circuit" % path)
+        browser.refresh()
+        _read(browser)
+        r = browser.execute_script(
+            "const w = window.innerWidth, h = window.innerHeight, box = (id) => document.getElementById(id).getBoundingClientRect();"
+            "const p = document.getElementById('dcs-circuit-section');"
+            "return [box('dcs-circuit-svg').right, box('dcs-circuit-svg').bottom, document.querySelector('.circ-side').getBoundingClientRect().right,"
+            " document.querySelector('.circ-edges').getBoundingClientRect().bottom, p.scrollWidth, p.clientWidth, w, h]"
+        )
+        svg_right, svg_bottom, side_right, table_bottom, sw, cw, w, h = r
+        assert svg_right <= w and side_right <= w and svg_bottom <= h and table_bottom <= h, r
+        assert sw <= cw + 1, r  # the circuit panel does not scroll sideways
+    finally:
+        browser.set_window_size(1400, 1400)
+
+
+def test_a_page_without_a_circuit_has_no_circuit_tab(built, browser):
+    model, toks, ex, path, cache, _ = built
+    _open(browser, path, "layer=1&head=2&query=150&view=pattern&tab=circuit")  # read on load or on hashchange
+    assert not browser.find_element(By.ID, "dcs-tabs").is_displayed()
+    assert not browser.find_element(By.ID, "dcs-circuit-section").is_displayed()
+    assert not browser.execute_script("return document.body.classList.contains('tab-circuit')")
+    assert "tab (no circuit in this page)" in browser.find_element(By.ID, "dcs-status").text
+    assert "tab=" not in browser.execute_script("return location.hash")
+    assert browser.find_element(By.ID, "dcs-heads-panel").is_displayed()

@@ -28,7 +28,7 @@ def model():
 def _hook(model):
     """An intervention that moves every logit: head 2 of layer 1 ablated, and
     the residual into layer 2 scaled."""
-    return [iv.ablate_head(model, 1, 2), iv.scale(model, "blocks.2.resid_pre", 0.5)]
+    return iv.ablate_head(model, 1, 2) + iv.scale(model, "blocks.2.resid_pre", 0.5)
 
 
 def _ways(model, hooks):

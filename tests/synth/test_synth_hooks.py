@@ -40,7 +40,7 @@ def lines(published):
 
 def ablate_layer0(model, heads):
     """Zero heads 0..heads-1 of layer 0 (attn.z): moves the accuracy without making it 0."""
-    return [iv.ablate_head(model, 0, h) for h in range(heads)]
+    return iv.Hooks([iv.ablate_head(model, 0, h) for h in range(heads)])  # one Hooks: their pairs
 
 
 def plain_loop(model, lines):

@@ -1,7 +1,7 @@
 // dclens explorer page (built by dclens.explorer; docs/explorer.md).
 // Data: per layer one deflate-compressed buffer of 8-bit rows with float32
 // scales (META.manifest says where each array lies), decoded on first use.
-// Contract: #layer=L&head=H&query=Q&view=V[&phase=P&key=K] selects a view;
+// Contract: #layer=L&head=H&query=Q&view=V[&phase=P&key=K&tab=circuit] selects a view;
 // once drawn, body.dataset.ready is "1" and #dcs-selected's data-values
 // holds the displayed numbers as JSON (null at masked keys).
 (function () {
@@ -12,11 +12,21 @@
   const FB = META.flow_branches;                      // branch axis of the flows
   const $ = (id) => document.getElementById(id);
   const decoded = {};                                 // layer -> {name: array}
+  const CIRC = META.circuit;                          // explore(circuit=...): the circuit tab's data, or null
+  const TAB0 = CIRC ? "circuit" : "maps";             // a page with a circuit opens on its tab
   const state = { layer: META.layers[0], head: 0, query: T - 1, key: null, view: META.dcmha ? "pattern_composed" : "pattern",
-                  phase: "post", show: "both", preview: null };
+                  phase: "post", show: "both", preview: null, tab: TAB0 };
+  const circHeads = new Set();                        // "l.h" of every head node of the circuit
+  if (CIRC) CIRC.nodes.forEach((n) => { if (n.kind === "head") circHeads.add(n.layer + "." + n.head); });
+  const inCircuit = (l, h) => circHeads.has(l + "." + h);
   if (META.ig) {                                      // open on the head IG ranks first (and the target's position)
     [state.layer, state.head] = META.ig.top;
     if (META.ig.query !== null) state.query = META.ig.query;
+  } else if (CIRC) {                                  // or on the head of the circuit's top edge
+    for (const e of CIRC.edges) {
+      const n = [e.node, e.sender].map((id) => CIRC.nodes.find((x) => x.id === id)).find((x) => x && x.kind === "head" && META.layers.includes(x.layer));
+      if (n) { state.layer = n.layer; state.head = n.head; break; }
+    }
   }
 
   // ------------------------------------------------------------ decoding
@@ -347,11 +357,13 @@
     for (let n = 0; n < N; n++) {
       const pick = () => { state.head = n; update(); };
       const lab = H(n);
-      if (show !== "composed") box.appendChild(rowEl(lab + " pat", mapRow(D, "pattern", n, t), false, n === state.head, pick));
-      if (show !== "pattern") box.appendChild(rowEl(lab + " comp", mapRow(D, "pattern_composed", n, t), true, n === state.head, pick));
-      if (D["twin.pattern"]) box.appendChild(rowEl(H(n) + " twin", mapRow(D, "twin.pattern", n, t), false, n === state.head, pick));
+      const rows = [];
+      if (show !== "composed") rows.push(rowEl(lab + " pat", mapRow(D, "pattern", n, t), false, n === state.head, pick));
+      if (show !== "pattern") rows.push(rowEl(lab + " comp", mapRow(D, "pattern_composed", n, t), true, n === state.head, pick));
+      if (D["twin.pattern"]) rows.push(rowEl(H(n) + " twin", mapRow(D, "twin.pattern", n, t), false, n === state.head, pick));
+      rows.forEach((r) => { if (inCircuit(state.layer, n)) { r.classList.add("circ"); r.title = "a head of the circuit"; } box.appendChild(r); });
     }
-    box.insertAdjacentHTML("beforeend", "<p class=note>pat: softmax pattern; comp: composed weights (what multiplies v)" + (D["twin.pattern"] ? "; twin: " + META.twin + "'s pattern" : "") + ". Click a row to select its head. Each row has its own scale; hatched: masked (causal" + (META.windows[state.layer] > 0 ? ", window " + META.windows[state.layer] : "") + ").</p>");
+    box.insertAdjacentHTML("beforeend", "<p class=note>pat: softmax pattern; comp: composed weights (what multiplies v)" + (D["twin.pattern"] ? "; twin: " + META.twin + "'s pattern" : "") + ". Click a row to select its head" + (circHeads.size ? " (orange labels: heads of the circuit)" : "") + ". Each row has its own scale; hatched: masked (causal" + (META.windows[state.layer] > 0 ? ", window " + META.windows[state.layer] : "") + ").</p>");
   }
   function drawBranches(D, t, phase) {
     const box = $("dcs-branches"); box.textContent = "";
@@ -418,6 +430,167 @@
     box.appendChild(f);
     box.insertAdjacentHTML("beforeend", "<p class=note>C[t, s] = I + qw1[t]\u1d40qw2[t] + kw1[s]\u1d40kw2[s] + diag(qdd[t]) + diag(kdd[s]); q* rows act when this token is the query, k* rows when it is the key.</p>");
   }
+  // ------------------------------------------------------------ the circuit tab (explore(circuit=...))
+  const SVGNS = "http://www.w3.org/2000/svg";
+  function svgEl(name, attrs, text) {
+    const e = document.createElementNS(SVGNS, name);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  const COL = { rp: "#2060c0", rn: "#c03030", cp: "#e08a00", cn: "#7d3c98" };   // residual +/-, composition +/-
+  function edgeColour(e) { const neg = e.score !== null && e.score < 0; return e.kind === "comp" ? (neg ? COL.cn : COL.cp) : (neg ? COL.rn : COL.rp); }
+  function coefAt(e, t, s) {                          // the edge's clean map entry at query t (key s for kp, kg)
+    if (e.kind !== "comp") return null;
+    return e.axis === "query" ? e.coef[t] : e.axis === "key" ? (s === null ? null : e.coef[s]) : e.coef;
+  }
+  const lentAt = (e, t) => e.kind === "comp" ? e.lent[t] : null;
+  const pct = (v) => (100 * v).toFixed(v >= 0.995 || v < 0.1 ? 0 : 1) + "%";
+  function selectHead(l, h, view, phase) {
+    if (!META.layers.includes(l)) { $("dcs-status").textContent = "layer " + l + " is not in this page (build it with explore(..., layers=[...]) holding it)"; return; }
+    state.layer = l; state.head = h; state.key = null;
+    if (view && (VIEWS.includes(view))) state.view = view;
+    if (phase) state.phase = phase;
+    update();
+  }
+  function highlightEdge(name, on) {
+    document.querySelectorAll("#dcs-circuit .cedge").forEach((p) => { if (p.dataset.edge === name) p.classList.toggle("hl", on); });
+    document.querySelectorAll("#dcs-circuit tr[data-edge]").forEach((r) => { if (r.dataset.edge === name) r.classList.toggle("hl", on); });
+  }
+  function circuitGraph(t, s) {                      // the circuit as a layered graph: embed at the bottom, logits on top
+    const L = META.n_layer, colW = N > 10 ? 66 : 86, RH = L > 8 ? 78 : 96, padL = 70, padT = 40;
+    const bw = colW - 14, bh = 34;
+    const W = padL + (N + 2) * colW + 10, Hh = padT + (L + 1) * RH + bh / 2 + 12;
+    const X = (col) => padL + col * colW + colW / 2;  // col 0: the dynamic-weight input, 1..N: heads, N + 1: the MLP
+    const Y = (row) => padT + (L + 1 - row) * RH;     // row 0: embed, 1..L: the layers, L + 1: logits
+    const mid = X((N + 1) / 2);
+    const at = (n) => n.kind === "embed" ? [mid, Y(0)] : n.kind === "logits" ? [mid, Y(L + 1)] : n.kind === "head" ? [X(1 + n.head), Y(n.layer + 1)]
+      : n.kind === "dyn" ? [X(0), Y(n.layer + 1)] : [X(N + 1), Y(n.layer + 1) - 0.42 * RH];
+    const byId = {}; CIRC.nodes.forEach((n) => { byId[n.id] = n; });
+    const svg = svgEl("svg", { id: "dcs-circuit-svg", width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh });
+    const defs = svgEl("defs");
+    for (const [k, c] of Object.entries(COL)) {
+      const m = svgEl("marker", { id: "dcs-arrow-" + k, viewBox: "0 0 8 8", refX: 7, refY: 4, markerUnits: "userSpaceOnUse", markerWidth: 10, markerHeight: 10, orient: "auto" });
+      m.appendChild(svgEl("path", { d: "M0,0 L8,4 L0,8 z", fill: c })); defs.appendChild(m);
+    }
+    svg.appendChild(defs);
+    for (let l = 0; l < L; l++) {                     // the rows, faint: every head of every layer
+      svg.appendChild(svgEl("text", { x: 6, y: Y(l + 1) + 4, class: "rowlab" }, "layer " + l));
+      for (let h = 0; h < N; h++) svg.appendChild(svgEl("rect", { x: X(1 + h) - bw / 2, y: Y(l + 1) - bh / 2, width: bw, height: bh, rx: 4, class: "bgnode" }));
+    }
+    svg.appendChild(svgEl("text", { x: 6, y: Y(0) + 4, class: "rowlab" }, "embed"));
+    svg.appendChild(svgEl("text", { x: 6, y: Y(L + 1) + 4, class: "rowlab" }, "logits"));
+    let top = 0; CIRC.edges.forEach((e) => { if (e.score !== null) top = Math.max(top, Math.abs(e.score)); });
+    const width = (e) => e.score === null || top === 0 ? 2 : 1.2 + 5.5 * Math.abs(e.score) / top;
+    const PORT = { q: -0.3, k: 0, v: 0.3 }, pairs = {};
+    const edges = svgEl("g", { class: "cedges" });
+    for (const e of CIRC.edges) {
+      const a = at(byId[e.sender]), b = at(byId[e.node]);
+      let d;
+      if (e.kind === "comp" && e.src === e.dst) {     // a head's own branch: a loop above it
+        const k = pairs[e.node] = (pairs[e.node] || 0) + 1, yt = a[1] - bh / 2, up = 20 + 7 * k;
+        d = "M" + (a[0] - 9) + "," + yt + " C" + (a[0] - 26) + "," + (yt - up) + " " + (a[0] + 26) + "," + (yt - up) + " " + (a[0] + 9) + "," + yt;
+      } else if (e.kind === "comp") {                 // lending inside the layer: an arc above the row
+        const key = e.sender + ">" + e.node, k = pairs[key] = (pairs[key] || 0) + 1, yt = a[1] - bh / 2;
+        const up = Math.min(0.7 * RH, 16 + 0.16 * Math.abs(b[0] - a[0])) + 7 * (k - 1), dx = b[0] > a[0] ? 6 : -6;
+        d = "M" + (a[0] + dx) + "," + yt + " C" + (a[0] + dx) + "," + (yt - up) + " " + (b[0] - dx) + "," + (yt - up) + " " + (b[0] - dx) + "," + yt;
+      } else {                                        // residual: from the sender's top to the receiver's input below it
+        const x2 = b[0] + (PORT[e.part] || 0) * bw, y1 = a[1] - bh / 2, y2 = b[1] + bh / 2, my = (y1 + y2) / 2;
+        d = "M" + a[0] + "," + y1 + " C" + a[0] + "," + my + " " + x2 + "," + my + " " + x2 + "," + y2;
+      }
+      const neg = e.score !== null && e.score < 0, mk = e.kind === "comp" ? (neg ? "cn" : "cp") : (neg ? "rn" : "rp");
+      const p = svgEl("path", { d, class: "cedge " + e.kind, fill: "none", stroke: edgeColour(e), "stroke-width": width(e).toFixed(2), "marker-end": "url(#dcs-arrow-" + mk + ")" });
+      if (e.kind === "comp" && e.phase === "pre") p.setAttribute("stroke-dasharray", "5 3");
+      p.dataset.edge = e.name;
+      const c = coefAt(e, t, s), lent = lentAt(e, t);
+      p.appendChild(svgEl("title", {}, e.name + (e.score !== null ? "\nscore " + fmt(e.score) : "") + (e.kind === "comp" ? "\nC at query " + t + (e.axis === "key" ? ", key " + s : "") + ": " + fmt(c) + "\nlent at query " + t + ": " + fmt(lent) : "")));
+      p.addEventListener("mouseenter", () => highlightEdge(e.name, true));
+      p.addEventListener("mouseleave", () => highlightEdge(e.name, false));
+      edges.appendChild(p);
+    }
+    svg.appendChild(edges);
+    for (const n of CIRC.nodes) {                     // the circuit's nodes, on top
+      const [x, y] = at(n), head = n.kind === "head", sel = head && n.layer === state.layer && n.head === state.head;
+      const w = head ? bw : n.kind === "embed" || n.kind === "logits" ? 2 * bw : bw;
+      const g = svgEl("g", { class: "cnode" + (sel ? " on" : "") + (n.reaches ? "" : " dangling") });
+      g.dataset.node = n.id; g.dataset.layer = n.layer; g.dataset.head = n.head;
+      g.appendChild(svgEl("rect", { x: x - w / 2, y: y - bh / 2, width: w, height: bh, rx: 4 }));
+      g.appendChild(svgEl("text", { x, y: head ? y - 3 : y + 4, "text-anchor": "middle", class: "nlab" }, n.kind === "head" ? "L" + n.layer + ".H" + n.head : n.id));
+      if (head) g.appendChild(svgEl("text", { x, y: y + 11, "text-anchor": "middle", class: "small" }, "own " + pct(n.share[t])));
+      g.appendChild(svgEl("title", {}, n.id + (n.reaches ? "" : " (does not reach the logits through the circuit)") + (head ? "\nat query " + t + ": own " + fmt(n.own[t]) + " of " + fmt(n.total[t]) + ", own share " + pct(n.share[t]) + "\nclick to select this head" : "")));
+      if (head) g.addEventListener("click", () => selectHead(n.layer, n.head));
+      svg.appendChild(g);
+    }
+    svg.dataset.nodes = CIRC.nodes.length; svg.dataset.edges = CIRC.edges.length;
+    const wrap = document.createElement("div"); wrap.className = "hscroll"; wrap.appendChild(svg);
+    return wrap;
+  }
+  function circuitHeads(t) {                         // each head of the circuit at the query: its own share of the flow into it
+    const d = document.createElement("div"); d.className = "circ-side";
+    const heads = CIRC.nodes.filter((n) => n.kind === "head");
+    const tb = document.createElement("table"); tb.className = "mat circheads";
+    tb.insertAdjacentHTML("beforeend", "<tr><th>head</th><th>own</th><th>total</th><th>own share</th></tr>");
+    heads.forEach((n) => {
+      const tr = tb.insertRow(); tr.dataset.node = n.id;
+      if (n.layer === state.layer && n.head === state.head) tr.className = "on";
+      const th = document.createElement("th"); th.textContent = n.id; tr.appendChild(th);
+      [fmt(n.own[t]), fmt(n.total[t]), pct(n.share[t])].forEach((v) => { tr.insertCell().textContent = v; });
+      tr.style.cursor = "pointer"; tr.addEventListener("click", () => selectHead(n.layer, n.head));
+    });
+    d.insertAdjacentHTML("beforeend", "<h3>heads of the circuit at query " + t + "</h3>");
+    const w = document.createElement("div"); w.className = "hscroll"; w.appendChild(tb); d.appendChild(w);
+    d.insertAdjacentHTML("beforeend", "<p class=note>From the post-compose routing R at query " + t + " (this prompt's pass): own = R[h, h], the part of the head's composed attention that comes from its own pattern; total = what all heads give it; own share = |own| / (|own| + \u2211 |what each other head lends|)" + (META.dcmha ? "" : " (100% without composition)") + ". Click a head to select it.</p>");
+    d.insertAdjacentHTML("beforeend", "<p class=note><b>The graph</b>, bottom to top: the embedding, each layer (its dynamic-weight input at the left, its heads, its MLP at the right), the logits. Residual edges run from a sender's top to the receiver's q, k or v input (left to right under a head), or its dyn, MLP or logits input: <span style='color:" + COL.rp + "'>blue +</span>, <span style='color:" + COL.rn + "'>red \u2212</span> by the score's sign. Composition edges are arcs above a row: a head lending its scores (pre, dashed) or pattern (post, solid) to another through qp, kp or static, <span style='color:" + COL.cp + "'>orange +</span>, <span style='color:" + COL.cn + "'>purple \u2212</span>; loops are a head's own branches (skip, qg, kg). Widths by |score|; a dashed outline: a node that does not reach the logits through the circuit.</p>");
+    return d;
+  }
+  function circuitEdges(t, s) {                      // the edges, largest |score| first, with their values at the query
+    const d = document.createElement("div"); d.className = "circ-edges";
+    const tb = document.createElement("table"); tb.className = "mat cedges";
+    tb.insertAdjacentHTML("beforeend", "<tr><th>edge</th><th>kind</th><th>score</th><th>C[m\u2192n]</th><th>C at</th><th>lent at query " + t + "</th></tr>");
+    let top = 0; CIRC.edges.forEach((e) => { if (e.score !== null) top = Math.max(top, Math.abs(e.score)); });
+    for (const e of CIRC.edges) {
+      const tr = tb.insertRow(); tr.dataset.edge = e.name; tr.dataset.kind = e.kind;
+      const c = coefAt(e, t, s), lent = lentAt(e, t);
+      const name = tr.insertCell(); name.className = "name"; name.textContent = e.name;
+      name.style.borderLeft = "5px solid " + edgeColour(e);            // the edge's colour in the graph
+      tr.insertCell().textContent = e.kind === "comp" ? (e.src === e.dst ? "own " : "lent ") + e.part : "residual";
+      const sc = tr.insertCell(); sc.textContent = e.score === null ? "\u2013" : fmt(e.score); sc.className = "score";
+      if (e.score !== null && top > 0) {                                // a bar of |score|, in the edge's colour
+        const bar = document.createElement("span"); bar.className = "sbar";
+        bar.style.width = (36 * Math.abs(e.score) / top).toFixed(1) + "px"; bar.style.background = edgeColour(e);
+        sc.prepend(bar);
+      }
+      const cc = tr.insertCell(); cc.textContent = e.kind === "comp" ? fmt(c) : "\u2013"; cc.className = "coef";
+      tr.insertCell().textContent = e.kind !== "comp" ? "" : e.axis === "query" ? "query " + t : e.axis === "key" ? "key " + s : "fixed";
+      const lc = tr.insertCell(); lc.textContent = e.kind === "comp" ? fmt(lent) : "\u2013"; lc.className = "lent";
+      tr.addEventListener("mouseenter", () => highlightEdge(e.name, true));
+      tr.addEventListener("mouseleave", () => highlightEdge(e.name, false));
+      const rx = CIRC.nodes.find((x) => x.id === e.node);
+      if (rx && rx.kind === "head") {
+        tr.style.cursor = "pointer";
+        tr.addEventListener("click", () => selectHead(rx.layer, rx.head, e.kind === "comp" && META.dcmha ? "branch:" + e.branch : null, e.kind === "comp" ? e.phase : null));
+      }
+    }
+    d.appendChild(tb);
+    return d;
+  }
+  function drawCircuit(t) {
+    if (!CIRC) return;
+    const box = $("dcs-circuit"); box.textContent = "";
+    const s = state.key;
+    $("dcs-circuit-title").textContent = "circuit: " + CIRC.n_edges + " edges (" + CIRC.n_comp + " composition), " + CIRC.nodes.length + " nodes; values at query " + t + " '" + tokLabel(t) + "'" + (CIRC.n_comp ? ", key " + s + " '" + tokLabel(s) + "'" : "");
+    const values = { query: t, key: s, edges: {}, heads: {} };
+    CIRC.edges.forEach((e) => { values.edges[e.name] = { coef: coefAt(e, t, s), lent: lentAt(e, t) }; });
+    CIRC.nodes.forEach((n) => { if (n.kind === "head") values.heads[n.id] = { own: n.own[t], total: n.total[t], share: n.share[t] }; });
+    box.dataset.values = JSON.stringify(values);
+    if (!CIRC.n_edges) { box.textContent = "the circuit has no edges"; return; }
+    const row = document.createElement("div"); row.className = "flexrow";
+    row.append(circuitGraph(t, s), circuitHeads(t));
+    box.appendChild(row);
+    box.appendChild(circuitEdges(t, s));
+    box.insertAdjacentHTML("beforeend", "<p class=note>Edges by |score| (hover one to find it in the graph; click one to select its receiving head" + (META.dcmha ? ", and a composition edge's branch view" : "") + "). For a composition edge m \u2192 n: C, the clean map entry C[m, n] of its branch in this prompt's pass (qp, qg: at the query; kp, kg: at the selected key; skip, static: fixed); lent, \u2211<sub>s</sub> X[m, t, s] C[t, s][m, n] over the visible keys: what source m's " + "scores (pre) or pattern (post) give target n through that branch at query t. Computed by dclens from the engine's float values (6 digits), not from the page's 8-bit maps. Move the query in the token strip.</p>");
+  }
+
   function igOf(l) { const i = META.layers.indexOf(l); return META.ig && i >= 0 ? META.ig.values[i] : null; }
   function drawIG() {
     const sec = $("dcs-ig-section");
@@ -452,13 +625,16 @@
     state.key = int("key", 0, T);                     // absent: the head's largest key
     if (p.has("view") && VIEWS.includes(p.get("view"))) state.view = p.get("view");
     state.phase = p.get("phase") === "pre" ? "pre" : "post";
+    const tab = p.get("tab");
+    state.tab = tab === "maps" || (tab === "circuit" && CIRC) ? tab : TAB0;
     const bad = ["layer", "head", "query", "key"].filter((x) => p.has(x) && int(x, 0, x === "layer" ? META.n_layer : x === "head" ? N : T) === null);
     if (p.has("layer") && int("layer", 0, META.n_layer) !== null && !META.layers.includes(int("layer", 0, META.n_layer))) bad.push("layer (not in this page)");
     if (p.has("view") && !VIEWS.includes(p.get("view"))) bad.push("view");
+    if (p.has("tab") && state.tab !== tab) bad.push(tab === "circuit" ? "tab (no circuit in this page)" : "tab");
     notice = bad.length ? "ignored in the URL: " + bad.join(", ") : "";
   }
   function writeFragment() {
-    const f = "layer=" + state.layer + "&head=" + state.head + "&query=" + state.query + "&view=" + state.view + "&phase=" + state.phase + (state.key !== null ? "&key=" + state.key : "");
+    const f = "layer=" + state.layer + "&head=" + state.head + "&query=" + state.query + "&view=" + state.view + "&phase=" + state.phase + (state.key !== null ? "&key=" + state.key : "") + (CIRC ? "&tab=" + state.tab : "");
     try { if (location.hash.slice(1) !== f) history.replaceState(null, "", "#" + f); } catch (e) { /* srcdoc iframes */ }
   }
   function setupControls() {
@@ -473,6 +649,11 @@
     $("dcs-phase").onchange = () => { state.phase = $("dcs-phase").value; update(); };
     $("dcs-show").onchange = () => { state.show = $("dcs-show").value; update(); };
     if (!META.dcmha) { $("dcs-phase").disabled = true; $("dcs-show").disabled = true; }
+    if (CIRC) {
+      $("dcs-tabs").hidden = false;
+      $("dcs-tab-circuit").textContent = "circuit (" + CIRC.n_edges + " edges)";
+      [...$("dcs-tabs").children].forEach((b) => { b.onclick = () => { state.tab = b.dataset.tab; update(); }; });
+    }
     const held = META.layers.length === META.n_layer ? "all " + META.n_layer + " layers" : "layers " + META.layers.join(", ") + " of " + META.n_layer + " (build with layers=[...] for others)";
     $("dcs-holds").textContent = META.model + " \u00b7 " + T + " tokens \u00b7 " + held + (META.twin ? " \u00b7 twin " + META.twin : "") + (META.dcmha ? " \u00b7 pre- and post-compose" : " \u00b7 plain multi-head attention");
     document.addEventListener("keydown", (e) => {
@@ -495,12 +676,17 @@
     if (!META.dcmha && !VIEWS.includes(state.view)) state.view = "pattern";
     $("dcs-layer").value = state.layer; $("dcs-view").value = state.view; $("dcs-phase").value = state.phase;
     const ig = igOf(state.layer);
-    [...$("dcs-heads").children].forEach((b, n) => { b.className = n === state.head ? "on" : ""; b.title = ig ? META.ig.label + ": " + ig[n].toFixed(3) : ""; });
+    [...$("dcs-heads").children].forEach((b, n) => {
+      b.className = (n === state.head ? "on" : "") + (inCircuit(state.layer, n) ? " circ" : "");
+      b.title = (ig ? META.ig.label + ": " + ig[n].toFixed(3) : "") + (inCircuit(state.layer, n) ? (ig ? "; " : "") + "a head of the circuit" : "");
+    });
+    document.body.classList.toggle("tab-circuit", state.tab === "circuit");
+    if (CIRC) [...$("dcs-tabs").children].forEach((b) => { b.className = b.dataset.tab === state.tab ? "on" : ""; b.setAttribute("aria-selected", String(b.dataset.tab === state.tab)); });
     const row = drawSelected(D, t, state.phase);
     const own = row && !Array.isArray(row);           // the selected view is a row over keys
     const stripRow = own ? row : mapRow(D, META.dcmha ? "pattern_composed" : "pattern", state.head, t);
     drawTokens(D, t, stripRow, own ? signedView(state.view, state.phase) : META.dcmha);
-    drawHeads(D, t); drawBranches(D, t, state.phase); drawRouting(D, t, state.phase); drawFlows(D, t, state.phase); drawDyn(D, t); drawIG();
+    drawHeads(D, t); drawBranches(D, t, state.phase); drawRouting(D, t, state.phase); drawFlows(D, t, state.phase); drawDyn(D, t); drawIG(); drawCircuit(t);
     $("dcs-status").textContent = notice;
     if (state.preview === null) writeFragment();
     document.body.dataset.ready = "1";
