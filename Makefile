@@ -58,9 +58,10 @@ asan-py: deps
 # The documentation site (mkdocs.yml: mkdocs-material, mkdocstrings, mkdocs-jupyter, from the
 # [docs] extra) in build/site/, strict: a broken link or a page not in the nav fails it.
 # First the public names: docs/reference/ must match dclens.__all__ and the public modules
-# (python scripts/check_docstrings.py --write rewrites it); names without a docstring are listed.
+# (python scripts/check_docstrings.py --write rewrites it), and every public name has a
+# numpy-style docstring (its parameters, returns and raises: --strict fails otherwise).
 docs: deps
-	$(PY) scripts/check_docstrings.py
+	$(PY) scripts/check_docstrings.py --strict
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 	@echo "docs: build/site/index.html"
 

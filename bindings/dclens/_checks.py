@@ -63,7 +63,16 @@ class ArgumentTypeError(Error, TypeError):
 
 class UnknownNameError(Error, KeyError):
     """A hook, weight or cache name the model does not have (a KeyError).
-    .name is the name asked for, .suggestions the closest names it has."""
+
+    Parameters
+    ----------
+    message : str
+        The whole message: the name, where it was asked for, the closest names.
+    name : str
+        The name asked for (kept as .name).
+    suggestions : iterable of str
+        The closest names the model has, best first (kept as the list .suggestions).
+    """
 
     def __init__(self, message: str, name: str = "", suggestions=()):
         super().__init__(message)

@@ -75,10 +75,33 @@ __all__ = [
 
 
 def iter_dataset(model: Model, dataset, progress: bool | None = None, desc: str = "dataset") -> Iterator[np.ndarray]:
-    """Yield the dataset's sequences as 1-D int32 token arrays (strings are
-    tokenized with the model's tokenizer; a 2-D array gives its rows), with
-    dclens.progress's bar (progress=None: a bar where someone watches, a few
-    plain lines in a log; False: nothing)."""
+    """The dataset's sequences, one at a time, as token arrays, with a progress bar.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model whose tokenizer reads the strings.
+    dataset : str or array_like or iterable
+        Strings (tokenized with the model's tokenizer) or 1-D token arrays, or one of
+        them; a 2-D token array gives its rows.
+    progress : bool or None
+        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
+        plain lines in a log; False: nothing).
+    desc : str
+        The bar's label.
+
+    Yields
+    ------
+    numpy.ndarray
+        [T] int32 token ids of one sequence.
+
+    Raises
+    ------
+    dclens.Error
+        A dataset that is not a string, a token array or an iterable of them (a dict or a
+        set), an item that is not a string or a non-empty 1-D integer array, or an empty
+        dataset (raised once iterated to its end).
+    """
     if isinstance(dataset, (str, bytes)):
         dataset = [dataset]
     if isinstance(dataset, np.ndarray) and dataset.ndim == 1 and dataset.dtype.kind in "iu":
@@ -119,7 +142,26 @@ def _layers(model: Model, layers: Iterable[int] | None) -> list[int]:
 
 @dataclasses.dataclass
 class PCAResult:
-    """Principal components of one layer's head outputs."""
+    """Principal components of one layer's head outputs (head_output_pca).
+
+    Attributes
+    ----------
+    layer : int
+        The layer.
+    mode : str
+        "heads" (each head's output over the dataset is a sample) or "tokens" (each token
+        is a sample, its features the heads' concatenated attn.z).
+    variance : numpy.ndarray
+        The variance on each component, descending: [N] (mode "heads") or [N * Dh].
+    ratio : numpy.ndarray
+        The fraction of the total variance on each component.
+    cumulative : numpy.ndarray
+        The cumulative sum of `ratio`.
+    n_components_90 : int
+        How many components hold 90 % of the variance (few: redundant heads).
+    n_samples : int
+        The samples: N heads (mode "heads") or the dataset's tokens (mode "tokens").
+    """
 
     layer: int
     mode: str  # "heads" or "tokens"
@@ -142,7 +184,34 @@ def _pca_from_scatter(scatter: np.ndarray, n: int, layer: int, mode: str) -> PCA
 def head_output_pca(
     model: Model, dataset, layers: Iterable[int] | None = None, mode: str = "heads", progress: bool | None = None
 ) -> dict[int, PCAResult]:
-    """PCA of the per-head outputs of each layer over the dataset (module doc)."""
+    """PCA of the per-head outputs of each layer over a dataset (the module's docstring).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    dataset : str or array_like or iterable
+        Strings (tokenized with the model's tokenizer) or 1-D token arrays, or one of
+        them; a 2-D token array gives its rows.
+    layers : iterable of int or None
+        The layers (None: all).
+    mode : {"heads", "tokens"}
+        "heads": PCA across the N heads of their attn.head_out over every token (centred over
+        heads); "tokens": PCA across tokens of the concatenated attn.z [N * Dh] (centred).
+    progress : bool or None
+        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
+        plain lines in a log; False: nothing).
+
+    Returns
+    -------
+    dict of int to PCAResult
+        Layer -> its principal components.
+
+    Raises
+    ------
+    dclens.Error
+        An unknown mode, a layer out of range, or a bad dataset (iter_dataset).
+    """
     if not is_choice(mode, ("heads", "tokens")):
         raise Error("mode must be 'heads' or 'tokens', not %r" % (mode,))
     layers = _layers(model, layers)
@@ -181,8 +250,26 @@ def head_output_pca(
 
 
 def qk_ov_diversity(model: Model, layers: Iterable[int] | None = None) -> dict[str, np.ndarray]:
-    """{"qk": [len(layers)], "ov": [...]}: circuits.head_diversity of each layer
-    (DCFormer Figure 5; lower = more diverse heads)."""
+    """QK and OV head diversity of each layer (DCFormer Figure 5; circuits.head_diversity).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layers : iterable of int or None
+        The layers (None: all).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        {"qk": [len(layers)], "ov": [len(layers)]}: the mean cumulative captured variance of
+        the layer's concatenated per-head QK (OV) matrices; lower = more diverse heads.
+
+    Raises
+    ------
+    dclens.Error
+        A layer out of range.
+    """
     from . import circuits
 
     layers = _layers(model, layers)
@@ -192,8 +279,35 @@ def qk_ov_diversity(model: Model, layers: Iterable[int] | None = None) -> dict[s
 def head_similarity(
     model: Model, layer: int, dataset=None, kind: str = "output", progress: bool | None = None
 ) -> np.ndarray:
-    """[N, N] cosine similarity of a layer's heads: of their outputs over the
-    dataset (kind "output"), or of their QK / OV circuit matrices ("qk", "ov")."""
+    """Cosine similarity between the heads of a layer.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer.
+    dataset : str or array_like or iterable or None
+        For kind "output": strings or 1-D token arrays (or one of them); not read otherwise.
+    kind : {"output", "qk", "ov"}
+        "output": <h_n, h_m> / |h_n| |h_m| with h_n head n's attn.head_out over every token
+        of the dataset; "qk" / "ov": the Frobenius cosine of the heads' QK (OV) circuit
+        matrices.
+    progress : bool or None
+        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
+        plain lines in a log; False: nothing).
+
+    Returns
+    -------
+    numpy.ndarray
+        [N, N] float64 in [-1, 1]; 0 where a head's output (or matrix) is zero.
+
+    Raises
+    ------
+    dclens.Error
+        An unknown kind, kind "output" without a dataset, a layer out of range, or a bad
+        dataset (iter_dataset).
+    """
     (layer,) = _layers(model, [layer])
     if not is_choice(kind, ("output", "qk", "ov")):
         raise Error("kind must be 'output', 'qk' or 'ov', not %r" % (kind,))
@@ -230,7 +344,28 @@ def head_similarity(
 
 @dataclasses.dataclass
 class CompositionStats:
-    """Composition-map statistics of one DCMHA layer and phase over a dataset."""
+    """Composition-map statistics of one DCMHA layer and phase over a dataset
+    (composition_stats).
+
+    Attributes
+    ----------
+    layer : int
+        The layer.
+    phase : str
+        "pre" (composition of the scores) or "post" (of the pattern).
+    mean_abs : dict of str to float
+        Branch ("qp", "kp", "qg", "kg", "static" where the model has them) and "total" ->
+        the mean |entry| of that term of C[t, s] - I over the allowed (query, key) pairs.
+    pair_flow : numpy.ndarray
+        [N, N]: pair_flow[n, m], the mean over queries t of |sum_s X[n, t, s] (C[t, s] - I)[n, m]|,
+        what source head n routes into target head m (X: the phase's input).
+    top_pairs : list of tuple
+        The largest off-diagonal (source n, target m, flow), descending.
+    n_pairs : int
+        The (query, key) pairs averaged over.
+    n_queries : int
+        The query positions averaged over.
+    """
 
     layer: int
     phase: str
@@ -263,7 +398,41 @@ def composition_stats(
     chunk: int = 64,
     progress: bool | None = None,
 ) -> dict[tuple[int, str], CompositionStats]:
-    """Mean |C - I| per branch and the head pairs that route most (module doc)."""
+    """Mean |C - I| per branch and the head pairs that route most, over a dataset.
+
+    C[t, s] is the composition map of a DCMHA layer and phase at query t and key s (the
+    module's docstring): every pair the mask allows is counted exactly.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A DCMHA model (DCPythia, DCFormer++).
+    dataset : str or array_like or iterable
+        Strings (tokenized with the model's tokenizer) or 1-D token arrays, or one of
+        them; a 2-D token array gives its rows.
+    layers : iterable of int or None
+        The layers (None: all).
+    phases : sequence of str
+        Of "pre" and "post".
+    top : int
+        How many off-diagonal head pairs to keep in top_pairs (>= 1).
+    chunk : int
+        Query positions per block of the [chunk, S, N, N] computation (>= 1; memory only).
+    progress : bool or None
+        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
+        plain lines in a log; False: nothing).
+
+    Returns
+    -------
+    dict of tuple to CompositionStats
+        (layer, phase) -> its statistics.
+
+    Raises
+    ------
+    dclens.Error
+        A model without dynamic composition (plain MHA), a phase other than "pre" / "post",
+        a top or chunk below 1, a layer out of range, or a bad dataset (iter_dataset).
+    """
     c = model.config
     if not c.use_dcmha:
         raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
@@ -334,8 +503,33 @@ def composition_stats(
 
 
 def head_load(model: Model, dataset, progress: bool | None = None) -> np.ndarray:
-    """[L, N - hs]: per layer, the fraction of the dataset's tokens that select
-    each routed head (Mixture-of-Head models)."""
+    """How often each routed head is selected, per layer, in a Mixture-of-Head model.
+
+    A token selects its top-k routed heads (the largest router logits, ties to the lower
+    index, as the engine selects).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A Mixture-of-Head model (config.moh_shared_heads set).
+    dataset : str or array_like or iterable
+        Strings (tokenized with the model's tokenizer) or 1-D token arrays, or one of
+        them; a 2-D token array gives its rows.
+    progress : bool or None
+        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
+        plain lines in a log; False: nothing).
+
+    Returns
+    -------
+    numpy.ndarray
+        [L, N - hs] float64: the fraction of the dataset's tokens that select each routed
+        head (hs: the shared heads, always on).
+
+    Raises
+    ------
+    dclens.Error
+        A model without Mixture-of-Head routing, or a bad dataset (iter_dataset).
+    """
     c = model.config
     if c.moh_shared_heads is None:
         raise Error("%s has no Mixture-of-Head routing ('moh' is not in its config)" % model.name)
@@ -363,7 +557,20 @@ def _fig(w, h):
 
 
 def plot_pca(results: dict[int, PCAResult], title: str | None = None):
-    """Cumulative captured variance per layer, with the 90% line."""
+    """Cumulative captured variance per layer, with the 90% line.
+
+    Parameters
+    ----------
+    results : dict of int to PCAResult
+        head_output_pca's result.
+    title : str or None
+        The axes' title (None: "PCA of head outputs").
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One curve per layer (shown inline in Jupyter).
+    """
     fig = _fig(6, 4)
     ax = fig.add_subplot()
     for l, r in sorted(results.items()):
@@ -383,7 +590,20 @@ def plot_pca(results: dict[int, PCAResult], title: str | None = None):
 
 
 def plot_similarity(S: np.ndarray, title: str | None = None):
-    """A head-by-head similarity matrix (diverging colours, range [-1, 1])."""
+    """A head-by-head similarity matrix (diverging colours, range [-1, 1]).
+
+    Parameters
+    ----------
+    S : array_like
+        [N, N] similarities, as head_similarity gives them.
+    title : str or None
+        The axes' title (None: "head similarity").
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The matrix with a colour bar.
+    """
     fig = _fig(4.5, 4)
     ax = fig.add_subplot()
     im = ax.imshow(np.asarray(S), cmap="RdBu_r", vmin=-1, vmax=1)
@@ -395,8 +615,21 @@ def plot_similarity(S: np.ndarray, title: str | None = None):
 
 
 def plot_composition_stats(stats: dict[tuple[int, str], CompositionStats], title: str | None = None):
-    """Mean |C - I| per branch and layer (one bar group per phase), and the
-    pair-flow matrix of the layer/phase with the largest total."""
+    """Mean |C - I| per branch and layer, and the pair-flow matrix of the largest.
+
+    Parameters
+    ----------
+    stats : dict of tuple to CompositionStats
+        composition_stats' result (not empty).
+    title : str or None
+        The figure's title (None: "composition statistics").
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Left: one bar group per (layer, phase), a bar per branch; right: pair_flow of the
+        (layer, phase) with the largest total.
+    """
     fig = _fig(10, 4)
     ax, ax2 = fig.subplots(1, 2)
     keys = sorted(stats)
@@ -419,7 +652,20 @@ def plot_composition_stats(stats: dict[tuple[int, str], CompositionStats], title
 
 
 def plot_head_load(load: np.ndarray, title: str | None = None):
-    """[L, routed heads] head load as a heatmap."""
+    """Head load as a heatmap.
+
+    Parameters
+    ----------
+    load : array_like
+        [L, routed heads], as head_load gives it.
+    title : str or None
+        The axes' title (None: "MoH head load").
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Layers down, routed heads across, with a colour bar.
+    """
     fig = _fig(5, 3.5)
     ax = fig.add_subplot()
     im = ax.imshow(np.asarray(load), cmap="viridis", vmin=0, aspect="auto")
@@ -431,7 +677,22 @@ def plot_head_load(load: np.ndarray, title: str | None = None):
 
 
 def plot_diversity(div: dict[str, np.ndarray], layers: Sequence[int] | None = None, title: str | None = None):
-    """QK / OV diversity (mean cumulative captured variance) per layer."""
+    """QK / OV diversity (mean cumulative captured variance) per layer.
+
+    Parameters
+    ----------
+    div : dict of str to numpy.ndarray
+        qk_ov_diversity's result: kind -> one value per layer.
+    layers : sequence of int or None
+        The layers the values are of, for the x axis (None: 0, 1, ...).
+    title : str or None
+        The axes' title (None: "head diversity (DCFormer Fig. 5)").
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One line per kind.
+    """
     fig = _fig(5, 3.5)
     ax = fig.add_subplot()
     for kind, v in div.items():

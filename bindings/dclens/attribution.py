@@ -64,6 +64,31 @@ def _head_axis(name: str) -> int | None:
 
 @dataclasses.dataclass
 class Attribution:
+    """What attribute() returns: the attribution of a target to each hook point of `at`.
+
+    For a batch ([B, T] tokens) every value carries a leading batch axis [B, ...]; for
+    one sequence ([T] tokens) it has none, and the per-sequence numbers are floats.
+
+    Attributes
+    ----------
+    method : str
+        "ig" (integrated gradients) or "grad_x_act" (gradient x activation).
+    target_value : numpy.ndarray or float
+        F(a), the target on the unchanged activations: [B] float64, or a float.
+    attributions : dict of str to numpy.ndarray
+        Hook name -> the attribution, float32, in the activation's layout (hooks.md),
+        e.g. [T, N, D] for ``blocks.{l}.attn.head_out`` ([B, T, N, D] for a batch).
+    per_head : dict of str to numpy.ndarray
+        Hook name -> [N] (or [B, N]): each head's total, for the hooks with a head axis
+        (q, k, v, z, head_out, scores, patterns, compose branches, dynamic weights and
+        gates); other hooks are not in it.
+    baseline_value : dict of str to numpy.ndarray or float
+        IG only: hook name -> F(a0), the target with the activation at its baseline.
+    gap : dict of str to numpy.ndarray or float
+        IG only: hook name -> sum(attributions) - (F(a) - F(a0)), the completeness gap,
+        which shrinks as `steps` grows.
+    """
+
     method: str
     target_value: np.ndarray | float  # F(a) per sequence ([B] or scalar)
     attributions: dict[str, np.ndarray]  # name -> activation layout
@@ -95,6 +120,55 @@ def attribute(
     chunk: int | None = None,
     max_tape_bytes: int | None = None,
 ) -> Attribution:
+    """Integrated gradients or gradient x activation of a target at hook points.
+
+    Model.attribute calls this. Each hook of `at` is attributed on its own (the others keep
+    their values). Integrated gradients replace the activation a at the hook by
+    a0 + alpha (a - a0), alpha at the midpoints (k + 1/2) / steps, recompute everything
+    downstream, and give (a - a0) times the mean gradient; the interpolation points run
+    through the engine as batches of `chunk`.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model (no hooks of Model.hooks() in force: attribution runs its own passes).
+    tokens : array_like of int
+        Token ids, [T] or [B, T].
+    target : str or tuple
+        The scalar attributed, per sequence (dclens.grad): ("logit", pos, token),
+        ("logprob", pos, token), ("logit_diff", pos, good, bad), "loss" or ("loss", mask).
+    at : str or sequence of str
+        The hook point(s) to attribute to (hook names of this model).
+    method : {"ig", "grad_x_act"}
+        Integrated gradients (default) or gradient x activation (one backward pass).
+    steps : int
+        IG: the number of interpolation intervals (>= 1).
+    baseline : {"zero", "mean"} or array_like
+        IG: a0, zeros, the activation's mean over the token axis (per feature, broadcast to
+        every position), or numbers of the activation's shape ([...] or [B, ...]).
+    progress : bool or None
+        A progress bar over the IG batches (dclens.progress); None: one when there are more
+        than 8 batches.
+    chunk : int or None
+        IG: interpolation points per engine batch; None: as many as `max_tape_bytes`
+        allows (memplan.ig_batch).
+    max_tape_bytes : int or None
+        The memory budget of the gradient tape, bytes (None: the default of dclens.memplan).
+
+    Returns
+    -------
+    Attribution
+        The attributions per hook, their per-head totals, F(a) and, for IG, F(a0) and
+        the completeness gap.
+
+    Raises
+    ------
+    dclens.Error
+        A `method`, `steps`, `chunk`, `at` or `baseline` that is not allowed (a baseline of
+        the wrong shape, or holding NaN or inf), a target or token ids the model cannot
+        take, an unknown hook name (UnknownNameError), hooks in force, or a budget too
+        small for one pass.
+    """
     model.runner.refuse_hooks("attribute")
     if not is_choice(method, ("ig", "grad_x_act")):
         raise Error("attribute: method must be 'ig' or 'grad_x_act', not %r" % (method,))

@@ -46,13 +46,31 @@ class BlasWarning(UserWarning):
 
 
 def kernel() -> str:
-    """The kernel set the engine's OpenBLAS chose at load ("" if it cannot say)."""
+    """The kernel set the engine's OpenBLAS chose when it loaded.
+
+    Returns
+    -------
+    str
+        openblas_get_corename's answer ("Cooperlake", "SkylakeX", "Haswell", "Prescott",
+        ...), or "" if the library cannot say.
+    """
     return ffi.string(lib.dcs_blas_core()).decode(errors="replace")
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
-    """The instruction-set flags of the first CPU in /proc/cpuinfo (empty
-    where there is no such file)."""
+    """The instruction-set flags of the first CPU of a cpuinfo file.
+
+    Parameters
+    ----------
+    path : str
+        The file to read (Linux's /proc/cpuinfo by default).
+
+    Returns
+    -------
+    set of str
+        The words of its first "flags" line ("avx2", "fma", "avx512f", ...); empty where
+        there is no such file or line.
+    """
     try:
         with open(path) as f:
             for line in f:
@@ -72,8 +90,22 @@ def _cpu_level(flags: set[str]) -> int:
 
 
 def advice(core: str, flags: set[str]) -> Optional[str]:
-    """The warning's text when kernel `core` uses narrower vectors than a CPU
-    with `flags` has, else None (also for a kernel name it does not know)."""
+    """The warning's text when an OpenBLAS kernel set uses narrower vectors than a CPU has.
+
+    Parameters
+    ----------
+    core : str
+        An OpenBLAS kernel name, as kernel() gives it (case and surrounding blanks ignored).
+    flags : set of str
+        The CPU's instruction-set flags, as cpu_flags() gives them.
+
+    Returns
+    -------
+    str or None
+        The advice, naming the OPENBLAS_CORETYPE to start Python with, when the kernels'
+        vector width (AVX-512, AVX2 + FMA, AVX, SSE) is below the CPU's; None when it is
+        not, and for a kernel name it does not know.
+    """
     name = core.strip().lower()
     level = _LEVEL.get(name, 0 if name in _SSE else None)
     cpu = _cpu_level(flags)
@@ -88,8 +120,25 @@ def advice(core: str, flags: set[str]) -> Optional[str]:
 
 
 def check(stacklevel: int = 3) -> Optional[str]:
-    """Warn (BlasWarning) when the engine's kernels are below this CPU's, and
-    return the text; nothing when OPENBLAS_CORETYPE is set (a choice)."""
+    """Warn (BlasWarning) when the engine's BLAS kernels are below this CPU's vector width.
+
+    Nothing is checked when OPENBLAS_CORETYPE is set (the kernels were chosen).
+
+    Parameters
+    ----------
+    stacklevel : int
+        warnings.warn's stacklevel: which caller's line the warning names.
+
+    Returns
+    -------
+    str or None
+        The warning's text (advice()), or None when there was nothing to warn about.
+
+    Warns
+    -----
+    BlasWarning
+        When the kernels are narrower than the CPU allows.
+    """
     if "OPENBLAS_CORETYPE" in os.environ:
         return None
     text = advice(kernel(), cpu_flags())

@@ -28,6 +28,23 @@ ENV = "DCLENS_MODELS_DIR"
 
 @dataclasses.dataclass(frozen=True)
 class BundledModel:
+    """A model shipped with the package (or found under DCLENS_MODELS_DIR), as
+    bundled_models() lists it.
+
+    Attributes
+    ----------
+    name : str
+        Its directory's name: what dclens.load() and ``--model`` accept.
+    path : str
+        The checkpoint directory (config.json, model.safetensors, tokenizer.json,
+        MODEL_CARD.md).
+    model_type : str
+        config.json's model_type ("dcpythia", "gpt_neox", ...), "" if it cannot be read.
+    summary : str
+        The first paragraph of MODEL_CARD.md after its title (at most 300 characters),
+        "" if there is none.
+    """
+
     name: str  # what dclens.load() and --model accept
     path: str  # the checkpoint directory
     model_type: str  # "dcpythia" or "gpt_neox" (config.json), "" if unreadable
@@ -74,7 +91,18 @@ def _model_type(config_path: str) -> str:
 
 
 def bundled_models(models_dir_: str | os.PathLike | None = None) -> list[BundledModel]:
-    """The bundled models on disk (directories holding a config.json), by name."""
+    """The bundled models on disk: the directories holding a config.json, by name.
+
+    Parameters
+    ----------
+    models_dir_ : str or os.PathLike or None
+        The directory to list; None: $DCLENS_MODELS_DIR, else the package's own models/.
+
+    Returns
+    -------
+    list of BundledModel
+        Sorted by name; empty when the directory does not exist or holds no model.
+    """
     d = models_dir(models_dir_)
     try:
         names = sorted(os.listdir(d))

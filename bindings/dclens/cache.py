@@ -124,6 +124,20 @@ class Cache(dict):
             return False
 
     def get(self, key, default=None):
+        """An activation, or `default` when the cache does not hold it.
+
+        Parameters
+        ----------
+        key : str or tuple
+            A hook name (either spelling) or (short name, layer), as for cache[key].
+        default : object
+            What to return for a key the cache does not hold (or an invalid key).
+
+        Returns
+        -------
+        numpy.ndarray or object
+            The activation, or `default`.
+        """
         if key not in self:  # an invalid key too (__contains__)
             return default
         return self[key]
@@ -150,7 +164,38 @@ class Cache(dict):
         incl_embeds: bool = True,
         return_labels: bool = False,
     ):
-        """See dclens.cache.decompose_resid."""
+        """The residual entering `layer` as embed, attn.out and mlp.out of each block before
+        it (dclens.cache.decompose_resid).
+
+        Parameters
+        ----------
+        layer : int or None
+            The block (None or -1: the final residual).
+        mlp_input : bool
+            Add attn.out of `layer` when its MLP reads it (a sequential block).
+        mode : {"all", "attn", "mlp"}
+            Which components.
+        apply_ln : bool
+            Apply `layer`'s LayerNorm as a linear map.
+        pos_slice : int or slice or tuple or list or None
+            Positions (an int drops the position axis; None: all).
+        incl_embeds : bool
+            Include embed.
+        return_labels : bool
+            Also return the labels.
+
+        Returns
+        -------
+        numpy.ndarray or tuple
+            As dclens.cache.decompose_resid: the stack; with return_labels, (stack, labels).
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.cache.decompose_resid: an argument out of range or of the wrong form
+            (ArgumentError, ArgumentTypeError), a cache without its model or without an
+            activation it needs.
+        """
         return decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
 
     def accumulated_resid(
@@ -162,7 +207,35 @@ class Cache(dict):
         mlp_input: bool = False,
         return_labels: bool = False,
     ):
-        """See dclens.cache.accumulated_resid."""
+        """The residual entering each block up to `layer` (dclens.cache.accumulated_resid).
+
+        Parameters
+        ----------
+        layer : int or None
+            The last block (None or -1: up to the final residual).
+        incl_mid : bool
+            Add each block's resid_pre + attn.out.
+        apply_ln : bool
+            Normalise each entry as a whole residual (a logit lens).
+        pos_slice : int or slice or tuple or list or None
+            Positions (an int drops the position axis; None: all).
+        mlp_input : bool
+            Add the mid of `layer` itself.
+        return_labels : bool
+            Also return the labels.
+
+        Returns
+        -------
+        numpy.ndarray or tuple
+            As dclens.cache.accumulated_resid: the stack; with return_labels, (stack, labels).
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.cache.accumulated_resid: an argument out of range or of the wrong form
+            (ArgumentError, ArgumentTypeError), a cache without its model or without an
+            activation it needs.
+        """
         return accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
     def stack_head_results(
@@ -173,7 +246,33 @@ class Cache(dict):
         pos_slice: SliceInput = None,
         apply_ln: bool = False,
     ):
-        """See dclens.cache.stack_head_results."""
+        """Every head's head_out of the blocks before `layer` (dclens.cache.stack_head_results).
+
+        Parameters
+        ----------
+        layer : int or None
+            The block the heads feed (-1 or None: all).
+        return_labels : bool
+            Also return the labels "L{l}H{n}".
+        incl_remainder : bool
+            Add the rest of the residual as a last component.
+        pos_slice : int or slice or tuple or list or None
+            Positions (an int drops the position axis; None: all).
+        apply_ln : bool
+            Apply `layer`'s LayerNorm as a linear map.
+
+        Returns
+        -------
+        numpy.ndarray or tuple
+            As dclens.cache.stack_head_results: the stack; with return_labels, (stack, labels).
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.cache.stack_head_results: an argument out of range or of the wrong form
+            (ArgumentError, ArgumentTypeError), a cache without its model or without an
+            activation it needs.
+        """
         return stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
 
     def apply_ln_to_stack(
@@ -186,7 +285,37 @@ class Cache(dict):
         has_batch_dim: bool | None = None,
         recompute_ln: bool = False,
     ) -> np.ndarray:
-        """See dclens.cache.apply_ln_to_stack."""
+        """A norm applied to each component as the linear map it is once its scale is fixed
+        (dclens.cache.apply_ln_to_stack).
+
+        Parameters
+        ----------
+        residual_stack : array_like
+            [C, ..., D] components.
+        layer : int or None
+            The block whose norm (None or -1: ln_final).
+        mlp_input : bool
+            The norm of `layer`'s MLP.
+        pos_slice : int or slice or tuple or list or None
+            The positions the stack holds.
+        batch_slice : int or slice or tuple or list or None
+            A slice of the batch axis.
+        has_batch_dim : bool or None
+            Whether the stack has a batch axis after C.
+        recompute_ln : bool
+            Each component is a full residual with its own statistics.
+
+        Returns
+        -------
+        numpy.ndarray
+            The normalised stack, float64.
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.cache.apply_ln_to_stack: a stack of the wrong shape, an argument out of
+            range, a cache without its model or an activation it needs.
+        """
         return apply_ln_to_stack(
             self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim, recompute_ln
         )
@@ -202,7 +331,36 @@ class Cache(dict):
         *,
         has_ln: bool = False,
     ) -> np.ndarray:
-        """See dclens.cache.logit_attrs."""
+        """Direct logit attribution of each component (dclens.cache.logit_attrs).
+
+        Parameters
+        ----------
+        residual_stack : array_like
+            [C, ..., D] components.
+        tokens : int or str or array_like of int
+            The token(s) whose logits: one, [T], [B] or [B, T].
+        incorrect_tokens : int or str or array_like of int or None
+            Subtracted logits, of the shape of tokens.
+        pos_slice : int or slice or tuple or list or None
+            The positions the stack holds.
+        batch_slice : int or slice or tuple or list or None
+            Taken from the stack's batch axis.
+        has_batch_dim : bool or None
+            Whether the stack has a batch axis after C.
+        has_ln : bool
+            The stack is already normalised.
+
+        Returns
+        -------
+        numpy.ndarray
+            [C, ...] float64.
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.cache.logit_attrs: tokens that are not ids of the vocabulary or do not
+            fit the stack, a cache without its model or an activation it needs.
+        """
         return logit_attrs(
             self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim, has_ln=has_ln
         )
@@ -211,7 +369,18 @@ class Cache(dict):
 
     def remove_batch_dim(self) -> Cache:
         """Drop the batch axis of a cache of one prompt (B = 1), in place (as
-        TransformerLens does); returns the cache."""
+        TransformerLens does).
+
+        Returns
+        -------
+        Cache
+            This cache (unchanged when it has no batch axis).
+
+        Raises
+        ------
+        dclens.ArgumentError
+            The cache holds a batch of more than one prompt.
+        """
         if not self.has_batch_dim:
             return self
         sizes = {k: v.shape[0] for k, v in self.items()}
@@ -231,7 +400,31 @@ class Cache(dict):
         None: all), stacked. activation_name as in hook_name ("pattern", "resid_post",
         "attn.post.kp", or a TransformerLens name such as "hook_pattern");
         sublayer_type prefixes it ("attn", "mlp", "ln1", "ln2") as
-        TransformerLens's get_act_name does."""
+        TransformerLens's get_act_name does.
+
+        Parameters
+        ----------
+        activation_name : str
+            The activation, as hook_name takes it.
+        layer : int or None
+            Stack blocks 0 .. layer-1, layer in [1, L] (-1 or None: all).
+        sublayer_type : str or None
+            A prefix of the name.
+
+        Returns
+        -------
+        numpy.ndarray
+            [layers, ...] (the activations' own shape after the first axis).
+
+        Raises
+        ------
+        dclens.ArgumentError
+            A layer that is not -1, None or in [1, L], or a name that is not a string or
+            holds a NUL (dclens.ArgumentTypeError).
+        dclens.Error
+            A cache without its model, an unknown name, or an activation it does not hold
+            (dclens.UnknownNameError).
+        """
         model = _model(self)
         L = model.config.n_layer
         if layer is None:
@@ -275,7 +468,38 @@ class Cache(dict):
         axis goes), a slice, a tuple (start, stop[, step]) or a list / array of
         positions; taken before apply_ln, which then uses the LayerNorm scale of
         those positions. project_output_onto: a [D] or [D, K] array the
-        components are projected onto last (the D axis becomes K, or goes)."""
+        components are projected onto last (the D axis becomes K, or goes).
+
+        Parameters
+        ----------
+        layer : int or None
+            The block whose input residual (None or -1: the final residual).
+        mlp_input : bool
+            The residual the MLP of `layer` reads.
+        expand_neurons : bool
+            One component per MLP neuron (False: one per MLP).
+        apply_ln : bool
+            Apply `layer`'s norm as a linear map.
+        pos_slice : int or slice or tuple or list or None
+            Positions (an int drops the position axis; None: all).
+        return_labels : bool
+            Also return the labels.
+        project_output_onto : array_like or None
+            [D] or [D, K], projected onto last.
+
+        Returns
+        -------
+        numpy.ndarray or tuple
+            [C, ..., D] float64 (D becomes K, or goes, with project_output_onto); with
+            return_labels, (stack, labels).
+
+        Raises
+        ------
+        dclens.Error
+            A flag that is not a bool, a layer or position out of range, a projection of the
+            wrong shape (ArgumentError, ArgumentTypeError), a cache without its model or an
+            activation it needs.
+        """
         for what, v in (
             ("mlp_input", mlp_input),
             ("expand_neurons", expand_neurons),
@@ -319,12 +543,40 @@ class Cache(dict):
         return (out, labels) if return_labels else out
 
     def layer(self, l: int) -> dict[str, np.ndarray]:
-        """The activations of block l, keyed by the name after 'blocks.{l}.'."""
+        """The activations of one block.
+
+        Parameters
+        ----------
+        l : int
+            The block.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            Keyed by the name after 'blocks.{l}.' ("attn.pattern", "mlp.out", ...); empty when
+            the cache holds none of that block.
+        """
         p = "blocks.%d." % l
         return {k[len(p) :]: v for k, v in self.items() if k.startswith(p)}
 
     def stack(self, suffix: str) -> np.ndarray:
-        """[L, ...]: one per-layer hook across all layers that were captured."""
+        """One per-layer hook across all the layers that were captured.
+
+        Parameters
+        ----------
+        suffix : str
+            The name after 'blocks.{l}.' ("attn.pattern", "resid_post", ...).
+
+        Returns
+        -------
+        numpy.ndarray
+            [layers captured, ...], in layer order.
+
+        Raises
+        ------
+        dclens.Error
+            The cache has no 'blocks.*.{suffix}'.
+        """
         keys = sorted(
             (k for k in self if k.startswith("blocks.") and k.split(".", 2)[2] == suffix),
             key=lambda k: int(k.split(".")[1]),
@@ -482,18 +734,48 @@ def accumulated_resid(
     mlp_input: bool = False,
     return_labels: bool = False,
 ):
-    """[layer + 1, ..., D]: the residual entering blocks 0 .. layer-1, then the
-    one entering `layer` (None or -1: after the last block). Labels "0_pre",
-    "1_pre", ..., "final_post".
+    """The residual stream accumulated block by block: the residual entering blocks
+    0 .. layer-1, then the one entering `layer`. Labels "0_pre", "1_pre", ..., "final_post".
 
-    TransformerLens' arguments: incl_mid adds each block's resid_mid
-    (resid_pre + attn.out, "{l}_mid") after its resid_pre; mlp_input adds the
-    mid of `layer` itself. With the parallel residual of GPT-NeoX (DCPythia,
-    Pythia) attention and MLP both read resid_pre, so that sum is an
-    intermediate no block reads, given for comparison. pos_slice selects
-    positions (see get_full_resid_decomposition; an int drops the position
-    axis); apply_ln normalises each entry as a whole residual (its own
-    LayerNorm statistics: a logit lens)."""
+    With the parallel residual of GPT-NeoX (DCPythia, Pythia) attention and MLP both read
+    resid_pre, so a resid_mid (incl_mid, mlp_input) is an intermediate no block reads,
+    given for comparison.
+
+    Parameters
+    ----------
+    cache : dclens.Cache
+        From run_with_cache, with the activations it reads (the model attached).
+    layer : int or None
+        The block whose input residual is decomposed (None or -1: the final residual, after
+        the last block; other negatives count from the end).
+    incl_mid : bool
+        Add each block's resid_mid (resid_pre + attn.out, "{l}_mid") after its resid_pre.
+    apply_ln : bool
+        Normalise each entry as a whole residual (its own LayerNorm statistics: a logit
+        lens).
+    pos_slice : int or slice or tuple or list or None
+        Positions (TransformerLens' Slice: an int drops the position axis, a slice, a
+        tuple (start, stop[, step]), or a list / array of positions; None: all).
+    mlp_input : bool
+        Add the mid of `layer` itself.
+    return_labels : bool
+        Also return the components' labels, as ``(stack, labels)``.
+
+    Returns
+    -------
+    numpy.ndarray or tuple
+        [layer + 1 (more with incl_mid), ..., D] (..., the activations' [T] or [B, T] as
+        pos_slice leaves them); with return_labels, (stack, labels).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer, position or argument out of range or of the wrong form
+        (dclens.ArgumentTypeError: of the wrong type).
+    dclens.Error
+        A cache without its model, or without an activation it needs (capture every hook:
+        run_with_cache(names=None)).
+    """
     for what, v in (
         ("incl_mid", incl_mid),
         ("apply_ln", apply_ln),
@@ -537,16 +819,48 @@ def decompose_resid(
     incl_embeds: bool = True,
     return_labels: bool = False,
 ):
-    """[1 + 2*layer, ..., D]: embed, then attn.out and mlp.out of each block
-    before `layer` (None or -1: all); they sum to the residual entering `layer`.
+    """The residual entering a block as the sum of its parts: embed, then attn.out and
+    mlp.out of each block before `layer`.
 
-    TransformerLens' arguments: mode "attn" / "mlp" keeps only those
-    components ("all": both); incl_embeds=False leaves out embed; mlp_input
-    adds attn.out of `layer` when its MLP reads it (a sequential block; with
-    the parallel residual of DCPythia and Pythia the MLP reads resid_pre, so
-    nothing is added); pos_slice selects positions (see
-    get_full_resid_decomposition); apply_ln applies the LayerNorm of `layer`
-    (its MLP's with mlp_input; ln_final for the final residual) as a linear map."""
+    Parameters
+    ----------
+    cache : dclens.Cache
+        From run_with_cache, with the activations it reads (the model attached).
+    layer : int or None
+        The block whose input residual is decomposed (None or -1: the final residual, after
+        the last block; other negatives count from the end).
+    mlp_input : bool
+        Add attn.out of `layer` when its MLP reads it (a sequential block; with the parallel
+        residual of DCPythia and Pythia the MLP reads resid_pre, so nothing is added).
+    mode : {"all", "attn", "mlp"}
+        Keep only the attention or the MLP components ("all": both).
+    apply_ln : bool
+        Apply the LayerNorm of `layer` (its MLP's with mlp_input; ln_final for the final
+        residual) as a linear map (apply_ln_to_stack).
+    pos_slice : int or slice or tuple or list or None
+        Positions (TransformerLens' Slice: an int drops the position axis, a slice, a
+        tuple (start, stop[, step]), or a list / array of positions; None: all).
+    incl_embeds : bool
+        Include embed (False leaves it out).
+    return_labels : bool
+        Also return the components' labels, as ``(stack, labels)``.
+
+    Returns
+    -------
+    numpy.ndarray or tuple
+        [1 + 2*layer, ..., D] (fewer with mode or incl_embeds=False), summing to the
+        residual entering `layer`; with return_labels, (stack, labels) with labels "embed",
+        "{l}_attn_out", "{l}_mlp_out".
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer, position or argument out of range or of the wrong form
+        (dclens.ArgumentTypeError: of the wrong type).
+    dclens.Error
+        A cache without its model, or without an activation it needs (capture every hook:
+        run_with_cache(names=None)).
+    """
     for what, v in (
         ("mlp_input", mlp_input),
         ("apply_ln", apply_ln),
@@ -586,12 +900,41 @@ def stack_head_results(
     pos_slice: SliceInput = None,
     apply_ln: bool = False,
 ):
-    """[layer*N (+1), ..., D]: every head's head_out of the blocks before
-    `layer` (-1 or None: all), labels "L{l}H{n}"; incl_remainder adds the rest
-    of the residual entering `layer` (embed, attention biases, MLPs) as a last
-    component; pos_slice selects positions (TransformerLens' arguments). layer
-    0 without the remainder gives an empty [0, ..., D] stack, as in
-    TransformerLens."""
+    """Every head's head_out of the blocks before `layer`, stacked, labels "L{l}H{n}".
+
+    Layer 0 without the remainder gives an empty [0, ..., D] stack, as in TransformerLens.
+
+    Parameters
+    ----------
+    cache : dclens.Cache
+        From run_with_cache, with the activations it reads (the model attached).
+    layer : int or None
+        The block whose input the heads feed (-1 or None: all blocks).
+    return_labels : bool
+        Also return the components' labels, as ``(stack, labels)``.
+    incl_remainder : bool
+        Add the rest of the residual entering `layer` (embed, attention biases, MLPs) as a
+        last component, "remainder".
+    pos_slice : int or slice or tuple or list or None
+        Positions (TransformerLens' Slice: an int drops the position axis, a slice, a
+        tuple (start, stop[, step]), or a list / array of positions; None: all).
+    apply_ln : bool
+        Apply the LayerNorm of `layer` as a linear map (apply_ln_to_stack).
+
+    Returns
+    -------
+    numpy.ndarray or tuple
+        [layer * N (+1), ..., D]; with return_labels, (stack, labels).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer, position or argument out of range or of the wrong form
+        (dclens.ArgumentTypeError: of the wrong type).
+    dclens.Error
+        A cache without its model, or without an activation it needs (capture every hook:
+        run_with_cache(names=None)).
+    """
     for what, v in (("incl_remainder", incl_remainder), ("apply_ln", apply_ln), ("return_labels", return_labels)):
         check_bool(what, v)
     model = _model(cache)
@@ -681,7 +1024,43 @@ def apply_ln_to_stack(
     has_batch_dim) and from the scale. has_batch_dim: whether the stack has a
     batch axis after C (None: whether the cache has one). recompute_ln (or
     whole=True): each component is itself a full residual (accumulated_resid)
-    and gets its own statistics, at any layer."""
+    and gets its own statistics, at any layer.
+
+    Parameters
+    ----------
+    cache : dclens.Cache
+        From run_with_cache, with the activations it reads (the model attached).
+    residual_stack : array_like
+        [C, ..., D] components (a decomposition of this cache's residual).
+    layer : int or None
+        The block whose norm is applied (None or -1: ln_final).
+    mlp_input : bool
+        The norm of `layer`'s MLP rather than its attention's.
+    pos_slice : int or slice or tuple or list or None
+        The positions the stack holds, as given to the decomposition.
+    batch_slice : int or slice or tuple or list or None
+        A slice of the batch axis, taken here from the stack and the scale.
+    has_batch_dim : bool or None
+        Whether the stack has a batch axis after C (None: whether the cache has one).
+    recompute_ln : bool
+        Each component gets its own statistics (a full residual).
+    whole : bool
+        The same as recompute_ln.
+
+    Returns
+    -------
+    numpy.ndarray
+        The normalised stack, float64, of the stack's shape (less what batch_slice takes).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer, position or argument out of range or of the wrong form
+        (dclens.ArgumentTypeError: of the wrong type).
+    dclens.Error
+        A cache without its model, or without an activation it needs (capture every hook:
+        run_with_cache(names=None)).
+    """
     model = _model(cache)
     for what, v in (("mlp_input", mlp_input), ("recompute_ln", recompute_ln), ("whole", whole)):
         check_bool("apply_ln_to_stack: " + what, v)
@@ -773,7 +1152,41 @@ def logit_attrs(
     difference). pos_slice: the positions the stack holds (it is already
     sliced). batch_slice: taken from the stack's batch axis here.
     has_batch_dim: whether the stack has a batch axis after C (None: as the
-    cache). has_ln (dclens): the stack already went through apply_ln_to_stack."""
+    cache). has_ln (dclens): the stack already went through apply_ln_to_stack.
+
+    Parameters
+    ----------
+    cache : dclens.Cache
+        From run_with_cache, with the activations it reads (the model attached).
+    residual_stack : array_like
+        [C, ..., D] components.
+    tokens : int or str or array_like of int
+        As above.
+    incorrect_tokens : int or str or array_like of int or None
+        As above; None: no difference.
+    pos_slice : int or slice or tuple or list or None
+        The positions the stack holds (it is already sliced).
+    batch_slice : int or slice or tuple or list or None
+        Taken from the stack's batch axis here.
+    has_batch_dim : bool or None
+        Whether the stack has a batch axis after C.
+    has_ln : bool
+        The stack is already normalised.
+
+    Returns
+    -------
+    numpy.ndarray
+        [C, ...] float64: each component's logit (difference).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        Token ids outside the vocabulary, incorrect_tokens not of the shape of tokens, or
+        tokens that do not fit the stack (dclens.ArgumentTypeError: not token ids or one
+        token string).
+    dclens.Error
+        A cache without its model or the activations apply_ln_to_stack needs.
+    """
     model = _model(cache)
     check_bool("logit_attrs: has_ln", has_ln)
     t = _token_ids("logit_attrs: tokens", tokens, model)
@@ -816,14 +1229,33 @@ def logit_attrs(
 
 
 class DLA(NamedTuple):
-    """dla's result: ``values`` [C] float64 summing to the logit, ``labels``
-    [C] naming the components; unpacks as ``values, labels``."""
+    """dla's result; unpacks as ``values, labels``.
+
+    Attributes
+    ----------
+    values : numpy.ndarray
+        [C] float64, summing to the logit.
+    labels : list of str
+        [C] names of the components ("embed", "L{l}H{n}", "L{l}.attn_bias", "L{l}.mlp",
+        ..., "ln_final.bias").
+    """
 
     values: np.ndarray
     labels: list[str]
 
     def top(self, k: int = 10) -> list[tuple[str, float]]:
-        """The k components of largest |value|, largest first."""
+        """The components of largest |value|.
+
+        Parameters
+        ----------
+        k : int
+            How many (a negative k gives none).
+
+        Returns
+        -------
+        list of tuple
+            (label, value) pairs, largest |value| first.
+        """
         order = np.argsort(-np.abs(self.values), kind="stable")[: max(0, int(k))]
         return [(self.labels[i], float(self.values[i])) for i in order]
 
@@ -833,8 +1265,34 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: int | None = None, by: s
     into components that sum to that logit (to float rounding): embed, then
     per layer each head (by="head") or the whole attention (by="layer"), the
     attention output bias, the MLP, and last ln_final's bias. Returns a DLA
-    (values [C] float64, labels), which unpacks as (values, labels). batch:
-    the row of a batched cache."""
+    (values [C] float64, labels), which unpacks as (values, labels).
+
+    Parameters
+    ----------
+    cache : dclens.Cache
+        From run_with_cache, with the activations it reads (the model attached).
+    token : int
+        The token id whose logit is attributed.
+    pos : int
+        The position (negative: from the end).
+    batch : int or None
+        The row of a batched cache (required for one).
+    by : {"head", "layer"}
+        One component per head (and each layer's attention bias), or per layer's attention.
+
+    Returns
+    -------
+    DLA
+        values [C] float64 summing to the logit, and their labels.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        An unknown `by`, or a token, position or batch row out of range.
+    dclens.Error
+        A batched cache without batch=, a cache without its model or without the
+        activations it needs (embed, head_out or attn.out, mlp.out, the last resid_post).
+    """
     model = _model(cache)
     if not is_choice(by, ("head", "layer")):
         raise ArgumentError("dla: by must be 'head' or 'layer', not %r" % (by,))

@@ -20,7 +20,20 @@ from .model import Error, Model
 
 @dataclasses.dataclass
 class FactoredMatrix:
-    """M = A @ B with A [D, r], B [r, D]; never forms M unless asked."""
+    """M = A @ B with A [D, r], B [r, D]; never forms M unless asked.
+
+    Parameters
+    ----------
+    A : numpy.ndarray
+        [D, r], the left factor (a 2-D array of numbers).
+    B : numpy.ndarray
+        [r, D'], the right factor (its rows: A's columns).
+
+    Raises
+    ------
+    dclens.Error
+        A or B is not a 2-D numeric array, or A's columns are not B's rows.
+    """
 
     A: np.ndarray
     B: np.ndarray
@@ -41,19 +54,39 @@ class FactoredMatrix:
 
     @property
     def shape(self) -> tuple[int, int]:
+        """The shape of M = A @ B: (A's rows, B's columns), without forming M."""
         return self.A.shape[0], self.B.shape[1]
 
     def full(self) -> np.ndarray:
+        """The product formed.
+
+        Returns
+        -------
+        numpy.ndarray
+            M = A @ B, [D, D'] in the factors' dtype.
+        """
         return self.A @ self.B
 
     def singular_values(self) -> np.ndarray:
-        """Singular values of A @ B (r of them) via QR of the factors."""
+        """Singular values of A @ B via QR of the factors (M is never formed).
+
+        Returns
+        -------
+        numpy.ndarray
+            [r] float64, descending (r: the inner dimension).
+        """
         qa, ra = np.linalg.qr(self.A.astype(np.float64))
         qb, rb = np.linalg.qr(self.B.T.astype(np.float64))
         return np.linalg.svd(ra @ rb.T, compute_uv=False)
 
     def gram(self) -> np.ndarray:
-        """M M^T [D, D] = A (B B^T) A^T."""
+        """M M^T = A (B B^T) A^T, without forming M.
+
+        Returns
+        -------
+        numpy.ndarray
+            [D, D] float64.
+        """
         A = self.A.astype(np.float64)
         return A @ (self.B.astype(np.float64) @ self.B.T.astype(np.float64)) @ A.T
 
@@ -73,7 +106,30 @@ def _wqkv(model: Model, layer: int) -> np.ndarray:
 
 
 def qk_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
-    """W_Q,n W_K,n^T as factors [D, Dh] @ [Dh, D]."""
+    """The QK circuit of a head: W_Q,n W_K,n^T, kept factored.
+
+    x_query W_QK x_key^T is the head's score before rotary and QK-norm (the circuit is the
+    weight-space product).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, n_layer).
+    head : int
+        The head, in [0, n_head).
+
+    Returns
+    -------
+    FactoredMatrix
+        A = W_Q,n [D, Dh], B = W_K,n^T [Dh, D].
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer or head out of range (dclens.ArgumentTypeError: not an integer).
+    """
     _check(model, layer, head)
     D, Dh = model.config.d_model, model.config.head_dim
     w = _wqkv(model, layer)
@@ -83,7 +139,27 @@ def qk_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
 
 
 def ov_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
-    """W_V,n W_O,n as factors [D, Dh] @ [Dh, D]."""
+    """The OV circuit of a head: W_V,n W_O,n, kept factored (x W_OV is what the head writes).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, n_layer).
+    head : int
+        The head, in [0, n_head).
+
+    Returns
+    -------
+    FactoredMatrix
+        A = W_V,n [D, Dh], B = W_O,n [Dh, D].
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer or head out of range (dclens.ArgumentTypeError: not an integer).
+    """
     _check(model, layer, head)
     D, Dh = model.config.d_model, model.config.head_dim
     wv = _wqkv(model, layer)[2 * D + head * Dh : 2 * D + (head + 1) * Dh]  # [Dh, D]
@@ -149,8 +225,30 @@ OV_INPUTS = ("direct", "paper", "prompt")
 
 
 def ov_input(model: Model, layer: int, tokens, resid: str = "direct") -> np.ndarray:
-    """[K, D] float64: the residual (before the head's LayerNorm) that ov_logits
-    feeds head(s) of `layer` for each token of `tokens` (see ov_logits for `resid`)."""
+    """The residual (before the head's norm) that ov_logits feeds the heads of a layer.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, n_layer).
+    tokens : array_like of int
+        [K] token ids (or one id).
+    resid : {"direct", "paper", "prompt"}
+        Which residual r(x): see ov_logits.
+
+    Returns
+    -------
+    numpy.ndarray
+        [K, D] float64, one row per token.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        An unknown `resid`, tokens that are not a non-empty 1-D sequence of integers, or a
+        layer or token id out of range.
+    """
     c = model.config
     check_index("layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
     if not is_choice(resid, OV_INPUTS):
@@ -203,7 +301,32 @@ def ov_logits(model: Model, layer: int, head: int, tokens, *, resid: str = "dire
         attention of x to itself).
 
     On the bundled models the "direct" read-out is the closest of the three to
-    what the head writes in context (docs/api.md, "OV read-out")."""
+    what the head writes in context (docs/api.md, "OV read-out").
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, n_layer).
+    head : int
+        The head, in [0, n_head).
+    tokens : array_like of int
+        [K] token ids (or one id).
+    resid : {"direct", "paper", "prompt"}
+        Which residual r(x) the head reads, as above.
+
+    Returns
+    -------
+    numpy.ndarray
+        [K, V] float32 logits, one row per token.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer, head or token id out of range, an unknown `resid`, or tokens that are not
+        a non-empty 1-D sequence of integers.
+    """
     _check(model, layer, head)
     x = ov_input(model, layer, tokens, resid)
     ov = ov_circuit(model, layer, head)
@@ -220,7 +343,34 @@ def ov_readout(
     one token): the top-k (token id, logit) pairs of ov_logits, which says
     what the head reads (`resid`: "direct", the default, the input the head
     really reads; "paper", Eqn 12 as printed; "prompt", the token alone as a
-    prompt)."""
+    prompt).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, n_layer).
+    head : int
+        The head, in [0, n_head).
+    token : int or str
+        A token id, or a string that is exactly one token.
+    k : int
+        How many tokens to give (>= 1).
+    resid : {"direct", "paper", "prompt"}
+        Which residual the head reads (ov_logits).
+
+    Returns
+    -------
+    list of tuple
+        The top-k (token id, logit) pairs, largest logit first.
+
+    Raises
+    ------
+    dclens.Error
+        A string that is not one token, a token id, layer or head out of range, k below 1,
+        or an unknown `resid`.
+    """
     c = model.config
     if isinstance(token, str):
         token = model.to_single_token(token)
@@ -235,14 +385,55 @@ def head_diversity(model: Model, layer: int, kind: str = "qk") -> float:
     """DCFormer Figure 5 (after Cordonnier et al. 2020): concatenate the layer's
     per-head QK (or OV) matrices [D, N*D], take principal components, and return
     the mean cumulative captured variance (mean over k of the fraction of
-    variance in the top k components). Lower means more diverse heads."""
+    variance in the top k components). Lower means more diverse heads.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, n_layer).
+    kind : {"qk", "ov"}
+        The QK or the OV circuits.
+
+    Returns
+    -------
+    float
+        The mean of diversity_curve, in (0, 1].
+
+    Raises
+    ------
+    dclens.Error
+        A layer out of range, or an unknown kind.
+    """
     _check(model, layer)
     curve = diversity_curve(model, layer, kind)
     return float(curve.mean())
 
 
 def diversity_curve(model: Model, layer: int, kind: str = "qk") -> np.ndarray:
-    """Cumulative captured variance [D] of the concatenated per-head matrices."""
+    """Cumulative captured variance of a layer's concatenated per-head circuit matrices.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, n_layer).
+    kind : {"qk", "ov"}
+        The QK or the OV circuits.
+
+    Returns
+    -------
+    numpy.ndarray
+        [D] float64: entry k-1 is the fraction of the variance in the top k principal
+        components of [M_0, ..., M_{N-1}] ([D, N*D]); all ones when the matrices are zero.
+
+    Raises
+    ------
+    dclens.Error
+        An unknown kind, or a layer out of range.
+    """
     if not is_choice(kind, ("qk", "ov")):
         raise Error("kind must be 'qk' or 'ov', not %r" % (kind,))
     f = qk_circuit if kind == "qk" else ov_circuit

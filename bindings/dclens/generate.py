@@ -36,6 +36,16 @@ class Decoder(EngineObject):
     >>> dec = Decoder(model)
     >>> logits = dec.step(prompt_ids)      # [n, V]: prefill
     >>> logits = dec.step([next_id])       # [1, V]
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model; the engine keeps it alive until its last decoder is freed.
+
+    Raises
+    ------
+    dclens.Error
+        The engine cannot make a decoder (out of memory).
     """
 
     def __init__(self, model: Model):
@@ -54,7 +64,24 @@ class Decoder(EngineObject):
         return int(lib.dcs_decoder_pos(self._d))
 
     def layer_keys(self, layer: int) -> int:
-        """Key positions layer `layer` holds (window_size + 1 at most on a local layer)."""
+        """The key positions a layer's caches hold now.
+
+        Parameters
+        ----------
+        layer : int
+            The layer, in [0, n_layer).
+
+        Returns
+        -------
+        int
+            The positions held: every token fed so far, or at most window_size + 1 on a local
+            layer.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            A layer out of range (dclens.ArgumentTypeError: not an integer).
+        """
         layer = check_index(
             "layer", layer, 0, self.model.config.n_layer, " (model has %d layers)" % self.model.config.n_layer
         )
@@ -64,8 +91,36 @@ class Decoder(EngineObject):
         return n
 
     def step(self, tokens, fwd_hooks: Sequence[tuple[str, HookFn]] = (), logits: bool = True, cache_names=()) -> Any:
-        """Feed tokens [n]; returns their logits [n, V], and a cache of this
-        step's activations when cache_names is given (None: every hook)."""
+        """Feed the next tokens and compute them against everything fed before.
+
+        Parameters
+        ----------
+        tokens : array_like of int
+            [n] token ids (n >= 1; the first step is the prompt, later ones usually one).
+        fwd_hooks : sequence of (str, callable)
+            Hooks called with this step's activations ([1, n, ...]; attention maps
+            [1, N, n, P] over the P positions so far), on top of the model's hooks in force.
+        logits : bool
+            Compute the logits (False: None in their place, for a step only hooks read).
+        cache_names : sequence of str or None
+            Hook names to keep this step's activations of (None: every hook; empty: none).
+
+        Returns
+        -------
+        logits : numpy.ndarray or None
+            [n, V] float32, the logits of the n tokens.
+        cache : dclens.Cache
+            Only when cache_names is None or not empty, as ``(logits, cache)``: this step's
+            activations.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            Tokens that are not a non-empty integer array, or an id outside the vocabulary.
+        dclens.Error
+            Logits holding NaN or inf, an unknown hook name (UnknownNameError), a hook
+            function that fails, or more positions than a decoder takes (16M).
+        """
         m = self.model
         toks = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
         if toks.size == 0 or toks.dtype.kind not in "iu":
@@ -156,7 +211,47 @@ def generate(
     contains a stop string (the string is kept). return_type: "str" (prompt
     plus continuation), "tokens" (prompt ids plus new ids, [T + new]), or
     "auto" (str for a str prompt, tokens otherwise). A list of prompts gives
-    a list of results (each decoded on its own)."""
+    a list of results (each decoded on its own).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    prompt : str or array_like of int or list
+        A string, [T] token ids, or a list of either.
+    max_new_tokens : int
+        At most this many new tokens (>= 0).
+    temperature : float
+        0: greedy; > 0: sampling from softmax(logits / temperature).
+    top_k : int or None
+        Sample among the top_k tokens only (>= 1; None: all).
+    stop : str or int or sequence of str or int or None
+        Stop after this token id, or once the continuation contains this string (kept).
+    seed : int or None
+        The sampler's seed (>= 0), for a repeatable stream.
+    fwd_hooks : sequence of (str, callable)
+        Hooks called at every decoding step (Decoder.step).
+    return_type : {"auto", "str", "tokens"}
+        "str": the prompt plus the continuation as text; "tokens": [T + new] int64 ids;
+        "auto": str for a str prompt, tokens otherwise.
+    verbose : bool
+        Print each new token as it comes.
+
+    Returns
+    -------
+    str or numpy.ndarray or list
+        The prompt and its continuation (see return_type); a list of them for a list of
+        prompts.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A negative max_new_tokens or seed, a negative or non-finite temperature, a top_k
+        below 1, an unknown return_type, or an empty prompt or one not [T].
+    dclens.Error
+        A stop that is not a token id, a non-empty string or a list of them, or a failing
+        decoding step (Decoder.step).
+    """
     if isinstance(prompt, (list, tuple)) and prompt and (isinstance(prompt[0], str) or np.ndim(prompt[0]) == 1):
         return [
             generate(model, p, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type, verbose)

@@ -56,7 +56,32 @@ def _tok(tok, V: int, what: str) -> int:
 
 
 def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sequence target values [B] and d(sum of them)/d logits [B, T, V]."""
+    """A target's value per sequence and its gradient with respect to the logits.
+
+    Parameters
+    ----------
+    target : str or tuple
+        ("logit", pos, token), ("logprob", pos, token), ("logit_diff", pos, good, bad),
+        "loss" or ("loss", mask) (the module's docstring); pos may be negative (from the end).
+    logits : numpy.ndarray
+        [B, T, V] logits of the sequences.
+    tokens : numpy.ndarray
+        [B, T] token ids of the sequences (the "loss" target reads the next tokens).
+
+    Returns
+    -------
+    values : numpy.ndarray
+        [B] float64: the target of each sequence.
+    grad : numpy.ndarray
+        [B, T, V] float32: d(sum of values) / d logits.
+
+    Raises
+    ------
+    dclens.Error
+        A target of an unknown kind or the wrong length, a position outside the sequence, a
+        token outside the vocabulary, a loss on fewer than 2 tokens, or a loss mask that is
+        not bool [T] / [B, T] or selects no predicting position of a sequence.
+    """
     B, T, V = logits.shape
     d = np.zeros((B, T, V), np.float32)  # float64 where it is computed: one row per sequence
     if isinstance(target, str):
@@ -125,7 +150,43 @@ def target_value_and_grad(target, logits: np.ndarray, tokens: np.ndarray) -> tup
 
 
 def gradients(model, tokens, target, wrt: Sequence[str], return_value: bool = False, max_tape_bytes: int | None = None):
-    """d target / d (each hook activation or parameter in wrt) -> dict name -> array."""
+    """The gradient of a target with respect to hook activations and parameters.
+
+    Model.gradients calls this. One gradient pass (forward keeping activations, then
+    backward) on the engine's tape; a batch's gradient for sequence b is that of sequence
+    b's own target, as if run one by one.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model (no hooks of Model.hooks() in force: the tape runs no Python hook).
+    tokens : array_like of int
+        Token ids, [T] or [B, T].
+    target : str or tuple
+        ("logit", pos, token), ("logprob", pos, token), ("logit_diff", pos, good, bad),
+        "loss" or ("loss", mask) (the module's docstring).
+    wrt : str or sequence of str
+        Hook names (hooks.md) and parameter names (Model.weight's names) to differentiate by.
+    return_value : bool
+        Also return the target's value.
+    max_tape_bytes : int or None
+        The tape's memory budget in bytes (None: dclens.memplan's default for the device).
+
+    Returns
+    -------
+    grads : dict of str to numpy.ndarray
+        Name -> float32 gradient: a hook's in its activation layout (with a leading [B] axis
+        for [B, T] tokens), a parameter's in the weight's shape (summed over the batch).
+    value : numpy.ndarray or float
+        Only with return_value=True, as ``(grads, value)``: the target, [B] or a float.
+
+    Raises
+    ------
+    dclens.Error
+        `wrt` empty or not names, a name that is neither a hook of this model nor a
+        parameter, a target the tokens cannot take (target_value_and_grad), hooks in force,
+        or a budget too small for the pass.
+    """
     model.runner.refuse_hooks("gradients")
     toks, batched = model.token_ids(tokens)
     B, T = toks.shape

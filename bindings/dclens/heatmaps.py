@@ -44,7 +44,13 @@ MIN_CELL = 10  # the engine's text line (DCS_FONT_LINE): the smallest cell with 
 
 class PNG:
     """A PNG picture: shows itself in Jupyter (_repr_png_), bytes(png) is the
-    PNG file's bytes, png.save(path) writes them, png.size is (width, height)."""
+    PNG file's bytes, png.save(path) writes them, png.size is (width, height).
+
+    Parameters
+    ----------
+    data : bytes
+        The PNG file's bytes (kept as .data).
+    """
 
     def __init__(self, data: bytes):
         self.data = data
@@ -68,7 +74,24 @@ class PNG:
         return "<dclens.%s %dx%d PNG, %d bytes>" % ((type(self).__name__,) + self.size + (len(self.data),))
 
     def save(self, path: str | os.PathLike) -> str:
-        """Write the PNG to path (str or os.PathLike); returns the path."""
+        """Write the PNG to a file.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write (replaced if it exists).
+
+        Returns
+        -------
+        str
+            The path written, as text.
+
+        Raises
+        ------
+        dclens.Error
+            `path` is not a path (dclens.ArgumentTypeError) or holds a NUL, or the file
+            cannot be written (the message names the path and the system's reason).
+        """
         c_path("save: path", path)  # a path, or an Error naming it
         path = show_path(path)
         try:
@@ -80,7 +103,25 @@ class PNG:
 
 
 def colormap_rgb(value: float, vmin: float, vmax: float, diverging: bool = False) -> tuple:
-    """The engine's colour for a value (for tests and legends)."""
+    """The engine's colour for a value (for tests and legends).
+
+    Parameters
+    ----------
+    value : float
+        The value.
+    vmin : float
+        The low end of the colour range.
+    vmax : float
+        The high end of the colour range.
+    diverging : bool
+        The diverging map (centred on zero, for signed values) rather than the sequential
+        one (viridis-like).
+
+    Returns
+    -------
+    tuple of int
+        (red, green, blue), each in [0, 255].
+    """
     rgb = ffi.new("uint8_t[3]")
     lib.dcs_colormap_rgb(DIVERGING if diverging else SEQUENTIAL, float(value), float(vmin), float(vmax), rgb)
     return rgb[0], rgb[1], rgb[2]
@@ -206,14 +247,42 @@ def _one_end(maps, mask_upper: bool, vmin, vmax):
 class Heatmap(PNG):
     """A rendered heatmap (what heatmap and attention_heatmap return): a PNG
     (bytes(h) the PNG bytes, h.save(path), h.size, inline in Jupyter) plus
-    the geometry of its cells (cell_box)."""
+    the geometry of its cells (cell_box).
+
+    Parameters
+    ----------
+    data : bytes
+        The PNG file's bytes.
+    args : tuple
+        heatmap's checked arguments, from which cell_box recomputes the layout.
+    """
 
     def __init__(self, data: bytes, args: tuple):
         super().__init__(data)
         self._args = args
 
     def cell_box(self, panel: int, t: int, s: int):
-        """(x, y, side) in pixels of cell (t, s) of a panel."""
+        """Where a cell of a panel is in the picture.
+
+        Parameters
+        ----------
+        panel : int
+            The panel, in [0, P).
+        t : int
+            The cell's row (query position), in [0, T).
+        s : int
+            The cell's column (key position), in [0, S).
+
+        Returns
+        -------
+        tuple of int
+            (x, y, side): the cell's top-left corner and its side, in pixels.
+
+        Raises
+        ------
+        dclens.Error
+            A panel or cell outside the picture (the engine's message).
+        """
         spec, _keep = _spec(*self._args)
         x, y, c = ffi.new("int *"), ffi.new("int *"), ffi.new("int *")
         err = ffi.new("char[]", 512)
@@ -244,22 +313,59 @@ def heatmap(
 ) -> Heatmap:
     """Render one [T, S] map or a stack [P, T, S] of them as a grid of panels.
 
-    tokens label the rows (queries) and, unless key_tokens is given, the
-    columns. scale="own" (default): each panel its own colour range and
-    colour bar; "shared": one range and bar for all (vmin and vmax both
-    given: shared). panel_diverging: per panel, diverging or sequential
-    colours (scale="own"); panel_vmin: per panel, a fixed low end (None:
-    from the data). vmin/vmax fix the colour range (default: from the data).
-    mask_upper hatches the causal upper triangle; mask_window > 0 also
-    hatches cells with t - s > mask_window (a local-attention layer);
-    panel_windows gives each panel its own window (0 or None: global).
-    Rows are labelled "query", columns "key" (axis_titles). grid_cols:
-    panels per grid row (0: all in one row); cell_px: pixels per cell (0:
-    chosen from the size). vmin or vmax alone fixes that end of the range,
-    the other comes from the data (each panel's own, with scale="own").
+    Parameters
+    ----------
+    maps : array_like
+        [T, S] or [P, T, S] numbers (non-empty); non-finite cells are drawn as missing.
+    tokens : sequence of str or None
+        Labels of the rows (queries) and, unless key_tokens is given, of the columns.
+    key_tokens : sequence of str or None
+        Labels of the columns (keys).
+    titles : sequence of str or None
+        One title per panel.
+    title : str or None
+        The picture's title.
+    diverging : bool
+        A diverging map centred on zero (signed values) rather than the sequential one.
+    mask_upper : bool
+        Hatch the causal upper triangle (s > t).
+    vmin : float or None
+        The low end of the colour range (None: from the data). vmin or vmax alone fixes
+        that end; the other comes from the data (each panel's own, with scale="own").
+    vmax : float or None
+        The high end of the colour range (None: from the data).
+    grid_cols : int
+        Panels per grid row (0: all in one row).
+    cell_px : int
+        Pixels per cell (0: chosen from the size).
+    mask_window : int
+        > 0: also hatch the cells with t - s > mask_window (a local-attention layer).
+    panel_windows : sequence of int or None
+        Each panel's own window (0 or None: global).
+    axis_titles : bool
+        Label the rows "query" and the columns "key".
+    scale : {"own", "shared"}
+        "own" (default): each panel its own colour range and colour bar; "shared": one
+        range and bar for all (vmin and vmax both given: shared).
+    panel_diverging : sequence of bool or None
+        Per panel, diverging or sequential colours (scale="own").
+    panel_vmin : sequence of float or None
+        Per panel, a fixed low end of the range (None: from the data).
 
-    Returns a Heatmap: bytes(h) is the PNG, h.save(path) writes it, h.size is
-    (width, height), and it shows itself in Jupyter (_repr_png_)."""
+    Returns
+    -------
+    Heatmap
+        bytes(h) is the PNG, h.save(path) writes it, h.size is (width, height), and it
+        shows itself in Jupyter (_repr_png_).
+
+    Raises
+    ------
+    dclens.Error
+        maps that are not a non-empty [T, S] / [P, T, S] array of numbers, a non-finite
+        vmin / vmax, a flag that is not a bool, a negative grid_cols, cell_px or
+        mask_window, labels or per-panel lists of the wrong length, or a picture the engine
+        refuses (too large).
+    """
     return _render(
         _heatmap_args(
             maps,
@@ -578,9 +684,50 @@ def attention_heatmap(
     chosen). Only where even one item a row at 10-px cells is wider (a
     window of more than about 70 tokens) is the picture wider.
 
-    Returns a Heatmap: bytes(h) is the PNG, h.save(path) writes it, h.size is
-    (width, height), and it shows itself in Jupyter (_repr_png_). Further
-    keywords (title, vmin, vmax, scale, grid_cols, cell_px, ...) go to heatmap()."""
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    text_or_tokens : str or array_like of int
+        The prompt: a non-empty string, or [T] token ids.
+    layer : int or "all"
+        The layer, or "all" (with a head) for one head across every layer.
+    head : int or None
+        One head, or None for every head of the layer.
+    hook : str or None
+        What to draw: "pattern", "pattern_composed", "scores", "scores_composed", a branch
+        ("pre.kp", "post.qg", ...), "branches" (the compose branches of `phase` and their
+        sum), or "pattern+composed"; None: "pattern+composed" for a DCMHA model, else
+        "pattern".
+    phase : {"pre", "post"}
+        The compose phase of hook="branches".
+    query : int or None
+        The query position the window ends at (negative: from the end; None: the last).
+    window : int or None
+        Show the `window` positions up to `query` (None: all of a prompt up to AUTO_WINDOW
+        tokens, else AUTO_WINDOW).
+    positions : tuple or range or slice or list of int or None
+        The consecutive positions to show instead: (start, stop), a range, a slice or a list.
+    **kw
+        Passed on to heatmap(): key_tokens, title, diverging, mask_upper, vmin, vmax,
+        grid_cols, cell_px, mask_window, panel_windows, axis_titles, scale, panel_vmin.
+
+    Returns
+    -------
+    Heatmap
+        bytes(h) is the PNG, h.save(path) writes it, h.size is (width, height), and it
+        shows itself in Jupyter (_repr_png_).
+
+    Raises
+    ------
+    dclens.ArgumentTypeError
+        A keyword argument heatmap() does not take.
+    dclens.Error
+        An empty prompt or bad tokens, a layer or head out of range, an unknown hook,
+        hook="branches" without one layer and one head, layer="all" without a head,
+        composed weights asked of a plain-MHA model, both window= and positions=, a prompt
+        over MAX_TOKENS without either, or one scale for maps that need their own.
+    """
     unknown = sorted(set(kw) - set(_PASSED_ON))
     if unknown:
         raise ArgumentTypeError(

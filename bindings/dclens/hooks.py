@@ -59,15 +59,26 @@ class HookPoint(str):
 
     @property
     def name(self) -> str:
+        """The hook's dclens name, a plain str ("blocks.3.attn.pattern")."""
         return str.__str__(self)
 
     @property
     def tl_name(self) -> str | None:
+        """The hook's TransformerLens name ("blocks.3.attn.hook_pattern"), or None where it has
+        none (compose branches, dynamic weights, ...)."""
         from .names import tl_alias
 
         return tl_alias(self.name)
 
     def layer(self) -> int | None:
+        """The hook's layer.
+
+        Returns
+        -------
+        int or None
+            l of "blocks.{l}....", None for the hooks outside the blocks (embed, ln_final,
+            logits).
+        """
         parts = self.split(".")
         return int(parts[1]) if parts[0] == "blocks" and len(parts) > 2 else None
 
@@ -105,7 +116,23 @@ def read_only(fn: HookFn) -> ReadOnlyHook:
     ... def record(act, name):
     ...     means[name] = act.mean()
     >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", record)])
-    >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", dclens.read_only(lambda a, n: keep.append(a)))])"""
+    >>> model.run_with_hooks(toks, [("blocks.0.mlp.out", dclens.read_only(lambda a, n: keep.append(a)))])
+
+    Parameters
+    ----------
+    fn : callable
+        The hook function, fn(act, name).
+
+    Returns
+    -------
+    ReadOnlyHook
+        fn wrapped (fn itself when it is already read-only); calling it calls fn.
+
+    Raises
+    ------
+    dclens.Error
+        fn is not callable.
+    """
     return fn if isinstance(fn, ReadOnlyHook) else ReadOnlyHook(fn)
 
 

@@ -35,8 +35,19 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def is_hub_id(name) -> bool:
-    """True for a string shaped like a Hub model id, org/name (no other slash,
-    not absolute, no '..'); whether it exists is for the Hub to say."""
+    """Whether a name is shaped like a Hugging Face Hub model id.
+
+    Parameters
+    ----------
+    name : object
+        What dclens.load was given.
+
+    Returns
+    -------
+    bool
+        True for a string org/name (one slash, not absolute, no '..', letters, digits and
+        ``._-``); whether that model exists is for the Hub to say.
+    """
     return isinstance(name, str) and bool(_ID.match(name)) and ".." not in name
 
 
@@ -45,12 +56,25 @@ def _truthy(v: str | None) -> bool:
 
 
 def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set: never use the network."""
+    """Whether the environment forbids the network to the Hub.
+
+    Returns
+    -------
+    bool
+        True when HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is 1, ON, YES or TRUE.
+    """
     return _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE"))
 
 
 def cache_dir() -> str | None:
-    """The Hub cache directory the environment names now (None: huggingface_hub's default)."""
+    """The Hub cache directory the environment names now.
+
+    Returns
+    -------
+    str or None
+        $HF_HUB_CACHE, else $HF_HOME/hub, else None (huggingface_hub's default,
+        ~/.cache/huggingface/hub).
+    """
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
     if os.environ.get("HF_HOME"):
@@ -59,7 +83,37 @@ def cache_dir() -> str | None:
 
 
 def resolve(repo_id: str, revision: str | None = None, progress: bool | None = None, cache: str | None = None) -> str:
-    """The local snapshot directory of a Hub model id (see the module doc)."""
+    """The local snapshot directory of a Hub model id, from the cache or downloaded.
+
+    The cache first, without the network; then, unless offline(), a download of the files
+    the engine reads (PATTERNS).
+
+    Parameters
+    ----------
+    repo_id : str
+        The Hub id, org/name.
+    revision : str or None
+        A branch, tag or commit; None: the Hub's default branch.
+    progress : bool or None
+        The download's progress bars (dclens.progress; False: none).
+    cache : str or None
+        The cache directory; None: cache_dir().
+
+    Returns
+    -------
+    str
+        The snapshot directory (config.json and the weights in it).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A revision that is not a non-empty string without NUL.
+    dclens.NotFoundError
+        Offline with nothing cached, or the Hub has no such repository, revision or file
+        (or the repository is gated); the message names the id, the revision and the cache.
+    dclens.Error
+        huggingface_hub is missing, or the download fails otherwise.
+    """
     if revision is not None and not (isinstance(revision, str) and revision and "\0" not in revision):
         raise ArgumentError("revision must be a branch, tag or commit (a non-empty string), not %r" % (revision,))
     try:

@@ -29,8 +29,14 @@ from ._engine import ffi, lib
 
 
 def available_memory() -> int:
-    """Bytes the kernel reports available now (MemAvailable), else the
-    physical memory."""
+    """The host memory available now.
+
+    Returns
+    -------
+    int
+        Bytes: /proc/meminfo's MemAvailable, else the physical memory (sysconf), else 2**62
+        where neither can be read.
+    """
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -47,8 +53,19 @@ def available_memory() -> int:
 
 
 def device_memory(model) -> int | None:
-    """Free bytes of the model's device (dcs_device_memory), or None for a
-    model whose memory is the host's or whose device cannot say."""
+    """The free memory of the model's device.
+
+    Parameters
+    ----------
+    model : dclens.Model or None
+        The model.
+
+    Returns
+    -------
+    int or None
+        Free bytes of its GPU (dcs_device_memory: cudaMemGetInfo plus what the backend's pool
+        holds unused); None for no model, a CPU model, or a device that cannot say.
+    """
     if model is None or getattr(model.runner, "device", "cpu") == "cpu":
         return None
     free, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
@@ -58,8 +75,19 @@ def device_memory(model) -> int | None:
 
 
 def default_budget(model=None) -> int:
-    """Half of the free memory where the model's tape would live (the
-    module docstring), at least 256 MiB."""
+    """The default tape budget: half of the free memory where the model's tape would live.
+
+    Parameters
+    ----------
+    model : dclens.Model or None
+        The model: its device's free memory (device_memory), else the host's
+        (available_memory), plus the bytes its idle tapes hold.
+
+    Returns
+    -------
+    int
+        Bytes, at least 256 MiB.
+    """
     free = device_memory(model)
     if free is None:
         free = available_memory()
@@ -68,8 +96,25 @@ def default_budget(model=None) -> int:
 
 
 def check_budget(max_tape_bytes: int | None, model=None) -> int:
-    """The budget in bytes: the default (for `model`'s device) when None,
-    else a positive integer."""
+    """A max_tape_bytes argument as the budget in bytes.
+
+    Parameters
+    ----------
+    max_tape_bytes : int or None
+        A positive number of bytes, or None for default_budget(model).
+    model : dclens.Model or None
+        The model whose device the default is for.
+
+    Returns
+    -------
+    int
+        The budget, bytes.
+
+    Raises
+    ------
+    dclens.Error
+        `max_tape_bytes` is not None or a positive integer.
+    """
     if max_tape_bytes is None:
         return default_budget(model)
     if isinstance(max_tape_bytes, bool) or not isinstance(max_tape_bytes, int) or max_tape_bytes < 1:
@@ -78,7 +123,33 @@ def check_budget(max_tape_bytes: int | None, model=None) -> int:
 
 
 def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (), first: int = 0) -> int:
-    """The engine's estimate for one plan (dcs_tape_plan) of a tape from layer `first`."""
+    """The engine's estimate of a tape's buffers under one plan (dcs_tape_plan).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    B : int
+        Sequences in the batch.
+    T : int
+        Tokens per sequence.
+    recompute : bool
+        The recompute plan (keep each layer's input only) rather than the full one.
+    points : sequence of int
+        Engine hook point ids whose gradients the backward hands out.
+    first : int
+        The first layer the tape runs (IG at a later layer starts there).
+
+    Returns
+    -------
+    int
+        Bytes.
+
+    Raises
+    ------
+    dclens.Error
+        The engine refuses the plan (sizes out of range).
+    """
     out = ffi.new("uint64_t *")
     pts = ffi.new("int[]", [int(p) for p in points] or [0])
     _check(
@@ -89,8 +160,19 @@ def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (
 
 
 def param_table(model) -> list[tuple[str, int, int, bool]]:
-    """(canonical name, offset, size, decayed) of every parameter in the flat
-    layout (dcs_param_info; dclens.grad.param_table)."""
+    """Every parameter of the model in the engine's flat layout (dcs_param_info).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+
+    Returns
+    -------
+    list of tuple
+        (canonical name, offset, number of elements, weight-decayed) per parameter, in the
+        layout's order; the names are Model.weight's.
+    """
     rows = []
     nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
     for i in range(lib.dcs_param_count(model.runner.handle)):
@@ -102,11 +184,36 @@ def param_table(model) -> list[tuple[str, int, int, bool]]:
 def estimate(
     model, T: int, B: int = 1, wrt: Sequence[str] = (), max_tape_bytes: int | None = None
 ) -> dict[str, object]:
-    """Model.estimate_backward_memory: bytes of both plans for B sequences of
-    T tokens with gradients at the hooks and parameters in `wrt`, and the
-    plan the budget picks ('full', 'recompute', or None when neither fits).
-    A parameter counts its float32 gradient (and on CUDA its device mirror,
-    held through the backward)."""
+    """The memory of a gradient pass under both tape plans, before anything is allocated.
+
+    Model.estimate_backward_memory calls this. A parameter counts its float32 gradient (and
+    on CUDA its device mirror, held through the backward).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    T : int
+        Tokens per sequence (>= 1).
+    B : int
+        Sequences (>= 1).
+    wrt : str or sequence of str
+        The hook names and parameter names the gradients are asked at.
+    max_tape_bytes : int or None
+        The budget, bytes (None: default_budget(model)).
+
+    Returns
+    -------
+    dict
+        "full" and "recompute": bytes of each plan; "budget": the budget in bytes; "plan":
+        the plan the budget picks, "full", "recompute", or None when neither fits.
+
+    Raises
+    ------
+    dclens.Error
+        T or B not a positive integer, an unknown hook name (UnknownNameError), or a bad
+        budget.
+    """
     if isinstance(wrt, str):
         wrt = [wrt]
     for name, v in (("T", T), ("B", B)):
@@ -124,7 +231,24 @@ def estimate(
 
 
 def hook_bytes(model, point: int, B: int, T: int) -> int:
-    """Bytes of one activation at a hook point for B x T tokens (float32)."""
+    """The size of one activation at a hook point.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    point : int
+        The engine's hook point id.
+    B : int
+        Sequences.
+    T : int
+        Tokens per sequence.
+
+    Returns
+    -------
+    int
+        Bytes of the float32 activation for B x T tokens.
+    """
     shape = ffi.new("int64_t[6]")
     nd = lib.dcs_hook_shape(model.runner.handle, point, B, T, shape)
     n = 4
@@ -134,10 +258,28 @@ def hook_bytes(model, point: int, B: int, T: int) -> int:
 
 
 def ig_extra(model, T: int, k: int, point: int) -> int:
-    """What an IG batch of k points holds besides its tape's own buffers
-    (ig_batch): the interpolated activations and their gradients (2 per
-    point), the activation, baseline, difference, first gradient and two
-    float64 sums (8 of one point), the logits and their gradient."""
+    """What an integrated-gradients batch holds besides its tape's own buffers (ig_batch).
+
+    The interpolated activations and their gradients (2 per point), the activation,
+    baseline, difference, first gradient and two float64 sums (8 of one point), the logits
+    and their gradient.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    T : int
+        Tokens per sequence.
+    k : int
+        Interpolation points in the batch.
+    point : int
+        The engine's hook point id attributed to.
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
     return 2 * hook_bytes(model, point, k, T) + 8 * hook_bytes(model, point, 1, T) + 8 * k * T * model.config.vocab
 
 
@@ -148,7 +290,30 @@ def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0)
     when even that does not fit). Counted with the tape (its buffers, the
     interpolated activations and their gradients): what attribution.py holds
     besides, the activation, its baseline and difference, its first
-    gradient, two float64 sums, and the batch's logits with their gradient."""
+    gradient, two float64 sums, and the batch's logits with their gradient.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    T : int
+        Tokens per sequence.
+    steps : int
+        The interpolation points wanted (the most one batch needs).
+    point : int
+        The engine's hook point id attributed to.
+    budget : int
+        The memory budget, bytes.
+    first : int
+        The first layer the tape runs.
+
+    Returns
+    -------
+    k : int
+        Interpolation points per batch, in [1, steps].
+    recompute : bool
+        Whether the tape needs the recompute plan for that.
+    """
 
     def most(recompute: bool) -> int:
         lo, hi = 0, steps

@@ -73,7 +73,65 @@ _CTX_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "block_size", "m
 class TLConfig:
     """model.cfg: the model's configuration under TransformerLens's
     HookedTransformerConfig field names (model.config has dclens's own,
-    with the DCMHA switches)."""
+    with the DCMHA switches). cfg["n_layers"] reads a field too.
+
+    Attributes
+    ----------
+    model_name : str
+        The model's name (model.name).
+    n_layers : int
+        Blocks.
+    d_model : int
+        The residual width D.
+    n_heads : int
+        Attention heads per layer N.
+    d_head : int
+        The width of a head Dh.
+    d_mlp : int
+        The MLP's hidden width.
+    d_vocab : int
+        The vocabulary size V.
+    d_vocab_out : int
+        The unembedding's outputs (V).
+    n_ctx : int or None
+        The context the model was trained for (config.json), None if not recorded.
+    act_fn : str
+        "gelu", or "silu" for a SwiGLU MLP.
+    eps : float
+        The norms' epsilon.
+    normalization_type : str
+        "LN" (LayerNorm) or "RMS".
+    positional_embedding_type : str
+        "rotary".
+    rotary_dim : int
+        Dimensions of each head that rotary turns.
+    rotary_base : float
+        Rotary's base.
+    parallel_attn_mlp : bool
+        Attention and MLP read the same block input (GPT-NeoX's parallel residual).
+    original_architecture : str
+        config.json's first architecture ("DCPythia", "GPTNeoXForCausalLM", ...).
+    window_size : int or None
+        The local layers' window, None when every layer is global.
+    attn_types : tuple of str
+        "global" / "local" per layer.
+    use_local_attn : bool
+        Some layer is local.
+    device : str
+        "cpu" or "cuda".
+    default_prepend_bos : bool
+        to_tokens' prepend_bos default (False: Pythia-style models are trained without a BOS).
+    tokenizer_prepends_bos : bool
+        False: the tokenizer adds no BOS itself.
+    bos_token_id : int or None
+        config.json's bos_token_id.
+    attention_dir : str
+        "causal".
+    dtype : str
+        "float32", the activations' type.
+    gated_mlp : bool
+        SwiGLU (DCFormer++): act_fn "silu" on the gated half.
+    """
 
     model_name: str
     n_layers: int
@@ -107,12 +165,82 @@ class TLConfig:
         return getattr(self, key)
 
     def to_dict(self) -> dict[str, object]:
+        """The fields as a dict.
+
+        Returns
+        -------
+        dict
+            Field name -> value (dataclasses.asdict).
+        """
         return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Dimensions and switches of a loaded model."""
+    """Dimensions and switches of a loaded model (model.config); config["n_layer"] reads a
+    field too.
+
+    Attributes
+    ----------
+    model_type : str
+        "dcpythia", "gpt_neox" (Pythia) or "dcformer" (DCFormer++).
+    n_layer : int
+        Blocks L.
+    d_model : int
+        The residual width D.
+    n_head : int
+        Attention heads per layer N.
+    head_dim : int
+        The width of a head Dh.
+    d_ff : int
+        The MLP's hidden width.
+    vocab : int
+        The vocabulary size V.
+    rotary_dim : int
+        Dimensions of each head that rotary turns.
+    rope_base : float
+        Rotary's base.
+    norm_eps : float
+        The norms' epsilon.
+    parallel_residual : bool
+        Attention and MLP read the same block input.
+    qk_norm : bool
+        Queries and keys are normalised (QK-norm).
+    linear_bias : bool
+        The linear layers have biases.
+    use_dcmha : bool
+        Dynamically composable multi-head attention (False: plain MHA).
+    query_wise : bool
+        Only the query-side compose branches (qp, qg).
+    dyn_rank : int
+        The rank R of the dynamic compose weights.
+    dyn_hidden : int
+        The hidden width of the dynamic-weight projection.
+    window_size : int
+        The local layers' window (0: none).
+    local_layers : tuple of int
+        The layers with local attention.
+    tie_embeddings : bool
+        The unembedding is the embedding.
+    use_sw : bool
+        The static (Talking-Heads) compose branch.
+    compose_groups : int
+        Heads are composed within this many groups.
+    moh_shared_heads : int or None
+        Mixture-of-Head routing: the heads always on, None when MoH is off.
+    moh_routed_topk : int or None
+        Mixture-of-Head routing: the routed heads each token selects.
+    dyn_slots : int
+        C: dynamic-weight slots, 4 (pre/post x query/key) or 2.
+    key_wise : bool
+        Only the key-side branches (kp, kg).
+    norm : str
+        The block and final norms: "layer" (LayerNorm) or "rms".
+    mlp : str
+        "gelu" or "swiglu" (w2(silu(w1 x) * w3 x)).
+    mgate_dim : int
+        E: groups of the SwiGLU MLP's softmax gate, 0 = none.
+    """
 
     model_type: str
     n_layer: int
@@ -198,11 +326,25 @@ def _layer_plans(handle, n_layer: int) -> tuple[LayerPlan, ...]:
 
 
 def cuda_available() -> bool:
-    """True if the engine was built with CUDA and a GPU is usable."""
+    """Whether the CUDA backend can run here.
+
+    Returns
+    -------
+    bool
+        True if the engine was built with CUDA and a GPU is usable.
+    """
     return bool(lib.dcs_cuda_available(ffi.NULL, 0))
 
 
 def cuda_unavailable_reason() -> str:
+    """Why device="cuda" cannot be used here.
+
+    Returns
+    -------
+    str
+        The engine's reason (no CUDA plugin built, no driver, no GPU, ...), or "" when
+        cuda_available().
+    """
     why = ffi.new("char[]", 512)
     if lib.dcs_cuda_available(why, 512):
         return ""
@@ -232,7 +374,40 @@ def load(
     [B, T] array gives [B, T, ...]. prepend_bos sets the default of
     to_tokens (model.cfg.default_prepend_bos; False unless asked: Pythia-style
     models are trained without a BOS). progress: the download's bar
-    (dclens.progress)."""
+    (dclens.progress).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A checkpoint directory, a bundled model's name, or a Hub id "org/name".
+    device : {"cpu", "cuda"}
+        Where the engine runs.
+    n_threads : int
+        CPU threads (0: all cores).
+    always_batch : bool
+        Give every result a leading batch axis.
+    revision : str or None
+        A Hub id's branch, tag or commit.
+    progress : bool or None
+        The download's progress bar.
+    prepend_bos : bool or None
+        to_tokens' default (None: False).
+
+    Returns
+    -------
+    Model
+        The loaded model (a LoadWarning for what it ignores in the checkpoint, a
+        BlasWarning where OpenBLAS runs kernels narrower than the CPU's).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        revision= without a Hub id, an unknown device, or a negative n_threads.
+    dclens.NotFoundError
+        No such directory, bundled model or Hub model (or not cached while offline).
+    dclens.Error
+        A checkpoint the engine refuses (the message names the file and what is wrong).
+    """
     name = None
     directory: str | bytes
     if revision is not None and not hub.is_hub_id(path):
@@ -256,8 +431,27 @@ def load(
 
 
 def from_pretrained(model_name: str | os.PathLike, device: str = "cpu", **kw: Any) -> Model:
-    """TransformerLens' name for load (HookedTransformer.from_pretrained):
-    a Hub id, a bundled name or a checkpoint directory; keywords as load's."""
+    """TransformerLens' name for load (HookedTransformer.from_pretrained).
+
+    Parameters
+    ----------
+    model_name : str or os.PathLike
+        A Hub id, a bundled name or a checkpoint directory.
+    device : {"cpu", "cuda"}
+        Where the engine runs.
+    **kw
+        load's other keywords.
+
+    Returns
+    -------
+    Model
+        As load.
+
+    Raises
+    ------
+    dclens.Error
+        As load.
+    """
     return load(model_name, device=device, **kw)
 
 
@@ -288,7 +482,24 @@ def _read_config(path: str) -> dict[str, Any]:
 
 def from_reference(ref: ModelRef) -> Model:
     """Load the model a reference names (what unpickling a Model does), after
-    checking that its files are those it was loaded from (else Error)."""
+    checking that its files are those it was loaded from.
+
+    Parameters
+    ----------
+    ref : dclens.reference.ModelRef
+        The reference (Model.reference()).
+
+    Returns
+    -------
+    Model
+        The model, loaded again.
+
+    Raises
+    ------
+    dclens.Error
+        Not a ModelRef, files that changed since the reference was taken, or a load that
+        fails.
+    """
     if not isinstance(ref, ModelRef):
         raise Error("from_reference needs a dclens.reference.ModelRef, not %s" % type(ref).__name__)
     m = Model(ref.check(), device=ref.device, n_threads=ref.n_threads)
@@ -329,7 +540,26 @@ def _read_regular_file(path: str, limit: int) -> str:
 
 def load_tokenizer(directory: str):
     """The HF `tokenizers.Tokenizer` of a model directory (its tokenizer.json),
-    without loading the model (what Model.tokenizer reads)."""
+    without loading the model (what Model.tokenizer reads).
+
+    Parameters
+    ----------
+    directory : str
+        The model directory.
+
+    Returns
+    -------
+    tokenizers.Tokenizer
+        The tokenizer.
+
+    Raises
+    ------
+    dclens.NotFoundError
+        The directory has no tokenizer.json.
+    dclens.Error
+        A tokenizer.json that is not a regular file, is over 256 MiB, is not UTF-8, or
+        that tokenizers cannot read.
+    """
     p = os.path.join(directory, "tokenizer.json")
     if not os.path.lexists(p):
         raise NotFoundError("%s has no tokenizer.json" % directory)
@@ -348,6 +578,27 @@ class Model(WeightsMixin):
     >>> m = dclens.load("path/to/model")
     >>> logits = m.forward(m.to_tokens("The cat sat"))
     >>> logits, cache = m.run_with_cache(tokens, names=lambda n: n.endswith("pattern"))
+
+    dclens.load is the usual way to make one.
+
+    Parameters
+    ----------
+    path : str or bytes or os.PathLike
+        The checkpoint directory (config.json and weights).
+    device : {"cpu", "cuda"}
+        Where the engine runs.
+    n_threads : int
+        CPU threads (0: all cores).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        An unknown device, a negative n_threads, or a path holding a NUL
+        (dclens.ArgumentTypeError: not a path).
+    dclens.NotFoundError
+        No such directory or weight file.
+    dclens.Error
+        A checkpoint the engine refuses.
     """
 
     _instead = "pickle its path and call dclens.load(path) again (model.path)"
@@ -484,7 +735,18 @@ class Model(WeightsMixin):
 
     def check_context(self, T: int) -> None:
         """Warn (ContextWarning) when T tokens are more than the context the
-        model was trained for (cfg.n_ctx, when config.json records it)."""
+        model was trained for (cfg.n_ctx, when config.json records it).
+
+        Parameters
+        ----------
+        T : int
+            Tokens of a prompt.
+
+        Warns
+        -----
+        ContextWarning
+            T > cfg.n_ctx.
+        """
         n_ctx = self.cfg.n_ctx
         if n_ctx is not None and T > n_ctx:
             warnings.warn(
@@ -508,8 +770,13 @@ class Model(WeightsMixin):
     # ------------------------------------------------------------ processes
 
     def reference(self) -> ModelRef:
-        """What pickling this model keeps: its load arguments and the
-        fingerprint of its files at load time (dclens.reference)."""
+        """What pickling this model keeps (dclens.reference).
+
+        Returns
+        -------
+        dclens.reference.ModelRef
+            Its load arguments and the fingerprint of its files at load time.
+        """
         return dataclasses.replace(self._ref, always_batch=bool(self.always_batch))
 
     def __reduce__(self):
@@ -528,8 +795,25 @@ class Model(WeightsMixin):
         return list(self.runner.hook_table.names)
 
     def parse_hook(self, name: str) -> tuple[int, int]:
-        """(point, layer) of a dclens hook name of this model; an Error naming
-        what is wrong with any other name."""
+        """The engine's ids of a hook name of this model.
+
+        Parameters
+        ----------
+        name : str
+            A dclens hook name.
+
+        Returns
+        -------
+        tuple of int
+            (hook point, layer) (the layer -1 for a hook outside the blocks).
+
+        Raises
+        ------
+        dclens.UnknownNameError
+            A name this model does not have (with the closest names).
+        dclens.Error
+            A name that is not a string or holds a NUL (ArgumentTypeError, ArgumentError).
+        """
         return self.runner.parse_hook(name)
 
     @property
@@ -555,7 +839,23 @@ class Model(WeightsMixin):
         they were added), then the call's fwd_hooks in the order given; names
         in dclens spelling. A per-call hook thus sees what an intervention in
         force wrote. ``per_call`` may hold ``Hooks`` (what the interventions
-        helpers return) as elements: they are flattened."""
+        helpers return) as elements: they are flattened.
+
+        Parameters
+        ----------
+        per_call : sequence of (str, callable)
+            The call's fwd_hooks.
+
+        Returns
+        -------
+        list of (str, callable)
+            The model's hooks, then the call's, with canonical names.
+
+        Raises
+        ------
+        dclens.Error
+            A hook whose function is not callable.
+        """
         out = [(_names.canonical(n), fn) for n, fn in list(self._ctx_hooks) + flatten_hooks(per_call)]
         for n, fn in out:
             if not callable(fn):
@@ -563,9 +863,31 @@ class Model(WeightsMixin):
         return out
 
     def token_ids(self, tokens) -> tuple[np.ndarray, bool]:
-        """What a run takes: tokens (a string, [T] or [B, T] ids) as a checked
-        int32 [B, T] array, and whether they were batched; a ContextWarning
-        when they are longer than the trained context (check_context)."""
+        """What a run takes: tokens as a checked int32 array, and whether they were batched.
+
+        Parameters
+        ----------
+        tokens : str or array_like of int
+            A string (tokenized), or [T] or [B, T] token ids.
+
+        Returns
+        -------
+        ids : numpy.ndarray
+            [B, T] int32 (B = 1 for one sequence).
+        batched : bool
+            Whether the tokens had a batch axis.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            An empty array, one of more than 2 axes, or an id outside the vocabulary
+            (dclens.ArgumentTypeError: not integers).
+
+        Warns
+        -----
+        ContextWarning
+            Tokens longer than the trained context (check_context).
+        """
         if isinstance(tokens, str):
             tokens = self.to_tokens(tokens)
         toks, batched = self.runner.tokens(tokens)
@@ -594,7 +916,32 @@ class Model(WeightsMixin):
         or the left. It unpacks as a tuple and remembers its side
         (.padding_side), so forward / run_with_cache / run_with_hooks read a
         left-padded batch as left-padded without being told again. Those take
-        the pair, or tokens with lengths= and padding_side= (docs/api.md)."""
+        the pair, or tokens with lengths= and padding_side= (docs/api.md).
+
+        Parameters
+        ----------
+        text : str or list of str
+            The text, or texts.
+        padding_side : {"right", "left"}
+            Where a list's prompts are padded.
+        pad_id : int
+            The padding's token id.
+        prepend_bos : bool or None
+            Put the BOS token first (None: model.cfg.default_prepend_bos).
+
+        Returns
+        -------
+        numpy.ndarray or Padded
+            [T] int32 ids; for a list, a Padded (tokens [B, T], lengths [B]).
+
+        Raises
+        ------
+        dclens.Error
+            Text that is not a string or a non-empty list of strings, or a tokenizer id
+            beyond the model's vocabulary.
+        dclens.ArgumentError
+            prepend_bos=True without a usable bos_token_id in config.json.
+        """
         if isinstance(text, (list, tuple)):
             if not text or not all(isinstance(t, str) for t in text):
                 raise Error("to_tokens: need a string or a non-empty list of strings, got %r" % (text,))
@@ -616,8 +963,25 @@ class Model(WeightsMixin):
         return ids
 
     def to_str_tokens(self, text_or_tokens, lengths=None):
-        """The tokens of a text (or a [T] id array) as strings; a list of texts
-        or a [B, T] array gives one list per row (cut to `lengths` if given)."""
+        """The tokens of a text (or a [T] id array) as strings.
+
+        Parameters
+        ----------
+        text_or_tokens : str or list of str or array_like of int
+            A text or [T] ids; a list of texts or [B, T] ids gives one list per row.
+        lengths : sequence of int or None
+            [B] real lengths of [B, T] rows (padding cut off).
+
+        Returns
+        -------
+        list of str or list of list of str
+            One string per token (per row for a batch).
+
+        Raises
+        ------
+        dclens.Error
+            Ids of more than 2 axes.
+        """
         if isinstance(text_or_tokens, (list, tuple)) and text_or_tokens and isinstance(text_or_tokens[0], str):
             return [self.to_str_tokens(t) for t in text_or_tokens]
         if isinstance(text_or_tokens, str):
@@ -631,7 +995,23 @@ class Model(WeightsMixin):
         return [self.tokenizer.decode([int(t)]) for t in a.ravel()]
 
     def to_string(self, tokens) -> str | list[str]:
-        """Decode token ids to text ([T] -> str, [B, T] -> list of str)."""
+        """Decode token ids to text.
+
+        Parameters
+        ----------
+        tokens : array_like of int
+            [T] or [B, T] ids.
+
+        Returns
+        -------
+        str or list of str
+            The text ([T]), or one per row ([B, T]).
+
+        Raises
+        ------
+        dclens.Error
+            Ids that are not integers, or of more than 2 axes.
+        """
         a = np.asarray(tokens)
         if a.ndim == 2:
             return [str(self.to_string(r)) for r in a]
@@ -640,7 +1020,23 @@ class Model(WeightsMixin):
         return self.tokenizer.decode([int(t) for t in a.ravel()], skip_special_tokens=False)
 
     def to_single_token(self, text: str) -> int:
-        """The id of a string that is exactly one token (else an Error)."""
+        """The id of a string that is exactly one token.
+
+        Parameters
+        ----------
+        text : str
+            The token's text (a leading space counts: " cat").
+
+        Returns
+        -------
+        int
+            Its id.
+
+        Raises
+        ------
+        dclens.Error
+            The text is not one token (the message lists the tokens it is).
+        """
         ids = self.to_tokens(text)
         if ids.size != 1:
             raise Error("to_single_token: %r is %d tokens %s, not one" % (text, ids.size, self.to_str_tokens(ids)))
@@ -668,7 +1064,41 @@ class Model(WeightsMixin):
 
         logits_at computes the unembedding only where asked (logits only, no
         lengths): "last" or one position (-> [V] / [B, V]), [n] positions for
-        every sequence or [B, n] per sequence (-> [n, V] / [B, n, V])."""
+        every sequence or [B, n] per sequence (-> [n, V] / [B, n, V]).
+
+        Parameters
+        ----------
+        tokens : str or list of str or array_like of int
+            A string or [T] token ids (one sequence), or a list of strings or [B, T] ids.
+        return_type : {"logits", "loss", "both", None}
+            What to return.
+        lengths : array_like of int or None
+            [B] real lengths of padded [B, T] rows.
+        padding_side : {"right", "left"} or None
+            Where the rows are padded (None: right, or as a Padded says).
+        loss_per_token : bool
+            The loss per predicting position, [T-1] / [B, T-1] (0 at padding).
+        logits_at : str or int or array_like of int or None
+            Unembed only at these positions.
+        prepend_bos : bool or None
+            For text: put the BOS token first (None: the model's default).
+
+        Returns
+        -------
+        numpy.ndarray or float or tuple or None
+            float32 logits; or the loss (a float, the mean over the real predicting tokens,
+            or per token); or (logits, loss); or None.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            An unknown return_type, logits_at with another return_type, lengths or
+            loss_per_token, bad positions, lengths or padding_side, or tokens that are
+            not a non-empty [T] / [B, T] array of ids of the vocabulary.
+        dclens.Error
+            A loss over fewer than 2 tokens, a hook in force that fails, or logits that
+            are not finite.
+        """
         if logits_at is not None:
             check_bool("loss_per_token", loss_per_token)
             tokens = (
@@ -714,7 +1144,45 @@ class Model(WeightsMixin):
         name, a list of names (dclens or TransformerLens spelling), or a
         predicate on names (tried on both spellings). Capture is read-only;
         fwd_hooks run as in run_with_hooks (read_only=True declares them all
-        read-only)."""
+        read-only).
+
+        Parameters
+        ----------
+        tokens : str or list of str or array_like of int
+            A string or [T] token ids (one sequence), or a list of strings or [B, T] ids.
+        names : str or sequence of str or callable or None
+            What to capture (None: every hook but the split inputs attn.{q,k,v}_input,
+            attn.dyn_input, mlp_input, which are captured when named).
+        names_filter : str or sequence of str or callable or None
+            The same, under TransformerLens' name (not with names).
+        lengths : array_like of int or None
+            [B] real lengths of padded rows.
+        padding_side : {"right", "left"} or None
+            Where the rows are padded.
+        return_type : {"logits", "loss", "both", None}
+            What comes first in the result, as for forward.
+        fwd_hooks : sequence of (str, callable) or Hooks
+            Hooks run in the pass (run_with_hooks).
+        read_only : bool
+            Declare every hook of fwd_hooks read-only.
+        prepend_bos : bool or None
+            For text: put the BOS token first.
+
+        Returns
+        -------
+        tuple
+            (logits, cache): what forward returns for return_type, and a Cache of the
+            activations (hooks.md layouts, with a leading [B] for a batch).
+
+        Raises
+        ------
+        dclens.ArgumentError
+            Both names and names_filter, or arguments forward refuses.
+        dclens.UnknownNameError
+            A name this model does not have.
+        dclens.Error
+            A predicate that matches no hook, or a hook that fails.
+        """
         if names is not None and names_filter is not None:
             raise ArgumentError("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
@@ -731,14 +1199,52 @@ class Model(WeightsMixin):
         )
 
     def resolve_hook(self, name: str) -> str:
-        """The dclens name of a hook given in either spelling, checked."""
+        """The dclens name of a hook given in either spelling, checked.
+
+        Parameters
+        ----------
+        name : str
+            A hook name (dclens or TransformerLens spelling).
+
+        Returns
+        -------
+        str
+            Its dclens name.
+
+        Raises
+        ------
+        dclens.UnknownNameError
+            A name this model does not have.
+        """
         n = _names.canonical(name)
         self.parse_hook(n)
         return n
 
     def hook_name(self, name, layer=None) -> str:
         """dclens.hook_name with negative layers counted from the end, checked
-        against this model: model.hook_name(-1, "attn.post.kp")."""
+        against this model: model.hook_name(-1, "attn.post.kp").
+
+        Parameters
+        ----------
+        name : str or int
+            A short name, suffix or full name (or the layer, in either order).
+        layer : int or None
+            The layer (negative: from the end).
+
+        Returns
+        -------
+        str
+            The full dclens hook name.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            A layer out of range.
+        dclens.UnknownNameError
+            A name this model does not have.
+        dclens.Error
+            What dclens.hook_name refuses.
+        """
         name, layer = _names.name_and_layer(name, layer)
         if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool) and layer < 0:
             layer = int(layer) + self.config.n_layer
@@ -803,7 +1309,25 @@ class Model(WeightsMixin):
         >>> with model.hooks(iv.ablate_head(model, 1, 2)):
         ...     logits = model(toks)
         >>> with model.hooks([*iv.ablate_head(model, 1, 2), *iv.disable_branch(model, "post", "kp")]):
-        ...     logits = model(toks)"""
+        ...     logits = model(toks)
+
+        Parameters
+        ----------
+        fwd_hooks : sequence of (str, callable) or Hooks
+            The hooks (a name may be a predicate).
+        read_only : bool
+            Declare them read-only.
+
+        Returns
+        -------
+        contextlib.AbstractContextManager
+            Entering it adds the hooks (and gives the model); leaving it removes them.
+
+        Raises
+        ------
+        dclens.UnknownNameError
+            A name this model does not have (checked before the with block).
+        """
         pairs = [(self.resolve_hook(n), fn) for n, fn in self._expand_hooks(hook_pairs(fwd_hooks, read_only))]
 
         @contextlib.contextmanager
@@ -830,7 +1354,39 @@ class Model(WeightsMixin):
         return_type: str = "auto",
         verbose: bool = False,
     ):
-        """Continue a prompt with the engine's incremental decoder (dclens.generate)."""
+        """Continue a prompt with the engine's incremental decoder (dclens.generate).
+
+        Parameters
+        ----------
+        prompt : str or array_like of int or list
+            A string, [T] token ids, or a list of either.
+        max_new_tokens : int
+            At most this many new tokens.
+        temperature : float
+            0: greedy; > 0: sampling.
+        top_k : int or None
+            Sample among the top_k tokens only.
+        stop : str or int or sequence or None
+            Stop token ids or strings.
+        seed : int or None
+            The sampler's seed.
+        fwd_hooks : sequence of (str, callable)
+            Hooks called at every decoding step.
+        return_type : {"auto", "str", "tokens"}
+            Text, token ids, or what the prompt was.
+        verbose : bool
+            Print each new token.
+
+        Returns
+        -------
+        str or numpy.ndarray or list
+            The prompt and its continuation (a list for a list of prompts).
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.generate.
+        """
         return _generate(self, prompt, max_new_tokens, temperature, top_k, stop, seed, fwd_hooks, return_type, verbose)
 
     def run_with_hooks(
@@ -861,7 +1417,40 @@ class Model(WeightsMixin):
         interventions helpers return: ``fwd_hooks=iv.ablate_head(...)``); a
         Hooks given as one element of the list is flattened into its pairs.
         With cache_names (None meaning every hook, as in run_with_cache),
-        returns (logits, cache) of the hooked pass."""
+        returns (logits, cache) of the hooked pass.
+
+        Parameters
+        ----------
+        tokens : str or list of str or array_like of int
+            A string or [T] token ids (one sequence), or a list of strings or [B, T] ids.
+        fwd_hooks : sequence of (str, callable) or Hooks
+            (name or predicate, fn) pairs; fn(act, name).
+        cache_names : str or sequence of str or callable or None
+            Also capture these activations (None: every hook; empty: none).
+        lengths : array_like of int or None
+            [B] real lengths of padded rows.
+        padding_side : {"right", "left"} or None
+            Where the rows are padded.
+        return_type : {"logits", "loss", "both", None}
+            What to return, as for forward.
+        read_only : bool
+            Declare every hook of fwd_hooks read-only.
+        prepend_bos : bool or None
+            For text: put the BOS token first.
+
+        Returns
+        -------
+        numpy.ndarray or float or tuple
+            What forward returns for return_type; with cache_names, (that, cache).
+
+        Raises
+        ------
+        dclens.UnknownNameError
+            A hook name this model does not have.
+        dclens.Error
+            A hook function that fails or returns an array of the wrong shape, or arguments
+            forward refuses.
+        """
         fwd_hooks = self._expand_hooks(hook_pairs(fwd_hooks, read_only))
         want_cache = cache_names is None or bool(cache_names)
         cap = self.runner.select(cache_names) if want_cache else ()
@@ -883,7 +1472,13 @@ class Model(WeightsMixin):
         gradient pass: the tape's buffers plus the largest transient of its
         forward and recomputations, and the scratch of its backward ('peak';
         estimate_backward_memory bounds it; a tape reused from the model's
-        cache counts its buffers at the shape it was made for)."""
+        cache counts its buffers at the shape it was made for).
+
+        Returns
+        -------
+        dict of str to int
+            {"peak": bytes, "total": bytes}.
+        """
         peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         lib.dcs_forward_memory(self.runner.handle, peak, total)
         return {"peak": int(peak[0]), "total": int(total[0])}
@@ -894,7 +1489,13 @@ class Model(WeightsMixin):
         within the max_tape_bytes of the call that made them), the
         activation buffers pooled between passes, and the weights last read
         by Model.weight. Everything is made again when needed; results do
-        not change. Not from a hook of a running pass (an Error)."""
+        not change.
+
+        Raises
+        ------
+        dclens.Error
+            Called from a hook of a running pass.
+        """
         r = self.runner
         if r.pass_thread is not None and r.pass_thread == threading.get_ident():
             raise Error("free_caches: not from a hook of a running pass (call it after the pass)")
@@ -908,7 +1509,25 @@ class Model(WeightsMixin):
     def weight(self, name: str) -> np.ndarray:
         """A weight by canonical (dcpythia) name, as a read-only float32 array
         (see dclens.h). The last few weights read are kept, so per-head
-        circuit code can call this in a loop."""
+        circuit code can call this in a loop.
+
+        Parameters
+        ----------
+        name : str
+            A canonical weight name ("layers.3.attention.wqkv.weight"; model.weight_names()).
+
+        Returns
+        -------
+        numpy.ndarray
+            The weight, float32 (widened from F16/BF16), read-only, in its stored shape.
+
+        Raises
+        ------
+        dclens.UnknownNameError
+            A weight this model does not have (with the closest names).
+        dclens.Error
+            A name that is not a string or holds a NUL, or a weight that cannot be read.
+        """
         cname = c_str("weight name", name)
         cache = self.__dict__.setdefault("_weights", {})
         if name in cache:
@@ -939,14 +1558,65 @@ class Model(WeightsMixin):
         self, tokens, layer: int, phase: str, query: int, key: int, cache: Cache | None = None
     ) -> np.ndarray:
         """The N x N head-to-head map C[query, key] of a layer and phase (routing.py).
-        With cache= (a run_with_cache of the same tokens) no pass is run."""
+        With cache= (a run_with_cache of the same tokens) no pass is run.
+
+        Parameters
+        ----------
+        tokens : str or array_like of int
+            The prompt ([T]).
+        layer : int
+            The layer.
+        phase : {"pre", "post"}
+            Composition of the scores (pre) or of the pattern (post).
+        query : int
+            The query position (negative: from the end).
+        key : int
+            The key position.
+        cache : Cache or None
+            A run_with_cache of the same tokens with the layer's dyn.* hooks.
+
+        Returns
+        -------
+        numpy.ndarray
+            [N, N]: C[source, target] (the identity for plain MHA).
+
+        Raises
+        ------
+        dclens.Error
+            A layer, phase or position out of range, or a cache without what it needs.
+        """
         if cache is not None:
             return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
         return routing.composition_map(self, tokens, layer, phase, query, key)
 
     def routing_matrix(self, tokens, layer: int, phase: str, query: int, cache: Cache | None = None) -> np.ndarray:
         """Head-to-head routing at a query, weighted by what it routes (routing.py).
-        With cache= no pass is run; routing.routing_matrices gives every query at once."""
+        With cache= no pass is run; routing.routing_matrices gives every query at once.
+
+        Parameters
+        ----------
+        tokens : str or array_like of int
+            The prompt ([T]).
+        layer : int
+            The layer.
+        phase : {"pre", "post"}
+            The scores (pre) or the pattern (post) routed.
+        query : int
+            The query position.
+        cache : Cache or None
+            A run_with_cache of the same tokens with the layer's pattern or scores and
+            dyn.* hooks.
+
+        Returns
+        -------
+        numpy.ndarray
+            [N, N]: R[n, m], how much of source head n's attention lands in target head m.
+
+        Raises
+        ------
+        dclens.Error
+            A layer, phase or position out of range, or a cache without what it needs.
+        """
         if cache is not None:
             return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return routing.routing_matrix(self, tokens, layer, phase, query)
@@ -954,11 +1624,59 @@ class Model(WeightsMixin):
     def flows(self, tokens, layer: int, phase: str, head: int, query: int, *, cache: Cache | None = None) -> np.ndarray:
         """[N source, branch, T key]: what each source head lends target `head` at
         (query, key) through each compose branch; sums to the composed entry
-        (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass)."""
+        (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass).
+
+        Parameters
+        ----------
+        tokens : str or array_like of int
+            The prompt ([T]).
+        layer : int
+            The layer.
+        phase : {"pre", "post"}
+            The compose phase.
+        head : int
+            The target head.
+        query : int
+            The query position.
+        cache : Cache or None
+            A run_with_cache of the same tokens.
+
+        Returns
+        -------
+        numpy.ndarray
+            [N source, branch, T key].
+
+        Raises
+        ------
+        dclens.Error
+            A layer, phase, head or position out of range, or a cache without what it needs.
+        """
         return routing.flows(self, tokens, layer, phase, head, query, cache=cache)
 
     def gates(self, tokens, layer: int, cache: Cache | None = None):
-        """The dynamic gates qdd/kdd of both phases of a layer (routing.py)."""
+        """The dynamic gates qdd/kdd of both phases of a layer (routing.py).
+
+        Parameters
+        ----------
+        tokens : str or array_like of int
+            The prompt ([T]).
+        layer : int
+            The layer.
+        cache : Cache or None
+            A run_with_cache of the same tokens with the layer's dyn.*.qdd / kdd hooks.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            {"pre.qdd": [T, N], "pre.kdd", "post.qdd", "post.kdd"} (one side only for a
+            query-wise or key-wise model): how much each head keeps of its own score or
+            weight, per token.
+
+        Raises
+        ------
+        dclens.Error
+            A plain-MHA model (no gates), a layer out of range, or a cache without the gates.
+        """
         if cache is not None:
             return routing.gates_from_cache(self, cache, layer)
         return routing.gates(self, tokens, layer)
@@ -966,7 +1684,33 @@ class Model(WeightsMixin):
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
     def gradients(self, tokens, target, wrt, return_value: bool = False, max_tape_bytes: int | None = None):
-        """d target / d activation (hook names) or d parameter (weight names) -> dict (grad.py)."""
+        """d target / d activation (hook names) or d parameter (weight names) (dclens.grad).
+
+        Parameters
+        ----------
+        tokens : str or array_like of int
+            [T] or [B, T] tokens.
+        target : str or tuple
+            ("logit", pos, token), ("logprob", pos, token), ("logit_diff", pos, good, bad),
+            "loss" or ("loss", mask).
+        wrt : str or sequence of str
+            Hook names and parameter names.
+        return_value : bool
+            Also return the target's value, as (grads, value).
+        max_tape_bytes : int or None
+            The tape's memory budget, bytes.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray or tuple
+            Name -> gradient (activation layout, or the weight's shape); with return_value,
+            (that, value).
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.grad.gradients.
+        """
         return grad.gradients(self, tokens, target, wrt, return_value=return_value, max_tape_bytes=max_tape_bytes)
 
     def attribute(
@@ -980,7 +1724,37 @@ class Model(WeightsMixin):
         progress: bool | None = None,
         max_tape_bytes: int | None = None,
     ):
-        """Integrated gradients or gradient x activation at hook points (attribution.py)."""
+        """Integrated gradients or gradient x activation at hook points (dclens.attribution).
+
+        Parameters
+        ----------
+        tokens : str or array_like of int
+            [T] or [B, T] tokens.
+        target : str or tuple
+            The scalar attributed (dclens.grad's targets).
+        at : str or sequence of str
+            The hook point(s).
+        method : {"ig", "grad_x_act"}
+            Integrated gradients or gradient x activation.
+        steps : int
+            IG's interpolation intervals.
+        baseline : {"zero", "mean"} or array_like
+            IG's baseline.
+        progress : bool or None
+            A progress bar over the IG batches.
+        max_tape_bytes : int or None
+            The tape's memory budget, bytes.
+
+        Returns
+        -------
+        dclens.attribution.Attribution
+            The attributions per hook and their per-head totals.
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.attribution.attribute.
+        """
         return attribution.attribute(
             self,
             tokens,
@@ -995,5 +1769,28 @@ class Model(WeightsMixin):
 
     def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: int | None = None):
         """Bytes a gradient pass over B x T tokens would take under each tape plan, before
-        anything is allocated, and the plan the budget picks (memplan.py)."""
+        anything is allocated, and the plan the budget picks (memplan.py).
+
+        Parameters
+        ----------
+        T : int
+            Tokens per sequence.
+        B : int
+            Sequences.
+        wrt : str or sequence of str
+            The hook and parameter names gradients are asked at.
+        max_tape_bytes : int or None
+            The budget, bytes (None: the default for the device).
+
+        Returns
+        -------
+        dict
+            {"full": bytes, "recompute": bytes, "budget": bytes, "plan": "full",
+            "recompute" or None}.
+
+        Raises
+        ------
+        dclens.Error
+            As dclens.memplan.estimate.
+        """
         return memplan.estimate(self, T, B, wrt, max_tape_bytes)

@@ -125,8 +125,20 @@ def _respell(name: str, global_table: dict[str, str], layer_table: dict[str, str
 
 
 def canonical(name: str) -> str:
-    """The dclens name of a hook given in either spelling (unknown names pass
-    through unchanged, for the engine to report)."""
+    """The dclens name of a hook given in either spelling.
+
+    Parameters
+    ----------
+    name : str
+        A full hook name, dclens's ("blocks.3.attn.pattern") or TransformerLens'
+        ("blocks.3.attn.hook_pattern").
+
+    Returns
+    -------
+    str
+        The dclens name; a name neither table knows (or a non-string) is returned
+        unchanged, for the engine to report.
+    """
     if not isinstance(name, str):
         return name
     out = _respell(name, TL_GLOBAL_ALIASES, TL_LAYER_ALIASES)
@@ -134,20 +146,62 @@ def canonical(name: str) -> str:
 
 
 def tl_alias(name: str) -> str | None:
-    """The TransformerLens spelling of a dclens name, or None if it has none."""
+    """The TransformerLens spelling of a dclens hook name.
+
+    Parameters
+    ----------
+    name : str
+        A full dclens hook name ("blocks.3.attn.pattern").
+
+    Returns
+    -------
+    str or None
+        Its TransformerLens name ("blocks.3.attn.hook_pattern"), or None if it has none
+        (the compose branches, the dynamic weights, ...).
+
+    Raises
+    ------
+    dclens.Error
+        `name` is not a string, or holds a NUL character.
+    """
     check_str("hook name", name)
     return _respell(name, _REVERSE_GLOBAL, _REVERSE_LAYER)
 
 
 def hook_names(model) -> list[str]:
-    """Every hook name of a loaded model, in forward order per layer (its
-    model.hook_names): the installed source of the names an unknown-hook
-    error points to. TransformerLens spellings are in this module's table."""
+    """Every hook name of a loaded model, in forward order per layer.
+
+    The installed source of the names an unknown-hook error points to. TransformerLens
+    spellings are in this module's table.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A loaded model.
+
+    Returns
+    -------
+    list of str
+        Its model.hook_names, dclens spelling ("embed", "blocks.0.resid_pre", ...).
+    """
     return list(model.hook_names)
 
 
 def name_and_layer(a, b=None) -> tuple[str, int | None]:
-    """hook_name's arguments in either order as (name, layer)."""
+    """hook_name's two arguments, given in either order, as (name, layer).
+
+    Parameters
+    ----------
+    a : str or int
+        The name, or the layer when `b` is the name.
+    b : str or int or None
+        The layer, or the name.
+
+    Returns
+    -------
+    tuple
+        (name, layer): swapped when `a` is not a string and `b` is one.
+    """
     if not isinstance(a, str) and isinstance(b, str):
         return b, a
     return a, b
@@ -165,7 +219,29 @@ def hook_name(name, layer=None) -> str:
     a short name ("pattern", "z", "pre.kp" for "attn.pre.kp") or a full name
     in either spelling (returned canonical). A negative layer counts from
     the end only through Model.hook_name (it needs n_layer). Every module
-    of dclens builds its hook names here."""
+    of dclens builds its hook names here.
+
+    Parameters
+    ----------
+    name : str or int
+        The name: a suffix, a short name or a full name (or the layer, when `layer` is
+        the name).
+    layer : int or None
+        The layer (>= 0) of a per-layer hook; None for "embed", "ln_final", "logits" and
+        for full names.
+
+    Returns
+    -------
+    str
+        The full dclens hook name.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        The name is not a string, or the layer is not an integer >= 0.
+    dclens.Error
+        An unknown short name, a layer given for a global hook, or none for a per-layer one.
+    """
     name, layer = name_and_layer(name, layer)
     if not isinstance(name, str):
         raise ArgumentError("hook_name: name must be a string, not %r" % (name,))
@@ -205,9 +281,23 @@ def hook_name(name, layer=None) -> str:
 
 
 def suggest(wanted, names, n: int = 5):
-    """Up to n hook names of `names` closest to the string(s) `wanted` (full
-    names, or suffixes such as 'hook_patern' matched against the part after
-    'blocks.{l}.' in either spelling), for "did you mean" messages."""
+    """The hook names closest to what was asked for, for "did you mean" messages.
+
+    Parameters
+    ----------
+    wanted : str or iterable of str
+        The string(s) asked for: full names, or suffixes such as 'hook_patern' matched
+        against the part after 'blocks.{l}.' in either spelling.
+    names : iterable of str
+        The model's hook names (dclens spelling).
+    n : int
+        At most this many names.
+
+    Returns
+    -------
+    list of str
+        Full dclens names of `names`, closest first (difflib), without repeats.
+    """
     wanted = [wanted] if isinstance(wanted, str) else [w for w in wanted if isinstance(w, str) and len(w) > 1]
     names = list(names)
     by_key: dict[str, str] = {}
@@ -226,8 +316,22 @@ def suggest(wanted, names, n: int = 5):
 
 
 def predicate_strings(fn):
-    """The string constants a predicate's code and closure mention (for saying
-    what a names_filter that matches nothing was probably after)."""
+    """The string constants a predicate's code and closure mention.
+
+    For saying what a names_filter that matches nothing was probably after.
+
+    Parameters
+    ----------
+    fn : callable
+        The predicate (a function or lambda; anything else gives what it can).
+
+    Returns
+    -------
+    list of str
+        Its string constants (nested code included) and the strings of its closure
+        (directly or in a list, tuple or set), without empty strings, format strings
+        and strings with spaces.
+    """
     found = []
     code = getattr(fn, "__code__", None)
     stack = [code] if code is not None else []

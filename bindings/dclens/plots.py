@@ -76,7 +76,20 @@ class Figure(_MplFigure):
 
 def format_token(tok, max_chars: int = MAX_LABEL_CHARS) -> str:
     """A token as a tick label: visible leading/trailing spaces ('\u00b7'),
-    '\u21b5' for newlines, '\u2192' for tabs, cut to max_chars with '..'."""
+    '\u21b5' for newlines, '\u2192' for tabs, cut to max_chars with '..'.
+
+    Parameters
+    ----------
+    tok : object
+        The token (its str()).
+    max_chars : int
+        The longest label, in characters (a longer one ends in "..").
+
+    Returns
+    -------
+    str
+        The label; characters that cannot be printed become '\ufffd'.
+    """
     s = str(tok)
     s = s.replace("\r\n", "\n").replace("\r", "\n")
     core = s.strip(" ")
@@ -213,10 +226,50 @@ def plot_pattern(
 ):
     """Draw one [T, S] map into ax and return the AxesImage.
 
-    tokens label the rows (queries) and, when len(tokens) == S, the columns
-    (keys); key_tokens labels the columns explicitly. The image data is the
-    input itself (masked cells are hidden by a hatched patch, not changed).
-    vmin/vmax default to the engine's auto range over unmasked cells."""
+    The image data is the input itself (masked cells are hidden by a hatched patch, not
+    changed).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        Where to draw.
+    pattern : array_like
+        [T, S] values (non-empty).
+    tokens : sequence of str or None
+        Labels of the rows (queries) and, when len(tokens) == S, of the columns (keys).
+    title : str or None
+        The axes' title.
+    diverging : bool
+        RdBu_r centred on zero (signed values) rather than viridis.
+    mask_upper : bool
+        Hatch the causal upper triangle (s > t).
+    vmin : float or None
+        The low end of the colour range (None: the engine's auto range over the unmasked
+        finite cells).
+    vmax : float or None
+        The high end of the colour range (None: likewise).
+    key_tokens : sequence of str or None
+        Labels of the columns, explicitly.
+    max_labels : int or None
+        At most this many labels per axis (every k-th token; None: MAX_LABELS).
+    show_row_labels : bool
+        Label the rows.
+    show_col_labels : bool
+        Label the columns.
+    label_size : float or None
+        The labels' font size in points (None: what fits the axes).
+
+    Returns
+    -------
+    matplotlib.image.AxesImage
+        The image (pass it to fig.colorbar).
+
+    Raises
+    ------
+    ValueError
+        A map that is not a non-empty [T, S] array, labels of the wrong length, or
+        vmin / vmax both given but not finite with vmin < vmax.
+    """
     a = _as_2d(pattern, "pattern")
     T, S = a.shape
     lo, hi = _range([a], diverging, mask_upper, vmin, vmax)
@@ -261,12 +314,50 @@ def plot_heads(
     """A grid of [T, S] maps (all heads of a layer, or one head across
     layers).
 
-    scale="own" (default): each panel its own colour range and colour bar;
-    "shared": one range and one bar for all (vmin / vmax given: shared).
-    diverging_panels: per panel, diverging or sequential colours (default:
-    `diverging` for all). patterns: [N, T, S]. titles default to "H0", "H1",
-    ...; ncols defaults to about sqrt(N) (at most 8). Query labels are on
-    the first column of each grid row, key labels under every panel."""
+    Query labels are on the first column of each grid row, key labels under every panel.
+
+    Parameters
+    ----------
+    patterns : array_like
+        [N, T, S]: one map per panel (non-empty).
+    tokens : sequence of str or None
+        Token labels (rows, and columns when there are S of them).
+    title : str or None
+        The figure's title.
+    titles : sequence of str or None
+        One title per panel (default "H0", "H1", ...).
+    ncols : int or None
+        Panels per grid row (default about sqrt(N), at most 8).
+    diverging : bool
+        Diverging colours for every panel (unless diverging_panels says otherwise).
+    mask_upper : bool
+        Hatch the causal upper triangle.
+    vmin : float or None
+        The low end of the colour range (None: from the data).
+    vmax : float or None
+        The high end (None: from the data); vmin and vmax both given: one shared scale.
+    max_labels : int or None
+        At most this many labels per axis.
+    panel_size : float
+        A panel's side in inches (at least what labels every token needs, up to 6).
+    scale : {"own", "shared"}
+        "own" (default): each panel its own colour range and colour bar; "shared": one
+        range and one bar for all.
+    diverging_panels : sequence of bool or None
+        Per panel, diverging or sequential colours (default: `diverging` for all).
+
+    Returns
+    -------
+    Figure
+        A matplotlib Figure that shows itself in Jupyter.
+
+    Raises
+    ------
+    ValueError
+        patterns not a non-empty [N, T, S] array, titles or diverging_panels of the wrong
+        length, an unknown scale, a shared scale over panels with different colour maps, or
+        a bad vmin / vmax.
+    """
     p = np.asarray(patterns)
     if p.ndim != 3 or 0 in p.shape:
         raise ValueError("patterns must be a non-empty [N, T, S] array, got shape %s" % (p.shape,))
@@ -346,9 +437,41 @@ def plot_branches(
     branch is not washed out by a large one), or all on one (scale="shared":
     +-max|x| over all panels; or +-vmax).
 
-    branches: name -> [T, S] (e.g. skip, qp, kp, qg, kg). If it has no entry
-    called sum_name and add_sum is true, the element-wise sum of the
-    branches is appended as the last panel."""
+    Parameters
+    ----------
+    branches : mapping of str to array_like
+        Name -> [T, S] (e.g. skip, qp, kp, qg, kg), all of one shape.
+    tokens : sequence of str or None
+        Token labels.
+    title : str or None
+        The figure's title.
+    sum_name : str
+        The title of the sum's panel.
+    add_sum : bool
+        When `branches` has no entry called sum_name, append the element-wise sum of the
+        branches as the last panel.
+    mask_upper : bool
+        Hatch the causal upper triangle.
+    vmax : float or None
+        One symmetric range +-|vmax| for every panel (nonzero).
+    max_labels : int or None
+        At most this many labels per axis.
+    panel_size : float
+        A panel's side in inches.
+    scale : {"own", "shared"}
+        "own": each panel its own symmetric range; "shared": +-max|x| over all panels.
+
+    Returns
+    -------
+    Figure
+        One row of panels.
+
+    Raises
+    ------
+    ValueError
+        No branches, maps that are not non-empty [T, S] arrays of one shape, a zero vmax,
+        or an unknown scale.
+    """
     if not branches:
         raise ValueError("branches is empty")
     names = list(branches.keys())
@@ -399,9 +522,38 @@ def plot_routing(
 ) -> Figure:
     """A head-to-head matrix: source heads on rows, target heads on columns.
 
-    diverging defaults to True when the matrix has negative entries.
-    Labels default to "H0", "H1", ...; annotate writes the values in the
-    cells (default: when the matrix is at most 12 x 12)."""
+    Parameters
+    ----------
+    matrix : array_like
+        [sources, targets] values (non-empty), e.g. routing.routing_matrix's [N, N].
+    source_labels : sequence of str or None
+        Row labels (default "H0", "H1", ...).
+    target_labels : sequence of str or None
+        Column labels (default "H0", "H1", ...).
+    title : str or None
+        The axes' title.
+    diverging : bool or None
+        Diverging colours centred on zero (None: when the matrix has negative entries).
+    vmin : float or None
+        The low end of the colour range (None: from the data).
+    vmax : float or None
+        The high end of the colour range (None: from the data).
+    annotate : bool or None
+        Write the values in the cells (None: when the matrix is at most 12 x 12).
+    cell_size : float
+        A cell's side in inches.
+
+    Returns
+    -------
+    Figure
+        The matrix with a colour bar.
+
+    Raises
+    ------
+    ValueError
+        A matrix that is not a non-empty 2-D array, labels of the wrong length, or a bad
+        vmin / vmax.
+    """
     m = _as_2d(matrix, "matrix")
     R, C = m.shape
     if diverging is None:
@@ -468,7 +620,25 @@ def plot_patching(result, normalize: bool = False, title: str | None = None, pan
     axis (layer). Diverging colours centred on the corrupted metric (or on 0
     when normalize=True: 0 no effect, 1 full recovery). Positions are
     labelled by their token ("clean|corrupted", in red, where the prompts
-    differ); the title wraps to the figure's width."""
+    differ); the title wraps to the figure's width.
+
+    Parameters
+    ----------
+    result : dclens.patching.PatchResult
+        The sweep's result (2 or 3 axes).
+    normalize : bool
+        Show result.normalized() (0: no effect, 1: full recovery) rather than the metric.
+    title : str or None
+        The figure's title (None: "activation patching: " with what was patched and the
+        clean and corrupted metrics).
+    panel_size : float
+        A panel's height in inches (widened to label every column).
+
+    Returns
+    -------
+    Figure
+        One panel (2 axes) or one per entry of the first axis (3 axes), with colour bars.
+    """
     import textwrap
 
     v = result.normalized() if normalize else np.asarray(result.values, dtype=np.float64)
@@ -549,9 +719,37 @@ def flows(
     - right: at `key` (default: the key with the largest |composed value|),
       source head x branch with the values written in, and the totals.
 
-    tokens label the keys; target names the target head in the titles;
-    branches name the branch axis (default: skip, qp, kp, qg, kg, and static
-    when F has six, as routing.flow_branches gives)."""
+    Parameters
+    ----------
+    F : array_like
+        [N source heads, branches, T keys]: what each source head lends through each branch
+        at each key (routing.flows).
+    tokens : sequence of str or None
+        Labels of the T keys.
+    key : int or None
+        The key of the right panel (negative: from the end; None: the key with the largest
+        |composed value|).
+    branches : sequence of str or None
+        Names of the branch axis (default: skip, qp, kp, qg, kg, and static when F has six,
+        as routing.flow_branches gives).
+    target : str or None
+        The target head's name, for the titles.
+    title : str or None
+        The figure's title.
+    cell_size : float
+        A cell's size in inches.
+
+    Returns
+    -------
+    Figure
+        The two panels with colour bars.
+
+    Raises
+    ------
+    ValueError
+        F not a non-empty [N, branches, T] array, branch names or tokens of the wrong
+        length, or a key out of range.
+    """
     F = np.asarray(F, dtype=np.float64)
     if F.ndim != 3 or 0 in F.shape:
         raise ValueError("F must be a non-empty [N, branches, T] array, got shape %s" % (F.shape,))

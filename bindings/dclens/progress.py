@@ -49,7 +49,24 @@ def _tqdm_auto():
 
 
 def mode(progress: bool | None) -> str:
-    """'bar', 'lines' or 'none' for a progress= argument."""
+    """What a progress= argument asks for, here and now.
+
+    Parameters
+    ----------
+    progress : bool or None
+        None: a bar where someone watches (a notebook or a terminal), else plain lines;
+        True: a bar; False: nothing.
+
+    Returns
+    -------
+    str
+        "bar" (tqdm.auto), "lines" (Plain) or "none" (Silent).
+
+    Raises
+    ------
+    dclens.ArgumentTypeError
+        `progress` is not None, True or False.
+    """
     if progress is None:
         return "bar" if _in_notebook() or _stderr_is_terminal() else "lines"
     if not isinstance(progress, (bool, int)):
@@ -61,7 +78,23 @@ def mode(progress: bool | None) -> str:
 
 class Plain:
     """A few plain lines on stderr (what a log file gets): the start, every
-    quarter, the end. The subset of tqdm's interface dclens uses."""
+    quarter, the end. The subset of tqdm's interface dclens uses.
+
+    Parameters
+    ----------
+    iterable : iterable or None
+        What to iterate over (``for x in Plain(items)``), or None to count with update().
+    total : int or None
+        The number of steps; None: len(iterable) when it has one (no percentages without).
+    desc : str
+        The label that starts each line ("progress" when empty).
+    unit : str
+        The unit of the counts ("it", "batch", "line", ...).
+    initial : int
+        The count to start from (a resumed run).
+    **_ignored
+        Other tqdm arguments (leave=, position=, ...), ignored.
+    """
 
     def __init__(
         self,
@@ -91,6 +124,13 @@ class Plain:
         )
 
     def update(self, n: int = 1) -> None:
+        """Count `n` more steps; print a line for the last quarter of `total` this passed.
+
+        Parameters
+        ----------
+        n : int
+            Steps done since the last update.
+        """
         self.n += n
         if self.total:
             # one line per update, for the last quarter it passed: a jump over
@@ -107,22 +147,59 @@ class Plain:
                 )
 
     def set_postfix(self, ordered_dict=None, refresh: bool = True, **kw) -> None:
+        """Set what the next lines show in parentheses after the count, as "key=value, ...".
+
+        Parameters
+        ----------
+        ordered_dict : mapping or None
+            The key=value pairs, in order.
+        refresh : bool
+            tqdm's argument, ignored (the next line shows them).
+        **kw
+            More pairs, after those of ordered_dict.
+        """
         d = dict(ordered_dict or {}, **kw)
         self.postfix = ", ".join("%s=%s" % kv for kv in d.items())
 
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        """Set what the next lines show in parentheses after the count.
+
+        Parameters
+        ----------
+        s : str
+            The text ("" shows nothing).
+        refresh : bool
+            tqdm's argument, ignored.
+        """
         self.postfix = s
 
     def set_description(self, desc: str = "", refresh: bool = True) -> None:
+        """Set the label that starts the next lines.
+
+        Parameters
+        ----------
+        desc : str
+            The label ("progress" when empty).
+        refresh : bool
+            tqdm's argument, ignored.
+        """
         self.desc = desc
 
     def refresh(self) -> None:
-        pass
+        """Nothing: lines are printed as quarters pass (tqdm's redraw has no equivalent)."""
 
     def write(self, s: str) -> None:
+        """Print a message on stderr, on its own line (tqdm.write's place for text).
+
+        Parameters
+        ----------
+        s : str
+            The message.
+        """
         print(s, file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """Print the last line (the count, the unit, the seconds since the start), once."""
         if self._closed:
             return
         self._closed = True
@@ -153,7 +230,13 @@ class Silent(Plain):
         pass
 
     def write(self, s: str) -> None:
-        pass
+        """Print nothing (progress=False).
+
+        Parameters
+        ----------
+        s : str
+            The message, dropped.
+        """
 
 
 def bar(
@@ -165,8 +248,35 @@ def bar(
     unit: str = "it",
     **kw,
 ):
-    """A progress bar for progress= (see the module doc): tqdm.auto's, Plain
-    lines or Silent. Use it as tqdm: over an iterable, or update(n) + close()."""
+    """A progress bar for a progress= argument (see the module doc).
+
+    Use it as tqdm: iterate over it, or call update(n) then close().
+
+    Parameters
+    ----------
+    iterable : iterable or None
+        What to iterate over, or None to count with update().
+    total : int or None
+        The number of steps (None: len(iterable) where it has one).
+    desc : str
+        The bar's label.
+    progress : bool or None
+        None: a bar where someone watches, plain lines in a log; True: a bar; False: nothing.
+    unit : str
+        The unit of the counts.
+    **kw
+        Further tqdm arguments (leave=, position=, initial=, ...).
+
+    Returns
+    -------
+    tqdm.auto.tqdm or Plain or Silent
+        tqdm.auto's bar (a widget in Jupyter with ipywidgets), Plain lines, or Silent.
+
+    Raises
+    ------
+    dclens.ArgumentTypeError
+        `progress` is not None, True or False.
+    """
     m = mode(progress)
     if m == "bar":
         return _tqdm_auto()(iterable, total=total, desc=desc, unit=unit, **kw)
@@ -174,8 +284,24 @@ def bar(
 
 
 def hub_tqdm_class(progress: bool | None):
-    """The tqdm class huggingface_hub's snapshot_download gets (its own bars
-    for each file are tqdm.auto's; progress=False disables them)."""
+    """The tqdm class huggingface_hub's snapshot_download gets.
+
+    Parameters
+    ----------
+    progress : bool or None
+        As for bar(): where mode(progress) is "bar", the Hub's per-file bars are tqdm.auto's;
+        otherwise they are disabled.
+
+    Returns
+    -------
+    type
+        tqdm.auto.tqdm, or a subclass of it that shows nothing.
+
+    Raises
+    ------
+    dclens.ArgumentTypeError
+        `progress` is not None, True or False.
+    """
     tqdm = _tqdm_auto()
     if mode(progress) == "bar":
         return tqdm

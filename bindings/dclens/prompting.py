@@ -36,10 +36,41 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 def test_prompt(
     model, prompt, answer, *, prepend_space_to_answer: bool = True, top_k: int = 10, print_details: bool = True
 ) -> list[AnswerToken]:
-    """Rank and probability of each token of `answer` after `prompt` (a space
-    is put before the answer unless it starts with one or
-    prepend_space_to_answer=False), with the model's top_k tokens at each
-    step; printed unless print_details=False, and returned."""
+    """Rank and probability of each token of `answer` after `prompt`, with the model's
+    top tokens at each step; printed, and returned.
+
+    The answer is tokenised after the prompt (on its own when the prompt's tokens change
+    with it), and one forward pass gives the logits at each position that predicts an
+    answer token. TransformerLens' argument order (prompt, answer, model) works too.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    prompt : str
+        The prompt (non-empty).
+    answer : str
+        The answer that should follow it (not blank).
+    prepend_space_to_answer : bool
+        Put a space before the answer unless it starts with one.
+    top_k : int
+        How many of the model's top tokens to give at each step, in [1, vocab].
+    print_details : bool
+        Print the prompt's tokens and, per answer token, its rank, probability, logit
+        and the top tokens.
+
+    Returns
+    -------
+    list of AnswerToken
+        One per answer token: the token's text, its rank (0: the model's top token), its
+        probability and logit, and the top_k (token text, probability) pairs.
+
+    Raises
+    ------
+    dclens.Error
+        No dclens.Model among the arguments, an empty prompt or blank answer, or a top_k
+        that is not an integer in [1, vocab].
+    """
     from .model import Model
 
     if not isinstance(model, Model) and isinstance(answer, Model):  # TransformerLens' order

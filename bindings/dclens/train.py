@@ -54,6 +54,85 @@ from .model import cuda_available, cuda_unavailable_reason, load
 
 @dataclasses.dataclass
 class TrainConfig:
+    """The options of a training run (train(); `dclens train` has one flag per field).
+
+    check() refuses a wrong type or range by the option's name before anything is written;
+    train() calls it.
+
+    Attributes
+    ----------
+    out : str
+        The run directory (resumed if it holds checkpoints).
+    model_type : str
+        "dcpythia" (DCMHA), "dcformer" (DCFormer++) or "gpt_neox" (Pythia, plain MHA).
+    n_layer : int
+        Transformer blocks.
+    dim : int
+        The model width d_model.
+    n_head : int
+        Attention heads (dim / n_head a multiple of 8, except for dcformer).
+    d_ff : int
+        The MLP width (0: 4 * dim).
+    vocab : int
+        The vocabulary size (0: the tokenizer's; a larger value pads it).
+    window_size : int or None
+        The local attention window of the local layers (None: every layer global).
+    window_type : str or None
+        Which layers are local: "LG" (even layers), "LGLL", "LGL6" (None: LG when
+        window_size is given).
+    rank : int
+        dcpythia: the rank R of the dynamic compose weights.
+    seq_len : int
+        Tokens per training sequence (the context the model is trained for).
+    batch_size : int
+        Sequences per step.
+    steps : int
+        Optimiser steps of the whole run.
+    lr : float
+        The peak learning rate (AdamW).
+    min_lr : float
+        The learning rate at the end of the cosine decay (<= lr).
+    warmup : int
+        Steps of linear warm-up.
+    weight_decay : float
+        AdamW's decoupled weight decay (matrices only).
+    grad_clip : float
+        The global gradient-norm clip (0: none).
+    beta1 : float
+        AdamW's beta1, in [0, 1).
+    beta2 : float
+        AdamW's beta2, in [0, 1).
+    eps : float
+        AdamW's epsilon (> 0).
+    seed : int
+        The seed of the initial weights and of the batches.
+    data : str
+        "synth", "synth:LINES_PER_TASK", a .jsonl of benchmark records or a text file.
+    lines : bool
+        One sequence per record / line, padded (not packed windows).
+    bucket : bool
+        With lines: batches of lines of similar length, each padded only to its longest
+        line (batch()).
+    tokenizer : str
+        "bytes", "bpe:N" (a byte-level BPE fitted to the corpus, N in [258, 2**20]) or a
+        tokenizer.json path.
+    ckpt_every : int
+        Steps between checkpoints.
+    keep : int
+        Checkpoints kept (the final one is also copied to out/final).
+    log_every : int
+        Steps between lines of out/train.log (out/loss.csv gets every step).
+    n_threads : int
+        CPU threads (0: all cores).
+    device : str
+        Where the model trains: "cpu" or "cuda" (the tape and its backward on the GPU).
+    progress : bool or None
+        dclens.progress: None, a bar where someone watches and plain lines in a log;
+        True, a bar; False, none.
+    mgate_dim : int
+        dcformer: E > 0 turns the MLP group gate on (E groups; E must divide d_ff).
+    """
+
     out: str
     model_type: str = "dcpythia"  # or "gpt_neox", "dcformer" (DCFormer++)
     n_layer: int = 4
@@ -89,7 +168,16 @@ class TrainConfig:
     mgate_dim: int = 0  # dcformer: E > 0 turns the MLP group gate on (E | d_ff)
 
     def check(self) -> None:
-        """Every option's type and range, each refused by name (--flag) before anything is written."""
+        """Every option's type and range, each refused by name (--flag) before anything is written.
+
+        Raises
+        ------
+        dclens.Error
+            The first option of the wrong type or out of range, or options that do not go
+            together (dim not a multiple of n_head, a head dim not a multiple of 8 outside
+            dcformer, min_lr above lr, bucket without lines, mgate_dim outside dcformer or
+            not dividing d_ff), or a tokenizer that is not bytes, bpe:N or a file.
+        """
         if not isinstance(self.out, (str, os.PathLike)) or "\0" in os.fspath(self.out) or not os.fspath(self.out):
             raise Error("train: out must be a directory path, not %r" % (self.out,))
         if not isinstance(self.model_type, str) or self.model_type not in ("dcpythia", "gpt_neox", "dcformer"):
@@ -194,7 +282,17 @@ def _int_option(k: str, v, lo: int, hi: int = 2**31) -> int:
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-    """float32 tensors -> a safetensors file (8-byte length, JSON header, data)."""
+    """Write float32 tensors as a safetensors file (8-byte length, JSON header, data).
+
+    The file is written beside the path and renamed into place (never half written).
+
+    Parameters
+    ----------
+    path : str
+        The file to write.
+    tensors : dict of str to numpy.ndarray
+        Name -> array (stored as little-endian float32, in name order).
+    """
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     blobs, off = [], 0
     for k in sorted(tensors):
@@ -217,6 +315,22 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
 
 
 def model_config(c: TrainConfig, vocab: int) -> dict:
+    """The config.json of the model a run trains, in its model type's own keys.
+
+    Parameters
+    ----------
+    c : TrainConfig
+        The run's options.
+    vocab : int
+        The vocabulary size.
+
+    Returns
+    -------
+    dict
+        DCPythia's, DCFormer's (the official config's keys, docs/dcformer-spec.md) or
+        GPT-NeoX's config: sizes from `c`, rotary on a quarter of each head (DCPythia,
+        Pythia), float32, max_position_embeddings = seq_len where the type has it.
+    """
     F = c.d_ff or 4 * c.dim
     if c.model_type == "dcpythia":
         return {
@@ -297,7 +411,21 @@ def init_weights(c: TrainConfig, vocab: int) -> dict[str, np.ndarray]:
     embeddings, output projections (wo, w2) N(0, 0.02 / sqrt(2 L)), zero biases,
     unit norms; DCMHA: dw1 N(0, 1/D) so the hidden layer is O(1), qkw and dd
     small (N(0, 0.01 / sqrt(K)), N(0, 0.01 / sqrt(D))) so every composition map
-    starts near the identity C = I."""
+    starts near the identity C = I.
+
+    Parameters
+    ----------
+    c : TrainConfig
+        The run's options (the sizes, model_type, mgate_dim and seed).
+    vocab : int
+        The vocabulary size.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Canonical name -> float32 weight (DCFormer++: no biases, RMSNorm weights, SwiGLU's
+        w3 and the gate mg).
+    """
     rng = np.random.default_rng(c.seed)
     D, N, L, F = c.dim, c.n_head, c.n_layer, c.d_ff or 4 * c.dim
     Dh, R, K = D // N, c.rank, 4 * N
@@ -376,8 +504,22 @@ _NEOX_TOP = {
 
 
 def to_layout(sd: dict[str, np.ndarray], model_type: str, n_head: int) -> dict[str, np.ndarray]:
-    """Canonical names -> the checkpoint names of model_type (GPT-NeoX: q/k/v rows
-    regrouped per head, model-spec 3)."""
+    """Canonical weight names to the checkpoint names of a model type.
+
+    Parameters
+    ----------
+    sd : dict of str to numpy.ndarray
+        Canonical name -> weight.
+    model_type : str
+        "dcpythia" and "dcformer" keep the canonical names; otherwise GPT-NeoX's.
+    n_head : int
+        Heads (GPT-NeoX's fused q/k/v rows are regrouped per head, model-spec 3).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Checkpoint name -> weight (a new dict; a GPT-NeoX query_key_value a new array).
+    """
     if model_type in ("dcpythia", "dcformer"):
         return dict(sd)
     out = {}
@@ -397,7 +539,23 @@ def to_layout(sd: dict[str, np.ndarray], model_type: str, n_head: int) -> dict[s
 
 
 def read_weights(model) -> dict[str, np.ndarray]:
-    """Every weight of a loaded model by canonical name (fresh copies)."""
+    """Every weight of a loaded model by canonical name.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Canonical name -> a fresh float32 copy of the weight.
+
+    Raises
+    ------
+    dclens.Error
+        The engine cannot read a weight.
+    """
     out = {}
     shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
     for name, *_ in param_table(model):
@@ -412,6 +570,20 @@ def read_weights(model) -> dict[str, np.ndarray]:
 
 
 def write_model(dirpath: str, sd: dict[str, np.ndarray], config: dict, tokenizer_json: str | None) -> None:
+    """Write a checkpoint directory dclens.load reads: model.safetensors, config.json and
+    tokenizer.json.
+
+    Parameters
+    ----------
+    dirpath : str
+        The directory (made if missing).
+    sd : dict of str to numpy.ndarray
+        Canonical name -> weight (written in config's model type's layout, to_layout).
+    config : dict
+        The config.json (model_config), with model_type and the head count.
+    tokenizer_json : str or None
+        A tokenizer.json to copy in (None: none, a byte-level run).
+    """
     os.makedirs(dirpath, exist_ok=True)
     write_safetensors(
         os.path.join(dirpath, "model.safetensors"),
@@ -507,7 +679,26 @@ def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: np.ndarray | N
     targets are -1 (not scored). With ``bucket`` too: B lines of similar
     length (steps s of one group of BUCKET_STEPS share a draw of lines sorted
     by length, the group's batches in a shuffled order), padded only to the
-    batch's longest line rounded up to BUCKET_ROUND (T <= seq_len)."""
+    batch's longest line rounded up to BUCKET_ROUND (T <= seq_len).
+
+    Parameters
+    ----------
+    tokens : numpy.ndarray
+        The corpus' token ids, concatenated ([n] int32).
+    c : TrainConfig
+        The run's options (seed, seq_len, batch_size, lines, bucket).
+    step : int
+        The step (from 1).
+    offsets : numpy.ndarray or None
+        With lines: [n, 2] start and end of every sequence of 2 tokens or more in `tokens`.
+
+    Returns
+    -------
+    x : numpy.ndarray
+        [B, T] int32 inputs.
+    y : numpy.ndarray
+        [B, T] int32 next-token targets (-1: padding, not scored).
+    """
     if not c.lines:
         rng = np.random.default_rng([c.seed, step])
         starts = rng.integers(0, len(tokens) - c.seq_len - 1, c.batch_size)
@@ -536,7 +727,21 @@ def batch(tokens: np.ndarray, c: TrainConfig, step: int, offsets: np.ndarray | N
 
 
 def lr_at(c: TrainConfig, step: int) -> float:
-    """Linear warm-up over `warmup` steps, then cosine from lr to min_lr at `steps`."""
+    """The learning rate of a step: linear warm-up over `warmup` steps, then cosine from
+    lr to min_lr at `steps`.
+
+    Parameters
+    ----------
+    c : TrainConfig
+        The run's options (lr, min_lr, warmup, steps).
+    step : int
+        The step (from 1).
+
+    Returns
+    -------
+    float
+        The learning rate.
+    """
     if step <= c.warmup:
         return c.lr * step / max(1, c.warmup)
     p = (step - c.warmup) / max(1, c.steps - c.warmup)
@@ -681,7 +886,43 @@ def train_step(c: TrainConfig, model, tape: Tape, x, y, grads, mom, var, hp, ste
     """One optimiser step on inputs x [B, T] and targets y [B, T] (T at most
     the tape's: a bucketed batch reshapes it): forward, mean cross-entropy,
     backward into grads, global-norm clipping, AdamW on the model's weights
-    (mom, var updated). Returns (loss, gradient norm before clipping)."""
+    (mom, var updated).
+
+    Parameters
+    ----------
+    c : TrainConfig
+        The run's options (grad_clip and the schedule).
+    model : dclens.Model
+        The model trained (its weights updated in place).
+    tape : dclens.grad.Tape
+        The gradient tape of the model.
+    x : numpy.ndarray
+        [B, T] int32 inputs.
+    y : numpy.ndarray
+        [B, T] int32 targets (-1: not scored).
+    grads : numpy.ndarray
+        [P] float32 buffer of the flat gradient (overwritten).
+    mom : numpy.ndarray
+        [P] float32 AdamW first moments (updated).
+    var : numpy.ndarray
+        [P] float32 AdamW second moments (updated).
+    hp : cffi dcs_adamw *
+        AdamW's hyper-parameters (its lr set to lr_at(c, step)).
+    step : int
+        The step (from 1).
+
+    Returns
+    -------
+    loss : float
+        The mean cross-entropy of the scored targets.
+    grad_norm : float
+        The global gradient norm before clipping.
+
+    Raises
+    ------
+    dclens.Error
+        A gradient that is not finite, or an engine failure of the step.
+    """
     if x.shape != (tape.B, tape.T):
         tape.reshape(*x.shape)
     tape.forward(x, logits=False)
@@ -709,8 +950,29 @@ def train_step(c: TrainConfig, model, tape: Tape, x, y, grads, mom, var, hp, ste
 
 
 def train(c: TrainConfig, stop_after: int | None = None) -> str:
-    """Train (or resume) the run in c.out; returns the final checkpoint directory.
-    stop_after: end this sitting after that many steps (checkpointing there)."""
+    """Train (or resume) the run in c.out.
+
+    Parameters
+    ----------
+    c : TrainConfig
+        The run's options (a resumed run must not change those its run.json records).
+    stop_after : int or None
+        End this sitting after that many steps (checkpointing there); None: run to c.steps.
+
+    Returns
+    -------
+    str
+        The last checkpoint's directory: out/final when the run reached c.steps, else the
+        sitting's last out/step-NNNNNN.
+
+    Raises
+    ------
+    dclens.Error
+        Options check() refuses, or that differ from the run's record, device "cuda"
+        without CUDA, a corpus too small (fewer than seq_len + 2 tokens, or no line of 2),
+        data that is neither synth nor a file, a damaged checkpoint, or a step whose
+        gradient is not finite.
+    """
     c.check()
     if c.device == "cuda" and not cuda_available():  # before anything is written
         raise Error("train: device 'cuda' is not available: %s" % cuda_unavailable_reason())
@@ -853,7 +1115,14 @@ HELP = {
 
 
 def build_parser():
-    """The argument parser of `dclens train` (every option with help and default)."""
+    """The argument parser of `dclens train`.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        One flag per TrainConfig field (but progress) with its help and default, and
+        --stop-after and --no-progress.
+    """
     import argparse
 
     from ._help import HelpFormatter
@@ -882,7 +1151,18 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    """dclens train: command-line front end of train()."""
+    """dclens train: command-line front end of train().
+
+    Parameters
+    ----------
+    argv : list of str or None
+        The arguments (None: sys.argv[1:]).
+
+    Returns
+    -------
+    int
+        0, once the checkpoint's directory is printed (errors are raised).
+    """
     a = vars(build_parser().parse_args(argv))
     stop = a.pop("stop_after")
     a["progress"] = False if a.pop("no_progress") else None

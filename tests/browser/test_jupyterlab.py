@@ -12,7 +12,10 @@ its cells with this Python as the kernel, and look at the DOM:
 - a tqdm.auto bar (synth_tasks.evaluate, and patching.sweep(progress=True)) is a widget,
   not a flood of text, and the synth bar ends at 100 %;
 - a dclens.Error shows its one-line message, not a traceback through the package;
-- the server (and its kernel) is stopped and its directory removed whatever the outcome.
+- each notebook of notebooks/ (a copy, in the server's directory) runs top to bottom by
+  the lab's "Run All" in a fresh kernel, all of them side by side: every code cell gets its
+  execution count (1, 2, ... in order) and no output is an error or a traceback on stderr;
+- the server (and its kernels) is stopped and its directory removed whatever the outcome.
 
 The server listens on one TCP port of 127.0.0.1, chosen free (another one when it is
 taken); kernels talk to it over Unix sockets (KernelManager.transport="ipc"), so no other
@@ -22,8 +25,10 @@ to docs/img/explorer-jupyterlab.png. Bad set-ups: no chromium -> skip, saying wh
 JupyterLab exits or does not answer -> a failure with the last lines of its log."""
 
 import contextlib
+import glob
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -47,12 +52,21 @@ from dclens.names import hook_name
 pytestmark = pytest.mark.browser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import run_notebooks as rn  # noqa: E402
+
 PKG_DIR = os.path.dirname(os.path.abspath(dclens.__file__))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 KERNEL = "dclens-test"
 START_S = 90  # JupyterLab answers /api/status within this, or the test fails with its log
 RUN_S = 120  # the notebook's cells
+NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+NOTEBOOKS_S = 300  # notebooks/*.ipynb, all run side by side (about 2 min on 2 cores)
+# variables the notebooks read to run on other models (scripts/run_notebooks.py) or other files:
+# unset in the server's environment, so they run on the bundled models and the repository's
+# files, as tests/analyses/test_notebooks.py runs them
+NOTEBOOK_ENV = rn.NOTEBOOK_ENV + ("DCLENS_MODELS_DIR", "DCLENS_SEED_CASE_STUDY")
 
 TEXT = "Mary has a dog. Tom has a cat. Mary has a"  # the explorer's and the heatmap's prompt
 # patching: dcpythia-tiny's metric is clearly higher on the clean prompt (no PatchingWarning in the output)
@@ -174,17 +188,20 @@ def _write_config(workdir: str):
     d = {k: os.path.join(workdir, k) for k in ("notebooks", "config", "data", "runtime", "settings", "ipython")}
     for p in d.values():
         os.makedirs(p)
-    kdir = os.path.join(d["data"], "kernels", KERNEL)
-    os.makedirs(kdir)
-    with open(os.path.join(kdir, "kernel.json"), "w") as f:
-        json.dump(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python (dclens tests)",
-                "language": "python",
-            },
-            f,
-        )
+    # this Python under our name and under "python3", the notebooks' kernelspec (a python3 of
+    # another installation, first on the system's path, is not used)
+    for name in (KERNEL, "python3"):
+        kdir = os.path.join(d["data"], "kernels", name)
+        os.makedirs(kdir)
+        with open(os.path.join(kdir, "kernel.json"), "w") as f:
+            json.dump(
+                {
+                    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "Python (dclens tests)",
+                    "language": "python",
+                },
+                f,
+            )
     # the notebook renders every cell (no windowing), and asks about no news and no updates
     for plugin, values in {
         "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
@@ -205,6 +222,8 @@ def _write_config(workdir: str):
         PYTHONUNBUFFERED="1",
     )
     env.pop("MPLBACKEND", None)  # the kernel's inline backend
+    for name in NOTEBOOK_ENV:
+        env.pop(name, None)
     return d, env
 
 
@@ -346,42 +365,52 @@ def shots(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def session(shots):
-    """The notebook run in JupyterLab in Chromium: (driver, lab, seconds per phase)."""
+def driver():
+    """Headless Chromium, for every test of the module (skips without chromium)."""
+    d = _browser()
+    try:
+        yield d
+    finally:
+        d.quit()
+
+
+@pytest.fixture(scope="module")
+def lab(driver):
+    """One JupyterLab server for every test of the module (after the driver: without chromium
+    the tests skip before any server starts); stopped, its directory removed, at the end."""
+    server = start_lab()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def session(driver, lab, shots):
+    """The notebook of CELLS run in JupyterLab in Chromium: (driver, lab, seconds per phase)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver = _browser()  # skips without chromium, before any server starts
-    lab = None
+    with open(os.path.join(lab.notebooks, NOTEBOOK), "w") as f:
+        json.dump(_notebook(), f)
+    t0 = time.monotonic()
+    driver.get("%s/lab/tree/%s?token=%s" % (lab.url, NOTEBOOK, lab.token))
     try:
-        t0 = time.monotonic()
-        lab = start_lab()
-        times = {"server": time.monotonic() - t0}
-        with open(os.path.join(lab.notebooks, NOTEBOOK), "w") as f:
-            json.dump(_notebook(), f)
-        driver.get("%s/lab/tree/%s?token=%s" % (lab.url, NOTEBOOK, lab.token))
-        try:
-            WebDriverWait(driver, START_S).until(lambda d: d.execute_script(_KERNEL_IDLE))
-        except Exception:
-            driver.save_screenshot(str(shots / "not-ready.png"))
-            pytest.fail("the notebook's kernel was not idle in %d s; server log:\n%s" % (START_S, lab.log_tail()))
-        times["open"] = time.monotonic() - t0 - times["server"]
-        driver.execute_script("window.jupyterapp.shell.collapseLeft()")  # the notebook as wide as the window
-        driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        try:
-            WebDriverWait(driver, RUN_S).until(lambda d: d.execute_script(_ALL_RUN))
-        except Exception:
-            driver.save_screenshot(str(shots / "not-run.png"))
-            pytest.fail("the notebook's cells did not all run in %d s; server log:\n%s" % (RUN_S, lab.log_tail()))
-        time.sleep(0.5)  # the last outputs and widget states reach the DOM
-        times["run"] = time.monotonic() - t0 - times["server"] - times["open"]
-        driver.save_screenshot(str(shots / "notebook.png"))
-        yield driver, lab, times
-    finally:
-        try:
-            driver.quit()
-        finally:
-            if lab is not None:
-                lab.stop()
+        WebDriverWait(driver, START_S).until(lambda d: d.execute_script(_KERNEL_IDLE))
+    except Exception:
+        driver.save_screenshot(str(shots / "not-ready.png"))
+        pytest.fail("the notebook's kernel was not idle in %d s; server log:\n%s" % (START_S, lab.log_tail()))
+    times = {"open": time.monotonic() - t0}
+    driver.execute_script("window.jupyterapp.shell.collapseLeft()")  # the notebook as wide as the window
+    driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    try:
+        WebDriverWait(driver, RUN_S).until(lambda d: d.execute_script(_ALL_RUN))
+    except Exception:
+        driver.save_screenshot(str(shots / "not-run.png"))
+        pytest.fail("the notebook's cells did not all run in %d s; server log:\n%s" % (RUN_S, lab.log_tail()))
+    time.sleep(0.5)  # the last outputs and widget states reach the DOM
+    times["run"] = time.monotonic() - t0 - times["open"]
+    driver.save_screenshot(str(shots / "notebook.png"))
+    return driver, lab, times
 
 
 def _output(driver, cell: str):
@@ -424,6 +453,22 @@ def _selected(driver, expect=None):
     el = driver.find_element(By.ID, "dcs-selected")
     state = {k: el.get_attribute("data-" + k) for k in ("view", "layer", "head", "query")}
     return state, json.loads(el.get_attribute("data-values"))
+
+
+def _urls_loaded(driver) -> list:
+    """The URLs Chromium requested (and websockets it opened) since the last call."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg["method"] in ("Network.requestWillBeSent", "Network.webSocketCreated"):
+            urls.append(msg["params"].get("request", {}).get("url") or msg["params"].get("url"))
+    return urls
+
+
+def _foreign(urls, lab) -> list:
+    """The URLs that are not the server's own 127.0.0.1 port, data:, blob: or about:."""
+    own = ("http://127.0.0.1:%d/" % lab.port, "ws://127.0.0.1:%d/" % lab.port, "data:", "blob:", "about:")
+    return [u for u in urls if not u.startswith(own)]
 
 
 # ---------------------------------------------------------------- the checks
@@ -476,15 +521,10 @@ def test_no_request_leaves_the_page(session):
     """Every URL Chromium loaded (the lab, its kernel websocket, the explorer's iframe) is
     the server's own 127.0.0.1 port, or data:, blob:, about:."""
     driver, lab, _ = session
-    urls = []
-    for entry in driver.get_log("performance"):
-        msg = json.loads(entry["message"])["message"]
-        if msg["method"] in ("Network.requestWillBeSent", "Network.webSocketCreated"):
-            urls.append(msg["params"].get("request", {}).get("url") or msg["params"].get("url"))
+    urls = _urls_loaded(driver)
     assert any(u.startswith(lab.url + "/lab") for u in urls), "the performance log saw no page load"
     assert any(u.startswith("ws://127.0.0.1:%d/api/kernels/" % lab.port) for u in urls), "no kernel websocket"
-    own = ("http://127.0.0.1:%d/" % lab.port, "ws://127.0.0.1:%d/" % lab.port, "data:", "blob:", "about:")
-    assert [u for u in urls if not u.startswith(own)] == []
+    assert _foreign(urls, lab) == []
     # and the kernel talks to the server over Unix sockets: no TCP port of its own
     runtime = os.path.join(lab.workdir, "runtime")
     conns = [
@@ -566,6 +606,134 @@ def test_a_user_error_shows_its_one_line_message(session, shots):
     lines = [l for l in text.splitlines() if l.strip()]
     inside = [l for l in lines if PKG_DIR in l or "site-packages/dclens" in l]
     assert inside == [] and len(lines) <= 6, text
+
+
+# ---------------------------------------------------------------- the notebooks of notebooks/
+
+# Open each notebook, wait for its kernel, clear its outputs and start "Run All" without
+# waiting for it: the next notebook opens while the first runs (their kernels side by side).
+_OPEN_AND_RUN = """
+const paths = arguments[0], done = arguments[arguments.length - 1];
+const app = window.jupyterapp;
+const sleep = ms => new Promise(r => setTimeout(r, ms));
+(async () => {
+  const ids = [];
+  for (const path of paths) {
+    const w = await app.commands.execute('docmanager:open', {path: path, factory: 'Notebook'});
+    await w.context.ready;
+    await w.sessionContext.ready;
+    let k = null;
+    for (let i = 0; i < 1200; i++) {
+      k = w.sessionContext.session && w.sessionContext.session.kernel;
+      if (k && k.status === 'idle' && k.connectionStatus === 'connected') break;
+      await sleep(100);
+    }
+    if (!(k && k.status === 'idle')) throw new Error(path + ': its kernel is not idle after 120 s');
+    app.shell.activateById(w.id);
+    await app.commands.execute('notebook:clear-all-cell-outputs', {widgetId: w.id});
+    app.commands.execute('notebook:run-all-cells', {widgetId: w.id});
+    ids.push(w.id);
+  }
+  return ids;
+})().then(ids => done({ids: ids}), e => done({error: String((e && e.stack) || e)}));
+"""
+
+# Each notebook as the lab shows it: its kernel's status, and for each non-empty code cell
+# the model's execution count, the prompt the DOM shows, the text of the stderr outputs in
+# the DOM (tracebacks render there) and the error outputs of the model.
+_NOTEBOOK_STATE = """
+const app = window.jupyterapp;
+const out = [];
+for (const id of arguments[0]) {
+  const w = [...app.shell.widgets('main')].find(x => x.id === id);
+  if (!w) { out.push({id: id, missing: true}); continue; }
+  const k = w.sessionContext.session && w.sessionContext.session.kernel;
+  const cells = w.content.widgets.filter(c => c.model.type === 'code' && c.model.sharedModel.getSource().trim());
+  const errors = [];
+  for (const c of cells)
+    for (const o of c.model.outputs.toJSON())
+      if (o.output_type === 'error') errors.push(o.ename + ': ' + o.evalue);
+  out.push({
+    id: id,
+    path: w.context.path,
+    status: k ? k.status : 'no kernel',
+    counts: cells.map(c => c.model.executionCount),
+    prompts: cells.map(c => c.node.querySelector('.jp-InputPrompt').textContent.trim()),
+    stderr: [...w.content.node.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')].map(e => e.textContent),
+    errors: errors,
+  });
+}
+return JSON.stringify(out);
+"""
+
+# a traceback, or an exception's "Name: message" line (a dclens.Error shows only that)
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*[A-Za-z_.]*(Error|Exception|Interrupt)\b.*:", re.M)
+
+
+def _finished(state: dict) -> bool:
+    """Run All is over: the kernel is idle and every cell ran, or one failed (the cells after
+    it were not run)."""
+    if state.get("missing"):
+        return True
+    failed = state["errors"] or any(_TRACEBACK.search(t) for t in state["stderr"])
+    return state["status"] == "idle" and (all(c is not None for c in state["counts"]) or bool(failed))
+
+
+def test_the_notebooks_run_in_jupyterlab(driver, lab, shots):
+    """notebooks/*.ipynb (copies, laid out as in the repository: notebooks/ beside a link to
+    docs/, which 02 reads) run by the lab's Run All, each in a fresh kernel, side by side."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert NOTEBOOKS, "no notebooks/*.ipynb"
+    os.makedirs(os.path.join(lab.notebooks, "notebooks"))
+    os.symlink(os.path.join(ROOT, "docs"), os.path.join(lab.notebooks, "docs"))
+    paths = []
+    for src in NOTEBOOKS:
+        shutil.copyfile(src, os.path.join(lab.notebooks, "notebooks", os.path.basename(src)))
+        paths.append("notebooks/" + os.path.basename(src))
+    driver.get("%s/lab?token=%s" % (lab.url, lab.token))
+    WebDriverWait(driver, START_S).until(
+        lambda d: d.execute_script(
+            "return !!(window.jupyterapp && window.jupyterapp.commands.hasCommand('docmanager:open'))"
+        )
+    )
+    driver.set_script_timeout(NOTEBOOKS_S)
+    t0 = time.monotonic()
+    started = driver.execute_async_script(_OPEN_AND_RUN, paths)
+    assert "error" not in started, "%s\nserver log:\n%s" % (started["error"], lab.log_tail())
+    ids = started["ids"]
+    took = {}
+
+    def all_finished(d):
+        states = json.loads(d.execute_script(_NOTEBOOK_STATE, ids))
+        for s in states:
+            if _finished(s):
+                took.setdefault(s.get("path", s["id"]), time.monotonic() - t0)
+        return states if len(took) == len(ids) else False
+
+    try:
+        states = WebDriverWait(driver, NOTEBOOKS_S, poll_frequency=1).until(all_finished)
+    except Exception:
+        driver.save_screenshot(str(shots / "notebooks-not-run.png"))
+        states = json.loads(driver.execute_script(_NOTEBOOK_STATE, ids))
+        pytest.fail(
+            "Run All did not end in %d s: %s\nserver log:\n%s"
+            % (NOTEBOOKS_S, [(s.get("path"), s.get("status"), s.get("counts")) for s in states], lab.log_tail()),
+            pytrace=False,
+        )
+    print("notebooks in JupyterLab, seconds from the first Run All to the end of each:", took)
+    assert [s.get("path") for s in states] == paths
+    for s in states:
+        driver.execute_script("window.jupyterapp.shell.activateById(arguments[0])", s["id"])
+        time.sleep(0.3)
+        driver.save_screenshot(str(shots / ("notebook-%s.png" % os.path.basename(s["path"])[:-6])))
+        tracebacks = [t for t in s["stderr"] if _TRACEBACK.search(t)]
+        assert s["errors"] == [] and tracebacks == [], "%s: %s" % (s["path"], (s["errors"] + tracebacks)[0][-3000:])
+        n = len(s["counts"])
+        assert n > 0 and s["counts"] == list(range(1, n + 1)), (s["path"], s["counts"])  # every cell, in order
+        assert s["prompts"] == ["[%d]:" % i for i in range(1, n + 1)], (s["path"], s["prompts"])  # as shown
+    assert _foreign(_urls_loaded(driver), lab) == []
 
 
 # ---------------------------------------------------------------- bad set-ups

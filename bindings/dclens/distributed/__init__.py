@@ -46,9 +46,29 @@ DISTRIBUTED = "dclens.distributed"  # entry point group: synth comes from synth_
 
 
 def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
-    """The reference workers load: a Model's own (its load arguments and the
-    fingerprint of its files at load), a ModelRef as it is, or for a path or
-    bundled name one made now (its files fingerprinted now)."""
+    """The reference workers load a model from.
+
+    Parameters
+    ----------
+    model : dclens.Model or ModelRef or str or os.PathLike
+        A Model (its own reference: its load arguments and the fingerprint of its files at
+        load), a ModelRef (as it is), or a path or bundled name (one made now, its files
+        fingerprinted now).
+    device : {"cpu", "cuda"}
+        The device of a reference made from a path or name.
+
+    Returns
+    -------
+    dclens.reference.ModelRef
+        The reference.
+
+    Raises
+    ------
+    dclens.Error
+        A model of another type, an unknown device, a path that is no model directory (no
+        config.json), or a name that is neither a path nor a bundled model
+        (NotFoundError).
+    """
     if isinstance(model, Model):
         return model.reference()
     if isinstance(model, ModelRef):
@@ -88,7 +108,40 @@ def map(
     dclens.distributed.cluster); None runs everything in this process (the
     reference the distributed results equal, to the bit).
     Workers run n_threads CPU threads each (Cluster.n_threads, else the
-    model's own), or one GPU each for device="cuda"."""
+    model's own), or one GPU each for device="cuda". The model's hooks in force travel
+    with the work and apply around each item.
+
+    Parameters
+    ----------
+    model : dclens.Model or ModelRef or str or os.PathLike
+        A loaded Model (travels as its reference), a path or bundled name (with device=),
+        or a ModelRef.
+    fn : callable
+        fn(model, item).
+    items : iterable
+        The work items.
+    ray : str or Cluster or None
+        "local:N", "auto", an address or a Cluster; None runs everything in this process.
+    device : {"cpu", "cuda"}
+        The workers' device, for a model given by path or name.
+    progress : bool or None
+        A progress bar over the items (dclens.progress).
+    desc : str
+        The bar's label.
+    unit : str
+        The bar's unit.
+
+    Returns
+    -------
+    list
+        fn(model, item) for each item, in input order.
+
+    Raises
+    ------
+    dclens.Error
+        fn not callable, a bad model or ray= argument (model_ref, connect), or an item whose
+        fn raised (naming the item, its index and the remote traceback).
+    """
     if not callable(fn):
         raise Error("fn must be a function fn(model, item), not %r" % (fn,))
     items = list(items)
@@ -135,7 +188,30 @@ def synth(models: ModelSpec | Sequence[ModelSpec], data, *, ray: RaySpec, **kw):
     the workers: a list of synth_tasks EvalResult, equal (answers, summary)
     to single-process runs. Comes from synth_tasks (entry point group
     dclens.distributed), which must be installed; keywords: see
-    synth_tasks.distributed.synth."""
+    synth_tasks.distributed.synth.
+
+    Parameters
+    ----------
+    models : model or sequence of models
+        Each a dclens.Model, a ModelRef, a path or a bundled name.
+    data : str or dataset
+        The benchmark's lines (a JSONL path or a loaded dataset; synth_tasks.load_dataset).
+    ray : str or Cluster or None
+        "local:N", "auto", an address or a Cluster; None runs everything in this process.
+    **kw
+        synth_tasks.distributed.synth's keywords.
+
+    Returns
+    -------
+    list of synth_tasks.EvalResult
+        One per model, in order.
+
+    Raises
+    ------
+    dclens.Error
+        synth_tasks is not installed (no dclens.distributed entry point named synth), or
+        the run fails.
+    """
     return plugins.find(DISTRIBUTED, "synth")(models, data, ray=ray, **kw)
 
 
@@ -162,7 +238,41 @@ def run_cells(
     """patching.sweep(..., ray=...): run_cells_here (patching._run_cells) on
     Ray workers, over the cells in the same batches of batch_size as in one
     process, one batch per item; the clean activations the cells read travel
-    once per worker."""
+    once per worker.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    corrupted : numpy.ndarray
+        [T] token ids of the corrupted prompt (the run each cell patches).
+    cells : list
+        The sweep's cells, each a list of (hook name, apply(act_row, clean_act)) pairs.
+    clean_cache : dclens.Cache
+        The clean run's activations (only the hooks the cells name travel).
+    metric : callable
+        The sweep's metric of the patched logits.
+    batch_size : int
+        Cells per forward pass (and per work item).
+    progress : bool or None
+        A progress bar over the batches.
+    desc : str
+        The bar's label.
+    ray : str or Cluster or None
+        "local:N", "auto", an address or a Cluster; None runs everything in this process.
+    run_cells_here : callable
+        patching._run_cells, which computes one batch's values.
+
+    Returns
+    -------
+    numpy.ndarray
+        One metric value per cell, in order.
+
+    Raises
+    ------
+    dclens.Error
+        As map: a bad ray= argument, or a batch that failed on its worker.
+    """
     chunks = [cells[i : i + batch_size] for i in range(0, len(cells), batch_size)]
     names = sorted({name for chunk in chunks for patches in chunk for name, _ in patches})
     clean = {n: clean_cache[n] for n in names}

@@ -37,22 +37,31 @@ def import_ray():
 class Cluster:
     """A Ray cluster and how to use it.
 
-    address: "local:N", "local" (this machine, a worker per core), "auto",
-    or a Ray address. workers: how many model workers
-    (default: N for local:N, else as many as the cluster's CPUs / n_threads,
-    or its GPUs for device="cuda"). n_threads: CPU threads of each worker's
-    model (default: the thread count the model was loaded with, if one was
-    given, else this machine's cores / N for local:N, else 1; docs/
-    distributed.md says how to choose). Results equal a single-process run's
-    to the bit when its model has the same thread count (the engine's GEMM
-    tiles follow the thread count, and float32 sums round with them). init: extra keyword arguments of
-    ray.init when this call starts or joins Ray (e.g. object_store_memory).
-    retries: how many times a worker that dies is restarted and its item run
-    again (Ray's max_restarts and max_task_retries).
-
     A Cluster object keeps its workers, model loaded, between calls on the
     same model (a call on another model replaces them); release() stops
-    them. A string ray= argument starts workers for one call."""
+    them. A string ray= argument starts workers for one call. Results equal a
+    single-process run's to the bit when its model has the same thread count.
+
+    Attributes
+    ----------
+    address : str
+        "local:N", "local" (this machine, a worker per core), "auto", or a Ray address.
+    workers : int or None
+        How many model workers (default: N for local:N, else as many as the cluster's
+        CPUs / n_threads, or its GPUs for device="cuda").
+    n_threads : int or None
+        CPU threads of each worker's model (default: the thread count the model was loaded
+        with, if one was given, else this machine's cores / N for local:N, else 1;
+        docs/distributed.md says how to choose).
+    init : dict
+        Extra keyword arguments of ray.init when a call starts or joins Ray (e.g.
+        object_store_memory).
+    retries : int
+        How many times a worker that dies is restarted and its item run again (Ray's
+        max_restarts and max_task_retries).
+    kept : dict
+        The workers kept between calls, by model (filled by the calls; not compared).
+    """
 
     address: str = "local"
     workers: int | None = None
@@ -71,7 +80,18 @@ class Cluster:
             self.kept.clear()
 
     def local_workers(self) -> int | None:
-        """N of "local:N", this machine's cores for "local", None for a remote address."""
+        """How many workers a local address asks for.
+
+        Returns
+        -------
+        int or None
+            N of "local:N", this machine's cores for "local", None for a remote address.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            N is 0 or above 65535.
+        """
         if self.address == "local":
             return os.cpu_count() or 1
         m = re.fullmatch(r"local:(\d+)", self.address)
@@ -81,6 +101,8 @@ class Cluster:
 
     @property
     def is_local(self) -> bool:
+        """True for "local" and "local:N" (Ray started on this machine), False for "auto" or an
+        address."""
         return self.address == "local" or self.address.startswith("local:")
 
 
@@ -106,7 +128,21 @@ def as_cluster(ray: str | Cluster) -> Cluster:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """What connect() settled: workers, threads each, Ray resources each."""
+    """What connect() settled: workers, threads each, Ray resources each.
+
+    Attributes
+    ----------
+    workers : int
+        Model workers to start.
+    n_threads : int
+        CPU threads of each worker's model.
+    num_cpus : float
+        Ray CPUs reserved per worker (n_threads; 1 for device="cuda").
+    num_gpus : float
+        Ray GPUs per worker (1 for device="cuda", else 0).
+    retries : int
+        Restarts of a worker that dies (Cluster.retries).
+    """
 
     workers: int
     n_threads: int
@@ -118,8 +154,29 @@ class Placement:
 def connect(ray_arg: str | Cluster, device: str = "cpu", n_threads: int | None = None) -> Placement:
     """Start or join Ray as the argument says; the workers to run, checked
     against the cluster's resources (an Error, not a wait forever, when they
-    cannot all be placed). n_threads: the model's own thread count, used when
-    the Cluster names none (0 or None: the Cluster's default)."""
+    cannot all be placed).
+
+    Parameters
+    ----------
+    ray_arg : str or Cluster
+        "local:N", "local", "auto", a Ray address, or a Cluster.
+    device : {"cpu", "cuda"}
+        Where the workers' models run (cuda: one GPU per worker).
+    n_threads : int or None
+        The model's own thread count, used when the Cluster names none (0 or None: the
+        Cluster's default).
+
+    Returns
+    -------
+    Placement
+        The workers and what each gets.
+
+    Raises
+    ------
+    dclens.Error
+        A ray= argument that is none of those, Ray missing or failing to start or join, or
+        a cluster without room for the workers asked for.
+    """
     c = as_cluster(ray_arg)
     ray = import_ray()
     cores = os.cpu_count() or 1
