@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--exact-cache", default=None, help="keep / reuse the exact effects in this .npz")
     ap.add_argument("--big", default=None, metavar="DIR", help="the 6.9B-shaped fp16 run (module docstring)")
     ap.add_argument("--T", type=int, default=128, help="--big: tokens of the pair")
+    ap.add_argument("--pause", type=float, default=0.5, help="seconds before each timed call (0: back to back)")
     a = ap.parse_args(argv)
     if a.big:
         return big(a)
@@ -99,11 +100,13 @@ def main(argv=None) -> int:
     metrics = [patching.logit_diff(gd, bd) for gd, bd in zip(good, bad)]
     g = graph.build(m)
     res = {"model": a.model, "task": a.task, "pairs": B, "T": T, "edges": len(g.edges), "steps": a.steps}
+    res["pause_s"] = a.pause
     print("bench_graph: %s, %s, %d pairs of %d tokens, %d edges" % (a.model, a.task, B, T, len(g.edges)))
 
-    def timed(f, reps=3):
-        best, out = float("inf"), None
+    def timed(f, reps=3):  # best of reps, each after a pause: numpy's BLAS threads, which spin a
+        best, out = float("inf"), None  # while after the scoring's products, are idle again (BENCHMARKS.md)
         for _ in range(reps):
+            time.sleep(a.pause)
             t = time.perf_counter()
             out = f()
             best = min(best, time.perf_counter() - t)

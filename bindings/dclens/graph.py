@@ -40,6 +40,7 @@ clean run and every edge the corrupted one (tested to float32 rounding).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Callable
@@ -93,6 +94,7 @@ class Graph:
         return out
 
 
+@functools.lru_cache(maxsize=None)  # names of a few thousand edges, asked per edge per pass
 def _sender_hook(s: str) -> tuple[str, int]:
     """(hook name, head or -1) of a sender node."""
     if s == "embed":
@@ -103,6 +105,7 @@ def _sender_hook(s: str) -> tuple[str, int]:
     return hook_name(int(l), "attn.head_out"), int(rest[1:])
 
 
+@functools.lru_cache(maxsize=None)
 def _receiver_hook(r: str, n_layer: int) -> tuple[str, int]:
     """(hook name, head or -1) where a residual edge into receiver r is patched."""
     if r == "logits":
@@ -218,11 +221,12 @@ def _sender_values(model, toks: np.ndarray, senders: Sequence[str]) -> dict[str,
     return {n: np.asarray(cache[n]) for n in names}
 
 
-def _phase_names(l: int, phase: str, branch: str) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _phase_names(l: int, phase: str, branch: str) -> tuple[str, ...]:
     """The hooks a composition edge's term reads: the phase input and the dynamic weights it needs."""
     x = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
     need = {"qp": ("qw1", "qw2"), "kp": ("kw1", "kw2"), "qg": ("qdd",), "kg": ("kdd",)}.get(branch, ())
-    return [x] + [hook_name(l, "attn.dyn.%s.%s" % (phase, w)) for w in need]
+    return (x,) + tuple(hook_name(l, "attn.dyn.%s.%s" % (phase, w)) for w in need)
 
 
 def _comp_coef(model, e: Edge, vals: dict[str, np.ndarray]) -> np.ndarray:
@@ -621,9 +625,11 @@ def attribute(
 
     # what the scores read of both runs: senders' outputs, composition inputs and maps
     comp = [e for e in g.detail.values() if e.kind == "comp"]
-    names = sorted(
-        {_sender_hook(s)[0] for s in g.senders} | {n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)}
-    )
+    # the heads' differences from z (N times smaller than head_out; head_out_n = z_n W_O,n, hooks.md)
+    # unless head_out itself is moved (EAP-IG-activations)
+    from_z = method != "eap-ig-activations"
+    sread = {_sender_read(s, from_z) for s in g.senders}
+    names = sorted(sread | {n for e in comp for n in _phase_names(e.layer, e.phase, e.branch)})
     xlogits, xcache = model.run_with_cache(pr.corrupted, names=names)
     xc = {n: np.asarray(v) for n, v in xcache.items()}
     del xcache
@@ -645,7 +651,15 @@ def attribute(
     acc: list = [None] * len(cols)  # scores summed over pairs: total, per position, per role
     S = None  # the senders' differences [senders, B, T, D]
 
+    def fold():  # S, which replaces the runs' copies of the senders' values
+        nonlocal S
+        S = _sender_deltas(g, cc, xc, model if from_z else None)
+        for n in sread - set(moved):
+            cc.pop(n, None), xc.pop(n, None)
+
     def score(grads):  # add the scores these gradients give (every receiver they reach)
+        if S is None:  # from z: after the passes (numpy's BLAS threads idle while the engine runs)
+            fold()
         for i, Wi in enumerate(cols):
             if i == len(cols) - 1 and Wi is None:
                 continue
@@ -653,6 +667,7 @@ def attribute(
             acc[i] = v if acc[i] is None else acc[i] + v
 
     grads: dict[str, np.ndarray] = {}
+    chunks = None
     bar = _progress.bar(total=len(runs), desc="graph.attribute (%s)" % method, progress=progress)
     try:
         with tapes.lease(model, B, T, budget) as tape:
@@ -664,11 +679,10 @@ def attribute(
                 else:
                     v_c, v_x = cc[node], xc[node]
                     logits = tape.forward(ctoks, {model.parse_hook(node): v_c + np.float32(a) * (v_x - v_c)})
-                if S is None:
-                    S = _sender_deltas(g, cc, xc)
+                if chunks is None:
                     chunks = _grad_chunks(model, tape, gnames, max_grad_bytes)
-                    for n in {_sender_hook(x)[0] for x in g.senders} - set(moved):  # in S now
-                        cc.pop(n, None), xc.pop(n, None)
+                if S is None and not from_z:  # head_out's copies are large: folded into S at once
+                    fold()
                 _, dl = value_and_grad(logits)
                 for chunk in chunks:  # one backward per chunk of layers whose gradients fit at once
                     pts = [model.parse_hook(n) for n in chunk]
@@ -703,16 +717,34 @@ def attribute(
     return out
 
 
-def _sender_deltas(g: Graph, cc, xc) -> np.ndarray:
-    """[senders, B, T, D] float32: every sender's corrupted - clean value, in graph order."""
+def _sender_read(s: str, from_z: bool) -> str:
+    """The hook a sender's value is read from: its own, or a head's attn.z (from_z)."""
+    hook, head = _sender_hook(s)
+    return hook.replace(".head_out", ".z") if from_z and head >= 0 else hook
+
+
+def _sender_deltas(g: Graph, cc, xc, model=None) -> np.ndarray:
+    """[senders, B, T, D] float32: every sender's corrupted - clean value, in
+    graph order; with a model, a head's from attn.z: (z_x - z_c)[.., n, :]
+    W_O[:, n's Dh columns]^T (head_out's definition, hooks.md)."""
     B, T, D = np.asarray(cc["embed"]).shape
     S = np.empty((len(g.senders), B, T, D), np.float32)
-    for hook in dict.fromkeys(_sender_hook(s)[0] for s in g.senders):
-        d = np.asarray(xc[hook], np.float32) - np.asarray(cc[hook], np.float32)
-        for i, s in enumerate(g.senders):
-            sh, head = _sender_hook(s)
-            if sh == hook:
-                S[i] = d[..., head, :] if head >= 0 else d
+    wo: dict[int, np.ndarray] = {}
+    for i, s in enumerate(g.senders):
+        hook, head = _sender_hook(s)
+        if head >= 0 and model is not None:
+            l = int(s[1:].split(".")[0])
+            if l not in wo:
+                wo = {l: model.weight("layers.%d.attention.wo.weight" % l)}  # [D, N*Dh]
+            zn = _sender_read(s, True)
+            dz = np.subtract(xc[zn][..., head, :], cc[zn][..., head, :], dtype=np.float32)  # [B, T, Dh]
+            Dh = dz.shape[-1]
+            np.matmul(dz, wo[l][:, head * Dh : (head + 1) * Dh].T, out=S[i])
+            continue
+        x, c = np.asarray(xc[hook]), np.asarray(cc[hook])
+        if head >= 0:  # a head of [B, T, N, D]
+            x, c = x[..., head, :], c[..., head, :]
+        np.subtract(x, c, out=S[i], dtype=np.float32)
     return S
 
 
@@ -747,7 +779,7 @@ def _resid_scores(g: Graph, S: np.ndarray, grads, W: np.ndarray | None = None) -
     senders' differences (_sender_deltas). Senders run in graph order, so
     the senders upstream of a layer's receivers are a prefix of them: per
     layer, one product of that prefix [nS, B*T*D] with the gradients of every
-    receiver of the layer [B*T*D, receivers]."""
+    receiver of the layer ([receivers, B*T*D], read transposed)."""
     scores = np.zeros((len(g.edges), W.shape[-1]) if W is not None else len(g.edges))
     by_rx: dict[str, list[Edge]] = {}
     for e in g.detail.values():
@@ -755,6 +787,7 @@ def _resid_scores(g: Graph, S: np.ndarray, grads, W: np.ndarray | None = None) -
             by_rx.setdefault(e.receiver, []).append(e)
     sidx = {s: i for i, s in enumerate(g.senders)}
     pos = {e: i for i, e in enumerate(g.edges)}
+    buf = np.empty(0, np.float32)
     for layer in list(range(g.n_layer)) + [-1]:
         rxs = [r for r in by_rx if by_rx[r][0].layer == layer]
         if not rxs:
@@ -763,20 +796,24 @@ def _resid_scores(g: Graph, S: np.ndarray, grads, W: np.ndarray | None = None) -
         cols: dict[tuple[str, int], int] = {}
         hooks = list(dict.fromkeys(_receiver_hook(r, g.n_layer)[0] for r in rxs))
         width = [np.asarray(grads[h]).shape[-2] if np.ndim(grads[h]) == 4 else 1 for h in hooks]
-        Gl = np.empty(S.shape[1:] + (sum(width),), np.float32)  # [B, T, D, receivers], one C-order copy
+        # [receivers, B, T, D]: a head's rows moved in whole D-blocks (a fast copy), the product's
+        # right operand read transposed by the BLAS
+        if buf.size < sum(width) * S[0].size:  # one buffer for every layer (its pages touched once)
+            buf = np.empty(sum(width) * S[0].size, np.float32)
+        Gl = buf[: sum(width) * S[0].size].reshape((sum(width),) + S.shape[1:])
         for hook, w in zip(hooks, width):
             G = np.asarray(grads[hook], np.float32)
             c0 = len(cols)
-            if G.ndim == 4:  # [B, T, N, D] -> columns c0 .. c0 + N
-                Gl[..., c0 : c0 + w] = np.moveaxis(G, -2, -1)
+            if G.ndim == 4:  # [B, T, N, D] -> rows c0 .. c0 + N
+                Gl[c0 : c0 + w] = np.moveaxis(G, -2, 0)
                 cols.update({(hook, n): c0 + n for n in range(w)})
             else:
-                Gl[..., c0] = G
+                Gl[c0] = G
                 cols[(hook, -1)] = c0
         if W is not None:
-            prod = np.einsum("sbtd,btdc,btp->scp", S[:k], Gl, W, optimize=True)
+            prod = np.einsum("sbtd,cbtd,btp->scp", S[:k], Gl, W, optimize=True)
         else:
-            prod = S[:k].reshape(k, -1) @ Gl.reshape(-1, len(cols))
+            prod = S[:k].reshape(k, -1) @ Gl.reshape(len(cols), -1).T
         for r in rxs:
             c = cols[_receiver_hook(r, g.n_layer)]
             for e in by_rx[r]:
@@ -807,12 +844,15 @@ def _comp_scores(model, g: Graph, cc, xc, grads, W: np.ndarray | None = None) ->
         out[np.arange(v.shape[0]), np.arange(v.shape[0])] = v
         return out
 
+    deltas: dict[tuple[int, str], np.ndarray] = {}  # (layer, phase) -> its input's difference, every branch's
     for (l, ph, b), es in groups.items():
         if hook_name(l, "attn.%s.%s" % (ph, b)) not in grads:
             continue
-        xname = hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))
-        X = np.asarray(cc[xname], np.float32)
-        dx = _masked(model, l, np.asarray(xc[xname], np.float32) - X).astype(np.float32)  # [B, N, T, S]
+        if (l, ph) not in deltas:
+            xname = hook_name(l, "attn.%s" % ("scores" if ph == "pre" else "pattern"))
+            X = np.asarray(xc[xname], np.float32) - np.asarray(cc[xname], np.float32)
+            deltas = {(l, ph): _masked(model, l, X).astype(np.float32)}  # [B, N, T, S]; the last one only
+        dx = deltas[(l, ph)]
         gb = np.asarray(grads[hook_name(l, "attn.%s.%s" % (ph, b))], np.float32)  # [B, N, T, S]
         if b in ("skip", "qg", "kg"):
             prod = dx * gb

@@ -11,12 +11,14 @@ import dclens
 
 from conftest import rel_err
 from reference import ref_forward
+from reference_dcformer import ref_forward_dcformer
 from tolerances import forward_tol, tiny
 
 TOL = forward_tol(tiny(), 24, 24 * 64)
 DCP = dict(model_type="dcpythia", n_layer=2, window_size=5, seed=21)
 SEQ = dict(model_type="dcpythia", n_layer=2, use_parallel_residual=False, dtype="float16", fmt="torch", seed=46)
 NEOX = dict(model_type="gpt_neox", n_layer=2, seed=23)
+DCF = dict(model_type="dcformer", n_layer=2, intermediate=64, mgate_dim=4, vocab=24, seed=7)  # RMS norms
 PARTS = ("q", "k", "v")
 
 
@@ -73,7 +75,7 @@ def test_writing_one_heads_copy_changes_that_head_only(tiny_factory, kw, part):
     assert np.abs(act[:, other] - base[:, other]).max() <= 1e-5 * max(np.abs(base).max(), 1.0)
 
 
-@pytest.mark.parametrize("kw", [DCP, SEQ, NEOX], ids=["dcpythia", "sequential-f16", "gpt_neox"])
+@pytest.mark.parametrize("kw", [DCP, SEQ, NEOX, DCF], ids=["dcpythia", "sequential-f16", "gpt_neox", "dcformer-rms"])
 def test_gradient_matches_finite_differences_of_the_reference(tiny_factory, kw):
     """d logit / d q_input (k, v) along a random direction per head: the
     engine's gradient against a central difference of the float64 reference."""
@@ -99,7 +101,8 @@ def test_gradient_matches_finite_differences_of_the_reference(tiny_factory, kw):
             h = 1e-4
 
             def at(eps, name=name, v=v):
-                return ref_forward(sd, cfg, toks, interventions={name: lambda a: a + eps * v})[pos, tok]
+                ref = ref_forward_dcformer if cfg.get("model_type") == "dcformer" else ref_forward
+                return ref(sd, cfg, toks, interventions={name: lambda a: a + eps * v})[pos, tok]
 
             fd = (at(h) - at(-h)) / (2 * h)
             got = float(np.sum(g[name].astype(np.float64) * v))

@@ -1137,6 +1137,7 @@ static const dcs_backend_ops cpu_ops = {
     .softmax_rows_bw = cpu_softmax_rows_bw,
     .layernorm_bw = cpu_layernorm_bw,
     .rmsnorm_bw = cpu_rmsnorm_bw,
+    .norm_bw_fanout = cpu_norm_bw_fanout,
     .rotary_bw = cpu_rotary_bw,
     .col_sum = cpu_col_sum,
     .embed_bw = cpu_embed_bw,

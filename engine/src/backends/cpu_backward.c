@@ -161,6 +161,40 @@ void cpu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, const fl
     free(st);
 }
 
+/* The norm's backward for G readers of each row (norm_bw_fanout): a row's
+ * statistics once, then each reader's row backward (dcs_math.h's). */
+typedef struct {
+    float *dx;
+    const float *dy, *x, *w;
+    int G, D, rms;
+    float eps;
+} fanout_arg;
+DCS_VEC static void fanout_span(const fanout_arg *a, long long b, long long e) {
+    const int G = a->G, D = a->D;
+    for (long long m = b; m < e; m++) {
+        const float *xr = a->x + (size_t)m * D;
+        double mud = 0;
+        const float rs = a->rms ? dcs_rms_row_inv(xr, D, a->eps) : dcs_layernorm_stats(xr, D, a->eps, &mud);
+        for (int g = 0; g < G; g++) {
+            const size_t o = ((size_t)m * G + g) * D;
+            memset(a->dx + o, 0, sizeof(float) * D);
+            if (a->rms)
+                dcs_rmsnorm_row_bw(a->dx + o, a->dy + o, xr, a->w, rs, D);
+            else
+                dcs_layernorm_row_bw(a->dx + o, a->dy + o, xr, a->w, (float)mud, rs, D);
+        }
+    }
+}
+static void fanout_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    fanout_span(p, b, e);
+}
+void cpu_norm_bw_fanout(dcs_backend *be, float *dx, const float *dy, const float *x, const float *w, int M,
+                        int G, int D, float eps, int rms) {
+    fanout_arg a = {dx, dy, x, w, G, D, rms, eps};
+    par(be, fanout_rows, &a, M, 8LL * G * D);
+}
+
 /* RMSNorm backward the same way: rows (dx, each row's 1/rms kept) on the
  * pool, then column blocks of dscale summed over rows in row order. */
 typedef struct {

@@ -15,6 +15,8 @@ void cpu_softmax_bw(dcs_backend *be, float *dA, const float *dP, const float *P,
 void cpu_softmax_rows_bw(dcs_backend *be, float *dg, const float *g, int M, int E);
 void cpu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, const float *dy, const float *x,
                       const float *w, int M, int D, float eps);
+void cpu_norm_bw_fanout(dcs_backend *be, float *dx, const float *dy, const float *x, const float *w, int M,
+                        int G, int D, float eps, int rms);
 void cpu_rmsnorm_bw(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,
                     const float *scale, int rows, int width, float eps);
 void cpu_rotary_bw(dcs_backend *be, float *x, int M, int T, int N, int Dh, int rot, float base);

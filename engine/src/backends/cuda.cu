@@ -581,6 +581,7 @@ static const dcs_backend_ops cuda_ops = {
     .softmax_rows_bw = cu_softmax_rows_bw,
     .layernorm_bw = cu_layernorm_bw,
     .rmsnorm_bw = cu_rmsnorm_bw,
+    .norm_bw_fanout = cu_norm_bw_fanout,
     .rotary_bw = cu_rotary_bw,
     .col_sum = cu_col_sum,
     .embed_bw = cu_embed_bw,

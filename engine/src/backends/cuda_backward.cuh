@@ -71,6 +71,24 @@ static __global__ void layernorm_bw_rows_kernel(float *dx, float *st, const floa
     st[2 * (size_t)m + 1] = rs;
 }
 
+/* norm_bw_fanout: one thread per (row, reader), the row's statistics
+ * recomputed by each (dx written) */
+static __global__ void norm_bw_fanout_kernel(float *dx, const float *dy, const float *x, const float *w,
+                                             size_t rows, int G, int D, float eps, int rms) {
+    size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *xr = x + (r / G) * D;
+    float *o = dx + r * D;
+    for (int i = 0; i < D; i++) o[i] = 0.0f;
+    if (rms) {
+        dcs_rmsnorm_row_bw(o, dy + r * D, xr, w, dcs_rms_row_inv(xr, D, eps), D);
+    } else {
+        double mud;
+        const float rs = dcs_layernorm_stats(xr, D, eps, &mud);
+        dcs_layernorm_row_bw(o, dy + r * D, xr, w, (float)mud, rs, D);
+    }
+}
+
 /* dw, db [D] += over rows in order: one thread per column */
 static __global__ void layernorm_bw_cols_kernel(float *dw, float *db, const float *st, const float *dy,
                                                 const float *x, int M, int D) {
@@ -245,6 +263,15 @@ static void cu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, co
         launched(c, "layernorm_bw_cols_kernel");
     }
     cu_free(be, st);
+}
+
+static void cu_norm_bw_fanout(dcs_backend *be, float *dx, const float *dy, const float *x, const float *w,
+                             int M, int G, int D, float eps, int rms) {
+    if (M <= 0 || G <= 0 || D <= 0) return;
+    cuda_ctx *c = enter(be);
+    const size_t rows = (size_t)M * G;
+    norm_bw_fanout_kernel<<<blocks_for(rows, 128), 128, 0, c->stream>>>(dx, dy, x, w, rows, G, D, eps, rms);
+    launched(c, "norm_bw_fanout_kernel");
 }
 
 static void cu_rmsnorm_bw(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,

@@ -235,6 +235,12 @@ typedef struct dcs_backend_ops {
      * dx +=; dscale [width] += (may be NULL) */
     void (*rmsnorm_bw)(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,
                        const float *scale, int rows, int width, float eps);
+    /* the norm's backward for G readers of each row x [M, D] (the split
+     * inputs: one per head): dx [M, G, D] = norm_bw(x[m], dy [M, G, D])
+     * (written, not added), each row's statistics computed once; rms: RMS
+     * norm, else LayerNorm; w [D] the norm's weight (no gradient of it) */
+    void (*norm_bw_fanout)(dcs_backend *be, float *dx, const float *dy, const float *x, const float *w, int M,
+                           int G, int D, float eps, int rms);
     /* x [M, N, Dh] rotated back (by -angle) in place: rotary's backward,
      * position m % T */
     void (*rotary_bw)(dcs_backend *be, float *x, int M, int T, int N, int Dh, int rot, float base);

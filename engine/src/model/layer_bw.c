@@ -352,20 +352,20 @@ static void split_inputs_bw(dcs_tape *tp, int l, const bwctx *bc) {
     for (int part = 0; part < 3; part++)
         asked += dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_Q_INPUT + part, l);
     if (!asked) return;
-    /* one set of buffers and one copy of x per head for the parts asked */
-    const size_t all = sizeof(float) * (size_t)M * N * D;
-    float *dln = be->ops->alloc(be, all), *xb = be->ops->alloc(be, all), *dx = be->ops->alloc(be, all);
-    float *dy = be->ops->alloc(be, sizeof(float) * (size_t)M * Dh);
-    if (!dln || !xb || !dx || !dy) tp->status = DCS_ERR_NOMEM;
+    /* the backward's buffers [M, N, D] for the parts asked (run_backward) */
+    float *dln = bc->split_dln, *dx = bc->split_dx, *dy = NULL, *tmp = NULL;
+    const int w16 = lw->m_wqkv.dtype != DCS_F32 && be->ops->gemm_w; /* head by head, scratch dy, tmp */
+    if (w16) {
+        dy = be->ops->alloc(be, sizeof(float) * (size_t)M * Dh);
+        tmp = be->ops->alloc(be, sizeof(float) * (size_t)M * D);
+        if (!dy || !tmp) tp->status = DCS_ERR_NOMEM;
+    }
     const size_t es = dcs_dtype_size(lw->m_wqkv.dtype);
-    if (!tp->status) /* every head's row reads x: the norm's backward over M*N rows */
-        for (int n = 0; n < N; n++)
-            be->ops->copy2d(be, xb + (size_t)n * D, (size_t)N * D, tp->L[l].x, D, M, D);
     for (int part = 0; part < 3 && !tp->status; part++) {
         const int point = DCS_HP_Q_INPUT + part;
         const size_t row0 = (size_t)part * D;
         if (!dcs_tape_wants_grad(bc->g, bc->n_g, point, l)) continue;
-        if (lw->m_wqkv.dtype == DCS_F32 || !be->ops->gemm_w) {
+        if (!w16) {
             /* dln[:, n] [M, D] = dqkv[:, n's Dh columns] W_n [Dh, D], one gemm batched over the heads */
             be->ops->gemm(be, 0, 0, M, D, Dh, 1.0f, tp->d.dqkv + row0, 3 * D, Dh,
                           (const float *)lw->m_wqkv.p + row0 * D, D, (long long)Dh * D, 0.0f, dln, N * D, D,
@@ -375,21 +375,24 @@ static void split_inputs_bw(dcs_tape *tp, int l, const bwctx *bc) {
                 const size_t row = row0 + (size_t)n * Dh;
                 const dcs_wmat wn = {(const char *)lw->m_wqkv.p + row * D * es, lw->m_wqkv.dtype};
                 be->ops->copy2d(be, dy, Dh, tp->d.dqkv + row, 3 * D, M, Dh);
-                be->ops->gemm_w(be, 0, M, D, Dh, dy, Dh, wn, 0.0f, dx, D); /* dx: scratch [M, D] */
-                be->ops->copy2d(be, dln + (size_t)n * D, (size_t)N * D, dx, D, M, D);
+                be->ops->gemm_w(be, 0, M, D, Dh, dy, Dh, wn, 0.0f, tmp, D);
+                be->ops->copy2d(be, dln + (size_t)n * D, (size_t)N * D, tmp, D, M, D);
             }
         }
-        be->ops->zero(be, dx, all);
-        if (m->plan[l].norm == DCS_NORM_RMS)
-            be->ops->rmsnorm_bw(be, dx, NULL, dln, xb, lw->attn_norm_w, M * N, D, c->norm_eps);
-        else
-            be->ops->layernorm_bw(be, dx, NULL, NULL, dln, xb, lw->attn_norm_w, M * N, D, c->norm_eps);
-        dcs_tape_grad_capture(tp, bc->g, bc->n_g, point, l, dx); /* [M, N, D], the hook's layout */
+        /* every head's row reads x: the norm's statistics once per token; on
+         * the CPU written straight into the first buffer asked (no copy) */
+        float *out = dx;
+        int own = -1;
+        for (int i = 0; i < bc->n_g && own < 0 && m->device == DCS_DEVICE_CPU; i++)
+            if (bc->g[i].point == point && bc->g[i].layer == l) own = i, out = bc->g[i].grad;
+        be->ops->norm_bw_fanout(be, out, dln, tp->L[l].x, lw->attn_norm_w, M, N, D, c->norm_eps,
+                                m->plan[l].norm == DCS_NORM_RMS);
+        for (int i = 0; i < bc->n_g; i++) /* [M, N, D], the hook's layout, to the others asked */
+            if (i != own && bc->g[i].point == point && bc->g[i].layer == l)
+                be->ops->download(be, bc->g[i].grad, out, sizeof(float) * (size_t)M * N * D);
     }
-    be->ops->free(be, dln);
-    be->ops->free(be, xb);
-    be->ops->free(be, dx);
     be->ops->free(be, dy);
+    be->ops->free(be, tmp);
 }
 
 /* A split input read by one reader's norm (layer.c, split_copy: attn.dyn_input,

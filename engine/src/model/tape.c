@@ -287,18 +287,35 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
         int at = dcs_hook_point_is_layered(g[i].point) ? g[i].layer : g[i].point == DCS_HP_EMBED ? 0 : L;
         if (at < lowest) lowest = at;
     }
+    /* the split q/k/v inputs' scratch, once for every layer (fresh pages per
+     * layer cost more than the norm's backward they hold) */
+    bwctx bs = *bc;
+    const size_t split = sizeof(float) * (size_t)M * c->n_head * c->d_model;
+    for (int i = 0; i < n_g && !bs.split_dln; i++)
+        if (g[i].point >= DCS_HP_Q_INPUT && g[i].point <= DCS_HP_V_INPUT) {
+            const int host = m->device == DCS_DEVICE_CPU; /* the norm's backward writes the caller's buffer */
+            bs.split_dln = be->ops->alloc(be, split);
+            bs.split_dx = host ? NULL : be->ops->alloc(be, split);
+            if (!bs.split_dln || (!host && !bs.split_dx)) {
+                be->ops->free(be, bs.split_dln);
+                be->ops->free(be, bs.split_dx);
+                return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: no memory for the split inputs' gradients");
+            }
+            tp->bw_peak += (host ? 1 : 2) * split;
+        }
+    dcs_status st = DCS_OK;
     tp->status = DCS_OK;
     if (dlogits) be->ops->upload(be, tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
-    dcs_pass_final_bw(tp, bc);
-    for (int l = L - 1; l >= lowest; l--) {
-        if (tp->recompute && tp->held != l) {
-            dcs_status st = recompute_layer(tp, l);
-            if (st) return st;
-        }
-        dcs_layer_bw(tp, l, bc);
+    dcs_pass_final_bw(tp, &bs);
+    for (int l = L - 1; l >= lowest && !st; l--) {
+        if (tp->recompute && tp->held != l) st = recompute_layer(tp, l);
+        if (!st) dcs_layer_bw(tp, l, &bs);
     }
+    be->ops->free(be, bs.split_dln);
+    be->ops->free(be, bs.split_dx);
+    if (st) return st;
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
-    dcs_pass_embed_bw(tp, bc);
+    dcs_pass_embed_bw(tp, &bs);
     return be->ops->sync(be, &m->err);
 }
 

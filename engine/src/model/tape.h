@@ -116,6 +116,8 @@ typedef struct {
     float **dev;                              /* [n_weights] device mirrors of the asked gradients (CUDA) */
     dcs_layer_grads *lg;                      /* [n_layer] */
     float *tok_emb, *out_w, *norm_w, *norm_b; /* the model's own */
+    float *split_dln, *split_dx; /* [M, N, D] each: the split q/k/v inputs' scratch for every layer
+                                    (run_backward; NULL when none is asked; dx on a device only) */
 } bwctx;
 
 /* ---- tape_plan.c */
