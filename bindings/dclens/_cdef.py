@@ -116,6 +116,8 @@ dcs_status dcs_tape_loss(dcs_tape *tp, const int32_t *targets, double *loss, int
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads,
                              const dcs_hook_grad *g, int n_g);
 typedef struct { int index; float *grad; } dcs_param_grad;
+dcs_status dcs_tape_backward_stage(dcs_tape *tp, const float *dlogits, int resume, int stop,
+                                   const dcs_hook_grad *g, int n_g);
 dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
                                     const dcs_hook_grad *g, int n_g);
 int dcs_param_count(const dcs_model *m);

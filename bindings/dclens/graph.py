@@ -566,9 +566,10 @@ def attribute(
         The most the gradients asked of one backward may take (None: a
         quarter of the free memory). When every receiver's gradient does not
         fit at once (a 6.9B-shaped model: the per-head q/k/v inputs' are
-        [B, T, N, D] per layer), the layers go in chunks, one backward each,
-        and each chunk is scored as it comes: the same scores, more
-        backwards.
+        [B, T, N, D] per layer), the layers go in chunks: one backward run
+        in stages (``Tape.backward_stage``), each chunk's gradients scored as
+        its stage hands them out and let go: the same scores, no backward
+        run twice.
 
     Returns
     -------
@@ -684,9 +685,12 @@ def attribute(
                 if S is None and not from_z:  # head_out's copies are large: folded into S at once
                     fold()
                 _, dl = value_and_grad(logits)
-                for chunk in chunks:  # one backward per chunk of layers whose gradients fit at once
-                    pts = [model.parse_hook(n) for n in chunk]
-                    got = tape.backward(dl, None, pts)
+                for i, chunk in enumerate(chunks):  # chunks of layers whose gradients fit at once: one
+                    pts = [model.parse_hook(n) for n in chunk]  # backward, in stages (a stage per chunk)
+                    if len(chunks) == 1:
+                        got = tape.backward(dl, None, pts)
+                    else:
+                        got = tape.backward_stage(dl if i == 0 else None, min(l for _, l in pts), pts)
                     if len(chunks) == 1:  # all at once: sum the gradients over the steps, score once
                         for n, p in zip(chunk, pts):
                             grads[n] = got[p] if n not in grads else grads[n] + got[p]

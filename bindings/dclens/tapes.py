@@ -195,6 +195,26 @@ class Tape(EngineObject):
             _check(st, self.model.runner.errmsg())
         return outs
 
+    def backward_stage(
+        self, dlogits: np.ndarray | None, stop: int, wrt: Sequence[tuple[int, int]] = ()
+    ) -> dict[tuple[int, int], np.ndarray]:
+        """One stage of a backward run in stages (dcs_tape_backward_stage):
+        with dlogits, from the logits; with None, on below the last stage;
+        down to layer ``stop``. Gradients at the hooks in wrt (each of a
+        layer the stage runs), the same bits as one backward gives."""
+        outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
+        arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
+        for i, ((p, l), g) in enumerate(outs.items()):
+            arr[i].point, arr[i].layer, arr[i].grad = p, l, _ptr(g)
+        dl = ffi.NULL
+        if dlogits is not None:
+            dlogits = np.ascontiguousarray(dlogits, dtype=np.float32)
+            dl = _ptr(dlogits, "const float *")
+        with self.model.runner.engine_lock():
+            st = lib.dcs_tape_backward_stage(self._tp, dl, int(dlogits is None), int(stop), arr, len(outs))
+            _check(st, self.model.runner.errmsg())
+        return outs
+
 
 class TapeCache:
     """The idle tapes of one model (see the module docstring)."""

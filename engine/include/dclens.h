@@ -514,6 +514,17 @@ typedef struct {
 dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
                                     const dcs_hook_grad *g, int n_g);
 
+/* The backward in stages, for hook gradients that do not fit in memory at
+ * once: each stage hands out the gradients asked of the layers it runs and
+ * may free them before the next. resume 0: start at the logits (dlogits as
+ * in dcs_tape_backward); resume 1: go on below the layer the last stage
+ * stopped at (dlogits NULL). Runs down to layer `stop` (inclusive; the
+ * embedding's gradient in the stage that reaches layer 0). The gradients
+ * equal those of one dcs_tape_backward (the same bits); no parameter
+ * gradients. Every request must be of a layer this stage runs. */
+dcs_status dcs_tape_backward_stage(dcs_tape *tp, const float *dlogits, int resume, int stop, const dcs_hook_grad *g,
+                                   int n_g);
+
 /* Parameters: every weight by canonical name, in one flat layout. */
 int dcs_param_count(const dcs_model *m);
 int64_t dcs_param_total(const dcs_model *m);

@@ -84,6 +84,7 @@ static dcs_status forward(dcs_tape *tp, const int32_t *tokens, const float *resi
     memcpy(tp->tokens, tokens, sizeof(int32_t) * M);
     tp->status = DCS_OK;
     tp->have_forward = 0;
+    tp->bw_next = -1;
     tp->ov = ov;
     tp->n_ov = n_ov;
     tp->rd = reads;
@@ -190,7 +191,14 @@ static dcs_status recompute_layer(dcs_tape *tp, int l) {
     return p.status;
 }
 
-static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *bc);
+/* A stage of a staged backward: from the logits (resume 0) or below the
+ * last stage (resume 1: from layer top) down to layer stop. NULL: the whole
+ * backward. */
+typedef struct {
+    int resume, stop, top;
+} bw_stage;
+
+static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *bc, const bw_stage *sg);
 
 /* The caller's gradient buffer of weight i (in the flat array at *off, or
  * its dcs_param_grad; NULL: not asked); *off advances past it, *n its size. */
@@ -205,13 +213,39 @@ static float *host_grad(const dcs_model *m, float *flat, const dcs_param_grad *p
     return host;
 }
 
+/* Where a gradient request sits in the backward's order: its layer, 0 for
+ * the embedding, n_layer for the final norm and logits. */
+static int request_layer(const dcs_hook_grad *r, int L) {
+    return dcs_hook_point_is_layered(r->point) ? r->layer : r->point == DCS_HP_EMBED ? 0 : L;
+}
+
 static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_param_grad *pg,
-                           int n_pg, const dcs_hook_grad *g, int n_g) {
+                           int n_pg, const dcs_hook_grad *g, int n_g, bw_stage *sg) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
     const int L = c->n_layer;
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward before forward");
+    if (sg) { /* a stage: where it runs, and every request inside it */
+        if (sg->resume && tp->bw_next < 0)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward stage: nothing to resume (no earlier stage "
+                                                    "since the forward, or it reached the lowest layer)");
+        if (sg->resume && dlogits)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward stage: dlogits given to a resumed stage");
+        const int top = sg->top = sg->resume ? tp->bw_next : L - 1;
+        if (sg->stop < tp->first || sg->stop > top)
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward stage: stop layer %d outside %d..%d", sg->stop,
+                              tp->first, top);
+        for (int i = 0; i < n_g; i++) {
+            const int at = request_layer(&g[i], L);
+            if (at < sg->stop || at > (sg->resume ? top : L))
+                return dcs_seterr(&m->err, DCS_ERR_ARG,
+                                  "tape: backward stage: gradient request %d is of layer %d, outside this stage "
+                                  "(layers %d..%d)",
+                                  i, at, sg->stop, top);
+        }
+    }
+    tp->bw_next = -1; /* a failed stage cannot be resumed */
     for (int i = 0; i < n_g; i++)
         if (!g[i].grad || !runs_point(tp, g[i].point, g[i].layer))
             return bad_point(tp, "gradient request", i, g[i].point, g[i].layer);
@@ -231,7 +265,7 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         return dcs_seterr(&m->err, DCS_ERR_NOMEM, "tape: out of memory");
     if (m->device == DCS_DEVICE_CPU || !params) {
         dcs_status st = dcs_tape_param_grads(m, &bcv);
-        if (!st) st = run_backward(tp, dlogits, &bcv);
+        if (!st) st = run_backward(tp, dlogits, &bcv, sg);
         m->last_peak_bytes = tp->bytes + tp->pass_peak + tp->bw_peak;
         free(bcv.lg);
         return st;
@@ -257,7 +291,7 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
         }
     }
     if (!st) st = dcs_tape_param_grads(m, &bcv);
-    if (!st) st = run_backward(tp, dlogits, &bcv);
+    if (!st) st = run_backward(tp, dlogits, &bcv, sg);
     m->last_peak_bytes = tp->bytes + tp->pass_peak + tp->bw_peak;
     off = 0;
     for (int i = 0; i < m->n_weights; i++) {
@@ -272,8 +306,8 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
     return st ? st : s2;
 }
 
-/* The backward proper (backward() checked its arguments). */
-static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *bc) {
+/* The backward proper (backward() checked its arguments), or one stage of it. */
+static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *bc, const bw_stage *sg) {
     dcs_model *m = tp->m;
     const dcs_config *c = &m->cfg;
     dcs_backend *be = m->be;
@@ -284,9 +318,11 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
      * (parameters and the embedding: all of them) */
     int lowest = bc->flat || bc->n_pg ? 0 : L;
     for (int i = 0; i < n_g; i++) {
-        int at = dcs_hook_point_is_layered(g[i].point) ? g[i].layer : g[i].point == DCS_HP_EMBED ? 0 : L;
+        const int at = request_layer(&g[i], L);
         if (at < lowest) lowest = at;
     }
+    const int fresh = !sg || !sg->resume, top = sg ? sg->top : L - 1;
+    if (sg) lowest = sg->stop;
     /* the split q/k/v inputs' scratch, once for every layer (fresh pages per
      * layer cost more than the norm's backward they hold) */
     bwctx bs = *bc;
@@ -305,9 +341,11 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
         }
     dcs_status st = DCS_OK;
     tp->status = DCS_OK;
-    if (dlogits) be->ops->upload(be, tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
-    dcs_pass_final_bw(tp, &bs);
-    for (int l = L - 1; l >= lowest && !st; l--) {
+    if (fresh) {
+        if (dlogits) be->ops->upload(be, tp->dlogits, dlogits, sizeof(float) * (size_t)M * V);
+        dcs_pass_final_bw(tp, &bs);
+    }
+    for (int l = top; l >= lowest && !st; l--) {
         if (tp->recompute && tp->held != l) st = recompute_layer(tp, l);
         if (!st) dcs_layer_bw(tp, l, &bs);
     }
@@ -315,18 +353,28 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
     be->ops->free(be, bs.split_dx);
     if (st) return st;
     if (tp->status) return dcs_seterr(&m->err, tp->status, "tape: out of memory in the backward");
-    dcs_pass_embed_bw(tp, &bs);
-    return be->ops->sync(be, &m->err);
+    if (!sg || lowest == 0) dcs_pass_embed_bw(tp, &bs);
+    st = be->ops->sync(be, &m->err);
+    if (!st && sg && lowest > tp->first) tp->bw_next = lowest - 1; /* d->dx: the gradient above it */
+    return st;
 }
 
 dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_grads, const dcs_hook_grad *g,
                              int n_g) {
-    return backward(tp, dlogits, param_grads, NULL, 0, g, n_g);
+    return backward(tp, dlogits, param_grads, NULL, 0, g, n_g, NULL);
+}
+
+dcs_status dcs_tape_backward_stage(dcs_tape *tp, const float *dlogits, int resume, int stop, const dcs_hook_grad *g,
+                                   int n_g) {
+    if (n_g < 0 || (n_g && !g))
+        return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: bad gradient request list (%d)", n_g);
+    bw_stage sg = {resume != 0, stop, -1};
+    return backward(tp, dlogits, NULL, NULL, 0, g, n_g, &sg);
 }
 
 dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dcs_param_grad *pg, int n_pg,
                                     const dcs_hook_grad *g, int n_g) {
     if (n_pg < 0 || (n_pg && !pg))
         return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: bad parameter gradient list (%d)", n_pg);
-    return backward(tp, dlogits, NULL, pg, n_pg, g, n_g);
+    return backward(tp, dlogits, NULL, pg, n_pg, g, n_g, NULL);
 }
