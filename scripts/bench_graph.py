@@ -26,7 +26,7 @@ heads; written to DIR by scripts/bench.py's writer when absent, 13 GB), one
 pair of T random tokens differing in one position, metric logit(a) -
 logit(b) at the last position: the time of one forward + backward, of EAP
 and of EAP-IG with --steps, the number of edges, the backward chunks and
-the peak resident memory (stored weights mapped included).
+the peak resident memory (the stored weights included).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def big(a) -> int:
     res["stored_gib"] = sum(os.path.getsize(os.path.join(a.big, f)) for f in os.listdir(a.big)) / 2**30
     res["tape_budget_gib"] = memplan.check_budget(None, m) / 2**30
     print(
-        "  EAP-IG %d steps %.1f s (%.1fx); peak RSS %.2f GiB (stored weights %.2f GiB, mapped)"
+        "  EAP-IG %d steps %.1f s (%.1fx); peak RSS %.2f GiB (stored weights %.2f GiB included)"
         % (a.steps, res["eap_ig_s"], res["eap_ig_over_fwd_bwd"], res["peak_rss_gib"], res["stored_gib"]),
         flush=True,
     )

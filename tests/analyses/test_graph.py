@@ -421,3 +421,32 @@ def test_eap_ig_activations_against_the_reference(tiny_factory, kw):
         want = float(np.mean(fds))
         got = s.scores[g.edges.index(edge)]
         assert abs(got - want) <= 3e-3 * max(abs(want), 1e-2), (edge, got, want)
+
+
+MOH = dict(model_type="dcpythia", n_layer=2, moh={"shared_heads": 1, "routed_topk": 2}, use_sw=True, seed=41)
+DCF = dict(model_type="dcformer", n_layer=2, intermediate=64, mgate_dim=4, vocab=24, seed=7)
+
+
+@pytest.mark.parametrize("kw", [DCP, NEOX, MOH, DCF], ids=["dcpythia", "gpt_neox", "moh", "dcformer"])
+def test_heads_differences_from_z_are_head_outs(tiny_factory, kw):
+    """attribute reads a head's difference as (z_x - z_c) W_O,n (head_out's
+    definition, hooks.md) instead of head_out itself: the same senders'
+    differences to float32 rounding, MoH's gated heads included."""
+    d, _, _ = tiny_factory(**kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dclens.LoadWarning)
+        m = dclens.load(d)
+    g = graph.build(m)
+    rng = np.random.default_rng(0)
+    c = rng.integers(0, m.config.vocab, (2, 9))
+    x = c.copy()
+    x[:, 3] = (x[:, 3] + 1) % m.config.vocab
+    names = sorted({graph._sender_read(s, z) for s in g.senders for z in (False, True)})
+    _, cc = m.run_with_cache(c, names=names)
+    _, xc = m.run_with_cache(x, names=names)
+    cc, xc = {n: np.asarray(v) for n, v in cc.items()}, {n: np.asarray(v) for n, v in xc.items()}
+    from_z = graph._sender_deltas(g, cc, xc, m)
+    from_out = graph._sender_deltas(g, cc, xc)
+    heads = [i for i, s in enumerate(g.senders) if s.startswith("L") and ".H" in s]
+    assert heads and np.abs(from_out[heads]).max() > 0
+    np.testing.assert_allclose(from_z, from_out, rtol=0, atol=2e-6 * np.abs(from_out).max())
