@@ -178,57 +178,7 @@ _DASHES = re.compile(r"^-{3,}$")
 # Public names of files that other people are editing now, whose docstrings do not pass the
 # style check yet: their problems are printed but do not fail --strict. Empty it as they are
 # fixed (an entry whose name has no problem left fails --strict: the list only shrinks).
-ALLOWED_UNTIL_FIXED: frozenset = frozenset(
-    {
-        "dclens.Explorer",
-        "dclens.Explorer.save",
-        "dclens.explorer.stored_step",
-        "dclens.graph.Circuit",
-        "dclens.graph.Circuit.plot",
-        "dclens.graph.Edge",
-        "dclens.graph.EdgeScores",
-        "dclens.graph.EdgeScores.circuit",
-        "dclens.graph.EdgeScores.to_pandas",
-        "dclens.graph.EdgeScores.top",
-        "dclens.graph.Graph",
-        "dclens.graph.Graph.index",
-        "dclens.graph.build",
-        "dclens.graph.faithfulness",
-        "dclens.graph.patch",
-        "dclens.graph.patch_each",
-        "dclens.graph.path_patch",
-        "dclens.graph.path_patch_sweep",
-        "dclens.interventions.lent_terms",
-        "dclens.interventions.mean_activation",
-        "dclens.patching.AblationResult",
-        "dclens.patching.AblationResult.effect",
-        "dclens.patching.AblationResult.plot",
-        "dclens.patching.PatchResult",
-        "dclens.patching.PatchResult.normalized",
-        "dclens.patching.PatchResult.plot",
-        "dclens.patching.ablation_sweep",
-        "dclens.patching.baseline_problem",
-        "dclens.patching.logit_diff",
-        "dclens.patching.logprob",
-        "dclens.patching.prob",
-        "dclens.patching.run_patched",
-        "dclens.patching.sweep",
-        "dclens.routing.Flow",
-        "dclens.routing.composition_map",
-        "dclens.routing.composition_maps",
-        "dclens.routing.dynamic_weights",
-        "dclens.routing.flow_branches",
-        "dclens.routing.flow_table",
-        "dclens.routing.flows",
-        "dclens.routing.gates",
-        "dclens.routing.gates_from_cache",
-        "dclens.routing.maps_from_weights",
-        "dclens.routing.routing_from_cache",
-        "dclens.routing.routing_matrices",
-        "dclens.routing.routing_matrix",
-        "dclens.routing.static_map",
-    }
-)
+ALLOWED_UNTIL_FIXED: frozenset = frozenset()
 
 
 def parse_sections(doc: str):

@@ -63,7 +63,27 @@ _PHASE_MAPS = {"pre": ("attn.scores", "attn.scores_composed"), "post": ("attn.pa
 
 
 class Explorer:
-    """A built explorer page: `html` (str), `save(path)`, shown inline in notebooks."""
+    """A built explorer page: `html` (str), `save(path)`, shown inline in notebooks.
+
+    Made by ``dclens.explore``; in a notebook it shows as an iframe holding
+    the page (its ids, styles and scripts apart from the notebook's).
+
+    Parameters
+    ----------
+    html : str
+        The self-contained page (data, script and styles inline).
+    model_name : str
+        The model's name, shown in ``repr``.
+    layers : list of int
+        The layers the page holds.
+    n_tokens : int
+        The prompt's tokens.
+
+    Attributes
+    ----------
+    html, model_name, layers, n_tokens
+        As given.
+    """
 
     def __init__(self, html: str, model_name: str, layers: list[int], n_tokens: int):
         self.html = html
@@ -83,7 +103,24 @@ class Explorer:
         )
 
     def save(self, path: str | os.PathLike) -> str:
-        """Write the page to path (str or os.PathLike); returns the path."""
+        """Write the page to a file (UTF-8), to open in any browser offline.
+
+        Parameters
+        ----------
+        path : str, bytes or os.PathLike
+            The file to write (replaced if it exists).
+
+        Returns
+        -------
+        str
+            The path written, as a string.
+
+        Raises
+        ------
+        dclens.Error
+            A path that is not one (not str, bytes or os.PathLike, or holding
+            a NUL), or a file that cannot be written (the OS's reason).
+        """
         c_path("save: path", path)  # a path, or an Error naming it
         path = show_path(path)
         try:
@@ -110,7 +147,24 @@ def stored_step(values: np.ndarray, visible: np.ndarray | None = None, bits: int
     ([N, T]); for any other array, per row of its last axis. The step is
     max/255 when the whole array is never negative (at its visible cells),
     max|x|/127 otherwise (with bits=16, the dynamic weights: 65535 and 32767); a
-    decoded value is within step/2 of the original."""
+    decoded value is within step/2 of the original.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        [N, T, S] an attention map (with ``visible``) or any array whose last
+        axis is a stored row.
+    visible : numpy.ndarray, optional
+        [T, S] bool: the cells the page stores (the causal / window mask).
+    bits : int, default 8
+        Bits per stored value (8: maps; 16: the dynamic weights).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, the values' shape without its last axis ([N, T] for a
+        map): each row's step.
+    """
     a = np.asarray(values, np.float64)
     if visible is not None:
         cells = a[:, visible]

@@ -59,7 +59,31 @@ SELF_BRANCHES = ("skip", "qg", "kg")
 
 @dataclasses.dataclass(frozen=True)
 class Edge:
-    """One edge: its name and where patching or attributing it reads and writes."""
+    """One edge: its name and where patching or attributing it reads and writes.
+
+    Attributes
+    ----------
+    name : str
+        "{sender}->{receiver}" (module docstring, docs/circuits.md).
+    kind : str
+        "resid" (through the residual stream) or "comp" (inside a layer,
+        through a compose branch).
+    sender : str
+        The sender node: "embed", "L{l}.H{h}" or "L{l}.mlp".
+    receiver : str
+        The receiver node ("L3.H2.q", "L3.dyn", "L3.mlp", "logits") or, for
+        "comp", "L{l}.H{n}.{phase}.{branch}".
+    layer : int
+        The receiver's layer (-1: the logits).
+    head : int
+        The receiver's head (-1: none).
+    src_head : int
+        "comp": the source head m whose phase input is lent (-1 otherwise).
+    phase : str
+        "comp": "pre" (scores) or "post" (weights); "" otherwise.
+    branch : str
+        "comp": "skip", "qp", "kp", "qg", "kg" or "static"; "" otherwise.
+    """
 
     name: str
     kind: str  # "resid" or "comp"
@@ -74,7 +98,26 @@ class Edge:
 
 @dataclasses.dataclass
 class Graph:
-    """Nodes and edges of a model (build): ``edges`` names, stable across runs."""
+    """Nodes and edges of a model (build): ``edges`` names, stable across runs.
+
+    Attributes
+    ----------
+    senders : list of str
+        "embed", then per layer its heads "L{l}.H{h}" and "L{l}.mlp", in
+        forward order.
+    receivers : list of str
+        Per layer its heads' "L{l}.H{h}.q" / ".k" / ".v", "L{l}.dyn" (DCMHA)
+        and "L{l}.mlp", then "logits".
+    edges : list of str
+        Every edge's name, residual and composition, in a fixed order (the
+        order of ``EdgeScores.scores``).
+    detail : dict of str to Edge
+        Each edge's parts by name.
+    n_layer : int
+        The model's layers.
+    n_head : int
+        Heads per layer.
+    """
 
     senders: list[str]
     receivers: list[str]
@@ -84,7 +127,23 @@ class Graph:
     n_head: int
 
     def index(self, names: Sequence[str]) -> list[int]:
-        """Positions of edge names in ``edges``; an unknown name is an Error with the closest names."""
+        """Positions of edge names in ``edges``.
+
+        Parameters
+        ----------
+        names : sequence of str
+            Edge names (``edges``' spelling).
+
+        Returns
+        -------
+        list of int
+            Each name's position in ``edges``, in the order given.
+
+        Raises
+        ------
+        dclens.UnknownNameError
+            A name that is not an edge of this graph (with the closest names).
+        """
         pos = {e: i for i, e in enumerate(self.edges)}
         out = []
         for n in names:
@@ -94,7 +153,7 @@ class Graph:
         return out
 
 
-@functools.lru_cache(maxsize=None)  # names of a few thousand edges, asked per edge per pass
+@functools.cache  # names of a few thousand edges, asked per edge per pass
 def _sender_hook(s: str) -> tuple[str, int]:
     """(hook name, head or -1) of a sender node."""
     if s == "embed":
@@ -105,7 +164,7 @@ def _sender_hook(s: str) -> tuple[str, int]:
     return hook_name(int(l), "attn.head_out"), int(rest[1:])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _receiver_hook(r: str, n_layer: int) -> tuple[str, int]:
     """(hook name, head or -1) where a residual edge into receiver r is patched."""
     if r == "logits":
@@ -120,7 +179,20 @@ def _receiver_hook(r: str, n_layer: int) -> tuple[str, int]:
 
 
 def build(model) -> Graph:
-    """The model's graph: senders, receivers and every edge (module docstring)."""
+    """The model's graph: senders, receivers and every edge (module docstring).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A loaded model (DCPythia, DCFormer++, Pythia and their variants):
+        Pythia's graph has residual edges only; DCMHA adds the composition
+        edges its compose maps have (pairs across compose groups left out).
+
+    Returns
+    -------
+    Graph
+        The nodes and edges, named as docs/circuits.md says.
+    """
     c, plan = model.config, model.plan
     L, N = c.n_layer, c.n_head
     senders, receivers, edges = ["embed"], [], []
@@ -221,7 +293,7 @@ def _sender_values(model, toks: np.ndarray, senders: Sequence[str]) -> dict[str,
     return {n: np.asarray(cache[n]) for n in names}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _phase_names(l: int, phase: str, branch: str) -> tuple[str, ...]:
     """The hooks a composition edge's term reads: the phase input and the dynamic weights it needs."""
     x = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
@@ -270,7 +342,39 @@ def _masked(model, l: int, a: np.ndarray) -> np.ndarray:
 def patch(model, clean, corrupted, metric: Callable, edges: Sequence[str], graph: Graph | None = None) -> float:
     """The metric (averaged over prompt pairs) of the clean run with exactly
     ``edges`` patched from the corrupted run (module docstring). ``edges=[]``
-    gives the clean metric, every edge the corrupted one."""
+    gives the clean metric, every edge the corrupted one.
+
+    Parameters
+    ----------
+    model : dclens.Model
+    clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
+        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
+        pair, either padding side); each pair one length, pairs of
+        different lengths right-padded (pad positions count nothing).
+    metric : callable or list of callable
+        A function of one pair's logits [T, V] (its real positions) to a
+        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
+        one per pair.
+    edges : list of str
+        The edges to patch (``Graph.edges`` names); the rest stay clean.
+    graph : Graph, optional
+        The model's graph (``build(model)`` when None: pass it to reuse it).
+
+    Returns
+    -------
+    float
+        The metric of the patched clean run, averaged over the pairs.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        ``edges`` not a list of names, or a metric list of the wrong length.
+    dclens.UnknownNameError
+        An edge name the graph does not have (with the closest names).
+    dclens.Error
+        Pairs whose clean and corrupted prompts differ in length, or a
+        metric that is NaN or inf.
+    """
     g = graph or build(model)
     es = _edges(g, edges)
     pr = prompt_pairs(model, clean, corrupted)
@@ -293,8 +397,42 @@ def _corrupted_values(model, es: list[Edge], xtoks: np.ndarray) -> dict[str, np.
 def patch_each(
     model, clean, corrupted, metric, edges: Sequence[str], graph: Graph | None = None, progress=None
 ) -> np.ndarray:
-    """[len(edges)] the metric (averaged over pairs) with each edge patched
-    alone: patch(..., [edge]) for every edge, the corrupted run read once."""
+    """The metric (averaged over pairs) with each edge patched alone:
+    ``patch(..., [edge])`` for every edge, the corrupted run read once.
+
+    Parameters
+    ----------
+    model : dclens.Model
+    clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
+        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
+        pair, either padding side); each pair one length, pairs of
+        different lengths right-padded (pad positions count nothing).
+    metric : callable or list of callable
+        A function of one pair's logits [T, V] (its real positions) to a
+        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
+        one per pair.
+    edges : list of str
+        The edges, each patched on its own (``Graph.edges`` names).
+    graph : Graph, optional
+        The model's graph (``build(model)`` when None: pass it to reuse it).
+    progress : bool, optional
+        None: a bar where someone watches, plain lines in a log; True: a
+        bar; False: nothing (``dclens.progress``).
+
+    Returns
+    -------
+    numpy.ndarray
+        [len(edges)] float64: the metric with that edge alone patched.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        ``edges`` not a list of names, or a metric list of the wrong length.
+    dclens.UnknownNameError
+        An edge name the graph does not have.
+    dclens.Error
+        Pairs of unequal lengths, or a metric that is NaN or inf.
+    """
     from . import progress as _progress
 
     g = graph or build(model)
@@ -366,7 +504,28 @@ def _patch_hooks(model, g: Graph, es: list[Edge], xtoks: np.ndarray, corr: dict[
 @dataclasses.dataclass
 class EdgeScores:
     """Scores aligned with ``graph.edges`` (attribute): the metric's estimated
-    change when that edge alone is patched from the corrupted run."""
+    change when that edge alone is patched from the corrupted run.
+
+    Attributes
+    ----------
+    graph : Graph
+        The graph the scores belong to.
+    scores : numpy.ndarray
+        [len(graph.edges)] float64, in the metric's units, averaged over
+        the prompt pairs.
+    method : str
+        "eap", "eap-ig" or "eap-ig-activations".
+    steps : int
+        The interpolation steps (1 for "eap").
+    per_position : numpy.ndarray or None
+        [len(graph.edges), T] (``positions=True``): by token position (a
+        composition edge by its query position); their sum over positions
+        is ``scores``.
+    per_role : numpy.ndarray or None
+        [len(graph.edges), len(roles)] (``roles=``): by role.
+    roles : tuple of str
+        The role names of ``per_role``'s columns.
+    """
 
     graph: Graph
     scores: np.ndarray  # [len(graph.edges)] float64
@@ -377,13 +536,41 @@ class EdgeScores:
     roles: tuple[str, ...] = ()
 
     def top(self, k: int = 20) -> list[tuple[str, float]]:
-        """The k edges of largest |score|, largest first."""
+        """The k edges of largest |score|, largest first.
+
+        Parameters
+        ----------
+        k : int, default 20
+            How many (>= 1; fewer when the graph has fewer edges).
+
+        Returns
+        -------
+        list of (str, float)
+            (edge name, score) pairs, ties in graph order.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            k not an integer >= 1.
+        """
         k = check_index("top: k", k, 1, 1 << 40)
         order = np.argsort(-np.abs(self.scores), kind="stable")[:k]
         return [(self.graph.edges[i], float(self.scores[i])) for i in order]
 
     def to_pandas(self):
-        """A pandas DataFrame (edge, kind, sender, receiver, score), if pandas is installed."""
+        """The scores as a table.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per edge in graph order: edge, kind, sender, receiver,
+            score.
+
+        Raises
+        ------
+        dclens.Error
+            pandas is not installed.
+        """
         try:
             import pandas as pd
         except ImportError:
@@ -400,13 +587,38 @@ class EdgeScores:
         )
 
     def circuit(self, top_n: int | None = None, threshold: float | None = None) -> Circuit:
-        """The edges of largest |score|: the top_n of them, or those with |score| >= threshold."""
+        """The edges of largest |score| as a circuit.
+
+        Parameters
+        ----------
+        top_n : int, optional
+            Keep the top_n edges by |score|.
+        threshold : float, optional
+            Keep the edges with |score| >= threshold (metric units, >= 0).
+            Give exactly one of top_n and threshold.
+
+        Returns
+        -------
+        Circuit
+            The kept edges with their scores.
+
+        Raises
+        ------
+        dclens.ArgumentError
+            Both or neither of top_n and threshold, top_n < 1, or a
+            threshold that is negative or not finite.
+        """
         if (top_n is None) == (threshold is None):
             raise ArgumentError("circuit: give top_n or threshold (one of them)")
         if top_n is not None:
             keep = [e for e, _ in self.top(top_n)]
         else:
-            if not isinstance(threshold, (int, float)) or not np.isfinite(threshold) or threshold < 0:
+            if (
+                isinstance(threshold, (bool, np.bool_))
+                or not isinstance(threshold, (int, float, np.integer, np.floating))
+                or not np.isfinite(threshold)
+                or threshold < 0
+            ):
                 raise ArgumentError("circuit: threshold must be a finite number >= 0, got %r" % (threshold,))
             keep = [e for e, s in zip(self.graph.edges, self.scores) if abs(s) >= threshold]
         sc = dict(zip(self.graph.edges, self.scores))
@@ -415,7 +627,18 @@ class EdgeScores:
 
 @dataclasses.dataclass(frozen=True)
 class Circuit:
-    """A set of edges of a graph."""
+    """A set of edges of a graph.
+
+    Attributes
+    ----------
+    graph : Graph
+        The graph the edges belong to.
+    edges : frozenset of str
+        The circuit's edges (``graph.edges`` names).
+    scores : dict of str to float, optional
+        Each edge's score when the circuit came from ``EdgeScores.circuit``
+        (None otherwise; not compared by ``==``).
+    """
 
     graph: Graph
     edges: frozenset
@@ -426,7 +649,19 @@ class Circuit:
         at the bottom, a row per layer (its heads and MLP), the logits at the
         top; residual edges as lines between rows, composition edges as arcs
         inside a row (orange: lending through qp / kp / static; grey: a head's
-        own branches); widths by |score|, colour by sign (blue +, red -)."""
+        own branches); widths by |score|, colour by sign (blue +, red -).
+
+        Parameters
+        ----------
+        title : str, optional
+            The figure's title (None: the number of edges, and of those the
+            composition edges).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            The picture (shown inline in a notebook).
+        """
         return _plot_circuit(self, title)
 
     def _repr_png_(self):
@@ -898,7 +1133,37 @@ def _comp_scores(model, g: Graph, cc, xc, grads, W: np.ndarray | None = None) ->
 
 def faithfulness(model, circuit: Circuit, clean, corrupted, metric: Callable) -> float:
     """The fraction of the clean - corrupted gap the circuit keeps: every edge
-    outside it patched from the corrupted run (1: all of it, 0: none)."""
+    outside it patched from the corrupted run (1: all of it, 0: none).
+
+    Parameters
+    ----------
+    model : dclens.Model
+    circuit : Circuit
+        The edges kept clean (``EdgeScores.circuit``).
+    clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
+        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
+        pair, either padding side); each pair one length, pairs of
+        different lengths right-padded (pad positions count nothing).
+    metric : callable or list of callable
+        A function of one pair's logits [T, V] (its real positions) to a
+        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
+        one per pair.
+
+    Returns
+    -------
+    float
+        (metric with the other edges patched - corrupted metric) / (clean
+        metric - corrupted metric): 1 keeps the whole gap; below 0 or above
+        1 when the outside edges overshoot.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        ``circuit`` not a Circuit, or a metric list of the wrong length.
+    dclens.Error
+        The clean and corrupted metrics are equal (no gap), pairs of unequal
+        lengths, or a metric that is NaN or inf.
+    """
     if not isinstance(circuit, Circuit):
         raise ArgumentError("circuit must be a dclens.graph.Circuit (EdgeScores.circuit), not %r" % (circuit,))
     g = circuit.graph
@@ -920,7 +1185,41 @@ def path_patch(
     only the named receivers (nodes: "L3.H2.q", "L2.dyn", "L4.mlp", "logits",
     or composition targets "L1.H4.post.kp" for a head of the sender's layer),
     every other path from it frozen at its clean value. The metric averaged
-    over prompt pairs."""
+    over prompt pairs.
+
+    Parameters
+    ----------
+    model : dclens.Model
+    clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
+        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
+        pair, either padding side); each pair one length, pairs of
+        different lengths right-padded (pad positions count nothing).
+    metric : callable or list of callable
+        A function of one pair's logits [T, V] (its real positions) to a
+        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
+        one per pair.
+    sender : str
+        A sender node ("embed", "L{l}.H{h}", "L{l}.mlp").
+    receivers : list of str
+        The nodes its corrupted output reaches (each downstream of it).
+    graph : Graph, optional
+        The model's graph (``build(model)`` when None: pass it to reuse it).
+
+    Returns
+    -------
+    float
+        The metric with the paths patched, averaged over the pairs.
+
+    Raises
+    ------
+    dclens.UnknownNameError
+        A sender the graph does not have, or a receiver not downstream of
+        the sender (with the receivers it has).
+    dclens.ArgumentError
+        ``receivers`` not a non-empty list.
+    dclens.Error
+        Pairs of unequal lengths, or a metric that is NaN or inf.
+    """
     g = graph or build(model)
     if sender not in g.senders:
         raise unknown_name("sender", sender, g.senders, "", "graph.build(model).senders")
@@ -947,10 +1246,47 @@ def path_patch_sweep(
     progress=None,
 ) -> dict[str, float]:
     """path_patch of every sender upstream of all the receivers (or of
-    ``senders``) into them: sender -> metric."""
+    ``senders``) into them.
+
+    Parameters
+    ----------
+    model : dclens.Model
+    clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
+        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
+        pair, either padding side); each pair one length, pairs of
+        different lengths right-padded (pad positions count nothing).
+    metric : callable or list of callable
+        A function of one pair's logits [T, V] (its real positions) to a
+        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
+        one per pair.
+    receivers : list of str
+        The receiver nodes every sender's corrupted output reaches.
+    senders : list of str, optional
+        The senders to sweep (None: every sender upstream of all the
+        receivers).
+    graph : Graph, optional
+        The model's graph (``build(model)`` when None: pass it to reuse it).
+    progress : bool, optional
+        A bar over the senders: None where someone watches (plain lines in a
+        log), True always, False never.
+
+    Returns
+    -------
+    dict of str to float
+        sender -> the metric with its paths into the receivers patched.
+
+    Raises
+    ------
+    dclens.UnknownNameError
+        A sender or receiver the graph does not have downstream of it.
+    dclens.ArgumentError
+        ``receivers`` not a non-empty list.
+    """
     from . import progress as _progress
 
     g = graph or build(model)
+    if isinstance(receivers, str) or not isinstance(receivers, (list, tuple)) or not receivers:
+        raise ArgumentError("receivers must be a non-empty list of receiver nodes, not %r" % (receivers,))
     if senders is None:
         senders = [s for s in g.senders if all("%s->%s" % (s, r) in g.detail for r in receivers)]
     out: dict[str, float] = {}

@@ -184,7 +184,35 @@ def ablate_head(
 
 
 def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") -> np.ndarray:
-    """Mean of a head's activation over positions (and batch): e.g. [Dh] for attn.z."""
+    """Mean of a head's activation over positions (and batch): e.g. [Dh] for attn.z.
+
+    Parameters
+    ----------
+    cache : dclens.Cache
+        A cache holding the hook (``run_with_cache``), of one prompt or a
+        batch.
+    layer : int
+        The layer (>= 0).
+    head : int
+        The head, 0 .. the hook's head count - 1.
+    point : str, default "attn.z"
+        A per-head hook point of the layer ("attn.z", "attn.q",
+        "attn.head_out", "attn.pattern", ...).
+
+    Returns
+    -------
+    numpy.ndarray
+        The head's activation averaged over every axis but the last: [Dh]
+        for attn.z, [D] for attn.head_out, [S] for a pattern's rows.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer or head out of range, or a point that is not a hook name
+        (dclens.ArgumentTypeError: not an integer, not a string).
+    dclens.Error
+        The cache does not hold that hook, or the point has no head axis.
+    """
     check_index("mean_activation: layer", layer, 0, 1 << 20)
     check_str("mean_activation: point", point)
     try:
@@ -553,10 +581,52 @@ def lent_terms(model: Model, layer: int, phase: str, branch: str, X: np.ndarray,
         qp: map[t][m, n] = sum_r qw1[t, r, m] qw2[t, r, n]   (per query t)
         kp: map[s][m, n] = sum_r kw1[s, r, m] kw2[s, r, n]   (per key s)
         static: map[m, n] = W[m, n]                          (fixed)
-    times the compose-group mask. These are routing.flows' terms."""
+    times the compose-group mask. These are routing.flows' terms.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A DCMHA model.
+    layer : int
+        The layer (its window masks the cells).
+    phase : {"pre", "post"}
+        Which compose the map belongs to.
+    branch : {"qp", "kp", "static"}
+        The lending branch ("static" only on a Talking-Heads model).
+    X : numpy.ndarray
+        [..., N, T, S] the phase input: raw scores (pre) or the softmax
+        pattern (post).
+    dyn : dict of str to numpy.ndarray
+        The layer's dynamic weights of that phase by short name ("qw1",
+        "qw2" [..., T, R, N]; "kw1", "kw2" [..., S, R, N]); unused for
+        "static".
+    source : int
+        The lending head m.
+
+    Returns
+    -------
+    numpy.ndarray
+        [..., N, T, S] float64: what each target head n receives from
+        ``source`` (0 for n = source and at masked cells).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A branch other than "qp", "kp", "static", or a source head out of
+        range.
+    dclens.Error
+        "static" on a model without the static branch.
+    """
     from . import routing
 
     N = model.config.n_head
+    if branch not in ("qp", "kp", "static"):
+        raise ArgumentError(
+            "lent_terms: branch must be 'qp', 'kp' or 'static' (the lending branches), not %r" % (branch,)
+        )
+    check_index("lent_terms: source", source, 0, N, " (the model has %d heads)" % N)
+    if branch == "static" and routing.static_map(model, layer, phase) is None:
+        raise Error("lent_terms: %s has no static (Talking-Heads) branch" % model.name)
     T, S = X.shape[-2:]
     visible = allowed(T, S, layer_window(model, layer))
     x = np.where(visible, X[..., source, :, :].astype(np.float64), 0.0)  # [..., T, S], masked cells 0

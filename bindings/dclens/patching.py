@@ -81,7 +81,29 @@ def _metric_row(logits: np.ndarray, pos, tokens) -> np.ndarray:
 
 
 def logit_diff(correct: int, wrong: int, pos: int = -1) -> Metric:
-    """logits[pos, correct] - logits[pos, wrong]."""
+    """logits[pos, correct] - logits[pos, wrong].
+
+    A metric for patching.sweep, ablation_sweep and dclens.graph; it carries its
+    gradient target (``metric.target``, ("logit_diff", pos, correct, wrong)), so
+    graph.attribute takes it too.
+
+    Parameters
+    ----------
+    correct : int
+        The token id of the right answer.
+    wrong : int
+        The token id of the wrong answer.
+    pos : int
+        The position read, in [-T, T) (default -1: the last).
+
+    Returns
+    -------
+    callable
+        metric(logits) -> float for one prompt's logits [T, V] (a float array). It raises
+        dclens.Error for logits of another shape or dtype, and dclens.ArgumentError for
+        a pos or token id out of range of them.
+        The logit difference, in logits.
+    """
 
     def metric(logits: np.ndarray) -> float:
         x = _metric_row(logits, pos, (("correct", correct), ("wrong", wrong)))
@@ -92,7 +114,26 @@ def logit_diff(correct: int, wrong: int, pos: int = -1) -> Metric:
 
 
 def prob(token: int, pos: int = -1) -> Metric:
-    """softmax(logits[pos])[token]."""
+    """softmax(logits[pos])[token].
+
+    A metric for patching.sweep and ablation_sweep (it has no gradient target:
+    graph.attribute takes logprob instead).
+
+    Parameters
+    ----------
+    token : int
+        The token id.
+    pos : int
+        The position read, in [-T, T) (default -1: the last).
+
+    Returns
+    -------
+    callable
+        metric(logits) -> float for one prompt's logits [T, V] (a float array). It raises
+        dclens.Error for logits of another shape or dtype, and dclens.ArgumentError for
+        a pos or token id out of range of them.
+        The probability, in [0, 1] (computed in float64).
+    """
 
     def metric(logits: np.ndarray) -> float:
         x = _metric_row(logits, pos, (("the", token),))
@@ -103,7 +144,26 @@ def prob(token: int, pos: int = -1) -> Metric:
 
 
 def logprob(token: int, pos: int = -1) -> Metric:
-    """log softmax(logits[pos])[token]."""
+    """log softmax(logits[pos])[token].
+
+    A metric for patching.sweep, ablation_sweep and dclens.graph (``metric.target``
+    is ("logprob", pos, token), the gradient target of graph.attribute).
+
+    Parameters
+    ----------
+    token : int
+        The token id.
+    pos : int
+        The position read, in [-T, T) (default -1: the last).
+
+    Returns
+    -------
+    callable
+        metric(logits) -> float for one prompt's logits [T, V] (a float array). It raises
+        dclens.Error for logits of another shape or dtype, and dclens.ArgumentError for
+        a pos or token id out of range of them.
+        The log-probability, in nats (<= 0, computed in float64).
+    """
 
     def metric(logits: np.ndarray) -> float:
         x = _metric_row(logits, pos, (("the", token),))
@@ -119,7 +179,36 @@ def logprob(token: int, pos: int = -1) -> Metric:
 
 @dataclasses.dataclass
 class PatchResult:
-    """values [axes...] of metric(patched run); clean / corrupted baselines."""
+    """values [axes...] of metric(patched run); clean / corrupted baselines.
+
+    What patching.sweep returns (shown as its plot in a notebook).
+
+    Attributes
+    ----------
+    values : numpy.ndarray
+        float64, one axis per name in `axes`: the metric with that cell patched, e.g.
+        [L, N] ("layer,head"), [L, T] ("layer,pos"), [L, N, T], [L, 2, 5]
+        ("layer,phase,branch", NaN where a branch does not exist) or [L, N, N]
+        ("composition"). Over a batch of prompt pairs, the mean over the pairs.
+    axes : tuple of str
+        The axes' names: "layer", "head", "pos" (or "role"), "phase", "branch",
+        "source head", "target head".
+    labels : tuple of list of str
+        Each axis' tick labels (layer numbers, "H3", positions or role names, ...).
+    clean : float
+        The metric of the clean prompt (the mean over pairs).
+    corrupted : float
+        The metric of the corrupted prompt (the mean over pairs).
+    what : str
+        What was patched, e.g. "layer,head (attn.z)".
+    baseline_note : str
+        Why clean and corrupted cannot anchor normalized() (baseline_problem), or "".
+    pos_tokens : tuple of (list of str, list of str) or None
+        The clean and corrupted tokens at the "pos" axis' positions; None without a
+        tokenizer, without a "pos" axis, with roles, or over a batch of prompt pairs.
+    pairs : int
+        How many prompt pairs are averaged (1: one pair).
+    """
 
     values: np.ndarray
     axes: tuple[str, ...]
@@ -134,7 +223,18 @@ class PatchResult:
 
     def normalized(self) -> np.ndarray:
         """(values - corrupted) / (clean - corrupted): 0 no effect, 1 full recovery
-        (meaningful only when clean is clearly above corrupted: see baseline_note)."""
+        (meaningful only when clean is clearly above corrupted: see baseline_note).
+
+        Returns
+        -------
+        numpy.ndarray
+            The shape of `values`, unitless.
+
+        Raises
+        ------
+        dclens.Error
+            The clean and corrupted metrics are exactly equal.
+        """
         d = self.clean - self.corrupted
         if d == 0:
             raise Error("normalized: the clean and corrupted metrics are equal (%g)" % self.clean)
@@ -142,7 +242,25 @@ class PatchResult:
 
     def plot(self, normalize: bool = False, title: str | None = None):
         """A matplotlib Figure (diverging colours centred on the corrupted
-        metric, or on 0 when normalized); 3-axis results get one panel per layer."""
+        metric, or on 0 when normalized); 3-axis results get one panel per layer.
+
+        Parameters
+        ----------
+        normalize : bool
+            Show normalized() (0: no effect, 1: full recovery) instead of the metric.
+        title : str or None
+            The title (None: what was patched, with the clean and corrupted metrics).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            As dclens.plots.plot_patching draws it.
+
+        Raises
+        ------
+        dclens.Error
+            normalize=True with equal clean and corrupted metrics (normalized()).
+        """
         from .plots import plot_patching
 
         return plot_patching(self, normalize=normalize, title=title)
@@ -240,7 +358,26 @@ def _baselines(model: Model, clean, corrupted, metric, names: Sequence[str]):
 
 def baseline_problem(clean: float, corrupted: float, min_gap: float = MIN_GAP) -> str:
     """What is wrong with a (clean, corrupted) pair of metrics as the ends of
-    normalized()'s 0..1 scale, or "" when nothing is."""
+    normalized()'s 0..1 scale, or "" when nothing is.
+
+    The check every sweep makes of its baselines (PatchResult.baseline_note).
+
+    Parameters
+    ----------
+    clean : float
+        The metric of the clean prompt.
+    corrupted : float
+        The metric of the corrupted prompt.
+    min_gap : float
+        The smallest |clean - corrupted| that counts, as a fraction of the larger of
+        |clean| and |corrupted| (default MIN_GAP, 0.05).
+
+    Returns
+    -------
+    str
+        A message when either metric is not finite, when they are within min_gap of
+        each other (or equal), or when corrupted is above clean; "" otherwise.
+    """
     if not (np.isfinite(clean) and np.isfinite(corrupted)):
         return "the clean (%r) or corrupted (%r) metric is not finite: normalized() is meaningless" % (clean, corrupted)
     scale = max(abs(clean), abs(corrupted))
@@ -311,7 +448,72 @@ def sweep(
     "list": (4, 9)} for every pair, or one dict per pair; a position, a
     (start, stop) span or a list of positions, negative from each pair's
     end): a "pos" cell then patches every position of its role at once and
-    the axis is labelled by the roles' names."""
+    the axis is labelled by the roles' names.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    clean : str or numpy.ndarray or list of str or tuple
+        The clean prompt: a string or [T] integer tokens; or a batch of prompt pairs
+        (a list of strings, [B, T] tokens or model.to_tokens' (tokens, lengths)).
+    corrupted : str or numpy.ndarray or list of str or tuple
+        The corrupted prompt(s), as `clean`; each pair of one length.
+    metric : callable or list of callable
+        A function of one prompt's [T, V] logits to a number (logit_diff, prob,
+        logprob, ...); over a batch, one for all pairs or a list of one per pair.
+    over : str
+        "layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch" or
+        "composition" (spaces ignored; module docstring).
+    hook : str or None
+        The per-layer hook suffix patched (default "attn.z" for the head sweeps, which
+        need a head-indexed hook, "resid_pre" for "layer,pos"); for "composition" the
+        phase, "pre" or "post" (default "post"). Not read by "layer,phase,branch".
+    layers : list of int or None
+        The layers, in [-L, L) (negative: from the end); None: all.
+    positions : list of int or None
+        The positions of a "pos" axis, in [-T, T); None: all. Not with roles.
+    queries : list of int or None
+        The query positions a "composition" cell patches, in [-T, T); None: all.
+    batch_size : int
+        Patched copies of the corrupted prompt per forward pass (>= 1).
+    progress : bool or None
+        A progress bar: None where someone watches (plain lines in a log), True,
+        False.
+    strict : bool
+        Raise, not warn, when the baselines cannot anchor normalized().
+    ray : str or dclens.distributed.Cluster or None
+        Run the batches of cells on Ray workers ("local:N", "auto", an address or a
+        Cluster); None: here.
+    roles : dict or list of dict or None
+        Position roles ({"subject": 3, "end": -1, "list": (4, 9)}, or one dict per pair):
+        a "pos" axis of one cell per role, labelled by the roles' names.
+
+    Returns
+    -------
+    PatchResult
+        values [L, N], [L, T] (or [L, R] by role), [L, N, T], [L, 2, 5] or [L, N, N]
+        for the layers asked (the order given), with the clean and corrupted metrics.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        An unknown `over`, a layer, position or query out of range, positions with roles,
+        prompts of different token lengths, a metric list of the wrong length, batch_size
+        below 1, or pairs of different lengths on a position axis without roles
+        (dclens.ArgumentTypeError: over not a string).
+    dclens.Error
+        A metric that is not callable, a prompt that is not a string or [T] integer
+        tokens, a hook without a head axis for a head sweep or one the model does not
+        have, "layer,phase,branch" or "composition" on a plain multi-head attention
+        model, a composition phase other than "pre" / "post", or, with strict=True,
+        baselines that baseline_problem refuses (before any cell runs).
+
+    Warns
+    -----
+    PatchingWarning
+        The baselines cannot anchor normalized() (strict=False).
+    """
     from . import interventions as iv
 
     if _is_pairs(clean) or _is_pairs(corrupted) or isinstance(metric, list):
@@ -469,6 +671,8 @@ def _sweep_pairs(
         metrics = [metric] * B
     has_pos = "pos" in over.replace(" ", "").split(",")
     groups = None
+    if roles is not None and positions is not None:  # before any pass
+        raise ArgumentError("sweep: give positions= or roles=, not both")
     if roles is not None:
         names, W = role_weights(roles, pr.lengths, T)
         groups = [(names, [list(np.nonzero(W[b, :, r])[0]) for r in range(len(names))]) for b in range(B)]
@@ -594,7 +798,34 @@ def _sweep_composition(
 
 def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], return_cache: bool = False):
     """Logits of a run of `tokens` with every activation in `names` replaced,
-    whole, by its value in `source` (another run's cache)."""
+    whole, by its value in `source` (another run's cache).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    tokens : str or numpy.ndarray
+        The run's tokens, of the shape the source run had (as for run_with_hooks).
+    source : dclens.Cache
+        Another run's cache holding every name in `names`.
+    names : list of str
+        Hook names (either spelling) to replace whole.
+    return_cache : bool
+        Also return the cache of every hook of the patched run.
+
+    Returns
+    -------
+    numpy.ndarray or tuple
+        The logits [T, V] ([B, T, V] for a batch); with return_cache, (logits, cache).
+
+    Raises
+    ------
+    dclens.Error
+        names not a list or tuple, a source cache without one of the names, or an
+        activation whose shape is not the source's (raised from the pass).
+    dclens.UnknownNameError
+        A name that is no hook of the model.
+    """
     from .names import canonical
 
     if isinstance(names, str) or not isinstance(names, (list, tuple)):
@@ -626,7 +857,27 @@ def run_patched(model: Model, tokens, source: Cache, names: Sequence[str], retur
 class AblationResult:
     """values [axes...] of metric(ablated run), one cell ablated at a time;
     baseline: the metric of the run with nothing ablated (hooks in force
-    apply to both)."""
+    apply to both).
+
+    What patching.ablation_sweep returns (shown as its plot in a notebook).
+
+    Attributes
+    ----------
+    values : numpy.ndarray
+        float64: [L, N] ("layer,head", "source") or [L, N, N] ("composition"), the
+        metric with that cell ablated.
+    axes : tuple of str
+        The axes' names: ("layer", "head"), ("layer", "source head") or ("layer",
+        "source head", "target head").
+    labels : tuple of list of str
+        Each axis' tick labels.
+    baseline : float
+        The metric of the prompt with nothing ablated.
+    what : str
+        What was ablated, e.g. "layer,head (attn.z)".
+    mode : str
+        "zero" or "mean".
+    """
 
     values: np.ndarray
     axes: tuple[str, ...]
@@ -636,11 +887,28 @@ class AblationResult:
     mode: str  # "zero" or "mean"
 
     def effect(self) -> np.ndarray:
-        """values - baseline: what ablating each cell changes (negative: the cell helped)."""
+        """values - baseline: what ablating each cell changes (negative: the cell helped).
+
+        Returns
+        -------
+        numpy.ndarray
+            The shape of `values`, in the metric's units.
+        """
         return self.values - self.baseline
 
     def plot(self, title: str | None = None):
-        """A matplotlib Figure, diverging colours centred on the baseline."""
+        """A matplotlib Figure, diverging colours centred on the baseline.
+
+        Parameters
+        ----------
+        title : str or None
+            The title (None: the mode, what was ablated and the baseline).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            As dclens.plots.plot_patching draws it; 3-axis results one panel per layer.
+        """
         from .plots import plot_patching
 
         as_patch = PatchResult(self.values, self.axes, self.labels, self.baseline, self.baseline, self.what)
@@ -687,7 +955,59 @@ def ablation_sweep(
       becomes X[m] mean(C[m, n]) (mean over the reference prompts).
     For "source" and "composition", reference prompts must have the
     prompt's length (the means are per query/key cell). The hooks in force
-    (add_hook, `with model.hooks`) apply to every run, the baseline too."""
+    (add_hook, `with model.hooks`) apply to every run, the baseline too.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model ("source" and "composition" need DCMHA).
+    tokens : str or numpy.ndarray
+        One prompt: a string or [T] integer tokens.
+    metric : callable
+        A function of the [T, V] logits to a number (logit_diff, prob, logprob, ...).
+    over : {"layer,head", "source", "composition"}
+        What one cell ablates (spaces ignored).
+    mode : {"zero", "mean"}
+        Ablate to zero, or to the mean over the reference prompts.
+    reference : str or list of str or numpy.ndarray or None
+        With mode="mean" (and only then): the prompts averaged over, a string, a list of
+        strings of one token length or [B, T'] integer tokens; for "source" and
+        "composition" of the prompt's length T.
+    layers : list of int or None
+        The layers, in [-L, L) (negative: from the end); None: all.
+    phase : str
+        "source": "pre", "post" or "both"; "composition": "pre" or "post". Not read by
+        "layer,head".
+    branches : sequence of str
+        "source": the branches whose lending is blocked, of "qp", "kp" and "static"
+        (block_lending).
+    hook : str or None
+        "layer,head": the head-indexed hook suffix ablated (default "attn.z").
+    batch_size : int
+        Ablated copies of the prompt per forward pass (>= 1).
+    progress : bool or None
+        A progress bar: None where someone watches (plain lines in a log), True,
+        False.
+    ray : str or dclens.distributed.Cluster or None
+        Run the batches of cells on Ray workers, as patching.sweep.
+
+    Returns
+    -------
+    AblationResult
+        values [L, N] ("layer,head", "source") or [L, N, N] ("composition") for the
+        layers asked, with the baseline.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        An unknown over, mode or phase, a metric that is not callable, reference without
+        mode="mean" (or mode="mean" without it), reference prompts of different or wrong
+        lengths or not token ids, a layer out of range, or batch_size below 1.
+    dclens.Error
+        A prompt that is not a string or [T] integer tokens, "source" or "composition" on
+        a plain multi-head attention model, a hook without a head axis, or what
+        block_lending refuses.
+    """
     from . import interventions as iv
     from . import routing
 

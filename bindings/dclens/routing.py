@@ -96,7 +96,37 @@ def _check(
 
 def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> dict[str, np.ndarray]:
     """The dynamic weights of one layer and phase: qw1, qw2 [T, R, N] (qw1
-    normalised), qdd [T, N], and (unless query_wise) kw1, kw2 [S, R, N], kdd [S, N]."""
+    normalised), qdd [T, N], and (unless query_wise) kw1, kw2 [S, R, N], kdd [S, N].
+
+    One pass of `tokens` that captures the layer's ``attn.dyn.{phase}.*`` hooks
+    (hooks.md); a key-wise model has no query-side weights.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A DCMHA model.
+    tokens : str or numpy.ndarray
+        One prompt: a string (model.to_tokens) or [T] integer token ids.
+    layer : int
+        The layer, in [0, L).
+    phase : {"pre", "post"}
+        Pre-compose (of the raw scores) or post-compose (of the softmax pattern).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        By short name: "qw1", "qw2" [T, R, N] (qw1 after its RMS norm) and "qdd" [T, N]
+        unless the model is key_wise; "kw1", "kw2" [S, R, N] and "kdd" [S, N] (S = T)
+        unless it is query_wise. The engine's float32 arrays.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        tokens that are not one sequence (not 1-D), a phase other than "pre" / "post",
+        or a layer out of range (dclens.ArgumentTypeError: not an integer).
+    dclens.Error
+        A model without dynamic composition (plain multi-head attention).
+    """
     toks = _check(model, tokens, layer, phase)
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic composition (plain multi-head attention)" % model.name)
@@ -107,10 +137,35 @@ def dynamic_weights(model: Model, tokens, layer: int, phase: str) -> dict[str, n
 
 def static_map(model: Model, layer: int, phase: str) -> np.ndarray | None:
     """The static (Talking-Heads) term W [N, N] of a layer and phase (block-diagonal
-    with compose_groups), or None when the model has no static branch."""
+    with compose_groups), or None when the model has no static branch.
+
+    Read from the weights (``layers.{l}.attention.dyn_w_proj.{phase}_proj.w``): no pass.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    layer : int
+        The layer, in [0, L).
+    phase : {"pre", "post"}
+        The compose phase.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        W [N, N] float64, W[m, n] the weight of source head m in target head n (zero
+        between compose groups); None when the model has no static branch (use_sw False:
+        no published or bundled model has it).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer out of range (dclens.ArgumentTypeError: not an integer), or a
+        phase other than "pre" / "post".
+    """
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     if not is_choice(phase, PHASES):
-        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+        raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     if not model.config.use_sw:
         return None
     w = model.weight("layers.%d.attention.dyn_w_proj.%s_proj.w" % (layer, phase))  # [G, Mg, Mg]
@@ -130,7 +185,41 @@ def maps_from_weights(
 ) -> np.ndarray:
     """C[t=query, s] for the given keys (default: all), [len(keys), N, N]. With
     `groups` G the dynamic projections mix heads only within each of G blocks;
-    `static` [N, N] is the fixed Talking-Heads term (use_sw)."""
+    `static` [N, N] is the fixed Talking-Heads term (use_sw).
+
+    C[t, s] = I + (qw1[t]^T qw2[t]) * block + diag(qdd[t]) + (kw1[s]^T kw2[s]) * block
+    + diag(kdd[s]) (+ static), each side's terms only where `dyn` holds them (module
+    docstring); no pass.
+
+    Parameters
+    ----------
+    dyn : dict of str to numpy.ndarray
+        One sequence's dynamic weights of one layer and phase, by short name, as
+        dynamic_weights returns them: qw1, qw2 [T, R, N], qdd [T, N] and / or kw1, kw2
+        [S, R, N], kdd [S, N] (no batch axis).
+    query : int
+        The query position t, in [-S, S) (negative: from the end).
+    keys : list of int or None
+        The key positions s (negative: from the end); None: every position, masked
+        pairs included.
+    groups : int
+        The compose groups G, in [1, N], a divisor of N (model.config.compose_groups).
+    static : numpy.ndarray or None
+        The static term W [N, N] (static_map), or None.
+
+    Returns
+    -------
+    numpy.ndarray
+        [len(keys), N, N] float64: out[i][n, m], the weight of source head n in target
+        head m at (query, keys[i]).
+
+    Raises
+    ------
+    dclens.Error
+        dyn not a dict holding qdd or kdd, a query or key out of range, keys not a list of
+        integers, groups out of [1, N] or not dividing N, or static not a [N, N] array
+        of numbers (dclens.ArgumentError / ArgumentTypeError for the ranges and types).
+    """
     if not isinstance(dyn, dict) or not ("qdd" in dyn or "kdd" in dyn):
         raise Error(
             "maps_from_weights: dyn must be the dict dynamic_weights returns (qw1, qw2, qdd, ...), not %s"
@@ -164,7 +253,40 @@ def maps_from_weights(
 
 
 def composition_map(model: Model, tokens, layer: int, phase: str, query: int, key: int) -> np.ndarray:
-    """The N x N map C[query, key] of a layer and phase (identity for Pythia)."""
+    """The N x N map C[query, key] of a layer and phase (identity for Pythia).
+
+    One pass of `tokens` (dynamic_weights) for a DCMHA model; composition_maps reads
+    the same maps from a cache without one. A masked pair (a key after the query, or
+    outside a local layer's window) warns with MaskedPairWarning: its map is defined
+    but the model never uses it.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    tokens : str or numpy.ndarray
+        One prompt: a string or [T] integer token ids.
+    layer : int
+        The layer, in [0, L).
+    phase : {"pre", "post"}
+        The compose phase.
+    query : int
+        The query position t, in [-T, T) (negative: from the end).
+    key : int
+        The key position s, in [-T, T).
+
+    Returns
+    -------
+    numpy.ndarray
+        C[t, s] [N, N] float64, C[n, m] the weight of source head n in target head m;
+        the identity for plain multi-head attention.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        tokens not 1-D, a phase other than "pre" / "post", or a layer, query or key out of
+        range (dclens.ArgumentTypeError: not an integer).
+    """
     toks = _check(model, tokens, layer, phase, query, key)
     T = toks.shape[0]
     query, key = _pos(query, T, "query"), _pos(key, T, "key")
@@ -186,7 +308,36 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     R[n, m] = sum over visible keys s of X[n, t, s] * C[t, s][n, m], where X is
     the phase's input: the raw scores (pre) or the softmax pattern (post). So
     R[n, m] is how much of source head n's attention (at query t) lands in
-    target head m; sum_n R[n, m] = sum_s composed[m, t, s]."""
+    target head m; sum_n R[n, m] = sum_s composed[m, t, s].
+
+    One pass of `tokens`; routing_matrices gives every query of every layer from a
+    cache. The pre phase weights by signed logits, so its R can cancel.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    tokens : str or numpy.ndarray
+        One prompt: a string or [T] integer token ids.
+    layer : int
+        The layer, in [0, L).
+    phase : {"pre", "post"}
+        "pre": X is the raw scores (q.k / sqrt(Dh)); "post": the softmax pattern.
+    query : int
+        The query position t, in [-T, T) (negative: from the end).
+
+    Returns
+    -------
+    numpy.ndarray
+        R [N, N] float64; for plain multi-head attention the diagonal matrix of
+        sum_s X[n, t, s].
+
+    Raises
+    ------
+    dclens.ArgumentError
+        tokens not 1-D, a phase other than "pre" / "post", or a layer or query out of
+        range (dclens.ArgumentTypeError: not an integer).
+    """
     toks = _check(model, tokens, layer, phase, query)
     query = _pos(query, toks.shape[0], "query")
     src = hook_name(layer, "attn.%s" % ("scores" if phase == "pre" else "pattern"))
@@ -207,7 +358,33 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
 
 def gates(model: Model, tokens, layer: int) -> dict[str, np.ndarray]:
     """The dynamic gates of a layer: {'pre.qdd': [T, N], 'pre.kdd', 'post.qdd', 'post.kdd'}
-    (how much each head keeps of its own score/weight, per token)."""
+    (how much each head keeps of its own score/weight, per token).
+
+    One pass of `tokens`; gates_from_cache reads them from a cache.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A DCMHA model.
+    tokens : str or numpy.ndarray
+        One prompt: a string or [T] integer token ids.
+    layer : int
+        The layer, in [0, L).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        "{phase}.{side}" -> [T, N] float32 gates (tanh), for both phases and the sides
+        the model has: qdd and kdd, qdd alone (query_wise) or kdd alone (key_wise).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        tokens not 1-D, or a layer out of range (dclens.ArgumentTypeError: not an
+        integer).
+    dclens.Error
+        A model without dynamic composition (plain multi-head attention).
+    """
     toks = _check(model, tokens, layer, "pre")
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
@@ -228,7 +405,41 @@ def routing_from_cache(
     static: np.ndarray | None = None,
 ) -> np.ndarray:
     """C[query, key] from a cache that holds the layer's dyn.* activations
-    (negative positions count from the end; groups / static as in maps_from_weights)."""
+    (negative positions count from the end; groups / static as in maps_from_weights).
+
+    No pass, and no warning for a masked pair (composition_map warns).
+
+    Parameters
+    ----------
+    cache : dclens.Cache
+        A cache of one sequence (no batch axis) holding ``blocks.{layer}.attn.dyn.{phase}.*``
+        (qdd or kdd at least, with the w1 / w2 weights of the sides the model has).
+    layer : int
+        The layer.
+    phase : {"pre", "post"}
+        The compose phase.
+    query : int
+        The query position t, in [-T, T).
+    key : int
+        The key position s, in [-T, T).
+    n_head : int
+        The number of heads N (not read: N comes from the cached gates).
+    groups : int
+        The compose groups G (model.config.compose_groups).
+    static : numpy.ndarray or None
+        The static term W [N, N] (static_map), or None.
+
+    Returns
+    -------
+    numpy.ndarray
+        C[t, s] [N, N] float64.
+
+    Raises
+    ------
+    dclens.Error
+        A cache without the layer's qdd and kdd for the phase, or what maps_from_weights
+        refuses (a query or key out of range, bad groups or static).
+    """
     p = hook_name(layer, "attn.dyn.%s." % phase)
     if p + "qdd" not in cache and p + "kdd" not in cache:
         raise Error("cache has no %sqdd or %skdd (capture the dyn hooks of layer %d)" % (p, p, layer))
@@ -263,7 +474,45 @@ def _group_block(model: Model) -> np.ndarray:
 def composition_maps(model: Model, cache: Cache, layer: int, phase: str, query=None, key=None) -> np.ndarray:
     """Composition maps C[t, s] from a cache, no pass: [T, S, N, N] for every
     pair, [S, N, N] for one query, [T, N, N] for one key, [N, N] for both.
-    Masked pairs are included (they are defined); a single masked pair warns."""
+    Masked pairs are included (they are defined); a single masked pair warns.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model the cache is of.
+    cache : dclens.Cache
+        From run_with_cache of one sequence: the layer's attn.pattern or attn.scores (or
+        dyn gates) for T, and, for a DCMHA model, its ``attn.dyn.{phase}.*`` hooks.
+    layer : int
+        The layer, in [-L, L) (negative: from the end).
+    phase : {"pre", "post"}
+        The compose phase.
+    query : int or None
+        One query position, in [-T, T); None: every query.
+    key : int or None
+        One key position, in [-T, T); None: every key.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 maps, C[..., n, m] the weight of source head n in target head m, of shape
+        [T, S, N, N], [S, N, N] (query given), [T, N, N] (key given) or [N, N] (both);
+        identities for plain multi-head attention.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer, query or key out of range (dclens.ArgumentTypeError: not an integer),
+        or, for a DCMHA model, a phase other than "pre" / "post".
+    dclens.Error
+        A cache without the layer's attention or (DCMHA) its dyn hooks, or dyn hooks of
+        a batch.
+
+    Warns
+    -----
+    MaskedPairWarning
+        Both query and key given and the pair is masked.
+    """
     N, L = model.config.n_head, model.config.n_layer
     layer = check_index("composition_maps: layer", layer, -L, L, " (model has %d layers)" % L) % L
     T = _cache_T(model, cache, layer)
@@ -324,7 +573,36 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
 
     with X the pattern (post) or the raw scores, signed logits (pre).
     Equals routing_matrix(model, tokens, l, phase, t) without its pass.
-    Needs blocks.{l}.attn.{pattern|scores} and the layer's dyn.* hooks."""
+    Needs blocks.{l}.attn.{pattern|scores} and the layer's dyn.* hooks.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model the cache is of.
+    cache : dclens.Cache
+        From run_with_cache of one sequence (no batch axis).
+    phase : {"pre", "post"}
+        "pre": X is the raw scores; "post": the softmax pattern.
+    layers : list of int or None
+        The layers, in [-L, L) (negative: from the end); None: every layer.
+    queries : list of int or None
+        The query positions, in [-T, T); None: every position.
+
+    Returns
+    -------
+    numpy.ndarray
+        [len(layers), len(queries), N, N] float64 (len(queries) = T by default), in
+        the order given; for plain multi-head attention each R is diagonal.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A phase other than "pre" / "post", or a layer or query out of range
+        (dclens.ArgumentTypeError: not an integer).
+    dclens.Error
+        layers or queries not a list of integers, a cache without the phase input or the
+        dyn hooks of a layer, or a cache of a batch.
+    """
     if not is_choice(phase, PHASES):
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
@@ -369,7 +647,30 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
 
 
 def gates_from_cache(model: Model, cache: Cache, layer: int) -> dict[str, np.ndarray]:
-    """gates() from a cache: {'pre.qdd': [T, N], ...}."""
+    """gates() from a cache: {'pre.qdd': [T, N], ...}.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        A DCMHA model, the one the cache is of.
+    cache : dclens.Cache
+        Holding ``blocks.{layer}.attn.dyn.{pre,post}.{qdd,kdd}`` (the sides the model has).
+    layer : int
+        The layer, in [0, L).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        As gates(): "{phase}.{side}" -> the cached gates, [T, N] for one sequence
+        (a batched cache's [B, T, N] as they are).
+
+    Raises
+    ------
+    dclens.ArgumentError
+        A layer out of range (dclens.ArgumentTypeError: not an integer).
+    dclens.Error
+        A model without dynamic composition, or a cache without one of the gates.
+    """
     check_index("layer", layer, 0, model.config.n_layer, " (model has %d layers)" % model.config.n_layer)
     if not model.config.use_dcmha:
         raise Error("%s has no dynamic gates (plain multi-head attention)" % model.name)
@@ -389,7 +690,18 @@ def gates_from_cache(model: Model, cache: Cache, layer: int) -> dict[str, np.nda
 
 def flow_branches(model: Model) -> tuple:
     """The branch axis of flows(): BRANCHES, plus "static" for a model with the
-    Talking-Heads branch (use_sw; no published or bundled model has it)."""
+    Talking-Heads branch (use_sw; no published or bundled model has it).
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+
+    Returns
+    -------
+    tuple of str
+        ("skip", "qp", "kp", "qg", "kg"), with "static" last when the model has use_sw.
+    """
     return BRANCHES + (("static",) if model.config.use_sw else ())
 
 
@@ -440,9 +752,43 @@ def flows(
 
     layer, head and query may be negative (from the end). cache= (from
     run_with_cache, one sequence) holding the layer's scores or pattern and its
-    dyn.* hooks avoids a pass; tokens may then be None."""
+    dyn.* hooks avoids a pass; tokens may then be None.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    tokens : str or numpy.ndarray or None
+        One prompt: a string or [T] integer token ids; None with cache= (when given with
+        it, its length is checked against the cache).
+    layer : int
+        The layer, in [-L, L).
+    phase : {"pre", "post"}
+        The compose phase.
+    head : int
+        The target head, in [-N, N).
+    query : int
+        The query position t, in [-T, T).
+    cache : dclens.Cache or None
+        A cache of one sequence holding the layer's phase input and dyn.* hooks; None:
+        one pass of `tokens`.
+
+    Returns
+    -------
+    numpy.ndarray
+        F [N (source head), len(flow_branches(model)), T (key)] float64.
+
+    Raises
+    ------
+    dclens.Error
+        Neither tokens nor cache, a cache without the hooks it needs, of a batch or of
+        another length than tokens.
+    dclens.ArgumentError
+        A phase other than "pre" / "post", a layer, head or query out of range
+        (dclens.ArgumentTypeError: not an integer), or tokens not 1-D.
+    """
     if phase not in PHASES:
-        raise Error("phase must be 'pre' or 'post', not %r" % (phase,))
+        raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
     layer = check_index("layer", layer, -L, L, " (model has %d layers)" % L) % L
     head = check_index("head", head, -N, N, " (model has %d heads)" % N) % N
@@ -474,7 +820,25 @@ def flows(
 
 
 class Flow(NamedTuple):
-    """One entry of a flow_table: source head, branch and key, what it lends."""
+    """One entry of a flow_table: source head, branch and key, what it lends.
+
+    Attributes
+    ----------
+    source : int
+        The source head n.
+    branch : str
+        The branch, one of flow_branches(model).
+    key : int
+        The key position s.
+    token : str
+        The key's token (its position as text when the model has no tokenizer or
+        flow_table was given no tokens).
+    value : float
+        F[source, branch, key]: what the source lends the target entry (signed).
+    share : float
+        value / the sum of |value| over every flow into the entry at the visible keys:
+        signed (NaN when that sum is 0).
+    """
 
     source: int
     branch: str
@@ -552,7 +916,46 @@ def flow_table(
     (logits, either sign) and in both phases the composition maps can be
     negative, so a share of the signed sum would be meaningless where terms
     cancel. The title gives the signed sum of the composed entries over the
-    visible keys (FlowTable.total), S (abs_total) and the visible key count."""
+    visible keys (FlowTable.total), S (abs_total) and the visible key count.
+
+    Parameters
+    ----------
+    model : dclens.Model
+        The model.
+    tokens : str or numpy.ndarray or None
+        One prompt: a string or [T] integer token ids (the keys' tokens); None with
+        cache= or F= (keys then shown by position).
+    layer : int
+        The layer, in [-L, L).
+    phase : {"pre", "post"}
+        The compose phase.
+    head : int
+        The target head, in [-N, N).
+    query : int
+        The query position t, in [-T, T).
+    k : int
+        How many flows to list (>= 1).
+    cache : dclens.Cache or None
+        As for flows: a cache that spares the pass (not read when F is given).
+    F : numpy.ndarray or None
+        The [N, len(flow_branches(model)), T] array flows() returned for this layer,
+        phase, head and query; None: flows() is computed.
+
+    Returns
+    -------
+    FlowTable
+        A list of at most k Flow, largest |value| first, with ``title``, ``total``,
+        ``abs_total`` and ``visible_keys``.
+
+    Raises
+    ------
+    dclens.ArgumentError
+        k below 1, a phase other than "pre" / "post", a layer, head or query out of
+        range (dclens.ArgumentTypeError: not an integer), an F that is not such an
+        array, or tokens of another length than F.
+    dclens.Error
+        What flows refuses (no tokens and no cache, a cache without the hooks).
+    """
     k = check_index("k", k, 1, 1 << 30)
     if not is_choice(phase, PHASES):
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))

@@ -522,8 +522,8 @@ dcs_status dcs_tape_backward_params(dcs_tape *tp, const float *dlogits, const dc
  * embedding's gradient in the stage that reaches layer 0). The gradients
  * equal those of one dcs_tape_backward (the same bits); no parameter
  * gradients. Every request must be of a layer this stage runs. */
-dcs_status dcs_tape_backward_stage(dcs_tape *tp, const float *dlogits, int resume, int stop, const dcs_hook_grad *g,
-                                   int n_g);
+dcs_status dcs_tape_backward_stage(dcs_tape *tp, const float *dlogits, int resume, int stop,
+                                   const dcs_hook_grad *g, int n_g);
 
 /* Parameters: every weight by canonical name, in one flat layout. */
 int dcs_param_count(const dcs_model *m);

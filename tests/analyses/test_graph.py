@@ -218,6 +218,9 @@ def test_bad_input(tiny_factory):
         (lambda: graph.attribute(m, c, x, _metric), "target tuple"),
         (lambda: graph.EdgeScores(g, np.zeros(len(g.edges)), "eap", 1).circuit(), "top_n or threshold"),
         (lambda: graph.faithfulness(m, ["embed->L0.H0.q"], c, x, _metric), "Circuit"),
+        (lambda: graph.path_patch_sweep(m, c, x, _metric, "logits", graph=g), "receivers must be a non-empty list"),
+        (lambda: graph.path_patch_sweep(m, c, x, _metric, [], graph=g), "receivers must be a non-empty list"),
+        (lambda: graph.EdgeScores(g, np.zeros(len(g.edges)), "eap", 1).circuit(threshold=True), "threshold"),
     ]
     for call, said in cases:
         with pytest.raises(dclens.Error, match=said):
@@ -450,3 +453,25 @@ def test_heads_differences_from_z_are_head_outs(tiny_factory, kw):
     heads = [i for i, s in enumerate(g.senders) if s.startswith("L") and ".H" in s]
     assert heads and np.abs(from_out[heads]).max() > 0
     np.testing.assert_allclose(from_z, from_out, rtol=0, atol=2e-6 * np.abs(from_out).max())
+
+
+def test_a_circuit_threshold_may_be_a_numpy_number(tiny_factory):
+    m, _, _ = _load(tiny_factory, DCP)
+    g = graph.build(m)
+    sc = graph.EdgeScores(g, np.linspace(0, 1, len(g.edges)), "eap", 1)
+    assert sc.circuit(threshold=np.float32(0.5)).edges == sc.circuit(threshold=0.5).edges
+
+
+def test_lent_terms_refuses_what_it_cannot_compute(tiny_factory):
+    from dclens import interventions as iv
+
+    m, _, _ = _load(tiny_factory, DCP)  # no static branch
+    c, _ = _prompts(m, B=1)
+    _, cache = m.run_with_cache(c[0], names=["blocks.1.attn.pattern"])
+    X = np.asarray(cache["blocks.1.attn.pattern"])
+    with pytest.raises(dclens.ArgumentError, match="branch must be 'qp', 'kp' or 'static'"):
+        iv.lent_terms(m, 1, "post", "skip", X, {}, 0)
+    with pytest.raises(dclens.ArgumentError, match="source"):
+        iv.lent_terms(m, 1, "post", "qp", X, {}, m.config.n_head)
+    with pytest.raises(dclens.Error, match="no static"):
+        iv.lent_terms(m, 1, "post", "static", X, {}, 0)

@@ -212,6 +212,8 @@ def test_sweep_over_pairs_of_different_lengths_by_role(tiny_factory):
     np.testing.assert_allclose(r.values, np.mean(per, 0), rtol=1e-6, atol=1e-6)
     with pytest.raises(dclens.Error, match="name the positions by role"):
         patching.sweep(model, pad([c8, c6]), pad([x8, x6]), met, over="layer,pos", progress=False)
+    with pytest.raises(dclens.ArgumentError, match="positions= or roles=, not both"):
+        patching.sweep(model, pad([c8, c6]), pad([x8, x6]), met, over="layer,pos", positions=[0], roles=roles)
     with pytest.raises(dclens.Error, match="a list of 1 for 2 prompt pairs"):
         patching.sweep(model, pad([c8, c6]), pad([x8, x6]), [met], over="layer,head", progress=False)
     with pytest.raises(dclens.Error, match="positions= or roles="):

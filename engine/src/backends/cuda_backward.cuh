@@ -266,7 +266,7 @@ static void cu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, co
 }
 
 static void cu_norm_bw_fanout(dcs_backend *be, float *dx, const float *dy, const float *x, const float *w,
-                             int M, int G, int D, float eps, int rms) {
+                              int M, int G, int D, float eps, int rms) {
     if (M <= 0 || G <= 0 || D <= 0) return;
     cuda_ctx *c = enter(be);
     const size_t rows = (size_t)M * G;

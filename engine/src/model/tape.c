@@ -228,21 +228,23 @@ static dcs_status backward(dcs_tape *tp, const float *dlogits, float *param_grad
     if (!tp->have_forward) return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward before forward");
     if (sg) { /* a stage: where it runs, and every request inside it */
         if (sg->resume && tp->bw_next < 0)
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward stage: nothing to resume (no earlier stage "
-                                                    "since the forward, or it reached the lowest layer)");
+            return dcs_seterr(&m->err, DCS_ERR_ARG,
+                              "tape: backward stage: nothing to resume (no earlier stage "
+                              "since the forward, or it reached the lowest layer)");
         if (sg->resume && dlogits)
             return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward stage: dlogits given to a resumed stage");
         const int top = sg->top = sg->resume ? tp->bw_next : L - 1;
         if (sg->stop < tp->first || sg->stop > top)
-            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward stage: stop layer %d outside %d..%d", sg->stop,
-                              tp->first, top);
+            return dcs_seterr(&m->err, DCS_ERR_ARG, "tape: backward stage: stop layer %d outside %d..%d",
+                              sg->stop, tp->first, top);
         for (int i = 0; i < n_g; i++) {
             const int at = request_layer(&g[i], L);
             if (at < sg->stop || at > (sg->resume ? top : L))
-                return dcs_seterr(&m->err, DCS_ERR_ARG,
-                                  "tape: backward stage: gradient request %d is of layer %d, outside this stage "
-                                  "(layers %d..%d)",
-                                  i, at, sg->stop, top);
+                return dcs_seterr(
+                    &m->err, DCS_ERR_ARG,
+                    "tape: backward stage: gradient request %d is of layer %d, outside this stage "
+                    "(layers %d..%d)",
+                    i, at, sg->stop, top);
         }
     }
     tp->bw_next = -1; /* a failed stage cannot be resumed */
@@ -364,8 +366,8 @@ dcs_status dcs_tape_backward(dcs_tape *tp, const float *dlogits, float *param_gr
     return backward(tp, dlogits, param_grads, NULL, 0, g, n_g, NULL);
 }
 
-dcs_status dcs_tape_backward_stage(dcs_tape *tp, const float *dlogits, int resume, int stop, const dcs_hook_grad *g,
-                                   int n_g) {
+dcs_status dcs_tape_backward_stage(dcs_tape *tp, const float *dlogits, int resume, int stop,
+                                   const dcs_hook_grad *g, int n_g) {
     if (n_g < 0 || (n_g && !g))
         return dcs_seterr(&tp->m->err, DCS_ERR_ARG, "tape: bad gradient request list (%d)", n_g);
     bw_stage sg = {resume != 0, stop, -1};

@@ -90,7 +90,7 @@ struct dcs_tape {
     uint8_t *want; /* [DCS_HP_COUNT * n_layer]: the overridden (and, in the forward, read) points */
     float *kT[2][3], *dkT[2][3]; /* CPU, per phase: transposed key-side dynamic weights and their grads */
     int have_forward;
-    int bw_next; /* a staged backward's next layer (dcs_tape_backward_stage); -1: none pending */
+    int bw_next;       /* a staged backward's next layer (dcs_tape_backward_stage); -1: none pending */
     dcs_status status; /* allocation failure inside the backward */
     void **allocs;
     int n_allocs, cap_allocs;
