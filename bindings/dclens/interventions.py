@@ -50,6 +50,8 @@ _HEAD_AXIS_FROM_END = {
     "attn.post.static": -3,
     "attn.routing": -1,
 }
+# hooks with one number per (position, head) ([T, N]: the gates, the MoH routing)
+_SCALAR_PER_HEAD = frozenset(["attn.routing"] + ["attn.dyn.%s.%s" % (ph, w) for ph in PHASES for w in ("qdd", "kdd")])
 
 
 def _head_axis(model: Model, name: str) -> int:
@@ -203,7 +205,10 @@ def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") 
     -------
     numpy.ndarray
         The head's activation averaged over every axis but the last: [Dh]
-        for attn.z, [D] for attn.head_out, [S] for a pattern's rows.
+        for attn.z, [D] for attn.head_out, [S] for a pattern's rows, [R]
+        for a dynamic weight; a 0-d array (the mean over positions) for the
+        hooks with one number per position and head (the gates
+        ``attn.dyn.*.qdd`` / ``kdd``, ``attn.routing``).
 
     Raises
     ------
@@ -226,6 +231,8 @@ def mean_activation(cache: Cache, layer: int, head: int, point: str = "attn.z") 
     n_head = a.shape[[i for i, x in enumerate(idx) if x == 0][0]]
     check_index("head", head, 0, n_head, " (the cache's %s has %d heads)" % (name, n_head))
     per_head = a[_head_index(name, head, a.ndim)]
+    if _suffix(name) in _SCALAR_PER_HEAD:  # [(B,) T]: one number per head and position
+        return np.asarray(per_head.mean(), a.dtype)
     return per_head.reshape(-1, per_head.shape[-1]).mean(axis=0)
 
 

@@ -423,7 +423,7 @@ def routing_from_cache(
     key : int
         The key position s, in [-T, T).
     n_head : int
-        The number of heads N (not read: N comes from the cached gates).
+        The number of heads N (model.config.n_head): the cached gates must have N heads.
     groups : int
         The compose groups G (model.config.compose_groups).
     static : numpy.ndarray or None
@@ -436,15 +436,26 @@ def routing_from_cache(
 
     Raises
     ------
+    dclens.ArgumentError
+        A phase other than "pre" / "post", a layer or n_head that is not a positive
+        integer.
     dclens.Error
-        A cache without the layer's qdd and kdd for the phase, or what maps_from_weights
-        refuses (a query or key out of range, bad groups or static).
+        A cache without the layer's qdd and kdd for the phase, gates of another head
+        count than n_head, or what maps_from_weights refuses (a query or key out of
+        range, bad groups or static).
     """
+    if not is_choice(phase, PHASES):
+        raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
+    check_index("layer", layer, 0, 1 << 20)
+    check_index("n_head", n_head, 1, 1 << 20)
     p = hook_name(layer, "attn.dyn.%s." % phase)
     if p + "qdd" not in cache and p + "kdd" not in cache:
         raise Error("cache has no %sqdd or %skdd (capture the dyn hooks of layer %d)" % (p, p, layer))
     dyn = {k: cache[p + k] for k in ("qw1", "qw2", "qdd", "kw1", "kw2", "kdd") if p + k in cache}
-    T = (dyn["qdd"] if "qdd" in dyn else dyn["kdd"]).shape[0]
+    gate = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
+    if gate.shape[-1] != n_head:
+        raise Error("routing_from_cache: n_head is %d but the cached gates have %d heads" % (n_head, gate.shape[-1]))
+    T = gate.shape[0]
     return maps_from_weights(dyn, _pos(query, T, "query"), [_pos(key, T, "key")], groups, static)[0]
 
 

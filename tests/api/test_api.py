@@ -387,6 +387,12 @@ def test_routing_from_cache_equals_per_query_calls(tiny_factory, kw, phase):
         g = model.gates(None, 1, cache=cache)
         for k, v in model.gates(toks, 1).items():
             np.testing.assert_array_equal(g[k], v)
+        G, W = model.config.compose_groups, routing.static_map(model, 1, phase)
+        np.testing.assert_allclose(routing.routing_from_cache(cache, 1, phase, 4, 1, N, G, W), C[4, 1], atol=same)
+        with pytest.raises(dclens.Error, match="n_head is %d but the cached gates have %d heads" % (N + 1, N)):
+            routing.routing_from_cache(cache, 1, phase, 4, 1, N + 1, G, W)
+        with pytest.raises(dclens.ArgumentError, match="phase must be"):
+            routing.routing_from_cache(cache, 1, "middle", 4, 1, N, G, W)
 
 
 # ---------------------------------------------------------------- fixes

@@ -145,3 +145,28 @@ def test_bad_hooks_are_refused_naming_the_argument(tiny_factory):
         with pytest.raises(cls, match=match):
             call()
     assert model.hooks_in_force() == []  # nothing half-added
+
+
+def test_mean_ablation_of_a_gate_is_its_mean_over_positions(tiny_factory):
+    """A gate ([T, N]: one number per position and head) mean-ablated from
+    reference prompts of another length: the head's gate set to its mean over
+    the reference's positions, as a hand-written hook does."""
+    from dclens import patching
+
+    d, _, _ = tiny_factory(**DCP)
+    m = dclens.load(d)
+    rng = np.random.default_rng(2)
+    toks, ref = rng.integers(0, m.config.vocab, 9), rng.integers(0, m.config.vocab, 6)
+    name = "blocks.1.attn.dyn.post.qdd"
+    _, rc = m.run_with_cache(ref, names=[name])
+    mean = iv.mean_activation(rc, 1, 2, "attn.dyn.post.qdd")
+    assert mean.shape == () and float(mean) == pytest.approx(float(np.asarray(rc[name])[:, 2].mean()))
+    met = patching.logit_diff(3, 4)
+    r = patching.ablation_sweep(m, toks, met, mode="mean", reference=ref, hook="attn.dyn.post.qdd", progress=False)
+
+    def fn(act, _n):
+        act[:, 2] = mean
+        return act
+
+    want = met(m.run_with_hooks(toks, fwd_hooks=[(name, fn)]))
+    assert r.values[1, 2] == pytest.approx(want, rel=1e-5, abs=1e-6)
