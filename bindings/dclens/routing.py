@@ -216,7 +216,7 @@ def maps_from_weights(
     Raises
     ------
     dclens.Error
-        dyn not a dict holding qdd or kdd, a query or key out of range, keys not a list of
+        dyn not a dict holding qdd or kdd, gates with a batch axis, a query or key out of range, keys not a list of
         integers, groups out of [1, N] or not dividing N, or static not a [N, N] array
         of numbers (dclens.ArgumentError / ArgumentTypeError for the ranges and types).
     """
@@ -226,6 +226,11 @@ def maps_from_weights(
             % type(dyn).__name__
         )
     some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
+    if np.ndim(some) != 2:
+        raise Error(
+            "maps_from_weights: the gates must be [S, N] of one sequence, got shape %s (a batch: index one "
+            "sequence first, e.g. {k: v[b] for k, v in dyn.items()})" % (np.shape(some),)
+        )
     S, N = some.shape
     query = _pos(query, S, "query")
     keys = range(S) if keys is None else check_int_list("keys", keys, 0, S, wrap=True)
