@@ -171,14 +171,8 @@ class Tape(EngineObject):
         """Gradients at the hooks in wrt; parameter gradients accumulated into
         param_grads (flat, every parameter) or into params (parameter index ->
         float32 buffer of its size: only those)."""
-        outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
-        arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
-        for i, ((p, l), g) in enumerate(outs.items()):
-            arr[i].point, arr[i].layer, arr[i].grad = p, l, _ptr(g)
-        dl = ffi.NULL
-        if dlogits is not None:
-            dlogits = np.ascontiguousarray(dlogits, dtype=np.float32)
-            dl = _ptr(dlogits, "const float *")
+        outs, arr = self._grad_requests(wrt)
+        dlogits, dl = _dlogits(dlogits)
         pg = ffi.NULL
         if param_grads is not None:
             assert param_grads.dtype == np.float32 and param_grads.flags.c_contiguous
@@ -195,6 +189,15 @@ class Tape(EngineObject):
             _check(st, self.model.runner.errmsg())
         return outs
 
+    def _grad_requests(self, wrt: Sequence[tuple[int, int]]):
+        """A float32 buffer per (point, layer) in wrt, and the dcs_hook_grad
+        array that points the engine at them."""
+        outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
+        arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
+        for i, ((p, l), g) in enumerate(outs.items()):
+            arr[i].point, arr[i].layer, arr[i].grad = p, l, _ptr(g)
+        return outs, arr
+
     def backward_stage(
         self, dlogits: np.ndarray | None, stop: int, wrt: Sequence[tuple[int, int]] = ()
     ) -> dict[tuple[int, int], np.ndarray]:
@@ -202,18 +205,22 @@ class Tape(EngineObject):
         with dlogits, from the logits; with None, on below the last stage;
         down to layer ``stop``. Gradients at the hooks in wrt (each of a
         layer the stage runs), the same bits as one backward gives."""
-        outs = {pl: np.empty(self._shape(pl[0]), np.float32) for pl in wrt}
-        arr = ffi.new("dcs_hook_grad[]", max(1, len(outs)))
-        for i, ((p, l), g) in enumerate(outs.items()):
-            arr[i].point, arr[i].layer, arr[i].grad = p, l, _ptr(g)
-        dl = ffi.NULL
-        if dlogits is not None:
-            dlogits = np.ascontiguousarray(dlogits, dtype=np.float32)
-            dl = _ptr(dlogits, "const float *")
+        outs, arr = self._grad_requests(wrt)
+        resume = dlogits is None
+        dlogits, dl = _dlogits(dlogits)
         with self.model.runner.engine_lock():
-            st = lib.dcs_tape_backward_stage(self._tp, dl, int(dlogits is None), int(stop), arr, len(outs))
+            st = lib.dcs_tape_backward_stage(self._tp, dl, int(resume), int(stop), arr, len(outs))
             _check(st, self.model.runner.errmsg())
         return outs
+
+
+def _dlogits(dlogits: np.ndarray | None):
+    """(the float32 C-order array, its pointer), or (None, NULL): keep the
+    array alive while the engine reads the pointer."""
+    if dlogits is None:
+        return None, ffi.NULL
+    a = np.ascontiguousarray(dlogits, dtype=np.float32)
+    return a, _ptr(a, "const float *")
 
 
 class TapeCache:
