@@ -291,6 +291,12 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
     dclens.ArgumentError
         tokens not 1-D, a phase other than "pre" / "post", or a layer, query or key out of
         range (dclens.ArgumentTypeError: not an integer).
+
+    Warns
+    -----
+    MaskedPairWarning
+        The pair is masked (key after the query, or outside a local layer's window);
+        plain multi-head attention models warn too.
     """
     toks = _check(model, tokens, layer, phase, query, key)
     T = toks.shape[0]
@@ -313,7 +319,7 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     R[n, m] = sum over visible keys s of X[n, t, s] * C[t, s][n, m], where X is
     the phase's input: the raw scores (pre) or the softmax pattern (post). So
     R[n, m] is how much of source head n's attention (at query t) lands in
-    target head m; sum_n R[n, m] = sum_s composed[m, t, s].
+    target head m; sum_n R[n, m] = sum_s composed[m, t, s] (over the same visible keys).
 
     One pass of `tokens`; routing_matrices gives every query of every layer from a
     cache. The pre phase weights by signed logits, so its R can cancel.
@@ -420,7 +426,7 @@ def routing_from_cache(
         A cache of one sequence (no batch axis) holding ``blocks.{layer}.attn.dyn.{phase}.*``
         (qdd or kdd at least, with the w1 / w2 weights of the sides the model has).
     layer : int
-        The layer.
+        The layer, >= 0 (no model to check it against: it names the cached hooks).
     phase : {"pre", "post"}
         The compose phase.
     query : int
@@ -803,7 +809,7 @@ def flows(
         A phase other than "pre" / "post", a layer, head or query out of range
         (dclens.ArgumentTypeError: not an integer), or tokens not 1-D.
     """
-    if phase not in PHASES:
+    if not is_choice(phase, PHASES):
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
     layer = check_index("layer", layer, -L, L, " (model has %d layers)" % L) % L
@@ -869,7 +875,24 @@ class FlowTable(list):
     first; str() / print() show it as a table. total: the composed entries
     summed over the visible keys (signed); abs_total: the sum of |value| over
     every flow at the visible keys, what each share is a fraction of;
-    visible_keys: how many keys the query sees (causal mask, local window)."""
+    visible_keys: how many keys the query sees (causal mask, local window).
+
+    Made by flow_table, which sets the attributes below (the class defaults are
+    those of an empty table).
+
+    Attributes
+    ----------
+    title : str
+        The table's first line: layer, head, phase, query, visible key count and
+        the two sums.
+    total : float
+        The sum of every flow (source, branch, visible key): the composed entries
+        summed over the visible keys, signed.
+    abs_total : float
+        The sum of |value| over the same flows; each Flow.share is value / abs_total.
+    visible_keys : int
+        How many keys the query sees (causal mask, local window).
+    """
 
     title = ""
     total = 0.0

@@ -853,6 +853,7 @@ def _fuzz_findings(model, cache):
         (lambda: analysis.composition_stats(model, [TOKS], chunk=0, progress=False), r"chunk 0 is out of range"),
         (lambda: analysis.composition_stats(model, [TOKS], top=0.0, progress=False), "top must be an integer"),
         (lambda: routing.routing_matrices(model, cache, odd), "phase must be 'pre' or 'post'"),
+        (lambda: routing.flows(model, TOKS, 0, np.array(["pre", "post"]), 0, 3), "phase must be 'pre' or 'post'"),
         (lambda: routing.routing_matrices(model, cache, "post", queries=""), "queries must be a list of integers"),
         (
             lambda: routing.maps_from_weights(routing.dynamic_weights(model, TOKS, 0, "post"), 0, groups=0),
