@@ -21,7 +21,7 @@ typedef struct {
     int use_sw; int compose_groups; int moh; int moh_shared; int moh_topk; int key_wise;
     int mgate_dim; int official_notes;
 } dcs_config;
-typedef struct { int device; int cuda_device; int n_threads; } dcs_load_options;
+typedef struct { int device; int cuda_device; int n_threads; int dtype; } dcs_load_options;
 
 dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **out,
                     char *err, size_t errlen);
@@ -37,6 +37,7 @@ typedef struct {
 } dcs_layer_plan;
 const dcs_layer_plan *dcs_layer_plan_of(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
+int dcs_model_weight_dtype(const dcs_model *m);
 const char *dcs_load_warnings(const dcs_model *m);
 int dcs_cuda_available(char *why, size_t whylen);
 enum { DCS_PART_GEMM = 0, DCS_PART_GEMM_W = 1, DCS_PART_ATTN = 2 };

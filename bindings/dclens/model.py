@@ -351,12 +351,32 @@ def cuda_unavailable_reason() -> str:
     return ffi.string(why).decode(errors="replace")
 
 
+_LOAD_DTYPES = ("auto", "float32", "float16", "bfloat16")  # index = DCS_LOAD_* (dclens.h)
+
+
+def weight_dtype_arg(dtype: Any) -> str:
+    """load's dtype= as one of _LOAD_DTYPES: a name, or numpy's float16 / float32."""
+    if isinstance(dtype, str) and dtype in _LOAD_DTYPES:
+        return dtype
+    try:
+        name = np.dtype(dtype).name if not isinstance(dtype, (str, bool)) and dtype is not None else None
+    except TypeError:
+        name = None
+    if name in ("float16", "float32"):
+        return name
+    raise ArgumentError(
+        "dtype must be 'auto', 'float32', 'float16' or 'bfloat16' (the type the weight matrices are kept in), "
+        "not %r" % (dtype,)
+    )
+
+
 def load(
     path: str | os.PathLike,
     device: str = "cpu",
     n_threads: int = 0,
     always_batch: bool = False,
     *,
+    dtype: Any = "auto",
     revision: str | None = None,
     progress: bool | None = None,
     prepend_bos: bool | None = None,
@@ -386,6 +406,13 @@ def load(
         CPU threads (0: all cores).
     always_batch : bool
         Give every result a leading batch axis.
+    dtype : {"auto", "float32", "float16", "bfloat16"}
+        The type the weight matrices are kept in (model.dtype). "auto": as stored
+        on the CPU, float32 on CUDA (the 16-bit CUDA path, tensor-core products
+        with float32 accumulation, is asked for by name until a GPU run has
+        verified it: docs/cuda.md). "float32" widens 16-bit files (exact);
+        "float16" / "bfloat16" keep a file stored in that type and round a
+        float32 file to it. Activations, hooks and gradients stay float32.
     revision : str or None
         A Hub id's branch, tag or commit.
     progress : bool or None
@@ -402,7 +429,10 @@ def load(
     Raises
     ------
     dclens.ArgumentError
-        revision= without a Hub id, an unknown device, or a negative n_threads.
+        revision= without a Hub id, an unknown device or dtype, a negative n_threads, or
+        a dtype the file cannot give unchanged (float16 from a bfloat16 file or back; a
+        float32 value past float16's range): the message names the file and the dtype
+        to ask for.
     dclens.NotFoundError
         No such directory, bundled model or Hub model (or not cached while offline).
     dclens.Error
@@ -417,7 +447,7 @@ def load(
         directory = hub.resolve(path, revision=revision, progress=progress)
     else:
         directory = resolve(path)
-    m = Model(directory, device=device, n_threads=n_threads)
+    m = Model(directory, device=device, n_threads=n_threads, dtype=dtype)
     if m.device == "cpu":
         blas.check()  # a BlasWarning where OpenBLAS fell back to kernels narrower than the CPU's
     if name is not None:
@@ -502,7 +532,7 @@ def from_reference(ref: ModelRef) -> Model:
     """
     if not isinstance(ref, ModelRef):
         raise Error("from_reference needs a dclens.reference.ModelRef, not %s" % type(ref).__name__)
-    m = Model(ref.check(), device=ref.device, n_threads=ref.n_threads)
+    m = Model(ref.check(), device=ref.device, n_threads=ref.n_threads, dtype=ref.dtype)
     m.always_batch = ref.always_batch
     m._ref = dataclasses.replace(ref, files=m._ref.files)
     return m
@@ -603,22 +633,28 @@ class Model(WeightsMixin):
 
     _instead = "pickle its path and call dclens.load(path) again (model.path)"
 
-    def __init__(self, path, device: str = "cpu", n_threads: int = 0):
+    def __init__(self, path, device: str = "cpu", n_threads: int = 0, dtype: Any = "auto"):
         cpath = c_path("model path", path)
         path = show_path(path)
         if not (isinstance(device, str) and device in ("cpu", "cuda")):
             raise ArgumentError("device must be 'cpu' or 'cuda', not %r" % (device,))
         n_threads = check_index("n_threads", n_threads, 0, 1 << 16, " (0: all cores)")
+        dtype = weight_dtype_arg(dtype)
         opts = ffi.new("dcs_load_options *")
         opts.device = 1 if device == "cuda" else 0
         opts.n_threads = n_threads
+        opts.dtype = _LOAD_DTYPES.index(dtype)
         out = ffi.new("dcs_model **")
         err = ffi.new("char[]", 1024)
         st = lib.dcs_load(cpath, opts, out, err, 1024)
         _check(st, decode_msg(ffi.string(err)))
         handle = ffi.gc(out[0], lib.dcs_free)
         self._ref = ModelRef(
-            source=os.path.abspath(os.fsdecode(path)), device=device, n_threads=n_threads, files=fingerprint(path)
+            source=os.path.abspath(os.fsdecode(path)),
+            device=device,
+            n_threads=n_threads,
+            files=fingerprint(path),
+            dtype=dtype,
         )
         # the hooks in force (add_hook, `with model.hooks(...)`): the model's,
         # changed in place only here; its runner reads them (refuse_hooks)
@@ -695,6 +731,14 @@ class Model(WeightsMixin):
     @device.setter
     def device(self, value: str) -> None:
         self.runner.device = value
+
+    @property
+    def dtype(self) -> str:
+        """The type the large matrices (projections, MLP, embeddings) are kept in:
+        "float32", "float16", "bfloat16", or "mixed" (a checkpoint storing some of
+        each, loaded as stored). Norms, biases, activations, hooks and gradients are
+        float32 in every case (load's dtype=)."""
+        return ("float32", "float16", "bfloat16", "mixed")[lib.dcs_model_weight_dtype(self.runner.handle)]
 
     @property
     def cfg(self) -> TLConfig:

@@ -94,6 +94,7 @@ class ModelRef:
     n_threads: int = 0
     always_batch: bool = False
     files: tuple[FilePrint, ...] | None = None
+    dtype: str = "auto"
 
     def directory(self) -> str:
         return os.fsdecode(resolve(self.source))

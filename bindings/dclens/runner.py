@@ -176,11 +176,13 @@ class Runner:
         )
 
     def parse_hook(self, name: str) -> tuple[int, int]:
-        """(point, layer) of a dclens hook name of this model; an Error naming
-        what is wrong with any other name."""
-        key = self.hook_table.key.get(name) if isinstance(name, str) else None
-        if key is not None:
-            return key
+        """(point, layer) of a hook name of this model (dclens's, or the
+        TransformerLens spelling unknown_hook suggests); an Error naming what is
+        wrong with any other name."""
+        if isinstance(name, str):
+            key = self.hook_table.key.get(name) or self.hook_table.key.get(_names.canonical(name))
+            if key is not None:
+                return key
         cname = c_str("hook name", name)  # the engine's parser says what is wrong
         p, l = ffi.new("int *"), ffi.new("int *")
         with self.engine_lock():

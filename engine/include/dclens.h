@@ -96,10 +96,22 @@ enum {
     DCS_NOTE_NO_DCMHA = 16     /* use_dcmha false: its inference composes    */
 };
 
+/* dcs_load_options.dtype: the type the large matrices (projections, MLP,
+ * embedding, unembedding) are kept in. Everything else (norms, biases,
+ * activations, hooks, gradients) is float32 whatever the choice.
+ *   AUTO: as stored on the CPU; float32 on CUDA (the 16-bit CUDA path is
+ *         chosen explicitly until a GPU run has verified it; docs/cuda.md).
+ *   F32:  widened to float32 (exact).
+ *   F16, BF16: kept in that type; a float32 file is rounded to it (nearest
+ *         even); a file stored in the other 16-bit type is refused (its
+ *         values would change), as is a float32 value past float16's range. */
+enum { DCS_LOAD_AUTO = 0, DCS_LOAD_F32 = 1, DCS_LOAD_F16 = 2, DCS_LOAD_BF16 = 3 };
+
 typedef struct {
     int device;      /* dcs_device                                     */
     int cuda_device; /* GPU ordinal for DCS_DEVICE_CUDA                */
     int n_threads;   /* CPU GEMM threads, 0 = library default          */
+    int dtype;       /* DCS_LOAD_*                                     */
 } dcs_load_options;
 
 /* Load the model in directory `dir` (config.json + safetensors or torch zip
@@ -114,6 +126,10 @@ const dcs_config *dcs_model_config(const dcs_model *m);
 const char *dcs_errmsg(const dcs_model *m); /* last error on this model  */
 int dcs_layer_is_local(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
+/* The type the model's large matrices are kept in: 0 float32, 1 float16,
+ * 2 bfloat16, 3 mixed (a checkpoint storing some in each, loaded as
+ * stored); -1 for a NULL model. */
+int dcs_model_weight_dtype(const dcs_model *m);
 /* The layer plan: what layer `layer` computes, decided once at load from
  * the configuration and read by the forward (layer.c), the backward
  * (layer_bw.c), the tape's memory plan and Python (Model.plan). NULL for a

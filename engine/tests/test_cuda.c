@@ -525,6 +525,94 @@ static void test_softmax(ctx *t) {
     softmax_case(t, 2, 300, 256, 20.0f); /* DCPythia's window, rows > 32 lanes */
 }
 
+/* ------------------------------------------------------------ 16-bit weights */
+
+/* A 16-bit copy of host floats on both backends (the CPU's in host memory,
+ * as the loader keeps it; the GPU's uploaded): dcs_wmat views of each. */
+typedef struct {
+    dcs_wmat c, g;
+} wpair;
+
+static wpair mk_half(ctx *t, const float *host, size_t n, int dtype) {
+    uint16_t *h = malloc(n * 2 + 2);
+    void *dev = t->gpu->ops->alloc(t->gpu, n * 2);
+    if (!h || !dev) {
+        fprintf(stderr, "allocation of %zu halves failed\n", n);
+        exit(2);
+    }
+    dcs_narrow(host, n, dtype, h);
+    t->gpu->ops->upload(t->gpu, dev, h, n * 2);
+    wpair w = {{h, dtype}, {dev, dtype}};
+    return w;
+}
+
+static void rm_half(ctx *t, wpair w) {
+    free((void *)(uintptr_t)w.c.p);
+    t->gpu->ops->free(t->gpu, (void *)(uintptr_t)w.g.p);
+}
+
+/* gemm_w with 16-bit W: the GPU rounds A to W's type first, so the CPU gets
+ * A rounded the same way (narrow, widen) and only the summation differs. */
+static void gemm_w_case(ctx *t, int dtype, int transW, int M, int N, int K, int lda, float beta) {
+    float *a = host_rand(t, (size_t)M * lda, 1.0f, 0.0f), *w = host_rand(t, (size_t)N * K, 0.5f, 0.0f);
+    uint16_t *a16 = malloc((size_t)M * lda * 2 + 2);
+    float *ar = malloc((size_t)M * lda * sizeof(float) + 4);
+    if (!a16 || !ar) exit(2);
+    dcs_narrow(a, (size_t)M * lda, dtype, a16);
+    dcs_widen(a16, (size_t)M * lda, dtype, ar);
+    pair A = mk(t, NULL, (size_t)M * lda), C = mk_rand(t, (size_t)M * N, 1.0f, 0.0f);
+    t->cpu->ops->upload(t->cpu, A.c, ar, A.n * sizeof(float));
+    t->gpu->ops->upload(t->gpu, A.g, a, A.n * sizeof(float));
+    wpair W = mk_half(t, w, (size_t)N * K, dtype);
+    t->cpu->ops->gemm_w(t->cpu, transW, M, N, K, A.c, lda, W.c, beta, C.c, N);
+    t->gpu->ops->gemm_w(t->gpu, transW, M, N, K, A.g, lda, W.g, beta, C.g, N);
+    char what[128];
+    snprintf(what, sizeof what, "gemm_w %s transW=%d %dx%dx%d lda %d beta %g",
+             dtype == DCS_F16 ? "f16" : "bf16", transW, M, N, K, lda, (double)beta);
+    check(t, C, what, 1e-4);
+    rm_half(t, W);
+    rm(t, A);
+    rm(t, C);
+    free(a);
+    free(w);
+    free(a16);
+    free(ar);
+}
+
+static void test_half(ctx *t) {
+    for (int dt = DCS_F16; dt <= DCS_BF16; dt++) {
+        const size_t n = 10007;
+        float *h = host_rand(t, n, 3.0f, 0.0f);
+        wpair w = mk_half(t, h, n, dt);
+        pair out = mk(t, NULL, n);
+        t->cpu->ops->widen(t->cpu, out.c, w.c, n);
+        t->gpu->ops->widen(t->gpu, out.g, w.g, n);
+        check(t, out, dt == DCS_F16 ? "widen f16" : "widen bf16", 0.0);
+        rm(t, out);
+        rm_half(t, w);
+        free(h);
+
+        const int V = 50, D = 67, M = 40;
+        float *tab = host_rand(t, (size_t)V * D, 1.0f, 0.0f);
+        wpair tw = mk_half(t, tab, (size_t)V * D, dt);
+        pair e = mk(t, NULL, (size_t)M * D);
+        int32_t tok[40];
+        for (int i = 0; i < M; i++) tok[i] = (int32_t)((frand(t) + 1.0f) * 0.5f * V) % V;
+        tok[1] = V - 1;
+        t->cpu->ops->embed_w(t->cpu, e.c, tw.c, tok, M, D);
+        t->gpu->ops->embed_w(t->gpu, e.g, tw.g, tok, M, D);
+        check(t, e, dt == DCS_F16 ? "embed_w f16" : "embed_w bf16", 0.0);
+        rm(t, e);
+        rm_half(t, tw);
+        free(tab);
+
+        gemm_w_case(t, dt, 1, 37, 29, 53, 53, 0.0f);    /* a Linear */
+        gemm_w_case(t, dt, 1, 64, 256, 128, 160, 1.0f); /* strided rows, accumulate */
+        gemm_w_case(t, dt, 0, 33, 96, 40, 40, 0.0f);    /* [K, N]: dw1, a head's wqkv rows */
+        gemm_w_case(t, dt, 1, 256, 512, 1024, 1024, 0.0f);
+    }
+}
+
 /* ------------------------------------------------------------ errors */
 
 static void test_errors(ctx *t) {
@@ -574,7 +662,7 @@ static const test_case tests[] = {
     {"embed", test_embed},     {"elementwise", test_elementwise}, {"layernorm", test_layernorm},
     {"rmsnorm", test_rmsnorm}, {"rotary", test_rotary},           {"copy2d", test_copy2d},
     {"compose", test_compose}, {"softmax_masked", test_softmax},  {"moh", test_moh},
-    {"errors", test_errors},
+    {"half", test_half},       {"errors", test_errors},
 };
 
 int main(void) {

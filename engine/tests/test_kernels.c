@@ -348,6 +348,55 @@ static void test_widen_all(dcs_backend *be, int dtype) {
     free(want);
 }
 
+/* dcs_narrow (the loader's dtype= rounding) and the backend's widen op:
+ * every finite 16-bit value survives widen -> narrow; a float32 between two
+ * neighbours goes to the nearer (ties to the even pattern), past the largest
+ * finite value to inf (F16). The reference: the two neighbours by widening
+ * adjacent patterns, compared in double. */
+static void test_narrow(dcs_backend *be, int dtype) {
+    const char *nm = dtype == DCS_F16 ? "F16" : "BF16";
+    uint16_t *pat = malloc(65536 * 2), *back = malloc(65536 * 2);
+    float *f = malloc(sizeof(float) * 65536), *g = malloc(sizeof(float) * 65536);
+    for (int i = 0; i < 65536; i++) pat[i] = (uint16_t)i;
+    dcs_widen(pat, 65536, dtype, f);
+    dcs_narrow(f, 65536, dtype, back);
+    int bad = 0;
+    for (int i = 0; i < 65536; i++)
+        if (!isnan(f[i])) bad += back[i] != pat[i];
+    CHECKF(bad == 0, "%s: widen -> narrow changed %d finite patterns", nm, bad);
+    dcs_wmat w = {pat, dtype};
+    be->ops->widen(be, g, w, 65536);
+    int differ = 0; /* NaN as NaN (F16C quiets signalling NaNs) */
+    for (int i = 0; i < 65536; i++) differ += !(isnan(f[i]) ? isnan(g[i]) : memcmp(&f[i], &g[i], 4) == 0);
+    CHECKF(differ == 0, "%s: backend widen differs from dcs_widen at %d patterns", nm, differ);
+    /* points between neighbours a = pattern k, b = k + 1 (positive, finite) */
+    int wrong = 0;
+    const uint16_t top = dtype == DCS_F16 ? 0x7bff : 0x7f7f;
+    for (uint32_t k = 0; k < top; k += 7) {
+        const double a = f[k], b = f[k + 1];
+        const double pts[3] = {a + (b - a) * 0.25, a + (b - a) * 0.5, a + (b - a) * 0.75};
+        for (int j = 0; j < 3; j++) {
+            const float x = (float)pts[j];
+            if ((double)x != pts[j]) continue; /* not a float32 */
+            uint16_t h;
+            dcs_narrow(&x, 1, dtype, &h);
+            const uint16_t want = j == 0 ? (uint16_t)k : j == 2 ? (uint16_t)(k + 1) : (uint16_t)(k + (k & 1));
+            wrong += h != want;
+        }
+    }
+    CHECKF(wrong == 0, "%s: %d points rounded to the wrong neighbour", nm, wrong);
+    const float big = dtype == DCS_F16 ? 65520.0f : 3.4e38f, neg = -big;
+    uint16_t hb, hn;
+    dcs_narrow(&big, 1, dtype, &hb);
+    dcs_narrow(&neg, 1, dtype, &hn);
+    CHECKF(hb == (dtype == DCS_F16 ? 0x7c00 : 0x7f80) && hn == (dtype == DCS_F16 ? 0xfc00 : 0xff80),
+           "%s: overflow to inf: %04x %04x", nm, hb, hn);
+    free(pat);
+    free(back);
+    free(f);
+    free(g);
+}
+
 /* The training step's row and column kernels (LayerNorm forward and
  * backward by groups of rows, bias / residual adds, the bias gradient's
  * column sums by blocks on the pool) against the plain per-row loops of
@@ -466,6 +515,8 @@ int main(void) {
         test_gemm_w(bes[i], DCS_BF16, 1);
         test_gemm_w(bes[i], DCS_F16, 0);
         test_widen_all(bes[i], DCS_F16);
+        test_narrow(bes[i], DCS_F16);
+        test_narrow(bes[i], DCS_BF16);
         test_widen_all(bes[i], DCS_BF16);
     }
     /* backend compose over [B, N, T, S] == pair form, threaded or not */

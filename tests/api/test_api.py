@@ -78,6 +78,10 @@ def test_tl_names_and_cache_shorthand(tiny_factory):
     assert not re.search(r"\d\.\d", r)  # names and shapes, no values
     assert dclens.hook_name("pattern", 3) == "blocks.3.attn.pattern"
     assert dclens.hook_name("post.kp", 2) == "blocks.2.attn.post.kp"
+    # the TL spelling works wherever a hook is named (gradients suggested it, then refused it)
+    assert model.parse_hook("blocks.0.hook_resid_pre") == model.parse_hook("blocks.0.resid_pre")
+    g = model.gradients(toks, ("logit", 1, 2), ["blocks.0.hook_resid_pre", "blocks.0.resid_pre"])
+    np.testing.assert_array_equal(g["blocks.0.hook_resid_pre"], g["blocks.0.resid_pre"])
     assert dclens.hook_name("result", 0) == "blocks.0.attn.head_out"
     assert dclens.hook_name("embed") == "embed"
     assert dclens.hook_name("blocks.1.ln1.hook_normalized") == "blocks.1.ln_attn"

@@ -556,6 +556,13 @@ static void cpu_embed(dcs_backend *be, float *out, const float *table, const int
     (void)be;
     for (int m = 0; m < M; m++) memcpy(out + (size_t)m * D, table + (size_t)tokens[m] * D, sizeof(float) * D);
 }
+static void cpu_widen(dcs_backend *be, float *out, dcs_wmat src, size_t n) {
+    if (src.dtype == DCS_F32)
+        memcpy(out, src.p, n * sizeof *out);
+    else
+        ((cpu_ctx *)be->ctx)->widen(src.p, n, src.dtype, out);
+}
+
 static void cpu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens, int M, int D) {
     const size_t es = dcs_dtype_size(table.dtype);
     const widen_fn widen = ((const cpu_ctx *)be->ctx)->widen;
@@ -1125,6 +1132,7 @@ static const dcs_backend_ops cpu_ops = {
     .softmax_masked = cpu_softmax_masked,
     .gemm_w = cpu_gemm_w,
     .embed_w = cpu_embed_w,
+    .widen = cpu_widen,
     .attention = cpu_attention,
     .moh_route = cpu_moh_route,
     .head_gate = cpu_head_gate,

@@ -57,6 +57,10 @@ typedef struct {
     cudaMemPool_t pool; /* stream-ordered pool, or NULL: cudaMalloc   */
     int32_t *tokens;    /* device scratch for embed's token ids       */
     size_t tokens_cap;  /* in elements                                */
+    int new_kernels;    /* DCLENS_CUDA_KERNELS=new: cuda_rows.cuh's
+                           warp-per-row kernels and pinned staging     */
+    void *pinned;       /* pinned host staging for hooks (new_kernels) */
+    size_t pinned_cap;  /* in bytes                                   */
     int failed;         /* an error is recorded in err                */
     char err[900];
 } cuda_ctx;
@@ -230,6 +234,8 @@ static __global__ void softmax_masked_kernel(float *x, size_t rows, int T, int S
     dcs_softmax_row(x + row * S, S, t0 + (int)(row % T), kb, window);
 }
 
+#include "cuda_rows.cuh" /* the warp-per-row kernels (DCLENS_CUDA_KERNELS=new) */
+
 /* ------------------------------------------------------------ memory */
 
 /* The graph allocates and frees its activations layer by layer, so
@@ -327,6 +333,7 @@ static void cu_destroy(dcs_backend *be) {
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->tokens) cudaFree(c->tokens);
+        if (c->pinned) cudaFreeHost(c->pinned);
         /* released now, or by the driver once the last block is freed */
         if (c->pool) cudaMemPoolDestroy(c->pool);
         if (c->blas) cublasDestroy(c->blas);
@@ -358,26 +365,33 @@ static void cu_gemm(dcs_backend *be, int transA, int transB, int M, int N, int K
 
 /* ------------------------------------------------------------ row / elementwise */
 
-static void cu_embed(dcs_backend *be, float *out, const float *table, const int32_t *tokens_host, int M,
-                     int D) {
-    if (M <= 0 || D <= 0) return;
-    cuda_ctx *c = enter(be);
+/* The token ids [M] copied to the device scratch buffer (NULL on failure,
+ * recorded). From pageable memory: returns once the ids are staged, so the
+ * caller may reuse tokens_host; the stream orders the kernel after the copy. */
+static const int32_t *stage_tokens(cuda_ctx *c, const int32_t *tokens_host, int M) {
     if ((size_t)M > c->tokens_cap) {
         if (c->tokens) ck(c, cudaFree(c->tokens), "cudaFree");
         c->tokens = NULL;
         c->tokens_cap = 0;
         if (!ck(c, cudaMalloc((void **)&c->tokens, (size_t)M * sizeof(int32_t)), "cudaMalloc (token ids)"))
-            return;
+            return NULL;
         c->tokens_cap = (size_t)M;
     }
-    /* from pageable memory: returns once the ids are staged, so the caller
-     * may reuse tokens_host; the stream orders the kernel after the copy */
     if (!ck(c,
             cudaMemcpyAsync(c->tokens, tokens_host, (size_t)M * sizeof(int32_t), cudaMemcpyHostToDevice,
                             c->stream),
             "cudaMemcpyAsync (token ids)"))
-        return;
-    embed_kernel<<<M, 256, 0, c->stream>>>(out, table, c->tokens, D);
+        return NULL;
+    return c->tokens;
+}
+
+static void cu_embed(dcs_backend *be, float *out, const float *table, const int32_t *tokens_host, int M,
+                     int D) {
+    if (M <= 0 || D <= 0) return;
+    cuda_ctx *c = enter(be);
+    const int32_t *tok = stage_tokens(c, tokens_host, M);
+    if (!tok) return;
+    embed_kernel<<<M, 256, 0, c->stream>>>(out, table, tok, D);
     launched(c, "embed_kernel");
 }
 
@@ -421,6 +435,12 @@ static void cu_layernorm(dcs_backend *be, float *out, const float *in, const flo
                          int D, float eps) {
     if (M <= 0 || D <= 0) return;
     cuda_ctx *c = enter(be);
+    if (c->new_kernels) {
+        layernorm_warp_kernel<<<row_blocks((size_t)M), 32 * ROW_WARPS, 0, c->stream>>>(out, in, w, b, M, D,
+                                                                                       eps);
+        launched(c, "layernorm_warp_kernel");
+        return;
+    }
     layernorm_kernel<<<(unsigned)((M + 127) / 128), 128, 0, c->stream>>>(out, in, w, b, M, D, eps);
     launched(c, "layernorm_kernel");
 }
@@ -487,10 +507,43 @@ static void cu_softmax_masked(dcs_backend *be, float *x, int BN, int T, int S, i
     if (BN <= 0 || T <= 0 || S <= 0) return;
     cuda_ctx *c = enter(be);
     size_t rows = (size_t)BN * T;
+    if (c->new_kernels) {
+        softmax_warp_kernel<<<row_blocks(rows), 32 * ROW_WARPS, 0, c->stream>>>(x, rows, T, S, t0, kb,
+                                                                                window);
+        launched(c, "softmax_warp_kernel");
+        return;
+    }
     softmax_masked_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, c->stream>>>(x, rows, T, S, t0, kb,
                                                                                  window);
     launched(c, "softmax_masked_kernel");
 }
+
+/* Pinned host memory of at least `bytes` for the graph's hook staging
+ * (dcs_backend.h host_staging), grown as asked and kept; NULL (the graph then
+ * uses its own malloc'd buffer) without DCLENS_CUDA_KERNELS=new or when
+ * pinned memory cannot be had. */
+static void *cu_host_staging(dcs_backend *be, size_t bytes) {
+    cuda_ctx *c = enter(be);
+    if (!c->new_kernels) return NULL;
+    if (bytes <= c->pinned_cap) return c->pinned;
+    if (c->pinned) {
+        ck(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (staging)");
+        cudaFreeHost(c->pinned);
+    }
+    c->pinned = NULL;
+    c->pinned_cap = 0;
+    if (cudaMallocHost(&c->pinned, bytes) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not an error of the pass: the graph falls back */
+        c->pinned = NULL;
+        return NULL;
+    }
+    c->pinned_cap = bytes;
+    return c->pinned;
+}
+
+/* ------------------------------------------------------------ 16-bit weights */
+
+#include "cuda_half.cuh"
 
 /* ------------------------------------------------------------ backward */
 
@@ -565,10 +618,11 @@ static const dcs_backend_ops cuda_ops = {
     .copy2d = cu_copy2d,
     .compose = cu_compose,
     .softmax_masked = cu_softmax_masked,
-    /* none: weights are float32 on the GPU, and the graph runs the full
-     * attention path */
-    .gemm_w = NULL,
-    .embed_w = NULL,
+    /* 16-bit weights (cuda_half.cuh); no fused attention: the graph runs
+     * the full path */
+    .gemm_w = cu_gemm_w,
+    .embed_w = cu_embed_w,
+    .widen = cu_widen,
     .attention = NULL,
     .moh_route = cu_moh_route,
     .head_gate = cu_head_gate,
@@ -594,6 +648,7 @@ static const dcs_backend_ops cuda_ops = {
     .swiglu_bw = cu_swiglu_bw,
     .bw_scratch = cu_bw_scratch,
     .mem_info = cu_mem_info,
+    .host_staging = cu_host_staging,
 };
 
 static dcs_backend *cu_create(int device, dcs_err *e) {
@@ -619,6 +674,8 @@ static dcs_backend *cu_create(int device, dcs_err *e) {
         return NULL;
     }
     c->device = device;
+    const char *kernels = getenv("DCLENS_CUDA_KERNELS"); /* read once, kept in the context */
+    c->new_kernels = kernels && strcmp(kernels, "new") == 0;
     be->ops = &cuda_ops;
     be->ctx = c;
 

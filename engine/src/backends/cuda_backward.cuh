@@ -239,6 +239,12 @@ static void cu_softmax_bw(dcs_backend *be, float *dA, const float *dP, const flo
     if (BN <= 0 || T <= 0 || S <= 0) return;
     cuda_ctx *c = enter(be);
     size_t rows = (size_t)BN * T;
+    if (c->new_kernels) {
+        softmax_bw_warp_kernel<<<row_blocks(rows), 32 * ROW_WARPS, 0, c->stream>>>(dA, dP, P, rows, T, S,
+                                                                                   window);
+        launched(c, "softmax_bw_warp_kernel");
+        return;
+    }
     softmax_bw_kernel<<<blocks_for(rows, 128), 128, 0, c->stream>>>(dA, dP, P, rows, T, S, window);
     launched(c, "softmax_bw_kernel");
 }
@@ -256,8 +262,15 @@ static void cu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, co
     cuda_ctx *c = enter(be);
     float *st = (float *)cu_alloc(be, sizeof(float) * 2 * (size_t)M);
     if (!st) return;
-    layernorm_bw_rows_kernel<<<blocks_for((size_t)M, 128), 128, 0, c->stream>>>(dx, st, dy, x, w, M, D, eps);
-    launched(c, "layernorm_bw_rows_kernel");
+    if (c->new_kernels) {
+        layernorm_bw_warp_kernel<<<row_blocks((size_t)M), 32 * ROW_WARPS, 0, c->stream>>>(dx, st, dy, x, w, M,
+                                                                                          D, eps);
+        launched(c, "layernorm_bw_warp_kernel");
+    } else {
+        layernorm_bw_rows_kernel<<<blocks_for((size_t)M, 128), 128, 0, c->stream>>>(dx, st, dy, x, w, M, D,
+                                                                                    eps);
+        launched(c, "layernorm_bw_rows_kernel");
+    }
     if (dw || db) {
         layernorm_bw_cols_kernel<<<blocks_for((size_t)D, 128), 128, 0, c->stream>>>(dw, db, st, dy, x, M, D);
         launched(c, "layernorm_bw_cols_kernel");

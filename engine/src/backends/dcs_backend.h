@@ -52,8 +52,10 @@ typedef struct {
     int t0, kb; /* positions of query 0 and key 0           */
 } dcs_compose_args;
 
-/* A weight matrix as the forward pass reads it: float32, or (CPU backend)
- * F16/BF16 as stored in the checkpoint, widened per tile inside gemm_w. */
+/* A weight matrix as the forward pass reads it: float32, or F16/BF16 (as
+ * stored, or rounded at load: dcs_load_options.dtype) in backend memory:
+ * the CPU widens it per tile inside gemm_w, CUDA rounds the activations to
+ * the same type and runs a tensor-core product with float32 accumulation. */
 typedef struct {
     const void *p;
     int dtype; /* dcs_dtype                                */
@@ -183,16 +185,20 @@ typedef struct dcs_backend_ops {
      * window when window > 0); masked entries become 0. */
     void (*softmax_masked)(dcs_backend *be, float *x, int BN, int T, int S, int t0, int kb, int window);
 
-    /* Optional (NULL on backends whose weights are all float32 and that
-     * have no fused kernel, e.g. CUDA, which widens F16 at upload):
+    /* Optional (NULL on a backend whose weights are all float32):
      * C [M, N] = A [M, K] op(W) + beta C, W stored in W.dtype, [N, K] when
-     * transW (a torch Linear) else [K, N]; F16/BF16 widened tile by tile.
+     * transW (a torch Linear) else [K, N]; float32 accumulation (the CPU
+     * widens W tile by tile; CUDA rounds A to W's type, tensor cores).
      * The backward reads the same weights through it: dx = dy W is
      * transW = 0 on a Linear's [O, I] matrix. */
     void (*gemm_w)(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda, dcs_wmat W,
                    float beta, float *C, int ldc);
     /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
     void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M, int D);
+    /* out [n] = src [n] widened to float32 (exact); the backends with gemm_w
+     * have it (a product gemm_w cannot express, e.g. head_out's column
+     * blocks of wo, widens its weight first). */
+    void (*widen)(dcs_backend *be, float *out, dcs_wmat src, size_t n);
     /* Fused attention (see dcs_attn_args); NULL: the graph uses the full
      * path. A backend that has it writes the tape's maps (keep) too. */
     void (*attention)(dcs_backend *be, const dcs_attn_args *a);
@@ -293,6 +299,12 @@ typedef struct dcs_backend_ops {
      * 0 on success. NULL: the backend's memory is the host's (the caller
      * reads the host's available memory). */
     int (*mem_info)(dcs_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
+
+    /* Optional: host memory of at least `bytes` owned by the backend (CUDA:
+     * pinned, so downloads to it run at full speed), valid until the next
+     * call or destroy; NULL: the caller uses its own buffer. The graph stages
+     * the hooks' tensors in it. */
+    void *(*host_staging)(dcs_backend *be, size_t bytes);
 } dcs_backend_ops;
 
 /* A backend: its operations and its state (device, streams, threads). */
@@ -327,7 +339,7 @@ const char *dcs_cpu_blas_core(void);
  * The plugin exports one symbol, DCS_CUDA_PLUGIN_SYMBOL, a function that
  * returns its table below. The loader refuses a plugin whose abi or struct
  * sizes differ from its own (a plugin left over from another build). */
-#define DCS_CUDA_PLUGIN_ABI 3
+#define DCS_CUDA_PLUGIN_ABI 4
 #define DCS_CUDA_PLUGIN_SYMBOL "dcs_cuda_plugin_v1"
 #define DCS_CUDA_PLUGIN_FILE "libdclens_cuda.so"
 typedef struct {

@@ -117,6 +117,10 @@ void dcs_tensor_to_f32(const dcs_tensor *t, float *out);
 uint64_t dcs_tensor_numel(const dcs_tensor *t);
 /* Widen n values of `dtype` at src (any alignment) to float32 (exact). */
 void dcs_widen(const void *src, uint64_t n, int dtype, float *out);
+/* Narrow n floats to `dtype` (F16 or BF16) at out (any alignment), rounded
+ * to nearest even as torch's .half() / .bfloat16() round; F16 overflow
+ * becomes +-inf (the loader refuses it by name). */
+void dcs_narrow(const float *src, uint64_t n, int dtype, void *out);
 
 /* Building a table (tensor_table.c, for the file parsers). Between calls t[] is
  * sorted by name (dcs_tt_find bsearches it). A parser records first = tt->n,

@@ -76,6 +76,44 @@ void dcs_widen(const void *src, uint64_t n, int dtype, float *out) {
     }
 }
 
+/* ------------------------------------------------------------ narrowing */
+
+/* float -> IEEE half, rounded to nearest even (what torch's .half() and
+ * CUDA's __float2half_rn give): overflow becomes +-inf, values below the
+ * smallest subnormal become +-0, NaN stays NaN (quiet). */
+static uint16_t f32_to_f16(float f) {
+    uint32_t x = f32_to_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
+    if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
+        /* the half subnormal m * 2^-24, m = round(|f| * 2^24): exact in float
+         * up to the rounding, which rint does to nearest even */
+        float a = bits_to_f32(ax) * 0x1p24f;
+        uint32_t m = (uint32_t)__builtin_rintf(a);
+        return (uint16_t)(sign | m); /* m == 0x400 is the smallest normal */
+    }
+    uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u); /* round to nearest even at bit 13 */
+    return (uint16_t)(sign | ((r - (112u << 23)) >> 13));
+}
+
+/* float -> bfloat16, rounded to nearest even; NaN stays NaN (quiet). */
+static uint16_t f32_to_bf16(float f) {
+    uint32_t x = f32_to_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+void dcs_narrow(const float *src, uint64_t n, int dtype, void *out) {
+    uint8_t *o = out;
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t h = dtype == DCS_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+        memcpy(o + 2 * i, &h, 2);
+    }
+}
+
 /* ------------------------------------------------------------ tensors */
 
 uint64_t dcs_tensor_numel(const dcs_tensor *t) {

@@ -74,6 +74,7 @@ typedef struct {
     const void *half; /* stored F16/BF16 data (ptr NULL   */
     int dtype;        /*  until dcs_model_require_f32)    */
     int half_owned;   /* half is a malloc'd copy          */
+    int half_dev;     /* half is in device memory (CUDA)  */
     float **slot;     /* model field pointing at ptr      */
     int layer, field; /* its layer and DCS_LP_* field; -1 for the model's own
                          (embedding, final norm, unembedding) */
@@ -85,6 +86,10 @@ struct dcs_model {
     int device;
     int local[1024]; /* per layer: 1 = local window      */
     dcs_backend *be;
+    int want_dtype;              /* large matrices: -1 as stored, else the dcs_dtype
+                       asked (dcs_load_options.dtype, resolved)        */
+    int kept_dtype;              /* what they are kept in: -1 none yet, a dcs_dtype,
+                       or 3 mixed (dcs_model_weight_dtype)             */
     float *tok_emb;              /* [V, D]                           */
     float *out_w;                /* [V, D] (== tok_emb when tied)    */
     float *norm_w, *norm_b;      /* [D]                              */

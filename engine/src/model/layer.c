@@ -333,9 +333,9 @@ static void attention_out(dcs_pass *p, int l, float *z, float *out) {
     if (dcs_pass_wants(p, DCS_HP_HEAD_OUT, l)) {
         float *ho = dcs_pass_alloc(p, M, N, D), *wtmp = NULL;
         const float *wo = lw->m_wo.p;
-        if (lw->m_wo.dtype != DCS_F32) { /* kept F16/BF16 (CPU): widened for this product */
+        if (lw->m_wo.dtype != DCS_F32) { /* kept F16/BF16: widened for this product */
             wtmp = dcs_pass_alloc(p, D, D, 1);
-            if (wtmp) dcs_widen(lw->m_wo.p, (uint64_t)D * D, lw->m_wo.dtype, wtmp);
+            if (wtmp) be->ops->widen(be, wtmp, lw->m_wo, (size_t)D * D);
             wo = wtmp;
         }
         if (p->status) return;

@@ -45,8 +45,8 @@ static void release_unaliased_files(dcs_model *m) {
         for (int k = 0; k < m->n_weights && !aliased; k++) {
             const dcs_named_weight *w = &m->weights[k];
             const uint8_t *p = (const uint8_t *)w->ptr, *h = (const uint8_t *)w->half;
-            aliased = (!w->owned && p && p >= lo && p < hi) ||    /* F32 in place     */
-                      (!w->half_owned && h && h >= lo && h < hi); /* F16/BF16 kept    */
+            aliased = (!w->owned && p && p >= lo && p < hi) ||                    /* F32 in place */
+                      (!w->half_owned && !w->half_dev && h && h >= lo && h < hi); /* F16/BF16 kept */
         }
         if (aliased) continue;
         for (int k = 0; k < tt->n; k++)
@@ -89,6 +89,19 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
         goto done;
     }
     m->device = opts ? opts->device : DCS_DEVICE_CPU;
+    const int dt = opts ? opts->dtype : DCS_LOAD_AUTO;
+    if (dt < DCS_LOAD_AUTO || dt > DCS_LOAD_BF16) {
+        s = dcs_seterr(&e, DCS_ERR_ARG, "dcs_load: dtype %d is not one of DCS_LOAD_AUTO, _F32, _F16, _BF16",
+                       dt);
+        goto done;
+    }
+    /* AUTO: as stored on the CPU; float32 on a device (docs/cuda.md) */
+    m->want_dtype = dt == DCS_LOAD_F32            ? DCS_F32
+                    : dt == DCS_LOAD_F16          ? DCS_F16
+                    : dt == DCS_LOAD_BF16         ? DCS_BF16
+                    : m->device == DCS_DEVICE_CPU ? -1
+                                                  : DCS_F32;
+    m->kept_dtype = -1;
 
     if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path) {
         s = dcs_seterr(&e, DCS_ERR_ARG, "%.64s...: path too long", dir);

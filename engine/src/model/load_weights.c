@@ -81,20 +81,65 @@ static int weight_finite(dcs_builder *b, const float *x, uint64_t n, const dcs_t
  * name and element index. Exponent all ones: F16 bits 0x7c00, BF16 0x7f80;
  * a non-zero mantissa below it is NaN. Read bytewise (the mapped data may be
  * at an odd address), little-endian as stored. */
-int dcs_load_half_finite(dcs_builder *b, const dcs_tensor *t) {
-    uint64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
-    const uint16_t exp = t->dtype == DCS_F16 ? 0x7c00u : 0x7f80u;
-    const uint8_t *d = t->data;
+/* The first element of n 16-bit values (dtype) at d that is NaN or inf, or
+ * -1; *what names it. */
+static long long first_nonfinite16(const uint8_t *d, uint64_t n, int dtype, const char **what) {
+    const uint16_t exp = dtype == DCS_F16 ? 0x7c00u : 0x7f80u;
     for (uint64_t i = 0; i < n; i++) {
         uint16_t u = (uint16_t)(d[2 * i] | (d[2 * i + 1] << 8));
         if ((u & exp) != exp) continue;
-        const char *what = (u & 0x7fffu & (uint16_t)~exp) ? "NaN" : (u & 0x8000u) ? "-inf" : "+inf";
-        dcs_seterr(b->e, DCS_ERR_NONFINITE, "%s: tensor '%.200s' holds %s at element %llu", t->file, t->name,
-                   what, (unsigned long long)i);
-        return 0;
+        *what = (u & 0x7fffu & (uint16_t)~exp) ? "NaN" : (u & 0x8000u) ? "-inf" : "+inf";
+        return (long long)i;
     }
-    return 1;
+    return -1;
+}
+
+int dcs_load_half_finite(dcs_builder *b, const dcs_tensor *t) {
+    const char *what = "";
+    long long i = first_nonfinite16(t->data, dcs_tensor_numel(t), t->dtype, &what);
+    if (i < 0) return 1;
+    dcs_seterr(b->e, DCS_ERR_NONFINITE, "%s: tensor '%.200s' holds %s at element %lld", t->file, t->name,
+               what, i);
+    return 0;
+}
+
+static const char *dtype_name(int dtype) {
+    return dtype == DCS_F16 ? "float16" : dtype == DCS_BF16 ? "bfloat16" : "float32";
+}
+
+/* t (float32) rounded to `dtype` in a malloc'd buffer, or NULL (error set):
+ * out of memory, or a value past float16's range (+-65504). */
+static uint8_t *narrowed(dcs_builder *b, const dcs_tensor *t, int dtype) {
+    uint64_t n = dcs_tensor_numel(t);
+    float *f = malloc((size_t)n * sizeof *f);
+    uint8_t *h = malloc((size_t)n * 2 + 1);
+    if (!f || !h) {
+        free(f);
+        free(h);
+        dcs_seterr(b->e, DCS_ERR_NOMEM, "%s: out of memory rounding '%s' to %s", t->file, t->name,
+                   dtype_name(dtype));
+        return NULL;
+    }
+    dcs_tensor_to_f32(t, f);
+    const char *what = "";
+    if (!weight_finite(b, f, n, t, t->name)) {
+        free(f);
+        free(h);
+        return NULL;
+    }
+    dcs_narrow(f, n, dtype, h);
+    long long i = first_nonfinite16(h, n, dtype, &what);
+    if (i >= 0) {
+        dcs_seterr(b->e, DCS_ERR_ARG,
+                   "dtype='%s': tensor '%.200s' of %s holds %g at element %lld, past float16's range "
+                   "(+-65504): load with dtype='bfloat16' or 'float32'",
+                   dtype_name(dtype), t->name, t->file, (double)f[i], i);
+        free(f);
+        free(h);
+        return NULL;
+    }
+    free(f);
+    return h;
 }
 
 /* The next entry of the model's weight list (not yet counted in
@@ -193,7 +238,22 @@ dcs_wmat dcs_load_add_weight_keep(dcs_builder *b, const char *name, int ndim, co
     }
     w->slot = slot;
     w->dtype = dtype;
-    if (own) {
+    m->kept_dtype = m->kept_dtype < 0 || m->kept_dtype == dtype ? dtype : 3;
+    if (m->device != DCS_DEVICE_CPU) { /* the stored bits, uploaded once */
+        void *dev = m->be->ops->alloc(m->be, (size_t)n * 2);
+        if (!dev) {
+            free(own);
+            dcs_err ignored;
+            m->be->ops->sync(m->be, &ignored);
+            dcs_seterr(b->e, DCS_ERR_NOMEM, "out of device memory for '%s' (%.3f GiB in %s)", name,
+                       (double)n * 2 / 1073741824.0, dtype_name(dtype));
+            return r;
+        }
+        m->be->ops->upload(m->be, dev, data ? data : own, (size_t)n * 2);
+        free(own);
+        w->half = dev;
+        w->half_dev = 1;
+    } else if (own) {
         w->half = own;
         w->half_owned = 1;
     } else if ((uintptr_t)data % 2 == 0) {
@@ -215,17 +275,34 @@ dcs_wmat dcs_load_add_weight_keep(dcs_builder *b, const char *name, int ndim, co
     return r;
 }
 
-/* A large matrix by stored name: kept in its dtype on the CPU (see
- * dcs_load_add_weight_keep), float32 elsewhere. NULL .p when missing. */
+/* A large matrix by stored name, in the type the load asked for
+ * (m->want_dtype; dclens.h, dcs_load_options.dtype): as stored (-1), widened
+ * to float32, or kept 16-bit (dcs_load_add_weight_keep; a float32 tensor
+ * rounded to it; the other 16-bit type refused). NULL .p when missing. */
 dcs_wmat dcs_load_keep(dcs_builder *b, const char *canon, const char *stored, int ndim, int64_t d0,
                        int64_t d1, int64_t d2, int64_t d3, float **slot) {
     int64_t shape[5] = {d0, d1, d2, d3, 0};
     dcs_wmat r = {NULL, DCS_F32};
     dcs_tensor *t = dcs_load_take(b, stored, 1, ndim, d0, d1, d2, d3, (int64_t)0);
     if (!t) return r;
-    if (b->m->device != DCS_DEVICE_CPU || t->dtype == DCS_F32) {
+    const int want = b->m->want_dtype < 0 ? t->dtype : b->m->want_dtype;
+    if (want == DCS_F32) {
         *slot = dcs_load_add_weight(b, canon, ndim, shape, t, NULL);
         r.p = *slot;
+        if (r.p) b->m->kept_dtype = b->m->kept_dtype < 0 || b->m->kept_dtype == DCS_F32 ? DCS_F32 : 3;
+        return r;
+    }
+    if (t->dtype == DCS_F32) { /* rounded to the 16-bit type asked for */
+        uint8_t *h = narrowed(b, t, want);
+        if (!h) return r;
+        return dcs_load_add_weight_keep(b, canon, ndim, shape, NULL, want, h, slot);
+    }
+    if (t->dtype != want) {
+        dcs_seterr(b->e, DCS_ERR_ARG,
+                   "dtype='%s': %s stores '%.200s' in %s, and %s -> %s would change its values: load with "
+                   "dtype='auto' (%s, as stored) or 'float32'",
+                   dtype_name(want), t->file, t->name, dtype_name(t->dtype), dtype_name(t->dtype),
+                   dtype_name(want), dtype_name(t->dtype));
         return r;
     }
     if (!dcs_load_half_finite(b, t)) return r;

@@ -30,12 +30,14 @@ void dcs_free(dcs_model *m) {
 void dcs_model_destroy(dcs_model *m) {
     if (m->be) {
         dcs_pool_clear(m);
-        for (int i = 0; i < m->n_weights; i++)
+        for (int i = 0; i < m->n_weights; i++) {
             if (m->weights[i].owned) m->be->ops->free(m->be, m->weights[i].ptr);
+            if (m->weights[i].half_dev) m->be->ops->free(m->be, (void *)(uintptr_t)m->weights[i].half);
+        }
         m->be->ops->destroy(m->be);
     }
     for (int i = 0; i < m->n_weights; i++)
-        if (m->weights[i].half_owned) free((void *)(uintptr_t)m->weights[i].half);
+        if (m->weights[i].half_owned && !m->weights[i].half_dev) free((void *)(uintptr_t)m->weights[i].half);
     free(m->weights);
     free(m->layers);
     free(m->plan);
@@ -47,6 +49,9 @@ void dcs_model_destroy(dcs_model *m) {
 const dcs_config *dcs_model_config(const dcs_model *m) { return &m->cfg; }
 const char *dcs_errmsg(const dcs_model *m) { return m ? m->err.msg : "no model"; }
 int dcs_model_device(const dcs_model *m) { return m->device; }
+int dcs_model_weight_dtype(const dcs_model *m) {
+    return !m ? -1 : m->kept_dtype < 0 ? DCS_F32 : m->kept_dtype;
+}
 const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
 
 dcs_status dcs_model_map_params(dcs_model *m, dcs_err *e) {
@@ -119,6 +124,15 @@ dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_
     if (n != n_floats || !out)
         return dcs_seterr(&m->err, DCS_ERR_ARG, "weight '%.200s' has %zu elements, buffer has %zu%s", name, n,
                           n_floats, out ? "" : " (NULL)");
+    if (!w->ptr && w->half_dev) { /* kept in F16/BF16 on the device: fetch, widen */
+        uint16_t *tmp = malloc(n * 2);
+        if (!tmp) return dcs_seterr(&m->err, DCS_ERR_NOMEM, "out of memory reading weight '%.200s'", name);
+        m->be->ops->download(m->be, tmp, w->half, n * 2);
+        dcs_status st = m->be->ops->sync(m->be, &m->err);
+        if (!st) dcs_widen(tmp, n, w->dtype, out);
+        free(tmp);
+        return st;
+    }
     if (!w->ptr) { /* kept in F16/BF16 (CPU): widen */
         dcs_widen(w->half, n, w->dtype, out);
         return DCS_OK;
@@ -132,6 +146,11 @@ dcs_status dcs_model_require_f32(dcs_model *m, dcs_err *e) {
     for (int i = 0; i < m->n_weights; i++) {
         dcs_named_weight *w = &m->weights[i];
         if (w->ptr || !w->half) continue;
+        if (w->half_dev)
+            return dcs_seterr(e, DCS_ERR_UNSUPPORTED,
+                              "%s: '%s' is kept in %s on the device; training needs float32 weights: "
+                              "load the model with dtype='float32'",
+                              m->dir, w->name, w->dtype == DCS_F16 ? "float16" : "bfloat16");
         uint64_t n = 1;
         for (int k = 0; k < w->ndim; k++) n *= (uint64_t)w->shape[k];
         float *p = m->be->ops->alloc(m->be, (size_t)n * sizeof(float));

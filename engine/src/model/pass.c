@@ -184,6 +184,10 @@ static int is_map(int point) { return point >= DCS_HP_SCORES && point <= DCS_HP_
 
 /* Host memory for n floats of staging. */
 static float *staging(dcs_pass *p, size_t n, int point) {
+    if (p->be->ops->host_staging) { /* the backend's (CUDA: pinned) */
+        float *h = p->be->ops->host_staging(p->be, n * sizeof(float));
+        if (h) return h;
+    }
     if (n > p->host_cap) {
         free(p->host);
         p->host = malloc(n * sizeof(float));

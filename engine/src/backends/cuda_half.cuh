@@ -1,0 +1,99 @@
+/*
+ * cuda_half.cuh -- the CUDA backend's 16-bit weights (included by cuda.cu):
+ * weight matrices kept on the device in F16 or BF16 (dcs_load_options.dtype)
+ * and read through gemm_w, embed_w and widen (dcs_backend.h).
+ *
+ * gemm_w rounds the float32 activations A [M, K] to the weight's type (to
+ * nearest even, into a stream-ordered scratch buffer) and runs one
+ * cublasGemmEx with 16-bit inputs, float32 output and CUBLAS_COMPUTE_32F:
+ * tensor cores, float32 accumulation. What the hooks and the analyses read
+ * stays float32; only the products' inputs are 16-bit.
+ */
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+__device__ static inline float half_to_f32(uint16_t u, int dtype) {
+    return dtype == DCS_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+}
+
+__device__ static inline uint16_t f32_to_half(float x, int dtype) {
+    return dtype == DCS_F16 ? __half_as_ushort(__float2half_rn(x))
+                            : __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+/* out [n] = src [n] widened */
+static __global__ void widen16_kernel(float *out, const uint16_t *src, size_t n, int dtype) {
+    GRID_STRIDE(i, n) out[i] = half_to_f32(src[i], dtype);
+}
+
+/* out [M, K] (contiguous) = A [M, K] (row stride lda) rounded to dtype */
+static __global__ void narrow_rows_kernel(uint16_t *out, const float *A, int M, int K, int lda, int dtype) {
+    const size_t n = (size_t)M * K;
+    GRID_STRIDE(i, n) out[i] = f32_to_half(A[(i / K) * (size_t)lda + i % K], dtype);
+}
+
+/* out [M, D] = table [V, D] (16-bit) rows tokens [M], widened; a block per row */
+static __global__ void embed16_kernel(float *out, const uint16_t *table, const int32_t *tokens, int D,
+                                      int dtype) {
+    size_t m = blockIdx.x;
+    const uint16_t *src = table + (size_t)tokens[m] * D;
+    float *dst = out + m * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = half_to_f32(src[i], dtype);
+}
+
+static void cu_widen(dcs_backend *be, float *out, dcs_wmat src, size_t n) {
+    if (!n) return;
+    if (src.dtype == DCS_F32) {
+        cu_copy(be, out, src.p, n * sizeof(float));
+        return;
+    }
+    cuda_ctx *c = enter(be);
+    widen16_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>(out, (const uint16_t *)src.p, n, src.dtype);
+    launched(c, "widen16_kernel");
+}
+
+/* C [M, N] = A [M, K] op(W) + beta C; W [N, K] when transW (a torch Linear),
+ * else [K, N]. Row-major as cu_gemm maps it: C^T = op(W)^T A^T, where the
+ * stored W seen column-major is W^T, so transW takes CUBLAS_OP_T (ld K) and
+ * the other case CUBLAS_OP_N (ld N). */
+static void cu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const float *A, int lda, dcs_wmat W,
+                      float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (W.dtype == DCS_F32) {
+        cu_gemm(be, 0, transW, M, N, K, 1.0f, A, lda, 0, (const float *)W.p, transW ? K : N, 0, beta, C, ldc,
+                0, 1);
+        return;
+    }
+    cuda_ctx *c = enter(be);
+    void *a16 = NULL;
+    const size_t n = (size_t)M * (size_t)K;
+    if (!ck(c, raw_alloc(c, &a16, n * 2 + 16), "allocating gemm_w's 16-bit activations")) return;
+    narrow_rows_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>((uint16_t *)a16, A, M, K, lda, W.dtype);
+    launched(c, "narrow_rows_kernel");
+    const cudaDataType t = W.dtype == DCS_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    const float alpha = 1.0f;
+    ck_blas(c,
+            cublasGemmEx(c->blas, transW ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, W.p, t,
+                         transW ? K : N, a16, t, K, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx (16-bit weights)");
+    if (c->pool)
+        ck(c, cudaFreeAsync(a16, c->stream), "cudaFreeAsync");
+    else
+        ck(c, cudaFree(a16), "cudaFree");
+}
+
+static void cu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M,
+                       int D) {
+    if (M <= 0 || D <= 0) return;
+    if (table.dtype == DCS_F32) {
+        cu_embed(be, out, (const float *)table.p, tokens_host, M, D);
+        return;
+    }
+    cuda_ctx *c = enter(be);
+    const int32_t *tok = stage_tokens(c, tokens_host, M);
+    if (!tok) return;
+    embed16_kernel<<<M, 256, 0, c->stream>>>(out, (const uint16_t *)table.p, tok, D, table.dtype);
+    launched(c, "embed16_kernel");
+}
