@@ -4,7 +4,7 @@ backward's achieved GFLOP/s against a same-run OpenBLAS sgemm.
 
     python scripts/bench_grad.py DIR [--layers 32] [--T 128] [--steps 16]
                                  [--max-tape-gib 2.5] [--check-fd] [--keep]
-                                 [--device cuda] [--sensitivity]
+                                 [--device cuda] [--dtype bfloat16] [--sensitivity]
 
 Writes the checkpoint (bench.write_69b_fp16: D=4096, 32 heads, F=16384,
 vocab 50432, fp16, streamed) to DIR, then in a fresh process: loads it, runs
@@ -59,7 +59,7 @@ def hwm():
     return int([l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]) * 1024
 
 d, T, steps, budget, layer, dev = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) or None, int(sys.argv[5]), sys.argv[6]
-m = dclens.load(d, device=dev)
+m = dclens.load(d, device=dev, dtype=sys.argv[7])
 from dclens import memplan
 budget = memplan.check_budget(budget, m)   # None (--max-tape-gib 0): the default, from the device's free memory
 L = m.config.n_layer
@@ -149,9 +149,10 @@ import json, sys, time
 import torch
 torch.backends.cuda.matmul.allow_tf32 = False
 shapes = json.loads(sys.argv[1])
+dt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[sys.argv[2]]
 ts = []
 for m, n, k in shapes:
-    a = torch.randn(m, k, device="cuda"); b = torch.randn(n, k, device="cuda")
+    a = torch.randn(m, k, device="cuda", dtype=dt); b = torch.randn(n, k, device="cuda", dtype=dt)
     for _ in range(3):
         a @ b.T
     torch.cuda.synchronize(); t0 = time.perf_counter()
@@ -162,17 +163,21 @@ print(json.dumps({"times": ts, "torch": torch.__version__, "gpu": torch.cuda.get
 """
 
 
-def cuda_sgemm_gflops(s, T):
-    """GFLOP/s of float32 cuBLAS GEMMs (PyTorch, TF32 off) over the pass's
-    linear shapes, or None where torch is not installed."""
+def cuda_sgemm_gflops(s, T, dtype="float32"):
+    """GFLOP/s of cuBLAS GEMMs (PyTorch, TF32 off) over the pass's linear
+    shapes in the products' input type (float32, or the 16-bit type the
+    weights are kept in), or None where torch is not installed."""
     D, F = s["dim"], s["intermediate"]
     shapes = [(T, 3 * D, D), (T, D, D), (T, F, D), (T, D, F)]
-    r = subprocess.run([sys.executable, "-c", CUDA_SGEMM_SRC, json.dumps(shapes)], capture_output=True, text=True)
+    dtype = "float32" if dtype == "auto" else dtype
+    r = subprocess.run(
+        [sys.executable, "-c", CUDA_SGEMM_SRC, json.dumps(shapes), dtype], capture_output=True, text=True
+    )
     if r.returncode:
         print("no same-run cuBLAS sgemm (torch): %s" % r.stderr.strip().splitlines()[-1:])
         return None
     res = json.loads(r.stdout)
-    print("same-run sgemm: float32 cuBLAS through torch %s on %s" % (res["torch"], res["gpu"]))
+    print("same-run GEMM: %s cuBLAS through torch %s on %s" % (dtype, res["torch"], res["gpu"]))
     return sum(2 * m * n * k for m, n, k in shapes) / sum(res["times"]) / 1e9
 
 
@@ -200,6 +205,12 @@ def main(argv=None):
     p.add_argument("--fd-only", action="store_true", help="with --check-fd: no timing run")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="load's dtype= (the type the weight matrices are kept in; on CUDA the 16-bit products)",
+    )
     p.add_argument(
         "--sensitivity",
         action="store_true",
@@ -246,7 +257,18 @@ def main(argv=None):
             return
         budget = int(a.max_tape_gib * 2**30)
         r = subprocess.run(
-            [sys.executable, "-c", RUN_SRC, a.dir, str(a.T), str(a.steps), str(budget), str(a.hook_layer), a.device],
+            [
+                sys.executable,
+                "-c",
+                RUN_SRC,
+                a.dir,
+                str(a.T),
+                str(a.steps),
+                str(budget),
+                str(a.hook_layer),
+                a.device,
+                a.dtype,
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -259,7 +281,7 @@ def main(argv=None):
             shutil.rmtree(a.dir, ignore_errors=True)
     rc = bool(res["tape"]["recompute"])
     fl = backward_flops(s, res["layer"], a.layers, a.T, rc)
-    sg = bench.sgemm_gflops(s, a.T, a.threads) if a.device == "cpu" else cuda_sgemm_gflops(s, a.T)
+    sg = bench.sgemm_gflops(s, a.T, a.threads) if a.device == "cpu" else cuda_sgemm_gflops(s, a.T, a.dtype)
     limit = 1.25 * stored + 2**30
     res.update(
         stored=stored,

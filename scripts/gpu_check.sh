@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# The checks and benchmarks of a machine with an NVIDIA GPU, in one command
-# (what docs/benchmarks/diary.md's "lent GPU machine" sections and docs/cuda.md report):
+# The checks and benchmarks of a machine with an NVIDIA GPU, in one command of under 8 minutes
+# (issue 39; docs/cuda.md "Checking a GPU", docs/benchmarks/diary.md's "lent GPU machine" sections):
 #
 #     bash scripts/gpu_check.sh [OUT_DIR]            # default /tmp/gpu_check
 #
 # 1. builds dclens with the CUDA backend (pip install -e ., CUDA_ARCH default 90-real),
-# 2. the C tests (ctest --preset dev; test_cuda runs every kernel against the CPU backend),
-# 3. the GPU pytest files (CUDA forward, backward, tapes, fork and error paths),
-# 4. gradients + 16-step IG on a DCPythia-6.9B-shaped fp16 checkpoint on CUDA, 4 and 32 layers
-#    (scripts/bench_grad.py --device cuda; writes 2.5 + 13.9 GB under /tmp),
-# 5. the CPU forward from 1 to 16 threads at D=1024 and the 1.4B shape (issue 28), unpinned, and
-#    again with OPENBLAS_CORETYPE=SkylakeX on an AVX-512 CPU (an OpenBLAS that does not recognise
-#    a virtual CPU falls back to its Prescott kernels: the script says which kernel ran),
-# 6. the CUDA vs CPU forward (scripts/bench_cuda.py), 7. training vs PyTorch on 2 cores.
+# 2. the C tests (ctest --preset dev), then test_cuda and test_backend_bw again with
+#    DCLENS_CUDA_KERNELS=new (the warp-per-row kernels and pinned staging, not yet the default),
+# 3. the GPU pytest files: CUDA forward, backward, tapes, fork and error paths, the 16-bit weights
+#    and the new kernels (tests/gpu/test_cuda_16bit.py); test_cuda.py again with the new kernels,
+# 4. gradients + 16-step IG on a 4-layer DCPythia-6.9B-shaped checkpoint, float32 and bfloat16
+#    weights on the GPU, against a same-run cuBLAS GEMM of the layer's shapes (scripts/bench_grad.py),
+# 5. scripts/bench_cuda_vs_official.py: the official DCPythia module against dclens on the same
+#    random DCPythia-6.9B-shaped bf16 checkpoint, same GPU, same tokens (prefill tokens/s, peak
+#    memory, logits difference, a gradient step, IG), when .gpu_carry/ holds the module,
+# 6. with FULL=1 only: the older issues' CPU measurements (1-16 threads, issue 28; training vs
+#    PyTorch, issue 29), which take several minutes more.
 #
 # Each step has its own time limit; the log and the JSON/XML results go to OUT_DIR.
-# A machine without OpenBLAS / libpng / cJSON headers: DCLENS_DEBS=DIR unpacks the Debian
-# packages (.deb) in DIR into /tmp/deps and builds against them; DCLENS_WHEELS=DIR puts the
-# wheels in DIR (cffi, pycparser) on PYTHONPATH. (The project's lent GPU machines needed both.)
+# A lent machine has no network: what it lacks travels in the git-ignored folder .gpu_carry/
+# (device `carry`), made here with `bash scripts/gpu_carry.sh`: Debian packages of OpenBLAS,
+# libpng and cJSON (DCLENS_DEBS=.gpu_carry/debs unpacks them into /tmp/deps and builds against
+# them), the cffi/pycparser wheels (DCLENS_WHEELS=.gpu_carry/dclens_whl), and for step 5 the
+# official module (.gpu_carry/DCFormer) and the transformers version it needs (.gpu_carry/whl).
 set -u
 cd "$(dirname "$0")/.." || exit 1
+[ -d .gpu_carry/debs ] && : "${DCLENS_DEBS:=$PWD/.gpu_carry/debs}" && export DCLENS_DEBS
+[ -d .gpu_carry/dclens_whl ] && : "${DCLENS_WHEELS:=$PWD/.gpu_carry/dclens_whl}" && export DCLENS_WHEELS
 OUT=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -45,36 +52,55 @@ cmake --preset dev $CMAKE_ARGS -DPython3_EXECUTABLE="$(command -v python3)" --lo
   timeout 120 ctest --preset dev -j8 >"$OUT/ctest.txt" 2>&1
 tail -4 "$OUT/ctest.txt"
 ./build/dev/test_cuda 2>&1 | tail -5
+stamp C kernel tests, DCLENS_CUDA_KERNELS=new
+DCLENS_CUDA_KERNELS=new timeout 120 ./build/dev/test_cuda >"$OUT/test_cuda_new.txt" 2>&1
+grep -E "FAIL|cuda:" "$OUT/test_cuda_new.txt" | tail -8
+DCLENS_CUDA_KERNELS=new timeout 120 ./build/dev/test_backend_bw >"$OUT/test_backend_bw_new.txt" 2>&1
+grep -E "FAIL|passed" "$OUT/test_backend_bw_new.txt" | tail -8
 
 stamp GPU pytest files
 X=""
 python3 -c "import xdist" 2>/dev/null && X="-n 4"
 # shellcheck disable=SC2086
 timeout 180 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X --junitxml="$OUT/pytest.xml" \
-  tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py tests/engine/test_tape_cache.py tests/engine/test_fork.py tests/api/test_errors.py \
-  >"$OUT/pytest.txt" 2>&1
+  tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py tests/gpu/test_cuda_16bit.py tests/engine/test_tape_cache.py \
+  tests/engine/test_fork.py tests/api/test_errors.py >"$OUT/pytest.txt" 2>&1
 echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30
+stamp GPU pytest, DCLENS_CUDA_KERNELS=new
+# shellcheck disable=SC2086
+DCLENS_CUDA_KERNELS=new timeout 150 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X \
+  --junitxml="$OUT/pytest_new.xml" tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py >"$OUT/pytest_new.txt" 2>&1
+echo "pytest (new kernels) exit $?"
+grep -E "passed|failed|error" "$OUT/pytest_new.txt" | tail -3
+grep -E "^(FAILED|ERROR)" "$OUT/pytest_new.txt" | head -30
 
-stamp IG on a DCPythia-6.9B-shaped fp16 checkpoint, CUDA
-timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 --steps 16 --max-tape-gib 0 >"$OUT/grad4.txt" 2>&1
+stamp IG on a 4-layer DCPythia-6.9B-shaped fp16 checkpoint, CUDA, float32 and bfloat16 weights
+timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 --steps 16 --max-tape-gib 0 \
+  --keep >"$OUT/grad4.txt" 2>&1
 tail -6 "$OUT/grad4.txt"
-timeout 150 python3 scripts/bench_grad.py /tmp/g69full --device cuda --layers 32 --T 128 --steps 16 --max-tape-gib 0 >"$OUT/grad32.txt" 2>&1
-tail -6 "$OUT/grad32.txt"
+DCLENS_CUDA_KERNELS=new timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 \
+  --steps 16 --max-tape-gib 0 --dtype bfloat16 >"$OUT/grad4_bf16.txt" 2>&1
+tail -6 "$OUT/grad4_bf16.txt"
 
-stamp CPU forward, 1-16 threads, unpinned
-env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE DCLENS_BENCH_TMP=/tmp timeout 240 python3 scripts/bench.py \
-  --sizes d1024,1.4b --T 512 --no-extras --scaling 1,2,4,8,16 --repeat 2 --out "$OUT/scaling.json" 2>&1 | tail -28
-if lscpu | grep -q avx512f; then
-  stamp CPU forward, 1-16 threads, OPENBLAS_CORETYPE=SkylakeX
-  OPENBLAS_CORETYPE=SkylakeX DCLENS_BENCH_TMP=/tmp timeout 180 python3 scripts/bench.py \
-    --sizes d1024,1.4b --T 512 --no-extras --scaling 1,2,4,8,16 --repeat 2 --out "$OUT/scaling_skx.json" 2>&1 | tail -28
+if [ -d .gpu_carry/DCFormer ]; then
+  stamp official DCPythia module vs dclens, same GPU
+  timeout 300 python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \
+    --wheels .gpu_carry/whl --out "$OUT/official.json" >"$OUT/official.txt" 2>&1
+  echo "bench_cuda_vs_official exit $?"
+  tail -30 "$OUT/official.txt"
+else
+  stamp "no .gpu_carry/DCFormer: the comparison with the official module skipped (bash scripts/gpu_carry.sh)"
 fi
 
-stamp CUDA vs CPU forward
-timeout 90 python3 scripts/bench_cuda.py --T 512 2048 2>&1 | tail -8
-
-stamp training vs PyTorch, 2 cores
-timeout 90 taskset -c 0,1 python3 scripts/bench_train.py --vs-torch --torch-python "$(command -v python3)" 2>&1 | tail -8
+if [ "${FULL:-0}" = 1 ]; then
+  stamp CPU forward, 1-16 threads, unpinned
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE DCLENS_BENCH_TMP=/tmp timeout 240 python3 scripts/bench.py \
+    --sizes d1024,1.4b --T 512 --no-extras --scaling 1,2,4,8,16 --repeat 2 --out "$OUT/scaling.json" 2>&1 | tail -28
+  stamp CUDA vs CPU forward
+  timeout 90 python3 scripts/bench_cuda.py --T 512 2048 2>&1 | tail -8
+  stamp training vs PyTorch, 2 cores
+  timeout 90 taskset -c 0,1 python3 scripts/bench_train.py --vs-torch --torch-python "$(command -v python3)" 2>&1 | tail -8
+fi
 stamp "all done"

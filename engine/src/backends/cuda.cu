@@ -4,10 +4,12 @@
  * rest. The model graph (forward.c) is the same for every backend; it calls
  * only the function pointers filled in here.
  *
- * Numerics. Storage is float32 and so is all arithmetic:
- *   - GEMMs: cublasSgemmStridedBatched under CUBLAS_DEFAULT_MATH (true fp32
- *     FMA, no TF32 tensor-op math unless asked for explicitly, which this
- *     file never does).
+ * Numerics. Activations are float32 and so is all arithmetic, but for the
+ * products of weights kept in 16 bits (dtype= at load, cuda_half.cuh:
+ * 16-bit inputs, tensor cores, float32 accumulation):
+ *   - float32 GEMMs: cublasSgemmStridedBatched under CUBLAS_DEFAULT_MATH
+ *     (true fp32 FMA, no TF32 tensor-op math unless asked for explicitly,
+ *     which this file never does).
  *   - The per-element math (gelu, masks, rotary angles, RMS/LayerNorm
  *     scaling, the per-pair compose) is the DCS_HD code of dcs_math.h, the
  *     same functions the CPU backend runs. CMakeLists.txt compiles this file with
