@@ -8,10 +8,13 @@
 # 2. the C tests (ctest --preset dev), then test_cuda and test_backend_bw again with
 #    DCLENS_CUDA_KERNELS=new (the warp-per-row kernels and pinned staging, not yet the default),
 # 3. the GPU pytest files: CUDA forward, backward, tapes, fork and error paths, the 16-bit weights
-#    and the new kernels (tests/gpu/test_cuda_16bit.py); test_cuda.py again with the new kernels,
-# 4. gradients + 16-step IG on a 4-layer DCPythia-6.9B-shaped checkpoint, float32 and bfloat16
-#    weights on the GPU, against a same-run cuBLAS GEMM of the layer's shapes (scripts/bench_grad.py),
-# 5. scripts/bench_cuda_vs_official.py: the official DCPythia module against dclens on the same
+#    and the new kernels with gradients (tests/gpu/test_cuda_16bit.py); test_cuda.py again with the
+#    new kernels,
+# 4. gradients + 16-step IG on a 4-layer DCPythia-6.9B-shaped checkpoint, bfloat16 weights and the
+#    new kernels, against a same-run bf16 cuBLAS GEMM of the layer's shapes (scripts/bench_grad.py),
+# 5. scripts/bench_cuda.py --variants: the CUDA paths against each other (float32 with the verified
+#    and the new kernels, float16 and bfloat16 weights): tokens/s, capture-all / plain, a gradient
+#    step, logit differences; then scripts/bench_cuda_vs_official.py: the official DCPythia module against dclens on the same
 #    random DCPythia-6.9B-shaped bf16 checkpoint, same GPU, same tokens (prefill tokens/s, peak
 #    memory, logits difference, a gradient step, IG), when .gpu_carry/ holds the module,
 # 6. with FULL=1 only: the older issues' CPU measurements (1-16 threads, issue 28; training vs
@@ -71,22 +74,24 @@ grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30
 stamp GPU pytest, DCLENS_CUDA_KERNELS=new
 # shellcheck disable=SC2086
 DCLENS_CUDA_KERNELS=new timeout 150 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X \
-  --junitxml="$OUT/pytest_new.xml" tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py >"$OUT/pytest_new.txt" 2>&1
+  --junitxml="$OUT/pytest_new.xml" tests/gpu/test_cuda.py >"$OUT/pytest_new.txt" 2>&1
 echo "pytest (new kernels) exit $?"
 grep -E "passed|failed|error" "$OUT/pytest_new.txt" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_new.txt" | head -30
 
-stamp IG on a 4-layer DCPythia-6.9B-shaped fp16 checkpoint, CUDA, float32 and bfloat16 weights
-timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 --steps 16 --max-tape-gib 0 \
-  --keep >"$OUT/grad4.txt" 2>&1
-tail -6 "$OUT/grad4.txt"
+stamp "IG on a 4-layer DCPythia-6.9B-shaped fp16 checkpoint, CUDA, bfloat16 weights, new kernels"
+# (float32 weights, verified kernels: 0.169 s per IG step, BENCHMARKS.md 2026-11-26)
 DCLENS_CUDA_KERNELS=new timeout 100 python3 scripts/bench_grad.py /tmp/g69 --device cuda --layers 4 --T 128 \
   --steps 16 --max-tape-gib 0 --dtype bfloat16 >"$OUT/grad4_bf16.txt" 2>&1
 tail -6 "$OUT/grad4_bf16.txt"
 
+stamp "CUDA paths against each other: fp32 verified / fp32 new kernels / fp16 / bf16 (DCPythia-6.9B widths, 4 layers)"
+timeout 150 python3 scripts/bench_cuda.py --variants --dim 4096 --heads 32 --layers 4 --vocab 50432 --T 128 512 \
+  --repeat 1 2>&1 | tail -10
+
 if [ -d .gpu_carry/DCFormer ]; then
   stamp official DCPythia module vs dclens, same GPU
-  timeout 300 python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \
+  timeout 200 python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \
     --wheels .gpu_carry/whl --out "$OUT/official.json" >"$OUT/official.txt" 2>&1
   echo "bench_cuda_vs_official exit $?"
   tail -30 "$OUT/official.txt"

@@ -270,7 +270,8 @@ static void *cu_alloc(dcs_backend *be, size_t bytes) {
         (void)cudaGetLastError();
         record(c,
                "allocating %zu bytes (%.3f GiB) failed on device %d (%s): %s "
-               "(%.3f GiB free of %.3f GiB)",
+               "(%.3f GiB free of %.3f GiB; a smaller batch or sequence, fewer hooks captured, or 16-bit "
+               "weights (load's dtype='bfloat16') need less)",
                bytes, bytes / 1073741824.0, c->device, c->device_name, cudaGetErrorString(r),
                fr / 1073741824.0, tot / 1073741824.0);
         return NULL;

@@ -203,6 +203,82 @@ static __global__ void compose_bw_kernel(dcs_compose_bw_args a, int pass, float 
     dcs_compose_bw_item(&a, pass, idx, part);
 }
 
+/* The compose backward's passes 0 (queries) and 1 (keys) with a warp per
+ * row instead of a thread (DCLENS_CUDA_KERNELS=new): lane l takes the row's
+ * pairs l, l + 32, ... (the same pairs dcs_compose_bw_item visits), writes
+ * dIn of its pairs (pass 0) and adds its dynamic-weight gradients into its
+ * own slot of scratch [B*T, 32, W], W = 2RN + N (dw1, dw2, ddd), which
+ * compose_bw_sum_kernel adds up in lane order: no atomics, deterministic,
+ * another order of terms than the one-thread-per-row kernel's. */
+static __global__ void compose_bw_warp_kernel(dcs_compose_bw_args a, int pass, float *scratch) {
+    const size_t idx = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (idx >= (size_t)a.B * a.T) return;
+    const int N = a.N, T = a.T, b = (int)(idx / T), r = (int)(idx % T);
+    const size_t RN = (size_t)a.R * N, W = 2 * RN + N;
+    float *mine = scratch + (idx * 32 + lane) * W;
+    const long long TT = (long long)T * T;
+    const int qs = a.qw1 != NULL, ks = a.kw1 != NULL, p0 = pass == 0, p1 = pass == 1;
+    const int lo = p0 ? (a.window > 0 && r > a.window ? r - a.window : 0) : r;
+    const int hi = p0 ? r : (a.window > 0 && r + a.window < T - 1 ? r + a.window : T - 1);
+    for (int j = lo + lane; j <= hi; j += 32) {
+        const int t = p0 ? r : j, s = p0 ? j : r;
+        const size_t q = (size_t)b * T + t, k = (size_t)b * T + s;
+        const long long o = (long long)b * N * TT + (long long)t * T + s;
+        dcs_compose_pair_bw_var(
+            a.in + o, a.dOut + o, p0 ? a.dIn + o : NULL, TT, N, a.G, a.R, qs ? a.qw1 + q * RN : NULL,
+            qs ? a.qw2 + q * RN : NULL, ks ? a.kw1 + k * RN : NULL, ks ? a.kw2 + k * RN : NULL,
+            a.qdd ? a.qdd + q * N : NULL, a.kdd ? a.kdd + k * N : NULL, a.sw, p0 && qs ? mine : NULL,
+            p0 && qs ? mine + RN : NULL, p1 && ks ? mine : NULL, p1 && ks ? mine + RN : NULL,
+            p0 && a.qdd ? mine + 2 * RN : NULL, p1 && a.kdd ? mine + 2 * RN : NULL, NULL, a.on);
+    }
+}
+
+/* d1, d2 [rows, RN], ddd [rows, N] (each may be NULL) = the lanes' slots of
+ * scratch [rows, 32, 2RN + N] summed in lane order */
+static __global__ void compose_bw_sum_kernel(float *d1, float *d2, float *ddd, const float *scratch,
+                                             size_t rows, size_t RN, size_t N) {
+    const size_t W = 2 * RN + N, total = rows * W;
+    GRID_STRIDE(i, total) {
+        const size_t row = i / W, e = i % W;
+        float acc = 0.0f;
+        for (int l = 0; l < 32; l++) acc += scratch[(row * 32 + l) * W + e];
+        if (e < RN) {
+            if (d1) d1[row * RN + e] = acc;
+        } else if (e < 2 * RN) {
+            if (d2) d2[row * RN + e - RN] = acc;
+        } else if (ddd) {
+            ddd[row * N + e - 2 * RN] = acc;
+        }
+    }
+}
+
+/* Passes 0 and 1 of the compose backward through the warp kernels; 0 when
+ * their scratch cannot be had (the caller runs the thread-per-row kernel). */
+static int compose_bw_warps(cuda_ctx *c, const dcs_compose_bw_args *a) {
+    const size_t M = (size_t)a->B * a->T, RN = (size_t)a->R * a->N, W = 2 * RN + a->N;
+    void *scratch = NULL;
+    if (raw_alloc(c, &scratch, sizeof(float) * M * 32 * W) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && !a->kw1) break;
+        ck(c, cudaMemsetAsync(scratch, 0, sizeof(float) * M * 32 * W, c->stream), "cudaMemsetAsync");
+        compose_bw_warp_kernel<<<row_blocks(M), 32 * ROW_WARPS, 0, c->stream>>>(*a, pass, (float *)scratch);
+        launched(c, pass ? "compose_bw_warp_kernel (keys)" : "compose_bw_warp_kernel (queries)");
+        compose_bw_sum_kernel<<<ew_blocks(M * W), EW_THREADS, 0, c->stream>>>(
+            pass ? a->dkw1 : a->dqw1, pass ? a->dkw2 : a->dqw2, pass ? a->dkdd : a->dqdd,
+            (const float *)scratch, M, RN, (size_t)a->N);
+        launched(c, "compose_bw_sum_kernel");
+    }
+    if (c->pool)
+        ck(c, cudaFreeAsync(scratch, c->stream), "cudaFreeAsync");
+    else
+        ck(c, cudaFree(scratch), "cudaFree");
+    return 1;
+}
+
 /* dsw [n] += part [rows, n] summed over rows in order */
 static __global__ void sum_rows_kernel(float *dsw, const float *part, size_t rows, size_t n) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -364,11 +440,13 @@ static void cu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
             ck(c, cudaMemsetAsync(dyn[i], 0, sizeof(float) * M * (i % 3 < 2 ? RN : N), c->stream),
                "cudaMemsetAsync");
     const unsigned blocks = blocks_for(M, 64);
-    compose_bw_kernel<<<blocks, 64, 0, c->stream>>>(*a, 0, NULL);
-    launched(c, "compose_bw_kernel (queries)");
-    if (a->kw1) {
-        compose_bw_kernel<<<blocks, 64, 0, c->stream>>>(*a, 1, NULL);
-        launched(c, "compose_bw_kernel (keys)");
+    if (!c->new_kernels || !compose_bw_warps(c, a)) {
+        compose_bw_kernel<<<blocks, 64, 0, c->stream>>>(*a, 0, NULL);
+        launched(c, "compose_bw_kernel (queries)");
+        if (a->kw1) {
+            compose_bw_kernel<<<blocks, 64, 0, c->stream>>>(*a, 1, NULL);
+            launched(c, "compose_bw_kernel (keys)");
+        }
     }
     if (a->sw && a->dsw && (a->on & 32)) {
         float *part = (float *)cu_alloc(be, sizeof(float) * M * GMM);
