@@ -16,6 +16,8 @@ TOL). scripts/gpu_check.sh also runs the C kernel tests both ways.
 Every GPU test is skipped where there is no GPU (the engine's reason).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,19 @@ def test_new_row_kernels_match_cpu(tiny_factory, monkeypatch, kw):
     gg = gpu.gradients(toks[0], ("logit", 32, 3), wrt)
     for k in wrt:
         assert rel_err(gg[k], gc[k]) <= 10 * TOL, k
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_device_memory_exhausted_mid_pass(tiny_factory, dtype):
+    """A pass that cannot fit on the device: an Error that says what frees memory; the model stays usable."""
+    d, _, _ = tiny_factory(**KW)
+    gpu = dclens.load(d, device="cuda", dtype=dtype)
+    toks = _toks(gpu.config.vocab)
+    want = gpu.forward(toks)
+    big = np.zeros((64, 16384), dtype=np.int64)  # one [64, 8, 16384, 16384] map: 512 GiB
+    with pytest.raises(dclens.Error) as e, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ContextWarning: past the trained context
+        gpu.forward(big, logits_at=16383)
+    assert "smaller batch" in str(e.value) or "memory" in str(e.value)
+    np.testing.assert_array_equal(gpu.forward(toks), want)

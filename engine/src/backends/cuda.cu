@@ -420,6 +420,23 @@ static void cu_gelu(dcs_backend *be, float *x, size_t n) {
     launched(c, "gelu_kernel");
 }
 
+/* The MLP's bias and GELU: one kernel with DCLENS_CUDA_KERNELS=new, else
+ * add_bias, a copy when y is not x, and gelu (what the pass does without
+ * the op) */
+static void cu_bias_gelu(dcs_backend *be, float *y, float *x, const float *b, int M, int N) {
+    const size_t total = (size_t)M * N;
+    if (!total) return;
+    cuda_ctx *c = enter(be);
+    if (c->new_kernels) {
+        bias_gelu_kernel<<<ew_blocks(total), EW_THREADS, 0, c->stream>>>(y, x, b, total, N);
+        launched(c, "bias_gelu_kernel");
+        return;
+    }
+    if (b) cu_add_bias(be, x, b, M, N);
+    if (y != x) cu_copy(be, y, x, total * sizeof(float));
+    cu_gelu(be, y, total);
+}
+
 static void cu_swiglu(dcs_backend *be, float *x, const float *b, size_t n) {
     if (!n) return;
     cuda_ctx *c = enter(be);
@@ -613,7 +630,7 @@ static const dcs_backend_ops cuda_ops = {
     .add_bias = cu_add_bias,
     .add = cu_add,
     .gelu = cu_gelu,
-    .bias_gelu = NULL, /* the pass runs add_bias, then gelu */
+    .bias_gelu = cu_bias_gelu,
     .tanh_ = cu_tanh,
     .layernorm = cu_layernorm,
     .rmsnorm = cu_rmsnorm,

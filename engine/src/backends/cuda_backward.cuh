@@ -359,6 +359,12 @@ static void cu_norm_bw_fanout(dcs_backend *be, float *dx, const float *dy, const
     if (M <= 0 || G <= 0 || D <= 0) return;
     cuda_ctx *c = enter(be);
     const size_t rows = (size_t)M * G;
+    if (c->new_kernels) {
+        norm_bw_fanout_warp_kernel<<<row_blocks(rows), 32 * ROW_WARPS, 0, c->stream>>>(dx, dy, x, w, rows, G,
+                                                                                       D, eps, rms);
+        launched(c, "norm_bw_fanout_warp_kernel");
+        return;
+    }
     norm_bw_fanout_kernel<<<blocks_for(rows, 128), 128, 0, c->stream>>>(dx, dy, x, w, rows, G, D, eps, rms);
     launched(c, "norm_bw_fanout_kernel");
 }

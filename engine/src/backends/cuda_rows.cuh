@@ -6,6 +6,9 @@
  * only the order of the sums differs (lane-strided, then a butterfly), so
  * they agree with the CPU to float32 rounding, not bit for bit.
  *
+ * Also here: the norm backward of the split inputs (a warp per (row,
+ * reader)) and the MLP's bias + GELU in one pass (the CPU's bias_gelu).
+ *
  * They run when the backend was created with DCLENS_CUDA_KERNELS=new
  * (cuda_ctx.new_kernels) until a run on a GPU has passed them
  * (scripts/gpu_check.sh runs the CUDA tests both ways); the one-thread-per-row
@@ -124,4 +127,48 @@ static __global__ void softmax_bw_warp_kernel(float *dA, const float *dP, const 
     dot = warp_sum(dot);
     for (int s = lane; s < S; s += 32)
         dA[o + s] = dcs_allowed(t, s, window) ? P[o + s] * (dP[o + s] - dot) : 0.0f;
+}
+
+/* norm_bw_fanout with a warp per (row, reader): dx [M, G, D] written (not
+ * added) from dy [M, G, D] and the row x [M, D]; rms: RMS norm (its sum of
+ * squares in float, as dcs_rms_row_inv), else LayerNorm */
+static __global__ void norm_bw_fanout_warp_kernel(float *dx, const float *dy, const float *x, const float *w,
+                                                  size_t rows, int G, int D, float eps, int rms) {
+    const size_t r = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float *xr = x + (r / G) * D, *g = dy + r * D;
+    float *o = dx + r * D;
+    if (rms) {
+        float ss = 0.0f;
+        for (int i = lane; i < D; i += 32) ss += xr[i] * xr[i];
+        const float rs = dcs_rms_inv(warp_sum(ss), D, eps);
+        float dot = 0.0f;
+        for (int i = lane; i < D; i += 32) dot += dcs_rmsnorm_dot_term(g[i], w ? w[i] : 1.0f, xr[i], rs);
+        dot = warp_sum(dot) / (float)D;
+        for (int i = lane; i < D; i += 32) o[i] = dcs_rmsnorm_dx(g[i], w ? w[i] : 1.0f, xr[i], rs, dot);
+        return;
+    }
+    double mud;
+    const float rs = ln_stats_warp(xr, D, eps, lane, &mud), mu = (float)mud;
+    double s1 = 0, s2 = 0;
+    for (int i = lane; i < D; i += 32) {
+        const float xh = (xr[i] - mu) * rs, gw = g[i] * w[i];
+        s1 += gw;
+        s2 += gw * xh;
+    }
+    const float m1 = (float)(warp_sum_d(s1) / D), m2 = (float)(warp_sum_d(s2) / D);
+    for (int i = lane; i < D; i += 32) {
+        const float xh = (xr[i] - mu) * rs;
+        o[i] = (g[i] * w[i] - m1 - xh * m2) * rs;
+    }
+}
+
+/* x [M, N] += b [N] (b may be NULL), y = gelu(x) (y may be x), one pass */
+static __global__ void bias_gelu_kernel(float *y, float *x, const float *b, size_t total, int N) {
+    GRID_STRIDE(i, total) {
+        const float v = b ? x[i] + b[i % N] : x[i];
+        x[i] = v;
+        y[i] = dcs_gelu(v);
+    }
 }
