@@ -41,7 +41,7 @@ if [ -d "$src/pytorch/dcpythia" ]; then
   cp -r "$src/pytorch/dcpythia" "$C/DCFormer/pytorch/"
 else # a bare mirror
   mkdir -p "$C/DCFormer/pytorch/dcpythia"
-  git --git-dir="$src" archive HEAD pytorch/dcpythia | tar -x -C "$C/DCFormer"
+  git --git-dir="$src" archive HEAD pytorch/dcpythia 2>/dev/null | tar -x -C "$C/DCFormer"
 fi
 # shellcheck disable=SC2046  # one requirement a word
 $PIP -d "$C/whl" $(python3 scripts/bench_cuda_vs_official.py --print-wheels)

@@ -91,8 +91,12 @@ timeout 150 python3 scripts/bench_cuda.py --variants --dim 4096 --heads 32 --lay
 
 if [ -d .gpu_carry/DCFormer ]; then
   stamp official DCPythia module vs dclens, same GPU
-  timeout 200 python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \
-    --wheels .gpu_carry/whl --out "$OUT/official.json" >"$OUT/official.txt" 2>&1
+  # COMPILE=1: the official module under torch.compile too (its first call compiles 32 layers: minutes)
+  C=""
+  [ "${COMPILE:-0}" = 1 ] && C="--compile"
+  # shellcheck disable=SC2086
+  timeout 280 python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \
+    --wheels .gpu_carry/whl --budget-s 260 $C --out "$OUT/official.json" >"$OUT/official.txt" 2>&1
   echo "bench_cuda_vs_official exit $?"
   tail -30 "$OUT/official.txt"
 else
