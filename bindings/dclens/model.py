@@ -619,12 +619,14 @@ class Model(WeightsMixin):
         Where the engine runs.
     n_threads : int
         CPU threads (0: all cores).
+    dtype : {"auto", "float32", "float16", "bfloat16"}
+        The type the weight matrices are kept in (load's dtype=).
 
     Raises
     ------
     dclens.ArgumentError
-        An unknown device, a negative n_threads, or a path holding a NUL
-        (dclens.ArgumentTypeError: not a path).
+        An unknown device or dtype, a negative n_threads, a dtype the file cannot
+        give unchanged, or a path holding a NUL (dclens.ArgumentTypeError: not a path).
     dclens.NotFoundError
         No such directory or weight file.
     dclens.Error
