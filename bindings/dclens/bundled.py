@@ -50,6 +50,10 @@ class BundledModel:
     model_type: str  # "dcpythia" or "gpt_neox" (config.json), "" if unreadable
     summary: str  # first paragraph of MODEL_CARD.md after its title, "" if none
 
+    def __fspath__(self) -> str:
+        """Its checkpoint directory: dclens.load(bundled_models()[0]) loads it."""
+        return self.path
+
 
 def models_dir(models_dir: str | os.PathLike | None = None) -> str:
     """The directory the registry reads: the argument, else $DCLENS_MODELS_DIR,

@@ -48,7 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import progress as _progress_mod
-from ._checks import ArgumentError, check_index, check_layers, check_str, is_choice
+from ._checks import ArgumentError, ArgumentTypeError, check_index, check_layers, check_str, is_choice
 from .batch import prompt_pairs, role_weights
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
@@ -516,6 +516,8 @@ def sweep(
     """
     from . import interventions as iv
 
+    if _groups is None:  # the user's call (not a pair of a batch): every argument checked before any pass
+        _check_sweep_args(metric, over, positions, queries, roles)
     if _is_pairs(clean) or _is_pairs(corrupted) or isinstance(metric, list):
         return _sweep_pairs(
             model,
@@ -653,6 +655,37 @@ def _is_pairs(x) -> bool:
     if isinstance(x, (list, tuple)) and x and all(isinstance(s, str) for s in x):
         return True
     return is_padded_pair(x) or (isinstance(x, np.ndarray) and x.ndim == 2)
+
+
+SWEEPS = ("layer,head", "layer,pos", "layer,head,pos", "layer,phase,branch", "composition")
+
+
+def _check_sweep_args(metric, over, positions, queries, roles) -> None:
+    """sweep's arguments that need no model pass: the same Error classes as ablation_sweep's."""
+    check_str("over", over)
+    if not is_choice(over.replace(" ", ""), SWEEPS):
+        raise ArgumentError("over must be one of %s, not %r" % (", ".join(map(repr, SWEEPS)), over))
+    if isinstance(metric, list):
+        bad = [f for f in metric if not callable(f)]
+        if not metric or bad:
+            raise ArgumentError(
+                "metric must be a function of the [T, V] logits or a list of them (one per prompt pair), "
+                "got a list holding %r" % (bad[0] if bad else metric,)
+            )
+    elif not callable(metric):
+        raise ArgumentError(
+            "metric must be a function of the [T, V] logits (patching.logit_diff(...), ...), got %r" % (metric,)
+        )
+    for what, v in (("positions", positions), ("queries", queries)):
+        if v is None:
+            continue
+        if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, range, np.ndarray)):
+            raise ArgumentTypeError("%s must be a list of token positions, not %s %r" % (what, type(v).__name__, v))
+        bad = [p for p in v if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer))]
+        if bad:
+            raise ArgumentTypeError("%s must be integer token positions, not %r" % (what, bad[0]))
+    if roles is not None and positions is not None:
+        raise ArgumentError("sweep: give positions= or roles=, not both")
 
 
 def _sweep_pairs(

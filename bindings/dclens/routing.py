@@ -225,6 +225,13 @@ def maps_from_weights(
             "maps_from_weights: dyn must be the dict dynamic_weights returns (qw1, qw2, qdd, ...), not %s"
             % type(dyn).__name__
         )
+    for side in (("qw1", "qw2", "qdd"), ("kw1", "kw2", "kdd")):
+        have = [k for k in side if k in dyn]
+        if have and len(have) < 3:  # a side's terms are used together or not at all
+            raise Error(
+                "maps_from_weights: dyn holds %s but not %s (a side of the composition needs all three, as "
+                "dynamic_weights returns them)" % (", ".join(have), ", ".join(k for k in side if k not in dyn))
+            )
     some = dyn["qdd"] if "qdd" in dyn else dyn["kdd"]
     if np.ndim(some) != 2:
         raise Error(

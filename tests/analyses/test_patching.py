@@ -129,6 +129,37 @@ def test_patching_errors_and_plot(tiny_factory):
     assert patching.sweep(model, clean, corr, m, progress=False).plot(normalize=True)._repr_png_()[:4] == b"\x89PNG"
 
 
+def test_sweep_arguments_refused_before_any_pass(tiny_factory, monkeypatch):
+    """One pair or a batch of pairs, the same mistake gets the same Error class, before the model runs."""
+    d, _, _ = tiny_factory(**DCP)
+    model = dclens.load(d)
+    clean, corr = _pair(model)
+    m = patching.logit_diff(2, 1)
+    ran = []
+    monkeypatch.setattr(model.runner, "run", lambda *a, **k: ran.append(1))
+    cases = [
+        (dict(metric=3), dclens.ArgumentError, "metric must be a function"),
+        (dict(metric=[m, 3]), dclens.ArgumentError, "a list holding 3"),
+        (dict(over=5), dclens.ArgumentTypeError, "over must be a string"),
+        (dict(over="heads"), dclens.ArgumentError, "over must be one of"),
+        (dict(over="layer,pos", positions=3), dclens.ArgumentTypeError, "positions must be a list"),
+        (dict(over="layer,pos", positions=["a"]), dclens.ArgumentTypeError, "integer token positions, not 'a'"),
+        (dict(over="layer,pos", positions=[True]), dclens.ArgumentTypeError, "integer token positions"),
+        (dict(over="composition", queries="x"), dclens.ArgumentTypeError, "queries must be a list"),
+        (dict(over="layer,pos", positions=[0], roles={"a": [0]}), dclens.ArgumentError, "not both"),
+    ]
+    for pairs in (False, True):
+        c, x = ([clean, clean], [corr, corr]) if pairs else (clean, corr)
+        for kw, cls, match in cases:
+            kw = dict(kw)
+            metric = kw.pop("metric", m)
+            if isinstance(metric, list) and not pairs:
+                continue
+            with pytest.raises(cls, match=match):
+                patching.sweep(model, c, x, metric, progress=False, **kw)
+    assert not ran
+
+
 def test_baselines_are_checked(tiny_factory):
     """Equal or swapped prompts warn (PatchingWarning) and strict=True raises before any cell;
     the issue's two cases are named for what they do to normalized()."""

@@ -51,6 +51,8 @@ def test_load_by_name_equals_load_by_path(env):
     toks = a.to_tokens("\n< Ruth has a taxi. >. Ruth does not have a kind of vehicle\n")
     assert np.array_equal(a.forward(toks), b.forward(toks))
     assert dclens.load("mha-tiny").config.model_type == "gpt_neox"
+    c = dclens.load(dclens.bundled_models()[0])  # what bundled_models() lists loads as it is
+    assert c.name == "dc-tiny" and np.array_equal(c.forward(toks), b.forward(toks))
 
 
 def test_unknown_name_lists_bundled_names(env, tmp_path):

@@ -869,6 +869,12 @@ def _fuzz_findings(model, cache):
             ),
             r"the gates must be \[S, N\] of one sequence, got shape \(1, 12, ",
         ),
+        (
+            lambda: routing.maps_from_weights(
+                {k: v for k, v in routing.dynamic_weights(model, TOKS, 0, "post").items() if k != "kw1"}, 0
+            ),
+            r"dyn holds kw2, kdd but not kw1",
+        ),
         (lambda: circuits.qk_circuit(model, 0, None), "head must be an integer, not NoneType"),
         (lambda: circuits.ov_readout(model, 0, 0, 1, k=0.0), "k must be an integer, not float"),
         (lambda: circuits.FactoredMatrix(None, None), "FactoredMatrix: A must be a 2-D array"),
