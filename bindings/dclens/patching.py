@@ -99,10 +99,11 @@ def logit_diff(correct: int, wrong: int, pos: int = -1) -> Metric:
     Returns
     -------
     callable
-        metric(logits) -> float for one prompt's logits [T, V] (a float array). It raises
-        dclens.Error for logits of another shape or dtype, and dclens.ArgumentError for
-        a pos or token id out of range of them.
-        The logit difference, in logits.
+        metric(logits) -> float for one prompt's logits [T, V] (a float array): the
+        logit difference, in logits (computed in float64). The metric checks its
+        arguments when called, not here: it raises dclens.Error for logits of another
+        shape or dtype, dclens.ArgumentError for a pos or token id out of range of them
+        and dclens.ArgumentTypeError for a pos or token id that is not an integer.
     """
 
     def metric(logits: np.ndarray) -> float:
@@ -129,10 +130,11 @@ def prob(token: int, pos: int = -1) -> Metric:
     Returns
     -------
     callable
-        metric(logits) -> float for one prompt's logits [T, V] (a float array). It raises
-        dclens.Error for logits of another shape or dtype, and dclens.ArgumentError for
-        a pos or token id out of range of them.
-        The probability, in [0, 1] (computed in float64).
+        metric(logits) -> float for one prompt's logits [T, V] (a float array): the
+        probability, in [0, 1] (computed in float64). The metric checks its arguments
+        when called, not here: it raises dclens.Error for logits of another shape or
+        dtype, dclens.ArgumentError for a pos or token id out of range of them and
+        dclens.ArgumentTypeError for a pos or token id that is not an integer.
     """
 
     def metric(logits: np.ndarray) -> float:
@@ -159,10 +161,11 @@ def logprob(token: int, pos: int = -1) -> Metric:
     Returns
     -------
     callable
-        metric(logits) -> float for one prompt's logits [T, V] (a float array). It raises
-        dclens.Error for logits of another shape or dtype, and dclens.ArgumentError for
-        a pos or token id out of range of them.
-        The log-probability, in nats (<= 0, computed in float64).
+        metric(logits) -> float for one prompt's logits [T, V] (a float array): the
+        log-probability, in nats (<= 0, computed in float64). The metric checks its
+        arguments when called, not here: it raises dclens.Error for logits of another
+        shape or dtype, dclens.ArgumentError for a pos or token id out of range of them
+        and dclens.ArgumentTypeError for a pos or token id that is not an integer.
     """
 
     def metric(logits: np.ndarray) -> float:
@@ -200,7 +203,9 @@ class PatchResult:
     corrupted : float
         The metric of the corrupted prompt (the mean over pairs).
     what : str
-        What was patched, e.g. "layer,head (attn.z)".
+        What was patched, e.g. "layer,head (attn.z)", "layer,pos (resid_pre)",
+        "composition (post)" or "layer,phase,branch"; over a batch of prompt pairs
+        followed by ", mean over B pairs".
     baseline_note : str
         Why clean and corrupted cannot anchor normalized() (baseline_problem), or "".
     pos_tokens : tuple of (list of str, list of str) or None
@@ -369,8 +374,8 @@ def baseline_problem(clean: float, corrupted: float, min_gap: float = MIN_GAP) -
     corrupted : float
         The metric of the corrupted prompt.
     min_gap : float
-        The smallest |clean - corrupted| that counts, as a fraction of the larger of
-        |clean| and |corrupted| (default MIN_GAP, 0.05).
+        |clean - corrupted| at or below min_gap times the larger of |clean| and
+        |corrupted| is too close to tell apart (default MIN_GAP, 0.05).
 
     Returns
     -------
@@ -472,9 +477,12 @@ def sweep(
     layers : list of int or None
         The layers, in [-L, L) (negative: from the end); None: all.
     positions : list of int or None
-        The positions of a "pos" axis, in [-T, T); None: all. Not with roles.
+        The positions of a "pos" axis, in [-T, T) (negative: from the end; labelled
+        by their index in [0, T)); None: all. Not with roles. Only the sweeps with a
+        "pos" axis use them.
     queries : list of int or None
-        The query positions a "composition" cell patches, in [-T, T); None: all.
+        The query positions a "composition" cell patches, in [-T, T); None: all. Not
+        read by the other sweeps.
     batch_size : int
         Patched copies of the corrupted prompt per forward pass (>= 1).
     progress : bool or None
@@ -492,20 +500,24 @@ def sweep(
     Returns
     -------
     PatchResult
-        values [L, N], [L, T] (or [L, R] by role), [L, N, T], [L, 2, 5] or [L, N, N]
-        for the layers asked (the order given), with the clean and corrupted metrics.
+        values [L, N], [L, T] (or [L, P] for P positions, [L, R] for R roles), [L, N, T]
+        (likewise [L, N, P] or [L, N, R]), [L, 2, 5] or [L, N, N] for the L layers asked
+        (the order given), with the clean and corrupted metrics; over a batch of prompt
+        pairs, the means over the pairs.
 
     Raises
     ------
     dclens.ArgumentError
-        An unknown `over`, a layer, position or query out of range, positions with roles,
-        prompts of different token lengths, a metric list of the wrong length, batch_size
-        below 1, or pairs of different lengths on a position axis without roles
-        (dclens.ArgumentTypeError: over not a string).
+        An unknown `over`, a metric that is not a function (or a list holding one that is
+        not), a layer, position or query out of range, positions with roles, prompts of
+        different token lengths, a metric list of the wrong length, batch_size below 1,
+        or pairs of different lengths on a position axis without roles; over, positions
+        or queries of the wrong type are dclens.ArgumentTypeError. All of these are
+        refused before the model runs.
     dclens.Error
-        A metric that is not callable, a prompt that is not a string or [T] integer
-        tokens, a hook without a head axis for a head sweep or one the model does not
-        have, "layer,phase,branch" or "composition" on a plain multi-head attention
+        A prompt that is not a string or [T] integer tokens, layers that are not a list
+        of integers, a hook without a head axis for a head sweep or one the model does
+        not have, "layer,phase,branch" or "composition" on a plain multi-head attention
         model, a composition phase other than "pre" / "post", or, with strict=True,
         baselines that baseline_problem refuses (before any cell runs).
 
@@ -977,7 +989,9 @@ def ablation_sweep(
     over:
     - "layer,head": a head's output (hook attn.z by default) -> [L, N];
       mode="mean": its mean over the reference prompts' positions
-      (mean_activation), reference: prompts of any length;
+      (mean_activation), reference: prompts of any length (of the prompt's
+      length for a hook with a key axis: attn.scores, attn.pattern, a
+      branch map ...);
     - "source": what a head lends the others through the compose
       (interventions.block_lending with `phase` ("pre", "post" or "both")
       and `branches`) -> [L, N]; mode="mean": the head lends its input
@@ -1037,9 +1051,11 @@ def ablation_sweep(
         mode="mean" (or mode="mean" without it), reference prompts of different or wrong
         lengths or not token ids, a layer out of range, or batch_size below 1.
     dclens.Error
-        A prompt that is not a string or [T] integer tokens, "source" or "composition" on
-        a plain multi-head attention model, a hook without a head axis, or what
-        block_lending refuses.
+        A prompt that is not a string or [T] integer tokens, layers that are not a list of
+        integers, "source" or "composition" on a plain multi-head attention model, a hook
+        without a head axis (or one the model does not have), "layer,head" with
+        mode="mean" on a hook with a key axis and reference prompts of another length
+        (raised from the pass), or what block_lending refuses.
     """
     from . import interventions as iv
     from . import routing
