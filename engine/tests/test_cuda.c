@@ -579,6 +579,71 @@ static void gemm_w_case(ctx *t, int dtype, int transW, int M, int N, int K, int 
     free(ar);
 }
 
+/* gemm_x: A and B rounded to dtype on the GPU; the CPU's gemm gets them
+ * rounded the same way (narrow, widen). Head views as the attention uses them:
+ * x [T, N*Dh] at stride Dh per head, maps [N, T, S]. */
+static void round_host(float *x, size_t n, int dtype) {
+    uint16_t *h = malloc(n * 2 + 2);
+    if (!h) exit(2);
+    dcs_narrow(x, n, dtype, h);
+    dcs_widen(h, n, dtype, x);
+    free(h);
+}
+
+static void gemm_x_case(ctx *t, int dtype, int tA, int T, int S, int N, int Dh) {
+    const int D = N * Dh;
+    float *x = host_rand(t, (size_t)T * D, 1.0f, 0.0f), *y = host_rand(t, (size_t)S * D, 1.0f, 0.0f);
+    float *xr = malloc(sizeof(float) * (size_t)T * D + 4), *yr = malloc(sizeof(float) * (size_t)S * D + 4);
+    if (!xr || !yr) exit(2);
+    memcpy(xr, x, sizeof(float) * (size_t)T * D);
+    memcpy(yr, y, sizeof(float) * (size_t)S * D);
+    round_host(xr, (size_t)T * D, dtype);
+    round_host(yr, (size_t)S * D, dtype);
+    pair X = mk(t, NULL, (size_t)T * D), Y = mk(t, NULL, (size_t)S * D);
+    t->cpu->ops->upload(t->cpu, X.c, xr, X.n * sizeof(float));
+    t->cpu->ops->upload(t->cpu, Y.c, yr, Y.n * sizeof(float));
+    t->gpu->ops->upload(t->gpu, X.g, x, X.n * sizeof(float));
+    t->gpu->ops->upload(t->gpu, Y.g, y, Y.n * sizeof(float));
+    char what[128];
+    if (!tA) { /* scores: map [N, T, S] = x y^T per head */
+        pair Mp = mk(t, NULL, (size_t)N * T * S);
+        t->cpu->ops->gemm(t->cpu, 0, 1, T, S, Dh, 0.125f, X.c, D, Dh, Y.c, D, Dh, 0.0f, Mp.c, S,
+                          (long long)T * S, N);
+        t->gpu->ops->gemm_x(t->gpu, dtype, 0, 1, T, S, Dh, 0.125f, X.g, D, Dh, Y.g, D, Dh, 0.0f, Mp.g, S,
+                            (long long)T * S, N);
+        snprintf(what, sizeof what, "gemm_x %s scores N=%d T=%d S=%d Dh=%d",
+                 dtype == DCS_F16 ? "f16" : "bf16", N, T, S, Dh);
+        check(t, Mp, what, 1e-4);
+        rm(t, Mp);
+    } else { /* dk-like: out [S, N*Dh] = map^T x per head, map [N, T, S] from x y^T */
+        float *mp = host_rand(t, (size_t)N * T * S, 1.0f, 0.0f),
+              *mr = malloc(sizeof(float) * (size_t)N * T * S + 4);
+        if (!mr) exit(2);
+        memcpy(mr, mp, sizeof(float) * (size_t)N * T * S);
+        round_host(mr, (size_t)N * T * S, dtype);
+        pair Mp = mk(t, NULL, (size_t)N * T * S), O = mk(t, NULL, (size_t)S * D);
+        t->cpu->ops->upload(t->cpu, Mp.c, mr, Mp.n * sizeof(float));
+        t->gpu->ops->upload(t->gpu, Mp.g, mp, Mp.n * sizeof(float));
+        t->cpu->ops->gemm(t->cpu, 1, 0, S, Dh, T, 1.0f, Mp.c, S, (long long)T * S, X.c, D, Dh, 0.0f, O.c, D,
+                          Dh, N);
+        t->gpu->ops->gemm_x(t->gpu, dtype, 1, 0, S, Dh, T, 1.0f, Mp.g, S, (long long)T * S, X.g, D, Dh, 0.0f,
+                            O.g, D, Dh, N);
+        snprintf(what, sizeof what, "gemm_x %s map^T rows N=%d T=%d S=%d Dh=%d",
+                 dtype == DCS_F16 ? "f16" : "bf16", N, T, S, Dh);
+        check(t, O, what, 1e-4);
+        rm(t, Mp);
+        rm(t, O);
+        free(mp);
+        free(mr);
+    }
+    rm(t, X);
+    rm(t, Y);
+    free(x);
+    free(y);
+    free(xr);
+    free(yr);
+}
+
 static void test_half(ctx *t) {
     for (int dt = DCS_F16; dt <= DCS_BF16; dt++) {
         const size_t n = 10007;
@@ -610,6 +675,9 @@ static void test_half(ctx *t) {
         gemm_w_case(t, dt, 1, 64, 256, 128, 160, 1.0f); /* strided rows, accumulate */
         gemm_w_case(t, dt, 0, 33, 96, 40, 40, 0.0f);    /* [K, N]: dw1, a head's wqkv rows */
         gemm_w_case(t, dt, 1, 256, 512, 1024, 1024, 0.0f);
+        gemm_x_case(t, dt, 0, 37, 37, 4, 16);
+        gemm_x_case(t, dt, 1, 64, 64, 8, 32);
+        gemm_x_case(t, dt, 0, 5, 70, 3, 24); /* a decoding step against a cache */
     }
 }
 

@@ -642,6 +642,7 @@ static const dcs_backend_ops cuda_ops = {
      * the full path */
     .gemm_w = cu_gemm_w,
     .embed_w = cu_embed_w,
+    .gemm_x = cu_gemm_x,
     .widen = cu_widen,
     .attention = NULL,
     .moh_route = cu_moh_route,

@@ -8,6 +8,10 @@
  * cublasGemmEx with 16-bit inputs, float32 output and CUBLAS_COMPUTE_32F:
  * tensor cores, float32 accumulation. What the hooks and the analyses read
  * stays float32; only the products' inputs are 16-bit.
+ *
+ * gemm_x does the same for a product of two activations (the attention
+ * scores, P v and their backward, for a model whose weights are kept in 16
+ * bits): both operands' spans rounded, one cublasGemmStridedBatchedEx.
  */
 
 #include <cuda_bf16.h>
@@ -96,4 +100,61 @@ static void cu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_
     if (!tok) return;
     embed16_kernel<<<M, 256, 0, c->stream>>>(out, (const uint16_t *)table.p, tok, D, table.dtype);
     launched(c, "embed16_kernel");
+}
+
+/* out [n] = in [n] rounded to dtype */
+static __global__ void narrow_kernel(uint16_t *out, const float *in, size_t n, int dtype) {
+    GRID_STRIDE(i, n) out[i] = f32_to_half(in[i], dtype);
+}
+
+/* Elements from X to the last one a strided batch reads: `rows` rows of
+ * `cols` at row stride ld, `batch` matrices stride apart. */
+static size_t batch_span(int rows, int cols, int ld, long long stride, int batch) {
+    size_t one = (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+    return batch > 1 && stride > 0 ? (size_t)(batch - 1) * (size_t)stride + one : one;
+}
+
+/* X's span rounded to dtype in a new stream-ordered buffer (same offsets), or
+ * NULL (recorded). */
+static uint16_t *narrowed_span(cuda_ctx *c, const float *X, size_t n, int dtype) {
+    void *h = NULL;
+    if (!ck(c, raw_alloc(c, &h, n * 2 + 16), "allocating gemm_x's 16-bit operand")) return NULL;
+    narrow_kernel<<<ew_blocks(n), EW_THREADS, 0, c->stream>>>((uint16_t *)h, X, n, dtype);
+    launched(c, "narrow_kernel");
+    return (uint16_t *)h;
+}
+
+static void release(cuda_ctx *c, void *p) {
+    if (!p) return;
+    if (c->pool)
+        ck(c, cudaFreeAsync(p, c->stream), "cudaFreeAsync");
+    else
+        ck(c, cudaFree(p), "cudaFree");
+}
+
+/* gemm (cu_gemm's row-major mapping) with A and B rounded to dtype */
+static void cu_gemm_x(dcs_backend *be, int dtype, int transA, int transB, int M, int N, int K, float alpha,
+                      const float *A, int lda, long long strideA, const float *B, int ldb, long long strideB,
+                      float beta, float *C, int ldc, long long strideC, int batch) {
+    if (M <= 0 || N <= 0 || batch <= 0) return;
+    if (dtype != DCS_F16 && dtype != DCS_BF16) {
+        cu_gemm(be, transA, transB, M, N, K, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
+                batch);
+        return;
+    }
+    cuda_ctx *c = enter(be);
+    const size_t nA = batch_span(transA ? K : M, transA ? M : K, lda, strideA, batch);
+    const size_t nB = batch_span(transB ? N : K, transB ? K : N, ldb, strideB, batch);
+    uint16_t *a16 = narrowed_span(c, A, nA, dtype), *b16 = a16 ? narrowed_span(c, B, nB, dtype) : NULL;
+    if (a16 && b16) {
+        const cudaDataType t = dtype == DCS_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        ck_blas(c,
+                cublasGemmStridedBatchedEx(c->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, b16, t, ldb,
+                                           strideB, a16, t, lda, strideA, &beta, C, CUDA_R_32F, ldc, strideC,
+                                           batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "cublasGemmStridedBatchedEx (16-bit activations)");
+    }
+    release(c, a16);
+    release(c, b16);
 }

@@ -195,6 +195,13 @@ typedef struct dcs_backend_ops {
                    float beta, float *C, int ldc);
     /* out [M, D] = table[tokens[m]] with the table in table.dtype. */
     void (*embed_w)(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M, int D);
+    /* Optional (NULL: gemm): gemm with A and B rounded to `dtype` (F16 or
+     * BF16) first, float32 accumulation and output (CUDA: tensor cores). The
+     * attention products of a model whose weights are kept in that type
+     * (dcs_model.act_dtype: scores, P v and their backward) use it. */
+    void (*gemm_x)(dcs_backend *be, int dtype, int transA, int transB, int M, int N, int K, float alpha,
+                   const float *A, int lda, long long strideA, const float *B, int ldb, long long strideB,
+                   float beta, float *C, int ldc, long long strideC, int batch);
     /* out [n] = src [n] widened to float32 (exact); the backends with gemm_w
      * have it (a product gemm_w cannot express, e.g. head_out's column
      * blocks of wo, widens its weight first). */

@@ -86,10 +86,12 @@ struct dcs_model {
     int device;
     int local[1024]; /* per layer: 1 = local window      */
     dcs_backend *be;
-    int want_dtype;              /* large matrices: -1 as stored, else the dcs_dtype
-                       asked (dcs_load_options.dtype, resolved)        */
-    int kept_dtype;              /* what they are kept in: -1 none yet, a dcs_dtype,
-                       or 3 mixed (dcs_model_weight_dtype)             */
+    /* large matrices: want_dtype the dcs_dtype asked (dcs_load_options.dtype,
+     * resolved; -1 as stored), kept_dtype what they are kept in (-1 none yet,
+     * a dcs_dtype, 3 mixed: dcs_model_weight_dtype), act_dtype the attention
+     * products' input type (dcs_heads_*: the kept 16-bit type on a backend
+     * with gemm_x, else DCS_F32) */
+    int want_dtype, kept_dtype, act_dtype;
     float *tok_emb;              /* [V, D]                           */
     float *out_w;                /* [V, D] (== tok_emb when tied)    */
     float *norm_w, *norm_b;      /* [D]                              */

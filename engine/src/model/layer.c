@@ -290,7 +290,7 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     /* scores A[b, n] [T, S] = q_n k_n^T / sqrt(Dh) */
     float *A = act(p, kp ? kp->A : NULL, B, N, TS);
     if (p->status) return;
-    dcs_heads_map(be, B, N, T, S, Dh, D, 1.0f / sqrtf((float)Dh), q, kv->k, A);
+    dcs_heads_map(be, p->m->act_dtype, B, N, T, S, Dh, D, 1.0f / sqrtf((float)Dh), q, kv->k, A);
     dcs_pass_hook_map(p, DCS_HP_SCORES, l, A, S, kb);
     /* kept: each stage in its own buffer; else in place */
     float *cur = A;
@@ -314,7 +314,7 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     }
     if (p->status) return;
     /* z[b, :, n] [T, Dh] = P[b, n] [T, S] @ v[b, :, n] [S, Dh] */
-    dcs_heads_rows(be, 0, B, N, T, S, Dh, D, 1.0f, Pc, kv->v, z);
+    dcs_heads_rows(be, p->m->act_dtype, 0, B, N, T, S, Dh, D, 1.0f, Pc, kv->v, z);
     dcs_pass_release(p, A);
 }
 

@@ -265,8 +265,8 @@ static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) 
     const float *pat = dcmha ? a->Pc : a->P;
     float *dpat = dcmha ? d->dPc : d->dP;
     /* dP'[b, n] = dz[b, :, n] v[b, :, n]^T;  dv[b, :, n] = P'[b, n]^T dz[b, :, n] */
-    dcs_heads_map(be, B, N, T, T, Dh, D, 1.0f, d->dz, a->v, dpat);
-    dcs_heads_rows(be, 1, B, N, T, T, Dh, D, 1.0f, pat, d->dz, d->dv);
+    dcs_heads_map(be, m->act_dtype, B, N, T, T, Dh, D, 1.0f, d->dz, a->v, dpat);
+    dcs_heads_rows(be, m->act_dtype, 1, B, N, T, T, Dh, D, 1.0f, pat, d->dz, d->dv);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
     int fused = 0;
     if (dcmha) {
@@ -299,8 +299,8 @@ static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) 
 
     /* A = q k^T / sqrt(Dh): dq = s dA k, dk = s dA^T q */
     const float sc = 1.0f / sqrtf((float)Dh);
-    dcs_heads_rows(be, 0, B, N, T, T, Dh, D, sc, d->dA, a->k, d->dq);
-    dcs_heads_rows(be, 1, B, N, T, T, Dh, D, sc, d->dA, a->q, d->dk);
+    dcs_heads_rows(be, m->act_dtype, 0, B, N, T, T, Dh, D, sc, d->dA, a->k, d->dq);
+    dcs_heads_rows(be, m->act_dtype, 1, B, N, T, T, Dh, D, sc, d->dA, a->q, d->dk);
 }
 
 /* The attention output (layer.c, attention_out): out = z wo^T + bo, with

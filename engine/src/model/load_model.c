@@ -135,6 +135,9 @@ dcs_status dcs_load(const char *dir, const dcs_load_options *opts, dcs_model **o
     if (!s && m->cfg.model_type != DCS_MODEL_GPT_NEOX) dcs_load_dcpythia_notes(m);
     if (!s) s = dcs_model_map_params(m, &e);
     if (!s) s = dcs_plan_layers(m, &e);
+    m->act_dtype = (m->kept_dtype == DCS_F16 || m->kept_dtype == DCS_BF16) && m->be->ops->gemm_x
+                       ? m->kept_dtype
+                       : DCS_F32;
     if (!s) s = m->be->ops->sync(m->be, &e);
     if (!s) release_unaliased_files(m);
 done:

@@ -290,21 +290,32 @@ void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x) {
     dcs_pass_hook(p, DCS_HP_EMBED, 0, x);
 }
 
-void dcs_heads_map(dcs_backend *be, int B, int N, int T, int S, int Dh, int D, float alpha, const float *x,
-                   const float *y, float *map) {
-    const long long TS = (long long)T * S;
-    for (int b = 0; b < B; b++)
-        be->ops->gemm(be, 0, 1, T, S, Dh, alpha, x + (size_t)b * T * D, D, Dh, y + (size_t)b * S * D, D, Dh,
-                      0.0f, map + (size_t)b * N * TS, S, TS, N);
+/* A product of two activations: through gemm_x with inputs in `dt` (the
+ * model's act_dtype) where the backend has it, else float32 gemm. */
+static void act_gemm(dcs_backend *be, int dt, int tA, int tB, int M, int N, int K, float alpha,
+                     const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float *C,
+                     int ldc, long long sC, int batch) {
+    if (dt != DCS_F32 && be->ops->gemm_x)
+        be->ops->gemm_x(be, dt, tA, tB, M, N, K, alpha, A, lda, sA, B, ldb, sB, 0.0f, C, ldc, sC, batch);
+    else
+        be->ops->gemm(be, tA, tB, M, N, K, alpha, A, lda, sA, B, ldb, sB, 0.0f, C, ldc, sC, batch);
 }
 
-void dcs_heads_rows(dcs_backend *be, int trans, int B, int N, int T, int S, int Dh, int D, float alpha,
-                    const float *map, const float *y, float *out) {
+void dcs_heads_map(dcs_backend *be, int dt, int B, int N, int T, int S, int Dh, int D, float alpha,
+                   const float *x, const float *y, float *map) {
+    const long long TS = (long long)T * S;
+    for (int b = 0; b < B; b++)
+        act_gemm(be, dt, 0, 1, T, S, Dh, alpha, x + (size_t)b * T * D, D, Dh, y + (size_t)b * S * D, D, Dh,
+                 map + (size_t)b * N * TS, S, TS, N);
+}
+
+void dcs_heads_rows(dcs_backend *be, int dt, int trans, int B, int N, int T, int S, int Dh, int D,
+                    float alpha, const float *map, const float *y, float *out) {
     const long long TS = (long long)T * S;
     const int rows = trans ? S : T, inner = trans ? T : S; /* out's rows; y's rows */
     for (int b = 0; b < B; b++)
-        be->ops->gemm(be, trans, 0, rows, Dh, inner, alpha, map + (size_t)b * N * TS, S, TS,
-                      y + (size_t)b * inner * D, D, Dh, 0.0f, out + (size_t)b * rows * D, D, Dh, N);
+        act_gemm(be, dt, trans, 0, rows, Dh, inner, alpha, map + (size_t)b * N * TS, S, TS,
+                 y + (size_t)b * inner * D, D, Dh, out + (size_t)b * rows * D, D, Dh, N);
 }
 
 void dcs_pass_norm(dcs_pass *p, int kind, float *out, const float *x, const float *w, const float *b, int M) {

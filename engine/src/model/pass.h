@@ -164,11 +164,13 @@ void dcs_pass_linear(dcs_pass *p, float *y, const float *x, dcs_wmat W, const fl
  * maps [B, N, T, S]; written (beta 0).
  *   dcs_heads_map:  map[b, n] = alpha x[b, :, n] y[b, :, n]^T  (x: T rows, y: S rows)
  *   dcs_heads_rows: out[b, :, n] = alpha op(map[b, n]) y[b, :, n], op = transpose
- *                   when trans (out: T rows from y's S, or S rows from y's T) */
-void dcs_heads_map(dcs_backend *be, int B, int N, int T, int S, int Dh, int D, float alpha, const float *x,
-                   const float *y, float *map);
-void dcs_heads_rows(dcs_backend *be, int trans, int B, int N, int T, int S, int Dh, int D, float alpha,
-                    const float *map, const float *y, float *out);
+ *                   when trans (out: T rows from y's S, or S rows from y's T)
+ * dt: the inputs' type (the model's act_dtype): DCS_F32, or F16 / BF16 through
+ * the backend's gemm_x where it has one (a 16-bit model on CUDA). */
+void dcs_heads_map(dcs_backend *be, int dt, int B, int N, int T, int S, int Dh, int D, float alpha,
+                   const float *x, const float *y, float *map);
+void dcs_heads_rows(dcs_backend *be, int dt, int trans, int B, int N, int T, int S, int Dh, int D,
+                    float alpha, const float *map, const float *y, float *out);
 
 /* out [M, D] = the norm of x of the given kind (DCS_NORM_*, the layer plan's). */
 void dcs_pass_norm(dcs_pass *p, int kind, float *out, const float *x, const float *w, const float *b, int M);
