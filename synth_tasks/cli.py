@@ -28,11 +28,11 @@ import sys
 from .dataset import DATA_NAME, default_data_path  # noqa: F401 -- also the command line's API
 
 
-def load_model(path, device: str = "cpu", n_threads: int = 0):
+def load_model(path, device: str = "cpu", n_threads: int = 0, dtype: str = "auto"):
     """Load a checkpoint directory with the dclens engine (imported lazily)."""
     import dclens
 
-    model = dclens.load(path, device=device, n_threads=n_threads)
+    model = dclens.load(path, device=device, n_threads=n_threads, dtype=dtype)
     return model
 
 
@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-bad-lines", action="store_true", help="skip malformed lines (and say how many) instead of stopping"
     )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the models run (default: cpu)")
+    ap.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        default="auto",
+        help="the type the weight matrices are kept in (dclens.load's dtype=; default: auto)",
+    )
     ap.add_argument(
         "--tokenizer", default=None, metavar="FILE", help="tokenizer.json to use when the model directory has none"
     )
@@ -256,6 +262,7 @@ def main(argv=None) -> int:
                 ds,
                 ray=Cluster(args.ray, workers=args.workers, n_threads=args.threads),
                 device=args.device,
+                dtype=args.dtype,
                 batch_tokens=bt,
                 tokenizer=tokenizer,
                 progress=False if args.no_progress else None,
@@ -276,11 +283,10 @@ def main(argv=None) -> int:
             res = on_ray[k]
         else:
             try:
-                model = (
-                    load_model(path, args.device)
-                    if args.threads is None
-                    else load_model(path, args.device, args.threads)
-                )
+                kw = {} if args.threads is None else {"n_threads": args.threads}
+                if args.dtype != "auto":
+                    kw["dtype"] = args.dtype
+                model = load_model(path, args.device, **kw)
             except Exception as e:  # noqa: BLE001 - report any loader failure plainly
                 err(f"cannot load model {path}: {e}")
                 return 1

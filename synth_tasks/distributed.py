@@ -30,6 +30,7 @@ def synth(
     *,
     ray,
     device: str = "cpu",
+    dtype: str = "auto",
     batch_tokens: int | None = None,
     max_batch: int = 64,
     tokenizer=None,
@@ -41,7 +42,8 @@ def synth(
     ("local:N", "auto", an address or a dclens.distributed.Cluster).
     data: a benchmark JSONL path, a Dataset or a list of Line. batch_tokens:
     padded tokens per batch (default 1024 on cpu, 4096 on cuda, as the
-    command line). tokenizer: for model directories without tokenizer.json.
+    command line). dtype: load's dtype= for paths and names. tokenizer: for
+    model directories without tokenizer.json.
     A model with hooks in force: a dclens.Error (the workers cannot run them)."""
     specs = list(models) if isinstance(models, (list, tuple)) else [models]
     for spec in specs:  # before anything starts
@@ -59,7 +61,7 @@ def synth(
     bt = batch_tokens or (4096 if device == "cuda" else 1024)
     out = []
     for spec in specs:
-        ref = distributed.model_ref(spec, device)
+        ref = distributed.model_ref(spec, device, dtype)
         directory = ref.directory()
         tok = tokenizer if tokenizer is not None else load_tokenizer(directory)
         name = os.path.basename(os.path.normpath(directory))

@@ -43,6 +43,12 @@ def _heatmap_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--phase", default="post", choices=["pre", "post"], help="with --hook branches")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model runs")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="the type the weight matrices are kept in (dclens.load's dtype=)",
+    )
     p.add_argument("--out", required=True, help="output PNG file")
     p.add_argument(
         "--grid-cols",
@@ -72,7 +78,7 @@ def _heatmap(argv: list[str]) -> int:
 
     layer = a.layer if a.layer == "all" else _int(a.layer, "--layer")
     _model_dir(a.model)
-    model = load(a.model, device=a.device, revision=a.revision)
+    model = load(a.model, device=a.device, revision=a.revision, dtype=a.dtype)
     if (a.grid_cols is not None and a.grid_cols < 0) or a.cell_px < 0:
         raise Error("--grid-cols and --cell-px must be >= 0")
     png = attention_heatmap(

@@ -265,6 +265,20 @@ def fake_loader(monkeypatch, tokenizer):
     return models
 
 
+def test_cli_dtype_reaches_the_loader(tmp_path, monkeypatch, tokenizer, subset_path):
+    seen = []
+
+    def load(path, device="cpu", **kw):
+        seen.append(kw)
+        return FakeModel(tokenizer, seed=0, name=Path(path).name)
+
+    monkeypatch.setattr(cli, "load_model", load)
+    args = ["synth", "--model", "modelA", "--data", str(subset_path), "--limit", "2", "--no-progress", "--no-plots"]
+    assert cli.main(args + ["--out", str(tmp_path / "a"), "--dtype", "bfloat16"]) == 0
+    assert cli.main(args + ["--out", str(tmp_path / "b")]) == 0
+    assert seen == [{"dtype": "bfloat16"}, {}]
+
+
 def test_cli_one_model(tmp_path, fake_loader, subset_path, capsys):
     out = tmp_path / "out"
     rc = cli.main(

@@ -45,7 +45,7 @@ RaySpec = Union[None, str, Cluster]
 DISTRIBUTED = "dclens.distributed"  # entry point group: synth comes from synth_tasks
 
 
-def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
+def model_ref(model: ModelSpec, device: str = "cpu", dtype: str = "auto") -> ModelRef:
     """The reference workers load a model from.
 
     Parameters
@@ -56,6 +56,8 @@ def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
         fingerprinted now).
     device : {"cpu", "cuda"}
         The device of a reference made from a path or name.
+    dtype : {"auto", "float32", "float16", "bfloat16"}
+        load's dtype= for a reference made from a path or name.
 
     Returns
     -------
@@ -80,11 +82,14 @@ def model_ref(model: ModelSpec, device: str = "cpu") -> ModelRef:
         )
     if device not in ("cpu", "cuda"):
         raise Error("device must be 'cpu' or 'cuda', not %r" % (device,))
+    from ..model import weight_dtype_arg
+
+    dtype = weight_dtype_arg(dtype)
     directory = os.fsdecode(resolve(model))
     source = model if isinstance(model, str) and not os.path.lexists(model) else os.path.abspath(directory)
     if not os.path.isfile(os.path.join(directory, "config.json")):
         raise Error("%s: not a model directory (no config.json)" % directory)
-    return ModelRef(source=source, device=device, files=fingerprint(directory))
+    return ModelRef(source=source, device=device, files=fingerprint(directory), dtype=dtype)
 
 
 def map(
