@@ -109,6 +109,7 @@ static __global__ void softmax_warp_kernel(float *x, size_t rows, int T, int S, 
     }
     sum = warp_sum(sum);
     const float inv = 1.0f / sum;
+    __syncwarp(); /* the exponentials other lanes wrote (their j0-relative indices) are read below */
     for (int j = lane; j < S; j += 32) r[j] = j >= j0 && j <= j1 ? r[j] * inv : 0.0f;
 }
 
