@@ -142,3 +142,16 @@ def test_device_memory_exhausted_mid_pass(tiny_factory, dtype):
         gpu.forward(big, logits_at=16383)
     assert "smaller batch" in str(e.value) or "memory" in str(e.value)
     np.testing.assert_array_equal(gpu.forward(toks), want)
+
+
+@needs_gpu
+def test_training_a_16bit_cuda_model_is_refused(tiny_factory):
+    """Training updates float32 weights: a model keeping 16-bit weights on the device says how to load it."""
+    from dclens._engine import lib
+
+    d, _, _ = tiny_factory(**KW)
+    gpu = dclens.load(d, device="cuda", dtype="bfloat16")
+    assert lib.dcs_model_make_trainable(gpu.runner.handle) != 0
+    assert "dtype='float32'" in gpu.runner.errmsg()
+    toks = _toks(gpu.config.vocab)
+    assert np.isfinite(gpu.forward(toks)).all()  # still usable
