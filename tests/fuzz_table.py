@@ -116,8 +116,13 @@ ENTRIES = [
     # ---- the model
     Entry(
         "load",
-        lambda c, path, device, n_threads: dclens.load(path, device=device, n_threads=n_threads),
-        dict(path=st.just(None), device=st.just("cpu"), n_threads=st.integers(0, 2)),
+        lambda c, path, device, n_threads, dtype: dclens.load(path, device=device, n_threads=n_threads, dtype=dtype),
+        dict(
+            path=st.just(None),
+            device=st.just("cpu"),
+            n_threads=st.integers(0, 2),
+            dtype=st.sampled_from(["auto", "float32", "float16", "bfloat16", np.float16]),
+        ),
         dict(path=("path", "model", "directory", "config.json", "bundled", "no such")),
     ),
     Entry(
