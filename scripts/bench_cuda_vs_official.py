@@ -1,48 +1,67 @@
-"""The official DCPythia module against dclens on the same GPU, checkpoint and tokens (issue 39).
+"""The official DCPythia module against dclens: one GPU, one random checkpoint, the same tokens (issue 39).
 
-    python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia
-        [--layers 32] [--T 512 2048] [--batch 1 8] [--compile] [--budget-s 200] [--out R.json]
-    python3 scripts/bench_cuda_vs_official.py --module DIR --device cpu --tiny    # a dry run, here
-    python3 scripts/bench_cuda_vs_official.py --print-wheels   # what gpu_carry.sh downloads
+On the lent GPU machine (torch, transformers, nvidia-ml-py, dclens built with CUDA; no network),
+from the repository root, with `.gpu_carry/` carried (made by `bash scripts/gpu_carry.sh`):
 
-The official module is `pytorch/dcpythia` of github.com/Caiyun-AI/DCFormer, imported from
---module (scripts/gpu_carry.sh puts it in .gpu_carry/; none of its code is in this project). It
-needs torch and transformers >= 4.40.2; where the interpreter's transformers is another major
-version, --wheels DIR (default: the module's ../../../whl, i.e. .gpu_carry/whl) is put first on
-sys.path: transformers 4.40.2 and the tokenizers / huggingface_hub its import-time check accepts.
+    python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \\
+        --wheels .gpu_carry/whl --budget-s 240 --out /tmp/official.json
+        [--layers 32] [--T 512 2048] [--batch 1 8] [--no-compile] [--dtype bfloat16]
 
-What it does, in this order (one random checkpoint, both sides):
-1. builds the official model at DCPythia-6.9B's shape (D 4096, 32 heads, F 16384, the official
-   config.json; --layers of them) with random weights drawn at scales where the dynamic
-   composition matters (the module's own init leaves dw1, qkw, dd at zero), in bfloat16 on the
-   device, and saves it with its config as safetensors (the published layout) for dclens;
-2. the official module, eager (and under torch.compile with --compile, on the first case):
-   prefill tokens/s for each T x batch (best of --repeat after a warm-up), peak device memory
-   (torch.cuda.max_memory_allocated), a gradient step at T 128 (logit of the last position,
-   backward to the embedding output), a 16-step IG of the same logit over the embedding output
-   (zero baseline, the 16 points in one batch);
-3. dclens in a fresh process (--dclens-python, default this interpreter): the same checkpoint
-   loaded with dtype="bfloat16" (16-bit weights, tensor-core products) and DCLENS_CUDA_KERNELS=new,
-   the same cases (`forward`), `gradients` w.r.t. blocks.0.resid_pre and `attribute(steps=16)`
-   there; its device memory (nvidia-smi: the process's, which its pool keeps at its peak); the
-   logits also with dtype="float32" (the exact path) at the first case;
-4. prints one table and writes --out (JSON): tokens/s and their ratio, memory, the logit
-   differences (dclens bf16 vs official bf16, dclens bf16 vs dclens float32: max |diff| / max |ref|).
+The module is imported with the interpreter's transformers when it builds and runs with it (it does
+with 5.17: its forward uses torch alone). Otherwise the wheels of --wheels (transformers 4.40.2,
+tokenizers 0.19.1, huggingface_hub 0.23.4: `--print-wheels`) are installed into /tmp/dcpythia_site
+and put first on sys.path; torch stays the machine's. The same by hand:
 
-The module rounds its rotary table to float16 whatever the model's dtype (precompute_freqs_cis),
-which moves its float32 logits by about 1e-3 relative from the spec's; --exact-rope replaces that
-one function at run time with the spec's table (float64 angles), and then the dry run's float32
-logits agree with dclens's to 6.2e-6 (2 layers, D 256, T 64; the sums of the 16-step IG
-attributions 0.6783 / 0.6784), measured with the dry-run command above plus --exact-rope, in
-a torch venv with transformers 4.40.2 and 5.24.
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_carry/whl/*.whl
+    PYTHONPATH=/tmp/site python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia
+
+A dry run of the whole pipeline on the CPU (2 layers, D 256, 8 heads, vocab 512, window 16, T 64),
+with torch in a venv of its own and dclens in the project's python:
+
+    VENV/bin/python scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \\
+        --device cpu --tiny --dclens-python python3 [--dtype float32]
+
+What it does (every step within --budget-s: a case that would not fit is skipped and says so):
+1. builds the official model (`pytorch/dcpythia` of github.com/Caiyun-AI/DCFormer, imported from
+   --module; none of its code is in this project) at DCPythia-6.9B's shape (its config.json: D 4096,
+   32 heads, F 16384, vocab 50257, window 256 on even layers; --layers of them) on the device in
+   --dtype, draws every parameter at random (below), and writes it as one safetensors file with its
+   config.json, which dclens loads: both sides run the same weights;
+2. the official module, eager: prefill tokens/s per T x batch (the fastest of --repeat calls after
+   one), its peak memory (torch.cuda.max_memory_allocated); at T --grad-T (128) the gradient of the
+   logit of token 0 at the last position w.r.t. the embedding output (torch autograd) and a 16-step
+   integrated gradients of it there (zero baseline, midpoints, the steps in one batch); the logits
+   at the reference case (B 1, T --ref-T); then the same module in float32 with the spec's rotary
+   table (it rounds its own to float16) on the same weights: the reference;
+3. dclens in its own process (--dclens-python; `--worker`): `load(dtype=--dtype)`, the same cases
+   (`forward`, full logits copied to the host), `gradients(..., ["blocks.0.resid_pre"])` and
+   `attribute(steps=16)` at the same target, its device memory after each case (NVML: the
+   process's, or the device's growth since it started; its pool keeps what it took, so this is its
+   peak), then `load(dtype="float32")`: the exact path, against the reference;
+4. the official module under torch.compile (each block compiled; all 32 share one graph), the same
+   cases, in what is left of the budget (the first call of a shape compiles; its time is reported);
+5. one table, the differences (max |diff| / max |ref|) of logits, gradients and IG totals against
+   the reference, and --out (JSON); exit 1 if dclens's float32 logits miss the reference by more
+   than --tol.
+
+The random weights: linear maps N(0, 1/fan_in), the outputs of the residual branches (wo, w2)
+times 0.2, the dynamic-weight projections dw1 N(0, 1/D), qkw N(0, 1/K) * 0.6/sqrt(heads), dd
+N(0, 1/D) * 0.2, norms 1 + N(0, 0.01). Composition matters at these scales (zeroing qkw and dd
+moves the logits by ~50% of their largest) but the model is not chaotic: with qkw and dd at
+1/sqrt(fan_in), 32 layers amplify a 1e-7 perturbation of the embeddings to 2e-2 of the logits and
+rounding the embeddings to bfloat16 moves them by 100%, which would leave no difference to compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import math
 import os
+import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -51,413 +70,766 @@ import time
 import numpy as np
 
 WHEELS = ["transformers==4.40.2", "tokenizers==0.19.1", "huggingface_hub==0.23.4"]
-TINY = dict(dim=256, n_head=8, n_local_heads=8, head_dim=32, intermediate_size=1024, vocab_size=512)
+TINY = dict(dim=256, n_head=8, n_local_heads=8, head_dim=32, intermediate_size=1024, vocab_size=512, window_size=16)
+SCALES = dict(out=0.2, qkw=0.6, dd=0.2)  # see the docstring
 
 
-def best_of(fn, repeat, sync):
-    """Seconds of the fastest of `repeat` calls after one warm-up."""
+# ------------------------------------------------------------------------------------ shared
+
+
+def case_cost(T, B):
+    """A forward's relative cost: the products grow as B*T, the attention maps as B*T*T."""
+    return B * T * (T + 2048)
+
+
+def make_cases(Ts, Bs):
+    """[(T, B)], cheapest first, so that the budget cuts the dearest."""
+    return sorted(((T, B) for T in Ts for B in Bs), key=lambda c: case_cost(*c))
+
+
+def tokens(vocab, B, T):
+    return np.random.default_rng(1000 * B + T).integers(0, vocab, size=(B, T))
+
+
+def timed(fn, repeat, deadline, floor_s=0.5):
+    """{"s": the fastest of `repeat` calls after a first one (up to 10 while they add up to under
+    floor_s), fewer where the deadline comes first ("n" of them; n 0: the first call's time),
+    "first_s"}."""
+    t0 = time.perf_counter()
     fn()
-    sync()
+    first = time.perf_counter() - t0
     ts = []
-    for _ in range(repeat):
+    while (len(ts) < repeat or (sum(ts) < floor_s and len(ts) < 10)) and time.time() + first < deadline:
         t0 = time.perf_counter()
         fn()
-        sync()
         ts.append(time.perf_counter() - t0)
-    return min(ts)
+    return dict(s=min(ts) if ts else first, first_s=first, n=len(ts))
 
 
-# ---------------------------------------------------------------- the official side (torch)
+def fits(done, T, B, deadline, factor):
+    """Whether case (T, B) is predicted (from the last case done, by case_cost) to take under
+    factor x its time before the deadline."""
+    if not done:
+        return True
+    last = done[-1]
+    return time.time() + factor * last["s"] * case_cost(T, B) / case_cost(last["T"], last["B"]) < deadline
 
 
-def import_official(module_dir, wheels, exact_rope=False):
-    """configuration_dcpythia.DCPythiaConfig and modeling_dcpythia.DCPythia from module_dir: with
-    the interpreter's transformers, else (it is missing, or the module does not import with it)
-    with the carried wheels. exact_rope: the module's rotary table (float16, whatever the model's
-    dtype) replaced by one computed in float64 (model-spec's angles) for an exactness check."""
+def gpu_memory(pid):
+    """(bytes process `pid` holds on GPU 0, bytes used on GPU 0): NVML, else nvidia-smi; None
+    for what neither says (in a container NVML may list host pids)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        mine = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == pid]
+        return (mine[0] if mine else None), int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+    except Exception:
+        pass
+    try:
+        q = ["nvidia-smi", "--format=csv,noheader,nounits", "-i", "0"]
+        apps = subprocess.run(q + ["--query-compute-apps=pid,used_memory"], capture_output=True, text=True, timeout=20)
+        used = subprocess.run(q + ["--query-gpu=memory.used"], capture_output=True, text=True, timeout=20)
+        mine = [
+            int(m) << 20 for p, m in (ln.split(",") for ln in apps.stdout.splitlines() if "," in ln) if int(p) == pid
+        ]
+        return (mine[0] if mine else None), int(used.stdout.split()[0]) << 20
+    except Exception:
+        return None, None
+
+
+def rel(x, ref):
+    """max |x - ref| / max |ref|."""
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64).reshape(np.shape(x))
+    return float(np.abs(x - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+# ------------------------------------------------------------------------- the official module
+
+
+def import_official(module_dir, wheels):
+    """(DCPythiaConfig, DCPythia) of module_dir, with the interpreter's transformers if the module
+    builds and runs with it, else with the wheels in `wheels` (installed into /tmp/dcpythia_site)."""
     sys.path.insert(0, os.path.abspath(module_dir))
     try:
-        return _import_module(exact_rope)
-    except Exception as e:  # e.g. a transformers whose PreTrainedModel the module does not fit
+        return smoke(*_import_module())
+    except Exception as e:
         if not (wheels and os.path.isdir(wheels)):
             raise
-        print("the official module does not import with this transformers (%s): using %s" % (e, wheels))
+        print("the official module does not run with this transformers (%r): using %s" % (e, wheels), flush=True)
     site = os.path.join(tempfile.gettempdir(), "dcpythia_site")
     if not os.path.isdir(os.path.join(site, "transformers")):
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-            + ["--target", site]
-            + [os.path.join(wheels, w) for w in sorted(os.listdir(wheels)) if w.endswith(".whl")],
-            check=True,
-        )
+        whl = [os.path.join(wheels, w) for w in sorted(os.listdir(wheels)) if w.endswith(".whl")]
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        subprocess.run(pip + ["--target", site] + whl, check=True)
     sys.path.insert(0, site)
-    for name in [m for m in sys.modules if m.split(".")[0] in ("transformers", "tokenizers", "huggingface_hub")]:
-        del sys.modules[name]
-    for name in ("configuration_dcpythia", "modeling_dcpythia"):
-        sys.modules.pop(name, None)
-    return _import_module(exact_rope)
+    for name in list(sys.modules):
+        top = name.split(".")[0]
+        if top in ("transformers", "tokenizers", "huggingface_hub", "configuration_dcpythia", "modeling_dcpythia"):
+            del sys.modules[name]
+    return smoke(*_import_module())
 
 
-def _import_module(exact_rope):
+def _import_module():
     import configuration_dcpythia
     import modeling_dcpythia
 
-    if exact_rope:
-        modeling_dcpythia.precompute_freqs_cis = exact_rotary_table
     return configuration_dcpythia.DCPythiaConfig, modeling_dcpythia.DCPythia
 
 
-def exact_rotary_table(seq_len, n_elem, base=10000):
-    """[seq_len, n_elem/2, 2] (cos, sin) of model-spec's rotary angles t * base^(-2i/n), computed in
-    float64 and kept float32 (the module rounds its table to float16)."""
+def smoke(Config, Model):
+    """(Config, Model) once a 1-layer model of them has run a forward on the CPU."""
+    import torch
+
+    m = Model(Config(dim=32, n_head=4, n_layer=1, vocab_size=16, use_qk_norm=True)).float().eval()
+    m.setup_caches(1, 8, set_kv_cache=False)
+    with torch.no_grad():
+        m(torch.zeros(1, 4, dtype=torch.long), return_tensor=True)
+    return Config, Model
+
+
+def spec_rotary_table(seq_len, n_elem, base, device):
+    """[seq_len, n_elem/2, 2] (cos, sin) of model-spec's angles t * base^(-2i/n), computed in
+    float64 and kept float32 (the module's precompute_freqs_cis rounds its table to float16)."""
     import torch
 
     inv = 1.0 / (base ** (torch.arange(0, n_elem, 2, dtype=torch.float64)[: n_elem // 2] / n_elem))
     ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
-    return torch.stack([ang.cos(), ang.sin()], -1).float()
+    return torch.stack([ang.cos(), ang.sin()], -1).float().to(device)
 
 
-def config_dict(module_dir, a):
-    with open(os.path.join(module_dir, "config.json")) as f:
+def model_config(a):
+    with open(os.path.join(a.module, "config.json")) as f:
         cfg = json.load(f)
-    cfg.update(n_layer=a.layers, block_size=max(2048, max(a.T)), torch_dtype="bfloat16")
-    if a.tiny:
-        cfg.update(TINY)
+    cfg.update(TINY if a.tiny else {})
+    cfg.update(n_layer=a.layers, block_size=max([2048, a.ref_T, a.grad_T] + a.T), torch_dtype=a.dtype)
     return cfg
 
 
-def random_weights(model, seed, device):
-    """Every parameter drawn where the composition matters: linear weights 1/sqrt(fan-in), the
-    dynamic-weight projections likewise (the module leaves them zero), norms near 1."""
+def draw_weights(model, n_head, seed):
+    """Every parameter drawn at random at the scales of the docstring (the module's own init
+    leaves dw1, qkw and dd at zero: no composition)."""
     import torch
 
-    g = torch.Generator(device=device).manual_seed(seed)
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            shape = p.shape
-            if name.endswith(("norm.weight", "norm.scale")) or ".scale" in name:
-                v = 1 + 0.1 * torch.randn(shape, generator=g, device=device)
+            v = torch.randn(p.shape, generator=g, device=dev)
+            if name.endswith(("dw_m", "qkw_m")):
+                continue  # merge_weights()'s copies of dw1 / qkw, remade by setup_caches
+            if name.endswith(("norm.weight", ".scale")):
+                v = 1 + 0.1 * v
             elif name.endswith("bias"):
-                v = 0.02 * torch.randn(shape, generator=g, device=device)
-            elif name.endswith("tok_embeddings.weight"):
-                v = torch.randn(shape, generator=g, device=device)
+                v = 0.02 * v
             elif name.endswith("dyn_w_proj.qkw"):  # [G, 4, K, 2I, M]
-                v = torch.randn(shape, generator=g, device=device) / math.sqrt(shape[2])
-            elif name.endswith(("dyn_w_proj.dw1", "dyn_w_proj.dd")):  # [D, G, ...]
-                v = torch.randn(shape, generator=g, device=device) / math.sqrt(shape[0])
-            elif p.ndim == 2:
-                v = torch.randn(shape, generator=g, device=device) / math.sqrt(shape[1])
-            else:
-                continue
+                v *= SCALES["qkw"] / math.sqrt(p.shape[2] * n_head)
+            elif name.endswith("dyn_w_proj.dd"):  # [D, G, 4N]
+                v *= SCALES["dd"] / math.sqrt(p.shape[0])
+            elif name.endswith("dyn_w_proj.dw1"):  # [D, G, 4, K]
+                v /= math.sqrt(p.shape[0])
+            elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                v *= SCALES["out"] / math.sqrt(p.shape[1])
+            elif p.ndim == 2 and not name.endswith("tok_embeddings.weight"):
+                v /= math.sqrt(p.shape[1])
             p.copy_(v.to(p.dtype))
 
 
-def build_official(a, DCPythiaConfig, DCPythia, out_dir):
-    """The official model with random weights, in bfloat16 (float32 with --tiny on the CPU) on
-    the device, saved with its config to out_dir for dclens."""
+def build_official(a, Config, Model, cfg):
+    """The official model with random weights, built on the device in a.dtype, ready for prefill."""
     import torch
-    from safetensors.torch import save_file
 
-    cfg = config_dict(a.module, a)
-    dtype = torch.float32 if a.device == "cpu" else torch.bfloat16
-    torch.manual_seed(a.seed)
-    model = DCPythia(DCPythiaConfig(**cfg))
-    model = model.to(device=a.device, dtype=dtype).eval()
-    random_weights(model, a.seed, a.device)
-    for q in model.parameters():
-        q.requires_grad_(False)  # gradients w.r.t. activations only, as dclens computes them
-    with torch.device(a.device):  # the module builds its masks and rotary table on the default device
-        model.setup_caches(max_batch_size=max(a.batch), max_seq_length=max(max(a.T), 128), set_kv_cache=False)
+    dtype = getattr(torch, a.dtype)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(a.device):
+            model = Model(Config(**cfg))
+    finally:
+        torch.set_default_dtype(old)
+    model = model.to(dtype).eval()  # the module makes dw1, qkw, dd and its eye buffers float16
+    draw_weights(model, cfg["n_head"], a.seed)
+    model.requires_grad_(False)  # gradients w.r.t. activations only, as dclens's `gradients` here
+    with torch.device(a.device):  # it makes its masks and rotary table on the default device
+        model.setup_caches(max(a.batch + [a.ig_steps]), cfg["block_size"], set_kv_cache=False)
+    return model
+
+
+def save_checkpoint(model, cfg, out_dir):
+    """config.json and model.safetensors (the published tensor names), written tensor by tensor."""
+    import torch
+
     os.makedirs(out_dir, exist_ok=True)
-    derived = ("dyn_w_proj.dw_m", "dyn_w_proj.qkw_m")  # merge_weights()'s views of dw1 / qkw (unused by the prefill)
-    sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if not k.endswith(derived)}
-    save_file(sd, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    cfg["torch_dtype"] = "float32" if a.device == "cpu" else "bfloat16"
+    names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+    sd = {k: v for k, v in model.state_dict().items() if not k.endswith(("dw_m", "qkw_m"))}
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for k, v in sd.items():
+        n = v.numel() * v.element_size()
+        header[k] = dict(dtype=names[v.dtype], shape=list(v.shape), data_offsets=[off, off + n])
+        off += n
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(out_dir, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for v in sd.values():
+            f.write(v.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().data)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
-    return model, cfg
+    return 8 + len(h) + off
 
 
-def time_official(model, a, cfg, res, tmp):
+def official_cases(model, a, cfg, cases, deadline, label):
+    """Prefill tokens/s and peak memory of each case (skipped where the deadline would pass)."""
     import torch
 
-    dev = a.device
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    rows = []
-    with torch.no_grad():
-        for T in a.T:
-            for B in a.batch:
-                toks = torch.from_numpy(tokens(a, cfg, B, T)).to(dev)
-                if dev == "cuda":
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats()
-                t = best_of(lambda toks=toks: model(toks, return_tensor=True), a.repeat, sync)
-                peak = torch.cuda.max_memory_allocated() if dev == "cuda" else None
-                rows.append(dict(T=T, B=B, tok_s=B * T / t, s=t, peak_bytes=peak))
-                print("official eager T=%d B=%d: %.0f tok/s, peak %s" % (T, B, B * T / t, gib(peak)), flush=True)
-        T0, B0 = a.T[0], a.batch[0]
-        lg = model(torch.from_numpy(tokens(a, cfg, B0, T0)).to(dev), return_tensor=True)
-        np.save(os.path.join(tmp, "official_logits.npy"), lg.float().cpu().numpy())
-    res["official"] = rows
-    if a.compile and dev == "cuda" and time.time() < a.deadline - 60:
-        cm = torch.compile(model)
-        T, B = a.T[-1], a.batch[0]
-        toks = torch.from_numpy(tokens(a, cfg, B, T)).to(dev)
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            cm(toks, return_tensor=True)
-            sync()
-            res["official_compile_s"] = time.perf_counter() - t0
-            t = best_of(lambda: cm(toks, return_tensor=True), a.repeat, sync)
-        res["official_compiled"] = dict(T=T, B=B, tok_s=B * T / t, s=t)
-        print("official torch.compile T=%d B=%d: %.0f tok/s" % (T, B, B * T / t), flush=True)
-    res["official_grad"] = official_grad_ig(model, a, cfg, sync)
+    cuda = a.device == "cuda"
+    rows, done = [], []
+    for T, B in cases:
+        if not fits(done, T, B, deadline, 1 + a.repeat):
+            rows.append(dict(T=T, B=B, skipped="budget"))
+            continue
+        x = torch.from_numpy(tokens(cfg["vocab_size"], B, T)).to(a.device)
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+        def call(x=x):
+            with torch.no_grad():
+                model(x, return_tensor=True)
+            if cuda:
+                torch.cuda.synchronize()
+
+        r = dict(T=T, B=B, **timed(call, a.repeat, deadline))
+        r["tok_s"] = B * T / r["s"]
+        if cuda:
+            r["peak_bytes"] = torch.cuda.max_memory_allocated()
+            r["reserved_bytes"] = torch.cuda.max_memory_reserved()
+        rows.append(r)
+        done.append(r)
+        print("%s T=%d B=%d: %.0f tok/s, peak %s" % (label, T, B, r["tok_s"], gib(r.get("peak_bytes"))), flush=True)
+    return rows
 
 
-def official_grad_ig(model, a, cfg, sync):
-    """A gradient step and a 16-step IG at T 128 over the embedding output."""
+def official_grad_ig(model, a, cfg, timing):
+    """At T a.grad_T: d logit[last, 0] / d embedding output (one backward), and IG of it there
+    with a.ig_steps midpoints of a zero baseline in one batch. Returns (dict, gradient [T, D])."""
     import torch
 
-    T = 128 if not a.tiny else 32
-    toks = torch.from_numpy(tokens(a, cfg, 1, T)).to(a.device)
-    emb = model.tok_embeddings(toks).detach()
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    T, S = a.grad_T, a.ig_steps
+    x = torch.from_numpy(tokens(cfg["vocab_size"], 1, T)).to(a.device)
+    emb = model.tok_embeddings(x).detach()
     feed = {}
-    h = model.tok_embeddings.register_forward_hook(lambda mod, inp, out: feed["x"])
+    hook = model.tok_embeddings.register_forward_hook(lambda mod, inp, out: feed["x"])
 
     def grad_step():
-        x = emb.clone().requires_grad_(True)
-        feed["x"] = x
-        logit = model(toks, return_tensor=True)[0, -1, 0].float()
-        (gx,) = torch.autograd.grad(logit, x)
-        return gx
+        feed["x"] = emb.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(model(x, return_tensor=True)[0, -1, 0].float(), feed["x"])
+        sync()
+        return g
 
     def ig():
-        alphas = (torch.arange(16, device=a.device, dtype=torch.float32) + 0.5) / 16
-        x = (alphas[:, None, None] * emb.float()).to(emb.dtype).requires_grad_(True)
-        feed["x"] = x
-        logit = model(toks.expand(16, T), return_tensor=True)[:, -1, 0].float().sum()
-        (gx,) = torch.autograd.grad(logit, x)
-        return (gx.float().mean(0) * emb.float()).sum()
+        alphas = (torch.arange(S, device=a.device, dtype=torch.float32) + 0.5) / S
+        feed["x"] = (alphas[:, None, None] * emb.float()).to(emb.dtype).requires_grad_(True)
+        logit = model(x.expand(S, T), return_tensor=True)[:, -1, 0].float().sum()
+        (g,) = torch.autograd.grad(logit, feed["x"])
+        sync()
+        return float((g.float().mean(0) * emb[0].float()).sum())
 
     try:
-        t_g = best_of(grad_step, a.repeat, sync)
-        t_ig = best_of(ig, a.repeat, sync)
-        total = float(ig())
+        r = dict(T=T, steps=S, ig_total=ig())
+        g = grad_step().float()[0].cpu().numpy()
+        if timing:
+            r["grad_s"] = timed(grad_step, a.repeat, math.inf)["s"]
+            r["ig_s"] = timed(ig, a.repeat, math.inf)["s"]
     finally:
-        h.remove()
-    print("official T=%d: gradient step %.3f s, 16-step IG %.3f s" % (T, t_g, t_ig), flush=True)
-    return dict(T=T, grad_s=t_g, ig16_s=t_ig, ig_total=total)
+        hook.remove()
+    return r, g
 
 
-# ---------------------------------------------------------------- the dclens side (its own process)
+def official_logits(model, a, cfg):
+    import torch
 
-DCLENS_SRC = r"""
-import json, os, subprocess, sys, time
-import numpy as np
-import dclens
-a = json.loads(sys.argv[1])
-d, tmp, dev = a["dir"], a["tmp"], a["device"]
+    x = torch.from_numpy(tokens(cfg["vocab_size"], 1, a.ref_T)).to(a.device)
+    with torch.no_grad():
+        return model(x, return_tensor=True).float()[0].cpu().numpy()
 
-def best_of(fn, repeat):
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
-    return min(ts)
 
-def device_bytes():
+def official_side(model, a, cfg, cases, deadline, tmp):
+    """Step 2 of the docstring: eager cases, gradient and IG, reference logits. The model is back
+    in a.dtype with its own rotary table afterwards."""
+    import torch
+
+    res = dict(cases=official_cases(model, a, cfg, cases, deadline, "official eager"))
+    arrays = dict(logits=official_logits(model, a, cfg))
+    res["grad"], arrays["grad"] = official_grad_ig(model, a, cfg, timing=True)
+    print(
+        "official T=%d: gradient step %.3f s, %d-step IG %.3f s"
+        % (a.grad_T, res["grad"]["grad_s"], a.ig_steps, res["grad"]["ig_s"]),
+        flush=True,
+    )
+    torch.backends.cuda.matmul.allow_tf32 = False
+    own_table = model.freqs_cis
+    model.float()
+    model.freqs_cis = spec_rotary_table(own_table.shape[0], own_table.shape[1] * 2, cfg["rope_base"], a.device)
+    arrays["ref_logits"] = official_logits(model, a, cfg)
+    res["ref_grad"], arrays["ref_grad"] = official_grad_ig(model, a, cfg, timing=False)
+    model.to(getattr(torch, a.dtype))
+    model.freqs_cis = own_table
+    np.savez(os.path.join(tmp, "official.npz"), **arrays)
+    return res
+
+
+class OverBudget(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def alarm_at(deadline):
+    """Raise OverBudget in the main thread at `deadline`, and every second after it until the
+    block is left (torch.compile cannot be told to stop, and may catch the first one)."""
+
+    def ring(signum, frame):
+        raise OverBudget()
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(0.5, deadline - time.time()), 1.0)
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-        for line in out.splitlines():
-            pid, mib = [x.strip() for x in line.split(",")]
-            if int(pid) == os.getpid():
-                return int(mib) * 2**20
-    except Exception:
-        pass
-    return None
-
-res = {"dclens": []}
-t0 = time.perf_counter()
-m = dclens.load(d, device=dev, dtype=a["dtype"])
-res["load_s"] = time.perf_counter() - t0
-res["dtype"] = m.dtype
-for T in a["T"]:
-    for B in a["batch"]:
-        toks = np.asarray(a["tokens"][str(B) + "x" + str(T)])
-        t = best_of(lambda: m.forward(toks), a["repeat"])
-        res["dclens"].append(dict(T=T, B=B, tok_s=B * T / t, s=t))
-        print("dclens %s T=%d B=%d: %.0f tok/s" % (m.dtype, T, B, B * T / t), flush=True)
-res["device_bytes"] = device_bytes()
-k0 = "%dx%d" % (a["batch"][0], a["T"][0])
-np.save(os.path.join(tmp, "dclens_logits.npy"), m.forward(np.asarray(a["tokens"][k0])))
-Tg = a["grad_T"]
-tg = np.asarray(a["tokens"]["1x%d" % Tg])[0]
-target = ("logit", Tg - 1, 0)
-res["grad_s"] = best_of(lambda: m.gradients(tg, target, ["blocks.0.resid_pre"]), a["repeat"])
-res["ig16_s"] = best_of(lambda: m.attribute(tg, target, ["blocks.0.resid_pre"], steps=16, progress=False), a["repeat"])
-r = m.attribute(tg, target, ["blocks.0.resid_pre"], steps=16, progress=False)
-res["ig_total"] = float(np.sum(r.attributions["blocks.0.resid_pre"]))
-print("dclens T=%d: gradient step %.3f s, 16-step IG %.3f s" % (Tg, res["grad_s"], res["ig16_s"]), flush=True)
-m = None
-if a["exact"]:
-    m32 = dclens.load(d, device=dev, dtype="float32")
-    np.save(os.path.join(tmp, "dclens_f32_logits.npy"), m32.forward(np.asarray(a["tokens"][k0])))
-print("RESULT " + json.dumps(res))
-"""
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
-def tokens(a, cfg, B, T):
-    return np.random.default_rng(1000 * B + T).integers(0, cfg["vocab_size"], size=(B, T))
+def compiled_side(model, a, cfg, cases, deadline):
+    """Step 4: each block under torch.compile (one graph for all blocks, a shape's first call
+    compiles), the same cases while the budget lasts."""
+    for layer in model.layers:
+        layer.compile()
+    rows = []
+    try:
+        with alarm_at(deadline):
+            for T, B in cases:
+                rows += official_cases(model, a, cfg, [(T, B)], deadline, "official compiled")
+    except Exception as e:  # OverBudget, or what torch.compile made of it
+        over = isinstance(e, OverBudget) or time.time() >= deadline
+        print("official compiled: %s" % ("the budget ran out" if over else "failed: %r" % e), flush=True)
+        if not over:
+            rows.append(dict(T=cases[len(rows)][0], B=cases[len(rows)][1], skipped="error: %r" % e))
+    for T, B in cases[len(rows) :]:
+        rows.append(dict(T=T, B=B, skipped="budget"))
+    return rows
 
 
-def run_dclens(a, cfg, ckpt, tmp, res):
-    grad_T = 128 if not a.tiny else 32
-    toks = {"%dx%d" % (B, T): tokens(a, cfg, B, T).tolist() for T in a.T for B in a.batch}
-    toks["1x%d" % grad_T] = tokens(a, cfg, 1, grad_T).tolist()
-    args = dict(
-        dir=ckpt,
+# ---------------------------------------------------------------------------- the dclens side
+
+
+def run_dclens(a, ckpt, cases, tmp, deadline):
+    """Step 3 in a fresh process of --dclens-python; its RESULT lines merged into one dict (what
+    it printed before a timeout is kept)."""
+    job = dict(
+        ckpt=ckpt,
         tmp=tmp,
         device=a.device,
-        dtype="float32" if a.device == "cpu" else "bfloat16",
-        T=a.T,
-        batch=a.batch,
+        dtype=a.dtype,
+        cases=cases,
         repeat=a.repeat,
-        tokens=toks,
-        grad_T=grad_T,
-        exact=True,
+        grad_T=a.grad_T,
+        ref_T=a.ref_T,
+        ig_steps=a.ig_steps,
+        deadline=deadline,
     )
+    with open(os.path.join(tmp, "job.json"), "w") as f:
+        json.dump(job, f)
     env = dict(os.environ, DCLENS_CUDA_KERNELS=a.kernels)
-    left = max(30, int(a.deadline - time.time()))
-    r = subprocess.run(
-        [a.dclens_python, "-c", DCLENS_SRC, json.dumps(args)], capture_output=True, text=True, env=env, timeout=left
+    cmd = [a.dclens_python, os.path.abspath(__file__), "--worker", os.path.join(tmp, "job.json")]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(30, deadline - time.time() + 30))
+        out, err, rc = r.stdout, r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out, err, rc = _text(e.stdout), _text(e.stderr) + "\n(timed out)", "timeout"
+    res = parse_results(out, echo=True)
+    if rc:
+        print("dclens side exited %s:\n%s" % (rc, err[-3000:]), flush=True)
+        res["errors"]["exit"] = "%s: %s" % (rc, err[-500:])
+    return res
+
+
+def parse_results(out, echo=False):
+    """The worker's RESULT lines merged (a later one replaces a key, errors add up); the other
+    lines printed with echo."""
+    res = dict(errors={})
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            part = json.loads(line[7:])
+            res["errors"].update(part.pop("errors", {}))
+            res.update(part)
+        elif echo:
+            print(line, flush=True)
+    return res
+
+
+def _text(b):
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def worker(job_path):
+    """The dclens side (no torch): reads the job, prints RESULT lines of JSON, saves arrays to its
+    folder. A phase that fails says so (RESULT errors) and the next one still runs."""
+    import dclens
+
+    with open(job_path) as f:
+        job = json.load(f)
+    tmp, cuda = job["tmp"], job["device"] == "cuda"
+    toks = dict(np.load(os.path.join(tmp, "tokens.npz")))
+    _, used0 = gpu_memory(os.getpid()) if cuda else (None, None)
+
+    def memory():
+        """(bytes, how): this process's GPU memory, else the device's growth since the start."""
+        mine, used = gpu_memory(os.getpid()) if cuda else (None, None)
+        if mine is None and used is not None and used0 is not None:
+            return used - used0, "device growth"
+        return mine, "process"
+
+    state = dict(load_s=30.0)
+    for name, phase in (("native", _native_phase), ("float32", _float32_phase)):
+        try:
+            phase(dclens, job, toks, memory, state)
+        except Exception as e:
+            import traceback
+
+            traceback.print_exc()
+            _result(errors={name: repr(e)[:500]})
+        state.pop("model", None)
+    return 0
+
+
+def _result(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def _target(job, toks):
+    """(tokens, target, hooks) of the gradient and IG: the logit of token 0 at the last position."""
+    return toks["B1_T%d" % job["grad_T"]][0], ("logit", job["grad_T"] - 1, 0), ["blocks.0.resid_pre"]
+
+
+def _native_phase(dclens, job, toks, memory, state):
+    """dclens in job["dtype"]: reference logits, gradient, IG, then the cases while time lasts
+    (keeping time for the float32 phase)."""
+    tmp, deadline = job["tmp"], job["deadline"]
+    t0 = time.perf_counter()
+    m = state["model"] = load(dclens, job["ckpt"], job["device"], job["dtype"])
+    state["load_s"] = time.perf_counter() - t0
+    _result(load_s=state["load_s"], dtype=m.dtype, memory_after_load=memory()[0])
+    np.save(os.path.join(tmp, "dclens_logits.npy"), m.forward(toks["B1_T%d" % job["ref_T"]][0]))
+    g, target, at = _target(job, toks)
+    np.save(os.path.join(tmp, "dclens_grad.npy"), m.gradients(g, target, at)[at[0]])
+    out = {}
+    ig = timed(lambda: out.update(a=m.attribute(g, target, at, steps=job["ig_steps"], progress=False)), 1, deadline)
+    grad = dict(
+        grad_s=timed(lambda: m.gradients(g, target, at), job["repeat"], deadline)["s"],
+        ig_s=ig["s"],
+        ig_total=float(np.sum(out["a"].attributions[at[0]])),
     )
-    sys.stdout.write("".join(line + "\n" for line in r.stdout.splitlines() if not line.startswith("RESULT ")))
-    if r.returncode:
-        raise SystemExit("dclens side failed:\n" + r.stderr[-3000:])
-    res.update(json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1][7:]))
+    _result(grad=grad)
+    print(
+        "dclens T=%d: gradient step %.3f s, %d-step IG %.3f s"
+        % (job["grad_T"], grad["grad_s"], job["ig_steps"], ig["s"]),
+        flush=True,
+    )
+
+    end = deadline - (15 + 2.5 * state["load_s"])  # the float32 phase loads twice the bytes
+    rows, done = [], []
+    for T, B in job["cases"]:
+        if not fits(done, T, B, end, 1 + job["repeat"]):
+            rows.append(dict(T=T, B=B, skipped="budget"))
+            continue
+        x = toks["B%d_T%d" % (B, T)]
+        r = dict(T=T, B=B, **timed(lambda x=x: m.forward(x), job["repeat"], end))
+        r["tok_s"] = B * T / r["s"]
+        r["device_bytes"], r["memory_from"] = memory()
+        rows.append(r)
+        done.append(r)
+        _result(cases=rows)
+        print(
+            "dclens %s T=%d B=%d: %.0f tok/s, device %s" % (m.dtype, T, B, r["tok_s"], gib(r["device_bytes"])),
+            flush=True,
+        )
+    _result(cases=rows)
 
 
-def rel(x, ref):
-    return float(np.abs(x.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+def _float32_phase(dclens, job, toks, memory, state):
+    """dclens in float32 (the exact path) on the same file: logits, gradient and IG total."""
+    state.pop("model", None)
+    gc.collect()  # the 16-bit model's memory back before the float32 one is loaded
+    if time.time() + 10 + 2 * state["load_s"] > job["deadline"] + 25:
+        _result(f32=dict(skipped="budget"))
+        return
+    tmp = job["tmp"]
+    m = state["model"] = load(dclens, job["ckpt"], job["device"], "float32")
+    np.save(os.path.join(tmp, "dclens_f32_logits.npy"), m.forward(toks["B1_T%d" % job["ref_T"]][0]))
+    g, target, at = _target(job, toks)
+    np.save(os.path.join(tmp, "dclens_f32_grad.npy"), m.gradients(g, target, at)[at[0]])
+    ig = m.attribute(g, target, at, steps=job["ig_steps"], progress=False).attributions[at[0]]
+    _result(f32=dict(dtype=m.dtype, ig_total=float(np.sum(ig))))
+
+
+def load(dclens, path, device, dtype):
+    """dclens.load with dtype=, or without it (a dclens from before load's dtype=: float32)."""
+    try:
+        return dclens.load(path, device=device, dtype=dtype)
+    except TypeError:
+        return dclens.load(path, device=device)
+
+
+# ------------------------------------------------------------------------------------ the report
 
 
 def gib(b):
     return "-" if b is None else "%.2f GiB" % (b / 2**30)
 
 
-def report(res, tmp):
-    off = np.load(os.path.join(tmp, "official_logits.npy"))
-    ours = np.load(os.path.join(tmp, "dclens_logits.npy")).reshape(off.shape)
-    f32 = np.load(os.path.join(tmp, "dclens_f32_logits.npy")).reshape(off.shape)
-    res["logits_rel_diff_vs_official"] = rel(ours, off)
-    res["logits_rel_diff_vs_dclens_f32"] = rel(ours, f32)
-    res["official_vs_dclens_f32"] = rel(off, f32)
-    print("\n| T | batch | official eager tok/s | dclens tok/s | dclens / official | official peak | dclens device |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for o, d in zip(res["official"], res["dclens"]):
-        print(
-            "| %d | %d | %.0f | %.0f | %.2fx | %s | %s |"
-            % (
-                o["T"],
-                o["B"],
-                o["tok_s"],
-                d["tok_s"],
-                d["tok_s"] / o["tok_s"],
-                gib(o["peak_bytes"]),
-                gib(res["device_bytes"]),
+def accuracy(res, tmp):
+    """{row: {"logits", "grad", "ig_total"}}: max |diff| / max |ref| against the reference (the
+    official module in float32 with the spec's rotary table, same weights), and dclens against the
+    official module in the same dtype."""
+    off = dict(np.load(os.path.join(tmp, "official.npz")))
+    dt = res["setup"]["dtype"]
+    dcl = res.get("dclens", {})
+
+    def mine(name):
+        path = os.path.join(tmp, "dclens_%s.npy" % name)
+        return np.load(path) if os.path.exists(path) else None
+
+    rows = {"reference": dict(logits=0.0, grad=0.0, ig_total=res["official"]["ref_grad"]["ig_total"])}
+    rows["official " + dt] = dict(
+        logits=rel(off["logits"], off["ref_logits"]),
+        grad=rel(off["grad"], off["ref_grad"]),
+        ig_total=res["official"]["grad"]["ig_total"],
+    )
+    for label, pre, ig in (("dclens " + dt, "", dcl.get("grad")), ("dclens float32 load", "f32_", dcl.get("f32"))):
+        logits, grad = mine(pre + "logits"), mine(pre + "grad")
+        if logits is not None and grad is not None:
+            rows[label] = dict(
+                logits=rel(logits, off["ref_logits"]),
+                grad=rel(grad, off["ref_grad"]),
+                ig_total=(ig or {}).get("ig_total"),
             )
+    if mine("logits") is not None and mine("grad") is not None:
+        rows["dclens vs official, both " + dt] = dict(
+            logits=rel(mine("logits"), off["logits"]), grad=rel(mine("grad"), off["grad"]), ig_total=None
         )
-    if "official_compiled" in res:
-        c = res["official_compiled"]
-        print(
-            "official under torch.compile, T=%d B=%d: %.0f tok/s (compile %.0f s)"
-            % (c["T"], c["B"], c["tok_s"], res["official_compile_s"])
-        )
-    g = res["official_grad"]
+    return rows
+
+
+def report(res):
+    s = res["setup"]
     print(
-        "gradient step T=%d: official %.3f s, dclens %.3f s; 16-step IG: official %.3f s, dclens %.3f s "
-        "(sum of the attributions: official %.4g, dclens %.4g)"
-        % (g["T"], g["grad_s"], res["grad_s"], g["ig16_s"], res["ig16_s"], g["ig_total"], res["ig_total"])
-    )
-    print(
-        "logits (first case), max |diff| / max |ref|: dclens %s vs official %.2e; dclens %s vs its float32 path %.2e; "
-        "official vs dclens float32 %.2e"
+        "\n%d layers, D %d, %d heads, vocab %d, %s weights, %s (%s); torch %s, transformers %s, DCLENS_CUDA_KERNELS=%s"
         % (
-            res["dtype"],
-            res["logits_rel_diff_vs_official"],
-            res["dtype"],
-            res["logits_rel_diff_vs_dclens_f32"],
-            res["official_vs_dclens_f32"],
+            s["layers"],
+            s["dim"],
+            s["heads"],
+            s["vocab"],
+            s["dtype"],
+            s["device"],
+            s.get("gpu", "-"),
+            s["torch"],
+            s["transformers"],
+            s["kernels"],
         )
     )
+    print(
+        "checkpoint %.2f GiB: built in %.0f s, written in %.0f s"
+        % (s["checkpoint_bytes"] / 2**30, s["build_s"], s["save_s"])
+    )
+    by = {}
+    for side in ("official", "compiled", "dclens"):
+        for r in res.get(side, {}).get("cases", []):
+            by.setdefault((r["T"], r["B"]), {})[side] = r
+    print(
+        "\n| T | B | official eager tok/s | official compiled tok/s | dclens tok/s | dclens / eager | dclens / compiled | official peak | dclens device |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (T, B), c in sorted(by.items(), key=lambda kv: case_cost(*kv[0])):
+        o, k, d = (c.get(x, {}) for x in ("official", "compiled", "dclens"))
+        cells = [
+            _tok(o),
+            _tok(k),
+            _tok(d),
+            _ratio(d, o),
+            _ratio(d, k),
+            gib(o.get("peak_bytes")),
+            gib(d.get("device_bytes")),
+        ]
+        print("| %d | %d | %s |" % (T, B, " | ".join(cells)))
+    firsts = [
+        "T%d B%d %.0f s" % (r["T"], r["B"], r["first_s"])
+        for r in res.get("compiled", {}).get("cases", [])
+        if "first_s" in r
+    ]
+    if firsts:
+        print("torch.compile, first call of each shape (compiles): " + ", ".join(firsts))
+    for phase, e in res.get("dclens", {}).get("errors", {}).items():
+        print("dclens side, %s: %s" % (phase, e))
+    og, dg = res["official"]["grad"], res.get("dclens", {}).get("grad")
+    if dg:
+        print(
+            "\nT %d: gradient step official %.3f s, dclens %.3f s; %d-step IG official %.3f s, dclens %.3f s"
+            % (og["T"], og["grad_s"], dg["grad_s"], og["steps"], og["ig_s"], dg["ig_s"])
+        )
+    print(
+        "\nmax |diff| / max |ref| against the reference: the official module in float32 with the spec's rotary table,"
+    )
+    print("same weights (logits: B 1, T %d; gradient w.r.t. the embedding output: T %d)" % (s["ref_T"], s["grad_T"]))
+    print("\n| | logits | gradient | IG total |")
+    print("|---|---:|---:|---:|")
+    for name, d in res["accuracy"].items():
+        ig = "-" if d["ig_total"] is None else "%.5g" % d["ig_total"]
+        print("| %s | %.2e | %.2e | %s |" % (name, d["logits"], d["grad"], ig))
 
 
-def main(argv=None):
+def _tok(r):
+    return "%.0f" % r["tok_s"] if "tok_s" in r else r.get("skipped", "-")
+
+
+def _ratio(a, b):
+    return "%.2fx" % (a["tok_s"] / b["tok_s"]) if "tok_s" in a and "tok_s" in b else "-"
+
+
+# ---------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--module", help="the official pytorch/dcpythia folder")
-    p.add_argument("--wheels", default=None, help="wheels of transformers 4.x and its checked dependencies")
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--T", type=int, nargs="+", default=[512, 2048])
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--compile", action="store_true", help="also time the official module under torch.compile")
+    p.add_argument(
+        "--wheels",
+        default=None,
+        help="transformers 4.40.2 and the wheels its check needs (default: MODULE/../../../whl)",
+    )
+    p.add_argument("--layers", type=int, default=None, help="default 32 (--tiny: 2)")
+    p.add_argument("--T", type=int, nargs="+", default=None, help="default 512 2048 (--tiny: 64)")
+    p.add_argument("--batch", type=int, nargs="+", default=None, help="default 1 8 (--tiny: 1 2)")
+    p.add_argument("--grad-T", type=int, default=None, help="gradient and IG length, default 128 (--tiny: 32)")
+    p.add_argument("--ref-T", type=int, default=None, help="the float32 reference's length, default min(--T)")
+    p.add_argument("--ig-steps", type=int, default=16)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--repeat", type=int, default=2, help="timed calls after the first")
+    p.add_argument(
+        "--compile", dest="compile", action="store_true", default=None, help="time torch.compile (default on CUDA)"
+    )
+    p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--tiny", action="store_true", help="D 256, 8 heads, vocab 512 (a dry run)")
+    p.add_argument("--tiny", action="store_true", help="D 256, 8 heads, vocab 512, window 16 (a dry run)")
     p.add_argument("--kernels", default="new", help="DCLENS_CUDA_KERNELS for the dclens side")
     p.add_argument("--dclens-python", default=sys.executable)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=240)
-    p.add_argument("--out", default=None)
-    p.add_argument("--keep", default=None, help="write the checkpoint here and keep it")
-    p.add_argument("--print-wheels", action="store_true")
     p.add_argument(
-        "--exact-rope", action="store_true", help="the module's float16 rotary table replaced by an exact one"
+        "--tol", type=float, default=None, help="dclens float32 vs the reference, default 1e-3 (--tiny: 1e-4)"
     )
+    p.add_argument("--out", default=None, help="the results as JSON")
+    p.add_argument("--keep", default=None, help="write the checkpoint to this folder and keep it")
+    p.add_argument("--print-wheels", action="store_true", help="the pip requirements of the fallback wheels")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    a.layers = a.layers or (2 if a.tiny else 32)
+    a.T = a.T or ([64] if a.tiny else [512, 2048])
+    a.batch = a.batch or ([1, 2] if a.tiny else [1, 8])
+    a.grad_T = a.grad_T or (32 if a.tiny else 128)
+    a.ref_T = a.ref_T or min(a.T)
+    a.tol = a.tol or (1e-4 if a.tiny else 1e-3)
+    a.compile = a.device == "cuda" if a.compile is None else a.compile
+    if not (a.print_wheels or a.worker or a.module):
+        p.error("--module is required")
+    if a.wheels is None and a.module:
+        a.wheels = os.path.join(os.path.abspath(a.module), "..", "..", "..", "whl")
+    return a
+
+
+def describe(a, cfg):
+    import torch
+    import transformers
+
+    setup = dict(layers=a.layers, dim=cfg["dim"], heads=cfg["n_head"], vocab=cfg["vocab_size"], dtype=a.dtype)
+    setup.update(device=a.device, T=a.T, batch=a.batch, ref_T=a.ref_T, grad_T=a.grad_T, budget_s=a.budget_s)
+    setup.update(torch=torch.__version__, transformers=transformers.__version__, kernels=a.kernels, scales=SCALES)
+    if a.device == "cuda":
+        setup["gpu"] = torch.cuda.get_device_name()
+    return setup
+
+
+def verdict(res, a):
+    """res["ok"]: dclens's float32 logits within --tol of the reference and no dclens error
+    (None: not measured, the budget ran out first)."""
+    f32 = res.get("accuracy", {}).get("dclens float32 load", {}).get("logits")
+    errors = res.get("dclens", {}).get("errors")
+    res["ok"] = False if errors else (None if f32 is None else f32 <= a.tol)
+    return "dclens float32 logits vs the reference: %s (tolerance %.0e)%s" % (
+        "not measured" if f32 is None else "%.2e" % f32,
+        a.tol,
+        "; dclens errors: %s" % ", ".join(errors) if errors else "",
+    )
+
+
+def write(res, a):
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def main(argv=None):
+    a = parse_args(argv)
     if a.print_wheels:
         print(" ".join(WHEELS))
         return 0
-    if not a.module:
-        p.error("--module is required")
-    a.deadline = time.time() + a.budget_s
-    if a.wheels is None:
-        a.wheels = os.path.join(os.path.abspath(a.module), "..", "..", "..", "whl")
+    if a.worker:
+        return worker(a.worker)
+    start = time.time()
+    deadline = start + a.budget_s
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
         print("no GPU (torch.cuda.is_available() is False)")
         return 0
-    DCPythiaConfig, DCPythia = import_official(a.module, a.wheels, a.exact_rope)
-    import transformers
-
-    res = dict(
-        layers=a.layers,
-        T=a.T,
-        batch=a.batch,
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        kernels=a.kernels,
-        exact_rope=a.exact_rope,
-    )
-    if a.device == "cuda":
-        res["gpu"] = torch.cuda.get_device_name()
+    Config, Model = import_official(a.module, a.wheels)
+    cfg = model_config(a)
+    res = dict(setup=describe(a, cfg))
+    setup, cases = res["setup"], make_cases(a.T, a.batch)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = a.keep or os.path.join(tmp, "ckpt")
         t0 = time.perf_counter()
-        model, cfg = build_official(a, DCPythiaConfig, DCPythia, ckpt)
-        res["build_s"] = time.perf_counter() - t0
-        print("checkpoint: %d layers, D %d, written in %.0f s" % (a.layers, cfg["dim"], res["build_s"]), flush=True)
-        time_official(model, a, cfg, res, tmp)
-        del model
+        model = build_official(a, Config, Model, cfg)
+        setup["build_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        setup["checkpoint_bytes"] = save_checkpoint(model, cfg, ckpt)
+        setup["save_s"] = time.perf_counter() - t0
+        print("checkpoint: built in %.0f s, written in %.0f s" % (setup["build_s"], setup["save_s"]), flush=True)
+        toks = {"B%d_T%d" % (B, T): tokens(cfg["vocab_size"], B, T) for T, B in cases}
+        toks.update({"B1_T%d" % T: tokens(cfg["vocab_size"], 1, T) for T in (a.ref_T, a.grad_T)})
+        np.savez(os.path.join(tmp, "tokens.npz"), **toks)
+
+        # the official module eager (a quarter of what is left at most), dclens (all but the time
+        # kept for torch.compile), torch.compile (the rest); the JSON is written before compiling
+        res["official"] = official_side(model, a, cfg, cases, time.time() + 0.25 * (deadline - time.time()), tmp)
         if a.device == "cuda":
             torch.cuda.empty_cache()
-        run_dclens(a, cfg, ckpt, tmp, res)
-        report(res, tmp)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
+        keep = min(90, 0.3 * (deadline - time.time())) if a.compile else 0
+        res["dclens"] = run_dclens(a, ckpt, cases, tmp, deadline - keep)
+        res["accuracy"] = accuracy(res, tmp)
+        line = verdict(res, a)
+        write(res, a)
+        if a.compile:
+            enough = deadline - time.time() > 30
+            skipped = [dict(T=T, B=B, skipped="budget") for T, B in cases]
+            res["compiled"] = dict(cases=compiled_side(model, a, cfg, cases, deadline) if enough else skipped)
+    res["elapsed_s"] = time.time() - start
+    write(res, a)
+    report(res)
+    print("\n%s; %.0f s in all" % (line, res["elapsed_s"]))
+    return 1 if res["ok"] is False else 0
 
 
 if __name__ == "__main__":

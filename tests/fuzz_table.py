@@ -135,11 +135,14 @@ ENTRIES = [
             logits_at=logits_at,
         ),
         dict(
-            tokens=TOKENS,
+            tokens=st.one_of(  # at least 2 tokens: return_type "loss" needs a next token
+                tokens_1d(2),
+                hnp.arrays(np.int64, st.tuples(st.integers(1, 2), st.integers(2, T)), elements=st.integers(0, V - 1)),
+            ),
             return_type=st.sampled_from(["logits", "loss", "both", None]),
             padding_side=st.sampled_from(["right", "left"]),
             loss_per_token=BOOL,
-            logits_at=st.one_of(st.none(), st.just("last"), st.integers(0, 0)),
+            logits_at=st.none(),  # with return_type "logits" only, no loss_per_token: its hostile values are fuzzed
         ),
         dict(
             tokens=("token", "prompt", "sequence", "loss"), logits_at=("logits_at",), loss_per_token=("loss_per_token",)
@@ -386,7 +389,16 @@ ENTRIES = [
                     head,
                     kind=kind,
                     point=point,
-                    mean=None if not (isinstance(kind, str) and kind == "mean") else np.zeros(8, np.float32),
+                    mean=None
+                    if not (isinstance(kind, str) and kind == "mean")
+                    else np.zeros(  # one head's slice at the point: Dh, a pattern row (the prompt's T), D
+                        {"attn.pattern": len(_ctok(c)), "attn.head_out": _m(c).config.d_model}.get(
+                            point, _m(c).config.head_dim
+                        )
+                        if isinstance(point, str)
+                        else 8,
+                        np.float32,
+                    ),
                 )
             ],
         ),
@@ -418,11 +430,24 @@ ENTRIES = [
     ),
     Entry(
         "interventions.scale",
-        lambda c, name, factor, head: _m(c).run_with_hooks(
-            _ctok(c), [interventions.scale(_m(c), name, factor, head=head)]
+        lambda c, name, factor: _m(c).run_with_hooks(
+            _ctok(c),
+            [
+                interventions.scale(_m(c), name[0], factor, head=name[1])
+                if isinstance(name, tuple) and len(name) == 2
+                else interventions.scale(_m(c), name, factor)
+            ],
         ),
-        dict(name=HOOK, factor=st.floats(-2, 2), head=st.one_of(st.none(), HEAD)),
-        dict(name=("hook",)),
+        dict(
+            name=st.one_of(
+                st.tuples(HOOK, st.none()),  # any hook, whole; a head of a hook with a head axis
+                st.tuples(st.builds(lambda l: "blocks.%d.attn.z" % l, LAYER), HEAD),
+            ),
+            factor=st.floats(-2, 2),
+        ),
+        dict(
+            name=("hook", "head"),
+        ),
     ),
     Entry(
         "interventions.patch",
@@ -430,7 +455,7 @@ ENTRIES = [
             _ctok(c), [interventions.patch(_m(c), name, c["cache"], head=head, positions=positions)]
         ),
         dict(
-            name=st.sampled_from(["blocks.0.attn.z", "blocks.1.resid_pre"]),
+            name=st.sampled_from(["blocks.0.attn.z", "blocks.1.attn.v"]),  # hooks with a head axis (head=)
             head=st.one_of(st.none(), HEAD),
             positions=st.one_of(st.none(), st.lists(st.integers(0, T - 1), min_size=1, max_size=2)),
         ),
@@ -450,6 +475,45 @@ ENTRIES = [
         ),
         dict(metric=METRIC, over=st.sampled_from(["layer,head", "layer,pos", "layer,phase,branch"]), layers=LAYERS),
         dict(metric=("metric",), over=("over",)),
+    ),
+    Entry(
+        "patching.ablation_sweep",
+        lambda c, metric, over, layers, mode: patching.ablation_sweep(
+            _m(c),
+            _ctok(c),
+            metric,
+            over=over,
+            layers=layers,
+            mode=mode,
+            reference=[c["toks2"]] if isinstance(mode, str) and mode == "mean" else None,
+            progress=False,
+        ),
+        dict(
+            metric=METRIC,
+            over=st.sampled_from(["layer,head", "source", "composition"]),
+            layers=LAYERS,
+            mode=st.sampled_from(["zero", "mean"]),
+        ),
+        dict(metric=("metric",), over=("over",), mode=("mode", "reference")),
+    ),
+    Entry(
+        "interventions.block_lending",
+        lambda c, layer, head, phase, branches: _m(c).run_with_hooks(
+            _ctok(c), interventions.block_lending(_m(c), layer, head, phase=phase, branches=branches)
+        ),
+        dict(
+            layer=LAYER,
+            head=HEAD,
+            phase=st.sampled_from(["pre", "post", "both"]),
+            branches=st.lists(st.sampled_from(["qp", "kp"]), min_size=1, max_size=2, unique=True),  # no static map
+        ),
+        dict(branches=("branch",)),
+    ),
+    Entry(
+        "routing.flows",
+        lambda c, layer, phase, head, query: routing.flows(_m(c), _ctok(c), layer, phase, head, query),
+        dict(layer=LAYER, phase=PHASE, head=HEAD, query=st.integers(0, T - 1)),
+        dict(query=("query", "position")),
     ),
     Entry(
         "patching.run_patched",
@@ -522,7 +586,7 @@ ENTRIES = [
         lambda c, layer, dataset, kind: analysis.head_similarity(
             _m(c), layer, dataset=dataset, kind=kind, progress=False
         ),
-        dict(layer=LAYER, dataset=st.one_of(st.none(), DATASET), kind=st.sampled_from(["output", "qk", "ov"])),
+        dict(layer=LAYER, dataset=DATASET, kind=st.sampled_from(["output", "qk", "ov"])),  # "output" needs one
         dict(dataset=("dataset", "sequence", "token")),
     ),
     Entry(
@@ -585,8 +649,8 @@ ENTRIES = [
         ),
         dict(
             tokens=tokens_1d(),
-            layer=st.one_of(LAYER, st.just("all")),
-            head=st.one_of(st.none(), HEAD),
+            layer=LAYER,  # one layer and one head: what every hook, "branches" included, takes
+            head=HEAD,
             hook=st.sampled_from(["pattern", "scores", "pattern_composed", "post.kp", "branches"]),
             phase=PHASE,
         ),

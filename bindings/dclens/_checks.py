@@ -128,6 +128,17 @@ def is_choice(value, choices) -> bool:
     return (value is None or isinstance(value, str)) and value in choices
 
 
+def is_finite_number(v) -> bool:
+    """v is a real number (not a bool), finite as a float64 (a Python int past
+    float64's range is not)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number)):
+        return False
+    try:
+        return bool(np.isfinite(float(v)))
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def check_bool(what: str, value) -> bool:
     """value as a bool (Python or numpy bool only), or Error naming `what`."""
     if not isinstance(value, (bool, np.bool_)):
@@ -256,3 +267,19 @@ def check_status(status: int, msg: str) -> None:
         if status == lib.DCS_ERR_IO and msg.endswith(os.strerror(2)):  # ENOENT
             raise NotFoundError(msg)
         raise Error(msg)
+
+
+def metric_value(metric, logits) -> float:
+    """metric(logits) as a float (patching's and graph's metrics), or an Error
+    saying the metric returned something else than a number."""
+    v = metric(logits)
+    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+    if not ok and isinstance(v, np.ndarray):
+        ok = v.ndim == 0 and v.dtype.kind in "fiu"
+    if not ok:
+        shown = repr(v)
+        raise Error(
+            "metric must return a number (a float) for the logits, got %s %s"
+            % (type(v).__name__, shown if len(shown) <= 80 else shown[:77] + "...")
+        )
+    return float(v)

@@ -164,7 +164,10 @@ def normalize(model, tokens, lengths=None, padding_side: str | None = None, prep
     if lengths is not None:
         if a.ndim != 2:
             raise Error("lengths= needs [B, T] tokens, got shape %s" % (a.shape,))
-        ln = np.asarray(lengths)
+        try:
+            ln = np.asarray(lengths)
+        except (ValueError, TypeError, OverflowError):  # ragged, or ints past int64
+            ln = np.asarray([], dtype=object)
         if ln.ndim != 1 or ln.shape[0] != a.shape[0] or ln.dtype.kind not in "iu":
             raise ArgumentError("lengths must be [B] = [%d] integers, got %r" % (a.shape[0], lengths))
         if ln.size and (ln.min() < 1 or ln.max() > a.shape[1]):
@@ -349,7 +352,7 @@ def _rows(model, x, what: str) -> tuple[np.ndarray, np.ndarray]:
         if side == "left":  # the same prompts, right-padded (positions are relative: rotary)
             toks = np.stack([np.roll(r, -(T - int(n))) for r, n in zip(toks, lens)])
         return toks.astype(np.int64), lens.astype(np.int64)
-    a = np.asarray(x)
+    a = token_array(x)
     if a.ndim == 1:
         a = a[None]
     if a.ndim != 2 or a.size == 0 or a.dtype.kind not in "iu":

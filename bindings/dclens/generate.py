@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._checks import ArgumentError, EngineObject, Error, check_index, check_str, is_choice
+from ._checks import ArgumentError, EngineObject, Error, check_index, check_str, is_choice, token_array
 from ._checks import check_status as _check
 from ._engine import ffi, lib
 from .hooks import HookFn, _Run
@@ -122,7 +122,7 @@ class Decoder(EngineObject):
             function that fails, or more positions than a decoder takes (16M).
         """
         m = self.model
-        toks = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
+        toks = np.ascontiguousarray(token_array(tokens).reshape(-1))
         if toks.size == 0 or toks.dtype.kind not in "iu":
             raise ArgumentError("decode: tokens must be a non-empty integer array, got %r" % (tokens,))
         if toks.min() < 0 or toks.max() >= m.config.vocab:
@@ -156,6 +156,8 @@ def _sample(logits: np.ndarray, temperature: float, top_k: int | None, rng) -> i
     if temperature == 0:
         return int(np.argmax(logits))
     x = logits.astype(np.float64) / temperature
+    if not np.all(np.isfinite(x)):  # a temperature so small the logits overflow: its limit, the argmax
+        return int(np.argmax(logits))
     if top_k is not None and top_k < x.size:
         cut = np.partition(x, -top_k)[-top_k]
         x = np.where(x >= cut, x, -np.inf)
@@ -270,12 +272,22 @@ def generate(
     if not is_choice(return_type, ("auto", "str", "tokens")):
         raise ArgumentError("generate: return_type must be 'auto', 'str' or 'tokens', not %r" % (return_type,))
     is_text = isinstance(prompt, str)
-    toks = model.to_tokens(prompt) if is_text else np.asarray(prompt)
+    toks = model.to_tokens(prompt) if is_text else token_array(prompt)
     if toks.ndim != 1 or toks.size == 0:
         raise ArgumentError(
             "generate: the prompt must be a non-empty string or [T] token array, got shape %s" % (toks.shape,)
         )
+    if toks.size + max_new_tokens > 1 << 24:
+        raise ArgumentError(
+            "generate: max_new_tokens %d after a %d-token prompt is more positions than a decoder takes (16M)"
+            % (max_new_tokens, toks.size)
+        )
     stop_ids, stop_strs = _stops(stop, model.config.vocab)
+    if stop_strs:  # matched against the decoded continuation: the tokenizer is needed before any step
+        try:
+            _ = model.tokenizer
+        except Error as e:
+            raise Error("generate: stop strings %r need the model's tokenizer: %s" % (stop_strs, e)) from None
     if seed is not None:
         check_index("generate: seed", seed, 0, 2**63)
     rng = np.random.default_rng(seed)

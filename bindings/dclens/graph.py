@@ -47,7 +47,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._checks import ArgumentError, Error, check_index, unknown_name
+from ._checks import ArgumentError, Error, check_index, metric_value, unknown_name
 from .batch import prompt_pairs, role_weights
 from .hooks import read_only
 from .names import hook_name
@@ -256,7 +256,7 @@ def _metric_values(metric, logits: np.ndarray, lengths: np.ndarray) -> np.ndarra
     """The metric of each pair's logits (its real positions, [len, V]): one
     callable for every pair, or a list of one per pair."""
     fns = _per_pair(metric, len(logits), callable, "a function of the [T, V] logits")
-    vals = np.array([float(f(lg[:n])) for f, lg, n in zip(fns, logits, lengths)])
+    vals = np.array([metric_value(f, lg[:n]) for f, lg, n in zip(fns, logits, lengths)])
     if not np.all(np.isfinite(vals)):
         bad = np.nonzero(~np.isfinite(vals))[0]
         raise Error("metric: returned %r for prompt pair %d (NaN or inf)" % (vals[bad[0]], bad[0]))

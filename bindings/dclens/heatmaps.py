@@ -22,14 +22,23 @@ positions=. matplotlib versions of the same figures are in dclens.plots.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import struct
 from collections.abc import Sequence
 
 import numpy as np
 
-from ._checks import ArgumentTypeError, c_path, check_bool, check_index, is_choice, show_path, token_array
+from ._checks import (
+    ArgumentTypeError,
+    c_path,
+    check_bool,
+    check_index,
+    check_str,
+    is_choice,
+    is_finite_number,
+    show_path,
+    token_array,
+)
 from ._engine import ffi, lib
 from .mask import allowed, layer_window
 from .model import Error, Model
@@ -164,6 +173,11 @@ def _spec(
     def cstrs(strs, n, what):
         if strs is None:
             return ffi.NULL
+        if isinstance(strs, (str, bytes)) or not isinstance(strs, (list, tuple, np.ndarray)):
+            raise Error(
+                "heatmap: the %s labels (tokens / key_tokens) must be a list of strings, not %s %r"
+                % (what, type(strs).__name__, strs)
+            )
         strs = list(strs)
         if len(strs) != n:
             raise Error("heatmap: %d %s labels for %d %ss" % (len(strs), what, n, what))
@@ -414,9 +428,7 @@ def _heatmap_args(
     except (TypeError, ValueError, OverflowError) as e:
         raise Error("heatmap: maps must be a [T, S] or [P, T, S] array of numbers: %s" % e) from None
     for what, v in (("vmin", vmin), ("vmax", vmax)):
-        if v is not None and (
-            isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number)) or not np.isfinite(v)
-        ):
+        if v is not None and not is_finite_number(v):
             raise Error("heatmap: %s must be a finite number or None, not %r" % (what, v))
     for what, v in (("diverging", diverging), ("mask_upper", mask_upper), ("axis_titles", axis_titles)):
         check_bool("heatmap: " + what, v)
@@ -743,9 +755,11 @@ def attention_heatmap(
         labels = [str(int(t)) for t in tokens]
     labels = labels[a:b]
     c = model.config
+    if hook is not None:
+        hook = check_str("heatmap: hook", hook)
     if head is not None:
         head = check_index("heatmap: head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
-    if layer != "all":
+    if not is_choice(layer, ("all",)):
         layer = check_index("heatmap: layer", layer, 0, c.n_layer, " (model has %d layers)" % c.n_layer)
         if layer_window(model, layer):
             kw.setdefault("mask_window", layer_window(model, layer))

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._checks import Error
+from ._checks import Error, check_bool
 from ._engine import ffi, lib
 from .cache import Cache
 
@@ -259,6 +259,7 @@ def hook_pairs(fwd_hooks, read_only_all: bool = False) -> list[tuple[str, HookFn
     dclens.Error
         Not a list of pairs (flatten_hooks), or an fn that is not callable.
     """
+    read_only_all = check_bool("read_only", read_only_all)
     return [(n, read_only(fn) if read_only_all else fn) for n, fn in flatten_hooks(fwd_hooks)]
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import ArgumentError, check_index, check_layers, check_str, is_choice
+from ._checks import ArgumentError, check_index, check_int_list, check_layers, check_str, is_choice, is_finite_number
 from .hooks import Hooks
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
@@ -179,7 +179,17 @@ def ablate_head(
 
     def fn(act, _name):
         idx = _head_index(name, head, act.ndim)
-        act[idx] = 0.0 if kind == "zero" else np.broadcast_to(np.asarray(mean, np.float32), act[idx].shape)
+        if kind == "zero":
+            act[idx] = 0.0
+            return act
+        try:
+            act[idx] = np.broadcast_to(np.asarray(mean, np.float32), act[idx].shape)
+        except ValueError:
+            raise Error(
+                "ablate_head %s: mean has shape %s, which does not fit this run's head slice %s (a key axis "
+                "follows the prompt's length: take the mean from prompts of this length)"
+                % (name, np.shape(mean), act[idx].shape)
+            ) from None
         return act
 
     return Hooks([(name, _named(fn, "ablate_head(layer=%d, head=%d, kind=%r)" % (layer, head, kind)))])
@@ -327,17 +337,21 @@ def scale(model: Model, name: str, factor: float, head: int | None = None) -> Ho
     """
     name = _canon(name)
     model.parse_hook(name)
-    if not isinstance(factor, (int, float, np.integer, np.floating)) or not np.isfinite(factor):
+    if not is_finite_number(factor):
         raise Error("scale %s: factor must be a finite number, got %r" % (name, factor))
     if head is not None:
         _head_axis(model, name)
         _check_head(model, 0, head)
 
     def fn(act, _name):
-        if head is None:
-            act *= factor
-        else:
-            act[_head_index(name, head, act.ndim)] *= factor
+        idx = Ellipsis if head is None else _head_index(name, head, act.ndim)
+        with np.errstate(over="ignore", invalid="ignore"):
+            act[idx] *= factor
+        if not np.all(np.isfinite(act[idx])):
+            raise Error(
+                "scale %s: factor %r takes the activation past float32's range (it held values up to %g)"
+                % (name, factor, float(np.max(np.abs(act[idx] / factor))) if factor else 0.0)
+            )
         return act
 
     return Hooks([(name, _named(fn, "scale(%s%r)" % ("" if head is None else "head=%d, " % head, factor)))])
@@ -378,7 +392,7 @@ def patch(
     if head is not None:
         check_index("head", head, 0, model.config.n_head, " (model has %d heads)" % model.config.n_head)
     if positions is not None:
-        positions = [check_index("position", p, 0, 1 << 24) for p in positions]
+        positions = check_int_list("positions", positions, 0, 1 << 24)
     if name not in source:
         raise Error("patch: the source cache has no %s" % name)
     src = source[name]

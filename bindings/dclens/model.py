@@ -1032,7 +1032,7 @@ class Model(WeightsMixin):
             return [self.to_str_tokens(t) for t in text_or_tokens]
         if isinstance(text_or_tokens, str):
             text_or_tokens = self.to_tokens(text_or_tokens)
-        a = np.asarray(text_or_tokens)
+        a = token_array(text_or_tokens)
         if a.ndim == 2:
             lens = [a.shape[1]] * a.shape[0] if lengths is None else list(lengths)
             return [self.to_str_tokens(row[:n]) for row, n in zip(a, lens)]
@@ -1058,7 +1058,7 @@ class Model(WeightsMixin):
         dclens.Error
             Ids that are not integers, or of more than 2 axes.
         """
-        a = np.asarray(tokens)
+        a = token_array(tokens)
         if a.ndim == 2:
             return [str(self.to_string(r)) for r in a]
         if a.ndim > 2 or a.dtype.kind not in "iu":
@@ -1145,8 +1145,8 @@ class Model(WeightsMixin):
             A loss over fewer than 2 tokens, a hook in force that fails, or logits that
             are not finite.
         """
+        check_bool("loss_per_token", loss_per_token)
         if logits_at is not None:
-            check_bool("loss_per_token", loss_per_token)
             tokens = (
                 self.to_tokens(tokens, prepend_bos=prepend_bos) if isinstance(tokens, str) else token_array(tokens)
             )  # tokens are checked (and named) first

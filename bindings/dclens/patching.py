@@ -48,7 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import progress as _progress_mod
-from ._checks import ArgumentError, ArgumentTypeError, check_index, check_layers, check_str, is_choice
+from ._checks import ArgumentError, ArgumentTypeError, check_index, check_layers, check_str, is_choice, metric_value
 from .batch import prompt_pairs, role_weights
 from .mask import allowed, layer_window
 from .model import Cache, Error, Model
@@ -338,7 +338,7 @@ def _run_cells(
             toks = np.broadcast_to(corrupted, (B, corrupted.size))
             logits = model.run_with_hooks(np.ascontiguousarray(toks), fwd_hooks=hooks)
             for b in range(B):
-                out[start + b] = float(metric(logits[b]))
+                out[start + b] = metric_value(metric, logits[b])
             if bar is not None:
                 bar.update(B)
     finally:
@@ -358,7 +358,7 @@ def _baselines(model: Model, clean, corrupted, metric, names: Sequence[str]):
         raise ArgumentError("metric must be a function of the [T, V] logits, got %r" % (metric,))
     clean_logits, clean_cache = model.run_with_cache(c, names=list(names))
     corr_logits = model.forward(x)
-    return c, x, clean_cache, float(metric(clean_logits)), float(metric(corr_logits))
+    return c, x, clean_cache, metric_value(metric, clean_logits), metric_value(metric, corr_logits)
 
 
 def baseline_problem(clean: float, corrupted: float, min_gap: float = MIN_GAP) -> str:
@@ -728,8 +728,8 @@ def _sweep_pairs(
         )
     # the baselines first (strict: refused before any cell runs), each pair in its own length
     lc, lx = model.forward(pr.clean), model.forward(pr.corrupted)
-    m_clean = float(np.mean([f(lc[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
-    m_corr = float(np.mean([f(lx[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
+    m_clean = float(np.mean([metric_value(f, lc[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
+    m_corr = float(np.mean([metric_value(f, lx[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
     note = _check_baselines(m_clean, m_corr, strict, depth=2)
     results = []
     for b in _progress_mod.bar(range(B), desc="patching %s over %d pairs" % (over, B), progress=progress):
@@ -1076,7 +1076,7 @@ def ablation_sweep(
     if over != "layer,head" and not c.use_dcmha:
         raise Error("%s has no compose (plain multi-head attention): over=%r needs DCMHA" % (model.name, over))
     ref = None if reference is None else _reference(model, reference, T if over != "layer,head" else None, over)
-    baseline = float(metric(model.forward(toks)))
+    baseline = metric_value(metric, model.forward(toks))
     cells: list[list[Cell]] = []
     src = Cache()
     placeholder = np.zeros(1, np.float32)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ._checks import ArgumentError, Error, check_index, check_int_list, check_layers, is_choice
+from ._checks import ArgumentError, Error, check_index, check_int_list, check_layers, is_choice, token_array
 from .cache import Cache
 from .mask import allowed, layer_window
 from .names import BRANCHES, PHASES, hook_name
@@ -81,7 +81,7 @@ def _dyn_names(layer: int, phase: str, query_wise: bool, key_wise: bool = False)
 def _check(
     model: Model, tokens, layer: int, phase: str, query: int | None = None, key: int | None = None
 ) -> np.ndarray:
-    toks = np.asarray(model.to_tokens(tokens) if isinstance(tokens, str) else tokens)
+    toks = model.to_tokens(tokens) if isinstance(tokens, str) else token_array(tokens)
     if toks.ndim != 1:
         raise ArgumentError("routing works on one sequence: tokens must be 1-D, got shape %s" % (toks.shape,))
     T = toks.shape[0]
@@ -636,6 +636,8 @@ def routing_matrices(model: Model, cache: Cache, phase: str, layers=None, querie
         raise ArgumentError("phase must be 'pre' or 'post', not %r" % (phase,))
     L, N = model.config.n_layer, model.config.n_head
     layers = check_layers(layers, L, negative=True)
+    if not layers:
+        raise ArgumentError("routing_matrices: layers is empty (give at least one layer, or None for all)")
     out = []
     for l in layers:
         src = hook_name(l, "attn.%s" % ("scores" if phase == "pre" else "pattern"))

@@ -183,8 +183,6 @@ class TrainConfig:
         if not isinstance(self.model_type, str) or self.model_type not in ("dcpythia", "gpt_neox", "dcformer"):
             raise Error("model_type must be 'dcpythia', 'dcformer' or 'gpt_neox', not %r" % (self.model_type,))
         _int_option("mgate_dim", self.mgate_dim, 0)
-        if self.mgate_dim and (self.model_type != "dcformer" or (self.d_ff or 4 * self.dim) % self.mgate_dim):
-            raise Error("train: mgate_dim %d needs model_type 'dcformer' and must divide d_ff" % self.mgate_dim)
         for k in (
             "n_layer",
             "dim",
@@ -200,6 +198,8 @@ class TrainConfig:
             _int_option(k, getattr(self, k), 1)
         for k in ("d_ff", "vocab", "n_threads", "warmup"):
             _int_option(k, getattr(self, k), 0)
+        if self.mgate_dim and (self.model_type != "dcformer" or (self.d_ff or 4 * self.dim) % self.mgate_dim):
+            raise Error("train: mgate_dim %d needs model_type 'dcformer' and must divide d_ff" % self.mgate_dim)
         if not isinstance(self.device, str) or self.device not in ("cpu", "cuda"):
             raise Error("train: --device must be 'cpu' or 'cuda', not %r" % (self.device,))
         _int_option("seed", self.seed, 0, 2**63)

@@ -231,7 +231,7 @@ def _train_entry():
         n_threads=st.integers(0, 2),
         device=st.sampled_from(["cpu", "cuda"]),  # check() takes both; availability is train()'s
         progress=st.sampled_from([None, True, False]),
-        mgate_dim=st.sampled_from([0, 0, 2, 4]),
+        mgate_dim=st.just(0),  # > 0 only with model_type dcformer (check()): its hostile values are fuzzed
     )
 
     def call(c, **kw):
