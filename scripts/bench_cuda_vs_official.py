@@ -7,10 +7,11 @@ from the repository root, with `.gpu_carry/` carried (made by `bash scripts/gpu_
         --wheels .gpu_carry/whl --budget-s 240 --out /tmp/official.json
         [--layers 32] [--T 512 2048] [--batch 1 8] [--no-compile] [--dtype bfloat16]
 
-The module is imported with the interpreter's transformers when it builds and runs with it (it does
-with 5.17: its forward uses torch alone). Otherwise the wheels of --wheels (transformers 4.40.2,
-tokenizers 0.19.1, huggingface_hub 0.23.4: `--print-wheels`) are installed into /tmp/dcpythia_site
-and put first on sys.path; torch stays the machine's. The same by hand:
+The module asks for transformers >= 4.40.2 (pytorch/requirements.txt). It is imported with the
+interpreter's transformers when a 1-layer model of it builds and runs with it (5.17.0 does: its
+forward uses torch alone). Otherwise the wheels in --wheels (transformers 4.40.2, tokenizers 0.19.1,
+huggingface_hub 0.23.4: `--print-wheels`) are installed into /tmp/dcpythia_site and put first on
+sys.path; torch stays the machine's. The same by hand:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_carry/whl/*.whl
     PYTHONPATH=/tmp/site python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia
@@ -21,35 +22,40 @@ with torch in a venv of its own and dclens in the project's python:
     VENV/bin/python scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \\
         --device cpu --tiny --dclens-python python3 [--dtype float32]
 
-What it does (every step within --budget-s: a case that would not fit is skipped and says so):
+What it does, within --budget-s (a case that would not fit is skipped and says so; the official
+module eager gets at most a quarter of what is left after the checkpoint, dclens all but what is
+kept for torch.compile, min(90 s, 30%)):
 1. builds the official model (`pytorch/dcpythia` of github.com/Caiyun-AI/DCFormer, imported from
    --module; none of its code is in this project) at DCPythia-6.9B's shape (its config.json: D 4096,
    32 heads, F 16384, vocab 50257, window 256 on even layers; --layers of them) on the device in
    --dtype, draws every parameter at random (below), and writes it as one safetensors file with its
    config.json, which dclens loads: both sides run the same weights;
 2. the official module, eager: prefill tokens/s per T x batch (the fastest of --repeat calls after
-   one), its peak memory (torch.cuda.max_memory_allocated); at T --grad-T (128) the gradient of the
-   logit of token 0 at the last position w.r.t. the embedding output (torch autograd) and a 16-step
-   integrated gradients of it there (zero baseline, midpoints, the steps in one batch); the logits
-   at the reference case (B 1, T --ref-T); then the same module in float32 with the spec's rotary
-   table (it rounds its own to float16) on the same weights: the reference;
+   one), peak memory (torch.cuda.max_memory_allocated) and the process's device memory; at T
+   --grad-T (128) the gradient of the logit of token 0 at the last position w.r.t. the embedding
+   output (torch autograd) and a 16-step integrated gradients of it there (zero baseline,
+   midpoints, the steps in one batch); the logits at the reference case (B 1, T --ref-T, default
+   the smallest T); then the same module in float32 with the spec's rotary table (the module
+   rounds its own to float16) on the same weights: the reference;
 3. dclens in its own process (--dclens-python; `--worker`): `load(dtype=--dtype)`, the same cases
-   (`forward`, full logits copied to the host), `gradients(..., ["blocks.0.resid_pre"])` and
+   (`forward`: full logits, copied to the host), `gradients(..., ["blocks.0.resid_pre"])` and
    `attribute(steps=16)` at the same target, its device memory after each case (NVML: the
    process's, or the device's growth since it started; its pool keeps what it took, so this is its
-   peak), then `load(dtype="float32")`: the exact path, against the reference;
-4. the official module under torch.compile (each block compiled; all 32 share one graph), the same
-   cases, in what is left of the budget (the first call of a shape compiles; its time is reported);
+   peak so far), then `load(dtype="float32")`: the exact path, against the reference;
+4. the official module under torch.compile (on CUDA unless --no-compile; --compile forces it on the
+   CPU): each block compiled (the blocks share their graphs), the same cases in what is left of the
+   budget (a shape's first call compiles: its time is reported; an alarm stops a compile at the end);
 5. one table, the differences (max |diff| / max |ref|) of logits, gradients and IG totals against
-   the reference, and --out (JSON); exit 1 if dclens's float32 logits miss the reference by more
-   than --tol.
+   the reference, and --out (JSON, written before step 4 too); exit 1 if dclens's float32 logits
+   miss the reference by more than --tol or the dclens side failed.
 
 The random weights: linear maps N(0, 1/fan_in), the outputs of the residual branches (wo, w2)
 times 0.2, the dynamic-weight projections dw1 N(0, 1/D), qkw N(0, 1/K) * 0.6/sqrt(heads), dd
-N(0, 1/D) * 0.2, norms 1 + N(0, 0.01). Composition matters at these scales (zeroing qkw and dd
-moves the logits by ~50% of their largest) but the model is not chaotic: with qkw and dd at
-1/sqrt(fan_in), 32 layers amplify a 1e-7 perturbation of the embeddings to 2e-2 of the logits and
-rounding the embeddings to bfloat16 moves them by 100%, which would leave no difference to compare.
+N(0, 1/D) * 0.2, norms 1 + N(0, 0.01), biases N(0, 4e-4), embeddings N(0, 1). Composition matters
+at these scales (zeroing qkw and dd moves the logits by ~50% of their largest) but the model is not
+chaotic: with qkw and dd at 1/sqrt(fan_in), 32 layers amplify a 1e-7 perturbation of the
+embeddings to 2e-2 of the logits and rounding the embeddings to bfloat16 moves them by 100%, which
+would leave nothing to compare; here 9e-7 and 3e-3 (D 1024, 32 heads, 32 layers, on the CPU).
 """
 
 from __future__ import annotations
@@ -137,6 +143,24 @@ def gpu_memory(pid):
         return (mine[0] if mine else None), int(used.stdout.split()[0]) << 20
     except Exception:
         return None, None
+
+
+class DeviceMemory:
+    """memory() -> (bytes, how): this process's memory on GPU 0 as NVML (or nvidia-smi) counts it
+    for its pid, else the growth of the device's used memory since DeviceMemory(True) was made
+    (then no other process may grow meanwhile: the two sides run one after the other)."""
+
+    def __init__(self, on):
+        self.on = on
+        self.base = gpu_memory(os.getpid())[1] if on else None
+
+    def __call__(self):
+        if not self.on:
+            return None, None
+        mine, used = gpu_memory(os.getpid())
+        if mine is None and used is not None and self.base is not None:
+            return used - self.base, "device growth"
+        return mine, "process"
 
 
 def rel(x, ref):
@@ -279,8 +303,9 @@ def save_checkpoint(model, cfg, out_dir):
     return 8 + len(h) + off
 
 
-def official_cases(model, a, cfg, cases, deadline, label):
-    """Prefill tokens/s and peak memory of each case (skipped where the deadline would pass)."""
+def official_cases(model, a, cfg, cases, deadline, label, memory):
+    """Prefill tokens/s and memory of each case (skipped where the deadline would pass): peak
+    allocated (torch) and the process's device memory after it (`memory`, a DeviceMemory)."""
     import torch
 
     cuda = a.device == "cuda"
@@ -305,6 +330,7 @@ def official_cases(model, a, cfg, cases, deadline, label):
         if cuda:
             r["peak_bytes"] = torch.cuda.max_memory_allocated()
             r["reserved_bytes"] = torch.cuda.max_memory_reserved()
+            r["device_bytes"], r["memory_from"] = memory()
         rows.append(r)
         done.append(r)
         print("%s T=%d B=%d: %.0f tok/s, peak %s" % (label, T, B, r["tok_s"], gib(r.get("peak_bytes"))), flush=True)
@@ -356,12 +382,12 @@ def official_logits(model, a, cfg):
         return model(x, return_tensor=True).float()[0].cpu().numpy()
 
 
-def official_side(model, a, cfg, cases, deadline, tmp):
+def official_side(model, a, cfg, cases, deadline, tmp, memory):
     """Step 2 of the docstring: eager cases, gradient and IG, reference logits. The model is back
     in a.dtype with its own rotary table afterwards."""
     import torch
 
-    res = dict(cases=official_cases(model, a, cfg, cases, deadline, "official eager"))
+    res = dict(cases=official_cases(model, a, cfg, cases, deadline, "official eager", memory))
     arrays = dict(logits=official_logits(model, a, cfg))
     res["grad"], arrays["grad"] = official_grad_ig(model, a, cfg, timing=True)
     print(
@@ -402,7 +428,7 @@ def alarm_at(deadline):
         signal.signal(signal.SIGALRM, old)
 
 
-def compiled_side(model, a, cfg, cases, deadline):
+def compiled_side(model, a, cfg, cases, deadline, memory):
     """Step 4: each block under torch.compile (one graph for all blocks, a shape's first call
     compiles), the same cases while the budget lasts."""
     for layer in model.layers:
@@ -411,7 +437,7 @@ def compiled_side(model, a, cfg, cases, deadline):
     try:
         with alarm_at(deadline):
             for T, B in cases:
-                rows += official_cases(model, a, cfg, [(T, B)], deadline, "official compiled")
+                rows += official_cases(model, a, cfg, [(T, B)], deadline, "official compiled", memory)
     except Exception as e:  # OverBudget, or what torch.compile made of it
         over = isinstance(e, OverBudget) or time.time() >= deadline
         print("official compiled: %s" % ("the budget ran out" if over else "failed: %r" % e), flush=True)
@@ -481,17 +507,9 @@ def worker(job_path):
 
     with open(job_path) as f:
         job = json.load(f)
-    tmp, cuda = job["tmp"], job["device"] == "cuda"
-    toks = dict(np.load(os.path.join(tmp, "tokens.npz")))
-    _, used0 = gpu_memory(os.getpid()) if cuda else (None, None)
-
-    def memory():
-        """(bytes, how): this process's GPU memory, else the device's growth since the start."""
-        mine, used = gpu_memory(os.getpid()) if cuda else (None, None)
-        if mine is None and used is not None and used0 is not None:
-            return used - used0, "device growth"
-        return mine, "process"
-
+    toks = dict(np.load(os.path.join(job["tmp"], "tokens.npz")))
+    cuda = job["device"] == "cuda"
+    memory = DeviceMemory(cuda)
     state = dict(load_s=30.0)
     for name, phase in (("native", _native_phase), ("float32", _float32_phase)):
         try:
@@ -648,10 +666,9 @@ def report(res):
     for side in ("official", "compiled", "dclens"):
         for r in res.get(side, {}).get("cases", []):
             by.setdefault((r["T"], r["B"]), {})[side] = r
-    print(
-        "\n| T | B | official eager tok/s | official compiled tok/s | dclens tok/s | dclens / eager | dclens / compiled | official peak | dclens device |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cols = ["T", "B", "official eager tok/s", "official compiled tok/s", "dclens tok/s", "dclens / eager"]
+    cols += ["dclens / compiled", "official peak allocated", "official device", "dclens device"]
+    print("\n| %s |\n|%s" % (" | ".join(cols), "---:|" * len(cols)))
     for (T, B), c in sorted(by.items(), key=lambda kv: case_cost(*kv[0])):
         o, k, d = (c.get(x, {}) for x in ("official", "compiled", "dclens"))
         cells = [
@@ -661,6 +678,7 @@ def report(res):
             _ratio(d, o),
             _ratio(d, k),
             gib(o.get("peak_bytes")),
+            gib(o.get("device_bytes")),
             gib(d.get("device_bytes")),
         ]
         print("| %d | %d | %s |" % (T, B, " | ".join(cells)))
@@ -734,6 +752,8 @@ def parse_args(argv):
     p.add_argument("--keep", default=None, help="write the checkpoint to this folder and keep it")
     p.add_argument("--print-wheels", action="store_true", help="the pip requirements of the fallback wheels")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    # the reference always runs the spec's rotary table now; kept for the commands of the diary
+    p.add_argument("--exact-rope", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.layers = a.layers or (2 if a.tiny else 32)
     a.T = a.T or ([64] if a.tiny else [512, 2048])
@@ -789,6 +809,7 @@ def main(argv=None):
         return worker(a.worker)
     start = time.time()
     deadline = start + a.budget_s
+    memory = DeviceMemory(a.device == "cuda")  # before this process holds any GPU memory
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -813,7 +834,9 @@ def main(argv=None):
 
         # the official module eager (a quarter of what is left at most), dclens (all but the time
         # kept for torch.compile), torch.compile (the rest); the JSON is written before compiling
-        res["official"] = official_side(model, a, cfg, cases, time.time() + 0.25 * (deadline - time.time()), tmp)
+        res["official"] = official_side(
+            model, a, cfg, cases, time.time() + 0.25 * (deadline - time.time()), tmp, memory
+        )
         if a.device == "cuda":
             torch.cuda.empty_cache()
         keep = min(90, 0.3 * (deadline - time.time())) if a.compile else 0
@@ -824,7 +847,7 @@ def main(argv=None):
         if a.compile:
             enough = deadline - time.time() > 30
             skipped = [dict(T=T, B=B, skipped="budget") for T, B in cases]
-            res["compiled"] = dict(cases=compiled_side(model, a, cfg, cases, deadline) if enough else skipped)
+            res["compiled"] = dict(cases=compiled_side(model, a, cfg, cases, deadline, memory) if enough else skipped)
     res["elapsed_s"] = time.time() - start
     write(res, a)
     report(res)

@@ -91,12 +91,13 @@ timeout 150 python3 scripts/bench_cuda.py --variants --dim 4096 --heads 32 --lay
 
 if [ -d .gpu_carry/DCFormer ]; then
   stamp official DCPythia module vs dclens, same GPU
-  # COMPILE=1: the official module under torch.compile too (its first call compiles 32 layers: minutes)
+  # the official module also under (regional) torch.compile, last, in what is left of the budget;
+  # NO_COMPILE=1 skips it
   C=""
-  [ "${COMPILE:-0}" = 1 ] && C="--compile"
+  [ "${NO_COMPILE:-0}" = 1 ] && C="--no-compile"
   # shellcheck disable=SC2086
   timeout 280 python3 scripts/bench_cuda_vs_official.py --module .gpu_carry/DCFormer/pytorch/dcpythia \
-    --wheels .gpu_carry/whl --budget-s 260 $C --out "$OUT/official.json" >"$OUT/official.txt" 2>&1
+    --wheels .gpu_carry/whl --budget-s 240 $C --out "$OUT/official.json" >"$OUT/official.txt" 2>&1
   echo "bench_cuda_vs_official exit $?"
   tail -30 "$OUT/official.txt"
 else

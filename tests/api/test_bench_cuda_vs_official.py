@@ -89,7 +89,7 @@ def fake_run(bench, tmp_path):
     return dict(
         setup=setup,
         official=dict(
-            cases=[dict(case, peak_bytes=2**31), dict(T=8, B=2, skipped="budget")],
+            cases=[dict(case, peak_bytes=2**31, device_bytes=5 * 2**29), dict(T=8, B=2, skipped="budget")],
             grad=dict(T=4, steps=16, grad_s=0.1, ig_s=0.2, ig_total=1.5),
             ref_grad=dict(T=4, steps=16, ig_total=1.25),
         ),
@@ -114,10 +114,17 @@ def test_accuracy_and_report(bench, tmp_path, capsys):
     assert acc["dclens vs official, both bfloat16"]["grad"] == pytest.approx(0.01 / 0.99)
     bench.report(res)
     out = capsys.readouterr().out
-    assert "| 8 | 1 | 16 | 32 | 64 | 4.00x | 2.00x | 2.00 GiB | 3.00 GiB |" in out
-    assert "| 8 | 2 | budget | - | - | - | - | - | - |" in out
+    assert "| 8 | 1 | 16 | 32 | 64 | 4.00x | 2.00x | 2.00 GiB | 2.50 GiB | 3.00 GiB |" in out
+    assert "| 8 | 2 | budget | - | - | - | - | - | - | - |" in out
     assert "first call of each shape (compiles): T8 B1 40 s" in out
     assert "| dclens bfloat16 | 2.00e-02 | 0.00e+00 | 1.26 |" in out
+    a = bench.parse_args(["--module", "M"])
+    assert "0.00e+00" in bench.verdict(res, a) and res["ok"] is True
+    res["accuracy"]["dclens float32 load"]["logits"] = 2e-3
+    bench.verdict(res, a)
+    assert res["ok"] is False
+    del res["accuracy"]["dclens float32 load"]
+    assert "not measured" in bench.verdict(res, a) and res["ok"] is None
 
 
 def test_cases_and_budget(bench):
