@@ -347,7 +347,8 @@ def scale(model: Model, name: str, factor: float, head: int | None = None) -> Ho
         idx = Ellipsis if head is None else _head_index(name, head, act.ndim)
         with np.errstate(over="ignore", invalid="ignore"):
             act[idx] *= factor
-        if not np.all(np.isfinite(act[idx])):
+        # |factor| <= 1 cannot overflow a finite activation: only a larger one is checked
+        if abs(factor) > 1 and not np.all(np.isfinite(act[idx])):
             raise Error(
                 "scale %s: factor %r takes the activation past float32's range (it held values up to %g)"
                 % (name, factor, float(np.max(np.abs(act[idx] / factor))) if factor else 0.0)

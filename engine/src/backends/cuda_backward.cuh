@@ -255,7 +255,7 @@ static __global__ void compose_bw_sum_kernel(float *d1, float *d2, float *ddd, c
 
 /* Passes 0 and 1 of the compose backward through the warp kernels; 0 when
  * their scratch cannot be had (the caller runs the thread-per-row kernel). */
-static int compose_bw_warps(cuda_ctx *c, const dcs_compose_bw_args *a) {
+static int compose_bw_warps(dcs_backend *be, cuda_ctx *c, const dcs_compose_bw_args *a) {
     const size_t M = (size_t)a->B * a->T, RN = (size_t)a->R * a->N, W = 2 * RN + a->N;
     void *scratch = NULL;
     if (raw_alloc(c, &scratch, sizeof(float) * M * 32 * W) != cudaSuccess) {
@@ -272,10 +272,7 @@ static int compose_bw_warps(cuda_ctx *c, const dcs_compose_bw_args *a) {
             (const float *)scratch, M, RN, (size_t)a->N);
         launched(c, "compose_bw_sum_kernel");
     }
-    if (c->pool)
-        ck(c, cudaFreeAsync(scratch, c->stream), "cudaFreeAsync");
-    else
-        ck(c, cudaFree(scratch), "cudaFree");
+    cu_free(be, scratch);
     return 1;
 }
 
@@ -446,7 +443,7 @@ static void cu_compose_bw(dcs_backend *be, const dcs_compose_bw_args *a) {
             ck(c, cudaMemsetAsync(dyn[i], 0, sizeof(float) * M * (i % 3 < 2 ? RN : N), c->stream),
                "cudaMemsetAsync");
     const unsigned blocks = blocks_for(M, 64);
-    if (!c->new_kernels || !compose_bw_warps(c, a)) {
+    if (!c->new_kernels || !compose_bw_warps(be, c, a)) {
         compose_bw_kernel<<<blocks, 64, 0, c->stream>>>(*a, 0, NULL);
         launched(c, "compose_bw_kernel (queries)");
         if (a->kw1) {

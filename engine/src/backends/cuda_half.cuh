@@ -82,10 +82,7 @@ static void cu_gemm_w(dcs_backend *be, int transW, int M, int N, int K, const fl
                          transW ? K : N, a16, t, K, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx (16-bit weights)");
-    if (c->pool)
-        ck(c, cudaFreeAsync(a16, c->stream), "cudaFreeAsync");
-    else
-        ck(c, cudaFree(a16), "cudaFree");
+    cu_free(be, a16);
 }
 
 static void cu_embed_w(dcs_backend *be, float *out, dcs_wmat table, const int32_t *tokens_host, int M,
@@ -124,14 +121,6 @@ static uint16_t *narrowed_span(cuda_ctx *c, const float *X, size_t n, int dtype)
     return (uint16_t *)h;
 }
 
-static void release(cuda_ctx *c, void *p) {
-    if (!p) return;
-    if (c->pool)
-        ck(c, cudaFreeAsync(p, c->stream), "cudaFreeAsync");
-    else
-        ck(c, cudaFree(p), "cudaFree");
-}
-
 /* gemm (cu_gemm's row-major mapping) with A and B rounded to dtype */
 static void cu_gemm_x(dcs_backend *be, int dtype, int transA, int transB, int M, int N, int K, float alpha,
                       const float *A, int lda, long long strideA, const float *B, int ldb, long long strideB,
@@ -155,6 +144,6 @@ static void cu_gemm_x(dcs_backend *be, int dtype, int transA, int transB, int M,
                                            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                 "cublasGemmStridedBatchedEx (16-bit activations)");
     }
-    release(c, a16);
-    release(c, b16);
+    cu_free(be, a16); /* NULL: nothing */
+    cu_free(be, b16);
 }
