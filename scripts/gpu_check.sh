@@ -8,13 +8,15 @@
 # 2. the C tests (ctest --preset dev), then test_cuda and test_backend_bw again with
 #    DCLENS_CUDA_KERNELS=new (the warp-per-row kernels and pinned staging, not yet the default),
 # 3. the GPU pytest files: CUDA forward, backward, tapes, fork and error paths, the 16-bit weights
-#    and the new kernels with gradients (tests/gpu/test_cuda_16bit.py); test_cuda.py again with the
+#    and the new kernels with gradients (tests/gpu/test_cuda_16bit.py), attention by query chunks
+#    (tests/gpu/test_cuda_chunks.py); test_cuda.py and the chunks again with the
 #    new kernels,
 # 4. gradients + 16-step IG on a 4-layer DCPythia-6.9B-shaped checkpoint, bfloat16 weights and the
 #    new kernels, against a same-run bf16 cuBLAS GEMM of the layer's shapes (scripts/bench_grad.py),
 # 5. scripts/bench_cuda.py --variants: the CUDA paths against each other (float32 with the verified
 #    and the new kernels, float16 and bfloat16 weights): tokens/s, capture-all / plain, a gradient
-#    step, logit differences; then scripts/bench_cuda_vs_official.py: the official DCPythia module against dclens on the same
+#    step, logit differences; scripts/bench_attention_chunks.py: attention by query chunks against
+#    the full path (seconds, activation peak); then scripts/bench_cuda_vs_official.py: the official DCPythia module against dclens on the same
 #    random DCPythia-6.9B-shaped bf16 checkpoint, same GPU, same tokens (prefill tokens/s, peak
 #    memory, logits difference, a gradient step, IG), when .gpu_carry/ holds the module,
 # 6. with FULL=1 only: the older issues' CPU measurements (1-16 threads, issue 28; training vs
@@ -66,7 +68,8 @@ X=""
 python3 -c "import xdist" 2>/dev/null && X="-n 4"
 # shellcheck disable=SC2086
 timeout 180 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X --junitxml="$OUT/pytest.xml" \
-  tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py tests/gpu/test_cuda_16bit.py tests/engine/test_tape_cache.py \
+  tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py tests/gpu/test_cuda_16bit.py tests/gpu/test_cuda_chunks.py \
+  tests/engine/test_tape_cache.py \
   tests/engine/test_fork.py tests/api/test_errors.py >"$OUT/pytest.txt" 2>&1
 echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -3
@@ -74,7 +77,7 @@ grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30
 stamp GPU pytest, DCLENS_CUDA_KERNELS=new
 # shellcheck disable=SC2086
 DCLENS_CUDA_KERNELS=new timeout 150 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X \
-  --junitxml="$OUT/pytest_new.xml" tests/gpu/test_cuda.py >"$OUT/pytest_new.txt" 2>&1
+  --junitxml="$OUT/pytest_new.xml" tests/gpu/test_cuda.py tests/gpu/test_cuda_chunks.py >"$OUT/pytest_new.txt" 2>&1
 echo "pytest (new kernels) exit $?"
 grep -E "passed|failed|error" "$OUT/pytest_new.txt" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_new.txt" | head -30
@@ -88,6 +91,12 @@ tail -6 "$OUT/grad4_bf16.txt"
 stamp "CUDA paths against each other: fp32 verified / fp32 new kernels / fp16 / bf16 (DCPythia-6.9B widths, 4 layers)"
 timeout 150 python3 scripts/bench_cuda.py --variants --dim 4096 --heads 32 --layers 4 --vocab 50432 --T 128 512 \
   --repeat 1 2>&1 | tail -10
+
+stamp "attention by query chunks vs the full path, CUDA bf16, DCPythia-6.9B widths (2 layers), T 2048"
+# seconds and activation peak per attention_rows (-1 full, 0 auto = 256 rows here, 64, 128); picks the default
+timeout 120 python3 scripts/bench_attention_chunks.py --device cuda --variant dcpythia --dtype bfloat16 --dim 4096 \
+  --heads 32 --ff 16384 --layers 2 --vocab 8192 --B 1 --T 2048 --rows 0 64 128 --repeat 3 \
+  --json "$OUT/chunks.json" 2>&1 | tail -7
 
 if [ -d .gpu_carry/DCFormer ]; then
   stamp official DCPythia module vs dclens, same GPU

@@ -108,6 +108,15 @@ def _m(ctx):
     return ctx["model"]
 
 
+def _with_attention_rows(model, rows, tokens):
+    """A forward with model.attention_rows = rows, the setting put back after."""
+    try:
+        model.attention_rows = rows
+        return model.forward(tokens)
+    finally:
+        model.attention_rows = 0
+
+
 def _ctok(ctx):
     return ctx["toks"]
 
@@ -183,6 +192,12 @@ ENTRIES = [
             seed=st.one_of(st.none(), st.integers(0, 2**32)),
         ),
         dict(prompt=("prompt", "token")),
+    ),
+    Entry(
+        "Model.attention_rows",
+        lambda c, rows, tokens: _with_attention_rows(_m(c), rows, tokens),
+        dict(rows=st.integers(-1, 40), tokens=tokens_1d()),
+        dict(rows=("attention_rows",), tokens=("token",)),
     ),
     Entry(
         "Decoder.step",

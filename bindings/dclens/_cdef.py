@@ -38,6 +38,8 @@ typedef struct {
 const dcs_layer_plan *dcs_layer_plan_of(const dcs_model *m, int layer);
 int dcs_model_device(const dcs_model *m);
 int dcs_model_weight_dtype(const dcs_model *m);
+dcs_status dcs_model_set_attention_rows(dcs_model *m, int rows);
+int dcs_model_attention_rows(const dcs_model *m);
 const char *dcs_load_warnings(const dcs_model *m);
 int dcs_cuda_available(char *why, size_t whylen);
 enum { DCS_PART_GEMM = 0, DCS_PART_GEMM_W = 1, DCS_PART_ATTN = 2 };

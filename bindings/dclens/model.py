@@ -743,6 +743,39 @@ class Model(WeightsMixin):
         return ("float32", "float16", "bfloat16", "mixed")[lib.dcs_model_weight_dtype(self.runner.handle)]
 
     @property
+    def attention_rows(self) -> int:
+        """How a pass with no hooked or kept attention map computes attention.
+
+        0 (the default): the fused kernel where the backend has one for the
+        layer (the CPU, for DCPythia, DCFormer++ and Pythia); otherwise, when
+        the whole [B, N, T, S] map is over 64 MiB, by chunks of query rows that
+        fit it, at most 256 (CUDA, and the variants the fused kernel does not compute);
+        otherwise the full path. n > 0: by chunks of n query rows per sequence,
+        on the keys those rows can see, so attention takes the memory of one
+        [N, n, keys] map (the CPU's fused kernel is not used). -1: the full,
+        materialising path always. Results agree to float32 rounding; hooks on
+        a layer's maps and gradient tapes take the full or fused path for that
+        layer whatever the setting. Not carried by pickle or model_ref (a
+        setting of this process's model).
+
+        Raises
+        ------
+        dclens.Error
+            Set to something other than an int >= -1, or from a hook of a
+            running pass.
+        """
+        return int(lib.dcs_model_attention_rows(self.runner.handle))
+
+    @attention_rows.setter
+    def attention_rows(self, value: int) -> None:
+        rows = check_index("attention_rows", value, -1, 1 << 31, " (-1 full, 0 auto, n > 0 rows per chunk)")
+        r = self.runner
+        if r.pass_thread is not None and r.pass_thread == threading.get_ident():
+            raise Error("attention_rows: not from a hook of a running pass (set it between passes)")
+        with r.engine_lock():
+            _check(lib.dcs_model_set_attention_rows(r.handle, rows), r.errmsg())
+
+    @property
     def cfg(self) -> TLConfig:
         """The configuration under TransformerLens's field names (TLConfig)."""
         c, raw = self.config, self._raw_config

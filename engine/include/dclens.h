@@ -130,6 +130,16 @@ int dcs_model_device(const dcs_model *m);
  * 2 bfloat16, 3 mixed (a checkpoint storing some in each, loaded as
  * stored); -1 for a NULL model. */
 int dcs_model_weight_dtype(const dcs_model *m);
+/* How a pass with no hooked or kept attention map computes attention:
+ * rows > 0: by chunks of that many query rows per sequence, on the keys
+ * those rows can see (the memory of one [N, rows, keys] map; the CPU's
+ * fused kernel is not used); 0 (the default): the fused kernel where the
+ * backend has one for the layer, else chunks when the whole [B, N, T, S]
+ * map is over 64 MiB (rows to fit that, at most 256), else the full path; -1: the full
+ * (materialising) path always. Results agree to float32 rounding. An
+ * argument error (nothing changed) for rows < -1; returns DCS_OK else. */
+dcs_status dcs_model_set_attention_rows(dcs_model *m, int rows);
+int dcs_model_attention_rows(const dcs_model *m); /* -2 for a NULL model */
 /* The layer plan: what layer `layer` computes, decided once at load from
  * the configuration and read by the forward (layer.c), the backward
  * (layer_bw.c), the tape's memory plan and Python (Model.plan). NULL for a

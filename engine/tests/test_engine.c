@@ -870,6 +870,30 @@ static void test_forward_args(dcs_model *m) {
 
     /* the model still works */
     CHECK(dcs_forward(m, TOKS[0], 1, T0, lg, NULL) == DCS_OK);
+
+    /* attention by query chunks (2 rows), and the full path, against the
+     * default (fused on the CPU) to float32 rounding; a bad setting is
+     * refused and changes nothing */
+    float *other = xcalloc((size_t)T0 * V, sizeof(float));
+    const int settings[] = {2, -1, 1, T0 + 5};
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+        CHECK(dcs_model_set_attention_rows(m, settings[i]) == DCS_OK);
+        CHECK(dcs_model_attention_rows(m) == settings[i]);
+        CHECK(dcs_forward(m, TOKS[0], 1, T0, other, NULL) == DCS_OK);
+        float amax = 0.0f, dmax = 0.0f;
+        for (size_t j = 0; j < (size_t)T0 * V; j++) {
+            amax = fmaxf(amax, fabsf(lg[j]));
+            dmax = fmaxf(dmax, fabsf(other[j] - lg[j]));
+        }
+        CHECK(dmax <= 1e-5f * amax);
+    }
+    EXPECT("attention_rows -2", dcs_model_set_attention_rows(m, -2), DCS_ERR_ARG, dcs_errmsg(m),
+           "attention_rows: -2", NULL);
+    CHECK(dcs_model_attention_rows(m) == T0 + 5);
+    CHECK(dcs_model_set_attention_rows(NULL, 0) == DCS_ERR_ARG);
+    CHECK(dcs_model_attention_rows(NULL) == -2);
+    CHECK(dcs_model_set_attention_rows(m, 0) == DCS_OK);
+    free(other);
     free(lg);
 }
 

@@ -92,6 +92,7 @@ struct dcs_model {
      * products' input type (dcs_heads_*: the kept 16-bit type on a backend
      * with gemm_x, else DCS_F32) */
     int want_dtype, kept_dtype, act_dtype;
+    int attn_rows;               /* query rows per attention chunk (dcs_model_set_attention_rows) */
     float *tok_emb;              /* [V, D]                           */
     float *out_w;                /* [V, D] (== tok_emb when tied)    */
     float *norm_w, *norm_b;      /* [D]                              */

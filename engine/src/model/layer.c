@@ -148,19 +148,12 @@ typedef struct {
     int S, kb, window;
 } keys_view;
 
-/* out = Compose(in) [B, N, T, S] (pre: all pairs; post: allowed pairs only),
- * with the branch hooks of this phase: if any is wanted, all branches of the
- * model (five, or three when query_wise or key_wise, plus static with
- * use_sw) are materialised so that a rewritten branch enters the sum. */
-static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, const dyn_weights *dw,
-                    const keys_view *kv) {
+/* The compose arguments of layer l's phase over this pass's whole
+ * [B, N, T, S] maps (no branch outputs). */
+static dcs_compose_args compose_args(const dcs_pass *p, int l, int phase, float *out, const float *in,
+                                     const dyn_weights *dw, const keys_view *kv) {
     const dcs_config *c = &p->m->cfg;
     const dcs_layer_plan *pl = &p->m->plan[l];
-    const int B = p->B, T = p->T, N = c->n_head, S = kv->S;
-    const int *first = dcs_branch_first;
-    const int nb = DCS_N_BRANCHES; /* skip, qp, kp, qg, kg, static: consecutive points */
-    int any = 0;
-    for (int k = 0; k < nb; k++) any |= dcs_pass_wants(p, first[phase] + k, l);
     dcs_compose_args a;
     memset(&a, 0, sizeof a);
     a.out = out;
@@ -171,10 +164,10 @@ static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, 
     a.kw1 = dw->w1[phase][1];
     a.kw2 = dw->w2[phase][1];
     a.kdd = dw->dd[phase][1];
-    a.B = B;
-    a.N = N;
-    a.T = T;
-    a.S = S;
+    a.B = p->B;
+    a.N = c->n_head;
+    a.T = p->T;
+    a.S = kv->S;
     a.R = c->dyn_rank;
     a.G = pl->groups;
     a.sw = pl->static_branch ? (phase == 0 ? p->m->layers[l].pre_sw : p->m->layers[l].post_sw) : NULL;
@@ -182,6 +175,22 @@ static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, 
     a.window = kv->window;
     a.t0 = p->t0;
     a.kb = kv->kb;
+    return a;
+}
+
+/* out = Compose(in) [B, N, T, S] (pre: all pairs; post: allowed pairs only),
+ * with the branch hooks of this phase: if any is wanted, all branches of the
+ * model (five, or three when query_wise or key_wise, plus static with
+ * use_sw) are materialised so that a rewritten branch enters the sum. */
+static void compose(dcs_pass *p, int l, int phase, float *out, const float *in, const dyn_weights *dw,
+                    const keys_view *kv) {
+    const dcs_config *c = &p->m->cfg;
+    const int B = p->B, T = p->T, N = c->n_head, S = kv->S;
+    const int *first = dcs_branch_first;
+    const int nb = DCS_N_BRANCHES; /* skip, qp, kp, qg, kg, static: consecutive points */
+    int any = 0;
+    for (int k = 0; k < nb; k++) any |= dcs_pass_wants(p, first[phase] + k, l);
+    dcs_compose_args a = compose_args(p, l, phase, out, in, dw, kv);
     if (any)
         for (int k = 0; k < nb; k++)
             if (dcs_hook_exists(p->m, first[phase] + k)) a.br[k] = dcs_pass_alloc(p, B, N, (int64_t)T * S);
@@ -316,6 +325,83 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     /* z[b, :, n] [T, Dh] = P[b, n] [T, S] @ v[b, :, n] [S, Dh] */
     dcs_heads_rows(be, p->m->act_dtype, 0, B, N, T, S, Dh, D, 1.0f, Pc, kv->v, z);
     dcs_pass_release(p, A);
+}
+
+/* ---------------------------------------------------------------- attention by query chunks
+ * The full path's steps (scores, pre-compose, masked softmax, post-compose,
+ * P v) on the backend's own kernels, one sequence and one block of tc query
+ * rows at a time, on the keys those rows can see only: the [N, tc, L] map
+ * of one chunk is all the memory attention takes, and the causal half the
+ * full path computes and throws away is skipped. Each element is the full
+ * path's (compose mixes heads at one (query, key) pair; softmax and P v run
+ * over every allowed key of a row), so the results agree to float32
+ * rounding. For a backend with no fused kernel (CUDA) and for the variants
+ * the fused kernel does not compute; never with a kept or hooked map. */
+
+/* Query rows per chunk for layer l with keys kv; 0: not chunked.
+ * Model.attention_rows (dcs_model_set_attention_rows): < 0 never, > 0 that
+ * many rows, 0 (auto) where the fused kernel does not apply and the whole
+ * [B, N, T, S] map is over DCS_ATTN_CHUNK_BYTES, as many rows as fit it, at
+ * most DCS_ATTN_CHUNK_ROWS (each row of a chunk computes the keys up to the
+ * chunk's last row: half a chunk of masked pairs per row on average). */
+static int chunk_rows(const dcs_pass *p, int l, const keys_view *kv) {
+    const dcs_model *m = p->m;
+    const int rows = m->attn_rows, T = p->T;
+    if (rows < 0) return 0;
+    if (rows > 0) return rows < T ? rows : T;
+    if (p->be->ops->attention && m->plan[l].fused) return 0;
+    const uint64_t row_bytes = (uint64_t)m->cfg.n_head * (uint64_t)kv->S * sizeof(float);
+    if ((uint64_t)p->B * (uint64_t)T * row_bytes <= DCS_ATTN_CHUNK_BYTES) return 0;
+    uint64_t tc = DCS_ATTN_CHUNK_BYTES / row_bytes;
+    if (tc > DCS_ATTN_CHUNK_ROWS) tc = DCS_ATTN_CHUNK_ROWS; /* a chunk's rows see its last row's keys */
+    if (tc >= 16) tc -= tc % 16;
+    return tc < 1 ? 1 : tc < (uint64_t)T ? (int)tc : T;
+}
+
+/* z [M, N, Dh] chunk by chunk of tc query rows (see above). */
+static void attention_chunked(dcs_pass *p, int l, const dyn_weights *dw, const float *q, const keys_view *kv,
+                              float *z, int tc) {
+    const dcs_config *c = &p->m->cfg;
+    const int dcmha = p->m->plan[l].dcmha, dt = p->m->act_dtype;
+    dcs_backend *be = p->be;
+    const int B = p->B, T = p->T, S = kv->S, N = c->n_head, Dh = c->head_dim, D = c->d_model;
+    const int R = c->dyn_rank, w = kv->window;
+    const size_t RN = (size_t)R * N;
+    const int Lmax = w > 0 && tc + w < S ? tc + w : S; /* keys a chunk can see */
+    float *map = dcs_pass_alloc(p, N, tc, Lmax);       /* [N, tc, L] */
+    if (p->status) return;
+    for (int b = 0; b < B; b++)
+        for (int r0 = 0; r0 < T; r0 += tc) {
+            const int n = T - r0 < tc ? T - r0 : tc, pos0 = p->t0 + r0;
+            /* keys [j0, j1]: the window of the first row to the last row's own key */
+            int j0 = w > 0 ? pos0 - w - kv->kb : 0, j1 = pos0 + n - 1 - kv->kb;
+            if (j0 < 0) j0 = 0;
+            if (j1 > S - 1) j1 = S - 1;
+            float *zc = z + ((size_t)b * T + r0) * D;
+            if (j1 < j0) { /* no key for any row: the full path's softmax gives 0 */
+                be->ops->zero(be, zc, sizeof(float) * (size_t)n * D);
+                continue;
+            }
+            const int L = j1 - j0 + 1;
+            const size_t qrow = (size_t)b * T + r0, krow = (size_t)b * S + j0;
+            dcs_heads_map(be, dt, 1, N, n, L, Dh, D, 1.0f / sqrtf((float)Dh), q + qrow * D, kv->k + krow * D,
+                          map);
+            for (int ph = 0; ph < 2 && dcmha; ph++) {
+                dcs_compose_args a = compose_args(p, l, ph, map, map, dw, kv);
+                a.B = 1;
+                a.T = n;
+                a.S = L;
+                a.t0 = pos0;
+                a.kb = kv->kb + j0;
+                if (a.qw1) a.qw1 += qrow * RN, a.qw2 += qrow * RN, a.qdd += qrow * N;
+                if (a.kw1) a.kw1 += krow * RN, a.kw2 += krow * RN, a.kdd += krow * N;
+                if (ph == 1) be->ops->softmax_masked(be, map, N, n, L, pos0, kv->kb + j0, w);
+                be->ops->compose(be, &a);
+            }
+            if (!dcmha) be->ops->softmax_masked(be, map, N, n, L, pos0, kv->kb + j0, w);
+            dcs_heads_rows(be, dt, 0, 1, N, n, L, Dh, D, 1.0f, map, kv->v + krow * D, zc);
+        }
+    dcs_pass_release(p, map);
 }
 
 /* From z [M, N, Dh] to the attention output out [M, D] (hooks z, head_out,
@@ -475,10 +561,15 @@ static void attention(dcs_pass *p, int l, const float *x, const float *h, float 
     }
     float *z = act(p, kp ? kp->z : NULL, M, D, 1);
     if (p->status) return;
-    /* the tape (kp) keeps the maps: the fused kernel writes them in a full
-     * pass (no cache, t0 = 0), row block by row block while they are in
-     * cache, instead of a pass over [B, N, T, S] per step */
-    if (be->ops->attention && pl->fused && !attn_map_hooked(p, l) && (!kp || (!kc && p->t0 == 0)))
+    /* by query chunks where no map is kept or hooked (chunk_rows); the tape
+     * (kp) keeps the maps: the fused kernel writes them in a full pass (no
+     * cache, t0 = 0), row block by row block while they are in cache,
+     * instead of a pass over [B, N, T, S] per step; else the full path */
+    const int maps_free = !attn_map_hooked(p, l), tc = maps_free && !kp ? chunk_rows(p, l, &kv) : 0;
+    if (tc > 0)
+        attention_chunked(p, l, &dw, q, &kv, z, tc);
+    else if (be->ops->attention && pl->fused && m->attn_rows >= 0 && maps_free &&
+             (!kp || (!kc && p->t0 == 0)))
         attention_fused(p, l, &dw, q, &kv, z, kp);
     else
         attention_maps(p, l, &dw, q, &kv, z);

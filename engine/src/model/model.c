@@ -54,6 +54,16 @@ int dcs_model_weight_dtype(const dcs_model *m) {
 }
 const char *dcs_load_warnings(const dcs_model *m) { return m ? m->warnings : ""; }
 
+dcs_status dcs_model_set_attention_rows(dcs_model *m, int rows) {
+    if (!m) return DCS_ERR_ARG;
+    if (rows < -1)
+        return dcs_seterr(&m->err, DCS_ERR_ARG,
+                          "attention_rows: %d is not a row count (> 0), 0 (auto) or -1 (full)", rows);
+    m->attn_rows = rows;
+    return DCS_OK;
+}
+int dcs_model_attention_rows(const dcs_model *m) { return m ? m->attn_rows : -2; }
+
 dcs_status dcs_model_map_params(dcs_model *m, dcs_err *e) {
     static const char *const suffix[DCS_LP_COUNT] = {
 #define DCS_LP_NAME(field, name) name,

@@ -181,6 +181,12 @@ void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x);
 
 /* ---- layer.c */
 
+/* The attention map one chunk of the chunked path may take when
+ * dcs_model_set_attention_rows is 0 (auto): 64 MiB, in at most 256 query
+ * rows (layer.c's chunk_rows). */
+#define DCS_ATTN_CHUNK_BYTES ((uint64_t)64 << 20)
+#define DCS_ATTN_CHUNK_ROWS 256
+
 /* Block l on the residual stream x [M, D] (in place). */
 void dcs_layer(dcs_pass *p, int l, float *x);
 /* Every block, with cancellation and a sync after each. */
