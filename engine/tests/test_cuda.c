@@ -387,10 +387,11 @@ static void test_copy2d(ctx *t) {
 
 /* ------------------------------------------------------------ compose */
 
-/* branches: bit k set -> branch k is materialised. */
-static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int window, int branches,
-                         int in_place, int query_wise, int G, int use_sw) {
-    const int S = T;
+/* branches: bit k set -> branch k is materialised. T queries at positions
+ * t0.., S keys at kb.. (a chunk of the chunked attention, or a decoding
+ * step; 0, 0 with S = T: a full pass). */
+static void compose_case_at(ctx *t, int B, int N, int T, int S, int t0, int kb, int R, int causal, int window,
+                            int branches, int in_place, int query_wise, int G, int use_sw) {
     const size_t nA = (size_t)B * N * T * S, nq = (size_t)B * T * R * N, nk = (size_t)B * S * R * N;
     pair in = mk_rand(t, nA, 2.0f, 0.0f);
     pair out = in_place ? in : mk_rand(t, nA, 1.0f, 0.0f);
@@ -430,24 +431,27 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
         a.G = G;
         a.causal_only = causal;
         a.window = window;
+        a.t0 = t0;
+        a.kb = kb;
         be->ops->compose(be, &a);
     }
     static const char *bname[DCS_N_BRANCHES] = {"skip", "qp", "kp", "qg", "kg", "static"};
+    const int full = S == T && t0 == 0 && kb == 0; /* check_masked_zero's case */
     char what[200];
-    snprintf(what, sizeof what, "compose B=%d N=%d T=%d R=%d G=%d%s%s%s w=%d%s%s", B, N, T, R, G,
-             use_sw ? " static" : "", causal ? " causal" : "",
+    snprintf(what, sizeof what, "compose B=%d N=%d T=%d S=%d@%d,%d R=%d G=%d%s%s%s w=%d%s%s", B, N, T, S, t0,
+             kb, R, G, use_sw ? " static" : "", causal ? " causal" : "",
              query_wise == 1   ? " query_wise"
              : query_wise == 2 ? " key_wise"
                                : "",
              window, in_place ? " in place" : "", branches ? " +branches" : "");
     check(t, out, what, 1e-5);
-    if (causal) check_masked_zero(t, out, B * N, T, S, window, what);
+    if (causal && full) check_masked_zero(t, out, B * N, T, S, window, what);
     for (int k = 0; k < DCS_N_BRANCHES; k++)
         if (branches >> k & 1) {
             char bw[240];
             snprintf(bw, sizeof bw, "  branch %s", bname[k]);
             check(t, br[k], bw, 1e-5);
-            if (causal) check_masked_zero(t, br[k], B * N, T, S, window, bw);
+            if (causal && full) check_masked_zero(t, br[k], B * N, T, S, window, bw);
             rm(t, br[k]);
         }
     if (!in_place) rm(t, out);
@@ -461,6 +465,11 @@ static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int win
     rm(t, sw);
 }
 
+static void compose_case(ctx *t, int B, int N, int T, int R, int causal, int window, int branches,
+                         int in_place, int query_wise, int G, int use_sw) {
+    compose_case_at(t, B, N, T, T, 0, 0, R, causal, window, branches, in_place, query_wise, G, use_sw);
+}
+
 static void test_compose(ctx *t) {
     compose_case(t, 2, 6, 37, 2, 0, 0, 0, 0, 0, 1, 0);  /* pre-compose, no branches      */
     compose_case(t, 2, 6, 37, 2, 0, 5, 31, 1, 0, 1, 0); /* all branches, in place        */
@@ -472,6 +481,11 @@ static void test_compose(ctx *t) {
     compose_case(t, 2, 8, 23, 2, 1, 4, 63, 1, 0, 4, 1); /* 4 groups + static, windowed   */
     compose_case(t, 1, 8, 19, 2, 0, 0, 31, 0, 1, 2, 0); /* 2 groups, query_wise          */
     compose_case(t, 2, 6, 21, 2, 1, 3, 63, 1, 2, 1, 1); /* key_wise + static, windowed   */
+    /* chunks of the chunked attention (layer.c): T rows at t0 against S keys at kb */
+    compose_case_at(t, 1, 8, 5, 19, 14, 0, 2, 1, 0, 0, 1, 0, 1, 0);   /* post, causal, 5 rows at 14      */
+    compose_case_at(t, 1, 8, 6, 13, 20, 12, 2, 1, 4, 31, 1, 0, 1, 0); /* windowed, keys from 12, branches */
+    compose_case_at(t, 1, 32, 16, 40, 24, 0, 2, 0, 0, 0, 1, 0, 1, 0); /* pre, N = 32                     */
+    compose_case_at(t, 1, 8, 7, 15, 9, 3, 2, 1, 3, 0, 1, 2, 2, 1);    /* key_wise, 2 groups, static      */
 }
 
 /* ------------------------------------------------------------ MoH */
@@ -508,21 +522,28 @@ static void test_moh(ctx *t) {
 
 /* ------------------------------------------------------------ softmax */
 
-static void softmax_case(ctx *t, int BN, int T, int window, float scale) {
-    pair x = mk_rand(t, (size_t)BN * T * T, scale, 0.0f);
-    t->cpu->ops->softmax_masked(t->cpu, x.c, BN, T, T, 0, 0, window);
-    t->gpu->ops->softmax_masked(t->gpu, x.g, BN, T, T, 0, 0, window);
+/* T query rows at t0.., S keys at kb.. (0, 0 with S = T: a full pass) */
+static void softmax_case_at(ctx *t, int BN, int T, int S, int t0, int kb, int window, float scale) {
+    pair x = mk_rand(t, (size_t)BN * T * S, scale, 0.0f);
+    t->cpu->ops->softmax_masked(t->cpu, x.c, BN, T, S, t0, kb, window);
+    t->gpu->ops->softmax_masked(t->gpu, x.g, BN, T, S, t0, kb, window);
     char what[96];
-    snprintf(what, sizeof what, "softmax_masked BN=%d T=S=%d window=%d", BN, T, window);
+    snprintf(what, sizeof what, "softmax_masked BN=%d T=%d S=%d@%d,%d window=%d", BN, T, S, t0, kb, window);
     check(t, x, what, 1e-5);
-    check_masked_zero(t, x, BN, T, T, window, what);
+    if (S == T && t0 == 0 && kb == 0) check_masked_zero(t, x, BN, T, T, window, what);
     rm(t, x);
+}
+
+static void softmax_case(ctx *t, int BN, int T, int window, float scale) {
+    softmax_case_at(t, BN, T, T, 0, 0, window, scale);
 }
 
 static void test_softmax(ctx *t) {
     softmax_case(t, 5, 70, 0, 5.0f);
     softmax_case(t, 5, 70, 7, 5.0f);
-    softmax_case(t, 2, 300, 256, 20.0f); /* DCPythia's window, rows > 32 lanes */
+    softmax_case(t, 2, 300, 256, 20.0f);           /* DCPythia's window, rows > 32 lanes */
+    softmax_case_at(t, 8, 5, 19, 14, 0, 0, 5.0f);  /* a chunk: 5 rows at 14, keys 0.. */
+    softmax_case_at(t, 8, 6, 13, 20, 12, 4, 5.0f); /* windowed, keys from 12          */
 }
 
 /* ------------------------------------------------------------ 16-bit weights */
