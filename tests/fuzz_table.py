@@ -110,11 +110,12 @@ def _m(ctx):
 
 def _with_attention_rows(model, rows, tokens):
     """A forward with model.attention_rows = rows, the setting put back after."""
+    before = model.attention_rows
     try:
         model.attention_rows = rows
         return model.forward(tokens)
     finally:
-        model.attention_rows = 0
+        model.attention_rows = before
 
 
 def _ctok(ctx):

@@ -358,15 +358,31 @@ static int chunk_rows(const dcs_pass *p, int l, const keys_view *kv) {
     return tc < 1 ? 1 : tc < (uint64_t)T ? (int)tc : T;
 }
 
+/* One chunk's compose of phase ph, in place on map [N, n, L]: query rows
+ * from qrow (pass-wide row index) at position pos0, keys from krow (index
+ * into the key side) at position kb. */
+static void compose_chunk(dcs_pass *p, int l, int ph, float *map, const dyn_weights *dw, const keys_view *kv,
+                          int n, int L, int pos0, int kb, size_t qrow, size_t krow) {
+    const size_t N = (size_t)p->m->cfg.n_head, RN = (size_t)p->m->cfg.dyn_rank * N;
+    dcs_compose_args a = compose_args(p, l, ph, map, map, dw, kv);
+    a.B = 1;
+    a.T = n;
+    a.S = L;
+    a.t0 = pos0;
+    a.kb = kb;
+    if (a.qw1) a.qw1 += qrow * RN, a.qw2 += qrow * RN, a.qdd += qrow * N;
+    if (a.kw1) a.kw1 += krow * RN, a.kw2 += krow * RN, a.kdd += krow * N;
+    p->be->ops->compose(p->be, &a);
+}
+
 /* z [M, N, Dh] chunk by chunk of tc query rows (see above). */
 static void attention_chunked(dcs_pass *p, int l, const dyn_weights *dw, const float *q, const keys_view *kv,
                               float *z, int tc) {
     const dcs_config *c = &p->m->cfg;
     const int dcmha = p->m->plan[l].dcmha, dt = p->m->act_dtype;
     dcs_backend *be = p->be;
-    const int B = p->B, T = p->T, S = kv->S, N = c->n_head, Dh = c->head_dim, D = c->d_model;
-    const int R = c->dyn_rank, w = kv->window;
-    const size_t RN = (size_t)R * N;
+    const int B = p->B, T = p->T, S = kv->S, N = c->n_head, Dh = c->head_dim, D = c->d_model, w = kv->window;
+    const float scale = 1.0f / sqrtf((float)Dh);
     const int Lmax = w > 0 && tc + w < S ? tc + w : S; /* keys a chunk can see */
     float *map = dcs_pass_alloc(p, N, tc, Lmax);       /* [N, tc, L] */
     if (p->status) return;
@@ -382,23 +398,12 @@ static void attention_chunked(dcs_pass *p, int l, const dyn_weights *dw, const f
                 be->ops->zero(be, zc, sizeof(float) * (size_t)n * D);
                 continue;
             }
-            const int L = j1 - j0 + 1;
+            const int L = j1 - j0 + 1, kb = kv->kb + j0;
             const size_t qrow = (size_t)b * T + r0, krow = (size_t)b * S + j0;
-            dcs_heads_map(be, dt, 1, N, n, L, Dh, D, 1.0f / sqrtf((float)Dh), q + qrow * D, kv->k + krow * D,
-                          map);
-            for (int ph = 0; ph < 2 && dcmha; ph++) {
-                dcs_compose_args a = compose_args(p, l, ph, map, map, dw, kv);
-                a.B = 1;
-                a.T = n;
-                a.S = L;
-                a.t0 = pos0;
-                a.kb = kv->kb + j0;
-                if (a.qw1) a.qw1 += qrow * RN, a.qw2 += qrow * RN, a.qdd += qrow * N;
-                if (a.kw1) a.kw1 += krow * RN, a.kw2 += krow * RN, a.kdd += krow * N;
-                if (ph == 1) be->ops->softmax_masked(be, map, N, n, L, pos0, kv->kb + j0, w);
-                be->ops->compose(be, &a);
-            }
-            if (!dcmha) be->ops->softmax_masked(be, map, N, n, L, pos0, kv->kb + j0, w);
+            dcs_heads_map(be, dt, 1, N, n, L, Dh, D, scale, q + qrow * D, kv->k + krow * D, map);
+            if (dcmha) compose_chunk(p, l, 0, map, dw, kv, n, L, pos0, kb, qrow, krow);
+            be->ops->softmax_masked(be, map, N, n, L, pos0, kb, w);
+            if (dcmha) compose_chunk(p, l, 1, map, dw, kv, n, L, pos0, kb, qrow, krow);
             dcs_heads_rows(be, dt, 0, 1, N, n, L, Dh, D, 1.0f, map, kv->v + krow * D, zc);
         }
     dcs_pass_release(p, map);
