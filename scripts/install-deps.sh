@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Install what a fresh machine lacks, then build and install dclens (editable).
-# Debian packages: OpenBLAS, libpng, cJSON, zlib, pkg-config, CMake + Ninja (the
-# build), clang (fuzzers), chromium + chromium-driver (the explorer page's
-# browser tests, tests/browser/test_explorer_browser.py). PyPI: the build requirements (scikit-build-core,
-# cffi), then the package itself with its test extras, built without build
+# Debian packages: libpng, cJSON, zlib, pkg-config, CMake + Ninja (the build),
+# clang (fuzzers), chromium + chromium-driver (the explorer page's browser tests,
+# tests/browser/test_explorer_browser.py). PyPI: the build requirements
+# (scikit-build-core, cffi, scipy-openblas32: the engine's BLAS, the OpenBLAS
+# numpy ships; no Debian OpenBLAS), then the package itself with its test extras, built without build
 # isolation so that later rebuilds (`make build`, `pip install
 # --no-build-isolation -e .`) reuse build/<wheel tag>/ and compile only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(build-essential pkg-config cmake ninja-build libopenblas-dev libpng-dev libcjson-dev zlib1g-dev clang clang-format)
+pkgs=(build-essential pkg-config cmake ninja-build libpng-dev libcjson-dev zlib1g-dev clang clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -42,10 +43,10 @@ if command -v clang >/dev/null 2>&1; then
 fi
 
 PY=${PYTHON:-python3}
-echo "install-deps: pip install scikit-build-core cffi; pip install --no-build-isolation -e .[test,distributed,docs]"
-$PY -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "cffi>=1.15"
+echo "install-deps: pip install scikit-build-core cffi scipy-openblas32; pip install --no-build-isolation -e .[test,distributed,docs]"
+$PY -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "cffi>=1.15" "scipy-openblas32>=0.3.30"
 # make lint: the linters, pinned so that every machine reports the same
 $PY -m pip install -q --disable-pip-version-check "ruff==0.17.6" "mypy==2.4.1"
 # test: pytest, selenium, JupyterLab + ipywidgets (tests/browser/); docs: mkdocs and its plugins (make docs)
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test,distributed,docs]"
-$PY -c "import dclens, synth_tasks; print('install-deps: dclens', dclens.__version__, '| cuda built:', 'yes' if 'built without' not in dclens.cuda_unavailable_reason() else 'no')"
+$PY -c "import dclens, synth_tasks; print('install-deps: dclens', dclens.__version__, '| blas:', dclens.blas.library(), dclens.blas.kernel(), '| cuda built:', 'yes' if 'built without' not in dclens.cuda_unavailable_reason() else 'no')"

@@ -45,6 +45,8 @@ int dcs_cuda_available(char *why, size_t whylen);
 enum { DCS_PART_GEMM = 0, DCS_PART_GEMM_W = 1, DCS_PART_ATTN = 2 };
 int64_t dcs_cpu_partition(int op, const int *shape, int n_shape, int64_t *cost, int64_t cap);
 const char *dcs_blas_core(void);
+const char *dcs_blas_library(void);
+const char *dcs_blas_config(void);
 dcs_status dcs_weight_shape(dcs_model *m, const char *name, int64_t shape[5], int *ndim);
 dcs_status dcs_weight_read(dcs_model *m, const char *name, float *out, size_t n_floats);
 int dcs_weight_count(const dcs_model *m);

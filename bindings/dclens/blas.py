@@ -1,16 +1,19 @@
-"""Which OpenBLAS kernels the CPU backend runs, and a warning when they are
-slower than the CPU allows.
+"""Which BLAS and which kernels the CPU backend runs, and a warning when the
+kernels are slower than the CPU allows.
 
-OpenBLAS picks its kernel set once, when the library loads, from the CPU it
-detects (or from OPENBLAS_CORETYPE). A CPU it does not recognise, such as a
-virtual Intel Xeon that reports only "Intel(R) Xeon(R) Processor", gets its
-generic "Prescott" (SSE3) kernels: on such a machine with AVX-512 the same
-sgemm ran 4.7x slower than with the SkylakeX kernels (docs/benchmarks/diary.md, "lent GPU
-machine"). `load` warns (BlasWarning) when the kernels are below the CPU's
-vector width and nobody pinned them; the fix is to start Python with
-OPENBLAS_CORETYPE set as the warning says (OpenBLAS reads it only at load).
+The engine is built against PyPI's scipy-openblas32 (the OpenBLAS numpy and SciPy
+ship; CMake -DDCLENS_BLAS=system builds against the system's libopenblas
+instead). OpenBLAS picks its kernel set once, when the library loads, from the
+CPU it detects (or from OPENBLAS_CORETYPE). A CPU an old OpenBLAS does not
+recognise, such as Debian 12's 0.3.21 on a Sapphire-Rapids-class Xeon, gets the
+generic "Prescott" (SSE3) kernels, 4-6x slower than SkylakeX there (issue 48).
+`load` warns (BlasWarning, once per process) when the kernels are below the
+CPU's vector width and nobody pinned them, saying what to do.
 
     dclens.blas.kernel()     # "Cooperlake", "SkylakeX", "Haswell", "Prescott", ...
+    dclens.blas.library()    # "scipy-openblas32" or "system libopenblas"
+    dclens.blas.config()     # the library's build line: "OpenBLAS 0.3.34 DYNAMIC_ARCH ..."
+    dclens.blas.path()       # the shared library file the process loaded
 """
 
 import os
@@ -43,6 +46,56 @@ _NAMES = {3: "AVX-512", 2: "AVX2", 1: "AVX"}
 
 class BlasWarning(UserWarning):
     """The CPU backend's BLAS kernels are slower than this CPU allows."""
+
+
+def library() -> str:
+    """The BLAS the engine was built with.
+
+    Returns
+    -------
+    str
+        "scipy-openblas32" (PyPI's, the default build) or "system libopenblas".
+    """
+    return ffi.string(lib.dcs_blas_library()).decode(errors="replace")
+
+
+def config() -> str:
+    """The loaded BLAS library's own build line (openblas_get_config).
+
+    Returns
+    -------
+    str
+        Version, DYNAMIC_ARCH, kernel set and MAX_THREADS, as OpenBLAS prints them
+        ("OpenBLAS 0.3.34 DYNAMIC_ARCH NO_AFFINITY Cooperlake MAX_THREADS=64"); "" where
+        the library cannot say.
+    """
+    return ffi.string(lib.dcs_blas_config()).decode(errors="replace").strip()
+
+
+def path(maps: str = "/proc/self/maps") -> str:
+    """The file of the BLAS library the engine runs, as this process mapped it.
+
+    Parameters
+    ----------
+    maps : str
+        The memory map to read (Linux's /proc/self/maps by default).
+
+    Returns
+    -------
+    str
+        The path of libscipy_openblas.so (or the system's libopenblas.so.0 for a
+        -DDCLENS_BLAS=system build); "" where it cannot be read.
+    """
+    want = "libscipy_openblas" if library() == "scipy-openblas32" else "libopenblas"
+    try:
+        with open(maps) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and os.path.basename(parts[-1]).startswith(want):
+                    return parts[-1]
+    except OSError:
+        pass
+    return ""
 
 
 def kernel() -> str:
@@ -89,7 +142,7 @@ def _cpu_level(flags: set[str]) -> int:
     return 1 if "avx" in flags else 0
 
 
-def advice(core: str, flags: set[str]) -> Optional[str]:
+def advice(core: str, flags: set[str], blas: str = "scipy-openblas32") -> Optional[str]:
     """The warning's text when an OpenBLAS kernel set uses narrower vectors than a CPU has.
 
     Parameters
@@ -98,31 +151,41 @@ def advice(core: str, flags: set[str]) -> Optional[str]:
         An OpenBLAS kernel name, as kernel() gives it (case and surrounding blanks ignored).
     flags : set of str
         The CPU's instruction-set flags, as cpu_flags() gives them.
+    blas : str
+        The library, as library() names it: the advice differs for the system's libopenblas.
 
     Returns
     -------
     str or None
-        The advice, naming the OPENBLAS_CORETYPE to start Python with, when the kernels'
-        vector width (AVX-512, AVX2 + FMA, AVX, SSE) is below the CPU's; None when it is
-        not, and for a kernel name it does not know.
+        The advice, naming what to upgrade or the OPENBLAS_CORETYPE to start Python with,
+        when the kernels' vector width (AVX-512, AVX2 + FMA, AVX, SSE) is below the CPU's;
+        None when it is not, and for a kernel name it does not know.
     """
     name = core.strip().lower()
     level = _LEVEL.get(name, 0 if name in _SSE else None)
     cpu = _cpu_level(flags)
     if level is None or level >= cpu:
         return None
+    if blas == "scipy-openblas32":
+        fix = "Upgrade it (pip install -U scipy-openblas32: a newer OpenBLAS knows more CPUs), or start"
+    else:
+        fix = "Rebuild dclens against PyPI's scipy-openblas32 (the default, CMake -DDCLENS_BLAS=scipy), or start"
     return (
-        "OpenBLAS chose its %s kernels, but this CPU has %s: matrix products run several times slower than "
-        "they could (OpenBLAS did not recognise the CPU, or was built without its kernels). Start Python "
-        "with OPENBLAS_CORETYPE=%s in the "
-        "environment (it is read when the library loads) to use them." % (core, _NAMES[cpu], _PIN[cpu])
+        "%s chose its %s kernels, but this CPU has %s: matrix products run several times slower than "
+        "they could (OpenBLAS did not recognise the CPU, or was built without its kernels). %s Python "
+        "with OPENBLAS_CORETYPE=%s in the environment (it is read when the library loads) to use them."
+        % (blas, core, _NAMES[cpu], fix, _PIN[cpu])
     )
 
 
-def check(stacklevel: int = 3) -> Optional[str]:
-    """Warn (BlasWarning) when the engine's BLAS kernels are below this CPU's vector width.
+_warned: list[str] = []  # the text of the one warning this process gave
 
-    Nothing is checked when OPENBLAS_CORETYPE is set (the kernels were chosen).
+
+def check(stacklevel: int = 3) -> Optional[str]:
+    """Warn (BlasWarning), once per process, when the engine's BLAS kernels are below this CPU's.
+
+    Nothing is checked when OPENBLAS_CORETYPE is set (the kernels were chosen), and a
+    process is warned once: later loads return the same text without a warning.
 
     Parameters
     ----------
@@ -137,11 +200,12 @@ def check(stacklevel: int = 3) -> Optional[str]:
     Warns
     -----
     BlasWarning
-        When the kernels are narrower than the CPU allows.
+        When the kernels are narrower than the CPU allows (the first time only).
     """
     if "OPENBLAS_CORETYPE" in os.environ:
         return None
-    text = advice(kernel(), cpu_flags())
-    if text is not None:
+    text = advice(kernel(), cpu_flags(), library())
+    if text is not None and not _warned:
+        _warned.append(text)
         warnings.warn(text, BlasWarning, stacklevel=stacklevel)
     return text

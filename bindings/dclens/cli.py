@@ -187,6 +187,8 @@ def _info(argv: list[str]) -> int:
 
     pin = os.environ.get("OPENBLAS_CORETYPE")
     print("  %-18s %s" % ("cpu blas kernel", blas.kernel() + (" (OPENBLAS_CORETYPE=%s)" % pin if pin else "")))
+    print("  %-18s %s (%s)" % ("cpu blas library", blas.library(), blas.path() or "path unknown"))
+    print("  %-18s %s" % ("cpu blas build", blas.config()))
     for k, v in vars(m.config).items():
         if isinstance(v, float):
             v = "%.6g" % v  # float32 values print as written (1e-05, not 9.99999974e-06)

@@ -191,6 +191,13 @@ int64_t dcs_cpu_partition(int op, const int *shape, int n_shape, int64_t *cost, 
  * recognise; "" where the BLAS cannot say. A static string. */
 const char *dcs_blas_core(void);
 
+/* The BLAS the engine was built with: "scipy-openblas32" (PyPI's, the
+ * default build) or "system libopenblas"; and the loaded library's own build
+ * line (openblas_get_config: version, DYNAMIC_ARCH, kernel set, MAX_THREADS;
+ * "" where the BLAS cannot say). Static strings. */
+const char *dcs_blas_library(void);
+const char *dcs_blas_config(void);
+
 /* Weights, by canonical name (the dcpythia state_dict names, with wqkv
  * fused in q,k,v row order; gpt_neox checkpoints are mapped onto them):
  *   tok_embeddings.weight, output.weight, norm.weight, norm.bias,

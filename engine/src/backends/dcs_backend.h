@@ -334,6 +334,9 @@ int64_t dcs_cpu_items(int op, const int *shape, int n_shape, int64_t *cost, int6
 
 /* dcs_blas_core (dclens.h): the kernel set of the CPU backend's BLAS. */
 const char *dcs_cpu_blas_core(void);
+/* dcs_blas_library (dclens.h): which BLAS, and its build line. */
+const char *dcs_cpu_blas_library(void);
+const char *dcs_cpu_blas_config(void);
 
 /* ---------------------------------------------------------------- CUDA plugin
  *

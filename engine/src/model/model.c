@@ -104,6 +104,8 @@ int64_t dcs_cpu_partition(int op, const int *shape, int n_shape, int64_t *cost, 
 }
 
 const char *dcs_blas_core(void) { return dcs_cpu_blas_core(); }
+const char *dcs_blas_library(void) { return dcs_cpu_blas_library(); }
+const char *dcs_blas_config(void) { return dcs_cpu_blas_config(); }
 
 /* ---------------------------------------------------------------- weights */
 
