@@ -2,8 +2,9 @@
 #   make demo   set up, then run the synthetic benchmark + heatmaps on the bundled twins
 #   make lint   ruff check + ruff format --check, mypy, clang-format --dry-run -Werror
 #   make test   set up, then run every test: lint, C tests (ctest), C tests under ASan/UBSan,
-#               a short fuzz run of the input parsers (make fuzz), pytest, and the
-#               engine's pytest files again against an ASan/UBSan build (asan-py), then
+#               a short fuzz run of the input parsers (make fuzz), pytest, the bit-identity
+#               and tolerance files again under two more OpenBLAS kernels (test-kernels),
+#               the engine's pytest files again against an ASan/UBSan build (asan-py), then
 #               the documentation site (make docs)
 #   make docs   the documentation site in build/site/ (mkdocs.yml; open build/site/index.html)
 #   make fuzz   the fuzzers for 15 s each (docs/fuzzing.md: longer campaigns)
@@ -42,8 +43,16 @@ test: build
 	$(MAKE) ctest-asan
 	$(MAKE) fuzz
 	$(PY) -m pytest -q tests
+	$(MAKE) test-kernels
 	$(MAKE) asan-py
 	$(MAKE) docs
+
+# The bit-identity and tolerance files (and test_kernels) under the generic OpenBLAS
+# kernel and a second vector one: scripts/test_kernels.sh, docs/tolerances.md
+test-kernels: build
+	@test -f build/dev/CMakeCache.txt || cmake --preset dev $(CMAKE_PY) --log-level=WARNING
+	cmake --build --preset dev --target test_kernels
+	PY=$(PY) bash scripts/test_kernels.sh
 
 # libFuzzer (C parsers, clang + ASan/UBSan) and atheris (JSONL loader) targets,
 # 15 s each: engine/fuzz/run.sh, docs/fuzzing.md
@@ -81,4 +90,4 @@ demo: build
 bench: build
 	$(PY) scripts/bench.py
 
-.PHONY: deps build test fuzz asan-py demo bench lint docs
+.PHONY: deps build test test-kernels fuzz asan-py demo bench lint docs

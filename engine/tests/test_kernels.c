@@ -6,7 +6,9 @@
  *     key side;
  *   - the backend's compose over [B, N, T, S] equals the pair form;
  *   - fused attention equals scores -> compose -> softmax -> compose -> P v
- *     computed naively in double (global and local windows, query-wise);
+ *     computed naively in double (global and local windows, query-wise),
+ *     and the materialising path's products on its blocks (attention_scores,
+ *     attention_pv) give its bits exactly, on any BLAS kernel;
  *   - gemm_w on F16 / BF16 weights equals sgemm on the widened weights bit
  *     for bit; two backends with different thread counts agree;
  *   - LayerNorm forward / backward by groups of rows, the bias gradient's
@@ -230,6 +232,79 @@ static void test_fused_attention(dcs_backend *be, int T, int window, int compose
     free(v);
     free(z);
     free(ref);
+    for (int ph = 0; ph < 2; ph++)
+        for (int j = 0; j < 6; j++) free(w[ph][j]);
+}
+
+/* The materialising path (attention_scores -> pre-compose -> masked softmax ->
+ * post-compose -> attention_pv) gives the fused kernel's z bit for bit: both
+ * issue the same sgemm calls on the same query blocks, so this holds on every
+ * BLAS kernel (run by `make test-kernels` under the generic one too). */
+static void test_attention_paths_same_bits(dcs_backend *be, int T, int window, int compose, int keyside) {
+    const int B = 2, N = 4, Dh = 8, R = 2, D = N * Dh;
+    const size_t nz = (size_t)B * T * D, nm = (size_t)B * N * T * T;
+    float *q = rand_buf(nz), *k = rand_buf(nz), *v = rand_buf(nz);
+    float *z1 = calloc(nz, sizeof(float)), *z2 = calloc(nz, sizeof(float)), *map = calloc(nm, sizeof(float));
+    float *w[2][6] = {{0}};
+    dcs_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q, a.k = k, a.v = v, a.B = B, a.T = T, a.S = T, a.N = N, a.Dh = Dh, a.ld = D, a.R = R;
+    a.window = window, a.scale = 0.35f, a.compose = compose;
+    for (int ph = 0; ph < 2 && compose; ph++) {
+        for (int j = 0; j < 6; j++) {
+            size_t n = (size_t)B * T * (j == 2 || j == 5 ? N : R * N);
+            w[ph][j] = (j >= 3 && !keyside) ? NULL : rand_buf(n);
+            for (size_t i = 0; w[ph][j] && i < n; i++) w[ph][j][i] *= 0.3f;
+        }
+        a.qw1[ph] = w[ph][0], a.qw2[ph] = w[ph][1], a.qdd[ph] = w[ph][2];
+        a.kw1[ph] = w[ph][3], a.kw2[ph] = w[ph][4], a.kdd[ph] = w[ph][5];
+    }
+    a.z = z1;
+    be->ops->attention(be, &a);
+    dcs_attn_args m = a;
+    m.z = z2;
+    m.compose = 0;
+    be->ops->attention_scores(be, &m, map);
+    for (int ph = 0; ph < 2; ph++) {
+        if (compose) {
+            dcs_compose_args c;
+            memset(&c, 0, sizeof c);
+            c.out = map, c.in = map, c.B = B, c.N = N, c.T = T, c.S = T, c.R = R, c.G = 1;
+            c.qw1 = w[ph][0], c.qw2 = w[ph][1], c.qdd = w[ph][2];
+            c.kw1 = w[ph][3], c.kw2 = w[ph][4], c.kdd = w[ph][5];
+            c.causal_only = ph == 1, c.window = window;
+            be->ops->compose(be, &c);
+        }
+        if (ph == 0) be->ops->softmax_masked(be, map, B * N, T, T, 0, 0, window);
+    }
+    be->ops->attention_pv(be, &m, map);
+    dcs_err e = {0};
+    CHECKF(be->ops->sync(be, &e) == DCS_OK, "attention paths ran: %s", e.msg);
+    size_t diff = 0;
+    for (size_t i = 0; i < nz; i++) diff += memcmp(&z1[i], &z2[i], sizeof(float)) != 0;
+    CHECKF(diff == 0,
+           "fused z == materialising z bit for bit (T=%d window=%d compose=%d key=%d): %zu of %zu differ", T,
+           window, compose, keyside, diff, nz);
+    /* every score of the map, masked pairs included: q k^T scale to float32 rounding */
+    if (!compose) {
+        be->ops->attention_scores(be, &m, map);
+        double err = 0, mx = 0;
+        for (int b = 0; b < B; b++)
+            for (int n = 0; n < N; n++)
+                for (int t = 0; t < T; t++)
+                    for (int s = 0; s < T; s++) {
+                        double acc = 0;
+                        for (int d = 0; d < Dh; d++)
+                            acc += (double)q[((size_t)b * T + t) * D + n * Dh + d] *
+                                   k[((size_t)b * T + s) * D + n * Dh + d];
+                        acc *= 0.35f;
+                        err = fmax(err, fabs(acc - map[(((size_t)b * N + n) * T + t) * T + s]));
+                        mx = fmax(mx, fabs(acc));
+                    }
+        CHECKF(err <= 1e-5 * mx, "attention_scores: every pair (T=%d window=%d): err %g of %g", T, window,
+               err, mx);
+    }
+    free(q), free(k), free(v), free(z1), free(z2), free(map);
     for (int ph = 0; ph < 2; ph++)
         for (int j = 0; j < 6; j++) free(w[ph][j]);
 }
@@ -511,6 +586,12 @@ int main(void) {
         test_fused_attention(bes[i], 70, 5, 1, 1);  /* local window           */
         test_fused_attention(bes[i], 33, 40, 1, 0); /* query-wise, window > T */
         test_fused_attention(bes[i], 45, 0, 0, 0);  /* plain MHA              */
+        test_attention_paths_same_bits(bes[i], 70, 0, 1, 1);
+        test_attention_paths_same_bits(bes[i], 70, 5, 1, 1);
+        test_attention_paths_same_bits(bes[i], 19, 5, 1, 1); /* issue 48's shape: 16 + 3 rows */
+        test_attention_paths_same_bits(bes[i], 33, 40, 1, 0);
+        test_attention_paths_same_bits(bes[i], 45, 0, 0, 0);
+        test_attention_paths_same_bits(bes[i], 300, 7, 0, 0); /* keys on both sides of a block */
         test_gemm_w(bes[i], DCS_F16, 1);
         test_gemm_w(bes[i], DCS_BF16, 1);
         test_gemm_w(bes[i], DCS_F16, 0);

@@ -993,6 +993,46 @@ static float *kept_at(const dcs_attn_args *a, float *x, int b, int n, int r) {
     return x + (((size_t)b * a->N + n) * a->T + r) * a->S;
 }
 
+/* Block blk of sequence b's queries: rows [r0, r0 + tq), keys [jmin, jmin + L)
+ * (L <= 0: no row of the block has a key). */
+typedef struct {
+    int r0, tq, jmin, L;
+} attn_block;
+
+static attn_block attn_block_at(const dcs_attn_args *a, int TQ, int blk) {
+    attn_block k;
+    int jmax, lo_, hi_;
+    k.r0 = blk * TQ;
+    k.tq = (k.r0 + TQ < a->T ? k.r0 + TQ : a->T) - k.r0;
+    attn_keys(a, a->t0 + k.r0, &k.jmin, &hi_);
+    attn_keys(a, a->t0 + k.r0 + k.tq - 1, &lo_, &jmax);
+    k.L = jmax - k.jmin + 1;
+    return k;
+}
+
+/* The attention's two products for one block, one sgemm per head, with the
+ * shapes, flags and operands that the fused kernel and the materialising
+ * path (cpu_attention_scores / _pv) both issue: every BLAS kernel then
+ * rounds them alike (a product's bits depend on its shape and flags, not
+ * only on its inputs; issue 48). out / map: head n's [tq, L] block at
+ * + n * hs, row stride ldm, column 0 = key jmin. */
+static void block_scores(const dcs_attn_args *a, int b, attn_block k, float *out, long long hs, int ldm) {
+    const int ld = a->ld, Dh = a->Dh;
+    const float *qb = a->q + ((size_t)b * a->T + k.r0) * ld, *kb = a->k + ((size_t)b * a->S + k.jmin) * ld;
+    for (int n = 0; n < a->N; n++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, k.tq, k.L, Dh, a->scale, qb + n * Dh, ld,
+                    kb + n * Dh, ld, 0.0f, out + n * hs, ldm);
+}
+
+static void block_pv(const dcs_attn_args *a, int b, attn_block k, const float *map, long long hs, int ldm) {
+    const int ld = a->ld, Dh = a->Dh;
+    const float *vb = a->v + ((size_t)b * a->S + k.jmin) * ld;
+    float *zb = a->z + ((size_t)b * a->T + k.r0) * ld;
+    for (int n = 0; n < a->N; n++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k.tq, Dh, k.L, 1.0f, map + n * hs, ldm,
+                    vb + n * Dh, ld, 0.0f, zb + n * Dh, ld);
+}
+
 static void attn_items(void *arg, long long begin, long long end, int tid) {
     const attn_job *J = arg;
     const dcs_attn_args *a = J->a;
@@ -1012,28 +1052,17 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
     float *kA = a->keep[0], *kP = a->keep[1], *kPc = a->compose ? a->keep[2] : a->keep[1];
     for (long long it = begin; it < end; it++) {
         const int b = (int)(it / J->nblk);
-        const int blk = J->nblk - 1 - (int)(it % J->nblk);
-        const int r0 = blk * TQ;
-        const int r1 = (r0 + TQ < T ? r0 + TQ : T) - 1;
-        const int tq = r1 - r0 + 1;
-        int jmin, jmax, lo_, hi_;
-        attn_keys(a, a->t0 + r0, &jmin, &hi_);
-        attn_keys(a, a->t0 + r1, &lo_, &jmax);
+        const attn_block blk = attn_block_at(a, TQ, J->nblk - 1 - (int)(it % J->nblk));
+        const int r0 = blk.r0, tq = blk.tq, jmin = blk.jmin, L = blk.L;
         float *zb = a->z + ((size_t)b * T + r0) * ld;
-        if (jmax < jmin) { /* no key for any row of the block */
+        if (L <= 0) { /* no key for any row of the block */
             for (int r = 0; r < tq; r++) memset(zb + (size_t)r * ld, 0, sizeof(float) * (size_t)N * Dh);
             for (int n = 0; kPc && n < N; n++) /* the pattern (A, and P before the post-compose: unread) */
                 for (int r = 0; r < tq; r++) keep_row(kept_at(a, kPc, b, n, r0 + r), NULL, 0, 0, S);
             continue;
         }
-        const int L = jmax - jmin + 1;
         const long long hs = (long long)tq * L;
-        const float *qb = a->q + ((size_t)b * T + r0) * ld;
-        const float *kb = a->k + ((size_t)b * S + jmin) * ld;
-        const float *vb = a->v + ((size_t)b * S + jmin) * ld;
-        for (int n = 0; n < N; n++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, L, Dh, a->scale, qb + n * Dh, ld,
-                        kb + n * Dh, ld, 0.0f, Sc + n * hs, L);
+        block_scores(a, b, blk, Sc, hs, L);
         for (int n = 0; kA && n < N; n++)
             for (int r = 0; r < tq; r++)
                 memcpy(kept_at(a, kA, b, n, r0 + r) + jmin, Sc + n * hs + (long long)r * L,
@@ -1066,9 +1095,7 @@ static void attn_items(void *arg, long long begin, long long end, int tid) {
                 if (kPc) keep_row(kept_at(a, kPc, b, n, r0 + r), rn, jmin, L, S);
             }
         }
-        for (int n = 0; n < N; n++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, Dh, L, 1.0f, Sc + n * hs, L,
-                        vb + n * Dh, ld, 0.0f, zb + n * Dh, ld);
+        block_pv(a, b, blk, Sc, hs, L);
     }
 }
 
@@ -1104,6 +1131,79 @@ static void cpu_attention(dcs_backend *be, const dcs_attn_args *args) {
     free(kt);
 }
 
+/* The materialising path's products on the fused kernel's blocks
+ * (ops->attention_scores / attention_pv): items (sequence, block) as in
+ * cpu_attention, each block's products by block_scores / block_pv, so a
+ * hooked layer and a fused one compute the same bits on any BLAS kernel.
+ * The scores of the keys outside a block's span (masked for each of its
+ * rows: before the window, or after the block's last query) come from one
+ * more sgemm per head on each side. map [B, N, T, S]. */
+typedef struct {
+    const dcs_attn_args *a;
+    float *out;      /* scores: the map written */
+    const float *in; /* pv: the map read        */
+    int nblk, tq;
+} attn_map_job;
+
+static void scores_items(void *arg, long long begin, long long end, int tid) {
+    (void)tid;
+    const attn_map_job *J = arg;
+    const dcs_attn_args *a = J->a;
+    const int T = a->T, S = a->S, ld = a->ld, Dh = a->Dh;
+    const long long TS = (long long)T * S;
+    for (long long it = begin; it < end; it++) {
+        const int b = (int)(it / J->nblk);
+        attn_block k = attn_block_at(a, J->tq, (int)(it % J->nblk));
+        float *out = J->out + (size_t)b * a->N * TS + (size_t)k.r0 * S;
+        if (k.L <= 0) k.jmin = S, k.L = 0; /* every key outside: all of them on the left */
+        if (k.L > 0) block_scores(a, b, k, out + k.jmin, TS, S);
+        const int side[2][2] = {{0, k.jmin}, {k.jmin + k.L, S - k.jmin - k.L}}; /* first key, count */
+        const float *qb = a->q + ((size_t)b * T + k.r0) * ld;
+        for (int e = 0; e < 2; e++) {
+            if (side[e][1] <= 0) continue;
+            const float *kb = a->k + ((size_t)b * S + side[e][0]) * ld;
+            for (int n = 0; n < a->N; n++)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, k.tq, side[e][1], Dh, a->scale,
+                            qb + n * Dh, ld, kb + n * Dh, ld, 0.0f, out + n * TS + side[e][0], S);
+        }
+    }
+}
+
+static void pv_items(void *arg, long long begin, long long end, int tid) {
+    (void)tid;
+    const attn_map_job *J = arg;
+    const dcs_attn_args *a = J->a;
+    const long long TS = (long long)a->T * a->S;
+    for (long long it = begin; it < end; it++) {
+        const int b = (int)(it / J->nblk);
+        const attn_block k = attn_block_at(a, J->tq, (int)(it % J->nblk));
+        if (k.L <= 0) { /* no key: the rows' pattern is 0, so is z */
+            for (int r = 0; r < k.tq; r++)
+                memset(a->z + ((size_t)b * a->T + k.r0 + r) * a->ld, 0, sizeof(float) * (size_t)a->N * a->Dh);
+            continue;
+        }
+        block_pv(a, b, k, J->in + (size_t)b * a->N * TS + (size_t)k.r0 * a->S + k.jmin, TS, a->S);
+    }
+}
+
+static void attention_map_op(dcs_backend *be, const dcs_attn_args *args, float *out, const float *in,
+                             par_fn fn) {
+    dcs_attn_args full = *args;
+    if (full.S <= 0) full.S = full.T;
+    attn_map_job J = {&full, out, in, 0, attn_tq(full.B, full.T)};
+    J.nblk = (full.T + J.tq - 1) / J.tq;
+    const long long cost = 2LL * full.N * J.tq * full.S * full.Dh;
+    parallel_for_chunk(be, fn, &J, (long long)full.B * J.nblk, cost, 1);
+}
+
+static void cpu_attention_scores(dcs_backend *be, const dcs_attn_args *a, float *map) {
+    attention_map_op(be, a, map, NULL, scores_items);
+}
+
+static void cpu_attention_pv(dcs_backend *be, const dcs_attn_args *a, const float *map) {
+    attention_map_op(be, a, NULL, map, pv_items);
+}
+
 static uint64_t cpu_bw_scratch(dcs_backend *be, const dcs_bw_shape *s) {
     return cpu_bw_scratch_bytes(s, ((cpu_ctx *)be->ctx)->n_threads);
 }
@@ -1134,6 +1234,8 @@ static const dcs_backend_ops cpu_ops = {
     .embed_w = cpu_embed_w,
     .widen = cpu_widen,
     .attention = cpu_attention,
+    .attention_scores = cpu_attention_scores,
+    .attention_pv = cpu_attention_pv,
     .moh_route = cpu_moh_route,
     .head_gate = cpu_head_gate,
     .parallel = cpu_parallel,

@@ -209,6 +209,16 @@ typedef struct dcs_backend_ops {
     /* Fused attention (see dcs_attn_args); NULL: the graph uses the full
      * path. A backend that has it writes the tape's maps (keep) too. */
     void (*attention)(dcs_backend *be, const dcs_attn_args *a);
+    /* Optional, with attention (NULL: the graph's own batched products): the
+     * materialising path's two products on the fused kernel's own query
+     * blocks, so that a layer with hooked maps and a fused one issue the same
+     * BLAS calls and agree bit for bit on any kernel. a as for attention (q,
+     * k, v, z, shapes; no compose, no keep):
+     *   attention_scores: map [B, N, T, S] = scale q k^T, every pair;
+     *   attention_pv:     z = map v, each block over its span of keys
+     *                     (map 0 at the masked pairs, as the pattern is). */
+    void (*attention_scores)(dcs_backend *be, const dcs_attn_args *a, float *map);
+    void (*attention_pv)(dcs_backend *be, const dcs_attn_args *a, const float *map);
     /* MoH routing scores (model-spec 5), per row m < M: g [M, N] from the
      * router logits [M, N - hs], the shared-head logits s1 [M, hs] (NULL
      * when hs <= 1) and the balance logits s0 [M, 2] (NULL when hs == 0). */
@@ -349,7 +359,7 @@ const char *dcs_cpu_blas_config(void);
  * The plugin exports one symbol, DCS_CUDA_PLUGIN_SYMBOL, a function that
  * returns its table below. The loader refuses a plugin whose abi or struct
  * sizes differ from its own (a plugin left over from another build). */
-#define DCS_CUDA_PLUGIN_ABI 4
+#define DCS_CUDA_PLUGIN_ABI 5
 #define DCS_CUDA_PLUGIN_SYMBOL "dcs_cuda_plugin_v1"
 #define DCS_CUDA_PLUGIN_FILE "libdclens_cuda.so"
 typedef struct {

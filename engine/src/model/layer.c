@@ -244,12 +244,10 @@ static int attn_map_hooked(const dcs_pass *p, int l) {
     return 0;
 }
 
-/* z [M, N, Dh] (fused: no [B, N, T, S] tensor but the tape's kept maps,
- * kp; local layers touch their window only). */
-static void attention_fused(dcs_pass *p, int l, const dyn_weights *dw, const float *q, const keys_view *kv,
-                            float *z, dcs_kept *kp) {
+/* The fused kernel's arguments for this pass's queries q and keys kv, z
+ * the output (no composition, no kept maps). */
+static dcs_attn_args attn_args(const dcs_pass *p, const float *q, const keys_view *kv, float *z) {
     const dcs_config *c = &p->m->cfg;
-    const dcs_layer_plan *pl = &p->m->plan[l];
     dcs_attn_args a;
     memset(&a, 0, sizeof a);
     a.z = z;
@@ -267,6 +265,15 @@ static void attention_fused(dcs_pass *p, int l, const dyn_weights *dw, const flo
     a.R = c->dyn_rank;
     a.window = kv->window;
     a.scale = 1.0f / sqrtf((float)c->head_dim);
+    return a;
+}
+
+/* z [M, N, Dh] (fused: no [B, N, T, S] tensor but the tape's kept maps,
+ * kp; local layers touch their window only). */
+static void attention_fused(dcs_pass *p, int l, const dyn_weights *dw, const float *q, const keys_view *kv,
+                            float *z, dcs_kept *kp) {
+    const dcs_layer_plan *pl = &p->m->plan[l];
+    dcs_attn_args a = attn_args(p, q, kv, z);
     a.compose = pl->dcmha;
     if (kp) {
         a.keep[0] = kp->A;
@@ -299,7 +306,13 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     /* scores A[b, n] [T, S] = q_n k_n^T / sqrt(Dh) */
     float *A = act(p, kp ? kp->A : NULL, B, N, TS);
     if (p->status) return;
-    dcs_heads_map(be, p->m->act_dtype, B, N, T, S, Dh, D, 1.0f / sqrtf((float)Dh), q, kv->k, A);
+    /* the products: where the backend has a fused kernel, on its query
+     * blocks (the same calls, so the same bits as a fused layer) */
+    const dcs_attn_args blocks = attn_args(p, q, kv, z);
+    if (be->ops->attention_scores)
+        be->ops->attention_scores(be, &blocks, A);
+    else
+        dcs_heads_map(be, p->m->act_dtype, B, N, T, S, Dh, D, 1.0f / sqrtf((float)Dh), q, kv->k, A);
     dcs_pass_hook_map(p, DCS_HP_SCORES, l, A, S, kb);
     /* kept: each stage in its own buffer; else in place */
     float *cur = A;
@@ -323,7 +336,10 @@ static void attention_maps(dcs_pass *p, int l, const dyn_weights *dw, const floa
     }
     if (p->status) return;
     /* z[b, :, n] [T, Dh] = P[b, n] [T, S] @ v[b, :, n] [S, Dh] */
-    dcs_heads_rows(be, p->m->act_dtype, 0, B, N, T, S, Dh, D, 1.0f, Pc, kv->v, z);
+    if (be->ops->attention_pv)
+        be->ops->attention_pv(be, &blocks, Pc);
+    else
+        dcs_heads_rows(be, p->m->act_dtype, 0, B, N, T, S, Dh, D, 1.0f, Pc, kv->v, z);
     dcs_pass_release(p, A);
 }
 
