@@ -9,8 +9,9 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench.py \
         --sizes d1024,1.4b --T 512 --no-extras --scaling 1,2
 
-Which OpenBLAS kernel ran is printed (openblas_get_corename of the engine's own
-libopenblas, in the engine's process and in the sgemm subprocess), and so is any
+Which BLAS and kernel ran is printed (the engine's own library, scipy-openblas32's
+libscipy_openblas.so by default: dclens.blas, in the engine's process and in the
+sgemm subprocess), and so is any
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE pin found in the environment: a pin set
 by a machine's administrator (some EPYC hosts pin a slower Haswell kernel)
 changes both the engine and the sgemm it is compared with, but users' machines
@@ -110,14 +111,15 @@ SGEMM_SRC = r"""
 import ctypes, ctypes.util, json, sys, time
 import numpy as np
 lib = ctypes.CDLL(sys.argv[1])
-lib.openblas_set_num_threads(int(sys.argv[2]))
+pre = sys.argv[4]  # "scipy_" for scipy-openblas32's prefixed names
+getattr(lib, pre + "openblas_set_num_threads")(int(sys.argv[2]))
 shapes = json.loads(sys.argv[3])
 P = ctypes.c_void_p
-f = lib.cblas_sgemm
+f = getattr(lib, pre + "cblas_sgemm")
 f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, P, ctypes.c_int, P, ctypes.c_int, ctypes.c_float, P, ctypes.c_int]
 out = []
-lib.openblas_get_corename.restype = ctypes.c_char_p
-core = lib.openblas_get_corename().decode()
+getattr(lib, pre + "openblas_get_corename").restype = ctypes.c_char_p
+core = getattr(lib, pre + "openblas_get_corename")().decode()
 for M, N, K in shapes:
     a = np.random.default_rng(0).standard_normal((M, K), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((N, K), dtype=np.float32)
@@ -133,13 +135,19 @@ print(json.dumps({"times": out, "core": core}))
 
 
 def openblas_path():
-    import dclens._engine as e
+    """The engine's BLAS library file, as this process mapped it (dclens.blas.path)."""
+    import dclens
 
-    out = subprocess.run(["ldd", e.__file__], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if "libopenblas" in line and "=>" in line:
-            return line.split("=>")[1].split("(")[0].strip()
-    raise RuntimeError("cannot find the engine's libopenblas")
+    path = dclens.blas.path()
+    if not path:
+        raise RuntimeError("cannot find the engine's BLAS library in /proc/self/maps")
+    return path
+
+
+def blas_prefix():
+    import dclens
+
+    return dclens.blas.symbol("")
 
 
 def sgemm_gflops(s, T, threads):
@@ -147,7 +155,7 @@ def sgemm_gflops(s, T, threads):
     D, F = s["dim"], s["intermediate"]
     shapes = [(T, 3 * D, D), (T, D, D), (T, F, D), (T, D, F)]
     r = subprocess.run(
-        [sys.executable, "-c", SGEMM_SRC, openblas_path(), str(threads), json.dumps(shapes)],
+        [sys.executable, "-c", SGEMM_SRC, openblas_path(), str(threads), json.dumps(shapes), blas_prefix()],
         capture_output=True,
         text=True,
         check=True,
@@ -165,29 +173,25 @@ PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 def blas_info():
-    """The OpenBLAS the engine links, as loaded in this process (after
-    dclens._engine, so the same library object): its kernel (core name),
-    build config, and the pin variables present in the environment."""
-    import ctypes
+    """The BLAS the engine links, as loaded in this process: which library, its file,
+    its kernel (core name), build config, and the pin variables present in the
+    environment."""
+    import dclens
 
-    import dclens._engine  # noqa: F401  (loads the engine's libopenblas first)
-
-    path = openblas_path()
-    lib = ctypes.CDLL(path)
-    lib.openblas_get_corename.restype = ctypes.c_char_p
-    lib.openblas_get_config.restype = ctypes.c_char_p
     pins = {k: os.environ[k] for k in PINS if k in os.environ}
     return dict(
-        path=path,
-        core=lib.openblas_get_corename().decode(),
-        config=lib.openblas_get_config().decode().strip(),
+        library=dclens.blas.library(),
+        path=openblas_path(),
+        core=dclens.blas.kernel(),
+        config=dclens.blas.config(),
         pins=pins,
     )
 
 
 def blas_line(info):
     pins = ", ".join("%s=%s" % kv for kv in info["pins"].items()) or "none (unpinned, as on users' machines)"
-    return "OpenBLAS kernel that ran: %s (%s; %s); environment pin: %s" % (
+    return "BLAS that ran: %s, kernel %s (%s; %s); environment pin: %s" % (
+        info.get("library", "?"),
         info["core"],
         info["config"],
         info["path"],

@@ -62,16 +62,25 @@ def flops_per_token(c, V, T):
     return 2 * 3 * (mat + attn + dyn)  # fw + 2x bw, 2 FLOPs per MAC
 
 
-def _engine_blas():
-    """The BLAS library the engine extension links (numpy may bundle another)."""
-    import ctypes
-    import subprocess
+class _EngineBlas:
+    """The BLAS library the engine links (scipy-openblas32's by default; numpy
+    bundles another copy), its functions by their standard names (dclens.blas.symbol
+    maps them to the library's prefixed ones)."""
 
-    so = dclens._engine.__file__
-    for line in subprocess.run(["ldd", so], capture_output=True, text=True).stdout.splitlines():
-        if "blas" in line and "=>" in line:
-            return ctypes.CDLL(line.split("=>")[1].split("(")[0].strip())
-    raise RuntimeError("cannot find the BLAS library of %s" % so)
+    def __init__(self):
+        import ctypes
+
+        path = dclens.blas.path()
+        if not path:
+            raise RuntimeError("cannot find the engine's BLAS library in /proc/self/maps")
+        self.lib = ctypes.CDLL(path)
+
+    def __getattr__(self, name):
+        return getattr(self.lib, dclens.blas.symbol(name))
+
+
+def _engine_blas():
+    return _EngineBlas()
 
 
 def sgemm_gflops(M, K, Nn, reps=10):

@@ -4,9 +4,10 @@
 #
 #     bash scripts/gpu_carry.sh [DCFORMER_CHECKOUT]
 #
-#   debs/        Debian packages of OpenBLAS, libpng, cJSON and zlib headers (apt-get download;
+#   debs/        Debian packages of libpng, cJSON and zlib headers (apt-get download;
 #                gpu_env.sh unpacks them into /tmp/deps and builds dclens against them)
-#   dclens_whl/  cffi and pycparser wheels for the machine's Python 3.12 (pip download)
+#   dclens_whl/  cffi, pycparser and scipy-openblas32 (the engine's BLAS) wheels for the machine's
+#                Python 3.12 (pip download)
 #   DCFormer/    pytorch/dcpythia of github.com/Caiyun-AI/DCFormer (the official module that
 #                scripts/bench_cuda_vs_official.py imports from a path; never copied into the
 #                project): from DCFORMER_CHECKOUT (a clone, or a bare mirror) or a fresh clone
@@ -22,13 +23,12 @@ grep -qx '/.gpu_carry/' .git/info/exclude 2>/dev/null || echo '/.gpu_carry/' >>.
 
 (
   cd "$C/debs"
-  apt-get download -q libopenblas-pthread-dev libopenblas0-pthread libopenblas-dev libopenblas0 libgfortran5 \
-    libpng-dev libpng16-16 libcjson-dev libcjson1 zlib1g-dev
+  apt-get download -q libpng-dev libpng16-16 libcjson-dev libcjson1 zlib1g-dev
 )
 
 PIP="python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
 PIP="$PIP --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
-$PIP -d "$C/dclens_whl" cffi pycparser
+$PIP -d "$C/dclens_whl" cffi pycparser scipy-openblas32
 
 src=${1:-}
 rm -rf "$C/DCFormer" && mkdir -p "$C/DCFormer/pytorch"

@@ -1,9 +1,9 @@
 # Sourced by the GPU machine's scripts (scripts/gpu_check.sh, scripts/gpu_train_pair.sh): the
 # set-up a bare lent machine needs, then dclens built with the CUDA backend (pip install -e .,
 # CUDA_ARCH default 90-real). Needs `stamp` and sets CMAKE_ARGS for later cmake calls.
-# A machine without OpenBLAS / libpng / cJSON headers: DCLENS_DEBS=DIR unpacks the Debian
-# packages (.deb) in DIR into /tmp/deps and builds against them; DCLENS_WHEELS=DIR puts the
-# wheels in DIR (cffi, pycparser) on PYTHONPATH. (The project's lent GPU machines needed both.)
+# A machine without libpng / cJSON headers: DCLENS_DEBS=DIR unpacks the Debian packages (.deb)
+# in DIR into /tmp/deps and builds against them; DCLENS_WHEELS=DIR puts the wheels in DIR
+# (cffi, pycparser, scipy-openblas32: the engine's BLAS, found by CMake there) on PYTHONPATH. (The project's lent GPU machines needed both.)
 # shellcheck shell=bash
 stamp set-up
 ARGS="-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90-real} -DDCLENS_CUDA=ON"
@@ -18,9 +18,9 @@ if [ -n "${DCLENS_DEBS:-}" ]; then
   L=$D/lib/x86_64-linux-gnu
   ZL=/usr/lib/x86_64-linux-gnu/libz.so.1
   [ -e "$ZL" ] || ZL=/lib/x86_64-linux-gnu/libz.so.1
-  export LD_LIBRARY_PATH=$L/openblas-pthread:$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export CFLAGS="-I$D/include/x86_64-linux-gnu/openblas-pthread -I$D/include"
-  ARGS="$ARGS -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DOPENBLAS_LIBRARY=$L/openblas-pthread/libopenblas.so"
+  export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export CFLAGS="-I$D/include"
+  ARGS="$ARGS -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON"
   ARGS="$ARGS -DPNG_LIBRARY=$L/libpng16.so -DPNG_PNG_INCLUDE_DIR=$D/include -DZLIB_LIBRARY=$ZL -DZLIB_INCLUDE_DIR=$D/include"
   ARGS="$ARGS -DCJSON_LIBRARY=$L/libcjson.so -DCJSON_INCLUDE_DIR=$D/include"
 fi

@@ -56,11 +56,15 @@ def main(argv=None):
     ap.add_argument("--tiles", default="512x256,512x192,512x128,512x64,256x512,256x256,256x128,128x256")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args(argv)
+    import dclens
+
     lib = ctypes.CDLL(openblas_path())
-    lib.openblas_set_num_threads(1)
-    lib.openblas_get_corename.restype = ctypes.c_char_p
+    sym = dclens.blas.symbol  # scipy-openblas32's prefixed names
+    getattr(lib, sym("openblas_set_num_threads"))(1)
+    corename = getattr(lib, sym("openblas_get_corename"))
+    corename.restype = ctypes.c_char_p
     P = ctypes.c_void_p
-    sgemm = lib.cblas_sgemm
+    sgemm = getattr(lib, sym("cblas_sgemm"))
     sgemm.argtypes = [ctypes.c_int] * 6 + [
         ctypes.c_float,
         P,
@@ -72,7 +76,7 @@ def main(argv=None):
         ctypes.c_int,
     ]
     tiles = [tuple(map(int, t.split("x"))) for t in a.tiles.split(",")]
-    print("OpenBLAS kernel: %s; 1 thread; time of the tiles / time of one call" % lib.openblas_get_corename().decode())
+    print("OpenBLAS kernel: %s; 1 thread; time of the tiles / time of one call" % corename().decode())
     print("| M x N x K | one call GFLOP/s | " + " | ".join("%dx%d" % t for t in tiles) + " |")
     print("|---|---:|" + "---:|" * len(tiles))
     for shape in a.shapes.split(","):

@@ -98,6 +98,23 @@ def path(maps: str = "/proc/self/maps") -> str:
     return ""
 
 
+def symbol(name: str) -> str:
+    """The name a BLAS function has in the engine's library (for ctypes, benchmarks).
+
+    Parameters
+    ----------
+    name : str
+        The standard name ("cblas_sgemm", "openblas_set_num_threads").
+
+    Returns
+    -------
+    str
+        scipy-openblas32's prefixed name ("scipy_cblas_sgemm"), or the name itself for a
+        build against the system's libopenblas.
+    """
+    return ("scipy_" + name) if library() == "scipy-openblas32" else name
+
+
 def kernel() -> str:
     """The kernel set the engine's OpenBLAS chose when it loaded.
 
