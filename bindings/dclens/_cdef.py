@@ -55,6 +55,10 @@ const char *dcs_weight_name(const dcs_model *m, int i);
 #define DCS_HP_COUNT ...
 const char *dcs_hook_point_name(int point);
 int dcs_hook_point_is_layered(int point);
+const char *dcs_hook_point_layout(int point);
+const char *dcs_hook_point_source(int point);
+int dcs_hook_point_map(int point);
+int dcs_hook_point_needs(int point);
 int dcs_hook_exists(const dcs_model *m, int point);
 dcs_status dcs_hook_parse(dcs_model *m, const char *name, int *point, int *layer);
 int dcs_hook_shape(const dcs_model *m, int point, int B, int T, int64_t shape[6]);

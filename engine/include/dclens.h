@@ -284,6 +284,19 @@ typedef enum {
  * is per layer. */
 const char *dcs_hook_point_name(int point);
 int dcs_hook_point_is_layered(int point);
+/* The rest of the engine's table of points (hooks.c), for tools and the
+ * generated reference (docs/hooks.md): the layout ("[T, N, Dh]"; dynamic
+ * weights "[T|S, R, N]": query side T, key side S); the function that
+ * computes the point and calls its hook ("layer.c attention_out", under
+ * engine/src/model); 0 for a point that is no attention map, 1 for a map
+ * before the softmax, 2 after it; which models have it (0 every model, 1
+ * DCMHA, 2 DCMHA with a key side, 3 with the static branch, 4 MoH, 5 DCMHA
+ * with a query side, 6 a gated MLP, 7 its group gate). NULL / 0 / -1 for a
+ * point out of range. Static strings. */
+const char *dcs_hook_point_layout(int point);
+const char *dcs_hook_point_source(int point);
+int dcs_hook_point_map(int point);
+int dcs_hook_point_needs(int point);
 
 /* Does this model have the point (compose/dyn points exist only with DCMHA,
  * key-wise ones only without query_wise, static ones with use_sw, routing

@@ -66,12 +66,14 @@ static dcs_status check_size(dcs_model *m, int B, int T, const dcs_hooks *hooks)
     int branches = 0, head_out = 0;
     if (hooks && hooks->want && hooks->fn)
         for (int l = 0; l < c->n_layer; l++) {
-            for (int p = DCS_HP_PRE_SKIP; p <= DCS_HP_POST_STATIC; p++)
-                if (p != DCS_HP_SCORES_COMPOSED && p != DCS_HP_PATTERN && dcs_hook_exists(m, p) &&
-                    hooks->want[dcs_hook_index(c->n_layer, p, l)])
-                    branches = (c->query_wise || c->key_wise ? 3 : 5) + (c->use_sw ? 1 : 0);
-            for (int pt = DCS_HP_Q_INPUT; pt <= DCS_HP_V_INPUT; pt++) /* [M, N, D] as head_out */
-                if (hooks->want[dcs_hook_index(c->n_layer, pt, l)]) head_out = 1;
+            for (int ph = 0; ph < 2; ph++)
+                for (int k = 0; k < DCS_N_BRANCHES; k++) {
+                    const int pt = dcs_branch_points[ph][k];
+                    if (dcs_hook_exists(m, pt) && hooks->want[dcs_hook_index(c->n_layer, pt, l)])
+                        branches = (c->query_wise || c->key_wise ? 3 : 5) + (c->use_sw ? 1 : 0);
+                }
+            for (int part = 0; part < 3; part++) /* [M, N, D] as head_out */
+                if (hooks->want[dcs_hook_index(c->n_layer, dcs_split_points[part], l)]) head_out = 1;
             if (hooks->want[dcs_hook_index(c->n_layer, DCS_HP_HEAD_OUT, l)]) head_out = 1;
         }
     /* M*T*N <= 2^24 * 2^24 * 2^12 = 2^60 floats: no overflow; totals in double.

@@ -10,6 +10,17 @@
 
 typedef enum { SH_TD, SH_TNDh, SH_TRN, SH_TN, SH_NTS, SH_TND, SH_TF, SH_TV, SH_TNR, SH_TE } shape_kind;
 
+/* An [N, T, S] attention map before the softmax (a write to a masked pair is
+ * overridden by the mask) or after it (masked pairs are zeroed again after a
+ * write); MAP_NO: not a map. */
+typedef enum { MAP_NO, MAP_PRE, MAP_POST } map_kind;
+
+/* Everything the engine knows of a point, in one table: its name, whether
+ * it is per layer, its layout, which models have it, whether it is an
+ * attention map, and the function that computes it and calls its hook
+ * (file and name, under engine/src/model; scripts/gen_hook_reference.py
+ * writes docs/hooks.md from this table, and tests/api/test_docs.py checks
+ * that each function names the point or the table it fires it from). */
 typedef struct {
     const char *name;
     int layered;
@@ -18,66 +29,82 @@ typedef struct {
                         3 DCMHA with use_sw, 4 MoH routing,
                         5 DCMHA without key_wise (query-side points),
                         6 a gated (SwiGLU) MLP, 7 its group gate (mgate) */
+    map_kind map;
+    const char *where;
 } point_info;
 
+/* The layouts of shape_kind, as docs/hooks.md writes them */
+static const char *const LAYOUTS[] = {
+    [SH_TD] = "[T, D]",       [SH_TNDh] = "[T, N, Dh]", [SH_TRN] = "[T|S, R, N]", [SH_TN] = "[T|S, N]",
+    [SH_NTS] = "[N, T, S]",   [SH_TND] = "[T, N, D]",   [SH_TF] = "[T, F]",       [SH_TV] = "[T, V]",
+    [SH_TNR] = "[T, N - hs]", [SH_TE] = "[T, E]",
+};
+
 static const point_info POINTS[DCS_HP_COUNT] = {
-    [DCS_HP_EMBED] = {"embed", 0, SH_TD, 0},
-    [DCS_HP_RESID_PRE] = {"resid_pre", 1, SH_TD, 0},
-    [DCS_HP_LN_ATTN] = {"ln_attn", 1, SH_TD, 0},
-    [DCS_HP_Q_INPUT] = {"attn.q_input", 1, SH_TND, 0},
-    [DCS_HP_K_INPUT] = {"attn.k_input", 1, SH_TND, 0},
-    [DCS_HP_V_INPUT] = {"attn.v_input", 1, SH_TND, 0},
-    [DCS_HP_Q] = {"attn.q", 1, SH_TNDh, 0},
-    [DCS_HP_K] = {"attn.k", 1, SH_TNDh, 0},
-    [DCS_HP_V] = {"attn.v", 1, SH_TNDh, 0},
-    [DCS_HP_DYN_INPUT] = {"attn.dyn_input", 1, SH_TD, 1},
-    [DCS_HP_DYN_PRE_QW1] = {"attn.dyn.pre.qw1", 1, SH_TRN, 5},
-    [DCS_HP_DYN_PRE_QW2] = {"attn.dyn.pre.qw2", 1, SH_TRN, 5},
-    [DCS_HP_DYN_PRE_KW1] = {"attn.dyn.pre.kw1", 1, SH_TRN, 2},
-    [DCS_HP_DYN_PRE_KW2] = {"attn.dyn.pre.kw2", 1, SH_TRN, 2},
-    [DCS_HP_DYN_PRE_QDD] = {"attn.dyn.pre.qdd", 1, SH_TN, 5},
-    [DCS_HP_DYN_PRE_KDD] = {"attn.dyn.pre.kdd", 1, SH_TN, 2},
-    [DCS_HP_DYN_POST_QW1] = {"attn.dyn.post.qw1", 1, SH_TRN, 5},
-    [DCS_HP_DYN_POST_QW2] = {"attn.dyn.post.qw2", 1, SH_TRN, 5},
-    [DCS_HP_DYN_POST_KW1] = {"attn.dyn.post.kw1", 1, SH_TRN, 2},
-    [DCS_HP_DYN_POST_KW2] = {"attn.dyn.post.kw2", 1, SH_TRN, 2},
-    [DCS_HP_DYN_POST_QDD] = {"attn.dyn.post.qdd", 1, SH_TN, 5},
-    [DCS_HP_DYN_POST_KDD] = {"attn.dyn.post.kdd", 1, SH_TN, 2},
-    [DCS_HP_SCORES] = {"attn.scores", 1, SH_NTS, 0},
-    [DCS_HP_PRE_SKIP] = {"attn.pre.skip", 1, SH_NTS, 1},
-    [DCS_HP_PRE_QP] = {"attn.pre.qp", 1, SH_NTS, 5},
-    [DCS_HP_PRE_KP] = {"attn.pre.kp", 1, SH_NTS, 2},
-    [DCS_HP_PRE_QG] = {"attn.pre.qg", 1, SH_NTS, 5},
-    [DCS_HP_PRE_KG] = {"attn.pre.kg", 1, SH_NTS, 2},
-    [DCS_HP_PRE_STATIC] = {"attn.pre.static", 1, SH_NTS, 3},
-    [DCS_HP_SCORES_COMPOSED] = {"attn.scores_composed", 1, SH_NTS, 1},
-    [DCS_HP_PATTERN] = {"attn.pattern", 1, SH_NTS, 0},
-    [DCS_HP_POST_SKIP] = {"attn.post.skip", 1, SH_NTS, 1},
-    [DCS_HP_POST_QP] = {"attn.post.qp", 1, SH_NTS, 5},
-    [DCS_HP_POST_KP] = {"attn.post.kp", 1, SH_NTS, 2},
-    [DCS_HP_POST_QG] = {"attn.post.qg", 1, SH_NTS, 5},
-    [DCS_HP_POST_KG] = {"attn.post.kg", 1, SH_NTS, 2},
-    [DCS_HP_POST_STATIC] = {"attn.post.static", 1, SH_NTS, 3},
-    [DCS_HP_PATTERN_COMPOSED] = {"attn.pattern_composed", 1, SH_NTS, 1},
-    [DCS_HP_ROUTER_LOGITS] = {"attn.router_logits", 1, SH_TNR, 4},
-    [DCS_HP_ROUTING] = {"attn.routing", 1, SH_TN, 4},
-    [DCS_HP_Z] = {"attn.z", 1, SH_TNDh, 0},
-    [DCS_HP_HEAD_OUT] = {"attn.head_out", 1, SH_TND, 0},
-    [DCS_HP_ATTN_OUT] = {"attn.out", 1, SH_TD, 0},
-    [DCS_HP_MLP_INPUT] = {"mlp_input", 1, SH_TD, 0},
-    [DCS_HP_LN_MLP] = {"ln_mlp", 1, SH_TD, 0},
-    [DCS_HP_MLP_PRE] = {"mlp.pre", 1, SH_TF, 0},
-    [DCS_HP_MLP_POST] = {"mlp.post", 1, SH_TF, 0},
-    [DCS_HP_MLP_OUT] = {"mlp.out", 1, SH_TD, 0},
-    [DCS_HP_RESID_POST] = {"resid_post", 1, SH_TD, 0},
-    [DCS_HP_LN_FINAL] = {"ln_final", 0, SH_TD, 0},
-    [DCS_HP_LOGITS] = {"logits", 0, SH_TV, 0},
-    [DCS_HP_MLP_PRE_LINEAR] = {"mlp.pre_linear", 1, SH_TF, 6},
-    [DCS_HP_MLP_GATE] = {"mlp.gate", 1, SH_TE, 7},
+    [DCS_HP_EMBED] = {"embed", 0, SH_TD, 0, MAP_NO, "pass.c dcs_pass_embed"},
+    [DCS_HP_RESID_PRE] = {"resid_pre", 1, SH_TD, 0, MAP_NO, "layer.c dcs_layer"},
+    [DCS_HP_LN_ATTN] = {"ln_attn", 1, SH_TD, 0, MAP_NO, "layer.c dcs_layer"},
+    [DCS_HP_Q_INPUT] = {"attn.q_input", 1, SH_TND, 0, MAP_NO, "layer.c split_input"},
+    [DCS_HP_K_INPUT] = {"attn.k_input", 1, SH_TND, 0, MAP_NO, "layer.c split_input"},
+    [DCS_HP_V_INPUT] = {"attn.v_input", 1, SH_TND, 0, MAP_NO, "layer.c split_input"},
+    [DCS_HP_Q] = {"attn.q", 1, SH_TNDh, 0, MAP_NO, "layer.c attention"},
+    [DCS_HP_K] = {"attn.k", 1, SH_TNDh, 0, MAP_NO, "layer.c attention"},
+    [DCS_HP_V] = {"attn.v", 1, SH_TNDh, 0, MAP_NO, "layer.c attention"},
+    [DCS_HP_DYN_INPUT] = {"attn.dyn_input", 1, SH_TD, 1, MAP_NO, "layer.c attention"},
+    [DCS_HP_DYN_PRE_QW1] = {"attn.dyn.pre.qw1", 1, SH_TRN, 5, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_PRE_QW2] = {"attn.dyn.pre.qw2", 1, SH_TRN, 5, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_PRE_KW1] = {"attn.dyn.pre.kw1", 1, SH_TRN, 2, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_PRE_KW2] = {"attn.dyn.pre.kw2", 1, SH_TRN, 2, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_PRE_QDD] = {"attn.dyn.pre.qdd", 1, SH_TN, 5, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_PRE_KDD] = {"attn.dyn.pre.kdd", 1, SH_TN, 2, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_POST_QW1] = {"attn.dyn.post.qw1", 1, SH_TRN, 5, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_POST_QW2] = {"attn.dyn.post.qw2", 1, SH_TRN, 5, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_POST_KW1] = {"attn.dyn.post.kw1", 1, SH_TRN, 2, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_POST_KW2] = {"attn.dyn.post.kw2", 1, SH_TRN, 2, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_POST_QDD] = {"attn.dyn.post.qdd", 1, SH_TN, 5, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_DYN_POST_KDD] = {"attn.dyn.post.kdd", 1, SH_TN, 2, MAP_NO, "layer.c dynamic_weights"},
+    [DCS_HP_SCORES] = {"attn.scores", 1, SH_NTS, 0, MAP_PRE, "attention.c attention_maps"},
+    [DCS_HP_PRE_SKIP] = {"attn.pre.skip", 1, SH_NTS, 1, MAP_PRE, "attention.c compose"},
+    [DCS_HP_PRE_QP] = {"attn.pre.qp", 1, SH_NTS, 5, MAP_PRE, "attention.c compose"},
+    [DCS_HP_PRE_KP] = {"attn.pre.kp", 1, SH_NTS, 2, MAP_PRE, "attention.c compose"},
+    [DCS_HP_PRE_QG] = {"attn.pre.qg", 1, SH_NTS, 5, MAP_PRE, "attention.c compose"},
+    [DCS_HP_PRE_KG] = {"attn.pre.kg", 1, SH_NTS, 2, MAP_PRE, "attention.c compose"},
+    [DCS_HP_PRE_STATIC] = {"attn.pre.static", 1, SH_NTS, 3, MAP_PRE, "attention.c compose"},
+    [DCS_HP_SCORES_COMPOSED] = {"attn.scores_composed", 1, SH_NTS, 1, MAP_PRE, "attention.c attention_maps"},
+    [DCS_HP_PATTERN] = {"attn.pattern", 1, SH_NTS, 0, MAP_POST, "attention.c attention_maps"},
+    [DCS_HP_POST_SKIP] = {"attn.post.skip", 1, SH_NTS, 1, MAP_POST, "attention.c compose"},
+    [DCS_HP_POST_QP] = {"attn.post.qp", 1, SH_NTS, 5, MAP_POST, "attention.c compose"},
+    [DCS_HP_POST_KP] = {"attn.post.kp", 1, SH_NTS, 2, MAP_POST, "attention.c compose"},
+    [DCS_HP_POST_QG] = {"attn.post.qg", 1, SH_NTS, 5, MAP_POST, "attention.c compose"},
+    [DCS_HP_POST_KG] = {"attn.post.kg", 1, SH_NTS, 2, MAP_POST, "attention.c compose"},
+    [DCS_HP_POST_STATIC] = {"attn.post.static", 1, SH_NTS, 3, MAP_POST, "attention.c compose"},
+    [DCS_HP_PATTERN_COMPOSED] = {"attn.pattern_composed", 1, SH_NTS, 1, MAP_POST,
+                                 "attention.c attention_maps"},
+    [DCS_HP_ROUTER_LOGITS] = {"attn.router_logits", 1, SH_TNR, 4, MAP_NO, "layer.c moh_gate"},
+    [DCS_HP_ROUTING] = {"attn.routing", 1, SH_TN, 4, MAP_NO, "layer.c moh_gate"},
+    [DCS_HP_Z] = {"attn.z", 1, SH_TNDh, 0, MAP_NO, "layer.c attention_out"},
+    [DCS_HP_HEAD_OUT] = {"attn.head_out", 1, SH_TND, 0, MAP_NO, "layer.c attention_out"},
+    [DCS_HP_ATTN_OUT] = {"attn.out", 1, SH_TD, 0, MAP_NO, "layer.c attention_out"},
+    [DCS_HP_MLP_INPUT] = {"mlp_input", 1, SH_TD, 0, MAP_NO, "layer.c mlp_norm"},
+    [DCS_HP_LN_MLP] = {"ln_mlp", 1, SH_TD, 0, MAP_NO, "layer.c dcs_layer"},
+    [DCS_HP_MLP_PRE] = {"mlp.pre", 1, SH_TF, 0, MAP_NO, "layer.c mlp"},
+    [DCS_HP_MLP_POST] = {"mlp.post", 1, SH_TF, 0, MAP_NO, "layer.c mlp"},
+    [DCS_HP_MLP_OUT] = {"mlp.out", 1, SH_TD, 0, MAP_NO, "layer.c mlp"},
+    [DCS_HP_RESID_POST] = {"resid_post", 1, SH_TD, 0, MAP_NO, "layer.c dcs_layer"},
+    [DCS_HP_LN_FINAL] = {"ln_final", 0, SH_TD, 0, MAP_NO, "layer.c dcs_pass_final"},
+    [DCS_HP_LOGITS] = {"logits", 0, SH_TV, 0, MAP_NO, "layer.c dcs_pass_final"},
+    [DCS_HP_MLP_PRE_LINEAR] = {"mlp.pre_linear", 1, SH_TF, 6, MAP_NO, "layer.c mlp"},
+    [DCS_HP_MLP_GATE] = {"mlp.gate", 1, SH_TE, 7, MAP_NO, "layer.c mlp_group_gate"},
 };
 
 const char *dcs_hook_point_name(int p) { return p >= 0 && p < DCS_HP_COUNT ? POINTS[p].name : NULL; }
 int dcs_hook_point_is_layered(int p) { return p >= 0 && p < DCS_HP_COUNT && POINTS[p].layered; }
+const char *dcs_hook_point_layout(int p) {
+    return p >= 0 && p < DCS_HP_COUNT ? LAYOUTS[POINTS[p].shape] : NULL;
+}
+const char *dcs_hook_point_source(int p) { return p >= 0 && p < DCS_HP_COUNT ? POINTS[p].where : NULL; }
+int dcs_hook_point_map(int p) { return p >= 0 && p < DCS_HP_COUNT ? (int)POINTS[p].map : 0; }
+int dcs_hook_point_needs(int p) { return p >= 0 && p < DCS_HP_COUNT ? POINTS[p].needs : -1; }
 
 int dcs_hook_exists(const dcs_model *m, int p) {
     if (p < 0 || p >= DCS_HP_COUNT) return 0;
@@ -213,6 +240,4 @@ void dcs_mask_map(float *x, long long BN, int T, int S, int t0, int window) {
         }
 }
 
-int dcs_hook_is_post_softmax_map(int point) {
-    return point >= DCS_HP_PATTERN && point <= DCS_HP_PATTERN_COMPOSED;
-}
+int dcs_hook_is_post_softmax_map(int point) { return dcs_hook_point_map(point) == MAP_POST; }

@@ -126,7 +126,7 @@ static dcs_compose_bw_args compose_bw_args(dcs_tape *tp, int l, int ph, float *d
     tgrads *d = &tp->d;
     unsigned on = 0;
     for (int k = 0; k < DCS_N_BRANCHES; k++)
-        if (!dcs_tape_ov(tp, dcs_branch_first[ph] + k, l)) on |= 1u << k;
+        if (!dcs_tape_ov(tp, dcs_branch_points[ph][k], l)) on |= 1u << k;
     dcs_compose_bw_args ca;
     memset(&ca, 0, sizeof ca);
     ca.dIn = dIn;
@@ -203,15 +203,15 @@ static void moh_gate_bw(dcs_tape *tp, int l, const bwctx *bc) {
 }
 
 /* Does a hook ask the gradient at, or override, one of the two maps
- * (pt[0], pt[1]) of layer l, or ask it at one of the branches from point
- * `branches` on? Then a fused backward cannot run past them (it writes no
+ * (pt[0], pt[1]) of layer l, or ask it at one of a phase's branches
+ * (`branches`: its row of dcs_branch_points)? Then a fused backward cannot run past them (it writes no
  * gradient map). */
-static int maps_hooked_bw(const dcs_tape *tp, int l, const bwctx *bc, int pt0, int pt1, int branches) {
+static int maps_hooked_bw(const dcs_tape *tp, int l, const bwctx *bc, int pt0, int pt1, const int *branches) {
     const int pts[2] = {pt0, pt1};
     for (int i = 0; i < 2; i++)
         if (dcs_tape_wants_grad(bc->g, bc->n_g, pts[i], l) || dcs_tape_ov(tp, pts[i], l)) return 1;
     for (int k = 0; k < DCS_N_BRANCHES; k++)
-        if (dcs_tape_wants_grad(bc->g, bc->n_g, branches + k, l)) return 1;
+        if (dcs_tape_wants_grad(bc->g, bc->n_g, branches[k], l)) return 1;
     return 0;
 }
 
@@ -220,7 +220,7 @@ static int maps_hooked_bw(const dcs_tape *tp, int l, const bwctx *bc, int pt0, i
  * wants its gradient or is overridden (dP, dAc are then not written). */
 static int fuse_maps_bw(dcs_tape *tp, int l, const bwctx *bc) {
     if (!tp->m->be->ops->compose_softmax_bw || !tp->kT[0][0] || !tp->m->plan[l].row_compose) return 0;
-    return !maps_hooked_bw(tp, l, bc, DCS_HP_PATTERN, DCS_HP_SCORES_COMPOSED, DCS_HP_PRE_SKIP);
+    return !maps_hooked_bw(tp, l, bc, DCS_HP_PATTERN, DCS_HP_SCORES_COMPOSED, dcs_branch_points[0]);
 }
 
 /* May the backend run layer l's attention backward by blocks
@@ -229,7 +229,7 @@ static int fuse_maps_bw(dcs_tape *tp, int l, const bwctx *bc) {
  * the composed pattern) or overriding one. */
 static int fused_bw_allowed(dcs_tape *tp, int l, const bwctx *bc) {
     if (!tp->m->be->ops->attention_bw || !fuse_maps_bw(tp, l, bc)) return 0;
-    return !maps_hooked_bw(tp, l, bc, DCS_HP_SCORES, DCS_HP_PATTERN_COMPOSED, DCS_HP_POST_SKIP);
+    return !maps_hooked_bw(tp, l, bc, DCS_HP_SCORES, DCS_HP_PATTERN_COMPOSED, dcs_branch_points[1]);
 }
 
 /* The fused attention kernel's backward (layer.c, attention_fused): the
@@ -272,8 +272,8 @@ static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) 
     if (dcmha) {
         dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_PATTERN_COMPOSED, l, d->dPc);
         for (int k = 0; k < DCS_N_BRANCHES; k++)
-            if (dcs_hook_exists(m, DCS_HP_POST_SKIP + k))
-                dcs_tape_grad_capture(tp, bc->g, bc->n_g, DCS_HP_POST_SKIP + k, l, d->dPc);
+            if (dcs_hook_exists(m, dcs_branch_points[1][k]))
+                dcs_tape_grad_capture(tp, bc->g, bc->n_g, dcs_branch_points[1][k], l, d->dPc);
         /* an overridden branch passes no gradient upstream: `on` in compose_bw */
         fused = fuse_maps_bw(tp, l, bc);
         if (fused) { /* dP, dAc not written: no hook between wants them */
@@ -291,8 +291,8 @@ static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) 
     if (dcmha && !fused) {
         dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES_COMPOSED, l, d->dAc);
         for (int k = 0; k < DCS_N_BRANCHES; k++)
-            if (dcs_hook_exists(m, DCS_HP_PRE_SKIP + k))
-                dcs_tape_grad_capture(tp, bc->g, bc->n_g, DCS_HP_PRE_SKIP + k, l, d->dAc);
+            if (dcs_hook_exists(m, dcs_branch_points[0][k]))
+                dcs_tape_grad_capture(tp, bc->g, bc->n_g, dcs_branch_points[0][k], l, d->dAc);
         compose_bw(tp, l, 0, d->dA, d->dAc, a->A, window);
     }
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_SCORES, l, d->dA);
@@ -350,7 +350,7 @@ static void split_inputs_bw(dcs_tape *tp, int l, const bwctx *bc) {
     const int M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
     int asked = 0;
     for (int part = 0; part < 3; part++)
-        asked += dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_Q_INPUT + part, l);
+        asked += dcs_tape_wants_grad(bc->g, bc->n_g, dcs_split_points[part], l);
     if (!asked) return;
     /* the backward's buffers [M, N, D] for the parts asked (run_backward) */
     float *dln = bc->split_dln, *dx = bc->split_dx, *dy = NULL, *tmp = NULL;
@@ -362,7 +362,7 @@ static void split_inputs_bw(dcs_tape *tp, int l, const bwctx *bc) {
     }
     const size_t es = dcs_dtype_size(lw->m_wqkv.dtype);
     for (int part = 0; part < 3 && !tp->status; part++) {
-        const int point = DCS_HP_Q_INPUT + part;
+        const int point = dcs_split_points[part];
         const size_t row0 = (size_t)part * D;
         if (!dcs_tape_wants_grad(bc->g, bc->n_g, point, l)) continue;
         if (!w16) {

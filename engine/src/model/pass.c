@@ -98,7 +98,16 @@ const int dcs_dyn_points[2][2][3] = {{{DCS_HP_DYN_PRE_QW1, DCS_HP_DYN_PRE_QW2, D
                                       {DCS_HP_DYN_PRE_KW1, DCS_HP_DYN_PRE_KW2, DCS_HP_DYN_PRE_KDD}},
                                      {{DCS_HP_DYN_POST_QW1, DCS_HP_DYN_POST_QW2, DCS_HP_DYN_POST_QDD},
                                       {DCS_HP_DYN_POST_KW1, DCS_HP_DYN_POST_KW2, DCS_HP_DYN_POST_KDD}}};
-const int dcs_branch_first[2] = {DCS_HP_PRE_SKIP, DCS_HP_POST_SKIP};
+const int dcs_branch_points[2][DCS_N_BRANCHES] = {
+    {DCS_HP_PRE_SKIP, DCS_HP_PRE_QP, DCS_HP_PRE_KP, DCS_HP_PRE_QG, DCS_HP_PRE_KG, DCS_HP_PRE_STATIC},
+    {DCS_HP_POST_SKIP, DCS_HP_POST_QP, DCS_HP_POST_KP, DCS_HP_POST_QG, DCS_HP_POST_KG, DCS_HP_POST_STATIC}};
+const int dcs_split_points[3] = {DCS_HP_Q_INPUT, DCS_HP_K_INPUT, DCS_HP_V_INPUT};
+
+int dcs_split_part(int point) {
+    for (int i = 0; i < 3; i++)
+        if (dcs_split_points[i] == point) return i;
+    return -1;
+}
 
 /* ---------------------------------------------------------------- memory */
 
@@ -180,7 +189,7 @@ int dcs_pass_wants(const dcs_pass *p, int point, int layer) {
     return p->hooks->want[dcs_hook_index(p->m->cfg.n_layer, point, layer)] != 0;
 }
 
-static int is_map(int point) { return point >= DCS_HP_SCORES && point <= DCS_HP_PATTERN_COMPOSED; }
+static int is_map(int point) { return dcs_hook_point_map(point) != 0; }
 
 /* Host memory for n floats of staging. */
 static float *staging(dcs_pass *p, size_t n, int point) {

@@ -107,11 +107,16 @@ enum {
 };
 void dcs_act_sizes(const dcs_config *c, int B, int T, int S, uint64_t sizes[DCS_ACT_COUNT]);
 
-/* The hook points of the dynamic weights, [phase][0 query, 1 key][w1, w2,
- * dd], and the first branch point of each phase (skip; qp, kp, qg, kg,
- * static follow): one table for the layer and the tape's backward. */
+/* The hook points fired from tables (the layer, the tape's backward and the
+ * pass planning read the same ones; hooks.c's table names the function that
+ * fires each): the dynamic weights [phase][0 query, 1 key][w1, w2, dd]; the
+ * compose branches [phase][skip, qp, kp, qg, kg, static] (dcs_compose_args.br
+ * order); the split q/k/v inputs [part]. dcs_split_part: a point's part, or
+ * -1 for a point that is no split input. */
 extern const int dcs_dyn_points[2][2][3];
-extern const int dcs_branch_first[2];
+extern const int dcs_branch_points[2][DCS_N_BRANCHES];
+extern const int dcs_split_points[3];
+int dcs_split_part(int point);
 
 /* ---------------------------------------------------------------- pass */
 typedef struct {
@@ -178,6 +183,29 @@ void dcs_pass_norm(dcs_pass *p, int kind, float *out, const float *x, const floa
 /* x [M, D] = the embedding rows of tokens (host ids, in range), with the
  * embed hook. */
 void dcs_pass_embed(dcs_pass *p, const int32_t *tokens, float *x);
+
+/* ---- attention.c */
+
+/* The dynamic weights of one layer (model-spec 2 step 4), per phase (0 pre,
+ * 1 post) and side (0 query, 1 key): w1, w2 [B, T|S, R, N] (w1 RMS-normed
+ * over each group's heads), dd [B, T|S, N]; NULL for an absent side
+ * (query_wise, key_wise). A decoding step's key side is the cache's, every
+ * held key. Written by layer.c's dynamic_weights. */
+typedef struct {
+    float *w1[2][2], *w2[2][2], *dd[2][2];
+} dcs_dyn_weights;
+
+/* The keys of layer l in this pass: S per sequence, key j at position kb + j. */
+typedef struct {
+    const float *k, *v; /* [B, S, N, Dh] */
+    int S, kb, window;
+} dcs_keys_view;
+
+/* z [M, N, Dh] of layer l from q [M, N, Dh], the keys kv and the dynamic
+ * weights dw (ignored without DCMHA), with the hooks of the attention maps:
+ * by query chunks, the fused kernel or the materialising path. */
+void dcs_attention(dcs_pass *p, int l, const dcs_dyn_weights *dw, const float *q, const dcs_keys_view *kv,
+                   float *z);
 
 /* ---- layer.c */
 

@@ -330,7 +330,7 @@ static dcs_status run_backward(dcs_tape *tp, const float *dlogits, const bwctx *
     bwctx bs = *bc;
     const size_t split = sizeof(float) * (size_t)M * c->n_head * c->d_model;
     for (int i = 0; i < n_g && !bs.split_dln; i++)
-        if (g[i].point >= DCS_HP_Q_INPUT && g[i].point <= DCS_HP_V_INPUT) {
+        if (dcs_split_part(g[i].point) >= 0) {
             const int host = m->device == DCS_DEVICE_CPU; /* the norm's backward writes the caller's buffer */
             bs.split_dln = be->ops->alloc(be, split);
             bs.split_dx = host ? NULL : be->ops->alloc(be, split);

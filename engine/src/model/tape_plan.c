@@ -242,8 +242,7 @@ dcs_status dcs_tape_plan(dcs_model *m, int B, int T, int first, int recompute, c
         for (int k = 0; k < nd; k++) n *= (uint64_t)shape[k];
         hooks += 2 * n * sizeof(float); /* its gradient and an override of it */
         /* [M, N, D] held in the pass: head_out, or a split q/k/v input */
-        head_out |=
-            points[i] == DCS_HP_HEAD_OUT || (points[i] >= DCS_HP_Q_INPUT && points[i] <= DCS_HP_V_INPUT);
+        head_out |= points[i] == DCS_HP_HEAD_OUT || dcs_split_part(points[i]) >= 0;
     }
     *bytes = plan.bytes + pass_transient(m, B, T, head_out) + dcs_tape_bw_scratch(m, B, T, 1) + hooks;
     return DCS_OK;
