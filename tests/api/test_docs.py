@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
@@ -382,3 +383,82 @@ def test_the_docstring_checker_can_fail(tmp_path, checker, monkeypatch, capsys):
     monkeypatch.setattr(checker, "ALLOWED_UNTIL_FIXED", frozenset(bad | {"fake.good"}))
     assert checker.main(["--strict"]) == 1
     assert "pass now (remove them): fake.good" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the hook reference
+
+
+def _gen_hook_reference():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import gen_hook_reference
+
+    return gen_hook_reference
+
+
+def test_hook_reference_is_the_engines_table(capsys):
+    """docs/hooks.md is what scripts/gen_hook_reference.py writes from the engine's table of
+    points (hooks.c): a point added, renamed or moved in C without the page fails here."""
+    gen = _gen_hook_reference()
+    assert gen.main(["--check"]) == 0, capsys.readouterr().out
+    import dclens
+
+    text = Path(gen.OUT).read_text()
+    model = dclens.load("dcpythia-tiny")
+    points = {n.split(".", 2)[2] if n.startswith("blocks.") else n for n in model.hook_names}
+    missing = [n for n in points if "| `%s` |" % n not in text]
+    assert not missing, missing
+    assert text.count("\n| `") == len(gen.rows())
+
+
+def _c_function_body(path, name):
+    src = Path(path).read_text()
+    m = re.search(r"^[\w \*]*\b%s\([^;{]*\)\s*\{" % re.escape(name), src, re.M)
+    assert m, "%s: no definition of %s" % (path, name)
+    depth, i = 1, m.end()
+    while depth:
+        depth += {"{": 1, "}": -1}.get(src[i], 0)
+        i += 1
+    return src[m.end() : i]
+
+
+def test_each_point_is_computed_where_the_table_says():
+    """The table's "computed in" names a function of engine/src/model that names the point:
+    its enum, or the table of pass.c it fires the point from (branches, dynamic weights,
+    split inputs), whose row holds the enum."""
+    from dclens._engine import ffi, lib
+
+    pass_c = Path(ROOT, "engine", "src", "model", "pass.c").read_text()
+    tables = {}
+    for t in ("dcs_branch_points", "dcs_dyn_points", "dcs_split_points"):
+        m = re.search(r"const int %s\[[^=]*=\s*(\{.*?\});" % t, pass_c, re.S)
+        assert m, t
+        tables[t] = set(re.findall(r"DCS_HP_\w+", m.group(1)))
+    enum = Path(ROOT, "engine", "include", "dclens.h").read_text()
+    names = re.findall(r"^\s*(DCS_HP_\w+)\b", enum[enum.index("DCS_HP_EMBED = 0") :], re.M)
+    bad = []
+    for p in range(lib.DCS_HP_COUNT):
+        where = ffi.string(lib.dcs_hook_point_source(p)).decode()
+        file, fn = where.split()
+        body = _c_function_body(os.path.join(ROOT, "engine", "src", "model", file), fn)
+        e = names[p]
+        if e not in body and not any(t in body and e in pts for t, pts in tables.items()):
+            bad.append("%s: %s names neither %s nor a table holding it" % (e, where, e))
+    assert not bad, bad
+
+
+def test_readme_tour_runs(tmp_path, monkeypatch):
+    """The README's tour is code a reader pastes: it runs as printed, on the bundled models, and
+    writes the two files it names."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"## A tour of the API\n\n```python\n(.*?)```", text, re.S)
+    assert m, "README.md has no '## A tour of the API' python block"
+    code = m.group(1)
+    assert len(code.splitlines()) <= 25, "the tour is a short tour"
+    monkeypatch.chdir(tmp_path)
+    env: dict = {}
+    exec(compile(code, "README.md tour", "exec"), env)
+    assert (tmp_path / "layer3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "explorer.html").stat().st_size > 1000
+    top = env["s"].top(5)
+    assert len(top) == 5 and all(np.isfinite(score) for _, score in top)
