@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import numpy as np  # noqa: E402
 
 import dclens  # noqa: E402
-from dclens.model import ffi, lib  # noqa: E402
+from dclens._engine import ffi, lib  # noqa: E402
 
 from bench import SIZES, WINDOW, R  # noqa: E402
 

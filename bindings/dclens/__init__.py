@@ -23,11 +23,8 @@ model.hooks(...) as a context manager, return_type="loss", batches of prompts
 (docs/api.md).
 """
 
-from . import _blas_load
-
-_blas_load.load_engine()  # the BLAS library first, then dclens._engine (a dclens.Error if either fails)
-
 from . import (
+    _binding,  # noqa: F401  (the BLAS library first, then dclens._engine: a dclens.Error if either fails)
     analysis,
     attribution,
     blas,

@@ -1,4 +1,11 @@
-"""Load the engine's BLAS, then the engine module, with a dclens.Error where either fails.
+"""The engine binding: the BLAS, then the engine module (ffi, lib), and engine status -> Error.
+
+Only three modules of the package import this one (tests/api/test_imports.py refuses any
+other): runner.py (every call on a loaded model, and the model-free queries), tapes.py
+(gradient tapes) and heatmaps.py (the renderer). Nothing imports ``dclens._engine`` but
+this module.
+
+Loading: a dclens.Error names the library where it fails.
 
 The engine is built against PyPI's scipy-openblas32 (the OpenBLAS numpy and SciPy
 ship: DYNAMIC_ARCH, every symbol prefixed ``scipy_``), a runtime dependency of
@@ -10,13 +17,15 @@ site-packages. A build against the system's libopenblas (CMake
 ``-DDCLENS_BLAS=system``) needs no wheel: a missing ``scipy_openblas32`` is then
 not an error.
 
-This module runs first in ``dclens/__init__.py``: every later ``from ._engine
-import ...`` finds the module already imported.
+``dclens/__init__.py`` imports this module (through runner) before anything else that
+needs the engine.
 """
 
 from __future__ import annotations
 
-from ._checks import Error
+import os
+
+from ._checks import ArgumentError, Error, NotFoundError
 
 PACKAGE = "scipy-openblas32"
 
@@ -28,7 +37,7 @@ def _blas_error(why: str) -> Error:
     )
 
 
-def load_engine() -> None:
+def _load_engine():
     """Load scipy-openblas32's library (if installed) and then dclens._engine.
 
     Raises
@@ -45,9 +54,25 @@ def load_engine() -> None:
     except OSError as e:  # installed, but its library does not load (wrong architecture, truncated...)
         raise _blas_error("its library does not load: %s" % e) from None
     try:
-        from ._engine import lib  # noqa: F401  (the module, loaded once for every later import)
+        from ._engine import ffi, lib
     except ImportError as e:
         text = str(e)
         if any(w in text for w in ("openblas", "cblas", "scipy_")):  # the library, or a symbol of it
             raise _blas_error(wheel_error or "the engine module cannot use it: %s" % text) from None
         raise Error("dclens could not load its engine module dclens._engine: %s" % text) from None
+    return ffi, lib
+
+
+ffi, lib = _load_engine()
+
+
+def check_status(status: int, msg: str) -> None:
+    """Error(msg) (or the status' name when msg is empty) unless the engine
+    call that returned `status` succeeded."""
+    if status != lib.DCS_OK:
+        msg = msg or ffi.string(lib.dcs_status_name(status)).decode()
+        if status == lib.DCS_ERR_ARG:
+            raise ArgumentError(msg)
+        if status == lib.DCS_ERR_IO and msg.endswith(os.strerror(2)):  # ENOENT
+            raise NotFoundError(msg)
+        raise Error(msg)

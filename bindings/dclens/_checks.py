@@ -255,20 +255,6 @@ def check_bytes_budget(what: str, nbytes: int, limit: int | None) -> None:
         )
 
 
-def check_status(status: int, msg: str) -> None:
-    """Error(msg) (or the status' name when msg is empty) unless the engine
-    call that returned `status` succeeded."""
-    from ._engine import ffi, lib
-
-    if status != lib.DCS_OK:
-        msg = msg or ffi.string(lib.dcs_status_name(status)).decode()
-        if status == lib.DCS_ERR_ARG:
-            raise ArgumentError(msg)
-        if status == lib.DCS_ERR_IO and msg.endswith(os.strerror(2)):  # ENOENT
-            raise NotFoundError(msg)
-        raise Error(msg)
-
-
 def metric_value(metric, logits) -> float:
     """metric(logits) as a float (patching's and graph's metrics), or an Error
     saying the metric returned something else than a number."""

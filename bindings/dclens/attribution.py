@@ -32,7 +32,6 @@ import numpy as np
 from . import memplan, tapes
 from . import progress as _progress
 from ._checks import Error, check_index, is_choice
-from ._engine import lib
 from .grad import target_value_and_grad
 
 # hook suffix -> axis of the heads in the single-sequence layout
@@ -198,7 +197,7 @@ def attribute(
         fa, dl = target_value_and_grad(target, logits, toks)
         base_grads = tape0.backward(dl, None, list(pts.values()))
     # IG at a hook of layer l runs tapes from layer l, on the residual stream entering it
-    first = {n: pts[n][1] if lib.dcs_hook_point_is_layered(pts[n][0]) else 0 for n in at}
+    first = {n: pts[n][1] if model.runner.point_is_layered(pts[n][0]) else 0 for n in at}
     resid_names = sorted({"blocks.%d.resid_pre" % l for l in first.values() if l})
     _, cache = model.runner.run(toks, capture=list(at) + [r for r in resid_names if r not in at], logits=False)
     resid = {

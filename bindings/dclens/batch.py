@@ -24,7 +24,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ._checks import ArgumentError, Error, check_index, is_choice, token_array
-from .cache import Cache
 from .hooks import is_read_only, read_only
 from .mask import allowed, layer_window
 
@@ -293,7 +292,7 @@ def _left_view(fn, name: str, shifts: np.ndarray):
     return wrapped
 
 
-def _apply_mask_rule(model, cache: Cache) -> None:
+def _apply_mask_rule(model, cache) -> None:  # cache: a dclens.Cache
     """Cached post-softmax maps show what the pass used: masked cells 0
     (the engine zeroes them after a hook writes there; hooks.md)."""
     for k in list(cache):

@@ -20,7 +20,8 @@ import os
 import warnings
 from typing import Optional
 
-from ._engine import ffi, lib
+from .runner import blas_info
+from .warning_types import BlasWarning
 
 # OpenBLAS kernel names (openblas_get_corename) by the widest vector
 # instructions they use: 3 AVX-512, 2 AVX2 + FMA, 1 AVX. Names not listed
@@ -44,10 +45,6 @@ _PIN = {3: "SkylakeX", 2: "Haswell", 1: "Sandybridge"}
 _NAMES = {3: "AVX-512", 2: "AVX2", 1: "AVX"}
 
 
-class BlasWarning(UserWarning):
-    """The CPU backend's BLAS kernels are slower than this CPU allows."""
-
-
 def library() -> str:
     """The BLAS the engine was built with.
 
@@ -56,7 +53,7 @@ def library() -> str:
     str
         "scipy-openblas32" (PyPI's, the default build) or "system libopenblas".
     """
-    return ffi.string(lib.dcs_blas_library()).decode(errors="replace")
+    return blas_info()[0]
 
 
 def config() -> str:
@@ -69,7 +66,7 @@ def config() -> str:
         ("OpenBLAS 0.3.34 DYNAMIC_ARCH NO_AFFINITY Cooperlake MAX_THREADS=64"); "" where
         the library cannot say.
     """
-    return ffi.string(lib.dcs_blas_config()).decode(errors="replace").strip()
+    return blas_info()[1].strip()
 
 
 def path(maps: str = "/proc/self/maps") -> str:
@@ -124,7 +121,7 @@ def kernel() -> str:
         openblas_get_corename's answer ("Cooperlake", "SkylakeX", "Haswell", "Prescott",
         ...), or "" if the library cannot say.
     """
-    return ffi.string(lib.dcs_blas_core()).decode(errors="replace")
+    return blas_info()[2]
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:

@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._checks import ArgumentError, EngineObject, Error, check_index, check_str, is_choice, token_array
-from ._checks import check_status as _check
-from ._engine import ffi, lib
-from .hooks import HookFn, _Run
+from .hooks import HookFn
 
 if TYPE_CHECKING:
     from ._protocols import ModelLike as Model
@@ -50,18 +48,12 @@ class Decoder(EngineObject):
 
     def __init__(self, model: Model):
         self.model = model
-        out = ffi.new("dcs_decoder **")
-        r = model.runner
-        with r.engine_lock():
-            _check(lib.dcs_decoder_new(r.handle, out), r.errmsg())
-        # the engine keeps the model alive until its last decoder is freed,
-        # whatever order the garbage collector finalizes them in
-        self._d = ffi.gc(out[0], lib.dcs_decoder_free)
+        self._d = model.runner.new_decoder()  # the engine's decoder (runner.EngineDecoder)
 
     @property
     def pos(self) -> int:
         """Tokens fed so far."""
-        return int(lib.dcs_decoder_pos(self._d))
+        return self._d.pos()
 
     def layer_keys(self, layer: int) -> int:
         """The key positions a layer's caches hold now.
@@ -85,7 +77,7 @@ class Decoder(EngineObject):
         layer = check_index(
             "layer", layer, 0, self.model.config.n_layer, " (model has %d layers)" % self.model.config.n_layer
         )
-        n = int(lib.dcs_decoder_layer_keys(self._d, layer))
+        n = self._d.layer_keys(layer)
         if n < 0:
             raise ArgumentError("layer %r is out of range (model has %d layers)" % (layer, self.model.config.n_layer))
         return n
@@ -131,19 +123,13 @@ class Decoder(EngineObject):
                 % (toks.max() if toks.max() >= m.config.vocab else toks.min(), m.config.vocab)
             )
         toks = toks.astype(np.int32)
-        n = toks.size
         r = m.runner
-        run = _Run(r.hook_table, False)
+        run = r.new_run(False)
         want_cache = cache_names is None or bool(cache_names)
         fns = [(m.resolve_hook(name), fn) for name, fn in m.hooks_in_force(fwd_hooks)]
         want = r.hook_plan(run, r.select(cache_names) if want_cache else (), fns)
-        out = np.empty((n, m.config.vocab), dtype=np.float32) if logits else None
-        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
-        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
-        # the model's lock, and Ctrl-C stops the step (see Runner.call_engine)
-        r.call_engine(
-            run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks), " aborted the decoding step"
-        )
+        out = np.empty((toks.size, m.config.vocab), dtype=np.float32) if logits else None
+        self._d.step(run, want, toks, out)
         if out is not None and not np.isfinite(out).all():
             raise Error(
                 "decode: the logits hold NaN or inf (non-finite weights, an overflow, or a hook that wrote huge values)"

@@ -26,18 +26,13 @@ import numpy as np
 
 from . import memplan, tapes
 from ._checks import Error
-from ._checks import check_status as _check
-from ._engine import ffi, lib
 from .memplan import param_table
 from .tapes import Tape  # noqa: F401  (dclens.grad.Tape: its home before tapes.py)
 
 
 def _weight_shape(model, name: str) -> tuple[int, ...]:
     """A weight's shape, without reading it (Model.weight would widen it)."""
-    shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
-    with model.runner.engine_lock():
-        _check(lib.dcs_weight_shape(model.runner.handle, name.encode(), shape, nd), model.runner.errmsg())
-    return tuple(int(shape[i]) for i in range(nd[0]))
+    return model.runner.weight_shape(name)
 
 
 # ------------------------------------------------------------------ targets

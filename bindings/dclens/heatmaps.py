@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._binding import ffi, lib
 from ._checks import (
     ArgumentTypeError,
     c_path,
@@ -39,7 +40,6 @@ from ._checks import (
     show_path,
     token_array,
 )
-from ._engine import ffi, lib
 from .mask import allowed, layer_window
 from .model import Error, Model
 from .names import BRANCHES, hook_name

@@ -16,16 +16,17 @@ where hooks are given) gets a read-only array, and nothing is copied back.
 run_with_cache's own capture is read-only.
 
 The engine hands each hook point a pointer into its own (pooled, reused)
-activation memory. No Python-visible array may outlive that memory, so a
-hook function gets an array that owns a copy; the engine memory is only
-seen through short-lived views inside _engine_view / _hook_call, whose
-frames are cleared if an exception keeps a traceback. Capture copies
+activation memory (runner.py's trampoline turns it into a view). No
+Python-visible array may outlive that memory, so a hook function gets an
+array that owns a copy; the engine memory is only seen through short-lived
+views inside runner._engine_view / hook_call, whose frames are cleared if
+an exception keeps a traceback. Capture copies
 exactly once; a read-only hook adds nothing to that copy; a writing hook
 adds a check that it wrote finite values and the copy back.
 
 HookTable: every hook of a model as name <-> (point, layer), built once
-when the model is loaded, so a hook call looks its name up instead of
-asking the engine.
+when the model is loaded from the engine's points (Runner), so a hook call
+looks its name up instead of asking the engine.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ._checks import Error, check_bool
-from ._engine import ffi, lib
-from .cache import Cache
 
 HookFn = Callable[[np.ndarray, "HookPoint"], Optional[np.ndarray]]
 
@@ -267,13 +266,15 @@ def hook_pairs(fwd_hooks, read_only_all: bool = False) -> list[tuple[str, HookFn
 
 
 class HookTable:
-    """Every hook of a model, name <-> (point, layer), in forward order."""
+    """Every hook of a model, name <-> (point, layer), in forward order.
 
-    def __init__(self, m, n_layer: int):
-        points = [p for p in range(lib.DCS_HP_COUNT) if lib.dcs_hook_exists(m, p)]
-        suffix = {p: ffi.string(lib.dcs_hook_point_name(p)).decode() for p in points}
-        layered = [p for p in points if lib.dcs_hook_point_is_layered(p)]
-        glob = [p for p in points if not lib.dcs_hook_point_is_layered(p)]
+    points: the model's hook points as (point, name, per layer?), in the engine's
+    order (Runner.hook_points)."""
+
+    def __init__(self, points: list[tuple[int, str, bool]], n_layer: int):
+        suffix = {p: name for p, name, _ in points}
+        layered = [p for p, _, per_layer in points if per_layer]
+        glob = [p for p, _, per_layer in points if not per_layer]
         keys = [(p, 0) for p in glob if p < layered[0]]
         keys += [(p, l) for l in range(n_layer) for p in layered]
         keys += [(p, 0) for p in glob if p > layered[0]]
@@ -290,14 +291,14 @@ class HookTable:
 class _Run:
     """State of one forward pass with hooks: what to call where, the cache."""
 
-    def __init__(self, table: HookTable, batched: bool):
+    def __init__(self, table: HookTable, batched: bool, cache: Any):
         self.batched = batched
         self.names = table.name
         self.points = table.point
         self.capture: dict[tuple[int, int], str] = {}
         self.fns: dict[tuple[int, int], list[HookFn]] = {}
         self.writes: set = set()  # points where a hook that may write is called
-        self.cache = Cache()
+        self.cache = cache  # a dclens.Cache (Runner.new_run: the Model layer's class)
         self.error: BaseException | None = None
         self.cancel = False  # set on Ctrl-C: the next hook call aborts the pass
 
@@ -305,14 +306,6 @@ class _Run:
         self.fns.setdefault(key, []).append(fn)
         if not is_read_only(fn):
             self.writes.add(key)
-
-
-def _engine_view(data, dims, batched: bool) -> np.ndarray:
-    n = 1
-    for d in dims:
-        n *= d
-    arr = np.frombuffer(ffi.buffer(data, n * 4), dtype=np.float32).reshape(dims)
-    return arr if batched else arr[0]
 
 
 def _validate(out, shape, name: str) -> np.ndarray:
@@ -330,11 +323,12 @@ def _validate(out, shape, name: str) -> np.ndarray:
     return out
 
 
-def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int:
-    key = (point, layer)
+def hook_call(run: _Run, key: tuple[int, int], view: Callable[[], np.ndarray]) -> int:
+    """Run the hooks of `run` at key = (point, layer) on the activation that
+    view() shows (a view of engine memory, runner.py); 1 if the activation was
+    written back, 0 if not."""
     name = run.names[key]
-    dims = tuple(shape[i] for i in range(ndim))
-    work = _engine_view(data, dims, run.batched).copy()  # owned by Python: the one copy
+    work = view().copy()  # owned by Python: the one copy
     fns = run.fns.get(key, ())
     if key in run.capture and key not in run.writes:
         run.cache[name] = work  # read-only hooks see it read-only
@@ -358,7 +352,7 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
             raise KeyboardInterrupt()
     if key not in run.writes:
         return 0
-    src = _engine_view(data, dims, run.batched)
+    src = view()
     if not np.isfinite(work).all():
         # the pass itself may have made inf (huge weights): only what the hooks wrote is refused
         bad = ~np.isfinite(work)
@@ -375,8 +369,14 @@ def _hook_call(run: _Run, point: int, layer: int, data, shape, ndim: int) -> int
 _OWN_FRAMES: set = set()
 
 
-def _forget_engine_views(e: BaseException) -> None:
-    """Clear the locals of this module's hook frames kept by e's traceback
+def own_frame(fn: Callable) -> Callable:
+    """Mark fn's frames as ones that may hold views of engine memory: forget_engine_views clears them."""
+    _OWN_FRAMES.add(fn.__code__)
+    return fn
+
+
+def forget_engine_views(e: BaseException) -> None:
+    """Clear the locals of the hook frames (own_frame) kept by e's traceback
     (they may hold views of engine memory); user frames are left alone."""
     tb = e.__traceback__
     while tb is not None:
@@ -386,17 +386,4 @@ def _forget_engine_views(e: BaseException) -> None:
         tb = tb.tb_next
 
 
-@ffi.def_extern()
-def _dcs_py_hook(user, point, layer, data, shape, ndim):
-    run: _Run = ffi.from_handle(user)
-    try:
-        if run.cancel:
-            raise KeyboardInterrupt()
-        return _hook_call(run, point, layer, data, shape, ndim)
-    except BaseException as e:  # noqa: BLE001 -- reported after the pass returns
-        _forget_engine_views(e)
-        run.error = e
-        return -1
-
-
-_OWN_FRAMES.update(f.__code__ for f in (_engine_view, _hook_call))
+own_frame(hook_call)

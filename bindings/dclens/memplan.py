@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._checks import Error
-from ._checks import check_status as _check
-from ._engine import ffi, lib
 
 
 def available_memory() -> int:
@@ -68,10 +66,7 @@ def device_memory(model) -> int | None:
     """
     if model is None or getattr(model.runner, "device", "cpu") == "cpu":
         return None
-    free, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-    with model.runner.engine_lock():
-        st = lib.dcs_device_memory(model.runner.handle, free, total)
-    return int(free[0]) if st == lib.DCS_OK else None
+    return model.runner.device_memory()
 
 
 def default_budget(model=None) -> int:
@@ -150,13 +145,7 @@ def tape_bytes(model, B: int, T: int, recompute: bool, points: Sequence[int] = (
     dclens.Error
         The engine refuses the plan (sizes out of range).
     """
-    out = ffi.new("uint64_t *")
-    pts = ffi.new("int[]", [int(p) for p in points] or [0])
-    _check(
-        lib.dcs_tape_plan(model.runner.handle, int(B), int(T), int(first), int(recompute), pts, len(points), out),
-        model.runner.errmsg(),
-    )
-    return int(out[0])
+    return model.runner.tape_plan(B, T, first, recompute, points)
 
 
 def param_table(model) -> list[tuple[str, int, int, bool]]:
@@ -173,12 +162,7 @@ def param_table(model) -> list[tuple[str, int, int, bool]]:
         (canonical name, offset, number of elements, weight-decayed) per parameter, in the
         layout's order; the names are Model.weight's.
     """
-    rows = []
-    nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
-    for i in range(lib.dcs_param_count(model.runner.handle)):
-        _check(lib.dcs_param_info(model.runner.handle, i, nm, off, n, dec), model.runner.errmsg())
-        rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
-    return rows
+    return model.runner.param_table()
 
 
 def estimate(
@@ -249,11 +233,9 @@ def hook_bytes(model, point: int, B: int, T: int) -> int:
     int
         Bytes of the float32 activation for B x T tokens.
     """
-    shape = ffi.new("int64_t[6]")
-    nd = lib.dcs_hook_shape(model.runner.handle, point, B, T, shape)
     n = 4
-    for i in range(nd):
-        n *= int(shape[i])
+    for d in model.runner.hook_shape(point, B, T):
+        n *= d
     return n
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import attribution, batch, blas, grad, hub, memplan, routing
 from . import names as _names
+from . import runner as _runner
 from ._checks import (
     ArgumentError,
     Error,
@@ -35,34 +36,21 @@ from ._checks import (
     c_str,
     check_bool,
     check_index,
-    decode_msg,
     is_choice,
     show_path,
     token_array,
     unknown_name,
 )
-from ._checks import check_status as _check
-from ._engine import ffi, lib
 from .bundled import resolve
 from .cache import Cache
 from .generate import generate as _generate
 from .hooks import HookFn, Hooks, flatten_hooks, hook_pairs
 from .reference import ModelRef, fingerprint
 from .runner import Names, Runner
+from .warning_types import ContextWarning, LoadWarning
 from .weights import WeightsMixin
 
 _MAX_TOKENIZER_BYTES = 256 << 20
-
-
-class LoadWarning(UserWarning):
-    """Something about a checkpoint worth knowing, said once when it is loaded
-    (e.g. key-side weights of a query-wise checkpoint that are ignored)."""
-
-
-class ContextWarning(UserWarning):
-    """A prompt longer than the context the model was trained for
-    (model.cfg.n_ctx): the pass runs, but past that length the model has
-    seen no position in training and its outputs mean little."""
 
 
 # config.json keys that give the context length a model was trained for
@@ -300,29 +288,8 @@ class LayerPlan:
     fused: bool  # the fused attention kernel may compute it when no map hook asks
 
 
-def _layer_plans(handle, n_layer: int) -> tuple[LayerPlan, ...]:
-    out = []
-    for l in range(n_layer):
-        p = lib.dcs_layer_plan_of(handle, l)
-        out.append(
-            LayerPlan(
-                norm="rms" if p.norm == lib.DCS_NORM_RMS else "layer",
-                parallel_residual=bool(p.parallel_residual),
-                mlp="swiglu" if p.mlp == lib.DCS_MLP_SWIGLU else "gelu",
-                mlp_gate=int(p.mlp_gate),
-                window=int(p.window),
-                qk_norm=bool(p.qk_norm),
-                moh=bool(p.moh),
-                dcmha=bool(p.dcmha),
-                slots=int(p.slots),
-                slot=((int(p.slot[0][0]), int(p.slot[0][1])), (int(p.slot[1][0]), int(p.slot[1][1]))),
-                groups=int(p.groups),
-                static_branch=bool(p.static_branch),
-                row_compose=bool(p.row_compose),
-                fused=bool(p.fused),
-            )
-        )
-    return tuple(out)
+def _layer_plans(runner: Runner) -> tuple[LayerPlan, ...]:
+    return tuple(LayerPlan(**p) for p in runner.layer_plans())
 
 
 def cuda_available() -> bool:
@@ -333,7 +300,7 @@ def cuda_available() -> bool:
     bool
         True if the engine was built with CUDA and a GPU is usable.
     """
-    return bool(lib.dcs_cuda_available(ffi.NULL, 0))
+    return _runner.cuda_available()
 
 
 def cuda_unavailable_reason() -> str:
@@ -345,10 +312,7 @@ def cuda_unavailable_reason() -> str:
         The engine's reason (no CUDA plugin built, no driver, no GPU, ...), or "" when
         cuda_available().
     """
-    why = ffi.new("char[]", 512)
-    if lib.dcs_cuda_available(why, 512):
-        return ""
-    return ffi.string(why).decode(errors="replace")
+    return _runner.cuda_available(why=True)
 
 
 _LOAD_DTYPES = ("auto", "float32", "float16", "bfloat16")  # index = DCS_LOAD_* (dclens.h)
@@ -642,15 +606,7 @@ class Model(WeightsMixin):
             raise ArgumentError("device must be 'cpu' or 'cuda', not %r" % (device,))
         n_threads = check_index("n_threads", n_threads, 0, 1 << 16, " (0: all cores)")
         dtype = weight_dtype_arg(dtype)
-        opts = ffi.new("dcs_load_options *")
-        opts.device = 1 if device == "cuda" else 0
-        opts.n_threads = n_threads
-        opts.dtype = _LOAD_DTYPES.index(dtype)
-        out = ffi.new("dcs_model **")
-        err = ffi.new("char[]", 1024)
-        st = lib.dcs_load(cpath, opts, out, err, 1024)
-        _check(st, decode_msg(ffi.string(err)))
-        handle = ffi.gc(out[0], lib.dcs_free)
+        handle = _runner.load(cpath, device, n_threads, _LOAD_DTYPES.index(dtype))
         self._ref = ModelRef(
             source=os.path.abspath(os.fsdecode(path)),
             device=device,
@@ -663,17 +619,13 @@ class Model(WeightsMixin):
         self._ctx_hooks: list[tuple[str, HookFn]] = []
         # the engine handle, its lock, errors and runs (runner.py); its name
         # and device are the model's (name and device below are properties)
+        c = _runner.config_of(handle)
         self.runner = Runner(
-            handle,
-            int(lib.dcs_model_config(handle).vocab),
-            int(lib.dcs_model_config(handle).n_layer),
-            device=device,
-            hooks=self._ctx_hooks,
+            handle, int(c.vocab), int(c.n_layer), device=device, hooks=self._ctx_hooks, new_cache=Cache
         )
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
-        c = lib.dcs_model_config(handle)
-        self.plan = _layer_plans(handle, c.n_layer)  # what each layer computes (LayerPlan)
+        self.plan = _layer_plans(self.runner)  # what each layer computes (LayerPlan)
         first = self.plan[0]
         self.config = Config(
             model_type={1: "dcpythia", 2: "gpt_neox", 3: "dcformer"}[c.model_type],
@@ -706,7 +658,7 @@ class Model(WeightsMixin):
             mlp=first.mlp,
             mgate_dim=c.mgate_dim,
         )
-        self.load_warnings = ffi.string(lib.dcs_load_warnings(handle)).decode(errors="replace").splitlines()
+        self.load_warnings = self.runner.load_warnings()
         for w in self.load_warnings:
             warnings.warn(w, LoadWarning, stacklevel=3)
         self._tokenizer = None
@@ -740,7 +692,7 @@ class Model(WeightsMixin):
         "float32", "float16", "bfloat16", or "mixed" (a checkpoint storing some of
         each, loaded as stored). Norms, biases, activations, hooks and gradients are
         float32 in every case (load's dtype=)."""
-        return ("float32", "float16", "bfloat16", "mixed")[lib.dcs_model_weight_dtype(self.runner.handle)]
+        return ("float32", "float16", "bfloat16", "mixed")[self.runner.weight_dtype()]
 
     @property
     def attention_rows(self) -> int:
@@ -764,7 +716,7 @@ class Model(WeightsMixin):
             Set to something other than an int >= -1, or from a hook of a
             running pass.
         """
-        return int(lib.dcs_model_attention_rows(self.runner.handle))
+        return self.runner.attention_rows()
 
     @attention_rows.setter
     def attention_rows(self, value: int) -> None:
@@ -772,8 +724,7 @@ class Model(WeightsMixin):
         r = self.runner
         if r.pass_thread is not None and r.pass_thread == threading.get_ident():
             raise Error("attention_rows: not from a hook of a running pass (set it between passes)")
-        with r.engine_lock():
-            _check(lib.dcs_model_set_attention_rows(r.handle, rows), r.errmsg())
+        r.set_attention_rows(rows)
 
     @property
     def cfg(self) -> TLConfig:
@@ -1558,9 +1509,8 @@ class Model(WeightsMixin):
         dict of str to int
             {"peak": bytes, "total": bytes}.
         """
-        peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        lib.dcs_forward_memory(self.runner.handle, peak, total)
-        return {"peak": int(peak[0]), "total": int(total[0])}
+        peak, total = self.runner.forward_memory()
+        return {"peak": peak, "total": total}
 
     def free_caches(self) -> None:
         """Give back the memory the model keeps between calls: the gradient
@@ -1580,8 +1530,7 @@ class Model(WeightsMixin):
             raise Error("free_caches: not from a hook of a running pass (call it after the pass)")
         r.tapes.clear()
         self.__dict__.pop("_weights", None)
-        with r.engine_lock():
-            lib.dcs_model_trim(r.handle)
+        r.trim()
 
     # ------------------------------------------------------------ weights
 
@@ -1607,24 +1556,19 @@ class Model(WeightsMixin):
         dclens.Error
             A name that is not a string or holds a NUL, or a weight that cannot be read.
         """
-        cname = c_str("weight name", name)
+        c_str("weight name", name)  # a str without NUL, or the ArgumentError naming it
         cache = self.__dict__.setdefault("_weights", {})
         if name in cache:
             cache[name] = cache.pop(name)  # most recently used last
             return cache[name]
-        shape = ffi.new("int64_t[5]")
-        nd = ffi.new("int *")
-        r = self.runner
-        with r.engine_lock():
-            st = lib.dcs_weight_shape(r.handle, cname, shape, nd)
-            if st != lib.DCS_OK and not self._has_weight(name):
-                raise unknown_name("weight", name, self.weight_names(), "", "model.weight_names()", message=r.errmsg())
-            _check(st, r.errmsg())
-            dims = tuple(shape[i] for i in range(nd[0]))
-            out = np.empty(dims, dtype=np.float32)
-            _check(
-                lib.dcs_weight_read(r.handle, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size), r.errmsg()
-            )
+        try:
+            out = self.runner.read_weight(name)
+        except Error as e:
+            if not self._has_weight(name):
+                raise unknown_name(
+                    "weight", name, self.weight_names(), "", "model.weight_names()", message=str(e)
+                ) from None
+            raise
         out.flags.writeable = False
         cache[name] = out
         while len(cache) > 6:

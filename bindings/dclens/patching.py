@@ -1152,10 +1152,7 @@ def ablation_sweep(
 
 def _ndim(model: Model, name: str) -> int:
     """The rank of a hook's activation for one sequence (the engine's shape has a batch axis first)."""
-    from ._engine import ffi, lib
-
-    shape = ffi.new("int64_t[6]")
-    return int(lib.dcs_hook_shape(model.runner.handle, model.parse_hook(name)[0], 1, 1, shape)) - 1
+    return len(model.runner.hook_shape(model.parse_hook(name)[0], 1, 1)) - 1
 
 
 def _reference(model: Model, reference, T: int | None, over: str) -> np.ndarray:

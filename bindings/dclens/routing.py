@@ -45,13 +45,10 @@ from ._checks import ArgumentError, Error, check_index, check_int_list, check_la
 from .cache import Cache
 from .mask import allowed, layer_window
 from .names import BRANCHES, PHASES, hook_name
+from .warning_types import MaskedPairWarning
 
 if TYPE_CHECKING:
     from ._protocols import ModelLike as Model
-
-
-class MaskedPairWarning(UserWarning):
-    """A composition map was asked for a (query, key) pair the mask hides."""
 
 
 def _pos(v: int, T: int, what: str) -> int:

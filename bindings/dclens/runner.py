@@ -1,18 +1,25 @@
-"""Runner: the bottom of the Python package above the engine binding.
+"""Runner: the engine boundary of the Python package.
 
-It owns a loaded model's engine handle (dcs_model *), the lock that lets one
-engine call at a time run on it, its error messages, its hook name table and
-its runs: a forward pass with hooks (run), the hook plan and the trampoline
-call shared with the decoder (hook_plan, call_engine), Ctrl-C handling, and
-its life across fork() (a forked child gets a new lock; os.register_at_fork
-below). Model (model.py) and the analyses use a model's runner instead of
+Every call the package makes on a loaded model goes through here (tapes.py
+holds the gradient tapes' own calls, heatmaps.py the renderer's; no other
+module imports the binding, tests/api/test_imports.py): loading (load), the
+handle's queries (config, layer plans, weights by name, hook shapes, memory,
+the parameter table, the optimizer step, the decoder), always under the
+model's lock, and the model-free ones (hook_points, cuda_available,
+blas_info). It owns a loaded model's engine handle (dcs_model *), the lock
+that lets one engine call at a time run on it, its error messages, its hook
+name table and its runs: a forward pass with hooks (run), the hook plan and
+the C trampoline shared with the decoder (hook_plan, call_engine; what runs
+at a hook is hooks.py's), Ctrl-C handling, and its life across fork() (a
+forked child gets a new lock; os.register_at_fork below). Model (model.py) and the analyses use a model's runner instead of
 Model's private members; nothing here imports Model, and nothing here calls
 back into it: a run takes integer tokens (Model turns text into tokens and
 warns of a long prompt first) and the hook functions to run (Model's hooks
 in force, Model.hooks_in_force).
 
 Layers of the package (tests/api/test_imports.py refuses any import cycle):
-  _engine, _checks, names, mask, _protocols   the binding, checks, hook names, the attention mask
+  _binding (over _engine), _checks, names,    the binding, checks, hook names, the attention mask,
+  mask, _protocols, warning_types             every warning class
   hooks, cache, memplan, tapes, runner        plumbing: runs, caches, tapes
   routing, grad, attribution, generate        the analyses Model offers as methods (Model imports them)
   batch, weights, model                       Model (and Cache) for the user
@@ -31,6 +38,8 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from . import names as _names
+from ._binding import check_status as _check
+from ._binding import ffi, lib
 from ._checks import (
     ArgumentError,
     ArgumentTypeError,
@@ -42,9 +51,7 @@ from ._checks import (
     token_array,
     unknown_name,
 )
-from ._checks import check_status as _check
-from ._engine import ffi, lib
-from .hooks import HookFn, HookTable, _Run
+from .hooks import HookFn, HookTable, _Run, forget_engine_views, hook_call, own_frame
 from .tapes import TapeCache
 
 Names = Union[None, str, Iterable[str], Callable[[str], bool]]
@@ -74,6 +81,114 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# ---------------------------------------------------------------- model-free queries
+
+
+def hook_points(handle=None) -> list[tuple[int, str, bool]]:
+    """The engine's hook points as (point, name, per layer?), in its order: the
+    ones `handle`'s model has, or every point (handle None: the table itself)."""
+    return [
+        (p, ffi.string(lib.dcs_hook_point_name(p)).decode(), bool(lib.dcs_hook_point_is_layered(p)))
+        for p in range(lib.DCS_HP_COUNT)
+        if handle is None or lib.dcs_hook_exists(handle, p)
+    ]
+
+
+def hook_point_count() -> int:
+    """DCS_HP_COUNT: the size of the engine's table of points (the want table's stride)."""
+    return int(lib.DCS_HP_COUNT)
+
+
+def cuda_available(why: bool = False):
+    """Whether the CUDA backend can run here; with why=True, the engine's reason
+    it cannot ("" when it can)."""
+    if not why:
+        return bool(lib.dcs_cuda_available(ffi.NULL, 0))
+    buf = ffi.new("char[]", 512)
+    if lib.dcs_cuda_available(buf, 512):
+        return ""
+    return ffi.string(buf).decode(errors="replace")
+
+
+def blas_info() -> tuple[str, str, str]:
+    """(library, configuration, core) of the BLAS the engine was linked with and runs."""
+    return tuple(  # type: ignore[return-value]
+        ffi.string(f()).decode(errors="replace") for f in (lib.dcs_blas_library, lib.dcs_blas_config, lib.dcs_blas_core)
+    )
+
+
+def load(cpath: bytes, device: str, n_threads: int, dtype_index: int):
+    """dcs_load: the engine handle of the checkpoint at cpath (freed when the
+    handle is collected), or the engine's Error naming the file."""
+    opts = ffi.new("dcs_load_options *")
+    opts.device = 1 if device == "cuda" else 0
+    opts.n_threads = n_threads
+    opts.dtype = dtype_index
+    out = ffi.new("dcs_model **")
+    err = ffi.new("char[]", 1024)
+    st = lib.dcs_load(cpath, opts, out, err, 1024)
+    _check(st, decode_msg(ffi.string(err)))
+    return ffi.gc(out[0], lib.dcs_free)
+
+
+def config_of(handle):
+    """The engine's dcs_config of a loaded handle (a struct whose fields Model reads)."""
+    return lib.dcs_model_config(handle)
+
+
+def layer_plan_of(handle, l: int) -> dict[str, Any]:
+    """What layer l computes (dcs_layer_plan) as plain values (model.LayerPlan's fields)."""
+    p = lib.dcs_layer_plan_of(handle, l)
+    return dict(
+        norm="rms" if p.norm == lib.DCS_NORM_RMS else "layer",
+        parallel_residual=bool(p.parallel_residual),
+        mlp="swiglu" if p.mlp == lib.DCS_MLP_SWIGLU else "gelu",
+        mlp_gate=int(p.mlp_gate),
+        window=int(p.window),
+        qk_norm=bool(p.qk_norm),
+        moh=bool(p.moh),
+        dcmha=bool(p.dcmha),
+        slots=int(p.slots),
+        slot=((int(p.slot[0][0]), int(p.slot[0][1])), (int(p.slot[1][0]), int(p.slot[1][1]))),
+        groups=int(p.groups),
+        static_branch=bool(p.static_branch),
+        row_compose=bool(p.row_compose),
+        fused=bool(p.fused),
+    )
+
+
+def load_warnings_of(handle) -> list[str]:
+    """What the engine noted while loading (one line each)."""
+    return ffi.string(lib.dcs_load_warnings(handle)).decode(errors="replace").splitlines()
+
+
+# ---------------------------------------------------------------- the hook trampoline
+
+
+@own_frame
+def _engine_view(data, dims: tuple[int, ...], batched: bool) -> np.ndarray:
+    """A float32 view of engine memory (the hook point's activation): short-lived, never handed out."""
+    n = 1
+    for d in dims:
+        n *= d
+    arr = np.frombuffer(ffi.buffer(data, n * 4), dtype=np.float32).reshape(dims)
+    return arr if batched else arr[0]
+
+
+@ffi.def_extern()
+def _dcs_py_hook(user, point, layer, data, shape, ndim):
+    run: _Run = ffi.from_handle(user)
+    try:
+        if run.cancel:
+            raise KeyboardInterrupt()
+        dims = tuple(shape[i] for i in range(ndim))
+        return hook_call(run, (point, layer), lambda: _engine_view(data, dims, run.batched))
+    except BaseException as e:  # noqa: BLE001 -- reported after the pass returns
+        forget_engine_views(e)
+        run.error = e
+        return -1
+
+
 class Runner:
     """The engine side of one loaded model: handle, lock, errors, runs.
 
@@ -90,6 +205,7 @@ class Runner:
         name: str = "",
         device: str = "cpu",
         hooks: list[tuple[str, HookFn]] | None = None,
+        new_cache: Callable[[], Any] = dict,
     ):
         self.handle = handle
         self.vocab = vocab
@@ -103,9 +219,12 @@ class Runner:
         # model's hooks, which may read weights but not start another pass.
         self.lock = threading.RLock()
         self.pass_thread: int | None = None
-        self.hook_table = HookTable(handle, n_layer)  # name <-> (point, layer)
+        points = hook_points(handle)
+        self.hook_table = HookTable(points, n_layer)  # name <-> (point, layer)
+        self._layered = {p: per_layer for p, _, per_layer in points}
         self._hooks: list[tuple[str, HookFn]] = [] if hooks is None else hooks  # the model's, read only here
         self.tapes = TapeCache()  # gradient tapes kept between calls (tapes.py)
+        self.new_cache = new_cache  # what a run fills (Model gives dclens.Cache: it sits above the core)
         _LIVE.add(self)
 
     def reset_after_fork(self) -> None:
@@ -307,7 +426,7 @@ class Runner:
         B, T = toks.shape
         pos, squeeze = self.positions(logits_at, B, T)
         n_out = T if pos is None else pos.shape[1]
-        run = _Run(self.hook_table, batched)
+        run = self.new_run(batched)
         want = self.hook_plan(run, capture, fns)
         self.check_pass_memory(B, n_out, run, logits)
         try:
@@ -329,6 +448,10 @@ class Runner:
         if out is not None and not batched:
             out = out[0]
         return out, run.cache
+
+    def new_run(self, batched: bool) -> _Run:
+        """The state of one pass with hooks: what runs where, and the cache it fills."""
+        return _Run(self.hook_table, batched, self.new_cache())
 
     def hook_plan(self, run: _Run, capture: Sequence[str], fns: Sequence[tuple[str, HookFn]]) -> np.ndarray:
         """Record in `run` what each hook point captures and calls; return the
@@ -449,3 +572,176 @@ class Runner:
             if "exc" in result:
                 raise result["exc"]
             return result["st"], interrupted
+
+    # ------------------------------------------------------------ the handle's queries
+    # Each holds the model's lock (engine_lock: a hook of the running pass goes through).
+
+    def config(self):
+        """The engine's dcs_config of this model."""
+        return config_of(self.handle)
+
+    def layer_plans(self) -> list[dict[str, Any]]:
+        """What each layer computes (layer_plan_of), layer by layer."""
+        with self.engine_lock():
+            return [layer_plan_of(self.handle, l) for l in range(self.n_layer)]
+
+    def load_warnings(self) -> list[str]:
+        """What the engine noted while loading this model."""
+        return load_warnings_of(self.handle)
+
+    def weight_dtype(self) -> int:
+        """dcs_model_weight_dtype: 0 float32, 1 float16, 2 bfloat16, 3 mixed."""
+        return int(lib.dcs_model_weight_dtype(self.handle))
+
+    def attention_rows(self) -> int:
+        """The model's attention_rows setting (Model.attention_rows)."""
+        return int(lib.dcs_model_attention_rows(self.handle))
+
+    def set_attention_rows(self, rows: int) -> None:
+        """Set attention_rows (checked by the caller), between passes."""
+        with self.engine_lock():
+            _check(lib.dcs_model_set_attention_rows(self.handle, rows), self.errmsg())
+
+    def forward_memory(self) -> tuple[int, int]:
+        """(peak, total) bytes of the last pass's buffers (dcs_forward_memory)."""
+        peak, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        lib.dcs_forward_memory(self.handle, peak, total)
+        return int(peak[0]), int(total[0])
+
+    def trim(self) -> None:
+        """Give back the activation buffers pooled between passes (dcs_model_trim)."""
+        with self.engine_lock():
+            lib.dcs_model_trim(self.handle)
+
+    def device_memory(self) -> int | None:
+        """Free bytes of the model's device (dcs_device_memory), or None where it cannot say."""
+        free, total = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        with self.engine_lock():
+            st = lib.dcs_device_memory(self.handle, free, total)
+        return int(free[0]) if st == lib.DCS_OK else None
+
+    # ------------------------------------------------------------ weights
+
+    def weight_names(self) -> list[str]:
+        """The canonical names of every weight, in the engine's order."""
+        with self.engine_lock():
+            return [
+                ffi.string(lib.dcs_weight_name(self.handle, i)).decode()
+                for i in range(lib.dcs_weight_count(self.handle))
+            ]
+
+    def _weight_dims(self, cname: bytes) -> tuple[int, ...]:
+        shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
+        _check(lib.dcs_weight_shape(self.handle, cname, shape, nd), self.errmsg())
+        return tuple(int(shape[i]) for i in range(nd[0]))
+
+    def weight_shape(self, name: str) -> tuple[int, ...]:
+        """A weight's stored shape, without reading it; the engine's Error for a name it lacks."""
+        with self.engine_lock():
+            return self._weight_dims(c_str("weight name", name))
+
+    def read_weight(self, name: str) -> np.ndarray:
+        """A fresh float32 copy of a weight by canonical name (widened from F16/BF16), its
+        shape and its values read under one hold of the lock; the engine's Error for a name
+        it lacks. The package's one read of a weight (Model.weight, grad, train)."""
+        cname = c_str("weight name", name)
+        with self.engine_lock():
+            out = np.empty(self._weight_dims(cname), dtype=np.float32)
+            _check(
+                lib.dcs_weight_read(self.handle, cname, ffi.cast("float *", ffi.from_buffer(out)), out.size),
+                self.errmsg(),
+            )
+        return out
+
+    # ------------------------------------------------------------ hook points
+
+    def point_is_layered(self, point: int) -> bool:
+        """Whether hook point `point` of this model is per layer (blocks.{l}.*) or global."""
+        return self._layered[point]
+
+    def hook_shape(self, point: int, B: int, T: int) -> tuple[int, ...]:
+        """The [B, ...] shape of hook point `point` in a pass of B x T tokens (dcs_hook_shape)."""
+        shape = ffi.new("int64_t[6]")
+        nd = lib.dcs_hook_shape(self.handle, int(point), int(B), int(T), shape)
+        return tuple(int(shape[i]) for i in range(nd))
+
+    # ------------------------------------------------------------ training
+
+    def param_table(self) -> list[tuple[str, int, int, bool]]:
+        """(name, offset, elements, weight-decayed) of every parameter in the flat layout."""
+        rows = []
+        nm, off, n, dec = ffi.new("const char **"), ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int *")
+        with self.engine_lock():
+            for i in range(lib.dcs_param_count(self.handle)):
+                _check(lib.dcs_param_info(self.handle, i, nm, off, n, dec), self.errmsg())
+                rows.append((ffi.string(nm[0]).decode(), int(off[0]), int(n[0]), bool(dec[0])))
+        return rows
+
+    def param_total(self) -> int:
+        """Elements of the flat parameter vector (dcs_param_total)."""
+        return int(lib.dcs_param_total(self.handle))
+
+    def tape_plan(self, B: int, T: int, first: int, recompute: bool, points: Sequence[int]) -> int:
+        """Bytes a gradient tape of this shape would hold (dcs_tape_plan)."""
+        out = ffi.new("uint64_t *")
+        pts = ffi.new("int[]", [int(p) for p in points] or [0])
+        with self.engine_lock():
+            _check(
+                lib.dcs_tape_plan(self.handle, int(B), int(T), int(first), int(recompute), pts, len(points), out),
+                self.errmsg(),
+            )
+        return int(out[0])
+
+    def make_trainable(self) -> None:
+        """Give the model float32 master weights the optimizer can step (dcs_model_make_trainable)."""
+        with self.engine_lock():
+            _check(lib.dcs_model_make_trainable(self.handle), self.errmsg())
+
+    def adamw_step(self, grads: np.ndarray, mom: np.ndarray, var: np.ndarray, step: int, hp: Any) -> None:
+        """One AdamW step on the flat parameters (float32 [P] grads, moments), in place;
+        hp has lr, beta1, beta2, eps and weight_decay (train.AdamW, or a dcs_adamw)."""
+        c = ffi.new("dcs_adamw *")
+        c.lr, c.beta1, c.beta2, c.eps, c.weight_decay = hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay
+
+        def f(a):
+            return ffi.cast("float *", ffi.from_buffer(a))
+
+        with self.engine_lock():
+            _check(lib.dcs_adamw_step(self.handle, f(grads), f(mom), f(var), step, c), self.errmsg())
+
+    # ------------------------------------------------------------ the decoder
+
+    def new_decoder(self) -> EngineDecoder:
+        """An incremental decoder over this model (dcs_decoder_new)."""
+        return EngineDecoder(self)
+
+
+class EngineDecoder:
+    """The engine's incremental decoder (K/V + dynamic-weight caches) of one model;
+    generate.Decoder is its Python face. The engine keeps the model alive until its
+    last decoder is freed, whatever order the garbage collector finalizes them in."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        out = ffi.new("dcs_decoder **")
+        with runner.engine_lock():
+            _check(lib.dcs_decoder_new(runner.handle, out), runner.errmsg())
+        self._d = ffi.gc(out[0], lib.dcs_decoder_free)
+
+    def pos(self) -> int:
+        """Tokens fed so far."""
+        return int(lib.dcs_decoder_pos(self._d))
+
+    def layer_keys(self, layer: int) -> int:
+        """Key positions layer `layer` holds now (-1 for a layer out of range)."""
+        return int(lib.dcs_decoder_layer_keys(self._d, layer))
+
+    def step(self, run: _Run, want: np.ndarray, toks: np.ndarray, out: np.ndarray | None) -> None:
+        """Feed int32 [n] tokens with run's hooks (Runner.hook_plan), logits into out [n, V]."""
+        ctoks = ffi.cast("const int32_t *", ffi.from_buffer(toks))
+        clog = ffi.cast("float *", ffi.from_buffer(out)) if out is not None else ffi.NULL
+        n = int(toks.size)
+        # the model's lock, and Ctrl-C stops the step (see Runner.call_engine)
+        self.runner.call_engine(
+            run, want, lambda hooks: lib.dcs_decoder_step(self._d, ctoks, n, clog, hooks), " aborted the decoding step"
+        )

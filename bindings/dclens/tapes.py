@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from . import memplan
+from ._binding import check_status as _check
+from ._binding import ffi, lib
 from ._checks import EngineObject, Error
-from ._checks import check_status as _check
-from ._engine import ffi, lib
 
 
 def _ptr(a, kind="float *"):

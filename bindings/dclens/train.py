@@ -46,10 +46,35 @@ import numpy as np
 from . import progress as _progress
 from . import run_record
 from ._checks import Error
-from ._checks import check_status as _check
-from ._engine import ffi, lib
 from .grad import Tape, param_table
 from .model import cuda_available, cuda_unavailable_reason, load
+
+
+@dataclasses.dataclass
+class AdamW:
+    """AdamW's hyper-parameters for one step (train_step sets lr from the schedule).
+
+    The engine's optimizer (dcs_adamw_step) reads them as float32.
+
+    Parameters
+    ----------
+    beta1 : float
+        The first moment's decay.
+    beta2 : float
+        The second moment's decay.
+    eps : float
+        Added to the second moment's square root.
+    weight_decay : float
+        Decoupled weight decay (on the parameters the layout marks as decayed).
+    lr : float
+        The learning rate of this step.
+    """
+
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    lr: float = 0.0
 
 
 @dataclasses.dataclass
@@ -556,17 +581,7 @@ def read_weights(model) -> dict[str, np.ndarray]:
     dclens.Error
         The engine cannot read a weight.
     """
-    out = {}
-    shape, nd = ffi.new("int64_t[5]"), ffi.new("int *")
-    for name, *_ in param_table(model):
-        _check(lib.dcs_weight_shape(model.runner.handle, name.encode(), shape, nd), model.runner.errmsg())
-        a = np.empty(tuple(shape[i] for i in range(nd[0])), np.float32)
-        _check(
-            lib.dcs_weight_read(model.runner.handle, name.encode(), ffi.cast("float *", ffi.from_buffer(a)), a.size),
-            model.runner.errmsg(),
-        )
-        out[name] = a
-    return out
+    return {name: model.runner.read_weight(name) for name, *_ in param_table(model)}
 
 
 def write_model(dirpath: str, sd: dict[str, np.ndarray], config: dict, tokenizer_json: str | None) -> None:
@@ -800,8 +815,8 @@ def _open_checkpoint(d: str, c: TrainConfig, want_config: dict, n_threads: int):
         model = load(d, n_threads=n_threads, device=c.device)
     except Error as e:
         raise ValueError(str(e)) from None
-    _check(lib.dcs_model_make_trainable(model.runner.handle), model.runner.errmsg())
-    P = int(lib.dcs_param_total(model.runner.handle))
+    model.runner.make_trainable()
+    P = model.runner.param_total()
     if step == 0:
         return model, 0, np.zeros(P, np.float32), np.zeros(P, np.float32), cfg
     try:
@@ -906,8 +921,9 @@ def train_step(c: TrainConfig, model, tape: Tape, x, y, grads, mom, var, hp, ste
         [P] float32 AdamW first moments (updated).
     var : numpy.ndarray
         [P] float32 AdamW second moments (updated).
-    hp : cffi dcs_adamw *
-        AdamW's hyper-parameters (its lr set to lr_at(c, step)).
+    hp : AdamW
+        AdamW's hyper-parameters (its lr set to lr_at(c, step)); anything with the same
+        five attributes (a cffi ``dcs_adamw *``) works too.
     step : int
         The step (from 1).
 
@@ -935,17 +951,7 @@ def train_step(c: TrainConfig, model, tape: Tape, x, y, grads, mom, var, hp, ste
     if c.grad_clip and gn > c.grad_clip:
         grads *= c.grad_clip / gn
     hp.lr = lr_at(c, step)
-    _check(
-        lib.dcs_adamw_step(
-            model.runner.handle,
-            ffi.cast("float *", ffi.from_buffer(grads)),
-            ffi.cast("float *", ffi.from_buffer(mom)),
-            ffi.cast("float *", ffi.from_buffer(var)),
-            step,
-            hp,
-        ),
-        model.runner.errmsg(),
-    )
+    model.runner.adamw_step(grads, mom, var, step, hp)
     return loss, gn
 
 
@@ -1024,11 +1030,10 @@ def train(c: TrainConfig, stop_after: int | None = None) -> str:
         _write_state(tmp, 0, None, c)
         run_record.install_dir(tmp, start_dir)
         model, start, mom, var, config = _open_checkpoint(start_dir, c, config, c.n_threads)
-    P = int(lib.dcs_param_total(model.runner.handle))
+    P = model.runner.param_total()
     grads = np.zeros(P, np.float32)
     tape = Tape(model, c.batch_size, c.seq_len)
-    hp = ffi.new("dcs_adamw *")
-    hp.beta1, hp.beta2, hp.eps, hp.weight_decay = c.beta1, c.beta2, c.eps, c.weight_decay
+    hp = AdamW(beta1=c.beta1, beta2=c.beta2, eps=c.eps, weight_decay=c.weight_decay)
     end = c.steps if stop_after is None else min(c.steps, start + stop_after)
     with _open_log(c.out) as log:
         for n in notes:

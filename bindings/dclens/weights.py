@@ -42,12 +42,7 @@ class WeightsMixin:
 
     def weight_names(self) -> list[str]:
         """The canonical names of every weight the model holds."""
-        from ._engine import ffi, lib
-
-        out = []
-        for i in range(lib.dcs_weight_count(self.runner.handle)):
-            out.append(ffi.string(lib.dcs_weight_name(self.runner.handle, i)).decode())
-        return out
+        return self.runner.weight_names()
 
     def _has_weight(self, name: str) -> bool:
         names = self.__dict__.get("_weight_name_set")

@@ -143,7 +143,7 @@ def test_layers_import_downwards():
     for m in below:
         bad = g[m] & ((offered - {"dclens.memplan"}) | above | model_layer)  # tapes plans its memory (memplan)
         assert not bad, "%s imports %s" % (m, sorted(bad))
-    assert not g["dclens.mask"] - {"dclens._engine"}, sorted(g["dclens.mask"])  # numpy only
+    assert not g["dclens.mask"], sorted(g["dclens.mask"])  # numpy only
     for m in offered:
         bad = g[m] & (above | model_layer)
         assert not bad, "%s imports %s" % (m, sorted(bad))
@@ -220,3 +220,35 @@ def test_import_reader(src, expect, tmp_path, monkeypatch):
     monkeypatch.setitem(PACKAGES, "dclens", str(pkg))
     monkeypatch.setitem(PACKAGES, "synth_tasks", str(tmp_path / "none"))
     assert _graph()["dclens.x"] == expect
+
+
+# the engine boundary: the one module that imports the compiled binding, and the
+# three that call it (every call on a loaded model is a Runner method)
+BINDING = "dclens._binding"
+ENGINE_USERS = {"dclens.runner", "dclens.tapes", "dclens.heatmaps"}
+
+
+def test_one_engine_boundary():
+    """Only _binding imports dclens._engine; only runner (loaded models and the model-free
+    queries), tapes (gradient tapes) and heatmaps (the renderer) import _binding, plus the
+    package's __init__, which imports it first so that a missing BLAS is a dclens.Error."""
+    g = _graph()
+    importers = {m for m, ts in g.items() if "dclens._engine" in ts}
+    assert importers == {BINDING}, "modules importing dclens._engine: %s" % sorted(importers)
+    users = {m for m, ts in g.items() if BINDING in ts} - {"dclens"}
+    assert users <= ENGINE_USERS, "modules calling the engine outside the boundary: %s" % sorted(users - ENGINE_USERS)
+    assert ENGINE_USERS <= users  # the rule names modules that exist and use it
+
+
+def test_the_boundary_rule_can_fail(tmp_path, monkeypatch):
+    pkg = tmp_path / "dclens"
+    pkg.mkdir()
+    for n in ("__init__", "_binding", "runner", "tapes", "heatmaps"):
+        (pkg / (n + ".py")).write_text(
+            "from ._binding import lib\n" if n != "_binding" else "from ._engine import lib\n"
+        )
+    (pkg / "graph.py").write_text("def f():\n    from ._engine import lib\n")
+    monkeypatch.setitem(PACKAGES, "dclens", str(pkg))
+    monkeypatch.setitem(PACKAGES, "synth_tasks", str(tmp_path / "none"))
+    with pytest.raises(AssertionError, match="dclens.graph"):
+        test_one_engine_boundary()

@@ -6,7 +6,7 @@ build/<wheel tag>/ directory, so the C is not compiled again: about 15 s
 here) and repaired with auditwheel, which copies libpng and cJSON (and their
 own libraries) into dclens.libs/. The BLAS is left out: it is the runtime
 dependency scipy-openblas32's library, loaded before the engine module
-(dclens/_blas_load.py). The CUDA runtime and cuBLAS are left out too (the
+(dclens/_binding.py). The CUDA runtime and cuBLAS are left out too (the
 NVIDIA driver stack is the user's), and only the CUDA plugin needs them: the
 core module must import without them.
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dclens
-from dclens.model import ffi, lib
+from dclens._engine import ffi, lib
 
 from reference import ref_forward
 from tolerances import forward_tol, rel_err
