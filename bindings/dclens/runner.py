@@ -112,9 +112,10 @@ def cuda_available(why: bool = False):
 
 def blas_info() -> tuple[str, str, str]:
     """(library, configuration, core) of the BLAS the engine was linked with and runs."""
-    return tuple(  # type: ignore[return-value]
+    library, config, core = (
         ffi.string(f()).decode(errors="replace") for f in (lib.dcs_blas_library, lib.dcs_blas_config, lib.dcs_blas_core)
     )
+    return library, config, core
 
 
 def load(cpath: bytes, device: str, n_threads: int, dtype_index: int):
