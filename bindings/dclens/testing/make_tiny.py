@@ -23,7 +23,8 @@ writes it (data.pkl pickled by the standard pickle module), and sharded:
 `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, or
 `pytorch_model-0000i-of-0000n.bin` + `pytorch_model.bin.index.json`.
 
-This module and dclens.testing.checkpoint import nothing of the engine (they run
+The random weights are drawn by dclens.testing.make_tiny_weights. This module,
+that one and dclens.testing.checkpoint import nothing of the engine (they run
 before it is built) and never import torch; `import dclens` does not import them.
 """
 
@@ -51,6 +52,7 @@ from .checkpoint import (  # noqa: F401  (re-exported for tests/engine/test_refe
     write_torch_zip,
 )
 from .layouts import dcformer_tensors, dcpythia_tensors, gpt_neox_tensors
+from .make_tiny_weights import _dcformer_weights, _dcpythia_weights, _Gen, _gpt_neox_weights
 
 __all__ = [
     "make_tiny",
@@ -217,210 +219,6 @@ def gpt_neox_config(
     return dict(cfg)
 
 
-# --------------------------------------------------------------------------- random weights
-
-
-class _Gen:
-    def __init__(self, seed, weight_scale, dyn_scale):
-        self.rng = np.random.default_rng(seed)
-        self.ws = float(weight_scale)
-        self.dyn = float(dyn_scale)
-
-    def normal(self, shape, std):
-        return (self.rng.standard_normal(shape) * std).astype(np.float32)
-
-    def linear(self, out_f, in_f, gain=1.0):
-        return self.normal((out_f, in_f), gain * self.ws / np.sqrt(in_f))
-
-    def bias(self, n):
-        return self.normal((n,), 0.1)
-
-    def ln(self, n):
-        return (1.0 + self.normal((n,), 0.1)).astype(np.float32), self.normal((n,), 0.1)
-
-
-def _dcpythia_weights(
-    g,
-    *,
-    n_layer,
-    dim,
-    n_head,
-    vocab,
-    intermediate,
-    rank,
-    fused_qkv,
-    use_qk_norm,
-    use_linear_bias,
-    use_dcmha,
-    write_unused_dyn,
-    tie_word_embeddings,
-    extra_derived,
-    use_sw,
-    moh,
-    compose_groups=1,
-):
-    """Random DCPythia state dict, float32, in torch state_dict() order.
-
-    Scales: LayerNorm outputs are O(1) per dim; linear weights have std gain/sqrt(in),
-    so q/k/v and MLP activations are O(1); QK-norm scales ~1.2 make scores O(1-2).
-    Dynamic weights: x @ dw1 ~ N(0, 1) per hidden unit, gelu(.) has rms ~0.65; qkw
-    std 0.6/sqrt(K) gives w2 entries ~0.4, so qp/kp ~ sqrt(R*N)*0.4*|A| are comparable
-    to skip; dd std 1/sqrt(D) gives tanh gates ~ +-0.6 (qg/kg ~ 0.6*skip).
-    The output embedding has std 3/sqrt(D): logits of std ~3.
-    """
-    D, N, F, V, R = dim, n_head, intermediate, vocab, rank
-    Dh = D // N
-    K = 4 * N
-    G = int(compose_groups)
-    Mg = N // G  # heads per composition group: the published layout's G axis
-    sd = OrderedDict()
-    sd["tok_embeddings.weight"] = g.normal((V, D), 1.0)
-    for l in range(n_layer):
-        p = f"layers.{l}."
-        wqkv = g.linear(3 * D, D)
-        bqkv = g.bias(3 * D) if use_linear_bias else None
-        if fused_qkv:
-            sd[p + "attention.wqkv.weight"] = wqkv
-            if use_linear_bias:
-                sd[p + "attention.wqkv.bias"] = bqkv
-        else:
-            for i, nm in enumerate(("wq", "wk", "wv")):
-                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D : (i + 1) * D])
-                if use_linear_bias:
-                    sd[p + f"attention.{nm}.bias"] = np.ascontiguousarray(bqkv[i * D : (i + 1) * D])
-        sd[p + "attention.wo.weight"] = g.linear(D, D)
-        if use_linear_bias:
-            sd[p + "attention.wo.bias"] = g.bias(D)
-        if use_dcmha or write_unused_dyn:
-            q = p + "attention.dyn_w_proj."
-            dw1 = g.normal((D, G, 4, K), g.dyn / np.sqrt(D))
-            qkw = g.normal((G, 4, K, 2 * R, Mg), g.dyn * 0.6 / np.sqrt(K))
-            dd = g.normal((D, G, 4 * Mg), g.dyn / np.sqrt(D))
-            sd[q + "dw1"], sd[q + "qkw"], sd[q + "dd"] = dw1, qkw, dd
-            pre_w = post_w = None
-            if use_sw:
-                pre_w = g.normal((G, Mg, Mg), 0.3)
-                post_w = g.normal((G, Mg, Mg), 0.3)
-            if extra_derived and G == 1:
-                # merge_weights() of the published module: dw_m = [dw1 | dd] flattened,
-                # qkw_m = qkw reshaped (4, K, 2R*N), sw = static maps + identity.
-                sd[q + "dw_m"] = np.concatenate([dw1.reshape(D, -1), dd[:, 0, :]], axis=-1)
-                sd[q + "qkw_m"] = qkw.reshape(4, K, -1).copy()
-                eye = np.eye(N, dtype=np.float32)
-                if use_sw:
-                    sd[q + "sw"] = np.stack([pre_w[0], post_w[0]]) + eye
-                else:
-                    sd[q + "sw"] = np.stack([eye, eye])
-            if use_sw:
-                sd[q + "pre_proj.w"] = pre_w
-                sd[q + "post_proj.w"] = post_w
-            elif extra_derived:
-                # identity buffers of CrossHeadProjection when use_sw is off
-                sd[q + "pre_proj.w"] = np.broadcast_to(np.eye(Mg, dtype=np.float32), (G, Mg, Mg)).copy()
-                sd[q + "post_proj.w"] = np.broadcast_to(np.eye(Mg, dtype=np.float32), (G, Mg, Mg)).copy()
-        if moh is not None:
-            hs = int(moh["shared_heads"])
-            sd[p + "attention.moh.wg.weight"] = g.linear(N - hs, D, gain=2.0)
-            if hs > 1:
-                sd[p + "attention.moh.wg_1.weight"] = g.linear(hs, D, gain=2.0)
-            if hs > 0:
-                sd[p + "attention.moh.wg_0.weight"] = g.linear(2, D, gain=2.0)
-        if use_qk_norm:
-            sd[p + "attention.q_norm.scale"] = (1.2 + g.normal((Dh,), 0.2)).astype(np.float32)
-            sd[p + "attention.k_norm.scale"] = (1.2 + g.normal((Dh,), 0.2)).astype(np.float32)
-        sd[p + "feed_forward.w1.weight"] = g.linear(F, D)
-        if use_linear_bias:
-            sd[p + "feed_forward.w1.bias"] = g.bias(F)
-        sd[p + "feed_forward.w2.weight"] = g.linear(D, F)
-        if use_linear_bias:
-            sd[p + "feed_forward.w2.bias"] = g.bias(D)
-        sd[p + "ffn_norm.weight"], sd[p + "ffn_norm.bias"] = g.ln(D)
-        sd[p + "attention_norm.weight"], sd[p + "attention_norm.bias"] = g.ln(D)
-    sd["norm.weight"], sd["norm.bias"] = g.ln(D)
-    out = g.normal((V, D), 3.0 / np.sqrt(D))
-    if not tie_word_embeddings:
-        sd["output.weight"] = out
-    return sd
-
-
-def _dcformer_weights(
-    g, *, n_layer, dim, n_head, vocab, intermediate, rank, fused_qkv, use_qk_norm, mgate_dim, extra_derived
-):
-    """Random DCFormer++ state dict, float32, in the official state_dict() order.
-    Scales as _dcpythia_weights (RMSNorm weights 1 +- 0.1); the group gate mg has
-    std 2/sqrt(D), so its softmax over E groups is far from uniform."""
-    D, N, F, V, R = dim, n_head, intermediate, vocab, rank
-    Dh, K = D // N, 4 * N
-    sd = OrderedDict()
-    sd["tok_embeddings.weight"] = g.normal((V, D), 1.0)
-    for l in range(n_layer):
-        p = f"layers.{l}."
-        wqkv = g.linear(3 * D, D)
-        if fused_qkv:
-            sd[p + "attention.wqkv.weight"] = wqkv
-        else:
-            for i, nm in enumerate(("wq", "wk", "wv")):
-                sd[p + f"attention.{nm}.weight"] = np.ascontiguousarray(wqkv[i * D : (i + 1) * D])
-        sd[p + "attention.wo.weight"] = g.linear(D, D)
-        q = p + "attention.dyn_w_proj."
-        dw1 = g.normal((D, 1, 4, K), g.dyn / np.sqrt(D))
-        qkw = g.normal((1, 4, K, 2 * R, N), g.dyn * 0.6 / np.sqrt(K))
-        dd = g.normal((D, 1, 4 * N), g.dyn / np.sqrt(D))
-        sd[q + "dw1"], sd[q + "qkw"], sd[q + "dd"] = dw1, qkw, dd
-        if extra_derived:  # merge_weights() of the official module, and its identity buffers
-            sd[q + "dw_m"] = np.concatenate([dw1.reshape(D, -1), dd[:, 0, :]], axis=-1)
-            sd[q + "qkw_m"] = qkw.reshape(4, K, -1).copy()
-            sd[q + "pre_proj.w"] = np.eye(N, dtype=np.float32)[None].copy()
-            sd[q + "post_proj.w"] = np.eye(N, dtype=np.float32)[None].copy()
-        if use_qk_norm:
-            sd[p + "attention.q_norm.scale"] = (1.2 + g.normal((Dh,), 0.2)).astype(np.float32)
-            sd[p + "attention.k_norm.scale"] = (1.2 + g.normal((Dh,), 0.2)).astype(np.float32)
-        sd[p + "feed_forward.w1.weight"] = g.linear(F, D)
-        sd[p + "feed_forward.w3.weight"] = g.linear(F, D)
-        sd[p + "feed_forward.w2.weight"] = g.linear(D, F)
-        if mgate_dim:
-            sd[p + "feed_forward.mg.weight"] = g.linear(mgate_dim, D, gain=2.0)
-        sd[p + "ffn_norm.weight"] = (1.0 + g.normal((D,), 0.1)).astype(np.float32)
-        sd[p + "attention_norm.weight"] = (1.0 + g.normal((D,), 0.1)).astype(np.float32)
-    sd["norm.weight"] = (1.0 + g.normal((D,), 0.1)).astype(np.float32)
-    sd["output.weight"] = g.normal((V, D), 3.0 / np.sqrt(D))
-    return sd
-
-
-def _gpt_neox_weights(g, *, n_layer, dim, n_head, vocab, intermediate, rotary_pct, tie_word_embeddings, extra_derived):
-    """Random Pythia state dict, float32, in Hugging Face state_dict() order."""
-    D, N, F, V = dim, n_head, intermediate, vocab
-    Dh = D // N
-    r = int(Dh * rotary_pct)
-    sd = OrderedDict()
-    sd["gpt_neox.embed_in.weight"] = g.normal((V, D), 1.0)
-    for l in range(n_layer):
-        p = f"gpt_neox.layers.{l}."
-        sd[p + "input_layernorm.weight"], sd[p + "input_layernorm.bias"] = g.ln(D)
-        sd[p + "post_attention_layernorm.weight"], sd[p + "post_attention_layernorm.bias"] = g.ln(D)
-        if extra_derived:
-            # buffers HF used to save; loaders must ignore them (attention.bias, a bool
-            # causal mask, is not written: safetensors/torch bool storages are out of scope)
-            sd[p + "attention.masked_bias"] = np.array(-1e9, dtype=np.float32)
-            sd[p + "attention.rotary_emb.inv_freq"] = (
-                1.0 / (10000.0 ** (np.arange(0, r, 2, dtype=np.float64) / r))
-            ).astype(np.float32)
-        # rows grouped per head: [N, (q, k, v), Dh, D]
-        sd[p + "attention.query_key_value.weight"] = g.linear(3 * D, D, gain=1.2)
-        sd[p + "attention.query_key_value.bias"] = g.bias(3 * D)
-        sd[p + "attention.dense.weight"] = g.linear(D, D)
-        sd[p + "attention.dense.bias"] = g.bias(D)
-        sd[p + "mlp.dense_h_to_4h.weight"] = g.linear(F, D)
-        sd[p + "mlp.dense_h_to_4h.bias"] = g.bias(F)
-        sd[p + "mlp.dense_4h_to_h.weight"] = g.linear(D, F)
-        sd[p + "mlp.dense_4h_to_h.bias"] = g.bias(D)
-    sd["gpt_neox.final_layer_norm.weight"], sd["gpt_neox.final_layer_norm.bias"] = g.ln(D)
-    out = g.normal((V, D), 3.0 / np.sqrt(D))
-    if not tie_word_embeddings:
-        sd["embed_out.weight"] = out
-    return sd
-
-
 def _is_f32_buffer(name):
     """Tensors always stored as F32 whatever the checkpoint dtype (HF buffers)."""
     return name.endswith("attention.masked_bias") or name.endswith("rotary_emb.inv_freq")
@@ -558,6 +356,80 @@ def make_tiny(
       archive_name / pickle_container / torch_style: see write_torch_zip and
         pickle_state_dict.
     """
+    _check_options(
+        model_type, dtype, fmt, dim, n_head, window_type, use_sw, moh, compose_groups, torch_views, share_storage
+    )
+    intermediate, rank = _widths(model_type, dim, n_head, intermediate, rank, mgate_dim)
+    os.makedirs(out_dir, exist_ok=True)
+    g = _Gen(seed, weight_scale, dyn_scale)
+    sizes = dict(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate)
+
+    config = _tiny_config(
+        model_type,
+        sizes,
+        dtype=dtype,
+        window_size=window_size,
+        window_type=window_type,
+        query_wise=query_wise,
+        use_qk_norm=use_qk_norm,
+        use_parallel_residual=use_parallel_residual,
+        use_linear_bias=use_linear_bias,
+        use_dcmha=use_dcmha,
+        rotary_pct=rotary_pct,
+        tie_word_embeddings=tie_word_embeddings,
+        use_sw=use_sw,
+        moh=moh,
+        compose_groups=compose_groups,
+        key_wise=key_wise,
+        mgate_dim=mgate_dim,
+    )
+    # the switches that shape the tensors (the drawer's and the layout table's)
+    tensor_opts = dict(
+        rank=rank,
+        fused_qkv=fused_qkv,
+        use_qk_norm=use_qk_norm,
+        use_linear_bias=use_linear_bias,
+        use_dcmha=use_dcmha,
+        write_unused_dyn=write_unused_dyn,
+        tie_word_embeddings=tie_word_embeddings,
+        extra_derived=extra_derived,
+        use_sw=use_sw,
+        moh=moh,
+        compose_groups=compose_groups,
+        mgate_dim=mgate_dim,
+        rotary_pct=rotary_pct,
+    )
+    sd32 = _random_weights(model_type, g, sizes, **tensor_opts)
+    _check_layout(model_type, sd32, _layout_table(model_type, sizes, **tensor_opts))
+    if torch_views == "expand":
+        sd32 = _constant_norm_biases(sd32)
+
+    raw, state_dict, tdtype = _round_to_storage(sd32, dtype)
+    _write_config(out_dir, config, tokenizer)
+    _write_weights(
+        out_dir,
+        raw,
+        tdtype,
+        model_type=model_type,
+        fused_qkv=fused_qkv,
+        fmt=fmt,
+        shards=shards,
+        share_storage=share_storage,
+        torch_views=torch_views,
+        archive_name=archive_name,
+        pickle_container=pickle_container,
+        torch_style=torch_style,
+    )
+    return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
+
+
+# --------------------------------------------------------------------------- steps of make_tiny
+
+
+def _check_options(
+    model_type, dtype, fmt, dim, n_head, window_type, use_sw, moh, compose_groups, torch_views, share_storage
+):
+    """The ValueErrors of make_tiny's arguments, before anything is written."""
     if model_type not in ("dcpythia", "gpt_neox", "dcformer"):
         raise ValueError(f"model_type must be 'dcpythia', 'dcformer' or 'gpt_neox', not {model_type!r}")
     if dtype not in DTYPES:
@@ -576,6 +448,11 @@ def make_tiny(
         raise ValueError(f"torch_views must be None, 'transpose' or 'expand', not {torch_views!r}")
     if torch_views is not None and (fmt != "torch" or share_storage):
         raise ValueError("torch_views needs fmt='torch' and share_storage=False")
+
+
+def _widths(model_type, dim, n_head, intermediate, rank, mgate_dim):
+    """(intermediate, rank) as written: the MLP width's default (DCFormerConfig's for
+    dcformer, else 4*dim) and dcformer's fixed rank 2; refuses a misplaced mgate_dim."""
     if model_type == "dcformer":
         if intermediate is None:  # DCFormerConfig's default
             n = int(2 * (4 * dim) / 3)
@@ -588,16 +465,33 @@ def make_tiny(
     elif mgate_dim:
         raise ValueError("mgate_dim is a dcformer switch")
     intermediate = 4 * dim if intermediate is None else int(intermediate)
-    os.makedirs(out_dir, exist_ok=True)
-    g = _Gen(seed, weight_scale, dyn_scale)
+    return intermediate, rank
 
+
+def _tiny_config(
+    model_type,
+    sizes,
+    *,
+    dtype,
+    window_size,
+    window_type,
+    query_wise,
+    use_qk_norm,
+    use_parallel_residual,
+    use_linear_bias,
+    use_dcmha,
+    rotary_pct,
+    tie_word_embeddings,
+    use_sw,
+    moh,
+    compose_groups,
+    key_wise,
+    mgate_dim,
+):
+    """config.json's dict for model_type; sizes: n_layer, dim, n_head, vocab, intermediate."""
     if model_type == "dcformer":
-        config = dcformer_config(
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
+        return dcformer_config(
+            **sizes,
             window_size=window_size,
             window_type=window_type,
             query_wise=query_wise,
@@ -606,26 +500,9 @@ def make_tiny(
             mgate_dim=mgate_dim,
             dtype=dtype,
         )
-        sd32 = _dcformer_weights(
-            g,
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
-            rank=rank,
-            fused_qkv=fused_qkv,
-            use_qk_norm=use_qk_norm,
-            mgate_dim=mgate_dim,
-            extra_derived=extra_derived,
-        )
-    elif model_type == "dcpythia":
-        config = dcpythia_config(
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
+    if model_type == "dcpythia":
+        return dcpythia_config(
+            **sizes,
             window_size=window_size,
             window_type=window_type,
             query_wise=query_wise,
@@ -641,13 +518,49 @@ def make_tiny(
             compose_groups=compose_groups,
             key_wise=key_wise,
         )
-        sd32 = _dcpythia_weights(
+    return gpt_neox_config(
+        **sizes,
+        rotary_pct=rotary_pct,
+        use_parallel_residual=use_parallel_residual,
+        tie_word_embeddings=tie_word_embeddings,
+        dtype=dtype,
+    )
+
+
+def _random_weights(
+    model_type,
+    g,
+    sizes,
+    *,
+    rank,
+    fused_qkv,
+    use_qk_norm,
+    use_linear_bias,
+    use_dcmha,
+    write_unused_dyn,
+    tie_word_embeddings,
+    extra_derived,
+    use_sw,
+    moh,
+    compose_groups,
+    mgate_dim,
+    rotary_pct,
+):
+    """The float32 state dict of model_type drawn from g (sizes as _tiny_config's)."""
+    if model_type == "dcformer":
+        return _dcformer_weights(
             g,
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
+            **sizes,
+            rank=rank,
+            fused_qkv=fused_qkv,
+            use_qk_norm=use_qk_norm,
+            mgate_dim=mgate_dim,
+            extra_derived=extra_derived,
+        )
+    if model_type == "dcpythia":
+        return _dcpythia_weights(
+            g,
+            **sizes,
             rank=rank,
             fused_qkv=fused_qkv,
             use_qk_norm=use_qk_norm,
@@ -660,51 +573,43 @@ def make_tiny(
             moh=moh,
             compose_groups=compose_groups,
         )
-    else:
-        config = gpt_neox_config(
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
-            rotary_pct=rotary_pct,
-            use_parallel_residual=use_parallel_residual,
-            tie_word_embeddings=tie_word_embeddings,
-            dtype=dtype,
-        )
-        sd32 = _gpt_neox_weights(
-            g,
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
-            rotary_pct=rotary_pct,
-            tie_word_embeddings=tie_word_embeddings,
-            extra_derived=extra_derived,
-        )
+    return _gpt_neox_weights(
+        g, **sizes, rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived
+    )
 
-    # the names and shapes are the layout table's (dclens.testing.layouts), in its order
+
+def _layout_table(
+    model_type,
+    sizes,
+    *,
+    rank,
+    fused_qkv,
+    use_qk_norm,
+    use_linear_bias,
+    use_dcmha,
+    write_unused_dyn,
+    tie_word_embeddings,
+    extra_derived,
+    use_sw,
+    moh,
+    compose_groups,
+    mgate_dim,
+    rotary_pct,
+):
+    """{name: shape} of model_type from the layout table (dclens.testing.layouts), in its
+    order; the arguments are _random_weights'."""
     if model_type == "dcformer":
-        layout = dcformer_tensors(
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
+        return dcformer_tensors(
+            **sizes,
             rank=rank,
             fused_qkv=fused_qkv,
             use_qk_norm=use_qk_norm,
             mgate_dim=mgate_dim,
             extra_derived=extra_derived,
         )
-    elif model_type == "dcpythia":
-        layout = dcpythia_tensors(
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
+    if model_type == "dcpythia":
+        return dcpythia_tensors(
+            **sizes,
             rank=rank,
             fused_qkv=fused_qkv,
             use_qk_norm=use_qk_norm,
@@ -716,17 +621,13 @@ def make_tiny(
             tie_word_embeddings=tie_word_embeddings,
             extra_derived=extra_derived,
         )
-    else:
-        layout = gpt_neox_tensors(
-            n_layer=n_layer,
-            dim=dim,
-            n_head=n_head,
-            vocab=vocab,
-            intermediate=intermediate,
-            rotary_pct=rotary_pct,
-            tie_word_embeddings=tie_word_embeddings,
-            extra_derived=extra_derived,
-        )
+    return gpt_neox_tensors(
+        **sizes, rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived
+    )
+
+
+def _check_layout(model_type, sd32, layout):
+    """AssertionError unless the drawn names and shapes are the layout table's, in its order."""
     drawn = OrderedDict((n, tuple(a.shape)) for n, a in sd32.items())
     if drawn != layout:
         raise AssertionError(
@@ -734,44 +635,70 @@ def make_tiny(
             % (sorted(set(drawn.items()) ^ set(layout.items())), model_type)
         )
 
-    if torch_views == "expand":
-        for name in sd32:
-            if name.endswith(("norm.bias", "layernorm.bias")):
-                sd32[name] = np.full_like(sd32[name], sd32[name][0])  # one value, stride (0,)
 
-    # round to the storage dtype
+def _constant_norm_biases(sd32):
+    """sd32 with every LayerNorm bias one repeated value (torch_views="expand" stores it
+    as one element with stride (0,))."""
+    return OrderedDict(
+        (n, np.full_like(a, a[0]) if n.endswith(("norm.bias", "layernorm.bias")) else a) for n, a in sd32.items()
+    )
+
+
+def _round_to_storage(sd32, dtype):
+    """(raw, state_dict, tdtype): per name the stored array (raw bits of its dtype), its
+    values widened to float32, and its dtype (the HF buffers stay float32)."""
     raw, state_dict, tdtype = OrderedDict(), OrderedDict(), {}
     for name, a in sd32.items():
         dt = "float32" if _is_f32_buffer(name) else dtype
         r, w = round_to_dtype(a, dt)
         raw[name], state_dict[name], tdtype[name] = r, w, dt
-    nbytes = {n: raw[n].nbytes for n in raw}
-    names = list(raw)
+    return raw, state_dict, tdtype
 
+
+def _write_config(out_dir, config, tokenizer):
+    """out_dir/config.json, and the tokenizer.json copied from `tokenizer` when given."""
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
     if tokenizer is not None:
         shutil.copyfile(tokenizer, os.path.join(out_dir, "tokenizer.json"))
 
+
+def _weight_file_names(fmt, shards):
+    """The weight files of fmt: one file, or `shards` numbered shards."""
+    if fmt == "safetensors":
+        if shards == 1:
+            return ["model.safetensors"]
+        return [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    if shards == 1:
+        return ["pytorch_model.bin"]
+    return [f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" for i in range(shards)]
+
+
+def _write_weights(
+    out_dir,
+    raw,
+    tdtype,
+    *,
+    model_type,
+    fused_qkv,
+    fmt,
+    shards,
+    share_storage,
+    torch_views,
+    archive_name,
+    pickle_container,
+    torch_style,
+):
+    """The weight files of `raw` (name -> stored array, of dtype tdtype[name]) in fmt,
+    in `shards` files (with their index when more than one)."""
+    nbytes = {n: raw[n].nbytes for n in raw}
+    names = list(raw)
     # plan storages (torch) and shards
     plan = _storage_plan(names, model_type, fused_qkv, share_storage and fmt == "torch")
     group_of = {n: sid for sid, ns in plan for n in ns}
     shard_lists = _split_shards(names, group_of, nbytes, shards)
-
-    if fmt == "safetensors":
-        fnames = (
-            ["model.safetensors"]
-            if shards == 1
-            else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
-        )
-    else:
-        fnames = (
-            ["pytorch_model.bin"]
-            if shards == 1
-            else [f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" for i in range(shards)]
-        )
-
+    fnames = _weight_file_names(fmt, shards)
     for fname, shard_names in zip(fnames, shard_lists):
         path = os.path.join(out_dir, fname)
         if fmt == "safetensors":
@@ -779,35 +706,10 @@ def make_tiny(
                 path, {n: (ST_DTYPE[tdtype[n]], raw[n].shape, raw[n]) for n in shard_names}, {"format": "pt"}
             )
         else:
-            tensors, storages = OrderedDict(), {}
-            sids = []
-            for n in shard_names:
-                if group_of[n] not in sids:
-                    sids.append(group_of[n])
-            for sid in sids:
-                members = [n for n in shard_names if group_of[n] == sid]
-                # members of a storage laid out in the order wq, wk, wv / weight, bias
-                members.sort(key=_storage_member_rank)
-                dts = {tdtype[n] for n in members}
-                assert len(dts) == 1
-                view = _strided_view(raw[members[0]], members[0], torch_views) if len(members) == 1 else None
-                if view is not None:  # one tensor stored as a strided view of its storage
-                    data, stride = view
-                    n = members[0]
-                    storages[sid] = data.tobytes()
-                    tensors[n] = TorchTensor(sid, tdtype[n], data.size, 0, raw[n].shape, stride)
-                    continue
-                storages[sid] = b"".join(raw[n].tobytes() for n in members)
-                numel = sum(raw[n].size for n in members)
-                off = 0
-                for n in members:
-                    tensors[n] = TorchTensor(sid, tdtype[n], numel, off, raw[n].shape)
-                    off += raw[n].size
-            tensors = OrderedDict((n, tensors[n]) for n in shard_names)  # state-dict order
+            tensors, storages = _torch_storages(shard_names, raw, tdtype, group_of, torch_views)
             write_torch_zip(
                 path, tensors, storages, archive_name=archive_name, container=pickle_container, torch_style=torch_style
             )
-
     if shards > 1:
         iname = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
         write_index(
@@ -816,7 +718,35 @@ def make_tiny(
             sum(nbytes.values()),
         )
 
-    return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
+
+def _torch_storages(shard_names, raw, tdtype, group_of, torch_views):
+    """(tensors, storages) of one torch shard: TorchTensor per name in state-dict order,
+    and the bytes of each storage (group_of[name]: its storage id)."""
+    tensors, storages = OrderedDict(), {}
+    sids = []
+    for n in shard_names:
+        if group_of[n] not in sids:
+            sids.append(group_of[n])
+    for sid in sids:
+        members = [n for n in shard_names if group_of[n] == sid]
+        # members of a storage laid out in the order wq, wk, wv / weight, bias
+        members.sort(key=_storage_member_rank)
+        dts = {tdtype[n] for n in members}
+        assert len(dts) == 1
+        view = _strided_view(raw[members[0]], members[0], torch_views) if len(members) == 1 else None
+        if view is not None:  # one tensor stored as a strided view of its storage
+            data, stride = view
+            n = members[0]
+            storages[sid] = data.tobytes()
+            tensors[n] = TorchTensor(sid, tdtype[n], data.size, 0, raw[n].shape, stride)
+            continue
+        storages[sid] = b"".join(raw[n].tobytes() for n in members)
+        numel = sum(raw[n].size for n in members)
+        off = 0
+        for n in members:
+            tensors[n] = TorchTensor(sid, tdtype[n], numel, off, raw[n].shape)
+            off += raw[n].size
+    return OrderedDict((n, tensors[n]) for n in shard_names), storages  # tensors in state-dict order
 
 
 def _strided_view(a, name, kind):
@@ -857,7 +787,18 @@ def build_parser(prog="dclens make-tiny"):
         formatter_class=HelpFormatter,
         description="Write a tiny random DCPythia / DCFormer++ / Pythia checkpoint directory.",
     )
-    B = argparse.BooleanOptionalAction
+    # one flat option list (no argparse groups): the help lists them in this order
+    _add_size_options(ap)
+    _add_architecture_options(ap)
+    _add_file_options(ap)
+    _add_weight_options(ap)
+    _add_variant_options(ap)
+    _add_torch_options(ap)
+    return ap
+
+
+def _add_size_options(ap):
+    """OUT_DIR, the model type and the sizes."""
     ap.add_argument("out_dir", help="directory to write (config.json, weights, optional tokenizer.json)")
     ap.add_argument(
         "--type",
@@ -879,6 +820,11 @@ def build_parser(prog="dclens make-tiny"):
     ap.add_argument("--vocab", type=int, default=64, help="vocabulary size")
     ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4*dim)")
     ap.add_argument("--rank", type=int, default=2, help="dynamic compose rank R (dcpythia)")
+
+
+def _add_architecture_options(ap):
+    """The attention window and the architecture switches of config.json."""
+    B = argparse.BooleanOptionalAction
     ap.add_argument(
         "--window-size",
         type=lambda v: None if v == "null" else int(v),
@@ -900,6 +846,11 @@ def build_parser(prog="dclens make-tiny"):
         help="query-wise models: also write the ignored key-side dynamic weights",
     )
     ap.add_argument("--rotary-pct", type=float, default=0.25, help="fraction of each head's dims rotated")
+
+
+def _add_file_options(ap):
+    """The stored dtype, the file format and sharding, and the tensor names."""
+    B = argparse.BooleanOptionalAction
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES), help="stored weight type")
     ap.add_argument(
         "--format",
@@ -911,6 +862,11 @@ def build_parser(prog="dclens make-tiny"):
     ap.add_argument("--shards", type=int, default=1, help="weight files (with an index when > 1)")
     ap.add_argument("--fused-qkv", action=B, default=True, help="one fused query/key/value matrix per layer")
     ap.add_argument("--tie-word-embeddings", action=B, default=False, help="unembedding = embedding matrix")
+
+
+def _add_weight_options(ap):
+    """The random weights, the tokenizer and the extra tensors written."""
+    B = argparse.BooleanOptionalAction
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     ap.add_argument("--weight-scale", type=float, default=1.0, help="scale of the random weights")
     ap.add_argument("--dyn-scale", type=float, default=1.0, help="scale of the dynamic compose weights")
@@ -927,10 +883,19 @@ def build_parser(prog="dclens make-tiny"):
         default=False,
         help="torch format: LayerNorm weight+bias (and unfused wq/wk/wv) share one storage",
     )
+
+
+def _add_variant_options(ap):
+    """The attention variants of model-spec.md section 5 (dcpythia)."""
+    B = argparse.BooleanOptionalAction
     ap.add_argument("--use-sw", action=B, default=False, help="static (Talking-Heads) compose branch")
     ap.add_argument("--moh", default=None, metavar="HS,K", help="MoH routing: shared heads, routed top-k")
     ap.add_argument("--compose-groups", type=int, default=1, help="G: heads composed within G groups")
     ap.add_argument("--key-wise", action=B, default=False, help="key-wise-only composition")
+
+
+def _add_torch_options(ap):
+    """How the torch format's zip is laid out."""
     ap.add_argument(
         "--torch-views",
         default=None,
@@ -954,7 +919,6 @@ def build_parser(prog="dclens make-tiny"):
         choices=["2.1", "2.7"],
         help="torch format: the zip layout of that torch version",
     )
-    return ap
 
 
 def main(argv=None, prog="dclens make-tiny"):
