@@ -53,7 +53,7 @@ RUN_SRC = r"""
 import json, sys, time
 import numpy as np
 import dclens
-from dclens.grad import Tape, target_value_and_grad
+from dclens.analysis.grad import Tape, target_value_and_grad
 
 def hwm():
     return int([l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]) * 1024

@@ -116,15 +116,15 @@ def main(argv=None) -> int:
     # the baseline: one forward + backward of the pairs with a gradient at one hook
     tgt = ("logit_diff", -1, good[0], bad[0])
     res["fwd_bwd_s"], _ = timed(lambda: m.gradients(c, tgt, wrt=["blocks.0.resid_pre"]))
-    res["eap_s"], eap = timed(lambda: graph.attribute(m, c, x, metrics, method="eap", graph=g, progress=False))
+    res["eap_s"], eap = timed(lambda: graph.attribute_edges(m, c, x, metrics, method="eap", graph=g, progress=False))
     res["eap_ig_s"], ig = timed(
-        lambda: graph.attribute(m, c, x, metrics, method="eap-ig", steps=a.steps, graph=g, progress=False), reps=1
+        lambda: graph.attribute_edges(m, c, x, metrics, method="eap-ig", steps=a.steps, graph=g, progress=False), reps=1
     )
     res["eap_over_fwd_bwd"] = res["eap_s"] / res["fwd_bwd_s"]
     res["eap_ig_over_fwd_bwd"] = res["eap_ig_s"] / res["fwd_bwd_s"]
     res["act_steps"] = a.act_steps
     res["eap_ig_act_s"], act = timed(
-        lambda: graph.attribute(
+        lambda: graph.attribute_edges(
             m, c, x, metrics, method="eap-ig-activations", steps=a.act_steps, graph=g, progress=False
         ),
         reps=1,
@@ -256,12 +256,12 @@ def big(a) -> int:
     res["fwd_bwd_s"] = time.perf_counter() - t
     print("  forward + backward %.1f s" % res["fwd_bwd_s"], flush=True)
     t = time.perf_counter()
-    eap = graph.attribute(m, c, x, tgt, graph=g, progress=True)
+    eap = graph.attribute_edges(m, c, x, tgt, graph=g, progress=True)
     res["eap_s"] = time.perf_counter() - t
     res["eap_over_fwd_bwd"] = res["eap_s"] / res["fwd_bwd_s"]
     print("  EAP %.1f s (%.1fx); top edges %s" % (res["eap_s"], res["eap_over_fwd_bwd"], eap.top(3)), flush=True)
     t = time.perf_counter()
-    graph.attribute(m, c, x, tgt, method="eap-ig", steps=a.steps, graph=g, progress=True)
+    graph.attribute_edges(m, c, x, tgt, method="eap-ig", steps=a.steps, graph=g, progress=True)
     res["eap_ig_s"] = time.perf_counter() - t
     res["eap_ig_over_fwd_bwd"] = res["eap_ig_s"] / res["fwd_bwd_s"]
     res["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

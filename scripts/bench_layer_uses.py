@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import dclens
-from dclens.generate import Decoder
+from dclens.analysis.generate import Decoder
 from dclens.testing.make_tiny import make_tiny
 
 

@@ -1,4 +1,4 @@
-"""Repeated gradient calls with the model's tape cache (bindings/dclens/tapes.py)
+"""Repeated gradient calls with the model's tape cache (bindings/dclens/_core/tapes.py)
 against a fresh tape per call, same run, alternating.
 
     python scripts/bench_tape_cache.py [--model dcpythia-tiny] [--T 71 209] [--calls 12]

@@ -44,8 +44,8 @@ import numpy as np
 import dclens
 import dclens._engine
 from dclens._engine import ffi, lib
-from dclens.grad import Tape
-from dclens.train import BUCKET_STEPS, TrainConfig, batch, init_weights, model_config, train_step, write_model
+from dclens.analysis.grad import Tape
+from dclens.train.loop import BUCKET_STEPS, TrainConfig, batch, init_weights, model_config, train_step, write_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -272,7 +272,7 @@ def lines_bench(a):
     """Real tokens/s of the twins' recipe: packed, --lines, --lines --bucket."""
     import itertools
 
-    from dclens.train import _tokenize
+    from dclens.train.loop import _tokenize
     from synth_tasks import corpus
 
     print(machine())

@@ -56,9 +56,9 @@ SMALL_HOOKS = (
 
 def outputs(name: str, kw: dict, workdir: str, small: bool = False) -> dict:
     import dclens
+    from dclens._core.memplan import param_table
+    from dclens._core.tapes import Tape
     from dclens._engine import ffi, lib
-    from dclens.memplan import param_table
-    from dclens.tapes import Tape
     from dclens.testing.make_tiny import make_tiny
 
     d = os.path.join(workdir, name)

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "scripts")
 import dclens
-from dclens.grad import Tape, target_value_and_grad
+from dclens.analysis.grad import Tape, target_value_and_grad
 
 import bench
 

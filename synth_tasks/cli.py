@@ -54,7 +54,7 @@ def check_out_dir(out: str) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dclens.cli import HelpFormatter
+    from dclens.cli.commands import HelpFormatter
 
     ap = argparse.ArgumentParser(
         prog="dclens synth",

@@ -246,7 +246,7 @@ def refuse_hooks(model, what: str, why: str) -> None:
     hooks = hooks_in_force(model)
     if not hooks:
         return
-    from dclens._checks import Error
+    from dclens._core.checks import Error
 
     names = []
     for n, fn in hooks:

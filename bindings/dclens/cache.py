@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from . import names as _names
-from ._checks import (
+from ._core import names as _names
+from ._core.checks import (
     ArgumentError,
     ArgumentTypeError,
     Error,
@@ -43,10 +43,10 @@ from ._checks import (
     is_choice,
     unknown_name,
 )
-from .names import hook_name
+from ._core.names import hook_name
 
 if TYPE_CHECKING:
-    from ._protocols import ModelLike as Model
+    from ._core.protocols import ModelLike as Model
 
 # TransformerLens' SliceInput (see _slice_arg): None, an int, a slice, a tuple (slice(*tuple)),
 # a list / range / 1-D array of indices, or a transformer_lens Slice

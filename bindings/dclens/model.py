@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import stat
+import sys
 import threading
 import warnings
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
 
-from . import attribution, batch, blas, grad, hub, memplan, routing
-from . import names as _names
-from . import runner as _runner
-from ._checks import (
+from ._core import batch, blas, hub, memplan
+from ._core import names as _names
+from ._core import runner as _runner
+from ._core.bundled import resolve
+from ._core.checks import (
     ArgumentError,
     Error,
     NotFoundError,
@@ -41,14 +45,14 @@ from ._checks import (
     token_array,
     unknown_name,
 )
-from .bundled import resolve
+from ._core.hooks import HookFn, Hooks, flatten_hooks, hook_pairs
+from ._core.reference import ModelRef, fingerprint
+from ._core.runner import Names, Runner
+from ._core.warning_types import ContextWarning, LoadWarning
+from ._core.weights import WeightsMixin
+from .analysis import attribution, grad, routing
+from .analysis.generate import generate as _generate
 from .cache import Cache
-from .generate import generate as _generate
-from .hooks import HookFn, Hooks, flatten_hooks, hook_pairs
-from .reference import ModelRef, fingerprint
-from .runner import Names, Runner
-from .warning_types import ContextWarning, LoadWarning
-from .weights import WeightsMixin
 
 _MAX_TOKENIZER_BYTES = 256 << 20
 
@@ -451,9 +455,6 @@ def from_pretrained(model_name: str | os.PathLike, device: str = "cpu", **kw: An
 
 def _caller_level() -> int:
     """warnings.warn's stacklevel of the first frame outside dclens (the user's call)."""
-    import sys
-    from types import FrameType
-
     f: FrameType | None = sys._getframe(1)
     level = 1
     pkg = os.path.dirname(os.path.abspath(__file__))
@@ -465,8 +466,6 @@ def _caller_level() -> int:
 def _read_config(path: str) -> dict[str, Any]:
     """config.json of a loaded model as a dict ({} if it cannot be read again:
     the engine has already read and checked it)."""
-    import json
-
     try:
         d = json.loads(_read_regular_file(os.path.join(path, "config.json"), 16 << 20))
     except (Error, ValueError, RecursionError):
@@ -558,7 +557,7 @@ def load_tokenizer(directory: str):
     if not os.path.lexists(p):
         raise NotFoundError("%s has no tokenizer.json" % directory)
     text = _read_regular_file(p, _MAX_TOKENIZER_BYTES)
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: tokenizers loads with the first tokenizer
 
     try:
         return Tokenizer.from_str(text)

@@ -13,9 +13,9 @@ import pytest
 
 import dclens
 from dclens import explorer, routing
-from dclens.cli import main as cli_main
-from dclens.mask import allowed
-from dclens.names import hook_name
+from dclens._core.mask import allowed
+from dclens._core.names import hook_name
+from dclens.cli.commands import main as cli_main
 
 BUDGET = 3 * 1000 * 1000
 TEXT = "Ruth has a sweater. Steven has a taxi. Ruth does not have a kind of"
@@ -282,7 +282,7 @@ def _circuit(model, top_n=40):
     from dclens import graph
 
     good, bad = model.to_single_token(" sweater"), model.to_single_token(" taxi")
-    s = graph.attribute(model, CLEAN, CORRUPTED, ("logit_diff", -1, good, bad), progress=False)
+    s = graph.attribute_edges(model, CLEAN, CORRUPTED, ("logit_diff", -1, good, bad), progress=False)
     return s, s.circuit(top_n=top_n)
 
 

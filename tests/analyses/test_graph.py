@@ -166,7 +166,7 @@ def test_eap_is_the_reference_directional_derivative(tiny_factory, kw):
     m, sd, cfg = _load(tiny_factory, kw)
     c, x = _prompts(m, B=1)
     g = graph.build(m)
-    s = graph.attribute(m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap", graph=g, progress=False)
+    s = graph.attribute_edges(m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap", graph=g, progress=False)
     L = m.config.n_layer
     for edge in ("embed->L1.H1.k", "L0.H2->L1.H0.q", "L0.mlp->logits", "L0.H3->L1.mlp", "embed->L0.H1.v"):
         e = g.detail[edge]
@@ -186,7 +186,7 @@ def test_eap_ig_circuits_and_faithfulness(tiny_factory):
     m, _, _ = _load(tiny_factory, DCP)
     c, x = _prompts(m)
     g = graph.build(m)
-    s = graph.attribute(m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap-ig", steps=4, graph=g, progress=False)
+    s = graph.attribute_edges(m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap-ig", steps=4, graph=g, progress=False)
     assert s.scores.shape == (len(g.edges),) and s.method == "eap-ig" and s.steps == 4
     top = s.top(5)
     assert len(top) == 5 and abs(top[0][1]) >= abs(top[-1][1])
@@ -211,11 +211,11 @@ def test_bad_input(tiny_factory):
         (lambda: graph.patch(m, c, x, lambda lg: float("nan"), []), "NaN"),
         (lambda: graph.patch(m, c, x, "logit_diff", []), "metric must be a function"),
         (lambda: graph.patch(m, c, x, _metric, "embed->L0.H0.q"), "edges must be a list"),
-        (lambda: graph.attribute(m, c, x, t, method="eap-ig", steps=0), "steps"),
-        (lambda: graph.attribute(m, c, x, t, method="acdc"), "method must be"),
-        (lambda: graph.attribute(m, c, x, t, max_grad_bytes=0), "max_grad_bytes 0 is out of range"),
-        (lambda: graph.attribute(m, c, x, t, roles="end"), "roles must be a dict"),
-        (lambda: graph.attribute(m, c, x, _metric), "target tuple"),
+        (lambda: graph.attribute_edges(m, c, x, t, method="eap-ig", steps=0), "steps"),
+        (lambda: graph.attribute_edges(m, c, x, t, method="acdc"), "method must be"),
+        (lambda: graph.attribute_edges(m, c, x, t, max_grad_bytes=0), "max_grad_bytes 0 is out of range"),
+        (lambda: graph.attribute_edges(m, c, x, t, roles="end"), "roles must be a dict"),
+        (lambda: graph.attribute_edges(m, c, x, _metric), "target tuple"),
         (lambda: graph.EdgeScores(g, np.zeros(len(g.edges)), "eap", 1).circuit(), "top_n or threshold"),
         (lambda: graph.faithfulness(m, ["embed->L0.H0.q"], c, x, _metric), "Circuit"),
         (lambda: graph.path_patch_sweep(m, c, x, _metric, "logits", graph=g), "receivers must be a non-empty list"),
@@ -227,17 +227,17 @@ def test_bad_input(tiny_factory):
             call()
     with (
         m.hooks([("blocks.0.attn.z", lambda a, n: a)]),
-        pytest.raises(dclens.Error, match="graph.attribute: 1 hook in force"),
+        pytest.raises(dclens.Error, match="graph.attribute_edges: 1 hook in force"),
     ):
-        graph.attribute(m, c, x, t)
+        graph.attribute_edges(m, c, x, t)
 
 
 def test_patching_metrics_carry_their_target(tiny_factory):
     m, _, _ = _load(tiny_factory, DCP)
     c, x = _prompts(m, B=1)
     met = patching.logit_diff(GOOD, BAD)
-    a = graph.attribute(m, c, x, met, progress=False)
-    b = graph.attribute(m, c, x, ("logit_diff", -1, GOOD, BAD), progress=False)
+    a = graph.attribute_edges(m, c, x, met, progress=False)
+    b = graph.attribute_edges(m, c, x, ("logit_diff", -1, GOOD, BAD), progress=False)
     np.testing.assert_array_equal(a.scores, b.scores)
 
 
@@ -264,7 +264,7 @@ def test_path_patching(tiny_factory):
 def test_circuit_picture(tiny_factory):
     m, _, _ = _load(tiny_factory, DCP)
     c, x = _prompts(m)
-    s = graph.attribute(m, c, x, ("logit_diff", POS, GOOD, BAD), progress=False)
+    s = graph.attribute_edges(m, c, x, ("logit_diff", POS, GOOD, BAD), progress=False)
     circ = s.circuit(top_n=30)
     assert set(circ.scores) == set(circ.edges)
     png = circ._repr_png_()
@@ -277,8 +277,8 @@ def test_position_aware_scores_sum_to_the_scores(tiny_factory):
     m, _, _ = _load(tiny_factory, DCP)
     c, x = _prompts(m)
     t = ("logit_diff", POS, GOOD, BAD)
-    a = graph.attribute(m, c, x, t, progress=False)
-    b = graph.attribute(m, c, x, t, positions=True, progress=False)
+    a = graph.attribute_edges(m, c, x, t, progress=False)
+    b = graph.attribute_edges(m, c, x, t, positions=True, progress=False)
     assert a.per_position is None and b.per_position.shape == (len(a.scores), c.shape[1])
     np.testing.assert_allclose(b.scores, a.scores, atol=1e-6 * max(1.0, np.abs(a.scores).max()))
     # the embedding differs at the two edited positions only (3 and 7): so do its edges' scores
@@ -286,14 +286,14 @@ def test_position_aware_scores_sum_to_the_scores(tiny_factory):
     nz = np.nonzero(b.per_position[i])[0]
     assert set(nz) <= {3, 7} and len(nz) > 0
     with pytest.raises(dclens.Error, match="positions must be True or False"):
-        graph.attribute(m, c, x, t, positions="yes")
+        graph.attribute_edges(m, c, x, t, positions="yes")
 
 
 def test_pairs_of_different_lengths_are_padded(tiny_factory):
     """Pairs of 13 and 9 tokens in one padded batch: each score, patch and
     faithfulness equals the mean of the pairs run alone (pad positions are
     read by nothing real: the attention is causal), on either padding side."""
-    from dclens.batch import pad
+    from dclens._core.batch import pad
 
     m, _, _ = _load(tiny_factory, DCP)
     c13, x13 = _prompts(m, T=13, B=1, seed=1)
@@ -303,23 +303,23 @@ def test_pairs_of_different_lengths_are_padded(tiny_factory):
     for side in ("right", "left"):
         c = pad([c13[0], c9[0]], side, pad_id=7)
         x = pad([x13[0], x9[0]], side, pad_id=7)
-        both = graph.attribute(m, c, x, t, graph=g, progress=False).scores
-        alone = [graph.attribute(m, a, b, t, graph=g, progress=False).scores for a, b in ((c13, x13), (c9, x9))]
+        both = graph.attribute_edges(m, c, x, t, graph=g, progress=False).scores
+        alone = [graph.attribute_edges(m, a, b, t, graph=g, progress=False).scores for a, b in ((c13, x13), (c9, x9))]
         np.testing.assert_allclose(both, np.mean(alone, 0), rtol=1e-4, atol=1e-5 * np.abs(both).max())
         edges = ["L0.H1->L1.H2.q", "embed->L1.mlp", "L0.H2->L0.H3.post.kp", "L1.H0->logits"]
         for es in ([], edges, g.edges):
             got = graph.patch(m, c, x, _metric, es, graph=g)
             want = np.mean([graph.patch(m, a, b, _metric, es, graph=g) for a, b in ((c13, x13), (c9, x9))])
             assert got == pytest.approx(want, rel=1e-5, abs=1e-5), (side, len(es))
-        ig = graph.attribute(m, c, x, t, method="eap-ig", steps=2, graph=g, progress=False).scores
+        ig = graph.attribute_edges(m, c, x, t, method="eap-ig", steps=2, graph=g, progress=False).scores
         ig1 = [
-            graph.attribute(m, a, b, t, method="eap-ig", steps=2, graph=g, progress=False).scores
+            graph.attribute_edges(m, a, b, t, method="eap-ig", steps=2, graph=g, progress=False).scores
             for a, b in ((c13, x13), (c9, x9))
         ]
         np.testing.assert_allclose(ig, np.mean(ig1, 0), rtol=1e-4, atol=1e-5 * np.abs(ig).max())
     c, x = pad([c13[0], c9[0]]), pad([x13[0], x9[0]])
     with pytest.raises(dclens.Error, match="positions=True: the prompt pairs have different lengths"):
-        graph.attribute(m, c, x, t, positions=True, progress=False)
+        graph.attribute_edges(m, c, x, t, positions=True, progress=False)
     with pytest.raises(dclens.Error, match="pair 1 has 9 clean and 10 corrupted tokens"):
         graph.patch(m, c, pad([x13[0], np.r_[x9[0], 1]]), _metric, [], graph=g)
     # a bare (tokens, lengths) pair that is left-padded: refused, not read as right-padded
@@ -332,14 +332,14 @@ def test_equal_baselines_warn(tiny_factory):
     m, _, _ = _load(tiny_factory, DCP)
     c, _ = _prompts(m)
     with pytest.warns(patching.PatchingWarning, match="nearly equal"):
-        s = graph.attribute(m, c, c, ("logit_diff", POS, GOOD, BAD), progress=False)
+        s = graph.attribute_edges(m, c, c, ("logit_diff", POS, GOOD, BAD), progress=False)
     assert not np.any(s.scores)  # no difference anywhere: every score is 0
 
 
 def test_roles_align_positions_across_pairs_of_different_lengths(tiny_factory):
     """per_role of a padded batch equals, per pair alone, the position-aware
     scores summed over that pair's positions of the role, averaged."""
-    from dclens.batch import pad
+    from dclens._core.batch import pad
 
     m, _, _ = _load(tiny_factory, DCP)
     c13, x13 = _prompts(m, T=13, B=1, seed=1)
@@ -350,15 +350,15 @@ def test_roles_align_positions_across_pairs_of_different_lengths(tiny_factory):
         {"edit": [3, 7], "span": (4, 7), "end": -1},
         {"edit": [3, 7], "span": (4, 7), "end": -1},
     ]
-    s = graph.attribute(m, pad([c13[0], c9[0]]), pad([x13[0], x9[0]]), t, graph=g, roles=roles, progress=False)
+    s = graph.attribute_edges(m, pad([c13[0], c9[0]]), pad([x13[0], x9[0]]), t, graph=g, roles=roles, progress=False)
     assert s.roles == ("edit", "span", "end") and s.per_role.shape == (len(g.edges), 3)
     want = np.zeros_like(s.per_role)
     for (c, x), n in (((c13, x13), 13), ((c9, x9), 9)):
-        pp = graph.attribute(m, c, x, t, graph=g, positions=True, progress=False).per_position
+        pp = graph.attribute_edges(m, c, x, t, graph=g, positions=True, progress=False).per_position
         want += np.stack([pp[:, [3, 7]].sum(1), pp[:, 4:7].sum(1), pp[:, n - 1]], axis=1) / 2
     np.testing.assert_allclose(s.per_role, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     # roles that cover every position add up to the scores
-    part = graph.attribute(m, c13, x13, t, graph=g, roles={"head": (0, 5), "tail": (5, 13)}, progress=False)
+    part = graph.attribute_edges(m, c13, x13, t, graph=g, roles={"head": (0, 5), "tail": (5, 13)}, progress=False)
     np.testing.assert_allclose(part.per_role.sum(1), part.scores, atol=1e-6 * np.abs(part.scores).max())
     bad = [
         ({"a": 20}, "roles\\['a'\\] of pair 0"),
@@ -369,7 +369,7 @@ def test_roles_align_positions_across_pairs_of_different_lengths(tiny_factory):
     ]
     for r, said in bad:
         with pytest.raises(dclens.Error, match=said):
-            graph.attribute(m, pad([c13[0], c9[0]]), pad([x13[0], x9[0]]), t, graph=g, roles=r, progress=False)
+            graph.attribute_edges(m, pad([c13[0], c9[0]]), pad([x13[0], x9[0]]), t, graph=g, roles=r, progress=False)
 
 
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])
@@ -382,8 +382,8 @@ def test_gradients_in_chunks_of_layers_give_the_same_scores(tiny_factory, method
     g = graph.build(m)
     kw = dict(method=method, steps=3, graph=g, positions=True, roles={"edit": [3, 7], "end": -1}, progress=False)
     t = ("logit_diff", POS, GOOD, BAD)
-    whole = graph.attribute(m, c, x, t, **kw)
-    split = graph.attribute(m, c, x, t, max_grad_bytes=1, **kw)  # a layer per backward
+    whole = graph.attribute_edges(m, c, x, t, **kw)
+    split = graph.attribute_edges(m, c, x, t, max_grad_bytes=1, **kw)  # a layer per backward
     for a, b in (
         (whole.scores, split.scores),
         (whole.per_position, split.per_position),
@@ -401,7 +401,7 @@ def test_eap_ig_activations_against_the_reference(tiny_factory, kw):
     m, sd, cfg = _load(tiny_factory, kw)
     c, x = _prompts(m, B=1)
     g = graph.build(m)
-    s = graph.attribute(
+    s = graph.attribute_edges(
         m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap-ig-activations", steps=1, graph=g, progress=False
     )
     L = m.config.n_layer

@@ -212,7 +212,7 @@ def test_sweep_over_pairs_of_different_lengths_by_role(tiny_factory):
     """Pairs of 8 and 6 tokens aligned by role: a role's cell patches all its
     positions at once; a one-position role equals that position's cell of
     the pair's own sweep; the result is the mean over pairs."""
-    from dclens.batch import pad
+    from dclens._core.batch import pad
 
     d, _, _ = tiny_factory(**DCP)
     model = dclens.load(d)

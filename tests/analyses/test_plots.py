@@ -19,7 +19,7 @@ from matplotlib.patches import Polygon  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _spec = importlib.util.spec_from_file_location(
-    "dclens_plots_under_test", os.path.join(ROOT, "bindings", "dclens", "plots.py")
+    "dclens_plots_under_test", os.path.join(ROOT, "bindings", "dclens", "viz", "plots.py")
 )
 dp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dp)
@@ -232,7 +232,7 @@ def test_flows_plot():
     N, B, T = 4, 5, 9
     F = rng.normal(size=(N, B, T))
     F[:, :, 7:] = 0.0  # masked keys
-    fig = dp.flows(F, TOKENS[:T], target="L1H2", title="flows")
+    fig = dp.plot_flows(F, TOKENS[:T], target="L1H2", title="flows")
     left, right = images(fig)
     got = np.asarray(left.get_array())
     assert np.allclose(got[:, :7], F.sum(1)[:, :7]) and np.isnan(got[:, 7:]).all()
@@ -243,12 +243,12 @@ def test_flows_plot():
     assert texts[-1] == "%.3f" % F[:, :, key].sum()  # the grand total, bottom right
     assert fig.axes[1].get_title().startswith("at key %d" % key)
     assert png_bytes(fig).startswith(PNG_SIG)
-    assert dp.flows(F, key=-3).axes[1].get_title().startswith("at key 6")
-    six = dp.flows(np.concatenate([F, F[:, :1]], axis=1))  # a use_sw model's sixth branch
+    assert dp.plot_flows(F, key=-3).axes[1].get_title().startswith("at key 6")
+    six = dp.plot_flows(np.concatenate([F, F[:, :1]], axis=1))  # a use_sw model's sixth branch
     assert [t.get_text() for t in six.axes[1].get_xticklabels()][-2:] == ["static", "total"]
     for bad in (dict(F=F[0]), dict(F=F, tokens=TOKENS[:3]), dict(F=F, key=T), dict(F=F, branches=["a"])):
         with pytest.raises(ValueError):
-            dp.flows(**bad)
+            dp.plot_flows(**bad)
 
 
 def test_patching_plot_labels_tokens_and_wraps_title():

@@ -11,7 +11,7 @@ import pytest
 
 import dclens
 from dclens import bundled
-from dclens.cli import main as cli_main
+from dclens.cli.commands import main as cli_main
 from dclens.testing.make_tiny import make_tiny
 from synth_tasks.corpus import TOKENIZER_FILE
 

@@ -197,7 +197,7 @@ def test_fuzz_api(entry, ctx):
 
 
 def _train_entry():
-    from dclens.train import TrainConfig
+    from dclens.train.loop import TrainConfig
 
     valid = dict(
         model_type=st.sampled_from(["dcpythia", "gpt_neox", "dcformer"]),
@@ -331,7 +331,7 @@ def test_fuzz_cli_arguments(ctx, monkeypatch):
     refusal 1 with 'dclens CMD: error: ...'), never a traceback. train is
     fuzzed up to its configuration check (nothing is trained)."""
     from dclens import cli
-    from dclens import train as train_mod
+    from dclens.train import loop as train_mod
 
     TOTALS["callables"] += 1
     monkeypatch.setattr(train_mod, "train", lambda c, stop_after=None: c.check() or "checked")

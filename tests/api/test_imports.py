@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -99,9 +101,9 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_graph_sees_the_packages():
     g = _graph()
     assert "dclens.model" in g and "synth_tasks.cli" in g and "dclens.testing.make_tiny" in g
-    # it sees imports inside functions too
     assert "dclens" in g["synth_tasks.cli"]
-    assert "dclens.routing" in g["dclens.patching"]  # from a function body
+    assert "dclens.analysis.routing" in g["dclens.analysis.patching"]
+    assert "dclens._core.runner" in g["dclens.model"]
 
 
 def test_no_import_cycle():
@@ -109,47 +111,174 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-# the analyses Model offers as methods (model.gradients, model.flows, ...):
-# Model imports them, so they sit below it and import neither Model nor an
-# analysis built on it
-OFFERED = ["routing", "grad", "attribution", "generate", "memplan"]
-# the analyses built on Model (they may import it)
-ABOVE = [
-    "circuits",
-    "patching",
-    "analysis",
-    "interventions",
-    "heatmaps",
-    "plots",
-    "explorer",
-    "prompting",
-    "graph",
-    "distributed",
-    "distributed.workers",
+# The package's layers, bottom up (dclens/__init__.py, docs/architecture.md). A
+# module belongs to the layer of the longest prefix that names it, and imports
+# only modules of its own layer or a lower one: the core never imports Model or
+# an analysis; the analyses Model offers as methods (model.gradients,
+# model.flows, model.generate, ...) import neither Model nor an analysis built
+# on it; the figures import no analysis, so that an analysis's .plot() may draw
+# with them; the explorer is built on the analyses; nothing imports the command line.
+LAYERS = [
+    ("the engine binding and the plumbing", ["dclens._engine", "dclens._cdef", "dclens._core"]),
+    ("generated checkpoints for tests", ["dclens.testing"]),
+    (
+        "the cache and the analyses Model offers as methods",
+        [
+            "dclens.cache",
+            "dclens.analysis.grad",
+            "dclens.analysis.attribution",
+            "dclens.analysis.routing",
+            "dclens.analysis.generate",
+        ],
+    ),
+    ("Model", ["dclens.model"]),
+    ("processes (Ray)", ["dclens.distributed"]),
+    ("figures: matplotlib from arrays, the engine's PNG renders", ["dclens.viz.plots", "dclens.viz.measures", "dclens.viz.heatmaps"]),
+    ("the analyses built on Model", ["dclens.analysis"]),
+    ("the explorer", ["dclens.viz"]),
+    ("training", ["dclens.train"]),
+    ("the package's names and its command line", ["dclens", "dclens.__main__", "dclens.cli"]),
 ]
 
 
+def _layer_of(mod: str, layers=None) -> int:
+    """The index in LAYERS of the longest prefix naming mod (-1: none)."""
+    best, best_len = -1, -1
+    for i, (_, prefixes) in enumerate(layers or LAYERS):
+        for p in prefixes:
+            if (mod == p or mod.startswith(p + ".")) and len(p) > best_len:
+                best, best_len = i, len(p)
+    return best
+
+
+def _upward_imports(graph, layers=None) -> list[str]:
+    bad = []
+    for m, ts in sorted(graph.items()):
+        if m.split(".")[0] != "dclens":
+            continue
+        for t in sorted(ts):
+            if t.split(".")[0] == "dclens" and _layer_of(t, layers) > _layer_of(m, layers):
+                bad.append(
+                    "%s (%s) imports %s (%s)"
+                    % (m, (layers or LAYERS)[_layer_of(m, layers)][0], t, (layers or LAYERS)[_layer_of(t, layers)][0])
+                )
+    return bad
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in _graph() if m.split(".")[0] == "dclens" and _layer_of(m) < 0]
+    assert not missing, "modules in no layer of LAYERS: %s" % missing
+    assert _layer_of("dclens.analysis.grad") < _layer_of("dclens.model") < _layer_of("dclens.analysis.graph")
+
+
 def test_layers_import_downwards():
-    """The package's layers, bottom up (runner.py's docstring):
-    the binding, checks, names, mask; the plumbing (hooks, cache, memplan,
-    tapes, runner), which imports neither Model nor an analysis; the analyses Model
-    offers as methods, which import no Model; Model (batch, weights, model),
-    which imports those and no other analysis; the analyses built on Model."""
+    bad = _upward_imports(_graph())
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
     g = _graph()
-    offered = {"dclens." + a for a in OFFERED}
-    above = {"dclens." + a for a in ABOVE if "dclens." + a in g}
-    model_layer = {"dclens.model", "dclens.batch", "dclens.weights"}
-    below = {"dclens.runner", "dclens.hooks", "dclens.cache", "dclens.tapes", "dclens._protocols", "dclens.mask"}
-    for m in below:
-        bad = g[m] & ((offered - {"dclens.memplan"}) | above | model_layer)  # tapes plans its memory (memplan)
-        assert not bad, "%s imports %s" % (m, sorted(bad))
-    assert not g["dclens.mask"], sorted(g["dclens.mask"])  # numpy only
-    for m in offered:
-        bad = g[m] & (above | model_layer)
-        assert not bad, "%s imports %s" % (m, sorted(bad))
-    for m in model_layer:
-        assert not g[m] & above, (m, sorted(g[m] & above))
+    offered = {"dclens.analysis." + a for a in ("grad", "attribution", "routing", "generate")}
     assert offered <= g["dclens.model"]  # Model calls its analyses directly
+
+
+def test_the_layer_rule_can_fail():
+    layers = [("low", ["dclens.a"]), ("high", ["dclens.b"])]
+    assert _upward_imports({"dclens.a": {"dclens.b"}, "dclens.b": set()}, layers) == [
+        "dclens.a (low) imports dclens.b (high)"
+    ]
+    assert _upward_imports({"dclens.b": {"dclens.a"}, "dclens.a": set()}, layers) == []
+
+
+# A function-level import hides an edge of the graph. Allowed only for another
+# package (an optional dependency, or a heavy library kept out of `import
+# dclens`, which test_import_is_light checks), for dclens.viz.plots (it loads
+# matplotlib) and for dclens._engine (loaded after its BLAS, its failure turned
+# into a dclens.Error); each says why in a comment on its first line.
+LAZY_DCLENS = {"dclens.viz.plots", "dclens._engine"}
+
+
+def _function_level_imports(mods=None) -> list[str]:
+    bad = []
+    for mod, path in sorted((mods or _modules()).items()):
+        if mod.split(".")[0] != "dclens":
+            continue
+        is_pkg = path.endswith("__init__.py")
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+        lines = src.splitlines()
+        tree = ast.parse(src, path)
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    targets = [".".join(base + ([node.module] if node.module else []))]
+                else:
+                    targets = [node.module or ""]
+                where = "%s:%d %s" % (mod, node.lineno, lines[node.lineno - 1].strip())
+                ours = [t for t in targets if t.split(".")[0] in PACKAGES and t not in LAZY_DCLENS]
+                if ours:
+                    bad.append(where + "  (a module of ours: import it at the top)")
+                elif "#" not in lines[node.lineno - 1]:
+                    bad.append(where + "  (say why it is imported here, in a comment)")
+    return bad
+
+
+def test_function_level_imports_say_why():
+    bad = _function_level_imports()
+    assert not bad, "function-level imports:\n" + "\n".join(bad)
+
+
+def test_the_function_level_rule_can_fail(tmp_path, monkeypatch):
+    pkg = tmp_path / "dclens"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "x.py").write_text(
+        "def f():\n    from . import y\n\n\ndef g():\n    import pandas\n\n\n"
+        "def h():\n    import ray  # optional: the distributed extra\n"
+    )
+    (pkg / "y.py").write_text("")
+    monkeypatch.setitem(PACKAGES, "dclens", str(pkg))
+    monkeypatch.setitem(PACKAGES, "synth_tasks", str(tmp_path / "none"))
+    bad = _function_level_imports()
+    assert len(bad) == 2 and "a module of ours" in bad[0] and "say why" in bad[1], bad
+
+
+def test_import_is_light():
+    """`import dclens` loads neither matplotlib nor pandas, ray or torch (they load when used)."""
+    code = "import sys, dclens; print(sorted(m for m in ('matplotlib', 'pandas', 'ray', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_old_names_are_the_modules_themselves():
+    """dclens.graph, dclens.circuits, ... (the flat modules before the subpackages) are the
+    modules in their new homes, by import, by from-import and as attributes."""
+    code = (
+        "import importlib, sys, dclens\n"
+        "assert 'matplotlib' not in sys.modules\n"
+        "for old, new in dclens.OLD_NAMES.items():\n"
+        "    m = importlib.import_module('dclens.' + old)\n"
+        "    assert m is importlib.import_module('dclens.' + new), old\n"
+        "    assert m.__name__ == 'dclens.' + new and m.__spec__.name == 'dclens.' + new, old\n"
+        "    if old != 'generate':\n"
+        "        assert getattr(dclens, old) is m, old\n"
+        "assert callable(dclens.generate) and not hasattr(dclens.generate, '__path__')\n"
+        "from dclens.graph import Circuit\n"
+        "from dclens.plots import plot_heads\n"
+        "import dclens.circuits as c\n"
+        "assert c is dclens.analysis.qkov and Circuit is dclens.analysis.graph.Circuit\n"
+        "assert dclens.analysis.head_output_pca is dclens.analysis.heads.head_output_pca\n"
+        "from dclens.train import TrainConfig\n"
+        "from dclens.cli import main\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def _model_private_members() -> set[str]:
@@ -224,13 +353,13 @@ def test_import_reader(src, expect, tmp_path, monkeypatch):
 
 # the engine boundary: the one module that imports the compiled binding, and the
 # three that call it (every call on a loaded model is a Runner method)
-BINDING = "dclens._binding"
-ENGINE_USERS = {"dclens.runner", "dclens.tapes", "dclens.heatmaps"}
+BINDING = "dclens._core.binding"
+ENGINE_USERS = {"dclens._core.runner", "dclens._core.tapes", "dclens.viz.heatmaps"}
 
 
 def test_one_engine_boundary():
-    """Only _binding imports dclens._engine; only runner (loaded models and the model-free
-    queries), tapes (gradient tapes) and heatmaps (the renderer) import _binding, plus the
+    """Only _core.binding imports dclens._engine; only runner (loaded models and the model-free
+    queries), tapes (gradient tapes) and viz.heatmaps (the renderer) import the binding, plus the
     package's __init__, which imports it first so that a missing BLAS is a dclens.Error."""
     g = _graph()
     importers = {m for m, ts in g.items() if "dclens._engine" in ts}
@@ -242,13 +371,14 @@ def test_one_engine_boundary():
 
 def test_the_boundary_rule_can_fail(tmp_path, monkeypatch):
     pkg = tmp_path / "dclens"
-    pkg.mkdir()
-    for n in ("__init__", "_binding", "runner", "tapes", "heatmaps"):
-        (pkg / (n + ".py")).write_text(
-            "from ._binding import lib\n" if n != "_binding" else "from ._engine import lib\n"
-        )
-    (pkg / "graph.py").write_text("def f():\n    from ._engine import lib\n")
+    for d in ("", "_core", "viz", "analysis"):
+        (pkg / d).mkdir(exist_ok=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "_core" / "binding.py").write_text("from .._engine import lib\n")
+    for n in ("_core/runner", "_core/tapes", "viz/heatmaps"):
+        (pkg / (n + ".py")).write_text("from .._core.binding import lib\n")
+    (pkg / "analysis" / "graph.py").write_text("def f():\n    from .._engine import lib\n")
     monkeypatch.setitem(PACKAGES, "dclens", str(pkg))
     monkeypatch.setitem(PACKAGES, "synth_tasks", str(tmp_path / "none"))
-    with pytest.raises(AssertionError, match="dclens.graph"):
+    with pytest.raises(AssertionError, match="dclens.analysis.graph"):
         test_one_engine_boundary()

@@ -13,7 +13,7 @@ import pytest
 
 import dclens
 from dclens import interventions as iv
-from dclens.generate import Decoder
+from dclens.analysis.generate import Decoder
 
 DCP = dict(model_type="dcpythia", n_layer=2, window_size=3, seed=61)
 # Mixture-of-Head routing and the static (Talking-Heads) branch, for force_routing,

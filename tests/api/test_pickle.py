@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import dclens
-from dclens.reference import EDGE, WHOLE, ModelRef, fingerprint
+from dclens._core.reference import EDGE, WHOLE, ModelRef, fingerprint
 
 
 @pytest.fixture

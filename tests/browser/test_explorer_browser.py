@@ -21,8 +21,8 @@ import pytest
 
 import dclens
 from dclens import explorer, routing
-from dclens.mask import allowed
-from dclens.names import hook_name
+from dclens._core.mask import allowed
+from dclens._core.names import hook_name
 
 CHROMIUM, DRIVER = (
     shutil.which("chromium") or "/usr/bin/chromium",
@@ -576,7 +576,7 @@ def circuit_page(tmp_path_factory):
         "Ruth has a taxi. Steven has a sweater. Ruth has a",
     )
     good, bad = model.to_single_token(" sweater"), model.to_single_token(" taxi")
-    c = graph.attribute(model, clean, corrupted, ("logit_diff", -1, good, bad), progress=False).circuit(top_n=40)
+    c = graph.attribute_edges(model, clean, corrupted, ("logit_diff", -1, good, bad), progress=False).circuit(top_n=40)
     path = str(tmp_path_factory.mktemp("circuit") / "circuit.html")
     dclens.explore(model, clean, circuit=c, progress=False).save(path)
     return model, model.to_tokens(clean), c, path

@@ -46,8 +46,8 @@ import pytest
 
 import dclens
 from dclens import explorer
-from dclens.mask import allowed
-from dclens.names import hook_name
+from dclens._core.mask import allowed
+from dclens._core.names import hook_name
 
 pytestmark = pytest.mark.browser
 

@@ -166,7 +166,7 @@ def test_a_blas_library_that_does_not_load_is_a_dclens_error(tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text("raise OSError('libscipy_openblas.so: invalid ELF header')\n")
     out = _import_in_child([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    assert out.startswith("dclens._checks.Error: dclens could not load its BLAS (scipy-openblas32"), out
+    assert out.startswith("dclens.Error: dclens could not load its BLAS (scipy-openblas32"), out
     assert "libscipy_openblas.so" in out and "invalid ELF header" in out and "pip install" in out
 
 
@@ -193,5 +193,5 @@ def test_an_engine_that_cannot_find_its_blas_is_a_dclens_error(tmp_path):
 
     deps = os.path.dirname(os.path.dirname(numpy.__file__))
     out = _import_in_child([str(tmp_path / "pkg"), deps], extra_args=("-S",))
-    assert out.startswith("dclens._checks.Error: dclens could not load its BLAS"), out
+    assert out.startswith("dclens.Error: dclens could not load its BLAS"), out
     assert "libscipy_openblas_gone.so" in out, out

@@ -86,7 +86,7 @@ def test_kept_maps_read_only_where_written(tiny_factory):
     maps hold other values at the masked pairs (a forward through the maps with
     its scores overridden by large values, then one at a shorter T, which lays
     rows out at another stride) gives the same bits as a fresh tape"""
-    from dclens.tapes import Tape
+    from dclens._core.tapes import Tape
 
     d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, window_size=19)
     m = dclens.load(d)

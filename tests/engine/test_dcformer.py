@@ -18,7 +18,7 @@ import pytest
 
 import dclens
 from dclens import interventions as iv
-from dclens.generate import Decoder
+from dclens.analysis.generate import Decoder
 
 from conftest import ROOT, rel_err
 from reference_dcformer import hook_names_dcformer, ref_forward_dcformer
@@ -445,7 +445,7 @@ def test_parameter_gradients_match_finite_differences(tiny_factory):
     rng = np.random.default_rng(2)
     toks = rng.integers(0, 24, 6)
     f = _fd_target(sd, cfg, toks, ("loss",))
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     names = [r[0] for r in param_table(m)]
     assert "layers.1.feed_forward.w3.weight" in names and "layers.0.feed_forward.mg.weight" in names
@@ -498,7 +498,7 @@ def test_spec_names_the_hooks(tiny_factory):
 def test_training_loss_falls_and_reloads(tmp_path):
     """dclens train --model-type dcformer: the loss falls on a repeating corpus
     and the checkpoint is a DCFormer++ dclens.load reads (with its gate)."""
-    from dclens.train import TrainConfig, train
+    from dclens.train.loop import TrainConfig, train
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat. the dog sat on the log. " * 40)

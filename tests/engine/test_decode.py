@@ -5,7 +5,7 @@ import pytest
 
 import dclens
 from dclens import interventions as iv
-from dclens.generate import Decoder
+from dclens.analysis.generate import Decoder
 
 from conftest import rel_err
 from tolerances import forward_tol, tiny

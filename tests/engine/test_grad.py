@@ -173,7 +173,7 @@ def test_parameter_gradients_match_finite_differences(tiny_factory, mt, kw):
     toks = rng.integers(0, 24, 6)
     target = ("loss",)
     f = _target_fn(cfg, toks, target)
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     names = [r[0] for r in param_table(m)]
     g = m.gradients(toks, target, names)

@@ -39,7 +39,7 @@ def test_half_weights_gradients_match_finite_differences(tiny_factory, dtype):
     toks = rng.integers(0, 24, 6)
     target = ("logprob", 4, 7)
     names = m.hook_names
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     params = [r[0] for r in param_table(m)]  # dcpythia: canonical names are the stored ones
     g = m.gradients(toks, target, names + params)
@@ -82,7 +82,7 @@ def test_recompute_gives_the_same_bits(tiny_factory, mt, kw):
     d, sd, cfg = tiny_factory(model_type=mt, vocab=24, n_layer=3, **kw)
     m = dclens.load(d)
     toks = np.random.default_rng(6).integers(0, 24, (2, 9))
-    from dclens.grad import Tape, param_table
+    from dclens.analysis.grad import Tape, param_table
 
     est = m.estimate_backward_memory(9, 2)
     assert est["recompute"] < est["full"]
@@ -99,7 +99,7 @@ def test_recompute_gives_the_same_bits(tiny_factory, mt, kw):
     # with an override in a recomputed layer (IG at layer 0) and the same chunk
     at = "blocks.0.attn.z" if mt == "gpt_neox" else "blocks.0.attn.pattern"
     big = 1 << 40
-    from dclens.attribution import attribute
+    from dclens.analysis.attribution import attribute
 
     ra = attribute(m, toks[0], ("logit_diff", -1, 1, 2), [at], steps=4, chunk=4, max_tape_bytes=big)
     rb = attribute(
@@ -162,7 +162,7 @@ def test_tape_from_a_layer(tiny_factory):
     """A tape over layers 2.. (IG's tapes at a hook of layer 2) from the
     residual stream entering layer 2 gives the logits and gradients of the
     full tape; below its first layer it refuses by name."""
-    from dclens.grad import Tape, target_value_and_grad
+    from dclens.analysis.grad import Tape, target_value_and_grad
 
     d, sd, cfg = tiny_factory(model_type="dcpythia", vocab=24, n_layer=3)
     m = dclens.load(d)

@@ -51,7 +51,7 @@ def test_variant_gradients_match_finite_differences(tiny_factory, name):
     toks = rng.integers(0, 24, 7)
     target = ("logprob", 5, 3)
     names = m.hook_names
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     params = [r[0] for r in param_table(m) if r[0] in sd]
     if m.config.use_dcmha or m.config.moh_shared_heads is not None:  # its own parameters are among them
@@ -67,7 +67,7 @@ def test_variant_gradients_match_finite_differences(tiny_factory, name):
 def test_variant_recompute_gives_the_same_bits(tiny_factory, name):
     m, sd, cfg = _make(tiny_factory, name)
     toks = np.random.default_rng(12).integers(0, 24, (2, 8))
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     wrt = m.hook_names + [r[0] for r in param_table(m)]
     low = m.estimate_backward_memory(8, 2)["recompute"]
@@ -84,7 +84,7 @@ def test_variant_trains(tiny_factory, name):
     forward then reads the trained weights (the reference forward on
     Model.weight reads agrees with it)."""
     from dclens._engine import ffi, lib
-    from dclens.grad import Tape, param_table
+    from dclens.analysis.grad import Tape, param_table
 
     from conftest import rel_err
 

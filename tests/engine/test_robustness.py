@@ -541,7 +541,7 @@ def test_oversized_cache_refused_before_allocating(model):
 
 
 def test_cli_messages(good, tmp_path, capsys):
-    from dclens.cli import main
+    from dclens.cli.commands import main
 
     from conftest import shared_path
 
@@ -608,7 +608,7 @@ def test_dataset_endless_line_and_devices(tmp_path):
 
 
 def test_ctrl_c_stops_a_decoding_step(deep, ctrl_c):
-    from dclens.generate import Decoder
+    from dclens.analysis.generate import Decoder
 
     toks = np.zeros(384, np.int32)
     dec = Decoder(deep)
@@ -629,7 +629,7 @@ def test_ctrl_c_stops_a_decoding_step(deep, ctrl_c):
 
 
 def test_cli_unknown_command_and_make_tiny_refusals(tmp_path, capsys):
-    from dclens.cli import main
+    from dclens.cli.commands import main
 
     assert main(["bogus"]) == 2
     assert "unknown command 'bogus'" in capsys.readouterr().err
@@ -795,7 +795,7 @@ def test_decoder_pickle_refused(model, copy):
     import pickle
 
     fn = {"pickle": pickle.dumps, "copy": copymod.copy, "deepcopy": copymod.deepcopy}[copy]
-    from dclens.generate import Decoder
+    from dclens.analysis.generate import Decoder
 
     with pytest.raises(dclens.Error, match="a dclens.Decoder cannot be pickled or copied"):
         fn(Decoder(model))
@@ -819,7 +819,7 @@ def test_heatmap_sizes_beyond_c_int(model, kw, msg):
 
 @pytest.mark.parametrize("tok", ["bpe:X", "bpe:-5", "bpe:", "bpe:12", "bpe:1e3", "bpe:99999999999"])
 def test_train_tokenizer_bpe_refused(tmp_path, tok):
-    from dclens.train import TrainConfig, train
+    from dclens.train.loop import TrainConfig, train
 
     with pytest.raises(
         dclens.Error, match=r"--tokenizer '%s': N of bpe:N must be an integer in \[258, " % tok.replace("+", r"\+")

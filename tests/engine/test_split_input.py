@@ -153,7 +153,7 @@ def test_asking_a_split_gradient_changes_no_other_gradient(tiny_factory):
 
 
 def test_a_tape_refuses_to_override_a_split_input(tiny_factory):
-    from dclens.tapes import Tape
+    from dclens._core.tapes import Tape
 
     d, _, _ = tiny_factory(**DCP)
     m = dclens.load(d)

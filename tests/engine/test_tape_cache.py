@@ -1,4 +1,4 @@
-"""The gradient tapes a model keeps between calls (bindings/dclens/tapes.py).
+"""The gradient tapes a model keeps between calls (bindings/dclens/_core/tapes.py).
 
 * a call served by a cached tape gives the same bits as one with a fresh
   tape: repeated calls, a smaller T after a larger one (a prefix of the
@@ -32,7 +32,7 @@ import pytest
 import dclens
 from dclens import memplan
 from dclens._engine import ffi, lib
-from dclens.attribution import attribute
+from dclens.analysis.attribution import attribute
 
 from test_variants import BASE, VARIANTS
 
@@ -82,7 +82,7 @@ def _idle(m):
 
 
 def _first_param(m):
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     return param_table(m)[1][0]
 
@@ -250,7 +250,7 @@ def test_backward_scratch_in_the_memory_report(tiny_factory):
     estimate."""
     kw = dict(CONFIGS["dcpythia"], vocab=24)
     d, _sd, cfg = tiny_factory(**kw)
-    from dclens.grad import Tape
+    from dclens.analysis.grad import Tape
 
     for n_threads in (1, 3):
         m = dclens.load(d, n_threads=n_threads)
@@ -273,7 +273,7 @@ def test_backward_scratch_in_the_memory_report(tiny_factory):
         est = m.estimate_backward_memory(T, B, ["blocks.1.attn.head_out"])
         assert m.last_pass_memory()["peak"] <= est["full"]
         # a parameter asked for counts its float32 gradient (CPU: no device mirror)
-        from dclens.grad import param_table
+        from dclens.analysis.grad import param_table
 
         name, _, size, _ = param_table(m)[2]
         est_p = m.estimate_backward_memory(T, B, ["blocks.1.attn.head_out", name])
@@ -319,7 +319,7 @@ def test_cuda_cached_tape_and_scratch(tiny_factory, name):
     (t,) = _idle(gpu)
     assert t.T_cap == 13
     # the report counts the CUDA backward's scratch and the parameter mirror
-    from dclens.grad import Tape, param_table
+    from dclens.analysis.grad import Tape, param_table
 
     tp = Tape(gpu, 1, 13)
     tp.forward(long)

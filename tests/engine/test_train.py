@@ -10,7 +10,7 @@ import pytest
 
 import dclens
 from dclens._engine import ffi, lib
-from dclens.train import TrainConfig, read_weights, train
+from dclens.train.loop import TrainConfig, read_weights, train
 
 from tolerances import U32
 
@@ -89,7 +89,7 @@ def test_adamw_step_matches_formula(tiny_factory):
     d, sd, cfg = tiny_factory(model_type="gpt_neox", vocab=24)
     m = dclens.load(d)
     assert lib.dcs_model_make_trainable(m._m) == 0
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     tab = param_table(m)
     P = int(lib.dcs_param_total(m._m))
@@ -135,7 +135,7 @@ def test_train_errors(tmp_path):
 
 
 def test_cli_train_synth(tmp_path, capsys):
-    from dclens.cli import main
+    from dclens.cli.commands import main
 
     rc = main(
         [
@@ -184,7 +184,7 @@ def test_lines_mode_jsonl_with_tokenizer(tmp_path):
     assert m.config.local_layers == (0,) and m.config.window_size == 4
     ids = m.to_tokens("red is a colour")
     assert m.forward(ids).shape == (len(ids), m.config.vocab)
-    from dclens.train import batch
+    from dclens.train.loop import batch
 
     toks = np.load(tmp_path / "run" / "tokens.npy")
     offs = np.load(tmp_path / "run" / "offsets.npy")

@@ -13,8 +13,8 @@ import pytest
 
 import dclens
 from dclens._engine import lib
-from dclens.grad import Tape
-from dclens.train import BUCKET_ROUND, BUCKET_STEPS, TrainConfig, batch, train
+from dclens.analysis.grad import Tape
+from dclens.train.loop import BUCKET_ROUND, BUCKET_STEPS, TrainConfig, batch, train
 
 import reference as R
 from tolerances import assert_close, f32_tol, forward_depth, forward_tol
@@ -143,7 +143,7 @@ def test_bucket_needs_lines_and_is_recorded(tmp_path):
     with pytest.raises(dclens.Error, match="--bucket false \\(the run: true\\)"):
         train(TrainConfig(out=str(tmp_path / "b"), bucket=False, **kw))
     split = train(TrainConfig(out=str(tmp_path / "b"), bucket=True, **kw))
-    from dclens.train import read_weights
+    from dclens.train.loop import read_weights
 
     wa, wb = read_weights(dclens.load(once)), read_weights(dclens.load(split))
     for k in wa:  # resumed: the same batches, the same weights

@@ -9,8 +9,8 @@ import pytest
 
 import dclens
 from dclens._engine import ffi, lib
-from dclens.grad import Tape, param_table
-from dclens.train import read_weights
+from dclens.analysis.grad import Tape, param_table
+from dclens.train.loop import read_weights
 
 
 def test_adamw_bits_are_the_float32_formula(tiny_factory):

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import dclens
-from dclens import train as T
-from dclens.train import TrainConfig, read_weights, train
+from dclens.train import loop as T
+from dclens.train.loop import TrainConfig, read_weights, train
 
 
 def _corpus(tmp_path):

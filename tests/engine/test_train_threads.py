@@ -9,8 +9,8 @@ import pytest
 
 import dclens
 from dclens._engine import ffi, lib
-from dclens.grad import Tape
-from dclens.train import TrainConfig, init_weights, model_config, train_step, write_model
+from dclens.analysis.grad import Tape
+from dclens.train.loop import TrainConfig, init_weights, model_config, train_step, write_model
 
 V, B, T = 300, 2, 24
 

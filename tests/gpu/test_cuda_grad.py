@@ -56,7 +56,7 @@ def _pair(tiny_factory, name):
 
 
 def _params(m):
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     return [r[0] for r in param_table(m)]
 
@@ -109,7 +109,7 @@ def _train_step(m, toks):
     """One AdamW step from fresh optimiser state: (loss, flat gradient, the
     weights after the step by name)."""
     from dclens._engine import ffi, lib
-    from dclens.grad import Tape
+    from dclens.analysis.grad import Tape
 
     assert lib.dcs_model_make_trainable(m._m) == 0, m.runner.errmsg()
     P = int(lib.dcs_param_total(m._m))
@@ -139,7 +139,7 @@ def test_cuda_train_step_matches_cpu(tiny_factory, name):
     lg, gg, wg = _train_step(gpu, toks)
     assert abs(lg - lc) <= TOL * abs(lc), (lg, lc)
     assert_close(gg, gc, TOL, name + " flat gradient")
-    from dclens.grad import param_table
+    from dclens.analysis.grad import param_table
 
     stable = np.abs(gc) > 1e3 * TOL * np.abs(gc).max()
     for n, off, k, _decay in param_table(cpu):  # the flat layout is each weight's own (dcs_adamw_step)
@@ -162,7 +162,7 @@ def test_cuda_gradients_without_a_gpu_name_why(tiny_factory):
 
 @pytest.mark.skipif(HAVE_GPU, reason="a GPU is usable here")
 def test_train_on_cuda_without_a_gpu_is_refused_before_writing(tmp_path):
-    from dclens.train import TrainConfig, train
+    from dclens.train.loop import TrainConfig, train
 
     out = tmp_path / "run"
     with pytest.raises(dclens.Error, match="device 'cuda' is not available"):
@@ -176,7 +176,7 @@ def test_train_on_cuda_without_a_gpu_is_refused_before_writing(tmp_path):
 def test_train_runs_on_cuda(tmp_path):
     """dclens.train with device='cuda': a few steps of a small run, the loss falls
     and the checkpoint loads on the CPU."""
-    from dclens.train import TrainConfig, train
+    from dclens.train.loop import TrainConfig, train
 
     c = TrainConfig(
         out=str(tmp_path / "run"),

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dclens.bundled import _summary
-from dclens.cli import main as cli_main
+from dclens._core.bundled import _summary
+from dclens.cli.commands import main as cli_main
 from dclens.testing.make_tiny import make_tiny
 from synth_tasks.corpus import TOKENIZER_FILE
 from synth_tasks.model_card import CardError, _pct, _ppl, model_card, read_train_log

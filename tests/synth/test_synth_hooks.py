@@ -9,7 +9,7 @@ import pytest
 dclens = pytest.importorskip("dclens")
 
 from dclens import interventions as iv  # noqa: E402
-from dclens._checks import Error  # noqa: E402
+from dclens._core.checks import Error  # noqa: E402
 from synth_tasks import evaluate, load_dataset, tokenize_lines  # noqa: E402
 from synth_tasks.dataset import default_data_path, sample_across_tasks  # noqa: E402
 from synth_tasks.probe import probe  # noqa: E402

@@ -30,11 +30,11 @@ from typing import Any, Callable, Union
 
 import numpy as np
 
-from .. import plugins
-from .._checks import Error
-from ..bundled import resolve
-from ..model import Model, from_reference
-from ..reference import ModelRef, fingerprint
+from .._core import plugins
+from .._core.bundled import resolve
+from .._core.checks import Error
+from .._core.reference import ModelRef, fingerprint
+from ..model import Model, from_reference, weight_dtype_arg
 from .cluster import Cluster, Placement, connect
 from .workers import item_error, progress_bar, run
 
@@ -82,7 +82,6 @@ def model_ref(model: ModelSpec, device: str = "cpu", dtype: str = "auto") -> Mod
         )
     if device not in ("cpu", "cuda"):
         raise Error("device must be 'cpu' or 'cuda', not %r" % (device,))
-    from ..model import weight_dtype_arg
 
     dtype = weight_dtype_arg(dtype)
     directory = os.fsdecode(resolve(model))

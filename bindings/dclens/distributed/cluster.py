@@ -19,7 +19,7 @@ import os
 import re
 from typing import Any
 
-from .._checks import Error, check_index
+from .._core.checks import Error, check_index
 
 INSTALL = "pip install 'dclens[distributed]'"
 
@@ -27,7 +27,7 @@ INSTALL = "pip install 'dclens[distributed]'"
 def import_ray():
     """The ray module, or an Error saying how to install it."""
     try:
-        import ray
+        import ray  # optional: the distributed extra
     except ImportError:
         raise Error("dclens.distributed runs on Ray, which is not installed: %s" % INSTALL) from None
     return ray

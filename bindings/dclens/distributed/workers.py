@@ -26,8 +26,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Callable
 
-from .._checks import Error
-from ..reference import ModelRef
+from .._core import progress as _progress
+from .._core.checks import Error
+from .._core.reference import ModelRef
+from ..model import from_reference
 from .cluster import Placement, import_ray
 
 
@@ -37,8 +39,6 @@ class ModelWorker:
     each item (fetched from the object store once per call)."""
 
     def __init__(self, ref: ModelRef):
-        from ..model import from_reference
-
         self.model = from_reference(ref)
         self.fn_id: str | None = None
         self.fn: Callable | None = None
@@ -50,7 +50,7 @@ class ModelWorker:
         """(index, True, fn(model, item)) or (index, False, the exception and
         its traceback). fn_box: [ObjectRef of fn] (boxed: Ray passes it
         unresolved, so fn is deserialised once per call, not per item)."""
-        import ray
+        import ray  # optional: the distributed extra
 
         try:
             if self.fn_id != fn_box[0].hex():
@@ -77,8 +77,6 @@ def item_error(index: int, n: int, item, what: str) -> Error:
 def progress_bar(total: int, progress: bool | None, desc: str, unit: str):
     """The package's progress bar (dclens.progress: tqdm.auto where someone
     watches, a few plain lines in a log, nothing with progress=False)."""
-    from .. import progress as _progress
-
     return _progress.bar(total=total, desc=desc, progress=progress, unit=unit)
 
 
@@ -114,8 +112,8 @@ def run(
     of this model are reused, the others stopped); None: the workers are
     started for this call and stopped at its end."""
     ray = import_ray()
-    from ray.exceptions import RayError
-    from ray.util import ActorPool
+    from ray.exceptions import RayError  # optional: the distributed extra
+    from ray.util import ActorPool  # optional: the distributed extra
 
     n = len(items)
     if n == 0:

@@ -39,6 +39,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .._core.checks import Error
+from .._core.help import HelpFormatter
 from .checkpoint import (  # noqa: F401  (re-exported for tests/engine/test_reference_selfcheck.py)
     _TORCH_STORAGE,
     DTYPES,
@@ -780,8 +782,6 @@ def _parse_moh(s):
 
 def build_parser(prog="dclens make-tiny"):
     """The argument parser of `dclens make-tiny` (every option with help and default)."""
-    from .._help import HelpFormatter
-
     ap = argparse.ArgumentParser(
         prog=prog,
         formatter_class=HelpFormatter,
@@ -928,8 +928,6 @@ def main(argv=None, prog="dclens make-tiny"):
     try:
         sd, cfg = _make_tiny_cli(a)
     except OSError as e:
-        from .._checks import Error
-
         raise Error("make-tiny: cannot write %s: %s" % (e.filename or a.out_dir, e.strerror or e)) from None
     total = sum(v.size for v in sd.values())
     print(
@@ -941,8 +939,6 @@ def main(argv=None, prog="dclens make-tiny"):
 
 def _check_cli_args(a) -> None:
     """Sizes refused up front (before anything is written), as dclens.Error."""
-    from .._checks import Error
-
     for flag, v, lo in (
         ("--n-layer", a.n_layer, 1),
         ("--dim", a.dim, 1),
