@@ -186,7 +186,9 @@ def test_eap_ig_circuits_and_faithfulness(tiny_factory):
     m, _, _ = _load(tiny_factory, DCP)
     c, x = _prompts(m)
     g = graph.build(m)
-    s = graph.attribute_edges(m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap-ig", steps=4, graph=g, progress=False)
+    s = graph.attribute_edges(
+        m, c, x, ("logit_diff", POS, GOOD, BAD), method="eap-ig", steps=4, graph=g, progress=False
+    )
     assert s.scores.shape == (len(g.edges),) and s.method == "eap-ig" and s.steps == 4
     top = s.top(5)
     assert len(top) == 5 and abs(top[0][1]) >= abs(top[-1][1])

@@ -133,7 +133,10 @@ LAYERS = [
     ),
     ("Model", ["dclens.model"]),
     ("processes (Ray)", ["dclens.distributed"]),
-    ("figures: matplotlib from arrays, the engine's PNG renders", ["dclens.viz.plots", "dclens.viz.measures", "dclens.viz.heatmaps"]),
+    (
+        "figures: matplotlib from arrays, the engine's PNG renders",
+        ["dclens.viz.plots", "dclens.viz.measures", "dclens.viz.heatmaps"],
+    ),
     ("the analyses built on Model", ["dclens.analysis"]),
     ("the explorer", ["dclens.viz"]),
     ("training", ["dclens.train"]),
