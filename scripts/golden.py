@@ -4,7 +4,7 @@ to before on the CPU").
 
     python scripts/golden.py dump OUT.npz     # before the change
     python scripts/golden.py check OUT.npz    # after: every array bit for bit
-    python scripts/golden.py dump --small tests/data/golden.npz   # what tests/engine/test_golden.py reads
+    python scripts/golden.py dump --small tests/data/golden.npz   # what tests/passes/test_golden.py reads
 
 For each variant of a generated tiny checkpoint (the attention family of
 model-spec 5, DCFormer++, Pythia, a 16-bit torch file): logits of a batch,

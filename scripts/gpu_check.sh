@@ -69,8 +69,8 @@ python3 -c "import xdist" 2>/dev/null && X="-n 4"
 # shellcheck disable=SC2086
 timeout 180 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $X --junitxml="$OUT/pytest.xml" \
   tests/gpu/test_cuda.py tests/gpu/test_cuda_grad.py tests/gpu/test_cuda_16bit.py tests/gpu/test_cuda_chunks.py \
-  tests/engine/test_tape_cache.py \
-  tests/engine/test_fork.py tests/api/test_errors.py >"$OUT/pytest.txt" 2>&1
+  tests/passes/test_tape_cache.py \
+  tests/passes/test_fork.py tests/api/test_errors.py >"$OUT/pytest.txt" 2>&1
 echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30

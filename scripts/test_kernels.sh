@@ -10,11 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 files=(
-  tests/engine/test_hooks.py tests/engine/test_tape_read.py tests/engine/test_tape_cache.py
-  tests/engine/test_tape_stage.py tests/engine/test_variants.py tests/engine/test_golden.py
-  tests/engine/test_fast_path.py tests/engine/test_attention_chunks.py tests/engine/test_parity.py
-  tests/engine/test_decode.py tests/engine/test_grad.py tests/engine/test_grad_variants.py
-  tests/engine/test_train.py tests/engine/test_partition.py tests/api/test_api.py
+  tests/passes/test_hooks.py tests/passes/test_tape_read.py tests/passes/test_tape_cache.py
+  tests/passes/test_tape_stage.py tests/passes/test_variants.py tests/passes/test_golden.py
+  tests/passes/test_fast_path.py tests/passes/test_attention_chunks.py tests/passes/test_parity.py
+  tests/passes/test_decode.py tests/passes/test_grad.py tests/passes/test_grad_variants.py
+  tests/passes/test_train.py tests/passes/test_partition.py tests/api/test_api.py
   tests/analyses/test_circuits.py tests/analyses/test_patching.py tests/analyses/test_attribution.py
   tests/analyses/test_analysis.py tests/analyses/test_graph.py
 )

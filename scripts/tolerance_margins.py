@@ -1,5 +1,5 @@
 """Measured float32 errors against the bounds of tests/tolerances.py, on the
-fast-path cases of tests/engine/test_fast_path.py: fused vs full path (two float32
+fast-path cases of tests/passes/test_fast_path.py: fused vs full path (two float32
 passes) and engine vs the float64 reference. Run under each OPENBLAS_CORETYPE
 to see the margin a kernel leaves:
 

@@ -9,12 +9,12 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
-# what the tests cover, one folder each; `pytest -m engine` (or "not browser", ...)
+# what the tests cover, one folder each; `pytest -m passes` (or "not browser", ...)
 # picks by folder (the markers are registered in pyproject.toml)
-FOLDERS = ("engine", "api", "analyses", "synth", "browser", "gpu")
+FOLDERS = ("passes", "api", "analyses", "synth", "browser", "gpu")
 # tests/reference.py, tolerances.py, ..., and the test modules of every folder
 # by their (unique) basenames: tests/gpu/test_cuda_grad.py reuses the variant
-# table of tests/engine/test_variants.py whichever folders are collected
+# table of tests/passes/test_variants.py whichever folders are collected
 sys.path[:0] = [HERE] + [os.path.join(HERE, f) for f in FOLDERS]
 # the tests never use the network: a Hub id is looked up in a cache on disk only
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -25,7 +25,7 @@ FUZZ_LINE = pytest.StashKey()  # the API fuzz's totals (tests/api/test_fuzz_api.
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its folder under tests/ (engine, api, ...)."""
+    """Mark each test with its folder under tests/ (passes, api, ...)."""
     for item in items:
         folder = os.path.relpath(str(item.path), HERE).split(os.sep)[0]
         if folder in FOLDERS:

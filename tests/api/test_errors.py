@@ -69,7 +69,7 @@ def test_bad_json_config(good):
 
 
 # (intermediate_size is not required: missing or null means 4 * dim, as in
-# DCPythiaConfig; tests/engine/test_variants.py checks it)
+# DCPythiaConfig; tests/passes/test_variants.py checks it)
 @pytest.mark.parametrize("key", ["dim", "n_head", "n_layer", "vocab_size", "model_type"])
 def test_missing_config_key(good, key):
     cfg = json.loads((good / "config.json").read_text())

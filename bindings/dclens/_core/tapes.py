@@ -13,7 +13,7 @@ So Model.gradients and Model.attribute lease a tape from the model's
 TapeCache (Runner.tapes) and give it back after the call: an idle tape made
 for B' x T' from layer `first` serves a later call of B <= B', T <= T' from
 the same layer (dcs_tape_reshape: a prefix of each buffer; the same bits as
-a fresh tape, tests/engine/test_tape_cache.py), when it fits the call's budget.
+a fresh tape, tests/passes/test_tape_cache.py), when it fits the call's budget.
 
 What it may hold: at most MAX_IDLE idle tapes; a call evicts idle tapes
 until they and the tape it needs fit its max_tape_bytes (the default budget

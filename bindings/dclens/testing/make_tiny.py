@@ -41,7 +41,7 @@ import numpy as np
 
 from .._core.checks import Error
 from .._core.help import HelpFormatter
-from .checkpoint import (  # noqa: F401  (re-exported for tests/engine/test_reference_selfcheck.py)
+from .checkpoint import (  # noqa: F401  (re-exported for tests/passes/test_reference_selfcheck.py)
     _TORCH_STORAGE,
     DTYPES,
     ST_DTYPE,

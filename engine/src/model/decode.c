@@ -121,7 +121,7 @@ dcs_status dcs_decoder_new(dcs_model *m, dcs_decoder **out) {
     m->err.msg[0] = 0;
     /* Every variant of model-spec.md 5 decodes through the one layer
      * (layer.c): its compose and MoH gate run on the new rows against the
-     * cached keys (tests/engine/test_decode.py checks each against full passes). */
+     * cached keys (tests/passes/test_decode.py checks each against full passes). */
     dcs_decoder *d = calloc(1, sizeof *d);
     if (d) d->layers = calloc((size_t)m->cfg.n_layer, sizeof *d->layers);
     if (!d || !d->layers) {

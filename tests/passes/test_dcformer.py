@@ -359,7 +359,7 @@ def test_make_tiny_cli(tmp_path):
 
 # ------------------------------------------------------------------ gradients
 
-GRAD_TOL, EPS = 2e-3, 1e-4  # as tests/engine/test_grad.py: float32 engine vs float64 central differences
+GRAD_TOL, EPS = 2e-3, 1e-4  # as tests/passes/test_grad.py: float32 engine vs float64 central differences
 
 
 def _fd_target(sd, cfg, toks, target):
