@@ -132,6 +132,8 @@ def walk():
             for mname, member in vars(obj).items():
                 if mname.startswith("_"):
                     continue
+                if inspect.isfunction(member) and "." not in member.__qualname__:
+                    continue  # a module's function set as a method too (Cache's analyses): checked as the function
                 if isinstance(member, property):
                     out.append(("%s.%s" % (qual, mname), member, "property"))
                 elif isinstance(member, (staticmethod, classmethod)) or inspect.isfunction(member):

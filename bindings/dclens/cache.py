@@ -22,7 +22,9 @@ component.
 The helpers take TransformerLens's arguments and their forms (layer None or
 -1: the final residual; pos_slice / batch_slice as its Slice; logit_attrs'
 tokens as an id, a token string or an array); any other value is a
-dclens.Error naming the argument.
+dclens.ArgumentError (ArgumentTypeError: of the wrong type) naming the argument,
+and a cache without its model, or without an activation a helper reads, a
+dclens.Error naming it (capture every hook: run_with_cache(names=None)).
 """
 
 from __future__ import annotations
@@ -68,8 +70,10 @@ class Cache(dict):
     Keys are dclens hook names; lookups also take TransformerLens names
     (cache["blocks.0.attn.hook_pattern"]) and (short name, layer) pairs
     (cache["pattern", 0], cache["resid_post", -1]). repr shows names and
-    shapes only. The analysis helpers (decompose_resid, stack_head_results,
-    accumulated_resid, apply_ln_to_stack, logit_attrs) are in dclens.cache."""
+    shapes only. The analysis helpers of dclens.cache are also its methods, with
+    TransformerLens's signatures: cache.decompose_resid(...) is
+    dclens.cache.decompose_resid(cache, ...), likewise accumulated_resid,
+    stack_head_results, apply_ln_to_stack and logit_attrs."""
 
     model: Model | None = None
     has_batch_dim: bool = False  # set by run_with_cache: a leading batch axis on every entry
@@ -151,219 +155,6 @@ class Cache(dict):
 
     def _repr_pretty_(self, p, cycle):  # IPython
         p.text(repr(self))
-
-    # the analyses of this module, as methods with TransformerLens' signatures (see each function)
-
-    def decompose_resid(
-        self,
-        layer: int | None = None,
-        mlp_input: bool = False,
-        mode: str = "all",
-        apply_ln: bool = False,
-        pos_slice: SliceInput = None,
-        incl_embeds: bool = True,
-        return_labels: bool = False,
-    ):
-        """The residual entering `layer` as embed, attn.out and mlp.out of each block before
-        it (dclens.cache.decompose_resid).
-
-        Parameters
-        ----------
-        layer : int or None
-            The block (None or -1: the final residual).
-        mlp_input : bool
-            Add attn.out of `layer` when its MLP reads it (a sequential block).
-        mode : {"all", "attn", "mlp"}
-            Which components.
-        apply_ln : bool
-            Apply `layer`'s LayerNorm as a linear map.
-        pos_slice : int or slice or tuple or list or None
-            Positions (an int drops the position axis; None: all).
-        incl_embeds : bool
-            Include embed.
-        return_labels : bool
-            Also return the labels.
-
-        Returns
-        -------
-        numpy.ndarray or tuple
-            As dclens.cache.decompose_resid: the stack; with return_labels, (stack, labels).
-
-        Raises
-        ------
-        dclens.Error
-            As dclens.cache.decompose_resid: an argument out of range or of the wrong form
-            (ArgumentError, ArgumentTypeError), a cache without its model or without an
-            activation it needs.
-        """
-        return decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
-
-    def accumulated_resid(
-        self,
-        layer: int | None = None,
-        incl_mid: bool = False,
-        apply_ln: bool = False,
-        pos_slice: SliceInput = None,
-        mlp_input: bool = False,
-        return_labels: bool = False,
-    ):
-        """The residual entering each block up to `layer` (dclens.cache.accumulated_resid).
-
-        Parameters
-        ----------
-        layer : int or None
-            The last block (None or -1: up to the final residual).
-        incl_mid : bool
-            Add each block's resid_pre + attn.out.
-        apply_ln : bool
-            Normalise each entry as a whole residual (a logit lens).
-        pos_slice : int or slice or tuple or list or None
-            Positions (an int drops the position axis; None: all).
-        mlp_input : bool
-            Add the mid of `layer` itself.
-        return_labels : bool
-            Also return the labels.
-
-        Returns
-        -------
-        numpy.ndarray or tuple
-            As dclens.cache.accumulated_resid: the stack; with return_labels, (stack, labels).
-
-        Raises
-        ------
-        dclens.Error
-            As dclens.cache.accumulated_resid: an argument out of range or of the wrong form
-            (ArgumentError, ArgumentTypeError), a cache without its model or without an
-            activation it needs.
-        """
-        return accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
-
-    def stack_head_results(
-        self,
-        layer: int | None = -1,
-        return_labels: bool = False,
-        incl_remainder: bool = False,
-        pos_slice: SliceInput = None,
-        apply_ln: bool = False,
-    ):
-        """Every head's head_out of the blocks before `layer` (dclens.cache.stack_head_results).
-
-        Parameters
-        ----------
-        layer : int or None
-            The block the heads feed (-1 or None: all).
-        return_labels : bool
-            Also return the labels "L{l}H{n}".
-        incl_remainder : bool
-            Add the rest of the residual as a last component.
-        pos_slice : int or slice or tuple or list or None
-            Positions (an int drops the position axis; None: all).
-        apply_ln : bool
-            Apply `layer`'s LayerNorm as a linear map.
-
-        Returns
-        -------
-        numpy.ndarray or tuple
-            As dclens.cache.stack_head_results: the stack; with return_labels, (stack, labels).
-
-        Raises
-        ------
-        dclens.Error
-            As dclens.cache.stack_head_results: an argument out of range or of the wrong form
-            (ArgumentError, ArgumentTypeError), a cache without its model or without an
-            activation it needs.
-        """
-        return stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
-
-    def apply_ln_to_stack(
-        self,
-        residual_stack,
-        layer: int | None = None,
-        mlp_input: bool = False,
-        pos_slice: SliceInput = None,
-        batch_slice: SliceInput = None,
-        has_batch_dim: bool | None = None,
-        recompute_ln: bool = False,
-    ) -> np.ndarray:
-        """A norm applied to each component as the linear map it is once its scale is fixed
-        (dclens.cache.apply_ln_to_stack).
-
-        Parameters
-        ----------
-        residual_stack : array_like
-            [C, ..., D] components.
-        layer : int or None
-            The block whose norm (None or -1: ln_final).
-        mlp_input : bool
-            The norm of `layer`'s MLP.
-        pos_slice : int or slice or tuple or list or None
-            The positions the stack holds.
-        batch_slice : int or slice or tuple or list or None
-            A slice of the batch axis.
-        has_batch_dim : bool or None
-            Whether the stack has a batch axis after C.
-        recompute_ln : bool
-            Each component is a full residual with its own statistics.
-
-        Returns
-        -------
-        numpy.ndarray
-            The normalised stack, float64.
-
-        Raises
-        ------
-        dclens.Error
-            As dclens.cache.apply_ln_to_stack: a stack of the wrong shape, an argument out of
-            range, a cache without its model or an activation it needs.
-        """
-        return apply_ln_to_stack(
-            self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim, recompute_ln
-        )
-
-    def logit_attrs(
-        self,
-        residual_stack,
-        tokens,
-        incorrect_tokens=None,
-        pos_slice: SliceInput = None,
-        batch_slice: SliceInput = None,
-        has_batch_dim: bool | None = None,
-        *,
-        has_ln: bool = False,
-    ) -> np.ndarray:
-        """Direct logit attribution of each component (dclens.cache.logit_attrs).
-
-        Parameters
-        ----------
-        residual_stack : array_like
-            [C, ..., D] components.
-        tokens : int or str or array_like of int
-            The token(s) whose logits: one, [T], [B] or [B, T].
-        incorrect_tokens : int or str or array_like of int or None
-            Subtracted logits, of the shape of tokens.
-        pos_slice : int or slice or tuple or list or None
-            The positions the stack holds.
-        batch_slice : int or slice or tuple or list or None
-            Taken from the stack's batch axis.
-        has_batch_dim : bool or None
-            Whether the stack has a batch axis after C.
-        has_ln : bool
-            The stack is already normalised.
-
-        Returns
-        -------
-        numpy.ndarray
-            [C, ...] float64.
-
-        Raises
-        ------
-        dclens.Error
-            As dclens.cache.logit_attrs: tokens that are not ids of the vocabulary or do not
-            fit the stack, a cache without its model or an activation it needs.
-        """
-        return logit_attrs(
-            self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim, has_ln=has_ln
-        )
 
     # ---------------------------------------------------------- TransformerLens' ActivationCache
 
@@ -586,6 +377,15 @@ class Cache(dict):
         return np.stack([self[k] for k in keys])
 
 
+def _stack_args(cache: Cache, layer: int | None, pos_slice: SliceInput, **flags):
+    """What the stacking helpers check first: each flag a bool (an ArgumentTypeError naming
+    it), the cache's model, the layer and the positions -> (model, upto, pos)."""
+    for what, v in flags.items():
+        check_bool(what, v)
+    model = _model(cache)
+    return model, _layer_arg(model, layer), _slice_arg("pos_slice", pos_slice)
+
+
 def _need(cache: Cache, name: str) -> np.ndarray:
     if name not in cache:
         raise Error("cache has no %s: capture it (run_with_cache(names=None) captures every hook)" % name)
@@ -746,8 +546,8 @@ def accumulated_resid(
     cache : dclens.Cache
         From run_with_cache, with the activations it reads (the model attached).
     layer : int or None
-        The block whose input residual is decomposed (None or -1: the final residual, after
-        the last block; other negatives count from the end).
+        Accumulate up to the residual entering this block (None or -1: up to the final
+        residual, after the last block; other negatives count from the end).
     incl_mid : bool
         Add each block's resid_mid (resid_pre + attn.out, "{l}_mid") after its resid_pre.
     apply_ln : bool
@@ -769,24 +569,14 @@ def accumulated_resid(
 
     Raises
     ------
-    dclens.ArgumentError
-        A layer, position or argument out of range or of the wrong form
-        (dclens.ArgumentTypeError: of the wrong type).
     dclens.Error
-        A cache without its model, or without an activation it needs (capture every hook:
-        run_with_cache(names=None)).
+        An argument out of range or of the wrong form, or a cache without its model or
+        without the resid_pre / resid_mid / resid_post it stacks (module docstring).
     """
-    for what, v in (
-        ("incl_mid", incl_mid),
-        ("apply_ln", apply_ln),
-        ("mlp_input", mlp_input),
-        ("return_labels", return_labels),
-    ):
-        check_bool(what, v)
-    model = _model(cache)
+    model, upto, pos = _stack_args(
+        cache, layer, pos_slice, incl_mid=incl_mid, apply_ln=apply_ln, mlp_input=mlp_input, return_labels=return_labels
+    )
     L = model.config.n_layer
-    upto = _layer_arg(model, layer)
-    pos = _slice_arg("pos_slice", pos_slice)
     parts, labels = [], []
     for l in range(upto):
         parts.append(_need(cache, hook_name(l, "resid_pre")))
@@ -854,25 +644,21 @@ def decompose_resid(
 
     Raises
     ------
-    dclens.ArgumentError
-        A layer, position or argument out of range or of the wrong form
-        (dclens.ArgumentTypeError: of the wrong type).
     dclens.Error
-        A cache without its model, or without an activation it needs (capture every hook:
-        run_with_cache(names=None)).
+        An argument out of range or of the wrong form, or a cache without its model or
+        without the embed / attn.out / mlp.out it stacks (module docstring).
     """
-    for what, v in (
-        ("mlp_input", mlp_input),
-        ("apply_ln", apply_ln),
-        ("incl_embeds", incl_embeds),
-        ("return_labels", return_labels),
-    ):
-        check_bool(what, v)
-    model = _model(cache)
     if not is_choice(mode, ("all", "attn", "mlp")):
         raise ArgumentError("decompose_resid: mode must be 'all', 'attn' or 'mlp', not %r" % (mode,))
-    upto = _layer_arg(model, layer)
-    pos = _slice_arg("pos_slice", pos_slice)
+    model, upto, pos = _stack_args(
+        cache,
+        layer,
+        pos_slice,
+        mlp_input=mlp_input,
+        apply_ln=apply_ln,
+        incl_embeds=incl_embeds,
+        return_labels=return_labels,
+    )
     parts, labels = ([_need(cache, "embed")], ["embed"]) if incl_embeds else ([], [])
     for l in range(upto):
         if mode != "mlp":
@@ -928,18 +714,13 @@ def stack_head_results(
 
     Raises
     ------
-    dclens.ArgumentError
-        A layer, position or argument out of range or of the wrong form
-        (dclens.ArgumentTypeError: of the wrong type).
     dclens.Error
-        A cache without its model, or without an activation it needs (capture every hook:
-        run_with_cache(names=None)).
+        An argument out of range or of the wrong form, or a cache without its model or
+        without the heads' head_out (module docstring).
     """
-    for what, v in (("incl_remainder", incl_remainder), ("apply_ln", apply_ln), ("return_labels", return_labels)):
-        check_bool(what, v)
-    model = _model(cache)
-    upto = _layer_arg(model, layer)
-    pos = _slice_arg("pos_slice", pos_slice)
+    model, upto, pos = _stack_args(
+        cache, layer, pos_slice, incl_remainder=incl_remainder, apply_ln=apply_ln, return_labels=return_labels
+    )
     parts, labels = _head_parts(cache, model, upto)
     if incl_remainder:
         total = _final_resid(cache, model, upto)
@@ -1054,12 +835,9 @@ def apply_ln_to_stack(
 
     Raises
     ------
-    dclens.ArgumentError
-        A layer, position or argument out of range or of the wrong form
-        (dclens.ArgumentTypeError: of the wrong type).
     dclens.Error
-        A cache without its model, or without an activation it needs (capture every hook:
-        run_with_cache(names=None)).
+        A stack whose shape does not fit, an argument out of range or of the wrong form, or
+        a cache without its model or the residual whose LayerNorm scale it applies.
     """
     model = _model(cache)
     for what, v in (("mlp_input", mlp_input), ("recompute_ln", recompute_ln), ("whole", whole)):
@@ -1339,3 +1117,10 @@ def dla(cache: Cache, token: int, pos: int = -1, batch: int | None = None, by: s
     attrs = (_centre(model.config, stack) / scale * w) @ u
     bias = float(np.asarray(model.ln_final_b, np.float64) @ u)
     return DLA(np.concatenate([attrs, [bias]]), labels + ["ln_final.bias"])
+
+
+# The analyses above as Cache's methods (TransformerLens's ActivationCache has them there):
+# cache.decompose_resid(layer, ...) is decompose_resid(cache, layer, ...), one definition each.
+for _analysis in (decompose_resid, accumulated_resid, stack_head_results, apply_ln_to_stack, logit_attrs):
+    setattr(Cache, _analysis.__name__, _analysis)
+del _analysis

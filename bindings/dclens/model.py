@@ -565,6 +565,49 @@ def load_tokenizer(directory: str):
         raise Error("%s: cannot read the tokenizer: %s" % (p, e)) from e
 
 
+# Config's fields that are the engine's dcs_config fields of the same name (numbers, then 0/1 flags)
+_ENGINE_CONFIG_NUMBERS = [
+    "n_layer",
+    "d_model",
+    "n_head",
+    "head_dim",
+    "d_ff",
+    "vocab",
+    "rotary_dim",
+    "rope_base",
+    "norm_eps",
+    "dyn_rank",
+    "dyn_hidden",
+    "window_size",
+    "compose_groups",
+    "dyn_slots",
+    "mgate_dim",
+]
+_ENGINE_CONFIG_FLAGS = [
+    "parallel_residual",
+    "qk_norm",
+    "linear_bias",
+    "use_dcmha",
+    "query_wise",
+    "tie_embeddings",
+    "key_wise",
+]
+
+
+class _OfRunner:
+    """A Model attribute that lives on its runner (name, device): one copy, the one the
+    engine's calls and their messages use; reading and setting go to model.runner."""
+
+    def __set_name__(self, owner, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, model, owner=None):
+        return self if model is None else getattr(model.runner, self.attr)
+
+    def __set__(self, model, value) -> None:
+        setattr(model.runner, self.attr, value)
+
+
 class Model(WeightsMixin):
     """A loaded DCPythia or Pythia model.
 
@@ -628,34 +671,14 @@ class Model(WeightsMixin):
         first = self.plan[0]
         self.config = Config(
             model_type={1: "dcpythia", 2: "gpt_neox", 3: "dcformer"}[c.model_type],
-            n_layer=c.n_layer,
-            d_model=c.d_model,
-            n_head=c.n_head,
-            head_dim=c.head_dim,
-            d_ff=c.d_ff,
-            vocab=c.vocab,
-            rotary_dim=c.rotary_dim,
-            rope_base=c.rope_base,
-            norm_eps=c.norm_eps,
-            parallel_residual=bool(c.parallel_residual),
-            qk_norm=bool(c.qk_norm),
-            linear_bias=bool(c.linear_bias),
-            use_dcmha=bool(c.use_dcmha),
-            query_wise=bool(c.query_wise),
-            dyn_rank=c.dyn_rank,
-            dyn_hidden=c.dyn_hidden,
-            window_size=c.window_size,
+            **{f: getattr(c, f) for f in _ENGINE_CONFIG_NUMBERS},
+            **{f: bool(getattr(c, f)) for f in _ENGINE_CONFIG_FLAGS},
             local_layers=tuple(l for l in range(c.n_layer) if self.plan[l].window > 0),
-            tie_embeddings=bool(c.tie_embeddings),
             use_sw=bool(c.use_sw) and bool(c.use_dcmha),
-            compose_groups=c.compose_groups,
             moh_shared_heads=c.moh_shared if c.moh else None,
             moh_routed_topk=c.moh_topk if c.moh else None,
-            dyn_slots=c.dyn_slots,
-            key_wise=bool(c.key_wise),
             norm=first.norm,
             mlp=first.mlp,
-            mgate_dim=c.mgate_dim,
         )
         self.load_warnings = self.runner.load_warnings()
         for w in self.load_warnings:
@@ -667,23 +690,10 @@ class Model(WeightsMixin):
 
     from_pretrained = staticmethod(from_pretrained)
 
-    @property
-    def name(self) -> str:
-        """The model's name (its directory's, a bundled name or a Hub id)."""
-        return self.runner.name
-
-    @name.setter
-    def name(self, value: str) -> None:
-        self.runner.name = value
-
-    @property
-    def device(self) -> str:
-        """ "cpu" or "cuda"."""
-        return self.runner.device
-
-    @device.setter
-    def device(self, value: str) -> None:
-        self.runner.device = value
+    name = _OfRunner()
+    """The model's name (its directory's, a bundled name or a Hub id)."""
+    device = _OfRunner()
+    """ "cpu" or "cuda"."""
 
     @property
     def dtype(self) -> str:
@@ -1142,15 +1152,8 @@ class Model(WeightsMixin):
             fns = self.hooks_in_force()
             self.token_ids(tokens)  # checked, and a ContextWarning for a long prompt
             return self.runner.run(tokens, fns=fns, logits_at=logits_at)[0]
-        return batch.call(
-            self,
-            tokens,
-            lengths=lengths,
-            padding_side=padding_side,
-            return_type=return_type,
-            loss_per_token=loss_per_token,
-            prepend_bos=prepend_bos,
-        )
+        prompts = (tokens, lengths, padding_side, prepend_bos)
+        return batch.call(self, prompts, return_type, loss_per_token=loss_per_token)
 
     __call__ = forward
 
@@ -1191,9 +1194,10 @@ class Model(WeightsMixin):
         return_type : {"logits", "loss", "both", None}
             What comes first in the result, as for forward.
         fwd_hooks : sequence of (str, callable) or Hooks
-            Hooks run in the pass (run_with_hooks).
+            Hooks run in the pass, as run_with_hooks's; the cache holds what they leave.
         read_only : bool
-            Declare every hook of fwd_hooks read-only.
+            Declare every hook of fwd_hooks read-only (each gets a read-only array and
+            nothing is copied back).
         prepend_bos : bool or None
             For text: put the BOS token first.
 
@@ -1215,17 +1219,9 @@ class Model(WeightsMixin):
         if names is not None and names_filter is not None:
             raise ArgumentError("run_with_cache: give names or names_filter, not both")
         sel = names if names is not None else names_filter
-        return batch.call(
-            self,
-            tokens,
-            lengths=lengths,
-            padding_side=padding_side,
-            return_type=return_type,
-            capture=self.runner.select(sel),
-            fns=self._expand_hooks(hook_pairs(fwd_hooks, read_only)),
-            with_cache=True,
-            prepend_bos=prepend_bos,
-        )
+        prompts = (tokens, lengths, padding_side, prepend_bos)
+        fns = self._expand_hooks(hook_pairs(fwd_hooks, read_only))
+        return batch.call(self, prompts, return_type, capture=self.runner.select(sel), fns=fns, with_cache=True)
 
     def resolve_hook(self, name: str) -> str:
         """The dclens name of a hook given in either spelling, checked.
@@ -1263,7 +1259,7 @@ class Model(WeightsMixin):
         Returns
         -------
         str
-            The full dclens hook name.
+            The full name, e.g. "blocks.3.attn.post.kp" (dclens's spelling).
 
         Raises
         ------
@@ -1483,17 +1479,8 @@ class Model(WeightsMixin):
         fwd_hooks = self._expand_hooks(hook_pairs(fwd_hooks, read_only))
         want_cache = cache_names is None or bool(cache_names)
         cap = self.runner.select(cache_names) if want_cache else ()
-        return batch.call(
-            self,
-            tokens,
-            lengths=lengths,
-            padding_side=padding_side,
-            return_type=return_type,
-            capture=cap,
-            fns=fwd_hooks,
-            with_cache=want_cache,
-            prepend_bos=prepend_bos,
-        )
+        prompts = (tokens, lengths, padding_side, prepend_bos)
+        return batch.call(self, prompts, return_type, capture=cap, fns=fwd_hooks, with_cache=want_cache)
 
     def last_pass_memory(self) -> dict[str, int]:
         """Activation bytes of the last pass (weights excluded): 'peak' held at
@@ -1585,9 +1572,9 @@ class Model(WeightsMixin):
         Parameters
         ----------
         tokens : str or array_like of int
-            The prompt ([T]).
+            The prompt ([T]; with cache=, the cache's).
         layer : int
-            The layer.
+            The layer whose compose.
         phase : {"pre", "post"}
             Composition of the scores (pre) or of the pattern (post).
         query : int
@@ -1605,7 +1592,7 @@ class Model(WeightsMixin):
         Raises
         ------
         dclens.Error
-            A layer, phase or position out of range, or a cache without what it needs.
+            A layer, phase or position out of range, or a cache without the dyn.* it reads.
         """
         if cache is not None:
             return routing.composition_maps(self, cache, layer, phase, query=query, key=key)
@@ -1618,9 +1605,9 @@ class Model(WeightsMixin):
         Parameters
         ----------
         tokens : str or array_like of int
-            The prompt ([T]).
+            The prompt ([T]), run once unless cache= is given.
         layer : int
-            The layer.
+            The layer routed.
         phase : {"pre", "post"}
             The scores (pre) or the pattern (post) routed.
         query : int
@@ -1637,43 +1624,16 @@ class Model(WeightsMixin):
         Raises
         ------
         dclens.Error
-            A layer, phase or position out of range, or a cache without what it needs.
+            A layer, phase or query out of range, or a cache without the pattern / scores or
+            dyn.* it reads.
         """
         if cache is not None:
             return routing.routing_matrices(self, cache, phase, layers=[layer], queries=[query])[0, 0]
         return routing.routing_matrix(self, tokens, layer, phase, query)
 
-    def flows(self, tokens, layer: int, phase: str, head: int, query: int, *, cache: Cache | None = None) -> np.ndarray:
-        """[N source, branch, T key]: what each source head lends target `head` at
-        (query, key) through each compose branch; sums to the composed entry
-        (routing.flows; cache= with the layer's pattern/scores and dyn.* avoids a pass).
-
-        Parameters
-        ----------
-        tokens : str or array_like of int
-            The prompt ([T]).
-        layer : int
-            The layer.
-        phase : {"pre", "post"}
-            The compose phase.
-        head : int
-            The target head.
-        query : int
-            The query position.
-        cache : Cache or None
-            A run_with_cache of the same tokens.
-
-        Returns
-        -------
-        numpy.ndarray
-            [N source, branch, T key].
-
-        Raises
-        ------
-        dclens.Error
-            A layer, phase, head or position out of range, or a cache without what it needs.
-        """
-        return routing.flows(self, tokens, layer, phase, head, query, cache=cache)
+    # what routing.flows / grad.gradients / memplan.estimate do, as methods: one definition each,
+    # model.flows(tokens, ...) is routing.flows(model, tokens, ...)
+    flows = routing.flows
 
     def gates(self, tokens, layer: int, cache: Cache | None = None):
         """The dynamic gates qdd/kdd of both phases of a layer (routing.py).
@@ -1681,9 +1641,9 @@ class Model(WeightsMixin):
         Parameters
         ----------
         tokens : str or array_like of int
-            The prompt ([T]).
+            The prompt ([T]; not run with cache=).
         layer : int
-            The layer.
+            The layer whose gates.
         cache : Cache or None
             A run_with_cache of the same tokens with the layer's dyn.*.qdd / kdd hooks.
 
@@ -1705,35 +1665,7 @@ class Model(WeightsMixin):
 
     # ------------------------------------------------------------ gradients, attribution (grad.py, attribution.py)
 
-    def gradients(self, tokens, target, wrt, return_value: bool = False, max_tape_bytes: int | None = None):
-        """d target / d activation (hook names) or d parameter (weight names) (dclens.grad).
-
-        Parameters
-        ----------
-        tokens : str or array_like of int
-            [T] or [B, T] tokens.
-        target : str or tuple
-            ("logit", pos, token), ("logprob", pos, token), ("logit_diff", pos, good, bad),
-            "loss" or ("loss", mask).
-        wrt : str or sequence of str
-            Hook names and parameter names.
-        return_value : bool
-            Also return the target's value, as (grads, value).
-        max_tape_bytes : int or None
-            The tape's memory budget, bytes.
-
-        Returns
-        -------
-        dict of str to numpy.ndarray or tuple
-            Name -> gradient (activation layout, or the weight's shape); with return_value,
-            (that, value).
-
-        Raises
-        ------
-        dclens.Error
-            As dclens.grad.gradients.
-        """
-        return grad.gradients(self, tokens, target, wrt, return_value=return_value, max_tape_bytes=max_tape_bytes)
+    gradients = grad.gradients
 
     def attribute(
         self,
@@ -1789,30 +1721,4 @@ class Model(WeightsMixin):
             max_tape_bytes=max_tape_bytes,
         )
 
-    def estimate_backward_memory(self, T: int, B: int = 1, wrt=(), max_tape_bytes: int | None = None):
-        """Bytes a gradient pass over B x T tokens would take under each tape plan, before
-        anything is allocated, and the plan the budget picks (memplan.py).
-
-        Parameters
-        ----------
-        T : int
-            Tokens per sequence.
-        B : int
-            Sequences.
-        wrt : str or sequence of str
-            The hook and parameter names gradients are asked at.
-        max_tape_bytes : int or None
-            The budget, bytes (None: the default for the device).
-
-        Returns
-        -------
-        dict
-            {"full": bytes, "recompute": bytes, "budget": bytes, "plan": "full",
-            "recompute" or None}.
-
-        Raises
-        ------
-        dclens.Error
-            As dclens.memplan.estimate.
-        """
-        return memplan.estimate(self, T, B, wrt, max_tape_bytes)
+    estimate_backward_memory = memplan.estimate

@@ -212,18 +212,17 @@ def _loss(logits: np.ndarray, toks: np.ndarray, lengths, padding_side: str, per_
 
 def call(
     model,
-    tokens,
-    *,
-    lengths=None,
-    padding_side: str | None = None,
+    prompts: tuple,
     return_type: str | None = "logits",
+    *,
     capture: Sequence[str] = (),
     fns=(),
     with_cache: bool = False,
     loss_per_token: bool = False,
-    prepend_bos: bool | None = None,
 ):
-    """The one path of forward / run_with_cache / run_with_hooks."""
+    """The one path of forward / run_with_cache / run_with_hooks; prompts is their
+    (tokens, lengths, padding_side, prepend_bos) as given."""
+    tokens, lengths, padding_side, prepend_bos = prompts
     if not is_choice(return_type, ("logits", "loss", "both", None)):
         raise ArgumentError("return_type must be 'logits', 'loss', 'both' or None, not %r" % (return_type,))
     a, lengths, batched, padding_side = normalize(model, tokens, lengths, padding_side, prepend_bos)

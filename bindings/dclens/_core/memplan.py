@@ -154,7 +154,7 @@ def param_table(model) -> list[tuple[str, int, int, bool]]:
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model whose parameters are listed.
 
     Returns
     -------
@@ -249,7 +249,7 @@ def ig_extra(model, T: int, k: int, point: int) -> int:
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model (its vocabulary sizes the logits).
     T : int
         Tokens per sequence.
     k : int
@@ -277,7 +277,7 @@ def ig_batch(model, T: int, steps: int, point: int, budget: int, first: int = 0)
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model whose tape is planned.
     T : int
         Tokens per sequence.
     steps : int

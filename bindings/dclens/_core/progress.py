@@ -181,7 +181,8 @@ class Plain:
         desc : str
             The label ("progress" when empty).
         refresh : bool
-            tqdm's argument, ignored.
+            tqdm's argument, ignored: each line is printed whole, with the label it has
+            when printed.
         """
         self.desc = desc
 

@@ -18,8 +18,8 @@ viewing two storages: F16 0, 0.5, .. 5.5 and F32 1, 2, 3):
     torch2/                    two shards (the second with zip64 end records) + index
     zip64.bin                  the one file with zip64 end records
 
-Names and shapes come from dclens.testing.layouts, config.json from
-make_tiny's config writers, the files from dclens.testing.checkpoint. The
+Names and shapes come from dclens.testing.layouts, config.json as
+make_tiny writes it, the files from dclens.testing.checkpoint. The
 values are engine/tests/test_engine.c's value(name, i), a hash of the
 stored tensor's name and the element index (unfused q/k/v take the rows of
 the fused tensor), so the C test can check any weight it reads.
@@ -38,7 +38,7 @@ import numpy as np
 
 from .checkpoint import TorchTensor, safetensors_bytes, torch_checkpoint_bytes, write_index
 from .layouts import dcpythia_tensors, gpt_neox_tensors
-from .make_tiny import dcpythia_config, gpt_neox_config
+from .make_tiny import tiny_config
 
 DIMS: dict[str, Any] = dict(n_layer=2, dim=16, n_head=4, vocab=50, intermediate=32)
 WINDOW, RANK, ROTARY_PCT = 4, 2, 0.5
@@ -142,22 +142,8 @@ def _loader_zips(out: str) -> None:
 
 def write_fixtures(out: str) -> list:
     """Write every fixture directory under `out`; returns their names."""
-    dcp_cfg = dcpythia_config(
-        **DIMS,
-        window_size=WINDOW,
-        window_type=None,
-        query_wise=False,
-        use_qk_norm=True,
-        use_parallel_residual=True,
-        use_linear_bias=True,
-        use_dcmha=True,
-        rotary_pct=ROTARY_PCT,
-        tie_word_embeddings=False,
-        dtype="float32",
-    )
-    neox_cfg = gpt_neox_config(
-        **DIMS, rotary_pct=ROTARY_PCT, use_parallel_residual=True, tie_word_embeddings=False, dtype="float32"
-    )
+    dcp_cfg = tiny_config("dcpythia", **DIMS, window_size=WINDOW, rotary_pct=ROTARY_PCT)
+    neox_cfg = tiny_config("gpt_neox", **DIMS, rotary_pct=ROTARY_PCT)
     fused = dcpythia_tensors(**DIMS, rank=RANK)
     _write(out, "dcpythia", dcp_cfg, fused)
     _write(out, "dcpythia_unfused", dcp_cfg, dcpythia_tensors(**DIMS, rank=RANK, fused_qkv=False))

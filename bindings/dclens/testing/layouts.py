@@ -39,6 +39,48 @@ def _attention_projections(out, p: str, D: int, fused_qkv: bool, bias: bool) -> 
         out[p + "attention.wo.bias"] = (D,)
 
 
+def _dyn_w_proj(
+    out, q: str, D: int, N: int, R: int, G: int, *, use_sw: bool, extra_derived: bool, merged_sw: bool
+) -> None:
+    """dyn_w_proj's tensors (prefix q): dw1 [D, G, 4, K], qkw [G, 4, K, 2R, N/G],
+    dd [D, G, 4N/G] (K = 4N); with extra_derived and G = 1 the merged dw_m, qkw_m
+    (and sw [2, N, N] when merged_sw); pre/post_proj.w [G, N/G, N/G] with use_sw or
+    extra_derived."""
+    K, Mg = 4 * N, N // G
+    out[q + "dw1"] = (D, G, 4, K)
+    out[q + "qkw"] = (G, 4, K, 2 * R, Mg)
+    out[q + "dd"] = (D, G, 4 * Mg)
+    if extra_derived and G == 1:
+        out[q + "dw_m"] = (D, 4 * K + 4 * N)
+        out[q + "qkw_m"] = (4, K, 2 * R * N)
+        if merged_sw:
+            out[q + "sw"] = (2, N, N)
+    if use_sw or extra_derived:
+        out[q + "pre_proj.w"] = (G, Mg, Mg)
+        out[q + "post_proj.w"] = (G, Mg, Mg)
+
+
+def _qk_norm_scales(out, p: str, Dh: int) -> None:
+    """q_norm.scale and k_norm.scale [Dh] of layer prefix p."""
+    out[p + "attention.q_norm.scale"] = (Dh,)
+    out[p + "attention.k_norm.scale"] = (Dh,)
+
+
+def _norms(out, names, D: int, bias: bool = True) -> None:
+    """weight [D] (and bias [D]) of each norm in names (full prefixes), in order."""
+    for n in names:
+        out[n + ".weight"] = (D,)
+        if bias:
+            out[n + ".bias"] = (D,)
+
+
+def _final_norm_and_unembedding(out, norm: str, unembedding: str, D: int, V: int, bias: bool, tied: bool) -> None:
+    """The final norm (weight and bias [D], or weight only) and the untied unembedding [V, D]."""
+    _norms(out, (norm,), D, bias)
+    if not tied:
+        out[unembedding + ".weight"] = (V, D)
+
+
 def dcpythia_tensors(
     *,
     n_layer: int,
@@ -61,25 +103,16 @@ def dcpythia_tensors(
     has it, also with use_dcmha off); extra_derived: also the merged
     dw_m/qkw_m/sw and the identity pre/post_proj.w buffers loaders ignore."""
     D, N, F, V, R = dim, n_head, intermediate, vocab, rank
-    Dh, K, G = D // N, 4 * N, int(compose_groups)
-    Mg = N // G
+    Dh, G = D // N, int(compose_groups)
     out: dict[str, Shape] = OrderedDict()
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l
         _attention_projections(out, p, D, fused_qkv, use_linear_bias)
         if dyn:
-            q = p + "attention.dyn_w_proj."
-            out[q + "dw1"] = (D, G, 4, K)
-            out[q + "qkw"] = (G, 4, K, 2 * R, Mg)
-            out[q + "dd"] = (D, G, 4 * Mg)
-            if extra_derived and G == 1:
-                out[q + "dw_m"] = (D, 4 * K + 4 * N)
-                out[q + "qkw_m"] = (4, K, 2 * R * N)
-                out[q + "sw"] = (2, N, N)
-            if use_sw or extra_derived:
-                out[q + "pre_proj.w"] = (G, Mg, Mg)
-                out[q + "post_proj.w"] = (G, Mg, Mg)
+            _dyn_w_proj(
+                out, p + "attention.dyn_w_proj.", D, N, R, G, use_sw=use_sw, extra_derived=extra_derived, merged_sw=True
+            )
         if moh is not None:
             hs = int(moh["shared_heads"])
             out[p + "attention.moh.wg.weight"] = (N - hs, D)
@@ -88,21 +121,15 @@ def dcpythia_tensors(
             if hs > 0:
                 out[p + "attention.moh.wg_0.weight"] = (2, D)
         if use_qk_norm:
-            out[p + "attention.q_norm.scale"] = (Dh,)
-            out[p + "attention.k_norm.scale"] = (Dh,)
+            _qk_norm_scales(out, p, Dh)
         out[p + "feed_forward.w1.weight"] = (F, D)
         if use_linear_bias:
             out[p + "feed_forward.w1.bias"] = (F,)
         out[p + "feed_forward.w2.weight"] = (D, F)
         if use_linear_bias:
             out[p + "feed_forward.w2.bias"] = (D,)
-        for ln in ("ffn_norm", "attention_norm"):
-            out[p + ln + ".weight"] = (D,)
-            out[p + ln + ".bias"] = (D,)
-    out["norm.weight"] = (D,)
-    out["norm.bias"] = (D,)
-    if not tie_word_embeddings:
-        out["output.weight"] = (V, D)
+        _norms(out, (p + "ffn_norm", p + "attention_norm"), D)
+    _final_norm_and_unembedding(out, "norm", "output", D, V, bias=True, tied=tie_word_embeddings)
     return out
 
 
@@ -127,9 +154,7 @@ def gpt_neox_tensors(
     out["gpt_neox.embed_in.weight"] = (V, D)
     for l in range(n_layer):
         p = "gpt_neox.layers.%d." % l
-        for ln in ("input_layernorm", "post_attention_layernorm"):
-            out[p + ln + ".weight"] = (D,)
-            out[p + ln + ".bias"] = (D,)
+        _norms(out, (p + "input_layernorm", p + "post_attention_layernorm"), D)
         if extra_derived:
             out[p + "attention.masked_bias"] = ()
             out[p + "attention.rotary_emb.inv_freq"] = (len(range(0, r, 2)),)
@@ -141,10 +166,9 @@ def gpt_neox_tensors(
         out[p + "mlp.dense_h_to_4h.bias"] = (F,)
         out[p + "mlp.dense_4h_to_h.weight"] = (D, F)
         out[p + "mlp.dense_4h_to_h.bias"] = (D,)
-    out["gpt_neox.final_layer_norm.weight"] = (D,)
-    out["gpt_neox.final_layer_norm.bias"] = (D,)
-    if not tie_word_embeddings:
-        out["embed_out.weight"] = (V, D)
+    _final_norm_and_unembedding(
+        out, "gpt_neox.final_layer_norm", "embed_out", D, V, bias=True, tied=tie_word_embeddings
+    )
     return out
 
 
@@ -167,31 +191,22 @@ def dcformer_tensors(
     also the merged dw_m/qkw_m parameters and the identity pre/post_proj.w
     buffers the official module saves (no sw: a plain attribute there)."""
     D, N, F, V, R = dim, n_head, intermediate, vocab, rank
-    Dh, K = D // N, 4 * N
+    Dh = D // N
     out: OrderedDict[str, tuple[int, ...]] = OrderedDict()
     out["tok_embeddings.weight"] = (V, D)
     for l in range(n_layer):
         p = "layers.%d." % l
         _attention_projections(out, p, D, fused_qkv, False)
-        q = p + "attention.dyn_w_proj."
-        out[q + "dw1"] = (D, 1, 4, K)
-        out[q + "qkw"] = (1, 4, K, 2 * R, N)
-        out[q + "dd"] = (D, 1, 4 * N)
-        if extra_derived:
-            out[q + "dw_m"] = (D, 4 * K + 4 * N)
-            out[q + "qkw_m"] = (4, K, 2 * R * N)
-            out[q + "pre_proj.w"] = (1, N, N)
-            out[q + "post_proj.w"] = (1, N, N)
+        _dyn_w_proj(
+            out, p + "attention.dyn_w_proj.", D, N, R, 1, use_sw=False, extra_derived=extra_derived, merged_sw=False
+        )
         if use_qk_norm:
-            out[p + "attention.q_norm.scale"] = (Dh,)
-            out[p + "attention.k_norm.scale"] = (Dh,)
+            _qk_norm_scales(out, p, Dh)
         out[p + "feed_forward.w1.weight"] = (F, D)
         out[p + "feed_forward.w3.weight"] = (F, D)
         out[p + "feed_forward.w2.weight"] = (D, F)
         if mgate_dim:
             out[p + "feed_forward.mg.weight"] = (mgate_dim, D)
-        out[p + "ffn_norm.weight"] = (D,)
-        out[p + "attention_norm.weight"] = (D,)
-    out["norm.weight"] = (D,)
-    out["output.weight"] = (V, D)
+        _norms(out, (p + "ffn_norm", p + "attention_norm"), D, bias=False)
+    _final_norm_and_unembedding(out, "norm", "output", D, V, bias=False, tied=False)
     return out

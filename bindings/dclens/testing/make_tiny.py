@@ -31,6 +31,7 @@ before it is built) and never import torch; `import dclens` does not import them
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -66,10 +67,48 @@ __all__ = [
     "dcpythia_config",
     "gpt_neox_config",
     "dcformer_config",
+    "tiny_config",
 ]
 
 
 # --------------------------------------------------------------------------- configs
+
+
+def _dc_config(architecture, a):
+    """The config.json keys DCPythia and DCFormer++ share, in the order the published
+    configs have them (sorted); a: the arguments of the model's config writer by name
+    (its own keys it adds itself)."""
+    name = architecture.lower()
+    return dict(
+        architectures=[architecture],
+        auto_map={
+            "AutoConfig": f"configuration_{name}.{architecture}Config",
+            "AutoModelForCausalLM": f"modeling_{name}.{architecture}",
+        },
+        block_size=2048,
+        dim=a["dim"],
+        head_dim=a["dim"] // a["n_head"],
+        intermediate_size=a["intermediate"],
+        is_training=False,
+        model_type=name,
+        n_head=a["n_head"],
+        n_layer=a["n_layer"],
+        n_local_heads=a["n_head"],
+        q_chunk_size=128,
+        query_wise=bool(a["query_wise"]),
+        torch_dtype=a["dtype"],
+        use_dcmha=bool(a["use_dcmha"]),
+        use_gradient_checkpointing=False,
+        use_qk_norm=bool(a["use_qk_norm"]),
+        vocab_size=a["vocab"],
+        window_size=a["window_size"],
+        window_type=a["window_type"],
+    )
+
+
+def _sorted_config(shared, **own):
+    """shared (_dc_config's keys) with the model's own keys, all in sorted order."""
+    return dict(sorted({**shared, **own}.items()))
 
 
 def dcpythia_config(
@@ -95,39 +134,18 @@ def dcpythia_config(
     key_wise=False,
 ):
     """config.json with the keys of the published DCPythia-6.9B config."""
-    cfg = OrderedDict()
-    cfg["architectures"] = ["DCPythia"]
-    cfg["auto_map"] = {
-        "AutoConfig": "configuration_dcpythia.DCPythiaConfig",
-        "AutoModelForCausalLM": "modeling_dcpythia.DCPythia",
-    }
-    cfg["block_size"] = 2048
-    cfg["bos_token_id"] = 0
-    cfg["dim"] = dim
-    cfg["eos_token_id"] = 0
-    cfg["head_dim"] = dim // n_head
-    cfg["intermediate_size"] = intermediate
-    cfg["is_training"] = False
-    cfg["model_type"] = "dcpythia"
-    cfg["n_head"] = n_head
-    cfg["n_layer"] = n_layer
-    cfg["n_local_heads"] = n_head
-    cfg["norm_eps"] = 1e-05
-    cfg["q_chunk_size"] = 128
-    cfg["query_wise"] = bool(query_wise)
-    cfg["rope_base"] = 10000
-    cfg["rotary_pct"] = rotary_pct
-    cfg["tie_word_embeddings"] = bool(tie_word_embeddings)
-    cfg["torch_dtype"] = dtype
-    cfg["transformers_version"] = "4.33.2"
-    cfg["use_dcmha"] = bool(use_dcmha)
-    cfg["use_gradient_checkpointing"] = False
-    cfg["use_linear_bias"] = bool(use_linear_bias)
-    cfg["use_parallel_residual"] = bool(use_parallel_residual)
-    cfg["use_qk_norm"] = bool(use_qk_norm)
-    cfg["vocab_size"] = vocab
-    cfg["window_size"] = window_size
-    cfg["window_type"] = window_type
+    cfg = _sorted_config(
+        _dc_config("DCPythia", locals()),
+        bos_token_id=0,
+        eos_token_id=0,
+        norm_eps=1e-05,
+        rope_base=10000,
+        rotary_pct=rotary_pct,
+        tie_word_embeddings=bool(tie_word_embeddings),
+        transformers_version="4.33.2",
+        use_linear_bias=bool(use_linear_bias),
+        use_parallel_residual=bool(use_parallel_residual),
+    )
     # attention variants of model-spec.md section 5, only written when switched on
     if use_sw:
         cfg["use_sw"] = True
@@ -137,7 +155,7 @@ def dcpythia_config(
         cfg["compose_groups"] = int(compose_groups)
     if key_wise:
         cfg["key_wise"] = True
-    return dict(cfg)
+    return cfg
 
 
 def dcformer_config(
@@ -157,40 +175,18 @@ def dcformer_config(
     rope_base=500000.0,
 ):
     """config.json with the keys of the official DCFormer config (pytorch/dcformer/config.json)."""
-    cfg = OrderedDict()
-    cfg["architectures"] = ["DCFormer"]
-    cfg["auto_map"] = {
-        "AutoConfig": "configuration_dcformer.DCFormerConfig",
-        "AutoModelForCausalLM": "modeling_dcformer.DCFormer",
-    }
-    cfg["block_size"] = 2048
-    cfg["bos_token_id"] = 1
-    cfg["dim"] = dim
-    cfg["eos_token_id"] = 2
-    cfg["head_dim"] = dim // n_head
-    cfg["intermediate_size"] = intermediate
-    cfg["is_training"] = False
-    cfg["mgate"] = bool(mgate_dim)
-    cfg["mgate_dim"] = int(mgate_dim) if mgate_dim else 44
-    cfg["model_type"] = "dcformer"
-    cfg["n_head"] = n_head
-    cfg["n_layer"] = n_layer
-    cfg["n_local_heads"] = n_head
-    cfg["norm_eps"] = 1e-06
-    cfg["prefill_pad"] = True
-    cfg["q_chunk_size"] = 128
-    cfg["query_wise"] = bool(query_wise)
-    cfg["rope_base"] = rope_base
-    cfg["tie_word_embeddings"] = False
-    cfg["torch_dtype"] = dtype
-    cfg["transformers_version"] = "4.46.3"
-    cfg["use_dcmha"] = bool(use_dcmha)
-    cfg["use_gradient_checkpointing"] = False
-    cfg["use_qk_norm"] = bool(use_qk_norm)
-    cfg["vocab_size"] = vocab
-    cfg["window_size"] = window_size
-    cfg["window_type"] = window_type
-    return dict(cfg)
+    return _sorted_config(
+        _dc_config("DCFormer", locals()),
+        bos_token_id=1,
+        eos_token_id=2,
+        mgate=bool(mgate_dim),
+        mgate_dim=int(mgate_dim) if mgate_dim else 44,
+        norm_eps=1e-06,
+        prefill_pad=True,
+        rope_base=rope_base,
+        tie_word_embeddings=False,
+        transformers_version="4.46.3",
+    )
 
 
 def gpt_neox_config(
@@ -358,78 +354,92 @@ def make_tiny(
       archive_name / pickle_container / torch_style: see write_torch_zip and
         pickle_state_dict.
     """
-    _check_options(
-        model_type, dtype, fmt, dim, n_head, window_type, use_sw, moh, compose_groups, torch_views, share_storage
-    )
-    intermediate, rank = _widths(model_type, dim, n_head, intermediate, rank, mgate_dim)
+    opts = _resolved(locals())  # every argument by name: each step below takes its own from it
     os.makedirs(out_dir, exist_ok=True)
-    g = _Gen(seed, weight_scale, dyn_scale)
-    sizes = dict(n_layer=n_layer, dim=dim, n_head=n_head, vocab=vocab, intermediate=intermediate)
-
-    config = _tiny_config(
-        model_type,
-        sizes,
-        dtype=dtype,
-        window_size=window_size,
-        window_type=window_type,
-        query_wise=query_wise,
-        use_qk_norm=use_qk_norm,
-        use_parallel_residual=use_parallel_residual,
-        use_linear_bias=use_linear_bias,
-        use_dcmha=use_dcmha,
-        rotary_pct=rotary_pct,
-        tie_word_embeddings=tie_word_embeddings,
-        use_sw=use_sw,
-        moh=moh,
-        compose_groups=compose_groups,
-        key_wise=key_wise,
-        mgate_dim=mgate_dim,
-    )
-    # the switches that shape the tensors (the drawer's and the layout table's)
-    tensor_opts = dict(
-        rank=rank,
-        fused_qkv=fused_qkv,
-        use_qk_norm=use_qk_norm,
-        use_linear_bias=use_linear_bias,
-        use_dcmha=use_dcmha,
-        write_unused_dyn=write_unused_dyn,
-        tie_word_embeddings=tie_word_embeddings,
-        extra_derived=extra_derived,
-        use_sw=use_sw,
-        moh=moh,
-        compose_groups=compose_groups,
-        mgate_dim=mgate_dim,
-        rotary_pct=rotary_pct,
-    )
-    sd32 = _random_weights(model_type, g, sizes, **tensor_opts)
-    _check_layout(model_type, sd32, _layout_table(model_type, sizes, **tensor_opts))
+    config_of, weights_of, layout_of = _MODEL_TYPES[model_type]
+    config = _forward(config_of, opts)
+    sd32 = _forward(weights_of, opts, _Gen(seed, weight_scale, dyn_scale))
+    _check_layout(model_type, sd32, _forward(layout_of, opts))
     if torch_views == "expand":
         sd32 = _constant_norm_biases(sd32)
 
     raw, state_dict, tdtype = _round_to_storage(sd32, dtype)
     _write_config(out_dir, config, tokenizer)
-    _write_weights(
-        out_dir,
-        raw,
-        tdtype,
-        model_type=model_type,
-        fused_qkv=fused_qkv,
-        fmt=fmt,
-        shards=shards,
-        share_storage=share_storage,
-        torch_views=torch_views,
-        archive_name=archive_name,
-        pickle_container=pickle_container,
-        torch_style=torch_style,
-    )
+    _forward(_write_weights, opts, out_dir, raw, tdtype)
     return {n: np.array(state_dict[n], dtype=np.float32) for n in state_dict}, dict(config)
+
+
+def tiny_config(model_type="dcpythia", **options):
+    """The config.json make_tiny writes, without writing anything.
+
+    Parameters
+    ----------
+    model_type : str
+        "dcpythia", "dcformer" or "gpt_neox", as make_tiny's.
+    **options
+        make_tiny's keyword options; the others keep make_tiny's defaults.
+
+    Returns
+    -------
+    dict
+        What make_tiny(out_dir, model_type, **options) writes to config.json.
+
+    Raises
+    ------
+    TypeError
+        For a name that is not one of make_tiny's options.
+    ValueError
+        For the options make_tiny refuses.
+    """
+    args = inspect.signature(make_tiny).bind(None, model_type, **options)
+    args.apply_defaults()
+    return _forward(_MODEL_TYPES[model_type][0], _resolved(args.arguments))
 
 
 # --------------------------------------------------------------------------- steps of make_tiny
 
+# per model type: its config.json writer, its weight drawer, its layout table
+_MODEL_TYPES = {
+    "dcpythia": (dcpythia_config, _dcpythia_weights, dcpythia_tensors),
+    "dcformer": (dcformer_config, _dcformer_weights, dcformer_tensors),
+    "gpt_neox": (gpt_neox_config, _gpt_neox_weights, gpt_neox_tensors),
+}
+
+
+def _resolved(args):
+    """make_tiny's arguments by name (args) checked, with intermediate and rank as
+    written and dyn (whether dyn_w_proj is written: the layout table's switch)."""
+    opts = dict(args)
+    _forward(_check_options, opts)
+    opts.update(_forward(_widths, opts))
+    opts["dyn"] = opts["use_dcmha"] or opts["write_unused_dyn"]
+    return opts
+
+
+def _forward(fn, opts, *args):
+    """Call one step of make_tiny with its options taken from make_tiny's.
+
+    Parameters
+    ----------
+    fn : callable
+        The step; each of its keyword-only parameters is passed opts[name] where opts
+        has that name (a parameter with a default keeps it otherwise).
+    opts : dict
+        make_tiny's arguments by name (with intermediate and rank as written, and dyn).
+    *args
+        fn's positional arguments.
+
+    Returns
+    -------
+    object
+        What fn returns.
+    """
+    params = inspect.signature(fn).parameters.values()
+    return fn(*args, **{p.name: opts[p.name] for p in params if p.kind is p.KEYWORD_ONLY and p.name in opts})
+
 
 def _check_options(
-    model_type, dtype, fmt, dim, n_head, window_type, use_sw, moh, compose_groups, torch_views, share_storage
+    *, model_type, dtype, fmt, dim, n_head, window_type, use_sw, moh, compose_groups, torch_views, share_storage
 ):
     """The ValueErrors of make_tiny's arguments, before anything is written."""
     if model_type not in ("dcpythia", "gpt_neox", "dcformer"):
@@ -452,8 +462,8 @@ def _check_options(
         raise ValueError("torch_views needs fmt='torch' and share_storage=False")
 
 
-def _widths(model_type, dim, n_head, intermediate, rank, mgate_dim):
-    """(intermediate, rank) as written: the MLP width's default (DCFormerConfig's for
+def _widths(*, model_type, dim, n_head, intermediate, rank, mgate_dim):
+    """{"intermediate", "rank"} as written: the MLP width's default (DCFormerConfig's for
     dcformer, else 4*dim) and dcformer's fixed rank 2; refuses a misplaced mgate_dim."""
     if model_type == "dcformer":
         if intermediate is None:  # DCFormerConfig's default
@@ -467,165 +477,7 @@ def _widths(model_type, dim, n_head, intermediate, rank, mgate_dim):
     elif mgate_dim:
         raise ValueError("mgate_dim is a dcformer switch")
     intermediate = 4 * dim if intermediate is None else int(intermediate)
-    return intermediate, rank
-
-
-def _tiny_config(
-    model_type,
-    sizes,
-    *,
-    dtype,
-    window_size,
-    window_type,
-    query_wise,
-    use_qk_norm,
-    use_parallel_residual,
-    use_linear_bias,
-    use_dcmha,
-    rotary_pct,
-    tie_word_embeddings,
-    use_sw,
-    moh,
-    compose_groups,
-    key_wise,
-    mgate_dim,
-):
-    """config.json's dict for model_type; sizes: n_layer, dim, n_head, vocab, intermediate."""
-    if model_type == "dcformer":
-        return dcformer_config(
-            **sizes,
-            window_size=window_size,
-            window_type=window_type,
-            query_wise=query_wise,
-            use_qk_norm=use_qk_norm,
-            use_dcmha=use_dcmha,
-            mgate_dim=mgate_dim,
-            dtype=dtype,
-        )
-    if model_type == "dcpythia":
-        return dcpythia_config(
-            **sizes,
-            window_size=window_size,
-            window_type=window_type,
-            query_wise=query_wise,
-            use_qk_norm=use_qk_norm,
-            use_parallel_residual=use_parallel_residual,
-            use_linear_bias=use_linear_bias,
-            use_dcmha=use_dcmha,
-            rotary_pct=rotary_pct,
-            tie_word_embeddings=tie_word_embeddings,
-            dtype=dtype,
-            use_sw=use_sw,
-            moh=moh,
-            compose_groups=compose_groups,
-            key_wise=key_wise,
-        )
-    return gpt_neox_config(
-        **sizes,
-        rotary_pct=rotary_pct,
-        use_parallel_residual=use_parallel_residual,
-        tie_word_embeddings=tie_word_embeddings,
-        dtype=dtype,
-    )
-
-
-def _random_weights(
-    model_type,
-    g,
-    sizes,
-    *,
-    rank,
-    fused_qkv,
-    use_qk_norm,
-    use_linear_bias,
-    use_dcmha,
-    write_unused_dyn,
-    tie_word_embeddings,
-    extra_derived,
-    use_sw,
-    moh,
-    compose_groups,
-    mgate_dim,
-    rotary_pct,
-):
-    """The float32 state dict of model_type drawn from g (sizes as _tiny_config's)."""
-    if model_type == "dcformer":
-        return _dcformer_weights(
-            g,
-            **sizes,
-            rank=rank,
-            fused_qkv=fused_qkv,
-            use_qk_norm=use_qk_norm,
-            mgate_dim=mgate_dim,
-            extra_derived=extra_derived,
-        )
-    if model_type == "dcpythia":
-        return _dcpythia_weights(
-            g,
-            **sizes,
-            rank=rank,
-            fused_qkv=fused_qkv,
-            use_qk_norm=use_qk_norm,
-            use_linear_bias=use_linear_bias,
-            use_dcmha=use_dcmha,
-            write_unused_dyn=write_unused_dyn,
-            tie_word_embeddings=tie_word_embeddings,
-            extra_derived=extra_derived,
-            use_sw=use_sw,
-            moh=moh,
-            compose_groups=compose_groups,
-        )
-    return _gpt_neox_weights(
-        g, **sizes, rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived
-    )
-
-
-def _layout_table(
-    model_type,
-    sizes,
-    *,
-    rank,
-    fused_qkv,
-    use_qk_norm,
-    use_linear_bias,
-    use_dcmha,
-    write_unused_dyn,
-    tie_word_embeddings,
-    extra_derived,
-    use_sw,
-    moh,
-    compose_groups,
-    mgate_dim,
-    rotary_pct,
-):
-    """{name: shape} of model_type from the layout table (dclens.testing.layouts), in its
-    order; the arguments are _random_weights'."""
-    if model_type == "dcformer":
-        return dcformer_tensors(
-            **sizes,
-            rank=rank,
-            fused_qkv=fused_qkv,
-            use_qk_norm=use_qk_norm,
-            mgate_dim=mgate_dim,
-            extra_derived=extra_derived,
-        )
-    if model_type == "dcpythia":
-        return dcpythia_tensors(
-            **sizes,
-            rank=rank,
-            fused_qkv=fused_qkv,
-            use_qk_norm=use_qk_norm,
-            use_linear_bias=use_linear_bias,
-            dyn=use_dcmha or write_unused_dyn,
-            compose_groups=compose_groups,
-            use_sw=use_sw,
-            moh=moh,
-            tie_word_embeddings=tie_word_embeddings,
-            extra_derived=extra_derived,
-        )
-    return gpt_neox_tensors(
-        **sizes, rotary_pct=rotary_pct, tie_word_embeddings=tie_word_embeddings, extra_derived=extra_derived
-    )
+    return dict(intermediate=intermediate, rank=rank)
 
 
 def _check_layout(model_type, sd32, layout):
@@ -966,45 +818,9 @@ def _check_cli_args(a) -> None:
 
 
 def _make_tiny_cli(a):
-    return make_tiny(
-        a.out_dir,
-        a.model_type,
-        n_layer=a.n_layer,
-        dim=a.dim,
-        n_head=a.n_head,
-        vocab=a.vocab,
-        intermediate=a.intermediate,
-        rank=a.rank,
-        window_size=a.window_size,
-        window_type=a.window_type,
-        query_wise=a.query_wise,
-        use_qk_norm=a.use_qk_norm,
-        use_parallel_residual=a.use_parallel_residual,
-        use_linear_bias=a.use_linear_bias,
-        use_dcmha=a.use_dcmha,
-        rotary_pct=a.rotary_pct,
-        dtype=a.dtype,
-        fmt=a.fmt,
-        shards=a.shards,
-        fused_qkv=a.fused_qkv,
-        tie_word_embeddings=a.tie_word_embeddings,
-        seed=a.seed,
-        weight_scale=a.weight_scale,
-        dyn_scale=a.dyn_scale,
-        tokenizer=a.tokenizer,
-        extra_derived=a.extra_derived,
-        share_storage=a.share_storage,
-        write_unused_dyn=a.write_unused_dyn,
-        use_sw=a.use_sw,
-        moh=_parse_moh(a.moh),
-        compose_groups=a.compose_groups,
-        torch_views=a.torch_views,
-        key_wise=a.key_wise,
-        mgate_dim=a.mgate_dim,
-        archive_name=None if a.archive_name == "auto" else a.archive_name,
-        pickle_container=a.pickle_container,
-        torch_style=a.torch_style,
-    )
+    """make_tiny of the parsed command line (the parser's dests are make_tiny's parameters)."""
+    archive_name = None if a.archive_name == "auto" else a.archive_name
+    return make_tiny(**dict(vars(a), moh=_parse_moh(a.moh), archive_name=archive_name))
 
 
 if __name__ == "__main__":

@@ -572,7 +572,7 @@ def read_weights(model) -> dict[str, np.ndarray]:
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The loaded model whose weights are copied.
 
     Returns
     -------
