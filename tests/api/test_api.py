@@ -476,11 +476,11 @@ def test_heatmap_fixes(text_model, tmp_path):
 
     m = text_model
     png = hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern")
-    assert png._args[16] == [0.0] * m.config.n_head  # each panel's colour bar from 0 for a softmax pattern
-    assert hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern", scale="shared")._args[7] == 0.0
+    assert png._args["panel_vmin"] == [0.0] * m.config.n_head  # each panel's colour bar from 0 for a softmax pattern
+    assert hm.attention_heatmap(m, PROMPTS[0], layer=1, hook="pattern", scale="shared")._args["vmin"] == 0.0
     png = hm.attention_heatmap(m, PROMPTS[0], layer="all", head=0, hook="pattern")
-    assert m.name in png._args[4]  # the model name in the title
-    assert png._args[12] == [m.config.window_size if l in m.config.local_layers else 0 for l in range(2)]
+    assert m.name in png._args["title"]  # the model name in the title
+    assert png._args["panel_windows"] == [m.config.window_size if l in m.config.local_layers else 0 for l in range(2)]
     no_axes = hm.heatmap(np.eye(4), axis_titles=False)
     with_axes = hm.heatmap(np.eye(4))
     import io

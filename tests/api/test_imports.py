@@ -276,6 +276,7 @@ def test_old_names_are_the_modules_themselves():
         "import dclens.circuits as c\n"
         "assert c is dclens.analysis.qkov and Circuit is dclens.analysis.graph.Circuit\n"
         "assert dclens.analysis.head_output_pca is dclens.analysis.heads.head_output_pca\n"
+        "assert dclens.analysis._HEADS == set(dclens.analysis.heads.__all__)\n"
         "from dclens.train import TrainConfig\n"
         "from dclens.cli import main\n"
         "print('ok')\n"

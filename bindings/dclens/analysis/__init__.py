@@ -20,20 +20,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_HEADS = (
-    "iter_dataset",
-    "PCAResult",
-    "head_output_pca",
-    "qk_ov_diversity",
-    "head_similarity",
-    "CompositionStats",
-    "composition_stats",
-    "head_load",
-    "plot_pca",
-    "plot_similarity",
-    "plot_composition_stats",
-    "plot_head_load",
-    "plot_diversity",
+# heads' public names (heads.__all__; tests/api check that the two agree)
+_HEADS = frozenset(
+    [
+        "CompositionStats",
+        "PCAResult",
+        "composition_stats",
+        "head_load",
+        "head_output_pca",
+        "head_similarity",
+        "iter_dataset",
+        "plot_composition_stats",
+        "plot_diversity",
+        "plot_head_load",
+        "plot_pca",
+        "plot_similarity",
+        "qk_ov_diversity",
+    ]
 )
 
 

@@ -419,18 +419,15 @@ def patch_each(
     Parameters
     ----------
     model : dclens.Model
+        The model; its corrupted run is read once for all the edges.
     clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
-        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
-        pair, either padding side); each pair one length, pairs of
-        different lengths right-padded (pad positions count nothing).
+        The prompt pairs, as in ``patch``.
     metric : callable or list of callable
-        A function of one pair's logits [T, V] (its real positions) to a
-        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
-        one per pair.
+        A function of one pair's [T, V] logits, as in ``patch``.
     edges : list of str
         The edges, each patched on its own (``Graph.edges`` names).
     graph : Graph, optional
-        The model's graph (``build(model)`` when None: pass it to reuse it).
+        The model's graph, as in ``patch``.
     progress : bool, optional
         None: a bar where someone watches, plain lines in a log; True: a
         bar; False: nothing (``dclens.progress``).
@@ -1216,13 +1213,9 @@ def faithfulness(model, circuit: Circuit, clean, corrupted, metric: Callable) ->
     circuit : Circuit
         The edges kept clean (``EdgeScores.circuit``).
     clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
-        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
-        pair, either padding side); each pair one length, pairs of
-        different lengths right-padded (pad positions count nothing).
+        The prompt pairs, as in ``patch``.
     metric : callable or list of callable
-        A function of one pair's logits [T, V] (its real positions) to a
-        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
-        one per pair.
+        A function of one pair's [T, V] logits, as in ``patch``.
 
     Returns
     -------
@@ -1265,20 +1258,17 @@ def path_patch(
     Parameters
     ----------
     model : dclens.Model
+        The model whose sender's paths are patched.
     clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
-        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
-        pair, either padding side); each pair one length, pairs of
-        different lengths right-padded (pad positions count nothing).
+        The prompt pairs, as in ``patch``.
     metric : callable or list of callable
-        A function of one pair's logits [T, V] (its real positions) to a
-        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
-        one per pair.
+        A function of one pair's [T, V] logits, as in ``patch``.
     sender : str
         A sender node ("embed", "L{l}.H{h}", "L{l}.mlp").
     receivers : list of str
         The nodes its corrupted output reaches (each downstream of it).
     graph : Graph, optional
-        The model's graph (``build(model)`` when None: pass it to reuse it).
+        The model's graph, as in ``patch``.
 
     Returns
     -------
@@ -1327,20 +1317,16 @@ def path_patch_sweep(
     ----------
     model : dclens.Model
     clean, corrupted : str, list of str, array_like of int, or (tokens, lengths)
-        The prompt pairs: [B, T] tokens (or text, or ``model.to_tokens``'s
-        pair, either padding side); each pair one length, pairs of
-        different lengths right-padded (pad positions count nothing).
+        The prompt pairs, as in ``patch``.
     metric : callable or list of callable
-        A function of one pair's logits [T, V] (its real positions) to a
-        number, e.g. ``dclens.patching.logit_diff(good, bad)``; or a list of
-        one per pair.
+        A function of one pair's [T, V] logits, as in ``patch``.
     receivers : list of str
         The receiver nodes every sender's corrupted output reaches.
     senders : list of str, optional
         The senders to sweep (None: every sender upstream of all the
         receivers).
     graph : Graph, optional
-        The model's graph (``build(model)`` when None: pass it to reuse it).
+        The model's graph, as in ``patch``.
     progress : bool, optional
         A bar over the senders: None where someone watches (plain lines in a
         log), True always, False never.

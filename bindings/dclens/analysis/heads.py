@@ -194,16 +194,14 @@ def head_output_pca(
     model : dclens.Model
         The model.
     dataset : str or array_like or iterable
-        Strings (tokenized with the model's tokenizer) or 1-D token arrays, or one of
-        them; a 2-D token array gives its rows.
+        The sequences, as for iter_dataset.
     layers : iterable of int or None
         The layers (None: all).
     mode : {"heads", "tokens"}
         "heads": PCA across the N heads of their attn.head_out over every token (centred over
         heads); "tokens": PCA across tokens of the concatenated attn.z [N * Dh] (centred).
     progress : bool or None
-        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
-        plain lines in a log; False: nothing).
+        The bar over the sequences, as for iter_dataset.
 
     Returns
     -------
@@ -295,8 +293,7 @@ def head_similarity(
         of the dataset; "qk" / "ov": the Frobenius cosine of the heads' QK (OV) circuit
         matrices.
     progress : bool or None
-        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
-        plain lines in a log; False: nothing).
+        The bar over the sequences, as for iter_dataset.
 
     Returns
     -------
@@ -407,8 +404,7 @@ def composition_stats(
     model : dclens.Model
         A DCMHA model (DCPythia, DCFormer++).
     dataset : str or array_like or iterable
-        Strings (tokenized with the model's tokenizer) or 1-D token arrays, or one of
-        them; a 2-D token array gives its rows.
+        The sequences, as for iter_dataset.
     layers : iterable of int or None
         The layers (None: all).
     phases : sequence of str
@@ -418,8 +414,7 @@ def composition_stats(
     chunk : int
         Query positions per block of the [chunk, S, N, N] computation (>= 1; memory only).
     progress : bool or None
-        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
-        plain lines in a log; False: nothing).
+        The bar over the sequences, as for iter_dataset.
 
     Returns
     -------
@@ -511,11 +506,9 @@ def head_load(model: Model, dataset, progress: bool | None = None) -> np.ndarray
     model : dclens.Model
         A Mixture-of-Head model (config.moh_shared_heads set).
     dataset : str or array_like or iterable
-        Strings (tokenized with the model's tokenizer) or 1-D token arrays, or one of
-        them; a 2-D token array gives its rows.
+        The sequences, as for iter_dataset.
     progress : bool or None
-        dclens.progress's bar over the sequences (None: a bar where someone watches, a few
-        plain lines in a log; False: nothing).
+        The bar over the sequences, as for iter_dataset.
 
     Returns
     -------

@@ -148,7 +148,7 @@ def ablate_head(
     Returns
     -------
     Hooks
-        One (name, fn) pair.
+        One (name, fn) pair: the head's slice replaced.
 
     Raises
     ------
@@ -269,7 +269,7 @@ def disable_branch(model: Model, phase: str, branch: str, layers: Iterable[int] 
     Returns
     -------
     Hooks
-        One (name, fn) pair per layer.
+        One (name, fn) pair per layer, the branch zeroed.
 
     Raises
     ------
@@ -335,7 +335,7 @@ def scale(model: Model, name: str, factor: float, head: int | None = None) -> Ho
     Returns
     -------
     Hooks
-        One (name, fn) pair.
+        One (name, fn) pair multiplying the hook by factor.
 
     Raises
     ------
@@ -388,7 +388,7 @@ def patch(
     Returns
     -------
     Hooks
-        One (name, fn) pair.
+        One (name, fn) pair writing the source's values.
 
     Raises
     ------
@@ -514,7 +514,7 @@ def force_routing(
     Returns
     -------
     Hooks
-        One (name, fn) pair.
+        One (name, fn) pair setting the router's weights.
 
     Raises
     ------
@@ -565,7 +565,7 @@ def scale_router_logits(
     Returns
     -------
     Hooks
-        One (name, fn) pair per layer.
+        One (name, fn) pair per layer scaling its router logits.
 
     Raises
     ------

@@ -134,15 +134,15 @@ def prob(token: int, pos: int = -1) -> Metric:
     Parameters
     ----------
     token : int
-        The token id.
+        The token id whose probability is read.
     pos : int
-        The position read, in [-T, T) (default -1: the last).
+        Where: a position in [-T, T) (default -1: the last).
 
     Returns
     -------
     callable
-        metric(logits) -> float for one prompt's logits [T, V] (a float array): the
-        probability, in [0, 1] (computed in float64). The metric checks its arguments
+        metric(logits) -> float: the probability, in [0, 1], of one prompt's logits
+        [T, V] (a float array; computed in float64). The metric checks its arguments
         when called, not here: it raises dclens.Error for logits of another shape or
         dtype, dclens.ArgumentError for a pos or token id out of range of them and
         dclens.ArgumentTypeError for a pos or token id that is not an integer.
@@ -165,9 +165,9 @@ def logprob(token: int, pos: int = -1) -> Metric:
     Parameters
     ----------
     token : int
-        The token id.
+        The token id whose log-probability is read.
     pos : int
-        The position read, in [-T, T) (default -1: the last).
+        The position, in [-T, T) (default -1: the last).
 
     Returns
     -------
@@ -535,25 +535,11 @@ def sweep(
     PatchingWarning
         The baselines cannot anchor normalized() (strict=False).
     """
+    args = dict(locals())  # exactly sweep's arguments, for a batch's per-pair calls
     if _groups is None:  # the user's call (not a pair of a batch): every argument checked before any pass
         _check_sweep_args(metric, over, positions, queries, roles)
     if _is_pairs(clean) or _is_pairs(corrupted) or isinstance(metric, list):
-        return _sweep_pairs(
-            model,
-            clean,
-            corrupted,
-            metric,
-            over,
-            hook,
-            layers,
-            positions,
-            queries,
-            batch_size,
-            progress,
-            strict,
-            ray,
-            roles,
-        )
+        return _sweep_pairs(args)
     if roles is not None:
         _groups = _role_groups(model, corrupted, roles)
     check_str("over", over)
@@ -752,11 +738,11 @@ def _check_sweep_args(metric, over, positions, queries, roles) -> None:
         raise ArgumentError("sweep: give positions= or roles=, not both")
 
 
-def _sweep_pairs(
-    model, clean, corrupted, metric, over, hook, layers, positions, queries, batch_size, progress, strict, ray, roles
-) -> PatchResult:
-    """sweep over a batch of prompt pairs: each pair alone, averaged (sweep's docstring)."""
-    pr = prompt_pairs(model, clean, corrupted)
+def _sweep_pairs(args: dict) -> PatchResult:
+    """sweep over a batch of prompt pairs (`args`: sweep's arguments): each pair alone, averaged
+    (sweep's docstring)."""
+    model, metric, over, positions, roles = (args[k] for k in ("model", "metric", "over", "positions", "roles"))
+    pr = prompt_pairs(model, args["clean"], args["corrupted"])
     B, T = pr.clean.shape
     if isinstance(metric, list):
         if len(metric) != B or not all(callable(f) for f in metric):
@@ -782,28 +768,25 @@ def _sweep_pairs(
     lc, lx = model.forward(pr.clean), model.forward(pr.corrupted)
     m_clean = float(np.mean([metric_value(f, lc[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
     m_corr = float(np.mean([metric_value(f, lx[b, :n]) for b, (f, n) in enumerate(zip(metrics, pr.lengths))]))
-    note = _check_baselines(m_clean, m_corr, strict, depth=2)
+    note = _check_baselines(m_clean, m_corr, args["strict"], depth=2)
     results = []
-    for b in _progress_mod.bar(range(B), desc="patching %s over %d pairs" % (over, B), progress=progress):
+    bar = _progress_mod.bar(range(B), desc="patching %s over %d pairs" % (over, B), progress=args["progress"])
+    for b in bar:
         n = int(pr.lengths[b])
         with warnings.catch_warnings():  # the baselines are checked on the means below
             warnings.simplefilter("ignore", PatchingWarning)
             results.append(
                 sweep(
-                    model,
-                    pr.clean[b, :n],
-                    pr.corrupted[b, :n],
-                    metrics[b],
-                    over,
-                    hook,
-                    layers,
-                    positions,
-                    queries,
-                    batch_size,
-                    False,
-                    False,
-                    ray,
-                    _groups=groups[b] if groups else None,
+                    **dict(
+                        args,
+                        clean=pr.clean[b, :n],
+                        corrupted=pr.corrupted[b, :n],
+                        metric=metrics[b],
+                        progress=False,
+                        strict=False,
+                        roles=None,
+                        _groups=groups[b] if groups else None,
+                    )
                 )
             )
     r0 = results[0]

@@ -102,8 +102,13 @@ def _check(model: Model, layer: int, head=_NO_HEAD) -> None:
         check_index("head", head, 0, c.n_head, " (model has %d heads)" % c.n_head)
 
 
-def _wqkv(model: Model, layer: int) -> np.ndarray:
-    return model.weight("layers.%d.attention.wqkv.weight" % layer)  # [3D, D]
+def _head_rows(model: Model, layer: int, head: int, part: int) -> np.ndarray:
+    """Head `head`'s rows [Dh, D] of the layer's wqkv [3D, D]: part 0 W_Q, 1 W_K, 2 W_V
+    (layer and head checked)."""
+    _check(model, layer, head)
+    D, Dh = model.config.d_model, model.config.head_dim
+    w = model.weight("layers.%d.attention.wqkv.weight" % layer)  # [3D, D]
+    return w[part * D + head * Dh : part * D + (head + 1) * Dh]
 
 
 def qk_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
@@ -115,9 +120,9 @@ def qk_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model whose query and key weights are read.
     layer : int
-        The layer, in [0, n_layer).
+        The head's layer, in [0, n_layer).
     head : int
         The head, in [0, n_head).
 
@@ -131,11 +136,8 @@ def qk_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
     dclens.ArgumentError
         A layer or head out of range (dclens.ArgumentTypeError: not an integer).
     """
-    _check(model, layer, head)
-    D, Dh = model.config.d_model, model.config.head_dim
-    w = _wqkv(model, layer)
-    wq = w[head * Dh : (head + 1) * Dh]  # [Dh, D]
-    wk = w[D + head * Dh : D + (head + 1) * Dh]  # [Dh, D]
+    wq = _head_rows(model, layer, head, 0)  # [Dh, D]
+    wk = _head_rows(model, layer, head, 1)  # [Dh, D]
     return FactoredMatrix(wq.T.copy(), wk.copy())
 
 
@@ -145,7 +147,7 @@ def ov_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model whose value and output weights are read.
     layer : int
         The layer, in [0, n_layer).
     head : int
@@ -161,9 +163,8 @@ def ov_circuit(model: Model, layer: int, head: int) -> FactoredMatrix:
     dclens.ArgumentError
         A layer or head out of range (dclens.ArgumentTypeError: not an integer).
     """
-    _check(model, layer, head)
-    D, Dh = model.config.d_model, model.config.head_dim
-    wv = _wqkv(model, layer)[2 * D + head * Dh : 2 * D + (head + 1) * Dh]  # [Dh, D]
+    wv = _head_rows(model, layer, head, 2)  # [Dh, D]
+    Dh = model.config.head_dim
     wo = model.weight("layers.%d.attention.wo.weight" % layer)[:, head * Dh : (head + 1) * Dh]  # [D, Dh]
     return FactoredMatrix(wv.T.copy(), wo.T.copy())
 
@@ -229,9 +230,9 @@ def ov_input(model: Model, layer: int, tokens, resid: str = "direct") -> np.ndar
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model whose embedding (and earlier blocks) give the residual.
     layer : int
-        The layer, in [0, n_layer).
+        The layer whose heads read it, in [0, n_layer).
     tokens : array_like of int
         [K] token ids (or one id).
     resid : {"direct", "paper", "prompt"}
@@ -305,7 +306,7 @@ def ov_logits(model: Model, layer: int, head: int, tokens, *, resid: str = "dire
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model: its OV circuits, then the unembedding.
     layer : int
         The layer, in [0, n_layer).
     head : int
@@ -389,7 +390,7 @@ def head_diversity(model: Model, layer: int, kind: str = "qk") -> float:
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model whose per-head circuits are compared.
     layer : int
         The layer, in [0, n_layer).
     kind : {"qk", "ov"}
@@ -418,7 +419,7 @@ def diversity_curve(model: Model, layer: int, kind: str = "qk") -> np.ndarray:
     model : dclens.Model
         The model.
     layer : int
-        The layer, in [0, n_layer).
+        The layer whose heads' circuits are stacked, in [0, n_layer).
     kind : {"qk", "ov"}
         The QK or the OV circuits.
 

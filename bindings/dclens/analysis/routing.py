@@ -272,7 +272,7 @@ def composition_map(model: Model, tokens, layer: int, phase: str, query: int, ke
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model (one pass of it for a DCMHA model).
     tokens : str or numpy.ndarray
         One prompt: a string or [T] integer token ids.
     layer : int
@@ -331,7 +331,7 @@ def routing_matrix(model: Model, tokens, layer: int, phase: str, query: int) -> 
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model: one pass of it.
     tokens : str or numpy.ndarray
         One prompt: a string or [T] integer token ids.
     layer : int
@@ -723,7 +723,7 @@ def flow_branches(model: Model) -> tuple:
     Parameters
     ----------
     model : dclens.Model
-        The model.
+        The model (use_sw adds the static branch).
 
     Returns
     -------
@@ -970,14 +970,8 @@ def flow_table(
     tokens : str or numpy.ndarray or None
         One prompt: a string or [T] integer token ids (the keys' tokens); None with
         cache= or F= (keys then shown by position).
-    layer : int
-        The layer, in [-L, L).
-    phase : {"pre", "post"}
-        The compose phase.
-    head : int
-        The target head, in [-N, N).
-    query : int
-        The query position t, in [-T, T).
+    layer, phase, head, query
+        The flows' layer, compose phase, target head and query position, as for flows.
     k : int
         How many flows to list (>= 1).
     cache : dclens.Cache or None

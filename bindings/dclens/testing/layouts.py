@@ -178,11 +178,11 @@ def dcformer_tensors(
     dim: int,
     n_head: int,
     vocab: int,
+    mgate_dim: int = 0,
     intermediate: int,
     rank: int = 2,
     fused_qkv: bool = True,
     use_qk_norm: bool = True,
-    mgate_dim: int = 0,
     extra_derived: bool = False,
 ) -> dict[str, Shape]:
     """DCFormer++ tensors (docs/dcformer-spec.md), in the official module's

@@ -74,10 +74,33 @@ __all__ = [
 # --------------------------------------------------------------------------- configs
 
 
+# the keyword arguments both DCMHA config writers take (dcpythia_config, dcformer_config)
+_DC_SHARED = (
+    "dim",
+    "dtype",
+    "intermediate",
+    "n_head",
+    "n_layer",
+    "query_wise",
+    "use_dcmha",
+    "use_qk_norm",
+    "vocab",
+    "window_size",
+    "window_type",
+)
+
+
 def _dc_config(architecture, a):
     """The config.json keys DCPythia and DCFormer++ share, in the order the published
-    configs have them (sorted); a: the arguments of the model's config writer by name
-    (its own keys it adds itself)."""
+    configs have them (sorted); a: the _DC_SHARED arguments of the model's config
+    writer by name (its own keys it adds itself). A missing or unknown one is a
+    TypeError, as for any keyword argument."""
+    missing, unknown = sorted(set(_DC_SHARED) - set(a)), sorted(set(a) - set(_DC_SHARED))
+    if missing or unknown:
+        raise TypeError(
+            "%s config: missing keyword arguments %s, unexpected %s"
+            % (architecture, missing or "none", unknown or "none")
+        )
     name = architecture.lower()
     return dict(
         architectures=[architecture],
@@ -113,29 +136,21 @@ def _sorted_config(shared, **own):
 
 def dcpythia_config(
     *,
-    n_layer,
-    dim,
-    n_head,
-    vocab,
-    intermediate,
-    window_size,
-    window_type,
-    query_wise,
-    use_qk_norm,
+    rotary_pct,
     use_parallel_residual,
     use_linear_bias,
-    use_dcmha,
-    rotary_pct,
     tie_word_embeddings,
-    dtype,
     use_sw=False,
     moh=None,
     compose_groups=1,
     key_wise=False,
+    **shared,
 ):
-    """config.json with the keys of the published DCPythia-6.9B config."""
+    """config.json with the keys of the published DCPythia-6.9B config (shared: n_layer, dim,
+    n_head, vocab, intermediate, window_size, window_type, query_wise, use_qk_norm, use_dcmha
+    and dtype, the keys every DCMHA config has)."""
     cfg = _sorted_config(
-        _dc_config("DCPythia", locals()),
+        _dc_config("DCPythia", shared),
         bos_token_id=0,
         eos_token_id=0,
         norm_eps=1e-05,
@@ -158,25 +173,11 @@ def dcpythia_config(
     return cfg
 
 
-def dcformer_config(
-    *,
-    n_layer,
-    dim,
-    n_head,
-    vocab,
-    intermediate,
-    window_size,
-    window_type,
-    query_wise,
-    use_qk_norm,
-    use_dcmha,
-    mgate_dim,
-    dtype,
-    rope_base=500000.0,
-):
-    """config.json with the keys of the official DCFormer config (pytorch/dcformer/config.json)."""
+def dcformer_config(*, mgate_dim, rope_base=500000.0, **shared):
+    """config.json with the keys of the official DCFormer config (pytorch/dcformer/config.json;
+    shared: as for dcpythia_config)."""
     return _sorted_config(
-        _dc_config("DCFormer", locals()),
+        _dc_config("DCFormer", shared),
         bos_token_id=1,
         eos_token_id=2,
         mgate=bool(mgate_dim),
@@ -423,7 +424,8 @@ def _forward(fn, opts, *args):
     ----------
     fn : callable
         The step; each of its keyword-only parameters is passed opts[name] where opts
-        has that name (a parameter with a default keeps it otherwise).
+        has that name (a parameter with a default keeps it otherwise), and its **shared
+        (the DCMHA config writers) the _DC_SHARED names.
     opts : dict
         make_tiny's arguments by name (with intermediate and rank as written, and dyn).
     *args
@@ -434,8 +436,11 @@ def _forward(fn, opts, *args):
     object
         What fn returns.
     """
-    params = inspect.signature(fn).parameters.values()
-    return fn(*args, **{p.name: opts[p.name] for p in params if p.kind is p.KEYWORD_ONLY and p.name in opts})
+    params = inspect.signature(fn).parameters
+    names = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    if "shared" in params:
+        names += _DC_SHARED
+    return fn(*args, **{n: opts[n] for n in names if n in opts})
 
 
 def _check_options(

@@ -72,18 +72,8 @@ def _dcpythia_weights(
         p = f"layers.{l}."
         sd.update(_dcpythia_attention(g, p, dim=D, fused_qkv=fused_qkv, use_linear_bias=use_linear_bias))
         if use_dcmha or write_unused_dyn:
-            sd.update(
-                _dcmha_compose(
-                    g,
-                    p + "attention.dyn_w_proj.",
-                    dim=D,
-                    n_head=n_head,
-                    rank=rank,
-                    compose_groups=compose_groups,
-                    use_sw=use_sw,
-                    extra_derived=extra_derived,
-                )
-            )
+            shape = (D, n_head, rank, compose_groups)
+            sd.update(_dcmha_compose(g, p + "attention.dyn_w_proj.", shape, use_sw=use_sw, extra_derived=extra_derived))
         if moh is not None:
             sd.update(_moh_gates(g, p, dim=D, n_head=n_head, shared_heads=int(moh["shared_heads"])))
         if use_qk_norm:
@@ -120,13 +110,14 @@ def _dcpythia_attention(g, p, *, dim, fused_qkv, use_linear_bias):
     return sd
 
 
-def _dcmha_compose(g, q, *, dim, n_head, rank, compose_groups, use_sw, extra_derived):
+def _dcmha_compose(g, q, shape, *, use_sw, extra_derived):
     """One layer's DCMHA compose weights (prefix q = "layers.{l}.attention.dyn_w_proj."):
     dw1, qkw, dd, the static pre/post maps with use_sw, and with extra_derived the
-    tensors merge_weights() derives from them and the identity projection buffers."""
-    D, N, R = dim, n_head, rank
+    tensors merge_weights() derives from them and the identity projection buffers;
+    shape = (dim D, n_head N, rank R, compose_groups G)."""
+    D, N, R, G = shape
     K = 4 * N
-    G = int(compose_groups)
+    G = int(G)
     Mg = N // G  # heads per composition group: the published layout's G axis
     sd = OrderedDict()
     dw1 = g.normal((D, G, 4, K), g.dyn / np.sqrt(D))

@@ -360,57 +360,48 @@ def model_config(c: TrainConfig, vocab: int) -> dict:
         Pythia), float32, max_position_embeddings = seq_len where the type has it.
     """
     F = c.d_ff or 4 * c.dim
+    sizes = {"dim": c.dim, "n_head": c.n_head, "head_dim": c.dim // c.n_head, "n_layer": c.n_layer}
+    dcmha = {
+        "use_qk_norm": True,
+        "window_size": c.window_size,
+        "window_type": c.window_type,
+        "query_wise": False,
+        "use_dcmha": True,
+    }
+    ids = {"bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}
     if c.model_type == "dcpythia":
         return {
             "architectures": ["DCPythia"],
             "model_type": "dcpythia",
-            "dim": c.dim,
-            "n_head": c.n_head,
-            "head_dim": c.dim // c.n_head,
-            "n_layer": c.n_layer,
+            **sizes,
             "intermediate_size": F,
             "vocab_size": vocab,
             "norm_eps": 1e-5,
             "rope_base": 10000,
             "rotary_pct": 0.25,
-            "use_qk_norm": True,
             "use_parallel_residual": True,
             "use_linear_bias": True,
-            "window_size": c.window_size,
-            "window_type": c.window_type,
-            "query_wise": False,
-            "use_dcmha": True,
+            **dcmha,
             "tie_word_embeddings": False,
             "max_position_embeddings": c.seq_len,  # the context trained for (model.cfg.n_ctx)
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "torch_dtype": "float32",
+            **ids,
         }
     if c.model_type == "dcformer":  # the official DCFormer config's keys (docs/dcformer-spec.md)
         return {
             "architectures": ["DCFormer"],
             "model_type": "dcformer",
-            "dim": c.dim,
-            "n_head": c.n_head,
-            "head_dim": c.dim // c.n_head,
-            "n_layer": c.n_layer,
+            **sizes,
             "n_local_heads": c.n_head,
             "intermediate_size": F,
             "vocab_size": vocab,
             "norm_eps": 1e-6,
             "rope_base": 10000.0,
-            "use_qk_norm": True,
-            "window_size": c.window_size,
-            "window_type": c.window_type,
-            "query_wise": False,
-            "use_dcmha": True,
+            **dcmha,
             "mgate": bool(c.mgate_dim),
             "mgate_dim": c.mgate_dim or 44,
             "tie_word_embeddings": False,
             "is_training": False,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "torch_dtype": "float32",
+            **ids,
         }
     return {
         "architectures": ["GPTNeoXForCausalLM"],
@@ -428,9 +419,7 @@ def model_config(c: TrainConfig, vocab: int) -> dict:
         "tie_word_embeddings": False,
         "max_position_embeddings": c.seq_len,
         "initializer_range": 0.02,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
-        "torch_dtype": "float32",
+        **ids,
     }
 
 

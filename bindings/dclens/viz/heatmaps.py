@@ -21,6 +21,7 @@ positions=. matplotlib versions of the same figures are in dclens.plots.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import struct
@@ -267,11 +268,11 @@ class Heatmap(PNG):
     ----------
     data : bytes
         The PNG file's bytes.
-    args : tuple
+    args : dict
         heatmap's checked arguments, from which cell_box recomputes the layout.
     """
 
-    def __init__(self, data: bytes, args: tuple):
+    def __init__(self, data: bytes, args: dict):
         super().__init__(data)
         self._args = args
 
@@ -297,7 +298,7 @@ class Heatmap(PNG):
         dclens.Error
             A panel or cell outside the picture (the engine's message).
         """
-        spec, _keep = _spec(*self._args)
+        spec, _keep = _spec(**self._args)
         x, y, c = ffi.new("int *"), ffi.new("int *"), ffi.new("int *")
         err = ffi.new("char[]", 512)
         if lib.dcs_heatmap_geometry(spec, panel, t, s, ffi.NULL, ffi.NULL, x, y, c, err, 512) != lib.DCS_OK:
@@ -380,97 +381,45 @@ def heatmap(
         mask_window, labels or per-panel lists of the wrong length, or a picture the engine
         refuses (too large).
     """
-    return _render(
-        _heatmap_args(
-            maps,
-            tokens,
-            key_tokens,
-            titles,
-            title,
-            diverging,
-            mask_upper,
-            vmin,
-            vmax,
-            grid_cols,
-            cell_px,
-            mask_window,
-            panel_windows,
-            axis_titles,
-            scale,
-            panel_diverging,
-            panel_vmin,
-        )
-    )
+    return _render(_heatmap_args(dict(locals())))  # locals(): exactly heatmap's arguments
 
 
-def _heatmap_args(
-    maps,
-    tokens: Sequence[str] | None = None,
-    key_tokens: Sequence[str] | None = None,
-    titles: Sequence[str] | None = None,
-    title: str | None = None,
-    diverging: bool = False,
-    mask_upper: bool = True,
-    vmin: float | None = None,
-    vmax: float | None = None,
-    grid_cols: int = 0,
-    cell_px: int = 0,
-    mask_window: int = 0,
-    panel_windows: Sequence[int] | None = None,
-    axis_titles: bool = True,
-    scale: str = "own",
-    panel_diverging: Sequence[bool] | None = None,
-    panel_vmin: Sequence[float | None] | None = None,
-) -> tuple:
-    """heatmap's arguments checked, as the tuple _spec takes."""
+# heatmap's keyword arguments and their defaults (what _fit starts from)
+_HEATMAP_DEFAULTS = {k: p.default for k, p in inspect.signature(heatmap).parameters.items() if p.kind is p.KEYWORD_ONLY}
+
+
+def _heatmap_args(a: dict) -> dict:
+    """heatmap's arguments (a dict holding each of them) checked: the keywords of _spec."""
+    a = dict(a)
     try:
-        maps = np.asarray(maps, dtype=np.float32)
+        a["maps"] = np.asarray(a["maps"], dtype=np.float32)
     except (TypeError, ValueError, OverflowError) as e:
         raise Error("heatmap: maps must be a [T, S] or [P, T, S] array of numbers: %s" % e) from None
-    for what, v in (("vmin", vmin), ("vmax", vmax)):
-        if v is not None and not is_finite_number(v):
-            raise Error("heatmap: %s must be a finite number or None, not %r" % (what, v))
-    for what, v in (("diverging", diverging), ("mask_upper", mask_upper), ("axis_titles", axis_titles)):
-        check_bool("heatmap: " + what, v)
-    check_index("heatmap: mask_window", mask_window, 0, 2**31, " (0: none)")
-    if (vmin is None) != (vmax is None) and scale != "own":
-        vmin, vmax = _one_end(maps, mask_upper, vmin, vmax)
+    for what in ("vmin", "vmax"):
+        if a[what] is not None and not is_finite_number(a[what]):
+            raise Error("heatmap: %s must be a finite number or None, not %r" % (what, a[what]))
+    for what in ("diverging", "mask_upper", "axis_titles"):
+        check_bool("heatmap: " + what, a[what])
     # the engine takes C ints: larger values are refused here, by name
-    check_index("heatmap: grid_cols", grid_cols, 0, 2**31, " (0: one row)")
-    check_index("heatmap: cell_px", cell_px, 0, 2**31, " (0: chosen from the size)")
-    return (
-        maps,
-        tokens,
-        key_tokens,
-        titles,
-        title,
-        diverging,
-        mask_upper,
-        vmin,
-        vmax,
-        grid_cols,
-        cell_px,
-        mask_window,
-        panel_windows,
-        axis_titles,
-        scale,
-        panel_diverging,
-        panel_vmin,
-    )
+    for what, note in (("mask_window", "none"), ("grid_cols", "one row"), ("cell_px", "chosen from the size")):
+        check_index("heatmap: " + what, a[what], 0, 2**31, " (0: %s)" % note)
+    if (a["vmin"] is None) != (a["vmax"] is None) and a["scale"] != "own":
+        a["vmin"], a["vmax"] = _one_end(a["maps"], a["mask_upper"], a["vmin"], a["vmax"])
+    return a
 
 
-def _geometry(args: tuple) -> tuple[int, int, int] | None:
+def _geometry(args: dict) -> tuple[int, int, int] | None:
     """(width, height, cell) of the picture heatmap would draw, without drawing it; None where the
     engine refuses it (too large)."""
-    spec, _keep = _spec(*args)
+    spec, _keep = _spec(**args)
     w, h, c = ffi.new("int *"), ffi.new("int *"), ffi.new("int *")
     if lib.dcs_heatmap_geometry(spec, 0, 0, 0, w, h, ffi.NULL, ffi.NULL, c, ffi.NULL, 0) != lib.DCS_OK:
         return None
     return w[0], h[0], c[0]
 
 
-def _render(args: tuple) -> Heatmap:
-    spec, _keep = _spec(*args)
+def _render(args: dict) -> Heatmap:
+    spec, _keep = _spec(**args)
     out = ffi.new("uint8_t **")
     n = ffi.new("size_t *")
     err = ffi.new("char[]", 512)
@@ -554,7 +503,7 @@ def _fit(maps: np.ndarray, kw: dict, per: int, first: int, fit_cols: bool, fit_c
     cols = [per * k for k in _grid_choices(len(maps) // per, first)] if fit_cols else [kw["grid_cols"]]
 
     def size(gc, cell):
-        return _geometry(_heatmap_args(maps, **dict(kw, grid_cols=gc, cell_px=cell)))
+        return _geometry(_heatmap_args({**_HEATMAP_DEFAULTS, **kw, "maps": maps, "grid_cols": gc, "cell_px": cell}))
 
     for gc in cols:
         if fit_cell:  # from the engine's cell down to a text line (or the engine's, if smaller)
@@ -727,8 +676,7 @@ def attention_heatmap(
     Returns
     -------
     Heatmap
-        bytes(h) is the PNG, h.save(path) writes it, h.size is (width, height), and it
-        shows itself in Jupyter (_repr_png_).
+        The picture, as heatmap() returns it (bytes(h), h.save(path), h.size, inline).
 
     Raises
     ------

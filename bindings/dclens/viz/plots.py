@@ -29,6 +29,7 @@ import io
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -493,20 +494,8 @@ def plot_branches(
         lo, hi = _range(maps, True, mask_upper, None, None)
     else:
         lo = hi = None  # type: ignore[assignment]  # each panel its own range
-    return plot_heads(
-        np.stack(maps),
-        tokens,
-        title,
-        titles=names,
-        ncols=len(maps),
-        diverging=True,
-        mask_upper=mask_upper,
-        vmin=lo,
-        vmax=hi,
-        max_labels=max_labels,
-        panel_size=panel_size,
-        scale=scale,
-    )
+    kw: dict[str, Any] = dict(mask_upper=mask_upper, vmin=lo, vmax=hi, max_labels=max_labels, panel_size=panel_size)
+    return plot_heads(np.stack(maps), tokens, title, titles=names, ncols=len(maps), diverging=True, scale=scale, **kw)
 
 
 def plot_routing(
@@ -892,18 +881,8 @@ def plot_circuit(c, title: str | None = None) -> Figure:
             col = "#999999" if own else "#e08a00"
             if own:
                 continue  # a head's own branches: drawn as the head's ring below
-            ax.add_patch(
-                FancyArrowPatch(
-                    src,
-                    dst,
-                    connectionstyle="arc3,rad=0.45",
-                    arrowstyle="-|>",
-                    mutation_scale=8,
-                    lw=w,
-                    color=col,
-                    alpha=0.85,
-                )
-            )
+            arc: dict[str, Any] = dict(connectionstyle="arc3,rad=0.45", alpha=0.85)  # lending, in a layer
+            ax.add_patch(FancyArrowPatch(src, dst, arrowstyle="-|>", mutation_scale=8, lw=w, color=col, **arc))
         else:
             col = "#2060c0" if v >= 0 else "#c03030"
             ax.add_patch(
