@@ -3,8 +3,9 @@
     python scripts/check_layers.py [BUILD_DIR]
 
 1. Includes: a file of engine/src/<layer>/ may include headers of its own
-   layer and of the layers below it (io < backends < model; render beside
-   them, on the public header alone), never one above. Tests and fuzzers are
+   layer and of the layers below it (io < backends < model; features beside
+   model, on io and backends; render beside them, on the public header
+   alone), never one above. Tests and fuzzers are
    held to the layer of the library they link (fuzzers: io).
 2. No include cycle among the engine's headers.
 3. With BUILD_DIR (a CMake build of the engine): no cycle of calls between
@@ -22,9 +23,15 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "engine", "src")
-RANK = {"io": 0, "backends": 1, "model": 2, "render": 0}
+RANK = {"io": 0, "backends": 1, "model": 2, "features": 2, "render": 0}
 # which layers each layer may include or call (render: only the public header)
-ALLOWED = {"io": {"io"}, "backends": {"io", "backends"}, "model": {"io", "backends", "model"}, "render": {"render"}}
+ALLOWED = {
+    "io": {"io"},
+    "backends": {"io", "backends"},
+    "model": {"io", "backends", "model"},
+    "features": {"io", "backends", "features"},
+    "render": {"render"},
+}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

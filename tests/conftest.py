@@ -11,7 +11,7 @@ ROOT = os.path.dirname(HERE)
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 # what the tests cover, one folder each; `pytest -m passes` (or "not browser", ...)
 # picks by folder (the markers are registered in pyproject.toml)
-FOLDERS = ("passes", "api", "analyses", "synth", "browser", "gpu")
+FOLDERS = ("passes", "api", "analyses", "features", "synth", "browser", "gpu")
 # tests/reference.py, tolerances.py, ..., and the test modules of every folder
 # by their (unique) basenames: tests/gpu/test_cuda_grad.py reuses the variant
 # table of tests/passes/test_variants.py whichever folders are collected

@@ -24,7 +24,7 @@ model.hooks(...) as a context manager, return_type="loss", batches of prompts
 
 The package is layers, bottom up (docs/architecture.md, tests/api/test_imports.py):
 _core (the engine binding and the plumbing), cache and the analyses Model offers
-as methods, model (Model), distributed (Ray), viz's figures, analysis (the
+as methods, model (Model), features (sparse dictionaries), distributed (Ray), viz's figures, analysis (the
 rest), viz.explorer, train, cli. The modules' names before the subpackages
 (dclens.graph, dclens.patching, dclens.circuits, ...) are the same module
 objects under their old names (OLD_NAMES).
@@ -36,7 +36,7 @@ import importlib.util as _importlib_util
 import sys as _sys
 from typing import Any as _Any
 
-from . import analysis, cache
+from . import analysis, cache, features
 from ._core import binding as _binding  # noqa: F401  (the BLAS library, then dclens._engine: a dclens.Error if either fails)
 from ._core import blas, hub, memplan, names, progress
 from ._core.blas import BlasWarning
@@ -165,6 +165,7 @@ __all__ = [
     "cuda_available",
     "cuda_unavailable_reason",
     "explore",
+    "features",
     "from_pretrained",
     "generate",
     "grad",

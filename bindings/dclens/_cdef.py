@@ -137,4 +137,23 @@ dcs_status dcs_model_make_trainable(dcs_model *m);
 typedef struct { float lr, beta1, beta2, eps, weight_decay; } dcs_adamw;
 dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
                           const dcs_adamw *h);
+typedef struct dcs_sae dcs_sae;
+enum { DCS_SAE_RELU = 0, DCS_SAE_TOPK = 1, DCS_SAE_JUMPRELU = 2 };
+enum { DCS_SAE_PARAM = 0, DCS_SAE_GRAD = 1, DCS_SAE_MOM = 2, DCS_SAE_VAR = 3 };
+typedef struct {
+    int d_in; int d_out; int d_sae; int arch; int k; int apply_b_dec_to_input;
+    int normalize_decoder; float sparsity_coef; float bandwidth; int n_threads;
+} dcs_sae_config;
+typedef struct { double loss, mse, sparsity, l0; } dcs_sae_stats;
+dcs_status dcs_sae_new(const dcs_sae_config *c, dcs_sae **out, char *err, size_t errlen);
+void dcs_sae_free(dcs_sae *s);
+const char *dcs_sae_errmsg(const dcs_sae *s);
+int dcs_sae_param_count(const dcs_sae *s);
+dcs_status dcs_sae_param_info(const dcs_sae *s, int i, const char **name, int64_t *n);
+dcs_status dcs_sae_get(dcs_sae *s, int what, int i, float *out, int64_t n);
+dcs_status dcs_sae_set(dcs_sae *s, int what, int i, const float *in, int64_t n);
+dcs_status dcs_sae_forward(dcs_sae *s, const float *x, int N, float *pre, float *acts, float *recon);
+dcs_status dcs_sae_grad(dcs_sae *s, const float *x, const float *target, int N, dcs_sae_stats *st,
+                        int64_t *fired);
+dcs_status dcs_sae_adamw(dcs_sae *s, int step, const dcs_adamw *h);
 """

@@ -587,6 +587,72 @@ typedef struct {
 dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
                           const dcs_adamw *h);
 
+/* ---------------------------------------------------------------- sparse dictionaries
+ *
+ * An SAE (or a transcoder) of width F on d_in-dim activations, SAELens's
+ * conventions (engine/src/features/sae.c, docs/features.md):
+ *   pre   = (x - b_dec) @ W_enc + b_enc                   [N, F]
+ *           (b_dec subtracted only with apply_b_dec_to_input)
+ *   acts  = ReLU(pre) | TopK(k) of ReLU(pre) per row | pre * (pre > threshold)
+ *           (JumpReLU, threshold = exp(log_threshold) per feature)
+ *   recon = acts @ W_dec + b_dec                          [N, d_out]
+ *   loss  = mean over rows of sum over d_out of (recon - target)^2
+ *           + sparsity_coef * mean over rows of sum over F of
+ *             acts (ReLU: L1) or (pre > threshold) (JumpReLU: L0)
+ * target = x for an SAE (d_out = d_in), another tensor for a transcoder.
+ * Gradients: TopK through the kept entries; JumpReLU's threshold by the
+ * straight-through pseudo-derivative of Rajamanoharan et al. 2024 (a
+ * rectangle kernel of width `bandwidth`). Everything is on the host, on the
+ * SAE's own CPU pool; calls on an SAE leave their message in it
+ * (dcs_sae_errmsg). */
+typedef struct dcs_sae dcs_sae;
+
+enum { DCS_SAE_RELU = 0, DCS_SAE_TOPK = 1, DCS_SAE_JUMPRELU = 2 };
+/* what dcs_sae_get / dcs_sae_set read or write */
+enum { DCS_SAE_PARAM = 0, DCS_SAE_GRAD = 1, DCS_SAE_MOM = 2, DCS_SAE_VAR = 3 };
+
+typedef struct {
+    int d_in;                 /* input width                                  */
+    int d_out;                /* 0: d_in (an SAE); else a transcoder's output */
+    int d_sae;                /* F, the dictionary's width                    */
+    int arch;                 /* DCS_SAE_*                                    */
+    int k;                    /* TopK: features kept per row (1 <= k <= F)    */
+    int apply_b_dec_to_input; /* subtract b_dec from x (an SAE only)          */
+    int normalize_decoder;    /* unit-norm rows of W_dec after each step      */
+    float sparsity_coef;      /* ReLU: L1, JumpReLU: L0 coefficient (>= 0)    */
+    float bandwidth;          /* JumpReLU: the pseudo-derivative's width (> 0) */
+    int n_threads;            /* the pool's threads, 0 = library default      */
+} dcs_sae_config;
+
+/* Per batch (dcs_sae_grad): the loss and its parts, the mean L0. */
+typedef struct {
+    double loss, mse, sparsity, l0;
+} dcs_sae_stats;
+
+/* A new SAE with zero parameters and optimizer state; on failure *out is
+ * NULL and err holds a message naming the field. */
+dcs_status dcs_sae_new(const dcs_sae_config *c, dcs_sae **out, char *err, size_t errlen);
+void dcs_sae_free(dcs_sae *s);
+const char *dcs_sae_errmsg(const dcs_sae *s);
+/* Parameters: W_enc [d_in, F], b_enc [F], W_dec [F, d_out], b_dec [d_out]
+ * (+ log_threshold [F] for JumpReLU): name and element count of the i-th. */
+int dcs_sae_param_count(const dcs_sae *s);
+dcs_status dcs_sae_param_info(const dcs_sae *s, int i, const char **name, int64_t *n);
+/* Copy parameter i's values, gradient or AdamW moments (what: DCS_SAE_*)
+ * out of / into a float32 array of n (= its count) elements. */
+dcs_status dcs_sae_get(dcs_sae *s, int what, int i, float *out, int64_t n);
+dcs_status dcs_sae_set(dcs_sae *s, int what, int i, const float *in, int64_t n);
+/* x [N, d_in] -> pre, acts [N, F], recon [N, d_out] (each may be NULL). */
+dcs_status dcs_sae_forward(dcs_sae *s, const float *x, int N, float *pre, float *acts, float *recon);
+/* The gradients of the loss on one batch (written, see DCS_SAE_GRAD);
+ * target [N, d_out] or NULL (= x, an SAE); st (may be NULL) receives the
+ * loss; fired [F] (may be NULL) += the rows where each feature is active. */
+dcs_status dcs_sae_grad(dcs_sae *s, const float *x, const float *target, int N, dcs_sae_stats *st,
+                        int64_t *fired);
+/* One AdamW step (step from 1; weight decay on W_enc and W_dec only) on the
+ * gradients of the last dcs_sae_grad, then unit-norm decoder rows if asked. */
+dcs_status dcs_sae_adamw(dcs_sae *s, int step, const dcs_adamw *h);
+
 #ifdef __cplusplus
 }
 #endif

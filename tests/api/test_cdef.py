@@ -34,7 +34,7 @@ def test_every_cdef_function_matches_the_header():
 
 def test_struct_fields_match():
     header = _norm(Path(HEADER).read_text())
-    for struct in ("dcs_config", "dcs_load_options", "dcs_panel", "dcs_heatmap_spec", "dcs_hooks"):
+    for struct in ("dcs_config", "dcs_load_options", "dcs_panel", "dcs_heatmap_spec", "dcs_hooks", "dcs_sae_config"):
         h = re.search(r"typedef struct \{([^}]*)\} %s;" % struct, header)
         c = re.search(r"typedef struct \{([^}]*)\} %s;" % struct, _norm(CDEF))
         assert h and c, struct

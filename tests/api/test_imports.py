@@ -132,6 +132,7 @@ LAYERS = [
         ],
     ),
     ("Model", ["dclens.model"]),
+    ("sparse dictionaries on Model's hooks", ["dclens.features"]),
     ("processes (Ray)", ["dclens.distributed"]),
     (
         "figures: matplotlib from arrays, the engine's PNG renders",
@@ -356,14 +357,16 @@ def test_import_reader(src, expect, tmp_path, monkeypatch):
 
 
 # the engine boundary: the one module that imports the compiled binding, and the
-# three that call it (every call on a loaded model is a Runner method)
+# four that call it (every call on a loaded model is a Runner method; _core.dictionaries
+# owns the engine's SAEs, which hold no model: dclens.features reaches them through it)
 BINDING = "dclens._core.binding"
-ENGINE_USERS = {"dclens._core.runner", "dclens._core.tapes", "dclens.viz.heatmaps"}
+ENGINE_USERS = {"dclens._core.runner", "dclens._core.tapes", "dclens._core.dictionaries", "dclens.viz.heatmaps"}
 
 
 def test_one_engine_boundary():
     """Only _core.binding imports dclens._engine; only runner (loaded models and the model-free
-    queries), tapes (gradient tapes) and viz.heatmaps (the renderer) import the binding, plus the
+    queries), tapes (gradient tapes), dictionaries (the SAEs) and viz.heatmaps (the renderer)
+    import the binding, plus the
     package's __init__, which imports it first so that a missing BLAS is a dclens.Error."""
     g = _graph()
     importers = {m for m, ts in g.items() if "dclens._engine" in ts}
@@ -379,7 +382,7 @@ def test_the_boundary_rule_can_fail(tmp_path, monkeypatch):
         (pkg / d).mkdir(exist_ok=True)
         (pkg / d / "__init__.py").write_text("")
     (pkg / "_core" / "binding.py").write_text("from .._engine import lib\n")
-    for n in ("_core/runner", "_core/tapes", "viz/heatmaps"):
+    for n in ("_core/runner", "_core/tapes", "_core/dictionaries", "viz/heatmaps"):
         (pkg / (n + ".py")).write_text("from .._core.binding import lib\n")
     (pkg / "analysis" / "graph.py").write_text("def f():\n    from .._engine import lib\n")
     monkeypatch.setitem(PACKAGES, "dclens", str(pkg))

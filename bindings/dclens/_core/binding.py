@@ -1,8 +1,8 @@
 """The engine binding: the BLAS, then the engine module (ffi, lib), and engine status -> Error.
 
-Only three modules of the package import this one (tests/api/test_imports.py refuses any
+Only four modules of the package import this one (tests/api/test_imports.py refuses any
 other): runner.py (every call on a loaded model, and the model-free queries), tapes.py
-(gradient tapes) and heatmaps.py (the renderer). Nothing imports ``dclens._engine`` but
+(gradient tapes), dictionaries.py (the sparse dictionaries) and heatmaps.py (the renderer). Nothing imports ``dclens._engine`` but
 this module.
 
 Loading: a dclens.Error names the library where it fails.
