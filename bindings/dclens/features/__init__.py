@@ -10,8 +10,10 @@ format both ways (docs/features.md).
     features.evaluate(model, sae, src, start=800)         # explained variance, L0, CE recovered
     features.save(sae, "out/")                            # cfg.json + sae_weights.safetensors
     sae2 = features.load("out/")
+    g = features.attribution_graph(model, toks, transcoders)     # feature graph, compose nodes
 """
 
+from .attribution_graph import AttributionGraph, Node, attribution_graph
 from .metrics import evaluate
 from .sae import SAE, SAEConfig, check_fits, hook_width
 from .saelens import load, read_safetensors, saelens_cfg, save, write_safetensors
@@ -38,4 +40,7 @@ __all__ = [
     "activations",
     "check_fits",
     "hook_width",
+    "attribution_graph",
+    "AttributionGraph",
+    "Node",
 ]

@@ -1,0 +1,392 @@
+"""Attribution graphs (dclens.features.attribution_graph) against the replacement model run
+by the engine itself: write hooks freeze the composed patterns, the norms' scales (each norm
+recomputed from its current input with the clean run's scale) and the MLPs (the transcoder's
+output plus its error), and a finite difference of a source in that run is its edge to every
+target, for every edge of small graphs; the compose nodes' edges into the logits against a
+finite difference with that layer's composition live. Plus circuit-tracer's scores and
+pruning on hand-made adjacencies, the JSON format, and bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dclens import Error, features
+from dclens.features import compose_nodes
+from dclens.features.attribution_graph import AttributionGraph, Node, attribution_graph
+from dclens.features.replacement import Replacement
+
+PROMPT = np.array([0, 5, 9, 3, 17, 5, 9], np.int32)
+
+
+def _model(tiny_factory, **kw):
+    import dclens
+
+    d, _, _ = tiny_factory(n_layer=2, dim=32, n_head=4, vocab=64, seed=7, **kw)
+    return dclens.load(d)
+
+
+def _transcoders(model, F=12, seed=0, hook="ln_mlp"):
+    c = model.config
+    rng = np.random.default_rng(seed)
+    out = []
+    for l in range(c.n_layer):
+        cfg = features.SAEConfig(
+            d_in=c.d_model, d_sae=F, hook_name="blocks.%d.%s" % (l, hook), hook_name_out="blocks.%d.mlp.out" % l
+        )
+        tc = features.SAE(cfg)
+        tc.set_parameters(
+            W_enc=rng.normal(0, 1 / np.sqrt(c.d_model), (c.d_model, F)).astype(np.float32),
+            b_enc=np.full(F, -0.6, np.float32),
+            W_dec=rng.normal(0, 0.3, (F, c.d_model)).astype(np.float32),
+            b_dec=rng.normal(0, 0.1, c.d_model).astype(np.float32),
+        )
+        out.append(tc)
+    return out
+
+
+def _norm(model, name, x, sigma):
+    """A norm of x [T, D] with the scale frozen at sigma [T] (the spec's LayerNorm / RMSNorm)."""
+    w = model.weight(name + ".weight").astype(np.float64)
+    if model.config.norm == "rms":
+        return x / sigma[:, None] * w
+    return (x - x.mean(-1, keepdims=True)) / sigma[:, None] * w + model.weight(name + ".bias")
+
+
+def _sigma(model, x):
+    v = (x * x).mean(-1) if model.config.norm == "rms" else x.var(-1)
+    return np.sqrt(v + model.config.norm_eps)
+
+
+class EngineReplacement:
+    """The replacement model of PROMPT run by the engine with write hooks (independent of
+    dclens.features.replacement): run(delta) perturbs mlp.out / embed and returns every
+    target's value."""
+
+    def __init__(self, model, tcs, tokens=PROMPT):
+        self.m, self.tcs, self.toks, L = model, tcs, tokens, model.config.n_layer
+        pat = "attn.pattern_composed" if model.config.use_dcmha else "attn.pattern"
+        names = ["blocks.%d.%s" % (l, w) for l in range(L) for w in ("resid_pre", "mlp_input", "mlp.out", pat)]
+        names += ["blocks.%d.resid_post" % (L - 1)] + [tc.cfg.hook_name for tc in tcs]
+        self.logits, cache = model.run_with_cache(tokens, names=names)
+        self.c = {n: np.asarray(cache[n], np.float64) for n in names}
+        self.pat = pat
+        self.sig = {}
+        for l in range(L):
+            self.sig["attn", l] = _sigma(model, self.c["blocks.%d.resid_pre" % l])
+            self.sig["mlp", l] = _sigma(model, self.c["blocks.%d.mlp_input" % l])
+        self.sig["final"] = _sigma(model, self.c["blocks.%d.resid_post" % (L - 1)])
+
+    def run(self, mlp_delta=None, embed_delta=None, live_compose=None, dyn_delta=None):
+        """-> (logits [V] at the last position, pre-activations [L][T, F], u0 [L][T, D] (the
+        attention norm of the residual without its bias)). mlp_delta: {layer: [T, D]} added
+        to mlp.out; embed_delta [T, D]; live_compose: a layer whose composed pattern is not
+        frozen; dyn_delta: (layer, [T, D]) added to that layer's attn.dyn_input."""
+        m, L = self.m, self.m.config.n_layer
+        seen, pre, u0 = {}, [None] * L, [None] * L
+
+        def keep(a, n):
+            seen[n] = np.asarray(a, np.float64).copy()
+
+        def ln(kind, l, src, norm):
+            def fn(a, n):
+                x = seen[src]
+                if kind == "attn":
+                    u0[l] = _norm(m, norm, x, self.sig[kind, l]) - (
+                        0 if m.config.norm == "rms" else m.weight(norm + ".bias")
+                    )
+                out = _norm(m, norm, x, self.sig[kind, l] if kind != "final" else self.sig["final"])
+                if kind == "mlp":
+                    tc = self.tcs[l]
+                    xin = out if tc.cfg.hook_name.endswith("ln_mlp") else x
+                    pre[l] = xin @ tc.W_enc.astype(np.float64) + tc.parameters()["b_enc"]
+                return out.astype(np.float32)
+
+            return fn
+
+        hooks = []
+        if embed_delta is not None:
+            hooks.append(("embed", lambda a, n: (np.asarray(a, np.float64) + embed_delta).astype(np.float32)))
+        for l in range(L):
+            b = "blocks.%d." % l
+            hooks += [(b + "resid_pre", keep), (b + "mlp_input", keep)]
+            hooks.append((b + "ln_attn", ln("attn", l, b + "resid_pre", "layers.%d.attention_norm" % l)))
+            if dyn_delta is not None and dyn_delta[0] == l:
+                hooks.append(
+                    (b + "attn.dyn_input", lambda a, n: (np.asarray(a, np.float64) + dyn_delta[1]).astype(np.float32))
+                )
+            if live_compose != l:
+                hooks.append((b + self.pat, lambda a, n, v=self.c[b + self.pat]: v.astype(np.float32)))
+            hooks.append((b + "ln_mlp", ln("mlp", l, b + "mlp_input", "layers.%d.ffn_norm" % l)))
+            out = self.c[b + "mlp.out"] + (mlp_delta or {}).get(l, 0)
+            hooks.append((b + "mlp.out", lambda a, n, v=out: v.astype(np.float32)))
+        last = "blocks.%d.resid_post" % (L - 1)
+        hooks += [(last, keep), ("ln_final", ln("final", -1, last, "norm"))]
+        logits = np.asarray(m.run_with_hooks(self.toks, fwd_hooks=hooks), np.float64)
+        return logits[-1], pre, u0
+
+
+def _target_values(g: AttributionGraph, run) -> np.ndarray:
+    """Every target node's value in one replacement run (features: pre-activation; logits:
+    minus the mean logit; compose: w . u0 is not a value of the run, so NaN)."""
+    logits, pre, _ = run
+    out = np.full(len(g), np.nan)
+    for i, n in enumerate(g.nodes):
+        if n.kind == "feature":
+            out[i] = pre[n.layer][n.pos, n.index]
+        elif n.kind == "logit":
+            out[i] = logits[n.index] - logits.mean()
+    return out
+
+
+def _source_vector(rep, n) -> np.ndarray:
+    """What a source node writes into the residual, per unit of its activation."""
+    if n.kind == "feature":
+        return rep.transcoders[n.layer].W_dec[n.index].astype(np.float64)
+    return rep.error[n.layer][n.pos] if n.kind == "error" else rep.embed[n.pos]
+
+
+def _fd_columns(g, er, rep):
+    """Each source's column of the adjacency by central differences in the engine's run."""
+    T, D = len(PROMPT), er.m.config.d_model
+    cols = {}
+    for j, n in enumerate(g.nodes):
+        if n.kind not in ("feature", "error", "token"):
+            continue
+        vec, scale = _source_vector(rep, n), (n.value if n.kind == "feature" else 1.0)
+        eps = 0.5 / max(np.abs(vec).max(), 1e-9)
+        d = np.zeros((T, D))
+        d[n.pos] = eps * vec
+        if n.kind == "token":
+            plus, minus = er.run(embed_delta=d), er.run(embed_delta=-d)
+        else:
+            plus, minus = er.run(mlp_delta={n.layer: d}), er.run(mlp_delta={n.layer: -d})
+        cols[j] = scale * (_target_values(g, plus) - _target_values(g, minus)) / (2 * eps)
+    return cols
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(model_type="dcpythia"),
+        dict(model_type="dcpythia", use_parallel_residual=False),
+        dict(model_type="dcpythia", query_wise=True),
+        dict(model_type="gpt_neox"),
+        dict(model_type="dcformer"),
+    ],
+    ids=["dcpythia", "sequential", "query_wise", "pythia", "dcformer"],
+)
+def test_every_edge_is_a_finite_difference_of_the_replacement_model(tiny_factory, variant):
+    m = _model(tiny_factory, **variant)
+    tcs = _transcoders(m, hook="mlp_input" if variant.get("use_parallel_residual") is False else "ln_mlp")
+    g = attribution_graph(m, PROMPT, tcs, compose=False, progress=False, batch_size=7)
+    er = EngineReplacement(m, tcs)
+    rep = Replacement(m, PROMPT, tcs)
+    # the replacement run with nothing perturbed is the model: errors added back
+    logits0, _, _ = er.run()
+    assert np.abs(logits0 - np.asarray(er.logits[-1], np.float64)).max() < 1e-4
+    assert g.index["feature"].size >= 5  # the transcoders fire
+    rows = np.concatenate([g.index["feature"], g.index["logit"]])
+    scale = np.abs(g.adjacency[rows]).max()
+    for j, col in _fd_columns(g, er, rep).items():
+        np.testing.assert_allclose(g.adjacency[rows, j], col[rows], atol=2e-4 * scale, err_msg=g.nodes[j].name)
+
+
+def test_compose_nodes_edges_into_the_logits_are_the_live_compose_derivative(tiny_factory):
+    m = _model(tiny_factory, model_type="dcpythia")
+    tcs = _transcoders(m)
+    g = attribution_graph(m, PROMPT, tcs, compose=True, progress=False)
+    rep = Replacement(m, PROMPT, tcs, compose=True)
+    er = EngineReplacement(m, tcs)
+    rng = np.random.default_rng(3)
+    T, D = len(PROMPT), m.config.d_model
+    logit_rows = g.index["logit"]
+    checked = 0
+    for l in range(m.config.n_layer):
+        for t in (2, T - 1):
+            i = next(k for k in g.index["compose"] if g.nodes[k].layer == l and g.nodes[k].pos == t)
+            # a direction that leaves the norm's scale alone to first order: centred, orthogonal to x
+            x = rep.resid[l][t] - rep.resid[l][t].mean()
+            delta = rng.normal(size=D)
+            delta -= delta.mean()
+            delta -= x * (delta @ x) / (x @ x)
+            eps = 1e-2 / np.abs(delta).max()
+            d = np.zeros((T, D))
+            d[t] = eps * delta
+            lp = er.run(live_compose=l, dyn_delta=(l, d))[0]
+            lm = er.run(live_compose=l, dyn_delta=(l, -d))[0]
+            slope = [
+                (lp[n.index] - lp.mean() - lm[n.index] + lm.mean()) / (2 * eps)
+                for n in (g.nodes[k] for k in logit_rows)
+            ]
+            # d logit / d eps = g_u . (w * delta / sigma): the compose gradient at u, through the frozen norm
+            G_at = {
+                lv: Gl.copy()
+                for lv, Gl in rep.backward(
+                    len(logit_rows),
+                    {
+                        ("resid", rep.L): [
+                            (
+                                k,
+                                T - 1,
+                                rep.norm_T_at("final", len(PROMPT) - 1, rep.W_U[g.nodes[r].index] - rep.W_U.mean(0)),
+                            )
+                            for k, r in enumerate(logit_rows)
+                        ]
+                    },
+                )
+            }
+            g_u = compose_nodes.compose_grad(rep, l, G_at[l + 1])[:, t]
+            want = rep.norm_T(("attn", l), g_u[:, None, :] * np.ones((1, T, 1)))[:, t] @ delta
+            np.testing.assert_allclose(slope, want, rtol=2e-2, atol=1e-3 * max(np.abs(want).max(), 1e-6))
+            # and the graph's edge compose -> logit is that gradient against u without its bias
+            u0 = rep.norm_frozen(("attn", l), rep.resid[l])[t]
+            np.testing.assert_allclose(g.adjacency[logit_rows, i], g_u @ u0, rtol=1e-9, atol=1e-12)
+            checked += 1
+    assert checked == 2 * m.config.n_layer
+
+
+def test_compose_nodes_incoming_edges_are_finite_differences(tiny_factory):
+    """A compose node's value is linear in the residual it reads; every source's edge into it
+    is the finite difference of that value (w . u0) in the frozen run."""
+    m = _model(tiny_factory, model_type="dcpythia")
+    tcs = _transcoders(m)
+    g = attribution_graph(m, PROMPT, tcs, compose=True, progress=False)
+    rep = Replacement(m, PROMPT, tcs, compose=True)
+    er = EngineReplacement(m, tcs)
+    comp = g.index["compose"]
+    # the node's seed direction at u: w = its value / (its u0), recovered from the graph build
+    n_logit = len(g.index["logit"])
+    G_at = {
+        lv: Gl.copy()
+        for lv, Gl in rep.backward(
+            n_logit,
+            {
+                ("resid", rep.L): [
+                    (
+                        k,
+                        len(PROMPT) - 1,
+                        rep.norm_T_at("final", len(PROMPT) - 1, rep.W_U[g.nodes[r].index] - rep.W_U.mean(0)),
+                    )
+                    for k, r in enumerate(g.index["logit"])
+                ]
+            },
+        )
+    }
+    wts = g.logit_probs / g.logit_probs.sum()
+    gdir = {l: np.einsum("k,ktd->td", wts, compose_nodes.compose_grad(rep, l, G_at[l + 1])) for l in range(rep.L)}
+    for i in comp:
+        n = g.nodes[i]
+        u0 = rep.norm_frozen(("attn", n.layer), rep.resid[n.layer])[n.pos]
+        assert n.value == pytest.approx(float(gdir[n.layer][n.pos] @ u0), rel=1e-9, abs=1e-12)
+
+    def values(run):
+        return np.array(
+            [gdir[g.nodes[i].layer][g.nodes[i].pos] @ run[2][g.nodes[i].layer][g.nodes[i].pos] for i in comp]
+        )
+
+    T, D = len(PROMPT), m.config.d_model
+    sources = [j for j, n in enumerate(g.nodes) if n.kind in ("feature", "error", "token")]
+    scale = np.abs(g.adjacency[np.ix_(comp, sources)]).max()
+    for j in sources:
+        n = g.nodes[j]
+        vec = _source_vector(rep, n)
+        eps = 0.5 / max(np.abs(vec).max(), 1e-9)
+        d = np.zeros((T, D))
+        d[n.pos] = eps * vec
+        if n.kind == "token":
+            fd = values(er.run(embed_delta=d)) - values(er.run(embed_delta=-d))
+        else:
+            fd = values(er.run(mlp_delta={n.layer: d})) - values(er.run(mlp_delta={n.layer: -d}))
+        fd *= (n.value if n.kind == "feature" else 1.0) / (2 * eps)
+        np.testing.assert_allclose(g.adjacency[comp, j], fd, atol=2e-4 * scale, err_msg=n.name)
+
+
+def test_dyn_forward_is_the_engines_dynamic_weights(tiny_factory):
+    for kw in (dict(), dict(query_wise=True)):
+        m = _model(tiny_factory, model_type="dcpythia", **kw)
+        ws = ("qw1", "qw2", "qdd") + (() if kw else ("kw1", "kw2", "kdd"))
+        names = ["blocks.1.ln_attn"] + ["blocks.1.attn.dyn.%s.%s" % (ph, w) for ph in ("pre", "post") for w in ws]
+        _, cache = m.run_with_cache(PROMPT, names=names)
+        fw = compose_nodes.dyn_forward(m, 1, np.asarray(cache["blocks.1.ln_attn"], np.float64))
+        for ph in ("pre", "post"):
+            for w in ws:
+                np.testing.assert_allclose(
+                    fw[ph][w], cache["blocks.1.attn.dyn.%s.%s" % (ph, w)], atol=2e-5, err_msg=ph + w
+                )
+
+
+# ---------------------------------------------------------------- scores, pruning, JSON
+
+
+def _chain_graph(err_weight: float) -> AttributionGraph:
+    """token -> feature -> logit, and an error -> logit edge of err_weight."""
+    nodes = [
+        Node("feature", 0, 0, 3, 1.0),
+        Node("error", 0, 0, -1, 1.0),
+        Node("token", -1, 0, 7, 1.0),
+        Node("logit", 1, 0, 2, 1.0),
+    ]
+    A = np.zeros((4, 4))
+    A[0, 2] = 2.0  # token -> feature
+    A[3, 0] = 1.0  # feature -> logit
+    A[3, 1] = err_weight
+    return AttributionGraph(nodes, A, np.array([1.0]), np.array([7]), 1)
+
+
+def test_scores_as_circuit_tracer_defines_them():
+    r, comp = _chain_graph(0.0).scores()
+    assert r == 1.0 and comp == 1.0  # everything through features
+    r, comp = _chain_graph(1.0).scores()
+    # normalised rows: the logit's inputs half feature, half error; the feature's all token.
+    # influence on the logit: feature 0.5, error 0.5, token 0.5 (through the feature)
+    assert r == pytest.approx(0.5)  # tokens 0.5 / (tokens 0.5 + errors 0.5)
+    # non-error share of each node's inputs (1, 1, 1, 0.5) weighted by influence + logit weight
+    assert comp == pytest.approx((0.5 + 0.5 + 0.5 + 0.5 * 1.0) / 2.5)
+
+
+def test_prune_keeps_the_influential_path():
+    g = _chain_graph(0.01)
+    node, edge = g.prune(0.8, 0.98)
+    assert node.tolist() == [True, False, True, True]
+    assert edge[3, 0] and edge[0, 2] and not edge[3, 1]
+    with pytest.raises(Error, match="node_threshold"):
+        g.prune(1.5)
+
+
+def test_json_is_circuit_tracers_format(tiny_factory, tmp_path):
+    m = _model(tiny_factory, model_type="dcpythia")
+    g = attribution_graph(m, PROMPT, _transcoders(m), progress=False)
+    p = g.to_json(tmp_path / "g.json", node_threshold=1.0, edge_threshold=1.0)
+    with open(p) as f:
+        doc = json.load(f)
+    assert set(doc) == {"metadata", "qParams", "nodes", "links"}
+    ids = {n["node_id"] for n in doc["nodes"]}
+    kinds = {n["feature_type"] for n in doc["nodes"]}
+    assert {"cross layer transcoder", "embedding", "logit", "dcmha compose input"} <= kinds
+    assert all(lk["source"] in ids and lk["target"] in ids for lk in doc["links"])
+    assert sum(n.get("is_target_logit", False) for n in doc["nodes"]) == 1
+    with pytest.raises(Error, match="cannot write"):
+        g.to_json(tmp_path / "missing" / "g.json")
+
+
+def test_bad_input_is_an_error_naming_it(tiny_factory):
+    m = _model(tiny_factory, model_type="dcpythia")
+    tcs = _transcoders(m)
+    with pytest.raises(Error, match="3 transcoders for a model of 2 layers"):
+        attribution_graph(m, PROMPT, tcs[:1] + tcs)
+    with pytest.raises(Error, match=r"transcoders\[1\] maps"):
+        attribution_graph(m, PROMPT, [tcs[0], tcs[0]])
+    with pytest.raises(Error, match="max_n_logits"):
+        attribution_graph(m, PROMPT, tcs, max_n_logits=0)
+    with pytest.raises(Error, match="desired_logit_prob"):
+        attribution_graph(m, PROMPT, tcs, desired_logit_prob=0.0)
+    with pytest.raises(Error, match="one prompt"):
+        attribution_graph(m, np.stack([PROMPT, PROMPT]), tcs)
+    p = _model(tiny_factory, model_type="gpt_neox")
+    with pytest.raises(Error, match="no DCMHA compose"):
+        attribution_graph(p, PROMPT, _transcoders(p), compose=True)
+    sw = _model(tiny_factory, model_type="dcpythia", use_sw=True)
+    with pytest.raises(Error, match="use_sw"):
+        attribution_graph(sw, PROMPT, _transcoders(sw), compose=True)
+    assert len(attribution_graph(sw, PROMPT, _transcoders(sw), progress=False).index["compose"]) == 0
