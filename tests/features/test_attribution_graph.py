@@ -77,11 +77,12 @@ class EngineReplacement:
             self.sig["mlp", l] = _sigma(model, self.c["blocks.%d.mlp_input" % l])
         self.sig["final"] = _sigma(model, self.c["blocks.%d.resid_post" % (L - 1)])
 
-    def run(self, mlp_delta=None, embed_delta=None, live_compose=None, dyn_delta=None):
+    def run(self, mlp_delta=None, embed_delta=None, live_compose=None, dyn_delta=None, extra_hooks=()):
         """-> (logits [V] at the last position, pre-activations [L][T, F], u0 [L][T, D] (the
         attention norm of the residual without its bias)). mlp_delta: {layer: [T, D]} added
         to mlp.out; embed_delta [T, D]; live_compose: a layer whose composed pattern is not
-        frozen; dyn_delta: (layer, [T, D]) added to that layer's attn.dyn_input."""
+        frozen; dyn_delta: (layer, [T, D]) added to that layer's attn.dyn_input; extra_hooks:
+        more (name, fn) pairs, after these."""
         m, L = self.m, self.m.config.n_layer
         seen, pre, u0 = {}, [None] * L, [None] * L
 
@@ -121,7 +122,7 @@ class EngineReplacement:
             out = self.c[b + "mlp.out"] + (mlp_delta or {}).get(l, 0)
             hooks.append((b + "mlp.out", lambda a, n, v=out: v.astype(np.float32)))
         last = "blocks.%d.resid_post" % (L - 1)
-        hooks += [(last, keep), ("ln_final", ln("final", -1, last, "norm"))]
+        hooks += [(last, keep), ("ln_final", ln("final", -1, last, "norm"))] + list(extra_hooks)
         logits = np.asarray(m.run_with_hooks(self.toks, fwd_hooks=hooks), np.float64)
         return logits[-1], pre, u0
 
@@ -390,3 +391,169 @@ def test_bad_input_is_an_error_naming_it(tiny_factory):
     with pytest.raises(Error, match="use_sw"):
         attribution_graph(sw, PROMPT, _transcoders(sw), compose=True)
     assert len(attribution_graph(sw, PROMPT, _transcoders(sw), progress=False).index["compose"]) == 0
+
+
+# ---------------------------------------------------------------- lending nodes
+
+
+def _rotary(x, T, rot_dim, base):
+    """The spec's rotary (model-spec.md 2, step 3) on the first rot_dim dims of x [T, N, Dh]."""
+    h = rot_dim // 2
+    ang = np.arange(T)[:, None] * base ** (-2.0 * np.arange(h) / rot_dim)
+    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
+    out = x.copy()
+    out[..., :h] = x[..., :h] * c - x[..., h:rot_dim] * s
+    out[..., h:rot_dim] = x[..., :h] * s + x[..., h:rot_dim] * c
+    return out
+
+
+def test_lending_qk_is_the_engines_queries_and_keys(tiny_factory):
+    from dclens.features.lending_nodes import QK
+
+    m = _model(tiny_factory, model_type="dcpythia")
+    rep = Replacement(m, PROMPT, _transcoders(m), compose=True)
+    _, cache = m.run_with_cache(PROMPT, names=["blocks.1.attn.q", "blocks.1.attn.k", "blocks.1.attn.scores"])
+    qk = QK(rep, 1)
+    np.testing.assert_allclose(qk.q, cache["blocks.1.attn.q"], atol=2e-5)
+    np.testing.assert_allclose(qk.k, cache["blocks.1.attn.k"], atol=2e-5)
+    np.testing.assert_allclose(qk.scores, cache["blocks.1.attn.scores"], atol=2e-4)
+
+
+def _lend_part(cache, l, m_, n_, key_side=True):
+    """Head m's share of head n's pre-compose qp and kp at layer l [T, S], from the engine's hooks."""
+    b = "blocks.%d.attn." % l
+    A = np.asarray(cache[b + "scores"], np.float64)[m_]
+    q = np.einsum("ti,ti->t", cache[b + "dyn.pre.qw1"][:, :, m_], cache[b + "dyn.pre.qw2"][:, :, n_])
+    qp = A * q[:, None]
+    kp = np.zeros_like(qp)
+    if key_side:
+        k = np.einsum("si,si->s", cache[b + "dyn.pre.kw1"][:, :, m_], cache[b + "dyn.pre.kw2"][:, :, n_])
+        kp = A * k[None, :]
+    return qp, kp
+
+
+def _lend_run(er, l, hn, parts, eps):
+    """The replacement run with layer l's compose live and head n's pre.qp / pre.kp plus eps
+    times the given parts (head m's share): -> logits at the last position."""
+
+    def add(part):
+        def fn(a, name):
+            a = np.asarray(a, np.float64).copy()
+            a[hn] += eps * part
+            return a.astype(np.float32)
+
+        return fn
+
+    hooks = [("blocks.%d.attn.pre.%s" % (l, b), add(p)) for b, p in zip(("qp", "kp"), parts)]
+    return er.run(live_compose=l, extra_hooks=hooks)[0]
+
+
+def test_lending_edges_into_the_logits_are_the_lending_derivative(tiny_factory):
+    """Scaling head m's share of head n's pre-compose by (1 + eps), the rest of layer l's
+    compose live and every other layer frozen, moves logit k by eps * V[k, m, n]."""
+    m = _model(tiny_factory, model_type="dcpythia")
+    tcs = _transcoders(m)
+    g = attribution_graph(m, PROMPT, tcs, compose=True, progress=False)
+    er = EngineReplacement(m, tcs)
+    ws = ("qw1", "qw2", "kw1", "kw2")
+    names = ["blocks.%d.attn.%s" % (l, w) for l in range(2) for w in ["scores"] + ["dyn.pre." + x for x in ws]]
+    _, cache = m.run_with_cache(PROMPT, names=names)
+    logit_rows = g.index["logit"]
+    lend = [i for i in g.index["lend"]]
+    assert len(lend) == 2 * 4 * 3
+    for i in lend[::5]:
+        node = g.nodes[i]
+        l, (hm, hn) = node.layer, node.heads
+        qp, kp = _lend_part(cache, l, hm, hn)
+
+        eps = 1e-2
+        lp, lm = (_lend_run(er, l, hn, (qp, kp), e) for e in (eps, -eps))
+        slope = [
+            (lp[n.index] - lp.mean() - lm[n.index] + lm.mean()) / (2 * eps) for n in (g.nodes[k] for k in logit_rows)
+        ]
+        want = g.adjacency[logit_rows, i]
+        np.testing.assert_allclose(slope, want, rtol=2e-2, atol=2e-3 * max(np.abs(want).max(), 1e-6), err_msg=node.name)
+
+
+def _frozen_qk_hooks(m, l, rho, seen):
+    """Hooks that recompute layer l's q and k from the current ln_attn with QK-norm's scale
+    frozen at rho (the spec's steps 1-3), and capture the scores."""
+    c = m.config
+    D, N, Dh = c.d_model, c.n_head, c.head_dim
+    p = "layers.%d.attention." % l
+    w = m.weight(p + "wqkv.weight").astype(np.float64)
+    b = m.weight(p + "wqkv.bias").astype(np.float64)
+
+    def keep(a, n):
+        seen[n] = np.asarray(a, np.float64).copy()
+
+    def side(j, scale_name):
+        def fn(a, n):
+            u = seen["blocks.%d.ln_attn" % l]
+            raw = (u @ w[j * D : (j + 1) * D].T + b[j * D : (j + 1) * D]).reshape(len(u), N, Dh)
+            x = raw / rho[j][..., None] * m.weight(p + scale_name).astype(np.float64)
+            return _rotary(x, len(u), c.rotary_dim, c.rope_base).astype(np.float32)
+
+        return fn
+
+    b_ = "blocks.%d." % l
+    return [
+        (b_ + "ln_attn", keep),
+        (b_ + "attn.q", side(0, "q_norm.scale")),
+        (b_ + "attn.k", side(1, "k_norm.scale")),
+        (b_ + "attn.scores", keep),
+    ]
+
+
+def test_lending_incoming_edges_are_finite_differences(tiny_factory):
+    """A lending node's value is bilinear in head m's queries and keys: with QK-norm's scale
+    frozen too, a central difference of each source is exactly its (first-order) edge."""
+    from dclens.features import lending_nodes
+
+    m = _model(tiny_factory, model_type="dcpythia")
+    tcs = _transcoders(m)
+    g = attribution_graph(m, PROMPT, tcs, compose=True, progress=False)
+    rep = Replacement(m, PROMPT, tcs, compose=True)
+    er = EngineReplacement(m, tcs)
+    T, D, L = len(PROMPT), m.config.d_model, m.config.n_layer
+    logit_rows = g.index["logit"]
+    seeds = {
+        ("resid", L): [
+            (k, T - 1, rep.norm_T_at("final", T - 1, rep.W_U[g.nodes[r].index] - rep.W_U.mean(0)))
+            for k, r in enumerate(logit_rows)
+        ]
+    }
+    G_at = {lv: Gl.copy() for lv, Gl in rep.backward(len(logit_rows), seeds)}
+    w = g.logit_probs / g.logit_probs.sum()
+    l = 1
+    _, gS = compose_nodes.compose_backward(rep, l, G_at[l + 1])
+    Hw = np.einsum("k,knts->nts", w, gS)
+    qk = lending_nodes.QK(rep, l)
+    C = lending_nodes.lend_maps(m, l, rep.extra["blocks.%d.ln_attn" % l], True)
+    rho = (qk.rho_q, qk.rho_k)
+    lend = [i for i in g.index["lend"] if g.nodes[i].layer == l]
+    coef = {i: Hw[g.nodes[i].heads[1]] * C[g.nodes[i].heads] for i in lend}
+
+    def values(delta_kw):
+        seen = {}
+        er.run(extra_hooks=_frozen_qk_hooks(m, l, rho, seen), **delta_kw)
+        A = seen["blocks.%d.attn.scores" % l]
+        return np.array([(coef[i] * A[g.nodes[i].heads[0]]).sum() for i in lend])
+
+    v0 = values({})
+    np.testing.assert_allclose(v0, [g.nodes[i].value for i in lend], rtol=1e-4, atol=1e-7)
+    sources = [j for j, n in enumerate(g.nodes) if n.kind in ("feature", "error", "token") and n.layer < l]
+    scale = np.abs(g.adjacency[np.ix_(lend, sources)]).max()
+    assert scale > 0
+    for j in sources:
+        n = g.nodes[j]
+        vec = _source_vector(rep, n)
+        eps = 0.5 / max(np.abs(vec).max(), 1e-9)
+        d = np.zeros((T, D))
+        d[n.pos] = eps * vec
+        if n.kind == "token":
+            plus, minus = values({"embed_delta": d}), values({"embed_delta": -d})
+        else:
+            plus, minus = values({"mlp_delta": {n.layer: d}}), values({"mlp_delta": {n.layer: -d}})
+        fd = (plus - minus) * (n.value if n.kind == "feature" else 1.0) / (2 * eps)
+        np.testing.assert_allclose(g.adjacency[lend, j], fd, atol=1e-3 * scale, err_msg=n.name)

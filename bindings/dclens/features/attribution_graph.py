@@ -7,7 +7,8 @@
     g.to_json("graph.json")         # circuit-tracer / Neuronpedia's graph format
 
 Nodes, in this order: the active transcoder features (layer, position, feature), the compose
-nodes (layer, position: compose_nodes.py), one error node per layer and position, one token
+nodes (layer, position: compose_nodes.py), the lending nodes (layer, lender head, borrower
+head: lending_nodes.py), one error node per layer and position, one token
 (embedding) node per position, and the logit targets (the most likely next tokens, up to
 max_n_logits or desired_logit_prob of the mass). adjacency[target, source] is the direct
 effect of the source on the target in the replacement model (replacement.py): on a feature's
@@ -27,11 +28,11 @@ import numpy as np
 
 from .._core import progress as _progress
 from .._core.checks import Error, check_index
-from . import compose_nodes
+from . import compose_nodes, lending_nodes
 from .replacement import Replacement
 from .sae import SAE
 
-KINDS = ("feature", "compose", "error", "token", "logit")
+KINDS = ("feature", "compose", "lend", "error", "token", "logit")
 
 
 @dataclass(frozen=True)
@@ -40,17 +41,21 @@ class Node:
 
     Attributes
     ----------
-    kind : {"feature", "compose", "error", "token", "logit"}
+    kind : {"feature", "compose", "lend", "error", "token", "logit"}
         What it is.
     layer : int
-        The transcoder's / compose's / error's layer; -1 for a token, n_layer for a logit.
+        The transcoder's / compose's / lending's / error's layer; -1 for a token, n_layer for
+        a logit.
     pos : int
-        The position.
+        The position (-1 for a lending node: it spans the prompt).
     index : int
-        The feature's index; the token id of a token or logit node; -1 otherwise.
+        The feature's index; lender * n_head + borrower for a lending node; the token id of a
+        token or logit node; -1 otherwise.
     value : float
-        A feature's activation, a compose node's value, a logit's (demeaned) logit, the
-        norm of an error's or a token's vector.
+        A feature's activation, a compose or lending node's value, a logit's (demeaned)
+        logit, the norm of an error's or a token's vector.
+    heads : tuple of int
+        A lending node's (lender m, borrower n); () otherwise.
     """
 
     kind: str
@@ -58,14 +63,18 @@ class Node:
     pos: int
     index: int
     value: float
+    heads: tuple = ()
 
     @property
     def name(self) -> str:
-        """A short label: "L2.F17@5", "L1.compose@5", "L3.err@5", "tok@5", "logit 42"."""
+        """A short label: "L2.F17@5", "L1.compose@5", "L1.H3>H0" (head 3 lends to head 0),
+        "L3.err@5", "tok@5", "logit 42"."""
         if self.kind == "feature":
             return "L%d.F%d@%d" % (self.layer, self.index, self.pos)
         if self.kind == "compose":
             return "L%d.compose@%d" % (self.layer, self.pos)
+        if self.kind == "lend":
+            return "L%d.H%d>H%d" % ((self.layer,) + tuple(self.heads))
         if self.kind == "error":
             return "L%d.err@%d" % (self.layer, self.pos)
         return "tok@%d" % self.pos if self.kind == "token" else "logit %d" % self.index
@@ -150,8 +159,8 @@ class AttributionGraph:
         -------
         tuple of numpy.ndarray
             (node_mask [n] bool, edge_mask [n, n] bool). Tokens and logits are always kept;
-            a kept feature, compose or error node has a kept outgoing edge, a kept feature or
-            compose node a kept incoming one.
+            a kept feature, compose, lending or error node has a kept outgoing edge, a kept
+            feature, compose or lending node a kept incoming one.
 
         Raises
         ------
@@ -171,8 +180,8 @@ class AttributionGraph:
         edge_score = An * (_influence(An, w) + w)[:, None]
         edge = edge_score >= _threshold(edge_score.ravel(), edge_threshold)
         edge &= node[:, None] & node[None, :]
-        inner = np.concatenate([self.index["feature"], self.index["compose"], self.index["error"]])
-        targets = np.concatenate([self.index["feature"], self.index["compose"]])
+        targets = np.concatenate([self.index[k] for k in ("feature", "compose", "lend")])
+        inner = np.concatenate([targets, self.index["error"]])
         while True:
             before = node.copy()
             node[inner] &= edge[:, inner].any(0)
@@ -240,6 +249,8 @@ def _node_id(n: Node, L: int) -> str:
         return "%d_%d_%d" % (n.layer, n.index, n.pos)
     if n.kind == "compose":
         return "%d_-2_%d" % (n.layer, n.pos)
+    if n.kind == "lend":
+        return "%d_-3_%d" % (n.layer, n.index)
     if n.kind == "error":
         return "%d_-1_%d" % (n.layer, n.pos)
     if n.kind == "token":
@@ -250,6 +261,7 @@ def _node_id(n: Node, L: int) -> str:
 _FEATURE_TYPES = {
     "feature": "cross layer transcoder",
     "compose": "dcmha compose input",
+    "lend": "dcmha head lending",
     "error": "mlp reconstruction error",
     "token": "embedding",
     "logit": "logit",
@@ -263,7 +275,7 @@ def _node_json(n: Node, node_id: str, influence: float, g: AttributionGraph, k: 
         "jsNodeId": node_id,
         "feature": n.index,
         "layer": layer,
-        "ctx_idx": n.pos,
+        "ctx_idx": n.pos if n.pos >= 0 else len(g.tokens) - 1,  # a lending node: the last position
         "feature_type": _FEATURE_TYPES[n.kind],
         "influence": influence,
         "activation": n.value,
@@ -337,8 +349,8 @@ def attribution_graph(
     desired_logit_prob : float
         Targets are the likeliest next tokens until they hold this much probability, in (0, 1].
     compose : bool or None
-        The compose nodes (compose_nodes.py); None: where the model has a DCMHA compose
-        that compose_nodes supports.
+        The compose and lending nodes (compose_nodes.py, lending_nodes.py); None: where the
+        model has a DCMHA compose that compose_nodes supports.
     batch_size : int
         Targets per backward batch (>= 1; memory ~ batch_size * T * d_model * 8 bytes).
     progress : bool or None
@@ -389,6 +401,10 @@ class _Builder:
         self.n_comp = L * T if compose else 0
         self.comp0 = len(nodes)
         nodes += [Node("compose", l, t, -1, 0.0) for l in range(L) for t in range(T)] if compose else []
+        N = rep.c.n_head
+        self.lends = [(l, m, n) for l in range(L) for m in range(N) for n in range(N) if m != n] if compose else []
+        self.lend0 = len(nodes)
+        nodes += [Node("lend", l, -1, m * N + n, 0.0, (m, n)) for l, m, n in self.lends]
         self.err0 = len(nodes)
         nodes += [Node("error", l, t, -1, float(np.linalg.norm(rep.error[l][t]))) for l in range(L) for t in range(T)]
         self.tok0 = len(nodes)
@@ -411,6 +427,7 @@ class _Builder:
         comp_seeds = self._compose_seeds() if self.compose else None
         if self.compose:
             targets += [("compose", i) for i in range(self.n_comp)]
+            targets += [("lend", i) for i in range(len(self.lends))]
         targets += [("feature", i) for i in range(self.n_feat)]
         batches = [targets[i : i + batch_size] for i in range(0, len(targets), batch_size)]
         for batch in _progress.bar(batches, desc="attribution graph: target batches", progress=progress):
@@ -418,23 +435,27 @@ class _Builder:
             rows = []
             for k, (kind, i) in enumerate(batch):
                 rows.append(self._row(kind, i))
-                key, pos, vec = self._seed(kind, i, comp_seeds)
-                seeds.setdefault(key, []).append((k, pos, vec))
+                for key, pos, vec in self._seed(kind, i, comp_seeds):
+                    seeds.setdefault(key, []).append((k, pos, vec))
             self._edges(np.array(rows), rep.backward(len(batch), seeds))
         return AttributionGraph(self.nodes, self.A, self.logit_p, rep.tokens, rep.L)
 
     def _row(self, kind: str, i: int) -> int:
-        return {"logit": self.logit0, "compose": self.comp0, "feature": 0}[kind] + i
+        return {"logit": self.logit0, "compose": self.comp0, "lend": self.lend0, "feature": 0}[kind] + i
 
-    def _seed(self, kind: str, i: int, comp_seeds):
+    def _seed(self, kind: str, i: int, comp_seeds) -> list:
+        """Where target i of `kind` reads the residual: (point, position, vector) triples."""
         rep = self.rep
         if kind == "logit":
-            return ("resid", rep.L), rep.T - 1, rep.norm_T_at("final", rep.T - 1, self.logit_vec[i])
+            return [(("resid", rep.L), rep.T - 1, rep.norm_T_at("final", rep.T - 1, self.logit_vec[i]))]
         if kind == "compose":
             l, t = divmod(i, rep.T)
-            return ("resid", l), t, comp_seeds[l][t]
+            return [(("resid", l), t, comp_seeds[l][t])]
+        if kind == "lend":  # every position: head m's queries and keys
+            l = self.lends[i][0]
+            return [(("resid", l), t, v) for t, v in enumerate(self.lend_seeds[i])]
         l, t, f = (int(x) for x in self.feats[i])
-        return ("mlp_input", l), t, rep.read_seed(l, t, self.W_enc[l][:, f])
+        return [(("mlp_input", l), t, rep.read_seed(l, t, self.W_enc[l][:, f]))]
 
     def _edges(self, rows: np.ndarray, levels) -> None:
         """Fill adjacency[rows] from the gradients at each residual level."""
@@ -457,7 +478,8 @@ class _Builder:
 
     def _compose_seeds(self) -> list[np.ndarray]:
         """The compose nodes' input vectors (at each level's residual), their values and their
-        edges into the logits, from one backward of the logit targets."""
+        edges into the logits, from one backward of the logit targets; the lending nodes'
+        likewise (self.lend_seeds)."""
         rep = self.rep
         n = len(self.logit_tok)
         seeds = {
@@ -468,7 +490,8 @@ class _Builder:
         w = self.logit_p / self.logit_p.sum()
         for l in range(rep.L):
             G_out = G_at[l + 1]  # the attention of layer l writes level l + 1 (or h, equal here)
-            g_u = compose_nodes.compose_grad(rep, l, G_out)  # [n, T, D] at u = ln_attn
+            g_u, g_scores = compose_nodes.compose_backward(rep, l, G_out)  # [n, T, D] at u = ln_attn
+            self._lending(l, g_scores, w)
             u0 = rep.norm_frozen(("attn", l), rep.resid[l])  # u without its bias
             per_logit = (g_u * u0).sum(-1)  # [n, T]: each logit's first-order share
             g = np.einsum("k,ktd->td", w, g_u)
@@ -479,3 +502,21 @@ class _Builder:
                 self.A[self.logit0 : self.logit0 + n, i] = per_logit[:, t]
             out.append(rep.norm_T(("attn", l), g))  # [T, D]
         return out
+
+    def _lending(self, l: int, g_scores: np.ndarray, w: np.ndarray) -> None:
+        """Layer l's lending nodes: values, edges into the logits, seeds (lending_nodes.py)."""
+        rep, N = self.rep, self.rep.c.n_head
+        if not hasattr(self, "lend_seeds"):
+            self.lend_seeds: list = [None] * len(self.lends)
+        qk = lending_nodes.QK(rep, l)
+        C = lending_nodes.lend_maps(rep.model, l, rep.extra["blocks.%d.ln_attn" % l], not rep.c.query_wise)
+        V = lending_nodes.lending_values(C, qk.scores, g_scores)  # [n, M, N]
+        Hw = np.einsum("k,knts->nts", w, g_scores)
+        n_logit = len(self.logit_tok)
+        for i, (layer, m, n) in enumerate(self.lends):
+            if layer != l:
+                continue
+            j = self.lend0 + i
+            self.nodes[j] = Node("lend", l, -1, m * N + n, float(w @ V[:, m, n]), (m, n))
+            self.A[self.logit0 : self.logit0 + n_logit, j] = V[:, m, n]
+            self.lend_seeds[i] = qk.grad(m, Hw[n] * C[m, n])

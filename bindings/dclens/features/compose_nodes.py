@@ -163,7 +163,8 @@ def _dyn_back(model, layer: int, fw: dict, grads: dict, u_shape) -> np.ndarray:
 
 
 def compose_grad(rep, layer: int, G_out: np.ndarray) -> np.ndarray:
-    """Gradients at u = blocks.{layer}.ln_attn through layer `layer`'s compose alone.
+    """Gradients at u = blocks.{layer}.ln_attn through layer `layer`'s compose alone
+    (compose_backward's first part).
 
     Parameters
     ----------
@@ -181,6 +182,28 @@ def compose_grad(rep, layer: int, G_out: np.ndarray) -> np.ndarray:
         [K, T, D] float64: each target's gradient with respect to u, through the dynamic
         weights of both phases (the rest of the pass frozen).
     """
+    return compose_backward(rep, layer, G_out)[0]
+
+
+def compose_backward(rep, layer: int, G_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """compose_grad, and the gradients at the layer's composed scores on the way.
+
+    Parameters
+    ----------
+    rep : Replacement
+        The replacement model, made with compose=True.
+    layer : int
+        The layer.
+    G_out : numpy.ndarray
+        [K, T, D], as for compose_grad.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        (g_u [K, T, D] as compose_grad's, g_scores [K, N, T, S]: each target's gradient at
+        attn.scores_composed, the pre-compose's output, through the mask and softmax and the
+        post-compose; zero where masked).
+    """
     c = rep.c
     key_side = not c.query_wise
     x = rep.extra
@@ -190,6 +213,7 @@ def compose_grad(rep, layer: int, G_out: np.ndarray) -> np.ndarray:
     fw = dyn_forward(rep.model, layer, u)
     N, Dh = c.n_head, c.head_dim
     out = np.empty(G_out.shape)
+    g_scores = np.empty((G_out.shape[0],) + A.shape)
     for k in range(G_out.shape[0]):
         gz = (G_out[k] @ rep.Wo[layer]).reshape(rep.T, N, Dh)  # [T, N, Dh]
         gPc = np.einsum("tnd,snd->nts", gz, v)  # at the composed pattern P'
@@ -197,4 +221,5 @@ def compose_grad(rep, layer: int, G_out: np.ndarray) -> np.ndarray:
         gAc = P * (gP - (P * gP).sum(-1, keepdims=True))  # softmax (masked entries: P = 0)
         _, g_pre = _compose_back(A, gAc, fw["pre"], key_side)
         out[k] = _dyn_back(rep.model, layer, fw, {"pre": g_pre, "post": g_post}, u.shape)
-    return out
+        g_scores[k] = gAc
+    return out, g_scores
