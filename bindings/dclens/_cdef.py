@@ -138,7 +138,7 @@ typedef struct { float lr, beta1, beta2, eps, weight_decay; } dcs_adamw;
 dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *var, int step,
                           const dcs_adamw *h);
 typedef struct dcs_sae dcs_sae;
-enum { DCS_SAE_RELU = 0, DCS_SAE_TOPK = 1, DCS_SAE_JUMPRELU = 2 };
+enum { DCS_SAE_RELU = 0, DCS_SAE_TOPK = 1, DCS_SAE_JUMPRELU = 2, DCS_SAE_BATCHTOPK = 3 };
 enum { DCS_SAE_PARAM = 0, DCS_SAE_GRAD = 1, DCS_SAE_MOM = 2, DCS_SAE_VAR = 3 };
 typedef struct {
     int d_in; int d_out; int d_sae; int arch; int k; int apply_b_dec_to_input;
@@ -156,4 +156,6 @@ dcs_status dcs_sae_forward(dcs_sae *s, const float *x, int N, float *pre, float 
 dcs_status dcs_sae_grad(dcs_sae *s, const float *x, const float *target, int N, dcs_sae_stats *st,
                         int64_t *fired);
 dcs_status dcs_sae_adamw(dcs_sae *s, int step, const dcs_adamw *h);
+dcs_status dcs_sae_resample(dcs_sae *s, const float *x, const float *target, int N, const int *dead,
+                            int n_dead);
 """

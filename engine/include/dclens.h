@@ -595,6 +595,12 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
  *           (b_dec subtracted only with apply_b_dec_to_input)
  *   acts  = ReLU(pre) | TopK(k) of ReLU(pre) per row | pre * (pre > threshold)
  *           (JumpReLU, threshold = exp(log_threshold) per feature)
+ *           | BatchTopK: in training (dcs_sae_grad) the k * N largest
+ *           positive pre of the batch (ties to the lower index row * F + f),
+ *           at inference (dcs_sae_forward) pre * (pre > threshold), one
+ *           threshold [1] that each dcs_sae_adamw moves by
+ *           DCS_SAE_THRESHOLD_LR toward the last batch's smallest kept
+ *           activation (SAELens's running estimate)
  *   recon = acts @ W_dec + b_dec                          [N, d_out]
  *   loss  = mean over rows of sum over d_out of (recon - target)^2
  *           + sparsity_coef * mean over rows of sum over F of
@@ -607,7 +613,8 @@ dcs_status dcs_adamw_step(dcs_model *m, const float *grads, float *mom, float *v
  * (dcs_sae_errmsg). */
 typedef struct dcs_sae dcs_sae;
 
-enum { DCS_SAE_RELU = 0, DCS_SAE_TOPK = 1, DCS_SAE_JUMPRELU = 2 };
+enum { DCS_SAE_RELU = 0, DCS_SAE_TOPK = 1, DCS_SAE_JUMPRELU = 2, DCS_SAE_BATCHTOPK = 3 };
+#define DCS_SAE_THRESHOLD_LR 0.01f
 /* what dcs_sae_get / dcs_sae_set read or write */
 enum { DCS_SAE_PARAM = 0, DCS_SAE_GRAD = 1, DCS_SAE_MOM = 2, DCS_SAE_VAR = 3 };
 
@@ -616,7 +623,7 @@ typedef struct {
     int d_out;                /* 0: d_in (an SAE); else a transcoder's output */
     int d_sae;                /* F, the dictionary's width                    */
     int arch;                 /* DCS_SAE_*                                    */
-    int k;                    /* TopK: features kept per row (1 <= k <= F)    */
+    int k;                    /* (Batch)TopK: features per row (1 <= k <= F)  */
     int apply_b_dec_to_input; /* subtract b_dec from x (an SAE only)          */
     int normalize_decoder;    /* unit-norm rows of W_dec after each step      */
     float sparsity_coef;      /* ReLU: L1, JumpReLU: L0 coefficient (>= 0)    */
@@ -635,7 +642,8 @@ dcs_status dcs_sae_new(const dcs_sae_config *c, dcs_sae **out, char *err, size_t
 void dcs_sae_free(dcs_sae *s);
 const char *dcs_sae_errmsg(const dcs_sae *s);
 /* Parameters: W_enc [d_in, F], b_enc [F], W_dec [F, d_out], b_dec [d_out]
- * (+ log_threshold [F] for JumpReLU): name and element count of the i-th. */
+ * (+ log_threshold [F] for JumpReLU, threshold [1] for BatchTopK): name
+ * and element count of the i-th. */
 int dcs_sae_param_count(const dcs_sae *s);
 dcs_status dcs_sae_param_info(const dcs_sae *s, int i, const char **name, int64_t *n);
 /* Copy parameter i's values, gradient or AdamW moments (what: DCS_SAE_*)
@@ -652,6 +660,15 @@ dcs_status dcs_sae_grad(dcs_sae *s, const float *x, const float *target, int N, 
 /* One AdamW step (step from 1; weight decay on W_enc and W_dec only) on the
  * gradients of the last dcs_sae_grad, then unit-norm decoder rows if asked. */
 dcs_status dcs_sae_adamw(dcs_sae *s, int step, const dcs_adamw *h);
+/* Dead-feature resampling (resample.c): each feature dead[j] (j < n_dead)
+ * is re-initialised from the row of x [N, d_in] (target [N, d_out] or NULL
+ * = x) with the (j mod N)-th worst reconstruction (squared error, ties to
+ * the lower row): W_dec row = the unit target row - b_dec, W_enc column =
+ * the unit (centred) input row times 0.2 x the mean norm of the live
+ * features' W_enc columns (1 when none lives), b_enc = 0, and the AdamW
+ * moments of those entries 0. An empty batch is an error. */
+dcs_status dcs_sae_resample(dcs_sae *s, const float *x, const float *target, int N, const int *dead,
+                            int n_dead);
 
 #ifdef __cplusplus
 }

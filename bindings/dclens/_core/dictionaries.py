@@ -16,8 +16,8 @@ import numpy as np
 from .binding import check_status, ffi, lib
 from .checks import EngineObject, Error, decode_msg
 
-ARCHS = ("relu", "topk", "jumprelu")
-_ARCH_CODE = {"relu": 0, "topk": 1, "jumprelu": 2}
+ARCHS = ("relu", "topk", "jumprelu", "batchtopk")
+_ARCH_CODE = {"relu": 0, "topk": 1, "jumprelu": 2, "batchtopk": 3}
 # what get / set read or write
 SLOTS = {"param": 0, "grad": 1, "mom": 2, "var": 3}
 
@@ -29,10 +29,10 @@ class EngineSAE(EngineObject):
     ----------
     d_in, d_out, d_sae : int
         Input width, output width (d_in for an SAE) and dictionary width.
-    arch : {"relu", "topk", "jumprelu"}
+    arch : {"relu", "topk", "jumprelu", "batchtopk"}
         The activation.
     k : int
-        TopK: features kept per row.
+        TopK: features kept per row; BatchTopK: per row on average (k x N per batch).
     apply_b_dec_to_input, normalize_decoder : bool
         Subtract b_dec from the input; unit-norm decoder rows after each step.
     sparsity_coef, bandwidth : float
@@ -164,6 +164,25 @@ class EngineSAE(EngineObject):
             s = self._handle()
             self._check(lib.dcs_sae_grad(s, ffi.from_buffer("float[]", a), t, a.shape[0], st, f))
         return {"loss": st.loss, "mse": st.mse, "sparsity": st.sparsity, "l0": st.l0}
+
+    def resample(self, x, target, dead: np.ndarray) -> None:
+        """Re-initialise the features `dead` (int32 [n]) from the rows of x (target) it
+        reconstructs worst (dcs_sae_resample)."""
+        a = self._rows("x", x, self.d_in)
+        t = ffi.NULL
+        if target is not None:
+            tt = self._rows("target", target, self.d_out)
+            if tt.shape[0] != a.shape[0]:
+                raise Error("target has %d rows, x %d" % (tt.shape[0], a.shape[0]))
+            t = ffi.from_buffer("float[]", tt)
+        d = np.ascontiguousarray(dead, np.int32)
+        with self._lock:
+            s = self._handle()
+            self._check(
+                lib.dcs_sae_resample(
+                    s, ffi.from_buffer("float[]", a), t, a.shape[0], ffi.from_buffer("int[]", d), d.size
+                )
+            )
 
     def adamw(self, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
         """One AdamW step (step from 1) on the gradients of the last grad()."""

@@ -11,9 +11,13 @@ format both ways (docs/features.md).
     features.save(sae, "out/")                            # cfg.json + sae_weights.safetensors
     sae2 = features.load("out/")
     g = features.attribution_graph(model, toks, transcoders)     # feature graph, compose nodes
+    logits, cache = features.run_with_saes(model, toks, [sae], use_error_term=True)   # <hook>.sae.acts
+    features.run_with_saes(model, toks, [sae], fwd_hooks=features.ablate_features(sae, [3]))
 """
 
 from .attribution_graph import AttributionGraph, Node, attribution_graph
+from .dashboard import LogitEffect, TopActivations, feature_logit_effect, top_activating
+from .hooks import ablate_features, feature_hook_name, patch_features, run_with_saes, sae_hooks, steer
 from .metrics import evaluate
 from .sae import SAE, SAEConfig, check_fits, hook_width
 from .saelens import load, read_safetensors, saelens_cfg, save, write_safetensors
@@ -43,4 +47,14 @@ __all__ = [
     "attribution_graph",
     "AttributionGraph",
     "Node",
+    "run_with_saes",
+    "sae_hooks",
+    "feature_hook_name",
+    "ablate_features",
+    "steer",
+    "patch_features",
+    "top_activating",
+    "feature_logit_effect",
+    "TopActivations",
+    "LogitEffect",
 ]

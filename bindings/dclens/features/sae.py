@@ -18,7 +18,8 @@ from .._core.checks import Error, check_bool, is_finite_number
 from .._core.dictionaries import ARCHS, EngineSAE
 from .._core.names import canonical
 
-PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec", "log_threshold")
+PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec", "log_threshold", "threshold")
+THRESHOLD_LR = 0.01  # BatchTopK's running threshold: dclens.h's DCS_SAE_THRESHOLD_LR
 
 
 @dataclass
@@ -31,11 +32,13 @@ class SAEConfig:
         Input width: the hook's activation per position, flattened.
     d_sae : int
         Dictionary width (the number of features).
-    arch : {"relu", "topk", "jumprelu"}
-        The activation: ReLU (L1 penalty), TopK (k per row, no penalty) or JumpReLU (L0 penalty,
-        per-feature threshold).
+    arch : {"relu", "topk", "jumprelu", "batchtopk"}
+        The activation: ReLU (L1 penalty), TopK (k per row, no penalty), JumpReLU (L0 penalty,
+        per-feature threshold) or BatchTopK (k x N per batch of N rows in training, no penalty;
+        at inference one threshold, SAELens's running estimate).
     k : int
-        TopK: features kept per row (1 <= k <= d_sae); set to 0 for the others.
+        TopK: features kept per row, BatchTopK: per row on average (1 <= k <= d_sae); set to 0
+        for the others.
     hook_name : str
         The hook it reads (dclens or TransformerLens spelling; stored as dclens's).
     d_out : int
@@ -90,10 +93,10 @@ class SAEConfig:
                 raise Error("SAEConfig.%s must be an integer, not %r" % (f, v))
         if self.arch not in ARCHS:
             raise Error("SAEConfig.arch must be one of %s, not %r" % (", ".join(ARCHS), self.arch))
-        if self.arch == "topk" and not 1 <= self.k <= self.d_sae:
-            raise Error("SAEConfig.k must be in 1..d_sae (%d) for topk, not %d" % (self.d_sae, self.k))
-        if self.arch != "topk":
-            self.k = 0  # TopK's alone
+        if self.arch in ("topk", "batchtopk") and not 1 <= self.k <= self.d_sae:
+            raise Error("SAEConfig.k must be in 1..d_sae (%d) for %s, not %d" % (self.d_sae, self.arch, self.k))
+        if self.arch not in ("topk", "batchtopk"):
+            self.k = 0  # (Batch)TopK's alone
         for f in ("sparsity_coef", "bandwidth", "init_threshold"):
             if not is_finite_number(getattr(self, f)):
                 raise Error("SAEConfig.%s must be a finite number, not %r" % (f, getattr(self, f)))
@@ -203,7 +206,7 @@ class SAE:
             c.arch,
             c.d_in,
             c.d_sae,
-            ", k=%d" % c.k if c.arch == "topk" else "",
+            ", k=%d" % c.k if c.arch in ("topk", "batchtopk") else "",
         )
 
     # ------------------------------------------------------------ parameters
@@ -216,6 +219,7 @@ class SAE:
             "W_dec": (c.d_sae, c.width_out),
             "b_dec": (c.width_out,),
             "log_threshold": (c.d_sae,),
+            "threshold": (1,),
         }[name]
 
     def parameters(self, slot: str = "param") -> dict[str, np.ndarray]:
@@ -230,7 +234,7 @@ class SAE:
         -------
         dict
             W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out], and
-            log_threshold [d_sae] for JumpReLU.
+            log_threshold [d_sae] for JumpReLU, threshold [1] for BatchTopK.
         """
         return {n: self._e.get(slot, i).reshape(self._shape(n)) for i, n in enumerate(self._e.names)}
 
@@ -269,8 +273,11 @@ class SAE:
 
     @property
     def threshold(self) -> np.ndarray | None:
-        """JumpReLU's [d_sae] thresholds (exp of log_threshold); None for other activations."""
+        """The [d_sae] inference thresholds: JumpReLU's (exp of log_threshold), BatchTopK's one
+        threshold repeated; None for other activations."""
         p = self.parameters()
+        if "threshold" in p:
+            return np.full(self.cfg.d_sae, p["threshold"][0], np.float32)
         return np.exp(p["log_threshold"]) if "log_threshold" in p else None
 
     # ------------------------------------------------------------ passes
@@ -405,6 +412,45 @@ class SAE:
         t = None if target is None else self._rows(target, self.cfg.width_out, "target")[0]
         stats = self._e.grad(rows, t, fired)
         return stats, self.parameters("grad")
+
+    def resample(self, x, target=None, dead=()) -> None:
+        """Re-initialise dead features from the rows of this batch reconstructed worst
+        (Anthropic's resampling, deterministic: docs/features.md).
+
+        Feature dead[j] takes the row with the (j mod N)-th largest squared error: W_dec row =
+        the unit (target row - b_dec), W_enc column = the unit (centred) input row times 0.2 x
+        the live features' mean W_enc column norm, b_enc = 0, and their AdamW moments 0.
+
+        Parameters
+        ----------
+        x : array_like
+            The batch [N, d_in].
+        target : array_like or None
+            A transcoder's targets [N, d_out] (None: x).
+        dead : sequence of int
+            The features to re-initialise.
+
+        Raises
+        ------
+        dclens.Error
+            An empty batch (naming x), a feature out of range (naming dead), NaN / inf in x or
+            target, a transcoder without target.
+        """
+        a = np.asarray(x, np.float32)
+        if a.ndim != 2 or a.shape[0] == 0:
+            raise Error(
+                "x must be a non-empty batch [N, %d] to resample from, not shape %s" % (self.cfg.d_in, list(a.shape))
+            )
+        rows, _ = self._rows(a, self.cfg.d_in, "x")
+        t = None if target is None else self._rows(target, self.cfg.width_out, "target")[0]
+        d = np.asarray(dead)
+        if d.ndim != 1 or (d.size and d.dtype.kind not in "iu"):
+            raise Error("dead must be a list of feature indices, not %r" % (dead,))
+        if d.size and not (0 <= d.min() and d.max() < self.cfg.d_sae):
+            raise Error(
+                "dead holds feature %d, not in 0..%d" % (int(d[(d < 0) | (d >= self.cfg.d_sae)][0]), self.cfg.d_sae - 1)
+            )
+        self._e.resample(rows, t, d.astype(np.int32))
 
     def step(
         self,

@@ -3,7 +3,10 @@
 
 Hook names are written in TransformerLens's spelling (blocks.3.hook_resid_pre) and read in
 either; the safetensors file is written and read with json + numpy (no pickle, no torch).
-JumpReLU's threshold is stored as ``threshold`` (not its log), as SAELens does.
+JumpReLU's threshold is stored as ``threshold`` (not its log), as SAELens does. A BatchTopK
+dictionary is written as SAELens writes one after training: architecture ``jumprelu`` with its
+one threshold for every feature (``dclens: {"arch": "batchtopk", "k": k}`` lets dclens read it
+back as BatchTopK, the threshold's float32 bits unchanged).
 """
 
 from __future__ import annotations
@@ -131,7 +134,7 @@ def saelens_cfg(sae: SAE) -> dict:
         normalize_activations, prepend_bos; a transcoder adds d_out, hook_name_out, hook_layer_out.
     """
     c = sae.cfg
-    arch = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}[c.arch]
+    arch = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "jumprelu"}[c.arch]
     out = {
         "architecture": arch,
         "d_in": c.d_in,
@@ -154,6 +157,7 @@ def saelens_cfg(sae: SAE) -> dict:
             "normalize_decoder": c.normalize_decoder,
             "sparsity_coef": c.sparsity_coef,
             "bandwidth": c.bandwidth,
+            **({"arch": "batchtopk", "k": c.k} if c.arch == "batchtopk" else {}),
         },
     }
     if c.is_transcoder:
@@ -186,6 +190,8 @@ def save(sae: SAE, directory) -> str:
     tensors = {k: p[k] for k in ("W_enc", "b_enc", "W_dec", "b_dec")}
     if "log_threshold" in p:
         tensors["threshold"] = np.exp(p["log_threshold"].astype(np.float64)).astype(np.float32)
+    if "threshold" in p:  # BatchTopK: its one threshold per feature, as SAELens's JumpReLU reads it
+        tensors["threshold"] = np.full(sae.cfg.d_sae, p["threshold"][0], np.float32)
     write_safetensors(os.path.join(d, WEIGHTS), tensors, {"format": "pt"})
     with open(os.path.join(d, CFG), "w", encoding="utf-8") as f:
         json.dump(saelens_cfg(sae), f, indent=2)
@@ -220,11 +226,13 @@ def _config_from(cfg: dict, where: str) -> SAEConfig:
         if v is None:
             raise Error("%s has no %s" % (where, key))
     extra = cfg.get("dclens") or {}
+    if kind == "jumprelu" and extra.get("arch") == "batchtopk":
+        kind, kwargs = "batchtopk", {"k": extra.get("k", 0)}
     return SAEConfig(
         d_in=int(cfg["d_in"]),
         d_sae=int(cfg["d_sae"]),
         arch=kind,
-        k=int(kwargs.get("k", cfg.get("k", 0)) or 0) if kind == "topk" else 0,
+        k=int(kwargs.get("k", cfg.get("k", 0)) or 0) if kind in ("topk", "batchtopk") else 0,
         hook_name=canonical(str(hook)),
         d_out=int(cfg.get("d_out") or 0),
         hook_name_out=canonical(cfg.get("hook_name_out") or ""),
@@ -278,16 +286,24 @@ def load(directory, n_threads: int = 0) -> SAE:
         raise Error("%s: a field of the wrong type: %s" % (cpath, e)) from None
     t = read_safetensors(wpath)
     missing = [
-        k for k in ("W_enc", "b_enc", "W_dec", "b_dec") + (("threshold",) if c.arch == "jumprelu" else ()) if k not in t
+        k
+        for k in ("W_enc", "b_enc", "W_dec", "b_dec") + (("threshold",) if c.arch in ("jumprelu", "batchtopk") else ())
+        if k not in t
     ]
     if missing:
         raise Error("%s has no tensor %s (has %s)" % (wpath, ", ".join(missing), ", ".join(sorted(t)) or "none"))
     if c.arch == "jumprelu" and not (t["threshold"] > 0).all():
         raise Error("%s: threshold must be > 0 everywhere (JumpReLU)" % wpath)
+    if c.arch == "batchtopk" and (
+        t["threshold"].shape != (c.d_sae,) or not (t["threshold"] == t["threshold"][0]).all()
+    ):
+        raise Error("%s: a BatchTopK dictionary has one threshold for all %d features" % (wpath, c.d_sae))
     sae = SAE(c, n_threads=n_threads)
     values = {k: t[k] for k in ("W_enc", "b_enc", "W_dec", "b_dec")}
     if c.arch == "jumprelu":
         values["log_threshold"] = np.log(t["threshold"].astype(np.float64)).astype(np.float32)
+    if c.arch == "batchtopk":
+        values["threshold"] = t["threshold"][:1]
     try:
         sae.set_parameters(**values)
     except Error as e:

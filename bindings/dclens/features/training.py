@@ -37,7 +37,10 @@ class TrainSAEConfig:
     lr, beta1, beta2, eps, weight_decay : float
         AdamW (weight decay on W_enc and W_dec only).
     dead_steps : int
-        A feature is dead when it has not fired for this many steps.
+        A feature is dead when it has not fired for this many steps (reported).
+    dead_after : int
+        Resample a feature that has not fired for this many tokens (SAE.resample: from the
+        rows of the current batch reconstructed worst); 0: never.
     checkpoint : str or None
         A checkpoint file: written every checkpoint_every steps and at the end.
     checkpoint_every : int
@@ -61,13 +64,14 @@ class TrainSAEConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     dead_steps: int = 50
+    dead_after: int = 0
     checkpoint: str | None = None
     checkpoint_every: int = 0
     resume: bool = True
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        for f in ("steps", "seqs_per_step", "dead_steps", "checkpoint_every"):
+        for f in ("steps", "seqs_per_step", "dead_steps", "dead_after", "checkpoint_every"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if f == "seqs_per_step" else 0):
                 raise Error("TrainSAEConfig.%s must be an integer >= %d, not %r" % (f, f == "seqs_per_step", v))
@@ -89,13 +93,16 @@ class TrainState:
     since_fired : numpy.ndarray
         int64 [d_sae]: steps since each feature was last active.
     history : list of dict
-        Per step: loss, mse, l0, dead (fraction), tokens.
+        Per step: loss, mse, l0, dead (fraction), tokens, resampled (features).
+    tokens_since_fired : numpy.ndarray
+        int64 [d_sae]: tokens since each feature was last active (or resampled).
     """
 
     step: int
     position: int
     since_fired: np.ndarray
     history: list
+    tokens_since_fired: np.ndarray
 
 
 def activations(model, source, start: int, n: int, hooks: tuple[str, ...]) -> list[np.ndarray] | None:
@@ -162,6 +169,7 @@ def save_checkpoint(path: str, sae: SAE, state: TrainState, tc: TrainSAEConfig) 
         "history": state.history,
     }
     arrays["since_fired"] = state.since_fired
+    arrays["tokens_since_fired"] = state.tokens_since_fired
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -207,9 +215,9 @@ def load_checkpoint(path: str, sae: SAE, tc: TrainSAEConfig) -> TrainState:
     for slot in ("param", "mom", "var"):
         names = [k.split("/", 1)[1] for k in z.files if k.startswith(slot + "/")]
         sae.set_parameters(slot, **{n: z["%s/%s" % (slot, n)] for n in names})
-    return TrainState(
-        int(meta["step"]), int(meta["position"]), np.array(z["since_fired"], np.int64), list(meta["history"])
-    )
+    since = np.array(z["since_fired"], np.int64)
+    tokens = np.array(z["tokens_since_fired"], np.int64) if "tokens_since_fired" in z.files else np.zeros_like(since)
+    return TrainState(int(meta["step"]), int(meta["position"]), since, list(meta["history"]), tokens)
 
 
 def train_sae(model, sae: SAE, source, tc: TrainSAEConfig | None = None, **kw) -> TrainState:
@@ -247,7 +255,7 @@ def train_sae(model, sae: SAE, source, tc: TrainSAEConfig | None = None, **kw) -
     if tc.checkpoint and tc.resume and os.path.exists(tc.checkpoint):
         state = load_checkpoint(tc.checkpoint, sae, tc)
     else:
-        state = TrainState(0, 0, np.zeros(c.d_sae, np.int64), [])
+        state = TrainState(0, 0, np.zeros(c.d_sae, np.int64), [], np.zeros(c.d_sae, np.int64))
     bar = _progress.bar(total=tc.steps, initial=state.step, desc="sae", unit="step", progress=tc.progress)
     try:
         while state.step < tc.steps:
@@ -263,8 +271,20 @@ def train_sae(model, sae: SAE, source, tc: TrainSAEConfig | None = None, **kw) -
             state.since_fired = np.where(fired > 0, 0, state.since_fired + 1)
             dead = float(np.mean(state.since_fired >= tc.dead_steps))
             rows = acts[0].shape[0]
+            state.tokens_since_fired = np.where(fired > 0, 0, state.tokens_since_fired + rows)
+            again = np.nonzero(state.tokens_since_fired >= tc.dead_after)[0] if tc.dead_after else np.zeros(0, np.int64)
+            if again.size:
+                sae.resample(acts[0], acts[1] if c.is_transcoder else None, again)
+                state.tokens_since_fired[again] = 0
             state.history.append(
-                {"loss": stats["loss"], "mse": stats["mse"], "l0": stats["l0"], "dead": dead, "tokens": rows}
+                {
+                    "loss": stats["loss"],
+                    "mse": stats["mse"],
+                    "l0": stats["l0"],
+                    "dead": dead,
+                    "tokens": rows,
+                    "resampled": int(again.size),
+                }
             )
             bar.update(1)
             tok_s = rows / max(time.perf_counter() - t0, 1e-9)

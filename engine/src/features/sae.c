@@ -21,16 +21,20 @@
 static const char *const PARAM_NAMES[DCS_SAE_MAX_PARAMS] = {"W_enc", "b_enc", "W_dec", "b_dec",
                                                             "log_threshold"};
 
+/* Parameter i's name: BatchTopK's fifth is its one threshold. */
+static const char *param_name(const dcs_sae *s, int i) {
+    return i == DCS_SAE_LOG_THR && s->c.arch == DCS_SAE_BATCHTOPK ? "threshold" : PARAM_NAMES[i];
+}
+
 static void free_scratch(dcs_sae *s) {
     free(s->xin);
     free(s->pre);
     free(s->acts);
     free(s->recon);
     free(s->dacts);
-    free(s->dx);
     free(s->row);
     free(s->kept);
-    s->xin = s->pre = s->acts = s->recon = s->dacts = s->dx = NULL;
+    s->xin = s->pre = s->acts = s->recon = s->dacts = NULL;
     s->row = NULL;
     s->kept = NULL;
     s->cap = 0;
@@ -54,10 +58,10 @@ static dcs_status check_config(const dcs_sae_config *c, dcs_err *e) {
     if (c->d_in < 1) return dcs_seterr(e, DCS_ERR_ARG, "sae: d_in must be >= 1, not %d", c->d_in);
     if (c->d_out < 0) return dcs_seterr(e, DCS_ERR_ARG, "sae: d_out must be >= 0, not %d", c->d_out);
     if (c->d_sae < 1) return dcs_seterr(e, DCS_ERR_ARG, "sae: d_sae must be >= 1, not %d", c->d_sae);
-    if (c->arch != DCS_SAE_RELU && c->arch != DCS_SAE_TOPK && c->arch != DCS_SAE_JUMPRELU)
-        return dcs_seterr(e, DCS_ERR_ARG, "sae: arch must be DCS_SAE_RELU, _TOPK or _JUMPRELU, not %d",
-                          c->arch);
-    if (c->arch == DCS_SAE_TOPK && (c->k < 1 || c->k > c->d_sae))
+    if (c->arch < DCS_SAE_RELU || c->arch > DCS_SAE_BATCHTOPK)
+        return dcs_seterr(e, DCS_ERR_ARG,
+                          "sae: arch must be DCS_SAE_RELU, _TOPK, _JUMPRELU or _BATCHTOPK, not %d", c->arch);
+    if ((c->arch == DCS_SAE_TOPK || c->arch == DCS_SAE_BATCHTOPK) && (c->k < 1 || c->k > c->d_sae))
         return dcs_seterr(e, DCS_ERR_ARG, "sae: k must be in 1..d_sae (%d), not %d", c->d_sae, c->k);
     if (!(c->sparsity_coef >= 0.0f) || !isfinite(c->sparsity_coef))
         return dcs_seterr(e, DCS_ERR_ARG, "sae: sparsity_coef must be finite and >= 0");
@@ -88,13 +92,15 @@ dcs_status dcs_sae_new(const dcs_sae_config *c, dcs_sae **out, char *err, size_t
     }
     if (st == DCS_OK) {
         const int64_t F = c->d_sae, din = c->d_in, dout = s->c.d_out;
-        s->n_params = c->arch == DCS_SAE_JUMPRELU ? 5 : 4;
-        const int64_t n[DCS_SAE_MAX_PARAMS] = {din * F, F, F * dout, dout, F};
+        s->n_params = c->arch == DCS_SAE_JUMPRELU || c->arch == DCS_SAE_BATCHTOPK ? 5 : 4;
+        s->batch_min = -1.0f;
+        const int64_t n[DCS_SAE_MAX_PARAMS] = {din * F, F, F * dout, dout,
+                                               c->arch == DCS_SAE_BATCHTOPK ? 1 : F};
         for (int i = 0; i < s->n_params && st == DCS_OK; i++) {
             s->n[i] = n[i];
             for (int w = 0; w < 4; w++)
                 if (!(s->t[w][i] = calloc((size_t)n[i], sizeof(float)))) {
-                    st = dcs_seterr(&e, DCS_ERR_NOMEM, "sae: out of memory for %s", PARAM_NAMES[i]);
+                    st = dcs_seterr(&e, DCS_ERR_NOMEM, "sae: out of memory for parameter %d", i);
                     break;
                 }
         }
@@ -110,7 +116,7 @@ dcs_status dcs_sae_new(const dcs_sae_config *c, dcs_sae **out, char *err, size_t
 
 dcs_status dcs_sae_param_info(const dcs_sae *s, int i, const char **name, int64_t *n) {
     if (!s || i < 0 || i >= s->n_params) return DCS_ERR_ARG;
-    if (name) *name = PARAM_NAMES[i];
+    if (name) *name = param_name(s, i);
     if (n) *n = s->n[i];
     return DCS_OK;
 }
@@ -120,9 +126,9 @@ static dcs_status check_slot(dcs_sae *s, int what, int i, const void *p, int64_t
         return dcs_seterr(&s->err, DCS_ERR_ARG, "sae: what must be DCS_SAE_PARAM.._VAR, not %d", what);
     if (i < 0 || i >= s->n_params)
         return dcs_seterr(&s->err, DCS_ERR_ARG, "sae: parameter index %d not in 0..%d", i, s->n_params - 1);
-    if (!p) return dcs_seterr(&s->err, DCS_ERR_ARG, "sae: %s: the array is NULL", PARAM_NAMES[i]);
+    if (!p) return dcs_seterr(&s->err, DCS_ERR_ARG, "sae: %s: the array is NULL", param_name(s, i));
     if (n != s->n[i])
-        return dcs_seterr(&s->err, DCS_ERR_ARG, "sae: %s has %lld elements, not %lld", PARAM_NAMES[i],
+        return dcs_seterr(&s->err, DCS_ERR_ARG, "sae: %s has %lld elements, not %lld", param_name(s, i),
                           (long long)s->n[i], (long long)n);
     return DCS_OK;
 }
@@ -142,7 +148,7 @@ dcs_status dcs_sae_set(dcs_sae *s, int what, int i, const float *in, int64_t n) 
     for (int64_t j = 0; j < n; j++)
         if (!isfinite(in[j]))
             return dcs_seterr(&s->err, DCS_ERR_NONFINITE, "sae: %s: element %lld is not finite",
-                              PARAM_NAMES[i], (long long)j);
+                              param_name(s, i), (long long)j);
     memcpy(s->t[what][i], in, (size_t)n * sizeof(float));
     return DCS_OK;
 }
@@ -158,10 +164,9 @@ static dcs_status reserve(dcs_sae *s, int N) {
     s->acts = malloc(n * F * sizeof(float));
     s->recon = malloc(n * dout * sizeof(float));
     s->dacts = malloc(n * F * sizeof(float));
-    s->dx = malloc(n * din * sizeof(float));
     s->row = malloc(n * 3 * sizeof(double));
     s->kept = malloc(n * k * sizeof(int));
-    if (!s->xin || !s->pre || !s->acts || !s->recon || !s->dacts || !s->dx || !s->row || !s->kept) {
+    if (!s->xin || !s->pre || !s->acts || !s->recon || !s->dacts || !s->row || !s->kept) {
         free_scratch(s);
         return dcs_seterr(&s->err, DCS_ERR_NOMEM, "sae: out of memory for a batch of %d rows", N);
     }
@@ -182,6 +187,7 @@ static long long first_nonfinite_row(const float *a, int N, int d) {
 typedef struct {
     dcs_sae *s;
     const float *x, *target;
+    int train; /* BatchTopK: the batch's selection (else its threshold) */
 } rows_arg;
 
 /* TopK order: a before b when larger, ties to the lower index. */
@@ -190,25 +196,24 @@ static int before(float va, int ia, float vb, int ib) { return va > vb || (va ==
 /* The k best of v [F] (ReLU'd) into heap [k]: a min-heap by `before`
  * (its root the worst kept), then sorted best first. */
 static void topk_row(const float *v, int F, int k, int *heap) {
-    int n = 0;
-    for (int f = 0; f < F; f++) {
+    for (int f = 0; f < k; f++) { /* the first k, sifted up */
         const float x = v[f] > 0.0f ? v[f] : 0.0f;
-        int i;
-        if (n < k) { /* sift up */
-            i = n++;
-            while (i > 0) {
-                const int p = (i - 1) / 2, hp = heap[p];
-                const float vp = v[hp] > 0.0f ? v[hp] : 0.0f;
-                if (!before(vp, hp, x, f)) break;
-                heap[i] = hp;
-                i = p;
-            }
-            heap[i] = f;
-            continue;
+        int i = f;
+        while (i > 0) {
+            const int p = (i - 1) / 2, hp = heap[p];
+            const float vp = v[hp] > 0.0f ? v[hp] : 0.0f;
+            if (!before(vp, hp, x, f)) break;
+            heap[i] = hp;
+            i = p;
         }
-        const float vr = v[heap[0]] > 0.0f ? v[heap[0]] : 0.0f;
-        if (!before(x, f, vr, heap[0])) continue;
-        i = 0; /* replace the root, sift down */
+        heap[i] = f;
+    }
+    float vr = v[heap[0]] > 0.0f ? v[heap[0]] : 0.0f; /* the worst kept, >= 0 */
+    for (int f = k; f < F; f++) {
+        /* every kept index is below f: f wins by a larger value alone (a ReLU'd 0 never) */
+        if (!(v[f] > vr)) continue;
+        const float x = v[f];
+        int i = 0; /* replace the root, sift down */
         for (;;) {
             int c = 2 * i + 1;
             if (c >= k) break;
@@ -223,6 +228,7 @@ static void topk_row(const float *v, int F, int k, int *heap) {
             i = c;
         }
         heap[i] = f;
+        vr = v[heap[0]] > 0.0f ? v[heap[0]] : 0.0f;
     }
 }
 
@@ -241,6 +247,10 @@ static void act_rows(void *arg, long long b, long long e, int tid) {
             for (int f = 0; f < F; f++) acts[f] = pre[f] > 0.0f ? pre[f] : 0.0f;
         } else if (s->c.arch == DCS_SAE_JUMPRELU) {
             for (int f = 0; f < F; f++) acts[f] = pre[f] > expf(lthr[f]) ? pre[f] : 0.0f;
+        } else if (s->c.arch == DCS_SAE_BATCHTOPK) {
+            const float thr = s->t[DCS_SAE_PARAM][DCS_SAE_LOG_THR][0];
+            if (!a->train) /* (training: the batch's selection, after every row) */
+                for (int f = 0; f < F; f++) acts[f] = pre[f] > thr ? pre[f] : 0.0f;
         } else {
             int *kept = s->kept + r * k;
             topk_row(pre, F, k, kept);
@@ -286,11 +296,14 @@ static void loss_rows(void *arg, long long b, long long e, int tid) {
             if (a->grad) rec[j] = scale * diff;
         }
         const float *acts = s->acts + r * F, *pre = s->pre + r * F;
-        for (int f = 0; f < F; f++) {
-            l0 += acts[f] != 0.0f;
-            if (s->c.arch == DCS_SAE_RELU) sp += acts[f];
-            if (lthr) sp += pre[f] > expf(lthr[f]);
-        }
+        if (s->c.arch == DCS_SAE_TOPK) /* only the kept can be active */
+            for (int j = 0; j < s->c.k; j++) l0 += acts[s->kept[r * s->c.k + j]] != 0.0f;
+        else
+            for (int f = 0; f < F; f++) {
+                l0 += acts[f] != 0.0f;
+                if (s->c.arch == DCS_SAE_RELU) sp += acts[f];
+                if (lthr) sp += pre[f] > expf(lthr[f]);
+            }
         s->row[3 * r] = se;
         s->row[3 * r + 1] = sp;
         s->row[3 * r + 2] = l0;
@@ -366,6 +379,20 @@ static void col_blocks(void *arg, long long b, long long e, int tid) {
     }
 }
 
+/* db_dec[i] -= W_enc[i, :] . db_enc (rows i in [b, e); in double, in index order). */
+static void bdec_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    dcs_sae *s = arg;
+    const int F = s->c.d_sae;
+    const float *w = s->t[DCS_SAE_PARAM][DCS_SAE_W_ENC], *gb = s->t[DCS_SAE_GRAD][DCS_SAE_B_ENC];
+    float *gd = s->t[DCS_SAE_GRAD][DCS_SAE_B_DEC];
+    for (long long i = b; i < e; i++) {
+        double acc = 0.0;
+        for (int f = 0; f < F; f++) acc += (double)w[i * F + f] * gb[f];
+        gd[i] -= (float)acc;
+    }
+}
+
 static void run(dcs_sae *s, dcs_par_fn fn, void *arg, long long n, long long cost) {
     if (s->be->ops->parallel)
         s->be->ops->parallel(s->be, fn, arg, n, cost);
@@ -387,11 +414,12 @@ static dcs_status check_batch(dcs_sae *s, const float *x, int N, const char *wha
     return reserve(s, N);
 }
 
-/* pre, acts of x [N, d_in] (x checked); the input the products read. */
-static const float *encode(dcs_sae *s, const float *x, int N) {
+/* pre, acts of x [N, d_in] (x checked); the input the products read.
+ * train: BatchTopK's selection over the batch (dcs_sae_grad). */
+static const float *encode(dcs_sae *s, const float *x, int N, int train) {
     dcs_backend *be = s->be;
     const int din = s->c.d_in, F = s->c.d_sae;
-    rows_arg ra = {s, x, NULL};
+    rows_arg ra = {s, x, NULL, train};
     const float *xin = x;
     if (s->c.apply_b_dec_to_input) {
         run(s, center_rows, &ra, N, din);
@@ -401,12 +429,22 @@ static const float *encode(dcs_sae *s, const float *x, int N) {
     be->ops->gemm(be, 0, 0, N, F, din, 1.0f, xin, din, 0, s->t[DCS_SAE_PARAM][DCS_SAE_W_ENC], F, 0, 0.0f,
                   s->pre, F, 0, 1);
     run(s, act_rows, &ra, N, 4LL * F);
+    if (train && s->c.arch == DCS_SAE_BATCHTOPK) {
+        /* scratch: dacts, written only later by the backward (the CPU's GEMM and pool
+         * calls have returned with their results) */
+        const long long n = (long long)N * F;
+        s->batch_min = dcs_batch_topk(s->pre, n, (long long)s->c.k * N, s->dacts, s->acts);
+    }
     return xin;
 }
 
 /* recon [N, d_out] = acts [N, F] @ W_dec [F, d_out] (b_dec added by loss_rows or here) */
 static void decode(dcs_sae *s, int N) {
     dcs_backend *be = s->be;
+    if (s->c.arch == DCS_SAE_TOPK) {
+        dcs_sae_topk_decode(s, N);
+        return;
+    }
     be->ops->gemm(be, 0, 0, N, s->c.d_out, s->c.d_sae, 1.0f, s->acts, s->c.d_sae, 0,
                   s->t[DCS_SAE_PARAM][DCS_SAE_W_DEC], s->c.d_out, 0, 0.0f, s->recon, s->c.d_out, 0, 1);
 }
@@ -415,7 +453,7 @@ dcs_status dcs_sae_forward(dcs_sae *s, const float *x, int N, float *pre, float 
     if (!s) return DCS_ERR_ARG;
     dcs_status st = check_batch(s, x, N, "forward");
     if (st) return st;
-    encode(s, x, N);
+    encode(s, x, N, 0);
     const size_t F = (size_t)s->c.d_sae, d = (size_t)s->c.d_out;
     if (recon) {
         decode(s, N);
@@ -447,20 +485,23 @@ dcs_status dcs_sae_grad(dcs_sae *s, const float *x, const float *target, int N, 
     dcs_backend *be = s->be;
     float **g = s->t[DCS_SAE_GRAD];
     float *const *p = s->t[DCS_SAE_PARAM];
-    const float *xin = encode(s, x, N);
+    const float *xin = encode(s, x, N, 1);
     decode(s, N);
     loss_arg la = {s, target, N, 1};
     run(s, loss_rows, &la, N, 2LL * (dout + F));
     /* s->recon is now dR = dL/drecon [N, d_out] */
-    /* dW_dec [F, d_out] = acts^T [F, N] @ dR [N, d_out] */
-    be->ops->gemm(be, 1, 0, F, dout, N, 1.0f, s->acts, F, 0, s->recon, dout, 0, 0.0f, g[DCS_SAE_W_DEC], dout,
-                  0, 1);
+    /* dW_dec [F, d_out] = acts^T [F, N] @ dR [N, d_out] (TopK: below, through its kept features) */
+    if (s->c.arch != DCS_SAE_TOPK)
+        be->ops->gemm(be, 1, 0, F, dout, N, 1.0f, s->acts, F, 0, s->recon, dout, 0, 0.0f, g[DCS_SAE_W_DEC],
+                      dout, 0, 1);
     col_arg ca = {
         .s = s, .a = s->recon, .out = g[DCS_SAE_B_DEC], .N = N, .cols = dout, .op = COL_SUM, .sign = 1};
-    columns(s, &ca); /* db_dec = sum_r dR */
-    /* dacts [N, F] = dR [N, d_out] @ W_dec^T [d_out, F] */
-    be->ops->gemm(be, 0, 1, N, F, dout, 1.0f, s->recon, dout, 0, p[DCS_SAE_W_DEC], dout, 0, 0.0f, s->dacts, F,
-                  0, 1);
+    columns(s, &ca);               /* db_dec = sum_r dR */
+    if (s->c.arch == DCS_SAE_TOPK) /* dW_dec, dW_enc, db_enc, fired */
+        dcs_sae_topk_backward(s, xin, N, fired);
+    else /* dacts [N, F] = dR [N, d_out] @ W_dec^T [d_out, F] */
+        be->ops->gemm(be, 0, 1, N, F, dout, 1.0f, s->recon, dout, 0, p[DCS_SAE_W_DEC], dout, 0, 0.0f,
+                      s->dacts, F, 0, 1);
     if (s->c.arch == DCS_SAE_JUMPRELU) { /* the threshold's pseudo-gradient reads dacts before the mask */
         col_arg ct = {.s = s,
                       .out = g[DCS_SAE_LOG_THR],
@@ -471,27 +512,18 @@ dcs_status dcs_sae_grad(dcs_sae *s, const float *x, const float *target, int N, 
                       .dacts = s->dacts};
         columns(s, &ct);
     }
-    run(s, dpre_rows, &la, N, 2LL * F); /* s->dacts is now dpre */
-    /* dW_enc [d_in, F] = xin^T [d_in, N] @ dpre [N, F] */
-    be->ops->gemm(be, 1, 0, din, F, N, 1.0f, xin, din, 0, s->dacts, F, 0, 0.0f, g[DCS_SAE_W_ENC], F, 0, 1);
+    if (s->c.arch != DCS_SAE_TOPK) {
+        run(s, dpre_rows, &la, N, 2LL * F); /* s->dacts is now dpre */
+        /* dW_enc [d_in, F] = xin^T [d_in, N] @ dpre [N, F] */
+        be->ops->gemm(be, 1, 0, din, F, N, 1.0f, xin, din, 0, s->dacts, F, 0, 0.0f, g[DCS_SAE_W_ENC], F, 0,
+                      1);
+    }
     col_arg cb = {
         .s = s, .a = s->dacts, .out = g[DCS_SAE_B_ENC], .N = N, .cols = F, .op = COL_SUM, .sign = 1};
-    columns(s, &cb); /* db_enc = sum_r dpre */
-    if (s->c.apply_b_dec_to_input) {
-        /* dxin [N, d_in] = dpre [N, F] @ W_enc^T [F, d_in]; xin = x - b_dec: db_dec -= sum_r dxin */
-        be->ops->gemm(be, 0, 1, N, din, F, 1.0f, s->dacts, F, 0, p[DCS_SAE_W_ENC], F, 0, 0.0f, s->dx, din, 0,
-                      1);
-        col_arg cd = {.s = s,
-                      .a = s->dx,
-                      .out = g[DCS_SAE_B_DEC],
-                      .N = N,
-                      .cols = din,
-                      .op = COL_SUM,
-                      .sign = -1,
-                      .add = 1};
-        columns(s, &cd);
-    }
-    if (fired) {
+    if (s->c.arch != DCS_SAE_TOPK) columns(s, &cb); /* db_enc = sum_r dpre */
+    if (s->c.apply_b_dec_to_input) /* xin = x - b_dec: db_dec -= sum_r dpre W_enc^T = W_enc db_enc */
+        run(s, bdec_rows, s, din, 2LL * F);
+    if (fired && s->c.arch != DCS_SAE_TOPK) {
         col_arg cf = {.s = s, .fired = fired, .N = N, .cols = F, .op = COL_FIRED};
         columns(s, &cf);
     }
@@ -506,7 +538,8 @@ dcs_status dcs_sae_grad(dcs_sae *s, const float *x, const float *target, int N, 
     if (stats) {
         stats->mse = se / N;
         stats->sparsity = (double)s->c.sparsity_coef * sp / N;
-        stats->loss = s->c.arch == DCS_SAE_TOPK ? stats->mse : stats->mse + stats->sparsity;
+        const int no_penalty = s->c.arch == DCS_SAE_TOPK || s->c.arch == DCS_SAE_BATCHTOPK;
+        stats->loss = no_penalty ? stats->mse : stats->mse + stats->sparsity;
         stats->l0 = l0 / N;
     }
     if (!isfinite(se))
@@ -553,7 +586,8 @@ dcs_status dcs_sae_adamw(dcs_sae *s, int step, const dcs_adamw *h) {
         return dcs_seterr(&s->err, DCS_ERR_ARG,
                           "sae adamw: need lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0");
     const float b1c = 1.0f - powf(h->beta1, (float)step), b2c = 1.0f - powf(h->beta2, (float)step);
-    for (int i = 0; i < s->n_params; i++) {
+    const int n_trained = s->c.arch == DCS_SAE_BATCHTOPK ? 4 : s->n_params; /* not its threshold */
+    for (int i = 0; i < n_trained; i++) {
         const int matrix = i == DCS_SAE_W_ENC || i == DCS_SAE_W_DEC;
         adam_arg a = {s->t[DCS_SAE_PARAM][i],
                       s->t[DCS_SAE_GRAD][i],
@@ -566,5 +600,10 @@ dcs_status dcs_sae_adamw(dcs_sae *s, int step, const dcs_adamw *h) {
         run(s, adam_range, &a, s->n[i], 8);
     }
     if (s->c.normalize_decoder) run(s, unit_rows, s, s->c.d_sae, 2LL * s->c.d_out);
+    if (s->c.arch == DCS_SAE_BATCHTOPK && s->batch_min >= 0.0f) { /* SAELens's running estimate */
+        float *thr = s->t[DCS_SAE_PARAM][DCS_SAE_LOG_THR];
+        thr[0] += DCS_SAE_THRESHOLD_LR * (s->batch_min - thr[0]);
+        s->batch_min = -1.0f;
+    }
     return s->be->ops->sync(s->be, &s->err);
 }
