@@ -144,16 +144,20 @@ class EngineSAE(EngineObject):
             self._check(lib.dcs_sae_forward(s, ffi.from_buffer("float[]", a), N, ptr["pre"], ptr["acts"], ptr["recon"]))
         return {k: v for k, v in out.items() if v is not None}
 
+    def _x_target(self, x, target):
+        """x's rows [N, d_in] and a pointer to target's [N, d_out] (NULL for None: x itself)."""
+        a = self._rows("x", x, self.d_in)
+        if target is None:
+            return a, ffi.NULL
+        tt = self._rows("target", target, self.d_out)
+        if tt.shape[0] != a.shape[0]:
+            raise Error("target has %d rows, x %d" % (tt.shape[0], a.shape[0]))
+        return a, ffi.from_buffer("float[]", tt)
+
     def grad(self, x, target=None, fired: np.ndarray | None = None) -> dict[str, float]:
         """The loss's gradients on one batch (kept in the engine, see get("grad", i)); its loss,
         mse, sparsity and mean L0. fired [d_sae] int64 (if given) += rows where each feature fired."""
-        a = self._rows("x", x, self.d_in)
-        t = ffi.NULL
-        if target is not None:
-            tt = self._rows("target", target, self.d_out)
-            if tt.shape[0] != a.shape[0]:
-                raise Error("target has %d rows, x %d" % (tt.shape[0], a.shape[0]))
-            t = ffi.from_buffer("float[]", tt)
+        a, t = self._x_target(x, target)
         f = ffi.NULL
         if fired is not None:
             if fired.dtype != np.int64 or fired.shape != (self.d_sae,) or not fired.flags.c_contiguous:
@@ -168,13 +172,7 @@ class EngineSAE(EngineObject):
     def resample(self, x, target, dead: np.ndarray) -> None:
         """Re-initialise the features `dead` (int32 [n]) from the rows of x (target) it
         reconstructs worst (dcs_sae_resample)."""
-        a = self._rows("x", x, self.d_in)
-        t = ffi.NULL
-        if target is not None:
-            tt = self._rows("target", target, self.d_out)
-            if tt.shape[0] != a.shape[0]:
-                raise Error("target has %d rows, x %d" % (tt.shape[0], a.shape[0]))
-            t = ffi.from_buffer("float[]", tt)
+        a, t = self._x_target(x, target)
         d = np.ascontiguousarray(dead, np.int32)
         with self._lock:
             s = self._handle()

@@ -1127,10 +1127,8 @@ def _head_ablation_cells(model: Model, layers: list[int], suffix: str, ref) -> t
     if ref is not None:
         _, rc = model.run_with_cache(ref, names=names)
     cells: list[list[Cell]] = []
-    src = Cache()  # the cells read no source: a placeholder per hook name
-    placeholder = np.zeros(1, np.float32)
+    src = _no_source(names)
     for n in names:
-        dict.__setitem__(src, n, placeholder)
         for h in range(model.config.n_head):
             idx = iv._head_index(n, h, _ndim(model, n))
             value = 0.0 if ref is None else iv.mean_activation(rc, int(n.split(".")[1]), h, suffix)
@@ -1150,8 +1148,7 @@ def _source_ablation_cells(
         _, rc = model.run_with_cache(ref, names=xs)
         means = {n: rc[n].astype(np.float64).mean(0) for n in xs}  # [N, T, S]
     cells: list[list[Cell]] = []
-    src = Cache()  # the cells read no source: a placeholder per hook name
-    placeholder = np.zeros(1, np.float32)
+    names: list[str] = []
     for l in layers:
         for h in range(model.config.n_head):
             hooks = iv.Hooks()
@@ -1159,9 +1156,8 @@ def _source_ablation_cells(
                 mean = None if ref is None else means[_composition_hooks(ph, l)[0]][h]
                 hooks += iv.block_lending(model, l, h, ph, branches, mode, mean)
             cells.append([(n, _row_hook(fn)) for n, fn in hooks])
-            for n, _ in hooks:
-                dict.__setitem__(src, n, placeholder)
-    return cells, src
+            names += [n for n, _ in hooks]
+    return cells, _no_source(names)
 
 
 def _composition_ablation_cells(
@@ -1176,8 +1172,7 @@ def _composition_ablation_cells(
     if ref is not None:
         _, rc = model.run_with_cache(ref, names=dyn)
     cells: list[list[Cell]] = []
-    src = Cache()  # the cells read no source: a placeholder per hook name
-    placeholder = np.zeros(1, np.float32)
+    src = _no_source([_composition_hooks(phase, l)[1] for l in layers])
     for l in layers:
         x_name, target = _composition_hooks(phase, l)
         C = routing.composition_maps(model, cache, l, phase)  # [T, S, N, N]
@@ -1189,7 +1184,6 @@ def _composition_ablation_cells(
                 axis=0,
             )
         X = np.where(allowed(T, T, layer_window(model, l)), cache[x_name].astype(np.float64), 0.0)  # [N, T, S]
-        dict.__setitem__(src, target, placeholder)
         for m_ in range(N):
             for n_ in range(N):
                 add = ((goal[:, :, m_, n_] - C[:, :, m_, n_]) * X[m_]).astype(np.float32)  # [T, S]
@@ -1213,6 +1207,15 @@ def _ablation_axes(
         (layer_labels, _head_labels(N), _head_labels(N)),
         "composition (%s)" % phase,
     )
+
+
+def _no_source(names) -> Cache:
+    """The source Cache of ablation cells, which read none: a placeholder per hook name."""
+    src = Cache()
+    placeholder = np.zeros(1, np.float32)
+    for n in names:
+        dict.__setitem__(src, n, placeholder)
+    return src
 
 
 def _ndim(model: Model, name: str) -> int:

@@ -385,7 +385,7 @@ def steer(sae: SAE, feature, coef: float, *, positions=None) -> Hooks:
     Returns
     -------
     Hooks
-        One (``<hook>.sae.acts``, fn) pair.
+        The steering (``<hook>.sae.acts``, fn) pair.
 
     Raises
     ------
@@ -422,7 +422,7 @@ def patch_features(sae: SAE, source_acts, idx=None, *, positions=None) -> Hooks:
     Returns
     -------
     Hooks
-        One (``<hook>.sae.acts``, fn) pair.
+        The patching (``<hook>.sae.acts``, fn) pair.
 
     Raises
     ------
