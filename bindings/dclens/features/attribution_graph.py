@@ -417,9 +417,17 @@ class _Builder:
         self.nodes = nodes
         self.A = np.zeros((len(nodes), len(nodes)))
         self.W_enc = [tc.W_enc.astype(np.float64) for tc in rep.transcoders]  # [D, F]
-        self.W_dec = [tc.W_dec.astype(np.float64) for tc in rep.transcoders]  # [F, D]
-        # the sources writing into each residual level: layer l's features and errors -> l + 1
-        self.by_layer = [np.nonzero(self.feats[:, 0] == l)[0] for l in range(L)]
+        self.W_dec = [tc.W_dec for tc in rep.transcoders]  # [F, D] float32, as G
+        self.err32 = [e.astype(np.float32) for e in rep.error]
+        self.embed32 = rep.embed.astype(np.float32)
+        # the sources writing into each residual level: layer l's features and errors -> l + 1;
+        # a layer's features at one position are consecutive nodes (sorted by layer, position)
+        self.by_pos: list[list[tuple[int, int, int]]] = [[] for _ in range(L)]  # (t, first, end)
+        for i, (l, t, _) in enumerate(self.feats.tolist()):
+            if self.by_pos[l] and self.by_pos[l][-1][0] == t:
+                self.by_pos[l][-1] = (t, self.by_pos[l][-1][1], i + 1)
+            else:
+                self.by_pos[l].append((t, i, i + 1))
 
     def build(self, batch_size: int, progress) -> AttributionGraph:
         rep = self.rep
@@ -462,19 +470,14 @@ class _Builder:
         rep, A = self.rep, self.A
         for level, G in levels:
             if level == 0:
-                A[rows, self.tok0 : self.tok0 + rep.T] = np.einsum("ktd,td->kt", G, rep.embed)
+                A[rows, self.tok0 : self.tok0 + rep.T] = np.einsum("ktd,td->kt", G, self.embed32)
                 continue
             l = level - 1  # layer l's features and errors write into level l + 1
             e0 = self.err0 + l * rep.T
-            A[rows, e0 : e0 + rep.T] = np.einsum("ktd,td->kt", G, rep.error[l])
-            idx = self.by_layer[l]
-            if not len(idx):
-                continue
-            W_dec = self.W_dec[l]  # [F, D]
-            for t in np.unique(self.feats[idx, 1]):
-                cols = idx[self.feats[idx, 1] == t]
-                f = self.feats[cols, 2]
-                A[np.ix_(rows, cols)] = (G[:, t] @ W_dec[f].T) * rep.acts[l][t, f]
+            A[rows, e0 : e0 + rep.T] = np.einsum("ktd,td->kt", G, self.err32[l])
+            for t, c0, c1 in self.by_pos[l]:
+                f = self.feats[c0:c1, 2]
+                A[rows, c0:c1] = (G[:, t] @ self.W_dec[l][f].T) * rep.acts[l][t, f]
 
     def _compose_seeds(self) -> list[np.ndarray]:
         """The compose nodes' input vectors (at each level's residual), their values and their

@@ -16,7 +16,9 @@ into level l + 1 (0); a layer-l feature reads blocks.{l}.mlp_input (level l itse
 parallel residual, level l plus the attention's output otherwise) through the frozen MLP norm;
 the logits read level L through the frozen final norm.
 
-Everything here is float64 numpy on the cached activations of one engine pass.
+Everything here is numpy on the cached activations of one engine pass: the clean values and the
+frozen scales in float64, the batched backward's products (backward, attn_T) in float32, as
+the engine computes.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class Replacement:
         self.norm_w["final"] = m.weight("norm.weight").astype(np.float64)
         self.sigma["final"] = self._sigma(self.resid[self.L])
         self.W_U = m.weight("output.weight").astype(np.float64)  # [V, D]
+        self._f32()
 
     def _sigma(self, x: np.ndarray) -> np.ndarray:
         """The norm's scale per position [T], frozen: sqrt(var + eps) (RMS: sqrt(mean x^2 + eps))."""
@@ -147,15 +150,26 @@ class Replacement:
 
     # ------------------------------------------------------------ the linear backward
 
+    def _f32(self) -> None:
+        """float32 copies of what the batched backward multiplies by (its products run at
+        float32 speed; a gradient is a sum of a few thousand terms, ~1e-6 relative)."""
+        f = np.float32
+        self._Wo32 = [w.astype(f) for w in self.Wo]
+        self._Wv32 = [w.reshape(w.shape[0] * w.shape[1], -1).astype(f) for w in self.Wv]  # [N*Dh, D]
+        self._PT32 = [np.ascontiguousarray(np.swapaxes(p, 1, 2), f) for p in self.pattern]  # [N, S, T]
+        self._attn_scale32 = [
+            (self.norm_w["attn", l] / self.sigma["attn", l][:, None]).astype(f) for l in range(self.L)
+        ]
+
     def attn_T(self, l: int, G: np.ndarray) -> np.ndarray:
-        """Layer l's frozen attention, transposed: G [K, T, D] at its output -> the gradient at
-        the residual it reads (values through the frozen pattern and norm)."""
+        """Layer l's frozen attention, transposed: G [K, T, D] (float32) at its output -> the
+        gradient at the residual it reads (values through the frozen pattern and norm)."""
         N, Dh, K, T = self.c.n_head, self.c.head_dim, G.shape[0], self.T
-        gz = (G @ self.Wo[l]).reshape(K, T, N, Dh).transpose(2, 1, 0, 3).reshape(N, T, K * Dh)
-        gv = np.swapaxes(self.pattern[l], 1, 2) @ gz  # [N, S, K*Dh]: sum over t of P[n, t, s] gz
+        gz = (G @ self._Wo32[l]).reshape(K, T, N, Dh).transpose(2, 1, 0, 3).reshape(N, T, K * Dh)
+        gv = self._PT32[l] @ gz  # [N, S, K*Dh]: sum over t of P[n, t, s] gz
         gv = gv.reshape(N, T, K, Dh).transpose(2, 1, 0, 3).reshape(K * T, N * Dh)
-        g_ln = (gv @ self.Wv[l].reshape(N * Dh, -1)).reshape(K, T, -1)  # [K, S, D]
-        return self.norm_T(("attn", l), g_ln)
+        g = (gv @ self._Wv32[l]).reshape(K, T, -1) * self._attn_scale32[l]  # [K, S, D]
+        return g if self.rms else g - g.mean(-1, keepdims=True)
 
     def norm_T_at(self, which, pos: int, g: np.ndarray) -> np.ndarray:
         """norm_T for one position: g [..., D] at the norm's output at `pos`."""
@@ -173,8 +187,8 @@ class Replacement:
         seeds maps ("resid", level) or ("mlp_input", layer) to a list of (k, pos, vector [D]):
         target k reads that point at that position with that vector (its gradient there).
         Yields (level, G) for level = L .. 0 from the highest level a target reads, G [K, T, D]
-        the gradient at that level (read it before the next step: it may be reused)."""
-        G = np.zeros((K, self.T, self.c.d_model))
+        float32 the gradient at that level (read it before the next step: it may be reused)."""
+        G = np.zeros((K, self.T, self.c.d_model), np.float32)
         live = False  # no target reads above this level yet: G is zero, nothing to carry down
         for level in range(self.L, -1, -1):
             if level < self.L:
