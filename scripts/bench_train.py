@@ -6,11 +6,15 @@
                                   [--models gpt_neox,dcpythia] [--no-torch]
     python scripts/bench_train.py --lines [--lines-steps 8]
     python scripts/bench_train.py --gemm-floor [--threads 2]
+    python scripts/bench_train.py --ratio [--ratio-rounds 3] [--threads 2]
 
 --gemm-floor: every matrix product of one gpt_neox training step (the
 --vs-torch shape) timed alone through the engine's cblas_sgemm on one thread,
 summed, divided by the threads: the step's time if everything but its
 products were free (the bound on any speed-up of the rest).
+
+--ratio: the two above in one process (the --vs-torch gpt_neox step and
+the --gemm-floor floor, alternated, the best of each): step / floor.
 
 --vs-torch: one `dclens train` step (dclens.train.train_step: forward,
 cross-entropy, backward, clipping, AdamW) of Pythia (gpt_neox) and DCPythia,
@@ -132,7 +136,7 @@ def step_gemms(L, D, F, N, V, B, T):
     return g
 
 
-def gemm_floor(a):
+def gemm_floor(a, verbose=True):
     """The step's time if everything but its matrix products were free: each
     product of step_gemms timed alone through the engine's cblas_sgemm on one
     thread (as the engine runs it, tile by tile on its pool), summed and
@@ -145,7 +149,8 @@ def gemm_floor(a):
     rng = np.random.default_rng(0)
     P = ctypes.c_void_p
     total_s = total_fl = attn_s = 0.0
-    print("%-3s %5s %5s %5s %5s %6s %9s %8s" % ("op", "M", "N", "K", "beta", "calls", "GFLOP/s", "ms/step"))
+    say = print if verbose else (lambda *_: None)
+    say("%-3s %5s %5s %5s %5s %6s %9s %8s" % ("op", "M", "N", "K", "beta", "calls", "GFLOP/s", "ms/step"))
     for tA, tB, M, Nn, K, beta, cnt in step_gemms(a.layers, a.dim, 4 * a.dim, a.heads, a.vocab, a.B, a.T):
         A = rng.standard_normal(M * K).astype(np.float32)
         Bm = rng.standard_normal(K * Nn).astype(np.float32)
@@ -163,10 +168,10 @@ def gemm_floor(a):
         total_s += best * cnt
         attn_s += best * cnt if M == a.T else 0.0  # the per-(sequence, head) products
         total_fl += fl * cnt
-        print("%-3s %5d %5d %5d %5.0f %6d %9.1f %8.2f" % ("NT"[tA] + "NT"[tB], M, Nn, K, beta, cnt, fl / best / 1e9,
+        say("%-3s %5d %5d %5d %5.0f %6d %9.1f %8.2f" % ("NT"[tA] + "NT"[tB], M, Nn, K, beta, cnt, fl / best / 1e9,
                                                     1e3 * best * cnt))  # fmt: skip
     floor = total_s / a.threads
-    print("matrix products of one gpt_neox step: %.2f GFLOP, %.1f GFLOP/s on one thread; on %d threads at that rate: "
+    say("matrix products of one gpt_neox step: %.2f GFLOP, %.1f GFLOP/s on one thread; on %d threads at that rate: "
           "%.3f s (the step if everything else were free), of which the attention products (full T x T) %.3f s"
           % (total_fl / 1e9, total_fl / total_s / 1e9, a.threads, floor, attn_s / a.threads))  # fmt: skip
     return floor
@@ -268,6 +273,32 @@ def vs_torch(a):
     print("dclens DCPythia / dclens Pythia: %.2fx (target >= 0.9x)" % (res["dcpythia"] / res["gpt_neox"]))
 
 
+def step_vs_floor(a):
+    """--ratio: the gpt_neox step of --vs-torch and its GEMM floor (--gemm-floor)
+    in one process, alternated for --ratio-rounds rounds (a shared machine);
+    the best of each, and their ratio."""
+    print(machine())
+    rng = np.random.default_rng(0)
+    bs = [
+        (rng.integers(0, a.vocab, (a.B, a.T)).astype(np.int32), rng.integers(0, a.vocab, (a.B, a.T)).astype(np.int32))
+        for _ in range(a.steps)
+    ]
+    c = TrainConfig(
+        out="-", model_type="gpt_neox", n_layer=a.layers, dim=a.dim, n_head=a.heads, seq_len=a.T,
+        batch_size=a.B, n_threads=a.threads, lr=1e-3, warmup=0,
+    )  # fmt: skip
+    floor = step = np.inf
+    for r in range(a.ratio_rounds):
+        f = gemm_floor(a, verbose=False)
+        [(secs, _)] = time_steps(c, a.vocab, [bs], 1)
+        floor, step = min(floor, f), min(step, secs.min())
+        print("round %d: floor %.4f s, step %.4f s (best of %d), %.3fx" % (
+            r + 1, f, secs.min(), len(secs), secs.min() / f))  # fmt: skip
+    print("gpt_neox L=%d D=%d N=%d V=%d B=%d T=%d threads=%d: step %.4f s / GEMM floor %.4f s = %.3fx "
+          "(the best of %d rounds each; target <= 1.25x)" % (a.layers, a.dim, a.heads, a.vocab, a.B, a.T, a.threads,
+                                                             step, floor, step / floor, a.ratio_rounds))  # fmt: skip
+
+
 def lines_bench(a):
     """Real tokens/s of the twins' recipe: packed, --lines, --lines --bucket."""
     import itertools
@@ -313,6 +344,8 @@ def main():
     p.add_argument("--models", default="gpt_neox,dcpythia", help="--vs-torch: the dclens model types to time")
     p.add_argument("--no-torch", action="store_true", help="--vs-torch: the dclens steps only (no ratios)")
     p.add_argument("--gemm-floor", action="store_true", help="the step's matrix products alone (gpt_neox shapes)")
+    p.add_argument("--ratio", action="store_true", help="the gpt_neox step / its GEMM floor, in one process")
+    p.add_argument("--ratio-rounds", type=int, default=3, help="--ratio: alternated rounds of floor and step")
     p.add_argument("--lines", action="store_true", help="the twins' recipe: packed vs lines vs bucketed lines")
     p.add_argument("--lines-steps", type=int, default=8)
     p.add_argument("--corpus-lines", type=int, default=3000)
@@ -332,6 +365,10 @@ def main():
             a.vocab = 2210
         print(machine())
         return gemm_floor(a)
+    if a.ratio:
+        if a.vocab == 1024:
+            a.vocab = 2210
+        return step_vs_floor(a)
     if a.vs_torch or a.lines:
         if a.vocab == 1024:  # the bundled tokenizer's vocabulary (the training's [M, 2210] unembedding)
             a.vocab = 2210

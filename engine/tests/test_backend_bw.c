@@ -26,6 +26,10 @@
  *   compose_softmax_bw         compose (pre), softmax_masked, compose (post)
  *   attention_bw               gemm (scores), compose, softmax_masked, compose, gemm (P v)
  *
+ * The optional fused operations (qkv_split, qkv_join_bw, layernorm2,
+ * layernorm2_bw, add2, bias_gelu_keep, gelu_bw_sum, mha_bw) against the
+ * operations they fuse, run one after the other: bit for bit.
+ *
  * The check. With dy random, L(x) = <dy, f(x)> (summed in double). For each
  * differentiated input x and a few directions v (two dense ones, uniform in
  * [-1, 1], and one single element), x+ = fl(x + h v), x- = fl(x - h v):
@@ -1064,6 +1068,171 @@ static void test_attention_bw(shp s, int fused) {
     release_all();
 }
 
+/* ------------------------------------------------------------ fused = unfused, bit for bit */
+
+/* the n floats of the backend's d equal host h's, bit for bit */
+static void same_bits(const char *what, const float *d, const float *h, size_t n) {
+    const float *g = dget(d, n);
+    CHECKF(memcmp(g, h, n * sizeof(float)) == 0, "%s: %s: not the bits of the ops it fuses", be->ops->name,
+           what);
+}
+
+/* qkv_split = add_bias, copy2d, rotary; qkv_join_bw = rotary_bw, copy2d */
+static void test_qkv_fused(int B, int T, int t0, int N, int Dh, int rot) {
+    const int M = B * T, D = N * Dh;
+    float *qkv = hrand((size_t)M * 3 * D, 1.0f), *b = hrand((size_t)3 * D, 1.0f);
+    float *dq = hrand((size_t)M * D, 1.0f), *dk = hrand((size_t)M * D, 1.0f),
+          *dv = hrand((size_t)M * D, 1.0f);
+    if (!be->ops->qkv_split)
+        skip("qkv_split");
+    else {
+        float *y = dput(qkv, (size_t)M * 3 * D), *part[3], *out[3];
+        be->ops->add_bias(be, y, dput(b, (size_t)3 * D), M, 3 * D);
+        for (int i = 0; i < 3; i++) {
+            part[i] = dmem((size_t)M * D);
+            out[i] = dnan((size_t)M * D);
+            be->ops->copy2d(be, part[i], D, y + (size_t)i * D, 3 * D, M, D);
+        }
+        be->ops->rotary(be, part[0], M, T, t0, N, Dh, rot, 10000.0f);
+        be->ops->rotary(be, part[1], M, T, t0, N, Dh, rot, 10000.0f);
+        const int r = be->ops->qkv_split(be, out[0], out[1], out[2], dput(qkv, (size_t)M * 3 * D),
+                                         dput(b, (size_t)3 * D), M, T, t0, N, Dh, rot, 10000.0f);
+        CHECKF(r == 0, "%s: qkv_split returned %d", be->ops->name, r);
+        for (int i = 0; i < 3; i++)
+            same_bits("qkv_split", out[i], dget(part[i], (size_t)M * D), (size_t)M * D);
+    }
+    if (!be->ops->qkv_join_bw)
+        skip("qkv_join_bw");
+    else {
+        float *g[3] = {dput(dq, (size_t)M * D), dput(dk, (size_t)M * D), dput(dv, (size_t)M * D)};
+        float *ref = dnan((size_t)M * 3 * D), *got = dnan((size_t)M * 3 * D);
+        const int r = be->ops->qkv_join_bw(be, got, g[0], g[1], g[2], M, T, N, Dh, rot, 10000.0f);
+        CHECKF(r == 0, "%s: qkv_join_bw returned %d", be->ops->name, r);
+        be->ops->rotary_bw(be, g[0], M, T, N, Dh, rot, 10000.0f);
+        be->ops->rotary_bw(be, g[1], M, T, N, Dh, rot, 10000.0f);
+        for (int i = 0; i < 3; i++) be->ops->copy2d(be, ref + (size_t)i * D, 3 * D, g[i], D, M, D);
+        same_bits("qkv_join_bw", got, dget(ref, (size_t)M * 3 * D), (size_t)M * 3 * D);
+    }
+    release_all();
+}
+
+/* layernorm2 = layernorm twice; layernorm2_bw = layernorm_bw twice; add2 = add twice */
+static void test_norms_fused(int M, int D) {
+    const size_t n = (size_t)M * D;
+    float *x = hrand(n, 1.0f), *dy1 = hrand(n, 1.0f), *dy2 = hrand(n, 1.0f), *dx0 = hrand(n, 1.0f);
+    float *w[2] = {hrand(D, 1.0f), hrand(D, 1.0f)}, *bb[2] = {hrand(D, 1.0f), hrand(D, 1.0f)};
+    float *pw0 = hrand(4 * (size_t)D, 1.0f);
+    float *xd = dput(x, n), *wd[2] = {dput(w[0], D), dput(w[1], D)},
+          *bd[2] = {dput(bb[0], D), dput(bb[1], D)};
+    float *st = dmem(2 * (size_t)M); /* layernorm2's statistics, for layernorm2_bw */
+    if (!be->ops->layernorm2)
+        skip("layernorm2");
+    else {
+        float *r1 = dnan(n), *r2 = dnan(n), *g1 = dnan(n), *g2 = dnan(n);
+        be->ops->layernorm(be, r1, xd, wd[0], bd[0], M, D, 1e-5f);
+        be->ops->layernorm(be, r2, xd, wd[1], bd[1], M, D, 1e-5f);
+        be->ops->layernorm2(be, g1, g2, st, xd, wd[0], bd[0], wd[1], bd[1], M, D, 1e-5f);
+        same_bits("layernorm2 (first)", g1, dget(r1, n), n);
+        same_bits("layernorm2 (second)", g2, dget(r2, n), n);
+    }
+    if (!be->ops->layernorm2_bw)
+        skip("layernorm2_bw");
+    else {
+        float *rx = dput(dx0, n), *gx = dput(dx0, n), *rp = dput(pw0, 4 * (size_t)D),
+              *gp = dput(pw0, 4 * (size_t)D);
+        float *a1 = dput(dy1, n), *a2 = dput(dy2, n);
+        be->ops->layernorm_bw(be, rx, rp, rp + D, a1, xd, wd[0], M, D, 1e-5f);
+        be->ops->layernorm_bw(be, rx, rp + 2 * D, rp + 3 * D, a2, xd, wd[1], M, D, 1e-5f);
+        const dcs_norm_bw_side s1 = {a1, wd[0], gp, gp + D}, s2 = {a2, wd[1], gp + 2 * D, gp + 3 * D};
+        for (int kept = 0; kept < 2 && (kept == 0 || be->ops->layernorm2); kept++) { /* stats from x, kept */
+            float *gx2 = dput(dx0, n), *gp2 = dput(pw0, 4 * (size_t)D);
+            const dcs_norm_bw_side t1 = {a1, wd[0], gp2, gp2 + D}, t2 = {a2, wd[1], gp2 + 2 * D, gp2 + 3 * D};
+            const int r = be->ops->layernorm2_bw(be, kept ? gx2 : gx, kept ? &t1 : &s1, kept ? &t2 : &s2,
+                                                 kept ? st : NULL, xd, M, D, 1e-5f);
+            CHECKF(r == 0, "%s: layernorm2_bw returned %d", be->ops->name, r);
+            same_bits(kept ? "layernorm2_bw (dx, kept stats)" : "layernorm2_bw (dx)", kept ? gx2 : gx,
+                      dget(rx, n), n);
+            same_bits("layernorm2_bw (dw, db)", kept ? gp2 : gp, dget(rp, 4 * (size_t)D), 4 * (size_t)D);
+        }
+    }
+    if (!be->ops->add2)
+        skip("add2");
+    else {
+        float *ry = dput(dx0, n), *gy = dput(dx0, n), *a1 = dput(dy1, n), *a2 = dput(dy2, n);
+        be->ops->add(be, ry, a1, n);
+        be->ops->add(be, ry, a2, n);
+        be->ops->add2(be, gy, a1, a2, n);
+        same_bits("add2", gy, dget(ry, n), n);
+    }
+    release_all();
+}
+
+/* bias_gelu_keep = bias_gelu and x = gelu_bw(1, x); gelu_bw_sum = gelu_bw, col_sum */
+static void test_gelu_fused(int M, int N) {
+    const size_t n = (size_t)M * N;
+    float *x = hrand(n, 2.0f), *b = hrand(N, 1.0f), *dy = hrand(n, 1.0f), *db0 = hrand(N, 1.0f);
+    float *ones = hmem(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) ones[i] = 1.0f;
+    if (!be->ops->bias_gelu_keep || !be->ops->gelu_bw_sum) {
+        skip("bias_gelu_keep, gelu_bw_sum");
+        release_all();
+        return;
+    }
+    float *rx = dput(x, n), *ry = dnan(n), *gx = dput(x, n), *gy = dnan(n), *bd = dput(b, N);
+    be->ops->bias_gelu(be, ry, rx, bd, M, N);
+    float *rg = dnan(n);
+    be->ops->gelu_bw(be, rg, dput(ones, n), rx, n);
+    be->ops->bias_gelu_keep(be, gy, gx, bd, M, N);
+    same_bits("bias_gelu_keep (y)", gy, dget(ry, n), n);
+    same_bits("bias_gelu_keep (x = gelu'(x + b))", gx, dget(rg, n), n);
+    for (int is_grad = 0; is_grad < 2; is_grad++) {
+        float *ref = dnan(n), *rdb = dput(db0, N), *got = dput(dy, n), *gdb = dput(db0, N);
+        be->ops->gelu_bw(be, ref, dput(dy, n), rx, n);
+        be->ops->col_sum(be, rdb, ref, M, N);
+        be->ops->gelu_bw_sum(be, got, gdb, got, is_grad ? gx : rx, M, N, is_grad); /* in place */
+        same_bits(is_grad ? "gelu_bw_sum (x is gelu')" : "gelu_bw_sum (dx)", got, dget(ref, n), n);
+        same_bits("gelu_bw_sum (db)", gdb, dget(rdb, N), N);
+    }
+    release_all();
+}
+
+/* mha_bw = the tape's batched per-head products (per sequence, batch N)
+ * around softmax_bw */
+static void test_mha_bw(int B, int T, int N, int Dh, int window) {
+    const int D = N * Dh;
+    const size_t nq = (size_t)B * T * D, TT = (size_t)T * T, nm = (size_t)B * N * TT;
+    float *h[4], *d[4]; /* dz, q, k, v */
+    for (int i = 0; i < 4; i++) d[i] = dput(h[i] = hrand(nq, 1.0f), nq);
+    float *Pd = dput(hrand(nm, 1.0f), nm); /* any map: the backward is linear in dz */
+    be->ops->softmax_masked(be, Pd, B * N, T, T, 0, 0, window);
+    if (!be->ops->mha_bw) {
+        skip("mha_bw");
+        release_all();
+        return;
+    }
+    float *dP = dnan(nm), *dA = dnan(nm), *ref[3], *got[3]; /* dq, dk, dv */
+    for (int i = 0; i < 3; i++) ref[i] = dnan(nq), got[i] = dnan(nq);
+    const float sc = 1.0f / sqrtf((float)Dh);
+    for (int b = 0; b < B; b++) {
+        const size_t o = (size_t)b * T * D, om = (size_t)b * N * TT;
+        be->ops->gemm(be, 0, 1, T, T, Dh, 1.0f, d[0] + o, D, Dh, d[3] + o, D, Dh, 0.0f, dP + om, T, TT, N);
+        be->ops->gemm(be, 1, 0, T, Dh, T, 1.0f, Pd + om, T, TT, d[0] + o, D, Dh, 0.0f, ref[2] + o, D, Dh, N);
+    }
+    be->ops->softmax_bw(be, dA, dP, Pd, B * N, T, T, window);
+    for (int b = 0; b < B; b++) {
+        const size_t o = (size_t)b * T * D, om = (size_t)b * N * TT;
+        be->ops->gemm(be, 0, 0, T, Dh, T, sc, dA + om, T, TT, d[2] + o, D, Dh, 0.0f, ref[0] + o, D, Dh, N);
+        be->ops->gemm(be, 1, 0, T, Dh, T, sc, dA + om, T, TT, d[1] + o, D, Dh, 0.0f, ref[1] + o, D, Dh, N);
+    }
+    const dcs_mha_bw_args a = {d[0], d[1], d[2], d[3], Pd, got[0], got[1], got[2],
+                               B,    T,    N,    Dh,   D,  window, sc};
+    const int r = be->ops->mha_bw(be, &a);
+    CHECKF(r == 0, "%s: mha_bw returned %d", be->ops->name, r);
+    const char *name[3] = {"mha_bw (dq)", "mha_bw (dk)", "mha_bw (dv)"};
+    for (int i = 0; i < 3; i++) same_bits(name[i], got[i], dget(ref[i], nq), nq);
+    release_all();
+}
+
 /* ------------------------------------------------------------ main */
 
 static void run_backend(dcs_backend *b) {
@@ -1148,6 +1317,16 @@ static void run_backend(dcs_backend *b) {
     };
     for (size_t i = 0; i < sizeof att / sizeof att[0]; i++)
         for (int fused = 0; fused < 2; fused++) test_attention_bw(att[i], fused);
+
+    test_qkv_fused(2, 5, 0, 3, 8, 8);
+    test_qkv_fused(3, 37, 4, 6, 32, 8); /* on the pool, partial rotary, positions from t0 */
+    test_norms_fused(11, 13);
+    test_norms_fused(300, 48); /* on the pool */
+    test_gelu_fused(13, 45);   /* a block of 32 columns and a partial one */
+    test_gelu_fused(300, 96);  /* on the pool */
+    test_mha_bw(2, 7, 3, 4, 0);
+    test_mha_bw(3, 40, 4, 8, 0);
+    test_mha_bw(2, 37, 2, 8, 5); /* a local window */
 
     printf("  %s: %s; largest |fd - bw| / tolerance %.3g (%s)\n", be->ops->name,
            counts.failed == before ? "ok" : "FAILED", worst, worst_what);

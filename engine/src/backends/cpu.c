@@ -13,6 +13,7 @@
 #include "dcs_backend.h"
 #include "dcs_math.h"
 #include "cpu_backward.h"
+#include "cpu_gemm_grid.h"
 #include "cpu_vec.h"
 
 #include "dcs_blas.h"
@@ -380,61 +381,7 @@ static widen_fn pick_widen(void) {
  * items of the pool, each one single-threaded OpenBLAS sgemm over the whole
  * of K (never split: each output element is one sgemm's sum). */
 
-/* How cpu_gemm / cpu_gemm_w cut a product into pool items: a function of the
- * shape alone, never of n_threads, so each tile is the same sgemm call (same
- * kernel, same edge handling, same summation order) whatever n_threads is
- * and every thread count computes the same bits. Tiles of tm x tn (multiples
- * of 16 but for the last row / column of tiles): halve a side of the tile
- * until a batch entry has GEMM_ITEMS / batch tiles (one per thread at 16
- * threads), no side below its minimum and no item below GEMM_MIN_WORK. Which
- * side: each tile packs its own copy of its A rows and its B columns, and
- * single-threaded OpenBLAS (Cooperlake kernels, this EPYC) measured a row
- * split about 4x as costly as a column split (512 x 256 tiles -> 512 x 128:
- * +0-4% over the product; -> 256 x 256: +4-6%; -> 128 x 256: +16%;
- * BENCHMARKS.md), so the columns are halved until tm > GEMM_M_COST tn.
- * Tile sides are multiples of 16 (but the last row / column of tiles). */
-#define GEMM_ITEMS 16
-#define GEMM_MIN_TN 128
-#define GEMM_MIN_TM 256
-#define GEMM_M_COST 4
-#define GEMM_MIN_HALF 96
-#define GEMM_MIN_WORK (1LL << 22) /* K (tm tn + 32 (tm + tn)): multiply-adds plus operand reads */
 #define GEMMW_SCRATCH (4LL << 20) /* floats of a cpu_gemm_w weight tile (tn x K, widened) */
-
-static long long tile_work(int tm, int tn, int K) {
-    return (long long)K * ((long long)tm * tn + 32LL * (tm + tn));
-}
-
-static int half16(int side) { return ((side + 1) / 2 + 15) / 16 * 16; }
-
-static dcs_gemm_grid gemm_grid(int M, int N, int K, int batch) {
-    dcs_gemm_grid g = {M > 0 ? M : 1, N > 0 ? N : 1, 1, 1};
-    const int want = batch >= GEMM_ITEMS ? 1 : (GEMM_ITEMS + batch - 1) / (batch > 0 ? batch : 1);
-    while (g.gm * g.gn < want) {
-        const int hm = half16(g.tm), hn = half16(g.tn);
-        const int can_m = hm >= GEMM_MIN_TM && hm < g.tm && tile_work(hm, g.tn, K) >= GEMM_MIN_WORK;
-        const int can_n = hn >= GEMM_MIN_TN && hn < g.tn && tile_work(g.tm, hn, K) >= GEMM_MIN_WORK;
-        if (can_m && (!can_n || g.tm > GEMM_M_COST * g.tn))
-            g.tm = hm, g.gm = (M + hm - 1) / hm;
-        else if (can_n)
-            g.tn = hn, g.gn = (N + hn - 1) / hn;
-        else
-            break;
-    }
-    /* a product too small for those minimums, 192..511 rows or columns: two
-     * halves of at least GEMM_MIN_HALF rather than one thread for all of it */
-    if (g.gm * g.gn == 1 && want > 1) {
-        const int split_m = g.tm >= g.tn, side = split_m ? g.tm : g.tn, h = half16(side);
-        if (h >= GEMM_MIN_HALF && h < side &&
-            tile_work(split_m ? h : g.tm, split_m ? g.tn : h, K) >= GEMM_MIN_WORK) {
-            if (split_m)
-                g.tm = h, g.gm = (M + h - 1) / h;
-            else
-                g.tn = h, g.gn = (N + h - 1) / h;
-        }
-    }
-    return g;
-}
 
 /* cpu_gemm_w's grid: cpu_gemm's, its tiles narrowed to GEMMW_SCRATCH floats of
  * widened weights. */
@@ -606,6 +553,20 @@ static void cpu_add(dcs_backend *be, float *y, const float *x, size_t n) {
     rows_args a = {y, x, NULL, NULL, 0, 0, NULL, 0};
     parallel_for(be, add_range, &a, (long long)n, 1);
 }
+/* y += a, then y += b, in one pass (ops->add2: add's bits, twice) */
+DCS_VEC static void add2_span(float *restrict y, const float *restrict a, const float *restrict b,
+                              long long n) {
+    for (long long i = 0; i < n; i++) y[i] = (y[i] + a[i]) + b[i];
+}
+static void add2_range(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    add2_span(a->y + b, a->a + b, a->b + b, e - b);
+}
+static void cpu_add2(dcs_backend *be, float *y, const float *a, const float *b, size_t n) {
+    rows_args r = {y, a, b, NULL, 0, 0, NULL, 0};
+    parallel_for(be, add2_range, &r, (long long)n, 2);
+}
 /* dcs_softmax_span / dcs_softmax_row in the per-ISA clones (the same bits
  * at every width: the sums run in dcs_math.h's fixed lane order) */
 DCS_VEC static void softmax_span(float *row, int len) { dcs_softmax_span(row, len); }
@@ -639,6 +600,29 @@ static void bias_gelu_rows(void *arg, long long b, long long e, int tid) {
 static void cpu_bias_gelu(dcs_backend *be, float *y, float *x, const float *b, int M, int N) {
     rows_args a = {y, x, b, NULL, N, 0, NULL, 0};
     parallel_for(be, bias_gelu_rows, &a, M, 9LL * N);
+}
+/* bias_gelu_span, then x = gelu'(x) (ops->bias_gelu_keep; y apart from x) */
+DCS_VEC static void bias_gelu_keep_span(float *restrict y, float *restrict x, const float *b, long long rows,
+                                        int N) {
+    for (long long m = 0; m < rows; m++) {
+        float *xr = x + m * N, *yr = y + m * N;
+        if (b)
+            for (int n = 0; n < N; n++) xr[n] += b[n];
+        for (int n = 0; n < N; n++) {
+            const float v = xr[n];
+            yr[n] = dcs_gelu(v);
+            xr[n] = dcs_gelu_grad(v);
+        }
+    }
+}
+static void bias_gelu_keep_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const rows_args *a = arg;
+    bias_gelu_keep_span(a->y + b * a->N, (float *)a->a + b * a->N, a->b, e - b, a->N);
+}
+static void cpu_bias_gelu_keep(dcs_backend *be, float *y, float *x, const float *b, int M, int N) {
+    rows_args a = {y, x, b, NULL, N, 0, NULL, 0};
+    parallel_for(be, bias_gelu_keep_rows, &a, M, 16LL * N);
 }
 static void tanh_range(void *x, long long b, long long e, int tid) {
     (void)tid;
@@ -689,6 +673,42 @@ static void cpu_layernorm(dcs_backend *be, float *out, const float *in, const fl
                           int D, float eps) {
     rows_args a = {out, in, b, NULL, 0, eps, w, D};
     parallel_for(be, layernorm_rows, &a, M, 4LL * D);
+}
+
+/* out, out2 [M, D] = two LayerNorms of in (weights w, b and w2, b2), each
+ * group of rows' statistics once, kept in stats [2, M] when asked
+ * (ops->layernorm2): layernorm's bits. */
+typedef struct {
+    rows_args n[2];
+    float *stats; /* [2, M] or NULL */
+    long long M;
+} rows2_args;
+DCS_VEC static void layernorm2_span(const rows2_args *a2, long long b0, long long e0) {
+    const rows_args *a = &a2->n[0];
+    const int D = a->D;
+    for (long long m = b0; m < e0; m += DCS_LN_ROWS) {
+        const int n = e0 - m < DCS_LN_ROWS ? (int)(e0 - m) : DCS_LN_ROWS;
+        const float *x = a->a + (size_t)m * D;
+        double mu[DCS_LN_ROWS];
+        float inv[DCS_LN_ROWS];
+        dcs_layernorm_stats_rows(x, D, n, a->eps, mu, inv);
+        for (int j = 0; j < n && a2->stats; j++) {
+            a2->stats[m + j] = (float)mu[j];
+            a2->stats[a2->M + m + j] = inv[j];
+        }
+        for (int k = 0; k < 2; k++)
+            dcs_layernorm_rows_out(a2->n[k].y + (size_t)m * D, x, a2->n[k].w, a2->n[k].b, D, n, mu, inv);
+    }
+}
+static void layernorm2_rows(void *arg, long long b0, long long e0, int tid) {
+    (void)tid;
+    layernorm2_span(arg, b0, e0);
+}
+static void cpu_layernorm2(dcs_backend *be, float *out, float *out2, float *stats, const float *in,
+                           const float *w, const float *b, const float *w2, const float *b2, int M, int D,
+                           float eps) {
+    rows2_args a = {{{out, in, b, NULL, 0, eps, w, D}, {out2, in, b2, NULL, 0, eps, w2, D}}, stats, M};
+    parallel_for(be, layernorm2_rows, &a, M, 6LL * D);
 }
 
 /* x [rows, width] with row stride ld, RMS-normalised in place. */
@@ -743,6 +763,53 @@ static void cpu_rotary(dcs_backend *be, float *x, int M, int T, int t0, int N, i
     if (rot / 2 == 0) return;
     rot_args a = {x, T, t0, N, Dh, rot, base, be};
     parallel_for(be, rot_rows, &a, M, 40LL * rot + 4LL * N * rot);
+}
+
+/* q, k, v [M, D] = the thirds of qkv [M, 3D] + b, q and k rotated (ops->qkv_split):
+ * row by row on the pool, add_bias's add, rot_rows' rotation of each pair
+ * (the same bits as add_bias, copy2d, rotary, in one pass). */
+typedef struct {
+    float *dst[3];
+    const float *qkv, *b;
+    const float *cs; /* [T, half] (cos, sin) at positions t0 + t */
+    int T, N, Dh, half;
+} split_args;
+DCS_VEC static void split_row(float *restrict y, const float *restrict x, const float *restrict b, int D) {
+    if (b)
+        for (int i = 0; i < D; i++) y[i] = x[i] + b[i];
+    else
+        memcpy(y, x, sizeof(float) * D);
+}
+static void split_rows(void *arg, long long b, long long e, int tid) {
+    (void)tid;
+    const split_args *a = arg;
+    const int D = a->N * a->Dh, half = a->half;
+    for (long long m = b; m < e; m++) {
+        const float *cs = a->cs + 2 * (size_t)(m % a->T) * half;
+        for (int part = 0; part < 3; part++) {
+            float *y = a->dst[part] + (size_t)m * D;
+            split_row(y, a->qkv + (size_t)m * 3 * D + (size_t)part * D, a->b ? a->b + (size_t)part * D : NULL,
+                      D);
+            for (int n = 0; n < a->N && part < 2 && half > 0; n++) {
+                float *h = y + (size_t)n * a->Dh;
+                for (int j = 0; j < half; j++) dcs_rotate_pair(&h[j], &h[j + half], cs[2 * j], cs[2 * j + 1]);
+            }
+        }
+    }
+}
+static int cpu_qkv_split(dcs_backend *be, float *q, float *k, float *v, const float *qkv, const float *b,
+                         int M, int T, int t0, int N, int Dh, int rot, float base) {
+    const int half = rot / 2;
+    float *cs = malloc(sizeof(float) * 2 * (size_t)T * (half > 0 ? half : 1));
+    if (!cs) return 1;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < half; j++)
+            dcs_rotary_cs(t0 + t, j, rot, base, &cs[2 * ((size_t)t * half + j)],
+                          &cs[2 * ((size_t)t * half + j) + 1]);
+    split_args a = {{q, k, v}, qkv, b, cs, T, N, Dh, half};
+    parallel_for(be, split_rows, &a, M, 6LL * N * Dh);
+    free(cs);
+    return 0;
 }
 
 static void cpu_copy2d(dcs_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int rows,
@@ -1221,12 +1288,16 @@ static const dcs_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .add_bias = cpu_add_bias,
     .add = cpu_add,
+    .add2 = cpu_add2,
     .gelu = cpu_gelu,
     .bias_gelu = cpu_bias_gelu,
+    .bias_gelu_keep = cpu_bias_gelu_keep,
     .tanh_ = cpu_tanh,
     .layernorm = cpu_layernorm,
+    .layernorm2 = cpu_layernorm2,
     .rmsnorm = cpu_rmsnorm,
     .rotary = cpu_rotary,
+    .qkv_split = cpu_qkv_split,
     .copy2d = cpu_copy2d,
     .compose = cpu_compose,
     .softmax_masked = cpu_softmax_masked,
@@ -1242,19 +1313,23 @@ static const dcs_backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .zero = cpu_zero,
     .gelu_bw = cpu_gelu_bw,
+    .gelu_bw_sum = cpu_gelu_bw_sum,
     .tanh_bw = cpu_tanh_bw,
     .softmax_bw = cpu_softmax_bw,
     .softmax_rows_bw = cpu_softmax_rows_bw,
     .layernorm_bw = cpu_layernorm_bw,
+    .layernorm2_bw = cpu_layernorm2_bw,
     .rmsnorm_bw = cpu_rmsnorm_bw,
     .norm_bw_fanout = cpu_norm_bw_fanout,
     .rotary_bw = cpu_rotary_bw,
+    .qkv_join_bw = cpu_qkv_join_bw,
     .col_sum = cpu_col_sum,
     .embed_bw = cpu_embed_bw,
     .xent_bw = cpu_xent_bw,
     .compose_bw = cpu_compose_bw,
     .compose_softmax_bw = cpu_compose_softmax_bw,
     .attention_bw = cpu_attention_bw,
+    .mha_bw = cpu_mha_bw,
     .head_gate_bw = cpu_head_gate_bw,
     .moh_route_bw = cpu_moh_route_bw,
     .swiglu_bw = cpu_swiglu_bw,

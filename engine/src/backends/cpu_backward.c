@@ -13,6 +13,7 @@
 #endif
 
 #include "cpu_backward.h"
+#include "cpu_gemm_grid.h"
 #include "cpu_vec.h"
 #include "dcs_math.h"
 
@@ -46,6 +47,54 @@ static void gelu_bw_range(void *p, long long b, long long e, int tid) {
 void cpu_gelu_bw(dcs_backend *be, float *dx, const float *dy, const float *x, size_t n) {
     ew_arg a = {dx, dy, x, 0, 0, 0};
     par(be, gelu_bw_range, &a, (long long)n, 16);
+}
+
+/* dx [M, N] = dy * gelu'(x) (or dy * x, x_is_grad), and db [N] += its
+ * column sums (ops->gelu_bw_sum): blocks of GBW_COLS columns on the pool, each block's rows in
+ * order, its sums in registers (gelu_bw's and col_sum's bits, one pass). */
+#define GBW_COLS 32
+typedef struct {
+    float *dx, *db;
+    const float *dy, *x;
+    int M, N, x_is_grad;
+} gbw_arg;
+/* one row's nw columns: d = dy * gelu'(x), or dy * x where x holds gelu'(x) */
+DCS_HD_ROW void gelu_bw_cols(float *d, const float *dy, const float *x, int nw, int x_is_grad) {
+    if (x_is_grad)
+        for (int o = 0; o < nw; o++) d[o] = dy[o] * x[o];
+    else
+        for (int o = 0; o < nw; o++) d[o] = dy[o] * dcs_gelu_grad(x[o]);
+}
+DCS_VEC static void gelu_bw_block(const gbw_arg *a, int n0, int nw) {
+    float s[GBW_COLS];
+    for (int o = 0; o < nw && a->db; o++) s[o] = a->db[n0 + o];
+    for (int m = 0; m < a->M; m++) {
+        const size_t r = (size_t)m * a->N + n0;
+        float *dx = a->dx + r;
+        if (nw == GBW_COLS) /* a whole block: fixed-width loops */
+            gelu_bw_cols(dx, a->dy + r, a->x + r, GBW_COLS, a->x_is_grad);
+        else
+            gelu_bw_cols(dx, a->dy + r, a->x + r, nw, a->x_is_grad);
+        if (!a->db) continue;
+        if (nw == GBW_COLS)
+            for (int o = 0; o < GBW_COLS; o++) s[o] += dx[o];
+        else
+            for (int o = 0; o < nw; o++) s[o] += dx[o];
+    }
+    for (int o = 0; o < nw && a->db; o++) a->db[n0 + o] = s[o];
+}
+static void gelu_bw_blocks(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const gbw_arg *a = p;
+    for (long long k = b; k < e; k++) {
+        const int n0 = (int)k * GBW_COLS, nw = a->N - n0 < GBW_COLS ? a->N - n0 : GBW_COLS;
+        gelu_bw_block(a, n0, nw);
+    }
+}
+void cpu_gelu_bw_sum(dcs_backend *be, float *dx, float *db, const float *dy, const float *x, int M, int N,
+                     int x_is_grad) {
+    gbw_arg a = {dx, db, dy, x, M, N, x_is_grad};
+    par(be, gelu_bw_blocks, &a, (N + GBW_COLS - 1) / GBW_COLS, 18LL * GBW_COLS * M);
 }
 
 void cpu_tanh_bw(dcs_backend *be, float *dx, const float *y, size_t n) {
@@ -159,6 +208,57 @@ void cpu_layernorm_bw(dcs_backend *be, float *dx, float *dw, float *db, const fl
     par(be, lnbw_rows, &a, M, 12LL * D);
     if (dw || db) par(be, lnbw_cols, &a, (D + LNBW_COLS - 1) / LNBW_COLS, 3LL * LNBW_COLS * M);
     free(st);
+}
+
+/* Two LayerNorms of one x (ops->layernorm2_bw): per group of rows the
+ * statistics once (or the forward's, have_stats), then lnbw_span's row
+ * backward of the first, then of the second; then each one's column blocks
+ * (dw, db), both in one job. The same bits as layernorm_bw of the first,
+ * then of the second. */
+typedef struct {
+    lnbw_arg n[2];
+    int have_stats; /* n[0].mu, rs hold them already */
+} lnbw2_arg;
+DCS_VEC static void lnbw2_span(const lnbw2_arg *a2, long long b, long long e) {
+    const lnbw_arg *a = &a2->n[0];
+    const int D = a->D;
+    for (long long m = b; m < e; m += DCS_LN_ROWS) {
+        const int n = e - m < DCS_LN_ROWS ? (int)(e - m) : DCS_LN_ROWS;
+        const size_t o = (size_t)m * D;
+        if (!a2->have_stats) {
+            double mud[DCS_LN_ROWS];
+            dcs_layernorm_stats_rows(a->x + o, D, n, a->eps, mud, a->rs + m);
+            for (int j = 0; j < n; j++) a->mu[m + j] = (float)mud[j];
+        }
+        for (int k = 0; k < 2; k++)
+            dcs_layernorm_rows_bw(a->dx + o, a2->n[k].dy + o, a->x + o, a2->n[k].w, a->mu + m, a->rs + m, D,
+                                  n);
+    }
+}
+static void lnbw2_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    lnbw2_span(p, b, e);
+}
+static void lnbw2_cols(void *p, long long b, long long e, int tid) {
+    const lnbw2_arg *a2 = p;
+    for (int k = 0; k < 2; k++)
+        if (a2->n[k].dw || a2->n[k].db) lnbw_cols((void *)&a2->n[k], b, e, tid);
+}
+int cpu_layernorm2_bw(dcs_backend *be, float *dx, const dcs_norm_bw_side *first,
+                      const dcs_norm_bw_side *second, const float *stats, const float *x, int M, int D,
+                      float eps) {
+    float *st = stats ? (float *)(uintptr_t)stats : malloc(sizeof(float) * 2 * (size_t)(M > 0 ? M : 1));
+    if (!st) return 1;
+    const dcs_norm_bw_side *sd[2] = {first, second};
+    lnbw2_arg a;
+    for (int k = 0; k < 2; k++)
+        a.n[k] = (lnbw_arg){dx, sd[k]->dw, sd[k]->db, st, st + M, sd[k]->dy, x, sd[k]->w, M, D, eps};
+    a.have_stats = stats != NULL; /* read only then */
+    par(be, lnbw2_rows, &a, M, (stats ? 16LL : 20LL) * D);
+    if (first->dw || first->db || second->dw || second->db)
+        par(be, lnbw2_cols, &a, (D + LNBW_COLS - 1) / LNBW_COLS, 6LL * LNBW_COLS * M);
+    if (!stats) free(st);
+    return 0;
 }
 
 /* The norm's backward for G readers of each row (norm_bw_fanout): a row's
@@ -288,6 +388,45 @@ void cpu_rotary_bw(dcs_backend *be, float *x, int M, int T, int N, int Dh, int r
             }
         }
     free(cs);
+}
+
+/* dqkv [M, 3D] = [rotary_bw(dq) | rotary_bw(dk) | dv], rows on the pool:
+ * each row's three parts copied, then cpu_rotary_bw's rotation of q's and
+ * k's pairs (the same bits as rotary_bw then copy2d, one pass). */
+typedef struct {
+    float *dqkv;
+    const float *src[3]; /* dq, dk, dv [M, N, Dh] */
+    const float *cs;     /* [T, half] (cos, sin) */
+    int T, N, Dh, half;
+} join_arg;
+static void join_rows(void *p, long long b, long long e, int tid) {
+    (void)tid;
+    const join_arg *a = p;
+    const int D = a->N * a->Dh, half = a->half;
+    for (long long m = b; m < e; m++) {
+        float *row = a->dqkv + (size_t)m * 3 * D;
+        for (int part = 0; part < 3; part++)
+            memcpy(row + (size_t)part * D, a->src[part] + (size_t)m * D, sizeof(float) * D);
+        const float *cs = a->cs + 2 * (size_t)(m % a->T) * half;
+        for (int n = 0; n < 2 * a->N && half > 0; n++) { /* q's heads, then k's */
+            float *h = row + (size_t)(n / a->N) * D + (size_t)(n % a->N) * a->Dh;
+            for (int j = 0; j < half; j++) dcs_rotate_pair(&h[j], &h[j + half], cs[2 * j], -cs[2 * j + 1]);
+        }
+    }
+}
+int cpu_qkv_join_bw(dcs_backend *be, float *dqkv, const float *dq, const float *dk, const float *dv, int M,
+                    int T, int N, int Dh, int rot, float base) {
+    const int half = rot / 2;
+    float *cs = malloc(sizeof(float) * 2 * (size_t)T * (half > 0 ? half : 1));
+    if (!cs) return 1;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < half; j++)
+            dcs_rotary_cs(t, j, rot, base, &cs[2 * ((size_t)t * half + j)],
+                          &cs[2 * ((size_t)t * half + j) + 1]);
+    join_arg a = {dqkv, {dq, dk, dv}, cs, T, N, Dh, half};
+    par(be, join_rows, &a, M, 6LL * N * Dh);
+    free(cs);
+    return 0;
 }
 
 /* db [N] += the column sums of dy [M, N], each column summed in row order
@@ -852,19 +991,82 @@ int cpu_attention_bw(dcs_backend *be, const dcs_attn_bw_args *a) {
     return ab.failed; /* no scratch for a chunk: the caller's unfused path overwrites it all */
 }
 
+/* ---------------------------------------------------------------- plain attention */
+
+/* C = alpha op(A) op(B) + beta C of one batch entry, tile by tile as
+ * cpu_gemm's items over grid g (the same cblas_sgemm calls, on this thread) */
+static void gemm_tiles(const dcs_gemm_grid *g, int tA, int tB, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    for (int im = 0; im < g->gm; im++)
+        for (int in = 0; in < g->gn; in++) {
+            const int m0 = im * g->tm, n0 = in * g->tn;
+            const int mt = M - m0 < g->tm ? M - m0 : g->tm, nt = N - n0 < g->tn ? N - n0 : g->tn;
+            if (mt <= 0 || nt <= 0) continue;
+            cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, mt, nt,
+                        K, alpha, A + (tA ? m0 : (long long)m0 * lda), lda,
+                        B + (tB ? (long long)n0 * ldb : n0), ldb, beta, C + (long long)m0 * ldc + n0, ldc);
+        }
+}
+
+/* The grids of the tape's batched products (pass.c, dcs_heads_map,
+ * dcs_heads_rows: batch N per sequence): dP = dz v^T [T, T], and the rows
+ * products dv, dk [T, Dh] (inner T) and dq [T, Dh] (inner T). */
+typedef struct {
+    const dcs_mha_bw_args *a;
+    dcs_gemm_grid map, rows;
+    int failed;
+} mha_arg;
+
+/* (sequence, head) items [b_from, b_to): attention_maps_bw's steps for
+ * plain attention, one item's maps in this chunk's scratch */
+static void mha_items(void *p, long long from, long long to, int tid) {
+    (void)tid;
+    mha_arg *ma = p;
+    const dcs_mha_bw_args *a = ma->a;
+    const int T = a->T, N = a->N, Dh = a->Dh, ld = a->ld;
+    const long long TT = (long long)T * T;
+    float *dP = malloc(sizeof(float) * 2 * (size_t)TT);
+    if (!dP) {
+        ma->failed = 1;
+        return;
+    }
+    float *dA = dP + TT;
+    for (long long it = from; it < to; it++) {
+        const int b = (int)(it / N), n = (int)(it % N);
+        const size_t o = (size_t)b * T * ld + (size_t)n * Dh; /* head n of the sequence's first row */
+        const float *P = a->P + (size_t)it * TT;
+        gemm_tiles(&ma->map, 0, 1, T, T, Dh, 1.0f, a->dz + o, ld, a->v + o, ld, 0.0f, dP, T);
+        gemm_tiles(&ma->rows, 1, 0, T, Dh, T, 1.0f, P, T, a->dz + o, ld, 0.0f, a->dv + o, ld);
+        for (int r = 0; r < T; r++)
+            softmax_bw_row(dA + (size_t)r * T, dP + (size_t)r * T, P + (size_t)r * T, T, r, a->window);
+        gemm_tiles(&ma->rows, 0, 0, T, Dh, T, a->scale, dA, T, a->k + o, ld, 0.0f, a->dq + o, ld);
+        gemm_tiles(&ma->rows, 1, 0, T, Dh, T, a->scale, dA, T, a->q + o, ld, 0.0f, a->dk + o, ld);
+    }
+    free(dP);
+}
+
+int cpu_mha_bw(dcs_backend *be, const dcs_mha_bw_args *a) {
+    const int T = a->T, N = a->N, Dh = a->Dh;
+    mha_arg ma = {a, gemm_grid(T, T, Dh, N), gemm_grid(T, Dh, T, N), 0};
+    par(be, mha_items, &ma, (long long)a->B * N, 10LL * T * T * Dh);
+    return ma.failed; /* no scratch for a chunk: the caller's path overwrites it all */
+}
+
 /* ---------------------------------------------------------------- scratch */
 
 /* The largest malloc one backward operation above makes for a tape of
  * shape s: layernorm_bw's statistics [2, M], rotary_bw's angles [T, rot/2]
  * (cos, sin), or compose_bw's row kernel's [2N + 4R + 1, key_stride(T)] per
  * chunk (with the fused backward's rows of dP and dAc [2, N, T], and
- * attention_bw's blocks of dPc and dA [2, N, min(ATB_TQ, T), T]), one chunk per
- * thread at a time. */
+ * attention_bw's blocks of dPc and dA [2, N, min(ATB_TQ, T), T]), or mha_bw's
+ * maps dP, dA [2, T, T], one chunk per thread at a time. */
 uint64_t cpu_bw_scratch_bytes(const dcs_bw_shape *s, int n_threads) {
     const uint64_t M = (uint64_t)s->B * s->T;
     uint64_t n = 2 * M;
     const uint64_t rot = 2 * (uint64_t)s->T * (s->rot / 2 > 0 ? s->rot / 2 : 1);
     if (rot > n) n = rot;
+    const uint64_t mha = s->mha ? (uint64_t)(n_threads > 0 ? n_threads : 1) * 2 * (uint64_t)s->T * s->T : 0;
+    if (mha > n) n = mha;
     if (s->rows_kernel) {
         const uint64_t cmp =
             (uint64_t)(n_threads > 0 ? n_threads : 1) *

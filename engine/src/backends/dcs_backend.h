@@ -125,14 +125,35 @@ typedef struct {
     float scale; /* 1 / sqrt(Dh) */
 } dcs_attn_bw_args;
 
+/* Arguments of the plain (MHA) attention backward (ops->mha_bw) of a full
+ * pass: dz, q, k, v, dq, dk, dv [B, T, N, Dh] with row stride ld (dq, dk,
+ * dv written), P [B, N, T, T] the pattern the forward kept; scale 1 /
+ * sqrt(Dh); window the layer's (0: none). */
+typedef struct {
+    const float *dz, *q, *k, *v, *P;
+    float *dq, *dk, *dv;
+    int B, T, N, Dh, ld, window;
+    float scale;
+} dcs_mha_bw_args;
+
+/* One of the two norms of ops->layernorm2_bw: its gradient dy [M, D] at
+ * the output, its weight w [D], its parameter gradients dw, db [D] (+=,
+ * each may be NULL). */
+typedef struct {
+    const float *dy, *w;
+    float *dw, *db;
+} dcs_norm_bw_side;
+
 /* The shapes the backward's scratch depends on (ops->bw_scratch): a tape
  * of B sequences of T tokens, width D, N heads, dynamic rank R, `rot`
  * rotary dims; G composition groups; use_sw: the static (Talking-Heads)
  * map's gradient is asked (its per-row partials); rows_kernel: plain
- * DCMHA through compose_bw's row kernel (scratch non-NULL). */
+ * DCMHA through compose_bw's row kernel (scratch non-NULL); mha: a
+ * layer of plain attention. */
 typedef struct {
     int B, T, D, N, R, rot, G;
     int use_sw, rows_kernel;
+    int mha; /* a layer of plain attention (ops->mha_bw's maps) */
 } dcs_bw_shape;
 
 /* The operations of a backend: one static const table per backend
@@ -163,20 +184,40 @@ typedef struct dcs_backend_ops {
     void (*embed)(dcs_backend *be, float *out, const float *table, const int32_t *tokens_host, int M, int D);
     void (*add_bias)(dcs_backend *be, float *x, const float *bias, int M, int N); /* x[M,N] += b[N] */
     void (*add)(dcs_backend *be, float *y, const float *x, size_t n);             /* y += x */
-    void (*gelu)(dcs_backend *be, float *x, size_t n);                            /* exact erf gelu */
+    /* Optional (NULL: add twice): y += a, then y += b, one pass */
+    void (*add2)(dcs_backend *be, float *y, const float *a, const float *b, size_t n);
+    void (*gelu)(dcs_backend *be, float *x, size_t n); /* exact erf gelu */
     /* Optional (NULL: add_bias, then gelu on a copy or in place): x [M, N] +=
      * b [N] (b NULL: nothing added), y = gelu(x) (y may be x), one pass: the
      * MLP's bias and activation, the same arithmetic as the two ops. */
     void (*bias_gelu)(dcs_backend *be, float *y, float *x, const float *b, int M, int N);
+    /* Optional (NULL: bias_gelu): bias_gelu with y apart from x, then x =
+     * gelu'(x) (dcs_gelu_grad, the bits gelu_bw computes), for a tape whose
+     * backward then multiplies (gelu_bw_sum, x_is_grad) */
+    void (*bias_gelu_keep)(dcs_backend *be, float *y, float *x, const float *b, int M, int N);
     void (*tanh_)(dcs_backend *be, float *x, size_t n);
     void (*layernorm)(dcs_backend *be, float *out, const float *in, const float *w, const float *b, int M,
                       int D, float eps);
+    /* Optional (NULL: layernorm twice): out, out2 [M, D] = two LayerNorms of
+     * in (weights w, b and w2, b2), the statistics once; layernorm's bits.
+     * stats [2, M] (NULL: not kept): each row's mean (as float), then each
+     * row's 1/std, the statistics layernorm_bw recomputes (the same bits). */
+    void (*layernorm2)(dcs_backend *be, float *out, float *out2, float *stats, const float *in,
+                       const float *w, const float *b, const float *w2, const float *b2, int M, int D,
+                       float eps);
     /* x [rows, width] (row stride ld): x = x / sqrt(mean(x^2) + eps) * scale
      * (scale [width] or NULL for none), in place. */
     void (*rmsnorm)(dcs_backend *be, float *x, int rows, int width, int ld, const float *scale, float eps);
     /* x [M, N, Dh], position of row m is t0 + m % T: GPT-NeoX rotate-half
      * on the first rot dims. */
     void (*rotary)(dcs_backend *be, float *x, int M, int T, int t0, int N, int Dh, int rot, float base);
+    /* Optional (NULL, or nonzero returned when out of scratch: add_bias,
+     * copy2d, rotary): the attention's input projection split, in one pass
+     * over the rows: q, k, v [M, D] (D = N Dh, row stride D) = the thirds of
+     * qkv [M, 3D] (the product) + b [3D] (NULL: nothing added), q and k then
+     * rotated as rotary (positions t0 + m % T); the same arithmetic. */
+    int (*qkv_split)(dcs_backend *be, float *q, float *k, float *v, const float *qkv, const float *b, int M,
+                     int T, int t0, int N, int Dh, int rot, float base);
     /* Copy a [rows, cols] block with row strides (dst ld_dst, src ld_src). */
     void (*copy2d)(dcs_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int rows, int cols);
     void (*compose)(dcs_backend *be, const dcs_compose_args *a);
@@ -242,6 +283,11 @@ typedef struct dcs_backend_ops {
     void (*zero)(dcs_backend *be, void *p, size_t bytes);
     /* dx [n] = dy [n] * gelu'(x [n]) (dx may equal dy) */
     void (*gelu_bw)(dcs_backend *be, float *dx, const float *dy, const float *x, size_t n);
+    /* Optional (NULL: gelu_bw, then col_sum): dx [M, N] = dy * gelu'(x)
+     * (dx may equal dy; x_is_grad: x holds gelu'(x) already, bias_gelu_keep's),
+     * then db [N] (NULL: none) += the column sums of dx, one pass */
+    void (*gelu_bw_sum)(dcs_backend *be, float *dx, float *db, const float *dy, const float *x, int M, int N,
+                        int x_is_grad);
     /* dx [n] *= 1 - y [n]^2 (y = tanh) */
     void (*tanh_bw)(dcs_backend *be, float *dx, const float *y, size_t n);
     /* dA [BN, T, S] = masked softmax backward of rows P, dP (full pass: query
@@ -254,6 +300,14 @@ typedef struct dcs_backend_ops {
      * += (each may be NULL) */
     void (*layernorm_bw)(dcs_backend *be, float *dx, float *dw, float *db, const float *dy, const float *x,
                          const float *w, int M, int D, float eps);
+    /* Optional (NULL, or nonzero returned when out of scratch: layernorm_bw
+     * twice): two LayerNorms of the same x [M, D] (a parallel residual's two
+     * norms), the statistics once (or stats [2, M], layernorm2's, NULL:
+     * from x): dx += the first's backward, then the second's; each side's
+     * dw, db += (each may be NULL); the same bits. */
+    int (*layernorm2_bw)(dcs_backend *be, float *dx, const dcs_norm_bw_side *first,
+                         const dcs_norm_bw_side *second, const float *stats, const float *x, int M, int D,
+                         float eps);
     /* RMS norm of x [rows, width] (rstd recomputed, scale [width] or NULL):
      * dx +=; dscale [width] += (may be NULL) */
     void (*rmsnorm_bw)(dcs_backend *be, float *dx, float *dscale, const float *dy, const float *x,
@@ -267,6 +321,12 @@ typedef struct dcs_backend_ops {
     /* x [M, N, Dh] rotated back (by -angle) in place: rotary's backward,
      * position m % T */
     void (*rotary_bw)(dcs_backend *be, float *x, int M, int T, int N, int Dh, int rot, float base);
+    /* Optional (NULL, or nonzero returned when out of scratch: rotary_bw on
+     * dq and dk, then three copy2d): dqkv [M, 3D] = [rotary_bw(dq) |
+     * rotary_bw(dk) | dv] in one pass over the rows, dq, dk, dv [M, N, Dh]
+     * (D = N Dh) read only; the same arithmetic. */
+    int (*qkv_join_bw)(dcs_backend *be, float *dqkv, const float *dq, const float *dk, const float *dv, int M,
+                       int T, int N, int Dh, int rot, float base);
     /* db [N] += column sums of dy [M, N] */
     void (*col_sum)(dcs_backend *be, float *db, const float *dy, int M, int N);
     /* dtable [V, D] row tokens_host[m] += dx [m] (ids read before return) */
@@ -292,6 +352,13 @@ typedef struct dcs_backend_ops {
      * else (no scratch) the caller runs its unfused path, which writes
      * every output again */
     int (*attention_bw)(dcs_backend *be, const dcs_attn_bw_args *a);
+    /* optional (NULL: the tape's batched per-head products around
+     * softmax_bw): plain attention's backward per (sequence, head): dP = dz
+     * v^T, dv = P^T dz, dA = softmax_bw(dP, P), dq = scale dA k, dk = scale
+     * dA^T q, each product through the same BLAS calls as gemm's (the same
+     * bits), dP and dA in the thread's scratch (no [B, N, T, T] map
+     * written); 0 when done, else (no scratch) the caller runs its path */
+    int (*mha_bw)(dcs_backend *be, const dcs_mha_bw_args *a);
     /* MoH: dz [M, N, Dh] *= gate [M, N] (becomes d zpre); dgate = <dz, zpre> */
     void (*head_gate_bw)(dcs_backend *be, float *dz, float *dgate, const float *zpre, const float *gate,
                          int M, int N, int Dh);

@@ -169,18 +169,25 @@ DCS_HD_ROW void dcs_layernorm_stats_rows(const float *x, int D, int rows, float 
     }
 }
 
-/* dcs_layernorm_row of rows (<= DCS_LN_ROWS) rows side by side: the same bits. */
-DCS_HD_ROW void dcs_layernorm_rows(float *y, const float *x, const float *w, const float *b, int D, int rows,
-                                   float eps) {
-    double mu[DCS_LN_ROWS];
-    float inv[DCS_LN_ROWS];
-    dcs_layernorm_stats_rows(x, D, rows, eps, mu, inv);
+/* dcs_layernorm_rows' output y [rows, D] from its statistics mu, inv
+ * (dcs_layernorm_stats_rows of x). */
+DCS_HD_ROW void dcs_layernorm_rows_out(float *y, const float *x, const float *w, const float *b, int D,
+                                       int rows, const double *mu, const float *inv) {
     for (int j = 0; j < rows; j++) {
         const float *xj = x + (size_t)j * D;
         float *yj = y + (size_t)j * D;
         for (int i = 0; i < D; i++)
             yj[i] = ((float)(xj[i] - mu[j]) * inv[j]) * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
     }
+}
+
+/* dcs_layernorm_row of rows (<= DCS_LN_ROWS) rows side by side: the same bits. */
+DCS_HD_ROW void dcs_layernorm_rows(float *y, const float *x, const float *w, const float *b, int D, int rows,
+                                   float eps) {
+    double mu[DCS_LN_ROWS];
+    float inv[DCS_LN_ROWS];
+    dcs_layernorm_stats_rows(x, D, rows, eps, mu, inv);
+    dcs_layernorm_rows_out(y, x, w, b, D, rows, mu, inv);
 }
 
 /* One AdamW element (decoupled weight decay): mom and var updated in place,

@@ -255,24 +255,27 @@ static const float *split_copy(dcs_pass *p, int l, int point, const float *x) {
     return x;
 }
 
-/* Attention of layer l on h [M, D], the normed x; result in out [M, D]. */
-static void attention(dcs_pass *p, int l, const float *x, const float *h, float *out) {
-    dcs_model *m = p->m;
-    const dcs_config *c = &m->cfg;
-    const dcs_layer_plan *pl = &m->plan[l];
-    const dcs_layer_weights *lw = &m->layers[l];
+/* q, k, v [M, D] of layer l from h [M, D] (the normed x) through qkv [M,
+ * 3D] (scratch, released): the product, its bias, the split inputs' hooks, q/k norms
+ * and rotary. Without a split input asked or q/k norms, the bias, the split
+ * and the rotation in one pass (ops->qkv_split, the same bits). */
+static void project_qkv(dcs_pass *p, int l, const float *x, const float *h, float *qkv, float *q, float *k,
+                        float *v) {
+    const dcs_config *c = &p->m->cfg;
+    const dcs_layer_plan *pl = &p->m->plan[l];
+    const dcs_layer_weights *lw = &p->m->layers[l];
     dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
-    dcs_kv_cache *kc = p->cache ? &p->cache[l] : NULL;
     dcs_backend *be = p->be;
     const int M = p->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
-
-    /* q [B, T, N, Dh]; the new k, v: the cache's next slots, or this pass's */
-    float *qkv = dcs_pass_alloc(p, M, 3, D);
-    float *q = act(p, kp ? kp->q : NULL, M, D, 1);
-    float *k = kc ? kc->k + (size_t)kc->used * D : act(p, kp ? kp->k : NULL, M, D, 1);
-    float *v = kc ? kc->v + (size_t)kc->used * D : act(p, kp ? kp->v : NULL, M, D, 1);
-    if (p->status) return;
-    dcs_pass_linear(p, qkv, h, lw->m_wqkv, lw->bqkv, M, 3 * D, D);
+    int fuse = be->ops->qkv_split && !pl->qk_norm;
+    for (int part = 0; part < 3; part++) fuse = fuse && !dcs_pass_wants(p, dcs_split_points[part], l);
+    dcs_pass_linear(p, qkv, h, lw->m_wqkv, fuse ? NULL : lw->bqkv, M, 3 * D, D);
+    if (fuse &&
+        !be->ops->qkv_split(be, q, k, v, qkv, lw->bqkv, M, p->T, p->t0, N, Dh, c->rotary_dim, c->rope_base)) {
+        dcs_pass_release(p, qkv);
+        return;
+    }
+    if (fuse && lw->bqkv) be->ops->add_bias(be, qkv, lw->bqkv, M, 3 * D); /* no scratch for the split */
     be->ops->copy2d(be, q, D, qkv, 3 * D, M, D);
     be->ops->copy2d(be, k, D, qkv + D, 3 * D, M, D);
     be->ops->copy2d(be, v, D, qkv + 2 * D, 3 * D, M, D);
@@ -291,6 +294,27 @@ static void attention(dcs_pass *p, int l, const float *x, const float *h, float 
     }
     be->ops->rotary(be, q, M, p->T, p->t0, N, Dh, c->rotary_dim, c->rope_base);
     be->ops->rotary(be, k, M, p->T, p->t0, N, Dh, c->rotary_dim, c->rope_base);
+}
+
+/* Attention of layer l on h [M, D], the normed x; result in out [M, D]. */
+static void attention(dcs_pass *p, int l, const float *x, const float *h, float *out) {
+    dcs_model *m = p->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_plan *pl = &m->plan[l];
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_kept *kp = p->keep ? &p->keep[l] : NULL;
+    dcs_kv_cache *kc = p->cache ? &p->cache[l] : NULL;
+    dcs_backend *be = p->be;
+    const int M = p->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+
+    /* q [B, T, N, Dh]; the new k, v: the cache's next slots, or this pass's */
+    float *qkv = dcs_pass_alloc(p, M, 3, D);
+    float *q = act(p, kp ? kp->q : NULL, M, D, 1);
+    float *k = kc ? kc->k + (size_t)kc->used * D : act(p, kp ? kp->k : NULL, M, D, 1);
+    float *v = kc ? kc->v + (size_t)kc->used * D : act(p, kp ? kp->v : NULL, M, D, 1);
+    if (p->status) return;
+    project_qkv(p, l, x, h, qkv, q, k, v);
+    if (p->status) return;
     dcs_pass_hook(p, DCS_HP_Q, l, q);
     dcs_pass_hook(p, DCS_HP_K, l, k);
     dcs_pass_hook(p, DCS_HP_V, l, v);
@@ -367,7 +391,13 @@ static void mlp(dcs_pass *p, int l, const float *hn, float *out) {
         pl->mlp != DCS_MLP_SWIGLU && p->be->ops->bias_gelu && !dcs_pass_wants(p, DCS_HP_MLP_PRE, l);
     dcs_pass_linear(p, u, hn, lw->m_w1, fused ? NULL : lw->b1, M, F, D);
     float *ug = u, *u3 = NULL;
-    if (fused) {
+    /* the tape's u: gelu'(u) where its backward multiplies by it (no hook reads mlp.pre) */
+    const int keep_d = fused && kp && p->be->ops->bias_gelu_keep && p->be->ops->gelu_bw_sum;
+    if (kp) kp->u_dgelu = keep_d;
+    if (keep_d) {
+        ug = kp->ug;
+        p->be->ops->bias_gelu_keep(p->be, ug, u, lw->b1, M, F);
+    } else if (fused) {
         ug = kp ? kp->ug : u;
         p->be->ops->bias_gelu(p->be, ug, u, lw->b1, M, F);
     } else {
@@ -419,17 +449,30 @@ void dcs_layer(dcs_pass *p, int l, float *x) {
     float *h = act(p, kp ? kp->ln1 : NULL, M, D, 1), *a = act(p, kp ? kp->ao : NULL, M, D, 1);
     float *o = act(p, kp ? kp->mo : NULL, M, D, 1), *h2 = kp ? kp->ln2 : h;
     if (p->status) return;
-    dcs_pass_norm(p, pl->norm, h, x, lw->attn_norm_w, lw->attn_norm_b, M);
+    /* a parallel residual's two norms of x at once when the tape keeps ln2
+     * apart from ln1 and nothing reads mlp_input (x does not change before the MLP) */
+    const int norms2 = pl->parallel_residual && h2 != h && pl->norm != DCS_NORM_RMS && be->ops->layernorm2 &&
+                       !dcs_pass_wants(p, DCS_HP_MLP_INPUT, l);
+    if (kp) kp->lnst_set = norms2 && kp->lnst;
+    if (norms2)
+        be->ops->layernorm2(be, h, h2, kp->lnst, x, lw->attn_norm_w, lw->attn_norm_b, lw->ffn_norm_w,
+                            lw->ffn_norm_b, M, D, c->norm_eps);
+    else
+        dcs_pass_norm(p, pl->norm, h, x, lw->attn_norm_w, lw->attn_norm_b, M);
     dcs_pass_hook(p, DCS_HP_LN_ATTN, l, h);
     attention(p, l, x, h, a);
     if (p->status || dcs_pass_cancelled(p)) return;
     if (pl->parallel_residual) {
         /* out = x + attn(ln1(x)) + mlp(ln2(x)) */
-        mlp_norm(p, l, h2, x);
+        if (!norms2) mlp_norm(p, l, h2, x);
         dcs_pass_hook(p, DCS_HP_LN_MLP, l, h2);
         mlp(p, l, h2, o);
-        be->ops->add(be, x, a, (size_t)M * D);
-        be->ops->add(be, x, o, (size_t)M * D);
+        if (be->ops->add2)
+            be->ops->add2(be, x, a, o, (size_t)M * D);
+        else {
+            be->ops->add(be, x, a, (size_t)M * D);
+            be->ops->add(be, x, o, (size_t)M * D);
+        }
     } else {
         /* h = x + attn(ln1(x)); out = h + mlp(ln2(h)) */
         be->ops->add(be, x, a, (size_t)M * D);

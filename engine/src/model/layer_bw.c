@@ -251,6 +251,29 @@ static int attention_fused_bw(dcs_tape *tp, int l, const bwctx *bc) {
     return 1;
 }
 
+/* Plain attention's backward per (sequence, head) in the backend
+ * (ops->mha_bw: the same products and softmax backward as
+ * attention_maps_bw, no gradient map written), when no hook wants the
+ * gradient of a map or overrides one and the products run in float32: from
+ * d->dz to d->dq, d->dk, d->dv. 0 when it did not run. */
+static int mha_fused_bw(dcs_tape *tp, int l, const bwctx *bc, int window) {
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    dcs_backend *be = m->be;
+    dcs_kept *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    if (!be->ops->mha_bw || (m->act_dtype != DCS_F32 && be->ops->gemm_x)) return 0;
+    const int maps[2] = {DCS_HP_PATTERN, DCS_HP_SCORES};
+    for (int i = 0; i < 2; i++)
+        if (dcs_tape_wants_grad(bc->g, bc->n_g, maps[i], l) || dcs_tape_ov(tp, maps[i], l)) return 0;
+    const dcs_mha_bw_args ab = {d->dz,     a->q,        a->k,       a->v,   a->P,
+                                d->dq,     d->dk,       d->dv,      tp->B,  tp->T,
+                                c->n_head, c->head_dim, c->d_model, window, 1.0f / sqrtf((float)c->head_dim)};
+    if (be->ops->mha_bw(be, &ab)) return 0;
+    dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_V, l, d->dv);
+    return 1;
+}
+
 /* The attention backward through the [B, N, T, T] gradient maps, with
  * their hooks: from d->dz to d->dq, d->dk, d->dv (written). */
 static void attention_maps_bw(dcs_tape *tp, int l, const bwctx *bc, int window) {
@@ -425,6 +448,34 @@ static float *split_grad(dcs_tape *tp, int l, const bwctx *bc, int point, const 
     return dh;
 }
 
+/* d->dqkv [M, 3D] from d->dq, d->dk (rotated back in place, then through
+ * the q/k norms when the layer has them) and d->dv, op by op (layer.c,
+ * project_qkv). */
+static void qkv_grad_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l]; /* its parameter gradients */
+    dcs_model *m = tp->m;
+    const dcs_config *c = &m->cfg;
+    const dcs_layer_weights *lw = &m->layers[l];
+    dcs_backend *be = m->be;
+    dcs_kept *a = &tp->L[l];
+    tgrads *d = &tp->d;
+    const int T = tp->T, M = tp->M, D = c->d_model, N = c->n_head, Dh = c->head_dim;
+    be->ops->rotary_bw(be, d->dq, M, T, N, Dh, c->rotary_dim, c->rope_base);
+    be->ops->rotary_bw(be, d->dk, M, T, N, Dh, c->rotary_dim, c->rope_base);
+    if (m->plan[l].qk_norm) {
+        be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D); /* scratch */
+        be->ops->rmsnorm_bw(be, d->dln1, gw->q_scale, d->dq, a->qraw, lw->q_scale, M * N, Dh, 1e-6f);
+        be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
+        be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D);
+        be->ops->rmsnorm_bw(be, d->dln1, gw->k_scale, d->dk, a->kraw, lw->k_scale, M * N, Dh, 1e-6f);
+        be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
+    } else {
+        be->ops->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
+        be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
+    }
+    be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
+}
+
 /* Attention of layer l (layer.c, attention): from d->dao to d->dln1
  * (written), through the output, the MoH gate, the maps (or the fused
  * kernel), rotary and q/k norms, the qkv product and the dynamic weights. */
@@ -442,25 +493,15 @@ static void attention_bw(dcs_tape *tp, int l, const bwctx *bc) {
     if (pl->moh) moh_gate_bw(tp, l, bc);
     d->dsw[0] = pl->static_branch ? gw->pre_sw : NULL;
     d->dsw[1] = pl->static_branch ? gw->post_sw : NULL;
-    if (!fused_bw_allowed(tp, l, bc) || !attention_fused_bw(tp, l, bc))
+    if (pl->dcmha ? !fused_bw_allowed(tp, l, bc) || !attention_fused_bw(tp, l, bc)
+                  : !mha_fused_bw(tp, l, bc, pl->window))
         attention_maps_bw(tp, l, bc, pl->window);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_Q, l, d->dq);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_K, l, d->dk);
-    be->ops->rotary_bw(be, d->dq, M, T, N, Dh, c->rotary_dim, c->rope_base);
-    be->ops->rotary_bw(be, d->dk, M, T, N, Dh, c->rotary_dim, c->rope_base);
-    /* dqkv [M, 3D] */
-    if (pl->qk_norm) {
-        be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D); /* scratch */
-        be->ops->rmsnorm_bw(be, d->dln1, gw->q_scale, d->dq, a->qraw, lw->q_scale, M * N, Dh, 1e-6f);
-        be->ops->copy2d(be, d->dqkv, 3 * D, d->dln1, D, M, D);
-        be->ops->zero(be, d->dln1, sizeof(float) * (size_t)M * D);
-        be->ops->rmsnorm_bw(be, d->dln1, gw->k_scale, d->dk, a->kraw, lw->k_scale, M * N, Dh, 1e-6f);
-        be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dln1, D, M, D);
-    } else {
-        be->ops->copy2d(be, d->dqkv, 3 * D, d->dq, D, M, D);
-        be->ops->copy2d(be, d->dqkv + D, 3 * D, d->dk, D, M, D);
-    }
-    be->ops->copy2d(be, d->dqkv + 2 * D, 3 * D, d->dv, D, M, D);
+    /* dqkv [M, 3D]: without q/k norms rotary's backward and the join in one pass */
+    if (pl->qk_norm || !be->ops->qkv_join_bw ||
+        be->ops->qkv_join_bw(be, d->dqkv, d->dq, d->dk, d->dv, M, T, N, Dh, c->rotary_dim, c->rope_base))
+        qkv_grad_bw(tp, l, bc);
     split_inputs_bw(tp, l, bc);
     lin_bw(be, d->dln1, 0.0f, gw->wqkv, gw->bqkv, d->dqkv, a->ln1, lw->m_wqkv, M, 3 * D, D);
 
@@ -526,15 +567,23 @@ static void mlp_bw(dcs_tape *tp, int l, const bwctx *bc) {
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_OUT, l, d->dmo);
     lin_bw(be, d->dug, 0.0f, gw->w2, gw->b2, d->dmo, a->ug, lw->m_w2, M, D, F);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_POST, l, d->dug);
-    float beta = 0.0f;
+    float beta = 0.0f, *du = d->du, *gb1 = gw->b1;
     if (m->plan[l].mlp == DCS_MLP_SWIGLU) {
         swiglu_bw(tp, l, bc);
         beta = 1.0f;
-    } else {
-        be->ops->gelu_bw(be, d->du, d->dug, a->u, (size_t)M * F);
+    } else { /* GELU, in place: d->dug is read no more, and its lines are in cache */
+        du = d->dug;
+        /* no hook at mlp.pre: b1's gradient in the same pass */
+        const int sum = gb1 && !dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_MLP_PRE, l) &&
+                        !dcs_tape_ov(tp, DCS_HP_MLP_PRE, l);
+        if (be->ops->gelu_bw_sum && (sum || a->u_dgelu)) {
+            be->ops->gelu_bw_sum(be, du, sum ? gb1 : NULL, d->dug, a->u, M, F, a->u_dgelu);
+            if (sum) gb1 = NULL;
+        } else
+            be->ops->gelu_bw(be, du, d->dug, a->u, (size_t)M * F);
     }
-    dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, d->du);
-    lin_bw(be, d->dln2, beta, gw->w1, gw->b1, d->du, a->ln2, lw->m_w1, M, F, D);
+    dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_MLP_PRE, l, du);
+    lin_bw(be, d->dln2, beta, gw->w1, gb1, du, a->ln2, lw->m_w1, M, F, D);
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_LN_MLP, l, d->dln2);
 }
 
@@ -559,6 +608,25 @@ static void mlp_norm_bw(dcs_tape *tp, int l, const bwctx *bc, const float *x) {
     norm_bw(tp, norm, dm, NULL, NULL, d->dln2, x, lw->ffn_norm_w);
     dcs_tape_grad_capture(tp, bc->g, bc->n_g, DCS_HP_MLP_INPUT, l, dm);
     be->ops->free(be, dm);
+}
+
+/* A parallel residual's two LayerNorms of x (the MLP's, then the
+ * attention's: mlp_norm_bw then norm_bw) in one backward pass
+ * (ops->layernorm2_bw, the same bits); 0 where it cannot run (RMS norms,
+ * the split input mlp_input asked, no such op or no scratch). */
+static int norms_bw(dcs_tape *tp, int l, const bwctx *bc) {
+    const dcs_layer_grads *gw = &bc->lg[l];
+    dcs_model *m = tp->m;
+    const dcs_layer_weights *lw = &m->layers[l];
+    tgrads *d = &tp->d;
+    if (m->plan[l].norm == DCS_NORM_RMS || !m->be->ops->layernorm2_bw ||
+        dcs_tape_wants_grad(bc->g, bc->n_g, DCS_HP_MLP_INPUT, l))
+        return 0;
+    const dcs_norm_bw_side mlp = {d->dln2, lw->ffn_norm_w, gw->ffn_norm_w, gw->ffn_norm_b};
+    const dcs_norm_bw_side attn = {d->dln1, lw->attn_norm_w, gw->attn_norm_w, gw->attn_norm_b};
+    const float *st = tp->L[l].lnst_set ? tp->L[l].lnst : NULL; /* the forward's statistics */
+    return !m->be->ops->layernorm2_bw(m->be, d->dx, &mlp, &attn, st, tp->L[l].x, tp->M, m->cfg.d_model,
+                                      m->cfg.norm_eps);
 }
 
 /* Block l (layer.c, dcs_layer): out = x + attn(ln1 x) + mlp(ln2 x) with a
@@ -593,8 +661,10 @@ void dcs_layer_bw(dcs_tape *tp, int l, const bwctx *bc) {
     attention_bw(tp, l, bc);
     d->dmo = dmo;
     d->dao = dao;
-    if (pl->parallel_residual) mlp_norm_bw(tp, l, bc, a->x);
-    norm_bw(tp, pl->norm, d->dx, gw->attn_norm_w, gw->attn_norm_b, d->dln1, a->x, lw->attn_norm_w);
+    if (!pl->parallel_residual || !norms_bw(tp, l, bc)) {
+        if (pl->parallel_residual) mlp_norm_bw(tp, l, bc, a->x);
+        norm_bw(tp, pl->norm, d->dx, gw->attn_norm_w, gw->attn_norm_b, d->dln1, a->x, lw->attn_norm_w);
+    }
     dcs_tape_grad_at(tp, bc->g, bc->n_g, DCS_HP_RESID_PRE, l, d->dx);
 }
 

@@ -42,8 +42,11 @@ typedef struct {
  * the layer plan `pl` (with the configuration `c`) under which the layer
  * computes it. The list is the dcs_kept struct and the tape's allocation
  * (tape_plan.c, in this order); the dynamic weights follow, kept per phase
- * and side where the plan has that side. Norm statistics are not kept: the
- * backward recomputes them from the inputs. */
+ * and side where the plan has that side. Norm statistics are kept only for
+ * a parallel residual's pair of LayerNorms of x (lnst, when its forward ran
+ * them as one, ops->layernorm2); otherwise the backward recomputes them from
+ * the inputs. */
+#define DCS_LN_PAIR(pl) ((pl)->parallel_residual && (pl)->norm != DCS_NORM_RMS)
 #define DCS_KEPT(X)                                                                                          \
     X(x, ROW_D, 1)                                /* the block's input (resid_pre)         */                \
     X(ln1, ROW_D, 1)                              /* ln_attn                               */                \
@@ -62,6 +65,7 @@ typedef struct {
     X(ao, ROW_D, 1)                               /* attn.out                              */                \
     X(h, ROW_D, !pl->parallel_residual)           /* x + attn.out (sequential)             */                \
     X(ln2, ROW_D, 1)                              /* ln_mlp                                */                \
+    X(lnst, BALANCE, DCS_LN_PAIR(pl))             /* [2, M]: their means, 1/std (ln1, ln2) */                \
     X(u, ROW_F, 1)                                /* mlp.pre                               */                \
     X(ug, ROW_F, 1)                               /* mlp.post                              */                \
     X(mo, ROW_D, 1)                               /* mlp.out                               */                \
@@ -82,6 +86,8 @@ typedef struct {
     DCS_KEPT_DYN(DCS_KEPT_DYN_FIELD)
 #undef DCS_KEPT_FIELD
 #undef DCS_KEPT_DYN_FIELD
+    int u_dgelu;  /* the last forward kept gelu'(u) in u (ops->bias_gelu_keep), not u */
+    int lnst_set; /* the last forward wrote lnst (ops->layernorm2) */
 } dcs_kept;
 
 /* The size table: floats of each kept activation of one layer for B
@@ -100,7 +106,7 @@ enum {
     DCS_ACT_HEADS,   /* hgate: M*N                                      */
     DCS_ACT_ROUTED,  /* rlg: M*(N - hs)                                 */
     DCS_ACT_SHARED,  /* rs1: M*hs                                       */
-    DCS_ACT_BALANCE, /* rs0: M*2                                        */
+    DCS_ACT_BALANCE, /* rs0, lnst: M*2                                  */
     DCS_ACT_ROW_3D,  /* the qkv gradient: M*3D                          */
     DCS_ACT_SHARED1, /* the shared scores' gradient: M*max(hs, 1)       */
     DCS_ACT_COUNT

@@ -194,6 +194,8 @@ uint64_t dcs_tape_bw_scratch(const dcs_model *m, int B, int T, int sw_grad) {
     const dcs_config *c = &m->cfg;
     const dcs_layer_plan any = any_layer(m);
     if (!m->be->ops->bw_scratch) return 0;
+    int mha = 0;
+    for (int l = 0; l < c->n_layer; l++) mha |= !m->plan[l].dcmha;
     const dcs_bw_shape s = {.B = B,
                             .T = T,
                             .D = c->d_model,
@@ -202,7 +204,8 @@ uint64_t dcs_tape_bw_scratch(const dcs_model *m, int B, int T, int sw_grad) {
                             .rot = c->rotary_dim,
                             .G = c->compose_groups > 1 ? c->compose_groups : 1,
                             .use_sw = sw_grad && any.static_branch,
-                            .rows_kernel = any.row_compose};
+                            .rows_kernel = any.row_compose,
+                            .mha = mha};
     return m->be->ops->bw_scratch(m->be, &s);
 }
 
