@@ -96,6 +96,22 @@ DCS_HD float dcs_gelu(float x) { return 0.5f * x * (1.0f + dcs_erf(x * 0.7071067
  * silu(a) = a * sigmoid(a) = a / (1 + exp(-a)). */
 DCS_HD float dcs_swiglu(float a, float b) { return a / (1.0f + expf(-a)) * b; }
 
+/* The sparse dictionaries' activations (engine/src/features/): ReLU, and
+ * JumpReLU's x H(x - threshold). */
+DCS_HD float dcs_relu(float x) { return x > 0.0f ? x : 0.0f; }
+DCS_HD float dcs_jumprelu(float x, float thr) { return x > thr ? x : 0.0f; }
+
+/* JumpReLU's threshold gradient by the straight-through pseudo-derivative
+ * (Rajamanoharan et al. 2024): one row's part for the parameter log theta at
+ * pre-activation x, with g = dL/dacts there and l0 the L0 coefficient / rows:
+ * d/dtheta of x H(x - theta) ~ -(theta / eps) K((x - theta) / eps), of the
+ * L0 term H(x - theta) ~ -(1 / eps) K(...); K(u) = 1 on (-1/2, 1/2), else 0.
+ * (The caller multiplies the sum by theta: the parameter is log theta.) */
+DCS_HD double dcs_jumprelu_thr_grad(float x, float theta, float eps, float g, float l0) {
+    const float u = (x - theta) / eps;
+    return (u > -0.5f && u < 0.5f) ? -(double)(theta / eps) * g - l0 / eps : 0.0;
+}
+
 /* Is key s visible from query t? Causal, plus a local window when w > 0. */
 DCS_HD int dcs_allowed(int t, int s, int window) { return s <= t && (window <= 0 || t - s <= window); }
 

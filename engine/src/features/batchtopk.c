@@ -8,6 +8,7 @@
  * the order the quickselect visits them.
  */
 #include "dcs_features.h"
+#include "dcs_math.h"
 
 /* The element of descending rank `kth` (0-based) of a [n], reordering a
  * (Hoare quickselect, median-of-three pivot; the value does not depend on
@@ -45,7 +46,7 @@ float dcs_batch_topk(const float *pre, long long n, long long K, float *scratch,
         if (pre[i] > 0.0f) scratch[m++] = pre[i];
     if (m <= K) { /* every positive entry is kept: ReLU */
         for (long long i = 0; i < n; i++) {
-            acts[i] = pre[i] > 0.0f ? pre[i] : 0.0f;
+            acts[i] = dcs_relu(pre[i]);
             if (acts[i] > 0.0f && (lowest < 0.0f || acts[i] < lowest)) lowest = acts[i];
         }
         return lowest;

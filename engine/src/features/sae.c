@@ -197,18 +197,18 @@ static int before(float va, int ia, float vb, int ib) { return va > vb || (va ==
  * (its root the worst kept), then sorted best first. */
 static void topk_row(const float *v, int F, int k, int *heap) {
     for (int f = 0; f < k; f++) { /* the first k, sifted up */
-        const float x = v[f] > 0.0f ? v[f] : 0.0f;
+        const float x = dcs_relu(v[f]);
         int i = f;
         while (i > 0) {
             const int p = (i - 1) / 2, hp = heap[p];
-            const float vp = v[hp] > 0.0f ? v[hp] : 0.0f;
+            const float vp = dcs_relu(v[hp]);
             if (!before(vp, hp, x, f)) break;
             heap[i] = hp;
             i = p;
         }
         heap[i] = f;
     }
-    float vr = v[heap[0]] > 0.0f ? v[heap[0]] : 0.0f; /* the worst kept, >= 0 */
+    float vr = dcs_relu(v[heap[0]]); /* the worst kept, >= 0 */
     for (int f = k; f < F; f++) {
         /* every kept index is below f: f wins by a larger value alone (a ReLU'd 0 never) */
         if (!(v[f] > vr)) continue;
@@ -218,17 +218,17 @@ static void topk_row(const float *v, int F, int k, int *heap) {
             int c = 2 * i + 1;
             if (c >= k) break;
             if (c + 1 < k) {
-                const float v1 = v[heap[c]] > 0.0f ? v[heap[c]] : 0.0f;
-                const float v2 = v[heap[c + 1]] > 0.0f ? v[heap[c + 1]] : 0.0f;
+                const float v1 = dcs_relu(v[heap[c]]);
+                const float v2 = dcs_relu(v[heap[c + 1]]);
                 if (before(v1, heap[c], v2, heap[c + 1])) c++; /* the worse child */
             }
-            const float vc = v[heap[c]] > 0.0f ? v[heap[c]] : 0.0f;
+            const float vc = dcs_relu(v[heap[c]]);
             if (!before(x, f, vc, heap[c])) break;
             heap[i] = heap[c];
             i = c;
         }
         heap[i] = f;
-        vr = v[heap[0]] > 0.0f ? v[heap[0]] : 0.0f;
+        vr = dcs_relu(v[heap[0]]);
     }
 }
 
@@ -244,9 +244,9 @@ static void act_rows(void *arg, long long b, long long e, int tid) {
         float *pre = s->pre + r * F, *acts = s->acts + r * F;
         for (int f = 0; f < F; f++) pre[f] += benc[f];
         if (s->c.arch == DCS_SAE_RELU) {
-            for (int f = 0; f < F; f++) acts[f] = pre[f] > 0.0f ? pre[f] : 0.0f;
+            for (int f = 0; f < F; f++) acts[f] = dcs_relu(pre[f]);
         } else if (s->c.arch == DCS_SAE_JUMPRELU) {
-            for (int f = 0; f < F; f++) acts[f] = pre[f] > expf(lthr[f]) ? pre[f] : 0.0f;
+            for (int f = 0; f < F; f++) acts[f] = dcs_jumprelu(pre[f], expf(lthr[f]));
         } else if (s->c.arch == DCS_SAE_BATCHTOPK) {
             const float thr = s->t[DCS_SAE_PARAM][DCS_SAE_LOG_THR][0];
             if (!a->train) /* (training: the batch's selection, after every row) */
@@ -255,7 +255,7 @@ static void act_rows(void *arg, long long b, long long e, int tid) {
             int *kept = s->kept + r * k;
             topk_row(pre, F, k, kept);
             memset(acts, 0, (size_t)F * sizeof(float));
-            for (int j = 0; j < k; j++) acts[kept[j]] = pre[kept[j]] > 0.0f ? pre[kept[j]] : 0.0f;
+            for (int j = 0; j < k; j++) acts[kept[j]] = dcs_relu(pre[kept[j]]);
         }
     }
 }
@@ -362,16 +362,13 @@ static void col_blocks(void *arg, long long b, long long e, int tid) {
             for (int r = 0; r < a->N; r++)
                 for (int c = c0; c < c1; c++) acc[c - c0] += a->a[(size_t)r * a->cols + c];
         } else {
-            /* d/dtheta of pre * H(pre - theta) ~ -(theta / eps) K((pre - theta) / eps) (dacts's
-             * part), of the L0 term H(pre - theta) ~ -(1 / eps) K(...) (coef / N); K(u) = 1 on
-             * (-1/2, 1/2). The parameter is log theta: times theta. */
+            /* the threshold's pseudo-derivative (dcs_math.h); the parameter is log theta */
             const float eps = s->c.bandwidth, l0 = s->c.sparsity_coef / (float)a->N;
             const float *lthr = s->t[DCS_SAE_PARAM][DCS_SAE_LOG_THR];
             for (int r = 0; r < a->N; r++)
                 for (int c = c0; c < c1; c++) {
-                    const float th = expf(lthr[c]), u = (s->pre[(size_t)r * a->cols + c] - th) / eps;
-                    if (u > -0.5f && u < 0.5f)
-                        acc[c - c0] += -(double)(th / eps) * a->dacts[(size_t)r * a->cols + c] - l0 / eps;
+                    const size_t i = (size_t)r * a->cols + c;
+                    acc[c - c0] += dcs_jumprelu_thr_grad(s->pre[i], expf(lthr[c]), eps, a->dacts[i], l0);
                 }
             for (int c = c0; c < c1; c++) acc[c - c0] *= expf(lthr[c]);
         }
