@@ -355,6 +355,23 @@ def test_prune_keeps_the_influential_path():
         g.prune(1.5)
 
 
+def test_top_and_inputs_read_the_influence_and_the_rows():
+    g = _chain_graph(0.5)
+    # influence: feature 2/3, error 1/3, token 2/3 (through the feature)
+    top = g.top(2)
+    assert [n.kind for n, _ in top] == ["feature", "token"] and top[0][1] == pytest.approx(2 / 3)
+    assert [n.kind for n, _ in g.top(5, kinds=["error"])] == ["error"]
+    ins = g.inputs(3)  # the logit's row: feature 1.0, error 0.5
+    assert [(n.kind, w) for n, w in ins] == [("feature", 1.0), ("error", 0.5)]
+    assert g.inputs(2) == []  # a token has no inputs
+    with pytest.raises(Error, match="unknown node kind"):
+        g.top(3, kinds=["head"])
+    with pytest.raises(Error, match="inputs: node"):
+        g.inputs(4)
+    with pytest.raises(Error, match="top: k"):
+        g.top(0)
+
+
 def test_json_is_circuit_tracers_format(tiny_factory, tmp_path):
     m = _model(tiny_factory, model_type="dcpythia")
     g = attribution_graph(m, PROMPT, _transcoders(m), progress=False)

@@ -124,6 +124,64 @@ class AttributionGraph:
         """
         return _influence(_normalized(self.adjacency), self._logit_weights())
 
+    def top(self, k: int = 10, kinds: Sequence[str] | None = None) -> list[tuple[Node, float]]:
+        """The k nodes of the most influence on the logit targets.
+
+        Parameters
+        ----------
+        k : int
+            How many (>= 1).
+        kinds : sequence of str or None
+            Only nodes of these kinds (KINDS: "feature", "compose", "lend", "error", "token",
+            "logit"); None: every kind but the logits.
+
+        Returns
+        -------
+        list of tuple
+            (node, influence) pairs, the largest influence first (ties: the earlier node).
+
+        Raises
+        ------
+        dclens.Error
+            k below 1, or a kind not in KINDS.
+        """
+        k = check_index("top: k", k, 1, 1 << 30)
+        kinds = [kd for kd in KINDS if kd != "logit"] if kinds is None else list(kinds)
+        bad = [kd for kd in kinds if kd not in KINDS]
+        if bad:
+            raise Error("top: unknown node kind %r (kinds are %s)" % (bad[0], ", ".join(KINDS)))
+        idx = np.sort(np.concatenate([self.index[kd] for kd in kinds]))
+        infl = self.influence()
+        order = idx[np.argsort(-infl[idx], kind="stable")][:k]
+        return [(self.nodes[i], float(infl[i])) for i in order]
+
+    def inputs(self, node: int, k: int = 10) -> list[tuple[Node, float]]:
+        """The k largest direct effects into a node (its row of the adjacency): which features,
+        errors and tokens set a compose or lending node, feed a feature, or move a logit.
+
+        Parameters
+        ----------
+        node : int
+            The node's index (into nodes).
+        k : int
+            How many (>= 1).
+
+        Returns
+        -------
+        list of tuple
+            (source node, edge weight) pairs, the largest |weight| first; only nonzero edges.
+
+        Raises
+        ------
+        dclens.Error
+            A node index out of range, or k below 1.
+        """
+        node = check_index("inputs: node", node, 0, len(self), " (%d nodes)" % len(self))
+        k = check_index("inputs: k", k, 1, 1 << 30)
+        row = self.adjacency[node]
+        order = np.argsort(-np.abs(row), kind="stable")[:k]
+        return [(self.nodes[j], float(row[j])) for j in order if row[j] != 0.0]
+
     def scores(self) -> tuple[float, float]:
         """The replacement and completeness scores (circuit-tracer's compute_graph_scores).
 
