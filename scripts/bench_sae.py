@@ -18,7 +18,6 @@ peak RSS (VmHWM) over one step in a fresh subprocess.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import subprocess
@@ -27,35 +26,15 @@ import time
 
 import numpy as np
 
-import dclens
 from dclens import features as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_train  # noqa: E402  (scripts/: its machine line)
 
 
 def machine() -> str:
-    """'CPU model (cores); OpenBLAS kernel and build config' of the engine's BLAS."""
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    kern = []
-    path = dclens.blas.path()
-    if path:
-        lib = ctypes.CDLL(path)
-        for fn in ("openblas_get_corename", "openblas_get_config"):
-            f = getattr(lib, dclens.blas.symbol(fn), None)
-            if f is not None:
-                f.restype = ctypes.c_char_p
-                kern.append(f().decode().strip())
-    pins = ["%s=%s" % (k, os.environ[k]) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
-    return "CPU: %s (%d cores); engine OpenBLAS kernel: %s%s; numpy %s" % (
-        cpu,
-        os.cpu_count(),
-        " / ".join(kern) or "?",
-        ("; pinned " + " ".join(pins)) if pins else "; no OPENBLAS_CORETYPE pin",
-        np.__version__,
-    )
+    """bench_train's line (CPU, cores, the engine's OpenBLAS kernel and pins) and numpy's version."""
+    return "%s; numpy %s" % (bench_train.machine(), np.__version__)
 
 
 # ---------------------------------------------------------------- the numpy step

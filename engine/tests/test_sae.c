@@ -13,7 +13,7 @@
  *     threads.
  */
 #include "dclens.h"
-#include "check.h"
+#include "sae_check.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -21,27 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static check_counts counts;
-
-static bool check_at(bool ok, int line, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    bool r = check_count(&counts, ok, line, fmt, ap);
-    va_end(ap);
-    return r;
-}
-#define CHECK(cond) check_at((cond), __LINE__, "%s", #cond)
-#define CHECKF(cond, ...) check_at((cond), __LINE__, __VA_ARGS__)
-
 enum { DIN = 6, F = 9, N = 5, DOUT_TC = 4 };
-
-static uint64_t rng = 88172645463325252ull;
-static float urand(void) { /* [-1, 1) */
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
 
 static dcs_sae_config base(int arch) {
     dcs_sae_config c = {.d_in = DIN,
